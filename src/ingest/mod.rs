@@ -1,0 +1,458 @@
+//! The HTTP side: Ray's dashboard agent POSTs event batches here.
+//!
+//! The contract with Ray shapes every answer: Ray resends a batch forever after any non-2xx,
+//! and resends it after 3 s without an answer. So a batch with bad events still gets 200
+//! (the bad events go to quarantine), 4xx is only for bodies that can never succeed, and
+//! 503 is only for real backpressure or shutdown, when a resend is what we want.
+
+pub mod parse;
+
+use std::convert::Infallible;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{
+    HeaderValue, ALLOW, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER,
+};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, Semaphore};
+
+use crate::dedup::id_hash;
+use crate::layout::{Partition, Stream};
+use crate::metrics as m;
+use crate::routing::{route, NodeName, QuarantineReason};
+use crate::spool::{AppendBatch, EventSpan, PartitionBatch, QuarantinedEvent, Spool};
+use parse::{for_each_event, ParsedEvent};
+
+/// How long a client may take to send a whole body.
+const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a client may take to send request headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; more wait in the accept queue.
+const MAX_CONNECTIONS: usize = 256;
+
+/// State shared by all requests.
+pub struct IngestState {
+    spool: Spool,
+    max_body_bytes: u64,
+    high_watermark: u64,
+    configured_node: Option<String>,
+    learned_node: Mutex<Option<String>>,
+    shutting_down: AtomicBool,
+    inflight: AtomicUsize,
+    idle: Notify,
+    metrics: PrometheusHandle,
+}
+
+impl IngestState {
+    /// New state; `high_watermark` is the spool size above which requests get 503.
+    pub fn new(
+        spool: Spool,
+        max_body_bytes: u64,
+        high_watermark: u64,
+        configured_node: Option<String>,
+        metrics: PrometheusHandle,
+    ) -> Arc<IngestState> {
+        Arc::new(IngestState {
+            spool,
+            max_body_bytes,
+            high_watermark,
+            configured_node,
+            learned_node: Mutex::new(None),
+            shutting_down: AtomicBool::new(false),
+            inflight: AtomicUsize::new(0),
+            idle: Notify::new(),
+            metrics,
+        })
+    }
+
+    /// From now on, event requests get 503 "shutting down".
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits until no event request is being stored.
+    pub async fn wait_idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.inflight.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+struct InflightGuard<'a>(&'a IngestState);
+
+impl<'a> InflightGuard<'a> {
+    fn new(st: &'a IngestState) -> Self {
+        st.inflight.fetch_add(1, Ordering::SeqCst);
+        InflightGuard(st)
+    }
+}
+
+impl Drop for InflightGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.inflight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// Accepts connections until the task is dropped.
+pub async fn serve(listener: TcpListener, state: Arc<IngestState>) {
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // EMFILE and friends: wait a little instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(handle(req, &state).await) }
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), svc);
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+}
+
+type Resp = Response<Full<Bytes>>;
+
+fn json_response(status: StatusCode, body: serde_json::Value) -> Resp {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+fn error_response(status: StatusCode, message: impl Into<String>) -> Resp {
+    json_response(status, serde_json::json!({ "error": message.into() }))
+}
+
+fn retry_later(message: impl Into<String>, retry_after_secs: u32) -> Resp {
+    let mut r = error_response(StatusCode::SERVICE_UNAVAILABLE, message);
+    r.headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+    r
+}
+
+fn text_response(status: StatusCode, body: String, content_type: &'static str) -> Resp {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn method_not_allowed(allow: &'static str) -> Resp {
+    let mut r = error_response(StatusCode::METHOD_NOT_ALLOWED, format!("use {allow}"));
+    r.headers_mut()
+        .insert(ALLOW, HeaderValue::from_static(allow));
+    r
+}
+
+async fn handle(req: Request<Incoming>, st: &IngestState) -> Resp {
+    let (label, resp) = match (req.method(), req.uri().path()) {
+        (&Method::POST, "/v1/events" | "/events") => ("/v1/events", ingest(req, st).await),
+        (_, "/v1/events" | "/events") => ("/v1/events", method_not_allowed("POST")),
+        (&Method::GET | &Method::HEAD, "/healthz") => (
+            "/healthz",
+            text_response(StatusCode::OK, "ok\n".into(), "text/plain"),
+        ),
+        (&Method::GET | &Method::HEAD, "/readyz") => ("/readyz", readiness(st)),
+        (&Method::GET, "/metrics") => (
+            "/metrics",
+            text_response(
+                StatusCode::OK,
+                m::render(&st.metrics, st.spool.stats()),
+                "text/plain; version=0.0.4",
+            ),
+        ),
+        (_, "/healthz" | "/readyz" | "/metrics") => ("other", method_not_allowed("GET")),
+        _ => (
+            "other",
+            error_response(
+                StatusCode::NOT_FOUND,
+                "not found; events go to POST /v1/events",
+            ),
+        ),
+    };
+    m::http_request(label, resp.status().as_u16());
+    resp
+}
+
+fn readiness(st: &IngestState) -> Resp {
+    if st.shutting_down.load(Ordering::SeqCst) {
+        return text_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting down\n".into(),
+            "text/plain",
+        );
+    }
+    let used = st.spool.stats().bytes.load(Ordering::Relaxed);
+    if used >= st.high_watermark {
+        return text_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "spool over its high watermark: {used} of {} bytes\n",
+                st.high_watermark
+            ),
+            "text/plain",
+        );
+    }
+    text_response(StatusCode::OK, "ready\n".into(), "text/plain")
+}
+
+/// Why a request body could not be read.
+enum BodyProblem {
+    TooLarge,
+    TimedOut,
+    Read(String),
+    BadEncoding(String),
+    BadGzip(Bytes, String),
+}
+
+async fn read_body(req: Request<Incoming>, max: u64) -> Result<Bytes, BodyProblem> {
+    let encoding = req
+        .headers()
+        .get(CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase());
+    let limited = Limited::new(req.into_body(), max as usize);
+    let collected = match tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await {
+        Err(_) => return Err(BodyProblem::TimedOut),
+        Ok(Err(e)) => {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                return Err(BodyProblem::TooLarge);
+            }
+            return Err(BodyProblem::Read(e.to_string()));
+        }
+        Ok(Ok(c)) => c.to_bytes(),
+    };
+    match encoding.as_deref() {
+        None | Some("") | Some("identity") => Ok(collected),
+        Some("gzip") | Some("x-gzip") => {
+            let mut out = Vec::with_capacity(collected.len().saturating_mul(4).min(max as usize));
+            let mut dec = flate2::read::MultiGzDecoder::new(&collected[..]).take(max + 1);
+            match dec.read_to_end(&mut out) {
+                Ok(_) if out.len() as u64 > max => Err(BodyProblem::TooLarge),
+                Ok(_) => Ok(Bytes::from(out)),
+                Err(e) => Err(BodyProblem::BadGzip(collected, e.to_string())),
+            }
+        }
+        Some(other) => Err(BodyProblem::BadEncoding(other.to_string())),
+    }
+}
+
+async fn ingest(req: Request<Incoming>, st: &IngestState) -> Resp {
+    if st.shutting_down.load(Ordering::SeqCst) {
+        return retry_later("shutting down", 5);
+    }
+    let used = st.spool.stats().bytes.load(Ordering::Relaxed);
+    if used >= st.high_watermark {
+        m::backpressure();
+        return retry_later(
+            format!(
+                "spool is over its high watermark ({used} of {} bytes used): uploads are behind; retry later",
+                st.high_watermark
+            ),
+            10,
+        );
+    }
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > st.max_body_bytes) {
+        return too_large(st.max_body_bytes);
+    }
+    let _guard = InflightGuard::new(st);
+    let body = match read_body(req, st.max_body_bytes).await {
+        Ok(b) => b,
+        Err(BodyProblem::TooLarge) => return too_large(st.max_body_bytes),
+        Err(BodyProblem::TimedOut) => {
+            return error_response(
+                StatusCode::REQUEST_TIMEOUT,
+                "request body not received within 30 s",
+            )
+        }
+        Err(BodyProblem::Read(e)) => {
+            return error_response(StatusCode::BAD_REQUEST, format!("reading the body: {e}"))
+        }
+        Err(BodyProblem::BadEncoding(enc)) => {
+            return error_response(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("Content-Encoding {enc:?} is not supported (use gzip or none)"),
+            )
+        }
+        Err(BodyProblem::BadGzip(raw, e)) => {
+            let msg = format!("body is not valid gzip: {e}");
+            return invalid_body(st, raw, msg).await;
+        }
+    };
+    m::ingest_bytes(body.len() as u64);
+    let batch = match build_batch(st, &body) {
+        Ok(b) => b,
+        Err(e) => return invalid_body(st, body, e.to_string()).await,
+    };
+    match st.spool.append(batch).await {
+        Ok(o) => json_response(StatusCode::OK, serde_json::to_value(o).unwrap_or_default()),
+        Err(e) if e.is_no_space() => retry_later(format!("spool disk is full: {e}"), 10),
+        Err(e) => error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("could not store the events: {e}"),
+        ),
+    }
+}
+
+fn too_large(max: u64) -> Resp {
+    error_response(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("body larger than the limit of {max} bytes (--max-body-bytes)"),
+    )
+}
+
+async fn invalid_body(st: &IngestState, body: Bytes, message: String) -> Resp {
+    m::invalid_body();
+    tracing::warn!(error = %message, bytes = body.len(), "rejected a body that is not a JSON array of events; keeping it in quarantine");
+    if let Err(e) = st.spool.quarantine_body(body, message.clone()).await {
+        tracing::error!(error = %e, "could not keep the invalid body");
+    }
+    error_response(StatusCode::BAD_REQUEST, message)
+}
+
+/// Routes every event of `body`, grouping them by partition.
+fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::BodyError> {
+    let learned = if st.configured_node.is_none() {
+        st.learned_node.lock().ok().and_then(|g| g.clone())
+    } else {
+        None
+    };
+    let fallback: &str = st
+        .configured_node
+        .as_deref()
+        .or(learned.as_deref())
+        .unwrap_or("unknown-node");
+    let mut partitions: Vec<PartitionBatch> = Vec::new();
+    let mut quarantined = Vec::new();
+    let mut last: usize = usize::MAX;
+    let mut seen_node: Option<String> = None;
+    for_each_event(body, |ev| {
+        let ParsedEvent::Object(fields) = &ev.parsed else {
+            quarantined.push(QuarantinedEvent {
+                reason: QuarantineReason::NotAnObject,
+                start: ev.range.start,
+                end: ev.range.end,
+            });
+            return;
+        };
+        let r = match route(fields, fallback) {
+            Ok(r) => r,
+            Err(reason) => {
+                quarantined.push(QuarantinedEvent {
+                    reason,
+                    start: ev.range.start,
+                    end: ev.range.end,
+                });
+                return;
+            }
+        };
+        if st.configured_node.is_none() && seen_node.is_none() {
+            if let NodeName::Hex(h) = r.node {
+                seen_node = Some(h.as_str().to_string());
+            }
+        }
+        let span = EventSpan {
+            start: ev.range.start,
+            end: ev.range.end,
+            id_hash: fields.event_id.as_str().map(|id| id_hash(id.as_bytes())),
+            has_newline: ev.has_newline,
+        };
+        let job = r.job.as_ref().map(|j| j.as_str());
+        let matches = |p: &Partition| {
+            p.hour == r.hour
+                && p.session == r.session
+                && p.node == r.node.as_str()
+                && match (&p.stream, job) {
+                    (Stream::Node, None) => true,
+                    (Stream::Job(a), Some(b)) => a == b,
+                    _ => false,
+                }
+        };
+        let idx = if last < partitions.len() && matches(&partitions[last].partition) {
+            last
+        } else if let Some(i) = partitions.iter().position(|pb| matches(&pb.partition)) {
+            i
+        } else {
+            partitions.push(PartitionBatch {
+                partition: Partition {
+                    session: r.session.to_string(),
+                    node: r.node.as_str().to_string(),
+                    stream: match job {
+                        Some(j) => Stream::Job(j.to_string()),
+                        None => Stream::Node,
+                    },
+                    hour: r.hour,
+                },
+                events: Vec::new(),
+            });
+            partitions.len() - 1
+        };
+        last = idx;
+        partitions[idx].events.push(span);
+    })?;
+    if let Some(node) = seen_node {
+        if let Ok(mut g) = st.learned_node.lock() {
+            if g.as_deref() != Some(node.as_str()) {
+                *g = Some(node);
+            }
+        }
+    }
+    Ok(AppendBatch {
+        body: body.clone(),
+        partitions,
+        quarantined,
+    })
+}
+
+/// Binds the listener, with the address in the error.
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    use anyhow::Context;
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("listening on {addr} (--listen / EVENTS_PORT)"))
+}

@@ -1,0 +1,148 @@
+//! ray-history-collector: a per-node sidecar that takes the events Ray pushes to it, keeps
+//! them durably on disk, and uploads them in the layout KubeRay's History Server reads.
+//!
+//! The flow, one module per stage: [`ingest`] (HTTP) → [`routing`] (event → partition) →
+//! [`spool`] (fsync'd segments, group commit) → [`upload`] (object store, retries), with
+//! [`layout`] holding the bucket-key contract and [`config`] the command line.
+
+pub mod config;
+pub mod dedup;
+pub mod ingest;
+pub mod layout;
+pub mod metrics;
+pub mod routing;
+pub mod spool;
+pub mod storage;
+pub mod upload;
+
+use std::time::Instant;
+
+use anyhow::Context;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::mpsc;
+
+use crate::config::{Role, Settings};
+use crate::spool::{Spool, SpoolConfig};
+use crate::upload::{Uploader, UploaderConfig};
+
+/// How the collector ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Everything accepted was uploaded.
+    Clean,
+    /// The shutdown deadline passed with files left in the spool for the next start.
+    LeftOnDisk,
+}
+
+/// Reads an environment variable, treating non-UTF-8 as absent.
+pub fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// Runs the collector until SIGTERM or SIGINT, then seals and uploads within the deadline.
+pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Result<Exit> {
+    let store = storage::open(&settings.storage, &env_var)
+        .with_context(|| format!("opening storage {}", settings.storage))?;
+    let (sealed_tx, sealed_rx) = mpsc::unbounded_channel();
+    let spool_cfg = SpoolConfig {
+        dir: settings.spool_dir.clone(),
+        rotation_interval: settings.rotation_interval,
+        max_segment_bytes: settings.max_segment_bytes,
+        max_open_files: settings.max_open_segments,
+        dedup_window: settings.dedup_window,
+        write_session_markers: settings.role == Role::Head,
+        quarantine_node: settings.quarantine_node(&env_var),
+    };
+    let (spool, recovered) = Spool::open(spool_cfg, sealed_tx)
+        .with_context(|| format!("opening the spool in {}", settings.spool_dir.display()))?;
+    if recovered.files > 0 || recovered.torn > 0 {
+        tracing::info!(
+            files = recovered.files,
+            bytes = recovered.bytes,
+            torn_lines = recovered.torn,
+            dedup_ids = recovered.dedup_ids,
+            "found files of an earlier run in the spool; uploading them"
+        );
+    }
+    for p in &recovered.unknown {
+        tracing::warn!(path = %p.display(), "unrecognised file in the spool; left alone");
+    }
+    let uploader = Uploader::start(
+        UploaderConfig {
+            concurrency: settings.upload_concurrency,
+            compression: settings.compression,
+            part_size: settings.upload_part_bytes,
+            layout: settings.layout.clone(),
+        },
+        store,
+        spool.stats().clone(),
+        sealed_rx,
+    );
+    let listener = ingest::bind(settings.listen).await?;
+    let high_watermark = settings.max_spool_bytes / 10 * 9;
+    let state = ingest::IngestState::new(
+        spool.clone(),
+        settings.max_body_bytes,
+        high_watermark,
+        settings.node_id.clone(),
+        metrics,
+    );
+    let server = tokio::spawn(ingest::serve(listener, state.clone()));
+    tracing::info!(
+        listen = %settings.listen,
+        storage = %settings.storage,
+        prefix = %settings.layout.history_prefix(),
+        spool = %settings.spool_dir.display(),
+        role = ?settings.role,
+        "collector ready"
+    );
+
+    let signal = wait_for_signal().await?;
+    let started = Instant::now();
+    let deadline = started + settings.shutdown_timeout;
+    tracing::info!(
+        signal,
+        timeout_s = settings.shutdown_timeout.as_secs_f64(),
+        "shutting down: sealing and uploading everything"
+    );
+    state.begin_shutdown();
+    let _ = tokio::time::timeout_at(deadline.into(), state.wait_idle()).await;
+    let sealed = tokio::time::timeout_at(deadline.into(), spool.seal_all()).await;
+    let drained = match sealed {
+        Ok(Ok(())) => tokio::time::timeout_at(deadline.into(), uploader.drain())
+            .await
+            .is_ok(),
+        _ => false,
+    };
+    server.abort();
+    let spool2 = spool.clone();
+    let _ = tokio::task::spawn_blocking(move || spool2.stop()).await;
+    if drained {
+        tracing::info!(
+            took_ms = started.elapsed().as_millis() as u64,
+            "everything uploaded; exiting"
+        );
+        return Ok(Exit::Clean);
+    }
+    let left = spool::leftover_files(&settings.spool_dir);
+    let total: u64 = left.iter().map(|(_, n)| n).sum();
+    tracing::error!(
+        files = left.len(),
+        bytes = total,
+        "shutdown deadline reached; these files stay in the spool and are uploaded by the next start"
+    );
+    for (path, bytes) in &left {
+        tracing::error!(path = %path.display(), bytes, "left on disk");
+    }
+    Ok(Exit::LeftOnDisk)
+}
+
+async fn wait_for_signal() -> anyhow::Result<&'static str> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    })
+}

@@ -1,0 +1,123 @@
+//! Prometheus metrics: names in one place, so dashboards and docs have one source.
+//!
+//! Counters and histograms go through the `metrics` facade; spool gauges are read from
+//! [`SpoolStats`] when `/metrics` is scraped, so they cost nothing on the hot path.
+
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::routing::QuarantineReason;
+use crate::spool::SpoolStats;
+
+/// Requests answered, by path and status code.
+pub const HTTP_REQUESTS: &str = "rhc_http_requests_total";
+/// Events stored.
+pub const EVENTS_ACCEPTED: &str = "rhc_events_accepted_total";
+/// Events dropped as recently seen duplicates.
+pub const EVENTS_DUPLICATE: &str = "rhc_events_duplicate_total";
+/// Events kept in quarantine, by reason.
+pub const EVENTS_QUARANTINED: &str = "rhc_events_quarantined_total";
+/// Request body bytes received (after decompression).
+pub const INGEST_BYTES: &str = "rhc_ingest_bytes_total";
+/// Bodies that were not JSON.
+pub const INVALID_BODIES: &str = "rhc_invalid_bodies_total";
+/// Bytes in the spool not yet uploaded.
+pub const SPOOL_BYTES: &str = "rhc_spool_bytes";
+/// Files in the spool not yet uploaded.
+pub const SPOOL_FILES: &str = "rhc_spool_segments";
+/// Age of the oldest spool file not yet uploaded.
+pub const OLDEST_AGE: &str = "rhc_spool_oldest_unuploaded_age_seconds";
+/// Time from the first write of a group to the end of its fsyncs.
+pub const COMMIT_SECONDS: &str = "rhc_spool_commit_seconds";
+/// Bytes made durable.
+pub const SPOOL_WRITTEN: &str = "rhc_spool_written_bytes_total";
+/// Upload attempts, by object kind.
+pub const UPLOAD_ATTEMPTS: &str = "rhc_upload_attempts_total";
+/// Failed upload attempts, by object kind.
+pub const UPLOAD_FAILURES: &str = "rhc_upload_failures_total";
+/// Duration of successful uploads.
+pub const UPLOAD_SECONDS: &str = "rhc_upload_duration_seconds";
+/// Bytes uploaded (after compression).
+pub const UPLOAD_BYTES: &str = "rhc_upload_bytes_total";
+/// Unix time of the last successful upload.
+pub const LAST_UPLOAD: &str = "rhc_last_successful_upload_timestamp_seconds";
+/// Requests refused with 503 because the spool is over its high watermark.
+pub const BACKPRESSURE: &str = "rhc_backpressure_rejections_total";
+
+/// Installs the global recorder; the handle renders `/metrics`.
+pub fn install() -> anyhow::Result<PrometheusHandle> {
+    let buckets = [
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    ];
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &buckets)?
+        .install_recorder()?;
+    for r in QuarantineReason::ALL {
+        counter!(EVENTS_QUARANTINED, "reason" => r.code()).absolute(0);
+    }
+    counter!(EVENTS_ACCEPTED).absolute(0);
+    counter!(EVENTS_DUPLICATE).absolute(0);
+    Ok(handle)
+}
+
+/// Renders the text exposition, refreshing the spool gauges first.
+pub fn render(handle: &PrometheusHandle, stats: &SpoolStats) -> String {
+    use std::sync::atomic::Ordering;
+    gauge!(SPOOL_BYTES).set(stats.bytes.load(Ordering::Relaxed) as f64);
+    gauge!(SPOOL_FILES).set(stats.files.load(Ordering::Relaxed) as f64);
+    gauge!(OLDEST_AGE).set(stats.oldest_pending_age_seconds());
+    handle.run_upkeep();
+    handle.render()
+}
+
+pub(crate) fn events_accepted(accepted: u64, duplicates: u64) {
+    counter!(EVENTS_ACCEPTED).increment(accepted);
+    if duplicates > 0 {
+        counter!(EVENTS_DUPLICATE).increment(duplicates);
+    }
+}
+
+pub(crate) fn events_quarantined(reason: QuarantineReason, n: u64) {
+    counter!(EVENTS_QUARANTINED, "reason" => reason.code()).increment(n);
+}
+
+pub(crate) fn spool_commit(bytes: u64, took: Duration) {
+    counter!(SPOOL_WRITTEN).increment(bytes);
+    histogram!(COMMIT_SECONDS).record(took.as_secs_f64());
+}
+
+pub(crate) fn http_request(path: &'static str, status: u16) {
+    counter!(HTTP_REQUESTS, "path" => path, "status" => status.to_string()).increment(1);
+}
+
+pub(crate) fn ingest_bytes(n: u64) {
+    counter!(INGEST_BYTES).increment(n);
+}
+
+pub(crate) fn invalid_body() {
+    counter!(INVALID_BODIES).increment(1);
+}
+
+pub(crate) fn backpressure() {
+    counter!(BACKPRESSURE).increment(1);
+}
+
+pub(crate) fn upload_attempt(kind: &'static str) {
+    counter!(UPLOAD_ATTEMPTS, "kind" => kind).increment(1);
+}
+
+pub(crate) fn upload_failure(kind: &'static str) {
+    counter!(UPLOAD_FAILURES, "kind" => kind).increment(1);
+}
+
+pub(crate) fn upload_success(kind: &'static str, bytes: u64, took: Duration) {
+    histogram!(UPLOAD_SECONDS, "kind" => kind).record(took.as_secs_f64());
+    counter!(UPLOAD_BYTES, "kind" => kind).increment(bytes);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    gauge!(LAST_UPLOAD).set(now);
+}

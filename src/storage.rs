@@ -1,0 +1,436 @@
+//! Which bucket we write to, and the `object_store` client for it.
+//!
+//! `--storage` takes a URL (`file://`, `s3://`, `gs://`, `az://`) or a plain path. The KubeRay
+//! collector's variables (`STORAGE_BACKEND`, `S3_BUCKET`, `S3_ENDPOINT`, `GCS_BUCKET`,
+//! `AZURE_STORAGE_*`, ...) are understood too, so existing manifests keep working.
+//! Credentials come only from each cloud's standard chain, read by `object_store`'s
+//! `from_env` builders (env, web identity / IRSA, instance metadata, workload identity,
+//! managed identity).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
+use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::local::LocalFileSystem;
+use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
+
+/// Errors while reading the storage configuration or building the client.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The URL or variables do not describe a supported bucket.
+    #[error("{0}")]
+    Invalid(String),
+    /// The local directory of a `file://` store could not be created.
+    #[error("creating local storage directory {path}: {source}")]
+    LocalDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `object_store` refused the configuration.
+    #[error("configuring {backend} storage: {source}")]
+    Client {
+        /// Which backend.
+        backend: &'static str,
+        /// Its error.
+        #[source]
+        source: object_store::Error,
+    },
+}
+
+/// The kind of store and its bucket or directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// A local directory (tests, quickstarts, or a mounted volume).
+    File(PathBuf),
+    /// Amazon S3 or an S3-compatible server (MinIO, ...).
+    S3 {
+        /// Bucket name.
+        bucket: String,
+    },
+    /// Google Cloud Storage.
+    Gcs {
+        /// Bucket name.
+        bucket: String,
+    },
+    /// Azure Blob Storage.
+    Azure {
+        /// Container name.
+        container: String,
+    },
+}
+
+/// A parsed storage location: backend plus root prefix inside it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageSpec {
+    /// Where.
+    pub backend: Backend,
+    /// Key prefix inside the bucket, no leading or trailing '/'; empty for none.
+    pub root: String,
+}
+
+impl std::fmt::Display for StorageSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (scheme, name) = match &self.backend {
+            Backend::File(p) if self.root.is_empty() => return write!(f, "file://{}", p.display()),
+            Backend::File(p) => return write!(f, "file://{}", p.join(&self.root).display()),
+            Backend::S3 { bucket } => ("s3", bucket),
+            Backend::Gcs { bucket } => ("gs", bucket),
+            Backend::Azure { container } => ("az", container),
+        };
+        if self.root.is_empty() {
+            write!(f, "{scheme}://{name}")
+        } else {
+            write!(f, "{scheme}://{name}/{}", self.root)
+        }
+    }
+}
+
+fn clean_root(path: &str) -> Result<String, StorageError> {
+    let root = path.trim_matches('/');
+    for seg in root.split('/').filter(|s| !s.is_empty()) {
+        if seg == "." || seg == ".." || seg.contains(['\\', '\0']) {
+            return Err(StorageError::Invalid(format!(
+                "root prefix {path:?} has a '{seg}' segment"
+            )));
+        }
+    }
+    Ok(root
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join("/"))
+}
+
+impl StorageSpec {
+    /// Parses `--storage`: `file:///dir`, `s3://bucket[/root]`, `gs://bucket[/root]`,
+    /// `az://container[/root]` (also `azure://`), or a plain local path.
+    pub fn parse(s: &str) -> Result<StorageSpec, StorageError> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Err(StorageError::Invalid("storage location is empty".into()));
+        }
+        let Some((scheme, rest)) = s.split_once("://") else {
+            return Ok(StorageSpec {
+                backend: Backend::File(PathBuf::from(s)),
+                root: String::new(),
+            });
+        };
+        if scheme == "file" {
+            if !rest.starts_with('/') {
+                return Err(StorageError::Invalid(format!(
+                    "{s:?}: a file URL needs an absolute path (file:///dir); use a plain path for a relative one"
+                )));
+            }
+            return Ok(StorageSpec {
+                backend: Backend::File(PathBuf::from(rest)),
+                root: String::new(),
+            });
+        }
+        let (name, path) = rest.split_once('/').unwrap_or((rest, ""));
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_'))
+        {
+            return Err(StorageError::Invalid(format!(
+                "{s:?}: {name:?} is not a bucket or container name"
+            )));
+        }
+        let name = name.to_string();
+        let backend = match scheme.to_ascii_lowercase().as_str() {
+            "s3" | "s3a" => Backend::S3 { bucket: name },
+            "gs" | "gcs" => Backend::Gcs { bucket: name },
+            "az" | "azure" | "abfs" | "abfss" => Backend::Azure { container: name },
+            other => {
+                return Err(StorageError::Invalid(format!(
+                    "{s:?}: unsupported scheme {other:?} (use file://, s3://, gs:// or az://)"
+                )))
+            }
+        };
+        Ok(StorageSpec {
+            backend,
+            root: clean_root(path)?,
+        })
+    }
+
+    /// The KubeRay collector's way: `STORAGE_BACKEND` = `s3` | `gcs` | `azureblob` with the
+    /// bucket from `S3_BUCKET`, `GCS_BUCKET` or `AZURE_STORAGE_CONTAINER` (KubeRay's defaults).
+    pub fn from_kuberay_env(
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<StorageSpec>, StorageError> {
+        let Some(kind) = env("STORAGE_BACKEND").filter(|v| !v.trim().is_empty()) else {
+            return Ok(None);
+        };
+        let backend = match kind.trim().to_ascii_lowercase().as_str() {
+            "s3" => Backend::S3 {
+                bucket: env("S3_BUCKET").unwrap_or_else(|| "ray-historyserver".into()),
+            },
+            "gcs" => Backend::Gcs {
+                bucket: env("GCS_BUCKET").ok_or_else(|| {
+                    StorageError::Invalid("STORAGE_BACKEND=gcs needs GCS_BUCKET".into())
+                })?,
+            },
+            "azureblob" | "azure" => Backend::Azure {
+                container: env("AZURE_STORAGE_CONTAINER")
+                    .unwrap_or_else(|| "ray-historyserver".into()),
+            },
+            other => return Err(StorageError::Invalid(format!(
+                "STORAGE_BACKEND={other:?} is not supported (s3, gcs, azureblob; or use --storage)"
+            ))),
+        };
+        Ok(Some(StorageSpec {
+            backend,
+            root: String::new(),
+        }))
+    }
+
+    /// Joins an extra root (`STORAGE_ROOT_DIR`) under the URL's own root.
+    pub fn with_extra_root(mut self, extra: &str) -> Result<StorageSpec, StorageError> {
+        let extra = clean_root(extra)?;
+        if !extra.is_empty() {
+            self.root = if self.root.is_empty() {
+                extra
+            } else {
+                format!("{}/{}", self.root, extra)
+            };
+        }
+        Ok(self)
+    }
+}
+
+fn client_options() -> ClientOptions {
+    ClientOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(120))
+}
+
+/// Our own upload loop retries forever; the client's retries are kept short so a
+/// shutdown deadline is never stuck inside one request.
+fn retry_config() -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+            base: 2.0,
+        },
+        max_retries: 2,
+        retry_timeout: Duration::from_secs(30),
+    }
+}
+
+fn is_true(v: Option<String>) -> bool {
+    matches!(v.as_deref().map(str::trim), Some(v) if v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+/// Builds the object store client for `spec`, with KubeRay's extra variables applied.
+pub fn open(
+    spec: &StorageSpec,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Arc<dyn ObjectStore>, StorageError> {
+    match &spec.backend {
+        Backend::File(dir) => {
+            std::fs::create_dir_all(dir).map_err(|source| StorageError::LocalDir {
+                path: dir.clone(),
+                source,
+            })?;
+            let store =
+                LocalFileSystem::new_with_prefix(dir).map_err(|source| StorageError::Client {
+                    backend: "file",
+                    source,
+                })?;
+            Ok(Arc::new(store))
+        }
+        Backend::S3 { bucket } => {
+            let mut b = AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .with_client_options(client_options())
+                .with_retry(retry_config());
+            let disable_ssl = is_true(env("S3DISABLE_SSL"));
+            if env("AWS_ENDPOINT").is_none() && env("AWS_ENDPOINT_URL").is_none() {
+                if let Some(ep) = env("S3_ENDPOINT").filter(|e| !e.trim().is_empty()) {
+                    let ep = ep.trim();
+                    let ep = if ep.contains("://") {
+                        ep.to_string()
+                    } else if disable_ssl {
+                        format!("http://{ep}")
+                    } else {
+                        format!("https://{ep}")
+                    };
+                    b = b.with_endpoint(ep);
+                }
+            }
+            if disable_ssl {
+                b = b.with_allow_http(true);
+            }
+            if env("AWS_REGION").is_none() && env("AWS_DEFAULT_REGION").is_none() {
+                if let Some(r) = env("S3_REGION").filter(|r| !r.trim().is_empty()) {
+                    b = b.with_region(r.trim());
+                }
+            }
+            if let Some(v) = env("S3FORCE_PATH_STYLE") {
+                if v.trim().eq_ignore_ascii_case("false") {
+                    b = b.with_virtual_hosted_style_request(true);
+                }
+            }
+            Ok(Arc::new(b.build().map_err(|source| {
+                StorageError::Client {
+                    backend: "s3",
+                    source,
+                }
+            })?))
+        }
+        Backend::Gcs { bucket } => {
+            let b = GoogleCloudStorageBuilder::from_env()
+                .with_bucket_name(bucket)
+                .with_client_options(client_options())
+                .with_retry(retry_config());
+            Ok(Arc::new(b.build().map_err(|source| {
+                StorageError::Client {
+                    backend: "gcs",
+                    source,
+                }
+            })?))
+        }
+        Backend::Azure { container } => {
+            let mut b = MicrosoftAzureBuilder::from_env()
+                .with_container_name(container)
+                .with_client_options(client_options())
+                .with_retry(retry_config());
+            if let Some(cs) =
+                env("AZURE_STORAGE_CONNECTION_STRING").filter(|c| !c.trim().is_empty())
+            {
+                b = apply_connection_string(b, &cs)?;
+            } else if let Some(url) =
+                env("AZURE_STORAGE_ACCOUNT_URL").filter(|u| !u.trim().is_empty())
+            {
+                let url = url.trim().trim_end_matches('/');
+                let host = url.split("://").nth(1).unwrap_or(url);
+                let account = host.split(['.', ':', '/']).next().unwrap_or_default();
+                if env("AZURE_STORAGE_ACCOUNT_NAME").is_none() && !account.is_empty() {
+                    b = b.with_account(account);
+                }
+                b = b.with_endpoint(url.to_string());
+            }
+            Ok(Arc::new(b.build().map_err(|source| {
+                StorageError::Client {
+                    backend: "azure",
+                    source,
+                }
+            })?))
+        }
+    }
+}
+
+/// Applies an Azure connection string (`AccountName=..;AccountKey=..;BlobEndpoint=..`).
+fn apply_connection_string(
+    mut b: MicrosoftAzureBuilder,
+    cs: &str,
+) -> Result<MicrosoftAzureBuilder, StorageError> {
+    let mut blob_endpoint = None;
+    for part in cs.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((k, v)) = part.split_once('=') else {
+            return Err(StorageError::Invalid(
+                "AZURE_STORAGE_CONNECTION_STRING has a part without '='".into(),
+            ));
+        };
+        match k.trim().to_ascii_lowercase().as_str() {
+            "accountname" => b = b.with_account(v),
+            "accountkey" => b = b.with_access_key(v),
+            "blobendpoint" => blob_endpoint = Some(v.trim_end_matches('/').to_string()),
+            "sharedaccesssignature" => {
+                let pairs: Vec<(String, String)> = v
+                    .trim_start_matches('?')
+                    .split('&')
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect();
+                b = b.with_sas_authorization(pairs);
+            }
+            "usedevelopmentstorage" if v.eq_ignore_ascii_case("true") => {
+                b = b.with_use_emulator(true)
+            }
+            _ => {}
+        }
+    }
+    if let Some(ep) = blob_endpoint {
+        if ep.starts_with("http://") {
+            b = b.with_allow_http(true);
+        }
+        b = b.with_endpoint(ep);
+    }
+    Ok(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_urls() {
+        let s = StorageSpec::parse("s3://bucket/a/b/").unwrap();
+        assert_eq!(
+            s.backend,
+            Backend::S3 {
+                bucket: "bucket".into()
+            }
+        );
+        assert_eq!(s.root, "a/b");
+        assert_eq!(s.to_string(), "s3://bucket/a/b");
+        assert_eq!(StorageSpec::parse("gs://b").unwrap().root, "");
+        assert!(matches!(
+            StorageSpec::parse("az://c/r").unwrap().backend,
+            Backend::Azure { .. }
+        ));
+        assert_eq!(
+            StorageSpec::parse("./ray-history").unwrap().backend,
+            Backend::File("./ray-history".into())
+        );
+        assert_eq!(
+            StorageSpec::parse("file:///tmp/x").unwrap().backend,
+            Backend::File("/tmp/x".into())
+        );
+        for bad in [
+            "",
+            "ftp://x",
+            "s3://",
+            "s3://a b",
+            "s3://b/../x",
+            "file://relative",
+        ] {
+            assert!(StorageSpec::parse(bad).is_err(), "{bad}");
+        }
+        let s = StorageSpec::parse("s3://b/r")
+            .unwrap()
+            .with_extra_root("/x/")
+            .unwrap();
+        assert_eq!(s.root, "r/x");
+    }
+
+    #[test]
+    fn kuberay_env() {
+        let env = |k: &str| match k {
+            "STORAGE_BACKEND" => Some("S3".to_string()),
+            "S3_BUCKET" => Some("hist".to_string()),
+            _ => None,
+        };
+        let s = StorageSpec::from_kuberay_env(&env).unwrap().unwrap();
+        assert_eq!(
+            s.backend,
+            Backend::S3 {
+                bucket: "hist".into()
+            }
+        );
+        let none = |_: &str| None;
+        assert_eq!(StorageSpec::from_kuberay_env(&none).unwrap(), None);
+        let bad = |k: &str| (k == "STORAGE_BACKEND").then(|| "aliyunoss".to_string());
+        assert!(StorageSpec::from_kuberay_env(&bad).is_err());
+        let gcs = |k: &str| (k == "STORAGE_BACKEND").then(|| "gcs".to_string());
+        assert!(StorageSpec::from_kuberay_env(&gcs).is_err());
+    }
+}
