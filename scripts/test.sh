@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The project's test command: installs the test tools (moto, Azurite,
+# fake-gcs-server, Ray) into .test-deps/ if needed, points the tests at them,
+# and runs `cargo test --locked "$@"`. Exit code is cargo's.
+#
+#   ./scripts/test.sh                                  # everything
+#   ./scripts/test.sh --test services_smoke -- --nocapture
+#
+# The tests start and stop the servers themselves (tests/support/services.rs);
+# this script only makes sure none is left running afterwards.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+
+# install-test-deps.sh prints `export RHC_...=...` lines on stdout.
+exports="$("$REPO/scripts/install-test-deps.sh")"
+eval "$exports"
+export RHC_MOTO_SERVER RHC_AZURITE_BLOB RHC_FAKE_GCS RHC_PYTHON
+export RHC_REQUIRE_SERVICES=1
+# Everything the tests talk to is on loopback; keep any proxy settings away from it.
+export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}"
+export no_proxy="$NO_PROXY"
+# Ray (end-to-end tests) must not try to report usage statistics.
+export RAY_USAGE_STATS_ENABLED=0
+
+# Kill any server the tests of THIS run left behind. Candidates are processes
+# whose command line contains this repo's .test-deps path; of those, only ones
+# that inherited this run's RHC_TEST_RUN_ID are killed, so servers of another
+# test run in the same checkout (another shell, another engineer) survive.
+RHC_TEST_RUN_ID="$$-$(date +%s%N)"
+export RHC_TEST_RUN_ID
+# shellcheck disable=SC2317  # invoked by the EXIT trap
+cleanup() {
+    local pid pids=()
+    for pid in $(pgrep -f -- "$REPO/.test-deps/" || true); do
+        if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null \
+                | grep -qxF "RHC_TEST_RUN_ID=$RHC_TEST_RUN_ID"; then
+            pids+=("$pid")
+        fi
+    done
+    if ((${#pids[@]} > 0)); then
+        echo "test.sh: killing leftover test servers of this run:" >&2
+        ps -o pid=,args= -p "${pids[@]}" >&2 || true
+        kill -TERM "${pids[@]}" 2>/dev/null || true
+        sleep 1
+        kill -KILL "${pids[@]}" 2>/dev/null || true
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+status=0
+cargo test --locked "$@" || status=$?
+exit "$status"

@@ -1,0 +1,3 @@
+pub mod collector;
+pub mod relay;
+pub mod services;
