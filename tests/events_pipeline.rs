@@ -926,3 +926,52 @@ fn shutdown_deadline_leaves_files_for_the_next_start() {
     assert!(status.success(), "{}", c.log_text());
     verify_acked(&read_all(&s3_store(&s3, "late")), &ids);
 }
+
+#[test]
+fn large_segments_go_up_as_multipart_to_s3() {
+    let Some(s3) = MotoS3::start() else {
+        return;
+    };
+    s3.create_bucket("big");
+    let tmp = tempfile::tempdir().unwrap();
+    let env = s3_env(&s3);
+    let mut c = Collector::start(
+        &tmp.path().join("spool"),
+        &[
+            "--storage",
+            "s3://big",
+            "--compression",
+            "none",
+            "--upload-part-bytes",
+            "5MiB",
+        ],
+        &env_refs(&env),
+    );
+    let mut acked = Vec::new();
+    for b in 0..30 {
+        let ids: Vec<String> = (0..1000).map(|i| format!("big-{b}-{i}")).collect();
+        let body = format!(
+            "[{}]",
+            ids.iter()
+                .map(|id| event(id, 7))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        assert_eq!(c.post(body.as_bytes()).status, 200);
+        acked.extend(ids);
+    }
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", c.log_text());
+    let objects = read_all(&s3_store(&s3, "big"));
+    let biggest = objects
+        .iter()
+        .filter(|(k, _)| k.contains("/job_events/07000000/"))
+        .map(|(_, v)| v.len())
+        .max()
+        .unwrap();
+    assert!(
+        biggest > 10 << 20,
+        "expected one object over two parts, biggest is {biggest}"
+    );
+    verify_acked(&objects, &acked);
+}

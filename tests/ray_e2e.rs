@@ -1,0 +1,680 @@
+//! End to end with real Ray: a local Ray 2.60 instance's dashboard agent POSTs its events to
+//! the real collector binary, which uploads them to a `file://` bucket; the test reads the
+//! bucket back and checks it the way KubeRay's History Server would read it.
+//!
+//! Needs `RHC_PYTHON` (a Python with `ray[default]`, from `./scripts/install-test-deps.sh`);
+//! without it the test prints `skipping: ...` and passes, unless `RHC_REQUIRE_SERVICES=1`.
+//!
+//! ```text
+//! eval "$(./scripts/install-test-deps.sh)"
+//! RHC_REQUIRE_SERVICES=1 cargo test --test ray_e2e -- --nocapture
+//! ```
+//!
+//! The workload is `tests/e2e/ray_workload.py`. Everything Ray writes lives in one short
+//! temp dir (`/tmp/rhc-e2e-XXXXXX`, short because of the ~107-byte limit on unix socket
+//! paths), including `$HOME` (Ray 2.60 writes `~/.ray/auth_token`). Ray's processes carry a
+//! marker variable; a drop guard kills, by pid, any process still carrying it when the test
+//! ends, however it ends.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use object_store::local::LocalFileSystem;
+use object_store::ObjectStore;
+use serde_json::Value;
+
+use support::collector::*;
+use support::services::*;
+
+/// Upper bound for the whole Python workload (Ray start, tasks, waiting for the collector,
+/// Ray shutdown). A normal run takes 15-40 s.
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(240);
+/// How long the collector may take to exit after SIGTERM.
+const TERMINATE_LIMIT: Duration = Duration::from_secs(30);
+/// The test's cluster identity (`--cluster-namespace`, `--cluster-name`).
+const NAMESPACE: &str = "default";
+const CLUSTER: &str = "e2e";
+/// Name of the task in the workload that raises.
+const FAILING_TASK: &str = "fails";
+/// Text of the exception it raises.
+const FAILURE_TEXT: &str = "rhc-e2e intentional failure";
+/// Environment variable set on the workload; every Ray process inherits it.
+const MARKER_VAR: &str = "RHC_E2E_MARKER";
+/// How long Ray's processes may take to exit after `ray.shutdown()` returned.
+const RAY_EXIT_GRACE: Duration = Duration::from_secs(5);
+
+#[test]
+fn real_ray_job_events_reach_job_events_partition() {
+    let Some(python) = tool("RHC_PYTHON") else {
+        eprintln!(
+            "skipping: RHC_PYTHON is not set, so Ray is not available (run ./scripts/test.sh)"
+        );
+        return;
+    };
+    let started = Instant::now();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/ray_workload.py");
+
+    let work = RayWorkDir::new();
+    let spool = work.path().join("spool");
+    let store_dir = work.path().join("store");
+    let ray_tmp = work.path().join("ray");
+    let home = work.path().join("home");
+    for d in [&spool, &store_dir, &ray_tmp, &home] {
+        std::fs::create_dir_all(d).expect("create test dir");
+    }
+
+    // 1. The collector.
+    let mut collector = Collector::start(
+        &spool,
+        &[
+            "--storage",
+            store_dir.to_str().expect("utf-8 temp path"),
+            "--cluster-name",
+            CLUSTER,
+            "--cluster-namespace",
+            NAMESPACE,
+            "--role",
+            "head",
+            "--rotation-interval",
+            "2s",
+            "--shutdown-timeout",
+            "20s",
+        ],
+        &[],
+    );
+
+    // 2. The Ray workload.
+    let events_url = collector.url("/v1/events");
+    let collector_url = collector.url("");
+    let dashboard_port = free_port().to_string();
+    let mut cmd = Command::new(&python);
+    cmd.arg(&script)
+        .current_dir(work.path())
+        // Never attach to another cluster; keep the event JSON camelCase (the default).
+        .env_remove("RAY_ADDRESS")
+        .env_remove("RAY_DASHBOARD_AGGREGATOR_AGENT_PRESERVE_PROTO_FIELD_NAME")
+        .env("RAY_enable_ray_event", "true")
+        .env("RAY_enable_core_worker_ray_event_to_aggregator", "true")
+        .env(
+            "RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR",
+            &events_url,
+        )
+        .env(
+            "RAY_DASHBOARD_AGGREGATOR_AGENT_EXPOSABLE_EVENT_TYPES",
+            "ALL",
+        )
+        .env(
+            "RAY_DASHBOARD_AGGREGATOR_AGENT_PUBLISHER_HTTP_ENDPOINT_EXPOSABLE_EVENT_TYPES",
+            "ALL",
+        )
+        .env("RAY_USAGE_STATS_ENABLED", "0")
+        // Makes Ray use 127.0.0.1 as the node address instead of the host's external IP
+        // (the variable only switches the node-IP lookup on Linux).
+        .env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        .env("HOME", &home)
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost")
+        .env("PYTHONUNBUFFERED", "1")
+        .env("RHC_COLLECTOR_URL", &collector_url)
+        .env("RHC_E2E_RAY_TEMP_DIR", &ray_tmp)
+        .env("RHC_E2E_DASHBOARD_PORT", &dashboard_port)
+        .env("RHC_E2E_QUIET_SECONDS", "3")
+        .env("RHC_E2E_WAIT_LIMIT_SECONDS", "60")
+        .env(MARKER_VAR, work.marker());
+    let script_started = Instant::now();
+    let out = run_with_timeout(&mut cmd, SCRIPT_TIMEOUT);
+    let script_secs = script_started.elapsed().as_secs_f64();
+    let diagnostics = |collector: &Collector| {
+        format!(
+            "--- workload exit: {}\n--- workload stdout ---\n{}\n\
+             --- workload stderr (tail) ---\n{}\n--- collector log (tail) ---\n{}",
+            out.status,
+            out.stdout,
+            tail(&out.stderr, 24 * 1024),
+            tail(&collector.log_text(), 48 * 1024)
+        )
+    };
+    assert!(
+        out.status.success(),
+        "the Ray workload failed\n{}",
+        diagnostics(&collector)
+    );
+    // ray.shutdown() has returned; give its processes a moment to finish exiting.
+    let lingering = work.wait_for_ray_exit(RAY_EXIT_GRACE);
+    let info = workload_result(&out.stdout).unwrap_or_else(|| {
+        panic!(
+            "no JSON result line from the workload\n{}",
+            diagnostics(&collector)
+        )
+    });
+    let job_hex = info.job_id.to_ascii_lowercase();
+    let node_hex = info.node_id.to_ascii_lowercase();
+    let session = info.session.clone();
+
+    // Ray has shut down; nothing more can arrive. What the collector says it stored:
+    let accepted = collector.metric("rhc_events_accepted_total");
+    let duplicates = collector.metric("rhc_events_duplicate_total");
+    let quarantined = collector.metric("rhc_events_quarantined_total");
+    let requests = post_statuses(&collector);
+
+    // 3. SIGTERM: the collector seals and uploads everything, then exits 0.
+    let terminate_started = Instant::now();
+    let status = collector.terminate(TERMINATE_LIMIT);
+    let terminate_secs = terminate_started.elapsed().as_secs_f64();
+    assert!(
+        status.success(),
+        "collector exited with {status} after SIGTERM\n{}",
+        diagnostics(&collector)
+    );
+
+    // 4. Read the bucket back.
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(LocalFileSystem::new_with_prefix(&store_dir).expect("open the file bucket"));
+    let objects = read_all(&store);
+
+    let check = BucketCheck::run(&objects, &session, &node_hex, &job_hex);
+
+    // What Ray sent, for the report.
+    let mut report = String::new();
+    let _ = writeln!(
+        report,
+        "ray {} session {session} node {node_hex} job {job_hex}",
+        info.ray_version
+    );
+    let _ = writeln!(
+        report,
+        "workload {script_secs:.1} s, collector SIGTERM -> exit {terminate_secs:.2} s, \
+         test {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let _ = writeln!(
+        report,
+        "POST /v1/events by status: {requests:?}; events accepted {accepted}, \
+         duplicates {duplicates}, quarantined {quarantined}"
+    );
+    let _ = writeln!(
+        report,
+        "Ray processes still alive {RAY_EXIT_GRACE:?} after the workload exited \
+         (killed at the end): {}",
+        if lingering.is_empty() {
+            "none".to_string()
+        } else {
+            lingering.join("; ")
+        }
+    );
+    let _ = writeln!(report, "{} objects:", objects.len());
+    for (key, bytes) in &objects {
+        let _ = writeln!(report, "  {key} ({} bytes)", bytes.len());
+    }
+    let _ = writeln!(report, "events in the bucket by partition and type:");
+    for ((partition, event_type), n) in &check.counts {
+        let _ = writeln!(report, "  {partition:<22} {event_type:<30} {n}");
+    }
+    println!("{report}");
+
+    // Every event the collector stored is in the bucket, and nothing was set aside.
+    let mut failures = check.failures;
+    if quarantined != 0.0 {
+        failures.push(format!("{quarantined} events were quarantined"));
+    }
+    if accepted != check.total_lines as f64 {
+        failures.push(format!(
+            "the collector accepted {accepted} events but the bucket holds {} event lines",
+            check.total_lines
+        ));
+    }
+    assert!(
+        failures.is_empty(),
+        "{} check(s) failed (the report above shows what the bucket holds):\n  - {}\n{}",
+        failures.len(),
+        failures.join("\n  - "),
+        diagnostics(&collector)
+    );
+}
+
+// ------------------------------------------------------------------------ bucket checks
+
+/// The result of reading the bucket as the History Server would.
+struct BucketCheck {
+    failures: Vec<String>,
+    /// (partition, eventType) -> number of events; the partition is `node_events` or
+    /// `job_events/<job>`.
+    counts: BTreeMap<(String, String), usize>,
+    total_lines: usize,
+}
+
+impl BucketCheck {
+    fn run(
+        objects: &BTreeMap<String, Vec<u8>>,
+        session: &str,
+        node_hex: &str,
+        job_hex: &str,
+    ) -> BucketCheck {
+        let mut failures = Vec::new();
+        let mut counts = BTreeMap::new();
+        let mut total_lines = 0;
+        let job_bytes = hex_decode(job_hex).expect("the job id from Ray is hex");
+
+        let marker = format!("cluster-metadata/raycluster/{NAMESPACE}_{CLUSTER}/{session}");
+        match objects.get(&marker) {
+            None => failures.push(format!("session marker {marker} is missing")),
+            Some(b) if !b.is_empty() => failures.push(format!(
+                "session marker {marker} is not empty ({} bytes)",
+                b.len()
+            )),
+            Some(_) => {}
+        }
+
+        let history = format!("cluster-history/raycluster/{NAMESPACE}/{CLUSTER}/");
+        let node_prefix = format!("{history}{session}/{node_hex}/");
+        let job_prefix = format!("{node_prefix}job_events/{job_hex}/");
+        if !objects.keys().any(|k| k.starts_with(&job_prefix)) {
+            failures.push(format!("no object under {job_prefix}"));
+        }
+
+        let mut event_ids = BTreeSet::new();
+        // The job's events: (eventType, event).
+        let mut job_events: Vec<Value> = Vec::new();
+        for (key, bytes) in objects {
+            if key == &marker {
+                continue;
+            }
+            let Some(rest) = key.strip_prefix(&node_prefix) else {
+                failures.push(format!("unexpected object {key} (not under {node_prefix})"));
+                continue;
+            };
+            let file_name = rest.rsplit('/').next().unwrap_or(rest);
+            let partition = match rest.split('/').collect::<Vec<_>>()[..] {
+                ["node_events", _] => "node_events".to_string(),
+                ["job_events", job, _] => format!("job_events/{job}"),
+                _ => {
+                    failures.push(format!(
+                        "unexpected object {key} (not node_events or job_events)"
+                    ));
+                    continue;
+                }
+            };
+            if !history_server_accepts(file_name) {
+                failures.push(format!("the History Server would skip {key}"));
+            }
+            if !file_name.starts_with(&format!("{node_hex}-")) {
+                failures.push(format!("{key}: file name does not start with the node id"));
+            }
+            let in_job = partition == format!("job_events/{job_hex}");
+            let text = String::from_utf8_lossy(&decode(key, bytes)).into_owned();
+            if text.trim().is_empty() {
+                failures.push(format!("{key}: empty event object"));
+            }
+            for (i, line) in text.lines().enumerate() {
+                total_lines += 1;
+                let at = format!("{key} line {}", i + 1);
+                let event: Value = match serde_json::from_str(line) {
+                    Ok(v @ Value::Object(_)) => v,
+                    Ok(_) => {
+                        failures.push(format!("{at}: not a JSON object: {}", short(line)));
+                        continue;
+                    }
+                    Err(e) => {
+                        failures.push(format!("{at}: not JSON ({e}): {}", short(line)));
+                        continue;
+                    }
+                };
+                let event_type = event["eventType"].as_str().unwrap_or("?").to_string();
+                *counts
+                    .entry((partition.clone(), event_type.clone()))
+                    .or_insert(0) += 1;
+                if event["sessionName"].as_str() != Some(session) {
+                    failures.push(format!("{at}: sessionName is {}", event["sessionName"]));
+                }
+                match event["eventId"].as_str() {
+                    Some(id) if !event_ids.insert(id.to_string()) => {
+                        failures.push(format!("{at}: eventId {id} appears more than once"))
+                    }
+                    None => failures.push(format!("{at}: no eventId")),
+                    _ => {}
+                }
+                // One node here, so every event names it.
+                let node = event["nodeId"].as_str().and_then(b64_to_hex);
+                if node.as_deref() != Some(node_hex) {
+                    failures.push(format!(
+                        "{at}: nodeId {} is not node {node_hex}",
+                        event["nodeId"]
+                    ));
+                }
+                let payload_job = payload(&event)
+                    .and_then(|p| p.get("jobId"))
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty());
+                if partition == "node_events" {
+                    if let Some(j) = payload_job {
+                        failures.push(format!(
+                            "{at}: {event_type} with jobId {j} is in node_events"
+                        ));
+                    }
+                } else {
+                    let decoded = payload_job
+                        .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok());
+                    let expected = if in_job {
+                        Some(job_bytes.clone())
+                    } else {
+                        hex_decode(partition.trim_start_matches("job_events/"))
+                    };
+                    if decoded.is_none() || decoded != expected {
+                        failures.push(format!(
+                            "{at}: payload jobId {payload_job:?} does not match {partition}"
+                        ));
+                    }
+                }
+                if in_job {
+                    job_events.push(event);
+                }
+            }
+        }
+
+        let has = |t: &str| job_events.iter().any(|e| e["eventType"] == t);
+        for t in ["TASK_DEFINITION_EVENT", "TASK_LIFECYCLE_EVENT"] {
+            if !has(t) {
+                failures.push(format!("no {t} in job {job_hex}'s events"));
+            }
+        }
+        check_failed_task(&job_events, &mut failures);
+
+        BucketCheck {
+            failures,
+            counts,
+            total_lines,
+        }
+    }
+}
+
+/// The task named [`FAILING_TASK`] has a definition, and a lifecycle event with a FAILED
+/// state transition whose error carries the exception text.
+fn check_failed_task(job_events: &[Value], failures: &mut Vec<String>) {
+    let task_ids: BTreeSet<&str> = job_events
+        .iter()
+        .filter(|e| e["eventType"] == "TASK_DEFINITION_EVENT")
+        .map(|e| &e["taskDefinitionEvent"])
+        .filter(|d| d["taskName"] == FAILING_TASK)
+        .filter_map(|d| d["taskId"].as_str())
+        .collect();
+    if task_ids.len() != 1 {
+        failures.push(format!(
+            "expected one TASK_DEFINITION_EVENT named {FAILING_TASK:?}, found task ids {task_ids:?}"
+        ));
+        return;
+    }
+    let lifecycle: Vec<&Value> = job_events
+        .iter()
+        .filter(|e| e["eventType"] == "TASK_LIFECYCLE_EVENT")
+        .map(|e| &e["taskLifecycleEvent"])
+        .filter(|l| l["taskId"].as_str().is_some_and(|id| task_ids.contains(id)))
+        .collect();
+    let failed: Vec<&&Value> = lifecycle
+        .iter()
+        .filter(|l| {
+            l["stateTransitions"]
+                .as_array()
+                .is_some_and(|ts| ts.iter().any(|t| t["state"] == "FAILED"))
+        })
+        .collect();
+    if failed.is_empty() {
+        let states: Vec<Vec<&Value>> = lifecycle
+            .iter()
+            .map(|l| {
+                l["stateTransitions"]
+                    .as_array()
+                    .map(|ts| ts.iter().map(|t| &t["state"]).collect())
+                    .unwrap_or_default()
+            })
+            .collect();
+        failures.push(format!(
+            "no TASK_LIFECYCLE_EVENT of task {FAILING_TASK:?} has a FAILED transition; \
+             its lifecycle events' states: {states:?}"
+        ));
+        return;
+    }
+    let carries_error = failed.iter().any(|l| {
+        l["rayErrorInfo"]["errorMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains(FAILURE_TEXT))
+    });
+    if !carries_error {
+        failures.push(format!(
+            "the FAILED lifecycle event of {FAILING_TASK:?} does not carry the error \
+             {FAILURE_TEXT:?}: {}",
+            short(&failed[0].to_string())
+        ));
+    }
+}
+
+/// The event's payload: its one top-level member whose value is a JSON object
+/// (`taskLifecycleEvent`, `nodeDefinitionEvent`, ...).
+fn payload(event: &Value) -> Option<&serde_json::Map<String, Value>> {
+    let mut objects = event.as_object()?.values().filter_map(Value::as_object);
+    let first = objects.next()?;
+    objects.next().is_none().then_some(first)
+}
+
+// ------------------------------------------------------------------------ workload output
+
+struct WorkloadResult {
+    job_id: String,
+    session: String,
+    node_id: String,
+    ray_version: String,
+}
+
+/// The workload's JSON line (the last stdout line that is a JSON object with `job_id`).
+fn workload_result(stdout: &str) -> Option<WorkloadResult> {
+    stdout.lines().rev().find_map(|line| {
+        let v: Value = serde_json::from_str(line.trim()).ok()?;
+        let s = |k: &str| v[k].as_str().map(str::to_string);
+        Some(WorkloadResult {
+            job_id: s("job_id")?,
+            session: s("session")?,
+            node_id: s("node_id")?,
+            ray_version: s("ray_version").unwrap_or_default(),
+        })
+    })
+}
+
+/// `POST /v1/events` request counts by response status, from `rhc_http_requests_total`.
+fn post_statuses(collector: &Collector) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    let Ok(r) = collector.get("/metrics") else {
+        return out;
+    };
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    for line in text.lines() {
+        let Some(labels) = line.strip_prefix("rhc_http_requests_total{") else {
+            continue;
+        };
+        if !labels.contains("/v1/events") {
+            continue;
+        }
+        let status = labels
+            .split("status=\"")
+            .nth(1)
+            .and_then(|s| s.split('"').next())
+            .unwrap_or("?")
+            .to_string();
+        let n: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        *out.entry(status).or_insert(0.0) += n;
+    }
+    out
+}
+
+// ------------------------------------------------------------------------ helpers
+
+fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+fn b64_to_hex(s: &str) -> Option<String> {
+    let bytes = base64::engine::general_purpose::STANDARD.decode(s).ok()?;
+    Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn short(s: &str) -> String {
+    short_to(s, 400)
+}
+
+fn short_to(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &s[..cut])
+}
+
+fn tail(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut cut = s.len() - max;
+    while !s.is_char_boundary(cut) {
+        cut += 1;
+    }
+    format!("...{}", &s[cut..])
+}
+
+// ------------------------------------------------------------------------ Ray processes
+
+/// The test's temp dir (`/tmp/rhc-e2e-XXXXXX`). On drop, first kills (SIGKILL, by pid) every
+/// process that still carries this test's marker variable (`RHC_E2E_MARKER=<this dir>`) in its
+/// environment: only the workload gets it, and every Ray process inherits it (the collector,
+/// whose command line also names this dir, does not). `ray.shutdown()` normally leaves none.
+/// Then the dir is removed.
+struct RayWorkDir {
+    dir: Option<tempfile::TempDir>,
+}
+
+impl RayWorkDir {
+    fn new() -> RayWorkDir {
+        // In /tmp, not $TMPDIR: Ray's unix socket paths under it must stay short.
+        let dir = tempfile::Builder::new()
+            .prefix("rhc-e2e-")
+            .tempdir_in("/tmp")
+            .expect("create /tmp/rhc-e2e-* temp dir");
+        RayWorkDir { dir: Some(dir) }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.as_ref().expect("temp dir").path()
+    }
+
+    /// The value of [`MARKER_VAR`] for this test: the dir's path, unique while it exists.
+    fn marker(&self) -> String {
+        self.path().display().to_string()
+    }
+
+    /// Waits up to `limit` for the marked processes to exit; returns those still alive
+    /// (pid and command line).
+    fn wait_for_ray_exit(&self, limit: Duration) -> Vec<String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let pids = self.marked_processes();
+            if pids.is_empty() || Instant::now() >= deadline {
+                return pids
+                    .into_iter()
+                    .map(|pid| format!("{pid} {}", command_line(pid)))
+                    .collect();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Pids of live processes (other than this one) that carry the marker.
+    fn marked_processes(&self) -> Vec<i32> {
+        let own = std::process::id() as i32;
+        let env_entry = format!("{MARKER_VAR}={}", self.marker());
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        let mut pids = Vec::new();
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            if pid == own {
+                continue;
+            }
+            let proc_dir = PathBuf::from("/proc").join(pid.to_string());
+            // Unreadable (another user's process) or empty (a zombie): not ours to kill.
+            let marked = std::fs::read(proc_dir.join("environ"))
+                .map(|b| b.split(|&c| c == 0).any(|v| v == env_entry.as_bytes()))
+                .unwrap_or(false);
+            if marked {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+}
+
+impl Drop for RayWorkDir {
+    fn drop(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut killed = BTreeSet::new();
+        loop {
+            let pids = self.marked_processes();
+            if pids.is_empty() {
+                break;
+            }
+            for pid in pids {
+                if killed.insert(pid) {
+                    eprintln!(
+                        "ray_e2e: killing leftover Ray process {pid}: {}",
+                        command_line(pid)
+                    );
+                }
+                // SAFETY: sending a signal to a process this test started (it carries our
+                // marker); kill(2) has no memory-safety preconditions.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            if Instant::now() >= deadline {
+                eprintln!("ray_e2e: some Ray processes are still alive after 10 s");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        if let Some(dir) = self.dir.take() {
+            let path = dir.path().to_path_buf();
+            if let Err(e) = dir.close() {
+                eprintln!("ray_e2e: cannot remove {}: {e}", path.display());
+            }
+        }
+    }
+}
+
+/// A process's command line (shortened), for messages.
+fn command_line(pid: i32) -> String {
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default();
+    short_to(cmd.trim(), 160)
+}
