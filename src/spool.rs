@@ -385,6 +385,8 @@ struct OpenSegment {
     last_use: u64,
     /// Lines of the current group, not yet written.
     pending: Vec<u8>,
+    /// Bytes of the current group written but not yet committed (rolled back on failure).
+    staged: u64,
 }
 
 struct Writer {
@@ -398,8 +400,23 @@ struct Writer {
     last_n: u64,
     marked_sessions: HashSet<String>,
     synced_dirs: HashSet<PathBuf>,
+    /// Directories with new entries not yet synced; synced by the next flush.
+    dirty_dirs: HashSet<PathBuf>,
     recent_bodies: VecDeque<u64>,
+    /// Reusable line buffers for the segments a group touches.
+    buffers: Vec<Vec<u8>>,
     _lock: File,
+}
+
+/// Buffers kept for reuse, and the largest capacity worth keeping.
+const POOLED_BUFFERS: usize = 16;
+const POOLED_CAPACITY: usize = 4 << 20;
+
+fn recycle(pool: &mut Vec<Vec<u8>>, mut buf: Vec<u8>) {
+    if pool.len() < POOLED_BUFFERS && buf.capacity() <= POOLED_CAPACITY {
+        buf.clear();
+        pool.push(buf);
+    }
 }
 
 fn unix_nanos() -> u64 {
@@ -419,6 +436,8 @@ const EVENTS_DIR: &str = "events";
 const QUARANTINE_DIR: &str = "quarantine";
 const MARKERS_DIR: &str = "markers";
 const RECENT_BODIES: usize = 1024;
+/// Above this many files in one group, one `syncfs` replaces per-file `fdatasync`.
+const SYNCFS_ABOVE: usize = 32;
 
 impl Writer {
     fn start(
@@ -452,7 +471,9 @@ impl Writer {
             last_n: 0,
             marked_sessions: HashSet::new(),
             synced_dirs: HashSet::new(),
+            dirty_dirs: HashSet::new(),
             recent_bodies: VecDeque::new(),
+            buffers: Vec::new(),
             _lock: lock,
         };
         let report = w.recover()?;
@@ -538,7 +559,7 @@ impl Writer {
                 self.segment(&target)?.pending.extend_from_slice(&line);
                 m::events_quarantined(QuarantineReason::TornLine, 1);
             }
-            self.flush_group(&mut Vec::new())?;
+            self.flush_group()?;
             for (path, keep, _) in &torn {
                 let f = OpenOptions::new()
                     .write(true)
@@ -693,7 +714,7 @@ impl Writer {
             }
         }
         if failure.is_none() {
-            if let Err(e) = self.flush_group(&mut Vec::new()) {
+            if let Err(e) = self.flush_group() {
                 failure = Some(e);
             }
         }
@@ -809,8 +830,14 @@ impl Writer {
             };
             let path = self.cfg.dir.join(base).join(&rel);
             self.make_room_for_fd();
-            let file = self.create_file(&path)?;
-            self.open_fds += 1;
+            let created = self.create_file(&path)?;
+            // At the limit with every fd busy in this group: reopen it when flushing.
+            let file = if self.open_fds < self.cfg.max_open_files.max(1) {
+                self.open_fds += 1;
+                Some(created)
+            } else {
+                None
+            };
             self.stats.add_file(n);
             self.open.insert(
                 target.clone(),
@@ -821,9 +848,10 @@ impl Writer {
                     created_unix_nanos: n,
                     opened_at: Instant::now(),
                     len: 0,
-                    file: Some(file),
+                    file,
                     last_use: clock,
                     pending: Vec::new(),
+                    staged: 0,
                 },
             );
         }
@@ -848,7 +876,8 @@ impl Writer {
             .mode(0o644)
             .open(path)
             .map_err(|e| SpoolError::io("creating segment", path, e))?;
-        fsync_dir(parent)?;
+        // The new entry is made durable with the group's data, before any answer.
+        self.dirty_dirs.insert(parent.to_path_buf());
         Ok(f)
     }
 
@@ -869,7 +898,7 @@ impl Writer {
                 Err(e) => return Err(SpoolError::io("creating directory", dir, e)),
             }
             if let Some(parent) = dir.parent() {
-                fsync_dir(parent)?;
+                self.dirty_dirs.insert(parent.to_path_buf());
             }
         }
         self.synced_dirs.insert(dir.to_path_buf());
@@ -898,8 +927,14 @@ impl Writer {
         }
     }
 
-    /// Writes every pending buffer and fdatasyncs the files; on error the caller rolls back.
-    fn flush_group(&mut self, written: &mut Vec<Target>) -> Result<(), SpoolError> {
+    /// Writes every pending buffer and makes it durable; on error the caller rolls back.
+    ///
+    /// Each touched segment is written and `fdatasync`'d; a group touching more than
+    /// [`SYNCFS_ABOVE`] files (thousands of jobs at once) is written first and made durable
+    /// with one `syncfs` instead, which costs one journal commit instead of one per file.
+    /// Written data moves from `pending` to `staged`, so its buffer returns to the pool and
+    /// its fd may be closed before the group ends.
+    fn flush_group(&mut self) -> Result<(), SpoolError> {
         let targets: Vec<Target> = self
             .open
             .iter()
@@ -907,12 +942,13 @@ impl Writer {
             .map(|(t, _)| t.clone())
             .collect();
         let started = Instant::now();
+        let per_file_sync = targets.len() + self.dirty_dirs.len() <= SYNCFS_ABOVE;
         let mut bytes = 0u64;
-        for t in targets {
-            let need_fd = self.open.get(&t).is_some_and(|s| s.file.is_none());
+        for t in &targets {
+            let need_fd = self.open.get(t).is_some_and(|s| s.file.is_none());
             if need_fd {
                 self.make_room_for_fd();
-                let Some(seg) = self.open.get_mut(&t) else {
+                let Some(seg) = self.open.get_mut(t) else {
                     continue;
                 };
                 let f = OpenOptions::new()
@@ -922,48 +958,64 @@ impl Writer {
                 seg.file = Some(f);
                 self.open_fds += 1;
             }
-            let Some(seg) = self.open.get_mut(&t) else {
+            let Some(seg) = self.open.get_mut(t) else {
                 continue;
             };
             let Some(file) = seg.file.as_mut() else {
                 continue;
             };
-            written.push(t.clone());
+            // Staged first: if the write fails half way, rollback still truncates it.
+            seg.staged = seg.pending.len() as u64;
             file.write_all(&seg.pending)
                 .map_err(|e| SpoolError::io("appending to segment", &seg.path, e))?;
-            file.sync_data()
-                .map_err(|e| SpoolError::io("syncing segment", &seg.path, e))?;
-            bytes += seg.pending.len() as u64;
+            if per_file_sync {
+                file.sync_data()
+                    .map_err(|e| SpoolError::io("syncing segment", &seg.path, e))?;
+            }
+            bytes += seg.staged;
+            recycle(&mut self.buffers, std::mem::take(&mut seg.pending));
+        }
+        if per_file_sync {
+            for dir in std::mem::take(&mut self.dirty_dirs) {
+                fsync_dir(&dir)?;
+            }
+        } else {
+            self.dirty_dirs.clear();
+            let dir = self.cfg.dir.clone();
+            // SAFETY: syncfs on the lock file's fd, which we own and keep open.
+            if unsafe { libc::syncfs(self._lock.as_raw_fd()) } != 0 {
+                return Err(SpoolError::io(
+                    "syncing the filesystem of",
+                    &dir,
+                    io::Error::last_os_error(),
+                ));
+            }
         }
         // Everything is durable: commit lengths.
         for seg in self.open.values_mut() {
-            if !seg.pending.is_empty() {
-                seg.len += seg.pending.len() as u64;
-                seg.pending.clear();
-                if seg.pending.capacity() > 1 << 20 {
-                    seg.pending.shrink_to(64 << 10);
-                }
-            }
+            seg.len += seg.staged;
+            seg.staged = 0;
         }
         self.stats.bytes.fetch_add(bytes, Ordering::Relaxed);
         m::spool_commit(bytes, started.elapsed());
         Ok(())
     }
 
-    /// Drops pending lines and truncates anything partly written back to the durable length.
+    /// Drops pending lines and truncates anything written in this group back to the durable length.
     fn discard_pending(&mut self) {
         let mut broken = Vec::new();
         for (t, seg) in self.open.iter_mut() {
-            if seg.pending.is_empty() {
+            if seg.pending.is_empty() && seg.staged == 0 {
                 continue;
             }
-            seg.pending.clear();
+            recycle(&mut self.buffers, std::mem::take(&mut seg.pending));
+            seg.staged = 0;
             let ok = match seg.file.as_ref() {
                 Some(f) => f.set_len(seg.len).and_then(|_| f.sync_data()).is_ok(),
                 None => OpenOptions::new()
                     .write(true)
                     .open(&seg.path)
-                    .and_then(|f| f.set_len(seg.len))
+                    .and_then(|f| f.set_len(seg.len).and_then(|_| f.sync_data()))
                     .is_ok(),
             };
             if !ok {
@@ -1076,7 +1128,7 @@ impl Writer {
             self.segment(&Target::Quarantine(hour))?
                 .pending
                 .extend_from_slice(&line);
-            if let Err(e) = self.flush_group(&mut Vec::new()) {
+            if let Err(e) = self.flush_group() {
                 self.discard_pending();
                 return Err(e);
             }
