@@ -11,6 +11,7 @@ pub mod ingest;
 pub mod layout;
 pub mod metrics;
 pub mod routing;
+pub mod session;
 pub mod spool;
 pub mod storage;
 pub mod upload;
