@@ -240,6 +240,40 @@ pub struct Cli {
     #[arg(long, env = "RHC_UPLOAD_PART_BYTES", value_name = "SIZE", default_value = "8MiB", value_parser = parse_size)]
     pub upload_part_bytes: u64,
 
+    /// Ray's temp root, holding `session_latest` and the session directories.
+    #[arg(
+        long,
+        env = "RAY_TMP_ROOT",
+        value_name = "DIR",
+        default_value = "/tmp/ray"
+    )]
+    pub ray_tmp_dir: PathBuf,
+
+    /// Upload the session logs (live snapshots, rotations, earlier sessions, final flush).
+    #[arg(long, env = "ENABLE_LOG_COLLECTOR", value_name = "BOOL", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
+    pub enable_log_collector: bool,
+
+    /// Accept Ray's pushed events on --listen.
+    #[arg(long, env = "ENABLE_EVENT_COLLECTOR", value_name = "BOOL", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
+    pub enable_event_collector: bool,
+
+    /// Time between log snapshots (files changed since their last upload).
+    #[arg(long, env = "RHC_LOG_UPLOAD_INTERVAL", value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub log_upload_interval: Duration,
+
+    /// Ray dashboard of the head, for endpoint snapshots and (last resort) the node id.
+    #[arg(
+        long,
+        env = "RAY_DASHBOARD_ADDRESS",
+        value_name = "URL",
+        default_value = "http://localhost:8265"
+    )]
+    pub dashboard_address: String,
+
+    /// Time between dashboard endpoint snapshots (head role).
+    #[arg(long, env = "RAY_COLLECTOR_POLL_INTERVAL", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub endpoint_poll_interval: Duration,
+
     /// Log format: text or json (level from RUST_LOG, default info).
     #[arg(long, env = "RHC_LOG_FORMAT", value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
@@ -282,6 +316,18 @@ pub struct Settings {
     pub upload_part_bytes: usize,
     /// `json` or `text`.
     pub log_format: String,
+    /// Ray's temp root.
+    pub ray_tmp_dir: PathBuf,
+    /// Log shipping on.
+    pub enable_log_collector: bool,
+    /// Event ingest on.
+    pub enable_event_collector: bool,
+    /// Log snapshot period.
+    pub log_upload_interval: Duration,
+    /// Dashboard URL.
+    pub dashboard_address: String,
+    /// Dashboard snapshot period.
+    pub endpoint_poll_interval: Duration,
 }
 
 /// A configuration problem, printed as one line.
@@ -449,6 +495,39 @@ impl Settings {
                 "must be between 5MiB (the S3 minimum) and 1GiB",
             ));
         }
+        if !cli.enable_log_collector && !cli.enable_event_collector {
+            return Err(ConfigError(
+                "--enable-log-collector and --enable-event-collector are both false: nothing to do"
+                    .into(),
+            ));
+        }
+        if cli.log_upload_interval < Duration::from_secs(1) {
+            return Err(bad(
+                "--log-upload-interval",
+                &format!("{:?}", cli.log_upload_interval),
+                "must be at least 1s",
+            ));
+        }
+        if cli.endpoint_poll_interval < Duration::from_secs(1) {
+            return Err(bad(
+                "--endpoint-poll-interval",
+                &format!("{:?}", cli.endpoint_poll_interval),
+                "must be at least 1s",
+            ));
+        }
+        let dashboard_address = cli
+            .dashboard_address
+            .trim()
+            .trim_end_matches('/')
+            .to_string();
+        if !(dashboard_address.starts_with("http://") || dashboard_address.starts_with("https://"))
+        {
+            return Err(bad(
+                "--dashboard-address",
+                &cli.dashboard_address,
+                "expected an http:// or https:// URL",
+            ));
+        }
         if cli.spool_dir.as_os_str().is_empty() {
             return Err(bad("--spool-dir", "", "must not be empty"));
         }
@@ -476,6 +555,12 @@ impl Settings {
             upload_concurrency: cli.upload_concurrency as usize,
             upload_part_bytes: cli.upload_part_bytes as usize,
             log_format: cli.log_format,
+            ray_tmp_dir: cli.ray_tmp_dir,
+            enable_log_collector: cli.enable_log_collector,
+            enable_event_collector: cli.enable_event_collector,
+            log_upload_interval: cli.log_upload_interval,
+            dashboard_address,
+            endpoint_poll_interval: cli.endpoint_poll_interval,
         })
         .map(|mut s| {
             s.layout.root = s.storage.root.clone();
@@ -575,6 +660,23 @@ mod tests {
             (vec!["--node-id", "../x"], "--node-id"),
             (vec!["--storage", "ftp://x"], "--storage"),
             (vec!["--upload-part-bytes", "1MiB"], "--upload-part-bytes"),
+            (
+                vec!["--enable-log-collector", "maybe"],
+                "--enable-log-collector",
+            ),
+            (
+                vec![
+                    "--enable-log-collector",
+                    "false",
+                    "--enable-event-collector",
+                    "false",
+                ],
+                "both false",
+            ),
+            (
+                vec!["--dashboard-address", "localhost:8265"],
+                "--dashboard-address",
+            ),
         ] {
             let e = resolve(&args, &[]).unwrap_err();
             assert!(e.contains(needle), "{args:?}: {e}");

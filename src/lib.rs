@@ -6,10 +6,13 @@
 //! [`layout`] holding the bucket-key contract and [`config`] the command line.
 
 pub mod config;
+pub mod dashboard;
 pub mod dedup;
 pub mod ingest;
 pub mod layout;
+pub mod logs;
 pub mod metrics;
+pub mod nodeid;
 pub mod routing;
 pub mod session;
 pub mod spool;
@@ -18,8 +21,12 @@ pub mod upload;
 
 use std::time::Instant;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use anyhow::Context;
 use metrics_exporter_prometheus::PrometheusHandle;
+use object_store::ObjectStore;
 use tokio::sync::mpsc;
 
 use crate::config::{Role, Settings};
@@ -42,7 +49,7 @@ pub fn env_var(name: &str) -> Option<String> {
 
 /// Runs the collector until SIGTERM or SIGINT, then seals and uploads within the deadline.
 pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Result<Exit> {
-    let store = storage::open(&settings.storage, &env_var)
+    let store: Arc<dyn ObjectStore> = storage::open(&settings.storage, &env_var)
         .with_context(|| format!("opening storage {}", settings.storage))?;
     let (sealed_tx, sealed_rx) = mpsc::unbounded_channel();
     let spool_cfg = SpoolConfig {
@@ -75,20 +82,49 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
             part_size: settings.upload_part_bytes,
             layout: settings.layout.clone(),
         },
-        store,
+        store.clone(),
         spool.stats().clone(),
         sealed_rx,
     );
     let listener = ingest::bind(settings.listen).await?;
     let high_watermark = settings.max_spool_bytes / 10 * 9;
+    let event_node: nodeid::EventNodeHint = Default::default();
     let state = ingest::IngestState::new(
         spool.clone(),
         settings.max_body_bytes,
         high_watermark,
         settings.node_id.clone(),
+        event_node.clone(),
+        settings.enable_event_collector,
         metrics,
     );
     let server = tokio::spawn(ingest::serve(listener, state.clone()));
+
+    let (stop_logs, stop_logs_rx) = tokio::sync::watch::channel(false);
+    let sessions = session::watch_sessions(settings.ray_tmp_dir.clone(), Duration::from_secs(1));
+    let log_task = if settings.enable_log_collector {
+        let shipper = logs::LogShipper::new(
+            logs::LogConfig {
+                ray_tmp: settings.ray_tmp_dir.clone(),
+                state_dir: settings.spool_dir.clone(),
+                upload_interval: settings.log_upload_interval,
+                part_size: settings.upload_part_bytes,
+                layout: settings.layout.clone(),
+            },
+            store.clone(),
+            spool.clone(),
+            nodeid::NodeIdResolver::new(
+                settings.node_id.clone(),
+                settings.ray_tmp_dir.clone(),
+                event_node.clone(),
+            ),
+        )?;
+        Some(tokio::spawn(
+            shipper.run(sessions.clone(), stop_logs_rx.clone()),
+        ))
+    } else {
+        None
+    };
     tracing::info!(
         listen = %settings.listen,
         storage = %settings.storage,
@@ -115,6 +151,18 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
             .is_ok(),
         _ => false,
     };
+    // Events first; then the logs, in the time that is left.
+    let _ = stop_logs.send(true);
+    let mut logs_left = Vec::new();
+    if let Some(task) = log_task {
+        if let Ok(Ok(mut shipper)) = tokio::time::timeout_at(deadline.into(), task).await {
+            let active = sessions.borrow().clone();
+            logs_left = shipper.final_flush(active, deadline).await;
+        }
+    }
+    for path in &logs_left {
+        tracing::warn!(path = %path.display(), "log file not uploaded before the shutdown deadline");
+    }
     server.abort();
     let spool2 = spool.clone();
     let _ = tokio::task::spawn_blocking(move || spool2.stop()).await;

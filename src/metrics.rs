@@ -45,6 +45,18 @@ pub const UPLOAD_BYTES: &str = "rhc_upload_bytes_total";
 pub const LAST_UPLOAD: &str = "rhc_last_successful_upload_timestamp_seconds";
 /// Requests refused with 503 because the spool is over its high watermark.
 pub const BACKPRESSURE: &str = "rhc_backpressure_rejections_total";
+/// Log files uploaded (snapshots and rotated backups).
+pub const LOG_FILES_UPLOADED: &str = "rhc_log_files_uploaded_total";
+/// Log bytes uploaded.
+pub const LOG_BYTES_UPLOADED: &str = "rhc_log_bytes_uploaded_total";
+/// Failed log uploads (retried on the next round).
+pub const LOG_UPLOAD_FAILURES: &str = "rhc_log_upload_failures_total";
+/// Log files not shipped, by reason (symlink, unsafe name, vanished, unreadable, ...).
+pub const LOG_FILES_SKIPPED: &str = "rhc_log_files_skipped_total";
+/// Duration of one snapshot pass over the sessions.
+pub const LOG_SNAPSHOT_SECONDS: &str = "rhc_log_snapshot_seconds";
+/// Unix time of the last finished snapshot pass.
+pub const LOG_LAST_SNAPSHOT: &str = "rhc_log_last_snapshot_timestamp_seconds";
 
 /// Installs the global recorder; the handle renders `/metrics`.
 pub fn install() -> anyhow::Result<PrometheusHandle> {
@@ -120,4 +132,24 @@ pub(crate) fn upload_success(kind: &'static str, bytes: u64, took: Duration) {
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0);
     gauge!(LAST_UPLOAD).set(now);
+}
+
+/// Dashboard requests of the head's snapshot poller, by `endpoint_kind` (one_shot, periodic,
+/// datasets, additional, job_list) and `outcome` (ok, unchanged, empty, unauthorized,
+/// unreachable, http_error, timeout, too_large, invalid, upload_failed).
+pub const DASHBOARD_REQUESTS: &str = "rhc_dashboard_requests_total";
+/// Unix time of the last 2xx answer from the Ray dashboard: stale means snapshots are stale.
+pub const DASHBOARD_LAST_SUCCESS: &str = "rhc_dashboard_last_success_timestamp_seconds";
+
+pub(crate) fn dashboard_request(endpoint_kind: &'static str, outcome: &'static str) {
+    counter!(DASHBOARD_REQUESTS, "endpoint_kind" => endpoint_kind, "outcome" => outcome)
+        .increment(1);
+}
+
+pub(crate) fn dashboard_success() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    gauge!(DASHBOARD_LAST_SUCCESS).set(now);
 }

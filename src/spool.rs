@@ -248,6 +248,7 @@ enum Command {
         reply: oneshot::Sender<Result<(), SpoolError>>,
     },
     SealAll(oneshot::Sender<()>),
+    Marker(String, oneshot::Sender<Result<(), SpoolError>>),
     Stop,
 }
 
@@ -339,6 +340,16 @@ impl Spool {
                 detail,
                 reply,
             })
+            .map_err(|_| SpoolError::Stopped)?;
+        rx.await.map_err(|_| SpoolError::Stopped)?
+    }
+
+    /// Makes sure the session's marker is recorded on disk and queued for upload (head role;
+    /// a no-op on workers). Used by the log side, which sees sessions without any event.
+    pub async fn ensure_marker(&self, session: &str) -> Result<(), SpoolError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Marker(session.to_string(), reply))
             .map_err(|_| SpoolError::Stopped)?;
         rx.await.map_err(|_| SpoolError::Stopped)?
     }
@@ -671,6 +682,14 @@ impl Writer {
                         if let Err(e) = &r {
                             tracing::error!(error = %e, "could not keep an invalid body in quarantine");
                         }
+                        let _ = reply.send(r);
+                    }
+                    Command::Marker(session, reply) => {
+                        let r = if self.cfg.write_session_markers && is_safe_segment(&session) {
+                            self.ensure_marker(&session)
+                        } else {
+                            Ok(())
+                        };
                         let _ = reply.send(r);
                     }
                     Command::SealAll(reply) => {

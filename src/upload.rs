@@ -20,6 +20,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use rand::Rng;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
+use xxhash_rust::xxh3::Xxh3;
 
 use crate::layout::ClusterLayout;
 use crate::metrics as m;
@@ -313,22 +314,84 @@ async fn upload_file(
         return Ok(0);
     }
     let gzip = f.compressible && cfg.compression == Compression::Gzip;
-    let mut reader = PartReader::open(&f.path, gzip)?;
-    let part_size = cfg.part_size;
+    let reader = PartReader::open(&f.path, gzip)?;
+    let (sent, _) = put_parts(store, &path, &key, reader, cfg.part_size).await?;
+    Ok(sent)
+}
+
+/// What a log snapshot upload sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotUpload {
+    /// Bytes of the file uploaded (the object's size).
+    pub bytes: u64,
+    /// xxh3 of those bytes, for the change ledger.
+    pub hash: u64,
+}
+
+/// Uploads the first `limit` bytes of a file that may still be growing, as is (no
+/// compression: the history server serves logs byte for byte), streaming in parts.
+pub async fn put_file_prefix(
+    store: &Arc<dyn ObjectStore>,
+    key: &str,
+    path: &std::path::Path,
+    limit: u64,
+    part_size: usize,
+) -> Result<SnapshotUpload, UploadError> {
+    let location = ObjectPath::parse(key).map_err(|e| UploadError::Key {
+        key: key.to_string(),
+        message: e.to_string(),
+    })?;
+    let reader = PartReader::open_prefix(path, false, limit, true)?;
+    let (bytes, hash) = put_parts(store, &location, key, reader, part_size).await?;
+    Ok(SnapshotUpload {
+        bytes,
+        hash: hash.unwrap_or(0),
+    })
+}
+
+/// xxh3 of the first `limit` bytes of a file, read in chunks.
+pub fn hash_file_prefix(path: &std::path::Path, limit: u64) -> std::io::Result<(u64, u64)> {
+    let mut f = File::open(path)?.take(limit);
+    let mut h = Xxh3::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut n_total = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            return Ok((h.digest(), n_total));
+        }
+        n_total += n as u64;
+        h.update(&buf[..n]);
+    }
+}
+
+/// Sends what `reader` yields as one PUT, or as a multipart upload when it is more than
+/// one part; returns the bytes sent and the hash of the input if the reader computed one.
+async fn put_parts(
+    store: &Arc<dyn ObjectStore>,
+    path: &ObjectPath,
+    key: &str,
+    mut reader: PartReader,
+    part_size: usize,
+) -> Result<(u64, Option<u64>), UploadError> {
+    let store_err = |source| UploadError::Store {
+        key: key.to_string(),
+        source,
+    };
     let (first, r) = read_part(reader, part_size).await?;
     reader = r;
     if reader.done {
         let n = first.len() as u64;
         store
-            .put(&path, PutPayload::from(first))
+            .put(path, PutPayload::from(first))
             .await
             .map_err(store_err)?;
-        return Ok(n);
+        return Ok((n, reader.hasher.as_ref().map(|h| h.digest())));
     }
-    let mut upload = store.put_multipart(&path).await.map_err(store_err)?;
+    let mut upload = store.put_multipart(path).await.map_err(store_err)?;
     let mut sent = 0u64;
     let mut part = first;
-    let result: Result<(), UploadError> = async {
+    let result: Result<Option<u64>, UploadError> = async {
         loop {
             sent += part.len() as u64;
             upload
@@ -346,14 +409,16 @@ async fn upload_file(
             part = next;
         }
         upload.complete().await.map_err(store_err)?;
-        Ok(())
+        Ok(reader.hasher.as_ref().map(|h| h.digest()))
     }
     .await;
-    if let Err(e) = result {
-        let _ = upload.abort().await;
-        return Err(e);
+    match result {
+        Ok(hash) => Ok((sent, hash)),
+        Err(e) => {
+            let _ = upload.abort().await;
+            Err(e)
+        }
     }
-    Ok(sent)
 }
 
 async fn read_part(
@@ -375,21 +440,34 @@ async fn read_part(
 /// Reads a file as a sequence of object parts, gzip-compressing on the way if asked.
 struct PartReader {
     path: PathBuf,
-    file: File,
+    file: std::io::Take<File>,
     encoder: Option<GzEncoder<Vec<u8>>>,
+    hasher: Option<Xxh3>,
     done: bool,
 }
 
 impl PartReader {
     fn open(path: &std::path::Path, gzip: bool) -> Result<PartReader, UploadError> {
+        Self::open_prefix(path, gzip, u64::MAX, false)
+    }
+
+    /// Reads at most `limit` bytes (a snapshot of a file that is still growing), optionally
+    /// hashing what it reads.
+    fn open_prefix(
+        path: &std::path::Path,
+        gzip: bool,
+        limit: u64,
+        hash: bool,
+    ) -> Result<PartReader, UploadError> {
         let file = File::open(path).map_err(|source| UploadError::Read {
             path: path.to_path_buf(),
             source,
         })?;
         Ok(PartReader {
             path: path.to_path_buf(),
-            file,
+            file: file.take(limit),
             encoder: gzip.then(|| GzEncoder::new(Vec::new(), flate2::Compression::default())),
+            hasher: hash.then(Xxh3::new),
             done: false,
         })
     }
@@ -411,6 +489,9 @@ impl PartReader {
                         self.done = true;
                         break;
                     }
+                    if let Some(h) = &mut self.hasher {
+                        h.update(&buf[..n]);
+                    }
                     out.extend_from_slice(&buf[..n]);
                 }
                 if !self.done {
@@ -420,6 +501,9 @@ impl PartReader {
                     if n == 0 {
                         self.done = true;
                     } else {
+                        if let Some(h) = &mut self.hasher {
+                            h.update(&one);
+                        }
                         out.push(one[0]);
                     }
                 }

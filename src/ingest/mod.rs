@@ -11,7 +11,7 @@ use std::convert::Infallible;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -31,6 +31,7 @@ use tokio::sync::{Notify, Semaphore};
 use crate::dedup::id_hash;
 use crate::layout::{Partition, Stream};
 use crate::metrics as m;
+use crate::nodeid::EventNodeHint;
 use crate::routing::{route, NodeName, QuarantineReason};
 use crate::spool::{AppendBatch, EventSpan, PartitionBatch, QuarantinedEvent, Spool};
 use parse::{for_each_event, ParsedEvent};
@@ -48,7 +49,8 @@ pub struct IngestState {
     max_body_bytes: u64,
     high_watermark: u64,
     configured_node: Option<String>,
-    learned_node: Mutex<Option<String>>,
+    learned_node: EventNodeHint,
+    events_enabled: bool,
     shutting_down: AtomicBool,
     inflight: AtomicUsize,
     idle: Notify,
@@ -56,12 +58,15 @@ pub struct IngestState {
 }
 
 impl IngestState {
-    /// New state; `high_watermark` is the spool size above which requests get 503.
+    /// New state; `high_watermark` is the spool size above which requests get 503;
+    /// `learned_node` receives the node id seen in events (shared with the log side).
     pub fn new(
         spool: Spool,
         max_body_bytes: u64,
         high_watermark: u64,
         configured_node: Option<String>,
+        learned_node: EventNodeHint,
+        events_enabled: bool,
         metrics: PrometheusHandle,
     ) -> Arc<IngestState> {
         Arc::new(IngestState {
@@ -69,7 +74,8 @@ impl IngestState {
             max_body_bytes,
             high_watermark,
             configured_node,
-            learned_node: Mutex::new(None),
+            learned_node,
+            events_enabled,
             shutting_down: AtomicBool::new(false),
             inflight: AtomicUsize::new(0),
             idle: Notify::new(),
@@ -185,6 +191,13 @@ fn method_not_allowed(allow: &'static str) -> Resp {
 
 async fn handle(req: Request<Incoming>, st: &IngestState) -> Resp {
     let (label, resp) = match (req.method(), req.uri().path()) {
+        (&Method::POST, "/v1/events" | "/events") if !st.events_enabled => (
+            "/v1/events",
+            error_response(
+                StatusCode::NOT_FOUND,
+                "the event collector is disabled (--enable-event-collector=false)",
+            ),
+        ),
         (&Method::POST, "/v1/events" | "/events") => ("/v1/events", ingest(req, st).await),
         (_, "/v1/events" | "/events") => ("/v1/events", method_not_allowed("POST")),
         (&Method::GET | &Method::HEAD, "/healthz") => (
