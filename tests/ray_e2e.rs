@@ -86,6 +86,10 @@ fn real_ray_job_events_reach_job_events_partition() {
             "2s",
             "--shutdown-timeout",
             "20s",
+            "--ray-tmp-dir",
+            ray_tmp.to_str().expect("utf-8 temp path"),
+            "--log-upload-interval",
+            "2s",
         ],
         &[],
     );
@@ -163,6 +167,40 @@ fn real_ray_job_events_reach_job_events_partition() {
     let duplicates = collector.metric("rhc_events_duplicate_total");
     let quarantined = collector.metric("rhc_events_quarantined_total");
     let requests = post_statuses(&collector);
+
+    // Logs reach the bucket while the collector runs, not only at SIGTERM.
+    {
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(LocalFileSystem::new_with_prefix(&store_dir).expect("open the file bucket"));
+        let logs_prefix =
+            format!("cluster-history/raycluster/{NAMESPACE}/{CLUSTER}/{session}/{node_hex}/logs/");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let objects = read_all(&store);
+            let logs: Vec<&String> = objects
+                .keys()
+                .filter(|k| k.starts_with(&logs_prefix))
+                .collect();
+            let raylet = objects
+                .get(&format!("{logs_prefix}raylet.out"))
+                .is_some_and(|v| v.windows(15).any(|w| w == b"Setting node ID"));
+            let worker = logs
+                .iter()
+                .any(|k| k[logs_prefix.len()..].starts_with("worker-"));
+            let events = logs
+                .iter()
+                .any(|k| k[logs_prefix.len()..].starts_with("events/event_"));
+            if raylet && worker && events {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "logs not uploaded during the run (raylet.out {raylet}, worker {worker}, events/ {events}): {logs:?}\n{}",
+                diagnostics(&collector)
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
 
     // 3. SIGTERM: the collector seals and uploads everything, then exits 0.
     let terminate_started = Instant::now();
@@ -290,6 +328,9 @@ impl BucketCheck {
                 failures.push(format!("unexpected object {key} (not under {node_prefix})"));
                 continue;
             };
+            if rest.starts_with("logs/") {
+                continue; // log snapshots, checked while the collector ran
+            }
             let file_name = rest.rsplit('/').next().unwrap_or(rest);
             let partition = match rest.split('/').collect::<Vec<_>>()[..] {
                 ["node_events", _] => "node_events".to_string(),
