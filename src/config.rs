@@ -121,15 +121,34 @@ fn parse_bool(s: &str) -> Result<bool, String> {
     }
 }
 
-/// The collector's command line. Each flag also reads the environment variable shown.
+/// The command line: run the collector (the default), or a subcommand.
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "ray-history-collector",
     version,
-    about = "Keeps a Ray node's events on disk and uploads them for the Ray History Server",
-    max_term_width = 100
+    about = "Keeps a Ray node's events and logs on disk and uploads them for the Ray History Server",
+    max_term_width = 100,
+    args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
+    /// A subcommand; without one, the collector runs.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// The collector's settings.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Subcommands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Read back what collectors wrote to a bucket: clusters, sessions, jobs, tasks, Train runs.
+    Inspect(crate::inspect::InspectArgs),
+}
+
+/// The collector's settings. Each flag also reads the environment variable shown.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
     /// Address to listen on for Ray's events [default: 127.0.0.1:8084, or port EVENTS_PORT].
     #[arg(long, env = "RHC_LISTEN", value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
@@ -339,7 +358,7 @@ impl Settings {
     /// Resolves the command line against the environment (`env` is `std::env::var` in
     /// production, a map in tests).
     pub fn resolve(
-        cli: Cli,
+        cli: RunArgs,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Settings, ConfigError> {
         let bad = |what: &str, value: &str, why: &str| {
@@ -592,7 +611,7 @@ mod tests {
         let mut argv = vec!["ray-history-collector"];
         argv.extend_from_slice(args);
         let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
-        Settings::resolve(cli, &|k| env.get(k).cloned()).map_err(|e| e.to_string())
+        Settings::resolve(cli.run, &|k| env.get(k).cloned()).map_err(|e| e.to_string())
     }
 
     #[test]

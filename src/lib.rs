@@ -9,6 +9,7 @@ pub mod config;
 pub mod dashboard;
 pub mod dedup;
 pub mod ingest;
+pub mod inspect;
 pub mod layout;
 pub mod logs;
 pub mod metrics;

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use ray_history_collector::config::{Cli, Settings};
+use ray_history_collector::config::{Cli, Command, Settings};
 use ray_history_collector::{env_var, metrics, run, Exit};
 
 fn main() -> ExitCode {
@@ -24,7 +24,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let settings = match Settings::resolve(cli, &env_var) {
+    if let Some(Command::Inspect(args)) = cli.command {
+        return inspect(args);
+    }
+    let settings = match Settings::resolve(cli.run, &env_var) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");
@@ -74,5 +77,23 @@ fn init_logging(format: &str) {
         builder.json().init();
     } else {
         builder.init();
+    }
+}
+
+/// `ray-history-collector inspect ...`: a one-shot reader, no logging setup beyond errors.
+fn inspect(args: ray_history_collector::inspect::InspectArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(ray_history_collector::inspect::run(args, &env_var)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
     }
 }
