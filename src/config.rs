@@ -276,6 +276,10 @@ pub struct RunArgs {
     #[arg(long, env = "ENABLE_EVENT_COLLECTOR", value_name = "BOOL", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
     pub enable_event_collector: bool,
 
+    /// Tail Ray's export event files (`logs/export_events/event_EXPORT_*.log`) into the spool.
+    #[arg(long, env = "RHC_ENABLE_EXPORT_EVENTS", value_name = "BOOL", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
+    pub enable_export_events: bool,
+
     /// Time between log snapshots (files changed since their last upload).
     #[arg(long, env = "RHC_LOG_UPLOAD_INTERVAL", value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub log_upload_interval: Duration,
@@ -341,6 +345,8 @@ pub struct Settings {
     pub enable_log_collector: bool,
     /// Event ingest on.
     pub enable_event_collector: bool,
+    /// Export event tailing on.
+    pub enable_export_events: bool,
     /// Log snapshot period.
     pub log_upload_interval: Duration,
     /// Dashboard URL.
@@ -577,6 +583,7 @@ impl Settings {
             ray_tmp_dir: cli.ray_tmp_dir,
             enable_log_collector: cli.enable_log_collector,
             enable_event_collector: cli.enable_event_collector,
+            enable_export_events: cli.enable_export_events,
             log_upload_interval: cli.log_upload_interval,
             dashboard_address,
             endpoint_poll_interval: cli.endpoint_poll_interval,

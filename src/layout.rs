@@ -386,6 +386,8 @@ pub enum Stream {
     Node,
     /// `job_events/<job-hex>/`.
     Job(String),
+    /// `export_events/<job-hex or "node">/`: Ray's file-based export events.
+    Export(String),
 }
 
 /// The unit of spooling and uploading: one session, node, stream and hour.
@@ -412,6 +414,12 @@ impl Partition {
             Stream::Job(job) => {
                 format!("{}/{}/job_events/{}/{}", self.session, self.node, job, file)
             }
+            Stream::Export(group) => {
+                format!(
+                    "{}/{}/export_events/{}/{}",
+                    self.session, self.node, group, file
+                )
+            }
         }
     }
 
@@ -422,6 +430,9 @@ impl Partition {
             [s, n, "node_events", f] => (*s, *n, Stream::Node, *f),
             [s, n, "job_events", j, f] if is_safe_segment(j) => {
                 (*s, *n, Stream::Job(j.to_string()), *f)
+            }
+            [s, n, "export_events", g, f] if is_safe_segment(g) => {
+                (*s, *n, Stream::Export(g.to_string()), *f)
             }
             _ => return None,
         };

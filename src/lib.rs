@@ -8,6 +8,7 @@
 pub mod config;
 pub mod dashboard;
 pub mod dedup;
+pub mod export_events;
 pub mod ingest;
 pub mod inspect;
 pub mod layout;
@@ -103,6 +104,25 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
 
     let (stop_logs, stop_logs_rx) = tokio::sync::watch::channel(false);
     let sessions = session::watch_sessions(settings.ray_tmp_dir.clone(), Duration::from_secs(1));
+    let (stop_export, stop_export_rx) = tokio::sync::watch::channel(false);
+    let export_task = if settings.enable_export_events {
+        let tailer = export_events::ExportTailer::new(
+            export_events::ExportConfig {
+                ray_tmp: settings.ray_tmp_dir.clone(),
+                state_dir: settings.spool_dir.clone(),
+                poll_interval: Duration::from_secs(1),
+            },
+            spool.clone(),
+            nodeid::NodeIdResolver::new(
+                settings.node_id.clone(),
+                settings.ray_tmp_dir.clone(),
+                event_node.clone(),
+            ),
+        );
+        Some(tokio::spawn(tailer.run(sessions.clone(), stop_export_rx)))
+    } else {
+        None
+    };
     let log_task = if settings.enable_log_collector {
         let shipper = logs::LogShipper::new(
             logs::LogConfig {
@@ -145,6 +165,11 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     );
     state.begin_shutdown();
     let _ = tokio::time::timeout_at(deadline.into(), state.wait_idle()).await;
+    // The export tailer makes a last pass so lines written just before the end are kept.
+    let _ = stop_export.send(true);
+    if let Some(task) = export_task {
+        let _ = tokio::time::timeout_at(deadline.into(), task).await;
+    }
     let sealed = tokio::time::timeout_at(deadline.into(), spool.seal_all()).await;
     let drained = match sealed {
         Ok(Ok(())) => tokio::time::timeout_at(deadline.into(), uploader.drain())

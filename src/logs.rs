@@ -336,7 +336,9 @@ impl LogShipper {
             let active = sessions.borrow().clone();
             let want = active.as_ref().map(|s| s.dir.join("logs"));
             if want != watched && want.as_ref().is_some_and(|w| w.is_dir()) {
-                watcher = want.as_ref().and_then(|dir| watch_dir(dir, ev_tx.clone()));
+                watcher = want
+                    .as_ref()
+                    .and_then(|dir| watch_dir(dir, ev_tx.clone(), false));
                 watched = want.clone();
             }
             tokio::select! {
@@ -573,16 +575,23 @@ async fn wait_true(mut rx: watch::Receiver<bool>) {
     }
 }
 
-/// Watches `dir` recursively; any create or rename sends a wake-up. Failures (no inotify,
-/// watch limits) are logged and the periodic rescan carries on alone.
-fn watch_dir(dir: &Path, tx: mpsc::Sender<()>) -> Option<notify::RecommendedWatcher> {
+/// Watches `dir` recursively; a create or rename (or, with `any_change`, any change) sends
+/// a wake-up. Failures (no inotify, watch limits) are logged and the periodic rescan
+/// carries on alone.
+pub(crate) fn watch_dir(
+    dir: &Path,
+    tx: mpsc::Sender<()>,
+    any_change: bool,
+) -> Option<notify::RecommendedWatcher> {
     use notify::{EventKind, RecursiveMode, Watcher};
     let handler = move |res: notify::Result<notify::Event>| {
         if let Ok(ev) = res {
-            if matches!(
-                ev.kind,
-                EventKind::Create(_) | EventKind::Modify(notify::event::ModifyKind::Name(_))
-            ) {
+            let wanted = any_change
+                || matches!(
+                    ev.kind,
+                    EventKind::Create(_) | EventKind::Modify(notify::event::ModifyKind::Name(_))
+                );
+            if wanted {
                 let _ = tx.try_send(());
             }
         }
@@ -610,7 +619,7 @@ mod tests {
     fn rotated_names_are_stable_and_sort_by_time() {
         assert_eq!(
             compact_utc(1_795_314_700_123_456_789),
-            "20261122T020140.123456789Z"
+            "20261122T023140.123456789Z"
         );
         let f = LogFile {
             abs: "/x".into(),
@@ -621,7 +630,7 @@ mod tests {
         };
         assert_eq!(
             object_key("P", "s", "n", &f),
-            "P/s/n/logs/raylet.out.rotated.20261122T020140.123456789Z"
+            "P/s/n/logs/raylet.out.rotated.20261122T023140.123456789Z"
         );
         let g = LogFile {
             rotated_from: None,

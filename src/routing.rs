@@ -25,6 +25,10 @@ pub enum QuarantineReason {
     BadJobId,
     /// A line of a spool segment left incomplete by a crash.
     TornLine,
+    /// A line of an export event file that is not JSON.
+    ExportNotJson,
+    /// An export event without a usable `timestamp`, or with fields of the wrong type.
+    ExportBadEvent,
 }
 
 impl QuarantineReason {
@@ -39,6 +43,8 @@ impl QuarantineReason {
             QuarantineReason::BadNodeId => "bad_node_id",
             QuarantineReason::BadJobId => "bad_job_id",
             QuarantineReason::TornLine => "torn_line",
+            QuarantineReason::ExportNotJson => "export_not_json",
+            QuarantineReason::ExportBadEvent => "export_bad_event",
         }
     }
 
@@ -59,11 +65,15 @@ impl QuarantineReason {
             QuarantineReason::TornLine => {
                 "incomplete last line of a spool segment, left by a crash"
             }
+            QuarantineReason::ExportNotJson => "a line of an export event file is not JSON",
+            QuarantineReason::ExportBadEvent => {
+                "an export event has no integer timestamp, or event_data fields of the wrong type"
+            }
         }
     }
 
     /// Every reason, for pre-registering metrics.
-    pub const ALL: [QuarantineReason; 8] = [
+    pub const ALL: [QuarantineReason; 10] = [
         QuarantineReason::NotAnObject,
         QuarantineReason::MissingSession,
         QuarantineReason::UnsafeSession,
@@ -72,6 +82,8 @@ impl QuarantineReason {
         QuarantineReason::BadNodeId,
         QuarantineReason::BadJobId,
         QuarantineReason::TornLine,
+        QuarantineReason::ExportNotJson,
+        QuarantineReason::ExportBadEvent,
     ];
 }
 

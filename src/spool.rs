@@ -209,10 +209,13 @@ pub struct EventSpan {
 pub struct QuarantinedEvent {
     /// Why.
     pub reason: QuarantineReason,
-    /// Its byte range in the body (valid JSON).
+    /// Its byte range in the body (valid JSON unless `source` is set).
     pub start: usize,
     /// End of the range.
     pub end: usize,
+    /// For lines read from a file: the file name and the line's offset; the bytes are then
+    /// kept as a string, since they may not be JSON.
+    pub source: Option<(String, u64)>,
 }
 
 /// Everything one request wants stored.
@@ -566,7 +569,11 @@ impl Writer {
             let hour = Hour::from_unix_seconds((unix_nanos() / 1_000_000_000) as i64);
             let target = Target::Quarantine(hour);
             for (path, keep, tail) in &torn {
-                let line = quarantine_raw_line(QuarantineReason::TornLine, path, *keep, tail);
+                let name = path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let line = quarantine_raw_line(QuarantineReason::TornLine, &name, *keep, tail);
                 self.segment(&target)?.pending.extend_from_slice(&line);
                 m::events_quarantined(QuarantineReason::TornLine, 1);
             }
@@ -819,7 +826,10 @@ impl Writer {
                     continue;
                 }
                 inserted.push(h);
-                let line = quarantine_event_line(q.reason, raw);
+                let line = match &q.source {
+                    Some((file, offset)) => quarantine_raw_line(q.reason, file, *offset, raw),
+                    None => quarantine_event_line(q.reason, raw),
+                };
                 self.segment(&target)?.pending.extend_from_slice(&line);
                 m::events_quarantined(q.reason, 1);
                 out.quarantined += 1;
@@ -1204,17 +1214,12 @@ fn quarantine_event_line(reason: QuarantineReason, raw: &[u8]) -> Vec<u8> {
 }
 
 /// A quarantine record for bytes that are not JSON: kept as a string, lossless for UTF-8.
-fn quarantine_raw_line(
-    reason: QuarantineReason,
-    source: &Path,
-    offset: u64,
-    raw: &[u8],
-) -> Vec<u8> {
+fn quarantine_raw_line(reason: QuarantineReason, source: &str, offset: u64, raw: &[u8]) -> Vec<u8> {
     let record = serde_json::json!({
         "reason": reason.code(),
         "detail": reason.describe(),
         "received_at": format_rfc3339((unix_nanos() / 1_000_000_000) as i64),
-        "source_file": source.file_name().map(|n| n.to_string_lossy().into_owned()),
+        "source_file": source,
         "source_offset": offset,
         "raw": String::from_utf8_lossy(raw),
         "raw_is_utf8": std::str::from_utf8(raw).is_ok(),
@@ -1329,12 +1334,7 @@ mod tests {
         assert_eq!(v["reason"], "missing_session_name");
         assert_eq!(v["event"]["a"], 1);
         assert_eq!(l.iter().filter(|&&c| c == b'\n').count(), 1);
-        let r = quarantine_raw_line(
-            QuarantineReason::TornLine,
-            Path::new("/x/y.jsonl"),
-            10,
-            b"{\"a\":\xff",
-        );
+        let r = quarantine_raw_line(QuarantineReason::TornLine, "y.jsonl", 10, b"{\"a\":\xff");
         let v: serde_json::Value = serde_json::from_slice(&r).unwrap();
         assert_eq!(v["source_file"], "y.jsonl");
         assert_eq!(v["raw_is_utf8"], false);

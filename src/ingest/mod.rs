@@ -390,6 +390,7 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
                 reason: QuarantineReason::NotAnObject,
                 start: ev.range.start,
                 end: ev.range.end,
+                source: None,
             });
             return;
         };
@@ -400,6 +401,7 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
                     reason,
                     start: ev.range.start,
                     end: ev.range.end,
+                    source: None,
                 });
                 return;
             }

@@ -1,0 +1,208 @@
+//! Ray's file-based export events through the real binary: tailed, routed by job, kept
+//! exactly once across a torn line, a rotation, a kill -9 and a restart.
+
+mod support;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use object_store::local::LocalFileSystem;
+use object_store::ObjectStore;
+use serde_json::Value;
+
+use support::collector::{decode, history_server_accepts, read_all, Collector};
+
+const NODE: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
+const SESSION: &str = "session_2026-11-22_02-08-16_569038_24326";
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/export_events");
+
+fn export_dir(ray: &Path) -> PathBuf {
+    ray.join(SESSION).join("logs").join("export_events")
+}
+
+fn setup_session(ray: &Path) {
+    let logs = ray.join(SESSION).join("logs");
+    std::fs::create_dir_all(logs.join("export_events")).unwrap();
+    std::fs::write(
+        logs.join("raylet.out"),
+        format!("(raylet) main.cc:711: Setting node ID node_id={NODE}\n"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(ray.join(SESSION), ray.join("session_latest")).unwrap();
+}
+
+fn append(path: &Path, bytes: &[u8]) {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    f.write_all(bytes).unwrap();
+}
+
+/// The partition a line must land in, computed from the fixture itself.
+fn expected_group(v: &Value, run_jobs: &HashMap<String, String>) -> String {
+    let d = &v["event_data"];
+    let hex = |b64: &str| {
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    if let Some(j) = d["job_id"].as_str().filter(|j| !j.is_empty()) {
+        return hex(j);
+    }
+    if v["source_type"] == "EXPORT_TRAIN_RUN_ATTEMPT" {
+        if let Some(j) = d["run_id"].as_str().and_then(|r| run_jobs.get(r)) {
+            return j.clone();
+        }
+    }
+    "node".into()
+}
+
+fn wait_metric(c: &Collector, name: &str, at_least: f64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.metric(name) < at_least {
+        assert!(
+            Instant::now() < deadline,
+            "{name} stayed below {at_least}:\n{}",
+            c.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn export_events_are_tailed_by_job_exactly_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = tmp.path().join("ray");
+    setup_session(&ray);
+    let dir = export_dir(&ray);
+    // All fixture lines; the Train file is written in two steps around a crash.
+    let mut lines: Vec<String> = Vec::new();
+    for name in [
+        "event_EXPORT_DRIVER_JOB.log",
+        "event_EXPORT_NODE.log",
+        "event_EXPORT_ACTOR.log",
+    ] {
+        let text = std::fs::read_to_string(Path::new(FIXTURES).join(name)).unwrap();
+        std::fs::write(dir.join(name), &text).unwrap();
+        lines.extend(text.lines().map(str::to_string));
+    }
+    let train =
+        std::fs::read_to_string(Path::new(FIXTURES).join("event_EXPORT_TRAIN_STATE.log")).unwrap();
+    let train: Vec<&str> = train.lines().collect();
+    let train_path = dir.join("event_EXPORT_TRAIN_STATE.log");
+    for l in &train[..4] {
+        append(&train_path, format!("{l}\n").as_bytes());
+    }
+    // A torn last line: half of the fifth event, not yet terminated.
+    let (half1, half2) = train[4].split_at(train[4].len() / 2);
+    append(&train_path, half1.as_bytes());
+    // And a line that is not JSON.
+    append(&dir.join("event_EXPORT_ACTOR.log"), b"this is not json\n");
+
+    let bucket = tmp.path().join("bucket");
+    let spool = tmp.path().join("spool");
+    let args = [
+        "--storage",
+        bucket.to_str().unwrap(),
+        "--cluster-name",
+        "exp",
+        "--ray-tmp-dir",
+        ray.to_str().unwrap(),
+        "--enable-log-collector",
+        "false",
+        "--rotation-interval",
+        "1s",
+    ];
+    let mut c = Collector::start(&spool, &args, &[]);
+    let first = (lines.len() + 4) as f64;
+    wait_metric(&c, "rhc_events_accepted_total", first);
+    wait_metric(&c, "rhc_events_quarantined_total", 1.0);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        c.metric("rhc_events_accepted_total"),
+        first,
+        "the torn line was read early"
+    );
+    c.kill9();
+
+    // While the collector is down: the torn line is completed, more lines, then Ray rotates.
+    append(&train_path, format!("{half2}\n").as_bytes());
+    append(&train_path, format!("{}\n", train[5]).as_bytes());
+    std::fs::rename(&train_path, dir.join("event_EXPORT_TRAIN_STATE.log.1")).unwrap();
+    for l in &train[6..] {
+        append(&train_path, format!("{l}\n").as_bytes());
+    }
+    lines.extend(train.iter().map(|s| s.to_string()));
+    c.restart();
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&bucket).unwrap());
+    let objects = read_all(&store);
+    let prefix = format!("cluster-history/raycluster/default/exp/{SESSION}/{NODE}/export_events/");
+    let mut seen: HashMap<String, (String, usize)> = HashMap::new();
+    for (k, v) in objects.iter().filter(|(k, _)| k.starts_with(&prefix)) {
+        let rest = &k[prefix.len()..];
+        let (group, file) = rest.split_once('/').unwrap();
+        assert!(history_server_accepts(file), "{k}");
+        assert!(file.starts_with(NODE) && file.ends_with(".jsonl.gz"), "{k}");
+        for line in decode(k, v)
+            .split(|&c| c == b'\n')
+            .filter(|l| !l.is_empty())
+        {
+            let text = String::from_utf8(line.to_vec()).unwrap();
+            let e = seen.entry(text).or_insert((group.to_string(), 0));
+            e.1 += 1;
+        }
+    }
+    let mut run_jobs = HashMap::new();
+    for l in &lines {
+        let v: Value = serde_json::from_str(l).unwrap();
+        if v["source_type"] == "EXPORT_TRAIN_RUN" {
+            let j = expected_group(&v, &HashMap::new());
+            run_jobs.insert(v["event_data"]["id"].as_str().unwrap().to_string(), j);
+        }
+    }
+    for l in &lines {
+        let v: Value = serde_json::from_str(l).unwrap();
+        let (group, n) = seen
+            .get(l)
+            .unwrap_or_else(|| panic!("missing line: {}", &l[..80]));
+        assert_eq!(*n, 1, "stored {n} times: {}", &l[..80]);
+        assert_eq!(*group, expected_group(&v, &run_jobs), "{}", &l[..80]);
+    }
+    assert_eq!(seen.len(), lines.len(), "unexpected extra lines");
+    // Train attempts follow their run's job.
+    assert!(seen
+        .iter()
+        .any(|(l, (g, _))| l.contains("EXPORT_TRAIN_RUN_ATTEMPT") && g == "01000000"));
+    // The non-JSON line is in quarantine with its file and offset.
+    let q: Vec<Value> = objects
+        .iter()
+        .filter(|(k, _)| k.starts_with("collector-quarantine/"))
+        .flat_map(|(k, v)| {
+            decode(k, v)
+                .split(|&c| c == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(|l| serde_json::from_slice::<Value>(l).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(q.len(), 1, "{q:?}");
+    assert_eq!(q[0]["reason"], "export_not_json");
+    assert_eq!(q[0]["source_file"], "event_EXPORT_ACTOR.log");
+    assert_eq!(q[0]["raw"], "this is not json");
+    let actor_len = std::fs::read(Path::new(FIXTURES).join("event_EXPORT_ACTOR.log"))
+        .unwrap()
+        .len();
+    assert_eq!(q[0]["source_offset"], actor_len);
+}
