@@ -48,7 +48,10 @@ pub fn list_sessions(ray_tmp: &Path) -> Vec<ActiveSession> {
         .filter_map(|e| {
             let name = e.file_name().to_str()?.to_string();
             (name.starts_with("session_") && name != "session_latest" && is_safe_segment(&name))
-                .then(|| ActiveSession { name, dir: e.path() })
+                .then(|| ActiveSession {
+                    name,
+                    dir: e.path(),
+                })
         })
         .collect();
     // Session names embed their start time, so they sort chronologically.
@@ -57,7 +60,10 @@ pub fn list_sessions(ray_tmp: &Path) -> Vec<ActiveSession> {
 }
 
 /// Publishes the active session every `interval` until every receiver is gone.
-pub fn watch_sessions(ray_tmp: PathBuf, interval: Duration) -> watch::Receiver<Option<ActiveSession>> {
+pub fn watch_sessions(
+    ray_tmp: PathBuf,
+    interval: Duration,
+) -> watch::Receiver<Option<ActiveSession>> {
     let (tx, rx) = watch::channel(resolve_latest(&ray_tmp));
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
@@ -88,14 +94,27 @@ mod tests {
         assert_eq!(resolve_latest(tmp.path()), None);
         let s1 = tmp.path().join("session_2026-11-22_02-06-54_202993_1");
         std::fs::create_dir(&s1).unwrap();
-        std::os::unix::fs::symlink("session_2026-11-22_02-06-54_202993_1", tmp.path().join("session_latest")).unwrap();
+        std::os::unix::fs::symlink(
+            "session_2026-11-22_02-06-54_202993_1",
+            tmp.path().join("session_latest"),
+        )
+        .unwrap();
         let got = resolve_latest(tmp.path()).unwrap();
         assert_eq!(got.name, "session_2026-11-22_02-06-54_202993_1");
         let s0 = tmp.path().join("session_2026-11-21_00-00-00_000000_9");
         std::fs::create_dir(&s0).unwrap();
         std::fs::create_dir(tmp.path().join("not_a_session")).unwrap();
-        let all: Vec<String> = list_sessions(tmp.path()).into_iter().map(|s| s.name).collect();
-        assert_eq!(all, ["session_2026-11-21_00-00-00_000000_9", "session_2026-11-22_02-06-54_202993_1"]);
+        let all: Vec<String> = list_sessions(tmp.path())
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(
+            all,
+            [
+                "session_2026-11-21_00-00-00_000000_9",
+                "session_2026-11-22_02-06-54_202993_1"
+            ]
+        );
         std::fs::remove_file(tmp.path().join("session_latest")).unwrap();
         std::os::unix::fs::symlink("/etc", tmp.path().join("session_latest")).unwrap();
         assert_eq!(resolve_latest(tmp.path()), None);
