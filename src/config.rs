@@ -284,14 +284,10 @@ pub struct RunArgs {
     #[arg(long, env = "RHC_LOG_UPLOAD_INTERVAL", value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub log_upload_interval: Duration,
 
-    /// Ray dashboard of the head, for endpoint snapshots and (last resort) the node id.
-    #[arg(
-        long,
-        env = "RAY_DASHBOARD_ADDRESS",
-        value_name = "URL",
-        default_value = "http://localhost:8265"
-    )]
-    pub dashboard_address: String,
+    /// Ray dashboard of the head, for endpoint snapshots and (last resort) the node id
+    /// [default: http://localhost:8265, or KubeRay's FQ_RAY_IP and RAY_DASHBOARD_PORT].
+    #[arg(long, env = "RAY_DASHBOARD_ADDRESS", value_name = "URL")]
+    pub dashboard_address: Option<String>,
 
     /// Time between dashboard endpoint snapshots (head role).
     #[arg(long, env = "RAY_COLLECTOR_POLL_INTERVAL", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
@@ -540,16 +536,36 @@ impl Settings {
                 "must be at least 1s",
             ));
         }
-        let dashboard_address = cli
-            .dashboard_address
-            .trim()
-            .trim_end_matches('/')
-            .to_string();
+        // KubeRay's workers reach the head's dashboard through FQ_RAY_IP.
+        let dashboard_raw = match &cli.dashboard_address {
+            Some(a) => a.clone(),
+            None => match env("FQ_RAY_IP")
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+            {
+                Some(host) => {
+                    let with_scheme = if host.contains("://") {
+                        host
+                    } else {
+                        format!("http://{host}")
+                    };
+                    let after_scheme = with_scheme.split("://").nth(1).unwrap_or_default();
+                    if after_scheme.contains(':') {
+                        with_scheme
+                    } else {
+                        let port = env("RAY_DASHBOARD_PORT").unwrap_or_else(|| "8265".into());
+                        format!("{with_scheme}:{}", port.trim())
+                    }
+                }
+                None => "http://localhost:8265".into(),
+            },
+        };
+        let dashboard_address = dashboard_raw.trim().trim_end_matches('/').to_string();
         if !(dashboard_address.starts_with("http://") || dashboard_address.starts_with("https://"))
         {
             return Err(bad(
                 "--dashboard-address",
-                &cli.dashboard_address,
+                &dashboard_raw,
                 "expected an http:// or https:// URL",
             ));
         }
@@ -667,6 +683,31 @@ mod tests {
         assert_eq!(s.layout.owner, Owner::RayJob("job-a".into()));
         assert_eq!(s.layout.root, "r");
         assert_eq!(s.storage.root, "r");
+    }
+
+    #[test]
+    fn dashboard_address_from_kuberay_variables() {
+        let s = resolve(&[], &[("FQ_RAY_IP", "rc-head-svc.ns.svc.cluster.local")]).unwrap();
+        assert_eq!(
+            s.dashboard_address,
+            "http://rc-head-svc.ns.svc.cluster.local:8265"
+        );
+        let s = resolve(
+            &[],
+            &[("FQ_RAY_IP", "https://h"), ("RAY_DASHBOARD_PORT", "9000")],
+        )
+        .unwrap();
+        assert_eq!(s.dashboard_address, "https://h:9000");
+        let s = resolve(
+            &["--dashboard-address", "http://x:1/"],
+            &[("FQ_RAY_IP", "h")],
+        )
+        .unwrap();
+        assert_eq!(s.dashboard_address, "http://x:1");
+        assert_eq!(
+            resolve(&[], &[]).unwrap().dashboard_address,
+            "http://localhost:8265"
+        );
     }
 
     #[test]

@@ -140,11 +140,40 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
                 event_node.clone(),
             ),
         )?;
-        Some(tokio::spawn(
-            shipper.run(sessions.clone(), stop_logs_rx.clone()),
+        let dashboard = dashboard::DashboardConfig::from_env(
+            settings.dashboard_address.clone(),
+            settings.endpoint_poll_interval,
+            &env_var,
+        )
+        .context(
+            "configuring the dashboard client (RAY_AUTH_TOKEN, RAY_COLLECTOR_ADDITIONAL_ENDPOINTS)",
+        )?;
+        let shipper = match env_var("POD_IP").filter(|ip| !ip.trim().is_empty()) {
+            Some(ip) => shipper.with_remote_lookup(dashboard.clone(), ip.trim().to_string()),
+            None => shipper,
+        };
+        Some((
+            tokio::spawn(shipper.run(sessions.clone(), stop_logs_rx.clone())),
+            dashboard,
         ))
     } else {
         None
+    };
+    // Head only: snapshots of the dashboard's endpoints, like KubeRay.
+    let (log_task, poller_task) = match log_task {
+        Some((task, dashboard)) if settings.role == Role::Head => {
+            let mut poller =
+                dashboard::DashboardPoller::new(dashboard, store.clone(), settings.layout.clone())
+                    .context("starting the dashboard poller")?;
+            let (sessions, stop) = (sessions.clone(), stop_logs_rx.clone());
+            let poller_task = tokio::spawn(async move {
+                poller.run(sessions, stop).await;
+                poller
+            });
+            (Some(task), Some(poller_task))
+        }
+        Some((task, _)) => (Some(task), None),
+        None => (None, None),
     };
     tracing::info!(
         listen = %settings.listen,
@@ -179,13 +208,31 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     };
     // Events first; then the logs, in the time that is left.
     let _ = stop_logs.send(true);
-    let mut logs_left = Vec::new();
-    if let Some(task) = log_task {
-        if let Ok(Ok(mut shipper)) = tokio::time::timeout_at(deadline.into(), task).await {
-            let active = sessions.borrow().clone();
-            logs_left = shipper.final_flush(active, deadline).await;
+    let active = sessions.borrow().clone();
+    let final_logs = async {
+        if let Some(task) = log_task {
+            if let Ok(Ok(mut shipper)) = tokio::time::timeout_at(deadline.into(), task).await {
+                return shipper.final_flush(active.clone(), deadline).await;
+            }
         }
-    }
+        Vec::new()
+    };
+    let final_poll = async {
+        if let (Some(task), Some(s)) = (poller_task, active.clone()) {
+            if let Ok(Ok(mut poller)) = tokio::time::timeout_at(deadline.into(), task).await {
+                if let Ok(r) =
+                    tokio::time::timeout_at(deadline.into(), poller.poll_once(&s.name)).await
+                {
+                    tracing::info!(
+                        uploaded = r.uploaded,
+                        failed = r.failed.len(),
+                        "final dashboard poll done"
+                    );
+                }
+            }
+        }
+    };
+    let (logs_left, ()) = tokio::join!(final_logs, final_poll);
     for path in &logs_left {
         tracing::warn!(path = %path.display(), "log file not uploaded before the shutdown deadline");
     }

@@ -280,6 +280,9 @@ pub struct LogShipper {
     remote_node: Option<String>,
     prefix: String,
     warned_no_node: BTreeSet<String>,
+    /// Last resort for the node id: the dashboard's node list matched by this pod's IP.
+    remote_lookup: Option<(crate::dashboard::DashboardConfig, String)>,
+    last_remote_try: Option<Instant>,
 }
 
 impl LogShipper {
@@ -301,7 +304,44 @@ impl LogShipper {
             remote_node: None,
             prefix,
             warned_no_node: BTreeSet::new(),
+            remote_lookup: None,
+            last_remote_try: None,
         })
+    }
+
+    /// Enables the last-resort node id lookup through the dashboard (`POD_IP`).
+    pub fn with_remote_lookup(
+        mut self,
+        dashboard: crate::dashboard::DashboardConfig,
+        pod_ip: String,
+    ) -> Self {
+        self.remote_lookup = Some((dashboard, pod_ip));
+        self
+    }
+
+    /// Asks the dashboard for this node's id, at most every 10 s, when nothing local knows it.
+    async fn try_remote_node(&mut self) {
+        let Some((cfg, ip)) = &self.remote_lookup else {
+            return;
+        };
+        if self.remote_node.is_some()
+            || self
+                .last_remote_try
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(10))
+        {
+            return;
+        }
+        self.last_remote_try = Some(Instant::now());
+        match crate::dashboard::node_id_by_ip(cfg, ip).await {
+            Ok(Some(id)) => {
+                tracing::info!(node = %id, pod_ip = %ip, "node id found in the dashboard's node list");
+                self.remote_node = Some(id);
+            }
+            Ok(None) => {
+                tracing::debug!(pod_ip = %ip, "no node with this IP in the dashboard's node list yet")
+            }
+            Err(e) => tracing::debug!(error = %e, "node id lookup through the dashboard failed"),
+        }
     }
 
     /// Sets a node id found remotely (dashboard), used when no local source knows it.
@@ -428,6 +468,9 @@ impl LogShipper {
         rotated_only: bool,
     ) -> RoundReport {
         let mut report = RoundReport::default();
+        if self.nodes.resolve_local(&s.dir).is_none() {
+            self.try_remote_node().await;
+        }
         let Some(node) = self.node_for(&s.dir) else {
             if self.warned_no_node.insert(s.name.clone()) {
                 tracing::warn!(session = %s.name, "node id not known yet (no raylet.out line, no events, no --node-id); logs wait");

@@ -82,7 +82,10 @@ fn init_logging(format: &str) {
 
 /// `ray-history-collector inspect ...`: a one-shot reader, no logging setup beyond errors.
 fn inspect(args: ray_history_collector::inspect::InspectArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: starting the async runtime: {e}");
