@@ -51,6 +51,8 @@ pub fn env_var(name: &str) -> Option<String> {
 
 /// Runs the collector until SIGTERM or SIGINT, then seals and uploads within the deadline.
 pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Result<Exit> {
+    // Installed first: a SIGTERM that arrives while we start must still mean "flush and exit".
+    let signals = Signals::install()?;
     let store: Arc<dyn ObjectStore> = storage::open(&settings.storage, &env_var)
         .with_context(|| format!("opening storage {}", settings.storage))?;
     let (sealed_tx, sealed_rx) = mpsc::unbounded_channel();
@@ -184,7 +186,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         "collector ready"
     );
 
-    let signal = wait_for_signal().await?;
+    let signal = signals.wait().await;
     let started = Instant::now();
     let deadline = started + settings.shutdown_timeout;
     tracing::info!(
@@ -259,12 +261,25 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     Ok(Exit::LeftOnDisk)
 }
 
-async fn wait_for_signal() -> anyhow::Result<&'static str> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    })
+/// SIGTERM and SIGINT handlers.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+        })
+    }
+
+    async fn wait(mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
 }

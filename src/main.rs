@@ -54,7 +54,10 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(run(settings, handle)) {
+    let result = runtime.block_on(run(settings, handle));
+    // Tasks still running (a stuck connection, a watcher) must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    match result {
         Ok(Exit::Clean) => ExitCode::SUCCESS,
         Ok(Exit::LeftOnDisk) => ExitCode::from(3),
         Err(e) => {
