@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command: installs the test tools (moto, Azurite,
-# fake-gcs-server, Ray) into .test-deps/ if needed, points the tests at them,
-# and runs `cargo test --locked "$@"`. Exit code is cargo's.
+# fake-gcs-server, Ray, the Kubernetes checkers) into .test-deps/ if needed,
+# points the tests at them, runs ./scripts/check-deploy.sh (only without
+# arguments) and then `cargo test --locked "$@"`. Exit code is cargo's, or 1
+# if check-deploy.sh failed.
 #
 #   ./scripts/test.sh                                  # everything
 #   ./scripts/test.sh --test services_smoke -- --nocapture
@@ -52,5 +54,17 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 status=0
+# The Kubernetes packaging and the examples, checked offline (no cluster, no
+# Docker engine). A full run (no arguments, as CI runs it) fails if they fail;
+# a run narrowed with arguments skips them.
+if (($# == 0)); then
+    echo "test.sh: ./scripts/check-deploy.sh" >&2
+    if ! "$REPO/scripts/check-deploy.sh"; then
+        echo "test.sh: scripts/check-deploy.sh failed" >&2
+        exit 1
+    fi
+else
+    echo "test.sh: arguments given, skipping ./scripts/check-deploy.sh" >&2
+fi
 cargo test --locked "$@" || status=$?
 exit "$status"

@@ -1,0 +1,642 @@
+#!/usr/bin/env python3
+"""Offline checks of the Kubernetes packaging; scripts/check-deploy.sh runs this.
+
+No cluster is needed. In order:
+
+1. kustomize: every kustomization.yaml under deploy/ builds (`kubectl kustomize`).
+2. chart: `helm lint --strict` and a render for the chart's defaults and each
+   charts/ray-history-collector/ci/*-values.yaml; every file in ci/invalid/ must be
+   refused with the message its `# expect:` line names (values.schema.json and the
+   templates' own checks). Rendered output goes through yamllint.
+3. objects: every object of the plain manifests under deploy/, of the kustomize builds
+   and of the rendered chart: built-in kinds with kubernetes-validate (strict, Kubernetes
+   K8S_VERSION); RayCluster and RayJob against the openAPIV3Schema of KubeRay's v1 CRDs
+   (unknown fields rejected, as kubectl's strict field validation does) and their pod
+   templates, as PodTemplates, with kubernetes-validate (strict).
+4. wiring of every Ray pod template: the collector is a native sidecar, shares the
+   emptyDir at /tmp/ray with the Ray container, Ray's event variables point at the port
+   it listens on, its probes reach it, the grace period covers --shutdown-timeout, its
+   identity comes from the downward API, and every flag exists (README's table, which
+   tests/readme_config.rs checks against the CLI).
+5. charts/kuberay-ray-cluster-values.yaml: the pods KubeRay's ray-cluster chart would
+   build from it, through the checks of 3 and 4.
+6. examples/docker-compose/compose.yaml: the same wiring between its services.
+7. image tags and the chart's appVersion match Cargo.toml's version.
+
+Extra arguments are more manifest files to check (e.g. KubeRay's ray-cluster chart
+rendered with the snippet). Prints every check; exits 1 if any failed.
+"""
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+K8S_VERSION = os.environ.get("RHC_K8S_VERSION", "1.31")
+CRD_DIR = Path(os.environ.get("RHC_KUBERAY_CRDS", REPO.parent / "shared" / "schemas"))
+CHART = REPO / "charts" / "ray-history-collector"
+KUBERAY_SNIPPET = REPO / "charts" / "kuberay-ray-cluster-values.yaml"
+KUBECTL = os.environ.get("RHC_KUBECTL", "kubectl")
+YAMLLINT = os.environ.get("RHC_YAMLLINT", "yamllint")
+COLLECTOR = "ray-history-collector"
+# Kubernetes' default when a pod sets no terminationGracePeriodSeconds.
+DEFAULT_GRACE = 30
+# What the grace period must leave for Ray's own exit, before the sidecar is stopped.
+RAY_EXIT_MARGIN = 10
+RAY_EVENT_ENV = {
+    "RAY_enable_ray_event": "true",
+    "RAY_enable_core_worker_ray_event_to_aggregator": "true",
+}
+RAY_EVENT_TYPES_ENV = (
+    "RAY_DASHBOARD_AGGREGATOR_AGENT_EXPOSABLE_EVENT_TYPES",
+    "RAY_DASHBOARD_AGGREGATOR_AGENT_PUBLISHER_HTTP_ENDPOINT_EXPOSABLE_EVENT_TYPES",
+)
+
+
+class Report:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+
+    def section(self, title):
+        print(f"\n== {title}", flush=True)
+
+    def check(self, what, problems):
+        """Records one check: `problems` is a list of strings (empty: passed)."""
+        if problems:
+            self.failed += 1
+            print(f"  FAIL {what}", flush=True)
+            for p in problems:
+                for line in str(p).splitlines():
+                    print(f"       {line}", flush=True)
+        else:
+            self.passed += 1
+            print(f"  ok   {what}", flush=True)
+
+
+def rel(path):
+    try:
+        return str(Path(path).resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def load_docs(text):
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def obj_name(doc):
+    return f"{doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}"
+
+
+# ------------------------------------------------------------------ the collector's CLI
+
+def known_flags():
+    """Long flags of the collector, from README.md's configuration table."""
+    readme = (REPO / "README.md").read_text()
+    flags = set(re.findall(r"^\| `--([a-z0-9-]+)` \|", readme, re.M))
+    if len(flags) < 10:
+        raise SystemExit("check_deploy: could not read the flag table from README.md")
+    return flags
+
+
+def parse_duration(text):
+    """Go duration syntax (what the collector accepts) -> seconds, or None."""
+    t = text.strip()
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", t):
+        return float(t)
+    units = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    parts = re.findall(r"([0-9]+(?:\.[0-9]+)?)(ns|us|ms|s|m|h)", t)
+    if not parts or "".join(n + u for n, u in parts) != t:
+        return None
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def parse_args(args):
+    """['--a=1', '--b', '2', '--c'] -> ({'a': '1', 'b': '2', 'c': ''}, problems)."""
+    out, problems, i = {}, [], 0
+    while i < len(args):
+        a = str(args[i])
+        if not a.startswith("--"):
+            problems.append(f"unexpected argument {a!r}")
+            i += 1
+            continue
+        if "=" in a:
+            k, v = a[2:].split("=", 1)
+        elif i + 1 < len(args) and not str(args[i + 1]).startswith("--"):
+            k, v = a[2:], str(args[i + 1])
+            i += 1
+        else:
+            k, v = a[2:], ""
+        out[k] = v
+        i += 1
+    return out, problems
+
+
+def env_map(container):
+    return {e["name"]: e for e in container.get("env") or []}
+
+
+def env_value(env, name):
+    e = env.get(name)
+    return None if e is None else e.get("value")
+
+
+# ------------------------------------------------------------------ sidecar wiring
+
+def check_ray_pod(template, *, role, flags, owner=None, grace_default=DEFAULT_GRACE):
+    """Problems with the collector wiring of one Ray pod template (a PodTemplateSpec)."""
+    problems = []
+    spec = template.get("spec") or {}
+    containers = spec.get("containers") or []
+    inits = spec.get("initContainers") or []
+    sidecars = [c for c in inits if c.get("name") == COLLECTOR]
+    if any(c.get("name") == COLLECTOR for c in containers):
+        problems.append(f"{COLLECTOR} is a regular container; make it an init container with "
+                        "restartPolicy: Always (a native sidecar) so it outlives Ray")
+    if len(sidecars) != 1:
+        return problems + [f"expected one init container named {COLLECTOR}, found {len(sidecars)}"]
+    c = sidecars[0]
+    if not containers:
+        return problems + ["no Ray container"]
+    ray = containers[0]  # KubeRay: the Ray container comes first
+    if c.get("restartPolicy") != "Always":
+        problems.append("the collector init container lacks restartPolicy: Always")
+    if inits.index(c) != 0:
+        problems.append("the collector should be the first init container (started before the others)")
+    if COLLECTOR not in str(c.get("image", "")):
+        problems.append(f"unexpected collector image {c.get('image')!r}")
+    if c.get("command"):
+        problems.append("the collector sets `command`; the image's entrypoint is the binary, pass flags as args")
+
+    args, arg_problems = parse_args(c.get("args") or [])
+    problems += arg_problems
+    for k in args:
+        if k not in flags:
+            problems.append(f"--{k} is not a flag of the collector (README's configuration table)")
+    env = env_map(c)
+
+    def setting(flag, var, default):
+        if flag in args:
+            return args[flag]
+        v = env_value(env, var)
+        return default if v is None else v
+
+    # Listening address and probes.
+    listen = setting("listen", "RHC_LISTEN", "127.0.0.1:8084")
+    host, _, port_s = listen.rpartition(":")
+    port = int(port_s) if port_s.isdigit() else None
+    if port is None:
+        problems.append(f"cannot read the port of --listen {listen!r}")
+    ports = {p.get("name"): p.get("containerPort") for p in c.get("ports") or []}
+    if port is not None and port not in ports.values():
+        problems.append(f"containerPort {port} is not declared on the collector")
+    probes = {k: c.get(k) for k in ("startupProbe", "livenessProbe", "readinessProbe") if c.get(k)}
+    for k in ("startupProbe", "livenessProbe"):
+        if k not in probes:
+            problems.append(f"no {k}")
+    for k, probe in probes.items():
+        get = probe.get("httpGet")
+        if not get:
+            problems.append(f"{k} is not an httpGet probe")
+            continue
+        want = ("/readyz", "/healthz") if k == "readinessProbe" else ("/healthz",)
+        if get.get("path") not in want:
+            problems.append(f"{k} path {get.get('path')!r}, expected {' or '.join(want)}")
+        p = get.get("port")
+        p = ports.get(p) if isinstance(p, str) else p
+        if p != port:
+            problems.append(f"{k} port {get.get('port')!r} is not the listening port {port}")
+        if get.get("host"):
+            problems.append(f"{k} sets host; kubelet would probe that host, not the pod")
+    if probes and host not in ("0.0.0.0", "[::]", "::"):
+        problems.append(f"--listen {listen}: kubelet probes connect to the pod IP, so the collector "
+                        "must listen on 0.0.0.0 (or use no httpGet probes)")
+
+    # Role, storage, shutdown budget.
+    r = setting("role", "RAY_ROLE", "head").strip().lower()
+    if r != role:
+        problems.append(f"role {r!r}, expected {role!r} for this group")
+    if "storage" not in args and env_value(env, "RHC_STORAGE") is None and "STORAGE_BACKEND" not in env:
+        problems.append("no storage configured (--storage, RHC_STORAGE or STORAGE_BACKEND)")
+    timeout_s = setting("shutdown-timeout", "RHC_SHUTDOWN_TIMEOUT", "25s")
+    timeout = parse_duration(timeout_s)
+    grace = spec.get("terminationGracePeriodSeconds", grace_default)
+    if timeout is None:
+        problems.append(f"cannot read --shutdown-timeout {timeout_s!r}")
+    elif grace < timeout + RAY_EXIT_MARGIN:
+        problems.append(f"terminationGracePeriodSeconds {grace} < --shutdown-timeout {timeout_s} + "
+                        f"{RAY_EXIT_MARGIN} s for Ray's exit (the sidecar is stopped after Ray)")
+
+    # The shared /tmp/ray emptyDir, holding the spool.
+    volumes = {v.get("name"): v for v in spec.get("volumes") or []}
+    spool = setting("spool-dir", "RAY_COLLECTOR_EVENT_DATA_DIR", "/tmp/ray/event-data")
+    mounts = {m.get("mountPath"): m.get("name") for m in c.get("volumeMounts") or []}
+    ray_mounts = {m.get("mountPath"): m.get("name") for m in ray.get("volumeMounts") or []}
+    shared = mounts.get("/tmp/ray")
+    if shared is None:
+        problems.append("the collector does not mount /tmp/ray")
+    else:
+        if "emptyDir" not in (volumes.get(shared) or {}):
+            problems.append(f"volume {shared!r} at /tmp/ray is not an emptyDir of the pod")
+        if ray_mounts.get("/tmp/ray") != shared:
+            problems.append(f"the Ray container does not mount volume {shared!r} at /tmp/ray")
+    if not (spool == "/tmp/ray" or spool.startswith("/tmp/ray/")):
+        problems.append(f"--spool-dir {spool} is not on the shared /tmp/ray volume (lost on restart)")
+
+    # Identity from the downward API (unless given explicitly).
+    downward = {
+        "RAY_CLUSTER_NAME": ("cluster-name", "metadata.labels['ray.io/cluster']"),
+        "RAY_CLUSTER_NAMESPACE": ("cluster-namespace", "metadata.namespace"),
+        "POD_IP": (None, "status.podIP"),
+    }
+    for var, (flag, field) in downward.items():
+        if flag and flag in args:
+            continue
+        got = (((env.get(var) or {}).get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+        if got != field:
+            problems.append(f"{var} should come from the downward API field {field} (got {got!r})")
+    if owner:
+        kind = setting("owner-kind", "OWNER_KIND", "")
+        name = setting("owner-name", "OWNER_NAME", "")
+        if (kind or "").lower() != owner[0] or name != owner[1]:
+            problems.append(f"owner is {kind!r}/{name!r}, expected {owner[0]!r}/{owner[1]!r}")
+
+    # Ray pushes its events to the collector.
+    renv = env_map(ray)
+    for name, want in RAY_EVENT_ENV.items():
+        if str(env_value(renv, name)).lower() != want:
+            problems.append(f"Ray container: {name} should be {want!r}")
+    for name in RAY_EVENT_TYPES_ENV:
+        if not env_value(renv, name):
+            problems.append(f"Ray container: {name} is not set")
+    addr = env_value(renv, "RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR")
+    wanted = {f"http://127.0.0.1:{port}/v1/events", f"http://localhost:{port}/v1/events"}
+    if addr not in wanted:
+        problems.append(f"Ray container: RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR is {addr!r}, "
+                        f"expected http://127.0.0.1:{port}/v1/events")
+
+    # Resources and hardening.
+    res = c.get("resources") or {}
+    for section, key in (("requests", "cpu"), ("requests", "memory"), ("limits", "memory")):
+        if key not in (res.get(section) or {}):
+            problems.append(f"the collector has no resources.{section}.{key}")
+    sc = c.get("securityContext") or {}
+    if sc.get("runAsNonRoot") is not True:
+        problems.append("the collector's securityContext should set runAsNonRoot: true")
+    return problems
+
+
+def ray_pod_templates(doc):
+    """(where, template, role) for each Ray pod template of a RayCluster or RayJob."""
+    if doc.get("kind") == "RayCluster":
+        cluster = doc.get("spec") or {}
+        prefix = "spec"
+    else:
+        cluster = (doc.get("spec") or {}).get("rayClusterSpec") or {}
+        prefix = "spec.rayClusterSpec"
+    out = []
+    head = (cluster.get("headGroupSpec") or {}).get("template")
+    if head is not None:
+        out.append((f"{prefix}.headGroupSpec", head, "head"))
+    for i, g in enumerate(cluster.get("workerGroupSpecs") or []):
+        out.append((f"{prefix}.workerGroupSpecs[{i}] ({g.get('groupName')})", g.get("template") or {}, "worker"))
+    return out
+
+
+# ------------------------------------------------------------------ schema validation
+
+def strict_crd_schema(crd_path):
+    """The v1 openAPIV3Schema of a CRD, with unknown fields rejected."""
+    crd = yaml.safe_load(crd_path.read_text())
+    versions = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    if not versions:
+        raise SystemExit(f"check_deploy: {crd_path} has no v1 version")
+    schema = copy.deepcopy(versions[0]["schema"]["openAPIV3Schema"])
+
+    def walk(node):
+        if isinstance(node, dict):
+            # A structural schema prunes (the API server's strict field validation
+            # rejects) fields it does not list, unless told to keep them.
+            if ("properties" in node and "additionalProperties" not in node
+                    and not node.get("x-kubernetes-preserve-unknown-fields")):
+                node["additionalProperties"] = False
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(schema)
+    return crd["spec"]["names"]["kind"], schema
+
+
+def format_error(e):
+    path = "/".join(str(p) for p in e.absolute_path) or "(top)"
+    return f"at {path}: {e.message}"
+
+
+def validate_object(doc, crd_validators, report, where):
+    """Schema checks of one object; returns the pod templates of Ray objects."""
+    kind = doc.get("kind")
+    label = f"{where}: {obj_name(doc)}"
+    if kind in crd_validators:
+        errors = sorted(crd_validators[kind].iter_errors(doc), key=lambda e: list(e.absolute_path))
+        report.check(f"{label} matches KubeRay's {kind} CRD", [format_error(e) for e in errors[:10]])
+        if doc.get("apiVersion") != "ray.io/v1":
+            report.check(f"{label} apiVersion", [f"apiVersion {doc.get('apiVersion')!r}, expected ray.io/v1"])
+        for path, template, _ in ray_pod_templates(doc):
+            pod_template = {"apiVersion": "v1", "kind": "PodTemplate",
+                            "metadata": {"name": "check"}, "template": template}
+            report.check(f"{label} {path}.template is a valid pod template (kubernetes-validate --strict)",
+                         k8s_problems(pod_template))
+        return
+    report.check(f"{label} (kubernetes-validate --strict, {K8S_VERSION})", k8s_problems(doc))
+
+
+def k8s_problems(doc):
+    try:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    except kubernetes_validate.SchemaNotFoundError:
+        return [f"no Kubernetes {K8S_VERSION} schema for {doc.get('apiVersion')} {doc.get('kind')}"]
+    except kubernetes_validate.ValidationError as e:
+        inner = getattr(e, "caused_by", None) or e
+        msg = getattr(inner, "message", None) or str(e).split("\n\n")[0]
+        path = "/".join(str(p) for p in getattr(inner, "absolute_path", []) or [])
+        return [f"at {path or '(top)'}: {msg}"]
+    except kubernetes_validate.InvalidSchemaError as e:
+        return [f"invalid schema: {e}"]
+    return []
+
+
+def check_wiring(doc, flags, report, where):
+    kind = doc.get("kind")
+    if kind not in ("RayCluster", "RayJob"):
+        return
+    owner = ("rayjob", doc["metadata"]["name"]) if kind == "RayJob" else None
+    for path, template, role in ray_pod_templates(doc):
+        report.check(f"{where}: {obj_name(doc)} {path}: collector sidecar wiring",
+                     check_ray_pod(template, role=role, flags=flags, owner=owner))
+
+
+# ------------------------------------------------------------------ sources of objects
+
+def kustomize_builds(report):
+    """(kustomization dir, docs) for each kustomization under deploy/."""
+    out = []
+    for k in sorted((REPO / "deploy").rglob("kustomization.yaml")):
+        d = k.parent
+        p = subprocess.run([KUBECTL, "kustomize", str(d)], capture_output=True, text=True, timeout=60)
+        docs = load_docs(p.stdout) if p.returncode == 0 else []
+        problems = [] if p.returncode == 0 else [p.stderr.strip()]
+        if p.returncode == 0 and not docs:
+            problems.append("the build is empty")
+        report.check(f"kubectl kustomize {rel(d)} ({len(docs)} objects)", problems)
+        out.append((d, docs))
+    return out
+
+
+def plain_manifests(report):
+    out = []
+    for f in sorted((REPO / "deploy").rglob("*.yaml")):
+        if f.name == "kustomization.yaml":
+            continue
+        try:
+            docs = load_docs(f.read_text())
+            problems = [] if docs else ["no objects"]
+        except yaml.YAMLError as e:
+            docs, problems = [], [str(e)]
+        report.check(f"{rel(f)} parses ({len(docs)} objects)", problems)
+        out.append((f, docs))
+    return out
+
+
+def render_chart(values):
+    with helm.Chart.load(str(CHART)) as chart:
+        rendered = chart.render(values, name="rhc", namespace="ray-history", is_install=True)
+    docs, stream = [], []
+    for path, text in sorted(rendered.items()):
+        if not path.endswith(".yaml") or not text.strip():
+            continue
+        docs += load_docs(text)
+        stream.append(f"---\n# Source: {path}\n{text.strip()}\n")
+    return docs, "".join(stream)
+
+
+def chart_renders(report, tmp):
+    """(label, docs) for each values file; also lints, checks refusals, yamllints."""
+    cases = [("defaults + storage.url", {"storage": {"url": "s3://ray-historyserver"}})]
+    for f in sorted((CHART / "ci").glob("*-values.yaml")):
+        cases.append((rel(f), yaml.safe_load(f.read_text()) or {}))
+    out = []
+    for label, values in cases:
+        lint = helm.lint(str(CHART), values, strict=True, kube_version=f"v{K8S_VERSION}.0")
+        problems = [f"{m['path']}: {m['error'].strip()}" for m in lint["messages"] if m["severity"] >= 2]
+        problems += lint.get("errors") or []
+        report.check(f"helm lint --strict ({label})", problems)
+        try:
+            docs, stream = render_chart(values)
+            problems = [] if docs else ["nothing rendered"]
+        except helm.HelmError as e:
+            docs, stream, problems = [], "", [str(e)]
+        report.check(f"helm template ({label}): {', '.join(obj_name(d) for d in docs)}", problems)
+        if stream:
+            out_file = Path(tmp) / (re.sub(r"[^A-Za-z0-9.-]+", "_", label) + ".rendered.yaml")
+            out_file.write_text(stream)
+            p = subprocess.run([YAMLLINT, "-s", "-c", str(REPO / ".yamllint.yaml"), str(out_file)],
+                               capture_output=True, text=True, timeout=60)
+            report.check(f"yamllint of the rendered chart ({label})",
+                         [] if p.returncode == 0 else [p.stdout.strip() or p.stderr.strip()])
+        out.append((f"chart[{label}]", docs))
+
+    for f in sorted((CHART / "ci" / "invalid").glob("*.yaml")):
+        m = re.search(r"^# expect: (.+)$", f.read_text(), re.M)
+        if not m:
+            report.check(f"{rel(f)} names the expected error", ["no `# expect: <message>` line"])
+            continue
+        expected = m.group(1).strip()
+        values = yaml.safe_load(f.read_text()) or {}
+        try:
+            render_chart(values)
+            problems = ["rendered without error"]
+        except helm.HelmError as e:
+            problems = [] if expected in str(e) else [f"refused, but without {expected!r}:", str(e)]
+        report.check(f"{rel(f)} is refused: {expected}", problems)
+    return out
+
+
+def kuberay_chart_pods(values):
+    """The head and worker pod templates KubeRay's ray-cluster chart builds from
+    `values` (templates/raycluster-cluster.yaml: initContainers, then one Ray container
+    with common.containerEnv + <group>.containerEnv, its volumeMounts, the group's
+    volumes and serviceAccountName; no terminationGracePeriodSeconds)."""
+    common_env = ((values.get("common") or {}).get("containerEnv")) or []
+    out = []
+    for group, name, role in (("head", "ray-head", "head"), ("worker", "ray-worker", "worker")):
+        g = values.get(group) or {}
+        ray = {"name": name, "image": "rayproject/ray:2.60.0",
+               "env": common_env + (g.get("containerEnv") or [])}
+        if g.get("volumeMounts"):
+            ray["volumeMounts"] = g["volumeMounts"]
+        spec = {"containers": [ray] + (g.get("sidecarContainers") or [])}
+        if g.get("initContainers"):
+            spec["initContainers"] = g["initContainers"]
+        if g.get("volumes"):
+            spec["volumes"] = g["volumes"]
+        if g.get("serviceAccountName"):
+            spec["serviceAccountName"] = g["serviceAccountName"]
+        out.append((group, {"metadata": {"labels": {"app.kubernetes.io/name": "kuberay"}}, "spec": spec}, role))
+    return out
+
+
+def check_compose(path, flags):
+    """Wiring of the Docker Compose example: Ray shares the collector's network and
+    /tmp/ray, posts to its port, and is given time to upload on stop."""
+    problems = []
+    services = (yaml.safe_load(path.read_text()) or {}).get("services") or {}
+    col, ray = services.get("collector"), services.get("ray")
+    if not col or not ray:
+        return ["services `collector` and `ray` are both needed"]
+    args, arg_problems = parse_args(col.get("command") or [])
+    problems += arg_problems
+    problems += [f"--{k} is not a flag of the collector" for k in args if k not in flags]
+    listen = args.get("listen", "127.0.0.1:8084")
+    port = listen.rpartition(":")[2]
+    if ray.get("network_mode") != "service:collector":
+        problems.append("ray must use network_mode: service:collector (the pod's shared network)")
+    env = ray.get("environment") or {}
+    addr = env.get("RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR")
+    if addr != f"http://127.0.0.1:{port}/v1/events":
+        problems.append(f"ray posts to {addr!r}, the collector listens on {listen}")
+    for name, want in RAY_EVENT_ENV.items():
+        if str(env.get(name)).lower() != want:
+            problems.append(f"ray: {name} should be {want!r}")
+    for name in RAY_EVENT_TYPES_ENV:
+        if not env.get(name):
+            problems.append(f"ray: {name} is not set")
+
+    def tmp_volume(svc):
+        return next((v.split(":")[0] for v in svc.get("volumes") or [] if v.split(":")[1] == "/tmp/ray"), None)
+
+    if not tmp_volume(col) or tmp_volume(col) != tmp_volume(ray):
+        problems.append("collector and ray must share one volume at /tmp/ray")
+    spool = args.get("spool-dir", "/tmp/ray/event-data")
+    if not spool.startswith("/tmp/ray/"):
+        problems.append(f"--spool-dir {spool} is not on the shared volume")
+    timeout = parse_duration(args.get("shutdown-timeout", "25s"))
+    grace = parse_duration(str(col.get("stop_grace_period", "10s")))
+    if timeout is None or grace is None or grace <= timeout:
+        problems.append(f"collector stop_grace_period {col.get('stop_grace_period')!r} must exceed "
+                        f"--shutdown-timeout {args.get('shutdown-timeout', '25s')}")
+    if "storage" not in args:
+        problems.append("no --storage")
+    return problems
+
+
+def cargo_version():
+    m = re.search(r'^version\s*=\s*"([^"]+)"', (REPO / "Cargo.toml").read_text(), re.M)
+    return m.group(1)
+
+
+def image_tags(node, found):
+    if isinstance(node, dict):
+        img = node.get("image")
+        if isinstance(img, str) and COLLECTOR in img:
+            found.append(img)
+        for v in node.values():
+            image_tags(v, found)
+    elif isinstance(node, list):
+        for v in node:
+            image_tags(v, found)
+    return found
+
+
+def main():
+    report = Report()
+    flags = known_flags()
+
+    report.section(f"KubeRay CRDs from {CRD_DIR}")
+    crd_validators = {}
+    for name in ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml"):
+        path = CRD_DIR / name
+        if not path.is_file():
+            report.check(f"{path} exists", [f"missing; set RHC_KUBERAY_CRDS to the directory holding {name}"])
+            continue
+        kind, schema = strict_crd_schema(path)
+        jsonschema.Draft7Validator.check_schema(schema)
+        crd_validators[kind] = jsonschema.Draft7Validator(schema)
+        report.check(f"{name}: v1 openAPIV3Schema of {kind} loaded", [])
+
+    sources = []  # (where, docs)
+
+    report.section("plain manifests (deploy/)")
+    for f, docs in plain_manifests(report):
+        sources.append((rel(f), docs))
+
+    report.section("kustomize builds")
+    builds = kustomize_builds(report)
+    for d, docs in builds:
+        sources.append((f"kustomize {rel(d)}", docs))
+    top = dict((rel(d), docs) for d, docs in builds).get("deploy", [])
+    kinds = {doc.get("kind") for doc in top}
+    report.check("deploy/ (the local try) holds MinIO, its bucket Job, the ServiceAccount and a RayCluster",
+                 [f"missing {k}" for k in ("Deployment", "Job", "ServiceAccount", "RayCluster") if k not in kinds])
+
+    report.section("Helm chart")
+    with tempfile.TemporaryDirectory(prefix="rhc-check-deploy.") as tmp:
+        sources += chart_renders(report, tmp)
+
+    for extra in sys.argv[1:]:
+        sources.append((extra, load_docs(Path(extra).read_text())))
+
+    report.section(f"objects: Kubernetes {K8S_VERSION} schemas (strict) and KubeRay CRDs")
+    for where, docs in sources:
+        for doc in docs:
+            validate_object(doc, crd_validators, report, where)
+
+    report.section("collector sidecar wiring of every Ray pod")
+    for where, docs in sources:
+        for doc in docs:
+            check_wiring(doc, flags, report, where)
+
+    report.section(f"KubeRay ray-cluster chart snippet ({rel(KUBERAY_SNIPPET)})")
+    snippet = yaml.safe_load(KUBERAY_SNIPPET.read_text())
+    for group, template, role in kuberay_chart_pods(snippet):
+        pod_template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": group},
+                        "template": template}
+        report.check(f"{group} pod is a valid pod template (kubernetes-validate --strict)",
+                     k8s_problems(pod_template))
+        report.check(f"{group} pod: collector sidecar wiring (default 30 s grace period)",
+                     check_ray_pod(template, role=role, flags=flags))
+
+    compose = REPO / "examples" / "docker-compose" / "compose.yaml"
+    report.section(f"Docker Compose example ({rel(compose)})")
+    report.check("collector and Ray wired as in a pod", check_compose(compose, flags))
+
+    report.section("versions")
+    version = cargo_version()
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    report.check(f"chart appVersion is the crate's version {version}",
+                 [] if str(chart.get("appVersion")) == version else [f"appVersion {chart.get('appVersion')!r}"])
+    tags = image_tags([d for _, docs in sources if not _.startswith("chart[") for d in docs], [])
+    tags += image_tags(snippet, [])
+    wrong = sorted({t for t in tags if not t.endswith(f":{version}")})
+    report.check(f"collector images in deploy/ and the snippet are tagged {version} ({len(tags)} found)",
+                 [f"image {t}" for t in wrong] + ([] if tags else ["no collector image found"]))
+
+    print(f"\ncheck_deploy: {report.passed} passed, {report.failed} failed", flush=True)
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
