@@ -28,6 +28,9 @@ use crate::session::{list_sessions, ActiveSession};
 use crate::spool::Spool;
 use crate::upload::{hash_file_prefix, put_file_prefix, UploadError};
 
+/// Store failures in a row after which a round stops trying (the bucket is down).
+const MAX_FAILURES_IN_A_ROW: usize = 3;
+
 /// Settings of the log shipper.
 #[derive(Debug, Clone)]
 pub struct LogConfig {
@@ -491,7 +494,14 @@ impl LogShipper {
                 .cmp(&priority(b))
                 .then(b.mtime_ns.cmp(&a.mtime_ns))
         });
+        // Consecutive store failures: past a few, the bucket is down, and trying every other
+        // file now would only hold up rotation captures and the next round.
+        let mut failed_in_a_row = 0;
         for f in files {
+            if failed_in_a_row >= MAX_FAILURES_IN_A_ROW {
+                report.failed += 1;
+                continue;
+            }
             let key = object_key(&self.prefix, &s.name, &node, &f);
             let prev = self.ledger.data.objects.get(&key).copied();
             if f.rotated_from.is_some() && prev.is_some() {
@@ -551,6 +561,7 @@ impl LogShipper {
                     self.ledger.dirty = true;
                     report.uploaded += 1;
                     report.bytes += up.bytes;
+                    failed_in_a_row = 0;
                 }
                 Err(UploadError::Read { source, .. })
                     if source.kind() == io::ErrorKind::NotFound =>
@@ -565,6 +576,8 @@ impl LogShipper {
                     counter!(crate::metrics::LOG_UPLOAD_FAILURES).increment(1);
                     tracing::warn!(error = %e, "log upload failed; retried next round");
                     report.failed += 1;
+                    failed_in_a_row += 1;
+                    continue;
                 }
             }
         }
