@@ -251,8 +251,8 @@ pub struct RunArgs {
     #[arg(long, env = "RHC_MAX_OPEN_SEGMENTS", value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub max_open_segments: u32,
 
-    /// Uploads in flight at once.
-    #[arg(long, env = "RHC_UPLOAD_CONCURRENCY", value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    /// Event uploads in flight at once; each holds up to one part in memory.
+    #[arg(long, env = "RHC_UPLOAD_CONCURRENCY", value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub upload_concurrency: u32,
 
     /// Multipart part size; objects larger than one part use multipart upload (at least 5MiB).

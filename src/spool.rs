@@ -423,8 +423,8 @@ struct Writer {
 }
 
 /// Buffers kept for reuse, and the largest capacity worth keeping.
-const POOLED_BUFFERS: usize = 8;
-const POOLED_CAPACITY: usize = 2 << 20;
+const POOLED_BUFFERS: usize = 4;
+const POOLED_CAPACITY: usize = 1 << 20;
 
 fn recycle(pool: &mut Vec<Vec<u8>>, mut buf: Vec<u8>) {
     if pool.len() < POOLED_BUFFERS && buf.capacity() <= POOLED_CAPACITY {
