@@ -402,7 +402,7 @@ impl ExportTailer {
                 id_hash: parsed
                     .event_id
                     .as_deref()
-                    .map(|id| id_hash(id.as_bytes()) ^ 0x6578_706f_7274_0000),
+                    .map(|id| id_hash(id.as_bytes()) ^ crate::spool::EXPORT_ID_SALT),
                 has_newline: false,
             };
             match partitions.iter_mut().find(|p| p.partition == partition) {

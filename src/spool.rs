@@ -450,6 +450,8 @@ const EVENTS_DIR: &str = "events";
 const QUARANTINE_DIR: &str = "quarantine";
 const MARKERS_DIR: &str = "markers";
 const RECENT_BODIES: usize = 1024;
+/// Export event ids are hashed apart from pushed event ids (different id spaces).
+pub const EXPORT_ID_SALT: u64 = 0x6578_706f_7274_0000;
 /// Above this many files in one group, one `syncfs` replaces per-file `fdatasync`.
 const SYNCFS_ABOVE: usize = 32;
 
@@ -594,11 +596,15 @@ impl Writer {
         // restart is still recognised.
         found.sort_by_key(|f| std::cmp::Reverse(f.0.created_unix_nanos));
         let mut budget = self.cfg.dedup_window;
-        for (f, _) in found.iter().filter(|(f, _)| f.kind == FileKind::Events) {
+        for (f, p) in found.iter().filter(|(f, _)| f.kind == FileKind::Events) {
             if budget == 0 {
                 break;
             }
-            report.dedup_ids += self.load_ids(&f.path, &mut budget);
+            let salt = match p.as_ref().map(|p| &p.stream) {
+                Some(crate::layout::Stream::Export(_)) => EXPORT_ID_SALT,
+                _ => 0,
+            };
+            report.dedup_ids += self.load_ids(&f.path, salt, &mut budget);
         }
         found.sort_by_key(|f| f.0.created_unix_nanos);
         // Sessions seen in the spool still need their markers (head role).
@@ -634,16 +640,22 @@ impl Writer {
         Ok(report)
     }
 
-    fn load_ids(&mut self, path: &Path, budget: &mut usize) -> usize {
-        let Ok(data) = fs::read(path) else { return 0 };
+    /// Streams one segment's lines (never the whole file in memory) into the window.
+    fn load_ids(&mut self, path: &Path, salt: u64, budget: &mut usize) -> usize {
+        use std::io::BufRead;
+        let Ok(f) = File::open(path) else { return 0 };
+        let mut reader = io::BufReader::with_capacity(256 * 1024, f);
+        let mut line = Vec::new();
         let mut n = 0;
-        for line in data.split(|&c| c == b'\n') {
-            if *budget == 0 {
-                break;
+        while *budget > 0 {
+            line.clear();
+            match reader.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
             }
-            if let Ok(ParsedEvent::Object(f)) = serde_json::from_slice::<ParsedEvent>(line) {
+            if let Ok(ParsedEvent::Object(f)) = serde_json::from_slice::<ParsedEvent>(&line) {
                 if let Some(id) = f.event_id.as_str() {
-                    self.dedup.insert(id_hash(id.as_bytes()));
+                    self.dedup.insert(id_hash(id.as_bytes()) ^ salt);
                     *budget -= 1;
                     n += 1;
                 }

@@ -206,3 +206,47 @@ fn export_events_are_tailed_by_job_exactly_once() {
         .len();
     assert_eq!(q[0]["source_offset"], actor_len);
 }
+
+/// The offsets file is lost (or lags the spool after a crash): lines read again are
+/// recognised by their event id, which the restart reloads from the spool.
+#[test]
+fn lines_read_again_after_a_crash_are_not_stored_twice() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = tmp.path().join("ray");
+    setup_session(&ray);
+    let dir = export_dir(&ray);
+    let text = std::fs::read_to_string(Path::new(FIXTURES).join("event_EXPORT_ACTOR.log")).unwrap();
+    std::fs::write(dir.join("event_EXPORT_ACTOR.log"), &text).unwrap();
+    let n = text.lines().count() as f64;
+    let bucket = tmp.path().join("bucket");
+    let spool = tmp.path().join("spool");
+    let args = [
+        "--storage",
+        bucket.to_str().unwrap(),
+        "--ray-tmp-dir",
+        ray.to_str().unwrap(),
+        "--enable-log-collector",
+        "false",
+    ];
+    let mut c = Collector::start(&spool, &args, &[]);
+    wait_metric(&c, "rhc_events_accepted_total", n);
+    c.kill9();
+    std::fs::remove_file(spool.join("export-offsets.json")).unwrap();
+    c.restart();
+    wait_metric(&c, "rhc_events_duplicate_total", n);
+    assert_eq!(c.metric("rhc_events_accepted_total"), 0.0);
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&bucket).unwrap());
+    let lines: usize = read_all(&store)
+        .iter()
+        .filter(|(k, _)| k.contains("/export_events/"))
+        .map(|(k, v)| {
+            decode(k, v)
+                .split(|&c| c == b'\n')
+                .filter(|l| !l.is_empty())
+                .count()
+        })
+        .sum();
+    assert_eq!(lines, n as usize);
+}
