@@ -10,18 +10,16 @@
 //! RHC_REQUIRE_SERVICES=1 cargo test --test ray_e2e -- --nocapture
 //! ```
 //!
-//! The workload is `tests/e2e/ray_workload.py`. Everything Ray writes lives in one short
-//! temp dir (`/tmp/rhc-e2e-XXXXXX`, short because of the ~107-byte limit on unix socket
-//! paths), including `$HOME` (Ray 2.60 writes `~/.ray/auth_token`). Ray's processes carry a
-//! marker variable; a drop guard kills, by pid, any process still carrying it when the test
-//! ends, however it ends.
+//! The workload is `tests/e2e/ray_workload.py`, run with the harness in `support/ray.rs`:
+//! everything Ray writes lives in one short temp dir (`/tmp/rhc-e2e-XXXXXX`, short because of
+//! the ~107-byte limit on unix socket paths), including `$HOME` (Ray 2.60 writes
+//! `~/.ray/auth_token`). Ray's processes carry a marker variable; a drop guard kills, by pid,
+//! any process still carrying it when the test ends, however it ends.
 
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,13 +29,12 @@ use object_store::ObjectStore;
 use serde_json::Value;
 
 use support::collector::*;
+use support::ray::*;
 use support::services::*;
 
 /// Upper bound for the whole Python workload (Ray start, tasks, waiting for the collector,
 /// Ray shutdown). A normal run takes 15-40 s.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(240);
-/// How long the collector may take to exit after SIGTERM.
-const TERMINATE_LIMIT: Duration = Duration::from_secs(30);
 /// The test's cluster identity (`--cluster-namespace`, `--cluster-name`).
 const NAMESPACE: &str = "default";
 const CLUSTER: &str = "e2e";
@@ -47,120 +44,35 @@ const FAILING_TASK: &str = "fails";
 const FAILURE_TEXT: &str = "rhc-e2e intentional failure";
 /// Environment variable set on the workload; every Ray process inherits it.
 const MARKER_VAR: &str = "RHC_E2E_MARKER";
-/// How long Ray's processes may take to exit after `ray.shutdown()` returned.
-const RAY_EXIT_GRACE: Duration = Duration::from_secs(5);
 
 #[test]
 fn real_ray_job_events_reach_job_events_partition() {
-    let Some(python) = tool("RHC_PYTHON") else {
-        eprintln!(
-            "skipping: RHC_PYTHON is not set, so Ray is not available (run ./scripts/test.sh)"
-        );
+    let Some(python) = ray_python() else {
         return;
     };
     let started = Instant::now();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/ray_workload.py");
 
-    let work = RayWorkDir::new();
-    let spool = work.path().join("spool");
-    let store_dir = work.path().join("store");
-    let ray_tmp = work.path().join("ray");
-    let home = work.path().join("home");
-    for d in [&spool, &store_dir, &ray_tmp, &home] {
-        std::fs::create_dir_all(d).expect("create test dir");
-    }
+    let work = RayWorkDir::new("ray_e2e", "rhc-e2e-", MARKER_VAR);
+    let store_dir = work.store();
 
     // 1. The collector.
-    let mut collector = Collector::start(
-        &spool,
-        &[
-            "--storage",
-            store_dir.to_str().expect("utf-8 temp path"),
-            "--cluster-name",
-            CLUSTER,
-            "--cluster-namespace",
-            NAMESPACE,
-            "--role",
-            "head",
-            "--rotation-interval",
-            "2s",
-            "--shutdown-timeout",
-            "20s",
-            "--ray-tmp-dir",
-            ray_tmp.to_str().expect("utf-8 temp path"),
-            "--log-upload-interval",
-            "2s",
-        ],
-        &[],
-    );
+    let mut collector =
+        start_collector(&work, NAMESPACE, CLUSTER, &["--log-upload-interval", "2s"]);
 
     // 2. The Ray workload.
-    let events_url = collector.url("/v1/events");
-    let collector_url = collector.url("");
     let dashboard_port = free_port().to_string();
-    let mut cmd = Command::new(&python);
-    cmd.arg(&script)
-        .current_dir(work.path())
-        // Never attach to another cluster; keep the event JSON camelCase (the default).
-        .env_remove("RAY_ADDRESS")
-        .env_remove("RAY_DASHBOARD_AGGREGATOR_AGENT_PRESERVE_PROTO_FIELD_NAME")
-        .env("RAY_enable_ray_event", "true")
-        .env("RAY_enable_core_worker_ray_event_to_aggregator", "true")
-        .env(
-            "RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR",
-            &events_url,
-        )
-        .env(
-            "RAY_DASHBOARD_AGGREGATOR_AGENT_EXPOSABLE_EVENT_TYPES",
-            "ALL",
-        )
-        .env(
-            "RAY_DASHBOARD_AGGREGATOR_AGENT_PUBLISHER_HTTP_ENDPOINT_EXPOSABLE_EVENT_TYPES",
-            "ALL",
-        )
-        .env("RAY_USAGE_STATS_ENABLED", "0")
-        // Makes Ray use 127.0.0.1 as the node address instead of the host's external IP
-        // (the variable only switches the node-IP lookup on Linux).
-        .env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        .env("HOME", &home)
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost")
-        .env("PYTHONUNBUFFERED", "1")
-        .env("RHC_COLLECTOR_URL", &collector_url)
-        .env("RHC_E2E_RAY_TEMP_DIR", &ray_tmp)
-        .env("RHC_E2E_DASHBOARD_PORT", &dashboard_port)
-        .env("RHC_E2E_QUIET_SECONDS", "3")
-        .env("RHC_E2E_WAIT_LIMIT_SECONDS", "60")
-        .env(MARKER_VAR, work.marker());
-    let script_started = Instant::now();
-    let out = run_with_timeout(&mut cmd, SCRIPT_TIMEOUT);
-    let script_secs = script_started.elapsed().as_secs_f64();
-    let diagnostics = |collector: &Collector| {
-        format!(
-            "--- workload exit: {}\n--- workload stdout ---\n{}\n\
-             --- workload stderr (tail) ---\n{}\n--- collector log (tail) ---\n{}",
-            out.status,
-            out.stdout,
-            tail(&out.stderr, 24 * 1024),
-            tail(&collector.log_text(), 48 * 1024)
-        )
-    };
-    assert!(
-        out.status.success(),
-        "the Ray workload failed\n{}",
-        diagnostics(&collector)
+    let mut cmd = workload_command(
+        &python,
+        "ray_workload.py",
+        &work,
+        &collector,
+        &dashboard_port,
     );
-    // ray.shutdown() has returned; give its processes a moment to finish exiting.
-    let lingering = work.wait_for_ray_exit(RAY_EXIT_GRACE);
-    let info = workload_result(&out.stdout).unwrap_or_else(|| {
-        panic!(
-            "no JSON result line from the workload\n{}",
-            diagnostics(&collector)
-        )
-    });
-    let job_hex = info.job_id.to_ascii_lowercase();
-    let node_hex = info.node_id.to_ascii_lowercase();
-    let session = info.session.clone();
+    let run = run_workload(&mut cmd, SCRIPT_TIMEOUT, &work, &collector, 48 * 1024);
+    let info = &run.result;
+    let job_hex = &info.job_id;
+    let node_hex = &info.node_id;
+    let session = &info.session;
 
     // Ray has shut down; nothing more can arrive. What the collector says it stored:
     let accepted = collector.metric("rhc_events_accepted_total");
@@ -196,28 +108,21 @@ fn real_ray_job_events_reach_job_events_partition() {
             assert!(
                 Instant::now() < deadline,
                 "logs not uploaded during the run (raylet.out {raylet}, worker {worker}, events/ {events}): {logs:?}\n{}",
-                diagnostics(&collector)
+                run.diagnostics(&collector)
             );
             std::thread::sleep(Duration::from_millis(250));
         }
     }
 
     // 3. SIGTERM: the collector seals and uploads everything, then exits 0.
-    let terminate_started = Instant::now();
-    let status = collector.terminate(TERMINATE_LIMIT);
-    let terminate_secs = terminate_started.elapsed().as_secs_f64();
-    assert!(
-        status.success(),
-        "collector exited with {status} after SIGTERM\n{}",
-        diagnostics(&collector)
-    );
+    let terminate_secs = run.terminate_collector(&mut collector);
 
     // 4. Read the bucket back.
     let store: Arc<dyn ObjectStore> =
         Arc::new(LocalFileSystem::new_with_prefix(&store_dir).expect("open the file bucket"));
     let objects = read_all(&store);
 
-    let check = BucketCheck::run(&objects, &session, &node_hex, &job_hex);
+    let check = BucketCheck::run(&objects, session, node_hex, job_hex);
 
     // What Ray sent, for the report.
     let mut report = String::new();
@@ -228,8 +133,8 @@ fn real_ray_job_events_reach_job_events_partition() {
     );
     let _ = writeln!(
         report,
-        "workload {script_secs:.1} s, collector SIGTERM -> exit {terminate_secs:.2} s, \
-         test {:.1} s",
+        "workload {:.1} s, collector SIGTERM -> exit {terminate_secs:.2} s, test {:.1} s",
+        run.secs,
         started.elapsed().as_secs_f64()
     );
     let _ = writeln!(
@@ -241,11 +146,7 @@ fn real_ray_job_events_reach_job_events_partition() {
         report,
         "Ray processes still alive {RAY_EXIT_GRACE:?} after the workload exited \
          (killed at the end): {}",
-        if lingering.is_empty() {
-            "none".to_string()
-        } else {
-            lingering.join("; ")
-        }
+        run.lingering_summary()
     );
     let _ = writeln!(report, "{} objects:", objects.len());
     for (key, bytes) in &objects {
@@ -273,7 +174,7 @@ fn real_ray_job_events_reach_job_events_partition() {
         "{} check(s) failed (the report above shows what the bucket holds):\n  - {}\n{}",
         failures.len(),
         failures.join("\n  - "),
-        diagnostics(&collector)
+        run.diagnostics(&collector)
     );
 }
 
@@ -503,28 +404,7 @@ fn payload(event: &Value) -> Option<&serde_json::Map<String, Value>> {
     objects.next().is_none().then_some(first)
 }
 
-// ------------------------------------------------------------------------ workload output
-
-struct WorkloadResult {
-    job_id: String,
-    session: String,
-    node_id: String,
-    ray_version: String,
-}
-
-/// The workload's JSON line (the last stdout line that is a JSON object with `job_id`).
-fn workload_result(stdout: &str) -> Option<WorkloadResult> {
-    stdout.lines().rev().find_map(|line| {
-        let v: Value = serde_json::from_str(line.trim()).ok()?;
-        let s = |k: &str| v[k].as_str().map(str::to_string);
-        Some(WorkloadResult {
-            job_id: s("job_id")?,
-            session: s("session")?,
-            node_id: s("node_id")?,
-            ray_version: s("ray_version").unwrap_or_default(),
-        })
-    })
-}
+// ------------------------------------------------------------------------ collector metrics
 
 /// `POST /v1/events` request counts by response status, from `rhc_http_requests_total`.
 fn post_statuses(collector: &Collector) -> BTreeMap<String, f64> {
@@ -575,147 +455,4 @@ fn b64_to_hex(s: &str) -> Option<String> {
 
 fn short(s: &str) -> String {
     short_to(s, 400)
-}
-
-fn short_to(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut cut = max;
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}...", &s[..cut])
-}
-
-fn tail(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut cut = s.len() - max;
-    while !s.is_char_boundary(cut) {
-        cut += 1;
-    }
-    format!("...{}", &s[cut..])
-}
-
-// ------------------------------------------------------------------------ Ray processes
-
-/// The test's temp dir (`/tmp/rhc-e2e-XXXXXX`). On drop, first kills (SIGKILL, by pid) every
-/// process that still carries this test's marker variable (`RHC_E2E_MARKER=<this dir>`) in its
-/// environment: only the workload gets it, and every Ray process inherits it (the collector,
-/// whose command line also names this dir, does not). `ray.shutdown()` normally leaves none.
-/// Then the dir is removed.
-struct RayWorkDir {
-    dir: Option<tempfile::TempDir>,
-}
-
-impl RayWorkDir {
-    fn new() -> RayWorkDir {
-        // In /tmp, not $TMPDIR: Ray's unix socket paths under it must stay short.
-        let dir = tempfile::Builder::new()
-            .prefix("rhc-e2e-")
-            .tempdir_in("/tmp")
-            .expect("create /tmp/rhc-e2e-* temp dir");
-        RayWorkDir { dir: Some(dir) }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.as_ref().expect("temp dir").path()
-    }
-
-    /// The value of [`MARKER_VAR`] for this test: the dir's path, unique while it exists.
-    fn marker(&self) -> String {
-        self.path().display().to_string()
-    }
-
-    /// Waits up to `limit` for the marked processes to exit; returns those still alive
-    /// (pid and command line).
-    fn wait_for_ray_exit(&self, limit: Duration) -> Vec<String> {
-        let deadline = Instant::now() + limit;
-        loop {
-            let pids = self.marked_processes();
-            if pids.is_empty() || Instant::now() >= deadline {
-                return pids
-                    .into_iter()
-                    .map(|pid| format!("{pid} {}", command_line(pid)))
-                    .collect();
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Pids of live processes (other than this one) that carry the marker.
-    fn marked_processes(&self) -> Vec<i32> {
-        let own = std::process::id() as i32;
-        let env_entry = format!("{MARKER_VAR}={}", self.marker());
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return Vec::new();
-        };
-        let mut pids = Vec::new();
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            if pid == own {
-                continue;
-            }
-            let proc_dir = PathBuf::from("/proc").join(pid.to_string());
-            // Unreadable (another user's process) or empty (a zombie): not ours to kill.
-            let marked = std::fs::read(proc_dir.join("environ"))
-                .map(|b| b.split(|&c| c == 0).any(|v| v == env_entry.as_bytes()))
-                .unwrap_or(false);
-            if marked {
-                pids.push(pid);
-            }
-        }
-        pids
-    }
-}
-
-impl Drop for RayWorkDir {
-    fn drop(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut killed = BTreeSet::new();
-        loop {
-            let pids = self.marked_processes();
-            if pids.is_empty() {
-                break;
-            }
-            for pid in pids {
-                if killed.insert(pid) {
-                    eprintln!(
-                        "ray_e2e: killing leftover Ray process {pid}: {}",
-                        command_line(pid)
-                    );
-                }
-                // SAFETY: sending a signal to a process this test started (it carries our
-                // marker); kill(2) has no memory-safety preconditions.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            if Instant::now() >= deadline {
-                eprintln!("ray_e2e: some Ray processes are still alive after 10 s");
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        if let Some(dir) = self.dir.take() {
-            let path = dir.path().to_path_buf();
-            if let Err(e) = dir.close() {
-                eprintln!("ray_e2e: cannot remove {}: {e}", path.display());
-            }
-        }
-    }
-}
-
-/// A process's command line (shortened), for messages.
-fn command_line(pid: i32) -> String {
-    let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-        .unwrap_or_default();
-    short_to(cmd.trim(), 160)
 }

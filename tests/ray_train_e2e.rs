@@ -14,28 +14,27 @@
 //! RHC_REQUIRE_SERVICES=1 cargo test --test ray_train_e2e -- --nocapture
 //! ```
 //!
-//! As in `ray_e2e.rs`: everything Ray writes lives in one short temp dir
-//! (`/tmp/rhc-train-XXXXXX`, short because of the ~107-byte limit on unix socket paths),
-//! `$HOME` included; Ray's processes carry a marker variable, and a drop guard kills, by pid,
-//! any process still carrying it when the test ends, however it ends.
+//! As in `ray_e2e.rs`, with the same harness (`support/ray.rs`): everything Ray writes lives
+//! in one short temp dir (`/tmp/rhc-train-XXXXXX`, short because of the ~107-byte limit on
+//! unix socket paths), `$HOME` included; Ray's processes carry a marker variable, and a drop
+//! guard kills, by pid, any process still carrying it when the test ends, however it ends.
 
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use support::collector::Collector;
-use support::services::{free_port, run_with_timeout, tool};
+use support::ray::{
+    ray_python, run_workload, start_collector, workload_command, RayWorkDir, WorkloadResult,
+};
+use support::services::{free_port, run_with_timeout};
 
 /// Upper bound for the Python workload (Ray start, the task, the training run, waiting for
 /// the collector, Ray shutdown). A normal run takes 30-60 s.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(150);
-/// How long the collector may take to exit after SIGTERM.
-const TERMINATE_LIMIT: Duration = Duration::from_secs(30);
 /// How long `inspect` may take.
 const INSPECT_TIMEOUT: Duration = Duration::from_secs(60);
 const NAMESPACE: &str = "default";
@@ -47,49 +46,26 @@ const FAILING_TASK: &str = "fails";
 const FAILURE_TEXT: &str = "rhc-train-e2e intentional failure";
 /// Environment variable set on the workload; every Ray process inherits it.
 const MARKER_VAR: &str = "RHC_TRAIN_E2E_MARKER";
-/// How long Ray's processes may take to exit after `ray.shutdown()` returned.
-const RAY_EXIT_GRACE: Duration = Duration::from_secs(5);
 
 #[test]
 fn ray_train_run_and_failed_task_appear_in_inspect() {
-    let Some(python) = tool("RHC_PYTHON") else {
-        eprintln!(
-            "skipping: RHC_PYTHON is not set, so Ray is not available (run ./scripts/test.sh)"
-        );
+    let Some(python) = ray_python() else {
         return;
     };
     let started = Instant::now();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/ray_train_workload.py");
 
-    let work = RayWorkDir::new();
-    let spool = work.path().join("spool");
-    let store_dir = work.path().join("store");
-    let ray_tmp = work.path().join("ray");
-    let home = work.path().join("home");
+    let work = RayWorkDir::new("ray_train_e2e", "rhc-train-", MARKER_VAR);
+    let store_dir = work.store();
     let train_storage = work.path().join("train-storage");
-    for d in [&spool, &store_dir, &ray_tmp, &home, &train_storage] {
-        std::fs::create_dir_all(d).expect("create test dir");
-    }
+    std::fs::create_dir_all(&train_storage).expect("create test dir");
     let dashboard_port = free_port().to_string();
 
     // 1. The collector: pushed events on HTTP, export events tailed from the Ray temp dir.
-    let mut collector = Collector::start(
-        &spool,
+    let mut collector = start_collector(
+        &work,
+        NAMESPACE,
+        CLUSTER,
         &[
-            "--storage",
-            store_dir.to_str().expect("utf-8 temp path"),
-            "--cluster-name",
-            CLUSTER,
-            "--cluster-namespace",
-            NAMESPACE,
-            "--role",
-            "head",
-            "--rotation-interval",
-            "2s",
-            "--shutdown-timeout",
-            "20s",
-            "--ray-tmp-dir",
-            ray_tmp.to_str().expect("utf-8 temp path"),
             "--enable-export-events",
             "true",
             "--enable-log-collector",
@@ -97,83 +73,27 @@ fn ray_train_run_and_failed_task_appear_in_inspect() {
             "--dashboard-address",
             &format!("http://127.0.0.1:{dashboard_port}"),
         ],
-        &[],
     );
 
     // 2. The Ray workload.
-    let mut cmd = Command::new(&python);
-    cmd.arg(&script)
-        .current_dir(work.path())
-        .env_remove("RAY_ADDRESS")
-        .env_remove("RAY_DASHBOARD_AGGREGATOR_AGENT_PRESERVE_PROTO_FIELD_NAME")
-        .env("RAY_enable_ray_event", "true")
-        .env("RAY_enable_core_worker_ray_event_to_aggregator", "true")
-        .env(
-            "RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR",
-            collector.url("/v1/events"),
-        )
-        .env(
-            "RAY_DASHBOARD_AGGREGATOR_AGENT_EXPOSABLE_EVENT_TYPES",
-            "ALL",
-        )
-        .env(
-            "RAY_DASHBOARD_AGGREGATOR_AGENT_PUBLISHER_HTTP_ENDPOINT_EXPOSABLE_EVENT_TYPES",
-            "ALL",
-        )
-        .env("RAY_TRAIN_V2_ENABLED", "1")
+    let mut cmd = workload_command(
+        &python,
+        "ray_train_workload.py",
+        &work,
+        &collector,
+        &dashboard_port,
+    );
+    cmd.env("RAY_TRAIN_V2_ENABLED", "1")
         .env("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
         .env("RAY_enable_export_api_write", "1")
-        .env("RAY_USAGE_STATS_ENABLED", "0")
-        // Makes Ray use 127.0.0.1 as the node address (Linux node-IP lookup switch).
-        .env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        .env("HOME", &home)
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost")
-        .env("PYTHONUNBUFFERED", "1")
-        .env("RHC_COLLECTOR_URL", collector.url(""))
-        .env("RHC_E2E_RAY_TEMP_DIR", &ray_tmp)
         .env("RHC_E2E_TRAIN_STORAGE", &train_storage)
-        .env("RHC_E2E_DASHBOARD_PORT", &dashboard_port)
         .env("RHC_E2E_RUN_NAME", RUN_NAME)
-        .env("RHC_E2E_FAILURE_TEXT", FAILURE_TEXT)
-        .env("RHC_E2E_QUIET_SECONDS", "3")
-        .env("RHC_E2E_WAIT_LIMIT_SECONDS", "60")
-        .env(MARKER_VAR, work.marker());
-    let script_started = Instant::now();
-    let out = run_with_timeout(&mut cmd, SCRIPT_TIMEOUT);
-    let script_secs = script_started.elapsed().as_secs_f64();
-    let diagnostics = |collector: &Collector| {
-        format!(
-            "--- workload exit: {}\n--- workload stdout ---\n{}\n\
-             --- workload stderr (tail) ---\n{}\n--- collector log (tail) ---\n{}",
-            out.status,
-            out.stdout,
-            tail(&out.stderr, 24 * 1024),
-            tail(&collector.log_text(), 32 * 1024)
-        )
-    };
-    assert!(
-        out.status.success(),
-        "the Ray workload failed\n{}",
-        diagnostics(&collector)
-    );
-    let lingering = work.wait_for_ray_exit(RAY_EXIT_GRACE);
-    let info = workload_result(&out.stdout).unwrap_or_else(|| {
-        panic!(
-            "no JSON result line from the workload\n{}",
-            diagnostics(&collector)
-        )
-    });
+        .env("RHC_E2E_FAILURE_TEXT", FAILURE_TEXT);
+    let run = run_workload(&mut cmd, SCRIPT_TIMEOUT, &work, &collector, 32 * 1024);
+    let info = &run.result;
 
     // 3. SIGTERM: the collector reads the export files one last time, seals and uploads.
-    let terminate_started = Instant::now();
-    let status = collector.terminate(TERMINATE_LIMIT);
-    let terminate_secs = terminate_started.elapsed().as_secs_f64();
-    assert!(
-        status.success(),
-        "collector exited with {status} after SIGTERM\n{}",
-        diagnostics(&collector)
-    );
+    let terminate_secs = run.terminate_collector(&mut collector);
 
     // 4. Read the bucket back with inspect.
     let store = store_dir.to_str().expect("utf-8 temp path");
@@ -183,23 +103,20 @@ fn ray_train_run_and_failed_task_appear_in_inspect() {
     let report: Value = serde_json::from_str(&json_text)
         .unwrap_or_else(|e| panic!("inspect printed no JSON ({e}):\n{json_text}"));
     println!(
-        "ray {} session {} job {} node {}; workload {script_secs:.1} s, collector SIGTERM -> \
+        "ray {} session {} job {} node {}; workload {:.1} s, collector SIGTERM -> \
          exit {terminate_secs:.2} s, test {:.1} s; Ray processes left after the workload: {}",
         info.ray_version,
         info.session,
         info.job_id,
         info.node_id,
+        run.secs,
         started.elapsed().as_secs_f64(),
-        if lingering.is_empty() {
-            "none".to_string()
-        } else {
-            lingering.join("; ")
-        }
+        run.lingering_summary()
     );
 
     let mut failures = Vec::new();
-    check_train_run(&report, &info, &mut failures);
-    check_failed_task(&report, &info, &mut failures);
+    check_train_run(&report, info, &mut failures);
+    check_failed_task(&report, info, &mut failures);
     if report["problems"]["unreadable_objects"] != 0 || report["problems"]["bad_lines"] != 0 {
         failures.push(format!("inspect reported problems: {}", report["problems"]));
     }
@@ -208,7 +125,7 @@ fn ray_train_run_and_failed_task_appear_in_inspect() {
         "{} check(s) failed:\n  - {}\n--- inspect --json ---\n{json_text}\n{}",
         failures.len(),
         failures.join("\n  - "),
-        diagnostics(&collector)
+        run.diagnostics(&collector)
     );
 }
 
@@ -329,167 +246,4 @@ fn run_inspect(args: &[&str]) -> String {
         out.stderr
     );
     out.stdout
-}
-
-// ------------------------------------------------------------------------ workload output
-
-struct WorkloadResult {
-    /// Lower-case hex.
-    job_id: String,
-    session: String,
-    /// Lower-case hex.
-    node_id: String,
-    ray_version: String,
-}
-
-/// The workload's JSON line (the last stdout line that is a JSON object with `job_id`).
-fn workload_result(stdout: &str) -> Option<WorkloadResult> {
-    stdout.lines().rev().find_map(|line| {
-        let v: Value = serde_json::from_str(line.trim()).ok()?;
-        let s = |k: &str| v[k].as_str().map(str::to_string);
-        Some(WorkloadResult {
-            job_id: s("job_id")?.to_ascii_lowercase(),
-            session: s("session")?,
-            node_id: s("node_id")?.to_ascii_lowercase(),
-            ray_version: s("ray_version").unwrap_or_default(),
-        })
-    })
-}
-
-fn tail(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut cut = s.len() - max;
-    while !s.is_char_boundary(cut) {
-        cut += 1;
-    }
-    format!("...{}", &s[cut..])
-}
-
-// ------------------------------------------------------------------------ Ray processes
-
-/// The test's temp dir (`/tmp/rhc-train-XXXXXX`). On drop, first kills (SIGKILL, by pid)
-/// every process that still carries this test's marker variable (`RHC_TRAIN_E2E_MARKER=<this
-/// dir>`) in its environment: only the workload gets it, and every Ray process inherits it.
-/// Then the dir is removed.
-struct RayWorkDir {
-    dir: Option<tempfile::TempDir>,
-}
-
-impl RayWorkDir {
-    fn new() -> RayWorkDir {
-        // In /tmp, not $TMPDIR: Ray's unix socket paths under it must stay short.
-        let dir = tempfile::Builder::new()
-            .prefix("rhc-train-")
-            .tempdir_in("/tmp")
-            .expect("create /tmp/rhc-train-* temp dir");
-        RayWorkDir { dir: Some(dir) }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.as_ref().expect("temp dir").path()
-    }
-
-    /// The value of [`MARKER_VAR`] for this test: the dir's path, unique while it exists.
-    fn marker(&self) -> String {
-        self.path().display().to_string()
-    }
-
-    /// Waits up to `limit` for the marked processes to exit; returns those still alive.
-    fn wait_for_ray_exit(&self, limit: Duration) -> Vec<String> {
-        let deadline = Instant::now() + limit;
-        loop {
-            let pids = self.marked_processes();
-            if pids.is_empty() || Instant::now() >= deadline {
-                return pids
-                    .into_iter()
-                    .map(|pid| format!("{pid} {}", command_line(pid)))
-                    .collect();
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Pids of live processes (other than this one) that carry the marker.
-    fn marked_processes(&self) -> Vec<i32> {
-        let own = std::process::id() as i32;
-        let env_entry = format!("{MARKER_VAR}={}", self.marker());
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return Vec::new();
-        };
-        let mut pids = Vec::new();
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            if pid == own {
-                continue;
-            }
-            let proc_dir = PathBuf::from("/proc").join(pid.to_string());
-            // Unreadable (another user's process) or empty (a zombie): not ours to kill.
-            let marked = std::fs::read(proc_dir.join("environ"))
-                .map(|b| b.split(|&c| c == 0).any(|v| v == env_entry.as_bytes()))
-                .unwrap_or(false);
-            if marked {
-                pids.push(pid);
-            }
-        }
-        pids
-    }
-}
-
-impl Drop for RayWorkDir {
-    fn drop(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut killed = BTreeSet::new();
-        loop {
-            let pids = self.marked_processes();
-            if pids.is_empty() {
-                break;
-            }
-            for pid in pids {
-                if killed.insert(pid) {
-                    eprintln!(
-                        "ray_train_e2e: killing leftover Ray process {pid}: {}",
-                        command_line(pid)
-                    );
-                }
-                // SAFETY: sending a signal to a process this test started (it carries our
-                // marker); kill(2) has no memory-safety preconditions.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            if Instant::now() >= deadline {
-                eprintln!("ray_train_e2e: some Ray processes are still alive after 10 s");
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        if let Some(dir) = self.dir.take() {
-            let path = dir.path().to_path_buf();
-            if let Err(e) = dir.close() {
-                eprintln!("ray_train_e2e: cannot remove {}: {e}", path.display());
-            }
-        }
-    }
-}
-
-/// A process's command line (shortened), for messages.
-fn command_line(pid: i32) -> String {
-    let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-        .unwrap_or_default();
-    let cmd = cmd.trim();
-    if cmd.len() <= 160 {
-        return cmd.to_string();
-    }
-    let mut cut = 160;
-    while !cmd.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}...", &cmd[..cut])
 }

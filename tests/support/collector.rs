@@ -75,8 +75,9 @@ impl Collector {
         self.child = Some(cmd.spawn().expect("start the collector binary"));
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
+            // Healthy, and done starting (the server answers before the log side is set up).
             if let Ok(r) = self.get("/healthz") {
-                if r.status == 200 {
+                if r.status == 200 && self.log_text().contains("collector ready") {
                     return;
                 }
             }

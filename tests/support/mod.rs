@@ -1,3 +1,4 @@
 pub mod collector;
+pub mod ray;
 pub mod relay;
 pub mod services;
