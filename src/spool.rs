@@ -450,6 +450,18 @@ const EVENTS_DIR: &str = "events";
 const QUARANTINE_DIR: &str = "quarantine";
 const MARKERS_DIR: &str = "markers";
 const RECENT_BODIES: usize = 1024;
+/// Quiet time after which freed heap memory is returned to the system.
+const IDLE_TRIM_AFTER: Duration = Duration::from_secs(5);
+
+/// Returns free heap pages to the system (glibc only; a no-op elsewhere).
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases memory malloc already considers free.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Export event ids are hashed apart from pushed event ids (different id spaces).
 pub const EXPORT_ID_SALT: u64 = 0x6578_706f_7274_0000;
 /// Above this many files in one group, one `syncfs` replaces per-file `fdatasync`.
@@ -667,10 +679,24 @@ impl Writer {
     fn run(&mut self, rx: mpsc::Receiver<Command>) {
         let tick = Duration::from_millis(250);
         let mut last_age_check = Instant::now();
+        let mut last_write = Instant::now();
+        let mut trimmed = true;
         loop {
             let first = match rx.recv_timeout(tick) {
-                Ok(c) => Some(c),
-                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Ok(c) => {
+                    last_write = Instant::now();
+                    trimmed = false;
+                    Some(c)
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    // After a burst, give the freed heap back to the node: malloc keeps it
+                    // otherwise, and an idle sidecar should look idle.
+                    if !trimmed && last_write.elapsed() >= IDLE_TRIM_AFTER {
+                        release_free_memory();
+                        trimmed = true;
+                    }
+                    None
+                }
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
             };
             let mut group = Vec::new();
