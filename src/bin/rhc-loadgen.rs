@@ -4,8 +4,20 @@
 //! Each client is a thread with one keep-alive connection, sending one batch at a time like
 //! Ray's publisher. Event templates are the real Ray 2.60 shapes in tests/data, with event
 //! ids, task ids, job ids and timestamps varied per event so deduplication and routing do
-//! real work.
+//! real work. Event ids include a per-run id (`--run-id`, random by default), so runs
+//! against the same collector are not dropped as duplicates of each other.
+//!
+//! With `--rate`, each client sends on a fixed schedule (rate / concurrency events per
+//! second); a client that falls behind sends back to back. `p99_ms` is the service time of
+//! a request (write to last byte of the answer); `p99_sched_ms` counts from when the
+//! request was due, so it includes the time spent waiting behind slow answers (no
+//! coordinated omission).
+//!
+//! With `--pid`, the process is sampled every 100 ms: resident memory (peak, start, end, and
+//! the kernel's own high-water mark `VmHWM`), CPU time and open fds. With `--metrics-url`,
+//! the collector's `rhc_spool_bytes` is sampled every second.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,9 +45,12 @@ struct Args {
     /// Target rate in events per second over all clients (0: as fast as possible).
     #[arg(long, default_value_t = 0)]
     rate: u64,
-    /// How long to run, in seconds.
+    /// How long to measure, in seconds (after the warm-up).
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
+    /// Seconds of load before measuring starts (requests then are not counted).
+    #[arg(long, default_value_t = 0.0)]
+    warmup: f64,
     /// Number of distinct job ids.
     #[arg(long, default_value_t = 4)]
     jobs: u32,
@@ -48,6 +63,21 @@ struct Args {
     /// Session name to put in the events.
     #[arg(long, default_value = "session_2026-11-22_00-00-00_000000_1")]
     session: String,
+    /// Mixed into every event id so that runs do not collide (default: random).
+    #[arg(long)]
+    run_id: Option<String>,
+    /// Sample this process's memory, CPU and fds while the load runs.
+    #[arg(long)]
+    pid: Option<u32>,
+    /// Sample `rhc_spool_bytes` from this URL (e.g. http://127.0.0.1:8084/metrics) every second.
+    #[arg(long)]
+    metrics_url: Option<String>,
+    /// Include per-second series (acknowledged events, RSS, spool bytes) in the JSON.
+    #[arg(long)]
+    timeline: bool,
+    /// A label echoed in the JSON output.
+    #[arg(long, default_value = "")]
+    label: String,
 }
 
 struct Template {
@@ -114,17 +144,29 @@ fn rfc3339(now: std::time::SystemTime) -> String {
     )
 }
 
+/// FNV-1a, to turn the run id into 4 bytes of every event id.
+fn fnv32(s: &str) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in s.bytes() {
+        h ^= b as u32;
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
 fn build_body(
     templates: &[Template],
     batch: usize,
     seq: &mut u64,
-    client: usize,
+    id_prefix: [u8; 8],
     jobs: u32,
 ) -> Vec<u8> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let ts = rfc3339(std::time::SystemTime::now());
     let mut body = Vec::with_capacity(batch * 1000);
     body.push(b'[');
+    let mut id = String::with_capacity(24);
+    let mut job = String::with_capacity(8);
     for i in 0..batch {
         if i > 0 {
             body.push(b',');
@@ -132,10 +174,15 @@ fn build_body(
         *seq += 1;
         let t = &templates[(*seq as usize) % templates.len()];
         let mut idb = [0u8; 16];
-        idb[..8].copy_from_slice(&(client as u64).to_le_bytes());
+        idb[..8].copy_from_slice(&id_prefix);
         idb[8..].copy_from_slice(&seq.to_le_bytes());
-        let id = b64.encode(idb);
-        let job = b64.encode((1 + (*seq % jobs.max(1) as u64) as u32).to_le_bytes());
+        id.clear();
+        b64.encode_string(idb, &mut id);
+        job.clear();
+        b64.encode_string(
+            (1 + (*seq % jobs.max(1) as u64) as u32).to_le_bytes(),
+            &mut job,
+        );
         for p in &t.parts {
             match p.as_str() {
                 "@ID@" => body.extend_from_slice(id.as_bytes()),
@@ -149,11 +196,13 @@ fn build_body(
     body
 }
 
+#[derive(Default)]
 struct Stats {
     latencies_us: Vec<u64>,
+    sched_latencies_us: Vec<u64>,
     events: u64,
     bytes: u64,
-    non_2xx: u64,
+    statuses: BTreeMap<u16, u64>,
     errors: u64,
 }
 
@@ -168,7 +217,7 @@ fn post(
         let s = TcpStream::connect(addr)?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
-        *conn = Some(BufReader::new(s));
+        *conn = Some(BufReader::with_capacity(16 * 1024, s));
     }
     let Some(r) = conn.as_mut() else {
         unreachable!()
@@ -186,7 +235,9 @@ fn post(
     s.write_all(head.as_bytes())?;
     s.write_all(body)?;
     let mut line = String::new();
-    r.read_line(&mut line)?;
+    if r.read_line(&mut line)? == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
     let status: u16 = line
         .split(' ')
         .nth(1)
@@ -196,7 +247,9 @@ fn post(
     let mut close = false;
     loop {
         line.clear();
-        r.read_line(&mut line)?;
+        if r.read_line(&mut line)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
         let l = line.trim_end();
         if l.is_empty() {
             break;
@@ -217,6 +270,92 @@ fn post(
     Ok(status)
 }
 
+/// One sample of a process: resident bytes, CPU ticks (user + system), open fds.
+#[derive(Debug, Clone, Copy, Default)]
+struct ProcSample {
+    rss_kib: u64,
+    hwm_kib: u64,
+    cpu_ticks: u64,
+    fds: u64,
+}
+
+fn proc_sample(pid: u32) -> Option<ProcSample> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces) start after the last ')'.
+    let after = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = after.split(' ').collect();
+    // utime and stime are fields 14 and 15 of stat, i.e. 11 and 12 after the name.
+    let cpu_ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count() as u64)
+        .unwrap_or(0);
+    Some(ProcSample {
+        rss_kib: field("VmRSS:"),
+        hwm_kib: field("VmHWM:"),
+        cpu_ticks,
+        fds,
+    })
+}
+
+fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no memory effects.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+/// A metric's value (summed over label sets) from a Prometheus text endpoint.
+fn scrape(url: &str, name: &str) -> Option<f64> {
+    let rest = url.strip_prefix("http://")?;
+    let (addr, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let body = &text[text.find("\r\n\r\n")? + 4..];
+    let mut sum = None;
+    for l in body.lines() {
+        if l.starts_with(name) && l[name.len()..].starts_with([' ', '{']) {
+            if let Some(v) = l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+                *sum.get_or_insert(0.0) += v;
+            }
+        }
+    }
+    sum
+}
+
+#[derive(Default)]
+struct Monitor {
+    rss_peak_kib: u64,
+    fds_peak: u64,
+    first: Option<ProcSample>,
+    last: Option<ProcSample>,
+    /// (seconds since measuring started, RSS KiB)
+    rss_series: Vec<(f64, u64)>,
+    /// (seconds since measuring started, spool bytes)
+    spool_series: Vec<(f64, f64)>,
+}
+
 fn main() {
     let args = Args::parse();
     let rest = args.url.strip_prefix("http://").unwrap_or(&args.url);
@@ -224,9 +363,19 @@ fn main() {
         Some(i) => (rest[..i].to_string(), rest[i..].to_string()),
         None => (rest.to_string(), "/".to_string()),
     };
+    let run_id = args.run_id.clone().unwrap_or_else(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        format!("{}-{}", t.as_nanos(), std::process::id())
+    });
+    let run_hash = fnv32(&run_id);
     let templates = Arc::new(load_templates(&args.session));
     let stop = Arc::new(AtomicBool::new(false));
-    let sent_events = Arc::new(AtomicU64::new(0));
+    let measuring = Arc::new(AtomicBool::new(args.warmup <= 0.0));
+    let total_seconds = args.warmup.max(0.0) + args.duration;
+    let slots = total_seconds.ceil() as usize + 2;
+    let per_second: Arc<Vec<AtomicU64>> = Arc::new((0..slots).map(|_| AtomicU64::new(0)).collect());
     let all = Arc::new(Mutex::new(Vec::new()));
     let started = Instant::now();
     let per_client_rate = args.rate as f64 / args.concurrency.max(1) as f64;
@@ -239,27 +388,36 @@ fn main() {
             addr.clone(),
             path.clone(),
         );
+        let (measuring, per_second) = (measuring.clone(), per_second.clone());
         let (batch, jobs, gzip) = (args.batch, args.jobs, args.gzip);
-        let sent_events = sent_events.clone();
+        let concurrency = args.concurrency.max(1);
+        let mut id_prefix = [0u8; 8];
+        id_prefix[..4].copy_from_slice(&run_hash.to_le_bytes());
+        id_prefix[4..].copy_from_slice(&(client as u32).to_le_bytes());
         handles.push(std::thread::spawn(move || {
-            let mut st = Stats {
-                latencies_us: Vec::new(),
-                events: 0,
-                bytes: 0,
-                non_2xx: 0,
-                errors: 0,
-            };
+            let mut st = Stats::default();
             let mut conn = None;
             let mut seq = 0u64;
+            // Events scheduled so far, for the pacing; counts refused batches too, so a
+            // refusal does not make the client burst afterwards.
+            // Clients start a fraction of a period apart, so a paced load is spread evenly.
+            let mut scheduled = 0u64;
+            let phase = batch as f64 * client as f64 / concurrency as f64;
             let t0 = Instant::now();
             while !stop.load(Ordering::Relaxed) {
+                let mut due = Instant::now();
                 if per_client_rate > 0.0 {
-                    let due = Duration::from_secs_f64(st.events as f64 / per_client_rate);
-                    if let Some(wait) = due.checked_sub(t0.elapsed()) {
+                    due =
+                        t0 + Duration::from_secs_f64((scheduled as f64 + phase) / per_client_rate);
+                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
                         std::thread::sleep(wait);
                     }
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
                 }
-                let mut body = build_body(&templates, batch, &mut seq, client, jobs);
+                scheduled += batch as u64;
+                let mut body = build_body(&templates, batch, &mut seq, id_prefix, jobs);
                 if gzip {
                     let mut e =
                         flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -267,19 +425,34 @@ fn main() {
                     body = e.finish().unwrap_or_default();
                 }
                 let t = Instant::now();
-                match post(&mut conn, &addr, &path, &body, gzip) {
+                let result = post(&mut conn, &addr, &path, &body, gzip);
+                let done = Instant::now();
+                let counted = measuring.load(Ordering::Relaxed);
+                match result {
                     Ok(s) if (200..300).contains(&s) => {
-                        st.latencies_us.push(t.elapsed().as_micros() as u64);
-                        st.events += batch as u64;
-                        st.bytes += body.len() as u64;
-                        sent_events.fetch_add(batch as u64, Ordering::Relaxed);
+                        let sec = started.elapsed().as_secs() as usize;
+                        if let Some(slot) = per_second.get(sec) {
+                            slot.fetch_add(batch as u64, Ordering::Relaxed);
+                        }
+                        if counted {
+                            st.latencies_us.push((done - t).as_micros() as u64);
+                            st.sched_latencies_us
+                                .push(done.saturating_duration_since(due).as_micros() as u64);
+                            st.events += batch as u64;
+                            st.bytes += body.len() as u64;
+                            *st.statuses.entry(s).or_default() += 1;
+                        }
                     }
-                    Ok(_) => {
-                        st.non_2xx += 1;
+                    Ok(s) => {
+                        if counted {
+                            *st.statuses.entry(s).or_default() += 1;
+                        }
                         std::thread::sleep(Duration::from_millis(50));
                     }
                     Err(_) => {
-                        st.errors += 1;
+                        if counted {
+                            st.errors += 1;
+                        }
                         conn = None;
                         std::thread::sleep(Duration::from_millis(50));
                     }
@@ -290,12 +463,71 @@ fn main() {
             }
         }));
     }
+    // The sampler: process every 100 ms, spool metric every second.
+    let monitor = Arc::new(Mutex::new(Monitor::default()));
+    let sampler = {
+        let (stop, monitor, measuring) = (stop.clone(), monitor.clone(), measuring.clone());
+        let (pid, metrics_url) = (args.pid, args.metrics_url.clone());
+        std::thread::spawn(move || {
+            let mut tick = 0u64;
+            let mut measure_start: Option<Instant> = None;
+            while !stop.load(Ordering::Relaxed) {
+                if measuring.load(Ordering::Relaxed) {
+                    let since = *measure_start.get_or_insert_with(Instant::now);
+                    let t = since.elapsed().as_secs_f64();
+                    if let Some(s) = pid.and_then(proc_sample) {
+                        if let Ok(mut m) = monitor.lock() {
+                            m.rss_peak_kib = m.rss_peak_kib.max(s.rss_kib);
+                            m.fds_peak = m.fds_peak.max(s.fds);
+                            m.first.get_or_insert(s);
+                            m.last = Some(s);
+                            if tick % 10 == 0 {
+                                m.rss_series.push((t, s.rss_kib));
+                            }
+                        }
+                    }
+                    if tick % 10 == 0 {
+                        if let Some(v) = metrics_url
+                            .as_deref()
+                            .and_then(|u| scrape(u, "rhc_spool_bytes"))
+                        {
+                            if let Ok(mut m) = monitor.lock() {
+                                m.spool_series.push((t, v));
+                            }
+                        }
+                    }
+                    tick += 1;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    if args.warmup > 0.0 {
+        std::thread::sleep(Duration::from_secs_f64(args.warmup));
+        measuring.store(true, Ordering::Relaxed);
+    }
+    let written_start = args
+        .metrics_url
+        .as_deref()
+        .and_then(|u| scrape(u, "rhc_spool_written_bytes_total"));
+    let measure_started = Instant::now();
     std::thread::sleep(Duration::from_secs_f64(args.duration));
+    let elapsed = measure_started.elapsed().as_secs_f64();
+    // The last sample is taken at the end of the measured window.
+    let end_sample = args.pid.and_then(proc_sample);
+    let end_spool = args
+        .metrics_url
+        .as_deref()
+        .and_then(|u| scrape(u, "rhc_spool_bytes"));
+    let written_end = args
+        .metrics_url
+        .as_deref()
+        .and_then(|u| scrape(u, "rhc_spool_written_bytes_total"));
     stop.store(true, Ordering::Relaxed);
     for h in handles {
         let _ = h.join();
     }
-    let elapsed = started.elapsed().as_secs_f64();
+    let _ = sampler.join();
     let stats = all
         .lock()
         .map(|mut a| std::mem::take(&mut *a))
@@ -305,35 +537,142 @@ fn main() {
         .flat_map(|s| s.latencies_us.iter().copied())
         .collect();
     lat.sort_unstable();
-    let pct = |p: f64| -> f64 {
-        if lat.is_empty() {
+    let mut sched: Vec<u64> = stats
+        .iter()
+        .flat_map(|s| s.sched_latencies_us.iter().copied())
+        .collect();
+    sched.sort_unstable();
+    let pct = |v: &[u64], p: f64| -> f64 {
+        if v.is_empty() {
             return 0.0;
         }
-        lat[((lat.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0
+        v[((v.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0
     };
     let events: u64 = stats.iter().map(|s| s.events).sum();
     let bytes: u64 = stats.iter().map(|s| s.bytes).sum();
-    let non_2xx: u64 = stats.iter().map(|s| s.non_2xx).sum();
+    let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
+    for s in &stats {
+        for (k, v) in &s.statuses {
+            *statuses.entry(*k).or_default() += v;
+        }
+    }
+    let non_2xx: u64 = statuses
+        .iter()
+        .filter(|(k, _)| !(200..300).contains(*k))
+        .map(|(_, v)| v)
+        .sum();
     let errors: u64 = stats.iter().map(|s| s.errors).sum();
     let eps = events as f64 / elapsed;
     let mbps = bytes as f64 / elapsed / 1e6;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "events_per_s": eps, "mb_per_s": mbps, "requests": lat.len(),
-                "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": lat.last().map(|m| *m as f64 / 1000.0).unwrap_or(0.0),
-                "non_2xx": non_2xx, "errors": errors, "seconds": elapsed,
-                "batch": args.batch, "concurrency": args.concurrency, "rate": args.rate, "gzip": args.gzip, "jobs": args.jobs,
-            })
+    let max_ms = lat.last().map(|m| *m as f64 / 1000.0).unwrap_or(0.0);
+    let mon = monitor
+        .lock()
+        .map(|mut m| std::mem::take(&mut *m))
+        .unwrap_or_default();
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    let mut proc_json = serde_json::Map::new();
+    if let (Some(first), Some(last)) = (mon.first, end_sample.or(mon.last)) {
+        let cpu = (last.cpu_ticks.saturating_sub(first.cpu_ticks)) as f64
+            / clock_ticks_per_second()
+            / elapsed;
+        proc_json.insert("rss_start_mib".into(), mib(first.rss_kib).into());
+        proc_json.insert(
+            "rss_peak_mib".into(),
+            mib(mon.rss_peak_kib.max(last.rss_kib)).into(),
         );
+        proc_json.insert("rss_end_mib".into(), mib(last.rss_kib).into());
+        proc_json.insert("rss_hwm_mib".into(), mib(last.hwm_kib).into());
+        proc_json.insert("cpu_cores".into(), cpu.into());
+        proc_json.insert("fds_peak".into(), mon.fds_peak.max(last.fds).into());
+    }
+    if !mon.spool_series.is_empty() || end_spool.is_some() {
+        let vals: Vec<f64> = mon
+            .spool_series
+            .iter()
+            .map(|(_, v)| *v)
+            .chain(end_spool)
+            .collect();
+        proc_json.insert("spool_start_bytes".into(), vals[0].into());
+        proc_json.insert(
+            "spool_max_bytes".into(),
+            vals.iter().cloned().fold(0.0, f64::max).into(),
+        );
+        proc_json.insert(
+            "spool_end_bytes".into(),
+            vals.last().copied().unwrap_or(0.0).into(),
+        );
+    }
+    if let (Some(a), Some(b)) = (written_start, written_end) {
+        // Bytes the spool made durable (fdatasync'd) per second in the measured window.
+        proc_json.insert(
+            "spool_written_mb_per_s".into(),
+            ((b - a) / elapsed / 1e6).into(),
+        );
+    }
+    if args.json {
+        let mut j = serde_json::json!({
+            "label": args.label,
+            "events_per_s": eps, "mb_per_s": mbps, "requests": lat.len(),
+            "p50_ms": pct(&lat, 0.5), "p90_ms": pct(&lat, 0.9), "p99_ms": pct(&lat, 0.99),
+            "p999_ms": pct(&lat, 0.999), "max_ms": max_ms,
+            "p50_sched_ms": pct(&sched, 0.5), "p99_sched_ms": pct(&sched, 0.99),
+            "non_2xx": non_2xx, "errors": errors, "seconds": elapsed,
+            "statuses": statuses.iter().map(|(k, v)| (k.to_string(), serde_json::Value::from(*v))).collect::<serde_json::Map<_, _>>(),
+            "batch": args.batch, "concurrency": args.concurrency, "rate": args.rate,
+            "gzip": args.gzip, "jobs": args.jobs, "run_id": run_id,
+        });
+        if let Some(o) = j.as_object_mut() {
+            o.extend(proc_json);
+            if args.timeline {
+                let w = args.warmup.max(0.0).floor() as usize;
+                let series: Vec<u64> = per_second
+                    .iter()
+                    .skip(w)
+                    .take(args.duration.ceil() as usize)
+                    .map(|a| a.load(Ordering::Relaxed))
+                    .collect();
+                o.insert("events_per_second_series".into(), series.into());
+                o.insert(
+                    "rss_mib_series".into(),
+                    mon.rss_series
+                        .iter()
+                        .map(|(t, k)| serde_json::json!([t, mib(*k)]))
+                        .collect::<Vec<_>>()
+                        .into(),
+                );
+                o.insert(
+                    "spool_bytes_series".into(),
+                    mon.spool_series
+                        .iter()
+                        .map(|(t, v)| serde_json::json!([t, v]))
+                        .collect::<Vec<_>>()
+                        .into(),
+                );
+            }
+        }
+        println!("{j}");
     } else {
-        println!(
+        let mut line = format!(
             "{eps:.0} events/s  {mbps:.1} MB/s  requests {}  ack p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms  non-2xx {non_2xx}  errors {errors}",
             lat.len(),
-            pct(0.5),
-            pct(0.99),
-            lat.last().map(|m| *m as f64 / 1000.0).unwrap_or(0.0)
+            pct(&lat, 0.5),
+            pct(&lat, 0.99),
+            max_ms,
         );
+        if args.rate > 0 {
+            line.push_str(&format!("  p99 from schedule {:.2} ms", pct(&sched, 0.99)));
+        }
+        for (k, v) in &proc_json {
+            line.push_str(&format!("  {k} {}", fmt_num(v)));
+        }
+        println!("{line}");
+    }
+}
+
+fn fmt_num(v: &serde_json::Value) -> String {
+    match v.as_f64() {
+        Some(f) if f.fract() != 0.0 => format!("{f:.1}"),
+        Some(f) => format!("{f:.0}"),
+        None => v.to_string(),
     }
 }
