@@ -240,6 +240,11 @@ impl Dispatcher {
                             }
                             self.stats.file_done(&p.file);
                             tracing::debug!(path = %p.file.path.display(), bytes = uploaded, "uploaded");
+                            // The store answers again: what waits in backoff goes now, so a
+                            // drain after an outage does not lag it by a whole backoff step.
+                            for (_, waiting) in delayed.drain(..) {
+                                enqueue(&mut queue, &mut slots, waiting);
+                            }
                         }
                         Err(UploadError::Read { path, source }) if source.kind() == io::ErrorKind::NotFound => {
                             tracing::error!(path = %path.display(), "spool file vanished before upload; someone else removed it");

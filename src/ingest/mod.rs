@@ -290,20 +290,37 @@ async fn read_body(req: Request<Incoming>, max: u64) -> Result<Bytes, BodyProble
     }
 }
 
+/// Marks an answer given without reading the request body: the connection cannot carry
+/// another request, and saying so keeps the client from sending one into it.
+fn closing(mut r: Resp) -> Resp {
+    r.headers_mut()
+        .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
 async fn ingest(req: Request<Incoming>, st: &IngestState) -> Resp {
+    let resp = ingest_inner(req, st).await;
+    match resp {
+        Ok(r) => r,
+        Err(early) => closing(early),
+    }
+}
+
+/// `Err` for answers given before the body was read.
+async fn ingest_inner(req: Request<Incoming>, st: &IngestState) -> Result<Resp, Resp> {
     if st.shutting_down.load(Ordering::SeqCst) {
-        return retry_later("shutting down", 5);
+        return Err(retry_later("shutting down", 5));
     }
     let used = st.spool.stats().bytes.load(Ordering::Relaxed);
     if used >= st.high_watermark {
         m::backpressure();
-        return retry_later(
+        return Err(retry_later(
             format!(
                 "spool is over its high watermark ({used} of {} bytes used): uploads are behind; retry later",
                 st.high_watermark
             ),
             10,
-        );
+        ));
     }
     let declared = req
         .headers()
@@ -311,17 +328,22 @@ async fn ingest(req: Request<Incoming>, st: &IngestState) -> Resp {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > st.max_body_bytes) {
-        return too_large(st.max_body_bytes);
+        return Err(too_large(st.max_body_bytes));
     }
+    Ok(read_and_store(req, st).await)
+}
+
+/// Reads the body and stores its events.
+async fn read_and_store(req: Request<Incoming>, st: &IngestState) -> Resp {
     let _guard = InflightGuard::new(st);
     let body = match read_body(req, st.max_body_bytes).await {
         Ok(b) => b,
-        Err(BodyProblem::TooLarge) => return too_large(st.max_body_bytes),
+        Err(BodyProblem::TooLarge) => return closing(too_large(st.max_body_bytes)),
         Err(BodyProblem::TimedOut) => {
-            return error_response(
+            return closing(error_response(
                 StatusCode::REQUEST_TIMEOUT,
                 "request body not received within 30 s",
-            )
+            ))
         }
         Err(BodyProblem::Read(e)) => {
             return error_response(StatusCode::BAD_REQUEST, format!("reading the body: {e}"))
