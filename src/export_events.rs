@@ -425,15 +425,7 @@ impl ExportTailer {
             return;
         }
         let path = offsets_path(&self.cfg.state_dir);
-        let tmp = path.with_extension("json.tmp");
-        let result = (|| -> io::Result<()> {
-            use std::io::Write;
-            let bytes = serde_json::to_vec(&self.state).map_err(io::Error::other)?;
-            let mut f = File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)
-        })();
+        let result = crate::spool::write_json_atomically(&path, &self.state);
         match result {
             Ok(()) => self.dirty = false,
             Err(e) => {

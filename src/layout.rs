@@ -60,19 +60,25 @@ impl ClusterLayout {
         }
     }
 
+    /// `<family>/<kind>/<ns>/[<owner>/]<cluster>` under the root: the shape shared by the
+    /// history prefix and the quarantine prefix.
+    fn cluster_path(&self, family: &str) -> String {
+        let owner = self
+            .owner
+            .name()
+            .map(|o| format!("{o}/"))
+            .unwrap_or_default();
+        self.with_root(&format!(
+            "{family}/{}/{}/{owner}{}",
+            self.owner.kind_dir(),
+            self.namespace,
+            self.cluster
+        ))
+    }
+
     /// `P` of the design notes: `[<root>/]cluster-history/<kind>/<ns>/[<owner>/]<cluster>`.
     pub fn history_prefix(&self) -> String {
-        let mut s = format!(
-            "cluster-history/{}/{}/",
-            self.owner.kind_dir(),
-            self.namespace
-        );
-        if let Some(owner) = self.owner.name() {
-            s.push_str(owner);
-            s.push('/');
-        }
-        s.push_str(&self.cluster);
-        self.with_root(&s)
+        self.cluster_path("cluster-history")
     }
 
     /// The empty object that makes a session visible in the history server.
@@ -91,17 +97,7 @@ impl ClusterLayout {
 
     /// Where input we could not use is kept, per cluster: not read by the history server.
     pub fn quarantine_prefix(&self) -> String {
-        let mut s = format!(
-            "collector-quarantine/{}/{}/",
-            self.owner.kind_dir(),
-            self.namespace
-        );
-        if let Some(owner) = self.owner.name() {
-            s.push_str(owner);
-            s.push('/');
-        }
-        s.push_str(&self.cluster);
-        self.with_root(&s)
+        self.cluster_path("collector-quarantine")
     }
 }
 

@@ -111,15 +111,7 @@ impl Ledger {
         if !self.dirty {
             return;
         }
-        let tmp = self.path.with_extension("json.tmp");
-        let result = (|| -> io::Result<()> {
-            use std::io::Write;
-            let bytes = serde_json::to_vec(&self.data).map_err(io::Error::other)?;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &self.path)
-        })();
+        let result = crate::spool::write_json_atomically(&self.path, &self.data);
         match result {
             Ok(()) => self.dirty = false,
             Err(e) => {

@@ -440,6 +440,22 @@ fn unix_nanos() -> u64 {
         .unwrap_or(0)
 }
 
+/// Replaces `path` with `value` as JSON, atomically and durably (temp file, fsync, rename,
+/// fsync of the directory): the small state files beside the spool (log ledger, export
+/// offsets) are never seen half written.
+pub(crate) fn write_json_atomically(path: &Path, value: &impl serde::Serialize) -> io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    let bytes = serde_json::to_vec(value).map_err(io::Error::other)?;
+    let mut f = File::create(&tmp)?;
+    f.write_all(&bytes)?;
+    f.sync_all()?;
+    fs::rename(&tmp, path)?;
+    match path.parent() {
+        Some(dir) => File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
+}
+
 fn fsync_dir(dir: &Path) -> Result<(), SpoolError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
