@@ -596,6 +596,12 @@ fn event(id: &str, job: u32) -> String {
     )
 }
 
+/// A POST body of one event per id, all in job `job`.
+fn batch(ids: &[String], job: u32) -> String {
+    let events: Vec<String> = ids.iter().map(|id| event(id, job)).collect();
+    format!("[{}]", events.join(","))
+}
+
 impl Poster {
     /// Like Ray's publisher: one batch at a time, and a failed batch is resent as is.
     fn start(port: u16, tag: &'static str) -> Poster {
@@ -836,13 +842,7 @@ fn full_spool_budget_answers_503_then_recovers() {
     let mut saw_503 = false;
     for b in 0..200 {
         let ids: Vec<String> = (0..50).map(|i| format!("budget-{b}-{i}")).collect();
-        let body = format!(
-            "[{}]",
-            ids.iter()
-                .map(|id| event(id, 1))
-                .collect::<Vec<_>>()
-                .join(",")
-        );
+        let body = batch(&ids, 1);
         let r = c.post(body.as_bytes());
         if r.status == 503 {
             assert_eq!(r.header("retry-after"), Some("10"));
@@ -860,13 +860,7 @@ fn full_spool_budget_answers_503_then_recovers() {
     let mut recovered = false;
     while Instant::now() < deadline {
         let ids: Vec<String> = (0..50).map(|i| format!("budget-after-{i}")).collect();
-        let body = format!(
-            "[{}]",
-            ids.iter()
-                .map(|id| event(id, 1))
-                .collect::<Vec<_>>()
-                .join(",")
-        );
+        let body = batch(&ids, 1);
         if c.post(body.as_bytes()).status == 200 {
             acked.extend(ids);
             recovered = true;
@@ -899,13 +893,7 @@ fn shutdown_deadline_leaves_files_for_the_next_start() {
         &env_refs(&env),
     );
     let ids: Vec<String> = (0..20).map(|i| format!("late-{i}")).collect();
-    let body = format!(
-        "[{}]",
-        ids.iter()
-            .map(|id| event(id, 2))
-            .collect::<Vec<_>>()
-            .join(",")
-    );
+    let body = batch(&ids, 2);
     assert_eq!(c.post(body.as_bytes()).status, 200);
     let started = Instant::now();
     let status = c.terminate(Duration::from_secs(20));
@@ -950,13 +938,7 @@ fn large_segments_go_up_as_multipart_to_s3() {
     let mut acked = Vec::new();
     for b in 0..30 {
         let ids: Vec<String> = (0..1000).map(|i| format!("big-{b}-{i}")).collect();
-        let body = format!(
-            "[{}]",
-            ids.iter()
-                .map(|id| event(id, 7))
-                .collect::<Vec<_>>()
-                .join(",")
-        );
+        let body = batch(&ids, 7);
         assert_eq!(c.post(body.as_bytes()).status, 200);
         acked.extend(ids);
     }
