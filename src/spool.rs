@@ -28,7 +28,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 
 use crate::dedup::{id_hash, DedupWindow};
-use crate::ingest::parse::ParsedEvent;
+use crate::ingest::parse::{parse_event, ParsedEvent};
 use crate::layout::{format_rfc3339, is_safe_segment, Hour, Partition};
 use crate::metrics as m;
 use crate::routing::QuarantineReason;
@@ -456,6 +456,48 @@ pub(crate) fn write_json_atomically(path: &Path, value: &impl serde::Serialize) 
     }
 }
 
+/// `fdatasync`s every file and `fsync`s every directory, each on its own thread.
+///
+/// The syncs of one group overlap: on ext4 they share the journal commit and the disk
+/// queues their writes together, instead of one journal commit and cache flush after the
+/// other (measured on this project's 2-core VM: 5 files of a 1 MB group, 3.4 ms one after
+/// the other, 2.5-2.9 ms at once).
+fn sync_in_parallel(files: &[(&File, &Path)], dirs: &[PathBuf]) -> Result<(), SpoolError> {
+    if files.len() + dirs.len() <= 1 {
+        for (f, path) in files {
+            f.sync_data()
+                .map_err(|e| SpoolError::io("syncing segment", path, e))?;
+        }
+        return dirs.iter().try_for_each(|d| fsync_dir(d));
+    }
+    std::thread::scope(|scope| {
+        let mut handles = Vec::with_capacity(files.len() + dirs.len());
+        for &(f, path) in files {
+            handles.push(scope.spawn(move || {
+                f.sync_data()
+                    .map_err(|e| SpoolError::io("syncing segment", path, e))
+            }));
+        }
+        for d in dirs {
+            handles.push(scope.spawn(move || fsync_dir(d)));
+        }
+        let mut first_error = None;
+        for h in handles {
+            let r = h.join().unwrap_or_else(|_| {
+                Err(SpoolError::io(
+                    "syncing (the sync thread panicked)",
+                    Path::new(""),
+                    io::Error::other("panic"),
+                ))
+            });
+            if let Err(e) = r {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    })
+}
+
 fn fsync_dir(dir: &Path) -> Result<(), SpoolError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
@@ -681,7 +723,7 @@ impl Writer {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {}
             }
-            if let Ok(ParsedEvent::Object(f)) = serde_json::from_slice::<ParsedEvent>(&line) {
+            if let Ok(ParsedEvent::Object(f)) = parse_event(&line) {
                 if let Some(id) = f.event_id.as_str() {
                     self.dedup.insert(id_hash(id.as_bytes()) ^ salt);
                     *budget -= 1;
@@ -1051,17 +1093,20 @@ impl Writer {
             seg.staged = seg.pending.len() as u64;
             file.write_all(&seg.pending)
                 .map_err(|e| SpoolError::io("appending to segment", &seg.path, e))?;
-            if per_file_sync {
-                file.sync_data()
-                    .map_err(|e| SpoolError::io("syncing segment", &seg.path, e))?;
-            }
             bytes += seg.staged;
             recycle(&mut self.buffers, std::mem::take(&mut seg.pending));
         }
         if per_file_sync {
-            for dir in std::mem::take(&mut self.dirty_dirs) {
-                fsync_dir(&dir)?;
+            let mut to_sync: Vec<(&File, &Path)> = Vec::with_capacity(targets.len());
+            for t in &targets {
+                if let Some(seg) = self.open.get(t) {
+                    if let Some(f) = seg.file.as_ref() {
+                        to_sync.push((f, &seg.path));
+                    }
+                }
             }
+            let dirs: Vec<PathBuf> = self.dirty_dirs.drain().collect();
+            sync_in_parallel(&to_sync, &dirs)?;
         } else {
             self.dirty_dirs.clear();
             let dir = self.cfg.dir.clone();
