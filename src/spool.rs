@@ -20,7 +20,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -253,7 +253,11 @@ enum Command {
     SealAll(oneshot::Sender<()>),
     Marker(String, oneshot::Sender<Result<(), SpoolError>>),
     Stop,
+    /// From the sync thread: the group in flight is durable, or not.
+    Synced(Result<(), SpoolError>),
 }
+
+type AppendReply = oneshot::Sender<Result<AppendOutcome, SpoolError>>;
 
 /// Handle to the spool; cheap to clone.
 #[derive(Clone)]
@@ -262,6 +266,8 @@ pub struct Spool {
     stats: Arc<SpoolStats>,
     thread: Arc<Mutex<Option<JoinHandle<()>>>>,
     stopped: Arc<AtomicBool>,
+    /// The writer ends when every handle is gone (its sync thread keeps the channel open).
+    _alive: Arc<()>,
 }
 
 /// What the spool found at start.
@@ -290,10 +296,16 @@ impl Spool {
         let (tx, rx) = mpsc::channel();
         let (init_tx, init_rx) = mpsc::channel();
         let stats2 = stats.clone();
+        let alive = Arc::new(());
+        let inbox = Inbox {
+            rx,
+            to_self: tx.clone(),
+            alive: Arc::downgrade(&alive),
+        };
         let thread = std::thread::Builder::new()
             .name("spool-writer".into())
             .spawn(move || {
-                let mut w = match Writer::start(cfg, stats2, sealed) {
+                let mut w = match Writer::start(cfg, stats2, sealed, inbox) {
                     Ok((w, report)) => {
                         let _ = init_tx.send(Ok(report));
                         w
@@ -303,7 +315,7 @@ impl Spool {
                         return;
                     }
                 };
-                w.run(rx);
+                w.run();
             })
             .map_err(|e| {
                 SpoolError::io("starting the spool writer thread for", Path::new("."), e)
@@ -315,6 +327,7 @@ impl Spool {
                 stats,
                 thread: Arc::new(Mutex::new(Some(thread))),
                 stopped: Arc::new(AtomicBool::new(false)),
+                _alive: alive,
             },
             report,
         ))
@@ -395,12 +408,64 @@ struct OpenSegment {
     opened_at: Instant,
     /// Bytes durably in the file.
     len: u64,
-    file: Option<File>,
+    /// Bytes written to the file: `len` plus groups not yet synced (rolled back on failure).
+    written: u64,
+    /// Shared with the sync thread, which may still be syncing it after it is closed here.
+    file: Option<Arc<File>>,
     last_use: u64,
-    /// Lines of the current group, not yet written.
+    /// Lines of the group being staged, not yet written.
     pending: Vec<u8>,
-    /// Bytes of the current group written but not yet committed (rolled back on failure).
-    staged: u64,
+}
+
+/// The writer's command channel, and what it needs to hand its own sync thread a way back.
+struct Inbox {
+    rx: mpsc::Receiver<Command>,
+    to_self: mpsc::Sender<Command>,
+    alive: Weak<()>,
+}
+
+/// What one write of the pending buffers touched, to be made durable.
+#[derive(Default)]
+struct Written {
+    /// Bytes appended to each segment.
+    appended: Vec<(Target, u64)>,
+    files: Vec<(Arc<File>, PathBuf)>,
+    dirs: Vec<PathBuf>,
+    /// Too many files: one `syncfs` instead.
+    whole_fs: bool,
+    bytes: u64,
+}
+
+impl Written {
+    fn merge(&mut self, other: Written) {
+        self.appended.extend(other.appended);
+        for (f, p) in other.files {
+            if !self.files.iter().any(|(_, q)| *q == p) {
+                self.files.push((f, p));
+            }
+        }
+        self.dirs.extend(other.dirs);
+        self.whole_fs |= other.whole_fs;
+        self.bytes += other.bytes;
+    }
+}
+
+/// Requests written to their segments whose sync has not yet answered.
+struct InFlight {
+    written: Written,
+    replies: Vec<(AppendReply, AppendOutcome)>,
+    /// Event ids to forget if the sync fails.
+    inserted: Vec<u64>,
+    new_sessions: Vec<String>,
+    started: Instant,
+}
+
+/// A sync for the sync thread.
+struct SyncJob {
+    files: Vec<(Arc<File>, PathBuf)>,
+    dirs: Vec<PathBuf>,
+    /// `syncfs` on this fd instead of syncing `files`.
+    whole_fs: Option<Arc<File>>,
 }
 
 struct Writer {
@@ -419,7 +484,15 @@ struct Writer {
     recent_bodies: VecDeque<u64>,
     /// Reusable line buffers for the segments a group touches.
     buffers: Vec<Vec<u8>>,
-    _lock: File,
+    inbox: Inbox,
+    /// Commands read while waiting for a sync, handled next.
+    deferred: VecDeque<Command>,
+    /// The group the sync thread is making durable.
+    syncing: Option<InFlight>,
+    /// Groups written after it, waiting for the next sync.
+    waiting: Option<InFlight>,
+    syncer: mpsc::Sender<SyncJob>,
+    lock: Arc<File>,
 }
 
 /// Buffers kept for reuse, and the largest capacity worth keeping.
@@ -453,6 +526,46 @@ pub(crate) fn write_json_atomically(path: &Path, value: &impl serde::Serialize) 
     match path.parent() {
         Some(dir) => File::open(dir)?.sync_all(),
         None => Ok(()),
+    }
+}
+
+/// The sync thread: makes each job durable and tells the writer.
+fn run_syncer(jobs: mpsc::Receiver<SyncJob>, done: mpsc::Sender<Command>) {
+    while let Ok(job) = jobs.recv() {
+        if done.send(Command::Synced(run_sync(&job))).is_err() {
+            return;
+        }
+    }
+}
+
+fn run_sync(job: &SyncJob) -> Result<(), SpoolError> {
+    if let Some(fs_handle) = &job.whole_fs {
+        // SAFETY: syncfs on an fd we hold open (the spool's lock file).
+        if unsafe { libc::syncfs(fs_handle.as_raw_fd()) } != 0 {
+            return Err(SpoolError::io(
+                "syncing the filesystem of the spool",
+                Path::new(""),
+                io::Error::last_os_error(),
+            ));
+        }
+        return Ok(());
+    }
+    let files: Vec<(&File, &Path)> = job.files.iter().map(|(f, p)| (&**f, p.as_path())).collect();
+    sync_in_parallel(&files, &job.dirs)
+}
+
+/// Answers every request of a failed group with the error (the first gets it whole).
+fn fail_all(replies: Vec<AppendReply>, err: SpoolError) {
+    tracing::error!(error = %err, requests = replies.len(), "spool write failed; the group is rolled back and not acknowledged");
+    let message = err.to_string();
+    let no_space = err.is_no_space();
+    let mut first = Some(err);
+    for reply in replies {
+        let e = first.take().unwrap_or_else(|| SpoolError::GroupFailed {
+            message: message.clone(),
+            no_space,
+        });
+        let _ = reply.send(Err(e));
     }
 }
 
@@ -530,6 +643,7 @@ impl Writer {
         cfg: SpoolConfig,
         stats: Arc<SpoolStats>,
         sealed: tokio_mpsc::UnboundedSender<SealedFile>,
+        inbox: Inbox,
     ) -> Result<(Writer, RecoveryReport), SpoolError> {
         for sub in [EVENTS_DIR, QUARANTINE_DIR, MARKERS_DIR] {
             let d = cfg.dir.join(sub);
@@ -546,6 +660,12 @@ impl Writer {
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             return Err(SpoolError::Locked(cfg.dir.clone()));
         }
+        let (syncer, jobs) = mpsc::channel();
+        let done = inbox.to_self.clone();
+        std::thread::Builder::new()
+            .name("spool-sync".into())
+            .spawn(move || run_syncer(jobs, done))
+            .map_err(|e| SpoolError::io("starting the spool sync thread for", &cfg.dir, e))?;
         let mut w = Writer {
             dedup: DedupWindow::new(cfg.dedup_window),
             cfg,
@@ -560,7 +680,12 @@ impl Writer {
             dirty_dirs: HashSet::new(),
             recent_bodies: VecDeque::new(),
             buffers: Vec::new(),
-            _lock: lock,
+            inbox,
+            deferred: VecDeque::new(),
+            syncing: None,
+            waiting: None,
+            syncer,
+            lock: Arc::new(lock),
         };
         let report = w.recover()?;
         Ok((w, report))
@@ -734,19 +859,31 @@ impl Writer {
         n
     }
 
-    fn run(&mut self, rx: mpsc::Receiver<Command>) {
+    /// The next command: one deferred while waiting for a sync, or one from the channel.
+    fn next_command(&mut self, wait: Duration) -> Result<Command, mpsc::RecvTimeoutError> {
+        match self.deferred.pop_front() {
+            Some(c) => Ok(c),
+            None => self.inbox.rx.recv_timeout(wait),
+        }
+    }
+
+    fn run(&mut self) {
         let tick = Duration::from_millis(250);
         let mut last_age_check = Instant::now();
         let mut last_write = Instant::now();
         let mut trimmed = true;
         loop {
-            let first = match rx.recv_timeout(tick) {
+            let first = match self.next_command(tick) {
                 Ok(c) => {
                     last_write = Instant::now();
                     trimmed = false;
                     Some(c)
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if self.inbox.alive.upgrade().is_none() {
+                        // Every handle is gone without a Stop: nobody is left to answer.
+                        return;
+                    }
                     // After a burst, give the freed heap back to the node: malloc keeps it
                     // otherwise, and an idle sidecar should look idle.
                     if !trimmed && last_write.elapsed() >= IDLE_TRIM_AFTER {
@@ -763,17 +900,22 @@ impl Writer {
             while let Some(cmd) = next {
                 match cmd {
                     Command::Append(b, r) => group.push((b, r)),
+                    Command::Synced(r) => self.synced(r),
                     other => controls.push(other),
                 }
                 // Cap a group so one fsync never waits behind an unbounded amount of work.
                 if group.len() >= 256 {
                     break;
                 }
-                next = rx.try_recv().ok();
+                next = match self.deferred.pop_front() {
+                    Some(c) => Some(c),
+                    None => self.inbox.rx.try_recv().ok(),
+                };
             }
             if !group.is_empty() {
-                self.commit_group(group);
+                self.write_group(group);
             }
+            self.start_sync();
             for c in controls {
                 match c {
                     Command::QuarantineBody {
@@ -803,9 +945,12 @@ impl Writer {
                         self.seal_where(|_| true);
                         return;
                     }
-                    Command::Append(..) => {}
+                    Command::Append(..) | Command::Synced(_) => {}
                 }
             }
+            // Size-based sealing once the data is durable.
+            let max = self.cfg.max_segment_bytes;
+            self.seal_where(|s| s.len >= max);
             if last_age_check.elapsed() >= Duration::from_millis(500) {
                 last_age_check = Instant::now();
                 let max_age = self.cfg.rotation_interval;
@@ -814,14 +959,13 @@ impl Writer {
         }
     }
 
-    /// Appends every request of the group, syncs, and answers them all.
-    fn commit_group(
-        &mut self,
-        group: Vec<(
-            AppendBatch,
-            oneshot::Sender<Result<AppendOutcome, SpoolError>>,
-        )>,
-    ) {
+    /// Stages and writes every request of the group; its sync and answers come later.
+    ///
+    /// The disk and the CPU overlap: this group is written (into the page cache) while the
+    /// sync thread makes the previous one durable, and its sync starts as soon as that one
+    /// ends. A group is answered only after its own sync.
+    fn write_group(&mut self, group: Vec<(AppendBatch, AppendReply)>) {
+        let started = Instant::now();
         let mut outcomes = Vec::with_capacity(group.len());
         let mut inserted: Vec<u64> = Vec::new();
         let mut new_sessions: Vec<String> = Vec::new();
@@ -835,42 +979,120 @@ impl Writer {
                 }
             }
         }
-        if failure.is_none() {
-            if let Err(e) = self.flush_group() {
-                failure = Some(e);
+        let written = match failure {
+            None => self.write_pending(),
+            Some(e) => Err(e),
+        };
+        let written = match written {
+            Ok(w) => w,
+            Err(err) => {
+                // What came before is answered first; then only this group is cut off.
+                self.drain();
+                self.rollback_to_durable();
+                for h in inserted {
+                    self.dedup.forget(h);
+                }
+                let replies = group.into_iter().map(|(_, r)| r).collect();
+                fail_all(replies, err);
+                return;
             }
+        };
+        let flight = InFlight {
+            written,
+            replies: group.into_iter().map(|(_, r)| r).zip(outcomes).collect(),
+            inserted,
+            new_sessions,
+            started,
+        };
+        match &mut self.waiting {
+            Some(w) => {
+                w.written.merge(flight.written);
+                w.replies.extend(flight.replies);
+                w.inserted.extend(flight.inserted);
+                w.new_sessions.extend(flight.new_sessions);
+            }
+            None => self.waiting = Some(flight),
         }
-        if let Some(err) = failure {
-            self.discard_pending();
+    }
+
+    /// Hands the waiting groups to the sync thread if it is free.
+    fn start_sync(&mut self) {
+        if self.syncing.is_some() {
+            return;
+        }
+        let Some(flight) = self.waiting.take() else {
+            return;
+        };
+        let job = SyncJob {
+            files: flight.written.files.clone(),
+            dirs: flight.written.dirs.clone(),
+            whole_fs: flight.written.whole_fs.then(|| self.lock.clone()),
+        };
+        self.syncing = Some(flight);
+        if self.syncer.send(job).is_err() {
+            self.synced(Err(SpoolError::io(
+                "syncing (the sync thread is gone) in",
+                &self.cfg.dir,
+                io::Error::other("sync thread ended"),
+            )));
+        }
+    }
+
+    /// The sync thread's answer for the group in flight.
+    fn synced(&mut self, result: Result<(), SpoolError>) {
+        let Some(flight) = self.syncing.take() else {
+            return;
+        };
+        if let Err(err) = result {
+            // Everything written since the last durable point goes: the failed group and
+            // the ones written after it, which sit behind it in the same files.
+            let mut replies: Vec<AppendReply> =
+                flight.replies.into_iter().map(|(r, _)| r).collect();
+            let mut inserted = flight.inserted;
+            if let Some(w) = self.waiting.take() {
+                replies.extend(w.replies.into_iter().map(|(r, _)| r));
+                inserted.extend(w.inserted);
+            }
+            self.rollback_to_durable();
             for h in inserted {
                 self.dedup.forget(h);
             }
-            tracing::error!(error = %err, requests = group.len(), "spool write failed; the group is rolled back and not acknowledged");
-            let message = err.to_string();
-            let no_space = err.is_no_space();
-            let mut first = Some(err);
-            for (_, reply) in group {
-                let e = first.take().unwrap_or_else(|| SpoolError::GroupFailed {
-                    message: message.clone(),
-                    no_space,
-                });
-                let _ = reply.send(Err(e));
-            }
+            fail_all(replies, err);
             return;
         }
-        for s in new_sessions {
+        // The next sync first, so the disk does not wait for the answers.
+        self.start_sync();
+        self.mark_durable(&flight.written);
+        m::spool_commit(flight.written.bytes, flight.started.elapsed());
+        for s in flight.new_sessions {
             if let Err(e) = self.ensure_marker(&s) {
                 tracing::error!(session = %s, error = %e, "could not record the session marker on disk; uploading it from memory");
                 self.queue_marker(&s, PathBuf::new());
             }
         }
-        for ((_, reply), outcome) in group.into_iter().zip(outcomes) {
+        for (reply, outcome) in flight.replies {
             m::events_accepted(outcome.accepted, outcome.duplicates);
             let _ = reply.send(Ok(outcome));
         }
-        // Size-based sealing after the data is durable.
-        let max = self.cfg.max_segment_bytes;
-        self.seal_where(|s| s.len >= max);
+    }
+
+    /// Waits until every written group is synced and answered; other commands that arrive
+    /// meanwhile are kept, in order, for the main loop.
+    fn drain(&mut self) {
+        loop {
+            self.start_sync();
+            if self.syncing.is_none() {
+                return;
+            }
+            match self.inbox.rx.recv() {
+                Ok(Command::Synced(r)) => self.synced(r),
+                Ok(other) => self.deferred.push_back(other),
+                Err(_) => {
+                    // Cannot happen while we hold a sender; answer rather than wait forever.
+                    self.synced(Err(SpoolError::Stopped));
+                }
+            }
+        }
     }
 
     /// Copies one request's lines into the pending buffers of their segments.
@@ -959,7 +1181,7 @@ impl Writer {
             // At the limit with every fd busy in this group: reopen it when flushing.
             let file = if self.open_fds < self.cfg.max_open_files.max(1) {
                 self.open_fds += 1;
-                Some(created)
+                Some(Arc::new(created))
             } else {
                 None
             };
@@ -973,10 +1195,10 @@ impl Writer {
                     created_unix_nanos: n,
                     opened_at: Instant::now(),
                     len: 0,
+                    written: 0,
                     file,
                     last_use: clock,
                     pending: Vec::new(),
-                    staged: 0,
                 },
             );
         }
@@ -1052,23 +1274,39 @@ impl Writer {
         }
     }
 
-    /// Writes every pending buffer and makes it durable; on error the caller rolls back.
-    ///
-    /// Each touched segment is written and `fdatasync`'d; a group touching more than
-    /// [`SYNCFS_ABOVE`] files (thousands of jobs at once) is written first and made durable
-    /// with one `syncfs` instead, which costs one journal commit instead of one per file.
-    /// Written data moves from `pending` to `staged`, so its buffer returns to the pool and
-    /// its fd may be closed before the group ends.
+    /// Writes every pending buffer and makes it durable now (recovery, quarantined bodies;
+    /// nothing else may be in flight); on error the caller rolls back.
     fn flush_group(&mut self) -> Result<(), SpoolError> {
+        let started = Instant::now();
+        let written = self.write_pending()?;
+        let job = SyncJob {
+            files: written.files.clone(),
+            dirs: written.dirs.clone(),
+            whole_fs: written.whole_fs.then(|| self.lock.clone()),
+        };
+        run_sync(&job)?;
+        self.mark_durable(&written);
+        m::spool_commit(written.bytes, started.elapsed());
+        Ok(())
+    }
+
+    /// Writes every pending buffer to its segment (into the page cache, not yet durable)
+    /// and returns what must be synced.
+    ///
+    /// A group touching more than [`SYNCFS_ABOVE`] files (thousands of jobs at once) is made
+    /// durable with one `syncfs` instead of one sync per file. The buffers go back to the
+    /// pool, and fds may be closed before the sync: the sync holds its own references.
+    fn write_pending(&mut self) -> Result<Written, SpoolError> {
         let targets: Vec<Target> = self
             .open
             .iter()
             .filter(|(_, s)| !s.pending.is_empty())
             .map(|(t, _)| t.clone())
             .collect();
-        let started = Instant::now();
-        let per_file_sync = targets.len() + self.dirty_dirs.len() <= SYNCFS_ABOVE;
-        let mut bytes = 0u64;
+        let mut out = Written {
+            whole_fs: targets.len() + self.dirty_dirs.len() > SYNCFS_ABOVE,
+            ..Written::default()
+        };
         for t in &targets {
             let need_fd = self.open.get(t).is_some_and(|s| s.file.is_none());
             if need_fd {
@@ -1080,64 +1318,55 @@ impl Writer {
                     .append(true)
                     .open(&seg.path)
                     .map_err(|e| SpoolError::io("reopening segment", &seg.path, e))?;
-                seg.file = Some(f);
+                seg.file = Some(Arc::new(f));
                 self.open_fds += 1;
             }
             let Some(seg) = self.open.get_mut(t) else {
                 continue;
             };
-            let Some(file) = seg.file.as_mut() else {
+            let Some(file) = seg.file.as_ref() else {
                 continue;
             };
-            // Staged first: if the write fails half way, rollback still truncates it.
-            seg.staged = seg.pending.len() as u64;
-            file.write_all(&seg.pending)
+            let n = seg.pending.len() as u64;
+            // Counted first: if the write fails half way, rollback still truncates it.
+            seg.written += n;
+            (&**file)
+                .write_all(&seg.pending)
                 .map_err(|e| SpoolError::io("appending to segment", &seg.path, e))?;
-            bytes += seg.staged;
+            out.bytes += n;
+            out.appended.push((t.clone(), n));
+            if !out.whole_fs {
+                out.files.push((file.clone(), seg.path.clone()));
+            }
             recycle(&mut self.buffers, std::mem::take(&mut seg.pending));
         }
-        if per_file_sync {
-            let mut to_sync: Vec<(&File, &Path)> = Vec::with_capacity(targets.len());
-            for t in &targets {
-                if let Some(seg) = self.open.get(t) {
-                    if let Some(f) = seg.file.as_ref() {
-                        to_sync.push((f, &seg.path));
-                    }
-                }
-            }
-            let dirs: Vec<PathBuf> = self.dirty_dirs.drain().collect();
-            sync_in_parallel(&to_sync, &dirs)?;
-        } else {
+        if out.whole_fs {
             self.dirty_dirs.clear();
-            let dir = self.cfg.dir.clone();
-            // SAFETY: syncfs on the lock file's fd, which we own and keep open.
-            if unsafe { libc::syncfs(self._lock.as_raw_fd()) } != 0 {
-                return Err(SpoolError::io(
-                    "syncing the filesystem of",
-                    &dir,
-                    io::Error::last_os_error(),
-                ));
-            }
+        } else {
+            out.dirs = self.dirty_dirs.drain().collect();
         }
-        // Everything is durable: commit lengths.
-        for seg in self.open.values_mut() {
-            seg.len += seg.staged;
-            seg.staged = 0;
-        }
-        self.stats.bytes.fetch_add(bytes, Ordering::Relaxed);
-        m::spool_commit(bytes, started.elapsed());
-        Ok(())
+        Ok(out)
     }
 
-    /// Drops pending lines and truncates anything written in this group back to the durable length.
-    fn discard_pending(&mut self) {
+    /// Records that what `written` appended is durable.
+    fn mark_durable(&mut self, written: &Written) {
+        for (t, n) in &written.appended {
+            if let Some(seg) = self.open.get_mut(t) {
+                seg.len += n;
+            }
+        }
+        self.stats.bytes.fetch_add(written.bytes, Ordering::Relaxed);
+    }
+
+    /// Drops pending lines and truncates every segment back to its durable length.
+    fn rollback_to_durable(&mut self) {
         let mut broken = Vec::new();
         for (t, seg) in self.open.iter_mut() {
-            if seg.pending.is_empty() && seg.staged == 0 {
+            if seg.pending.is_empty() && seg.written == seg.len {
                 continue;
             }
             recycle(&mut self.buffers, std::mem::take(&mut seg.pending));
-            seg.staged = 0;
+            seg.written = seg.len;
             let ok = match seg.file.as_ref() {
                 Some(f) => f.set_len(seg.len).and_then(|_| f.sync_data()).is_ok(),
                 None => OpenOptions::new()
@@ -1170,6 +1399,10 @@ impl Writer {
     }
 
     fn seal(&mut self, t: &Target) {
+        if self.open.get(t).is_some_and(|s| s.written > s.len) {
+            // Its last group is still being synced: wait for that answer first.
+            self.drain();
+        }
         let Some(seg) = self.open.remove(t) else {
             return;
         };
@@ -1231,6 +1464,8 @@ impl Writer {
         if self.recent_bodies.contains(&h) {
             return Ok(());
         }
+        // Its record is synced here and now, which needs nothing else in flight.
+        self.drain();
         let rel = format!("{}/bodies/body-{:016x}.bin", self.cfg.quarantine_node, h);
         let path = self.cfg.dir.join(QUARANTINE_DIR).join(&rel);
         if !path.exists() {
@@ -1257,7 +1492,7 @@ impl Writer {
                 .pending
                 .extend_from_slice(&line);
             if let Err(e) = self.flush_group() {
-                self.discard_pending();
+                self.rollback_to_durable();
                 return Err(e);
             }
             let _ = self.sealed.send(SealedFile {
