@@ -539,6 +539,8 @@ fn run_syncer(jobs: mpsc::Receiver<SyncJob>, done: mpsc::Sender<Command>) {
 }
 
 fn run_sync(job: &SyncJob) -> Result<(), SpoolError> {
+    #[cfg(test)]
+    tests::injected_sync_failure(job)?;
     if let Some(fs_handle) = &job.whole_fs {
         // SAFETY: syncfs on an fd we hold open (the spool's lock file).
         if unsafe { libc::syncfs(fs_handle.as_raw_fd()) } != 0 {
@@ -1660,6 +1662,109 @@ pub fn leftover_files(dir: &Path) -> Vec<(PathBuf, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::Stream;
+
+    /// Spool directories whose next sync fails, after a delay.
+    static FAIL_NEXT_SYNC: Mutex<Vec<(PathBuf, Duration)>> = Mutex::new(Vec::new());
+
+    pub(super) fn injected_sync_failure(job: &SyncJob) -> Result<(), SpoolError> {
+        let mut armed = FAIL_NEXT_SYNC.lock().unwrap();
+        let hit = armed.iter().position(|(dir, _)| {
+            job.files.iter().any(|(_, p)| p.starts_with(dir))
+                || job.dirs.iter().any(|p| p.starts_with(dir))
+        });
+        let Some(i) = hit else { return Ok(()) };
+        let (_, delay) = armed.remove(i);
+        drop(armed);
+        std::thread::sleep(delay);
+        Err(SpoolError::io(
+            "syncing segment",
+            Path::new("(test)"),
+            io::Error::other("injected failure"),
+        ))
+    }
+
+    fn batch(ids: &[&str]) -> AppendBatch {
+        let mut body = Vec::new();
+        let mut events = Vec::new();
+        for id in ids {
+            let start = body.len();
+            body.extend_from_slice(format!(r#"{{"eventId":"{id}"}}"#).as_bytes());
+            events.push(EventSpan {
+                start,
+                end: body.len(),
+                id_hash: Some(id_hash(id.as_bytes())),
+                has_newline: false,
+            });
+        }
+        AppendBatch {
+            body: Bytes::from(body),
+            partitions: vec![PartitionBatch {
+                partition: Partition {
+                    session: "session_t".into(),
+                    node: "n1".into(),
+                    stream: Stream::Node,
+                    hour: Hour::from_unix_seconds(1_700_000_000),
+                },
+                events,
+            }],
+            quarantined: Vec::new(),
+        }
+    }
+
+    /// A failed sync rolls back its group and the group written behind it while it ran;
+    /// neither is acknowledged, their ids are forgotten (Ray's resend is accepted), and
+    /// only acknowledged events end up in the sealed segment.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn failed_sync_rolls_back_the_groups_in_flight() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("spool");
+        let (sealed_tx, mut sealed_rx) = tokio_mpsc::unbounded_channel();
+        let cfg = SpoolConfig {
+            dir: dir.clone(),
+            rotation_interval: Duration::from_secs(3600),
+            max_segment_bytes: 1 << 30,
+            max_open_files: 16,
+            dedup_window: 1000,
+            write_session_markers: false,
+            quarantine_node: "q".into(),
+        };
+        let (spool, _) = Spool::open(cfg, sealed_tx).unwrap();
+        let ok = spool.append(batch(&["ok1"])).await.unwrap();
+        assert_eq!(ok.accepted, 1);
+
+        FAIL_NEXT_SYNC
+            .lock()
+            .unwrap()
+            .push((dir.clone(), Duration::from_millis(400)));
+        let first = tokio::spawn({
+            let s = spool.clone();
+            async move { s.append(batch(&["a1", "a2"])).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Written while the failing sync runs, so it sits behind it in the same file.
+        let second = spool.append(batch(&["b1"])).await;
+        let first = first.await.unwrap();
+        assert!(first.is_err(), "{first:?}");
+        assert!(second.is_err(), "{second:?}");
+
+        let after = spool.append(batch(&["c1"])).await.unwrap();
+        assert_eq!((after.accepted, after.duplicates), (1, 0));
+        let resent = spool.append(batch(&["a1", "a2"])).await.unwrap();
+        assert_eq!((resent.accepted, resent.duplicates), (2, 0));
+        let again = spool.append(batch(&["ok1", "c1"])).await.unwrap();
+        assert_eq!((again.accepted, again.duplicates), (0, 2));
+
+        spool.seal_all().await.unwrap();
+        let sealed = sealed_rx.recv().await.unwrap();
+        let text = fs::read_to_string(&sealed.path).unwrap();
+        assert_eq!(
+            text,
+            "{\"eventId\":\"ok1\"}\n{\"eventId\":\"c1\"}\n{\"eventId\":\"a1\"}\n{\"eventId\":\"a2\"}\n"
+        );
+        assert_eq!(sealed.bytes, text.len() as u64);
+        spool.stop();
+    }
 
     #[test]
     fn quarantine_lines_are_json() {
