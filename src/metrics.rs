@@ -23,6 +23,8 @@ pub const EVENTS_QUARANTINED: &str = "rhc_events_quarantined_total";
 pub const INGEST_BYTES: &str = "rhc_ingest_bytes_total";
 /// Bodies that were not JSON.
 pub const INVALID_BODIES: &str = "rhc_invalid_bodies_total";
+/// Of those, bodies answered 400 but not kept in quarantine (over the keeping rate).
+pub const INVALID_BODIES_NOT_KEPT: &str = "rhc_invalid_bodies_not_kept_total";
 /// Bytes in the spool not yet uploaded.
 pub const SPOOL_BYTES: &str = "rhc_spool_bytes";
 /// Files in the spool not yet uploaded.
@@ -71,6 +73,8 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
     }
     counter!(EVENTS_ACCEPTED).absolute(0);
     counter!(EVENTS_DUPLICATE).absolute(0);
+    counter!(INVALID_BODIES).absolute(0);
+    counter!(INVALID_BODIES_NOT_KEPT).absolute(0);
     Ok(handle)
 }
 
@@ -110,6 +114,10 @@ pub(crate) fn ingest_bytes(n: u64) {
 
 pub(crate) fn invalid_body() {
     counter!(INVALID_BODIES).increment(1);
+}
+
+pub(crate) fn invalid_body_not_kept() {
+    counter!(INVALID_BODIES_NOT_KEPT).increment(1);
 }
 
 pub(crate) fn backpressure() {

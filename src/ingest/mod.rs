@@ -12,7 +12,8 @@ use std::io::Read;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -42,6 +43,33 @@ const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once; more wait in the accept queue.
 const MAX_CONNECTIONS: usize = 256;
+/// Invalid bodies kept in quarantine: a burst of this many, then [`KEPT_BODIES_PER_SECOND`].
+/// Each kept body costs a file, its syncs and an upload; a storm of distinct bad bodies
+/// would otherwise slow the spool for the good ones and outlast the shutdown deadline.
+const KEPT_BODIES_BURST: f64 = 100.0;
+/// Sustained rate of invalid bodies kept in quarantine; the rest are answered 400 and counted.
+const KEPT_BODIES_PER_SECOND: f64 = 10.0;
+
+/// A token bucket deciding which invalid bodies are kept.
+struct KeptBodies {
+    tokens: f64,
+    last: Instant,
+}
+
+impl KeptBodies {
+    fn take(&mut self) -> bool {
+        let now = Instant::now();
+        let refill = now.duration_since(self.last).as_secs_f64() * KEPT_BODIES_PER_SECOND;
+        self.tokens = (self.tokens + refill).min(KEPT_BODIES_BURST);
+        self.last = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
 
 /// State shared by all requests.
 pub struct IngestState {
@@ -55,6 +83,7 @@ pub struct IngestState {
     inflight: AtomicUsize,
     idle: Notify,
     metrics: PrometheusHandle,
+    kept_bodies: Mutex<KeptBodies>,
 }
 
 impl IngestState {
@@ -80,6 +109,10 @@ impl IngestState {
             inflight: AtomicUsize::new(0),
             idle: Notify::new(),
             metrics,
+            kept_bodies: Mutex::new(KeptBodies {
+                tokens: KEPT_BODIES_BURST,
+                last: Instant::now(),
+            }),
         })
     }
 
@@ -383,9 +416,15 @@ fn too_large(max: u64) -> Resp {
 
 async fn invalid_body(st: &IngestState, body: Bytes, message: String) -> Resp {
     m::invalid_body();
-    tracing::warn!(error = %message, bytes = body.len(), "rejected a body that is not a JSON array of events; keeping it in quarantine");
-    if let Err(e) = st.spool.quarantine_body(body, message.clone()).await {
-        tracing::error!(error = %e, "could not keep the invalid body");
+    let keep = st.kept_bodies.lock().map(|mut k| k.take()).unwrap_or(false);
+    if keep {
+        tracing::warn!(error = %message, bytes = body.len(), "rejected a body that is not a JSON array of events; keeping it in quarantine");
+        if let Err(e) = st.spool.quarantine_body(body, message.clone()).await {
+            tracing::error!(error = %e, "could not keep the invalid body");
+        }
+    } else {
+        m::invalid_body_not_kept();
+        tracing::debug!(error = %message, bytes = body.len(), "rejected a body that is not a JSON array of events; not kept (more than {KEPT_BODIES_PER_SECOND}/s)");
     }
     error_response(StatusCode::BAD_REQUEST, message)
 }
@@ -492,4 +531,27 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr)
         .await
         .with_context(|| format!("listening on {addr} (--listen / EVENTS_PORT)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_bodies_are_kept_in_a_burst_then_at_a_bounded_rate() {
+        let mut k = KeptBodies {
+            tokens: KEPT_BODIES_BURST,
+            last: Instant::now(),
+        };
+        let burst = (0..1000).filter(|_| k.take()).count();
+        assert_eq!(burst, KEPT_BODIES_BURST as usize);
+        k.last -= Duration::from_secs(2);
+        let refilled = (0..1000).filter(|_| k.take()).count();
+        assert_eq!(refilled, (2.0 * KEPT_BODIES_PER_SECOND) as usize);
+        k.last -= Duration::from_secs(3600);
+        assert_eq!(
+            (0..1000).filter(|_| k.take()).count(),
+            KEPT_BODIES_BURST as usize
+        );
+    }
 }
