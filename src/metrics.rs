@@ -31,7 +31,8 @@ pub const SPOOL_BYTES: &str = "rhc_spool_bytes";
 pub const SPOOL_FILES: &str = "rhc_spool_segments";
 /// Age of the oldest spool file not yet uploaded.
 pub const OLDEST_AGE: &str = "rhc_spool_oldest_unuploaded_age_seconds";
-/// Time from the first write of a group to the end of its fsyncs.
+/// Time from the first write of a group to the end of its sync (including the wait for the
+/// sync in flight before it).
 pub const COMMIT_SECONDS: &str = "rhc_spool_commit_seconds";
 /// Bytes made durable.
 pub const SPOOL_WRITTEN: &str = "rhc_spool_written_bytes_total";
