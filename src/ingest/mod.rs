@@ -33,7 +33,7 @@ use crate::dedup::id_hash;
 use crate::layout::{Partition, Stream};
 use crate::metrics as m;
 use crate::nodeid::EventNodeHint;
-use crate::routing::{route, NodeName, QuarantineReason};
+use crate::routing::{route_with, IdCache, NodeName, QuarantineReason};
 use crate::spool::{AppendBatch, EventSpan, PartitionBatch, QuarantinedEvent, Spool};
 use parse::{for_each_event, ParsedEvent};
 
@@ -445,6 +445,7 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
     let mut quarantined = Vec::new();
     let mut last: usize = usize::MAX;
     let mut seen_node: Option<String> = None;
+    let mut ids = IdCache::default();
     for_each_event(body, |ev| {
         let ParsedEvent::Object(fields) = &ev.parsed else {
             quarantined.push(QuarantinedEvent {
@@ -455,7 +456,7 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
             });
             return;
         };
-        let r = match route(fields, fallback) {
+        let r = match route_with(fields, fallback, &mut ids) {
             Ok(r) => r,
             Err(reason) => {
                 quarantined.push(QuarantinedEvent {
