@@ -238,24 +238,33 @@ impl ExportTailer {
             return Ok(None);
         }
         let key = format!("{session}/{}", meta.ino());
-        let mut f = File::open(path)?;
-        let mut start = match self.state.files.get(&key) {
-            Some(o)
-                if o.inode == meta.ino()
-                    && o.offset <= meta.len()
-                    && fingerprint(&mut f, o.offset)? == o.fingerprint =>
-            {
-                o.offset
+        let known = self.state.files.get(&key).cloned();
+        // Up to 8 MiB of reading: off the async workers, which serve Ray's requests.
+        let read = off_async_thread(|| -> io::Result<Option<(File, u64, Vec<u8>)>> {
+            let mut f = File::open(path)?;
+            let start = match known {
+                Some(o)
+                    if o.inode == meta.ino()
+                        && o.offset <= meta.len()
+                        && fingerprint(&mut f, o.offset)? == o.fingerprint =>
+                {
+                    o.offset
+                }
+                _ => 0,
+            };
+            if start >= meta.len() {
+                return Ok(None);
             }
-            _ => 0,
-        };
-        if start >= meta.len() {
+            let want = (meta.len() - start).min(MAX_READ);
+            let mut buf = vec![0u8; want as usize];
+            f.seek(SeekFrom::Start(start))?;
+            f.read_exact(&mut buf)?;
+            Ok(Some((f, start, buf)))
+        })?;
+        let Some((mut f, mut start, mut buf)) = read else {
             return Ok(None);
-        }
-        let want = (meta.len() - start).min(MAX_READ);
-        let mut buf = vec![0u8; want as usize];
-        f.seek(SeekFrom::Start(start))?;
-        f.read_exact(&mut buf)?;
+        };
+        let want = buf.len() as u64;
         // Only complete lines; an incomplete last line waits for its newline.
         let Some(end) = buf.iter().rposition(|&c| c == b'\n').map(|i| i + 1) else {
             if want == MAX_READ {
@@ -278,7 +287,7 @@ impl ExportTailer {
             };
             self.spool.append(batch).await.map_err(io::Error::other)?;
             start += consumed;
-            let fp = fingerprint(&mut f, start)?;
+            let fp = off_async_thread(|| fingerprint(&mut f, start))?;
             self.state.files.insert(
                 key,
                 FileOffset {
@@ -298,7 +307,7 @@ impl ExportTailer {
         let batch = self.route(&body, session, node, name, start);
         let outcome = self.spool.append(batch).await.map_err(io::Error::other)?;
         let new_offset = start + end as u64;
-        let fp = fingerprint(&mut f, new_offset)?;
+        let fp = off_async_thread(|| fingerprint(&mut f, new_offset))?;
         self.state.files.insert(
             key,
             FileOffset {
@@ -425,13 +434,23 @@ impl ExportTailer {
             return;
         }
         let path = offsets_path(&self.cfg.state_dir);
-        let result = crate::spool::write_json_atomically(&path, &self.state);
+        // Written and fsync'd: off the async workers.
+        let result = off_async_thread(|| crate::spool::write_json_atomically(&path, &self.state));
         match result {
             Ok(()) => self.dirty = false,
             Err(e) => {
                 tracing::error!(path = %path.display(), error = %e, "could not save export offsets")
             }
         }
+    }
+}
+
+/// Runs blocking file work without stalling the other tasks of an async worker thread
+/// (they move to another worker meanwhile); runs it inline outside a multi-thread runtime.
+fn off_async_thread<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 
