@@ -7,6 +7,8 @@ use ray_history_collector::config::{Cli, Command, Settings};
 use ray_history_collector::{env_var, metrics, run, Exit};
 
 fn main() -> ExitCode {
+    // Before any thread starts: arenas that already exist are kept.
+    let one_arena = use_one_malloc_arena();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -35,6 +37,9 @@ fn main() -> ExitCode {
         }
     };
     init_logging(&settings.log_format);
+    if !one_arena {
+        tracing::warn!("mallopt(M_ARENA_MAX, 1) failed: freed memory may stay resident");
+    }
     let handle = match metrics::install() {
         Ok(h) => h,
         Err(e) => {
@@ -66,6 +71,29 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Makes glibc's malloc use one arena (glibc only; a no-op elsewhere). Returns false if
+/// glibc refused.
+///
+/// glibc gives threads that contend for the heap arenas of their own (up to 8 per core) and
+/// keeps what is freed in each: an 8 MiB upload part read on a blocking-pool thread stays
+/// resident in that thread's arena after it is sent, and `malloc_trim` (the spool's idle
+/// trim) gives back the top of the main arena only. Measured on 2 cores: shipping a 2 GiB log
+/// peaked at 47–64 MiB (`/proc/<pid>/smaps`: six arenas of ~8.4 MiB resident each), and
+/// 25–39 MiB stayed resident 10 s after an ingest burst (10 MiB at start). With one arena:
+/// 22 MiB and 18–19 MiB, page faults and ingest rate unchanged within the noise. A fixed
+/// `M_MMAP_THRESHOLD` also fixes the log peak but pins the trim threshold at 128 KiB, and
+/// each freed request body is then given back and faulted in again: 8× the page faults and
+/// ~15 % more CPU at 100,000 events/s.
+fn use_one_malloc_arena() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes malloc's tuning; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1) == 1
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    true
 }
 
 fn init_logging(format: &str) {
