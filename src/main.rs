@@ -79,13 +79,14 @@ fn main() -> ExitCode {
 /// glibc gives threads that contend for the heap arenas of their own (up to 8 per core) and
 /// keeps what is freed in each: an 8 MiB upload part read on a blocking-pool thread stays
 /// resident in that thread's arena after it is sent, and `malloc_trim` (the spool's idle
-/// trim) gives back the top of the main arena only. Measured on 2 cores: shipping a 2 GiB log
+/// trim) shrinks the top of the main arena only. Measured on 2 cores: shipping a 2 GiB log
 /// peaked at 47–64 MiB (`/proc/<pid>/smaps`: six arenas of ~8.4 MiB resident each), and
-/// 25–39 MiB stayed resident 10 s after an ingest burst (10 MiB at start). With one arena:
-/// 22 MiB and 18–19 MiB, page faults and ingest rate unchanged within the noise. A fixed
-/// `M_MMAP_THRESHOLD` also fixes the log peak but pins the trim threshold at 128 KiB, and
-/// each freed request body is then given back and faulted in again: 8× the page faults and
-/// ~15 % more CPU at 100,000 events/s.
+/// 25–34 MiB stayed resident 10 s after an ingest burst. With one arena: 22.5 MiB, and
+/// 18.5–23.5 MiB (the rest is live: code and the deduplication window); page faults, ingest
+/// rate and p99 unchanged within the noise, no lock waits in a perf profile. A fixed
+/// `M_MMAP_THRESHOLD` also fixes the log peak, but it pins the trim threshold at 128 KiB:
+/// every freed request body is then given back and faulted in again, 8× the page faults
+/// and ~15 % more CPU at 100,000 events/s.
 fn use_one_malloc_arena() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes malloc's tuning; called before any other thread exists.
