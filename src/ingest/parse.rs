@@ -413,13 +413,22 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// The event object (at its `{`): every member checked, routing fields read.
-    fn event_object(&mut self) -> Scan<EventFields<'a>> {
-        let mut fields = EventFields::default();
+    /// Steps into the object at `{`; true if it is empty (its `}` read too).
+    fn enter_object(&mut self) -> bool {
         self.i += 1;
         self.ws();
         if self.peek() == Some(b'}') {
             self.i += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The event object (at its `{`): every member checked, routing fields read.
+    fn event_object(&mut self) -> Scan<EventFields<'a>> {
+        let mut fields = EventFields::default();
+        if self.enter_object() {
             return Ok(fields);
         }
         loop {
@@ -454,10 +463,7 @@ impl<'a> Scanner<'a> {
     /// A member of the event (at depth 1, its value at depth 2): returns its `jobId`, if any.
     fn payload_object(&mut self) -> Scan<Option<Field<'a>>> {
         let mut job = None;
-        self.i += 1;
-        self.ws();
-        if self.peek() == Some(b'}') {
-            self.i += 1;
+        if self.enter_object() {
             return Ok(None);
         }
         loop {
