@@ -578,20 +578,20 @@ fn fail_all(replies: Vec<AppendReply>, err: SpoolError) {
 /// other (measured on this project's 2-core VM: 5 files of a 1 MB group, 3.4 ms one after
 /// the other, 2.5-2.9 ms at once).
 fn sync_in_parallel(files: &[(&File, &Path)], dirs: &[PathBuf]) -> Result<(), SpoolError> {
+    let sync_file = |f: &File, path: &Path| {
+        f.sync_data()
+            .map_err(|e| SpoolError::io("syncing segment", path, e))
+    };
     if files.len() + dirs.len() <= 1 {
-        for (f, path) in files {
-            f.sync_data()
-                .map_err(|e| SpoolError::io("syncing segment", path, e))?;
+        for &(f, path) in files {
+            sync_file(f, path)?;
         }
         return dirs.iter().try_for_each(|d| fsync_dir(d));
     }
     std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(files.len() + dirs.len());
         for &(f, path) in files {
-            handles.push(scope.spawn(move || {
-                f.sync_data()
-                    .map_err(|e| SpoolError::io("syncing segment", path, e))
-            }));
+            handles.push(scope.spawn(move || sync_file(f, path)));
         }
         for d in dirs {
             handles.push(scope.spawn(move || fsync_dir(d)));
@@ -869,6 +869,13 @@ impl Writer {
         }
     }
 
+    /// The next command if one is there now.
+    fn try_next_command(&mut self) -> Option<Command> {
+        self.deferred
+            .pop_front()
+            .or_else(|| self.inbox.rx.try_recv().ok())
+    }
+
     fn run(&mut self) {
         let tick = Duration::from_millis(250);
         let mut last_age_check = Instant::now();
@@ -909,10 +916,7 @@ impl Writer {
                 if group.len() >= 256 {
                     break;
                 }
-                next = match self.deferred.pop_front() {
-                    Some(c) => Some(c),
-                    None => self.inbox.rx.try_recv().ok(),
-                };
+                next = self.try_next_command();
             }
             if !group.is_empty() {
                 self.write_group(group);
@@ -1022,14 +1026,10 @@ impl Writer {
         if self.syncing.is_some() {
             return;
         }
-        let Some(flight) = self.waiting.take() else {
+        let Some(mut flight) = self.waiting.take() else {
             return;
         };
-        let job = SyncJob {
-            files: flight.written.files.clone(),
-            dirs: flight.written.dirs.clone(),
-            whole_fs: flight.written.whole_fs.then(|| self.lock.clone()),
-        };
+        let job = self.sync_job(&mut flight.written);
         self.syncing = Some(flight);
         if self.syncer.send(job).is_err() {
             self.synced(Err(SpoolError::io(
@@ -1280,13 +1280,8 @@ impl Writer {
     /// nothing else may be in flight); on error the caller rolls back.
     fn flush_group(&mut self) -> Result<(), SpoolError> {
         let started = Instant::now();
-        let written = self.write_pending()?;
-        let job = SyncJob {
-            files: written.files.clone(),
-            dirs: written.dirs.clone(),
-            whole_fs: written.whole_fs.then(|| self.lock.clone()),
-        };
-        run_sync(&job)?;
+        let mut written = self.write_pending()?;
+        run_sync(&self.sync_job(&mut written))?;
         self.mark_durable(&written);
         m::spool_commit(written.bytes, started.elapsed());
         Ok(())
@@ -1348,6 +1343,16 @@ impl Writer {
             out.dirs = self.dirty_dirs.drain().collect();
         }
         Ok(out)
+    }
+
+    /// What syncing `written` takes; its files and directories move into the job (only
+    /// what it appended is needed afterwards).
+    fn sync_job(&self, written: &mut Written) -> SyncJob {
+        SyncJob {
+            files: std::mem::take(&mut written.files),
+            dirs: std::mem::take(&mut written.dirs),
+            whole_fs: written.whole_fs.then(|| self.lock.clone()),
+        }
     }
 
     /// Records that what `written` appended is durable.
