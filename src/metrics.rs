@@ -25,6 +25,8 @@ pub const INGEST_BYTES: &str = "rhc_ingest_bytes_total";
 pub const INVALID_BODIES: &str = "rhc_invalid_bodies_total";
 /// Of those, bodies answered 400 but not kept in quarantine (over the keeping rate).
 pub const INVALID_BODIES_NOT_KEPT: &str = "rhc_invalid_bodies_not_kept_total";
+/// Connections closed at the connection cap because they had sent no request head.
+pub const CONNECTIONS_CLOSED_STALLED: &str = "rhc_connections_closed_stalled_total";
 /// Bytes in the spool not yet uploaded.
 pub const SPOOL_BYTES: &str = "rhc_spool_bytes";
 /// Files in the spool not yet uploaded.
@@ -76,6 +78,7 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
     counter!(EVENTS_DUPLICATE).absolute(0);
     counter!(INVALID_BODIES).absolute(0);
     counter!(INVALID_BODIES_NOT_KEPT).absolute(0);
+    counter!(CONNECTIONS_CLOSED_STALLED).absolute(0);
     Ok(handle)
 }
 
@@ -119,6 +122,10 @@ pub(crate) fn invalid_body() {
 
 pub(crate) fn invalid_body_not_kept() {
     counter!(INVALID_BODIES_NOT_KEPT).increment(1);
+}
+
+pub(crate) fn connection_closed_stalled() {
+    counter!(CONNECTIONS_CLOSED_STALLED).increment(1);
 }
 
 pub(crate) fn backpressure() {

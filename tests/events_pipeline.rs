@@ -957,3 +957,79 @@ fn large_segments_go_up_as_multipart_to_s3() {
     );
     verify_acked(&objects, &acked);
 }
+
+/// One POST of `body` on an open keep-alive connection; the status, or an error if no
+/// answer came within the stream's read timeout.
+fn post_on(stream: &mut std::net::TcpStream, body: &str) -> std::io::Result<u16> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    write!(
+        stream,
+        "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let status = line
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let mut len = 0usize;
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 || line.trim().is_empty() {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap_or(0);
+        }
+    }
+    reader.read_exact(&mut vec![0u8; len])?;
+    Ok(status)
+}
+
+#[test]
+fn stalled_connections_make_room_for_a_new_client_at_the_cap() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    let c = Collector::start(
+        &tmp.path().join("spool"),
+        &["--storage", bucket.to_str().unwrap()],
+        &[],
+    );
+    let addr = format!("127.0.0.1:{}", c.port);
+    let connect = || {
+        let s = TcpStream::connect(&addr).unwrap();
+        // Well under the 10 s header timeout that would free a slot anyway.
+        s.set_read_timeout(Some(Duration::from_secs(6))).unwrap();
+        s
+    };
+    // The oldest connection has sent a request: it must never be the one closed.
+    let mut served = connect();
+    assert_eq!(
+        post_on(&mut served, &batch(&["cap-1".into()], 1)).unwrap(),
+        200
+    );
+    // Fill the other 255 places: silent connections, and some sending a header byte.
+    let mut stalled: Vec<TcpStream> = (0..255).map(|_| connect()).collect();
+    for s in stalled.iter_mut().step_by(5) {
+        s.write_all(b"P").unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+
+    let mut newcomer = connect();
+    assert_eq!(
+        post_on(&mut newcomer, &batch(&["cap-2".into()], 1)).unwrap(),
+        200,
+        "a new client at the cap must not wait for the stalled connections' header timeout"
+    );
+    assert_eq!(
+        post_on(&mut served, &batch(&["cap-3".into()], 1)).unwrap(),
+        200
+    );
+    assert!(c.metric("rhc_connections_closed_stalled_total") >= 1.0);
+    drop(stalled);
+}

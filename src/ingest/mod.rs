@@ -5,6 +5,7 @@
 //! (the bad events go to quarantine), 4xx is only for bodies that can never succeed, and
 //! 503 is only for real backpressure or shutdown, when a resend is what we want.
 
+mod connections;
 pub mod parse;
 
 use std::convert::Infallible;
@@ -27,7 +28,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 
 use crate::dedup::id_hash;
 use crate::layout::{Partition, Stream};
@@ -35,13 +36,14 @@ use crate::metrics as m;
 use crate::nodeid::EventNodeHint;
 use crate::routing::{route_with, IdCache, NodeName, QuarantineReason};
 use crate::spool::{AppendBatch, EventSpan, PartitionBatch, QuarantinedEvent, Spool};
+use connections::Connections;
 use parse::{for_each_event, ParsedEvent};
 
 /// How long a client may take to send a whole body.
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a client may take to send request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections served at once; more wait in the accept queue.
+/// Connections served at once; past it, stalled ones make room or new ones wait.
 const MAX_CONNECTIONS: usize = 256;
 /// Invalid bodies kept in quarantine: a burst of this many, then [`KEPT_BODIES_PER_SECOND`].
 /// Each kept body costs a file, its syncs and an upload; a storm of distinct bad bodies
@@ -151,12 +153,12 @@ impl Drop for InflightGuard<'_> {
 }
 
 /// Accepts connections until the task is dropped.
+///
+/// At most [`MAX_CONNECTIONS`] are served at once; at the cap a new connection closes the
+/// oldest one that has sent no request head (see [`connections`]), or waits.
 pub async fn serve(listener: TcpListener, state: Arc<IngestState>) {
-    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let connections = Connections::new(MAX_CONNECTIONS);
     loop {
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return;
-        };
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
@@ -166,10 +168,13 @@ pub async fn serve(listener: TcpListener, state: Arc<IngestState>) {
                 continue;
             }
         };
+        let admitted = connections.admit().await;
         let _ = stream.set_nodelay(true);
         let state = state.clone();
         tokio::spawn(async move {
+            let slot = admitted.slot.clone();
             let svc = service_fn(move |req| {
+                slot.mark_served();
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(handle(req, &state).await) }
             });
@@ -178,10 +183,27 @@ pub async fn serve(listener: TcpListener, state: Arc<IngestState>) {
                 .header_read_timeout(HEADER_TIMEOUT)
                 .keep_alive(true)
                 .serve_connection(TokioIo::new(stream), svc);
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            let mut conn = std::pin::pin!(conn);
+            loop {
+                tokio::select! {
+                    result = &mut conn => {
+                        if let Err(e) = result {
+                            tracing::debug!(%peer, error = %e, "connection ended with an error");
+                        }
+                        break;
+                    }
+                    () = admitted.slot.closed_to_make_room() => {
+                        // Checked here, between polls of the connection: if a request head
+                        // arrived since it was chosen, it is served, not cut off.
+                        if !admitted.slot.is_served() {
+                            m::connection_closed_stalled();
+                            tracing::debug!(%peer, "closed a connection that sent no request head, to make room for a new one");
+                            break;
+                        }
+                    }
+                }
             }
-            drop(permit);
+            drop(admitted);
         });
     }
 }
