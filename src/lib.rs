@@ -107,6 +107,11 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     let (stop_logs, stop_logs_rx) = tokio::sync::watch::channel(false);
     let sessions = session::watch_sessions(settings.ray_tmp_dir.clone(), Duration::from_secs(1));
     let (stop_export, stop_export_rx) = tokio::sync::watch::channel(false);
+    let node_ids = nodeid::NodeIdResolver::new(
+        settings.node_id.clone(),
+        settings.ray_tmp_dir.clone(),
+        event_node.clone(),
+    );
     let export_task = if settings.enable_export_events {
         let tailer = export_events::ExportTailer::new(
             export_events::ExportConfig {
@@ -115,11 +120,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
                 poll_interval: Duration::from_secs(1),
             },
             spool.clone(),
-            nodeid::NodeIdResolver::new(
-                settings.node_id.clone(),
-                settings.ray_tmp_dir.clone(),
-                event_node.clone(),
-            ),
+            node_ids.clone(),
         );
         Some(tokio::spawn(tailer.run(sessions.clone(), stop_export_rx)))
     } else {
@@ -136,11 +137,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
             },
             store.clone(),
             spool.clone(),
-            nodeid::NodeIdResolver::new(
-                settings.node_id.clone(),
-                settings.ray_tmp_dir.clone(),
-                event_node.clone(),
-            ),
+            node_ids,
         )?;
         let dashboard = dashboard::DashboardConfig::from_env(
             settings.dashboard_address.clone(),

@@ -30,12 +30,15 @@ struct RayletScan {
 }
 
 /// Resolves and remembers node ids per session.
-#[derive(Debug)]
+///
+/// Clones share what they have read of each `raylet.out`, so the log shipper and the export
+/// tailer read it once between them.
+#[derive(Debug, Clone)]
 pub struct NodeIdResolver {
     configured: Option<String>,
     ray_tmp: PathBuf,
     events: EventNodeHint,
-    scans: HashMap<PathBuf, RayletScan>,
+    scans: Arc<Mutex<HashMap<PathBuf, RayletScan>>>,
 }
 
 impl NodeIdResolver {
@@ -45,7 +48,7 @@ impl NodeIdResolver {
             configured,
             ray_tmp,
             events,
-            scans: HashMap::new(),
+            scans: Arc::default(),
         }
     }
 
@@ -68,7 +71,9 @@ impl NodeIdResolver {
     /// The id named by the last "Setting node ID" line of `<session>/logs/raylet.out`.
     fn scan_raylet_out(&mut self, session_dir: &Path) -> Option<String> {
         let path = session_dir.join("logs").join("raylet.out");
-        let scan = self.scans.entry(session_dir.to_path_buf()).or_default();
+        // Held while reading, so two clones never read the same bytes twice.
+        let mut scans = self.scans.lock().unwrap_or_else(|p| p.into_inner());
+        let scan = scans.entry(session_dir.to_path_buf()).or_default();
         let Ok(mut f) = File::open(&path) else {
             return scan.found.clone();
         };
@@ -162,7 +167,20 @@ mod tests {
         write!(f, "[..] (raylet) main.cc:711: Setting node ID node_id={B}").unwrap(); // incomplete line
         assert_eq!(r.resolve_local(&session).as_deref(), Some(A));
         writeln!(f).unwrap();
-        assert_eq!(r.resolve_local(&session).as_deref(), Some(B));
+        // A clone (the other reader of the same node) shares what was read.
+        let mut other = r.clone();
+        assert_eq!(other.resolve_local(&session).as_deref(), Some(B));
+        let offset = |r: &NodeIdResolver| r.scans.lock().unwrap()[&session].offset;
+        assert_eq!(
+            offset(&r),
+            std::fs::metadata(session.join("logs/raylet.out"))
+                .unwrap()
+                .len()
+        );
+        writeln!(f, "[..] (raylet) main.cc:711: Setting node ID node_id={A}").unwrap();
+        assert_eq!(other.resolve_local(&session).as_deref(), Some(A));
+        assert_eq!(r.resolve_local(&session).as_deref(), Some(A));
+        assert_eq!(offset(&r), offset(&other));
         let mut cfg =
             NodeIdResolver::new(Some("ab".into()), tmp.path().to_path_buf(), Arc::default());
         assert_eq!(cfg.resolve_local(&session).as_deref(), Some("ab"));
