@@ -722,6 +722,51 @@ mod tests {
         assert!(parse_body(b"[{\"a\":\"\xff\"}]").is_err());
     }
 
+    #[test]
+    fn utf8_is_checked_in_strings_and_refused_elsewhere() {
+        let bad: [&[u8]; 7] = [
+            b"\xff",
+            b"\xc0\xaf",         // overlong '/'
+            b"\xed\xa0\x80",     // surrogate
+            b"\xf4\x90\x80\x80", // past U+10FFFF
+            b"\xe2\x82",         // cut short
+            b"\x80",             // continuation byte alone
+            b"\xc3\xa9\xe9",     // valid, then a lone lead byte
+        ];
+        // Every position in and around the 8-byte steps of the string scan, in values and keys.
+        for pad in 0..18 {
+            let fill = "x".repeat(pad);
+            for b in bad {
+                for body in [
+                    [format!("[{{\"a\":\"{fill}").as_bytes(), b, b"y\"}]"].concat(),
+                    [format!("[{{\"{fill}").as_bytes(), b, b"\":1}]"].concat(),
+                ] {
+                    let e = parse_body(&body).unwrap_err();
+                    assert!(e.message.contains("UTF-8"), "{e} {body:?}");
+                }
+            }
+            let good = format!("[{{\"k\u{e9}\":\"{fill}\u{e9}\u{20ac}\u{1F600}{fill}\"}}]");
+            let evs = parse_body(good.as_bytes()).unwrap();
+            assert_eq!(evs.len(), 1, "{good}");
+        }
+        // Outside strings JSON has no place for non-ASCII bytes.
+        for body in [
+            &b"[\xc3\xa9]"[..],
+            b"[{\"a\":1}\xc2\xa0]",
+            b"[1\xc3\xa9]",
+            b"\xef\xbb\xbf[]",
+        ] {
+            assert!(parse_body(body).is_err(), "{body:?}");
+        }
+        // A routing field with non-ASCII text is borrowed as text.
+        let body = "[{\"eventId\":\"\u{e9}t\u{e9}\",\"sessionName\":\"s\"}]";
+        let evs = parse_body(body.as_bytes()).unwrap();
+        let ParsedEvent::Object(f) = &evs[0].parsed else {
+            panic!()
+        };
+        assert_eq!(f.event_id, s("\u{e9}t\u{e9}"));
+    }
+
     /// The old serde_json parser, wrapped as an element parser for `split_body`.
     fn reference_element(text: &str, start: usize) -> Result<(RawEvent<'_>, usize), BodyError> {
         let slice = &text.as_bytes()[start..];
