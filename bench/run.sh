@@ -14,7 +14,8 @@
 #
 # Measured per round, interleaved so that noise from other work on the machine hits every
 # figure alike: dd's sequential write with fdatasync (the bound of any durable ingest
-# here), the null sink (rhc-null-sink: the bound of the HTTP side, same load generator),
+# here; before and right after the collector's maximum run, and the mean of the two is the
+# round's baseline), the null sink (rhc-null-sink: the bound of the HTTP side, same load generator),
 # the collector's idle RSS, its maximum durable ingest, the same at half that rate, and
 # 10,000 distinct jobs. Then: a sweep of offered load (the plot), 60 s sustained with gzip
 # and uploads to S3, SIGTERM with 256 MB of spool, and one 2 GB log file.
@@ -157,17 +158,22 @@ last() { tail -1 "$RESULTS" | python3 -c "import json,sys; print(json.loads(sys.
 # for the CPU) and the budget never pushes back; the spool is dropped after each run.
 INGEST=(--max-segment-bytes 4GiB --rotation-interval 1h --max-spool-bytes 64GiB)
 
+# dd: sequential write of 512 MiB + one fdatasync, on the spool's filesystem.
+dd_round() {
+    local ddout ddmb
+    ddout="$(dd if=/dev/zero of="$OUT/run/dd.bin" bs=1M count=512 conv=fdatasync 2>&1 | tail -1)"
+    rm -f "$OUT/run/dd.bin"
+    ddmb="$(echo "$ddout" | python3 -c 'import re,sys; t=sys.stdin.read(); b=int(t.split()[0]); s=float(re.search(r"copied, ([0-9.]+) s", t).group(1)); print(round(b/s/1e6,1))')"
+    emit "{\"label\":\"$1\",\"mb_per_s\":$ddmb}"
+    log "  dd conv=fdatasync ($1)  $ddmb MB/s"
+}
+
 # ------------------------------------------------------------------ rounds
 for r in $(seq "$ROUNDS"); do
     log "round $r/$ROUNDS (loadavg $(cut -d' ' -f1 /proc/loadavg))"
     emit "{\"label\":\"loadavg/r$r\",\"loadavg\":$(cut -d' ' -f1 /proc/loadavg)}"
 
-    # dd: sequential write + one fdatasync, on the spool's filesystem.
-    ddout="$(dd if=/dev/zero of="$OUT/run/dd.bin" bs=1M count=512 conv=fdatasync 2>&1 | tail -1)"
-    rm -f "$OUT/run/dd.bin"
-    ddmb="$(echo "$ddout" | python3 -c 'import re,sys; t=sys.stdin.read(); b=int(t.split()[0]); s=float(re.search(r"copied, ([0-9.]+) s", t).group(1)); print(round(b/s/1e6,1))')"
-    emit "{\"label\":\"dd/r$r\",\"mb_per_s\":$ddmb}"
-    log "  dd conv=fdatasync        $ddmb MB/s"
+    dd_round "dd/r$r"
 
     # Null sink: the HTTP bound, same generator.
     NPORT="$(free_port)"
@@ -184,6 +190,9 @@ for r in $(seq "$ROUNDS"); do
     loadgen "ingest_max/r$r" "http://127.0.0.1:$CPORT/v1/events" "$CPID" --duration "$DUR" --warmup "$WARM" \
         --metrics-url "http://127.0.0.1:$CPORT/metrics"
     max_eps="$(last events_per_s)"
+    # dd again right after: the disk's bandwidth moves within a round (367-658 MB/s across
+    # the rounds of one run), so the baseline is the mean of before and after.
+    dd_round "dd_after/r$r"
     sleep 5
     emit "{\"label\":\"idle_after/r$r\",\"rss_mib\":$(rss_mib "$CPID")}"
     stop_collector
