@@ -773,7 +773,7 @@ fn storage_outage_then_drain_loses_nothing() {
     };
     s3.create_bucket("outage");
     // The outage is cut between collector and server, so the server keeps what it has.
-    let mut relay = TcpRelay::start(s3.endpoint.trim_start_matches("http://"));
+    let mut relay = TcpRelay::start(s3.endpoint.trim_start_matches("http://")).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let mut env = s3_env(&s3);
     env[0].1 = relay.url();
@@ -802,7 +802,7 @@ fn storage_outage_then_drain_loses_nothing() {
         "no failed upload seen during the outage"
     );
     assert!(c.metric("rhc_spool_bytes") > 0.0);
-    relay.restore();
+    relay.restore().unwrap();
     std::thread::sleep(Duration::from_secs(2));
     let (acked, _, ok, refused) = poster.finish();
     assert_eq!(refused, 0, "requests refused within the budget");

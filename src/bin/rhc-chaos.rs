@@ -34,6 +34,11 @@ use clap::Parser;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde_json::json;
 
+#[allow(dead_code)]
+#[path = "common/tcp_relay.rs"]
+mod tcp_relay;
+use tcp_relay::TcpRelay;
+
 /// Runs fault scenarios against a collector binary.
 #[derive(Parser, Debug)]
 #[command(name = "rhc-chaos")]
@@ -1043,117 +1048,6 @@ fn verify(store: &Arc<dyn ObjectStore>, ledger: &Ledger) -> Check {
     check
 }
 
-// ------------------------------------------------------------------ TCP relay
-
-/// 127.0.0.1:<port> → the storage server; `cut` refuses new connections and resets open
-/// ones (the server keeps its state), `restore` listens again on the same port.
-struct Relay {
-    port: u16,
-    target: u16,
-    up: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<TcpStream>>>,
-    acceptor: Option<JoinHandle<()>>,
-}
-
-impl Relay {
-    fn start(target: u16) -> Result<Relay, String> {
-        let mut r = Relay {
-            port: free_port(),
-            target,
-            up: Arc::new(AtomicBool::new(false)),
-            conns: Arc::new(Mutex::new(Vec::new())),
-            acceptor: None,
-        };
-        r.restore()?;
-        Ok(r)
-    }
-
-    fn cut(&mut self) {
-        self.up.store(false, Ordering::SeqCst);
-        if let Some(a) = self.acceptor.take() {
-            let _ = a.join();
-        }
-        if let Ok(mut list) = self.conns.lock() {
-            for c in list.drain(..) {
-                let _ = c.shutdown(Shutdown::Both);
-            }
-        }
-    }
-
-    fn restore(&mut self) -> Result<(), String> {
-        if self.acceptor.is_some() {
-            return Ok(());
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let listener = loop {
-            match TcpListener::bind(("127.0.0.1", self.port)) {
-                Ok(l) => break l,
-                Err(e) if Instant::now() > deadline => {
-                    return Err(format!("relay cannot bind port {}: {e}", self.port))
-                }
-                Err(_) => thread::sleep(Duration::from_millis(50)),
-            }
-        };
-        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
-        self.up.store(true, Ordering::SeqCst);
-        let (up, conns, target) = (self.up.clone(), self.conns.clone(), self.target);
-        self.acceptor = Some(thread::spawn(move || {
-            while up.load(Ordering::SeqCst) {
-                match listener.accept() {
-                    Ok((client, _)) => {
-                        let _ = client.set_nonblocking(false);
-                        let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
-                            continue;
-                        };
-                        let _ = client.set_nodelay(true);
-                        let _ = server.set_nodelay(true);
-                        let (Ok(c2), Ok(s2), Ok(c3), Ok(s3)) = (
-                            client.try_clone(),
-                            server.try_clone(),
-                            client.try_clone(),
-                            server.try_clone(),
-                        ) else {
-                            continue;
-                        };
-                        if let Ok(mut list) = conns.lock() {
-                            list.retain(|s| s.peer_addr().is_ok());
-                            list.push(c2);
-                            list.push(s2);
-                        }
-                        pipe(client, server);
-                        pipe(s3, c3);
-                    }
-                    Err(_) => thread::sleep(Duration::from_millis(5)),
-                }
-            }
-        }));
-        Ok(())
-    }
-}
-
-fn pipe(mut from: TcpStream, mut to: TcpStream) {
-    thread::spawn(move || {
-        let mut buf = vec![0u8; 256 * 1024];
-        loop {
-            match from.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if to.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        let _ = to.shutdown(Shutdown::Write);
-    });
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.cut();
-    }
-}
-
 // ------------------------------------------------------------------ the collector
 
 struct Collector {
@@ -1329,7 +1223,7 @@ struct Ctx {
 struct Setup {
     bucket: String,
     collector: Collector,
-    relay: Option<Relay>,
+    relay: Option<TcpRelay>,
 }
 
 impl Ctx {
@@ -1346,7 +1240,10 @@ impl Ctx {
         let bucket = format!("chaos-{name}-{n}");
         self.storage.create_bucket(&bucket)?;
         let relay = if relay {
-            Some(Relay::start(self.storage.port)?)
+            Some(TcpRelay::start(&format!(
+                "127.0.0.1:{}",
+                self.storage.port
+            ))?)
         } else {
             None
         };
