@@ -193,7 +193,8 @@ for r in $(seq "$ROUNDS"); do
     # dd again right after: the disk's bandwidth moves within a round (367-658 MB/s across
     # the rounds of one run), so the baseline is the mean of before and after.
     dd_round "dd_after/r$r"
-    sleep 5
+    # The collector gives freed memory back after 5 s without writes; sampled after that.
+    sleep 7
     emit "{\"label\":\"idle_after/r$r\",\"rss_mib\":$(rss_mib "$CPID")}"
     stop_collector
 

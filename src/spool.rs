@@ -986,6 +986,8 @@ impl Writer {
                     // After a burst, give the freed heap back to the node: malloc keeps it
                     // otherwise, and an idle sidecar should look idle.
                     if !trimmed && last_write.elapsed() >= IDLE_TRIM_AFTER {
+                        // The pooled line buffers too (up to 4 MiB): a burst refills them.
+                        self.buffers = Vec::new();
                         release_free_memory();
                         trimmed = true;
                     }
