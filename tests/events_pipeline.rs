@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use support::collector::{decode, history_server_accepts, read_all, Collector};
 use support::relay::TcpRelay;
-use support::services::{Azurite, MotoS3};
+use support::services::{read_response, Azurite, MotoS3};
 
 const CAMEL: &str = include_str!("data/posts-camel.jsonl");
 const SNAKE: &str = include_str!("data/posts-snake.jsonl");
@@ -961,32 +961,14 @@ fn large_segments_go_up_as_multipart_to_s3() {
 /// One POST of `body` on an open keep-alive connection; the status, or an error if no
 /// answer came within the stream's read timeout.
 fn post_on(stream: &mut std::net::TcpStream, body: &str) -> std::io::Result<u16> {
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::Write;
     write!(
         stream,
         "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    let status = line
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let mut len = 0usize;
-    loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 || line.trim().is_empty() {
-            break;
-        }
-        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-            len = v.trim().parse().unwrap_or(0);
-        }
-    }
-    reader.read_exact(&mut vec![0u8; len])?;
-    Ok(status)
+    let mut reader = std::io::BufReader::new(stream.try_clone()?);
+    read_response(&mut reader, "POST").map(|r| r.status)
 }
 
 #[test]

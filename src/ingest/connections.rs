@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 /// A connection that has not sent a whole request head after this long may be closed to
 /// make room (a real client sends its head within milliseconds of connecting).
-pub(super) const STALLED_AFTER: Duration = Duration::from_secs(2);
+const STALLED_AFTER: Duration = Duration::from_secs(2);
 /// How often a new connection waiting at the cap looks again for a stalled one.
 const RECHECK: Duration = Duration::from_millis(200);
 

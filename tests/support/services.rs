@@ -842,9 +842,15 @@ pub fn try_http_request(
     stream.write_all(body)?;
     stream.flush()?;
 
-    let mut reader = BufReader::new(stream);
+    read_response(&mut BufReader::new(stream), method)
+}
+
+/// Reads one HTTP/1.1 response (after any interim 1xx) from `reader`; `method` is the
+/// request's, since a HEAD answer has no body.
+pub fn read_response(reader: &mut impl BufRead, method: &str) -> io::Result<HttpResponse> {
+    let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
     let (status, resp_headers) = loop {
-        let (status, hs) = read_head(&mut reader)?;
+        let (status, hs) = read_head(reader)?;
         // Skip interim responses (100 Continue etc.), but not 101.
         if (100..200).contains(&status) && status != 101 {
             continue;
@@ -861,7 +867,7 @@ pub fn try_http_request(
     let no_body = method.eq_ignore_ascii_case("HEAD") || status == 204 || status == 304;
     if !no_body {
         if header("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked")) {
-            read_chunked(&mut reader, &mut body)?;
+            read_chunked(reader, &mut body)?;
         } else if let Some(len) = header("content-length") {
             let len: usize = len
                 .trim()
