@@ -605,7 +605,7 @@ struct SyncTask {
 /// The syncs of a group overlap: the disk queues their writes together instead of one
 /// file's data, inode and cache flush after the other (measured on this project's 2-core
 /// VM: 5 files of a 1 MB group, 3.4 ms one after the other, 2.5-2.9 ms at once). The
-/// threads are kept between groups: spawning one per file and group cost about 2.5 % of
+/// threads are kept between groups: spawning one per file and group cost about 2.2 % of
 /// the machine's CPU at full load (`clone3`, and `munmap` of its stack).
 struct SyncPool {
     workers: Mutex<Vec<mpsc::Sender<SyncTask>>>,
