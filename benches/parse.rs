@@ -3,7 +3,7 @@
 //! same body (`IgnoredAny`, which reads no field) and building a `Value` of it.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use ray_history_collector::ingest::parse::for_each_event;
+use ray_history_collector::events::parse::for_each_event;
 
 /// One body of about 1,000 events, made of the real Ray 2.60 events in `tests/data`.
 fn ray_body(events: usize) -> Vec<u8> {

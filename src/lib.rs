@@ -5,21 +5,16 @@
 //! [`spool`] (fsync'd segments, group commit) → [`upload`] (object store, retries), with
 //! [`layout`] holding the bucket-key contract and [`config`] the command line.
 
-pub mod config;
+pub mod contract;
 pub mod dashboard;
-pub mod dedup;
-pub mod export_events;
-pub mod ingest;
+pub mod events;
 pub mod inspect;
-pub mod layout;
 pub mod logs;
 pub mod metrics;
-pub mod nodeid;
-pub mod routing;
-pub mod session;
-pub mod spool;
+pub mod node;
+pub mod settings;
 pub mod storage;
-pub mod upload;
+pub mod util;
 
 use std::time::Instant;
 
@@ -31,9 +26,9 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use object_store::ObjectStore;
 use tokio::sync::mpsc;
 
-use crate::config::{Role, Settings};
-use crate::spool::{Spool, SpoolConfig};
-use crate::upload::{Uploader, UploaderConfig};
+use crate::events::spool::{Spool, SpoolConfig};
+use crate::events::upload::{Uploader, UploaderConfig};
+use crate::settings::{Role, Settings};
 
 /// How the collector ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,10 +85,10 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         spool.stats().clone(),
         sealed_rx,
     );
-    let listener = ingest::bind(settings.listen).await?;
+    let listener = events::http::bind(settings.listen).await?;
     let high_watermark = settings.max_spool_bytes / 10 * 9;
-    let event_node: nodeid::EventNodeHint = Default::default();
-    let state = ingest::IngestState::new(
+    let event_node: node::node_id::EventNodeHint = Default::default();
+    let state = events::http::IngestState::new(
         spool.clone(),
         settings.max_body_bytes,
         high_watermark,
@@ -102,19 +97,20 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         settings.enable_event_collector,
         metrics,
     );
-    let server = tokio::spawn(ingest::serve(listener, state.clone()));
+    let server = tokio::spawn(events::http::serve(listener, state.clone()));
 
     let (stop_logs, stop_logs_rx) = tokio::sync::watch::channel(false);
-    let sessions = session::watch_sessions(settings.ray_tmp_dir.clone(), Duration::from_secs(1));
+    let sessions =
+        node::session::watch_sessions(settings.ray_tmp_dir.clone(), Duration::from_secs(1));
     let (stop_export, stop_export_rx) = tokio::sync::watch::channel(false);
-    let node_ids = nodeid::NodeIdResolver::new(
+    let node_ids = node::node_id::NodeIdResolver::new(
         settings.node_id.clone(),
         settings.ray_tmp_dir.clone(),
         event_node.clone(),
     );
     let export_task = if settings.enable_export_events {
-        let tailer = export_events::ExportTailer::new(
-            export_events::ExportConfig {
+        let tailer = events::export_tailer::ExportTailer::new(
+            events::export_tailer::ExportConfig {
                 ray_tmp: settings.ray_tmp_dir.clone(),
                 state_dir: settings.spool_dir.clone(),
                 poll_interval: Duration::from_secs(1),
@@ -245,7 +241,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         );
         return Ok(Exit::Clean);
     }
-    let left = spool::leftover_files(&settings.spool_dir);
+    let left = events::spool::leftover_files(&settings.spool_dir);
     let total: u64 = left.iter().map(|(_, n)| n).sum();
     tracing::error!(
         files = left.len(),

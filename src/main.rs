@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use ray_history_collector::config::{Cli, Command, Settings};
+use ray_history_collector::settings::{Cli, Command, Settings};
 use ray_history_collector::{env_var, metrics, run, Exit};
 
 fn main() -> ExitCode {

@@ -8,8 +8,8 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::routing::QuarantineReason;
-use crate::spool::SpoolStats;
+use crate::events::route::QuarantineReason;
+use crate::events::spool::SpoolStats;
 
 /// Requests answered, by path and status code.
 pub const HTTP_REQUESTS: &str = "rhc_http_requests_total";

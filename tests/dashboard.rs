@@ -34,11 +34,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
+use ray_history_collector::contract::{ClusterLayout, Owner};
 use ray_history_collector::dashboard::{
     endpoint_key, node_id_by_ip, DashboardConfig, DashboardPoller, PollReport,
 };
-use ray_history_collector::layout::{ClusterLayout, Owner};
-use ray_history_collector::session::ActiveSession;
+use ray_history_collector::node::session::ActiveSession;
 
 const SESSION_A: &str = "session_2026-11-22_02-06-54_202993_1";
 const SESSION_B: &str = "session_2026-11-22_03-10-00_000001_2";

@@ -22,11 +22,11 @@ use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
-use crate::layout::{civil_from_days, is_safe_segment, ClusterLayout};
-use crate::nodeid::NodeIdResolver;
-use crate::session::{list_sessions, ActiveSession};
-use crate::spool::Spool;
-use crate::upload::{hash_file_prefix, put_file_prefix, UploadError};
+use crate::contract::{civil_from_days, is_safe_segment, ClusterLayout};
+use crate::events::spool::Spool;
+use crate::events::upload::{hash_file_prefix, put_file_prefix, UploadError};
+use crate::node::node_id::NodeIdResolver;
+use crate::node::session::{list_sessions, ActiveSession};
 
 /// Store failures in a row after which a round stops trying (the bucket is down).
 const MAX_FAILURES_IN_A_ROW: usize = 3;
@@ -111,7 +111,7 @@ impl Ledger {
         if !self.dirty {
             return;
         }
-        let result = crate::spool::write_json_atomically(&self.path, &self.data);
+        let result = crate::events::spool::write_json_atomically(&self.path, &self.data);
         match result {
             Ok(()) => self.dirty = false,
             Err(e) => {

@@ -12,7 +12,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::layout::id_to_hex;
+use crate::contract::id_to_hex;
 
 /// The node id seen in this node's events, shared with the ingest side.
 pub type EventNodeHint = Arc<Mutex<Option<String>>>;

@@ -22,9 +22,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::layout::ClusterLayout;
+use crate::contract::ClusterLayout;
+use crate::events::spool::{FileKind, SealedFile, SpoolStats};
 use crate::metrics as m;
-use crate::spool::{FileKind, SealedFile, SpoolStats};
 
 /// Compression applied to event and quarantine objects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -538,7 +538,7 @@ impl PartReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::Owner;
+    use crate::contract::Owner;
 
     fn cfg(compression: Compression) -> UploaderConfig {
         UploaderConfig {

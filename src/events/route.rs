@@ -3,8 +3,8 @@
 //! An event that cannot be routed is not an error for the batch: it gets a
 //! [`QuarantineReason`] and is kept aside, because Ray resends a rejected batch forever.
 
-use crate::ingest::parse::{EventFields, Field};
-use crate::layout::{id_to_hex, is_safe_segment, parse_rfc3339_seconds, HexId, Hour};
+use crate::contract::{id_to_hex, is_safe_segment, parse_rfc3339_seconds, HexId, Hour};
+use crate::events::parse::{EventFields, Field};
 
 /// Why an event was quarantined; the code is a metric label and part of the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -211,7 +211,7 @@ pub fn route_with<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ingest::parse::{parse_body, ParsedEvent};
+    use crate::events::parse::{parse_body, ParsedEvent};
 
     fn routed(json: &str) -> Result<(String, String, Option<String>, String), QuarantineReason> {
         let evs = parse_body(json.as_bytes()).unwrap();

@@ -37,9 +37,9 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 use tokio::sync::watch;
 
-use crate::layout::{is_safe_segment, ClusterLayout, MAX_SEGMENT_LEN};
+use crate::contract::{is_safe_segment, ClusterLayout, MAX_SEGMENT_LEN};
 use crate::metrics as m;
-use crate::session::ActiveSession;
+use crate::node::session::ActiveSession;
 
 /// Where the Ray dashboard listens when nothing else is configured (KubeRay's default too).
 pub const DEFAULT_ADDRESS: &str = "http://localhost:8265";

@@ -117,7 +117,7 @@ use object_store::{ObjectStore, ObjectStoreExt as _};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::layout::{self, ClusterLayout, Hour, Owner};
+use crate::contract::{self, ClusterLayout, Hour, Owner};
 use crate::storage::{Backend, StorageSpec};
 
 /// Objects listed or read at once: enough to hide request latency, small enough to be polite
@@ -328,7 +328,7 @@ impl Filter {
                     });
                 }
                 Some(
-                    layout::id_to_hex(j.trim())
+                    contract::id_to_hex(j.trim())
                         .map_err(|_| InspectError::BadArgument {
                             flag: "--job",
                             value: j.clone(),
@@ -444,7 +444,7 @@ fn parse_time_arg(flag: &'static str, s: &str) -> Result<(i64, i64), InspectErro
 
 /// An RFC 3339 timestamp as Unix nanoseconds (fractional digits beyond 9 are dropped).
 fn parse_time_ns(s: &str) -> Option<i64> {
-    let seconds = layout::parse_rfc3339_seconds(s)?;
+    let seconds = contract::parse_rfc3339_seconds(s)?;
     let b = s.as_bytes();
     let mut fraction: i64 = 0;
     if b.get(19) == Some(&b'.') {
@@ -477,7 +477,7 @@ impl ClusterId {
     /// the names are DNS-1123, so they hold no `_`.
     fn parse(kind: &str, dir: &str) -> Option<ClusterId> {
         let parts: Vec<&str> = dir.split('_').collect();
-        if !parts.iter().all(|p| layout::is_dns1123_subdomain(p)) {
+        if !parts.iter().all(|p| contract::is_dns1123_subdomain(p)) {
             return None;
         }
         let (namespace, owner, cluster) = match (kind, parts.as_slice()) {
@@ -574,7 +574,7 @@ async fn discover(
         let sessions = clusters.entry(id).or_default();
         for marker in listed.objects {
             let name = marker.location.filename().unwrap_or_default();
-            if layout::is_safe_segment(name) {
+            if contract::is_safe_segment(name) {
                 sessions.push(name.to_string());
             } else {
                 problems.note(marker.location.as_ref(), "not a session name; skipped");
@@ -1563,7 +1563,7 @@ fn get_i64(v: &Value, camel: &str, snake: &str) -> Option<i64> {
 /// An id member as lower-case hex (Ray sends base64); kept as sent if it is neither.
 fn get_id(v: &Value, camel: &str, snake: &str) -> Option<String> {
     let raw = get(v, camel, snake)?.as_str().filter(|s| !s.is_empty())?;
-    Some(match layout::id_to_hex(raw) {
+    Some(match contract::id_to_hex(raw) {
         Ok(hex) => hex.as_str().to_string(),
         Err(_) => bounded(raw, MAX_FIELD_BYTES),
     })
@@ -2905,7 +2905,7 @@ fn shape_report(report: &mut SessionReport, model: SessionModel, failed_limit: u
 fn format_time_json(ns: i64) -> String {
     let seconds = ns.div_euclid(NANOS_PER_SECOND);
     let fraction = ns.rem_euclid(NANOS_PER_SECOND);
-    let base = layout::format_rfc3339(seconds);
+    let base = contract::format_rfc3339(seconds);
     let base = base.trim_end_matches('Z');
     if fraction == 0 {
         format!("{base}Z")
@@ -2925,7 +2925,7 @@ fn format_time_text(rfc3339: &str) -> String {
     };
     let seconds = ns.div_euclid(NANOS_PER_SECOND);
     let millis = ns.rem_euclid(NANOS_PER_SECOND) / 1_000_000;
-    let base = layout::format_rfc3339(seconds).replace('T', " ");
+    let base = contract::format_rfc3339(seconds).replace('T', " ");
     format!("{}.{millis:03}", base.trim_end_matches('Z'))
 }
 

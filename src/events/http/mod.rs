@@ -6,7 +6,6 @@
 //! 503 is only for real backpressure or shutdown, when a resend is what we want.
 
 mod connections;
-pub mod parse;
 
 use std::convert::Infallible;
 use std::io::Read;
@@ -30,14 +29,14 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
-use crate::dedup::id_hash;
-use crate::layout::{Partition, Stream};
+use crate::contract::{Partition, Stream};
+use crate::events::dedup::id_hash;
+use crate::events::parse::{self, for_each_event, ParsedEvent};
+use crate::events::route::{route_with, IdCache, NodeName, QuarantineReason};
+use crate::events::spool::{AppendBatch, EventSpan, PartitionBatch, QuarantinedEvent, Spool};
 use crate::metrics as m;
-use crate::nodeid::EventNodeHint;
-use crate::routing::{route_with, IdCache, NodeName, QuarantineReason};
-use crate::spool::{AppendBatch, EventSpan, PartitionBatch, QuarantinedEvent, Spool};
+use crate::node::node_id::EventNodeHint;
 use connections::Connections;
-use parse::{for_each_event, ParsedEvent};
 
 /// How long a client may take to send a whole body.
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);

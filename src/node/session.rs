@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::layout::is_safe_segment;
+use crate::contract::is_safe_segment;
 
 /// The active session: its name (a safe path segment) and directory.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -27,11 +27,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 
-use crate::dedup::{id_hash, DedupWindow};
-use crate::ingest::parse::{parse_event, ParsedEvent};
-use crate::layout::{format_rfc3339, is_safe_segment, Hour, Partition};
+use crate::contract::{format_rfc3339, is_safe_segment, Hour, Partition};
+use crate::events::dedup::{id_hash, DedupWindow};
+use crate::events::parse::{parse_event, ParsedEvent};
+use crate::events::route::QuarantineReason;
 use crate::metrics as m;
-use crate::routing::QuarantineReason;
 
 /// Errors of the spool; each carries what it was doing and on which path.
 #[derive(Debug, thiserror::Error)]
@@ -888,7 +888,7 @@ impl Writer {
                 break;
             }
             let salt = match p.as_ref().map(|p| &p.stream) {
-                Some(crate::layout::Stream::Export(_)) => EXPORT_ID_SALT,
+                Some(crate::contract::Stream::Export(_)) => EXPORT_ID_SALT,
                 _ => 0,
             };
             report.dedup_ids += self.load_ids(&f.path, salt, &mut budget);
@@ -1772,7 +1772,7 @@ pub fn leftover_files(dir: &Path) -> Vec<(PathBuf, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::Stream;
+    use crate::contract::Stream;
 
     /// Spool directories whose next sync fails, after a delay.
     static FAIL_NEXT_SYNC: Mutex<Vec<(PathBuf, Duration)>> = Mutex::new(Vec::new());

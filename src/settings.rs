@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::layout::{id_to_hex, is_dns1123_subdomain, is_safe_segment, ClusterLayout, Owner};
+use crate::contract::{id_to_hex, is_dns1123_subdomain, is_safe_segment, ClusterLayout, Owner};
+use crate::events::upload::Compression;
 use crate::storage::StorageSpec;
-use crate::upload::Compression;
 
 /// Role of the Ray node this sidecar runs beside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

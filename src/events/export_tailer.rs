@@ -28,12 +28,12 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
-use crate::dedup::id_hash;
-use crate::layout::{id_to_hex, is_safe_segment, Hour, Partition, Stream};
-use crate::nodeid::NodeIdResolver;
-use crate::routing::QuarantineReason;
-use crate::session::{list_sessions, ActiveSession};
-use crate::spool::{AppendBatch, EventSpan, PartitionBatch, QuarantinedEvent, Spool};
+use crate::contract::{id_to_hex, is_safe_segment, Hour, Partition, Stream};
+use crate::events::dedup::id_hash;
+use crate::events::route::QuarantineReason;
+use crate::events::spool::{AppendBatch, EventSpan, PartitionBatch, QuarantinedEvent, Spool};
+use crate::node::node_id::NodeIdResolver;
+use crate::node::session::{list_sessions, ActiveSession};
 
 /// Most bytes read from one file per pass, so one huge backlog cannot hog the spool.
 const MAX_READ: u64 = 8 << 20;
@@ -411,7 +411,7 @@ impl ExportTailer {
                 id_hash: parsed
                     .event_id
                     .as_deref()
-                    .map(|id| id_hash(id.as_bytes()) ^ crate::spool::EXPORT_ID_SALT),
+                    .map(|id| id_hash(id.as_bytes()) ^ crate::events::spool::EXPORT_ID_SALT),
                 has_newline: false,
             };
             match partitions.iter_mut().find(|p| p.partition == partition) {
@@ -435,7 +435,8 @@ impl ExportTailer {
         }
         let path = offsets_path(&self.cfg.state_dir);
         // Written and fsync'd: off the async workers.
-        let result = off_async_thread(|| crate::spool::write_json_atomically(&path, &self.state));
+        let result =
+            off_async_thread(|| crate::events::spool::write_json_atomically(&path, &self.state));
         match result {
             Ok(()) => self.dirty = false,
             Err(e) => {

@@ -1,0 +1,8 @@
+//! The event path: Ray → HTTP → parse → route → dedup → spool → upload.
+pub mod dedup;
+pub mod export_tailer;
+pub mod http;
+pub mod parse;
+pub mod route;
+pub mod spool;
+pub mod upload;

@@ -1,0 +1,1 @@
+//! Helpers shared by more than one path.
