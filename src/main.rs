@@ -1,10 +1,22 @@
-//! Entry point: parse the configuration, set up logging and metrics, run.
+//! The process shell: parse the command line, resolve the settings (exit 2 on any
+//! configuration error, before anything starts), set up logging, metrics and the runtime,
+//! run the collector or `inspect`, and turn the outcome into an exit code.
+//!
+//! Exit codes: 0 everything uploaded, 1 a runtime failure, 2 a bad flag or variable, 3 the
+//! shutdown deadline passed with files left in the spool for the next start.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use ray_history_collector::settings::{Cli, Command, Settings};
-use ray_history_collector::{env_var, metrics, run, Exit};
+use ray_history_collector::cli::{Cli, Command};
+use ray_history_collector::settings::Settings;
+use ray_history_collector::{metrics, run, Exit};
+
+/// Reads an environment variable, treating non-UTF-8 as absent. The one door to the process
+/// environment: everything else is given this function.
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
 
 fn main() -> ExitCode {
     // Before any thread starts: arenas that already exist are kept.

@@ -1,7 +1,7 @@
 //! The README's configuration table must match the command line definition.
 
 use clap::CommandFactory;
-use ray_history_collector::settings::Cli;
+use ray_history_collector::cli::Cli;
 
 #[test]
 fn every_flag_and_variable_is_documented_with_its_default() {

@@ -160,7 +160,10 @@ mod tests {
         assert!(w.insert(4)); // evicts 1
         assert!(w.insert(5)); // evicts 2
         assert_eq!(w.len(), 3);
-        assert!(!w.insert(3), "3 was inserted after 1 and 2 and must outlive them");
+        assert!(
+            !w.insert(3),
+            "3 was inserted after 1 and 2 and must outlive them"
+        );
         assert!(w.insert(6)); // evicts the stale 3 and then 3 itself
         assert!(w.insert(3), "3 is the oldest and was evicted");
         assert_eq!(w.len(), 3);

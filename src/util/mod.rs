@@ -1,1 +1,2 @@
 //! Helpers shared by more than one path.
+pub mod units;

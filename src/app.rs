@@ -1,0 +1,278 @@
+//! Starts the collector from its [`Settings`] and shuts it down in one documented order.
+//!
+//! Everything here happens after the settings were checked: opening the store and the spool,
+//! starting the uploader, binding the listener, and spawning the session watcher, the export
+//! tailer, the log shipper and (head only) the dashboard poller.
+//!
+//! # Shutdown order (SIGTERM or SIGINT)
+//!
+//! All within `--shutdown-timeout`, most valuable first:
+//!
+//! 1. New event requests get 503; requests already being stored finish.
+//! 2. The export tailer makes its last pass, so lines Ray wrote just before the end are kept.
+//! 3. The spool seals every open segment and the uploader drains its queue: events first.
+//! 4. The log shipper's final flush (every file, byte for byte) and the head's last dashboard
+//!    poll run together in the time left.
+//! 5. The HTTP server and the spool's writer stop. What could not be uploaded stays in the
+//!    spool and is named in the log; the next start uploads it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use metrics_exporter_prometheus::PrometheusHandle;
+use object_store::ObjectStore;
+use tokio::sync::mpsc;
+
+use crate::cli::Role;
+use crate::events::spool::{Spool, SpoolConfig};
+use crate::events::upload::{Uploader, UploaderConfig};
+use crate::settings::Settings;
+use crate::{dashboard, events, logs, node, storage};
+
+/// How the collector ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Everything accepted was uploaded.
+    Clean,
+    /// The shutdown deadline passed with files left in the spool for the next start.
+    LeftOnDisk,
+}
+
+/// Reads an environment variable, treating non-UTF-8 as absent.
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// Runs the collector until SIGTERM or SIGINT, then seals and uploads within the deadline.
+pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Result<Exit> {
+    // Installed first: a SIGTERM that arrives while we start must still mean "flush and exit".
+    let signals = Signals::install()?;
+    let store: Arc<dyn ObjectStore> = storage::open(&settings.storage, &env_var)
+        .with_context(|| format!("opening storage {}", settings.storage))?;
+    let (sealed_tx, sealed_rx) = mpsc::unbounded_channel();
+    let spool_cfg = SpoolConfig {
+        dir: settings.spool_dir.clone(),
+        rotation_interval: settings.rotation_interval,
+        max_segment_bytes: settings.max_segment_bytes,
+        max_open_files: settings.max_open_segments,
+        dedup_window: settings.dedup_window,
+        write_session_markers: settings.role == Role::Head,
+        quarantine_node: settings.quarantine_node(&env_var),
+    };
+    let (spool, recovered) = Spool::open(spool_cfg, sealed_tx)
+        .with_context(|| format!("opening the spool in {}", settings.spool_dir.display()))?;
+    if recovered.files > 0 || recovered.torn > 0 {
+        tracing::info!(
+            files = recovered.files,
+            bytes = recovered.bytes,
+            torn_lines = recovered.torn,
+            dedup_ids = recovered.dedup_ids,
+            "found files of an earlier run in the spool; uploading them"
+        );
+    }
+    for p in &recovered.unknown {
+        tracing::warn!(path = %p.display(), "unrecognised file in the spool; left alone");
+    }
+    let uploader = Uploader::start(
+        UploaderConfig {
+            concurrency: settings.upload_concurrency,
+            compression: settings.compression,
+            part_size: settings.upload_part_bytes,
+            layout: settings.layout.clone(),
+        },
+        store.clone(),
+        spool.stats().clone(),
+        sealed_rx,
+    );
+    let listener = events::http::bind(settings.listen).await?;
+    let high_watermark = settings.max_spool_bytes / 10 * 9;
+    let event_node: node::node_id::EventNodeHint = Default::default();
+    let state = events::http::IngestState::new(
+        spool.clone(),
+        settings.max_body_bytes,
+        high_watermark,
+        settings.node_id.clone(),
+        event_node.clone(),
+        settings.enable_event_collector,
+        metrics,
+    );
+    let server = tokio::spawn(events::http::serve(listener, state.clone()));
+
+    let (stop_logs, stop_logs_rx) = tokio::sync::watch::channel(false);
+    let sessions =
+        node::session::watch_sessions(settings.ray_tmp_dir.clone(), Duration::from_secs(1));
+    let (stop_export, stop_export_rx) = tokio::sync::watch::channel(false);
+    let node_ids = node::node_id::NodeIdResolver::new(
+        settings.node_id.clone(),
+        settings.ray_tmp_dir.clone(),
+        event_node.clone(),
+    );
+    let export_task = if settings.enable_export_events {
+        let tailer = events::export_tailer::ExportTailer::new(
+            events::export_tailer::ExportConfig {
+                ray_tmp: settings.ray_tmp_dir.clone(),
+                state_dir: settings.spool_dir.clone(),
+                poll_interval: Duration::from_secs(1),
+            },
+            spool.clone(),
+            node_ids.clone(),
+        );
+        Some(tokio::spawn(tailer.run(sessions.clone(), stop_export_rx)))
+    } else {
+        None
+    };
+    let log_task = if settings.enable_log_collector {
+        let shipper = logs::LogShipper::new(
+            logs::LogConfig {
+                ray_tmp: settings.ray_tmp_dir.clone(),
+                state_dir: settings.spool_dir.clone(),
+                upload_interval: settings.log_upload_interval,
+                part_size: settings.upload_part_bytes,
+                layout: settings.layout.clone(),
+            },
+            store.clone(),
+            spool.clone(),
+            node_ids,
+        )?;
+        let dashboard = dashboard::DashboardConfig::from_env(
+            settings.dashboard_address.clone(),
+            settings.endpoint_poll_interval,
+            &env_var,
+        )
+        .context(
+            "configuring the dashboard client (RAY_AUTH_TOKEN, RAY_COLLECTOR_ADDITIONAL_ENDPOINTS)",
+        )?;
+        let shipper = match env_var("POD_IP").filter(|ip| !ip.trim().is_empty()) {
+            Some(ip) => shipper.with_remote_lookup(dashboard.clone(), ip.trim().to_string()),
+            None => shipper,
+        };
+        Some((
+            tokio::spawn(shipper.run(sessions.clone(), stop_logs_rx.clone())),
+            dashboard,
+        ))
+    } else {
+        None
+    };
+    // Head only: snapshots of the dashboard's endpoints, like KubeRay.
+    let (log_task, poller_task) = match log_task {
+        Some((task, dashboard)) if settings.role == Role::Head => {
+            let mut poller =
+                dashboard::DashboardPoller::new(dashboard, store.clone(), settings.layout.clone())
+                    .context("starting the dashboard poller")?;
+            let (sessions, stop) = (sessions.clone(), stop_logs_rx.clone());
+            let poller_task = tokio::spawn(async move {
+                poller.run(sessions, stop).await;
+                poller
+            });
+            (Some(task), Some(poller_task))
+        }
+        Some((task, _)) => (Some(task), None),
+        None => (None, None),
+    };
+    tracing::info!(
+        listen = %settings.listen,
+        storage = %settings.storage,
+        prefix = %settings.layout.history_prefix(),
+        spool = %settings.spool_dir.display(),
+        role = ?settings.role,
+        "collector ready"
+    );
+
+    let signal = signals.wait().await;
+    let started = Instant::now();
+    let deadline = started + settings.shutdown_timeout;
+    tracing::info!(
+        signal,
+        timeout_s = settings.shutdown_timeout.as_secs_f64(),
+        "shutting down: sealing and uploading everything"
+    );
+    state.begin_shutdown();
+    let _ = tokio::time::timeout_at(deadline.into(), state.wait_idle()).await;
+    // The export tailer makes a last pass so lines written just before the end are kept.
+    let _ = stop_export.send(true);
+    if let Some(task) = export_task {
+        let _ = tokio::time::timeout_at(deadline.into(), task).await;
+    }
+    let sealed = tokio::time::timeout_at(deadline.into(), spool.seal_all()).await;
+    let drained = match sealed {
+        Ok(Ok(())) => tokio::time::timeout_at(deadline.into(), uploader.drain())
+            .await
+            .is_ok(),
+        _ => false,
+    };
+    // Events first; then the logs, in the time that is left.
+    let _ = stop_logs.send(true);
+    let active = sessions.borrow().clone();
+    let final_logs = async {
+        if let Some(task) = log_task {
+            if let Ok(Ok(mut shipper)) = tokio::time::timeout_at(deadline.into(), task).await {
+                return shipper.final_flush(active.clone(), deadline).await;
+            }
+        }
+        Vec::new()
+    };
+    let final_poll = async {
+        if let (Some(task), Some(s)) = (poller_task, active.clone()) {
+            if let Ok(Ok(mut poller)) = tokio::time::timeout_at(deadline.into(), task).await {
+                if let Ok(r) =
+                    tokio::time::timeout_at(deadline.into(), poller.poll_once(&s.name)).await
+                {
+                    tracing::info!(
+                        uploaded = r.uploaded,
+                        failed = r.failed.len(),
+                        "final dashboard poll done"
+                    );
+                }
+            }
+        }
+    };
+    let (logs_left, ()) = tokio::join!(final_logs, final_poll);
+    for path in &logs_left {
+        tracing::warn!(path = %path.display(), "log file not uploaded before the shutdown deadline");
+    }
+    server.abort();
+    let spool2 = spool.clone();
+    let _ = tokio::task::spawn_blocking(move || spool2.stop()).await;
+    if drained {
+        tracing::info!(
+            took_ms = started.elapsed().as_millis() as u64,
+            "everything uploaded; exiting"
+        );
+        return Ok(Exit::Clean);
+    }
+    let left = events::spool::leftover_files(&settings.spool_dir);
+    let total: u64 = left.iter().map(|(_, n)| n).sum();
+    tracing::error!(
+        files = left.len(),
+        bytes = total,
+        "shutdown deadline reached; these files stay in the spool and are uploaded by the next start"
+    );
+    for (path, bytes) in &left {
+        tracing::error!(path = %path.display(), bytes, "left on disk");
+    }
+    Ok(Exit::LeftOnDisk)
+}
+
+/// SIGTERM and SIGINT handlers.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+        })
+    }
+
+    async fn wait(mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+}

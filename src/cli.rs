@@ -1,0 +1,217 @@
+//! The command line, as clap types only: `ray-history-collector [FLAGS]` runs the collector,
+//! `ray-history-collector inspect ...` reads a bucket back.
+//!
+//! Every collector flag also reads an environment variable, and the KubeRay collector's
+//! variable names are accepted where they mean the same thing. Values are only parsed here;
+//! [`crate::settings`] checks them against each other and against the environment.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::events::upload::Compression;
+use crate::util::units::{parse_bool, parse_duration, parse_size};
+
+/// Role of the Ray node this sidecar runs beside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Head node: writes the session markers.
+    Head,
+    /// Worker node.
+    Worker,
+}
+
+fn parse_role(s: &str) -> Result<Role, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "head" => Ok(Role::Head),
+        "worker" => Ok(Role::Worker),
+        _ => Err("expected head or worker".into()),
+    }
+}
+
+fn parse_compression(s: &str) -> Result<Compression, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "gzip" | "gz" => Ok(Compression::Gzip),
+        "none" | "off" => Ok(Compression::None),
+        _ => Err("expected gzip or none".into()),
+    }
+}
+
+/// The command line: run the collector (the default), or a subcommand.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "ray-history-collector",
+    version,
+    about = "Keeps a Ray node's events and logs on disk and uploads them for the Ray History Server",
+    max_term_width = 100,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    /// A subcommand; without one, the collector runs.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// The collector's settings.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Subcommands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Read back what collectors wrote to a bucket: clusters, sessions, jobs, tasks, Train runs.
+    Inspect(crate::inspect::InspectArgs),
+}
+
+/// The collector's settings. Each flag also reads the environment variable shown.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Address to listen on for Ray's events [default: 127.0.0.1:8084, or port EVENTS_PORT].
+    #[arg(long, env = "RHC_LISTEN", value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+
+    /// Port on 127.0.0.1 when --listen is not given (KubeRay's variable).
+    #[arg(long, env = "EVENTS_PORT", value_name = "PORT", hide = true)]
+    pub events_port: Option<u16>,
+
+    /// Where to upload: file:///dir, s3://bucket[/root], gs://bucket[/root], az://container[/root],
+    /// or a local path [default: ./ray-history, or KubeRay's STORAGE_BACKEND variables].
+    #[arg(long, env = "RHC_STORAGE", value_name = "URL")]
+    pub storage: Option<String>,
+
+    /// Extra key prefix inside the bucket, below the URL's own path.
+    #[arg(
+        long,
+        env = "STORAGE_ROOT_DIR",
+        value_name = "PREFIX",
+        default_value = ""
+    )]
+    pub storage_root_dir: String,
+
+    /// Name of the RayCluster.
+    #[arg(
+        long,
+        env = "RAY_CLUSTER_NAME",
+        value_name = "NAME",
+        default_value = "local"
+    )]
+    pub cluster_name: String,
+
+    /// Namespace of the RayCluster.
+    #[arg(
+        long,
+        env = "RAY_CLUSTER_NAMESPACE",
+        value_name = "NAMESPACE",
+        default_value = "default"
+    )]
+    pub cluster_namespace: String,
+
+    /// Kind of the object that owns the cluster: rayjob or rayservice (empty: a bare RayCluster).
+    #[arg(long, env = "OWNER_KIND", value_name = "KIND", default_value = "")]
+    pub owner_kind: String,
+
+    /// Name of the owning RayJob or RayService.
+    #[arg(long, env = "OWNER_NAME", value_name = "NAME", default_value = "")]
+    pub owner_name: String,
+
+    /// This node's Ray node id (hex or base64); used for events that carry none.
+    #[arg(long, env = "RHC_NODE_ID", value_name = "ID")]
+    pub node_id: Option<String>,
+
+    /// head writes the session markers that make sessions visible; worker does not.
+    #[arg(long, env = "RAY_ROLE", value_name = "ROLE", default_value = "head", value_parser = parse_role)]
+    pub role: Role,
+
+    /// Local spool directory (keep it on a volume that outlives the container).
+    #[arg(
+        long,
+        env = "RAY_COLLECTOR_EVENT_DATA_DIR",
+        value_name = "DIR",
+        default_value = "/tmp/ray/event-data"
+    )]
+    pub spool_dir: PathBuf,
+
+    /// Seal and upload a segment this long after it was opened.
+    #[arg(long, env = "RAY_COLLECTOR_EVENT_ROTATION_INTERVAL", value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub rotation_interval: Duration,
+
+    /// Seal and upload a segment once it holds this many bytes [default: 64MiB; or RAY_COLLECTOR_EVENT_MAX_FILE_SIZE_MB].
+    #[arg(long, env = "RHC_MAX_SEGMENT_BYTES", value_name = "SIZE", value_parser = parse_size)]
+    pub max_segment_bytes: Option<u64>,
+
+    /// Disk budget of the spool; new requests get 503 above 90% of it [default: 1GiB; or RAY_COLLECTOR_EVENT_MAX_DISK_MB].
+    #[arg(long, env = "RHC_MAX_SPOOL_BYTES", value_name = "SIZE", value_parser = parse_size)]
+    pub max_spool_bytes: Option<u64>,
+
+    /// Compression of uploaded event objects: gzip or none [default: gzip; or RAY_COLLECTOR_EVENT_COMPRESSION_ENABLED].
+    #[arg(long, env = "RHC_COMPRESSION", value_name = "ALGO", value_parser = parse_compression)]
+    pub compression: Option<Compression>,
+
+    /// On SIGTERM, seal and upload everything within this time, then exit.
+    #[arg(long, env = "RHC_SHUTDOWN_TIMEOUT", value_name = "DURATION", default_value = "25s", value_parser = parse_duration)]
+    pub shutdown_timeout: Duration,
+
+    /// Largest request body accepted (after gzip decoding); larger gets 413.
+    #[arg(long, env = "RHC_MAX_BODY_BYTES", value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    pub max_body_bytes: u64,
+
+    /// How many recent event ids are remembered to drop Ray's resent duplicates (0: off).
+    #[arg(
+        long,
+        env = "RHC_DEDUP_WINDOW",
+        value_name = "EVENTS",
+        default_value_t = 262_144
+    )]
+    pub dedup_window: usize,
+
+    /// Most segment files kept open at once; the least recently written are closed first.
+    #[arg(long, env = "RHC_MAX_OPEN_SEGMENTS", value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub max_open_segments: u32,
+
+    /// Event uploads in flight at once; each holds up to one part in memory.
+    #[arg(long, env = "RHC_UPLOAD_CONCURRENCY", value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub upload_concurrency: u32,
+
+    /// Multipart part size; objects larger than one part use multipart upload (at least 5MiB).
+    #[arg(long, env = "RHC_UPLOAD_PART_BYTES", value_name = "SIZE", default_value = "8MiB", value_parser = parse_size)]
+    pub upload_part_bytes: u64,
+
+    /// Ray's temp root, holding `session_latest` and the session directories.
+    #[arg(
+        long,
+        env = "RAY_TMP_ROOT",
+        value_name = "DIR",
+        default_value = "/tmp/ray"
+    )]
+    pub ray_tmp_dir: PathBuf,
+
+    /// Upload the session logs (live snapshots, rotations, earlier sessions, final flush).
+    #[arg(long, env = "ENABLE_LOG_COLLECTOR", value_name = "BOOL", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
+    pub enable_log_collector: bool,
+
+    /// Accept Ray's pushed events on --listen.
+    #[arg(long, env = "ENABLE_EVENT_COLLECTOR", value_name = "BOOL", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
+    pub enable_event_collector: bool,
+
+    /// Tail Ray's export event files (`logs/export_events/event_EXPORT_*.log`) into the spool.
+    #[arg(long, env = "RHC_ENABLE_EXPORT_EVENTS", value_name = "BOOL", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
+    pub enable_export_events: bool,
+
+    /// Time between log snapshots (files changed since their last upload).
+    #[arg(long, env = "RHC_LOG_UPLOAD_INTERVAL", value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub log_upload_interval: Duration,
+
+    /// Ray dashboard of the head, for endpoint snapshots and (last resort) the node id
+    /// [default: http://localhost:8265, or KubeRay's FQ_RAY_IP and RAY_DASHBOARD_PORT].
+    #[arg(long, env = "RAY_DASHBOARD_ADDRESS", value_name = "URL")]
+    pub dashboard_address: Option<String>,
+
+    /// Time between dashboard endpoint snapshots (head role).
+    #[arg(long, env = "RAY_COLLECTOR_POLL_INTERVAL", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub endpoint_poll_interval: Duration,
+
+    /// Log format: text or json (level from RUST_LOG, default info).
+    #[arg(long, env = "RHC_LOG_FORMAT", value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+}
