@@ -28,7 +28,7 @@ use crate::cli::Role;
 use crate::events::spool::{Spool, SpoolConfig};
 use crate::events::upload::{Uploader, UploaderConfig};
 use crate::settings::Settings;
-use crate::{dashboard, events, logs, node, storage};
+use crate::{dashboard, events, logs, node};
 
 /// How the collector ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,16 +39,14 @@ pub enum Exit {
     LeftOnDisk,
 }
 
-/// Reads an environment variable, treating non-UTF-8 as absent.
-fn env_var(name: &str) -> Option<String> {
-    std::env::var(name).ok()
-}
-
 /// Runs the collector until SIGTERM or SIGINT, then seals and uploads within the deadline.
 pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Result<Exit> {
     // Installed first: a SIGTERM that arrives while we start must still mean "flush and exit".
     let signals = Signals::install()?;
-    let store: Arc<dyn ObjectStore> = storage::open(&settings.storage, &env_var)
+    let store: Arc<dyn ObjectStore> = settings
+        .store
+        .clone()
+        .open()
         .with_context(|| format!("opening storage {}", settings.storage))?;
     let (sealed_tx, sealed_rx) = mpsc::unbounded_channel();
     let spool_cfg = SpoolConfig {
@@ -58,7 +56,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         max_open_files: settings.max_open_segments,
         dedup_window: settings.dedup_window,
         write_session_markers: settings.role == Role::Head,
-        quarantine_node: settings.quarantine_node(&env_var),
+        quarantine_node: settings.quarantine_node.clone(),
     };
     let (spool, recovered) = Spool::open(spool_cfg, sealed_tx)
         .with_context(|| format!("opening the spool in {}", settings.spool_dir.display()))?;
@@ -135,16 +133,9 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
             spool.clone(),
             node_ids,
         )?;
-        let dashboard = dashboard::DashboardConfig::from_env(
-            settings.dashboard_address.clone(),
-            settings.endpoint_poll_interval,
-            &env_var,
-        )
-        .context(
-            "configuring the dashboard client (RAY_AUTH_TOKEN, RAY_COLLECTOR_ADDITIONAL_ENDPOINTS)",
-        )?;
-        let shipper = match env_var("POD_IP").filter(|ip| !ip.trim().is_empty()) {
-            Some(ip) => shipper.with_remote_lookup(dashboard.clone(), ip.trim().to_string()),
+        let dashboard = settings.dashboard.clone();
+        let shipper = match &settings.pod_ip {
+            Some(ip) => shipper.with_remote_lookup(dashboard.clone(), ip.clone()),
             None => shipper,
         };
         Some((

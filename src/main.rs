@@ -49,6 +49,9 @@ fn main() -> ExitCode {
         }
     };
     init_logging(&settings.log_format);
+    for w in &settings.warnings {
+        tracing::warn!("{w}");
+    }
     if !one_arena {
         tracing::warn!("mallopt(M_ARENA_MAX, 1) failed: freed memory may stay resident");
     }

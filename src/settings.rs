@@ -1,7 +1,11 @@
-//! Flags + environment → [`Settings`]: the KubeRay variables that stand in for flags, checked
-//! against each other.
+//! Flags + environment → [`Settings`]: everything the collector will use, read and checked
+//! before anything binds, opens or spawns.
 //!
-//! A bad value is refused at start with one line naming the flag (or variable) and value.
+//! This is the only place that reads the process environment for the running collector
+//! (through the `env` function it is given, so tests pass a map): the KubeRay variables that
+//! stand in for flags, the storage variables and client, the dashboard address, token and
+//! extra endpoints, `POD_IP` and `HOSTNAME`. A bad value is refused with one line naming the
+//! flag or variable and the value; `main` prints it and exits 2 with nothing started.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -9,8 +13,9 @@ use std::time::Duration;
 
 use crate::cli::{Role, RunArgs};
 use crate::contract::{id_to_hex, is_dns1123_subdomain, is_safe_segment, ClusterLayout, Owner};
+use crate::dashboard::DashboardConfig;
 use crate::events::upload::Compression;
-use crate::storage::StorageSpec;
+use crate::storage::{self, StorageSpec};
 use crate::util::units::parse_bool;
 
 /// Everything the collector needs, resolved and checked.
@@ -20,6 +25,8 @@ pub struct Settings {
     pub listen: SocketAddr,
     /// Bucket and root.
     pub storage: StorageSpec,
+    /// The storage client, configured from `storage` and its variables; not opened yet.
+    pub store: storage::Configured,
     /// Key layout.
     pub layout: ClusterLayout,
     /// This node's id in hex, if known.
@@ -60,10 +67,14 @@ pub struct Settings {
     pub enable_export_events: bool,
     /// Log snapshot period.
     pub log_upload_interval: Duration,
-    /// Dashboard URL.
-    pub dashboard_address: String,
-    /// Dashboard snapshot period.
-    pub endpoint_poll_interval: Duration,
+    /// The head's dashboard: address, snapshot period, token, extra endpoints.
+    pub dashboard: DashboardConfig,
+    /// `POD_IP`: this pod's address, to find the node id in the dashboard's node list.
+    pub pod_ip: Option<String>,
+    /// Name of this collector's quarantine directory: the node id, else the pod name.
+    pub quarantine_node: String,
+    /// Things worth a warning once logging is up (the settings are usable as they are).
+    pub warnings: Vec<String>,
 }
 
 /// A configuration problem, printed as one line.
@@ -287,12 +298,33 @@ impl Settings {
         if cli.spool_dir.as_os_str().is_empty() {
             return Err(bad("--spool-dir", "", "must not be empty"));
         }
+        let (dashboard, warnings) =
+            DashboardConfig::from_env(dashboard_address, cli.endpoint_poll_interval, env)
+                .map_err(|e| ConfigError(e.to_string()))?;
+        let store = storage::configure(&storage, env)
+            .map_err(|e| ConfigError(format!("storage {storage}: {e}")))?;
+        let pod_ip = env("POD_IP")
+            .map(|ip| ip.trim().to_string())
+            .filter(|ip| !ip.is_empty());
+        if let Some(ip) = &pod_ip {
+            if ip.parse::<IpAddr>().is_err() {
+                return Err(bad("POD_IP", ip, "not an IP address"));
+            }
+        }
+        let quarantine_node = match &node_id {
+            Some(n) => n.clone(),
+            None => env("HOSTNAME")
+                .filter(|h| is_safe_segment(h))
+                .unwrap_or_else(|| "unknown-node".into()),
+        };
+        let root = storage.root.clone();
 
         Ok(Settings {
             listen,
             storage,
+            store,
             layout: ClusterLayout {
-                root: String::new(),
+                root,
                 namespace,
                 cluster,
                 owner,
@@ -316,23 +348,11 @@ impl Settings {
             enable_event_collector: cli.enable_event_collector,
             enable_export_events: cli.enable_export_events,
             log_upload_interval: cli.log_upload_interval,
-            dashboard_address,
-            endpoint_poll_interval: cli.endpoint_poll_interval,
+            dashboard,
+            pod_ip,
+            quarantine_node,
+            warnings,
         })
-        .map(|mut s| {
-            s.layout.root = s.storage.root.clone();
-            s
-        })
-    }
-
-    /// Name of this collector's quarantine directory: the node id, else the pod name.
-    pub fn quarantine_node(&self, env: &dyn Fn(&str) -> Option<String>) -> String {
-        if let Some(n) = &self.node_id {
-            return n.clone();
-        }
-        env("HOSTNAME")
-            .filter(|h| is_safe_segment(h))
-            .unwrap_or_else(|| "unknown-node".into())
     }
 }
 
@@ -406,7 +426,7 @@ mod tests {
     fn dashboard_address_from_kuberay_variables() {
         let s = resolve(&[], &[("FQ_RAY_IP", "rc-head-svc.ns.svc.cluster.local")]).unwrap();
         assert_eq!(
-            s.dashboard_address,
+            s.dashboard.address,
             "http://rc-head-svc.ns.svc.cluster.local:8265"
         );
         let s = resolve(
@@ -414,15 +434,15 @@ mod tests {
             &[("FQ_RAY_IP", "https://h"), ("RAY_DASHBOARD_PORT", "9000")],
         )
         .unwrap();
-        assert_eq!(s.dashboard_address, "https://h:9000");
+        assert_eq!(s.dashboard.address, "https://h:9000");
         let s = resolve(
             &["--dashboard-address", "http://x:1/"],
             &[("FQ_RAY_IP", "h")],
         )
         .unwrap();
-        assert_eq!(s.dashboard_address, "http://x:1");
+        assert_eq!(s.dashboard.address, "http://x:1");
         assert_eq!(
-            resolve(&[], &[]).unwrap().dashboard_address,
+            resolve(&[], &[]).unwrap().dashboard.address,
             "http://localhost:8265"
         );
     }
@@ -470,5 +490,39 @@ mod tests {
             e.contains("RAY_COLLECTOR_EVENT_MAX_DISK_MB") && e.contains("lots"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn dashboard_pod_and_quarantine_settings_are_resolved_up_front() {
+        let s = resolve(
+            &[],
+            &[
+                ("RAY_AUTH_MODE", "token"),
+                ("POD_IP", " 10.0.0.7 "),
+                ("HOSTNAME", "raycluster-head-abcde"),
+                ("RAY_COLLECTOR_ADDITIONAL_ENDPOINTS", "/api/x"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(s.pod_ip.as_deref(), Some("10.0.0.7"));
+        assert_eq!(s.quarantine_node, "raycluster-head-abcde");
+        assert_eq!(s.dashboard.additional_endpoints, ["/api/x"]);
+        assert!(
+            s.warnings.iter().any(|w| w.contains("RAY_AUTH_MODE=token")),
+            "{:?}",
+            s.warnings
+        );
+        let s = resolve(&["--node-id", "AQAAAA=="], &[("HOSTNAME", "h")]).unwrap();
+        assert_eq!(s.quarantine_node, "01000000");
+        let s = resolve(&[], &[("HOSTNAME", "../x")]).unwrap();
+        assert_eq!(s.quarantine_node, "unknown-node");
+        for (k, v) in [
+            ("POD_IP", "ten"),
+            ("RAY_AUTH_TOKEN", "a\nb"),
+            ("RAY_COLLECTOR_ADDITIONAL_ENDPOINTS", "x"),
+        ] {
+            let e = resolve(&[], &[(k, v)]).unwrap_err();
+            assert!(e.contains(k), "{k}: {e}");
+        }
     }
 }

@@ -414,7 +414,7 @@ fn config(fake: &FakeDashboard, env: &[(&str, &str)]) -> DashboardConfig {
         format!(" {EXTRA} ,"),
     ));
     let lookup = move |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-    let mut cfg =
+    let (mut cfg, _warnings) =
         DashboardConfig::from_env(fake.address(), Duration::from_millis(200), &lookup).unwrap();
     cfg.request_timeout = Duration::from_millis(1500);
     cfg

@@ -271,12 +271,13 @@ impl DashboardConfig {
     ///   with the first occurrence kept.
     ///
     /// The request timeout is [`DEFAULT_REQUEST_TIMEOUT`]. `env` is the variable lookup, so
-    /// tests need not touch the process environment.
+    /// tests need not touch the process environment. Returns the configuration and the
+    /// warnings to log once logging is set up.
     pub fn from_env(
         address: String,
         poll_interval: Duration,
         env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<DashboardConfig, DashboardError> {
+    ) -> Result<(DashboardConfig, Vec<String>), DashboardError> {
         let additional_endpoints =
             parse_additional_endpoints(env("RAY_COLLECTOR_ADDITIONAL_ENDPOINTS").as_deref())?;
         let non_empty =
@@ -308,10 +309,12 @@ impl DashboardConfig {
         let token_mode = env("RAY_AUTH_MODE")
             .map(|m| m.trim().eq_ignore_ascii_case("token"))
             .unwrap_or(false);
+        let mut warnings = Vec::new();
         if token_mode && auth_token.is_none() {
-            tracing::warn!(
+            warnings.push(
                 "RAY_AUTH_MODE=token but neither RAY_AUTH_TOKEN nor RAY_AUTH_TOKEN_PATH is set: \
                  the dashboard will refuse our requests"
+                    .to_string(),
             );
         }
         let cfg = DashboardConfig {
@@ -322,7 +325,7 @@ impl DashboardConfig {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
         };
         cfg.base_url()?;
-        Ok(cfg)
+        Ok((cfg, warnings))
     }
 
     /// The address without trailing `/`, checked: request URIs are appended to it.
@@ -1126,6 +1129,7 @@ mod tests {
             DEFAULT_POLL_INTERVAL,
             &env_of(pairs),
         )
+        .map(|(c, _warnings)| c)
     }
 
     #[test]
@@ -1196,7 +1200,7 @@ mod tests {
     fn addresses() {
         let ok = |a: &str| {
             DashboardConfig::from_env(a.to_string(), DEFAULT_POLL_INTERVAL, &|_| None)
-                .and_then(|c| c.base_url())
+                .and_then(|(c, _)| c.base_url())
         };
         assert_eq!(
             ok("http://localhost:8265/").unwrap(),

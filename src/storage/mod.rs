@@ -229,24 +229,56 @@ fn is_true(v: Option<String>) -> bool {
     matches!(v.as_deref().map(str::trim), Some(v) if v.eq_ignore_ascii_case("true") || v == "1")
 }
 
+/// A store whose configuration has been read and checked, not yet opened.
+///
+/// [`configure`] reads every variable and builds the cloud client (which does no I/O), so a
+/// bad setting is refused before the collector binds or writes anything; [`Configured::open`]
+/// is the side effect (creating a local directory).
+#[derive(Debug, Clone)]
+pub enum Configured {
+    /// A local directory, created by [`Configured::open`].
+    Local(PathBuf),
+    /// A cloud client, ready to use.
+    Remote(Arc<dyn ObjectStore>),
+}
+
+impl Configured {
+    /// The store, creating a local directory first if needed.
+    pub fn open(self) -> Result<Arc<dyn ObjectStore>, StorageError> {
+        match self {
+            Configured::Remote(store) => Ok(store),
+            Configured::Local(dir) => {
+                std::fs::create_dir_all(&dir).map_err(|source| StorageError::LocalDir {
+                    path: dir.clone(),
+                    source,
+                })?;
+                let store = LocalFileSystem::new_with_prefix(&dir).map_err(|source| {
+                    StorageError::Client {
+                        backend: "file",
+                        source,
+                    }
+                })?;
+                Ok(Arc::new(store))
+            }
+        }
+    }
+}
+
 /// Builds the object store client for `spec`, with KubeRay's extra variables applied.
 pub fn open(
     spec: &StorageSpec,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Arc<dyn ObjectStore>, StorageError> {
+    configure(spec, env)?.open()
+}
+
+/// Reads the backend's variables and builds its client, without any I/O.
+pub fn configure(
+    spec: &StorageSpec,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Configured, StorageError> {
     match &spec.backend {
-        Backend::File(dir) => {
-            std::fs::create_dir_all(dir).map_err(|source| StorageError::LocalDir {
-                path: dir.clone(),
-                source,
-            })?;
-            let store =
-                LocalFileSystem::new_with_prefix(dir).map_err(|source| StorageError::Client {
-                    backend: "file",
-                    source,
-                })?;
-            Ok(Arc::new(store))
-        }
+        Backend::File(dir) => Ok(Configured::Local(dir.clone())),
         Backend::S3 { bucket } => {
             let mut b = AmazonS3Builder::from_env()
                 .with_bucket_name(bucket)
@@ -286,12 +318,12 @@ pub fn open(
                     b = b.with_virtual_hosted_style_request(true);
                 }
             }
-            Ok(Arc::new(b.build().map_err(|source| {
-                StorageError::Client {
+            Ok(Configured::Remote(Arc::new(b.build().map_err(
+                |source| StorageError::Client {
                     backend: "s3",
                     source,
-                }
-            })?))
+                },
+            )?)))
         }
         Backend::Gcs { bucket } => {
             let b = GoogleCloudStorageBuilder::from_env()
@@ -305,12 +337,12 @@ pub fn open(
                     REQUEST_TIMEOUT,
                 )
                 .with_retry(retry_config());
-            Ok(Arc::new(b.build().map_err(|source| {
-                StorageError::Client {
+            Ok(Configured::Remote(Arc::new(b.build().map_err(
+                |source| StorageError::Client {
                     backend: "gcs",
                     source,
-                }
-            })?))
+                },
+            )?)))
         }
         Backend::Azure { container } => {
             let mut b = MicrosoftAzureBuilder::from_env()
@@ -339,12 +371,12 @@ pub fn open(
                 }
                 b = b.with_endpoint(url.to_string());
             }
-            Ok(Arc::new(b.build().map_err(|source| {
-                StorageError::Client {
+            Ok(Configured::Remote(Arc::new(b.build().map_err(
+                |source| StorageError::Client {
                     backend: "azure",
                     source,
-                }
-            })?))
+                },
+            )?)))
         }
     }
 }

@@ -1,0 +1,101 @@
+//! Configuration is checked before anything starts: a bad flag or variable (dashboard and
+//! auth variables included) exits 2 with one line naming it and its value, and nothing was
+//! bound, created or spawned.
+
+use std::net::TcpListener;
+use std::process::{Command, Output, Stdio};
+
+/// Runs the collector with `env` set, listening on a port this test holds (so a collector that
+/// tried to bind before checking its settings would fail differently, with exit 1), and with a
+/// spool dir that must not be created.
+fn start_with(env: &[(&str, &str)], extra_args: &[&str]) -> (Output, bool) {
+    let held = TcpListener::bind("127.0.0.1:0").expect("bind a port to hold");
+    let addr = held.local_addr().expect("local addr");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spool = dir.path().join("spool");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ray-history-collector"));
+    cmd.arg("--listen")
+        .arg(addr.to_string())
+        .arg("--spool-dir")
+        .arg(&spool)
+        .arg("--storage")
+        .arg(dir.path().join("bucket"))
+        .arg("--ray-tmp-dir")
+        .arg(dir.path().join("ray"))
+        .args(extra_args)
+        .stdin(Stdio::null());
+    for k in [
+        "RAY_AUTH_TOKEN",
+        "RAY_AUTH_TOKEN_PATH",
+        "RAY_COLLECTOR_ADDITIONAL_ENDPOINTS",
+        "RAY_DASHBOARD_ADDRESS",
+        "FQ_RAY_IP",
+        "POD_IP",
+        "STORAGE_BACKEND",
+        "RHC_STORAGE",
+    ] {
+        cmd.env_remove(k);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run the collector");
+    drop(held);
+    (out, spool.exists())
+}
+
+/// Environment, extra flags, and what the one-line message must contain.
+type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str], &'a str);
+
+#[test]
+fn bad_dashboard_and_auth_variables_exit_2_before_anything_starts() {
+    let cases: &[Case] = &[
+        (
+            &[("RAY_AUTH_TOKEN", "secret\u{7f}token")],
+            &[],
+            "RAY_AUTH_TOKEN",
+        ),
+        (
+            &[("RAY_AUTH_TOKEN_PATH", "/nonexistent/ray/token")],
+            &[],
+            "RAY_AUTH_TOKEN_PATH=/nonexistent/ray/token",
+        ),
+        (
+            &[("RAY_COLLECTOR_ADDITIONAL_ENDPOINTS", "/api/ok,api/no-slash")],
+            &[],
+            "RAY_COLLECTOR_ADDITIONAL_ENDPOINTS entry \"api/no-slash\"",
+        ),
+        (
+            &[("RAY_DASHBOARD_ADDRESS", "http://h:8265/?x=1")],
+            &[],
+            "http://h:8265/?x=1",
+        ),
+        (&[("POD_IP", "not-an-ip")], &[], "POD_IP"),
+        (
+            &[("FQ_RAY_IP", "head-svc"), ("RAY_DASHBOARD_PORT", "port")],
+            &[],
+            "head-svc:port",
+        ),
+        (&[], &["--max-spool-bytes", "12x"], "--max-spool-bytes"),
+    ];
+    for (env, args, needle) in cases {
+        let (out, spool_created) = start_with(env, args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{env:?} {args:?}: expected exit 2, got {:?}; stderr: {stderr}",
+            out.status
+        );
+        assert!(
+            stderr.contains(needle),
+            "{env:?}: the message must name {needle:?}: {stderr}"
+        );
+        assert_eq!(
+            stderr.trim_end().lines().count(),
+            1,
+            "{env:?}: one line: {stderr}"
+        );
+        assert!(!spool_created, "{env:?}: the spool dir was created");
+    }
+}
