@@ -34,9 +34,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
+use ray_history_collector::contract::endpoints::endpoint_object_name;
 use ray_history_collector::contract::{ClusterLayout, Owner};
 use ray_history_collector::dashboard::{
-    endpoint_key, node_id_by_ip, DashboardConfig, DashboardPoller, PollReport,
+    node_id_by_ip, DashboardConfig, DashboardPoller, PollReport,
 };
 use ray_history_collector::node::session::ActiveSession;
 
@@ -442,7 +443,10 @@ fn poller(cfg: DashboardConfig, b: &Bucket) -> DashboardPoller {
 }
 
 fn key(session: &str, uri: &str) -> String {
-    format!("{PREFIX}/{session}/fetched_endpoints/{}", endpoint_key(uri))
+    format!(
+        "{PREFIX}/{session}/fetched_endpoints/{}",
+        endpoint_object_name(uri)
+    )
 }
 
 /// Object names under `P/<session>/fetched_endpoints/` as files on disk.

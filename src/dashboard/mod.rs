@@ -4,8 +4,8 @@
 //! The history server cannot ask a dead cluster anything, so whatever its frontend will request
 //! (`/timezone`, cluster metadata, Serve applications, placement groups, Ray Data datasets) has
 //! to be captured while the cluster lives. The object key is derived from the request URI with
-//! KubeRay's rule ([`endpoint_key`]) because the history server looks objects up by the URI
-//! its own frontend sends, query string included.
+//! KubeRay's rule ([`contract::endpoints`]) because the history server looks objects up by the
+//! URI its own frontend sends, query string included.
 //!
 //! What this module adds over KubeRay's poller:
 //! - one loop that follows the active session (a raylet restart starts a new session, whose
@@ -37,7 +37,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 use tokio::sync::watch;
 
-use crate::contract::{is_safe_segment, ClusterLayout, MAX_SEGMENT_LEN};
+use crate::contract::{self, is_safe_segment, ClusterLayout, MAX_SEGMENT_LEN};
 use crate::metrics as m;
 use crate::node::session::ActiveSession;
 
@@ -424,21 +424,6 @@ fn check_endpoint(entry: &str) -> Result<(), DashboardError> {
     Ok(())
 }
 
-/// The object name KubeRay gives the answer to `request_uri` under `fetched_endpoints/`:
-/// `restful__` + the URI with every leading and trailing `/` removed and every other `/`
-/// replaced by `__`. The query string is kept as is (a `/` inside it is replaced too, exactly
-/// as KubeRay's `EndpointPathToStorageKey` does), because the history server computes the
-/// same function over its own request URI to find the object.
-///
-/// `/api/v0/placement_groups?detail=1&limit=10000` →
-/// `restful__api__v0__placement_groups?detail=1&limit=10000`.
-pub fn endpoint_key(request_uri: &str) -> String {
-    format!(
-        "restful__{}",
-        request_uri.trim_matches('/').replace('/', "__")
-    )
-}
-
 /// A Ray id (job, node) as the dashboard lists it: hex digits only, since it goes into a URL
 /// and an object key and comes from a process we do not control.
 fn is_hex_id(s: &str) -> bool {
@@ -685,12 +670,7 @@ impl DashboardPoller {
 
     /// The object key of the snapshot of `uri` in `session`.
     pub fn object_key(&self, session: &str, uri: &str) -> String {
-        format!(
-            "{}/{}/fetched_endpoints/{}",
-            self.prefix,
-            session,
-            endpoint_key(uri)
-        )
+        contract::endpoints::endpoint_key(&self.prefix, session, uri)
     }
 
     /// Polls until `shutdown` becomes true (or its sender is dropped): one-shot endpoints once
@@ -1068,42 +1048,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_follow_kuberay() {
-        // The examples of KubeRay's EndpointPathToStorageKey and of its collector tests.
-        let cases = [
-            (
-                "/api/v0/cluster_metadata",
-                "restful__api__v0__cluster_metadata",
-            ),
-            ("/api/v0/nodes/summary", "restful__api__v0__nodes__summary"),
-            (
-                "/api/serve/applications/",
-                "restful__api__serve__applications",
-            ),
-            ("/timezone", "restful__timezone"),
-            (
-                "/api/v0/placement_groups?detail=1&limit=10000",
-                "restful__api__v0__placement_groups?detail=1&limit=10000",
-            ),
-            (
-                "/api/data/datasets/03000000",
-                "restful__api__data__datasets__03000000",
-            ),
-            ("/api/train/v2/runs/v1", "restful__api__train__v2__runs__v1"),
-            // Go's strings.Trim removes every leading and trailing '/'; inner ones all become
-            // "__", also inside the query.
-            ("//api//x//", "restful__api____x"),
-            ("/api/x/?p=/a/b", "restful__api__x__?p=__a__b"),
-        ];
-        for (uri, key) in cases {
-            assert_eq!(endpoint_key(uri), key, "{uri}");
-        }
-    }
-
-    #[test]
     fn keys_are_single_valid_segments() {
         for uri in PERIODIC_ENDPOINTS.iter().chain(&ONE_SHOT_ENDPOINTS) {
-            let key = format!("p/s/fetched_endpoints/{}", endpoint_key(uri));
+            let key = contract::endpoints::endpoint_key("p", "s", uri);
             let parsed = ObjectPath::parse(&key).unwrap();
             assert_eq!(
                 parsed.as_ref(),

@@ -28,6 +28,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
+use crate::contract::events::EXPORT_NODE_GROUP;
 use crate::contract::{id_to_hex, is_safe_segment, Hour, Partition, Stream};
 use crate::events::dedup::id_hash;
 use crate::events::route::QuarantineReason;
@@ -39,8 +40,6 @@ use crate::node::session::{list_sessions, ActiveSession};
 const MAX_READ: u64 = 8 << 20;
 /// Bytes hashed to recognise a file whose inode was reused.
 const FINGERPRINT_BYTES: u64 = 64;
-/// Partition name for export events that belong to no job.
-pub const NODE_GROUP: &str = "node";
 
 /// Settings of the tailer.
 #[derive(Debug, Clone)]
@@ -398,7 +397,7 @@ impl ExportTailer {
                     .and_then(|r| self.state.run_jobs.get(r).cloned()),
                 _ => job,
             };
-            let group = job.unwrap_or_else(|| NODE_GROUP.to_string());
+            let group = job.unwrap_or_else(|| EXPORT_NODE_GROUP.to_string());
             let partition = Partition {
                 session: session.to_string(),
                 node: node.to_string(),

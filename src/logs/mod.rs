@@ -22,11 +22,11 @@ use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
-use crate::contract::{civil_from_days, is_safe_segment, ClusterLayout};
+use crate::contract::{self, is_safe_segment, ClusterLayout};
 use crate::events::spool::Spool;
-use crate::events::upload::{hash_file_prefix, put_file_prefix, UploadError};
 use crate::node::node_id::NodeIdResolver;
 use crate::node::session::{list_sessions, ActiveSession};
+use crate::storage::put::{hash_file_prefix, put_file_prefix, UploadError};
 
 /// Store failures in a row after which a round stops trying (the bucket is down).
 const MAX_FAILURES_IN_A_ROW: usize = 3;
@@ -200,28 +200,11 @@ fn scan_logs(logs: &Path) -> Vec<LogFile> {
     out
 }
 
-/// `20261122T020654.123456789Z`: sorts chronologically, stable across Ray's renames.
-fn compact_utc(ns: i64) -> String {
-    let secs = ns.div_euclid(1_000_000_000);
-    let frac = ns.rem_euclid(1_000_000_000);
-    let (y, m, d) = civil_from_days(secs.div_euclid(86400));
-    let rem = secs.rem_euclid(86400);
-    format!(
-        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}.{frac:09}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
 /// The object key of a log file (rotated backups get their stable name).
 fn object_key(prefix: &str, session: &str, node: &str, f: &LogFile) -> String {
     match &f.rotated_from {
-        Some(base) => format!(
-            "{prefix}/{session}/{node}/logs/{base}.rotated.{}",
-            compact_utc(f.mtime_ns)
-        ),
-        None => format!("{prefix}/{session}/{node}/logs/{}", f.rel),
+        Some(base) => contract::logs::rotated_log_key(prefix, session, node, base, f.mtime_ns),
+        None => contract::logs::log_key(prefix, session, node, &f.rel),
     }
 }
 
@@ -665,10 +648,6 @@ mod tests {
 
     #[test]
     fn rotated_names_are_stable_and_sort_by_time() {
-        assert_eq!(
-            compact_utc(1_795_314_700_123_456_789),
-            "20261122T023140.123456789Z"
-        );
         let f = LogFile {
             abs: "/x".into(),
             rel: "raylet.out.1".into(),

@@ -7,6 +7,8 @@
 //! `from_env` builders (env, web identity / IRSA, instance metadata, workload identity,
 //! managed identity).
 
+pub mod put;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,2 +1,3 @@
 //! Helpers shared by more than one path.
+pub mod time;
 pub mod units;
