@@ -1,7 +1,8 @@
-//! Prometheus metrics: names in one place, so dashboards and docs have one source.
+//! Prometheus metrics: names in one place, so dashboards and docs have one source, and the
+//! one module every path calls to emit them (this module calls none of them).
 //!
-//! Counters and histograms go through the `metrics` facade; spool gauges are read from
-//! [`SpoolStats`] when `/metrics` is scraped, so they cost nothing on the hot path.
+//! Counters and histograms go through the `metrics` facade; the spool's gauges are handed to
+//! [`render`] when `/metrics` is scraped, so they cost nothing on the hot path.
 
 use std::time::Duration;
 
@@ -9,7 +10,6 @@ use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::events::route::QuarantineReason;
-use crate::events::spool::SpoolStats;
 
 /// Requests answered, by path and status code.
 pub const HTTP_REQUESTS: &str = "rhc_http_requests_total";
@@ -82,12 +82,22 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
     Ok(handle)
 }
 
+/// The spool's state at a scrape.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SpoolGauges {
+    /// Bytes not yet uploaded.
+    pub bytes: u64,
+    /// Files not yet uploaded.
+    pub files: u64,
+    /// Age of the oldest file not yet uploaded, in seconds.
+    pub oldest_age_seconds: f64,
+}
+
 /// Renders the text exposition, refreshing the spool gauges first.
-pub fn render(handle: &PrometheusHandle, stats: &SpoolStats) -> String {
-    use std::sync::atomic::Ordering;
-    gauge!(SPOOL_BYTES).set(stats.bytes.load(Ordering::Relaxed) as f64);
-    gauge!(SPOOL_FILES).set(stats.files.load(Ordering::Relaxed) as f64);
-    gauge!(OLDEST_AGE).set(stats.oldest_pending_age_seconds());
+pub fn render(handle: &PrometheusHandle, spool: SpoolGauges) -> String {
+    gauge!(SPOOL_BYTES).set(spool.bytes as f64);
+    gauge!(SPOOL_FILES).set(spool.files as f64);
+    gauge!(OLDEST_AGE).set(spool.oldest_age_seconds);
     handle.run_upkeep();
     handle.render()
 }

@@ -263,7 +263,7 @@ async fn handle(req: Request<Incoming>, st: &IngestState) -> Resp {
             "/metrics",
             text_response(
                 StatusCode::OK,
-                m::render(&st.metrics, st.spool.stats()),
+                m::render(&st.metrics, spool_gauges(st)),
                 "text/plain; version=0.0.4",
             ),
         ),
@@ -278,6 +278,15 @@ async fn handle(req: Request<Incoming>, st: &IngestState) -> Resp {
     };
     m::http_request(label, resp.status().as_u16());
     resp
+}
+
+fn spool_gauges(st: &IngestState) -> m::SpoolGauges {
+    let stats = st.spool.stats();
+    m::SpoolGauges {
+        bytes: stats.bytes.load(Ordering::Relaxed),
+        files: stats.files.load(Ordering::Relaxed),
+        oldest_age_seconds: stats.oldest_pending_age_seconds(),
+    }
 }
 
 fn readiness(st: &IngestState) -> Resp {
