@@ -135,7 +135,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         )?;
         let dashboard = settings.dashboard.clone();
         let shipper = match &settings.pod_ip {
-            Some(ip) => shipper.with_remote_lookup(dashboard.clone(), ip.clone()),
+            Some(ip) => shipper.with_remote_lookup(dashboard_node_lookup(&dashboard, ip)),
             None => shipper,
         };
         Some((
@@ -243,6 +243,25 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         tracing::error!(path = %path.display(), bytes, "left on disk");
     }
     Ok(Exit::LeftOnDisk)
+}
+
+/// The dashboard's node list, matched by this pod's IP: the last resort for the node id.
+fn dashboard_node_lookup(
+    cfg: &dashboard::DashboardConfig,
+    pod_ip: &str,
+) -> node::node_id::RemoteNodeLookup {
+    let (cfg, ip) = (cfg.clone(), pod_ip.to_string());
+    node::node_id::RemoteNodeLookup::new(
+        format!("the dashboard's node list, pod IP {pod_ip}"),
+        move || {
+            let (cfg, ip) = (cfg.clone(), ip.clone());
+            Box::pin(async move {
+                dashboard::node_id_by_ip(&cfg, &ip)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+        },
+    )
 }
 
 /// SIGTERM and SIGINT handlers.

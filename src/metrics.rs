@@ -153,11 +153,32 @@ pub(crate) fn upload_failure(kind: &'static str) {
 pub(crate) fn upload_success(kind: &'static str, bytes: u64, took: Duration) {
     histogram!(UPLOAD_SECONDS, "kind" => kind).record(took.as_secs_f64());
     counter!(UPLOAD_BYTES, "kind" => kind).increment(bytes);
-    let now = std::time::SystemTime::now()
+    gauge!(LAST_UPLOAD).set(unix_now());
+}
+
+pub(crate) fn log_file_skipped(reason: &'static str) {
+    counter!(LOG_FILES_SKIPPED, "reason" => reason).increment(1);
+}
+
+pub(crate) fn log_file_uploaded(bytes: u64) {
+    counter!(LOG_FILES_UPLOADED).increment(1);
+    counter!(LOG_BYTES_UPLOADED).increment(bytes);
+}
+
+pub(crate) fn log_upload_failure() {
+    counter!(LOG_UPLOAD_FAILURES).increment(1);
+}
+
+pub(crate) fn log_snapshot_done(took: Duration) {
+    histogram!(LOG_SNAPSHOT_SECONDS).record(took.as_secs_f64());
+    gauge!(LOG_LAST_SNAPSHOT).set(unix_now());
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0);
-    gauge!(LAST_UPLOAD).set(now);
+        .unwrap_or(0.0)
 }
 
 /// Dashboard requests of the head's snapshot poller, by `endpoint_kind` (one_shot, periodic,
@@ -173,9 +194,5 @@ pub(crate) fn dashboard_request(endpoint_kind: &'static str, outcome: &'static s
 }
 
 pub(crate) fn dashboard_success() {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0);
-    gauge!(DASHBOARD_LAST_SUCCESS).set(now);
+    gauge!(DASHBOARD_LAST_SUCCESS).set(unix_now());
 }

@@ -157,7 +157,7 @@ impl ExportTailer {
             if dir != watched && dir.as_ref().is_some_and(|d| d.is_dir()) {
                 watcher = dir
                     .as_ref()
-                    .and_then(|d| crate::logs::watch_dir(d, tx.clone(), true));
+                    .and_then(|d| crate::util::watch::watch_dir(d, tx.clone(), true));
                 watched = dir.clone();
             }
             tokio::select! {

@@ -12,10 +12,47 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use futures::future::BoxFuture;
+
 use crate::contract::id_to_hex;
 
 /// The node id seen in this node's events, shared with the ingest side.
 pub type EventNodeHint = Arc<Mutex<Option<String>>>;
+
+/// The answer of a remote lookup: `Ok(None)` when the source answered but knows no id yet.
+pub type RemoteAnswer = Result<Option<String>, String>;
+
+/// The last resort for the node id, wired in by the app: a source outside this node (the
+/// head's dashboard, asked for the node at this pod's IP). Kept as a function so this module
+/// needs nothing of the dashboard.
+#[derive(Clone)]
+pub struct RemoteNodeLookup {
+    source: String,
+    lookup: Arc<dyn Fn() -> BoxFuture<'static, RemoteAnswer> + Send + Sync>,
+}
+
+impl RemoteNodeLookup {
+    /// `source` names it in logs (e.g. "the dashboard's node list, pod IP 10.0.0.7").
+    pub fn new(
+        source: impl Into<String>,
+        lookup: impl Fn() -> BoxFuture<'static, RemoteAnswer> + Send + Sync + 'static,
+    ) -> RemoteNodeLookup {
+        RemoteNodeLookup {
+            source: source.into(),
+            lookup: Arc::new(lookup),
+        }
+    }
+
+    /// Asks once.
+    pub fn lookup(&self) -> BoxFuture<'static, RemoteAnswer> {
+        (self.lookup)()
+    }
+
+    /// What it asks.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+}
 
 /// Marker of the raylet line that names its own node id (Ray 2.60 `main.cc`).
 const SETTING_NODE_ID: &[u8] = b"Setting node ID node_id=";
