@@ -1,4 +1,5 @@
 //! The event path: Ray → HTTP → parse → route → dedup → spool → upload.
+pub mod camel;
 pub mod dedup;
 pub mod export_tailer;
 pub mod http;

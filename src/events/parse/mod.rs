@@ -58,6 +58,10 @@ pub struct EventFields<'a> {
     pub node_id: Field<'a>,
     /// `jobId` / `job_id` of the first payload object that carries a non-empty one.
     pub job_id: Field<'a>,
+    /// A top-level key has a `_`: Ray sent protobuf field names (`event_id`), as it does with
+    /// `RAY_DASHBOARD_AGGREGATOR_AGENT_PRESERVE_PROTO_FIELD_NAME=1`. Ray's camelCase keys
+    /// never have one.
+    pub snake_case: bool,
 }
 
 /// One array element.
@@ -434,6 +438,7 @@ impl<'a> Scanner<'a> {
         loop {
             let key = self.member_key()?;
             let name = self.key_bytes(&key);
+            fields.snake_case |= name.contains(&b'_');
             let slot = match &name[..] {
                 b"eventId" | b"event_id" => Some(&mut fields.event_id),
                 b"eventType" | b"event_type" => Some(&mut fields.event_type),
@@ -1030,6 +1035,7 @@ mod tests {
                     };
                     assert!(f.event_id.as_str().is_some());
                     assert!(f.session_name.as_str().is_some());
+                    assert_eq!(f.snake_case, name == "posts-snake.jsonl", "{name}");
                     n += 1;
                 }
             }

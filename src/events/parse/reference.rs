@@ -39,6 +39,7 @@ impl<'de> Visitor<'de> for ElementVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut fields = EventFields::default();
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            fields.snake_case |= key.contains('_');
             let slot = match key.as_ref() {
                 "eventId" | "event_id" => &mut fields.event_id,
                 "eventType" | "event_type" => &mut fields.event_type,
