@@ -133,7 +133,7 @@ fn rfc3339(now: std::time::SystemTime) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     let secs = d.as_secs() as i64;
-    let (y, m, day) = ray_history_collector::contract::civil_from_days(secs.div_euclid(86400));
+    let (y, m, day) = ray_history_collector::util::time::civil_from_days(secs.div_euclid(86400));
     let rem = secs.rem_euclid(86400);
     format!(
         "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",

@@ -18,7 +18,7 @@
 //! Each file holds one family with its literal-key tests: [`names`] (what may be a segment),
 //! [`ids`] (base64 → hex), [`hour`] (the time partition), [`cluster`] (markers and prefixes),
 //! [`events`] (event objects and their parser), [`logs`] (log objects and rotated names),
-//! [`endpoints`] (dashboard snapshots).
+//! [`endpoints`] (dashboard snapshots), [`quarantine`] (our own, never read by the server).
 
 pub mod cluster;
 pub mod endpoints;
@@ -27,13 +27,10 @@ pub mod hour;
 pub mod ids;
 pub mod logs;
 pub mod names;
+pub mod quarantine;
 
 pub use cluster::{ClusterLayout, Owner};
 pub use events::{Partition, Stream};
 pub use hour::Hour;
 pub use ids::{id_to_hex, HexId, IdError};
 pub use names::{is_dns1123_subdomain, is_safe_segment, MAX_SEGMENT_LEN};
-// Moved to util::time; re-exported until every caller is updated in this restructure.
-pub use crate::util::time::{
-    civil_from_days, days_from_civil, format_rfc3339, parse_rfc3339_seconds,
-};

@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, watch};
 use crate::contract::events::EXPORT_NODE_GROUP;
 use crate::contract::{id_to_hex, is_safe_segment, Hour, Partition, Stream};
 use crate::events::dedup::id_hash;
-use crate::events::route::QuarantineReason;
+use crate::events::quarantine::QuarantineReason;
 use crate::events::spool::{AppendBatch, EventSpan, PartitionBatch, QuarantinedEvent, Spool};
 use crate::node::node_id::NodeIdResolver;
 use crate::node::session::{list_sessions, ActiveSession};
@@ -435,7 +435,7 @@ impl ExportTailer {
         let path = offsets_path(&self.cfg.state_dir);
         // Written and fsync'd: off the async workers.
         let result =
-            off_async_thread(|| crate::events::spool::write_json_atomically(&path, &self.state));
+            off_async_thread(|| crate::util::fs::write_json_atomically(&path, &self.state));
         match result {
             Ok(()) => self.dirty = false,
             Err(e) => {

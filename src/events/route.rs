@@ -3,89 +3,10 @@
 //! An event that cannot be routed is not an error for the batch: it gets a
 //! [`QuarantineReason`] and is kept aside, because Ray resends a rejected batch forever.
 
-use crate::contract::{id_to_hex, is_safe_segment, parse_rfc3339_seconds, HexId, Hour};
+use crate::contract::{id_to_hex, is_safe_segment, HexId, Hour};
 use crate::events::parse::{EventFields, Field};
-
-/// Why an event was quarantined; the code is a metric label and part of the record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum QuarantineReason {
-    /// The array element is not a JSON object.
-    NotAnObject,
-    /// No `sessionName`, or not a string.
-    MissingSession,
-    /// `sessionName` is not a safe single path segment.
-    UnsafeSession,
-    /// No `timestamp`, or not a string.
-    MissingTimestamp,
-    /// `timestamp` is not RFC 3339.
-    BadTimestamp,
-    /// `nodeId` is neither base64 nor hex, or too long.
-    BadNodeId,
-    /// `jobId` is neither base64 nor hex, too long, or not a string.
-    BadJobId,
-    /// A line of a spool segment left incomplete by a crash.
-    TornLine,
-    /// A line of an export event file that is not JSON.
-    ExportNotJson,
-    /// An export event without a usable `timestamp`, or with fields of the wrong type.
-    ExportBadEvent,
-}
-
-impl QuarantineReason {
-    /// Stable short code, used as metric label and in quarantine records.
-    pub fn code(&self) -> &'static str {
-        match self {
-            QuarantineReason::NotAnObject => "not_an_object",
-            QuarantineReason::MissingSession => "missing_session_name",
-            QuarantineReason::UnsafeSession => "unsafe_session_name",
-            QuarantineReason::MissingTimestamp => "missing_timestamp",
-            QuarantineReason::BadTimestamp => "bad_timestamp",
-            QuarantineReason::BadNodeId => "bad_node_id",
-            QuarantineReason::BadJobId => "bad_job_id",
-            QuarantineReason::TornLine => "torn_line",
-            QuarantineReason::ExportNotJson => "export_not_json",
-            QuarantineReason::ExportBadEvent => "export_bad_event",
-        }
-    }
-
-    /// A sentence for people reading the quarantine.
-    pub fn describe(&self) -> &'static str {
-        match self {
-            QuarantineReason::NotAnObject => "the array element is not a JSON object",
-            QuarantineReason::MissingSession => "sessionName is missing or not a string",
-            QuarantineReason::UnsafeSession => {
-                "sessionName is not a single safe path segment ([A-Za-z0-9._-], at most 128)"
-            }
-            QuarantineReason::MissingTimestamp => "timestamp is missing or not a string",
-            QuarantineReason::BadTimestamp => "timestamp is not an RFC 3339 date-time",
-            QuarantineReason::BadNodeId => "nodeId is neither base64 nor hex, or too long",
-            QuarantineReason::BadJobId => {
-                "jobId is not a string, neither base64 nor hex, or too long"
-            }
-            QuarantineReason::TornLine => {
-                "incomplete last line of a spool segment, left by a crash"
-            }
-            QuarantineReason::ExportNotJson => "a line of an export event file is not JSON",
-            QuarantineReason::ExportBadEvent => {
-                "an export event has no integer timestamp, or event_data fields of the wrong type"
-            }
-        }
-    }
-
-    /// Every reason, for pre-registering metrics.
-    pub const ALL: [QuarantineReason; 10] = [
-        QuarantineReason::NotAnObject,
-        QuarantineReason::MissingSession,
-        QuarantineReason::UnsafeSession,
-        QuarantineReason::MissingTimestamp,
-        QuarantineReason::BadTimestamp,
-        QuarantineReason::BadNodeId,
-        QuarantineReason::BadJobId,
-        QuarantineReason::TornLine,
-        QuarantineReason::ExportNotJson,
-        QuarantineReason::ExportBadEvent,
-    ];
-}
+use crate::events::quarantine::QuarantineReason;
+use crate::util::time::parse_rfc3339_seconds;
 
 /// Where one event goes, borrowing from the body so routing allocates nothing.
 #[derive(Debug, Clone, Copy)]

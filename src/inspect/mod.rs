@@ -444,7 +444,7 @@ fn parse_time_arg(flag: &'static str, s: &str) -> Result<(i64, i64), InspectErro
 
 /// An RFC 3339 timestamp as Unix nanoseconds (fractional digits beyond 9 are dropped).
 fn parse_time_ns(s: &str) -> Option<i64> {
-    let seconds = contract::parse_rfc3339_seconds(s)?;
+    let seconds = crate::util::time::parse_rfc3339_seconds(s)?;
     let b = s.as_bytes();
     let mut fraction: i64 = 0;
     if b.get(19) == Some(&b'.') {
@@ -2905,7 +2905,7 @@ fn shape_report(report: &mut SessionReport, model: SessionModel, failed_limit: u
 fn format_time_json(ns: i64) -> String {
     let seconds = ns.div_euclid(NANOS_PER_SECOND);
     let fraction = ns.rem_euclid(NANOS_PER_SECOND);
-    let base = contract::format_rfc3339(seconds);
+    let base = crate::util::time::format_rfc3339(seconds);
     let base = base.trim_end_matches('Z');
     if fraction == 0 {
         format!("{base}Z")
@@ -2925,7 +2925,7 @@ fn format_time_text(rfc3339: &str) -> String {
     };
     let seconds = ns.div_euclid(NANOS_PER_SECOND);
     let millis = ns.rem_euclid(NANOS_PER_SECOND) / 1_000_000;
-    let base = contract::format_rfc3339(seconds).replace('T', " ");
+    let base = crate::util::time::format_rfc3339(seconds).replace('T', " ");
     format!("{}.{millis:03}", base.trim_end_matches('Z'))
 }
 

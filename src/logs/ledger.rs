@@ -62,7 +62,7 @@ impl Ledger {
         if !self.dirty {
             return;
         }
-        let result = crate::events::spool::write_json_atomically(&self.path, &self.data);
+        let result = crate::util::fs::write_json_atomically(&self.path, &self.data);
         match result {
             Ok(()) => self.dirty = false,
             Err(e) => {

@@ -115,6 +115,14 @@ pub fn compact_utc(ns: i64) -> String {
     )
 }
 
+/// Now, in Unix nanoseconds (0 if the clock is before 1970).
+pub fn unix_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,177 @@
+//! The quarantine: what we keep of input we cannot use, and why.
+//!
+//! Ray resends a rejected batch forever, so an event that cannot be routed (no session, a
+//! timestamp that is not RFC 3339, an id that is neither base64 nor hex) does not fail its
+//! batch: it is kept aside as a record with its reason, counted in
+//! `rhc_events_quarantined_total{reason}`, uploaded below `collector-quarantine/` where the
+//! history server never looks, and the batch is answered 200. A record is one JSON line:
+//! the reason's code and sentence, when it was received, and the input itself (the event's
+//! JSON as sent, or bytes that are not JSON as a lossless string).
+
+use crate::contract::quarantine::body_name;
+use crate::util::time::{format_rfc3339, unix_nanos};
+
+/// Why an event was quarantined; the code is a metric label and part of the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuarantineReason {
+    /// The array element is not a JSON object.
+    NotAnObject,
+    /// No `sessionName`, or not a string.
+    MissingSession,
+    /// `sessionName` is not a safe single path segment.
+    UnsafeSession,
+    /// No `timestamp`, or not a string.
+    MissingTimestamp,
+    /// `timestamp` is not RFC 3339.
+    BadTimestamp,
+    /// `nodeId` is neither base64 nor hex, or too long.
+    BadNodeId,
+    /// `jobId` is neither base64 nor hex, too long, or not a string.
+    BadJobId,
+    /// A line of a spool segment left incomplete by a crash.
+    TornLine,
+    /// A line of an export event file that is not JSON.
+    ExportNotJson,
+    /// An export event without a usable `timestamp`, or with fields of the wrong type.
+    ExportBadEvent,
+}
+
+impl QuarantineReason {
+    /// Stable short code, used as metric label and in quarantine records.
+    pub fn code(&self) -> &'static str {
+        match self {
+            QuarantineReason::NotAnObject => "not_an_object",
+            QuarantineReason::MissingSession => "missing_session_name",
+            QuarantineReason::UnsafeSession => "unsafe_session_name",
+            QuarantineReason::MissingTimestamp => "missing_timestamp",
+            QuarantineReason::BadTimestamp => "bad_timestamp",
+            QuarantineReason::BadNodeId => "bad_node_id",
+            QuarantineReason::BadJobId => "bad_job_id",
+            QuarantineReason::TornLine => "torn_line",
+            QuarantineReason::ExportNotJson => "export_not_json",
+            QuarantineReason::ExportBadEvent => "export_bad_event",
+        }
+    }
+
+    /// A sentence for people reading the quarantine.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            QuarantineReason::NotAnObject => "the array element is not a JSON object",
+            QuarantineReason::MissingSession => "sessionName is missing or not a string",
+            QuarantineReason::UnsafeSession => {
+                "sessionName is not a single safe path segment ([A-Za-z0-9._-], at most 128)"
+            }
+            QuarantineReason::MissingTimestamp => "timestamp is missing or not a string",
+            QuarantineReason::BadTimestamp => "timestamp is not an RFC 3339 date-time",
+            QuarantineReason::BadNodeId => "nodeId is neither base64 nor hex, or too long",
+            QuarantineReason::BadJobId => {
+                "jobId is not a string, neither base64 nor hex, or too long"
+            }
+            QuarantineReason::TornLine => {
+                "incomplete last line of a spool segment, left by a crash"
+            }
+            QuarantineReason::ExportNotJson => "a line of an export event file is not JSON",
+            QuarantineReason::ExportBadEvent => {
+                "an export event has no integer timestamp, or event_data fields of the wrong type"
+            }
+        }
+    }
+
+    /// Every reason, for pre-registering metrics.
+    pub const ALL: [QuarantineReason; 10] = [
+        QuarantineReason::NotAnObject,
+        QuarantineReason::MissingSession,
+        QuarantineReason::UnsafeSession,
+        QuarantineReason::MissingTimestamp,
+        QuarantineReason::BadTimestamp,
+        QuarantineReason::BadNodeId,
+        QuarantineReason::BadJobId,
+        QuarantineReason::TornLine,
+        QuarantineReason::ExportNotJson,
+        QuarantineReason::ExportBadEvent,
+    ];
+}
+
+/// A quarantine record for a JSON element: `{"reason":..,"detail":..,"received_at":..,"event":<raw>}`.
+pub fn event_record(reason: QuarantineReason, raw: &[u8]) -> Vec<u8> {
+    let mut line = Vec::with_capacity(raw.len() + 160);
+    line.extend_from_slice(b"{\"reason\":\"");
+    line.extend_from_slice(reason.code().as_bytes());
+    line.extend_from_slice(b"\",\"detail\":\"");
+    line.extend_from_slice(reason.describe().as_bytes());
+    line.extend_from_slice(b"\",\"received_at\":\"");
+    line.extend_from_slice(format_rfc3339((unix_nanos() / 1_000_000_000) as i64).as_bytes());
+    line.extend_from_slice(b"\",\"event\":");
+    // Line breaks (only possible as whitespace between tokens) become spaces: one record
+    // per line.
+    line.extend(
+        raw.iter()
+            .map(|&c| if c == b'\n' || c == b'\r' { b' ' } else { c }),
+    );
+    line.extend_from_slice(b"}\n");
+    line
+}
+
+/// A quarantine record for bytes that are not JSON: kept as a string, lossless for UTF-8.
+pub fn raw_record(reason: QuarantineReason, source: &str, offset: u64, raw: &[u8]) -> Vec<u8> {
+    let record = serde_json::json!({
+        "reason": reason.code(),
+        "detail": reason.describe(),
+        "received_at": format_rfc3339((unix_nanos() / 1_000_000_000) as i64),
+        "source_file": source,
+        "source_offset": offset,
+        "raw": String::from_utf8_lossy(raw),
+        "raw_is_utf8": std::str::from_utf8(raw).is_ok(),
+    });
+    let mut line = serde_json::to_vec(&record).unwrap_or_default();
+    line.push(b'\n');
+    line
+}
+
+/// The record of a request body that is not a JSON array of events, kept beside it as the
+/// object [`body_name`]`(hash)`; `received_unix_nanos` is when it was stored.
+pub fn invalid_body_record(
+    detail: &str,
+    received_unix_nanos: u64,
+    hash: u64,
+    body_bytes: usize,
+) -> Vec<u8> {
+    let record = serde_json::json!({
+        "reason": "invalid_body",
+        "detail": detail,
+        "received_at": format_rfc3339((received_unix_nanos / 1_000_000_000) as i64),
+        "body_object": body_name(hash),
+        "body_bytes": body_bytes,
+    });
+    let mut line = serde_json::to_vec(&record).unwrap_or_default();
+    line.push(b'\n');
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quarantine_lines_are_json() {
+        let l = event_record(QuarantineReason::MissingSession, b"{\"a\":\n1}");
+        let v: serde_json::Value = serde_json::from_slice(&l).unwrap();
+        assert_eq!(v["reason"], "missing_session_name");
+        assert_eq!(v["event"]["a"], 1);
+        assert_eq!(l.iter().filter(|&&c| c == b'\n').count(), 1);
+        let r = raw_record(QuarantineReason::TornLine, "y.jsonl", 10, b"{\"a\":\xff");
+        let v: serde_json::Value = serde_json::from_slice(&r).unwrap();
+        assert_eq!(v["source_file"], "y.jsonl");
+        assert_eq!(v["raw_is_utf8"], false);
+    }
+
+    #[test]
+    fn body_records_name_their_body() {
+        let l = invalid_body_record("expected `[`", 1_795_314_700_000_000_000, 0xff, 3);
+        let v: serde_json::Value = serde_json::from_slice(&l).unwrap();
+        assert_eq!(v["reason"], "invalid_body");
+        assert_eq!(v["body_object"], "bodies/body-00000000000000ff.bin");
+        assert_eq!(v["received_at"], "2026-11-22T02:31:40Z");
+        assert!(l.ends_with(b"}\n"));
+    }
+}

@@ -1,0 +1,781 @@
+//! The writer thread: the only owner of the open segments. It takes every request waiting
+//! at that moment as one group, stages each partition's lines, writes them with one `write`
+//! per segment, hands the group to the sync thread while it writes the next one (pipelined
+//! group commit), and answers a group only after its own sync. A failed write or sync rolls
+//! back every group not yet durable (truncate to the durable length, forget their event
+//! ids), so no answer ever leaves half a batch behind.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::io::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc as tokio_mpsc;
+
+use super::segments::{OpenSegment, Target};
+use super::sync::{run_sync, run_syncer, SyncJob, SyncPool, SYNCFS_ABOVE};
+use super::{
+    AppendBatch, AppendOutcome, AppendReply, Command, EventSpan, FileKind, RecoveryReport,
+    SealedFile, SpoolConfig, SpoolError, SpoolStats, EVENTS_DIR, MARKERS_DIR, QUARANTINE_DIR,
+};
+use crate::contract::quarantine::body_key;
+use crate::contract::{is_safe_segment, Hour};
+use crate::events::dedup::{id_hash, DedupWindow};
+use crate::events::quarantine::{event_record, invalid_body_record, raw_record};
+use crate::metrics as m;
+use crate::util::memory::release_free_memory;
+use crate::util::time::unix_nanos;
+
+/// Distinct invalid bodies remembered, so one Ray resends is kept once.
+const RECENT_BODIES: usize = 1024;
+/// Quiet time after which freed heap memory is returned to the system.
+const IDLE_TRIM_AFTER: Duration = Duration::from_secs(5);
+
+/// The writer's command channel, and what it needs to hand its own sync thread a way back.
+pub(super) struct Inbox {
+    pub(super) rx: mpsc::Receiver<Command>,
+    pub(super) to_self: mpsc::Sender<Command>,
+    pub(super) alive: Weak<()>,
+}
+
+/// What one write of the pending buffers touched, to be made durable.
+#[derive(Default)]
+pub(super) struct Written {
+    /// Bytes appended to each segment.
+    pub(super) appended: Vec<(Target, u64)>,
+    pub(super) files: Vec<(Arc<File>, PathBuf)>,
+    pub(super) dirs: Vec<PathBuf>,
+    /// Too many files: one `syncfs` instead.
+    pub(super) whole_fs: bool,
+    pub(super) bytes: u64,
+}
+
+impl Written {
+    pub(super) fn merge(&mut self, other: Written) {
+        self.appended.extend(other.appended);
+        for (f, p) in other.files {
+            if !self.files.iter().any(|(_, q)| *q == p) {
+                self.files.push((f, p));
+            }
+        }
+        self.dirs.extend(other.dirs);
+        self.whole_fs |= other.whole_fs;
+        self.bytes += other.bytes;
+    }
+}
+
+/// Requests written to their segments whose sync has not yet answered.
+struct InFlight {
+    pub(super) written: Written,
+    pub(super) replies: Vec<(AppendReply, AppendOutcome)>,
+    /// Event ids to forget if the sync fails.
+    pub(super) inserted: Vec<u64>,
+    pub(super) new_sessions: Vec<String>,
+    pub(super) started: Instant,
+}
+
+pub(super) struct Writer {
+    pub(super) cfg: SpoolConfig,
+    pub(super) stats: Arc<SpoolStats>,
+    pub(super) sealed: tokio_mpsc::UnboundedSender<SealedFile>,
+    pub(super) dedup: DedupWindow,
+    pub(super) open: HashMap<Target, OpenSegment>,
+    pub(super) open_fds: usize,
+    pub(super) clock: u64,
+    pub(super) last_n: u64,
+    pub(super) marked_sessions: HashSet<String>,
+    pub(super) synced_dirs: HashSet<PathBuf>,
+    /// Directories with new entries not yet synced; synced by the next flush.
+    pub(super) dirty_dirs: HashSet<PathBuf>,
+    pub(super) recent_bodies: VecDeque<u64>,
+    /// Reusable line buffers for the segments a group touches.
+    pub(super) buffers: Vec<Vec<u8>>,
+    pub(super) inbox: Inbox,
+    /// Commands read while waiting for a sync, handled next.
+    pub(super) deferred: VecDeque<Command>,
+    /// The group the sync thread is making durable.
+    syncing: Option<InFlight>,
+    /// Groups written after it, waiting for the next sync.
+    waiting: Option<InFlight>,
+    pub(super) syncer: mpsc::Sender<SyncJob>,
+    /// Shared with the sync thread; used directly only when nothing is in flight.
+    pub(super) sync_pool: Arc<SyncPool>,
+    pub(super) lock: Arc<File>,
+}
+
+/// Buffers kept for reuse, and the largest capacity worth keeping.
+const POOLED_BUFFERS: usize = 4;
+const POOLED_CAPACITY: usize = 1 << 20;
+
+pub(super) fn recycle(pool: &mut Vec<Vec<u8>>, mut buf: Vec<u8>) {
+    if pool.len() < POOLED_BUFFERS && buf.capacity() <= POOLED_CAPACITY {
+        buf.clear();
+        pool.push(buf);
+    }
+}
+
+/// Answers every request of a failed group with the error (the first gets it whole).
+fn fail_all(replies: Vec<AppendReply>, err: SpoolError) {
+    tracing::error!(error = %err, requests = replies.len(), "spool write failed; the group is rolled back and not acknowledged");
+    let message = err.to_string();
+    let no_space = err.is_no_space();
+    let mut first = Some(err);
+    for reply in replies {
+        let e = first.take().unwrap_or_else(|| SpoolError::GroupFailed {
+            message: message.clone(),
+            no_space,
+        });
+        let _ = reply.send(Err(e));
+    }
+}
+
+impl Writer {
+    pub(super) fn start(
+        cfg: SpoolConfig,
+        stats: Arc<SpoolStats>,
+        sealed: tokio_mpsc::UnboundedSender<SealedFile>,
+        inbox: Inbox,
+    ) -> Result<(Writer, RecoveryReport), SpoolError> {
+        for sub in [EVENTS_DIR, QUARANTINE_DIR, MARKERS_DIR] {
+            let d = cfg.dir.join(sub);
+            fs::create_dir_all(&d).map_err(|e| SpoolError::io("creating", &d, e))?;
+        }
+        let lock_path = cfg.dir.join("LOCK");
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| SpoolError::io("opening", &lock_path, e))?;
+        // SAFETY: flock on a valid fd we own; no memory is involved.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(SpoolError::Locked(cfg.dir.clone()));
+        }
+        let (syncer, jobs) = mpsc::channel();
+        let done = inbox.to_self.clone();
+        let sync_pool = Arc::new(SyncPool::new());
+        let pool = sync_pool.clone();
+        std::thread::Builder::new()
+            .name("spool-sync".into())
+            .spawn(move || run_syncer(jobs, done, pool))
+            .map_err(|e| SpoolError::io("starting the spool sync thread for", &cfg.dir, e))?;
+        let mut w = Writer {
+            dedup: DedupWindow::new(cfg.dedup_window),
+            cfg,
+            stats,
+            sealed,
+            open: HashMap::new(),
+            open_fds: 0,
+            clock: 0,
+            last_n: 0,
+            marked_sessions: HashSet::new(),
+            synced_dirs: HashSet::new(),
+            dirty_dirs: HashSet::new(),
+            recent_bodies: VecDeque::new(),
+            buffers: Vec::new(),
+            inbox,
+            deferred: VecDeque::new(),
+            syncing: None,
+            waiting: None,
+            syncer,
+            sync_pool,
+            lock: Arc::new(lock),
+        };
+        let report = w.recover()?;
+        Ok((w, report))
+    }
+
+    pub(super) fn next_n(&mut self) -> u64 {
+        self.last_n = unix_nanos().max(self.last_n + 1);
+        self.last_n
+    }
+
+    /// The next command: one deferred while waiting for a sync, or one from the channel.
+    pub(super) fn next_command(
+        &mut self,
+        wait: Duration,
+    ) -> Result<Command, mpsc::RecvTimeoutError> {
+        match self.deferred.pop_front() {
+            Some(c) => Ok(c),
+            None => self.inbox.rx.recv_timeout(wait),
+        }
+    }
+
+    /// The next command if one is there now.
+    pub(super) fn try_next_command(&mut self) -> Option<Command> {
+        self.deferred
+            .pop_front()
+            .or_else(|| self.inbox.rx.try_recv().ok())
+    }
+
+    pub(super) fn run(&mut self) {
+        let tick = Duration::from_millis(250);
+        let mut last_age_check = Instant::now();
+        let mut last_write = Instant::now();
+        let mut trimmed = true;
+        loop {
+            let first = match self.next_command(tick) {
+                Ok(c) => {
+                    last_write = Instant::now();
+                    trimmed = false;
+                    Some(c)
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if self.inbox.alive.upgrade().is_none() {
+                        // Every handle is gone without a Stop: nobody is left to answer.
+                        return;
+                    }
+                    // After a burst, give the freed heap back to the node: malloc keeps it
+                    // otherwise, and an idle sidecar should look idle.
+                    if !trimmed && last_write.elapsed() >= IDLE_TRIM_AFTER {
+                        // The pooled line buffers too (up to 4 MiB): a burst refills them.
+                        self.buffers = Vec::new();
+                        release_free_memory();
+                        trimmed = true;
+                    }
+                    None
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            };
+            let mut group = Vec::new();
+            let mut controls = Vec::new();
+            let mut next = first;
+            while let Some(cmd) = next {
+                match cmd {
+                    Command::Append(b, r) => group.push((b, r)),
+                    Command::Synced(r) => self.synced(r),
+                    other => controls.push(other),
+                }
+                // Cap a group so one fsync never waits behind an unbounded amount of work.
+                if group.len() >= 256 {
+                    break;
+                }
+                next = self.try_next_command();
+            }
+            if !group.is_empty() {
+                self.write_group(group);
+            }
+            self.start_sync();
+            for c in controls {
+                match c {
+                    Command::QuarantineBody {
+                        body,
+                        detail,
+                        reply,
+                    } => {
+                        let r = self.store_body(&body, &detail);
+                        if let Err(e) = &r {
+                            tracing::error!(error = %e, "could not keep an invalid body in quarantine");
+                        }
+                        let _ = reply.send(r);
+                    }
+                    Command::Marker(session, reply) => {
+                        let r = if self.cfg.write_session_markers && is_safe_segment(&session) {
+                            self.ensure_marker(&session)
+                        } else {
+                            Ok(())
+                        };
+                        let _ = reply.send(r);
+                    }
+                    Command::SealAll(reply) => {
+                        self.seal_where(|_| true);
+                        let _ = reply.send(());
+                    }
+                    Command::Stop => {
+                        self.seal_where(|_| true);
+                        return;
+                    }
+                    Command::Append(..) | Command::Synced(_) => {}
+                }
+            }
+            // Size-based sealing once the data is durable.
+            let max = self.cfg.max_segment_bytes;
+            self.seal_where(|s| s.len >= max);
+            if last_age_check.elapsed() >= Duration::from_millis(500) {
+                last_age_check = Instant::now();
+                let max_age = self.cfg.rotation_interval;
+                self.seal_where(|s| s.opened_at.elapsed() >= max_age);
+            }
+        }
+    }
+
+    /// Stages and writes every request of the group; its sync and answers come later.
+    ///
+    /// The disk and the CPU overlap: this group is written (into the page cache) while the
+    /// sync thread makes the previous one durable, and its sync starts as soon as that one
+    /// ends. A group is answered only after its own sync.
+    pub(super) fn write_group(&mut self, group: Vec<(AppendBatch, AppendReply)>) {
+        let started = Instant::now();
+        let mut outcomes = Vec::with_capacity(group.len());
+        let mut inserted: Vec<u64> = Vec::new();
+        let mut new_sessions: Vec<String> = Vec::new();
+        let mut failure: Option<SpoolError> = None;
+        for (batch, _) in &group {
+            match self.stage(batch, &mut inserted, &mut new_sessions) {
+                Ok(o) => outcomes.push(o),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        let written = match failure {
+            None => self.write_pending(),
+            Some(e) => Err(e),
+        };
+        let written = match written {
+            Ok(w) => w,
+            Err(err) => {
+                // What came before is answered first; then only this group is cut off.
+                self.drain();
+                self.rollback_to_durable();
+                for h in inserted {
+                    self.dedup.forget(h);
+                }
+                let replies = group.into_iter().map(|(_, r)| r).collect();
+                fail_all(replies, err);
+                return;
+            }
+        };
+        let flight = InFlight {
+            written,
+            replies: group.into_iter().map(|(_, r)| r).zip(outcomes).collect(),
+            inserted,
+            new_sessions,
+            started,
+        };
+        match &mut self.waiting {
+            Some(w) => {
+                w.written.merge(flight.written);
+                w.replies.extend(flight.replies);
+                w.inserted.extend(flight.inserted);
+                w.new_sessions.extend(flight.new_sessions);
+            }
+            None => self.waiting = Some(flight),
+        }
+    }
+
+    /// Hands the waiting groups to the sync thread if it is free.
+    pub(super) fn start_sync(&mut self) {
+        if self.syncing.is_some() {
+            return;
+        }
+        let Some(mut flight) = self.waiting.take() else {
+            return;
+        };
+        let job = self.sync_job(&mut flight.written);
+        self.syncing = Some(flight);
+        if self.syncer.send(job).is_err() {
+            self.synced(Err(SpoolError::io(
+                "syncing (the sync thread is gone) in",
+                &self.cfg.dir,
+                io::Error::other("sync thread ended"),
+            )));
+        }
+    }
+
+    /// The sync thread's answer for the group in flight.
+    pub(super) fn synced(&mut self, result: Result<(), SpoolError>) {
+        let Some(flight) = self.syncing.take() else {
+            return;
+        };
+        if let Err(err) = result {
+            // Everything written since the last durable point goes: the failed group and
+            // the ones written after it, which sit behind it in the same files.
+            let mut replies: Vec<AppendReply> =
+                flight.replies.into_iter().map(|(r, _)| r).collect();
+            let mut inserted = flight.inserted;
+            if let Some(w) = self.waiting.take() {
+                replies.extend(w.replies.into_iter().map(|(r, _)| r));
+                inserted.extend(w.inserted);
+            }
+            self.rollback_to_durable();
+            for h in inserted {
+                self.dedup.forget(h);
+            }
+            fail_all(replies, err);
+            return;
+        }
+        // The next sync first, so the disk does not wait for the answers.
+        self.start_sync();
+        self.mark_durable(&flight.written);
+        m::spool_commit(flight.written.bytes, flight.started.elapsed());
+        for s in flight.new_sessions {
+            if let Err(e) = self.ensure_marker(&s) {
+                tracing::error!(session = %s, error = %e, "could not record the session marker on disk; uploading it from memory");
+                self.queue_marker(&s, PathBuf::new());
+            }
+        }
+        for (reply, outcome) in flight.replies {
+            m::events_accepted(outcome.accepted, outcome.duplicates);
+            let _ = reply.send(Ok(outcome));
+        }
+    }
+
+    /// Waits until every written group is synced and answered; other commands that arrive
+    /// meanwhile are kept, in order, for the main loop.
+    pub(super) fn drain(&mut self) {
+        loop {
+            self.start_sync();
+            if self.syncing.is_none() {
+                return;
+            }
+            match self.inbox.rx.recv() {
+                Ok(Command::Synced(r)) => self.synced(r),
+                Ok(other) => self.deferred.push_back(other),
+                Err(_) => {
+                    // Cannot happen while we hold a sender; answer rather than wait forever.
+                    self.synced(Err(SpoolError::Stopped));
+                }
+            }
+        }
+    }
+
+    /// Copies one request's lines into the pending buffers of their segments.
+    pub(super) fn stage(
+        &mut self,
+        batch: &AppendBatch,
+        inserted: &mut Vec<u64>,
+        new_sessions: &mut Vec<String>,
+    ) -> Result<AppendOutcome, SpoolError> {
+        let mut out = AppendOutcome::default();
+        let body = &batch.body[..];
+        for pb in &batch.partitions {
+            if self.cfg.write_session_markers
+                && !self.marked_sessions.contains(&pb.partition.session)
+                && !new_sessions.contains(&pb.partition.session)
+            {
+                new_sessions.push(pb.partition.session.clone());
+            }
+            // Dedup first so a partition whose events are all duplicates opens no file.
+            let mut keep: Vec<&EventSpan> = Vec::with_capacity(pb.events.len());
+            for ev in &pb.events {
+                if let Some(h) = ev.id_hash {
+                    if !self.dedup.insert(h) {
+                        out.duplicates += 1;
+                        continue;
+                    }
+                    inserted.push(h);
+                }
+                keep.push(ev);
+            }
+            if keep.is_empty() {
+                continue;
+            }
+            // Sized once, in a buffer of an earlier group when there is one: growing a
+            // fresh buffer by doubling copied each line about twice more.
+            let bytes: usize = keep.iter().map(|ev| ev.end - ev.start + 1).sum();
+            let mut spare = self.buffers.pop();
+            let seg = self.segment(&Target::Events(pb.partition.clone()))?;
+            if seg.pending.capacity() == 0 {
+                if let Some(buf) = spare.take() {
+                    seg.pending = buf;
+                }
+            }
+            seg.pending.reserve(bytes);
+            for ev in keep {
+                push_line(&mut seg.pending, &body[ev.start..ev.end], ev.has_newline);
+                out.accepted += 1;
+            }
+            if let Some(buf) = spare {
+                self.buffers.push(buf);
+            }
+        }
+        if !batch.quarantined.is_empty() {
+            let hour = Hour::from_unix_seconds((unix_nanos() / 1_000_000_000) as i64);
+            let target = Target::Quarantine(hour);
+            for q in &batch.quarantined {
+                let raw = &body[q.start..q.end];
+                // The same bad event resent by Ray is kept once.
+                let h = id_hash(raw) ^ 0x9e37_79b9_7f4a_7c15;
+                if !self.dedup.insert(h) {
+                    out.duplicates += 1;
+                    continue;
+                }
+                inserted.push(h);
+                let line = match &q.source {
+                    Some((file, offset)) => raw_record(q.reason, file, *offset, raw),
+                    None => event_record(q.reason, raw),
+                };
+                self.segment(&target)?.pending.extend_from_slice(&line);
+                m::events_quarantined(q.reason.code(), 1);
+                out.quarantined += 1;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes every pending buffer and makes it durable now (recovery, quarantined bodies;
+    /// nothing else may be in flight); on error the caller rolls back.
+    pub(super) fn flush_group(&mut self) -> Result<(), SpoolError> {
+        let started = Instant::now();
+        let mut written = self.write_pending()?;
+        run_sync(self.sync_job(&mut written), &self.sync_pool)?;
+        self.mark_durable(&written);
+        m::spool_commit(written.bytes, started.elapsed());
+        Ok(())
+    }
+
+    /// Writes every pending buffer to its segment (into the page cache, not yet durable)
+    /// and returns what must be synced.
+    ///
+    /// A group touching more than [`SYNCFS_ABOVE`] files (thousands of jobs at once) is made
+    /// durable with one `syncfs` instead of one sync per file. The buffers go back to the
+    /// pool, and fds may be closed before the sync: the sync holds its own references.
+    pub(super) fn write_pending(&mut self) -> Result<Written, SpoolError> {
+        let targets: Vec<Target> = self
+            .open
+            .iter()
+            .filter(|(_, s)| !s.pending.is_empty())
+            .map(|(t, _)| t.clone())
+            .collect();
+        let mut out = Written {
+            whole_fs: targets.len() + self.dirty_dirs.len() > SYNCFS_ABOVE,
+            ..Written::default()
+        };
+        for t in &targets {
+            let need_fd = self.open.get(t).is_some_and(|s| s.file.is_none());
+            if need_fd {
+                self.make_room_for_fd();
+                let Some(seg) = self.open.get_mut(t) else {
+                    continue;
+                };
+                let f = OpenOptions::new()
+                    .append(true)
+                    .open(&seg.path)
+                    .map_err(|e| SpoolError::io("reopening segment", &seg.path, e))?;
+                seg.file = Some(Arc::new(f));
+                self.open_fds += 1;
+            }
+            let Some(seg) = self.open.get_mut(t) else {
+                continue;
+            };
+            let Some(file) = seg.file.as_ref() else {
+                continue;
+            };
+            let n = seg.pending.len() as u64;
+            // Counted first: if the write fails half way, rollback still truncates it.
+            seg.written += n;
+            (&**file)
+                .write_all(&seg.pending)
+                .map_err(|e| SpoolError::io("appending to segment", &seg.path, e))?;
+            out.bytes += n;
+            out.appended.push((t.clone(), n));
+            if !out.whole_fs {
+                out.files.push((file.clone(), seg.path.clone()));
+            }
+            recycle(&mut self.buffers, std::mem::take(&mut seg.pending));
+        }
+        if out.whole_fs {
+            self.dirty_dirs.clear();
+        } else {
+            out.dirs = self.dirty_dirs.drain().collect();
+        }
+        Ok(out)
+    }
+
+    /// What syncing `written` takes; its files and directories move into the job (only
+    /// what it appended is needed afterwards).
+    pub(super) fn sync_job(&self, written: &mut Written) -> SyncJob {
+        SyncJob {
+            files: std::mem::take(&mut written.files),
+            dirs: std::mem::take(&mut written.dirs),
+            whole_fs: written.whole_fs.then(|| self.lock.clone()),
+        }
+    }
+
+    /// Records that what `written` appended is durable.
+    pub(super) fn mark_durable(&mut self, written: &Written) {
+        for (t, n) in &written.appended {
+            if let Some(seg) = self.open.get_mut(t) {
+                seg.len += n;
+            }
+        }
+        self.stats.bytes.fetch_add(written.bytes, Ordering::Relaxed);
+    }
+
+    /// Drops pending lines and truncates every segment back to its durable length.
+    pub(super) fn rollback_to_durable(&mut self) {
+        let mut broken = Vec::new();
+        for (t, seg) in self.open.iter_mut() {
+            if seg.pending.is_empty() && seg.written == seg.len {
+                continue;
+            }
+            recycle(&mut self.buffers, std::mem::take(&mut seg.pending));
+            seg.written = seg.len;
+            let ok = match seg.file.as_ref() {
+                Some(f) => f.set_len(seg.len).and_then(|_| f.sync_data()).is_ok(),
+                None => OpenOptions::new()
+                    .write(true)
+                    .open(&seg.path)
+                    .and_then(|f| f.set_len(seg.len).and_then(|_| f.sync_data()))
+                    .is_ok(),
+            };
+            if !ok {
+                broken.push(t.clone());
+            }
+        }
+        // A segment we could not truncate is sealed; the uploader cuts any torn tail.
+        for t in broken {
+            tracing::error!(target = ?t, "could not roll back a failed write; sealing the segment");
+            self.seal(&t);
+        }
+    }
+
+    /// Keeps an unparseable body (once per distinct content) and a record saying why.
+    pub(super) fn store_body(&mut self, body: &[u8], detail: &str) -> Result<(), SpoolError> {
+        let h = xxhash_rust::xxh3::xxh3_64(body);
+        if self.recent_bodies.contains(&h) {
+            return Ok(());
+        }
+        // Its record is synced here and now, which needs nothing else in flight.
+        self.drain();
+        let rel = body_key(&self.cfg.quarantine_node, h);
+        let path = self.cfg.dir.join(QUARANTINE_DIR).join(&rel);
+        if !path.exists() {
+            let n = self.next_n();
+            let mut f = self.create_file(&path)?;
+            f.write_all(body)
+                .and_then(|_| f.sync_data())
+                .map_err(|e| SpoolError::io("writing quarantined body", &path, e))?;
+            self.stats
+                .bytes
+                .fetch_add(body.len() as u64, Ordering::Relaxed);
+            self.stats.add_file(n);
+            let line = invalid_body_record(detail, n, h, body.len());
+            let hour = Hour::from_unix_seconds((n / 1_000_000_000) as i64);
+            self.segment(&Target::Quarantine(hour))?
+                .pending
+                .extend_from_slice(&line);
+            if let Err(e) = self.flush_group() {
+                self.rollback_to_durable();
+                return Err(e);
+            }
+            let _ = self.sealed.send(SealedFile {
+                path,
+                kind: FileKind::Quarantine,
+                relative_key: rel,
+                created_unix_nanos: n,
+                bytes: body.len() as u64,
+                compressible: false,
+            });
+        }
+        if self.recent_bodies.len() == RECENT_BODIES {
+            self.recent_bodies.pop_front();
+        }
+        self.recent_bodies.push_back(h);
+        Ok(())
+    }
+}
+
+/// Appends one event as a line; line breaks (only possible as whitespace) become spaces.
+fn push_line(out: &mut Vec<u8>, raw: &[u8], has_newline: bool) {
+    let start = out.len();
+    out.extend_from_slice(raw);
+    if has_newline {
+        for c in &mut out[start..] {
+            if *c == b'\n' || *c == b'\r' {
+                *c = b' ';
+            }
+        }
+    }
+    out.push(b'\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+
+    use super::super::sync::failpoint::FAIL_NEXT_SYNC;
+    use super::super::{PartitionBatch, Spool};
+    use super::*;
+    use crate::contract::{Partition, Stream};
+
+    fn batch(ids: &[&str]) -> AppendBatch {
+        let mut body = Vec::new();
+        let mut events = Vec::new();
+        for id in ids {
+            let start = body.len();
+            body.extend_from_slice(format!(r#"{{"eventId":"{id}"}}"#).as_bytes());
+            events.push(EventSpan {
+                start,
+                end: body.len(),
+                id_hash: Some(id_hash(id.as_bytes())),
+                has_newline: false,
+            });
+        }
+        AppendBatch {
+            body: Bytes::from(body),
+            partitions: vec![PartitionBatch {
+                partition: Partition {
+                    session: "session_t".into(),
+                    node: "n1".into(),
+                    stream: Stream::Node,
+                    hour: Hour::from_unix_seconds(1_700_000_000),
+                },
+                events,
+            }],
+            quarantined: Vec::new(),
+        }
+    }
+
+    /// A failed sync rolls back its group and the group written behind it while it ran;
+    /// neither is acknowledged, their ids are forgotten (Ray's resend is accepted), and
+    /// only acknowledged events end up in the sealed segment.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn failed_sync_rolls_back_the_groups_in_flight() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("spool");
+        let (sealed_tx, mut sealed_rx) = tokio_mpsc::unbounded_channel();
+        let cfg = SpoolConfig {
+            dir: dir.clone(),
+            rotation_interval: Duration::from_secs(3600),
+            max_segment_bytes: 1 << 30,
+            max_open_files: 16,
+            dedup_window: 1000,
+            write_session_markers: false,
+            quarantine_node: "q".into(),
+        };
+        let (spool, _) = Spool::open(cfg, sealed_tx).unwrap();
+        let ok = spool.append(batch(&["ok1"])).await.unwrap();
+        assert_eq!(ok.accepted, 1);
+
+        FAIL_NEXT_SYNC
+            .lock()
+            .unwrap()
+            .push((dir.clone(), Duration::from_millis(400)));
+        let first = tokio::spawn({
+            let s = spool.clone();
+            async move { s.append(batch(&["a1", "a2"])).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Written while the failing sync runs, so it sits behind it in the same file.
+        let second = spool.append(batch(&["b1"])).await;
+        let first = first.await.unwrap();
+        assert!(first.is_err(), "{first:?}");
+        assert!(second.is_err(), "{second:?}");
+
+        let after = spool.append(batch(&["c1"])).await.unwrap();
+        assert_eq!((after.accepted, after.duplicates), (1, 0));
+        let resent = spool.append(batch(&["a1", "a2"])).await.unwrap();
+        assert_eq!((resent.accepted, resent.duplicates), (2, 0));
+        let again = spool.append(batch(&["ok1", "c1"])).await.unwrap();
+        assert_eq!((again.accepted, again.duplicates), (0, 2));
+
+        spool.seal_all().await.unwrap();
+        let sealed = sealed_rx.recv().await.unwrap();
+        let text = fs::read_to_string(&sealed.path).unwrap();
+        assert_eq!(
+            text,
+            "{\"eventId\":\"ok1\"}\n{\"eventId\":\"c1\"}\n{\"eventId\":\"a1\"}\n{\"eventId\":\"a2\"}\n"
+        );
+        assert_eq!(sealed.bytes, text.len() as u64);
+        spool.stop();
+    }
+}
