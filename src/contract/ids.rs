@@ -117,6 +117,13 @@ fn decode_base64(input: &[u8], out: &mut [u8]) -> Result<usize, IdError> {
     Ok(w)
 }
 
+/// A Ray id as the dashboard lists it (job, node): already hex, and short enough to be a key
+/// segment. Ids from an answer of a process we do not control go into URLs and keys only
+/// after this check.
+pub fn is_hex_id(s: &str) -> bool {
+    !s.is_empty() && s.len() <= MAX_SEGMENT_LEN && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,5 +150,7 @@ mod tests {
         assert_eq!(id_to_hex("A").unwrap_err(), IdError::NotAnId);
         assert_eq!(id_to_hex("AQ===").unwrap_err(), IdError::NotAnId);
         assert_eq!(id_to_hex(&"QUFB".repeat(40)).unwrap_err(), IdError::TooLong);
+        assert!(is_hex_id("03000000") && is_hex_id("ABCdef"));
+        assert!(!is_hex_id("") && !is_hex_id("0x1") && !is_hex_id(&"a".repeat(129)));
     }
 }

@@ -8,8 +8,8 @@ use bytes::{Bytes, BytesMut};
 use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 
 use super::config::DashboardConfig;
-use super::poller::is_hex_id;
 use super::{DashboardError, MAX_BODY_BYTES, NODES_ENDPOINT};
+use crate::contract::ids::is_hex_id;
 
 pub(super) fn build_client(cfg: &DashboardConfig) -> Result<reqwest::Client, DashboardError> {
     let mut headers = HeaderMap::new();

@@ -17,15 +17,10 @@ use super::{
     ONE_SHOT_ENDPOINTS, PERIODIC_ENDPOINTS, TERMINAL_EMPTY_POLLS_BEFORE_GIVING_UP,
     TERMINAL_JOB_STATES,
 };
-use crate::contract::{self, is_safe_segment, ClusterLayout, MAX_SEGMENT_LEN};
+use crate::contract::ids::is_hex_id;
+use crate::contract::{self, is_safe_segment, ClusterLayout};
 use crate::metrics as m;
 use crate::node::session::ActiveSession;
-
-/// A Ray id (job, node) as the dashboard lists it: hex digits only, since it goes into a URL
-/// and an object key and comes from a process we do not control.
-pub(super) fn is_hex_id(s: &str) -> bool {
-    !s.is_empty() && s.len() <= MAX_SEGMENT_LEN && s.bytes().all(|b| b.is_ascii_hexdigit())
-}
 
 /// What one poll did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -69,7 +69,7 @@ impl Writer {
                         }
                     },
                 };
-                self.last_n = self.last_n.max(created);
+                self.segs.last_n = self.segs.last_n.max(created);
                 found.push((
                     SealedFile {
                         path,
@@ -103,7 +103,7 @@ impl Writer {
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default();
                 let line = raw_record(QuarantineReason::TornLine, &name, *keep, tail);
-                self.segment(&target)?.pending.extend_from_slice(&line);
+                self.segs.segment(&target)?.pending.extend_from_slice(&line);
                 m::events_quarantined(QuarantineReason::TornLine.code(), 1);
             }
             self.flush_group()?;
@@ -141,7 +141,7 @@ impl Writer {
                 .filter_map(|(_, p)| p.as_ref().map(|p| p.session.clone()))
                 .collect();
             for s in sessions {
-                self.ensure_marker(&s)?;
+                self.segs.ensure_marker(&s)?;
             }
         }
         let marker_dir = self.cfg.dir.join(MARKERS_DIR);
@@ -153,8 +153,8 @@ impl Writer {
                 report.unknown.push(entry.path());
                 continue;
             }
-            if self.marked_sessions.insert(name.clone()) {
-                self.queue_marker(&name, entry.path());
+            if self.segs.marked_sessions.insert(name.clone()) {
+                self.segs.queue_marker(&name, entry.path());
             }
         }
         for (f, _) in found {

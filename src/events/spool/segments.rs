@@ -3,6 +3,7 @@
 //! (closed and handed to the uploader) when old, large, or at shutdown; and the session
 //! markers, recorded on disk before their upload is queued.
 
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
@@ -11,8 +12,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::sync::sync_dir;
-use super::writer::Writer;
-use super::{FileKind, SealedFile, SpoolError, EVENTS_DIR, MARKERS_DIR, QUARANTINE_DIR};
+use tokio::sync::mpsc as tokio_mpsc;
+
+use super::{
+    FileKind, SealedFile, SpoolConfig, SpoolError, SpoolStats, EVENTS_DIR, MARKERS_DIR,
+    QUARANTINE_DIR,
+};
 use crate::contract::quarantine::records_key;
 use crate::contract::{Hour, Partition};
 use crate::util::time::unix_nanos;
@@ -41,7 +46,54 @@ pub(super) struct OpenSegment {
     pub(super) pending: Vec<u8>,
 }
 
-impl Writer {
+/// The segments open for writing, and what is needed to create and seal them: owned by the
+/// writer thread, which alone appends to them.
+pub(super) struct Segments {
+    dir: PathBuf,
+    quarantine_node: String,
+    max_open_files: usize,
+    stats: Arc<SpoolStats>,
+    sealed: tokio_mpsc::UnboundedSender<SealedFile>,
+    pub(super) open: HashMap<Target, OpenSegment>,
+    pub(super) open_fds: usize,
+    clock: u64,
+    /// The last creation time handed out: names stay unique and increasing.
+    pub(super) last_n: u64,
+    /// Sessions whose marker is recorded on disk.
+    pub(super) marked_sessions: HashSet<String>,
+    synced_dirs: HashSet<PathBuf>,
+    /// Directories with new entries not yet synced; synced by the next flush.
+    pub(super) dirty_dirs: HashSet<PathBuf>,
+}
+
+impl Segments {
+    pub(super) fn new(
+        cfg: &SpoolConfig,
+        stats: Arc<SpoolStats>,
+        sealed: tokio_mpsc::UnboundedSender<SealedFile>,
+    ) -> Segments {
+        Segments {
+            dir: cfg.dir.clone(),
+            quarantine_node: cfg.quarantine_node.clone(),
+            max_open_files: cfg.max_open_files.max(1),
+            stats,
+            sealed,
+            open: HashMap::new(),
+            open_fds: 0,
+            clock: 0,
+            last_n: 0,
+            marked_sessions: HashSet::new(),
+            synced_dirs: HashSet::new(),
+            dirty_dirs: HashSet::new(),
+        }
+    }
+
+    /// A creation time for a new file: now in Unix ns, and never the same twice.
+    pub(super) fn next_n(&mut self) -> u64 {
+        self.last_n = unix_nanos().max(self.last_n + 1);
+        self.last_n
+    }
+
     /// Returns the open segment of `target`, creating its file if needed.
     pub(super) fn segment(&mut self, target: &Target) -> Result<&mut OpenSegment, SpoolError> {
         self.clock += 1;
@@ -52,15 +104,15 @@ impl Writer {
                 Target::Events(p) => (EVENTS_DIR, p.segment_relative_key(n), FileKind::Events),
                 Target::Quarantine(h) => (
                     QUARANTINE_DIR,
-                    records_key(&self.cfg.quarantine_node, *h, n),
+                    records_key(&self.quarantine_node, *h, n),
                     FileKind::Quarantine,
                 ),
             };
-            let path = self.cfg.dir.join(base).join(&rel);
+            let path = self.dir.join(base).join(&rel);
             self.make_room_for_fd();
             let created = self.create_file(&path)?;
             // At the limit with every fd busy in this group: reopen it when flushing.
-            let file = if self.open_fds < self.cfg.max_open_files.max(1) {
+            let file = if self.open_fds < self.max_open_files {
                 self.open_fds += 1;
                 Some(Arc::new(created))
             } else {
@@ -116,7 +168,7 @@ impl Writer {
         }
         if !dir.exists() {
             if let Some(parent) = dir.parent() {
-                if parent.starts_with(&self.cfg.dir) && parent != self.cfg.dir {
+                if parent.starts_with(&self.dir) && parent != self.dir {
                     self.ensure_dir(parent)?;
                 }
             }
@@ -135,7 +187,7 @@ impl Writer {
 
     /// Closes the least recently used idle fds when at the limit.
     pub(super) fn make_room_for_fd(&mut self) {
-        if self.open_fds < self.cfg.max_open_files.max(1) {
+        if self.open_fds < self.max_open_files {
             return;
         }
         let mut idle: Vec<(u64, Target)> = self
@@ -146,7 +198,7 @@ impl Writer {
             .collect();
         idle.sort_by_key(|(u, _)| *u);
         // Close an eighth at a time so the scan is amortised.
-        let n = (self.cfg.max_open_files / 8).max(1);
+        let n = (self.max_open_files / 8).max(1);
         for (_, t) in idle.into_iter().take(n) {
             if let Some(s) = self.open.get_mut(&t) {
                 s.file = None;
@@ -155,23 +207,23 @@ impl Writer {
         }
     }
 
-    pub(super) fn seal_where(&mut self, pred: impl Fn(&OpenSegment) -> bool) {
-        let due: Vec<Target> = self
-            .open
+    /// The open segments for which `pred` holds.
+    pub(super) fn due(&self, pred: impl Fn(&OpenSegment) -> bool) -> Vec<Target> {
+        self.open
             .iter()
             .filter(|(_, s)| pred(s))
             .map(|(t, _)| t.clone())
-            .collect();
-        for t in due {
-            self.seal(&t);
-        }
+            .collect()
     }
 
-    pub(super) fn seal(&mut self, t: &Target) {
-        if self.open.get(t).is_some_and(|s| s.written > s.len) {
-            // Its last group is still being synced: wait for that answer first.
-            self.drain();
-        }
+    /// True when `t` has bytes written that are not yet known to be durable.
+    pub(super) fn awaits_sync(&self, t: &Target) -> bool {
+        self.open.get(t).is_some_and(|s| s.written > s.len)
+    }
+
+    /// Closes `t` and hands it to the uploader (or deletes it if nothing of it is durable).
+    /// The caller waits for its sync first ([`Segments::awaits_sync`]).
+    pub(super) fn close(&mut self, t: &Target) {
         let Some(seg) = self.open.remove(t) else {
             return;
         };
@@ -201,7 +253,7 @@ impl Writer {
         if !self.marked_sessions.insert(session.to_string()) {
             return Ok(());
         }
-        let dir = self.cfg.dir.join(MARKERS_DIR);
+        let dir = self.dir.join(MARKERS_DIR);
         let path = dir.join(session);
         OpenOptions::new()
             .create(true)

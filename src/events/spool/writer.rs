@@ -5,7 +5,7 @@
 //! back every group not yet durable (truncate to the durable length, forget their event
 //! ids), so no answer ever leaves half a batch behind.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::io::AsRawFd;
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc as tokio_mpsc;
 
-use super::segments::{OpenSegment, Target};
+use super::segments::{OpenSegment, Segments, Target};
 use super::sync::{run_sync, run_syncer, SyncJob, SyncPool, SYNCFS_ABOVE};
 use super::{
     AppendBatch, AppendOutcome, AppendReply, Command, EventSpan, FileKind, RecoveryReport,
@@ -83,14 +83,8 @@ pub(super) struct Writer {
     pub(super) stats: Arc<SpoolStats>,
     pub(super) sealed: tokio_mpsc::UnboundedSender<SealedFile>,
     pub(super) dedup: DedupWindow,
-    pub(super) open: HashMap<Target, OpenSegment>,
-    pub(super) open_fds: usize,
-    pub(super) clock: u64,
-    pub(super) last_n: u64,
-    pub(super) marked_sessions: HashSet<String>,
-    pub(super) synced_dirs: HashSet<PathBuf>,
-    /// Directories with new entries not yet synced; synced by the next flush.
-    pub(super) dirty_dirs: HashSet<PathBuf>,
+    /// The open segments.
+    pub(super) segs: Segments,
     pub(super) recent_bodies: VecDeque<u64>,
     /// Reusable line buffers for the segments a group touches.
     pub(super) buffers: Vec<Vec<u8>>,
@@ -165,16 +159,10 @@ impl Writer {
             .map_err(|e| SpoolError::io("starting the spool sync thread for", &cfg.dir, e))?;
         let mut w = Writer {
             dedup: DedupWindow::new(cfg.dedup_window),
+            segs: Segments::new(&cfg, stats.clone(), sealed.clone()),
             cfg,
             stats,
             sealed,
-            open: HashMap::new(),
-            open_fds: 0,
-            clock: 0,
-            last_n: 0,
-            marked_sessions: HashSet::new(),
-            synced_dirs: HashSet::new(),
-            dirty_dirs: HashSet::new(),
             recent_bodies: VecDeque::new(),
             buffers: Vec::new(),
             inbox,
@@ -187,11 +175,6 @@ impl Writer {
         };
         let report = w.recover()?;
         Ok((w, report))
-    }
-
-    pub(super) fn next_n(&mut self) -> u64 {
-        self.last_n = unix_nanos().max(self.last_n + 1);
-        self.last_n
     }
 
     /// The next command: one deferred while waiting for a sync, or one from the channel.
@@ -275,7 +258,7 @@ impl Writer {
                     }
                     Command::Marker(session, reply) => {
                         let r = if self.cfg.write_session_markers && is_safe_segment(&session) {
-                            self.ensure_marker(&session)
+                            self.segs.ensure_marker(&session)
                         } else {
                             Ok(())
                         };
@@ -405,9 +388,9 @@ impl Writer {
         self.mark_durable(&flight.written);
         m::spool_commit(flight.written.bytes, flight.started.elapsed());
         for s in flight.new_sessions {
-            if let Err(e) = self.ensure_marker(&s) {
+            if let Err(e) = self.segs.ensure_marker(&s) {
                 tracing::error!(session = %s, error = %e, "could not record the session marker on disk; uploading it from memory");
-                self.queue_marker(&s, PathBuf::new());
+                self.segs.queue_marker(&s, PathBuf::new());
             }
         }
         for (reply, outcome) in flight.replies {
@@ -446,7 +429,7 @@ impl Writer {
         let body = &batch.body[..];
         for pb in &batch.partitions {
             if self.cfg.write_session_markers
-                && !self.marked_sessions.contains(&pb.partition.session)
+                && !self.segs.marked_sessions.contains(&pb.partition.session)
                 && !new_sessions.contains(&pb.partition.session)
             {
                 new_sessions.push(pb.partition.session.clone());
@@ -470,7 +453,7 @@ impl Writer {
             // fresh buffer by doubling copied each line about twice more.
             let bytes: usize = keep.iter().map(|ev| ev.end - ev.start + 1).sum();
             let mut spare = self.buffers.pop();
-            let seg = self.segment(&Target::Events(pb.partition.clone()))?;
+            let seg = self.segs.segment(&Target::Events(pb.partition.clone()))?;
             if seg.pending.capacity() == 0 {
                 if let Some(buf) = spare.take() {
                     seg.pending = buf;
@@ -501,12 +484,28 @@ impl Writer {
                     Some((file, offset)) => raw_record(q.reason, file, *offset, raw),
                     None => event_record(q.reason, raw),
                 };
-                self.segment(&target)?.pending.extend_from_slice(&line);
+                self.segs.segment(&target)?.pending.extend_from_slice(&line);
                 m::events_quarantined(q.reason.code(), 1);
                 out.quarantined += 1;
             }
         }
         Ok(out)
+    }
+
+    /// Seals every open segment for which `pred` holds.
+    pub(super) fn seal_where(&mut self, pred: impl Fn(&OpenSegment) -> bool) {
+        for t in self.segs.due(pred) {
+            self.seal(&t);
+        }
+    }
+
+    /// Seals one segment, once what was written to it is durable (or rolled back).
+    pub(super) fn seal(&mut self, t: &Target) {
+        if self.segs.awaits_sync(t) {
+            // Its last group is still being synced: wait for that answer first.
+            self.drain();
+        }
+        self.segs.close(t);
     }
 
     /// Writes every pending buffer and makes it durable now (recovery, quarantined bodies;
@@ -527,21 +526,16 @@ impl Writer {
     /// durable with one `syncfs` instead of one sync per file. The buffers go back to the
     /// pool, and fds may be closed before the sync: the sync holds its own references.
     pub(super) fn write_pending(&mut self) -> Result<Written, SpoolError> {
-        let targets: Vec<Target> = self
-            .open
-            .iter()
-            .filter(|(_, s)| !s.pending.is_empty())
-            .map(|(t, _)| t.clone())
-            .collect();
+        let targets: Vec<Target> = self.segs.due(|s| !s.pending.is_empty());
         let mut out = Written {
-            whole_fs: targets.len() + self.dirty_dirs.len() > SYNCFS_ABOVE,
+            whole_fs: targets.len() + self.segs.dirty_dirs.len() > SYNCFS_ABOVE,
             ..Written::default()
         };
         for t in &targets {
-            let need_fd = self.open.get(t).is_some_and(|s| s.file.is_none());
+            let need_fd = self.segs.open.get(t).is_some_and(|s| s.file.is_none());
             if need_fd {
-                self.make_room_for_fd();
-                let Some(seg) = self.open.get_mut(t) else {
+                self.segs.make_room_for_fd();
+                let Some(seg) = self.segs.open.get_mut(t) else {
                     continue;
                 };
                 let f = OpenOptions::new()
@@ -549,9 +543,9 @@ impl Writer {
                     .open(&seg.path)
                     .map_err(|e| SpoolError::io("reopening segment", &seg.path, e))?;
                 seg.file = Some(Arc::new(f));
-                self.open_fds += 1;
+                self.segs.open_fds += 1;
             }
-            let Some(seg) = self.open.get_mut(t) else {
+            let Some(seg) = self.segs.open.get_mut(t) else {
                 continue;
             };
             let Some(file) = seg.file.as_ref() else {
@@ -571,9 +565,9 @@ impl Writer {
             recycle(&mut self.buffers, std::mem::take(&mut seg.pending));
         }
         if out.whole_fs {
-            self.dirty_dirs.clear();
+            self.segs.dirty_dirs.clear();
         } else {
-            out.dirs = self.dirty_dirs.drain().collect();
+            out.dirs = self.segs.dirty_dirs.drain().collect();
         }
         Ok(out)
     }
@@ -591,7 +585,7 @@ impl Writer {
     /// Records that what `written` appended is durable.
     pub(super) fn mark_durable(&mut self, written: &Written) {
         for (t, n) in &written.appended {
-            if let Some(seg) = self.open.get_mut(t) {
+            if let Some(seg) = self.segs.open.get_mut(t) {
                 seg.len += n;
             }
         }
@@ -601,7 +595,7 @@ impl Writer {
     /// Drops pending lines and truncates every segment back to its durable length.
     pub(super) fn rollback_to_durable(&mut self) {
         let mut broken = Vec::new();
-        for (t, seg) in self.open.iter_mut() {
+        for (t, seg) in self.segs.open.iter_mut() {
             if seg.pending.is_empty() && seg.written == seg.len {
                 continue;
             }
@@ -637,8 +631,8 @@ impl Writer {
         let rel = body_key(&self.cfg.quarantine_node, h);
         let path = self.cfg.dir.join(QUARANTINE_DIR).join(&rel);
         if !path.exists() {
-            let n = self.next_n();
-            let mut f = self.create_file(&path)?;
+            let n = self.segs.next_n();
+            let mut f = self.segs.create_file(&path)?;
             f.write_all(body)
                 .and_then(|_| f.sync_data())
                 .map_err(|e| SpoolError::io("writing quarantined body", &path, e))?;
@@ -648,7 +642,8 @@ impl Writer {
             self.stats.add_file(n);
             let line = invalid_body_record(detail, n, h, body.len());
             let hour = Hour::from_unix_seconds((n / 1_000_000_000) as i64);
-            self.segment(&Target::Quarantine(hour))?
+            self.segs
+                .segment(&Target::Quarantine(hour))?
                 .pending
                 .extend_from_slice(&line);
             if let Err(e) = self.flush_group() {
