@@ -1,13 +1,16 @@
 //! How fast a POST body is split into events and its routing fields read: the CPU half of
 //! ingest. Run with `cargo bench --bench parse`; compared with serde_json skipping the
-//! same body (`IgnoredAny`, which reads no field) and building a `Value` of it.
+//! same body (`IgnoredAny`, which reads no field) and building a `Value` of it. The
+//! `snake_case` group adds what a body Ray sent with snake_case keys costs on top: every
+//! event renamed to camelCase (`events::camel`).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use ray_history_collector::events::camel::to_camel;
 use ray_history_collector::events::parse::for_each_event;
 
-/// One body of about 1,000 events, made of the real Ray 2.60 events in `tests/data`.
-fn ray_body(events: usize) -> Vec<u8> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/posts-camel.jsonl");
+/// One body of `events` events, made of the real Ray 2.60 events in `tests/data/<capture>`.
+fn ray_body(capture: &str, events: usize) -> Vec<u8> {
+    let path = format!("{}/tests/data/{capture}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read(path).expect("fixture");
     let mut elements: Vec<serde_json::Value> = Vec::new();
     for line in text.split(|&c| c == b'\n').filter(|l| !l.is_empty()) {
@@ -26,7 +29,7 @@ fn ray_body(events: usize) -> Vec<u8> {
 }
 
 fn bench_parse(c: &mut Criterion) {
-    let body = ray_body(1000);
+    let body = ray_body("posts-camel.jsonl", 1000);
     let mut g = c.benchmark_group("body_of_1000_ray_events");
     g.throughput(Throughput::Bytes(body.len() as u64));
     g.bench_with_input(
@@ -60,5 +63,38 @@ fn bench_parse(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_parse);
+fn bench_snake_case(c: &mut Criterion) {
+    let body = ray_body("posts-snake.jsonl", 1000);
+    let mut g = c.benchmark_group("body_of_1000_snake_case_ray_events");
+    g.throughput(Throughput::Bytes(body.len() as u64));
+    g.bench_with_input(
+        BenchmarkId::new("for_each_event", body.len()),
+        &body,
+        |b, body| {
+            b.iter(|| {
+                let mut n = 0usize;
+                for_each_event(body, |e| n += e.range.len()).expect("valid body");
+                n
+            })
+        },
+    );
+    let mut out = Vec::with_capacity(body.len() * 2);
+    g.bench_with_input(
+        BenchmarkId::new("for_each_event_and_to_camel", body.len()),
+        &body,
+        |b, body| {
+            b.iter(|| {
+                out.clear();
+                for_each_event(body, |e| {
+                    to_camel(&body[e.range], &mut out).expect("convertible");
+                })
+                .expect("valid body");
+                out.len()
+            })
+        },
+    );
+    g.finish();
+}
+
+criterion_group!(benches, bench_parse, bench_snake_case);
 criterion_main!(benches);

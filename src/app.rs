@@ -90,12 +90,15 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     let high_watermark = settings.max_spool_bytes / 10 * 9;
     let event_node: node::node_id::EventNodeHint = Default::default();
     let state = events::http::IngestState::new(
+        events::http::IngestConfig {
+            max_body_bytes: settings.max_body_bytes,
+            high_watermark,
+            configured_node: settings.node_id.clone(),
+            events_enabled: settings.enable_event_collector,
+            event_keys: settings.event_keys,
+        },
         spool.clone(),
-        settings.max_body_bytes,
-        high_watermark,
-        settings.node_id.clone(),
         event_node.clone(),
-        settings.enable_event_collector,
         metrics,
     );
     let server = tokio::spawn(events::http::serve(listener, state.clone()));

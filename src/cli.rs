@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use crate::events::http::EventKeys;
 use crate::events::upload::Compression;
 use crate::util::units::{parse_bool, parse_duration, parse_size};
 
@@ -36,6 +37,14 @@ fn parse_compression(s: &str) -> Result<Compression, String> {
         "gzip" | "gz" => Ok(Compression::Gzip),
         "none" | "off" => Ok(Compression::None),
         _ => Err("expected gzip or none".into()),
+    }
+}
+
+fn parse_event_keys(s: &str) -> Result<EventKeys, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "camel" => Ok(EventKeys::Camel),
+        "preserve" => Ok(EventKeys::Preserve),
+        _ => Err("expected camel or preserve".into()),
     }
 }
 
@@ -210,6 +219,11 @@ pub struct RunArgs {
     /// Time between dashboard endpoint snapshots (head role).
     #[arg(long, env = "RAY_COLLECTOR_POLL_INTERVAL", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub endpoint_poll_interval: Duration,
+
+    /// How events Ray sent with snake_case keys are stored: camel (protobuf's camelCase JSON of
+    /// the same message, the only form KubeRay's history server reads) or preserve (as sent).
+    #[arg(long, env = "RHC_EVENT_KEYS", value_name = "STYLE", default_value = "camel", value_parser = parse_event_keys)]
+    pub event_keys: EventKeys,
 
     /// Log format: text or json (level from RUST_LOG, default info).
     #[arg(long, env = "RHC_LOG_FORMAT", value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]

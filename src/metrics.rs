@@ -17,6 +17,11 @@ pub const EVENTS_ACCEPTED: &str = "rhc_events_accepted_total";
 pub const EVENTS_DUPLICATE: &str = "rhc_events_duplicate_total";
 /// Events kept in quarantine, by reason.
 pub const EVENTS_QUARANTINED: &str = "rhc_events_quarantined_total";
+/// Events Ray sent with snake_case keys, stored as protobuf's camelCase JSON (`--event-keys camel`).
+pub const EVENTS_RENAMED: &str = "rhc_events_renamed_total";
+/// Fields of renamed events that the field table (generated from Ray's descriptors) does not
+/// know: a Ray newer than the table. Their values are kept as sent, their names converted by rule.
+pub const EVENT_FIELDS_UNKNOWN: &str = "rhc_event_fields_unknown_total";
 /// Request body bytes received (after decompression).
 pub const INGEST_BYTES: &str = "rhc_ingest_bytes_total";
 /// Bodies that were not JSON.
@@ -71,6 +76,8 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
         .install_recorder()?;
     counter!(EVENTS_ACCEPTED).absolute(0);
     counter!(EVENTS_DUPLICATE).absolute(0);
+    counter!(EVENTS_RENAMED).absolute(0);
+    counter!(EVENT_FIELDS_UNKNOWN).absolute(0);
     counter!(INVALID_BODIES).absolute(0);
     counter!(INVALID_BODIES_NOT_KEPT).absolute(0);
     counter!(CONNECTIONS_CLOSED_STALLED).absolute(0);
@@ -101,6 +108,13 @@ pub(crate) fn events_accepted(accepted: u64, duplicates: u64) {
     counter!(EVENTS_ACCEPTED).increment(accepted);
     if duplicates > 0 {
         counter!(EVENTS_DUPLICATE).increment(duplicates);
+    }
+}
+
+pub(crate) fn events_renamed(events: u64, unknown_fields: u64) {
+    counter!(EVENTS_RENAMED).increment(events);
+    if unknown_fields > 0 {
+        counter!(EVENT_FIELDS_UNKNOWN).increment(unknown_fields);
     }
 }
 

@@ -57,6 +57,8 @@ pub struct Settings {
     pub upload_part_bytes: usize,
     /// `json` or `text`.
     pub log_format: String,
+    /// How snake_case events are stored.
+    pub event_keys: crate::events::http::EventKeys,
     /// Ray's temp root.
     pub ray_tmp_dir: PathBuf,
     /// Log shipping on.
@@ -343,6 +345,7 @@ impl Settings {
             upload_concurrency: cli.upload_concurrency as usize,
             upload_part_bytes: cli.upload_part_bytes as usize,
             log_format: cli.log_format,
+            event_keys: cli.event_keys,
             ray_tmp_dir: cli.ray_tmp_dir,
             enable_log_collector: cli.enable_log_collector,
             enable_event_collector: cli.enable_event_collector,

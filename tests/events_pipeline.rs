@@ -23,11 +23,17 @@ use support::services::{read_response, Azurite, MotoS3};
 
 const CAMEL: &str = include_str!("data/posts-camel.jsonl");
 const SNAKE: &str = include_str!("data/posts-snake.jsonl");
+/// Protobuf's own camelCase printing of every event of `SNAKE` (scripts/gen-camel-expected.py):
+/// what the collector stores for them by default (`--event-keys camel`).
+const SNAKE_AS_CAMEL: &str = include_str!("data/posts-snake.camel-expected.jsonl");
 
 /// What the bucket must hold for one event, computed independently of the collector.
 #[derive(Debug, Clone)]
 struct Expected {
     raw: Vec<u8>,
+    /// When set, the stored line must be this JSON value (the camelCase form of a snake_case
+    /// event) rather than `raw`'s bytes.
+    value: Option<Value>,
     /// `<session>/<node>/node_events` or `<session>/<node>/job_events/<job>`.
     dir: String,
     /// `<node>-<YYYY-MM-DD-HH>-`
@@ -87,10 +93,28 @@ fn expected_for(raw: &str) -> (String, Expected) {
         id,
         Expected {
             raw: raw.as_bytes().to_vec(),
+            value: None,
             dir,
             file_prefix: format!("{node}-{hour}-"),
         },
     )
+}
+
+/// The events of `text` as stored with `--event-keys camel`: camelCase events byte for byte,
+/// snake_case ones as protobuf's camelCase JSON of the same message.
+fn stored_expectations(text: &str) -> HashMap<String, Expected> {
+    let mut out = fixture_expectations(text);
+    if text == SNAKE {
+        for line in SNAKE_AS_CAMEL.lines().filter(|l| !l.trim().is_empty()) {
+            let v: Value = serde_json::from_str(line).unwrap();
+            let id = v["eventId"].as_str().unwrap().to_string();
+            out.get_mut(&id)
+                .unwrap_or_else(|| panic!("{id} is in the oracle but not in the capture"))
+                .value = Some(v);
+        }
+        assert!(out.values().all(|e| e.value.is_some()));
+    }
+    out
 }
 
 fn fixture_expectations(text: &str) -> HashMap<String, Expected> {
@@ -153,7 +177,13 @@ fn verify_events(
                 "event {id}: {file} is not in hour {}",
                 exp.file_prefix
             );
-            assert_eq!(line, &exp.raw[..], "event {id} bytes changed");
+            match &exp.value {
+                Some(want) => assert!(
+                    &v == want,
+                    "event {id}: stored {v}\nexpected protobuf's camelCase {want}"
+                ),
+                None => assert_eq!(line, &exp.raw[..], "event {id} bytes changed"),
+            }
             *seen.entry(id).or_default() += 1;
         }
     }
@@ -182,8 +212,8 @@ fn post_fixtures(c: &Collector, text: &str) -> u64 {
 }
 
 fn both_fixtures() -> HashMap<String, Expected> {
-    let mut all = fixture_expectations(CAMEL);
-    all.extend(fixture_expectations(SNAKE));
+    let mut all = stored_expectations(CAMEL);
+    all.extend(stored_expectations(SNAKE));
     all
 }
 
@@ -272,6 +302,95 @@ fn fixtures_reach_local_storage_exactly_once() {
         "cluster-history/raycluster/default/raycluster-historyserver",
         "cluster-metadata/raycluster/default_raycluster-historyserver",
         true,
+    );
+}
+
+/// `--event-keys preserve` keeps snake_case events byte for byte, as before camelCase storage.
+#[test]
+fn snake_case_events_are_kept_as_sent_with_event_keys_preserve() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    let mut c = Collector::start(
+        &tmp.path().join("spool"),
+        &[
+            "--storage",
+            bucket.to_str().unwrap(),
+            "--event-keys",
+            "preserve",
+        ],
+        &[],
+    );
+    let expected = fixture_expectations(SNAKE);
+    assert_eq!(post_fixtures(&c, SNAKE) as usize, expected.len());
+    assert_eq!(c.metric("rhc_events_renamed_total"), 0.0);
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "exit {status}:\n{}", c.log_text());
+    verify_events(
+        &read_all(&local_store(&bucket)),
+        "cluster-history/raycluster/default/local",
+        &expected,
+        true,
+    );
+}
+
+/// By default snake_case events are renamed, each counted, none with an unknown field (the
+/// table is generated from the Ray the fixtures came from).
+#[test]
+fn snake_case_events_are_counted_when_renamed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    let mut c = Collector::start(
+        &tmp.path().join("spool"),
+        &["--storage", bucket.to_str().unwrap()],
+        &[],
+    );
+    let n = post_fixtures(&c, SNAKE) + post_fixtures(&c, CAMEL);
+    assert_eq!(n as usize, both_fixtures().len());
+    assert_eq!(
+        c.metric("rhc_events_renamed_total") as usize,
+        fixture_expectations(SNAKE).len()
+    );
+    assert_eq!(c.metric("rhc_event_fields_unknown_total"), 0.0);
+    // One body mixing a convertible event, one with a field given twice, and a camelCase one.
+    let body = r#"[{"event_id":"QQ==","event_type":"TASK_DEFINITION_EVENT","session_name":"session_x","timestamp":"2026-11-22T02:00:00Z","task_definition_event":{"required_resources":{"my_res":1}}},{"event_id":"Qg==","eventId":"Qg==","session_name":"session_x","timestamp":"2026-11-22T02:00:00Z"},{"eventId":"Qw==","sessionName":"session_x","timestamp":"2026-11-22T02:00:00Z"}]"#;
+    let r = c.post(body.as_bytes());
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(
+        (v["accepted"].as_u64(), v["quarantined"].as_u64()),
+        (Some(2), Some(1)),
+        "{v}"
+    );
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "exit {status}:\n{}", c.log_text());
+    let objects = read_all(&local_store(&bucket));
+    let lines: Vec<Value> = objects
+        .iter()
+        .filter(|(k, _)| k.contains("/session_x/"))
+        .flat_map(|(k, b)| {
+            decode(k, b)
+                .split(|&c| c == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(|l| serde_json::from_slice::<Value>(l).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let renamed = lines.iter().find(|l| l["eventId"] == "QQ==").unwrap();
+    assert_eq!(renamed["eventType"], "TASK_DEFINITION_EVENT");
+    // A map's keys are data: my_res stays as sent.
+    assert_eq!(
+        renamed["taskDefinitionEvent"]["requiredResources"]["my_res"],
+        1
+    );
+    let quarantine: String = objects
+        .iter()
+        .filter(|(k, _)| k.starts_with("collector-quarantine/"))
+        .map(|(k, b)| String::from_utf8(decode(k, b)).unwrap())
+        .collect();
+    assert!(
+        quarantine.contains("unconvertible_field_names") && quarantine.contains("\"Qg==\""),
+        "{quarantine}"
     );
 }
 

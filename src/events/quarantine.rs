@@ -34,6 +34,8 @@ pub enum QuarantineReason {
     ExportNotJson,
     /// An export event without a usable `timestamp`, or with fields of the wrong type.
     ExportBadEvent,
+    /// An event sent with snake_case keys whose names cannot be converted to camelCase.
+    UnconvertibleFieldNames,
 }
 
 impl QuarantineReason {
@@ -50,6 +52,7 @@ impl QuarantineReason {
             QuarantineReason::TornLine => "torn_line",
             QuarantineReason::ExportNotJson => "export_not_json",
             QuarantineReason::ExportBadEvent => "export_bad_event",
+            QuarantineReason::UnconvertibleFieldNames => "unconvertible_field_names",
         }
     }
 
@@ -74,11 +77,15 @@ impl QuarantineReason {
             QuarantineReason::ExportBadEvent => {
                 "an export event has no integer timestamp, or event_data fields of the wrong type"
             }
+            QuarantineReason::UnconvertibleFieldNames => {
+                "an event sent with snake_case keys whose field names cannot be converted to \
+                 camelCase (a field given twice, or nesting deeper than 128)"
+            }
         }
     }
 
     /// Every reason, for pre-registering metrics.
-    pub const ALL: [QuarantineReason; 10] = [
+    pub const ALL: [QuarantineReason; 11] = [
         QuarantineReason::NotAnObject,
         QuarantineReason::MissingSession,
         QuarantineReason::UnsafeSession,
@@ -89,6 +96,7 @@ impl QuarantineReason {
         QuarantineReason::TornLine,
         QuarantineReason::ExportNotJson,
         QuarantineReason::ExportBadEvent,
+        QuarantineReason::UnconvertibleFieldNames,
     ];
 }
 

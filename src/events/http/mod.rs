@@ -30,6 +30,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use crate::contract::{Partition, Stream};
+use crate::events::camel;
 use crate::events::dedup::id_hash;
 use crate::events::parse::{self, for_each_event, ParsedEvent};
 use crate::events::quarantine::QuarantineReason;
@@ -73,6 +74,31 @@ impl KeptBodies {
     }
 }
 
+/// How events that Ray sent with snake_case keys are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKeys {
+    /// As protobuf's camelCase JSON of the same message ([`crate::events::camel`]): the only
+    /// form KubeRay's history server reads.
+    Camel,
+    /// Byte for byte as sent.
+    Preserve,
+}
+
+/// The settings of the HTTP side.
+#[derive(Debug, Clone)]
+pub struct IngestConfig {
+    /// Largest body accepted, after decompression.
+    pub max_body_bytes: u64,
+    /// Spool size above which requests get 503.
+    pub high_watermark: u64,
+    /// `--node-id`: the node of events that carry none.
+    pub configured_node: Option<String>,
+    /// Accept events at all (`--enable-event-collector`).
+    pub events_enabled: bool,
+    /// How snake_case events are stored.
+    pub event_keys: EventKeys,
+}
+
 /// State shared by all requests.
 pub struct IngestState {
     spool: Spool,
@@ -81,6 +107,7 @@ pub struct IngestState {
     configured_node: Option<String>,
     learned_node: EventNodeHint,
     events_enabled: bool,
+    event_keys: EventKeys,
     shutting_down: AtomicBool,
     inflight: AtomicUsize,
     idle: Notify,
@@ -89,24 +116,22 @@ pub struct IngestState {
 }
 
 impl IngestState {
-    /// New state; `high_watermark` is the spool size above which requests get 503;
-    /// `learned_node` receives the node id seen in events (shared with the log side).
+    /// New state; `learned_node` receives the node id seen in events (shared with the log
+    /// side).
     pub fn new(
+        cfg: IngestConfig,
         spool: Spool,
-        max_body_bytes: u64,
-        high_watermark: u64,
-        configured_node: Option<String>,
         learned_node: EventNodeHint,
-        events_enabled: bool,
         metrics: PrometheusHandle,
     ) -> Arc<IngestState> {
         Arc::new(IngestState {
             spool,
-            max_body_bytes,
-            high_watermark,
-            configured_node,
+            max_body_bytes: cfg.max_body_bytes,
+            high_watermark: cfg.high_watermark,
+            configured_node: cfg.configured_node,
             learned_node,
-            events_enabled,
+            events_enabled: cfg.events_enabled,
+            event_keys: cfg.event_keys,
             shutting_down: AtomicBool::new(false),
             inflight: AtomicUsize::new(0),
             idle: Notify::new(),
@@ -461,6 +486,11 @@ async fn invalid_body(st: &IngestState, body: Bytes, message: String) -> Resp {
 }
 
 /// Routes every event of `body`, grouping them by partition.
+///
+/// With `--event-keys camel`, an event Ray sent with snake_case keys is stored as its
+/// camelCase form ([`camel::to_camel`]): the converted events are laid out after the body's
+/// own bytes (or replace them, when every event was converted and none quarantined), and
+/// their spans point there. One that cannot be converted is quarantined.
 fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::BodyError> {
     let learned = if st.configured_node.is_none() {
         st.learned_node.lock().ok().and_then(|g| g.clone())
@@ -477,6 +507,12 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
     let mut last: usize = usize::MAX;
     let mut seen_node: Option<String> = None;
     let mut ids = IdCache::default();
+    let convert = st.event_keys == EventKeys::Camel;
+    // Converted events, and where their spans are: (partition, index in it).
+    let mut converted: Vec<u8> = Vec::new();
+    let mut moved: Vec<(usize, usize)> = Vec::new();
+    let mut routed = 0usize;
+    let mut unknown_fields = 0u64;
     for_each_event(body, |ev| {
         let ParsedEvent::Object(fields) = &ev.parsed else {
             quarantined.push(QuarantinedEvent {
@@ -504,12 +540,41 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
                 seen_node = Some(h.as_str().to_string());
             }
         }
-        let span = EventSpan {
-            start: ev.range.start,
-            end: ev.range.end,
-            id_hash: fields.event_id.as_str().map(|id| id_hash(id.as_bytes())),
-            has_newline: ev.has_newline,
+        let id_hash = fields.event_id.as_str().map(|id| id_hash(id.as_bytes()));
+        let span = if convert && fields.snake_case {
+            if converted.capacity() == 0 {
+                // The camelCase form is about as long as the snake_case one.
+                converted.reserve(body.len() + body.len() / 8);
+            }
+            let start = converted.len();
+            match camel::to_camel(&body[ev.range.clone()], &mut converted) {
+                Ok(c) => unknown_fields += c.unknown_fields as u64,
+                Err(e) => {
+                    tracing::debug!(error = %e, "a snake_case event could not be converted; quarantined");
+                    quarantined.push(QuarantinedEvent {
+                        reason: QuarantineReason::UnconvertibleFieldNames,
+                        start: ev.range.start,
+                        end: ev.range.end,
+                        source: None,
+                    });
+                    return;
+                }
+            }
+            EventSpan {
+                start,
+                end: converted.len(),
+                id_hash,
+                has_newline: false,
+            }
+        } else {
+            EventSpan {
+                start: ev.range.start,
+                end: ev.range.end,
+                id_hash,
+                has_newline: ev.has_newline,
+            }
         };
+        let is_converted = convert && fields.snake_case;
         let job = r.job.as_ref().map(|j| j.as_str());
         let matches = |p: &Partition| {
             p.hour == r.hour
@@ -541,8 +606,32 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
             partitions.len() - 1
         };
         last = idx;
+        if is_converted {
+            moved.push((idx, partitions[idx].events.len()));
+        }
         partitions[idx].events.push(span);
+        routed += 1;
     })?;
+    let body = if moved.is_empty() {
+        body.clone()
+    } else {
+        m::events_renamed(moved.len() as u64, unknown_fields);
+        if moved.len() == routed && quarantined.is_empty() {
+            // Every event was converted: their spans already point into `converted`.
+            Bytes::from(converted)
+        } else {
+            let shift = body.len();
+            let mut all = Vec::with_capacity(body.len() + converted.len());
+            all.extend_from_slice(body);
+            all.extend_from_slice(&converted);
+            for (p, i) in moved {
+                let span = &mut partitions[p].events[i];
+                span.start += shift;
+                span.end += shift;
+            }
+            Bytes::from(all)
+        }
+    };
     if let Some(node) = seen_node {
         if let Ok(mut g) = st.learned_node.lock() {
             if g.as_deref() != Some(node.as_str()) {
@@ -551,7 +640,7 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
         }
     }
     Ok(AppendBatch {
-        body: body.clone(),
+        body,
         partitions,
         quarantined,
     })
