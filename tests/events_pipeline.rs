@@ -467,6 +467,19 @@ fn fixtures_reach_s3() {
         "prod/cluster-metadata/raycluster/default_c1",
         true,
     );
+    // `.gz` means gzip bytes by name alone: a Content-Encoding header would make Go's HTTP
+    // client unzip the object before the history server's own gunzip, which then fails.
+    let gz: Vec<String> = s3
+        .list_keys("ray-history", "prod/")
+        .into_iter()
+        .filter(|k| k.ends_with(".gz"))
+        .collect();
+    assert!(!gz.is_empty());
+    for key in gz {
+        let head = s3.head_object("ray-history", &key);
+        assert_eq!(head.status, 200, "HEAD {key}");
+        assert_eq!(head.header("content-encoding"), None, "{key}");
+    }
 }
 
 #[test]

@@ -452,6 +452,18 @@ impl MotoS3 {
         }
     }
 
+    /// The object's metadata answer (`HEAD`): status and headers.
+    pub fn head_object(&self, bucket: &str, key: &str) -> HttpResponse {
+        let path = format!("/{bucket}/{}", percent_encode(key, true));
+        try_http_request(
+            "HEAD",
+            &format!("{}{path}", self.endpoint),
+            &[("Authorization", MOTO_DUMMY_AUTH)],
+            b"",
+        )
+        .unwrap_or_else(|e| panic!("moto: HEAD {path}: {e}"))
+    }
+
     /// Keys under `prefix` in `bucket` (ListObjectsV2, first 1000 keys).
     pub fn list_keys(&self, bucket: &str, prefix: &str) -> Vec<String> {
         let path = format!(
