@@ -8,6 +8,13 @@ use super::cluster::ClusterLayout;
 use super::hour::Hour;
 use super::names::is_safe_segment;
 
+/// The directory of a node's events without a job (and node events), below `P/<session>/<node>/`.
+pub const NODE_EVENTS_DIR: &str = "node_events";
+/// The directory of a node's job events, one subdirectory per job (hex id).
+pub const JOB_EVENTS_DIR: &str = "job_events";
+/// Ours: Ray's file-based export events, one subdirectory per job or [`EXPORT_NODE_GROUP`].
+pub const EXPORT_EVENTS_DIR: &str = "export_events";
+
 /// The `export_events/` group of export events that belong to no job (Ray Train attempts
 /// whose run was not seen yet, node and actor events); other groups are job ids in hex.
 pub const EXPORT_NODE_GROUP: &str = "node";
@@ -63,14 +70,14 @@ impl Partition {
     pub fn segment_relative_key(&self, n: u64) -> String {
         let file = format!("{}-{}-{}.jsonl", self.node, self.hour.label(), n);
         match &self.stream {
-            Stream::Node => format!("{}/{}/node_events/{}", self.session, self.node, file),
+            Stream::Node => format!("{}/{}/{NODE_EVENTS_DIR}/{file}", self.session, self.node),
             Stream::Job(job) => {
-                format!("{}/{}/job_events/{}/{}", self.session, self.node, job, file)
+                format!("{}/{}/{JOB_EVENTS_DIR}/{job}/{file}", self.session, self.node)
             }
             Stream::Export(group) => {
                 format!(
-                    "{}/{}/export_events/{}/{}",
-                    self.session, self.node, group, file
+                    "{}/{}/{EXPORT_EVENTS_DIR}/{group}/{file}",
+                    self.session, self.node
                 )
             }
         }
@@ -80,11 +87,11 @@ impl Partition {
     pub fn parse_relative_key(rel: &str) -> Option<(Partition, u64)> {
         let parts: Vec<&str> = rel.split('/').collect();
         let (session, node, stream, file) = match parts.as_slice() {
-            [s, n, "node_events", f] => (*s, *n, Stream::Node, *f),
-            [s, n, "job_events", j, f] if is_safe_segment(j) => {
+            [s, n, NODE_EVENTS_DIR, f] => (*s, *n, Stream::Node, *f),
+            [s, n, JOB_EVENTS_DIR, j, f] if is_safe_segment(j) => {
                 (*s, *n, Stream::Job(j.to_string()), *f)
             }
-            [s, n, "export_events", g, f] if is_safe_segment(g) => {
+            [s, n, EXPORT_EVENTS_DIR, g, f] if is_safe_segment(g) => {
                 (*s, *n, Stream::Export(g.to_string()), *f)
             }
             _ => return None,
@@ -109,6 +116,31 @@ impl Partition {
             n,
         ))
     }
+}
+
+/// The hour partition (and sequence number, if any) in an event object's name, if the name is
+/// one the history server reads: `-YYYY-MM-DD-HH[-<n>][.jsonl][.gz]` at the end. This reads
+/// KubeRay's collector's objects too (its `<n>` is optional, its hour the file's creation).
+pub fn parse_event_object_name(name: &str) -> Option<(Hour, Option<u64>)> {
+    let stem = name.strip_suffix(GZIP_SUFFIX).unwrap_or(name);
+    let stem = stem.strip_suffix(".jsonl").unwrap_or(stem);
+    if let Some((head, n)) = stem.rsplit_once('-') {
+        if !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()) {
+            if let Some(hour) = hour_at_end(head) {
+                return Some((hour, n.parse().ok()));
+            }
+        }
+    }
+    hour_at_end(stem).map(|h| (h, None))
+}
+
+/// `...-YYYY-MM-DD-HH` → the hour.
+fn hour_at_end(s: &str) -> Option<Hour> {
+    let cut = s.len().checked_sub(13)?;
+    if !s.is_char_boundary(cut) || !s[..cut].ends_with('-') {
+        return None;
+    }
+    Hour::parse_label(&s[cut..])
 }
 
 #[cfg(test)]
@@ -187,5 +219,36 @@ mod tests {
             Partition::parse_relative_key("s/ab/job_events/../ab-1970-01-01-00-1.jsonl"),
             None
         );
+    }
+
+    #[test]
+    fn event_object_names_parse_back() {
+        let h = Hour::parse_label("2026-11-22-02").unwrap();
+        let node = "3ae6595c248ad7def1c7206bfd50b18e860d5eb167e4e068c64823a5";
+        for (name, n) in [
+            (
+                format!("{node}-2026-11-22-02-1795313302138000000.jsonl.gz"),
+                Some(1795313302138000000),
+            ),
+            (
+                format!("{node}-2026-11-22-02-1795313302138000000.jsonl"),
+                Some(1795313302138000000),
+            ),
+            (format!("{node}-2026-11-22-02-7.gz"), Some(7)),
+            (format!("{node}-2026-11-22-02"), None),
+            (format!("{node}-2026-11-22-02.jsonl"), None),
+            ("node-abcd-2026-11-22-02".to_string(), None),
+        ] {
+            assert_eq!(parse_event_object_name(&name), Some((h, n)), "{name}");
+        }
+        for bad in [
+            "foo.txt",
+            "node-abcd-2026-11-22-2",
+            "2026-11-22-02",
+            "x-2026-13-22-02.jsonl",
+            "x-2026-11-22-02-.jsonl",
+        ] {
+            assert_eq!(parse_event_object_name(bad), None, "{bad}");
+        }
     }
 }
