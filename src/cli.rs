@@ -70,7 +70,7 @@ pub struct Cli {
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum Command {
     /// Read back what collectors wrote to a bucket: clusters, sessions, jobs, tasks, Train runs.
-    Inspect(crate::inspect::InspectArgs),
+    Inspect(InspectArgs),
 }
 
 /// The collector's settings. Each flag also reads the environment variable shown.
@@ -228,4 +228,55 @@ pub struct RunArgs {
     /// Log format: text or json (level from RUST_LOG, default info).
     #[arg(long, env = "RHC_LOG_FORMAT", value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
+}
+
+/// Arguments of `inspect`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct InspectArgs {
+    /// The bucket to read: a path, file:///dir, s3://bucket[/root], gs://bucket[/root] or
+    /// az://container[/root] (credentials as for --storage).
+    #[arg(value_name = "STORAGE")]
+    pub storage: String,
+
+    /// Extra key prefix inside the bucket, below the URL's path (KubeRay's STORAGE_ROOT_DIR).
+    #[arg(
+        long,
+        env = "STORAGE_ROOT_DIR",
+        value_name = "PREFIX",
+        default_value = ""
+    )]
+    pub storage_root_dir: String,
+
+    /// Only this RayCluster name.
+    #[arg(long, value_name = "NAME")]
+    pub cluster: Option<String>,
+
+    /// Only this Kubernetes namespace.
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
+
+    /// Report on this session (`latest`: the newest by the time in its name).
+    #[arg(long, value_name = "NAME")]
+    pub session: Option<String>,
+
+    /// Only this job (hex like 01000000, or Ray's base64 like AQAAAA==); needs --session.
+    #[arg(long, value_name = "ID")]
+    pub job: Option<String>,
+
+    /// Only events at or after this time (RFC 3339, or YYYY-MM-DD[THH] in UTC).
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+
+    /// Only events before the end of this time (RFC 3339, or YYYY-MM-DD[THH] in UTC: the
+    /// whole day or hour is included).
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<String>,
+
+    /// One JSON document for scripts instead of tables.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Failed task attempts listed in the session report.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub failed_limit: usize,
 }

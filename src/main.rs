@@ -128,7 +128,7 @@ fn init_logging(format: &str) {
 }
 
 /// `ray-history-collector inspect ...`: a one-shot reader, no logging setup beyond errors.
-fn inspect(args: ray_history_collector::inspect::InspectArgs) -> ExitCode {
+fn inspect(args: ray_history_collector::cli::InspectArgs) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

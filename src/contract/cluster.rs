@@ -221,7 +221,11 @@ mod tests {
             ("raycluster", "A_b"),
             ("deployment", "a_b"),
         ] {
-            assert_eq!(ClusterLayout::from_marker_dir("", kind, dir), None, "{kind}/{dir}");
+            assert_eq!(
+                ClusterLayout::from_marker_dir("", kind, dir),
+                None,
+                "{kind}/{dir}"
+            );
         }
     }
 }

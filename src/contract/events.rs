@@ -72,7 +72,10 @@ impl Partition {
         match &self.stream {
             Stream::Node => format!("{}/{}/{NODE_EVENTS_DIR}/{file}", self.session, self.node),
             Stream::Job(job) => {
-                format!("{}/{}/{JOB_EVENTS_DIR}/{job}/{file}", self.session, self.node)
+                format!(
+                    "{}/{}/{JOB_EVENTS_DIR}/{job}/{file}",
+                    self.session, self.node
+                )
             }
             Stream::Export(group) => {
                 format!(

@@ -1,0 +1,401 @@
+//! Reading one object: fetched as a stream, gunzipped when its name says `.gz` (several gzip
+//! members read whole), split into JSON lines (or a legacy JSON array), every line and the
+//! decoded size bounded, bad content counted rather than fatal.
+
+use std::io::Write as _;
+use std::sync::Arc;
+
+use futures::StreamExt as _;
+use object_store::{ObjectStore, ObjectStoreExt as _};
+use serde_json::Value;
+
+use super::extract::{extract_export_event, extract_ray_event, Fact};
+use super::filter::TimeWindow;
+use super::render::human_bytes;
+use super::walk::EventObject;
+use super::{store_error, ContentLimits, CONTENT_LIMITS};
+
+/// Facts taken from one object, in the order they were written.
+#[derive(Debug, Default)]
+pub(super) struct Extraction {
+    pub(super) facts: Vec<Fact>,
+    pub(super) bad_lines: u64,
+    pub(super) first_bad_line: Option<String>,
+    pub(super) outside_window: u64,
+}
+
+/// How an object's content is laid out, decided by its first non-space byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Layout {
+    Undecided,
+    /// JSON lines, one event per line.
+    Lines,
+    /// A legacy JSON array (or several JSON values in a row): parsed whole.
+    Document,
+}
+
+/// Receives an object's decoded bytes chunk by chunk and turns them into facts, so an object
+/// is never held whole in memory (except a legacy array document, which is capped).
+pub(super) struct ContentSink {
+    pub(super) window: TimeWindow,
+    pub(super) limits: ContentLimits,
+    pub(super) layout: Layout,
+    pub(super) buf: Vec<u8>,
+    /// Inside a line longer than the limit: dropping bytes until its end.
+    pub(super) skipping_long_line: bool,
+    pub(super) decoded: u64,
+    pub(super) out: Extraction,
+}
+
+impl ContentSink {
+    pub(super) fn new(window: TimeWindow, limits: ContentLimits) -> ContentSink {
+        ContentSink {
+            window,
+            limits,
+            layout: Layout::Undecided,
+            buf: Vec::new(),
+            skipping_long_line: false,
+            decoded: 0,
+            out: Extraction::default(),
+        }
+    }
+
+    pub(super) fn push(&mut self, mut data: &[u8]) -> Result<(), String> {
+        self.decoded += data.len() as u64;
+        if self.decoded > self.limits.decoded {
+            return Err(format!(
+                "more than {} of content; the rest was not read",
+                human_bytes(self.limits.decoded)
+            ));
+        }
+        if self.layout == Layout::Undecided {
+            match data.iter().position(|c| !c.is_ascii_whitespace()) {
+                None => return Ok(()),
+                Some(i) => {
+                    self.layout = if data[i] == b'[' {
+                        Layout::Document
+                    } else {
+                        Layout::Lines
+                    };
+                    data = &data[i..];
+                }
+            }
+        }
+        if self.layout == Layout::Document {
+            if self.buf.len() + data.len() > self.limits.document {
+                return Err(format!(
+                    "JSON array document larger than {}; not read",
+                    human_bytes(self.limits.document as u64)
+                ));
+            }
+            self.buf.extend_from_slice(data);
+            return Ok(());
+        }
+        while !data.is_empty() {
+            let newline = data.iter().position(|&c| c == b'\n');
+            let (part, rest) = match newline {
+                Some(i) => (&data[..i], Some(&data[i + 1..])),
+                None => (data, None),
+            };
+            if !self.skipping_long_line {
+                if self.buf.len() + part.len() > self.limits.line {
+                    self.bad_line(format!(
+                        "line longer than {}",
+                        human_bytes(self.limits.line as u64)
+                    ));
+                    self.buf = Vec::new();
+                    self.skipping_long_line = true;
+                } else {
+                    self.buf.extend_from_slice(part);
+                }
+            }
+            match rest {
+                Some(r) => {
+                    if !self.skipping_long_line {
+                        let line = std::mem::take(&mut self.buf);
+                        self.line(&line);
+                    }
+                    self.skipping_long_line = false;
+                    data = r;
+                }
+                None => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the content; `complete` is false when it was cut short (the last partial line
+    /// is then dropped, not parsed).
+    pub(super) fn finish(&mut self, complete: bool) {
+        let buf = std::mem::take(&mut self.buf);
+        match self.layout {
+            Layout::Undecided => {}
+            Layout::Lines => {
+                if complete && !self.skipping_long_line {
+                    self.line(&buf);
+                }
+            }
+            Layout::Document => {
+                let values = serde_json::Deserializer::from_slice(&buf).into_iter::<Value>();
+                for value in values {
+                    match value {
+                        Ok(v) => self.value(v),
+                        Err(e) => {
+                            self.bad_line(format!("not valid JSON: {e}"));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn line(&mut self, line: &[u8]) {
+        let line = line.trim_ascii();
+        if line.is_empty() {
+            return;
+        }
+        match serde_json::from_slice::<Value>(line) {
+            Ok(v) => self.value(v),
+            Err(e) => self.bad_line(format!("not valid JSON: {e}")),
+        }
+    }
+
+    /// A JSON value: an event, or an array of events (a POST body or a legacy file).
+    pub(super) fn value(&mut self, v: Value) {
+        match v {
+            Value::Array(items) => {
+                for item in items {
+                    if item.is_object() {
+                        self.record(&item);
+                    } else {
+                        self.bad_line("array element is not a JSON object".into());
+                    }
+                }
+            }
+            Value::Object(_) => self.record(&v),
+            _ => self.bad_line("not a JSON object".into()),
+        }
+    }
+
+    pub(super) fn record(&mut self, v: &Value) {
+        let seq = self.out.facts.len() as u64 + self.out.outside_window;
+        let fact = if v.get("event_data").is_some() {
+            extract_export_event(v, seq)
+        } else {
+            extract_ray_event(v, seq)
+        };
+        match fact {
+            None => self.bad_line("not a Ray event (no eventType or source_type)".into()),
+            Some(f) if !self.window.contains(f.time_ns) => self.out.outside_window += 1,
+            Some(f) => self.out.facts.push(f),
+        }
+    }
+
+    pub(super) fn bad_line(&mut self, why: String) {
+        self.out.bad_lines += 1;
+        if self.out.first_bad_line.is_none() {
+            self.out.first_bad_line = Some(why);
+        }
+    }
+}
+
+/// A limit of [`ContentSink`] was reached; carried through the gzip decoder's `io::Error`
+/// so it is not reported as bad gzip.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(super) struct ContentLimit(String);
+
+impl std::io::Write for ContentSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.push(buf)
+            .map_err(|e| std::io::Error::other(ContentLimit(e)))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The result of reading one object.
+#[derive(Debug)]
+pub(super) struct Readout {
+    pub(super) extraction: Extraction,
+    pub(super) bytes: u64,
+    /// Why the object could not be read (completely).
+    pub(super) failure: Option<String>,
+}
+
+/// Fetches one object and decodes it as it streams in.
+pub(super) async fn read_object(
+    store: &Arc<dyn ObjectStore>,
+    object: &EventObject,
+    window: TimeWindow,
+) -> Readout {
+    let gzip = object.path.as_ref().ends_with(".gz");
+    let sink = ContentSink::new(window, CONTENT_LIMITS);
+    let mut decoder = if gzip {
+        Decoder::Gzip(Box::new(flate2::write::MultiGzDecoder::new(sink)))
+    } else {
+        Decoder::Plain(sink)
+    };
+    let mut bytes = 0u64;
+    let mut failure = None;
+    match store.get(&object.path).await {
+        Err(e) => failure = Some(format!("could not be fetched: {}", store_error(&e))),
+        Ok(got) => {
+            let mut body = got.into_stream();
+            while let Some(chunk) = body.next().await {
+                let written = match chunk {
+                    Ok(chunk) => {
+                        bytes += chunk.len() as u64;
+                        decoder.write(&chunk)
+                    }
+                    Err(e) => Err(format!("reading failed: {}", store_error(&e))),
+                };
+                if let Err(e) = written {
+                    failure = Some(e);
+                    break;
+                }
+            }
+            if failure.is_none() {
+                failure = decoder.end().err();
+            }
+        }
+    }
+    let mut sink = decoder.into_sink();
+    sink.finish(failure.is_none());
+    Readout {
+        extraction: std::mem::take(&mut sink.out),
+        bytes,
+        failure,
+    }
+}
+
+/// Plain or gzip content in front of a [`ContentSink`].
+pub(super) enum Decoder {
+    Plain(ContentSink),
+    Gzip(Box<flate2::write::MultiGzDecoder<ContentSink>>),
+}
+
+impl Decoder {
+    pub(super) fn write(&mut self, data: &[u8]) -> Result<(), String> {
+        match self {
+            Decoder::Plain(sink) => sink.push(data),
+            Decoder::Gzip(gz) => gz.write_all(data).map_err(gzip_error),
+        }
+    }
+
+    /// Checks that the gzip stream ended properly.
+    pub(super) fn end(&mut self) -> Result<(), String> {
+        match self {
+            Decoder::Plain(_) => Ok(()),
+            Decoder::Gzip(gz) => gz.try_finish().map_err(gzip_error),
+        }
+    }
+
+    pub(super) fn into_sink(self) -> ContentSink {
+        match self {
+            Decoder::Plain(sink) => sink,
+            Decoder::Gzip(mut gz) => {
+                let sink = gz.get_mut();
+                let mut taken = ContentSink::new(sink.window, sink.limits);
+                std::mem::swap(sink, &mut taken);
+                taken
+            }
+        }
+    }
+}
+
+pub(super) fn gzip_error(e: std::io::Error) -> String {
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<ContentLimit>())
+    {
+        Some(limit) => limit.0.clone(),
+        None => format!("not a valid gzip stream: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sink_facts(content: &[u8], chunk: usize) -> Extraction {
+        let mut sink = ContentSink::new(TimeWindow::default(), CONTENT_LIMITS);
+        for part in content.chunks(chunk.max(1)) {
+            sink.push(part).unwrap();
+        }
+        sink.finish(true);
+        std::mem::take(&mut sink.out)
+    }
+
+    #[test]
+    fn content_layouts() {
+        let line = r#"{"eventId":"a","eventType":"X","timestamp":"2026-11-22T02:00:00Z"}"#;
+        let lines = format!("{line}\n\nnot json\n{}\n", line.replace("\"a\"", "\"b\""));
+        for chunk in [1, 7, 4096] {
+            let e = sink_facts(lines.as_bytes(), chunk);
+            assert_eq!(e.facts.len(), 2, "chunk {chunk}");
+            assert_eq!(e.bad_lines, 1);
+        }
+        let array = format!("  [{line}, {}]", line.replace("\"a\"", "\"c\""));
+        let e = sink_facts(array.as_bytes(), 3);
+        assert_eq!(e.facts.len(), 2);
+        assert_eq!(e.bad_lines, 0);
+        // A last line without a newline still counts.
+        assert_eq!(sink_facts(line.as_bytes(), 5).facts.len(), 1);
+    }
+
+    #[test]
+    fn gzip_errors_are_reported() {
+        let mut d = Decoder::Gzip(Box::new(flate2::write::MultiGzDecoder::new(
+            ContentSink::new(TimeWindow::default(), CONTENT_LIMITS),
+        )));
+        assert!(d.write(b"this is not gzip at all").is_err() || d.end().is_err());
+        // A truncated stream.
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        enc.write_all(b"{\"eventType\":\"X\"}\n".repeat(100).as_slice())
+            .unwrap();
+        let full = enc.finish().unwrap();
+        let mut d = Decoder::Gzip(Box::new(flate2::write::MultiGzDecoder::new(
+            ContentSink::new(TimeWindow::default(), CONTENT_LIMITS),
+        )));
+        let cut = &full[..full.len() - 6];
+        assert!(d.write(cut).is_err() || d.end().is_err());
+    }
+
+    #[test]
+    fn limits_are_reported_as_such() {
+        let small = ContentLimits {
+            line: 64,
+            document: 128,
+            decoded: 4096,
+        };
+        // An over-long line is one bad line; the lines around it still count.
+        let line = r#"{"eventType":"X","eventId":"a"}"#;
+        let content = format!("{line}\n{}\n{}\n", "x".repeat(200), line.replace('a', "b"));
+        let mut sink = ContentSink::new(TimeWindow::default(), small);
+        for part in content.as_bytes().chunks(10) {
+            sink.push(part).unwrap();
+        }
+        sink.finish(true);
+        assert_eq!(sink.out.facts.len(), 2);
+        assert_eq!(sink.out.bad_lines, 1);
+        // Too much content behind gzip is not "bad gzip".
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        enc.write_all(&b"\n".repeat(10_000)).unwrap();
+        let gz = enc.finish().unwrap();
+        let mut d = Decoder::Gzip(Box::new(flate2::write::MultiGzDecoder::new(
+            ContentSink::new(TimeWindow::default(), small),
+        )));
+        let err = d.write(&gz).and_then(|()| d.end()).unwrap_err();
+        assert!(err.starts_with("more than 4.0 KiB"), "{err}");
+        // A legacy array over its limit.
+        let mut sink = ContentSink::new(TimeWindow::default(), small);
+        assert!(sink
+            .push(format!("[{}]", " ".repeat(200)).as_bytes())
+            .is_err());
+    }
+}

@@ -1,0 +1,613 @@
+//! One JSON event → the facts the report needs (task attempts, transitions, errors, actors,
+//! nodes, jobs, Train runs), from Ray's pushed events and from its file-based export events,
+//! camelCase or snake_case alike. Strings from the bucket are bounded here.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::contract::{self};
+
+use super::filter::{parse_time_ns, NANOS_PER_SECOND};
+use super::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES};
+
+/// The useful part of one event, kept compact (events themselves are dropped at once).
+#[derive(Debug, Clone)]
+pub(super) struct Fact {
+    pub(super) event_id: Option<String>,
+    pub(super) event_type: String,
+    pub(super) time_ns: Option<i64>,
+    /// Position in its object, for ordering events of the same (whole) second.
+    pub(super) seq: u64,
+    pub(super) body: Body,
+}
+
+/// A state transition: state name and time.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct Transition {
+    pub(super) state: String,
+    pub(super) time_ns: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) enum Body {
+    NodeDefinition {
+        node_id: String,
+        ip: Option<String>,
+        hostname: Option<String>,
+        started_ns: Option<i64>,
+    },
+    NodeLifecycle {
+        node_id: String,
+        transitions: Vec<NodeTransition>,
+    },
+    DriverJobDefinition {
+        job_id: String,
+        entrypoint: Option<String>,
+        driver_pid: Option<i64>,
+        driver_node_id: Option<String>,
+    },
+    DriverJobLifecycle {
+        job_id: String,
+        transitions: Vec<Transition>,
+    },
+    TaskDefinition {
+        task: TaskKey,
+        job_id: Option<String>,
+        name: Option<String>,
+        task_type: Option<String>,
+    },
+    TaskLifecycle(Box<TaskLifecycle>),
+    ActorDefinition {
+        actor_id: String,
+        job_id: Option<String>,
+        class_name: Option<String>,
+        name: Option<String>,
+    },
+    ActorLifecycle {
+        actor_id: String,
+        transitions: Vec<ActorTransition>,
+    },
+    TrainRun(Box<TrainRunEvent>),
+    TrainRunAttempt(Box<TrainAttemptEvent>),
+    ExportDriverJob {
+        job_id: String,
+        entrypoint: Option<String>,
+        is_dead: bool,
+        started_ns: Option<i64>,
+        ended_ns: Option<i64>,
+        driver_pid: Option<i64>,
+    },
+    ExportActor {
+        actor_id: String,
+        job_id: Option<String>,
+        class_name: Option<String>,
+        name: Option<String>,
+        transition: ActorTransition,
+    },
+    ExportNode {
+        node_id: String,
+        ip: Option<String>,
+        is_head: Option<bool>,
+        started_ns: Option<i64>,
+        transition: NodeTransition,
+    },
+    /// Counted only.
+    Other,
+}
+
+impl Body {
+    /// The job an event belongs to, when it names one.
+    pub(super) fn job_id(&self) -> Option<&str> {
+        match self {
+            Body::DriverJobDefinition { job_id, .. }
+            | Body::DriverJobLifecycle { job_id, .. }
+            | Body::ExportDriverJob { job_id, .. } => Some(job_id),
+            Body::TaskDefinition { job_id, .. }
+            | Body::ActorDefinition { job_id, .. }
+            | Body::ExportActor { job_id, .. } => job_id.as_deref(),
+            Body::TaskLifecycle(t) => t.job_id.as_deref(),
+            Body::TrainRun(r) => r.job_id.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+/// Task attempts are the unit of Ray's task events.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct TaskKey {
+    pub(super) task_id: String,
+    pub(super) attempt: i64,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct TaskLifecycle {
+    pub(super) task: TaskKey,
+    pub(super) job_id: Option<String>,
+    pub(super) transitions: Vec<Transition>,
+    pub(super) error: Option<(Option<String>, Option<String>)>,
+    pub(super) node_id: Option<String>,
+    pub(super) worker_id: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct NodeTransition {
+    pub(super) state: Transition,
+    pub(super) resources: Option<BTreeMap<String, f64>>,
+    pub(super) death_reason: Option<String>,
+    pub(super) death_message: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct ActorTransition {
+    pub(super) state: Transition,
+    pub(super) node_id: Option<String>,
+    pub(super) pid: Option<i64>,
+    pub(super) death_reason: Option<String>,
+    pub(super) death_message: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct TrainRunEvent {
+    pub(super) run_id: String,
+    pub(super) name: Option<String>,
+    pub(super) job_id: Option<String>,
+    pub(super) status: Option<String>,
+    pub(super) status_detail: Option<String>,
+    pub(super) started_ns: Option<i64>,
+    pub(super) ended_ns: Option<i64>,
+    pub(super) framework_versions: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct TrainAttemptEvent {
+    pub(super) run_id: String,
+    pub(super) attempt_id: String,
+    pub(super) status: Option<String>,
+    pub(super) status_detail: Option<String>,
+    pub(super) started_ns: Option<i64>,
+    pub(super) ended_ns: Option<i64>,
+    pub(super) workers: Vec<TrainWorker>,
+}
+
+/// One Ray Train worker of an attempt.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct TrainWorker {
+    pub(super) world_rank: Option<i64>,
+    pub(super) local_rank: Option<i64>,
+    pub(super) node_rank: Option<i64>,
+    pub(super) actor_id: Option<String>,
+    pub(super) node_id: Option<String>,
+    pub(super) node_ip: Option<String>,
+    pub(super) pid: Option<i64>,
+    pub(super) status: Option<String>,
+    pub(super) gpu_ids: Vec<i64>,
+}
+
+/// A member under its camelCase or snake_case name.
+pub(super) fn get<'a>(v: &'a Value, camel: &str, snake: &str) -> Option<&'a Value> {
+    let o = v.as_object()?;
+    o.get(camel).or_else(|| o.get(snake))
+}
+
+/// A non-empty string member, bounded.
+pub(super) fn get_str(v: &Value, camel: &str, snake: &str) -> Option<String> {
+    get(v, camel, snake)?
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(|s| bounded(s, MAX_FIELD_BYTES))
+}
+
+/// An integer member; Ray writes 64-bit integers as strings.
+pub(super) fn get_i64(v: &Value, camel: &str, snake: &str) -> Option<i64> {
+    match get(v, camel, snake)? {
+        Value::Number(n) => n.as_i64().or_else(|| n.as_f64().map(|f| f as i64)),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+/// An id member as lower-case hex (Ray sends base64); kept as sent if it is neither.
+pub(super) fn get_id(v: &Value, camel: &str, snake: &str) -> Option<String> {
+    let raw = get(v, camel, snake)?.as_str().filter(|s| !s.is_empty())?;
+    Some(match contract::id_to_hex(raw) {
+        Ok(hex) => hex.as_str().to_string(),
+        Err(_) => bounded(raw, MAX_FIELD_BYTES),
+    })
+}
+
+pub(super) fn get_time(v: &Value, camel: &str, snake: &str) -> Option<i64> {
+    get(v, camel, snake)?.as_str().and_then(parse_time_ns)
+}
+
+/// A nanosecond count written as a string or number; 0 means unset.
+pub(super) fn get_ns(v: &Value, key: &str) -> Option<i64> {
+    get_i64(v, key, key).filter(|n| *n > 0)
+}
+
+/// A millisecond count (Ray's export events), as nanoseconds; 0 means unset.
+pub(super) fn get_ms_as_ns(v: &Value, key: &str) -> Option<i64> {
+    get_i64(v, key, key)
+        .filter(|n| *n > 0)
+        .and_then(|ms| ms.checked_mul(1_000_000))
+}
+
+pub(super) fn bounded(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    s[..cut].to_string()
+}
+
+pub(super) fn transitions(v: &Value) -> Vec<(&Value, Transition)> {
+    get(v, "stateTransitions", "state_transitions")
+        .and_then(Value::as_array)
+        .map(|ts| {
+            ts.iter()
+                .filter_map(|t| {
+                    let state = get_str(t, "state", "state")?;
+                    Some((
+                        t,
+                        Transition {
+                            state,
+                            time_ns: get_time(t, "timestamp", "timestamp"),
+                        },
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Reason and message of an actor's death cause, whichever context Ray filled in.
+pub(super) fn death_cause(cause: Option<&Value>) -> (Option<String>, Option<String>) {
+    let Some(context) = cause
+        .and_then(Value::as_object)
+        .and_then(|o| o.values().find(|v| v.is_object()))
+    else {
+        return (None, None);
+    };
+    (
+        get_str(context, "reason", "reason"),
+        get_str(context, "errorMessage", "error_message")
+            .map(|m| bounded(&m, MAX_ERROR_MESSAGE_BYTES)),
+    )
+}
+
+/// A function name from a `FunctionDescriptor`, whichever language.
+pub(super) fn function_name(descriptor: Option<&Value>) -> Option<String> {
+    let d = descriptor?.as_object()?.values().find(|v| v.is_object())?;
+    get_str(d, "functionName", "function_name")
+}
+
+pub(super) fn resources(v: Option<&Value>) -> Option<BTreeMap<String, f64>> {
+    let o = v?.as_object()?;
+    Some(
+        o.iter()
+            .filter_map(|(k, v)| Some((bounded(k, MAX_FIELD_BYTES), v.as_f64()?)))
+            .collect(),
+    )
+}
+
+/// One RayEvent (the HTTP export's JSON), camelCase or snake_case.
+pub(super) fn extract_ray_event(v: &Value, seq: u64) -> Option<Fact> {
+    let event_type = get_str(v, "eventType", "event_type")?;
+    let payload = |camel: &str, snake: &str| get(v, camel, snake).filter(|p| p.is_object());
+    let body = match event_type.as_str() {
+        "TASK_DEFINITION_EVENT" => payload("taskDefinitionEvent", "task_definition_event")
+            .and_then(|p| {
+                Some(Body::TaskDefinition {
+                    task: task_key(p)?,
+                    job_id: get_id(p, "jobId", "job_id"),
+                    name: get_str(p, "taskName", "task_name")
+                        .or_else(|| function_name(get(p, "taskFunc", "task_func"))),
+                    task_type: get_str(p, "taskType", "task_type"),
+                })
+            }),
+        "ACTOR_TASK_DEFINITION_EVENT" => {
+            payload("actorTaskDefinitionEvent", "actor_task_definition_event").and_then(|p| {
+                Some(Body::TaskDefinition {
+                    task: task_key(p)?,
+                    job_id: get_id(p, "jobId", "job_id"),
+                    name: get_str(p, "actorTaskName", "actor_task_name")
+                        .or_else(|| function_name(get(p, "actorFunc", "actor_func"))),
+                    task_type: Some("ACTOR_TASK".into()),
+                })
+            })
+        }
+        "TASK_LIFECYCLE_EVENT" => {
+            payload("taskLifecycleEvent", "task_lifecycle_event").and_then(|p| {
+                let error = get(p, "rayErrorInfo", "ray_error_info")
+                    .filter(|e| e.is_object())
+                    .map(|e| {
+                        (
+                            get_str(e, "errorType", "error_type"),
+                            get(e, "errorMessage", "error_message")
+                                .and_then(Value::as_str)
+                                .map(|m| bounded(m, MAX_ERROR_MESSAGE_BYTES)),
+                        )
+                    });
+                Some(Body::TaskLifecycle(Box::new(TaskLifecycle {
+                    task: task_key(p)?,
+                    job_id: get_id(p, "jobId", "job_id"),
+                    transitions: transitions(p).into_iter().map(|(_, t)| t).collect(),
+                    error,
+                    node_id: get_id(p, "nodeId", "node_id"),
+                    worker_id: get_id(p, "workerId", "worker_id"),
+                })))
+            })
+        }
+        "DRIVER_JOB_DEFINITION_EVENT" => {
+            payload("driverJobDefinitionEvent", "driver_job_definition_event").and_then(|p| {
+                Some(Body::DriverJobDefinition {
+                    job_id: get_id(p, "jobId", "job_id")?,
+                    entrypoint: get_str(p, "entrypoint", "entrypoint"),
+                    driver_pid: get_i64(p, "driverPid", "driver_pid"),
+                    driver_node_id: get_id(p, "driverNodeId", "driver_node_id"),
+                })
+            })
+        }
+        "DRIVER_JOB_LIFECYCLE_EVENT" => {
+            payload("driverJobLifecycleEvent", "driver_job_lifecycle_event").and_then(|p| {
+                Some(Body::DriverJobLifecycle {
+                    job_id: get_id(p, "jobId", "job_id")?,
+                    transitions: transitions(p).into_iter().map(|(_, t)| t).collect(),
+                })
+            })
+        }
+        "NODE_DEFINITION_EVENT" => payload("nodeDefinitionEvent", "node_definition_event")
+            .and_then(|p| {
+                Some(Body::NodeDefinition {
+                    node_id: get_id(p, "nodeId", "node_id")?,
+                    ip: get_str(p, "nodeIpAddress", "node_ip_address"),
+                    hostname: get_str(p, "hostname", "hostname"),
+                    started_ns: get_time(p, "startTimestamp", "start_timestamp"),
+                })
+            }),
+        "NODE_LIFECYCLE_EVENT" => {
+            payload("nodeLifecycleEvent", "node_lifecycle_event").and_then(|p| {
+                Some(Body::NodeLifecycle {
+                    node_id: get_id(p, "nodeId", "node_id")?,
+                    transitions: transitions(p)
+                        .into_iter()
+                        .map(|(raw, state)| {
+                            let death = get(raw, "deathInfo", "death_info");
+                            NodeTransition {
+                                state,
+                                resources: resources(get(raw, "resources", "resources")),
+                                death_reason: death.and_then(|d| get_str(d, "reason", "reason")),
+                                death_message: death
+                                    .and_then(|d| get_str(d, "reasonMessage", "reason_message")),
+                            }
+                        })
+                        .collect(),
+                })
+            })
+        }
+        "ACTOR_DEFINITION_EVENT" => payload("actorDefinitionEvent", "actor_definition_event")
+            .and_then(|p| {
+                Some(Body::ActorDefinition {
+                    actor_id: get_id(p, "actorId", "actor_id")?,
+                    job_id: get_id(p, "jobId", "job_id"),
+                    class_name: get_str(p, "className", "class_name"),
+                    name: get_str(p, "name", "name"),
+                })
+            }),
+        "ACTOR_LIFECYCLE_EVENT" => payload("actorLifecycleEvent", "actor_lifecycle_event")
+            .and_then(|p| {
+                Some(Body::ActorLifecycle {
+                    actor_id: get_id(p, "actorId", "actor_id")?,
+                    transitions: transitions(p)
+                        .into_iter()
+                        .map(|(raw, state)| {
+                            let (death_reason, death_message) =
+                                death_cause(get(raw, "deathCause", "death_cause"));
+                            ActorTransition {
+                                state,
+                                node_id: get_id(raw, "nodeId", "node_id"),
+                                pid: get_i64(raw, "pid", "pid").filter(|p| *p > 0),
+                                death_reason,
+                                death_message,
+                            }
+                        })
+                        .collect(),
+                })
+            }),
+        _ => None,
+    }
+    .unwrap_or(Body::Other);
+    Some(Fact {
+        event_id: get_str(v, "eventId", "event_id").map(|id| format!("e:{id}")),
+        event_type,
+        time_ns: get_time(v, "timestamp", "timestamp"),
+        seq,
+        body,
+    })
+}
+
+pub(super) fn task_key(p: &Value) -> Option<TaskKey> {
+    Some(TaskKey {
+        task_id: get_id(p, "taskId", "task_id")?,
+        attempt: get_i64(p, "taskAttempt", "task_attempt").unwrap_or(0),
+    })
+}
+
+/// One line of Ray's file-based export events (`event_EXPORT_*.log`), always snake_case.
+pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
+    let source_type = get_str(v, "source_type", "sourceType")?;
+    let data = get(v, "event_data", "eventData").filter(|d| d.is_object())?;
+    let time_ns =
+        get_i64(v, "timestamp", "timestamp").and_then(|s| s.checked_mul(NANOS_PER_SECOND));
+    let body = match source_type.as_str() {
+        "EXPORT_TRAIN_RUN" => get_str(data, "id", "id").map(|run_id| {
+            Body::TrainRun(Box::new(TrainRunEvent {
+                run_id,
+                name: get_str(data, "name", "name"),
+                job_id: get_id(data, "job_id", "jobId"),
+                status: get_str(data, "status", "status"),
+                status_detail: get_str(data, "status_detail", "statusDetail"),
+                started_ns: get_ns(data, "start_time_ns"),
+                ended_ns: get_ns(data, "end_time_ns"),
+                framework_versions: get(data, "framework_versions", "frameworkVersions")
+                    .and_then(Value::as_object)
+                    .map(|m| {
+                        m.iter()
+                            .filter_map(|(k, v)| {
+                                Some((
+                                    bounded(k, MAX_FIELD_BYTES),
+                                    bounded(v.as_str()?, MAX_FIELD_BYTES),
+                                ))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            }))
+        }),
+        "EXPORT_TRAIN_RUN_ATTEMPT" => {
+            match (
+                get_str(data, "run_id", "runId"),
+                get_str(data, "attempt_id", "attemptId"),
+            ) {
+                (Some(run_id), Some(attempt_id)) => {
+                    Some(Body::TrainRunAttempt(Box::new(TrainAttemptEvent {
+                        run_id,
+                        attempt_id,
+                        status: get_str(data, "status", "status"),
+                        status_detail: get_str(data, "status_detail", "statusDetail"),
+                        started_ns: get_ns(data, "start_time_ns"),
+                        ended_ns: get_ns(data, "end_time_ns"),
+                        workers: get(data, "workers", "workers")
+                            .and_then(Value::as_array)
+                            .map(|ws| {
+                                ws.iter()
+                                    .filter(|w| w.is_object())
+                                    .map(train_worker)
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
+                    })))
+                }
+                _ => None,
+            }
+        }
+        "EXPORT_DRIVER_JOB" => {
+            get_id(data, "job_id", "jobId").map(|job_id| Body::ExportDriverJob {
+                job_id,
+                entrypoint: get_str(data, "entrypoint", "entrypoint"),
+                is_dead: get(data, "is_dead", "isDead")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+                started_ns: get_ms_as_ns(data, "start_time"),
+                ended_ns: get_ms_as_ns(data, "end_time"),
+                driver_pid: get_i64(data, "driver_pid", "driverPid"),
+            })
+        }
+        "EXPORT_ACTOR" => get_id(data, "actor_id", "actorId").map(|actor_id| {
+            let (death_reason, death_message) = death_cause(get(data, "death_cause", "deathCause"));
+            Body::ExportActor {
+                actor_id,
+                job_id: get_id(data, "job_id", "jobId"),
+                class_name: get_str(data, "class_name", "className"),
+                name: get_str(data, "name", "name"),
+                transition: ActorTransition {
+                    state: Transition {
+                        state: get_str(data, "state", "state").unwrap_or_else(|| "UNKNOWN".into()),
+                        time_ns,
+                    },
+                    node_id: get_id(data, "node_id", "nodeId"),
+                    pid: get_i64(data, "pid", "pid").filter(|p| *p > 0),
+                    death_reason,
+                    death_message,
+                },
+            }
+        }),
+        "EXPORT_NODE" => get_id(data, "node_id", "nodeId").map(|node_id| {
+            let death = get(data, "death_info", "deathInfo");
+            Body::ExportNode {
+                node_id,
+                ip: get_str(data, "node_manager_address", "nodeManagerAddress"),
+                is_head: get(data, "is_head_node", "isHeadNode").and_then(Value::as_bool),
+                started_ns: get_ms_as_ns(data, "start_time_ms"),
+                transition: NodeTransition {
+                    state: Transition {
+                        state: get_str(data, "state", "state").unwrap_or_else(|| "UNKNOWN".into()),
+                        time_ns: get_ms_as_ns(data, "end_time_ms")
+                            .filter(|_| get_str(data, "state", "state").as_deref() == Some("DEAD"))
+                            .or(time_ns),
+                    },
+                    resources: resources(get(data, "resources_total", "resourcesTotal")),
+                    death_reason: death.and_then(|d| get_str(d, "reason", "reason")),
+                    death_message: death
+                        .and_then(|d| get_str(d, "reason_message", "reasonMessage")),
+                },
+            }
+        }),
+        _ => None,
+    }
+    .unwrap_or(Body::Other);
+    Some(Fact {
+        event_id: get_str(v, "event_id", "eventId").map(|id| format!("x:{id}")),
+        event_type: source_type,
+        time_ns,
+        seq,
+        body,
+    })
+}
+
+pub(super) fn train_worker(w: &Value) -> TrainWorker {
+    TrainWorker {
+        world_rank: get_i64(w, "world_rank", "worldRank"),
+        local_rank: get_i64(w, "local_rank", "localRank"),
+        node_rank: get_i64(w, "node_rank", "nodeRank"),
+        actor_id: get_id(w, "actor_id", "actorId"),
+        node_id: get_id(w, "node_id", "nodeId"),
+        node_ip: get_str(w, "node_ip", "nodeIp"),
+        pid: get_i64(w, "pid", "pid"),
+        status: get_str(w, "status", "status"),
+        gpu_ids: get(w, "gpu_ids", "gpuIds")
+            .and_then(Value::as_array)
+            .map(|ids| ids.iter().filter_map(Value::as_i64).collect())
+            .unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snake_and_camel_read_alike() {
+        let camel: Value = serde_json::from_str(
+            r#"{"eventId":"x","eventType":"TASK_LIFECYCLE_EVENT","timestamp":"2026-11-22T02:06:44.945Z",
+                "taskLifecycleEvent":{"taskId":"AQID","taskAttempt":1,"jobId":"AQAAAA==",
+                "stateTransitions":[{"state":"FAILED","timestamp":"2026-11-22T02:06:44.945Z"}],
+                "rayErrorInfo":{"errorType":"TASK_EXECUTION_EXCEPTION","errorMessage":"boom"}}}"#,
+        )
+        .unwrap();
+        let snake: Value = serde_json::from_str(
+            r#"{"event_id":"x","event_type":"TASK_LIFECYCLE_EVENT","timestamp":"2026-11-22T02:06:44.945Z",
+                "task_lifecycle_event":{"task_id":"AQID","task_attempt":1,"job_id":"AQAAAA==",
+                "state_transitions":[{"state":"FAILED","timestamp":"2026-11-22T02:06:44.945Z"}],
+                "ray_error_info":{"error_type":"TASK_EXECUTION_EXCEPTION","error_message":"boom"}}}"#,
+        )
+        .unwrap();
+        for v in [camel, snake] {
+            let f = extract_ray_event(&v, 0).unwrap();
+            let Body::TaskLifecycle(t) = f.body else {
+                panic!("not a lifecycle: {f:?}");
+            };
+            assert_eq!(t.task.task_id, "010203");
+            assert_eq!(t.task.attempt, 1);
+            assert_eq!(t.job_id.as_deref(), Some("01000000"));
+            assert_eq!(t.transitions[0].state, "FAILED");
+            let (ty, msg) = t.error.unwrap();
+            assert_eq!(ty.as_deref(), Some("TASK_EXECUTION_EXCEPTION"));
+            assert_eq!(msg.as_deref(), Some("boom"));
+        }
+    }
+}

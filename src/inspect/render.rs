@@ -1,0 +1,577 @@
+//! The text report: tables for people, every value from the bucket cleaned of control
+//! characters (terminal escapes included) and bounded in width.
+
+use std::fmt::Write as _;
+
+use super::filter::{parse_time_ns, NANOS_PER_SECOND};
+use super::report::{ListReport, Problems, SessionReport, StatusEntry};
+use super::MAX_CELL_CHARS;
+
+/// `YYYY-MM-DD HH:MM:SS.mmm` (UTC), for tables.
+pub(super) fn format_time_text(rfc3339: &str) -> String {
+    let Some(ns) = parse_time_ns(rfc3339) else {
+        return clean(rfc3339);
+    };
+    let seconds = ns.div_euclid(NANOS_PER_SECOND);
+    let millis = ns.rem_euclid(NANOS_PER_SECOND) / 1_000_000;
+    let base = crate::util::time::format_rfc3339(seconds).replace('T', " ");
+    format!("{}.{millis:03}", base.trim_end_matches('Z'))
+}
+
+pub(super) fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+pub(super) fn human_duration(ns: i64) -> String {
+    if ns < 0 {
+        return "-".into();
+    }
+    let ms = ns / 1_000_000;
+    if ms < 1_000 {
+        return format!("{ms}ms");
+    }
+    let s = ms as f64 / 1000.0;
+    if s < 60.0 {
+        return format!("{s:.1}s");
+    }
+    let total = ms / 1000;
+    let (h, m, sec) = (total / 3600, total % 3600 / 60, total % 60);
+    if h > 0 {
+        format!("{h}h{m:02}m")
+    } else {
+        format!("{m}m{sec:02}s")
+    }
+}
+
+/// Makes untrusted text safe for a terminal: drops ANSI escape sequences, turns other
+/// control characters (line breaks included) into spaces, bounds the length.
+pub(super) fn clean(s: &str) -> String {
+    let mut out = String::with_capacity(s.len().min(MAX_CELL_CHARS * 4));
+    let mut chars = s.chars().peekable();
+    let mut count = 0;
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ params final-byte; other escapes: ESC + one char.
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for n in chars.by_ref() {
+                    if ('\u{40}'..='\u{7e}').contains(&n) {
+                        break;
+                    }
+                }
+            } else {
+                chars.next();
+            }
+            continue;
+        }
+        let c = if c.is_control() { ' ' } else { c };
+        if count == MAX_CELL_CHARS {
+            out.push('…');
+            break;
+        }
+        out.push(c);
+        count += 1;
+    }
+    out
+}
+
+/// The line of an error message that says what happened: its last non-empty line
+/// (`RuntimeError: boom` at the end of a Python traceback).
+pub(super) fn error_summary(message: &str) -> String {
+    let stripped = clean_multiline(message);
+    stripped
+        .lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty())
+        .map(clean)
+        .unwrap_or_default()
+}
+
+/// Like [`clean`] but keeps line breaks and the whole length.
+pub(super) fn clean_multiline(s: &str) -> String {
+    s.split('\n')
+        .map(|line| {
+            let mut out = String::new();
+            let mut chars = line.chars().peekable();
+            while let Some(c) = chars.next() {
+                if c == '\u{1b}' {
+                    if chars.peek() == Some(&'[') {
+                        chars.next();
+                        for n in chars.by_ref() {
+                            if ('\u{40}'..='\u{7e}').contains(&n) {
+                                break;
+                            }
+                        }
+                    } else {
+                        chars.next();
+                    }
+                    continue;
+                }
+                out.push(if c.is_control() { ' ' } else { c });
+            }
+            out
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+pub(super) fn opt(s: &Option<String>) -> String {
+    s.as_deref().map(clean).unwrap_or_else(|| "-".into())
+}
+
+pub(super) fn opt_time(s: &Option<String>) -> String {
+    s.as_deref()
+        .map(format_time_text)
+        .unwrap_or_else(|| "-".into())
+}
+
+/// A text table: columns as wide as their widest cell, two spaces apart; numbers right-aligned.
+pub(super) struct Table {
+    pub(super) headers: Vec<&'static str>,
+    pub(super) right_aligned: Vec<bool>,
+    pub(super) rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// Columns named `headers`; a header starting with '>' is right-aligned (the '>' is not
+    /// printed).
+    pub(super) fn new(headers: &[&'static str]) -> Table {
+        Table {
+            headers: headers.iter().map(|h| h.trim_start_matches('>')).collect(),
+            right_aligned: headers.iter().map(|h| h.starts_with('>')).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds a row; cells are cleaned of control characters here.
+    pub(super) fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells.iter().map(|c| clean(c)).collect());
+    }
+
+    pub(super) fn render(&self, indent: &str, out: &mut String) {
+        let columns = self.headers.len();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate().take(columns) {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+        let headers: Vec<String> = self.headers.iter().map(|h| h.to_string()).collect();
+        for row in std::iter::once(&headers).chain(&self.rows) {
+            let mut line = String::from(indent);
+            for (i, width) in widths.iter().enumerate() {
+                let cell = row.get(i).map(String::as_str).unwrap_or("");
+                let pad = width.saturating_sub(cell.chars().count());
+                if i > 0 {
+                    line.push_str("  ");
+                }
+                if self.right_aligned[i] {
+                    line.extend(std::iter::repeat_n(' ', pad));
+                    line.push_str(cell);
+                } else {
+                    line.push_str(cell);
+                    if i + 1 < columns {
+                        line.extend(std::iter::repeat_n(' ', pad));
+                    }
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+    }
+}
+
+pub(super) fn render_list(report: &ListReport, out: &mut String) {
+    let _ = writeln!(out, "storage: {}", clean(&report.storage));
+    let mut table = Table::new(&[
+        "KIND",
+        "NAMESPACE",
+        "OWNER",
+        "CLUSTER",
+        "SESSION",
+        "STARTED (HEAD CLOCK)",
+        "EVENTS FROM (UTC)",
+        "EVENTS UNTIL (UTC)",
+        ">NODES",
+        ">OBJECTS",
+        ">SIZE",
+    ]);
+    for c in &report.clusters {
+        for s in &c.sessions {
+            table.row(vec![
+                c.kind.clone(),
+                c.namespace.clone(),
+                opt(&c.owner),
+                c.cluster.clone(),
+                s.session.clone(),
+                s.started
+                    .as_deref()
+                    .map(|t| t.replace('T', " ").chars().take(19).collect())
+                    .unwrap_or_else(|| "-".into()),
+                opt_hour(&s.events_from),
+                opt_hour(&s.events_until),
+                s.nodes.to_string(),
+                s.objects.to_string(),
+                human_bytes(s.bytes),
+            ]);
+        }
+    }
+    let sessions: usize = report.clusters.iter().map(|c| c.sessions.len()).sum();
+    let _ = writeln!(
+        out,
+        "{} cluster(s), {sessions} session(s)\n",
+        report.clusters.len()
+    );
+    table.render("", out);
+    render_problems(&report.problems, out);
+}
+
+pub(super) fn opt_hour(s: &Option<String>) -> String {
+    s.as_deref()
+        .map(|t| format_time_text(t).chars().take(16).collect())
+        .unwrap_or_else(|| "-".into())
+}
+
+pub(super) fn render_session(r: &SessionReport, out: &mut String) {
+    let c = &r.cluster;
+    let _ = writeln!(out, "session   {}", clean(&r.session));
+    let _ = writeln!(
+        out,
+        "cluster   {} {}/{}{} ({})",
+        clean(&c.kind),
+        clean(&c.namespace),
+        c.owner
+            .as_deref()
+            .map(|o| format!("{}/", clean(o)))
+            .unwrap_or_default(),
+        clean(&c.cluster),
+        clean(&r.storage)
+    );
+    if let Some(started) = &r.started {
+        let _ = writeln!(
+            out,
+            "started   {} (head's clock)",
+            clean(&started.replace('T', " "))
+        );
+    }
+    let mut filters = Vec::new();
+    if let Some(j) = &r.filter.job {
+        filters.push(format!("job {}", clean(j)));
+    }
+    if let Some(s) = &r.filter.since {
+        filters.push(format!("since {}", format_time_text(s)));
+    }
+    if let Some(u) = &r.filter.until {
+        filters.push(format!("until {}", format_time_text(u)));
+    }
+    if !filters.is_empty() {
+        let _ = writeln!(out, "filter    {}", filters.join(", "));
+    }
+    let o = &r.objects;
+    let _ = writeln!(
+        out,
+        "read      {} of {} event objects ({}), {} skipped by time; {} events, {} duplicates{}",
+        o.read,
+        o.event_objects_listed,
+        human_bytes(o.bytes_read),
+        o.skipped_by_time,
+        r.events.total,
+        r.events.duplicates,
+        if r.events.outside_time_window > 0 {
+            format!(", {} outside the time window", r.events.outside_time_window)
+        } else {
+            String::new()
+        }
+    );
+    let _ = writeln!(out, "times are UTC");
+
+    let _ = writeln!(out, "\nNODES");
+    let mut nodes = Table::new(&[
+        "NODE ID", "IP", "HOSTNAME", "HEAD", "STATE", "STARTED", "ENDED", ">CPU", ">OBJECTS",
+        ">SIZE", ">LOGS",
+    ]);
+    for n in &r.nodes {
+        nodes.row(vec![
+            n.node_id.clone(),
+            opt(&n.ip),
+            opt(&n.hostname),
+            match n.is_head {
+                Some(true) => "yes".into(),
+                Some(false) => "no".into(),
+                None => "-".into(),
+            },
+            opt(&n.state),
+            opt_time(&n.started),
+            opt_time(&n.ended),
+            n.resources
+                .get("CPU")
+                .map(|c| format!("{c}"))
+                .unwrap_or_else(|| "-".into()),
+            n.objects.to_string(),
+            human_bytes(n.bytes),
+            if n.log_objects > 0 {
+                format!("{} ({})", n.log_objects, human_bytes(n.log_bytes))
+            } else {
+                "-".into()
+            },
+        ]);
+    }
+    render_or_none(&nodes, out);
+
+    let _ = writeln!(out, "\nJOBS");
+    let mut jobs = Table::new(&[
+        "JOB ID",
+        "STATUS",
+        "STARTED",
+        "ENDED",
+        ">DURATION",
+        ">TASKS",
+        ">FAILED",
+        "ENTRYPOINT",
+    ]);
+    for j in &r.jobs {
+        jobs.row(vec![
+            j.job_id.clone(),
+            j.status.clone(),
+            opt_time(&j.started),
+            opt_time(&j.ended),
+            j.duration_ns
+                .map(human_duration)
+                .unwrap_or_else(|| "-".into()),
+            j.tasks.total.to_string(),
+            j.failed.to_string(),
+            opt(&j.entrypoint),
+        ]);
+    }
+    render_or_none(&jobs, out);
+
+    let _ = writeln!(
+        out,
+        "\nTASKS BY FINAL STATE ({} task attempts)",
+        r.tasks.total
+    );
+    let mut states = Table::new(&["STATE", ">COUNT"]);
+    for (state, n) in &r.tasks.by_state {
+        states.row(vec![state.clone(), n.to_string()]);
+    }
+    render_or_none(&states, out);
+
+    let _ = writeln!(
+        out,
+        "\nFAILED TASKS ({} of {})",
+        r.failed_tasks.len(),
+        r.failed_tasks_total
+    );
+    let mut failed = Table::new(&[
+        "FAILED AT",
+        "TASK ID",
+        ">ATTEMPT",
+        "NAME",
+        "JOB ID",
+        "ERROR TYPE",
+        "ERROR",
+    ]);
+    for t in &r.failed_tasks {
+        failed.row(vec![
+            opt_time(&t.failed_at),
+            t.task_id.clone(),
+            t.attempt.to_string(),
+            opt(&t.name),
+            opt(&t.job_id),
+            opt(&t.error_type),
+            t.error_message
+                .as_deref()
+                .map(error_summary)
+                .unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    render_or_none(&failed, out);
+    if r.failed_tasks_total > r.failed_tasks.len() as u64 {
+        let _ = writeln!(
+            out,
+            "  ({} more; raise --failed-limit to list them)",
+            r.failed_tasks_total - r.failed_tasks.len() as u64
+        );
+    }
+
+    let _ = writeln!(out, "\nACTORS");
+    let mut actors = Table::new(&[
+        "ACTOR ID", "CLASS", "NAME", "JOB ID", "STATE", ">PID", "DEATH",
+    ]);
+    for a in &r.actors {
+        let death = match (&a.death_reason, &a.death_message) {
+            (None, None) => "-".to_string(),
+            (reason, message) => {
+                let mut s = reason.clone().unwrap_or_default();
+                if let Some(m) = message {
+                    if !s.is_empty() {
+                        s.push_str(": ");
+                    }
+                    s.push_str(&error_summary(m));
+                }
+                s
+            }
+        };
+        actors.row(vec![
+            a.actor_id.clone(),
+            opt(&a.class_name),
+            opt(&a.name),
+            opt(&a.job_id),
+            opt(&a.state),
+            a.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+            death,
+        ]);
+    }
+    render_or_none(&actors, out);
+
+    let _ = writeln!(out, "\nRAY TRAIN RUNS");
+    let mut runs = Table::new(&[
+        "RUN ID",
+        "NAME",
+        "JOB ID",
+        "STATUS",
+        "STARTED",
+        "ENDED",
+        ">DURATION",
+        ">ATTEMPTS",
+    ]);
+    for run in &r.train_runs {
+        runs.row(vec![
+            run.run_id.clone(),
+            opt(&run.name),
+            opt(&run.job_id),
+            opt(&run.status),
+            opt_time(&run.started),
+            opt_time(&run.ended),
+            run.duration_ns
+                .map(human_duration)
+                .unwrap_or_else(|| "-".into()),
+            run.attempts.len().to_string(),
+        ]);
+    }
+    render_or_none(&runs, out);
+    for run in &r.train_runs {
+        let _ = writeln!(out, "\n  run {} ({})", clean(&run.run_id), opt(&run.name));
+        let _ = writeln!(
+            out,
+            "    status history: {}",
+            history_text(&run.status_history)
+        );
+        if let Some(detail) = &run.status_detail {
+            let _ = writeln!(out, "    status detail:  {}", clean(detail));
+        }
+        for a in &run.attempts {
+            let _ = writeln!(
+                out,
+                "    attempt {}: {}, {} worker(s); history: {}",
+                clean(&a.attempt_id),
+                opt(&a.status),
+                a.workers.len(),
+                history_text(&a.status_history)
+            );
+            if a.workers.is_empty() {
+                continue;
+            }
+            let mut workers = Table::new(&[
+                ">RANK",
+                ">LOCAL RANK",
+                ">NODE RANK",
+                "NODE IP",
+                ">PID",
+                "STATUS",
+                "ACTOR ID",
+                "NODE ID",
+            ]);
+            let num = |n: Option<i64>| n.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+            for w in &a.workers {
+                workers.row(vec![
+                    num(w.world_rank),
+                    num(w.local_rank),
+                    num(w.node_rank),
+                    opt(&w.node_ip),
+                    num(w.pid),
+                    opt(&w.status),
+                    opt(&w.actor_id),
+                    opt(&w.node_id),
+                ]);
+            }
+            workers.render("      ", out);
+        }
+    }
+
+    render_problems(&r.problems, out);
+}
+
+pub(super) fn history_text(history: &[StatusEntry]) -> String {
+    if history.is_empty() {
+        return "-".into();
+    }
+    history
+        .iter()
+        .map(|s| clean(&s.status))
+        .collect::<Vec<_>>()
+        .join(" → ")
+}
+
+pub(super) fn render_or_none(table: &Table, out: &mut String) {
+    if table.rows.is_empty() {
+        out.push_str("(none)\n");
+    } else {
+        table.render("", out);
+    }
+}
+
+pub(super) fn render_problems(p: &Problems, out: &mut String) {
+    if p.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nPROBLEMS: {} unreadable object(s), {} bad line(s)",
+        p.unreadable_objects, p.bad_lines
+    );
+    for d in &p.details {
+        let _ = writeln!(out, "  {}: {}", clean(&d.key), clean(&d.error));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_text_is_cleaned() {
+        assert_eq!(clean("a\u{1b}[31mred\u{1b}[0m\nb\tc"), "ared b c");
+        assert_eq!(
+            error_summary(
+                "User exception:\n\u{1b}[36mray::fails()\u{1b}[39m\n  File x\nRuntimeError: boom\n"
+            ),
+            "RuntimeError: boom"
+        );
+        assert_eq!(clean(&"x".repeat(500)).chars().count(), MAX_CELL_CHARS + 1);
+    }
+
+    #[test]
+    fn tables_align() {
+        let mut t = Table::new(&["A", ">N", "LAST"]);
+        t.row(vec!["long value".into(), "7".into(), "x".into()]);
+        t.row(vec!["b".into(), "1234".into(), "yy".into()]);
+        let mut out = String::new();
+        t.render("", &mut out);
+        assert_eq!(
+            out,
+            "A              N  LAST\nlong value     7  x\nb           1234  yy\n"
+        );
+    }
+}

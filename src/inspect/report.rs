@@ -1,0 +1,487 @@
+//! The reports and their `--json` form: this file is the JSON contract of `inspect` (field
+//! names are stable; times are RFC 3339 UTC strings, ids lower-case hex, absent values null),
+//! and the shaping of the merged model into it.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::extract::TrainWorker;
+use super::filter::NANOS_PER_SECOND;
+use super::model::{status_history, transition_order, SessionModel, TrainAttemptModel};
+use super::MAX_PROBLEM_DETAILS;
+
+/// Output of `inspect` without `--session`.
+#[derive(Debug, Serialize)]
+pub(super) struct ListReport {
+    pub(super) storage: String,
+    pub(super) clusters: Vec<ClusterEntry>,
+    pub(super) problems: Problems,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct ClusterEntry {
+    pub(super) kind: String,
+    pub(super) namespace: String,
+    pub(super) owner: Option<String>,
+    pub(super) cluster: String,
+    pub(super) history_prefix: String,
+    pub(super) sessions: Vec<SessionEntry>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct SessionEntry {
+    pub(super) session: String,
+    pub(super) started: Option<String>,
+    pub(super) nodes: usize,
+    pub(super) objects: u64,
+    pub(super) bytes: u64,
+    pub(super) event_objects: u64,
+    pub(super) events_from: Option<String>,
+    pub(super) events_until: Option<String>,
+}
+
+/// Output of `inspect --session`.
+#[derive(Debug, Serialize)]
+pub(super) struct SessionReport {
+    pub(super) storage: String,
+    pub(super) cluster: ClusterIdentity,
+    pub(super) session: String,
+    pub(super) started: Option<String>,
+    pub(super) filter: FilterEcho,
+    pub(super) objects: ObjectStats,
+    pub(super) events: EventStats,
+    pub(super) nodes: Vec<NodeEntry>,
+    pub(super) jobs: Vec<JobEntry>,
+    pub(super) tasks: TaskCounts,
+    pub(super) failed_tasks_total: u64,
+    pub(super) failed_tasks: Vec<FailedTaskEntry>,
+    pub(super) actors: Vec<ActorEntry>,
+    pub(super) train_runs: Vec<TrainRunEntry>,
+    pub(super) problems: Problems,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct ClusterIdentity {
+    pub(super) kind: String,
+    pub(super) namespace: String,
+    pub(super) owner: Option<String>,
+    pub(super) cluster: String,
+    pub(super) history_prefix: String,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct FilterEcho {
+    pub(super) job: Option<String>,
+    pub(super) since: Option<String>,
+    pub(super) until: Option<String>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub(super) struct ObjectStats {
+    pub(super) event_objects_listed: u64,
+    pub(super) read: u64,
+    pub(super) skipped_by_time: u64,
+    pub(super) bytes_read: u64,
+    pub(super) not_event_objects: u64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub(super) struct EventStats {
+    pub(super) total: u64,
+    pub(super) duplicates: u64,
+    pub(super) outside_time_window: u64,
+    pub(super) other_job: u64,
+    pub(super) by_type: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct NodeEntry {
+    pub(super) node_id: String,
+    pub(super) ip: Option<String>,
+    pub(super) hostname: Option<String>,
+    pub(super) is_head: Option<bool>,
+    pub(super) state: Option<String>,
+    pub(super) started: Option<String>,
+    pub(super) ended: Option<String>,
+    pub(super) death_reason: Option<String>,
+    pub(super) death_message: Option<String>,
+    pub(super) resources: BTreeMap<String, f64>,
+    pub(super) objects: u64,
+    pub(super) bytes: u64,
+    pub(super) log_objects: u64,
+    pub(super) log_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct JobEntry {
+    pub(super) job_id: String,
+    pub(super) status: String,
+    pub(super) entrypoint: Option<String>,
+    pub(super) driver_pid: Option<i64>,
+    pub(super) driver_node_id: Option<String>,
+    pub(super) started: Option<String>,
+    pub(super) ended: Option<String>,
+    pub(super) tasks: TaskCounts,
+    #[serde(skip)]
+    pub(super) duration_ns: Option<i64>,
+    #[serde(skip)]
+    pub(super) failed: u64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub(super) struct TaskCounts {
+    pub(super) total: u64,
+    pub(super) by_state: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct FailedTaskEntry {
+    pub(super) task_id: String,
+    pub(super) attempt: i64,
+    pub(super) name: Option<String>,
+    pub(super) job_id: Option<String>,
+    pub(super) task_type: Option<String>,
+    pub(super) failed_at: Option<String>,
+    pub(super) error_type: Option<String>,
+    pub(super) error_message: Option<String>,
+    pub(super) node_id: Option<String>,
+    pub(super) worker_id: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct ActorEntry {
+    pub(super) actor_id: String,
+    pub(super) class_name: Option<String>,
+    pub(super) name: Option<String>,
+    pub(super) job_id: Option<String>,
+    pub(super) state: Option<String>,
+    pub(super) node_id: Option<String>,
+    pub(super) pid: Option<i64>,
+    pub(super) death_reason: Option<String>,
+    pub(super) death_message: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct StatusEntry {
+    pub(super) status: String,
+    pub(super) time: Option<String>,
+    pub(super) detail: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct TrainRunEntry {
+    pub(super) run_id: String,
+    pub(super) name: Option<String>,
+    pub(super) job_id: Option<String>,
+    pub(super) status: Option<String>,
+    pub(super) status_detail: Option<String>,
+    pub(super) started: Option<String>,
+    pub(super) ended: Option<String>,
+    pub(super) framework_versions: BTreeMap<String, String>,
+    pub(super) status_history: Vec<StatusEntry>,
+    pub(super) attempts: Vec<TrainAttemptEntry>,
+    #[serde(skip)]
+    pub(super) duration_ns: Option<i64>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct TrainAttemptEntry {
+    pub(super) attempt_id: String,
+    pub(super) status: Option<String>,
+    pub(super) status_detail: Option<String>,
+    pub(super) started: Option<String>,
+    pub(super) ended: Option<String>,
+    pub(super) status_history: Vec<StatusEntry>,
+    pub(super) workers: Vec<TrainWorker>,
+}
+
+/// Objects and lines that could not be used, with a sample of why.
+#[derive(Debug, Default, Serialize)]
+pub(super) struct Problems {
+    pub(super) unreadable_objects: u64,
+    pub(super) bad_lines: u64,
+    pub(super) details: Vec<ProblemDetail>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct ProblemDetail {
+    pub(super) key: String,
+    pub(super) error: String,
+}
+
+impl Problems {
+    pub(super) fn unreadable(&mut self, key: &str, error: &str) {
+        self.unreadable_objects += 1;
+        self.note(key, error);
+    }
+
+    pub(super) fn note(&mut self, key: &str, error: &str) {
+        if self.details.len() < MAX_PROBLEM_DETAILS {
+            self.details.push(ProblemDetail {
+                key: key.to_string(),
+                error: error.to_string(),
+            });
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.unreadable_objects == 0 && self.bad_lines == 0 && self.details.is_empty()
+    }
+}
+
+/// Turns the merged model into report entries.
+pub(super) fn shape_report(report: &mut SessionReport, model: SessionModel, failed_limit: usize) {
+    let SessionModel {
+        job_filter,
+        nodes,
+        mut jobs,
+        tasks,
+        actors,
+        runs,
+        attempts,
+        ..
+    } = model;
+
+    report.nodes = nodes
+        .into_iter()
+        .map(|(node_id, n)| {
+            let latest = n.latest.as_ref().map(|(_, t)| t);
+            NodeEntry {
+                node_id,
+                ip: n.ip,
+                hostname: n.hostname,
+                is_head: n.is_head,
+                state: latest.map(|t| t.state.state.clone()),
+                started: n.started_ns.or(n.alive_ns).map(format_time_json),
+                ended: n.ended_ns.map(format_time_json),
+                death_reason: latest.and_then(|t| t.death_reason.clone()),
+                death_message: latest.and_then(|t| t.death_message.clone()),
+                resources: n.resources.unwrap_or_default(),
+                objects: n.objects,
+                bytes: n.bytes,
+                log_objects: n.log_objects,
+                log_bytes: n.log_bytes,
+            }
+        })
+        .collect();
+
+    // Tasks: counts overall and per job; failed attempts.
+    let mut per_job: BTreeMap<String, TaskCounts> = BTreeMap::new();
+    let mut failed = Vec::new();
+    for (key, t) in tasks {
+        if let (Some(want), Some(job)) = (&job_filter, &t.job_id) {
+            if want != job {
+                continue;
+            }
+        }
+        let state = t
+            .latest
+            .as_ref()
+            .map(|(tr, _)| tr.state.clone())
+            .unwrap_or_else(|| "UNKNOWN".into());
+        report.tasks.total += 1;
+        *report.tasks.by_state.entry(state.clone()).or_default() += 1;
+        if let Some(job) = &t.job_id {
+            if job_filter.as_ref().is_none_or(|j| j == job) {
+                jobs.entry(job.clone()).or_default();
+            }
+            let counts = per_job.entry(job.clone()).or_default();
+            counts.total += 1;
+            *counts.by_state.entry(state.clone()).or_default() += 1;
+        }
+        if state == "FAILED" {
+            failed.push((t.failed_at, key, t));
+        }
+    }
+    failed.sort_by(|a, b| (a.0.unwrap_or(i64::MAX), &a.1).cmp(&(b.0.unwrap_or(i64::MAX), &b.1)));
+    report.failed_tasks_total = failed.len() as u64;
+    report.failed_tasks = failed
+        .into_iter()
+        .take(failed_limit)
+        .map(|(at, key, t)| FailedTaskEntry {
+            task_id: key.task_id,
+            attempt: key.attempt,
+            name: t.name,
+            job_id: t.job_id,
+            task_type: t.task_type,
+            failed_at: at.map(format_time_json),
+            error_type: t.error_type,
+            error_message: t.error_message,
+            node_id: t.node_id,
+            worker_id: t.worker_id,
+        })
+        .collect();
+
+    report.jobs = jobs
+        .into_iter()
+        .filter(|(id, _)| job_filter.as_ref().is_none_or(|j| j == id))
+        .map(|(job_id, j)| {
+            let latest = j.transitions.iter().max_by_key(|t| transition_order(t));
+            let created = j
+                .transitions
+                .iter()
+                .filter(|t| t.state == "CREATED")
+                .filter_map(|t| t.time_ns)
+                .min();
+            let finished = j
+                .transitions
+                .iter()
+                .filter(|t| t.state == "FINISHED")
+                .filter_map(|t| t.time_ns)
+                .max();
+            let (export_dead, export_start, export_end) = j.export.unwrap_or((false, None, None));
+            let status = match (latest, &j.export) {
+                (Some(t), _) => t.state.clone(),
+                (None, Some(_)) if export_dead => "FINISHED".into(),
+                (None, Some(_)) => "CREATED".into(),
+                (None, None) => "UNKNOWN".into(),
+            };
+            let started = created.or(export_start);
+            let ended = finished.or(export_end);
+            let tasks = per_job.remove(&job_id).unwrap_or_default();
+            JobEntry {
+                failed: tasks.by_state.get("FAILED").copied().unwrap_or(0),
+                duration_ns: started.zip(ended).and_then(|(s, e)| e.checked_sub(s)),
+                job_id,
+                status,
+                entrypoint: j.entrypoint,
+                driver_pid: j.driver_pid,
+                driver_node_id: j.driver_node_id,
+                started: started.map(format_time_json),
+                ended: ended.map(format_time_json),
+                tasks,
+            }
+        })
+        .collect();
+
+    report.actors = actors
+        .into_iter()
+        .map(|(actor_id, a)| {
+            // Lifecycle events carry no job id; the actor id ends with its job's id.
+            let job_id = a.job_id.or_else(|| {
+                let is_hex_id =
+                    actor_id.len() == 32 && actor_id.bytes().all(|c| c.is_ascii_hexdigit());
+                is_hex_id.then(|| actor_id[24..].to_string())
+            });
+            let latest = a.latest.as_ref().map(|(_, t)| t);
+            ActorEntry {
+                class_name: a.class_name,
+                name: a.name,
+                job_id,
+                state: latest.map(|t| t.state.state.clone()),
+                node_id: a.node_id,
+                pid: a.pid,
+                death_reason: latest.and_then(|t| t.death_reason.clone()),
+                death_message: latest.and_then(|t| t.death_message.clone()),
+                actor_id,
+            }
+        })
+        .filter(|a| {
+            job_filter
+                .as_ref()
+                .is_none_or(|j| a.job_id.as_deref().is_none_or(|aj| aj == j))
+        })
+        .collect();
+
+    let mut attempts_by_run: BTreeMap<String, Vec<(String, TrainAttemptModel)>> = BTreeMap::new();
+    for ((run_id, attempt_id), a) in attempts {
+        attempts_by_run
+            .entry(run_id)
+            .or_default()
+            .push((attempt_id, a));
+    }
+    let mut run_ids: Vec<String> = runs.keys().cloned().collect();
+    for id in attempts_by_run.keys() {
+        if !runs.contains_key(id) {
+            run_ids.push(id.clone());
+        }
+    }
+    let mut runs = runs;
+    let mut entries: Vec<TrainRunEntry> = run_ids
+        .into_iter()
+        .map(|run_id| {
+            let r = runs.remove(&run_id).unwrap_or_default();
+            let latest = r.latest.map(|(_, e)| e);
+            let mut run_attempts: Vec<TrainAttemptEntry> = attempts_by_run
+                .remove(&run_id)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(attempt_id, a)| {
+                    let latest = a.latest.map(|(_, e)| e);
+                    TrainAttemptEntry {
+                        attempt_id,
+                        status: latest.as_ref().and_then(|e| e.status.clone()),
+                        status_detail: latest.as_ref().and_then(|e| e.status_detail.clone()),
+                        started: a.started_ns.map(format_time_json),
+                        ended: a.ended_ns.map(format_time_json),
+                        status_history: status_history(a.history),
+                        workers: {
+                            let mut w = a.workers.map(|(_, w)| w).unwrap_or_default();
+                            w.sort_by_key(|w| w.world_rank);
+                            w
+                        },
+                    }
+                })
+                .collect();
+            run_attempts
+                .sort_by(|a, b| (&a.started, &a.attempt_id).cmp(&(&b.started, &b.attempt_id)));
+            TrainRunEntry {
+                name: latest.as_ref().and_then(|e| e.name.clone()),
+                job_id: latest.as_ref().and_then(|e| e.job_id.clone()),
+                status: latest.as_ref().and_then(|e| e.status.clone()),
+                status_detail: latest.as_ref().and_then(|e| e.status_detail.clone()),
+                started: r.started_ns.map(format_time_json),
+                ended: r.ended_ns.map(format_time_json),
+                duration_ns: r
+                    .started_ns
+                    .zip(r.ended_ns)
+                    .and_then(|(s, e)| e.checked_sub(s)),
+                framework_versions: latest.map(|e| e.framework_versions).unwrap_or_default(),
+                status_history: status_history(r.history),
+                attempts: run_attempts,
+                run_id,
+            }
+        })
+        .collect();
+    entries.sort_by(|a, b| (&a.started, &a.run_id).cmp(&(&b.started, &b.run_id)));
+    report.train_runs = entries;
+}
+
+/// RFC 3339 UTC with as many fractional digits as needed (0, 3, 6 or 9), like protobuf.
+pub(super) fn format_time_json(ns: i64) -> String {
+    let seconds = ns.div_euclid(NANOS_PER_SECOND);
+    let fraction = ns.rem_euclid(NANOS_PER_SECOND);
+    let base = crate::util::time::format_rfc3339(seconds);
+    let base = base.trim_end_matches('Z');
+    if fraction == 0 {
+        format!("{base}Z")
+    } else if fraction % 1_000_000 == 0 {
+        format!("{base}.{:03}Z", fraction / 1_000_000)
+    } else if fraction % 1_000 == 0 {
+        format!("{base}.{:06}Z", fraction / 1_000)
+    } else {
+        format!("{base}.{fraction:09}Z")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inspect::filter::{parse_time_ns, NANOS_PER_SECOND};
+    use crate::inspect::render::format_time_text;
+
+    #[test]
+    fn timestamps_keep_nanoseconds() {
+        let ns = parse_time_ns("2026-11-22T02:06:44.945501408Z").unwrap();
+        assert_eq!(ns % NANOS_PER_SECOND, 945_501_408);
+        assert_eq!(format_time_json(ns), "2026-11-22T02:06:44.945501408Z");
+        let ms = parse_time_ns("2026-11-22T02:06:40.942Z").unwrap();
+        assert_eq!(format_time_json(ms), "2026-11-22T02:06:40.942Z");
+        assert_eq!(
+            format_time_text("2026-11-22T02:06:40.942Z"),
+            "2026-11-22 02:06:40.942"
+        );
+        assert_eq!(format_time_json(ms - 942_000_000), "2026-11-22T02:06:40Z");
+    }
+}
