@@ -8,7 +8,6 @@ use super::extract::{
     bounded, ActorTransition, Body, Fact, NodeTransition, TaskKey, TrainAttemptEvent,
     TrainRunEvent, TrainWorker, Transition,
 };
-use super::report::{format_time_json, StatusEntry};
 
 /// Rank of a state within its entity's enum, to break timestamp ties toward the later state.
 pub(super) fn state_rank(state: &str) -> u8 {
@@ -397,23 +396,6 @@ pub(super) fn absorb_actor_transition(a: &mut ActorModel, t: ActorTransition) {
     }
     let state = t.state.clone();
     keep_latest(&mut a.latest, &state, &t);
-}
-
-/// Sorts status reports and keeps each change of status once.
-pub(super) fn status_history(mut points: Vec<StatusPoint>) -> Vec<StatusEntry> {
-    points.sort_by_key(|p| p.order);
-    let mut out: Vec<StatusEntry> = Vec::new();
-    for p in points {
-        if out.last().is_some_and(|last| last.status == p.status) {
-            continue;
-        }
-        out.push(StatusEntry {
-            status: p.status,
-            time: (p.order.0 != i64::MIN).then(|| format_time_json(p.order.0)),
-            detail: p.detail,
-        });
-    }
-    out
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::extract::TrainWorker;
 use super::filter::NANOS_PER_SECOND;
-use super::model::{status_history, transition_order, SessionModel, TrainAttemptModel};
+use super::model::{transition_order, SessionModel, StatusPoint, TrainAttemptModel};
 use super::MAX_PROBLEM_DETAILS;
 
 /// Output of `inspect` without `--session`.
@@ -463,6 +463,23 @@ pub(super) fn format_time_json(ns: i64) -> String {
     } else {
         format!("{base}.{fraction:09}Z")
     }
+}
+
+/// Sorts status reports and keeps each change of status once.
+pub(super) fn status_history(mut points: Vec<StatusPoint>) -> Vec<StatusEntry> {
+    points.sort_by_key(|p| p.order);
+    let mut out: Vec<StatusEntry> = Vec::new();
+    for p in points {
+        if out.last().is_some_and(|last| last.status == p.status) {
+            continue;
+        }
+        out.push(StatusEntry {
+            status: p.status,
+            time: (p.order.0 != i64::MIN).then(|| format_time_json(p.order.0)),
+            detail: p.detail,
+        });
+    }
+    out
 }
 
 #[cfg(test)]
