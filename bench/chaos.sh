@@ -19,7 +19,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 DEPS="$REPO/.bench-deps"
 
-cargo build --release --bins --locked >&2
+cargo build --release --workspace --bins --locked >&2
 if [[ -z "${RHC_CHAOS_STORAGE:-}" ]]; then
     eval "$("$REPO/scripts/install-test-deps.sh")"
     RHC_CHAOS_STORAGE="moto:${RHC_MOTO_SERVER:?install-test-deps.sh did not export RHC_MOTO_SERVER}"

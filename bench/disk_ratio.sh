@@ -7,7 +7,7 @@
 # cannot beat it by much), and the collector at full speed (4 clients x 1,000-event
 # batches, ~0.87 MB per request, ingest-only settings).
 #
-#   bench/disk_ratio.sh [rounds]      # default 5; needs target/release (cargo build --release --bins)
+#   bench/disk_ratio.sh [rounds]      # default 5; needs target/release (cargo build --release --workspace --bins)
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="$REPO/target/release"

@@ -21,7 +21,7 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
-[[ "${1:-}" == "--skip-build" ]] || cargo build --release --bins --locked >&2
+[[ "${1:-}" == "--skip-build" ]] || cargo build --release --workspace --bins --locked >&2
 OUT="$REPO/.bench-deps/profile/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$OUT/bin"
 cp target/release/ray-history-collector target/release/rhc-loadgen "$OUT/bin/"

@@ -57,8 +57,8 @@ log() { echo "bench: $*" >&2; }
 
 # ------------------------------------------------------------------ tools
 if ((BUILD)); then
-    log "cargo build --release --bins"
-    cargo build --release --bins --locked >&2
+    log "cargo build --release --workspace --bins"
+    cargo build --release --workspace --bins --locked >&2
 fi
 eval "$("$REPO/scripts/install-test-deps.sh")"
 MOTO="${RHC_MOTO_SERVER:?install-test-deps.sh did not export RHC_MOTO_SERVER}"

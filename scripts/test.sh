@@ -2,13 +2,14 @@
 # The project's test command: installs the test tools (moto, Azurite,
 # fake-gcs-server, Ray, the Kubernetes checkers) into .test-deps/ if needed,
 # points the tests at them, runs ./scripts/check-deploy.sh (only without
-# arguments) and then `cargo test --locked "$@"`. Exit code is cargo's, or 1
+# arguments) and then `cargo test --workspace --locked "$@"` (the collector, the test
+# kit and the dev tools, the chaos smoke test among them). Exit code is cargo's, or 1
 # if check-deploy.sh failed.
 #
 #   ./scripts/test.sh                                  # everything
 #   ./scripts/test.sh --test services_smoke -- --nocapture
 #
-# The tests start and stop the servers themselves (tests/support/services.rs);
+# The tests start and stop the servers themselves (testkit/src/services.rs);
 # this script only makes sure none is left running afterwards.
 set -euo pipefail
 
@@ -66,5 +67,5 @@ if (($# == 0)); then
 else
     echo "test.sh: arguments given, skipping ./scripts/check-deploy.sh" >&2
 fi
-cargo test --locked "$@" || status=$?
+cargo test --workspace --locked "$@" || status=$?
 exit "$status"

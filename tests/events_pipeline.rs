@@ -1,8 +1,6 @@
 //! End-to-end tests of the event pipeline through the real binary: real HTTP on loopback,
 //! real storage servers (local files, moto S3, Azurite), SIGTERM and kill -9.
 
-mod support;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,9 +15,10 @@ use object_store::ObjectStore;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use support::collector::{decode, history_server_accepts, read_all, Collector};
-use support::relay::TcpRelay;
-use support::services::{read_response, Azurite, MotoS3};
+use rhc_testkit::collector::{decode, history_server_accepts, read_all, Collector};
+use rhc_testkit::http::read_response;
+use rhc_testkit::relay::TcpRelay;
+use rhc_testkit::services::{Azurite, MotoS3};
 
 const CAMEL: &str = include_str!("data/posts-camel.jsonl");
 const SNAKE: &str = include_str!("data/posts-snake.jsonl");
@@ -761,7 +760,7 @@ impl Poster {
                         .collect::<Vec<_>>()
                         .join(",")
                 );
-                match support::services::try_http_request(
+                match rhc_testkit::http::try_http_request(
                     "POST",
                     &url,
                     &[("Content-Type", "application/json")],

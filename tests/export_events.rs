@@ -1,8 +1,6 @@
 //! Ray's file-based export events through the real binary: tailed, routed by job, kept
 //! exactly once across a torn line, a rotation, a kill -9 and a restart.
 
-mod support;
-
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -14,7 +12,7 @@ use object_store::local::LocalFileSystem;
 use object_store::ObjectStore;
 use serde_json::Value;
 
-use support::collector::{decode, history_server_accepts, read_all, Collector};
+use rhc_testkit::collector::{decode, history_server_accepts, read_all, Collector};
 
 const NODE: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
 const SESSION: &str = "session_2026-11-22_02-08-16_569038_24326";

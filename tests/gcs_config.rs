@@ -6,12 +6,11 @@
 //! "invalid uploadType"), so no upload can succeed here: these tests cover the
 //! configuration and the connectivity, not the GCS upload path.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::collector::Collector;
-use support::services::{http_request, FakeGcs};
+use rhc_testkit::collector::Collector;
+use rhc_testkit::http::http_request;
+use rhc_testkit::services::FakeGcs;
 
 const CAMEL: &str = include_str!("data/posts-camel.jsonl");
 

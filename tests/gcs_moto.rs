@@ -10,8 +10,6 @@
 //! retry hints, its consistency model); `tests/gcs_config.rs` checks the configuration against
 //! fake-gcs-server, which does not implement the XML upload API.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
@@ -19,8 +17,8 @@ use std::time::Duration;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use support::collector::{decode, history_server_accepts, Collector};
-use support::services::MotoS3;
+use rhc_testkit::collector::{decode, history_server_accepts, Collector};
+use rhc_testkit::services::MotoS3;
 
 const CAMEL: &str = include_str!("data/posts-camel.jsonl");
 const SNAKE: &str = include_str!("data/posts-snake.jsonl");

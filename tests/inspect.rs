@@ -4,8 +4,6 @@
 //! partition filters, and on corrupt objects. Expected values are computed here from the
 //! fixtures, independently of the code under test.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::path::Path;
@@ -15,8 +13,8 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::Value;
 
-use support::collector::Collector;
-use support::services::{free_port, run_with_timeout, CommandOutput, MotoS3};
+use rhc_testkit::collector::Collector;
+use rhc_testkit::services::{free_port, run_with_timeout, CommandOutput, MotoS3};
 
 const CAMEL: &str = include_str!("data/posts-camel.jsonl");
 const SNAKE: &str = include_str!("data/posts-snake.jsonl");

@@ -1,8 +1,6 @@
 //! Log shipping through the real binary: a session tree built by the test, appended to,
 //! rotated, replaced by a new session, against local storage and S3 (moto).
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -13,8 +11,8 @@ use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::ObjectStore;
 
-use support::collector::{read_all, Collector};
-use support::services::MotoS3;
+use rhc_testkit::collector::{read_all, Collector};
+use rhc_testkit::services::MotoS3;
 
 const NODE_A: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
 const NODE_B: &str = "3ae6595c248ad7def1c7206bfd50b18e860d5eb167e4e068c64823a5";

@@ -16,8 +16,6 @@
 //! `~/.ray/auth_token`). Ray's processes carry a marker variable; a drop guard kills, by pid,
 //! any process still carrying it when the test ends, however it ends.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -28,9 +26,9 @@ use object_store::local::LocalFileSystem;
 use object_store::ObjectStore;
 use serde_json::Value;
 
-use support::collector::*;
-use support::ray::*;
-use support::services::*;
+use rhc_testkit::collector::*;
+use rhc_testkit::ray::*;
+use rhc_testkit::services::*;
 
 /// Upper bound for the whole Python workload (Ray start, tasks, waiting for the collector,
 /// Ray shutdown). A normal run takes 15-40 s.

@@ -19,18 +19,16 @@
 //! unix socket paths), `$HOME` included; Ray's processes carry a marker variable, and a drop
 //! guard kills, by pid, any process still carrying it when the test ends, however it ends.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use support::ray::{
+use rhc_testkit::ray::{
     ray_python, run_workload, start_collector, workload_command, RayWorkDir, WorkloadResult,
 };
-use support::services::{free_port, run_with_timeout};
+use rhc_testkit::services::{free_port, run_with_timeout};
 
 /// Upper bound for the Python workload (Ray start, the task, the training run, waiting for
 /// the collector, Ray shutdown). A normal run takes 30-60 s.

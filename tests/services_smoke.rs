@@ -4,8 +4,6 @@
 //! Run with `./scripts/test.sh --test services_smoke -- --nocapture` to see the
 //! per-operation report of the `object_store_*` tests.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +15,8 @@ use object_store::path::Path;
 use object_store::{
     BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutPayload, RetryConfig,
 };
-use support::services::{http_request, try_http_request, Azurite, FakeGcs, MotoS3};
+use rhc_testkit::http::{http_request, try_http_request};
+use rhc_testkit::services::{Azurite, FakeGcs, MotoS3};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()

@@ -8,8 +8,14 @@
 //! Without it the rest runs against a local directory and the S3 ones are skipped, unless
 //! `RHC_REQUIRE_SERVICES=1`, which makes a missing moto a failure.
 //! The full suite and the benchmarks: `bench/chaos.sh`, `bench/run.sh` (BENCHMARKS.md).
+//!
+//! The collector under test is this build's `target/<profile>/ray-history-collector`, which
+//! `cargo test --workspace` builds for the root package's integration tests (or
+//! `$RHC_COLLECTOR_BIN`).
 
 use std::io::Read;
+
+use rhc_testkit::collector::collector_bin;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -38,7 +44,7 @@ fn chaos_smoke_subset_passes() {
         .args([
             "--smoke",
             "--collector",
-            env!("CARGO_BIN_EXE_ray-history-collector"),
+            &collector_bin().display().to_string(),
             "--storage",
             &storage,
             "--work-dir",

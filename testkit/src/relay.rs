@@ -1,9 +1,7 @@
 //! A TCP relay on loopback that can be cut and restored, for storage-outage scenarios: the
 //! storage server keeps its state while the path to it goes away (connection refused, open
 //! connections reset), like a network or endpoint outage.
-//!
-//! One file shared by `rhc-chaos` and the integration tests (`tests/support/relay.rs`
-//! includes it by path); it is not a binary of its own.
+//! Used by the chaos suite and the integration tests.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};

@@ -1,4 +1,4 @@
-//! Local storage emulators for integration tests, and a tiny blocking HTTP client.
+//! Local storage emulators for integration tests and tools.
 //!
 //! * [`MotoS3`]: `moto_server` (S3, state in memory).
 //! * [`Azurite`]: `azurite-blob` (Azure Blob, `--inMemoryPersistence`).
@@ -17,24 +17,20 @@
 //! Every server binds 127.0.0.1 on a free port, writes its stdout and stderr to
 //! a log file in its own temp dir (shown in the panic message when it fails to
 //! start), and is killed and reaped on `stop()` and on `Drop`.
-//!
-//! Only std and tempfile are used here, so the module can be included from any
-//! integration test (`mod support;`) without an async runtime.
-#![allow(dead_code)]
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Read, Seek, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::io::{Read, Seek};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::http::{http_request, try_http_request, HttpResponse};
+
 /// How long a server may take to answer its first HTTP request.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
-/// Read/write timeout of [`http_request`].
-pub const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a helper command (e.g. the Python that creates Azurite containers) may run.
 pub const HELPER_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -108,7 +104,7 @@ fn tool_or_skip(var: &str, what: &str) -> Option<PathBuf> {
 // ------------------------------------------------------------------ processes
 
 /// A server child process with its log file; killed and reaped on drop.
-struct ServerProcess {
+pub struct ServerProcess {
     name: &'static str,
     program: PathBuf,
     args: Vec<String>,
@@ -135,6 +131,11 @@ impl ServerProcess {
             log,
             child: None,
         }
+    }
+
+    /// Its port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     fn addr(&self) -> SocketAddr {
@@ -267,17 +268,31 @@ fn launch(
     args: impl Fn(u16) -> Vec<String>,
     probe_path: &str,
 ) -> ServerProcess {
+    match try_launch(name, program, args, probe_path) {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// [`launch`], returning the failure (with the server's log) instead of panicking.
+pub fn try_launch(
+    name: &'static str,
+    program: PathBuf,
+    args: impl Fn(u16) -> Vec<String>,
+    probe_path: &str,
+) -> Result<ServerProcess, String> {
     const ATTEMPTS: usize = 3;
-    for attempt in 1..=ATTEMPTS {
+    let mut last = String::new();
+    for _ in 0..ATTEMPTS {
         let port = free_port();
         let mut process = ServerProcess::new(name, program.clone(), args(port), port);
         match process.try_start(probe_path) {
-            Ok(()) => return process,
-            Err(StartError::Exited(_)) if attempt < ATTEMPTS => continue,
-            Err(e) => panic!("{}", e.message()),
+            Ok(()) => return Ok(process),
+            Err(StartError::Exited(m)) => last = m,
+            Err(StartError::Timeout(m)) => return Err(m),
         }
     }
-    unreachable!()
+    Err(last)
 }
 
 impl Drop for ServerProcess {
@@ -363,10 +378,18 @@ impl MotoS3 {
     /// `RHC_MOTO_SERVER` is unset and services are not required.
     pub fn start() -> Option<Self> {
         let program = tool_or_skip("RHC_MOTO_SERVER", "the S3 emulator (moto)")?;
+        match Self::try_start_program(program) {
+            Ok(m) => Some(m),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Starts the `moto_server` at `program`; the error carries its log.
+    pub fn try_start_program(program: PathBuf) -> Result<Self, String> {
         let args = |port: u16| strings(&["-H", "127.0.0.1", "-p", &port.to_string()]);
-        let process = launch("moto", program, args, "/");
+        let process = try_launch("moto", program, args, "/")?;
         let port = process.port;
-        Some(MotoS3 {
+        Ok(MotoS3 {
             endpoint: format!("http://127.0.0.1:{port}"),
             port,
             process,
@@ -767,203 +790,6 @@ impl FakeGcs {
     /// The server's log so far.
     pub fn log(&self) -> String {
         self.process.log_text()
-    }
-}
-
-// ------------------------------------------------------------------ HTTP
-
-/// A parsed HTTP response; header names are lower-cased.
-#[derive(Debug, Clone)]
-pub struct HttpResponse {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl HttpResponse {
-    /// The first header named `name` (case-insensitive).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers
-            .iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// One HTTP/1.1 request over a fresh connection (`Connection: close`), with
-/// [`HTTP_TIMEOUT`] for connect, each read and each write. Only `http://` URLs.
-/// Returns (status, body); panics on any I/O or protocol error.
-pub fn http_request(
-    method: &str,
-    url: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> (u16, Vec<u8>) {
-    let resp = try_http_request(method, url, headers, body)
-        .unwrap_or_else(|e| panic!("{method} {url} failed: {e}"));
-    (resp.status, resp.body)
-}
-
-/// Like [`http_request`] but returns errors and the response headers.
-pub fn try_http_request(
-    method: &str,
-    url: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> io::Result<HttpResponse> {
-    let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| invalid(format!("only http:// URLs are supported: {url}")))?;
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    let host_port = if authority.contains(':') {
-        authority.to_string()
-    } else {
-        format!("{authority}:80")
-    };
-    let addr = host_port
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| invalid(format!("cannot resolve {authority}")))?;
-
-    let mut stream = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT)?;
-    stream.set_read_timeout(Some(HTTP_TIMEOUT))?;
-    stream.set_write_timeout(Some(HTTP_TIMEOUT))?;
-
-    let has = |name: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
-    let mut head = format!("{method} {path} HTTP/1.1\r\n");
-    if !has("host") {
-        head.push_str(&format!("Host: {authority}\r\n"));
-    }
-    head.push_str("Connection: close\r\n");
-    if !has("content-length") && !has("transfer-encoding") {
-        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
-    }
-    for (k, v) in headers {
-        if k.eq_ignore_ascii_case("connection") {
-            continue;
-        }
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body)?;
-    stream.flush()?;
-
-    read_response(&mut BufReader::new(stream), method)
-}
-
-/// Reads one HTTP/1.1 response (after any interim 1xx) from `reader`; `method` is the
-/// request's, since a HEAD answer has no body.
-pub fn read_response(reader: &mut impl BufRead, method: &str) -> io::Result<HttpResponse> {
-    let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
-    let (status, resp_headers) = loop {
-        let (status, hs) = read_head(reader)?;
-        // Skip interim responses (100 Continue etc.), but not 101.
-        if (100..200).contains(&status) && status != 101 {
-            continue;
-        }
-        break (status, hs);
-    };
-    let header = |name: &str| {
-        resp_headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    };
-    let mut body = Vec::new();
-    let no_body = method.eq_ignore_ascii_case("HEAD") || status == 204 || status == 304;
-    if !no_body {
-        if header("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked")) {
-            read_chunked(reader, &mut body)?;
-        } else if let Some(len) = header("content-length") {
-            let len: usize = len
-                .trim()
-                .parse()
-                .map_err(|_| invalid(format!("bad Content-Length {len:?}")))?;
-            body.resize(len, 0);
-            reader.read_exact(&mut body)?;
-        } else {
-            reader.read_to_end(&mut body)?;
-        }
-    }
-    Ok(HttpResponse {
-        status,
-        headers: resp_headers,
-        body,
-    })
-}
-
-fn read_line(reader: &mut impl BufRead) -> io::Result<String> {
-    let mut line = String::new();
-    if reader.read_line(&mut line)? == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed in the middle of an HTTP response",
-        ));
-    }
-    Ok(line.trim_end_matches(['\r', '\n']).to_string())
-}
-
-fn read_head(reader: &mut impl BufRead) -> io::Result<(u16, Vec<(String, String)>)> {
-    let status_line = read_line(reader)?;
-    let status = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse::<u16>().ok())
-        .filter(|_| status_line.starts_with("HTTP/"))
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("bad HTTP status line {status_line:?}"),
-            )
-        })?;
-    Ok((status, read_headers(reader)?))
-}
-
-/// Header lines up to the empty line; names lower-cased.
-fn read_headers(reader: &mut impl BufRead) -> io::Result<Vec<(String, String)>> {
-    let mut headers = Vec::new();
-    loop {
-        let line = read_line(reader)?;
-        if line.is_empty() {
-            return Ok(headers);
-        }
-        if let Some((k, v)) = line.split_once(':') {
-            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-        }
-    }
-}
-
-fn read_chunked(reader: &mut impl BufRead, body: &mut Vec<u8>) -> io::Result<()> {
-    loop {
-        let line = read_line(reader)?;
-        let size_hex = line.split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(size_hex, 16).map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("bad chunk size {line:?}"),
-            )
-        })?;
-        if size == 0 {
-            // Trailers, then an empty line.
-            while !read_line(reader)?.is_empty() {}
-            return Ok(());
-        }
-        let start = body.len();
-        body.resize(start + size, 0);
-        reader.read_exact(&mut body[start..])?;
-        let crlf = read_line(reader)?;
-        if !crlf.is_empty() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "missing CRLF after chunk",
-            ));
-        }
     }
 }
 

@@ -7,7 +7,6 @@
 //! of the ~107-byte limit on unix socket paths), `$HOME` included (Ray 2.60 writes
 //! `~/.ray/auth_token`). Ray's processes carry a marker variable; the drop guard kills, by
 //! pid, any process still carrying it when the test ends, however it ends.
-#![allow(dead_code)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -16,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::collector::Collector;
-use super::services::{run_with_timeout, tool, CommandOutput};
+use crate::collector::Collector;
+use crate::repo_root;
+use crate::services::{run_with_timeout, tool, CommandOutput};
 
 /// How long Ray's processes may take to exit after `ray.shutdown()` returned.
 pub const RAY_EXIT_GRACE: Duration = Duration::from_secs(5);
@@ -238,9 +238,7 @@ pub fn workload_command(
     collector: &Collector,
     dashboard_port: &str,
 ) -> Command {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/e2e")
-        .join(script);
+    let script = repo_root().join("tests/e2e").join(script);
     let mut cmd = Command::new(python);
     cmd.arg(&script)
         .current_dir(work.path())

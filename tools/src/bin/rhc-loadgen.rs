@@ -18,16 +18,16 @@
 //! the collector's `rhc_spool_bytes` is sampled every second.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use clap::Parser;
+use rhc_testkit::http::{try_http_request, Conn};
 
-const TEMPLATES: &str = include_str!("../../tests/data/posts-camel.jsonl");
+const TEMPLATES: &str = include_str!("../../../tests/data/posts-camel.jsonl");
 
 /// Replays Ray events against an HTTP endpoint and measures it.
 #[derive(Parser, Debug)]
@@ -254,68 +254,30 @@ struct Stats {
     errors: u64,
 }
 
+/// Posts one body on the kept-alive connection `conn` (opened when `None`, dropped when the
+/// server closes it); the answer's status.
 fn post(
-    conn: &mut Option<BufReader<TcpStream>>,
+    conn: &mut Option<Conn>,
     addr: &str,
     path: &str,
     body: &[u8],
     gzip: bool,
 ) -> std::io::Result<u16> {
     if conn.is_none() {
-        let s = TcpStream::connect(addr)?;
-        s.set_nodelay(true)?;
-        s.set_read_timeout(Some(Duration::from_secs(30)))?;
-        *conn = Some(BufReader::with_capacity(16 * 1024, s));
+        *conn = Some(Conn::open(addr, Duration::from_secs(30))?);
     }
-    let Some(r) = conn.as_mut() else {
+    let Some(c) = conn.as_mut() else {
         unreachable!()
     };
-    let enc = if gzip {
-        "Content-Encoding: gzip\r\n"
-    } else {
-        ""
-    };
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n{enc}Content-Length: {}\r\n\r\n",
-        body.len()
-    );
-    let s = r.get_mut();
-    s.write_all(head.as_bytes())?;
-    s.write_all(body)?;
-    let mut line = String::new();
-    if r.read_line(&mut line)? == 0 {
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    let mut headers = vec![("Content-Type", "application/json")];
+    if gzip {
+        headers.push(("Content-Encoding", "gzip"));
     }
-    let status: u16 = line
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let mut len = 0usize;
-    let mut close = false;
-    loop {
-        line.clear();
-        if r.read_line(&mut line)? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let lower = l.to_ascii_lowercase();
-        if let Some(v) = lower.strip_prefix("content-length:") {
-            len = v.trim().parse().unwrap_or(0);
-        }
-        if lower.starts_with("connection:") && lower.contains("close") {
-            close = true;
-        }
-    }
-    let mut sink = vec![0u8; len];
-    r.read_exact(&mut sink)?;
-    if close {
+    let r = c.request("POST", path, &headers, body)?;
+    if r.closes() {
         *conn = None;
     }
-    Ok(status)
+    Ok(r.status)
 }
 
 /// One sample of a process: resident bytes, CPU ticks (user + system), open fds.
@@ -366,23 +328,10 @@ fn clock_ticks_per_second() -> f64 {
 
 /// A metric's value (summed over label sets) from a Prometheus text endpoint.
 fn scrape(url: &str, name: &str) -> Option<f64> {
-    let rest = url.strip_prefix("http://")?;
-    let (addr, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let body = &text[text.find("\r\n\r\n")? + 4..];
+    let r = try_http_request("GET", url, &[], b"").ok()?;
+    let text = String::from_utf8_lossy(&r.body);
     let mut sum = None;
-    for l in body.lines() {
+    for l in text.lines() {
         if l.starts_with(name) && l[name.len()..].starts_with([' ', '{']) {
             if let Some(v) = l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
                 *sum.get_or_insert(0.0) += v;

@@ -1,0 +1,27 @@
+//! rhc-testkit: what the integration tests and the dev tools of ray-history-collector share,
+//! so there is one of each.
+//!
+//! - [`http`]: the one blocking HTTP/1.1 client (one-shot requests, keep-alive connections).
+//! - [`collector`]: the collector as a real process (start, post, metrics, SIGTERM, kill -9,
+//!   restart), and reading a bucket back.
+//! - [`services`]: the storage emulators (moto for S3 and GCS's XML API, Azurite, fake-gcs-server)
+//!   that `scripts/install-test-deps.sh` installs, on loopback ports.
+//! - [`relay`]: a TCP relay that can be cut and restored, for storage outages.
+//! - [`ray`]: real Ray from PyPI, run by the end-to-end tests.
+//!
+//! Everything binds 127.0.0.1 only, and every process started here is stopped when its
+//! handle is dropped.
+
+pub mod collector;
+pub mod http;
+pub mod ray;
+pub mod relay;
+pub mod services;
+
+use std::path::PathBuf;
+
+/// The repository's root (where `Cargo.toml` of the collector is).
+pub fn repo_root() -> PathBuf {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    here.parent().map(PathBuf::from).unwrap_or(here)
+}

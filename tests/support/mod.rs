@@ -1,4 +1,0 @@
-pub mod collector;
-pub mod ray;
-pub mod relay;
-pub mod services;

@@ -1,0 +1,507 @@
+//! Scenarios about hostile or broken clients: slowloris and slow bodies, oversized bodies,
+//! a storm of malformed bodies.
+
+use std::collections::BTreeMap;
+use std::io::{BufReader, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self};
+use std::time::{Duration, Instant};
+
+use crate::load::{
+    batch_body, count_status, event_json, resend, ClientLog, Ledger, Load, LoadSpec, ACKED,
+};
+use crate::verify::verify;
+use crate::{connect, http, mib, open_fds, secs, Ctx, RssMonitor, Verdict};
+use rhc_testkit::collector::rss_bytes;
+use rhc_testkit::http::{read_response, Conn};
+use serde_json::json;
+
+pub(crate) fn slowloris(ctx: &Ctx) -> Result<Verdict, String> {
+    let mut s = ctx.setup("slowloris", false, &[])?;
+    let port = s.collector.port;
+    let pid = s.collector.pid();
+    // Warm: one real batch so the baseline includes the steady-state buffers.
+    let spec = LoadSpec::new("slow", 1, 100);
+    let mut ledger = Ledger::default();
+    if !resend(port, &spec, 0, 0, Duration::from_secs(10)) {
+        return Err("warm-up batch refused".into());
+    }
+    ledger.mark("slow", 0, 0, 100, ACKED);
+    // The paced client runs alone first, so the baseline holds its buffers too.
+    let mut legit = LoadSpec::new("slowok", 1, 100);
+    legit.rate = 500.0;
+    let warm = Load::start(port, legit.clone());
+    thread::sleep(Duration::from_secs(3));
+    warm.finish(&mut ledger);
+    legit.tag = "slowok2".into();
+    let rss_before = s.collector.rss();
+    let fds_before = open_fds(pid);
+    let rss = RssMonitor::start(pid);
+    let n_headers = ctx.pick(20, 300);
+    let n_bodies = ctx.pick(0, 40);
+    // Slowloris: a request line and then one header byte per second, never finishing.
+    let mut slow: Vec<(TcpStream, bool, Option<Duration>)> = Vec::new();
+    for i in 0..n_headers + n_bodies {
+        let mut st =
+            TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
+        let head = if i < n_headers {
+            "POST /v1/events HTTP/1.1\r\nHost: x\r\nX-Slow: ".to_string()
+        } else {
+            "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n[".to_string()
+        };
+        st.write_all(head.as_bytes()).map_err(|e| e.to_string())?;
+        st.set_nonblocking(true).map_err(|e| e.to_string())?;
+        slow.push((st, i < n_headers, None));
+    }
+    let started = Instant::now();
+    // Meanwhile Ray's publisher keeps posting.
+    let load = Load::start(port, legit);
+    let limit = Duration::from_secs(if n_bodies > 0 { 75 } else { 30 });
+    let mut tick = 0u32;
+    let mut answered_408 = 0;
+    while started.elapsed() < limit && slow.iter().any(|(_, _, c)| c.is_none()) {
+        for (st, is_header, closed) in slow.iter_mut() {
+            if closed.is_some() {
+                continue;
+            }
+            let mut buf = [0u8; 512];
+            match st.read(&mut buf) {
+                Ok(0) => *closed = Some(started.elapsed()),
+                Ok(n) => {
+                    if String::from_utf8_lossy(&buf[..n]).contains(" 408 ") {
+                        answered_408 += 1;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => *closed = Some(started.elapsed()),
+            }
+            if closed.is_none() && tick % 10 == 0 {
+                let byte: &[u8] = if *is_header { b"a" } else { b" " };
+                if let Err(e) = st.write(byte) {
+                    if e.kind() != std::io::ErrorKind::WouldBlock {
+                        *closed = Some(started.elapsed());
+                    }
+                }
+            }
+        }
+        tick += 1;
+        thread::sleep(Duration::from_millis(100));
+    }
+    let logs = load.finish(&mut ledger);
+    let open_left = slow.iter().filter(|(_, _, c)| c.is_none()).count();
+    let header_closed: Vec<f64> = slow
+        .iter()
+        .filter(|(_, h, _)| *h)
+        .filter_map(|(_, _, c)| c.map(|d| d.as_secs_f64()))
+        .collect();
+    let body_closed: Vec<f64> = slow
+        .iter()
+        .filter(|(_, h, _)| !*h)
+        .filter_map(|(_, _, c)| c.map(|d| d.as_secs_f64()))
+        .collect();
+    drop(slow);
+    thread::sleep(Duration::from_millis(500));
+    let rss_peak = rss.peak();
+    drop(rss);
+    let rss_after = s.collector.rss();
+    let fds_after = open_fds(pid);
+    let alive = s.collector.alive();
+    let lat: Vec<u32> = latency_gaps(&logs);
+    let legit_ok = count_status(&logs, 200);
+    let legit_bad = logs
+        .iter()
+        .flat_map(|l| l.answers.iter())
+        .filter(|(_, s)| *s != 200)
+        .count();
+    let (code, _) = s
+        .collector
+        .try_terminate(Duration::from_secs(60))
+        .map(|(s, d)| (s.code(), d))?;
+    let store = ctx.storage.store(&s.bucket)?;
+    let check = verify(&store, &ledger);
+    let max = |v: &[f64]| v.iter().cloned().fold(0.0, f64::max);
+    // Bounded by the connection cap: at most 256 connections' buffers (64 KiB each) above
+    // the baseline, whatever the number of slow clients; glibc keeps what it freed, so the
+    // end is compared with the peak, not the start.
+    let flat = rss_peak <= rss_before + (16 << 20) && rss_after <= rss_peak;
+    // At the cap, stalled connections make room within 2 s: the paced client must never
+    // wait for their 10 s header timeout.
+    let longest_gap_ms = lat.iter().max().copied().unwrap_or(0);
+    let pass = check.ok()
+        && open_left == 0
+        && longest_gap_ms < 5_000
+        && alive
+        && flat
+        && legit_ok > 0
+        && code == Some(0)
+        && fds_after <= fds_before + 2;
+    Ok(Verdict::new(
+        pass,
+        format!(
+            "{n_headers} slowloris + {n_bodies} slow-body connections: all closed by the server: {} (headers by {:.1} s, bodies by {:.1} s, {answered_408} answered 408); RSS {:.1} → peak {:.1} → {:.1} MiB, fds {fds_before} → {fds_after}; a paced client meanwhile: {legit_ok} × 200, {legit_bad} other, longest gap {:.1} s; {}; exit {code:?}",
+            if open_left == 0 { "yes".to_string() } else { format!("NO, {open_left} still open") },
+            max(&header_closed),
+            max(&body_closed),
+            mib(rss_before as f64),
+            mib(rss_peak as f64),
+            mib(rss_after as f64),
+            longest_gap_ms as f64 / 1000.0,
+            check.summary()
+        ),
+        json!({"slow_headers": n_headers, "slow_bodies": n_bodies, "left_open": open_left,
+               "headers_closed_by_s": max(&header_closed), "bodies_closed_by_s": max(&body_closed),
+               "answered_408": answered_408, "rss_before_mib": mib(rss_before as f64), "rss_peak_mib": mib(rss_peak as f64),
+               "rss_after_mib": mib(rss_after as f64), "fds_before": fds_before, "fds_after": fds_after,
+               "legit_ok": legit_ok, "legit_other": legit_bad,
+               "legit_longest_gap_s": lat.iter().max().copied().unwrap_or(0) as f64 / 1000.0,
+               "exit_code": code, "check": check.figures()}),
+    ))
+}
+
+/// Longest time between consecutive answers of each client, in ms.
+pub(crate) fn latency_gaps(logs: &[ClientLog]) -> Vec<u32> {
+    logs.iter()
+        .map(|l| {
+            // From the start to the first answer, and between answers.
+            let first = l.answers.first().map(|a| a.0).unwrap_or(0);
+            l.answers
+                .windows(2)
+                .map(|w| w[1].0.saturating_sub(w[0].0))
+                .max()
+                .unwrap_or(0)
+                .max(first)
+        })
+        .collect()
+}
+
+/// Sends `head` and then `body` from another thread, and reads the answer here, so an
+/// early answer is seen even while the body is still being written.
+pub(crate) fn send_and_read(
+    port: u16,
+    head: String,
+    body: Arc<Vec<u8>>,
+    chunked: bool,
+) -> (u16, Duration) {
+    let t = Instant::now();
+    let Ok(st) = TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, t.elapsed());
+    };
+    let _ = st.set_read_timeout(Some(Duration::from_secs(60)));
+    let Ok(mut w) = st.try_clone() else {
+        return (0, t.elapsed());
+    };
+    let writer = thread::spawn(move || {
+        if w.write_all(head.as_bytes()).is_err() {
+            return;
+        }
+        if chunked {
+            for c in body.chunks(64 * 1024) {
+                if w.write_all(format!("{:x}\r\n", c.len()).as_bytes())
+                    .is_err()
+                    || w.write_all(c).is_err()
+                    || w.write_all(b"\r\n").is_err()
+                {
+                    return;
+                }
+            }
+            let _ = w.write_all(b"0\r\n\r\n");
+        } else {
+            let _ = w.write_all(&body);
+        }
+    });
+    let mut r = BufReader::new(st);
+    let status = read_response(&mut r, "POST").map(|r| r.status).unwrap_or(0);
+    let took = t.elapsed();
+    let _ = r.get_ref().shutdown(Shutdown::Both);
+    let _ = writer.join();
+    (status, took)
+}
+
+pub(crate) fn oversized(ctx: &Ctx) -> Result<Verdict, String> {
+    let limit: u64 = ctx.pick(1 << 20, 64 << 20);
+    let mut s = ctx.setup(
+        "oversized",
+        false,
+        &["--max-body-bytes", &limit.to_string()],
+    )?;
+    let port = s.collector.port;
+    let pid = s.collector.pid();
+    let mut ledger = Ledger::default();
+    let spec = LoadSpec::new("big", 1, 100);
+    if !resend(port, &spec, 0, 0, Duration::from_secs(10)) {
+        return Err("warm-up batch refused".into());
+    }
+    ledger.mark("big", 0, 0, 100, ACKED);
+    let rss_before = s.collector.rss();
+    let rss = RssMonitor::start(pid);
+    // A body of valid events, just over the limit.
+    let mut big = Vec::with_capacity(limit as usize + (1 << 20));
+    big.push(b'[');
+    let mut i = 0u64;
+    while (big.len() as u64) <= limit {
+        if i > 0 {
+            big.push(b',');
+        }
+        event_json(&mut big, &format!("big-9-{i}"), 1, i);
+        i += 1;
+    }
+    big.push(b']');
+    let big = Arc::new(big);
+    let bomb = {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        let zeros = vec![b' '; 1 << 20];
+        for _ in 0..(limit >> 20) + 2 {
+            let _ = e.write_all(&zeros);
+        }
+        Arc::new(e.finish().unwrap_or_default())
+    };
+    let rounds = ctx.pick(3, 10);
+    let mut statuses: BTreeMap<String, BTreeMap<u16, u32>> = BTreeMap::new();
+    let mut declared_ms = Vec::new();
+    let mut rss_after_first = 0;
+    for round in 0..rounds {
+        let (st, took) = send_and_read(
+            port,
+            format!("POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", big.len()),
+            Arc::new(Vec::new()),
+            false,
+        );
+        declared_ms.push(took.as_secs_f64() * 1000.0);
+        *statuses
+            .entry("declared".into())
+            .or_default()
+            .entry(st)
+            .or_default() += 1;
+        let (st, _) = send_and_read(
+            port,
+            "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".into(),
+            big.clone(),
+            true,
+        );
+        *statuses
+            .entry("chunked".into())
+            .or_default()
+            .entry(st)
+            .or_default() += 1;
+        let (st, _) = send_and_read(
+            port,
+            format!("POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: {}\r\n\r\n", bomb.len()),
+            bomb.clone(),
+            false,
+        );
+        *statuses
+            .entry("gzip_bomb".into())
+            .or_default()
+            .entry(st)
+            .or_default() += 1;
+        if round == 0 {
+            thread::sleep(Duration::from_millis(300));
+            rss_after_first = s.collector.rss();
+        }
+    }
+    thread::sleep(Duration::from_millis(500));
+    let rss_peak = rss.peak();
+    drop(rss);
+    let rss_after = s.collector.rss();
+    let after_ok = resend(port, &spec, 0, 100, Duration::from_secs(10));
+    if after_ok {
+        ledger.mark("big", 0, 100, 100, ACKED);
+    }
+    let alive = s.collector.alive();
+    let (code, _) = s
+        .collector
+        .try_terminate(Duration::from_secs(60))
+        .map(|(s, d)| (s.code(), d))?;
+    let store = ctx.storage.store(&s.bucket)?;
+    let check = verify(&store, &ledger);
+    let all_413 = statuses.values().all(|m| m.keys().all(|k| *k == 413));
+    // Flat: repeating the oversized requests does not add memory beyond the first round.
+    let flat = rss_after <= rss_after_first + (8 << 20);
+    let bounded = rss_peak <= rss_before + 2 * limit + (32 << 20);
+    let pass = all_413 && after_ok && alive && flat && bounded && code == Some(0) && check.ok();
+    let declared_ms_max = declared_ms.iter().cloned().fold(0.0, f64::max);
+    Ok(Verdict::new(
+        pass,
+        format!(
+            "limit {:.0} MiB, {rounds} rounds of declared / chunked / gzip-bomb ({} KB → {:.0} MiB): answers {}; declared-length refusal within {:.1} ms; RSS {:.1} → after 1 round {:.1} → peak {:.1} → end {:.1} MiB; a normal batch afterwards: {}; exit {code:?}",
+            mib(limit as f64),
+            bomb.len() / 1000,
+            mib(((limit >> 20) + 2) as f64 * 1048576.0),
+            serde_json::to_string(&statuses).unwrap_or_default(),
+            declared_ms_max,
+            mib(rss_before as f64),
+            mib(rss_after_first as f64),
+            mib(rss_peak as f64),
+            mib(rss_after as f64),
+            if after_ok { "200" } else { "REFUSED" },
+        ),
+        json!({"limit_bytes": limit, "rounds": rounds, "statuses": statuses, "declared_refusal_ms_max": declared_ms_max,
+               "rss_before_mib": mib(rss_before as f64), "rss_after_first_mib": mib(rss_after_first as f64),
+               "rss_peak_mib": mib(rss_peak as f64), "rss_after_mib": mib(rss_after as f64),
+               "exit_code": code, "check": check.figures()}),
+    ))
+}
+
+/// Body number `i` of the malformed storm, and its Content-Encoding.
+pub(crate) fn malformed_body(i: u64) -> (Vec<u8>, Option<&'static str>) {
+    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut rnd = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    match i % 8 {
+        0 => {
+            // A batch cut in the middle of an event.
+            let mut b = batch_body("mal", 0, i * 3, 3, 1);
+            let cut = b.len() / 2 + (rnd() % 200) as usize;
+            b.truncate(cut);
+            (b, None)
+        }
+        1 => ((0..256).map(|_| rnd() as u8).collect(), None),
+        2 => (format!("not json at all {i}").into_bytes(), None),
+        3 => {
+            // Deep nesting that never closes (balanced deep nesting is valid JSON).
+            (vec![b'['; 10_000], None)
+        }
+        4 => {
+            let mut b = format!("[{{\"eventId\":\"bad-utf8-{i}\",\"message\":\"").into_bytes();
+            b.extend_from_slice(&[0xff, 0xfe, 0xc3, 0x28]);
+            b.extend_from_slice(b"\"}]");
+            (b, None)
+        }
+        5 => (
+            format!("[{{\"eventId\":\"x{i}\"}}").into_bytes(),
+            Some("gzip"),
+        ),
+        6 => (format!("\"just a string {i}\"").into_bytes(), None),
+        _ => (
+            format!("[{{\"eventId\":\"trailing-{i}\"}},]").into_bytes(),
+            None,
+        ),
+    }
+}
+
+pub(crate) fn malformed(ctx: &Ctx) -> Result<Verdict, String> {
+    // Every distinct bad body becomes one quarantine object: give their upload time.
+    let mut s = ctx.setup("malformed", false, &["--shutdown-timeout", "90s"])?;
+    let port = s.collector.port;
+    let pid = s.collector.pid();
+    let mut ledger = Ledger::default();
+    let spec = LoadSpec::new("mal", 1, 100);
+    if !resend(port, &spec, 0, 1_000_000, Duration::from_secs(10)) {
+        return Err("warm-up batch refused".into());
+    }
+    ledger.mark("mal", 0, 1_000_000, 100, ACKED);
+    let rss_before = s.collector.rss();
+    let rss = RssMonitor::start(pid);
+    let total: u64 = ctx.pick(400, 5_000);
+    let next = Arc::new(AtomicU64::new(0));
+    let statuses: Arc<Mutex<BTreeMap<u16, u64>>> = Arc::new(Mutex::new(BTreeMap::new()));
+    let quarter_rss = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let (next, statuses, quarter_rss) =
+                (next.clone(), statuses.clone(), quarter_rss.clone());
+            thread::spawn(move || {
+                let mut conn: Option<Conn> = None;
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total || started.elapsed() > Duration::from_secs(300) {
+                        return;
+                    }
+                    if i == total / 4 {
+                        quarter_rss.store(rss_bytes(pid).unwrap_or(0), Ordering::Relaxed);
+                    }
+                    let (body, enc) = malformed_body(i);
+                    let mut headers = vec![("Content-Type", "application/json")];
+                    if let Some(e) = enc {
+                        headers.push(("Content-Encoding", e));
+                    }
+                    if conn.is_none() {
+                        conn = connect(port, Duration::from_secs(30)).ok();
+                    }
+                    let st = match conn
+                        .as_mut()
+                        .map(|c| c.request("POST", "/v1/events", &headers, &body))
+                    {
+                        Some(Ok(r)) => {
+                            if r.closes() {
+                                conn = None;
+                            }
+                            r.status
+                        }
+                        _ => {
+                            conn = None;
+                            0
+                        }
+                    };
+                    if let Ok(mut m) = statuses.lock() {
+                        *m.entry(st).or_default() += 1;
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        let _ = h.join();
+    }
+    let took = started.elapsed();
+    thread::sleep(Duration::from_millis(300));
+    let rss_peak = rss.peak();
+    drop(rss);
+    let rss_after = s.collector.rss();
+    let rss_quarter = quarter_rss.load(Ordering::Relaxed);
+    let alive = s.collector.alive();
+    let healthy = http(port, "GET", "/healthz", &[], b"")
+        .map(|r| r.status)
+        .unwrap_or(0)
+        == 200;
+    let invalid = s.collector.metric("rhc_invalid_bodies_total");
+    let after_ok = resend(port, &spec, 0, 2_000_000, Duration::from_secs(10));
+    if after_ok {
+        ledger.mark("mal", 0, 2_000_000, 100, ACKED);
+    }
+    let (code, _) = s
+        .collector
+        .try_terminate(Duration::from_secs(120))
+        .map(|(s, d)| (s.code(), d))?;
+    let store = ctx.storage.store(&s.bucket)?;
+    let check = verify(&store, &ledger);
+    let statuses = statuses.lock().map(|m| m.clone()).unwrap_or_default();
+    let all_400 = statuses.keys().all(|k| *k == 400) && statuses.values().sum::<u64>() == total;
+    // Flat: no growth with the number of bodies beyond the upload queue's entries for the
+    // quarantine files still waiting (a few hundred bytes each).
+    let flat = rss_after <= rss_quarter.max(rss_before) + (8 << 20);
+    let pass = all_400
+        && alive
+        && healthy
+        && after_ok
+        && flat
+        && code == Some(0)
+        && check.ok()
+        && invalid as u64 == total;
+    Ok(Verdict::new(
+        pass,
+        format!(
+            "{total} malformed bodies (8 kinds) from 4 clients in {:.1} s: answers {}; rhc_invalid_bodies_total {invalid}; RSS {:.1} → at 25 % {:.1} → peak {:.1} → end {:.1} MiB; healthy afterwards: {}; a normal batch afterwards: {}; {} quarantine records uploaded; exit {code:?}",
+            took.as_secs_f64(),
+            serde_json::to_string(&statuses).unwrap_or_default(),
+            mib(rss_before as f64),
+            mib(rss_quarter as f64),
+            mib(rss_peak as f64),
+            mib(rss_after as f64),
+            if healthy { "yes" } else { "NO" },
+            if after_ok { "200" } else { "REFUSED" },
+            check.quarantine_lines.len(),
+        ),
+        json!({"bodies": total, "seconds": secs(took), "statuses": statuses, "invalid_metric": invalid,
+               "rss_before_mib": mib(rss_before as f64), "rss_quarter_mib": mib(rss_quarter as f64),
+               "rss_peak_mib": mib(rss_peak as f64), "rss_after_mib": mib(rss_after as f64),
+               "quarantine_records": check.quarantine_lines.len(), "exit_code": code, "check": check.figures()}),
+    ))
+}
