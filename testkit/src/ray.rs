@@ -205,10 +205,23 @@ pub fn start_collector(
     extra: &[&str],
 ) -> Collector {
     let store = work.store();
+    let storage = store.to_str().expect("utf-8 temp path");
+    start_collector_with(work, namespace, cluster, storage, extra, &[])
+}
+
+/// [`start_collector`] with another `--storage` and environment (e.g. an S3 bucket).
+pub fn start_collector_with(
+    work: &RayWorkDir,
+    namespace: &str,
+    cluster: &str,
+    storage: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Collector {
     let ray_tmp = work.ray_tmp();
     let mut args = vec![
         "--storage",
-        store.to_str().expect("utf-8 temp path"),
+        storage,
         "--cluster-name",
         cluster,
         "--cluster-namespace",
@@ -223,7 +236,7 @@ pub fn start_collector(
         ray_tmp.to_str().expect("utf-8 temp path"),
     ];
     args.extend_from_slice(extra);
-    Collector::start(&work.spool(), &args, &[])
+    Collector::start(&work.spool(), &args, env)
 }
 
 /// `python tests/e2e/<script>`, run in the work dir, with the environment a workload

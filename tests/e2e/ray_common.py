@@ -1,7 +1,8 @@
 """What the Ray workloads of the end-to-end tests share (ray_workload.py for
-tests/ray_e2e.rs, ray_train_workload.py for tests/ray_train_e2e.rs).
+tests/ray_e2e.rs, ray_train_workload.py for tests/ray_train_e2e.rs, history_workload.py for
+tests/history_e2e.rs).
 
-Started by the Rust tests (tests/support/ray.rs) with the Ray event-export
+Started by the Rust tests (testkit/src/ray.rs) with the Ray event-export
 variables already in the environment (RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR
 points at the collector), a workload calls `run(run_workload, num_cpus)`, which:
 
@@ -106,14 +107,16 @@ def report_and_wait(ray, extra, log_progress=False):
         raise SystemExit("the collector did not receive the job's events in time")
 
 
-def with_ray(run_workload, num_cpus):
-    """Starts the private Ray instance, calls run_workload(ray), shuts Ray down."""
+def with_ray(run_workload, num_cpus, **init_args):
+    """Starts the private Ray instance (with `init_args`, e.g. resources and labels), calls
+    run_workload(ray), shuts Ray down."""
     import ray
 
     t0 = time.monotonic()
     ray.init(
         address="local",  # never attach to some other cluster (RAY_ADDRESS, /tmp/ray)
         num_cpus=num_cpus,
+        **init_args,
         include_dashboard=True,  # the dashboard agent hosts the event aggregator
         dashboard_host="127.0.0.1",
         dashboard_port=int(os.environ["RHC_E2E_DASHBOARD_PORT"]),
@@ -129,11 +132,11 @@ def with_ray(run_workload, num_cpus):
         log(f"ray.shutdown took {time.monotonic() - t1:.1f} s")
 
 
-def run(run_workload, num_cpus):
+def run(run_workload, num_cpus, **init_args):
     """The workload script's main: with_ray(...); any failure other than
     SystemExit is reported and exits 1."""
     try:
-        with_ray(run_workload, num_cpus)
+        with_ray(run_workload, num_cpus, **init_args)
     except SystemExit:
         raise
     except BaseException as e:  # report, then exit 1
