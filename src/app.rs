@@ -58,6 +58,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         max_segment_bytes: settings.max_segment_bytes,
         max_open_files: settings.max_open_segments,
         dedup_window: settings.dedup_window,
+        max_bytes: settings.max_spool_bytes,
         write_session_markers: settings.role == Role::Head,
         quarantine_node: settings.quarantine_node.clone(),
     };

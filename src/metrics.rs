@@ -17,6 +17,8 @@ pub const EVENTS_ACCEPTED: &str = "rhc_events_accepted_total";
 pub const EVENTS_DUPLICATE: &str = "rhc_events_duplicate_total";
 /// Events kept in quarantine, by reason.
 pub const EVENTS_QUARANTINED: &str = "rhc_events_quarantined_total";
+/// Unusable events beyond the per-body quarantine cap: counted, not kept, by reason.
+pub const EVENTS_QUARANTINE_DROPPED: &str = "rhc_events_quarantine_dropped_total";
 /// Events Ray sent with snake_case keys, stored as protobuf's camelCase JSON (`--event-keys camel`).
 pub const EVENTS_RENAMED: &str = "rhc_events_renamed_total";
 /// Fields of renamed events that the field table (generated from Ray's descriptors) does not
@@ -123,6 +125,10 @@ pub fn register_quarantine_reasons(codes: impl IntoIterator<Item = &'static str>
     for code in codes {
         counter!(EVENTS_QUARANTINED, "reason" => code).absolute(0);
     }
+}
+
+pub(crate) fn quarantine_dropped(reason_code: &'static str, n: u64) {
+    counter!(EVENTS_QUARANTINE_DROPPED, "reason" => reason_code).increment(n);
 }
 
 pub(crate) fn events_quarantined(reason_code: &'static str, n: u64) {

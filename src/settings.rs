@@ -18,6 +18,10 @@ use crate::events::upload::Compression;
 use crate::storage::{self, StorageSpec};
 use crate::util::units::parse_bool;
 
+/// The largest `--max-body-bytes`: a body, with its events converted to camelCase beside it,
+/// must stay addressable by the spool's compact spans (`events::spool::MAX_SPAN_BODY`).
+const MAX_BODY_LIMIT: u64 = 512 << 20;
+
 /// Everything the collector needs, resolved and checked.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -230,11 +234,11 @@ impl Settings {
                 "must be at least 1s",
             ));
         }
-        if cli.max_body_bytes < 1024 {
+        if cli.max_body_bytes < 1024 || cli.max_body_bytes > MAX_BODY_LIMIT {
             return Err(bad(
                 "--max-body-bytes",
                 &cli.max_body_bytes.to_string(),
-                "must be at least 1KiB",
+                "must be between 1KiB and 512MiB",
             ));
         }
         if cli.upload_part_bytes < 5 << 20 || cli.upload_part_bytes > 1 << 30 {

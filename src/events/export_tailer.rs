@@ -283,6 +283,7 @@ impl ExportTailer {
                     end: consumed as usize,
                     source: Some((name.to_string(), start)),
                 }],
+                quarantine_dropped: 0,
             };
             self.spool.append(batch).await.map_err(io::Error::other)?;
             start += consumed;
@@ -404,14 +405,14 @@ impl ExportTailer {
                 stream: Stream::Export(group),
                 hour: Hour::from_unix_seconds(ts),
             };
-            let span = EventSpan {
-                start,
-                end,
-                id_hash: parsed
-                    .event_id
-                    .as_deref()
-                    .map(|id| id_hash(id.as_bytes()) ^ crate::events::spool::EXPORT_ID_SALT),
-                has_newline: false,
+            let id = parsed
+                .event_id
+                .as_deref()
+                .map(|id| id_hash(id.as_bytes()) ^ crate::events::spool::EXPORT_ID_SALT);
+            // A read is at most MAX_READ bytes, far below what a span can address.
+            let Some(span) = EventSpan::new(start..end, id, false) else {
+                quarantined.push(q(QuarantineReason::ExportBadEvent));
+                continue;
             };
             match partitions.iter_mut().find(|p| p.partition == partition) {
                 Some(p) => p.events.push(span),
@@ -425,6 +426,7 @@ impl ExportTailer {
             body: body.clone(),
             partitions,
             quarantined,
+            quarantine_dropped: 0,
         }
     }
 

@@ -36,6 +36,8 @@ pub enum QuarantineReason {
     ExportBadEvent,
     /// An event sent with snake_case keys whose names cannot be converted to camelCase.
     UnconvertibleFieldNames,
+    /// An event holding a number outside the range of a double, which JSON readers refuse.
+    NumberOutOfRange,
 }
 
 impl QuarantineReason {
@@ -53,6 +55,7 @@ impl QuarantineReason {
             QuarantineReason::ExportNotJson => "export_not_json",
             QuarantineReason::ExportBadEvent => "export_bad_event",
             QuarantineReason::UnconvertibleFieldNames => "unconvertible_field_names",
+            QuarantineReason::NumberOutOfRange => "number_out_of_range",
         }
     }
 
@@ -81,11 +84,15 @@ impl QuarantineReason {
                 "an event sent with snake_case keys whose field names cannot be converted to \
                  camelCase (a field given twice, or nesting deeper than 128)"
             }
+            QuarantineReason::NumberOutOfRange => {
+                "the event holds a number outside the range of a double (about 1.8e308), which \
+                 Go's and serde's JSON readers refuse, the whole event with it"
+            }
         }
     }
 
     /// Every reason, for pre-registering metrics.
-    pub const ALL: [QuarantineReason; 11] = [
+    pub const ALL: [QuarantineReason; 12] = [
         QuarantineReason::NotAnObject,
         QuarantineReason::MissingSession,
         QuarantineReason::UnsafeSession,
@@ -97,6 +104,7 @@ impl QuarantineReason {
         QuarantineReason::ExportNotJson,
         QuarantineReason::ExportBadEvent,
         QuarantineReason::UnconvertibleFieldNames,
+        QuarantineReason::NumberOutOfRange,
     ];
 }
 

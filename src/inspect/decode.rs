@@ -157,6 +157,14 @@ impl ContentSink {
         }
         match serde_json::from_slice::<Value>(line) {
             Ok(v) => self.value(v),
+            // Valid JSON that serde_json refuses and Go's reader (KubeRay's history server)
+            // reads as U+FFFD: read it the same way.
+            Err(e) if has_lone_surrogate_escape(line) => {
+                match serde_json::from_slice::<Value>(&replace_lone_surrogates(line)) {
+                    Ok(v) => self.value(v),
+                    Err(_) => self.bad_line(format!("not valid JSON: {e}")),
+                }
+            }
             Err(e) => self.bad_line(format!("not valid JSON: {e}")),
         }
     }
@@ -318,6 +326,53 @@ pub(super) fn gzip_error(e: std::io::Error) -> String {
     }
 }
 
+/// Whether `text` may hold a `\uD800`-`\uDFFF` escape (cheap check before the rewrite).
+fn has_lone_surrogate_escape(text: &[u8]) -> bool {
+    text.windows(3)
+        .any(|w| w[0] == b'\\' && w[1] == b'u' && matches!(w[2], b'd' | b'D'))
+}
+
+/// `text` with every surrogate escape that is not half of a valid pair replaced by
+/// `\uFFFD`, which is what Go's `encoding/json` reads it as. Pairs and other text are kept.
+fn replace_lone_surrogates(text: &[u8]) -> Vec<u8> {
+    fn unit(t: &[u8], at: usize) -> Option<u16> {
+        if t.get(at) != Some(&b'\\') || t.get(at + 1) != Some(&b'u') {
+            return None;
+        }
+        let hex = std::str::from_utf8(t.get(at + 2..at + 6)?).ok()?;
+        u16::from_str_radix(hex, 16).ok()
+    }
+    let mut out = Vec::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        if text[i] == b'\\' {
+            match unit(text, i) {
+                Some(0xD800..=0xDBFF)
+                    if unit(text, i + 6).is_some_and(|low| (0xDC00..=0xDFFF).contains(&low)) =>
+                {
+                    out.extend_from_slice(&text[i..i + 12]);
+                    i += 12;
+                }
+                Some(0xD800..=0xDFFF) => {
+                    out.extend_from_slice(b"\\uFFFD");
+                    i += 6;
+                }
+                // Any other escape (or an escaped backslash) is copied whole, so an escaped
+                // backslash followed by `u` is never taken for an escape.
+                _ => {
+                    let end = (i + 2).min(text.len());
+                    out.extend_from_slice(&text[i..end]);
+                    i = end;
+                }
+            }
+        } else {
+            out.push(text[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -397,5 +452,16 @@ mod tests {
         assert!(sink
             .push(format!("[{}]", " ".repeat(200)).as_bytes())
             .is_err());
+    }
+
+    #[test]
+    fn lone_surrogates_read_as_go_reads_them() {
+        let line = br#"{"eventType":"X","eventId":"a","m":"\ud800 \udc00 \ud83d\ude00 \\ud800"}"#;
+        assert!(serde_json::from_slice::<Value>(line).is_err());
+        let fixed = replace_lone_surrogates(line);
+        let v: Value = serde_json::from_slice(&fixed).unwrap();
+        assert_eq!(v["m"], "\u{fffd} \u{fffd} \u{1f600} \\ud800");
+        let e = sink_facts(line, 5);
+        assert_eq!((e.facts.len(), e.bad_lines), (1, 0));
     }
 }

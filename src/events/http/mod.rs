@@ -5,10 +5,10 @@
 //! (the bad events go to quarantine), 4xx is only for bodies that can never succeed, and
 //! 503 is only for real backpressure or shutdown, when a resend is what we want.
 
+mod body;
 mod connections;
 
 use std::convert::Infallible;
-use std::io::Read;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,11 +16,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{
-    HeaderValue, ALLOW, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER,
-};
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE, RETRY_AFTER};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -35,15 +33,20 @@ use crate::events::dedup::id_hash;
 use crate::events::parse::{self, for_each_event, ParsedEvent};
 use crate::events::quarantine::QuarantineReason;
 use crate::events::route::{route_with, IdCache, NodeName};
-use crate::events::spool::{AppendBatch, EventSpan, PartitionBatch, QuarantinedEvent, Spool};
+use crate::events::spool::{
+    AppendBatch, EventSpan, PartitionBatch, QuarantinedEvent, Spool, MAX_SPAN_BODY,
+};
 use crate::metrics as m;
 use crate::node::node_id::EventNodeHint;
+use body::{BodyBudget, BodyProblem};
 use connections::Connections;
 
-/// How long a client may take to send a whole body.
-const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a client may take to send request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Unusable elements of one body kept in quarantine; beyond it they are counted, not kept:
+/// a body of millions of bad elements (`[0,0,0,…]`) must cost neither memory nor disk in
+/// proportion to its element count, and a thousand records say what is wrong with it.
+pub const MAX_QUARANTINED_PER_BODY: usize = 1000;
 /// Connections served at once; past it, stalled ones make room or new ones wait.
 const MAX_CONNECTIONS: usize = 256;
 /// Invalid bodies kept in quarantine: a burst of this many, then [`KEPT_BODIES_PER_SECOND`].
@@ -113,6 +116,7 @@ pub struct IngestState {
     idle: Notify,
     metrics: PrometheusHandle,
     kept_bodies: Mutex<KeptBodies>,
+    body_budget: BodyBudget,
 }
 
 impl IngestState {
@@ -140,6 +144,7 @@ impl IngestState {
                 tokens: KEPT_BODIES_BURST,
                 last: Instant::now(),
             }),
+            body_budget: BodyBudget::new(cfg.max_body_bytes),
         })
     }
 
@@ -337,48 +342,6 @@ fn readiness(st: &IngestState) -> Resp {
     text_response(StatusCode::OK, "ready\n".into(), "text/plain")
 }
 
-/// Why a request body could not be read.
-enum BodyProblem {
-    TooLarge,
-    TimedOut,
-    Read(String),
-    BadEncoding(String),
-    BadGzip(Bytes, String),
-}
-
-async fn read_body(req: Request<Incoming>, max: u64) -> Result<Bytes, BodyProblem> {
-    let encoding = req
-        .headers()
-        .get(CONTENT_ENCODING)
-        .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase());
-    let limited = Limited::new(req.into_body(), max as usize);
-    let collected = match tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await {
-        Err(_) => return Err(BodyProblem::TimedOut),
-        Ok(Err(e)) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                return Err(BodyProblem::TooLarge);
-            }
-            return Err(BodyProblem::Read(e.to_string()));
-        }
-        Ok(Ok(c)) => c.to_bytes(),
-    };
-    match encoding.as_deref() {
-        None | Some("") | Some("identity") => Ok(collected),
-        Some("gzip") | Some("x-gzip") => {
-            let mut out = Vec::with_capacity(collected.len().saturating_mul(4).min(max as usize));
-            let mut dec = flate2::read::MultiGzDecoder::new(&collected[..]).take(max + 1);
-            match dec.read_to_end(&mut out) {
-                Ok(_) if out.len() as u64 > max => Err(BodyProblem::TooLarge),
-                Ok(_) => Ok(Bytes::from(out)),
-                Err(e) => Err(BodyProblem::BadGzip(collected, e.to_string())),
-            }
-        }
-        Some(other) => Err(BodyProblem::BadEncoding(other.to_string())),
-    }
-}
-
 /// Marks an answer given without reading the request body: the connection cannot carry
 /// another request, and saying so keeps the client from sending one into it.
 fn closing(mut r: Resp) -> Resp {
@@ -411,21 +374,27 @@ async fn ingest_inner(req: Request<Incoming>, st: &IngestState) -> Result<Resp, 
             10,
         ));
     }
-    let declared = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let layers = body::gzip_layers(req.headers())
+        .map_err(|why| error_response(StatusCode::UNSUPPORTED_MEDIA_TYPE, why))?;
+    let declared = body::declared_length(req.headers());
     if declared.is_some_and(|n| n > st.max_body_bytes) {
         return Err(too_large(st.max_body_bytes));
     }
-    Ok(read_and_store(req, st).await)
+    // Held until the answer: the body and what is built from it stay within the budget.
+    let Some(_room) = st.body_budget.reserve(declared, layers).await else {
+        m::backpressure();
+        return Err(retry_later(
+            "too many large request bodies in flight; retry later",
+            1,
+        ));
+    };
+    Ok(read_and_store(req, st, layers).await)
 }
 
 /// Reads the body and stores its events.
-async fn read_and_store(req: Request<Incoming>, st: &IngestState) -> Resp {
+async fn read_and_store(req: Request<Incoming>, st: &IngestState, layers: usize) -> Resp {
     let _guard = InflightGuard::new(st);
-    let body = match read_body(req, st.max_body_bytes).await {
+    let body = match body::read_body(req, st.max_body_bytes, layers).await {
         Ok(b) => b,
         Err(BodyProblem::TooLarge) => return closing(too_large(st.max_body_bytes)),
         Err(BodyProblem::TimedOut) => {
@@ -436,12 +405,6 @@ async fn read_and_store(req: Request<Incoming>, st: &IngestState) -> Resp {
         }
         Err(BodyProblem::Read(e)) => {
             return error_response(StatusCode::BAD_REQUEST, format!("reading the body: {e}"))
-        }
-        Err(BodyProblem::BadEncoding(enc)) => {
-            return error_response(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                format!("Content-Encoding {enc:?} is not supported (use gzip or none)"),
-            )
         }
         Err(BodyProblem::BadGzip(raw, e)) => {
             let msg = format!("body is not valid gzip: {e}");
@@ -455,6 +418,7 @@ async fn read_and_store(req: Request<Incoming>, st: &IngestState) -> Resp {
     };
     match st.spool.append(batch).await {
         Ok(o) => json_response(StatusCode::OK, serde_json::to_value(o).unwrap_or_default()),
+        Err(e) if e.is_over_budget() => retry_later(format!("{e}; retry later"), 10),
         Err(e) if e.is_no_space() => retry_later(format!("spool disk is full: {e}"), 10),
         Err(e) => error_response(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -475,14 +439,52 @@ async fn invalid_body(st: &IngestState, body: Bytes, message: String) -> Resp {
     let keep = st.kept_bodies.lock().map(|mut k| k.take()).unwrap_or(false);
     if keep {
         tracing::warn!(error = %message, bytes = body.len(), "rejected a body that is not a JSON array of events; keeping it in quarantine");
-        if let Err(e) = st.spool.quarantine_body(body, message.clone()).await {
-            tracing::error!(error = %e, "could not keep the invalid body");
+        match st.spool.quarantine_body(body, message.clone()).await {
+            Ok(()) => {}
+            Err(e) if e.is_over_budget() => {
+                m::invalid_body_not_kept();
+                tracing::warn!(error = %e, "the invalid body is not kept: the spool is at its budget");
+            }
+            Err(e) => tracing::error!(error = %e, "could not keep the invalid body"),
         }
     } else {
         m::invalid_body_not_kept();
         tracing::debug!(error = %message, bytes = body.len(), "rejected a body that is not a JSON array of events; not kept (more than {KEPT_BODIES_PER_SECOND}/s)");
     }
     error_response(StatusCode::BAD_REQUEST, message)
+}
+
+/// Unusable events of one body kept in quarantine: at most [`MAX_QUARANTINED_PER_BODY`], the
+/// rest counted (`quarantine_dropped` in the answer, `rhc_events_quarantine_dropped_total`).
+#[derive(Default)]
+struct Quarantine {
+    list: Vec<QuarantinedEvent>,
+    dropped: u64,
+    /// Of those, by reason (counted into the metric once per body, not per element).
+    dropped_by_reason: Vec<(QuarantineReason, u64)>,
+}
+
+impl Quarantine {
+    fn push(&mut self, reason: QuarantineReason, range: &std::ops::Range<usize>) {
+        if self.list.len() < MAX_QUARANTINED_PER_BODY {
+            self.list.push(QuarantinedEvent {
+                reason,
+                start: range.start,
+                end: range.end,
+                source: None,
+            });
+            return;
+        }
+        self.dropped += 1;
+        match self
+            .dropped_by_reason
+            .iter_mut()
+            .find(|(r, _)| *r == reason)
+        {
+            Some((_, n)) => *n += 1,
+            None => self.dropped_by_reason.push((reason, 1)),
+        }
+    }
 }
 
 /// Routes every event of `body`, grouping them by partition.
@@ -503,35 +505,30 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
         .or(learned.as_deref())
         .unwrap_or("unknown-node");
     let mut partitions: Vec<PartitionBatch> = Vec::new();
-    let mut quarantined = Vec::new();
+    let mut kept = Quarantine::default();
     let mut last: usize = usize::MAX;
     let mut seen_node: Option<String> = None;
     let mut ids = IdCache::default();
     let convert = st.event_keys == EventKeys::Camel;
     // Converted events, and where their spans are: (partition, index in it).
     let mut converted: Vec<u8> = Vec::new();
-    let mut moved: Vec<(usize, usize)> = Vec::new();
+    let mut moved: Vec<(u32, u32)> = Vec::new();
+    let mut too_large = false;
     let mut routed = 0usize;
     let mut unknown_fields = 0u64;
     for_each_event(body, |ev| {
         let ParsedEvent::Object(fields) = &ev.parsed else {
-            quarantined.push(QuarantinedEvent {
-                reason: QuarantineReason::NotAnObject,
-                start: ev.range.start,
-                end: ev.range.end,
-                source: None,
-            });
+            kept.push(QuarantineReason::NotAnObject, &ev.range);
             return;
         };
+        if ev.unreadable.is_some() {
+            kept.push(QuarantineReason::NumberOutOfRange, &ev.range);
+            return;
+        }
         let r = match route_with(fields, fallback, &mut ids) {
             Ok(r) => r,
             Err(reason) => {
-                quarantined.push(QuarantinedEvent {
-                    reason,
-                    start: ev.range.start,
-                    end: ev.range.end,
-                    source: None,
-                });
+                kept.push(reason, &ev.range);
                 return;
             }
         };
@@ -551,28 +548,18 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
                 Ok(c) => unknown_fields += c.unknown_fields as u64,
                 Err(e) => {
                     tracing::debug!(error = %e, "a snake_case event could not be converted; quarantined");
-                    quarantined.push(QuarantinedEvent {
-                        reason: QuarantineReason::UnconvertibleFieldNames,
-                        start: ev.range.start,
-                        end: ev.range.end,
-                        source: None,
-                    });
+                    kept.push(QuarantineReason::UnconvertibleFieldNames, &ev.range);
                     return;
                 }
             }
-            EventSpan {
-                start,
-                end: converted.len(),
-                id_hash,
-                has_newline: false,
-            }
+            EventSpan::new(start..converted.len(), id_hash, false)
         } else {
-            EventSpan {
-                start: ev.range.start,
-                end: ev.range.end,
-                id_hash,
-                has_newline: ev.has_newline,
-            }
+            EventSpan::new(ev.range.clone(), id_hash, ev.has_newline)
+        };
+        // Only a body beyond what --max-body-bytes allows could overflow a span.
+        let Some(span) = span else {
+            too_large = true;
+            return;
         };
         let is_converted = convert && fields.snake_case;
         let job = r.job.as_ref().map(|j| j.as_str());
@@ -607,16 +594,22 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
         };
         last = idx;
         if is_converted {
-            moved.push((idx, partitions[idx].events.len()));
+            moved.push((idx as u32, partitions[idx].events.len() as u32));
         }
         partitions[idx].events.push(span);
         routed += 1;
     })?;
+    if too_large {
+        return Err(parse::BodyError {
+            message: format!("body larger than {MAX_SPAN_BODY} bytes"),
+            offset: 0,
+        });
+    }
     let body = if moved.is_empty() {
         body.clone()
     } else {
         m::events_renamed(moved.len() as u64, unknown_fields);
-        if moved.len() == routed && quarantined.is_empty() {
+        if moved.len() == routed && kept.list.is_empty() {
             // Every event was converted: their spans already point into `converted`.
             Bytes::from(converted)
         } else {
@@ -625,9 +618,11 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
             all.extend_from_slice(body);
             all.extend_from_slice(&converted);
             for (p, i) in moved {
-                let span = &mut partitions[p].events[i];
-                span.start += shift;
-                span.end += shift;
+                let span = &mut partitions[p as usize].events[i as usize];
+                *span = span.shifted(shift).ok_or_else(|| parse::BodyError {
+                    message: format!("body larger than {MAX_SPAN_BODY} bytes once converted"),
+                    offset: 0,
+                })?;
             }
             Bytes::from(all)
         }
@@ -639,10 +634,21 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
             }
         }
     }
+    for (reason, n) in &kept.dropped_by_reason {
+        m::quarantine_dropped(reason.code(), *n);
+    }
+    if kept.dropped > 0 {
+        tracing::debug!(
+            kept = kept.list.len(),
+            dropped = kept.dropped,
+            "more unusable events in one body than are kept; the rest are counted"
+        );
+    }
     Ok(AppendBatch {
         body,
         partitions,
-        quarantined,
+        quarantined: kept.list,
+        quarantine_dropped: kept.dropped,
     })
 }
 

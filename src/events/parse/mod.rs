@@ -83,7 +83,14 @@ pub struct RawEvent<'a> {
     pub has_newline: bool,
     /// What the element is.
     pub parsed: ParsedEvent<'a>,
+    /// Valid JSON that common readers refuse, if any: a number outside the range of a
+    /// double, which Go's `encoding/json` (KubeRay's history server) and serde_json both
+    /// reject, the whole event with it. The caller quarantines such an element.
+    pub unreadable: Option<&'static str>,
 }
+
+/// Why an element is [`RawEvent::unreadable`].
+pub const NUMBER_OUT_OF_RANGE: &str = "a number outside the range of a double";
 
 /// Splits `body` (a JSON array of events, or a single event object) into events.
 pub fn parse_body(body: &[u8]) -> Result<Vec<RawEvent<'_>>, BodyError> {
@@ -188,6 +195,7 @@ fn parse_element(text: &str, start: usize) -> Result<(RawEvent<'_>, usize), Body
         b: text.as_bytes(),
         i: start,
         newline: false,
+        unreadable: None,
     };
     if s.i >= s.b.len() {
         return Err(BodyError {
@@ -209,6 +217,7 @@ fn parse_element(text: &str, start: usize) -> Result<(RawEvent<'_>, usize), Body
             range: start..s.i,
             has_newline: s.newline,
             parsed,
+            unreadable: s.unreadable,
         },
         s.i,
     ))
@@ -257,6 +266,8 @@ struct Scanner<'a> {
     i: usize,
     /// A line break was seen between tokens (strings cannot hold a raw one).
     newline: bool,
+    /// The first value common JSON readers refuse (see [`RawEvent::unreadable`]).
+    unreadable: Option<&'static str>,
 }
 
 /// What is wrong, at the scanner's position. Small enough to return in registers, which
@@ -522,9 +533,11 @@ impl<'a> Scanner<'a> {
             }
             s.i > from
         };
+        let from = self.i;
         if self.peek() == Some(b'-') {
             self.i += 1;
         }
+        let int_from = self.i;
         match self.peek() {
             Some(b'0') => self.i += 1,
             Some(b'1'..=b'9') => {
@@ -532,6 +545,8 @@ impl<'a> Scanner<'a> {
             }
             _ => return Err(self.eof_or("invalid number")),
         }
+        // Without an exponent, only an integer part of more than 308 digits can overflow.
+        let mut check = self.i - int_from > 300;
         if self.peek() == Some(b'.') {
             self.i += 1;
             if !digits(self) {
@@ -546,6 +561,18 @@ impl<'a> Scanner<'a> {
             if !digits(self) {
                 return Err(self.eof_or("invalid number: digits expected in the exponent"));
             }
+            check = true;
+        }
+        // Rare in Ray's events (its doubles print without exponents); the parse is cheap.
+        if check
+            && self.unreadable.is_none()
+            && !self
+                .text
+                .get(from..self.i)
+                .and_then(|t| t.parse::<f64>().ok())
+                .is_some_and(f64::is_finite)
+        {
+            self.unreadable = Some(NUMBER_OUT_OF_RANGE);
         }
         Ok(())
     }

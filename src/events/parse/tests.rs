@@ -130,6 +130,8 @@ fn reference_element(text: &str, start: usize) -> Result<(RawEvent<'_>, usize), 
                 range: start..start + len,
                 has_newline: slice[..len].iter().any(|&c| c == b'\n' || c == b'\r'),
                 parsed,
+                // serde_json refuses what the scanner marks unreadable.
+                unreadable: None,
             },
             start + len,
         )),
@@ -389,4 +391,30 @@ fn fixtures_parse() {
         }
         assert!(n > 300, "{name}: {n}");
     }
+}
+
+#[test]
+fn numbers_beyond_a_double_are_marked_and_lone_surrogates_are_not() {
+    let body = br#"[{"a":1e400},{"a":-1E+309},{"a":1e-400},{"a":"\ud800"},{"a":1.5e10}]"#;
+    let marks: Vec<Option<&str>> = parse_body(body)
+        .unwrap()
+        .iter()
+        .map(|e| e.unreadable)
+        .collect();
+    assert_eq!(
+        marks,
+        [
+            Some(NUMBER_OUT_OF_RANGE),
+            Some(NUMBER_OUT_OF_RANGE),
+            None,
+            None,
+            None
+        ]
+    );
+    let huge = format!("[{{\"a\":{}}}]", "9".repeat(400));
+    assert!(parse_body(huge.as_bytes()).unwrap()[0].unreadable.is_some());
+    let long_ok = format!("[{{\"a\":{}}}]", "9".repeat(300));
+    assert!(parse_body(long_ok.as_bytes()).unwrap()[0]
+        .unreadable
+        .is_none());
 }

@@ -69,6 +69,17 @@ pub enum SpoolError {
     /// The writer thread is gone (shutdown or a panic).
     #[error("the spool writer has stopped")]
     Stopped,
+    /// Storing the request would take the spool past its disk budget: refused, nothing
+    /// written (the caller answers 503, and Ray resends later).
+    #[error("the spool's budget of {max} bytes would be exceeded: {used} bytes used, {wanted} more needed")]
+    OverBudget {
+        /// Bytes held (not yet uploaded, or being written).
+        used: u64,
+        /// Bytes the request needs, at most.
+        wanted: u64,
+        /// `--max-spool-bytes`.
+        max: u64,
+    },
     /// Another write of the same group failed, so this request was rolled back too.
     #[error("{message}")]
     GroupFailed {
@@ -86,6 +97,11 @@ impl SpoolError {
             path: path.to_path_buf(),
             source,
         }
+    }
+
+    /// True when the spool's budget refused the request: the caller answers 503.
+    pub fn is_over_budget(&self) -> bool {
+        matches!(self, SpoolError::OverBudget { .. })
     }
 
     /// True when the disk is full or over quota: the caller should answer 503, not 500.
@@ -117,6 +133,8 @@ pub struct SpoolConfig {
     pub max_open_files: usize,
     /// How many recent event ids are remembered for deduplication.
     pub dedup_window: usize,
+    /// The disk budget (`--max-spool-bytes`): no write takes the spool past it.
+    pub max_bytes: u64,
     /// Write session markers (head role).
     pub write_session_markers: bool,
     /// Directory name for this collector's quarantine objects.
@@ -207,17 +225,81 @@ pub struct PartitionBatch {
     pub events: Vec<EventSpan>,
 }
 
-/// One event inside a request body.
+/// One event inside a request body: 16 bytes, so a body of many small events costs little
+/// memory beside the body itself.
 #[derive(Debug, Clone, Copy)]
 pub struct EventSpan {
-    /// Start offset in the body.
-    pub start: usize,
-    /// End offset in the body.
-    pub end: usize,
-    /// Hash of the event id, if the event has one.
-    pub id_hash: Option<u64>,
-    /// The bytes contain line breaks that must become spaces.
-    pub has_newline: bool,
+    start: u32,
+    /// The end offset; the top bit says that the bytes contain line breaks, which must
+    /// become spaces.
+    end_and_newline: u32,
+    /// Hash of the event id ([`dedup_key`]), 0 when the event has none.
+    id: u64,
+}
+
+const NEWLINE_BIT: u32 = 1 << 31;
+
+/// The largest body whose spans fit an [`EventSpan`], converted events included: the
+/// flags of `--max-body-bytes` stay below it.
+pub const MAX_SPAN_BODY: usize = (NEWLINE_BIT - 1) as usize;
+
+impl EventSpan {
+    /// The span of `range` in a body; `None` when the body is larger than [`MAX_SPAN_BODY`].
+    pub fn new(
+        range: std::ops::Range<usize>,
+        id_hash: Option<u64>,
+        has_newline: bool,
+    ) -> Option<EventSpan> {
+        if range.end > MAX_SPAN_BODY || range.start > range.end {
+            return None;
+        }
+        Some(EventSpan {
+            start: range.start as u32,
+            end_and_newline: range.end as u32 | if has_newline { NEWLINE_BIT } else { 0 },
+            id: id_hash.map_or(0, dedup_key),
+        })
+    }
+
+    /// The byte range in the body.
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.start as usize..(self.end_and_newline & !NEWLINE_BIT) as usize
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.range().len()
+    }
+
+    /// True when the span is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The deduplication key of its event id, if it has one.
+    pub fn id_hash(&self) -> Option<u64> {
+        (self.id != 0).then_some(self.id)
+    }
+
+    /// Whether its bytes contain line breaks.
+    pub fn has_newline(&self) -> bool {
+        self.end_and_newline & NEWLINE_BIT != 0
+    }
+
+    /// Moves the span `by` bytes later in a longer body; `None` when it no longer fits.
+    pub fn shifted(&self, by: usize) -> Option<EventSpan> {
+        let r = self.range();
+        EventSpan::new(r.start + by..r.end + by, self.id_hash(), self.has_newline())
+    }
+}
+
+/// The key an event id hash is remembered under: never 0, which [`EventSpan`] uses for
+/// "no id".
+pub fn dedup_key(hash: u64) -> u64 {
+    if hash == 0 {
+        1
+    } else {
+        hash
+    }
 }
 
 /// An event kept aside, with why.
@@ -241,8 +323,10 @@ pub struct AppendBatch {
     pub body: Bytes,
     /// Routed events, grouped by partition.
     pub partitions: Vec<PartitionBatch>,
-    /// Events that could not be routed.
+    /// Events that could not be routed (at most the per-body cap).
     pub quarantined: Vec<QuarantinedEvent>,
+    /// Events that could not be routed beyond the per-body cap: counted, not kept.
+    pub quarantine_dropped: u64,
 }
 
 /// What happened to a request's events.
@@ -254,6 +338,8 @@ pub struct AppendOutcome {
     pub duplicates: u64,
     /// Stored in quarantine.
     pub quarantined: u64,
+    /// Not routable and beyond the per-body quarantine cap: counted, not stored.
+    pub quarantine_dropped: u64,
 }
 
 pub(super) enum Command {

@@ -13,8 +13,8 @@ use std::sync::atomic::Ordering;
 use super::segments::Target;
 use super::writer::Writer;
 use super::{
-    FileKind, RecoveryReport, SealedFile, SpoolError, EVENTS_DIR, EXPORT_ID_SALT, MARKERS_DIR,
-    QUARANTINE_DIR,
+    dedup_key, FileKind, RecoveryReport, SealedFile, SpoolError, EVENTS_DIR, EXPORT_ID_SALT,
+    MARKERS_DIR, QUARANTINE_DIR,
 };
 use crate::contract::quarantine::{parse_key, QuarantineKey};
 use crate::contract::{is_safe_segment, Hour, Partition};
@@ -182,7 +182,7 @@ impl Writer {
             }
             if let Ok(ParsedEvent::Object(f)) = parse_event(&line) {
                 if let Some(id) = f.event_id.as_str() {
-                    self.dedup.insert(id_hash(id.as_bytes()) ^ salt);
+                    self.dedup.insert(dedup_key(id_hash(id.as_bytes()) ^ salt));
                     *budget -= 1;
                     n += 1;
                 }

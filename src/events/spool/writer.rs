@@ -68,21 +68,49 @@ impl Written {
     }
 }
 
+/// What the requests of a group hold until their sync answers: the ids they made the
+/// windows remember (forgotten again if the group is rolled back, so Ray's resend is
+/// stored), and the disk budget they reserved.
+#[derive(Default)]
+pub(super) struct Held {
+    events: Vec<u64>,
+    quarantine: Vec<u64>,
+    bytes: u64,
+}
+
+impl Held {
+    fn merge(&mut self, other: Held) {
+        self.events.extend(other.events);
+        self.quarantine.extend(other.quarantine);
+        self.bytes += other.bytes;
+    }
+}
+
 /// Requests written to their segments whose sync has not yet answered.
 struct InFlight {
-    pub(super) written: Written,
-    pub(super) replies: Vec<(AppendReply, AppendOutcome)>,
-    /// Event ids to forget if the sync fails.
-    pub(super) inserted: Vec<u64>,
-    pub(super) new_sessions: Vec<String>,
-    pub(super) started: Instant,
+    written: Written,
+    replies: Vec<(AppendReply, AppendOutcome)>,
+    held: Held,
+    new_sessions: Vec<String>,
+    started: Instant,
 }
+
+/// Distinct bad events remembered, so that Ray's resend of a batch keeps each once; apart
+/// from the event ids, whose window bad input must not crowd out.
+const QUARANTINE_WINDOW: usize = 4096;
+
+/// Bytes a quarantine record adds to the element it keeps, at most (reason, sentence, time).
+const QUARANTINE_RECORD_OVERHEAD: u64 = 512;
 
 pub(super) struct Writer {
     pub(super) cfg: SpoolConfig,
     pub(super) stats: Arc<SpoolStats>,
     pub(super) sealed: tokio_mpsc::UnboundedSender<SealedFile>,
     pub(super) dedup: DedupWindow,
+    /// Recently kept bad events ([`QUARANTINE_WINDOW`]).
+    pub(super) quarantine_dedup: DedupWindow,
+    /// Disk budget reserved by groups written but not yet durable.
+    pub(super) reserved: u64,
     /// The open segments.
     pub(super) segs: Segments,
     pub(super) recent_bodies: VecDeque<u64>,
@@ -159,6 +187,8 @@ impl Writer {
             .map_err(|e| SpoolError::io("starting the spool sync thread for", &cfg.dir, e))?;
         let mut w = Writer {
             dedup: DedupWindow::new(cfg.dedup_window),
+            quarantine_dedup: DedupWindow::new(QUARANTINE_WINDOW),
+            reserved: 0,
             segs: Segments::new(&cfg, stats.clone(), sealed.clone()),
             cfg,
             stats,
@@ -293,22 +323,30 @@ impl Writer {
     /// ends. A group is answered only after its own sync.
     pub(super) fn write_group(&mut self, group: Vec<(AppendBatch, AppendReply)>) {
         let started = Instant::now();
-        let mut outcomes = Vec::with_capacity(group.len());
-        let mut inserted: Vec<u64> = Vec::new();
+        let mut staged: Vec<(AppendReply, AppendOutcome)> = Vec::with_capacity(group.len());
+        let mut held = Held::default();
         let mut new_sessions: Vec<String> = Vec::new();
-        let mut failure: Option<SpoolError> = None;
-        for (batch, _) in &group {
-            match self.stage(batch, &mut inserted, &mut new_sessions) {
-                Ok(o) => outcomes.push(o),
+        let mut failure: Option<(SpoolError, AppendReply)> = None;
+        for (batch, reply) in group {
+            match self.stage(&batch, &mut held, &mut new_sessions) {
+                Ok(o) => staged.push((reply, o)),
+                // Refused before anything was staged: only this request is answered so.
+                Err(e) if e.is_over_budget() => {
+                    m::backpressure();
+                    let _ = reply.send(Err(e));
+                }
                 Err(e) => {
-                    failure = Some(e);
+                    failure = Some((e, reply));
                     break;
                 }
             }
         }
         let written = match failure {
             None => self.write_pending(),
-            Some(e) => Err(e),
+            Some((e, reply)) => {
+                staged.push((reply, AppendOutcome::default()));
+                Err(e)
+            }
         };
         let written = match written {
             Ok(w) => w,
@@ -316,18 +354,17 @@ impl Writer {
                 // What came before is answered first; then only this group is cut off.
                 self.drain();
                 self.rollback_to_durable();
-                for h in inserted {
-                    self.dedup.forget(h);
-                }
-                let replies = group.into_iter().map(|(_, r)| r).collect();
+                self.forget(held);
+                let replies = staged.into_iter().map(|(r, _)| r).collect();
                 fail_all(replies, err);
                 return;
             }
         };
+        self.reserved += held.bytes;
         let flight = InFlight {
             written,
-            replies: group.into_iter().map(|(_, r)| r).zip(outcomes).collect(),
-            inserted,
+            replies: staged,
+            held,
             new_sessions,
             started,
         };
@@ -335,11 +372,34 @@ impl Writer {
             Some(w) => {
                 w.written.merge(flight.written);
                 w.replies.extend(flight.replies);
-                w.inserted.extend(flight.inserted);
+                w.held.merge(flight.held);
                 w.new_sessions.extend(flight.new_sessions);
             }
             None => self.waiting = Some(flight),
         }
+    }
+
+    /// Forgets the ids `held` made the windows remember.
+    fn forget(&mut self, held: Held) {
+        for h in held.events {
+            self.dedup.forget(h);
+        }
+        for h in held.quarantine {
+            self.quarantine_dedup.forget(h);
+        }
+    }
+
+    /// Refuses `wanted` more bytes when they would take the spool past its budget.
+    fn check_budget(&self, held: &Held, wanted: u64) -> Result<(), SpoolError> {
+        let used = self.stats.bytes.load(Ordering::Relaxed) + self.reserved + held.bytes;
+        if used.saturating_add(wanted) > self.cfg.max_bytes {
+            return Err(SpoolError::OverBudget {
+                used,
+                wanted,
+                max: self.cfg.max_bytes,
+            });
+        }
+        Ok(())
     }
 
     /// Hands the waiting groups to the sync thread if it is free.
@@ -371,21 +431,21 @@ impl Writer {
             // the ones written after it, which sit behind it in the same files.
             let mut replies: Vec<AppendReply> =
                 flight.replies.into_iter().map(|(r, _)| r).collect();
-            let mut inserted = flight.inserted;
+            let mut held = flight.held;
             if let Some(w) = self.waiting.take() {
                 replies.extend(w.replies.into_iter().map(|(r, _)| r));
-                inserted.extend(w.inserted);
+                held.merge(w.held);
             }
+            self.reserved = self.reserved.saturating_sub(held.bytes);
             self.rollback_to_durable();
-            for h in inserted {
-                self.dedup.forget(h);
-            }
+            self.forget(held);
             fail_all(replies, err);
             return;
         }
         // The next sync first, so the disk does not wait for the answers.
         self.start_sync();
         self.mark_durable(&flight.written);
+        self.reserved = self.reserved.saturating_sub(flight.held.bytes);
         m::spool_commit(flight.written.bytes, flight.started.elapsed());
         for s in flight.new_sessions {
             if let Err(e) = self.segs.ensure_marker(&s) {
@@ -418,14 +478,32 @@ impl Writer {
         }
     }
 
-    /// Copies one request's lines into the pending buffers of their segments.
+    /// Copies one request's lines into the pending buffers of their segments, after checking
+    /// that at most that many bytes fit the disk budget (nothing is staged otherwise).
     pub(super) fn stage(
         &mut self,
         batch: &AppendBatch,
-        inserted: &mut Vec<u64>,
+        held: &mut Held,
         new_sessions: &mut Vec<String>,
     ) -> Result<AppendOutcome, SpoolError> {
-        let mut out = AppendOutcome::default();
+        let wanted: u64 = batch
+            .partitions
+            .iter()
+            .flat_map(|p| &p.events)
+            .map(|e| e.len() as u64 + 1)
+            .chain(
+                batch
+                    .quarantined
+                    .iter()
+                    .map(|q| (q.end - q.start) as u64 + QUARANTINE_RECORD_OVERHEAD),
+            )
+            .sum();
+        self.check_budget(held, wanted)?;
+        held.bytes += wanted;
+        let mut out = AppendOutcome {
+            quarantine_dropped: batch.quarantine_dropped,
+            ..AppendOutcome::default()
+        };
         let body = &batch.body[..];
         for pb in &batch.partitions {
             if self.cfg.write_session_markers
@@ -437,12 +515,12 @@ impl Writer {
             // Dedup first so a partition whose events are all duplicates opens no file.
             let mut keep: Vec<&EventSpan> = Vec::with_capacity(pb.events.len());
             for ev in &pb.events {
-                if let Some(h) = ev.id_hash {
+                if let Some(h) = ev.id_hash() {
                     if !self.dedup.insert(h) {
                         out.duplicates += 1;
                         continue;
                     }
-                    inserted.push(h);
+                    held.events.push(h);
                 }
                 keep.push(ev);
             }
@@ -451,7 +529,7 @@ impl Writer {
             }
             // Sized once, in a buffer of an earlier group when there is one: growing a
             // fresh buffer by doubling copied each line about twice more.
-            let bytes: usize = keep.iter().map(|ev| ev.end - ev.start + 1).sum();
+            let bytes: usize = keep.iter().map(|ev| ev.len() + 1).sum();
             let mut spare = self.buffers.pop();
             let seg = self.segs.segment(&Target::Events(pb.partition.clone()))?;
             if seg.pending.capacity() == 0 {
@@ -461,7 +539,7 @@ impl Writer {
             }
             seg.pending.reserve(bytes);
             for ev in keep {
-                push_line(&mut seg.pending, &body[ev.start..ev.end], ev.has_newline);
+                push_line(&mut seg.pending, &body[ev.range()], ev.has_newline());
                 out.accepted += 1;
             }
             if let Some(buf) = spare {
@@ -474,12 +552,12 @@ impl Writer {
             for q in &batch.quarantined {
                 let raw = &body[q.start..q.end];
                 // The same bad event resent by Ray is kept once.
-                let h = id_hash(raw) ^ 0x9e37_79b9_7f4a_7c15;
-                if !self.dedup.insert(h) {
+                let h = id_hash(raw);
+                if !self.quarantine_dedup.insert(h) {
                     out.duplicates += 1;
                     continue;
                 }
-                inserted.push(h);
+                held.quarantine.push(h);
                 let line = match &q.source {
                     Some((file, offset)) => raw_record(q.reason, file, *offset, raw),
                     None => event_record(q.reason, raw),
@@ -628,6 +706,10 @@ impl Writer {
         }
         // Its record is synced here and now, which needs nothing else in flight.
         self.drain();
+        self.check_budget(
+            &Held::default(),
+            body.len() as u64 + QUARANTINE_RECORD_OVERHEAD,
+        )?;
         let rel = body_key(&self.cfg.quarantine_node, h);
         let path = self.cfg.dir.join(QUARANTINE_DIR).join(&rel);
         if !path.exists() {
@@ -698,12 +780,9 @@ mod tests {
         for id in ids {
             let start = body.len();
             body.extend_from_slice(format!(r#"{{"eventId":"{id}"}}"#).as_bytes());
-            events.push(EventSpan {
-                start,
-                end: body.len(),
-                id_hash: Some(id_hash(id.as_bytes())),
-                has_newline: false,
-            });
+            events.push(
+                EventSpan::new(start..body.len(), Some(id_hash(id.as_bytes())), false).unwrap(),
+            );
         }
         AppendBatch {
             body: Bytes::from(body),
@@ -717,6 +796,7 @@ mod tests {
                 events,
             }],
             quarantined: Vec::new(),
+            quarantine_dropped: 0,
         }
     }
 
@@ -734,6 +814,7 @@ mod tests {
             max_segment_bytes: 1 << 30,
             max_open_files: 16,
             dedup_window: 1000,
+            max_bytes: 1 << 30,
             write_session_markers: false,
             quarantine_node: "q".into(),
         };

@@ -1,0 +1,278 @@
+//! What one request may cost, through the real binary: floods of tiny bad elements, the
+//! quarantine's caps, the disk budget, the deduplication window, values JSON readers
+//! refuse, and every `Content-Encoding` header.
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use rhc_testkit::collector::{decode, read_all, Collector};
+
+/// The per-body quarantine cap (events::http::MAX_QUARANTINED_PER_BODY).
+const CAP: u64 = 1000;
+
+fn event(id: &str) -> String {
+    format!(
+        r#"{{"eventId":"{id}","eventType":"TASK_DEFINITION_EVENT","sessionName":"session_h","timestamp":"2026-11-22T02:00:00Z","taskDefinitionEvent":{{"jobId":"AQAAAA=="}}}}"#
+    )
+}
+
+fn json(r: &rhc_testkit::http::HttpResponse) -> Value {
+    serde_json::from_slice(&r.body)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&r.body)))
+}
+
+/// Peak resident memory of the collector (VmHWM), in MiB.
+fn peak_mib(c: &Collector) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", c.pid())).unwrap();
+    let kib: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kib / 1024.0
+}
+
+fn spool_bytes(dir: &std::path::Path) -> u64 {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            total += spool_bytes(&p);
+        } else {
+            total += e.metadata().map(|m| m.len()).unwrap_or(0);
+        }
+    }
+    total
+}
+
+fn start(tmp: &tempfile::TempDir, extra: &[&str]) -> Collector {
+    let bucket = tmp.path().join("bucket");
+    let mut args = vec![
+        "--storage",
+        bucket.to_str().unwrap(),
+        "--enable-log-collector",
+        "false",
+    ];
+    args.extend_from_slice(extra);
+    Collector::start(&tmp.path().join("spool"), &args, &[])
+}
+
+/// A body of millions of tiny bad elements costs about its own size in memory, a thousand
+/// quarantine records on disk, and the rest is counted and said in the answer.
+#[test]
+fn floods_of_tiny_bad_elements_cost_their_body_not_their_count() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(&tmp, &["--rotation-interval", "1h"]);
+    for (name, element) in [("zeros", "0"), ("empty objects", "{}")] {
+        let n = 20_000_000usize / (element.len() + 1);
+        let mut body = Vec::with_capacity(n * (element.len() + 1) + 2);
+        body.push(b'[');
+        for i in 0..n {
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(element.as_bytes());
+        }
+        body.push(b']');
+        let before = spool_bytes(&c.spool);
+        let r = c.post(&body);
+        assert_eq!(
+            r.status,
+            200,
+            "{name}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let v = json(&r);
+        // Each distinct bad element is kept once: these are all the same element.
+        assert_eq!(v["quarantined"], 1, "{name}: {v}");
+        assert_eq!(v["duplicates"].as_u64(), Some(CAP - 1), "{name}: {v}");
+        assert_eq!(
+            v["quarantine_dropped"].as_u64(),
+            Some(n as u64 - CAP),
+            "{name}: {v}"
+        );
+        let grown = spool_bytes(&c.spool) - before;
+        assert!(grown < 64 << 10, "{name}: the spool grew by {grown} bytes");
+        let peak = peak_mib(&c);
+        assert!(
+            peak < 120.0,
+            "{name}: {peak:.0} MiB peak for a {} MiB body",
+            body.len() >> 20
+        );
+    }
+    assert!(c.metric("rhc_events_quarantine_dropped_total") >= 2.0 * (6_000_000.0 - CAP as f64));
+}
+
+/// Distinct bad elements: at most the cap is stored per body, and storing never takes the
+/// spool past its budget: a request that would is refused with 503.
+#[test]
+fn quarantine_is_capped_per_body_and_never_passes_the_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(
+        &tmp,
+        &["--rotation-interval", "1h", "--max-spool-bytes", "4MiB"],
+    );
+    // 5,000 distinct integers: 1,000 records kept, 4,000 counted.
+    let body = format!(
+        "[{}]",
+        (0..5000)
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let v = json(&c.post(body.as_bytes()));
+    assert_eq!(
+        (v["quarantined"].as_u64(), v["quarantine_dropped"].as_u64()),
+        (Some(CAP), Some(4000)),
+        "{v}"
+    );
+    // Large distinct bad elements: a body whose records would pass the 4 MiB budget is
+    // refused whole; nothing of it is written.
+    let big = format!(
+        "[{}]",
+        (0..900)
+            .map(|i| format!("\"{i:06}{}\"", "x".repeat(8000)))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let before = spool_bytes(&c.spool);
+    let r = c.post(big.as_bytes());
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert!(r.header("retry-after").is_some());
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("budget"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(
+        spool_bytes(&c.spool),
+        before,
+        "a refused request wrote something"
+    );
+    assert!(spool_bytes(&c.spool) <= 4 << 20);
+    // Real events still fit.
+    let ok = c.post(format!("[{}]", event("QQ==")).as_bytes());
+    assert_eq!(ok.status, 200, "{}", String::from_utf8_lossy(&ok.body));
+}
+
+/// Bad elements do not take the places of real event ids in the deduplication window: after
+/// thousands of them, Ray's resend of real events is still recognised.
+#[test]
+fn quarantined_elements_do_not_evict_event_ids() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(&tmp, &["--dedup-window", "100"]);
+    let batch = format!(
+        "[{}]",
+        (0..10)
+            .map(|i| event(&format!("ev{i}")))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    assert_eq!(json(&c.post(batch.as_bytes()))["accepted"], 10);
+    for round in 0..5 {
+        let bad = format!(
+            "[{}]",
+            (0..500)
+                .map(|i| format!("{}", round * 1000 + i))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        assert_eq!(json(&c.post(bad.as_bytes()))["quarantined"], 500);
+    }
+    let again = json(&c.post(batch.as_bytes()));
+    assert_eq!(
+        (again["accepted"].as_u64(), again["duplicates"].as_u64()),
+        (Some(0), Some(10)),
+        "Ray's resend was stored twice: {again}"
+    );
+}
+
+/// A number beyond a double makes Go's reader (the history server) and serde_json refuse the
+/// whole event: it is quarantined with its reason. A lone surrogate escape is read as U+FFFD
+/// by Go's reader: it is stored, and `inspect` reads it the same way.
+#[test]
+fn values_json_readers_refuse_are_quarantined_and_the_ones_they_read_are_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = start(&tmp, &[]);
+    let huge = event("SA==").replace(r#""jobId":"AQAAAA==""#, r#""jobId":"AQAAAA==","x":1e400"#);
+    let surrogate = event("SQ==").replace(
+        r#""jobId":"AQAAAA==""#,
+        r#""jobId":"AQAAAA==","x":"\ud800""#,
+    );
+    let v = json(&c.post(format!("[{huge},{surrogate}]").as_bytes()));
+    assert_eq!(
+        (v["accepted"].as_u64(), v["quarantined"].as_u64()),
+        (Some(1), Some(1)),
+        "{v}"
+    );
+    assert!(c.terminate(Duration::from_secs(30)).success());
+    let bucket = tmp.path().join("bucket");
+    let store: std::sync::Arc<dyn object_store::ObjectStore> = std::sync::Arc::new(
+        object_store::local::LocalFileSystem::new_with_prefix(&bucket).unwrap(),
+    );
+    let objects = read_all(&store);
+    let quarantine: String = objects
+        .iter()
+        .filter(|(k, _)| k.starts_with("collector-quarantine/"))
+        .map(|(k, b)| String::from_utf8(decode(k, b)).unwrap())
+        .collect();
+    assert!(quarantine.contains("number_out_of_range"), "{quarantine}");
+    let out = std::process::Command::new(&c.bin)
+        .args([
+            "inspect",
+            bucket.to_str().unwrap(),
+            "--session",
+            "session_h",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["events"]["total"], 1, "{report}");
+    assert_eq!(report["problems"]["bad_lines"], 0, "{report}");
+}
+
+/// Every Content-Encoding header is read, lists included; identity is no coding; anything
+/// else is refused with 415 before the body is read.
+#[test]
+fn every_content_encoding_header_is_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(&tmp, &[]);
+    let body = format!("[{}]", event("Sg=="));
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(body.as_bytes()).unwrap();
+    let gz = gz.finish().unwrap();
+    let mut gz2 = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz2.write_all(&gz).unwrap();
+    let gz2 = gz2.finish().unwrap();
+    for (headers, payload, status) in [
+        (vec!["identity"], body.as_bytes(), 200),
+        (vec!["identity", "gzip"], &gz[..], 200),
+        (vec!["identity, gzip"], &gz[..], 200),
+        (vec!["gzip", "gzip"], &gz2[..], 200),
+        (vec!["gzip, br"], &gz[..], 415),
+        (vec!["gzip", "deflate"], &gz[..], 415),
+        (vec!["compress"], body.as_bytes(), 415),
+    ] {
+        let h: Vec<(&str, &str)> = headers.iter().map(|v| ("Content-Encoding", *v)).collect();
+        let r = c.post_with(payload, &h);
+        assert_eq!(
+            r.status,
+            status,
+            "{headers:?}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        if status == 415 {
+            let msg = String::from_utf8_lossy(&r.body);
+            assert!(msg.contains("not supported"), "{msg}");
+        }
+    }
+}
