@@ -85,7 +85,7 @@ fn chaos_smoke_subset_passes() {
     assert!(failed.is_empty(), "chaos scenarios failed:\n{text}");
     assert!(status.success(), "rhc-chaos exited with {status}:\n{text}");
     let passed = verdicts.iter().filter(|l| l.starts_with("PASS ")).count();
-    let expected = if moto.is_some() { 8 } else { 6 };
+    let expected = if moto.is_some() { 9 } else { 7 };
     assert_eq!(
         passed, expected,
         "expected {expected} passing scenarios:\n{text}"

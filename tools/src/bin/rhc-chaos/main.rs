@@ -32,6 +32,7 @@ mod faults;
 mod hostile;
 mod load;
 mod logs;
+mod memory;
 mod process;
 mod storage;
 mod verify;
@@ -156,6 +157,13 @@ const SCENARIOS: &[(&str, bool, bool, bool, &str)] = &[
         "a storm of malformed bodies: all 400, no crash, memory flat",
     ),
     (
+        "memory",
+        true,
+        true,
+        false,
+        "hostile bodies ([0,0,…], [{},{},…], distinct integers, 64 MiB), 4 clients each: peak RSS <= 256 MiB, spool <= 2x received",
+    ),
+    (
         "logs-2g",
         false,
         false,
@@ -202,6 +210,7 @@ pub(crate) fn scenario_fn(name: &str) -> Option<Scenario> {
         "slowloris" => slowloris,
         "oversized" => oversized,
         "malformed" => malformed,
+        "memory" => memory::memory,
         "logs-2g" => logs_2g,
         _ => return None,
     })
