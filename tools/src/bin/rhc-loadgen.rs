@@ -28,6 +28,35 @@ use clap::Parser;
 use rhc_testkit::http::{try_http_request, Conn};
 
 const TEMPLATES: &str = include_str!("../../../tests/data/posts-camel.jsonl");
+/// The same Ray 2.60 capture with protobuf's field names, as Ray sends it with
+/// `RAY_DASHBOARD_AGGREGATOR_AGENT_PRESERVE_PROTO_FIELD_NAME=1`.
+const TEMPLATES_SNAKE: &str = include_str!("../../../tests/data/posts-snake.jsonl");
+
+/// Which key style the events are sent in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Keys {
+    /// protobuf's JSON names (`eventId`), Ray's default.
+    Camel,
+    /// protobuf's field names (`event_id`).
+    Snake,
+}
+
+impl Keys {
+    fn templates(self) -> &'static str {
+        match self {
+            Keys::Camel => TEMPLATES,
+            Keys::Snake => TEMPLATES_SNAKE,
+        }
+    }
+
+    /// The names of the fields the generator varies: event id, timestamp, session, job, task.
+    fn names(self) -> [&'static str; 5] {
+        match self {
+            Keys::Camel => ["eventId", "timestamp", "sessionName", "jobId", "taskId"],
+            Keys::Snake => ["event_id", "timestamp", "session_name", "job_id", "task_id"],
+        }
+    }
+}
 
 /// Replays Ray events against an HTTP endpoint and measures it.
 #[derive(Parser, Debug)]
@@ -75,6 +104,9 @@ struct Args {
     /// Include per-second series (acknowledged events, RSS, spool bytes) in the JSON.
     #[arg(long)]
     timeline: bool,
+    /// Key style of the events sent.
+    #[arg(long, value_enum, default_value_t = Keys::Camel)]
+    keys: Keys,
     /// A label echoed in the JSON output.
     #[arg(long, default_value = "")]
     label: String,
@@ -85,27 +117,28 @@ struct Template {
     parts: Vec<String>,
 }
 
-fn load_templates(session: &str) -> Vec<Template> {
+fn load_templates(session: &str, keys: Keys) -> Vec<Template> {
+    let [event_id, timestamp, session_name, job_id, task_id] = keys.names();
     let mut out = Vec::new();
-    for line in TEMPLATES.lines().filter(|l| !l.trim().is_empty()) {
+    for line in keys.templates().lines().filter(|l| !l.trim().is_empty()) {
         let arr: Vec<serde_json::Value> = serde_json::from_str(line).unwrap_or_default();
         for mut ev in arr {
             let Some(obj) = ev.as_object_mut() else {
                 continue;
             };
-            obj.insert("eventId".into(), "@ID@".into());
-            obj.insert("timestamp".into(), "@TS@".into());
-            obj.insert("sessionName".into(), session.into());
+            obj.insert(event_id.into(), "@ID@".into());
+            obj.insert(timestamp.into(), "@TS@".into());
+            obj.insert(session_name.into(), session.into());
             for (_, v) in obj.iter_mut() {
                 if let Some(p) = v.as_object_mut() {
-                    if p.get("jobId")
+                    if p.get(job_id)
                         .and_then(|j| j.as_str())
                         .is_some_and(|j| !j.is_empty())
                     {
-                        p.insert("jobId".into(), "@JOB@".into());
+                        p.insert(job_id.into(), "@JOB@".into());
                     }
-                    if p.contains_key("taskId") {
-                        p.insert("taskId".into(), "@ID@".into());
+                    if p.contains_key(task_id) {
+                        p.insert(task_id.into(), "@ID@".into());
                     }
                 }
             }
@@ -367,7 +400,7 @@ fn main() {
         format!("{}-{}", t.as_nanos(), std::process::id())
     });
     let run_hash = fnv32(&run_id);
-    let templates = Arc::new(load_templates(&args.session));
+    let templates = Arc::new(load_templates(&args.session, args.keys));
     let stop = Arc::new(AtomicBool::new(false));
     let measuring = Arc::new(AtomicBool::new(args.warmup <= 0.0));
     let total_seconds = args.warmup.max(0.0) + args.duration;
@@ -685,32 +718,35 @@ mod tests {
 
     #[test]
     fn prepared_bodies_are_valid_json_with_fresh_ids_jobs_and_times() {
-        let templates = load_templates("session_x");
-        let mut builder = BodyBuilder::new(&templates, 250);
-        let mut seq = 0;
-        let mut ids = std::collections::HashSet::new();
-        let mut jobs = std::collections::HashSet::new();
-        for round in 0..3 {
-            let body = builder.next(&mut seq, *b"runid-01", 3).to_vec();
-            let events: Vec<serde_json::Value> = serde_json::from_slice(&body).unwrap();
-            assert_eq!(events.len(), 250);
-            for ev in &events {
-                assert!(ids.insert(ev["eventId"].as_str().unwrap().to_string()));
-                let ts = ev["timestamp"].as_str().unwrap();
-                assert_eq!(ts.len(), TS_WIDTH);
-                assert!(ts.ends_with('Z') && !ts.contains('A'), "{ts}");
-                assert_eq!(ev["sessionName"], "session_x");
-                for payload in ev.as_object().unwrap().values().filter(|v| v.is_object()) {
-                    if let Some(j) = payload.get("jobId").and_then(|j| j.as_str()) {
-                        if !j.is_empty() {
-                            jobs.insert(j.to_string());
+        for keys in [Keys::Camel, Keys::Snake] {
+            let [event_id, timestamp, session_name, job_id, _] = keys.names();
+            let templates = load_templates("session_x", keys);
+            let mut builder = BodyBuilder::new(&templates, 250);
+            let mut seq = 0;
+            let mut ids = std::collections::HashSet::new();
+            let mut jobs = std::collections::HashSet::new();
+            for round in 0..3 {
+                let body = builder.next(&mut seq, *b"runid-01", 3).to_vec();
+                let events: Vec<serde_json::Value> = serde_json::from_slice(&body).unwrap();
+                assert_eq!(events.len(), 250);
+                for ev in &events {
+                    assert!(ids.insert(ev[event_id].as_str().unwrap().to_string()));
+                    let ts = ev[timestamp].as_str().unwrap();
+                    assert_eq!(ts.len(), TS_WIDTH);
+                    assert!(ts.ends_with('Z') && !ts.contains('A'), "{ts}");
+                    assert_eq!(ev[session_name], "session_x");
+                    for payload in ev.as_object().unwrap().values().filter(|v| v.is_object()) {
+                        if let Some(j) = payload.get(job_id).and_then(|j| j.as_str()) {
+                            if !j.is_empty() {
+                                jobs.insert(j.to_string());
+                            }
                         }
                     }
                 }
+                assert_eq!(seq, 250 * (round + 1));
             }
-            assert_eq!(seq, 250 * (round + 1));
+            assert_eq!(ids.len(), 750, "{keys:?}");
+            assert_eq!(jobs.len(), 3, "{keys:?}: {jobs:?}");
         }
-        assert_eq!(ids.len(), 750);
-        assert_eq!(jobs.len(), 3, "{jobs:?}");
     }
 }
