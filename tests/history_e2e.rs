@@ -746,18 +746,34 @@ fn check_history_server(
                 ));
             }
         }
-        // Its log, found by the task's id.
-        match hs.get(&format!(
-            "/api/v0/logs/file?task_id={}&suffix=err",
-            s(t, "task_id")
-        )) {
-            Ok(r) if r.status == 200 => {}
-            Ok(r) => failures.push(format!(
-                "{tag} the failed task's log by task id: HTTP {}: {}",
-                r.status,
-                String::from_utf8_lossy(&r.body[..r.body.len().min(300)])
-            )),
-            Err(e) => failures.push(format!("{tag} the failed task's log by task id: {e}")),
+        // Its output, found by the task's id: the same bytes Ray's dashboard served live
+        // (`lines=-1`, whole: with the default the server returns the last 1,000 lines
+        // joined by '\n', without the final newline Ray keeps).
+        for suffix in ["out", "err"] {
+            let live = run
+                .live
+                .pointer(&format!("/failed_task_logs/{suffix}"))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            match hs.get(&format!(
+                "/api/v0/logs/file?task_id={}&suffix={suffix}&lines=-1",
+                s(t, "task_id")
+            )) {
+                Ok(r) if r.status == 200 && r.body == live.as_bytes() => {
+                    same.insert(format!("failed task {suffix}: {live:?}"));
+                }
+                Ok(r) => failures.push(format!(
+                    "{tag} the failed task's {suffix} by task id: HTTP {}: {:?}; Ray served {live:?}",
+                    r.status,
+                    String::from_utf8_lossy(&r.body[..r.body.len().min(300)])
+                )),
+                Err(e) => {
+                    failures.push(format!("{tag} the failed task's {suffix} by task id: {e}"))
+                }
+            }
+            if live.is_empty() {
+                failures.push(format!("{tag} Ray served no {suffix} for the failed task"));
+            }
         }
     }
 
@@ -781,17 +797,29 @@ fn check_history_server(
         }
     }
 
-    // The job.
+    // The job, with the status and type Ray gave it live (recorded while the driver ran:
+    // Ray's agent exits without sending the driver's last lifecycle event, so RUNNING is
+    // also what the bucket can know).
     let jobs = json("/api/jobs/");
-    if !jobs
-        .as_array()
-        .is_some_and(|a| a.iter().any(|j| s(j, "job_id") == run.job_hex))
-    {
-        failures.push(format!(
-            "{tag} /api/jobs/ lacks job {}: {}",
-            run.job_hex,
-            short(&jobs)
-        ));
+    for j in live_list(run, "jobs") {
+        let got = jobs
+            .as_array()
+            .and_then(|a| a.iter().find(|h| s(h, "job_id") == s(j, "job_id")));
+        let live_type = s(j, "type").trim_start_matches("JobType.");
+        let live_status = s(j, "status").trim_start_matches("JobStatus.");
+        match got {
+            Some(h) if s(h, "status") == live_status && s(h, "type") == live_type => {
+                same.insert(format!("job {} {live_type} {live_status}", s(j, "job_id")));
+            }
+            _ => failures.push(format!(
+                "{tag} job {} is {live_type} {live_status} live; /api/jobs/ has {}",
+                s(j, "job_id"),
+                got.map_or_else(|| short(&jobs), short)
+            )),
+        }
+    }
+    if live_list(run, "jobs").is_empty() {
+        failures.push(format!("{tag} Ray listed no job live"));
     }
 
     // The node.

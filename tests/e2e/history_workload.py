@@ -30,6 +30,8 @@ import ray_common  # noqa: E402
 from ray_common import log  # noqa: E402
 
 FAILURE_MESSAGE = "rhc-history intentional failure"
+STDOUT_LINE = "rhc-history: the failing task writes to stdout"
+STDERR_LINE = "rhc-history: the failing task writes to stderr"
 CUSTOM_RESOURCE = "rhc_accelerator"
 NODE_LABEL = ("rhc.example/zone", "zone-a")
 ACTOR_NAME = "rhc-history-counter"
@@ -58,6 +60,11 @@ def run_workload(ray):
 
     @ray.remote(max_retries=0)
     def fails():
+        # Something in each of the task's streams, for the log-by-task-id comparison.
+        print(STDOUT_LINE)
+        print(STDERR_LINE, file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
         raise RuntimeError(FAILURE_MESSAGE)
 
     @ray.remote
@@ -125,6 +132,18 @@ def run_workload(ray):
     with opener.open(request, timeout=30) as resp:
         dashboard_events = json.loads(resp.read())
     nodes = state.list_nodes(detail=True, raise_on_missing_output=False)
+    # The failed task's own output, as the dashboard serves it by task id (the byte range of
+    # the worker's files that Ray recorded for the task), whole (tail=-1).
+    failed = [t for t in normal if t.name == "fails" and t.state == "FAILED"]
+    task_logs = {}
+    if failed:
+        for suffix in ("out", "err"):
+            task_logs[suffix] = "".join(
+                state.get_log(task_id=failed[0].task_id, suffix=suffix, tail=-1)
+            )
+        for suffix, line in (("out", STDOUT_LINE), ("err", STDERR_LINE)):
+            if line not in task_logs[suffix]:
+                raise SystemExit(f"Ray's {suffix} log of the failed task lacks {line!r}: {task_logs[suffix]!r}")
     live = {
         "tasks": [
             {
@@ -155,6 +174,7 @@ def run_workload(ray):
             {"job_id": j.job_id, "status": str(j.status), "type": str(j.type)} for j in jobs
         ],
         "dashboard_events": dashboard_events,
+        "failed_task_logs": task_logs,
         "nodes": [
             {
                 "node_id": n.node_id,
