@@ -112,7 +112,16 @@ impl Collector {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err);
+        // Hermetic by default: Ray sessions of this machine's /tmp/ray (a developer's own Ray,
+        // another test's) must not reach a test that did not ask for a Ray directory.
+        let ray_tmp_given = self.args.iter().any(|a| a.starts_with("--ray-tmp-dir"))
+            || self.env.iter().any(|(k, _)| k == "RAY_TMP_ROOT");
+        if !ray_tmp_given {
+            cmd.arg("--ray-tmp-dir")
+                .arg(self.spool.with_extension("no-ray"));
+        }
         for k in [
+            "RAY_TMP_ROOT",
             "STORAGE_BACKEND",
             "RHC_STORAGE",
             "EVENTS_PORT",
