@@ -7,6 +7,7 @@
 //! `from_env` builders (env, web identity / IRSA, instance metadata, workload identity,
 //! managed identity).
 
+pub mod gzip;
 pub mod put;
 
 use std::path::PathBuf;

@@ -6,14 +6,15 @@
 //! files that may still be growing: only the prefix seen at the start is sent, and hashed).
 
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use flate2::write::GzEncoder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use xxhash_rust::xxh3::Xxh3;
+
+use super::gzip::MemberEncoder;
 
 /// Why one upload failed.
 #[derive(Debug, thiserror::Error)]
@@ -45,11 +46,6 @@ pub enum UploadError {
         message: String,
     },
 }
-
-/// gzip level of uploaded segments: level 3 of zlib-rs compresses Ray's JSON lines about
-/// 10x at several times the speed of the default level 6, which matters when the sidecar
-/// shares two cores with ingest (the profile showed level 6 taking over half the CPU).
-const GZIP_LEVEL: u32 = 3;
 
 /// Uploads a whole file as `path`, gzip-compressed if `gzip`; returns the bytes sent.
 pub async fn put_file(
@@ -187,7 +183,7 @@ async fn read_part(
 struct PartReader {
     path: PathBuf,
     file: std::io::Take<File>,
-    encoder: Option<GzEncoder<Vec<u8>>>,
+    encoder: Option<Box<MemberEncoder>>,
     hasher: Option<Xxh3>,
     done: bool,
 }
@@ -212,7 +208,7 @@ impl PartReader {
         Ok(PartReader {
             path: path.to_path_buf(),
             file: file.take(limit),
-            encoder: gzip.then(|| GzEncoder::new(Vec::new(), flate2::Compression::new(GZIP_LEVEL))),
+            encoder: gzip.then(|| Box::new(MemberEncoder::new())),
             hasher: hash.then(Xxh3::new),
             done: false,
         })
@@ -255,18 +251,24 @@ impl PartReader {
                 }
                 Ok(out)
             }
-            Some(enc) => loop {
-                if enc.get_ref().len() >= size {
-                    return Ok(std::mem::take(enc.get_mut()));
+            Some(enc) => {
+                let mut out = Vec::with_capacity(size.min(8 << 20));
+                while out.len() < size {
+                    let hasher = &mut self.hasher;
+                    let more = enc
+                        .next_member(&mut self.file, &mut out, |b| {
+                            if let Some(h) = hasher {
+                                h.update(b);
+                            }
+                        })
+                        .map_err(err)?;
+                    if !more {
+                        self.done = true;
+                        break;
+                    }
                 }
-                let n = self.file.read(&mut buf).map_err(err)?;
-                if n == 0 {
-                    enc.try_finish().map_err(err)?;
-                    self.done = true;
-                    return Ok(std::mem::take(enc.get_mut()));
-                }
-                enc.write_all(&buf[..n]).map_err(err)?;
-            },
+                Ok(out)
+            }
         }
     }
 }
@@ -297,8 +299,9 @@ mod tests {
             parts += 1;
         }
         assert!(parts > 1);
+        // One gzip member per block of input, read back whole as one gzip file.
         let mut plain = Vec::new();
-        flate2::read::GzDecoder::new(&gz[..])
+        flate2::read::MultiGzDecoder::new(&gz[..])
             .read_to_end(&mut plain)
             .unwrap();
         assert_eq!(plain, data);
