@@ -418,3 +418,44 @@ fn numbers_beyond_a_double_are_marked_and_lone_surrogates_are_not() {
         .unreadable
         .is_none());
 }
+
+#[test]
+fn string_scan_finds_the_first_quote_backslash_or_control_character_at_every_offset() {
+    // Bytes of every class at every position of vectors shorter and longer than 16 bytes.
+    let mut x: u64 = 0x1234_5678_9abc_def0;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let naive = |b: &[u8], j: usize| {
+        (j..b.len())
+            .find(|&k| b[k] == b'"' || b[k] == b'\\' || b[k] < 0x20)
+            .unwrap_or(b.len())
+    };
+    for len in 0..80 {
+        for _ in 0..50 {
+            let b: Vec<u8> = (0..len)
+                .map(|_| match next() % 16 {
+                    0 => b'"',
+                    1 => b'\\',
+                    2 => (next() % 0x20) as u8,
+                    3 => 0x80 | (next() % 0x80) as u8,
+                    4 => 0x20,
+                    5 => 0x1f,
+                    6 => 0x7f,
+                    _ => b'a' + (next() % 26) as u8,
+                })
+                .collect();
+            for j in 0..=len {
+                assert_eq!(find_string_special(&b, j), naive(&b, j), "{b:?} from {j}");
+                assert_eq!(
+                    find_string_special_swar(&b, j),
+                    naive(&b, j),
+                    "{b:?} from {j}"
+                );
+            }
+        }
+    }
+}
