@@ -603,6 +603,20 @@ fn kuberay_style_bucket_reads_the_same() {
         "myjob-raycluster-x",
     ]);
     check_session(&theirs, &want, "kuberay layout");
+    // The command that shows a failed task's log names its own bucket.
+    let (mut theirs, mut ours) = (theirs, ours);
+    for report in [&mut theirs, &mut ours] {
+        for t in report["failed_tasks"].as_array_mut().unwrap() {
+            let command = t["log_command"].take();
+            assert!(
+                command
+                    .as_str()
+                    .unwrap()
+                    .starts_with("ray-history-collector inspect file://"),
+                "{command}"
+            );
+        }
+    }
     for section in [
         "jobs",
         "tasks",

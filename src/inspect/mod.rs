@@ -122,11 +122,13 @@ mod discover;
 mod extract;
 mod filter;
 mod model;
+mod read;
 mod render;
 mod report;
+mod scan;
+mod task;
 mod walk;
 
-use decode::read_object;
 use discover::{choose_session, discover, session_started, ClusterId};
 use extract::bounded;
 use filter::Filter;
@@ -136,6 +138,7 @@ use report::{
     format_time_json, shape_report, ClusterIdentity, EventStats, FilterEcho, ObjectStats, Problems,
     SessionReport, TaskCounts,
 };
+use task::{AttemptKey, Symbols, TaskState, TaskStore};
 use walk::{list_partition, list_report, walk_node, NodeListing, PartitionListing, Stream};
 
 /// Objects listed or read at once: enough to hide request latency, small enough to be polite
@@ -240,7 +243,16 @@ pub async fn run(args: InspectArgs, env: &dyn Fn(&str) -> Option<String>) -> any
         }
         Some(wanted) => {
             let chosen = choose_session(&found, wanted)?;
-            let report = session_report(&store, &spec, chosen, &filter, args.failed_limit).await;
+            let report = session_report(
+                &store,
+                &spec,
+                chosen,
+                &filter,
+                args.failed_limit,
+                TaskStore::new(None),
+                &mut |_, _, _| {},
+            )
+            .await?;
             if args.json {
                 out = to_json(&report)?;
             } else {
@@ -283,14 +295,18 @@ fn store_error(e: &object_store::Error) -> String {
     bounded(first, 300)
 }
 
-/// Walks, reads and merges one session, then shapes the report.
+/// Walks, reads and merges one session, then shapes the report; `visit` sees every task
+/// attempt once. Fails only when the local spill files fail (the bucket's problems are in
+/// the report).
 async fn session_report(
     store: &Arc<dyn ObjectStore>,
     spec: &StorageSpec,
     (cluster, session): (ClusterId, String),
     filter: &Filter,
     failed_limit: usize,
-) -> SessionReport {
+    tasks: TaskStore,
+    visit: &mut dyn FnMut(&AttemptKey, &TaskState, &Symbols),
+) -> anyhow::Result<SessionReport> {
     let history_prefix = cluster.layout(&spec.root).history_prefix();
     let session_prefix = ObjectPath::from(format!("{history_prefix}/{session}"));
     let mut problems = Problems::default();
@@ -322,10 +338,7 @@ async fn session_report(
         .buffered(READ_CONCURRENCY)
         .collect()
         .await;
-    let mut model = SessionModel {
-        job_filter: filter.job.clone(),
-        ..Default::default()
-    };
+    let mut model = SessionModel::new(filter.job.clone(), tasks);
     let mut partitions = Vec::new();
     for listing in listings {
         for (key, error) in &listing.problems {
@@ -369,37 +382,27 @@ async fn session_report(
     objects.sort_by(|a, b| (a.hour, a.n, a.path.as_ref()).cmp(&(b.hour, b.n, b.path.as_ref())));
 
     // 3. Read and merge.
-    let window = filter.window;
-    let mut readouts = futures::stream::iter(objects.iter().enumerate())
-        .map(|(i, object)| async move { (i, read_object(store, object, window).await) })
-        .buffered(READ_CONCURRENCY);
-    let mut outside_window = 0;
-    while let Some((i, readout)) = readouts.next().await {
-        let object = &objects[i];
-        stats.read += 1;
-        stats.bytes_read += readout.bytes;
-        let node = model.nodes.entry(object.node.clone()).or_default();
-        node.objects += 1;
-        node.bytes += object.size;
-        if let Some(failure) = &readout.failure {
-            problems.unreadable(object.path.as_ref(), failure);
-        }
-        let extraction = readout.extraction;
-        if extraction.bad_lines > 0 {
-            problems.bad_lines += extraction.bad_lines;
-            problems.note(
-                object.path.as_ref(),
-                &format!(
-                    "{} bad line(s); first: {}",
-                    extraction.bad_lines,
-                    extraction.first_bad_line.as_deref().unwrap_or("?")
-                ),
-            );
-        }
-        outside_window += extraction.outside_window;
-        for fact in extraction.facts {
-            model.absorb(i, fact);
-        }
+    let outside_window = read::read_objects(
+        store,
+        &objects,
+        filter.window,
+        &mut model,
+        &mut stats,
+        &mut problems,
+    )
+    .await;
+    if let Some(e) = model.spill_error.take() {
+        return Err(anyhow::Error::new(e).context(
+            "writing the task attempts of a big session to temporary files (set TMPDIR to a \
+             directory with space)",
+        ));
+    }
+    let shortened = model.tasks.errors_shortened();
+    if shortened > 0 {
+        problems.note(
+            "(error messages)",
+            &format!("{shortened} error message(s) cut to their last line: too many bytes of them"),
+        );
     }
 
     let mut report = SessionReport {
@@ -435,6 +438,7 @@ async fn session_report(
         train_runs: Vec::new(),
         problems,
     };
-    shape_report(&mut report, model, failed_limit);
-    report
+    shape_report(&mut report, model, failed_limit, visit)
+        .context("reading back the task attempts of a big session from temporary files")?;
+    Ok(report)
 }

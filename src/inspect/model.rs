@@ -1,13 +1,76 @@
-//! Merging facts into one session model: events deduplicated by id, state transitions merged
-//! across events (the latest timestamp wins; ties go to the later state in Ray's enum, so a
-//! terminal state wins), task attempts keyed by task id and attempt.
+//! Merging facts into one session model: events deduplicated by id within a bounded window,
+//! state transitions merged across events (the latest timestamp wins; ties go to the later
+//! state in Ray's enum, so a terminal state wins), task attempts folded by [`TaskStore`].
+//!
+//! # Deduplication, bounded
+//!
+//! Remembering every event id would cost memory per event. Duplicates in a bucket come from
+//! Ray resending a batch it timed out on (seconds later, to the same node's collector), from
+//! a collector that restarted, or from KubeRay's collector, which keeps no ids at all; they
+//! land in the same or neighbouring objects. So the last [`DEDUP_WINDOW`] event ids read are
+//! remembered (as 64-bit hashes); a duplicate further apart is counted twice in `events`, but
+//! cannot change any state: every merge below is idempotent (latest wins, minima, fill once).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::extract::{
-    bounded, ActorTransition, Body, Fact, NodeTransition, TaskKey, TrainAttemptEvent,
-    TrainRunEvent, TrainWorker, Transition,
+    bounded, ActorTransition, Body, Fact, NodeTransition, TrainAttemptEvent, TrainRunEvent,
+    TrainWorker, Transition,
 };
+use super::task::TaskStore;
+
+/// Event ids remembered for deduplication: 4 MiB of ring and about 10 MiB of set; Ray's
+/// resends and this collector's own window (262,144 ids) fit in it many times over.
+pub(super) const DEDUP_WINDOW: usize = 1 << 19;
+
+/// The ids are already hashes.
+#[derive(Default)]
+pub(super) struct IdentityHasher(u64);
+
+impl Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// The last [`DEDUP_WINDOW`] event-id hashes.
+#[derive(Debug, Default)]
+pub(super) struct DedupWindow {
+    ring: VecDeque<u64>,
+    set: HashSet<u64, BuildHasherDefault<IdentityHasher>>,
+}
+
+impl DedupWindow {
+    /// Whether `id` was seen within the window; remembers it.
+    pub(super) fn seen(&mut self, id: u64) -> bool {
+        if self.set.contains(&id) {
+            return true;
+        }
+        if self.ring.len() >= DEDUP_WINDOW {
+            if let Some(old) = self.ring.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        self.ring.push_back(id);
+        self.set.insert(id);
+        false
+    }
+}
+
+impl std::fmt::Debug for IdentityHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IdentityHasher")
+    }
+}
 
 /// Rank of a state within its entity's enum, to break timestamp ties toward the later state.
 pub(super) fn state_rank(state: &str) -> u8 {
@@ -86,19 +149,6 @@ pub(super) struct JobModel {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct TaskModel {
-    pub(super) job_id: Option<String>,
-    pub(super) name: Option<String>,
-    pub(super) task_type: Option<String>,
-    pub(super) latest: Option<(Transition, ())>,
-    pub(super) failed_at: Option<i64>,
-    pub(super) error_type: Option<String>,
-    pub(super) error_message: Option<String>,
-    pub(super) node_id: Option<String>,
-    pub(super) worker_id: Option<String>,
-}
-
-#[derive(Debug, Default)]
 pub(super) struct ActorModel {
     pub(super) job_id: Option<String>,
     pub(super) class_name: Option<String>,
@@ -134,27 +184,50 @@ pub(super) struct TrainAttemptModel {
 }
 
 /// Everything learned about a session, merged from all objects read.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct SessionModel {
     pub(super) job_filter: Option<String>,
-    pub(super) seen_event_ids: HashSet<String>,
+    pub(super) seen_event_ids: DedupWindow,
     pub(super) total: u64,
     pub(super) duplicates: u64,
     pub(super) other_job: u64,
     pub(super) by_type: BTreeMap<String, u64>,
     pub(super) nodes: BTreeMap<String, NodeModel>,
     pub(super) jobs: BTreeMap<String, JobModel>,
-    pub(super) tasks: HashMap<TaskKey, TaskModel>,
+    pub(super) tasks: TaskStore,
     pub(super) actors: BTreeMap<String, ActorModel>,
     pub(super) runs: BTreeMap<String, TrainRunModel>,
     pub(super) attempts: BTreeMap<(String, String), TrainAttemptModel>,
+    /// How many times more input is still to come than was read (sizes a spill).
+    pub(super) growth: f64,
+    /// A failure of the local spill files: the task counts are then incomplete.
+    pub(super) spill_error: Option<std::io::Error>,
 }
 
 impl SessionModel {
+    pub(super) fn new(job_filter: Option<String>, tasks: TaskStore) -> SessionModel {
+        SessionModel {
+            job_filter,
+            seen_event_ids: DedupWindow::default(),
+            total: 0,
+            duplicates: 0,
+            other_job: 0,
+            by_type: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            tasks,
+            actors: BTreeMap::new(),
+            runs: BTreeMap::new(),
+            attempts: BTreeMap::new(),
+            growth: 0.0,
+            spill_error: None,
+        }
+    }
+
     /// Takes one fact of object number `object` (objects are numbered in hour order).
     pub(super) fn absorb(&mut self, object: usize, fact: Fact) {
-        if let Some(id) = &fact.event_id {
-            if !self.seen_event_ids.insert(id.clone()) {
+        if let Some(id) = fact.event_id {
+            if self.seen_event_ids.seen(id) {
                 self.duplicates += 1;
                 return;
             }
@@ -243,41 +316,15 @@ impl SessionModel {
                     j.export = Some((is_dead, started_ns, ended_ns));
                 }
             }
-            Body::TaskDefinition {
-                task,
-                job_id,
-                name,
-                task_type,
-            } => {
-                let t = self.tasks.entry(task).or_default();
-                fill(&mut t.job_id, job_id);
-                fill(&mut t.name, name);
-                fill(&mut t.task_type, task_type);
-            }
-            Body::TaskLifecycle(life) => {
-                let life = *life;
-                if let Some(job) = &life.job_id {
-                    self.jobs.entry(job.clone()).or_default();
-                }
-                let t = self.tasks.entry(life.task).or_default();
-                fill(&mut t.job_id, life.job_id);
-                fill(&mut t.node_id, life.node_id);
-                fill(&mut t.worker_id, life.worker_id);
-                let mut failed_here = false;
-                for tr in &life.transitions {
-                    keep_latest(&mut t.latest, tr, &());
-                    if tr.state == "FAILED" {
-                        failed_here = true;
-                        if let Some(at) = tr.time_ns {
-                            t.failed_at = Some(t.failed_at.map_or(at, |cur| cur.min(at)));
-                        }
+            Body::Task(delta) => {
+                if let Some(job) = &delta.job {
+                    if !self.jobs.contains_key(job) {
+                        self.jobs.insert(job.clone(), JobModel::default());
                     }
                 }
-                if let Some((error_type, error_message)) = life.error {
-                    // The FAILED event's error wins over one seen elsewhere.
-                    if failed_here || t.error_type.is_none() {
-                        t.error_type = error_type.or(t.error_type.take());
-                        t.error_message = error_message.or(t.error_message.take());
+                if self.spill_error.is_none() {
+                    if let Err(e) = self.tasks.add(*delta, self.growth) {
+                        self.spill_error = Some(e);
                     }
                 }
             }

@@ -1,0 +1,874 @@
+//! Task attempts, folded as events stream in, in memory bounded by named constants.
+//!
+//! Every task event (a pushed definition, lifecycle or profile event, or a file-based
+//! `EXPORT_TASK`) becomes a [`TaskDelta`]; the fold turns it into a compact [`TaskState`]
+//! (ids as bytes, repeated strings as [`Sym`]bols, times as integers) and merges it into
+//! the state of its attempt. Merging is idempotent and does not depend on the order of
+//! events: the latest transition wins (ties go to the later state in Ray's enum), the first
+//! RUNNING and the first FAILED are minima, other values are filled once.
+//!
+//! Up to [`MAX_ATTEMPTS_IN_MEMORY`] attempts are kept in one hash map. A session with more
+//! (a big one: every task has its own attempts) is spilled: the map and every later state
+//! go to [`SpillFiles`], one of K files on local disk chosen by a hash of the attempt, and
+//! at the end each file is folded alone. Memory is then one file's attempts, whatever the
+//! session's size; the disk holds about 100 bytes per attempt for the time of the run.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::PathBuf;
+
+use super::extract::Transition;
+use super::model::state_rank;
+
+/// Attempts kept in one in-memory map before the session is spilled to disk (about 128
+/// bytes each: 32 MiB of map at most, 48 MiB while it grows).
+pub(super) const MAX_ATTEMPTS_IN_MEMORY: usize = 200_000;
+/// Attempts aimed at per spill file, so that folding one file stays well under the limit
+/// above even when the session's size was underestimated by half.
+const ATTEMPTS_PER_SPILL_FILE: u64 = 100_000;
+/// Fewest and most spill files; each holds a 16 KiB write buffer while the session is read.
+const MIN_SPILL_FILES: usize = 8;
+const MAX_SPILL_FILES: usize = 512;
+const SPILL_BUFFER_BYTES: usize = 16 << 10;
+/// Distinct strings (names, states, ids of jobs, nodes and workers) remembered; past this
+/// a value reads as [`OVERFLOW_TEXT`]: hostile input cannot grow the table without bound.
+const MAX_SYMBOLS: usize = 1 << 18;
+const OVERFLOW_TEXT: &str = "(too many distinct values)";
+/// Bytes of error messages held for failed attempts; past it, only the last line of a
+/// message (its summary) is kept.
+const MAX_ERROR_BYTES_HELD: usize = 32 << 20;
+
+/// A Ray id held as bytes (Ray's ids are at most 28 bytes). An id that is not hex or base64,
+/// or is longer, is held as a 16-byte hash of its text and shown as `invalid-<hash>`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct CompactId {
+    /// Length in bytes; the high bit marks a hash.
+    len: u8,
+    bytes: [u8; 31],
+}
+
+const HASHED: u8 = 0x80;
+
+impl CompactId {
+    /// The id of an event field (base64 or hex).
+    pub(super) fn parse(raw: &str) -> CompactId {
+        if let Ok(hex) = crate::contract::id_to_hex(raw) {
+            if let Some(id) = CompactId::from_hex(hex.as_str()) {
+                return id;
+            }
+        }
+        let h = xxhash_rust::xxh3::xxh3_128(raw.as_bytes()).to_be_bytes();
+        let mut bytes = [0u8; 31];
+        bytes[..16].copy_from_slice(&h);
+        CompactId {
+            len: HASHED | 16,
+            bytes,
+        }
+    }
+
+    /// An id given in hex (as people type it), or `None` if it is not hex or too long.
+    pub(super) fn from_hex(hex: &str) -> Option<CompactId> {
+        let h = hex.as_bytes();
+        if h.is_empty() || h.len() % 2 != 0 || h.len() > 62 {
+            return None;
+        }
+        let mut bytes = [0u8; 31];
+        for (i, pair) in h.chunks(2).enumerate() {
+            let digit = |c: u8| (c as char).to_digit(16);
+            bytes[i] = (digit(pair[0])? * 16 + digit(pair[1])?) as u8;
+        }
+        Some(CompactId {
+            len: (h.len() / 2) as u8,
+            bytes,
+        })
+    }
+
+    fn byte_len(&self) -> usize {
+        (self.len & !HASHED) as usize
+    }
+
+    /// Lower-case hex (or `invalid-<hash>`).
+    pub(super) fn hex(&self) -> String {
+        let mut s = String::with_capacity(2 * self.byte_len() + 8);
+        if self.len & HASHED != 0 {
+            s.push_str("invalid-");
+        }
+        for b in &self.bytes[..self.byte_len()] {
+            s.push_str(&format!("{b:02x}"));
+        }
+        s
+    }
+}
+
+impl std::fmt::Debug for CompactId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.hex())
+    }
+}
+
+/// One task attempt: Ray's unit of task events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct AttemptKey {
+    pub(super) id: CompactId,
+    pub(super) attempt: i32,
+}
+
+/// Where a task's output sits in its worker's logs, as Ray reports it (`taskLogInfo`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct LogInfo {
+    /// File names (no directory) of the worker's `.out` and `.err`.
+    pub(super) stdout_file: Option<String>,
+    pub(super) stderr_file: Option<String>,
+    pub(super) stdout: (Option<u64>, Option<u64>),
+    pub(super) stderr: (Option<u64>, Option<u64>),
+}
+
+impl LogInfo {
+    fn merge(&mut self, other: LogInfo) {
+        fill(&mut self.stdout_file, other.stdout_file);
+        fill(&mut self.stderr_file, other.stderr_file);
+        // Export events print unset offsets as 0: the larger value is the one Ray set.
+        let max = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(x), Some(y)) => Some(x.max(y)),
+            (x, y) => x.or(y),
+        };
+        self.stdout = (
+            max(self.stdout.0, other.stdout.0),
+            max(self.stdout.1, other.stdout.1),
+        );
+        self.stderr = (
+            max(self.stderr.0, other.stderr.0),
+            max(self.stderr.1, other.stderr.1),
+        );
+    }
+}
+
+/// What one event says about one task attempt.
+#[derive(Debug, Clone, Default)]
+pub(super) struct TaskDelta {
+    pub(super) key: Option<AttemptKey>,
+    pub(super) job: Option<String>,
+    pub(super) name: Option<String>,
+    pub(super) task_type: Option<String>,
+    pub(super) transitions: Vec<Transition>,
+    /// (error type, error message) of `rayErrorInfo`.
+    pub(super) error: Option<(Option<String>, Option<String>)>,
+    pub(super) node: Option<String>,
+    pub(super) worker: Option<String>,
+    pub(super) pid: Option<i64>,
+    /// The execution as the worker profiled it (`task::<name>`): start, end (ns) and worker.
+    pub(super) exec: Option<(i64, i64, Option<String>)>,
+    pub(super) log: Option<Box<LogInfo>>,
+    /// A profile event: alone, it does not make an attempt known.
+    pub(super) from_profile: bool,
+}
+
+/// An index into [`Symbols`]; [`Sym::NONE`] is no value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct Sym(pub(super) u32);
+
+impl Sym {
+    pub(super) const NONE: Sym = Sym(u32::MAX);
+    const OVERFLOW: Sym = Sym(u32::MAX - 1);
+
+    pub(super) fn is_none(self) -> bool {
+        self == Sym::NONE
+    }
+}
+
+/// Interned strings, at most [`MAX_SYMBOLS`].
+#[derive(Debug, Default)]
+pub(super) struct Symbols {
+    texts: Vec<Box<str>>,
+    index: HashMap<Box<str>, u32>,
+}
+
+impl Symbols {
+    pub(super) fn intern(&mut self, s: Option<&str>) -> Sym {
+        let Some(s) = s else {
+            return Sym::NONE;
+        };
+        if let Some(&i) = self.index.get(s) {
+            return Sym(i);
+        }
+        if self.texts.len() >= MAX_SYMBOLS {
+            return Sym::OVERFLOW;
+        }
+        let i = self.texts.len() as u32;
+        self.texts.push(s.into());
+        self.index.insert(s.into(), i);
+        Sym(i)
+    }
+
+    pub(super) fn get(&self, sym: Sym) -> Option<&str> {
+        match sym {
+            Sym::NONE => None,
+            Sym::OVERFLOW => Some(OVERFLOW_TEXT),
+            Sym(i) => self.texts.get(i as usize).map(|s| &**s),
+        }
+    }
+
+    pub(super) fn owned(&self, sym: Sym) -> Option<String> {
+        self.get(sym).map(str::to_string)
+    }
+}
+
+/// Rarely present parts of an attempt, boxed so that the common attempt stays small.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct TaskExtra {
+    pub(super) error_type: Option<String>,
+    pub(super) error_message: Option<String>,
+    /// The error came from an event with a FAILED transition (it wins over others).
+    pub(super) error_from_failed: bool,
+    pub(super) log: Option<LogInfo>,
+}
+
+/// Time not known.
+pub(super) const NO_TIME: i64 = i64::MIN;
+
+/// The merged state of one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct TaskState {
+    /// Time and state of the latest transition (`latest_state` NONE: none seen).
+    pub(super) latest_ns: i64,
+    pub(super) latest_state: Sym,
+    pub(super) latest_rank: u8,
+    /// First RUNNING, first FAILED ([`NO_TIME`]: none).
+    pub(super) running_ns: i64,
+    pub(super) failed_ns: i64,
+    /// The profiled execution ([`NO_TIME`]: none).
+    pub(super) exec_start: i64,
+    pub(super) exec_end: i64,
+    pub(super) exec_worker: Sym,
+    pub(super) job: Sym,
+    pub(super) name: Sym,
+    pub(super) task_type: Sym,
+    pub(super) node: Sym,
+    pub(super) worker: Sym,
+    /// 0: unknown.
+    pub(super) pid: u32,
+    /// Seen in a definition, lifecycle or export event, not only in a profile: an attempt
+    /// known only from its profile is not counted (a profile event in a time window does
+    /// not make its task part of the window).
+    pub(super) known: bool,
+    pub(super) extra: Option<Box<TaskExtra>>,
+}
+
+impl Default for TaskState {
+    fn default() -> Self {
+        TaskState {
+            latest_ns: NO_TIME,
+            latest_state: Sym::NONE,
+            latest_rank: 0,
+            running_ns: NO_TIME,
+            failed_ns: NO_TIME,
+            exec_start: NO_TIME,
+            exec_end: NO_TIME,
+            exec_worker: Sym::NONE,
+            job: Sym::NONE,
+            name: Sym::NONE,
+            task_type: Sym::NONE,
+            node: Sym::NONE,
+            worker: Sym::NONE,
+            pid: 0,
+            known: false,
+            extra: None,
+        }
+    }
+}
+
+fn fill<T>(slot: &mut Option<T>, value: Option<T>) {
+    if slot.is_none() {
+        *slot = value;
+    }
+}
+
+fn fill_sym(slot: &mut Sym, value: Sym) {
+    if slot.is_none() {
+        *slot = value;
+    }
+}
+
+fn min_time(a: i64, b: i64) -> i64 {
+    match (a, b) {
+        (NO_TIME, x) | (x, NO_TIME) => x,
+        (x, y) => x.min(y),
+    }
+}
+
+impl TaskState {
+    /// The state of one delta. `keep_log` says whether its log offsets are kept.
+    pub(super) fn from_delta(
+        d: TaskDelta,
+        symbols: &mut Symbols,
+        keep_log: bool,
+        error_budget: &mut ErrorBudget,
+    ) -> TaskState {
+        let mut s = TaskState {
+            known: !d.from_profile,
+            job: symbols.intern(d.job.as_deref()),
+            name: symbols.intern(d.name.as_deref()),
+            task_type: symbols.intern(d.task_type.as_deref()),
+            node: symbols.intern(d.node.as_deref()),
+            worker: symbols.intern(d.worker.as_deref()),
+            pid: d
+                .pid
+                .filter(|p| *p > 0)
+                .and_then(|p| u32::try_from(p).ok())
+                .unwrap_or(0),
+            ..TaskState::default()
+        };
+        let mut failed_here = false;
+        for t in &d.transitions {
+            let time = t.time_ns.unwrap_or(NO_TIME);
+            let rank = state_rank(&t.state);
+            if s.latest_state.is_none() || (time, rank) > (s.latest_ns, s.latest_rank) {
+                s.latest_ns = time;
+                s.latest_rank = rank;
+                s.latest_state = symbols.intern(Some(&t.state));
+            }
+            match t.state.as_str() {
+                "RUNNING" => s.running_ns = min_time(s.running_ns, time),
+                "FAILED" => {
+                    failed_here = true;
+                    s.failed_ns = min_time(s.failed_ns, time);
+                }
+                _ => {}
+            }
+        }
+        if let Some((start, end, worker)) = d.exec {
+            s.exec_start = start;
+            s.exec_end = end;
+            s.exec_worker = symbols.intern(worker.as_deref());
+        }
+        let log = d.log.filter(|_| keep_log).map(|l| *l);
+        if d.error.is_some() || log.is_some() {
+            let (error_type, error_message) = d.error.unwrap_or((None, None));
+            let error_message = error_message.map(|m| error_budget.take(m));
+            s.extra = Some(Box::new(TaskExtra {
+                error_type,
+                error_message,
+                error_from_failed: failed_here,
+                log,
+            }));
+        }
+        s
+    }
+
+    /// Merges `other` (read later) into `self`.
+    pub(super) fn merge(&mut self, other: TaskState) {
+        if !other.latest_state.is_none()
+            && (self.latest_state.is_none()
+                || (other.latest_ns, other.latest_rank) > (self.latest_ns, self.latest_rank))
+        {
+            self.latest_ns = other.latest_ns;
+            self.latest_rank = other.latest_rank;
+            self.latest_state = other.latest_state;
+        }
+        self.running_ns = min_time(self.running_ns, other.running_ns);
+        self.failed_ns = min_time(self.failed_ns, other.failed_ns);
+        if self.exec_start == NO_TIME && other.exec_start != NO_TIME {
+            self.exec_start = other.exec_start;
+            self.exec_end = other.exec_end;
+            self.exec_worker = other.exec_worker;
+        }
+        fill_sym(&mut self.job, other.job);
+        fill_sym(&mut self.name, other.name);
+        fill_sym(&mut self.task_type, other.task_type);
+        fill_sym(&mut self.node, other.node);
+        fill_sym(&mut self.worker, other.worker);
+        if self.pid == 0 {
+            self.pid = other.pid;
+        }
+        self.known |= other.known;
+        match (&mut self.extra, other.extra) {
+            (_, None) => {}
+            (slot @ None, Some(o)) => *slot = Some(o),
+            (Some(mine), Some(o)) => {
+                let o = *o;
+                let has_error = o.error_type.is_some() || o.error_message.is_some();
+                // The FAILED event's error wins over one seen elsewhere.
+                if has_error
+                    && (o.error_from_failed
+                        || (mine.error_type.is_none() && mine.error_message.is_none()))
+                {
+                    mine.error_type = o.error_type.or(mine.error_type.take());
+                    mine.error_message = o.error_message.or(mine.error_message.take());
+                    mine.error_from_failed |= o.error_from_failed;
+                }
+                match (&mut mine.log, o.log) {
+                    (_, None) => {}
+                    (slot @ None, Some(l)) => *slot = Some(l),
+                    (Some(m), Some(l)) => m.merge(l),
+                }
+            }
+        }
+    }
+
+    /// The final state's name (`UNKNOWN` when only a definition was seen).
+    pub(super) fn state<'a>(&self, symbols: &'a Symbols) -> &'a str {
+        symbols.get(self.latest_state).unwrap_or("UNKNOWN")
+    }
+}
+
+/// Bytes of error messages held so far ([`MAX_ERROR_BYTES_HELD`]).
+#[derive(Debug, Default)]
+pub(super) struct ErrorBudget {
+    held: usize,
+    /// Messages cut to their last line because the budget was spent.
+    pub(super) shortened: u64,
+}
+
+impl ErrorBudget {
+    fn take(&mut self, message: String) -> String {
+        if self.held + message.len() <= MAX_ERROR_BYTES_HELD {
+            self.held += message.len();
+            return message;
+        }
+        self.shortened += 1;
+        let last = message
+            .lines()
+            .map(str::trim)
+            .rfind(|l| !l.is_empty())
+            .unwrap_or("");
+        super::extract::bounded(last, 512)
+    }
+}
+
+/// Every attempt of a session: in memory, or spilled to files by hash.
+#[derive(Debug)]
+pub(super) struct TaskStore {
+    pub(super) symbols: Symbols,
+    map: HashMap<AttemptKey, TaskState>,
+    spill: Option<SpillFiles>,
+    errors: ErrorBudget,
+    /// Log offsets are kept only for the attempts of this task (`--logs`).
+    keep_logs_of: Option<CompactId>,
+    /// States written to the spill files after the spill began.
+    pub(super) spilled_attempts: u64,
+}
+
+impl TaskStore {
+    pub(super) fn new(keep_logs_of: Option<CompactId>) -> TaskStore {
+        TaskStore {
+            symbols: Symbols::default(),
+            map: HashMap::new(),
+            spill: None,
+            errors: ErrorBudget::default(),
+            keep_logs_of,
+            spilled_attempts: 0,
+        }
+    }
+
+    /// Folds one delta. `growth` estimates how many times more input is still to come than
+    /// was read (it sizes the spill files when the map overflows).
+    pub(super) fn add(&mut self, d: TaskDelta, growth: f64) -> std::io::Result<()> {
+        let Some(key) = d.key else {
+            return Ok(());
+        };
+        let keep_log = self.keep_logs_of.is_some_and(|id| id == key.id);
+        let state = TaskState::from_delta(d, &mut self.symbols, keep_log, &mut self.errors);
+        if let Some(spill) = &mut self.spill {
+            self.spilled_attempts += 1;
+            return spill.write(&key, &state);
+        }
+        match self.map.get_mut(&key) {
+            Some(cur) => cur.merge(state),
+            None => {
+                self.map.insert(key, state);
+                if self.map.len() >= MAX_ATTEMPTS_IN_MEMORY {
+                    let expected = self.map.len() as f64 * (1.0 + growth.max(0.0));
+                    let files = ((expected * 1.5) as u64 / ATTEMPTS_PER_SPILL_FILE + 1) as usize;
+                    let mut spill =
+                        SpillFiles::create(files.clamp(MIN_SPILL_FILES, MAX_SPILL_FILES))?;
+                    for (k, s) in std::mem::take(&mut self.map) {
+                        spill.write(&k, &s)?;
+                    }
+                    self.spill = Some(spill);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Error messages shortened because too many bytes of them were held.
+    pub(super) fn errors_shortened(&self) -> u64 {
+        self.errors.shortened
+    }
+
+    /// Calls `visit` once per attempt with its merged state (in no particular order).
+    pub(super) fn drain(
+        mut self,
+        mut visit: impl FnMut(&AttemptKey, &TaskState, &Symbols),
+    ) -> std::io::Result<()> {
+        match self.spill.take() {
+            None => {
+                for (k, s) in &self.map {
+                    visit(k, s, &self.symbols);
+                }
+            }
+            Some(mut spill) => {
+                // `spill` removes its directory when dropped, after the loop.
+                for path in spill.finish()? {
+                    let mut map: HashMap<AttemptKey, TaskState> = HashMap::new();
+                    let file = File::open(&path)?;
+                    let mut reader = BufReader::with_capacity(SPILL_BUFFER_BYTES, file);
+                    while let Some((k, s)) = read_record(&mut reader)? {
+                        match map.get_mut(&k) {
+                            Some(cur) => cur.merge(s),
+                            None => {
+                                map.insert(k, s);
+                            }
+                        }
+                    }
+                    let _ = std::fs::remove_file(&path);
+                    for (k, s) in &map {
+                        visit(k, s, &self.symbols);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// K spill files in a private temp directory, removed when dropped.
+#[derive(Debug)]
+pub(super) struct SpillFiles {
+    dir: PathBuf,
+    writers: Vec<BufWriter<File>>,
+    paths: Vec<PathBuf>,
+}
+
+impl SpillFiles {
+    fn create(n: usize) -> std::io::Result<SpillFiles> {
+        let base = std::env::temp_dir();
+        let mut dir = None;
+        for i in 0..100u32 {
+            let candidate = base.join(format!(
+                "rhc-inspect-{}-{}-{i}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.subsec_nanos())
+                    .unwrap_or(0)
+            ));
+            match std::fs::create_dir(&candidate) {
+                Ok(()) => {
+                    dir = Some(candidate);
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        let dir = dir.ok_or_else(|| std::io::Error::other("no free temp directory name"))?;
+        let mut files = SpillFiles {
+            dir,
+            writers: Vec::with_capacity(n),
+            paths: Vec::with_capacity(n),
+        };
+        for i in 0..n {
+            let path = files.dir.join(format!("attempts-{i}.bin"));
+            let f = File::create(&path)?;
+            files
+                .writers
+                .push(BufWriter::with_capacity(SPILL_BUFFER_BYTES, f));
+            files.paths.push(path);
+        }
+        Ok(files)
+    }
+
+    fn write(&mut self, key: &AttemptKey, state: &TaskState) -> std::io::Result<()> {
+        let h = xxhash_rust::xxh3::xxh3_64(&key.id.bytes[..key.id.byte_len()])
+            ^ (key.attempt as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let i = (h % self.writers.len() as u64) as usize;
+        write_record(&mut self.writers[i], key, state)
+    }
+
+    /// Flushes and closes the files; their paths, to be read once each.
+    fn finish(&mut self) -> std::io::Result<Vec<PathBuf>> {
+        for w in &mut self.writers {
+            w.flush()?;
+        }
+        self.writers.clear();
+        Ok(std::mem::take(&mut self.paths))
+    }
+}
+
+impl Drop for SpillFiles {
+    fn drop(&mut self) {
+        self.writers.clear();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+// ---------------------------------------------------------------- the spill record format
+//
+// key: len u8, id bytes, attempt i32; then the fixed fields little-endian; then a flag byte
+// and, when set, the extra part as length-prefixed strings and optional integers.
+
+fn put_i64(w: &mut impl Write, v: i64) -> std::io::Result<()> {
+    w.write_all(&v.to_le_bytes())
+}
+
+fn put_u32(w: &mut impl Write, v: u32) -> std::io::Result<()> {
+    w.write_all(&v.to_le_bytes())
+}
+
+fn put_str(w: &mut impl Write, s: &Option<String>) -> std::io::Result<()> {
+    match s {
+        None => put_u32(w, u32::MAX),
+        Some(s) => {
+            put_u32(w, s.len() as u32)?;
+            w.write_all(s.as_bytes())
+        }
+    }
+}
+
+fn put_opt_u64(w: &mut impl Write, v: Option<u64>) -> std::io::Result<()> {
+    match v {
+        None => w.write_all(&[0]),
+        Some(v) => {
+            w.write_all(&[1])?;
+            w.write_all(&v.to_le_bytes())
+        }
+    }
+}
+
+fn write_record(w: &mut impl Write, key: &AttemptKey, s: &TaskState) -> std::io::Result<()> {
+    w.write_all(&[key.id.len])?;
+    w.write_all(&key.id.bytes[..key.id.byte_len()])?;
+    w.write_all(&key.attempt.to_le_bytes())?;
+    for v in [
+        s.latest_ns,
+        s.running_ns,
+        s.failed_ns,
+        s.exec_start,
+        s.exec_end,
+    ] {
+        put_i64(w, v)?;
+    }
+    for v in [
+        s.latest_state,
+        s.exec_worker,
+        s.job,
+        s.name,
+        s.task_type,
+        s.node,
+        s.worker,
+    ] {
+        put_u32(w, v.0)?;
+    }
+    put_u32(w, s.pid)?;
+    w.write_all(&[s.latest_rank, u8::from(s.known)])?;
+    match &s.extra {
+        None => w.write_all(&[0]),
+        Some(e) => {
+            w.write_all(&[1
+                | (u8::from(e.error_from_failed) << 1)
+                | (u8::from(e.log.is_some()) << 2)])?;
+            put_str(w, &e.error_type)?;
+            put_str(w, &e.error_message)?;
+            if let Some(l) = &e.log {
+                put_str(w, &l.stdout_file)?;
+                put_str(w, &l.stderr_file)?;
+                for v in [l.stdout.0, l.stdout.1, l.stderr.0, l.stderr.1] {
+                    put_opt_u64(w, v)?;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+struct RecordReader<'a, R: Read>(&'a mut R);
+
+impl<R: Read> RecordReader<'_, R> {
+    fn bytes<const N: usize>(&mut self) -> std::io::Result<[u8; N]> {
+        let mut b = [0u8; N];
+        self.0.read_exact(&mut b)?;
+        Ok(b)
+    }
+    fn i64(&mut self) -> std::io::Result<i64> {
+        Ok(i64::from_le_bytes(self.bytes::<8>()?))
+    }
+    fn u32(&mut self) -> std::io::Result<u32> {
+        Ok(u32::from_le_bytes(self.bytes::<4>()?))
+    }
+    fn string(&mut self) -> std::io::Result<Option<String>> {
+        let n = self.u32()?;
+        if n == u32::MAX {
+            return Ok(None);
+        }
+        let mut buf = vec![0u8; n as usize];
+        self.0.read_exact(&mut buf)?;
+        String::from_utf8(buf)
+            .map(Some)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }
+    fn opt_u64(&mut self) -> std::io::Result<Option<u64>> {
+        Ok(match self.bytes::<1>()?[0] {
+            0 => None,
+            _ => Some(u64::from_le_bytes(self.bytes::<8>()?)),
+        })
+    }
+}
+
+/// The next record, or `None` at the end of the file.
+fn read_record(r: &mut impl Read) -> std::io::Result<Option<(AttemptKey, TaskState)>> {
+    let mut len = [0u8; 1];
+    if r.read(&mut len)? == 0 {
+        return Ok(None);
+    }
+    let mut rr = RecordReader(r);
+    let mut id = CompactId {
+        len: len[0],
+        bytes: [0; 31],
+    };
+    let n = id.byte_len().min(31);
+    rr.0.read_exact(&mut id.bytes[..n])?;
+    let attempt = i32::from_le_bytes(rr.bytes::<4>()?);
+    let mut s = TaskState {
+        latest_ns: rr.i64()?,
+        running_ns: rr.i64()?,
+        failed_ns: rr.i64()?,
+        exec_start: rr.i64()?,
+        exec_end: rr.i64()?,
+        ..TaskState::default()
+    };
+    s.latest_state = Sym(rr.u32()?);
+    s.exec_worker = Sym(rr.u32()?);
+    s.job = Sym(rr.u32()?);
+    s.name = Sym(rr.u32()?);
+    s.task_type = Sym(rr.u32()?);
+    s.node = Sym(rr.u32()?);
+    s.worker = Sym(rr.u32()?);
+    s.pid = rr.u32()?;
+    let [rank, known] = rr.bytes::<2>()?;
+    s.latest_rank = rank;
+    s.known = known != 0;
+    let flags = rr.bytes::<1>()?[0];
+    if flags & 1 != 0 {
+        let mut e = TaskExtra {
+            error_from_failed: flags & 2 != 0,
+            error_type: rr.string()?,
+            error_message: rr.string()?,
+            log: None,
+        };
+        if flags & 4 != 0 {
+            let mut l = LogInfo {
+                stdout_file: rr.string()?,
+                stderr_file: rr.string()?,
+                ..LogInfo::default()
+            };
+            l.stdout = (rr.opt_u64()?, rr.opt_u64()?);
+            l.stderr = (rr.opt_u64()?, rr.opt_u64()?);
+            e.log = Some(l);
+        }
+        s.extra = Some(Box::new(e));
+    }
+    Ok(Some((AttemptKey { id, attempt }, s)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(state: &str, ns: i64) -> Transition {
+        Transition {
+            state: state.into(),
+            time_ns: Some(ns),
+        }
+    }
+
+    fn delta(id: &str, transitions: Vec<Transition>) -> TaskDelta {
+        // (A delta without `exec` is a known attempt.)
+        TaskDelta {
+            key: Some(AttemptKey {
+                id: CompactId::parse(id),
+                attempt: 0,
+            }),
+            transitions,
+            ..TaskDelta::default()
+        }
+    }
+
+    #[test]
+    fn ids_are_compact_and_print_as_hex() {
+        let id = CompactId::parse("yO9FzNARJXH///////////////8BAAAA");
+        assert_eq!(id.hex(), "c8ef45ccd0112571ffffffffffffffffffffffff01000000");
+        assert_eq!(CompactId::from_hex(&id.hex()), Some(id));
+        assert!(CompactId::parse("../etc").hex().starts_with("invalid-"));
+        assert_eq!(CompactId::from_hex("zz"), None);
+    }
+
+    #[test]
+    fn merge_is_order_free_and_survives_the_spill_format() {
+        let mut symbols = Symbols::default();
+        let mut budget = ErrorBudget::default();
+        let mut a = delta("AQID", vec![t("RUNNING", 5), t("PENDING_ARGS_AVAIL", 1)]);
+        a.name = Some("f".into());
+        let mut b = delta("AQID", vec![t("FAILED", 9)]);
+        b.error = Some((Some("TASK_EXECUTION_EXCEPTION".into()), Some("boom".into())));
+        b.log = Some(Box::new(LogInfo {
+            stderr_file: Some("worker-ab-01000000-3.err".into()),
+            stderr: (Some(0), Some(79)),
+            ..LogInfo::default()
+        }));
+        let sa = TaskState::from_delta(a, &mut symbols, true, &mut budget);
+        let sb = TaskState::from_delta(b, &mut symbols, true, &mut budget);
+        let mut ab = sa.clone();
+        ab.merge(sb.clone());
+        let mut ba = sb.clone();
+        ba.merge(sa.clone());
+        for s in [&ab, &ba] {
+            assert_eq!(s.state(&symbols), "FAILED");
+            assert_eq!((s.running_ns, s.failed_ns), (5, 9));
+            assert_eq!(symbols.get(s.name), Some("f"));
+        }
+        let key = AttemptKey {
+            id: CompactId::parse("AQID"),
+            attempt: 3,
+        };
+        let mut buf = Vec::new();
+        write_record(&mut buf, &key, &ab).unwrap();
+        write_record(&mut buf, &key, &TaskState::default()).unwrap();
+        let mut r = &buf[..];
+        assert_eq!(read_record(&mut r).unwrap(), Some((key, ab)));
+        assert_eq!(
+            read_record(&mut r).unwrap(),
+            Some((key, TaskState::default()))
+        );
+        assert_eq!(read_record(&mut r).unwrap(), None);
+    }
+
+    #[test]
+    fn a_spilled_store_reports_what_a_memory_store_does() {
+        let mut store = TaskStore::new(None);
+        let n = MAX_ATTEMPTS_IN_MEMORY as u32 + 1000;
+        for i in 0..n {
+            let id = format!("{i:08x}");
+            let mut d = delta(&id, vec![t("RUNNING", 1)]);
+            d.key = Some(AttemptKey {
+                id: CompactId::from_hex(&id).unwrap(),
+                attempt: 0,
+            });
+            store.add(d.clone(), 0.0).unwrap();
+            if i % 2 == 0 {
+                d.transitions = vec![t("FINISHED", 2)];
+                store.add(d, 0.0).unwrap();
+            }
+        }
+        assert!(store.spill.is_some());
+        let (mut total, mut finished) = (0u32, 0u32);
+        store
+            .drain(|_, s, symbols| {
+                total += 1;
+                finished += u32::from(s.state(symbols) == "FINISHED");
+            })
+            .unwrap();
+        assert_eq!((total, finished), (n, n.div_ceil(2)));
+    }
+}
