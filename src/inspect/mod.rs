@@ -121,12 +121,15 @@ mod decode;
 mod discover;
 mod extract;
 mod filter;
+mod html;
+mod logs;
 mod model;
 mod read;
 mod render;
 mod report;
 mod scan;
 mod task;
+mod timeline;
 mod walk;
 
 use discover::{choose_session, discover, session_started, ClusterId};
@@ -203,6 +206,36 @@ pub enum InspectError {
         /// The clusters that have it.
         clusters: String,
     },
+    /// `--logs` names nothing the session knows.
+    #[error("no task, actor, worker or node {id} in session {session}")]
+    NoSuchLogTarget {
+        /// The id asked for (hex).
+        id: String,
+        /// The session.
+        session: String,
+    },
+    /// The log was found in the events but not in the bucket.
+    #[error("the log of {what} is not in the bucket ({key}): logs are uploaded only by a collector with the log collector on (--enable-log-collector)")]
+    LogNotUploaded {
+        /// What it is the log of.
+        what: String,
+        /// The key looked for.
+        key: String,
+    },
+    /// No worker is known for the task or actor.
+    #[error("no worker is known for {what} (it may never have run), so it has no log")]
+    NoLogFor {
+        /// What it is.
+        what: String,
+    },
+    /// Several log objects match.
+    #[error("several logs match {id}: {matches}")]
+    SeveralLogs {
+        /// The id.
+        id: String,
+        /// The objects that match.
+        matches: String,
+    },
     /// A flag value that cannot be used.
     #[error("{flag} {value:?}: {reason}")]
     BadArgument {
@@ -243,6 +276,18 @@ pub async fn run(args: InspectArgs, env: &dyn Fn(&str) -> Option<String>) -> any
         }
         Some(wanted) => {
             let chosen = choose_session(&found, wanted)?;
+            if let Some(id) = &args.logs {
+                return logs::print_logs(&store, &spec, chosen, &filter, &args, id).await;
+            }
+            let mut trace = match &args.timeline {
+                Some(path) => Some(
+                    timeline::TraceWriter::create(path)
+                        .with_context(|| format!("creating {}", path.display()))?,
+                ),
+                None => None,
+            };
+            let mut gantt = args.html.as_ref().map(|_| html::Gantt::default());
+            let drawing = trace.is_some() || gantt.is_some();
             let report = session_report(
                 &store,
                 &spec,
@@ -250,9 +295,35 @@ pub async fn run(args: InspectArgs, env: &dyn Fn(&str) -> Option<String>) -> any
                 &filter,
                 args.failed_limit,
                 TaskStore::new(None),
-                &mut |_, _, _| {},
+                &mut |key, t, symbols| {
+                    if !drawing {
+                        return;
+                    }
+                    if let Some(slice) = timeline::slice_of(key, t, symbols) {
+                        if let Some(w) = &mut trace {
+                            w.slice(&slice);
+                        }
+                        if let Some(g) = &mut gantt {
+                            g.add(slice);
+                        }
+                    }
+                },
             )
             .await?;
+            if let (Some(w), Some(path)) = (trace, &args.timeline) {
+                let n = w
+                    .finish(&report)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!(
+                    "timeline: {n} task attempt(s) written to {}",
+                    path.display()
+                );
+            }
+            if let (Some(g), Some(path)) = (gantt, &args.html) {
+                std::fs::write(path, html::render_html(&report, &g))
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!("html: written to {}", path.display());
+            }
             if args.json {
                 out = to_json(&report)?;
             } else {
@@ -307,6 +378,7 @@ async fn session_report(
     tasks: TaskStore,
     visit: &mut dyn FnMut(&AttemptKey, &TaskState, &Symbols),
 ) -> anyhow::Result<SessionReport> {
+    let storage_arg = &filter.storage_arg;
     let history_prefix = cluster.layout(&spec.root).history_prefix();
     let session_prefix = ObjectPath::from(format!("{history_prefix}/{session}"));
     let mut problems = Problems::default();
@@ -407,6 +479,7 @@ async fn session_report(
 
     let mut report = SessionReport {
         storage: spec.to_string(),
+        storage_arg: storage_arg.to_string(),
         cluster: ClusterIdentity {
             kind: cluster.kind.clone(),
             namespace: cluster.namespace.clone(),

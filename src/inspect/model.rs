@@ -156,6 +156,9 @@ pub(super) struct ActorModel {
     pub(super) latest: Option<(Transition, ActorTransition)>,
     pub(super) node_id: Option<String>,
     pub(super) pid: Option<i64>,
+    /// First ALIVE and last DEAD transition (its lifetime on the timeline).
+    pub(super) alive_ns: Option<i64>,
+    pub(super) dead_ns: Option<i64>,
 }
 
 /// A status report of a Train run or attempt, ordered by (time, object, position).
@@ -433,6 +436,13 @@ pub(super) fn absorb_node_transition(n: &mut NodeModel, t: NodeTransition) {
 }
 
 pub(super) fn absorb_actor_transition(a: &mut ActorModel, t: ActorTransition) {
+    if let Some(at) = t.state.time_ns {
+        match t.state.state.as_str() {
+            "ALIVE" => a.alive_ns = Some(a.alive_ns.map_or(at, |cur| cur.min(at))),
+            "DEAD" => a.dead_ns = Some(a.dead_ns.map_or(at, |cur| cur.max(at))),
+            _ => {}
+        }
+    }
     if t.state.state == "ALIVE" || t.node_id.is_some() {
         if t.node_id.is_some() {
             a.node_id = t.node_id.clone();

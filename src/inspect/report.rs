@@ -46,6 +46,10 @@ pub(super) struct SessionEntry {
 #[derive(Debug, Serialize)]
 pub(super) struct SessionReport {
     pub(super) storage: String,
+    /// The storage as the command line gave it (with `--storage-root-dir`), for the
+    /// commands the report suggests.
+    #[serde(skip)]
+    pub(super) storage_arg: String,
     pub(super) cluster: ClusterIdentity,
     pub(super) session: String,
     pub(super) started: Option<String>,
@@ -163,6 +167,10 @@ pub(super) struct ActorEntry {
     pub(super) pid: Option<i64>,
     pub(super) death_reason: Option<String>,
     pub(super) death_message: Option<String>,
+    #[serde(skip)]
+    pub(super) alive_ns: Option<i64>,
+    #[serde(skip)]
+    pub(super) dead_ns: Option<i64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -341,7 +349,7 @@ pub(super) fn shape_report(
     let log_command = |task_id: &str| {
         format!(
             "ray-history-collector inspect {} --session {} --logs {task_id} --err",
-            shell_word(&report.storage),
+            report.storage_arg,
             shell_word(&report.session)
         )
     };
@@ -455,6 +463,8 @@ pub(super) fn shape_report(
                 pid: a.pid,
                 death_reason: latest.and_then(|t| t.death_reason.clone()),
                 death_message: latest.and_then(|t| t.death_message.clone()),
+                alive_ns: a.alive_ns,
+                dead_ns: a.dead_ns,
                 actor_id,
             }
         })

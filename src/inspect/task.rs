@@ -177,11 +177,14 @@ impl Sym {
     }
 }
 
-/// Interned strings, at most [`MAX_SYMBOLS`].
+/// Interned strings, at most [`MAX_SYMBOLS`], and the node of each worker seen with one.
 #[derive(Debug, Default)]
 pub(super) struct Symbols {
     texts: Vec<Box<str>>,
     index: HashMap<Box<str>, u32>,
+    /// Worker → node, from events that name both (the owner's); an executor's own events
+    /// name only the worker.
+    worker_nodes: HashMap<Sym, Sym>,
 }
 
 impl Symbols {
@@ -211,6 +214,11 @@ impl Symbols {
 
     pub(super) fn owned(&self, sym: Sym) -> Option<String> {
         self.get(sym).map(str::to_string)
+    }
+
+    /// The node of `worker`, if an event named both.
+    pub(super) fn node_of(&self, worker: Sym) -> Sym {
+        self.worker_nodes.get(&worker).copied().unwrap_or(Sym::NONE)
     }
 }
 
@@ -319,6 +327,9 @@ impl TaskState {
                 .unwrap_or(0),
             ..TaskState::default()
         };
+        if !s.worker.is_none() && !s.node.is_none() {
+            symbols.worker_nodes.entry(s.worker).or_insert(s.node);
+        }
         let mut failed_here = false;
         for t in &d.transitions {
             let time = t.time_ns.unwrap_or(NO_TIME);
