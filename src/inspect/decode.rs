@@ -108,16 +108,21 @@ impl ContentSink {
                     ));
                     self.buf = Vec::new();
                     self.skipping_long_line = true;
+                } else if rest.is_some() && self.buf.is_empty() {
+                    // A whole line in this chunk: read in place.
+                    self.line(part);
                 } else {
                     self.buf.extend_from_slice(part);
+                    if rest.is_some() {
+                        let mut line = std::mem::take(&mut self.buf);
+                        self.line(&line);
+                        line.clear();
+                        self.buf = line;
+                    }
                 }
             }
             match rest {
                 Some(r) => {
-                    if !self.skipping_long_line {
-                        let line = std::mem::take(&mut self.buf);
-                        self.line(&line);
-                    }
                     self.skipping_long_line = false;
                     data = r;
                 }

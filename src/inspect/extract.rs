@@ -105,7 +105,6 @@ impl Body {
             Body::ActorDefinition { job_id, .. } | Body::ExportActor { job_id, .. } => {
                 job_id.as_deref()
             }
-            Body::Task(t) => t.job.as_deref(),
             Body::TrainRun(r) => r.job_id.as_deref(),
             _ => None,
         }

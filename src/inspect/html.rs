@@ -343,7 +343,7 @@ fn chart(h: &mut String, r: &SessionReport, g: &Gantt) {
     let height = 30.0 + rows as f64 * LANE_HEIGHT;
     let _ = writeln!(
         h,
-        "<svg id=\"gantt\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" \
+        "<svg id=\"gantt\" width=\"{}\" height=\"{height}\" \
          data-attempts=\"{}\" data-left-out=\"{}\">",
         LABEL_WIDTH + CHART_WIDTH + 20.0,
         g.slices.len(),

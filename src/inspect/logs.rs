@@ -363,7 +363,29 @@ impl Attempt {
             stream,
         )
         .await?;
-        Ok(found.map(|t| LogTarget { range, what, ..t }))
+        match found {
+            Some(t) => Ok(Some(LogTarget { range, what, ..t })),
+            None => {
+                let node = match on.as_slice() {
+                    [one] => one.as_str(),
+                    _ => "<node>",
+                };
+                let name = if worker.is_empty() {
+                    format!("worker-*-*-{}", self.pid.unwrap_or(0))
+                } else {
+                    format!("worker-{worker}-*-*")
+                };
+                Err(InspectError::LogNotUploaded {
+                    what,
+                    key: format!(
+                        "{}{name}.{}",
+                        node_logs_prefix(history_prefix, session, node),
+                        stream.suffix()
+                    ),
+                }
+                .into())
+            }
+        }
     }
 }
 

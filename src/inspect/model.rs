@@ -18,7 +18,7 @@ use super::extract::{
     bounded, ActorTransition, Body, Fact, NodeTransition, TrainAttemptEvent, TrainRunEvent,
     TrainWorker, Transition,
 };
-use super::task::TaskStore;
+use super::task::{CompactId, TaskStore};
 
 /// Event ids remembered for deduplication: 4 MiB of ring and about 10 MiB of set; Ray's
 /// resends and this collector's own window (262,144 ids) fit in it many times over.
@@ -190,6 +190,10 @@ pub(super) struct TrainAttemptModel {
 #[derive(Debug)]
 pub(super) struct SessionModel {
     pub(super) job_filter: Option<String>,
+    /// The job filter as bytes, to compare with task events' ids.
+    job_filter_id: Option<CompactId>,
+    /// Jobs of task events already entered in `jobs`.
+    task_jobs: HashSet<CompactId>,
     pub(super) seen_event_ids: DedupWindow,
     pub(super) total: u64,
     pub(super) duplicates: u64,
@@ -210,6 +214,8 @@ pub(super) struct SessionModel {
 impl SessionModel {
     pub(super) fn new(job_filter: Option<String>, tasks: TaskStore) -> SessionModel {
         SessionModel {
+            job_filter_id: job_filter.as_deref().and_then(CompactId::from_hex),
+            task_jobs: HashSet::new(),
             job_filter,
             seen_event_ids: DedupWindow::default(),
             total: 0,
@@ -235,17 +241,29 @@ impl SessionModel {
                 return;
             }
         }
-        if let (Some(want), Some(job)) = (&self.job_filter, fact.body.job_id()) {
-            if want != job {
+        if let Some(want) = &self.job_filter {
+            let other = match &fact.body {
+                Body::Task(d) => d.job.is_some_and(|j| Some(j) != self.job_filter_id),
+                body => body.job_id().is_some_and(|j| j != want),
+            };
+            if other {
                 self.other_job += 1;
                 return;
             }
         }
         self.total += 1;
-        *self
-            .by_type
-            .entry(bounded(&fact.event_type, 64))
-            .or_default() += 1;
+        let ty = fact.event_type.as_str();
+        let ty = if ty.len() <= 64 {
+            std::borrow::Cow::Borrowed(ty)
+        } else {
+            std::borrow::Cow::Owned(bounded(ty, 64))
+        };
+        match self.by_type.get_mut(&*ty) {
+            Some(n) => *n += 1,
+            None => {
+                self.by_type.insert(ty.into_owned(), 1);
+            }
+        }
         let order = (fact.time_ns.unwrap_or(i64::MIN), object, fact.seq);
         match fact.body {
             Body::Other => {}
@@ -320,9 +338,9 @@ impl SessionModel {
                 }
             }
             Body::Task(delta) => {
-                if let Some(job) = &delta.job {
-                    if !self.jobs.contains_key(job) {
-                        self.jobs.insert(job.clone(), JobModel::default());
+                if let Some(job) = delta.job {
+                    if self.task_jobs.insert(job) {
+                        self.jobs.entry(job.hex()).or_default();
                     }
                 }
                 if self.spill_error.is_none() {

@@ -40,12 +40,25 @@ const BATCHES_IN_FLIGHT: usize = 8;
 const PROGRESS_AFTER: Duration = Duration::from_secs(1);
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
-/// An object for a decoder: its chunks arrive on `chunks` (an `Err` ends it as unreadable).
+/// An object for a decoder.
 struct DecodeJob {
     index: usize,
     gzip: bool,
-    chunks: tokio::sync::mpsc::Receiver<Result<Bytes, String>>,
+    source: Source,
 }
+
+/// Where a decoder reads an object from.
+enum Source {
+    /// Chunks streamed by the fetch (an `Err` ends the object as unreadable).
+    Chunks(tokio::sync::mpsc::Receiver<Result<Bytes, String>>),
+    /// A local file (a `file://` bucket), read by the decoder itself in [`FILE_BLOCK`]s:
+    /// the store's own stream would hand it over 8 KiB at a time, each through a thread
+    /// hop.
+    File(std::fs::File, std::ops::Range<u64>),
+}
+
+/// Bytes a decoder reads from a local file at a time.
+const FILE_BLOCK: usize = 256 << 10;
 
 /// What a decoder tells the fold.
 enum Message {
@@ -58,6 +71,8 @@ struct ObjectSummary {
     bad_lines: u64,
     first_bad_line: Option<String>,
     outside_window: u64,
+    /// Bytes the decoder read itself (a local file).
+    file_bytes: u64,
     failure: Option<String>,
 }
 
@@ -81,14 +96,16 @@ pub(super) async fn read_objects(
         .min(objects.len());
     let (job_tx, job_rx) = std::sync::mpsc::channel::<DecodeJob>();
     let job_rx = Arc::new(Mutex::new(job_rx));
+    let fetched = Arc::new(AtomicU64::new(0));
     let (msg_tx, mut msg_rx) = tokio::sync::mpsc::channel::<Message>(BATCHES_IN_FLIGHT);
     let mut threads = Vec::new();
     for n in 0..decoders {
         let jobs = Arc::clone(&job_rx);
         let out = msg_tx.clone();
+        let fetched = Arc::clone(&fetched);
         let spawned = std::thread::Builder::new()
             .name(format!("inspect-decode-{n}"))
-            .spawn(move || decode_loop(&jobs, &out, window));
+            .spawn(move || decode_loop(&jobs, &out, window, &fetched));
         match spawned {
             Ok(handle) => threads.push(handle),
             Err(e) => problems.note("(local)", &format!("could not start a decoder thread: {e}")),
@@ -96,7 +113,6 @@ pub(super) async fn read_objects(
     }
     drop(msg_tx);
 
-    let fetched = AtomicU64::new(0);
     let mut fetches = futures::stream::iter(objects.iter().enumerate())
         .map(|(index, object)| fetch(store, object, index, &job_tx, &fetched))
         .buffer_unordered(READ_CONCURRENCY);
@@ -120,6 +136,7 @@ pub(super) async fn read_objects(
                     done += 1;
                     let object = &objects[index];
                     stats.read += 1;
+                    stats.bytes_read += summary.file_bytes;
                     let node = model.nodes.entry(object.node.clone()).or_default();
                     node.objects += 1;
                     node.bytes += object.size;
@@ -165,7 +182,8 @@ pub(super) async fn read_objects(
     outside_window
 }
 
-/// Streams one object's bytes to a decoder; returns the bytes fetched.
+/// Streams one object's bytes to a decoder (or hands it a local file); returns the bytes
+/// fetched.
 async fn fetch(
     store: &Arc<dyn ObjectStore>,
     object: &EventObject,
@@ -173,39 +191,58 @@ async fn fetch(
     jobs: &std::sync::mpsc::Sender<DecodeJob>,
     fetched: &AtomicU64,
 ) -> u64 {
+    let gzip = object.path.as_ref().ends_with(".gz");
     let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_IN_FLIGHT);
-    let job = DecodeJob {
-        index,
-        gzip: object.path.as_ref().ends_with(".gz"),
-        chunks: rx,
-    };
-    if jobs.send(job).is_err() {
-        return 0;
-    }
-    let mut bytes = 0u64;
-    match store.get(&object.path).await {
+    let got = match store.get(&object.path).await {
+        Ok(got) => got,
         Err(e) => {
             let _ = tx
                 .send(Err(format!("could not be fetched: {}", store_error(&e))))
                 .await;
+            let source = Source::Chunks(rx);
+            let _ = jobs.send(DecodeJob {
+                index,
+                gzip,
+                source,
+            });
+            return 0;
         }
-        Ok(got) => {
-            let mut body = got.into_stream();
-            while let Some(chunk) = body.next().await {
-                let item = match chunk {
-                    Ok(chunk) => {
-                        bytes += chunk.len() as u64;
-                        fetched.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                        Ok(chunk)
-                    }
-                    Err(e) => Err(format!("reading failed: {}", store_error(&e))),
-                };
-                let last = item.is_err();
-                // The decoder stops listening when the object's content hit a limit.
-                if tx.send(item).await.is_err() || last {
-                    break;
-                }
+    };
+    if let object_store::GetResultPayload::File(file, _) = got.payload {
+        // The decoder reads it and counts its bytes.
+        let source = Source::File(file, got.range);
+        let _ = jobs.send(DecodeJob {
+            index,
+            gzip,
+            source,
+        });
+        return 0;
+    }
+    if jobs
+        .send(DecodeJob {
+            index,
+            gzip,
+            source: Source::Chunks(rx),
+        })
+        .is_err()
+    {
+        return 0;
+    }
+    let mut bytes = 0u64;
+    let mut body = got.into_stream();
+    while let Some(chunk) = body.next().await {
+        let item = match chunk {
+            Ok(chunk) => {
+                bytes += chunk.len() as u64;
+                fetched.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                Ok(chunk)
             }
+            Err(e) => Err(format!("reading failed: {}", store_error(&e))),
+        };
+        let last = item.is_err();
+        // The decoder stops listening when the object's content hit a limit.
+        if tx.send(item).await.is_err() || last {
+            break;
         }
     }
     bytes
@@ -216,6 +253,7 @@ fn decode_loop(
     jobs: &Mutex<std::sync::mpsc::Receiver<DecodeJob>>,
     out: &tokio::sync::mpsc::Sender<Message>,
     window: TimeWindow,
+    fetched: &AtomicU64,
 ) {
     loop {
         let job = match jobs.lock() {
@@ -225,7 +263,7 @@ fn decode_loop(
         let Ok(job) = job else {
             return;
         };
-        if !decode(job, out, window) {
+        if !decode(job, out, window, fetched) {
             return;
         }
     }
@@ -233,9 +271,10 @@ fn decode_loop(
 
 /// Decodes one object; false when the fold has gone away.
 fn decode(
-    mut job: DecodeJob,
+    job: DecodeJob,
     out: &tokio::sync::mpsc::Sender<Message>,
     window: TimeWindow,
+    fetched: &AtomicU64,
 ) -> bool {
     let sink = ContentSink::new(window, CONTENT_LIMITS);
     let mut decoder = if job.gzip {
@@ -244,7 +283,41 @@ fn decode(
         Decoder::Plain(sink)
     };
     let mut failure = None;
-    while let Some(chunk) = job.chunks.blocking_recv() {
+    let mut file_bytes = 0u64;
+    let mut chunks = None;
+    let mut next: Box<dyn FnMut() -> Option<Result<Bytes, String>>> = match job.source {
+        Source::Chunks(rx) => {
+            let rx = chunks.insert(rx);
+            Box::new(move || rx.blocking_recv())
+        }
+        Source::File(mut file, range) => {
+            let mut left = range.end.saturating_sub(range.start);
+            let seek = std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(range.start));
+            let mut seek = Some(seek);
+            let file_bytes = &mut file_bytes;
+            Box::new(move || {
+                if let Some(Err(e)) = seek.take() {
+                    return Some(Err(format!("reading failed: {e}")));
+                }
+                if left == 0 {
+                    return None;
+                }
+                let mut buf = vec![0u8; (left as usize).min(FILE_BLOCK)];
+                match std::io::Read::read(&mut file, &mut buf) {
+                    Ok(0) => None,
+                    Ok(n) => {
+                        buf.truncate(n);
+                        left -= n as u64;
+                        *file_bytes += n as u64;
+                        fetched.fetch_add(n as u64, Ordering::Relaxed);
+                        Some(Ok(Bytes::from(buf)))
+                    }
+                    Err(e) => Some(Err(format!("reading failed: {e}"))),
+                }
+            })
+        }
+    };
+    while let Some(chunk) = next() {
         let written = chunk.and_then(|c| decoder.write(&c));
         if let Err(e) = written {
             failure = Some(e);
@@ -258,8 +331,9 @@ fn decode(
             }
         }
     }
+    drop(next);
     // Stop the fetch of an object given up on.
-    drop(job.chunks);
+    drop(chunks);
     if failure.is_none() {
         failure = decoder.end().err();
     }
@@ -273,6 +347,7 @@ fn decode(
         bad_lines: sink.out.bad_lines,
         first_bad_line: sink.out.first_bad_line.take(),
         outside_window: sink.out.outside_window,
+        file_bytes,
         failure,
     };
     out.blocking_send(Message::Done(job.index, summary)).is_ok()

@@ -382,13 +382,9 @@ fn text(t: &Text<'_>) -> Option<String> {
         .map(|s| bounded(s, MAX_FIELD_BYTES))
 }
 
-/// An id in hex (Ray sends base64); kept as sent if it is neither.
-fn id(t: &Text<'_>) -> Option<String> {
-    let raw = t.as_deref().filter(|s| !s.is_empty())?;
-    Some(match crate::contract::id_to_hex(raw) {
-        Ok(hex) => hex.as_str().to_string(),
-        Err(_) => bounded(raw, MAX_FIELD_BYTES),
-    })
+/// An id, kept as bytes (no text is made per event).
+fn cid(t: &Text<'_>) -> Option<CompactId> {
+    t.as_deref().filter(|s| !s.is_empty()).map(CompactId::parse)
 }
 
 fn key(task_id: &Text<'_>, attempt: Int) -> Option<AttemptKey> {
@@ -429,7 +425,7 @@ fn log_info(l: &Option<TaskLogInfo<'_>>) -> Option<Box<LogInfo>> {
 }
 
 /// The worker's `task::<name>` slice of a profile: (start, end, worker id).
-fn execution(p: &Option<ProfileEvents<'_>>) -> Option<(i64, i64, Option<String>)> {
+fn execution(p: &Option<ProfileEvents<'_>>) -> Option<(i64, i64, Option<CompactId>)> {
     let p = p.as_ref()?;
     if p.component_type.as_deref().is_some_and(|t| t != "worker") {
         return None;
@@ -440,7 +436,7 @@ fn execution(p: &Option<ProfileEvents<'_>>) -> Option<(i64, i64, Option<String>)
             .is_some_and(|n| n.starts_with(EXECUTION_EVENT_PREFIX))
     })?;
     let (start, end) = (e.start.0?, e.end.0?);
-    (start > 0 && end >= start).then(|| (start, end, id(&p.component_id)))
+    (start > 0 && end >= start).then(|| (start, end, cid(&p.component_id)))
 }
 
 fn transitions(ts: &Option<Vec<StateTransition<'_>>>) -> Vec<Transition> {
@@ -480,7 +476,7 @@ impl Line<'_> {
                 };
                 d.map(|d| TaskDelta {
                     key: key(&d.task_id, d.attempt),
-                    job: id(&d.job_id),
+                    job: cid(&d.job_id),
                     name: text(&d.name).or_else(|| {
                         let f = d.func.as_ref()?;
                         [&f.python, &f.java, &f.cpp]
@@ -498,18 +494,18 @@ impl Line<'_> {
             }
             "TASK_LIFECYCLE_EVENT" => self.task_lifecycle.as_ref().map(|l| TaskDelta {
                 key: key(&l.task_id, l.attempt),
-                job: id(&l.job_id),
+                job: cid(&l.job_id),
                 transitions: transitions(&l.transitions),
                 error: error(&l.error),
-                node: id(&l.node_id),
-                worker: id(&l.worker_id),
+                node: cid(&l.node_id),
+                worker: cid(&l.worker_id),
                 pid: l.worker_pid.0,
                 log: log_info(&l.log),
                 ..TaskDelta::default()
             }),
             "TASK_PROFILE_EVENT" => self.task_profile.as_ref().map(|p| TaskDelta {
                 key: key(&p.task_id, p.attempt),
-                job: id(&p.job_id),
+                job: cid(&p.job_id),
                 exec: execution(&p.profile),
                 from_profile: true,
                 ..TaskDelta::default()
@@ -552,13 +548,13 @@ impl Line<'_> {
         transitions.sort_by_key(|t| t.time_ns);
         let delta = TaskDelta {
             key: key(&d.task_id, d.attempt_number),
-            job: id(&d.job_id),
+            job: cid(&d.job_id),
             name: info.and_then(|i| text(&i.name).or_else(|| text(&i.func_or_class_name))),
             task_type: info.and_then(|i| text(&i.task_type)),
             transitions,
             error: updates.and_then(|u| error(&u.error_info)),
-            node: updates.and_then(|u| id(&u.node_id)),
-            worker: updates.and_then(|u| id(&u.worker_id)),
+            node: updates.and_then(|u| cid(&u.node_id)),
+            worker: updates.and_then(|u| cid(&u.worker_id)),
             pid: updates.and_then(|u| u.worker_pid.0),
             exec: execution(&d.profile_events),
             log: updates.and_then(|u| log_info(&u.task_log_info)),
@@ -665,7 +661,7 @@ mod tests {
             let t = task(f);
             let k = t.key.unwrap();
             assert_eq!((k.id.hex().as_str(), k.attempt), ("010203", 1));
-            assert_eq!(t.job.as_deref(), Some("01000000"));
+            assert_eq!(t.job.map(|j| j.hex()).as_deref(), Some("01000000"));
             assert_eq!(t.transitions[0].state, "FAILED");
             assert_eq!(t.pid, Some(7));
             let (ty, msg) = t.error.unwrap();
@@ -694,7 +690,7 @@ mod tests {
             (1_795_625_216_411_211_295, 1_795_625_216_412_064_926)
         );
         assert_eq!(
-            worker.as_deref(),
+            worker.map(|w| w.hex()).as_deref(),
             Some("84eb66b236c17db5c8488c841c1c969facaba5469607466e655c3e1f")
         );
         // Other export events go to the generic reader.

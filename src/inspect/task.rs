@@ -39,6 +39,14 @@ const OVERFLOW_TEXT: &str = "(too many distinct values)";
 /// message (its summary) is kept.
 const MAX_ERROR_BYTES_HELD: usize = 32 << 20;
 
+/// A hash map keyed by input from the bucket: a fast hash with a random seed (so that no
+/// input can be built to collide).
+pub(super) type FastMap<K, V> = HashMap<K, V, xxhash_rust::xxh3::Xxh3Builder>;
+
+pub(super) fn fast_map<K, V>() -> FastMap<K, V> {
+    HashMap::with_hasher(xxhash_rust::xxh3::Xxh3Builder::new().with_seed(rand::random()))
+}
+
 /// A Ray id held as bytes (Ray's ids are at most 28 bytes). An id that is not hex or base64,
 /// or is longer, is held as a 16-byte hash of its text and shown as `invalid-<hash>`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -51,8 +59,25 @@ pub(super) struct CompactId {
 const HASHED: u8 = 0x80;
 
 impl CompactId {
-    /// The id of an event field (base64 or hex).
+    /// The id of an event field (base64 or hex, read as [`crate::contract::id_to_hex`]
+    /// reads it), without allocating for Ray's own ids.
     pub(super) fn parse(raw: &str) -> CompactId {
+        let b = raw.as_bytes();
+        let looks_hex = !b.is_empty() && b.len() % 2 == 0 && b.iter().all(u8::is_ascii_hexdigit);
+        if looks_hex {
+            if let Some(id) = CompactId::from_hex(raw) {
+                return id;
+            }
+        } else {
+            use base64::Engine as _;
+            let mut bytes = [0u8; 31];
+            if let Ok(n) = base64::engine::general_purpose::STANDARD.decode_slice(b, &mut bytes) {
+                return CompactId {
+                    len: n as u8,
+                    bytes,
+                };
+            }
+        }
         if let Ok(hex) = crate::contract::id_to_hex(raw) {
             if let Some(id) = CompactId::from_hex(hex.as_str()) {
                 return id;
@@ -148,17 +173,17 @@ impl LogInfo {
 #[derive(Debug, Clone, Default)]
 pub(super) struct TaskDelta {
     pub(super) key: Option<AttemptKey>,
-    pub(super) job: Option<String>,
+    pub(super) job: Option<CompactId>,
     pub(super) name: Option<String>,
     pub(super) task_type: Option<String>,
     pub(super) transitions: Vec<Transition>,
     /// (error type, error message) of `rayErrorInfo`.
     pub(super) error: Option<(Option<String>, Option<String>)>,
-    pub(super) node: Option<String>,
-    pub(super) worker: Option<String>,
+    pub(super) node: Option<CompactId>,
+    pub(super) worker: Option<CompactId>,
     pub(super) pid: Option<i64>,
     /// The execution as the worker profiled it (`task::<name>`): start, end (ns) and worker.
-    pub(super) exec: Option<(i64, i64, Option<String>)>,
+    pub(super) exec: Option<(i64, i64, Option<CompactId>)>,
     pub(super) log: Option<Box<LogInfo>>,
     /// A profile event: alone, it does not make an attempt known.
     pub(super) from_profile: bool,
@@ -178,13 +203,26 @@ impl Sym {
 }
 
 /// Interned strings, at most [`MAX_SYMBOLS`], and the node of each worker seen with one.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Symbols {
     texts: Vec<Box<str>>,
-    index: HashMap<Box<str>, u32>,
+    index: FastMap<Box<str>, u32>,
+    /// Ids (jobs, nodes, workers) by their bytes; their text is their hex.
+    ids: FastMap<CompactId, Sym>,
     /// Worker → node, from events that name both (the owner's); an executor's own events
     /// name only the worker.
-    worker_nodes: HashMap<Sym, Sym>,
+    worker_nodes: FastMap<Sym, Sym>,
+}
+
+impl Default for Symbols {
+    fn default() -> Symbols {
+        Symbols {
+            texts: Vec::new(),
+            index: fast_map(),
+            ids: fast_map(),
+            worker_nodes: fast_map(),
+        }
+    }
 }
 
 impl Symbols {
@@ -202,6 +240,21 @@ impl Symbols {
         self.texts.push(s.into());
         self.index.insert(s.into(), i);
         Sym(i)
+    }
+
+    /// The symbol of an id (its hex text).
+    pub(super) fn intern_id(&mut self, id: Option<CompactId>) -> Sym {
+        let Some(id) = id else {
+            return Sym::NONE;
+        };
+        if let Some(&sym) = self.ids.get(&id) {
+            return sym;
+        }
+        let sym = self.intern(Some(&id.hex()));
+        if sym != Sym::OVERFLOW {
+            self.ids.insert(id, sym);
+        }
+        sym
     }
 
     pub(super) fn get(&self, sym: Sym) -> Option<&str> {
@@ -315,11 +368,11 @@ impl TaskState {
     ) -> TaskState {
         let mut s = TaskState {
             known: !d.from_profile,
-            job: symbols.intern(d.job.as_deref()),
+            job: symbols.intern_id(d.job),
             name: symbols.intern(d.name.as_deref()),
             task_type: symbols.intern(d.task_type.as_deref()),
-            node: symbols.intern(d.node.as_deref()),
-            worker: symbols.intern(d.worker.as_deref()),
+            node: symbols.intern_id(d.node),
+            worker: symbols.intern_id(d.worker),
             pid: d
                 .pid
                 .filter(|p| *p > 0)
@@ -351,7 +404,7 @@ impl TaskState {
         if let Some((start, end, worker)) = d.exec {
             s.exec_start = start;
             s.exec_end = end;
-            s.exec_worker = symbols.intern(worker.as_deref());
+            s.exec_worker = symbols.intern_id(worker);
         }
         let log = d.log.filter(|_| keep_log).map(|l| *l);
         if d.error.is_some() || log.is_some() {
@@ -451,7 +504,7 @@ impl ErrorBudget {
 #[derive(Debug)]
 pub(super) struct TaskStore {
     pub(super) symbols: Symbols,
-    map: HashMap<AttemptKey, TaskState>,
+    map: FastMap<AttemptKey, TaskState>,
     spill: Option<SpillFiles>,
     errors: ErrorBudget,
     /// Log offsets are kept only for the attempts of this task (`--logs`).
@@ -464,7 +517,7 @@ impl TaskStore {
     pub(super) fn new(keep_logs_of: Option<CompactId>) -> TaskStore {
         TaskStore {
             symbols: Symbols::default(),
-            map: HashMap::new(),
+            map: fast_map(),
             spill: None,
             errors: ErrorBudget::default(),
             keep_logs_of,
@@ -493,7 +546,7 @@ impl TaskStore {
                     let files = ((expected * 1.5) as u64 / ATTEMPTS_PER_SPILL_FILE + 1) as usize;
                     let mut spill =
                         SpillFiles::create(files.clamp(MIN_SPILL_FILES, MAX_SPILL_FILES))?;
-                    for (k, s) in std::mem::take(&mut self.map) {
+                    for (k, s) in std::mem::replace(&mut self.map, fast_map()) {
                         spill.write(&k, &s)?;
                     }
                     self.spill = Some(spill);
@@ -522,7 +575,7 @@ impl TaskStore {
             Some(mut spill) => {
                 // `spill` removes its directory when dropped, after the loop.
                 for path in spill.finish()? {
-                    let mut map: HashMap<AttemptKey, TaskState> = HashMap::new();
+                    let mut map: FastMap<AttemptKey, TaskState> = fast_map();
                     let file = File::open(&path)?;
                     let mut reader = BufReader::with_capacity(SPILL_BUFFER_BYTES, file);
                     while let Some((k, s)) = read_record(&mut reader)? {
