@@ -402,10 +402,14 @@ fn chart(h: &mut String, r: &SessionReport, g: &Gantt) {
             let _ = write!(
                 h,
                 "<rect class=\"lane\" x=\"{LABEL_WIDTH}\" y=\"{y:.1}\" width=\"{CHART_WIDTH}\" \
-                 height=\"{LANE_HEIGHT}\"/><text x=\"14\" y=\"{:.1}\" data-worker=\"{}\">worker {}</text>",
+                 height=\"{LANE_HEIGHT}\"/><text x=\"14\" y=\"{:.1}\" data-worker=\"{}\">{}</text>",
                 y + 12.0,
                 esc(worker),
-                esc(&short(worker))
+                if worker == super::timeline::DRIVER {
+                    "driver".to_string()
+                } else {
+                    format!("worker {}", esc(&short(worker)))
+                }
             );
             for s in slices {
                 let _ = write!(

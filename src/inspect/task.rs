@@ -212,6 +212,8 @@ pub(super) struct Symbols {
     /// Worker → node, from events that name both (the owner's); an executor's own events
     /// name only the worker.
     worker_nodes: FastMap<Sym, Sym>,
+    /// The one node all known workers ran on, if there is exactly one.
+    sole_node: Sym,
 }
 
 impl Default for Symbols {
@@ -221,6 +223,7 @@ impl Default for Symbols {
             index: fast_map(),
             ids: fast_map(),
             worker_nodes: fast_map(),
+            sole_node: Sym::NONE,
         }
     }
 }
@@ -269,9 +272,23 @@ impl Symbols {
         self.get(sym).map(str::to_string)
     }
 
-    /// The node of `worker`, if an event named both.
+    /// The node of `worker`, if an event named both; else the session's only node, if it
+    /// has one.
     pub(super) fn node_of(&self, worker: Sym) -> Sym {
-        self.worker_nodes.get(&worker).copied().unwrap_or(Sym::NONE)
+        self.worker_nodes
+            .get(&worker)
+            .copied()
+            .unwrap_or(self.sole_node)
+    }
+
+    fn settle_sole_node(&mut self) {
+        let mut nodes = self.worker_nodes.values().copied();
+        let first = nodes.next().unwrap_or(Sym::NONE);
+        self.sole_node = if nodes.all(|n| n == first) {
+            first
+        } else {
+            Sym::NONE
+        };
     }
 }
 
@@ -566,6 +583,7 @@ impl TaskStore {
         mut self,
         mut visit: impl FnMut(&AttemptKey, &TaskState, &Symbols),
     ) -> std::io::Result<()> {
+        self.symbols.settle_sole_node();
         match self.spill.take() {
             None => {
                 for (k, s) in &self.map {

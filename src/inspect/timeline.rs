@@ -28,6 +28,9 @@ use super::render::error_summary;
 use super::report::SessionReport;
 use super::task::{AttemptKey, Sym, Symbols, TaskState, NO_TIME};
 
+/// The lane of a driver's own task.
+pub(super) const DRIVER: &str = "driver";
+
 /// The `Session` process (jobs, Train runs, actors); nodes are numbered from 1.
 const SESSION_PID: u32 = 0;
 
@@ -83,7 +86,11 @@ pub(super) fn slice_of(key: &AttemptKey, t: &TaskState, symbols: &Symbols) -> Op
         worker: symbols
             .owned(worker)
             .or_else(|| symbols.owned(t.worker))
-            .or_else(|| symbols.owned(t.exec_worker)),
+            .or_else(|| symbols.owned(t.exec_worker))
+            .or_else(|| {
+                // The driver's own task runs in the driver, not in a worker.
+                (symbols.get(t.task_type) == Some("DRIVER_TASK")).then(|| DRIVER.to_string())
+            }),
         start_ns: start,
         end_ns: end.max(start),
         failed_ns: (t.failed_ns != NO_TIME).then_some(t.failed_ns),
@@ -337,6 +344,8 @@ impl TraceWriter {
         for ((pid, worker), tid) in workers {
             let name = if worker.is_empty() {
                 "worker (unknown)".to_string()
+            } else if worker == DRIVER {
+                DRIVER.to_string()
             } else {
                 format!("worker:{worker}")
             };
