@@ -8,7 +8,8 @@
 #
 #   bench/inspect_big.sh 1000000            # 1M events, 5 runs
 #   RUNS=3 bench/inspect_big.sh 10000000    # 10M events
-#   BIN=/path/to/other/ray-history-collector bench/inspect_big.sh 1000000 DIR   # reuse a bucket
+#   BASELINE=/path/to/older/ray-history-collector bench/inspect_big.sh 1000000
+#       # each round also runs the older binary, right after this one: a same-run ratio
 #
 # Needs target/release/{ray-history-collector,rhc-loadgen} (cargo build --release
 # --workspace --bins). The bucket is kept in DIR (default .bench-deps/inspect-<N>) and
@@ -55,33 +56,53 @@ if [[ ! -d "$DIR/store/cluster-metadata" ]]; then
 fi
 log "bucket: $(du -sh "$DIR/store" | cut -f1), $(find "$DIR/store" -type f | wc -l) objects, $(cat "$DIR/accepted") events"
 
-walls=()
-rss=()
-for i in $(seq 1 "$RUNS"); do
-    /usr/bin/time -v "$BIN" inspect "$DIR/store" --session latest --json \
-        >"$DIR/report.json" 2>"$DIR/time.txt"
-    wall=$(awk -F': ' '/Elapsed \(wall clock\)/ {print $2}' "$DIR/time.txt" \
+# One timed run: "<wall seconds> <max RSS KiB>".
+measure() {
+    /usr/bin/time -v "$1" inspect "$DIR/store" --session latest --json \
+        >"$DIR/report-$2.json" 2>"$DIR/time-$2.txt"
+    local wall kib
+    wall=$(awk -F': ' '/Elapsed \(wall clock\)/ {print $2}' "$DIR/time-$2.txt" \
         | awk -F: '{ if (NF == 3) print $1*3600 + $2*60 + $3; else print $1*60 + $2 }')
-    kib=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$DIR/time.txt")
-    walls+=("$wall")
-    rss+=("$kib")
-    log "run $i: ${wall} s, max RSS $((kib / 1024)) MiB"
+    kib=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$DIR/time-$2.txt")
+    echo "$wall $kib"
+}
+
+walls=(); rss=(); base_walls=(); base_rss=()
+for i in $(seq 1 "$RUNS"); do
+    read -r wall kib < <(measure "$BIN" new)
+    walls+=("$wall"); rss+=("$kib")
+    log "run $i: ${wall} s, max RSS $((kib / 1024)) MiB (load average $(cut -d' ' -f1 /proc/loadavg))"
+    if [[ -n "${BASELINE:-}" ]]; then
+        read -r wall kib < <(measure "$BASELINE" baseline)
+        base_walls+=("$wall"); base_rss+=("$kib")
+        log "run $i, baseline: ${wall} s, max RSS $((kib / 1024)) MiB"
+    fi
 done
-python3 - "$DIR/report.json" "${walls[*]}" "${rss[*]}" <<'EOF'
+python3 - "$DIR/report-new.json" "${walls[*]}" "${rss[*]}" "${base_walls[*]:-}" "${base_rss[*]:-}" <<'EOF'
 import json, statistics, sys
 report = json.load(open(sys.argv[1]))
-walls = [float(x) for x in sys.argv[2].split()]
-rss = [int(x) / 1024 for x in sys.argv[3].split()]
-print(json.dumps({
+def series(walls, rss):
+    walls = [float(x) for x in walls.split()]
+    rss = [int(x) / 1024 for x in rss.split()]
+    return {
+        "wall_s": walls,
+        "median_wall_s": statistics.median(walls),
+        "max_rss_mib": [round(r, 1) for r in rss],
+        "median_max_rss_mib": round(statistics.median(rss), 1),
+    }
+out = {
     "events": report["events"]["total"],
     "task_attempts": report["tasks"]["total"],
     "objects_read": report["objects"]["read"],
     "bytes_read": report["objects"]["bytes_read"],
     "problems": report["problems"]["unreadable_objects"] + report["problems"]["bad_lines"],
-    "runs": len(walls),
-    "wall_s": walls,
-    "median_wall_s": statistics.median(walls),
-    "max_rss_mib": [round(r, 1) for r in rss],
-    "median_max_rss_mib": round(statistics.median(rss), 1),
-}))
+    "runs": len(sys.argv[2].split()),
+    **series(sys.argv[2], sys.argv[3]),
+}
+if sys.argv[4].strip():
+    base = series(sys.argv[4], sys.argv[5])
+    out["baseline"] = base
+    out["wall_ratio"] = round(base["median_wall_s"] / out["median_wall_s"], 2)
+    out["rss_ratio"] = round(base["median_max_rss_mib"] / out["median_max_rss_mib"], 2)
+print(json.dumps(out))
 EOF

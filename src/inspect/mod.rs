@@ -19,8 +19,21 @@
 //!   node; `--since`/`--until` read only objects whose hour partition (the `YYYY-MM-DD-HH` in the
 //!   name: the events' own UTC hour for this collector, the file's creation hour for KubeRay's)
 //!   lies in the window widened by one hour on each side, then keep only the events whose own
-//!   timestamps are in the window. Objects are read concurrently (8 at a time), streamed and
-//!   decoded chunk by chunk, so memory does not grow with object size.
+//!   timestamps are in the window.
+//! - `--logs <id>` (`logs.rs`): one log object under `P/<session>/<node>/logs/`, found by
+//!   listing the nodes' `logs/` directories (and, for a task or actor, by reading the
+//!   session's events as for the report); `--tail` reads it with ranged reads from the end.
+//!
+//! # Reading big sessions in bounded memory
+//!
+//! Objects are fetched `READ_CONCURRENCY` at a time and decoded on one thread per core
+//! (`read.rs`): gunzipped and split into lines as they stream in, task events read by typed
+//! structs (`scan.rs`), the rest as JSON values (`extract.rs`). Facts go in bounded batches to
+//! one fold (`model.rs`, `task.rs`) that keeps nothing per event: task attempts are compact
+//! states (and past `task::MAX_ATTEMPTS_IN_MEMORY` attempts they are spilled to temporary
+//! files by hash and folded one file at a time), event ids are remembered only within a
+//! window (`model::DEDUP_WINDOW`). A read that takes over a second shows a progress line on
+//! stderr when stderr is a terminal.
 //!
 //! Bucket contents are untrusted: a bad gzip stream, a line that is not JSON or an object
 //! that cannot be fetched is counted and reported under `problems`, never fatal; lines and
@@ -30,12 +43,19 @@
 //!
 //! # How events are merged
 //!
-//! Events are deduplicated by event id. Lifecycle events carry lists of state transitions that
+//! Events are deduplicated by event id within a window of the last 524,288 ids read (a
+//! duplicate further apart is counted twice in `events` but changes no state: every merge is
+//! idempotent). Lifecycle events carry lists of state transitions that
 //! are neither complete nor time-ordered, so transitions are merged across events: an entity's
 //! state is the transition with the latest timestamp (ties go to the later state in Ray's
 //! enum, so a terminal state wins). Task attempts are keyed by task id and attempt number, and
 //! task counts are counts of attempts by their final state (`UNKNOWN` when only a definition
-//! was seen). A failed attempt's error is the `rayErrorInfo` of its lifecycle events. Jobs
+//! was seen; an attempt seen only in profile events is not counted). Pushed task events and
+//! Ray's file-based `EXPORT_TASK` events (`state_updates.state_ts_ns`, `task_info`, errors,
+//! profiles) are merged into the same attempts, so a task is counted once whichever way it
+//! was recorded. A failed attempt's error is the `rayErrorInfo` (`error_info`) of its
+//! events. An attempt's execution on the timeline is its worker's `task::<name>` profile
+//! event when exported, else its first RUNNING to its final state. Jobs
 //! come from the driver job events (`DRIVER_JOB_*`, state `CREATED` or `FINISHED`), completed
 //! by Ray's file-based `EXPORT_DRIVER_JOB` events. Ray Train runs and attempts come only from
 //! the export events (`EXPORT_TRAIN_RUN`, `EXPORT_TRAIN_RUN_ATTEMPT`); their timestamps are
@@ -85,7 +105,8 @@
 //!   "tasks": { "total", "by_state": { "FINISHED": n, "FAILED": n, .. } },
 //!   "failed_tasks_total",
 //!   "failed_tasks": [ { "task_id", "attempt", "name", "job_id", "task_type", "failed_at",
-//!                       "error_type", "error_message", "node_id", "worker_id" } ],
+//!                       "error_type", "error_message", "node_id", "worker_id",
+//!                       "log_command" (the inspect command that prints its stderr) } ],
 //!   "actors": [ { "actor_id", "class_name", "name", "job_id", "state", "node_id", "pid",
 //!                 "death_reason", "death_message" } ],
 //!   "train_runs": [ { "run_id", "name", "job_id", "status", "status_detail", "started",
@@ -104,6 +125,9 @@
 //! `problems.unreadable_objects` counts objects that could not be fetched or decoded and
 //! listings that failed; `problems.bad_lines` counts lines (or array elements) that are not
 //! JSON objects or not Ray events; `details` says which and why (at most 200 entries).
+//!
+//! `--timeline FILE` (`timeline.rs`) and `--html FILE` (`html.rs`) write their files besides
+//! the report; their formats are described there.
 
 use std::io::Write as _;
 use std::sync::Arc;
