@@ -56,37 +56,42 @@ if [[ ! -d "$DIR/store/cluster-metadata" ]]; then
 fi
 log "bucket: $(du -sh "$DIR/store" | cut -f1), $(find "$DIR/store" -type f | wc -l) objects, $(cat "$DIR/accepted") events"
 
-# One timed run: "<wall seconds> <max RSS KiB>".
+# One timed run: "<wall seconds> <max RSS KiB> <CPU seconds, user + system>".
 measure() {
     /usr/bin/time -v "$1" inspect "$DIR/store" --session latest --json \
         >"$DIR/report-$2.json" 2>"$DIR/time-$2.txt"
-    local wall kib
+    local wall kib cpu
     wall=$(awk -F': ' '/Elapsed \(wall clock\)/ {print $2}' "$DIR/time-$2.txt" \
         | awk -F: '{ if (NF == 3) print $1*3600 + $2*60 + $3; else print $1*60 + $2 }')
     kib=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$DIR/time-$2.txt")
-    echo "$wall $kib"
+    cpu=$(awk -F': ' '/(User|System) time \(seconds\)/ {s += $2} END {print s}' "$DIR/time-$2.txt")
+    echo "$wall $kib $cpu"
 }
 
-walls=(); rss=(); base_walls=(); base_rss=()
+walls=(); rss=(); cpus=(); base_walls=(); base_rss=(); base_cpus=()
 for i in $(seq 1 "$RUNS"); do
-    read -r wall kib < <(measure "$BIN" new)
-    walls+=("$wall"); rss+=("$kib")
-    log "run $i: ${wall} s, max RSS $((kib / 1024)) MiB (load average $(cut -d' ' -f1 /proc/loadavg))"
+    read -r wall kib cpu < <(measure "$BIN" new)
+    walls+=("$wall"); rss+=("$kib"); cpus+=("$cpu")
+    log "run $i: ${wall} s, CPU ${cpu} s, max RSS $((kib / 1024)) MiB (load average $(cut -d' ' -f1 /proc/loadavg))"
     if [[ -n "${BASELINE:-}" ]]; then
-        read -r wall kib < <(measure "$BASELINE" baseline)
-        base_walls+=("$wall"); base_rss+=("$kib")
-        log "run $i, baseline: ${wall} s, max RSS $((kib / 1024)) MiB"
+        read -r wall kib cpu < <(measure "$BASELINE" baseline)
+        base_walls+=("$wall"); base_rss+=("$kib"); base_cpus+=("$cpu")
+        log "run $i, baseline: ${wall} s, CPU ${cpu} s, max RSS $((kib / 1024)) MiB"
     fi
 done
-python3 - "$DIR/report-new.json" "${walls[*]}" "${rss[*]}" "${base_walls[*]:-}" "${base_rss[*]:-}" <<'EOF'
+python3 - "$DIR/report-new.json" "${walls[*]}" "${rss[*]}" "${cpus[*]}" \
+    "${base_walls[*]:-}" "${base_rss[*]:-}" "${base_cpus[*]:-}" <<'EOF'
 import json, statistics, sys
 report = json.load(open(sys.argv[1]))
-def series(walls, rss):
+def series(walls, rss, cpus):
     walls = [float(x) for x in walls.split()]
     rss = [int(x) / 1024 for x in rss.split()]
+    cpus = [float(x) for x in cpus.split()]
     return {
         "wall_s": walls,
         "median_wall_s": statistics.median(walls),
+        "cpu_s": cpus,
+        "median_cpu_s": statistics.median(cpus),
         "max_rss_mib": [round(r, 1) for r in rss],
         "median_max_rss_mib": round(statistics.median(rss), 1),
     }
@@ -97,12 +102,13 @@ out = {
     "bytes_read": report["objects"]["bytes_read"],
     "problems": report["problems"]["unreadable_objects"] + report["problems"]["bad_lines"],
     "runs": len(sys.argv[2].split()),
-    **series(sys.argv[2], sys.argv[3]),
+    **series(sys.argv[2], sys.argv[3], sys.argv[4]),
 }
-if sys.argv[4].strip():
-    base = series(sys.argv[4], sys.argv[5])
+if sys.argv[5].strip():
+    base = series(sys.argv[5], sys.argv[6], sys.argv[7])
     out["baseline"] = base
     out["wall_ratio"] = round(base["median_wall_s"] / out["median_wall_s"], 2)
+    out["cpu_ratio"] = round(base["median_cpu_s"] / out["median_cpu_s"], 2)
     out["rss_ratio"] = round(base["median_max_rss_mib"] / out["median_max_rss_mib"], 2)
 print(json.dumps(out))
 EOF

@@ -11,6 +11,7 @@ use super::extract::Fact;
 use super::filter::TimeWindow;
 use super::render::human_bytes;
 use super::scan::{scan_line, scan_value, Scanned};
+use super::task::CompactId;
 use super::ContentLimits;
 #[cfg(test)]
 use super::CONTENT_LIMITS;
@@ -47,6 +48,8 @@ pub(super) struct ContentSink {
     pub(super) out: Extraction,
     /// Facts already taken out (they still count in the positions of later ones).
     pub(super) taken: u64,
+    /// The task whose log offsets are read (`--logs`); others' are skipped.
+    pub(super) logs_of: Option<CompactId>,
 }
 
 impl ContentSink {
@@ -60,6 +63,7 @@ impl ContentSink {
             decoded: 0,
             out: Extraction::default(),
             taken: 0,
+            logs_of: None,
         }
     }
 
@@ -171,7 +175,7 @@ impl ContentSink {
             }
             return;
         }
-        let scanned = scan_line(line, self.seq(), value_of);
+        let scanned = scan_line(line, self.seq(), self.logs_of, value_of);
         self.take(scanned);
     }
 
@@ -211,7 +215,7 @@ impl ContentSink {
     }
 
     pub(super) fn record(&mut self, v: &Value) {
-        let scanned = scan_value(v, self.seq());
+        let scanned = scan_value(v, self.seq(), self.logs_of);
         self.take(scanned);
     }
 
@@ -276,6 +280,7 @@ impl Decoder {
             Decoder::Gzip(mut gz) => {
                 let sink = gz.get_mut();
                 let mut taken = ContentSink::new(sink.window, sink.limits);
+                taken.logs_of = sink.logs_of;
                 std::mem::swap(sink, &mut taken);
                 taken
             }

@@ -19,7 +19,8 @@ use super::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES};
 pub(super) struct Fact {
     /// Hash of the event id ([`super::scan::event_id_hash`]), for deduplication.
     pub(super) event_id: Option<u64>,
-    pub(super) event_type: String,
+    /// Ray's known event types are static strings: no allocation per event.
+    pub(super) event_type: std::borrow::Cow<'static, str>,
     pub(super) time_ns: Option<i64>,
     /// Position in its object, for ordering events of the same (whole) second.
     pub(super) seq: u64,
@@ -29,7 +30,8 @@ pub(super) struct Fact {
 /// A state transition: state name and time.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct Transition {
-    pub(super) state: String,
+    /// Ray's state names are static strings (no allocation per transition).
+    pub(super) state: std::borrow::Cow<'static, str>,
     pub(super) time_ns: Option<i64>,
 }
 
@@ -234,7 +236,7 @@ pub(super) fn transitions(v: &Value) -> Vec<(&Value, Transition)> {
                     Some((
                         t,
                         Transition {
-                            state,
+                            state: state.into(),
                             time_ns: get_time(t, "timestamp", "timestamp"),
                         },
                     ))
@@ -354,7 +356,7 @@ pub(super) fn extract_ray_event(v: &Value, seq: u64) -> Option<Fact> {
     .unwrap_or(Body::Other);
     Some(Fact {
         event_id: get_str(v, "eventId", "event_id").map(|id| event_id_hash("e:", &id)),
-        event_type,
+        event_type: event_type.into(),
         time_ns: get_time(v, "timestamp", "timestamp"),
         seq,
         body,
@@ -440,7 +442,9 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
                 name: get_str(data, "name", "name"),
                 transition: ActorTransition {
                     state: Transition {
-                        state: get_str(data, "state", "state").unwrap_or_else(|| "UNKNOWN".into()),
+                        state: get_str(data, "state", "state")
+                            .unwrap_or_else(|| "UNKNOWN".into())
+                            .into(),
                         time_ns,
                     },
                     node_id: get_id(data, "node_id", "nodeId"),
@@ -459,7 +463,9 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
                 started_ns: get_ms_as_ns(data, "start_time_ms"),
                 transition: NodeTransition {
                     state: Transition {
-                        state: get_str(data, "state", "state").unwrap_or_else(|| "UNKNOWN".into()),
+                        state: get_str(data, "state", "state")
+                            .unwrap_or_else(|| "UNKNOWN".into())
+                            .into(),
                         time_ns: get_ms_as_ns(data, "end_time_ms")
                             .filter(|_| get_str(data, "state", "state").as_deref() == Some("DEAD"))
                             .or(time_ns),
@@ -476,7 +482,7 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
     .unwrap_or(Body::Other);
     Some(Fact {
         event_id: get_str(v, "event_id", "eventId").map(|id| event_id_hash("x:", &id)),
-        event_type: source_type,
+        event_type: source_type.into(),
         time_ns,
         seq,
         body,

@@ -12,41 +12,29 @@
 //! cannot change any state: every merge below is idempotent (latest wins, minima, fill once).
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 
 use super::extract::{
     bounded, ActorTransition, Body, Fact, NodeTransition, TrainAttemptEvent, TrainRunEvent,
     TrainWorker, Transition,
 };
-use super::task::{CompactId, TaskStore};
+use super::task::{CompactId, IdentityHasher, TaskStore};
 
 /// Event ids remembered for deduplication: 4 MiB of ring and about 10 MiB of set; Ray's
 /// resends and this collector's own window (262,144 ids) fit in it many times over.
 pub(super) const DEDUP_WINDOW: usize = 1 << 19;
 
-/// The ids are already hashes.
-#[derive(Default)]
-pub(super) struct IdentityHasher(u64);
-
-impl Hasher for IdentityHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
 /// The last [`DEDUP_WINDOW`] event-id hashes.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(super) struct DedupWindow {
     ring: VecDeque<u64>,
     set: HashSet<u64, BuildHasherDefault<IdentityHasher>>,
+}
+
+impl std::fmt::Debug for DedupWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DedupWindow({} ids)", self.ring.len())
+    }
 }
 
 impl DedupWindow {
@@ -63,12 +51,6 @@ impl DedupWindow {
         self.ring.push_back(id);
         self.set.insert(id);
         false
-    }
-}
-
-impl std::fmt::Debug for IdentityHasher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("IdentityHasher")
     }
 }
 
@@ -252,7 +234,7 @@ impl SessionModel {
             }
         }
         self.total += 1;
-        let ty = fact.event_type.as_str();
+        let ty: &str = &fact.event_type;
         let ty = if ty.len() <= 64 {
             std::borrow::Cow::Borrowed(ty)
         } else {
@@ -455,7 +437,7 @@ pub(super) fn absorb_node_transition(n: &mut NodeModel, t: NodeTransition) {
 
 pub(super) fn absorb_actor_transition(a: &mut ActorModel, t: ActorTransition) {
     if let Some(at) = t.state.time_ns {
-        match t.state.state.as_str() {
+        match &*t.state.state {
             "ALIVE" => a.alive_ns = Some(a.alive_ns.map_or(at, |cur| cur.min(at))),
             "DEAD" => a.dead_ns = Some(a.dead_ns.map_or(at, |cur| cur.max(at))),
             _ => {}
@@ -481,7 +463,7 @@ mod tests {
     fn latest_transition_wins_and_ties_go_to_terminal_states() {
         let mut slot = None;
         let t = |state: &str, ns: i64| Transition {
-            state: state.into(),
+            state: state.to_string().into(),
             time_ns: Some(ns),
         };
         keep_latest(&mut slot, &t("FAILED", 5), &());

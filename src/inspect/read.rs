@@ -26,6 +26,7 @@ use super::filter::TimeWindow;
 use super::model::SessionModel;
 use super::render::human_bytes;
 use super::report::{ObjectStats, Problems};
+use super::task::CompactId;
 use super::walk::EventObject;
 use super::{store_error, CONTENT_LIMITS, READ_CONCURRENCY};
 
@@ -88,6 +89,7 @@ pub(super) async fn read_objects(
     if objects.is_empty() {
         return 0;
     }
+    let logs_of = model.tasks.logs_of();
     let total_bytes: u64 = objects.iter().map(|o| o.size).sum::<u64>().max(1);
     let decoders = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -105,7 +107,7 @@ pub(super) async fn read_objects(
         let fetched = Arc::clone(&fetched);
         let spawned = std::thread::Builder::new()
             .name(format!("inspect-decode-{n}"))
-            .spawn(move || decode_loop(&jobs, &out, window, &fetched));
+            .spawn(move || decode_loop(&jobs, &out, window, logs_of, &fetched));
         match spawned {
             Ok(handle) => threads.push(handle),
             Err(e) => problems.note("(local)", &format!("could not start a decoder thread: {e}")),
@@ -253,6 +255,7 @@ fn decode_loop(
     jobs: &Mutex<std::sync::mpsc::Receiver<DecodeJob>>,
     out: &tokio::sync::mpsc::Sender<Message>,
     window: TimeWindow,
+    logs_of: Option<CompactId>,
     fetched: &AtomicU64,
 ) {
     loop {
@@ -263,7 +266,7 @@ fn decode_loop(
         let Ok(job) = job else {
             return;
         };
-        if !decode(job, out, window, fetched) {
+        if !decode(job, out, window, logs_of, fetched) {
             return;
         }
     }
@@ -274,9 +277,11 @@ fn decode(
     job: DecodeJob,
     out: &tokio::sync::mpsc::Sender<Message>,
     window: TimeWindow,
+    logs_of: Option<CompactId>,
     fetched: &AtomicU64,
 ) -> bool {
-    let sink = ContentSink::new(window, CONTENT_LIMITS);
+    let mut sink = ContentSink::new(window, CONTENT_LIMITS);
+    sink.logs_of = logs_of;
     let mut decoder = if job.gzip {
         Decoder::Gzip(Box::new(flate2::write::MultiGzDecoder::new(sink)))
     } else {

@@ -241,6 +241,16 @@ impl Problems {
     }
 }
 
+/// Adds one attempt in `state` (allocating only for a state not seen yet).
+fn count_state(by_state: &mut BTreeMap<String, u64>, state: &str) {
+    match by_state.get_mut(state) {
+        Some(n) => *n += 1,
+        None => {
+            by_state.insert(state.to_string(), 1);
+        }
+    }
+}
+
 /// A failed attempt's row, ranked by (failure time, attempt): the earliest are listed.
 struct Ranked(i64, AttemptKey, FailedTaskEntry);
 
@@ -329,7 +339,7 @@ pub(super) fn shape_report(
                 ip: n.ip,
                 hostname: n.hostname,
                 is_head: n.is_head,
-                state: latest.map(|t| t.state.state.clone()),
+                state: latest.map(|t| t.state.state.to_string()),
                 started: n.started_ns.or(n.alive_ns).map(format_time_json),
                 ended: n.ended_ns.map(format_time_json),
                 death_reason: latest.and_then(|t| t.death_reason.clone()),
@@ -367,14 +377,19 @@ pub(super) fn shape_report(
         }
         let state = t.state(symbols);
         counts.total += 1;
-        *counts.by_state.entry(state.to_string()).or_default() += 1;
+        count_state(&mut counts.by_state, state);
         if let Some(job) = job {
-            if job_filter.as_deref().is_none_or(|j| j == job) && !jobs.contains_key(job) {
+            if !jobs.contains_key(job) && job_filter.as_deref().is_none_or(|j| j == job) {
                 jobs.insert(job.to_string(), Default::default());
             }
-            let c = per_job.entry(job.to_string()).or_default();
+            if !per_job.contains_key(job) {
+                per_job.insert(job.to_string(), TaskCounts::default());
+            }
+            let Some(c) = per_job.get_mut(job) else {
+                return;
+            };
             c.total += 1;
-            *c.by_state.entry(state.to_string()).or_default() += 1;
+            count_state(&mut c.by_state, state);
         }
         if state == "FAILED" {
             failed_total += 1;
@@ -433,7 +448,7 @@ pub(super) fn shape_report(
                 failed: tasks.by_state.get("FAILED").copied().unwrap_or(0),
                 duration_ns: started.zip(ended).and_then(|(s, e)| e.checked_sub(s)),
                 job_id,
-                status,
+                status: status.to_string(),
                 entrypoint: j.entrypoint,
                 driver_pid: j.driver_pid,
                 driver_node_id: j.driver_node_id,
@@ -458,7 +473,7 @@ pub(super) fn shape_report(
                 class_name: a.class_name,
                 name: a.name,
                 job_id,
-                state: latest.map(|t| t.state.state.clone()),
+                state: latest.map(|t| t.state.state.to_string()),
                 node_id: a.node_id,
                 pid: a.pid,
                 death_reason: latest.and_then(|t| t.death_reason.clone()),

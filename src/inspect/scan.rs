@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::extract::{bounded, extract_export_event, extract_ray_event, Body, Fact, Transition};
 use super::filter::{parse_time_ns, NANOS_PER_SECOND};
-use super::task::{AttemptKey, CompactId, LogInfo, TaskDelta};
+use super::task::{AttemptKey, CompactId, LogInfo, TaskDelta, Transitions};
 use super::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES};
 
 /// Ray's `TaskStatus` enum by number, as `EXPORT_TASK`'s `state_ts_ns` keys name states.
@@ -281,13 +281,8 @@ struct TaskLifecycle<'a> {
     attempt: Int,
     #[serde(borrow, default, rename = "jobId", alias = "job_id")]
     job_id: Text<'a>,
-    #[serde(
-        borrow,
-        default,
-        rename = "stateTransitions",
-        alias = "state_transitions"
-    )]
-    transitions: Option<Vec<StateTransition<'a>>>,
+    #[serde(default, rename = "stateTransitions", alias = "state_transitions")]
+    transitions: ScanTransitions,
     #[serde(borrow, default, rename = "rayErrorInfo", alias = "ray_error_info")]
     error: Option<ErrorInfo<'a>>,
     #[serde(borrow, default, rename = "nodeId", alias = "node_id")]
@@ -382,6 +377,11 @@ fn text(t: &Text<'_>) -> Option<String> {
         .map(|s| bounded(s, MAX_FIELD_BYTES))
 }
 
+/// Whether `task_id` is the task whose logs are wanted.
+fn wanted(logs_of: Option<CompactId>, task_id: &Text<'_>) -> bool {
+    logs_of.is_some() && cid(task_id) == logs_of
+}
+
 /// An id, kept as bytes (no text is made per event).
 fn cid(t: &Text<'_>) -> Option<CompactId> {
     t.as_deref().filter(|s| !s.is_empty()).map(CompactId::parse)
@@ -439,27 +439,50 @@ fn execution(p: &Option<ProfileEvents<'_>>) -> Option<(i64, i64, Option<CompactI
     (start > 0 && end >= start).then(|| (start, end, cid(&p.component_id)))
 }
 
-fn transitions(ts: &Option<Vec<StateTransition<'_>>>) -> Vec<Transition> {
-    ts.as_deref()
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|t| {
-            Some(Transition {
-                state: text(&t.state)?,
-                time_ns: t.timestamp.as_deref().and_then(parse_time_ns),
-            })
-        })
-        .collect()
+/// `stateTransitions`, read element by element into [`Transitions`] (no list is built).
+#[derive(Default)]
+struct ScanTransitions(Transitions);
+
+impl<'de> Deserialize<'de> for ScanTransitions {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ScanTransitions, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ScanTransitions;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list of state transitions")
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<ScanTransitions, A::Error> {
+                let mut out = Transitions::default();
+                while let Some(t) = seq.next_element::<StateTransition<'de>>()? {
+                    if let Some(state) = t.state.as_deref().filter(|s| !s.is_empty()) {
+                        out.push(Transition {
+                            state: task_state(state),
+                            time_ns: t.timestamp.as_deref().and_then(parse_time_ns),
+                        });
+                    }
+                }
+                Ok(ScanTransitions(out))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<ScanTransitions, E> {
+                Ok(ScanTransitions::default())
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 impl Line<'_> {
-    /// The fact of a task event, `None` for any other event.
-    fn task_fact(&self, seq: u64) -> Option<Fact> {
+    /// The fact of a task event, `None` for any other event. Log offsets are read only for
+    /// the attempts of `logs_of` (`--logs`).
+    fn task_fact(&self, seq: u64, logs_of: Option<CompactId>) -> Option<Fact> {
         if let Some(data) = &self.event_data {
             if self.source_type.as_deref() != Some("EXPORT_TASK") {
                 return None;
             }
-            return Some(self.export_task_fact(data, seq));
+            return Some(self.export_task_fact(data, seq, logs_of));
         }
         let event_type = self.event_type.as_deref()?;
         let time_ns = match &self.timestamp {
@@ -493,14 +516,18 @@ impl Line<'_> {
                 })
             }
             "TASK_LIFECYCLE_EVENT" => self.task_lifecycle.as_ref().map(|l| TaskDelta {
+                log: if wanted(logs_of, &l.task_id) {
+                    log_info(&l.log)
+                } else {
+                    None
+                },
                 key: key(&l.task_id, l.attempt),
                 job: cid(&l.job_id),
-                transitions: transitions(&l.transitions),
+                transitions: l.transitions.0.clone(),
                 error: error(&l.error),
                 node: cid(&l.node_id),
                 worker: cid(&l.worker_id),
                 pid: l.worker_pid.0,
-                log: log_info(&l.log),
                 ..TaskDelta::default()
             }),
             "TASK_PROFILE_EVENT" => self.task_profile.as_ref().map(|p| TaskDelta {
@@ -514,7 +541,7 @@ impl Line<'_> {
         };
         Some(Fact {
             event_id: self.event_id.as_deref().map(|i| event_id_hash("e:", i)),
-            event_type: event_type.to_string(),
+            event_type: static_event_type(event_type),
             time_ns,
             seq,
             body: match delta {
@@ -524,7 +551,7 @@ impl Line<'_> {
         })
     }
 
-    fn export_task_fact(&self, d: &ExportTask<'_>, seq: u64) -> Fact {
+    fn export_task_fact(&self, d: &ExportTask<'_>, seq: u64, logs_of: Option<CompactId>) -> Fact {
         let time_ns = match &self.timestamp {
             Some(Stamp::Seconds(s)) => s.checked_mul(NANOS_PER_SECOND),
             _ => None,
@@ -538,7 +565,7 @@ impl Line<'_> {
                     .filter_map(|(state, ns)| {
                         let state = state.parse::<usize>().ok()?;
                         Some(Transition {
-                            state: TASK_STATUS.get(state)?.to_string(),
+                            state: Cow::Borrowed(*TASK_STATUS.get(state)?),
                             time_ns: ns.0.filter(|n| *n > 0),
                         })
                     })
@@ -551,18 +578,20 @@ impl Line<'_> {
             job: cid(&d.job_id),
             name: info.and_then(|i| text(&i.name).or_else(|| text(&i.func_or_class_name))),
             task_type: info.and_then(|i| text(&i.task_type)),
-            transitions,
+            transitions: transitions.into_iter().collect(),
             error: updates.and_then(|u| error(&u.error_info)),
             node: updates.and_then(|u| cid(&u.node_id)),
             worker: updates.and_then(|u| cid(&u.worker_id)),
             pid: updates.and_then(|u| u.worker_pid.0),
             exec: execution(&d.profile_events),
-            log: updates.and_then(|u| log_info(&u.task_log_info)),
+            log: updates
+                .filter(|_| wanted(logs_of, &d.task_id))
+                .and_then(|u| log_info(&u.task_log_info)),
             from_profile: false,
         };
         Fact {
             event_id: self.event_id.as_deref().map(|i| event_id_hash("x:", i)),
-            event_type: "EXPORT_TASK".into(),
+            event_type: Cow::Borrowed("EXPORT_TASK"),
             time_ns,
             seq,
             body: if delta.key.is_some() {
@@ -571,6 +600,25 @@ impl Line<'_> {
                 Body::Other
             },
         }
+    }
+}
+
+/// The task event types, as static strings.
+fn static_event_type(t: &str) -> Cow<'static, str> {
+    match t {
+        "TASK_DEFINITION_EVENT" => Cow::Borrowed("TASK_DEFINITION_EVENT"),
+        "ACTOR_TASK_DEFINITION_EVENT" => Cow::Borrowed("ACTOR_TASK_DEFINITION_EVENT"),
+        "TASK_LIFECYCLE_EVENT" => Cow::Borrowed("TASK_LIFECYCLE_EVENT"),
+        "TASK_PROFILE_EVENT" => Cow::Borrowed("TASK_PROFILE_EVENT"),
+        other => Cow::Owned(other.to_string()),
+    }
+}
+
+/// A task state's name: Ray's own as static strings (no allocation per transition).
+fn task_state(s: &str) -> Cow<'static, str> {
+    match TASK_STATUS.iter().find(|known| **known == s) {
+        Some(known) => Cow::Borrowed(known),
+        None => Cow::Owned(bounded(s, MAX_FIELD_BYTES)),
     }
 }
 
@@ -588,27 +636,28 @@ pub(super) type Scanned = Result<Fact, String>;
 pub(super) fn scan_line(
     line: &[u8],
     seq: u64,
+    logs_of: Option<CompactId>,
     value_of: impl Fn(&[u8]) -> Result<Value, String>,
 ) -> Scanned {
     if let Ok(typed) = serde_json::from_slice::<Line>(line) {
-        if let Some(fact) = typed.task_fact(seq) {
+        if let Some(fact) = typed.task_fact(seq, logs_of) {
             return Ok(fact);
         }
     }
     match value_of(line) {
-        Ok(v) => scan_value(&v, seq),
+        Ok(v) => scan_value(&v, seq, logs_of),
         Err(e) => Err(e),
     }
 }
 
 /// Reads one JSON value that is an event (an element of a legacy array, or a line the typed
 /// reader refused).
-pub(super) fn scan_value(v: &Value, seq: u64) -> Scanned {
+pub(super) fn scan_value(v: &Value, seq: u64, logs_of: Option<CompactId>) -> Scanned {
     if !v.is_object() {
         return Err("not a JSON object".into());
     }
     if let Ok(typed) = Line::deserialize(v) {
-        if let Some(fact) = typed.task_fact(seq) {
+        if let Some(fact) = typed.task_fact(seq, logs_of) {
             return Ok(fact);
         }
     }
@@ -628,7 +677,7 @@ mod tests {
     use super::*;
 
     fn fact(line: &str) -> Fact {
-        match scan_line(line.as_bytes(), 0, |l| {
+        match scan_line(line.as_bytes(), 0, Some(CompactId::parse("AQID")), |l| {
             serde_json::from_slice(l).map_err(|e| e.to_string())
         }) {
             Ok(f) => f,
@@ -662,7 +711,7 @@ mod tests {
             let k = t.key.unwrap();
             assert_eq!((k.id.hex().as_str(), k.attempt), ("010203", 1));
             assert_eq!(t.job.map(|j| j.hex()).as_deref(), Some("01000000"));
-            assert_eq!(t.transitions[0].state, "FAILED");
+            assert_eq!(t.transitions.iter().next().unwrap().state, "FAILED");
             assert_eq!(t.pid, Some(7));
             let (ty, msg) = t.error.unwrap();
             assert_eq!(ty.as_deref(), Some("TASK_EXECUTION_EXCEPTION"));
@@ -682,7 +731,7 @@ mod tests {
         assert_eq!(f.time_ns, Some(1_795_625_217 * NANOS_PER_SECOND));
         let t = task(f);
         assert_eq!(t.name.as_deref(), Some("fails"));
-        let states: Vec<&str> = t.transitions.iter().map(|t| t.state.as_str()).collect();
+        let states: Vec<&str> = t.transitions.iter().map(|t| &*t.state).collect();
         assert_eq!(states, ["PENDING_ARGS_AVAIL", "RUNNING", "FAILED"]);
         let (start, end, worker) = t.exec.unwrap();
         assert_eq!(

@@ -49,7 +49,7 @@ pub(super) fn fast_map<K, V>() -> FastMap<K, V> {
 
 /// A Ray id held as bytes (Ray's ids are at most 28 bytes). An id that is not hex or base64,
 /// or is longer, is held as a 16-byte hash of its text and shown as `invalid-<hash>`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct CompactId {
     /// Length in bytes; the high bit marks a hash.
     len: u8,
@@ -57,6 +57,23 @@ pub(super) struct CompactId {
 }
 
 const HASHED: u8 = 0x80;
+
+/// The seed of the hashes of ids: random per process, so that no input can be built to
+/// collide in the maps.
+fn id_seed() -> u64 {
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SEED.get_or_init(rand::random)
+}
+
+impl std::hash::Hash for CompactId {
+    /// One 64-bit hash of the bytes (the maps keyed by ids pass it through).
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(xxhash_rust::xxh3::xxh3_64_with_seed(
+            &self.bytes[..self.byte_len()],
+            id_seed() ^ u64::from(self.len),
+        ));
+    }
+}
 
 impl CompactId {
     /// The id of an event field (base64 or hex, read as [`crate::contract::id_to_hex`]
@@ -133,11 +150,44 @@ impl std::fmt::Debug for CompactId {
 }
 
 /// One task attempt: Ray's unit of task events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct AttemptKey {
     pub(super) id: CompactId,
     pub(super) attempt: i32,
 }
+
+impl std::hash::Hash for AttemptKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(
+            xxhash_rust::xxh3::xxh3_64_with_seed(
+                &self.id.bytes[..self.id.byte_len()],
+                id_seed() ^ u64::from(self.id.len),
+            ) ^ (self.attempt as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        );
+    }
+}
+
+/// Passes a key's own 64-bit hash through ([`CompactId`], [`AttemptKey`], and event-id
+/// hashes, which are already seeded hashes).
+#[derive(Default)]
+pub(super) struct IdentityHasher(u64);
+
+impl std::hash::Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// A map keyed by ids, hashed once by the key itself.
+pub(super) type IdMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<IdentityHasher>>;
 
 /// Where a task's output sits in its worker's logs, as Ray reports it (`taskLogInfo`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -169,6 +219,39 @@ impl LogInfo {
     }
 }
 
+/// An event's state transitions, the first [`INLINE_TRANSITIONS`] held inline: a
+/// lifecycle event rarely has more, so reading one allocates nothing for them.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Transitions {
+    inline: [Option<Transition>; INLINE_TRANSITIONS],
+    more: Vec<Transition>,
+}
+
+const INLINE_TRANSITIONS: usize = 4;
+
+impl Transitions {
+    pub(super) fn push(&mut self, t: Transition) {
+        match self.inline.iter_mut().find(|slot| slot.is_none()) {
+            Some(slot) => *slot = Some(t),
+            None => self.more.push(t),
+        }
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Transition> {
+        self.inline.iter().flatten().chain(self.more.iter())
+    }
+}
+
+impl FromIterator<Transition> for Transitions {
+    fn from_iter<I: IntoIterator<Item = Transition>>(items: I) -> Transitions {
+        let mut t = Transitions::default();
+        for item in items {
+            t.push(item);
+        }
+        t
+    }
+}
+
 /// What one event says about one task attempt.
 #[derive(Debug, Clone, Default)]
 pub(super) struct TaskDelta {
@@ -176,7 +259,7 @@ pub(super) struct TaskDelta {
     pub(super) job: Option<CompactId>,
     pub(super) name: Option<String>,
     pub(super) task_type: Option<String>,
-    pub(super) transitions: Vec<Transition>,
+    pub(super) transitions: Transitions,
     /// (error type, error message) of `rayErrorInfo`.
     pub(super) error: Option<(Option<String>, Option<String>)>,
     pub(super) node: Option<CompactId>,
@@ -208,7 +291,7 @@ pub(super) struct Symbols {
     texts: Vec<Box<str>>,
     index: FastMap<Box<str>, u32>,
     /// Ids (jobs, nodes, workers) by their bytes; their text is their hex.
-    ids: FastMap<CompactId, Sym>,
+    ids: IdMap<CompactId, Sym>,
     /// Worker → node, from events that name both (the owner's); an executor's own events
     /// name only the worker.
     worker_nodes: FastMap<Sym, Sym>,
@@ -221,7 +304,7 @@ impl Default for Symbols {
         Symbols {
             texts: Vec::new(),
             index: fast_map(),
-            ids: fast_map(),
+            ids: IdMap::default(),
             worker_nodes: fast_map(),
             sole_node: Sym::NONE,
         }
@@ -401,7 +484,7 @@ impl TaskState {
             symbols.worker_nodes.entry(s.worker).or_insert(s.node);
         }
         let mut failed_here = false;
-        for t in &d.transitions {
+        for t in d.transitions.iter() {
             let time = t.time_ns.unwrap_or(NO_TIME);
             let rank = state_rank(&t.state);
             if s.latest_state.is_none() || (time, rank) > (s.latest_ns, s.latest_rank) {
@@ -409,7 +492,7 @@ impl TaskState {
                 s.latest_rank = rank;
                 s.latest_state = symbols.intern(Some(&t.state));
             }
-            match t.state.as_str() {
+            match &*t.state {
                 "RUNNING" => s.running_ns = min_time(s.running_ns, time),
                 "FAILED" => {
                     failed_here = true;
@@ -521,7 +604,7 @@ impl ErrorBudget {
 #[derive(Debug)]
 pub(super) struct TaskStore {
     pub(super) symbols: Symbols,
-    map: FastMap<AttemptKey, TaskState>,
+    map: IdMap<AttemptKey, TaskState>,
     spill: Option<SpillFiles>,
     errors: ErrorBudget,
     /// Log offsets are kept only for the attempts of this task (`--logs`).
@@ -534,7 +617,7 @@ impl TaskStore {
     pub(super) fn new(keep_logs_of: Option<CompactId>) -> TaskStore {
         TaskStore {
             symbols: Symbols::default(),
-            map: fast_map(),
+            map: IdMap::default(),
             spill: None,
             errors: ErrorBudget::default(),
             keep_logs_of,
@@ -563,7 +646,7 @@ impl TaskStore {
                     let files = ((expected * 1.5) as u64 / ATTEMPTS_PER_SPILL_FILE + 1) as usize;
                     let mut spill =
                         SpillFiles::create(files.clamp(MIN_SPILL_FILES, MAX_SPILL_FILES))?;
-                    for (k, s) in std::mem::replace(&mut self.map, fast_map()) {
+                    for (k, s) in std::mem::take(&mut self.map) {
                         spill.write(&k, &s)?;
                     }
                     self.spill = Some(spill);
@@ -571,6 +654,11 @@ impl TaskStore {
             }
         }
         Ok(())
+    }
+
+    /// The task whose log offsets are kept (`--logs`).
+    pub(super) fn logs_of(&self) -> Option<CompactId> {
+        self.keep_logs_of
     }
 
     /// Error messages shortened because too many bytes of them were held.
@@ -593,7 +681,7 @@ impl TaskStore {
             Some(mut spill) => {
                 // `spill` removes its directory when dropped, after the loop.
                 for path in spill.finish()? {
-                    let mut map: FastMap<AttemptKey, TaskState> = fast_map();
+                    let mut map: IdMap<AttemptKey, TaskState> = IdMap::default();
                     let file = File::open(&path)?;
                     let mut reader = BufReader::with_capacity(SPILL_BUFFER_BYTES, file);
                     while let Some((k, s)) = read_record(&mut reader)? {
@@ -663,8 +751,10 @@ impl SpillFiles {
     }
 
     fn write(&mut self, key: &AttemptKey, state: &TaskState) -> std::io::Result<()> {
-        let h = xxhash_rust::xxh3::xxh3_64(&key.id.bytes[..key.id.byte_len()])
-            ^ (key.attempt as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let mut hasher = IdentityHasher::default();
+        std::hash::Hash::hash(key, &mut hasher);
+        // The high bits: the maps use the low ones.
+        let h = std::hash::Hasher::finish(&hasher).rotate_left(32);
         let i = (h % self.writers.len() as u64) as usize;
         write_record(&mut self.writers[i], key, state)
     }
@@ -860,7 +950,7 @@ mod tests {
 
     fn t(state: &str, ns: i64) -> Transition {
         Transition {
-            state: state.into(),
+            state: state.to_string().into(),
             time_ns: Some(ns),
         }
     }
@@ -872,7 +962,7 @@ mod tests {
                 id: CompactId::parse(id),
                 attempt: 0,
             }),
-            transitions,
+            transitions: transitions.into_iter().collect(),
             ..TaskDelta::default()
         }
     }
@@ -939,7 +1029,7 @@ mod tests {
             });
             store.add(d.clone(), 0.0).unwrap();
             if i % 2 == 0 {
-                d.transitions = vec![t("FINISHED", 2)];
+                d.transitions = [t("FINISHED", 2)].into_iter().collect();
                 store.add(d, 0.0).unwrap();
             }
         }
