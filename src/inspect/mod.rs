@@ -152,6 +152,7 @@ mod read;
 mod render;
 mod report;
 mod scan;
+mod spill;
 mod task;
 mod timeline;
 mod walk;
