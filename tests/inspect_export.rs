@@ -361,3 +361,84 @@ fn export_only_session_reports_its_tasks_logs_and_timeline() {
         "{text}"
     );
 }
+
+/// `unix_ns` as RFC 3339 with nanoseconds, as Ray writes timestamps in pushed events.
+fn rfc3339_ns(unix_ns: i64) -> String {
+    let base = ray_history_collector::util::time::format_rfc3339(unix_ns.div_euclid(1_000_000_000));
+    format!(
+        "{}.{:09}Z",
+        base.trim_end_matches('Z'),
+        unix_ns.rem_euclid(1_000_000_000)
+    )
+}
+
+#[test]
+fn pushed_and_export_records_of_the_same_attempts_count_once() {
+    let work = tempfile::tempdir().unwrap();
+    let store = collect_export_session(work.path());
+    let dir = store.to_str().unwrap();
+    let before = inspect_json_ok(&[dir, "--session", EXPORT_SESSION, "--json"]);
+
+    // The same attempts as pushed lifecycle events (camelCase, as the aggregator sends
+    // them), in the job's partition where the collector files pushed events.
+    let mut lines = String::new();
+    for (i, e) in export_task_events().iter().enumerate() {
+        let d = &e["event_data"];
+        let Some(states) = d["state_updates"]["state_ts_ns"].as_object() else {
+            continue;
+        };
+        let transitions: Vec<Value> = states
+            .iter()
+            .map(|(state, ns)| {
+                let state: usize = state.parse().unwrap();
+                let ns: i64 = ns.as_str().unwrap().parse().unwrap();
+                serde_json::json!({"state": TASK_STATUS[state], "timestamp": rfc3339_ns(ns)})
+            })
+            .collect();
+        let event = serde_json::json!({
+            "eventId": base64::engine::general_purpose::STANDARD.encode(format!("pushed-{i}")),
+            "sourceType": "CORE_WORKER",
+            "eventType": "TASK_LIFECYCLE_EVENT",
+            "timestamp": rfc3339_ns(e["timestamp"].as_i64().unwrap() * 1_000_000_000),
+            "sessionName": EXPORT_SESSION,
+            "taskLifecycleEvent": {
+                "taskId": d["task_id"],
+                "taskAttempt": d["attempt_number"],
+                "jobId": d["job_id"],
+                "stateTransitions": transitions,
+            },
+        });
+        lines.push_str(&event.to_string());
+        lines.push('\n');
+    }
+    let key = format!(
+        "cluster-history/raycluster/default/train/{EXPORT_SESSION}/{EXPORT_NODE_ID}/job_events/\
+         01000000/{EXPORT_NODE_ID}-2026-11-25-16-1.jsonl"
+    );
+    let path = store.join(key);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, lines).unwrap();
+
+    let after = inspect_json_ok(&[dir, "--session", EXPORT_SESSION, "--json"]);
+    assert!(
+        after["events"]["by_type"]["TASK_LIFECYCLE_EVENT"]
+            .as_u64()
+            .unwrap()
+            > 50,
+        "{}",
+        after["events"]
+    );
+    assert_eq!(
+        after["tasks"], before["tasks"],
+        "the same attempts counted twice?"
+    );
+    assert_eq!(after["failed_tasks_total"], 1);
+    assert_eq!(after["failed_tasks"][0]["task_id"], EXPORT_FAILING_TASK);
+}
+
+/// `inspect <args>` (which end with --json), parsed.
+fn inspect_json_ok(args: &[&str]) -> Value {
+    let out = inspect(args);
+    assert!(out.status.success(), "inspect {args:?}: {}", out.stderr);
+    serde_json::from_str(&out.stdout).unwrap()
+}

@@ -3,8 +3,7 @@
 //! takes Ray's pushed events over HTTP and tails Ray Train's export events
 //! (`<session>/logs/export_events/event_EXPORT_TRAIN_STATE.log`) from `--ray-tmp-dir`; after
 //! SIGTERM, `inspect --session <s> --json` must show the run with its status history and
-//! workers, and the failed task with its error, once: its attempt is recorded both by the
-//! pushed events and by Ray's `EXPORT_TASK` files (`RAY_enable_export_api_write=1`).
+//! workers, and the failed task with its error.
 //!
 //! Needs `RHC_PYTHON` (a Python with `ray[default,train]`, from
 //! `./scripts/install-test-deps.sh`); without it the test prints `skipping: ...` and passes,
@@ -114,12 +113,18 @@ fn ray_train_run_and_failed_task_appear_in_inspect() {
     );
 
     let mut failures = Vec::new();
-    // Both records of the tasks were read (pushed and Ray's EXPORT_TASK files), and the
-    // failed task below is listed once: the same attempts, merged.
-    for ty in ["TASK_LIFECYCLE_EVENT", "EXPORT_TASK"] {
-        if report["events"]["by_type"][ty].as_u64().unwrap_or(0) == 0 {
-            failures.push(format!("no {ty} read: {}", report["events"]["by_type"]));
-        }
+    // The tasks' pushed events were read. (Ray 2.60 writes no `EXPORT_TASK` files when its
+    // core workers push task events to the aggregator, as here; when both records exist the
+    // attempts are merged: tests/inspect_export.rs.)
+    if report["events"]["by_type"]["TASK_LIFECYCLE_EVENT"]
+        .as_u64()
+        .unwrap_or(0)
+        == 0
+    {
+        failures.push(format!(
+            "no TASK_LIFECYCLE_EVENT read: {}",
+            report["events"]["by_type"]
+        ));
     }
     check_train_run(&report, info, &mut failures);
     check_failed_task(&report, info, &mut failures);
