@@ -398,8 +398,23 @@ async fn print_tail(
     lines: usize,
     out: &mut Output,
 ) -> anyhow::Result<()> {
+    for piece in tail(store, key, start, end, lines).await? {
+        out.write(&piece)?;
+    }
+    Ok(())
+}
+
+/// The last `lines` lines of `key[start..end]`, in order, read with ranged reads of
+/// [`TAIL_BLOCK`] from the end (at most [`MAX_TAIL_BYTES`]).
+async fn tail(
+    store: &Arc<dyn ObjectStore>,
+    key: &ObjectPath,
+    start: u64,
+    end: u64,
+    lines: usize,
+) -> anyhow::Result<Vec<bytes::Bytes>> {
     if lines == 0 || start >= end {
-        return Ok(());
+        return Ok(Vec::new());
     }
     // Blocks read from the end, newest first.
     let mut blocks: Vec<bytes::Bytes> = Vec::new();
@@ -434,13 +449,14 @@ async fn print_tail(
             break;
         }
     }
-    for (n, block) in blocks.iter().enumerate().rev() {
+    let mut pieces = Vec::with_capacity(blocks.len());
+    for (n, block) in blocks.into_iter().enumerate().rev() {
         match cut {
-            Some((at, offset)) if at == n => out.write(&block[offset..])?,
-            _ => out.write(block)?,
+            Some((at, offset)) if at == n => pieces.push(block.slice(offset..)),
+            _ => pieces.push(block),
         }
     }
-    Ok(())
+    Ok(pieces)
 }
 
 /// stdout, raw into a pipe or file, cleaned for a terminal.
@@ -480,5 +496,48 @@ impl Output {
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
             other => other.context("writing the log to stdout"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+    use object_store::PutPayload;
+
+    async fn tail_text(store: &Arc<dyn ObjectStore>, start: u64, end: u64, n: usize) -> String {
+        let key = ObjectPath::from("log");
+        let pieces = tail(store, &key, start, end, n).await.unwrap();
+        String::from_utf8(pieces.concat()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn tail_reads_lines_across_blocks_from_the_end() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        // 40,000 numbered lines: about 5 blocks of TAIL_BLOCK.
+        let text: String = (0..40_000).map(|i| format!("line {i}\n")).collect();
+        let size = text.len() as u64;
+        store
+            .put(
+                &ObjectPath::from("log"),
+                PutPayload::from(text.clone().into_bytes()),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            tail_text(&store, 0, size, 2).await,
+            "line 39998\nline 39999\n"
+        );
+        // More lines than one block holds.
+        let many = tail_text(&store, 0, size, 20_000).await;
+        assert_eq!(many.lines().count(), 20_000);
+        assert!(many.starts_with("line 20000\n"), "{}", &many[..20]);
+        // More lines than there are: everything.
+        assert_eq!(tail_text(&store, 0, size, 50_000).await, text);
+        // A range (an attempt's own output), whose last line has no newline.
+        let start = text.find("line 100\n").unwrap() as u64;
+        let end = text.find("line 105\n").unwrap() as u64 - 1;
+        assert_eq!(tail_text(&store, start, end, 2).await, "line 103\nline 104");
+        assert_eq!(tail_text(&store, start, end, 0).await, "");
     }
 }
