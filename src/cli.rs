@@ -279,4 +279,26 @@ pub struct InspectArgs {
     /// Failed task attempts listed in the session report.
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub failed_limit: usize,
+
+    /// Print a log from the bucket instead of the report: of a task (its last attempt's
+    /// worker, only the attempt's own output when Ray reported where it is), an actor, a
+    /// worker, or a node (its raylet.out). Needs --session.
+    #[arg(long, value_name = "ID", requires = "session", conflicts_with_all = ["json", "timeline", "html"])]
+    pub logs: Option<String>,
+
+    /// With --logs: only the last N lines (read from the end of the object, not downloaded whole).
+    #[arg(long, value_name = "N", requires = "logs")]
+    pub tail: Option<usize>,
+
+    /// With --logs: the stderr log (.err, raylet.err) instead of stdout (.out).
+    #[arg(long, requires = "logs")]
+    pub err: bool,
+
+    /// Also write the session as a Chrome trace (JSON for Perfetto or chrome://tracing) to FILE.
+    #[arg(long, value_name = "FILE", requires = "session")]
+    pub timeline: Option<std::path::PathBuf>,
+
+    /// Also write a self-contained HTML page (summary, failed tasks, Gantt chart) to FILE.
+    #[arg(long, value_name = "FILE", requires = "session")]
+    pub html: Option<std::path::PathBuf>,
 }

@@ -483,8 +483,21 @@ fn collector_bucket_lists_sessions_and_reports_jobs_tasks_actors_nodes() {
     let jobs = table_after(&text, "JOBS");
     assert!(jobs[1].starts_with("01000000  FINISHED"), "{text}");
     assert_aligned(&jobs, &["STATUS", "STARTED", "ENDED", "ENTRYPOINT"]);
-    let failed = table_after(&text, "FAILED TASKS");
+    let section = table_after(&text, "FAILED TASKS");
+    // The table, then the commands that print each failed attempt's log.
+    let failed: Vec<&str> = section
+        .iter()
+        .copied()
+        .take_while(|l| !l.starts_with("  "))
+        .collect();
     assert_eq!(failed.len(), 2, "{text}");
+    assert!(
+        section[2..].iter().any(
+            |l| l.trim_start().starts_with("ray-history-collector inspect ")
+                && l.ends_with("--logs 79cc316456d39201ffffffffffffffffffffffff01000000 --err")
+        ),
+        "{text}"
+    );
     assert_aligned(
         &failed,
         &["TASK ID", "NAME", "JOB ID", "ERROR TYPE", "ERROR"],
@@ -603,6 +616,20 @@ fn kuberay_style_bucket_reads_the_same() {
         "myjob-raycluster-x",
     ]);
     check_session(&theirs, &want, "kuberay layout");
+    // The command that shows a failed task's log names its own bucket.
+    let (mut theirs, mut ours) = (theirs, ours);
+    for report in [&mut theirs, &mut ours] {
+        for t in report["failed_tasks"].as_array_mut().unwrap() {
+            let command = t["log_command"].take();
+            assert!(
+                command
+                    .as_str()
+                    .unwrap()
+                    .starts_with("ray-history-collector inspect /"),
+                "{command}"
+            );
+        }
+    }
     for section in [
         "jobs",
         "tasks",

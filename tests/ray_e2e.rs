@@ -10,6 +10,15 @@
 //! RHC_REQUIRE_SERVICES=1 cargo test --test ray_e2e -- --nocapture
 //! ```
 //!
+//! Then `inspect` reads the bucket after the collector's SIGTERM, as someone would after the
+//! cluster is gone, and two of its answers are checked against Ray itself:
+//!
+//! - `--timeline`: Ray's own Chrome trace of the live cluster (`ray.timeline`, what
+//!   `ray timeline` writes), recorded by the workload before shutdown, is the oracle: every
+//!   task execution in it (a `task::<name>` slice) must be in our trace, on the same worker,
+//!   starting and ending within [`TIMELINE_TOLERANCE_US`].
+//! - `--logs <failing task> --err`: prints what the failing task wrote to its stderr.
+//!
 //! The workload is `tests/e2e/ray_workload.py`, run with the harness in `support/ray.rs`:
 //! everything Ray writes lives in one short temp dir (`/tmp/rhc-e2e-XXXXXX`, short because of
 //! the ~107-byte limit on unix socket paths), including `$HOME` (Ray 2.60 writes
@@ -42,6 +51,12 @@ const FAILING_TASK: &str = "fails";
 const FAILURE_TEXT: &str = "rhc-e2e intentional failure";
 /// Environment variable set on the workload; every Ray process inherits it.
 const MARKER_VAR: &str = "RHC_E2E_MARKER";
+/// What the failing task prints to its stderr before it raises.
+const FAILING_STDERR: &str = "rhc-e2e: the failing task's own stderr";
+/// How far our timeline's slices may be from Ray's, at each end (microseconds).
+const TIMELINE_TOLERANCE_US: f64 = 5_000.0;
+/// How long `inspect` may take.
+const INSPECT_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[test]
 fn real_ray_job_events_reach_job_events_partition() {
@@ -59,6 +74,7 @@ fn real_ray_job_events_reach_job_events_partition() {
 
     // 2. The Ray workload.
     let dashboard_port = free_port().to_string();
+    let ray_trace = work.path().join("ray-timeline.json");
     let mut cmd = workload_command(
         &python,
         "ray_workload.py",
@@ -66,6 +82,7 @@ fn real_ray_job_events_reach_job_events_partition() {
         &collector,
         &dashboard_port,
     );
+    cmd.env("RHC_E2E_TIMELINE", &ray_trace);
     let run = run_workload(&mut cmd, SCRIPT_TIMEOUT, &work, &collector, 48 * 1024);
     let info = &run.result;
     let job_hex = &info.job_id;
@@ -156,8 +173,62 @@ fn real_ray_job_events_reach_job_events_partition() {
     }
     println!("{report}");
 
-    // Every event the collector stored is in the bucket, and nothing was set aside.
+    // inspect, from the bucket alone: the timeline against Ray's, the failing task's log.
     let mut failures = check.failures;
+    let store_arg = store_dir.to_str().expect("utf-8 temp path");
+    let our_trace = work.path().join("inspect-timeline.json");
+    let out = run_inspect(&[
+        store_arg,
+        "--session",
+        session,
+        "--timeline",
+        our_trace.to_str().expect("utf-8 temp path"),
+    ]);
+    let (compared, timeline_failures) = compare_timelines(&ray_trace, &our_trace);
+    println!(
+        "timeline: {compared} task executions of Ray's trace compared; {}",
+        out.trim_end().lines().next().unwrap_or("")
+    );
+    failures.extend(timeline_failures);
+    let failing_task = run
+        .out
+        .stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<Value>(l).ok())
+        .and_then(|v| v["failing_task_id"].as_str().map(str::to_string))
+        .unwrap_or_default();
+    let log = run_inspect(&[
+        store_arg,
+        "--session",
+        session,
+        "--logs",
+        &failing_task,
+        "--err",
+    ]);
+    println!("inspect --logs {failing_task} --err:\n{log}");
+    if !log.contains(FAILING_STDERR) {
+        failures.push(format!(
+            "inspect --logs {failing_task} --err does not print {FAILING_STDERR:?}:\n{log}"
+        ));
+    }
+    let tail = run_inspect(&[
+        store_arg,
+        "--session",
+        session,
+        "--logs",
+        &failing_task,
+        "--err",
+        "--tail",
+        "1",
+    ]);
+    if tail.trim_end() != FAILING_STDERR {
+        failures.push(format!(
+            "--tail 1 printed {tail:?}, not the last line {FAILING_STDERR:?}"
+        ));
+    }
+
+    // Every event the collector stored is in the bucket, and nothing was set aside.
     if quarantined != 0.0 {
         failures.push(format!("{quarantined} events were quarantined"));
     }
@@ -400,6 +471,107 @@ fn payload(event: &Value) -> Option<&serde_json::Map<String, Value>> {
     let mut objects = event.as_object()?.values().filter_map(Value::as_object);
     let first = objects.next()?;
     objects.next().is_none().then_some(first)
+}
+
+// ------------------------------------------------------------------------ inspect
+
+/// `ray-history-collector inspect <args>`, which must succeed; its stdout.
+fn run_inspect(args: &[&str]) -> String {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ray-history-collector"));
+    cmd.arg("inspect").args(args).env_remove("STORAGE_ROOT_DIR");
+    let out = run_with_timeout(&mut cmd, INSPECT_TIMEOUT);
+    assert!(
+        out.status.success(),
+        "inspect {args:?} failed with {}:\n{}",
+        out.status,
+        out.stderr
+    );
+    out.stdout
+}
+
+/// One task execution: (task id, worker id, start, end), times in microseconds.
+type Execution = (String, String, f64, f64);
+
+/// The task executions of Ray's trace (`task::<name>` slices of a worker).
+fn ray_executions(trace: &Value) -> Vec<Execution> {
+    trace
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["ph"] == "X" && e["cat"].as_str().is_some_and(|c| c.starts_with("task::")))
+        .filter_map(|e| {
+            let worker = e["tid"].as_str()?.strip_prefix("worker:")?.to_string();
+            let ts = e["ts"].as_f64()?;
+            Some((
+                e["args"]["task_id"].as_str()?.to_string(),
+                worker,
+                ts,
+                ts + e["dur"].as_f64()?,
+            ))
+        })
+        .collect()
+}
+
+/// The task slices of our trace, with their workers from the thread names.
+fn our_executions(trace: &Value) -> Vec<Execution> {
+    let events = trace["traceEvents"].as_array().cloned().unwrap_or_default();
+    let threads: BTreeMap<(u64, u64), String> = events
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "thread_name")
+        .filter_map(|e| {
+            let name = e["args"]["name"].as_str()?.strip_prefix("worker:")?;
+            Some(((e["pid"].as_u64()?, e["tid"].as_u64()?), name.to_string()))
+        })
+        .collect();
+    events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "task")
+        .filter_map(|e| {
+            let worker = threads
+                .get(&(e["pid"].as_u64()?, e["tid"].as_u64()?))?
+                .clone();
+            let ts = e["ts"].as_f64()?;
+            Some((
+                e["args"]["task_id"].as_str()?.to_string(),
+                worker,
+                ts,
+                ts + e["dur"].as_f64()?,
+            ))
+        })
+        .collect()
+}
+
+/// Every task execution of Ray's trace has a slice in ours on the same worker, within
+/// [`TIMELINE_TOLERANCE_US`] at both ends. Returns how many were compared, and the failures.
+fn compare_timelines(ray: &std::path::Path, ours: &std::path::Path) -> (usize, Vec<String>) {
+    let read = |p: &std::path::Path| -> Value {
+        let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", p.display()))
+    };
+    let theirs = ray_executions(&read(ray));
+    let mine = our_executions(&read(ours));
+    let mut failures = Vec::new();
+    if theirs.len() < 10 {
+        failures.push(format!(
+            "Ray's trace has only {} task executions: {theirs:?}",
+            theirs.len()
+        ));
+    }
+    for (task, worker, start, end) in &theirs {
+        let candidates: Vec<&Execution> = mine.iter().filter(|m| &m.0 == task).collect();
+        let close = candidates.iter().any(|m| {
+            &m.1 == worker
+                && (m.2 - start).abs() <= TIMELINE_TOLERANCE_US
+                && (m.3 - end).abs() <= TIMELINE_TOLERANCE_US
+        });
+        if !close {
+            failures.push(format!(
+                "Ray's execution of task {task} on worker {worker} ({start:.0}..{end:.0} us) has no \
+                 slice within {TIMELINE_TOLERANCE_US} us on that worker in ours: {candidates:?}"
+            ));
+        }
+    }
+    (theirs.len(), failures)
 }
 
 // ------------------------------------------------------------------------ collector metrics

@@ -113,6 +113,19 @@ fn ray_train_run_and_failed_task_appear_in_inspect() {
     );
 
     let mut failures = Vec::new();
+    // The tasks' pushed events were read. (Ray 2.60 writes no `EXPORT_TASK` files when its
+    // core workers push task events to the aggregator, as here; when both records exist the
+    // attempts are merged: tests/inspect_export.rs.)
+    if report["events"]["by_type"]["TASK_LIFECYCLE_EVENT"]
+        .as_u64()
+        .unwrap_or(0)
+        == 0
+    {
+        failures.push(format!(
+            "no TASK_LIFECYCLE_EVENT read: {}",
+            report["events"]["by_type"]
+        ));
+    }
     check_train_run(&report, info, &mut failures);
     check_failed_task(&report, info, &mut failures);
     if report["problems"]["unreadable_objects"] != 0 || report["problems"]["bad_lines"] != 0 {

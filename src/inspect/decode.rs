@@ -1,21 +1,22 @@
-//! Reading one object: fetched as a stream, gunzipped when its name says `.gz` (several gzip
-//! members read whole), split into JSON lines (or a legacy JSON array), every line and the
-//! decoded size bounded, bad content counted rather than fatal.
+//! Decoding one object's bytes as they stream in: gunzipped when its name says `.gz` (several
+//! gzip members read whole), split into JSON lines (or a legacy JSON array), every line and the
+//! decoded size bounded, bad content counted rather than fatal. Facts are taken out in batches
+//! while the object is still being read ([`ContentSink::take_facts`]).
 
 use std::io::Write as _;
-use std::sync::Arc;
 
-use futures::StreamExt as _;
-use object_store::{ObjectStore, ObjectStoreExt as _};
 use serde_json::Value;
 
-use super::extract::{extract_export_event, extract_ray_event, Fact};
+use super::extract::Fact;
 use super::filter::TimeWindow;
 use super::render::human_bytes;
-use super::walk::EventObject;
-use super::{store_error, ContentLimits, CONTENT_LIMITS};
+use super::scan::{scan_line, scan_value, Scanned};
+use super::task::CompactId;
+use super::ContentLimits;
+#[cfg(test)]
+use super::CONTENT_LIMITS;
 
-/// Facts taken from one object, in the order they were written.
+/// Facts taken from an object (those not yet taken out), and what could not be used.
 #[derive(Debug, Default)]
 pub(super) struct Extraction {
     pub(super) facts: Vec<Fact>,
@@ -45,6 +46,10 @@ pub(super) struct ContentSink {
     pub(super) skipping_long_line: bool,
     pub(super) decoded: u64,
     pub(super) out: Extraction,
+    /// Facts already taken out (they still count in the positions of later ones).
+    pub(super) taken: u64,
+    /// The task whose log offsets are read (`--logs`); others' are skipped.
+    pub(super) logs_of: Option<CompactId>,
 }
 
 impl ContentSink {
@@ -57,6 +62,8 @@ impl ContentSink {
             skipping_long_line: false,
             decoded: 0,
             out: Extraction::default(),
+            taken: 0,
+            logs_of: None,
         }
     }
 
@@ -105,16 +112,21 @@ impl ContentSink {
                     ));
                     self.buf = Vec::new();
                     self.skipping_long_line = true;
+                } else if rest.is_some() && self.buf.is_empty() {
+                    // A whole line in this chunk: read in place.
+                    self.line(part);
                 } else {
                     self.buf.extend_from_slice(part);
+                    if rest.is_some() {
+                        let mut line = std::mem::take(&mut self.buf);
+                        self.line(&line);
+                        line.clear();
+                        self.buf = line;
+                    }
                 }
             }
             match rest {
                 Some(r) => {
-                    if !self.skipping_long_line {
-                        let line = std::mem::take(&mut self.buf);
-                        self.line(&line);
-                    }
                     self.skipping_long_line = false;
                     data = r;
                 }
@@ -155,17 +167,33 @@ impl ContentSink {
         if line.is_empty() {
             return;
         }
-        match serde_json::from_slice::<Value>(line) {
-            Ok(v) => self.value(v),
-            // Valid JSON that serde_json refuses and Go's reader (KubeRay's history server)
-            // reads as U+FFFD: read it the same way.
-            Err(e) if has_lone_surrogate_escape(line) => {
-                match serde_json::from_slice::<Value>(&replace_lone_surrogates(line)) {
-                    Ok(v) => self.value(v),
-                    Err(_) => self.bad_line(format!("not valid JSON: {e}")),
-                }
+        if line[0] == b'[' {
+            // A whole POST body on one line.
+            match value_of(line) {
+                Ok(v) => self.value(v),
+                Err(e) => self.bad_line(e),
             }
-            Err(e) => self.bad_line(format!("not valid JSON: {e}")),
+            return;
+        }
+        let scanned = scan_line(line, self.seq(), self.logs_of, value_of);
+        self.take(scanned);
+    }
+
+    /// Takes the facts read so far out of the sink.
+    pub(super) fn take_facts(&mut self) -> Vec<Fact> {
+        self.taken += self.out.facts.len() as u64;
+        std::mem::take(&mut self.out.facts)
+    }
+
+    fn seq(&self) -> u64 {
+        self.taken + self.out.facts.len() as u64 + self.out.outside_window
+    }
+
+    fn take(&mut self, scanned: Scanned) {
+        match scanned {
+            Err(why) => self.bad_line(why),
+            Ok(f) if !self.window.contains(f.time_ns) => self.out.outside_window += 1,
+            Ok(f) => self.out.facts.push(f),
         }
     }
 
@@ -187,17 +215,8 @@ impl ContentSink {
     }
 
     pub(super) fn record(&mut self, v: &Value) {
-        let seq = self.out.facts.len() as u64 + self.out.outside_window;
-        let fact = if v.get("event_data").is_some() {
-            extract_export_event(v, seq)
-        } else {
-            extract_ray_event(v, seq)
-        };
-        match fact {
-            None => self.bad_line("not a Ray event (no eventType or source_type)".into()),
-            Some(f) if !self.window.contains(f.time_ns) => self.out.outside_window += 1,
-            Some(f) => self.out.facts.push(f),
-        }
+        let scanned = scan_value(v, self.seq(), self.logs_of);
+        self.take(scanned);
     }
 
     pub(super) fn bad_line(&mut self, why: String) {
@@ -226,61 +245,6 @@ impl std::io::Write for ContentSink {
     }
 }
 
-/// The result of reading one object.
-#[derive(Debug)]
-pub(super) struct Readout {
-    pub(super) extraction: Extraction,
-    pub(super) bytes: u64,
-    /// Why the object could not be read (completely).
-    pub(super) failure: Option<String>,
-}
-
-/// Fetches one object and decodes it as it streams in.
-pub(super) async fn read_object(
-    store: &Arc<dyn ObjectStore>,
-    object: &EventObject,
-    window: TimeWindow,
-) -> Readout {
-    let gzip = object.path.as_ref().ends_with(".gz");
-    let sink = ContentSink::new(window, CONTENT_LIMITS);
-    let mut decoder = if gzip {
-        Decoder::Gzip(Box::new(flate2::write::MultiGzDecoder::new(sink)))
-    } else {
-        Decoder::Plain(sink)
-    };
-    let mut bytes = 0u64;
-    let mut failure = None;
-    match store.get(&object.path).await {
-        Err(e) => failure = Some(format!("could not be fetched: {}", store_error(&e))),
-        Ok(got) => {
-            let mut body = got.into_stream();
-            while let Some(chunk) = body.next().await {
-                let written = match chunk {
-                    Ok(chunk) => {
-                        bytes += chunk.len() as u64;
-                        decoder.write(&chunk)
-                    }
-                    Err(e) => Err(format!("reading failed: {}", store_error(&e))),
-                };
-                if let Err(e) = written {
-                    failure = Some(e);
-                    break;
-                }
-            }
-            if failure.is_none() {
-                failure = decoder.end().err();
-            }
-        }
-    }
-    let mut sink = decoder.into_sink();
-    sink.finish(failure.is_none());
-    Readout {
-        extraction: std::mem::take(&mut sink.out),
-        bytes,
-        failure,
-    }
-}
-
 /// Plain or gzip content in front of a [`ContentSink`].
 pub(super) enum Decoder {
     Plain(ContentSink),
@@ -303,12 +267,20 @@ impl Decoder {
         }
     }
 
+    pub(super) fn sink_mut(&mut self) -> &mut ContentSink {
+        match self {
+            Decoder::Plain(sink) => sink,
+            Decoder::Gzip(gz) => gz.get_mut(),
+        }
+    }
+
     pub(super) fn into_sink(self) -> ContentSink {
         match self {
             Decoder::Plain(sink) => sink,
             Decoder::Gzip(mut gz) => {
                 let sink = gz.get_mut();
                 let mut taken = ContentSink::new(sink.window, sink.limits);
+                taken.logs_of = sink.logs_of;
                 std::mem::swap(sink, &mut taken);
                 taken
             }
@@ -323,6 +295,19 @@ pub(super) fn gzip_error(e: std::io::Error) -> String {
     {
         Some(limit) => limit.0.clone(),
         None => format!("not a valid gzip stream: {e}"),
+    }
+}
+
+/// Parses a line as JSON the generic way. Valid JSON that serde_json refuses and Go's reader
+/// (KubeRay's history server) reads as U+FFFD (lone surrogate escapes) is read the same way.
+pub(super) fn value_of(line: &[u8]) -> Result<Value, String> {
+    match serde_json::from_slice::<Value>(line) {
+        Ok(v) => Ok(v),
+        Err(e) if has_lone_surrogate_escape(line) => {
+            serde_json::from_slice::<Value>(&replace_lone_surrogates(line))
+                .map_err(|_| format!("not valid JSON: {e}"))
+        }
+        Err(e) => Err(format!("not valid JSON: {e}")),
     }
 }
 

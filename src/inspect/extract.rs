@@ -10,13 +10,17 @@ use serde_json::Value;
 use crate::contract::{self};
 
 use super::filter::{parse_time_ns, NANOS_PER_SECOND};
+use super::scan::event_id_hash;
+use super::task::TaskDelta;
 use super::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES};
 
 /// The useful part of one event, kept compact (events themselves are dropped at once).
 #[derive(Debug, Clone)]
 pub(super) struct Fact {
-    pub(super) event_id: Option<String>,
-    pub(super) event_type: String,
+    /// Hash of the event id ([`super::scan::event_id_hash`]), for deduplication.
+    pub(super) event_id: Option<u64>,
+    /// Ray's known event types are static strings: no allocation per event.
+    pub(super) event_type: std::borrow::Cow<'static, str>,
     pub(super) time_ns: Option<i64>,
     /// Position in its object, for ordering events of the same (whole) second.
     pub(super) seq: u64,
@@ -26,7 +30,8 @@ pub(super) struct Fact {
 /// A state transition: state name and time.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct Transition {
-    pub(super) state: String,
+    /// Ray's state names are static strings (no allocation per transition).
+    pub(super) state: std::borrow::Cow<'static, str>,
     pub(super) time_ns: Option<i64>,
 }
 
@@ -52,13 +57,8 @@ pub(super) enum Body {
         job_id: String,
         transitions: Vec<Transition>,
     },
-    TaskDefinition {
-        task: TaskKey,
-        job_id: Option<String>,
-        name: Option<String>,
-        task_type: Option<String>,
-    },
-    TaskLifecycle(Box<TaskLifecycle>),
+    /// Any task event: definition, lifecycle, profile or `EXPORT_TASK`.
+    Task(Box<TaskDelta>),
     ActorDefinition {
         actor_id: String,
         job_id: Option<String>,
@@ -104,31 +104,13 @@ impl Body {
             Body::DriverJobDefinition { job_id, .. }
             | Body::DriverJobLifecycle { job_id, .. }
             | Body::ExportDriverJob { job_id, .. } => Some(job_id),
-            Body::TaskDefinition { job_id, .. }
-            | Body::ActorDefinition { job_id, .. }
-            | Body::ExportActor { job_id, .. } => job_id.as_deref(),
-            Body::TaskLifecycle(t) => t.job_id.as_deref(),
+            Body::ActorDefinition { job_id, .. } | Body::ExportActor { job_id, .. } => {
+                job_id.as_deref()
+            }
             Body::TrainRun(r) => r.job_id.as_deref(),
             _ => None,
         }
     }
-}
-
-/// Task attempts are the unit of Ray's task events.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(super) struct TaskKey {
-    pub(super) task_id: String,
-    pub(super) attempt: i64,
-}
-
-#[derive(Debug, Clone)]
-pub(super) struct TaskLifecycle {
-    pub(super) task: TaskKey,
-    pub(super) job_id: Option<String>,
-    pub(super) transitions: Vec<Transition>,
-    pub(super) error: Option<(Option<String>, Option<String>)>,
-    pub(super) node_id: Option<String>,
-    pub(super) worker_id: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -254,7 +236,7 @@ pub(super) fn transitions(v: &Value) -> Vec<(&Value, Transition)> {
                     Some((
                         t,
                         Transition {
-                            state,
+                            state: state.into(),
                             time_ns: get_time(t, "timestamp", "timestamp"),
                         },
                     ))
@@ -279,12 +261,6 @@ pub(super) fn death_cause(cause: Option<&Value>) -> (Option<String>, Option<Stri
     )
 }
 
-/// A function name from a `FunctionDescriptor`, whichever language.
-pub(super) fn function_name(descriptor: Option<&Value>) -> Option<String> {
-    let d = descriptor?.as_object()?.values().find(|v| v.is_object())?;
-    get_str(d, "functionName", "function_name")
-}
-
 pub(super) fn resources(v: Option<&Value>) -> Option<BTreeMap<String, f64>> {
     let o = v?.as_object()?;
     Some(
@@ -299,49 +275,6 @@ pub(super) fn extract_ray_event(v: &Value, seq: u64) -> Option<Fact> {
     let event_type = get_str(v, "eventType", "event_type")?;
     let payload = |camel: &str, snake: &str| get(v, camel, snake).filter(|p| p.is_object());
     let body = match event_type.as_str() {
-        "TASK_DEFINITION_EVENT" => payload("taskDefinitionEvent", "task_definition_event")
-            .and_then(|p| {
-                Some(Body::TaskDefinition {
-                    task: task_key(p)?,
-                    job_id: get_id(p, "jobId", "job_id"),
-                    name: get_str(p, "taskName", "task_name")
-                        .or_else(|| function_name(get(p, "taskFunc", "task_func"))),
-                    task_type: get_str(p, "taskType", "task_type"),
-                })
-            }),
-        "ACTOR_TASK_DEFINITION_EVENT" => {
-            payload("actorTaskDefinitionEvent", "actor_task_definition_event").and_then(|p| {
-                Some(Body::TaskDefinition {
-                    task: task_key(p)?,
-                    job_id: get_id(p, "jobId", "job_id"),
-                    name: get_str(p, "actorTaskName", "actor_task_name")
-                        .or_else(|| function_name(get(p, "actorFunc", "actor_func"))),
-                    task_type: Some("ACTOR_TASK".into()),
-                })
-            })
-        }
-        "TASK_LIFECYCLE_EVENT" => {
-            payload("taskLifecycleEvent", "task_lifecycle_event").and_then(|p| {
-                let error = get(p, "rayErrorInfo", "ray_error_info")
-                    .filter(|e| e.is_object())
-                    .map(|e| {
-                        (
-                            get_str(e, "errorType", "error_type"),
-                            get(e, "errorMessage", "error_message")
-                                .and_then(Value::as_str)
-                                .map(|m| bounded(m, MAX_ERROR_MESSAGE_BYTES)),
-                        )
-                    });
-                Some(Body::TaskLifecycle(Box::new(TaskLifecycle {
-                    task: task_key(p)?,
-                    job_id: get_id(p, "jobId", "job_id"),
-                    transitions: transitions(p).into_iter().map(|(_, t)| t).collect(),
-                    error,
-                    node_id: get_id(p, "nodeId", "node_id"),
-                    worker_id: get_id(p, "workerId", "worker_id"),
-                })))
-            })
-        }
         "DRIVER_JOB_DEFINITION_EVENT" => {
             payload("driverJobDefinitionEvent", "driver_job_definition_event").and_then(|p| {
                 Some(Body::DriverJobDefinition {
@@ -422,18 +355,11 @@ pub(super) fn extract_ray_event(v: &Value, seq: u64) -> Option<Fact> {
     }
     .unwrap_or(Body::Other);
     Some(Fact {
-        event_id: get_str(v, "eventId", "event_id").map(|id| format!("e:{id}")),
-        event_type,
+        event_id: get_str(v, "eventId", "event_id").map(|id| event_id_hash("e:", &id)),
+        event_type: event_type.into(),
         time_ns: get_time(v, "timestamp", "timestamp"),
         seq,
         body,
-    })
-}
-
-pub(super) fn task_key(p: &Value) -> Option<TaskKey> {
-    Some(TaskKey {
-        task_id: get_id(p, "taskId", "task_id")?,
-        attempt: get_i64(p, "taskAttempt", "task_attempt").unwrap_or(0),
     })
 }
 
@@ -516,7 +442,9 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
                 name: get_str(data, "name", "name"),
                 transition: ActorTransition {
                     state: Transition {
-                        state: get_str(data, "state", "state").unwrap_or_else(|| "UNKNOWN".into()),
+                        state: get_str(data, "state", "state")
+                            .unwrap_or_else(|| "UNKNOWN".into())
+                            .into(),
                         time_ns,
                     },
                     node_id: get_id(data, "node_id", "nodeId"),
@@ -535,7 +463,9 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
                 started_ns: get_ms_as_ns(data, "start_time_ms"),
                 transition: NodeTransition {
                     state: Transition {
-                        state: get_str(data, "state", "state").unwrap_or_else(|| "UNKNOWN".into()),
+                        state: get_str(data, "state", "state")
+                            .unwrap_or_else(|| "UNKNOWN".into())
+                            .into(),
                         time_ns: get_ms_as_ns(data, "end_time_ms")
                             .filter(|_| get_str(data, "state", "state").as_deref() == Some("DEAD"))
                             .or(time_ns),
@@ -551,8 +481,8 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
     }
     .unwrap_or(Body::Other);
     Some(Fact {
-        event_id: get_str(v, "event_id", "eventId").map(|id| format!("x:{id}")),
-        event_type: source_type,
+        event_id: get_str(v, "event_id", "eventId").map(|id| event_id_hash("x:", &id)),
+        event_type: source_type.into(),
         time_ns,
         seq,
         body,
@@ -573,41 +503,5 @@ pub(super) fn train_worker(w: &Value) -> TrainWorker {
             .and_then(Value::as_array)
             .map(|ids| ids.iter().filter_map(Value::as_i64).collect())
             .unwrap_or_default(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn snake_and_camel_read_alike() {
-        let camel: Value = serde_json::from_str(
-            r#"{"eventId":"x","eventType":"TASK_LIFECYCLE_EVENT","timestamp":"2026-11-22T02:06:44.945Z",
-                "taskLifecycleEvent":{"taskId":"AQID","taskAttempt":1,"jobId":"AQAAAA==",
-                "stateTransitions":[{"state":"FAILED","timestamp":"2026-11-22T02:06:44.945Z"}],
-                "rayErrorInfo":{"errorType":"TASK_EXECUTION_EXCEPTION","errorMessage":"boom"}}}"#,
-        )
-        .unwrap();
-        let snake: Value = serde_json::from_str(
-            r#"{"event_id":"x","event_type":"TASK_LIFECYCLE_EVENT","timestamp":"2026-11-22T02:06:44.945Z",
-                "task_lifecycle_event":{"task_id":"AQID","task_attempt":1,"job_id":"AQAAAA==",
-                "state_transitions":[{"state":"FAILED","timestamp":"2026-11-22T02:06:44.945Z"}],
-                "ray_error_info":{"error_type":"TASK_EXECUTION_EXCEPTION","error_message":"boom"}}}"#,
-        )
-        .unwrap();
-        for v in [camel, snake] {
-            let f = extract_ray_event(&v, 0).unwrap();
-            let Body::TaskLifecycle(t) = f.body else {
-                panic!("not a lifecycle: {f:?}");
-            };
-            assert_eq!(t.task.task_id, "010203");
-            assert_eq!(t.task.attempt, 1);
-            assert_eq!(t.job_id.as_deref(), Some("01000000"));
-            assert_eq!(t.transitions[0].state, "FAILED");
-            let (ty, msg) = t.error.unwrap();
-            assert_eq!(ty.as_deref(), Some("TASK_EXECUTION_EXCEPTION"));
-            assert_eq!(msg.as_deref(), Some("boom"));
-        }
     }
 }

@@ -14,6 +14,9 @@ pub(super) struct Filter {
     pub(super) window: TimeWindow,
     /// `--until` for people: the instant given, or the end of the day or hour given.
     pub(super) until_shown: Option<i64>,
+    /// The bucket as given on the command line (one shell word, with `--storage-root-dir`
+    /// when set), for the commands a report suggests.
+    pub(super) storage_arg: String,
 }
 
 impl Filter {
@@ -61,7 +64,13 @@ impl Filter {
                 });
             }
         }
+        let mut storage_arg = super::report::shell_word(&args.storage);
+        if !args.storage_root_dir.is_empty() {
+            storage_arg.push_str(" --storage-root-dir ");
+            storage_arg.push_str(&super::report::shell_word(&args.storage_root_dir));
+        }
         Ok(Filter {
+            storage_arg,
             job,
             window: TimeWindow {
                 since_ns: since,

@@ -19,8 +19,21 @@
 //!   node; `--since`/`--until` read only objects whose hour partition (the `YYYY-MM-DD-HH` in the
 //!   name: the events' own UTC hour for this collector, the file's creation hour for KubeRay's)
 //!   lies in the window widened by one hour on each side, then keep only the events whose own
-//!   timestamps are in the window. Objects are read concurrently (8 at a time), streamed and
-//!   decoded chunk by chunk, so memory does not grow with object size.
+//!   timestamps are in the window.
+//! - `--logs <id>` (`logs.rs`): one log object under `P/<session>/<node>/logs/`, found by
+//!   listing the nodes' `logs/` directories (and, for a task or actor, by reading the
+//!   session's events as for the report); `--tail` reads it with ranged reads from the end.
+//!
+//! # Reading big sessions in bounded memory
+//!
+//! Objects are fetched `READ_CONCURRENCY` at a time and decoded on one thread per core
+//! (`read.rs`): gunzipped and split into lines as they stream in, task events read by typed
+//! structs (`scan.rs`), the rest as JSON values (`extract.rs`). Facts go in bounded batches to
+//! one fold (`model.rs`, `task.rs`) that keeps nothing per event: task attempts are compact
+//! states (and past `task::MAX_ATTEMPTS_IN_MEMORY` attempts they are spilled to temporary
+//! files by hash and folded one file at a time), event ids are remembered only within a
+//! window (`model::DEDUP_WINDOW`). A read that takes over a second shows a progress line on
+//! stderr when stderr is a terminal.
 //!
 //! Bucket contents are untrusted: a bad gzip stream, a line that is not JSON or an object
 //! that cannot be fetched is counted and reported under `problems`, never fatal; lines and
@@ -30,12 +43,19 @@
 //!
 //! # How events are merged
 //!
-//! Events are deduplicated by event id. Lifecycle events carry lists of state transitions that
+//! Events are deduplicated by event id within a window of the last 524,288 ids read (a
+//! duplicate further apart is counted twice in `events` but changes no state: every merge is
+//! idempotent). Lifecycle events carry lists of state transitions that
 //! are neither complete nor time-ordered, so transitions are merged across events: an entity's
 //! state is the transition with the latest timestamp (ties go to the later state in Ray's
 //! enum, so a terminal state wins). Task attempts are keyed by task id and attempt number, and
 //! task counts are counts of attempts by their final state (`UNKNOWN` when only a definition
-//! was seen). A failed attempt's error is the `rayErrorInfo` of its lifecycle events. Jobs
+//! was seen; an attempt seen only in profile events is not counted). Pushed task events and
+//! Ray's file-based `EXPORT_TASK` events (`state_updates.state_ts_ns`, `task_info`, errors,
+//! profiles) are merged into the same attempts, so a task is counted once whichever way it
+//! was recorded. A failed attempt's error is the `rayErrorInfo` (`error_info`) of its
+//! events. An attempt's execution on the timeline is its worker's `task::<name>` profile
+//! event when exported, else its first RUNNING to its final state. Jobs
 //! come from the driver job events (`DRIVER_JOB_*`, state `CREATED` or `FINISHED`), completed
 //! by Ray's file-based `EXPORT_DRIVER_JOB` events. Ray Train runs and attempts come only from
 //! the export events (`EXPORT_TRAIN_RUN`, `EXPORT_TRAIN_RUN_ATTEMPT`); their timestamps are
@@ -85,7 +105,8 @@
 //!   "tasks": { "total", "by_state": { "FINISHED": n, "FAILED": n, .. } },
 //!   "failed_tasks_total",
 //!   "failed_tasks": [ { "task_id", "attempt", "name", "job_id", "task_type", "failed_at",
-//!                       "error_type", "error_message", "node_id", "worker_id" } ],
+//!                       "error_type", "error_message", "node_id", "worker_id",
+//!                       "log_command" (the inspect command that prints its stderr) } ],
 //!   "actors": [ { "actor_id", "class_name", "name", "job_id", "state", "node_id", "pid",
 //!                 "death_reason", "death_message" } ],
 //!   "train_runs": [ { "run_id", "name", "job_id", "status", "status_detail", "started",
@@ -104,6 +125,9 @@
 //! `problems.unreadable_objects` counts objects that could not be fetched or decoded and
 //! listings that failed; `problems.bad_lines` counts lines (or array elements) that are not
 //! JSON objects or not Ray events; `details` says which and why (at most 200 entries).
+//!
+//! `--timeline FILE` (`timeline.rs`) and `--html FILE` (`html.rs`) write their files besides
+//! the report; their formats are described there.
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -121,12 +145,18 @@ mod decode;
 mod discover;
 mod extract;
 mod filter;
+mod html;
+mod logs;
 mod model;
+mod read;
 mod render;
 mod report;
+mod scan;
+mod spill;
+mod task;
+mod timeline;
 mod walk;
 
-use decode::read_object;
 use discover::{choose_session, discover, session_started, ClusterId};
 use extract::bounded;
 use filter::Filter;
@@ -136,6 +166,7 @@ use report::{
     format_time_json, shape_report, ClusterIdentity, EventStats, FilterEcho, ObjectStats, Problems,
     SessionReport, TaskCounts,
 };
+use task::{AttemptKey, Symbols, TaskState, TaskStore};
 use walk::{list_partition, list_report, walk_node, NodeListing, PartitionListing, Stream};
 
 /// Objects listed or read at once: enough to hide request latency, small enough to be polite
@@ -200,6 +231,36 @@ pub enum InspectError {
         /// The clusters that have it.
         clusters: String,
     },
+    /// `--logs` names nothing the session knows.
+    #[error("no task, actor, worker or node {id} in session {session}")]
+    NoSuchLogTarget {
+        /// The id asked for (hex).
+        id: String,
+        /// The session.
+        session: String,
+    },
+    /// The log was found in the events but not in the bucket.
+    #[error("the log of {what} is not in the bucket ({key}): logs are uploaded only by a collector with the log collector on (--enable-log-collector)")]
+    LogNotUploaded {
+        /// What it is the log of.
+        what: String,
+        /// The key looked for.
+        key: String,
+    },
+    /// No worker is known for the task or actor.
+    #[error("no worker is known for {what} (it may never have run), so it has no log")]
+    NoLogFor {
+        /// What it is.
+        what: String,
+    },
+    /// Several log objects match.
+    #[error("several logs match {id}: {matches}")]
+    SeveralLogs {
+        /// The id.
+        id: String,
+        /// The objects that match.
+        matches: String,
+    },
     /// A flag value that cannot be used.
     #[error("{flag} {value:?}: {reason}")]
     BadArgument {
@@ -240,7 +301,54 @@ pub async fn run(args: InspectArgs, env: &dyn Fn(&str) -> Option<String>) -> any
         }
         Some(wanted) => {
             let chosen = choose_session(&found, wanted)?;
-            let report = session_report(&store, &spec, chosen, &filter, args.failed_limit).await;
+            if let Some(id) = &args.logs {
+                return logs::print_logs(&store, &spec, chosen, &filter, &args, id).await;
+            }
+            let mut trace = match &args.timeline {
+                Some(path) => Some(
+                    timeline::TraceWriter::create(path)
+                        .with_context(|| format!("creating {}", path.display()))?,
+                ),
+                None => None,
+            };
+            let mut gantt = args.html.as_ref().map(|_| html::Gantt::default());
+            let drawing = trace.is_some() || gantt.is_some();
+            let report = session_report(
+                &store,
+                &spec,
+                chosen,
+                &filter,
+                args.failed_limit,
+                TaskStore::new(None),
+                &mut |key, t, symbols| {
+                    if !drawing {
+                        return;
+                    }
+                    if let Some(slice) = timeline::slice_of(key, t, symbols) {
+                        if let Some(w) = &mut trace {
+                            w.slice(&slice);
+                        }
+                        if let Some(g) = &mut gantt {
+                            g.add(slice);
+                        }
+                    }
+                },
+            )
+            .await?;
+            if let (Some(w), Some(path)) = (trace, &args.timeline) {
+                let n = w
+                    .finish(&report)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!(
+                    "timeline: {n} task attempt(s) written to {}",
+                    path.display()
+                );
+            }
+            if let (Some(g), Some(path)) = (gantt, &args.html) {
+                std::fs::write(path, html::render_html(&report, &g))
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!("html: written to {}", path.display());
+            }
             if args.json {
                 out = to_json(&report)?;
             } else {
@@ -283,14 +391,19 @@ fn store_error(e: &object_store::Error) -> String {
     bounded(first, 300)
 }
 
-/// Walks, reads and merges one session, then shapes the report.
+/// Walks, reads and merges one session, then shapes the report; `visit` sees every task
+/// attempt once. Fails only when the local spill files fail (the bucket's problems are in
+/// the report).
 async fn session_report(
     store: &Arc<dyn ObjectStore>,
     spec: &StorageSpec,
     (cluster, session): (ClusterId, String),
     filter: &Filter,
     failed_limit: usize,
-) -> SessionReport {
+    tasks: TaskStore,
+    visit: &mut dyn FnMut(&AttemptKey, &TaskState, &Symbols),
+) -> anyhow::Result<SessionReport> {
+    let storage_arg = &filter.storage_arg;
     let history_prefix = cluster.layout(&spec.root).history_prefix();
     let session_prefix = ObjectPath::from(format!("{history_prefix}/{session}"));
     let mut problems = Problems::default();
@@ -322,10 +435,7 @@ async fn session_report(
         .buffered(READ_CONCURRENCY)
         .collect()
         .await;
-    let mut model = SessionModel {
-        job_filter: filter.job.clone(),
-        ..Default::default()
-    };
+    let mut model = SessionModel::new(filter.job.clone(), tasks);
     let mut partitions = Vec::new();
     for listing in listings {
         for (key, error) in &listing.problems {
@@ -369,41 +479,32 @@ async fn session_report(
     objects.sort_by(|a, b| (a.hour, a.n, a.path.as_ref()).cmp(&(b.hour, b.n, b.path.as_ref())));
 
     // 3. Read and merge.
-    let window = filter.window;
-    let mut readouts = futures::stream::iter(objects.iter().enumerate())
-        .map(|(i, object)| async move { (i, read_object(store, object, window).await) })
-        .buffered(READ_CONCURRENCY);
-    let mut outside_window = 0;
-    while let Some((i, readout)) = readouts.next().await {
-        let object = &objects[i];
-        stats.read += 1;
-        stats.bytes_read += readout.bytes;
-        let node = model.nodes.entry(object.node.clone()).or_default();
-        node.objects += 1;
-        node.bytes += object.size;
-        if let Some(failure) = &readout.failure {
-            problems.unreadable(object.path.as_ref(), failure);
-        }
-        let extraction = readout.extraction;
-        if extraction.bad_lines > 0 {
-            problems.bad_lines += extraction.bad_lines;
-            problems.note(
-                object.path.as_ref(),
-                &format!(
-                    "{} bad line(s); first: {}",
-                    extraction.bad_lines,
-                    extraction.first_bad_line.as_deref().unwrap_or("?")
-                ),
-            );
-        }
-        outside_window += extraction.outside_window;
-        for fact in extraction.facts {
-            model.absorb(i, fact);
-        }
+    let outside_window = read::read_objects(
+        store,
+        &objects,
+        filter.window,
+        &mut model,
+        &mut stats,
+        &mut problems,
+    )
+    .await;
+    if let Some(e) = model.spill_error.take() {
+        return Err(anyhow::Error::new(e).context(
+            "writing the task attempts of a big session to temporary files (set TMPDIR to a \
+             directory with space)",
+        ));
+    }
+    let shortened = model.tasks.errors_shortened();
+    if shortened > 0 {
+        problems.note(
+            "(error messages)",
+            &format!("{shortened} error message(s) cut to their last line: too many bytes of them"),
+        );
     }
 
     let mut report = SessionReport {
         storage: spec.to_string(),
+        storage_arg: storage_arg.to_string(),
         cluster: ClusterIdentity {
             kind: cluster.kind.clone(),
             namespace: cluster.namespace.clone(),
@@ -435,6 +536,7 @@ async fn session_report(
         train_runs: Vec::new(),
         problems,
     };
-    shape_report(&mut report, model, failed_limit);
-    report
+    shape_report(&mut report, model, failed_limit, visit)
+        .context("reading back the task attempts of a big session from temporary files")?;
+    Ok(report)
 }

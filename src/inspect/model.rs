@@ -1,13 +1,58 @@
-//! Merging facts into one session model: events deduplicated by id, state transitions merged
-//! across events (the latest timestamp wins; ties go to the later state in Ray's enum, so a
-//! terminal state wins), task attempts keyed by task id and attempt.
+//! Merging facts into one session model: events deduplicated by id within a bounded window,
+//! state transitions merged across events (the latest timestamp wins; ties go to the later
+//! state in Ray's enum, so a terminal state wins), task attempts folded by [`TaskStore`].
+//!
+//! # Deduplication, bounded
+//!
+//! Remembering every event id would cost memory per event. Duplicates in a bucket come from
+//! Ray resending a batch it timed out on (seconds later, to the same node's collector), from
+//! a collector that restarted, or from KubeRay's collector, which keeps no ids at all; they
+//! land in the same or neighbouring objects. So the last [`DEDUP_WINDOW`] event ids read are
+//! remembered (as 64-bit hashes); a duplicate further apart is counted twice in `events`, but
+//! cannot change any state: every merge below is idempotent (latest wins, minima, fill once).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::hash::BuildHasherDefault;
 
 use super::extract::{
-    bounded, ActorTransition, Body, Fact, NodeTransition, TaskKey, TrainAttemptEvent,
-    TrainRunEvent, TrainWorker, Transition,
+    bounded, ActorTransition, Body, Fact, NodeTransition, TrainAttemptEvent, TrainRunEvent,
+    TrainWorker, Transition,
 };
+use super::task::{CompactId, IdentityHasher, TaskStore};
+
+/// Event ids remembered for deduplication: 4 MiB of ring and about 10 MiB of set; Ray's
+/// resends and this collector's own window (262,144 ids) fit in it many times over.
+pub(super) const DEDUP_WINDOW: usize = 1 << 19;
+
+/// The last [`DEDUP_WINDOW`] event-id hashes.
+#[derive(Default)]
+pub(super) struct DedupWindow {
+    ring: VecDeque<u64>,
+    set: HashSet<u64, BuildHasherDefault<IdentityHasher>>,
+}
+
+impl std::fmt::Debug for DedupWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DedupWindow({} ids)", self.ring.len())
+    }
+}
+
+impl DedupWindow {
+    /// Whether `id` was seen within the window; remembers it.
+    pub(super) fn seen(&mut self, id: u64) -> bool {
+        if self.set.contains(&id) {
+            return true;
+        }
+        if self.ring.len() >= DEDUP_WINDOW {
+            if let Some(old) = self.ring.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        self.ring.push_back(id);
+        self.set.insert(id);
+        false
+    }
+}
 
 /// Rank of a state within its entity's enum, to break timestamp ties toward the later state.
 pub(super) fn state_rank(state: &str) -> u8 {
@@ -86,19 +131,6 @@ pub(super) struct JobModel {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct TaskModel {
-    pub(super) job_id: Option<String>,
-    pub(super) name: Option<String>,
-    pub(super) task_type: Option<String>,
-    pub(super) latest: Option<(Transition, ())>,
-    pub(super) failed_at: Option<i64>,
-    pub(super) error_type: Option<String>,
-    pub(super) error_message: Option<String>,
-    pub(super) node_id: Option<String>,
-    pub(super) worker_id: Option<String>,
-}
-
-#[derive(Debug, Default)]
 pub(super) struct ActorModel {
     pub(super) job_id: Option<String>,
     pub(super) class_name: Option<String>,
@@ -106,6 +138,9 @@ pub(super) struct ActorModel {
     pub(super) latest: Option<(Transition, ActorTransition)>,
     pub(super) node_id: Option<String>,
     pub(super) pid: Option<i64>,
+    /// First ALIVE and last DEAD transition (its lifetime on the timeline).
+    pub(super) alive_ns: Option<i64>,
+    pub(super) dead_ns: Option<i64>,
 }
 
 /// A status report of a Train run or attempt, ordered by (time, object, position).
@@ -134,42 +169,83 @@ pub(super) struct TrainAttemptModel {
 }
 
 /// Everything learned about a session, merged from all objects read.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct SessionModel {
     pub(super) job_filter: Option<String>,
-    pub(super) seen_event_ids: HashSet<String>,
+    /// The job filter as bytes, to compare with task events' ids.
+    job_filter_id: Option<CompactId>,
+    /// Jobs of task events already entered in `jobs`.
+    task_jobs: HashSet<CompactId>,
+    pub(super) seen_event_ids: DedupWindow,
     pub(super) total: u64,
     pub(super) duplicates: u64,
     pub(super) other_job: u64,
     pub(super) by_type: BTreeMap<String, u64>,
     pub(super) nodes: BTreeMap<String, NodeModel>,
     pub(super) jobs: BTreeMap<String, JobModel>,
-    pub(super) tasks: HashMap<TaskKey, TaskModel>,
+    pub(super) tasks: TaskStore,
     pub(super) actors: BTreeMap<String, ActorModel>,
     pub(super) runs: BTreeMap<String, TrainRunModel>,
     pub(super) attempts: BTreeMap<(String, String), TrainAttemptModel>,
+    /// How many times more input is still to come than was read (sizes a spill).
+    pub(super) growth: f64,
+    /// A failure of the local spill files: the task counts are then incomplete.
+    pub(super) spill_error: Option<std::io::Error>,
 }
 
 impl SessionModel {
+    pub(super) fn new(job_filter: Option<String>, tasks: TaskStore) -> SessionModel {
+        SessionModel {
+            job_filter_id: job_filter.as_deref().and_then(CompactId::from_hex),
+            task_jobs: HashSet::new(),
+            job_filter,
+            seen_event_ids: DedupWindow::default(),
+            total: 0,
+            duplicates: 0,
+            other_job: 0,
+            by_type: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            tasks,
+            actors: BTreeMap::new(),
+            runs: BTreeMap::new(),
+            attempts: BTreeMap::new(),
+            growth: 0.0,
+            spill_error: None,
+        }
+    }
+
     /// Takes one fact of object number `object` (objects are numbered in hour order).
     pub(super) fn absorb(&mut self, object: usize, fact: Fact) {
-        if let Some(id) = &fact.event_id {
-            if !self.seen_event_ids.insert(id.clone()) {
+        if let Some(id) = fact.event_id {
+            if self.seen_event_ids.seen(id) {
                 self.duplicates += 1;
                 return;
             }
         }
-        if let (Some(want), Some(job)) = (&self.job_filter, fact.body.job_id()) {
-            if want != job {
+        if let Some(want) = &self.job_filter {
+            let other = match &fact.body {
+                Body::Task(d) => d.job.is_some_and(|j| Some(j) != self.job_filter_id),
+                body => body.job_id().is_some_and(|j| j != want),
+            };
+            if other {
                 self.other_job += 1;
                 return;
             }
         }
         self.total += 1;
-        *self
-            .by_type
-            .entry(bounded(&fact.event_type, 64))
-            .or_default() += 1;
+        let ty: &str = &fact.event_type;
+        let ty = if ty.len() <= 64 {
+            std::borrow::Cow::Borrowed(ty)
+        } else {
+            std::borrow::Cow::Owned(bounded(ty, 64))
+        };
+        match self.by_type.get_mut(&*ty) {
+            Some(n) => *n += 1,
+            None => {
+                self.by_type.insert(ty.into_owned(), 1);
+            }
+        }
         let order = (fact.time_ns.unwrap_or(i64::MIN), object, fact.seq);
         match fact.body {
             Body::Other => {}
@@ -243,41 +319,15 @@ impl SessionModel {
                     j.export = Some((is_dead, started_ns, ended_ns));
                 }
             }
-            Body::TaskDefinition {
-                task,
-                job_id,
-                name,
-                task_type,
-            } => {
-                let t = self.tasks.entry(task).or_default();
-                fill(&mut t.job_id, job_id);
-                fill(&mut t.name, name);
-                fill(&mut t.task_type, task_type);
-            }
-            Body::TaskLifecycle(life) => {
-                let life = *life;
-                if let Some(job) = &life.job_id {
-                    self.jobs.entry(job.clone()).or_default();
-                }
-                let t = self.tasks.entry(life.task).or_default();
-                fill(&mut t.job_id, life.job_id);
-                fill(&mut t.node_id, life.node_id);
-                fill(&mut t.worker_id, life.worker_id);
-                let mut failed_here = false;
-                for tr in &life.transitions {
-                    keep_latest(&mut t.latest, tr, &());
-                    if tr.state == "FAILED" {
-                        failed_here = true;
-                        if let Some(at) = tr.time_ns {
-                            t.failed_at = Some(t.failed_at.map_or(at, |cur| cur.min(at)));
-                        }
+            Body::Task(delta) => {
+                if let Some(job) = delta.job {
+                    if self.task_jobs.insert(job) {
+                        self.jobs.entry(job.hex()).or_default();
                     }
                 }
-                if let Some((error_type, error_message)) = life.error {
-                    // The FAILED event's error wins over one seen elsewhere.
-                    if failed_here || t.error_type.is_none() {
-                        t.error_type = error_type.or(t.error_type.take());
-                        t.error_message = error_message.or(t.error_message.take());
+                if self.spill_error.is_none() {
+                    if let Err(e) = self.tasks.add(*delta, self.growth) {
+                        self.spill_error = Some(e);
                     }
                 }
             }
@@ -386,6 +436,13 @@ pub(super) fn absorb_node_transition(n: &mut NodeModel, t: NodeTransition) {
 }
 
 pub(super) fn absorb_actor_transition(a: &mut ActorModel, t: ActorTransition) {
+    if let Some(at) = t.state.time_ns {
+        match &*t.state.state {
+            "ALIVE" => a.alive_ns = Some(a.alive_ns.map_or(at, |cur| cur.min(at))),
+            "DEAD" => a.dead_ns = Some(a.dead_ns.map_or(at, |cur| cur.max(at))),
+            _ => {}
+        }
+    }
     if t.state.state == "ALIVE" || t.node_id.is_some() {
         if t.node_id.is_some() {
             a.node_id = t.node_id.clone();
@@ -406,7 +463,7 @@ mod tests {
     fn latest_transition_wins_and_ties_go_to_terminal_states() {
         let mut slot = None;
         let t = |state: &str, ns: i64| Transition {
-            state: state.into(),
+            state: state.to_string().into(),
             time_ns: Some(ns),
         };
         keep_latest(&mut slot, &t("FAILED", 5), &());

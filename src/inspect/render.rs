@@ -126,6 +126,11 @@ pub(super) fn clean_multiline(s: &str) -> String {
         .join("\n")
 }
 
+/// Like [`clean`] without the length bound (a command to copy must be whole).
+pub(super) fn clean_long(s: &str) -> String {
+    clean_multiline(s).replace('\n', " ")
+}
+
 pub(super) fn opt(s: &Option<String>) -> String {
     s.as_deref().map(clean).unwrap_or_else(|| "-".into())
 }
@@ -397,6 +402,12 @@ pub(super) fn render_session(r: &SessionReport, out: &mut String) {
         ]);
     }
     render_or_none(&failed, out);
+    if !r.failed_tasks.is_empty() {
+        let _ = writeln!(out, "  their logs (stderr; drop --err for stdout):");
+        for t in &r.failed_tasks {
+            let _ = writeln!(out, "    {}", clean_long(&t.log_command));
+        }
+    }
     if r.failed_tasks_total > r.failed_tasks.len() as u64 {
         let _ = writeln!(
             out,

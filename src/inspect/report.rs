@@ -9,6 +9,7 @@ use serde::Serialize;
 use super::extract::TrainWorker;
 use super::filter::NANOS_PER_SECOND;
 use super::model::{transition_order, SessionModel, StatusPoint, TrainAttemptModel};
+use super::task::{AttemptKey, Symbols, TaskState, NO_TIME};
 use super::MAX_PROBLEM_DETAILS;
 
 /// Output of `inspect` without `--session`.
@@ -45,6 +46,10 @@ pub(super) struct SessionEntry {
 #[derive(Debug, Serialize)]
 pub(super) struct SessionReport {
     pub(super) storage: String,
+    /// The storage as the command line gave it (with `--storage-root-dir`), for the
+    /// commands the report suggests.
+    #[serde(skip)]
+    pub(super) storage_arg: String,
     pub(super) cluster: ClusterIdentity,
     pub(super) session: String,
     pub(super) started: Option<String>,
@@ -147,6 +152,8 @@ pub(super) struct FailedTaskEntry {
     pub(super) error_message: Option<String>,
     pub(super) node_id: Option<String>,
     pub(super) worker_id: Option<String>,
+    /// The command that prints this attempt's stderr from the bucket.
+    pub(super) log_command: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -160,6 +167,10 @@ pub(super) struct ActorEntry {
     pub(super) pid: Option<i64>,
     pub(super) death_reason: Option<String>,
     pub(super) death_message: Option<String>,
+    #[serde(skip)]
+    pub(super) alive_ns: Option<i64>,
+    #[serde(skip)]
+    pub(super) dead_ns: Option<i64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -230,8 +241,84 @@ impl Problems {
     }
 }
 
-/// Turns the merged model into report entries.
-pub(super) fn shape_report(report: &mut SessionReport, model: SessionModel, failed_limit: usize) {
+/// Adds one attempt in `state` (allocating only for a state not seen yet).
+fn count_state(by_state: &mut BTreeMap<String, u64>, state: &str) {
+    match by_state.get_mut(state) {
+        Some(n) => *n += 1,
+        None => {
+            by_state.insert(state.to_string(), 1);
+        }
+    }
+}
+
+/// A failed attempt's row, ranked by (failure time, attempt): the earliest are listed.
+struct Ranked(i64, AttemptKey, FailedTaskEntry);
+
+impl PartialEq for Ranked {
+    fn eq(&self, other: &Ranked) -> bool {
+        (self.0, self.1) == (other.0, other.1)
+    }
+}
+
+impl Eq for Ranked {}
+
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, other: &Ranked) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Ranked {
+    fn cmp(&self, other: &Ranked) -> std::cmp::Ordering {
+        (self.0, self.1).cmp(&(other.0, other.1))
+    }
+}
+
+/// A failed attempt's row.
+fn failed_entry(
+    key: &AttemptKey,
+    t: &TaskState,
+    symbols: &Symbols,
+    log_command: &dyn Fn(&str) -> String,
+) -> FailedTaskEntry {
+    let task_id = key.id.hex();
+    let extra = t.extra.as_deref();
+    FailedTaskEntry {
+        log_command: log_command(&task_id),
+        task_id,
+        attempt: i64::from(key.attempt),
+        name: symbols.owned(t.name),
+        job_id: symbols.owned(t.job),
+        task_type: symbols.owned(t.task_type),
+        failed_at: (t.failed_ns != NO_TIME).then(|| format_time_json(t.failed_ns)),
+        error_type: extra.and_then(|e| e.error_type.clone()),
+        error_message: extra.and_then(|e| e.error_message.clone()),
+        node_id: symbols.owned(t.node),
+        worker_id: symbols
+            .owned(t.worker)
+            .or_else(|| symbols.owned(t.exec_worker)),
+    }
+}
+
+/// `s` as one shell word (quoted when it holds anything but plain path characters).
+pub(super) fn shell_word(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"/._:-=@%+,".contains(&c));
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// Turns the merged model into report entries; `visit` sees every task attempt once.
+pub(super) fn shape_report(
+    report: &mut SessionReport,
+    model: SessionModel,
+    failed_limit: usize,
+    visit: &mut dyn FnMut(&AttemptKey, &TaskState, &Symbols),
+) -> std::io::Result<()> {
     let SessionModel {
         job_filter,
         nodes,
@@ -252,7 +339,7 @@ pub(super) fn shape_report(report: &mut SessionReport, model: SessionModel, fail
                 ip: n.ip,
                 hostname: n.hostname,
                 is_head: n.is_head,
-                state: latest.map(|t| t.state.state.clone()),
+                state: latest.map(|t| t.state.state.to_string()),
                 started: n.started_ns.or(n.alive_ns).map(format_time_json),
                 ended: n.ended_ns.map(format_time_json),
                 death_reason: latest.and_then(|t| t.death_reason.clone()),
@@ -266,52 +353,69 @@ pub(super) fn shape_report(report: &mut SessionReport, model: SessionModel, fail
         })
         .collect();
 
-    // Tasks: counts overall and per job; failed attempts.
+    // Tasks: counts overall and per job; the earliest failed attempts.
     let mut per_job: BTreeMap<String, TaskCounts> = BTreeMap::new();
-    let mut failed = Vec::new();
-    for (key, t) in tasks {
-        if let (Some(want), Some(job)) = (&job_filter, &t.job_id) {
+    let mut failed: std::collections::BinaryHeap<Ranked> = std::collections::BinaryHeap::new();
+    let log_command = |task_id: &str| {
+        format!(
+            "ray-history-collector inspect {} --session {} --logs {task_id} --err",
+            report.storage_arg,
+            shell_word(&report.session)
+        )
+    };
+    let mut failed_total = 0u64;
+    let mut counts = TaskCounts::default();
+    tasks.drain(|key, t, symbols| {
+        if !t.known {
+            return;
+        }
+        let job = symbols.get(t.job);
+        if let (Some(want), Some(job)) = (&job_filter, job) {
             if want != job {
-                continue;
+                return;
             }
         }
-        let state = t
-            .latest
-            .as_ref()
-            .map(|(tr, _)| tr.state.clone())
-            .unwrap_or_else(|| "UNKNOWN".into());
-        report.tasks.total += 1;
-        *report.tasks.by_state.entry(state.clone()).or_default() += 1;
-        if let Some(job) = &t.job_id {
-            if job_filter.as_ref().is_none_or(|j| j == job) {
-                jobs.entry(job.clone()).or_default();
+        let state = t.state(symbols);
+        counts.total += 1;
+        count_state(&mut counts.by_state, state);
+        if let Some(job) = job {
+            if !jobs.contains_key(job) && job_filter.as_deref().is_none_or(|j| j == job) {
+                jobs.insert(job.to_string(), Default::default());
             }
-            let counts = per_job.entry(job.clone()).or_default();
-            counts.total += 1;
-            *counts.by_state.entry(state.clone()).or_default() += 1;
+            if !per_job.contains_key(job) {
+                per_job.insert(job.to_string(), TaskCounts::default());
+            }
+            let Some(c) = per_job.get_mut(job) else {
+                return;
+            };
+            c.total += 1;
+            count_state(&mut c.by_state, state);
         }
         if state == "FAILED" {
-            failed.push((t.failed_at, key, t));
+            failed_total += 1;
+            let at = if t.failed_ns == NO_TIME {
+                i64::MAX
+            } else {
+                t.failed_ns
+            };
+            let wanted = failed.len() < failed_limit
+                || failed.peek().is_some_and(|r| (at, *key) < (r.0, r.1));
+            if wanted {
+                failed.push(Ranked(
+                    at,
+                    *key,
+                    failed_entry(key, t, symbols, &log_command),
+                ));
+                if failed.len() > failed_limit {
+                    failed.pop();
+                }
+            }
         }
-    }
-    failed.sort_by(|a, b| (a.0.unwrap_or(i64::MAX), &a.1).cmp(&(b.0.unwrap_or(i64::MAX), &b.1)));
-    report.failed_tasks_total = failed.len() as u64;
-    report.failed_tasks = failed
-        .into_iter()
-        .take(failed_limit)
-        .map(|(at, key, t)| FailedTaskEntry {
-            task_id: key.task_id,
-            attempt: key.attempt,
-            name: t.name,
-            job_id: t.job_id,
-            task_type: t.task_type,
-            failed_at: at.map(format_time_json),
-            error_type: t.error_type,
-            error_message: t.error_message,
-            node_id: t.node_id,
-            worker_id: t.worker_id,
-        })
-        .collect();
+        visit(key, t, symbols);
+    })?;
+    report.tasks = counts;
+    report.failed_tasks_total = failed_total;
+    report.failed_tasks = failed.into_sorted_vec().into_iter().map(|r| r.2).collect();
 
     report.jobs = jobs
         .into_iter()
@@ -344,7 +448,7 @@ pub(super) fn shape_report(report: &mut SessionReport, model: SessionModel, fail
                 failed: tasks.by_state.get("FAILED").copied().unwrap_or(0),
                 duration_ns: started.zip(ended).and_then(|(s, e)| e.checked_sub(s)),
                 job_id,
-                status,
+                status: status.to_string(),
                 entrypoint: j.entrypoint,
                 driver_pid: j.driver_pid,
                 driver_node_id: j.driver_node_id,
@@ -369,11 +473,13 @@ pub(super) fn shape_report(report: &mut SessionReport, model: SessionModel, fail
                 class_name: a.class_name,
                 name: a.name,
                 job_id,
-                state: latest.map(|t| t.state.state.clone()),
+                state: latest.map(|t| t.state.state.to_string()),
                 node_id: a.node_id,
                 pid: a.pid,
                 death_reason: latest.and_then(|t| t.death_reason.clone()),
                 death_message: latest.and_then(|t| t.death_message.clone()),
+                alive_ns: a.alive_ns,
+                dead_ns: a.dead_ns,
                 actor_id,
             }
         })
@@ -446,6 +552,7 @@ pub(super) fn shape_report(report: &mut SessionReport, model: SessionModel, fail
         .collect();
     entries.sort_by(|a, b| (&a.started, &a.run_id).cmp(&(&b.started, &b.run_id)));
     report.train_runs = entries;
+    Ok(())
 }
 
 /// RFC 3339 UTC with as many fractional digits as needed (0, 3, 6 or 9), like protobuf.

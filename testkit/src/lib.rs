@@ -9,10 +9,12 @@
 //! - [`relay`]: a TCP relay that can be cut and restored, for storage outages.
 //! - [`ray`]: real Ray from PyPI, run by the end-to-end tests.
 //! - [`history_server`]: KubeRay's history server as a peer, with the Kubernetes API it needs.
+//! - [`chromium`]: headless Chromium, for screenshots and the DOM of a page.
 //!
 //! Everything binds 127.0.0.1 only, and every process started here is stopped when its
 //! handle is dropped.
 
+pub mod chromium;
 pub mod collector;
 pub mod history_server;
 pub mod http;

@@ -7,8 +7,11 @@ collector). With ray_common.py (next to this script) it:
 1. starts a private local Ray instance (`ray.init(address="local", ...)`) whose
    temp dir is RHC_E2E_RAY_TEMP_DIR, with the dashboard (the aggregator agent
    that POSTs the events is part of the dashboard agent);
-2. runs nested tasks, a task that raises (caught), and a small actor;
-3. prints ONE JSON line on stdout: {"job_id", "session", "node_id", ...};
+2. runs nested tasks, a task that prints to stderr and raises (caught), and a small
+   actor; then, when RHC_E2E_TIMELINE is set, writes Ray's own Chrome trace of the live
+   cluster there (`ray.timeline`, what `ray timeline` writes), after waiting for the
+   workers' profile events to reach the GCS;
+3. prints ONE JSON line on stdout: {"job_id", "session", "node_id", "failing_task_id", ...};
 4. waits until the collector at RHC_COLLECTOR_URL has stopped receiving events
    (`rhc_events_accepted_total` > 0 and unchanged for RHC_E2E_QUIET_SECONDS),
    because Ray's dashboard agent exits on shutdown without flushing its buffer;
@@ -42,6 +45,7 @@ def run_workload(ray):
 
     @ray.remote(max_retries=0)
     def fails():
+        print("rhc-e2e: the failing task's own stderr", file=sys.stderr, flush=True)
         raise RuntimeError("rhc-e2e intentional failure")
 
     @ray.remote
@@ -58,8 +62,9 @@ def run_workload(ray):
     assert ray.get(sum_of_squares.remote(4)) == 14
 
     failed = False
+    failing = fails.remote()
     try:
-        ray.get(fails.remote(), timeout=60)
+        ray.get(failing, timeout=60)
     except ray.exceptions.RayTaskError as e:
         failed = "rhc-e2e intentional failure" in str(e)
     if not failed:
@@ -70,7 +75,18 @@ def run_workload(ray):
     ray.kill(counter)
     log(f"workload took {time.monotonic() - t0:.1f} s")
 
-    ray_common.report_and_wait(ray, {"failing_task_name": "fails"}, log_progress=True)
+    timeline = os.environ.get("RHC_E2E_TIMELINE")
+    if timeline:
+        # Workers send their profile events to the GCS every second.
+        time.sleep(3)
+        ray.timeline(filename=timeline)
+        log(f"ray timeline written to {timeline}")
+
+    ray_common.report_and_wait(
+        ray,
+        {"failing_task_name": "fails", "failing_task_id": failing.task_id().hex()},
+        log_progress=True,
+    )
 
 
 if __name__ == "__main__":

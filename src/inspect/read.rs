@@ -1,0 +1,391 @@
+//! Reading a session's event objects, streamed and in parallel, in bounded memory.
+//!
+//! ```text
+//! fetch (async, READ_CONCURRENCY objects at once) ──chunks──▶ decoder threads (gunzip, lines,
+//!   typed scan) ──batches of facts──▶ the fold (this task: dedup window, TaskStore, model)
+//! ```
+//!
+//! Every queue between the stages is bounded ([`CHUNKS_IN_FLIGHT`] chunks per object,
+//! [`BATCHES_IN_FLIGHT`] batches of at most [`FACTS_PER_BATCH`] facts), so memory does not
+//! depend on object sizes or on how fast the bucket answers. Facts are folded as they
+//! arrive, from whichever object; every merge of the model is order-free (see `model.rs`),
+//! and Train status histories carry their own (time, object, position) order.
+
+use std::io::IsTerminal as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt as _;
+use object_store::{ObjectStore, ObjectStoreExt as _};
+
+use super::decode::{ContentSink, Decoder};
+use super::extract::Fact;
+use super::filter::TimeWindow;
+use super::model::SessionModel;
+use super::render::human_bytes;
+use super::report::{ObjectStats, Problems};
+use super::task::CompactId;
+use super::walk::EventObject;
+use super::{store_error, CONTENT_LIMITS, READ_CONCURRENCY};
+
+/// Decoder threads at most (one per core up to this).
+const MAX_DECODERS: usize = 8;
+/// Chunks of one object queued for its decoder.
+const CHUNKS_IN_FLIGHT: usize = 8;
+/// Facts sent from a decoder to the fold at once, and batches queued.
+const FACTS_PER_BATCH: usize = 2048;
+const BATCHES_IN_FLIGHT: usize = 8;
+/// A read that takes longer than this shows a progress line (on a terminal).
+const PROGRESS_AFTER: Duration = Duration::from_secs(1);
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+
+/// An object for a decoder.
+struct DecodeJob {
+    index: usize,
+    gzip: bool,
+    source: Source,
+}
+
+/// Where a decoder reads an object from.
+enum Source {
+    /// Chunks streamed by the fetch (an `Err` ends the object as unreadable).
+    Chunks(tokio::sync::mpsc::Receiver<Result<Bytes, String>>),
+    /// A local file (a `file://` bucket), read by the decoder itself in [`FILE_BLOCK`]s:
+    /// the store's own stream would hand it over 8 KiB at a time, each through a thread
+    /// hop.
+    File(std::fs::File, std::ops::Range<u64>),
+}
+
+/// Bytes a decoder reads from a local file at a time.
+const FILE_BLOCK: usize = 256 << 10;
+
+/// What a decoder tells the fold.
+enum Message {
+    Facts(usize, Vec<Fact>),
+    Done(usize, ObjectSummary),
+}
+
+/// How an object's reading ended.
+struct ObjectSummary {
+    bad_lines: u64,
+    first_bad_line: Option<String>,
+    outside_window: u64,
+    /// Bytes the decoder read itself (a local file).
+    file_bytes: u64,
+    failure: Option<String>,
+}
+
+/// Reads `objects` into `model`; returns the number of events outside the time window.
+pub(super) async fn read_objects(
+    store: &Arc<dyn ObjectStore>,
+    objects: &[EventObject],
+    window: TimeWindow,
+    model: &mut SessionModel,
+    stats: &mut ObjectStats,
+    problems: &mut Problems,
+) -> u64 {
+    if objects.is_empty() {
+        return 0;
+    }
+    let logs_of = model.tasks.logs_of();
+    let total_bytes: u64 = objects.iter().map(|o| o.size).sum::<u64>().max(1);
+    let decoders = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .clamp(1, MAX_DECODERS)
+        .min(objects.len());
+    let (job_tx, job_rx) = std::sync::mpsc::channel::<DecodeJob>();
+    let job_rx = Arc::new(Mutex::new(job_rx));
+    let fetched = Arc::new(AtomicU64::new(0));
+    let (msg_tx, mut msg_rx) = tokio::sync::mpsc::channel::<Message>(BATCHES_IN_FLIGHT);
+    let mut threads = Vec::new();
+    for n in 0..decoders {
+        let jobs = Arc::clone(&job_rx);
+        let out = msg_tx.clone();
+        let fetched = Arc::clone(&fetched);
+        let spawned = std::thread::Builder::new()
+            .name(format!("inspect-decode-{n}"))
+            .spawn(move || decode_loop(&jobs, &out, window, logs_of, &fetched));
+        match spawned {
+            Ok(handle) => threads.push(handle),
+            Err(e) => problems.note("(local)", &format!("could not start a decoder thread: {e}")),
+        }
+    }
+    drop(msg_tx);
+
+    let mut fetches = futures::stream::iter(objects.iter().enumerate())
+        .map(|(index, object)| fetch(store, object, index, &job_tx, &fetched))
+        .buffer_unordered(READ_CONCURRENCY);
+    let started = Instant::now();
+    let mut progress = Progress::new();
+    let (mut done, mut fetches_done, mut outside_window) = (0usize, false, 0u64);
+    if threads.is_empty() {
+        return 0;
+    }
+    while done < objects.len() {
+        tokio::select! {
+            message = msg_rx.recv() => match message {
+                Some(Message::Facts(index, facts)) => {
+                    let read = fetched.load(Ordering::Relaxed).max(1);
+                    model.growth = total_bytes.saturating_sub(read) as f64 / read as f64;
+                    for fact in facts {
+                        model.absorb(index, fact);
+                    }
+                }
+                Some(Message::Done(index, summary)) => {
+                    done += 1;
+                    let object = &objects[index];
+                    stats.read += 1;
+                    stats.bytes_read += summary.file_bytes;
+                    let node = model.nodes.entry(object.node.clone()).or_default();
+                    node.objects += 1;
+                    node.bytes += object.size;
+                    if let Some(failure) = &summary.failure {
+                        problems.unreadable(object.path.as_ref(), failure);
+                    }
+                    if summary.bad_lines > 0 {
+                        problems.bad_lines += summary.bad_lines;
+                        problems.note(
+                            object.path.as_ref(),
+                            &format!(
+                                "{} bad line(s); first: {}",
+                                summary.bad_lines,
+                                summary.first_bad_line.as_deref().unwrap_or("?")
+                            ),
+                        );
+                    }
+                    outside_window += summary.outside_window;
+                }
+                None => break,
+            },
+            fetch = fetches.next(), if !fetches_done => match fetch {
+                Some(bytes) => stats.bytes_read += bytes,
+                None => fetches_done = true,
+            },
+        }
+        if started.elapsed() >= PROGRESS_AFTER {
+            progress.show(
+                done,
+                objects.len(),
+                fetched.load(Ordering::Relaxed),
+                model.total,
+            );
+        }
+    }
+    // Every object ended; the decoders stop when the job queue closes.
+    drop(fetches);
+    drop(job_tx);
+    for t in threads {
+        let _ = t.join();
+    }
+    progress.clear();
+    outside_window
+}
+
+/// Streams one object's bytes to a decoder (or hands it a local file); returns the bytes
+/// fetched.
+async fn fetch(
+    store: &Arc<dyn ObjectStore>,
+    object: &EventObject,
+    index: usize,
+    jobs: &std::sync::mpsc::Sender<DecodeJob>,
+    fetched: &AtomicU64,
+) -> u64 {
+    let gzip = object.path.as_ref().ends_with(".gz");
+    let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_IN_FLIGHT);
+    let got = match store.get(&object.path).await {
+        Ok(got) => got,
+        Err(e) => {
+            let _ = tx
+                .send(Err(format!("could not be fetched: {}", store_error(&e))))
+                .await;
+            let source = Source::Chunks(rx);
+            let _ = jobs.send(DecodeJob {
+                index,
+                gzip,
+                source,
+            });
+            return 0;
+        }
+    };
+    if let object_store::GetResultPayload::File(file, _) = got.payload {
+        // The decoder reads it and counts its bytes.
+        let source = Source::File(file, got.range);
+        let _ = jobs.send(DecodeJob {
+            index,
+            gzip,
+            source,
+        });
+        return 0;
+    }
+    if jobs
+        .send(DecodeJob {
+            index,
+            gzip,
+            source: Source::Chunks(rx),
+        })
+        .is_err()
+    {
+        return 0;
+    }
+    let mut bytes = 0u64;
+    let mut body = got.into_stream();
+    while let Some(chunk) = body.next().await {
+        let item = match chunk {
+            Ok(chunk) => {
+                bytes += chunk.len() as u64;
+                fetched.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                Ok(chunk)
+            }
+            Err(e) => Err(format!("reading failed: {}", store_error(&e))),
+        };
+        let last = item.is_err();
+        // The decoder stops listening when the object's content hit a limit.
+        if tx.send(item).await.is_err() || last {
+            break;
+        }
+    }
+    bytes
+}
+
+/// A decoder thread: takes objects off the queue until it closes.
+fn decode_loop(
+    jobs: &Mutex<std::sync::mpsc::Receiver<DecodeJob>>,
+    out: &tokio::sync::mpsc::Sender<Message>,
+    window: TimeWindow,
+    logs_of: Option<CompactId>,
+    fetched: &AtomicU64,
+) {
+    loop {
+        let job = match jobs.lock() {
+            Ok(rx) => rx.recv(),
+            Err(_) => return,
+        };
+        let Ok(job) = job else {
+            return;
+        };
+        if !decode(job, out, window, logs_of, fetched) {
+            return;
+        }
+    }
+}
+
+/// Decodes one object; false when the fold has gone away.
+fn decode(
+    job: DecodeJob,
+    out: &tokio::sync::mpsc::Sender<Message>,
+    window: TimeWindow,
+    logs_of: Option<CompactId>,
+    fetched: &AtomicU64,
+) -> bool {
+    let mut sink = ContentSink::new(window, CONTENT_LIMITS);
+    sink.logs_of = logs_of;
+    let mut decoder = if job.gzip {
+        Decoder::Gzip(Box::new(flate2::write::MultiGzDecoder::new(sink)))
+    } else {
+        Decoder::Plain(sink)
+    };
+    let mut failure = None;
+    let mut file_bytes = 0u64;
+    let mut chunks = None;
+    let mut next: Box<dyn FnMut() -> Option<Result<Bytes, String>>> = match job.source {
+        Source::Chunks(rx) => {
+            let rx = chunks.insert(rx);
+            Box::new(move || rx.blocking_recv())
+        }
+        Source::File(mut file, range) => {
+            let mut left = range.end.saturating_sub(range.start);
+            let seek = std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(range.start));
+            let mut seek = Some(seek);
+            let file_bytes = &mut file_bytes;
+            Box::new(move || {
+                if let Some(Err(e)) = seek.take() {
+                    return Some(Err(format!("reading failed: {e}")));
+                }
+                if left == 0 {
+                    return None;
+                }
+                let mut buf = vec![0u8; (left as usize).min(FILE_BLOCK)];
+                match std::io::Read::read(&mut file, &mut buf) {
+                    Ok(0) => None,
+                    Ok(n) => {
+                        buf.truncate(n);
+                        left -= n as u64;
+                        *file_bytes += n as u64;
+                        fetched.fetch_add(n as u64, Ordering::Relaxed);
+                        Some(Ok(Bytes::from(buf)))
+                    }
+                    Err(e) => Some(Err(format!("reading failed: {e}"))),
+                }
+            })
+        }
+    };
+    while let Some(chunk) = next() {
+        let written = chunk.and_then(|c| decoder.write(&c));
+        if let Err(e) = written {
+            failure = Some(e);
+            break;
+        }
+        let sink = decoder.sink_mut();
+        if sink.out.facts.len() >= FACTS_PER_BATCH {
+            let facts = sink.take_facts();
+            if out.blocking_send(Message::Facts(job.index, facts)).is_err() {
+                return false;
+            }
+        }
+    }
+    drop(next);
+    // Stop the fetch of an object given up on.
+    drop(chunks);
+    if failure.is_none() {
+        failure = decoder.end().err();
+    }
+    let mut sink = decoder.into_sink();
+    sink.finish(failure.is_none());
+    let facts = sink.take_facts();
+    if !facts.is_empty() && out.blocking_send(Message::Facts(job.index, facts)).is_err() {
+        return false;
+    }
+    let summary = ObjectSummary {
+        bad_lines: sink.out.bad_lines,
+        first_bad_line: sink.out.first_bad_line.take(),
+        outside_window: sink.out.outside_window,
+        file_bytes,
+        failure,
+    };
+    out.blocking_send(Message::Done(job.index, summary)).is_ok()
+}
+
+/// The progress line on stderr, only when it is a terminal.
+struct Progress {
+    terminal: bool,
+    last: Option<Instant>,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        Progress {
+            terminal: std::io::stderr().is_terminal(),
+            last: None,
+        }
+    }
+
+    fn show(&mut self, done: usize, total: usize, bytes: u64, events: u64) {
+        if !self.terminal || self.last.is_some_and(|t| t.elapsed() < PROGRESS_EVERY) {
+            return;
+        }
+        self.last = Some(Instant::now());
+        eprint!(
+            "\r\x1b[Kreading: {done}/{total} objects, {} fetched, {events} events",
+            human_bytes(bytes)
+        );
+    }
+
+    fn clear(&self) {
+        if self.terminal && self.last.is_some() {
+            eprint!("\r\x1b[K");
+        }
+    }
+}

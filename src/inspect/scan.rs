@@ -1,0 +1,752 @@
+//! One JSON line → one [`Fact`], fast: task events (most of any session) are read with typed,
+//! borrowing serde structs that skip what the report does not need, camelCase or snake_case
+//! alike; pushed task definitions, lifecycles and profiles and file-based `EXPORT_TASK`
+//! events all become one [`TaskDelta`]. Every other event (nodes, jobs, actors, Train) is
+//! rare and goes through the generic [`serde_json::Value`] reader of [`super::extract`].
+//!
+//! A line the typed structs refuse (a field given twice, an odd type, a lone surrogate
+//! escape) is read again as a `Value`, and the same structs are read from it, so the fast
+//! path never loses an event the generic reader would keep.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::extract::{bounded, extract_export_event, extract_ray_event, Body, Fact, Transition};
+use super::filter::{parse_time_ns, NANOS_PER_SECOND};
+use super::task::{AttemptKey, CompactId, LogInfo, TaskDelta, Transitions};
+use super::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES};
+
+/// Ray's `TaskStatus` enum by number, as `EXPORT_TASK`'s `state_ts_ns` keys name states.
+const TASK_STATUS: [&str; 13] = [
+    "NIL",
+    "PENDING_ARGS_AVAIL",
+    "PENDING_NODE_ASSIGNMENT",
+    "PENDING_OBJ_STORE_MEM_AVAIL",
+    "PENDING_ARGS_FETCH",
+    "SUBMITTED_TO_WORKER",
+    "PENDING_ACTOR_TASK_ARGS_FETCH",
+    "PENDING_ACTOR_TASK_ORDERING_OR_CONCURRENCY",
+    "RUNNING",
+    "RUNNING_IN_RAY_GET",
+    "RUNNING_IN_RAY_WAIT",
+    "FINISHED",
+    "FAILED",
+];
+
+/// The profile event that spans a task's whole execution on its worker: `task::<name>`.
+const EXECUTION_EVENT_PREFIX: &str = "task::";
+
+/// An integer Ray writes as a JSON number or (64-bit) as a string.
+#[derive(Debug, Clone, Copy, Default)]
+struct Int(Option<i64>);
+
+impl<'de> Deserialize<'de> for Int {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Int, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Int;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an integer or a string holding one")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Int, E> {
+                Ok(Int(Some(v)))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Int, E> {
+                Ok(Int(i64::try_from(v).ok()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Int, E> {
+                Ok(Int(v.is_finite().then_some(v as i64)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Int, E> {
+                Ok(Int(v.trim().parse().ok()))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Int, E> {
+                Ok(Int(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A string that borrows from the line unless it holds escapes (then it is owned).
+struct Str<'a>(Cow<'a, str>);
+
+impl std::ops::Deref for Str<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Str<'a>, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Str<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Str<'de>, E> {
+                Ok(Str(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Str<'de>, E> {
+                Ok(Str(Cow::Owned(v.to_string())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+type Text<'a> = Option<Str<'a>>;
+
+#[derive(Deserialize)]
+struct Line<'a> {
+    #[serde(borrow, default, rename = "eventType", alias = "event_type")]
+    event_type: Text<'a>,
+    #[serde(borrow, default, rename = "eventId", alias = "event_id")]
+    event_id: Text<'a>,
+    #[serde(borrow, default)]
+    timestamp: Option<Stamp<'a>>,
+    #[serde(borrow, default, rename = "source_type", alias = "sourceType")]
+    source_type: Text<'a>,
+    #[serde(borrow, default, rename = "event_data", alias = "eventData")]
+    event_data: Option<ExportTask<'a>>,
+    #[serde(
+        borrow,
+        default,
+        rename = "taskDefinitionEvent",
+        alias = "task_definition_event"
+    )]
+    task_definition: Option<TaskDefinition<'a>>,
+    #[serde(
+        borrow,
+        default,
+        rename = "actorTaskDefinitionEvent",
+        alias = "actor_task_definition_event"
+    )]
+    actor_task_definition: Option<TaskDefinition<'a>>,
+    #[serde(
+        borrow,
+        default,
+        rename = "taskLifecycleEvent",
+        alias = "task_lifecycle_event"
+    )]
+    task_lifecycle: Option<TaskLifecycle<'a>>,
+    #[serde(
+        borrow,
+        default,
+        rename = "taskProfileEvents",
+        alias = "task_profile_events"
+    )]
+    task_profile: Option<TaskProfile<'a>>,
+}
+
+/// A pushed event's RFC 3339 string, or an export event's whole seconds.
+enum Stamp<'a> {
+    Seconds(i64),
+    Text(Cow<'a, str>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Stamp<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Stamp<'a>, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Stamp<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a timestamp")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Stamp<'de>, E> {
+                Ok(Stamp::Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Stamp<'de>, E> {
+                Ok(Stamp::Text(Cow::Owned(v.to_string())))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Stamp<'de>, E> {
+                Ok(Stamp::Seconds(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Stamp<'de>, E> {
+                Ok(Stamp::Seconds(i64::try_from(v).unwrap_or(i64::MAX)))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Stamp<'de>, E> {
+                Ok(Stamp::Seconds(v as i64))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Deserialize)]
+struct TaskDefinition<'a> {
+    #[serde(borrow, default, rename = "taskId", alias = "task_id")]
+    task_id: Text<'a>,
+    #[serde(default, rename = "taskAttempt", alias = "task_attempt")]
+    attempt: Int,
+    #[serde(borrow, default, rename = "jobId", alias = "job_id")]
+    job_id: Text<'a>,
+    #[serde(
+        borrow,
+        default,
+        rename = "taskName",
+        alias = "task_name",
+        alias = "actorTaskName",
+        alias = "actor_task_name"
+    )]
+    name: Text<'a>,
+    #[serde(borrow, default, rename = "taskType", alias = "task_type")]
+    task_type: Text<'a>,
+    #[serde(
+        borrow,
+        default,
+        rename = "taskFunc",
+        alias = "task_func",
+        alias = "actorFunc",
+        alias = "actor_func"
+    )]
+    func: Option<Functions<'a>>,
+}
+
+/// `FunctionDescriptor`: one of its language variants is set.
+#[derive(Deserialize)]
+struct Functions<'a> {
+    #[serde(
+        borrow,
+        default,
+        rename = "pythonFunctionDescriptor",
+        alias = "python_function_descriptor"
+    )]
+    python: Option<FunctionDescriptor<'a>>,
+    #[serde(
+        borrow,
+        default,
+        rename = "javaFunctionDescriptor",
+        alias = "java_function_descriptor"
+    )]
+    java: Option<FunctionDescriptor<'a>>,
+    #[serde(
+        borrow,
+        default,
+        rename = "cppFunctionDescriptor",
+        alias = "cpp_function_descriptor"
+    )]
+    cpp: Option<FunctionDescriptor<'a>>,
+}
+
+#[derive(Deserialize)]
+struct FunctionDescriptor<'a> {
+    #[serde(borrow, default, rename = "functionName", alias = "function_name")]
+    function_name: Text<'a>,
+}
+
+#[derive(Deserialize)]
+struct StateTransition<'a> {
+    #[serde(borrow, default)]
+    state: Text<'a>,
+    #[serde(borrow, default)]
+    timestamp: Text<'a>,
+}
+
+#[derive(Deserialize)]
+struct ErrorInfo<'a> {
+    #[serde(borrow, default, rename = "errorType", alias = "error_type")]
+    error_type: Text<'a>,
+    #[serde(borrow, default, rename = "errorMessage", alias = "error_message")]
+    error_message: Text<'a>,
+}
+
+#[derive(Deserialize)]
+struct TaskLogInfo<'a> {
+    #[serde(borrow, default, rename = "stdoutFile", alias = "stdout_file")]
+    stdout_file: Text<'a>,
+    #[serde(borrow, default, rename = "stderrFile", alias = "stderr_file")]
+    stderr_file: Text<'a>,
+    #[serde(default, rename = "stdoutStart", alias = "stdout_start")]
+    stdout_start: Int,
+    #[serde(default, rename = "stdoutEnd", alias = "stdout_end")]
+    stdout_end: Int,
+    #[serde(default, rename = "stderrStart", alias = "stderr_start")]
+    stderr_start: Int,
+    #[serde(default, rename = "stderrEnd", alias = "stderr_end")]
+    stderr_end: Int,
+}
+
+#[derive(Deserialize)]
+struct TaskLifecycle<'a> {
+    #[serde(borrow, default, rename = "taskId", alias = "task_id")]
+    task_id: Text<'a>,
+    #[serde(default, rename = "taskAttempt", alias = "task_attempt")]
+    attempt: Int,
+    #[serde(borrow, default, rename = "jobId", alias = "job_id")]
+    job_id: Text<'a>,
+    #[serde(default, rename = "stateTransitions", alias = "state_transitions")]
+    transitions: ScanTransitions,
+    #[serde(borrow, default, rename = "rayErrorInfo", alias = "ray_error_info")]
+    error: Option<ErrorInfo<'a>>,
+    #[serde(borrow, default, rename = "nodeId", alias = "node_id")]
+    node_id: Text<'a>,
+    #[serde(borrow, default, rename = "workerId", alias = "worker_id")]
+    worker_id: Text<'a>,
+    #[serde(default, rename = "workerPid", alias = "worker_pid")]
+    worker_pid: Int,
+    #[serde(borrow, default, rename = "taskLogInfo", alias = "task_log_info")]
+    log: Option<TaskLogInfo<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ProfileEvent<'a> {
+    #[serde(borrow, default, rename = "eventName", alias = "event_name")]
+    name: Text<'a>,
+    #[serde(default, rename = "startTime", alias = "start_time")]
+    start: Int,
+    #[serde(default, rename = "endTime", alias = "end_time")]
+    end: Int,
+}
+
+#[derive(Deserialize)]
+struct ProfileEvents<'a> {
+    #[serde(borrow, default, rename = "componentType", alias = "component_type")]
+    component_type: Text<'a>,
+    #[serde(borrow, default, rename = "componentId", alias = "component_id")]
+    component_id: Text<'a>,
+    #[serde(borrow, default)]
+    events: Option<Vec<ProfileEvent<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct TaskProfile<'a> {
+    #[serde(borrow, default, rename = "taskId", alias = "task_id")]
+    task_id: Text<'a>,
+    #[serde(default, rename = "attemptNumber", alias = "attempt_number")]
+    attempt: Int,
+    #[serde(borrow, default, rename = "jobId", alias = "job_id")]
+    job_id: Text<'a>,
+    #[serde(borrow, default, rename = "profileEvents", alias = "profile_events")]
+    profile: Option<ProfileEvents<'a>>,
+}
+
+/// `EXPORT_TASK`'s `event_data` (other export types read as this too, harmlessly: they
+/// are then read again by the generic reader).
+#[derive(Deserialize)]
+struct ExportTask<'a> {
+    #[serde(borrow, default, alias = "taskId")]
+    task_id: Text<'a>,
+    #[serde(default, alias = "attemptNumber")]
+    attempt_number: Int,
+    #[serde(borrow, default, alias = "jobId")]
+    job_id: Text<'a>,
+    #[serde(borrow, default, alias = "taskInfo")]
+    task_info: Option<ExportTaskInfo<'a>>,
+    #[serde(borrow, default, alias = "stateUpdates")]
+    state_updates: Option<ExportStateUpdates<'a>>,
+    #[serde(borrow, default, alias = "profileEvents")]
+    profile_events: Option<ProfileEvents<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ExportTaskInfo<'a> {
+    #[serde(borrow, default, alias = "funcOrClassName")]
+    func_or_class_name: Text<'a>,
+    #[serde(borrow, default)]
+    name: Text<'a>,
+    #[serde(borrow, default, rename = "type")]
+    task_type: Text<'a>,
+}
+
+#[derive(Deserialize)]
+struct ExportStateUpdates<'a> {
+    #[serde(default, alias = "stateTsNs")]
+    state_ts_ns: Option<BTreeMap<String, Int>>,
+    #[serde(borrow, default, alias = "nodeId")]
+    node_id: Text<'a>,
+    #[serde(borrow, default, alias = "workerId")]
+    worker_id: Text<'a>,
+    #[serde(default, alias = "workerPid")]
+    worker_pid: Int,
+    #[serde(borrow, default, alias = "errorInfo")]
+    error_info: Option<ErrorInfo<'a>>,
+    #[serde(borrow, default, alias = "taskLogInfo")]
+    task_log_info: Option<TaskLogInfo<'a>>,
+}
+
+fn text(t: &Text<'_>) -> Option<String> {
+    t.as_deref()
+        .filter(|s| !s.is_empty())
+        .map(|s| bounded(s, MAX_FIELD_BYTES))
+}
+
+/// Whether `task_id` is the task whose logs are wanted.
+fn wanted(logs_of: Option<CompactId>, task_id: &Text<'_>) -> bool {
+    logs_of.is_some() && cid(task_id) == logs_of
+}
+
+/// An id, kept as bytes (no text is made per event).
+fn cid(t: &Text<'_>) -> Option<CompactId> {
+    t.as_deref().filter(|s| !s.is_empty()).map(CompactId::parse)
+}
+
+fn key(task_id: &Text<'_>, attempt: Int) -> Option<AttemptKey> {
+    let raw = task_id.as_deref().filter(|s| !s.is_empty())?;
+    Some(AttemptKey {
+        id: CompactId::parse(raw),
+        attempt: attempt.0.and_then(|a| i32::try_from(a).ok()).unwrap_or(0),
+    })
+}
+
+fn error(e: &Option<ErrorInfo<'_>>) -> Option<(Option<String>, Option<String>)> {
+    e.as_ref().map(|e| {
+        (
+            text(&e.error_type),
+            e.error_message
+                .as_deref()
+                .map(|m| bounded(m, MAX_ERROR_MESSAGE_BYTES)),
+        )
+    })
+}
+
+/// A log file's name without its directory, if it is a plain name.
+fn file_name(t: &Text<'_>) -> Option<String> {
+    let path = t.as_deref()?;
+    let name = path.rsplit('/').next()?;
+    crate::contract::is_safe_segment(name).then(|| name.to_string())
+}
+
+fn log_info(l: &Option<TaskLogInfo<'_>>) -> Option<Box<LogInfo>> {
+    let l = l.as_ref()?;
+    let off = |i: Int| i.0.and_then(|v| u64::try_from(v).ok());
+    Some(Box::new(LogInfo {
+        stdout_file: file_name(&l.stdout_file),
+        stderr_file: file_name(&l.stderr_file),
+        stdout: (off(l.stdout_start), off(l.stdout_end)),
+        stderr: (off(l.stderr_start), off(l.stderr_end)),
+    }))
+}
+
+/// The worker's `task::<name>` slice of a profile: (start, end, worker id).
+fn execution(p: &Option<ProfileEvents<'_>>) -> Option<(i64, i64, Option<CompactId>)> {
+    let p = p.as_ref()?;
+    if p.component_type.as_deref().is_some_and(|t| t != "worker") {
+        return None;
+    }
+    let e = p.events.as_ref()?.iter().find(|e| {
+        e.name
+            .as_deref()
+            .is_some_and(|n| n.starts_with(EXECUTION_EVENT_PREFIX))
+    })?;
+    let (start, end) = (e.start.0?, e.end.0?);
+    (start > 0 && end >= start).then(|| (start, end, cid(&p.component_id)))
+}
+
+/// `stateTransitions`, read element by element into [`Transitions`] (no list is built).
+#[derive(Default)]
+struct ScanTransitions(Transitions);
+
+impl<'de> Deserialize<'de> for ScanTransitions {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ScanTransitions, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ScanTransitions;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list of state transitions")
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<ScanTransitions, A::Error> {
+                let mut out = Transitions::default();
+                while let Some(t) = seq.next_element::<StateTransition<'de>>()? {
+                    if let Some(state) = t.state.as_deref().filter(|s| !s.is_empty()) {
+                        out.push(Transition {
+                            state: task_state(state),
+                            time_ns: t.timestamp.as_deref().and_then(parse_time_ns),
+                        });
+                    }
+                }
+                Ok(ScanTransitions(out))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<ScanTransitions, E> {
+                Ok(ScanTransitions::default())
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl Line<'_> {
+    /// The fact of a task event, `None` for any other event. Log offsets are read only for
+    /// the attempts of `logs_of` (`--logs`).
+    fn task_fact(&self, seq: u64, logs_of: Option<CompactId>) -> Option<Fact> {
+        if let Some(data) = &self.event_data {
+            if self.source_type.as_deref() != Some("EXPORT_TASK") {
+                return None;
+            }
+            return Some(self.export_task_fact(data, seq, logs_of));
+        }
+        let event_type = self.event_type.as_deref()?;
+        let time_ns = match &self.timestamp {
+            Some(Stamp::Text(t)) => parse_time_ns(t),
+            _ => None,
+        };
+        let delta = match event_type {
+            "TASK_DEFINITION_EVENT" | "ACTOR_TASK_DEFINITION_EVENT" => {
+                let actor = event_type == "ACTOR_TASK_DEFINITION_EVENT";
+                let d = if actor {
+                    self.actor_task_definition.as_ref()
+                } else {
+                    self.task_definition.as_ref()
+                };
+                d.map(|d| TaskDelta {
+                    key: key(&d.task_id, d.attempt),
+                    job: cid(&d.job_id),
+                    name: text(&d.name).or_else(|| {
+                        let f = d.func.as_ref()?;
+                        [&f.python, &f.java, &f.cpp]
+                            .into_iter()
+                            .flatten()
+                            .find_map(|f| text(&f.function_name))
+                    }),
+                    task_type: if actor {
+                        Some("ACTOR_TASK".into())
+                    } else {
+                        text(&d.task_type)
+                    },
+                    ..TaskDelta::default()
+                })
+            }
+            "TASK_LIFECYCLE_EVENT" => self.task_lifecycle.as_ref().map(|l| TaskDelta {
+                log: if wanted(logs_of, &l.task_id) {
+                    log_info(&l.log)
+                } else {
+                    None
+                },
+                key: key(&l.task_id, l.attempt),
+                job: cid(&l.job_id),
+                transitions: l.transitions.0.clone(),
+                error: error(&l.error),
+                node: cid(&l.node_id),
+                worker: cid(&l.worker_id),
+                pid: l.worker_pid.0,
+                ..TaskDelta::default()
+            }),
+            "TASK_PROFILE_EVENT" => self.task_profile.as_ref().map(|p| TaskDelta {
+                key: key(&p.task_id, p.attempt),
+                job: cid(&p.job_id),
+                exec: execution(&p.profile),
+                from_profile: true,
+                ..TaskDelta::default()
+            }),
+            _ => return None,
+        };
+        Some(Fact {
+            event_id: self.event_id.as_deref().map(|i| event_id_hash("e:", i)),
+            event_type: static_event_type(event_type),
+            time_ns,
+            seq,
+            body: match delta {
+                Some(d) if d.key.is_some() => Body::Task(Box::new(d)),
+                _ => Body::Other,
+            },
+        })
+    }
+
+    fn export_task_fact(&self, d: &ExportTask<'_>, seq: u64, logs_of: Option<CompactId>) -> Fact {
+        let time_ns = match &self.timestamp {
+            Some(Stamp::Seconds(s)) => s.checked_mul(NANOS_PER_SECOND),
+            _ => None,
+        };
+        let info = d.task_info.as_ref();
+        let updates = d.state_updates.as_ref();
+        let mut transitions: Vec<Transition> = updates
+            .and_then(|u| u.state_ts_ns.as_ref())
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(state, ns)| {
+                        let state = state.parse::<usize>().ok()?;
+                        Some(Transition {
+                            state: Cow::Borrowed(*TASK_STATUS.get(state)?),
+                            time_ns: ns.0.filter(|n| *n > 0),
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        transitions.sort_by_key(|t| t.time_ns);
+        let delta = TaskDelta {
+            key: key(&d.task_id, d.attempt_number),
+            job: cid(&d.job_id),
+            name: info.and_then(|i| text(&i.name).or_else(|| text(&i.func_or_class_name))),
+            task_type: info.and_then(|i| text(&i.task_type)),
+            transitions: transitions.into_iter().collect(),
+            error: updates.and_then(|u| error(&u.error_info)),
+            node: updates.and_then(|u| cid(&u.node_id)),
+            worker: updates.and_then(|u| cid(&u.worker_id)),
+            pid: updates.and_then(|u| u.worker_pid.0),
+            exec: execution(&d.profile_events),
+            log: updates
+                .filter(|_| wanted(logs_of, &d.task_id))
+                .and_then(|u| log_info(&u.task_log_info)),
+            from_profile: false,
+        };
+        Fact {
+            event_id: self.event_id.as_deref().map(|i| event_id_hash("x:", i)),
+            event_type: Cow::Borrowed("EXPORT_TASK"),
+            time_ns,
+            seq,
+            body: if delta.key.is_some() {
+                Body::Task(Box::new(delta))
+            } else {
+                Body::Other
+            },
+        }
+    }
+}
+
+/// The task event types, as static strings.
+fn static_event_type(t: &str) -> Cow<'static, str> {
+    match t {
+        "TASK_DEFINITION_EVENT" => Cow::Borrowed("TASK_DEFINITION_EVENT"),
+        "ACTOR_TASK_DEFINITION_EVENT" => Cow::Borrowed("ACTOR_TASK_DEFINITION_EVENT"),
+        "TASK_LIFECYCLE_EVENT" => Cow::Borrowed("TASK_LIFECYCLE_EVENT"),
+        "TASK_PROFILE_EVENT" => Cow::Borrowed("TASK_PROFILE_EVENT"),
+        other => Cow::Owned(other.to_string()),
+    }
+}
+
+/// A task state's name: Ray's own as static strings (no allocation per transition).
+fn task_state(s: &str) -> Cow<'static, str> {
+    match TASK_STATUS.iter().find(|known| **known == s) {
+        Some(known) => Cow::Borrowed(known),
+        None => Cow::Owned(bounded(s, MAX_FIELD_BYTES)),
+    }
+}
+
+/// The hash under which an event id is deduplicated; pushed and export events have ids of
+/// their own kinds, kept apart by `kind`.
+pub(super) fn event_id_hash(kind: &str, id: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(id.as_bytes(), kind.as_bytes()[0] as u64)
+}
+
+/// What one line holds: a fact, or why it is not a Ray event.
+pub(super) type Scanned = Result<Fact, String>;
+
+/// Reads one line (already trimmed, not empty). `value_of` parses the line the generic way
+/// (with Go's reading of lone surrogates), for the events the typed path leaves.
+pub(super) fn scan_line(
+    line: &[u8],
+    seq: u64,
+    logs_of: Option<CompactId>,
+    value_of: impl Fn(&[u8]) -> Result<Value, String>,
+) -> Scanned {
+    if let Ok(typed) = serde_json::from_slice::<Line>(line) {
+        if let Some(fact) = typed.task_fact(seq, logs_of) {
+            return Ok(fact);
+        }
+    }
+    match value_of(line) {
+        Ok(v) => scan_value(&v, seq, logs_of),
+        Err(e) => Err(e),
+    }
+}
+
+/// Reads one JSON value that is an event (an element of a legacy array, or a line the typed
+/// reader refused).
+pub(super) fn scan_value(v: &Value, seq: u64, logs_of: Option<CompactId>) -> Scanned {
+    if !v.is_object() {
+        return Err("not a JSON object".into());
+    }
+    if let Ok(typed) = Line::deserialize(v) {
+        if let Some(fact) = typed.task_fact(seq, logs_of) {
+            return Ok(fact);
+        }
+    }
+    let fact = if v.get("event_data").is_some() {
+        extract_export_event(v, seq)
+    } else {
+        extract_ray_event(v, seq)
+    };
+    match fact {
+        Some(f) => Ok(f),
+        None => Err("not a Ray event (no eventType or source_type)".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fact(line: &str) -> Fact {
+        match scan_line(line.as_bytes(), 0, Some(CompactId::parse("AQID")), |l| {
+            serde_json::from_slice(l).map_err(|e| e.to_string())
+        }) {
+            Ok(f) => f,
+            Err(e) => panic!("{e}: {line}"),
+        }
+    }
+
+    fn task(f: Fact) -> TaskDelta {
+        match f.body {
+            Body::Task(d) => *d,
+            other => panic!("not a task: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn snake_and_camel_lifecycles_read_alike() {
+        let camel = r#"{"eventId":"x","eventType":"TASK_LIFECYCLE_EVENT","timestamp":"2026-11-22T02:06:44.945Z",
+            "taskLifecycleEvent":{"taskId":"AQID","taskAttempt":1,"jobId":"AQAAAA==","workerPid":7,
+            "stateTransitions":[{"state":"FAILED","timestamp":"2026-11-22T02:06:44.945Z"}],
+            "taskLogInfo":{"stderrFile":"/tmp/ray/s/logs/worker-ab-01000000-7.err","stderrStart":"35"},
+            "rayErrorInfo":{"errorType":"TASK_EXECUTION_EXCEPTION","errorMessage":"boom"}}}"#;
+        let snake = r#"{"event_id":"x","event_type":"TASK_LIFECYCLE_EVENT","timestamp":"2026-11-22T02:06:44.945Z",
+            "task_lifecycle_event":{"task_id":"AQID","task_attempt":1,"job_id":"AQAAAA==","worker_pid":7,
+            "state_transitions":[{"state":"FAILED","timestamp":"2026-11-22T02:06:44.945Z"}],
+            "task_log_info":{"stderr_file":"/tmp/ray/s/logs/worker-ab-01000000-7.err","stderr_start":"35"},
+            "ray_error_info":{"error_type":"TASK_EXECUTION_EXCEPTION","error_message":"boom"}}}"#;
+        for line in [camel, snake] {
+            let f = fact(line);
+            assert!(f.event_id.is_some());
+            let t = task(f);
+            let k = t.key.unwrap();
+            assert_eq!((k.id.hex().as_str(), k.attempt), ("010203", 1));
+            assert_eq!(t.job.map(|j| j.hex()).as_deref(), Some("01000000"));
+            assert_eq!(t.transitions.iter().next().unwrap().state, "FAILED");
+            assert_eq!(t.pid, Some(7));
+            let (ty, msg) = t.error.unwrap();
+            assert_eq!(ty.as_deref(), Some("TASK_EXECUTION_EXCEPTION"));
+            assert_eq!(msg.as_deref(), Some("boom"));
+            let log = t.log.unwrap();
+            assert_eq!(log.stderr_file.as_deref(), Some("worker-ab-01000000-7.err"));
+            assert_eq!(log.stderr, (Some(35), None));
+        }
+    }
+
+    #[test]
+    fn export_tasks_and_profiles() {
+        // From a Ray 2.60 run with RAY_enable_export_api_write=1.
+        let line = r#"{"event_data": {"attempt_number": 0, "job_id": "AQAAAA==", "state_updates": {"error_info": {"error_message": "RuntimeError: x", "error_type": "TASK_EXECUTION_EXCEPTION"}, "node_id": "EMTEIoT2JmOrj6YRpDqHZoT7esnMZhxYatijbA==", "state_ts_ns": {"1": "1795625216406224479", "12": "1795625216415864429", "8": "1795625216409894056"}, "worker_id": "hOtmsjbBfbXISIyEHByWn6yrpUaWB0ZuZVw+Hw=="}, "task_id": "MtlQ7AzPnSr///////////////8BAAAA", "task_info": {"func_or_class_name": "fails", "type": "NORMAL_TASK"}, "profile_events": {"component_id": "hOtmsjbBfbXISIyEHByWn6yrpUaWB0ZuZVw+Hw==", "component_type": "worker", "events": [{"end_time": "1795625216411721381", "event_name": "task:execute", "start_time": "1795625216411264421"}, {"end_time": "1795625216412064926", "event_name": "task::fails", "start_time": "1795625216411211295"}]}}, "event_id": "9f7c", "source_type": "EXPORT_TASK", "timestamp": 1795625217}"#;
+        let f = fact(line);
+        assert_eq!(f.event_type, "EXPORT_TASK");
+        assert_eq!(f.time_ns, Some(1_795_625_217 * NANOS_PER_SECOND));
+        let t = task(f);
+        assert_eq!(t.name.as_deref(), Some("fails"));
+        let states: Vec<&str> = t.transitions.iter().map(|t| &*t.state).collect();
+        assert_eq!(states, ["PENDING_ARGS_AVAIL", "RUNNING", "FAILED"]);
+        let (start, end, worker) = t.exec.unwrap();
+        assert_eq!(
+            (start, end),
+            (1_795_625_216_411_211_295, 1_795_625_216_412_064_926)
+        );
+        assert_eq!(
+            worker.map(|w| w.hex()).as_deref(),
+            Some("84eb66b236c17db5c8488c841c1c969facaba5469607466e655c3e1f")
+        );
+        // Other export events go to the generic reader.
+        let actor = r#"{"event_data":{"actor_id":"GrvJiCM83lGdzNZ4AQAAAA==","class_name":"C","job_id":"AQAAAA==","state":"ALIVE"},"event_id":"a","source_type":"EXPORT_ACTOR","timestamp":1795313302}"#;
+        assert!(matches!(fact(actor).body, Body::ExportActor { .. }));
+        // A field given twice is read the generic way (first value), not lost.
+        let twice = r#"{"eventType":"TASK_DEFINITION_EVENT","eventType":"TASK_DEFINITION_EVENT","taskDefinitionEvent":{"taskId":"AQID","taskName":"f"}}"#;
+        assert_eq!(task(fact(twice)).name.as_deref(), Some("f"));
+    }
+}

@@ -1,0 +1,255 @@
+//! The spill files of a big session's task attempts: K files in a private temp directory
+//! (removed when dropped), each attempt's state written to the file its hash picks, in a
+//! small binary record format read back by [`read_record`].
+//!
+//! Record: the id (length byte, bytes), the attempt (i32), the fixed fields little-endian,
+//! then a flag byte and, when set, the rare part (error, log offsets) as length-prefixed
+//! strings and optional integers.
+
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::PathBuf;
+
+use super::task::{AttemptKey, CompactId, IdentityHasher, LogInfo, Sym, TaskExtra, TaskState};
+
+/// Write (and read) buffer of each spill file.
+pub(super) const SPILL_BUFFER_BYTES: usize = 16 << 10;
+
+/// K spill files in a private temp directory, removed when dropped.
+#[derive(Debug)]
+pub(super) struct SpillFiles {
+    dir: PathBuf,
+    writers: Vec<BufWriter<File>>,
+    paths: Vec<PathBuf>,
+}
+
+impl SpillFiles {
+    pub(super) fn create(n: usize) -> std::io::Result<SpillFiles> {
+        let base = std::env::temp_dir();
+        let mut dir = None;
+        for i in 0..100u32 {
+            let candidate = base.join(format!(
+                "rhc-inspect-{}-{}-{i}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.subsec_nanos())
+                    .unwrap_or(0)
+            ));
+            match std::fs::create_dir(&candidate) {
+                Ok(()) => {
+                    dir = Some(candidate);
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        let dir = dir.ok_or_else(|| std::io::Error::other("no free temp directory name"))?;
+        let mut files = SpillFiles {
+            dir,
+            writers: Vec::with_capacity(n),
+            paths: Vec::with_capacity(n),
+        };
+        for i in 0..n {
+            let path = files.dir.join(format!("attempts-{i}.bin"));
+            let f = File::create(&path)?;
+            files
+                .writers
+                .push(BufWriter::with_capacity(SPILL_BUFFER_BYTES, f));
+            files.paths.push(path);
+        }
+        Ok(files)
+    }
+
+    pub(super) fn write(&mut self, key: &AttemptKey, state: &TaskState) -> std::io::Result<()> {
+        let mut hasher = IdentityHasher::default();
+        std::hash::Hash::hash(key, &mut hasher);
+        // The high bits: the maps use the low ones.
+        let h = std::hash::Hasher::finish(&hasher).rotate_left(32);
+        let i = (h % self.writers.len() as u64) as usize;
+        write_record(&mut self.writers[i], key, state)
+    }
+
+    /// Flushes and closes the files; their paths, to be read once each.
+    pub(super) fn finish(&mut self) -> std::io::Result<Vec<PathBuf>> {
+        for w in &mut self.writers {
+            w.flush()?;
+        }
+        self.writers.clear();
+        Ok(std::mem::take(&mut self.paths))
+    }
+}
+
+impl Drop for SpillFiles {
+    fn drop(&mut self) {
+        self.writers.clear();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn put_i64(w: &mut impl Write, v: i64) -> std::io::Result<()> {
+    w.write_all(&v.to_le_bytes())
+}
+
+fn put_u32(w: &mut impl Write, v: u32) -> std::io::Result<()> {
+    w.write_all(&v.to_le_bytes())
+}
+
+fn put_str(w: &mut impl Write, s: &Option<String>) -> std::io::Result<()> {
+    match s {
+        None => put_u32(w, u32::MAX),
+        Some(s) => {
+            put_u32(w, s.len() as u32)?;
+            w.write_all(s.as_bytes())
+        }
+    }
+}
+
+fn put_opt_u64(w: &mut impl Write, v: Option<u64>) -> std::io::Result<()> {
+    match v {
+        None => w.write_all(&[0]),
+        Some(v) => {
+            w.write_all(&[1])?;
+            w.write_all(&v.to_le_bytes())
+        }
+    }
+}
+
+pub(super) fn write_record(
+    w: &mut impl Write,
+    key: &AttemptKey,
+    s: &TaskState,
+) -> std::io::Result<()> {
+    let (len, bytes) = key.id.raw();
+    w.write_all(&[len])?;
+    w.write_all(bytes)?;
+    w.write_all(&key.attempt.to_le_bytes())?;
+    for v in [
+        s.latest_ns,
+        s.running_ns,
+        s.failed_ns,
+        s.exec_start,
+        s.exec_end,
+    ] {
+        put_i64(w, v)?;
+    }
+    for v in [
+        s.latest_state,
+        s.exec_worker,
+        s.job,
+        s.name,
+        s.task_type,
+        s.node,
+        s.worker,
+    ] {
+        put_u32(w, v.0)?;
+    }
+    put_u32(w, s.pid)?;
+    w.write_all(&[s.latest_rank, u8::from(s.known)])?;
+    match &s.extra {
+        None => w.write_all(&[0]),
+        Some(e) => {
+            w.write_all(&[1
+                | (u8::from(e.error_from_failed) << 1)
+                | (u8::from(e.log.is_some()) << 2)])?;
+            put_str(w, &e.error_type)?;
+            put_str(w, &e.error_message)?;
+            if let Some(l) = &e.log {
+                put_str(w, &l.stdout_file)?;
+                put_str(w, &l.stderr_file)?;
+                for v in [l.stdout.0, l.stdout.1, l.stderr.0, l.stderr.1] {
+                    put_opt_u64(w, v)?;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+struct RecordReader<'a, R: Read>(&'a mut R);
+
+impl<R: Read> RecordReader<'_, R> {
+    fn bytes<const N: usize>(&mut self) -> std::io::Result<[u8; N]> {
+        let mut b = [0u8; N];
+        self.0.read_exact(&mut b)?;
+        Ok(b)
+    }
+    fn i64(&mut self) -> std::io::Result<i64> {
+        Ok(i64::from_le_bytes(self.bytes::<8>()?))
+    }
+    fn u32(&mut self) -> std::io::Result<u32> {
+        Ok(u32::from_le_bytes(self.bytes::<4>()?))
+    }
+    fn string(&mut self) -> std::io::Result<Option<String>> {
+        let n = self.u32()?;
+        if n == u32::MAX {
+            return Ok(None);
+        }
+        let mut buf = vec![0u8; n as usize];
+        self.0.read_exact(&mut buf)?;
+        String::from_utf8(buf)
+            .map(Some)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }
+    fn opt_u64(&mut self) -> std::io::Result<Option<u64>> {
+        Ok(match self.bytes::<1>()?[0] {
+            0 => None,
+            _ => Some(u64::from_le_bytes(self.bytes::<8>()?)),
+        })
+    }
+}
+
+/// The next record, or `None` at the end of the file.
+pub(super) fn read_record(r: &mut impl Read) -> std::io::Result<Option<(AttemptKey, TaskState)>> {
+    let mut len = [0u8; 1];
+    if r.read(&mut len)? == 0 {
+        return Ok(None);
+    }
+    let mut rr = RecordReader(r);
+    let n = usize::from(len[0] & 0x7f).min(31);
+    let mut bytes = [0u8; 31];
+    rr.0.read_exact(&mut bytes[..n])?;
+    let id = CompactId::from_raw(len[0], &bytes[..n]);
+    let attempt = i32::from_le_bytes(rr.bytes::<4>()?);
+    let mut s = TaskState {
+        latest_ns: rr.i64()?,
+        running_ns: rr.i64()?,
+        failed_ns: rr.i64()?,
+        exec_start: rr.i64()?,
+        exec_end: rr.i64()?,
+        ..TaskState::default()
+    };
+    s.latest_state = Sym(rr.u32()?);
+    s.exec_worker = Sym(rr.u32()?);
+    s.job = Sym(rr.u32()?);
+    s.name = Sym(rr.u32()?);
+    s.task_type = Sym(rr.u32()?);
+    s.node = Sym(rr.u32()?);
+    s.worker = Sym(rr.u32()?);
+    s.pid = rr.u32()?;
+    let [rank, known] = rr.bytes::<2>()?;
+    s.latest_rank = rank;
+    s.known = known != 0;
+    let flags = rr.bytes::<1>()?[0];
+    if flags & 1 != 0 {
+        let mut e = TaskExtra {
+            error_from_failed: flags & 2 != 0,
+            error_type: rr.string()?,
+            error_message: rr.string()?,
+            log: None,
+        };
+        if flags & 4 != 0 {
+            let mut l = LogInfo {
+                stdout_file: rr.string()?,
+                stderr_file: rr.string()?,
+                ..LogInfo::default()
+            };
+            l.stdout = (rr.opt_u64()?, rr.opt_u64()?);
+            l.stderr = (rr.opt_u64()?, rr.opt_u64()?);
+            e.log = Some(l);
+        }
+        s.extra = Some(Box::new(e));
+    }
+    Ok(Some((AttemptKey { id, attempt }, s)))
+}

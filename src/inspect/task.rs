@@ -1,0 +1,821 @@
+//! Task attempts, folded as events stream in, in memory bounded by named constants.
+//!
+//! Every task event (a pushed definition, lifecycle or profile event, or a file-based
+//! `EXPORT_TASK`) becomes a [`TaskDelta`]; the fold turns it into a compact [`TaskState`]
+//! (ids as bytes, repeated strings as [`Sym`]bols, times as integers) and merges it into
+//! the state of its attempt. Merging is idempotent and does not depend on the order of
+//! events: the latest transition wins (ties go to the later state in Ray's enum), the first
+//! RUNNING and the first FAILED are minima, other values are filled once.
+//!
+//! Up to [`MAX_ATTEMPTS_IN_MEMORY`] attempts are kept in one hash map. A session with more
+//! (a big one: every task has its own attempts) is spilled: the map and every later state
+//! go to [`SpillFiles`], one of K files on local disk chosen by a hash of the attempt, and
+//! at the end each file is folded alone. Memory is then one file's attempts, whatever the
+//! session's size; the disk holds about 100 bytes per attempt for the time of the run.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::BufReader;
+
+use super::extract::Transition;
+use super::model::state_rank;
+use super::spill::{read_record, SpillFiles, SPILL_BUFFER_BYTES};
+
+/// Attempts kept in one in-memory map before the session is spilled to disk (about 128
+/// bytes each: 32 MiB of map at most, 48 MiB while it grows).
+pub(super) const MAX_ATTEMPTS_IN_MEMORY: usize = 200_000;
+/// Attempts aimed at per spill file, so that folding one file stays well under the limit
+/// above even when the session's size was underestimated by half.
+const ATTEMPTS_PER_SPILL_FILE: u64 = 100_000;
+/// Fewest and most spill files; each holds a write buffer while the session is read.
+const MIN_SPILL_FILES: usize = 8;
+const MAX_SPILL_FILES: usize = 512;
+/// Distinct strings (names, states, ids of jobs, nodes and workers) remembered; past this
+/// a value reads as [`OVERFLOW_TEXT`]: hostile input cannot grow the table without bound.
+const MAX_SYMBOLS: usize = 1 << 18;
+const OVERFLOW_TEXT: &str = "(too many distinct values)";
+/// Bytes of error messages held for failed attempts; past it, only the last line of a
+/// message (its summary) is kept.
+const MAX_ERROR_BYTES_HELD: usize = 32 << 20;
+
+/// A hash map keyed by input from the bucket: a fast hash with a random seed (so that no
+/// input can be built to collide).
+pub(super) type FastMap<K, V> = HashMap<K, V, xxhash_rust::xxh3::Xxh3Builder>;
+
+pub(super) fn fast_map<K, V>() -> FastMap<K, V> {
+    HashMap::with_hasher(xxhash_rust::xxh3::Xxh3Builder::new().with_seed(rand::random()))
+}
+
+/// A Ray id held as bytes (Ray's ids are at most 28 bytes). An id that is not hex or base64,
+/// or is longer, is held as a 16-byte hash of its text and shown as `invalid-<hash>`.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct CompactId {
+    /// Length in bytes; the high bit marks a hash.
+    len: u8,
+    bytes: [u8; 31],
+}
+
+const HASHED: u8 = 0x80;
+
+/// The seed of the hashes of ids: random per process, so that no input can be built to
+/// collide in the maps.
+fn id_seed() -> u64 {
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SEED.get_or_init(rand::random)
+}
+
+impl std::hash::Hash for CompactId {
+    /// One 64-bit hash of the bytes (the maps keyed by ids pass it through).
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(xxhash_rust::xxh3::xxh3_64_with_seed(
+            &self.bytes[..self.byte_len()],
+            id_seed() ^ u64::from(self.len),
+        ));
+    }
+}
+
+impl CompactId {
+    /// The id of an event field (base64 or hex, read as [`crate::contract::id_to_hex`]
+    /// reads it), without allocating for Ray's own ids.
+    pub(super) fn parse(raw: &str) -> CompactId {
+        let b = raw.as_bytes();
+        let looks_hex = !b.is_empty() && b.len() % 2 == 0 && b.iter().all(u8::is_ascii_hexdigit);
+        if looks_hex {
+            if let Some(id) = CompactId::from_hex(raw) {
+                return id;
+            }
+        } else {
+            use base64::Engine as _;
+            let mut bytes = [0u8; 31];
+            if let Ok(n) = base64::engine::general_purpose::STANDARD.decode_slice(b, &mut bytes) {
+                return CompactId {
+                    len: n as u8,
+                    bytes,
+                };
+            }
+        }
+        if let Ok(hex) = crate::contract::id_to_hex(raw) {
+            if let Some(id) = CompactId::from_hex(hex.as_str()) {
+                return id;
+            }
+        }
+        let h = xxhash_rust::xxh3::xxh3_128(raw.as_bytes()).to_be_bytes();
+        let mut bytes = [0u8; 31];
+        bytes[..16].copy_from_slice(&h);
+        CompactId {
+            len: HASHED | 16,
+            bytes,
+        }
+    }
+
+    /// An id given in hex (as people type it), or `None` if it is not hex or too long.
+    pub(super) fn from_hex(hex: &str) -> Option<CompactId> {
+        let h = hex.as_bytes();
+        if h.is_empty() || h.len() % 2 != 0 || h.len() > 62 {
+            return None;
+        }
+        let mut bytes = [0u8; 31];
+        for (i, pair) in h.chunks(2).enumerate() {
+            let digit = |c: u8| (c as char).to_digit(16);
+            bytes[i] = (digit(pair[0])? * 16 + digit(pair[1])?) as u8;
+        }
+        Some(CompactId {
+            len: (h.len() / 2) as u8,
+            bytes,
+        })
+    }
+
+    pub(super) fn byte_len(&self) -> usize {
+        (self.len & !HASHED) as usize
+    }
+
+    /// The stored form: the length byte (high bit: a hash) and the bytes.
+    pub(super) fn raw(&self) -> (u8, &[u8]) {
+        (self.len, &self.bytes[..self.byte_len()])
+    }
+
+    /// The inverse of [`CompactId::raw`].
+    pub(super) fn from_raw(len: u8, bytes: &[u8]) -> CompactId {
+        let mut id = CompactId {
+            len,
+            bytes: [0; 31],
+        };
+        let n = id.byte_len().min(31).min(bytes.len());
+        id.bytes[..n].copy_from_slice(&bytes[..n]);
+        id
+    }
+
+    /// Lower-case hex (or `invalid-<hash>`).
+    pub(super) fn hex(&self) -> String {
+        let mut s = String::with_capacity(2 * self.byte_len() + 8);
+        if self.len & HASHED != 0 {
+            s.push_str("invalid-");
+        }
+        for b in &self.bytes[..self.byte_len()] {
+            s.push_str(&format!("{b:02x}"));
+        }
+        s
+    }
+}
+
+impl std::fmt::Debug for CompactId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.hex())
+    }
+}
+
+/// One task attempt: Ray's unit of task events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct AttemptKey {
+    pub(super) id: CompactId,
+    pub(super) attempt: i32,
+}
+
+impl std::hash::Hash for AttemptKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(
+            xxhash_rust::xxh3::xxh3_64_with_seed(
+                &self.id.bytes[..self.id.byte_len()],
+                id_seed() ^ u64::from(self.id.len),
+            ) ^ (self.attempt as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        );
+    }
+}
+
+/// Passes a key's own 64-bit hash through ([`CompactId`], [`AttemptKey`], and event-id
+/// hashes, which are already seeded hashes).
+#[derive(Default)]
+pub(super) struct IdentityHasher(u64);
+
+impl std::hash::Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// A map keyed by ids, hashed once by the key itself.
+pub(super) type IdMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<IdentityHasher>>;
+
+/// Where a task's output sits in its worker's logs, as Ray reports it (`taskLogInfo`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct LogInfo {
+    /// File names (no directory) of the worker's `.out` and `.err`.
+    pub(super) stdout_file: Option<String>,
+    pub(super) stderr_file: Option<String>,
+    pub(super) stdout: (Option<u64>, Option<u64>),
+    pub(super) stderr: (Option<u64>, Option<u64>),
+}
+
+impl LogInfo {
+    fn merge(&mut self, other: LogInfo) {
+        fill(&mut self.stdout_file, other.stdout_file);
+        fill(&mut self.stderr_file, other.stderr_file);
+        // Export events print unset offsets as 0: the larger value is the one Ray set.
+        let max = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(x), Some(y)) => Some(x.max(y)),
+            (x, y) => x.or(y),
+        };
+        self.stdout = (
+            max(self.stdout.0, other.stdout.0),
+            max(self.stdout.1, other.stdout.1),
+        );
+        self.stderr = (
+            max(self.stderr.0, other.stderr.0),
+            max(self.stderr.1, other.stderr.1),
+        );
+    }
+}
+
+/// An event's state transitions, the first [`INLINE_TRANSITIONS`] held inline: a
+/// lifecycle event rarely has more, so reading one allocates nothing for them.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Transitions {
+    inline: [Option<Transition>; INLINE_TRANSITIONS],
+    more: Vec<Transition>,
+}
+
+const INLINE_TRANSITIONS: usize = 4;
+
+impl Transitions {
+    pub(super) fn push(&mut self, t: Transition) {
+        match self.inline.iter_mut().find(|slot| slot.is_none()) {
+            Some(slot) => *slot = Some(t),
+            None => self.more.push(t),
+        }
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Transition> {
+        self.inline.iter().flatten().chain(self.more.iter())
+    }
+}
+
+impl FromIterator<Transition> for Transitions {
+    fn from_iter<I: IntoIterator<Item = Transition>>(items: I) -> Transitions {
+        let mut t = Transitions::default();
+        for item in items {
+            t.push(item);
+        }
+        t
+    }
+}
+
+/// What one event says about one task attempt.
+#[derive(Debug, Clone, Default)]
+pub(super) struct TaskDelta {
+    pub(super) key: Option<AttemptKey>,
+    pub(super) job: Option<CompactId>,
+    pub(super) name: Option<String>,
+    pub(super) task_type: Option<String>,
+    pub(super) transitions: Transitions,
+    /// (error type, error message) of `rayErrorInfo`.
+    pub(super) error: Option<(Option<String>, Option<String>)>,
+    pub(super) node: Option<CompactId>,
+    pub(super) worker: Option<CompactId>,
+    pub(super) pid: Option<i64>,
+    /// The execution as the worker profiled it (`task::<name>`): start, end (ns) and worker.
+    pub(super) exec: Option<(i64, i64, Option<CompactId>)>,
+    pub(super) log: Option<Box<LogInfo>>,
+    /// A profile event: alone, it does not make an attempt known.
+    pub(super) from_profile: bool,
+}
+
+/// An index into [`Symbols`]; [`Sym::NONE`] is no value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct Sym(pub(super) u32);
+
+impl Sym {
+    pub(super) const NONE: Sym = Sym(u32::MAX);
+    const OVERFLOW: Sym = Sym(u32::MAX - 1);
+
+    pub(super) fn is_none(self) -> bool {
+        self == Sym::NONE
+    }
+}
+
+/// Interned strings, at most [`MAX_SYMBOLS`], and the node of each worker seen with one.
+#[derive(Debug)]
+pub(super) struct Symbols {
+    texts: Vec<Box<str>>,
+    index: FastMap<Box<str>, u32>,
+    /// Ids (jobs, nodes, workers) by their bytes; their text is their hex.
+    ids: IdMap<CompactId, Sym>,
+    /// Worker → node, from events that name both (the owner's); an executor's own events
+    /// name only the worker.
+    worker_nodes: FastMap<Sym, Sym>,
+    /// The one node all known workers ran on, if there is exactly one.
+    sole_node: Sym,
+}
+
+impl Default for Symbols {
+    fn default() -> Symbols {
+        Symbols {
+            texts: Vec::new(),
+            index: fast_map(),
+            ids: IdMap::default(),
+            worker_nodes: fast_map(),
+            sole_node: Sym::NONE,
+        }
+    }
+}
+
+impl Symbols {
+    pub(super) fn intern(&mut self, s: Option<&str>) -> Sym {
+        let Some(s) = s else {
+            return Sym::NONE;
+        };
+        if let Some(&i) = self.index.get(s) {
+            return Sym(i);
+        }
+        if self.texts.len() >= MAX_SYMBOLS {
+            return Sym::OVERFLOW;
+        }
+        let i = self.texts.len() as u32;
+        self.texts.push(s.into());
+        self.index.insert(s.into(), i);
+        Sym(i)
+    }
+
+    /// The symbol of an id (its hex text).
+    pub(super) fn intern_id(&mut self, id: Option<CompactId>) -> Sym {
+        let Some(id) = id else {
+            return Sym::NONE;
+        };
+        if let Some(&sym) = self.ids.get(&id) {
+            return sym;
+        }
+        let sym = self.intern(Some(&id.hex()));
+        if sym != Sym::OVERFLOW {
+            self.ids.insert(id, sym);
+        }
+        sym
+    }
+
+    pub(super) fn get(&self, sym: Sym) -> Option<&str> {
+        match sym {
+            Sym::NONE => None,
+            Sym::OVERFLOW => Some(OVERFLOW_TEXT),
+            Sym(i) => self.texts.get(i as usize).map(|s| &**s),
+        }
+    }
+
+    pub(super) fn owned(&self, sym: Sym) -> Option<String> {
+        self.get(sym).map(str::to_string)
+    }
+
+    /// The node of `worker`, if an event named both; else the session's only node, if it
+    /// has one.
+    pub(super) fn node_of(&self, worker: Sym) -> Sym {
+        self.worker_nodes
+            .get(&worker)
+            .copied()
+            .unwrap_or(self.sole_node)
+    }
+
+    fn settle_sole_node(&mut self) {
+        let mut nodes = self.worker_nodes.values().copied();
+        let first = nodes.next().unwrap_or(Sym::NONE);
+        self.sole_node = if nodes.all(|n| n == first) {
+            first
+        } else {
+            Sym::NONE
+        };
+    }
+}
+
+/// Rarely present parts of an attempt, boxed so that the common attempt stays small.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct TaskExtra {
+    pub(super) error_type: Option<String>,
+    pub(super) error_message: Option<String>,
+    /// The error came from an event with a FAILED transition (it wins over others).
+    pub(super) error_from_failed: bool,
+    pub(super) log: Option<LogInfo>,
+}
+
+/// Time not known.
+pub(super) const NO_TIME: i64 = i64::MIN;
+
+/// The merged state of one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct TaskState {
+    /// Time and state of the latest transition (`latest_state` NONE: none seen).
+    pub(super) latest_ns: i64,
+    pub(super) latest_state: Sym,
+    pub(super) latest_rank: u8,
+    /// First RUNNING, first FAILED ([`NO_TIME`]: none).
+    pub(super) running_ns: i64,
+    pub(super) failed_ns: i64,
+    /// The profiled execution ([`NO_TIME`]: none).
+    pub(super) exec_start: i64,
+    pub(super) exec_end: i64,
+    pub(super) exec_worker: Sym,
+    pub(super) job: Sym,
+    pub(super) name: Sym,
+    pub(super) task_type: Sym,
+    pub(super) node: Sym,
+    pub(super) worker: Sym,
+    /// 0: unknown.
+    pub(super) pid: u32,
+    /// Seen in a definition, lifecycle or export event, not only in a profile: an attempt
+    /// known only from its profile is not counted (a profile event in a time window does
+    /// not make its task part of the window).
+    pub(super) known: bool,
+    pub(super) extra: Option<Box<TaskExtra>>,
+}
+
+impl Default for TaskState {
+    fn default() -> Self {
+        TaskState {
+            latest_ns: NO_TIME,
+            latest_state: Sym::NONE,
+            latest_rank: 0,
+            running_ns: NO_TIME,
+            failed_ns: NO_TIME,
+            exec_start: NO_TIME,
+            exec_end: NO_TIME,
+            exec_worker: Sym::NONE,
+            job: Sym::NONE,
+            name: Sym::NONE,
+            task_type: Sym::NONE,
+            node: Sym::NONE,
+            worker: Sym::NONE,
+            pid: 0,
+            known: false,
+            extra: None,
+        }
+    }
+}
+
+fn fill<T>(slot: &mut Option<T>, value: Option<T>) {
+    if slot.is_none() {
+        *slot = value;
+    }
+}
+
+fn fill_sym(slot: &mut Sym, value: Sym) {
+    if slot.is_none() {
+        *slot = value;
+    }
+}
+
+fn min_time(a: i64, b: i64) -> i64 {
+    match (a, b) {
+        (NO_TIME, x) | (x, NO_TIME) => x,
+        (x, y) => x.min(y),
+    }
+}
+
+impl TaskState {
+    /// The state of one delta. `keep_log` says whether its log offsets are kept.
+    pub(super) fn from_delta(
+        d: TaskDelta,
+        symbols: &mut Symbols,
+        keep_log: bool,
+        error_budget: &mut ErrorBudget,
+    ) -> TaskState {
+        let mut s = TaskState {
+            known: !d.from_profile,
+            job: symbols.intern_id(d.job),
+            name: symbols.intern(d.name.as_deref()),
+            task_type: symbols.intern(d.task_type.as_deref()),
+            node: symbols.intern_id(d.node),
+            worker: symbols.intern_id(d.worker),
+            pid: d
+                .pid
+                .filter(|p| *p > 0)
+                .and_then(|p| u32::try_from(p).ok())
+                .unwrap_or(0),
+            ..TaskState::default()
+        };
+        if !s.worker.is_none() && !s.node.is_none() {
+            symbols.worker_nodes.entry(s.worker).or_insert(s.node);
+        }
+        let mut failed_here = false;
+        for t in d.transitions.iter() {
+            let time = t.time_ns.unwrap_or(NO_TIME);
+            let rank = state_rank(&t.state);
+            if s.latest_state.is_none() || (time, rank) > (s.latest_ns, s.latest_rank) {
+                s.latest_ns = time;
+                s.latest_rank = rank;
+                s.latest_state = symbols.intern(Some(&t.state));
+            }
+            match &*t.state {
+                "RUNNING" => s.running_ns = min_time(s.running_ns, time),
+                "FAILED" => {
+                    failed_here = true;
+                    s.failed_ns = min_time(s.failed_ns, time);
+                }
+                _ => {}
+            }
+        }
+        if let Some((start, end, worker)) = d.exec {
+            s.exec_start = start;
+            s.exec_end = end;
+            s.exec_worker = symbols.intern_id(worker);
+        }
+        let log = d.log.filter(|_| keep_log).map(|l| *l);
+        if d.error.is_some() || log.is_some() {
+            let (error_type, error_message) = d.error.unwrap_or((None, None));
+            let error_message = error_message.map(|m| error_budget.take(m));
+            s.extra = Some(Box::new(TaskExtra {
+                error_type,
+                error_message,
+                error_from_failed: failed_here,
+                log,
+            }));
+        }
+        s
+    }
+
+    /// Merges `other` (read later) into `self`.
+    pub(super) fn merge(&mut self, other: TaskState) {
+        if !other.latest_state.is_none()
+            && (self.latest_state.is_none()
+                || (other.latest_ns, other.latest_rank) > (self.latest_ns, self.latest_rank))
+        {
+            self.latest_ns = other.latest_ns;
+            self.latest_rank = other.latest_rank;
+            self.latest_state = other.latest_state;
+        }
+        self.running_ns = min_time(self.running_ns, other.running_ns);
+        self.failed_ns = min_time(self.failed_ns, other.failed_ns);
+        if self.exec_start == NO_TIME && other.exec_start != NO_TIME {
+            self.exec_start = other.exec_start;
+            self.exec_end = other.exec_end;
+            self.exec_worker = other.exec_worker;
+        }
+        fill_sym(&mut self.job, other.job);
+        fill_sym(&mut self.name, other.name);
+        fill_sym(&mut self.task_type, other.task_type);
+        fill_sym(&mut self.node, other.node);
+        fill_sym(&mut self.worker, other.worker);
+        if self.pid == 0 {
+            self.pid = other.pid;
+        }
+        self.known |= other.known;
+        match (&mut self.extra, other.extra) {
+            (_, None) => {}
+            (slot @ None, Some(o)) => *slot = Some(o),
+            (Some(mine), Some(o)) => {
+                let o = *o;
+                let has_error = o.error_type.is_some() || o.error_message.is_some();
+                // The FAILED event's error wins over one seen elsewhere.
+                if has_error
+                    && (o.error_from_failed
+                        || (mine.error_type.is_none() && mine.error_message.is_none()))
+                {
+                    mine.error_type = o.error_type.or(mine.error_type.take());
+                    mine.error_message = o.error_message.or(mine.error_message.take());
+                    mine.error_from_failed |= o.error_from_failed;
+                }
+                match (&mut mine.log, o.log) {
+                    (_, None) => {}
+                    (slot @ None, Some(l)) => *slot = Some(l),
+                    (Some(m), Some(l)) => m.merge(l),
+                }
+            }
+        }
+    }
+
+    /// The final state's name (`UNKNOWN` when only a definition was seen).
+    pub(super) fn state<'a>(&self, symbols: &'a Symbols) -> &'a str {
+        symbols.get(self.latest_state).unwrap_or("UNKNOWN")
+    }
+}
+
+/// Bytes of error messages held so far ([`MAX_ERROR_BYTES_HELD`]).
+#[derive(Debug, Default)]
+pub(super) struct ErrorBudget {
+    held: usize,
+    /// Messages cut to their last line because the budget was spent.
+    pub(super) shortened: u64,
+}
+
+impl ErrorBudget {
+    fn take(&mut self, message: String) -> String {
+        if self.held + message.len() <= MAX_ERROR_BYTES_HELD {
+            self.held += message.len();
+            return message;
+        }
+        self.shortened += 1;
+        let last = message
+            .lines()
+            .map(str::trim)
+            .rfind(|l| !l.is_empty())
+            .unwrap_or("");
+        super::extract::bounded(last, 512)
+    }
+}
+
+/// Every attempt of a session: in memory, or spilled to files by hash.
+#[derive(Debug)]
+pub(super) struct TaskStore {
+    pub(super) symbols: Symbols,
+    map: IdMap<AttemptKey, TaskState>,
+    spill: Option<SpillFiles>,
+    errors: ErrorBudget,
+    /// Log offsets are kept only for the attempts of this task (`--logs`).
+    keep_logs_of: Option<CompactId>,
+    /// States written to the spill files after the spill began.
+    pub(super) spilled_attempts: u64,
+}
+
+impl TaskStore {
+    pub(super) fn new(keep_logs_of: Option<CompactId>) -> TaskStore {
+        TaskStore {
+            symbols: Symbols::default(),
+            map: IdMap::default(),
+            spill: None,
+            errors: ErrorBudget::default(),
+            keep_logs_of,
+            spilled_attempts: 0,
+        }
+    }
+
+    /// Folds one delta. `growth` estimates how many times more input is still to come than
+    /// was read (it sizes the spill files when the map overflows).
+    pub(super) fn add(&mut self, d: TaskDelta, growth: f64) -> std::io::Result<()> {
+        let Some(key) = d.key else {
+            return Ok(());
+        };
+        let keep_log = self.keep_logs_of.is_some_and(|id| id == key.id);
+        let state = TaskState::from_delta(d, &mut self.symbols, keep_log, &mut self.errors);
+        if let Some(spill) = &mut self.spill {
+            self.spilled_attempts += 1;
+            return spill.write(&key, &state);
+        }
+        match self.map.get_mut(&key) {
+            Some(cur) => cur.merge(state),
+            None => {
+                self.map.insert(key, state);
+                if self.map.len() >= MAX_ATTEMPTS_IN_MEMORY {
+                    let expected = self.map.len() as f64 * (1.0 + growth.max(0.0));
+                    let files = ((expected * 1.5) as u64 / ATTEMPTS_PER_SPILL_FILE + 1) as usize;
+                    let mut spill =
+                        SpillFiles::create(files.clamp(MIN_SPILL_FILES, MAX_SPILL_FILES))?;
+                    for (k, s) in std::mem::take(&mut self.map) {
+                        spill.write(&k, &s)?;
+                    }
+                    self.spill = Some(spill);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The task whose log offsets are kept (`--logs`).
+    pub(super) fn logs_of(&self) -> Option<CompactId> {
+        self.keep_logs_of
+    }
+
+    /// Error messages shortened because too many bytes of them were held.
+    pub(super) fn errors_shortened(&self) -> u64 {
+        self.errors.shortened
+    }
+
+    /// Calls `visit` once per attempt with its merged state (in no particular order).
+    pub(super) fn drain(
+        mut self,
+        mut visit: impl FnMut(&AttemptKey, &TaskState, &Symbols),
+    ) -> std::io::Result<()> {
+        self.symbols.settle_sole_node();
+        match self.spill.take() {
+            None => {
+                for (k, s) in &self.map {
+                    visit(k, s, &self.symbols);
+                }
+            }
+            Some(mut spill) => {
+                // `spill` removes its directory when dropped, after the loop.
+                for path in spill.finish()? {
+                    let mut map: IdMap<AttemptKey, TaskState> = IdMap::default();
+                    let file = File::open(&path)?;
+                    let mut reader = BufReader::with_capacity(SPILL_BUFFER_BYTES, file);
+                    while let Some((k, s)) = read_record(&mut reader)? {
+                        match map.get_mut(&k) {
+                            Some(cur) => cur.merge(s),
+                            None => {
+                                map.insert(k, s);
+                            }
+                        }
+                    }
+                    let _ = std::fs::remove_file(&path);
+                    for (k, s) in &map {
+                        visit(k, s, &self.symbols);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::spill::{read_record, write_record};
+    use super::*;
+
+    fn t(state: &str, ns: i64) -> Transition {
+        Transition {
+            state: state.to_string().into(),
+            time_ns: Some(ns),
+        }
+    }
+
+    fn delta(id: &str, transitions: Vec<Transition>) -> TaskDelta {
+        // (A delta without `exec` is a known attempt.)
+        TaskDelta {
+            key: Some(AttemptKey {
+                id: CompactId::parse(id),
+                attempt: 0,
+            }),
+            transitions: transitions.into_iter().collect(),
+            ..TaskDelta::default()
+        }
+    }
+
+    #[test]
+    fn ids_are_compact_and_print_as_hex() {
+        let id = CompactId::parse("yO9FzNARJXH///////////////8BAAAA");
+        assert_eq!(id.hex(), "c8ef45ccd0112571ffffffffffffffffffffffff01000000");
+        assert_eq!(CompactId::from_hex(&id.hex()), Some(id));
+        assert!(CompactId::parse("../etc").hex().starts_with("invalid-"));
+        assert_eq!(CompactId::from_hex("zz"), None);
+    }
+
+    #[test]
+    fn merge_is_order_free_and_survives_the_spill_format() {
+        let mut symbols = Symbols::default();
+        let mut budget = ErrorBudget::default();
+        let mut a = delta("AQID", vec![t("RUNNING", 5), t("PENDING_ARGS_AVAIL", 1)]);
+        a.name = Some("f".into());
+        let mut b = delta("AQID", vec![t("FAILED", 9)]);
+        b.error = Some((Some("TASK_EXECUTION_EXCEPTION".into()), Some("boom".into())));
+        b.log = Some(Box::new(LogInfo {
+            stderr_file: Some("worker-ab-01000000-3.err".into()),
+            stderr: (Some(0), Some(79)),
+            ..LogInfo::default()
+        }));
+        let sa = TaskState::from_delta(a, &mut symbols, true, &mut budget);
+        let sb = TaskState::from_delta(b, &mut symbols, true, &mut budget);
+        let mut ab = sa.clone();
+        ab.merge(sb.clone());
+        let mut ba = sb.clone();
+        ba.merge(sa.clone());
+        for s in [&ab, &ba] {
+            assert_eq!(s.state(&symbols), "FAILED");
+            assert_eq!((s.running_ns, s.failed_ns), (5, 9));
+            assert_eq!(symbols.get(s.name), Some("f"));
+        }
+        let key = AttemptKey {
+            id: CompactId::parse("AQID"),
+            attempt: 3,
+        };
+        let mut buf = Vec::new();
+        write_record(&mut buf, &key, &ab).unwrap();
+        write_record(&mut buf, &key, &TaskState::default()).unwrap();
+        let mut r = &buf[..];
+        assert_eq!(read_record(&mut r).unwrap(), Some((key, ab)));
+        assert_eq!(
+            read_record(&mut r).unwrap(),
+            Some((key, TaskState::default()))
+        );
+        assert_eq!(read_record(&mut r).unwrap(), None);
+    }
+
+    #[test]
+    fn a_spilled_store_reports_what_a_memory_store_does() {
+        let mut store = TaskStore::new(None);
+        let n = MAX_ATTEMPTS_IN_MEMORY as u32 + 1000;
+        for i in 0..n {
+            let id = format!("{i:08x}");
+            let mut d = delta(&id, vec![t("RUNNING", 1)]);
+            d.key = Some(AttemptKey {
+                id: CompactId::from_hex(&id).unwrap(),
+                attempt: 0,
+            });
+            store.add(d.clone(), 0.0).unwrap();
+            if i % 2 == 0 {
+                d.transitions = [t("FINISHED", 2)].into_iter().collect();
+                store.add(d, 0.0).unwrap();
+            }
+        }
+        assert!(store.spill.is_some());
+        let (mut total, mut finished) = (0u32, 0u32);
+        store
+            .drain(|_, s, symbols| {
+                total += 1;
+                finished += u32::from(s.state(symbols) == "FINISHED");
+            })
+            .unwrap();
+        assert_eq!((total, finished), (n, n.div_ceil(2)));
+    }
+}
