@@ -2,8 +2,8 @@
 # Side by side with KubeRay's Go collector: both collectors driven by the same load
 # generator against the same S3 server (moto) and the same disk, in interleaved rounds, then
 # the same faults against both. Writes the section "Side by side with KubeRay's collector"
-# of BENCHMARKS.md and the side-by-side rows of README's sizing table. About 20 minutes
-# (--quick: about 7). Loopback only; every load is bounded in time.
+# of BENCHMARKS.md and the side-by-side rows of README's sizing table. About 15 minutes
+# (--quick: about 4). Loopback only; every load is bounded in time.
 #
 #   RHC_PEER_COLLECTOR=/path/to/kuberay/collector bench/peer.sh
 #   bench/peer.sh --quick          # 1 short round, 10 s outage: a check of the harness

@@ -164,8 +164,8 @@ def chaos_notes(scenario, x):
 def _chaos_notes(scenario, x):
     if scenario == "side-kill9":
         return (
-            f"{fmt(x.get('resent'))} resent after a restart; "
-            f"{fmt(x.get('check', {}).get('pending_stored'))} unanswered events stored anyway"
+            f"{fmt(x.get('resent'))} unanswered events resent after a restart; "
+            f"ready {fmt(x.get('ready_after_restart_s'), 2)} s after it"
         )
     if scenario == "side-sigterm":
         return (
