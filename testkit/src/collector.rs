@@ -19,6 +19,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 
 use crate::http::{try_http_request, HttpResponse};
 use crate::services::free_port;
+use crate::usage::{wait_usage, Usage};
 
 /// How long a start may take until ready.
 const READY_LIMIT: Duration = Duration::from_secs(30);
@@ -257,6 +258,13 @@ impl Collector {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// Like [`Collector::wait_exit`], with what the whole life of the process cost (CPU time
+    /// and peak resident set, from `wait4`).
+    pub fn wait_exit_usage(&mut self, limit: Duration) -> Result<(ExitStatus, Usage), String> {
+        let child = self.child.take().ok_or("the collector is not running")?;
+        wait_usage(child, limit).map_err(|e| format!("{e}:\n{}", self.log_tail(30)))
     }
 
     /// SIGTERM, then waits up to `limit`; the exit status and how long the shutdown took.

@@ -10,17 +10,23 @@
 //! - [`ray`]: real Ray from PyPI, run by the end-to-end tests.
 //! - [`history_server`]: KubeRay's history server as a peer, with the Kubernetes API it needs.
 //! - [`chromium`]: headless Chromium, for screenshots and the DOM of a page.
+//! - [`peer`]: KubeRay's Go collector as a peer, with the stand-ins it needs to start, and
+//!   [`peer::AnyCollector`] to drive it and ours alike.
+//! - [`usage`]: what a process cost (CPU time, peak resident set) from the kernel's accounting.
 //!
-//! Everything binds 127.0.0.1 only, and every process started here is stopped when its
-//! handle is dropped.
+//! Everything binds 127.0.0.1 only (but KubeRay's collector, which listens on every interface
+//! by design and is only ever sent requests on loopback), and every process started here is
+//! stopped when its handle is dropped.
 
 pub mod chromium;
 pub mod collector;
 pub mod history_server;
 pub mod http;
+pub mod peer;
 pub mod ray;
 pub mod relay;
 pub mod services;
+pub mod usage;
 
 use std::path::PathBuf;
 

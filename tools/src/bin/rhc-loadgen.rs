@@ -282,6 +282,8 @@ struct Stats {
     latencies_us: Vec<u64>,
     sched_latencies_us: Vec<u64>,
     events: u64,
+    /// Events acknowledged with 2xx over the whole run, warm-up included.
+    acked_total: u64,
     bytes: u64,
     statuses: BTreeMap<u16, u64>,
     errors: u64,
@@ -465,6 +467,7 @@ fn main() {
                 let counted = measuring.load(Ordering::Relaxed);
                 match result {
                     Ok(s) if (200..300).contains(&s) => {
+                        st.acked_total += batch as u64;
                         let sec = started.elapsed().as_secs() as usize;
                         if let Some(slot) = per_second.get(sec) {
                             slot.fetch_add(batch as u64, Ordering::Relaxed);
@@ -584,6 +587,7 @@ fn main() {
         v[((v.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0
     };
     let events: u64 = stats.iter().map(|s| s.events).sum();
+    let acked_total: u64 = stats.iter().map(|s| s.acked_total).sum();
     let bytes: u64 = stats.iter().map(|s| s.bytes).sum();
     let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
     for s in &stats {
@@ -651,7 +655,7 @@ fn main() {
             "p50_ms": pct(&lat, 0.5), "p90_ms": pct(&lat, 0.9), "p99_ms": pct(&lat, 0.99),
             "p999_ms": pct(&lat, 0.999), "max_ms": max_ms,
             "p50_sched_ms": pct(&sched, 0.5), "p99_sched_ms": pct(&sched, 0.99),
-            "non_2xx": non_2xx, "errors": errors, "seconds": elapsed,
+            "non_2xx": non_2xx, "errors": errors, "seconds": elapsed, "acked_total": acked_total,
             "statuses": statuses.iter().map(|(k, v)| (k.to_string(), serde_json::Value::from(*v))).collect::<serde_json::Map<_, _>>(),
             "batch": args.batch, "concurrency": args.concurrency, "rate": args.rate,
             "gzip": args.gzip, "jobs": args.jobs, "run_id": run_id,

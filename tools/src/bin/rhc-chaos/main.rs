@@ -13,6 +13,8 @@
 //!           --storage moto:.test-deps/venv/bin/moto_server     # the full suite
 //! rhc-chaos --collector ... --storage moto:$RHC_MOTO_SERVER --smoke   # the CI subset
 //! rhc-chaos --list
+//! rhc-chaos --collector ... --storage moto:... --peer <KubeRay's collector> \
+//!           --only side-kill9,side-sigterm,side-outage   # the same faults against both
 //! ```
 //!
 //! Exit code 0 when no scenario failed (skipped ones do not count), 1 otherwise, 2 for bad
@@ -28,6 +30,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use serde_json::json;
 
+mod compare;
 mod faults;
 mod hostile;
 mod load;
@@ -85,6 +88,10 @@ struct Args {
     /// Size of the log file for `logs-2g`, in MiB.
     #[arg(long, default_value_t = 2048)]
     log_mib: u64,
+    /// KubeRay's Go collector, for the side-by-side scenarios (`side-*`; default:
+    /// $RHC_PEER_COLLECTOR).
+    #[arg(long)]
+    peer: Option<PathBuf>,
     /// List the scenarios and exit.
     #[arg(long)]
     list: bool,
@@ -164,6 +171,27 @@ const SCENARIOS: &[(&str, bool, bool, bool, &str)] = &[
         "hostile bodies ([0,0,…], [{},{},…], distinct integers, 64 MiB), 4 clients each: peak RSS <= 256 MiB, spool <= 2x received",
     ),
     (
+        "side-kill9",
+        false,
+        false,
+        false,
+        "(comparison) kill -9 under 25,000 events/s against ours and KubeRay's collector (--peer): acked events lost, duplicated",
+    ),
+    (
+        "side-sigterm",
+        false,
+        false,
+        false,
+        "(comparison) SIGTERM under 25,000 events/s against ours and KubeRay's collector: acked events lost, duplicated",
+    ),
+    (
+        "side-outage",
+        false,
+        false,
+        true,
+        "(comparison) 60 s storage outage under 20,000 events/s against ours and KubeRay's collector: acked events lost, duplicated",
+    ),
+    (
         "logs-2g",
         false,
         false,
@@ -212,6 +240,9 @@ pub(crate) fn scenario_fn(name: &str) -> Option<Scenario> {
         "malformed" => malformed,
         "memory" => memory::memory,
         "logs-2g" => logs_2g,
+        "side-kill9" => compare::side_kill9,
+        "side-sigterm" => compare::side_sigterm,
+        "side-outage" => compare::side_outage,
         _ => return None,
     })
 }

@@ -151,7 +151,8 @@ impl Storage {
     }
 }
 
-/// Calls `f` with every object of the bucket (key, bytes as stored).
+/// Calls `f` with every object of the bucket (key, bytes as stored; empty objects are not
+/// fetched).
 pub(crate) fn for_each_object(
     store: &Arc<dyn ObjectStore>,
     mut f: impl FnMut(&str, &[u8]),
@@ -168,6 +169,12 @@ pub(crate) fn for_each_object(
             .await
             .map_err(|e| format!("listing the bucket: {e}"))?;
         for m in &metas {
+            // Empty objects are not fetched: KubeRay's collector writes `<dir>/` markers,
+            // which object_store lists without their trailing '/' and cannot GET back.
+            if m.size == 0 {
+                f(m.location.as_ref(), &[]);
+                continue;
+            }
             let bytes = store
                 .get(&m.location)
                 .await
