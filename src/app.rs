@@ -135,6 +135,11 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
                 upload_interval: settings.log_upload_interval,
                 part_size: settings.upload_part_bytes,
                 layout: settings.layout.clone(),
+                max_bytes_per_second: settings.log_upload_max_bytes_per_second,
+                appender: settings
+                    .store
+                    .appender()
+                    .with_context(|| format!("opening storage {}", settings.storage))?,
             },
             store.clone(),
             spool.clone(),

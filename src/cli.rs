@@ -211,6 +211,11 @@ pub struct RunArgs {
     #[arg(long, env = "RHC_LOG_UPLOAD_INTERVAL", value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub log_upload_interval: Duration,
 
+    /// Cap on the bandwidth of log uploads, in bytes per second (0: no cap), so the sidecar
+    /// never saturates the node's network; events are not counted against it.
+    #[arg(long, env = "RHC_LOG_UPLOAD_MAX_BYTES_PER_SECOND", value_name = "SIZE", default_value = "0", value_parser = parse_size)]
+    pub log_upload_max_bytes_per_second: u64,
+
     /// Ray dashboard of the head, for endpoint snapshots and (last resort) the node id
     /// [default: http://localhost:8265, or KubeRay's FQ_RAY_IP and RAY_DASHBOARD_PORT].
     #[arg(long, env = "RAY_DASHBOARD_ADDRESS", value_name = "URL")]

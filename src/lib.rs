@@ -11,7 +11,7 @@
 //! Ray dashboard agent ─POST /v1/events─▶ events::http ─▶ events::parse ─▶ events::route
 //!                                                     ─▶ events::dedup ─▶ events::spool ─▶ events::upload ─▶ bucket
 //! <session>/logs/export_events/*.log ──▶ events::export_tailer ─────────▶ events::spool
-//! <session>/logs/**  ──────────────────▶ logs (watch, rescan, ledger) ───────────────────▶ bucket
+//! <session>/logs/**  ──────────────────▶ logs (watch, rescan, ledger, schedule) ─────────▶ bucket
 //! head only: the dashboard's REST answers ─▶ dashboard (poller) ─────────────────────────▶ bucket
 //! bucket ──▶ inspect (discover, walk, decode, extract, model, report, render) ──▶ a person
 //! ```
@@ -23,14 +23,16 @@
 //! - [`node`]: which Ray session is active and which node this is (the `<node>` of every key).
 //! - [`events`]: the event path, from Ray's HTTP request to the uploaded object, with its
 //!   quarantine, deduplication, fsync'd spool and uploader; also Ray's file-based export events.
-//! - [`logs`]: live snapshots of the session logs, rotations, earlier sessions, final flush.
+//! - [`logs`]: live snapshots of the session logs (appended where the store can, else on a
+//!   size-aware schedule), rotations, earlier sessions, final flush.
 //! - [`dashboard`]: head only, snapshots of the dashboard endpoints the history server replays.
 //! - [`contract`]: every object key and key parser of KubeRay's bucket layout; nothing else
 //!   builds a key.
-//! - [`storage`]: the object store backends (file, S3, GCS, Azure) and streamed uploads.
+//! - [`storage`]: the object store backends (file, S3, GCS, Azure), streamed uploads, appends.
 //! - [`inspect`]: the read side, a post-mortem report from a bucket.
 //! - [`metrics`]: the Prometheus names and the one place they are emitted from.
-//! - [`util`]: helpers shared by several paths (time formats, atomic files, watching, memory).
+//! - [`util`]: helpers shared by several paths (time formats, atomic files, watching, memory,
+//!   a bandwidth cap).
 //!
 //! `docs/ARCHITECTURE.md` walks the same map with the invariants and "start reading here".
 

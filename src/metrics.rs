@@ -57,8 +57,18 @@ pub const LAST_UPLOAD: &str = "rhc_last_successful_upload_timestamp_seconds";
 pub const BACKPRESSURE: &str = "rhc_backpressure_rejections_total";
 /// Log files uploaded (snapshots and rotated backups).
 pub const LOG_FILES_UPLOADED: &str = "rhc_log_files_uploaded_total";
-/// Log bytes uploaded.
+/// Log bytes uploaded (whole files, or the new bytes of an append).
 pub const LOG_BYTES_UPLOADED: &str = "rhc_log_bytes_uploaded_total";
+/// Log uploads by kind: `whole` (the file's bytes so far) or `append` (only its new bytes).
+pub const LOG_UPLOADS: &str = "rhc_log_uploads_total";
+/// Bytes read from log files (uploads, appends, and the hashes that recognise a file).
+pub const LOG_BYTES_READ: &str = "rhc_log_bytes_read_total";
+/// Bytes Ray wrote to the live log files, as seen by the rounds.
+pub const LOG_BYTES_WRITTEN: &str = "rhc_log_bytes_written_total";
+/// Log bytes uploaded ÷ log bytes Ray wrote, since the start.
+pub const LOG_AMPLIFICATION: &str = "rhc_log_upload_amplification";
+/// Changed log files the schedule held back in the last round.
+pub const LOG_FILES_WAITING: &str = "rhc_log_files_waiting";
 /// Failed log uploads (retried on the next round).
 pub const LOG_UPLOAD_FAILURES: &str = "rhc_log_upload_failures_total";
 /// Log files not shipped, by reason (symlink, unsafe name, vanished, unreadable, ...).
@@ -182,9 +192,29 @@ pub(crate) fn log_file_skipped(reason: &'static str) {
     counter!(LOG_FILES_SKIPPED, "reason" => reason).increment(1);
 }
 
-pub(crate) fn log_file_uploaded(bytes: u64) {
+pub(crate) fn log_file_uploaded(bytes: u64, appended: bool) {
     counter!(LOG_FILES_UPLOADED).increment(1);
     counter!(LOG_BYTES_UPLOADED).increment(bytes);
+    let kind = if appended { "append" } else { "whole" };
+    counter!(LOG_UPLOADS, "kind" => kind).increment(1);
+}
+
+pub(crate) fn log_bytes_read(bytes: u64) {
+    counter!(LOG_BYTES_READ).increment(bytes);
+}
+
+pub(crate) fn log_bytes_written(bytes: u64) {
+    counter!(LOG_BYTES_WRITTEN).increment(bytes);
+}
+
+pub(crate) fn log_amplification(uploaded: u64, written: u64) {
+    if written > 0 {
+        gauge!(LOG_AMPLIFICATION).set(uploaded as f64 / written as f64);
+    }
+}
+
+pub(crate) fn log_files_waiting(files: usize) {
+    gauge!(LOG_FILES_WAITING).set(files as f64);
 }
 
 pub(crate) fn log_upload_failure() {

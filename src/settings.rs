@@ -73,6 +73,8 @@ pub struct Settings {
     pub enable_export_events: bool,
     /// Log snapshot period.
     pub log_upload_interval: Duration,
+    /// Log lane bandwidth cap, bytes per second (0: none).
+    pub log_upload_max_bytes_per_second: u64,
     /// The head's dashboard: address, snapshot period, token, extra endpoints.
     pub dashboard: DashboardConfig,
     /// `POD_IP`: this pod's address, to find the node id in the dashboard's node list.
@@ -355,6 +357,7 @@ impl Settings {
             enable_event_collector: cli.enable_event_collector,
             enable_export_events: cli.enable_export_events,
             log_upload_interval: cli.log_upload_interval,
+            log_upload_max_bytes_per_second: cli.log_upload_max_bytes_per_second,
             dashboard,
             pod_ip,
             quarantine_node,

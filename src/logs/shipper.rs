@@ -2,8 +2,9 @@
 //! earlier sessions not finished yet, rotations captured as they happen, and the final
 //! flush at SIGTERM within the deadline. Uploads run one at a time, apart from events.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,13 +13,17 @@ use object_store::ObjectStore;
 use tokio::sync::{mpsc, watch};
 
 use super::ledger::{Ledger, LedgerEntry};
-use super::scan::{object_key, priority, scan_logs, skip};
+use super::scan::{object_key, priority, scan_logs, skip, LogFile};
+use super::schedule::{self, SMALL};
 use super::{LogConfig, LogError};
 use crate::events::spool::Spool;
 use crate::metrics as m;
 use crate::node::node_id::{NodeIdResolver, RemoteNodeLookup};
 use crate::node::session::{list_sessions, ActiveSession};
-use crate::storage::put::{hash_file_prefix, put_file_prefix, UploadError};
+use crate::storage::append::AppendError;
+use crate::storage::put::{put_file_prefix, window_hash, UploadError};
+use crate::util::pace::Pacer;
+use crate::util::time::unix_seconds;
 use crate::util::watch::watch_dir;
 
 /// Store failures in a row after which a round stops trying (the bucket is down).
@@ -33,6 +38,10 @@ pub struct RoundReport {
     pub uploaded: usize,
     /// Bytes uploaded.
     pub bytes: u64,
+    /// Of those, files sent as an append of their new bytes.
+    pub appended: usize,
+    /// Changed files the schedule holds back this round (see `schedule`).
+    pub waiting: usize,
     /// Files whose upload failed (retried next round).
     pub failed: usize,
     /// Files not reached before the deadline.
@@ -55,6 +64,13 @@ pub struct LogShipper {
     /// Last resort for the node id: the dashboard's node list matched by this pod's IP.
     remote_lookup: Option<RemoteNodeLookup>,
     last_remote_try: Option<Instant>,
+    /// The log lane's bandwidth cap.
+    pace: Option<Pacer>,
+    /// Per object key, the file's size and inode at the last round (to count what Ray wrote).
+    seen: HashMap<String, (u64, u64)>,
+    /// Bytes Ray wrote to the logs and bytes uploaded for them, since the start.
+    written_total: u64,
+    uploaded_total: u64,
 }
 
 impl LogShipper {
@@ -67,7 +83,12 @@ impl LogShipper {
     ) -> Result<LogShipper, LogError> {
         let ledger = Ledger::load(cfg.state_dir.join("log-ledger.json"))?;
         let prefix = cfg.layout.history_prefix();
+        let pace = Pacer::new(cfg.max_bytes_per_second);
         Ok(LogShipper {
+            pace,
+            seen: HashMap::new(),
+            written_total: 0,
+            uploaded_total: 0,
             cfg,
             store,
             spool,
@@ -200,7 +221,13 @@ impl LogShipper {
             if let Err(e) = self.spool.ensure_marker(&s.name).await {
                 tracing::warn!(session = %s.name, error = %e, "could not record the session marker");
             }
-            reports.push(self.snapshot_session(s, deadline, false).await);
+            // Live rounds follow the schedule; the final flush sends everything.
+            let how = if deadline.is_none() {
+                Pass::Scheduled
+            } else {
+                Pass::Everything
+            };
+            reports.push(self.snapshot_session(s, deadline, how).await);
         }
         if earlier {
             for s in list_sessions(&self.cfg.ray_tmp) {
@@ -212,7 +239,7 @@ impl LogShipper {
                 if let Err(e) = self.spool.ensure_marker(&s.name).await {
                     tracing::warn!(session = %s.name, error = %e, "could not record the session marker");
                 }
-                let r = self.snapshot_session(&s, deadline, false).await;
+                let r = self.snapshot_session(&s, deadline, Pass::Everything).await;
                 if r.node.is_some() && r.failed == 0 && r.not_reached.is_empty() {
                     tracing::info!(session = %s.name, files = r.files, uploaded = r.uploaded, "earlier session uploaded completely");
                     self.ledger.data.finished_sessions.insert(s.name.clone());
@@ -223,16 +250,22 @@ impl LogShipper {
         }
         self.ledger.save();
         m::log_snapshot_done(started.elapsed());
+        m::log_amplification(self.uploaded_total, self.written_total);
+        if deadline.is_none() {
+            m::log_files_waiting(reports.iter().map(|r| r.waiting).sum());
+        }
         reports
     }
 
-    /// Uploads every changed file of one session, most valuable first, until `deadline`.
+    /// Uploads the changed files of one session that `how` asks for, most valuable and
+    /// smallest first, until `deadline`.
     async fn snapshot_session(
         &mut self,
         s: &ActiveSession,
         deadline: Option<Instant>,
-        rotated_only: bool,
+        how: Pass,
     ) -> RoundReport {
+        let started = Instant::now();
         let mut report = RoundReport::default();
         if self.nodes.resolve_local(&s.dir).is_none() {
             self.try_remote_node().await;
@@ -250,13 +283,8 @@ impl LogShipper {
             Err(_) => return report,
         };
         report.files = files.len();
-        files.retain(|f| !rotated_only || f.rotated_from.is_some());
-        // Newest first inside a priority class.
-        files.sort_by(|a, b| {
-            priority(a)
-                .cmp(&priority(b))
-                .then(b.mtime_ns.cmp(&a.mtime_ns))
-        });
+        files.retain(|f| how != Pass::RotatedOnly || f.rotated_from.is_some());
+        files.sort_by_key(|f| upload_order(f, how));
         // Consecutive store failures: past a few, the bucket is down, and trying every other
         // file now would only hold up rotation captures and the next round.
         let mut failed_in_a_row = 0;
@@ -266,63 +294,87 @@ impl LogShipper {
                 continue;
             }
             let key = object_key(&self.prefix, &s.name, &node, &f);
-            let prev = self.ledger.data.objects.get(&key).copied();
+            let prev = self.ledger.data.objects.get(&key).cloned();
+            if f.rotated_from.is_none() {
+                self.count_written(&key, &f, prev.as_ref());
+            }
             if f.rotated_from.is_some() && prev.is_some() {
                 continue; // a backup's content never changes once rotated
             }
-            if prev.is_some_and(|p| p.size == f.size && p.mtime_ns == f.mtime_ns) {
+            if prev
+                .as_ref()
+                .is_some_and(|p| p.size == f.size && p.mtime_ns == f.mtime_ns)
+            {
                 continue;
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 report.not_reached.push(f.abs.clone());
                 continue;
             }
-            // Same size, new mtime: maybe only touched. Compare content before uploading.
-            if let Some(p) = prev.filter(|p| p.size == f.size) {
-                let abs = f.abs.clone();
-                let size = f.size;
-                if let Ok(Ok((hash, n))) =
-                    tokio::task::spawn_blocking(move || hash_file_prefix(&abs, size)).await
-                {
-                    if hash == p.hash && n == size {
-                        self.ledger.data.objects.insert(
-                            key,
-                            LedgerEntry {
-                                mtime_ns: f.mtime_ns,
-                                ..p
-                            },
-                        );
-                        self.ledger.dirty = true;
-                        continue;
-                    }
+            // Same size, new mtime: maybe only touched. Compare before uploading.
+            if let Some(p) = prev.as_ref().filter(|p| p.size == f.size) {
+                if self.file_still_matches(&f, p).await {
+                    let mut entry = p.clone();
+                    entry.mtime_ns = f.mtime_ns;
+                    self.ledger.data.objects.insert(key, entry);
+                    self.ledger.dirty = true;
+                    continue;
                 }
             }
-            let upload = put_file_prefix(&self.store, &key, &f.abs, f.size, self.cfg.part_size);
+            // What only grew is appended where the store can; that costs only the new bytes,
+            // so it is not held back by the schedule.
+            let append_from = match &prev {
+                Some(p) => self.can_append(&f, p).await.then_some(p.size),
+                None => None,
+            };
+            if how == Pass::Scheduled && append_from.is_none() {
+                let age = Duration::from_secs(
+                    unix_seconds().saturating_sub(prev.as_ref().map_or(0, |p| p.uploaded_at)),
+                );
+                let replaced = prev
+                    .as_ref()
+                    .is_some_and(|p| p.ino != 0 && p.ino != inode(&f.abs));
+                let due = schedule::due(
+                    prev.as_ref().map(|p| p.size),
+                    age,
+                    f.size,
+                    self.cfg.upload_interval,
+                    replaced,
+                );
+                if !due.now() {
+                    report.waiting += 1;
+                    continue;
+                }
+                // A round that has used its interval leaves big files to the next one,
+                // where the small ones go first again.
+                if f.size > SMALL && started.elapsed() >= self.cfg.upload_interval {
+                    report.waiting += 1;
+                    continue;
+                }
+                tracing::trace!(path = %f.abs.display(), ?due, "log file due");
+            }
             let result = match deadline {
-                Some(d) => match tokio::time::timeout_at(d.into(), upload).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        report.not_reached.push(f.abs.clone());
-                        continue;
+                Some(d) => {
+                    match tokio::time::timeout_at(d.into(), self.send(&key, &f, append_from)).await
+                    {
+                        Ok(r) => r,
+                        Err(_) => {
+                            report.not_reached.push(f.abs.clone());
+                            continue;
+                        }
                     }
-                },
-                None => upload.await,
+                }
+                None => self.send(&key, &f, append_from).await,
             };
             match result {
-                Ok(up) => {
-                    m::log_file_uploaded(up.bytes);
-                    self.ledger.data.objects.insert(
-                        key,
-                        LedgerEntry {
-                            // What was read: a file that shrank mid-upload is retried next round.
-                            size: up.bytes,
-                            mtime_ns: if up.bytes == f.size { f.mtime_ns } else { 0 },
-                            hash: up.hash,
-                        },
-                    );
+                Ok((entry, sent, appended)) => {
+                    m::log_file_uploaded(sent, appended);
+                    self.uploaded_total += sent;
+                    self.ledger.data.objects.insert(key, entry);
                     self.ledger.dirty = true;
                     report.uploaded += 1;
-                    report.bytes += up.bytes;
+                    report.appended += usize::from(appended);
+                    report.bytes += sent;
                     failed_in_a_row = 0;
                 }
                 Err(UploadError::Read { source, .. })
@@ -346,9 +398,147 @@ impl LogShipper {
         report
     }
 
+    /// Counts what Ray wrote to a live file since the last round saw it.
+    fn count_written(&mut self, key: &str, f: &LogFile, prev: Option<&LedgerEntry>) {
+        let ino = inode(&f.abs);
+        let before = match self.seen.get(key) {
+            Some(&(size, seen_ino)) if seen_ino == ino => size,
+            Some(_) => 0,
+            // First sight since the start: what the bucket has of the same file was
+            // written before.
+            None => prev.filter(|p| p.ino == ino).map_or(0, |p| p.size),
+        };
+        let grew = if f.size >= before {
+            f.size - before
+        } else {
+            f.size
+        };
+        self.written_total += grew;
+        m::log_bytes_written(grew);
+        self.seen.insert(key.to_string(), (f.size, ino));
+    }
+
+    /// True when the file still has the bytes the ledger recorded before `p.size` (same
+    /// inode, same hash of the window before that point).
+    async fn file_still_matches(&self, f: &LogFile, p: &LedgerEntry) -> bool {
+        if p.ino != 0 && p.ino != inode(&f.abs) {
+            return false;
+        }
+        let abs = f.abs.clone();
+        let size = p.size;
+        match tokio::task::spawn_blocking(move || window_hash(&abs, size)).await {
+            Ok(Ok((hash, whole))) => {
+                m::log_bytes_read(size.min(crate::storage::put::WINDOW));
+                whole && hash == p.hash
+            }
+            _ => false,
+        }
+    }
+
+    /// True when `f` only grew since the ledger's upload and the store can append to its
+    /// object.
+    async fn can_append(&self, f: &LogFile, p: &LedgerEntry) -> bool {
+        let Some(app) = &self.cfg.appender else {
+            return false;
+        };
+        f.rotated_from.is_none()
+            && f.size > p.size
+            && p.size > 0
+            && p.size >= app.min_object_bytes()
+            && p.ino != 0
+            && p.e_tag.is_some()
+            && self.file_still_matches(f, p).await
+    }
+
+    /// Appends the new bytes of `f` (from `append_from`) or uploads it whole; returns the
+    /// new ledger entry, the bytes sent and whether it was an append. An append the store
+    /// refuses because the object changed falls back to a whole upload.
+    async fn send(
+        &self,
+        key: &str,
+        f: &LogFile,
+        append_from: Option<u64>,
+    ) -> Result<(LedgerEntry, u64, bool), UploadError> {
+        let ino = inode(&f.abs);
+        if let (Some(from), Some(app)) = (append_from, &self.cfg.appender) {
+            let e_tag = self
+                .ledger
+                .data
+                .objects
+                .get(key)
+                .and_then(|p| p.e_tag.clone());
+            match app
+                .append(
+                    key,
+                    &f.abs,
+                    from,
+                    f.size,
+                    e_tag.as_deref(),
+                    self.pace.as_ref(),
+                )
+                .await
+            {
+                Ok(done) => {
+                    m::log_bytes_read(done.bytes);
+                    let entry = self.entry_for(f, from + done.bytes, ino, done.e_tag).await;
+                    return Ok((entry, done.bytes, true));
+                }
+                Err(AppendError::Changed { key, why }) => {
+                    tracing::info!(%key, %why, "log object not as recorded; uploading it whole");
+                }
+                Err(AppendError::Read { path, source }) => {
+                    return Err(UploadError::Read { path, source })
+                }
+                Err(AppendError::Store { key, message }) => {
+                    tracing::warn!(%key, %message, "append failed; uploading the file whole");
+                }
+            }
+        }
+        let up = put_file_prefix(
+            &self.store,
+            key,
+            &f.abs,
+            f.size,
+            self.cfg.part_size,
+            self.pace.as_ref(),
+        )
+        .await?;
+        m::log_bytes_read(up.bytes);
+        let entry = self.entry_for(f, up.bytes, ino, up.e_tag).await;
+        Ok((entry, up.bytes, false))
+    }
+
+    /// The ledger entry after `size` bytes of `f` are in the bucket.
+    async fn entry_for(
+        &self,
+        f: &LogFile,
+        size: u64,
+        ino: u64,
+        e_tag: Option<String>,
+    ) -> LedgerEntry {
+        let abs = f.abs.clone();
+        let hash = match tokio::task::spawn_blocking(move || window_hash(&abs, size)).await {
+            Ok(Ok((h, true))) => {
+                m::log_bytes_read(size.min(crate::storage::put::WINDOW));
+                h
+            }
+            // Unreadable now: a hash that matches nothing makes the next round upload it.
+            _ => 0,
+        };
+        LedgerEntry {
+            size,
+            // What was read: a file that changed size mid-upload is looked at next round.
+            mtime_ns: if size == f.size { f.mtime_ns } else { 0 },
+            hash,
+            ino,
+            uploaded_at: unix_seconds(),
+            e_tag,
+        }
+    }
+
     /// Uploads rotated backups of the active session right away, before Ray deletes them.
     async fn capture_rotations(&mut self, s: &ActiveSession) {
-        let r = self.snapshot_session(s, None, true).await;
+        let r = self.snapshot_session(s, None, Pass::RotatedOnly).await;
         if r.uploaded > 0 {
             tracing::debug!(session = %s.name, uploaded = r.uploaded, "captured rotated logs");
             self.ledger.save();
@@ -383,6 +573,31 @@ impl LogShipper {
         left.sort();
         left
     }
+}
+
+/// Which files a pass over a session uploads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// A live round: changed files when the schedule says so (appends always).
+    Scheduled,
+    /// Everything not in the bucket yet (final flush, earlier sessions).
+    Everything,
+    /// Rotated backups only, right after Ray rotated.
+    RotatedOnly,
+}
+
+/// The order of a pass. A live round: small files first (cheap, and kept fresh), by what
+/// explains a failure first and then newest first; then the big ones, smallest first, so
+/// one huge file cannot hold up the rest. The final flush and earlier sessions: what
+/// explains a failure first, newest first, whatever the size.
+fn upload_order(f: &LogFile, how: Pass) -> (bool, u8, u64, i64) {
+    let big = how == Pass::Scheduled && f.size > SMALL;
+    (big, priority(f), if big { f.size } else { 0 }, -f.mtime_ns)
+}
+
+/// A file's inode (0 when it cannot be read).
+fn inode(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.ino())
 }
 
 async fn wait_true(mut rx: watch::Receiver<bool>) {

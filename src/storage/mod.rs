@@ -7,6 +7,7 @@
 //! `from_env` builders (env, web identity / IRSA, instance metadata, workload identity,
 //! managed identity).
 
+pub mod append;
 pub mod gzip;
 pub mod put;
 
@@ -241,15 +242,30 @@ fn is_true(v: Option<String>) -> bool {
 pub enum Configured {
     /// A local directory, created by [`Configured::open`].
     Local(PathBuf),
-    /// A cloud client, ready to use.
-    Remote(Arc<dyn ObjectStore>),
+    /// A cloud client, ready to use, and how it appends to an object, where it can.
+    Remote(Arc<dyn ObjectStore>, Option<append::Appender>),
 }
 
 impl Configured {
+    /// How this store appends to an object, where it can (a local directory).
+    pub fn appender(&self) -> Result<Option<append::Appender>, StorageError> {
+        match self {
+            Configured::Local(dir) => {
+                append::Appender::local(dir)
+                    .map(Some)
+                    .map_err(|source| StorageError::Client {
+                        backend: "file",
+                        source,
+                    })
+            }
+            Configured::Remote(_, appender) => Ok(appender.clone()),
+        }
+    }
+
     /// The store, creating a local directory first if needed.
     pub fn open(self) -> Result<Arc<dyn ObjectStore>, StorageError> {
         match self {
-            Configured::Remote(store) => Ok(store),
+            Configured::Remote(store, _) => Ok(store),
             Configured::Local(dir) => {
                 std::fs::create_dir_all(&dir).map_err(|source| StorageError::LocalDir {
                     path: dir.clone(),
@@ -321,12 +337,16 @@ pub fn configure(
                     b = b.with_virtual_hosted_style_request(true);
                 }
             }
-            Ok(Configured::Remote(Arc::new(b.build().map_err(
-                |source| StorageError::Client {
-                    backend: "s3",
-                    source,
-                },
-            )?)))
+            let s3 = Arc::new(b.clone().build().map_err(|source| StorageError::Client {
+                backend: "s3",
+                source,
+            })?);
+            let appender = append::S3Appender::new(&b, s3.clone())
+                .map_err(|e| StorageError::Invalid(format!("S3 appends: {e}")))?;
+            Ok(Configured::Remote(
+                s3,
+                Some(append::Appender::S3(Arc::new(appender))),
+            ))
         }
         Backend::Gcs { bucket } => {
             let b = GoogleCloudStorageBuilder::from_env()
@@ -340,12 +360,13 @@ pub fn configure(
                     REQUEST_TIMEOUT,
                 )
                 .with_retry(retry_config());
-            Ok(Configured::Remote(Arc::new(b.build().map_err(
-                |source| StorageError::Client {
+            Ok(Configured::Remote(
+                Arc::new(b.build().map_err(|source| StorageError::Client {
                     backend: "gcs",
                     source,
-                },
-            )?)))
+                })?),
+                None,
+            ))
         }
         Backend::Azure { container } => {
             let mut b = MicrosoftAzureBuilder::from_env()
@@ -374,12 +395,13 @@ pub fn configure(
                 }
                 b = b.with_endpoint(url.to_string());
             }
-            Ok(Configured::Remote(Arc::new(b.build().map_err(
-                |source| StorageError::Client {
+            Ok(Configured::Remote(
+                Arc::new(b.build().map_err(|source| StorageError::Client {
                     backend: "azure",
                     source,
-                },
-            )?)))
+                })?),
+                None,
+            ))
         }
     }
 }

@@ -3,18 +3,17 @@
 //! above one part goes up as a multipart upload that is aborted if a part fails.
 //!
 //! Used by the event uploader (sealed spool segments) and the log shipper (snapshots of
-//! files that may still be growing: only the prefix seen at the start is sent, and hashed).
+//! files that may still be growing: only the prefix seen at the start is sent).
 
 use std::fs::File;
 use std::io::{self, Read};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::gzip::MemberEncoder;
+use crate::util::pace::Pacer;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use xxhash_rust::xxh3::Xxh3;
-
-use super::gzip::MemberEncoder;
 
 /// Why one upload failed.
 #[derive(Debug, thiserror::Error)]
@@ -57,83 +56,101 @@ pub async fn put_file(
     part_size: usize,
 ) -> Result<u64, UploadError> {
     let reader = PartReader::open(file, gzip)?;
-    let (sent, _) = put_parts(store, path, key, reader, part_size).await?;
-    Ok(sent)
+    let put = put_parts(store, path, key, reader, part_size, None).await?;
+    Ok(put.sent)
 }
 
 /// What a log snapshot upload sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotUpload {
     /// Bytes of the file uploaded (the object's size).
     pub bytes: u64,
-    /// xxh3 of those bytes, for the change ledger.
-    pub hash: u64,
+    /// The object's ETag, when the store gave one.
+    pub e_tag: Option<String>,
 }
 
 /// Uploads the first `limit` bytes of a file that may still be growing, as is (no
-/// compression: the history server serves logs byte for byte), streaming in parts.
+/// compression: the history server serves logs byte for byte), streaming in parts, each
+/// part after `pace` lets it pass.
 pub async fn put_file_prefix(
     store: &Arc<dyn ObjectStore>,
     key: &str,
     path: &std::path::Path,
     limit: u64,
     part_size: usize,
+    pace: Option<&Pacer>,
 ) -> Result<SnapshotUpload, UploadError> {
-    let location = ObjectPath::parse(key).map_err(|e| UploadError::Key {
-        key: key.to_string(),
-        message: e.to_string(),
-    })?;
-    let reader = PartReader::open_prefix(path, false, limit, true)?;
-    let (bytes, hash) = put_parts(store, &location, key, reader, part_size).await?;
+    let location = parse_key(key)?;
+    let reader = PartReader::open_prefix(path, false, limit)?;
+    let put = put_parts(store, &location, key, reader, part_size, pace).await?;
     Ok(SnapshotUpload {
-        bytes,
-        hash: hash.unwrap_or(0),
+        bytes: put.read,
+        e_tag: put.e_tag,
     })
 }
 
-/// xxh3 of the first `limit` bytes of a file, read in chunks.
-pub fn hash_file_prefix(path: &std::path::Path, limit: u64) -> std::io::Result<(u64, u64)> {
-    let mut f = File::open(path)?.take(limit);
-    let mut h = Xxh3::new();
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut n_total = 0u64;
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            return Ok((h.digest(), n_total));
-        }
-        n_total += n as u64;
-        h.update(&buf[..n]);
-    }
+/// An object path from one of our keys.
+pub(crate) fn parse_key(key: &str) -> Result<ObjectPath, UploadError> {
+    ObjectPath::parse(key).map_err(|e| UploadError::Key {
+        key: key.to_string(),
+        message: e.to_string(),
+    })
+}
+
+/// Bytes hashed before a point of a log file to recognise it later: enough to tell a file
+/// that was replaced or rewritten from one that only grew, small enough to read every round.
+pub const WINDOW: u64 = 64 * 1024;
+
+/// xxh3 of the [`WINDOW`] bytes of a file before offset `end` (all of them when `end` is
+/// smaller), and whether the file had them all.
+pub fn window_hash(path: &std::path::Path, end: u64) -> io::Result<(u64, bool)> {
+    use std::io::{Seek, SeekFrom};
+    let start = end.saturating_sub(WINDOW);
+    let mut f = File::open(path)?;
+    f.seek(SeekFrom::Start(start))?;
+    let mut buf = Vec::with_capacity((end - start) as usize);
+    f.take(end - start).read_to_end(&mut buf)?;
+    Ok((
+        xxhash_rust::xxh3::xxh3_64(&buf),
+        buf.len() as u64 == end - start,
+    ))
 }
 
 /// Sends what `reader` yields as one PUT, or as a multipart upload when it is more than
-/// one part; returns the bytes sent and the hash of the input if the reader computed one.
+/// one part, each part after `pace` lets it through.
 async fn put_parts(
     store: &Arc<dyn ObjectStore>,
     path: &ObjectPath,
     key: &str,
     mut reader: PartReader,
     part_size: usize,
-) -> Result<(u64, Option<u64>), UploadError> {
+    pace: Option<&Pacer>,
+) -> Result<Sent, UploadError> {
     let store_err = |source| UploadError::Store {
         key: key.to_string(),
         source,
     };
     let (first, r) = read_part(reader, part_size).await?;
     reader = r;
+    if let Some(p) = pace {
+        p.take(first.len() as u64).await;
+    }
     if reader.done {
-        let n = first.len() as u64;
-        store
+        let sent = first.len() as u64;
+        let put = store
             .put(path, PutPayload::from(first))
             .await
             .map_err(store_err)?;
-        return Ok((n, reader.hasher.as_ref().map(|h| h.digest())));
+        return Ok(Sent {
+            read: reader.read,
+            sent,
+            e_tag: put.e_tag,
+        });
     }
     let mut upload = store.put_multipart(path).await.map_err(store_err)?;
     let mut sent = 0u64;
     let mut part = first;
-    let result: Result<Option<u64>, UploadError> = async {
+    let result: Result<(Option<String>, u64), UploadError> = async {
         loop {
             sent += part.len() as u64;
             upload
@@ -148,19 +165,32 @@ async fn put_parts(
             if next.is_empty() {
                 break;
             }
+            if let Some(p) = pace {
+                p.take(next.len() as u64).await;
+            }
             part = next;
         }
-        upload.complete().await.map_err(store_err)?;
-        Ok(reader.hasher.as_ref().map(|h| h.digest()))
+        let done = upload.complete().await.map_err(store_err)?;
+        Ok((done.e_tag, reader.read))
     }
     .await;
     match result {
-        Ok(hash) => Ok((sent, hash)),
+        Ok((e_tag, read)) => Ok(Sent { read, sent, e_tag }),
         Err(e) => {
             let _ = upload.abort().await;
             Err(e)
         }
     }
+}
+
+/// What one upload did.
+struct Sent {
+    /// Bytes read from the file.
+    read: u64,
+    /// Bytes sent (compressed, when compressing).
+    sent: u64,
+    /// The object's ETag, when the store gave one.
+    e_tag: Option<String>,
 }
 
 async fn read_part(
@@ -184,22 +214,21 @@ struct PartReader {
     path: PathBuf,
     file: std::io::Take<File>,
     encoder: Option<Box<MemberEncoder>>,
-    hasher: Option<Xxh3>,
+    /// Bytes read from the file so far.
+    read: u64,
     done: bool,
 }
 
 impl PartReader {
     fn open(path: &std::path::Path, gzip: bool) -> Result<PartReader, UploadError> {
-        Self::open_prefix(path, gzip, u64::MAX, false)
+        Self::open_prefix(path, gzip, u64::MAX)
     }
 
-    /// Reads at most `limit` bytes (a snapshot of a file that is still growing), optionally
-    /// hashing what it reads.
+    /// Reads at most `limit` bytes (a snapshot of a file that is still growing).
     fn open_prefix(
         path: &std::path::Path,
         gzip: bool,
         limit: u64,
-        hash: bool,
     ) -> Result<PartReader, UploadError> {
         let file = File::open(path).map_err(|source| UploadError::Read {
             path: path.to_path_buf(),
@@ -209,7 +238,7 @@ impl PartReader {
             path: path.to_path_buf(),
             file: file.take(limit),
             encoder: gzip.then(|| Box::new(MemberEncoder::new())),
-            hasher: hash.then(Xxh3::new),
+            read: 0,
             done: false,
         })
     }
@@ -231,9 +260,7 @@ impl PartReader {
                         self.done = true;
                         break;
                     }
-                    if let Some(h) = &mut self.hasher {
-                        h.update(&buf[..n]);
-                    }
+                    self.read += n as u64;
                     out.extend_from_slice(&buf[..n]);
                 }
                 if !self.done {
@@ -243,9 +270,7 @@ impl PartReader {
                     if n == 0 {
                         self.done = true;
                     } else {
-                        if let Some(h) = &mut self.hasher {
-                            h.update(&one);
-                        }
+                        self.read += 1;
                         out.push(one[0]);
                     }
                 }
@@ -254,13 +279,9 @@ impl PartReader {
             Some(enc) => {
                 let mut out = Vec::with_capacity(size.min(8 << 20));
                 while out.len() < size {
-                    let hasher = &mut self.hasher;
+                    let read = &mut self.read;
                     let more = enc
-                        .next_member(&mut self.file, &mut out, |b| {
-                            if let Some(h) = hasher {
-                                h.update(b);
-                            }
-                        })
+                        .next_member(&mut self.file, &mut out, |b| *read += b.len() as u64)
                         .map_err(err)?;
                     if !more {
                         self.done = true;

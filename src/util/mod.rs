@@ -1,8 +1,9 @@
 //! Helpers shared by more than one path: time formats, sizes and durations, durable small
-//! files, directory watching, giving memory back.
+//! files, directory watching, giving memory back, a bandwidth cap.
 
 pub mod fs;
 pub mod memory;
+pub mod pace;
 pub mod time;
 pub mod units;
 pub mod watch;

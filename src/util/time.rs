@@ -123,6 +123,11 @@ pub fn unix_nanos() -> u64 {
         .unwrap_or(0)
 }
 
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_seconds() -> u64 {
+    unix_nanos() / 1_000_000_000
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

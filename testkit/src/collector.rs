@@ -225,6 +225,23 @@ impl Collector {
             .sum()
     }
 
+    /// A metric's value for the series whose labels include `label` (e.g. `kind="append"`),
+    /// summed; NaN when it cannot be read.
+    pub fn metric_labeled(&self, name: &str, label: &str) -> f64 {
+        let Ok(r) = self.get("/metrics") else {
+            return f64::NAN;
+        };
+        String::from_utf8_lossy(&r.body)
+            .lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+            .filter(|l| {
+                l.split_once('}')
+                    .is_some_and(|(labels, _)| labels.contains(label))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// Resident memory of the process in bytes, from `/proc` (0 when not running).
     pub fn rss(&self) -> u64 {
         rss_bytes(self.pid()).unwrap_or(0)
