@@ -257,3 +257,62 @@ fn s3_appends_with_upload_part_copy() {
     // Above S3's 5 MiB minimum for a copied part.
     story(store, "s3://logs", &env, 6 << 20);
 }
+
+#[test]
+fn small_files_first_and_the_lane_capped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = tmp.path().join("ray");
+    let log = ray_session(&ray);
+    let logs = log.parent().unwrap().to_path_buf();
+    // One big file (new, so it goes whole) and small ones, written after it.
+    append(&log, &lines(0, 12 << 20));
+    std::thread::sleep(Duration::from_millis(20));
+    for i in 0..5 {
+        std::fs::write(logs.join(format!("small-{i}.log")), format!("small {i}\n")).unwrap();
+    }
+    let bucket = tmp.path().join("bucket");
+    std::fs::create_dir_all(&bucket).unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&bucket).unwrap());
+    let storage = format!("file://{}", bucket.display());
+    let args = [
+        "--storage",
+        &storage,
+        "--cluster-name",
+        "appends",
+        "--ray-tmp-dir",
+        ray.to_str().unwrap(),
+        "--log-upload-interval",
+        "1s",
+        "--log-upload-max-bytes-per-second",
+        "2MiB",
+    ];
+    let started = Instant::now();
+    let mut c = Collector::start(&tmp.path().join("spool"), &args, &[]);
+    let mut first_seen: BTreeMap<String, Duration> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !first_seen.contains_key(&key()) {
+        assert!(Instant::now() < deadline, "{}", c.log_tail(30));
+        for k in read_all(&store).into_keys() {
+            first_seen.entry(k).or_insert_with(|| started.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let big = first_seen[&key()];
+    let smalls: Vec<Duration> = (0..5)
+        .map(|i| {
+            let k = format!("{P}/{SESSION}/{NODE}/logs/small-{i}.log");
+            *first_seen
+                .get(&k)
+                .unwrap_or_else(|| panic!("{k} not uploaded before the big file"))
+        })
+        .collect();
+    assert!(smalls.iter().all(|s| *s <= big), "{smalls:?} vs {big:?}");
+    // 12 MiB at 2 MiB/s with one second of burst: about 5 s, not the instant a local copy takes.
+    assert!(
+        big >= Duration::from_secs(4),
+        "the big file arrived after {big:?}"
+    );
+    wait_equal(&store, &log, &c, "big file");
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+}

@@ -319,7 +319,7 @@ impl S3Appender {
             });
         };
         check_object(self.s3.as_ref(), key, &location, from, Some(e_tag)).await?;
-        let url = format!("{}/{key}", self.bucket_url);
+        let url = format!("{}/{}", self.bucket_url, encode_path(key));
         let created = self
             .send(
                 reqwest::Method::POST,
@@ -374,7 +374,7 @@ impl S3Appender {
         e_tag: &str,
         pace: Option<&Pacer>,
     ) -> Result<u64, AppendError> {
-        let source = format!("/{}/{key}", self.bucket);
+        let source = format!("/{}/{}", self.bucket, encode_path(key));
         let copy = self
             .send(
                 reqwest::Method::PUT,
@@ -572,6 +572,20 @@ fn xml_escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// An object key as a URL path: every byte but S3's unreserved ones and `/` percent-encoded
+/// (our own keys need none; a root prefix from the configuration may).
+fn encode_path(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// An upload id as a query value (S3's ids are URL-safe in practice; encode anyway).
 fn encode_query(v: &str) -> String {
     url::form_urlencoded::byte_serialize(v.as_bytes()).collect()
@@ -594,6 +608,7 @@ mod tests {
             Some("\"9b2cf535f27731c974343645a3985328\"")
         );
         assert_eq!(xml_escape("\"x\""), "&quot;x&quot;");
+        assert_eq!(encode_path("a b/c+d/é"), "a%20b/c%2Bd/%C3%A9");
         assert_eq!(xml_value("<a>1</a>", "b"), None);
     }
 
