@@ -136,10 +136,14 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
                 part_size: settings.upload_part_bytes,
                 layout: settings.layout.clone(),
                 max_bytes_per_second: settings.log_upload_max_bytes_per_second,
-                appender: settings
-                    .store
-                    .appender()
-                    .with_context(|| format!("opening storage {}", settings.storage))?,
+                appender: if settings.log_appends {
+                    settings
+                        .store
+                        .appender()
+                        .with_context(|| format!("opening storage {}", settings.storage))?
+                } else {
+                    None
+                },
             },
             store.clone(),
             spool.clone(),

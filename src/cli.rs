@@ -216,6 +216,11 @@ pub struct RunArgs {
     #[arg(long, env = "RHC_LOG_UPLOAD_MAX_BYTES_PER_SECOND", value_name = "SIZE", default_value = "0", value_parser = parse_size)]
     pub log_upload_max_bytes_per_second: u64,
 
+    /// Append only the new bytes of a growing log where the store can (S3 and S3-compatible
+    /// from 5 MiB, file://); false uploads whole files on the size-aware schedule everywhere.
+    #[arg(long, env = "RHC_LOG_APPENDS", value_name = "BOOL", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
+    pub log_appends: bool,
+
     /// Ray dashboard of the head, for endpoint snapshots and (last resort) the node id
     /// [default: http://localhost:8265, or KubeRay's FQ_RAY_IP and RAY_DASHBOARD_PORT].
     #[arg(long, env = "RAY_DASHBOARD_ADDRESS", value_name = "URL")]

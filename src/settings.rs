@@ -75,6 +75,8 @@ pub struct Settings {
     pub log_upload_interval: Duration,
     /// Log lane bandwidth cap, bytes per second (0: none).
     pub log_upload_max_bytes_per_second: u64,
+    /// Appends to log objects where the store can.
+    pub log_appends: bool,
     /// The head's dashboard: address, snapshot period, token, extra endpoints.
     pub dashboard: DashboardConfig,
     /// `POD_IP`: this pod's address, to find the node id in the dashboard's node list.
@@ -358,6 +360,7 @@ impl Settings {
             enable_export_events: cli.enable_export_events,
             log_upload_interval: cli.log_upload_interval,
             log_upload_max_bytes_per_second: cli.log_upload_max_bytes_per_second,
+            log_appends: cli.log_appends,
             dashboard,
             pod_ip,
             quarantine_node,
