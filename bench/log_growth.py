@@ -94,6 +94,8 @@ def main():
     ap.add_argument("--interval", type=int, default=60, help="--log-upload-interval, seconds")
     ap.add_argument("--no-appends", action="store_true", help="--log-appends false")
     ap.add_argument("--label", default="")
+    ap.add_argument("--before-appends", action="store_true",
+                    help="the collector predates --log-appends (for a same-run comparison)")
     args = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="rhc-loggrowth-")
@@ -146,8 +148,9 @@ def main():
     cmd = [args.collector, "--storage", storage, "--cluster-name", "growth",
            "--spool-dir", os.path.join(work, "spool"), "--ray-tmp-dir", ray,
            "--listen", f"127.0.0.1:{port}", "--log-upload-interval", f"{args.interval}s",
-           "--enable-export-events", "false",
-           "--log-appends", "false" if args.no_appends else "true"]
+           "--enable-export-events", "false"]
+    if not args.before_appends:
+        cmd += ["--log-appends", "false" if args.no_appends else "true"]
     collector = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                  stderr=open(os.path.join(work, "collector.log"), "w"))
     wait_http(f"http://127.0.0.1:{port}/healthz")
@@ -204,7 +207,8 @@ def main():
         have = len(obj) if obj is not None else 0
         size = os.path.getsize(path)
         if size != have:
-            appendable = not args.no_appends and have >= min_append and have > 0
+            appendable = (not args.no_appends and not args.before_appends
+                          and have >= min_append and have > 0)
             final_flush += size - have if appendable else size
     collector.send_signal(signal.SIGTERM)
     code = collector.wait(timeout=120)
@@ -234,7 +238,8 @@ def main():
         "collector_counted_written": metric("rhc_log_bytes_written_total"),
         "bytes_read": metric("rhc_log_bytes_read_total"),
         "uploaded_per_written": up / wr if wr else None,
-        "uploads_whole": metric("rhc_log_uploads_total", 'kind="whole"'),
+        "uploads_whole": metric("rhc_log_uploads_total", 'kind="whole"')
+        or metric("rhc_log_files_uploaded_total"),
         "uploads_append": metric("rhc_log_uploads_total", 'kind="append"'),
         "small_log_staleness_max_intervals": max(staleness) / args.interval,
         "small_log_staleness_median_intervals": statistics.median(staleness) / args.interval,
