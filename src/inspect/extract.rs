@@ -10,14 +10,14 @@ use serde_json::Value;
 use crate::contract::{self};
 
 use super::filter::{parse_time_ns, NANOS_PER_SECOND};
-use super::scan::event_id_hash;
 use super::task::TaskDelta;
+pub(super) use super::values::{bounded, Transition};
 use super::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES};
 
 /// The useful part of one event, kept compact (events themselves are dropped at once).
 #[derive(Debug, Clone)]
 pub(super) struct Fact {
-    /// Hash of the event id ([`super::scan::event_id_hash`]), for deduplication.
+    /// Hash of the event id ([`event_id_hash`]), for deduplication.
     pub(super) event_id: Option<u64>,
     /// Ray's known event types are static strings: no allocation per event.
     pub(super) event_type: std::borrow::Cow<'static, str>,
@@ -25,14 +25,6 @@ pub(super) struct Fact {
     /// Position in its object, for ordering events of the same (whole) second.
     pub(super) seq: u64,
     pub(super) body: Body,
-}
-
-/// A state transition: state name and time.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(super) struct Transition {
-    /// Ray's state names are static strings (no allocation per transition).
-    pub(super) state: std::borrow::Cow<'static, str>,
-    pub(super) time_ns: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -213,17 +205,6 @@ pub(super) fn get_ms_as_ns(v: &Value, key: &str) -> Option<i64> {
     get_i64(v, key, key)
         .filter(|n| *n > 0)
         .and_then(|ms| ms.checked_mul(1_000_000))
-}
-
-pub(super) fn bounded(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut cut = max;
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    s[..cut].to_string()
 }
 
 pub(super) fn transitions(v: &Value) -> Vec<(&Value, Transition)> {
@@ -504,4 +485,10 @@ pub(super) fn train_worker(w: &Value) -> TrainWorker {
             .map(|ids| ids.iter().filter_map(Value::as_i64).collect())
             .unwrap_or_default(),
     }
+}
+
+/// The hash under which an event id is deduplicated; pushed and export events have ids of
+/// their own kinds, kept apart by `kind`.
+pub(super) fn event_id_hash(kind: &str, id: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(id.as_bytes(), kind.as_bytes()[0] as u64)
 }

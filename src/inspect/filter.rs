@@ -64,10 +64,10 @@ impl Filter {
                 });
             }
         }
-        let mut storage_arg = super::report::shell_word(&args.storage);
+        let mut storage_arg = shell_word(&args.storage);
         if !args.storage_root_dir.is_empty() {
             storage_arg.push_str(" --storage-root-dir ");
-            storage_arg.push_str(&super::report::shell_word(&args.storage_root_dir));
+            storage_arg.push_str(&shell_word(&args.storage_root_dir));
         }
         Ok(Filter {
             storage_arg,
@@ -169,6 +169,18 @@ pub(super) fn parse_time_ns(s: &str) -> Option<i64> {
         }
     }
     seconds.checked_mul(NANOS_PER_SECOND)?.checked_add(fraction)
+}
+
+/// `s` as one shell word (quoted when it holds anything but plain path characters).
+pub(super) fn shell_word(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"/._:-=@%+,".contains(&c));
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 #[cfg(test)]

@@ -29,9 +29,11 @@
 //! Objects are fetched `READ_CONCURRENCY` at a time and decoded on one thread per core
 //! (`read.rs`): gunzipped and split into lines as they stream in, task events read by typed
 //! structs (`scan.rs`), the rest as JSON values (`extract.rs`). Facts go in bounded batches to
-//! one fold (`model.rs`, `task.rs`) that keeps nothing per event: task attempts are compact
+//! one fold (`model.rs`, `task/`) that keeps nothing per event: task attempts are compact
 //! states (and past `task::MAX_ATTEMPTS_IN_MEMORY` attempts they are spilled to temporary
-//! files by hash and folded one file at a time), event ids are remembered only within a
+//! files by hash, `task/spill.rs`, and folded one file at a time; the values all stages share
+//! are in `values.rs`, so no stage imports one that imports it back), event ids are
+//! remembered only within a
 //! window (`model::DEDUP_WINDOW`). A read that takes over a second shows a progress line on
 //! stderr when stderr is a terminal.
 //!
@@ -152,9 +154,9 @@ mod read;
 mod render;
 mod report;
 mod scan;
-mod spill;
 mod task;
 mod timeline;
+mod values;
 mod walk;
 
 use discover::{choose_session, discover, session_started, ClusterId};

@@ -19,6 +19,7 @@ use super::extract::{
     TrainWorker, Transition,
 };
 use super::task::{CompactId, IdentityHasher, TaskStore};
+pub(super) use super::values::state_rank;
 
 /// Event ids remembered for deduplication: 4 MiB of ring and about 10 MiB of set; Ray's
 /// resends and this collector's own window (262,144 ids) fit in it many times over.
@@ -51,33 +52,6 @@ impl DedupWindow {
         self.ring.push_back(id);
         self.set.insert(id);
         false
-    }
-}
-
-/// Rank of a state within its entity's enum, to break timestamp ties toward the later state.
-pub(super) fn state_rank(state: &str) -> u8 {
-    match state {
-        // TaskStatus
-        "NIL" => 0,
-        "PENDING_ARGS_AVAIL" => 1,
-        "PENDING_NODE_ASSIGNMENT" => 2,
-        "PENDING_OBJ_STORE_MEM_AVAIL" => 3,
-        "PENDING_ARGS_FETCH" => 4,
-        "SUBMITTED_TO_WORKER" => 5,
-        "PENDING_ACTOR_TASK_ARGS_FETCH" => 6,
-        "PENDING_ACTOR_TASK_ORDERING_OR_CONCURRENCY" => 7,
-        "RUNNING" => 8,
-        "RUNNING_IN_RAY_GET" => 9,
-        "RUNNING_IN_RAY_WAIT" => 10,
-        "FINISHED" => 11,
-        "FAILED" => 12,
-        // Actor, node and driver-job states
-        "DEPENDENCIES_UNREADY" | "CREATED" => 1,
-        "PENDING_CREATION" => 2,
-        "ALIVE" => 3,
-        "RESTARTING" => 4,
-        "DEAD" => 5,
-        _ => 0,
     }
 }
 

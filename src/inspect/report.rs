@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::extract::TrainWorker;
-use super::filter::NANOS_PER_SECOND;
+use super::filter::{shell_word, NANOS_PER_SECOND};
 use super::model::{transition_order, SessionModel, StatusPoint, TrainAttemptModel};
 use super::task::{AttemptKey, Symbols, TaskState, NO_TIME};
 use super::MAX_PROBLEM_DETAILS;
@@ -297,18 +297,6 @@ fn failed_entry(
         worker_id: symbols
             .owned(t.worker)
             .or_else(|| symbols.owned(t.exec_worker)),
-    }
-}
-
-/// `s` as one shell word (quoted when it holds anything but plain path characters).
-pub(super) fn shell_word(s: &str) -> String {
-    let plain = !s.is_empty()
-        && s.bytes()
-            .all(|c| c.is_ascii_alphanumeric() || b"/._:-=@%+,".contains(&c));
-    if plain {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
     }
 }
 

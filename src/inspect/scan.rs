@@ -15,7 +15,9 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::extract::{bounded, extract_export_event, extract_ray_event, Body, Fact, Transition};
+use super::extract::{
+    bounded, event_id_hash, extract_export_event, extract_ray_event, Body, Fact, Transition,
+};
 use super::filter::{parse_time_ns, NANOS_PER_SECOND};
 use super::task::{AttemptKey, CompactId, LogInfo, TaskDelta, Transitions};
 use super::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES};
@@ -620,12 +622,6 @@ fn task_state(s: &str) -> Cow<'static, str> {
         Some(known) => Cow::Borrowed(known),
         None => Cow::Owned(bounded(s, MAX_FIELD_BYTES)),
     }
-}
-
-/// The hash under which an event id is deduplicated; pushed and export events have ids of
-/// their own kinds, kept apart by `kind`.
-pub(super) fn event_id_hash(kind: &str, id: &str) -> u64 {
-    xxhash_rust::xxh3::xxh3_64_with_seed(id.as_bytes(), kind.as_bytes()[0] as u64)
 }
 
 /// What one line holds: a fact, or why it is not a Ray event.

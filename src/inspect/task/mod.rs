@@ -17,9 +17,10 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::BufReader;
 
-use super::extract::Transition;
-use super::model::state_rank;
-use super::spill::{read_record, SpillFiles, SPILL_BUFFER_BYTES};
+mod spill;
+
+use self::spill::{read_record, SpillFiles, SPILL_BUFFER_BYTES};
+use super::values::{state_rank, Transition};
 
 /// Attempts kept in one in-memory map before the session is spilled to disk (about 128
 /// bytes each: 32 MiB of map at most, 48 MiB while it grows).
@@ -611,7 +612,7 @@ impl ErrorBudget {
             .map(str::trim)
             .rfind(|l| !l.is_empty())
             .unwrap_or("");
-        super::extract::bounded(last, 512)
+        super::values::bounded(last, 512)
     }
 }
 
@@ -720,7 +721,7 @@ impl TaskStore {
 
 #[cfg(test)]
 mod tests {
-    use super::super::spill::{read_record, write_record};
+    use super::spill::{read_record, write_record};
     use super::*;
 
     fn t(state: &str, ns: i64) -> Transition {

@@ -10,7 +10,7 @@ use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::path::PathBuf;
 
-use super::task::{AttemptKey, CompactId, IdentityHasher, LogInfo, Sym, TaskExtra, TaskState};
+use super::{AttemptKey, CompactId, IdentityHasher, LogInfo, Sym, TaskExtra, TaskState};
 
 /// Write (and read) buffer of each spill file.
 pub(super) const SPILL_BUFFER_BYTES: usize = 16 << 10;
