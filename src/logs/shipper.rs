@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,6 +29,11 @@ use crate::util::watch::watch_dir;
 
 /// Store failures in a row after which a round stops trying (the bucket is down).
 const MAX_FAILURES_IN_A_ROW: usize = 3;
+
+/// Appends the store refused in a row after which appends are off until the collector
+/// restarts (a store without `UploadPartCopy`): each failure costs a whole upload, and
+/// without appends the schedule bounds what is sent.
+const MAX_APPEND_FAILURES: u32 = 3;
 
 /// Result of one pass over a session.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -71,6 +77,8 @@ pub struct LogShipper {
     /// Bytes Ray wrote to the logs and bytes uploaded for them, since the start.
     written_total: u64,
     uploaded_total: u64,
+    /// Appends the store refused in a row (see [`MAX_APPEND_FAILURES`]).
+    append_failures: std::sync::atomic::AtomicU32,
 }
 
 impl LogShipper {
@@ -89,6 +97,7 @@ impl LogShipper {
             seen: HashMap::new(),
             written_total: 0,
             uploaded_total: 0,
+            append_failures: std::sync::atomic::AtomicU32::new(0),
             cfg,
             store,
             spool,
@@ -441,6 +450,9 @@ impl LogShipper {
         let Some(app) = &self.cfg.appender else {
             return false;
         };
+        if self.append_failures.load(Relaxed) >= MAX_APPEND_FAILURES {
+            return false;
+        }
         f.rotated_from.is_none()
             && f.size > p.size
             && p.size > 0
@@ -479,6 +491,7 @@ impl LogShipper {
                 .await
             {
                 Ok(done) => {
+                    self.append_failures.store(0, Relaxed);
                     m::log_bytes_read(done.bytes);
                     let entry = self.entry_for(f, from + done.bytes, ino, done.e_tag).await;
                     return Ok((entry, done.bytes, true));
@@ -490,7 +503,15 @@ impl LogShipper {
                     return Err(UploadError::Read { path, source })
                 }
                 Err(AppendError::Store { key, message }) => {
+                    let failed = self.append_failures.fetch_add(1, Relaxed) + 1;
                     tracing::warn!(%key, %message, "append failed; uploading the file whole");
+                    if failed == MAX_APPEND_FAILURES {
+                        tracing::warn!(
+                            failed,
+                            "appends keep failing on this store: log files go whole on the \
+                             schedule until a restart (--log-appends false skips trying)"
+                        );
+                    }
                 }
             }
         }
