@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use object_store::aws::AmazonS3Builder;
 use object_store::azure::MicrosoftAzureBuilder;
 use object_store::local::LocalFileSystem;
 use object_store::ObjectStore;
@@ -420,48 +419,20 @@ fn kuberay_variables_rayjob_owner_root_and_no_compression() {
     );
 }
 
-fn s3_store(s3: &MotoS3, bucket: &str) -> Arc<dyn ObjectStore> {
-    Arc::new(
-        AmazonS3Builder::new()
-            .with_endpoint(&s3.endpoint)
-            .with_bucket_name(bucket)
-            .with_allow_http(true)
-            .with_region(MotoS3::REGION)
-            .with_access_key_id(MotoS3::ACCESS_KEY_ID)
-            .with_secret_access_key(MotoS3::SECRET_ACCESS_KEY)
-            .build()
-            .unwrap(),
-    )
-}
-
-fn s3_env(s3: &MotoS3) -> Vec<(&'static str, String)> {
-    vec![
-        ("AWS_ENDPOINT", s3.endpoint.clone()),
-        ("AWS_ALLOW_HTTP", "true".into()),
-        ("AWS_ACCESS_KEY_ID", MotoS3::ACCESS_KEY_ID.into()),
-        ("AWS_SECRET_ACCESS_KEY", MotoS3::SECRET_ACCESS_KEY.into()),
-        ("AWS_REGION", MotoS3::REGION.into()),
-    ]
-}
-
-fn env_refs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
-    v.iter().map(|(k, v)| (*k, v.as_str())).collect()
-}
-
 #[test]
 fn fixtures_reach_s3() {
     let Some(s3) = MotoS3::start() else { return };
     s3.create_bucket("ray-history");
     let tmp = tempfile::tempdir().unwrap();
-    let env = s3_env(&s3);
+    let env = s3.collector_env();
     let mut c = Collector::start(
         &tmp.path().join("spool"),
         &["--storage", "s3://ray-history/prod", "--cluster-name", "c1"],
-        &env_refs(&env),
+        &env,
     );
     fixtures_roundtrip(
         &mut c,
-        &s3_store(&s3, "ray-history"),
+        &s3.store("ray-history"),
         "prod/cluster-history/raycluster/default/c1",
         "prod/cluster-metadata/raycluster/default_c1",
         true,
@@ -503,7 +474,7 @@ fn kuberay_s3_variables_reach_s3() {
     );
     fixtures_roundtrip(
         &mut c,
-        &s3_store(&s3, "ray-historyserver"),
+        &s3.store("ray-historyserver"),
         "cluster-history/raycluster/default/c2",
         "cluster-metadata/raycluster/default_c2",
         true,
@@ -906,8 +877,9 @@ fn storage_outage_then_drain_loses_nothing() {
     // The outage is cut between collector and server, so the server keeps what it has.
     let mut relay = TcpRelay::start(s3.endpoint.trim_start_matches("http://")).unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let mut env = s3_env(&s3);
-    env[0].1 = relay.url();
+    let relay_url = relay.url();
+    let mut env = s3.collector_env();
+    env[0].1 = &relay_url;
     let mut c = Collector::start(
         &tmp.path().join("spool"),
         &[
@@ -918,7 +890,7 @@ fn storage_outage_then_drain_loses_nothing() {
             "--shutdown-timeout",
             "40s",
         ],
-        &env_refs(&env),
+        &env,
     );
     let poster = Poster::start(c.port, "outage");
     std::thread::sleep(Duration::from_secs(2));
@@ -945,7 +917,7 @@ fn storage_outage_then_drain_loses_nothing() {
     }
     let status = c.terminate(Duration::from_secs(45));
     assert!(status.success(), "{}", c.log_text());
-    verify_acked(&read_all(&s3_store(&s3, "outage")), &acked);
+    verify_acked(&read_all(&s3.store("outage")), &acked);
 }
 
 #[test]
@@ -956,7 +928,7 @@ fn full_spool_budget_answers_503_then_recovers() {
     s3.create_bucket("budget");
     s3.stop();
     let tmp = tempfile::tempdir().unwrap();
-    let env = s3_env(&s3);
+    let env = s3.collector_env();
     let mut c = Collector::start(
         &tmp.path().join("spool"),
         &[
@@ -967,7 +939,7 @@ fn full_spool_budget_answers_503_then_recovers() {
             "--rotation-interval",
             "1s",
         ],
-        &env_refs(&env),
+        &env,
     );
     let mut acked = Vec::new();
     let mut saw_503 = false;
@@ -1006,7 +978,7 @@ fn full_spool_budget_answers_503_then_recovers() {
     );
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
-    verify_acked(&read_all(&s3_store(&s3, "budget")), &acked);
+    verify_acked(&read_all(&s3.store("budget")), &acked);
 }
 
 #[test]
@@ -1017,11 +989,11 @@ fn shutdown_deadline_leaves_files_for_the_next_start() {
     s3.create_bucket("late");
     s3.stop();
     let tmp = tempfile::tempdir().unwrap();
-    let env = s3_env(&s3);
+    let env = s3.collector_env();
     let mut c = Collector::start(
         &tmp.path().join("spool"),
         &["--storage", "s3://late", "--shutdown-timeout", "2s"],
-        &env_refs(&env),
+        &env,
     );
     let ids: Vec<String> = (0..20).map(|i| format!("late-{i}")).collect();
     let body = batch(&ids, 2);
@@ -1043,7 +1015,7 @@ fn shutdown_deadline_leaves_files_for_the_next_start() {
     c.restart();
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
-    verify_acked(&read_all(&s3_store(&s3, "late")), &ids);
+    verify_acked(&read_all(&s3.store("late")), &ids);
 }
 
 #[test]
@@ -1053,7 +1025,7 @@ fn large_segments_go_up_as_multipart_to_s3() {
     };
     s3.create_bucket("big");
     let tmp = tempfile::tempdir().unwrap();
-    let env = s3_env(&s3);
+    let env = s3.collector_env();
     let mut c = Collector::start(
         &tmp.path().join("spool"),
         &[
@@ -1064,7 +1036,7 @@ fn large_segments_go_up_as_multipart_to_s3() {
             "--upload-part-bytes",
             "5MiB",
         ],
-        &env_refs(&env),
+        &env,
     );
     let mut acked = Vec::new();
     for b in 0..30 {
@@ -1075,7 +1047,7 @@ fn large_segments_go_up_as_multipart_to_s3() {
     }
     let status = c.terminate(Duration::from_secs(60));
     assert!(status.success(), "{}", c.log_text());
-    let objects = read_all(&s3_store(&s3, "big"));
+    let objects = read_all(&s3.store("big"));
     let biggest = objects
         .iter()
         .filter(|(k, _)| k.contains("/job_events/07000000/"))

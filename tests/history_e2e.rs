@@ -23,12 +23,9 @@
 //! answers.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use object_store::aws::AmazonS3Builder;
-use object_store::ObjectStore;
 use serde_json::Value;
 
 use rhc_testkit::collector::{decode, read_all};
@@ -143,24 +140,14 @@ fn record(python: &std::path::Path, moto: &MotoS3, style: KeyStyle) -> Recorded 
         KeyStyle::Snake => "history-snake",
     };
     let work = RayWorkDir::new("history_e2e", "rhc-h-", MARKER_VAR);
-    let env = [
-        ("AWS_ENDPOINT", moto.endpoint.clone()),
-        ("AWS_ALLOW_HTTP", "true".to_string()),
-        ("AWS_ACCESS_KEY_ID", MotoS3::ACCESS_KEY_ID.to_string()),
-        (
-            "AWS_SECRET_ACCESS_KEY",
-            MotoS3::SECRET_ACCESS_KEY.to_string(),
-        ),
-        ("AWS_REGION", MotoS3::REGION.to_string()),
-    ];
-    let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let env = moto.collector_env();
     let mut collector = start_collector_with(
         &work,
         NAMESPACE,
         cluster,
         &format!("s3://{BUCKET}"),
         &["--log-upload-interval", "2s"],
-        &env_refs,
+        &env,
     );
     let live_file = work.path().join("live.json");
     let dashboard_port = free_port().to_string();
@@ -199,17 +186,7 @@ fn record(python: &std::path::Path, moto: &MotoS3, style: KeyStyle) -> Recorded 
             .join("raylet.out"),
     )
     .expect("raylet.out of the session");
-    let store: Arc<dyn ObjectStore> = Arc::new(
-        AmazonS3Builder::new()
-            .with_endpoint(&moto.endpoint)
-            .with_bucket_name(BUCKET)
-            .with_allow_http(true)
-            .with_region(MotoS3::REGION)
-            .with_access_key_id(MotoS3::ACCESS_KEY_ID)
-            .with_secret_access_key(MotoS3::SECRET_ACCESS_KEY)
-            .build()
-            .expect("S3 client"),
-    );
+    let store = moto.store(BUCKET);
     let history_prefix = format!("cluster-history/raycluster/{NAMESPACE}/{cluster}");
     let objects = read_all(&store)
         .into_iter()

@@ -1060,17 +1060,7 @@ fn s3_bucket_reads_like_a_directory() {
     let Some(s3) = MotoS3::start() else { return };
     s3.create_bucket("ray-history");
     let work = tempfile::tempdir().unwrap();
-    let env_owned = [
-        ("AWS_ENDPOINT", s3.endpoint.clone()),
-        ("AWS_ALLOW_HTTP", "true".to_string()),
-        ("AWS_ACCESS_KEY_ID", MotoS3::ACCESS_KEY_ID.to_string()),
-        (
-            "AWS_SECRET_ACCESS_KEY",
-            MotoS3::SECRET_ACCESS_KEY.to_string(),
-        ),
-        ("AWS_REGION", MotoS3::REGION.to_string()),
-    ];
-    let env: Vec<(&str, &str)> = env_owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let env = s3.collector_env();
     collect_fixtures_to(work.path(), "s3://ray-history/prod", &env);
 
     let run = |args: &[&str]| {

@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -236,26 +235,8 @@ fn s3_appends_with_upload_part_copy() {
         return;
     };
     s3.create_bucket("logs");
-    let store: Arc<dyn ObjectStore> = Arc::new(
-        AmazonS3Builder::new()
-            .with_endpoint(&s3.endpoint)
-            .with_bucket_name("logs")
-            .with_allow_http(true)
-            .with_region(MotoS3::REGION)
-            .with_access_key_id(MotoS3::ACCESS_KEY_ID)
-            .with_secret_access_key(MotoS3::SECRET_ACCESS_KEY)
-            .build()
-            .unwrap(),
-    );
-    let env = [
-        ("AWS_ENDPOINT", s3.endpoint.as_str()),
-        ("AWS_ALLOW_HTTP", "true"),
-        ("AWS_ACCESS_KEY_ID", MotoS3::ACCESS_KEY_ID),
-        ("AWS_SECRET_ACCESS_KEY", MotoS3::SECRET_ACCESS_KEY),
-        ("AWS_REGION", MotoS3::REGION),
-    ];
     // Above S3's 5 MiB minimum for a copied part.
-    story(store, "s3://logs", &env, 6 << 20);
+    story(s3.store("logs"), "s3://logs", &s3.collector_env(), 6 << 20);
 }
 
 #[test]

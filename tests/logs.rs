@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::ObjectStore;
 
@@ -319,24 +318,8 @@ fn kill_9_then_restart_uploads_only_what_changed() {
     for i in 0..5 {
         ray.append(S1, &format!("worker-{i}-01000000-{i}.out"), "x\n");
     }
-    let store: Arc<dyn ObjectStore> = Arc::new(
-        AmazonS3Builder::new()
-            .with_endpoint(&s3.endpoint)
-            .with_bucket_name("logs")
-            .with_allow_http(true)
-            .with_region(MotoS3::REGION)
-            .with_access_key_id(MotoS3::ACCESS_KEY_ID)
-            .with_secret_access_key(MotoS3::SECRET_ACCESS_KEY)
-            .build()
-            .unwrap(),
-    );
-    let env = [
-        ("AWS_ENDPOINT", s3.endpoint.as_str()),
-        ("AWS_ALLOW_HTTP", "true"),
-        ("AWS_ACCESS_KEY_ID", MotoS3::ACCESS_KEY_ID),
-        ("AWS_SECRET_ACCESS_KEY", MotoS3::SECRET_ACCESS_KEY),
-        ("AWS_REGION", MotoS3::REGION),
-    ];
+    let store = s3.store("logs");
+    let env = s3.collector_env();
     let args = [
         "--storage",
         "s3://logs",

@@ -23,9 +23,12 @@ use std::io::{Read, Seek};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use object_store::aws::AmazonS3Builder;
+use object_store::ObjectStore;
 
 use crate::http::{http_request, try_http_request, HttpResponse};
 
@@ -395,6 +398,33 @@ impl MotoS3 {
             process,
             buckets: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The environment that points the collector (object_store's S3 client) at this server.
+    pub fn collector_env(&self) -> [(&'static str, &str); 5] {
+        [
+            ("AWS_ENDPOINT", self.endpoint.as_str()),
+            ("AWS_ALLOW_HTTP", "true"),
+            ("AWS_ACCESS_KEY_ID", Self::ACCESS_KEY_ID),
+            ("AWS_SECRET_ACCESS_KEY", Self::SECRET_ACCESS_KEY),
+            ("AWS_REGION", Self::REGION),
+        ]
+    }
+
+    /// An object_store client for `bucket` on this server, to read back what the collector
+    /// wrote.
+    pub fn store(&self, bucket: &str) -> Arc<dyn ObjectStore> {
+        Arc::new(
+            AmazonS3Builder::new()
+                .with_endpoint(&self.endpoint)
+                .with_bucket_name(bucket)
+                .with_allow_http(true)
+                .with_region(Self::REGION)
+                .with_access_key_id(Self::ACCESS_KEY_ID)
+                .with_secret_access_key(Self::SECRET_ACCESS_KEY)
+                .build()
+                .expect("S3 client for moto"),
+        )
     }
 
     /// Kills the server (an outage). All S3 state is lost.
