@@ -18,6 +18,8 @@ pub(super) struct LogFile {
     pub(super) rel: String,
     pub(super) size: u64,
     pub(super) mtime_ns: i64,
+    /// The inode, to tell a file replaced under the same name from one that only grew.
+    pub(super) ino: u64,
     /// `Some(base)` when this is a rotated backup `base.N` of a live `base`.
     pub(super) rotated_from: Option<String>,
 }
@@ -64,6 +66,7 @@ pub(super) fn scan_logs(logs: &Path) -> Vec<LogFile> {
                     rel,
                     size: meta.len(),
                     mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+                    ino: meta.ino(),
                     rotated_from: None,
                 });
             } else if ft.is_symlink() {
@@ -130,6 +133,7 @@ mod tests {
             rel: "raylet.out.1".into(),
             size: 1,
             mtime_ns: 1_795_314_700_123_456_789,
+            ino: 1,
             rotated_from: Some("raylet.out".into()),
         };
         assert_eq!(
@@ -184,6 +188,7 @@ mod tests {
             rel: rel.into(),
             size: 0,
             mtime_ns: 0,
+            ino: 0,
             rotated_from: rot.then(|| "b".to_string()),
         };
         assert_eq!(priority(&mk("raylet.out", false)), 0);

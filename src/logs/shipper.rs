@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -340,9 +339,7 @@ impl LogShipper {
                 let age = Duration::from_secs(
                     unix_seconds().saturating_sub(prev.as_ref().map_or(0, |p| p.uploaded_at)),
                 );
-                let replaced = prev
-                    .as_ref()
-                    .is_some_and(|p| p.ino != 0 && p.ino != inode(&f.abs));
+                let replaced = prev.as_ref().is_some_and(|p| p.ino != 0 && p.ino != f.ino);
                 let due = schedule::due(
                     prev.as_ref().map(|p| p.size),
                     age,
@@ -409,7 +406,7 @@ impl LogShipper {
 
     /// Counts what Ray wrote to a live file since the last round saw it.
     fn count_written(&mut self, key: &str, f: &LogFile, prev: Option<&LedgerEntry>) {
-        let ino = inode(&f.abs);
+        let ino = f.ino;
         let before = match self.seen.get(key) {
             Some(&(size, seen_ino)) if seen_ino == ino => size,
             Some(_) => 0,
@@ -430,7 +427,7 @@ impl LogShipper {
     /// True when the file still has the bytes the ledger recorded before `p.size` (same
     /// inode, same hash of the window before that point).
     async fn file_still_matches(&self, f: &LogFile, p: &LedgerEntry) -> bool {
-        if p.ino != 0 && p.ino != inode(&f.abs) {
+        if p.ino != 0 && p.ino != f.ino {
             return false;
         }
         let abs = f.abs.clone();
@@ -471,7 +468,7 @@ impl LogShipper {
         f: &LogFile,
         append_from: Option<u64>,
     ) -> Result<(LedgerEntry, u64, bool), UploadError> {
-        let ino = inode(&f.abs);
+        let ino = f.ino;
         if let (Some(from), Some(app)) = (append_from, &self.cfg.appender) {
             let e_tag = self
                 .ledger
@@ -614,11 +611,6 @@ enum Pass {
 fn upload_order(f: &LogFile, how: Pass) -> (bool, u8, u64, i64) {
     let big = how == Pass::Scheduled && f.size > SMALL;
     (big, priority(f), if big { f.size } else { 0 }, -f.mtime_ns)
-}
-
-/// A file's inode (0 when it cannot be read).
-fn inode(path: &Path) -> u64 {
-    std::fs::metadata(path).map_or(0, |m| m.ino())
 }
 
 async fn wait_true(mut rx: watch::Receiver<bool>) {
