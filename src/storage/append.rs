@@ -134,15 +134,11 @@ async fn append_local(
     e_tag: Option<&str>,
     pace: Option<&Pacer>,
 ) -> Result<Appended, AppendError> {
-    let store_err = |e: &dyn std::fmt::Display| AppendError::Store {
-        key: key.to_string(),
-        message: e.to_string(),
-    };
-    let location = parse_key(key).map_err(|e| store_err(&e))?;
+    let location = parse_key(key).map_err(|e| store_err(key, &e))?;
     check_object(fs.as_ref(), key, &location, from, e_tag).await?;
     let target = fs
         .path_to_filesystem(&location)
-        .map_err(|e| store_err(&e))?;
+        .map_err(|e| store_err(key, &e))?;
     if let Some(p) = pace {
         p.take(to - from).await;
     }
@@ -151,8 +147,8 @@ async fn append_local(
     let written =
         tokio::task::spawn_blocking(move || copy_range(&source, &target, from, to, &key_owned))
             .await
-            .map_err(|e| store_err(&e))??;
-    let after = fs.head(&location).await.map_err(|e| store_err(&e))?;
+            .map_err(|e| store_err(key, &e))??;
+    let after = fs.head(&location).await.map_err(|e| store_err(key, &e))?;
     Ok(Appended {
         bytes: written,
         e_tag: after.e_tag,
@@ -176,12 +172,7 @@ async fn check_object(
         Err(object_store::Error::NotFound { .. }) => {
             return Err(changed("the object is gone".into()))
         }
-        Err(e) => {
-            return Err(AppendError::Store {
-                key: key.to_string(),
-                message: e.to_string(),
-            })
-        }
+        Err(e) => return Err(store_err(key, &e)),
     };
     if meta.size != size {
         return Err(changed(format!(
@@ -208,14 +199,8 @@ fn copy_range(
     to: u64,
     key: &str,
 ) -> Result<u64, AppendError> {
-    let read_err = |e| AppendError::Read {
-        path: source.to_path_buf(),
-        source: e,
-    };
-    let store_err = |e: io::Error| AppendError::Store {
-        key: key.to_string(),
-        message: e.to_string(),
-    };
+    let read_err = |e| read_err(source, e);
+    let store_err = |e: io::Error| store_err(key, &e);
     let mut src = std::fs::File::open(source).map_err(read_err)?;
     src.seek(SeekFrom::Start(from)).map_err(read_err)?;
     let mut out = std::fs::OpenOptions::new()
@@ -240,16 +225,13 @@ fn copy_range(
         written += n as u64;
     }
     if written != to - from {
-        return Err(AppendError::Read {
-            path: source.to_path_buf(),
-            source: io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!(
-                    "the file shrank to {} bytes during the append",
-                    from + written
-                ),
+        return Err(read_err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!(
+                "the file shrank to {} bytes during the append",
+                from + written
             ),
-        });
+        )));
     }
     Ok(written)
 }
