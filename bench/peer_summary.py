@@ -17,9 +17,11 @@ import argparse
 import json
 import re
 import shutil
-import statistics
 import textwrap
 from pathlib import Path
+
+from summarize import fmt, load, med
+from summarize import spread as rng
 
 SUBJECTS = ["ours", "peer-gzip", "peer-plain"]
 MAX_SUBJECTS = ["ours", "ours-ingest", "peer-gzip", "peer-plain"]
@@ -40,34 +42,6 @@ CHAOS_NAMES = {
     "side-sigterm": "SIGTERM under load",
     "side-outage": "storage outage",
 }
-
-
-def load(path):
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            line = line.strip()
-            if line:
-                out.append(json.loads(line))
-    return out
-
-
-def med(values):
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
-def rng(values):
-    values = [v for v in values if v is not None]
-    return (min(values), max(values)) if values else (None, None)
-
-
-def fmt(v, digits=0):
-    if v is None:
-        return "–"
-    if digits == 0:
-        return f"{v:,.0f}"
-    return f"{v:,.{digits}f}"
 
 
 def fmt_rng(values, digits):
