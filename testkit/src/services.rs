@@ -372,6 +372,21 @@ pub struct MotoS3 {
 /// A syntactically valid SigV4 header with a dummy signature (see [`MotoS3::request`]).
 const MOTO_DUMMY_AUTH: &str = "AWS4-HMAC-SHA256 Credential=test/20200101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=0000000000000000000000000000000000000000000000000000000000000000";
 
+/// An object_store client for `bucket` on the moto server at `endpoint`
+/// (`http://127.0.0.1:PORT`); moto takes any credentials.
+pub fn moto_client(endpoint: &str, bucket: &str) -> Result<Arc<dyn ObjectStore>, String> {
+    let store = AmazonS3Builder::new()
+        .with_endpoint(endpoint)
+        .with_bucket_name(bucket)
+        .with_allow_http(true)
+        .with_region(MotoS3::REGION)
+        .with_access_key_id(MotoS3::ACCESS_KEY_ID)
+        .with_secret_access_key(MotoS3::SECRET_ACCESS_KEY)
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok(Arc::new(store))
+}
+
 impl MotoS3 {
     pub const REGION: &'static str = "us-east-1";
     pub const ACCESS_KEY_ID: &'static str = "test";
@@ -414,17 +429,7 @@ impl MotoS3 {
     /// An object_store client for `bucket` on this server, to read back what the collector
     /// wrote.
     pub fn store(&self, bucket: &str) -> Arc<dyn ObjectStore> {
-        Arc::new(
-            AmazonS3Builder::new()
-                .with_endpoint(&self.endpoint)
-                .with_bucket_name(bucket)
-                .with_allow_http(true)
-                .with_region(Self::REGION)
-                .with_access_key_id(Self::ACCESS_KEY_ID)
-                .with_secret_access_key(Self::SECRET_ACCESS_KEY)
-                .build()
-                .expect("S3 client for moto"),
-        )
+        moto_client(&self.endpoint, bucket).expect("S3 client for moto")
     }
 
     /// Kills the server (an outage). All S3 state is lost.

@@ -25,7 +25,6 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -330,17 +329,7 @@ struct IdOnly<'a> {
 
 /// Every event object of the bucket read back: lines, distinct event ids, sizes.
 fn read_bucket(port: u16) -> Result<Value, String> {
-    let store: Arc<dyn ObjectStore> = Arc::new(
-        object_store::aws::AmazonS3Builder::new()
-            .with_endpoint(format!("http://127.0.0.1:{port}"))
-            .with_bucket_name(BUCKET)
-            .with_allow_http(true)
-            .with_region("us-east-1")
-            .with_access_key_id("test")
-            .with_secret_access_key("testsecret")
-            .build()
-            .map_err(|e| e.to_string())?,
-    );
+    let store = rhc_testkit::services::moto_client(&format!("http://127.0.0.1:{port}"), BUCKET)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

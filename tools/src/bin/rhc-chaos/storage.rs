@@ -137,16 +137,10 @@ impl Storage {
                     .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
                     .map_err(|e| e.to_string())
             }
-            _ => object_store::aws::AmazonS3Builder::new()
-                .with_endpoint(format!("http://127.0.0.1:{}", self.port))
-                .with_bucket_name(bucket)
-                .with_allow_http(true)
-                .with_region(S3_REGION)
-                .with_access_key_id(S3_KEY)
-                .with_secret_access_key(S3_SECRET)
-                .build()
-                .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
-                .map_err(|e| e.to_string()),
+            _ => rhc_testkit::services::moto_client(
+                &format!("http://127.0.0.1:{}", self.port),
+                bucket,
+            ),
         }
     }
 }
