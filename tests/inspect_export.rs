@@ -13,8 +13,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::Value;
 
-use rhc_testkit::collector::Collector;
-use rhc_testkit::services::{free_port, run_with_timeout, CommandOutput};
+use rhc_testkit::collector::{files_under, ship_session_logs};
+use rhc_testkit::services::{run_with_timeout, CommandOutput};
 
 const INSPECT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -54,52 +54,11 @@ const EXPORT_NODE_ID: &str = "10c4c42284f62663ab8fa611a43a876684fb7ac9cc661c586a
 const EXPORT_FAILING_TASK: &str = "32d950ec0ccf9d2affffffffffffffffffffffff01000000";
 const EXPORT_FAILING_WORKER: &str = "84eb66b236c17db5c8488c841c1c969facaba5469607466e655c3e1f";
 
-/// Copies the fixture into `<ray_tmp>/<session>/logs/` and runs the real collector over it
-/// (export events tailed, logs shipped, nothing pushed); returns the bucket.
+/// The fixture through the real collector (export events tailed, logs shipped, nothing
+/// pushed); returns the bucket.
 fn collect_export_session(work: &Path) -> std::path::PathBuf {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/export-session/logs");
-    let ray_tmp = work.join("ray");
-    let logs = ray_tmp.join(EXPORT_SESSION).join("logs");
-    for entry in walk(&fixture) {
-        let rel = entry.strip_prefix(&fixture).unwrap();
-        let to = logs.join(rel);
-        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        std::fs::copy(&entry, &to).unwrap();
-    }
-    let store = work.join("store");
-    let dashboard = format!("http://127.0.0.1:{}", free_port());
-    let mut c = Collector::start(
-        &work.join("spool"),
-        &[
-            "--storage",
-            store.to_str().unwrap(),
-            "--cluster-name",
-            "train",
-            "--enable-export-events",
-            "true",
-            "--ray-tmp-dir",
-            ray_tmp.to_str().unwrap(),
-            "--dashboard-address",
-            &dashboard,
-        ],
-        &[],
-    );
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "collector: {status}\n{}", c.log_text());
-    store
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            out.extend(walk(&path));
-        } else {
-            out.push(path);
-        }
-    }
-    out
+    ship_session_logs(work, &fixture, EXPORT_SESSION, "train")
 }
 
 /// The `EXPORT_TASK` lines of the fixture.
@@ -107,7 +66,7 @@ fn export_task_events() -> Vec<Value> {
     let dir =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/export-session/logs/export_events");
     let mut out = Vec::new();
-    for path in walk(&dir) {
+    for path in files_under(&dir) {
         let name = path.file_name().unwrap().to_str().unwrap().to_string();
         if !name.starts_with("event_EXPORT_TASK_") {
             continue;

@@ -16,8 +16,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use rhc_testkit::chromium::{chromium, dump_dom, png_size, screenshot};
-use rhc_testkit::collector::Collector;
-use rhc_testkit::services::{free_port, run_with_timeout};
+use rhc_testkit::collector::ship_session_logs;
+use rhc_testkit::services::run_with_timeout;
 
 const SESSION: &str = "session_2026-11-25_16-46-44_859917_18993";
 const FAILING_TASK: &str = "32d950ec0ccf9d2affffffffffffffffffffffff01000000";
@@ -26,52 +26,10 @@ const CHART_LEFT: f64 = 330.0;
 const CHART_WIDTH: f64 = 1000.0;
 const SHOT: (u32, u32) = (1400, 1500);
 
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            out.extend(files_under(&path));
-        } else {
-            out.push(path);
-        }
-    }
-    out
-}
-
 /// The fixture session through the real collector into a file bucket.
 fn bucket(work: &Path) -> PathBuf {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/export-session/logs");
-    let ray_tmp = work.join("ray");
-    for file in files_under(&fixture) {
-        let to = ray_tmp
-            .join(SESSION)
-            .join("logs")
-            .join(file.strip_prefix(&fixture).unwrap());
-        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        std::fs::copy(&file, &to).unwrap();
-    }
-    let store = work.join("store");
-    let dashboard = format!("http://127.0.0.1:{}", free_port());
-    let mut c = Collector::start(
-        &work.join("spool"),
-        &[
-            "--storage",
-            store.to_str().unwrap(),
-            "--cluster-name",
-            "train",
-            "--enable-export-events",
-            "true",
-            "--ray-tmp-dir",
-            ray_tmp.to_str().unwrap(),
-            "--dashboard-address",
-            &dashboard,
-        ],
-        &[],
-    );
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "collector: {status}\n{}", c.log_text());
-    store
+    ship_session_logs(work, &fixture, SESSION, "train")
 }
 
 /// `(task id, attempt)` of the elements of `dom` that match `pattern` (whose first two

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use object_store::local::LocalFileSystem;
 use object_store::ObjectStore;
 
-use rhc_testkit::collector::{read_all, Collector};
+use rhc_testkit::collector::{files_under, read_all, Collector};
 use rhc_testkit::services::MotoS3;
 
 const NODE_A: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
@@ -267,7 +267,7 @@ fn final_flush_uploads_everything_byte_for_byte() {
     for (session, node) in [(S1, NODE_A), (S2, NODE_B)] {
         let logs = ray.logs(session);
         let mut n = 0;
-        for entry in walk(&logs) {
+        for entry in files_under(&logs) {
             let rel = entry
                 .strip_prefix(&logs)
                 .unwrap()
@@ -291,19 +291,6 @@ fn final_flush_uploads_everything_byte_for_byte() {
         ledger.contains(S1),
         "earlier session not recorded as finished: {ledger}"
     );
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 #[test]

@@ -334,6 +334,54 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Every regular file under `dir`, recursively.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).expect("read_dir").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// Copies a recorded session's `logs/` tree (`fixture`) into `<work>/ray/<session>/logs/`
+/// and runs the real collector over it until SIGTERM (export events tailed, logs shipped,
+/// nothing pushed; the dashboard address is a closed port); returns the file bucket.
+pub fn ship_session_logs(work: &Path, fixture: &Path, session: &str, cluster: &str) -> PathBuf {
+    let ray_tmp = work.join("ray");
+    let logs = ray_tmp.join(session).join("logs");
+    for file in files_under(fixture) {
+        let to = logs.join(file.strip_prefix(fixture).expect("under the fixture"));
+        fs::create_dir_all(to.parent().expect("a parent")).expect("create_dir_all");
+        fs::copy(&file, &to).expect("copy the fixture");
+    }
+    let store = work.join("store");
+    let dashboard = format!("http://127.0.0.1:{}", free_port());
+    let mut c = Collector::start(
+        &work.join("spool"),
+        &[
+            "--storage",
+            store.to_str().expect("UTF-8 path"),
+            "--cluster-name",
+            cluster,
+            "--enable-export-events",
+            "true",
+            "--ray-tmp-dir",
+            ray_tmp.to_str().expect("UTF-8 path"),
+            "--dashboard-address",
+            &dashboard,
+        ],
+        &[],
+    );
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "collector: {status}\n{}", c.log_text());
+    store
+}
+
 /// Every object in `store` (key → bytes).
 pub fn read_all(store: &Arc<dyn ObjectStore>) -> BTreeMap<String, Vec<u8>> {
     let rt = tokio::runtime::Builder::new_current_thread()
