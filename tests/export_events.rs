@@ -2,7 +2,6 @@
 //! exactly once across a torn line, a rotation, a kill -9 and a restart.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,7 +11,9 @@ use object_store::local::LocalFileSystem;
 use object_store::ObjectStore;
 use serde_json::Value;
 
-use rhc_testkit::collector::{decode, history_server_accepts, read_all, Collector};
+use rhc_testkit::collector::{
+    append_to as append, decode, history_server_accepts, read_all, Collector,
+};
 
 const NODE: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
 const SESSION: &str = "session_2026-11-22_02-08-16_569038_24326";
@@ -31,15 +32,6 @@ fn setup_session(ray: &Path) {
     )
     .unwrap();
     std::os::unix::fs::symlink(ray.join(SESSION), ray.join("session_latest")).unwrap();
-}
-
-fn append(path: &Path, bytes: &[u8]) {
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .unwrap();
-    f.write_all(bytes).unwrap();
 }
 
 /// The partition a line must land in, computed from the fixture itself.

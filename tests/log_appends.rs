@@ -7,7 +7,6 @@
 //! file, and after the final flush it is the file, byte for byte.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +15,7 @@ use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
-use rhc_testkit::collector::{read_all, Collector};
+use rhc_testkit::collector::{append_to as append, read_all, Collector};
 use rhc_testkit::services::MotoS3;
 
 const NODE: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
@@ -51,15 +50,6 @@ fn lines(from: usize, n: usize) -> Vec<u8> {
     }
     out.truncate(n);
     out
-}
-
-fn append(path: &Path, bytes: &[u8]) {
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .unwrap();
-    f.write_all(bytes).unwrap();
 }
 
 /// The object under test, when there is one.

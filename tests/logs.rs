@@ -2,7 +2,6 @@
 //! rotated, replaced by a new session, against local storage and S3 (moto).
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,7 +9,7 @@ use std::time::{Duration, Instant};
 use object_store::local::LocalFileSystem;
 use object_store::ObjectStore;
 
-use rhc_testkit::collector::{files_under, read_all, Collector};
+use rhc_testkit::collector::{append_to, files_under, read_all, Collector};
 use rhc_testkit::services::MotoS3;
 
 const NODE_A: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
@@ -53,12 +52,7 @@ impl RayTmp {
     }
 
     fn append(&self, session: &str, rel: &str, text: &str) {
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.logs(session).join(rel))
-            .unwrap();
-        f.write_all(text.as_bytes()).unwrap();
+        append_to(&self.logs(session).join(rel), text.as_bytes());
     }
 
     /// Ray's rotation: name.(N-1) → name.N …, name → name.1, then a fresh name.

@@ -334,6 +334,17 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Appends `bytes` to the file at `path`, creating it (as Ray's loggers write).
+pub fn append_to(path: &Path, bytes: &[u8]) {
+    use std::io::Write as _;
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("open for appending");
+    f.write_all(bytes).expect("append");
+}
+
 /// Every regular file under `dir`, recursively.
 pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
