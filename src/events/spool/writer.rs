@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc as tokio_mpsc;
 
 use super::segments::{OpenSegment, Segments, Target};
-use super::sync::{run_sync, run_syncer, SyncJob, SyncPool, SYNCFS_ABOVE};
+use super::sync::{run_sync, run_syncer, SyncJob, SYNCFS_ABOVE};
 use super::{
     AppendBatch, AppendOutcome, AppendReply, Command, EventSpan, FileKind, RecoveryReport,
     SealedFile, SpoolConfig, SpoolError, SpoolStats, EVENTS_DIR, MARKERS_DIR, QUARANTINE_DIR,
@@ -124,8 +124,6 @@ pub(super) struct Writer {
     /// Groups written after it, waiting for the next sync.
     waiting: Option<InFlight>,
     pub(super) syncer: mpsc::Sender<SyncJob>,
-    /// Shared with the sync thread; used directly only when nothing is in flight.
-    pub(super) sync_pool: Arc<SyncPool>,
     pub(super) lock: Arc<File>,
 }
 
@@ -179,11 +177,9 @@ impl Writer {
         }
         let (syncer, jobs) = mpsc::channel();
         let done = inbox.to_self.clone();
-        let sync_pool = Arc::new(SyncPool::new());
-        let pool = sync_pool.clone();
         std::thread::Builder::new()
             .name("spool-sync".into())
-            .spawn(move || run_syncer(jobs, done, pool))
+            .spawn(move || run_syncer(jobs, done))
             .map_err(|e| SpoolError::io("starting the spool sync thread for", &cfg.dir, e))?;
         let mut w = Writer {
             dedup: DedupWindow::new(cfg.dedup_window),
@@ -200,7 +196,6 @@ impl Writer {
             syncing: None,
             waiting: None,
             syncer,
-            sync_pool,
             lock: Arc::new(lock),
         };
         let report = w.recover()?;
@@ -591,7 +586,7 @@ impl Writer {
     pub(super) fn flush_group(&mut self) -> Result<(), SpoolError> {
         let started = Instant::now();
         let mut written = self.write_pending()?;
-        run_sync(self.sync_job(&mut written), &self.sync_pool)?;
+        run_sync(self.sync_job(&mut written))?;
         self.mark_durable(&written);
         m::spool_commit(written.bytes, started.elapsed());
         Ok(())
