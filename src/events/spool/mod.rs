@@ -2,7 +2,7 @@
 //!
 //! One writer thread owns every open segment. Requests hand it their events already
 //! routed; it takes every request that is waiting at that moment as one group, appends
-//! each partition's lines with one `write` per segment, `fdatasync`s every segment the
+//! each partition's lines with one `writev` per segment, `fdatasync`s every segment the
 //! group touched, and only then answers all of them (group commit). A failed write rolls
 //! the whole group back (truncate to the previous length, forget the event ids), so a
 //! non-2xx answer never leaves half a batch behind to be duplicated by Ray's resend.
@@ -13,9 +13,12 @@
 //! the uploader) when older than the rotation interval, larger than the size limit, at
 //! shutdown, or when found at start; the uploader deletes it only after the upload succeeded.
 //!
-//! The files: [`writer`] (the thread, its groups and rollback), [`segments`] (open files,
-//! sealing, markers), [`sync`] (making a group durable), [`recovery`] (what a start finds).
+//! The files: [`writer`] (the thread, its groups and rollback), [`pending`] (a group's lines
+//! for one segment, referenced in their request bodies until the write), [`segments`] (open
+//! files, sealing, markers), [`sync`] (making a group durable), [`recovery`] (what a start
+//! finds).
 
+mod pending;
 mod recovery;
 mod segments;
 mod sync;

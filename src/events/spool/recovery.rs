@@ -103,7 +103,7 @@ impl Writer {
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default();
                 let line = raw_record(QuarantineReason::TornLine, &name, *keep, tail);
-                self.segs.segment(&target)?.pending.extend_from_slice(&line);
+                self.segs.segment(&target)?.pending.push_lines(&line);
                 m::events_quarantined(QuarantineReason::TornLine.code(), 1);
             }
             self.flush_group()?;

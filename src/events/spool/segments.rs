@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::pending::Pending;
 use super::sync::sync_dir;
 use tokio::sync::mpsc as tokio_mpsc;
 
@@ -43,7 +44,7 @@ pub(super) struct OpenSegment {
     pub(super) file: Option<Arc<File>>,
     pub(super) last_use: u64,
     /// Lines of the group being staged, not yet written.
-    pub(super) pending: Vec<u8>,
+    pub(super) pending: Pending,
 }
 
 /// The segments open for writing, and what is needed to create and seal them: owned by the
@@ -131,7 +132,7 @@ impl Segments {
                     written: 0,
                     file,
                     last_use: clock,
-                    pending: Vec::new(),
+                    pending: Pending::default(),
                 },
             );
         }

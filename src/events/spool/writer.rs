@@ -1,5 +1,5 @@
 //! The writer thread: the only owner of the open segments. It takes every request waiting
-//! at that moment as one group, stages each partition's lines, writes them with one `write`
+//! at that moment as one group, stages each partition's lines, writes them with one `writev`
 //! per segment, hands the group to the sync thread while it writes the next one (pipelined
 //! group commit), and answers a group only after its own sync. A failed write or sync rolls
 //! back every group not yet durable (truncate to the durable length, forget their event
@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc as tokio_mpsc;
 
+use super::pending::Pending;
 use super::segments::{OpenSegment, Segments, Target};
 use super::sync::{run_sync, run_syncer, SyncJob, SYNCFS_ABOVE};
 use super::{
@@ -42,7 +43,7 @@ pub(super) struct Inbox {
     pub(super) alive: Weak<()>,
 }
 
-/// What one write of the pending buffers touched, to be made durable.
+/// What one write of the staged lines touched, to be made durable.
 #[derive(Default)]
 pub(super) struct Written {
     /// Bytes appended to each segment.
@@ -114,8 +115,6 @@ pub(super) struct Writer {
     /// The open segments.
     pub(super) segs: Segments,
     pub(super) recent_bodies: VecDeque<u64>,
-    /// Reusable line buffers for the segments a group touches.
-    pub(super) buffers: Vec<Vec<u8>>,
     pub(super) inbox: Inbox,
     /// Commands read while waiting for a sync, handled next.
     pub(super) deferred: VecDeque<Command>,
@@ -125,17 +124,6 @@ pub(super) struct Writer {
     waiting: Option<InFlight>,
     pub(super) syncer: mpsc::Sender<SyncJob>,
     pub(super) lock: Arc<File>,
-}
-
-/// Buffers kept for reuse, and the largest capacity worth keeping.
-const POOLED_BUFFERS: usize = 4;
-const POOLED_CAPACITY: usize = 1 << 20;
-
-pub(super) fn recycle(pool: &mut Vec<Vec<u8>>, mut buf: Vec<u8>) {
-    if pool.len() < POOLED_BUFFERS && buf.capacity() <= POOLED_CAPACITY {
-        buf.clear();
-        pool.push(buf);
-    }
 }
 
 /// Answers every request of a failed group with the error (the first gets it whole).
@@ -190,7 +178,6 @@ impl Writer {
             stats,
             sealed,
             recent_bodies: VecDeque::new(),
-            buffers: Vec::new(),
             inbox,
             deferred: VecDeque::new(),
             syncing: None,
@@ -240,8 +227,6 @@ impl Writer {
                     // After a burst, give the freed heap back to the node: malloc keeps it
                     // otherwise, and an idle sidecar should look idle.
                     if !trimmed && last_write.elapsed() >= IDLE_TRIM_AFTER {
-                        // The pooled line buffers too (up to 4 MiB): a burst refills them.
-                        self.buffers = Vec::new();
                         release_free_memory();
                         trimmed = true;
                     }
@@ -473,8 +458,9 @@ impl Writer {
         }
     }
 
-    /// Copies one request's lines into the pending buffers of their segments, after checking
-    /// that at most that many bytes fit the disk budget (nothing is staged otherwise).
+    /// Stages one request's lines for their segments (referenced in its body, see
+    /// [`Pending`]), after checking that at most that many bytes fit the disk budget (nothing
+    /// is staged otherwise).
     pub(super) fn stage(
         &mut self,
         batch: &AppendBatch,
@@ -522,23 +508,12 @@ impl Writer {
             if keep.is_empty() {
                 continue;
             }
-            // Sized once, in a buffer of an earlier group when there is one: growing a
-            // fresh buffer by doubling copied each line about twice more.
-            let bytes: usize = keep.iter().map(|ev| ev.len() + 1).sum();
-            let mut spare = self.buffers.pop();
             let seg = self.segs.segment(&Target::Events(pb.partition.clone()))?;
-            if seg.pending.capacity() == 0 {
-                if let Some(buf) = spare.take() {
-                    seg.pending = buf;
-                }
-            }
-            seg.pending.reserve(bytes);
+            seg.pending.reserve(keep.len());
             for ev in keep {
-                push_line(&mut seg.pending, &body[ev.range()], ev.has_newline());
+                seg.pending
+                    .push_event(&batch.body, ev.range(), ev.has_newline());
                 out.accepted += 1;
-            }
-            if let Some(buf) = spare {
-                self.buffers.push(buf);
             }
         }
         if !batch.quarantined.is_empty() {
@@ -557,7 +532,7 @@ impl Writer {
                     Some((file, offset)) => raw_record(q.reason, file, *offset, raw),
                     None => event_record(q.reason, raw),
                 };
-                self.segs.segment(&target)?.pending.extend_from_slice(&line);
+                self.segs.segment(&target)?.pending.push_lines(&line);
                 m::events_quarantined(q.reason.code(), 1);
                 out.quarantined += 1;
             }
@@ -596,8 +571,9 @@ impl Writer {
     /// and returns what must be synced.
     ///
     /// A group touching more than [`SYNCFS_ABOVE`] files (thousands of jobs at once) is made
-    /// durable with one `syncfs` instead of one sync per file. The buffers go back to the
-    /// pool, and fds may be closed before the sync: the sync holds its own references.
+    /// durable with one `syncfs` instead of one sync per file. The staged lines let go of
+    /// their request bodies, and fds may be closed before the sync: the sync holds its own
+    /// references.
     pub(super) fn write_pending(&mut self) -> Result<Written, SpoolError> {
         let targets: Vec<Target> = self.segs.due(|s| !s.pending.is_empty());
         let mut out = Written {
@@ -624,18 +600,19 @@ impl Writer {
             let Some(file) = seg.file.as_ref() else {
                 continue;
             };
-            let n = seg.pending.len() as u64;
+            let n = seg.pending.len();
             // Counted first: if the write fails half way, rollback still truncates it.
             seg.written += n;
-            (&**file)
-                .write_all(&seg.pending)
+            seg.pending
+                .write_to(file)
                 .map_err(|e| SpoolError::io("appending to segment", &seg.path, e))?;
             out.bytes += n;
             out.appended.push((t.clone(), n));
             if !out.whole_fs {
                 out.files.push((file.clone(), seg.path.clone()));
             }
-            recycle(&mut self.buffers, std::mem::take(&mut seg.pending));
+            // Lets go of the request bodies it referenced.
+            seg.pending = Pending::default();
         }
         if out.whole_fs {
             self.segs.dirty_dirs.clear();
@@ -672,7 +649,7 @@ impl Writer {
             if seg.pending.is_empty() && seg.written == seg.len {
                 continue;
             }
-            recycle(&mut self.buffers, std::mem::take(&mut seg.pending));
+            seg.pending = Pending::default();
             seg.written = seg.len;
             let ok = match seg.file.as_ref() {
                 Some(f) => f.set_len(seg.len).and_then(|_| f.sync_data()).is_ok(),
@@ -722,7 +699,7 @@ impl Writer {
             self.segs
                 .segment(&Target::Quarantine(hour))?
                 .pending
-                .extend_from_slice(&line);
+                .push_lines(&line);
             if let Err(e) = self.flush_group() {
                 self.rollback_to_durable();
                 return Err(e);
@@ -742,20 +719,6 @@ impl Writer {
         self.recent_bodies.push_back(h);
         Ok(())
     }
-}
-
-/// Appends one event as a line; line breaks (only possible as whitespace) become spaces.
-fn push_line(out: &mut Vec<u8>, raw: &[u8], has_newline: bool) {
-    let start = out.len();
-    out.extend_from_slice(raw);
-    if has_newline {
-        for c in &mut out[start..] {
-            if *c == b'\n' || *c == b'\r' {
-                *c = b' ';
-            }
-        }
-    }
-    out.push(b'\n');
 }
 
 #[cfg(test)]
