@@ -21,7 +21,7 @@ use bytes::Bytes;
 const MAX_SLICES: usize = 1024;
 
 /// Marks a piece of [`Pending::owned`] rather than of a request body.
-const OWNED: u32 = u32::MAX;
+const OWNED: usize = usize::MAX;
 
 /// Lines staged for one segment, in order.
 #[derive(Default)]
@@ -39,9 +39,9 @@ pub(super) struct Pending {
 /// `owned` (newlines included) when `source` is [`OWNED`].
 #[derive(Clone, Copy)]
 struct Piece {
-    source: u32,
-    start: u32,
-    end: u32,
+    source: usize,
+    start: usize,
+    end: usize,
 }
 
 impl Pending {
@@ -60,10 +60,9 @@ impl Pending {
         self.pieces.reserve(events);
     }
 
-    /// Stages the event at `range` of `body` as one line. Its bytes are referenced, not
-    /// copied, unless they hold line breaks: then a copy gets spaces in their place.
-    ///
-    /// `range` lies in `body` and below 4 GiB (an [`super::EventSpan`] guarantees both).
+    /// Stages the event at `range` of `body` (which must lie in it, as an
+    /// [`super::EventSpan`]'s range does) as one line. Its bytes are referenced, not copied,
+    /// unless they hold line breaks: then a copy gets spaces in their place.
     pub(super) fn push_event(&mut self, body: &Bytes, range: Range<usize>, has_newline: bool) {
         if has_newline {
             let start = self.owned.len();
@@ -86,9 +85,9 @@ impl Pending {
         }
         self.len += range.len() as u64 + 1;
         self.pieces.push(Piece {
-            source: (self.bodies.len() - 1) as u32,
-            start: range.start as u32,
-            end: range.end as u32,
+            source: self.bodies.len() - 1,
+            start: range.start,
+            end: range.end,
         });
     }
 
@@ -104,15 +103,15 @@ impl Pending {
         self.len += (end - start) as u64;
         // Copied lines that follow each other are written as one slice.
         if let Some(last) = self.pieces.last_mut() {
-            if last.source == OWNED && last.end as usize == start {
-                last.end = end as u32;
+            if last.source == OWNED && last.end == start {
+                last.end = end;
                 return;
             }
         }
         self.pieces.push(Piece {
             source: OWNED,
-            start: start as u32,
-            end: end as u32,
+            start,
+            end,
         });
     }
 
@@ -124,11 +123,11 @@ impl Pending {
             if slices.len() + 2 > MAX_SLICES {
                 write_all_slices(&mut file, &mut slices)?;
             }
-            let range = piece.start as usize..piece.end as usize;
+            let range = piece.start..piece.end;
             if piece.source == OWNED {
                 slices.push(IoSlice::new(&self.owned[range]));
             } else {
-                slices.push(IoSlice::new(&self.bodies[piece.source as usize][range]));
+                slices.push(IoSlice::new(&self.bodies[piece.source][range]));
                 slices.push(IoSlice::new(b"\n"));
             }
         }
