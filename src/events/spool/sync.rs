@@ -5,10 +5,11 @@
 //! Starting every file's writeback first (`sync_file_range(SYNC_FILE_RANGE_WRITE)`, which
 //! only queues the dirty pages) lets the disk take the group's writes together, so the
 //! `fdatasync`s that follow mostly wait for I/O already under way. That gives the overlap a
-//! pool of one thread per file used to give, on one thread, without two thread hand-offs
-//! per file: on the 2-core VM, 0.93 of the pool's CPU per event at 25,000 events/s, and 1.05
-//! of its saturated throughput at 0.87 of its CPU per event (same-run rounds, BENCHMARKS.md). Durability does not depend
-//! on the hint: every file still gets its own `fdatasync`, and its error is the one reported.
+//! pool of one thread per file used to give, on one thread, without two thread hand-offs per
+//! file. On the 2-core VM, against the pool in the same rounds (BENCHMARKS.md): 0.92-0.94
+//! of its CPU per event at 25,000 events/s (three runs), and saturated 0.98-1.05 of its
+//! throughput at 0.87-0.92 of its CPU per event (two runs). Durability does not depend on
+//! the hint: every file still gets its own `fdatasync`, and its error is the one reported.
 //!
 //! The writer hands a [`SyncJob`] to the sync thread and keeps writing the next group into
 //! the page cache; the answer comes back on the writer's own channel (`Command::Synced`).
