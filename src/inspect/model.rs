@@ -11,49 +11,19 @@
 //! remembered (as 64-bit hashes); a duplicate further apart is counted twice in `events`, but
 //! cannot change any state: every merge below is idempotent (latest wins, minima, fill once).
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::hash::BuildHasherDefault;
+use std::collections::{BTreeMap, HashSet};
 
 use super::extract::{
     bounded, ActorTransition, Body, Fact, NodeTransition, TrainAttemptEvent, TrainRunEvent,
     TrainWorker, Transition,
 };
-use super::task::{CompactId, IdentityHasher, TaskStore};
+use super::task::{CompactId, TaskStore};
 pub(super) use super::values::state_rank;
+use crate::util::dedup::DedupWindow;
 
 /// Event ids remembered for deduplication: 4 MiB of ring and about 10 MiB of set; Ray's
 /// resends and this collector's own window (262,144 ids) fit in it many times over.
 pub(super) const DEDUP_WINDOW: usize = 1 << 19;
-
-/// The last [`DEDUP_WINDOW`] event-id hashes.
-#[derive(Default)]
-pub(super) struct DedupWindow {
-    ring: VecDeque<u64>,
-    set: HashSet<u64, BuildHasherDefault<IdentityHasher>>,
-}
-
-impl std::fmt::Debug for DedupWindow {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DedupWindow({} ids)", self.ring.len())
-    }
-}
-
-impl DedupWindow {
-    /// Whether `id` was seen within the window; remembers it.
-    pub(super) fn seen(&mut self, id: u64) -> bool {
-        if self.set.contains(&id) {
-            return true;
-        }
-        if self.ring.len() >= DEDUP_WINDOW {
-            if let Some(old) = self.ring.pop_front() {
-                self.set.remove(&old);
-            }
-        }
-        self.ring.push_back(id);
-        self.set.insert(id);
-        false
-    }
-}
 
 /// Orders transitions: by time (unknown first), then by state rank.
 pub(super) fn transition_order(t: &Transition) -> (i64, u8) {
@@ -173,7 +143,7 @@ impl SessionModel {
             job_filter_id: job_filter.as_deref().and_then(CompactId::from_hex),
             task_jobs: HashSet::new(),
             job_filter,
-            seen_event_ids: DedupWindow::default(),
+            seen_event_ids: DedupWindow::new(DEDUP_WINDOW),
             total: 0,
             duplicates: 0,
             other_job: 0,
@@ -192,7 +162,7 @@ impl SessionModel {
     /// Takes one fact of object number `object` (objects are numbered in hour order).
     pub(super) fn absorb(&mut self, object: usize, fact: Fact) {
         if let Some(id) = fact.event_id {
-            if self.seen_event_ids.seen(id) {
+            if !self.seen_event_ids.insert(id) {
                 self.duplicates += 1;
                 return;
             }

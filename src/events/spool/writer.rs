@@ -25,9 +25,10 @@ use super::{
 };
 use crate::contract::quarantine::body_key;
 use crate::contract::{is_safe_segment, Hour};
-use crate::events::dedup::{id_hash, DedupWindow};
+use crate::events::dedup::id_hash;
 use crate::events::quarantine::{event_record, invalid_body_record, raw_record};
 use crate::metrics as m;
+use crate::util::dedup::DedupWindow;
 use crate::util::memory::release_free_memory;
 use crate::util::time::unix_nanos;
 

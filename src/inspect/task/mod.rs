@@ -21,6 +21,7 @@ mod spill;
 
 use self::spill::{read_record, SpillFiles, SPILL_BUFFER_BYTES};
 use super::values::{state_rank, Transition};
+use crate::util::dedup::PassThrough;
 
 /// Attempts kept in one in-memory map before the session is spilled to disk (about 128
 /// bytes each: 32 MiB of map at most, 48 MiB while it grows).
@@ -183,27 +184,8 @@ impl std::hash::Hash for AttemptKey {
     }
 }
 
-/// Passes a key's own 64-bit hash through ([`CompactId`], [`AttemptKey`], and event-id
-/// hashes, which are already seeded hashes).
-#[derive(Default)]
-pub(super) struct IdentityHasher(u64);
-
-impl std::hash::Hasher for IdentityHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
 /// A map keyed by ids, hashed once by the key itself.
-pub(super) type IdMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<IdentityHasher>>;
+pub(super) type IdMap<K, V> = HashMap<K, V, PassThrough>;
 
 /// Where a task's output sits in its worker's logs, as Ray reports it (`taskLogInfo`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -10,7 +10,8 @@ use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::path::PathBuf;
 
-use super::{AttemptKey, CompactId, IdentityHasher, LogInfo, Sym, TaskExtra, TaskState};
+use super::{AttemptKey, CompactId, LogInfo, Sym, TaskExtra, TaskState};
+use crate::util::dedup::PassThroughHasher;
 
 /// Write (and read) buffer of each spill file.
 pub(super) const SPILL_BUFFER_BYTES: usize = 16 << 10;
@@ -63,7 +64,7 @@ impl SpillFiles {
     }
 
     pub(super) fn write(&mut self, key: &AttemptKey, state: &TaskState) -> std::io::Result<()> {
-        let mut hasher = IdentityHasher::default();
+        let mut hasher = PassThroughHasher::default();
         std::hash::Hash::hash(key, &mut hasher);
         // The high bits: the maps use the low ones.
         let h = std::hash::Hasher::finish(&hasher).rotate_left(32);
