@@ -33,13 +33,7 @@ import sys
 import tempfile
 import time
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from log_growth import free_port
 
 
 def one_run(mode, loadgen, binary, scratch):
