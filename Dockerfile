@@ -15,6 +15,13 @@ ARG DEBIAN_RELEASE=bookworm
 
 # ---------------------------------------------------------------- build stage
 FROM rust:${RUST_VERSION}-${DEBIAN_RELEASE} AS build
+# nasm assembles ISA-L's igzip (the upload compressor, built by the isal-sys crate); the
+# autotools it also needs are already in this image. The Debian release is pinned by the
+# tag above, so the package version is that release's.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends nasm \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # The whole source tree, minus what .dockerignore keeps out (target/, .git, ...).
 COPY . .

@@ -1,7 +1,7 @@
-//! What compressing a sealed segment costs: zlib-rs' stream at level 3 (what uploads used
-//! before) against libdeflate members (what they use now, `storage::gzip`) at several
-//! levels. Run with `cargo bench --bench gzip`; it prints each variant's compression ratio
-//! once, beside criterion's throughput.
+//! What compressing a sealed segment costs: igzip members (what uploads use now,
+//! `storage::gzip`) at its levels, against libdeflate members (what they used before, level 1)
+//! and zlib-rs' stream at level 3 (before that). Run with `cargo bench --bench gzip`; it
+//! prints each variant's compression ratio once, beside criterion's throughput.
 //!
 //! The input is 8 MiB of JSON lines made of the real Ray 2.60 events in
 //! `tests/data/posts-camel.jsonl`, each with a fresh event id and timestamp, as a segment
@@ -62,8 +62,8 @@ fn zlib_stream(data: &[u8], level: u32) -> Vec<u8> {
     enc.finish().expect("in memory")
 }
 
-fn members(data: &[u8]) -> Vec<u8> {
-    let mut enc = MemberEncoder::new();
+fn members(data: &[u8], level: u32) -> Vec<u8> {
+    let mut enc = MemberEncoder::with_level(level).expect("igzip level");
     let mut out = Vec::new();
     let mut reader = data;
     while enc
@@ -103,12 +103,14 @@ fn check(name: &str, data: &[u8], gz: &[u8]) {
 fn bench_gzip(c: &mut Criterion) {
     let data = segment();
     check("zlib-rs level 3 stream", &data, &zlib_stream(&data, 3));
-    check(
-        "MemberEncoder (libdeflate level 1, 1 MiB members)",
-        &data,
-        &members(&data),
-    );
-    for level in [2, 3, 6] {
+    for level in [0, 1, 2, 3] {
+        check(
+            &format!("MemberEncoder (igzip level {level}, 1 MiB members)"),
+            &data,
+            &members(&data, level),
+        );
+    }
+    for level in [1, 2, 3, 6] {
         check(
             &format!("libdeflate level {level}, 1 MiB members"),
             &data,
@@ -121,10 +123,12 @@ fn bench_gzip(c: &mut Criterion) {
     g.bench_with_input(BenchmarkId::new("zlib_rs_stream", 3), &data, |b, d| {
         b.iter(|| zlib_stream(d, 3).len())
     });
-    g.bench_with_input(BenchmarkId::new("member_encoder", 1), &data, |b, d| {
-        b.iter(|| members(d).len())
-    });
-    for level in [2, 3, 6] {
+    for level in [0, 1, 3] {
+        g.bench_with_input(BenchmarkId::new("igzip_members", level), &data, |b, d| {
+            b.iter(|| members(d, level).len())
+        });
+    }
+    for level in [1, 2] {
         g.bench_with_input(
             BenchmarkId::new("libdeflate_members", level),
             &data,

@@ -16,6 +16,8 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 
+# Building needs nasm and the autotools (igzip); installed if missing.
+"$REPO/scripts/install-build-deps.sh"
 # install-test-deps.sh prints `export RHC_...=...` lines on stdout.
 exports="$("$REPO/scripts/install-test-deps.sh")"
 eval "$exports"

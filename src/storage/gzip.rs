@@ -1,30 +1,68 @@
 //! gzip for uploads: each block of the input becomes one gzip member, compressed whole in
-//! memory by libdeflate, and the members are concatenated.
+//! memory by ISA-L's igzip, and the members are concatenated.
 //!
 //! A file of several members is one valid gzip file (RFC 1952 §2.2): Go's `gzip.Reader` (the
 //! history server's), Python's `gzip` and flate2's `MultiGzDecoder` (ours) read it whole.
 //! Compressing whole blocks instead of one stream costs a little ratio (each member starts a
-//! new 32 KiB window) and buys speed: on a 20 MB segment of Ray events (`benches/gzip.rs`),
-//! libdeflate level 1 in 1 MiB members needs about 0.69 of the CPU of zlib-rs level 3 (the
-//! stream we used before) and gives 96 % of its ratio (13.1 against 13.6).
+//! new 32 KiB window) and buys speed. `cargo bench --bench gzip` on 8 MiB of Ray events:
+//! igzip level 1 in 1 MiB members runs at 2.0 GiB/s, 3.4 times the speed of libdeflate
+//! level 1 (what we used before, 9.08:1) for the same ratio, 9.09:1, and 4.8 times that of
+//! zlib-rs level 3 (before that), whose single stream is 5 % smaller (9.60:1). At a busy
+//! node's rate compression was the collector's largest cost (BENCHMARKS.md).
 //!
-//! Memory: one input block and one output bound per upload in flight ([`MEMBER_INPUT`]).
+//! igzip is C and assembly with run-time dispatch to the CPU's vector units; `isal-sys`
+//! builds it from source, which needs `nasm` and the autotools
+//! (`scripts/install-build-deps.sh`).
+//!
+//! Memory: one input block, one output bound and igzip's level buffer
+//! ([`LEVEL_BUF_BYTES`]) per upload in flight ([`MEMBER_INPUT`]).
 
 use std::io::{self, Read};
 
-use libdeflater::{CompressionLvl, Compressor};
+use isal_sys::igzip_lib as igzip;
 
-/// Input bytes per gzip member. 1 MiB keeps the ratio within 1 % of one member per 4 MiB
-/// (13.08 against 13.19 on Ray events) at a quarter of the memory per upload.
+/// Input bytes per gzip member. 1 MiB keeps the ratio within 1 % of one member per 4 MiB on
+/// Ray's events at a quarter of the memory per upload.
 pub const MEMBER_INPUT: usize = 1 << 20;
 
-/// libdeflate's level. Level 1 is its fastest and still compresses Ray's JSON lines about
-/// 13x; level 2-4 gain 2-10 % of size for 1.7x the instructions.
-pub const LEVEL: i32 = 1;
+/// igzip's level. Level 1: level 0 is hardly faster on Ray's JSON lines (4 %) and its
+/// output is 23 % larger (7.39:1); levels 2 and 3 gain under 1 % of size (9.14 and 9.10
+/// against 9.09:1), level 3 for 3.6 times the CPU (`cargo bench --bench gzip`).
+pub const LEVEL: u32 = 1;
+
+/// Scratch memory igzip level 1 hashes into: its default ("large") size.
+pub const LEVEL_BUF_BYTES: usize = igzip::ISAL_DEF_LVL1_DEFAULT as usize;
+
+/// The largest member igzip can write for `input` bytes: when the deflated data would not be
+/// smaller, it stores the input as raw blocks of at most 65,535 bytes, each with a 5-byte
+/// header, inside the gzip header and trailer. Given this much room it never overflows.
+pub const fn member_bound(input: usize) -> usize {
+    const STORED_BLOCK: usize = 65_535;
+    const STORED_HEADER: usize = 5;
+    const GZIP_WRAPPER: usize = 10 + 8;
+    let blocks = if input == 0 {
+        1
+    } else {
+        input.div_ceil(STORED_BLOCK)
+    };
+    input + blocks * STORED_HEADER + GZIP_WRAPPER
+}
+
+/// igzip's stream state, about 80 KiB: boxed, and set up afresh for every member.
+struct Stream(Box<igzip::isal_zstream>);
+
+// SAFETY: between calls the state holds no pointer into our buffers (`compress` clears
+// them after each call, and `stateless_init` sets them afresh before the next); the one
+// pointer left, `hufftables`, points at igzip's read-only static default table. So the state
+// may move to another thread; it is only used through `&mut`, never shared.
+unsafe impl Send for Stream {}
 
 /// Reads an input stream and yields gzip members of [`MEMBER_INPUT`] bytes of it.
 pub struct MemberEncoder {
-    compressor: Compressor,
+    stream: Stream,
+    level: u32,
+    /// igzip's scratch for the level (empty for level 0, which needs none).
+    level_buf: Vec<u8>,
     input: Vec<u8>,
     output: Vec<u8>,
     /// At least one member was produced (an empty input still needs one, empty, member).
@@ -34,13 +72,33 @@ pub struct MemberEncoder {
 impl MemberEncoder {
     /// A new encoder at [`LEVEL`].
     pub fn new() -> MemberEncoder {
-        let level = CompressionLvl::new(LEVEL).unwrap_or_default();
-        let mut compressor = Compressor::new(level);
-        let bound = compressor.gzip_compress_bound(MEMBER_INPUT);
+        Self::build(LEVEL, LEVEL_BUF_BYTES)
+    }
+
+    /// An encoder at another igzip level (0 to 3) with that level's default scratch size,
+    /// for `benches/gzip.rs`; `None` for a level igzip does not have.
+    pub fn with_level(level: u32) -> Option<MemberEncoder> {
+        let level_buf = match level {
+            0 => 0,
+            1 => LEVEL_BUF_BYTES,
+            2 => igzip::ISAL_DEF_LVL2_DEFAULT as usize,
+            3 => igzip::ISAL_DEF_LVL3_DEFAULT as usize,
+            _ => return None,
+        };
+        Some(Self::build(level, level_buf))
+    }
+
+    fn build(level: u32, level_buf_bytes: usize) -> MemberEncoder {
+        // SAFETY: `isal_zstream` is a C struct of integers, raw pointers and arrays of them,
+        // for which all-zero bytes are a valid value; `compress` initializes it with
+        // `isal_deflate_stateless_init` before every use.
+        let stream = Stream(unsafe { Box::new(std::mem::zeroed()) });
         MemberEncoder {
-            compressor,
+            stream,
+            level,
+            level_buf: vec![0u8; level_buf_bytes],
             input: vec![0u8; MEMBER_INPUT],
-            output: vec![0u8; bound],
+            output: vec![0u8; member_bound(MEMBER_INPUT)],
             wrote_member: false,
         }
     }
@@ -67,15 +125,59 @@ impl MemberEncoder {
         if filled == 0 && self.wrote_member {
             return Ok(false);
         }
-        let block = &self.input[..filled];
-        seen(block);
-        let n = self
-            .compressor
-            .gzip_compress(block, &mut self.output)
-            .map_err(|e| io::Error::other(format!("gzip compression failed: {e:?}")))?;
+        seen(&self.input[..filled]);
+        let n = self.compress(filled)?;
         out.extend_from_slice(&self.output[..n]);
         self.wrote_member = true;
         Ok(filled == MEMBER_INPUT)
+    }
+
+    /// Compresses `self.input[..len]` into one gzip member at the start of `self.output`;
+    /// returns the member's length.
+    fn compress(&mut self, len: usize) -> io::Result<usize> {
+        let input = &mut self.input[..len];
+        let (Ok(avail_in), Ok(avail_out), Ok(level_buf_size)) = (
+            u32::try_from(input.len()),
+            u32::try_from(self.output.len()),
+            u32::try_from(self.level_buf.len()),
+        ) else {
+            return Err(io::Error::other("gzip member larger than 4 GiB"));
+        };
+        let stream = &mut *self.stream.0;
+        // SAFETY: `stream` is a valid, exclusively borrowed `isal_zstream`; init only writes
+        // its fields.
+        unsafe { igzip::isal_deflate_stateless_init(stream) };
+        stream.level = self.level;
+        if !self.level_buf.is_empty() {
+            stream.level_buf = self.level_buf.as_mut_ptr();
+            stream.level_buf_size = level_buf_size;
+        }
+        stream.gzip_flag = igzip::IGZIP_GZIP as u16;
+        stream.end_of_stream = 1;
+        stream.flush = igzip::NO_FLUSH as u16;
+        stream.next_in = input.as_mut_ptr();
+        stream.avail_in = avail_in;
+        stream.next_out = self.output.as_mut_ptr();
+        stream.avail_out = avail_out;
+        // SAFETY: the pointers set above are valid for the lengths given, for the duration
+        // of the call, and do not overlap: `input`, `self.output` and `self.level_buf` are
+        // distinct buffers borrowed mutably here. igzip reads `next_in` only (the pointer is
+        // `*mut` in its C signature), writes within `avail_out` and `level_buf_size`, and
+        // keeps no pointer past the call (every call starts with `stateless_init`).
+        let code = unsafe { igzip::isal_deflate_stateless(stream) };
+        if code != igzip::COMP_OK as i32 {
+            // Not expected: the level and its buffer are valid, and `output` holds
+            // `member_bound` bytes, which the stored-block fallback never exceeds.
+            return Err(io::Error::other(format!(
+                "gzip compression failed: igzip returned {code}"
+            )));
+        }
+        let written = stream.total_out as usize;
+        // Clear the borrowed pointers: nothing may use them after this call.
+        stream.next_in = std::ptr::null_mut();
+        stream.next_out = std::ptr::null_mut();
+        stream.level_buf = std::ptr::null_mut();
+        Ok(written.min(self.output.len()))
     }
 }
 
@@ -122,8 +224,10 @@ mod tests {
         assert!(data.len() > 3 * MEMBER_INPUT);
         let (gz, _) = members(&data);
         assert_eq!(gunzip(&gz), data);
-        // One gzip header per block (magic, deflate, no flags), each readable alone.
-        let headers = gz.windows(4).filter(|w| *w == [0x1f, 0x8b, 8, 0]).count();
+        // It compresses: these lines are highly repetitive.
+        assert!(gz.len() * 4 < data.len(), "{} of {}", gz.len(), data.len());
+        // One gzip header per block (magic, deflate), each member readable alone.
+        let headers = gz.windows(3).filter(|w| *w == [0x1f, 0x8b, 8]).count();
         assert!(headers >= data.len().div_ceil(MEMBER_INPUT), "{headers}");
         let mut first = Vec::new();
         flate2::read::GzDecoder::new(&gz[..])
@@ -140,5 +244,26 @@ mod tests {
         let block = vec![b'x'; MEMBER_INPUT];
         let (gz, _) = members(&block);
         assert_eq!(gunzip(&gz), block);
+    }
+
+    /// Input that does not compress (random bytes) is stored, within `member_bound`, and
+    /// reads back; the encoder is reused across members, as uploads do.
+    #[test]
+    fn incompressible_input_fits_the_bound_and_reads_back() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let data: Vec<u8> = (0..MEMBER_INPUT * 2 + 12_345)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let (gz, _) = members(&data);
+        assert_eq!(gunzip(&gz), data);
+        assert!(gz.len() <= 3 * member_bound(MEMBER_INPUT), "{}", gz.len());
+        assert_eq!(member_bound(0), 5 + 18);
+        assert_eq!(member_bound(65_535), 65_535 + 5 + 18);
+        assert_eq!(member_bound(65_536), 65_536 + 10 + 18);
     }
 }

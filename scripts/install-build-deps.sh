@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what building the collector needs besides Rust: the upload compressor, ISA-L's
+# igzip (src/storage/gzip.rs), is C and assembly that the `isal-sys` crate builds from
+# source with nasm and the autotools.
+#
+#   ./scripts/install-build-deps.sh      # then: cargo build --release
+#
+# Idempotent and quick when everything is there. Installs the missing Debian/Ubuntu packages
+# (nasm autoconf automake libtool make) with apt-get, as root or through sudo; elsewhere it
+# names what is missing and exits 1.
+set -euo pipefail
+
+missing=()
+for pair in nasm:nasm autoconf:autoconf automake:automake libtoolize:libtool make:make; do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+done
+if ((${#missing[@]} == 0)); then
+    exit 0
+fi
+
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "install-build-deps: missing ${missing[*]}; install them with your package manager" \
+        "(nasm >= 2.14), then build again" >&2
+    exit 1
+fi
+as_root=()
+if [[ "$(id -u)" != 0 ]]; then
+    if command -v sudo >/dev/null 2>&1; then
+        as_root=(sudo)
+    else
+        echo "install-build-deps: missing ${missing[*]}; run as root:" \
+            "apt-get install -y ${missing[*]}" >&2
+        exit 1
+    fi
+fi
+echo "install-build-deps: installing ${missing[*]} (apt-get)" >&2
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >&2
