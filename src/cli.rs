@@ -40,6 +40,22 @@ fn parse_compression(s: &str) -> Result<Compression, String> {
     }
 }
 
+/// Largest `--dedup-window`: 16 Mi ids, a 256 MiB table and a 128 MiB ring, about eleven
+/// minutes of a busy node's events. The table is allocated for the whole window at start, so
+/// a mistyped value must fail here rather than exhaust memory.
+pub const MAX_DEDUP_WINDOW: usize = 1 << 24;
+
+fn parse_dedup_window(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .trim()
+        .parse()
+        .map_err(|e| format!("expected a number of events: {e}"))?;
+    if n > MAX_DEDUP_WINDOW {
+        return Err(format!("at most {MAX_DEDUP_WINDOW} events"));
+    }
+    Ok(n)
+}
+
 fn parse_event_keys(s: &str) -> Result<EventKeys, String> {
     match s.trim().to_ascii_lowercase().as_str() {
         "camel" => Ok(EventKeys::Camel),
@@ -170,7 +186,8 @@ pub struct RunArgs {
         long,
         env = "RHC_DEDUP_WINDOW",
         value_name = "EVENTS",
-        default_value_t = 262_144
+        default_value_t = 262_144,
+        value_parser = parse_dedup_window
     )]
     pub dedup_window: usize,
 

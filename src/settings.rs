@@ -467,6 +467,8 @@ mod tests {
             (vec!["--rotation-interval", "soon"], "--rotation-interval"),
             (vec!["--role", "boss"], "--role"),
             (vec!["--compression", "zstd"], "--compression"),
+            (vec!["--dedup-window", "16777217"], "--dedup-window"),
+            (vec!["--dedup-window", "lots"], "--dedup-window"),
             (vec!["--cluster-name", "Bad_Name"], "--cluster-name"),
             (vec!["--owner-kind", "rayjob"], "--owner-name"),
             (vec!["--owner-name", "x"], "--owner-name"),

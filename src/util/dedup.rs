@@ -1,11 +1,16 @@
 //! A bounded window of recently seen 64-bit hashes, for dropping repeats: the spool's
 //! deduplication of Ray's resent events, and `inspect`'s of events stored twice.
 //!
-//! The window is bounded by count: a ring of the hashes plus a set of the same hashes, about
-//! 24 bytes per remembered hash. Keys are hashes already, so the set uses
-//! [`PassThroughHasher`] rather than hashing them again.
+//! The window is bounded by count: a ring of the hashes plus a set of the same hashes, 24 to
+//! 40 bytes per remembered hash (the set's table has twice the window's slots, rounded up
+//! to a power of two, and is allocated at once). The set is our own open-addressing table of the hashes
+//! themselves ([`Slots`]) rather than a `HashSet`: at the default window (262,144 ids, 4 MiB
+//! of table) nearly every lookup misses the CPU caches, and the spool writer looks up every
+//! event twice (the new id, and the evicted one). One array of hashes makes that one miss
+//! per lookup instead of a control byte and a bucket, and [`DedupWindow::prefetch`] lets the
+//! writer start the miss for an event before it gets there.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A hasher for keys that are already uniform 64-bit hashes (or that feed one through
@@ -31,6 +36,10 @@ impl Hasher for PassThroughHasher {
     }
 }
 
+/// How many insertions ahead [`DedupWindow::insert`] prefetches the slot of the id it will
+/// evict: about as many as cover a cache miss to memory.
+const EVICTION_LOOKAHEAD: usize = 8;
+
 /// A bounded set of the most recently inserted hashes.
 ///
 /// `order` lists insertions oldest first; `set` holds the ids that are live (remembered).
@@ -41,7 +50,7 @@ impl Hasher for PassThroughHasher {
 pub struct DedupWindow {
     capacity: usize,
     order: VecDeque<u64>,
-    set: HashSet<u64, PassThrough>,
+    set: Slots,
     /// Ids with entries in `order` that were forgotten, and how many such entries each has.
     stale: HashMap<u64, u32, PassThrough>,
     stale_total: usize,
@@ -59,7 +68,7 @@ impl DedupWindow {
         DedupWindow {
             capacity,
             order: VecDeque::new(),
-            set: HashSet::default(),
+            set: Slots::new(capacity),
             stale: HashMap::default(),
             stale_total: 0,
         }
@@ -79,16 +88,31 @@ impl DedupWindow {
                 break;
             };
             if self.stale_total == 0 || !self.drop_stale(old) {
-                self.set.remove(&old);
+                self.set.remove(old);
             }
         }
         self.order.push_back(hash);
+        // The id evicted a few insertions from now: start loading its slot.
+        if let Some(&later) = self.order.get(EVICTION_LOOKAHEAD) {
+            if self.order.len() >= self.capacity {
+                self.set.prefetch(later);
+            }
+        }
         true
+    }
+
+    /// Starts loading the memory that inserting `hash` will touch, so that an insertion a
+    /// few events later does not wait for it. Only a hint: it changes nothing.
+    #[inline]
+    pub fn prefetch(&self, hash: u64) {
+        if self.capacity != 0 {
+            self.set.prefetch(hash);
+        }
     }
 
     /// Forgets `hash`, used when a write that recorded it failed and Ray will resend it.
     pub fn forget(&mut self, hash: u64) {
-        if !self.set.remove(&hash) {
+        if !self.set.remove(hash) {
             return;
         }
         *self.stale.entry(hash).or_insert(0) += 1;
@@ -128,6 +152,138 @@ impl DedupWindow {
     /// True when nothing is remembered.
     pub fn is_empty(&self) -> bool {
         self.set.is_empty()
+    }
+}
+
+/// A set of 64-bit hashes in one array: open addressing, linear probing, deletion by
+/// shifting the following entries back (no tombstones, so probes stay short however many
+/// ids come and go). Sized once for the window at a load of at most one half.
+struct Slots {
+    /// 0 marks an empty slot; the hash 0 itself is kept in `zero`.
+    slots: Box<[u64]>,
+    /// `64 - log2(slots.len())`, at most 61: a hash's home slot is its top bits after mixing.
+    shift: u32,
+    zero: bool,
+    len: usize,
+}
+
+impl Slots {
+    /// A table for up to `capacity` hashes (the window's; one more while it evicts), at
+    /// least twice as large, so never full.
+    fn new(capacity: usize) -> Slots {
+        // Twice the capacity, so the table is at most half full (a window of 0 keeps none;
+        // the CLI bounds the capacity, see `cli::MAX_DEDUP_WINDOW`).
+        let size = capacity
+            .saturating_mul(2)
+            .max(8)
+            .checked_next_power_of_two()
+            .unwrap_or(1 << (usize::BITS - 1));
+        Slots {
+            slots: vec![0u64; size].into_boxed_slice(),
+            shift: u64::BITS - size.trailing_zeros(),
+            zero: false,
+            len: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn mask(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    /// The slot a hash starts probing at. The multiply spreads keys that are not uniform
+    /// hashes (small numbers in tests, ids of other callers) over the table too.
+    #[inline]
+    fn home(&self, hash: u64) -> usize {
+        (hash.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift) as usize
+    }
+
+    /// The slot holding `hash`, or the empty slot where it would go.
+    #[inline]
+    fn find(&self, hash: u64) -> (usize, bool) {
+        let mask = self.mask();
+        let mut i = self.home(hash);
+        loop {
+            match self.slots[i] {
+                0 => return (i, false),
+                v if v == hash => return (i, true),
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    /// Adds `hash`; false if it was already there.
+    fn insert(&mut self, hash: u64) -> bool {
+        if hash == 0 {
+            let new = !self.zero;
+            self.zero = true;
+            self.len += usize::from(new);
+            return new;
+        }
+        // The table has at least twice the window's slots and holds at most one more: never
+        // full, so every probe ends.
+        debug_assert!(self.len < self.slots.len() - 1);
+        let (i, found) = self.find(hash);
+        if found {
+            return false;
+        }
+        self.slots[i] = hash;
+        self.len += 1;
+        true
+    }
+
+    /// Removes `hash`; false if it was not there.
+    fn remove(&mut self, hash: u64) -> bool {
+        if hash == 0 {
+            let had = self.zero;
+            self.zero = false;
+            self.len -= usize::from(had);
+            return had;
+        }
+        let (mut hole, found) = self.find(hash);
+        if !found {
+            return false;
+        }
+        self.len -= 1;
+        // Shift back every later entry of the run that may live in the hole: one whose home
+        // is not cyclically after the hole (its probe passed through the hole's slot).
+        let mask = self.mask();
+        let mut j = hole;
+        loop {
+            j = (j + 1) & mask;
+            let v = self.slots[j];
+            if v == 0 {
+                self.slots[hole] = 0;
+                return true;
+            }
+            let home = self.home(v);
+            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
+                self.slots[hole] = v;
+                hole = j;
+            }
+        }
+    }
+
+    /// Starts loading the slot `hash` probes first.
+    #[inline]
+    fn prefetch(&self, hash: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let slot = self.slots.as_ptr().wrapping_add(self.home(hash));
+            // SAFETY: a prefetch is a hint that never faults nor reads architecturally;
+            // `home` is within the table anyway. SSE is part of x86_64's baseline.
+            unsafe { _mm_prefetch(slot.cast::<i8>(), _MM_HINT_T0) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = hash;
     }
 }
 
@@ -189,5 +345,78 @@ mod tests {
         }
         assert_eq!(w.len(), 4);
         assert!(!w.insert(100));
+    }
+
+    /// The table against `HashSet` on the same random inserts and removes, with keys drawn
+    /// from a small range so that runs of neighbouring slots form and break up, 0 included.
+    #[test]
+    fn slots_agree_with_a_hash_set() {
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for (capacity, key_range) in [(4usize, 12u64), (100, 300), (1000, 1500)] {
+            let mut table = Slots::new(capacity);
+            let mut model = std::collections::HashSet::new();
+            for _ in 0..50_000 {
+                let key = next() % key_range;
+                if next() % 2 == 0 && model.len() < capacity + 1 {
+                    assert_eq!(table.insert(key), model.insert(key), "insert {key}");
+                } else {
+                    assert_eq!(table.remove(key), model.remove(&key), "remove {key}");
+                }
+                assert_eq!(table.len(), model.len());
+            }
+            for key in 0..key_range {
+                assert_eq!(
+                    table.find(key).1 || (key == 0 && table.zero),
+                    model.contains(&key)
+                );
+            }
+        }
+    }
+
+    /// Keys that all start at the same slot: the run wraps around the end of the table and
+    /// removing from its middle keeps every other key findable.
+    #[test]
+    fn slots_keep_colliding_keys_findable_across_removals() {
+        let mut table = Slots::new(8);
+        let size = table.slots.len() as u64;
+        let home = table.home(1);
+        let same: Vec<u64> = (1..u64::MAX)
+            .filter(|&k| table.home(k) == home)
+            .take(6)
+            .collect();
+        let _ = size;
+        for &k in &same {
+            assert!(table.insert(k));
+        }
+        for (i, &k) in same.iter().enumerate() {
+            assert!(table.remove(k));
+            for &rest in &same[i + 1..] {
+                assert!(table.find(rest).1, "{rest} lost after removing {k}");
+            }
+        }
+        assert!(table.is_empty());
+    }
+
+    #[test]
+    fn a_full_window_of_random_hashes_evicts_in_order() {
+        let mut w = DedupWindow::new(1000);
+        let hashes: Vec<u64> = (1..=5000u64)
+            .map(|i| i.wrapping_mul(0xff51_afd7_ed55_8ccd))
+            .collect();
+        for &h in &hashes {
+            w.prefetch(h);
+            assert!(w.insert(h));
+        }
+        assert_eq!(w.len(), 1000);
+        for &h in &hashes[4000..] {
+            assert!(!w.insert(h), "recent ids are remembered");
+        }
+        assert!(w.insert(hashes[3999]), "the 1001st most recent was evicted");
     }
 }

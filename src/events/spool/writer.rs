@@ -32,6 +32,10 @@ use crate::util::dedup::DedupWindow;
 use crate::util::memory::release_free_memory;
 use crate::util::time::unix_nanos;
 
+/// How many events ahead the writer prefetches the dedup window's slot: about as many as
+/// cover a cache miss to memory while the events in between are handled.
+const DEDUP_PREFETCH_AHEAD: usize = 8;
+
 /// Distinct invalid bodies remembered, so one Ray resends is kept once.
 const RECENT_BODIES: usize = 1024;
 /// Quiet time after which freed heap memory is returned to the system.
@@ -496,7 +500,16 @@ impl Writer {
             }
             // Dedup first so a partition whose events are all duplicates opens no file.
             let mut keep: Vec<&EventSpan> = Vec::with_capacity(pb.events.len());
-            for ev in &pb.events {
+            for (i, ev) in pb.events.iter().enumerate() {
+                // The window's table is larger than the caches: start loading the slot of
+                // an event a few ahead, so its lookup does not wait for memory.
+                if let Some(h) = pb
+                    .events
+                    .get(i + DEDUP_PREFETCH_AHEAD)
+                    .and_then(EventSpan::id_hash)
+                {
+                    self.dedup.prefetch(h);
+                }
                 if let Some(h) = ev.id_hash() {
                     if !self.dedup.insert(h) {
                         out.duplicates += 1;
