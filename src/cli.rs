@@ -40,9 +40,9 @@ fn parse_compression(s: &str) -> Result<Compression, String> {
     }
 }
 
-/// Largest `--dedup-window`: 16 Mi ids, a 256 MiB table and a 128 MiB ring, about eleven
-/// minutes of a busy node's events. The table is allocated for the whole window at start, so
-/// a mistyped value must fail here rather than exhaust memory.
+/// Largest `--dedup-window`: 16 Mi ids, up to a 256 MiB table and a 128 MiB ring, about
+/// eleven minutes of a busy node's events. Memory follows the ids held, but a mistyped value
+/// must fail here rather than exhaust memory once the window fills.
 pub const MAX_DEDUP_WINDOW: usize = 1 << 24;
 
 fn parse_dedup_window(s: &str) -> Result<usize, String> {

@@ -2,8 +2,8 @@
 //! deduplication of Ray's resent events, and `inspect`'s of events stored twice.
 //!
 //! The window is bounded by count: a ring of the hashes plus a set of the same hashes, 24 to
-//! 40 bytes per remembered hash (the set's table has twice the window's slots, rounded up
-//! to a power of two, and is allocated at once). The set is our own open-addressing table of the hashes
+//! 40 bytes per remembered hash (the set's table has two to four slots per id it holds: it
+//! doubles while it fills, up to twice the window rounded up to a power of two). The set is our own open-addressing table of the hashes
 //! themselves ([`Slots`]) rather than a `HashSet`: at the default window (262,144 ids, 4 MiB
 //! of table) nearly every lookup misses the CPU caches, and the spool writer looks up every
 //! event twice (the new id, and the evicted one). One array of hashes makes that one miss
@@ -35,6 +35,9 @@ impl Hasher for PassThroughHasher {
         self.0 = n;
     }
 }
+
+/// The table's first size; it doubles from there as ids arrive.
+const MIN_SLOTS: usize = 8;
 
 /// How many insertions ahead [`DedupWindow::insert`] prefetches the slot of the id it will
 /// evict: about as many as cover a cache miss to memory.
@@ -157,32 +160,50 @@ impl DedupWindow {
 
 /// A set of 64-bit hashes in one array: open addressing, linear probing, deletion by
 /// shifting the following entries back (no tombstones, so probes stay short however many
-/// ids come and go). Sized once for the window at a load of at most one half.
+/// ids come and go), at a load of at most one half.
 struct Slots {
     /// 0 marks an empty slot; the hash 0 itself is kept in `zero`.
     slots: Box<[u64]>,
     /// `64 - log2(slots.len())`, at most 61: a hash's home slot is its top bits after mixing.
     shift: u32,
+    /// The size the table stops growing at.
+    largest: usize,
     zero: bool,
     len: usize,
 }
 
 impl Slots {
-    /// A table for up to `capacity` hashes (the window's; one more while it evicts), at
-    /// least twice as large, so never full.
+    /// An empty table for up to `capacity` hashes (the window's; one more while it
+    /// evicts). It starts small and doubles while it fills, up to its largest size, at least
+    /// twice `capacity`: it is never more than half full, and memory follows the ids held.
     fn new(capacity: usize) -> Slots {
-        // Twice the capacity, so the table is at most half full (a window of 0 keeps none;
-        // the CLI bounds the capacity, see `cli::MAX_DEDUP_WINDOW`).
-        let size = capacity
+        // The CLI bounds the capacity (`cli::MAX_DEDUP_WINDOW`); a window of 0 keeps none.
+        let largest = capacity
             .saturating_mul(2)
-            .max(8)
+            .max(MIN_SLOTS)
             .checked_next_power_of_two()
             .unwrap_or(1 << (usize::BITS - 1));
         Slots {
-            slots: vec![0u64; size].into_boxed_slice(),
-            shift: u64::BITS - size.trailing_zeros(),
+            slots: vec![0u64; MIN_SLOTS].into_boxed_slice(),
+            shift: u64::BITS - MIN_SLOTS.trailing_zeros(),
+            largest,
             zero: false,
             len: 0,
+        }
+    }
+
+    /// Doubles the table and puts every hash back in its place in it.
+    fn grow(&mut self) {
+        let size = self.slots.len() * 2;
+        let old = std::mem::replace(&mut self.slots, vec![0u64; size].into_boxed_slice());
+        self.shift = u64::BITS - size.trailing_zeros();
+        let mask = self.mask();
+        for hash in old.iter().copied().filter(|&h| h != 0) {
+            let mut i = self.home(hash);
+            while self.slots[i] != 0 {
+                i = (i + 1) & mask;
+            }
+            self.slots[i] = hash;
         }
     }
 
@@ -227,13 +248,17 @@ impl Slots {
             self.len += usize::from(new);
             return new;
         }
-        // The table has at least twice the window's slots and holds at most one more: never
-        // full, so every probe ends.
-        debug_assert!(self.len < self.slots.len() - 1);
-        let (i, found) = self.find(hash);
+        let (mut i, found) = self.find(hash);
         if found {
             return false;
         }
+        // At most half full: the largest table has twice the window's slots, and the window
+        // holds at most one more id than its capacity. So every probe ends, and stays short.
+        if (self.len + 1) * 2 > self.slots.len() && self.slots.len() < self.largest {
+            self.grow();
+            i = self.find(hash).0;
+        }
+        debug_assert!(self.len < self.slots.len() - 1);
         self.slots[i] = hash;
         self.len += 1;
         true
@@ -383,14 +408,14 @@ mod tests {
     /// removing from its middle keeps every other key findable.
     #[test]
     fn slots_keep_colliding_keys_findable_across_removals() {
-        let mut table = Slots::new(8);
-        let size = table.slots.len() as u64;
+        // A window of 4: the table never grows past its first 8 slots, so homes stay put.
+        let mut table = Slots::new(4);
+        assert_eq!(table.largest, table.slots.len());
         let home = table.home(1);
         let same: Vec<u64> = (1..u64::MAX)
             .filter(|&k| table.home(k) == home)
-            .take(6)
+            .take(5)
             .collect();
-        let _ = size;
         for &k in &same {
             assert!(table.insert(k));
         }
@@ -414,6 +439,11 @@ mod tests {
             assert!(w.insert(h));
         }
         assert_eq!(w.len(), 1000);
+        assert_eq!(
+            w.set.slots.len(),
+            2048,
+            "grown to twice the window, no further"
+        );
         for &h in &hashes[4000..] {
             assert!(!w.insert(h), "recent ids are remembered");
         }
