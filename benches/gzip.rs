@@ -5,7 +5,8 @@
 //!
 //! The input is 8 MiB of JSON lines made of the real Ray 2.60 events in
 //! `tests/data/posts-camel.jsonl`, each with a fresh event id and timestamp, as a segment
-//! holds them.
+//! holds them; or, with `RHC_GZIP_INPUT=<file>[:<file>...]`, those files one after the
+//! other (a segment of real Ray events from `bench/ray_segment.py`, say).
 
 use std::io::{Read, Write};
 
@@ -16,6 +17,13 @@ use ray_history_collector::storage::gzip::MemberEncoder;
 const SEGMENT_BYTES: usize = 8 << 20;
 
 fn segment() -> Vec<u8> {
+    if let Some(paths) = std::env::var_os("RHC_GZIP_INPUT") {
+        let mut out = Vec::new();
+        for path in std::env::split_paths(&paths) {
+            out.extend(std::fs::read(&path).expect("RHC_GZIP_INPUT names readable files"));
+        }
+        return out;
+    }
     let path = format!(
         "{}/tests/data/posts-camel.jsonl",
         env!("CARGO_MANIFEST_DIR")
