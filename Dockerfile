@@ -15,12 +15,12 @@ ARG DEBIAN_RELEASE=bookworm
 
 # ---------------------------------------------------------------- build stage
 FROM rust:${RUST_VERSION}-${DEBIAN_RELEASE} AS build
-# nasm assembles ISA-L's igzip (the upload compressor, built by the isal-sys crate); the
-# autotools it also needs are already in this image. The Debian release is pinned by the
-# tag above, so the package version is that release's.
+# nasm and the autotools build ISA-L's igzip (the upload compressor, built from source by
+# the isal-sys crate); this image has all but nasm, and apt skips what is there. The Debian
+# release is pinned by the tag above, so the package versions are that release's.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends nasm \
+    && apt-get install -y --no-install-recommends nasm autoconf automake libtool make \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # The whole source tree, minus what .dockerignore keeps out (target/, .git, ...).
