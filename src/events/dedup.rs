@@ -2,7 +2,7 @@
 //!
 //! Ray resends a whole batch when our answer took longer than 3 s, with the same `eventId`s.
 //! The spool remembers the hashes of the ids it accepted in a bounded window
-//! ([`crate::util::dedup::DedupWindow`], about 24 bytes per remembered event). A false match
+//! ([`crate::util::dedup::DedupWindow`], 24 to 40 bytes per remembered event). A false match
 //! needs two ids to collide in 64 bits while both are in the window: at 262,144 ids that is
 //! about one chance in 7·10^13 per event.
 
