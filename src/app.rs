@@ -80,6 +80,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         UploaderConfig {
             concurrency: settings.upload_concurrency,
             compression: settings.compression,
+            gzip_level: settings.gzip_level,
             part_size: settings.upload_part_bytes,
             layout: settings.layout.clone(),
         },

@@ -13,6 +13,7 @@ use clap::Parser;
 
 use crate::events::http::EventKeys;
 use crate::events::upload::Compression;
+use crate::storage::gzip::GzipLevel;
 use crate::util::units::{parse_bool, parse_duration, parse_size};
 
 /// Role of the Ray node this sidecar runs beside.
@@ -38,6 +39,14 @@ fn parse_compression(s: &str) -> Result<Compression, String> {
         "none" | "off" => Ok(Compression::None),
         _ => Err("expected gzip or none".into()),
     }
+}
+
+fn parse_gzip_level(s: &str) -> Result<GzipLevel, String> {
+    s.trim()
+        .parse::<u8>()
+        .ok()
+        .and_then(GzipLevel::new)
+        .ok_or_else(|| format!("expected a level from 1 to {}", GzipLevel::MAX))
 }
 
 /// Largest `--dedup-window`: 16 Mi ids, up to a 256 MiB table and a 128 MiB ring, about
@@ -172,6 +181,10 @@ pub struct RunArgs {
     /// Compression of uploaded event objects: gzip or none [default: gzip; or RAY_COLLECTOR_EVENT_COMPRESSION_ENABLED].
     #[arg(long, env = "RHC_COMPRESSION", value_name = "ALGO", value_parser = parse_compression)]
     pub compression: Option<Compression>,
+
+    /// gzip level of uploads: 1 and 2 igzip (least CPU), 3 to 9 libdeflate (smaller objects, more CPU) [default: 1].
+    #[arg(long, env = "RHC_GZIP_LEVEL", value_name = "N", value_parser = parse_gzip_level)]
+    pub gzip_level: Option<GzipLevel>,
 
     /// On SIGTERM, seal and upload everything within this time, then exit.
     #[arg(long, env = "RHC_SHUTDOWN_TIMEOUT", value_name = "DURATION", default_value = "25s", value_parser = parse_duration)]

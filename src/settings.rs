@@ -15,6 +15,7 @@ use crate::cli::{Role, RunArgs};
 use crate::contract::{id_to_hex, is_dns1123_subdomain, is_safe_segment, ClusterLayout, Owner};
 use crate::dashboard::DashboardConfig;
 use crate::events::upload::Compression;
+use crate::storage::gzip::GzipLevel;
 use crate::storage::{self, StorageSpec};
 use crate::util::units::parse_bool;
 
@@ -47,6 +48,8 @@ pub struct Settings {
     pub max_spool_bytes: u64,
     /// Upload compression.
     pub compression: Compression,
+    /// gzip level, when `compression` is gzip.
+    pub gzip_level: GzipLevel,
     /// Shutdown deadline.
     pub shutdown_timeout: Duration,
     /// Body limit.
@@ -217,6 +220,14 @@ impl Settings {
                 _ => Compression::Gzip,
             },
         };
+        if let (Compression::None, Some(level)) = (compression, cli.gzip_level) {
+            return Err(bad(
+                "--gzip-level",
+                &level.to_string(),
+                "applies only to gzip, but compression is none",
+            ));
+        }
+        let gzip_level = cli.gzip_level.unwrap_or_default();
         if max_segment_bytes < 4096 {
             return Err(bad(
                 "--max-segment-bytes",
@@ -346,6 +357,7 @@ impl Settings {
             max_segment_bytes,
             max_spool_bytes,
             compression,
+            gzip_level,
             shutdown_timeout: cli.shutdown_timeout,
             max_body_bytes: cli.max_body_bytes,
             dedup_window: cli.dedup_window,
@@ -393,6 +405,7 @@ mod tests {
         assert_eq!(s.listen.to_string(), "127.0.0.1:8084");
         assert_eq!(s.storage.to_string(), "file://./ray-history");
         assert_eq!(s.compression, Compression::Gzip);
+        assert_eq!(s.gzip_level, GzipLevel::FASTEST);
         assert_eq!(s.max_segment_bytes, 64 << 20);
         assert_eq!(s.max_spool_bytes, 1 << 30);
         assert_eq!(s.role, Role::Head);
@@ -418,6 +431,8 @@ mod tests {
         assert_eq!(s.max_spool_bytes, 200 << 20);
         assert_eq!(s.compression, Compression::None);
         assert_eq!(s.storage.to_string(), "s3://hist");
+        let s = resolve(&["--gzip-level", " 6 "], &[]).unwrap();
+        assert_eq!((s.compression, s.gzip_level.get()), (Compression::Gzip, 6));
         let s = resolve(
             &[
                 "--owner-kind",
@@ -467,6 +482,13 @@ mod tests {
             (vec!["--rotation-interval", "soon"], "--rotation-interval"),
             (vec!["--role", "boss"], "--role"),
             (vec!["--compression", "zstd"], "--compression"),
+            (vec!["--gzip-level", "0"], "--gzip-level"),
+            (vec!["--gzip-level", "10"], "--gzip-level"),
+            (vec!["--gzip-level", "fast"], "--gzip-level"),
+            (
+                vec!["--compression", "none", "--gzip-level", "6"],
+                "applies only to gzip",
+            ),
             (vec!["--dedup-window", "16777217"], "--dedup-window"),
             (vec!["--dedup-window", "lots"], "--dedup-window"),
             (vec!["--cluster-name", "Bad_Name"], "--cluster-name"),

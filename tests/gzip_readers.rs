@@ -3,7 +3,8 @@
 //! go on after the first member see all of it. This test uploads a segment of several
 //! members through the real binary and reads the object back with Go's `compress/gzip` (the
 //! history server's reader, `tests/go/gunzip.go`), Python's `gzip` and flate2's
-//! `MultiGzDecoder` (inspect's): each must give back every line.
+//! `MultiGzDecoder` (inspect's): each must give back every line. Once at the default
+//! `--gzip-level` (igzip) and once at a libdeflate level.
 //!
 //! Go and Python are on every machine the project runs on; with `RHC_REQUIRE_SERVICES=1` (as
 //! `scripts/test.sh` sets) a missing one fails the test instead of skipping it.
@@ -76,22 +77,33 @@ fn run(cmd: &mut Command) -> Option<Vec<u8>> {
     }
 }
 
+/// The default level (igzip) and a libdeflate level: both compressors' objects read whole,
+/// and the flag reaches the uploads (level 6 stores less).
 #[test]
 fn multi_member_objects_read_whole_in_go_python_and_rust() {
+    let default = upload_and_read_back(&[]);
+    let level6 = upload_and_read_back(&["--gzip-level", "6"]);
+    assert!(
+        level6 < default,
+        "--gzip-level 6 stored {level6} bytes, the default {default}"
+    );
+}
+
+/// Uploads the bodies through the binary with `flags`, reads the one `node_events` object
+/// back with every reader, and returns its size.
+fn upload_and_read_back(flags: &[&str]) -> usize {
     let tmp = tempfile::tempdir().expect("tmp");
     let bucket = tmp.path().join("bucket");
-    let mut c = Collector::start(
-        &tmp.path().join("spool"),
-        &[
-            "--storage",
-            bucket.to_str().expect("utf-8 path"),
-            "--enable-log-collector",
-            "false",
-            "--enable-export-events",
-            "false",
-        ],
-        &[],
-    );
+    let mut args = vec![
+        "--storage",
+        bucket.to_str().expect("utf-8 path"),
+        "--enable-log-collector",
+        "false",
+        "--enable-export-events",
+        "false",
+    ];
+    args.extend_from_slice(flags);
+    let mut c = Collector::start(&tmp.path().join("spool"), &args, &[]);
     let (bodies, events) = bodies();
     for b in &bodies {
         let r = c.post(b);
@@ -134,7 +146,7 @@ fn multi_member_objects_read_whole_in_go_python_and_rust() {
     {
         assert!(
             out == whole,
-            "Go read {} of {} bytes",
+            "Go read {} of {} bytes ({flags:?})",
             out.len(),
             whole.len()
         );
@@ -149,11 +161,12 @@ fn multi_member_objects_read_whole_in_go_python_and_rust() {
     {
         assert!(
             out == whole,
-            "Python read {} of {} bytes",
+            "Python read {} of {} bytes ({flags:?})",
             out.len(),
             whole.len()
         );
     }
+    gz.len()
 }
 
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {

@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 use crate::contract::ClusterLayout;
 use crate::events::spool::{FileKind, SealedFile, SpoolStats};
 use crate::metrics as m;
+use crate::storage::gzip::GzipLevel;
 use crate::storage::put::{put_file, UploadError};
 
 /// Compression applied to event and quarantine objects.
@@ -38,6 +39,8 @@ pub struct UploaderConfig {
     pub concurrency: usize,
     /// Compression of event objects.
     pub compression: Compression,
+    /// Its level, when it is gzip.
+    pub gzip_level: GzipLevel,
     /// Size of one multipart part (and the largest single PUT), in bytes of the object.
     pub part_size: usize,
     /// The bucket layout keys are built from.
@@ -274,7 +277,7 @@ async fn upload_file(
             .map_err(store_err)?;
         return Ok(0);
     }
-    let gzip = f.compressible && cfg.compression == Compression::Gzip;
+    let gzip = (f.compressible && cfg.compression == Compression::Gzip).then_some(cfg.gzip_level);
     put_file(store, &path, &key, &f.path, gzip, cfg.part_size).await
 }
 
@@ -287,6 +290,7 @@ mod tests {
         UploaderConfig {
             concurrency: 2,
             compression,
+            gzip_level: GzipLevel::default(),
             part_size: 1024,
             layout: ClusterLayout {
                 root: "r".into(),

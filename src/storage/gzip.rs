@@ -1,22 +1,36 @@
 //! gzip for uploads: each block of the input becomes one gzip member, compressed whole in
-//! memory by ISA-L's igzip, and the members are concatenated.
+//! memory, and the members are concatenated.
 //!
 //! A file of several members is one valid gzip file (RFC 1952 §2.2): Go's `gzip.Reader` (the
 //! history server's), Python's `gzip` and flate2's `MultiGzDecoder` (ours) read it whole.
 //! Compressing whole blocks instead of one stream costs a little ratio (each member starts a
-//! new 32 KiB window) and buys speed. `cargo bench --bench gzip` on 8 MiB of Ray events:
-//! igzip level 1 in 1 MiB members runs at 2.0 GiB/s, 3.4 times the speed of libdeflate
-//! level 1 (what we used before, 9.08:1) for the same ratio, 9.09:1, and 4.8 times that of
-//! zlib-rs level 3 (before that), whose single stream is 5 % smaller (9.60:1). At a busy
-//! node's rate compression was the collector's largest cost (BENCHMARKS.md).
+//! new 32 KiB window) and buys speed.
+//!
+//! Two compressors, chosen by [`GzipLevel`] (`--gzip-level`). Ratios below are from
+//! `cargo bench --bench gzip` on a real Ray 2.60 session's events (`bench/ray_segment.py`)
+//! and on the load generator's replays, against 10.28 and 13.62 for one zlib-rs stream at
+//! level 3 (what uploads used until 2026-11-25); end-to-end costs are in BENCHMARKS.md:
+//! - 1, the default: ISA-L's igzip at its level 1: 9.90 and 12.23, at 2.1–2.8 GiB/s,
+//!   four to five times zlib-rs' speed. At a busy node's rate compression was the
+//!   collector's largest cost.
+//! - 2: igzip's level 2: 10.04 and 12.29, at about the same speed (3 % slower).
+//! - 3 to 9: libdeflate at that level, whose deeper match search stores less for more CPU.
+//!   3 stores what zlib-rs level 3 stored (10.36 and 13.71) at about its speed, 0.5 GiB/s;
+//!   6, 11.37 and 16.18 at 0.39 GiB/s; 9, 12.09 and 17.10 at 0.12–0.15 GiB/s.
+//!
+//! Left out: igzip's level 3 (slower than libdeflate's level 3, and larger on Ray's
+//! events: 9.65), and libdeflate's levels 1 and 2 (three to four times igzip's CPU, for at
+//! most 1 % less on Ray's events: 9.87 and 10.10).
 //!
 //! igzip is C and assembly with run-time dispatch to the CPU's vector units; `isal-sys`
 //! builds it from source, which needs `nasm` and the autotools
-//! (`scripts/install-build-deps.sh`).
+//! (`scripts/install-build-deps.sh`). libdeflate is C, built by `libdeflate-sys`.
 //!
-//! Memory: one input block, one output bound and igzip's level buffer
-//! ([`LEVEL_BUF_BYTES`]) per upload in flight ([`MEMBER_INPUT`]).
+//! Memory: one input block, one output bound and the compressor's scratch (igzip's level
+//! buffer, [`LEVEL_BUF_BYTES`], or libdeflate's match finder) per upload in flight
+//! ([`MEMBER_INPUT`]).
 
+use std::fmt;
 use std::io::{self, Read};
 
 use isal_sys::igzip_lib as igzip;
@@ -25,13 +39,43 @@ use isal_sys::igzip_lib as igzip;
 /// Ray's events at a quarter of the memory per upload.
 pub const MEMBER_INPUT: usize = 1 << 20;
 
-/// igzip's level. Level 1: level 0 is hardly faster on Ray's JSON lines (4 %) and its
-/// output is 23 % larger (7.39:1); levels 2 and 3 gain under 1 % of size (9.14 and 9.10
-/// against 9.09:1), level 3 for 3.6 times the CPU (`cargo bench --bench gzip`).
-pub const LEVEL: u32 = 1;
-
-/// Scratch memory igzip level 1 hashes into: its default ("large") size.
+/// Scratch memory igzip level 1 hashes into: its default ("large") size. Larger buffers
+/// change the ratio by under 0.1 % on Ray's events (level 2 uses its own default, 324 KiB).
 pub const LEVEL_BUF_BYTES: usize = igzip::ISAL_DEF_LVL1_DEFAULT as usize;
+
+/// How hard uploads compress, 1 (fastest, the default) to 9 (smallest), as gzip(1) counts:
+/// 1 and 2 are igzip's levels 1 and 2, 3 to 9 libdeflate at that level (module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GzipLevel(u8);
+
+impl GzipLevel {
+    /// Level 1, igzip's level 1: the default.
+    pub const FASTEST: GzipLevel = GzipLevel(1);
+    /// The largest level.
+    pub const MAX: u8 = 9;
+
+    /// The level `level`, if it is 1 to 9.
+    pub fn new(level: u8) -> Option<GzipLevel> {
+        (1..=Self::MAX).contains(&level).then_some(GzipLevel(level))
+    }
+
+    /// The level as a number.
+    pub fn get(self) -> u8 {
+        self.0
+    }
+}
+
+impl Default for GzipLevel {
+    fn default() -> Self {
+        GzipLevel::FASTEST
+    }
+}
+
+impl fmt::Display for GzipLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
 
 /// The largest member igzip can write for `input` bytes: when the deflated data would not be
 /// smaller, it stores the input as raw blocks of at most 65,535 bytes, each with a 5-byte
@@ -57,12 +101,20 @@ struct Stream(Box<igzip::isal_zstream>);
 // may move to another thread; it is only used through `&mut`, never shared.
 unsafe impl Send for Stream {}
 
+/// The compressor behind an encoder.
+enum Engine {
+    Igzip {
+        stream: Stream,
+        level: u32,
+        /// igzip's scratch for the level (empty for level 0, which needs none).
+        level_buf: Vec<u8>,
+    },
+    Libdeflate(Box<libdeflater::Compressor>),
+}
+
 /// Reads an input stream and yields gzip members of [`MEMBER_INPUT`] bytes of it.
 pub struct MemberEncoder {
-    stream: Stream,
-    level: u32,
-    /// igzip's scratch for the level (empty for level 0, which needs none).
-    level_buf: Vec<u8>,
+    engine: Engine,
     input: Vec<u8>,
     output: Vec<u8>,
     /// At least one member was produced (an empty input still needs one, empty, member).
@@ -70,14 +122,26 @@ pub struct MemberEncoder {
 }
 
 impl MemberEncoder {
-    /// A new encoder at [`LEVEL`].
-    pub fn new() -> MemberEncoder {
-        Self::build(LEVEL, LEVEL_BUF_BYTES)
+    /// A new encoder at `level`: igzip at levels 1 and 2, libdeflate at that level above.
+    pub fn new(level: GzipLevel) -> MemberEncoder {
+        match level.get() {
+            1 => return Self::igzip_with(1, LEVEL_BUF_BYTES),
+            2 => return Self::igzip_with(2, igzip::ISAL_DEF_LVL2_DEFAULT as usize),
+            _ => {}
+        }
+        let lvl = libdeflater::CompressionLvl::new(i32::from(level.get()))
+            // 3 to 9 are libdeflate levels (it has 0 to 12).
+            .unwrap_or_else(|_| libdeflater::CompressionLvl::default());
+        let mut c = Box::new(libdeflater::Compressor::new(lvl));
+        let bound = c
+            .gzip_compress_bound(MEMBER_INPUT)
+            .max(member_bound(MEMBER_INPUT));
+        Self::with_engine(Engine::Libdeflate(c), bound)
     }
 
-    /// An encoder at another igzip level (0 to 3) with that level's default scratch size,
-    /// for `benches/gzip.rs`; `None` for a level igzip does not have.
-    pub fn with_level(level: u32) -> Option<MemberEncoder> {
+    /// An igzip encoder at igzip's level `level` (0 to 3) with that level's default scratch
+    /// size, for `benches/gzip.rs`; `None` for a level igzip does not have.
+    pub fn igzip(level: u32) -> Option<MemberEncoder> {
         let level_buf = match level {
             0 => 0,
             1 => LEVEL_BUF_BYTES,
@@ -85,20 +149,27 @@ impl MemberEncoder {
             3 => igzip::ISAL_DEF_LVL3_DEFAULT as usize,
             _ => return None,
         };
-        Some(Self::build(level, level_buf))
+        Some(Self::igzip_with(level, level_buf))
     }
 
-    fn build(level: u32, level_buf_bytes: usize) -> MemberEncoder {
+    fn igzip_with(level: u32, level_buf_bytes: usize) -> MemberEncoder {
         // SAFETY: `isal_zstream` is a C struct of integers, raw pointers and arrays of them,
         // for which all-zero bytes are a valid value; `compress` initializes it with
         // `isal_deflate_stateless_init` before every use.
         let stream = Stream(unsafe { Box::new(std::mem::zeroed()) });
-        MemberEncoder {
+        let engine = Engine::Igzip {
             stream,
             level,
             level_buf: vec![0u8; level_buf_bytes],
+        };
+        Self::with_engine(engine, member_bound(MEMBER_INPUT))
+    }
+
+    fn with_engine(engine: Engine, output_bytes: usize) -> MemberEncoder {
+        MemberEncoder {
+            engine,
             input: vec![0u8; MEMBER_INPUT],
-            output: vec![0u8; member_bound(MEMBER_INPUT)],
+            output: vec![0u8; output_bytes],
             wrote_member: false,
         }
     }
@@ -136,20 +207,32 @@ impl MemberEncoder {
     /// returns the member's length.
     fn compress(&mut self, len: usize) -> io::Result<usize> {
         let input = &mut self.input[..len];
+        let (stream, level, level_buf) = match &mut self.engine {
+            Engine::Libdeflate(c) => {
+                // The output holds `gzip_compress_bound(MEMBER_INPUT)` bytes: it fits.
+                return c.gzip_compress(input, &mut self.output).map_err(|e| {
+                    io::Error::other(format!("gzip compression failed: libdeflate: {e}"))
+                });
+            }
+            Engine::Igzip {
+                stream,
+                level,
+                level_buf,
+            } => (&mut *stream.0, *level, level_buf),
+        };
         let (Ok(avail_in), Ok(avail_out), Ok(level_buf_size)) = (
             u32::try_from(input.len()),
             u32::try_from(self.output.len()),
-            u32::try_from(self.level_buf.len()),
+            u32::try_from(level_buf.len()),
         ) else {
             return Err(io::Error::other("gzip member larger than 4 GiB"));
         };
-        let stream = &mut *self.stream.0;
         // SAFETY: `stream` is a valid, exclusively borrowed `isal_zstream`; init only writes
         // its fields.
         unsafe { igzip::isal_deflate_stateless_init(stream) };
-        stream.level = self.level;
-        if !self.level_buf.is_empty() {
-            stream.level_buf = self.level_buf.as_mut_ptr();
+        stream.level = level;
+        if !level_buf.is_empty() {
+            stream.level_buf = level_buf.as_mut_ptr();
             stream.level_buf_size = level_buf_size;
         }
         stream.gzip_flag = igzip::IGZIP_GZIP as u16;
@@ -160,7 +243,7 @@ impl MemberEncoder {
         stream.next_out = self.output.as_mut_ptr();
         stream.avail_out = avail_out;
         // SAFETY: the pointers set above are valid for the lengths given, for the duration
-        // of the call, and do not overlap: `input`, `self.output` and `self.level_buf` are
+        // of the call, and do not overlap: `input`, `self.output` and `level_buf` are
         // distinct buffers borrowed mutably here. igzip reads `next_in` only (the pointer is
         // `*mut` in its C signature), writes within `avail_out` and `level_buf_size`, and
         // keeps no pointer past the call (every call starts with `stateless_init`).
@@ -183,7 +266,7 @@ impl MemberEncoder {
 
 impl Default for MemberEncoder {
     fn default() -> Self {
-        MemberEncoder::new()
+        MemberEncoder::new(GzipLevel::default())
     }
 }
 
@@ -200,7 +283,7 @@ mod tests {
     }
 
     fn members(data: &[u8]) -> (Vec<u8>, usize) {
-        let mut enc = MemberEncoder::new();
+        let mut enc = MemberEncoder::default();
         let mut out = Vec::new();
         let mut reader = data;
         let mut seen = 0usize;
@@ -236,6 +319,47 @@ mod tests {
         assert_eq!(first, data[..MEMBER_INPUT]);
     }
 
+    /// Every level writes members that read back whole, across several members of the same
+    /// encoder; the libdeflate levels search deeper than igzip's level 1 and store less.
+    #[test]
+    fn every_level_reads_back_and_libdeflate_levels_store_less() {
+        let data: Vec<u8> = (0..120_000u32)
+            .flat_map(|i| {
+                format!(
+                    "{{\"eventId\":\"{:016x}\",\"sourceType\":\"CORE_WORKER\",\"n\":{}}}\n",
+                    u64::from(i).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                    i % 13
+                )
+                .into_bytes()
+            })
+            .collect();
+        assert!(data.len() > 2 * MEMBER_INPUT);
+        let mut sizes = Vec::new();
+        for n in 1..=GzipLevel::MAX {
+            let level = GzipLevel::new(n).unwrap();
+            let mut enc = MemberEncoder::new(level);
+            let mut gz = Vec::new();
+            let mut reader = &data[..];
+            while enc.next_member(&mut reader, &mut gz, |_| {}).unwrap() {}
+            assert_eq!(gunzip(&gz), data, "level {n}");
+            let headers = gz.windows(4).filter(|w| *w == [0x1f, 0x8b, 8, 0]).count();
+            assert!(headers >= data.len().div_ceil(MEMBER_INPUT), "level {n}");
+            sizes.push(gz.len());
+        }
+        // The level reaches the compressor: libdeflate's 3 and 6 store less than igzip's 1.
+        assert!(sizes[2] < sizes[0], "level 3 against 1: {sizes:?}");
+        assert!(sizes[5] < sizes[2], "level 6 against 3: {sizes:?}");
+    }
+
+    #[test]
+    fn levels_are_one_to_nine() {
+        assert_eq!(GzipLevel::default(), GzipLevel::FASTEST);
+        assert_eq!(GzipLevel::FASTEST.get(), 1);
+        assert!(GzipLevel::new(0).is_none());
+        assert!(GzipLevel::new(10).is_none());
+        assert_eq!(GzipLevel::new(9).map(GzipLevel::get), Some(9));
+    }
+
     #[test]
     fn empty_and_exact_block_inputs() {
         let (gz, _) = members(b"");
@@ -262,6 +386,12 @@ mod tests {
         let (gz, _) = members(&data);
         assert_eq!(gunzip(&gz), data);
         assert!(gz.len() <= 3 * member_bound(MEMBER_INPUT), "{}", gz.len());
+        // libdeflate stores it too, within its own bound.
+        let mut enc = MemberEncoder::new(GzipLevel::new(6).unwrap());
+        let mut gz = Vec::new();
+        let mut reader = &data[..];
+        while enc.next_member(&mut reader, &mut gz, |_| {}).unwrap() {}
+        assert_eq!(gunzip(&gz), data);
         assert_eq!(member_bound(0), 5 + 18);
         assert_eq!(member_bound(65_535), 65_535 + 5 + 18);
         assert_eq!(member_bound(65_536), 65_536 + 10 + 18);

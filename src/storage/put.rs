@@ -10,7 +10,7 @@ use std::io::{self, Read};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::gzip::MemberEncoder;
+use super::gzip::{GzipLevel, MemberEncoder};
 use crate::util::pace::Pacer;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -46,13 +46,14 @@ pub enum UploadError {
     },
 }
 
-/// Uploads a whole file as `path`, gzip-compressed if `gzip`; returns the bytes sent.
+/// Uploads a whole file as `path`, gzip-compressed at the level given, if one is; returns
+/// the bytes sent.
 pub async fn put_file(
     store: &Arc<dyn ObjectStore>,
     path: &ObjectPath,
     key: &str,
     file: &std::path::Path,
-    gzip: bool,
+    gzip: Option<GzipLevel>,
     part_size: usize,
 ) -> Result<u64, UploadError> {
     let reader = PartReader::open(file, gzip)?;
@@ -81,7 +82,7 @@ pub async fn put_file_prefix(
     pace: Option<&Pacer>,
 ) -> Result<SnapshotUpload, UploadError> {
     let location = parse_key(key)?;
-    let reader = PartReader::open_prefix(path, false, limit)?;
+    let reader = PartReader::open_prefix(path, None, limit)?;
     let put = put_parts(store, &location, key, reader, part_size, pace).await?;
     Ok(SnapshotUpload {
         bytes: put.read,
@@ -220,14 +221,14 @@ struct PartReader {
 }
 
 impl PartReader {
-    fn open(path: &std::path::Path, gzip: bool) -> Result<PartReader, UploadError> {
+    fn open(path: &std::path::Path, gzip: Option<GzipLevel>) -> Result<PartReader, UploadError> {
         Self::open_prefix(path, gzip, u64::MAX)
     }
 
     /// Reads at most `limit` bytes (a snapshot of a file that is still growing).
     fn open_prefix(
         path: &std::path::Path,
-        gzip: bool,
+        gzip: Option<GzipLevel>,
         limit: u64,
     ) -> Result<PartReader, UploadError> {
         let file = File::open(path).map_err(|source| UploadError::Read {
@@ -237,7 +238,7 @@ impl PartReader {
         Ok(PartReader {
             path: path.to_path_buf(),
             file: file.take(limit),
-            encoder: gzip.then(|| Box::new(MemberEncoder::new())),
+            encoder: gzip.map(|level| Box::new(MemberEncoder::new(level))),
             read: 0,
             done: false,
         })
@@ -306,13 +307,13 @@ mod tests {
             .flat_map(|i| format!("{{\"i\":{i}}}\n").into_bytes())
             .collect();
         std::fs::write(&p, &data).unwrap();
-        let mut r = PartReader::open(&p, false).unwrap();
+        let mut r = PartReader::open(&p, None).unwrap();
         let mut out = Vec::new();
         while !r.done {
             out.extend(r.next_part(4096).unwrap());
         }
         assert_eq!(out, data);
-        let mut r = PartReader::open(&p, true).unwrap();
+        let mut r = PartReader::open(&p, Some(GzipLevel::FASTEST)).unwrap();
         let mut gz = Vec::new();
         let mut parts = 0;
         while !r.done {
@@ -328,7 +329,7 @@ mod tests {
         assert_eq!(plain, data);
         // Exactly one part's worth: a single PUT.
         std::fs::write(&p, vec![b'x'; 4096]).unwrap();
-        let mut r = PartReader::open(&p, false).unwrap();
+        let mut r = PartReader::open(&p, None).unwrap();
         assert_eq!(r.next_part(4096).unwrap().len(), 4096);
         assert!(r.done);
     }

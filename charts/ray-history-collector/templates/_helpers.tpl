@@ -90,6 +90,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     - --max-spool-bytes={{ $c.maxSpoolBytes }}
     - --rotation-interval={{ $c.rotationInterval }}
     - --compression={{ $c.compression }}
+    {{- if eq $c.compression "gzip" }}
+    - --gzip-level={{ $c.gzipLevel }}
+    {{- end }}
     - --shutdown-timeout={{ $c.shutdownTimeoutSeconds }}s
     - --log-format={{ $c.logFormat }}
     {{- range $c.extraArgs }}
