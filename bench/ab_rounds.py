@@ -3,6 +3,9 @@
 
     bench/ab_rounds.py --mode rate25k --rounds 6 --loadgen target/release/rhc-loadgen OLD NEW...
     bench/ab_rounds.py --mode max --rounds 4 --loadgen ... OLD NEW...
+    bench/ab_rounds.py --mode rate25k --loadgen ... BIN "BIN --gzip-level 3"
+
+A binary may be given with collector flags of its own, as one argument ("BIN --flag value").
 
 Each round runs every binary once, a fresh process and run directory each, the order
 reversed every other round (so no binary always follows the same one). Modes:
@@ -16,15 +19,19 @@ reversed every other round (so no binary always follows the same one). Modes:
 Both with ``--enable-log-collector false --enable-export-events false``, 4 clients and
 1,000-event batches (the load generator's defaults). CPU per event is the collector's CPU
 over the window (``rhc-loadgen --pid``: user + system from /proc) divided by the events
-acknowledged. Prints one line per run and, at the end, one JSON line per binary: medians,
+acknowledged. In ``rate25k`` mode, after the collector has uploaded everything and exited
+(SIGTERM), the event objects in the bucket are measured too: bytes stored per event, over
+all the events they hold (the warm-up's included). Prints one line per run and, at the end, one JSON line per binary: medians,
 ranges and the median of the same-round ratios to the first binary. Machines are noisy:
 compare the ratios, not the absolute figures of different runs.
 
 Loopback only; every run is bounded in time; every process started is stopped.
 """
 import argparse
+import gzip
 import json
 import os
+import shlex
 import shutil
 import socket
 import statistics
@@ -36,10 +43,27 @@ import time
 from log_growth import free_port
 
 
-def one_run(mode, loadgen, binary, scratch):
+def stored_per_event(bucket):
+    """Bytes of event objects in ``bucket`` per event line they hold."""
+    size = lines = 0
+    for root, _dirs, files in os.walk(bucket):
+        for name in files:
+            if "_events" not in root or not name.endswith((".jsonl", ".jsonl.gz")):
+                continue
+            path = os.path.join(root, name)
+            size += os.path.getsize(path)
+            opener = gzip.open if name.endswith(".gz") else open
+            with opener(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    lines += block.count(b"\n")
+    return size / lines if lines else float("nan")
+
+
+def one_run(mode, loadgen, spec, scratch):
     d = tempfile.mkdtemp(dir=scratch)
     port = free_port()
-    args = [binary, "--spool-dir", d + "/spool", "--storage", d + "/bucket",
+    binary, *extra = shlex.split(spec)
+    args = [binary, *extra, "--spool-dir", d + "/spool", "--storage", d + "/bucket",
             "--listen", f"127.0.0.1:{port}",
             "--enable-log-collector", "false", "--enable-export-events", "false"]
     if mode == "max":
@@ -73,6 +97,10 @@ def one_run(mode, loadgen, binary, scratch):
         except subprocess.TimeoutExpired:
             collector.kill()
             collector.wait()
+    try:
+        if mode == "rate25k":
+            result["stored_bytes_per_event"] = stored_per_event(d + "/bucket")
+    finally:
         shutil.rmtree(d, ignore_errors=True)
     result["us_per_event"] = result["cpu_cores"] / result["events_per_s"] * 1e6
     return result
@@ -96,7 +124,9 @@ def main():
             j = one_run(a.mode, a.loadgen, b, scratch)
             res[b].append(j)
             print(f"round {r} {b}: {j['events_per_s']:.0f} ev/s, {j['us_per_event']:.2f} us/ev, "
-                  f"rss {j['rss_peak_mib']:.1f} MiB, p50 {j['p50_ms']} ms, p99 {j['p99_ms']} ms",
+                  f"rss {j['rss_peak_mib']:.1f} MiB, p50 {j['p50_ms']} ms, p99 {j['p99_ms']} ms"
+                  + (f", {j['stored_bytes_per_event']:.1f} B/ev stored"
+                     if "stored_bytes_per_event" in j else ""),
                   flush=True)
     base = res[a.binaries[0]]
     for b in a.binaries:
@@ -108,8 +138,11 @@ def main():
         def ratio(k):
             return statistics.median(x[k] / y[k] for x, y in zip(xs, base))
 
+        stored = ({"stored_bytes_per_event": med("stored_bytes_per_event")}
+                  if "stored_bytes_per_event" in xs[0] else {})
         print(json.dumps({
             "bin": b,
+            **stored,
             "events_per_s": med("events_per_s"),
             "us_per_event": med("us_per_event"),
             "us_per_event_range": [min(x["us_per_event"] for x in xs),
