@@ -17,30 +17,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 ./scripts/install-build-deps.sh
 
-missing=()
-command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || missing+=(gcc-aarch64-linux-gnu)
-[[ -d /usr/aarch64-linux-gnu/lib ]] || missing+=(libc6-dev-arm64-cross)
-command -v qemu-aarch64-static >/dev/null 2>&1 || missing+=(qemu-user-static)
-if ((${#missing[@]} > 0)); then
-    if ! command -v apt-get >/dev/null 2>&1; then
-        echo "check-aarch64: missing ${missing[*]}; install them with your package manager" >&2
-        exit 1
-    fi
-    as_root=()
-    if [[ "$(id -u)" != 0 ]]; then
-        if command -v sudo >/dev/null 2>&1; then
-            as_root=(sudo)
-        else
-            echo "check-aarch64: missing ${missing[*]}; run as root:" \
-                "apt-get install -y ${missing[*]}" >&2
-            exit 1
-        fi
-    fi
-    echo "check-aarch64: installing ${missing[*]} (apt-get)" >&2
-    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        --no-install-recommends "${missing[@]}" >&2
-fi
+./scripts/install-build-deps.sh \
+    aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu \
+    /usr/aarch64-linux-gnu/include/stdio.h:libc6-dev-arm64-cross \
+    qemu-aarch64-static:qemu-user-static
 
 target=aarch64-unknown-linux-gnu
 if ! rustup target list --installed | grep -qx "$target"; then

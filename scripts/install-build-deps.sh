@@ -4,15 +4,26 @@
 # source with nasm and the autotools.
 #
 #   ./scripts/install-build-deps.sh      # then: cargo build --release
+#   ./scripts/install-build-deps.sh WHAT:PACKAGE...   # other tools (scripts/check-aarch64.sh)
 #
 # Idempotent and quick when everything is there. Installs the missing Debian/Ubuntu packages
 # (nasm autoconf automake libtool make) with apt-get, as root or through sudo; elsewhere it
-# names what is missing and exits 1.
+# names what is missing and exits 1. With arguments, checks those instead: WHAT is a
+# command, or an absolute path that must exist, and PACKAGE the package that provides it.
 set -euo pipefail
 
+pairs=("$@")
+if ((${#pairs[@]} == 0)); then
+    pairs=(nasm:nasm autoconf:autoconf automake:automake libtoolize:libtool make:make)
+fi
 missing=()
-for pair in nasm:nasm autoconf:autoconf automake:automake libtoolize:libtool make:make; do
-    command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+for pair in "${pairs[@]}"; do
+    what="${pair%%:*}"
+    if [[ "$what" == /* ]]; then
+        [[ -e "$what" ]] || missing+=("${pair#*:}")
+    else
+        command -v "$what" >/dev/null 2>&1 || missing+=("${pair#*:}")
+    fi
 done
 if ((${#missing[@]} == 0)); then
     exit 0
@@ -20,7 +31,7 @@ fi
 
 if ! command -v apt-get >/dev/null 2>&1; then
     echo "install-build-deps: missing ${missing[*]}; install them with your package manager" \
-        "(nasm >= 2.14), then build again" >&2
+        "(nasm >= 2.14 for igzip), then build again" >&2
     exit 1
 fi
 as_root=()
