@@ -9,7 +9,8 @@
 //! Two compressors, chosen by [`GzipLevel`] (`--gzip-level`). Ratios below are from
 //! `cargo bench --bench gzip` on a real Ray 2.60 session's events (`bench/ray_segment.py`)
 //! and on the load generator's replays, against 10.28 and 13.62 for one zlib-rs stream at
-//! level 3 (what uploads used until 2026-11-25); end-to-end costs are in BENCHMARKS.md:
+//! level 3 (what uploads used before libdeflate and igzip); end-to-end costs are in
+//! BENCHMARKS.md:
 //! - 1, the default: ISA-L's igzip at its level 1: 9.90 and 12.23, at 2.1–2.8 GiB/s,
 //!   four to five times zlib-rs' speed. At a busy node's rate compression was the
 //!   collector's largest cost.
