@@ -3,12 +3,13 @@
 //!
 //! The window is bounded by count: a ring of the hashes plus a set of the same hashes, 24 to
 //! 40 bytes per remembered hash (the set's table has two to four slots per id it holds: it
-//! doubles while it fills, up to twice the window rounded up to a power of two). The set is our own open-addressing table of the hashes
-//! themselves ([`Slots`]) rather than a `HashSet`: at the default window (262,144 ids, 4 MiB
-//! of table) nearly every lookup misses the CPU caches, and the spool writer looks up every
-//! event twice (the new id, and the evicted one). One array of hashes makes that one miss
-//! per lookup instead of a control byte and a bucket, and [`DedupWindow::prefetch`] lets the
-//! writer start the miss for an event before it gets there.
+//! doubles while it fills, up to twice the window rounded up to a power of two). The set is
+//! our own open-addressing table of the hashes themselves ([`Slots`]) rather than a
+//! `HashSet`: at the default window (262,144 ids, 4 MiB of table) nearly every lookup misses
+//! the CPU caches, and the spool writer looks up every event twice (the new id, and the
+//! evicted one). One array of hashes makes that one miss per lookup instead of a control
+//! byte and a bucket, and [`DedupWindow::prefetch`] lets the writer start the miss for an
+//! event before it gets there.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -197,12 +198,8 @@ impl Slots {
         let size = self.slots.len() * 2;
         let old = std::mem::replace(&mut self.slots, vec![0u64; size].into_boxed_slice());
         self.shift = u64::BITS - size.trailing_zeros();
-        let mask = self.mask();
         for hash in old.iter().copied().filter(|&h| h != 0) {
-            let mut i = self.home(hash);
-            while self.slots[i] != 0 {
-                i = (i + 1) & mask;
-            }
+            let (i, _) = self.find(hash);
             self.slots[i] = hash;
         }
     }
