@@ -93,6 +93,18 @@ pub const fn member_bound(input: usize) -> usize {
     input + blocks * STORED_HEADER + GZIP_WRAPPER
 }
 
+/// The scratch memory igzip's level `level` hashes into (its default size), or `None` for a
+/// level igzip does not have.
+fn igzip_level_buf(level: u32) -> Option<usize> {
+    match level {
+        0 => Some(0),
+        1 => Some(LEVEL_BUF_BYTES),
+        2 => Some(igzip::ISAL_DEF_LVL2_DEFAULT as usize),
+        3 => Some(igzip::ISAL_DEF_LVL3_DEFAULT as usize),
+        _ => None,
+    }
+}
+
 /// igzip's stream state, about 80 KiB: boxed, and set up afresh for every member.
 struct Stream(Box<igzip::isal_zstream>);
 
@@ -125,32 +137,26 @@ pub struct MemberEncoder {
 impl MemberEncoder {
     /// A new encoder at `level`: igzip at levels 1 and 2, libdeflate at that level above.
     pub fn new(level: GzipLevel) -> MemberEncoder {
-        match level.get() {
-            1 => return Self::igzip_with(1, LEVEL_BUF_BYTES),
-            2 => return Self::igzip_with(2, igzip::ISAL_DEF_LVL2_DEFAULT as usize),
-            _ => {}
+        let n = u32::from(level.get());
+        match igzip_level_buf(n) {
+            Some(level_buf) if n <= 2 => Self::igzip_with(n, level_buf),
+            _ => Self::libdeflate(level),
         }
-        let lvl = libdeflater::CompressionLvl::new(i32::from(level.get()))
-            // 3 to 9 are libdeflate levels (it has 0 to 12).
-            .unwrap_or_else(|_| libdeflater::CompressionLvl::default());
-        let mut c = Box::new(libdeflater::Compressor::new(lvl));
-        let bound = c
-            .gzip_compress_bound(MEMBER_INPUT)
-            .max(member_bound(MEMBER_INPUT));
-        Self::with_engine(Engine::Libdeflate(c), bound)
     }
 
     /// An igzip encoder at igzip's level `level` (0 to 3) with that level's default scratch
     /// size, for `benches/gzip.rs`; `None` for a level igzip does not have.
     pub fn igzip(level: u32) -> Option<MemberEncoder> {
-        let level_buf = match level {
-            0 => 0,
-            1 => LEVEL_BUF_BYTES,
-            2 => igzip::ISAL_DEF_LVL2_DEFAULT as usize,
-            3 => igzip::ISAL_DEF_LVL3_DEFAULT as usize,
-            _ => return None,
-        };
-        Some(Self::igzip_with(level, level_buf))
+        igzip_level_buf(level).map(|level_buf| Self::igzip_with(level, level_buf))
+    }
+
+    fn libdeflate(level: GzipLevel) -> MemberEncoder {
+        let lvl = libdeflater::CompressionLvl::new(i32::from(level.get()))
+            // 3 to 9 are libdeflate levels (it has 0 to 12).
+            .unwrap_or_else(|_| libdeflater::CompressionLvl::default());
+        let mut c = Box::new(libdeflater::Compressor::new(lvl));
+        let bound = c.gzip_compress_bound(MEMBER_INPUT);
+        Self::with_engine(Engine::Libdeflate(c), bound)
     }
 
     fn igzip_with(level: u32, level_buf_bytes: usize) -> MemberEncoder {
