@@ -244,9 +244,15 @@ fn kind_label(kind: FileKind) -> &'static str {
     }
 }
 
+/// The gzip level a sealed file is uploaded at, or `None` if it is uploaded as it is: its
+/// object key ends in `.gz` exactly when this is `Some`.
+fn gzip_level(cfg: &UploaderConfig, f: &SealedFile) -> Option<GzipLevel> {
+    (f.compressible && cfg.compression == Compression::Gzip).then_some(cfg.gzip_level)
+}
+
 /// The object key of a sealed file.
 pub fn object_key(cfg: &UploaderConfig, f: &SealedFile) -> String {
-    let gzip = f.compressible && cfg.compression == Compression::Gzip;
+    let gzip = gzip_level(cfg, f).is_some();
     match f.kind {
         FileKind::Marker => cfg.layout.session_marker_key(&f.relative_key),
         FileKind::Events => cfg.layout.event_object_key(&f.relative_key, gzip),
@@ -277,8 +283,15 @@ async fn upload_file(
             .map_err(store_err)?;
         return Ok(0);
     }
-    let gzip = (f.compressible && cfg.compression == Compression::Gzip).then_some(cfg.gzip_level);
-    put_file(store, &path, &key, &f.path, gzip, cfg.part_size).await
+    put_file(
+        store,
+        &path,
+        &key,
+        &f.path,
+        gzip_level(cfg, f),
+        cfg.part_size,
+    )
+    .await
 }
 
 #[cfg(test)]
