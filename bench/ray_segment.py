@@ -9,7 +9,8 @@ sent them, to OUT. Then:
 
     RHC_GZIP_INPUT=OUT cargo bench --bench gzip
 
-prints the ratio of each compressor on it (zlib-rs level 3, libdeflate and igzip members).
+prints the ratio of each `--gzip-level`, igzip's other levels and one zlib-rs level 3
+stream on it.
 
     bench/ray_segment.py --collector target/release/ray-history-collector \
         --python .test-deps/venv/bin/python --out /tmp/ray-segment.jsonl
