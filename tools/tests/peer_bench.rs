@@ -4,8 +4,10 @@
 //!
 //! moto comes from `$RHC_MOTO_SERVER` (exported by `./scripts/test.sh`); without it the
 //! tests that need it are skipped, unless `RHC_REQUIRE_SERVICES=1`. KubeRay's collector is
-//! not part of this repository: its test runs only when `RHC_PEER_COLLECTOR` is set (the
-//! pinned `go install` of `rhc_testkit::peer::PEER_INSTALL` provides the binary).
+//! not part of this repository: its two tests are marked ignored, so the runner's summary
+//! counts them as not run; `scripts/test.sh` runs them with `--ignored` when
+//! `RHC_PEER_COLLECTOR` names the binary (the pinned `go install` of
+//! `rhc_testkit::peer::PEER_INSTALL` provides it) and otherwise lists them in its last line.
 
 use std::path::Path;
 use std::process::Command;
@@ -85,12 +87,13 @@ fn measures_ours_end_to_end_against_moto() {
     assert!(!work.path().join("ours").exists());
 }
 
+/// Ignored in the default run (KubeRay's collector is often not installable here);
+/// `scripts/test.sh` runs it with `--ignored` when `RHC_PEER_COLLECTOR` names the binary.
 #[test]
+#[ignore = "needs KubeRay's collector (RHC_PEER_COLLECTOR); scripts/test.sh runs it when installed"]
 fn measures_kuberays_collector_when_it_is_given() {
-    let Some(peer) = peer_collector_bin() else {
-        eprintln!("RHC_PEER_COLLECTOR is not set: KubeRay's collector is not measured");
-        return;
-    };
+    let peer = peer_collector_bin()
+        .expect("RHC_PEER_COLLECTOR must name KubeRay's collector binary for this test");
     let Some(moto) = MotoS3::start() else {
         return;
     };
@@ -177,12 +180,12 @@ fn the_summary_takes_ratios_within_each_round() {
     );
 }
 
+/// Ignored in the default run, as above.
 #[test]
+#[ignore = "needs KubeRay's collector (RHC_PEER_COLLECTOR); scripts/test.sh runs it when installed"]
 fn the_side_by_side_faults_count_both_collectors() {
-    let Some(peer) = peer_collector_bin() else {
-        eprintln!("RHC_PEER_COLLECTOR is not set: the side-by-side faults are not run");
-        return;
-    };
+    let peer = peer_collector_bin()
+        .expect("RHC_PEER_COLLECTOR must name KubeRay's collector binary for this test");
     let Ok(moto) = std::env::var("RHC_MOTO_SERVER") else {
         assert!(
             !std::env::var("RHC_REQUIRE_SERVICES").is_ok_and(|v| v == "1"),
