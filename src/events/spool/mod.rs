@@ -49,6 +49,13 @@ pub(super) const QUARANTINE_DIR: &str = "quarantine";
 /// Below the spool dir: one empty file per session whose marker must be uploaded.
 pub(super) const MARKERS_DIR: &str = "markers";
 
+/// The most partitions (session, node, stream, hour: one spool file, then one object each)
+/// one request may write to. Ray's batches span one session and node, a few jobs and an
+/// hour or two; a request naming more (thousands of hours cost thousands of files and
+/// objects) has its further events filed under the arrival hour of their stream, and what
+/// still does not fit quarantined (`too_many_partitions`), kept as sent.
+pub const MAX_PARTITIONS_PER_REQUEST: usize = 512;
+
 /// Export event ids are hashed apart from pushed event ids (different id spaces).
 pub const EXPORT_ID_SALT: u64 = 0x6578_706f_7274_0000;
 
@@ -105,6 +112,12 @@ impl SpoolError {
     /// True when the spool's budget refused the request: the caller answers 503.
     pub fn is_over_budget(&self) -> bool {
         matches!(self, SpoolError::OverBudget { .. })
+    }
+
+    /// True when the writer has stopped (shutdown): the caller answers 503, so Ray resends
+    /// to the next start, which finds everything acknowledged before in the spool.
+    pub fn is_stopped(&self) -> bool {
+        matches!(self, SpoolError::Stopped)
     }
 
     /// True when the disk is full or over quota: the caller should answer 503, not 500.
