@@ -968,4 +968,74 @@ mod tests {
         assert_eq!(sealed.bytes, text.len() as u64);
         spool.stop();
     }
+
+    /// More partitions than one request may open: the first half stay, the rest move to the
+    /// arrival hour of their stream while there is room, and what is left over (more
+    /// streams than room) is quarantined; every event is placed exactly once.
+    #[test]
+    fn a_request_over_the_partition_bound_is_folded_then_quarantined() {
+        let partition = |stream: Stream, hour: i64| Partition {
+            session: "s".into(),
+            node: "n".into(),
+            stream,
+            hour: Hour(hour),
+        };
+        let mut parts = Vec::new();
+        let mut next = 0usize;
+        let mut add = |parts: &mut Vec<PartitionBatch>, p: Partition| {
+            let events = (0..2)
+                .map(|_| {
+                    next += 1;
+                    EventSpan::new(next * 10..next * 10 + 5, None, false).unwrap()
+                })
+                .collect();
+            parts.push(PartitionBatch {
+                partition: p,
+                events,
+            });
+        };
+        // 400 hours of the node stream, then 700 jobs in one hour.
+        for h in 0..400 {
+            add(&mut parts, partition(Stream::Node, 1_000 + h));
+        }
+        for j in 0..700 {
+            add(
+                &mut parts,
+                partition(Stream::Job(format!("{j:08x}")), 5_000),
+            );
+        }
+        let arrival = Hour(9_999);
+        let mut quarantine = Vec::new();
+        let out = bound_partitions(&parts, arrival, &mut quarantine);
+        assert_eq!(out.len(), MAX_PARTITIONS_PER_REQUEST);
+        // The first half as routed.
+        for (o, p) in out.iter().zip(&parts).take(PARTITIONS_KEPT_AS_ROUTED) {
+            assert_eq!(o.partition, p.partition);
+        }
+        // The node stream's other 144 hours are one partition at the arrival hour.
+        let node_arrival = out
+            .iter()
+            .find(|o| o.partition == partition(Stream::Node, arrival.0))
+            .unwrap();
+        assert_eq!(
+            node_arrival.events.len(),
+            2 * (400 - PARTITIONS_KEPT_AS_ROUTED)
+        );
+        // Every event once: in a partition or in quarantine.
+        let mut starts: Vec<usize> = out
+            .iter()
+            .flat_map(|o| o.events.iter().map(|e| e.range().start))
+            .chain(quarantine.iter().map(|q| q.start))
+            .collect();
+        starts.sort_unstable();
+        assert_eq!(starts, (1..=next).map(|k| k * 10).collect::<Vec<_>>());
+        assert!(quarantine
+            .iter()
+            .all(|q| q.reason == QuarantineReason::TooManyPartitions));
+        assert_eq!(
+            quarantine.len(),
+            2 * (400 + 700 - PARTITIONS_KEPT_AS_ROUTED - 144)
+                - 2 * (MAX_PARTITIONS_PER_REQUEST - PARTITIONS_KEPT_AS_ROUTED - 1)
+        );
+    }
 }
