@@ -48,6 +48,10 @@ pub(super) const EVENTS_DIR: &str = "events";
 pub(super) const QUARANTINE_DIR: &str = "quarantine";
 /// Below the spool dir: one empty file per session whose marker must be uploaded.
 pub(super) const MARKERS_DIR: &str = "markers";
+/// Below the spool dir: for a segment whose rolled-back tail could not be truncated, a file
+/// of the same name holding its durable length, so that a restart uploads (and reloads ids
+/// from) only that much.
+pub(super) const CUTS_DIR: &str = "cuts";
 
 /// The most partitions (session, node, stream, hour: one spool file, then one object each)
 /// one request may write to. Ray's batches span one session and node, a few jobs and an

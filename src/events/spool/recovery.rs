@@ -4,13 +4,18 @@
 //! deduplication window, so a batch Ray resends across our restart is still recognised;
 //! sessions with events get their markers.
 //!
+//! A segment whose rolled-back lines could not be truncated before the restart has its
+//! durable length recorded in the cuts folder: it is truncated to it now (or, if that fails
+//! again, uploaded and read for ids only up to it).
+//!
 //! Which ids: Ray resends what it sent last, so the window is filled from the end of the
 //! most recently written segments (by modification time), each read backwards in chunks
 //! until the window is full, and the ids are inserted oldest first, so the window's own
 //! eviction order keeps the newest ones. Reading backwards also bounds the start's work by
 //! the window, not by the spool's size.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -20,8 +25,8 @@ use std::time::SystemTime;
 use super::segments::Target;
 use super::writer::Writer;
 use super::{
-    dedup_key, FileKind, RecoveryReport, SealedFile, SpoolError, EVENTS_DIR, EXPORT_ID_SALT,
-    MARKERS_DIR, QUARANTINE_DIR,
+    dedup_key, FileKind, RecoveryReport, SealedFile, SpoolError, CUTS_DIR, EVENTS_DIR,
+    EXPORT_ID_SALT, MARKERS_DIR, QUARANTINE_DIR,
 };
 use crate::contract::quarantine::{parse_key, QuarantineKey};
 use crate::contract::{is_safe_segment, Hour, Partition};
@@ -35,9 +40,10 @@ impl Writer {
     /// Walks what an earlier run left: every file is sealed and queued; torn tails are cut.
     pub(super) fn recover(&mut self) -> Result<RecoveryReport, SpoolError> {
         let mut report = RecoveryReport::default();
+        let mut cuts = self.read_cuts()?;
         let mut found: Vec<(SealedFile, Option<Partition>)> = Vec::new();
         // Last modification of each event segment, to reload the newest ids first.
-        let mut modified: Vec<(SystemTime, u64, PathBuf, u64)> = Vec::new();
+        let mut modified: Vec<(SystemTime, u64, PathBuf, u64, u64)> = Vec::new();
         for kind in [FileKind::Events, FileKind::Quarantine] {
             let base = self.cfg.dir.join(match kind {
                 FileKind::Events => EVENTS_DIR,
@@ -79,13 +85,18 @@ impl Writer {
                     },
                 };
                 self.segs.last_n = self.segs.last_n.max(created);
+                let mut bytes = meta.len();
+                if let Some((cut, len)) = path.file_name().and_then(|n| cuts.remove(n)) {
+                    bytes = bytes.min(len);
+                    apply_cut(&path, &cut, bytes);
+                }
                 if let Some(p) = &partition {
                     let salt = match p.stream {
                         crate::contract::Stream::Export(_) => EXPORT_ID_SALT,
                         _ => 0,
                     };
                     let at = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                    modified.push((at, created, path.clone(), salt));
+                    modified.push((at, created, path.clone(), salt, bytes));
                 }
                 found.push((
                     SealedFile {
@@ -93,17 +104,26 @@ impl Writer {
                         kind,
                         relative_key: rel,
                         created_unix_nanos: created,
-                        bytes: meta.len(),
+                        bytes,
                         compressible,
                     },
                     partition,
                 ));
             }
         }
+        // A length recorded for a segment that is gone (uploaded) is no longer needed.
+        for (cut, _) in cuts.into_values() {
+            let _ = fs::remove_file(&cut);
+        }
         // Cut torn tails first: the torn bytes go to quarantine before the segment shrinks.
         let mut torn = Vec::new();
         for (f, _) in found.iter_mut() {
             if f.kind != FileKind::Events && !f.relative_key.ends_with(".jsonl") {
+                continue;
+            }
+            // Longer than its durable length (a cut that could not be applied): what follows
+            // that length is never read, torn or not.
+            if fs::metadata(&f.path).is_ok_and(|m| m.len() != f.bytes) {
                 continue;
             }
             if let Some((keep, tail)) = torn_tail(&f.path)? {
@@ -140,7 +160,11 @@ impl Writer {
         // keeps the newest.
         modified.sort_by_key(|m| std::cmp::Reverse((m.0, m.1)));
         modified.truncate(MAX_ID_FILES);
-        let files: Vec<(PathBuf, u64)> = modified.into_iter().map(|(_, _, p, s)| (p, s)).collect();
+        let files: Vec<(PathBuf, u64, u64)> = modified
+            .into_iter()
+            .map(|(_, _, p, salt, len)| (p, salt, len))
+            .collect();
+
         let newest_first = newest_ids(&files, self.cfg.dedup_window);
         for h in newest_first.iter().rev() {
             self.dedup.insert(*h);
@@ -181,6 +205,50 @@ impl Writer {
     }
 }
 
+impl Writer {
+    /// The durable lengths recorded for segments whose rollback could not truncate them
+    /// ([`CUTS_DIR`]), by segment file name. An unreadable record is reported and left.
+    fn read_cuts(&self) -> Result<HashMap<OsString, (PathBuf, u64)>, SpoolError> {
+        let dir = self.cfg.dir.join(CUTS_DIR);
+        let mut out = HashMap::new();
+        let entries = fs::read_dir(&dir).map_err(|e| SpoolError::io("listing", &dir, e))?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            match fs::read_to_string(&path)
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok())
+            {
+                Some(len) => {
+                    out.insert(entry.file_name(), (path, len));
+                }
+                None => {
+                    tracing::error!(path = %path.display(), "unreadable record of a segment's durable length; left alone");
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Truncates the segment at `path` to `len`, its durable length, and then drops the record
+/// `cut`; if the truncate fails again the record stays, and the segment is uploaded (and its
+/// ids reloaded) only up to `len` anyway.
+fn apply_cut(path: &Path, cut: &Path, len: u64) {
+    let truncated = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_len(len).and_then(|_| f.sync_all()));
+    match truncated {
+        Ok(()) => {
+            tracing::warn!(path = %path.display(), durable_bytes = len, "cut the rolled-back lines off a segment left by the last run");
+            let _ = fs::remove_file(cut);
+        }
+        Err(e) => {
+            tracing::error!(path = %path.display(), durable_bytes = len, error = %e, "could not cut the rolled-back lines off a segment; uploading its durable length only");
+        }
+    }
+}
+
 /// Bytes read at a time when reading a segment backwards for its ids.
 const ID_SCAN_CHUNK: usize = 64 * 1024;
 
@@ -193,15 +261,15 @@ const MAX_ID_LINE: usize = 8 << 20;
 /// of the segments it wrote to last.
 const MAX_ID_FILES: usize = 1024;
 
-/// The deduplication keys of up to `want` event ids of `files` (most recently written
-/// first), newest first: one id from the end of each file in turn, round after round. A
+/// The deduplication keys of up to `want` event ids of `files` (path, salt, and durable
+/// length; most recently written first), newest first: one id from the end of each file in turn, round after round. A
 /// batch Ray resends spans a few partitions written together; taking their tails side by
 /// side keeps each one's newest ids, where reading one file to the end first would fill the
 /// window from it alone. A file that cannot be read is logged and left out.
-pub(super) fn newest_ids(files: &[(PathBuf, u64)], want: usize) -> Vec<u64> {
+pub(super) fn newest_ids(files: &[(PathBuf, u64, u64)], want: usize) -> Vec<u64> {
     let mut readers: Vec<TailIds> = files
         .iter()
-        .filter_map(|(path, salt)| match TailIds::open(path, *salt) {
+        .filter_map(|(path, salt, len)| match TailIds::open(path, *salt, *len) {
             Ok(r) => Some(r),
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "could not reload the event ids of a segment; a resend of its events may be stored twice");
@@ -247,11 +315,12 @@ pub(super) struct TailIds {
 }
 
 impl TailIds {
-    pub(super) fn open(path: &Path, salt: u64) -> io::Result<TailIds> {
+    /// Reads the file's first `len` bytes (its durable length) at most.
+    pub(super) fn open(path: &Path, salt: u64, len: u64) -> io::Result<TailIds> {
         Ok(TailIds {
             path: path.to_path_buf(),
             salt,
-            pos: fs::metadata(path)?.len(),
+            pos: fs::metadata(path)?.len().min(len),
             carry: Vec::new(),
             skipping: false,
             ids: Vec::new(),
@@ -425,7 +494,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("s");
         let ids = write_ids(&p, "id", 30_000, Some(29_990));
-        let files = vec![(p.clone(), 7)];
+        let files = vec![(p.clone(), 7, u64::MAX)];
         let out = newest_ids(&files, 20_000);
         let want: Vec<u64> = ids.iter().rev().take(20_000).copied().collect();
         assert_eq!(out, want);
@@ -441,7 +510,14 @@ mod tests {
         let (a, b) = (dir.path().join("a"), dir.path().join("b"));
         let ids_a = write_ids(&a, "a", 5_000, None);
         let ids_b = write_ids(&b, "b", 50, None);
-        let out = newest_ids(&[(a, 7), (b, 7), (dir.path().join("gone"), 7)], 200);
+        let out = newest_ids(
+            &[
+                (a, 7, u64::MAX),
+                (b, 7, u64::MAX),
+                (dir.path().join("gone"), 7, u64::MAX),
+            ],
+            200,
+        );
         assert_eq!(out.len(), 200);
         for id in ids_a.iter().rev().take(100).chain(ids_b.iter()) {
             assert!(out.contains(id));

@@ -21,8 +21,8 @@ use super::segments::{OpenSegment, Segments, Target};
 use super::sync::{run_sync, run_syncer, sync_dir, SyncJob, SYNCFS_ABOVE};
 use super::{
     AppendBatch, AppendOutcome, AppendReply, Command, EventSpan, FileKind, PartitionBatch,
-    QuarantinedEvent, RecoveryReport, SealedFile, SpoolConfig, SpoolError, SpoolStats, EVENTS_DIR,
-    MARKERS_DIR, MAX_PARTITIONS_PER_REQUEST, QUARANTINE_DIR,
+    QuarantinedEvent, RecoveryReport, SealedFile, SpoolConfig, SpoolError, SpoolStats, CUTS_DIR,
+    EVENTS_DIR, MARKERS_DIR, MAX_PARTITIONS_PER_REQUEST, QUARANTINE_DIR,
 };
 use crate::contract::quarantine::body_key;
 use crate::contract::{is_safe_segment, Hour, Partition};
@@ -221,7 +221,7 @@ impl Writer {
                 None => break,
             }
         }
-        for sub in [EVENTS_DIR, QUARANTINE_DIR, MARKERS_DIR] {
+        for sub in [EVENTS_DIR, QUARANTINE_DIR, MARKERS_DIR, CUTS_DIR] {
             let d = cfg.dir.join(sub);
             fs::create_dir_all(&d).map_err(|e| SpoolError::io("creating", &d, e))?;
         }
@@ -814,16 +814,35 @@ impl Writer {
                     .is_ok(),
             };
             if !ok {
-                broken.push(t.clone());
+                broken.push((t.clone(), seg.path.clone(), seg.len));
             }
         }
         // A segment we could not truncate is sealed at its durable length: the uploader sends
         // that many bytes, never the rolled-back lines behind them (their ids are forgotten,
-        // so Ray's resend is stored again elsewhere).
-        for t in broken {
-            tracing::error!(target = ?t, "could not roll back a failed write; sealing the segment");
+        // so Ray's resend is stored again elsewhere). The length is also recorded on disk,
+        // for a restart before the upload.
+        for (t, path, len) in broken {
+            tracing::error!(target = ?t, durable_bytes = len, "could not roll back a failed write; sealing the segment at its durable length");
+            if let Err(e) = self.record_cut(&path, len) {
+                tracing::error!(error = %e, "could not record the durable length of the segment either; a restart before its upload would send the rolled-back lines too");
+            }
             self.seal(&t);
         }
+    }
+
+    /// Records durably that only the first `len` bytes of the segment at `path` count
+    /// ([`CUTS_DIR`]); recovery applies it.
+    fn record_cut(&mut self, path: &std::path::Path, len: u64) -> Result<(), SpoolError> {
+        let dir = self.cfg.dir.join(CUTS_DIR);
+        let Some(name) = path.file_name() else {
+            return Ok(());
+        };
+        let cut = dir.join(name);
+        let mut f = File::create(&cut).map_err(|e| SpoolError::io("creating", &cut, e))?;
+        f.write_all(len.to_string().as_bytes())
+            .and_then(|_| f.sync_data())
+            .map_err(|e| SpoolError::io("writing", &cut, e))?;
+        sync_dir(&dir)
     }
 
     /// Keeps an unparseable body (once per distinct content) and a record saying why.
