@@ -329,6 +329,42 @@ fn a_rolled_back_write_that_cannot_be_cut_is_not_uploaded() {
     assert_once(&count, &refused);
 }
 
+/// Point 3 across a crash: the segment whose rolled-back lines could not be truncated is not
+/// uploaded before the process dies (its reads fail), while Ray's resend of the refused batch
+/// went to a new segment; the restart must upload the first segment only up to what was
+/// acknowledged, so the batch is stored once.
+#[test]
+fn a_rolled_back_tail_stays_out_after_a_crash_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = Faults::build(tmp.path());
+    let (mut c, bucket) = start(tmp.path(), &[], &faults.env());
+    let ts = "2026-11-22T02:06:40Z";
+    let first = ids(0..5, "crash-a");
+    assert_eq!(post(&c, &batch_at(&first, "session_crash", ts)).0, 200);
+    faults.arm("fdatasync", EIO, 1, "/events/session_crash/");
+    faults.arm("ftruncate64", EIO, 1, "/events/session_crash/");
+    faults.arm("ftruncate", EIO, 1, "/events/session_crash/");
+    // Uploads cannot read any segment from now on.
+    faults.arm("openr", EIO, 1_000_000, ".jsonl$");
+    let refused = ids(0..5, "crash-b");
+    let (status, ..) = post(&c, &batch_at(&refused, "session_crash", ts));
+    assert!(status >= 500, "{status}");
+    assert!(!faults.armed("fdatasync"), "the sync was not attempted");
+    let (status, accepted, ..) = post(&c, &batch_at(&refused, "session_crash", ts));
+    assert_eq!((status, accepted), (200, 5), "the resend was not stored");
+    c.kill9();
+    for call in ["ftruncate64", "ftruncate", "openr"] {
+        faults.disarm(call);
+    }
+    c.restart();
+    let exit = c.terminate(Duration::from_secs(30));
+    assert!(exit.success(), "{exit}: {}", c.log_text());
+    assert_spool_empty(&c.spool);
+    let (count, _) = stored(&read_all(&store(&bucket)), "session_crash");
+    assert_once(&count, &first);
+    assert_once(&count, &refused);
+}
+
 /// Point 4: the spool dir and its folders (and lock) are synced in their parents at first
 /// start.
 #[test]

@@ -2,8 +2,9 @@
  * by the test with `cc` and loaded into the collector with LD_PRELOAD. Test-only: nothing in
  * the collector refers to it.
  *
- * For each intercepted call (fsync, fdatasync, ftruncate/ftruncate64, and open/open64 with
- * O_CREAT) it looks for a rule file $RHC_FAULT_DIR/<call> holding "<errno> <count> <text>":
+ * For each intercepted call (fsync, fdatasync, ftruncate/ftruncate64; open/open64 with
+ * O_CREAT as "open", without it as "openr") it looks for a rule file $RHC_FAULT_DIR/<call>
+ * holding "<errno> <count> <text>":
  * a call on a path containing <text> (ending with it, when <text> ends with '$') fails with
  * <errno>, <count> times, after which the rule file is removed. Every fsync, fdatasync and
  * ftruncate is logged to $RHC_FAULT_DIR/log as "<call> <path> ok|fail".
@@ -126,6 +127,14 @@ FD_CALL(ftruncate64, (int fd, off_t len), (fd, len))
             va_end(ap);                                                \
             pthread_mutex_lock(&mu);                                   \
             int err = injected("open", path);                          \
+            pthread_mutex_unlock(&mu);                                 \
+            if (err) {                                                 \
+                errno = err;                                           \
+                return -1;                                             \
+            }                                                          \
+        } else {                                                       \
+            pthread_mutex_lock(&mu);                                   \
+            int err = injected("openr", path);                         \
             pthread_mutex_unlock(&mu);                                 \
             if (err) {                                                 \
                 errno = err;                                           \
