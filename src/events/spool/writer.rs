@@ -568,16 +568,17 @@ impl Writer {
             .iter()
             .map(|p| Target::Events(p.partition.clone()))
             .collect();
-        let quarantine_target = Target::Quarantine(Hour::from_unix_seconds(
-            (unix_nanos() / 1_000_000_000) as i64,
-        ));
+        // The clock is read only for a request that has something to quarantine.
+        let quarantine_target = quarantined().next().map(|_| {
+            Target::Quarantine(Hour::from_unix_seconds(
+                (unix_nanos() / 1_000_000_000) as i64,
+            ))
+        });
         let new_files = targets
             .iter()
+            .chain(quarantine_target.iter())
             .filter(|t| !self.segs.open.contains_key(t))
-            .count()
-            + usize::from(
-                quarantined().next().is_some() && !self.segs.open.contains_key(&quarantine_target),
-            );
+            .count();
         let wanted: u64 = parts
             .iter()
             .flat_map(|p| &p.events)
@@ -637,8 +638,9 @@ impl Writer {
             });
             reasons.push(q.reason);
         }
-        if !records.is_empty() && made.is_ok() {
-            made = self.segs.segment(&quarantine_target).map(|_| ());
+        let quarantine_target = quarantine_target.filter(|_| !records.is_empty());
+        if let (Some(t), true) = (&quarantine_target, made.is_ok()) {
+            made = self.segs.segment(t).map(|_| ());
         }
         if let Err(e) = made {
             for h in held.events.drain(events_before..) {
@@ -668,8 +670,8 @@ impl Writer {
                 out.accepted += 1;
             }
         }
-        if !records.is_empty() {
-            let seg = self.segs.segment(&quarantine_target)?;
+        if let Some(t) = &quarantine_target {
+            let seg = self.segs.segment(t)?;
             for line in &records {
                 seg.pending.push_lines(line);
             }
