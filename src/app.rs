@@ -35,7 +35,8 @@ use crate::{dashboard, events, logs, node};
 pub enum Exit {
     /// Everything accepted was uploaded.
     Clean,
-    /// The shutdown deadline passed with files left in the spool for the next start.
+    /// The shutdown deadline passed with files left in the spool for the next start, or
+    /// files were left that the spool could not place (named in the log).
     LeftOnDisk,
 }
 
@@ -74,7 +75,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         );
     }
     for p in &recovered.unknown {
-        tracing::warn!(path = %p.display(), "unrecognised file in the spool; left alone");
+        tracing::error!(path = %p.display(), "unrecognised file in the spool: not uploaded, left alone for an operator");
     }
     let uploader = Uploader::start(
         UploaderConfig {
@@ -242,20 +243,31 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     server.abort();
     let spool2 = spool.clone();
     let _ = tokio::task::spawn_blocking(move || spool2.stop()).await;
-    if drained {
+    // Whatever is still in the spool is named, even after a drain: a file the spool could
+    // not place (an unrecognised name) was never queued, and "everything uploaded" would be
+    // false.
+    let left = events::spool::leftover_files(&settings.spool_dir);
+    if drained && left.is_empty() {
         tracing::info!(
             took_ms = started.elapsed().as_millis() as u64,
             "everything uploaded; exiting"
         );
         return Ok(Exit::Clean);
     }
-    let left = events::spool::leftover_files(&settings.spool_dir);
     let total: u64 = left.iter().map(|(_, n)| n).sum();
-    tracing::error!(
-        files = left.len(),
-        bytes = total,
-        "shutdown deadline reached; these files stay in the spool and are uploaded by the next start"
-    );
+    if drained {
+        tracing::error!(
+            files = left.len(),
+            bytes = total,
+            "everything queued was uploaded, but these files in the spool could not be placed and were not"
+        );
+    } else {
+        tracing::error!(
+            files = left.len(),
+            bytes = total,
+            "shutdown deadline reached; these files stay in the spool and are uploaded by the next start"
+        );
+    }
     for (path, bytes) in &left {
         tracing::error!(path = %path.display(), bytes, "left on disk");
     }

@@ -3,7 +3,8 @@
 //! run the collector or `inspect`, and turn the outcome into an exit code.
 //!
 //! Exit codes: 0 everything uploaded, 1 a runtime failure, 2 a bad flag or variable, 3 the
-//! shutdown deadline passed with files left in the spool for the next start.
+//! shutdown deadline passed with files left in the spool for the next start, or files were
+//! left that the spool could not place.
 
 use std::process::ExitCode;
 

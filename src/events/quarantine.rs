@@ -38,6 +38,9 @@ pub enum QuarantineReason {
     UnconvertibleFieldNames,
     /// An event holding a number outside the range of a double, which JSON readers refuse.
     NumberOutOfRange,
+    /// An event of a request that spans more partitions than one request may open
+    /// (`MAX_PARTITIONS_PER_REQUEST`), beyond what the arrival hour could take.
+    TooManyPartitions,
 }
 
 impl QuarantineReason {
@@ -56,6 +59,7 @@ impl QuarantineReason {
             QuarantineReason::ExportBadEvent => "export_bad_event",
             QuarantineReason::UnconvertibleFieldNames => "unconvertible_field_names",
             QuarantineReason::NumberOutOfRange => "number_out_of_range",
+            QuarantineReason::TooManyPartitions => "too_many_partitions",
         }
     }
 
@@ -88,11 +92,15 @@ impl QuarantineReason {
                 "the event holds a number outside the range of a double (about 1.8e308), which \
                  Go's and serde's JSON readers refuse, the whole event with it"
             }
+            QuarantineReason::TooManyPartitions => {
+                "the request's events span more partitions (session, node, stream, hour) than \
+                 one request may open, and this one's stream had no room left at the arrival hour"
+            }
         }
     }
 
     /// Every reason, for pre-registering metrics.
-    pub const ALL: [QuarantineReason; 12] = [
+    pub const ALL: [QuarantineReason; 13] = [
         QuarantineReason::NotAnObject,
         QuarantineReason::MissingSession,
         QuarantineReason::UnsafeSession,
@@ -105,6 +113,7 @@ impl QuarantineReason {
         QuarantineReason::ExportBadEvent,
         QuarantineReason::UnconvertibleFieldNames,
         QuarantineReason::NumberOutOfRange,
+        QuarantineReason::TooManyPartitions,
     ];
 }
 

@@ -290,6 +290,8 @@ async fn upload_file(
         &f.path,
         gzip_level(cfg, f),
         cfg.part_size,
+        // Exactly what the writer recorded as durable; a tail it failed to truncate stays out.
+        f.bytes,
     )
     .await
 }

@@ -46,8 +46,9 @@ pub enum UploadError {
     },
 }
 
-/// Uploads a whole file as `path`, gzip-compressed at the level given, if one is; returns
-/// the bytes sent.
+/// Uploads the first `limit` bytes of a file as `path` (a spool segment's durable length:
+/// bytes past it are a rolled-back write that could not be cut off), gzip-compressed at the
+/// level given, if one is; returns the bytes sent.
 pub async fn put_file(
     store: &Arc<dyn ObjectStore>,
     path: &ObjectPath,
@@ -55,8 +56,9 @@ pub async fn put_file(
     file: &std::path::Path,
     gzip: Option<GzipLevel>,
     part_size: usize,
+    limit: u64,
 ) -> Result<u64, UploadError> {
-    let reader = PartReader::open(file, gzip)?;
+    let reader = PartReader::open_prefix(file, gzip, limit)?;
     let put = put_parts(store, path, key, reader, part_size, None).await?;
     Ok(put.sent)
 }
@@ -221,6 +223,7 @@ struct PartReader {
 }
 
 impl PartReader {
+    #[cfg(test)]
     fn open(path: &std::path::Path, gzip: Option<GzipLevel>) -> Result<PartReader, UploadError> {
         Self::open_prefix(path, gzip, u64::MAX)
     }

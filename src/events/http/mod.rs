@@ -420,6 +420,7 @@ async fn read_and_store(req: Request<Incoming>, st: &IngestState, layers: usize)
         Ok(o) => json_response(StatusCode::OK, serde_json::to_value(o).unwrap_or_default()),
         Err(e) if e.is_over_budget() => retry_later(format!("{e}; retry later"), 10),
         Err(e) if e.is_no_space() => retry_later(format!("spool disk is full: {e}"), 10),
+        Err(e) if e.is_stopped() => retry_later(format!("{e}; shutting down"), 1),
         Err(e) => error_response(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("could not store the events: {e}"),

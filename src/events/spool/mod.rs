@@ -48,6 +48,17 @@ pub(super) const EVENTS_DIR: &str = "events";
 pub(super) const QUARANTINE_DIR: &str = "quarantine";
 /// Below the spool dir: one empty file per session whose marker must be uploaded.
 pub(super) const MARKERS_DIR: &str = "markers";
+/// Below the spool dir: for a segment whose rolled-back tail could not be truncated, a file
+/// of the same name holding its durable length, so that a restart uploads (and reloads ids
+/// from) only that much.
+pub(super) const CUTS_DIR: &str = "cuts";
+
+/// The most partitions (session, node, stream, hour: one spool file, then one object each)
+/// one request may write to. Ray's batches span one session and node, a few jobs and an
+/// hour or two; a request naming more (thousands of hours cost thousands of files and
+/// objects) has its further events filed under the arrival hour of their stream, and what
+/// still does not fit quarantined (`too_many_partitions`), kept as sent.
+pub const MAX_PARTITIONS_PER_REQUEST: usize = 512;
 
 /// Export event ids are hashed apart from pushed event ids (different id spaces).
 pub const EXPORT_ID_SALT: u64 = 0x6578_706f_7274_0000;
@@ -105,6 +116,12 @@ impl SpoolError {
     /// True when the spool's budget refused the request: the caller answers 503.
     pub fn is_over_budget(&self) -> bool {
         matches!(self, SpoolError::OverBudget { .. })
+    }
+
+    /// True when the writer has stopped (shutdown): the caller answers 503, so Ray resends
+    /// to the next start, which finds everything acknowledged before in the spool.
+    pub fn is_stopped(&self) -> bool {
+        matches!(self, SpoolError::Stopped)
     }
 
     /// True when the disk is full or over quota: the caller should answer 503, not 500.

@@ -18,15 +18,16 @@ use tokio::sync::mpsc as tokio_mpsc;
 
 use super::pending::Pending;
 use super::segments::{OpenSegment, Segments, Target};
-use super::sync::{run_sync, run_syncer, SyncJob, SYNCFS_ABOVE};
+use super::sync::{run_sync, run_syncer, sync_dir, SyncJob, SYNCFS_ABOVE};
 use super::{
-    AppendBatch, AppendOutcome, AppendReply, Command, EventSpan, FileKind, RecoveryReport,
-    SealedFile, SpoolConfig, SpoolError, SpoolStats, EVENTS_DIR, MARKERS_DIR, QUARANTINE_DIR,
+    AppendBatch, AppendOutcome, AppendReply, Command, EventSpan, FileKind, PartitionBatch,
+    QuarantinedEvent, RecoveryReport, SealedFile, SpoolConfig, SpoolError, SpoolStats, CUTS_DIR,
+    EVENTS_DIR, MARKERS_DIR, MAX_PARTITIONS_PER_REQUEST, QUARANTINE_DIR,
 };
 use crate::contract::quarantine::body_key;
-use crate::contract::{is_safe_segment, Hour};
+use crate::contract::{is_safe_segment, Hour, Partition};
 use crate::events::dedup::id_hash;
-use crate::events::quarantine::{event_record, invalid_body_record, raw_record};
+use crate::events::quarantine::{event_record, invalid_body_record, raw_record, QuarantineReason};
 use crate::metrics as m;
 use crate::util::dedup::DedupWindow;
 use crate::util::memory::release_free_memory;
@@ -108,6 +109,63 @@ const QUARANTINE_WINDOW: usize = 4096;
 /// Bytes a quarantine record adds to the element it keeps, at most (reason, sentence, time).
 const QUARANTINE_RECORD_OVERHEAD: u64 = 512;
 
+/// What each spool file counts against the disk budget beside its bytes: the block it
+/// takes at least, and an object to upload. So a request spread over many partitions pays
+/// for its files, not only for its lines.
+pub(super) const FILE_BUDGET_BYTES: u64 = 4096;
+
+/// Of a request's partitions, this many (the first ones it names) keep their own hour; the
+/// others' events go under the arrival hour of their stream (see [`bound_partitions`]).
+const PARTITIONS_KEPT_AS_ROUTED: usize = MAX_PARTITIONS_PER_REQUEST / 2;
+
+/// Bounds the partitions of one request at [`MAX_PARTITIONS_PER_REQUEST`]: the first
+/// [`PARTITIONS_KEPT_AS_ROUTED`] stay as routed; the events of every further partition go,
+/// unchanged, to the same session, node and stream under the `arrival` hour (one partition
+/// per stream, however many hours it named), while there is room; an event left over is
+/// put on `quarantine` (`too_many_partitions`), kept as sent there.
+fn bound_partitions(
+    parts: &[PartitionBatch],
+    arrival: Hour,
+    quarantine: &mut Vec<QuarantinedEvent>,
+) -> Vec<PartitionBatch> {
+    let split = parts.len().min(PARTITIONS_KEPT_AS_ROUTED);
+    let mut out: Vec<PartitionBatch> = parts[..split]
+        .iter()
+        .map(|p| PartitionBatch {
+            partition: p.partition.clone(),
+            events: p.events.clone(),
+        })
+        .collect();
+    let mut index: std::collections::HashMap<Partition, usize> = out
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.partition.clone(), i))
+        .collect();
+    for pb in &parts[split..] {
+        let moved = Partition {
+            hour: arrival,
+            ..pb.partition.clone()
+        };
+        match index.get(&moved) {
+            Some(&i) => out[i].events.extend_from_slice(&pb.events),
+            None if out.len() < MAX_PARTITIONS_PER_REQUEST => {
+                index.insert(moved.clone(), out.len());
+                out.push(PartitionBatch {
+                    partition: moved,
+                    events: pb.events.clone(),
+                });
+            }
+            None => quarantine.extend(pb.events.iter().map(|e| QuarantinedEvent {
+                reason: QuarantineReason::TooManyPartitions,
+                start: e.range().start,
+                end: e.range().end,
+                source: None,
+            })),
+        }
+    }
+    out
+}
+
 pub(super) struct Writer {
     pub(super) cfg: SpoolConfig,
     pub(super) stats: Arc<SpoolStats>,
@@ -153,7 +211,17 @@ impl Writer {
         sealed: tokio_mpsc::UnboundedSender<SealedFile>,
         inbox: Inbox,
     ) -> Result<(Writer, RecoveryReport), SpoolError> {
-        for sub in [EVENTS_DIR, QUARANTINE_DIR, MARKERS_DIR] {
+        // Every directory made here is new below the nearest one that exists.
+        let mut created: Vec<PathBuf> = Vec::new();
+        let mut d = cfg.dir.as_path();
+        while !d.exists() {
+            created.push(d.to_path_buf());
+            match d.parent() {
+                Some(p) => d = p,
+                None => break,
+            }
+        }
+        for sub in [EVENTS_DIR, QUARANTINE_DIR, MARKERS_DIR, CUTS_DIR] {
             let d = cfg.dir.join(sub);
             fs::create_dir_all(&d).map_err(|e| SpoolError::io("creating", &d, e))?;
         }
@@ -167,6 +235,16 @@ impl Writer {
         // SAFETY: flock on a valid fd we own; no memory is involved.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             return Err(SpoolError::Locked(cfg.dir.clone()));
+        }
+        // The entries made at first start are durable before anything is acknowledged: the
+        // folders and the lock in the spool dir, each new directory in its parent.
+        sync_dir(&cfg.dir)?;
+        for dir in &created {
+            match dir.parent() {
+                Some(p) if p.as_os_str().is_empty() => sync_dir(std::path::Path::new("."))?,
+                Some(p) => sync_dir(p)?,
+                None => {}
+            }
         }
         let (syncer, jobs) = mpsc::channel();
         let done = inbox.to_self.clone();
@@ -311,29 +389,22 @@ impl Writer {
         let mut staged: Vec<(AppendReply, AppendOutcome)> = Vec::with_capacity(group.len());
         let mut held = Held::default();
         let mut new_sessions: Vec<String> = Vec::new();
-        let mut failure: Option<(SpoolError, AppendReply)> = None;
         for (batch, reply) in group {
             match self.stage(&batch, &mut held, &mut new_sessions) {
                 Ok(o) => staged.push((reply, o)),
-                // Refused before anything was staged: only this request is answered so.
-                Err(e) if e.is_over_budget() => {
-                    m::backpressure();
-                    let _ = reply.send(Err(e));
-                }
+                // Refused, or failed, before anything of it was staged: only this request
+                // is answered so; the others of the group go on.
                 Err(e) => {
-                    failure = Some((e, reply));
-                    break;
+                    if e.is_over_budget() {
+                        m::backpressure();
+                    } else {
+                        tracing::error!(error = %e, "could not stage a request; it alone is refused");
+                    }
+                    let _ = reply.send(Err(e));
                 }
             }
         }
-        let written = match failure {
-            None => self.write_pending(),
-            Some((e, reply)) => {
-                staged.push((reply, AppendOutcome::default()));
-                Err(e)
-            }
-        };
-        let written = match written {
+        let written = match self.write_pending() {
             Ok(w) => w,
             Err(err) => {
                 // What came before is answered first; then only this group is cut off.
@@ -374,9 +445,14 @@ impl Writer {
         }
     }
 
-    /// Refuses `wanted` more bytes when they would take the spool past its budget.
+    /// Refuses `wanted` more bytes when they would take the spool past its budget; every
+    /// file not yet uploaded counts [`FILE_BUDGET_BYTES`] beside its bytes.
     fn check_budget(&self, held: &Held, wanted: u64) -> Result<(), SpoolError> {
-        let used = self.stats.bytes.load(Ordering::Relaxed) + self.reserved + held.bytes;
+        let files = self.stats.files.load(Ordering::Relaxed);
+        let used = self.stats.bytes.load(Ordering::Relaxed)
+            + self.reserved
+            + held.bytes
+            + files.saturating_mul(FILE_BUDGET_BYTES);
         if used.saturating_add(wanted) > self.cfg.max_bytes {
             return Err(SpoolError::OverBudget {
                 used,
@@ -417,9 +493,11 @@ impl Writer {
             let mut replies: Vec<AppendReply> =
                 flight.replies.into_iter().map(|(r, _)| r).collect();
             let mut held = flight.held;
+            self.retry_dirs(&flight.written);
             if let Some(w) = self.waiting.take() {
                 replies.extend(w.replies.into_iter().map(|(r, _)| r));
                 held.merge(w.held);
+                self.retry_dirs(&w.written);
             }
             self.reserved = self.reserved.saturating_sub(held.bytes);
             self.rollback_to_durable();
@@ -464,41 +542,60 @@ impl Writer {
     }
 
     /// Stages one request's lines for their segments (referenced in its body, see
-    /// [`Pending`]), after checking that at most that many bytes fit the disk budget (nothing
-    /// is staged otherwise).
+    /// [`Pending`]), after checking that at most that many bytes, and the files it creates,
+    /// fit the disk budget.
+    ///
+    /// All or nothing: every segment the request needs is created before any line is staged,
+    /// so an error (a full disk creating a segment) leaves nothing of this request behind, its
+    /// ids forgotten, and fails this request alone, not the others of its group.
     pub(super) fn stage(
         &mut self,
         batch: &AppendBatch,
         held: &mut Held,
         new_sessions: &mut Vec<String>,
     ) -> Result<AppendOutcome, SpoolError> {
-        let wanted: u64 = batch
-            .partitions
+        let mut overflow: Vec<QuarantinedEvent> = Vec::new();
+        let bounded;
+        let parts: &[PartitionBatch] = if batch.partitions.len() > MAX_PARTITIONS_PER_REQUEST {
+            let arrival = Hour::from_unix_seconds((unix_nanos() / 1_000_000_000) as i64);
+            bounded = bound_partitions(&batch.partitions, arrival, &mut overflow);
+            &bounded
+        } else {
+            &batch.partitions
+        };
+        let quarantined = || batch.quarantined.iter().chain(overflow.iter());
+        let targets: Vec<Target> = parts
+            .iter()
+            .map(|p| Target::Events(p.partition.clone()))
+            .collect();
+        // The clock is read only for a request that has something to quarantine.
+        let quarantine_target = quarantined().next().map(|_| {
+            Target::Quarantine(Hour::from_unix_seconds(
+                (unix_nanos() / 1_000_000_000) as i64,
+            ))
+        });
+        let new_files = targets
+            .iter()
+            .chain(quarantine_target.iter())
+            .filter(|t| !self.segs.open.contains_key(t))
+            .count();
+        let wanted: u64 = parts
             .iter()
             .flat_map(|p| &p.events)
             .map(|e| e.len() as u64 + 1)
-            .chain(
-                batch
-                    .quarantined
-                    .iter()
-                    .map(|q| (q.end - q.start) as u64 + QUARANTINE_RECORD_OVERHEAD),
-            )
+            .chain(quarantined().map(|q| (q.end - q.start) as u64 + QUARANTINE_RECORD_OVERHEAD))
             .sum();
-        self.check_budget(held, wanted)?;
-        held.bytes += wanted;
+        self.check_budget(held, wanted + new_files as u64 * FILE_BUDGET_BYTES)?;
         let mut out = AppendOutcome {
             quarantine_dropped: batch.quarantine_dropped,
             ..AppendOutcome::default()
         };
-        let body = &batch.body[..];
-        for pb in &batch.partitions {
-            if self.cfg.write_session_markers
-                && !self.segs.marked_sessions.contains(&pb.partition.session)
-                && !new_sessions.contains(&pb.partition.session)
-            {
-                new_sessions.push(pb.partition.session.clone());
-            }
-            // Dedup first so a partition whose events are all duplicates opens no file.
+        let (events_before, quarantine_before) = (held.events.len(), held.quarantine.len());
+        // Dedup first so a partition whose events are all duplicates opens no file; then
+        // every segment is made to exist before anything is staged.
+        let mut kept: Vec<Vec<&EventSpan>> = Vec::with_capacity(parts.len());
+        let mut made = Ok(());
+        for (pb, target) in parts.iter().zip(&targets) {
             let mut keep: Vec<&EventSpan> = Vec::with_capacity(pb.events.len());
             for (i, ev) in pb.events.iter().enumerate() {
                 // The window's table is larger than the caches: start loading the slot of
@@ -519,10 +616,53 @@ impl Writer {
                 }
                 keep.push(ev);
             }
+            if !keep.is_empty() && made.is_ok() {
+                made = self.segs.segment(target).map(|_| ());
+            }
+            kept.push(keep);
+        }
+        let mut records: Vec<Vec<u8>> = Vec::new();
+        let mut reasons = Vec::new();
+        for q in quarantined() {
+            let raw = &batch.body[q.start..q.end];
+            // The same bad event resent by Ray is kept once.
+            let h = id_hash(raw);
+            if !self.quarantine_dedup.insert(h) {
+                out.duplicates += 1;
+                continue;
+            }
+            held.quarantine.push(h);
+            records.push(match &q.source {
+                Some((file, offset)) => raw_record(q.reason, file, *offset, raw),
+                None => event_record(q.reason, raw),
+            });
+            reasons.push(q.reason);
+        }
+        let quarantine_target = quarantine_target.filter(|_| !records.is_empty());
+        if let (Some(t), true) = (&quarantine_target, made.is_ok()) {
+            made = self.segs.segment(t).map(|_| ());
+        }
+        if let Err(e) = made {
+            for h in held.events.drain(events_before..) {
+                self.dedup.forget(h);
+            }
+            for h in held.quarantine.drain(quarantine_before..) {
+                self.quarantine_dedup.forget(h);
+            }
+            return Err(e);
+        }
+        held.bytes += wanted;
+        for ((pb, target), keep) in parts.iter().zip(&targets).zip(kept) {
             if keep.is_empty() {
                 continue;
             }
-            let seg = self.segs.segment(&Target::Events(pb.partition.clone()))?;
+            if self.cfg.write_session_markers
+                && !self.segs.marked_sessions.contains(&pb.partition.session)
+                && !new_sessions.contains(&pb.partition.session)
+            {
+                new_sessions.push(pb.partition.session.clone());
+            }
+            let seg = self.segs.segment(target)?;
             seg.pending.reserve(keep.len());
             for ev in keep {
                 seg.pending
@@ -530,24 +670,13 @@ impl Writer {
                 out.accepted += 1;
             }
         }
-        if !batch.quarantined.is_empty() {
-            let hour = Hour::from_unix_seconds((unix_nanos() / 1_000_000_000) as i64);
-            let target = Target::Quarantine(hour);
-            for q in &batch.quarantined {
-                let raw = &body[q.start..q.end];
-                // The same bad event resent by Ray is kept once.
-                let h = id_hash(raw);
-                if !self.quarantine_dedup.insert(h) {
-                    out.duplicates += 1;
-                    continue;
-                }
-                held.quarantine.push(h);
-                let line = match &q.source {
-                    Some((file, offset)) => raw_record(q.reason, file, *offset, raw),
-                    None => event_record(q.reason, raw),
-                };
-                self.segs.segment(&target)?.pending.push_lines(&line);
-                m::events_quarantined(q.reason.code(), 1);
+        if let Some(t) = &quarantine_target {
+            let seg = self.segs.segment(t)?;
+            for line in &records {
+                seg.pending.push_lines(line);
+            }
+            for r in reasons {
+                m::events_quarantined(r.code(), 1);
                 out.quarantined += 1;
             }
         }
@@ -575,7 +704,10 @@ impl Writer {
     pub(super) fn flush_group(&mut self) -> Result<(), SpoolError> {
         let started = Instant::now();
         let mut written = self.write_pending()?;
-        run_sync(self.sync_job(&mut written))?;
+        if let Err(e) = run_sync(self.sync_job(&mut written)) {
+            self.retry_dirs(&written);
+            return Err(e);
+        }
         self.mark_durable(&written);
         m::spool_commit(written.bytes, started.elapsed());
         Ok(())
@@ -628,22 +760,32 @@ impl Writer {
             // Lets go of the request bodies it referenced.
             seg.pending = Pending::default();
         }
-        if out.whole_fs {
-            self.segs.dirty_dirs.clear();
-        } else {
-            out.dirs = self.segs.dirty_dirs.drain().collect();
-        }
+        // Kept even when one `syncfs` covers them: a failed sync puts them back.
+        out.dirs = self.segs.dirty_dirs.drain().collect();
         Ok(out)
     }
 
-    /// What syncing `written` takes; its files and directories move into the job (only
-    /// what it appended is needed afterwards).
+    /// What syncing `written` takes; its files move into the job (only what it appended is
+    /// needed afterwards), its directories are copied: if the sync fails they are synced
+    /// again with the next group ([`Writer::retry_dirs`]).
     pub(super) fn sync_job(&self, written: &mut Written) -> SyncJob {
         SyncJob {
             files: std::mem::take(&mut written.files),
-            dirs: std::mem::take(&mut written.dirs),
+            dirs: if written.whole_fs {
+                Vec::new()
+            } else {
+                written.dirs.clone()
+            },
             whole_fs: written.whole_fs.then(|| self.lock.clone()),
         }
+    }
+
+    /// Directories whose sync failed (or was never done): the next group syncs them again,
+    /// and is not answered before that succeeds. A new entry in them may belong to a segment
+    /// that later groups append to, which would otherwise be acknowledged with only the
+    /// file synced.
+    pub(super) fn retry_dirs(&mut self, written: &Written) {
+        self.segs.dirty_dirs.extend(written.dirs.iter().cloned());
     }
 
     /// Records that what `written` appended is durable.
@@ -674,14 +816,35 @@ impl Writer {
                     .is_ok(),
             };
             if !ok {
-                broken.push(t.clone());
+                broken.push((t.clone(), seg.path.clone(), seg.len));
             }
         }
-        // A segment we could not truncate is sealed; the uploader cuts any torn tail.
-        for t in broken {
-            tracing::error!(target = ?t, "could not roll back a failed write; sealing the segment");
+        // A segment we could not truncate is sealed at its durable length: the uploader sends
+        // that many bytes, never the rolled-back lines behind them (their ids are forgotten,
+        // so Ray's resend is stored again elsewhere). The length is also recorded on disk,
+        // for a restart before the upload.
+        for (t, path, len) in broken {
+            tracing::error!(target = ?t, durable_bytes = len, "could not roll back a failed write; sealing the segment at its durable length");
+            if let Err(e) = self.record_cut(&path, len) {
+                tracing::error!(error = %e, "could not record the durable length of the segment either; a restart before its upload would send the rolled-back lines too");
+            }
             self.seal(&t);
         }
+    }
+
+    /// Records durably that only the first `len` bytes of the segment at `path` count
+    /// ([`CUTS_DIR`]); recovery applies it.
+    fn record_cut(&mut self, path: &std::path::Path, len: u64) -> Result<(), SpoolError> {
+        let dir = self.cfg.dir.join(CUTS_DIR);
+        let Some(name) = path.file_name() else {
+            return Ok(());
+        };
+        let cut = dir.join(name);
+        let mut f = File::create(&cut).map_err(|e| SpoolError::io("creating", &cut, e))?;
+        f.write_all(len.to_string().as_bytes())
+            .and_then(|_| f.sync_data())
+            .map_err(|e| SpoolError::io("writing", &cut, e))?;
+        sync_dir(&dir)
     }
 
     /// Keeps an unparseable body (once per distinct content) and a record saying why.
@@ -694,7 +857,7 @@ impl Writer {
         self.drain();
         self.check_budget(
             &Held::default(),
-            body.len() as u64 + QUARANTINE_RECORD_OVERHEAD,
+            body.len() as u64 + QUARANTINE_RECORD_OVERHEAD + FILE_BUDGET_BYTES,
         )?;
         let rel = body_key(&self.cfg.quarantine_node, h);
         let path = self.cfg.dir.join(QUARANTINE_DIR).join(&rel);
@@ -825,5 +988,75 @@ mod tests {
         );
         assert_eq!(sealed.bytes, text.len() as u64);
         spool.stop();
+    }
+
+    /// More partitions than one request may open: the first half stay, the rest move to the
+    /// arrival hour of their stream while there is room, and what is left over (more
+    /// streams than room) is quarantined; every event is placed exactly once.
+    #[test]
+    fn a_request_over_the_partition_bound_is_folded_then_quarantined() {
+        let partition = |stream: Stream, hour: i64| Partition {
+            session: "s".into(),
+            node: "n".into(),
+            stream,
+            hour: Hour(hour),
+        };
+        let mut parts = Vec::new();
+        let mut next = 0usize;
+        let mut add = |parts: &mut Vec<PartitionBatch>, p: Partition| {
+            let events = (0..2)
+                .map(|_| {
+                    next += 1;
+                    EventSpan::new(next * 10..next * 10 + 5, None, false).unwrap()
+                })
+                .collect();
+            parts.push(PartitionBatch {
+                partition: p,
+                events,
+            });
+        };
+        // 400 hours of the node stream, then 700 jobs in one hour.
+        for h in 0..400 {
+            add(&mut parts, partition(Stream::Node, 1_000 + h));
+        }
+        for j in 0..700 {
+            add(
+                &mut parts,
+                partition(Stream::Job(format!("{j:08x}")), 5_000),
+            );
+        }
+        let arrival = Hour(9_999);
+        let mut quarantine = Vec::new();
+        let out = bound_partitions(&parts, arrival, &mut quarantine);
+        assert_eq!(out.len(), MAX_PARTITIONS_PER_REQUEST);
+        // The first half as routed.
+        for (o, p) in out.iter().zip(&parts).take(PARTITIONS_KEPT_AS_ROUTED) {
+            assert_eq!(o.partition, p.partition);
+        }
+        // The node stream's other 144 hours are one partition at the arrival hour.
+        let node_arrival = out
+            .iter()
+            .find(|o| o.partition == partition(Stream::Node, arrival.0))
+            .unwrap();
+        assert_eq!(
+            node_arrival.events.len(),
+            2 * (400 - PARTITIONS_KEPT_AS_ROUTED)
+        );
+        // Every event once: in a partition or in quarantine.
+        let mut starts: Vec<usize> = out
+            .iter()
+            .flat_map(|o| o.events.iter().map(|e| e.range().start))
+            .chain(quarantine.iter().map(|q| q.start))
+            .collect();
+        starts.sort_unstable();
+        assert_eq!(starts, (1..=next).map(|k| k * 10).collect::<Vec<_>>());
+        assert!(quarantine
+            .iter()
+            .all(|q| q.reason == QuarantineReason::TooManyPartitions));
+        assert_eq!(
+            quarantine.len(),
+            2 * (400 + 700 - PARTITIONS_KEPT_AS_ROUTED - 144)
+                - 2 * (MAX_PARTITIONS_PER_REQUEST - PARTITIONS_KEPT_AS_ROUTED - 1)
+        );
     }
 }

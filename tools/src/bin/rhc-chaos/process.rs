@@ -1,20 +1,67 @@
 //! Scenarios about the process: kill -9 under load and restart, SIGTERM under load and with
 //! a backlog, a segment torn mid-line at start.
+//!
+//! After every restart the kill -9 scenario resends, besides the batch each client got no
+//! answer for, the last batch each client had acknowledged (as Ray does when an answer was
+//! lost on the way), with a deduplication window a few batches wide: each must come back
+//! all duplicates, and the bucket must hold every event once.
 
 use std::path::{Path, PathBuf};
 use std::thread::{self};
 use std::time::{Duration, Instant};
 
-use crate::load::{count_status, resend, Ledger, Load, LoadSpec, ACKED, CUT};
+use crate::load::{batch_body, count_status, resend, Ledger, Load, LoadSpec, ACKED, CUT};
 use crate::verify::{verify, IdOnly};
-use crate::{mib, secs, Ctx, RssMonitor, Verdict};
+use crate::{http, mib, secs, Ctx, RssMonitor, Verdict};
 use serde_json::json;
 
 // ------------------------------------------------------------------ scenarios
 
+/// Posts an acknowledged batch again until it is answered 200, up to `limit`; returns the
+/// answer's (accepted, duplicates).
+fn resend_acked(
+    port: u16,
+    spec: &LoadSpec,
+    client: usize,
+    first: u64,
+    limit: Duration,
+) -> Result<(u64, u64), String> {
+    let body = batch_body(&spec.tag, client, first, spec.batch, spec.jobs);
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(r) = http(
+            port,
+            "POST",
+            "/v1/events",
+            &[("Content-Type", "application/json")],
+            &body,
+        ) {
+            if r.status == 200 {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&r.body).map_err(|e| e.to_string())?;
+                let n = |k: &str| v[k].as_u64().unwrap_or(0);
+                return Ok((n("accepted"), n("duplicates")));
+            }
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    Err("the resent acknowledged batch was never answered 200".into())
+}
+
 pub(crate) fn kill9(ctx: &Ctx) -> Result<Verdict, String> {
-    let mut s = ctx.setup("kill9", false, &["--rotation-interval", "1s"])?;
+    const CLIENTS: usize = 4;
+    let batch = ctx.pick(200, 1000);
+    // A few batches per client: the spool holds far more ids than the window after a few
+    // seconds, so only the newest ids reloaded at start recognise the resends.
+    let window = (CLIENTS * batch * 3).to_string();
+    let mut s = ctx.setup(
+        "kill9",
+        false,
+        &["--rotation-interval", "1s", "--dedup-window", &window],
+    )?;
     let cycles = ctx.pick(1, 3);
+    let mut acked_resent = 0u64;
+    let mut stored_again = 0u64;
     let load_for = ctx.pick(Duration::from_millis(2500), Duration::from_secs(4));
     let mut ledger = Ledger::default();
     let mut recovered_files = 0u64;
@@ -22,7 +69,7 @@ pub(crate) fn kill9(ctx: &Ctx) -> Result<Verdict, String> {
     let mut resent = 0u64;
     let mut acked_before_kill = 0u64;
     for cycle in 0..cycles {
-        let mut spec = LoadSpec::new(&format!("k9c{cycle}"), 4, ctx.pick(200, 1000));
+        let mut spec = LoadSpec::new(&format!("k9c{cycle}"), CLIENTS, batch);
         spec.max = Duration::from_secs(60);
         // The smoke run uses a debug build: a modest rate keeps its upload short.
         spec.rate = ctx.pick(4_000.0, 0.0);
@@ -61,6 +108,19 @@ pub(crate) fn kill9(ctx: &Ctx) -> Result<Verdict, String> {
                 ledger.mark(&spec.tag, l.client, first, spec.batch, ACKED);
                 resent += spec.batch as u64;
             }
+            // The last acknowledged batch again, as if its answer had been lost.
+            if let Some((first, _)) = l.batches.iter().rev().find(|(_, st)| *st == ACKED) {
+                let (accepted, _) = resend_acked(
+                    s.collector.port,
+                    &spec,
+                    l.client,
+                    *first,
+                    Duration::from_secs(30),
+                )
+                .map_err(|e| format!("cycle {cycle}: {e}"))?;
+                acked_resent += spec.batch as u64;
+                stored_again += accepted;
+            }
         }
     }
     let (code, took) = s
@@ -70,17 +130,22 @@ pub(crate) fn kill9(ctx: &Ctx) -> Result<Verdict, String> {
     let store = ctx.storage.store(&s.bucket)?;
     let check = verify(&store, &ledger);
     let acked = ledger.count(ACKED);
-    let pass = check.ok() && code == Some(0) && acked_before_kill > 0 && recovered_files > 0;
+    let pass = check.ok()
+        && code == Some(0)
+        && acked_before_kill > 0
+        && recovered_files > 0
+        && acked_resent > 0
+        && stored_again == 0;
     Ok(Verdict::new(
         pass,
         format!(
-            "{cycles} kill -9 under load (4 clients × {}): {acked} acked events ({resent} resent after restart), {}; {recovered_files} files recovered, ready {:.2} s after restart; exit {code:?} after {:.1} s",
-            ctx.pick(200, 1000),
+            "{cycles} kill -9 under load ({CLIENTS} clients × {batch}, dedup window {window}): {acked} acked events ({resent} resent after restart); {acked_resent} acknowledged events resent after restart, {stored_again} of them accepted again; {}; {recovered_files} files recovered, ready {:.2} s after restart; exit {code:?} after {:.1} s",
             check.summary(),
             ready_max.as_secs_f64(),
             took.as_secs_f64(),
         ),
-        json!({"cycles": cycles, "acked": acked, "resent": resent, "recovered_files": recovered_files,
+        json!({"cycles": cycles, "acked": acked, "resent": resent, "acked_resent": acked_resent,
+               "acked_resent_stored_again": stored_again, "recovered_files": recovered_files,
                "ready_after_restart_s": secs(ready_max), "exit_code": code, "shutdown_s": secs(took),
                "check": check.figures()}),
     ))
