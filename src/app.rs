@@ -120,6 +120,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
                 ray_tmp: settings.ray_tmp_dir.clone(),
                 state_dir: settings.spool_dir.clone(),
                 poll_interval: Duration::from_secs(1),
+                max_spool_bytes: settings.max_spool_bytes,
             },
             spool.clone(),
             node_ids.clone(),
