@@ -389,3 +389,71 @@ fn a_torn_last_line_of_a_rotated_file_is_reported_and_gone_files_are_forgotten()
     assert_eq!(q[0]["raw"], "{\"event_id\": \"torn");
     assert_eq!(q[0]["source_offset"], actors[0].len() + 1);
 }
+
+/// Uploads are failing, so the spool only fills. A large export backlog stops at 80 % of the
+/// spool's budget, below the 90 % mark where Ray's pushed events get 503: pushed events are
+/// still accepted, and the backlog waits in Ray's files.
+#[test]
+fn an_export_backlog_leaves_room_for_pushed_events() {
+    // Reads of 8 MiB would stop at 24 MiB, past the 90 % mark (23.4 MiB).
+    const BUDGET: u64 = 26 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = tmp.path().join("ray");
+    setup_session(&ray);
+    let bucket = tmp.path().join("bucket");
+    let budget = BUDGET.to_string();
+    let mut args = export_args(&bucket, &ray).to_vec();
+    args.extend(["--max-spool-bytes", &budget]);
+    let c = Collector::start(&tmp.path().join("spool"), &args, &[]);
+    // The bucket becomes a file: every upload fails from now on and the spool keeps all.
+    std::fs::remove_dir_all(&bucket).unwrap();
+    std::fs::write(&bucket, b"not a directory").unwrap();
+
+    // 40 MB of export lines, more than the whole budget.
+    let pad = "x".repeat(900);
+    let mut backlog = String::new();
+    for i in 0..40_000 {
+        backlog.push_str(&format!(
+            "{{\"event_id\": \"{i:018x}\", \"timestamp\": 1795313307, \"source_type\": \"EXPORT_TASK\", \"event_data\": {{\"job_id\": \"AQAAAA==\", \"pad\": \"{pad}\"}}}}\n"
+        ));
+    }
+    std::fs::write(export_dir(&ray).join("event_EXPORT_TASK.log"), &backlog).unwrap();
+
+    // Wait until the tailer stops taking lines (the spool stops growing).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = -1.0;
+    loop {
+        std::thread::sleep(Duration::from_secs(2));
+        let now = c.metric("rhc_spool_bytes");
+        if now == last && now > 0.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the spool kept growing:\n{}",
+            c.log_tail(20)
+        );
+        last = now;
+    }
+    let used = c.metric("rhc_spool_bytes");
+    assert!(
+        used < (BUDGET / 100 * 90) as f64,
+        "the tailer filled the spool to {used} of {BUDGET} bytes"
+    );
+    assert!(
+        c.metric("rhc_events_accepted_total") < 40_000.0,
+        "the whole backlog was taken"
+    );
+    // Ray's pushed events are still accepted.
+    let body = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/posts-camel.jsonl"
+    ))
+    .unwrap();
+    let r = c.post(body.lines().next().unwrap().as_bytes());
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        c.log_text().contains("export event files wait on disk"),
+        "the yield is logged"
+    );
+}
