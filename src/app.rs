@@ -121,6 +121,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
                 ray_tmp: settings.ray_tmp_dir.clone(),
                 state_dir: settings.spool_dir.clone(),
                 poll_interval: Duration::from_secs(1),
+                max_spool_bytes: settings.max_spool_bytes,
             },
             spool.clone(),
             node_ids.clone(),
@@ -151,33 +152,32 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
             spool.clone(),
             node_ids,
         )?;
-        let dashboard = settings.dashboard.clone();
         let shipper = match &settings.pod_ip {
-            Some(ip) => shipper.with_remote_lookup(dashboard_node_lookup(&dashboard, ip)),
+            Some(ip) => shipper.with_remote_lookup(dashboard_node_lookup(&settings.dashboard, ip)),
             None => shipper,
         };
-        Some((
-            tokio::spawn(shipper.run(sessions.clone(), stop_logs_rx.clone())),
-            dashboard,
+        Some(tokio::spawn(
+            shipper.run(sessions.clone(), stop_logs_rx.clone()),
         ))
     } else {
         None
     };
-    // Head only: snapshots of the dashboard's endpoints, like KubeRay.
-    let (log_task, poller_task) = match log_task {
-        Some((task, dashboard)) if settings.role == Role::Head => {
-            let mut poller =
-                dashboard::DashboardPoller::new(dashboard, store.clone(), settings.layout.clone())
-                    .context("starting the dashboard poller")?;
-            let (sessions, stop) = (sessions.clone(), stop_logs_rx.clone());
-            let poller_task = tokio::spawn(async move {
-                poller.run(sessions, stop).await;
-                poller
-            });
-            (Some(task), Some(poller_task))
-        }
-        Some((task, _)) => (Some(task), None),
-        None => (None, None),
+    // Head only: snapshots of the dashboard's endpoints, like KubeRay. Independent of the log
+    // shipper: `--enable-log-collector false` does not turn it off.
+    let poller_task = if settings.role == Role::Head {
+        let mut poller = dashboard::DashboardPoller::new(
+            settings.dashboard.clone(),
+            store.clone(),
+            settings.layout.clone(),
+        )
+        .context("starting the dashboard poller")?;
+        let (sessions, stop) = (sessions.clone(), stop_logs_rx.clone());
+        Some(tokio::spawn(async move {
+            poller.run(sessions, stop).await;
+            poller
+        }))
+    } else {
+        None
     };
     tracing::info!(
         listen = %settings.listen,

@@ -234,15 +234,22 @@ fn unix_now() -> f64 {
 }
 
 /// Dashboard requests of the head's snapshot poller, by `endpoint_kind` (one_shot, periodic,
-/// datasets, additional, job_list) and `outcome` (ok, unchanged, empty, unauthorized,
+/// datasets, additional, job_list) and `outcome` (ok, unchanged, empty, refused, unauthorized,
 /// unreachable, http_error, timeout, too_large, invalid, upload_failed).
 pub const DASHBOARD_REQUESTS: &str = "rhc_dashboard_requests_total";
+/// Dashboard answers not stored, by `endpoint_kind` and `reason` (not_json, wrong_shape,
+/// result_false, smaller_list): the last snapshot stays.
+pub const DASHBOARD_REFUSED: &str = "rhc_dashboard_answers_refused_total";
 /// Unix time of the last 2xx answer from the Ray dashboard: stale means snapshots are stale.
 pub const DASHBOARD_LAST_SUCCESS: &str = "rhc_dashboard_last_success_timestamp_seconds";
 
 pub(crate) fn dashboard_request(endpoint_kind: &'static str, outcome: &'static str) {
     counter!(DASHBOARD_REQUESTS, "endpoint_kind" => endpoint_kind, "outcome" => outcome)
         .increment(1);
+}
+
+pub(crate) fn dashboard_refused(endpoint_kind: &'static str, reason: &'static str) {
+    counter!(DASHBOARD_REFUSED, "endpoint_kind" => endpoint_kind, "reason" => reason).increment(1);
 }
 
 pub(crate) fn dashboard_success() {

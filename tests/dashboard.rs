@@ -586,7 +586,8 @@ async fn unchanged_bodies_are_not_uploaded_again_and_changed_ones_are() {
     assert_eq!(fake.count(TZ), 1);
     assert_eq!(fake.count(PG), 2, "periodic endpoints are asked every poll");
 
-    let changed = r#"{"result": true, "msg": "", "data": {"result": {"total": 2, "result": []}}}"#;
+    // A longer list (`poll_once` is the final poll, which keeps the longer snapshot).
+    let changed = r#"{"result": true, "msg": "", "data": {"result": {"total": 2, "result": [{"placement_group_id": "aa"}, {"placement_group_id": "bb"}]}}}"#;
     fake.set_body(PG, changed);
     let third = p.poll_once(SESSION_A).await;
     assert_eq!(third.uploaded, 1, "{third:?}");

@@ -240,3 +240,220 @@ fn lines_read_again_after_a_crash_are_not_stored_twice() {
         .sum();
     assert_eq!(lines, n as usize);
 }
+
+/// The first line of `source_type` in the Train fixture.
+fn train_line(source_type: &str) -> String {
+    let text =
+        std::fs::read_to_string(Path::new(FIXTURES).join("event_EXPORT_TRAIN_STATE.log")).unwrap();
+    text.lines()
+        .find(|l| serde_json::from_str::<Value>(l).unwrap()["source_type"] == source_type)
+        .unwrap()
+        .to_string()
+}
+
+/// Export lines stored under `export_events/<group>/`, by group.
+fn stored_export_lines(bucket: &Path) -> HashMap<String, Vec<String>> {
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(bucket).unwrap());
+    let prefix = format!("cluster-history/raycluster/default/exp/{SESSION}/{NODE}/export_events/");
+    let mut out: HashMap<String, Vec<String>> = HashMap::new();
+    for (k, v) in read_all(&store)
+        .iter()
+        .filter(|(k, _)| k.starts_with(&prefix))
+    {
+        let group = k[prefix.len()..].split_once('/').unwrap().0.to_string();
+        for line in decode(k, v)
+            .split(|&c| c == b'\n')
+            .filter(|l| !l.is_empty())
+        {
+            out.entry(group.clone())
+                .or_default()
+                .push(String::from_utf8(line.to_vec()).unwrap());
+        }
+    }
+    out
+}
+
+fn export_args<'a>(bucket: &'a Path, ray: &'a Path) -> [&'a str; 10] {
+    [
+        "--storage",
+        bucket.to_str().unwrap(),
+        "--cluster-name",
+        "exp",
+        "--ray-tmp-dir",
+        ray.to_str().unwrap(),
+        "--enable-log-collector",
+        "false",
+        "--rotation-interval",
+        "1s",
+    ]
+}
+
+/// The run is in the live run file, its attempt in a rotated attempt file: backups are read
+/// first, yet the attempt is filed under the run's job, because runs are read before attempts.
+#[test]
+fn a_train_attempt_follows_its_run_read_in_the_same_pass() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = tmp.path().join("ray");
+    setup_session(&ray);
+    let dir = export_dir(&ray);
+    let run = train_line("EXPORT_TRAIN_RUN");
+    let attempt = train_line("EXPORT_TRAIN_RUN_ATTEMPT");
+    std::fs::write(dir.join("event_EXPORT_TRAIN_RUN.log"), format!("{run}\n")).unwrap();
+    std::fs::write(
+        dir.join("event_EXPORT_TRAIN_RUN_ATTEMPT.log.1"),
+        format!("{attempt}\n"),
+    )
+    .unwrap();
+    let bucket = tmp.path().join("bucket");
+    let mut c = Collector::start(&tmp.path().join("spool"), &export_args(&bucket, &ray), &[]);
+    wait_metric(&c, "rhc_events_accepted_total", 2.0);
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+    let stored = stored_export_lines(&bucket);
+    assert_eq!(
+        stored.get("01000000").map(Vec::len),
+        Some(2),
+        "run and attempt under the run's job: {stored:?}"
+    );
+    assert!(!stored.contains_key("node"), "{stored:?}");
+}
+
+/// A rotated file (both backup names Ray's writers use) that ends without a newline is never
+/// completed: its last line is read as it is, stored when it is JSON and quarantined with its
+/// file and offset when not. The offsets of files that are gone are dropped.
+#[test]
+fn a_torn_last_line_of_a_rotated_file_is_reported_and_gone_files_are_forgotten() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = tmp.path().join("ray");
+    setup_session(&ray);
+    let dir = export_dir(&ray);
+    let actors =
+        std::fs::read_to_string(Path::new(FIXTURES).join("event_EXPORT_ACTOR.log")).unwrap();
+    let actors: Vec<&str> = actors.lines().collect();
+    assert!(actors.len() >= 3);
+    // Python's name, ending in a torn line that is not JSON.
+    let py_backup = format!("{}\n{{\"event_id\": \"torn", actors[0]);
+    std::fs::write(dir.join("event_EXPORT_ACTOR.log.1"), &py_backup).unwrap();
+    // spdlog's name, ending in a whole event whose newline never came.
+    std::fs::write(dir.join("event_EXPORT_NODE.1.log"), actors[1]).unwrap();
+    std::fs::write(
+        dir.join("event_EXPORT_ACTOR.log"),
+        format!("{}\n", actors[2]),
+    )
+    .unwrap();
+
+    let bucket = tmp.path().join("bucket");
+    let spool = tmp.path().join("spool");
+    let mut c = Collector::start(&spool, &export_args(&bucket, &ray), &[]);
+    wait_metric(&c, "rhc_events_accepted_total", 3.0);
+    wait_metric(&c, "rhc_events_quarantined_total", 1.0);
+
+    // The offsets file knows the three files; once one is deleted, it forgets it.
+    let offsets = || -> Value {
+        serde_json::from_slice(&std::fs::read(spool.join("export-offsets.json")).unwrap()).unwrap()
+    };
+    let files = |v: &Value| v["files"].as_object().map(|m| m.len()).unwrap_or(0);
+    assert_eq!(files(&offsets()), 3, "{}", offsets());
+    std::fs::remove_file(dir.join("event_EXPORT_NODE.1.log")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while files(&offsets()) != 2 {
+        assert!(Instant::now() < deadline, "not pruned: {}", offsets());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+
+    let stored: Vec<String> = stored_export_lines(&bucket)
+        .into_values()
+        .flatten()
+        .collect();
+    for l in &actors[..3] {
+        assert!(stored.contains(&l.to_string()), "missing {}", &l[..60]);
+    }
+    assert_eq!(stored.len(), 3, "{stored:?}");
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&bucket).unwrap());
+    let q: Vec<Value> = read_all(&store)
+        .iter()
+        .filter(|(k, _)| k.starts_with("collector-quarantine/"))
+        .flat_map(|(k, v)| {
+            decode(k, v)
+                .split(|&c| c == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(|l| serde_json::from_slice::<Value>(l).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(q.len(), 1, "{q:?}");
+    assert_eq!(q[0]["reason"], "export_not_json");
+    assert_eq!(q[0]["source_file"], "event_EXPORT_ACTOR.log.1");
+    assert_eq!(q[0]["raw"], "{\"event_id\": \"torn");
+    assert_eq!(q[0]["source_offset"], actors[0].len() + 1);
+}
+
+/// Uploads are failing, so the spool only fills. A large export backlog stops at 80 % of the
+/// spool's budget, below the 90 % mark where Ray's pushed events get 503: pushed events are
+/// still accepted, and the backlog waits in Ray's files.
+#[test]
+fn an_export_backlog_leaves_room_for_pushed_events() {
+    // Reads of 8 MiB would stop at 24 MiB, past the 90 % mark (23.4 MiB).
+    const BUDGET: u64 = 26 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = tmp.path().join("ray");
+    setup_session(&ray);
+    let bucket = tmp.path().join("bucket");
+    let budget = BUDGET.to_string();
+    let mut args = export_args(&bucket, &ray).to_vec();
+    args.extend(["--max-spool-bytes", &budget]);
+    let c = Collector::start(&tmp.path().join("spool"), &args, &[]);
+    // The bucket becomes a file: every upload fails from now on and the spool keeps all.
+    std::fs::remove_dir_all(&bucket).unwrap();
+    std::fs::write(&bucket, b"not a directory").unwrap();
+
+    // 40 MB of export lines, more than the whole budget.
+    let pad = "x".repeat(900);
+    let mut backlog = String::new();
+    for i in 0..40_000 {
+        backlog.push_str(&format!(
+            "{{\"event_id\": \"{i:018x}\", \"timestamp\": 1795313307, \"source_type\": \"EXPORT_TASK\", \"event_data\": {{\"job_id\": \"AQAAAA==\", \"pad\": \"{pad}\"}}}}\n"
+        ));
+    }
+    std::fs::write(export_dir(&ray).join("event_EXPORT_TASK.log"), &backlog).unwrap();
+
+    // Wait until the tailer stops taking lines (the spool stops growing).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = -1.0;
+    loop {
+        std::thread::sleep(Duration::from_secs(2));
+        let now = c.metric("rhc_spool_bytes");
+        if now == last && now > 0.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the spool kept growing:\n{}",
+            c.log_tail(20)
+        );
+        last = now;
+    }
+    let used = c.metric("rhc_spool_bytes");
+    assert!(
+        used < (BUDGET / 100 * 90) as f64,
+        "the tailer filled the spool to {used} of {BUDGET} bytes"
+    );
+    assert!(
+        c.metric("rhc_events_accepted_total") < 40_000.0,
+        "the whole backlog was taken"
+    );
+    // Ray's pushed events are still accepted.
+    let body = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/posts-camel.jsonl"
+    ))
+    .unwrap();
+    let r = c.post(body.lines().next().unwrap().as_bytes());
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        c.log_text().contains("export event files wait on disk"),
+        "the yield is logged"
+    );
+}

@@ -1,15 +1,61 @@
 //! Requests to the dashboard: one client with the token (never following redirects, which
 //! could carry it elsewhere), bounded bodies, and every failure sorted into the outcome that
 //! the metrics and logs report.
+//!
+//! Memory: a body may be up to [`MAX_BODY_BYTES`], and several requests run at once. Each
+//! request reads its first [`SMALL_BODY_BYTES`] freely; a body longer than that (announced or
+//! found while reading) first takes the one [`BodyBudget`] permit, held until the body is
+//! dropped. So the bodies in memory at once cost at most one large body plus one small one per
+//! request in flight, whatever the dashboard sends.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::answer;
 use super::config::DashboardConfig;
 use super::{DashboardError, MAX_BODY_BYTES, NODES_ENDPOINT};
 use crate::contract::ids::is_hex_id;
+
+/// Bytes of a body read without the large-body permit: every answer the history server
+/// replays is far smaller on a normal cluster (Ray's own lists are a few KiB to a few hundred).
+pub(super) const SMALL_BODY_BYTES: usize = 1 << 20;
+
+/// Lets one body larger than [`SMALL_BODY_BYTES`] be in memory at a time.
+#[derive(Clone)]
+pub(super) struct BodyBudget(Arc<Semaphore>);
+
+impl BodyBudget {
+    pub(super) fn new() -> BodyBudget {
+        BodyBudget(Arc::new(Semaphore::new(1)))
+    }
+
+    async fn large(&self) -> Result<OwnedSemaphorePermit, DashboardError> {
+        // The semaphore is never closed; a closed one would only mean no more large bodies.
+        self.0
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| DashboardError::TooLarge)
+    }
+}
+
+/// A whole answer body, with the permit that lets a large one stay in memory.
+pub(super) struct Body {
+    pub(super) bytes: Bytes,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl std::ops::Deref for Body {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
 
 pub(super) fn build_client(cfg: &DashboardConfig) -> Result<reqwest::Client, DashboardError> {
     let mut headers = HeaderMap::new();
@@ -46,14 +92,16 @@ pub(super) fn classify(e: reqwest::Error, timeout: Duration) -> DashboardError {
     }
 }
 
-/// GETs `base + uri` and returns the whole body of a 2xx answer (possibly empty).
+/// GETs `base + uri` and returns the whole body of a 2xx answer (possibly empty); a body over
+/// [`SMALL_BODY_BYTES`] waits for `budget`'s permit, within the same `timeout`.
 pub(super) async fn fetch(
     client: &reqwest::Client,
     base: &str,
     uri: &str,
     timeout: Duration,
     had_token: bool,
-) -> Result<Bytes, DashboardError> {
+    budget: &BodyBudget,
+) -> Result<Body, DashboardError> {
     let url = format!("{base}{uri}");
     let exchange = async {
         let mut resp = client
@@ -72,14 +120,24 @@ pub(super) async fn fetch(
         if announced > MAX_BODY_BYTES as u64 {
             return Err(DashboardError::TooLarge);
         }
+        let mut permit = None;
+        if announced > SMALL_BODY_BYTES as u64 {
+            permit = Some(budget.large().await?);
+        }
         let mut body = BytesMut::with_capacity(announced as usize);
         while let Some(chunk) = resp.chunk().await.map_err(|e| classify(e, timeout))? {
             if body.len() + chunk.len() > MAX_BODY_BYTES {
                 return Err(DashboardError::TooLarge);
             }
+            if permit.is_none() && body.len() + chunk.len() > SMALL_BODY_BYTES {
+                permit = Some(budget.large().await?);
+            }
             body.extend_from_slice(&chunk);
         }
-        Ok(body.freeze())
+        Ok(Body {
+            bytes: body.freeze(),
+            _permit: permit,
+        })
     };
     // The client's own timeout covers the body too; this is the backstop.
     tokio::time::timeout(timeout, exchange)
@@ -95,39 +153,39 @@ pub(super) fn pick_node(body: &[u8], pod_ip: &str) -> Result<Option<String>, Das
     let invalid = |why: &str| DashboardError::Invalid {
         why: format!("{NODES_ENDPOINT}: {why}"),
     };
-    let v: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| invalid(&format!("not JSON: {e}")))?;
-    if v.get("result").and_then(|r| r.as_bool()) == Some(false) {
-        let msg = v.get("msg").and_then(|m| m.as_str()).unwrap_or("");
-        return Err(invalid(&format!(
-            "the dashboard reports a failure: {}",
-            msg.chars().take(200).collect::<String>()
-        )));
+    if let Some(msg) = answer::reported_failure(body) {
+        return Err(invalid(&format!("the dashboard reports a failure: {msg}")));
     }
-    let nodes = v
-        .pointer("/data/result/result")
-        .and_then(|n| n.as_array())
-        .ok_or_else(|| invalid("no data.result.result array"))?;
+    /// One node of the list, borrowed from the body; only the node at `pod_ip` is kept.
+    #[derive(serde::Deserialize)]
+    struct Node<'a> {
+        #[serde(borrow, default)]
+        node_id: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow, default)]
+        node_ip: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow, default)]
+        state: Option<std::borrow::Cow<'a, str>>,
+        #[serde(default)]
+        start_time_ms: Option<serde_json::Number>,
+    }
     let mut best: Option<(bool, i64, String)> = None;
-    for n in nodes {
-        if n.get("node_ip").and_then(|x| x.as_str()) != Some(pod_ip) {
-            continue;
+    let mut each = |n: Node| {
+        if n.node_ip.as_deref() != Some(pod_ip) {
+            return;
         }
-        let Some(id) = n.get("node_id").and_then(|x| x.as_str()) else {
-            continue;
+        let Some(id) = n.node_id.as_deref().filter(|id| is_hex_id(id)) else {
+            return;
         };
-        if !is_hex_id(id) {
-            continue;
+        let alive = n.state.as_deref() == Some("ALIVE");
+        let started = n.start_time_ms.and_then(|t| t.as_i64()).unwrap_or(0);
+        if best.as_ref().is_none_or(|b| (alive, started) > (b.0, b.1)) {
+            best = Some((alive, started, id.to_ascii_lowercase()));
         }
-        let alive = n.get("state").and_then(|x| x.as_str()) == Some("ALIVE");
-        let started = n.get("start_time_ms").and_then(|x| x.as_i64()).unwrap_or(0);
-        let candidate = (alive, started, id.to_ascii_lowercase());
-        if best
-            .as_ref()
-            .is_none_or(|b| (candidate.0, candidate.1) > (b.0, b.1))
-        {
-            best = Some(candidate);
-        }
+    };
+    let found = answer::for_each_at(body, &["data", "result", "result"], &mut each)
+        .map_err(|e| invalid(&format!("not a JSON node list: {e}")))?;
+    if !found {
+        return Err(invalid("no data.result.result array"));
     }
     Ok(best.map(|(_, _, id)| id))
 }
@@ -153,6 +211,7 @@ pub async fn node_id_by_ip(
         NODES_ENDPOINT,
         cfg.request_timeout,
         cfg.auth_token.is_some(),
+        &BodyBudget::new(),
     )
     .await?;
     pick_node(&body, pod_ip.trim())

@@ -17,16 +17,27 @@
 //! - a dashboard that is down, slow or refuses our token is reported (logs on change of state,
 //!   `rhc_dashboard_requests_total{endpoint_kind,outcome}`), retried on the next tick, and
 //!   never stops the collector. Unlike KubeRay we keep retrying after 401/403: a token can be
-//!   fixed without restarting the head pod's sidecar only if someone keeps asking.
+//!   fixed without restarting the head pod's sidecar only if someone keeps asking;
+//! - only answers that are JSON of the endpoint's shape, without `"result": false`, are
+//!   stored, and the final poll at SIGTERM never replaces a snapshot with a shorter list: a
+//!   dashboard going down answers 200 with error pages, truncated bodies and empty lists, which
+//!   the history server would replay as the cluster's state ([`answer`]);
+//! - bounded memory: bodies are checked without being built as values, and one body larger
+//!   than 1 MiB is held at a time ([`client`]);
+//! - each answer is recorded as it completes, so a hanging endpoint costs only itself.
 //!
 //! Kept from KubeRay because the history server depends on it: a Ray Data answer with no
 //! datasets is never stored (a later eviction of the stats actor must not erase the snapshot),
 //! terminal jobs stop being polled once captured, and the final poll at SIGTERM does not
 //! replace a Serve snapshot with the empty answer of a Serve controller that is shutting down.
 //!
+//! The poller runs on the head whether or not the log shipper does: they are independent.
+//!
 //! The files: [`config`] (address, token, extra endpoints, all checked at start), [`client`]
-//! (requests and their failure modes), [`poller`] (what is asked when, and what is stored).
+//! (requests and their failure modes), [`answer`] (what an answer must be to be stored, and
+//! the job list), [`poller`] (what is asked when, and what is stored).
 
+mod answer;
 mod client;
 mod config;
 mod poller;

@@ -1,6 +1,11 @@
 //! The poller: which endpoints are asked when (one-shot per session, periodic, the jobs'
 //! datasets, the extra ones), what is stored under which key, and what is left alone
-//! (unchanged bodies, empty answers the history server must not see).
+//! (unchanged bodies, empty answers the history server must not see, answers that are not of
+//! the endpoint's shape, see [`super::answer`]).
+//!
+//! Each answer is applied (recorded as uploaded, one-shot done, dataset captured) as soon as
+//! it completes, not when its whole poll ends: a poll abandoned at shutdown because one
+//! endpoint hangs keeps what the others did, so the final poll does not ask them again.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -10,14 +15,13 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use tokio::sync::watch;
 
-use super::client::{build_client, fetch};
+use super::answer::{self, Expect, ListedJob, Refusal};
+use super::client::{build_client, fetch, Body, BodyBudget};
 use super::config::DashboardConfig;
 use super::{
-    DashboardError, DATASETS_PREFIX, JOBS_ENDPOINT, MAX_CONCURRENT_REQUESTS, MAX_JOBS_PER_POLL,
-    ONE_SHOT_ENDPOINTS, PERIODIC_ENDPOINTS, TERMINAL_EMPTY_POLLS_BEFORE_GIVING_UP,
-    TERMINAL_JOB_STATES,
+    DashboardError, DATASETS_PREFIX, JOBS_ENDPOINT, MAX_CONCURRENT_REQUESTS, ONE_SHOT_ENDPOINTS,
+    PERIODIC_ENDPOINTS, TERMINAL_EMPTY_POLLS_BEFORE_GIVING_UP,
 };
-use crate::contract::ids::is_hex_id;
 use crate::contract::{self, is_safe_segment, ClusterLayout};
 use crate::metrics as m;
 use crate::node::session::ActiveSession;
@@ -25,15 +29,19 @@ use crate::node::session::ActiveSession;
 /// What one poll did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PollReport {
-    /// Answers received in full (2xx, non-empty, within the size cap), the job list included.
+    /// Answers received in full (2xx, within the size cap), the job list included.
     pub fetched: usize,
     /// Snapshots written to the bucket.
     pub uploaded: usize,
     /// Snapshots identical to the last upload of the same URI in this session, not rewritten.
     pub unchanged: usize,
-    /// Answers not stored because they hold nothing (empty body, a Ray Data answer without
-    /// datasets, a Serve answer without applications on the final poll).
+    /// Answers not stored because they hold nothing (a Ray Data answer without datasets, a
+    /// Serve answer without applications on the final poll).
     pub empty: usize,
+    /// Request URI and reason of every answer not stored because it is not JSON of the
+    /// endpoint's shape, says `"result": false`, or (final poll) lists less than the snapshot
+    /// already stored.
+    pub refused: Vec<(String, String)>,
     /// Request URI and reason of every request or upload that failed.
     pub failed: Vec<(String, String)>,
 }
@@ -60,21 +68,42 @@ impl Kind {
     }
 }
 
+/// The shape an endpoint's answer must have to be stored.
+fn expected(kind: Kind, uri: &str) -> Expect {
+    match kind {
+        Kind::Datasets => Expect::ObjectList("datasets"),
+        Kind::Additional | Kind::JobList => Expect::Any,
+        Kind::OneShot => Expect::Object,
+        Kind::Periodic if uri == PERIODIC_ENDPOINTS[0] => Expect::ObjectList("applications"),
+        Kind::Periodic => Expect::StateList,
+    }
+}
+
 /// One endpoint to fetch and store in this poll.
 struct Target {
     uri: String,
     kind: Kind,
-    /// Hash of the body last uploaded for this URI in this session.
-    previous: Option<u128>,
+    /// The last snapshot uploaded for this URI in this session.
+    previous: Option<Snapshot>,
     /// For datasets: the job was finished when listed.
     terminal: bool,
 }
 
+/// What is remembered of an uploaded snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Snapshot {
+    /// xxh3-128 of the body.
+    hash: u128,
+    /// Length of its list, when the endpoint has one.
+    list_len: Option<usize>,
+}
+
 /// What happened to one endpoint.
 enum Stored {
-    Uploaded(u128),
+    Uploaded(Snapshot),
     Unchanged,
     Empty,
+    Refused(Refusal),
 }
 
 /// A target after its poll: the body size and what was done with it, or why it failed.
@@ -85,83 +114,34 @@ type Done = (Target, Result<(usize, Stored), DashboardError>);
 struct SessionState {
     session: String,
     one_shot_done: HashSet<String>,
-    /// xxh3-128 of the last body uploaded, by request URI.
-    uploaded: HashMap<String, u128>,
+    /// The last snapshot uploaded, by request URI.
+    uploaded: HashMap<String, Snapshot>,
     /// Finished jobs whose datasets snapshot is stored: not asked again.
     datasets_final: HashSet<String>,
     /// Finished jobs answering without datasets, and how many times.
     terminal_empty: HashMap<String, u32>,
 }
 
+/// What the requests of a poll need, shared by the requests in flight (which must not borrow
+/// the poller: it records each answer as it completes).
+struct Fetcher {
+    base: String,
+    client: reqwest::Client,
+    timeout: std::time::Duration,
+    had_token: bool,
+    store: Arc<dyn ObjectStore>,
+    prefix: String,
+    budget: BodyBudget,
+}
+
 /// Polls the head's dashboard and stores its answers; owned by one task.
 pub struct DashboardPoller {
     cfg: DashboardConfig,
-    base: String,
-    client: reqwest::Client,
-    store: Arc<dyn ObjectStore>,
-    prefix: String,
+    fetcher: Arc<Fetcher>,
     state: SessionState,
-    /// Last failure reason by URI, so a dashboard that stays down is logged once, not per tick.
+    /// Last failure or refusal reason by URI, so a dashboard that stays down is logged once,
+    /// not per tick.
     failing: HashMap<String, String>,
-}
-
-/// True if the JSON object `body` has `field` as an empty array or object, or lacks it.
-/// A body that is not a JSON object counts as not empty: storing it is the safe choice.
-fn lacks(body: &[u8], field: &str) -> bool {
-    match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(serde_json::Value::Object(o)) => match o.get(field) {
-            None | Some(serde_json::Value::Null) => true,
-            Some(serde_json::Value::Array(a)) => a.is_empty(),
-            Some(serde_json::Value::Object(m)) => m.is_empty(),
-            Some(_) => false,
-        },
-        _ => false,
-    }
-}
-
-/// One job of `/api/jobs/`, reduced to what decides its datasets snapshot.
-#[derive(Debug, PartialEq, Eq)]
-struct ListedJob {
-    job_id: String,
-    terminal: bool,
-}
-
-/// Reads the job list: a JSON array of job details. Jobs without a `job_id` (a submission
-/// whose driver has not started) are skipped; ids that are not hex are returned in `rejected`.
-fn parse_jobs(body: &[u8]) -> Result<(Vec<ListedJob>, Vec<String>), DashboardError> {
-    let v: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| DashboardError::Invalid {
-            why: format!("{JOBS_ENDPOINT} is not JSON: {e}"),
-        })?;
-    let serde_json::Value::Array(items) = v else {
-        return Err(DashboardError::Invalid {
-            why: format!("{JOBS_ENDPOINT} is not a JSON array"),
-        });
-    };
-    let mut jobs: Vec<ListedJob> = Vec::new();
-    let mut rejected = Vec::new();
-    let mut seen = HashSet::new();
-    for item in &items {
-        let Some(id) = item.get("job_id").and_then(|v| v.as_str()) else {
-            continue;
-        };
-        if !is_hex_id(id) {
-            rejected.push(id.chars().take(80).collect());
-            continue;
-        }
-        if !seen.insert(id.to_string()) {
-            continue;
-        }
-        let terminal = item
-            .get("status")
-            .and_then(|v| v.as_str())
-            .is_some_and(|s| TERMINAL_JOB_STATES.contains(&s));
-        jobs.push(ListedJob {
-            job_id: id.to_string(),
-            terminal,
-        });
-    }
-    Ok((jobs, rejected))
 }
 
 impl DashboardPoller {
@@ -173,12 +153,18 @@ impl DashboardPoller {
     ) -> Result<Self, DashboardError> {
         let base = cfg.validate()?;
         let client = build_client(&cfg)?;
-        Ok(DashboardPoller {
-            cfg,
+        let fetcher = Arc::new(Fetcher {
             base,
             client,
+            timeout: cfg.request_timeout,
+            had_token: cfg.auth_token.is_some(),
             store,
             prefix: layout.history_prefix(),
+            budget: BodyBudget::new(),
+        });
+        Ok(DashboardPoller {
+            cfg,
+            fetcher,
             state: SessionState::default(),
             failing: HashMap::new(),
         })
@@ -186,14 +172,15 @@ impl DashboardPoller {
 
     /// The object key of the snapshot of `uri` in `session`.
     pub fn object_key(&self, session: &str, uri: &str) -> String {
-        contract::endpoints::endpoint_key(&self.prefix, session, uri)
+        self.fetcher.object_key(session, uri)
     }
 
     /// Polls until `shutdown` becomes true (or its sender is dropped): one-shot endpoints once
     /// per session (retried on the next tick until they succeed — KubeRay gives up on 401/403,
     /// we keep trying), periodic ones every interval. Follows `sessions`: a new session resets
     /// the one-shot state and the change-detection cache and is polled at once. A poll in
-    /// flight when shutdown comes is abandoned; the caller then runs [`Self::poll_once`].
+    /// flight when shutdown comes is abandoned (what it had done is kept); the caller then
+    /// runs [`Self::poll_once`].
     pub async fn run(
         &mut self,
         mut sessions: watch::Receiver<Option<ActiveSession>>,
@@ -231,6 +218,7 @@ impl DashboardPoller {
                         fetched = report.fetched,
                         uploaded = report.uploaded,
                         unchanged = report.unchanged,
+                        refused = report.refused.len(),
                         failed = report.failed.len(),
                         "dashboard poll done"
                     );
@@ -241,8 +229,9 @@ impl DashboardPoller {
 
     /// One full poll of every endpoint for `session`, meant for the final poll at SIGTERM
     /// under the caller's deadline (dropping the future abandons it safely). One-shot
-    /// endpoints already stored for this session are not fetched again; a Serve answer
-    /// without applications (a controller shutting down) does not replace the last snapshot.
+    /// endpoints already stored for this session are not fetched again; an answer whose list
+    /// is shorter than the snapshot already stored (a dashboard shutting down), or a Serve
+    /// answer without applications, does not replace the last snapshot.
     pub async fn poll_once(&mut self, session: &str) -> PollReport {
         self.poll(session, true).await
     }
@@ -288,26 +277,30 @@ impl DashboardPoller {
             targets.push(self.target(uri.clone(), Kind::Additional, false));
         }
 
-        let (first, jobs) = futures::future::join(
-            self.store_all(session, targets, final_poll),
-            self.list_jobs(),
-        )
-        .await;
-        self.apply(first, &mut report);
+        // The static endpoints and the job list at once; each answer is recorded as it comes.
+        enum Step {
+            One(Done),
+            Jobs(Result<Vec<ListedJob>, DashboardError>),
+        }
+        let fetcher = self.fetcher.clone();
+        let stores = store_all(&fetcher, session, targets, final_poll).map(Step::One);
+        let jobs = futures::stream::once(fetcher.list_jobs()).map(Step::Jobs);
+        let mut steps = std::pin::pin!(futures::stream::select(stores, jobs));
+        let mut listed = Vec::new();
+        while let Some(step) = steps.next().await {
+            match step {
+                Step::One(done) => self.apply(done, &mut report),
+                Step::Jobs(Ok(jobs)) => {
+                    report.fetched += 1;
+                    self.succeeded(JOBS_ENDPOINT, Kind::JobList, "ok");
+                    listed = jobs;
+                }
+                Step::Jobs(Err(e)) => self.failed(JOBS_ENDPOINT, Kind::JobList, &e, &mut report),
+            }
+        }
 
-        let jobs = match jobs {
-            Ok(body_jobs) => {
-                report.fetched += 1;
-                self.succeeded(JOBS_ENDPOINT, Kind::JobList, "ok");
-                body_jobs
-            }
-            Err(e) => {
-                self.failed(JOBS_ENDPOINT, Kind::JobList, &e, &mut report);
-                Vec::new()
-            }
-        };
         let mut targets = Vec::new();
-        for job in jobs.into_iter().take(MAX_JOBS_PER_POLL) {
+        for job in listed {
             if job.terminal && self.state.datasets_final.contains(&job.job_id) {
                 continue;
             }
@@ -323,8 +316,10 @@ impl DashboardPoller {
             let uri = format!("{DATASETS_PREFIX}{}", job.job_id);
             targets.push(self.target(uri, Kind::Datasets, job.terminal));
         }
-        let second = self.store_all(session, targets, final_poll).await;
-        self.apply(second, &mut report);
+        let mut stores = std::pin::pin!(store_all(&fetcher, session, targets, final_poll));
+        while let Some(done) = stores.next().await {
+            self.apply(done, &mut report);
+        }
         report
     }
 
@@ -338,115 +333,43 @@ impl DashboardPoller {
         }
     }
 
-    /// Fetches the job list and keeps the jobs whose datasets are worth asking for.
-    async fn list_jobs(&self) -> Result<Vec<ListedJob>, DashboardError> {
-        let body = fetch(
-            &self.client,
-            &self.base,
-            JOBS_ENDPOINT,
-            self.cfg.request_timeout,
-            self.cfg.auth_token.is_some(),
-        )
-        .await?;
-        let (jobs, rejected) = parse_jobs(&body)?;
-        if !rejected.is_empty() {
-            tracing::warn!(
-                count = rejected.len(),
-                first = ?rejected[0],
-                "the dashboard listed job ids that are not hex; their datasets are not fetched"
-            );
+    /// Records what was done with one endpoint: in the session's state, the report, the
+    /// metrics and (on a change of state) the log.
+    fn apply(&mut self, (t, r): Done, report: &mut PollReport) {
+        let (bytes, stored) = match r {
+            Ok(done) => done,
+            Err(e) => return self.failed(&t.uri, t.kind, &e, report),
+        };
+        report.fetched += 1;
+        let outcome = match stored {
+            Stored::Uploaded(snapshot) => {
+                report.uploaded += 1;
+                self.state.uploaded.insert(t.uri.clone(), snapshot);
+                tracing::debug!(uri = %t.uri, bytes, "dashboard snapshot uploaded");
+                "ok"
+            }
+            Stored::Unchanged => {
+                report.unchanged += 1;
+                "unchanged"
+            }
+            Stored::Empty => {
+                report.empty += 1;
+                "empty"
+            }
+            Stored::Refused(why) => return self.refused(&t, why, bytes, report),
+        };
+        let captured = outcome != "empty";
+        if t.kind == Kind::OneShot && captured {
+            self.state.one_shot_done.insert(t.uri.clone());
         }
-        Ok(jobs)
-    }
-
-    /// Fetches and stores `targets`, a few at a time; returns each target with its result.
-    async fn store_all(&self, session: &str, targets: Vec<Target>, final_poll: bool) -> Vec<Done> {
-        futures::stream::iter(targets)
-            .map(|t| async move {
-                let r = self.store_one(session, &t, final_poll).await;
-                (t, r)
-            })
-            .buffer_unordered(MAX_CONCURRENT_REQUESTS)
-            .collect()
-            .await
-    }
-
-    /// Fetches one endpoint and uploads its body unless empty or unchanged; returns the body
-    /// size and what was done.
-    async fn store_one(
-        &self,
-        session: &str,
-        t: &Target,
-        final_poll: bool,
-    ) -> Result<(usize, Stored), DashboardError> {
-        let body = fetch(
-            &self.client,
-            &self.base,
-            &t.uri,
-            self.cfg.request_timeout,
-            self.cfg.auth_token.is_some(),
-        )
-        .await?;
-        let n = body.len();
-        let empty = body.iter().all(u8::is_ascii_whitespace)
-            || (t.kind == Kind::Datasets && lacks(&body, "datasets"))
-            || (final_poll && t.uri == PERIODIC_ENDPOINTS[0] && lacks(&body, "applications"));
-        if empty {
-            return Ok((n, Stored::Empty));
-        }
-        let hash = xxhash_rust::xxh3::xxh3_128(&body);
-        if t.previous == Some(hash) {
-            return Ok((n, Stored::Unchanged));
-        }
-        let key = self.object_key(session, &t.uri);
-        let path = ObjectPath::parse(&key).map_err(|source| DashboardError::BadKey {
-            key: key.clone(),
-            source,
-        })?;
-        self.store
-            .put(&path, PutPayload::from(body))
-            .await
-            .map_err(|source| DashboardError::Upload { key, source })?;
-        Ok((n, Stored::Uploaded(hash)))
-    }
-
-    fn apply(&mut self, results: Vec<Done>, report: &mut PollReport) {
-        for (t, r) in results {
-            match r {
-                Ok((bytes, stored)) => {
-                    report.fetched += 1;
-                    let outcome = match stored {
-                        Stored::Uploaded(hash) => {
-                            report.uploaded += 1;
-                            self.state.uploaded.insert(t.uri.clone(), hash);
-                            tracing::debug!(uri = %t.uri, bytes, "dashboard snapshot uploaded");
-                            "ok"
-                        }
-                        Stored::Unchanged => {
-                            report.unchanged += 1;
-                            "unchanged"
-                        }
-                        Stored::Empty => {
-                            report.empty += 1;
-                            "empty"
-                        }
-                    };
-                    let captured = outcome != "empty";
-                    if t.kind == Kind::OneShot && captured {
-                        self.state.one_shot_done.insert(t.uri.clone());
-                    }
-                    if t.kind == Kind::Datasets && t.terminal {
-                        if captured {
-                            self.state.datasets_final.insert(job_of(&t.uri));
-                        } else {
-                            *self.state.terminal_empty.entry(job_of(&t.uri)).or_default() += 1;
-                        }
-                    }
-                    self.succeeded(&t.uri, t.kind, outcome);
-                }
-                Err(e) => self.failed(&t.uri, t.kind, &e, report),
+        if t.kind == Kind::Datasets && t.terminal {
+            if captured {
+                self.state.datasets_final.insert(job_of(&t.uri));
+            } else {
+                *self.state.terminal_empty.entry(job_of(&t.uri)).or_default() += 1;
             }
         }
+        self.succeeded(&t.uri, t.kind, outcome);
     }
 
     fn succeeded(&mut self, uri: &str, kind: Kind, outcome: &'static str) {
@@ -457,6 +380,25 @@ impl DashboardPoller {
         }
     }
 
+    /// An answer that came but is not stored: counted, logged on a change of reason, and the
+    /// endpoint is asked again next time (a one-shot endpoint is not marked done).
+    fn refused(&mut self, t: &Target, why: Refusal, bytes: usize, report: &mut PollReport) {
+        m::dashboard_request(t.kind.label(), "refused");
+        m::dashboard_refused(t.kind.label(), why.code());
+        let reason = refusal_text(why);
+        if self.failing.get(&t.uri).map(String::as_str) != Some(reason) {
+            tracing::warn!(
+                uri = %t.uri,
+                reason,
+                bytes,
+                kept = t.previous.is_some(),
+                "dashboard answer not stored; the last snapshot stays"
+            );
+            self.failing.insert(t.uri.clone(), reason.to_string());
+        }
+        report.refused.push((t.uri.clone(), reason.to_string()));
+    }
+
     fn failed(&mut self, uri: &str, kind: Kind, e: &DashboardError, report: &mut PollReport) {
         m::dashboard_request(kind.label(), e.outcome());
         let reason = e.to_string();
@@ -465,7 +407,7 @@ impl DashboardPoller {
             let detail = std::error::Error::source(e).map(|s| s.to_string());
             tracing::warn!(
                 uri,
-                address = %self.base,
+                address = %self.fetcher.base,
                 reason = %reason,
                 detail = detail.as_deref().unwrap_or(""),
                 "dashboard snapshot failed; retrying on the next tick"
@@ -473,6 +415,121 @@ impl DashboardPoller {
             self.failing.insert(uri.to_string(), reason.clone());
         }
         report.failed.push((uri.to_string(), reason));
+    }
+}
+
+/// The reason of a refusal, as reported and logged.
+fn refusal_text(why: Refusal) -> &'static str {
+    match why {
+        Refusal::NotJson => "not JSON",
+        Refusal::WrongShape => "JSON of an unexpected shape",
+        Refusal::ResultFalse => "the dashboard reports a failure (\"result\": false)",
+        Refusal::SmallerList => "final poll: a shorter list than the stored snapshot",
+    }
+}
+
+/// Fetches and stores `targets`, a few at a time, yielding each target with its result as
+/// soon as it completes.
+fn store_all<'a>(
+    fetcher: &'a Fetcher,
+    session: &'a str,
+    targets: Vec<Target>,
+    final_poll: bool,
+) -> impl futures::Stream<Item = Done> + 'a {
+    futures::stream::iter(targets)
+        .map(move |t| async move {
+            let r = fetcher.store_one(session, &t, final_poll).await;
+            (t, r)
+        })
+        .buffer_unordered(MAX_CONCURRENT_REQUESTS)
+}
+
+impl Fetcher {
+    fn object_key(&self, session: &str, uri: &str) -> String {
+        contract::endpoints::endpoint_key(&self.prefix, session, uri)
+    }
+
+    async fn get(&self, uri: &str) -> Result<Body, DashboardError> {
+        fetch(
+            &self.client,
+            &self.base,
+            uri,
+            self.timeout,
+            self.had_token,
+            &self.budget,
+        )
+        .await
+    }
+
+    /// Fetches the job list and keeps the jobs whose datasets are worth asking for.
+    async fn list_jobs(&self) -> Result<Vec<ListedJob>, DashboardError> {
+        let body = self.get(JOBS_ENDPOINT).await?;
+        let list = answer::parse_jobs(&body)?;
+        if let Some(first) = &list.first_rejected {
+            tracing::warn!(
+                count = list.rejected,
+                first = ?first,
+                "the dashboard listed job ids that are not hex; their datasets are not fetched"
+            );
+        }
+        Ok(list.jobs)
+    }
+
+    /// Fetches one endpoint and uploads its body if it is of the endpoint's shape, holds
+    /// something, and differs from the last snapshot; returns the body size and what was done.
+    async fn store_one(
+        &self,
+        session: &str,
+        t: &Target,
+        final_poll: bool,
+    ) -> Result<(usize, Stored), DashboardError> {
+        let body = self.get(&t.uri).await?;
+        let n = body.len();
+        let checked = match answer::check(&body, expected(t.kind, &t.uri)) {
+            Ok(c) => c,
+            Err(why) => return Ok((n, Stored::Refused(why))),
+        };
+        let empty = checked.list_len == Some(0)
+            && (t.kind == Kind::Datasets || (final_poll && t.uri == PERIODIC_ENDPOINTS[0]));
+        if empty {
+            return Ok((n, Stored::Empty));
+        }
+        if final_poll {
+            if let (
+                Some(now),
+                Some(Snapshot {
+                    list_len: Some(before),
+                    ..
+                }),
+            ) = (checked.list_len, t.previous)
+            {
+                if now < before {
+                    return Ok((n, Stored::Refused(Refusal::SmallerList)));
+                }
+            }
+        }
+        let hash = xxhash_rust::xxh3::xxh3_128(&body);
+        if t.previous.map(|p| p.hash) == Some(hash) {
+            return Ok((n, Stored::Unchanged));
+        }
+        let key = self.object_key(session, &t.uri);
+        let path = ObjectPath::parse(&key).map_err(|source| DashboardError::BadKey {
+            key: key.clone(),
+            source,
+        })?;
+        // The upload shares the body's bytes; the large-body permit lasts until it is done.
+        self.store
+            .put(&path, PutPayload::from(body.bytes.clone()))
+            .await
+            .map_err(|source| DashboardError::Upload { key, source })?;
+        drop(body);
+        Ok((
+            n,
+            Stored::Uploaded(Snapshot {
+                hash,
+                list_len: checked.list_len,
+            }),
+        ))
     }
 }
 
@@ -504,45 +561,5 @@ mod tests {
             );
             assert_eq!(parsed.parts().count(), 4);
         }
-    }
-
-    #[test]
-    fn job_list() {
-        let body = br#"[
-            {"type":"SUBMISSION","job_id":null,"submission_id":"raysubmit_1","status":"PENDING"},
-            {"type":"SUBMISSION","job_id":"02000000","submission_id":"raysubmit_2","status":"RUNNING"},
-            {"type":"DRIVER","job_id":"01000000","submission_id":null,"status":"SUCCEEDED"},
-            {"job_id":"../../x","status":"RUNNING"},
-            {"job_id":"01000000","status":"SUCCEEDED"},
-            {"submission_id":"raysubmit_3"},
-            7
-        ]"#;
-        let (jobs, rejected) = parse_jobs(body).unwrap();
-        assert_eq!(
-            jobs,
-            [
-                ListedJob {
-                    job_id: "02000000".into(),
-                    terminal: false
-                },
-                ListedJob {
-                    job_id: "01000000".into(),
-                    terminal: true
-                },
-            ]
-        );
-        assert_eq!(rejected, ["../../x"]);
-        assert!(parse_jobs(b"{}").is_err());
-        assert!(parse_jobs(b"nope").is_err());
-    }
-
-    #[test]
-    fn empty_payloads() {
-        assert!(lacks(br#"{"datasets": []}"#, "datasets"));
-        assert!(lacks(br#"{}"#, "datasets"));
-        assert!(!lacks(br#"{"datasets": [{"dataset": "d"}]}"#, "datasets"));
-        assert!(!lacks(b"not json", "datasets"));
-        assert!(lacks(br#"{"applications": {}}"#, "applications"));
-        assert!(!lacks(br#"{"applications": {"app": {}}}"#, "applications"));
     }
 }

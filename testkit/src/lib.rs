@@ -10,6 +10,8 @@
 //! - [`ray`]: real Ray from PyPI, run by the end-to-end tests.
 //! - [`history_server`]: KubeRay's history server as a peer, with the Kubernetes API it needs.
 //! - [`chromium`]: headless Chromium, for screenshots and the DOM of a page.
+//! - [`dashboard`]: a Ray dashboard stand-in for the head's snapshot poller, which can switch
+//!   to the bad answers of a dashboard going down.
 //! - [`peer`]: KubeRay's Go collector as a peer, with the stand-ins it needs to start, and
 //!   [`peer::AnyCollector`] to drive it and ours alike.
 //! - [`usage`]: what a process cost (CPU time, peak resident set) from the kernel's accounting.
@@ -20,6 +22,7 @@
 
 pub mod chromium;
 pub mod collector;
+pub mod dashboard;
 pub mod history_server;
 pub mod http;
 pub mod peer;

@@ -168,7 +168,7 @@ const SCENARIOS: &[(&str, bool, bool, bool, &str)] = &[
         true,
         true,
         false,
-        "hostile bodies ([0,0,…], [{},{},…], distinct integers, 64 MiB), 4 clients each: peak RSS <= 256 MiB, spool <= 2x received",
+        "hostile bodies ([0,0,…], [{},{},…], distinct integers, 64 MiB), 4 clients each, then dashboard answers of 62 MB polled every second: peak RSS <= 256 MiB, spool <= 2x received",
     ),
     (
         "side-kill9",
