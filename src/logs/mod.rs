@@ -50,6 +50,9 @@ pub struct LogConfig {
     pub max_bytes_per_second: u64,
     /// How the store appends to an object, when it can.
     pub appender: Option<Appender>,
+    /// The bucket and prefix the ledger belongs to (`storage::Configured::identity`): a
+    /// ledger written for another bucket is not used.
+    pub bucket: String,
 }
 
 /// Errors that stop the log shipper from starting.
