@@ -207,9 +207,18 @@ fn setting_survives_an_append(
     append(&logs.join(LOG), &lines(0, 6 * MIB));
     let extra: Vec<(String, String)> = extra
         .iter()
-        .map(|(k, v)| (k.to_string(), v.replace("{proxy}", &rig.proxy.url()).replace("{moto}", &rig.s3.endpoint)))
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                v.replace("{proxy}", &rig.proxy.url())
+                    .replace("{moto}", &rig.s3.endpoint),
+            )
+        })
         .collect();
-    let extra: Vec<(&str, &str)> = extra.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let extra: Vec<(&str, &str)> = extra
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
     let mut c = rig.start("spool", &rig.env(&extra), &[]);
     rig.wait_equal(LOG, &c, "whole upload");
     let whole = rig.head(LOG);
@@ -327,7 +336,10 @@ fn sse_c_survives_an_append() {
             ("x-amz-server-side-encryption-customer-algorithm", "create"),
             ("x-amz-server-side-encryption-customer-key", "copy"),
             ("x-amz-server-side-encryption-customer-key-md5", "copy"),
-            ("x-amz-copy-source-server-side-encryption-customer-key", "copy"),
+            (
+                "x-amz-copy-source-server-side-encryption-customer-key",
+                "copy",
+            ),
             (
                 "x-amz-copy-source-server-side-encryption-customer-key-md5",
                 "copy",
@@ -453,7 +465,11 @@ fn a_503_burst_and_slow_answers_do_not_turn_appends_off() {
         appends(&c),
         c.log_tail(40)
     );
-    assert_eq!(wholes(&c), wholes0, "a whole upload during or after the burst");
+    assert_eq!(
+        wholes(&c),
+        wholes0,
+        "a whole upload during or after the burst"
+    );
     let sent = c.metric("rhc_log_bytes_uploaded_total") - sent0;
     assert!(sent < 1_000_000.0, "{sent} bytes sent for 24 kB of growth");
     assert_eq!(c.metric("rhc_log_appends_enabled"), 1.0);
@@ -464,7 +480,11 @@ fn a_503_burst_and_slow_answers_do_not_turn_appends_off() {
             0.0
         );
     }
-    assert!(!c.log_text().contains("refused appends"), "{}", c.log_tail(40));
+    assert!(
+        !c.log_text().contains("refused appends"),
+        "{}",
+        c.log_tail(40)
+    );
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
 }
@@ -494,7 +514,11 @@ fn a_store_without_upload_part_copy_turns_appends_off_and_says_why() {
         3.0
     );
     let log = c.log_text();
-    assert!(log.contains("refused appends 3 times"), "{}", c.log_tail(40));
+    assert!(
+        log.contains("refused appends 3 times"),
+        "{}",
+        c.log_tail(40)
+    );
     assert!(log.contains("NotImplemented"), "{}", c.log_tail(40));
     // Off: the next growth tries no copy.
     rig.proxy.forget();
@@ -555,9 +579,8 @@ fn a_copy_refused_for_one_key_does_not_send_it_whole_every_round() {
 /// A collector whose append is in flight (its copy held by the proxy) when `stop` ends it.
 fn append_in_flight(rig: &Rig, c: &mut Collector) {
     rig.wait_equal(LOG, c, "first upload");
-    rig.proxy.add(
-        Rule::new(Fault::Delay(Duration::from_secs(20))).with_header("x-amz-copy-source"),
-    );
+    rig.proxy
+        .add(Rule::new(Fault::Delay(Duration::from_secs(20))).with_header("x-amz-copy-source"));
     append(&rig.logs().join(LOG), &lines(900_000, 100_000));
     wait_until("an append started", c, Duration::from_secs(20), || {
         !rig.open_uploads().is_empty()
@@ -644,9 +667,16 @@ fn a_ledger_of_another_bucket_is_not_trusted() {
     let env = rig.env(&[]);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let mut c = Collector::start(&rig.tmp.path().join("spool"), &args, &env);
-    wait_until("gcs_server.out in the second bucket", &c, Duration::from_secs(20), || {
-        rig.s3.get_object("second", &key("gcs_server.out")).is_some()
-    });
+    wait_until(
+        "gcs_server.out in the second bucket",
+        &c,
+        Duration::from_secs(20),
+        || {
+            rig.s3
+                .get_object("second", &key("gcs_server.out"))
+                .is_some()
+        },
+    );
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
 }
@@ -692,7 +722,9 @@ fn objects_over_one_copy_part_are_copied_in_ranges() {
         .iter()
         .filter(|r| r.is_copy())
         .map(|r| {
-            let range = r.header("x-amz-copy-source-range").expect("a copy without a range");
+            let range = r
+                .header("x-amz-copy-source-range")
+                .expect("a copy without a range");
             let (a, b) = range
                 .strip_prefix("bytes=")
                 .and_then(|r| r.split_once('-'))

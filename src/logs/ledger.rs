@@ -152,7 +152,10 @@ mod tests {
         assert!(other.data.finished_sessions.is_empty());
         other.save();
         let back = Ledger::load(path.clone(), "http://127.0.0.1:1/a").unwrap();
-        assert!(back.data.objects.is_empty(), "the new bucket's ledger replaced it");
+        assert!(
+            back.data.objects.is_empty(),
+            "the new bucket's ledger replaced it"
+        );
         // A version 2 ledger (no bucket) is taken as the current bucket's.
         std::fs::write(
             &path,

@@ -1,6 +1,12 @@
 //! The log lane: a round every `--log-upload-interval` over the active session and the
 //! earlier sessions not finished yet, rotations captured as they happen, and the final
 //! flush at SIGTERM within the deadline. Uploads run one at a time, apart from events.
+//!
+//! Appends: a store's refusal to copy turns that object to whole uploads for
+//! [`KEY_REFUSED_FOR`], and [`MAX_APPEND_REFUSALS`] in a row turn appends off for
+//! [`APPENDS_RETRY_AFTER`]; transient failures are only retried (next round). A versioned
+//! bucket gets no appends. Each round checks [`VERIFY_PER_ROUND`] ledger entries against the
+//! bucket with a HEAD, so an object the bucket lost is uploaded again.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io;
@@ -531,8 +537,7 @@ impl LogShipper {
             Some(_) => {
                 *off = None;
                 // One more refusal switches them off again.
-                self.append_refusals
-                    .store(MAX_APPEND_REFUSALS - 1, Relaxed);
+                self.append_refusals.store(MAX_APPEND_REFUSALS - 1, Relaxed);
                 tracing::info!("trying appends again after they were switched off");
                 m::log_appends_enabled(true);
                 true
@@ -678,7 +683,11 @@ impl LogShipper {
                     unsupported,
                     message,
                 }) => {
-                    m::log_append_failure(if unsupported { "unsupported" } else { "refused" });
+                    m::log_append_failure(if unsupported {
+                        "unsupported"
+                    } else {
+                        "refused"
+                    });
                     let refused = self.append_refusals.fetch_add(1, Relaxed) + 1;
                     self.refused_keys
                         .lock()
@@ -779,7 +788,10 @@ impl LogShipper {
         if let Some(app) = &self.cfg.appender {
             let left = app.abort_pending(deadline).await;
             if left > 0 {
-                tracing::warn!(left, "incomplete multipart uploads left at exit; the next start aborts them");
+                tracing::warn!(
+                    left,
+                    "incomplete multipart uploads left at exit; the next start aborts them"
+                );
             }
         }
         let mut left: Vec<PathBuf> = reports.iter().flat_map(|r| r.not_reached.clone()).collect();

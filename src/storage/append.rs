@@ -9,18 +9,28 @@
 //! - `file://`: the object is a file under the bucket directory; the bytes are appended to
 //!   it in place. If that fails halfway the object is longer than the ledger says, which the
 //!   next round sees (its ETag changed) and repairs with a whole upload.
-//! - S3 and S3-compatible stores: a multipart upload to the same key whose first part is a
-//!   server-side copy of the current object (`UploadPartCopy`, conditional on its ETag) and
-//!   whose next parts are the new bytes; only those cross the network. Nothing else is
-//!   written: the parts are invisible until the upload completes, when the object is
-//!   replaced at once, so a reader (the history server) sees the old or the new object,
-//!   never a tail, and an append that fails leaves the old object whole (the upload is
-//!   aborted, or expires with the bucket's lifecycle rule for incomplete uploads if the
-//!   collector was killed). A copied part must be at least 5 MiB (S3's minimum for every part
-//!   but the last), so smaller objects are uploaded whole. object_store has no call for
-//!   these requests; they are signed with its own SigV4 signer and credentials (the same
-//!   chain as every other request) and sent with reqwest, which it already uses: no new
-//!   dependency.
+//! - S3 and S3-compatible stores: a multipart upload to the same key whose first parts are
+//!   server-side copies of the current object (`UploadPartCopy`, conditional on its ETag, in
+//!   ranges of at most [`S3_MAX_COPY_PART`], since S3 copies at most 5 GiB per part) and whose
+//!   next parts are the new bytes; only those cross the network. Nothing else is written:
+//!   the parts are invisible until the upload completes, when the object is replaced at
+//!   once, so a reader (the history server) sees the old or the new object, never a tail. A
+//!   copied part must be at least 5 MiB (S3's minimum for every part but the last), so
+//!   smaller objects are uploaded whole. The upload, the new parts, the completion and the
+//!   abort are `object_store`'s `MultipartStore` calls, so they carry every setting a whole
+//!   upload carries; the copies are [`S3Wire`]'s, made from the same configuration (see
+//!   `storage::s3`).
+//!
+//!   No upload is left behind: one that fails is aborted at once; one whose append is
+//!   dropped (a deadline, shutdown) is aborted in the background and, failing that, by
+//!   [`Appender::abort_pending`] at the end of the final flush; [`Appender::prepare`] lists
+//!   and aborts those an earlier run left (killed mid-append). A failed abort is a warning.
+//!   It also reads the bucket's versioning: in a versioned bucket each append keeps the
+//!   whole previous object as a noncurrent version, so the caller turns appends off there.
+//!
+//!   Failures say what they mean ([`AppendError`]): the object changed (upload whole), the
+//!   store refused the copy (upload whole; counts toward turning appends off), or a
+//!   transient failure after retries (try again next round; never turns appends off).
 //! - GCS and Azure: no appends (uploaded whole on the schedule). GCS's compose needs the tail
 //!   as an object of its own first, and Azure's block lists need block blobs written by
 //!   block id, which object_store's uploads do not leave.
@@ -188,10 +198,11 @@ async fn append_local(
     }
     let source = file.to_path_buf();
     let key_owned = key.to_string();
-    let written =
-        tokio::task::spawn_blocking(move || copy_range(&source, ino, &target, from, to, &key_owned))
-            .await
-            .map_err(|e| unavailable(key, &e))??;
+    let written = tokio::task::spawn_blocking(move || {
+        copy_range(&source, ino, &target, from, to, &key_owned)
+    })
+    .await
+    .map_err(|e| unavailable(key, &e))??;
     let after = fs.head(&location).await.map_err(|e| unavailable(key, &e))?;
     Ok(Appended {
         bytes: written,

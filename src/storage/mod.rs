@@ -6,6 +6,11 @@
 //! Credentials come only from each cloud's standard chain, read by `object_store`'s
 //! `from_env` builders (env, web identity / IRSA, instance metadata, workload identity,
 //! managed identity).
+//!
+//! For S3 the builder is also the appender's configuration (`append`, `s3`): its HTTP
+//! connector keeps object_store's client for the appender's own requests, so every setting
+//! read here applies to appends too. [`Configured::identity`] names the bucket for the state
+//! kept beside the spool.
 
 pub mod append;
 pub mod gzip;
@@ -433,7 +438,10 @@ pub fn configure(
                 b = b.with_endpoint(url.to_string());
             }
             let identity = match b.get_config_value(&AzureConfigKey::Endpoint) {
-                Some(ep) => with_root(&format!("{}/{container}", ep.trim_end_matches('/')), &spec.root),
+                Some(ep) => with_root(
+                    &format!("{}/{container}", ep.trim_end_matches('/')),
+                    &spec.root,
+                ),
                 None => spec.to_string(),
             };
             Ok(Configured::Remote(

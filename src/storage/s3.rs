@@ -297,8 +297,8 @@ impl S3Wire {
         let sse = get_named("aws_server_side_encryption");
         let mut sse_c = Vec::new();
         if sse.as_deref() == Some("sse-c") {
-            let key = get_named("aws_sse_customer_key_base64")
-                .ok_or("sse-c without a customer key")?;
+            let key =
+                get_named("aws_sse_customer_key_base64").ok_or("sse-c without a customer key")?;
             let raw = base64::engine::general_purpose::STANDARD
                 .decode(key.trim())
                 .map_err(|e| format!("the SSE-C customer key is not base64: {e}"))?;
@@ -362,7 +362,10 @@ impl S3Wire {
         let source = format!("{}/{}", self.bucket, encode(key, true));
         let range = format!("bytes={}-{}", range.0, range.1);
         let mut headers = vec![
-            (HeaderName::from_static("x-amz-copy-source"), source.as_str()),
+            (
+                HeaderName::from_static("x-amz-copy-source"),
+                source.as_str(),
+            ),
             (
                 HeaderName::from_static("x-amz-copy-source-if-match"),
                 if_match,
@@ -386,7 +389,11 @@ impl S3Wire {
         if text.contains("<Error>") {
             let doc: ErrorDocument = quick_xml::de::from_str(&text).unwrap_or_default();
             let failure = classify(500, doc.code.as_deref());
-            return Err(wire_err(failure, &what, format!("answered 200 with {text}")));
+            return Err(wire_err(
+                failure,
+                &what,
+                format!("answered 200 with {text}"),
+            ));
         }
         let result: CopyPartResult = quick_xml::de::from_str(&text)
             .map_err(|e| wire_err(Failure::Transient, &what, format!("{e} in {text:?}")))?;
@@ -412,7 +419,11 @@ impl S3Wire {
         let mut out = Vec::new();
         let mut markers: Option<(String, String)> = None;
         for _ in 0..MAX_LIST_PAGES {
-            let mut url = format!("{}?prefix={}&uploads=", self.bucket_url, encode(prefix, false));
+            let mut url = format!(
+                "{}?prefix={}&uploads=",
+                self.bucket_url,
+                encode(prefix, false)
+            );
             if let Some((k, u)) = &markers {
                 url = format!(
                     "{}?key-marker={}&prefix={}&upload-id-marker={}&uploads=",
@@ -493,9 +504,11 @@ impl S3Wire {
             .body(HttpRequestBody::empty())
             .map_err(|e| wire_err(Failure::Refused, what, e))?;
         if !self.skip_signature {
-            let credential = self.credentials.get_credential().await.map_err(|e| {
-                wire_err(Failure::Transient, what, format!("credentials: {e}"))
-            })?;
+            let credential = self
+                .credentials
+                .get_credential()
+                .await
+                .map_err(|e| wire_err(Failure::Transient, what, format!("credentials: {e}")))?;
             AwsAuthorizer::new(&credential, "s3", &self.region)
                 .with_sign_payload(self.sign_payload)
                 .with_request_payer(self.request_payer)
@@ -582,7 +595,10 @@ mod tests {
         assert_eq!(classify(405, None), Failure::Unsupported);
         assert_eq!(classify(403, Some("AccessDenied")), Failure::Refused);
         assert_eq!(classify(400, Some("InvalidRequest")), Failure::Refused);
-        assert_eq!(classify(412, Some("PreconditionFailed")), Failure::Precondition);
+        assert_eq!(
+            classify(412, Some("PreconditionFailed")),
+            Failure::Precondition
+        );
         assert_eq!(classify(404, Some("NoSuchKey")), Failure::Missing);
         assert_eq!(classify(404, Some("NoSuchUpload")), Failure::Transient);
         assert_eq!(classify(404, Some("NoSuchBucket")), Failure::Transient);
@@ -598,7 +614,11 @@ mod tests {
             (403, Some("InvalidAccessKeyId")),
             (403, Some("RequestTimeTooSkewed")),
         ] {
-            assert_eq!(classify(status, code), Failure::Transient, "{status} {code:?}");
+            assert_eq!(
+                classify(status, code),
+                Failure::Transient,
+                "{status} {code:?}"
+            );
         }
     }
 
@@ -606,7 +626,9 @@ mod tests {
     fn backoff_grows_with_jitter_and_a_cap() {
         for attempt in 1..10 {
             let b = backoff(attempt);
-            let full = RETRY_BASE.saturating_mul(1 << attempt).min(RETRY_MAX_BACKOFF);
+            let full = RETRY_BASE
+                .saturating_mul(1 << attempt)
+                .min(RETRY_MAX_BACKOFF);
             assert!(b >= full / 2 && b <= full, "{attempt}: {b:?}");
         }
         assert!(backoff(30) <= RETRY_MAX_BACKOFF);
