@@ -17,9 +17,10 @@
 //! Small files go first in a round, and `--log-upload-max-bytes-per-second` caps the lane.
 //!
 //! The files: [`scan`] lists a session's log files and recognises rotated backups,
-//! [`ledger`] remembers what the bucket holds, [`schedule`] decides when, [`shipper`] runs
-//! the rounds and the final flush.
+//! [`ledger`] remembers what the bucket holds, [`schedule`] decides when, [`gate`] whether
+//! appends are on after the store's refusals, [`shipper`] runs the rounds and the final flush.
 
+mod gate;
 mod ledger;
 mod scan;
 pub mod schedule;

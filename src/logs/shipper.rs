@@ -2,22 +2,21 @@
 //! earlier sessions not finished yet, rotations captured as they happen, and the final
 //! flush at SIGTERM within the deadline. Uploads run one at a time, apart from events.
 //!
-//! Appends: a store's refusal to copy turns that object to whole uploads for
-//! [`KEY_REFUSED_FOR`], and [`MAX_APPEND_REFUSALS`] in a row turn appends off for
-//! [`APPENDS_RETRY_AFTER`]; transient failures are only retried (next round). A versioned
-//! bucket gets no appends. Each round checks [`VERIFY_PER_ROUND`] ledger entries against the
+//! Appends: the store's refusals to copy decide when appends are off ([`super::gate`]);
+//! transient failures are only retried (next round). A versioned bucket gets no appends.
+//! Each round checks [`VERIFY_PER_ROUND`] ledger entries against the
 //! bucket with a HEAD, so an object the bucket lost is uploaded again.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::sync::{mpsc, watch};
 
+use super::gate::{AppendGate, Change, APPENDS_RETRY_AFTER};
 use super::ledger::{Ledger, LedgerEntry};
 use super::scan::{object_key, priority, scan_logs, skip, LogFile};
 use super::schedule::{self, SMALL};
@@ -34,20 +33,6 @@ use crate::util::watch::watch_dir;
 
 /// Store failures in a row after which a round stops trying (the bucket is down).
 const MAX_FAILURES_IN_A_ROW: usize = 3;
-
-/// Appends the store refused in a row (it cannot or will not do `UploadPartCopy`; transient
-/// failures do not count) after which appends are off for [`APPENDS_RETRY_AFTER`]: each
-/// refusal costs a whole upload, and without appends the schedule bounds what is sent.
-const MAX_APPEND_REFUSALS: u32 = 3;
-
-/// How long appends stay off after [`MAX_APPEND_REFUSALS`], before they are tried again (a
-/// store upgraded, a policy fixed): long enough that a store that cannot append costs a
-/// whole upload of one file per quarter hour.
-const APPENDS_RETRY_AFTER: Duration = Duration::from_secs(15 * 60);
-
-/// How long one object whose copy was refused goes whole on the schedule, while the other
-/// objects keep appending: one refused key cannot make every round re-upload it whole.
-const KEY_REFUSED_FOR: Duration = Duration::from_secs(60 * 60);
 
 /// Ledger entries checked with a HEAD each round, in turn: a file the ledger calls uploaded
 /// but the bucket lost (emptied, expired by a lifecycle rule) is uploaded again within
@@ -100,14 +85,8 @@ pub struct LogShipper {
     /// Bytes Ray wrote to the logs and bytes uploaded for them, since the start.
     written_total: u64,
     uploaded_total: u64,
-    /// Appends the store refused in a row (see [`MAX_APPEND_REFUSALS`]).
-    append_refusals: std::sync::atomic::AtomicU32,
-    /// Appends are off until then (refusals), or for good (`versioned`).
-    appends_off_until: std::sync::Mutex<Option<Instant>>,
-    /// The bucket keeps versions: appends are off (see [`LogShipper::prepare_appends`]).
-    versioned: bool,
-    /// Objects whose copy was refused, until when they go whole.
-    refused_keys: std::sync::Mutex<HashMap<String, Instant>>,
+    /// Whether appends are on, from the store's refusals (see [`super::gate`]).
+    gate: std::sync::Mutex<AppendGate>,
     /// Node ids whose earlier incomplete uploads were cleaned up.
     prepared_nodes: BTreeSet<String>,
     /// The last ledger key checked with a HEAD (see [`VERIFY_PER_ROUND`]).
@@ -130,10 +109,7 @@ impl LogShipper {
             seen: HashMap::new(),
             written_total: 0,
             uploaded_total: 0,
-            append_refusals: std::sync::atomic::AtomicU32::new(0),
-            appends_off_until: std::sync::Mutex::new(None),
-            versioned: false,
-            refused_keys: std::sync::Mutex::new(HashMap::new()),
+            gate: std::sync::Mutex::new(AppendGate::default()),
             prepared_nodes: BTreeSet::new(),
             verify_cursor: None,
             cfg,
@@ -511,7 +487,7 @@ impl LogShipper {
             );
         }
         if let Some(status) = p.versioned.filter(|_| first) {
-            self.versioned = true;
+            self.gate().set_versioned();
             tracing::warn!(
                 versioning = %status,
                 "the bucket keeps object versions: every append would keep the whole previous \
@@ -520,30 +496,12 @@ impl LogShipper {
                  lifecycle rule expiring noncurrent versions bounds what the schedule's uploads keep"
             );
         }
-        m::log_appends_enabled(self.appends_on());
+        let on = self.gate().on(Instant::now());
+        m::log_appends_enabled(on);
     }
 
-    /// True unless appends are off (refusals not yet timed out, or a versioned bucket).
-    fn appends_on(&self) -> bool {
-        if self.versioned {
-            return false;
-        }
-        let mut off = self
-            .appends_off_until
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        match *off {
-            Some(until) if Instant::now() < until => false,
-            Some(_) => {
-                *off = None;
-                // One more refusal switches them off again.
-                self.append_refusals.store(MAX_APPEND_REFUSALS - 1, Relaxed);
-                tracing::info!("trying appends again after they were switched off");
-                m::log_appends_enabled(true);
-                true
-            }
-            None => true,
-        }
+    fn gate(&self) -> std::sync::MutexGuard<'_, AppendGate> {
+        self.gate.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A few ledger entries checked with a HEAD (see [`VERIFY_PER_ROUND`]): an entry whose
@@ -608,18 +566,13 @@ impl LogShipper {
         let Some(app) = &self.cfg.appender else {
             return false;
         };
-        if !self.appends_on() {
-            return false;
+        let (allowed, change) = self.gate().allows(key, Instant::now());
+        if change == Change::TurnedOn {
+            tracing::info!("trying appends again after the store's refusals turned them off");
+            m::log_appends_enabled(true);
         }
-        {
-            let mut refused = self.refused_keys.lock().unwrap_or_else(|p| p.into_inner());
-            match refused.get(key) {
-                Some(until) if Instant::now() < *until => return false,
-                Some(_) => {
-                    refused.remove(key);
-                }
-                None => {}
-            }
+        if !allowed {
+            return false;
         }
         f.rotated_from.is_none()
             && f.size > p.size
@@ -660,7 +613,7 @@ impl LogShipper {
                 .await
             {
                 Ok(done) => {
-                    self.append_refusals.store(0, Relaxed);
+                    self.gate().succeeded();
                     m::log_bytes_read(done.bytes);
                     let entry = self.entry_for(f, from + done.bytes, ino, done.e_tag).await;
                     return Ok((entry, done.bytes, true));
@@ -688,20 +641,11 @@ impl LogShipper {
                     } else {
                         "refused"
                     });
-                    let refused = self.append_refusals.fetch_add(1, Relaxed) + 1;
-                    self.refused_keys
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(key.clone(), Instant::now() + KEY_REFUSED_FOR);
+                    let (refused, change) = self.gate().refused(&key, Instant::now());
                     tracing::warn!(%key, %message, unsupported,
                         "the store refused to copy the object; uploading the file whole (this \
                          object goes whole on the schedule for an hour)");
-                    if refused >= MAX_APPEND_REFUSALS {
-                        *self
-                            .appends_off_until
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner()) =
-                            Some(Instant::now() + APPENDS_RETRY_AFTER);
+                    if change == Change::TurnedOff {
                         m::log_appends_enabled(false);
                         tracing::warn!(
                             refused,
