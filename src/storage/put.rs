@@ -210,7 +210,9 @@ async fn put_parts(
     match result {
         Ok((e_tag, read)) => Ok(Sent { read, sent, e_tag }),
         Err(e) => {
-            let _ = upload.abort().await;
+            if let Err(a) = upload.abort().await {
+                tracing::warn!(%key, error = %a, "could not abort a failed multipart upload: it keeps its parts until the bucket's lifecycle rule (or, for logs, the next start) removes them");
+            }
             Err(e)
         }
     }

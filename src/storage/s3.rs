@@ -623,6 +623,45 @@ mod tests {
     }
 
     #[test]
+    fn the_captured_client_is_the_stores_own() {
+        use object_store::ClientConfigKey;
+        // Web identity: object_store connects a client for STS first (with plain HTTP
+        // forbidden), then the store's own (which allows it here): the last one is kept.
+        let connector = CapturingConnector::default();
+        let builder = AmazonS3Builder::new()
+            .with_bucket_name("b")
+            .with_region("eu-west-3")
+            .with_allow_http(true)
+            .with_proxy_url("http://127.0.0.1:3128")
+            .with_config(
+                AmazonS3ConfigKey::WebIdentityTokenFile,
+                "/nonexistent/token",
+            )
+            .with_config(AmazonS3ConfigKey::RoleArn, "arn:aws:iam::1:role/r")
+            .with_config(AmazonS3ConfigKey::S3Endpoint, "http://s3.example:9000")
+            .with_config(AmazonS3ConfigKey::Endpoint, "http://other.example:9000")
+            .with_http_connector(connector.clone());
+        let s3 = builder.clone().build().unwrap();
+        let (_, options) = connector.taken().unwrap();
+        assert_eq!(
+            options
+                .get_config_value(&ClientConfigKey::AllowHttp)
+                .as_deref(),
+            Some("true")
+        );
+        assert_eq!(
+            options
+                .get_config_value(&ClientConfigKey::ProxyUrl)
+                .as_deref(),
+            Some("http://127.0.0.1:3128")
+        );
+        let wire = S3Wire::new(&builder, &connector, s3.credentials().clone()).unwrap();
+        // The S3-specific endpoint wins, as in object_store.
+        assert_eq!(wire.bucket_url(), "http://s3.example:9000/b");
+        assert_eq!(wire.region, "eu-west-3");
+    }
+
+    #[test]
     fn backoff_grows_with_jitter_and_a_cap() {
         for attempt in 1..10 {
             let b = backoff(attempt);
