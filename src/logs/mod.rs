@@ -10,8 +10,8 @@
 //! `<name>.rotated.<UTC mtime>`, before Ray can delete it. Log uploads run one at a time
 //! on their own lane, so a 10 GB worker log never delays events.
 //!
-//! A live file is not sent whole every round: where the store can append (`file://`), only its
-//! new bytes go; elsewhere [`schedule`] decides when a changed file is worth sending again
+//! A live file is not sent whole every round: where the store can append (S3 from 5 MiB,
+//! `file://`), only its new bytes go; elsewhere [`schedule`] decides when a changed file is worth sending again
 //! (small files every round, big ones when they grew by half or waited a time that grows
 //! with their size), so the bytes uploaded stay within a constant factor of what Ray wrote.
 //! Small files go first in a round, and `--log-upload-max-bytes-per-second` caps the lane.
