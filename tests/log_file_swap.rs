@@ -36,8 +36,8 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
-/// `armed`: swap only at the first open after the first upload (the append path), else at
-/// the very first open (the whole upload).
+/// `after_first_upload`: swap at the first open after the first upload (the append path),
+/// else at the very first open (the whole upload).
 fn swapped_for_a_symlink(after_first_upload: bool) {
     let shim = match SwapShim::build() {
         Ok(s) => s,

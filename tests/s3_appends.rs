@@ -484,6 +484,12 @@ fn a_503_burst_and_slow_answers_do_not_turn_appends_off() {
         "a whole upload during or after the burst"
     );
     let sent = c.metric("rhc_log_bytes_uploaded_total") - sent0;
+    println!(
+        "a 4 s 503 burst, then 2 s copies: {sent} bytes sent for 24000 written, {} appends, {} whole uploads, {} transient append failures",
+        appends(&c) - appends0,
+        wholes(&c) - wholes0,
+        c.metric_labeled("rhc_log_append_failures_total", "kind=\"transient\"")
+    );
     assert!(sent < 1_000_000.0, "{sent} bytes sent for 24 kB of growth");
     assert_eq!(c.metric("rhc_log_appends_enabled"), 1.0);
     assert!(c.metric_labeled("rhc_log_append_failures_total", "kind=\"transient\"") >= 1.0);
@@ -574,6 +580,10 @@ fn a_copy_refused_for_one_key_does_not_send_it_whole_every_round() {
         .iter()
         .filter(|r| r.method == "PUT" && r.target.contains(&big) && !r.target.contains('?'))
         .count();
+    println!(
+        "one key's copy refused: it went whole {whole_puts} times in six rounds; {} appends of the others",
+        appends(&c) - appends0
+    );
     assert!(
         whole_puts <= 2,
         "{big} went whole {whole_puts} times in six rounds\n{}",
