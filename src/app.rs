@@ -147,6 +147,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
                 } else {
                     None
                 },
+                bucket: settings.store.identity().to_string(),
             },
             store.clone(),
             spool.clone(),

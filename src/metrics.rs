@@ -77,6 +77,15 @@ pub const LOG_FILES_SKIPPED: &str = "rhc_log_files_skipped_total";
 pub const LOG_SNAPSHOT_SECONDS: &str = "rhc_log_snapshot_seconds";
 /// Unix time of the last finished snapshot pass.
 pub const LOG_LAST_SNAPSHOT: &str = "rhc_log_last_snapshot_timestamp_seconds";
+/// Appends that did not happen, by what the store's answer meant: `unsupported` and
+/// `refused` (count toward switching appends off), `transient` (retried next round),
+/// `changed` (the object or file was not as recorded: uploaded whole).
+pub const LOG_APPEND_FAILURES: &str = "rhc_log_append_failures_total";
+/// 1 while appends are on, 0 while they are off (store refusals, or a versioned bucket).
+pub const LOG_APPENDS_ENABLED: &str = "rhc_log_appends_enabled";
+/// Incomplete multipart uploads of appends (or left by an earlier run) aborted, by result
+/// (`ok`, `failed`).
+pub const LOG_UPLOADS_ABORTED: &str = "rhc_log_multipart_aborts_total";
 
 /// Installs the global recorder; the handle renders `/metrics`.
 pub fn install() -> anyhow::Result<PrometheusHandle> {
@@ -197,6 +206,19 @@ pub(crate) fn log_file_uploaded(bytes: u64, appended: bool) {
     counter!(LOG_BYTES_UPLOADED).increment(bytes);
     let kind = if appended { "append" } else { "whole" };
     counter!(LOG_UPLOADS, "kind" => kind).increment(1);
+}
+
+pub(crate) fn log_append_failure(kind: &'static str) {
+    counter!(LOG_APPEND_FAILURES, "kind" => kind).increment(1);
+}
+
+pub(crate) fn log_appends_enabled(on: bool) {
+    gauge!(LOG_APPENDS_ENABLED).set(if on { 1.0 } else { 0.0 });
+}
+
+pub(crate) fn append_upload_aborted(ok: bool) {
+    let result = if ok { "ok" } else { "failed" };
+    counter!(LOG_UPLOADS_ABORTED, "result" => result).increment(1);
 }
 
 pub(crate) fn log_bytes_read(bytes: u64) {

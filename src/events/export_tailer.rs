@@ -379,7 +379,7 @@ impl ExportTailer {
         let known = self.state.files.get(&key).cloned();
         // Up to 8 MiB of reading: off the async workers, which serve Ray's requests.
         let read = off_async_thread(|| -> io::Result<Option<(File, u64, Vec<u8>)>> {
-            let mut f = File::open(path)?;
+            let mut f = crate::util::fs::open_scanned(path, Some(meta.ino()))?;
             let start = match known {
                 Some(o)
                     if o.inode == meta.ino()

@@ -3,6 +3,12 @@
 //! end of what was uploaded), and the sessions completely done. Saved atomically in the spool
 //! dir, so a restart uploads again only what changed, and an append can check that the file
 //! only grew and the object is still ours.
+//!
+//! The ledger names the bucket it describes (the URL requests go to and the root prefix):
+//! the same spool pointed at another bucket, or at the same name on another server, starts
+//! from an empty ledger, so every file is uploaded there. A ledger from before that field
+//! (version 2) is taken as the current bucket's; the shipper's HEAD checks catch objects it
+//! lacks.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -37,6 +43,9 @@ pub(super) struct LedgerEntry {
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub(super) struct LedgerFile {
     version: u32,
+    /// The bucket and prefix the entries describe (`None` in ledgers before version 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) bucket: Option<String>,
     pub(super) objects: BTreeMap<String, LedgerEntry>,
     pub(super) finished_sessions: BTreeSet<String>,
 }
@@ -47,17 +56,18 @@ pub(super) struct Ledger {
     pub(super) dirty: bool,
 }
 
+/// The ledger format written now.
+const VERSION: u32 = 3;
+
 impl Ledger {
-    pub(super) fn load(path: PathBuf) -> Result<Ledger, LogError> {
-        let data = match std::fs::read(&path) {
+    /// Loads the ledger at `path` for the bucket `bucket` (see the module doc).
+    pub(super) fn load(path: PathBuf, bucket: &str) -> Result<Ledger, LogError> {
+        let data: LedgerFile = match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| LogError::Ledger {
                 path: path.clone(),
                 message: e.to_string(),
             })?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => LedgerFile {
-                version: 2,
-                ..Default::default()
-            },
+            Err(e) if e.kind() == io::ErrorKind::NotFound => LedgerFile::default(),
             Err(e) => {
                 return Err(LogError::Ledger {
                     path,
@@ -65,11 +75,32 @@ impl Ledger {
                 })
             }
         };
-        Ok(Ledger {
+        let mut ledger = Ledger {
             path,
             data,
             dirty: false,
-        })
+        };
+        match ledger.data.bucket.as_deref() {
+            Some(b) if b == bucket => {}
+            Some(other) => {
+                tracing::warn!(
+                    ledger = %ledger.path.display(),
+                    was = other,
+                    now = bucket,
+                    objects = ledger.data.objects.len(),
+                    "the log ledger describes another bucket; starting from an empty one, so \
+                     every log file is uploaded to this bucket"
+                );
+                ledger.data = LedgerFile::default();
+                ledger.data.bucket = Some(bucket.to_string());
+                ledger.dirty = true;
+            }
+            None => {
+                ledger.data.bucket = Some(bucket.to_string());
+                ledger.dirty = true;
+            }
+        }
+        Ok(ledger)
     }
 
     /// Writes the ledger atomically (temp file, fsync, rename) if it changed.
@@ -77,7 +108,7 @@ impl Ledger {
         if !self.dirty {
             return;
         }
-        self.data.version = 2;
+        self.data.version = VERSION;
         let result = crate::util::fs::write_json_atomically(&self.path, &self.data);
         match result {
             Ok(()) => self.dirty = false,
@@ -85,5 +116,54 @@ impl Ledger {
                 tracing::error!(path = %self.path.display(), error = %e, "could not save the log ledger; unchanged files may be uploaded again after a restart")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> LedgerEntry {
+        LedgerEntry {
+            size: 1,
+            mtime_ns: 2,
+            hash: 3,
+            ino: 4,
+            uploaded_at: 5,
+            e_tag: None,
+        }
+    }
+
+    #[test]
+    fn a_ledger_of_another_bucket_is_not_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log-ledger.json");
+        let mut l = Ledger::load(path.clone(), "http://127.0.0.1:1/a").unwrap();
+        l.data.objects.insert("k".into(), entry());
+        l.data.finished_sessions.insert("s".into());
+        l.dirty = true;
+        l.save();
+        let same = Ledger::load(path.clone(), "http://127.0.0.1:1/a").unwrap();
+        assert_eq!(same.data.objects.len(), 1);
+        assert_eq!(same.data.finished_sessions.len(), 1);
+        // The same bucket name on another server is another bucket.
+        let mut other = Ledger::load(path.clone(), "http://127.0.0.1:2/a").unwrap();
+        assert!(other.data.objects.is_empty());
+        assert!(other.data.finished_sessions.is_empty());
+        other.save();
+        let back = Ledger::load(path.clone(), "http://127.0.0.1:1/a").unwrap();
+        assert!(
+            back.data.objects.is_empty(),
+            "the new bucket's ledger replaced it"
+        );
+        // A version 2 ledger (no bucket) is taken as the current bucket's.
+        std::fs::write(
+            &path,
+            r#"{"version":2,"objects":{"k":{"size":1,"mtime_ns":2,"hash":3}},"finished_sessions":[]}"#,
+        )
+        .unwrap();
+        let old = Ledger::load(path, "http://127.0.0.1:1/a").unwrap();
+        assert_eq!(old.data.objects.len(), 1);
+        assert_eq!(old.data.bucket.as_deref(), Some("http://127.0.0.1:1/a"));
     }
 }

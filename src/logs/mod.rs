@@ -10,16 +10,17 @@
 //! `<name>.rotated.<UTC mtime>`, before Ray can delete it. Log uploads run one at a time
 //! on their own lane, so a 10 GB worker log never delays events.
 //!
-//! A live file is not sent whole every round: where the store can append (`file://`), only its
-//! new bytes go; elsewhere [`schedule`] decides when a changed file is worth sending again
+//! A live file is not sent whole every round: where the store can append (S3 from 5 MiB,
+//! `file://`), only its new bytes go; elsewhere [`schedule`] decides when a changed file is worth sending again
 //! (small files every round, big ones when they grew by half or waited a time that grows
 //! with their size), so the bytes uploaded stay within a constant factor of what Ray wrote.
 //! Small files go first in a round, and `--log-upload-max-bytes-per-second` caps the lane.
 //!
 //! The files: [`scan`] lists a session's log files and recognises rotated backups,
-//! [`ledger`] remembers what the bucket holds, [`schedule`] decides when, [`shipper`] runs
-//! the rounds and the final flush.
+//! [`ledger`] remembers what the bucket holds, [`schedule`] decides when, [`gate`] whether
+//! appends are on after the store's refusals, [`shipper`] runs the rounds and the final flush.
 
+mod gate;
 mod ledger;
 mod scan;
 pub mod schedule;
@@ -50,6 +51,9 @@ pub struct LogConfig {
     pub max_bytes_per_second: u64,
     /// How the store appends to an object, when it can.
     pub appender: Option<Appender>,
+    /// The bucket and prefix the ledger belongs to (`storage::Configured::identity`): a
+    /// ledger written for another bucket is not used.
+    pub bucket: String,
 }
 
 /// Errors that stop the log shipper from starting.

@@ -21,9 +21,9 @@
 //! 2 MiB × intervals (a file that keeps growing steadily: about `2.5 F`). The longest a
 //! change waits is `max(1, S / SMALL)` intervals (the table in the README), and less when
 //! the file grows fast: it goes once it has doubled. The final flush, earlier sessions and
-//! rotated backups do not wait: they upload
-//! whatever is not in the bucket yet. Where the store can append (`file://`), a file that
-//! only grew sends only its new bytes, so it goes every interval (see `append`).
+//! rotated backups do not wait: they upload whatever is not in the bucket yet. Where the
+//! store can append (S3 from 5 MiB, `file://`; not in a versioned bucket), a file that only
+//! grew sends only its new bytes, so it goes every interval (see `append`).
 
 use std::time::Duration;
 

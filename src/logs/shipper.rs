@@ -1,17 +1,22 @@
 //! The log lane: a round every `--log-upload-interval` over the active session and the
 //! earlier sessions not finished yet, rotations captured as they happen, and the final
 //! flush at SIGTERM within the deadline. Uploads run one at a time, apart from events.
+//!
+//! Appends: the store's refusals to copy decide when appends are off ([`super::gate`]);
+//! transient failures are only retried (next round). A versioned bucket gets no appends.
+//! Each round checks [`VERIFY_PER_ROUND`] ledger entries against the
+//! bucket with a HEAD, so an object the bucket lost is uploaded again.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::sync::{mpsc, watch};
 
+use super::gate::{AppendGate, Change, APPENDS_RETRY_AFTER};
 use super::ledger::{Ledger, LedgerEntry};
 use super::scan::{object_key, priority, scan_logs, skip, LogFile};
 use super::schedule::{self, SMALL};
@@ -29,10 +34,14 @@ use crate::util::watch::watch_dir;
 /// Store failures in a row after which a round stops trying (the bucket is down).
 const MAX_FAILURES_IN_A_ROW: usize = 3;
 
-/// Appends the store refused in a row after which appends are off until the collector
-/// restarts (a store without `UploadPartCopy`): each failure costs a whole upload, and
-/// without appends the schedule bounds what is sent.
-const MAX_APPEND_FAILURES: u32 = 3;
+/// Ledger entries checked with a HEAD each round, in turn: a file the ledger calls uploaded
+/// but the bucket lost (emptied, expired by a lifecycle rule) is uploaded again within
+/// `ledger size / VERIFY_PER_ROUND` rounds, for a few cheap requests per round.
+const VERIFY_PER_ROUND: usize = 8;
+
+/// Of the shutdown budget, what is kept at the end of the final flush to abort the
+/// multipart upload of an append the deadline cut short (at most this, at most a quarter).
+const ABORT_RESERVE: Duration = Duration::from_secs(2);
 
 /// Result of one pass over a session.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -76,8 +85,12 @@ pub struct LogShipper {
     /// Bytes Ray wrote to the logs and bytes uploaded for them, since the start.
     written_total: u64,
     uploaded_total: u64,
-    /// Appends the store refused in a row (see [`MAX_APPEND_FAILURES`]).
-    append_failures: std::sync::atomic::AtomicU32,
+    /// Whether appends are on, from the store's refusals (see [`super::gate`]).
+    gate: std::sync::Mutex<AppendGate>,
+    /// Node ids whose earlier incomplete uploads were cleaned up.
+    prepared_nodes: BTreeSet<String>,
+    /// The last ledger key checked with a HEAD (see [`VERIFY_PER_ROUND`]).
+    verify_cursor: Option<String>,
 }
 
 impl LogShipper {
@@ -88,7 +101,7 @@ impl LogShipper {
         spool: Spool,
         nodes: NodeIdResolver,
     ) -> Result<LogShipper, LogError> {
-        let ledger = Ledger::load(cfg.state_dir.join("log-ledger.json"))?;
+        let ledger = Ledger::load(cfg.state_dir.join("log-ledger.json"), &cfg.bucket)?;
         let prefix = cfg.layout.history_prefix();
         let pace = Pacer::new(cfg.max_bytes_per_second);
         Ok(LogShipper {
@@ -96,7 +109,9 @@ impl LogShipper {
             seen: HashMap::new(),
             written_total: 0,
             uploaded_total: 0,
-            append_failures: std::sync::atomic::AtomicU32::new(0),
+            gate: std::sync::Mutex::new(AppendGate::default()),
+            prepared_nodes: BTreeSet::new(),
+            verify_cursor: None,
             cfg,
             store,
             spool,
@@ -285,6 +300,10 @@ impl LogShipper {
             return report;
         };
         report.node = Some(node.clone());
+        self.prepare_appends(&node).await;
+        if how == Pass::Scheduled {
+            self.verify_some().await;
+        }
         let logs = s.dir.join("logs");
         let mut files = match tokio::task::spawn_blocking(move || scan_logs(&logs)).await {
             Ok(f) => f,
@@ -332,7 +351,7 @@ impl LogShipper {
             // What only grew is appended where the store can; that costs only the new bytes,
             // so it is not held back by the schedule.
             let append_from = match &prev {
-                Some(p) => self.can_append(&f, p).await.then_some(p.size),
+                Some(p) => self.can_append(&key, &f, p).await.then_some(p.size),
                 None => None,
             };
             if how == Pass::Scheduled && append_from.is_none() {
@@ -388,6 +407,12 @@ impl LogShipper {
                 {
                     skip("vanished", &f.abs);
                 }
+                Err(UploadError::Read { source, path })
+                    if source.kind() == io::ErrorKind::InvalidInput =>
+                {
+                    skip("not_a_regular_file", &path);
+                    tracing::warn!(path = %path.display(), error = %source, "log file is no longer a regular file (a symlink swapped in?); not followed, skipped");
+                }
                 Err(UploadError::Read { source, path }) => {
                     skip("unreadable", &path);
                     tracing::warn!(path = %path.display(), error = %source, "log file unreadable; skipped");
@@ -432,7 +457,8 @@ impl LogShipper {
         }
         let abs = f.abs.clone();
         let size = p.size;
-        match tokio::task::spawn_blocking(move || window_hash(&abs, size)).await {
+        let ino = f.ino;
+        match tokio::task::spawn_blocking(move || window_hash(&abs, ino, size)).await {
             Ok(Ok((hash, whole))) => {
                 m::log_bytes_read(size.min(crate::storage::put::WINDOW));
                 whole && hash == p.hash
@@ -441,13 +467,111 @@ impl LogShipper {
         }
     }
 
+    /// Once per node id: what appends cost in this bucket (a versioned bucket turns them
+    /// off) and the cleanup of incomplete uploads an earlier run left under the node.
+    async fn prepare_appends(&mut self, node: &str) {
+        let Some(app) = &self.cfg.appender else {
+            return;
+        };
+        if !self.prepared_nodes.insert(node.to_string()) {
+            return;
+        }
+        let first = self.prepared_nodes.len() == 1;
+        let p = app.prepare(&self.prefix, node).await;
+        if p.aborted > 0 || p.abort_failed > 0 {
+            tracing::info!(
+                aborted = p.aborted,
+                failed = p.abort_failed,
+                node,
+                "incomplete multipart uploads of an earlier run cleaned up"
+            );
+        }
+        if let Some(status) = p.versioned.filter(|_| first) {
+            self.gate().set_versioned();
+            tracing::warn!(
+                versioning = %status,
+                "the bucket keeps object versions: every append would keep the whole previous \
+                 object as a noncurrent version (a log appended N times stores about N times its \
+                 size), so appends are off and growing logs go whole on the schedule; a \
+                 lifecycle rule expiring noncurrent versions bounds what the schedule's uploads keep"
+            );
+        }
+        let on = self.gate().on(Instant::now());
+        m::log_appends_enabled(on);
+    }
+
+    fn gate(&self) -> std::sync::MutexGuard<'_, AppendGate> {
+        self.gate.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A few ledger entries checked with a HEAD (see [`VERIFY_PER_ROUND`]): an entry whose
+    /// object is gone is dropped, so the file is uploaded again.
+    async fn verify_some(&mut self) {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let from = match &self.verify_cursor {
+            Some(k) => Excluded(k.clone()),
+            None => Unbounded,
+        };
+        let mut keys: Vec<String> = self
+            .ledger
+            .data
+            .objects
+            .range::<String, _>((from, Unbounded))
+            .take(VERIFY_PER_ROUND)
+            .map(|(k, _)| k.clone())
+            .collect();
+        if keys.len() < VERIFY_PER_ROUND {
+            // Wrap around to the start, without checking a key twice in one round.
+            let more: Vec<String> = self
+                .ledger
+                .data
+                .objects
+                .keys()
+                .take(VERIFY_PER_ROUND - keys.len())
+                .filter(|k| !keys.contains(k))
+                .cloned()
+                .collect();
+            keys.extend(more);
+        }
+        for key in keys {
+            self.verify_cursor = Some(key.clone());
+            let Ok(location) = object_store::path::Path::parse(&key) else {
+                continue;
+            };
+            match self.store.head(&location).await {
+                Err(object_store::Error::NotFound { .. }) => {
+                    tracing::warn!(%key, "the bucket lost an object the ledger recorded; uploading it again");
+                    self.ledger.data.objects.remove(&key);
+                    // Its session is not complete in the bucket any more.
+                    let session = key
+                        .strip_prefix(&format!("{}/", self.prefix))
+                        .and_then(|rest| rest.split('/').next())
+                        .unwrap_or_default()
+                        .to_string();
+                    self.ledger.data.finished_sessions.remove(&session);
+                    self.ledger.dirty = true;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(%key, error = %e, "checking a ledger entry failed");
+                    break;
+                }
+            }
+        }
+    }
+
     /// True when `f` only grew since the ledger's upload and the store can append to its
     /// object.
-    async fn can_append(&self, f: &LogFile, p: &LedgerEntry) -> bool {
+    async fn can_append(&self, key: &str, f: &LogFile, p: &LedgerEntry) -> bool {
         let Some(app) = &self.cfg.appender else {
             return false;
         };
-        if self.append_failures.load(Relaxed) >= MAX_APPEND_FAILURES {
+        let (allowed, change) = self.gate().allows(key, Instant::now());
+        if change == Change::TurnedOn {
+            tracing::info!("trying appends again after the store's refusals turned them off");
+            m::log_appends_enabled(true);
+        }
+        if !allowed {
             return false;
         }
         f.rotated_from.is_none()
@@ -480,6 +604,7 @@ impl LogShipper {
                 .append(
                     key,
                     &f.abs,
+                    ino,
                     from,
                     f.size,
                     e_tag.as_deref(),
@@ -488,25 +613,46 @@ impl LogShipper {
                 .await
             {
                 Ok(done) => {
-                    self.append_failures.store(0, Relaxed);
+                    self.gate().succeeded();
                     m::log_bytes_read(done.bytes);
                     let entry = self.entry_for(f, from + done.bytes, ino, done.e_tag).await;
                     return Ok((entry, done.bytes, true));
                 }
                 Err(AppendError::Changed { key, why }) => {
+                    m::log_append_failure("changed");
                     tracing::info!(%key, %why, "log object not as recorded; uploading it whole");
                 }
                 Err(AppendError::Read { path, source }) => {
                     return Err(UploadError::Read { path, source })
                 }
-                Err(AppendError::Store { key, message }) => {
-                    let failed = self.append_failures.fetch_add(1, Relaxed) + 1;
-                    tracing::warn!(%key, %message, "append failed; uploading the file whole");
-                    if failed == MAX_APPEND_FAILURES {
+                Err(AppendError::Unavailable { key, message }) => {
+                    // The store may be back next round: no whole upload now (it would meet
+                    // the same outage), and appends stay on.
+                    m::log_append_failure("transient");
+                    return Err(UploadError::Append { key, message });
+                }
+                Err(AppendError::Refused {
+                    key,
+                    unsupported,
+                    message,
+                }) => {
+                    m::log_append_failure(if unsupported {
+                        "unsupported"
+                    } else {
+                        "refused"
+                    });
+                    let (refused, change) = self.gate().refused(&key, Instant::now());
+                    tracing::warn!(%key, %message, unsupported,
+                        "the store refused to copy the object; uploading the file whole (this \
+                         object goes whole on the schedule for an hour)");
+                    if change == Change::TurnedOff {
+                        m::log_appends_enabled(false);
                         tracing::warn!(
-                            failed,
-                            "appends keep failing on this store: log files go whole on the \
-                             schedule until a restart (--log-appends false skips trying)"
+                            refused,
+                            retry_in_s = APPENDS_RETRY_AFTER.as_secs(),
+                            "the store refused appends {refused} times in a row: log files go \
+                             whole on the schedule, and appends are tried again later \
+                             (--log-appends false skips trying)"
                         );
                     }
                 }
@@ -516,6 +662,7 @@ impl LogShipper {
             &self.store,
             key,
             &f.abs,
+            ino,
             f.size,
             self.cfg.part_size,
             self.pace.as_ref(),
@@ -535,7 +682,7 @@ impl LogShipper {
         e_tag: Option<String>,
     ) -> LedgerEntry {
         let abs = f.abs.clone();
-        let hash = match tokio::task::spawn_blocking(move || window_hash(&abs, size)).await {
+        let hash = match tokio::task::spawn_blocking(move || window_hash(&abs, ino, size)).await {
             Ok(Ok((h, true))) => {
                 m::log_bytes_read(size.min(crate::storage::put::WINDOW));
                 h
@@ -576,9 +723,21 @@ impl LogShipper {
                 self.remote_node = Some("unknown-node".into());
             }
         }
+        // Keep the end of the budget to abort an append the deadline cuts short.
+        let reserve = ABORT_RESERVE.min(deadline.saturating_duration_since(Instant::now()) / 4);
+        let flush_deadline = deadline.checked_sub(reserve).unwrap_or(deadline);
         let reports = self
-            .snapshot_all(active.as_ref(), Some(deadline), true)
+            .snapshot_all(active.as_ref(), Some(flush_deadline), true)
             .await;
+        if let Some(app) = &self.cfg.appender {
+            let left = app.abort_pending(deadline).await;
+            if left > 0 {
+                tracing::warn!(
+                    left,
+                    "incomplete multipart uploads left at exit; the next start aborts them"
+                );
+            }
+        }
         let mut left: Vec<PathBuf> = reports.iter().flat_map(|r| r.not_reached.clone()).collect();
         let failed: usize = reports.iter().map(|r| r.failed).sum();
         let uploaded: usize = reports.iter().map(|r| r.uploaded).sum();

@@ -9,31 +9,49 @@
 //! - `file://`: the object is a file under the bucket directory; the bytes are appended to
 //!   it in place. If that fails halfway the object is longer than the ledger says, which the
 //!   next round sees (its ETag changed) and repairs with a whole upload.
-//! - S3 and S3-compatible stores: a multipart upload to the same key whose first part is a
-//!   server-side copy of the current object (`UploadPartCopy`, conditional on its ETag) and
-//!   whose next parts are the new bytes; only those cross the network. Nothing else is
-//!   written: the parts are invisible until the upload completes, when the object is
-//!   replaced at once, so a reader (the history server) sees the old or the new object,
-//!   never a tail, and an append that fails leaves the old object whole (the upload is
-//!   aborted, or expires with the bucket's lifecycle rule for incomplete uploads if the
-//!   collector was killed). A copied part must be at least 5 MiB (S3's minimum for every part
-//!   but the last), so smaller objects are uploaded whole. object_store has no call for
-//!   these requests; they are signed with its own SigV4 signer and credentials (the same
-//!   chain as every other request) and sent with reqwest, which it already uses: no new
-//!   dependency.
+//! - S3 and S3-compatible stores: a multipart upload to the same key whose first parts are
+//!   server-side copies of the current object (`UploadPartCopy`, conditional on its ETag, in
+//!   ranges of at most [`S3_MAX_COPY_PART`], since S3 copies at most 5 GiB per part) and whose
+//!   next parts are the new bytes; only those cross the network. Nothing else is written:
+//!   the parts are invisible until the upload completes, when the object is replaced at
+//!   once, so a reader (the history server) sees the old or the new object, never a tail. A
+//!   copied part must be at least 5 MiB (S3's minimum for every part but the last), so
+//!   smaller objects are uploaded whole. The upload, the new parts, the completion and the
+//!   abort are `object_store`'s `MultipartStore` calls, so they carry every setting a whole
+//!   upload carries; the copies are [`S3Wire`]'s, made from the same configuration (see
+//!   `storage::s3`).
+//!
+//!   No upload is left behind: one that fails is aborted at once; one whose append is
+//!   dropped (a deadline, shutdown) is aborted in the background and, failing that, by
+//!   [`Appender::abort_pending`] at the end of the final flush; [`Appender::prepare`] lists
+//!   and aborts those an earlier run left (killed mid-append). A failed abort is a warning.
+//!   It also reads the bucket's versioning: in a versioned bucket each append keeps the
+//!   whole previous object as a noncurrent version, so the caller turns appends off there.
+//!
+//!   Failures say what they mean ([`AppendError`]): the object changed (upload whole), the
+//!   store refused the copy (upload whole; counts toward turning appends off), or a
+//!   transient failure after retries (try again next round; never turns appends off).
 //! - GCS and Azure: no appends (uploaded whole on the schedule). GCS's compose needs the tail
 //!   as an object of its own first, and Azure's block lists need block blobs written by
 //!   block id, which object_store's uploads do not leave.
 
+use std::collections::HashMap;
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey, AwsAuthorizer};
+use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::local::LocalFileSystem;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::multipart::MultipartStore;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
-use super::put::parse_key;
+use super::put::{parse_key, part_size_for, MAX_PARTS};
+use super::s3::{CapturingConnector, Failure, S3Wire};
+use crate::metrics as m;
+use crate::util::fs::open_scanned;
 use crate::util::pace::Pacer;
 
 /// Why an append did not happen.
@@ -57,9 +75,22 @@ pub enum AppendError {
         #[source]
         source: io::Error,
     },
-    /// The store refused or failed.
+    /// The store refused to copy the object (it cannot do `UploadPartCopy`, or will not for
+    /// this object): upload the file whole; counts toward switching appends off.
+    #[error("appending to {key} refused: {message}")]
+    Refused {
+        /// The key.
+        key: String,
+        /// The store does not do the request at all (501, `NotImplemented`), rather than
+        /// refusing it for this object.
+        unsupported: bool,
+        /// The answer.
+        message: String,
+    },
+    /// The store failed in a way that may pass (5xx, throttling, a timeout, credentials),
+    /// after retries: try again next round; never a reason to switch appends off.
     #[error("appending to {key}: {message}")]
-    Store {
+    Unavailable {
         /// The key.
         key: String,
         /// Why.
@@ -107,48 +138,72 @@ impl Appender {
         }
     }
 
-    /// Appends the bytes `[from, to)` of `file` to the object `key`, which must have `from`
-    /// bytes and the ETag `e_tag`.
+    /// At start, once the node is known (`history_prefix` is `P`, `node` the node id): what
+    /// the bucket's versioning makes appends cost, and the cleanup of the incomplete uploads
+    /// an earlier run left under this node (S3; nothing to do elsewhere).
+    pub async fn prepare(&self, history_prefix: &str, node: &str) -> Prepared {
+        match self {
+            Appender::Local(_) => Prepared::default(),
+            Appender::S3(s3) => s3.prepare(history_prefix, node).await,
+        }
+    }
+
+    /// Aborts the uploads of appends that were cancelled (shutdown), until `deadline`; the
+    /// number left.
+    pub async fn abort_pending(&self, deadline: Instant) -> usize {
+        match self {
+            Appender::Local(_) => 0,
+            Appender::S3(s3) => s3.abort_pending(deadline).await,
+        }
+    }
+
+    /// Appends the bytes `[from, to)` of `file` (the regular file of inode `ino` a scan saw;
+    /// 0: any) to the object `key`, which must have `from` bytes and the ETag `e_tag`.
+    #[allow(clippy::too_many_arguments)]
     pub async fn append(
         &self,
         key: &str,
         file: &Path,
+        ino: u64,
         from: u64,
         to: u64,
         e_tag: Option<&str>,
         pace: Option<&Pacer>,
     ) -> Result<Appended, AppendError> {
         match self {
-            Appender::Local(fs) => append_local(fs, key, file, from, to, e_tag, pace).await,
-            Appender::S3(s3) => s3.append(key, file, from, to, e_tag, pace).await,
+            Appender::Local(fs) => append_local(fs, key, file, ino, from, to, e_tag, pace).await,
+            Appender::S3(s3) => s3.append(key, file, ino, from, to, e_tag, pace).await,
         }
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn append_local(
     fs: &Arc<LocalFileSystem>,
     key: &str,
     file: &Path,
+    ino: u64,
     from: u64,
     to: u64,
     e_tag: Option<&str>,
     pace: Option<&Pacer>,
 ) -> Result<Appended, AppendError> {
-    let location = parse_key(key).map_err(|e| store_err(key, &e))?;
+    let location = parse_key(key).map_err(|e| unavailable(key, &e))?;
     check_object(fs.as_ref(), key, &location, from, e_tag).await?;
     let target = fs
         .path_to_filesystem(&location)
-        .map_err(|e| store_err(key, &e))?;
+        .map_err(|e| unavailable(key, &e))?;
     if let Some(p) = pace {
         p.take(to - from).await;
     }
     let source = file.to_path_buf();
     let key_owned = key.to_string();
-    let written =
-        tokio::task::spawn_blocking(move || copy_range(&source, &target, from, to, &key_owned))
-            .await
-            .map_err(|e| store_err(key, &e))??;
-    let after = fs.head(&location).await.map_err(|e| store_err(key, &e))?;
+    let written = tokio::task::spawn_blocking(move || {
+        copy_range(&source, ino, &target, from, to, &key_owned)
+    })
+    .await
+    .map_err(|e| unavailable(key, &e))??;
+    let after = fs.head(&location).await.map_err(|e| unavailable(key, &e))?;
     Ok(Appended {
         bytes: written,
         e_tag: after.e_tag,
@@ -172,7 +227,7 @@ async fn check_object(
         Err(object_store::Error::NotFound { .. }) => {
             return Err(changed("the object is gone".into()))
         }
-        Err(e) => return Err(store_err(key, &e)),
+        Err(e) => return Err(unavailable(key, &e)),
     };
     if meta.size != size {
         return Err(changed(format!(
@@ -191,20 +246,23 @@ async fn check_object(
     Ok(())
 }
 
-/// Appends `source[from..to)` to `target`, which must have exactly `from` bytes.
+/// Appends `source[from..to)` (the regular file of inode `ino`) to `target`, which must have
+/// exactly `from` bytes.
 fn copy_range(
     source: &Path,
+    ino: u64,
     target: &Path,
     from: u64,
     to: u64,
     key: &str,
 ) -> Result<u64, AppendError> {
     let read_err = |e| read_err(source, e);
-    let store_err = |e: io::Error| store_err(key, &e);
-    let mut src = std::fs::File::open(source).map_err(read_err)?;
+    let store_err = |e: io::Error| unavailable(key, &e);
+    let mut src = open_scanned(source, Some(ino)).map_err(read_err)?;
     src.seek(SeekFrom::Start(from)).map_err(read_err)?;
     let mut out = std::fs::OpenOptions::new()
         .append(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(target)
         .map_err(store_err)?;
     if out.metadata().map_err(store_err)?.len() != from {
@@ -236,58 +294,134 @@ fn copy_range(
     Ok(written)
 }
 
-/// Appends to S3 objects with requests object_store does not make (see the module doc).
+/// An incomplete upload the collector started and has not finished: aborted when the
+/// append that owns it fails, is cancelled (dropped), or at the end of the final flush.
+type PendingUploads = Arc<Mutex<HashMap<String, ObjectPath>>>;
+
+/// Appends to S3 objects: `object_store`'s multipart calls for the upload and the new bytes,
+/// [`S3Wire`] for the server-side copies (see the module doc).
 #[derive(Debug)]
 pub struct S3Appender {
     s3: Arc<AmazonS3>,
-    /// `https://host/bucket` (path style) or `https://bucket.host` (virtual hosted).
-    bucket_url: String,
-    bucket: String,
-    region: String,
-    part_size: usize,
-    http: reqwest::Client,
+    wire: S3Wire,
+    /// The largest range copied as one part (S3: 5 GiB).
+    max_copy_part: u64,
+    /// Upload id → key of the uploads in flight.
+    pending: PendingUploads,
 }
 
+/// S3's largest copy source for one `UploadPartCopy`: bigger objects are copied in ranges.
+pub const S3_MAX_COPY_PART: u64 = 5 << 30;
+
+/// An upload a dropped (cancelled) append leaves behind is aborted in the background; what
+/// that misses, [`S3Appender::abort_pending`] aborts at the end of the final flush.
+struct PendingGuard<'a> {
+    app: &'a S3Appender,
+    id: String,
+    location: ObjectPath,
+    open: bool,
+}
+
+impl PendingGuard<'_> {
+    /// The upload completed or was aborted: nothing to do any more.
+    fn close(mut self) {
+        self.open = false;
+        lock(&self.app.pending).remove(&self.id);
+    }
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        if !self.open {
+            return;
+        }
+        // Cancelled mid-append (a deadline, shutdown): abort now, off this task.
+        let (s3, pending) = (self.app.s3.clone(), self.app.pending.clone());
+        let (id, location) = (self.id.clone(), self.location.clone());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if abort_upload(&s3, &location, &id).await {
+                    lock(&pending).remove(&id);
+                }
+            });
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Aborts one upload; false (and a warning) when that failed. An upload already gone
+/// (aborted by another path) counts as aborted.
+async fn abort_upload(s3: &AmazonS3, location: &ObjectPath, id: &str) -> bool {
+    match s3.abort_multipart(location, &id.to_string()).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+            m::append_upload_aborted(true);
+            true
+        }
+        Err(e) => {
+            m::append_upload_aborted(false);
+            tracing::warn!(key = %location, upload_id = %id, error = %e,
+                "could not abort an incomplete multipart upload: it keeps a copy of the object \
+                 until the next start's cleanup or the bucket's lifecycle rule removes it");
+            false
+        }
+    }
+}
+
+/// What [`Appender::prepare`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Prepared {
+    /// The bucket keeps versions (`Enabled` or `Suspended`): appends are not worth it there.
+    pub versioned: Option<String>,
+    /// Incomplete uploads of ours aborted.
+    pub aborted: usize,
+    /// Incomplete uploads of ours that could not be aborted.
+    pub abort_failed: usize,
+}
+
+/// An incomplete upload of an event object older than this is an orphan (an event object
+/// is at most a segment, uploaded in seconds); log uploads under our node are all orphans
+/// at start, since the log lane is the only writer there and has not begun.
+pub const STALE_UPLOAD_AGE: Duration = Duration::from_secs(3600);
+
 impl S3Appender {
-    /// The appender for the store `builder` builds (read before it is built), as `s3`.
-    pub fn new(builder: &AmazonS3Builder, s3: Arc<AmazonS3>) -> Result<S3Appender, String> {
-        let get = |k| builder.get_config_value(&k).filter(|v| !v.is_empty());
-        let bucket = get(AmazonS3ConfigKey::Bucket).ok_or("no bucket name")?;
-        let region = get(AmazonS3ConfigKey::Region).unwrap_or_else(|| "us-east-1".into());
-        let virtual_hosted = get(AmazonS3ConfigKey::VirtualHostedStyleRequest)
-            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        let endpoint = get(AmazonS3ConfigKey::Endpoint);
-        let bucket_url = match (endpoint, virtual_hosted) {
-            (Some(e), true) => e.trim_end_matches('/').to_string(),
-            (Some(e), false) => format!("{}/{bucket}", e.trim_end_matches('/')),
-            (None, true) => format!("https://{bucket}.s3.{region}.amazonaws.com"),
-            (None, false) => format!("https://s3.{region}.amazonaws.com/{bucket}"),
-        };
-        let http = reqwest::Client::builder()
-            .connect_timeout(std::time::Duration::from_secs(5))
-            .timeout(std::time::Duration::from_secs(120))
-            .build()
-            .map_err(|e| format!("building the HTTP client: {e}"))?;
+    /// The appender for the store `builder` built as `s3`, `connector` being the builder's
+    /// HTTP connector; `max_copy_part` the largest range copied as one part (a test lowers
+    /// it; at least twice S3's minimum part, so that ranges can be equal and all allowed).
+    pub fn new(
+        builder: &AmazonS3Builder,
+        connector: &CapturingConnector,
+        s3: Arc<AmazonS3>,
+        max_copy_part: u64,
+    ) -> Result<S3Appender, String> {
+        let wire = S3Wire::new(builder, connector, s3.credentials().clone())?;
         Ok(S3Appender {
             s3,
-            bucket_url,
-            bucket,
-            region,
-            part_size: TAIL_PART,
-            http,
+            wire,
+            max_copy_part: max_copy_part.clamp(2 * S3_MIN_PART, S3_MAX_COPY_PART),
+            pending: Arc::default(),
         })
     }
 
+    /// The bucket's URL, as the requests address it.
+    pub fn bucket_url(&self) -> &str {
+        self.wire.bucket_url()
+    }
+
+    #[allow(clippy::too_many_arguments)]
     async fn append(
         &self,
         key: &str,
         file: &Path,
+        ino: u64,
         from: u64,
         to: u64,
         e_tag: Option<&str>,
         pace: Option<&Pacer>,
     ) -> Result<Appended, AppendError> {
-        let location = parse_key(key).map_err(|e| store_err(key, &e))?;
+        let location = parse_key(key).map_err(|e| unavailable(key, &e))?;
         if from < S3_MIN_PART {
             return Err(AppendError::Changed {
                 key: key.into(),
@@ -301,195 +435,202 @@ impl S3Appender {
             });
         };
         check_object(self.s3.as_ref(), key, &location, from, Some(e_tag)).await?;
-        let url = format!("{}/{}", self.bucket_url, encode_path(key));
-        let created = self
-            .send(
-                reqwest::Method::POST,
-                &format!("{url}?uploads"),
-                &[],
-                Vec::new(),
-            )
+        let id = self
+            .s3
+            .create_multipart(&location)
             .await
-            .map_err(|e| store_err(key, &e))?;
-        let body = created.text().await.map_err(|e| store_err(key, &e))?;
-        let upload_id = xml_value(&body, "UploadId")
-            .ok_or_else(|| store_err(key, &format!("no UploadId in {body:?}")))?;
-        let upload_q = encode_query(&upload_id);
+            .map_err(|e| unavailable(key, &e))?;
+        lock(&self.pending).insert(id.clone(), location.clone());
+        let guard = PendingGuard {
+            app: self,
+            id: id.clone(),
+            location: location.clone(),
+            open: true,
+        };
         let result = self
-            .parts(key, &url, &upload_q, file, from, to, e_tag, pace)
+            .parts(key, &location, &id, file, ino, from, to, e_tag, pace)
             .await;
         match result {
-            Ok(bytes) => {
-                let after = self
-                    .s3
-                    .head(&location)
-                    .await
-                    .map_err(|e| store_err(key, &e))?;
+            Ok(e_tag) => {
+                guard.close();
                 Ok(Appended {
-                    bytes,
-                    e_tag: after.e_tag,
+                    bytes: to - from,
+                    e_tag,
                 })
             }
             Err(e) => {
-                let abort = format!("{url}?uploadId={upload_q}");
-                if let Err(a) = self
-                    .send(reqwest::Method::DELETE, &abort, &[], Vec::new())
-                    .await
-                {
-                    tracing::debug!(%key, error = %a, "aborting the append's upload failed");
+                if abort_upload(&self.s3, &location, &id).await {
+                    guard.close();
                 }
                 Err(e)
             }
         }
     }
 
-    /// The copied part, the new bytes, the completion; the bytes of the file sent.
+    /// The copied ranges, the new bytes, the completion; the object's ETag after it.
     #[allow(clippy::too_many_arguments)]
     async fn parts(
         &self,
         key: &str,
-        url: &str,
-        upload_q: &str,
+        location: &ObjectPath,
+        id: &str,
         file: &Path,
+        ino: u64,
         from: u64,
         to: u64,
         e_tag: &str,
         pace: Option<&Pacer>,
-    ) -> Result<u64, AppendError> {
-        let source = format!("/{}/{}", self.bucket, encode_path(key));
-        let copy = self
-            .send(
-                reqwest::Method::PUT,
-                &format!("{url}?partNumber=1&uploadId={upload_q}"),
-                &[
-                    ("x-amz-copy-source", source.as_str()),
-                    ("x-amz-copy-source-if-match", e_tag),
-                ],
-                Vec::new(),
-            )
-            .await;
-        let copy = match copy {
-            Ok(r) => r,
-            Err(SendError::Status(412, body)) => {
-                return Err(AppendError::Changed {
-                    key: key.into(),
-                    why: format!("the object changed before it was copied: {body}"),
-                })
-            }
-            Err(e) => return Err(store_err(key, &e)),
-        };
-        let body = copy.text().await.map_err(|e| store_err(key, &e))?;
-        let copied = xml_value(&body, "ETag")
-            .ok_or_else(|| store_err(key, &format!("no ETag in {body:?}")))?;
-        let mut etags = vec![copied];
-        let mut offset = from;
-        let mut src = std::fs::File::open(file).map_err(|e| read_err(file, e))?;
+    ) -> Result<Option<String>, AppendError> {
+        let id_owned = id.to_string();
+        let mut parts = Vec::new();
+        for range in copy_ranges(from, self.max_copy_part) {
+            let part = self
+                .wire
+                .upload_part_copy(key, id, parts.len() + 1, range, e_tag)
+                .await
+                .map_err(|e| match e.failure {
+                    Failure::Precondition | Failure::Missing => AppendError::Changed {
+                        key: key.into(),
+                        why: format!("the object changed before it was copied: {e}"),
+                    },
+                    Failure::Unsupported | Failure::Refused => AppendError::Refused {
+                        key: key.into(),
+                        unsupported: e.failure == Failure::Unsupported,
+                        message: e.to_string(),
+                    },
+                    Failure::Transient => unavailable(key, &e),
+                })?;
+            parts.push(part);
+        }
+        let part_size = part_size_for(
+            to - from,
+            TAIL_PART,
+            MAX_PARTS.saturating_sub(parts.len() as u64).max(1),
+        );
+        let mut src = open_scanned(file, Some(ino)).map_err(|e| read_err(file, e))?;
         src.seek(SeekFrom::Start(from))
             .map_err(|e| read_err(file, e))?;
+        let mut offset = from;
         while offset < to {
-            let n = (to - offset).min(self.part_size as u64);
+            let n = (to - offset).min(part_size as u64);
             let (part, back) = read_exact_blocking(src, n, file).await?;
             src = back;
             if let Some(p) = pace {
                 p.take(n).await;
             }
-            let number = etags.len() + 1;
-            let put = self
-                .send(
-                    reqwest::Method::PUT,
-                    &format!("{url}?partNumber={number}&uploadId={upload_q}"),
-                    &[],
-                    part,
-                )
+            let done = self
+                .s3
+                .put_part(location, &id_owned, parts.len(), PutPayload::from(part))
                 .await
-                .map_err(|e| store_err(key, &e))?;
-            let etag = put
-                .headers()
-                .get("etag")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
-                .ok_or_else(|| store_err(key, &"a part's answer has no ETag"))?;
-            etags.push(etag);
+                .map_err(|e| unavailable(key, &e))?;
+            parts.push(done);
             offset += n;
         }
-        let mut xml = String::from("<CompleteMultipartUpload>");
-        for (i, etag) in etags.iter().enumerate() {
-            xml.push_str(&format!(
-                "<Part><PartNumber>{}</PartNumber><ETag>{}</ETag></Part>",
-                i + 1,
-                xml_escape(etag)
-            ));
-        }
-        xml.push_str("</CompleteMultipartUpload>");
         let done = self
-            .send(
-                reqwest::Method::POST,
-                &format!("{url}?uploadId={upload_q}"),
-                &[],
-                xml.into_bytes(),
-            )
-            .await
-            .map_err(|e| store_err(key, &e))?;
-        // S3 may answer 200 and put the error in the body.
-        let body = done.text().await.map_err(|e| store_err(key, &e))?;
-        if body.contains("<Error>") {
-            return Err(store_err(key, &format!("completing the upload: {body}")));
-        }
-        Ok(to - from)
-    }
-
-    /// Signs and sends one request; an answer other than 2xx is an error with its body.
-    async fn send(
-        &self,
-        method: reqwest::Method,
-        url: &str,
-        headers: &[(&str, &str)],
-        body: Vec<u8>,
-    ) -> Result<reqwest::Response, SendError> {
-        let credential = self
             .s3
-            .credentials()
-            .get_credential()
+            .complete_multipart(location, &id_owned, parts)
             .await
-            .map_err(|e| SendError::Other(format!("credentials: {e}")))?;
-        let mut req = http::Request::builder().method(method.clone()).uri(url);
-        for (k, v) in headers {
-            req = req.header(*k, *v);
+            .map_err(|e| unavailable(key, &e))?;
+        Ok(done.e_tag)
+    }
+
+    /// At start, once the collector knows its node directory `node_prefix`
+    /// (`P/<session>/<node>/`, any session: `P/` and the node id): reads the bucket's
+    /// versioning, and aborts our own incomplete uploads (see [`STALE_UPLOAD_AGE`]).
+    async fn prepare(&self, history_prefix: &str, node: &str) -> Prepared {
+        let mut out = Prepared::default();
+        match self.wire.versioning().await {
+            Ok(v) => out.versioned = v,
+            Err(e) => {
+                tracing::info!(error = %e, "could not read the bucket's versioning (appends stay on)")
+            }
         }
-        let mut req = req
-            .body(object_store::client::HttpRequestBody::from(body.clone()))
-            .map_err(|e| SendError::Other(format!("request {url}: {e}")))?;
-        AwsAuthorizer::new(&credential, "s3", &self.region)
-            .try_authorize(&mut req, None)
-            .map_err(|e| SendError::Other(format!("signing {url}: {e}")))?;
-        let mut out = self.http.request(method, url).body(body);
-        for (k, v) in req.headers() {
-            out = out.header(k.as_str(), v.as_bytes());
+        let prefix = format!("{}/", history_prefix.trim_end_matches('/'));
+        let uploads = match self.wire.list_uploads(&prefix).await {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::warn!(error = %e, %prefix, "could not list incomplete multipart uploads; none cleaned up");
+                return out;
+            }
+        };
+        let now = crate::util::time::unix_seconds() as i64;
+        let node_dir = format!("/{node}/");
+        for u in uploads {
+            let Some(rest) = u.key.strip_prefix(&prefix) else {
+                continue;
+            };
+            let ours = format!("/{rest}").contains(&node_dir);
+            if !ours {
+                continue;
+            }
+            let logs = format!("/{rest}").contains(&format!("{node_dir}logs/"));
+            let age = u
+                .initiated
+                .as_deref()
+                .and_then(crate::util::time::parse_rfc3339_seconds)
+                .map(|t| now.saturating_sub(t));
+            let stale = logs || age.is_some_and(|a| a >= STALE_UPLOAD_AGE.as_secs() as i64);
+            if !stale {
+                continue;
+            }
+            let Ok(location) = ObjectPath::parse(&u.key) else {
+                continue;
+            };
+            if abort_upload(&self.s3, &location, &u.upload_id).await {
+                tracing::info!(key = %u.key, upload_id = %u.upload_id, initiated = ?u.initiated, "aborted an incomplete multipart upload left by an earlier run");
+                out.aborted += 1;
+            } else {
+                out.abort_failed += 1;
+            }
         }
-        let resp = out
-            .send()
-            .await
-            .map_err(|e| SendError::Other(format!("{url}: {e}")))?;
-        let status = resp.status();
-        if status.is_success() {
-            return Ok(resp);
+        out
+    }
+
+    /// Aborts the uploads of appends that were cancelled, until `deadline`.
+    async fn abort_pending(&self, deadline: Instant) -> usize {
+        let open: Vec<(String, ObjectPath)> = lock(&self.pending)
+            .iter()
+            .map(|(id, loc)| (id.clone(), loc.clone()))
+            .collect();
+        let mut left = 0;
+        for (id, location) in open {
+            match tokio::time::timeout_at(deadline.into(), abort_upload(&self.s3, &location, &id))
+                .await
+            {
+                Ok(true) => {
+                    lock(&self.pending).remove(&id);
+                }
+                Ok(false) => left += 1,
+                Err(_) => {
+                    left += 1;
+                    tracing::warn!(key = %location, upload_id = %id, "no time left to abort an incomplete multipart upload; the next start cleans it up");
+                }
+            }
         }
-        let text = resp.text().await.unwrap_or_default();
-        Err(SendError::Status(status.as_u16(), text))
+        left
     }
 }
 
-/// Why one request of an append failed.
-#[derive(Debug, thiserror::Error)]
-enum SendError {
-    #[error("answered {0}: {1}")]
-    Status(u16, String),
-    #[error("{0}")]
-    Other(String),
+/// Byte ranges (first, last) that copy an object of `size` bytes in parts of at most
+/// `max_part`, as equal as can be (so each is at least half of `max_part`).
+pub fn copy_ranges(size: u64, max_part: u64) -> Vec<(u64, u64)> {
+    if size == 0 {
+        return Vec::new();
+    }
+    let n = size.div_ceil(max_part.max(1));
+    let (base, extra) = (size / n, size % n);
+    let mut out = Vec::with_capacity(n as usize);
+    let mut start = 0;
+    for i in 0..n {
+        let len = base + u64::from(i < extra);
+        out.push((start, start + len - 1));
+        start += len;
+    }
+    out
 }
 
-fn store_err(key: &str, e: &dyn std::fmt::Display) -> AppendError {
-    AppendError::Store {
+fn unavailable(key: &str, e: &dyn std::fmt::Display) -> AppendError {
+    AppendError::Unavailable {
         key: key.to_string(),
         message: e.to_string(),
     }
@@ -531,68 +672,9 @@ async fn read_exact_blocking(
     .map_err(|e| read_err(path, io::Error::other(e.to_string())))?
 }
 
-/// The text of the first `<tag>…</tag>` in an S3 answer, entities decoded.
-fn xml_value(xml: &str, tag: &str) -> Option<String> {
-    let open = format!("<{tag}>");
-    let close = format!("</{tag}>");
-    let start = xml.find(&open)? + open.len();
-    let end = start + xml[start..].find(&close)?;
-    Some(
-        xml[start..end]
-            .replace("&quot;", "\"")
-            .replace("&apos;", "'")
-            .replace("&lt;", "<")
-            .replace("&gt;", ">")
-            .replace("&amp;", "&"),
-    )
-}
-
-fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-/// An object key as a URL path: every byte but S3's unreserved ones and `/` percent-encoded
-/// (our own keys need none; a root prefix from the configuration may).
-fn encode_path(key: &str) -> String {
-    let mut out = String::with_capacity(key.len());
-    for b in key.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-/// An upload id as a query value (S3's ids are URL-safe in practice; encode anyway).
-fn encode_query(v: &str) -> String {
-    url::form_urlencoded::byte_serialize(v.as_bytes()).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reads_s3_answers() {
-        let created = "<?xml version=\"1.0\"?><InitiateMultipartUploadResult><Bucket>b</Bucket>\
-            <Key>k</Key><UploadId>a+b/c=</UploadId></InitiateMultipartUploadResult>";
-        assert_eq!(xml_value(created, "UploadId").as_deref(), Some("a+b/c="));
-        assert_eq!(encode_query("a+b/c="), "a%2Bb%2Fc%3D");
-        let copied = "<CopyPartResult><ETag>&quot;9b2cf535f27731c974343645a3985328&quot;</ETag>\
-            </CopyPartResult>";
-        assert_eq!(
-            xml_value(copied, "ETag").as_deref(),
-            Some("\"9b2cf535f27731c974343645a3985328\"")
-        );
-        assert_eq!(xml_escape("\"x\""), "&quot;x&quot;");
-        assert_eq!(encode_path("a b/c+d/é"), "a%20b/c%2Bd/%C3%A9");
-        assert_eq!(xml_value("<a>1</a>", "b"), None);
-    }
 
     #[tokio::test]
     async fn appends_only_to_the_object_it_wrote() {
@@ -612,7 +694,7 @@ mod tests {
             .await
             .unwrap();
         let done = app
-            .append(key, &file, 7, 14, put.e_tag.as_deref(), None)
+            .append(key, &file, 0, 7, 14, put.e_tag.as_deref(), None)
             .await
             .unwrap();
         assert_eq!(done.bytes, 7);
@@ -620,13 +702,13 @@ mod tests {
         assert_eq!(&got[..], b"line 1\nline 2\n");
         // The old ETag no longer matches: someone (here, we) changed the object.
         let err = app
-            .append(key, &file, 14, 14, put.e_tag.as_deref(), None)
+            .append(key, &file, 0, 14, 14, put.e_tag.as_deref(), None)
             .await
             .unwrap_err();
         assert!(matches!(err, AppendError::Changed { .. }), "{err}");
         // A wrong size is refused before anything is written.
         let err = app
-            .append(key, &file, 7, 14, done.e_tag.as_deref(), None)
+            .append(key, &file, 0, 7, 14, done.e_tag.as_deref(), None)
             .await
             .unwrap_err();
         assert!(matches!(err, AppendError::Changed { .. }), "{err}");
@@ -634,13 +716,13 @@ mod tests {
         assert_eq!(&got[..], b"line 1\nline 2\n");
         // A file shorter than asked: an error, and the ledger is not advanced by the caller.
         let err = app
-            .append(key, &file, 14, 20, done.e_tag.as_deref(), None)
+            .append(key, &file, 0, 14, 20, done.e_tag.as_deref(), None)
             .await
             .unwrap_err();
         assert!(matches!(err, AppendError::Read { .. }), "{err}");
         // A missing object.
         let err = app
-            .append("P/s/n/logs/none", &file, 0, 1, None, None)
+            .append("P/s/n/logs/none", &file, 0, 0, 1, None, None)
             .await
             .unwrap_err();
         assert!(matches!(err, AppendError::Changed { .. }), "{err}");

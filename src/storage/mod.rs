@@ -6,10 +6,16 @@
 //! Credentials come only from each cloud's standard chain, read by `object_store`'s
 //! `from_env` builders (env, web identity / IRSA, instance metadata, workload identity,
 //! managed identity).
+//!
+//! For S3 the builder is also the appender's configuration (`append`, `s3`): its HTTP
+//! connector keeps object_store's client for the appender's own requests, so every setting
+//! read here applies to appends too. [`Configured::identity`] names the bucket for the state
+//! kept beside the spool.
 
 pub mod append;
 pub mod gzip;
 pub mod put;
+pub mod s3;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -229,6 +235,18 @@ fn retry_config() -> RetryConfig {
     }
 }
 
+/// Test only: the largest range an S3 append copies as one part, in bytes (S3's 5 GiB
+/// otherwise), so the ranged copy is tested without 5 GiB objects. Not a setting.
+pub const TEST_MAX_COPY_PART: &str = "RHC_TEST_S3_MAX_COPY_PART";
+
+fn with_root(url: &str, root: &str) -> String {
+    if root.is_empty() {
+        url.to_string()
+    } else {
+        format!("{url}/{root}")
+    }
+}
+
 fn is_true(v: Option<String>) -> bool {
     matches!(v.as_deref().map(str::trim), Some(v) if v.eq_ignore_ascii_case("true") || v == "1")
 }
@@ -242,8 +260,9 @@ fn is_true(v: Option<String>) -> bool {
 pub enum Configured {
     /// A local directory, created by [`Configured::open`].
     Local(PathBuf),
-    /// A cloud client, ready to use, and how it appends to an object, where it can.
-    Remote(Arc<dyn ObjectStore>, Option<append::Appender>),
+    /// A cloud client, ready to use, how it appends to an object, where it can, and the
+    /// bucket's identity (see [`Configured::identity`]).
+    Remote(Arc<dyn ObjectStore>, Option<append::Appender>, String),
 }
 
 impl Configured {
@@ -258,14 +277,25 @@ impl Configured {
                         source,
                     })
             }
-            Configured::Remote(_, appender) => Ok(appender.clone()),
+            Configured::Remote(_, appender, _) => Ok(appender.clone()),
+        }
+    }
+
+    /// Which bucket and prefix this is, as state kept beside the spool (the log ledger)
+    /// records it: the directory, or the URL the requests go to (for S3 the endpoint chosen
+    /// as object_store chooses it, with the bucket) and the root prefix. The same bucket
+    /// name on another server is another bucket.
+    pub fn identity(&self) -> &str {
+        match self {
+            Configured::Local(dir) => dir.to_str().unwrap_or_default(),
+            Configured::Remote(_, _, id) => id,
         }
     }
 
     /// The store, creating a local directory first if needed.
     pub fn open(self) -> Result<Arc<dyn ObjectStore>, StorageError> {
         match self {
-            Configured::Remote(store, _) => Ok(store),
+            Configured::Remote(store, _, _) => Ok(store),
             Configured::Local(dir) => {
                 std::fs::create_dir_all(&dir).map_err(|source| StorageError::LocalDir {
                     path: dir.clone(),
@@ -310,6 +340,9 @@ pub fn configure(
                     REQUEST_TIMEOUT,
                 )
                 .with_retry(retry_config());
+            // object_store's own HTTP client, kept for the appender's requests.
+            let connector = s3::CapturingConnector::default();
+            b = b.with_http_connector(connector.clone());
             let disable_ssl = is_true(env("S3DISABLE_SSL"));
             if env("AWS_ENDPOINT").is_none() && env("AWS_ENDPOINT_URL").is_none() {
                 if let Some(ep) = env("S3_ENDPOINT").filter(|e| !e.trim().is_empty()) {
@@ -341,11 +374,19 @@ pub fn configure(
                 backend: "s3",
                 source,
             })?);
-            let appender = append::S3Appender::new(&b, s3.clone())
+            let max_copy_part = match env(TEST_MAX_COPY_PART) {
+                Some(v) => v.trim().parse::<u64>().map_err(|e| {
+                    StorageError::Invalid(format!("{TEST_MAX_COPY_PART}={v:?}: {e}"))
+                })?,
+                None => append::S3_MAX_COPY_PART,
+            };
+            let appender = append::S3Appender::new(&b, &connector, s3.clone(), max_copy_part)
                 .map_err(|e| StorageError::Invalid(format!("S3 appends: {e}")))?;
+            let identity = with_root(appender.bucket_url(), &spec.root);
             Ok(Configured::Remote(
                 s3,
                 Some(append::Appender::S3(Arc::new(appender))),
+                identity,
             ))
         }
         Backend::Gcs { bucket } => {
@@ -366,6 +407,7 @@ pub fn configure(
                     source,
                 })?),
                 None,
+                spec.to_string(),
             ))
         }
         Backend::Azure { container } => {
@@ -395,12 +437,20 @@ pub fn configure(
                 }
                 b = b.with_endpoint(url.to_string());
             }
+            let identity = match b.get_config_value(&AzureConfigKey::Endpoint) {
+                Some(ep) => with_root(
+                    &format!("{}/{container}", ep.trim_end_matches('/')),
+                    &spec.root,
+                ),
+                None => spec.to_string(),
+            };
             Ok(Configured::Remote(
                 Arc::new(b.build().map_err(|source| StorageError::Client {
                     backend: "azure",
                     source,
                 })?),
                 None,
+                identity,
             ))
         }
     }

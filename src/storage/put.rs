@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::gzip::{GzipLevel, MemberEncoder};
+use crate::util::fs::open_scanned;
 use crate::util::pace::Pacer;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -36,6 +37,14 @@ pub enum UploadError {
         #[source]
         source: object_store::Error,
     },
+    /// An append failed in a way that may pass (see `append::AppendError::Unavailable`).
+    #[error("appending to {key}: {message}")]
+    Append {
+        /// The key.
+        key: String,
+        /// Why.
+        message: String,
+    },
     /// The computed key is not a valid object path (should not happen for our own keys).
     #[error("invalid object key {key:?}: {message}")]
     Key {
@@ -58,7 +67,9 @@ pub async fn put_file(
     part_size: usize,
     limit: u64,
 ) -> Result<u64, UploadError> {
-    let reader = PartReader::open_prefix(file, gzip, limit)?;
+    let reader = PartReader::open_prefix(file, None, gzip, limit)?;
+    let len = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+    let part_size = part_size_for(len.min(limit), part_size, MAX_PARTS);
     let put = put_parts(store, path, key, reader, part_size, None).await?;
     Ok(put.sent)
 }
@@ -74,22 +85,42 @@ pub struct SnapshotUpload {
 
 /// Uploads the first `limit` bytes of a file that may still be growing, as is (no
 /// compression: the history server serves logs byte for byte), streaming in parts, each
-/// part after `pace` lets it pass.
+/// part after `pace` lets it pass. The file is the one a scan saw as inode `ino` (0: not
+/// known): it is opened without following a symlink and checked (see
+/// [`crate::util::fs::open_scanned`]).
+#[allow(clippy::too_many_arguments)]
 pub async fn put_file_prefix(
     store: &Arc<dyn ObjectStore>,
     key: &str,
     path: &std::path::Path,
+    ino: u64,
     limit: u64,
     part_size: usize,
     pace: Option<&Pacer>,
 ) -> Result<SnapshotUpload, UploadError> {
     let location = parse_key(key)?;
-    let reader = PartReader::open_prefix(path, None, limit)?;
+    let reader = PartReader::open_prefix(path, Some(ino), None, limit)?;
+    let part_size = part_size_for(limit, part_size, MAX_PARTS);
     let put = put_parts(store, &location, key, reader, part_size, pace).await?;
     Ok(SnapshotUpload {
         bytes: put.read,
         e_tag: put.e_tag,
     })
+}
+
+/// S3's most parts in one multipart upload.
+pub const MAX_PARTS: u64 = 10_000;
+/// S3's largest part.
+pub const MAX_PART: u64 = 5 << 30;
+
+/// The part size for `len` bytes in at most `max_parts` parts: `min` (the configured size)
+/// unless that would take more parts, then the smallest whole MiB that fits (so S3's 5 TiB
+/// object goes in 10,000 parts of 525 MiB), at most [`MAX_PART`]. One part is in memory at a
+/// time, so only a file that big costs that much memory.
+pub fn part_size_for(len: u64, min: usize, max_parts: u64) -> usize {
+    let need = len.div_ceil(max_parts.max(1)).div_ceil(1 << 20) << 20;
+    let size = need.max(min as u64).min(MAX_PART);
+    usize::try_from(size).unwrap_or(usize::MAX)
 }
 
 /// An object path from one of our keys.
@@ -105,11 +136,12 @@ pub(crate) fn parse_key(key: &str) -> Result<ObjectPath, UploadError> {
 pub const WINDOW: u64 = 64 * 1024;
 
 /// xxh3 of the [`WINDOW`] bytes of a file before offset `end` (all of them when `end` is
-/// smaller), and whether the file had them all.
-pub fn window_hash(path: &std::path::Path, end: u64) -> io::Result<(u64, bool)> {
+/// smaller), and whether the file had them all. The file must be the regular file of inode
+/// `ino` (0: any), opened without following a symlink.
+pub fn window_hash(path: &std::path::Path, ino: u64, end: u64) -> io::Result<(u64, bool)> {
     use std::io::{Seek, SeekFrom};
     let start = end.saturating_sub(WINDOW);
-    let mut f = File::open(path)?;
+    let mut f = open_scanned(path, Some(ino))?;
     f.seek(SeekFrom::Start(start))?;
     let mut buf = Vec::with_capacity((end - start) as usize);
     f.take(end - start).read_to_end(&mut buf)?;
@@ -180,7 +212,9 @@ async fn put_parts(
     match result {
         Ok((e_tag, read)) => Ok(Sent { read, sent, e_tag }),
         Err(e) => {
-            let _ = upload.abort().await;
+            if let Err(a) = upload.abort().await {
+                tracing::warn!(%key, error = %a, "could not abort a failed multipart upload: it keeps its parts until the bucket's lifecycle rule (or, for logs, the next start) removes them");
+            }
             Err(e)
         }
     }
@@ -225,16 +259,18 @@ struct PartReader {
 impl PartReader {
     #[cfg(test)]
     fn open(path: &std::path::Path, gzip: Option<GzipLevel>) -> Result<PartReader, UploadError> {
-        Self::open_prefix(path, gzip, u64::MAX)
+        Self::open_prefix(path, None, gzip, u64::MAX)
     }
 
-    /// Reads at most `limit` bytes (a snapshot of a file that is still growing).
+    /// Reads at most `limit` bytes (a snapshot of a file that is still growing) of the
+    /// regular file `path` (of inode `ino`, when given), never through a symlink.
     fn open_prefix(
         path: &std::path::Path,
+        ino: Option<u64>,
         gzip: Option<GzipLevel>,
         limit: u64,
     ) -> Result<PartReader, UploadError> {
-        let file = File::open(path).map_err(|source| UploadError::Read {
+        let file = open_scanned(path, ino).map_err(|source| UploadError::Read {
             path: path.to_path_buf(),
             source,
         })?;
@@ -335,5 +371,19 @@ mod tests {
         let mut r = PartReader::open(&p, None).unwrap();
         assert_eq!(r.next_part(4096).unwrap().len(), 4096);
         assert!(r.done);
+    }
+
+    #[test]
+    fn part_size_fits_any_object_in_ten_thousand_parts() {
+        let mib = 1u64 << 20;
+        assert_eq!(part_size_for(10 * mib, 8 << 20, MAX_PARTS), 8 << 20);
+        // 8 MiB parts cover 78.1 GiB; beyond, the part grows.
+        assert_eq!(part_size_for(80 << 30, 8 << 20, MAX_PARTS) as u64, 9 * mib);
+        for len in [1u64 << 40, 5u64 << 40, (5u64 << 40) - 1, 4_398_046_511_111] {
+            let p = part_size_for(len, 8 << 20, MAX_PARTS) as u64;
+            assert!(len.div_ceil(p) <= MAX_PARTS, "{len}: {p}");
+            assert!(p <= MAX_PART && p % mib == 0);
+        }
+        assert_eq!(part_size_for(5 << 40, 8 << 20, MAX_PARTS) as u64, 525 * mib);
     }
 }

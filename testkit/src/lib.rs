@@ -6,6 +6,8 @@
 //!   restart), and reading a bucket back.
 //! - [`services`]: the storage emulators (moto for S3 and GCS's XML API, Azurite, fake-gcs-server)
 //!   that `scripts/install-test-deps.sh` installs, on loopback ports.
+//! - [`preload`]: an `LD_PRELOAD` shim that swaps a file for a symlink as it is opened.
+//! - [`fault_proxy`]: an HTTP proxy that records requests and injects errors, delays and drops.
 //! - [`relay`]: a TCP relay that can be cut and restored, for storage outages.
 //! - [`ray`]: real Ray from PyPI, run by the end-to-end tests.
 //! - [`history_server`]: KubeRay's history server as a peer, with the Kubernetes API it needs.
@@ -23,9 +25,11 @@
 pub mod chromium;
 pub mod collector;
 pub mod dashboard;
+pub mod fault_proxy;
 pub mod history_server;
 pub mod http;
 pub mod peer;
+pub mod preload;
 pub mod ray;
 pub mod relay;
 pub mod services;

@@ -1,0 +1,713 @@
+//! The S3 requests `object_store` has no call for, made from the very configuration of its
+//! client, so that they honour every setting its own requests honour.
+//!
+//! An append is a multipart upload whose first parts are server-side copies of the current
+//! object (`UploadPartCopy`). Everything of it but the copies goes through `object_store`'s
+//! `MultipartStore` (create, parts, completion, abort), which sends the encryption settings
+//! (SSE-S3, SSE-KMS with its key id, DSSE-KMS, bucket key, SSE-C), the checksum algorithm and
+//! requester-pays exactly as a whole upload does. What is left here is sent as follows:
+//!
+//! - **HTTP client**: the one `object_store` builds from its `ClientOptions` (proxy and its CA,
+//!   extra root certificates, invalid-certificate and HTTP/2 settings, timeouts, default
+//!   headers, user agent): a [`CapturingConnector`] given to the builder keeps it.
+//! - **Endpoint**: as `object_store` chooses it: `AWS_ENDPOINT_URL_S3` before `AWS_ENDPOINT`
+//!   / `AWS_ENDPOINT_URL`, then an S3 Express zonal endpoint, then AWS's; path or virtual
+//!   hosted style.
+//! - **Signature**: `object_store`'s SigV4 signer and credential chain (refreshed by it), its
+//!   unsigned-payload and skip-signature settings, and the requester-pays header.
+//! - **SSE-C**: the customer key for the new part and for the copy source (the only
+//!   encryption headers a part takes; the others are settings of the upload).
+//! - **Checksums**: the copied part's checksum, as S3 answers it, is handed to the completion
+//!   in `object_store`'s own part format, so an upload created with a checksum algorithm
+//!   completes.
+//!
+//! Failures are classified ([`Failure`]): only an answer that means this store will not do
+//! the copy counts against appends; 5xx, throttling, timeouts, connection errors and
+//! credentials being refreshed are transient, retried here with exponential backoff and
+//! jitter ([`RETRY_ATTEMPTS`]) and then left to the next round.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, AwsAuthorizer, AwsCredentialProvider};
+use object_store::client::{
+    ClientOptions, HttpClient, HttpConnector, HttpRequestBody, ReqwestConnector,
+};
+use object_store::multipart::PartId;
+use serde::{Deserialize, Serialize};
+
+/// Attempts of one request of ours before a transient failure is given up for this round.
+pub const RETRY_ATTEMPTS: u32 = 4;
+/// First backoff between attempts; doubled each time, up to [`RETRY_MAX_BACKOFF`].
+const RETRY_BASE: Duration = Duration::from_millis(200);
+/// Longest backoff between attempts: an outage longer than a few seconds is the next round's.
+const RETRY_MAX_BACKOFF: Duration = Duration::from_secs(4);
+/// Pages of ListMultipartUploads read at start (1,000 uploads each): our own orphans are
+/// a handful; a prefix with more is cleaned over several starts rather than stall one.
+const MAX_LIST_PAGES: usize = 20;
+/// Bytes of an error answer kept in a message.
+const MAX_ERROR_BODY: usize = 2048;
+
+/// Keeps the HTTP client `object_store` builds for the S3 store, so our own requests go
+/// through the same client (proxy, CA, certificates, timeouts, default headers).
+///
+/// `AmazonS3Builder::build` connects once per client it needs: credential providers first
+/// (with options of their own), the S3 client itself last; so the last client is the one.
+#[derive(Debug, Clone, Default)]
+pub struct CapturingConnector {
+    last: Arc<Mutex<Option<(HttpClient, ClientOptions)>>>,
+}
+
+impl HttpConnector for CapturingConnector {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let client = ReqwestConnector::default().connect(options)?;
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        *last = Some((client.clone(), options.clone()));
+        Ok(client)
+    }
+}
+
+impl CapturingConnector {
+    fn taken(&self) -> Option<(HttpClient, ClientOptions)> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// What a failed request means for appends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The store does not do this request at all (501, 405, `NotImplemented`): counts
+    /// toward switching appends off.
+    Unsupported,
+    /// The store refused the copy of this object explicitly (another 4xx: `AccessDenied`,
+    /// `InvalidRequest`, ...): this object goes whole for a while; counts toward switching
+    /// appends off.
+    Refused,
+    /// The copy source is not the object we recorded (412): upload the file whole.
+    Precondition,
+    /// The object or the bucket is not there (404 `NoSuchKey`): upload the file whole.
+    Missing,
+    /// Anything that may pass: 5xx, 429, 408, timeouts, connection errors, expired or
+    /// refreshed credentials, an upload aborted under us. Retried; never counts.
+    Transient,
+}
+
+/// A request of ours that failed, with what it means.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{what}: {message}")]
+pub struct WireError {
+    /// What it means for appends.
+    pub failure: Failure,
+    /// The request (`UploadPartCopy of <key>`).
+    pub what: String,
+    /// The answer or the transport error.
+    pub message: String,
+}
+
+/// S3's error codes that mean "not now" whatever their status.
+const TRANSIENT_CODES: &[&str] = &[
+    "ExpiredToken",
+    "InvalidToken",
+    "TokenRefreshRequired",
+    "RequestTimeTooSkewed",
+    "RequestTimeout",
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "InternalError",
+    "ServiceUnavailable",
+    "NoSuchUpload",
+    "OperationAborted",
+];
+
+/// S3's error codes that mean the store does not do the request.
+const UNSUPPORTED_CODES: &[&str] = &["NotImplemented", "NotSupported", "MethodNotAllowed"];
+
+/// Classifies an S3 answer by its status and error code.
+pub fn classify(status: u16, code: Option<&str>) -> Failure {
+    if code.is_some_and(|c| TRANSIENT_CODES.contains(&c)) {
+        return Failure::Transient;
+    }
+    if code.is_some_and(|c| UNSUPPORTED_CODES.contains(&c)) || matches!(status, 501 | 405) {
+        return Failure::Unsupported;
+    }
+    match status {
+        412 => Failure::Precondition,
+        404 if code.is_none_or(|c| c == "NoSuchKey") => Failure::Missing,
+        // A missing bucket, or a 404 from a proxy: not the object's fault.
+        404 => Failure::Transient,
+        408 | 429 => Failure::Transient,
+        // Credentials that do not verify now (a key being rotated) are the chain's to fix.
+        403 if matches!(code, Some("InvalidAccessKeyId" | "SignatureDoesNotMatch")) => {
+            Failure::Transient
+        }
+        400..=499 => Failure::Refused,
+        _ => Failure::Transient,
+    }
+}
+
+/// The answer to UploadPartCopy (and S3's error document, which may come with a 200).
+#[derive(Debug, Deserialize)]
+struct CopyPartResult {
+    #[serde(rename = "ETag")]
+    e_tag: Option<String>,
+    #[serde(rename = "ChecksumSHA256")]
+    checksum_sha256: Option<String>,
+    #[serde(rename = "ChecksumCRC64NVME")]
+    checksum_crc64nvme: Option<String>,
+}
+
+/// S3's error document.
+#[derive(Debug, Default, Deserialize)]
+struct ErrorDocument {
+    #[serde(rename = "Code")]
+    code: Option<String>,
+    #[serde(rename = "Message")]
+    message: Option<String>,
+}
+
+/// A part as `object_store` hands it to its completion when a checksum is configured
+/// (`PartId::content_id`); without one, the ETag alone.
+#[derive(Serialize)]
+struct PartMetadata {
+    e_tag: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    checksum_sha256: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    checksum_crc64nvme: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ListMultipartUploadsResult {
+    #[serde(default)]
+    is_truncated: Option<bool>,
+    #[serde(default)]
+    next_key_marker: Option<String>,
+    #[serde(default)]
+    next_upload_id_marker: Option<String>,
+    #[serde(default)]
+    upload: Vec<UploadEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct UploadEntry {
+    key: String,
+    upload_id: String,
+    #[serde(default)]
+    initiated: Option<String>,
+}
+
+/// An incomplete multipart upload in the bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenUpload {
+    /// Its key.
+    pub key: String,
+    /// Its id.
+    pub upload_id: String,
+    /// When it was started (RFC 3339, as S3 says it), when it says.
+    pub initiated: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct VersioningConfiguration {
+    #[serde(default)]
+    status: Option<String>,
+}
+
+/// How our own S3 requests are made (see the module doc).
+#[derive(Debug)]
+pub struct S3Wire {
+    http: HttpClient,
+    default_headers: HeaderMap,
+    credentials: AwsCredentialProvider,
+    bucket: String,
+    /// `https://host/bucket` (path style) or `https://bucket.host` (virtual hosted).
+    bucket_url: String,
+    region: String,
+    sign_payload: bool,
+    skip_signature: bool,
+    request_payer: bool,
+    /// SSE-C: the key's headers for the destination part and for the copy source.
+    sse_c: Vec<(HeaderName, HeaderValue)>,
+    /// A checksum algorithm is configured: parts carry their checksums to the completion.
+    checksum: bool,
+}
+
+/// Reads a boolean the way `object_store` parses its own (`true`, `1`, `yes`, `on`).
+fn truthy(v: Option<String>) -> bool {
+    v.is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "true" | "1" | "yes" | "on" | "requester"
+        )
+    })
+}
+
+impl S3Wire {
+    /// The wire for the store `builder` built (with `connector` as its HTTP connector), whose
+    /// credentials are `credentials`.
+    pub fn new(
+        builder: &AmazonS3Builder,
+        connector: &CapturingConnector,
+        credentials: AwsCredentialProvider,
+    ) -> Result<S3Wire, String> {
+        let get = |k: AmazonS3ConfigKey| builder.get_config_value(&k).filter(|v| !v.is_empty());
+        // The encryption keys' type is not exported: named by their configuration names.
+        let get_named = |name: &str| {
+            name.parse::<AmazonS3ConfigKey>()
+                .ok()
+                .and_then(|k| builder.get_config_value(&k))
+                .filter(|v| !v.is_empty())
+        };
+        let (http, options) = connector
+            .taken()
+            .ok_or("object_store built no HTTP client for the store")?;
+        let bucket = get(AmazonS3ConfigKey::Bucket).ok_or("no bucket name")?;
+        let region = get(AmazonS3ConfigKey::Region).unwrap_or_else(|| "us-east-1".into());
+        let virtual_hosted = truthy(get(AmazonS3ConfigKey::VirtualHostedStyleRequest));
+        let express = truthy(get(AmazonS3ConfigKey::S3Express));
+        // The S3-specific endpoint before the generic one, as object_store's build does.
+        let endpoint = get(AmazonS3ConfigKey::S3Endpoint).or(get(AmazonS3ConfigKey::Endpoint));
+        let zonal = if express {
+            let zone = bucket
+                .strip_suffix("--x-s3")
+                .or_else(|| bucket.strip_suffix("--xa-s3"))
+                .and_then(|b| b.rsplit_once("--"))
+                .map(|(_, zone)| zone.to_string())
+                .ok_or_else(|| format!("S3 Express bucket {bucket:?} has no zone suffix"))?;
+            Some(format!(
+                "https://{bucket}.s3express-{zone}.{region}.amazonaws.com"
+            ))
+        } else {
+            None
+        };
+        let bucket_url = match (endpoint, zonal, virtual_hosted) {
+            (Some(e), _, true) => e.trim_end_matches('/').to_string(),
+            (Some(e), _, false) => format!("{}/{bucket}", e.trim_end_matches('/')),
+            (None, Some(z), _) => z,
+            (None, None, true) => format!("https://{bucket}.s3.{region}.amazonaws.com"),
+            (None, None, false) => format!("https://s3.{region}.amazonaws.com/{bucket}"),
+        };
+        let sse = get_named("aws_server_side_encryption");
+        let mut sse_c = Vec::new();
+        if sse.as_deref() == Some("sse-c") {
+            let key =
+                get_named("aws_sse_customer_key_base64").ok_or("sse-c without a customer key")?;
+            let raw = base64::engine::general_purpose::STANDARD
+                .decode(key.trim())
+                .map_err(|e| format!("the SSE-C customer key is not base64: {e}"))?;
+            let md5 = {
+                use md5::Digest as _;
+                base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(&raw))
+            };
+            for prefix in ["x-amz-", "x-amz-copy-source-"] {
+                for (name, value) in [
+                    ("server-side-encryption-customer-algorithm", "AES256"),
+                    ("server-side-encryption-customer-key", key.trim()),
+                    ("server-side-encryption-customer-key-MD5", md5.as_str()),
+                ] {
+                    let name = HeaderName::try_from(format!("{prefix}{name}"))
+                        .map_err(|e| format!("SSE-C header: {e}"))?;
+                    let mut value = HeaderValue::try_from(value)
+                        .map_err(|e| format!("SSE-C header {name}: {e}"))?;
+                    value.set_sensitive(true);
+                    sse_c.push((name, value));
+                }
+            }
+        }
+        Ok(S3Wire {
+            http,
+            default_headers: options.get_default_headers().cloned().unwrap_or_default(),
+            credentials,
+            bucket,
+            bucket_url,
+            region,
+            sign_payload: !truthy(get(AmazonS3ConfigKey::UnsignedPayload)),
+            skip_signature: truthy(get(AmazonS3ConfigKey::SkipSignature)),
+            request_payer: truthy(get(AmazonS3ConfigKey::RequestPayer)),
+            sse_c,
+            checksum: get(AmazonS3ConfigKey::Checksum).is_some(),
+        })
+    }
+
+    /// The bucket's URL (for the log).
+    pub fn bucket_url(&self) -> &str {
+        &self.bucket_url
+    }
+
+    /// Copies `range` (first and last byte) of the object `key`, which must still have the
+    /// ETag `if_match`, as part `part_number` of the upload `upload_id`; the part as the
+    /// completion takes it. Transient failures are retried.
+    pub async fn upload_part_copy(
+        &self,
+        key: &str,
+        upload_id: &str,
+        part_number: usize,
+        range: (u64, u64),
+        if_match: &str,
+    ) -> Result<PartId, WireError> {
+        let what = format!("UploadPartCopy of {key} (bytes {}-{})", range.0, range.1);
+        let url = format!(
+            "{}/{}?partNumber={part_number}&uploadId={}",
+            self.bucket_url,
+            encode(key, true),
+            encode(upload_id, false)
+        );
+        let source = format!("{}/{}", self.bucket, encode(key, true));
+        let range = format!("bytes={}-{}", range.0, range.1);
+        let mut headers = vec![
+            (
+                HeaderName::from_static("x-amz-copy-source"),
+                source.as_str(),
+            ),
+            (
+                HeaderName::from_static("x-amz-copy-source-if-match"),
+                if_match,
+            ),
+            (
+                HeaderName::from_static("x-amz-copy-source-range"),
+                range.as_str(),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| {
+            HeaderValue::try_from(v)
+                .map(|v| (k, v))
+                .map_err(|e| wire_err(Failure::Refused, &what, e))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+        headers.extend(self.sse_c.iter().cloned());
+        let body = self.send(Method::PUT, &url, &headers, &what).await?;
+        // S3 may answer 200 and put the error in the body.
+        let text = String::from_utf8_lossy(&body);
+        if text.contains("<Error>") {
+            let doc: ErrorDocument = quick_xml::de::from_str(&text).unwrap_or_default();
+            let failure = classify(500, doc.code.as_deref());
+            return Err(wire_err(
+                failure,
+                &what,
+                format!("answered 200 with {text}"),
+            ));
+        }
+        let result: CopyPartResult = quick_xml::de::from_str(&text)
+            .map_err(|e| wire_err(Failure::Transient, &what, format!("{e} in {text:?}")))?;
+        let e_tag = result
+            .e_tag
+            .ok_or_else(|| wire_err(Failure::Transient, &what, format!("no ETag in {text:?}")))?;
+        let content_id = if self.checksum {
+            quick_xml::se::to_string(&PartMetadata {
+                e_tag,
+                checksum_sha256: result.checksum_sha256,
+                checksum_crc64nvme: result.checksum_crc64nvme,
+            })
+            .map_err(|e| wire_err(Failure::Transient, &what, e))?
+        } else {
+            e_tag
+        };
+        Ok(PartId { content_id })
+    }
+
+    /// The incomplete multipart uploads under `prefix` (at most [`MAX_LIST_PAGES`] pages).
+    pub async fn list_uploads(&self, prefix: &str) -> Result<Vec<OpenUpload>, WireError> {
+        let what = format!("ListMultipartUploads under {prefix}");
+        let mut out = Vec::new();
+        let mut markers: Option<(String, String)> = None;
+        for _ in 0..MAX_LIST_PAGES {
+            let mut url = format!(
+                "{}?prefix={}&uploads=",
+                self.bucket_url,
+                encode(prefix, false)
+            );
+            if let Some((k, u)) = &markers {
+                url = format!(
+                    "{}?key-marker={}&prefix={}&upload-id-marker={}&uploads=",
+                    self.bucket_url,
+                    encode(k, false),
+                    encode(prefix, false),
+                    encode(u, false)
+                );
+            }
+            let body = self.send(Method::GET, &url, &[], &what).await?;
+            let page: ListMultipartUploadsResult = quick_xml::de::from_reader(&body[..])
+                .map_err(|e| wire_err(Failure::Transient, &what, e))?;
+            out.extend(page.upload.into_iter().map(|u| OpenUpload {
+                key: u.key,
+                upload_id: u.upload_id,
+                initiated: u.initiated,
+            }));
+            match (
+                page.is_truncated,
+                page.next_key_marker,
+                page.next_upload_id_marker,
+            ) {
+                (Some(true), Some(k), Some(u)) => markers = Some((k, u)),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// The bucket's versioning status (`Enabled`, `Suspended`), `None` when never enabled.
+    pub async fn versioning(&self) -> Result<Option<String>, WireError> {
+        let what = "GetBucketVersioning".to_string();
+        let url = format!("{}?versioning=", self.bucket_url);
+        let body = self.send(Method::GET, &url, &[], &what).await?;
+        let doc: VersioningConfiguration = quick_xml::de::from_reader(&body[..])
+            .map_err(|e| wire_err(Failure::Transient, &what, e))?;
+        Ok(doc.status.filter(|s| !s.is_empty()))
+    }
+
+    /// Sends one request, retrying transient failures with backoff and jitter; the body of
+    /// a 2xx answer.
+    async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(HeaderName, HeaderValue)],
+        what: &str,
+    ) -> Result<Bytes, WireError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.send_once(method.clone(), url, headers, what).await {
+                Err(e) if e.failure == Failure::Transient && attempt < RETRY_ATTEMPTS => {
+                    let wait = backoff(attempt);
+                    tracing::debug!(error = %e, attempt, wait_ms = wait.as_millis() as u64, "S3 request failed; retrying");
+                    tokio::time::sleep(wait).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn send_once(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(HeaderName, HeaderValue)],
+        what: &str,
+    ) -> Result<Bytes, WireError> {
+        let mut req = http::Request::builder().method(method).uri(url);
+        for (k, v) in &self.default_headers {
+            req = req.header(k, v);
+        }
+        for (k, v) in headers {
+            req = req.header(k, v);
+        }
+        let mut req = req
+            .body(HttpRequestBody::empty())
+            .map_err(|e| wire_err(Failure::Refused, what, e))?;
+        if !self.skip_signature {
+            let credential = self
+                .credentials
+                .get_credential()
+                .await
+                .map_err(|e| wire_err(Failure::Transient, what, format!("credentials: {e}")))?;
+            AwsAuthorizer::new(&credential, "s3", &self.region)
+                .with_sign_payload(self.sign_payload)
+                .with_request_payer(self.request_payer)
+                .try_authorize(&mut req, None)
+                .map_err(|e| wire_err(Failure::Transient, what, format!("signing: {e}")))?;
+        }
+        let resp = self
+            .http
+            .execute(req)
+            .await
+            .map_err(|e| wire_err(Failure::Transient, what, e))?;
+        let status = resp.status();
+        let body = resp
+            .into_body()
+            .bytes()
+            .await
+            .map_err(|e| wire_err(Failure::Transient, what, e))?;
+        if status.is_success() {
+            return Ok(body);
+        }
+        Err(answer_err(status, &body, what))
+    }
+}
+
+/// The error for a non-2xx answer.
+fn answer_err(status: StatusCode, body: &[u8], what: &str) -> WireError {
+    let text = String::from_utf8_lossy(&body[..body.len().min(MAX_ERROR_BODY)]);
+    let doc: ErrorDocument = quick_xml::de::from_str(&text).unwrap_or_default();
+    let failure = classify(status.as_u16(), doc.code.as_deref());
+    let message = match (&doc.code, &doc.message) {
+        (Some(c), Some(m)) => format!("answered {status}: {c}: {m}"),
+        (Some(c), None) => format!("answered {status}: {c}"),
+        _ => format!("answered {status}: {text}"),
+    };
+    WireError {
+        failure,
+        what: what.to_string(),
+        message,
+    }
+}
+
+fn wire_err(failure: Failure, what: &str, e: impl std::fmt::Display) -> WireError {
+    WireError {
+        failure,
+        what: what.to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// The wait before attempt `attempt + 1`: exponential, capped, with full jitter over its
+/// upper half (so many collectors do not retry in step).
+pub fn backoff(attempt: u32) -> Duration {
+    let exp = RETRY_BASE.saturating_mul(1 << attempt.min(16));
+    let cap = exp.min(RETRY_MAX_BACKOFF);
+    let half = cap / 2;
+    half + half.mul_f64(rand::random::<f64>())
+}
+
+/// Percent-encodes for a URL path (`/` kept when `keep_slash`) or a query value: every byte
+/// but S3's unreserved ones, as SigV4 expects.
+pub fn encode(s: &str, keep_slash: bool) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric()
+            || matches!(b, b'-' | b'.' | b'_' | b'~')
+            || (keep_slash && b == b'/')
+        {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_classified() {
+        assert_eq!(classify(501, None), Failure::Unsupported);
+        assert_eq!(classify(400, Some("NotImplemented")), Failure::Unsupported);
+        assert_eq!(classify(405, None), Failure::Unsupported);
+        assert_eq!(classify(403, Some("AccessDenied")), Failure::Refused);
+        assert_eq!(classify(400, Some("InvalidRequest")), Failure::Refused);
+        assert_eq!(
+            classify(412, Some("PreconditionFailed")),
+            Failure::Precondition
+        );
+        assert_eq!(classify(404, Some("NoSuchKey")), Failure::Missing);
+        assert_eq!(classify(404, Some("NoSuchUpload")), Failure::Transient);
+        assert_eq!(classify(404, Some("NoSuchBucket")), Failure::Transient);
+        for (status, code) in [
+            (500, None),
+            (503, Some("SlowDown")),
+            (502, None),
+            (429, None),
+            (408, None),
+            (400, Some("RequestTimeout")),
+            (400, Some("ExpiredToken")),
+            (403, Some("ExpiredToken")),
+            (403, Some("InvalidAccessKeyId")),
+            (403, Some("RequestTimeTooSkewed")),
+        ] {
+            assert_eq!(
+                classify(status, code),
+                Failure::Transient,
+                "{status} {code:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_captured_client_is_the_stores_own() {
+        use object_store::ClientConfigKey;
+        // Web identity: object_store connects a client for STS first (with plain HTTP
+        // forbidden), then the store's own (which allows it here): the last one is kept.
+        let connector = CapturingConnector::default();
+        let builder = AmazonS3Builder::new()
+            .with_bucket_name("b")
+            .with_region("eu-west-3")
+            .with_allow_http(true)
+            .with_proxy_url("http://127.0.0.1:3128")
+            .with_config(
+                AmazonS3ConfigKey::WebIdentityTokenFile,
+                "/nonexistent/token",
+            )
+            .with_config(AmazonS3ConfigKey::RoleArn, "arn:aws:iam::1:role/r")
+            .with_config(AmazonS3ConfigKey::S3Endpoint, "http://s3.example:9000")
+            .with_config(AmazonS3ConfigKey::Endpoint, "http://other.example:9000")
+            .with_http_connector(connector.clone());
+        let s3 = builder.clone().build().unwrap();
+        let (_, options) = connector.taken().unwrap();
+        assert_eq!(
+            options
+                .get_config_value(&ClientConfigKey::AllowHttp)
+                .as_deref(),
+            Some("true")
+        );
+        assert_eq!(
+            options
+                .get_config_value(&ClientConfigKey::ProxyUrl)
+                .as_deref(),
+            Some("http://127.0.0.1:3128")
+        );
+        let wire = S3Wire::new(&builder, &connector, s3.credentials().clone()).unwrap();
+        // The S3-specific endpoint wins, as in object_store.
+        assert_eq!(wire.bucket_url(), "http://s3.example:9000/b");
+        assert_eq!(wire.region, "eu-west-3");
+    }
+
+    #[test]
+    fn backoff_grows_with_jitter_and_a_cap() {
+        for attempt in 1..10 {
+            let b = backoff(attempt);
+            let full = RETRY_BASE
+                .saturating_mul(1 << attempt)
+                .min(RETRY_MAX_BACKOFF);
+            assert!(b >= full / 2 && b <= full, "{attempt}: {b:?}");
+        }
+        assert!(backoff(30) <= RETRY_MAX_BACKOFF);
+    }
+
+    #[test]
+    fn answers_are_read() {
+        let copied: CopyPartResult = quick_xml::de::from_str(
+            "<CopyPartResult><ETag>&quot;9b2c&quot;</ETag><ChecksumSHA256>abc=</ChecksumSHA256>\
+             </CopyPartResult>",
+        )
+        .unwrap();
+        assert_eq!(copied.e_tag.as_deref(), Some("\"9b2c\""));
+        assert_eq!(copied.checksum_sha256.as_deref(), Some("abc="));
+        let list: ListMultipartUploadsResult = quick_xml::de::from_str(
+            "<ListMultipartUploadsResult><Bucket>b</Bucket><IsTruncated>true</IsTruncated>\
+             <NextKeyMarker>k2</NextKeyMarker><NextUploadIdMarker>u2</NextUploadIdMarker>\
+             <Upload><Key>a/b</Key><UploadId>u1</UploadId><Initiated>2026-11-22T02:00:00.000Z</Initiated></Upload>\
+             <Upload><Key>a/c</Key><UploadId>u2</UploadId></Upload></ListMultipartUploadsResult>",
+        )
+        .unwrap();
+        assert_eq!(list.upload.len(), 2);
+        assert_eq!(list.upload[0].key, "a/b");
+        assert_eq!(list.is_truncated, Some(true));
+        let empty: ListMultipartUploadsResult =
+            quick_xml::de::from_str("<ListMultipartUploadsResult></ListMultipartUploadsResult>")
+                .unwrap();
+        assert!(empty.upload.is_empty());
+        let v: VersioningConfiguration = quick_xml::de::from_str(
+            "<VersioningConfiguration><Status>Enabled</Status></VersioningConfiguration>",
+        )
+        .unwrap();
+        assert_eq!(v.status.as_deref(), Some("Enabled"));
+        let err = answer_err(
+            StatusCode::NOT_IMPLEMENTED,
+            b"<Error><Code>NotImplemented</Code><Message>no</Message></Error>",
+            "x",
+        );
+        assert_eq!(err.failure, Failure::Unsupported);
+        assert_eq!(encode("a b/c+d/é", true), "a%20b/c%2Bd/%C3%A9");
+        assert_eq!(encode("a+b/c=", false), "a%2Bb%2Fc%3D");
+    }
+}

@@ -1,0 +1,346 @@
+//! A fault-injecting HTTP/1.1 reverse proxy on loopback, between the collector and a storage
+//! emulator (moto): every request is recorded (method, target, headers, the answer's
+//! status), and rules answer chosen requests with an error (a 503 burst, a 501 refusal,
+//! a refused copy of one key), delay them (slow answers) or drop the connection.
+//!
+//! One request per connection: the request is read whole (head and `Content-Length` body),
+//! sent to the target with `Connection: close`, and the target's answer is passed back as
+//! it came, then the connection is closed. Every read has a timeout, bodies are bounded,
+//! and the threads end when the proxy is dropped.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+/// Longest request head read.
+const MAX_HEAD: usize = 64 << 10;
+/// Largest request body passed on (the tests' parts are a few MiB).
+const MAX_BODY: usize = 256 << 20;
+/// Read and write timeout of every socket.
+const IO_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What a rule does to a matching request.
+#[derive(Debug, Clone)]
+pub enum Fault {
+    /// Answers this status with an S3 error document of this code, without passing it on.
+    Status(u16, String),
+    /// Passes it on after this delay.
+    Delay(Duration),
+    /// Closes the connection without an answer.
+    Drop,
+}
+
+/// Which requests a fault applies to, and for how long.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    fault: Fault,
+    method: Option<String>,
+    target_contains: Option<String>,
+    header: Option<String>,
+    until: Option<Instant>,
+    times: Option<usize>,
+}
+
+impl Rule {
+    /// `fault` for every request, until narrowed.
+    pub fn new(fault: Fault) -> Rule {
+        Rule {
+            fault,
+            method: None,
+            target_contains: None,
+            header: None,
+            until: None,
+            times: None,
+        }
+    }
+
+    /// Only requests with this method.
+    pub fn method(mut self, m: &str) -> Rule {
+        self.method = Some(m.to_ascii_uppercase());
+        self
+    }
+
+    /// Only requests whose target (path and query) contains `s`.
+    pub fn target_contains(mut self, s: &str) -> Rule {
+        self.target_contains = Some(s.to_string());
+        self
+    }
+
+    /// Only requests that carry the header `name` (`x-amz-copy-source`: UploadPartCopy).
+    pub fn with_header(mut self, name: &str) -> Rule {
+        self.header = Some(name.to_ascii_lowercase());
+        self
+    }
+
+    /// Only for `d` from now.
+    pub fn for_time(mut self, d: Duration) -> Rule {
+        self.until = Some(Instant::now() + d);
+        self
+    }
+
+    /// Only the next `n` matching requests.
+    pub fn times(mut self, n: usize) -> Rule {
+        self.times = Some(n);
+        self
+    }
+
+    fn matches(&self, req: &SeenRequest) -> bool {
+        self.until.is_none_or(|u| Instant::now() < u)
+            && self.times.is_none_or(|n| n > 0)
+            && self.method.as_ref().is_none_or(|m| *m == req.method)
+            && self
+                .target_contains
+                .as_ref()
+                .is_none_or(|t| req.target.contains(t.as_str()))
+            && self.header.as_ref().is_none_or(|h| req.header(h).is_some())
+    }
+}
+
+/// A request the proxy saw.
+#[derive(Debug, Clone)]
+pub struct SeenRequest {
+    /// `GET`, `PUT`, ...
+    pub method: String,
+    /// Path and query.
+    pub target: String,
+    /// Header names lower-cased, values as sent.
+    pub headers: Vec<(String, String)>,
+    /// The status answered (0: none).
+    pub status: u16,
+    /// Whether a rule answered it (or dropped it) instead of the target.
+    pub faulted: bool,
+}
+
+impl SeenRequest {
+    /// The value of header `name` (lower case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// An `UploadPartCopy`.
+    pub fn is_copy(&self) -> bool {
+        self.method == "PUT" && self.header("x-amz-copy-source").is_some()
+    }
+}
+
+struct Shared {
+    target: String,
+    rules: Mutex<Vec<Rule>>,
+    seen: Mutex<Vec<SeenRequest>>,
+    stop: AtomicBool,
+}
+
+/// The proxy: `http://127.0.0.1:<port>` → `target` (host:port).
+pub struct FaultProxy {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    shared: Arc<Shared>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl FaultProxy {
+    /// Proxies a free loopback port to `target` (`127.0.0.1:PORT`).
+    pub fn start(target: &str) -> Result<FaultProxy, String> {
+        let listener =
+            TcpListener::bind("127.0.0.1:0").map_err(|e| format!("fault proxy bind: {e}"))?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| format!("fault proxy address: {e}"))?
+            .port();
+        let shared = Arc::new(Shared {
+            target: target.to_string(),
+            rules: Mutex::new(Vec::new()),
+            seen: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+        });
+        let s = shared.clone();
+        let acceptor = thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let s = s.clone();
+                thread::spawn(move || serve(conn, &s));
+            }
+        });
+        Ok(FaultProxy {
+            port,
+            shared,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Adds a rule (the first matching rule applies).
+    pub fn add(&self, rule: Rule) {
+        lock(&self.shared.rules).push(rule);
+    }
+
+    /// Removes every rule.
+    pub fn clear(&self) {
+        lock(&self.shared.rules).clear();
+    }
+
+    /// The requests seen so far.
+    pub fn seen(&self) -> Vec<SeenRequest> {
+        lock(&self.shared.seen).clone()
+    }
+
+    /// Forgets the requests seen so far.
+    pub fn forget(&self) {
+        lock(&self.shared.seen).clear();
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn serve(mut client: TcpStream, s: &Shared) {
+    let _ = client.set_read_timeout(Some(IO_TIMEOUT));
+    let _ = client.set_write_timeout(Some(IO_TIMEOUT));
+    let Some((head, body)) = read_request(&mut client) else {
+        return;
+    };
+    let mut lines = head.split("\r\n");
+    let request_line = lines.next().unwrap_or_default().to_string();
+    let mut parts = request_line.split(' ');
+    let method = parts.next().unwrap_or_default().to_string();
+    let target = parts.next().unwrap_or_default().to_string();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let mut seen = SeenRequest {
+        method,
+        target,
+        headers,
+        status: 0,
+        faulted: false,
+    };
+    let fault = {
+        let mut rules = lock(&s.rules);
+        rules.iter_mut().find(|r| r.matches(&seen)).map(|r| {
+            if let Some(n) = &mut r.times {
+                *n -= 1;
+            }
+            r.fault.clone()
+        })
+    };
+    match fault {
+        Some(Fault::Status(status, code)) => {
+            let body = format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code>\
+                 <Message>injected by the test's fault proxy</Message></Error>"
+            );
+            let answer = format!(
+                "HTTP/1.1 {status} Injected\r\nContent-Type: application/xml\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = client.write_all(answer.as_bytes());
+            seen.status = status;
+            seen.faulted = true;
+        }
+        Some(Fault::Drop) => {
+            seen.faulted = true;
+        }
+        Some(Fault::Delay(d)) => {
+            thread::sleep(d);
+            seen.status = forward(&mut client, s, &seen, &body);
+        }
+        None => {
+            seen.status = forward(&mut client, s, &seen, &body);
+        }
+    }
+    let _ = client.shutdown(Shutdown::Both);
+    lock(&s.seen).push(seen);
+}
+
+/// Reads a request head and its `Content-Length` body.
+fn read_request(c: &mut TcpStream) -> Option<(String, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 << 10];
+    let end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i;
+        }
+        if buf.len() > MAX_HEAD {
+            return None;
+        }
+        let n = c.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    let mut body = buf[end + 4..].to_vec();
+    let len = head
+        .split("\r\n")
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    if len > MAX_BODY {
+        return None;
+    }
+    while body.len() < len {
+        let n = c.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    body.truncate(len);
+    Some((head, body))
+}
+
+/// Sends the request to the target and its answer back; the answer's status (0: none).
+fn forward(client: &mut TcpStream, s: &Shared, req: &SeenRequest, body: &[u8]) -> u16 {
+    let Ok(mut up) = TcpStream::connect(&s.target) else {
+        return 0;
+    };
+    let _ = up.set_read_timeout(Some(IO_TIMEOUT));
+    let _ = up.set_write_timeout(Some(IO_TIMEOUT));
+    let mut head = format!("{} {} HTTP/1.1\r\n", req.method, req.target);
+    for (k, v) in &req.headers {
+        if k != "connection" && k != "keep-alive" {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+    }
+    head.push_str("connection: close\r\n\r\n");
+    if up.write_all(head.as_bytes()).is_err() || up.write_all(body).is_err() {
+        return 0;
+    }
+    let mut answer = Vec::new();
+    let _ = up.read_to_end(&mut answer);
+    let status = String::from_utf8_lossy(&answer[..answer.len().min(64)])
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let _ = client.write_all(&answer);
+    status
+}

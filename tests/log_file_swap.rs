@@ -1,0 +1,124 @@
+//! A log file swapped for a symlink between the scan and the upload: nothing of the link's
+//! target reaches the bucket. Ray's user code shares the session directory with the
+//! collector and could point a log at a file only the collector can read (its service
+//! account token, mounted credentials). The swap is made deterministic by an `LD_PRELOAD`
+//! shim (`rhc_testkit::preload`) that replaces the file by the symlink at the instant the
+//! collector opens it, after the scan saw a regular file.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use object_store::local::LocalFileSystem;
+use object_store::ObjectStore;
+
+use rhc_testkit::collector::{append_to as append, read_all, Collector};
+use rhc_testkit::preload::SwapShim;
+
+const NODE: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
+const SESSION: &str = "session_2026-11-22_02-56-13_816177_24314";
+const LOG: &str = "worker-aa-01000000-1.out";
+const SECRET: &[u8] = b"TOPSECRET-service-account-token-";
+
+fn ray_session(root: &Path) -> PathBuf {
+    let logs = root.join(SESSION).join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::write(
+        logs.join("raylet.out"),
+        format!("[2026-11-22 02:56:15,477 I 1 1] (raylet) main.cc:711: Setting node ID node_id={NODE}\n"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(root.join(SESSION), root.join("session_latest")).unwrap();
+    logs.join(LOG)
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// `after_first_upload`: swap at the first open after the first upload (the append path),
+/// else at the very first open (the whole upload).
+fn swapped_for_a_symlink(after_first_upload: bool) {
+    let shim = match SwapShim::build() {
+        Ok(s) => s,
+        Err(e) => panic!("the test's LD_PRELOAD shim: {e}"),
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = tmp.path().join("ray");
+    let log = ray_session(&ray);
+    let secret = tmp.path().join("token");
+    std::fs::write(&secret, SECRET.repeat(4096)).unwrap();
+    append(&log, &b"an honest log line\n".repeat(2000));
+    let bucket = tmp.path().join("bucket");
+    std::fs::create_dir_all(&bucket).unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&bucket).unwrap());
+    let storage = format!("file://{}", bucket.display());
+    let armed = tmp.path().join("armed");
+    let done = tmp.path().join("swapped");
+    let env = shim.env(&log, &secret, Some(&armed), &done);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    if !after_first_upload {
+        std::fs::write(&armed, b"").unwrap();
+    }
+    let args = [
+        "--storage",
+        &storage,
+        "--cluster-name",
+        "swap",
+        "--ray-tmp-dir",
+        ray.to_str().unwrap(),
+        "--log-upload-interval",
+        "1s",
+    ];
+    let mut c = Collector::start(&tmp.path().join("spool"), &args, &env);
+    let log_key = |k: &str| k.ends_with(&format!("/logs/{LOG}"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    if after_first_upload {
+        while !read_all(&store).keys().any(|k| log_key(k)) {
+            assert!(Instant::now() < deadline, "{}", c.log_tail(30));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // The file grows (an append is due), and its next open meets the symlink.
+        std::fs::write(&armed, b"").unwrap();
+        append(&log, &b"more honest lines\n".repeat(2000));
+    }
+    while !done.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the shim never swapped the file\n{}",
+            c.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(std::fs::symlink_metadata(&log)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    // Several rounds with the symlink in place, then the final flush.
+    std::thread::sleep(Duration::from_secs(3));
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+    let objects = read_all(&store);
+    for (k, v) in &objects {
+        assert!(
+            !contains(v, SECRET),
+            "{k}: the symlink's target reached the bucket\n{}",
+            c.log_tail(30)
+        );
+    }
+    assert!(
+        objects.keys().any(|k| k.ends_with("/logs/raylet.out")),
+        "the other logs still go: {:?}",
+        objects.keys()
+    );
+}
+
+#[test]
+fn symlink_swapped_in_before_the_first_upload_is_not_followed() {
+    swapped_for_a_symlink(false);
+}
+
+#[test]
+fn symlink_swapped_in_before_an_append_is_not_followed() {
+    swapped_for_a_symlink(true);
+}

@@ -1,0 +1,806 @@
+//! The S3 append path against moto, through the real binary, with a recording and
+//! fault-injecting proxy (`rhc_testkit::fault_proxy`) between the collector and moto:
+//!
+//! - an appended object keeps every setting a whole upload gives it (encryption of each
+//!   kind, requester-pays, checksums) and the appender follows the endpoint and client
+//!   settings object_store follows (`AWS_ENDPOINT_URL_S3`, a proxy); where moto does not
+//!   keep a setting, the requests are checked to carry it, and the test says so;
+//! - failures are classified: a 503 burst or slow answers do not turn appends off, refusals
+//!   do (and the log and metrics say why), a copy refused for one key does not make that
+//!   key go whole every round;
+//! - no incomplete multipart upload survives a SIGTERM or a kill -9 and the next start;
+//! - the ledger belongs to a bucket, and an object the bucket lost is uploaded again;
+//! - objects bigger than one copy part are copied in ranges;
+//! - a versioned bucket gets no appends.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use rhc_testkit::collector::{append_to as append, Collector};
+use rhc_testkit::fault_proxy::{Fault, FaultProxy, Rule};
+use rhc_testkit::services::MotoS3;
+
+const NODE: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
+const SESSION: &str = "session_2026-11-22_02-56-13_816177_24314";
+const P: &str = "cluster-history/raycluster/default/s3append";
+const MIB: usize = 1 << 20;
+
+/// `n` bytes of numbered log lines, starting at line `from`.
+fn lines(from: usize, n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n + 64);
+    let mut i = from;
+    while out.len() < n {
+        out.extend_from_slice(format!("{i:012} the worker says something\n").as_bytes());
+        i += 1;
+    }
+    out.truncate(n);
+    out
+}
+
+fn key(name: &str) -> String {
+    format!("{P}/{SESSION}/{NODE}/logs/{name}")
+}
+
+/// moto, the proxy in front of it, a bucket, and a Ray session directory.
+struct Rig {
+    s3: MotoS3,
+    proxy: FaultProxy,
+    tmp: tempfile::TempDir,
+    bucket: String,
+}
+
+impl Rig {
+    fn new(bucket: &str) -> Option<Rig> {
+        let s3 = MotoS3::start()?;
+        s3.create_bucket(bucket);
+        let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
+        Some(Rig {
+            s3,
+            proxy,
+            tmp: tempfile::tempdir().unwrap(),
+            bucket: bucket.to_string(),
+        })
+    }
+
+    fn logs(&self) -> PathBuf {
+        let ray = self.tmp.path().join("ray");
+        let logs = ray.join(SESSION).join("logs");
+        if !logs.exists() {
+            std::fs::create_dir_all(&logs).unwrap();
+            std::fs::write(
+                logs.join("raylet.out"),
+                format!("[2026-11-22 02:56:15,477 I 1 1] (raylet) main.cc:711: Setting node ID node_id={NODE}\n"),
+            )
+            .unwrap();
+            std::os::unix::fs::symlink(ray.join(SESSION), ray.join("session_latest")).unwrap();
+        }
+        logs
+    }
+
+    /// The collector's environment: object_store pointed at the proxy, plus `extra` (which
+    /// wins over the defaults).
+    fn env(&self, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+        let url = self.proxy.url();
+        let mut env: Vec<(String, String)> = [
+            ("AWS_ENDPOINT", url.as_str()),
+            ("AWS_ALLOW_HTTP", "true"),
+            ("AWS_ACCESS_KEY_ID", MotoS3::ACCESS_KEY_ID),
+            ("AWS_SECRET_ACCESS_KEY", MotoS3::SECRET_ACCESS_KEY),
+            ("AWS_REGION", MotoS3::REGION),
+        ]
+        .iter()
+        .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
+        .chain(extra.iter())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        env.sort();
+        env
+    }
+
+    fn start(&self, spool: &str, env: &[(String, String)], more: &[&str]) -> Collector {
+        let storage = format!("s3://{}", self.bucket);
+        let ray = self.tmp.path().join("ray");
+        let mut args = vec![
+            "--storage",
+            &storage,
+            "--cluster-name",
+            "s3append",
+            "--ray-tmp-dir",
+            ray.to_str().unwrap(),
+            "--log-upload-interval",
+            "1s",
+        ];
+        args.extend_from_slice(more);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        Collector::start(&self.tmp.path().join(spool), &args, &env)
+    }
+
+    /// The object of `name`; `None` when missing, or when moto (loaded by parallel tests)
+    /// answers anything but 200 or 404 this time (the callers poll).
+    fn object(&self, name: &str) -> Option<Vec<u8>> {
+        let path = format!("/{}/{}", self.bucket, key(name));
+        match self.s3.request("GET", &path, b"") {
+            (200, body) => Some(body),
+            (404, _) => None,
+            (status, body) => {
+                eprintln!(
+                    "moto: GET {path} answered {status}: {}",
+                    String::from_utf8_lossy(&body[..body.len().min(300)])
+                );
+                None
+            }
+        }
+    }
+
+    /// Waits until the object of `name` equals the file.
+    fn wait_equal(&self, name: &str, c: &Collector, what: &str) {
+        let file = self.logs().join(name);
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            let want = std::fs::read(&file).unwrap();
+            let got = self.object(name);
+            if got.as_deref() == Some(&want[..]) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {name} not in the bucket as the file ({:?} bytes vs {})\n{}",
+                got.map(|g| g.len()),
+                want.len(),
+                c.log_tail(40)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The incomplete multipart uploads in the bucket.
+    fn open_uploads(&self) -> Vec<String> {
+        let (status, body) = self
+            .s3
+            .request("GET", &format!("/{}?uploads", self.bucket), b"");
+        let body = String::from_utf8_lossy(&body).into_owned();
+        assert_eq!(status, 200, "{body}");
+        body.split("<Key>")
+            .skip(1)
+            .filter_map(|s| s.split_once("</Key>").map(|(k, _)| k.to_string()))
+            .collect()
+    }
+
+    fn head(&self, name: &str) -> Vec<(String, String)> {
+        let r = self.s3.head_object(&self.bucket, &key(name));
+        assert_eq!(r.status, 200, "HEAD {name}");
+        r.headers
+            .into_iter()
+            .map(|(k, v)| (k.to_ascii_lowercase(), v))
+            .collect()
+    }
+}
+
+fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+fn appends(c: &Collector) -> f64 {
+    c.metric_labeled("rhc_log_uploads_total", "kind=\"append\"")
+}
+
+fn wholes(c: &Collector) -> f64 {
+    c.metric_labeled("rhc_log_uploads_total", "kind=\"whole\"")
+}
+
+fn wait_until(what: &str, c: &Collector, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !ok() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out: {what}\n{}",
+            c.log_tail(40)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+const LOG: &str = "worker-aa-01000000-1.out";
+
+/// One setting: a 6 MiB log uploaded whole, then grown and appended to; the HEAD of the
+/// object after the append must carry the same `same_on_head` headers as after the whole
+/// upload, and every request of the append must carry `sent` (name, on which requests:
+/// `create`, `copy`, `part`, `complete`, `any`).
+fn setting_survives_an_append(
+    bucket: &str,
+    extra: &[(&str, &str)],
+    same_on_head: &[&str],
+    sent: &[(&str, &str)],
+    moto_cannot: &str,
+) {
+    let Some(rig) = Rig::new(bucket) else {
+        return;
+    };
+    let logs = rig.logs();
+    append(&logs.join(LOG), &lines(0, 6 * MIB));
+    let extra: Vec<(String, String)> = extra
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                v.replace("{proxy}", &rig.proxy.url())
+                    .replace("{moto}", &rig.s3.endpoint),
+            )
+        })
+        .collect();
+    let extra: Vec<(&str, &str)> = extra
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let mut c = rig.start("spool", &rig.env(&extra), &[]);
+    rig.wait_equal(LOG, &c, "whole upload");
+    let whole = rig.head(LOG);
+    rig.proxy.forget();
+    append(&logs.join(LOG), &lines(900_000, 100_000));
+    rig.wait_equal(LOG, &c, "append");
+    assert!(appends(&c) >= 1.0, "no append:\n{}", c.log_tail(40));
+    let appended = rig.head(LOG);
+    for h in same_on_head {
+        assert!(
+            header(&whole, h).is_some(),
+            "{bucket}: the whole upload has no {h}: {whole:?}"
+        );
+        assert_eq!(
+            header(&whole, h),
+            header(&appended, h),
+            "{bucket}: {h} differs after the append\nwhole: {whole:?}\nappended: {appended:?}"
+        );
+    }
+    let seen: Vec<_> = rig
+        .proxy
+        .seen()
+        .into_iter()
+        .filter(|r| r.target.contains(LOG))
+        .collect();
+    let kind = |r: &rhc_testkit::fault_proxy::SeenRequest| {
+        if r.is_copy() {
+            "copy"
+        } else if r.method == "POST" && r.target.contains("uploads") {
+            "create"
+        } else if r.method == "POST" {
+            "complete"
+        } else if r.method == "PUT" && r.target.contains("partNumber") {
+            "part"
+        } else {
+            "other"
+        }
+    };
+    assert!(
+        seen.iter().any(|r| r.is_copy()),
+        "{bucket}: the append's copy did not go through the configured path (endpoint, proxy): {:?}",
+        seen.iter().map(|r| (&r.method, &r.target)).collect::<Vec<_>>()
+    );
+    for (name, on) in sent {
+        for r in seen.iter().filter(|r| *on == "any" || kind(r) == *on) {
+            assert!(
+                r.header(name).is_some(),
+                "{bucket}: {} {} ({}) has no {name}: {:?}",
+                r.method,
+                r.target,
+                kind(r),
+                r.headers
+            );
+        }
+        assert!(
+            seen.iter().any(|r| *on == "any" || kind(r) == *on),
+            "{bucket}: no {on} request seen"
+        );
+    }
+    if !moto_cannot.is_empty() {
+        println!("{bucket}: moto does not keep {moto_cannot}: checked that the append's requests carry it");
+    }
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+}
+
+#[test]
+fn sse_s3_survives_an_append() {
+    setting_survives_an_append(
+        "sse-s3",
+        &[("AWS_SERVER_SIDE_ENCRYPTION", "AES256")],
+        &["x-amz-server-side-encryption"],
+        &[("x-amz-server-side-encryption", "create")],
+        "",
+    );
+}
+
+#[test]
+fn sse_kms_with_its_key_and_bucket_key_survives_an_append() {
+    setting_survives_an_append(
+        "sse-kms",
+        &[
+            ("AWS_SERVER_SIDE_ENCRYPTION", "aws:kms"),
+            (
+                "AWS_SSE_KMS_KEY_ID",
+                "arn:aws:kms:us-east-1:123456789012:key/rhc-test",
+            ),
+            ("AWS_SSE_BUCKET_KEY_ENABLED", "true"),
+        ],
+        &[
+            "x-amz-server-side-encryption",
+            "x-amz-server-side-encryption-aws-kms-key-id",
+        ],
+        &[
+            ("x-amz-server-side-encryption", "create"),
+            ("x-amz-server-side-encryption-aws-kms-key-id", "create"),
+            ("x-amz-server-side-encryption-bucket-key-enabled", "create"),
+        ],
+        "the bucket-key flag of a multipart upload",
+    );
+}
+
+#[test]
+fn sse_c_survives_an_append() {
+    // 32 bytes, base64.
+    let key = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+    setting_survives_an_append(
+        "sse-c",
+        &[
+            ("AWS_SERVER_SIDE_ENCRYPTION", "sse-c"),
+            ("AWS_SSE_CUSTOMER_KEY_BASE64", key),
+        ],
+        &[],
+        &[
+            ("x-amz-server-side-encryption-customer-algorithm", "create"),
+            ("x-amz-server-side-encryption-customer-key", "copy"),
+            ("x-amz-server-side-encryption-customer-key-md5", "copy"),
+            (
+                "x-amz-copy-source-server-side-encryption-customer-key",
+                "copy",
+            ),
+            (
+                "x-amz-copy-source-server-side-encryption-customer-key-md5",
+                "copy",
+            ),
+            ("x-amz-server-side-encryption-customer-key", "part"),
+        ],
+        "SSE-C keys (it neither encrypts nor asks for the key)",
+    );
+}
+
+#[test]
+fn requester_pays_survives_an_append() {
+    setting_survives_an_append(
+        "payer",
+        &[("AWS_REQUEST_PAYER", "true")],
+        &[],
+        &[("x-amz-request-payer", "any")],
+        "requester-pays (it does not check the header)",
+    );
+}
+
+#[test]
+fn checksums_survive_an_append() {
+    setting_survives_an_append(
+        "checksum",
+        &[("AWS_CHECKSUM_ALGORITHM", "sha256")],
+        &[],
+        &[
+            ("x-amz-checksum-algorithm", "create"),
+            ("x-amz-checksum-sha256", "part"),
+        ],
+        "the checksum algorithm of a multipart upload on HEAD",
+    );
+}
+
+#[test]
+fn the_s3_specific_endpoint_wins_for_appends_too() {
+    // The generic endpoint leads nowhere: only AWS_ENDPOINT_URL_S3 reaches the bucket.
+    setting_survives_an_append(
+        "endpoint",
+        &[
+            ("AWS_ENDPOINT", "http://127.0.0.1:9"),
+            ("AWS_ENDPOINT_URL_S3", "{proxy}"),
+        ],
+        &[],
+        &[],
+        "",
+    );
+}
+
+#[test]
+fn the_client_proxy_setting_carries_appends_too() {
+    // object_store reaches moto directly but through an HTTP proxy: the test's proxy.
+    setting_survives_an_append(
+        "proxied",
+        &[("AWS_ENDPOINT", "{moto}"), ("AWS_PROXY_URL", "{proxy}")],
+        &[],
+        &[],
+        "",
+    );
+}
+
+/// Three growing 6 MiB logs, uploaded; returns their names.
+fn three_logs(rig: &Rig) -> Vec<String> {
+    let logs = rig.logs();
+    let names: Vec<String> = (0..3)
+        .map(|i| format!("worker-a{i}-01000000-{i}.out"))
+        .collect();
+    for (i, n) in names.iter().enumerate() {
+        append(&logs.join(n), &lines(i * 10_000_000, 6 * MIB));
+    }
+    names
+}
+
+fn grow_all(rig: &Rig, names: &[String], round: usize) {
+    for (i, n) in names.iter().enumerate() {
+        append(
+            &rig.logs().join(n),
+            &lines(i * 10_000_000 + 5_000_000 + round * 1_000, 4_000),
+        );
+    }
+}
+
+#[test]
+fn a_503_burst_and_slow_answers_do_not_turn_appends_off() {
+    let Some(rig) = Rig::new("burst") else {
+        return;
+    };
+    let names = three_logs(&rig);
+    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    for n in &names {
+        rig.wait_equal(n, &c, "first upload");
+    }
+    grow_all(&rig, &names, 0);
+    for n in &names {
+        rig.wait_equal(n, &c, "first append");
+    }
+    let (appends0, wholes0) = (appends(&c), wholes(&c));
+    let sent0 = c.metric("rhc_log_bytes_uploaded_total");
+    // Every request answered 503 for 4 s, while the logs grow.
+    rig.proxy.add(
+        Rule::new(Fault::Status(503, "ServiceUnavailable".into())).for_time(Duration::from_secs(4)),
+    );
+    grow_all(&rig, &names, 1);
+    std::thread::sleep(Duration::from_millis(4500));
+    rig.proxy.clear();
+    // Then every copy answered slowly.
+    rig.proxy
+        .add(Rule::new(Fault::Delay(Duration::from_secs(2))).with_header("x-amz-copy-source"));
+    grow_all(&rig, &names, 2);
+    for n in &names {
+        rig.wait_equal(n, &c, "after the burst");
+    }
+    rig.proxy.clear();
+    assert!(
+        rig.proxy.seen().iter().any(|r| r.status == 503),
+        "the burst met no request"
+    );
+    assert!(
+        appends(&c) >= appends0 + 3.0,
+        "appends after the burst: {} then {}\n{}",
+        appends0,
+        appends(&c),
+        c.log_tail(40)
+    );
+    assert_eq!(
+        wholes(&c),
+        wholes0,
+        "a whole upload during or after the burst"
+    );
+    let sent = c.metric("rhc_log_bytes_uploaded_total") - sent0;
+    println!(
+        "a 4 s 503 burst, then 2 s copies: {sent} bytes sent for 24000 written, {} appends, {} whole uploads, {} transient append failures",
+        appends(&c) - appends0,
+        wholes(&c) - wholes0,
+        c.metric_labeled("rhc_log_append_failures_total", "kind=\"transient\"")
+    );
+    assert!(sent < 1_000_000.0, "{sent} bytes sent for 24 kB of growth");
+    assert_eq!(c.metric("rhc_log_appends_enabled"), 1.0);
+    assert!(c.metric_labeled("rhc_log_append_failures_total", "kind=\"transient\"") >= 1.0);
+    for kind in ["unsupported", "refused"] {
+        assert_eq!(
+            c.metric_labeled("rhc_log_append_failures_total", &format!("kind=\"{kind}\"")),
+            0.0
+        );
+    }
+    assert!(
+        !c.log_text().contains("refused appends"),
+        "{}",
+        c.log_tail(40)
+    );
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+}
+
+#[test]
+fn a_store_without_upload_part_copy_turns_appends_off_and_says_why() {
+    let Some(rig) = Rig::new("refuses") else {
+        return;
+    };
+    let names = three_logs(&rig);
+    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    for n in &names {
+        rig.wait_equal(n, &c, "first upload");
+    }
+    rig.proxy.add(
+        Rule::new(Fault::Status(501, "NotImplemented".into())).with_header("x-amz-copy-source"),
+    );
+    grow_all(&rig, &names, 0);
+    for n in &names {
+        rig.wait_equal(n, &c, "whole instead of an append");
+    }
+    wait_until("appends switched off", &c, Duration::from_secs(20), || {
+        c.metric("rhc_log_appends_enabled") == 0.0
+    });
+    assert_eq!(
+        c.metric_labeled("rhc_log_append_failures_total", "kind=\"unsupported\""),
+        3.0
+    );
+    let log = c.log_text();
+    assert!(
+        log.contains("refused appends 3 times"),
+        "{}",
+        c.log_tail(40)
+    );
+    assert!(log.contains("NotImplemented"), "{}", c.log_tail(40));
+    // Off: the next growth tries no copy.
+    rig.proxy.forget();
+    grow_all(&rig, &names, 1);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!rig.proxy.seen().iter().any(|r| r.is_copy()));
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+}
+
+#[test]
+fn a_copy_refused_for_one_key_does_not_send_it_whole_every_round() {
+    let Some(rig) = Rig::new("onekey") else {
+        return;
+    };
+    let names = three_logs(&rig);
+    let big = names[0].clone();
+    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    for n in &names {
+        rig.wait_equal(n, &c, "first upload");
+    }
+    rig.proxy.add(
+        Rule::new(Fault::Status(400, "InvalidRequest".into()))
+            .with_header("x-amz-copy-source")
+            .target_contains(&big),
+    );
+    rig.proxy.forget();
+    let appends0 = appends(&c);
+    // Six rounds of growth.
+    for round in 0..6 {
+        grow_all(&rig, &names, round);
+        std::thread::sleep(Duration::from_millis(1100));
+    }
+    for n in &names[1..] {
+        rig.wait_equal(n, &c, "the other keys keep appending");
+    }
+    let whole_puts = rig
+        .proxy
+        .seen()
+        .iter()
+        .filter(|r| r.method == "PUT" && r.target.contains(&big) && !r.target.contains('?'))
+        .count();
+    println!(
+        "one key's copy refused: it went whole {whole_puts} times in six rounds; {} appends of the others",
+        appends(&c) - appends0
+    );
+    assert!(
+        whole_puts <= 2,
+        "{big} went whole {whole_puts} times in six rounds\n{}",
+        c.log_tail(40)
+    );
+    assert!(appends(&c) >= appends0 + 8.0, "{}", c.log_tail(40));
+    assert_eq!(c.metric("rhc_log_appends_enabled"), 1.0);
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", c.log_text());
+    assert_eq!(
+        rig.object(&big).unwrap(),
+        std::fs::read(rig.logs().join(&big)).unwrap()
+    );
+}
+
+/// A collector whose append is in flight (its copy held by the proxy) when `stop` ends it.
+fn append_in_flight(rig: &Rig, c: &mut Collector) {
+    rig.wait_equal(LOG, c, "first upload");
+    rig.proxy
+        .add(Rule::new(Fault::Delay(Duration::from_secs(20))).with_header("x-amz-copy-source"));
+    append(&rig.logs().join(LOG), &lines(900_000, 100_000));
+    wait_until("an append started", c, Duration::from_secs(20), || {
+        !rig.open_uploads().is_empty()
+    });
+}
+
+#[test]
+fn sigterm_during_an_append_leaves_no_incomplete_upload() {
+    let Some(rig) = Rig::new("sigterm") else {
+        return;
+    };
+    append(&rig.logs().join(LOG), &lines(0, 6 * MIB));
+    let mut c = rig.start("spool", &rig.env(&[]), &["--shutdown-timeout", "5s"]);
+    append_in_flight(&rig, &mut c);
+    let started = Instant::now();
+    let _ = c.try_terminate(Duration::from_secs(20));
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        rig.open_uploads(),
+        Vec::<String>::new(),
+        "incomplete uploads after SIGTERM\n{}",
+        c.log_tail(40)
+    );
+}
+
+#[test]
+fn kill9_during_an_append_is_cleaned_up_by_the_next_start() {
+    let Some(rig) = Rig::new("kill9") else {
+        return;
+    };
+    append(&rig.logs().join(LOG), &lines(0, 6 * MIB));
+    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    append_in_flight(&rig, &mut c);
+    c.kill9();
+    assert!(!rig.open_uploads().is_empty());
+    rig.proxy.clear();
+    c.restart();
+    // The log line follows the abort's answer: wait for both.
+    wait_until(
+        "the orphan aborted after the restart, and said so",
+        &c,
+        Duration::from_secs(20),
+        || {
+            rig.open_uploads().is_empty()
+                && c.log_text()
+                    .contains("aborted an incomplete multipart upload left by an earlier run")
+        },
+    );
+    rig.wait_equal(LOG, &c, "after the restart");
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+    assert!(rig.open_uploads().is_empty());
+}
+
+#[test]
+fn a_ledger_of_another_bucket_is_not_trusted() {
+    let Some(rig) = Rig::new("first") else {
+        return;
+    };
+    let logs = rig.logs();
+    std::fs::write(logs.join("gcs_server.out"), b"gcs says hello\n").unwrap();
+    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    rig.wait_equal("gcs_server.out", &c, "first bucket");
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+    // The same spool, another bucket: every file goes there.
+    rig.s3.create_bucket("second");
+    let storage = "s3://second".to_string();
+    let ray = rig.tmp.path().join("ray");
+    let args = [
+        "--storage",
+        &storage,
+        "--cluster-name",
+        "s3append",
+        "--ray-tmp-dir",
+        ray.to_str().unwrap(),
+        "--log-upload-interval",
+        "1s",
+    ];
+    let env = rig.env(&[]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut c = Collector::start(&rig.tmp.path().join("spool"), &args, &env);
+    wait_until(
+        "gcs_server.out in the second bucket",
+        &c,
+        Duration::from_secs(20),
+        || {
+            rig.s3
+                .request("GET", &format!("/second/{}", key("gcs_server.out")), b"")
+                .0
+                == 200
+        },
+    );
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+}
+
+#[test]
+fn an_object_the_bucket_lost_is_uploaded_again() {
+    let Some(rig) = Rig::new("lost") else {
+        return;
+    };
+    let logs = rig.logs();
+    std::fs::write(logs.join("gcs_server.out"), b"gcs says hello\n").unwrap();
+    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    rig.wait_equal("gcs_server.out", &c, "uploaded");
+    // A lifecycle rule (or someone) removes it; the file does not change.
+    let (status, _) = rig.s3.request(
+        "DELETE",
+        &format!("/{}/{}", rig.bucket, key("gcs_server.out")),
+        b"",
+    );
+    assert!(status == 204 || status == 200, "{status}");
+    assert!(rig.object("gcs_server.out").is_none());
+    rig.wait_equal("gcs_server.out", &c, "uploaded again");
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+}
+
+#[test]
+fn objects_over_one_copy_part_are_copied_in_ranges() {
+    let Some(rig) = Rig::new("ranges") else {
+        return;
+    };
+    append(&rig.logs().join(LOG), &lines(0, 23 * MIB));
+    // Test-only: one copy part holds at most 10 MiB (S3: 5 GiB).
+    let env = rig.env(&[("RHC_TEST_S3_MAX_COPY_PART", "10485760")]);
+    let mut c = rig.start("spool", &env, &[]);
+    rig.wait_equal(LOG, &c, "whole upload");
+    rig.proxy.forget();
+    append(&rig.logs().join(LOG), &lines(900_000, 100_000));
+    rig.wait_equal(LOG, &c, "append");
+    let mut ranges: Vec<(u64, u64)> = rig
+        .proxy
+        .seen()
+        .iter()
+        .filter(|r| r.is_copy())
+        .map(|r| {
+            let range = r
+                .header("x-amz-copy-source-range")
+                .expect("a copy without a range");
+            let (a, b) = range
+                .strip_prefix("bytes=")
+                .and_then(|r| r.split_once('-'))
+                .unwrap();
+            (a.parse().unwrap(), b.parse().unwrap())
+        })
+        .collect();
+    ranges.sort();
+    let size = (23 * MIB) as u64;
+    assert_eq!(ranges.len(), 3, "{ranges:?}");
+    assert_eq!(ranges[0].0, 0);
+    assert_eq!(ranges.last().unwrap().1, size - 1);
+    for w in ranges.windows(2) {
+        assert_eq!(w[0].1 + 1, w[1].0, "{ranges:?}");
+    }
+    for (a, b) in &ranges {
+        let len = b - a + 1;
+        assert!((5 << 20..=10 << 20).contains(&len), "{ranges:?}");
+    }
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+}
+
+#[test]
+fn a_versioned_bucket_gets_no_appends() {
+    let Some(rig) = Rig::new("versioned") else {
+        return;
+    };
+    let (status, body) = rig.s3.request(
+        "PUT",
+        "/versioned?versioning",
+        b"<VersioningConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">\
+          <Status>Enabled</Status></VersioningConfiguration>",
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    append(&rig.logs().join(LOG), &lines(0, 6 * MIB));
+    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    rig.wait_equal(LOG, &c, "whole upload");
+    append(&rig.logs().join(LOG), &lines(900_000, 100_000));
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(appends(&c), 0.0, "{}", c.log_tail(40));
+    assert!(
+        c.log_text().contains("keeps object versions"),
+        "{}",
+        c.log_tail(40)
+    );
+    assert_eq!(c.metric("rhc_log_appends_enabled"), 0.0);
+    // The final flush still sends the file.
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+    assert_eq!(
+        rig.object(LOG).unwrap(),
+        std::fs::read(rig.logs().join(LOG)).unwrap()
+    );
+}
