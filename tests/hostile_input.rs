@@ -2,7 +2,7 @@
 //! quarantine's caps, the disk budget, the deduplication window, values JSON readers
 //! refuse, and every `Content-Encoding` header.
 
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -274,5 +274,50 @@ fn every_content_encoding_header_is_read() {
             let msg = String::from_utf8_lossy(&r.body);
             assert!(msg.contains("not supported"), "{msg}");
         }
+    }
+}
+
+/// A body that is declared but not sent holds no memory budget: one chunked request that
+/// sends only its head and one declaring 32 MiB that sends nothing (together the whole
+/// budget of the default `--max-body-bytes` before) do not delay Ray's next batch, which
+/// must be answered within Ray's 3 s timeout.
+#[test]
+fn declared_but_unsent_bodies_do_not_starve_small_requests() {
+    use std::net::TcpStream;
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(&tmp, &[]);
+    let heads = [
+        "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+        "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 33554432\r\n\r\n",
+    ];
+    let mut attackers: Vec<TcpStream> = heads
+        .iter()
+        .map(|h| {
+            let mut s = TcpStream::connect(("127.0.0.1", c.port)).unwrap();
+            s.write_all(h.as_bytes()).unwrap();
+            s
+        })
+        .collect();
+    // Let the collector read both heads and start waiting for their bodies.
+    std::thread::sleep(Duration::from_millis(300));
+    for i in 0..3 {
+        let t = std::time::Instant::now();
+        let r = c.post(format!("[{}]", event(&format!("unsent-{i}"))).as_bytes());
+        let took = t.elapsed();
+        assert_eq!(
+            (r.status, json(&r)["accepted"].as_u64()),
+            (200, Some(1)),
+            "{}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert!(took < Duration::from_secs(3), "answered after {took:?}");
+    }
+    // The attackers' requests are still waiting, not refused: they simply hold nothing.
+    for s in &mut attackers {
+        s.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 64];
+        let pending =
+            matches!(s.read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        assert!(pending, "an unsent body was answered already");
     }
 }

@@ -380,23 +380,36 @@ async fn ingest_inner(req: Request<Incoming>, st: &IngestState) -> Result<Resp, 
     if declared.is_some_and(|n| n > st.max_body_bytes) {
         return Err(too_large(st.max_body_bytes));
     }
-    // Held until the answer: the body and what is built from it stay within the budget.
-    let Some(_room) = st.body_budget.reserve(declared, layers).await else {
-        m::backpressure();
-        return Err(retry_later(
-            "too many large request bodies in flight; retry later",
-            1,
-        ));
-    };
-    Ok(read_and_store(req, st, layers).await)
+    Ok(read_and_store(req, st, declared, layers).await)
 }
 
 /// Reads the body and stores its events.
-async fn read_and_store(req: Request<Incoming>, st: &IngestState, layers: usize) -> Resp {
+async fn read_and_store(
+    req: Request<Incoming>,
+    st: &IngestState,
+    declared: Option<u64>,
+    layers: usize,
+) -> Resp {
     let _guard = InflightGuard::new(st);
-    let body = match body::read_body(req, st.max_body_bytes, layers).await {
+    // The room is held until the answer: the body and what is built from it stay within
+    // the budget.
+    let read = body::read_body(req, &st.body_budget, st.max_body_bytes, declared, layers).await;
+    let (body, _room) = match read {
         Ok(b) => b,
         Err(BodyProblem::TooLarge) => return closing(too_large(st.max_body_bytes)),
+        Err(BodyProblem::TooLargeToDecode(budget)) => {
+            return closing(error_response(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the compressed body and its decoded form together need more than the {budget} bytes all bodies in flight may hold (--max-body-bytes + 32 MiB); send it uncompressed or smaller"),
+            ))
+        }
+        Err(BodyProblem::NoRoom) => {
+            m::backpressure();
+            return closing(retry_later(
+                "too many large request bodies in flight; retry later",
+                1,
+            ));
+        }
         Err(BodyProblem::TimedOut) => {
             return closing(error_response(
                 StatusCode::REQUEST_TIMEOUT,
@@ -406,7 +419,7 @@ async fn read_and_store(req: Request<Incoming>, st: &IngestState, layers: usize)
         Err(BodyProblem::Read(e)) => {
             return error_response(StatusCode::BAD_REQUEST, format!("reading the body: {e}"))
         }
-        Err(BodyProblem::BadGzip(raw, e)) => {
+        Err(BodyProblem::BadGzip(raw, e, _room)) => {
             let msg = format!("body is not valid gzip: {e}");
             return invalid_body(st, raw, msg).await;
         }
