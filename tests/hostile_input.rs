@@ -321,3 +321,63 @@ fn declared_but_unsent_bodies_do_not_starve_small_requests() {
         assert!(pending, "an unsent body was answered already");
     }
 }
+
+/// 256 keep-alive connections that each ask for `/healthz` now and then fill every place;
+/// a new connection still gets in at once (the idle probe connection that waited longest
+/// gives way): Ray's POST and the kubelet's probe are answered within 3 s, and Ray's
+/// connection, once it has posted, outlives the probes that keep reconnecting.
+#[test]
+fn busy_probe_connections_lock_out_neither_ray_nor_the_probe() {
+    use rhc_testkit::http::Conn;
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(&tmp, &[]);
+    let authority = format!("127.0.0.1:{}", c.port);
+    let open = || Conn::open(&authority, Duration::from_secs(5)).unwrap();
+    let mut probes: Vec<Conn> = (0..256).map(|_| open()).collect();
+    for p in &mut probes {
+        assert_eq!(p.request("GET", "/healthz", &[], b"").unwrap().status, 200);
+    }
+    let mut ray = open();
+    let t = std::time::Instant::now();
+    let r = ray
+        .request(
+            "POST",
+            "/v1/events",
+            &[("Content-Type", "application/json")],
+            format!("[{}]", event("busy-1")).as_bytes(),
+        )
+        .expect("Ray's POST at the connection cap");
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    let t = std::time::Instant::now();
+    let health = c.get("/healthz").expect("/healthz at the connection cap");
+    assert_eq!(health.status, 200);
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // The probes' next round: those that were closed reconnect, each taking the place of
+    // another idle probe connection, never Ray's.
+    let mut reconnected = 0;
+    for p in &mut probes {
+        match p.request("GET", "/healthz", &[], b"") {
+            Ok(r) => assert_eq!(r.status, 200),
+            Err(_) => {
+                *p = open();
+                assert_eq!(p.request("GET", "/healthz", &[], b"").unwrap().status, 200);
+                reconnected += 1;
+            }
+        }
+    }
+    assert!(
+        reconnected >= 2,
+        "{reconnected} probe connections were closed"
+    );
+    let r = ray
+        .request(
+            "POST",
+            "/v1/events",
+            &[("Content-Type", "application/json")],
+            format!("[{}]", event("busy-2")).as_bytes(),
+        )
+        .expect("Ray's connection was kept");
+    assert_eq!(r.status, 200);
+    assert!(c.metric_labeled("rhc_connections_evicted_total", "reason=\"idle_no_events\"") >= 2.0);
+}
