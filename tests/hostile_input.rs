@@ -86,9 +86,10 @@ fn floods_of_tiny_bad_elements_cost_their_body_not_their_count() {
             String::from_utf8_lossy(&r.body)
         );
         let v = json(&r);
-        // Each distinct bad element is kept once: these are all the same element.
-        assert_eq!(v["quarantined"], 1, "{name}: {v}");
-        assert_eq!(v["duplicates"].as_u64(), Some(CAP - 1), "{name}: {v}");
+        // Each distinct bad element is kept once (these are all the same element), and
+        // each is answered as quarantined.
+        assert_eq!(v["quarantined"].as_u64(), Some(CAP), "{name}: {v}");
+        assert_eq!(v["duplicates"], 0, "{name}: {v}");
         assert_eq!(
             v["quarantine_dropped"].as_u64(),
             Some(n as u64 - CAP),
@@ -380,4 +381,32 @@ fn busy_probe_connections_lock_out_neither_ray_nor_the_probe() {
         .expect("Ray's connection was kept");
     assert_eq!(r.status, 200);
     assert!(c.metric_labeled("rhc_connections_evicted_total", "reason=\"idle_no_events\"") >= 2.0);
+}
+
+/// A bad element repeated in a body, or resent, is answered as quarantined (and kept once),
+/// not as a duplicate: duplicates are recently accepted event ids only, and the four counts
+/// of an answer add up to the elements of the body.
+#[test]
+fn repeated_bad_elements_are_quarantined_not_duplicates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(&tmp, &[]);
+    let counts = |body: &str| {
+        let v = json(&c.post(body.as_bytes()));
+        (
+            v["accepted"].as_u64().unwrap(),
+            v["duplicates"].as_u64().unwrap(),
+            v["quarantined"].as_u64().unwrap(),
+            v["quarantine_dropped"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(counts("[1,1]"), (0, 0, 2, 0));
+    assert_eq!(counts("[1,1]"), (0, 0, 2, 0));
+    let good = event("rep-1");
+    assert_eq!(counts(&format!("[{good},{good},1,2]")), (1, 1, 2, 0));
+    assert_eq!(counts(&format!("[{good},2]")), (0, 1, 1, 0));
+    assert_eq!(c.metric("rhc_events_duplicate_total"), 2.0);
+    assert_eq!(
+        c.metric_labeled("rhc_events_quarantined_total", "reason=\"not_an_object\""),
+        7.0
+    );
 }

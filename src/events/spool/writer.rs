@@ -535,10 +535,13 @@ impl Writer {
             let target = Target::Quarantine(hour);
             for q in &batch.quarantined {
                 let raw = &body[q.start..q.end];
-                // The same bad event resent by Ray is kept once.
+                // The same bad element (resent by Ray, or repeated in a body) is kept once,
+                // but each one is answered and counted as quarantined: it is not a
+                // duplicate of an accepted event.
                 let h = id_hash(raw);
+                out.quarantined += 1;
+                m::events_quarantined(q.reason.code(), 1);
                 if !self.quarantine_dedup.insert(h) {
-                    out.duplicates += 1;
                     continue;
                 }
                 held.quarantine.push(h);
@@ -547,8 +550,6 @@ impl Writer {
                     None => event_record(q.reason, raw),
                 };
                 self.segs.segment(&target)?.pending.push_lines(&line);
-                m::events_quarantined(q.reason.code(), 1);
-                out.quarantined += 1;
             }
         }
         Ok(out)
