@@ -1,6 +1,8 @@
 //! What one request may cost, through the real binary: floods of tiny bad elements, the
 //! quarantine's caps, the disk budget, the deduplication window, values JSON readers
-//! refuse, and every `Content-Encoding` header.
+//! refuse, every `Content-Encoding` header, bodies declared and never sent, connections
+//! filling every place; and how inputs Ray never sends are read (the decisions in the
+//! README's "Inputs Ray never sends").
 
 use std::io::{Read as _, Write as _};
 use std::time::Duration;
@@ -409,4 +411,93 @@ fn repeated_bad_elements_are_quarantined_not_duplicates() {
         c.metric_labeled("rhc_events_quarantined_total", "reason=\"not_an_object\""),
         7.0
     );
+}
+
+/// Every event line in the bucket, by object key, after the collector has stopped.
+fn stored_lines(tmp: &tempfile::TempDir, c: &mut Collector) -> Vec<(String, String)> {
+    assert!(c.terminate(Duration::from_secs(30)).success());
+    let store: std::sync::Arc<dyn object_store::ObjectStore> = std::sync::Arc::new(
+        object_store::local::LocalFileSystem::new_with_prefix(tmp.path().join("bucket")).unwrap(),
+    );
+    let mut lines = Vec::new();
+    for (k, b) in read_all(&store) {
+        if k.contains("/node_events/") || k.contains("/job_events/") {
+            let text = String::from_utf8(decode(&k, &b)).unwrap();
+            lines.extend(text.lines().map(|l| (k.clone(), l.to_string())));
+        }
+    }
+    lines
+}
+
+/// Decision (README, "Inputs Ray never sends"): routing keys are matched exactly, as
+/// protobuf's JSON parser matches field names; a key that differs only in case is another
+/// field, kept as sent and not read.
+#[test]
+fn keys_that_differ_only_in_case_are_other_fields() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = start(&tmp, &[]);
+    let only_other_case =
+        r#"{"eventId":"Y2FzZTE=","SessionName":"session_b","timestamp":"2026-11-22T02:00:00Z"}"#;
+    let both = r#"{"eventId":"Y2FzZTI=","sessionName":"session_a","SessionName":"session_b","timestamp":"2026-11-22T02:00:00Z"}"#;
+    let v = json(&c.post(format!("[{only_other_case},{both}]").as_bytes()));
+    assert_eq!(
+        (v["accepted"].as_u64(), v["quarantined"].as_u64()),
+        (Some(1), Some(1)),
+        "{v}"
+    );
+    assert_eq!(
+        c.metric_labeled(
+            "rhc_events_quarantined_total",
+            "reason=\"missing_session_name\""
+        ),
+        1.0
+    );
+    let lines = stored_lines(&tmp, &mut c);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].0.contains("/session_a/"), "{lines:?}");
+    assert_eq!(lines[0].1, both);
+}
+
+/// Decision: an event id is deduplicated by its text as sent. Ray resends a batch byte for
+/// byte, so each resend is recognised; ids that differ only in base64 padding or alphabet
+/// (which Ray's printer never produces) are different events to the collector.
+#[test]
+fn event_ids_are_deduplicated_by_their_text_as_sent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = start(&tmp, &[]);
+    let counts = |ids: &[&str]| {
+        let body = format!(
+            "[{}]",
+            ids.iter().map(|i| event(i)).collect::<Vec<_>>().join(",")
+        );
+        let v = json(&c.post(body.as_bytes()));
+        (
+            v["accepted"].as_u64().unwrap(),
+            v["duplicates"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(counts(&["AQI=", "+/8="]), (2, 0));
+    // The same bytes in other spellings: stored again.
+    assert_eq!(counts(&["AQI", "-_8=", "-_8"]), (3, 0));
+    // The spellings as sent before: duplicates.
+    assert_eq!(counts(&["AQI=", "+/8=", "AQI", "-_8=", "-_8"]), (0, 5));
+    let lines = stored_lines(&tmp, &mut c);
+    assert_eq!(lines.len(), 5, "{lines:?}");
+}
+
+/// Decision: only an event whose own keys are snake_case is converted; a camelCase event
+/// is stored byte for byte, snake_case keys nested in it included (the payload's `job_id`
+/// still routes it, as protobuf would read it).
+#[test]
+fn snake_case_keys_inside_a_camel_case_event_are_kept_as_sent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = start(&tmp, &[]);
+    let mixed = r#"{"eventId":"bWl4ZWQ=","eventType":"TASK_DEFINITION_EVENT","sessionName":"session_h","timestamp":"2026-11-22T02:00:00Z","taskDefinitionEvent":{"job_id":"AQAAAA==","task_name":"f","required_resources":{"CPU":1}}}"#;
+    let v = json(&c.post(format!("[{mixed}]").as_bytes()));
+    assert_eq!(v["accepted"], 1, "{v}");
+    assert_eq!(c.metric("rhc_events_renamed_total"), 0.0);
+    let lines = stored_lines(&tmp, &mut c);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].0.contains("/job_events/01000000/"), "{lines:?}");
+    assert_eq!(lines[0].1, mixed);
 }
