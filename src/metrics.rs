@@ -32,6 +32,11 @@ pub const INVALID_BODIES: &str = "rhc_invalid_bodies_total";
 pub const INVALID_BODIES_NOT_KEPT: &str = "rhc_invalid_bodies_not_kept_total";
 /// Connections closed at the connection cap because they had sent no request head.
 pub const CONNECTIONS_CLOSED_STALLED: &str = "rhc_connections_closed_stalled_total";
+/// Connections closed at the connection cap to make room, by reason (the stalled ones
+/// are also counted in [`CONNECTIONS_CLOSED_STALLED`]).
+pub const CONNECTIONS_EVICTED: &str = "rhc_connections_evicted_total";
+/// New connections closed at once: every place, reserved and leaving one was taken.
+pub const CONNECTIONS_REFUSED: &str = "rhc_connections_refused_total";
 /// Bytes in the spool not yet uploaded.
 pub const SPOOL_BYTES: &str = "rhc_spool_bytes";
 /// Files in the spool not yet uploaded.
@@ -102,6 +107,7 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
     counter!(INVALID_BODIES).absolute(0);
     counter!(INVALID_BODIES_NOT_KEPT).absolute(0);
     counter!(CONNECTIONS_CLOSED_STALLED).absolute(0);
+    counter!(CONNECTIONS_REFUSED).absolute(0);
     Ok(handle)
 }
 
@@ -175,8 +181,16 @@ pub(crate) fn invalid_body_not_kept() {
     counter!(INVALID_BODIES_NOT_KEPT).increment(1);
 }
 
-pub(crate) fn connection_closed_stalled() {
-    counter!(CONNECTIONS_CLOSED_STALLED).increment(1);
+/// A connection was chosen to make room at the cap; `reason` is its metric label.
+pub(crate) fn connection_evicted(reason: &'static str) {
+    counter!(CONNECTIONS_EVICTED, "reason" => reason).increment(1);
+    if reason == "no_request" {
+        counter!(CONNECTIONS_CLOSED_STALLED).increment(1);
+    }
+}
+
+pub(crate) fn connection_refused() {
+    counter!(CONNECTIONS_REFUSED).increment(1);
 }
 
 pub(crate) fn backpressure() {

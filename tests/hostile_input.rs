@@ -1,8 +1,10 @@
 //! What one request may cost, through the real binary: floods of tiny bad elements, the
 //! quarantine's caps, the disk budget, the deduplication window, values JSON readers
-//! refuse, and every `Content-Encoding` header.
+//! refuse, every `Content-Encoding` header, bodies declared and never sent, connections
+//! filling every place; and how inputs Ray never sends are read (the decisions in the
+//! README's "Inputs Ray never sends").
 
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -86,9 +88,10 @@ fn floods_of_tiny_bad_elements_cost_their_body_not_their_count() {
             String::from_utf8_lossy(&r.body)
         );
         let v = json(&r);
-        // Each distinct bad element is kept once: these are all the same element.
-        assert_eq!(v["quarantined"], 1, "{name}: {v}");
-        assert_eq!(v["duplicates"].as_u64(), Some(CAP - 1), "{name}: {v}");
+        // Each distinct bad element is kept once (these are all the same element), and
+        // each is answered as quarantined.
+        assert_eq!(v["quarantined"].as_u64(), Some(CAP), "{name}: {v}");
+        assert_eq!(v["duplicates"], 0, "{name}: {v}");
         assert_eq!(
             v["quarantine_dropped"].as_u64(),
             Some(n as u64 - CAP),
@@ -275,4 +278,226 @@ fn every_content_encoding_header_is_read() {
             assert!(msg.contains("not supported"), "{msg}");
         }
     }
+}
+
+/// A body that is declared but not sent holds no memory budget: one chunked request that
+/// sends only its head and one declaring 32 MiB that sends nothing (together the whole
+/// budget of the default `--max-body-bytes` before) do not delay Ray's next batch, which
+/// must be answered within Ray's 3 s timeout.
+#[test]
+fn declared_but_unsent_bodies_do_not_starve_small_requests() {
+    use std::net::TcpStream;
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(&tmp, &[]);
+    let heads = [
+        "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+        "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 33554432\r\n\r\n",
+    ];
+    let mut attackers: Vec<TcpStream> = heads
+        .iter()
+        .map(|h| {
+            let mut s = TcpStream::connect(("127.0.0.1", c.port)).unwrap();
+            s.write_all(h.as_bytes()).unwrap();
+            s
+        })
+        .collect();
+    // Let the collector read both heads and start waiting for their bodies.
+    std::thread::sleep(Duration::from_millis(300));
+    for i in 0..3 {
+        let t = std::time::Instant::now();
+        let r = c.post(format!("[{}]", event(&format!("unsent-{i}"))).as_bytes());
+        let took = t.elapsed();
+        assert_eq!(
+            (r.status, json(&r)["accepted"].as_u64()),
+            (200, Some(1)),
+            "{}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert!(took < Duration::from_secs(3), "answered after {took:?}");
+    }
+    // The attackers' requests are still waiting, not refused: they simply hold nothing.
+    for s in &mut attackers {
+        s.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 64];
+        let pending =
+            matches!(s.read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        assert!(pending, "an unsent body was answered already");
+    }
+}
+
+/// 256 keep-alive connections that each ask for `/healthz` now and then fill every place;
+/// a new connection still gets in at once (the idle probe connection that waited longest
+/// gives way): Ray's POST and the kubelet's probe are answered within 3 s, and Ray's
+/// connection, once it has posted, outlives the probes that keep reconnecting.
+#[test]
+fn busy_probe_connections_lock_out_neither_ray_nor_the_probe() {
+    use rhc_testkit::http::Conn;
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(&tmp, &[]);
+    let authority = format!("127.0.0.1:{}", c.port);
+    let open = || Conn::open(&authority, Duration::from_secs(5)).unwrap();
+    let mut probes: Vec<Conn> = (0..256).map(|_| open()).collect();
+    for p in &mut probes {
+        assert_eq!(p.request("GET", "/healthz", &[], b"").unwrap().status, 200);
+    }
+    let mut ray = open();
+    let t = std::time::Instant::now();
+    let r = ray
+        .request(
+            "POST",
+            "/v1/events",
+            &[("Content-Type", "application/json")],
+            format!("[{}]", event("busy-1")).as_bytes(),
+        )
+        .expect("Ray's POST at the connection cap");
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    let t = std::time::Instant::now();
+    let health = c.get("/healthz").expect("/healthz at the connection cap");
+    assert_eq!(health.status, 200);
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // The probes' next round: those that were closed reconnect, each taking the place of
+    // another idle probe connection, never Ray's.
+    let mut reconnected = 0;
+    for p in &mut probes {
+        match p.request("GET", "/healthz", &[], b"") {
+            Ok(r) => assert_eq!(r.status, 200),
+            Err(_) => {
+                *p = open();
+                assert_eq!(p.request("GET", "/healthz", &[], b"").unwrap().status, 200);
+                reconnected += 1;
+            }
+        }
+    }
+    assert!(
+        reconnected >= 2,
+        "{reconnected} probe connections were closed"
+    );
+    let r = ray
+        .request(
+            "POST",
+            "/v1/events",
+            &[("Content-Type", "application/json")],
+            format!("[{}]", event("busy-2")).as_bytes(),
+        )
+        .expect("Ray's connection was kept");
+    assert_eq!(r.status, 200);
+    assert!(c.metric_labeled("rhc_connections_evicted_total", "reason=\"idle_no_events\"") >= 2.0);
+}
+
+/// A bad element repeated in a body, or resent, is answered as quarantined (and kept once),
+/// not as a duplicate: duplicates are recently accepted event ids only, and the four counts
+/// of an answer add up to the elements of the body.
+#[test]
+fn repeated_bad_elements_are_quarantined_not_duplicates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(&tmp, &[]);
+    let counts = |body: &str| {
+        let v = json(&c.post(body.as_bytes()));
+        (
+            v["accepted"].as_u64().unwrap(),
+            v["duplicates"].as_u64().unwrap(),
+            v["quarantined"].as_u64().unwrap(),
+            v["quarantine_dropped"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(counts("[1,1]"), (0, 0, 2, 0));
+    assert_eq!(counts("[1,1]"), (0, 0, 2, 0));
+    let good = event("rep-1");
+    assert_eq!(counts(&format!("[{good},{good},1,2]")), (1, 1, 2, 0));
+    assert_eq!(counts(&format!("[{good},2]")), (0, 1, 1, 0));
+    assert_eq!(c.metric("rhc_events_duplicate_total"), 2.0);
+    assert_eq!(
+        c.metric_labeled("rhc_events_quarantined_total", "reason=\"not_an_object\""),
+        7.0
+    );
+}
+
+/// Every event line in the bucket, by object key, after the collector has stopped.
+fn stored_lines(tmp: &tempfile::TempDir, c: &mut Collector) -> Vec<(String, String)> {
+    assert!(c.terminate(Duration::from_secs(30)).success());
+    let store: std::sync::Arc<dyn object_store::ObjectStore> = std::sync::Arc::new(
+        object_store::local::LocalFileSystem::new_with_prefix(tmp.path().join("bucket")).unwrap(),
+    );
+    let mut lines = Vec::new();
+    for (k, b) in read_all(&store) {
+        if k.contains("/node_events/") || k.contains("/job_events/") {
+            let text = String::from_utf8(decode(&k, &b)).unwrap();
+            lines.extend(text.lines().map(|l| (k.clone(), l.to_string())));
+        }
+    }
+    lines
+}
+
+/// Decision (README, "Inputs Ray never sends"): routing keys are matched exactly, as
+/// protobuf's JSON parser matches field names; a key that differs only in case is another
+/// field, kept as sent and not read.
+#[test]
+fn keys_that_differ_only_in_case_are_other_fields() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = start(&tmp, &[]);
+    let only_other_case =
+        r#"{"eventId":"Y2FzZTE=","SessionName":"session_b","timestamp":"2026-11-22T02:00:00Z"}"#;
+    let both = r#"{"eventId":"Y2FzZTI=","sessionName":"session_a","SessionName":"session_b","timestamp":"2026-11-22T02:00:00Z"}"#;
+    let v = json(&c.post(format!("[{only_other_case},{both}]").as_bytes()));
+    assert_eq!(
+        (v["accepted"].as_u64(), v["quarantined"].as_u64()),
+        (Some(1), Some(1)),
+        "{v}"
+    );
+    assert_eq!(
+        c.metric_labeled(
+            "rhc_events_quarantined_total",
+            "reason=\"missing_session_name\""
+        ),
+        1.0
+    );
+    let lines = stored_lines(&tmp, &mut c);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].0.contains("/session_a/"), "{lines:?}");
+    assert_eq!(lines[0].1, both);
+}
+
+/// Decision: an event id is deduplicated by its text as sent. Ray resends a batch byte for
+/// byte, so each resend is recognised; ids that differ only in base64 padding or alphabet
+/// (which Ray's printer never produces) are different events to the collector.
+#[test]
+fn event_ids_are_deduplicated_by_their_text_as_sent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = start(&tmp, &[]);
+    let counts = |ids: &[&str]| {
+        let body = format!(
+            "[{}]",
+            ids.iter().map(|i| event(i)).collect::<Vec<_>>().join(",")
+        );
+        let v = json(&c.post(body.as_bytes()));
+        (
+            v["accepted"].as_u64().unwrap(),
+            v["duplicates"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(counts(&["AQI=", "+/8="]), (2, 0));
+    // The same bytes in other spellings: stored again.
+    assert_eq!(counts(&["AQI", "-_8=", "-_8"]), (3, 0));
+    // The spellings as sent before: duplicates.
+    assert_eq!(counts(&["AQI=", "+/8=", "AQI", "-_8=", "-_8"]), (0, 5));
+    let lines = stored_lines(&tmp, &mut c);
+    assert_eq!(lines.len(), 5, "{lines:?}");
+}
+
+/// Decision: only an event whose own keys are snake_case is converted; a camelCase event
+/// is stored byte for byte, snake_case keys nested in it included (the payload's `job_id`
+/// still routes it, as protobuf would read it).
+#[test]
+fn snake_case_keys_inside_a_camel_case_event_are_kept_as_sent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = start(&tmp, &[]);
+    let mixed = r#"{"eventId":"bWl4ZWQ=","eventType":"TASK_DEFINITION_EVENT","sessionName":"session_h","timestamp":"2026-11-22T02:00:00Z","taskDefinitionEvent":{"job_id":"AQAAAA==","task_name":"f","required_resources":{"CPU":1}}}"#;
+    let v = json(&c.post(format!("[{mixed}]").as_bytes()));
+    assert_eq!(v["accepted"], 1, "{v}");
+    assert_eq!(c.metric("rhc_events_renamed_total"), 0.0);
+    let lines = stored_lines(&tmp, &mut c);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].0.contains("/job_events/01000000/"), "{lines:?}");
+    assert_eq!(lines[0].1, mixed);
 }

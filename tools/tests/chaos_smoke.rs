@@ -1,8 +1,10 @@
 //! The CI subset of the chaos suite (`rhc-chaos --smoke`) through the debug binaries:
 //! kill -9 and restart, a storage outage, the disk budget, SIGTERM under load, a torn
-//! segment, slowloris, oversized and malformed bodies. Each scenario checks correctness
+//! segment, slowloris, oversized and malformed bodies, bodies declared and never sent, and
+//! keep-alive probe connections filling every place. Each scenario checks correctness
 //! (every acknowledged event in the bucket exactly once, the right answers, memory flat),
-//! not speed; the loads are small and the whole run takes about 45 s.
+//! not speed; the loads are small and the whole run takes about 100 s on two busy cores
+//! (it is stopped at 180 s).
 //!
 //! The S3 scenarios use moto from `$RHC_MOTO_SERVER` (exported by `./scripts/test.sh`).
 //! Without it the rest runs against a local directory and the S3 ones are skipped, unless
@@ -57,7 +59,7 @@ fn chaos_smoke_subset_passes() {
         .stderr(out.try_clone().expect("dup"))
         .spawn()
         .expect("start rhc-chaos");
-    let limit = Duration::from_secs(110);
+    let limit = Duration::from_secs(180);
     let started = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().expect("wait for rhc-chaos") {
@@ -85,7 +87,7 @@ fn chaos_smoke_subset_passes() {
     assert!(failed.is_empty(), "chaos scenarios failed:\n{text}");
     assert!(status.success(), "rhc-chaos exited with {status}:\n{text}");
     let passed = verdicts.iter().filter(|l| l.starts_with("PASS ")).count();
-    let expected = if moto.is_some() { 9 } else { 7 };
+    let expected = if moto.is_some() { 11 } else { 9 };
     assert_eq!(
         passed, expected,
         "expected {expected} passing scenarios:\n{text}"

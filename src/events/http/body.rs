@@ -5,11 +5,15 @@
 //!   (RFC 9110 §8.4); `identity` is no coding, `gzip`/`x-gzip` are undone in reverse order (at
 //!   most [`MAX_GZIP_LAYERS`]), anything else is refused with 415 before the body is read.
 //! - **Memory.** Bodies in flight share a budget ([`BodyBudget`]) of the largest body plus
-//!   [`SMALL_BODIES_ROOM`]: a request reserves its declared length (the largest body when the
-//!   length is unknown or the body is compressed) before reading, and waits at most
-//!   [`BUDGET_WAIT`] for room, else gets 503. So however many clients send large or hostile
-//!   bodies at once, the bodies held in memory stay within the budget, while Ray's usual
-//!   batches of about 1 MB pass side by side.
+//!   [`SMALL_BODIES_ROOM`]. A body takes room as its bytes arrive (and as its gzip layers
+//!   decode), in steps of at most [`RESERVE_STEP`], for the buffers it actually holds; what a
+//!   header declares reserves nothing. So a client that declares 32 MiB, or starts a chunked
+//!   body, and then sends nothing holds no room, and small requests pass beside it. Only one
+//!   body at a time may hold more than [`LARGE_BODY`] (the others wait for it), so large
+//!   bodies cannot split the budget between them and all stall; a body that finds no room
+//!   within [`BUDGET_WAIT`] gets 503. However many clients send large or hostile bodies at
+//!   once, the bodies held in memory stay within the budget, and to hold room a client must
+//!   really send the bytes, which it can keep for at most [`BODY_TIMEOUT`].
 //! - **Bounds.** The raw body and every decoded layer are bounded by `--max-body-bytes`, and
 //!   the whole read by [`BODY_TIMEOUT`].
 
@@ -17,11 +21,12 @@ use std::io::Read;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, CONTENT_ENCODING, CONTENT_LENGTH};
 use hyper::Request;
 use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::time::Instant;
 
 /// How long a client may take to send a whole body.
 pub(super) const BODY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -29,15 +34,27 @@ pub(super) const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 pub(super) const MAX_GZIP_LAYERS: usize = 2;
 /// Room for ordinary bodies beside one body of the largest size.
 pub(super) const SMALL_BODIES_ROOM: u64 = 32 << 20;
-/// How long a request waits for room in the body budget before it gets 503.
+/// How long a body waits, in all, for room in the budget before it gets 503.
 pub(super) const BUDGET_WAIT: Duration = Duration::from_secs(10);
+/// Most room taken from the budget at once: a large body waiting for room queues for this
+/// much at a time, so it never stands in front of a small request for megabytes.
+pub(super) const RESERVE_STEP: u64 = 64 << 10;
+/// A body holding more room than this is large; one large body grows at a time. A quarter
+/// of [`SMALL_BODIES_ROOM`]: Ray's batches (about 1 MB) stay far below it.
+pub(super) const LARGE_BODY: u64 = SMALL_BODIES_ROOM / 4;
+/// What gzip decoding reads at a time before taking room for it.
+const DECODE_CHUNK: usize = 64 << 10;
 
 /// Why a request body could not be read.
-pub(super) enum BodyProblem {
+pub(super) enum BodyProblem<'a> {
     TooLarge,
+    /// Its compressed and decoded forms together need more memory than the whole budget.
+    TooLargeToDecode(u64),
+    NoRoom,
     TimedOut,
     Read(String),
-    BadGzip(Bytes, String),
+    /// Not valid gzip: the bytes as received, the decoder's error, and the room they hold.
+    BadGzip(Bytes, String, Room<'a>),
 }
 
 /// The gzip layers of a request, from all its `Content-Encoding` headers; the coding that is
@@ -81,36 +98,109 @@ pub(super) fn declared_length(headers: &HeaderMap) -> Option<u64> {
 /// The memory budget of bodies in flight, in KiB permits.
 pub(super) struct BodyBudget {
     permits: Semaphore,
-    max_body_bytes: u64,
+    /// One permit: held by the body that holds more than [`LARGE_BODY`].
+    large: Semaphore,
+    total_kib: u64,
 }
 
 impl BodyBudget {
     /// Room for one body of `max_body_bytes` plus [`SMALL_BODIES_ROOM`].
     pub(super) fn new(max_body_bytes: u64) -> BodyBudget {
-        let total = kib(max_body_bytes + SMALL_BODIES_ROOM);
+        let total_kib = kib(max_body_bytes.saturating_add(SMALL_BODIES_ROOM));
         BodyBudget {
-            permits: Semaphore::new(total as usize),
-            max_body_bytes,
+            permits: Semaphore::new(total_kib as usize),
+            large: Semaphore::new(1),
+            total_kib,
         }
     }
 
-    /// Reserves room for a body: its declared length when it is sent as is, else the largest
-    /// body (a compressed or chunked body can decode to that much). `None` when no room was
-    /// free within [`BUDGET_WAIT`].
-    pub(super) async fn reserve(
-        &self,
-        declared: Option<u64>,
-        gzip_layers: usize,
-    ) -> Option<SemaphorePermit<'_>> {
-        let bytes = match declared {
-            Some(n) if gzip_layers == 0 => n.min(self.max_body_bytes),
-            _ => self.max_body_bytes,
-        };
-        let want = kib(bytes).max(1) as u32;
-        tokio::time::timeout(BUDGET_WAIT, self.permits.acquire_many(want))
-            .await
-            .ok()?
-            .ok()
+    /// A body's share of the budget, empty until it grows.
+    pub(super) fn room(&self) -> Room<'_> {
+        Room {
+            budget: self,
+            held: None,
+            large: None,
+            waited: Duration::ZERO,
+        }
+    }
+
+    /// KiB not held by any body.
+    #[cfg(test)]
+    fn free_kib(&self) -> usize {
+        self.permits.available_permits()
+    }
+}
+
+/// The room one body holds; given back when dropped.
+pub(super) struct Room<'a> {
+    budget: &'a BodyBudget,
+    held: Option<SemaphorePermit<'a>>,
+    large: Option<SemaphorePermit<'a>>,
+    /// Time spent waiting for room so far, against [`BUDGET_WAIT`].
+    waited: Duration,
+}
+
+impl<'a> Room<'a> {
+    fn held_kib(&self) -> u64 {
+        self.held.as_ref().map_or(0, |p| p.num_permits() as u64)
+    }
+
+    /// Grows the room to at least `bytes`, waiting (in all, over the body's life) at most
+    /// [`BUDGET_WAIT`] and never past `deadline`.
+    async fn grow_to(&mut self, bytes: u64, deadline: Instant) -> Result<(), BodyProblem<'a>> {
+        let want = kib(bytes);
+        if want > self.budget.total_kib {
+            return Err(BodyProblem::TooLargeToDecode(self.budget.total_kib * 1024));
+        }
+        let budget = self.budget;
+        if want > kib(LARGE_BODY) && self.large.is_none() {
+            self.large = Some(self.wait_for(&budget.large, 1, deadline).await?);
+        }
+        let step = kib(RESERVE_STEP);
+        while self.held_kib() < want {
+            let n = (want - self.held_kib()).min(step) as u32;
+            let permit = self.wait_for(&budget.permits, n, deadline).await?;
+            match &mut self.held {
+                Some(h) => h.merge(permit),
+                None => self.held = Some(permit),
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives back what is held beyond `bytes`.
+    fn shrink_to(&mut self, bytes: u64) {
+        let keep = kib(bytes);
+        let extra = self.held_kib().saturating_sub(keep);
+        if let Some(h) = &mut self.held {
+            drop(h.split(extra as usize));
+        }
+        if keep <= kib(LARGE_BODY) {
+            self.large = None;
+        }
+    }
+
+    async fn wait_for(
+        &mut self,
+        sem: &'a Semaphore,
+        n: u32,
+        deadline: Instant,
+    ) -> Result<SemaphorePermit<'a>, BodyProblem<'a>> {
+        if let Ok(p) = sem.try_acquire_many(n) {
+            return Ok(p);
+        }
+        let left = BUDGET_WAIT.saturating_sub(self.waited);
+        let until = deadline.min(Instant::now() + left);
+        let started = Instant::now();
+        let got = tokio::time::timeout_at(until, sem.acquire_many(n)).await;
+        self.waited += started.elapsed();
+        match got {
+            Ok(Ok(p)) => Ok(p),
+            // The semaphores are never closed; treat it as no room.
+            Ok(Err(_)) => Err(BodyProblem::NoRoom),
+            Err(_) if Instant::now() >= deadline => Err(BodyProblem::TimedOut),
+            Err(_) => Err(BodyProblem::NoRoom),
+        }
     }
 }
 
@@ -118,36 +208,97 @@ fn kib(bytes: u64) -> u64 {
     bytes.div_ceil(1024).min(u64::from(u32::MAX))
 }
 
-/// Reads the body (at most `max` bytes) and undoes its `gzip_layers`, each decoded layer also
-/// at most `max` bytes.
-pub(super) async fn read_body(
+/// The capacity to give a buffer of `cap` bytes that must hold `need`: doubling from
+/// [`RESERVE_STEP`] (so copies stay linear in the size), never beyond `limit` unless `need`
+/// is.
+fn grown(cap: usize, need: usize, limit: usize) -> usize {
+    cap.saturating_mul(2)
+        .max(RESERVE_STEP as usize)
+        .min(limit)
+        .max(need)
+}
+
+/// Reads the body (at most `max` bytes; `declared` is its `Content-Length`, if any) and
+/// undoes its `gzip_layers`, each decoded layer also at most `max` bytes. The room its
+/// buffers take from `budget` is returned with it and must be held while the body is used.
+pub(super) async fn read_body<'a>(
     req: Request<Incoming>,
+    budget: &'a BodyBudget,
     max: u64,
+    declared: Option<u64>,
     gzip_layers: usize,
-) -> Result<Bytes, BodyProblem> {
-    let limited = Limited::new(req.into_body(), max as usize);
-    let mut body = match tokio::time::timeout(BODY_TIMEOUT, limited.collect()).await {
-        Err(_) => return Err(BodyProblem::TimedOut),
-        Ok(Err(e)) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                return Err(BodyProblem::TooLarge);
-            }
-            return Err(BodyProblem::Read(e.to_string()));
+) -> Result<(Bytes, Room<'a>), BodyProblem<'a>> {
+    let deadline = Instant::now() + BODY_TIMEOUT;
+    let max = usize::try_from(max).unwrap_or(usize::MAX);
+    let limit = declared
+        .and_then(|d| usize::try_from(d).ok())
+        .unwrap_or(max)
+        .min(max);
+    let mut room = budget.room();
+    let mut incoming = req.into_body();
+    let mut raw: Vec<u8> = Vec::new();
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, incoming.frame()).await {
+            Err(_) => return Err(BodyProblem::TimedOut),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(BodyProblem::Read(e.to_string())),
+            Ok(Some(Ok(f))) => f,
+        };
+        // Trailers carry nothing we use.
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let need = raw.len().saturating_add(data.len());
+        if need > max {
+            return Err(BodyProblem::TooLarge);
         }
-        Ok(Ok(c)) => c.to_bytes(),
-    };
-    for _ in 0..gzip_layers {
-        let mut out = Vec::with_capacity(body.len().saturating_mul(4).min(max as usize));
-        let mut dec = flate2::read::MultiGzDecoder::new(&body[..]).take(max + 1);
-        match dec.read_to_end(&mut out) {
-            Ok(_) if out.len() as u64 > max => return Err(BodyProblem::TooLarge),
-            Ok(_) => body = Bytes::from(out),
-            Err(e) => return Err(BodyProblem::BadGzip(body, e.to_string())),
+        if need > raw.capacity() {
+            let cap = grown(raw.capacity(), need, limit);
+            room.grow_to(cap as u64, deadline).await?;
+            raw.reserve_exact(cap - raw.len());
         }
+        raw.extend_from_slice(&data);
     }
-    Ok(body)
+    for _ in 0..gzip_layers {
+        match decode_gzip(&raw, raw.capacity(), &mut room, max, deadline).await? {
+            Ok(decoded) => raw = decoded,
+            Err(why) => return Err(BodyProblem::BadGzip(Bytes::from(raw), why, room)),
+        }
+        room.shrink_to(raw.capacity() as u64);
+    }
+    Ok((Bytes::from(raw), room))
+}
+
+/// One gzip layer of `raw` (whose buffer holds `raw_room` bytes of the room), decoded in
+/// chunks, each taking its room first; the decoder's error when `raw` is not valid gzip.
+async fn decode_gzip<'a>(
+    raw: &[u8],
+    raw_room: usize,
+    room: &mut Room<'a>,
+    max: usize,
+    deadline: Instant,
+) -> Result<Result<Vec<u8>, String>, BodyProblem<'a>> {
+    let mut out: Vec<u8> = Vec::new();
+    let mut dec = flate2::read::MultiGzDecoder::new(raw);
+    let mut chunk = vec![0u8; DECODE_CHUNK];
+    loop {
+        let n = match dec.read(&mut chunk) {
+            Ok(0) => return Ok(Ok(out)),
+            Ok(n) => n,
+            Err(e) => return Ok(Err(e.to_string())),
+        };
+        let need = out.len().saturating_add(n);
+        if need > max {
+            return Err(BodyProblem::TooLarge);
+        }
+        if need > out.capacity() {
+            let cap = grown(out.capacity(), need, max);
+            room.grow_to(raw_room.saturating_add(cap) as u64, deadline)
+                .await?;
+            out.reserve_exact(cap - out.len());
+        }
+        out.extend_from_slice(&chunk[..n]);
+    }
 }
 
 #[cfg(test)]
@@ -179,22 +330,90 @@ mod tests {
         assert!(gzip_layers(&headers(&["gzip, gzip, gzip"])).is_err());
     }
 
-    #[tokio::test]
+    fn later() -> Instant {
+        Instant::now() + BODY_TIMEOUT
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn the_budget_holds_one_largest_body_and_room_for_small_ones() {
         let b = BodyBudget::new(64 << 20);
-        let big = b
-            .reserve(Some(64 << 20), 0)
-            .await
-            .expect("room for one big body");
+        let mut big = b.room();
+        assert!(big.grow_to(64 << 20, later()).await.is_ok());
         // Ordinary batches still pass beside it.
-        let small: Vec<_> =
-            futures::future::join_all((0..20).map(|_| b.reserve(Some(1 << 20), 0))).await;
-        assert!(small.iter().all(Option::is_some));
+        let mut small: Vec<Room> = (0..20).map(|_| b.room()).collect();
+        for r in &mut small {
+            assert!(r.grow_to(1 << 20, later()).await.is_ok());
+        }
         drop(small);
-        // A second big (or compressed, whose size is unknown) body waits for the first.
-        tokio::time::pause();
-        assert!(b.reserve(None, 1).await.is_none());
+        // A second large body waits for the first, then gives up.
+        let mut second = b.room();
+        let t = Instant::now();
+        assert!(matches!(
+            second.grow_to(LARGE_BODY + 1, later()).await,
+            Err(BodyProblem::NoRoom)
+        ));
+        assert!(t.elapsed() >= BUDGET_WAIT);
         drop(big);
-        assert!(b.reserve(None, 1).await.is_some());
+        let mut third = b.room();
+        assert!(third.grow_to(64 << 20, later()).await.is_ok());
+        // A body that could never fit is told so at once.
+        drop(third);
+        assert!(matches!(
+            b.room().grow_to(97 << 20, later()).await,
+            Err(BodyProblem::TooLargeToDecode(_))
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn room_is_only_what_is_held_and_goes_back_when_dropped() {
+        let b = BodyBudget::new(64 << 20);
+        let all = b.free_kib();
+        // A room that has not grown, whatever its header declared, holds nothing.
+        let idle: Vec<Room> = (0..100).map(|_| b.room()).collect();
+        assert_eq!(b.free_kib(), all);
+        let mut r = b.room();
+        assert!(r.grow_to(10 << 20, later()).await.is_ok());
+        assert_eq!(b.free_kib(), all - 10 * 1024);
+        r.shrink_to(1 << 20);
+        assert_eq!(b.free_kib(), all - 1024);
+        assert!(r.large.is_none());
+        drop((r, idle));
+        assert_eq!(b.free_kib(), all);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_waiting_for_room_does_not_stand_in_front_of_small_ones() {
+        // 'static: the large body waits in a task of its own.
+        let b: &'static BodyBudget = Box::leak(Box::new(BodyBudget::new(64 << 20)));
+        // A large body and small ones fill the budget to the last KiB.
+        let mut big = b.room();
+        assert!(big.grow_to(40 << 20, later()).await.is_ok());
+        let mut small: Vec<Room> = (0..56).map(|_| b.room()).collect();
+        for r in &mut small {
+            assert!(r.grow_to(1 << 20, later()).await.is_ok());
+        }
+        assert_eq!(b.free_kib(), 0);
+        // The large body wants 24 MiB more and queues; then a small request queues.
+        let big = tokio::spawn(async move {
+            let r = big.grow_to(64 << 20, later()).await.is_ok();
+            (r, big.held_kib())
+        });
+        tokio::task::yield_now().await;
+        // One small body ends: the request behind the large one gets its room at once,
+        // though the large one is still far from what it wants.
+        let mut newcomer = b.room();
+        let waiting = newcomer.grow_to(16 << 10, later());
+        tokio::pin!(waiting);
+        assert!(futures::poll!(&mut waiting).is_pending());
+        small.pop();
+        let got = tokio::time::timeout(Duration::from_millis(1), &mut waiting).await;
+        assert!(
+            matches!(got, Ok(Ok(()))),
+            "the small request waited for the large one"
+        );
+        drop(small);
+        let (ok, held) = big.await.unwrap();
+        assert!(ok);
+        assert_eq!(held, 64 * 1024);
     }
 }

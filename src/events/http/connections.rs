@@ -1,144 +1,287 @@
 //! The connection cap, and which connection gives way when it is reached.
 //!
-//! Ray's publisher keeps one connection per node and sends a request head as soon as it has
-//! connected. A client that connects and then sends nothing, or a header byte now and then,
-//! would otherwise hold one of the capped slots until its header timeout; with enough of
-//! them every new connection, Ray's included, waited that whole timeout (10 s in the chaos
-//! suite). At the cap, a new connection therefore closes the oldest one that has not sent a
-//! whole request head within [`STALLED_AFTER`]. Such a connection has no request in flight,
-//! so closing it loses nothing; connections that have sent a request are never chosen.
+//! At most [`MAX_CONNECTIONS`] connections are served at once, and the accept loop never
+//! waits for a place: a new connection is always admitted or refused at once, so one more
+//! client can never stall the listener (Ray's publisher and the kubelet's probe included).
+//! At the cap, a new connection takes the place of the least useful open one, chosen in
+//! this order:
+//!
+//! 1. one that has not sent a whole request head within [`STALLED_AFTER`] (a real client
+//!    sends its head within milliseconds of connecting); it has nothing in flight;
+//! 2. one idle between requests that has never posted events (probes, scrapers, anything
+//!    else), the one idle longest first;
+//! 3. one idle between requests that has posted events, the one idle longest first;
+//! 4. one whose request has been in flight for over [`STALE_REQUEST_AFTER`], the oldest
+//!    first: Ray gives up on a request after 3 s and resends it, so nobody waits for it.
+//!
+//! An idle connection is closed gracefully (a request that arrives meanwhile is answered,
+//! within [`LEAVE_GRACE`]); the others are cut. A connection that has been chosen keeps
+//! its socket until it has gone, so up to [`MAX_LEAVING`] more may be open.
+//!
+//! When none can give way (every place busy for less than 3 s, or connected less than 2 s
+//! ago), the new connection gets one of [`RESERVED`] places kept for the liveness probe
+//! and Ray: it is served one request, only `GET /healthz`, `/readyz` or `POST /v1/events`,
+//! then closed. Past that too it is closed at once, which a client sees as a refusal
+//! rather than a hang. So sockets held by the HTTP side are bounded by
+//! [`MAX_CONNECTIONS`] + [`RESERVED`] + [`MAX_LEAVING`] whatever the clients do.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
+/// Connections served at once: the places a node's Ray agent, probes and scrapers share.
+pub(super) const MAX_CONNECTIONS: usize = 256;
+/// Places beyond the cap for one request each (the probe, a POST) when no open connection
+/// can give way.
+pub(super) const RESERVED: usize = 16;
+/// Connections chosen to give way that may still be open while they finish: with an
+/// accepted connection each, they are what one burst of new clients costs.
+pub(super) const MAX_LEAVING: usize = 64;
 /// A connection that has not sent a whole request head after this long may be closed to
-/// make room (a real client sends its head within milliseconds of connecting).
-const STALLED_AFTER: Duration = Duration::from_secs(2);
-/// How often a new connection waiting at the cap looks again for a stalled one.
-const RECHECK: Duration = Duration::from_millis(200);
+/// make room.
+pub(super) const STALLED_AFTER: Duration = Duration::from_secs(2);
+/// A request in flight for longer than Ray's own 3 s timeout is one Ray has given up on.
+pub(super) const STALE_REQUEST_AFTER: Duration = Duration::from_secs(3);
+/// How long an idle connection chosen to give way may take to answer a request that
+/// arrived just as it was chosen.
+pub(super) const LEAVE_GRACE: Duration = Duration::from_secs(3);
 
-/// The open connections, oldest first, and the permits that cap them.
-pub(super) struct Connections {
-    permits: Arc<Semaphore>,
-    live: Mutex<BTreeMap<u64, Arc<Slot>>>,
-    next_id: AtomicU64,
+const NEW: u8 = 0;
+const BUSY: u8 = 1;
+const IDLE: u8 = 2;
+
+/// Why a connection was chosen to give way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Eviction {
+    /// No whole request head within [`STALLED_AFTER`].
+    NoRequest,
+    /// Idle, and it never posted events.
+    IdleNoEvents,
+    /// Idle.
+    Idle,
+    /// Its request has been in flight for over [`STALE_REQUEST_AFTER`].
+    StaleRequest,
+}
+
+impl Eviction {
+    /// Metric label.
+    pub(super) fn code(self) -> &'static str {
+        match self {
+            Eviction::NoRequest => "no_request",
+            Eviction::IdleNoEvents => "idle_no_events",
+            Eviction::Idle => "idle",
+            Eviction::StaleRequest => "stale_request",
+        }
+    }
+
+    /// Whether the connection is cut at once, rather than closed once its answer is out.
+    pub(super) fn cuts(self) -> bool {
+        matches!(self, Eviction::NoRequest | Eviction::StaleRequest)
+    }
 }
 
 /// What the accept loop and the connection's task share about one connection.
 pub(super) struct Slot {
+    /// A place from the reserve: one request, probe or events only.
+    pub(super) reserved: bool,
     opened: Instant,
-    /// A whole request head has arrived on this connection.
-    served: AtomicBool,
-    /// Chosen to be closed; it is not chosen twice.
-    closing: AtomicBool,
+    /// [`NEW`], [`BUSY`] or [`IDLE`].
+    state: AtomicU8,
+    /// When `state` last changed, in ms after `epoch`.
+    since_ms: AtomicU64,
+    epoch: Instant,
+    /// It has posted events at least once.
+    posted: AtomicBool,
+    /// Chosen to give way (never chosen twice), and why.
+    chosen: Mutex<Option<Eviction>>,
     close: Notify,
 }
 
 impl Slot {
-    /// Records that the connection sent a request head: it is never closed to make room.
-    pub(super) fn mark_served(&self) {
-        self.served.store(true, Ordering::Relaxed);
+    fn now_ms(&self) -> u64 {
+        Instant::now().duration_since(self.epoch).as_millis() as u64
     }
 
-    /// Whether a request head has arrived on this connection.
-    pub(super) fn is_served(&self) -> bool {
-        self.served.load(Ordering::Relaxed)
+    /// A request head arrived; `events` when it posts events.
+    pub(super) fn request_started(&self, events: bool) {
+        if events {
+            self.posted.store(true, Ordering::Relaxed);
+        }
+        self.since_ms.store(self.now_ms(), Ordering::Relaxed);
+        self.state.store(BUSY, Ordering::Release);
     }
 
-    /// Resolves when the connection was chosen to be closed.
-    pub(super) async fn closed_to_make_room(&self) {
-        self.close.notified().await;
+    /// The request's answer is ready.
+    pub(super) fn request_ended(&self) {
+        self.since_ms.store(self.now_ms(), Ordering::Relaxed);
+        self.state.store(IDLE, Ordering::Release);
+    }
+
+    /// Whether no request head has arrived yet.
+    pub(super) fn is_new(&self) -> bool {
+        self.state.load(Ordering::Acquire) == NEW
+    }
+
+    /// Resolves when the connection was chosen to give way, with the reason.
+    pub(super) async fn chosen(&self) -> Eviction {
+        loop {
+            self.close.notified().await;
+            if let Some(why) = *lock(&self.chosen) {
+                return why;
+            }
+        }
+    }
+
+    /// How this connection ranks as one to give way, lower first; `None` if it must not.
+    fn rank(&self, now: Instant) -> Option<(Eviction, Instant)> {
+        if self.reserved || lock(&self.chosen).is_some() {
+            return None;
+        }
+        let since = self.epoch + Duration::from_millis(self.since_ms.load(Ordering::Relaxed));
+        match self.state.load(Ordering::Acquire) {
+            NEW if now.duration_since(self.opened) >= STALLED_AFTER => {
+                Some((Eviction::NoRequest, self.opened))
+            }
+            IDLE if !self.posted.load(Ordering::Relaxed) => Some((Eviction::IdleNoEvents, since)),
+            IDLE => Some((Eviction::Idle, since)),
+            BUSY if now.duration_since(since) > STALE_REQUEST_AFTER => {
+                Some((Eviction::StaleRequest, since))
+            }
+            _ => None,
+        }
     }
 }
 
-/// A connection's place under the cap; dropping it frees the place.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The values stay consistent whatever panicked while holding them.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The open connections and their counts.
+#[derive(Default)]
+struct Live {
+    slots: BTreeMap<u64, Arc<Slot>>,
+    /// Regular places in use: not reserved, not chosen to give way.
+    regular: usize,
+    reserved: usize,
+    /// Chosen to give way, still open.
+    leaving: usize,
+}
+
+/// The open connections.
+pub(super) struct Connections {
+    live: Mutex<Live>,
+    next_id: AtomicU64,
+    epoch: Instant,
+}
+
+/// A connection's place; dropping it frees the place.
 pub(super) struct Admitted {
     pub(super) slot: Arc<Slot>,
+    /// The connection that was chosen to make room for this one, and why.
+    pub(super) evicted: Option<Eviction>,
     id: u64,
     connections: Arc<Connections>,
-    _permit: OwnedSemaphorePermit,
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        self.connections.lock_live().remove(&self.id);
+        let mut live = lock(&self.connections.live);
+        if live.slots.remove(&self.id).is_none() {
+            return;
+        }
+        if self.slot.reserved {
+            live.reserved -= 1;
+        } else if lock(&self.slot.chosen).is_some() {
+            live.leaving -= 1;
+        } else {
+            live.regular -= 1;
+        }
     }
 }
 
 impl Connections {
-    pub(super) fn new(max: usize) -> Arc<Connections> {
+    pub(super) fn new() -> Arc<Connections> {
         Arc::new(Connections {
-            permits: Arc::new(Semaphore::new(max)),
-            live: Mutex::new(BTreeMap::new()),
+            live: Mutex::new(Live::default()),
             next_id: AtomicU64::new(0),
+            epoch: Instant::now(),
         })
     }
 
-    fn lock_live(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Slot>>> {
-        // The map stays consistent whatever panicked while holding it.
-        self.live.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A place for a just-accepted connection: at once if the cap allows, else after a
-    /// stalled connection was closed or another one ended.
-    pub(super) async fn admit(self: &Arc<Self>) -> Admitted {
-        loop {
-            if let Ok(permit) = self.permits.clone().try_acquire_owned() {
-                return self.register(permit);
-            }
-            self.close_oldest_stalled();
-            tokio::select! {
-                permit = self.permits.clone().acquire_owned() => {
-                    if let Ok(permit) = permit {
-                        return self.register(permit);
-                    }
-                    // The semaphore is never closed; if it were, waiting again is all we can do.
-                    tokio::time::sleep(RECHECK).await;
-                }
-                () = tokio::time::sleep(RECHECK) => {}
+    /// A place for a just-accepted connection, at once: a free one, one made by choosing a
+    /// connection to give way, or one from the reserve; `None` if the connection must be
+    /// closed.
+    pub(super) fn admit(self: &Arc<Self>) -> Option<Admitted> {
+        let mut live = lock(&self.live);
+        if live.slots.len() >= MAX_CONNECTIONS + RESERVED + MAX_LEAVING {
+            return None;
+        }
+        if live.regular < MAX_CONNECTIONS {
+            return Some(self.register(&mut live, false, None));
+        }
+        if live.leaving < MAX_LEAVING {
+            if let Some(why) = Self::choose(&mut live) {
+                return Some(self.register(&mut live, false, Some(why)));
             }
         }
+        if live.reserved < RESERVED {
+            return Some(self.register(&mut live, true, None));
+        }
+        None
     }
 
-    fn register(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Admitted {
+    fn register(
+        self: &Arc<Self>,
+        live: &mut Live,
+        reserved: bool,
+        evicted: Option<Eviction>,
+    ) -> Admitted {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
         let slot = Arc::new(Slot {
-            opened: Instant::now(),
-            served: AtomicBool::new(false),
-            closing: AtomicBool::new(false),
+            reserved,
+            opened: now,
+            state: AtomicU8::new(NEW),
+            since_ms: AtomicU64::new(now.duration_since(self.epoch).as_millis() as u64),
+            epoch: self.epoch,
+            posted: AtomicBool::new(false),
+            chosen: Mutex::new(None),
             close: Notify::new(),
         });
-        self.lock_live().insert(id, slot.clone());
+        live.slots.insert(id, slot.clone());
+        if reserved {
+            live.reserved += 1;
+        } else {
+            live.regular += 1;
+        }
         Admitted {
             slot,
+            evicted,
             id,
             connections: self.clone(),
-            _permit: permit,
         }
     }
 
-    /// Asks the oldest stalled connection to close; false if there is none.
-    fn close_oldest_stalled(&self) -> bool {
-        let live = self.lock_live();
+    /// Chooses the connection that gives way, tells it, and moves it from the regular
+    /// places to the leaving ones.
+    fn choose(live: &mut Live) -> Option<Eviction> {
         let now = Instant::now();
-        for slot in live.values() {
-            if now.duration_since(slot.opened) < STALLED_AFTER {
-                // Ids grow with time: every later connection is younger still.
-                return false;
-            }
-            if slot.is_served() || slot.closing.swap(true, Ordering::Relaxed) {
-                continue;
-            }
-            // notify_one keeps the wake-up if the task is not waiting yet.
-            slot.close.notify_one();
-            return true;
-        }
-        false
+        let (why, _, slot) = live
+            .slots
+            .values()
+            .filter_map(|s| s.rank(now).map(|(why, at)| (why, at, s)))
+            .min_by_key(|(why, at, _)| (*why, *at))?;
+        *lock(&slot.chosen) = Some(why);
+        // notify_one keeps the wake-up if the task is not waiting yet.
+        slot.close.notify_one();
+        live.regular -= 1;
+        live.leaving += 1;
+        Some(why)
     }
 }
 
@@ -146,43 +289,110 @@ impl Connections {
 mod tests {
     use super::*;
 
+    fn chosen(a: &Admitted) -> Option<Eviction> {
+        *lock(&a.slot.chosen)
+    }
+
+    fn fill(conns: &Arc<Connections>, n: usize) -> Vec<Admitted> {
+        (0..n).map(|_| conns.admit().expect("a place")).collect()
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn at_the_cap_the_oldest_stalled_connection_makes_room() {
-        let conns = Connections::new(3);
-        let served = conns.admit().await;
-        served.slot.mark_served();
-        let stalled_old = conns.admit().await;
-        tokio::time::advance(Duration::from_millis(500)).await;
-        let stalled_young = conns.admit().await;
+    async fn at_the_cap_the_least_useful_connection_gives_way_in_order() {
+        let conns = Connections::new();
+        let mut open = fill(&conns, MAX_CONNECTIONS);
+        // Every place busy with a fresh request: nothing gives way, the reserve is used.
+        for a in &open {
+            a.slot.request_started(true);
+        }
+        let reserved = conns.admit().expect("a reserved place");
+        assert!(reserved.slot.reserved && reserved.evicted.is_none());
+        drop(reserved);
 
-        // Under STALLED_AFTER nothing is chosen: the newcomer waits.
-        let waiting = tokio::spawn({
-            let conns = conns.clone();
-            async move { conns.admit().await }
-        });
-        tokio::time::advance(Duration::from_millis(1000)).await;
-        tokio::task::yield_now().await;
-        assert!(!waiting.is_finished());
-        assert!(!stalled_old.slot.closing.load(Ordering::Relaxed));
+        // Shape the 256: a poster that went idle first, probes idle at different times,
+        // one with no request head, one request in flight for long.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        open[0].slot.request_ended(); // idle poster, idle longest
+                                      // Probes: new connections that only ever asked for /healthz.
+        drop(open.drain(1..4));
+        let probes = fill(&conns, 3);
+        for p in &probes {
+            p.slot.request_started(false);
+        }
+        tokio::time::advance(Duration::from_millis(10)).await;
+        probes[1].slot.request_ended(); // idle longest of the probes
+        tokio::time::advance(Duration::from_millis(10)).await;
+        probes[2].slot.request_ended();
+        tokio::time::advance(Duration::from_millis(10)).await;
+        probes[0].slot.request_ended();
+        drop(open.pop());
+        let silent = conns.admit().expect("a place");
+        // Newcomers post at once, as Ray does.
+        let admit = || {
+            let a = conns.admit().expect("admitted by eviction");
+            a.slot.request_started(true);
+            a
+        };
 
-        // Past it, the oldest stalled one (not the served one, not the younger) is asked
-        // to close; the newcomer gets its place once it has gone.
-        tokio::time::advance(Duration::from_millis(1200)).await;
-        tokio::task::yield_now().await;
-        assert!(stalled_old.slot.closing.load(Ordering::Relaxed));
-        assert!(!stalled_young.slot.closing.load(Ordering::Relaxed));
-        assert!(!served.slot.closing.load(Ordering::Relaxed));
-        tokio::time::timeout(
-            Duration::from_secs(1),
-            stalled_old.slot.closed_to_make_room(),
-        )
-        .await
-        .expect("the stalled connection was told to close");
-        assert!(!waiting.is_finished());
-        drop(stalled_old);
-        let newcomer = waiting.await.unwrap();
-        assert_eq!(conns.lock_live().len(), 3);
-        drop((newcomer, served, stalled_young));
-        assert!(conns.lock_live().is_empty());
+        // Under STALLED_AFTER the silent one is spared: the probe idle longest goes first.
+        let a = admit();
+        assert_eq!(a.evicted, Some(Eviction::IdleNoEvents));
+        assert_eq!(chosen(&probes[1]), Some(Eviction::IdleNoEvents));
+        let b = admit();
+        assert_eq!(chosen(&probes[2]), Some(Eviction::IdleNoEvents));
+        // Past STALLED_AFTER the silent one goes before the last probe.
+        tokio::time::advance(STALLED_AFTER).await;
+        let c = admit();
+        assert_eq!(chosen(&silent), Some(Eviction::NoRequest));
+        assert_eq!(
+            tokio::time::timeout(Duration::from_secs(1), silent.slot.chosen()).await,
+            Ok(Eviction::NoRequest)
+        );
+        let d = admit();
+        assert_eq!(chosen(&probes[0]), Some(Eviction::IdleNoEvents));
+        // Then the idle poster; then requests in flight for over 3 s, oldest first.
+        let e = admit();
+        assert_eq!(e.evicted, Some(Eviction::Idle));
+        assert_eq!(chosen(&open[0]), Some(Eviction::Idle));
+        let f = admit();
+        assert_eq!(f.evicted, Some(Eviction::StaleRequest));
+        assert!(Eviction::StaleRequest.cuts() && !Eviction::Idle.cuts());
+        // The newcomers themselves are fresh: they are not chosen.
+        for n in [&a, &b, &c, &d, &e, &f] {
+            assert_eq!(chosen(n), None);
+        }
+        drop((a, b, c, d, e, f, silent, probes, open));
+        let live = lock(&conns.live);
+        assert_eq!(
+            (live.slots.len(), live.regular, live.leaving, live.reserved),
+            (0, 0, 0, 0)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sockets_stay_bounded_whatever_the_clients_do() {
+        let conns = Connections::new();
+        let mut open = fill(&conns, MAX_CONNECTIONS);
+        for a in &open {
+            a.slot.request_started(false);
+            a.slot.request_ended();
+        }
+        // Idle connections give way, but a leaving one keeps its socket until it has gone.
+        for _ in 0..MAX_LEAVING {
+            open.push(conns.admit().expect("admitted by eviction"));
+        }
+        // Then the reserve; then refusals.
+        let reserve: Vec<Admitted> = (0..RESERVED)
+            .map(|_| conns.admit().expect("a reserved place"))
+            .collect();
+        assert!(reserve.iter().all(|a| a.slot.reserved));
+        assert!(conns.admit().is_none());
+        assert_eq!(
+            lock(&conns.live).slots.len(),
+            MAX_CONNECTIONS + RESERVED + MAX_LEAVING
+        );
+        // Once the leaving ones are gone, eviction makes room again.
+        open.retain(|a| chosen(a).is_none());
+        assert!(conns.admit().is_some_and(|a| a.evicted.is_some()));
     }
 }

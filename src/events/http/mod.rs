@@ -47,8 +47,6 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// a body of millions of bad elements (`[0,0,0,…]`) must cost neither memory nor disk in
 /// proportion to its element count, and a thousand records say what is wrong with it.
 pub const MAX_QUARANTINED_PER_BODY: usize = 1000;
-/// Connections served at once; past it, stalled ones make room or new ones wait.
-const MAX_CONNECTIONS: usize = 256;
 /// Invalid bodies kept in quarantine: a burst of this many, then [`KEPT_BODIES_PER_SECOND`].
 /// Each kept body costs a file, its syncs and an upload; a storm of distinct bad bodies
 /// would otherwise slow the spool for the good ones and outlast the shutdown deadline.
@@ -184,10 +182,11 @@ impl Drop for InflightGuard<'_> {
 
 /// Accepts connections until the task is dropped.
 ///
-/// At most [`MAX_CONNECTIONS`] are served at once; at the cap a new connection closes the
-/// oldest one that has sent no request head (see [`connections`]), or waits.
+/// The loop never waits for a place: at the cap a new connection takes the place of the
+/// least useful open one, or one of the reserved places, or is closed at once (see
+/// [`connections`]).
 pub async fn serve(listener: TcpListener, state: Arc<IngestState>) {
-    let connections = Connections::new(MAX_CONNECTIONS);
+    let connections = Connections::new();
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -198,44 +197,89 @@ pub async fn serve(listener: TcpListener, state: Arc<IngestState>) {
                 continue;
             }
         };
-        let admitted = connections.admit().await;
+        let Some(admitted) = connections.admit() else {
+            m::connection_refused();
+            tracing::debug!(%peer, "closed a new connection at once: every place, reserved one and leaving one is taken");
+            continue;
+        };
+        if let Some(why) = admitted.evicted {
+            m::connection_evicted(why.code());
+        }
         let _ = stream.set_nodelay(true);
-        let state = state.clone();
-        tokio::spawn(async move {
-            let slot = admitted.slot.clone();
-            let svc = service_fn(move |req| {
-                slot.mark_served();
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(handle(req, &state).await) }
-            });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), svc);
-            let mut conn = std::pin::pin!(conn);
-            loop {
-                tokio::select! {
-                    result = &mut conn => {
-                        if let Err(e) = result {
-                            tracing::debug!(%peer, error = %e, "connection ended with an error");
-                        }
-                        break;
-                    }
-                    () = admitted.slot.closed_to_make_room() => {
-                        // Checked here, between polls of the connection: if a request head
-                        // arrived since it was chosen, it is served, not cut off.
-                        if !admitted.slot.is_served() {
-                            m::connection_closed_stalled();
-                            tracing::debug!(%peer, "closed a connection that sent no request head, to make room for a new one");
-                            break;
-                        }
-                    }
-                }
-            }
-            drop(admitted);
-        });
+        tokio::spawn(serve_connection(stream, peer, admitted, state.clone()));
     }
+}
+
+/// Serves one connection until it ends, or until it is chosen to give way.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    admitted: connections::Admitted,
+    state: Arc<IngestState>,
+) {
+    let slot = admitted.slot.clone();
+    let reserved = slot.reserved;
+    let svc = service_fn(move |req: Request<Incoming>| {
+        let slot = slot.clone();
+        let state = state.clone();
+        async move {
+            let events = is_events_post(&req);
+            slot.request_started(events);
+            let resp = if slot.reserved && !events && !is_probe(&req) {
+                m::http_request("other", 503);
+                closing(retry_later(
+                    "the collector is at its connection limit; only /healthz, /readyz and POST /v1/events are served on a new connection now",
+                    1,
+                ))
+            } else {
+                handle(req, &state).await
+            };
+            slot.request_ended();
+            Ok::<_, Infallible>(resp)
+        }
+    });
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(if reserved {
+            connections::STALLED_AFTER
+        } else {
+            HEADER_TIMEOUT
+        })
+        .keep_alive(!reserved)
+        .serve_connection(TokioIo::new(stream), svc);
+    let mut conn = std::pin::pin!(conn);
+    let leave_by = tokio::select! {
+        result = &mut conn => {
+            if let Err(e) = result {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+            return;
+        }
+        why = admitted.slot.chosen() => {
+            // Checked here, between polls of the connection: a head that arrived since it
+            // was chosen is answered, not cut off.
+            if why.cuts() && (why == connections::Eviction::StaleRequest || admitted.slot.is_new()) {
+                tracing::debug!(%peer, reason = why.code(), "cut a connection to make room for a new one");
+                return;
+            }
+            tracing::debug!(%peer, reason = why.code(), "closing a connection to make room for a new one");
+            conn.as_mut().graceful_shutdown();
+            tokio::time::Instant::now() + connections::LEAVE_GRACE
+        }
+    };
+    if let Ok(Err(e)) = tokio::time::timeout_at(leave_by, conn).await {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+    drop(admitted);
+}
+
+fn is_events_post(req: &Request<Incoming>) -> bool {
+    req.method() == Method::POST && matches!(req.uri().path(), "/v1/events" | "/events")
+}
+
+fn is_probe(req: &Request<Incoming>) -> bool {
+    matches!(*req.method(), Method::GET | Method::HEAD)
+        && matches!(req.uri().path(), "/healthz" | "/readyz")
 }
 
 type Resp = Response<Full<Bytes>>;
@@ -380,23 +424,36 @@ async fn ingest_inner(req: Request<Incoming>, st: &IngestState) -> Result<Resp, 
     if declared.is_some_and(|n| n > st.max_body_bytes) {
         return Err(too_large(st.max_body_bytes));
     }
-    // Held until the answer: the body and what is built from it stay within the budget.
-    let Some(_room) = st.body_budget.reserve(declared, layers).await else {
-        m::backpressure();
-        return Err(retry_later(
-            "too many large request bodies in flight; retry later",
-            1,
-        ));
-    };
-    Ok(read_and_store(req, st, layers).await)
+    Ok(read_and_store(req, st, declared, layers).await)
 }
 
 /// Reads the body and stores its events.
-async fn read_and_store(req: Request<Incoming>, st: &IngestState, layers: usize) -> Resp {
+async fn read_and_store(
+    req: Request<Incoming>,
+    st: &IngestState,
+    declared: Option<u64>,
+    layers: usize,
+) -> Resp {
     let _guard = InflightGuard::new(st);
-    let body = match body::read_body(req, st.max_body_bytes, layers).await {
+    // The room is held until the answer: the body and what is built from it stay within
+    // the budget.
+    let read = body::read_body(req, &st.body_budget, st.max_body_bytes, declared, layers).await;
+    let (body, _room) = match read {
         Ok(b) => b,
         Err(BodyProblem::TooLarge) => return closing(too_large(st.max_body_bytes)),
+        Err(BodyProblem::TooLargeToDecode(budget)) => {
+            return closing(error_response(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the compressed body and its decoded form together need more than the {budget} bytes all bodies in flight may hold (--max-body-bytes + 32 MiB); send it uncompressed or smaller"),
+            ))
+        }
+        Err(BodyProblem::NoRoom) => {
+            m::backpressure();
+            return closing(retry_later(
+                "too many large request bodies in flight; retry later",
+                1,
+            ));
+        }
         Err(BodyProblem::TimedOut) => {
             return closing(error_response(
                 StatusCode::REQUEST_TIMEOUT,
@@ -406,7 +463,7 @@ async fn read_and_store(req: Request<Incoming>, st: &IngestState, layers: usize)
         Err(BodyProblem::Read(e)) => {
             return error_response(StatusCode::BAD_REQUEST, format!("reading the body: {e}"))
         }
-        Err(BodyProblem::BadGzip(raw, e)) => {
+        Err(BodyProblem::BadGzip(raw, e, _room)) => {
             let msg = format!("body is not valid gzip: {e}");
             return invalid_body(st, raw, msg).await;
         }

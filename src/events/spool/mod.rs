@@ -356,7 +356,10 @@ pub struct AppendOutcome {
     pub accepted: u64,
     /// Dropped: their event id was accepted recently.
     pub duplicates: u64,
-    /// Stored in quarantine.
+    /// Sent to quarantine. Each distinct bad element is kept once: one already kept (resent
+    /// by Ray, or repeated in the body) is counted here but not written again, and is not a
+    /// duplicate. So `accepted + duplicates + quarantined + quarantine_dropped` is the number
+    /// of elements in the body.
     pub quarantined: u64,
     /// Not routable and beyond the per-body quarantine cap: counted, not stored.
     pub quarantine_dropped: u64,

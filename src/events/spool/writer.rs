@@ -623,12 +623,15 @@ impl Writer {
         }
         let mut records: Vec<Vec<u8>> = Vec::new();
         let mut reasons = Vec::new();
+        // Repeats of a bad element already kept (resent by Ray, or repeated in one body):
+        // answered and counted as quarantined, each one, but kept once; they are not
+        // duplicates of an accepted event.
+        let mut repeated = Vec::new();
         for q in quarantined() {
             let raw = &batch.body[q.start..q.end];
-            // The same bad event resent by Ray is kept once.
             let h = id_hash(raw);
             if !self.quarantine_dedup.insert(h) {
-                out.duplicates += 1;
+                repeated.push(q.reason);
                 continue;
             }
             held.quarantine.push(h);
@@ -675,10 +678,10 @@ impl Writer {
             for line in &records {
                 seg.pending.push_lines(line);
             }
-            for r in reasons {
-                m::events_quarantined(r.code(), 1);
-                out.quarantined += 1;
-            }
+        }
+        for r in reasons.into_iter().chain(repeated) {
+            m::events_quarantined(r.code(), 1);
+            out.quarantined += 1;
         }
         Ok(out)
     }

@@ -1,16 +1,17 @@
 //! Scenarios about hostile or broken clients: slowloris and slow bodies, oversized bodies,
-//! a storm of malformed bodies.
+//! a storm of malformed bodies, bodies declared and never sent, and keep-alive connections
+//! filling every place.
 
 use std::collections::BTreeMap;
 use std::io::{BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self};
 use std::time::{Duration, Instant};
 
 use crate::load::{
-    batch_body, count_status, event_json, resend, ClientLog, Ledger, Load, LoadSpec, ACKED,
+    batch_body, count_status, event_json, resend, ClientLog, Ledger, Load, LoadSpec, ACKED, PENDING,
 };
 use crate::verify::verify;
 use crate::{connect, http, mib, open_fds, secs, Ctx, RssMonitor, Verdict};
@@ -503,5 +504,247 @@ pub(crate) fn malformed(ctx: &Ctx) -> Result<Verdict, String> {
                "rss_before_mib": mib(rss_before as f64), "rss_quarter_mib": mib(rss_quarter as f64),
                "rss_peak_mib": mib(rss_peak as f64), "rss_after_mib": mib(rss_after as f64),
                "quarantine_records": check.quarantine_lines.len(), "exit_code": code, "check": check.figures()}),
+    ))
+}
+
+/// Ray's publisher gives up on a request after this long and resends it.
+const RAY_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// One request on a new connection that waits at most [`RAY_TIMEOUT`] for its answer: the
+/// status (0 for none) and the time taken.
+fn within_ray_timeout(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, Duration) {
+    let t = Instant::now();
+    let status = Conn::open(&format!("127.0.0.1:{port}"), RAY_TIMEOUT)
+        .and_then(|mut c| c.request(method, path, &[("Content-Type", "application/json")], body))
+        .map(|r| r.status)
+        .unwrap_or(0);
+    (status, t.elapsed())
+}
+
+/// Whether every answer was 200 within [`RAY_TIMEOUT`], and the slowest one in seconds.
+fn all_in_time(answers: &[(u16, Duration)]) -> (bool, f64) {
+    let ok = answers.iter().all(|(s, d)| *s == 200 && *d < RAY_TIMEOUT);
+    let slowest = answers
+        .iter()
+        .map(|(_, d)| d.as_secs_f64())
+        .fold(0.0, f64::max);
+    (ok, slowest)
+}
+
+/// Requests that declare a body and send none (a chunked head, `Content-Length: 32 MiB`)
+/// held the whole body budget before: Ray's batch must still get 200 within 3 s, and
+/// `/healthz` answer, however many of them are open.
+pub(crate) fn unsent_bodies(ctx: &Ctx) -> Result<Verdict, String> {
+    let mut s = ctx.setup("unsent-bodies", false, &[])?;
+    let port = s.collector.port;
+    let mut ledger = Ledger::default();
+    let rounds = ctx.pick(2, 5);
+    let per_kind = ctx.pick(1, 4);
+    let heads = [
+        "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".to_string(),
+        format!("POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", 32u64 << 20),
+    ];
+    let mut holders: Vec<TcpStream> = Vec::new();
+    let mut batches = Vec::new();
+    let mut probes = Vec::new();
+    for round in 0..rounds {
+        for head in &heads {
+            for _ in 0..per_kind {
+                let mut st =
+                    TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
+                st.write_all(head.as_bytes()).map_err(|e| e.to_string())?;
+                holders.push(st);
+            }
+        }
+        // Let the collector read the heads and wait for their bodies.
+        thread::sleep(Duration::from_millis(300));
+        let first = round as u64 * 100;
+        let answer = within_ray_timeout(
+            port,
+            "POST",
+            "/v1/events",
+            &batch_body("unsent", 0, first, 100, 2),
+        );
+        ledger.mark(
+            "unsent",
+            0,
+            first,
+            100,
+            if answer.0 == 200 { ACKED } else { PENDING },
+        );
+        batches.push(answer);
+        probes.push(within_ray_timeout(port, "GET", "/healthz", b""));
+        thread::sleep(Duration::from_millis(200));
+    }
+    let held = holders.len();
+    drop(holders);
+    let alive = s.collector.alive();
+    let (code, _) = s
+        .collector
+        .try_terminate(Duration::from_secs(60))
+        .map(|(s, d)| (s.code(), d))?;
+    let store = ctx.storage.store(&s.bucket)?;
+    let check = verify(&store, &ledger);
+    let (batches_ok, batch_slowest) = all_in_time(&batches);
+    let (probes_ok, probe_slowest) = all_in_time(&probes);
+    let pass = batches_ok && probes_ok && alive && code == Some(0) && check.ok();
+    Ok(Verdict::new(
+        pass,
+        format!(
+            "{rounds} rounds, up to {held} connections declaring a body (chunked, 32 MiB) and sending none: Ray's batch {:?}, slowest {batch_slowest:.2} s; /healthz {:?}, slowest {probe_slowest:.2} s (both must be 200 within 3 s); {}; exit {code:?}",
+            batches.iter().map(|a| a.0).collect::<Vec<_>>(),
+            probes.iter().map(|a| a.0).collect::<Vec<_>>(),
+            check.summary()
+        ),
+        json!({"rounds": rounds, "holders": held,
+               "batch_statuses": batches.iter().map(|a| a.0).collect::<Vec<_>>(), "batch_slowest_s": batch_slowest,
+               "probe_statuses": probes.iter().map(|a| a.0).collect::<Vec<_>>(), "probe_slowest_s": probe_slowest,
+               "exit_code": code, "check": check.figures()}),
+    ))
+}
+
+/// 256 keep-alive connections each asking for `/healthz` every 5 s (about 51 requests a
+/// second) fill every place: Ray's batches (one a second on its own keep-alive connection)
+/// must still get 200 within 3 s, and the kubelet's probe (a new connection every 2 s)
+/// answer within 3 s.
+pub(crate) fn busy_probes(ctx: &Ctx) -> Result<Verdict, String> {
+    const FLOOD: usize = 256;
+    const EVERY: Duration = Duration::from_secs(5);
+    let mut s = ctx.setup("busy-probes", false, &[])?;
+    let port = s.collector.port;
+    let run_for = Duration::from_secs(ctx.pick(6, 30));
+    let stop = Arc::new(AtomicBool::new(false));
+    let filled = Arc::new(AtomicBool::new(false));
+    let flood = {
+        let (stop, filled) = (stop.clone(), filled.clone());
+        thread::spawn(move || {
+            let open = || connect(port, RAY_TIMEOUT).ok();
+            let mut conns: Vec<Option<Conn>> = (0..FLOOD).map(|_| open()).collect();
+            let started = Instant::now();
+            let (mut sent, mut reconnects, mut failed) = (0u64, 0u64, 0u64);
+            // Bounded: the scenario stops it, and it stops itself past any sane length.
+            'rounds: for round in 0..100u32 {
+                for (i, c) in conns.iter_mut().enumerate() {
+                    // All at once first, so every place holds a connection that was served;
+                    // then spread over the 5 s.
+                    if round > 0 {
+                        let due = started + EVERY * round + EVERY.mul_f64(i as f64 / FLOOD as f64);
+                        while Instant::now() < due {
+                            if stop.load(Ordering::Relaxed) {
+                                break 'rounds;
+                            }
+                            thread::sleep(Duration::from_millis(5).min(due - Instant::now()));
+                        }
+                    }
+                    let mut answered = c
+                        .as_mut()
+                        .and_then(|c| c.request("GET", "/healthz", &[], b"").ok())
+                        .is_some_and(|r| r.status == 200);
+                    if !answered {
+                        // Closed to make room: come back, as an attacker would.
+                        reconnects += 1;
+                        *c = open();
+                        answered = c
+                            .as_mut()
+                            .and_then(|c| c.request("GET", "/healthz", &[], b"").ok())
+                            .is_some_and(|r| r.status == 200);
+                    }
+                    sent += 1;
+                    failed += u64::from(!answered);
+                }
+                filled.store(true, Ordering::Relaxed);
+            }
+            (sent, reconnects, failed)
+        })
+    };
+    let wait_fill = Instant::now();
+    while !filled.load(Ordering::Relaxed) && wait_fill.elapsed() < Duration::from_secs(30) {
+        thread::sleep(Duration::from_millis(20));
+    }
+    let mut ledger = Ledger::default();
+    let mut batches: Vec<(u16, Duration)> = Vec::new();
+    let mut probes: Vec<(u16, Duration)> = Vec::new();
+    let mut ray: Option<Conn> = None;
+    let mut ray_reconnects = 0u32;
+    let started = Instant::now();
+    let mut k = 0u64;
+    while started.elapsed() < run_for {
+        let tick = Instant::now();
+        let first = k * 50;
+        let body = batch_body("busy", 0, first, 50, 2);
+        if ray.is_none() {
+            ray_reconnects += 1;
+            ray = connect(port, RAY_TIMEOUT).ok();
+        }
+        let t = Instant::now();
+        let status = match ray.as_mut().map(|c| {
+            c.request(
+                "POST",
+                "/v1/events",
+                &[("Content-Type", "application/json")],
+                &body,
+            )
+        }) {
+            Some(Ok(r)) => {
+                if r.closes() {
+                    ray = None;
+                }
+                r.status
+            }
+            _ => {
+                ray = None;
+                0
+            }
+        };
+        batches.push((status, t.elapsed()));
+        ledger.mark(
+            "busy",
+            0,
+            first,
+            50,
+            if status == 200 { ACKED } else { PENDING },
+        );
+        if k % 2 == 0 {
+            probes.push(within_ray_timeout(port, "GET", "/healthz", b""));
+        }
+        k += 1;
+        thread::sleep(Duration::from_secs(1).saturating_sub(tick.elapsed()));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (flood_sent, flood_reconnects, flood_failed) = flood
+        .join()
+        .map_err(|_| "the flood thread panicked".to_string())?;
+    let evicted = s.collector.metric("rhc_connections_evicted_total").max(0.0) as u64;
+    let alive = s.collector.alive();
+    let (code, _) = s
+        .collector
+        .try_terminate(Duration::from_secs(60))
+        .map(|(s, d)| (s.code(), d))?;
+    let store = ctx.storage.store(&s.bucket)?;
+    let check = verify(&store, &ledger);
+    let (batches_ok, batch_slowest) = all_in_time(&batches);
+    let (probes_ok, probe_slowest) = all_in_time(&probes);
+    let pass = batches_ok && probes_ok && alive && code == Some(0) && check.ok();
+    let bad = |v: &[(u16, Duration)]| {
+        v.iter()
+            .filter(|(s, d)| *s != 200 || *d >= RAY_TIMEOUT)
+            .count()
+    };
+    Ok(Verdict::new(
+        pass,
+        format!(
+            "{FLOOD} keep-alive connections asking for /healthz every 5 s ({flood_sent} requests, {flood_reconnects} reconnects after being closed, {flood_failed} unanswered) for {:.0} s: Ray's batches {} sent, {} not 200 within 3 s, slowest {batch_slowest:.2} s, {ray_reconnects} connection(s); /healthz {} sent, {} not 200 within 3 s, slowest {probe_slowest:.2} s; {evicted} connections made room; {}; exit {code:?}",
+            run_for.as_secs_f64(),
+            batches.len(),
+            bad(&batches),
+            probes.len(),
+            bad(&probes),
+            check.summary()
+        ),
+        json!({"flood_connections": FLOOD, "flood_requests": flood_sent, "flood_reconnects": flood_reconnects,
+               "flood_unanswered": flood_failed, "batches": batches.len(), "batches_late_or_failed": bad(&batches),
+               "batch_slowest_s": batch_slowest, "ray_connections": ray_reconnects, "probes": probes.len(),
+               "probes_late_or_failed": bad(&probes), "probe_slowest_s": probe_slowest, "evicted": evicted,
+               "exit_code": code, "check": check.figures()}),
     ))
 }

@@ -41,7 +41,7 @@ mod storage;
 mod verify;
 
 use faults::{budget, outage};
-use hostile::{malformed, oversized, slowloris};
+use hostile::{busy_probes, malformed, oversized, slowloris, unsent_bodies};
 use logs::logs_2g;
 use process::{kill9, sigterm, sigterm_backlog, torn};
 use rhc_testkit::collector::{rss_bytes, Collector};
@@ -171,6 +171,20 @@ const SCENARIOS: &[(&str, bool, bool, bool, &str)] = &[
         "hostile bodies ([0,0,…], [{},{},…], distinct integers, 64 MiB), 4 clients each, then dashboard answers of 62 MB polled every second: peak RSS <= 256 MiB, spool <= 2x received",
     ),
     (
+        "unsent-bodies",
+        true,
+        true,
+        false,
+        "connections declaring a body (chunked, 32 MiB) and sending none: a Ray batch still gets 200 within 3 s and /healthz answers",
+    ),
+    (
+        "busy-probes",
+        true,
+        true,
+        false,
+        "256 keep-alive connections asking for /healthz every 5 s: a Ray batch still gets 200 within 3 s and /healthz answers",
+    ),
+    (
         "side-kill9",
         false,
         false,
@@ -239,6 +253,8 @@ pub(crate) fn scenario_fn(name: &str) -> Option<Scenario> {
         "oversized" => oversized,
         "malformed" => malformed,
         "memory" => memory::memory,
+        "unsent-bodies" => unsent_bodies,
+        "busy-probes" => busy_probes,
         "logs-2g" => logs_2g,
         "side-kill9" => compare::side_kill9,
         "side-sigterm" => compare::side_sigterm,
