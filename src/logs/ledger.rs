@@ -96,8 +96,12 @@ impl Ledger {
                 ledger.dirty = true;
             }
             None => {
+                // A version-2 ledger is adopted for this bucket (saved with it at once); a
+                // new, empty one is written only once it records something, so a collector
+                // that ships no logs leaves no ledger behind.
                 ledger.data.bucket = Some(bucket.to_string());
-                ledger.dirty = true;
+                ledger.dirty = !ledger.data.objects.is_empty()
+                    || !ledger.data.finished_sessions.is_empty();
             }
         }
         Ok(ledger)
