@@ -470,6 +470,8 @@ impl Inner {
             };
             let kind = match entry.file_type() {
                 Ok(ft) => kind_of(ft),
+                // Removed since it was listed: as if it had not been there.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(io_refusal("reading a file's type", e)),
             };
             match kind {
@@ -478,9 +480,11 @@ impl Inner {
                 Kind::Dir => entries.push((name, Kind::Dir, None)),
                 Kind::File => {
                     // Not followed: the entry's own metadata.
-                    let meta = entry
-                        .metadata()
-                        .map_err(|e| io_refusal("reading a file's size", e))?;
+                    let meta = match entry.metadata() {
+                        Ok(m) => m,
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                        Err(e) => return Err(io_refusal("reading a file's size", e)),
+                    };
                     entries.push((name, Kind::File, Some(meta)));
                 }
             }
