@@ -853,7 +853,9 @@ fn job_and_time_filters_read_only_matching_partitions() {
     // No filter: everything is read, the three corrupt objects are reported.
     let all = run(&[]);
     assert_eq!(unreadable(&all), 3, "{}", all["problems"]);
-    assert_eq!(all["objects"]["read"], 5);
+    assert_eq!(all["objects"]["event_objects_listed"], 5);
+    assert_eq!(all["objects"]["read"], 2);
+    assert_eq!(all["objects"]["unreadable"], 3);
     let jobs: Vec<&str> = all["jobs"]
         .as_array()
         .unwrap()
@@ -868,7 +870,8 @@ fn job_and_time_filters_read_only_matching_partitions() {
         assert_eq!(unreadable(&r), 1, "{}", r["problems"]);
         assert_eq!(bad_keys(&r), [format!("{node}-2026-11-22-09-4.jsonl.gz")]);
         assert_eq!(r["objects"]["event_objects_listed"], 2);
-        assert_eq!(r["objects"]["read"], 2);
+        assert_eq!(r["objects"]["read"], 1);
+        assert_eq!(r["objects"]["unreadable"], 1);
         assert_eq!(r["filter"]["job"], JOB);
         assert_eq!(r["jobs"].as_array().unwrap().len(), 1);
         assert_eq!(r["tasks"], all["tasks"]);
@@ -1001,7 +1004,11 @@ fn corrupt_objects_are_reported_not_fatal() {
     // far), and the unterminated array.
     assert!(problems["bad_lines"].as_u64().unwrap() >= 4, "{problems}");
     assert_eq!(r["objects"]["not_event_objects"], 1);
-    assert_eq!(r["objects"]["read"], 5);
+    // Read to their end: the full object, the unterminated array (bad lines, not
+    // unreadable) and the empty one; the truncated and the non-gzip ones are not read.
+    assert_eq!(r["objects"]["event_objects_listed"], 5);
+    assert_eq!(r["objects"]["read"], 3, "{}", r["objects"]);
+    assert_eq!(r["objects"]["unreadable"], 2, "{}", r["objects"]);
     // The readable data is all there (the truncated copy only repeats it).
     check_session_counts(&r, &want);
     assert!(r["events"]["duplicates"].as_u64().unwrap() > 0);
@@ -1010,6 +1017,12 @@ fn corrupt_objects_are_reported_not_fatal() {
     assert!(out.status.success(), "{}", out.stderr);
     assert!(
         out.stdout.contains("PROBLEMS: 2 unreadable object(s)"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains("read      3 of 5 event objects, 2 unreadable ("),
         "{}",
         out.stdout
     );

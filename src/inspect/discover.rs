@@ -87,10 +87,17 @@ pub(super) async fn discover(
             problems.note(kind_path.as_ref(), "unknown owner kind directory; skipped");
             continue;
         }
-        let listed = store
-            .list_with_delimiter(Some(kind_path))
-            .await
-            .map_err(|e| anyhow::anyhow!("listing {kind_path}/ in {spec}: {}", store_error(&e)))?;
+        // One listing that fails (a key the client cannot parse) costs only itself.
+        let listed = match store.list_with_delimiter(Some(kind_path)).await {
+            Ok(l) => l,
+            Err(e) => {
+                problems.unreadable(
+                    &format!("{kind_path}/"),
+                    &format!("listing failed: {}", store_error(&e)),
+                );
+                continue;
+            }
+        };
         for dir in listed.common_prefixes {
             let name = dir.filename().unwrap_or_default().to_string();
             match ClusterId::parse(&kind, &name) {
@@ -115,15 +122,26 @@ pub(super) async fn discover(
         .await;
     let mut clusters: BTreeMap<ClusterId, Vec<String>> = BTreeMap::new();
     for (id, dir, listed) in listings {
-        let listed =
-            listed.map_err(|e| anyhow::anyhow!("listing {dir}/ in {spec}: {}", store_error(&e)))?;
+        let listed = match listed {
+            Ok(l) => l,
+            Err(e) => {
+                problems.unreadable(
+                    &format!("{dir}/"),
+                    &format!("listing failed: {}", store_error(&e)),
+                );
+                continue;
+            }
+        };
         let sessions = clusters.entry(id).or_default();
         for marker in listed.objects {
             let name = marker.location.filename().unwrap_or_default();
-            if contract::is_safe_segment(name) {
+            if is_session_name(name) {
                 sessions.push(name.to_string());
             } else {
-                problems.note(marker.location.as_ref(), "not a session name; skipped");
+                problems.note(
+                    marker.location.as_ref(),
+                    "not a session name (session_…); skipped",
+                );
             }
         }
         sessions.sort_by_key(|s| session_sort_key(s));
@@ -157,19 +175,55 @@ pub(super) fn describe_cluster_filter(args: &InspectArgs) -> String {
     parts.join(" ")
 }
 
-/// Picks the session asked for with `--session`.
-pub(super) fn choose_session(
+/// A marker's name is a session's: Ray names them `session_<start>_<pid>`, and the
+/// collector takes `sessionName` from the events, a single safe path segment.
+fn is_session_name(name: &str) -> bool {
+    name.starts_with("session_") && contract::is_safe_segment(name)
+}
+
+/// Sessions `latest` looks into, newest first, for one that holds an object.
+const MAX_LATEST_PROBES: usize = 32;
+/// Why a newer marker was not taken as `latest`.
+const EMPTY_MARKER: &str = "a session marker with no object under its session: not taken as latest";
+
+/// Picks the session asked for with `--session`; with `latest`, also the newer markers
+/// passed over (with why). `latest` is the newest by the time in its name that holds at
+/// least one object: a marker alone (written early, or with a wrong clock) is not a
+/// session to report.
+pub(super) async fn choose_session(
+    store: &Arc<dyn ObjectStore>,
+    spec: &StorageSpec,
     found: &Discovered,
     wanted: &str,
-) -> Result<(ClusterId, String), InspectError> {
+) -> Result<((ClusterId, String), Vec<(String, &'static str)>), InspectError> {
     let all = found
         .clusters
         .iter()
         .flat_map(|(id, sessions)| sessions.iter().map(move |s| (id, s)));
     if wanted == "latest" {
-        return all
-            .max_by_key(|(_, s)| session_sort_key(s))
-            .map(|(id, s)| (id.clone(), s.clone()))
+        let mut newest_first: Vec<(&ClusterId, &String)> = all.collect();
+        newest_first.sort_by_key(|(_, s)| std::cmp::Reverse(session_sort_key(s)));
+        let mut passed_over = Vec::new();
+        for (id, session) in newest_first.iter().take(MAX_LATEST_PROBES) {
+            let prefix = ObjectPath::from(format!(
+                "{}/{session}",
+                id.layout(&spec.root).history_prefix()
+            ));
+            // A failed listing is not evidence of emptiness: take it, and let the report
+            // say what failed.
+            let empty = store.list(Some(&prefix)).next().await.is_none();
+            if !empty {
+                return Ok((((*id).clone(), (*session).clone()), passed_over));
+            }
+            passed_over.push((
+                id.layout(&spec.root).session_marker_key(session),
+                EMPTY_MARKER,
+            ));
+        }
+        // Nothing holds an object: the newest marker, as before.
+        return newest_first
+            .first()
+            .map(|(id, s)| (((*id).clone(), (*s).clone()), Vec::new()))
             .ok_or_else(|| InspectError::NoSuchSession {
                 wanted: "latest".into(),
                 known: "none".into(),
@@ -180,7 +234,7 @@ pub(super) fn choose_session(
         .map(|(id, _)| id)
         .collect();
     match matches.as_slice() {
-        [one] => Ok(((*one).clone(), wanted.to_string())),
+        [one] => Ok((((*one).clone(), wanted.to_string()), Vec::new())),
         [] => {
             let known: Vec<String> = found
                 .clusters

@@ -240,7 +240,7 @@ fn failed(h: &mut String, r: &SessionReport) {
                 .as_deref()
                 .map(|m| esc(&super::render::clean_multiline(m)))
                 .unwrap_or_default(),
-            esc(&t.log_command)
+            t.log_command.as_deref().map(esc).unwrap_or_default()
         );
     }
     h.push_str("</table>\n");

@@ -14,8 +14,15 @@
 //!
 //! `--tail N` prints the last N lines, read with ranged reads from the end (64 KiB at a
 //! time), so a big log is not downloaded; otherwise the object (or range) is streamed.
+//! `--tail` reads back at most [`MAX_TAIL_BYTES`]: when they hold fewer lines than asked
+//! for, the output starts there, mid-line, and a note on stderr says so.
+//!
 //! Bytes go to stdout as stored when stdout is not a terminal; on a terminal, control
-//! characters other than newline and tab (terminal escapes included) are dropped.
+//! characters other than newline and tab (terminal escapes and C1 controls included) and
+//! the invisible characters that reorder text (`U+202E`) are dropped, and bytes that are
+//! not UTF-8 are shown as `U+FFFD`. Names from the bucket in messages are escaped
+//! (`escape.rs`); a `file://` bucket's skipped entries (links, FIFOs, bad names) are listed
+//! on stderr after the log.
 
 use std::io::{IsTerminal as _, Write as _};
 use std::sync::Arc;
@@ -30,7 +37,9 @@ use crate::contract::logs::{node_logs_prefix, LogStream, WorkerLogName, RAYLET_O
 use crate::storage::StorageSpec;
 
 use super::discover::ClusterId;
+use super::escape::{escape_name, escape_text, is_unsafe_char};
 use super::filter::Filter;
+use super::local::SkipLog;
 use super::task::{AttemptKey, CompactId, LogInfo, TaskStore, NO_TIME};
 use super::{session_report, store_error, InspectError};
 
@@ -40,6 +49,11 @@ const TAIL_BLOCK: u64 = 64 << 10;
 const MAX_TAIL_BYTES: u64 = 64 << 20;
 /// Bytes fetched per ranged read when printing a range.
 const RANGE_BLOCK: u64 = 4 << 20;
+/// Logs named in a "several logs match" error; the rest are counted (a worker id can
+/// match tens of thousands of objects in a hostile bucket).
+const MAX_MATCHES_SHOWN: usize = 10;
+/// Skipped entries named on stderr after a log; the rest are counted.
+const MAX_SKIPS_SHOWN: usize = 10;
 
 /// Which log, and which part of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +109,7 @@ pub(super) async fn print_logs(
     } else {
         resolve_from_events(store, spec, chosen, filter, &id, &nodes, stream).await?
     };
-    let key = ObjectPath::from(format!(
+    let key = raw_key(&format!(
         "{}{}",
         node_logs_prefix(&history_prefix, &session, &target.node),
         target.file
@@ -134,6 +148,32 @@ pub(super) async fn print_logs(
     out.flush()
 }
 
+/// The key `key` as listed: node and file names from the bucket are joined into keys as
+/// they are (`ObjectPath::from` would percent-encode a name that is not ASCII, and miss it).
+fn raw_key(key: &str) -> ObjectPath {
+    ObjectPath::parse(key).unwrap_or_else(|_| ObjectPath::from(key))
+}
+
+/// Tells on stderr which entries of a `file://` bucket were skipped while looking for the
+/// log (their keys are escaped).
+pub(super) fn tell_skips(skips: &SkipLog) {
+    let (skipped, more) = skips.take();
+    let total = skipped.len() as u64 + more;
+    if total == 0 {
+        return;
+    }
+    eprintln!(
+        "note: {total} entr{} of the bucket skipped:",
+        if total == 1 { "y" } else { "ies" }
+    );
+    for (key, reason) in skipped.iter().take(MAX_SKIPS_SHOWN) {
+        eprintln!("  {key}: {reason}");
+    }
+    if total > MAX_SKIPS_SHOWN as u64 {
+        eprintln!("  and {} more", total - MAX_SKIPS_SHOWN as u64);
+    }
+}
+
 /// The node directories of a session.
 async fn list_nodes(
     store: &Arc<dyn ObjectStore>,
@@ -165,12 +205,24 @@ async fn find_worker_log(
     stream: LogStream,
 ) -> anyhow::Result<Option<LogTarget>> {
     let mut found = Vec::new();
+    let mut matched = 0usize;
     for node in nodes {
         let prefix = node_logs_prefix(history_prefix, session, node);
-        let listed = store
-            .list_with_delimiter(Some(&ObjectPath::from(prefix.trim_end_matches('/'))))
+        // One node's listing that fails costs only that node.
+        let listed = match store
+            .list_with_delimiter(Some(&raw_key(prefix.trim_end_matches('/'))))
             .await
-            .map_err(|e| anyhow::anyhow!("listing {prefix}: {}", store_error(&e)))?;
+        {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!(
+                    "note: listing {} failed, its logs not searched: {}",
+                    escape_name(&prefix),
+                    escape_text(&store_error(&e))
+                );
+                continue;
+            }
+        };
         for meta in listed.objects {
             let Some(name) = meta.location.filename() else {
                 continue;
@@ -181,6 +233,10 @@ async fn find_worker_log(
             let matches = parsed.stream == stream
                 && (parsed.worker == worker || (worker.is_empty() && Some(parsed.pid) == pid));
             if matches {
+                matched += 1;
+                if found.len() > MAX_MATCHES_SHOWN {
+                    continue;
+                }
                 found.push(LogTarget {
                     node: node.clone(),
                     file: name.to_string(),
@@ -199,11 +255,21 @@ async fn find_worker_log(
             } else {
                 worker.to_string()
             },
-            matches: found
-                .iter()
-                .map(|t| format!("{}/logs/{}", t.node, t.file))
-                .collect::<Vec<_>>()
-                .join(", "),
+            matches: {
+                let mut shown = found
+                    .iter()
+                    .take(MAX_MATCHES_SHOWN)
+                    .map(|t| format!("{}/logs/{}", t.node, t.file))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                if matched > MAX_MATCHES_SHOWN {
+                    shown.push_str(&format!(
+                        " and {} more ({matched} in all)",
+                        matched - MAX_MATCHES_SHOWN
+                    ));
+                }
+                shown
+            },
         }
         .into()),
     }
@@ -322,7 +388,7 @@ impl Attempt {
             // Ray named the file; find the node that holds it.
             let mut holders = Vec::new();
             for node in &on {
-                let key = ObjectPath::from(format!(
+                let key = raw_key(&format!(
                     "{}{file}",
                     node_logs_prefix(history_prefix, session, node)
                 ));
@@ -398,23 +464,33 @@ async fn print_tail(
     lines: usize,
     out: &mut Output,
 ) -> anyhow::Result<()> {
-    for piece in tail(store, key, start, end, lines).await? {
+    let (pieces, cut_short) = tail(store, key, start, end, lines).await?;
+    for piece in pieces {
         out.write(&piece)?;
+    }
+    if cut_short {
+        out.flush()?;
+        eprintln!(
+            "note: --tail {lines}: the last {} MiB of the log hold fewer lines; printed from \
+             there, so the first line starts mid-line",
+            MAX_TAIL_BYTES >> 20
+        );
     }
     Ok(())
 }
 
 /// The last `lines` lines of `key[start..end]`, in order, read with ranged reads of
-/// [`TAIL_BLOCK`] from the end (at most [`MAX_TAIL_BYTES`]).
+/// [`TAIL_BLOCK`] from the end (at most [`MAX_TAIL_BYTES`]), and whether that bound cut
+/// them short (the first piece then starts mid-line).
 async fn tail(
     store: &Arc<dyn ObjectStore>,
     key: &ObjectPath,
     start: u64,
     end: u64,
     lines: usize,
-) -> anyhow::Result<Vec<bytes::Bytes>> {
+) -> anyhow::Result<(Vec<bytes::Bytes>, bool)> {
     if lines == 0 || start >= end {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), false));
     }
     // Blocks read from the end, newest first.
     let mut blocks: Vec<bytes::Bytes> = Vec::new();
@@ -449,6 +525,7 @@ async fn tail(
             break;
         }
     }
+    let cut_short = cut.is_none() && from > start;
     let mut pieces = Vec::with_capacity(blocks.len());
     for (n, block) in blocks.into_iter().enumerate().rev() {
         match cut {
@@ -456,13 +533,15 @@ async fn tail(
             _ => pieces.push(block),
         }
     }
-    Ok(pieces)
+    Ok((pieces, cut_short))
 }
 
 /// stdout, raw into a pipe or file, cleaned for a terminal.
 struct Output {
     terminal: bool,
     out: std::io::BufWriter<std::io::Stdout>,
+    /// The start of a UTF-8 character cut by the end of the last write (a terminal only).
+    pending: Vec<u8>,
 }
 
 impl Output {
@@ -470,18 +549,16 @@ impl Output {
         Output {
             terminal: std::io::stdout().is_terminal(),
             out: std::io::BufWriter::new(std::io::stdout()),
+            pending: Vec::new(),
         }
     }
 
     fn write(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
         let written = if self.terminal {
-            let cleaned: Vec<u8> = bytes
-                .iter()
-                .copied()
-                .filter(|&c| c >= 0x20 || c == b'\n' || c == b'\t')
-                .filter(|&c| c != 0x7f)
-                .collect();
-            self.out.write_all(&cleaned)
+            let mut input = std::mem::take(&mut self.pending);
+            input.extend_from_slice(bytes);
+            let cleaned = terminal_safe(&input, &mut self.pending);
+            self.out.write_all(cleaned.as_bytes())
         } else {
             self.out.write_all(bytes)
         };
@@ -492,6 +569,14 @@ impl Output {
     }
 
     fn flush(&mut self) -> anyhow::Result<()> {
+        if !self.pending.is_empty() {
+            self.pending.clear();
+            if let Err(e) = self.out.write_all("\u{fffd}".as_bytes()) {
+                if e.kind() != std::io::ErrorKind::BrokenPipe {
+                    return Err(e).context("writing the log to stdout");
+                }
+            }
+        }
         match self.out.flush() {
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
             other => other.context("writing the log to stdout"),
@@ -499,15 +584,62 @@ impl Output {
     }
 }
 
+/// `input` as text a terminal only prints: newline and tab kept, other controls (C0, DEL,
+/// C1) and the characters that reorder text dropped, bytes that are not UTF-8 shown as
+/// `U+FFFD`; a character cut at the end of `input` is left in `rest` for the next write.
+fn terminal_safe(input: &[u8], rest: &mut Vec<u8>) -> String {
+    let mut out = String::with_capacity(input.len());
+    let mut chunks = input.utf8_chunks().peekable();
+    while let Some(chunk) = chunks.next() {
+        out.extend(
+            chunk
+                .valid()
+                .chars()
+                .filter(|&c| c == '\n' || c == '\t' || !is_unsafe_char(c)),
+        );
+        let invalid = chunk.invalid();
+        if invalid.is_empty() {
+            continue;
+        }
+        // At the very end, a lead byte and what follows it may be a character cut in two.
+        let at_end = chunks.peek().is_none();
+        if at_end && invalid.len() < 4 && invalid[0] >= 0xc2 {
+            rest.extend_from_slice(invalid);
+        } else {
+            out.push('\u{fffd}');
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use object_store::memory::InMemory;
+
+    #[test]
+    fn terminal_output_drops_what_a_terminal_acts_on() {
+        let mut rest = Vec::new();
+        let text = "ok\u{1b}]0;TITLE\u{7}\u{9b}31m a\u{202e}b\tc\r\n日本\n";
+        assert_eq!(
+            terminal_safe(text.as_bytes(), &mut rest),
+            "ok]0;TITLE31m ab\tc\n日本\n"
+        );
+        assert!(rest.is_empty());
+        // A character cut between two writes is kept whole; a stray byte is shown.
+        let bytes = "é".as_bytes();
+        assert_eq!(terminal_safe(&bytes[..1], &mut rest), "");
+        let mut next = std::mem::take(&mut rest);
+        next.extend_from_slice(&bytes[1..]);
+        assert_eq!(terminal_safe(&next, &mut rest), "é");
+        assert_eq!(terminal_safe(b"a\xffb", &mut rest), "a\u{fffd}b");
+        assert!(rest.is_empty());
+    }
     use object_store::PutPayload;
 
     async fn tail_text(store: &Arc<dyn ObjectStore>, start: u64, end: u64, n: usize) -> String {
         let key = ObjectPath::from("log");
-        let pieces = tail(store, &key, start, end, n).await.unwrap();
+        let (pieces, _) = tail(store, &key, start, end, n).await.unwrap();
         String::from_utf8(pieces.concat()).unwrap()
     }
 

@@ -43,6 +43,17 @@
 //! escapes included) from every value. A bucket or directory that does not exist, or one with
 //! no session markers, is an error (exit code 1).
 //!
+//! The bucket's shape is untrusted too. Objects are open at most a few at a time whatever
+//! their number (`read.rs`), a fetch that fails for a passing reason is retried, and an
+//! object is counted as read only when it was read to its end. Every name from the bucket
+//! is escaped in every message, the report's problems and errors included (`escape.rs`):
+//! control characters (C1 included) and the characters that reorder text (`U+202E`) are
+//! shown as `\u{…}`. A `file://` bucket is read by `local.rs`, which follows no symbolic
+//! link, reads regular files only (a FIFO never blocks it), and skips a name that no object
+//! key can hold (a control character, not UTF-8) instead of failing the listing; each entry
+//! skipped is counted under `problems.skipped_entries` and named in its details. A listing
+//! that fails (below the top of `cluster-metadata/`) is counted, not fatal.
+//!
 //! # How events are merged
 //!
 //! Events are deduplicated by event id within a window of the last 524,288 ids read (a
@@ -85,7 +96,8 @@
 //!           local time, no zone: "2026-11-22T02:06:36.260774"), "nodes", "objects", "bytes",
 //!           "event_objects", "events_from", "events_until" (start and end of the first and
 //!           last hour partition) } ] } ],
-//!   "problems": { "unreadable_objects", "bad_lines", "details": [ { "key", "error" } ] } }
+//!   "problems": { "unreadable_objects", "bad_lines", "skipped_entries",
+//!                 "details": [ { "key", "error" } ] } }
 //! ```
 //!
 //! With `--session`:
@@ -95,8 +107,8 @@
 //!   "session", "started",
 //!   "filter": { "job", "since", "until" (the instant given, or the end of the day or hour
 //!               given) },
-//!   "objects": { "event_objects_listed", "read", "skipped_by_time", "bytes_read",
-//!                "not_event_objects" },
+//!   "objects": { "event_objects_listed", "read" (read to their end), "unreadable",
+//!                "skipped_by_time", "bytes_read", "not_event_objects" },
 //!   "events": { "total", "duplicates", "outside_time_window", "other_job", "by_type": {..} },
 //!   "nodes": [ { "node_id", "ip", "hostname", "is_head", "state", "started", "ended",
 //!                "death_reason", "death_message", "resources": {..}, "objects", "bytes",
@@ -108,7 +120,8 @@
 //!   "failed_tasks_total",
 //!   "failed_tasks": [ { "task_id", "attempt", "name", "job_id", "task_type", "failed_at",
 //!                       "error_type", "error_message", "node_id", "worker_id",
-//!                       "log_command" (the inspect command that prints its stderr) } ],
+//!                       "log_command" (the inspect command that prints its stderr; null
+//!                       when the task id in the events is not an id) } ],
 //!   "actors": [ { "actor_id", "class_name", "name", "job_id", "state", "node_id", "pid",
 //!                 "death_reason", "death_message" } ],
 //!   "train_runs": [ { "run_id", "name", "job_id", "status", "status_detail", "started",
@@ -119,14 +132,17 @@
 //!                                     "workers": [ { "world_rank", "local_rank", "node_rank",
 //!                                                    "actor_id", "node_id", "node_ip", "pid",
 //!                                                    "status", "gpu_ids" } ] } ] } ],
-//!   "problems": { "unreadable_objects", "bad_lines", "details": [ { "key", "error" } ] } }
+//!   "problems": { "unreadable_objects", "bad_lines", "skipped_entries",
+//!                 "details": [ { "key", "error" } ] } }
 //! ```
 //!
 //! `failed_tasks` holds at most `--failed-limit` attempts, earliest failure first;
 //! `failed_tasks_total` counts them all. A status history lists each change of status once.
 //! `problems.unreadable_objects` counts objects that could not be fetched or decoded and
 //! listings that failed; `problems.bad_lines` counts lines (or array elements) that are not
-//! JSON objects or not Ray events; `details` says which and why (at most 200 entries).
+//! JSON objects or not Ray events; `problems.skipped_entries` counts the entries of a
+//! `file://` bucket not read (links, special files, bad names); `details` says which and why
+//! (at most 200 entries; keys escaped as in the text report).
 //!
 //! `--timeline FILE` (`timeline.rs`) and `--html FILE` (`html.rs`) write their files besides
 //! the report; their formats are described there.
@@ -145,9 +161,11 @@ use crate::storage::{Backend, StorageSpec};
 
 mod decode;
 mod discover;
+mod escape;
 mod extract;
 mod filter;
 mod html;
+mod local;
 mod logs;
 mod model;
 mod read;
@@ -276,25 +294,45 @@ pub enum InspectError {
 }
 
 /// Runs `inspect`: prints the report on stdout.
+///
+/// Its error, printed by the caller, may quote names from the bucket: every character a
+/// terminal could act on is escaped in it ([`escape`]).
 pub async fn run(args: InspectArgs, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<()> {
+    run_unescaped(args, env)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", escape::escape_text(&format!("{e:#}"))))
+}
+
+async fn run_unescaped(
+    args: InspectArgs,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<()> {
     let spec = StorageSpec::parse(&args.storage)
         .and_then(|s| s.with_extra_root(&args.storage_root_dir))
         .with_context(|| format!("reading the storage location {:?}", args.storage))?;
-    if let Backend::File(dir) = &spec.backend {
-        // storage::open creates a missing directory; a read must not.
-        if !dir.is_dir() {
-            return Err(InspectError::NoSuchDirectory(dir.display().to_string()).into());
-        }
-    }
     let filter = Filter::from_args(&args)?;
-    let store =
-        crate::storage::open(&spec, env).with_context(|| format!("opening storage {spec}"))?;
+    let skips = Arc::new(local::SkipLog::default());
+    let store: Arc<dyn ObjectStore> = match &spec.backend {
+        Backend::File(dir) => {
+            // storage::open creates a missing directory; a read must not.
+            if !dir.is_dir() {
+                return Err(InspectError::NoSuchDirectory(dir.display().to_string()).into());
+            }
+            // Not object_store's LocalFileSystem: see local.rs.
+            Arc::new(
+                local::LocalBucket::open(dir, Arc::clone(&skips))
+                    .with_context(|| format!("opening {}", dir.display()))?,
+            )
+        }
+        _ => crate::storage::open(&spec, env).with_context(|| format!("opening storage {spec}"))?,
+    };
     let found = discover(&store, &spec, &args).await?;
 
     let mut out = String::new();
     match &args.session {
         None => {
-            let report = list_report(&store, &spec, found, &filter).await;
+            let mut report = list_report(&store, &spec, found, &filter).await;
+            report.problems.add_skips(&skips);
             if args.json {
                 out = to_json(&report)?;
             } else {
@@ -302,9 +340,11 @@ pub async fn run(args: InspectArgs, env: &dyn Fn(&str) -> Option<String>) -> any
             }
         }
         Some(wanted) => {
-            let chosen = choose_session(&found, wanted)?;
+            let (chosen, passed_over) = choose_session(&store, &spec, &found, wanted).await?;
             if let Some(id) = &args.logs {
-                return logs::print_logs(&store, &spec, chosen, &filter, &args, id).await;
+                let printed = logs::print_logs(&store, &spec, chosen, &filter, &args, id).await;
+                logs::tell_skips(&skips);
+                return printed;
             }
             let mut trace = match &args.timeline {
                 Some(path) => Some(
@@ -315,7 +355,7 @@ pub async fn run(args: InspectArgs, env: &dyn Fn(&str) -> Option<String>) -> any
             };
             let mut gantt = args.html.as_ref().map(|_| html::Gantt::default());
             let drawing = trace.is_some() || gantt.is_some();
-            let report = session_report(
+            let mut report = session_report(
                 &store,
                 &spec,
                 chosen,
@@ -337,6 +377,10 @@ pub async fn run(args: InspectArgs, env: &dyn Fn(&str) -> Option<String>) -> any
                 },
             )
             .await?;
+            for (session, why) in passed_over {
+                report.problems.note(&session, why);
+            }
+            report.problems.add_skips(&skips);
             if let (Some(w), Some(path)) = (trace, &args.timeline) {
                 let n = w
                     .finish(&report)
@@ -361,8 +405,20 @@ pub async fn run(args: InspectArgs, env: &dyn Fn(&str) -> Option<String>) -> any
     print_out(&out)
 }
 
+/// The report as JSON. `serde_json` escapes C0 controls but writes DEL, C1 controls and
+/// `U+202E` raw; they are escaped here too (`\u0085`: the same JSON string), so the
+/// document is safe on a terminal.
 fn to_json<T: Serialize>(report: &T) -> anyhow::Result<String> {
-    let mut s = serde_json::to_string_pretty(report).context("serialising the report")?;
+    let raw = serde_json::to_string_pretty(report).context("serialising the report")?;
+    let mut s = String::with_capacity(raw.len() + 1);
+    for c in raw.chars() {
+        if escape::is_unsafe_char(c) && c != '\n' {
+            // Outside strings there is only ASCII whitespace; these are all in the BMP.
+            let _ = std::fmt::Write::write_fmt(&mut s, format_args!("\\u{:04x}", c as u32));
+        } else {
+            s.push(c);
+        }
+    }
     s.push('\n');
     Ok(s)
 }
@@ -380,6 +436,12 @@ fn print_out(text: &str) -> anyhow::Result<()> {
 /// One line about a storage error. `object_store` errors repeat their sources and carry
 /// the server's whole XML answer; people need the gist.
 fn store_error(e: &object_store::Error) -> String {
+    if let object_store::Error::Generic { source, .. } = e {
+        if let Some(local) = source.downcast_ref::<local::LocalError>() {
+            // Our own, one line, the OS error whole.
+            return local.to_string();
+        }
+    }
     let text = e.to_string();
     let has = |needle: &str| text.contains(needle);
     if has("NoSuchBucket") || has("ContainerNotFound") || has("bucket does not exist") {

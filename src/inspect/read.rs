@@ -7,7 +7,16 @@
 //!
 //! Every queue between the stages is bounded ([`CHUNKS_IN_FLIGHT`] chunks per object,
 //! [`BATCHES_IN_FLIGHT`] batches of at most [`FACTS_PER_BATCH`] facts), so memory does not
-//! depend on object sizes or on how fast the bucket answers. Facts are folded as they
+//! depend on object sizes or on how fast the bucket answers.
+//!
+//! Objects are open (being fetched, queued for a decoder, or decoded) at most
+//! [`open_objects_budget`] at a time, whatever the number of objects: a fetch takes a permit
+//! that its object's decoder gives back when it is done with it, so 100,000 tiny objects
+//! never hold 100,000 files or bodies at once, and the budget shrinks to fit the process's
+//! open-file limit. A fetch that fails for a reason that can pass (too many open files, a
+//! dropped connection) is retried [`FETCH_ATTEMPTS`] times before the object is counted as
+//! unreadable. An object counts as read only when it was read to its end; one given up on
+//! counts as unreadable, with its error whole, however much of it was folded. Facts are folded as they
 //! arrive, from whichever object; every merge of the model is order-free (see `model.rs`),
 //! and Train status histories carry their own (time, object, position) order.
 
@@ -37,6 +46,15 @@ const CHUNKS_IN_FLIGHT: usize = 8;
 /// Facts sent from a decoder to the fold at once, and batches queued.
 const FACTS_PER_BATCH: usize = 2048;
 const BATCHES_IN_FLIGHT: usize = 8;
+/// Objects open at once at most: the fetches in flight and one queued per decoder.
+const MAX_OPEN_OBJECTS: usize = READ_CONCURRENCY + MAX_DECODERS;
+/// Open files left to everything else under a low open-file limit: stdio, the runtime,
+/// the bucket directory and a listing, connections, the spill files' first few.
+const FDS_KEPT_FREE: u64 = 16;
+/// Tries of a fetch that fails for a passing reason, and the wait before the second (doubled
+/// each time): about 1.5 s in all, long enough for descriptors or a connection to free up.
+const FETCH_ATTEMPTS: u32 = 4;
+const FETCH_RETRY_WAIT: Duration = Duration::from_millis(200);
 /// A read that takes longer than this shows a progress line (on a terminal).
 const PROGRESS_AFTER: Duration = Duration::from_secs(1);
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
@@ -46,6 +64,8 @@ struct DecodeJob {
     index: usize,
     gzip: bool,
     source: Source,
+    /// The object's place among the open ones, given back when the decoder drops the job.
+    _open: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// Where a decoder reads an object from.
@@ -115,8 +135,9 @@ pub(super) async fn read_objects(
     }
     drop(msg_tx);
 
+    let open = Arc::new(tokio::sync::Semaphore::new(open_objects_budget()));
     let mut fetches = futures::stream::iter(objects.iter().enumerate())
-        .map(|(index, object)| fetch(store, object, index, &job_tx, &fetched))
+        .map(|(index, object)| fetch(store, object, index, &job_tx, &fetched, &open))
         .buffer_unordered(READ_CONCURRENCY);
     let started = Instant::now();
     let mut progress = Progress::new();
@@ -137,13 +158,16 @@ pub(super) async fn read_objects(
                 Some(Message::Done(index, summary)) => {
                     done += 1;
                     let object = &objects[index];
-                    stats.read += 1;
                     stats.bytes_read += summary.file_bytes;
                     let node = model.nodes.entry(object.node.clone()).or_default();
                     node.objects += 1;
                     node.bytes += object.size;
-                    if let Some(failure) = &summary.failure {
-                        problems.unreadable(object.path.as_ref(), failure);
+                    match &summary.failure {
+                        Some(failure) => {
+                            stats.unreadable += 1;
+                            problems.unreadable(object.path.as_ref(), failure);
+                        }
+                        None => stats.read += 1,
                     }
                     if summary.bad_lines > 0 {
                         problems.bad_lines += summary.bad_lines;
@@ -184,39 +208,108 @@ pub(super) async fn read_objects(
     outside_window
 }
 
+/// How many objects may be open at once: [`MAX_OPEN_OBJECTS`], fewer under a low
+/// open-file limit (at least one: a limit too low for that fails with its own error).
+fn open_objects_budget() -> usize {
+    let mut limit = std::mem::MaybeUninit::<libc::rlimit>::uninit();
+    // SAFETY: `limit` points to writable memory of the size of `struct rlimit`.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, limit.as_mut_ptr()) } == 0 {
+        // SAFETY: getrlimit returned 0, so it filled `limit`.
+        unsafe { limit.assume_init() }.rlim_cur
+    } else {
+        libc::RLIM_INFINITY
+    };
+    // rlim_t is u64 on Linux.
+    let spare = soft.saturating_sub(FDS_KEPT_FREE);
+    usize::try_from(spare)
+        .unwrap_or(usize::MAX)
+        .clamp(1, MAX_OPEN_OBJECTS)
+}
+
+/// True when a failed fetch may succeed if tried again: too many open files, a dropped
+/// connection, a server error; not a missing object, a refused one or a denied access.
+fn is_transient(e: &object_store::Error) -> bool {
+    use object_store::Error as E;
+    match e {
+        E::Generic { source, .. } => match source.downcast_ref::<super::local::LocalError>() {
+            Some(local) => local.io().is_some_and(|io| {
+                matches!(
+                    io.raw_os_error(),
+                    Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN | libc::EINTR | libc::ENOMEM)
+                ) || matches!(
+                    io.kind(),
+                    std::io::ErrorKind::Interrupted | std::io::ErrorKind::TimedOut
+                )
+            }),
+            // A remote client's error that is none of the below: a connection or a server.
+            None => true,
+        },
+        E::NotFound { .. }
+        | E::InvalidPath { .. }
+        | E::NotSupported { .. }
+        | E::AlreadyExists { .. }
+        | E::Precondition { .. }
+        | E::NotModified { .. }
+        | E::NotImplemented { .. }
+        | E::PermissionDenied { .. }
+        | E::Unauthenticated { .. }
+        | E::UnknownConfigurationKey { .. } => false,
+        _ => true,
+    }
+}
+
 /// Streams one object's bytes to a decoder (or hands it a local file); returns the bytes
-/// fetched.
+/// fetched. Waits for a place among the open objects first.
 async fn fetch(
     store: &Arc<dyn ObjectStore>,
     object: &EventObject,
     index: usize,
     jobs: &std::sync::mpsc::Sender<DecodeJob>,
     fetched: &AtomicU64,
+    open: &Arc<tokio::sync::Semaphore>,
 ) -> u64 {
+    let Ok(permit) = Arc::clone(open).acquire_owned().await else {
+        return 0;
+    };
     let gzip = object.path.as_ref().ends_with(".gz");
     let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_IN_FLIGHT);
-    let got = match store.get(&object.path).await {
-        Ok(got) => got,
-        Err(e) => {
-            let _ = tx
-                .send(Err(format!("could not be fetched: {}", store_error(&e))))
-                .await;
-            let source = Source::Chunks(rx);
-            let _ = jobs.send(DecodeJob {
-                index,
-                gzip,
-                source,
-            });
-            return 0;
+    let mut attempt = 1;
+    let got = loop {
+        match store.get(&object.path).await {
+            Ok(got) => break got,
+            Err(e) if attempt < FETCH_ATTEMPTS && is_transient(&e) => {
+                tokio::time::sleep(FETCH_RETRY_WAIT * 2u32.pow(attempt - 1)).await;
+                attempt += 1;
+            }
+            Err(e) => {
+                let tries = if attempt > 1 {
+                    format!(" (tried {attempt} times)")
+                } else {
+                    String::new()
+                };
+                let _ = tx
+                    .send(Err(format!(
+                        "could not be fetched{tries}: {}",
+                        store_error(&e)
+                    )))
+                    .await;
+                let _ = jobs.send(DecodeJob {
+                    index,
+                    gzip,
+                    source: Source::Chunks(rx),
+                    _open: permit,
+                });
+                return 0;
+            }
         }
     };
     if let object_store::GetResultPayload::File(file, _) = got.payload {
         // The decoder reads it and counts its bytes.
-        let source = Source::File(file, got.range);
         let _ = jobs.send(DecodeJob {
             index,
             gzip,
-            source,
+            source: Source::File(file, got.range),
+            _open: permit,
         });
         return 0;
     }
@@ -225,6 +318,7 @@ async fn fetch(
             index,
             gzip,
             source: Source::Chunks(rx),
+            _open: permit,
         })
         .is_err()
     {

@@ -3,9 +3,15 @@
 
 use std::fmt::Write as _;
 
+use super::escape::{escape_text, is_unsafe_char};
 use super::filter::{parse_time_ns, NANOS_PER_SECOND};
 use super::report::{ListReport, Problems, SessionReport, StatusEntry};
 use super::MAX_CELL_CHARS;
+
+/// Longest key or error shown in the problems section: the layout's keys are under 300
+/// characters and an OS error under 100, so a whole one always fits; a longer one is the
+/// bucket's doing.
+const MAX_PROBLEM_TEXT_CHARS: usize = 1000;
 
 /// `YYYY-MM-DD HH:MM:SS.mmm` (UTC), for tables.
 pub(super) fn format_time_text(rfc3339: &str) -> String {
@@ -55,7 +61,8 @@ pub(super) fn human_duration(ns: i64) -> String {
 }
 
 /// Makes untrusted text safe for a terminal: drops ANSI escape sequences, turns other
-/// control characters (line breaks included) into spaces, bounds the length.
+/// control characters (line breaks and C1 included) and the invisible characters that
+/// reorder text (`U+202E`, [`is_unsafe_char`]) into spaces, bounds the length.
 pub(super) fn clean(s: &str) -> String {
     let mut out = String::with_capacity(s.len().min(MAX_CELL_CHARS * 4));
     let mut chars = s.chars().peekable();
@@ -75,7 +82,7 @@ pub(super) fn clean(s: &str) -> String {
             }
             continue;
         }
-        let c = if c.is_control() { ' ' } else { c };
+        let c = if is_unsafe_char(c) { ' ' } else { c };
         if count == MAX_CELL_CHARS {
             out.push('…');
             break;
@@ -118,7 +125,7 @@ pub(super) fn clean_multiline(s: &str) -> String {
                     }
                     continue;
                 }
-                out.push(if c.is_control() { ' ' } else { c });
+                out.push(if is_unsafe_char(c) { ' ' } else { c });
             }
             out
         })
@@ -286,9 +293,14 @@ pub(super) fn render_session(r: &SessionReport, out: &mut String) {
     let o = &r.objects;
     let _ = writeln!(
         out,
-        "read      {} of {} event objects ({}), {} skipped by time; {} events, {} duplicates{}",
+        "read      {} of {} event objects{} ({}), {} skipped by time; {} events, {} duplicates{}",
         o.read,
         o.event_objects_listed,
+        if o.unreadable > 0 {
+            format!(", {} unreadable", o.unreadable)
+        } else {
+            String::new()
+        },
         human_bytes(o.bytes_read),
         o.skipped_by_time,
         r.events.total,
@@ -405,7 +417,18 @@ pub(super) fn render_session(r: &SessionReport, out: &mut String) {
     if !r.failed_tasks.is_empty() {
         let _ = writeln!(out, "  their logs (stderr; drop --err for stdout):");
         for t in &r.failed_tasks {
-            let _ = writeln!(out, "    {}", clean_long(&t.log_command));
+            match &t.log_command {
+                Some(command) => {
+                    let _ = writeln!(out, "    {}", clean_long(command));
+                }
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "    (task {}: its id in the events is not an id, no log to look up)",
+                        clean(&t.task_id)
+                    );
+                }
+            }
         }
     }
     if r.failed_tasks_total > r.failed_tasks.len() as u64 {
@@ -543,17 +566,36 @@ pub(super) fn render_or_none(table: &Table, out: &mut String) {
     }
 }
 
+/// `s` escaped ([`escape_text`]) and cut at `max` characters.
+fn bounded_text(s: &str, max: usize) -> String {
+    let escaped = escape_text(s);
+    match escaped.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &escaped[..at]),
+        None => escaped,
+    }
+}
+
 pub(super) fn render_problems(p: &Problems, out: &mut String) {
     if p.is_empty() {
         return;
     }
     let _ = writeln!(
         out,
-        "\nPROBLEMS: {} unreadable object(s), {} bad line(s)",
-        p.unreadable_objects, p.bad_lines
+        "\nPROBLEMS: {} unreadable object(s), {} bad line(s), {} entr{} skipped",
+        p.unreadable_objects,
+        p.bad_lines,
+        p.skipped_entries,
+        if p.skipped_entries == 1 { "y" } else { "ies" }
     );
+    // Keys and errors were escaped when noted; shown whole up to a bound, so that the
+    // OS error at the end of a message is not cut off.
     for d in &p.details {
-        let _ = writeln!(out, "  {}: {}", clean(&d.key), clean(&d.error));
+        let _ = writeln!(
+            out,
+            "  {}: {}",
+            bounded_text(&d.key, MAX_PROBLEM_TEXT_CHARS),
+            bounded_text(&d.error, MAX_PROBLEM_TEXT_CHARS)
+        );
     }
 }
 

@@ -6,8 +6,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::escape::{escape_name, escape_text};
 use super::extract::TrainWorker;
 use super::filter::{shell_word, NANOS_PER_SECOND};
+use super::local::SkipLog;
 use super::model::{transition_order, SessionModel, StatusPoint, TrainAttemptModel};
 use super::task::{AttemptKey, Symbols, TaskState, NO_TIME};
 use super::MAX_PROBLEM_DETAILS;
@@ -85,7 +87,10 @@ pub(super) struct FilterEcho {
 #[derive(Debug, Default, Serialize)]
 pub(super) struct ObjectStats {
     pub(super) event_objects_listed: u64,
+    /// Read to their end.
     pub(super) read: u64,
+    /// Given up on (not fetched, or not decodable to their end): in `problems` too.
+    pub(super) unreadable: u64,
     pub(super) skipped_by_time: u64,
     pub(super) bytes_read: u64,
     pub(super) not_event_objects: u64,
@@ -152,8 +157,10 @@ pub(super) struct FailedTaskEntry {
     pub(super) error_message: Option<String>,
     pub(super) node_id: Option<String>,
     pub(super) worker_id: Option<String>,
-    /// The command that prints this attempt's stderr from the bucket.
-    pub(super) log_command: String,
+    /// The command that prints this attempt's stderr from the bucket; `None` when the
+    /// task id in the events was not an id (shown as `invalid-<hash>`, which `--logs`
+    /// cannot look up).
+    pub(super) log_command: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -207,11 +214,15 @@ pub(super) struct TrainAttemptEntry {
     pub(super) workers: Vec<TrainWorker>,
 }
 
-/// Objects and lines that could not be used, with a sample of why.
+/// Objects and lines that could not be used, with a sample of why. Keys are escaped
+/// ([`escape_name`]): the report, JSON included, never carries a raw name from the bucket.
 #[derive(Debug, Default, Serialize)]
 pub(super) struct Problems {
     pub(super) unreadable_objects: u64,
     pub(super) bad_lines: u64,
+    /// Entries of a `file://` bucket not read: links, FIFOs and other special files, names
+    /// no key can hold (`local.rs`).
+    pub(super) skipped_entries: u64,
     pub(super) details: Vec<ProblemDetail>,
 }
 
@@ -230,14 +241,31 @@ impl Problems {
     pub(super) fn note(&mut self, key: &str, error: &str) {
         if self.details.len() < MAX_PROBLEM_DETAILS {
             self.details.push(ProblemDetail {
-                key: key.to_string(),
-                error: error.to_string(),
+                key: escape_name(key),
+                error: escape_text(error),
             });
         }
     }
 
+    /// The entries the local bucket skipped (their keys already escaped).
+    pub(super) fn add_skips(&mut self, skips: &SkipLog) {
+        let (skipped, more) = skips.take();
+        self.skipped_entries += skipped.len() as u64 + more;
+        for (key, reason) in skipped {
+            if self.details.len() < MAX_PROBLEM_DETAILS {
+                self.details.push(ProblemDetail {
+                    key,
+                    error: reason.to_string(),
+                });
+            }
+        }
+    }
+
     pub(super) fn is_empty(&self) -> bool {
-        self.unreadable_objects == 0 && self.bad_lines == 0 && self.details.is_empty()
+        self.unreadable_objects == 0
+            && self.bad_lines == 0
+            && self.skipped_entries == 0
+            && self.details.is_empty()
     }
 }
 
@@ -284,7 +312,7 @@ fn failed_entry(
     let task_id = key.id.hex();
     let extra = t.extra.as_deref();
     FailedTaskEntry {
-        log_command: log_command(&task_id),
+        log_command: (!key.id.is_hashed()).then(|| log_command(&task_id)),
         task_id,
         attempt: i64::from(key.attempt),
         name: symbols.owned(t.name),

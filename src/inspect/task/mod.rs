@@ -147,6 +147,11 @@ impl CompactId {
         id
     }
 
+    /// True when the text was not an id and is held as its hash (`invalid-<hash>`).
+    pub(super) fn is_hashed(&self) -> bool {
+        self.len & HASHED != 0
+    }
+
     /// Lower-case hex (or `invalid-<hash>`).
     pub(super) fn hex(&self) -> String {
         let mut s = String::with_capacity(2 * self.byte_len() + 8);
