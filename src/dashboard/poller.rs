@@ -345,7 +345,7 @@ impl DashboardPoller {
             &self.base,
             JOBS_ENDPOINT,
             self.cfg.request_timeout,
-            self.cfg.auth_token.is_some(),
+            &self.cfg,
         )
         .await?;
         let (jobs, rejected) = parse_jobs(&body)?;
@@ -384,7 +384,7 @@ impl DashboardPoller {
             &self.base,
             &t.uri,
             self.cfg.request_timeout,
-            self.cfg.auth_token.is_some(),
+            &self.cfg,
         )
         .await?;
         let n = body.len();
