@@ -73,6 +73,36 @@ fn parse_event_keys(s: &str) -> Result<EventKeys, String> {
     }
 }
 
+/// A value as given, parsed or not. A bad value of a flag stops the collector (exit 2); a bad
+/// value of one of KubeRay's tuning variables is warned about and replaced by the default,
+/// as KubeRay's collector does, so a manifest written for it cannot keep the pod from
+/// starting ([`crate::settings`] decides, by whether the variable holds the value).
+#[derive(Debug, Clone)]
+pub struct Given<T> {
+    /// The text as given.
+    pub raw: String,
+    /// The value, or why it is not one.
+    pub parsed: Result<T, String>,
+}
+
+/// A clap value parser that never fails: the verdict travels in [`Given`].
+fn given<T: Clone + Send + Sync + 'static>(
+    parse: fn(&str) -> Result<T, String>,
+) -> impl Fn(&str) -> Result<Given<T>, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        Ok(Given {
+            raw: s.to_string(),
+            parsed: parse(s),
+        })
+    }
+}
+
+fn parse_port(s: &str) -> Result<u16, String> {
+    s.trim()
+        .parse::<u16>()
+        .map_err(|e| format!("expected a port number: {e}"))
+}
+
 /// The command line: run the collector (the default), or a subcommand.
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -106,8 +136,8 @@ pub struct RunArgs {
     pub listen: Option<SocketAddr>,
 
     /// Port on 127.0.0.1 when --listen is not given (KubeRay's variable).
-    #[arg(long, env = "EVENTS_PORT", value_name = "PORT", hide = true)]
-    pub events_port: Option<u16>,
+    #[arg(long, env = "EVENTS_PORT", value_name = "PORT", hide = true, value_parser = given(parse_port))]
+    pub events_port: Option<Given<u16>>,
 
     /// Where to upload: file:///dir, s3://bucket[/root], gs://bucket[/root], az://container[/root],
     /// or a local path [default: ./ray-history, or KubeRay's STORAGE_BACKEND variables].
@@ -153,9 +183,10 @@ pub struct RunArgs {
     #[arg(long, env = "RHC_NODE_ID", value_name = "ID")]
     pub node_id: Option<String>,
 
-    /// head writes the session markers that make sessions visible; worker does not.
-    #[arg(long, env = "RAY_ROLE", value_name = "ROLE", default_value = "head", value_parser = parse_role)]
-    pub role: Role,
+    /// head writes the session markers that make sessions visible; worker does not
+    /// [default: head, with a warning].
+    #[arg(long, env = "RAY_ROLE", value_name = "ROLE", value_parser = parse_role)]
+    pub role: Option<Role>,
 
     /// Local spool directory (keep it on a volume that outlives the container).
     #[arg(
@@ -167,8 +198,8 @@ pub struct RunArgs {
     pub spool_dir: PathBuf,
 
     /// Seal and upload a segment this long after it was opened.
-    #[arg(long, env = "RAY_COLLECTOR_EVENT_ROTATION_INTERVAL", value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
-    pub rotation_interval: Duration,
+    #[arg(long, env = "RAY_COLLECTOR_EVENT_ROTATION_INTERVAL", value_name = "DURATION", default_value = "5m", value_parser = given(parse_duration))]
+    pub rotation_interval: Given<Duration>,
 
     /// Seal and upload a segment once it holds this many bytes [default: 64MiB; or RAY_COLLECTOR_EVENT_MAX_FILE_SIZE_MB].
     #[arg(long, env = "RHC_MAX_SEGMENT_BYTES", value_name = "SIZE", value_parser = parse_size)]
@@ -226,12 +257,12 @@ pub struct RunArgs {
     pub ray_tmp_dir: PathBuf,
 
     /// Upload the session logs (live snapshots, rotations, earlier sessions, final flush).
-    #[arg(long, env = "ENABLE_LOG_COLLECTOR", value_name = "BOOL", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
-    pub enable_log_collector: bool,
+    #[arg(long, env = "ENABLE_LOG_COLLECTOR", value_name = "BOOL", default_value = "true", value_parser = given(parse_bool), action = clap::ArgAction::Set)]
+    pub enable_log_collector: Given<bool>,
 
     /// Accept Ray's pushed events on --listen.
-    #[arg(long, env = "ENABLE_EVENT_COLLECTOR", value_name = "BOOL", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
-    pub enable_event_collector: bool,
+    #[arg(long, env = "ENABLE_EVENT_COLLECTOR", value_name = "BOOL", default_value = "true", value_parser = given(parse_bool), action = clap::ArgAction::Set)]
+    pub enable_event_collector: Given<bool>,
 
     /// Tail Ray's export event files (`logs/export_events/event_EXPORT_*.log`) into the spool.
     #[arg(long, env = "RHC_ENABLE_EXPORT_EVENTS", value_name = "BOOL", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
@@ -257,8 +288,8 @@ pub struct RunArgs {
     pub dashboard_address: Option<String>,
 
     /// Time between dashboard endpoint snapshots (head role).
-    #[arg(long, env = "RAY_COLLECTOR_POLL_INTERVAL", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
-    pub endpoint_poll_interval: Duration,
+    #[arg(long, env = "RAY_COLLECTOR_POLL_INTERVAL", value_name = "DURATION", default_value = "30s", value_parser = given(parse_duration))]
+    pub endpoint_poll_interval: Given<Duration>,
 
     /// How events Ray sent with snake_case keys are stored: camel (protobuf's camelCase JSON of
     /// the same message, the only form KubeRay's history server reads) or preserve (as sent).
