@@ -23,12 +23,15 @@ const P: &str = "cluster-history/raycluster/default/token-test";
 /// Longest request head the stand-in reads.
 const MAX_HEAD_LINES: usize = 100;
 
+/// Each request's URI and `x-ray-authorization` header.
+type Seen = Arc<Mutex<Vec<(String, Option<String>)>>>;
+
 /// A dashboard stand-in: 200 with a small JSON body for requests whose `x-ray-authorization`
 /// is `Bearer <the current token>`, 401 otherwise; records each request's URI and token.
 struct StandIn {
     port: u16,
     token: Arc<Mutex<String>>,
-    seen: Arc<Mutex<Vec<(String, Option<String>)>>>,
+    seen: Seen,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -39,7 +42,7 @@ impl StandIn {
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
         let token = Arc::new(Mutex::new(token.to_string()));
-        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen: Seen = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let (t, s, st) = (token.clone(), seen.clone(), stop.clone());
         let thread = std::thread::spawn(move || {
@@ -79,7 +82,7 @@ impl Drop for StandIn {
 }
 
 /// One request per connection (`Connection: close`).
-fn serve(conn: TcpStream, token: &Mutex<String>, seen: &Mutex<Vec<(String, Option<String>)>>) {
+fn serve(conn: TcpStream, token: &Mutex<String>, seen: &Seen) {
     conn.set_nonblocking(false).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut reader = BufReader::new(conn.try_clone().unwrap());

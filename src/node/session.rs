@@ -210,7 +210,7 @@ mod tests {
         };
         // Just written: not quiet yet.
         assert!(names(Duration::from_secs(3600)).is_empty());
-        assert_eq!(names(Duration::ZERO), [old.name.clone()]);
+        assert_eq!(names(Duration::ZERO), std::slice::from_ref(&old.name));
         assert!(settled_earlier_sessions(tmp.path(), None, Duration::ZERO).is_empty());
     }
 }

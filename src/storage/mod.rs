@@ -210,6 +210,9 @@ impl StorageSpec {
     }
 }
 
+/// A lookup of configuration variables, like `std::env::var` (tests pass a map).
+pub type EnvLookup<'a> = Box<dyn Fn(&str) -> Option<String> + 'a>;
+
 /// Largest `STORAGE_BACKEND_CONFIG_PATH` file read: a handful of settings.
 const MAX_CONFIG_FILE_BYTES: u64 = 64 * 1024;
 
@@ -224,7 +227,7 @@ const MAX_CONFIG_FILE_BYTES: u64 = 64 * 1024;
 /// instead of `env`.
 pub fn with_kuberay_config_file<'a>(
     env: &'a dyn Fn(&str) -> Option<String>,
-) -> Result<Box<dyn Fn(&str) -> Option<String> + 'a>, StorageError> {
+) -> Result<EnvLookup<'a>, StorageError> {
     let Some(path) = env("STORAGE_BACKEND_CONFIG_PATH").filter(|p| !p.trim().is_empty()) else {
         return Ok(Box::new(env));
     };
