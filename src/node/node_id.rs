@@ -97,9 +97,10 @@ pub const RAYLET_START_WAIT: Duration = Duration::from_secs(30);
 const WORKER_HEAD_BYTES: u64 = 64 * 1024;
 /// Read buffer of the incremental raylet scan.
 const SCAN_BUF: usize = 256 * 1024;
-/// Files whose writer is remembered (raylet scans and core worker logs); past this the
-/// memory is cleared and files are read again as needed (a cost, never a wrong answer).
-const MAX_REMEMBERED: usize = 100_000;
+/// Core worker logs whose node is remembered (one per worker a node ever started); past
+/// this they are forgotten and read again as needed (a cost, never a wrong answer). Raylet
+/// scans are few (one per raylet start and rotated backup) and are kept.
+const MAX_REMEMBERED_WORKERS: usize = 100_000;
 
 /// Per-file scan state of a raylet output, so each round reads only what was appended.
 #[derive(Debug, Default, Clone)]
@@ -193,8 +194,8 @@ impl NodeIdResolver {
 
     fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
         let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-        if m.raylets.len() + m.workers.len() > MAX_REMEMBERED {
-            *m = Memory::default();
+        if m.workers.len() > MAX_REMEMBERED_WORKERS {
+            m.workers.clear();
         }
         m
     }
