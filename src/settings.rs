@@ -97,14 +97,29 @@ pub struct ConfigError(pub String);
 
 /// Which bad values stop the collector. A value that would send data to the wrong place or
 /// leave nothing working (storage, cluster identity, node id, listen address, spool dir,
-/// tokens named explicitly) is refused: exit 2, one line. A tuning value of KubeRay's
-/// variables (intervals, sizes, compression, `EVENTS_PORT`, the `ENABLE_*` switches) is
-/// replaced by its default with a warning naming the variable, as KubeRay's collector does,
-/// so a manifest written for it cannot keep the Ray pod from starting behind the sidecar's
-/// startup probe. The same value given as a flag is refused: it was typed on purpose.
+/// tokens named explicitly, both collectors off) is refused: exit 2, one line. A tuning value
+/// from a variable (intervals, sizes, compression, limits, switches, formats: KubeRay's
+/// `RAY_COLLECTOR_*`, `EVENTS_PORT`, `ENABLE_*` and our `RHC_*` alike) is replaced by its
+/// default with a warning naming the variable, as KubeRay's collector does, so a manifest
+/// cannot keep the Ray pod from starting behind the sidecar's startup probe for a value that
+/// has a safe default. The same value given as a flag is refused: it was typed on purpose.
 struct Tolerant<'a> {
     env: &'a dyn Fn(&str) -> Option<String>,
     warnings: Vec<String>,
+}
+
+/// Any value the parser accepted will do.
+fn any<T>(_: &T) -> Result<(), String> {
+    Ok(())
+}
+
+/// `Ok` when `v` is at least `min` (shown as `shown`).
+fn at_least(v: u64, min: u64, shown: &str) -> Result<(), String> {
+    if v < min {
+        Err(format!("must be at least {shown}"))
+    } else {
+        Ok(())
+    }
 }
 
 impl Tolerant<'_> {
@@ -280,8 +295,22 @@ impl Settings {
             Ok(mb) if mb > 0 && mb <= 1 << 30 => Ok(mb << 20),
             _ => Err("expected a positive number of MB".to_string()),
         };
+        let at_least_1s = |d: &Duration| {
+            if *d < Duration::from_secs(1) {
+                Err("must be at least 1s".to_string())
+            } else {
+                Ok(())
+            }
+        };
         let max_segment_bytes = match cli.max_segment_bytes {
-            Some(v) => v,
+            Some(g) => tolerant.value(
+                "--max-segment-bytes",
+                "RHC_MAX_SEGMENT_BYTES",
+                g,
+                |v: &u64| at_least(*v, 4096, "4KiB"),
+                64 << 20,
+                "64MiB",
+            )?,
             None => tolerant.var(
                 "RAY_COLLECTOR_EVENT_MAX_FILE_SIZE_MB",
                 mb,
@@ -290,11 +319,25 @@ impl Settings {
             ),
         };
         let max_spool_bytes = match cli.max_spool_bytes {
-            Some(v) => v,
+            Some(g) => tolerant.value(
+                "--max-spool-bytes",
+                "RHC_MAX_SPOOL_BYTES",
+                g,
+                |v: &u64| at_least(*v, 1 << 20, "1MiB"),
+                1 << 30,
+                "1GiB",
+            )?,
             None => tolerant.var("RAY_COLLECTOR_EVENT_MAX_DISK_MB", mb, 1 << 30, "1GiB"),
         };
         let compression = match cli.compression {
-            Some(c) => c,
+            Some(g) => tolerant.value(
+                "--compression",
+                "RHC_COMPRESSION",
+                g,
+                any,
+                Compression::Gzip,
+                "gzip",
+            )?,
             None => tolerant.var(
                 "RAY_COLLECTOR_EVENT_COMPRESSION_ENABLED",
                 |v| {
@@ -310,34 +353,29 @@ impl Settings {
                 "gzip",
             ),
         };
-        if let (Compression::None, Some(level)) = (compression, cli.gzip_level) {
-            return Err(bad(
+        let gzip_level = match cli.gzip_level {
+            Some(g) => Some(tolerant.value(
                 "--gzip-level",
-                &level.to_string(),
-                "applies only to gzip, but compression is none",
-            ));
-        }
-        let gzip_level = cli.gzip_level.unwrap_or_default();
-        if max_segment_bytes < 4096 {
-            return Err(bad(
-                "--max-segment-bytes",
-                &max_segment_bytes.to_string(),
-                "must be at least 4KiB",
-            ));
-        }
-        if max_spool_bytes < 1 << 20 {
-            return Err(bad(
-                "--max-spool-bytes",
-                &max_spool_bytes.to_string(),
-                "must be at least 1MiB",
-            ));
-        }
-        let at_least_1s = |d: &Duration| {
-            if *d < Duration::from_secs(1) {
-                Err("must be at least 1s".to_string())
-            } else {
-                Ok(())
+                "RHC_GZIP_LEVEL",
+                g,
+                any,
+                GzipLevel::default(),
+                "1",
+            )?),
+            None => None,
+        };
+        let gzip_level = match (compression, gzip_level) {
+            (Compression::None, Some(level)) => {
+                let why = "applies only to gzip, but compression is none";
+                match env("RHC_GZIP_LEVEL") {
+                    Some(raw) => {
+                        tolerant.warn("RHC_GZIP_LEVEL", &raw, why, "not used");
+                        GzipLevel::default()
+                    }
+                    None => return Err(bad("--gzip-level", &level.to_string(), why)),
+                }
             }
+            (_, level) => level.unwrap_or_default(),
         };
         let rotation_interval = tolerant.value(
             "--rotation-interval",
@@ -347,25 +385,119 @@ impl Settings {
             Duration::from_secs(300),
             "5m",
         )?;
-        if cli.max_body_bytes < 1024 || cli.max_body_bytes > MAX_BODY_LIMIT {
-            return Err(bad(
-                "--max-body-bytes",
-                &cli.max_body_bytes.to_string(),
-                "must be between 1KiB and 512MiB",
-            ));
-        }
-        if cli.upload_part_bytes < 5 << 20 || cli.upload_part_bytes > 1 << 30 {
-            return Err(bad(
-                "--upload-part-bytes",
-                &cli.upload_part_bytes.to_string(),
-                "must be between 5MiB (the S3 minimum) and 1GiB",
-            ));
-        }
+        let shutdown_timeout = tolerant.value(
+            "--shutdown-timeout",
+            "RHC_SHUTDOWN_TIMEOUT",
+            cli.shutdown_timeout,
+            any,
+            Duration::from_secs(25),
+            "25s",
+        )?;
+        let max_body_bytes = tolerant.value(
+            "--max-body-bytes",
+            "RHC_MAX_BODY_BYTES",
+            cli.max_body_bytes,
+            |v: &u64| {
+                if *v < 1024 || *v > MAX_BODY_LIMIT {
+                    Err("must be between 1KiB and 512MiB".to_string())
+                } else {
+                    Ok(())
+                }
+            },
+            64 << 20,
+            "64MiB",
+        )?;
+        let upload_part_bytes = tolerant.value(
+            "--upload-part-bytes",
+            "RHC_UPLOAD_PART_BYTES",
+            cli.upload_part_bytes,
+            |v: &u64| {
+                if *v < 5 << 20 || *v > 1 << 30 {
+                    Err("must be between 5MiB (the S3 minimum) and 1GiB".to_string())
+                } else {
+                    Ok(())
+                }
+            },
+            8 << 20,
+            "8MiB",
+        )?;
+        let dedup_window = tolerant.value(
+            "--dedup-window",
+            "RHC_DEDUP_WINDOW",
+            cli.dedup_window,
+            any,
+            262_144,
+            "262144",
+        )?;
+        let max_open_segments = tolerant.value(
+            "--max-open-segments",
+            "RHC_MAX_OPEN_SEGMENTS",
+            cli.max_open_segments,
+            any,
+            512,
+            "512",
+        )?;
+        let upload_concurrency = tolerant.value(
+            "--upload-concurrency",
+            "RHC_UPLOAD_CONCURRENCY",
+            cli.upload_concurrency,
+            any,
+            2,
+            "2",
+        )?;
+        let enable_export_events = tolerant.value(
+            "--enable-export-events",
+            "RHC_ENABLE_EXPORT_EVENTS",
+            cli.enable_export_events,
+            any,
+            true,
+            "true",
+        )?;
+        let log_upload_interval = tolerant.value(
+            "--log-upload-interval",
+            "RHC_LOG_UPLOAD_INTERVAL",
+            cli.log_upload_interval,
+            at_least_1s,
+            Duration::from_secs(60),
+            "60s",
+        )?;
+        let log_upload_max_bytes_per_second = tolerant.value(
+            "--log-upload-max-bytes-per-second",
+            "RHC_LOG_UPLOAD_MAX_BYTES_PER_SECOND",
+            cli.log_upload_max_bytes_per_second,
+            any,
+            0,
+            "0 (no cap)",
+        )?;
+        let log_appends = tolerant.value(
+            "--log-appends",
+            "RHC_LOG_APPENDS",
+            cli.log_appends,
+            any,
+            true,
+            "true",
+        )?;
+        let event_keys = tolerant.value(
+            "--event-keys",
+            "RHC_EVENT_KEYS",
+            cli.event_keys,
+            any,
+            crate::events::http::EventKeys::Camel,
+            "camel",
+        )?;
+        let log_format = tolerant.value(
+            "--log-format",
+            "RHC_LOG_FORMAT",
+            cli.log_format,
+            any,
+            "text".to_string(),
+            "text",
+        )?;
         let enable_log_collector = tolerant.value(
             "--enable-log-collector",
             "ENABLE_LOG_COLLECTOR",
             cli.enable_log_collector,
-            |_| Ok(()),
+            any,
             true,
             "true",
         )?;
@@ -373,7 +505,7 @@ impl Settings {
             "--enable-event-collector",
             "ENABLE_EVENT_COLLECTOR",
             cli.enable_event_collector,
-            |_| Ok(()),
+            any,
             true,
             "true",
         )?;
@@ -381,13 +513,6 @@ impl Settings {
             return Err(ConfigError(
                 "--enable-log-collector and --enable-event-collector are both false: nothing to do"
                     .into(),
-            ));
-        }
-        if cli.log_upload_interval < Duration::from_secs(1) {
-            return Err(bad(
-                "--log-upload-interval",
-                &format!("{:?}", cli.log_upload_interval),
-                "must be at least 1s",
             ));
         }
         let endpoint_poll_interval = tolerant.value(
@@ -495,21 +620,21 @@ impl Settings {
             max_spool_bytes,
             compression,
             gzip_level,
-            shutdown_timeout: cli.shutdown_timeout,
-            max_body_bytes: cli.max_body_bytes,
-            dedup_window: cli.dedup_window,
-            max_open_segments: cli.max_open_segments as usize,
-            upload_concurrency: cli.upload_concurrency as usize,
-            upload_part_bytes: cli.upload_part_bytes as usize,
-            log_format: cli.log_format,
-            event_keys: cli.event_keys,
+            shutdown_timeout,
+            max_body_bytes,
+            dedup_window,
+            max_open_segments: max_open_segments as usize,
+            upload_concurrency: upload_concurrency as usize,
+            upload_part_bytes: upload_part_bytes as usize,
+            log_format,
+            event_keys,
             ray_tmp_dir: cli.ray_tmp_dir,
             enable_log_collector,
             enable_event_collector,
-            enable_export_events: cli.enable_export_events,
-            log_upload_interval: cli.log_upload_interval,
-            log_upload_max_bytes_per_second: cli.log_upload_max_bytes_per_second,
-            log_appends: cli.log_appends,
+            enable_export_events,
+            log_upload_interval,
+            log_upload_max_bytes_per_second,
+            log_appends,
             dashboard,
             pod_ip,
             quarantine_node,
@@ -694,6 +819,16 @@ mod tests {
                 "ENABLE_LOG_COLLECTOR",
                 "yes please",
                 "true",
+            ),
+            ("--max-spool-bytes", "RHC_MAX_SPOOL_BYTES", "12x", "1GiB"),
+            ("--max-body-bytes", "RHC_MAX_BODY_BYTES", "1GiB", "64MiB"),
+            ("--upload-concurrency", "RHC_UPLOAD_CONCURRENCY", "0", "2"),
+            ("--log-format", "RHC_LOG_FORMAT", "yaml", "text"),
+            (
+                "--log-upload-interval",
+                "RHC_LOG_UPLOAD_INTERVAL",
+                "0s",
+                "60s",
             ),
         ] {
             let args: Vec<&str> = if flag.is_empty() {

@@ -154,7 +154,7 @@ fn a_kuberay_storage_config_file_that_cannot_be_honoured_exits_2() {
 }
 
 #[test]
-fn kuberay_tuning_variables_with_bad_values_warn_and_use_the_default() {
+fn tuning_variables_with_bad_values_warn_and_use_the_default() {
     let dir = tempfile::tempdir().expect("temp dir");
     let storage = format!("file://{}", dir.path().join("bucket").display());
     let mut c = rhc_testkit::collector::Collector::start(
@@ -164,6 +164,7 @@ fn kuberay_tuning_variables_with_bad_values_warn_and_use_the_default() {
             ("RAY_COLLECTOR_POLL_INTERVAL", "0"),
             ("RAY_COLLECTOR_EVENT_MAX_DISK_MB", "lots"),
             ("RAY_COLLECTOR_EVENT_ROTATION_INTERVAL", "soon"),
+            ("RHC_UPLOAD_CONCURRENCY", "0"),
         ],
     );
     let log = c.log_text();
@@ -171,6 +172,7 @@ fn kuberay_tuning_variables_with_bad_values_warn_and_use_the_default() {
         ("RAY_COLLECTOR_POLL_INTERVAL", "0", "30s"),
         ("RAY_COLLECTOR_EVENT_MAX_DISK_MB", "lots", "1GiB"),
         ("RAY_COLLECTOR_EVENT_ROTATION_INTERVAL", "soon", "5m"),
+        ("RHC_UPLOAD_CONCURRENCY", "0", "2"),
     ] {
         let line = log
             .lines()
