@@ -435,7 +435,8 @@ def render_chart(values):
 
 def chart_renders(report, tmp):
     """(label, docs) for each values file; also lints, checks refusals, yamllints."""
-    cases = [("defaults + storage.url", {"storage": {"url": "s3://ray-historyserver"}})]
+    cases = [("defaults + storage.url + image", {"storage": {"url": "s3://ray-historyserver"},
+                                                  "image": {"repository": "registry.example.com/ray-history-collector"}})]
     for f in sorted((CHART / "ci").glob("*-values.yaml")):
         cases.append((rel(f), yaml.safe_load(f.read_text()) or {}))
     out = []

@@ -73,6 +73,57 @@ fn parse_event_keys(s: &str) -> Result<EventKeys, String> {
     }
 }
 
+/// A value as given, parsed or not. A bad value of a flag stops the collector (exit 2); a bad
+/// value of one of KubeRay's tuning variables is warned about and replaced by the default,
+/// as KubeRay's collector does, so a manifest written for it cannot keep the pod from
+/// starting ([`crate::settings`] decides, by whether the variable holds the value).
+#[derive(Debug, Clone)]
+pub struct Given<T> {
+    /// The text as given.
+    pub raw: String,
+    /// The value, or why it is not one.
+    pub parsed: Result<T, String>,
+}
+
+/// A clap value parser that never fails: the verdict travels in [`Given`].
+fn given<T: Clone + Send + Sync + 'static>(
+    parse: fn(&str) -> Result<T, String>,
+) -> impl Fn(&str) -> Result<Given<T>, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        Ok(Given {
+            raw: s.to_string(),
+            parsed: parse(s),
+        })
+    }
+}
+
+fn parse_open_segments(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<u32>() {
+        Ok(n) if (1..=65536).contains(&n) => Ok(n),
+        _ => Err("expected a number from 1 to 65536".into()),
+    }
+}
+
+fn parse_upload_concurrency(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<u32>() {
+        Ok(n) if (1..=64).contains(&n) => Ok(n),
+        _ => Err("expected a number from 1 to 64".into()),
+    }
+}
+
+fn parse_log_format(s: &str) -> Result<String, String> {
+    match s.trim() {
+        f @ ("text" | "json") => Ok(f.to_string()),
+        _ => Err("expected text or json".into()),
+    }
+}
+
+fn parse_port(s: &str) -> Result<u16, String> {
+    s.trim()
+        .parse::<u16>()
+        .map_err(|e| format!("expected a port number: {e}"))
+}
+
 /// The command line: run the collector (the default), or a subcommand.
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -106,8 +157,8 @@ pub struct RunArgs {
     pub listen: Option<SocketAddr>,
 
     /// Port on 127.0.0.1 when --listen is not given (KubeRay's variable).
-    #[arg(long, env = "EVENTS_PORT", value_name = "PORT", hide = true)]
-    pub events_port: Option<u16>,
+    #[arg(long, env = "EVENTS_PORT", value_name = "PORT", hide = true, value_parser = given(parse_port))]
+    pub events_port: Option<Given<u16>>,
 
     /// Where to upload: file:///dir, s3://bucket[/root], gs://bucket[/root], az://container[/root],
     /// or a local path [default: ./ray-history, or KubeRay's STORAGE_BACKEND variables].
@@ -153,9 +204,10 @@ pub struct RunArgs {
     #[arg(long, env = "RHC_NODE_ID", value_name = "ID")]
     pub node_id: Option<String>,
 
-    /// head writes the session markers that make sessions visible; worker does not.
-    #[arg(long, env = "RAY_ROLE", value_name = "ROLE", default_value = "head", value_parser = parse_role)]
-    pub role: Role,
+    /// head writes the session markers that make sessions visible; worker does not
+    /// [default: head, with a warning].
+    #[arg(long, env = "RAY_ROLE", value_name = "ROLE", value_parser = parse_role)]
+    pub role: Option<Role>,
 
     /// Local spool directory (keep it on a volume that outlives the container).
     #[arg(
@@ -167,54 +219,54 @@ pub struct RunArgs {
     pub spool_dir: PathBuf,
 
     /// Seal and upload a segment this long after it was opened.
-    #[arg(long, env = "RAY_COLLECTOR_EVENT_ROTATION_INTERVAL", value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
-    pub rotation_interval: Duration,
+    #[arg(long, env = "RAY_COLLECTOR_EVENT_ROTATION_INTERVAL", value_name = "DURATION", default_value = "5m", value_parser = given(parse_duration))]
+    pub rotation_interval: Given<Duration>,
 
     /// Seal and upload a segment once it holds this many bytes [default: 64MiB; or RAY_COLLECTOR_EVENT_MAX_FILE_SIZE_MB].
-    #[arg(long, env = "RHC_MAX_SEGMENT_BYTES", value_name = "SIZE", value_parser = parse_size)]
-    pub max_segment_bytes: Option<u64>,
+    #[arg(long, env = "RHC_MAX_SEGMENT_BYTES", value_name = "SIZE", value_parser = given(parse_size))]
+    pub max_segment_bytes: Option<Given<u64>>,
 
     /// Disk budget of the spool; new requests get 503 above 90% of it [default: 1GiB; or RAY_COLLECTOR_EVENT_MAX_DISK_MB].
-    #[arg(long, env = "RHC_MAX_SPOOL_BYTES", value_name = "SIZE", value_parser = parse_size)]
-    pub max_spool_bytes: Option<u64>,
+    #[arg(long, env = "RHC_MAX_SPOOL_BYTES", value_name = "SIZE", value_parser = given(parse_size))]
+    pub max_spool_bytes: Option<Given<u64>>,
 
     /// Compression of uploaded event objects: gzip or none [default: gzip; or RAY_COLLECTOR_EVENT_COMPRESSION_ENABLED].
-    #[arg(long, env = "RHC_COMPRESSION", value_name = "ALGO", value_parser = parse_compression)]
-    pub compression: Option<Compression>,
+    #[arg(long, env = "RHC_COMPRESSION", value_name = "ALGO", value_parser = given(parse_compression))]
+    pub compression: Option<Given<Compression>>,
 
     /// gzip level of uploads: 1 and 2 igzip (least CPU), 3 to 9 libdeflate (smaller objects, more CPU) [default: 1].
-    #[arg(long, env = "RHC_GZIP_LEVEL", value_name = "N", value_parser = parse_gzip_level)]
-    pub gzip_level: Option<GzipLevel>,
+    #[arg(long, env = "RHC_GZIP_LEVEL", value_name = "N", value_parser = given(parse_gzip_level))]
+    pub gzip_level: Option<Given<GzipLevel>>,
 
     /// On SIGTERM, seal and upload everything within this time, then exit.
-    #[arg(long, env = "RHC_SHUTDOWN_TIMEOUT", value_name = "DURATION", default_value = "25s", value_parser = parse_duration)]
-    pub shutdown_timeout: Duration,
+    #[arg(long, env = "RHC_SHUTDOWN_TIMEOUT", value_name = "DURATION", default_value = "25s", value_parser = given(parse_duration))]
+    pub shutdown_timeout: Given<Duration>,
 
     /// Largest request body accepted (after gzip decoding); larger gets 413.
-    #[arg(long, env = "RHC_MAX_BODY_BYTES", value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
-    pub max_body_bytes: u64,
+    #[arg(long, env = "RHC_MAX_BODY_BYTES", value_name = "SIZE", default_value = "64MiB", value_parser = given(parse_size))]
+    pub max_body_bytes: Given<u64>,
 
     /// How many recent event ids are remembered to drop Ray's resent duplicates (0: off).
     #[arg(
         long,
         env = "RHC_DEDUP_WINDOW",
         value_name = "EVENTS",
-        default_value_t = 262_144,
-        value_parser = parse_dedup_window
+        default_value = "262144",
+        value_parser = given(parse_dedup_window)
     )]
-    pub dedup_window: usize,
+    pub dedup_window: Given<usize>,
 
     /// Most segment files kept open at once; the least recently written are closed first.
-    #[arg(long, env = "RHC_MAX_OPEN_SEGMENTS", value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65536))]
-    pub max_open_segments: u32,
+    #[arg(long, env = "RHC_MAX_OPEN_SEGMENTS", value_name = "N", default_value = "512", value_parser = given(parse_open_segments))]
+    pub max_open_segments: Given<u32>,
 
     /// Event uploads in flight at once; each holds up to one part in memory.
-    #[arg(long, env = "RHC_UPLOAD_CONCURRENCY", value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub upload_concurrency: u32,
+    #[arg(long, env = "RHC_UPLOAD_CONCURRENCY", value_name = "N", default_value = "2", value_parser = given(parse_upload_concurrency))]
+    pub upload_concurrency: Given<u32>,
 
     /// Multipart part size; objects larger than one part use multipart upload (at least 5MiB).
-    #[arg(long, env = "RHC_UPLOAD_PART_BYTES", value_name = "SIZE", default_value = "8MiB", value_parser = parse_size)]
-    pub upload_part_bytes: u64,
+    #[arg(long, env = "RHC_UPLOAD_PART_BYTES", value_name = "SIZE", default_value = "8MiB", value_parser = given(parse_size))]
+    pub upload_part_bytes: Given<u64>,
 
     /// Ray's temp root, holding `session_latest` and the session directories.
     #[arg(
@@ -226,30 +278,30 @@ pub struct RunArgs {
     pub ray_tmp_dir: PathBuf,
 
     /// Upload the session logs (live snapshots, rotations, earlier sessions, final flush).
-    #[arg(long, env = "ENABLE_LOG_COLLECTOR", value_name = "BOOL", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
-    pub enable_log_collector: bool,
+    #[arg(long, env = "ENABLE_LOG_COLLECTOR", value_name = "BOOL", default_value = "true", value_parser = given(parse_bool), action = clap::ArgAction::Set)]
+    pub enable_log_collector: Given<bool>,
 
     /// Accept Ray's pushed events on --listen.
-    #[arg(long, env = "ENABLE_EVENT_COLLECTOR", value_name = "BOOL", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
-    pub enable_event_collector: bool,
+    #[arg(long, env = "ENABLE_EVENT_COLLECTOR", value_name = "BOOL", default_value = "true", value_parser = given(parse_bool), action = clap::ArgAction::Set)]
+    pub enable_event_collector: Given<bool>,
 
     /// Tail Ray's export event files (`logs/export_events/event_EXPORT_*.log`) into the spool.
-    #[arg(long, env = "RHC_ENABLE_EXPORT_EVENTS", value_name = "BOOL", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
-    pub enable_export_events: bool,
+    #[arg(long, env = "RHC_ENABLE_EXPORT_EVENTS", value_name = "BOOL", default_value = "true", value_parser = given(parse_bool), action = clap::ArgAction::Set)]
+    pub enable_export_events: Given<bool>,
 
     /// Time between log snapshots (files changed since their last upload).
-    #[arg(long, env = "RHC_LOG_UPLOAD_INTERVAL", value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
-    pub log_upload_interval: Duration,
+    #[arg(long, env = "RHC_LOG_UPLOAD_INTERVAL", value_name = "DURATION", default_value = "60s", value_parser = given(parse_duration))]
+    pub log_upload_interval: Given<Duration>,
 
     /// Cap on the bandwidth of log uploads, in bytes per second (0: no cap), so the sidecar
     /// never saturates the node's network; events are not counted against it.
-    #[arg(long, env = "RHC_LOG_UPLOAD_MAX_BYTES_PER_SECOND", value_name = "SIZE", default_value = "0", value_parser = parse_size)]
-    pub log_upload_max_bytes_per_second: u64,
+    #[arg(long, env = "RHC_LOG_UPLOAD_MAX_BYTES_PER_SECOND", value_name = "SIZE", default_value = "0", value_parser = given(parse_size))]
+    pub log_upload_max_bytes_per_second: Given<u64>,
 
     /// Append only the new bytes of a growing log where the store can (S3 and S3-compatible
     /// from 5 MiB, file://); false uploads whole files on the size-aware schedule everywhere.
-    #[arg(long, env = "RHC_LOG_APPENDS", value_name = "BOOL", default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
-    pub log_appends: bool,
+    #[arg(long, env = "RHC_LOG_APPENDS", value_name = "BOOL", default_value = "true", value_parser = given(parse_bool), action = clap::ArgAction::Set)]
+    pub log_appends: Given<bool>,
 
     /// Ray dashboard of the head, for endpoint snapshots and (last resort) the node id
     /// [default: http://localhost:8265, or KubeRay's FQ_RAY_IP and RAY_DASHBOARD_PORT].
@@ -257,17 +309,17 @@ pub struct RunArgs {
     pub dashboard_address: Option<String>,
 
     /// Time between dashboard endpoint snapshots (head role).
-    #[arg(long, env = "RAY_COLLECTOR_POLL_INTERVAL", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
-    pub endpoint_poll_interval: Duration,
+    #[arg(long, env = "RAY_COLLECTOR_POLL_INTERVAL", value_name = "DURATION", default_value = "30s", value_parser = given(parse_duration))]
+    pub endpoint_poll_interval: Given<Duration>,
 
     /// How events Ray sent with snake_case keys are stored: camel (protobuf's camelCase JSON of
     /// the same message, the only form KubeRay's history server reads) or preserve (as sent).
-    #[arg(long, env = "RHC_EVENT_KEYS", value_name = "STYLE", default_value = "camel", value_parser = parse_event_keys)]
-    pub event_keys: EventKeys,
+    #[arg(long, env = "RHC_EVENT_KEYS", value_name = "STYLE", default_value = "camel", value_parser = given(parse_event_keys))]
+    pub event_keys: Given<EventKeys>,
 
     /// Log format: text or json (level from RUST_LOG, default info).
-    #[arg(long, env = "RHC_LOG_FORMAT", value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
-    pub log_format: String,
+    #[arg(long, env = "RHC_LOG_FORMAT", value_name = "FORMAT", default_value = "text", value_parser = given(parse_log_format))]
+    pub log_format: Given<String>,
 }
 
 /// Arguments of `inspect`.

@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::cli::{Role, RunArgs};
+use crate::cli::{Given, Role, RunArgs};
 use crate::contract::{id_to_hex, is_dns1123_subdomain, is_safe_segment, ClusterLayout, Owner};
 use crate::dashboard::DashboardConfig;
 use crate::events::upload::Compression;
@@ -95,6 +95,91 @@ pub struct Settings {
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
+/// Which bad values stop the collector. A value that would send data to the wrong place or
+/// leave nothing working (storage, cluster identity, node id, listen address, spool dir,
+/// tokens named explicitly, both collectors off) is refused: exit 2, one line. A tuning value
+/// from a variable (intervals, sizes, compression, limits, switches, formats: KubeRay's
+/// `RAY_COLLECTOR_*`, `EVENTS_PORT`, `ENABLE_*` and our `RHC_*` alike) is replaced by its
+/// default with a warning naming the variable, as KubeRay's collector does, so a manifest
+/// cannot keep the Ray pod from starting behind the sidecar's startup probe for a value that
+/// has a safe default. The same value given as a flag is refused: it was typed on purpose.
+struct Tolerant<'a> {
+    env: &'a dyn Fn(&str) -> Option<String>,
+    warnings: Vec<String>,
+}
+
+/// Any value the parser accepted will do.
+fn any<T>(_: &T) -> Result<(), String> {
+    Ok(())
+}
+
+/// `Ok` when `v` is at least `min` (shown as `shown`).
+fn at_least(v: u64, min: u64, shown: &str) -> Result<(), String> {
+    if v < min {
+        Err(format!("must be at least {shown}"))
+    } else {
+        Ok(())
+    }
+}
+
+impl Tolerant<'_> {
+    /// `given` (flag `flag` or variable `var`) if it parses and passes `check`; else the
+    /// default when `var` holds the bad value, an error naming the flag otherwise.
+    fn value<T>(
+        &mut self,
+        flag: &str,
+        var: &str,
+        given: Given<T>,
+        check: impl Fn(&T) -> Result<(), String>,
+        default: T,
+        shown: &str,
+    ) -> Result<T, ConfigError> {
+        let why = match given.parsed {
+            Ok(v) => match check(&v) {
+                Ok(()) => return Ok(v),
+                Err(why) => why,
+            },
+            Err(why) => why,
+        };
+        if (self.env)(var).is_some_and(|v| v.trim() == given.raw.trim()) {
+            self.warn(var, &given.raw, &why, shown);
+            Ok(default)
+        } else {
+            Err(ConfigError(format!(
+                "invalid value {:?} for {flag}: {why}",
+                given.raw
+            )))
+        }
+    }
+
+    /// A variable with no flag of its own: `parse`d when set, the default with a warning
+    /// when bad, the default when unset or empty.
+    fn var<T>(
+        &mut self,
+        var: &str,
+        parse: impl Fn(&str) -> Result<T, String>,
+        default: T,
+        shown: &str,
+    ) -> T {
+        let Some(raw) = (self.env)(var).filter(|v| !v.trim().is_empty()) else {
+            return default;
+        };
+        match parse(raw.trim()) {
+            Ok(v) => v,
+            Err(why) => {
+                self.warn(var, &raw, &why, shown);
+                default
+            }
+        }
+    }
+
+    fn warn(&mut self, var: &str, raw: &str, why: &str, shown: &str) {
+        self.warnings.push(format!(
+            "{var}={raw:?} is not usable ({why}): using the default, {shown}"
+        ));
+    }
+}
+
 impl Settings {
     /// Resolves the command line against the environment (`env` is `std::env::var` in
     /// production, a map in tests).
@@ -105,17 +190,38 @@ impl Settings {
         let bad = |what: &str, value: &str, why: &str| {
             ConfigError(format!("invalid value {value:?} for {what}: {why}"))
         };
-        let listen = cli.listen.unwrap_or_else(|| {
-            SocketAddr::new(
-                IpAddr::V4(Ipv4Addr::LOCALHOST),
-                cli.events_port.unwrap_or(8084),
-            )
-        });
+        let mut tolerant = Tolerant {
+            env,
+            warnings: Vec::new(),
+        };
+        let events_port = match cli.events_port {
+            Some(p) => {
+                tolerant.value("--events-port", "EVENTS_PORT", p, |_| Ok(()), 8084, "8084")?
+            }
+            None => 8084,
+        };
+        let listen = cli
+            .listen
+            .unwrap_or_else(|| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), events_port));
 
+        // KubeRay's JSON storage configuration stands in for the storage variables it names.
+        let storage_env =
+            storage::with_kuberay_config_file(env).map_err(|e| ConfigError(e.to_string()))?;
+        let storage_env: &dyn Fn(&str) -> Option<String> = &*storage_env;
+        let mut early_warnings = Vec::new();
         let storage = match &cli.storage {
-            Some(s) => StorageSpec::parse(s).map_err(|e| bad("--storage", s, &e.to_string()))?,
+            Some(s) => {
+                if env("STORAGE_BACKEND").is_some_and(|v| !v.trim().is_empty()) {
+                    early_warnings.push(format!(
+                        "--storage {s} is given: STORAGE_BACKEND and the bucket it names are not used"
+                    ));
+                }
+                StorageSpec::parse(s).map_err(|e| bad("--storage", s, &e.to_string()))?
+            }
             None => {
-                match StorageSpec::from_kuberay_env(env).map_err(|e| ConfigError(e.to_string()))? {
+                match StorageSpec::from_kuberay_env(storage_env)
+                    .map_err(|e| ConfigError(e.to_string()))?
+                {
                     Some(s) => s,
                     None => StorageSpec::parse("./ray-history")
                         .map_err(|e| ConfigError(e.to_string()))?,
@@ -185,104 +291,238 @@ impl Settings {
             }
         };
 
-        let mb_env = |name: &str| -> Result<Option<u64>, ConfigError> {
-            match env(name)
-                .map(|v| v.trim().to_string())
-                .filter(|v| !v.is_empty())
-            {
-                None => Ok(None),
-                Some(v) => match v.parse::<u64>() {
-                    Ok(mb) if mb > 0 => Ok(Some(mb << 20)),
-                    _ => Err(bad(name, &v, "expected a positive number of MB")),
-                },
+        let mb = |v: &str| match v.parse::<u64>() {
+            Ok(mb) if mb > 0 && mb <= 1 << 30 => Ok(mb << 20),
+            _ => Err("expected a positive number of MB".to_string()),
+        };
+        let at_least_1s = |d: &Duration| {
+            if *d < Duration::from_secs(1) {
+                Err("must be at least 1s".to_string())
+            } else {
+                Ok(())
             }
         };
         let max_segment_bytes = match cli.max_segment_bytes {
-            Some(v) => v,
-            None => mb_env("RAY_COLLECTOR_EVENT_MAX_FILE_SIZE_MB")?.unwrap_or(64 << 20),
+            Some(g) => tolerant.value(
+                "--max-segment-bytes",
+                "RHC_MAX_SEGMENT_BYTES",
+                g,
+                |v: &u64| at_least(*v, 4096, "4KiB"),
+                64 << 20,
+                "64MiB",
+            )?,
+            None => tolerant.var(
+                "RAY_COLLECTOR_EVENT_MAX_FILE_SIZE_MB",
+                mb,
+                64 << 20,
+                "64MiB",
+            ),
         };
         let max_spool_bytes = match cli.max_spool_bytes {
-            Some(v) => v,
-            None => mb_env("RAY_COLLECTOR_EVENT_MAX_DISK_MB")?.unwrap_or(1 << 30),
+            Some(g) => tolerant.value(
+                "--max-spool-bytes",
+                "RHC_MAX_SPOOL_BYTES",
+                g,
+                |v: &u64| at_least(*v, 1 << 20, "1MiB"),
+                1 << 30,
+                "1GiB",
+            )?,
+            None => tolerant.var("RAY_COLLECTOR_EVENT_MAX_DISK_MB", mb, 1 << 30, "1GiB"),
         };
         let compression = match cli.compression {
-            Some(c) => c,
-            None => match env("RAY_COLLECTOR_EVENT_COMPRESSION_ENABLED") {
-                Some(v) if !v.trim().is_empty() => {
-                    if parse_bool(&v)
-                        .map_err(|e| bad("RAY_COLLECTOR_EVENT_COMPRESSION_ENABLED", &v, &e))?
-                    {
-                        Compression::Gzip
-                    } else {
-                        Compression::None
-                    }
-                }
-                _ => Compression::Gzip,
-            },
+            Some(g) => tolerant.value(
+                "--compression",
+                "RHC_COMPRESSION",
+                g,
+                any,
+                Compression::Gzip,
+                "gzip",
+            )?,
+            None => tolerant.var(
+                "RAY_COLLECTOR_EVENT_COMPRESSION_ENABLED",
+                |v| {
+                    parse_bool(v).map(|on| {
+                        if on {
+                            Compression::Gzip
+                        } else {
+                            Compression::None
+                        }
+                    })
+                },
+                Compression::Gzip,
+                "gzip",
+            ),
         };
-        if let (Compression::None, Some(level)) = (compression, cli.gzip_level) {
-            return Err(bad(
+        let gzip_level = match cli.gzip_level {
+            Some(g) => Some(tolerant.value(
                 "--gzip-level",
-                &level.to_string(),
-                "applies only to gzip, but compression is none",
-            ));
-        }
-        let gzip_level = cli.gzip_level.unwrap_or_default();
-        if max_segment_bytes < 4096 {
-            return Err(bad(
-                "--max-segment-bytes",
-                &max_segment_bytes.to_string(),
-                "must be at least 4KiB",
-            ));
-        }
-        if max_spool_bytes < 1 << 20 {
-            return Err(bad(
-                "--max-spool-bytes",
-                &max_spool_bytes.to_string(),
-                "must be at least 1MiB",
-            ));
-        }
-        if cli.rotation_interval < Duration::from_secs(1) {
-            return Err(bad(
-                "--rotation-interval",
-                &format!("{:?}", cli.rotation_interval),
-                "must be at least 1s",
-            ));
-        }
-        if cli.max_body_bytes < 1024 || cli.max_body_bytes > MAX_BODY_LIMIT {
-            return Err(bad(
-                "--max-body-bytes",
-                &cli.max_body_bytes.to_string(),
-                "must be between 1KiB and 512MiB",
-            ));
-        }
-        if cli.upload_part_bytes < 5 << 20 || cli.upload_part_bytes > 1 << 30 {
-            return Err(bad(
-                "--upload-part-bytes",
-                &cli.upload_part_bytes.to_string(),
-                "must be between 5MiB (the S3 minimum) and 1GiB",
-            ));
-        }
-        if !cli.enable_log_collector && !cli.enable_event_collector {
+                "RHC_GZIP_LEVEL",
+                g,
+                any,
+                GzipLevel::default(),
+                "1",
+            )?),
+            None => None,
+        };
+        let gzip_level = match (compression, gzip_level) {
+            (Compression::None, Some(level)) => {
+                let why = "applies only to gzip, but compression is none";
+                match env("RHC_GZIP_LEVEL") {
+                    Some(raw) => {
+                        tolerant.warn("RHC_GZIP_LEVEL", &raw, why, "not used");
+                        GzipLevel::default()
+                    }
+                    None => return Err(bad("--gzip-level", &level.to_string(), why)),
+                }
+            }
+            (_, level) => level.unwrap_or_default(),
+        };
+        let rotation_interval = tolerant.value(
+            "--rotation-interval",
+            "RAY_COLLECTOR_EVENT_ROTATION_INTERVAL",
+            cli.rotation_interval,
+            at_least_1s,
+            Duration::from_secs(300),
+            "5m",
+        )?;
+        let shutdown_timeout = tolerant.value(
+            "--shutdown-timeout",
+            "RHC_SHUTDOWN_TIMEOUT",
+            cli.shutdown_timeout,
+            any,
+            Duration::from_secs(25),
+            "25s",
+        )?;
+        let max_body_bytes = tolerant.value(
+            "--max-body-bytes",
+            "RHC_MAX_BODY_BYTES",
+            cli.max_body_bytes,
+            |v: &u64| {
+                if *v < 1024 || *v > MAX_BODY_LIMIT {
+                    Err("must be between 1KiB and 512MiB".to_string())
+                } else {
+                    Ok(())
+                }
+            },
+            64 << 20,
+            "64MiB",
+        )?;
+        let upload_part_bytes = tolerant.value(
+            "--upload-part-bytes",
+            "RHC_UPLOAD_PART_BYTES",
+            cli.upload_part_bytes,
+            |v: &u64| {
+                if *v < 5 << 20 || *v > 1 << 30 {
+                    Err("must be between 5MiB (the S3 minimum) and 1GiB".to_string())
+                } else {
+                    Ok(())
+                }
+            },
+            8 << 20,
+            "8MiB",
+        )?;
+        let dedup_window = tolerant.value(
+            "--dedup-window",
+            "RHC_DEDUP_WINDOW",
+            cli.dedup_window,
+            any,
+            262_144,
+            "262144",
+        )?;
+        let max_open_segments = tolerant.value(
+            "--max-open-segments",
+            "RHC_MAX_OPEN_SEGMENTS",
+            cli.max_open_segments,
+            any,
+            512,
+            "512",
+        )?;
+        let upload_concurrency = tolerant.value(
+            "--upload-concurrency",
+            "RHC_UPLOAD_CONCURRENCY",
+            cli.upload_concurrency,
+            any,
+            2,
+            "2",
+        )?;
+        let enable_export_events = tolerant.value(
+            "--enable-export-events",
+            "RHC_ENABLE_EXPORT_EVENTS",
+            cli.enable_export_events,
+            any,
+            true,
+            "true",
+        )?;
+        let log_upload_interval = tolerant.value(
+            "--log-upload-interval",
+            "RHC_LOG_UPLOAD_INTERVAL",
+            cli.log_upload_interval,
+            at_least_1s,
+            Duration::from_secs(60),
+            "60s",
+        )?;
+        let log_upload_max_bytes_per_second = tolerant.value(
+            "--log-upload-max-bytes-per-second",
+            "RHC_LOG_UPLOAD_MAX_BYTES_PER_SECOND",
+            cli.log_upload_max_bytes_per_second,
+            any,
+            0,
+            "0 (no cap)",
+        )?;
+        let log_appends = tolerant.value(
+            "--log-appends",
+            "RHC_LOG_APPENDS",
+            cli.log_appends,
+            any,
+            true,
+            "true",
+        )?;
+        let event_keys = tolerant.value(
+            "--event-keys",
+            "RHC_EVENT_KEYS",
+            cli.event_keys,
+            any,
+            crate::events::http::EventKeys::Camel,
+            "camel",
+        )?;
+        let log_format = tolerant.value(
+            "--log-format",
+            "RHC_LOG_FORMAT",
+            cli.log_format,
+            any,
+            "text".to_string(),
+            "text",
+        )?;
+        let enable_log_collector = tolerant.value(
+            "--enable-log-collector",
+            "ENABLE_LOG_COLLECTOR",
+            cli.enable_log_collector,
+            any,
+            true,
+            "true",
+        )?;
+        let enable_event_collector = tolerant.value(
+            "--enable-event-collector",
+            "ENABLE_EVENT_COLLECTOR",
+            cli.enable_event_collector,
+            any,
+            true,
+            "true",
+        )?;
+        if !enable_log_collector && !enable_event_collector {
             return Err(ConfigError(
                 "--enable-log-collector and --enable-event-collector are both false: nothing to do"
                     .into(),
             ));
         }
-        if cli.log_upload_interval < Duration::from_secs(1) {
-            return Err(bad(
-                "--log-upload-interval",
-                &format!("{:?}", cli.log_upload_interval),
-                "must be at least 1s",
-            ));
-        }
-        if cli.endpoint_poll_interval < Duration::from_secs(1) {
-            return Err(bad(
-                "--endpoint-poll-interval",
-                &format!("{:?}", cli.endpoint_poll_interval),
-                "must be at least 1s",
-            ));
-        }
+        let endpoint_poll_interval = tolerant.value(
+            "--endpoint-poll-interval",
+            "RAY_COLLECTOR_POLL_INTERVAL",
+            cli.endpoint_poll_interval,
+            at_least_1s,
+            Duration::from_secs(30),
+            "30s",
+        )?;
         // KubeRay's workers reach the head's dashboard through FQ_RAY_IP.
         let dashboard_raw = match &cli.dashboard_address {
             Some(a) => a.clone(),
@@ -319,10 +559,10 @@ impl Settings {
         if cli.spool_dir.as_os_str().is_empty() {
             return Err(bad("--spool-dir", "", "must not be empty"));
         }
-        let (dashboard, warnings) =
-            DashboardConfig::from_env(dashboard_address, cli.endpoint_poll_interval, env)
+        let (dashboard, mut warnings) =
+            DashboardConfig::from_env(dashboard_address, endpoint_poll_interval, env)
                 .map_err(|e| ConfigError(e.to_string()))?;
-        let store = storage::configure(&storage, env)
+        let store = storage::configure(&storage, storage_env)
             .map_err(|e| ConfigError(format!("storage {storage}: {e}")))?;
         let pod_ip = env("POD_IP")
             .map(|ip| ip.trim().to_string())
@@ -339,6 +579,28 @@ impl Settings {
                 .unwrap_or_else(|| "unknown-node".into()),
         };
         let root = storage.root.clone();
+        if env("AWS_S3ID").is_some() && env("AWS_ACCESS_KEY_ID").is_none() {
+            early_warnings.push(
+                "AWS_S3ID (KubeRay's name) is not read: set AWS_ACCESS_KEY_ID, \
+                 AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN for S3 keys"
+                    .to_string(),
+            );
+        }
+        // KubeRay defaults to worker. Here a head without markers would be invisible in the
+        // history server, while a worker acting as head only writes the same empty marker
+        // again and polls the dashboard: so head, said out loud.
+        let role = match cli.role {
+            Some(r) => r,
+            None => {
+                early_warnings.push(
+                    "RAY_ROLE (--role) is not set: acting as head (session markers, dashboard \
+                     snapshots); set RAY_ROLE=worker on worker pods, as KubeRay's manifests do"
+                        .to_string(),
+                );
+                Role::Head
+            }
+        };
+        warnings.splice(0..0, early_warnings.into_iter().chain(tolerant.warnings));
 
         Ok(Settings {
             listen,
@@ -351,28 +613,28 @@ impl Settings {
                 owner,
             },
             node_id,
-            role: cli.role,
+            role,
             spool_dir: cli.spool_dir,
-            rotation_interval: cli.rotation_interval,
+            rotation_interval,
             max_segment_bytes,
             max_spool_bytes,
             compression,
             gzip_level,
-            shutdown_timeout: cli.shutdown_timeout,
-            max_body_bytes: cli.max_body_bytes,
-            dedup_window: cli.dedup_window,
-            max_open_segments: cli.max_open_segments as usize,
-            upload_concurrency: cli.upload_concurrency as usize,
-            upload_part_bytes: cli.upload_part_bytes as usize,
-            log_format: cli.log_format,
-            event_keys: cli.event_keys,
+            shutdown_timeout,
+            max_body_bytes,
+            dedup_window,
+            max_open_segments: max_open_segments as usize,
+            upload_concurrency: upload_concurrency as usize,
+            upload_part_bytes: upload_part_bytes as usize,
+            log_format,
+            event_keys,
             ray_tmp_dir: cli.ray_tmp_dir,
-            enable_log_collector: cli.enable_log_collector,
-            enable_event_collector: cli.enable_event_collector,
-            enable_export_events: cli.enable_export_events,
-            log_upload_interval: cli.log_upload_interval,
-            log_upload_max_bytes_per_second: cli.log_upload_max_bytes_per_second,
-            log_appends: cli.log_appends,
+            enable_log_collector,
+            enable_event_collector,
+            enable_export_events,
+            log_upload_interval,
+            log_upload_max_bytes_per_second,
+            log_appends,
             dashboard,
             pod_ip,
             quarantine_node,
@@ -409,6 +671,11 @@ mod tests {
         assert_eq!(s.max_segment_bytes, 64 << 20);
         assert_eq!(s.max_spool_bytes, 1 << 30);
         assert_eq!(s.role, Role::Head);
+        assert!(
+            s.warnings.iter().any(|w| w.contains("RAY_ROLE")),
+            "{:?}",
+            s.warnings
+        );
         assert_eq!(s.rotation_interval, Duration::from_secs(300));
         assert_eq!(s.shutdown_timeout, Duration::from_secs(25));
     }
@@ -522,11 +789,77 @@ mod tests {
             let e = resolve(&args, &[]).unwrap_err();
             assert!(e.contains(needle), "{args:?}: {e}");
         }
-        let e = resolve(&[], &[("RAY_COLLECTOR_EVENT_MAX_DISK_MB", "lots")]).unwrap_err();
-        assert!(
-            e.contains("RAY_COLLECTOR_EVENT_MAX_DISK_MB") && e.contains("lots"),
-            "{e}"
-        );
+        // The same bad values from KubeRay's variables: the default, and a warning naming
+        // the variable.
+        // (clap reads the process environment, not the map: a variable clap reads is given
+        // here as its flag too, as clap would hand it over.)
+        for (flag, var, value, check) in [
+            ("", "RAY_COLLECTOR_EVENT_MAX_DISK_MB", "lots", "1GiB"),
+            (
+                "",
+                "RAY_COLLECTOR_EVENT_COMPRESSION_ENABLED",
+                "maybe",
+                "gzip",
+            ),
+            (
+                "--endpoint-poll-interval",
+                "RAY_COLLECTOR_POLL_INTERVAL",
+                "0",
+                "30s",
+            ),
+            (
+                "--rotation-interval",
+                "RAY_COLLECTOR_EVENT_ROTATION_INTERVAL",
+                "soon",
+                "5m",
+            ),
+            ("--events-port", "EVENTS_PORT", "80845", "8084"),
+            (
+                "--enable-log-collector",
+                "ENABLE_LOG_COLLECTOR",
+                "yes please",
+                "true",
+            ),
+            ("--max-spool-bytes", "RHC_MAX_SPOOL_BYTES", "12x", "1GiB"),
+            ("--max-body-bytes", "RHC_MAX_BODY_BYTES", "1GiB", "64MiB"),
+            ("--upload-concurrency", "RHC_UPLOAD_CONCURRENCY", "0", "2"),
+            ("--log-format", "RHC_LOG_FORMAT", "yaml", "text"),
+            (
+                "--log-upload-interval",
+                "RHC_LOG_UPLOAD_INTERVAL",
+                "0s",
+                "60s",
+            ),
+        ] {
+            let args: Vec<&str> = if flag.is_empty() {
+                vec![]
+            } else {
+                vec![flag, value]
+            };
+            let s = resolve(&args, &[(var, value)]).unwrap_or_else(|e| panic!("{var}: {e}"));
+            assert!(
+                s.warnings
+                    .iter()
+                    .any(|w| w.contains(&format!("{var}={value:?}")) && w.ends_with(check)),
+                "{var}: {:?}",
+                s.warnings
+            );
+        }
+        let s = resolve(
+            &["--endpoint-poll-interval", "0"],
+            &[("RAY_COLLECTOR_POLL_INTERVAL", "0")],
+        )
+        .unwrap();
+        assert_eq!(s.dashboard.poll_interval, Duration::from_secs(30));
+        let s = resolve(&["--events-port", "x"], &[("EVENTS_PORT", "x")]).unwrap();
+        assert_eq!(s.listen.port(), 8084);
+        // A flag is refused, even when the variable holds another value.
+        let e = resolve(
+            &["--endpoint-poll-interval", "0s"],
+            &[("RAY_COLLECTOR_POLL_INTERVAL", "10s")],
+        )
+        .unwrap_err();
+        assert!(e.contains("--endpoint-poll-interval"), "{e}");
     }
 
     #[test]

@@ -678,14 +678,18 @@ fn configuration_errors_are_one_line() {
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+    // A variable that decides where data goes is refused too, named. (A bad tuning variable
+    // such as RAY_COLLECTOR_EVENT_MAX_DISK_MB warns and uses its default instead: see
+    // tests/startup.rs.)
     let out = std::process::Command::new(bin)
-        .env("RAY_COLLECTOR_EVENT_MAX_DISK_MB", "x")
+        .env("STORAGE_BACKEND", "ftp")
+        .env_remove("RHC_STORAGE")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("RAY_COLLECTOR_EVENT_MAX_DISK_MB") && err.trim().lines().count() == 1,
+        err.contains("STORAGE_BACKEND") && err.trim().lines().count() == 1,
         "{err}"
     );
 }

@@ -58,19 +58,11 @@ impl std::ops::Deref for Body {
 }
 
 pub(super) fn build_client(cfg: &DashboardConfig) -> Result<reqwest::Client, DashboardError> {
-    let mut headers = HeaderMap::new();
-    if let Some(t) = &cfg.auth_token {
-        let mut v = HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
-            DashboardError::TokenNotHeaderSafe {
-                source_var: "RAY_AUTH_TOKEN",
-            }
-        })?;
-        v.set_sensitive(true);
-        // Ray's dashboard reads `Authorization`; recent versions also accept
-        // `X-Ray-Authorization`, which KubeRay sends and proxies leave alone.
-        headers.insert(AUTHORIZATION, v.clone());
-        headers.insert("x-ray-authorization", v);
-    }
+    // A token read again for every request goes with each request (see `fetch`).
+    let headers = match (&cfg.auth_token, &cfg.auth_token_file) {
+        (Some(t), None) => auth_headers(t)?,
+        _ => HeaderMap::new(),
+    };
     reqwest::Client::builder()
         .default_headers(headers)
         .timeout(cfg.request_timeout)
@@ -80,6 +72,21 @@ pub(super) fn build_client(cfg: &DashboardConfig) -> Result<reqwest::Client, Das
         .user_agent(concat!("ray-history-collector/", env!("CARGO_PKG_VERSION")))
         .build()
         .map_err(DashboardError::Client)
+}
+
+/// The token's headers. Ray's dashboard reads `Authorization`; recent versions also accept
+/// `X-Ray-Authorization`, which KubeRay sends and proxies leave alone.
+fn auth_headers(token: &str) -> Result<HeaderMap, DashboardError> {
+    let mut v = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+        DashboardError::TokenNotHeaderSafe {
+            source_var: "RAY_AUTH_TOKEN",
+        }
+    })?;
+    v.set_sensitive(true);
+    let mut headers = HeaderMap::new();
+    headers.insert(AUTHORIZATION, v.clone());
+    headers.insert("x-ray-authorization", v);
+    Ok(headers)
 }
 
 pub(super) fn classify(e: reqwest::Error, timeout: Duration) -> DashboardError {
@@ -99,16 +106,19 @@ pub(super) async fn fetch(
     base: &str,
     uri: &str,
     timeout: Duration,
-    had_token: bool,
+    cfg: &DashboardConfig,
     budget: &BodyBudget,
 ) -> Result<Body, DashboardError> {
     let url = format!("{base}{uri}");
+    let had_token = cfg.has_token();
+    let mut request = client.get(&url);
+    if cfg.auth_token_file.is_some() {
+        if let Some(t) = cfg.current_token()? {
+            request = request.headers(auth_headers(&t)?);
+        }
+    }
     let exchange = async {
-        let mut resp = client
-            .get(&url)
-            .send()
-            .await
-            .map_err(|e| classify(e, timeout))?;
+        let mut resp = request.send().await.map_err(|e| classify(e, timeout))?;
         let status = resp.status().as_u16();
         if status == 401 || status == 403 {
             return Err(DashboardError::Unauthorized { status, had_token });
@@ -210,7 +220,7 @@ pub async fn node_id_by_ip(
         &base,
         NODES_ENDPOINT,
         cfg.request_timeout,
-        cfg.auth_token.is_some(),
+        cfg,
         &BodyBudget::new(),
     )
     .await?;

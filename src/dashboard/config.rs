@@ -1,6 +1,12 @@
 //! The dashboard settings, read from the environment as Ray and KubeRay name them and checked
 //! before the collector starts: a token that cannot be sent, an extra endpoint that could not
 //! be stored under its own URI, or an address that is not a URL is a configuration error.
+//!
+//! With `RAY_ENABLE_K8S_TOKEN_AUTH=true` the token is the pod's projected ServiceAccount token
+//! that KubeRay's operator mounts at [`K8S_TOKEN_PATH`], read like KubeRay's collector reads
+//! it: again for every request, since kubelet replaces it before it expires. A missing or
+//! empty file at start is a warning, not a refusal: the dashboard is not worth stopping the
+//! pod for, and each request reads the file again.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -22,8 +28,11 @@ pub struct DashboardConfig {
     pub poll_interval: Duration,
     /// `RAY_COLLECTOR_ADDITIONAL_ENDPOINTS`: more URIs polled like the periodic ones.
     pub additional_endpoints: Vec<String>,
-    /// Bearer token for a dashboard started with `RAY_AUTH_MODE=token`.
+    /// Bearer token for a dashboard started with `RAY_AUTH_MODE=token` (with
+    /// `auth_token_file`, the token read at start).
     pub auth_token: Option<String>,
+    /// A token file read again for every request (`RAY_ENABLE_K8S_TOKEN_AUTH`).
+    pub auth_token_file: Option<PathBuf>,
     /// Longest wait for one answer, body included.
     pub request_timeout: Duration,
 }
@@ -39,14 +48,49 @@ impl fmt::Debug for DashboardConfig {
                 "auth_token",
                 &self.auth_token.as_ref().map(|_| "<redacted>"),
             )
+            .field("auth_token_file", &self.auth_token_file)
             .field("request_timeout", &self.request_timeout)
             .finish()
     }
 }
 
+/// Where KubeRay's operator mounts the projected ServiceAccount token for Ray's Kubernetes
+/// token auth (`RAY_ENABLE_K8S_TOKEN_AUTH=true`); `RHC_K8S_TOKEN_PATH` names another file.
+pub const K8S_TOKEN_PATH: &str = "/var/run/secrets/ray.io/serviceaccount/token";
+
+/// What the token file variable is called in messages.
+const K8S_TOKEN_VAR: &str = "RAY_ENABLE_K8S_TOKEN_AUTH=true, token file";
+
+/// Go's `strconv.ParseBool`, which KubeRay's collector applies to `RAY_ENABLE_K8S_TOKEN_AUTH`:
+/// anything else is false.
+fn go_parse_bool_true(v: &str) -> bool {
+    matches!(v, "1" | "t" | "T" | "TRUE" | "true" | "True")
+}
+
+/// Reads a token file: trimmed, non-empty, sendable in a header.
+fn read_token_file(path: &PathBuf, var: &'static str) -> Result<String, DashboardError> {
+    let text = std::fs::read_to_string(path).map_err(|source| DashboardError::TokenFile {
+        var,
+        path: path.clone(),
+        source,
+    })?;
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(DashboardError::EmptyTokenFile {
+            var,
+            path: path.clone(),
+        });
+    }
+    check_token(t, var)?;
+    Ok(t.to_string())
+}
+
 impl DashboardConfig {
     /// Completes the configuration from the environment, as Ray and KubeRay name things:
     ///
+    /// - `RAY_ENABLE_K8S_TOKEN_AUTH` true (Go's `ParseBool`, as KubeRay): the token is the
+    ///   trimmed content of [`K8S_TOKEN_PATH`] (or `RHC_K8S_TOKEN_PATH`), read again for every
+    ///   request; this wins over the variables below, as in KubeRay.
     /// - `RAY_AUTH_TOKEN` (trimmed), else the trimmed content of the file named by
     ///   `RAY_AUTH_TOKEN_PATH`, becomes the bearer token. A token is sent whenever one is
     ///   configured, like KubeRay does; `RAY_AUTH_MODE=token` without any token is allowed
@@ -67,38 +111,42 @@ impl DashboardConfig {
             parse_additional_endpoints(env("RAY_COLLECTOR_ADDITIONAL_ENDPOINTS").as_deref())?;
         let non_empty =
             |v: Option<String>| v.map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
-        let auth_token = match non_empty(env("RAY_AUTH_TOKEN")) {
-            Some(t) => {
+        let mut warnings = Vec::new();
+        let k8s = env("RAY_ENABLE_K8S_TOKEN_AUTH").is_some_and(|v| go_parse_bool_true(v.trim()));
+        let auth_token_file = k8s.then(|| {
+            PathBuf::from(
+                non_empty(env("RHC_K8S_TOKEN_PATH")).unwrap_or_else(|| K8S_TOKEN_PATH.into()),
+            )
+        });
+        let auth_token = match (&auth_token_file, non_empty(env("RAY_AUTH_TOKEN"))) {
+            (Some(path), _) => match read_token_file(path, K8S_TOKEN_VAR) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    warnings.push(format!(
+                        "{e}: dashboard requests fail until the file is readable (it is read again for each)"
+                    ));
+                    None
+                }
+            },
+            (None, Some(t)) => {
                 check_token(&t, "RAY_AUTH_TOKEN")?;
                 Some(t)
             }
-            None => match non_empty(env("RAY_AUTH_TOKEN_PATH")) {
-                Some(path) => {
-                    let path = PathBuf::from(path);
-                    let text = std::fs::read_to_string(&path).map_err(|source| {
-                        DashboardError::TokenFile {
-                            path: path.clone(),
-                            source,
-                        }
-                    })?;
-                    let t = text.trim();
-                    if t.is_empty() {
-                        return Err(DashboardError::EmptyTokenFile { path });
-                    }
-                    check_token(t, "RAY_AUTH_TOKEN_PATH")?;
-                    Some(t.to_string())
-                }
+            (None, None) => match non_empty(env("RAY_AUTH_TOKEN_PATH")) {
+                Some(path) => Some(read_token_file(
+                    &PathBuf::from(path),
+                    "RAY_AUTH_TOKEN_PATH",
+                )?),
                 None => None,
             },
         };
         let token_mode = env("RAY_AUTH_MODE")
             .map(|m| m.trim().eq_ignore_ascii_case("token"))
             .unwrap_or(false);
-        let mut warnings = Vec::new();
-        if token_mode && auth_token.is_none() {
+        if token_mode && auth_token.is_none() && auth_token_file.is_none() {
             warnings.push(
-                "RAY_AUTH_MODE=token but neither RAY_AUTH_TOKEN nor RAY_AUTH_TOKEN_PATH is set: \
-                 the dashboard will refuse our requests"
+                "RAY_AUTH_MODE=token but none of RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or \
+                 RAY_ENABLE_K8S_TOKEN_AUTH=true is set: the dashboard will refuse our requests"
                     .to_string(),
             );
         }
@@ -107,10 +155,25 @@ impl DashboardConfig {
             poll_interval,
             additional_endpoints,
             auth_token,
+            auth_token_file,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
         };
         cfg.base_url()?;
         Ok((cfg, warnings))
+    }
+
+    /// True when requests carry a token (or try to: a token file read for each).
+    pub(super) fn has_token(&self) -> bool {
+        self.auth_token.is_some() || self.auth_token_file.is_some()
+    }
+
+    /// The token to send now: the file's current content when it is read for every request,
+    /// else the token read at start.
+    pub(super) fn current_token(&self) -> Result<Option<String>, DashboardError> {
+        match &self.auth_token_file {
+            Some(path) => read_token_file(path, K8S_TOKEN_VAR).map(Some),
+            None => Ok(self.auth_token.clone()),
+        }
     }
 
     /// The address without trailing `/`, checked: request URIs are appended to it.

@@ -127,18 +127,23 @@ pub enum DashboardError {
         /// What is wrong with it.
         why: &'static str,
     },
-    /// `RAY_AUTH_TOKEN_PATH` names a file we cannot read.
-    #[error("reading the dashboard token from RAY_AUTH_TOKEN_PATH={path}: {source}")]
+    /// The token file (`RAY_AUTH_TOKEN_PATH`, or the projected ServiceAccount token of
+    /// `RAY_ENABLE_K8S_TOKEN_AUTH`) cannot be read.
+    #[error("reading the dashboard token from {var}={path}: {source}")]
     TokenFile {
+        /// The variable that asked for the file.
+        var: &'static str,
         /// The path.
         path: PathBuf,
         /// Why.
         #[source]
         source: std::io::Error,
     },
-    /// `RAY_AUTH_TOKEN_PATH` names an empty file.
-    #[error("RAY_AUTH_TOKEN_PATH={path} is empty")]
+    /// The token file is empty.
+    #[error("the dashboard token of {var}={path} is empty")]
     EmptyTokenFile {
+        /// The variable that asked for the file.
+        var: &'static str,
         /// The path.
         path: PathBuf,
     },
@@ -147,7 +152,7 @@ pub enum DashboardError {
         "the dashboard token from {source_var} contains characters not allowed in an HTTP header"
     )]
     TokenNotHeaderSafe {
-        /// `RAY_AUTH_TOKEN` or `RAY_AUTH_TOKEN_PATH`.
+        /// `RAY_AUTH_TOKEN`, `RAY_AUTH_TOKEN_PATH` or `RAY_ENABLE_K8S_TOKEN_AUTH`.
         source_var: &'static str,
     },
     /// The HTTP client could not be built (TLS setup).

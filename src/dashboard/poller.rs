@@ -128,7 +128,8 @@ struct Fetcher {
     base: String,
     client: reqwest::Client,
     timeout: std::time::Duration,
-    had_token: bool,
+    /// The token (or the file it is read from for every request) goes with each request.
+    cfg: DashboardConfig,
     store: Arc<dyn ObjectStore>,
     prefix: String,
     budget: BodyBudget,
@@ -157,7 +158,7 @@ impl DashboardPoller {
             base,
             client,
             timeout: cfg.request_timeout,
-            had_token: cfg.auth_token.is_some(),
+            cfg: cfg.clone(),
             store,
             prefix: layout.history_prefix(),
             budget: BodyBudget::new(),
@@ -455,7 +456,7 @@ impl Fetcher {
             &self.base,
             uri,
             self.timeout,
-            self.had_token,
+            &self.cfg,
             &self.budget,
         )
         .await

@@ -24,7 +24,7 @@ use super::{LogConfig, LogError};
 use crate::events::spool::Spool;
 use crate::metrics as m;
 use crate::node::node_id::{NodeIdResolver, RemoteNodeLookup};
-use crate::node::session::{list_sessions, ActiveSession};
+use crate::node::session::{list_sessions, settled_earlier_sessions, ActiveSession, SESSION_QUIET};
 use crate::storage::append::AppendError;
 use crate::storage::put::{put_file_prefix, window_hash, UploadError};
 use crate::util::pace::Pacer;
@@ -253,7 +253,13 @@ impl LogShipper {
             reports.push(self.snapshot_session(s, deadline, how).await);
         }
         if earlier {
-            for s in list_sessions(&self.cfg.ray_tmp) {
+            // Live rounds finish only sessions older than the active one and quiet; the
+            // final flush sends every other session.
+            let others = match deadline {
+                None => settled_earlier_sessions(&self.cfg.ray_tmp, active, SESSION_QUIET),
+                Some(_) => list_sessions(&self.cfg.ray_tmp),
+            };
+            for s in others {
                 if active.is_some_and(|a| a.name == s.name)
                     || self.ledger.data.finished_sessions.contains(&s.name)
                 {
@@ -320,7 +326,15 @@ impl LogShipper {
                 report.failed += 1;
                 continue;
             }
-            let key = object_key(&self.prefix, &s.name, &node, &f);
+            // Under the node whose raylet wrote it, where that can be told.
+            let writer = f.rotated_from.as_deref().unwrap_or(&f.rel);
+            let file_node = self.nodes.node_of_log(&s.dir, writer);
+            let key = object_key(
+                &self.prefix,
+                &s.name,
+                file_node.as_ref().unwrap_or(&node),
+                &f,
+            );
             let prev = self.ledger.data.objects.get(&key).cloned();
             if f.rotated_from.is_none() {
                 self.count_written(&key, &f, prev.as_ref());

@@ -1,16 +1,33 @@
-//! Which Ray node this is, so logs land under `P/<session>/<node-hex>/logs/`.
+//! Which Ray node this is, so logs land under `P/<session>/<node-hex>/logs/`, and which node
+//! each log file belongs to when more than one raylet wrote into the same session.
 //!
-//! In order: `--node-id`; the raylet's own "Setting node ID node_id=<hex>" line in the
-//! session's `raylet.out` (the last one wins, so a raylet restart with a new id files later
-//! logs under the new id); `<ray tmp>/raylet_node_id` (KubeRay's old postStart hook); the
-//! node id carried by this node's events; and, as a last resort like KubeRay, the
-//! dashboard's node list matched by pod IP (wired in by the caller).
+//! A raylet names its own id in its output ("Setting node ID node_id=<hex>"). Ray gives a
+//! raylet started into a session folder that already has a `raylet.out` the next free name,
+//! `raylet.1.out`, `raylet.2.out`, … (a worker's Ray container restarted with the emptyDir
+//! kept, or two raylets sharing one `/tmp/ray`). So the session's node is the one named by the
+//! newest of those, by Ray's own numbering; a newest one that has not named itself yet and is
+//! younger than [`RAYLET_START_WAIT`] means a raylet is starting, and logs wait for it rather
+//! than go under the previous raylet's id.
+//!
+//! In order: `--node-id`; the newest `raylet[.N].out` (the last id line wins, its rotated
+//! backups `raylet[.N].out.K` are read when the live file no longer has the line);
+//! `<ray tmp>/raylet_node_id` (KubeRay's old postStart hook); the node id carried by this
+//! node's events; and, as a last resort like KubeRay, the dashboard's node list matched by pod
+//! IP (wired in by the caller).
+//!
+//! A file whose writer can be told is filed under that writer's node, whatever the newest
+//! raylet is ([`NodeIdResolver::node_of_log`]): `raylet[.N].out|err` under the id of
+//! `raylet[.N].out`; a core worker's log (`<lang>-core-worker-<worker>_<pid>.log`) under the
+//! node of its "Initializing worker" line; a worker's output (`worker-<worker>-<job>-<pid>.out`)
+//! under the node of the core worker log with the same worker id and pid. Everything else
+//! goes under the session's node.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use futures::future::BoxFuture;
 
@@ -58,24 +75,70 @@ impl RemoteNodeLookup {
 const SETTING_NODE_ID: &[u8] = b"Setting node ID node_id=";
 /// Older raylets: "Raylet of id, <hex> started."
 const RAYLET_OF_ID: &[u8] = b"Raylet of id, ";
+/// A core worker's first lines: "Initializing worker at address: <ip>:<port> worker_id=<hex>
+/// node_id=<hex>" (older Ray: "…, worker ID <hex>, raylet <hex>").
+const INITIALIZING_WORKER: &[u8] = b"Initializing worker at address";
+const NODE_ID_FIELD: &[u8] = b"node_id=";
+const OLD_RAYLET_FIELD: &[u8] = b", raylet ";
 
-/// Per-session scan state of `raylet.out`, so each round reads only what was appended.
+/// Most `raylet[.N].out` names probed per session. Ray takes the first free index, so the
+/// names have no gaps and probing stops at the first missing one; the bound caps what a
+/// hostile tree can cost per round.
+const MAX_RAYLET_FILES: usize = 1024;
+/// Most rotated backups (`raylet.out.1` …) read for the id line when the live file lost it;
+/// Ray keeps 5 by default.
+const MAX_BACKUPS: usize = 64;
+/// A newest `raylet[.N].out` without its id line and modified this recently belongs to a
+/// raylet that is starting (it names itself within its first milliseconds): logs wait for
+/// it. Older than this, it is a raylet that died before naming itself, and is passed over.
+pub const RAYLET_START_WAIT: Duration = Duration::from_secs(30);
+/// Bytes read from the start of a core worker log for its "Initializing worker" line, which
+/// is among its first lines; a file past this size without it is not read again.
+const WORKER_HEAD_BYTES: u64 = 64 * 1024;
+/// Read buffer of the incremental raylet scan.
+const SCAN_BUF: usize = 256 * 1024;
+/// Core worker logs whose node is remembered (one per worker a node ever started); past
+/// this they are forgotten and read again as needed (a cost, never a wrong answer). Raylet
+/// scans are few (one per raylet start and rotated backup) and are kept.
+const MAX_REMEMBERED_WORKERS: usize = 100_000;
+
+/// Per-file scan state of a raylet output, so each round reads only what was appended.
 #[derive(Debug, Default, Clone)]
 struct RayletScan {
     offset: u64,
     found: Option<String>,
 }
 
+/// What the raylet outputs of a session say about its node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Newest {
+    /// The newest raylet that named itself.
+    Found(String),
+    /// The newest raylet output is young and has no id yet: wait.
+    Starting,
+    /// No raylet output names an id.
+    Nothing,
+}
+
+/// What was read of the files of one or more sessions.
+#[derive(Debug, Default)]
+struct Memory {
+    /// Raylet outputs (and their backups), by path.
+    raylets: HashMap<PathBuf, RayletScan>,
+    /// Core worker logs whose answer is final (found, or not within their first bytes).
+    workers: HashMap<PathBuf, Option<String>>,
+}
+
 /// Resolves and remembers node ids per session.
 ///
-/// Clones share what they have read of each `raylet.out`, so the log shipper and the export
-/// tailer read it once between them.
+/// Clones share what they have read of each file, so the log shipper and the export tailer
+/// read it once between them.
 #[derive(Debug, Clone)]
 pub struct NodeIdResolver {
     configured: Option<String>,
     ray_tmp: PathBuf,
     events: EventNodeHint,
-    scans: Arc<Mutex<HashMap<PathBuf, RayletScan>>>,
+    memory: Arc<Mutex<Memory>>,
 }
 
 impl NodeIdResolver {
@@ -85,17 +148,20 @@ impl NodeIdResolver {
             configured,
             ray_tmp,
             events,
-            scans: Arc::default(),
+            memory: Arc::default(),
         }
     }
 
     /// The node id for logs of the session in `session_dir`, from local sources only.
+    /// `None` also while the newest raylet is starting (see [`RAYLET_START_WAIT`]).
     pub fn resolve_local(&mut self, session_dir: &Path) -> Option<String> {
         if let Some(id) = &self.configured {
             return Some(id.clone());
         }
-        if let Some(id) = self.scan_raylet_out(session_dir) {
-            return Some(id);
+        match self.newest_raylet(&session_dir.join("logs")) {
+            Newest::Found(id) => return Some(id),
+            Newest::Starting => return None,
+            Newest::Nothing => {}
         }
         if let Ok(text) = std::fs::read_to_string(self.ray_tmp.join("raylet_node_id")) {
             if let Some(id) = valid_hex_id(text.trim()) {
@@ -105,13 +171,87 @@ impl NodeIdResolver {
         self.events.lock().ok().and_then(|g| g.clone())
     }
 
-    /// The id named by the last "Setting node ID" line of `<session>/logs/raylet.out`.
-    fn scan_raylet_out(&mut self, session_dir: &Path) -> Option<String> {
-        let path = session_dir.join("logs").join("raylet.out");
+    /// The node whose raylet wrote the log at `rel` (relative to the session's `logs/`, the
+    /// live name for a rotated backup), when the file or its siblings tell; `None`: file it
+    /// under the session's node. `--node-id` wins over everything, as for the session.
+    pub fn node_of_log(&mut self, session_dir: &Path, rel: &str) -> Option<String> {
+        if self.configured.is_some() || rel.contains('/') {
+            return None;
+        }
+        let logs = session_dir.join("logs");
+        if let Some(out) = raylet_output_of(rel) {
+            return self.raylet_id(&logs, &out);
+        }
+        if core_worker_log(rel).is_some() {
+            return self.worker_id(&logs.join(rel));
+        }
+        let (worker, pid) = worker_output(rel)?;
+        ["python", "java", "cpp"].iter().find_map(|lang| {
+            let p = logs.join(format!("{lang}-core-worker-{worker}_{pid}.log"));
+            p.is_file().then(|| self.worker_id(&p)).flatten()
+        })
+    }
+
+    fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
+        let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        if m.workers.len() > MAX_REMEMBERED_WORKERS {
+            m.workers.clear();
+        }
+        m
+    }
+
+    /// The newest `raylet[.N].out` of `logs` that names a node, by Ray's numbering.
+    fn newest_raylet(&mut self, logs: &Path) -> Newest {
+        let mut names = Vec::new();
+        for i in 0..MAX_RAYLET_FILES {
+            let name = raylet_out_name(i);
+            if logs.join(&name).is_file() {
+                names.push(name);
+            } else if i > 0 {
+                break;
+            }
+        }
+        for name in names.iter().rev() {
+            if let Some(id) = self.raylet_id(logs, name) {
+                return Newest::Found(id);
+            }
+            let young = std::fs::metadata(logs.join(name))
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| SystemTime::now().duration_since(t).ok())
+                .is_none_or(|age| age < RAYLET_START_WAIT);
+            if young {
+                return Newest::Starting;
+            }
+        }
+        Newest::Nothing
+    }
+
+    /// The id named by `logs/<name>` (a raylet output), else by its rotated backups, newest
+    /// backup first.
+    fn raylet_id(&mut self, logs: &Path, name: &str) -> Option<String> {
+        if let Some(id) = self.scan_raylet(&logs.join(name)) {
+            return Some(id);
+        }
+        for k in 1..=MAX_BACKUPS {
+            let backup = logs.join(format!("{name}.{k}"));
+            if !backup.is_file() {
+                break;
+            }
+            if let Some(id) = self.scan_raylet(&backup) {
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    /// The id named by the last id line of the raylet output at `path`, read from where the
+    /// last call stopped. What was found stays known when the file is rotated away.
+    fn scan_raylet(&mut self, path: &Path) -> Option<String> {
         // Held while reading, so two clones never read the same bytes twice.
-        let mut scans = self.scans.lock().unwrap_or_else(|p| p.into_inner());
-        let scan = scans.entry(session_dir.to_path_buf()).or_default();
-        let Ok(mut f) = File::open(&path) else {
+        let mut memory = self.memory();
+        let scan = memory.raylets.entry(path.to_path_buf()).or_default();
+        let Ok(mut f) = File::open(path) else {
             return scan.found.clone();
         };
         let len = f.metadata().map(|m| m.len()).unwrap_or(0);
@@ -122,7 +262,7 @@ impl NodeIdResolver {
         if f.seek(SeekFrom::Start(scan.offset)).is_err() {
             return scan.found.clone();
         }
-        let mut buf = vec![0u8; 256 * 1024];
+        let mut buf = vec![0u8; SCAN_BUF];
         let mut carry: Vec<u8> = Vec::new();
         let mut pos = scan.offset;
         loop {
@@ -146,21 +286,105 @@ impl NodeIdResolver {
         scan.offset = pos;
         scan.found.clone()
     }
+
+    /// The node named by the "Initializing worker" line among the first
+    /// [`WORKER_HEAD_BYTES`] of the core worker log at `path`.
+    fn worker_id(&mut self, path: &Path) -> Option<String> {
+        if let Some(known) = self.memory().workers.get(path) {
+            return known.clone();
+        }
+        let mut head = Vec::new();
+        let f = File::open(path).ok()?;
+        f.take(WORKER_HEAD_BYTES).read_to_end(&mut head).ok()?;
+        let complete = head.iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1);
+        let found = head[..complete]
+            .split(|&c| c == b'\n')
+            .find(|line| find_after(line, INITIALIZING_WORKER).is_some())
+            .and_then(|line| {
+                hex_id_after(line, NODE_ID_FIELD).or_else(|| hex_id_after(line, OLD_RAYLET_FIELD))
+            });
+        // Final once found, or once the head is full without it; else read again later.
+        if found.is_some() || head.len() as u64 >= WORKER_HEAD_BYTES {
+            self.memory()
+                .workers
+                .insert(path.to_path_buf(), found.clone());
+        }
+        found
+    }
 }
 
-fn node_id_in_line(line: &[u8]) -> Option<String> {
-    let find = |needle: &[u8]| {
-        line.windows(needle.len())
-            .position(|w| w == needle)
-            .map(|i| i + needle.len())
-    };
-    let start = find(SETTING_NODE_ID).or_else(|| find(RAYLET_OF_ID))?;
-    let rest = &line[start..];
+/// `raylet.out`, `raylet.1.out`, `raylet.2.out`, …: Ray's names for successive raylets.
+fn raylet_out_name(i: usize) -> String {
+    if i == 0 {
+        "raylet.out".into()
+    } else {
+        format!("raylet.{i}.out")
+    }
+}
+
+/// For `raylet[.N].out` or `raylet[.N].err`, the output `raylet[.N].out` that names its node.
+fn raylet_output_of(name: &str) -> Option<String> {
+    let stem = name
+        .strip_suffix(".out")
+        .or_else(|| name.strip_suffix(".err"))?;
+    let rest = stem.strip_prefix("raylet")?;
+    if rest.is_empty() {
+        return Some("raylet.out".into());
+    }
+    let n = rest.strip_prefix('.')?;
+    (!n.is_empty() && n.len() <= 6 && n.bytes().all(|c| c.is_ascii_digit()))
+        .then(|| format!("raylet.{n}.out"))
+}
+
+/// `<lang>-core-worker-<worker hex>_<pid>.log` (or `-core-driver-`): (worker, pid).
+fn core_worker_log(name: &str) -> Option<(&str, &str)> {
+    let stem = name.strip_suffix(".log")?;
+    let rest = ["-core-worker-", "-core-driver-"]
+        .iter()
+        .find_map(|m| stem.find(m).map(|i| &stem[i + m.len()..]))?;
+    let (worker, pid) = rest.split_once('_')?;
+    (is_hex(worker) && is_digits(pid)).then_some((worker, pid))
+}
+
+/// `worker-<worker hex>-<job hex>-<pid>.out|err`: (worker, pid).
+fn worker_output(name: &str) -> Option<(&str, &str)> {
+    let stem = name
+        .strip_suffix(".out")
+        .or_else(|| name.strip_suffix(".err"))?
+        .strip_prefix("worker-")?;
+    let mut parts = stem.split('-');
+    let (worker, job, pid) = (parts.next()?, parts.next()?, parts.next()?);
+    (parts.next().is_none() && is_hex(worker) && is_hex(job) && is_digits(pid))
+        .then_some((worker, pid))
+}
+
+fn is_hex(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 64 && s.bytes().all(|c| c.is_ascii_hexdigit())
+}
+
+fn is_digits(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 10 && s.bytes().all(|c| c.is_ascii_digit())
+}
+
+/// Where `needle` ends in `line`.
+fn find_after(line: &[u8], needle: &[u8]) -> Option<usize> {
+    line.windows(needle.len())
+        .position(|w| w == needle)
+        .map(|i| i + needle.len())
+}
+
+/// The 56-hex id right after `marker` in `line`.
+fn hex_id_after(line: &[u8], marker: &[u8]) -> Option<String> {
+    let rest = &line[find_after(line, marker)?..];
     let end = rest
         .iter()
         .position(|c| !c.is_ascii_hexdigit())
         .unwrap_or(rest.len());
     valid_hex_id(std::str::from_utf8(&rest[..end]).ok()?)
+}
+
+fn node_id_in_line(line: &[u8]) -> Option<String> {
+    hex_id_after(line, SETTING_NODE_ID).or_else(|| hex_id_after(line, RAYLET_OF_ID))
 }
 
 /// A 56-hex-digit (28-byte) Ray node id, lower-cased.
@@ -207,7 +431,8 @@ mod tests {
         // A clone (the other reader of the same node) shares what was read.
         let mut other = r.clone();
         assert_eq!(other.resolve_local(&session).as_deref(), Some(B));
-        let offset = |r: &NodeIdResolver| r.scans.lock().unwrap()[&session].offset;
+        let out = session.join("logs/raylet.out");
+        let offset = |r: &NodeIdResolver| r.memory.lock().unwrap().raylets[&out].offset;
         assert_eq!(
             offset(&r),
             std::fs::metadata(session.join("logs/raylet.out"))
@@ -240,5 +465,120 @@ mod tests {
             r.resolve_local(&tmp.path().join("session_y")).as_deref(),
             Some(A)
         );
+    }
+
+    fn write(path: &Path, text: &str) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+
+    fn setting(node: &str) -> String {
+        format!("[2026-11-22 02:56:15,477 I 1 1] (raylet) main.cc:711: Setting node ID node_id={node}\n")
+    }
+
+    /// Ages a file past the raylet start wait.
+    fn age(path: &Path) {
+        let old = SystemTime::now() - RAYLET_START_WAIT - Duration::from_secs(5);
+        File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+
+    #[test]
+    fn newest_raylet_by_ray_numbering_and_each_log_under_its_writer() {
+        let tmp = tempfile::tempdir().unwrap();
+        let session = tmp.path().join("session_x");
+        let logs = session.join("logs");
+        let hint: EventNodeHint = Arc::new(Mutex::new(Some(A.to_string())));
+        let mut r = NodeIdResolver::new(None, tmp.path().to_path_buf(), hint);
+        write(&logs.join("raylet.out"), &setting(A));
+        assert_eq!(r.resolve_local(&session).as_deref(), Some(A));
+        // A second raylet starts into the same session: not named yet, so logs wait.
+        write(&logs.join("raylet.1.out"), "[..] (raylet) starting\n");
+        assert_eq!(r.resolve_local(&session), None);
+        // One that died before naming itself is passed over once old.
+        age(&logs.join("raylet.1.out"));
+        assert_eq!(r.resolve_local(&session).as_deref(), Some(A));
+        write(&logs.join("raylet.2.out"), &setting(B));
+        assert_eq!(r.resolve_local(&session).as_deref(), Some(B));
+        assert_eq!(r.node_of_log(&session, "raylet.out").as_deref(), Some(A));
+        assert_eq!(r.node_of_log(&session, "raylet.err").as_deref(), Some(A));
+        assert_eq!(r.node_of_log(&session, "raylet.2.err").as_deref(), Some(B));
+        assert_eq!(r.node_of_log(&session, "raylet.1.out"), None);
+
+        let w_a = "ab".repeat(28);
+        let w_b = "cd".repeat(28);
+        write(
+            &logs.join(format!("python-core-worker-{w_a}_101.log")),
+            &format!("[..] core_worker.cc:1: Initializing worker at address: 10.0.0.1:1 worker_id={w_a} node_id={A}\n"),
+        );
+        write(
+            &logs.join(format!("python-core-worker-{w_b}_202.log")),
+            &format!("[..] core_worker.cc:1: Initializing worker at address: 10.0.0.1:2, worker ID {w_b}, raylet {B}\n"),
+        );
+        let out_a = format!("worker-{w_a}-01000000-101.out");
+        let err_b = format!("worker-{w_b}-ffffffff-202.err");
+        write(&logs.join(&out_a), "hello\n");
+        write(&logs.join(&err_b), "oops\n");
+        assert_eq!(r.node_of_log(&session, &out_a).as_deref(), Some(A));
+        assert_eq!(r.node_of_log(&session, &err_b).as_deref(), Some(B));
+        assert_eq!(
+            r.node_of_log(&session, &format!("python-core-worker-{w_b}_202.log"))
+                .as_deref(),
+            Some(B)
+        );
+        // No core worker log of that pid: the session's node decides.
+        assert_eq!(
+            r.node_of_log(&session, &format!("worker-{w_a}-01000000-7.out")),
+            None
+        );
+        for other in [
+            "gcs_server.out",
+            "events/event_GCS.log",
+            "dashboard_agent.log",
+        ] {
+            assert_eq!(r.node_of_log(&session, other), None, "{other}");
+        }
+        // --node-id wins over everything.
+        let mut cfg =
+            NodeIdResolver::new(Some("ab".into()), tmp.path().to_path_buf(), Arc::default());
+        assert_eq!(cfg.node_of_log(&session, "raylet.out"), None);
+    }
+
+    #[test]
+    fn a_rotated_raylet_output_keeps_its_id_through_the_backups() {
+        let tmp = tempfile::tempdir().unwrap();
+        let session = tmp.path().join("session_y");
+        let logs = session.join("logs");
+        write(&logs.join("raylet.out.1"), &setting(A));
+        write(&logs.join("raylet.out"), "[..] later lines\n");
+        let mut r = NodeIdResolver::new(None, tmp.path().to_path_buf(), Arc::default());
+        assert_eq!(r.resolve_local(&session).as_deref(), Some(A));
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(
+            raylet_output_of("raylet.err").as_deref(),
+            Some("raylet.out")
+        );
+        assert_eq!(
+            raylet_output_of("raylet.12.out").as_deref(),
+            Some("raylet.12.out")
+        );
+        assert_eq!(raylet_output_of("raylet.x.out"), None);
+        assert_eq!(raylet_output_of("raylet.log"), None);
+        assert_eq!(raylet_output_of("raylet_.out"), None);
+        assert_eq!(
+            core_worker_log("java-core-driver-0a_5.log"),
+            Some(("0a", "5"))
+        );
+        assert_eq!(core_worker_log("python-core-worker-0a_x.log"), None);
+        assert_eq!(worker_output("worker-0a-01000000-5.out"), Some(("0a", "5")));
+        assert_eq!(worker_output("worker-0a-01000000-5-6.out"), None);
+        assert_eq!(worker_output("worker-../x-01-5.out"), None);
     }
 }

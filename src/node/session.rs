@@ -4,9 +4,16 @@
 //! Polling `readlink` once a second is cheap and catches a new session within seconds even
 //! where inotify is unavailable or exhausted; the result is published on a `watch` channel
 //! that the log shipper and the dashboard poller follow.
+//!
+//! Ray replaces the link by removing it and creating it again, so for a moment it is missing
+//! or points at a folder that is not there yet. A link that does not resolve never ends the
+//! active session: the last session seen stays active until the link names another one. An
+//! earlier session is finished (uploaded once more and never looked at again) only when a
+//! newer session is active and its own files have been quiet for [`SESSION_QUIET`]
+//! ([`settled_earlier_sessions`]).
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 
@@ -59,7 +66,63 @@ pub fn list_sessions(ray_tmp: &Path) -> Vec<ActiveSession> {
     out
 }
 
-/// Publishes the active session every `interval` until every receiver is gone.
+/// How long an earlier session's log files must be unchanged before it is finished: Ray's
+/// processes of a replaced session are gone within seconds, and a file still growing means
+/// one is not.
+pub const SESSION_QUIET: Duration = Duration::from_secs(10);
+
+/// Most entries looked at under an earlier session's `logs/` when checking that it is quiet;
+/// past this it is taken as quiet (the final flush still sends what changed later).
+const MAX_QUIET_ENTRIES: usize = 100_000;
+
+/// The sessions older than `active` (by the start time in their names) whose log files have
+/// not changed for `quiet`: the ones that may be finished. None while no session is active.
+pub fn settled_earlier_sessions(
+    ray_tmp: &Path,
+    active: Option<&ActiveSession>,
+    quiet: Duration,
+) -> Vec<ActiveSession> {
+    let Some(active) = active else {
+        return Vec::new();
+    };
+    list_sessions(ray_tmp)
+        .into_iter()
+        .filter(|s| s.name < active.name && is_quiet(&s.dir.join("logs"), quiet))
+        .collect()
+}
+
+/// True when no file or directory under `dir` was modified within `quiet`.
+fn is_quiet(dir: &Path, quiet: Duration) -> bool {
+    let Some(since) = SystemTime::now().checked_sub(quiet) else {
+        return true;
+    };
+    let mut stack = vec![dir.to_path_buf()];
+    let mut seen = 0usize;
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            seen += 1;
+            if seen > MAX_QUIET_ENTRIES {
+                return true;
+            }
+            let Ok(meta) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if meta.modified().is_ok_and(|t| t > since) {
+                return false;
+            }
+            if meta.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    true
+}
+
+/// Publishes the active session every `interval` until every receiver is gone. A link that
+/// does not resolve keeps the last session seen (see the module doc).
 pub fn watch_sessions(
     ray_tmp: PathBuf,
     interval: Duration,
@@ -70,12 +133,15 @@ pub fn watch_sessions(
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let now = resolve_latest(&ray_tmp);
-            if *tx.borrow() != now {
-                if let Some(s) = &now {
-                    tracing::info!(session = %s.name, dir = %s.dir.display(), "active Ray session");
-                }
-                if tx.send(now).is_err() {
+            if tx.is_closed() {
+                return;
+            }
+            let Some(now) = resolve_latest(&ray_tmp) else {
+                continue; // missing or broken for a moment: the session goes on
+            };
+            if tx.borrow().as_ref() != Some(&now) {
+                tracing::info!(session = %now.name, dir = %now.dir.display(), "active Ray session");
+                if tx.send(Some(now)).is_err() {
                     return;
                 }
             }
@@ -118,5 +184,33 @@ mod tests {
         std::fs::remove_file(tmp.path().join("session_latest")).unwrap();
         std::os::unix::fs::symlink("/etc", tmp.path().join("session_latest")).unwrap();
         assert_eq!(resolve_latest(tmp.path()), None);
+    }
+
+    #[test]
+    fn only_older_quiet_sessions_are_settled() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mk = |name: &str| {
+            let d = tmp.path().join(name);
+            std::fs::create_dir_all(d.join("logs")).unwrap();
+            std::fs::write(d.join("logs/raylet.out"), "x").unwrap();
+            ActiveSession {
+                name: name.into(),
+                dir: d,
+            }
+        };
+        let old = mk("session_2026-11-22_01-00-00_000000_1");
+        let active = mk("session_2026-11-22_02-00-00_000000_2");
+        let newer = mk("session_2026-11-22_03-00-00_000000_3");
+        let _ = newer;
+        let names = |q| -> Vec<String> {
+            settled_earlier_sessions(tmp.path(), Some(&active), q)
+                .into_iter()
+                .map(|s| s.name)
+                .collect()
+        };
+        // Just written: not quiet yet.
+        assert!(names(Duration::from_secs(3600)).is_empty());
+        assert_eq!(names(Duration::ZERO), std::slice::from_ref(&old.name));
+        assert!(settled_earlier_sessions(tmp.path(), None, Duration::ZERO).is_empty());
     }
 }

@@ -216,6 +216,92 @@ impl StorageSpec {
     }
 }
 
+/// A lookup of configuration variables, like `std::env::var` (tests pass a map).
+pub type EnvLookup<'a> = Box<dyn Fn(&str) -> Option<String> + 'a>;
+
+/// Largest `STORAGE_BACKEND_CONFIG_PATH` file read: a handful of settings.
+const MAX_CONFIG_FILE_BYTES: u64 = 64 * 1024;
+
+/// KubeRay's `STORAGE_BACKEND_CONFIG_PATH`: a JSON object of backend settings, with KubeRay's
+/// field names, read as the variables they stand for (`s3Bucket` is `S3_BUCKET`, and so on),
+/// which win over the environment. For S3, as in KubeRay, a non-empty file also replaces the
+/// environment's `S3_ENDPOINT`, `S3_REGION`, `S3FORCE_PATH_STYLE` and `S3DISABLE_SSL`.
+/// `azureAuthMode` is checked but changes nothing (the credential chain decides). Refused with
+/// the reason: a file that cannot be read or is not a JSON object, an unknown field (a typo
+/// would send uploads to a default bucket), a value that is not a string or boolean (KubeRay's
+/// collector panics on those), Aliyun OSS fields (not supported). Returns the lookup to use
+/// instead of `env`.
+pub fn with_kuberay_config_file<'a>(
+    env: &'a dyn Fn(&str) -> Option<String>,
+) -> Result<EnvLookup<'a>, StorageError> {
+    let Some(path) = env("STORAGE_BACKEND_CONFIG_PATH").filter(|p| !p.trim().is_empty()) else {
+        return Ok(Box::new(env));
+    };
+    let path = path.trim().to_string();
+    let bad =
+        |why: String| StorageError::Invalid(format!("STORAGE_BACKEND_CONFIG_PATH={path}: {why}"));
+    let mut text = String::new();
+    std::fs::File::open(&path)
+        .and_then(|f| {
+            use std::io::Read;
+            f.take(MAX_CONFIG_FILE_BYTES + 1).read_to_string(&mut text)
+        })
+        .map_err(|e| bad(e.to_string()))?;
+    if text.len() as u64 > MAX_CONFIG_FILE_BYTES {
+        return Err(bad(format!("larger than {MAX_CONFIG_FILE_BYTES} bytes")));
+    }
+    let fields: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not a JSON object: {e}")))?;
+    let mut vars: std::collections::HashMap<&'static str, String> = Default::default();
+    for (k, v) in &fields {
+        let var = match k.as_str() {
+            "s3Bucket" => "S3_BUCKET",
+            "s3Endpoint" => "S3_ENDPOINT",
+            "s3Region" => "S3_REGION",
+            "s3ForcePathStyle" => "S3FORCE_PATH_STYLE",
+            "s3DisableSSL" => "S3DISABLE_SSL",
+            "gcsBucket" => "GCS_BUCKET",
+            "azureContainer" => "AZURE_STORAGE_CONTAINER",
+            "azureConnectionString" => "AZURE_STORAGE_CONNECTION_STRING",
+            "azureAccountURL" => "AZURE_STORAGE_ACCOUNT_URL",
+            "azureAuthMode" => "AZURE_STORAGE_AUTH_MODE",
+            k if k.starts_with("oss") => {
+                return Err(bad(format!("{k:?}: Aliyun OSS is not supported")))
+            }
+            k => return Err(bad(format!("unknown field {k:?}"))),
+        };
+        let value = match v {
+            serde_json::Value::String(s) => s.trim().to_string(),
+            serde_json::Value::Bool(b) => b.to_string(),
+            _ => return Err(bad(format!("{k:?} must be a string"))),
+        };
+        if var == "AZURE_STORAGE_AUTH_MODE"
+            && !matches!(
+                value.as_str(),
+                "connection_string" | "workload_identity" | "default"
+            )
+        {
+            return Err(bad(format!(
+                "azureAuthMode {value:?}: expected connection_string, workload_identity or default"
+            )));
+        }
+        vars.insert(var, value);
+    }
+    let replaces_s3_env = !fields.is_empty();
+    Ok(Box::new(move |k: &str| match vars.get(k) {
+        Some(v) => Some(v.clone()),
+        None if replaces_s3_env
+            && matches!(
+                k,
+                "S3_ENDPOINT" | "S3_REGION" | "S3FORCE_PATH_STYLE" | "S3DISABLE_SSL"
+            ) =>
+        {
+            None
+        }
+        None => env(k),
+    }))
+}
+
 /// Timeouts, set as config keys so options read from the environment (such as
 /// `AWS_ALLOW_HTTP`) are kept rather than replaced by a fresh `ClientOptions`.
 const CONNECT_TIMEOUT: &str = "5s";

@@ -71,6 +71,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and .Values.storage.credentials.create .Values.storage.credentials.existingSecret }}
 {{- fail "storage.credentials: set either existingSecret or create, not both" }}
 {{- end }}
+{{- /* No public image is published: a made-up default would leave every Ray pod in
+       ImagePullBackOff behind its native sidecar, so the user names the image. */}}
+{{- $_ := required "image.repository is required: the collector image you built and pushed (docker build -t <registry>/ray-history-collector:<tag> .), e.g. --set image.repository=registry.example.com/ray-history-collector" .Values.image.repository }}
 {{- end }}
 
 {{/* The native sidecar. Call with (dict "root" $ "role" "head|worker" "worker" <in a worker group>). */}}
