@@ -100,8 +100,8 @@ impl Ledger {
                 // new, empty one is written only once it records something, so a collector
                 // that ships no logs leaves no ledger behind.
                 ledger.data.bucket = Some(bucket.to_string());
-                ledger.dirty = !ledger.data.objects.is_empty()
-                    || !ledger.data.finished_sessions.is_empty();
+                ledger.dirty =
+                    !ledger.data.objects.is_empty() || !ledger.data.finished_sessions.is_empty();
             }
         }
         Ok(ledger)
