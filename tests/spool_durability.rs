@@ -220,6 +220,54 @@ fn restart_reloads_the_newest_ids_into_the_dedup_window() {
     assert_once(&count, &all);
 }
 
+/// Point 1, as Ray resends: the batch in flight at the crash is the tail of the files the
+/// last group wrote, however many older and larger partitions the spool holds. Three older
+/// hours fill more than the window; the last batch spans a new hour and one of the older
+/// ones. After kill -9 its resend is all duplicates (reading every file's tail side by side,
+/// older files took most of the window).
+#[test]
+fn restart_reloads_the_batch_written_last_before_older_partitions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut c, bucket) = start(tmp.path(), &["--dedup-window", "100"], &[]);
+    let session = "session_gen";
+    let mut all = Vec::new();
+    for h in ["07", "08", "09"] {
+        let old = ids(0..100, &format!("old{h}"));
+        let ts = format!("2026-11-26T{h}:10:00Z");
+        assert_eq!(post(&c, &batch_at(&old, session, &ts)).1, 100);
+        all.extend(old);
+    }
+    // Right after the older ones (the generations do not depend on time between writes).
+    let last_new = ids(0..40, "last11");
+    let last_old_hour = ids(0..20, "last09");
+    let last: Vec<String> = last_new
+        .iter()
+        .map(|id| event(id, session, "2026-11-26T11:10:00Z"))
+        .chain(
+            last_old_hour
+                .iter()
+                .map(|id| event(id, session, "2026-11-26T09:20:00Z")),
+        )
+        .collect();
+    assert_eq!(post(&c, &body(&last)), (200, 60, 0, 0));
+    c.kill9();
+    c.restart();
+    assert_eq!(
+        post(&c, &body(&last)),
+        (200, 0, 60, 0),
+        "the resend of the last batch was stored again"
+    );
+    assert!(
+        c.terminate(Duration::from_secs(30)).success(),
+        "{}",
+        c.log_text()
+    );
+    let (count, _) = stored(&read_all(&store(&bucket)), session);
+    all.extend(last_new);
+    all.extend(last_old_hour);
+    assert_once(&count, &all);
+}
+
 /// Point 2: a timestamp whose UTC hour has no four-digit year is filed under the first or
 /// last hour; the segment is recognised after a restart (ids reloaded, uploaded), and the
 /// event is stored once, as sent.

@@ -3,7 +3,9 @@
 //! per segment, hands the group to the sync thread while it writes the next one (pipelined
 //! group commit), and answers a group only after its own sync. A failed write or sync rolls
 //! back every group not yet durable (truncate to the durable length, forget their event
-//! ids), so no answer ever leaves half a batch behind.
+//! ids), so no answer ever leaves half a batch behind. Every file a group writes gets that
+//! group's modification time (one value, later than any earlier group's), so that a restart
+//! can tell which files the last group wrote.
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
@@ -12,7 +14,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::mpsc as tokio_mpsc;
 
@@ -722,6 +724,14 @@ impl Writer {
     /// references.
     pub(super) fn write_pending(&mut self) -> Result<Written, SpoolError> {
         let targets: Vec<Target> = self.segs.due(|s| !s.pending.is_empty());
+        // Every file of the group gets the same modification time, later than any earlier
+        // group's: after a crash, recovery knows which files the last group wrote (the
+        // batch Ray may resend) and reloads their ids first ([`super::recovery`]).
+        let stamp = if targets.is_empty() {
+            SystemTime::UNIX_EPOCH
+        } else {
+            SystemTime::UNIX_EPOCH + Duration::from_nanos(self.segs.next_n())
+        };
         let mut out = Written {
             whole_fs: targets.len() + self.segs.dirty_dirs.len() > SYNCFS_ABOVE,
             ..Written::default()
@@ -752,6 +762,9 @@ impl Writer {
             seg.pending
                 .write_to(file)
                 .map_err(|e| SpoolError::io("appending to segment", &seg.path, e))?;
+            // Only the order of the reload after a crash depends on it; the kernel's own time
+            // of the write is kept if this fails.
+            let _ = file.set_modified(stamp);
             out.bytes += n;
             out.appended.push((t.clone(), n));
             if !out.whole_fs {
