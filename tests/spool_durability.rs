@@ -519,6 +519,78 @@ fn one_request_opens_a_bounded_number_of_partitions() {
     assert_once(&count, &all);
 }
 
+/// A job event of job `job` (one job stream each).
+fn job_event(id: &str, session: &str, job: u32) -> String {
+    format!(
+        r#"{{"eventId":"{id}","sourceType":"CORE_WORKER","eventType":"TASK_LIFECYCLE_EVENT","timestamp":"2026-11-26T09:10:00Z","severity":"INFO","sessionName":"{session}","nodeId":"{NODE_B64}","taskLifecycleEvent":{{"jobId":"{job:08x}"}}}}"#
+    )
+}
+
+/// How often each event id is kept in the bucket: in event objects, or in quarantine
+/// records (of their `event`).
+fn kept_anywhere(objects: &BTreeMap<String, Vec<u8>>) -> HashMap<String, u32> {
+    let mut count = HashMap::new();
+    for (k, v) in objects {
+        for line in decode(k, v).split(|&c| c == b'\n') {
+            let Ok(e) = serde_json::from_slice::<Value>(line) else {
+                continue;
+            };
+            let id = e["eventId"].as_str().or(e["event"]["eventId"].as_str());
+            if let Some(id) = id {
+                *count.entry(id.to_string()).or_insert(0) += 1;
+            }
+        }
+    }
+    count
+}
+
+/// Point 5, its overflow: a request over the partition bound quarantines what has no room
+/// (`too_many_partitions`), but those are valid events and deduplicated by their id like
+/// stored ones: an event stored before is a duplicate when it comes again inside such a
+/// request, and the resend of the request, before and after a kill -9, keeps nothing again.
+#[test]
+fn events_over_the_partition_bound_are_kept_once_across_resends_and_restarts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut c, bucket) = start(tmp.path(), &[], &[]);
+    let session = "session_jobs";
+    // 600 job streams, two events each: 512 partitions, the last 88 jobs have no room.
+    let events: Vec<(String, String)> = (0..600u32)
+        .flat_map(|j| {
+            (0..2).map(move |k| {
+                (
+                    format!("job{j}-{k}"),
+                    job_event(&format!("job{j}-{k}"), session, j + 1),
+                )
+            })
+        })
+        .collect();
+    let whole = body(&events.iter().map(|(_, e)| e.clone()).collect::<Vec<_>>());
+    // The last ten jobs' events, stored alone first.
+    let tail: Vec<String> = events[1180..].iter().map(|(_, e)| e.clone()).collect();
+    assert_eq!(post(&c, &body(&tail)), (200, 20, 0, 0));
+    let (status, accepted, duplicates, quarantined) = post(&c, &whole);
+    assert_eq!(status, 200);
+    assert_eq!(duplicates, 20, "events stored before were kept again");
+    assert_eq!(accepted + quarantined, 1180);
+    assert_eq!(quarantined, 2 * 88 - 20);
+    assert_eq!(post(&c, &whole), (200, 0, 1200, 0), "resend kept again");
+    c.kill9();
+    c.restart();
+    assert_eq!(
+        post(&c, &whole),
+        (200, 0, 1200, 0),
+        "resend after a restart kept again"
+    );
+    assert!(
+        c.terminate(Duration::from_secs(60)).success(),
+        "{}",
+        c.log_text()
+    );
+    let count = kept_anywhere(&read_all(&store(&bucket)));
+    let want: Vec<String> = events.iter().map(|(id, _)| id.clone()).collect();
+    assert_once(&count, &want);
+}
+
 /// Point 5: files count in the disk budget, so a request spread over many partitions that
 /// would fit by its bytes alone is refused with 503 when its files do not.
 #[test]

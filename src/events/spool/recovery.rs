@@ -10,7 +10,8 @@
 //!
 //! Which ids: what Ray resends after our crash is its batch in flight, whose events are the
 //! last lines of the files the last group commit wrote. The writer gives every file of a
-//! group the same modification time, later than any earlier group's; so the segments are
+//! group the same modification time, later than any earlier group's; so the files (event
+//! segments, and quarantine files for the `too_many_partitions` records of valid events) are
 //! taken newest first by modification time, one generation at a time: the files with the
 //! newest time left, i.e. the files some group wrote last, are read side by side backwards
 //! from their ends, one id per file per round (a batch spans a few partitions, each with its
@@ -43,7 +44,7 @@ use crate::contract::quarantine::{parse_key, QuarantineKey};
 use crate::contract::{is_safe_segment, Hour, Partition};
 use crate::events::dedup::id_hash;
 use crate::events::parse::{parse_event, ParsedEvent};
-use crate::events::quarantine::{raw_record, QuarantineReason};
+use crate::events::quarantine::{overflow_record_event, raw_record, QuarantineReason};
 use crate::metrics as m;
 use crate::util::time::unix_nanos;
 
@@ -106,6 +107,9 @@ impl Writer {
                         crate::contract::Stream::Export(_) => IdLines::Events(EXPORT_ID_SALT),
                         _ => IdLines::Events(0),
                     }),
+                    // Records files (a kept body is not one): valid events kept as
+                    // `too_many_partitions` count as stored.
+                    (None, FileKind::Quarantine) if compressible => Some(IdLines::Overflow),
                     _ => None,
                 };
                 if let Some(lines) = ids {
@@ -278,6 +282,8 @@ const MAX_ID_FILES: usize = 1024;
 pub(super) enum IdLines {
     /// An event segment: every line is an event; ids hashed with this salt.
     Events(u64),
+    /// A quarantine records file: only `too_many_partitions` records (valid events) count.
+    Overflow,
 }
 
 /// A file to reload ids from.
@@ -401,6 +407,10 @@ impl TailIds {
         }
         let (event, salt) = match self.lines {
             IdLines::Events(salt) => (line, salt),
+            IdLines::Overflow => match overflow_record_event(line) {
+                Some((event, export)) => (event, if export { EXPORT_ID_SALT } else { 0 }),
+                None => return,
+            },
         };
         if let Ok(ParsedEvent::Object(ev)) = parse_event(event) {
             if let Some(id) = ev.event_id.as_str() {
@@ -600,5 +610,31 @@ mod tests {
         // A window smaller than the newest generation holds only ids of it.
         let small = newest_ids(files, 100);
         assert!(small.iter().all(|id| newest.contains(id)), "{small:?}");
+    }
+
+    /// A quarantine file gives back the ids of its `too_many_partitions` records only, in
+    /// the id space the record names.
+    #[test]
+    fn newest_ids_read_overflow_records_of_quarantine_files() {
+        use crate::events::quarantine::{event_record, overflow_record};
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("q");
+        let mut text = overflow_record(br#"{"eventId":"pushed"}"#, false);
+        text.extend(event_record(
+            QuarantineReason::MissingSession,
+            br#"{"eventId":"bad"}"#,
+        ));
+        text.extend(overflow_record(br#"{"event_id":"exported"}"#, true));
+        fs::write(&p, &text).unwrap();
+        let mut f = id_file(&p, 0, 1);
+        f.lines = IdLines::Overflow;
+        let out = newest_ids(vec![f], 10);
+        assert_eq!(
+            out,
+            vec![
+                dedup_key(id_hash(b"exported") ^ EXPORT_ID_SALT),
+                dedup_key(id_hash(b"pushed")),
+            ]
+        );
     }
 }

@@ -23,13 +23,15 @@ use super::segments::{OpenSegment, Segments, Target};
 use super::sync::{run_sync, run_syncer, sync_dir, SyncJob, SYNCFS_ABOVE};
 use super::{
     AppendBatch, AppendOutcome, AppendReply, Command, EventSpan, FileKind, PartitionBatch,
-    QuarantinedEvent, RecoveryReport, SealedFile, SpoolConfig, SpoolError, SpoolStats, CUTS_DIR,
-    EVENTS_DIR, MARKERS_DIR, MAX_PARTITIONS_PER_REQUEST, QUARANTINE_DIR,
+    RecoveryReport, SealedFile, SpoolConfig, SpoolError, SpoolStats, CUTS_DIR, EVENTS_DIR,
+    MARKERS_DIR, MAX_PARTITIONS_PER_REQUEST, QUARANTINE_DIR,
 };
 use crate::contract::quarantine::body_key;
-use crate::contract::{is_safe_segment, Hour, Partition};
+use crate::contract::{is_safe_segment, Hour, Partition, Stream};
 use crate::events::dedup::id_hash;
-use crate::events::quarantine::{event_record, invalid_body_record, raw_record, QuarantineReason};
+use crate::events::quarantine::{
+    event_record, invalid_body_record, overflow_record, raw_record, QuarantineReason,
+};
 use crate::metrics as m;
 use crate::util::dedup::DedupWindow;
 use crate::util::memory::release_free_memory;
@@ -120,15 +122,24 @@ pub(super) const FILE_BUDGET_BYTES: u64 = 4096;
 /// others' events go under the arrival hour of their stream (see [`bound_partitions`]).
 const PARTITIONS_KEPT_AS_ROUTED: usize = MAX_PARTITIONS_PER_REQUEST / 2;
 
+/// An event of a request over the partition bound that found no room: kept in quarantine
+/// (`too_many_partitions`) as sent, and deduplicated by its event id like a stored event.
+#[derive(Debug, Clone, Copy)]
+struct Overflow {
+    span: EventSpan,
+    /// From an export event file: its id lives in the export id space.
+    export: bool,
+}
+
 /// Bounds the partitions of one request at [`MAX_PARTITIONS_PER_REQUEST`]: the first
 /// [`PARTITIONS_KEPT_AS_ROUTED`] stay as routed; the events of every further partition go,
 /// unchanged, to the same session, node and stream under the `arrival` hour (one partition
 /// per stream, however many hours it named), while there is room; an event left over is
-/// put on `quarantine` (`too_many_partitions`), kept as sent there.
+/// returned in `overflow`, for quarantine.
 fn bound_partitions(
     parts: &[PartitionBatch],
     arrival: Hour,
-    quarantine: &mut Vec<QuarantinedEvent>,
+    overflow: &mut Vec<Overflow>,
 ) -> Vec<PartitionBatch> {
     let split = parts.len().min(PARTITIONS_KEPT_AS_ROUTED);
     let mut out: Vec<PartitionBatch> = parts[..split]
@@ -157,12 +168,10 @@ fn bound_partitions(
                     events: pb.events.clone(),
                 });
             }
-            None => quarantine.extend(pb.events.iter().map(|e| QuarantinedEvent {
-                reason: QuarantineReason::TooManyPartitions,
-                start: e.range().start,
-                end: e.range().end,
-                source: None,
-            })),
+            None => {
+                let export = matches!(pb.partition.stream, Stream::Export(_));
+                overflow.extend(pb.events.iter().map(|&span| Overflow { span, export }));
+            }
         }
     }
     out
@@ -556,7 +565,7 @@ impl Writer {
         held: &mut Held,
         new_sessions: &mut Vec<String>,
     ) -> Result<AppendOutcome, SpoolError> {
-        let mut overflow: Vec<QuarantinedEvent> = Vec::new();
+        let mut overflow: Vec<Overflow> = Vec::new();
         let bounded;
         let parts: &[PartitionBatch] = if batch.partitions.len() > MAX_PARTITIONS_PER_REQUEST {
             let arrival = Hour::from_unix_seconds((unix_nanos() / 1_000_000_000) as i64);
@@ -565,17 +574,17 @@ impl Writer {
         } else {
             &batch.partitions
         };
-        let quarantined = || batch.quarantined.iter().chain(overflow.iter());
         let targets: Vec<Target> = parts
             .iter()
             .map(|p| Target::Events(p.partition.clone()))
             .collect();
         // The clock is read only for a request that has something to quarantine.
-        let quarantine_target = quarantined().next().map(|_| {
-            Target::Quarantine(Hour::from_unix_seconds(
-                (unix_nanos() / 1_000_000_000) as i64,
-            ))
-        });
+        let quarantine_target =
+            (!batch.quarantined.is_empty() || !overflow.is_empty()).then(|| {
+                Target::Quarantine(Hour::from_unix_seconds(
+                    (unix_nanos() / 1_000_000_000) as i64,
+                ))
+            });
         let new_files = targets
             .iter()
             .chain(quarantine_target.iter())
@@ -585,7 +594,17 @@ impl Writer {
             .iter()
             .flat_map(|p| &p.events)
             .map(|e| e.len() as u64 + 1)
-            .chain(quarantined().map(|q| (q.end - q.start) as u64 + QUARANTINE_RECORD_OVERHEAD))
+            .chain(
+                batch
+                    .quarantined
+                    .iter()
+                    .map(|q| (q.end - q.start) as u64 + QUARANTINE_RECORD_OVERHEAD),
+            )
+            .chain(
+                overflow
+                    .iter()
+                    .map(|o| o.span.len() as u64 + QUARANTINE_RECORD_OVERHEAD),
+            )
             .sum();
         self.check_budget(held, wanted + new_files as u64 * FILE_BUDGET_BYTES)?;
         let mut out = AppendOutcome {
@@ -625,15 +644,34 @@ impl Writer {
         }
         let mut records: Vec<Vec<u8>> = Vec::new();
         let mut reasons = Vec::new();
-        for q in quarantined() {
-            let raw = &batch.body[q.start..q.end];
-            // The same bad event resent by Ray is kept once.
-            let h = id_hash(raw);
-            if !self.quarantine_dedup.insert(h) {
+        // A valid event with no room is deduplicated by its id like any stored event (the
+        // window holds stored and quarantined ids alike, and a restart reloads both), so its
+        // resend, or an event stored before, is not kept again.
+        for o in &overflow {
+            let raw = &batch.body[o.span.range()];
+            let new = match o.span.id_hash() {
+                Some(h) => {
+                    let new = self.dedup.insert(h);
+                    if new {
+                        held.events.push(h);
+                    }
+                    new
+                }
+                None => self.remember_quarantined(raw, held),
+            };
+            if !new {
                 out.duplicates += 1;
                 continue;
             }
-            held.quarantine.push(h);
+            records.push(overflow_record(raw, o.export));
+            reasons.push(QuarantineReason::TooManyPartitions);
+        }
+        for q in &batch.quarantined {
+            let raw = &batch.body[q.start..q.end];
+            if !self.remember_quarantined(raw, held) {
+                out.duplicates += 1;
+                continue;
+            }
             records.push(match &q.source {
                 Some((file, offset)) => raw_record(q.reason, file, *offset, raw),
                 None => event_record(q.reason, raw),
@@ -683,6 +721,17 @@ impl Writer {
             }
         }
         Ok(out)
+    }
+
+    /// Remembers a quarantined element without an event id by its bytes, so that the same bad
+    /// event resent by Ray is kept once; false when it was kept recently.
+    fn remember_quarantined(&mut self, raw: &[u8], held: &mut Held) -> bool {
+        let h = id_hash(raw);
+        if !self.quarantine_dedup.insert(h) {
+            return false;
+        }
+        held.quarantine.push(h);
+        true
     }
 
     /// Seals every open segment for which `pred` holds.
@@ -1039,7 +1088,7 @@ mod tests {
             );
         }
         let arrival = Hour(9_999);
-        let mut quarantine = Vec::new();
+        let mut quarantine: Vec<Overflow> = Vec::new();
         let out = bound_partitions(&parts, arrival, &mut quarantine);
         assert_eq!(out.len(), MAX_PARTITIONS_PER_REQUEST);
         // The first half as routed.
@@ -1059,13 +1108,11 @@ mod tests {
         let mut starts: Vec<usize> = out
             .iter()
             .flat_map(|o| o.events.iter().map(|e| e.range().start))
-            .chain(quarantine.iter().map(|q| q.start))
+            .chain(quarantine.iter().map(|q| q.span.range().start))
             .collect();
         starts.sort_unstable();
         assert_eq!(starts, (1..=next).map(|k| k * 10).collect::<Vec<_>>());
-        assert!(quarantine
-            .iter()
-            .all(|q| q.reason == QuarantineReason::TooManyPartitions));
+        assert!(quarantine.iter().all(|q| !q.export));
         assert_eq!(
             quarantine.len(),
             2 * (400 + 700 - PARTITIONS_KEPT_AS_ROUTED - 144)
