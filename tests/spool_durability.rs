@@ -591,6 +591,35 @@ fn events_over_the_partition_bound_are_kept_once_across_resends_and_restarts() {
     assert_once(&count, &want);
 }
 
+/// Point 5, markers: on the head every new session adds a marker file (and object) beside
+/// its segment; the budget counts it like a segment file, so a request of 150 new sessions
+/// whose segments alone fit is refused with 503 when their markers do not.
+#[test]
+fn session_markers_count_against_the_spool_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    // 1 MiB: 150 segment files (4 KiB each) and their lines fit, 150 markers more do not.
+    let (mut c, _bucket) = start(tmp.path(), &["--max-spool-bytes", "1MiB"], &[]);
+    let sessions = |n: u32, tag: &str| -> Vec<String> {
+        (0..n)
+            .map(|i| {
+                event(
+                    &format!("{tag}-{i}"),
+                    &format!("session_{tag}_{i}"),
+                    "2026-11-26T09:10:00Z",
+                )
+            })
+            .collect()
+    };
+    let r = c.post(body(&sessions(150, "many")).as_bytes());
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(post(&c, &body(&sessions(80, "some"))), (200, 80, 0, 0));
+    assert!(
+        c.terminate(Duration::from_secs(30)).success(),
+        "{}",
+        c.log_text()
+    );
+}
+
 /// Point 5: files count in the disk budget, so a request spread over many partitions that
 /// would fit by its bytes alone is refused with 503 when its files do not.
 #[test]

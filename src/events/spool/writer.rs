@@ -553,8 +553,8 @@ impl Writer {
     }
 
     /// Stages one request's lines for their segments (referenced in its body, see
-    /// [`Pending`]), after checking that at most that many bytes, and the files it creates,
-    /// fit the disk budget.
+    /// [`Pending`]), after checking that at most that many bytes, and the files it creates
+    /// (segments, a quarantine file, session markers), fit the disk budget.
     ///
     /// All or nothing: every segment the request needs is created before any line is staged,
     /// so an error (a full disk creating a segment) leaves nothing of this request behind, its
@@ -585,6 +585,9 @@ impl Writer {
                     (unix_nanos() / 1_000_000_000) as i64,
                 ))
             });
+        // Markers are made once the group is durable: until then the request holds their
+        // share of the budget.
+        let markers = self.new_markers(parts, new_sessions) as u64 * FILE_BUDGET_BYTES;
         let new_files = targets
             .iter()
             .chain(quarantine_target.iter())
@@ -606,7 +609,10 @@ impl Writer {
                     .map(|o| o.span.len() as u64 + QUARANTINE_RECORD_OVERHEAD),
             )
             .sum();
-        self.check_budget(held, wanted + new_files as u64 * FILE_BUDGET_BYTES)?;
+        self.check_budget(
+            held,
+            wanted + new_files as u64 * FILE_BUDGET_BYTES + markers,
+        )?;
         let mut out = AppendOutcome {
             quarantine_dropped: batch.quarantine_dropped,
             ..AppendOutcome::default()
@@ -691,7 +697,7 @@ impl Writer {
             }
             return Err(e);
         }
-        held.bytes += wanted;
+        held.bytes += wanted + markers;
         for ((pb, target), keep) in parts.iter().zip(&targets).zip(kept) {
             if keep.is_empty() {
                 continue;
@@ -732,6 +738,25 @@ impl Writer {
         }
         held.quarantine.push(h);
         true
+    }
+
+    /// How many session markers (one file each, then one object) storing `parts` would
+    /// create: on the head, one per session not yet marked nor about to be by the group.
+    fn new_markers(&self, parts: &[PartitionBatch], new_sessions: &[String]) -> usize {
+        if !self.cfg.write_session_markers {
+            return 0;
+        }
+        let mut seen: Vec<&str> = Vec::new();
+        for p in parts {
+            let s = p.partition.session.as_str();
+            if !self.segs.marked_sessions.contains(s)
+                && !new_sessions.iter().any(|n| n == s)
+                && !seen.contains(&s)
+            {
+                seen.push(s);
+            }
+        }
+        seen.len()
     }
 
     /// Seals every open segment for which `pred` holds.
