@@ -220,6 +220,54 @@ fn restart_reloads_the_newest_ids_into_the_dedup_window() {
     assert_once(&count, &all);
 }
 
+/// Point 1, as Ray resends: the batch in flight at the crash is the tail of the files the
+/// last group wrote, however many older and larger partitions the spool holds. Three older
+/// hours fill more than the window; the last batch spans a new hour and one of the older
+/// ones. After kill -9 its resend is all duplicates (reading every file's tail side by side,
+/// older files took most of the window).
+#[test]
+fn restart_reloads_the_batch_written_last_before_older_partitions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut c, bucket) = start(tmp.path(), &["--dedup-window", "100"], &[]);
+    let session = "session_gen";
+    let mut all = Vec::new();
+    for h in ["07", "08", "09"] {
+        let old = ids(0..100, &format!("old{h}"));
+        let ts = format!("2026-11-26T{h}:10:00Z");
+        assert_eq!(post(&c, &batch_at(&old, session, &ts)).1, 100);
+        all.extend(old);
+    }
+    // Right after the older ones (the generations do not depend on time between writes).
+    let last_new = ids(0..40, "last11");
+    let last_old_hour = ids(0..20, "last09");
+    let last: Vec<String> = last_new
+        .iter()
+        .map(|id| event(id, session, "2026-11-26T11:10:00Z"))
+        .chain(
+            last_old_hour
+                .iter()
+                .map(|id| event(id, session, "2026-11-26T09:20:00Z")),
+        )
+        .collect();
+    assert_eq!(post(&c, &body(&last)), (200, 60, 0, 0));
+    c.kill9();
+    c.restart();
+    assert_eq!(
+        post(&c, &body(&last)),
+        (200, 0, 60, 0),
+        "the resend of the last batch was stored again"
+    );
+    assert!(
+        c.terminate(Duration::from_secs(30)).success(),
+        "{}",
+        c.log_text()
+    );
+    let (count, _) = stored(&read_all(&store(&bucket)), session);
+    all.extend(last_new);
+    all.extend(last_old_hour);
+    assert_once(&count, &all);
+}
+
 /// Point 2: a timestamp whose UTC hour has no four-digit year is filed under the first or
 /// last hour; the segment is recognised after a restart (ids reloaded, uploaded), and the
 /// event is stored once, as sent.
@@ -469,6 +517,107 @@ fn one_request_opens_a_bounded_number_of_partitions() {
         names.len()
     );
     assert_once(&count, &all);
+}
+
+/// A job event of job `job` (one job stream each).
+fn job_event(id: &str, session: &str, job: u32) -> String {
+    format!(
+        r#"{{"eventId":"{id}","sourceType":"CORE_WORKER","eventType":"TASK_LIFECYCLE_EVENT","timestamp":"2026-11-26T09:10:00Z","severity":"INFO","sessionName":"{session}","nodeId":"{NODE_B64}","taskLifecycleEvent":{{"jobId":"{job:08x}"}}}}"#
+    )
+}
+
+/// How often each event id is kept in the bucket: in event objects, or in quarantine
+/// records (of their `event`).
+fn kept_anywhere(objects: &BTreeMap<String, Vec<u8>>) -> HashMap<String, u32> {
+    let mut count = HashMap::new();
+    for (k, v) in objects {
+        for line in decode(k, v).split(|&c| c == b'\n') {
+            let Ok(e) = serde_json::from_slice::<Value>(line) else {
+                continue;
+            };
+            let id = e["eventId"].as_str().or(e["event"]["eventId"].as_str());
+            if let Some(id) = id {
+                *count.entry(id.to_string()).or_insert(0) += 1;
+            }
+        }
+    }
+    count
+}
+
+/// Point 5, its overflow: a request over the partition bound quarantines what has no room
+/// (`too_many_partitions`), but those are valid events and deduplicated by their id like
+/// stored ones: an event stored before is a duplicate when it comes again inside such a
+/// request, and the resend of the request, before and after a kill -9, keeps nothing again.
+#[test]
+fn events_over_the_partition_bound_are_kept_once_across_resends_and_restarts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut c, bucket) = start(tmp.path(), &[], &[]);
+    let session = "session_jobs";
+    // 600 job streams, two events each: 512 partitions, the last 88 jobs have no room.
+    let events: Vec<(String, String)> = (0..600u32)
+        .flat_map(|j| {
+            (0..2).map(move |k| {
+                (
+                    format!("job{j}-{k}"),
+                    job_event(&format!("job{j}-{k}"), session, j + 1),
+                )
+            })
+        })
+        .collect();
+    let whole = body(&events.iter().map(|(_, e)| e.clone()).collect::<Vec<_>>());
+    // The last ten jobs' events, stored alone first.
+    let tail: Vec<String> = events[1180..].iter().map(|(_, e)| e.clone()).collect();
+    assert_eq!(post(&c, &body(&tail)), (200, 20, 0, 0));
+    let (status, accepted, duplicates, quarantined) = post(&c, &whole);
+    assert_eq!(status, 200);
+    assert_eq!(duplicates, 20, "events stored before were kept again");
+    assert_eq!(accepted + quarantined, 1180);
+    assert_eq!(quarantined, 2 * 88 - 20);
+    assert_eq!(post(&c, &whole), (200, 0, 1200, 0), "resend kept again");
+    c.kill9();
+    c.restart();
+    assert_eq!(
+        post(&c, &whole),
+        (200, 0, 1200, 0),
+        "resend after a restart kept again"
+    );
+    assert!(
+        c.terminate(Duration::from_secs(60)).success(),
+        "{}",
+        c.log_text()
+    );
+    let count = kept_anywhere(&read_all(&store(&bucket)));
+    let want: Vec<String> = events.iter().map(|(id, _)| id.clone()).collect();
+    assert_once(&count, &want);
+}
+
+/// Point 5, markers: on the head every new session adds a marker file (and object) beside
+/// its segment; the budget counts it like a segment file, so a request of 150 new sessions
+/// whose segments alone fit is refused with 503 when their markers do not.
+#[test]
+fn session_markers_count_against_the_spool_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    // 1 MiB: 150 segment files (4 KiB each) and their lines fit, 150 markers more do not.
+    let (mut c, _bucket) = start(tmp.path(), &["--max-spool-bytes", "1MiB"], &[]);
+    let sessions = |n: u32, tag: &str| -> Vec<String> {
+        (0..n)
+            .map(|i| {
+                event(
+                    &format!("{tag}-{i}"),
+                    &format!("session_{tag}_{i}"),
+                    "2026-11-26T09:10:00Z",
+                )
+            })
+            .collect()
+    };
+    let r = c.post(body(&sessions(150, "many")).as_bytes());
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(post(&c, &body(&sessions(80, "some"))), (200, 80, 0, 0));
+    assert!(
+        c.terminate(Duration::from_secs(30)).success(),
+        "{}",
+        c.log_text()
+    );
 }
 
 /// Point 5: files count in the disk budget, so a request spread over many partitions that

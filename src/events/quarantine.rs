@@ -119,14 +119,55 @@ impl QuarantineReason {
 
 /// A quarantine record for a JSON element: `{"reason":..,"detail":..,"received_at":..,"event":<raw>}`.
 pub fn event_record(reason: QuarantineReason, raw: &[u8]) -> Vec<u8> {
-    let mut line = Vec::with_capacity(raw.len() + 160);
+    record_of_element(reason, false, raw)
+}
+
+/// Marks an [`overflow_record`] of an export event: its id belongs to the export id space.
+const EXPORT_ID_SPACE: &[u8] = b",\"id_space\":\"export\"";
+
+/// The record of a valid event kept in quarantine because its request opened more
+/// partitions than one may (`too_many_partitions`): an [`event_record`], with
+/// `"id_space":"export"` before the event when it came from an export event file. Its event
+/// id counts like a stored one (Ray's resend of it is a duplicate), so a restart reads it back
+/// ([`overflow_record_event`]) into the deduplication window, in the right id space.
+pub fn overflow_record(raw: &[u8], export: bool) -> Vec<u8> {
+    record_of_element(QuarantineReason::TooManyPartitions, export, raw)
+}
+
+/// The event of an [`overflow_record`] line (newline included or not), and whether it is an
+/// export event; `None` for a line that is not such a record.
+pub fn overflow_record_event(line: &[u8]) -> Option<(&[u8], bool)> {
+    let reason = QuarantineReason::TooManyPartitions;
+    let rest = line
+        .strip_prefix(b"{\"reason\":\"")?
+        .strip_prefix(reason.code().as_bytes())?
+        .strip_prefix(b"\",\"detail\":\"")?
+        .strip_prefix(reason.describe().as_bytes())?
+        .strip_prefix(b"\",\"received_at\":\"")?;
+    // The time has no quote in it.
+    let rest = &rest[rest.iter().position(|&c| c == b'"')? + 1..];
+    let (export, rest) = match rest.strip_prefix(EXPORT_ID_SPACE) {
+        Some(r) => (true, r),
+        None => (false, rest),
+    };
+    let rest = rest.strip_prefix(b",\"event\":")?;
+    let rest = rest.strip_suffix(b"\n").unwrap_or(rest);
+    Some((rest.strip_suffix(b"}")?, export))
+}
+
+fn record_of_element(reason: QuarantineReason, export: bool, raw: &[u8]) -> Vec<u8> {
+    let mut line = Vec::with_capacity(raw.len() + 180);
     line.extend_from_slice(b"{\"reason\":\"");
     line.extend_from_slice(reason.code().as_bytes());
     line.extend_from_slice(b"\",\"detail\":\"");
     line.extend_from_slice(reason.describe().as_bytes());
     line.extend_from_slice(b"\",\"received_at\":\"");
     line.extend_from_slice(format_rfc3339((unix_nanos() / 1_000_000_000) as i64).as_bytes());
-    line.extend_from_slice(b"\",\"event\":");
+    line.push(b'"');
+    if export {
+        line.extend_from_slice(EXPORT_ID_SPACE);
+    }
+    line.extend_from_slice(b",\"event\":");
     // Line breaks (only possible as whitespace between tokens) become spaces: one record
     // per line.
     line.extend(
@@ -188,6 +229,26 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&r).unwrap();
         assert_eq!(v["source_file"], "y.jsonl");
         assert_eq!(v["raw_is_utf8"], false);
+    }
+
+    /// An overflow record reads back to its event and id space; other records do not.
+    #[test]
+    fn overflow_records_read_back() {
+        let ev = b"{\"eventId\":\"x\", \"a\":[1]}";
+        for export in [false, true] {
+            let l = overflow_record(ev, export);
+            let v: serde_json::Value = serde_json::from_slice(&l).unwrap();
+            assert_eq!(v["reason"], "too_many_partitions");
+            assert_eq!(v["event"]["eventId"], "x");
+            assert_eq!(overflow_record_event(&l), Some((&ev[..], export)));
+            assert_eq!(
+                overflow_record_event(&l[..l.len() - 1]),
+                Some((&ev[..], export))
+            );
+        }
+        let other = event_record(QuarantineReason::MissingSession, ev);
+        assert_eq!(overflow_record_event(&other), None);
+        assert_eq!(overflow_record_event(b"{}"), None);
     }
 
     #[test]

@@ -57,7 +57,9 @@ pub(super) const CUTS_DIR: &str = "cuts";
 /// one request may write to. Ray's batches span one session and node, a few jobs and an
 /// hour or two; a request naming more (thousands of hours cost thousands of files and
 /// objects) has its further events filed under the arrival hour of their stream, and what
-/// still does not fit quarantined (`too_many_partitions`), kept as sent.
+/// still does not fit quarantined (`too_many_partitions`), kept as sent and deduplicated by
+/// event id like a stored event. On the head, each session new to the spool adds a marker
+/// file (and object) beside; the disk budget counts it like a segment.
 pub const MAX_PARTITIONS_PER_REQUEST: usize = 512;
 
 /// Export event ids are hashed apart from pushed event ids (different id spaces).

@@ -8,12 +8,24 @@
 //! durable length recorded in the cuts folder: it is truncated to it now (or, if that fails
 //! again, uploaded and read for ids only up to it).
 //!
-//! Which ids: Ray resends what it sent last, so the window is filled from the end of the
-//! most recently written segments (by modification time), each read backwards in chunks
-//! until the window is full, and the ids are inserted oldest first, so the window's own
-//! eviction order keeps the newest ones. Reading backwards also bounds the start's work by
-//! the window, not by the spool's size.
-
+//! Which ids: what Ray resends after our crash is its batch in flight, whose events are the
+//! last lines of the files the last group commit wrote. The writer gives every file of a
+//! group the same modification time, later than any earlier group's; so the files (event
+//! segments, and quarantine files for the `too_many_partitions` records of valid events) are
+//! taken newest first by modification time, one generation at a time: the files with the
+//! newest time left, i.e. the files some group wrote last, are read side by side backwards
+//! from their ends, one id per file per round (a batch spans a few partitions, each with its
+//! newest lines at its end, and a long file must not crowd out a short one); only when a
+//! whole generation is read does the next (older) one start. An older file never takes room
+//! from a newer generation, whatever its partition's hour. Reading stops as soon as the
+//! window is full, so a start's work is bounded by the window, not by the spool's size. The
+//! ids are inserted oldest first, so the newest are the last the window evicts.
+//!
+//! Files whose time the writer could not set (a crash between a group's write and its
+//! stamp, a failed stamp, a spool from an older version) keep the kernel's time of their
+//! last write: they still come in the order they were written, one generation per distinct
+//! time.
+//!
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
@@ -32,7 +44,7 @@ use crate::contract::quarantine::{parse_key, QuarantineKey};
 use crate::contract::{is_safe_segment, Hour, Partition};
 use crate::events::dedup::id_hash;
 use crate::events::parse::{parse_event, ParsedEvent};
-use crate::events::quarantine::{raw_record, QuarantineReason};
+use crate::events::quarantine::{overflow_record_event, raw_record, QuarantineReason};
 use crate::metrics as m;
 use crate::util::time::unix_nanos;
 
@@ -42,8 +54,8 @@ impl Writer {
         let mut report = RecoveryReport::default();
         let mut cuts = self.read_cuts()?;
         let mut found: Vec<(SealedFile, Option<Partition>)> = Vec::new();
-        // Last modification of each event segment, to reload the newest ids first.
-        let mut modified: Vec<(SystemTime, u64, PathBuf, u64, u64)> = Vec::new();
+        // The files that hold event ids, to reload the newest first.
+        let mut id_files: Vec<IdFile> = Vec::new();
         for kind in [FileKind::Events, FileKind::Quarantine] {
             let base = self.cfg.dir.join(match kind {
                 FileKind::Events => EVENTS_DIR,
@@ -90,13 +102,24 @@ impl Writer {
                     bytes = bytes.min(len);
                     apply_cut(&path, &cut, bytes);
                 }
-                if let Some(p) = &partition {
-                    let salt = match p.stream {
-                        crate::contract::Stream::Export(_) => EXPORT_ID_SALT,
-                        _ => 0,
-                    };
-                    let at = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                    modified.push((at, created, path.clone(), salt, bytes));
+                let ids = match (&partition, kind) {
+                    (Some(p), _) => Some(match p.stream {
+                        crate::contract::Stream::Export(_) => IdLines::Events(EXPORT_ID_SALT),
+                        _ => IdLines::Events(0),
+                    }),
+                    // Records files (a kept body is not one): valid events kept as
+                    // `too_many_partitions` count as stored.
+                    (None, FileKind::Quarantine) if compressible => Some(IdLines::Overflow),
+                    _ => None,
+                };
+                if let Some(lines) = ids {
+                    id_files.push(IdFile {
+                        path: path.clone(),
+                        lines,
+                        len: bytes,
+                        modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                        created,
+                    });
                 }
                 found.push((
                     SealedFile {
@@ -157,15 +180,8 @@ impl Writer {
             report.torn = torn.len();
         }
         // Reload the newest event ids, then insert them oldest first so that the window
-        // keeps the newest.
-        modified.sort_by_key(|m| std::cmp::Reverse((m.0, m.1)));
-        modified.truncate(MAX_ID_FILES);
-        let files: Vec<(PathBuf, u64, u64)> = modified
-            .into_iter()
-            .map(|(_, _, p, salt, len)| (p, salt, len))
-            .collect();
-
-        let newest_first = newest_ids(&files, self.cfg.dedup_window);
+        // evicts the newest last.
+        let newest_first = newest_ids(id_files, self.cfg.dedup_window);
         for h in newest_first.iter().rev() {
             self.dedup.insert(*h);
         }
@@ -256,28 +272,68 @@ const ID_SCAN_CHUNK: usize = 64 * 1024;
 /// memory of reading one line backwards. Ray's events are a few KiB; a larger one is rare.
 const MAX_ID_LINE: usize = 8 << 20;
 
-/// At most this many segments (the most recently written) are read for ids at start: each
+/// At most this many files (the most recently written) are read for ids at start: each
 /// holds a chunk's ids in memory while they are merged, and what Ray resends is at the end
-/// of the segments it wrote to last.
+/// of the files it wrote to last.
 const MAX_ID_FILES: usize = 1024;
 
-/// The deduplication keys of up to `want` event ids of `files` (path, salt, and durable
-/// length; most recently written first), newest first: one id from the end of each file in turn, round after round. A
-/// batch Ray resends spans a few partitions written together; taking their tails side by
-/// side keeps each one's newest ids, where reading one file to the end first would fill the
-/// window from it alone. A file that cannot be read is logged and left out.
-pub(super) fn newest_ids(files: &[(PathBuf, u64, u64)], want: usize) -> Vec<u64> {
+/// Which lines of a file carry ids, and how they are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum IdLines {
+    /// An event segment: every line is an event; ids hashed with this salt.
+    Events(u64),
+    /// A quarantine records file: only `too_many_partitions` records (valid events) count.
+    Overflow,
+}
+
+/// A file to reload ids from.
+#[derive(Debug, Clone)]
+pub(super) struct IdFile {
+    pub(super) path: PathBuf,
+    pub(super) lines: IdLines,
+    /// Its durable length: nothing after it is read.
+    pub(super) len: u64,
+    /// When it was last written.
+    pub(super) modified: SystemTime,
+    /// Its creation number, to order files written at the same instant.
+    pub(super) created: u64,
+}
+
+/// The deduplication keys of up to `want` event ids of `files`, newest first: generation by
+/// generation (the files with the same modification time: written last by one group), newest
+/// first, and within one generation one id from the end of each file in turn, round after
+/// round. A file that cannot be read is logged and left out.
+pub(super) fn newest_ids(mut files: Vec<IdFile>, want: usize) -> Vec<u64> {
+    files.sort_by_key(|f| std::cmp::Reverse((f.modified, f.created)));
+    files.truncate(MAX_ID_FILES);
+    let mut out = Vec::new();
+    let mut rest = &files[..];
+    while !rest.is_empty() && out.len() < want {
+        let newest = rest[0].modified;
+        let n = rest
+            .iter()
+            .take_while(|f| f.modified == newest)
+            .count()
+            .max(1);
+        ids_side_by_side(&rest[..n], want, &mut out);
+        rest = &rest[n..];
+    }
+    out
+}
+
+/// Adds to `out` ids from the ends of `files`, one from each in turn, until `out` holds
+/// `want` or the files are read.
+fn ids_side_by_side(files: &[IdFile], want: usize, out: &mut Vec<u64>) {
     let mut readers: Vec<TailIds> = files
         .iter()
-        .filter_map(|(path, salt, len)| match TailIds::open(path, *salt, *len) {
+        .filter_map(|f| match TailIds::open(&f.path, f.lines, f.len) {
             Ok(r) => Some(r),
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "could not reload the event ids of a segment; a resend of its events may be stored twice");
+                tracing::warn!(path = %f.path.display(), error = %e, "could not reload the event ids of a spool file; a resend of its events may be stored twice");
                 None
             }
         })
         .collect();
-    let mut out = Vec::new();
     while out.len() < want && !readers.is_empty() {
         readers.retain_mut(|r| {
             if out.len() >= want {
@@ -290,20 +346,19 @@ pub(super) fn newest_ids(files: &[(PathBuf, u64, u64)], want: usize) -> Vec<u64>
                 }
                 Ok(None) => false,
                 Err(e) => {
-                    tracing::warn!(path = %r.path.display(), error = %e, "could not reload the event ids of a segment; a resend of its events may be stored twice");
+                    tracing::warn!(path = %r.path.display(), error = %e, "could not reload the event ids of a spool file; a resend of its events may be stored twice");
                     false
                 }
             }
         });
     }
-    out
 }
 
 /// Reads one segment's event ids backwards, a chunk at a time; holds one chunk's ids and the
 /// piece of a line that started before it (at most [`MAX_ID_LINE`]), and no open file.
 pub(super) struct TailIds {
     path: PathBuf,
-    salt: u64,
+    lines: IdLines,
     /// Where the part not read yet ends.
     pos: u64,
     /// The end of the line whose start is not read yet.
@@ -316,10 +371,10 @@ pub(super) struct TailIds {
 
 impl TailIds {
     /// Reads the file's first `len` bytes (its durable length) at most.
-    pub(super) fn open(path: &Path, salt: u64, len: u64) -> io::Result<TailIds> {
+    pub(super) fn open(path: &Path, lines: IdLines, len: u64) -> io::Result<TailIds> {
         Ok(TailIds {
             path: path.to_path_buf(),
-            salt,
+            lines,
             pos: fs::metadata(path)?.len().min(len),
             carry: Vec::new(),
             skipping: false,
@@ -350,9 +405,16 @@ impl TailIds {
         if line.is_empty() {
             return;
         }
-        if let Ok(ParsedEvent::Object(ev)) = parse_event(line) {
+        let (event, salt) = match self.lines {
+            IdLines::Events(salt) => (line, salt),
+            IdLines::Overflow => match overflow_record_event(line) {
+                Some((event, export)) => (event, if export { EXPORT_ID_SALT } else { 0 }),
+                None => return,
+            },
+        };
+        if let Ok(ParsedEvent::Object(ev)) = parse_event(event) {
             if let Some(id) = ev.event_id.as_str() {
-                self.ids.push(dedup_key(id_hash(id.as_bytes()) ^ self.salt));
+                self.ids.push(dedup_key(id_hash(id.as_bytes()) ^ salt));
             }
         }
     }
@@ -487,6 +549,21 @@ mod tests {
         ids
     }
 
+    fn id_file(path: &Path, age_ms: u64, created: u64) -> IdFile {
+        let modified = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000)
+            - std::time::Duration::from_millis(age_ms);
+        if let Ok(f) = File::options().write(true).open(path) {
+            f.set_modified(modified).unwrap();
+        }
+        IdFile {
+            path: path.to_path_buf(),
+            lines: IdLines::Events(7),
+            len: u64::MAX,
+            modified,
+            created,
+        }
+    }
+
     /// One file: its ids come back last line first, across chunk boundaries and a line longer
     /// than several chunks, and only as many as asked for.
     #[test]
@@ -494,34 +571,70 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("s");
         let ids = write_ids(&p, "id", 30_000, Some(29_990));
-        let files = vec![(p.clone(), 7, u64::MAX)];
-        let out = newest_ids(&files, 20_000);
+        let out = newest_ids(vec![id_file(&p, 0, 1)], 20_000);
         let want: Vec<u64> = ids.iter().rev().take(20_000).copied().collect();
         assert_eq!(out, want);
-        let all = newest_ids(&files, 1_000_000);
+        let all = newest_ids(vec![id_file(&p, 0, 1)], 1_000_000);
         assert_eq!(all.len(), 30_000);
         assert_eq!(all.last(), ids.first());
     }
 
-    /// Several files: their tails side by side, so the last lines of each are in.
+    /// The files written last (by one group: the same modification time) are read side by
+    /// side from their ends and wholly before any older file; an older file, however large,
+    /// and even a millisecond older, only fills what room is left.
     #[test]
-    fn newest_ids_take_the_tail_of_every_file() {
+    fn newest_ids_fill_the_window_generation_by_generation() {
         let dir = tempfile::tempdir().unwrap();
-        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-        let ids_a = write_ids(&a, "a", 5_000, None);
-        let ids_b = write_ids(&b, "b", 50, None);
-        let out = newest_ids(
-            &[
-                (a, 7, u64::MAX),
-                (b, 7, u64::MAX),
-                (dir.path().join("gone"), 7, u64::MAX),
-            ],
-            200,
-        );
+        let path = |n: &str| dir.path().join(n);
+        // "old" was written a millisecond before the newest; "b" and "c" together, last.
+        let ids_old = write_ids(&path("old"), "old", 5_000, None);
+        let ids_b = write_ids(&path("b"), "b", 50, None);
+        let ids_c = write_ids(&path("c"), "c", 80, None);
+        let files = vec![
+            id_file(&path("old"), 1, 1),
+            id_file(&path("c"), 0, 2),
+            id_file(&path("gone"), 0, 4),
+            id_file(&path("b"), 0, 3),
+        ];
+        let out = newest_ids(files.clone(), 200);
         assert_eq!(out.len(), 200);
-        for id in ids_a.iter().rev().take(100).chain(ids_b.iter()) {
-            assert!(out.contains(id));
+        // b's newest, then c's newest, side by side.
+        assert_eq!(&out[..4], &[ids_b[49], ids_c[79], ids_b[48], ids_c[78]]);
+        let newest: Vec<u64> = ids_b.iter().chain(&ids_c).copied().collect();
+        for id in &newest {
+            assert!(out[..130].contains(id));
         }
-        assert_eq!(&out[..2], &[ids_a[4_999], ids_b[49]]);
+        // Then the old file's tail, newest first.
+        let old_tail: Vec<u64> = ids_old.iter().rev().take(70).copied().collect();
+        assert_eq!(&out[130..], &old_tail[..]);
+        // A window smaller than the newest generation holds only ids of it.
+        let small = newest_ids(files, 100);
+        assert!(small.iter().all(|id| newest.contains(id)), "{small:?}");
+    }
+
+    /// A quarantine file gives back the ids of its `too_many_partitions` records only, in
+    /// the id space the record names.
+    #[test]
+    fn newest_ids_read_overflow_records_of_quarantine_files() {
+        use crate::events::quarantine::{event_record, overflow_record};
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("q");
+        let mut text = overflow_record(br#"{"eventId":"pushed"}"#, false);
+        text.extend(event_record(
+            QuarantineReason::MissingSession,
+            br#"{"eventId":"bad"}"#,
+        ));
+        text.extend(overflow_record(br#"{"event_id":"exported"}"#, true));
+        fs::write(&p, &text).unwrap();
+        let mut f = id_file(&p, 0, 1);
+        f.lines = IdLines::Overflow;
+        let out = newest_ids(vec![f], 10);
+        assert_eq!(
+            out,
+            vec![
+                dedup_key(id_hash(b"exported") ^ EXPORT_ID_SALT),
+                dedup_key(id_hash(b"pushed")),
+            ]
+        );
     }
 }

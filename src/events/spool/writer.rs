@@ -3,7 +3,9 @@
 //! per segment, hands the group to the sync thread while it writes the next one (pipelined
 //! group commit), and answers a group only after its own sync. A failed write or sync rolls
 //! back every group not yet durable (truncate to the durable length, forget their event
-//! ids), so no answer ever leaves half a batch behind.
+//! ids), so no answer ever leaves half a batch behind. Every file a group writes gets that
+//! group's modification time (one value, later than any earlier group's), so that a restart
+//! can tell which files the last group wrote.
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
@@ -12,7 +14,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::mpsc as tokio_mpsc;
 
@@ -21,13 +23,15 @@ use super::segments::{OpenSegment, Segments, Target};
 use super::sync::{run_sync, run_syncer, sync_dir, SyncJob, SYNCFS_ABOVE};
 use super::{
     AppendBatch, AppendOutcome, AppendReply, Command, EventSpan, FileKind, PartitionBatch,
-    QuarantinedEvent, RecoveryReport, SealedFile, SpoolConfig, SpoolError, SpoolStats, CUTS_DIR,
-    EVENTS_DIR, MARKERS_DIR, MAX_PARTITIONS_PER_REQUEST, QUARANTINE_DIR,
+    RecoveryReport, SealedFile, SpoolConfig, SpoolError, SpoolStats, CUTS_DIR, EVENTS_DIR,
+    MARKERS_DIR, MAX_PARTITIONS_PER_REQUEST, QUARANTINE_DIR,
 };
 use crate::contract::quarantine::body_key;
-use crate::contract::{is_safe_segment, Hour, Partition};
+use crate::contract::{is_safe_segment, Hour, Partition, Stream};
 use crate::events::dedup::id_hash;
-use crate::events::quarantine::{event_record, invalid_body_record, raw_record, QuarantineReason};
+use crate::events::quarantine::{
+    event_record, invalid_body_record, overflow_record, raw_record, QuarantineReason,
+};
 use crate::metrics as m;
 use crate::util::dedup::DedupWindow;
 use crate::util::memory::release_free_memory;
@@ -118,15 +122,24 @@ pub(super) const FILE_BUDGET_BYTES: u64 = 4096;
 /// others' events go under the arrival hour of their stream (see [`bound_partitions`]).
 const PARTITIONS_KEPT_AS_ROUTED: usize = MAX_PARTITIONS_PER_REQUEST / 2;
 
+/// An event of a request over the partition bound that found no room: kept in quarantine
+/// (`too_many_partitions`) as sent, and deduplicated by its event id like a stored event.
+#[derive(Debug, Clone, Copy)]
+struct Overflow {
+    span: EventSpan,
+    /// From an export event file: its id lives in the export id space.
+    export: bool,
+}
+
 /// Bounds the partitions of one request at [`MAX_PARTITIONS_PER_REQUEST`]: the first
 /// [`PARTITIONS_KEPT_AS_ROUTED`] stay as routed; the events of every further partition go,
 /// unchanged, to the same session, node and stream under the `arrival` hour (one partition
 /// per stream, however many hours it named), while there is room; an event left over is
-/// put on `quarantine` (`too_many_partitions`), kept as sent there.
+/// returned in `overflow`, for quarantine.
 fn bound_partitions(
     parts: &[PartitionBatch],
     arrival: Hour,
-    quarantine: &mut Vec<QuarantinedEvent>,
+    overflow: &mut Vec<Overflow>,
 ) -> Vec<PartitionBatch> {
     let split = parts.len().min(PARTITIONS_KEPT_AS_ROUTED);
     let mut out: Vec<PartitionBatch> = parts[..split]
@@ -155,12 +168,10 @@ fn bound_partitions(
                     events: pb.events.clone(),
                 });
             }
-            None => quarantine.extend(pb.events.iter().map(|e| QuarantinedEvent {
-                reason: QuarantineReason::TooManyPartitions,
-                start: e.range().start,
-                end: e.range().end,
-                source: None,
-            })),
+            None => {
+                let export = matches!(pb.partition.stream, Stream::Export(_));
+                overflow.extend(pb.events.iter().map(|&span| Overflow { span, export }));
+            }
         }
     }
     out
@@ -542,8 +553,8 @@ impl Writer {
     }
 
     /// Stages one request's lines for their segments (referenced in its body, see
-    /// [`Pending`]), after checking that at most that many bytes, and the files it creates,
-    /// fit the disk budget.
+    /// [`Pending`]), after checking that at most that many bytes, and the files it creates
+    /// (segments, a quarantine file, session markers), fit the disk budget.
     ///
     /// All or nothing: every segment the request needs is created before any line is staged,
     /// so an error (a full disk creating a segment) leaves nothing of this request behind, its
@@ -554,7 +565,7 @@ impl Writer {
         held: &mut Held,
         new_sessions: &mut Vec<String>,
     ) -> Result<AppendOutcome, SpoolError> {
-        let mut overflow: Vec<QuarantinedEvent> = Vec::new();
+        let mut overflow: Vec<Overflow> = Vec::new();
         let bounded;
         let parts: &[PartitionBatch] = if batch.partitions.len() > MAX_PARTITIONS_PER_REQUEST {
             let arrival = Hour::from_unix_seconds((unix_nanos() / 1_000_000_000) as i64);
@@ -563,17 +574,20 @@ impl Writer {
         } else {
             &batch.partitions
         };
-        let quarantined = || batch.quarantined.iter().chain(overflow.iter());
         let targets: Vec<Target> = parts
             .iter()
             .map(|p| Target::Events(p.partition.clone()))
             .collect();
         // The clock is read only for a request that has something to quarantine.
-        let quarantine_target = quarantined().next().map(|_| {
-            Target::Quarantine(Hour::from_unix_seconds(
-                (unix_nanos() / 1_000_000_000) as i64,
-            ))
-        });
+        let quarantine_target =
+            (!batch.quarantined.is_empty() || !overflow.is_empty()).then(|| {
+                Target::Quarantine(Hour::from_unix_seconds(
+                    (unix_nanos() / 1_000_000_000) as i64,
+                ))
+            });
+        // Markers are made once the group is durable: until then the request holds their
+        // share of the budget.
+        let markers = self.new_markers(parts, new_sessions) as u64 * FILE_BUDGET_BYTES;
         let new_files = targets
             .iter()
             .chain(quarantine_target.iter())
@@ -583,9 +597,22 @@ impl Writer {
             .iter()
             .flat_map(|p| &p.events)
             .map(|e| e.len() as u64 + 1)
-            .chain(quarantined().map(|q| (q.end - q.start) as u64 + QUARANTINE_RECORD_OVERHEAD))
+            .chain(
+                batch
+                    .quarantined
+                    .iter()
+                    .map(|q| (q.end - q.start) as u64 + QUARANTINE_RECORD_OVERHEAD),
+            )
+            .chain(
+                overflow
+                    .iter()
+                    .map(|o| o.span.len() as u64 + QUARANTINE_RECORD_OVERHEAD),
+            )
             .sum();
-        self.check_budget(held, wanted + new_files as u64 * FILE_BUDGET_BYTES)?;
+        self.check_budget(
+            held,
+            wanted + new_files as u64 * FILE_BUDGET_BYTES + markers,
+        )?;
         let mut out = AppendOutcome {
             quarantine_dropped: batch.quarantine_dropped,
             ..AppendOutcome::default()
@@ -623,18 +650,38 @@ impl Writer {
         }
         let mut records: Vec<Vec<u8>> = Vec::new();
         let mut reasons = Vec::new();
+        // A valid event with no room is deduplicated by its id like any stored event (the
+        // window holds stored and quarantined ids alike, and a restart reloads both), so its
+        // resend, or an event stored before, is not kept again.
+        for o in &overflow {
+            let raw = &batch.body[o.span.range()];
+            let new = match o.span.id_hash() {
+                Some(h) => {
+                    let new = self.dedup.insert(h);
+                    if new {
+                        held.events.push(h);
+                    }
+                    new
+                }
+                None => self.remember_quarantined(raw, held),
+            };
+            if !new {
+                out.duplicates += 1;
+                continue;
+            }
+            records.push(overflow_record(raw, o.export));
+            reasons.push(QuarantineReason::TooManyPartitions);
+        }
         // Repeats of a bad element already kept (resent by Ray, or repeated in one body):
         // answered and counted as quarantined, each one, but kept once; they are not
         // duplicates of an accepted event.
         let mut repeated = Vec::new();
-        for q in quarantined() {
+        for q in &batch.quarantined {
             let raw = &batch.body[q.start..q.end];
-            let h = id_hash(raw);
-            if !self.quarantine_dedup.insert(h) {
+            if !self.remember_quarantined(raw, held) {
                 repeated.push(q.reason);
                 continue;
             }
-            held.quarantine.push(h);
             records.push(match &q.source {
                 Some((file, offset)) => raw_record(q.reason, file, *offset, raw),
                 None => event_record(q.reason, raw),
@@ -654,7 +701,7 @@ impl Writer {
             }
             return Err(e);
         }
-        held.bytes += wanted;
+        held.bytes += wanted + markers;
         for ((pb, target), keep) in parts.iter().zip(&targets).zip(kept) {
             if keep.is_empty() {
                 continue;
@@ -684,6 +731,36 @@ impl Writer {
             out.quarantined += 1;
         }
         Ok(out)
+    }
+
+    /// Remembers a quarantined element without an event id by its bytes, so that the same bad
+    /// event resent by Ray is kept once; false when it was kept recently.
+    fn remember_quarantined(&mut self, raw: &[u8], held: &mut Held) -> bool {
+        let h = id_hash(raw);
+        if !self.quarantine_dedup.insert(h) {
+            return false;
+        }
+        held.quarantine.push(h);
+        true
+    }
+
+    /// How many session markers (one file each, then one object) storing `parts` would
+    /// create: on the head, one per session not yet marked nor about to be by the group.
+    fn new_markers(&self, parts: &[PartitionBatch], new_sessions: &[String]) -> usize {
+        if !self.cfg.write_session_markers {
+            return 0;
+        }
+        let mut seen: Vec<&str> = Vec::new();
+        for p in parts {
+            let s = p.partition.session.as_str();
+            if !self.segs.marked_sessions.contains(s)
+                && !new_sessions.iter().any(|n| n == s)
+                && !seen.contains(&s)
+            {
+                seen.push(s);
+            }
+        }
+        seen.len()
     }
 
     /// Seals every open segment for which `pred` holds.
@@ -725,6 +802,14 @@ impl Writer {
     /// references.
     pub(super) fn write_pending(&mut self) -> Result<Written, SpoolError> {
         let targets: Vec<Target> = self.segs.due(|s| !s.pending.is_empty());
+        // Every file of the group gets the same modification time, later than any earlier
+        // group's: after a crash, recovery knows which files the last group wrote (the
+        // batch Ray may resend) and reloads their ids first ([`super::recovery`]).
+        let stamp = if targets.is_empty() {
+            SystemTime::UNIX_EPOCH
+        } else {
+            SystemTime::UNIX_EPOCH + Duration::from_nanos(self.segs.next_n())
+        };
         let mut out = Written {
             whole_fs: targets.len() + self.segs.dirty_dirs.len() > SYNCFS_ABOVE,
             ..Written::default()
@@ -755,6 +840,9 @@ impl Writer {
             seg.pending
                 .write_to(file)
                 .map_err(|e| SpoolError::io("appending to segment", &seg.path, e))?;
+            // Only the order of the reload after a crash depends on it; the kernel's own time
+            // of the write is kept if this fails.
+            let _ = file.set_modified(stamp);
             out.bytes += n;
             out.appended.push((t.clone(), n));
             if !out.whole_fs {
@@ -1029,7 +1117,7 @@ mod tests {
             );
         }
         let arrival = Hour(9_999);
-        let mut quarantine = Vec::new();
+        let mut quarantine: Vec<Overflow> = Vec::new();
         let out = bound_partitions(&parts, arrival, &mut quarantine);
         assert_eq!(out.len(), MAX_PARTITIONS_PER_REQUEST);
         // The first half as routed.
@@ -1049,13 +1137,11 @@ mod tests {
         let mut starts: Vec<usize> = out
             .iter()
             .flat_map(|o| o.events.iter().map(|e| e.range().start))
-            .chain(quarantine.iter().map(|q| q.start))
+            .chain(quarantine.iter().map(|q| q.span.range().start))
             .collect();
         starts.sort_unstable();
         assert_eq!(starts, (1..=next).map(|k| k * 10).collect::<Vec<_>>());
-        assert!(quarantine
-            .iter()
-            .all(|q| q.reason == QuarantineReason::TooManyPartitions));
+        assert!(quarantine.iter().all(|q| !q.export));
         assert_eq!(
             quarantine.len(),
             2 * (400 + 700 - PARTITIONS_KEPT_AS_ROUTED - 144)
