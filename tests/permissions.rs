@@ -64,6 +64,7 @@ fn s3_request(method: &str, url: &str, headers: &serde_json::Value) -> String {
         ("GET", true) => "GetObject",
         ("HEAD", true) => "HeadObject",
         ("GET", false) if has("uploads") => "ListMultipartUploads",
+        ("GET", false) if has("versioning") => "GetBucketVersioning",
         ("GET", false) => "ListObjects",
         ("PUT", false) => "CreateBucket",
         ("DELETE", false) => "DeleteBucket",
