@@ -205,7 +205,7 @@ impl ExportTailer {
             files.sort_by_key(|(name, _)| std::cmp::Reverse(backup_index(name)));
             for (name, path) in files {
                 loop {
-                    match self.read_file(&s.name, &node, &name, &path).await {
+                    match self.read_file(&s.name, &s.dir, &node, &name, &path).await {
                         Ok(Some(r)) => {
                             total.accepted += r.accepted;
                             total.duplicates += r.duplicates;
@@ -228,6 +228,7 @@ impl ExportTailer {
     async fn read_file(
         &mut self,
         session: &str,
+        session_dir: &Path,
         node: &str,
         name: &str,
         path: &Path,
@@ -240,7 +241,15 @@ impl ExportTailer {
         let known = self.state.files.get(&key).cloned();
         // Up to 8 MiB of reading: off the async workers, which serve Ray's requests.
         let read = off_async_thread(|| -> io::Result<Option<(File, u64, Vec<u8>)>> {
-            let mut f = crate::util::fs::open_scanned(path, Some(meta.ino()))?;
+            // From the session directory's descriptor, never through a symlink (a `logs`
+            // directory swapped for one included): see `util::fs::Beneath`.
+            let mut f = crate::util::fs::Beneath {
+                root: session_dir.to_path_buf(),
+                rel: Path::new("logs").join("export_events").join(name),
+                dev: meta.dev(),
+                ino: meta.ino(),
+            }
+            .open()?;
             let start = match known {
                 Some(o)
                     if o.inode == meta.ino()
