@@ -212,6 +212,12 @@ impl ExportTailer {
                             total.quarantined += r.quarantined;
                         }
                         Ok(None) => break,
+                        Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                            // A symlink or odd file swapped in: never followed; not news
+                            // every pass.
+                            tracing::debug!(file = %path.display(), error = %e, "export events file not followed");
+                            break;
+                        }
                         Err(e) => {
                             tracing::warn!(file = %path.display(), error = %e, "reading export events failed; retried next pass");
                             break;
