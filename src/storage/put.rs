@@ -193,15 +193,10 @@ async fn put_parts(
     let upload = store.put_multipart(path).await.map_err(store_err)?;
     // Aborted in the background if this future is dropped before the end (see the module doc).
     let mut guard = AbortOnDrop {
-        upload: Some(upload),
+        upload: None,
         key: key.to_string(),
     };
-    let Some(upload) = guard.upload.as_mut() else {
-        return Err(UploadError::Key {
-            key: key.to_string(),
-            message: "internal: no upload".into(),
-        });
-    };
+    let upload = guard.upload.insert(upload);
     let mut sent = 0u64;
     let mut part = first;
     let result: Result<(Option<String>, u64), UploadError> = async {
@@ -228,15 +223,19 @@ async fn put_parts(
         Ok((done.e_tag, reader.read))
     }
     .await;
-    let Some(mut upload) = guard.upload.take() else {
-        return result.map(|(e_tag, read)| Sent { read, sent, e_tag });
-    };
     match result {
-        Ok((e_tag, read)) => Ok(Sent { read, sent, e_tag }),
+        Ok((e_tag, read)) => {
+            guard.upload = None;
+            Ok(Sent { read, sent, e_tag })
+        }
         Err(e) => {
-            if let Err(a) = upload.abort().await {
-                tracing::warn!(%key, error = %a, "could not abort a failed multipart upload: it keeps its parts until the bucket's lifecycle rule (or, for logs, the next start) removes them");
+            // Still guarded while aborting: cancelled now, the abort goes on in the background.
+            if let Some(upload) = guard.upload.as_mut() {
+                if let Err(a) = upload.abort().await {
+                    tracing::warn!(%key, error = %a, "could not abort a failed multipart upload: it keeps its parts until the bucket's lifecycle rule (or, for logs, the next start) removes them");
+                }
             }
+            guard.upload = None;
             Err(e)
         }
     }
