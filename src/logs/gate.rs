@@ -35,9 +35,10 @@ pub(super) const APPENDS_RETRY_AFTER: Duration = Duration::from_secs(15 * 60);
 pub(super) const KEY_REFUSED_FOR: Duration = Duration::from_secs(60 * 60);
 
 /// Rounds in a row an object's append may fail transiently before it is uploaded whole
-/// instead: a short outage (retried within each round) passes in fewer, and an object
-/// whose appends cannot succeed is at most this many intervals stale.
-pub(super) const MAX_TRANSIENT_APPEND_ROUNDS: u32 = 3;
+/// instead: an object whose appends cannot succeed is at most this many intervals stale
+/// (5 minutes at the default 60 s), while an outage of a few seconds, retried within each
+/// round, passes in fewer rounds even at a 1 s interval (no whole upload for it).
+pub(super) const MAX_TRANSIENT_APPEND_ROUNDS: u32 = 5;
 
 /// Objects remembered as refused, at most: past it the oldest refusals are forgotten (those
 /// objects are tried again sooner), so the map cannot grow with the number of logs.

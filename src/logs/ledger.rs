@@ -99,8 +99,8 @@ impl Ledger {
                 ledger.data.bucket = Some(bucket.to_string());
                 // An empty ledger is not worth a file: the bucket is written with the first
                 // entry. A ledger of an older version with entries is tagged at once.
-                ledger.dirty = !ledger.data.objects.is_empty()
-                    || !ledger.data.finished_sessions.is_empty();
+                ledger.dirty =
+                    !ledger.data.objects.is_empty() || !ledger.data.finished_sessions.is_empty();
             }
         }
         Ok(ledger)
