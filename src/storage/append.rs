@@ -584,29 +584,16 @@ impl S3Appender {
             }
         };
         let now = crate::util::time::unix_seconds() as i64;
-        let node_dir = format!("/{node}/");
         for u in uploads {
             let Some(rest) = u.key.strip_prefix(&prefix) else {
                 continue;
             };
-            let ours = format!("/{rest}").contains(&node_dir);
-            if !ours {
-                continue;
-            }
-            // Under a real node id the log lane is the only writer (not begun at start,
-            // done at the end of the final flush); under the fallback `unknown-node` other
-            // nodes' collectors may be uploading right now, so only the age threshold
-            // applies there.
-            let logs =
-                node != UNKNOWN_NODE && format!("/{rest}").contains(&format!("{node_dir}logs/"));
             let age = u
                 .initiated
                 .as_deref()
                 .and_then(crate::util::time::parse_rfc3339_seconds)
                 .map(|t| now.saturating_sub(t));
-            let stale =
-                logs || (events && age.is_some_and(|a| a >= STALE_UPLOAD_AGE.as_secs() as i64));
-            if !stale {
+            if !ours_and_stale(rest, node, age, events) {
                 continue;
             }
             let Ok(location) = ObjectPath::parse(&u.key) else {
@@ -645,6 +632,22 @@ impl S3Appender {
         }
         left
     }
+}
+
+/// Whether the incomplete upload of `rest` (its key under `P/`), started `age` seconds ago
+/// (when known), is ours under `node` and to be aborted: every log upload of the node (the
+/// log lane is their only writer: not begun at start, done at the end of the final flush),
+/// and with `events` any upload under the node older than [`STALE_UPLOAD_AGE`]. Under the
+/// fallback [`UNKNOWN_NODE`] other nodes' collectors may be uploading right now, so only
+/// the age applies there.
+fn ours_and_stale(rest: &str, node: &str, age: Option<i64>, events: bool) -> bool {
+    let rest = format!("/{rest}");
+    let node_dir = format!("/{node}/");
+    if !rest.contains(&node_dir) {
+        return false;
+    }
+    let logs = node != UNKNOWN_NODE && rest.contains(&format!("{node_dir}logs/"));
+    logs || (events && age.is_some_and(|a| a >= STALE_UPLOAD_AGE.as_secs() as i64))
 }
 
 /// Byte ranges (first, last) that copy an object of `size` bytes in parts of at most
@@ -734,6 +737,29 @@ async fn read_exact_blocking(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_our_own_stale_uploads_are_aborted() {
+        let old = Some(STALE_UPLOAD_AGE.as_secs() as i64);
+        let young = Some(5);
+        let logs = "s/n1/logs/raylet.out";
+        let events = "s/n1/node_events/n1-2026-11-22-02-1.jsonl.gz";
+        // Our node's logs: always, at start (events) and at the end of the final flush.
+        assert!(ours_and_stale(logs, "n1", young, true));
+        assert!(ours_and_stale(logs, "n1", young, false));
+        // Another node's: never.
+        assert!(!ours_and_stale(logs, "n2", old, true));
+        // Event objects: only old ones, only at start.
+        assert!(!ours_and_stale(events, "n1", young, true));
+        assert!(ours_and_stale(events, "n1", old, true));
+        assert!(!ours_and_stale(events, "n1", old, false));
+        assert!(!ours_and_stale(events, "n1", None, true));
+        // Under unknown-node, shared with other nodes: a sibling's upload in flight stays.
+        let shared = "s/unknown-node/logs/worker-x.out";
+        assert!(!ours_and_stale(shared, UNKNOWN_NODE, young, true));
+        assert!(!ours_and_stale(shared, UNKNOWN_NODE, None, true));
+        assert!(ours_and_stale(shared, UNKNOWN_NODE, old, true));
+    }
 
     #[tokio::test]
     async fn appends_only_to_the_object_it_wrote() {
