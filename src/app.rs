@@ -139,14 +139,11 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
                 part_size: settings.upload_part_bytes,
                 layout: settings.layout.clone(),
                 max_bytes_per_second: settings.log_upload_max_bytes_per_second,
-                appender: if settings.log_appends {
-                    settings
-                        .store
-                        .appender()
-                        .with_context(|| format!("opening storage {}", settings.storage))?
-                } else {
-                    None
-                },
+                appender: settings
+                    .store
+                    .appender()
+                    .with_context(|| format!("opening storage {}", settings.storage))?,
+                appends: settings.log_appends,
                 bucket: settings.store.identity().to_string(),
             },
             store.clone(),
@@ -161,6 +158,20 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
             shipper.run(sessions.clone(), stop_logs_rx.clone()),
         ))
     } else {
+        // No log lane: the start-up cleanup of incomplete uploads (S3) still runs, once the
+        // node is known.
+        if let Some(app) = settings
+            .store
+            .appender()
+            .with_context(|| format!("opening storage {}", settings.storage))?
+        {
+            tokio::spawn(clean_up_stale_uploads(
+                app,
+                settings.layout.history_prefix(),
+                node_ids,
+                sessions.clone(),
+            ));
+        }
         None
     };
     // Head only: snapshots of the dashboard's endpoints, like KubeRay. Independent of the log
@@ -273,6 +284,35 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         tracing::error!(path = %path.display(), bytes, "left on disk");
     }
     Ok(Exit::LeftOnDisk)
+}
+
+/// How often the cleanup without a log lane looks for the node id.
+const CLEANUP_NODE_POLL: Duration = Duration::from_secs(5);
+
+/// Without the log lane: once the node id is known, aborts the incomplete uploads an
+/// earlier run left under this node (`storage::append`), as the log lane's first round does.
+async fn clean_up_stale_uploads(
+    app: crate::storage::append::Appender,
+    prefix: String,
+    mut nodes: node::node_id::NodeIdResolver,
+    sessions: tokio::sync::watch::Receiver<Option<node::session::ActiveSession>>,
+) {
+    loop {
+        let active = sessions.borrow().clone();
+        if let Some(node) = active.and_then(|s| nodes.resolve_local(&s.dir)) {
+            let p = app.prepare(&prefix, &node).await;
+            if p.aborted > 0 || p.abort_failed > 0 {
+                tracing::info!(
+                    aborted = p.aborted,
+                    failed = p.abort_failed,
+                    node,
+                    "incomplete multipart uploads of an earlier run cleaned up"
+                );
+            }
+            return;
+        }
+        tokio::time::sleep(CLEANUP_NODE_POLL).await;
+    }
 }
 
 /// The dashboard's node list, matched by this pod's IP: the last resort for the node id.

@@ -3,7 +3,9 @@
 //! collector and could point a log at a file only the collector can read (its service
 //! account token, mounted credentials). The swap is made deterministic by an `LD_PRELOAD`
 //! shim (`rhc_testkit::preload`) that replaces the file by the symlink at the instant the
-//! collector opens it, after the scan saw a regular file.
+//! collector opens it, after the scan saw a regular file. The same holds for directories:
+//! the session's `logs/` swapped for a symlink to a directory only the collector can read,
+//! and a subdirectory swapped at the instant a round's scan opens it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -121,4 +123,114 @@ fn symlink_swapped_in_before_the_first_upload_is_not_followed() {
 #[test]
 fn symlink_swapped_in_before_an_append_is_not_followed() {
     swapped_for_a_symlink(true);
+}
+
+/// A directory only the collector can read, holding a secret; returns it.
+fn secrets(root: &Path) -> PathBuf {
+    let dir = root.join("secrets");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("token"), SECRET.repeat(64)).unwrap();
+    dir
+}
+
+/// Runs the collector on `ray` into a `file://` bucket (with `env`) for a few rounds and
+/// the final flush; returns the bucket's objects.
+fn run_rounds(
+    tmp: &Path,
+    ray: &Path,
+    env: &[(String, String)],
+    arm: Option<(&Path, &Path)>,
+) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let bucket = tmp.join("bucket");
+    std::fs::create_dir_all(&bucket).unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&bucket).unwrap());
+    let storage = format!("file://{}", bucket.display());
+    let args = [
+        "--storage",
+        &storage,
+        "--cluster-name",
+        "swap",
+        "--ray-tmp-dir",
+        ray.to_str().unwrap(),
+        "--log-upload-interval",
+        "1s",
+        "--node-id",
+        NODE,
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut c = Collector::start(&tmp.join("spool"), &args, &env);
+    if let Some((armed, done)) = arm {
+        // After a first round (so the swap meets a round's scan, not the start-up).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !read_all(&store)
+            .keys()
+            .any(|k| k.ends_with("/logs/raylet.out"))
+        {
+            assert!(Instant::now() < deadline, "{}", c.log_tail(30));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::fs::write(armed, b"").unwrap();
+        while !done.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the shim never swapped\n{}",
+                c.log_tail(30)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+    read_all(&store).into_iter().collect()
+}
+
+fn assert_no_secret(objects: &std::collections::BTreeMap<String, Vec<u8>>) {
+    for (k, v) in objects {
+        assert!(
+            !contains(v, SECRET) && !k.ends_with("/token"),
+            "{k}: the symlink's target reached the bucket: {:?}",
+            objects.keys()
+        );
+    }
+}
+
+#[test]
+fn a_logs_directory_swapped_for_a_symlink_is_not_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = tmp.path().join("ray");
+    let log = ray_session(&ray);
+    let logs = log.parent().unwrap();
+    let secrets = secrets(tmp.path());
+    // Ray's user code: logs/ -> a directory only the collector can read.
+    std::fs::rename(logs, logs.with_extension("orig")).unwrap();
+    std::os::unix::fs::symlink(&secrets, logs).unwrap();
+    let objects = run_rounds(tmp.path(), &ray, &[], None);
+    assert_no_secret(&objects);
+}
+
+#[test]
+fn a_log_subdirectory_swapped_for_a_symlink_while_scanned_is_not_followed() {
+    let shim = match SwapShim::build() {
+        Ok(s) => s,
+        Err(e) => panic!("the test's LD_PRELOAD shim: {e}"),
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = tmp.path().join("ray");
+    let log = ray_session(&ray);
+    let sub = log.parent().unwrap().join("events");
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::write(sub.join("event_GCS.log"), b"an honest event line\n").unwrap();
+    let secrets = secrets(tmp.path());
+    // The directory is swapped at the instant a round's scan opens it, after it saw a
+    // directory there: the race made deterministic.
+    let (armed, done) = (tmp.path().join("armed"), tmp.path().join("swapped"));
+    let env = shim.env(&sub, &secrets, Some(&armed), &done);
+    let objects = run_rounds(tmp.path(), &ray, &env, Some((&armed, &done)));
+    assert_no_secret(&objects);
+    assert!(
+        objects.keys().any(|k| k.ends_with("/logs/raylet.out")),
+        "the other logs still go: {:?}",
+        objects.keys()
+    );
 }

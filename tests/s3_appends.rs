@@ -7,11 +7,17 @@
 //!   keep a setting, the requests are checked to carry it, and the test says so;
 //! - failures are classified: a 503 burst or slow answers do not turn appends off, refusals
 //!   do (and the log and metrics say why), a copy refused for one key does not make that
-//!   key go whole every round;
-//! - no incomplete multipart upload survives a SIGTERM or a kill -9 and the next start;
+//!   key go whole every round; a deterministic failure of any request of an append (a HEAD
+//!   refused to write-only credentials, a completion refused, an error document in a 200)
+//!   sends the file whole at once; appends that keep failing transiently fall back to a
+//!   whole upload after a bounded number of rounds without holding up the other files, and
+//!   the final flush uploads whole what it cannot append;
+//! - no incomplete multipart upload survives a SIGTERM (during an append or a whole upload)
+//!   or a kill -9 and the next start, and the start-up cleanup runs whatever the log
+//!   settings;
 //! - the ledger belongs to a bucket, and an object the bucket lost is uploaded again;
 //! - objects bigger than one copy part are copied in ranges;
-//! - a versioned bucket gets no appends.
+//! - a versioned bucket gets no appends; one with versioning suspended does.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -803,4 +809,235 @@ fn a_versioned_bucket_gets_no_appends() {
         rig.object(LOG).unwrap(),
         std::fs::read(rig.logs().join(LOG)).unwrap()
     );
+}
+
+/// A 6 MiB log uploaded whole, then grown while `rule` makes every append of it fail the
+/// same way: it must still reach the bucket in the live rounds (whole), and the failure be
+/// counted as a refusal, not as transient.
+fn a_deterministic_append_failure_sends_the_file_whole(bucket: &str, rule: Rule) {
+    let Some(rig) = Rig::new(bucket) else {
+        return;
+    };
+    append(&rig.logs().join(LOG), &lines(0, 6 * MIB));
+    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    rig.wait_equal(LOG, &c, "whole upload");
+    rig.proxy.add(rule);
+    append(&rig.logs().join(LOG), &lines(900_000, 100_000));
+    // Live rounds, not the final flush.
+    rig.wait_equal(LOG, &c, "the grown log, whole, in the live rounds");
+    assert!(
+        c.metric_labeled("rhc_log_append_failures_total", "kind=\"refused\"") >= 1.0,
+        "{}",
+        c.log_tail(40)
+    );
+    assert_eq!(
+        c.metric_labeled("rhc_log_append_failures_total", "kind=\"transient\""),
+        0.0,
+        "{}",
+        c.log_tail(40)
+    );
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+    assert_eq!(
+        rig.object(LOG).unwrap(),
+        std::fs::read(rig.logs().join(LOG)).unwrap()
+    );
+    assert!(rig.open_uploads().is_empty(), "{:?}", rig.open_uploads());
+}
+
+#[test]
+fn write_only_credentials_send_a_growing_log_whole() {
+    // s3:PutObject without s3:GetObject: the appender's HEAD of the object is refused.
+    a_deterministic_append_failure_sends_the_file_whole(
+        "writeonly",
+        Rule::new(Fault::Status(403, "AccessDenied".into()))
+            .method("HEAD")
+            .target_contains(LOG),
+    );
+}
+
+#[test]
+fn a_completion_refused_for_good_sends_the_log_whole() {
+    a_deterministic_append_failure_sends_the_file_whole(
+        "invalidpart",
+        Rule::new(Fault::Status(400, "InvalidPart".into()))
+            .method("POST")
+            .target_contains("uploadId="),
+    );
+}
+
+#[test]
+fn a_copy_answered_200_with_an_error_document_sends_the_log_whole() {
+    a_deterministic_append_failure_sends_the_file_whole(
+        "copy200",
+        Rule::new(Fault::ErrorIn200("AccessDenied".into())).with_header("x-amz-copy-source"),
+    );
+}
+
+#[test]
+fn appends_failing_transiently_fall_back_to_whole_and_do_not_stop_the_round() {
+    let Some(rig) = Rig::new("transient") else {
+        return;
+    };
+    let names = three_logs(&rig);
+    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    for n in &names {
+        rig.wait_equal(n, &c, "first upload");
+    }
+    // Every copy of these three objects fails (503, retried, again every round).
+    for n in &names {
+        rig.proxy.add(
+            Rule::new(Fault::Status(503, "ServiceUnavailable".into()))
+                .with_header("x-amz-copy-source")
+                .target_contains(n),
+        );
+    }
+    grow_all(&rig, &names, 0);
+    // A new log, uploaded after the three in a round's order (bigger).
+    let new = "worker-new-01000000-7.out";
+    append(&rig.logs().join(new), &lines(70_000_000, 7 * MIB));
+    // The new log does not wait for the final flush behind the failing ones, and these go
+    // whole after a bounded number of rounds.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    for n in names.iter().map(String::as_str).chain([new]) {
+        let want = std::fs::read(rig.logs().join(n)).unwrap();
+        while rig.object(n).as_deref() != Some(&want[..]) {
+            assert!(
+                Instant::now() < deadline,
+                "{n} still stale while its appends fail\n{}",
+                c.log_tail(40)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    assert!(c.metric_labeled("rhc_log_append_failures_total", "kind=\"transient\"") >= 3.0);
+    assert_eq!(c.metric("rhc_log_appends_enabled"), 1.0);
+    assert!(
+        c.log_text()
+            .contains("rounds in a row; uploading the file whole"),
+        "{}",
+        c.log_tail(40)
+    );
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+}
+
+#[test]
+fn the_final_flush_sends_whole_what_it_cannot_append() {
+    let Some(rig) = Rig::new("flushwhole") else {
+        return;
+    };
+    append(&rig.logs().join(LOG), &lines(0, 6 * MIB));
+    let mut c = rig.start("spool", &rig.env(&[]), &["--shutdown-timeout", "30s"]);
+    rig.wait_equal(LOG, &c, "whole upload");
+    rig.proxy.add(
+        Rule::new(Fault::Status(503, "ServiceUnavailable".into())).with_header("x-amz-copy-source"),
+    );
+    append(&rig.logs().join(LOG), &lines(900_000, 100_000));
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", c.log_text());
+    assert_eq!(
+        rig.object(LOG).map(|o| o.len()),
+        Some(6 * MIB + 100_000),
+        "the tail never arrived\n{}",
+        c.log_tail(40)
+    );
+    assert!(rig.open_uploads().is_empty(), "{:?}", rig.open_uploads());
+}
+
+#[test]
+fn sigterm_during_a_whole_upload_leaves_no_incomplete_upload() {
+    let Some(rig) = Rig::new("sigtermwhole") else {
+        return;
+    };
+    let big = "worker-big-01000000-1.out";
+    rig.proxy.add(
+        Rule::new(Fault::Delay(Duration::from_secs(3)))
+            .method("PUT")
+            .target_contains("partNumber="),
+    );
+    append(&rig.logs().join(big), &lines(0, 30 * MIB));
+    let mut c = rig.start("spool", &rig.env(&[]), &["--shutdown-timeout", "6s"]);
+    wait_until(
+        "a whole upload started",
+        &c,
+        Duration::from_secs(20),
+        || !rig.open_uploads().is_empty(),
+    );
+    let _ = c.try_terminate(Duration::from_secs(20));
+    // A part the proxy still holds may reach moto after the abort: it cannot revive it.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        rig.open_uploads(),
+        Vec::<String>::new(),
+        "incomplete uploads after SIGTERM during a whole upload\n{}\n{:?}",
+        c.log_tail(40),
+        rig.proxy
+            .seen()
+            .iter()
+            .filter(|r| r.target.contains("worker-big"))
+            .map(|r| format!(
+                "{} {} -> {}",
+                r.method,
+                r.target.rsplit('/').next().unwrap_or(""),
+                r.status
+            ))
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn the_start_up_cleanup_runs_whatever_the_log_settings() {
+    for (i, args) in [
+        &["--log-appends", "false"][..],
+        &["--enable-log-collector", "false"][..],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let Some(rig) = Rig::new(&format!("cleanup{i}")) else {
+            return;
+        };
+        rig.logs();
+        // An upload an earlier run left under this node's logs (kill -9 mid-upload).
+        let orphan = key("worker-old-01000000-9.out");
+        let (status, body) =
+            rig.s3
+                .request("POST", &format!("/{}/{orphan}?uploads", rig.bucket), b"");
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        assert_eq!(rig.open_uploads(), vec![orphan.clone()]);
+        let mut c = rig.start("spool", &rig.env(&[]), args);
+        wait_until(
+            &format!("the orphan aborted with {args:?}"),
+            &c,
+            Duration::from_secs(30),
+            || rig.open_uploads().is_empty(),
+        );
+        let status = c.terminate(Duration::from_secs(30));
+        assert!(status.success(), "{}", c.log_text());
+    }
+}
+
+#[test]
+fn a_bucket_with_versioning_suspended_keeps_appending() {
+    // Suspended: a write replaces the `null` version, so an append keeps no extra copy.
+    let Some(rig) = Rig::new("suspended") else {
+        return;
+    };
+    let (status, body) = rig.s3.request(
+        "PUT",
+        "/suspended?versioning",
+        b"<VersioningConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">\
+          <Status>Suspended</Status></VersioningConfiguration>",
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    append(&rig.logs().join(LOG), &lines(0, 6 * MIB));
+    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    rig.wait_equal(LOG, &c, "whole upload");
+    append(&rig.logs().join(LOG), &lines(900_000, 100_000));
+    rig.wait_equal(LOG, &c, "append");
+    assert!(appends(&c) >= 1.0, "{}", c.log_tail(40));
+    assert!(!c.log_text().contains("keeps object versions"));
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
 }

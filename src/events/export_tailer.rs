@@ -285,7 +285,10 @@ impl ExportTailer {
                         stopped = true;
                         break 'files;
                     }
-                    match self.read_file(&s.name, &node, &name, &path, finished).await {
+                    match self
+                        .read_file(&s.name, &s.dir, &node, &name, &path, finished)
+                        .await
+                    {
                         Ok(Some(r)) => {
                             unsaved += r.bytes;
                             total.add(r);
@@ -295,6 +298,12 @@ impl ExportTailer {
                             }
                         }
                         Ok(None) => break,
+                        Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                            // A symlink or odd file swapped in: never followed; not news
+                            // every pass.
+                            tracing::debug!(file = %path.display(), error = %e, "export events file not followed");
+                            break;
+                        }
                         Err(e) => {
                             tracing::warn!(file = %path.display(), error = %e, "reading export events failed; retried next pass");
                             break;
@@ -365,6 +374,7 @@ impl ExportTailer {
     async fn read_file(
         &mut self,
         session: &str,
+        session_dir: &Path,
         node: &str,
         name: &str,
         path: &Path,
@@ -379,7 +389,15 @@ impl ExportTailer {
         let known = self.state.files.get(&key).cloned();
         // Up to 8 MiB of reading: off the async workers, which serve Ray's requests.
         let read = off_async_thread(|| -> io::Result<Option<(File, u64, Vec<u8>)>> {
-            let mut f = crate::util::fs::open_scanned(path, Some(meta.ino()))?;
+            // From the session directory's descriptor, never through a symlink (a `logs`
+            // directory swapped for one included): see `util::fs::Beneath`.
+            let mut f = crate::util::fs::Beneath {
+                root: session_dir.to_path_buf(),
+                rel: Path::new("logs").join("export_events").join(name),
+                dev: meta.dev(),
+                ino: meta.ino(),
+            }
+            .open()?;
             let start = match known {
                 Some(o)
                     if o.inode == meta.ino()

@@ -6,8 +6,16 @@
 //! upload per schedule, not one per round; [`MAX_APPEND_REFUSALS`] refusals in a row turn
 //! appends off for [`APPENDS_RETRY_AFTER`], after which they are tried again (a store
 //! upgraded, a policy fixed) and one more refusal turns them off again. A successful append
-//! resets the count. Transient failures (5xx, throttling, timeouts, credentials) never reach
-//! the gate. A versioned bucket has appends off for good (see `storage::append`).
+//! resets the count. A deterministic failure of any request of an append (a 4xx other than
+//! 401, 408 and 429, an error document in a 200 answer: a HEAD refused to write-only
+//! credentials, a completion refused with `InvalidPart`) is such a refusal.
+//!
+//! Transient failures (5xx, throttling, timeouts, credentials) never turn appends off, but
+//! an object whose appends fail transiently [`MAX_TRANSIENT_APPEND_ROUNDS`] rounds in a row
+//! (a copy that always times out, say) is uploaded whole at the last of them, and then
+//! goes whole on the schedule for [`KEY_REFUSED_FOR`] like a refused one: its bucket copy is
+//! never stale for more than that many rounds because of its appends. A versioned bucket
+//! has appends off for good (see `storage::append`).
 //!
 //! Time is passed in, so the rules are tested without waiting.
 
@@ -25,6 +33,12 @@ pub(super) const APPENDS_RETRY_AFTER: Duration = Duration::from_secs(15 * 60);
 /// How long one object whose copy was refused goes whole on the schedule, while the other
 /// objects keep appending.
 pub(super) const KEY_REFUSED_FOR: Duration = Duration::from_secs(60 * 60);
+
+/// Rounds in a row an object's append may fail transiently before it is uploaded whole
+/// instead: an object whose appends cannot succeed is at most this many intervals stale
+/// (5 minutes at the default 60 s), while an outage of a few seconds, retried within each
+/// round, passes in fewer rounds even at a 1 s interval (no whole upload for it).
+pub(super) const MAX_TRANSIENT_APPEND_ROUNDS: u32 = 5;
 
 /// Objects remembered as refused, at most: past it the oldest refusals are forgotten (those
 /// objects are tried again sooner), so the map cannot grow with the number of logs.
@@ -48,6 +62,8 @@ pub(super) struct AppendGate {
     off_until: Option<Instant>,
     versioned: bool,
     refused_keys: HashMap<String, Instant>,
+    /// Per object, its appends' transient failures in a row (at most [`MAX_REFUSED_KEYS`]).
+    transient: HashMap<String, u32>,
 }
 
 impl AppendGate {
@@ -87,14 +103,48 @@ impl AppendGate {
         }
     }
 
-    /// An append succeeded.
-    pub(super) fn succeeded(&mut self) {
+    /// An append to `key` succeeded.
+    pub(super) fn succeeded(&mut self, key: &str) {
         self.refusals = 0;
+        self.transient.remove(key);
+    }
+
+    /// An append to `key` failed transiently; true when that makes
+    /// [`MAX_TRANSIENT_APPEND_ROUNDS`] in a row, so the object goes whole now.
+    pub(super) fn failed_transiently(&mut self, key: &str) -> bool {
+        if self.transient.len() >= MAX_REFUSED_KEYS && !self.transient.contains_key(key) {
+            // Bounded: forget one streak (that object is only tried longer).
+            if let Some(k) = self.transient.keys().next().cloned() {
+                self.transient.remove(&k);
+            }
+        }
+        let n = self.transient.entry(key.to_string()).or_insert(0);
+        *n += 1;
+        *n >= MAX_TRANSIENT_APPEND_ROUNDS
+    }
+
+    /// `key` was uploaded whole after its appends kept failing transiently: it goes whole
+    /// on the schedule for [`KEY_REFUSED_FOR`], without counting toward turning appends off.
+    pub(super) fn gave_up_appending(&mut self, key: &str, now: Instant) {
+        self.transient.remove(key);
+        self.remember_refused(key, now);
     }
 
     /// The store refused to copy `key` at `now`; the number of refusals in a row, and
     /// whether that turned appends off.
     pub(super) fn refused(&mut self, key: &str, now: Instant) -> (u32, Change) {
+        self.transient.remove(key);
+        self.remember_refused(key, now);
+        self.refusals += 1;
+        if self.refusals >= MAX_APPEND_REFUSALS && self.off_until.is_none() {
+            self.off_until = Some(now + APPENDS_RETRY_AFTER);
+            return (self.refusals, Change::TurnedOff);
+        }
+        (self.refusals, Change::None)
+    }
+
+    /// `key` goes whole on the schedule until `now + KEY_REFUSED_FOR`.
+    fn remember_refused(&mut self, key: &str, now: Instant) {
         if self.refused_keys.len() >= MAX_REFUSED_KEYS {
             if let Some(oldest) = self
                 .refused_keys
@@ -107,12 +157,6 @@ impl AppendGate {
         }
         self.refused_keys
             .insert(key.to_string(), now + KEY_REFUSED_FOR);
-        self.refusals += 1;
-        if self.refusals >= MAX_APPEND_REFUSALS && self.off_until.is_none() {
-            self.off_until = Some(now + APPENDS_RETRY_AFTER);
-            return (self.refusals, Change::TurnedOff);
-        }
-        (self.refusals, Change::None)
     }
 }
 
@@ -130,7 +174,7 @@ mod tests {
         assert!(!g.allows("a", t0).0);
         assert!(g.allows("b", t0).0);
         // A success in between resets the count.
-        g.succeeded();
+        g.succeeded("x");
         assert_eq!(g.refused("b", t0), (1, Change::None));
         assert_eq!(g.refused("c", t0), (2, Change::None));
         assert_eq!(g.refused("d", t0), (3, Change::TurnedOff));
@@ -150,6 +194,28 @@ mod tests {
     }
 
     #[test]
+    fn transient_failures_in_a_row_send_the_object_whole_then_on_the_schedule() {
+        let t0 = Instant::now();
+        let mut g = AppendGate::default();
+        for _ in 1..MAX_TRANSIENT_APPEND_ROUNDS {
+            assert!(!g.failed_transiently("a"));
+        }
+        // A success in between starts the count again.
+        g.succeeded("a");
+        for _ in 1..MAX_TRANSIENT_APPEND_ROUNDS {
+            assert!(!g.failed_transiently("a"));
+            assert!(!g.failed_transiently("b"));
+        }
+        assert!(g.failed_transiently("a"));
+        g.gave_up_appending("a", t0);
+        assert!(!g.allows("a", t0).0);
+        assert!(g.allows("b", t0).0);
+        // Never turns appends off.
+        assert!(g.on(t0));
+        assert!(g.allows("a", t0 + KEY_REFUSED_FOR).0);
+    }
+
+    #[test]
     fn a_versioned_bucket_never_appends() {
         let t0 = Instant::now();
         let mut g = AppendGate::default();
@@ -164,7 +230,7 @@ mod tests {
         let mut g = AppendGate::default();
         for i in 0..MAX_REFUSED_KEYS + 10 {
             g.refused(&format!("k{i}"), t0 + Duration::from_millis(i as u64));
-            g.succeeded();
+            g.succeeded("x");
         }
         assert_eq!(g.refused_keys.len(), MAX_REFUSED_KEYS);
         // The oldest were forgotten, the newest kept.

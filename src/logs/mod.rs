@@ -49,8 +49,11 @@ pub struct LogConfig {
     pub layout: ClusterLayout,
     /// The log lane's bandwidth cap in bytes per second (0: none).
     pub max_bytes_per_second: u64,
-    /// How the store appends to an object, when it can.
+    /// How the store appends to an object, when it can; also, on S3, the start-up cleanup
+    /// of incomplete uploads, which runs whether appends are on or not.
     pub appender: Option<Appender>,
+    /// Whether growing logs are appended to (`--log-appends`).
+    pub appends: bool,
     /// The bucket and prefix the ledger belongs to (`storage::Configured::identity`): a
     /// ledger written for another bucket is not used.
     pub bucket: String,

@@ -4,15 +4,20 @@
 //! a round uploads them (what explains a failure first).
 
 use std::collections::BTreeSet;
-use std::os::unix::fs::MetadataExt;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use crate::contract::{self, is_safe_segment};
 use crate::metrics as m;
+use crate::util::fs::{list_dir, open_dir, stat_at, stat_fd, Beneath};
 
 /// One regular file found under a session's `logs/`.
 #[derive(Debug, Clone)]
 pub(super) struct LogFile {
+    /// The file as it is reopened for upload: from the session directory's descriptor,
+    /// never through a symlink (see `util::fs::Beneath`).
+    pub(super) file: Beneath,
+    /// Its path, for messages.
     pub(super) abs: PathBuf,
     /// Relative to `logs/`, '/'-separated, every segment safe.
     pub(super) rel: String,
@@ -30,18 +35,44 @@ pub(super) fn skip(reason: &'static str, path: &Path) {
     tracing::debug!(path = %path.display(), reason, "log file skipped");
 }
 
-/// Lists the regular files under `logs`, never following symlinks, skipping names that
-/// cannot be a key segment.
-pub(super) fn scan_logs(logs: &Path) -> Vec<LogFile> {
+/// Lists the regular files under `<session>/logs`, never following symlinks, skipping names
+/// that cannot be a key segment.
+///
+/// Race-free against a swap (see `util::fs`): the session directory and `logs/` are opened
+/// with `O_NOFOLLOW`, each subdirectory with `openat(parent, name, O_NOFOLLOW |
+/// O_DIRECTORY)` from its parent's descriptor, and every directory is listed from the
+/// descriptor opened, never by path: a directory swapped for a symlink, before or during
+/// the scan, is not entered, and nothing of its target is listed.
+pub(super) fn scan_logs(session: &Path) -> Vec<LogFile> {
     let mut out = Vec::new();
-    let mut stack = vec![(logs.to_path_buf(), String::new())];
-    while let Some((dir, prefix)) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&dir) else {
+    let logs = session.join("logs");
+    let root = match open_dir(None, session.as_os_str()) {
+        Ok(fd) => fd,
+        Err(e) => {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                skip("symlink", session);
+            }
+            return out;
+        }
+    };
+    let logs_fd = match open_dir(Some(&root), OsStr::new("logs")) {
+        Ok(fd) => fd,
+        Err(e) => {
+            if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) {
+                skip("symlink", &logs);
+                tracing::warn!(path = %logs.display(), "the session's logs directory is a symlink or not a directory; not followed");
+            }
+            return out;
+        }
+    };
+    let mut stack = vec![(logs_fd, logs, String::new())];
+    while let Some((fd, dir, prefix)) = stack.pop() {
+        let Ok(names) = list_dir(&fd) else {
             continue;
         };
-        for entry in rd.flatten() {
-            let path = entry.path();
-            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+        for os_name in names {
+            let path = dir.join(&os_name);
+            let Some(name) = os_name.to_str().map(str::to_string) else {
                 skip("name_not_utf8", &path);
                 continue;
             };
@@ -49,7 +80,7 @@ pub(super) fn scan_logs(logs: &Path) -> Vec<LogFile> {
                 skip("unsafe_name", &path);
                 continue;
             }
-            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            let Ok(st) = stat_at(&fd, &os_name) else {
                 continue;
             };
             let rel = if prefix.is_empty() {
@@ -57,19 +88,37 @@ pub(super) fn scan_logs(logs: &Path) -> Vec<LogFile> {
             } else {
                 format!("{prefix}/{name}")
             };
-            let ft = meta.file_type();
-            if ft.is_dir() {
-                stack.push((path, rel));
-            } else if ft.is_file() {
+            if st.is_dir() {
+                // Opened from its parent's descriptor, not followed if it became a symlink
+                // since the stat, and only entered if it is still the directory stat saw.
+                match open_dir(Some(&fd), &os_name) {
+                    Ok(sub) if stat_fd(&sub).is_ok_and(|s| s.dev == st.dev && s.ino == st.ino) => {
+                        stack.push((sub, path, rel));
+                    }
+                    Ok(_) => skip("vanished", &path),
+                    Err(e)
+                        if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) =>
+                    {
+                        skip("symlink", &path)
+                    }
+                    Err(_) => {}
+                }
+            } else if st.is_file() {
                 out.push(LogFile {
+                    file: Beneath {
+                        root: session.to_path_buf(),
+                        rel: Path::new("logs").join(&rel),
+                        dev: st.dev,
+                        ino: st.ino,
+                    },
                     abs: path,
                     rel,
-                    size: meta.len(),
-                    mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
-                    ino: meta.ino(),
+                    size: st.size,
+                    mtime_ns: st.mtime_ns,
+                    ino: st.ino,
                     rotated_from: None,
                 });
-            } else if ft.is_symlink() {
+            } else if st.is_symlink() {
                 skip("symlink", &path);
             } else {
                 skip("not_a_regular_file", &path);
@@ -129,6 +178,12 @@ mod tests {
     #[test]
     fn rotated_names_are_stable_and_sort_by_time() {
         let f = LogFile {
+            file: Beneath {
+                root: "/".into(),
+                rel: "x".into(),
+                dev: 0,
+                ino: 0,
+            },
             abs: "/x".into(),
             rel: "raylet.out.1".into(),
             size: 1,
@@ -154,7 +209,8 @@ mod tests {
     #[test]
     fn scan_skips_odd_entries_and_marks_backups() {
         let tmp = tempfile::tempdir().unwrap();
-        let logs = tmp.path();
+        let logs = &tmp.path().join("logs");
+        std::fs::create_dir(logs).unwrap();
         std::fs::write(logs.join("raylet.out"), "a").unwrap();
         std::fs::write(logs.join("raylet.out.1"), "b").unwrap();
         std::fs::write(logs.join("orphan.log.2"), "c").unwrap();
@@ -164,7 +220,7 @@ mod tests {
         std::os::unix::fs::symlink("/etc/passwd", logs.join("link.log")).unwrap();
         std::os::unix::fs::symlink("/etc", logs.join("linkdir")).unwrap();
         let _sock = std::os::unix::net::UnixListener::bind(logs.join("sock")).unwrap();
-        let mut files = scan_logs(logs);
+        let mut files = scan_logs(tmp.path());
         files.sort_by(|a, b| a.rel.cmp(&b.rel));
         let rels: Vec<(&str, Option<&str>)> = files
             .iter()
@@ -179,11 +235,23 @@ mod tests {
                 ("raylet.out.1", Some("raylet.out")),
             ]
         );
+        assert_eq!(files[2].file.rel, Path::new("logs/raylet.out"));
+        assert!(files[2].file.open().is_ok());
+        // logs/ itself a symlink: nothing listed.
+        let other = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(logs, other.path().join("logs")).unwrap();
+        assert!(scan_logs(other.path()).is_empty());
     }
 
     #[test]
     fn priorities() {
         let mk = |rel: &str, rot: bool| LogFile {
+            file: Beneath {
+                root: "/".into(),
+                rel: "x".into(),
+                dev: 0,
+                ino: 0,
+            },
             abs: "/x".into(),
             rel: rel.into(),
             size: 0,

@@ -2,8 +2,14 @@
 //! earlier sessions not finished yet, rotations captured as they happen, and the final
 //! flush at SIGTERM within the deadline. Uploads run one at a time, apart from events.
 //!
-//! Appends: the store's refusals to copy decide when appends are off ([`super::gate`]);
-//! transient failures are only retried (next round). A versioned bucket gets no appends.
+//! Appends: the store's refusals decide when appends are off ([`super::gate`]); an object
+//! whose append is refused goes whole at once, one whose appends fail transiently is
+//! retried next round and goes whole after [`super::gate::MAX_TRANSIENT_APPEND_ROUNDS`]
+//! rounds in a row; the final flush and earlier sessions never leave a file behind because
+//! its append failed (it goes whole). An append's failure is the object's, not the store's:
+//! it does not count toward [`MAX_FAILURES_IN_A_ROW`], so other files still go. A versioned
+//! bucket gets no appends. At the first round the incomplete uploads an earlier run left are
+//! cleaned up (S3), whether appends are on or not.
 //! Each round checks [`VERIFY_PER_ROUND`] ledger entries against the
 //! bucket with a HEAD, so an object the bucket lost is uploaded again.
 
@@ -16,7 +22,7 @@ use std::time::{Duration, Instant};
 use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::sync::{mpsc, watch};
 
-use super::gate::{AppendGate, Change, APPENDS_RETRY_AFTER};
+use super::gate::{AppendGate, Change, APPENDS_RETRY_AFTER, MAX_TRANSIENT_APPEND_ROUNDS};
 use super::ledger::{Ledger, LedgerEntry};
 use super::scan::{object_key, priority, scan_logs, skip, LogFile};
 use super::schedule::{self, SMALL};
@@ -31,7 +37,7 @@ use crate::util::pace::Pacer;
 use crate::util::time::unix_seconds;
 use crate::util::watch::watch_dir;
 
-/// Store failures in a row after which a round stops trying (the bucket is down).
+/// Whole-upload failures in a row after which a round stops trying (the bucket is down).
 const MAX_FAILURES_IN_A_ROW: usize = 3;
 
 /// Ledger entries checked with a HEAD each round, in turn: a file the ledger calls uploaded
@@ -310,8 +316,8 @@ impl LogShipper {
         if how == Pass::Scheduled {
             self.verify_some().await;
         }
-        let logs = s.dir.join("logs");
-        let mut files = match tokio::task::spawn_blocking(move || scan_logs(&logs)).await {
+        let session_dir = s.dir.clone();
+        let mut files = match tokio::task::spawn_blocking(move || scan_logs(&session_dir)).await {
             Ok(f) => f,
             Err(_) => return report,
         };
@@ -394,7 +400,8 @@ impl LogShipper {
             }
             let result = match deadline {
                 Some(d) => {
-                    match tokio::time::timeout_at(d.into(), self.send(&key, &f, append_from)).await
+                    match tokio::time::timeout_at(d.into(), self.send(&key, &f, append_from, how))
+                        .await
                     {
                         Ok(r) => r,
                         Err(_) => {
@@ -403,7 +410,7 @@ impl LogShipper {
                         }
                     }
                 }
-                None => self.send(&key, &f, append_from).await,
+                None => self.send(&key, &f, append_from, how).await,
             };
             match result {
                 Ok((entry, sent, appended)) => {
@@ -430,6 +437,12 @@ impl LogShipper {
                 Err(UploadError::Read { source, path }) => {
                     skip("unreadable", &path);
                     tracing::warn!(path = %path.display(), error = %source, "log file unreadable; skipped");
+                }
+                Err(e @ UploadError::Append { .. }) => {
+                    // This object's append, not the store: the other files still go.
+                    tracing::warn!(error = %e, "log append failed; retried next round");
+                    report.failed += 1;
+                    continue;
                 }
                 Err(e) => {
                     m::log_upload_failure();
@@ -469,10 +482,9 @@ impl LogShipper {
         if p.ino != 0 && p.ino != f.ino {
             return false;
         }
-        let abs = f.abs.clone();
+        let file = f.file.clone();
         let size = p.size;
-        let ino = f.ino;
-        match tokio::task::spawn_blocking(move || window_hash(&abs, ino, size)).await {
+        match tokio::task::spawn_blocking(move || window_hash(&file, size)).await {
             Ok(Ok((hash, whole))) => {
                 m::log_bytes_read(size.min(crate::storage::put::WINDOW));
                 whole && hash == p.hash
@@ -487,6 +499,7 @@ impl LogShipper {
         let Some(app) = &self.cfg.appender else {
             return;
         };
+        // The cleanup runs whatever the log settings; the versioning matters to appends.
         if !self.prepared_nodes.insert(node.to_string()) {
             return;
         }
@@ -500,7 +513,12 @@ impl LogShipper {
                 "incomplete multipart uploads of an earlier run cleaned up"
             );
         }
-        if let Some(status) = p.versioned.filter(|_| first) {
+        // `Suspended` replaces the `null` version instead of keeping it: appends cost
+        // nothing extra there (see `storage::append`).
+        if let Some(status) = p
+            .versioned
+            .filter(|s| first && self.cfg.appends && s.as_str() == "Enabled")
+        {
             self.gate().set_versioned();
             tracing::warn!(
                 versioning = %status,
@@ -510,7 +528,7 @@ impl LogShipper {
                  lifecycle rule expiring noncurrent versions bounds what the schedule's uploads keep"
             );
         }
-        let on = self.gate().on(Instant::now());
+        let on = self.cfg.appends && self.gate().on(Instant::now());
         m::log_appends_enabled(on);
     }
 
@@ -577,7 +595,7 @@ impl LogShipper {
     /// True when `f` only grew since the ledger's upload and the store can append to its
     /// object.
     async fn can_append(&self, key: &str, f: &LogFile, p: &LedgerEntry) -> bool {
-        let Some(app) = &self.cfg.appender else {
+        let Some(app) = self.cfg.appender.as_ref().filter(|_| self.cfg.appends) else {
             return false;
         };
         let (allowed, change) = self.gate().allows(key, Instant::now());
@@ -598,15 +616,20 @@ impl LogShipper {
     }
 
     /// Appends the new bytes of `f` (from `append_from`) or uploads it whole; returns the
-    /// new ledger entry, the bytes sent and whether it was an append. An append the store
-    /// refuses because the object changed falls back to a whole upload.
+    /// new ledger entry, the bytes sent and whether it was an append. An append that cannot
+    /// be made (the object changed, the store refused it) falls back to a whole upload at
+    /// once; a transient failure does too in a pass that sends everything (`how`: the final
+    /// flush, earlier sessions) and after [`super::gate::MAX_TRANSIENT_APPEND_ROUNDS`] in a
+    /// row; otherwise it is left to the next round.
     async fn send(
         &self,
         key: &str,
         f: &LogFile,
         append_from: Option<u64>,
+        how: Pass,
     ) -> Result<(LedgerEntry, u64, bool), UploadError> {
         let ino = f.ino;
+        let mut gave_up = false;
         if let (Some(from), Some(app)) = (append_from, &self.cfg.appender) {
             let e_tag = self
                 .ledger
@@ -617,8 +640,7 @@ impl LogShipper {
             match app
                 .append(
                     key,
-                    &f.abs,
-                    ino,
+                    &f.file,
                     from,
                     f.size,
                     e_tag.as_deref(),
@@ -627,7 +649,7 @@ impl LogShipper {
                 .await
             {
                 Ok(done) => {
-                    self.gate().succeeded();
+                    self.gate().succeeded(key);
                     m::log_bytes_read(done.bytes);
                     let entry = self.entry_for(f, from + done.bytes, ino, done.e_tag).await;
                     return Ok((entry, done.bytes, true));
@@ -640,10 +662,21 @@ impl LogShipper {
                     return Err(UploadError::Read { path, source })
                 }
                 Err(AppendError::Unavailable { key, message }) => {
-                    // The store may be back next round: no whole upload now (it would meet
-                    // the same outage), and appends stay on.
                     m::log_append_failure("transient");
-                    return Err(UploadError::Append { key, message });
+                    if how != Pass::Scheduled {
+                        // Nothing after this pass: the file goes whole, now.
+                        tracing::warn!(%key, %message, "log append failed; uploading the file whole");
+                    } else if self.gate().failed_transiently(&key) {
+                        gave_up = true;
+                        tracing::warn!(%key, %message, rounds = MAX_TRANSIENT_APPEND_ROUNDS,
+                            "appending to this object failed {MAX_TRANSIENT_APPEND_ROUNDS} rounds \
+                             in a row; uploading the file whole (it goes whole on the schedule \
+                             for an hour)");
+                    } else {
+                        // The store may be back next round: no whole upload now (it would
+                        // meet the same outage), and appends stay on.
+                        return Err(UploadError::Append { key, message });
+                    }
                 }
                 Err(AppendError::Refused {
                     key,
@@ -657,7 +690,7 @@ impl LogShipper {
                     });
                     let (refused, change) = self.gate().refused(&key, Instant::now());
                     tracing::warn!(%key, %message, unsupported,
-                        "the store refused to copy the object; uploading the file whole (this \
+                        "the store refused the append; uploading the file whole (this \
                          object goes whole on the schedule for an hour)");
                     if change == Change::TurnedOff {
                         m::log_appends_enabled(false);
@@ -675,13 +708,15 @@ impl LogShipper {
         let up = put_file_prefix(
             &self.store,
             key,
-            &f.abs,
-            ino,
+            &f.file,
             f.size,
             self.cfg.part_size,
             self.pace.as_ref(),
         )
         .await?;
+        if gave_up {
+            self.gate().gave_up_appending(key, Instant::now());
+        }
         m::log_bytes_read(up.bytes);
         let entry = self.entry_for(f, up.bytes, ino, up.e_tag).await;
         Ok((entry, up.bytes, false))
@@ -695,8 +730,8 @@ impl LogShipper {
         ino: u64,
         e_tag: Option<String>,
     ) -> LedgerEntry {
-        let abs = f.abs.clone();
-        let hash = match tokio::task::spawn_blocking(move || window_hash(&abs, ino, size)).await {
+        let file = f.file.clone();
+        let hash = match tokio::task::spawn_blocking(move || window_hash(&file, size)).await {
             Ok(Ok((h, true))) => {
                 m::log_bytes_read(size.min(crate::storage::put::WINDOW));
                 h
@@ -734,7 +769,7 @@ impl LogShipper {
         // A node id nobody knows still must not lose the logs: file them under the fallback.
         if let Some(s) = &active {
             if !self.knows_node(&s.dir) && self.remote_node.is_none() {
-                self.remote_node = Some("unknown-node".into());
+                self.remote_node = Some(crate::storage::append::UNKNOWN_NODE.into());
             }
         }
         // Keep the end of the budget to abort an append the deadline cuts short.
@@ -743,8 +778,25 @@ impl LogShipper {
         let reports = self
             .snapshot_all(active.as_ref(), Some(flush_deadline), true)
             .await;
+        let dropped = crate::storage::put::wait_dropped_aborts(deadline).await;
         if let Some(app) = &self.cfg.appender {
-            let left = app.abort_pending(deadline).await;
+            let mut left = app.abort_pending(deadline).await + dropped;
+            // What a cancelled creation may have left (its id never came back): the lane is
+            // done, so any log upload under our node is an orphan now.
+            for node in &self.prepared_nodes {
+                match tokio::time::timeout_at(
+                    deadline.into(),
+                    app.abort_node_log_uploads(&self.prefix, node),
+                )
+                .await
+                {
+                    Ok((_, failed)) => left += failed,
+                    Err(_) => {
+                        left += 1;
+                        break;
+                    }
+                }
+            }
             if left > 0 {
                 tracing::warn!(
                     left,

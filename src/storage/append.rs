@@ -25,12 +25,20 @@
 //!   dropped (a deadline, shutdown) is aborted in the background and, failing that, by
 //!   [`Appender::abort_pending`] at the end of the final flush; [`Appender::prepare`] lists
 //!   and aborts those an earlier run left (killed mid-append). A failed abort is a warning.
-//!   It also reads the bucket's versioning: in a versioned bucket each append keeps the
-//!   whole previous object as a noncurrent version, so the caller turns appends off there.
+//!   It also reads the bucket's versioning: in a bucket with versioning `Enabled` each
+//!   append keeps the whole previous object as a noncurrent version, so the caller turns
+//!   appends off there (with `Suspended`, a write replaces the `null` version: no cost).
+//!   At the end of the final flush [`Appender::abort_node_log_uploads`] aborts what is left
+//!   under the node's `logs/` (never under [`UNKNOWN_NODE`], shared by other nodes).
 //!
-//!   Failures say what they mean ([`AppendError`]): the object changed (upload whole), the
-//!   store refused the copy (upload whole; counts toward turning appends off), or a
-//!   transient failure after retries (try again next round; never turns appends off).
+//!   Failures say what they mean ([`AppendError`]), for every request of the append (the
+//!   HEAD, the creation, the copies, the parts, the completion; see
+//!   `s3::classify_store_error`): the object changed (upload whole), the store refused
+//!   (a 501, another 4xx than 401, 408 and 429, an error document in a 200: upload whole;
+//!   counts toward turning appends off), or a transient failure after retries (try again
+//!   next round; never turns appends off; see `logs::gate` for the bound on how long).
+//!   S3 Express directory buckets are addressed like object_store does, but appends have
+//!   not been run against one.
 //! - GCS and Azure: no appends (uploaded whole on the schedule). GCS's compose needs the tail
 //!   as an object of its own first, and Azure's block lists need block blobs written by
 //!   block id, which object_store's uploads do not leave.
@@ -49,9 +57,9 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use super::put::{parse_key, part_size_for, MAX_PARTS};
-use super::s3::{CapturingConnector, Failure, S3Wire};
+use super::s3::{classify_store_error, CapturingConnector, Failure, S3Wire};
 use crate::metrics as m;
-use crate::util::fs::open_scanned;
+use crate::util::fs::Beneath;
 use crate::util::pace::Pacer;
 
 /// Why an append did not happen.
@@ -148,6 +156,19 @@ impl Appender {
         }
     }
 
+    /// At the end of the final flush, when the log lane is done: aborts every incomplete
+    /// log upload under `node` (none under [`UNKNOWN_NODE`], which other nodes share), so an
+    /// upload whose creation was still in flight when it was cancelled does not stay; the
+    /// number aborted and failed.
+    pub async fn abort_node_log_uploads(&self, history_prefix: &str, node: &str) -> (usize, usize) {
+        match self {
+            Appender::S3(s3) if node != UNKNOWN_NODE => {
+                s3.abort_ours(history_prefix, node, false).await
+            }
+            _ => (0, 0),
+        }
+    }
+
     /// Aborts the uploads of appends that were cancelled (shutdown), until `deadline`; the
     /// number left.
     pub async fn abort_pending(&self, deadline: Instant) -> usize {
@@ -157,32 +178,29 @@ impl Appender {
         }
     }
 
-    /// Appends the bytes `[from, to)` of `file` (the regular file of inode `ino` a scan saw;
-    /// 0: any) to the object `key`, which must have `from` bytes and the ETag `e_tag`.
-    #[allow(clippy::too_many_arguments)]
+    /// Appends the bytes `[from, to)` of `file` (the regular file a scan saw, reopened
+    /// without following a symlink) to the object `key`, which must have `from` bytes and
+    /// the ETag `e_tag`.
     pub async fn append(
         &self,
         key: &str,
-        file: &Path,
-        ino: u64,
+        file: &Beneath,
         from: u64,
         to: u64,
         e_tag: Option<&str>,
         pace: Option<&Pacer>,
     ) -> Result<Appended, AppendError> {
         match self {
-            Appender::Local(fs) => append_local(fs, key, file, ino, from, to, e_tag, pace).await,
-            Appender::S3(s3) => s3.append(key, file, ino, from, to, e_tag, pace).await,
+            Appender::Local(fs) => append_local(fs, key, file, from, to, e_tag, pace).await,
+            Appender::S3(s3) => s3.append(key, file, from, to, e_tag, pace).await,
         }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn append_local(
     fs: &Arc<LocalFileSystem>,
     key: &str,
-    file: &Path,
-    ino: u64,
+    file: &Beneath,
     from: u64,
     to: u64,
     e_tag: Option<&str>,
@@ -196,13 +214,12 @@ async fn append_local(
     if let Some(p) = pace {
         p.take(to - from).await;
     }
-    let source = file.to_path_buf();
+    let source = file.clone();
     let key_owned = key.to_string();
-    let written = tokio::task::spawn_blocking(move || {
-        copy_range(&source, ino, &target, from, to, &key_owned)
-    })
-    .await
-    .map_err(|e| unavailable(key, &e))??;
+    let written =
+        tokio::task::spawn_blocking(move || copy_range(&source, &target, from, to, &key_owned))
+            .await
+            .map_err(|e| unavailable(key, &e))??;
     let after = fs.head(&location).await.map_err(|e| unavailable(key, &e))?;
     Ok(Appended {
         bytes: written,
@@ -227,7 +244,7 @@ async fn check_object(
         Err(object_store::Error::NotFound { .. }) => {
             return Err(changed("the object is gone".into()))
         }
-        Err(e) => return Err(unavailable(key, &e)),
+        Err(e) => return Err(store_failure(key, "HEAD", &e)),
     };
     if meta.size != size {
         return Err(changed(format!(
@@ -246,19 +263,18 @@ async fn check_object(
     Ok(())
 }
 
-/// Appends `source[from..to)` (the regular file of inode `ino`) to `target`, which must have
-/// exactly `from` bytes.
+/// Appends `source[from..to)` to `target`, which must have exactly `from` bytes.
 fn copy_range(
-    source: &Path,
-    ino: u64,
+    source: &Beneath,
     target: &Path,
     from: u64,
     to: u64,
     key: &str,
 ) -> Result<u64, AppendError> {
-    let read_err = |e| read_err(source, e);
+    let path = source.path();
+    let read_err = |e| read_err(&path, e);
     let store_err = |e: io::Error| unavailable(key, &e);
-    let mut src = open_scanned(source, Some(ino)).map_err(read_err)?;
+    let mut src = source.open().map_err(read_err)?;
     src.seek(SeekFrom::Start(from)).map_err(read_err)?;
     let mut out = std::fs::OpenOptions::new()
         .append(true)
@@ -373,7 +389,9 @@ async fn abort_upload(s3: &AmazonS3, location: &ObjectPath, id: &str) -> bool {
 /// What [`Appender::prepare`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Prepared {
-    /// The bucket keeps versions (`Enabled` or `Suspended`): appends are not worth it there.
+    /// The bucket's versioning status (`Enabled`, `Suspended`), when ever set. `Enabled`
+    /// keeps every replaced object (appends are not worth it there); `Suspended` replaces
+    /// the `null` version instead, so appends cost nothing extra.
     pub versioned: Option<String>,
     /// Incomplete uploads of ours aborted.
     pub aborted: usize,
@@ -383,8 +401,13 @@ pub struct Prepared {
 
 /// An incomplete upload of an event object older than this is an orphan (an event object
 /// is at most a segment, uploaded in seconds); log uploads under our node are all orphans
-/// at start, since the log lane is the only writer there and has not begun.
+/// at start, since the log lane is the only writer there and has not begun (not under
+/// [`UNKNOWN_NODE`], which other nodes share).
 pub const STALE_UPLOAD_AGE: Duration = Duration::from_secs(3600);
+
+/// The node directory logs go under at the final flush when no node id is known: shared by
+/// every node in that state, so nobody owns the uploads under it.
+pub const UNKNOWN_NODE: &str = "unknown-node";
 
 impl S3Appender {
     /// The appender for the store `builder` built as `s3`, `connector` being the builder's
@@ -410,12 +433,10 @@ impl S3Appender {
         self.wire.bucket_url()
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn append(
         &self,
         key: &str,
-        file: &Path,
-        ino: u64,
+        file: &Beneath,
         from: u64,
         to: u64,
         e_tag: Option<&str>,
@@ -439,7 +460,7 @@ impl S3Appender {
             .s3
             .create_multipart(&location)
             .await
-            .map_err(|e| unavailable(key, &e))?;
+            .map_err(|e| store_failure(key, "CreateMultipartUpload", &e))?;
         lock(&self.pending).insert(id.clone(), location.clone());
         let guard = PendingGuard {
             app: self,
@@ -448,7 +469,7 @@ impl S3Appender {
             open: true,
         };
         let result = self
-            .parts(key, &location, &id, file, ino, from, to, e_tag, pace)
+            .parts(key, &location, &id, file, from, to, e_tag, pace)
             .await;
         match result {
             Ok(e_tag) => {
@@ -474,8 +495,7 @@ impl S3Appender {
         key: &str,
         location: &ObjectPath,
         id: &str,
-        file: &Path,
-        ino: u64,
+        file: &Beneath,
         from: u64,
         to: u64,
         e_tag: &str,
@@ -507,13 +527,14 @@ impl S3Appender {
             TAIL_PART,
             MAX_PARTS.saturating_sub(parts.len() as u64).max(1),
         );
-        let mut src = open_scanned(file, Some(ino)).map_err(|e| read_err(file, e))?;
+        let path = file.path();
+        let mut src = file.open().map_err(|e| read_err(&path, e))?;
         src.seek(SeekFrom::Start(from))
-            .map_err(|e| read_err(file, e))?;
+            .map_err(|e| read_err(&path, e))?;
         let mut offset = from;
         while offset < to {
             let n = (to - offset).min(part_size as u64);
-            let (part, back) = read_exact_blocking(src, n, file).await?;
+            let (part, back) = read_exact_blocking(src, n, &path).await?;
             src = back;
             if let Some(p) = pace {
                 p.take(n).await;
@@ -522,7 +543,7 @@ impl S3Appender {
                 .s3
                 .put_part(location, &id_owned, parts.len(), PutPayload::from(part))
                 .await
-                .map_err(|e| unavailable(key, &e))?;
+                .map_err(|e| store_failure(key, "UploadPart", &e))?;
             parts.push(done);
             offset += n;
         }
@@ -530,7 +551,7 @@ impl S3Appender {
             .s3
             .complete_multipart(location, &id_owned, parts)
             .await
-            .map_err(|e| unavailable(key, &e))?;
+            .map_err(|e| store_failure(key, "CompleteMultipartUpload", &e))?;
         Ok(done.e_tag)
     }
 
@@ -545,45 +566,47 @@ impl S3Appender {
                 tracing::info!(error = %e, "could not read the bucket's versioning (appends stay on)")
             }
         }
+        (out.aborted, out.abort_failed) = self.abort_ours(history_prefix, node, true).await;
+        out
+    }
+
+    /// Aborts the incomplete uploads of ours under `P/` (any session) and `node`: every log
+    /// upload of the node (not under [`UNKNOWN_NODE`]), and with `events` the event uploads
+    /// older than [`STALE_UPLOAD_AGE`]; (aborted, failed).
+    async fn abort_ours(&self, history_prefix: &str, node: &str, events: bool) -> (usize, usize) {
+        let (mut aborted, mut failed) = (0, 0);
         let prefix = format!("{}/", history_prefix.trim_end_matches('/'));
         let uploads = match self.wire.list_uploads(&prefix).await {
             Ok(u) => u,
             Err(e) => {
                 tracing::warn!(error = %e, %prefix, "could not list incomplete multipart uploads; none cleaned up");
-                return out;
+                return (0, 0);
             }
         };
         let now = crate::util::time::unix_seconds() as i64;
-        let node_dir = format!("/{node}/");
         for u in uploads {
             let Some(rest) = u.key.strip_prefix(&prefix) else {
                 continue;
             };
-            let ours = format!("/{rest}").contains(&node_dir);
-            if !ours {
-                continue;
-            }
-            let logs = format!("/{rest}").contains(&format!("{node_dir}logs/"));
             let age = u
                 .initiated
                 .as_deref()
                 .and_then(crate::util::time::parse_rfc3339_seconds)
                 .map(|t| now.saturating_sub(t));
-            let stale = logs || age.is_some_and(|a| a >= STALE_UPLOAD_AGE.as_secs() as i64);
-            if !stale {
+            if !ours_and_stale(rest, node, age, events) {
                 continue;
             }
             let Ok(location) = ObjectPath::parse(&u.key) else {
                 continue;
             };
             if abort_upload(&self.s3, &location, &u.upload_id).await {
-                tracing::info!(key = %u.key, upload_id = %u.upload_id, initiated = ?u.initiated, "aborted an incomplete multipart upload left by an earlier run");
-                out.aborted += 1;
+                tracing::info!(key = %u.key, upload_id = %u.upload_id, initiated = ?u.initiated, "aborted an incomplete multipart upload left by an earlier run or a cancelled upload");
+                aborted += 1;
             } else {
-                out.abort_failed += 1;
+                failed += 1;
             }
         }
-        out
+        (aborted, failed)
     }
 
     /// Aborts the uploads of appends that were cancelled, until `deadline`.
@@ -611,6 +634,22 @@ impl S3Appender {
     }
 }
 
+/// Whether the incomplete upload of `rest` (its key under `P/`), started `age` seconds ago
+/// (when known), is ours under `node` and to be aborted: every log upload of the node (the
+/// log lane is their only writer: not begun at start, done at the end of the final flush),
+/// and with `events` any upload under the node older than [`STALE_UPLOAD_AGE`]. Under the
+/// fallback [`UNKNOWN_NODE`] other nodes' collectors may be uploading right now, so only
+/// the age applies there.
+fn ours_and_stale(rest: &str, node: &str, age: Option<i64>, events: bool) -> bool {
+    let rest = format!("/{rest}");
+    let node_dir = format!("/{node}/");
+    if !rest.contains(&node_dir) {
+        return false;
+    }
+    let logs = node != UNKNOWN_NODE && rest.contains(&format!("{node_dir}logs/"));
+    logs || (events && age.is_some_and(|a| a >= STALE_UPLOAD_AGE.as_secs() as i64))
+}
+
 /// Byte ranges (first, last) that copy an object of `size` bytes in parts of at most
 /// `max_part`, as equal as can be (so each is at least half of `max_part`).
 pub fn copy_ranges(size: u64, max_part: u64) -> Vec<(u64, u64)> {
@@ -627,6 +666,29 @@ pub fn copy_ranges(size: u64, max_part: u64) -> Vec<(u64, u64)> {
         start += len;
     }
     out
+}
+
+/// What a failed request of object_store's (`what`) means for this append (see
+/// `s3::classify_store_error`): a deterministic answer (a 4xx other than 401, 408 and 429,
+/// an error document in a 200) is a refusal for this object, a missing object or failed
+/// precondition a changed object, anything else transient.
+fn store_failure(key: &str, what: &str, e: &object_store::Error) -> AppendError {
+    let message = format!("{what}: {e}");
+    match classify_store_error(e) {
+        Failure::Transient => AppendError::Unavailable {
+            key: key.to_string(),
+            message,
+        },
+        f @ (Failure::Unsupported | Failure::Refused) => AppendError::Refused {
+            key: key.to_string(),
+            unsupported: f == Failure::Unsupported,
+            message,
+        },
+        Failure::Precondition | Failure::Missing => AppendError::Changed {
+            key: key.to_string(),
+            why: message,
+        },
+    }
 }
 
 fn unavailable(key: &str, e: &dyn std::fmt::Display) -> AppendError {
@@ -676,6 +738,29 @@ async fn read_exact_blocking(
 mod tests {
     use super::*;
 
+    #[test]
+    fn only_our_own_stale_uploads_are_aborted() {
+        let old = Some(STALE_UPLOAD_AGE.as_secs() as i64);
+        let young = Some(5);
+        let logs = "s/n1/logs/raylet.out";
+        let events = "s/n1/node_events/n1-2026-11-22-02-1.jsonl.gz";
+        // Our node's logs: always, at start (events) and at the end of the final flush.
+        assert!(ours_and_stale(logs, "n1", young, true));
+        assert!(ours_and_stale(logs, "n1", young, false));
+        // Another node's: never.
+        assert!(!ours_and_stale(logs, "n2", old, true));
+        // Event objects: only old ones, only at start.
+        assert!(!ours_and_stale(events, "n1", young, true));
+        assert!(ours_and_stale(events, "n1", old, true));
+        assert!(!ours_and_stale(events, "n1", old, false));
+        assert!(!ours_and_stale(events, "n1", None, true));
+        // Under unknown-node, shared with other nodes: a sibling's upload in flight stays.
+        let shared = "s/unknown-node/logs/worker-x.out";
+        assert!(!ours_and_stale(shared, UNKNOWN_NODE, young, true));
+        assert!(!ours_and_stale(shared, UNKNOWN_NODE, None, true));
+        assert!(ours_and_stale(shared, UNKNOWN_NODE, old, true));
+    }
+
     #[tokio::test]
     async fn appends_only_to_the_object_it_wrote() {
         let dir = tempfile::tempdir().unwrap();
@@ -687,6 +772,12 @@ mod tests {
         };
         let file = dir.path().join("raylet.out");
         std::fs::write(&file, b"line 1\nline 2\n").unwrap();
+        let src = Beneath {
+            root: dir.path().to_path_buf(),
+            rel: "raylet.out".into(),
+            dev: 0,
+            ino: 0,
+        };
         let key = "P/s/n/logs/raylet.out";
         let loc = parse_key(key).unwrap();
         let put = fs
@@ -694,7 +785,7 @@ mod tests {
             .await
             .unwrap();
         let done = app
-            .append(key, &file, 0, 7, 14, put.e_tag.as_deref(), None)
+            .append(key, &src, 7, 14, put.e_tag.as_deref(), None)
             .await
             .unwrap();
         assert_eq!(done.bytes, 7);
@@ -702,13 +793,13 @@ mod tests {
         assert_eq!(&got[..], b"line 1\nline 2\n");
         // The old ETag no longer matches: someone (here, we) changed the object.
         let err = app
-            .append(key, &file, 0, 14, 14, put.e_tag.as_deref(), None)
+            .append(key, &src, 14, 14, put.e_tag.as_deref(), None)
             .await
             .unwrap_err();
         assert!(matches!(err, AppendError::Changed { .. }), "{err}");
         // A wrong size is refused before anything is written.
         let err = app
-            .append(key, &file, 0, 7, 14, done.e_tag.as_deref(), None)
+            .append(key, &src, 7, 14, done.e_tag.as_deref(), None)
             .await
             .unwrap_err();
         assert!(matches!(err, AppendError::Changed { .. }), "{err}");
@@ -716,13 +807,13 @@ mod tests {
         assert_eq!(&got[..], b"line 1\nline 2\n");
         // A file shorter than asked: an error, and the ledger is not advanced by the caller.
         let err = app
-            .append(key, &file, 0, 14, 20, done.e_tag.as_deref(), None)
+            .append(key, &src, 14, 20, done.e_tag.as_deref(), None)
             .await
             .unwrap_err();
         assert!(matches!(err, AppendError::Read { .. }), "{err}");
         // A missing object.
         let err = app
-            .append("P/s/n/logs/none", &file, 0, 0, 1, None, None)
+            .append("P/s/n/logs/none", &src, 0, 1, None, None)
             .await
             .unwrap_err();
         assert!(matches!(err, AppendError::Changed { .. }), "{err}");

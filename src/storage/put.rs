@@ -4,17 +4,24 @@
 //!
 //! Used by the event uploader (sealed spool segments) and the log shipper (snapshots of
 //! files that may still be growing: only the prefix seen at the start is sent).
+//!
+//! No multipart upload is left behind by us: one whose part or completion fails is aborted
+//! at once; one whose upload is dropped half way (a log round cut short by shutdown, the
+//! final flush's deadline) is aborted in the background from the drop, and the shutdown
+//! waits for those aborts within its budget ([`wait_dropped_aborts`]). A failed abort is a
+//! warning (the next start's cleanup, or the bucket's lifecycle rule, removes the upload).
 
 use std::fs::File;
 use std::io::{self, Read};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use super::gzip::{GzipLevel, MemberEncoder};
-use crate::util::fs::open_scanned;
+use crate::util::fs::{open_scanned, Beneath};
 use crate::util::pace::Pacer;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt, PutPayload};
 
 /// Why one upload failed.
 #[derive(Debug, thiserror::Error)]
@@ -67,8 +74,13 @@ pub async fn put_file(
     part_size: usize,
     limit: u64,
 ) -> Result<u64, UploadError> {
-    let reader = PartReader::open_prefix(file, None, gzip, limit)?;
-    let len = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+    // A spool file (ours, not Ray's), opened without following a symlink all the same.
+    let opened = open_scanned(file, None).map_err(|source| UploadError::Read {
+        path: file.to_path_buf(),
+        source,
+    })?;
+    let len = opened.metadata().map(|m| m.len()).unwrap_or(0);
+    let reader = PartReader::from_file(file.to_path_buf(), opened, gzip, limit);
     let part_size = part_size_for(len.min(limit), part_size, MAX_PARTS);
     let put = put_parts(store, path, key, reader, part_size, None).await?;
     Ok(put.sent)
@@ -85,21 +97,24 @@ pub struct SnapshotUpload {
 
 /// Uploads the first `limit` bytes of a file that may still be growing, as is (no
 /// compression: the history server serves logs byte for byte), streaming in parts, each
-/// part after `pace` lets it pass. The file is the one a scan saw as inode `ino` (0: not
-/// known): it is opened without following a symlink and checked (see
-/// [`crate::util::fs::open_scanned`]).
-#[allow(clippy::too_many_arguments)]
+/// part after `pace` lets it pass. The file is the one a scan saw, reopened without
+/// following a symlink anywhere under its root and checked (see
+/// [`crate::util::fs::Beneath`]).
 pub async fn put_file_prefix(
     store: &Arc<dyn ObjectStore>,
     key: &str,
-    path: &std::path::Path,
-    ino: u64,
+    file: &Beneath,
     limit: u64,
     part_size: usize,
     pace: Option<&Pacer>,
 ) -> Result<SnapshotUpload, UploadError> {
     let location = parse_key(key)?;
-    let reader = PartReader::open_prefix(path, Some(ino), None, limit)?;
+    let path = file.path();
+    let opened = file.open().map_err(|source| UploadError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let reader = PartReader::from_file(path, opened, None, limit);
     let part_size = part_size_for(limit, part_size, MAX_PARTS);
     let put = put_parts(store, &location, key, reader, part_size, pace).await?;
     Ok(SnapshotUpload {
@@ -136,12 +151,12 @@ pub(crate) fn parse_key(key: &str) -> Result<ObjectPath, UploadError> {
 pub const WINDOW: u64 = 64 * 1024;
 
 /// xxh3 of the [`WINDOW`] bytes of a file before offset `end` (all of them when `end` is
-/// smaller), and whether the file had them all. The file must be the regular file of inode
-/// `ino` (0: any), opened without following a symlink.
-pub fn window_hash(path: &std::path::Path, ino: u64, end: u64) -> io::Result<(u64, bool)> {
+/// smaller), and whether the file had them all. The file is the one a scan saw, reopened
+/// without following a symlink (see [`crate::util::fs::Beneath`]).
+pub fn window_hash(file: &Beneath, end: u64) -> io::Result<(u64, bool)> {
     use std::io::{Seek, SeekFrom};
     let start = end.saturating_sub(WINDOW);
-    let mut f = open_scanned(path, Some(ino))?;
+    let mut f = file.open()?;
     f.seek(SeekFrom::Start(start))?;
     let mut buf = Vec::with_capacity((end - start) as usize);
     f.take(end - start).read_to_end(&mut buf)?;
@@ -182,7 +197,13 @@ async fn put_parts(
             e_tag: put.e_tag,
         });
     }
-    let mut upload = store.put_multipart(path).await.map_err(store_err)?;
+    let upload = store.put_multipart(path).await.map_err(store_err)?;
+    // Aborted in the background if this future is dropped before the end (see the module doc).
+    let mut guard = AbortOnDrop {
+        upload: None,
+        key: key.to_string(),
+    };
+    let upload = guard.upload.insert(upload);
     let mut sent = 0u64;
     let mut part = first;
     let result: Result<(Option<String>, u64), UploadError> = async {
@@ -210,14 +231,74 @@ async fn put_parts(
     }
     .await;
     match result {
-        Ok((e_tag, read)) => Ok(Sent { read, sent, e_tag }),
+        Ok((e_tag, read)) => {
+            guard.upload = None;
+            Ok(Sent { read, sent, e_tag })
+        }
         Err(e) => {
-            if let Err(a) = upload.abort().await {
-                tracing::warn!(%key, error = %a, "could not abort a failed multipart upload: it keeps its parts until the bucket's lifecycle rule (or, for logs, the next start) removes them");
+            // Still guarded while aborting: cancelled now, the abort goes on in the background.
+            if let Some(upload) = guard.upload.as_mut() {
+                if let Err(a) = upload.abort().await {
+                    tracing::warn!(%key, error = %a, "could not abort a failed multipart upload: it keeps its parts until the bucket's lifecycle rule (or, for logs, the next start) removes them");
+                }
             }
+            guard.upload = None;
             Err(e)
         }
     }
+}
+
+/// Aborts of multipart uploads dropped half way, spawned by [`AbortOnDrop`]; awaited by
+/// [`wait_dropped_aborts`]. Process-wide, since any upload (event or log) may be dropped.
+static DROPPED_ABORTS: Mutex<Vec<tokio::task::JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// A multipart upload in progress: when dropped before it completed or was aborted by its
+/// owner (the future that drove it was cancelled), it is aborted in the background.
+struct AbortOnDrop {
+    upload: Option<Box<dyn MultipartUpload>>,
+    key: String,
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        let Some(mut upload) = self.upload.take() else {
+            return;
+        };
+        let key = std::mem::take(&mut self.key);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(%key, "a cancelled multipart upload could not be aborted (no runtime); the next start's cleanup or the bucket's lifecycle rule removes it");
+            return;
+        };
+        let task = rt.spawn(async move {
+            match upload.abort().await {
+                Ok(()) => tracing::info!(%key, "aborted the multipart upload of a cancelled upload"),
+                Err(e) => tracing::warn!(%key, error = %e, "could not abort the multipart upload of a cancelled upload: it keeps its parts until the next start's cleanup or the bucket's lifecycle rule removes it"),
+            }
+        });
+        let mut list = DROPPED_ABORTS.lock().unwrap_or_else(|p| p.into_inner());
+        list.retain(|t| !t.is_finished());
+        list.push(task);
+    }
+}
+
+/// Waits until `deadline` for the aborts of uploads that were dropped half way (a cancelled
+/// round, a deadline); the number still running then (each is warned about).
+pub async fn wait_dropped_aborts(deadline: Instant) -> usize {
+    let tasks: Vec<_> =
+        std::mem::take(&mut *DROPPED_ABORTS.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut left = 0;
+    for t in tasks {
+        if tokio::time::timeout_at(deadline.into(), t).await.is_err() {
+            left += 1;
+        }
+    }
+    if left > 0 {
+        tracing::warn!(
+            left,
+            "no time left to abort cancelled multipart uploads; the next start (logs) or the bucket's lifecycle rule removes them"
+        );
+    }
+    left
 }
 
 /// What one upload did.
@@ -257,30 +338,25 @@ struct PartReader {
 }
 
 impl PartReader {
+    /// A spool file (ours, not Ray's), opened without following a symlink all the same.
     #[cfg(test)]
     fn open(path: &std::path::Path, gzip: Option<GzipLevel>) -> Result<PartReader, UploadError> {
-        Self::open_prefix(path, None, gzip, u64::MAX)
-    }
-
-    /// Reads at most `limit` bytes (a snapshot of a file that is still growing) of the
-    /// regular file `path` (of inode `ino`, when given), never through a symlink.
-    fn open_prefix(
-        path: &std::path::Path,
-        ino: Option<u64>,
-        gzip: Option<GzipLevel>,
-        limit: u64,
-    ) -> Result<PartReader, UploadError> {
-        let file = open_scanned(path, ino).map_err(|source| UploadError::Read {
+        let file = open_scanned(path, None).map_err(|source| UploadError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        Ok(PartReader {
-            path: path.to_path_buf(),
+        Ok(Self::from_file(path.to_path_buf(), file, gzip, u64::MAX))
+    }
+
+    /// Reads at most `limit` bytes of the already opened `file` (at `path`).
+    fn from_file(path: PathBuf, file: File, gzip: Option<GzipLevel>, limit: u64) -> PartReader {
+        PartReader {
+            path,
             file: file.take(limit),
             encoder: gzip.map(|level| Box::new(MemberEncoder::new(level))),
             read: 0,
             done: false,
-        })
+        }
     }
 
     /// Returns the next part of at least `size` bytes, or the rest; sets `done` at the end.

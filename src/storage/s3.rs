@@ -21,10 +21,13 @@
 //!   in `object_store`'s own part format, so an upload created with a checksum algorithm
 //!   completes.
 //!
-//! Failures are classified ([`Failure`]): only an answer that means this store will not do
-//! the copy counts against appends; 5xx, throttling, timeouts, connection errors and
-//! credentials being refreshed are transient, retried here with exponential backoff and
-//! jitter ([`RETRY_ATTEMPTS`]) and then left to the next round.
+//! Failures are classified ([`Failure`], [`classify_store_error`] for object_store's own
+//! requests of an append): a deterministic answer (501, another 4xx than 401, 408 and 429,
+//! an error document in a 200) counts against appends; 5xx, throttling, timeouts,
+//! connection errors and credentials being refreshed are transient, retried here with
+//! exponential backoff and jitter ([`RETRY_ATTEMPTS`]) and then left to the next round.
+//! Answer bodies are read up to `MAX_ANSWER_BODY`. S3 Express zonal endpoints are
+//! addressed as object_store addresses them, but appends have not been run against one.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -50,6 +53,10 @@ const RETRY_MAX_BACKOFF: Duration = Duration::from_secs(4);
 const MAX_LIST_PAGES: usize = 20;
 /// Bytes of an error answer kept in a message.
 const MAX_ERROR_BODY: usize = 2048;
+/// Largest answer body read from S3 for one of our requests: a page of
+/// ListMultipartUploads (1,000 uploads of keys up to 1 KiB) is under 2 MiB, the other
+/// answers are a few hundred bytes. A server (or proxy) that sends more is not read further.
+const MAX_ANSWER_BODY: usize = 4 << 20;
 
 /// Keeps the HTTP client `object_store` builds for the S3 store, so our own requests go
 /// through the same client (proxy, CA, certificates, timeouts, default headers).
@@ -139,13 +146,68 @@ pub fn classify(status: u16, code: Option<&str>) -> Failure {
         404 if code.is_none_or(|c| c == "NoSuchKey") => Failure::Missing,
         // A missing bucket, or a 404 from a proxy: not the object's fault.
         404 => Failure::Transient,
-        408 | 429 => Failure::Transient,
+        // 401: the credentials did not verify (expired, being refreshed): the chain's to fix.
+        401 | 408 | 429 => Failure::Transient,
         // Credentials that do not verify now (a key being rotated) are the chain's to fix.
         403 if matches!(code, Some("InvalidAccessKeyId" | "SignatureDoesNotMatch")) => {
             Failure::Transient
         }
         400..=499 => Failure::Refused,
         _ => Failure::Transient,
+    }
+}
+
+/// Classifies an error document S3 put in a 200 answer (a copy or a completion that failed
+/// after the answer began): by its code as a 4xx would be (`AccessDenied` is a refusal,
+/// `InternalError` or `SlowDown` transient); without a code, transient.
+pub fn classify_embedded(code: Option<&str>) -> Failure {
+    match code {
+        None => Failure::Transient,
+        Some("NoSuchKey") => Failure::Missing,
+        Some("PreconditionFailed") => Failure::Precondition,
+        Some(c) => classify(400, Some(c)),
+    }
+}
+
+/// Classifies an error of `object_store`'s own S3 requests (the appender's HEAD, the
+/// upload's creation, its parts and completion) as [`classify`] does ours: from the error
+/// kind, the HTTP status and S3's error code in the answer it carries. Without a status (a
+/// connection error, a timeout), transient.
+pub fn classify_store_error(e: &object_store::Error) -> Failure {
+    use object_store::Error as E;
+    match e {
+        E::NotFound { .. } => return Failure::Missing,
+        E::Precondition { .. } => return Failure::Precondition,
+        E::NotImplemented { .. } | E::NotSupported { .. } => return Failure::Unsupported,
+        _ => {}
+    }
+    // object_store's retry error is not public: read its text (and its sources').
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(" | ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    let code = text
+        .split_once("<Code>")
+        .and_then(|(_, rest)| rest.split_once("</Code>"))
+        .map(|(c, _)| c.trim().to_string());
+    if text.contains("Server returned error response") {
+        // A 2xx whose body is an error document.
+        return classify_embedded(code.as_deref());
+    }
+    let status = match e {
+        E::PermissionDenied { .. } => Some(403),
+        E::Unauthenticated { .. } => Some(401),
+        _ => text
+            .split_once("status code: ")
+            .and_then(|(_, rest)| rest.get(..3))
+            .and_then(|n| n.parse::<u16>().ok()),
+    };
+    match status {
+        Some(status) => classify(status, code.as_deref()),
+        None => Failure::Transient,
     }
 }
 
@@ -388,7 +450,7 @@ impl S3Wire {
         let text = String::from_utf8_lossy(&body);
         if text.contains("<Error>") {
             let doc: ErrorDocument = quick_xml::de::from_str(&text).unwrap_or_default();
-            let failure = classify(500, doc.code.as_deref());
+            let failure = classify_embedded(doc.code.as_deref());
             return Err(wire_err(
                 failure,
                 &what,
@@ -521,16 +583,34 @@ impl S3Wire {
             .await
             .map_err(|e| wire_err(Failure::Transient, what, e))?;
         let status = resp.status();
-        let body = resp
-            .into_body()
-            .bytes()
-            .await
-            .map_err(|e| wire_err(Failure::Transient, what, e))?;
+        let body = read_bounded(resp.into_body(), what).await?;
         if status.is_success() {
             return Ok(body);
         }
         Err(answer_err(status, &body, what))
     }
+}
+
+/// An answer's body, at most [`MAX_ANSWER_BODY`] bytes (more is an error, not read on).
+async fn read_bounded(
+    body: object_store::client::HttpResponseBody,
+    what: &str,
+) -> Result<Bytes, WireError> {
+    use futures::StreamExt as _;
+    let mut stream = body.bytes_stream();
+    let mut out = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| wire_err(Failure::Transient, what, e))?;
+        if out.len() + chunk.len() > MAX_ANSWER_BODY {
+            return Err(wire_err(
+                Failure::Transient,
+                what,
+                format!("the answer is over {MAX_ANSWER_BODY} bytes; not read further"),
+            ));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(out))
 }
 
 /// The error for a non-2xx answer.
@@ -593,6 +673,42 @@ mod tests {
         assert_eq!(classify(501, None), Failure::Unsupported);
         assert_eq!(classify(400, Some("NotImplemented")), Failure::Unsupported);
         assert_eq!(classify(405, None), Failure::Unsupported);
+        assert_eq!(classify(401, None), Failure::Transient);
+        assert_eq!(classify_embedded(Some("AccessDenied")), Failure::Refused);
+        assert_eq!(classify_embedded(Some("InternalError")), Failure::Transient);
+        assert_eq!(classify_embedded(Some("SlowDown")), Failure::Transient);
+        assert_eq!(classify_embedded(None), Failure::Transient);
+        let denied = object_store::Error::PermissionDenied {
+            path: "k".into(),
+            source: "HEAD 403".into(),
+        };
+        assert_eq!(classify_store_error(&denied), Failure::Refused);
+        let generic = |msg: &str| object_store::Error::Generic {
+            store: "S3",
+            source: msg.to_string().into(),
+        };
+        assert_eq!(
+            classify_store_error(&generic(
+                "Server returned non-2xx status code: 400 Bad Request: <Error><Code>InvalidPart</Code></Error>"
+            )),
+            Failure::Refused
+        );
+        assert_eq!(
+            classify_store_error(&generic(
+                "Server returned non-2xx status code: 503 Service Unavailable: <Error><Code>SlowDown</Code></Error>"
+            )),
+            Failure::Transient
+        );
+        assert_eq!(
+            classify_store_error(&generic(
+                "Server returned error response: <Error><Code>AccessDenied</Code></Error>"
+            )),
+            Failure::Refused
+        );
+        assert_eq!(
+            classify_store_error(&generic("error sending request: connection refused")),
+            Failure::Transient
+        );
         assert_eq!(classify(403, Some("AccessDenied")), Failure::Refused);
         assert_eq!(classify(400, Some("InvalidRequest")), Failure::Refused);
         assert_eq!(

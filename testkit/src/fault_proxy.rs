@@ -27,6 +27,9 @@ const IO_TIMEOUT: Duration = Duration::from_secs(60);
 pub enum Fault {
     /// Answers this status with an S3 error document of this code, without passing it on.
     Status(u16, String),
+    /// Answers 200 with an S3 error document of this code (as S3 does when a copy or a
+    /// completion fails after its answer began), without passing it on.
+    ErrorIn200(String),
     /// Passes it on after this delay.
     Delay(Duration),
     /// Closes the connection without an answer.
@@ -248,8 +251,22 @@ fn serve(mut client: TcpStream, s: &Shared) {
             r.fault.clone()
         })
     };
+    let fault = match fault {
+        Some(Fault::ErrorIn200(code)) => Some((200, code)),
+        Some(Fault::Status(status, code)) => Some((status, code)),
+        Some(Fault::Drop) => {
+            seen.faulted = true;
+            None
+        }
+        Some(Fault::Delay(d)) => {
+            thread::sleep(d);
+            None
+        }
+        None => None,
+    };
     match fault {
-        Some(Fault::Status(status, code)) => {
+        _ if seen.faulted => {}
+        Some((status, code)) => {
             let body = format!(
                 "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code>\
                  <Message>injected by the test's fault proxy</Message></Error>"
@@ -262,13 +279,6 @@ fn serve(mut client: TcpStream, s: &Shared) {
             let _ = client.write_all(answer.as_bytes());
             seen.status = status;
             seen.faulted = true;
-        }
-        Some(Fault::Drop) => {
-            seen.faulted = true;
-        }
-        Some(Fault::Delay(d)) => {
-            thread::sleep(d);
-            seen.status = forward(&mut client, s, &seen, &body);
         }
         None => {
             seen.status = forward(&mut client, s, &seen, &body);

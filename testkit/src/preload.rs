@@ -2,10 +2,11 @@
 //! at the moment the process under test opens it: a deterministic stand-in for an attacker
 //! who wins the race between a scan (which only `lstat`s) and the later open.
 //!
-//! The shim wraps `open`, `open64`, `openat` and `openat64`. When the file name opened is
+//! The shim wraps `open`, `open64`, `openat`, `openat64` and `opendir`. When the file name opened is
 //! that of `RHC_SHIM_SWAP_PATH` (whatever directory path led there) and the file `RHC_SHIM_SWAP_ARMED_BY` exists (when that variable is
 //! set), it replaces the path, once, by a symlink to `RHC_SHIM_SWAP_TARGET` (atomically:
-//! a symlink made beside it, renamed over it), writes `RHC_SHIM_SWAP_DONE`, and then lets the
+//! a symlink made beside it, renamed over it; a directory is first moved aside to
+//! `<path>.shim-orig`), writes `RHC_SHIM_SWAP_DONE`, and then lets the
 //! real open run on the path. Needs a C compiler (`cc`) and a dynamically linked glibc binary.
 
 use std::path::{Path, PathBuf};
@@ -13,7 +14,9 @@ use std::process::Command;
 
 const SOURCE: &str = r#"
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -39,7 +42,14 @@ static void maybe_swap(const char *path) {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.shim-link", want);
     unlink(tmp);
-    if (symlink(target, tmp) != 0 || rename(tmp, want) != 0) return;
+    if (symlink(target, tmp) != 0) return;
+    if (rename(tmp, want) != 0) {
+        /* A directory cannot be renamed over: move it aside first. */
+        char orig[4200];
+        snprintf(orig, sizeof orig, "%s.shim-orig", want);
+        if ((errno != EISDIR && errno != ENOTEMPTY && errno != EEXIST) || rename(want, orig) != 0
+            || rename(tmp, want) != 0) return;
+    }
     const char *done = getenv("RHC_SHIM_SWAP_DONE");
     if (done) {
         int (*real_open)(const char *, int, ...) = dlsym(RTLD_NEXT, "open");
@@ -71,6 +81,12 @@ int openat(int dir, const char *path, int flags, ...) {
     maybe_swap(path);
     int (*real)(int, const char *, int, ...) = dlsym(RTLD_NEXT, "openat");
     return real(dir, path, flags, mode);
+}
+
+DIR *opendir(const char *path) {
+    maybe_swap(path);
+    DIR *(*real)(const char *) = dlsym(RTLD_NEXT, "opendir");
+    return real(path);
 }
 
 int openat64(int dir, const char *path, int flags, ...) {
