@@ -441,7 +441,7 @@ async fn read_and_store(
     let (body, _room) = match read {
         Ok(b) => b,
         Err(BodyProblem::TooLarge) => return closing(too_large(st.max_body_bytes)),
-        Err(BodyProblem::TooLargeToDecode(budget)) => {
+        Err(BodyProblem::NeverFits(budget)) => {
             return closing(error_response(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("the compressed body and its decoded form together need more than the {budget} bytes all bodies in flight may hold (--max-body-bytes + 32 MiB); send it uncompressed or smaller"),
@@ -449,10 +449,7 @@ async fn read_and_store(
         }
         Err(BodyProblem::NoRoom) => {
             m::backpressure();
-            return closing(retry_later(
-                "too many large request bodies in flight; retry later",
-                1,
-            ));
+            return closing(no_room(st));
         }
         Err(BodyProblem::TimedOut) => {
             return closing(error_response(
@@ -482,6 +479,17 @@ async fn read_and_store(
             format!("could not store the events: {e}"),
         ),
     }
+}
+
+/// 503 for a body that found no room in the body budget within its wait.
+fn no_room(st: &IngestState) -> Resp {
+    retry_later(
+        format!(
+            "the request bodies in flight fill their memory budget ({} bytes, --max-body-bytes + 32 MiB); retry later",
+            st.max_body_bytes.saturating_add(body::SMALL_BODIES_ROOM)
+        ),
+        1,
+    )
 }
 
 fn too_large(max: u64) -> Resp {
