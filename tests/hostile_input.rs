@@ -593,3 +593,106 @@ fn a_gzip_body_is_refused_only_for_its_real_sizes() {
         String::from_utf8_lossy(&r.body)
     );
 }
+
+/// The reviewer's lockout: 256 keep-alive connections each post a 2-byte body 2 s after its
+/// head, with the next head pipelined behind it (so no request is ever 3 s old), and 16 more
+/// hold the reserved places with a head and no body, reconnecting when closed. New
+/// connections for `/healthz` and for Ray's batch are still answered within Ray's 3 s: a
+/// body still incomplete after a second is the least useful thing open, on a reserved place
+/// too.
+#[test]
+fn stalling_bodies_and_held_reserved_places_lock_out_neither_ray_nor_the_probe() {
+    use rhc_testkit::http::try_http_request;
+    use std::net::TcpStream;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const HEAD: &[u8] = b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n";
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(&tmp, &[]);
+    let port = c.port;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sleep_unless_stopped = |stop: &AtomicBool, d: Duration| {
+        let until = std::time::Instant::now() + d;
+        while std::time::Instant::now() < until && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let spawn = |holder: bool| {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+                    sleep_unless_stopped(&stop, Duration::from_millis(50));
+                    continue;
+                };
+                if s.write_all(HEAD).is_err() {
+                    continue;
+                }
+                if holder {
+                    // Wait to be answered or closed, then come back.
+                    s.set_read_timeout(Some(Duration::from_millis(200)))
+                        .unwrap();
+                    let mut buf = [0u8; 4096];
+                    while !stop.load(Ordering::Relaxed) {
+                        match s.read(&mut buf) {
+                            Ok(0) => break,
+                            Ok(_) => break,
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                            Err(_) => break,
+                        }
+                    }
+                    sleep_unless_stopped(&stop, Duration::from_millis(50));
+                } else {
+                    loop {
+                        sleep_unless_stopped(&stop, Duration::from_secs(2));
+                        if stop.load(Ordering::Relaxed)
+                            || s.write_all(&[b"[]", HEAD].concat()).is_err()
+                        {
+                            break;
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let mut threads: Vec<_> = (0..256).map(|_| spawn(false)).collect();
+    std::thread::sleep(Duration::from_secs(1));
+    threads.extend((0..16).map(|_| spawn(true)));
+    std::thread::sleep(Duration::from_millis(500));
+    let ray = format!("[{}]", event("lockout"));
+    let mut failures = Vec::new();
+    for round in 0..8 {
+        let t = std::time::Instant::now();
+        match try_http_request("GET", &c.url("/healthz"), &[], b"") {
+            Ok(r) if r.status == 200 && t.elapsed() < Duration::from_secs(3) => {}
+            other => failures.push(format!(
+                "round {round}: /healthz {:?} after {:?}",
+                other.map(|r| r.status),
+                t.elapsed()
+            )),
+        }
+        let t = std::time::Instant::now();
+        let r = try_http_request(
+            "POST",
+            &c.url("/v1/events"),
+            &[("Content-Type", "application/json")],
+            ray.as_bytes(),
+        );
+        match r {
+            Ok(r) if r.status == 200 && t.elapsed() < Duration::from_secs(3) => {}
+            other => failures.push(format!(
+                "round {round}: Ray's POST {:?} after {:?}",
+                other.map(|r| r.status),
+                t.elapsed()
+            )),
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+    assert!(c.metric_labeled("rhc_connections_evicted_total", "reason=\"stalled_body\"") >= 1.0);
+}

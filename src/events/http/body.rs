@@ -234,17 +234,34 @@ fn grown(cap: usize, need: usize, limit: usize) -> usize {
         .max(need)
 }
 
-/// Reads the body (at most `max` bytes; `declared` is its `Content-Length`, if any) and
-/// undoes its `gzip_layers`, each decoded layer also at most `max` bytes. The room its
-/// buffers take from `budget` is returned with it and must be held while the body is used.
+/// What one body may be.
+pub(super) struct Limits {
+    /// Most bytes of the body, and of each decoded layer.
+    pub(super) max: u64,
+    /// Its `Content-Length`, if any.
+    pub(super) declared: Option<u64>,
+    /// Gzip layers to undo.
+    pub(super) gzip_layers: usize,
+    /// How long the whole read may take ([`BODY_TIMEOUT`], or less).
+    pub(super) timeout: Duration,
+}
+
+/// Reads the body within `limits` and undoes its gzip layers, telling `progress` how many
+/// bytes arrive as they arrive. The room its bytes take from `budget` is returned with it
+/// and must be held while the body is used.
 pub(super) async fn read_body<'a>(
     req: Request<Incoming>,
     budget: &'a BodyBudget,
-    max: u64,
-    declared: Option<u64>,
-    gzip_layers: usize,
+    limits: Limits,
+    progress: &(dyn Fn(usize) + Sync),
 ) -> Result<(Bytes, Room<'a>), BodyProblem<'a>> {
-    let deadline = Instant::now() + BODY_TIMEOUT;
+    let Limits {
+        max,
+        declared,
+        gzip_layers,
+        timeout,
+    } = limits;
+    let deadline = Instant::now() + timeout;
     let max = usize::try_from(max).unwrap_or(usize::MAX);
     let limit = declared
         .and_then(|d| usize::try_from(d).ok())
@@ -264,6 +281,7 @@ pub(super) async fn read_body<'a>(
         let Ok(data) = frame.into_data() else {
             continue;
         };
+        progress(data.len());
         let need = raw.len().saturating_add(data.len());
         if need > max {
             return Err(BodyProblem::TooLarge);

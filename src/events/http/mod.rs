@@ -219,12 +219,14 @@ async fn serve_connection(
 ) {
     let slot = admitted.slot.clone();
     let reserved = slot.reserved;
-    let svc = service_fn(move |req: Request<Incoming>| {
+    let svc = service_fn(move |mut req: Request<Incoming>| {
         let slot = slot.clone();
         let state = state.clone();
         async move {
             let events = is_events_post(&req);
             slot.request_started(events);
+            // The body reader reports its progress to the connection's slot.
+            req.extensions_mut().insert(slot.clone());
             let resp = if slot.reserved && !events && !is_probe(&req) {
                 m::http_request("other", 503);
                 closing(retry_later(
@@ -258,7 +260,7 @@ async fn serve_connection(
         why = admitted.slot.chosen() => {
             // Checked here, between polls of the connection: a head that arrived since it
             // was chosen is answered, not cut off.
-            if why.cuts() && (why == connections::Eviction::StaleRequest || admitted.slot.is_new()) {
+            if why.cuts() && admitted.slot.still(why) {
                 tracing::debug!(%peer, reason = why.code(), "cut a connection to make room for a new one");
                 return;
             }
@@ -435,9 +437,35 @@ async fn read_and_store(
     layers: usize,
 ) -> Resp {
     let _guard = InflightGuard::new(st);
+    let slot = req.extensions().get::<Arc<connections::Slot>>().cloned();
+    // A reserved place serves whoever could not get a regular one: its body must be as
+    // quick as a real client's, or the place is held for nothing.
+    let timeout = match &slot {
+        Some(s) if s.reserved => connections::SLOW_BODY_AFTER,
+        _ => body::BODY_TIMEOUT,
+    };
+    let progress = |n: usize| {
+        if let Some(s) = &slot {
+            s.body_received(n);
+        }
+    };
     // The room is held until the answer: the body and what is built from it stay within
     // the budget.
-    let read = body::read_body(req, &st.body_budget, st.max_body_bytes, declared, layers).await;
+    let read = body::read_body(
+        req,
+        &st.body_budget,
+        body::Limits {
+            max: st.max_body_bytes,
+            declared,
+            gzip_layers: layers,
+            timeout,
+        },
+        &progress,
+    )
+    .await;
+    if let Some(s) = &slot {
+        s.body_complete();
+    }
     let (body, _room) = match read {
         Ok(b) => b,
         Err(BodyProblem::TooLarge) => return closing(too_large(st.max_body_bytes)),
@@ -454,7 +482,7 @@ async fn read_and_store(
         Err(BodyProblem::TimedOut) => {
             return closing(error_response(
                 StatusCode::REQUEST_TIMEOUT,
-                "request body not received within 30 s",
+                format!("request body not received within {} s", timeout.as_secs()),
             ))
         }
         Err(BodyProblem::Read(e)) => {
