@@ -696,3 +696,83 @@ fn stalling_bodies_and_held_reserved_places_lock_out_neither_ray_nor_the_probe()
     assert!(failures.is_empty(), "{failures:#?}");
     assert!(c.metric_labeled("rhc_connections_evicted_total", "reason=\"stalled_body\"") >= 1.0);
 }
+
+/// One real snake_case event of Ray 2.60, as sent.
+fn snake_event() -> String {
+    let line = include_str!("data/posts-snake.jsonl")
+        .lines()
+        .next()
+        .unwrap();
+    let arr: Vec<Box<serde_json::value::RawValue>> = serde_json::from_str(line).unwrap();
+    arr[0].get().to_string()
+}
+
+fn double_gzip(body: &[u8]) -> Vec<u8> {
+    use flate2::{write::GzEncoder, Compression};
+    let mut once = GzEncoder::new(Vec::new(), Compression::best());
+    once.write_all(body).unwrap();
+    let mut twice = GzEncoder::new(Vec::new(), Compression::best());
+    twice.write_all(&once.finish().unwrap()).unwrap();
+    twice.finish().unwrap()
+}
+
+/// The camelCase form of a body's snake_case events is charged to the body budget, and the
+/// stored body is that form alone (no copy of body and form together): a double-gzipped
+/// body of 11 MiB of snake_case events plus one bad element (which made the collector copy
+/// body and form into a third buffer) costs its body and its charged form, no more. (With
+/// the default `--max-body-bytes` a 64 MiB such body, which could never fit the budget
+/// beside its form, gets 413; a debug build decodes it too slowly for this test.) A body
+/// mixing snake_case, camelCase and bad elements stores each event once, converted or as
+/// sent.
+#[test]
+fn a_snake_case_body_and_its_camel_case_form_stay_within_the_body_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = start(&tmp, &["--max-body-bytes", "12MiB"]);
+    let snake = snake_event();
+    let camel = event("mixed-camel");
+    let v = json(&c.post(format!("[{snake},{camel},1]").as_bytes()));
+    assert_eq!(
+        (v["accepted"].as_u64(), v["quarantined"].as_u64()),
+        (Some(2), Some(1)),
+        "{v}"
+    );
+    let base = peak_mib(&c);
+    let mib = 11;
+    let n = (mib << 20) / (snake.len() + 1);
+    let mut body = String::with_capacity(n * (snake.len() + 1) + 4);
+    body.push('[');
+    for _ in 0..n {
+        body.push_str(&snake);
+        body.push(',');
+    }
+    body.push_str("1]");
+    let r = c.post_with(
+        &double_gzip(body.as_bytes()),
+        &[("Content-Encoding", "gzip, gzip")],
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = json(&r);
+    assert_eq!(v["quarantined"].as_u64(), Some(1), "{v}");
+    assert_eq!(
+        v["accepted"].as_u64().unwrap() + v["duplicates"].as_u64().unwrap(),
+        n as u64,
+        "{v}"
+    );
+    // The body and the room charged for its camelCase form (an eighth more), and a few MiB
+    // for the rest of the request (the index of its events, the gzip layers).
+    let peak = peak_mib(&c);
+    let charged = mib as f64 * (1.0 + 1.125);
+    assert!(
+        peak - base < charged + 6.0,
+        "{peak:.0} MiB peak from {base:.0} MiB for {mib} MiB"
+    );
+    let lines = stored_lines(&tmp, &mut c);
+    assert!(lines
+        .iter()
+        .any(|(_, l)| l.contains("\"eventId\":\"rup5tK5umt+6blkVjBp7x6cNhvaU6EEYyXxnYg==\"")));
+    assert!(lines.iter().all(|(_, l)| !l.contains("\"event_id\"")));
+    assert!(
+        lines.iter().any(|(_, l)| *l == camel),
+        "the camelCase event was not kept as sent"
+    );
+}

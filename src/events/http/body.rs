@@ -182,6 +182,27 @@ impl<'a> Room<'a> {
         Ok(())
     }
 
+    /// Grows the room to hold `bytes` if the budget has that room free now, without waiting:
+    /// `Ok(false)` when it has not (what could be taken is kept; [`Room::grow_to`] waits
+    /// for the rest).
+    pub(super) fn try_grow_to(&mut self, bytes: u64) -> Result<bool, BodyProblem<'a>> {
+        if kib(bytes) > self.budget.total_kib {
+            return Err(BodyProblem::NeverFits(self.budget.total_kib * 1024));
+        }
+        let want = kib(stepped(bytes)).min(self.budget.total_kib);
+        while self.held_kib() < want {
+            let n = (want - self.held_kib()).min(kib(RESERVE_STEP)) as u32;
+            let Ok(permit) = self.budget.permits.try_acquire_many(n) else {
+                return Ok(false);
+            };
+            match &mut self.held {
+                Some(h) => h.merge(permit),
+                None => self.held = Some(permit),
+            }
+        }
+        Ok(true)
+    }
+
     /// Gives back what is held beyond `bytes`.
     fn shrink_to(&mut self, bytes: u64) {
         let keep = kib(bytes);
