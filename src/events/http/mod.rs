@@ -441,7 +441,7 @@ async fn read_and_store(
     // A reserved place serves whoever could not get a regular one: its body must be as
     // quick as a real client's, or the place is held for nothing.
     let timeout = match &slot {
-        Some(s) if s.reserved => connections::SLOW_BODY_AFTER,
+        Some(s) if s.reserved => connections::RESERVED_BODY_TIMEOUT,
         _ => body::BODY_TIMEOUT,
     };
     let progress = |n: usize| {
