@@ -719,11 +719,11 @@ impl RayAndProbe {
     }
 }
 
-/// The reviewer's lockout, bounded to `run_for` (plus a second to fill): 256 keep-alive
-/// connections each posting a 2-byte body 2 s after its head, with the next head pipelined
-/// behind it (so no request is ever 3 s old), and 16 more holding the reserved places with a
-/// head and no body, reconnecting when closed. Returns the attackers' bytes sent and their
-/// reconnects.
+/// The reviewer's lockout, on loopback until `stop` is set (and never past 120 s): 256
+/// keep-alive connections each posting a 2-byte body 2 s after its head, with the next head
+/// pipelined behind it (so no request is ever 3 s old), and 16 more holding the reserved
+/// places with a head and no body, reconnecting when closed. Returns once all are under way
+/// (1.5 s), with the attackers' threads, each giving its bytes sent and its reconnects.
 fn stalling_bodies_attack(port: u16, stop: Arc<AtomicBool>) -> Vec<thread::JoinHandle<(u64, u64)>> {
     const HEAD: &[u8] = b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n";
     // Bounded: the scenario stops them, and they stop themselves past any sane length.
