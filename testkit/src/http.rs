@@ -222,6 +222,25 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// Whether the server has closed the connection (an end of stream or a reset is waiting
+    /// to be read), as pooled HTTP clients (aiohttp, Ray's) learn before they reuse one.
+    pub fn closed_by_peer(&mut self) -> bool {
+        if !self.reader.buffer().is_empty() {
+            return false;
+        }
+        let s = self.reader.get_ref();
+        if s.set_nonblocking(true).is_err() {
+            return true;
+        }
+        let mut b = [0u8; 1];
+        let closed = match s.peek(&mut b) {
+            Ok(n) => n == 0,
+            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+        };
+        let _ = s.set_nonblocking(false);
+        closed
+    }
+
     /// Connects (within 5 s) with `timeout` for every read and write; Nagle off.
     pub fn open(authority: &str, timeout: Duration) -> io::Result<Conn> {
         let addr = authority.to_socket_addrs()?.next().ok_or_else(|| {

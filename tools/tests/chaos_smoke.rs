@@ -1,7 +1,8 @@
 //! The CI subset of the chaos suite (`rhc-chaos --smoke`) through the debug binaries:
 //! kill -9 and restart, a storage outage, the disk budget, SIGTERM under load, a torn
-//! segment, slowloris, oversized and malformed bodies, bodies declared and never sent, and
-//! keep-alive probe connections filling every place. Each scenario checks correctness
+//! segment, slowloris, oversized and malformed bodies, bodies declared and never sent or
+//! sent in part and stalled, keep-alive probe connections filling every place, and every
+//! place kept busy by bodies arriving late with heads pipelined behind them. Each scenario checks correctness
 //! (every acknowledged event in the bucket exactly once, the right answers, memory flat),
 //! not speed; the loads are small and the whole run takes about 100 s on two busy cores
 //! (it is stopped at 180 s).

@@ -5,15 +5,27 @@
 //!   (RFC 9110 §8.4); `identity` is no coding, `gzip`/`x-gzip` are undone in reverse order (at
 //!   most [`MAX_GZIP_LAYERS`]), anything else is refused with 415 before the body is read.
 //! - **Memory.** Bodies in flight share a budget ([`BodyBudget`]) of the largest body plus
-//!   [`SMALL_BODIES_ROOM`]. A body takes room as its bytes arrive (and as its gzip layers
-//!   decode), in steps of at most [`RESERVE_STEP`], for the buffers it actually holds; what a
-//!   header declares reserves nothing. So a client that declares 32 MiB, or starts a chunked
-//!   body, and then sends nothing holds no room, and small requests pass beside it. Only one
-//!   body at a time may hold more than [`LARGE_BODY`] (the others wait for it), so large
-//!   bodies cannot split the budget between them and all stall; a body that finds no room
-//!   within [`BUDGET_WAIT`] gets 503. However many clients send large or hostile bodies at
-//!   once, the bodies held in memory stay within the budget, and to hold room a client must
-//!   really send the bytes, which it can keep for at most [`BODY_TIMEOUT`].
+//!   [`SMALL_BODIES_ROOM`]. A body is charged for the bytes it holds: those received, those
+//!   of its decoded gzip layers, and (see the caller) its camelCase form, each rounded up to
+//!   [`RESERVE_STEP`] and taken before the bytes are stored; what a header declares reserves
+//!   nothing. The spare capacity a growing buffer keeps beyond its length is not charged: it
+//!   is address space that the kernel backs with memory only once it is written, so the
+//!   charge is what the body really makes resident, and twelve 4 MiB bodies cost 48 MiB of
+//!   the budget, not the 96 MiB their doubled buffers could span. So a client that declares
+//!   32 MiB, or starts a chunked body, and then sends nothing holds no room, and small
+//!   requests pass beside it; to hold room a client must really send the bytes, which it can
+//!   keep for at most [`BODY_TIMEOUT`]. However many clients send large or hostile bodies at
+//!   once, the bodies held in memory stay within the budget.
+//! - **No body is held hostage.** Room is taken in steps of [`RESERVE_STEP`] from a fair
+//!   queue, so a body waiting for megabytes never stands in front of a small request; and no
+//!   body holds a right that others must wait for: a stalled large body holds the bytes it
+//!   sent and nothing more, so a valid body that fits beside it passes at once. Bodies that
+//!   together need more than the budget wait for each other at most [`BUDGET_WAIT`], then the
+//!   ones still short get 503 and their room goes back (Ray sends one batch at a time, so
+//!   only clients that are not Ray can be in that position).
+//! - **413 only for real sizes.** A body gets 413 only when the bytes it really holds (raw and
+//!   decoded together) need more than the whole budget, which no resend can change; never for
+//!   a buffer's capacity or a header's claim.
 //! - **Bounds.** The raw body and every decoded layer are bounded by `--max-body-bytes`, and
 //!   the whole read by [`BODY_TIMEOUT`].
 
@@ -36,20 +48,20 @@ pub(super) const MAX_GZIP_LAYERS: usize = 2;
 pub(super) const SMALL_BODIES_ROOM: u64 = 32 << 20;
 /// How long a body waits, in all, for room in the budget before it gets 503.
 pub(super) const BUDGET_WAIT: Duration = Duration::from_secs(10);
-/// Most room taken from the budget at once: a large body waiting for room queues for this
-/// much at a time, so it never stands in front of a small request for megabytes.
+/// The unit of room: a body's charge is its bytes rounded up to this, and a body waiting
+/// for room queues for this much at a time, so it never stands in front of a small request
+/// for megabytes. Small enough that rounding costs little (a small body holds one step),
+/// large enough that a 64 MiB body takes room a thousand times, not once per frame.
 pub(super) const RESERVE_STEP: u64 = 64 << 10;
-/// A body holding more room than this is large; one large body grows at a time. A quarter
-/// of [`SMALL_BODIES_ROOM`]: Ray's batches (about 1 MB) stay far below it.
-pub(super) const LARGE_BODY: u64 = SMALL_BODIES_ROOM / 4;
 /// What gzip decoding reads at a time before taking room for it.
 const DECODE_CHUNK: usize = 64 << 10;
 
 /// Why a request body could not be read.
 pub(super) enum BodyProblem<'a> {
     TooLarge,
-    /// Its compressed and decoded forms together need more memory than the whole budget.
-    TooLargeToDecode(u64),
+    /// The bytes it really holds (raw and decoded, or with its camelCase form) together need
+    /// more than the whole budget, this many bytes: no resend can change that.
+    NeverFits(u64),
     NoRoom,
     TimedOut,
     Read(String),
@@ -98,8 +110,6 @@ pub(super) fn declared_length(headers: &HeaderMap) -> Option<u64> {
 /// The memory budget of bodies in flight, in KiB permits.
 pub(super) struct BodyBudget {
     permits: Semaphore,
-    /// One permit: held by the body that holds more than [`LARGE_BODY`].
-    large: Semaphore,
     total_kib: u64,
 }
 
@@ -109,7 +119,6 @@ impl BodyBudget {
         let total_kib = kib(max_body_bytes.saturating_add(SMALL_BODIES_ROOM));
         BodyBudget {
             permits: Semaphore::new(total_kib as usize),
-            large: Semaphore::new(1),
             total_kib,
         }
     }
@@ -119,7 +128,6 @@ impl BodyBudget {
         Room {
             budget: self,
             held: None,
-            large: None,
             waited: Duration::ZERO,
         }
     }
@@ -135,7 +143,6 @@ impl BodyBudget {
 pub(super) struct Room<'a> {
     budget: &'a BodyBudget,
     held: Option<SemaphorePermit<'a>>,
-    large: Option<SemaphorePermit<'a>>,
     /// Time spent waiting for room so far, against [`BUDGET_WAIT`].
     waited: Duration,
 }
@@ -145,17 +152,24 @@ impl<'a> Room<'a> {
         self.held.as_ref().map_or(0, |p| p.num_permits() as u64)
     }
 
-    /// Grows the room to at least `bytes`, waiting (in all, over the body's life) at most
-    /// [`BUDGET_WAIT`] and never past `deadline`.
-    async fn grow_to(&mut self, bytes: u64, deadline: Instant) -> Result<(), BodyProblem<'a>> {
-        let want = kib(bytes);
-        if want > self.budget.total_kib {
-            return Err(BodyProblem::TooLargeToDecode(self.budget.total_kib * 1024));
+    /// The bytes of room held.
+    pub(super) fn held_bytes(&self) -> u64 {
+        self.held_kib() * 1024
+    }
+
+    /// Grows the room to hold `bytes` (rounded up to [`RESERVE_STEP`]), waiting (in all, over
+    /// the body's life) at most [`BUDGET_WAIT`] and never past `deadline`. More than the
+    /// whole budget is refused at once with [`BodyProblem::NeverFits`].
+    pub(super) async fn grow_to(
+        &mut self,
+        bytes: u64,
+        deadline: Instant,
+    ) -> Result<(), BodyProblem<'a>> {
+        if kib(bytes) > self.budget.total_kib {
+            return Err(BodyProblem::NeverFits(self.budget.total_kib * 1024));
         }
+        let want = kib(stepped(bytes)).min(self.budget.total_kib);
         let budget = self.budget;
-        if want > kib(LARGE_BODY) && self.large.is_none() {
-            self.large = Some(self.wait_for(&budget.large, 1, deadline).await?);
-        }
         let step = kib(RESERVE_STEP);
         while self.held_kib() < want {
             let n = (want - self.held_kib()).min(step) as u32;
@@ -168,15 +182,33 @@ impl<'a> Room<'a> {
         Ok(())
     }
 
+    /// Grows the room to hold `bytes` if the budget has that room free now, without waiting:
+    /// `Ok(false)` when it has not (what could be taken is kept; [`Room::grow_to`] waits
+    /// for the rest).
+    pub(super) fn try_grow_to(&mut self, bytes: u64) -> Result<bool, BodyProblem<'a>> {
+        if kib(bytes) > self.budget.total_kib {
+            return Err(BodyProblem::NeverFits(self.budget.total_kib * 1024));
+        }
+        let want = kib(stepped(bytes)).min(self.budget.total_kib);
+        while self.held_kib() < want {
+            let n = (want - self.held_kib()).min(kib(RESERVE_STEP)) as u32;
+            let Ok(permit) = self.budget.permits.try_acquire_many(n) else {
+                return Ok(false);
+            };
+            match &mut self.held {
+                Some(h) => h.merge(permit),
+                None => self.held = Some(permit),
+            }
+        }
+        Ok(true)
+    }
+
     /// Gives back what is held beyond `bytes`.
     fn shrink_to(&mut self, bytes: u64) {
         let keep = kib(bytes);
         let extra = self.held_kib().saturating_sub(keep);
         if let Some(h) = &mut self.held {
             drop(h.split(extra as usize));
-        }
-        if keep <= kib(LARGE_BODY) {
-            self.large = None;
         }
     }
 
@@ -208,9 +240,14 @@ fn kib(bytes: u64) -> u64 {
     bytes.div_ceil(1024).min(u64::from(u32::MAX))
 }
 
+/// `bytes` rounded up to a whole [`RESERVE_STEP`].
+fn stepped(bytes: u64) -> u64 {
+    bytes.div_ceil(RESERVE_STEP).saturating_mul(RESERVE_STEP)
+}
+
 /// The capacity to give a buffer of `cap` bytes that must hold `need`: doubling from
 /// [`RESERVE_STEP`] (so copies stay linear in the size), never beyond `limit` unless `need`
-/// is.
+/// is. Only the length is charged (see the module docs).
 fn grown(cap: usize, need: usize, limit: usize) -> usize {
     cap.saturating_mul(2)
         .max(RESERVE_STEP as usize)
@@ -218,17 +255,34 @@ fn grown(cap: usize, need: usize, limit: usize) -> usize {
         .max(need)
 }
 
-/// Reads the body (at most `max` bytes; `declared` is its `Content-Length`, if any) and
-/// undoes its `gzip_layers`, each decoded layer also at most `max` bytes. The room its
-/// buffers take from `budget` is returned with it and must be held while the body is used.
+/// What one body may be.
+pub(super) struct Limits {
+    /// Most bytes of the body, and of each decoded layer.
+    pub(super) max: u64,
+    /// Its `Content-Length`, if any.
+    pub(super) declared: Option<u64>,
+    /// Gzip layers to undo.
+    pub(super) gzip_layers: usize,
+    /// How long the whole read may take ([`BODY_TIMEOUT`], or less).
+    pub(super) timeout: Duration,
+}
+
+/// Reads the body within `limits` and undoes its gzip layers, telling `progress` how many
+/// bytes arrive as they arrive. The room its bytes take from `budget` is returned with it
+/// and must be held while the body is used.
 pub(super) async fn read_body<'a>(
     req: Request<Incoming>,
     budget: &'a BodyBudget,
-    max: u64,
-    declared: Option<u64>,
-    gzip_layers: usize,
+    limits: Limits,
+    progress: &(dyn Fn(usize) + Sync),
 ) -> Result<(Bytes, Room<'a>), BodyProblem<'a>> {
-    let deadline = Instant::now() + BODY_TIMEOUT;
+    let Limits {
+        max,
+        declared,
+        gzip_layers,
+        timeout,
+    } = limits;
+    let deadline = Instant::now() + timeout;
     let max = usize::try_from(max).unwrap_or(usize::MAX);
     let limit = declared
         .and_then(|d| usize::try_from(d).ok())
@@ -248,32 +302,34 @@ pub(super) async fn read_body<'a>(
         let Ok(data) = frame.into_data() else {
             continue;
         };
+        progress(data.len());
         let need = raw.len().saturating_add(data.len());
         if need > max {
             return Err(BodyProblem::TooLarge);
         }
+        if need as u64 > room.held_bytes() {
+            room.grow_to(need as u64, deadline).await?;
+        }
         if need > raw.capacity() {
-            let cap = grown(raw.capacity(), need, limit);
-            room.grow_to(cap as u64, deadline).await?;
-            raw.reserve_exact(cap - raw.len());
+            raw.reserve_exact(grown(raw.capacity(), need, limit) - raw.len());
         }
         raw.extend_from_slice(&data);
     }
     for _ in 0..gzip_layers {
-        match decode_gzip(&raw, raw.capacity(), &mut room, max, deadline).await? {
+        match decode_gzip(&raw, &mut room, max, deadline).await? {
             Ok(decoded) => raw = decoded,
             Err(why) => return Err(BodyProblem::BadGzip(Bytes::from(raw), why, room)),
         }
-        room.shrink_to(raw.capacity() as u64);
+        room.shrink_to(raw.len() as u64);
     }
     Ok((Bytes::from(raw), room))
 }
 
-/// One gzip layer of `raw` (whose buffer holds `raw_room` bytes of the room), decoded in
-/// chunks, each taking its room first; the decoder's error when `raw` is not valid gzip.
+/// One gzip layer of `raw` (charged to `room` already), decoded in chunks, each taking its
+/// room first, so the room holds the raw and decoded bytes together; the decoder's error
+/// when `raw` is not valid gzip.
 async fn decode_gzip<'a>(
     raw: &[u8],
-    raw_room: usize,
     room: &mut Room<'a>,
     max: usize,
     deadline: Instant,
@@ -291,11 +347,12 @@ async fn decode_gzip<'a>(
         if need > max {
             return Err(BodyProblem::TooLarge);
         }
+        let held = raw.len().saturating_add(need) as u64;
+        if held > room.held_bytes() {
+            room.grow_to(held, deadline).await?;
+        }
         if need > out.capacity() {
-            let cap = grown(out.capacity(), need, max);
-            room.grow_to(raw_room.saturating_add(cap) as u64, deadline)
-                .await?;
-            out.reserve_exact(cap - out.len());
+            out.reserve_exact(grown(out.capacity(), need, max) - out.len());
         }
         out.extend_from_slice(&chunk[..n]);
     }
@@ -345,23 +402,43 @@ mod tests {
             assert!(r.grow_to(1 << 20, later()).await.is_ok());
         }
         drop(small);
-        // A second large body waits for the first, then gives up.
+        // A body that does not fit beside it waits, then gives up.
         let mut second = b.room();
         let t = Instant::now();
         assert!(matches!(
-            second.grow_to(LARGE_BODY + 1, later()).await,
+            second.grow_to(33 << 20, later()).await,
             Err(BodyProblem::NoRoom)
         ));
         assert!(t.elapsed() >= BUDGET_WAIT);
-        drop(big);
+        drop((big, second));
         let mut third = b.room();
         assert!(third.grow_to(64 << 20, later()).await.is_ok());
         // A body that could never fit is told so at once.
         drop(third);
         assert!(matches!(
             b.room().grow_to(97 << 20, later()).await,
-            Err(BodyProblem::TooLargeToDecode(_))
+            Err(BodyProblem::NeverFits(_))
         ));
+        // Exactly the whole budget fits: sizes are compared, not rounded capacities.
+        assert!(b.room().grow_to(96 << 20, later()).await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_large_body_holds_only_its_bytes() {
+        let b = BodyBudget::new(64 << 20);
+        // One body just over 8 MiB that stops sending holds its bytes, nothing more: a
+        // 9 MB body and twelve of 4 MiB pass beside it at once.
+        let mut stalled = b.room();
+        assert!(stalled.grow_to((8 << 20) + 1, later()).await.is_ok());
+        assert_eq!(stalled.held_bytes(), (8 << 20) + RESERVE_STEP);
+        let t = Instant::now();
+        let mut other = b.room();
+        assert!(other.grow_to(9_000_000, later()).await.is_ok());
+        let mut many: Vec<Room> = (0..12).map(|_| b.room()).collect();
+        for r in &mut many {
+            assert!(r.grow_to((4 << 20) + 1, later()).await.is_ok());
+        }
+        assert_eq!(t.elapsed(), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
@@ -376,7 +453,6 @@ mod tests {
         assert_eq!(b.free_kib(), all - 10 * 1024);
         r.shrink_to(1 << 20);
         assert_eq!(b.free_kib(), all - 1024);
-        assert!(r.large.is_none());
         drop((r, idle));
         assert_eq!(b.free_kib(), all);
     }

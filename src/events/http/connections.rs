@@ -8,21 +8,37 @@
 //!
 //! 1. one that has not sent a whole request head within [`STALLED_AFTER`] (a real client
 //!    sends its head within milliseconds of connecting); it has nothing in flight;
-//! 2. one idle between requests that has never posted events (probes, scrapers, anything
+//! 2. one whose request body is still incomplete [`BODY_GRACE`] after its head and has
+//!    arrived slower than [`MIN_BODY_RATE`] since: on loopback a real client's body follows
+//!    its head within milliseconds, so this one is stalling, whatever it pipelines behind
+//!    it; the one whose head came first goes first;
+//! 3. one idle between requests that has never posted events (probes, scrapers, anything
 //!    else), the one idle longest first;
-//! 3. one idle between requests that has posted events, the one idle longest first;
-//! 4. one whose request has been in flight for over [`STALE_REQUEST_AFTER`], the oldest
-//!    first: Ray gives up on a request after 3 s and resends it, so nobody waits for it.
+//! 4. one idle between requests that has posted events, the one idle longest first;
+//! 5. one whose request has been waiting for its answer (its body complete: Ray's batch
+//!    waiting for the spool) for over [`STALE_REQUEST_AFTER`], the oldest first: Ray gives
+//!    up on a request after 3 s and resends it, so nobody waits for it.
 //!
-//! An idle connection is closed gracefully (a request that arrives meanwhile is answered,
-//! within [`LEAVE_GRACE`]); the others are cut. A connection that has been chosen keeps
-//! its socket until it has gone, so up to [`MAX_LEAVING`] more may be open.
+//! So a request whose body is complete is never chosen before Ray has given up on it, and
+//! keeping a place costs a client a whole request every [`BODY_GRACE`] (or a body streamed
+//! at [`MIN_BODY_RATE`]): pipelining restarts nothing, since a head whose body stalls is the
+//! least useful thing open, and a client reconnecting after being cut takes the place of
+//! another stalled one, not of a complete request. The grace is short so that clients that
+//! stall in step (all heads at once, every body late) leave no window in which nothing can
+//! give way: measured with 256 such connections and 16 holding the reserved places, a
+//! one-second grace still refused Ray's connection in 2 of 20 tries. An idle connection is closed gracefully (a request that arrives
+//! meanwhile is answered, within [`LEAVE_GRACE`]); the others are cut. A connection that
+//! has been chosen keeps its socket until it has gone, so up to [`MAX_LEAVING`] more may be
+//! open.
 //!
-//! When none can give way (every place busy for less than 3 s, or connected less than 2 s
-//! ago), the new connection gets one of [`RESERVED`] places kept for the liveness probe
-//! and Ray: it is served one request, only `GET /healthz`, `/readyz` or `POST /v1/events`,
-//! then closed. Past that too it is closed at once, which a client sees as a refusal
-//! rather than a hang. So sockets held by the HTTP side are bounded by
+//! When none can give way (every place busy with complete requests for less than 3 s,
+//! with bodies arriving, or connected less than 2 s ago), the new connection gets one of
+//! [`RESERVED`] places kept for the liveness probe and Ray: it is served one request, only
+//! `GET /healthz`, `/readyz` or `POST /v1/events`, then closed; its body must arrive within
+//! [`RESERVED_BODY_TIMEOUT`] (the caller's deadline), and a reserved place that has sent no head
+//! within [`STALLED_AFTER`] or whose body stalls gives way like a regular one (to a new
+//! connection that then takes the reserved place). Past that too it is closed at once,
+//! which a client sees as a refusal rather than a hang. So sockets held by the HTTP side are bounded by
 //! [`MAX_CONNECTIONS`] + [`RESERVED`] + [`MAX_LEAVING`] whatever the clients do.
 
 use std::collections::BTreeMap;
@@ -44,6 +60,16 @@ pub(super) const MAX_LEAVING: usize = 64;
 /// A connection that has not sent a whole request head after this long may be closed to
 /// make room.
 pub(super) const STALLED_AFTER: Duration = Duration::from_secs(2);
+/// A request whose body is still incomplete this long after its head, and slower than
+/// [`MIN_BODY_RATE`], may be closed to make room. Ray's batches (about 1 MB) cross loopback
+/// in milliseconds; a quarter second leaves room for a collector slowed by a busy node.
+pub(super) const BODY_GRACE: Duration = Duration::from_millis(250);
+/// Bytes per second below which a body still incomplete after [`BODY_GRACE`] is stalling:
+/// a body streamed over loopback is hundreds of times faster.
+pub(super) const MIN_BODY_RATE: u64 = 1 << 20;
+/// How long a reserved place's body may take in all: the place is for a client that could
+/// not get a regular one, so it must not be held; a third of Ray's own 3 s timeout.
+pub(super) const RESERVED_BODY_TIMEOUT: Duration = Duration::from_secs(1);
 /// A request in flight for longer than Ray's own 3 s timeout is one Ray has given up on.
 pub(super) const STALE_REQUEST_AFTER: Duration = Duration::from_secs(3);
 /// How long an idle connection chosen to give way may take to answer a request that
@@ -51,14 +77,19 @@ pub(super) const STALE_REQUEST_AFTER: Duration = Duration::from_secs(3);
 pub(super) const LEAVE_GRACE: Duration = Duration::from_secs(3);
 
 const NEW: u8 = 0;
-const BUSY: u8 = 1;
-const IDLE: u8 = 2;
+/// A head arrived; its body is being read.
+const BODY: u8 = 1;
+/// The request is complete and being answered.
+const BUSY: u8 = 2;
+const IDLE: u8 = 3;
 
 /// Why a connection was chosen to give way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Eviction {
     /// No whole request head within [`STALLED_AFTER`].
     NoRequest,
+    /// A body incomplete after [`BODY_GRACE`], slower than [`MIN_BODY_RATE`].
+    StalledBody,
     /// Idle, and it never posted events.
     IdleNoEvents,
     /// Idle.
@@ -72,6 +103,7 @@ impl Eviction {
     pub(super) fn code(self) -> &'static str {
         match self {
             Eviction::NoRequest => "no_request",
+            Eviction::StalledBody => "stalled_body",
             Eviction::IdleNoEvents => "idle_no_events",
             Eviction::Idle => "idle",
             Eviction::StaleRequest => "stale_request",
@@ -80,7 +112,10 @@ impl Eviction {
 
     /// Whether the connection is cut at once, rather than closed once its answer is out.
     pub(super) fn cuts(self) -> bool {
-        matches!(self, Eviction::NoRequest | Eviction::StaleRequest)
+        matches!(
+            self,
+            Eviction::NoRequest | Eviction::StalledBody | Eviction::StaleRequest
+        )
     }
 }
 
@@ -89,8 +124,10 @@ pub(super) struct Slot {
     /// A place from the reserve: one request, probe or events only.
     pub(super) reserved: bool,
     opened: Instant,
-    /// [`NEW`], [`BUSY`] or [`IDLE`].
+    /// [`NEW`], [`BODY`], [`BUSY`] or [`IDLE`].
     state: AtomicU8,
+    /// Bytes of the current request's body received so far.
+    body_bytes: AtomicU64,
     /// When `state` last changed, in ms after `epoch`.
     since_ms: AtomicU64,
     epoch: Instant,
@@ -106,13 +143,29 @@ impl Slot {
         Instant::now().duration_since(self.epoch).as_millis() as u64
     }
 
-    /// A request head arrived; `events` when it posts events.
+    /// A request head arrived; `events` when it posts events (whose body is read next:
+    /// [`Slot::body_received`], then [`Slot::body_complete`]).
     pub(super) fn request_started(&self, events: bool) {
         if events {
             self.posted.store(true, Ordering::Relaxed);
         }
+        self.body_bytes.store(0, Ordering::Relaxed);
         self.since_ms.store(self.now_ms(), Ordering::Relaxed);
-        self.state.store(BUSY, Ordering::Release);
+        self.state
+            .store(if events { BODY } else { BUSY }, Ordering::Release);
+    }
+
+    /// `n` more bytes of the body arrived.
+    pub(super) fn body_received(&self, n: usize) {
+        self.body_bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// The body has been read (or given up on): the request is being answered.
+    pub(super) fn body_complete(&self) {
+        if self.state.load(Ordering::Acquire) == BODY {
+            self.since_ms.store(self.now_ms(), Ordering::Relaxed);
+            self.state.store(BUSY, Ordering::Release);
+        }
     }
 
     /// The request's answer is ready.
@@ -121,9 +174,14 @@ impl Slot {
         self.state.store(IDLE, Ordering::Release);
     }
 
-    /// Whether no request head has arrived yet.
-    pub(super) fn is_new(&self) -> bool {
-        self.state.load(Ordering::Acquire) == NEW
+    /// Whether the reason it was chosen for still holds: a head that arrived, or a body
+    /// that completed, since it was chosen is answered rather than cut.
+    pub(super) fn still(&self, why: Eviction) -> bool {
+        match why {
+            Eviction::NoRequest => self.state.load(Ordering::Acquire) == NEW,
+            Eviction::StalledBody => self.state.load(Ordering::Acquire) == BODY,
+            Eviction::IdleNoEvents | Eviction::Idle | Eviction::StaleRequest => true,
+        }
     }
 
     /// Resolves when the connection was chosen to give way, with the reason.
@@ -138,7 +196,7 @@ impl Slot {
 
     /// How this connection ranks as one to give way, lower first; `None` if it must not.
     fn rank(&self, now: Instant) -> Option<(Eviction, Instant)> {
-        if self.reserved || lock(&self.chosen).is_some() {
+        if lock(&self.chosen).is_some() {
             return None;
         }
         let since = self.epoch + Duration::from_millis(self.since_ms.load(Ordering::Relaxed));
@@ -146,6 +204,15 @@ impl Slot {
             NEW if now.duration_since(self.opened) >= STALLED_AFTER => {
                 Some((Eviction::NoRequest, self.opened))
             }
+            BODY if stalling(
+                now.duration_since(since),
+                self.body_bytes.load(Ordering::Relaxed),
+            ) =>
+            {
+                Some((Eviction::StalledBody, since))
+            }
+            // A reserved place serves one request and is never kept idle.
+            _ if self.reserved => None,
             IDLE if !self.posted.load(Ordering::Relaxed) => Some((Eviction::IdleNoEvents, since)),
             IDLE => Some((Eviction::Idle, since)),
             BUSY if now.duration_since(since) > STALE_REQUEST_AFTER => {
@@ -154,6 +221,12 @@ impl Slot {
             _ => None,
         }
     }
+}
+
+/// Whether a body incomplete `elapsed` after its head, with `received` bytes of it, is
+/// stalling: past [`BODY_GRACE`] and slower than [`MIN_BODY_RATE`].
+fn stalling(elapsed: Duration, received: u64) -> bool {
+    elapsed >= BODY_GRACE && (received as f64) < MIN_BODY_RATE as f64 * elapsed.as_secs_f64()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -194,10 +267,10 @@ impl Drop for Admitted {
         if live.slots.remove(&self.id).is_none() {
             return;
         }
-        if self.slot.reserved {
-            live.reserved -= 1;
-        } else if lock(&self.slot.chosen).is_some() {
+        if lock(&self.slot.chosen).is_some() {
             live.leaving -= 1;
+        } else if self.slot.reserved {
+            live.reserved -= 1;
         } else {
             live.regular -= 1;
         }
@@ -225,8 +298,9 @@ impl Connections {
             return Some(self.register(&mut live, false, None));
         }
         if live.leaving < MAX_LEAVING {
-            if let Some(why) = Self::choose(&mut live) {
-                return Some(self.register(&mut live, false, Some(why)));
+            if let Some((why, reserved)) = Self::choose(&mut live) {
+                // The newcomer takes the place, regular or reserved, that was given up.
+                return Some(self.register(&mut live, reserved, Some(why)));
             }
         }
         if live.reserved < RESERVED {
@@ -247,6 +321,7 @@ impl Connections {
             reserved,
             opened: now,
             state: AtomicU8::new(NEW),
+            body_bytes: AtomicU64::new(0),
             since_ms: AtomicU64::new(now.duration_since(self.epoch).as_millis() as u64),
             epoch: self.epoch,
             posted: AtomicBool::new(false),
@@ -267,9 +342,9 @@ impl Connections {
         }
     }
 
-    /// Chooses the connection that gives way, tells it, and moves it from the regular
-    /// places to the leaving ones.
-    fn choose(live: &mut Live) -> Option<Eviction> {
+    /// Chooses the connection that gives way, tells it, and moves it from its place to the
+    /// leaving ones; why, and whether its place was a reserved one.
+    fn choose(live: &mut Live) -> Option<(Eviction, bool)> {
         let now = Instant::now();
         let (why, _, slot) = live
             .slots
@@ -279,9 +354,13 @@ impl Connections {
         *lock(&slot.chosen) = Some(why);
         // notify_one keeps the wake-up if the task is not waiting yet.
         slot.close.notify_one();
-        live.regular -= 1;
+        if slot.reserved {
+            live.reserved -= 1;
+        } else {
+            live.regular -= 1;
+        }
         live.leaving += 1;
-        Some(why)
+        Some((why, slot.reserved))
     }
 }
 
@@ -304,6 +383,7 @@ mod tests {
         // Every place busy with a fresh request: nothing gives way, the reserve is used.
         for a in &open {
             a.slot.request_started(true);
+            a.slot.body_complete();
         }
         let reserved = conns.admit().expect("a reserved place");
         assert!(reserved.slot.reserved && reserved.evicted.is_none());
@@ -331,6 +411,7 @@ mod tests {
         let admit = || {
             let a = conns.admit().expect("admitted by eviction");
             a.slot.request_started(true);
+            a.slot.body_complete();
             a
         };
 
@@ -362,6 +443,49 @@ mod tests {
             assert_eq!(chosen(n), None);
         }
         drop((a, b, c, d, e, f, silent, probes, open));
+        let live = lock(&conns.live);
+        assert_eq!(
+            (live.slots.len(), live.regular, live.leaving, live.reserved),
+            (0, 0, 0, 0)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalling_body_gives_way_and_a_complete_request_does_not() {
+        let conns = Connections::new();
+        let open = fill(&conns, MAX_CONNECTIONS);
+        // Every place posts; the first 255 bodies stall, the last one is complete (Ray's
+        // batch waiting for the spool).
+        for a in &open {
+            a.slot.request_started(true);
+        }
+        open[MAX_CONNECTIONS - 1].slot.body_received(641);
+        open[MAX_CONNECTIONS - 1].slot.body_complete();
+        // Under BODY_GRACE nobody gives way: a reserved place.
+        let r = conns.admit().expect("a reserved place");
+        assert!(r.slot.reserved && r.evicted.is_none());
+        r.slot.request_started(true);
+        // Past it the stalled ones give way, oldest head first, before anything else.
+        tokio::time::advance(BODY_GRACE).await;
+        open[0].slot.body_received(256 << 10); // arriving at 1 MiB/s: not stalling
+        let a = conns.admit().expect("admitted by eviction");
+        assert_eq!(a.evicted, Some(Eviction::StalledBody));
+        assert!(!a.slot.reserved);
+        assert_eq!(chosen(&open[1]), Some(Eviction::StalledBody));
+        assert!(open[1].slot.still(Eviction::StalledBody));
+        assert!(Eviction::StalledBody.cuts());
+        // The other bodies complete; the reserved place's stalls: it gives way, and its
+        // newcomer takes the reserved place.
+        for o in &open[2..] {
+            o.slot.body_complete();
+        }
+        let b = conns.admit().expect("admitted by eviction");
+        assert_eq!(chosen(&r), Some(Eviction::StalledBody));
+        assert!(b.slot.reserved);
+        // Complete requests and a body still arriving are spared.
+        assert_eq!(chosen(&open[0]), None);
+        assert_eq!(chosen(&open[MAX_CONNECTIONS - 1]), None);
+        drop((a, b, r, open));
         let live = lock(&conns.live);
         assert_eq!(
             (live.slots.len(), live.regular, live.leaving, live.reserved),

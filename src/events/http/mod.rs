@@ -219,12 +219,14 @@ async fn serve_connection(
 ) {
     let slot = admitted.slot.clone();
     let reserved = slot.reserved;
-    let svc = service_fn(move |req: Request<Incoming>| {
+    let svc = service_fn(move |mut req: Request<Incoming>| {
         let slot = slot.clone();
         let state = state.clone();
         async move {
             let events = is_events_post(&req);
             slot.request_started(events);
+            // The body reader reports its progress to the connection's slot.
+            req.extensions_mut().insert(slot.clone());
             let resp = if slot.reserved && !events && !is_probe(&req) {
                 m::http_request("other", 503);
                 closing(retry_later(
@@ -258,7 +260,7 @@ async fn serve_connection(
         why = admitted.slot.chosen() => {
             // Checked here, between polls of the connection: a head that arrived since it
             // was chosen is answered, not cut off.
-            if why.cuts() && (why == connections::Eviction::StaleRequest || admitted.slot.is_new()) {
+            if why.cuts() && admitted.slot.still(why) {
                 tracing::debug!(%peer, reason = why.code(), "cut a connection to make room for a new one");
                 return;
             }
@@ -435,13 +437,39 @@ async fn read_and_store(
     layers: usize,
 ) -> Resp {
     let _guard = InflightGuard::new(st);
+    let slot = req.extensions().get::<Arc<connections::Slot>>().cloned();
+    // A reserved place serves whoever could not get a regular one: its body must be as
+    // quick as a real client's, or the place is held for nothing.
+    let timeout = match &slot {
+        Some(s) if s.reserved => connections::RESERVED_BODY_TIMEOUT,
+        _ => body::BODY_TIMEOUT,
+    };
+    let progress = |n: usize| {
+        if let Some(s) = &slot {
+            s.body_received(n);
+        }
+    };
     // The room is held until the answer: the body and what is built from it stay within
     // the budget.
-    let read = body::read_body(req, &st.body_budget, st.max_body_bytes, declared, layers).await;
-    let (body, _room) = match read {
+    let read = body::read_body(
+        req,
+        &st.body_budget,
+        body::Limits {
+            max: st.max_body_bytes,
+            declared,
+            gzip_layers: layers,
+            timeout,
+        },
+        &progress,
+    )
+    .await;
+    if let Some(s) = &slot {
+        s.body_complete();
+    }
+    let (body, mut room) = match read {
         Ok(b) => b,
         Err(BodyProblem::TooLarge) => return closing(too_large(st.max_body_bytes)),
-        Err(BodyProblem::TooLargeToDecode(budget)) => {
+        Err(BodyProblem::NeverFits(budget)) => {
             return closing(error_response(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("the compressed body and its decoded form together need more than the {budget} bytes all bodies in flight may hold (--max-body-bytes + 32 MiB); send it uncompressed or smaller"),
@@ -449,15 +477,12 @@ async fn read_and_store(
         }
         Err(BodyProblem::NoRoom) => {
             m::backpressure();
-            return closing(retry_later(
-                "too many large request bodies in flight; retry later",
-                1,
-            ));
+            return closing(no_room(st));
         }
         Err(BodyProblem::TimedOut) => {
             return closing(error_response(
                 StatusCode::REQUEST_TIMEOUT,
-                "request body not received within 30 s",
+                format!("request body not received within {} s", timeout.as_secs()),
             ))
         }
         Err(BodyProblem::Read(e)) => {
@@ -469,9 +494,34 @@ async fn read_and_store(
         }
     };
     m::ingest_bytes(body.len() as u64);
-    let batch = match build_batch(st, &body) {
-        Ok(b) => b,
-        Err(e) => return invalid_body(st, body, e.to_string()).await,
+    let batch = loop {
+        let short = match build_batch(st, &body, &mut room) {
+            Ok(Ok(b)) => break b,
+            Ok(Err(short)) => short,
+            Err(e) => return invalid_body(st, body, e.to_string()).await,
+        };
+        // The camelCase form needs room the budget did not have free: wait for it (within
+        // the body's budget wait), then build again.
+        let problem = match short {
+            ConversionRoom::Wait(bytes) => {
+                let deadline = tokio::time::Instant::now() + body::BUDGET_WAIT;
+                match room.grow_to(bytes, deadline).await {
+                    Ok(()) => continue,
+                    Err(p) => p,
+                }
+            }
+            ConversionRoom::NeverFits(budget) => BodyProblem::NeverFits(budget),
+        };
+        return match problem {
+            BodyProblem::NeverFits(budget) => error_response(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the body and the camelCase form of its snake_case events together need more than the {budget} bytes all bodies in flight may hold (--max-body-bytes + 32 MiB); send smaller batches, or store them as sent with --event-keys preserve"),
+            ),
+            _ => {
+                m::backpressure();
+                no_room(st)
+            }
+        };
     };
     match st.spool.append(batch).await {
         Ok(o) => json_response(StatusCode::OK, serde_json::to_value(o).unwrap_or_default()),
@@ -483,6 +533,17 @@ async fn read_and_store(
             format!("could not store the events: {e}"),
         ),
     }
+}
+
+/// 503 for a body that found no room in the body budget within its wait.
+fn no_room(st: &IngestState) -> Resp {
+    retry_later(
+        format!(
+            "the request bodies in flight fill their memory budget ({} bytes, --max-body-bytes + 32 MiB); retry later",
+            st.max_body_bytes.saturating_add(body::SMALL_BODIES_ROOM)
+        ),
+        1,
+    )
 }
 
 fn too_large(max: u64) -> Resp {
@@ -545,13 +606,37 @@ impl Quarantine {
     }
 }
 
+/// Room a body's camelCase form takes beside it: the form is never longer than the
+/// snake_case one (names only lose underscores, whitespace between tokens is dropped), and
+/// the other events and quarantined elements are copied beside it, so the body's length
+/// bounds it; an eighth more keeps a converter change from ever growing the buffer beyond
+/// what it was charged.
+fn conversion_room(body_len: usize) -> usize {
+    body_len.saturating_add(body_len / 8)
+}
+
+/// Why a batch was not built: its camelCase form needs more room in the body budget.
+enum ConversionRoom {
+    /// The budget has not this many bytes free for the body now.
+    Wait(u64),
+    /// More than the whole budget, this many bytes, would be needed.
+    NeverFits(u64),
+}
+
 /// Routes every event of `body`, grouping them by partition.
 ///
 /// With `--event-keys camel`, an event Ray sent with snake_case keys is stored as its
-/// camelCase form ([`camel::to_camel`]): the converted events are laid out after the body's
-/// own bytes (or replace them, when every event was converted and none quarantined), and
-/// their spans point there. One that cannot be converted is quarantined.
-fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::BodyError> {
+/// camelCase form ([`camel::to_camel`]). The stored body is then one new buffer: the
+/// converted events, then copies of the other events and of the quarantined elements, all
+/// spans pointing there. That buffer ([`conversion_room`]) is charged to the body's `room`
+/// before it is allocated, so the body and its camelCase form stay within the body budget
+/// (`Ok(Err(_))` when the room is not free now, or never can be). One that cannot be
+/// converted is quarantined.
+fn build_batch(
+    st: &IngestState,
+    body: &Bytes,
+    room: &mut body::Room<'_>,
+) -> Result<Result<AppendBatch, ConversionRoom>, parse::BodyError> {
     let learned = if st.configured_node.is_none() {
         st.learned_node.lock().ok().and_then(|g| g.clone())
     } else {
@@ -572,9 +657,12 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
     let mut converted: Vec<u8> = Vec::new();
     let mut moved: Vec<(u32, u32)> = Vec::new();
     let mut too_large = false;
-    let mut routed = 0usize;
     let mut unknown_fields = 0u64;
+    let mut short: Option<ConversionRoom> = None;
     for_each_event(body, |ev| {
+        if short.is_some() {
+            return;
+        }
         let ParsedEvent::Object(fields) = &ev.parsed else {
             kept.push(QuarantineReason::NotAnObject, &ev.range);
             return;
@@ -598,8 +686,23 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
         let id_hash = fields.event_id.as_str().map(|id| id_hash(id.as_bytes()));
         let span = if convert && fields.snake_case {
             if converted.capacity() == 0 {
-                // The camelCase form is about as long as the snake_case one.
-                converted.reserve(body.len() + body.len() / 8);
+                let extra = conversion_room(body.len());
+                let need = (body.len() as u64).saturating_add(extra as u64);
+                match room.try_grow_to(need) {
+                    Ok(true) => converted.reserve_exact(extra),
+                    Ok(false) => {
+                        short = Some(ConversionRoom::Wait(need));
+                        return;
+                    }
+                    Err(BodyProblem::NeverFits(budget)) => {
+                        short = Some(ConversionRoom::NeverFits(budget));
+                        return;
+                    }
+                    Err(_) => {
+                        short = Some(ConversionRoom::Wait(need));
+                        return;
+                    }
+                }
             }
             let start = converted.len();
             match camel::to_camel(&body[ev.range.clone()], &mut converted) {
@@ -655,8 +758,10 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
             moved.push((idx as u32, partitions[idx].events.len() as u32));
         }
         partitions[idx].events.push(span);
-        routed += 1;
     })?;
+    if let Some(short) = short {
+        return Ok(Err(short));
+    }
     if too_large {
         return Err(parse::BodyError {
             message: format!("body larger than {MAX_SPAN_BODY} bytes"),
@@ -667,23 +772,33 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
         body.clone()
     } else {
         m::events_renamed(moved.len() as u64, unknown_fields);
-        if moved.len() == routed && kept.list.is_empty() {
-            // Every event was converted: their spans already point into `converted`.
-            Bytes::from(converted)
-        } else {
-            let shift = body.len();
-            let mut all = Vec::with_capacity(body.len() + converted.len());
-            all.extend_from_slice(body);
-            all.extend_from_slice(&converted);
-            for (p, i) in moved {
-                let span = &mut partitions[p as usize].events[i as usize];
-                *span = span.shifted(shift).ok_or_else(|| parse::BodyError {
-                    message: format!("body larger than {MAX_SPAN_BODY} bytes once converted"),
-                    offset: 0,
-                })?;
-            }
-            Bytes::from(all)
+        // The events not converted, and the quarantined elements, are copied after the
+        // converted ones: the stored body is `converted` alone, within its charged room.
+        let mut is_moved: Vec<Vec<bool>> = partitions
+            .iter()
+            .map(|p| vec![false; p.events.len()])
+            .collect();
+        for (p, i) in moved {
+            is_moved[p as usize][i as usize] = true;
         }
+        let overflow = || parse::BodyError {
+            message: format!("body larger than {MAX_SPAN_BODY} bytes once converted"),
+            offset: 0,
+        };
+        for (pb, moved) in partitions.iter_mut().zip(&is_moved) {
+            for (span, _) in pb.events.iter_mut().zip(moved).filter(|(_, m)| !**m) {
+                let start = converted.len();
+                converted.extend_from_slice(&body[span.range()]);
+                *span = span.moved_to(start).ok_or_else(overflow)?;
+            }
+        }
+        for q in &mut kept.list {
+            let start = converted.len();
+            converted.extend_from_slice(&body[q.start..q.end]);
+            q.end = start + (q.end - q.start);
+            q.start = start;
+        }
+        Bytes::from(converted)
     };
     if let Some(node) = seen_node {
         if let Ok(mut g) = st.learned_node.lock() {
@@ -702,12 +817,12 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
             "more unusable events in one body than are kept; the rest are counted"
         );
     }
-    Ok(AppendBatch {
+    Ok(Ok(AppendBatch {
         body,
         partitions,
         quarantined: kept.list,
         quarantine_dropped: kept.dropped,
-    })
+    }))
 }
 
 /// Binds the listener, with the address in the error.

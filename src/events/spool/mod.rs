@@ -307,10 +307,13 @@ impl EventSpan {
         self.end_and_newline & NEWLINE_BIT != 0
     }
 
-    /// Moves the span `by` bytes later in a longer body; `None` when it no longer fits.
-    pub fn shifted(&self, by: usize) -> Option<EventSpan> {
-        let r = self.range();
-        EventSpan::new(r.start + by..r.end + by, self.id_hash(), self.has_newline())
+    /// The same event copied to `start` in another body; `None` when it does not fit a span.
+    pub fn moved_to(&self, start: usize) -> Option<EventSpan> {
+        EventSpan::new(
+            start..start + self.len(),
+            self.id_hash(),
+            self.has_newline(),
+        )
     }
 }
 

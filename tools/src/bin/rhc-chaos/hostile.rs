@@ -1,6 +1,6 @@
 //! Scenarios about hostile or broken clients: slowloris and slow bodies, oversized bodies,
-//! a storm of malformed bodies, bodies declared and never sent, and keep-alive connections
-//! filling every place.
+//! a storm of malformed bodies, bodies declared and never sent or stalled part way, and
+//! keep-alive connections filling every place (with probes, or with late bodies).
 
 use std::collections::BTreeMap;
 use std::io::{BufReader, Read, Write};
@@ -531,9 +531,29 @@ fn all_in_time(answers: &[(u16, Duration)]) -> (bool, f64) {
     (ok, slowest)
 }
 
+/// Sends a chunked `POST /v1/events` head and `size` bytes of body (`[` and spaces, in
+/// 64 KiB chunks), then nothing more; a write error (the collector closing) ends it early.
+fn stalled_chunked_body(port: u16, size: usize) -> Result<TcpStream, String> {
+    let mut st = TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
+    st.write_all(b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut data = vec![b' '; size];
+    data[0] = b'[';
+    for part in data.chunks(64 << 10) {
+        let chunk = [format!("{:x}\r\n", part.len()).as_bytes(), part, b"\r\n"].concat();
+        if st.write_all(&chunk).is_err() {
+            break;
+        }
+    }
+    Ok(st)
+}
+
 /// Requests that declare a body and send none (a chunked head, `Content-Length: 32 MiB`)
-/// held the whole body budget before: Ray's batch must still get 200 within 3 s, and
-/// `/healthz` answer, however many of them are open.
+/// held the whole body budget before, and so did bodies that send part of themselves and
+/// stall (twelve of 4 MiB + 1 byte: their buffers' doubled capacity was charged) or one of
+/// 8 MiB + 1 byte (it held the single right to grow past 8 MiB, for 30 s): Ray's batch
+/// must still get 200 within 3 s, a valid 9 MB batch too, and `/healthz` answer, however
+/// many of them are open.
 pub(crate) fn unsent_bodies(ctx: &Ctx) -> Result<Verdict, String> {
     let mut s = ctx.setup("unsent-bodies", false, &[])?;
     let port = s.collector.port;
@@ -547,6 +567,30 @@ pub(crate) fn unsent_bodies(ctx: &Ctx) -> Result<Verdict, String> {
     let mut holders: Vec<TcpStream> = Vec::new();
     let mut batches = Vec::new();
     let mut probes = Vec::new();
+    // Stalled partial bodies: 56 MiB of the 96 MiB budget, held for the whole scenario.
+    let stalled_sizes: Vec<usize> = std::iter::repeat_n((4 << 20) + 1, 12)
+        .chain([(8 << 20) + 1])
+        .collect();
+    for size in &stalled_sizes {
+        holders.push(stalled_chunked_body(port, *size)?);
+    }
+    // Let the collector read every byte sent.
+    thread::sleep(Duration::from_millis(1500));
+    const LARGE_EVENTS: usize = 9_000;
+    let large_first = 1_000_000;
+    let large = within_ray_timeout(
+        port,
+        "POST",
+        "/v1/events",
+        &batch_body("unsent", 0, large_first, LARGE_EVENTS, 2),
+    );
+    ledger.mark(
+        "unsent",
+        0,
+        large_first,
+        LARGE_EVENTS,
+        if large.0 == 200 { ACKED } else { PENDING },
+    );
     for round in 0..rounds {
         for head in &heads {
             for _ in 0..per_kind {
@@ -587,26 +631,165 @@ pub(crate) fn unsent_bodies(ctx: &Ctx) -> Result<Verdict, String> {
     let check = verify(&store, &ledger);
     let (batches_ok, batch_slowest) = all_in_time(&batches);
     let (probes_ok, probe_slowest) = all_in_time(&probes);
-    let pass = batches_ok && probes_ok && alive && code == Some(0) && check.ok();
+    let large_ok = large.0 == 200 && large.1 < RAY_TIMEOUT;
+    let pass = batches_ok && probes_ok && large_ok && alive && code == Some(0) && check.ok();
     Ok(Verdict::new(
         pass,
         format!(
-            "{rounds} rounds, up to {held} connections declaring a body (chunked, 32 MiB) and sending none: Ray's batch {:?}, slowest {batch_slowest:.2} s; /healthz {:?}, slowest {probe_slowest:.2} s (both must be 200 within 3 s); {}; exit {code:?}",
+            "{rounds} rounds, up to {held} connections declaring a body (chunked, 32 MiB) and sending none or sending part of it and stalling (12 x 4 MiB + 1, 8 MiB + 1): a 9 MB batch {} in {:.2} s; Ray's batch {:?}, slowest {batch_slowest:.2} s; /healthz {:?}, slowest {probe_slowest:.2} s (all must be 200 within 3 s); {}; exit {code:?}",
+            large.0,
+            large.1.as_secs_f64(),
             batches.iter().map(|a| a.0).collect::<Vec<_>>(),
             probes.iter().map(|a| a.0).collect::<Vec<_>>(),
             check.summary()
         ),
-        json!({"rounds": rounds, "holders": held,
+        json!({"rounds": rounds, "holders": held, "stalled_partial_bodies": stalled_sizes.len(),
+               "large_batch_status": large.0, "large_batch_s": large.1.as_secs_f64(),
                "batch_statuses": batches.iter().map(|a| a.0).collect::<Vec<_>>(), "batch_slowest_s": batch_slowest,
                "probe_statuses": probes.iter().map(|a| a.0).collect::<Vec<_>>(), "probe_slowest_s": probe_slowest,
                "exit_code": code, "check": check.figures()}),
     ))
 }
 
+/// Ray's batches (one a second on its own keep-alive connection) and the kubelet's probe
+/// (a new connection every 2 s), as answered while an attack runs.
+#[derive(Default)]
+struct RayAndProbe {
+    batches: Vec<(u16, Duration)>,
+    probes: Vec<(u16, Duration)>,
+    ray_reconnects: u32,
+    /// Batches sent so far: the next one's first event.
+    sent: u64,
+}
+
+impl RayAndProbe {
+    /// Sends Ray's batches and the probes for `run_for`, marking the batches in `ledger`.
+    fn run(&mut self, port: u16, run_for: Duration, ledger: &mut Ledger) {
+        let mut ray: Option<Conn> = None;
+        let started = Instant::now();
+        while started.elapsed() < run_for {
+            let tick = Instant::now();
+            let k = self.sent;
+            let first = k * 50;
+            let body = batch_body("busy", 0, first, 50, 2);
+            // A pooled client does not reuse a connection the server has closed (an idle
+            // one may be closed to make room).
+            if ray.as_mut().is_some_and(|c| c.closed_by_peer()) {
+                ray = None;
+            }
+            if ray.is_none() {
+                self.ray_reconnects += 1;
+                ray = connect(port, RAY_TIMEOUT).ok();
+            }
+            let t = Instant::now();
+            let status = match ray.as_mut().map(|c| {
+                c.request(
+                    "POST",
+                    "/v1/events",
+                    &[("Content-Type", "application/json")],
+                    &body,
+                )
+            }) {
+                Some(Ok(r)) => {
+                    if r.closes() {
+                        ray = None;
+                    }
+                    r.status
+                }
+                _ => {
+                    ray = None;
+                    0
+                }
+            };
+            self.batches.push((status, t.elapsed()));
+            ledger.mark(
+                "busy",
+                0,
+                first,
+                50,
+                if status == 200 { ACKED } else { PENDING },
+            );
+            if k % 2 == 0 {
+                self.probes
+                    .push(within_ray_timeout(port, "GET", "/healthz", b""));
+            }
+            self.sent += 1;
+            thread::sleep(Duration::from_secs(1).saturating_sub(tick.elapsed()));
+        }
+    }
+}
+
+/// The reviewer's lockout, on loopback until `stop` is set (and never past 120 s): 256
+/// keep-alive connections each posting a 2-byte body 2 s after its head, with the next head
+/// pipelined behind it (so no request is ever 3 s old), and 16 more holding the reserved
+/// places with a head and no body, reconnecting when closed. Returns once all are under way
+/// (1.5 s), with the attackers' threads, each giving its bytes sent and its reconnects.
+fn stalling_bodies_attack(port: u16, stop: Arc<AtomicBool>) -> Vec<thread::JoinHandle<(u64, u64)>> {
+    const HEAD: &[u8] = b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n";
+    // Bounded: the scenario stops them, and they stop themselves past any sane length.
+    let limit = Instant::now() + Duration::from_secs(120);
+    let spawn = |holder: bool| {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let (mut sent, mut reconnects) = (0u64, 0u64);
+            let going = || !stop.load(Ordering::Relaxed) && Instant::now() < limit;
+            let pause = |d: Duration| {
+                let until = Instant::now() + d;
+                while Instant::now() < until && going() {
+                    thread::sleep(Duration::from_millis(50));
+                }
+            };
+            while going() {
+                let Ok(mut st) = TcpStream::connect(("127.0.0.1", port)) else {
+                    pause(Duration::from_millis(50));
+                    continue;
+                };
+                reconnects += 1;
+                if st.write_all(HEAD).is_err() {
+                    continue;
+                }
+                sent += HEAD.len() as u64;
+                if holder {
+                    // Wait to be answered or closed, then come back.
+                    let _ = st.set_read_timeout(Some(Duration::from_millis(200)));
+                    let mut buf = [0u8; 4096];
+                    while going() {
+                        match st.read(&mut buf) {
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                                ) => {}
+                            _ => break,
+                        }
+                    }
+                    pause(Duration::from_millis(50));
+                } else {
+                    loop {
+                        pause(Duration::from_secs(2));
+                        if !going() || st.write_all(&[b"[]", HEAD].concat()).is_err() {
+                            break;
+                        }
+                        sent += HEAD.len() as u64 + 2;
+                    }
+                }
+            }
+            (sent, reconnects.saturating_sub(1))
+        })
+    };
+    let mut threads: Vec<_> = (0..256).map(|_| spawn(false)).collect();
+    thread::sleep(Duration::from_secs(1));
+    threads.extend((0..16).map(|_| spawn(true)));
+    thread::sleep(Duration::from_millis(500));
+    threads
+}
+
 /// 256 keep-alive connections each asking for `/healthz` every 5 s (about 51 requests a
-/// second) fill every place: Ray's batches (one a second on its own keep-alive connection)
-/// must still get 200 within 3 s, and the kubelet's probe (a new connection every 2 s)
-/// answer within 3 s.
+/// second) fill every place; then 256 keep-alive connections keep every place busy with
+/// bodies that arrive 2 s after their heads, the next head pipelined behind, and 16 more
+/// hold the reserved places with heads and no bodies ([`stalling_bodies_attack`]). Through
+/// both, Ray's batches (one a second on its own keep-alive connection) must still get 200
+/// within 3 s, and the kubelet's probe (a new connection every 2 s) answer within 3 s.
 pub(crate) fn busy_probes(ctx: &Ctx) -> Result<Verdict, String> {
     const FLOOD: usize = 256;
     const EVERY: Duration = Duration::from_secs(5);
@@ -662,58 +845,36 @@ pub(crate) fn busy_probes(ctx: &Ctx) -> Result<Verdict, String> {
         thread::sleep(Duration::from_millis(20));
     }
     let mut ledger = Ledger::default();
-    let mut batches: Vec<(u16, Duration)> = Vec::new();
-    let mut probes: Vec<(u16, Duration)> = Vec::new();
-    let mut ray: Option<Conn> = None;
-    let mut ray_reconnects = 0u32;
-    let started = Instant::now();
-    let mut k = 0u64;
-    while started.elapsed() < run_for {
-        let tick = Instant::now();
-        let first = k * 50;
-        let body = batch_body("busy", 0, first, 50, 2);
-        if ray.is_none() {
-            ray_reconnects += 1;
-            ray = connect(port, RAY_TIMEOUT).ok();
-        }
-        let t = Instant::now();
-        let status = match ray.as_mut().map(|c| {
-            c.request(
-                "POST",
-                "/v1/events",
-                &[("Content-Type", "application/json")],
-                &body,
-            )
-        }) {
-            Some(Ok(r)) => {
-                if r.closes() {
-                    ray = None;
-                }
-                r.status
-            }
-            _ => {
-                ray = None;
-                0
-            }
-        };
-        batches.push((status, t.elapsed()));
-        ledger.mark(
-            "busy",
-            0,
-            first,
-            50,
-            if status == 200 { ACKED } else { PENDING },
-        );
-        if k % 2 == 0 {
-            probes.push(within_ray_timeout(port, "GET", "/healthz", b""));
-        }
-        k += 1;
-        thread::sleep(Duration::from_secs(1).saturating_sub(tick.elapsed()));
-    }
+    let mut ray = RayAndProbe::default();
+    ray.run(port, run_for, &mut ledger);
     stop.store(true, Ordering::Relaxed);
     let (flood_sent, flood_reconnects, flood_failed) = flood
         .join()
         .map_err(|_| "the flood thread panicked".to_string())?;
+    let flood_phase = (ray.batches.len(), ray.probes.len());
+    // The second attack, with Ray and the probe going on.
+    let stop = Arc::new(AtomicBool::new(false));
+    let attackers = stalling_bodies_attack(port, stop.clone());
+    ray.run(port, run_for, &mut ledger);
+    stop.store(true, Ordering::Relaxed);
+    let (mut stall_bytes, mut stall_reconnects) = (0u64, 0u64);
+    for t in attackers {
+        let (b, r) = t
+            .join()
+            .map_err(|_| "an attacker thread panicked".to_string())?;
+        stall_bytes += b;
+        stall_reconnects += r;
+    }
+    let stalled_evicted = s
+        .collector
+        .metric_labeled("rhc_connections_evicted_total", "reason=\"stalled_body\"")
+        .max(0.0) as u64;
+    let RayAndProbe {
+        batches,
+        probes,
+        ray_reconnects,
+        ..
+    } = ray;
     let evicted = s.collector.metric("rhc_connections_evicted_total").max(0.0) as u64;
     let alive = s.collector.alive();
     let (code, _) = s
@@ -733,7 +894,7 @@ pub(crate) fn busy_probes(ctx: &Ctx) -> Result<Verdict, String> {
     Ok(Verdict::new(
         pass,
         format!(
-            "{FLOOD} keep-alive connections asking for /healthz every 5 s ({flood_sent} requests, {flood_reconnects} reconnects after being closed, {flood_failed} unanswered) for {:.0} s: Ray's batches {} sent, {} not 200 within 3 s, slowest {batch_slowest:.2} s, {ray_reconnects} connection(s); /healthz {} sent, {} not 200 within 3 s, slowest {probe_slowest:.2} s; {evicted} connections made room; {}; exit {code:?}",
+            "{FLOOD} keep-alive connections asking for /healthz every 5 s ({flood_sent} requests, {flood_reconnects} reconnects after being closed, {flood_failed} unanswered) for {:.0} s, then 256 keep-alive connections with bodies 2 s late and pipelined heads and 16 holding the reserved places ({stall_bytes} bytes, {stall_reconnects} reconnects, {stalled_evicted} cut for a stalled body) as long: Ray's batches {} sent, {} not 200 within 3 s, slowest {batch_slowest:.2} s, {ray_reconnects} connection(s); /healthz {} sent, {} not 200 within 3 s, slowest {probe_slowest:.2} s; {evicted} connections made room; {}; exit {code:?}",
             run_for.as_secs_f64(),
             batches.len(),
             bad(&batches),
@@ -745,6 +906,9 @@ pub(crate) fn busy_probes(ctx: &Ctx) -> Result<Verdict, String> {
                "flood_unanswered": flood_failed, "batches": batches.len(), "batches_late_or_failed": bad(&batches),
                "batch_slowest_s": batch_slowest, "ray_connections": ray_reconnects, "probes": probes.len(),
                "probes_late_or_failed": bad(&probes), "probe_slowest_s": probe_slowest, "evicted": evicted,
+               "flood_phase_batches": flood_phase.0, "flood_phase_probes": flood_phase.1,
+               "stall_attack_bytes": stall_bytes, "stall_attack_reconnects": stall_reconnects,
+               "stalled_body_evictions": stalled_evicted,
                "exit_code": code, "check": check.figures()}),
     ))
 }

@@ -175,14 +175,14 @@ const SCENARIOS: &[(&str, bool, bool, bool, &str)] = &[
         true,
         true,
         false,
-        "connections declaring a body (chunked, 32 MiB) and sending none: a Ray batch still gets 200 within 3 s and /healthz answers",
+        "connections declaring a body (chunked, 32 MiB) and sending none, or part of it and stalling (12 x 4 MiB + 1, 8 MiB + 1): a Ray batch and a 9 MB one still get 200 within 3 s and /healthz answers",
     ),
     (
         "busy-probes",
         true,
         true,
         false,
-        "256 keep-alive connections asking for /healthz every 5 s: a Ray batch still gets 200 within 3 s and /healthz answers",
+        "256 keep-alive connections asking for /healthz every 5 s, then 256 with bodies 2 s late and pipelined heads and 16 holding the reserved places: a Ray batch still gets 200 within 3 s and /healthz answers",
     ),
     (
         "side-kill9",
