@@ -93,8 +93,8 @@ const OLD_RAYLET_FIELD: &[u8] = b", raylet ";
 /// names have no gaps and probing stops at the first missing one; the bound caps what a
 /// hostile tree can cost per round.
 const MAX_RAYLET_FILES: usize = 1024;
-/// Most rotated backups (`raylet.out.1` …) read for the id line when the live file lost it;
-/// Ray keeps 5 by default.
+/// Most rotated backups (`raylet.out.1` …, `<core worker log>.1` …) read for the id line
+/// when the live file lost it; Ray keeps 5 by default.
 const MAX_BACKUPS: usize = 64;
 /// A newest `raylet[.N].out` without its id line and modified this recently belongs to a
 /// raylet that is starting (it names itself within its first milliseconds): logs wait for
