@@ -549,6 +549,31 @@ def cargo_version():
     return m.group(1)
 
 
+# No public image of the collector exists: the KubeRay chart snippet names this placeholder,
+# which kubelet refuses at once (InvalidImageName: a repository name must be lower case)
+# instead of a pod waiting on a pull of an image no registry has.
+IMAGE_PLACEHOLDER = "REPLACE-WITH-YOUR-REGISTRY/ray-history-collector"
+
+
+def snippet_image_problems(snippet):
+    problems = []
+    images = image_tags(snippet, [])
+    for img in images:
+        if not img.startswith(IMAGE_PLACEHOLDER + ":"):
+            problems.append(f"image {img!r} is not the placeholder {IMAGE_PLACEHOLDER}:<version>")
+    if not images:
+        problems.append("no collector image in the snippet")
+    readme = (REPO / "README.md").read_text()
+    m = re.search(r"### KubeRay's `ray-cluster` chart\n(.*?)\n### ", readme, re.S)
+    section = m.group(1) if m else ""
+    step = re.search(r"```sh\n(.*?)```", section, re.S)
+    step = step.group(1) if step else ""
+    if IMAGE_PLACEHOLDER not in step or step.find(IMAGE_PLACEHOLDER) > step.find("helm install"):
+        problems.append("README's KubeRay ray-cluster chart commands do not replace "
+                        f"{IMAGE_PLACEHOLDER} before `helm install`")
+    return problems
+
+
 def image_tags(node, found):
     if isinstance(node, dict):
         img = node.get("image")
@@ -619,6 +644,10 @@ def main():
                      k8s_problems(pod_template))
         report.check(f"{group} pod: collector sidecar wiring (default 30 s grace period)",
                      check_ray_pod(template, role=role, flags=flags))
+
+    report.check("the snippet's collector image is the placeholder Kubernetes refuses "
+                 f"(InvalidImageName), and the README's helm step replaces it",
+                 snippet_image_problems(snippet))
 
     compose = REPO / "examples" / "docker-compose" / "compose.yaml"
     report.section(f"Docker Compose example ({rel(compose)})")

@@ -342,3 +342,54 @@ fn kill_9_then_restart_uploads_only_what_changed() {
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
 }
+
+#[test]
+fn rotated_backups_with_the_same_mtime_are_all_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayTmp::new(&tmp.path().join("ray"));
+    ray.start_session(S1, NODE_A);
+    // Ray rotated three times within one timestamp tick (or a copy kept one mtime for all).
+    let same = std::time::SystemTime::now() - Duration::from_secs(60);
+    let mut backups = Vec::new();
+    for k in 1..=3 {
+        let path = ray.logs(S1).join(format!("gcs_server.out.{k}"));
+        let content = format!("backup {k} content\n");
+        std::fs::write(&path, &content).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(same)
+            .unwrap();
+        backups.push(content.into_bytes());
+    }
+    let bucket = tmp.path().join("bucket");
+    let store = local(&bucket);
+    let mut c = Collector::start(
+        &tmp.path().join("spool"),
+        &[
+            "--storage",
+            bucket.to_str().unwrap(),
+            "--cluster-name",
+            "logs-test",
+            "--ray-tmp-dir",
+            ray.root.to_str().unwrap(),
+            "--log-upload-interval",
+            "1s",
+        ],
+        &[],
+    );
+    let rotated = |o: &BTreeMap<String, Vec<u8>>| -> Vec<Vec<u8>> {
+        let mut v: Vec<Vec<u8>> = o
+            .iter()
+            .filter(|(k, _)| k.contains("/gcs_server.out.rotated."))
+            .map(|(_, v)| v.clone())
+            .collect();
+        v.sort();
+        v
+    };
+    wait_for(&store, "every backup", &c, |o| rotated(o) == backups);
+    assert!(c.terminate(Duration::from_secs(30)).success());
+    // Stable across rounds and the final flush: still one object per backup.
+    assert_eq!(rotated(&read_all(&store)), backups);
+}

@@ -127,7 +127,11 @@ fn a_restarted_raylet_files_logs_under_its_own_node_and_workers_under_theirs() {
     );
     let out_b = format!("worker-{w_b}-01000000-222.out");
     write(&logs.join(&out_b), "from a worker of B\n");
-    write(&logs.join("dashboard_agent.log"), "agent of B\n");
+    // Ray numbers the agents with their raylet: `dashboard_agent.log` is A's agent,
+    // `dashboard_agent.1.log` B's.
+    write(&logs.join("dashboard_agent.log"), "agent of A\n");
+    write(&logs.join("dashboard_agent.1.log"), "agent of B\n");
+    write(&logs.join("gcs_server.out"), "no writer named\n");
     point_latest(&ray, &ray.join(S1));
 
     let store = bucket(&tmp.path().join("bucket"));
@@ -139,8 +143,10 @@ fn a_restarted_raylet_files_logs_under_its_own_node_and_workers_under_theirs() {
         key(S1, NODE_B, "raylet.1.out"),
         key(S1, NODE_B, &out_b),
         key(S1, NODE_B, &format!("python-core-worker-{w_b}_222.log")),
+        key(S1, NODE_A, "dashboard_agent.log"),
+        key(S1, NODE_B, "dashboard_agent.1.log"),
         // Nothing names its writer: the newest raylet's node.
-        key(S1, NODE_B, "dashboard_agent.log"),
+        key(S1, NODE_B, "gcs_server.out"),
     ];
     let objects = wait_for(&store, "each log under its node", &c, |o| {
         expected.iter().all(|k| o.contains_key(k))
@@ -152,8 +158,12 @@ fn a_restarted_raylet_files_logs_under_its_own_node_and_workers_under_theirs() {
             .filter(|k| k.starts_with(&format!("{P}/{S1}/{node}/logs/")))
             .collect()
     };
-    assert_eq!(logs_of(NODE_A).len(), 3, "{:#?}", objects.keys());
-    assert_eq!(logs_of(NODE_B).len(), 4, "{:#?}", objects.keys());
+    assert_eq!(
+        objects[&key(S1, NODE_A, "dashboard_agent.log")],
+        b"agent of A\n"
+    );
+    assert_eq!(logs_of(NODE_A).len(), 4, "{:#?}", objects.keys());
+    assert_eq!(logs_of(NODE_B).len(), 5, "{:#?}", objects.keys());
     assert!(c.terminate(Duration::from_secs(30)).success());
 }
 
@@ -195,4 +205,165 @@ fn a_briefly_broken_session_latest_link_does_not_finish_the_live_session() {
         "the session was finished while it was live; log:\n{}",
         c.log_tail(40)
     );
+}
+
+/// Sets the modification time of `path` (a file or a directory) `ago` in the past.
+fn backdate(path: &Path, ago: Duration) {
+    std::fs::File::open(path)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - ago)
+        .unwrap();
+}
+
+#[test]
+fn a_busy_raylet_whose_id_line_rotated_away_files_logs_under_the_stored_id() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray: PathBuf = tmp.path().join("ray");
+    let logs = ray.join(S1).join("logs");
+    // Ray rotated the raylet's output more often than it keeps backups: no file has the id.
+    for f in ["raylet.out.3", "raylet.out.2", "raylet.out.1", "raylet.out"] {
+        write(
+            &logs.join(f),
+            "[2026-11-22 03:00:00,000 I 1 1] (raylet) busy\n",
+        );
+    }
+    write(&ray.join("raylet_node_id"), &format!("{NODE_A}\n"));
+    let out = "dashboard.log";
+    write(&logs.join(out), "dashboard output\n");
+    point_latest(&ray, &ray.join(S1));
+    // The raylet keeps writing: its output is never old.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy = {
+        let (stop, path) = (stop.clone(), logs.join("raylet.out"));
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                append_to(&path, b"[..] (raylet) busy\n");
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })
+    };
+    let store = bucket(&tmp.path().join("bucket"));
+    let mut c = start(tmp.path(), &ray, "1s");
+    wait_for(
+        &store,
+        "the node's logs under the stored node id",
+        &c,
+        |o| o.contains_key(&key(S1, NODE_A, out)),
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    busy.join().unwrap();
+    assert!(c.terminate(Duration::from_secs(30)).success());
+    let objects = read_all(&store);
+    assert!(
+        !objects.keys().any(|k| k.contains("unknown-node")),
+        "{:#?}",
+        objects.keys()
+    );
+}
+
+#[test]
+fn an_earlier_session_whose_raylet_still_answers_is_not_finished() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray: PathBuf = tmp.path().join("ray");
+    let (s1, s2) = (ray.join(S1), ray.join(S2));
+    for s in [&s1, &s2] {
+        write(&s.join("logs/raylet.out"), &setting(NODE_A));
+    }
+    let app = s1.join("logs/app.log");
+    write(&app, "epoch 1\n");
+    // S1's raylet is alive (two raylets share the tmp dir) but its files are quiet.
+    std::fs::create_dir_all(s1.join("sockets")).unwrap();
+    let _raylet = std::os::unix::net::UnixListener::bind(s1.join("sockets/raylet")).unwrap();
+    let quiet = Duration::from_secs(60);
+    backdate(&app, quiet);
+    backdate(&s1.join("logs/raylet.out"), quiet);
+    backdate(&s1.join("logs"), quiet);
+    point_latest(&ray, &s2);
+    let store = bucket(&tmp.path().join("bucket"));
+    let mut c = start(tmp.path(), &ray, "1s");
+    let app_key = key(S1, NODE_A, "app.log");
+    wait_for(&store, "the earlier session's first upload", &c, |o| {
+        o.contains_key(&app_key)
+    });
+    // A few rounds pass while it is quiet, then its raylet's worker writes again.
+    std::thread::sleep(Duration::from_secs(3));
+    append_to(&app, b"epoch 2\n");
+    assert!(c.terminate(Duration::from_secs(30)).success());
+    let objects = read_all(&store);
+    assert_eq!(
+        String::from_utf8_lossy(&objects[&app_key]),
+        "epoch 1\nepoch 2\n",
+        "the session of a live raylet was finished; log:\n{}",
+        c.log_tail(40)
+    );
+}
+
+#[test]
+fn a_rotated_core_worker_log_is_filed_under_the_node_its_oldest_backup_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray: PathBuf = tmp.path().join("ray");
+    let logs = ray.join(S1).join("logs");
+    let w = "ab".repeat(28);
+    write(&logs.join("raylet.out"), &setting(NODE_A));
+    let cw = format!("python-core-worker-{w}_555.log");
+    write(&logs.join(format!("{cw}.1")), &core_worker_log(&w, NODE_A));
+    write(
+        &logs.join(&cw),
+        "[..] core_worker.cc:1: later lines of A's worker\n",
+    );
+    let out = format!("worker-{w}-01000000-555.out");
+    write(&logs.join(&out), "A's worker printed this\n");
+    // Then the container restarted: B is the newest raylet.
+    write(&logs.join("raylet.1.out"), &setting(NODE_B));
+    point_latest(&ray, &ray.join(S1));
+    let store = bucket(&tmp.path().join("bucket"));
+    let mut c = start(tmp.path(), &ray, "1s");
+    let objects = wait_for(&store, "A's worker logs", &c, |o| {
+        o.contains_key(&key(S1, NODE_A, &cw)) && o.contains_key(&key(S1, NODE_A, &out))
+    });
+    assert!(c.terminate(Duration::from_secs(30)).success());
+    let under_b: Vec<_> = objects
+        .keys()
+        .filter(|k| k.starts_with(&format!("{P}/{S1}/{NODE_B}/")) && k.contains(&w))
+        .collect();
+    assert!(under_b.is_empty(), "{under_b:#?}");
+}
+
+#[test]
+fn a_slowly_starting_worker_is_held_until_it_names_its_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray: PathBuf = tmp.path().join("ray");
+    let logs = ray.join(S1).join("logs");
+    let w = "ab".repeat(28);
+    write(&logs.join("raylet.out"), &setting(NODE_A));
+    write(&logs.join("raylet.1.out"), &setting(NODE_B));
+    point_latest(&ray, &ray.join(S1));
+    let store = bucket(&tmp.path().join("bucket"));
+    let mut c = start(tmp.path(), &ray, "1s");
+    wait_for(&store, "the first round", &c, |o| {
+        o.contains_key(&key(S1, NODE_B, "raylet.1.out"))
+    });
+    // A worker of A is starting: its core worker log has no "Initializing worker" line yet.
+    let cw = format!("python-core-worker-{w}_555.log");
+    write(
+        &logs.join(&cw),
+        "[..] core_worker_process.cc:1: Constructing CoreWorkerProcess\n",
+    );
+    let out = format!("worker-{w}-01000000-555.out");
+    write(&logs.join(&out), "step 1\n");
+    std::thread::sleep(Duration::from_secs(3));
+    append_to(&logs.join(&cw), core_worker_log(&w, NODE_A).as_bytes());
+    append_to(&logs.join(&out), b"step 2\n");
+    wait_for(&store, "A's worker logs", &c, |o| {
+        o.get(&key(S1, NODE_A, &out))
+            .is_some_and(|v| v == b"step 1\nstep 2\n")
+            && o.contains_key(&key(S1, NODE_A, &cw))
+    });
+    assert!(c.terminate(Duration::from_secs(30)).success());
+    let objects = read_all(&store);
+    let under_b: Vec<_> = objects
+        .keys()
+        .filter(|k| k.starts_with(&format!("{P}/{S1}/{NODE_B}/")) && k.contains(&w))
+        .collect();
+    assert!(under_b.is_empty(), "{under_b:#?}");
 }

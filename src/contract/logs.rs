@@ -3,8 +3,12 @@
 //! (`worker-<id>-<job>-<pid>.out|err`, `…-<pid>.out`) and lists the directory like Ray does.
 //!
 //! A backup Ray made by rotation (`raylet.out.1`, renamed again at every rotation) is kept
-//! once under a stable name, `<live name>.rotated.<UTC mtime>`: it sorts by time, never
-//! collides with the live file, and no worker-log lookup mistakes it for a live log.
+//! once under a stable name, `<live name>.rotated.<UTC mtime>.ino<inode>`: it sorts by time,
+//! never collides with the live file, and no worker-log lookup mistakes it for a live log
+//! (it does not end in `.out`/`.err`/`.log`). The mtime alone is not unique: backups made
+//! within one clock tick, or copied with one mtime, would overwrite each other. A rename
+//! keeps the inode, so the name stays the same through Ray's later renames (`.1` → `.2`)
+//! and across retries and collector restarts.
 //!
 //! The read side (`inspect --logs`) finds a worker's log by parsing these names back
 //! ([`WorkerLogName::parse`]); a node's own log is [`RAYLET_OUT`].
@@ -21,16 +25,18 @@ pub fn log_key(history_prefix: &str, session: &str, node: &str, rel: &str) -> St
     format!("{history_prefix}/{session}/{node}/{LOGS_DIR}/{rel}")
 }
 
-/// The key of a rotated backup of `live_rel` whose last change was at `mtime_ns`.
+/// The key of a rotated backup of `live_rel` whose last change was at `mtime_ns`, in the
+/// file with inode `ino`.
 pub fn rotated_log_key(
     history_prefix: &str,
     session: &str,
     node: &str,
     live_rel: &str,
     mtime_ns: i64,
+    ino: u64,
 ) -> String {
     format!(
-        "{history_prefix}/{session}/{node}/{LOGS_DIR}/{live_rel}.rotated.{}",
+        "{history_prefix}/{session}/{node}/{LOGS_DIR}/{live_rel}.rotated.{}.ino{ino}",
         compact_utc(mtime_ns)
     )
 }
@@ -164,11 +170,19 @@ mod tests {
             "P/s/n/logs/events/event_GCS.log"
         );
         assert_eq!(
-            rotated_log_key("P", "s", "n", "raylet.out", 1_795_314_700_123_456_789),
-            "P/s/n/logs/raylet.out.rotated.20261122T023140.123456789Z"
+            rotated_log_key("P", "s", "n", "raylet.out", 1_795_314_700_123_456_789, 42),
+            "P/s/n/logs/raylet.out.rotated.20261122T023140.123456789Z.ino42"
         );
-        let earlier = rotated_log_key("P", "s", "n", "raylet.out", 1_795_314_699_999_999_999);
-        let later = rotated_log_key("P", "s", "n", "raylet.out", 1_795_314_700_000_000_000);
+        let earlier = rotated_log_key("P", "s", "n", "raylet.out", 1_795_314_699_999_999_999, 9);
+        let later = rotated_log_key("P", "s", "n", "raylet.out", 1_795_314_700_000_000_000, 1);
         assert!(earlier < later);
+        // Same mtime, other backup: another object.
+        assert_ne!(
+            rotated_log_key("P", "s", "n", "raylet.out", 1, 1),
+            rotated_log_key("P", "s", "n", "raylet.out", 1, 2)
+        );
+        let worker = "worker-ab-01000000-12.err";
+        let name = rotated_log_key("P", "s", "n", worker, 1, 7);
+        assert_eq!(WorkerLogName::parse(name.rsplit('/').next().unwrap()), None);
     }
 }

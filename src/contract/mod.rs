@@ -10,7 +10,7 @@
 //! P/<session>/<node>/job_events/<job>/<node>-<YYYY-MM-DD-HH>-<n>.jsonl[.gz]
 //! P/<session>/<node>/export_events/<job | node>/<node>-<YYYY-MM-DD-HH>-<n>.jsonl[.gz]
 //! P/<session>/<node>/logs/<path below the session's logs/ dir>
-//! P/<session>/<node>/logs/<name>.rotated.<UTC mtime>          a rotated backup, kept once
+//! P/<session>/<node>/logs/<name>.rotated.<UTC mtime>.ino<inode>  a rotated backup, kept once
 //! P/<session>/fetched_endpoints/restful__<request URI, '/' -> '__'>
 //! [<root>/]collector-quarantine/<kind>/<ns>/[<owner>/]<cluster>/...   ours, never read by the server
 //! ```

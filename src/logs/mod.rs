@@ -7,7 +7,7 @@
 //! in the spool dir (size, mtime, hash per object) means a restart re-uploads nothing that
 //! did not change. A notify watch catches Ray's log rotations (`name` → `name.1` …) as they
 //! happen, and each rotated file is uploaded once under a stable name,
-//! `<name>.rotated.<UTC mtime>`, before Ray can delete it. Log uploads run one at a time
+//! `<name>.rotated.<UTC mtime>.ino<inode>`, before Ray can delete it. Log uploads run one at a time
 //! on their own lane, so a 10 GB worker log never delays events.
 //!
 //! A live file is not sent whole every round: where the store can append (S3 from 5 MiB,

@@ -144,7 +144,9 @@ pub(super) fn scan_logs(session: &Path) -> Vec<LogFile> {
 /// The object key of a log file (rotated backups get their stable name).
 pub(super) fn object_key(prefix: &str, session: &str, node: &str, f: &LogFile) -> String {
     match &f.rotated_from {
-        Some(base) => contract::logs::rotated_log_key(prefix, session, node, base, f.mtime_ns),
+        Some(base) => {
+            contract::logs::rotated_log_key(prefix, session, node, base, f.mtime_ns, f.ino)
+        }
         None => contract::logs::log_key(prefix, session, node, &f.rel),
     }
 }
@@ -193,7 +195,7 @@ mod tests {
         };
         assert_eq!(
             object_key("P", "s", "n", &f),
-            "P/s/n/logs/raylet.out.rotated.20261122T023140.123456789Z"
+            "P/s/n/logs/raylet.out.rotated.20261122T023140.123456789Z.ino1"
         );
         let g = LogFile {
             rotated_from: None,

@@ -29,8 +29,10 @@ use super::schedule::{self, SMALL};
 use super::{LogConfig, LogError};
 use crate::events::spool::Spool;
 use crate::metrics as m;
-use crate::node::node_id::{NodeIdResolver, RemoteNodeLookup};
-use crate::node::session::{list_sessions, settled_earlier_sessions, ActiveSession, SESSION_QUIET};
+use crate::node::node_id::{LogNode, NodeIdResolver, RemoteNodeLookup};
+use crate::node::session::{
+    list_sessions, raylet_answers, settled_earlier_sessions, ActiveSession, SESSION_QUIET,
+};
 use crate::storage::append::AppendError;
 use crate::storage::put::{put_file_prefix, window_hash, UploadError};
 use crate::util::pace::Pacer;
@@ -259,12 +261,17 @@ impl LogShipper {
             reports.push(self.snapshot_session(s, deadline, how).await);
         }
         if earlier {
-            // Live rounds finish only sessions older than the active one and quiet; the
-            // final flush sends every other session.
-            let others = match deadline {
-                None => settled_earlier_sessions(&self.cfg.ray_tmp, active, SESSION_QUIET),
-                Some(_) => list_sessions(&self.cfg.ray_tmp),
-            };
+            // Every other session not finished yet (live rounds: the older ones) is sent; it
+            // is finished once sent completely, older than the active one, quiet, and no
+            // raylet answers on its socket (two raylets can share one tmp dir).
+            let settled: BTreeSet<String> =
+                settled_earlier_sessions(&self.cfg.ray_tmp, active, SESSION_QUIET)
+                    .into_iter()
+                    .map(|s| s.name)
+                    .collect();
+            let others = list_sessions(&self.cfg.ray_tmp)
+                .into_iter()
+                .filter(|s| deadline.is_some() || active.is_some_and(|a| s.name < a.name));
             for s in others {
                 if active.is_some_and(|a| a.name == s.name)
                     || self.ledger.data.finished_sessions.contains(&s.name)
@@ -274,8 +281,16 @@ impl LogShipper {
                 if let Err(e) = self.spool.ensure_marker(&s.name).await {
                     tracing::warn!(session = %s.name, error = %e, "could not record the session marker");
                 }
-                let r = self.snapshot_session(&s, deadline, Pass::Everything).await;
-                if r.node.is_some() && r.failed == 0 && r.not_reached.is_empty() {
+                // One still written to follows the schedule like the active one.
+                let how = if deadline.is_some() || settled.contains(&s.name) {
+                    Pass::Everything
+                } else {
+                    Pass::Scheduled
+                };
+                let r = self.snapshot_session(&s, deadline, how).await;
+                let complete =
+                    r.node.is_some() && r.failed == 0 && r.waiting == 0 && r.not_reached.is_empty();
+                if complete && settled.contains(&s.name) && !raylet_answers(&s.dir).await {
                     tracing::info!(session = %s.name, files = r.files, uploaded = r.uploaded, "earlier session uploaded completely");
                     self.ledger.data.finished_sessions.insert(s.name.clone());
                     self.ledger.dirty = true;
@@ -334,13 +349,17 @@ impl LogShipper {
             }
             // Under the node whose raylet wrote it, where that can be told.
             let writer = f.rotated_from.as_deref().unwrap_or(&f.rel);
-            let file_node = self.nodes.node_of_log(&s.dir, writer);
-            let key = object_key(
-                &self.prefix,
-                &s.name,
-                file_node.as_ref().unwrap_or(&node),
-                &f,
-            );
+            let file_node = match self.nodes.node_of_log(&s.dir, writer) {
+                LogNode::Writer(n) => n,
+                LogNode::Session => node.clone(),
+                // The final flush cannot wait: the session's node rather than nothing.
+                LogNode::Wait if deadline.is_some() => node.clone(),
+                LogNode::Wait => {
+                    report.waiting += 1;
+                    continue;
+                }
+            };
+            let key = object_key(&self.prefix, &s.name, &file_node, &f);
             let prev = self.ledger.data.objects.get(&key).cloned();
             if f.rotated_from.is_none() {
                 self.count_written(&key, &f, prev.as_ref());

@@ -15,12 +15,20 @@
 //! node's events; and, as a last resort like KubeRay, the dashboard's node list matched by pod
 //! IP (wired in by the caller).
 //!
+//! A newest raylet output that has rotated (`raylet.out.1` exists) is not starting: a busy
+//! raylet's id line can be rotated out of every backup, and then the fallbacks below decide,
+//! rather than logs waiting forever.
+//!
 //! A file whose writer can be told is filed under that writer's node, whatever the newest
-//! raylet is ([`NodeIdResolver::node_of_log`]): `raylet[.N].out|err` under the id of
-//! `raylet[.N].out`; a core worker's log (`<lang>-core-worker-<worker>_<pid>.log`) under the
-//! node of its "Initializing worker" line; a worker's output (`worker-<worker>-<job>-<pid>.out`)
-//! under the node of the core worker log with the same worker id and pid. Everything else
-//! goes under the session's node.
+//! raylet is ([`NodeIdResolver::node_of_log`]): `raylet[.N].out|err` and the agents Ray starts
+//! with that raylet and numbers alike (`dashboard_agent[.N].log`, `runtime_env_agent[.N].log`)
+//! under the id of `raylet[.N].out`; a core worker's log (`<lang>-core-worker-<worker>_<pid>.log`)
+//! under the node of its "Initializing worker" line, read from its oldest rotated backup once
+//! Ray rotated it; a worker's output (`worker-<worker>-<job>-<pid>.out`) under the node of the
+//! core worker log with the same worker id and pid. A core worker log whose line has not come
+//! yet (or a worker output without its core worker log yet) is [`LogNode::Wait`], bounded by
+//! [`WORKER_HEAD_BYTES`] and [`WORKER_START_WAIT`], so a starting worker never leaves a copy
+//! under another node. Everything else goes under the session's node.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -85,8 +93,8 @@ const OLD_RAYLET_FIELD: &[u8] = b", raylet ";
 /// names have no gaps and probing stops at the first missing one; the bound caps what a
 /// hostile tree can cost per round.
 const MAX_RAYLET_FILES: usize = 1024;
-/// Most rotated backups (`raylet.out.1` …) read for the id line when the live file lost it;
-/// Ray keeps 5 by default.
+/// Most rotated backups (`raylet.out.1` …, `<core worker log>.1` …) read for the id line
+/// when the live file lost it; Ray keeps 5 by default.
 const MAX_BACKUPS: usize = 64;
 /// A newest `raylet[.N].out` without its id line and modified this recently belongs to a
 /// raylet that is starting (it names itself within its first milliseconds): logs wait for
@@ -95,6 +103,11 @@ pub const RAYLET_START_WAIT: Duration = Duration::from_secs(30);
 /// Bytes read from the start of a core worker log for its "Initializing worker" line, which
 /// is among its first lines; a file past this size without it is not read again.
 const WORKER_HEAD_BYTES: u64 = 64 * 1024;
+/// How long a core worker log without its "Initializing worker" line (or a worker's output
+/// without a core worker log) is held after its last change: a worker names its node within
+/// seconds of starting; one quiet this long without it crashed first, and its log goes under
+/// the session's node.
+pub const WORKER_START_WAIT: Duration = Duration::from_secs(30);
 /// Read buffer of the incremental raylet scan.
 const SCAN_BUF: usize = 256 * 1024;
 /// Core worker logs whose node is remembered (one per worker a node ever started); past
@@ -161,6 +174,7 @@ impl NodeIdResolver {
         match self.newest_raylet(&session_dir.join("logs")) {
             Newest::Found(id) => return Some(id),
             Newest::Starting => return None,
+            // No raylet output names its node any more (rotated away): the fallbacks.
             Newest::Nothing => {}
         }
         if let Ok(text) = std::fs::read_to_string(self.ray_tmp.join("raylet_node_id")) {
@@ -172,24 +186,53 @@ impl NodeIdResolver {
     }
 
     /// The node whose raylet wrote the log at `rel` (relative to the session's `logs/`, the
-    /// live name for a rotated backup), when the file or its siblings tell; `None`: file it
-    /// under the session's node. `--node-id` wins over everything, as for the session.
-    pub fn node_of_log(&mut self, session_dir: &Path, rel: &str) -> Option<String> {
+    /// live name for a rotated backup), when the file or its siblings tell; see [`LogNode`].
+    /// `--node-id` wins over everything, as for the session.
+    pub fn node_of_log(&mut self, session_dir: &Path, rel: &str) -> LogNode {
+        match self.writer_of_log(session_dir, rel) {
+            // One raylet: the session's node is the only writer there can be.
+            LogNode::Wait if !several_raylets(&session_dir.join("logs")) => LogNode::Session,
+            other => other,
+        }
+    }
+
+    fn writer_of_log(&mut self, session_dir: &Path, rel: &str) -> LogNode {
         if self.configured.is_some() || rel.contains('/') {
-            return None;
+            return LogNode::Session;
         }
         let logs = session_dir.join("logs");
         if let Some(out) = raylet_output_of(rel) {
-            return self.raylet_id(&logs, &out);
+            return self
+                .raylet_id(&logs, &out)
+                .map_or(LogNode::Session, LogNode::Writer);
         }
         if core_worker_log(rel).is_some() {
-            return self.worker_id(&logs.join(rel));
+            return self.worker_node(&logs.join(rel));
         }
-        let (worker, pid) = worker_output(rel)?;
-        ["python", "java", "cpp"].iter().find_map(|lang| {
-            let p = logs.join(format!("{lang}-core-worker-{worker}_{pid}.log"));
-            p.is_file().then(|| self.worker_id(&p)).flatten()
-        })
+        let Some((worker, pid)) = worker_output(rel) else {
+            return LogNode::Session;
+        };
+        let core = ["python", "java", "cpp"]
+            .iter()
+            .map(|lang| logs.join(format!("{lang}-core-worker-{worker}_{pid}.log")))
+            .find(|p| p.is_file());
+        match core {
+            Some(p) => self.worker_node(&p),
+            // Ray opens a worker's output before the worker writes its core worker log.
+            None if is_young(&logs.join(rel), WORKER_START_WAIT) => LogNode::Wait,
+            None => LogNode::Session,
+        }
+    }
+
+    /// [`LogNode`] of the core worker log at `path`: its "Initializing worker" line's node;
+    /// while the line may still come, wait.
+    fn worker_node(&mut self, path: &Path) -> LogNode {
+        match self.worker_id(path) {
+            WorkerHead::Found(id) => LogNode::Writer(id),
+            WorkerHead::Never => LogNode::Session,
+            WorkerHead::NotYet if is_young(path, WORKER_START_WAIT) => LogNode::Wait,
+            WorkerHead::NotYet => LogNode::Session,
+        }
     }
 
     fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
@@ -215,13 +258,16 @@ impl NodeIdResolver {
             if let Some(id) = self.raylet_id(logs, name) {
                 return Newest::Found(id);
             }
-            let young = std::fs::metadata(logs.join(name))
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| SystemTime::now().duration_since(t).ok())
-                .is_none_or(|age| age < RAYLET_START_WAIT);
-            if young {
+            // A raylet that has rotated its output is long past starting: its id line was
+            // rotated away, and a busy one keeps the file young.
+            let rotated = logs.join(format!("{name}.1")).is_file();
+            if !rotated && is_young(&logs.join(name), RAYLET_START_WAIT) {
                 return Newest::Starting;
+            }
+            if rotated {
+                // The newest raylet lost its id line: an older output's id would be another
+                // raylet's, so the fallbacks decide.
+                return Newest::Nothing;
             }
         }
         Newest::Nothing
@@ -288,29 +334,108 @@ impl NodeIdResolver {
     }
 
     /// The node named by the "Initializing worker" line among the first
-    /// [`WORKER_HEAD_BYTES`] of the core worker log at `path`.
-    fn worker_id(&mut self, path: &Path) -> Option<String> {
+    /// [`WORKER_HEAD_BYTES`] of the core worker log at `path`, or of its oldest rotated
+    /// backup (`<path>.1` … `<path>.N`: Ray renames the file, so the line moves to the backups
+    /// and ends in the oldest one).
+    fn worker_id(&mut self, path: &Path) -> WorkerHead {
         if let Some(known) = self.memory().workers.get(path) {
-            return known.clone();
+            return known.clone().map_or(WorkerHead::Never, WorkerHead::Found);
         }
-        let mut head = Vec::new();
-        let f = File::open(path).ok()?;
-        f.take(WORKER_HEAD_BYTES).read_to_end(&mut head).ok()?;
-        let complete = head.iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1);
-        let found = head[..complete]
-            .split(|&c| c == b'\n')
-            .find(|line| find_after(line, INITIALIZING_WORKER).is_some())
-            .and_then(|line| {
-                hex_id_after(line, NODE_ID_FIELD).or_else(|| hex_id_after(line, OLD_RAYLET_FIELD))
-            });
-        // Final once found, or once the head is full without it; else read again later.
-        if found.is_some() || head.len() as u64 >= WORKER_HEAD_BYTES {
-            self.memory()
-                .workers
-                .insert(path.to_path_buf(), found.clone());
+        let mut answer = read_worker_head(path);
+        if !matches!(answer, WorkerHead::Found(_)) {
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            for k in 1..=MAX_BACKUPS {
+                let backup = path.with_file_name(format!("{name}.{k}"));
+                if !backup.is_file() {
+                    break;
+                }
+                if let WorkerHead::Found(id) = read_worker_head(&backup) {
+                    answer = WorkerHead::Found(id);
+                    break;
+                }
+                // A backup exists, so the live file is not the log's beginning any more.
+                answer = WorkerHead::Never;
+            }
         }
-        found
+        // Final once found, or once the head of the log's beginning is full without it.
+        match &answer {
+            WorkerHead::Found(id) => {
+                self.memory()
+                    .workers
+                    .insert(path.to_path_buf(), Some(id.clone()));
+            }
+            WorkerHead::Never => {
+                self.memory().workers.insert(path.to_path_buf(), None);
+            }
+            WorkerHead::NotYet => {}
+        }
+        answer
     }
+}
+
+/// Where a log file goes, by its writer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogNode {
+    /// Under this node: the raylet (or the core worker) that wrote it named it.
+    Writer(String),
+    /// Under the session's node: nothing in the file or its siblings names its writer.
+    Session,
+    /// Not yet: a core worker log (or a worker's output) whose worker has not written its
+    /// "Initializing worker" line yet, in a session more than one raylet wrote into (with one,
+    /// the session's node is the only writer). Bounded by [`WORKER_HEAD_BYTES`] and
+    /// [`WORKER_START_WAIT`]; the final flush files it under the session's node.
+    Wait,
+}
+
+/// What the head of a core worker log says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum WorkerHead {
+    Found(String),
+    /// Not in the first [`WORKER_HEAD_BYTES`], or the file is not the log's beginning.
+    Never,
+    /// Not yet, and the head is not full: the line may still come.
+    NotYet,
+}
+
+/// Reads the first [`WORKER_HEAD_BYTES`] of a core worker log for its node.
+fn read_worker_head(path: &Path) -> WorkerHead {
+    let mut head = Vec::new();
+    let Ok(f) = File::open(path) else {
+        return WorkerHead::NotYet;
+    };
+    if f.take(WORKER_HEAD_BYTES).read_to_end(&mut head).is_err() {
+        return WorkerHead::NotYet;
+    }
+    let complete = head.iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1);
+    let found = head[..complete]
+        .split(|&c| c == b'\n')
+        .find(|line| find_after(line, INITIALIZING_WORKER).is_some())
+        .and_then(|line| {
+            hex_id_after(line, NODE_ID_FIELD).or_else(|| hex_id_after(line, OLD_RAYLET_FIELD))
+        });
+    match found {
+        Some(id) => WorkerHead::Found(id),
+        None if head.len() as u64 >= WORKER_HEAD_BYTES => WorkerHead::Never,
+        None => WorkerHead::NotYet,
+    }
+}
+
+/// True when more than one raylet wrote into the session (`raylet.1.out` exists): only then
+/// can a log go under the wrong node, so only then is a log held for its writer.
+fn several_raylets(logs: &Path) -> bool {
+    logs.join(raylet_out_name(1)).is_file()
+}
+
+/// True when `path` was modified within `wait` (or its time cannot be read).
+fn is_young(path: &Path, wait: Duration) -> bool {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| SystemTime::now().duration_since(t).ok())
+        .is_none_or(|age| age < wait)
 }
 
 /// `raylet.out`, `raylet.1.out`, `raylet.2.out`, …: Ray's names for successive raylets.
@@ -322,12 +447,23 @@ fn raylet_out_name(i: usize) -> String {
     }
 }
 
-/// For `raylet[.N].out` or `raylet[.N].err`, the output `raylet[.N].out` that names its node.
+/// Processes Ray starts with each raylet, whose files get the raylet's `.N` (Ray's `node.py`
+/// numbers them together, `unique=True`): `dashboard_agent.1.log` belongs to `raylet.1.out`.
+const RAYLET_COMPANIONS: [&str; 3] = ["raylet", "dashboard_agent", "runtime_env_agent"];
+
+/// For `raylet[.N].out|err` and its agents' `dashboard_agent[.N].log|out|err`,
+/// `runtime_env_agent[.N].log|out|err`: the output `raylet[.N].out` that names their node.
 fn raylet_output_of(name: &str) -> Option<String> {
     let stem = name
         .strip_suffix(".out")
-        .or_else(|| name.strip_suffix(".err"))?;
-    let rest = stem.strip_prefix("raylet")?;
+        .or_else(|| name.strip_suffix(".err"))
+        .or_else(|| {
+            name.strip_suffix(".log")
+                .filter(|s| !s.starts_with("raylet"))
+        })?;
+    let rest = RAYLET_COMPANIONS
+        .iter()
+        .find_map(|p| stem.strip_prefix(p))?;
     if rest.is_empty() {
         return Some("raylet.out".into());
     }
@@ -504,10 +640,19 @@ mod tests {
         assert_eq!(r.resolve_local(&session).as_deref(), Some(A));
         write(&logs.join("raylet.2.out"), &setting(B));
         assert_eq!(r.resolve_local(&session).as_deref(), Some(B));
-        assert_eq!(r.node_of_log(&session, "raylet.out").as_deref(), Some(A));
-        assert_eq!(r.node_of_log(&session, "raylet.err").as_deref(), Some(A));
-        assert_eq!(r.node_of_log(&session, "raylet.2.err").as_deref(), Some(B));
-        assert_eq!(r.node_of_log(&session, "raylet.1.out"), None);
+        assert_eq!(
+            r.node_of_log(&session, "raylet.out"),
+            LogNode::Writer(A.into())
+        );
+        assert_eq!(
+            r.node_of_log(&session, "raylet.err"),
+            LogNode::Writer(A.into())
+        );
+        assert_eq!(
+            r.node_of_log(&session, "raylet.2.err"),
+            LogNode::Writer(B.into())
+        );
+        assert_eq!(r.node_of_log(&session, "raylet.1.out"), LogNode::Session);
 
         let w_a = "ab".repeat(28);
         let w_b = "cd".repeat(28);
@@ -523,29 +668,25 @@ mod tests {
         let err_b = format!("worker-{w_b}-ffffffff-202.err");
         write(&logs.join(&out_a), "hello\n");
         write(&logs.join(&err_b), "oops\n");
-        assert_eq!(r.node_of_log(&session, &out_a).as_deref(), Some(A));
-        assert_eq!(r.node_of_log(&session, &err_b).as_deref(), Some(B));
+        assert_eq!(r.node_of_log(&session, &out_a), LogNode::Writer(A.into()));
+        assert_eq!(r.node_of_log(&session, &err_b), LogNode::Writer(B.into()));
         assert_eq!(
-            r.node_of_log(&session, &format!("python-core-worker-{w_b}_202.log"))
-                .as_deref(),
-            Some(B)
+            r.node_of_log(&session, &format!("python-core-worker-{w_b}_202.log")),
+            LogNode::Writer(B.into())
         );
-        // No core worker log of that pid: the session's node decides.
-        assert_eq!(
-            r.node_of_log(&session, &format!("worker-{w_a}-01000000-7.out")),
-            None
-        );
-        for other in [
-            "gcs_server.out",
-            "events/event_GCS.log",
-            "dashboard_agent.log",
-        ] {
-            assert_eq!(r.node_of_log(&session, other), None, "{other}");
+        // No core worker log of that pid: held while young, then the session's node.
+        let orphan = format!("worker-{w_a}-01000000-7.out");
+        write(&logs.join(&orphan), "x\n");
+        assert_eq!(r.node_of_log(&session, &orphan), LogNode::Wait);
+        age(&logs.join(&orphan));
+        assert_eq!(r.node_of_log(&session, &orphan), LogNode::Session);
+        for other in ["gcs_server.out", "events/event_GCS.log", "log_monitor.log"] {
+            assert_eq!(r.node_of_log(&session, other), LogNode::Session, "{other}");
         }
         // --node-id wins over everything.
         let mut cfg =
             NodeIdResolver::new(Some("ab".into()), tmp.path().to_path_buf(), Arc::default());
-        assert_eq!(cfg.node_of_log(&session, "raylet.out"), None);
+        assert_eq!(cfg.node_of_log(&session, "raylet.out"), LogNode::Session);
     }
 
     #[test]
@@ -556,6 +697,60 @@ mod tests {
         write(&logs.join("raylet.out.1"), &setting(A));
         write(&logs.join("raylet.out"), "[..] later lines\n");
         let mut r = NodeIdResolver::new(None, tmp.path().to_path_buf(), Arc::default());
+        assert_eq!(r.resolve_local(&session).as_deref(), Some(A));
+    }
+
+    #[test]
+    fn agents_follow_their_raylets_number_and_worker_ids_come_from_backups() {
+        let tmp = tempfile::tempdir().unwrap();
+        let session = tmp.path().join("session_z");
+        let logs = session.join("logs");
+        write(&logs.join("raylet.out"), &setting(A));
+        write(&logs.join("raylet.1.out"), &setting(B));
+        let mut r = NodeIdResolver::new(None, tmp.path().to_path_buf(), Arc::default());
+        for (name, node) in [
+            ("dashboard_agent.log", A),
+            ("runtime_env_agent.log", A),
+            ("dashboard_agent.1.log", B),
+            ("runtime_env_agent.1.err", B),
+        ] {
+            assert_eq!(
+                r.node_of_log(&session, name),
+                LogNode::Writer(node.into()),
+                "{name}"
+            );
+        }
+        let w = "ef".repeat(28);
+        let cw = format!("python-core-worker-{w}_9.log");
+        write(
+            &logs.join(format!("{cw}.2")),
+            &format!("[..] Initializing worker at address: 10.0.0.1:1 worker_id={w} node_id={A}\n"),
+        );
+        write(&logs.join(format!("{cw}.1")), "[..] middle\n");
+        write(&logs.join(&cw), "[..] later\n");
+        assert_eq!(r.node_of_log(&session, &cw), LogNode::Writer(A.into()));
+        // A worker still starting: held until its line comes.
+        let slow = format!("python-core-worker-{}_10.log", "12".repeat(28));
+        write(&logs.join(&slow), "[..] Constructing CoreWorkerProcess\n");
+        assert_eq!(r.node_of_log(&session, &slow), LogNode::Wait);
+        write(
+            &logs.join(&slow),
+            &format!("[..] Constructing\n[..] Initializing worker at address: 1 node_id={A}\n"),
+        );
+        assert_eq!(r.node_of_log(&session, &slow), LogNode::Writer(A.into()));
+    }
+
+    #[test]
+    fn a_busy_raylet_whose_id_rotated_away_uses_the_fallbacks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let session = tmp.path().join("session_w");
+        let logs = session.join("logs");
+        write(&logs.join("raylet.out"), "[..] busy\n");
+        write(&logs.join("raylet.out.1"), "[..] busy\n");
+        let hint: EventNodeHint = Arc::new(Mutex::new(Some(B.to_string())));
+        let mut r = NodeIdResolver::new(None, tmp.path().to_path_buf(), hint);
+        assert_eq!(r.resolve_local(&session).as_deref(), Some(B));
+        std::fs::write(tmp.path().join("raylet_node_id"), format!("{A}\n")).unwrap();
         assert_eq!(r.resolve_local(&session).as_deref(), Some(A));
     }
 

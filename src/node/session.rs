@@ -9,8 +9,10 @@
 //! or points at a folder that is not there yet. A link that does not resolve never ends the
 //! active session: the last session seen stays active until the link names another one. An
 //! earlier session is finished (uploaded once more and never looked at again) only when a
-//! newer session is active and its own files have been quiet for [`SESSION_QUIET`]
-//! ([`settled_earlier_sessions`]).
+//! newer session is active, its own files have been quiet for [`SESSION_QUIET`]
+//! ([`settled_earlier_sessions`]) and no raylet answers on its socket ([`raylet_answers`]:
+//! two raylets can share one tmp dir, and the older one's session is then alive, however
+//! quiet).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -119,6 +121,41 @@ fn is_quiet(dir: &Path, quiet: Duration) -> bool {
         }
     }
     true
+}
+
+/// How long a connection to a session's raylet socket may take before the raylet is taken
+/// as alive (a busy raylet is slow to accept; finishing its session would lose its output).
+const RAYLET_SOCKET_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Most entries of a session's `sockets/` looked at for raylet sockets.
+const MAX_SOCKET_ENTRIES: usize = 64;
+
+/// True when a raylet of the session in `dir` still accepts connections on its socket
+/// (`sockets/raylet`, `sockets/raylet.N`), which is KubeRay's own liveness test of a session
+/// (`GetSessionDir`): such a session is not finished, however quiet its files.
+pub async fn raylet_answers(dir: &Path) -> bool {
+    let Ok(rd) = std::fs::read_dir(dir.join("sockets")) else {
+        return false;
+    };
+    for e in rd.flatten().take(MAX_SOCKET_ENTRIES) {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        if name != "raylet" && !name.starts_with("raylet.") {
+            continue;
+        }
+        match tokio::time::timeout(
+            RAYLET_SOCKET_TIMEOUT,
+            tokio::net::UnixStream::connect(e.path()),
+        )
+        .await
+        {
+            Ok(Ok(_)) | Err(_) => return true,
+            Ok(Err(_)) => {}
+        }
+    }
+    false
 }
 
 /// Publishes the active session every `interval` until every receiver is gone. A link that

@@ -222,6 +222,12 @@ pub type EnvLookup<'a> = Box<dyn Fn(&str) -> Option<String> + 'a>;
 /// Largest `STORAGE_BACKEND_CONFIG_PATH` file read: a handful of settings.
 const MAX_CONFIG_FILE_BYTES: u64 = 64 * 1024;
 
+/// The name under which the lookup of [`with_kuberay_config_file`] answers which variables
+/// the file set (comma-separated): those win over the SDK's own `AWS_REGION` and
+/// `AWS_ENDPOINT[_URL]` too, which the EKS IRSA webhook injects into every container and
+/// would otherwise sign every request for another region.
+pub const SET_BY_CONFIG_FILE: &str = "RHC_INTERNAL_SET_BY_STORAGE_CONFIG_FILE";
+
 /// KubeRay's `STORAGE_BACKEND_CONFIG_PATH`: a JSON object of backend settings, with KubeRay's
 /// field names, read as the variables they stand for (`s3Bucket` is `S3_BUCKET`, and so on),
 /// which win over the environment. For S3, as in KubeRay, a non-empty file also replaces the
@@ -288,8 +294,12 @@ pub fn with_kuberay_config_file<'a>(
         vars.insert(var, value);
     }
     let replaces_s3_env = !fields.is_empty();
+    let mut from_file: Vec<&str> = vars.keys().copied().collect();
+    from_file.sort_unstable();
+    let from_file = from_file.join(",");
     Ok(Box::new(move |k: &str| match vars.get(k) {
         Some(v) => Some(v.clone()),
+        None if k == SET_BY_CONFIG_FILE => Some(from_file.clone()),
         None if replaces_s3_env
             && matches!(
                 k,
@@ -430,7 +440,11 @@ pub fn configure(
             let connector = s3::CapturingConnector::default();
             b = b.with_http_connector(connector.clone());
             let disable_ssl = is_true(env("S3DISABLE_SSL"));
-            if env("AWS_ENDPOINT").is_none() && env("AWS_ENDPOINT_URL").is_none() {
+            let set_by_file = env(SET_BY_CONFIG_FILE).unwrap_or_default();
+            let from_file = |var: &str| set_by_file.split(',').any(|v| v == var);
+            if from_file("S3_ENDPOINT")
+                || (env("AWS_ENDPOINT").is_none() && env("AWS_ENDPOINT_URL").is_none())
+            {
                 if let Some(ep) = env("S3_ENDPOINT").filter(|e| !e.trim().is_empty()) {
                     let ep = ep.trim();
                     let ep = if ep.contains("://") {
@@ -446,7 +460,9 @@ pub fn configure(
             if disable_ssl {
                 b = b.with_allow_http(true);
             }
-            if env("AWS_REGION").is_none() && env("AWS_DEFAULT_REGION").is_none() {
+            if from_file("S3_REGION")
+                || (env("AWS_REGION").is_none() && env("AWS_DEFAULT_REGION").is_none())
+            {
                 if let Some(r) = env("S3_REGION").filter(|r| !r.trim().is_empty()) {
                     b = b.with_region(r.trim());
                 }
