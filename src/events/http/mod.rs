@@ -649,6 +649,7 @@ fn build_batch(st: &IngestState, body: &Bytes) -> Result<AppendBatch, parse::Bod
         partitions,
         quarantined: kept.list,
         quarantine_dropped: kept.dropped,
+        checkpoint: None,
     })
 }
 

@@ -20,7 +20,7 @@ use super::pending::Pending;
 use super::segments::{OpenSegment, Segments, Target};
 use super::sync::{run_sync, run_syncer, SyncJob, SYNCFS_ABOVE};
 use super::{
-    AppendBatch, AppendOutcome, AppendReply, Command, EventSpan, FileKind, RecoveryReport,
+    AppendBatch, AppendOutcome, AppendReply, Checkpoint, Command, EventSpan, FileKind, RecoveryReport,
     SealedFile, SpoolConfig, SpoolError, SpoolStats, EVENTS_DIR, MARKERS_DIR, QUARANTINE_DIR,
 };
 use crate::contract::quarantine::body_key;
@@ -98,6 +98,9 @@ struct InFlight {
     replies: Vec<(AppendReply, AppendOutcome)>,
     held: Held,
     new_sessions: Vec<String>,
+    /// State files to replace once the group is durable, with the index of their request
+    /// in `replies`.
+    checkpoints: Vec<(usize, Checkpoint)>,
     started: Instant,
 }
 
@@ -312,9 +315,15 @@ impl Writer {
         let mut held = Held::default();
         let mut new_sessions: Vec<String> = Vec::new();
         let mut failure: Option<(SpoolError, AppendReply)> = None;
-        for (batch, reply) in group {
+        let mut checkpoints = Vec::new();
+        for (mut batch, reply) in group {
             match self.stage(&batch, &mut held, &mut new_sessions) {
-                Ok(o) => staged.push((reply, o)),
+                Ok(o) => {
+                    if let Some(c) = batch.checkpoint.take() {
+                        checkpoints.push((staged.len(), c));
+                    }
+                    staged.push((reply, o));
+                }
                 // Refused before anything was staged: only this request is answered so.
                 Err(e) if e.is_over_budget() => {
                     m::backpressure();
@@ -351,10 +360,18 @@ impl Writer {
             replies: staged,
             held,
             new_sessions,
+            checkpoints,
             started,
         };
         match &mut self.waiting {
             Some(w) => {
+                let shift = w.replies.len();
+                w.checkpoints.extend(
+                    flight
+                        .checkpoints
+                        .into_iter()
+                        .map(|(i, c)| (i + shift, c)),
+                );
                 w.written.merge(flight.written);
                 w.replies.extend(flight.replies);
                 w.held.merge(flight.held);
@@ -438,7 +455,18 @@ impl Writer {
                 self.segs.queue_marker(&s, PathBuf::new());
             }
         }
-        for (reply, outcome) in flight.replies {
+        // Before the answers and before any of these segments can be sealed (sealing waits
+        // for this answer): see [`Checkpoint`].
+        let mut replies = flight.replies;
+        for (i, c) in flight.checkpoints {
+            if let Err(e) = crate::util::fs::write_atomically(&c.path, &c.bytes) {
+                tracing::error!(path = %c.path.display(), error = %e, "could not save a checkpoint after its events were stored");
+                if let Some((_, o)) = replies.get_mut(i) {
+                    o.checkpoint_failed = true;
+                }
+            }
+        }
+        for (reply, outcome) in replies {
             m::events_accepted(outcome.accepted, outcome.duplicates);
             let _ = reply.send(Ok(outcome));
         }
@@ -769,6 +797,7 @@ mod tests {
             }],
             quarantined: Vec::new(),
             quarantine_dropped: 0,
+            checkpoint: None,
         }
     }
 
