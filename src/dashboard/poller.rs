@@ -231,7 +231,10 @@ impl DashboardPoller {
     /// under the caller's deadline (dropping the future abandons it safely). One-shot
     /// endpoints already stored for this session are not fetched again; an answer whose list
     /// is shorter than the snapshot already stored (a dashboard shutting down), or a Serve
-    /// answer without applications, does not replace the last snapshot.
+    /// answer without applications, does not replace the last snapshot. The price: a shorter
+    /// list from a cluster that really removed an application or placement group since the
+    /// last live poll looks the same and is not stored either, so the history server shows
+    /// the removed entry as that poll saw it (see the README's trade-off).
     pub async fn poll_once(&mut self, session: &str) -> PollReport {
         self.poll(session, true).await
     }
