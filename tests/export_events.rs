@@ -481,14 +481,14 @@ fn stored_ids(bucket: &Path) -> HashMap<String, usize> {
     ids
 }
 
-/// kill -9 as soon as the first export object is in the bucket, in the middle of a backlog
+/// kill -9 as soon as two export objects are in the bucket, in the middle of a backlog
 /// read with small segments (sealed and uploaded while the tailer is still reading): after
 /// the restart every line is in the bucket exactly once. The offsets are saved with each
 /// batch before a segment holding it can be uploaded, so what the restart reads again is
 /// still in the spool and dropped by the reloaded deduplication window.
 #[test]
 fn a_kill9_during_an_export_pass_duplicates_nothing_in_the_bucket() {
-    const LINES: usize = 30_000;
+    const LINES: usize = 40_000;
     let tmp = tempfile::tempdir().unwrap();
     let ray = tmp.path().join("ray");
     setup_session(&ray);
@@ -502,15 +502,22 @@ fn a_kill9_during_an_export_pass_duplicates_nothing_in_the_bucket() {
     let mut args = export_args(&bucket, &ray).to_vec();
     args.extend(["--max-segment-bytes", "1MiB"]);
     let mut c = Collector::start(&spool, &args, &[]);
+    // Two objects: the first one's segment is then gone from the spool.
     let uploaded = || {
         bucket.is_dir()
             && rhc_testkit::collector::files_under(&bucket)
                 .iter()
-                .any(|p| p.to_string_lossy().contains("/export_events/"))
+                .filter(|p| p.to_string_lossy().contains("/export_events/"))
+                .count()
+                >= 2
     };
     let deadline = Instant::now() + Duration::from_secs(60);
     while !uploaded() {
-        assert!(Instant::now() < deadline, "nothing uploaded:\n{}", c.log_text());
+        assert!(
+            Instant::now() < deadline,
+            "nothing uploaded:\n{}",
+            c.log_text()
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
     c.kill9();
