@@ -262,7 +262,8 @@ fn a_hanging_endpoint_does_not_hold_back_the_datasets() {
     assert!(listed.elapsed() < Duration::from_secs(5));
     // The job's datasets change; SIGTERM while /timezone still hangs, and it hangs again in
     // the final poll.
-    let later = r#"{"datasets": [{"dataset": "dataset_1_0", "job_id": "02000000", "state": "FINISHED"}]}"#;
+    let later =
+        r#"{"datasets": [{"dataset": "dataset_1_0", "job_id": "02000000", "state": "FINISHED"}]}"#;
     dash.set(DATASETS, Answer::json(later));
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());

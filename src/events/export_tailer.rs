@@ -15,7 +15,10 @@
 //! i.e. handed to the uploader, which deletes a segment once uploaded. So a crash at any
 //! moment repeats only lines of the last batch whose offsets were not saved, and those are
 //! still in a spool segment: the restart reloads their ids (hashed with the export salt, as
-//! at ingest) into the deduplication window, which drops them. (Saving the offsets from the
+//! at ingest) into the deduplication window, which drops them (a batch holds at most 8 MiB
+//! of lines, some thousands of Ray's export events of about 1 KB, well within the window's
+//! default of 262,144 ids; with `--dedup-window 0` nothing is dropped). (Saving the offsets
+//! from the
 //! tailer after the append answered would leave a moment in which a sealed segment can be
 //! uploaded and deleted first; a crash there duplicated a whole read in the bucket.) Ray
 //! rotates these files by renaming (`name` → `name.1`), which keeps the inode, so a
@@ -193,11 +196,10 @@ impl Batch {
         self.offsets.is_empty()
     }
 
-    /// Records that the file `key` (inode `ino`, first bytes `head`) is consumed up to
-    /// `offset` once the batch is stored.
-    fn record(&mut self, key: String, ino: u64, offset: u64, head: &[u8]) {
-        let before = self.offsets.get(&key).map_or(0, |o| o.offset);
-        self.bytes += offset.saturating_sub(before);
+    /// Records that the file `key` (inode `ino`, first bytes `head`), read from `start`, is
+    /// consumed up to `offset` once the batch is stored.
+    fn record(&mut self, key: String, ino: u64, start: u64, offset: u64, head: &[u8]) {
+        self.bytes += offset.saturating_sub(start);
         let n = (offset.min(FINGERPRINT_BYTES) as usize).min(head.len());
         self.offsets.insert(
             key,
@@ -577,9 +579,13 @@ impl ExportTailer {
             // One line longer than the longest kept whole: keep its first part aside
             // instead of stalling.
             let cut = base + limit as usize;
-            let cost =
-                raw_record(QuarantineReason::ExportBadEvent, file.name, start, &batch.body[base..cut])
-                    .len() as u64;
+            let cost = raw_record(
+                QuarantineReason::ExportBadEvent,
+                file.name,
+                start,
+                &batch.body[base..cut],
+            )
+            .len() as u64;
             if cost > room {
                 batch.body.truncate(base);
                 return Ok(Piece::NoRoom);
@@ -593,7 +599,7 @@ impl ExportTailer {
                 end: cut,
                 source: Some((file.name.to_string(), start)),
             });
-            batch.record(key, meta.ino(), start + limit, &head);
+            batch.record(key, meta.ino(), start, start + limit, &head);
             return Ok(Piece::Read);
         } else {
             batch.body.truncate(base);
@@ -615,7 +621,7 @@ impl ExportTailer {
                 "a rotated export event file ends in a line without its newline; read as its last line"
             );
         }
-        batch.record(key, meta.ino(), start + consumed, &head);
+        batch.record(key, meta.ino(), start, start + consumed, &head);
         Ok(if taken < end {
             Piece::NoRoom
         } else {
@@ -671,7 +677,13 @@ impl ExportTailer {
                     }
                     // A batch is at most MAX_READ bytes, far below what a span can address.
                     let span = EventSpan::new(pos..line_end, id, false);
-                    match (span, batch.partitions.iter_mut().find(|p| p.partition == partition)) {
+                    match (
+                        span,
+                        batch
+                            .partitions
+                            .iter_mut()
+                            .find(|p| p.partition == partition),
+                    ) {
                         (Some(span), Some(p)) => p.events.push(span),
                         (Some(span), None) => batch.partitions.push(PartitionBatch {
                             partition,
@@ -772,18 +784,17 @@ impl ExportTailer {
             bytes,
         });
         let outcome = match checkpoint {
-            Ok(c) => {
-                self.spool
-                    .append(AppendBatch {
-                        body: Bytes::from(b.body),
-                        partitions: b.partitions,
-                        quarantined: b.quarantined,
-                        quarantine_dropped: 0,
-                        checkpoint: Some(c),
-                    })
-                    .await
-                    .map_err(StoreError::Spool)
-            }
+            Ok(c) => self
+                .spool
+                .append(AppendBatch {
+                    body: Bytes::from(b.body),
+                    partitions: b.partitions,
+                    quarantined: b.quarantined,
+                    quarantine_dropped: 0,
+                    checkpoint: Some(c),
+                })
+                .await
+                .map_err(StoreError::Spool),
             Err(e) => Err(StoreError::Encode(e)),
         };
         match outcome {

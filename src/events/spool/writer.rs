@@ -20,8 +20,9 @@ use super::pending::Pending;
 use super::segments::{OpenSegment, Segments, Target};
 use super::sync::{run_sync, run_syncer, SyncJob, SYNCFS_ABOVE};
 use super::{
-    AppendBatch, AppendOutcome, AppendReply, Checkpoint, Command, EventSpan, FileKind, RecoveryReport,
-    SealedFile, SpoolConfig, SpoolError, SpoolStats, EVENTS_DIR, MARKERS_DIR, QUARANTINE_DIR,
+    AppendBatch, AppendOutcome, AppendReply, Checkpoint, Command, EventSpan, FileKind,
+    RecoveryReport, SealedFile, SpoolConfig, SpoolError, SpoolStats, EVENTS_DIR, MARKERS_DIR,
+    QUARANTINE_DIR,
 };
 use crate::contract::quarantine::body_key;
 use crate::contract::{is_safe_segment, Hour};
@@ -366,12 +367,8 @@ impl Writer {
         match &mut self.waiting {
             Some(w) => {
                 let shift = w.replies.len();
-                w.checkpoints.extend(
-                    flight
-                        .checkpoints
-                        .into_iter()
-                        .map(|(i, c)| (i + shift, c)),
-                );
+                w.checkpoints
+                    .extend(flight.checkpoints.into_iter().map(|(i, c)| (i + shift, c)));
                 w.written.merge(flight.written);
                 w.replies.extend(flight.replies);
                 w.held.merge(flight.held);
