@@ -9,7 +9,8 @@
 //! All within `--shutdown-timeout`, most valuable first:
 //!
 //! 1. New event requests get 503; requests already being stored finish.
-//! 2. The export tailer makes its last pass, so lines Ray wrote just before the end are kept.
+//! 2. The export tailer makes its last pass, so lines Ray wrote just before the end are kept;
+//!    its reading ends 5 s after it is told (with step 1), whatever pass is running.
 //! 3. The spool seals every open segment and the uploader drains its queue: events first.
 //! 4. The log shipper's final flush (every file, byte for byte) and the head's last dashboard
 //!    poll run together in the time left.
@@ -209,9 +210,10 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         "shutting down: sealing and uploading everything"
     );
     state.begin_shutdown();
-    let _ = tokio::time::timeout_at(deadline.into(), state.wait_idle()).await;
-    // The export tailer makes a last pass so lines written just before the end are kept.
+    // The export tailer makes a last pass so lines written just before the end are kept; its
+    // reading ends a fixed time after it is told, so it is told now.
     let _ = stop_export.send(true);
+    let _ = tokio::time::timeout_at(deadline.into(), state.wait_idle()).await;
     if let Some(task) = export_task {
         let _ = tokio::time::timeout_at(deadline.into(), task).await;
     }

@@ -49,6 +49,17 @@ fn wait(c: &Collector, what: &str, limit: Duration, mut ok: impl FnMut() -> bool
 
 /// A head collector polling `dash` once at start (then hourly), storing into `bucket`.
 fn head(tmp: &Path, dash: &DashboardStandIn, bucket: &Path, log_collector: bool) -> Collector {
+    head_with(tmp, dash, bucket, log_collector, &[])
+}
+
+/// [`head`] with more flags.
+fn head_with(
+    tmp: &Path,
+    dash: &DashboardStandIn,
+    bucket: &Path,
+    log_collector: bool,
+    more: &[&str],
+) -> Collector {
     let ray = ray_session(tmp);
     std::fs::create_dir_all(bucket).unwrap();
     let address = dash.address();
@@ -70,6 +81,7 @@ fn head(tmp: &Path, dash: &DashboardStandIn, bucket: &Path, log_collector: bool)
         "--enable-export-events",
         "false",
     ];
+    let args: Vec<&str> = args.iter().chain(more).copied().collect();
     Collector::start(
         &tmp.join("spool"),
         &args,
@@ -217,5 +229,47 @@ fn answers_of_a_poll_left_hanging_are_not_asked_again() {
     assert_eq!(
         snapshot(&bucket, PLACEMENT_GROUPS),
         Some(good_answers()[PLACEMENT_GROUPS].body.clone())
+    );
+}
+
+/// One endpoint hangs (`/timezone`, longer than the request timeout): the jobs' datasets are
+/// asked as soon as the job list arrives, in the live poll and in the final poll at SIGTERM,
+/// whose datasets snapshot is stored within a shutdown deadline shorter than the hang.
+#[test]
+fn a_hanging_endpoint_does_not_hold_back_the_datasets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    let dash = DashboardStandIn::start().unwrap();
+    dash.set(EXTRA, Answer::json(EXTRA_GOOD));
+    dash.set_slow(TIMEZONE, Duration::from_secs(60));
+    let mut c = head_with(
+        tmp.path(),
+        &dash,
+        &bucket,
+        false,
+        &["--shutdown-timeout", "8s"],
+    );
+    wait(&c, "the job list", Duration::from_secs(20), || {
+        dash.count(JOBS) == 1
+    });
+    let listed = Instant::now();
+    wait(
+        &c,
+        "the live poll's datasets snapshot",
+        Duration::from_secs(5),
+        || snapshot(&bucket, DATASETS).is_some(),
+    );
+    assert!(listed.elapsed() < Duration::from_secs(5));
+    // The job's datasets change; SIGTERM while /timezone still hangs, and it hangs again in
+    // the final poll.
+    let later =
+        r#"{"datasets": [{"dataset": "dataset_1_0", "job_id": "02000000", "state": "FINISHED"}]}"#;
+    dash.set(DATASETS, Answer::json(later));
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+    assert_eq!(dash.count(DATASETS), 2, "{:?}", dash.requests());
+    assert_eq!(
+        snapshot(&bucket, DATASETS).map(|b| String::from_utf8_lossy(&b).into_owned()),
+        Some(later.to_string())
     );
 }

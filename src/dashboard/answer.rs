@@ -6,7 +6,9 @@
 //! `{"result": false, "msg": "GCS unavailable"}` or an empty list. So an answer is stored only
 //! if it is JSON of its endpoint's shape ([`Expect`]) with a top-level `result` that is not
 //! `false`; the poller also compares its list length ([`Checked::list_len`]) with the last one
-//! stored, so the final poll never replaces a snapshot with a smaller list.
+//! stored, so the final poll never replaces a snapshot with a smaller list (nor, therefore,
+//! with the honest shorter list of a cluster that removed something since the last live
+//! poll: the two answers look alike, and the last good snapshot is the safer one to replay).
 //!
 //! Memory: bodies reach 64 MiB, and a `serde_json::Value` of `[0,0,…]` costs 32 bytes per two
 //! bytes of body. Everything here walks the borrowed body with serde visitors that count and

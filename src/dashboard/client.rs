@@ -5,8 +5,11 @@
 //! Memory: a body may be up to [`MAX_BODY_BYTES`], and several requests run at once. Each
 //! request reads its first [`SMALL_BODY_BYTES`] freely; a body longer than that (announced or
 //! found while reading) first takes the one [`BodyBudget`] permit, held until the body is
-//! dropped. So the bodies in memory at once cost at most one large body plus one small one per
-//! request in flight, whatever the dashboard sends.
+//! dropped, which for a stored answer is after its upload: the upload sends the same bytes, so
+//! letting the permit go earlier would let a second large body into memory beside it. So the
+//! poller's bodies in memory at once cost at most one large body plus one small one per
+//! request in flight, whatever the dashboard sends. [`node_id_by_ip`] (one request, at start)
+//! uses a budget of its own.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -22,9 +22,13 @@
 //!   stored, and the final poll at SIGTERM never replaces a snapshot with a shorter list: a
 //!   dashboard going down answers 200 with error pages, truncated bodies and empty lists, which
 //!   the history server would replay as the cluster's state ([`answer`]);
-//! - bounded memory: bodies are checked without being built as values, and one body larger
-//!   than 1 MiB is held at a time ([`client`]);
-//! - each answer is recorded as it completes, so a hanging endpoint costs only itself.
+//!   (an entry really removed in the last poll interval then stays as last seen: the two
+//!   cannot be told apart);
+//! - bounded memory: bodies are checked without being built as values, and the poller holds
+//!   one body larger than 1 MiB at a time, until its upload is done ([`client`]);
+//!   [`node_id_by_ip`] has a permit of its own;
+//! - each answer is recorded as it completes, and the jobs' datasets are asked as soon as the
+//!   job list arrives, so a hanging endpoint costs only itself.
 //!
 //! Kept from KubeRay because the history server depends on it: a Ray Data answer with no
 //! datasets is never stored (a later eviction of the stats actor must not erase the snapshot),

@@ -232,7 +232,10 @@ impl DashboardPoller {
     /// under the caller's deadline (dropping the future abandons it safely). One-shot
     /// endpoints already stored for this session are not fetched again; an answer whose list
     /// is shorter than the snapshot already stored (a dashboard shutting down), or a Serve
-    /// answer without applications, does not replace the last snapshot.
+    /// answer without applications, does not replace the last snapshot. The price: a shorter
+    /// list from a cluster that really removed an application or placement group since the
+    /// last live poll looks the same and is not stored either, so the history server shows
+    /// the removed entry as that poll saw it (see the README's trade-off).
     pub async fn poll_once(&mut self, session: &str) -> PollReport {
         self.poll(session, true).await
     }
@@ -278,28 +281,41 @@ impl DashboardPoller {
             targets.push(self.target(uri.clone(), Kind::Additional, false));
         }
 
-        // The static endpoints and the job list at once; each answer is recorded as it comes.
+        // The static endpoints and the job list at once; the jobs' datasets join as soon as the
+        // list arrives (a hanging endpoint does not hold them back); each answer is recorded
+        // as it comes.
         enum Step {
             One(Done),
             Jobs(Result<Vec<ListedJob>, DashboardError>),
         }
+        type Steps<'a> = std::pin::Pin<Box<dyn futures::Stream<Item = Step> + Send + 'a>>;
         let fetcher = self.fetcher.clone();
-        let stores = store_all(&fetcher, session, targets, final_poll).map(Step::One);
-        let jobs = futures::stream::once(fetcher.list_jobs()).map(Step::Jobs);
-        let mut steps = std::pin::pin!(futures::stream::select(stores, jobs));
-        let mut listed = Vec::new();
+        let mut steps: futures::stream::SelectAll<Steps<'_>> = futures::stream::SelectAll::new();
+        steps.push(Box::pin(
+            store_all(&fetcher, session, targets, final_poll).map(Step::One),
+        ));
+        steps.push(Box::pin(
+            futures::stream::once(fetcher.list_jobs()).map(Step::Jobs),
+        ));
         while let Some(step) = steps.next().await {
             match step {
                 Step::One(done) => self.apply(done, &mut report),
                 Step::Jobs(Ok(jobs)) => {
                     report.fetched += 1;
                     self.succeeded(JOBS_ENDPOINT, Kind::JobList, "ok");
-                    listed = jobs;
+                    let datasets = self.datasets_targets(jobs, final_poll);
+                    steps.push(Box::pin(
+                        store_all(&fetcher, session, datasets, final_poll).map(Step::One),
+                    ));
                 }
                 Step::Jobs(Err(e)) => self.failed(JOBS_ENDPOINT, Kind::JobList, &e, &mut report),
             }
         }
+        report
+    }
 
+    /// The datasets endpoints worth asking for the listed jobs.
+    fn datasets_targets(&self, listed: Vec<ListedJob>, final_poll: bool) -> Vec<Target> {
         let mut targets = Vec::new();
         for job in listed {
             if job.terminal && self.state.datasets_final.contains(&job.job_id) {
@@ -317,11 +333,7 @@ impl DashboardPoller {
             let uri = format!("{DATASETS_PREFIX}{}", job.job_id);
             targets.push(self.target(uri, Kind::Datasets, job.terminal));
         }
-        let mut stores = std::pin::pin!(store_all(&fetcher, session, targets, final_poll));
-        while let Some(done) = stores.next().await {
-            self.apply(done, &mut report);
-        }
-        report
+        targets
     }
 
     fn target(&self, uri: String, kind: Kind, terminal: bool) -> Target {

@@ -8,11 +8,21 @@
 //! `P/<session>/<node>/export_events/<job-hex | node>/<node>-<YYYY-MM-DD-HH>-<n>.jsonl.gz`.
 //!
 //! Offsets are kept per file identity (inode plus a hash of its first bytes, so a recycled
-//! inode is not mistaken for the old file) in `<spool>/export-offsets.json`, saved after the
-//! lines they cover are durable in the spool. Ray rotates these files by renaming
-//! (`name` → `name.1`), which keeps the inode, so a rotation neither loses nor repeats a
-//! line; a crash between the spool write and the offset save repeats lines that the
-//! deduplication window (reloaded from the spool at start) drops. An incomplete last line
+//! inode is not mistaken for the old file) in `<spool>/export-offsets.json`. Lines are stored
+//! in batches (whole lines of one or many files, at most [`MAX_READ`] bytes), and each batch
+//! carries the offsets it reaches as the spool's [`Checkpoint`]: the spool's writer saves
+//! them (fsync'd) once the batch is durable and before any segment holding it can be sealed,
+//! i.e. handed to the uploader, which deletes a segment once uploaded. So a crash at any
+//! moment repeats only lines of the last batch whose offsets were not saved, and those are
+//! still in a spool segment: the restart reloads their ids (hashed with the export salt, as
+//! at ingest) into the deduplication window, which drops them (a batch holds at most 8 MiB
+//! of lines, some thousands of Ray's export events of about 1 KB, well within the window's
+//! default of 262,144 ids; with `--dedup-window 0` nothing is dropped). (Saving the offsets
+//! from the
+//! tailer after the append answered would leave a moment in which a sealed segment can be
+//! uploaded and deleted first; a crash there duplicated a whole read in the bucket.) Ray
+//! rotates these files by renaming (`name` → `name.1`), which keeps the inode, so a
+//! rotation neither loses nor repeats a line. An incomplete last line
 //! is left for the next read, except in a finished file (a rotated backup, which Ray never
 //! writes again): there the torn last line is read as the file's last line, so it is stored if
 //! it is JSON and quarantined with its file and offset if not, and logged either way.
@@ -26,14 +36,19 @@
 //! and read oldest first, before their live file.
 //!
 //! The tailer shares the spool's disk budget with Ray's pushed events, which get 503 above
-//! 90 % of it. A backlog of export lines is already on disk in Ray's own files, so the tailer
-//! stops reading at [`YIELD_PERCENT`] of the budget and leaves the rest of the room to pushed
-//! events; it resumes once uploads have made room. Its last pass at shutdown is bounded by
-//! [`FINAL_PASS_LIMIT`], so the events already in the spool keep the rest of the deadline.
+//! 90 % of it. A backlog of export lines is already on disk in Ray's own files, so a batch
+//! never takes the spool past [`YIELD_PERCENT`] of the budget, whatever the budget: its
+//! lines are counted as the spool counts them (a quarantined line as its record), and a line
+//! that does not fit the room left is not read yet. The rest of the room is left to pushed
+//! events; reading resumes once uploads have made room.
 //!
-//! The offsets file is saved at the end of each pass and every [`SAVE_EVERY_BYTES`] within one
-//! (not after every chunk: each save is an fsync), and entries of files that no longer exist
-//! are dropped from it.
+//! Reading ends [`FINAL_PASS_LIMIT`] after the shutdown is seen, whether a regular pass is
+//! running then (it is checked between two files and between two batches) or the last pass
+//! starts, so the events already in the spool keep the rest of the deadline.
+//!
+//! The offsets file is saved with every batch (one fsync per batch of up to 8 MiB, not per
+//! file) and at the end of each pass, and entries of files that no longer exist are dropped
+//! from it.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
@@ -51,27 +66,30 @@ use tokio::sync::{mpsc, watch};
 use crate::contract::events::EXPORT_NODE_GROUP;
 use crate::contract::{id_to_hex, is_safe_segment, Hour, Partition, Stream};
 use crate::events::dedup::id_hash;
-use crate::events::quarantine::QuarantineReason;
-use crate::events::spool::{AppendBatch, EventSpan, PartitionBatch, QuarantinedEvent, Spool};
+use crate::events::quarantine::{raw_record, QuarantineReason};
+use crate::events::spool::{
+    AppendBatch, Checkpoint, EventSpan, PartitionBatch, QuarantinedEvent, Spool, SpoolError,
+};
 use crate::node::node_id::NodeIdResolver;
 use crate::node::session::{list_sessions, ActiveSession};
 
-/// Most bytes read from one file at once (one spool append), so one huge backlog cannot hog
-/// the spool's writer; also the longest line kept whole. Smaller when the spool's budget is
-/// small: see [`read_limit`].
+/// Most bytes of one batch (one spool append and one save of the offsets), so one huge
+/// backlog cannot hog the spool's writer and a crash repeats little; also the longest line
+/// kept whole, less when the spool's budget is small: see [`line_limit`].
 const MAX_READ: u64 = 8 << 20;
-/// Smallest read, whatever the budget: a Ray export line is a few KiB.
-const MIN_READ: u64 = 1 << 20;
 /// Share of the spool's budget the tailer fills at most (pushed events get 503 at 90 %): a
-/// chunk started below it ends at most one read (at most 5 % of the budget) above it.
+/// batch never takes the spool past it, so the last tenth below the 503 mark is always
+/// left to pushed events.
 pub const YIELD_PERCENT: u64 = 80;
+/// A byte of a line kept in a quarantine record takes at most this many: serde_json writes a
+/// control character as `\u00XX`.
+const RECORD_GROWTH: u64 = 6;
+/// The rest of a quarantine record at most: reason, sentence, time, file name (at most 255
+/// bytes), offset and keys.
+const RECORD_FIELDS: u64 = 1024;
 /// Longest last pass at shutdown: lines left then are still in Ray's files for the next
 /// start, while the time left goes to uploading what the spool holds.
 pub const FINAL_PASS_LIMIT: Duration = Duration::from_secs(5);
-/// Bytes read between two saves of the offsets file within a pass. A crash repeats at most
-/// this much, which the deduplication window drops; saving after every chunk cost an fsync
-/// per 8 MiB.
-pub const SAVE_EVERY_BYTES: u64 = 64 << 20;
 /// Bytes hashed to recognise a file whose inode was reused.
 const FINGERPRINT_BYTES: u64 = 64;
 
@@ -137,6 +155,94 @@ pub struct ExportTailer {
     dirty: bool,
     /// Whether the last pass stopped for pushed events (logged on change only).
     yielding: bool,
+    /// When reading ends: [`FINAL_PASS_LIMIT`] after the shutdown was first seen.
+    stop_at: Option<Instant>,
+    /// Whether the end of reading was logged.
+    time_up_logged: bool,
+}
+
+/// Why storing a batch failed; its lines are read again next pass.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The offsets could not be encoded as JSON.
+    #[error("encoding the export offsets: {0}")]
+    Encode(serde_json::Error),
+    /// The spool refused the batch (over its budget) or could not write it.
+    #[error("appending export events to the spool: {0}")]
+    Spool(SpoolError),
+}
+
+/// Whole lines read in one pass and not yet stored, from one file or many (a pass over
+/// thousands of small files makes one append and one save of the offsets per batch, not per
+/// file).
+#[derive(Default)]
+struct Batch {
+    /// The lines, file after file.
+    body: Vec<u8>,
+    partitions: Vec<PartitionBatch>,
+    quarantined: Vec<QuarantinedEvent>,
+    /// Where each file's reading ends once the batch is stored.
+    offsets: BTreeMap<String, FileOffset>,
+    /// Bytes the batch adds to the spool (a quarantined line as its record).
+    cost: u64,
+    /// Most bytes it may add, from [`ExportTailer::room`] when it was started.
+    room: u64,
+    /// Bytes of the files it consumes.
+    bytes: u64,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.offsets.is_empty()
+    }
+
+    /// Records that the file `key` (inode `ino`, first bytes `head`), read from `start`, is
+    /// consumed up to `offset` once the batch is stored.
+    fn record(&mut self, key: String, ino: u64, start: u64, offset: u64, head: &[u8]) {
+        self.bytes += offset.saturating_sub(start);
+        let n = (offset.min(FINGERPRINT_BYTES) as usize).min(head.len());
+        self.offsets.insert(
+            key,
+            FileOffset {
+                inode: ino,
+                offset,
+                fingerprint: xxhash_rust::xxh3::xxh3_64(&head[..n]),
+            },
+        );
+    }
+}
+
+/// The file a piece is read from.
+struct FileRef<'a> {
+    session: &'a str,
+    /// The session directory: files are opened from its descriptor (`util::fs::Beneath`).
+    dir: &'a Path,
+    node: &'a str,
+    name: &'a str,
+    path: &'a Path,
+    finished: bool,
+}
+
+/// What reading a file into a batch did.
+enum Piece {
+    /// Lines were added; more may follow.
+    Read,
+    /// Nothing new (or only an incomplete last line).
+    Done,
+    /// The batch has no room for the file's next line.
+    NoRoom,
+}
+
+/// Where one line goes.
+enum Routed {
+    Blank,
+    Quarantine(QuarantineReason),
+    Event {
+        partition: Partition,
+        id: Option<u64>,
+        /// A Train run and its job, remembered once the line is taken.
+        run: Option<(String, String)>,
+    },
 }
 
 /// What one pass did.
@@ -184,11 +290,14 @@ impl ExportTailer {
             state,
             dirty: false,
             yielding: false,
+            stop_at: None,
+            time_up_logged: false,
         }
     }
 
     /// Tails until `shutdown`, then makes one last pass so lines written just before the
-    /// end are kept, and returns.
+    /// end are kept, and returns. Reading ends [`FINAL_PASS_LIMIT`] after `shutdown` is seen,
+    /// whether the pass running then is a regular one or the last.
     pub async fn run(
         mut self,
         sessions: watch::Receiver<Option<ActiveSession>>,
@@ -210,38 +319,57 @@ impl ExportTailer {
                     .and_then(|d| crate::util::watch::watch_dir(d, tx.clone(), true));
                 watched = dir.clone();
             }
-            tokio::select! {
-                _ = tick.tick() => {}
+            let last = tokio::select! {
+                _ = tick.tick() => false,
                 Some(()) = rx.recv() => {
                     // Batch a burst of writes into one pass.
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     while rx.try_recv().is_ok() {}
+                    false
                 }
-                _ = shutdown.changed() => {
-                    if *shutdown.borrow() {
-                        self.pass_until(Some(Instant::now() + FINAL_PASS_LIMIT)).await;
-                        break;
-                    }
-                }
+                // A sender gone is an end too: nobody is left to say stop.
+                changed = shutdown.changed() => changed.is_err() || *shutdown.borrow(),
+            };
+            if last {
+                self.stop_at
+                    .get_or_insert_with(|| Instant::now() + FINAL_PASS_LIMIT);
             }
-            self.pass().await;
+            self.pass_until(&shutdown).await;
+            if last {
+                break;
+            }
         }
         drop(watcher);
     }
 
-    /// Reads every session's export files once.
-    pub async fn pass(&mut self) -> PassReport {
-        self.pass_until(None).await
+    /// True once reading must end: [`FINAL_PASS_LIMIT`] after `shutdown` was first seen.
+    fn out_of_time(&mut self, shutdown: &watch::Receiver<bool>) -> bool {
+        if self.stop_at.is_none() && *shutdown.borrow() {
+            self.stop_at = Some(Instant::now() + FINAL_PASS_LIMIT);
+        }
+        let over = self.stop_at.is_some_and(|d| Instant::now() >= d);
+        if over && !self.time_up_logged {
+            self.time_up_logged = true;
+            tracing::warn!(
+                limit_s = FINAL_PASS_LIMIT.as_secs(),
+                "reading export event files stopped {}s after the shutdown began; the rest is read by the next start",
+                FINAL_PASS_LIMIT.as_secs()
+            );
+        }
+        over
     }
 
-    /// Reads every session's export files once, stopping between two chunks at `deadline` or
-    /// when the spool reaches [`YIELD_PERCENT`] of its budget.
-    async fn pass_until(&mut self, deadline: Option<Instant>) -> PassReport {
+    /// Reads every session's export files once, in batches of whole lines from one or many
+    /// files (one spool append and one save of the offsets each), stopping between two reads
+    /// when the time is up ([`Self::out_of_time`]) or when the spool has no room below
+    /// [`YIELD_PERCENT`] of its budget for the next line.
+    async fn pass_until(&mut self, shutdown: &watch::Receiver<bool>) -> PassReport {
         let mut total = PassReport::default();
-        let mut unsaved = 0u64;
         // Offsets entries of files still there, by session whose directory could be listed.
         let mut present: BTreeMap<String, HashSet<u64>> = BTreeMap::new();
         let mut stopped = false;
+        let mut full = false;
+        let mut batch = Batch::default();
         for s in list_sessions(&self.cfg.ray_tmp) {
             let dir = s.dir.join("logs").join("export_events");
             if !dir.is_dir() {
@@ -273,31 +401,38 @@ impl ExportTailer {
             'files: for (name, path, _) in files {
                 let finished = split_backup(&name).1 > 0;
                 loop {
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        tracing::warn!(
-                            limit_s = FINAL_PASS_LIMIT.as_secs(),
-                            "last pass over the export event files stopped at its time limit; the rest is read by the next start"
-                        );
+                    if self.out_of_time(shutdown) {
                         stopped = true;
                         break 'files;
                     }
-                    if self.must_yield() {
-                        stopped = true;
-                        break 'files;
+                    if batch.is_empty() {
+                        batch.room = self.room();
                     }
-                    match self
-                        .read_file(&s.name, &s.dir, &node, &name, &path, finished)
-                        .await
-                    {
-                        Ok(Some(r)) => {
-                            unsaved += r.bytes;
-                            total.add(r);
-                            if unsaved >= SAVE_EVERY_BYTES {
-                                self.save();
-                                unsaved = 0;
-                            }
+                    let file = FileRef {
+                        session: &s.name,
+                        dir: &s.dir,
+                        node: &node,
+                        name: &name,
+                        path: &path,
+                        finished,
+                    };
+                    match self.read_piece(&file, &mut batch).await {
+                        Ok(Piece::Read) => {}
+                        Ok(Piece::Done) => break,
+                        Ok(Piece::NoRoom) if batch.is_empty() => {
+                            // Not even an empty batch takes the next line: wait for uploads.
+                            full = true;
+                            stopped = true;
+                            break 'files;
                         }
-                        Ok(None) => break,
+                        Ok(Piece::NoRoom) => match self.flush(&mut batch).await {
+                            Ok(r) => total.add(r),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "storing export events failed; read again next pass");
+                                stopped = true;
+                                break 'files;
+                            }
+                        },
                         Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
                             // A symlink or odd file swapped in: never followed; not news
                             // every pass.
@@ -312,33 +447,46 @@ impl ExportTailer {
                 }
             }
         }
+        match self.flush(&mut batch).await {
+            Ok(r) => total.add(r),
+            Err(e) => {
+                tracing::warn!(error = %e, "storing export events failed; read again next pass")
+            }
+        }
+        self.note_yield(full);
         self.prune(&present);
         self.save();
         total
     }
 
-    /// True when the spool holds [`YIELD_PERCENT`] of its budget: the rest is for pushed
-    /// events. Logged when it starts and ends.
-    fn must_yield(&mut self) -> bool {
+    /// Bytes the next batch may add to the spool: up to [`YIELD_PERCENT`] of the budget
+    /// (the rest is for pushed events), at most [`MAX_READ`].
+    fn room(&self) -> u64 {
         let used = self.spool.stats().bytes.load(Ordering::Relaxed);
-        let mark = yield_mark(self.cfg.max_spool_bytes);
-        let full = used >= mark;
-        if full != self.yielding {
-            self.yielding = full;
-            if full {
-                tracing::warn!(
-                    spool_bytes = used,
-                    mark_bytes = mark,
-                    "spool at {YIELD_PERCENT}% of its budget: export event files wait on disk so pushed events keep room"
-                );
-            } else {
-                tracing::info!(
-                    spool_bytes = used,
-                    "spool has room again: reading export event files"
-                );
-            }
+        yield_mark(self.cfg.max_spool_bytes)
+            .saturating_sub(used)
+            .min(MAX_READ)
+    }
+
+    /// Logs when the tailer starts and stops waiting for room in the spool.
+    fn note_yield(&mut self, full: bool) {
+        if full == self.yielding {
+            return;
         }
-        full
+        self.yielding = full;
+        let used = self.spool.stats().bytes.load(Ordering::Relaxed);
+        if full {
+            tracing::warn!(
+                spool_bytes = used,
+                mark_bytes = yield_mark(self.cfg.max_spool_bytes),
+                "spool at {YIELD_PERCENT}% of its budget: export event files wait on disk so pushed events keep room"
+            );
+        } else {
+            tracing::info!(
+                spool_bytes = used,
+                "spool has room again: reading export event files"
+            );
+        }
     }
 
     /// Drops the offsets of files that are gone: those of a session whose export directory
@@ -368,32 +516,31 @@ impl ExportTailer {
         }
     }
 
-    /// Stores the next chunk of complete lines of one file; `None` when there is nothing new.
-    /// In a `finished` file (a backup Ray no longer writes) a last line without its newline
-    /// is read as a line too.
-    async fn read_file(
-        &mut self,
-        session: &str,
-        session_dir: &Path,
-        node: &str,
-        name: &str,
-        path: &Path,
-        finished: bool,
-    ) -> io::Result<Option<PassReport>> {
-        let limit = read_limit(self.cfg.max_spool_bytes);
-        let meta = std::fs::symlink_metadata(path)?;
+    /// Adds the next whole lines of one file to `batch`, as many as its room takes. In a
+    /// `finished` file (a backup Ray no longer writes) a last line without its newline is
+    /// read as a line too. A line with no newline within [`line_limit`] bytes is cut there
+    /// and its first part quarantined.
+    async fn read_piece(&mut self, file: &FileRef<'_>, batch: &mut Batch) -> io::Result<Piece> {
+        let meta = std::fs::symlink_metadata(file.path)?;
         if !meta.file_type().is_file() {
-            return Ok(None);
+            return Ok(Piece::Done);
         }
-        let key = format!("{session}/{}", meta.ino());
-        let known = self.state.files.get(&key).cloned();
+        let key = format!("{}/{}", file.session, meta.ino());
+        let known = batch
+            .offsets
+            .get(&key)
+            .or_else(|| self.state.files.get(&key))
+            .copied();
+        let room = batch.room.saturating_sub(batch.cost);
+        let base = batch.body.len();
+        let body = &mut batch.body;
         // Up to 8 MiB of reading: off the async workers, which serve Ray's requests.
-        let read = off_async_thread(|| -> io::Result<Option<(File, u64, Vec<u8>)>> {
+        let read = off_async_thread(|| -> io::Result<Option<(u64, u64, Vec<u8>)>> {
             // From the session directory's descriptor, never through a symlink (a `logs`
             // directory swapped for one included): see `util::fs::Beneath`.
             let mut f = crate::util::fs::Beneath {
-                root: session_dir.to_path_buf(),
-                rel: Path::new("logs").join("export_events").join(name),
+                root: file.dir.to_path_buf(),
+                rel: Path::new("logs").join("export_events").join(file.name),
                 dev: meta.dev(),
                 ino: meta.ino(),
             }
@@ -411,188 +558,282 @@ impl ExportTailer {
             if start >= meta.len() {
                 return Ok(None);
             }
-            let want = (meta.len() - start).min(limit);
-            let mut buf = vec![0u8; want as usize];
+            let want = (meta.len() - start).min(room);
+            body.resize(base + want as usize, 0);
             f.seek(SeekFrom::Start(start))?;
-            f.read_exact(&mut buf)?;
-            Ok(Some((f, start, buf)))
-        })?;
-        let Some((mut f, start, mut buf)) = read else {
-            return Ok(None);
+            f.read_exact(&mut body[base..])?;
+            let mut head = vec![0u8; meta.len().min(FINGERPRINT_BYTES) as usize];
+            f.seek(SeekFrom::Start(0))?;
+            f.read_exact(&mut head)?;
+            Ok(Some((start, want, head)))
+        });
+        let (start, want, head) = match read {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                batch.body.truncate(base);
+                return Ok(Piece::Done);
+            }
+            Err(e) => {
+                batch.body.truncate(base);
+                return Err(e);
+            }
         };
-        let want = buf.len() as u64;
-        // Only complete lines; an incomplete last line waits for its newline.
-        let complete = buf.iter().rposition(|&c| c == b'\n').map(|i| i + 1);
+        if want == 0 {
+            return Ok(Piece::NoRoom);
+        }
         let at_eof = start + want == meta.len();
-        let (body, consumed) = match complete {
-            // A finished file's torn last line will never be completed: read it now.
-            _ if finished && at_eof && buf.last() != Some(&b'\n') => {
-                let torn_at = start + complete.unwrap_or(0) as u64;
-                tracing::warn!(
-                    file = %path.display(),
-                    offset = torn_at,
-                    bytes = want - complete.unwrap_or(0) as u64,
-                    "a rotated export event file ends in a line without its newline; read as its last line"
-                );
-                buf.push(b'\n');
-                (Bytes::from(buf), want)
-            }
-            Some(end) => {
-                buf.truncate(end);
-                (Bytes::from(buf), end as u64)
-            }
-            None if want == limit => {
-                // One line longer than a whole read: keep it aside instead of stalling.
-                tracing::warn!(file = %path.display(), offset = start, limit, "export event line longer than a read; quarantined");
-                let batch = AppendBatch {
-                    body: Bytes::from(buf),
-                    partitions: Vec::new(),
-                    quarantined: vec![QuarantinedEvent {
-                        reason: QuarantineReason::ExportBadEvent,
-                        start: 0,
-                        end: want as usize,
-                        source: Some((name.to_string(), start)),
-                    }],
-                    quarantine_dropped: 0,
-                };
-                self.spool.append(batch).await.map_err(io::Error::other)?;
-                self.remember(key, &mut f, meta.ino(), start + want)?;
-                return Ok(Some(PassReport {
-                    quarantined: 1,
-                    bytes: want,
-                    ..Default::default()
-                }));
-            }
-            None => return Ok(None),
-        };
-        let batch = self.route(&body, session, node, name, start);
-        let outcome = self.spool.append(batch).await.map_err(io::Error::other)?;
-        // The offsets are saved by the pass, after the lines they cover are durable.
-        self.remember(key, &mut f, meta.ino(), start + consumed)?;
-        Ok(Some(PassReport {
-            accepted: outcome.accepted,
-            duplicates: outcome.duplicates,
-            quarantined: outcome.quarantined,
-            bytes: consumed,
-        }))
-    }
-
-    /// Records that `file` (inode `ino`) was consumed up to `offset`.
-    fn remember(&mut self, key: String, f: &mut File, ino: u64, offset: u64) -> io::Result<()> {
-        let fp = off_async_thread(|| fingerprint(f, offset))?;
-        self.state.files.insert(
-            key,
-            FileOffset {
-                inode: ino,
-                offset,
-                fingerprint: fp,
-            },
-        );
-        self.dirty = true;
-        Ok(())
-    }
-
-    /// Routes the lines of `body` (complete lines read at `file_offset` of `file`).
-    fn route(
-        &mut self,
-        body: &Bytes,
-        session: &str,
-        node: &str,
-        file: &str,
-        file_offset: u64,
-    ) -> AppendBatch {
-        let mut partitions: Vec<PartitionBatch> = Vec::new();
-        let mut quarantined = Vec::new();
-        let mut pos = 0usize;
-        for line in body.split(|&c| c == b'\n') {
-            let start = pos;
-            let end = pos + line.len();
-            pos = end + 1;
-            if line.iter().all(|c| c.is_ascii_whitespace()) {
-                continue;
-            }
-            let q = |reason| QuarantinedEvent {
-                reason,
+        let piece = &batch.body[base..];
+        let complete = piece.iter().rposition(|&c| c == b'\n').map(|i| i + 1);
+        // A finished file's torn last line will never be completed: read it now.
+        let torn = file.finished && at_eof && piece.last() != Some(&b'\n');
+        let limit = line_limit(self.cfg.max_spool_bytes);
+        let end = if torn {
+            batch.body.push(b'\n');
+            want as usize + 1
+        } else if let Some(end) = complete {
+            end
+        } else if want >= limit {
+            // One line longer than the longest kept whole: keep its first part aside
+            // instead of stalling.
+            let cut = base + limit as usize;
+            let cost = raw_record(
+                QuarantineReason::ExportBadEvent,
+                file.name,
                 start,
-                end,
-                source: Some((file.to_string(), file_offset + start as u64)),
-            };
-            let parsed: ExportLine = match serde_json::from_slice(line) {
-                Ok(p) => p,
-                Err(e) if e.is_syntax() || e.is_eof() => {
-                    quarantined.push(q(QuarantineReason::ExportNotJson));
-                    continue;
+                &batch.body[base..cut],
+            )
+            .len() as u64;
+            if cost > room {
+                batch.body.truncate(base);
+                return Ok(Piece::NoRoom);
+            }
+            tracing::warn!(file = %file.path.display(), offset = start, limit, "export event line longer than the longest kept whole; its first part is quarantined");
+            batch.body.truncate(cut);
+            batch.cost += cost;
+            batch.quarantined.push(QuarantinedEvent {
+                reason: QuarantineReason::ExportBadEvent,
+                start: base,
+                end: cut,
+                source: Some((file.name.to_string(), start)),
+            });
+            batch.record(key, meta.ino(), start, start + limit, &head);
+            return Ok(Piece::Read);
+        } else {
+            batch.body.truncate(base);
+            // An incomplete last line waits for its newline; a longer read may hold it.
+            return Ok(if at_eof { Piece::Done } else { Piece::NoRoom });
+        };
+        let taken = self.route_into(batch, base, end, file, start);
+        batch.body.truncate(base + taken);
+        if taken == 0 {
+            return Ok(Piece::NoRoom);
+        }
+        let consumed = (taken as u64).min(want);
+        if torn && taken == end {
+            let at = start + complete.unwrap_or(0) as u64;
+            tracing::warn!(
+                file = %file.path.display(),
+                offset = at,
+                bytes = start + want - at,
+                "a rotated export event file ends in a line without its newline; read as its last line"
+            );
+        }
+        batch.record(key, meta.ino(), start, start + consumed, &head);
+        Ok(if taken < end {
+            Piece::NoRoom
+        } else {
+            Piece::Read
+        })
+    }
+
+    /// Routes the whole lines of `batch.body[base..base + end]` (read at `file_offset` of
+    /// the file) into the batch, while they fit its room; returns the bytes taken.
+    fn route_into(
+        &mut self,
+        batch: &mut Batch,
+        base: usize,
+        end: usize,
+        file: &FileRef<'_>,
+        file_offset: u64,
+    ) -> usize {
+        let stop = base + end;
+        let mut pos = base;
+        while pos < stop {
+            let line_end = batch.body[pos..stop]
+                .iter()
+                .position(|&c| c == b'\n')
+                .map_or(stop, |i| pos + i);
+            let line = &batch.body[pos..line_end];
+            let offset = file_offset + (pos - base) as u64;
+            let routed = self.route_line(line, file.session, file.node);
+            let cost = match &routed {
+                Routed::Blank => 0,
+                Routed::Event { .. } => line.len() as u64 + 1,
+                Routed::Quarantine(reason) => {
+                    raw_record(*reason, file.name, offset, line).len() as u64
                 }
-                Err(_) => {
-                    quarantined.push(q(QuarantineReason::ExportBadEvent));
-                    continue;
-                }
             };
-            let Some(ts) = parsed.timestamp else {
-                quarantined.push(q(QuarantineReason::ExportBadEvent));
-                continue;
-            };
-            let data = parsed.event_data.as_ref();
-            let job = match data
-                .and_then(|d| d.job_id.as_deref())
-                .filter(|j| !j.is_empty())
-            {
-                Some(j) => match id_to_hex(j) {
-                    Ok(h) => Some(h.as_str().to_string()),
-                    Err(_) => {
-                        quarantined.push(q(QuarantineReason::ExportBadEvent));
-                        continue;
-                    }
-                },
-                None => None,
-            };
-            let source = parsed.source_type.as_deref().unwrap_or("");
-            // Train runs name their job; their attempts only their run.
-            let job = match (source, data) {
-                ("EXPORT_TRAIN_RUN", Some(d)) => {
-                    if let (Some(run), Some(j)) = (d.id.as_deref(), job.as_ref()) {
-                        if is_safe_segment(run) && self.state.run_jobs.get(run) != Some(j) {
-                            self.state.run_jobs.insert(run.to_string(), j.clone());
+            if batch.cost + cost > batch.room {
+                break;
+            }
+            batch.cost += cost;
+            match routed {
+                Routed::Blank => {}
+                Routed::Quarantine(reason) => batch.quarantined.push(QuarantinedEvent {
+                    reason,
+                    start: pos,
+                    end: line_end,
+                    source: Some((file.name.to_string(), offset)),
+                }),
+                Routed::Event { partition, id, run } => {
+                    if let Some((run, job)) = run {
+                        if self.state.run_jobs.get(&run) != Some(&job) {
+                            self.state.run_jobs.insert(run, job);
                             self.dirty = true;
                         }
                     }
-                    job
+                    // A batch is at most MAX_READ bytes, far below what a span can address.
+                    let span = EventSpan::new(pos..line_end, id, false);
+                    match (
+                        span,
+                        batch
+                            .partitions
+                            .iter_mut()
+                            .find(|p| p.partition == partition),
+                    ) {
+                        (Some(span), Some(p)) => p.events.push(span),
+                        (Some(span), None) => batch.partitions.push(PartitionBatch {
+                            partition,
+                            events: vec![span],
+                        }),
+                        (None, _) => batch.quarantined.push(QuarantinedEvent {
+                            reason: QuarantineReason::ExportBadEvent,
+                            start: pos,
+                            end: line_end,
+                            source: Some((file.name.to_string(), offset)),
+                        }),
+                    }
                 }
-                ("EXPORT_TRAIN_RUN_ATTEMPT", Some(d)) if job.is_none() => d
-                    .run_id
-                    .as_deref()
-                    .and_then(|r| self.state.run_jobs.get(r).cloned()),
-                _ => job,
-            };
-            let group = job.unwrap_or_else(|| EXPORT_NODE_GROUP.to_string());
-            let partition = Partition {
+            }
+            pos = line_end + 1;
+        }
+        pos.min(stop) - base
+    }
+
+    /// Where one line goes.
+    fn route_line(&self, line: &[u8], session: &str, node: &str) -> Routed {
+        if line.iter().all(|c| c.is_ascii_whitespace()) {
+            return Routed::Blank;
+        }
+        let parsed: ExportLine = match serde_json::from_slice(line) {
+            Ok(p) => p,
+            Err(e) if e.is_syntax() || e.is_eof() => {
+                return Routed::Quarantine(QuarantineReason::ExportNotJson)
+            }
+            Err(_) => return Routed::Quarantine(QuarantineReason::ExportBadEvent),
+        };
+        let Some(ts) = parsed.timestamp else {
+            return Routed::Quarantine(QuarantineReason::ExportBadEvent);
+        };
+        let data = parsed.event_data.as_ref();
+        let job = match data
+            .and_then(|d| d.job_id.as_deref())
+            .filter(|j| !j.is_empty())
+        {
+            Some(j) => match id_to_hex(j) {
+                Ok(h) => Some(h.as_str().to_string()),
+                Err(_) => return Routed::Quarantine(QuarantineReason::ExportBadEvent),
+            },
+            None => None,
+        };
+        let source = parsed.source_type.as_deref().unwrap_or("");
+        // Train runs name their job; their attempts only their run.
+        let mut run = None;
+        let job = match (source, data) {
+            ("EXPORT_TRAIN_RUN", Some(d)) => {
+                if let (Some(r), Some(j)) = (d.id.as_deref(), job.as_ref()) {
+                    if is_safe_segment(r) {
+                        run = Some((r.to_string(), j.clone()));
+                    }
+                }
+                job
+            }
+            ("EXPORT_TRAIN_RUN_ATTEMPT", Some(d)) if job.is_none() => d
+                .run_id
+                .as_deref()
+                .and_then(|r| self.state.run_jobs.get(r).cloned()),
+            _ => job,
+        };
+        let group = job.unwrap_or_else(|| EXPORT_NODE_GROUP.to_string());
+        Routed::Event {
+            partition: Partition {
                 session: session.to_string(),
                 node: node.to_string(),
                 stream: Stream::Export(group),
                 hour: Hour::from_unix_seconds(ts),
-            };
-            let id = parsed
+            },
+            id: parsed
                 .event_id
                 .as_deref()
-                .map(|id| id_hash(id.as_bytes()) ^ crate::events::spool::EXPORT_ID_SALT);
-            // A read is at most MAX_READ bytes, far below what a span can address.
-            let Some(span) = EventSpan::new(start..end, id, false) else {
-                quarantined.push(q(QuarantineReason::ExportBadEvent));
-                continue;
-            };
-            match partitions.iter_mut().find(|p| p.partition == partition) {
-                Some(p) => p.events.push(span),
-                None => partitions.push(PartitionBatch {
-                    partition,
-                    events: vec![span],
-                }),
-            }
+                .map(|id| id_hash(id.as_bytes()) ^ crate::events::spool::EXPORT_ID_SALT),
+            run,
         }
-        AppendBatch {
-            body: body.clone(),
-            partitions,
-            quarantined,
-            quarantine_dropped: 0,
+    }
+
+    /// Stores the batch and, with it, the offsets it reaches (a [`Checkpoint`] the spool
+    /// writes once the lines are durable and before any segment holding them can be
+    /// uploaded). Refused or failed, nothing of it counts as read.
+    async fn flush(&mut self, batch: &mut Batch) -> Result<PassReport, StoreError> {
+        let b = std::mem::take(batch);
+        if b.offsets.is_empty() {
+            return Ok(PassReport::default());
+        }
+        let previous: Vec<(String, Option<FileOffset>)> = b
+            .offsets
+            .into_iter()
+            .map(|(k, o)| {
+                let before = self.state.files.insert(k.clone(), o);
+                (k, before)
+            })
+            .collect();
+        let checkpoint = serde_json::to_vec(&self.state).map(|bytes| Checkpoint {
+            path: offsets_path(&self.cfg.state_dir),
+            bytes,
+        });
+        let outcome = match checkpoint {
+            Ok(c) => self
+                .spool
+                .append(AppendBatch {
+                    body: Bytes::from(b.body),
+                    partitions: b.partitions,
+                    quarantined: b.quarantined,
+                    quarantine_dropped: 0,
+                    checkpoint: Some(c),
+                })
+                .await
+                .map_err(StoreError::Spool),
+            Err(e) => Err(StoreError::Encode(e)),
+        };
+        match outcome {
+            Ok(o) => {
+                // The checkpoint holds the whole state, prunes and runs included.
+                self.dirty = o.checkpoint_failed;
+                Ok(PassReport {
+                    accepted: o.accepted,
+                    duplicates: o.duplicates,
+                    quarantined: o.quarantined,
+                    bytes: b.bytes,
+                })
+            }
+            Err(e) => {
+                for (k, before) in previous {
+                    match before {
+                        Some(o) => self.state.files.insert(k, o),
+                        None => self.state.files.remove(&k),
+                    };
+                }
+                Err(e)
+            }
         }
     }
 
@@ -659,10 +900,12 @@ fn yield_mark(max_spool_bytes: u64) -> u64 {
     max_spool_bytes / 100 * YIELD_PERCENT
 }
 
-/// Bytes read at once: [`MAX_READ`], or 5 % of a small budget (at least [`MIN_READ`]), so a
-/// read started below the yield mark stays clear of the 90 % mark.
-fn read_limit(max_spool_bytes: u64) -> u64 {
-    (max_spool_bytes / 20).clamp(MIN_READ, MAX_READ)
+/// The longest line kept whole: [`MAX_READ`], or less when the budget is small, so that the
+/// quarantine record of a longer line's first part (at most [`RECORD_GROWTH`] times its
+/// bytes plus [`RECORD_FIELDS`]) fits below the yield mark of an empty spool and the file
+/// never stalls on it.
+fn line_limit(max_spool_bytes: u64) -> u64 {
+    (yield_mark(max_spool_bytes).saturating_sub(RECORD_FIELDS) / RECORD_GROWTH).clamp(1, MAX_READ)
 }
 
 /// Hash of the file's first bytes (up to `FINGERPRINT_BYTES`, and not past `upto`).
@@ -725,11 +968,15 @@ mod tests {
     }
 
     #[test]
-    fn reads_stay_clear_of_the_503_mark() {
-        assert_eq!(read_limit(1 << 30), MAX_READ);
-        assert_eq!(read_limit(40 << 20), 2 << 20);
-        assert_eq!(read_limit(1 << 20), MIN_READ);
-        let budget = 1u64 << 30;
-        assert!(yield_mark(budget) + read_limit(budget) < budget / 10 * 9);
+    fn a_cut_line_fits_an_empty_spool_below_the_mark() {
+        assert_eq!(line_limit(1 << 30), MAX_READ);
+        for budget in [1u64 << 10, 1 << 20, 5 << 20, 40 << 20, 1 << 30] {
+            let limit = line_limit(budget);
+            assert!(limit >= 1);
+            assert!(
+                limit == 1 || limit * RECORD_GROWTH + RECORD_FIELDS <= yield_mark(budget),
+                "{budget}"
+            );
+        }
     }
 }

@@ -25,10 +25,16 @@ use std::path::{Path, PathBuf};
 /// fsync of the directory): the small state files beside the spool (log ledger, export
 /// offsets) are never seen half written.
 pub fn write_json_atomically(path: &Path, value: &impl serde::Serialize) -> io::Result<()> {
-    let tmp = path.with_extension("json.tmp");
     let bytes = serde_json::to_vec(value).map_err(io::Error::other)?;
+    write_atomically(path, &bytes)
+}
+
+/// Replaces `path` with `bytes`, atomically and durably, as [`write_json_atomically`] does
+/// (its temp file is `path` with the extension `json.tmp`).
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
     let mut f = File::create(&tmp)?;
-    f.write_all(&bytes)?;
+    f.write_all(bytes)?;
     f.sync_all()?;
     fs::rename(&tmp, path)?;
     match path.parent() {

@@ -822,6 +822,7 @@ fn build_batch(
         partitions,
         quarantined: kept.list,
         quarantine_dropped: kept.dropped,
+        checkpoint: None,
     }))
 }
 

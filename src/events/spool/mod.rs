@@ -352,6 +352,25 @@ pub struct AppendBatch {
     pub quarantined: Vec<QuarantinedEvent>,
     /// Events that could not be routed beyond the per-body cap: counted, not kept.
     pub quarantine_dropped: u64,
+    /// A small state file to replace once these events are durable, before any segment
+    /// holding them can be sealed (see [`Checkpoint`]).
+    pub checkpoint: Option<Checkpoint>,
+}
+
+/// A state file that says how far an input was consumed (the export tailer's offsets), given
+/// with the batch that consumed it. The writer replaces the file (temp file, fsync, rename,
+/// fsync of the directory) after the batch's group is durable and before it answers, and a
+/// segment is sealed (handed to the uploader, which deletes it once uploaded) only after the
+/// groups written to it are answered. So the file never lags behind a line that could have
+/// left the spool: after a crash, whatever is read again is still in a segment, whose ids
+/// the restart reloads into the deduplication window. A batch that is refused or rolled
+/// back leaves the file alone.
+#[derive(Debug)]
+pub struct Checkpoint {
+    /// The file to replace.
+    pub path: PathBuf,
+    /// Its new content.
+    pub bytes: Vec<u8>,
 }
 
 /// What happened to a request's events.
@@ -368,6 +387,9 @@ pub struct AppendOutcome {
     pub quarantined: u64,
     /// Not routable and beyond the per-body quarantine cap: counted, not stored.
     pub quarantine_dropped: u64,
+    /// The batch's [`Checkpoint`] could not be written (logged); its events are stored.
+    #[serde(skip)]
+    pub checkpoint_failed: bool,
 }
 
 pub(super) enum Command {

@@ -22,9 +22,9 @@ use super::pending::Pending;
 use super::segments::{OpenSegment, Segments, Target};
 use super::sync::{run_sync, run_syncer, sync_dir, SyncJob, SYNCFS_ABOVE};
 use super::{
-    AppendBatch, AppendOutcome, AppendReply, Command, EventSpan, FileKind, PartitionBatch,
-    RecoveryReport, SealedFile, SpoolConfig, SpoolError, SpoolStats, CUTS_DIR, EVENTS_DIR,
-    MARKERS_DIR, MAX_PARTITIONS_PER_REQUEST, QUARANTINE_DIR,
+    AppendBatch, AppendOutcome, AppendReply, Checkpoint, Command, EventSpan, FileKind,
+    PartitionBatch, RecoveryReport, SealedFile, SpoolConfig, SpoolError, SpoolStats, CUTS_DIR,
+    EVENTS_DIR, MARKERS_DIR, MAX_PARTITIONS_PER_REQUEST, QUARANTINE_DIR,
 };
 use crate::contract::quarantine::body_key;
 use crate::contract::{is_safe_segment, Hour, Partition, Stream};
@@ -103,6 +103,9 @@ struct InFlight {
     replies: Vec<(AppendReply, AppendOutcome)>,
     held: Held,
     new_sessions: Vec<String>,
+    /// State files to replace once the group is durable, with the index of their request
+    /// in `replies`.
+    checkpoints: Vec<(usize, Checkpoint)>,
     started: Instant,
 }
 
@@ -400,9 +403,15 @@ impl Writer {
         let mut staged: Vec<(AppendReply, AppendOutcome)> = Vec::with_capacity(group.len());
         let mut held = Held::default();
         let mut new_sessions: Vec<String> = Vec::new();
-        for (batch, reply) in group {
+        let mut checkpoints = Vec::new();
+        for (mut batch, reply) in group {
             match self.stage(&batch, &mut held, &mut new_sessions) {
-                Ok(o) => staged.push((reply, o)),
+                Ok(o) => {
+                    if let Some(c) = batch.checkpoint.take() {
+                        checkpoints.push((staged.len(), c));
+                    }
+                    staged.push((reply, o));
+                }
                 // Refused, or failed, before anything of it was staged: only this request
                 // is answered so; the others of the group go on.
                 Err(e) => {
@@ -433,10 +442,14 @@ impl Writer {
             replies: staged,
             held,
             new_sessions,
+            checkpoints,
             started,
         };
         match &mut self.waiting {
             Some(w) => {
+                let shift = w.replies.len();
+                w.checkpoints
+                    .extend(flight.checkpoints.into_iter().map(|(i, c)| (i + shift, c)));
                 w.written.merge(flight.written);
                 w.replies.extend(flight.replies);
                 w.held.merge(flight.held);
@@ -527,7 +540,18 @@ impl Writer {
                 self.segs.queue_marker(&s, PathBuf::new());
             }
         }
-        for (reply, outcome) in flight.replies {
+        // Before the answers and before any of these segments can be sealed (sealing waits
+        // for this answer): see [`Checkpoint`].
+        let mut replies = flight.replies;
+        for (i, c) in flight.checkpoints {
+            if let Err(e) = crate::util::fs::write_atomically(&c.path, &c.bytes) {
+                tracing::error!(path = %c.path.display(), error = %e, "could not save a checkpoint after its events were stored");
+                if let Some((_, o)) = replies.get_mut(i) {
+                    o.checkpoint_failed = true;
+                }
+            }
+        }
+        for (reply, outcome) in replies {
             m::events_accepted(outcome.accepted, outcome.duplicates);
             let _ = reply.send(Ok(outcome));
         }
@@ -1023,6 +1047,7 @@ mod tests {
             }],
             quarantined: Vec::new(),
             quarantine_dropped: 0,
+            checkpoint: None,
         }
     }
 
