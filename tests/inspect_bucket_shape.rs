@@ -346,6 +346,104 @@ fn keys_with_control_characters_are_skipped_and_counted() {
     assert_terminal_safe(&out.stderr, "--logs");
 }
 
+/// The same on S3, where a key holding ESC used to fail its whole listing page (XML 1.0
+/// cannot carry it): a marker and a cluster folder under `cluster-metadata/`, a node
+/// folder and an object inside `node_events/`, named with ESC or a carriage return (moto
+/// refuses a PUT whose key holds a newline: its router does not match it), beside two good
+/// sessions. inspect lists with `encoding-type=url`: each bad key is skipped and counted,
+/// the rest is read.
+#[test]
+fn keys_with_control_characters_on_s3_are_skipped_and_counted() {
+    let Some(s3) = MotoS3::start() else { return };
+    s3.create_bucket("ctl");
+    let work = tempfile::tempdir().unwrap();
+    let want = fixture_baseline(work.path());
+    let local = work.path().join("local");
+    fixture_bucket(&local);
+    for entry in walk_files(&local) {
+        let key = entry.strip_prefix(&local).unwrap().to_str().unwrap();
+        s3.put_object("ctl", key, &std::fs::read(&entry).unwrap());
+    }
+    let event = filler_line(1);
+    // A second good session, and node events beside the job's.
+    let other = "session_2026-11-23_00-00-00_000000_9";
+    s3.put_object("ctl", &format!("{MARKERS}/{other}"), b"");
+    s3.put_object(
+        "ctl",
+        &format!("{PREFIX}/{other}/{NODE}/node_events/{NODE}-2026-11-23-00-1.jsonl"),
+        event.as_bytes(),
+    );
+    s3.put_object(
+        "ctl",
+        &format!("{PREFIX}/{SESSION}/{NODE}/node_events/{NODE}-2026-11-22-02-1.jsonl"),
+        event.as_bytes(),
+    );
+    let bad = [
+        // A marker, and a cluster folder with a marker in it.
+        format!("{MARKERS}/session_2026-11-23_00-00-00_000000_1\u{1b}]0;TITLE\u{7}"),
+        "cluster-metadata/raycluster/default_c\r3/session_2026-11-23_00-00-00_000000_3".to_string(),
+        // A node folder, and an object inside node_events/.
+        format!("{PREFIX}/{SESSION}/node\u{1b}[31m/node_events/x-2026-11-22-02-1.jsonl"),
+        format!("{PREFIX}/{SESSION}/{NODE}/node_events/\u{1b}x-2026-11-22-02-2.jsonl"),
+    ];
+    for key in &bad {
+        s3.put_object("ctl", key, event.as_bytes());
+    }
+    let env = s3.collector_env();
+
+    let out = inspect_with(&["s3://ctl", "--json"], &env, None);
+    let list = json_of(&out, "s3 list");
+    let sessions = &list["clusters"][0]["sessions"];
+    let names: Vec<_> = sessions
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["session"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names.len(), 2, "{list}");
+    assert!(names.iter().any(|n| n == SESSION), "{list}");
+    assert!(names.iter().any(|n| n == other), "{list}");
+    // The marker, the cluster folder; listed for the session's footprint, the node
+    // folder's object and the object in node_events/.
+    assert_eq!(
+        list["problems"]["skipped_entries"], 4,
+        "{}",
+        list["problems"]
+    );
+    let text = inspect_with(&["s3://ctl"], &env, None);
+    assert!(text.status.success(), "{}", text.stderr);
+    assert_terminal_safe(&text.stdout, "s3 list");
+    assert_terminal_safe(&text.stderr, "s3 list");
+    assert!(
+        text.stdout.contains("\\u{1b}]0;TITLE\\u{7}"),
+        "{}",
+        text.stdout
+    );
+
+    let out = inspect_with(&["s3://ctl", "--session", SESSION, "--json"], &env, None);
+    let r = json_of(&out, "s3 session");
+    assert_eq!(fixture_view(&r), want);
+    assert_eq!(r["objects"]["read"], 2, "{}", r["objects"]);
+    assert_eq!(r["events"]["by_type"][FILLER], 1, "{}", r["events"]);
+    assert_eq!(r["problems"]["unreadable_objects"], 0, "{}", r["problems"]);
+    assert_eq!(r["problems"]["skipped_entries"], 4, "{}", r["problems"]);
+    let details = r["problems"]["details"].to_string();
+    assert!(details.contains("node\\\\u{1b}[31m"), "{details}");
+    assert!(details.contains("default_c\\\\u{d}3"), "{details}");
+    let text = inspect_with(&["s3://ctl", "--session", SESSION], &env, None);
+    assert!(text.status.success(), "{}", text.stderr);
+    assert_terminal_safe(&text.stdout, "s3 session");
+    assert_terminal_safe(&text.stderr, "s3 session");
+
+    let out = inspect_with(
+        &["s3://ctl", "--session", SESSION, "--logs", NODE],
+        &env,
+        None,
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(out.stdout, "raylet says hello\n");
+}
+
 // ------------------------------------------------------------------------ 3. escaping
 
 /// Names that are valid keys but steer a terminal (C1 controls, U+202E) are escaped in the

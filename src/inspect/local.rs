@@ -123,7 +123,8 @@ struct SkipInner {
 }
 
 impl SkipLog {
-    fn record(&self, key: String, reason: &'static str) {
+    /// Records `key` (escaped) as skipped for `reason`, once.
+    pub(super) fn record(&self, key: String, reason: &'static str) {
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };

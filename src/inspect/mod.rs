@@ -51,8 +51,11 @@
 //! shown as `\u{…}`. A `file://` bucket is read by `local.rs`, which follows no symbolic
 //! link, reads regular files only (a FIFO never blocks it), and skips a name that no object
 //! key can hold (a control character, not UTF-8) instead of failing the listing; each entry
-//! skipped is counted under `problems.skipped_entries` and named in its details. A listing
-//! that fails (below the top of `cluster-metadata/`) is counted, not fatal.
+//! skipped is counted under `problems.skipped_entries` and named in its details. An S3
+//! bucket is listed by `s3.rs` with `encoding-type=url`, so a key with a control character
+//! (which S3's XML cannot carry) is skipped and counted the same way instead of failing its
+//! page; GCS and Azure are listed by `object_store`. A listing that fails (below the top of
+//! `cluster-metadata/`) is counted, not fatal.
 //!
 //! # How events are merged
 //!
@@ -171,6 +174,7 @@ mod model;
 mod read;
 mod render;
 mod report;
+mod s3;
 mod scan;
 mod task;
 mod timeline;
@@ -323,6 +327,23 @@ async fn run_unescaped(
                 local::LocalBucket::open(dir, Arc::clone(&skips))
                     .with_context(|| format!("opening {}", dir.display()))?,
             )
+        }
+        Backend::S3 { .. } => {
+            let configured = crate::storage::configure(&spec, env)
+                .with_context(|| format!("opening storage {spec}"))?;
+            let appender = configured
+                .appender()
+                .with_context(|| format!("opening storage {spec}"))?;
+            let store = configured
+                .open()
+                .with_context(|| format!("opening storage {spec}"))?;
+            match appender {
+                // Listed by s3.rs, with encoded keys; read by object_store.
+                Some(crate::storage::append::Appender::S3(wire)) => {
+                    Arc::new(s3::S3Bucket::new(store, wire, Arc::clone(&skips)))
+                }
+                _ => store,
+            }
         }
         _ => crate::storage::open(&spec, env).with_context(|| format!("opening storage {spec}"))?,
     };

@@ -428,6 +428,11 @@ impl S3Appender {
         })
     }
 
+    /// Our own requests to the bucket, made as object_store's are (see `s3`).
+    pub fn wire(&self) -> &S3Wire {
+        &self.wire
+    }
+
     /// The bucket's URL, as the requests address it.
     pub fn bucket_url(&self) -> &str {
         self.wire.bucket_url()

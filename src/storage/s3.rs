@@ -54,7 +54,9 @@ const MAX_LIST_PAGES: usize = 20;
 /// Bytes of an error answer kept in a message.
 const MAX_ERROR_BODY: usize = 2048;
 /// Largest answer body read from S3 for one of our requests: a page of
-/// ListMultipartUploads (1,000 uploads of keys up to 1 KiB) is under 2 MiB, the other
+/// ListMultipartUploads (1,000 uploads of keys up to 1 KiB) is under 2 MiB; a page of
+/// ListObjectsV2 with `encoding-type=url` (1,000 keys of up to 1 KiB, each byte at most
+/// three once encoded, and a few hundred bytes of metadata each) under 3.5 MiB; the other
 /// answers are a few hundred bytes. A server (or proxy) that sends more is not read further.
 const MAX_ANSWER_BODY: usize = 4 << 20;
 
@@ -280,6 +282,87 @@ pub struct OpenUpload {
 struct VersioningConfiguration {
     #[serde(default)]
     status: Option<String>,
+}
+
+/// The answer to ListObjectsV2.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ListBucketResult {
+    #[serde(default)]
+    contents: Vec<ListContents>,
+    #[serde(default)]
+    common_prefixes: Vec<ListPrefix>,
+    is_truncated: Option<bool>,
+    next_continuation_token: Option<String>,
+    encoding_type: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ListContents {
+    key: String,
+    size: Option<u64>,
+    last_modified: Option<String>,
+    #[serde(rename = "ETag")]
+    e_tag: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ListPrefix {
+    prefix: String,
+}
+
+/// One page of ListObjectsV2, keys decoded ([`S3Wire::list_objects_page`]).
+#[derive(Debug, Default)]
+pub struct ListedPage {
+    /// The objects, in the server's order.
+    pub objects: Vec<ListedObject>,
+    /// The common prefixes (with their trailing `/`), decoded; as sent when not validly
+    /// encoded.
+    pub prefixes: Vec<Result<Vec<u8>, String>>,
+    /// The token of the next page, when there is one.
+    pub next: Option<String>,
+}
+
+/// An object of a listing.
+#[derive(Debug)]
+pub struct ListedObject {
+    /// The key's bytes, decoded; as sent when it is not validly percent-encoded.
+    pub key: Result<Vec<u8>, String>,
+    /// Its size in bytes.
+    pub size: u64,
+    /// `LastModified` as S3 wrote it (RFC 3339).
+    pub last_modified: Option<String>,
+    /// Its ETag, quotes kept.
+    pub e_tag: Option<String>,
+}
+
+/// Decodes a value S3 sent with `encoding-type=url`: `%XX` is a byte, `+` a space (S3
+/// encodes a `+` of a key as `%2B`). `None` for a `%` not followed by two hex digits.
+pub fn url_decode(s: &str) -> Option<Vec<u8>> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes.get(i + 1..i + 3)?;
+                let hex = std::str::from_utf8(hex).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Some(out)
 }
 
 /// How our own S3 requests are made (see the module doc).
@@ -513,6 +596,78 @@ impl S3Wire {
             }
         }
         Ok(out)
+    }
+
+    /// One page of ListObjectsV2 under `prefix` (with `/` as delimiter when `delimiter`),
+    /// after `token`, asked with `encoding-type=url` so that a key holding a character XML
+    /// 1.0 cannot carry (ESC, BEL, ...) arrives percent-encoded instead of failing the page.
+    /// Keys and prefixes are handed back decoded, as bytes: what they are is the caller's
+    /// to judge. A server that ignores `encoding-type` (it does not echo it) is read as
+    /// sending raw keys. The continuation token is opaque (S3 encodes only `Delimiter`,
+    /// `Prefix`, `Key` and `StartAfter`): passed back as given. Transient failures are
+    /// retried; the answer is read up to `MAX_ANSWER_BODY`.
+    pub async fn list_objects_page(
+        &self,
+        prefix: &str,
+        delimiter: bool,
+        token: Option<&str>,
+    ) -> Result<ListedPage, WireError> {
+        let what = format!("ListObjectsV2 under {prefix:?}");
+        // Parameters in the order SigV4 canonicalises them.
+        let mut url = format!("{}?", self.bucket_url);
+        if let Some(t) = token {
+            url.push_str(&format!("continuation-token={}&", encode(t, false)));
+        }
+        if delimiter {
+            url.push_str("delimiter=%2F&");
+        }
+        url.push_str("encoding-type=url&list-type=2");
+        if !prefix.is_empty() {
+            url.push_str(&format!("&prefix={}", encode(prefix, false)));
+        }
+        let body = self.send(Method::GET, &url, &[], &what).await?;
+        let page: ListBucketResult = quick_xml::de::from_reader(&body[..])
+            .map_err(|e| wire_err(Failure::Transient, &what, e))?;
+        let encoded = page
+            .encoding_type
+            .as_deref()
+            .is_some_and(|e| e.eq_ignore_ascii_case("url"));
+        let key = |k: String| {
+            if encoded {
+                url_decode(&k).ok_or(k)
+            } else {
+                Ok(k.into_bytes())
+            }
+        };
+        let next = match (page.is_truncated, page.next_continuation_token) {
+            (Some(true), Some(t)) if !t.is_empty() => Some(t),
+            (Some(true), _) => {
+                return Err(wire_err(
+                    Failure::Transient,
+                    &what,
+                    "a truncated page without a continuation token",
+                ))
+            }
+            _ => None,
+        };
+        Ok(ListedPage {
+            objects: page
+                .contents
+                .into_iter()
+                .map(|c| ListedObject {
+                    key: key(c.key),
+                    size: c.size.unwrap_or(0),
+                    last_modified: c.last_modified,
+                    e_tag: c.e_tag,
+                })
+                .collect(),
+            prefixes: page
+                .common_prefixes
+                .into_iter()
+                .map(|p| key(p.prefix))
+                .collect(),
+            next,
+        })
     }
 
     /// The bucket's versioning status (`Enabled`, `Suspended`), `None` when never enabled.
@@ -812,6 +967,23 @@ mod tests {
             quick_xml::de::from_str("<ListMultipartUploadsResult></ListMultipartUploadsResult>")
                 .unwrap();
         assert!(empty.upload.is_empty());
+        let listed: ListBucketResult = quick_xml::de::from_str(
+            "<ListBucketResult><IsTruncated>true</IsTruncated>\
+             <Contents><Key>p/a%20b%2Bc</Key><LastModified>2026-11-26T12:12:43.000Z</LastModified>\
+             <ETag>&quot;9d&quot;</ETag><Size>1</Size></Contents>\
+             <Contents><Key>p/bad%1Bx</Key><Size>2</Size></Contents><Name>b</Name>\
+             <CommonPrefixes><Prefix>p/ok/</Prefix></CommonPrefixes>\
+             <CommonPrefixes><Prefix>p/e%1B/</Prefix></CommonPrefixes>\
+             <EncodingType>url</EncodingType><NextContinuationToken>t1</NextContinuationToken>\
+             </ListBucketResult>",
+        )
+        .unwrap();
+        assert_eq!(listed.contents.len(), 2);
+        assert_eq!(url_decode(&listed.contents[1].key).unwrap(), b"p/bad\x1bx");
+        assert_eq!(listed.contents[0].size, Some(1));
+        assert_eq!(listed.common_prefixes[1].prefix, "p/e%1B/");
+        assert_eq!(listed.encoding_type.as_deref(), Some("url"));
+        assert_eq!(listed.next_continuation_token.as_deref(), Some("t1"));
         let v: VersioningConfiguration = quick_xml::de::from_str(
             "<VersioningConfiguration><Status>Enabled</Status></VersioningConfiguration>",
         )
