@@ -365,8 +365,6 @@ impl ExportTailer {
     /// [`YIELD_PERCENT`] of its budget for the next line.
     async fn pass_until(&mut self, shutdown: &watch::Receiver<bool>) -> PassReport {
         let mut total = PassReport::default();
-        // Offsets entries of files still there, by session whose directory could be listed.
-        let mut present: BTreeMap<String, HashSet<u64>> = BTreeMap::new();
         let mut stopped = false;
         let mut full = false;
         let mut batch = Batch::default();
@@ -375,25 +373,12 @@ impl ExportTailer {
             if !dir.is_dir() {
                 continue;
             }
-            let mut files: Vec<(String, PathBuf, u64)> = match std::fs::read_dir(&dir) {
-                Ok(rd) => rd
-                    .flatten()
-                    .filter_map(|e| {
-                        let name = e.file_name().to_str()?.to_string();
-                        let ino = e.metadata().ok()?.ino();
-                        (name.starts_with("event_EXPORT_") && is_safe_segment(&name))
-                            .then(|| (name, e.path(), ino))
-                    })
-                    .collect(),
-                Err(_) => continue,
-            };
-            present.insert(
-                s.name.clone(),
-                files.iter().map(|(_, _, ino)| *ino).collect(),
-            );
             if stopped {
-                continue; // listed for pruning only
+                break;
             }
+            let Ok(mut files) = list_export_files(&dir) else {
+                continue;
+            };
             let Some(node) = self.nodes.resolve_local(&s.dir) else {
                 continue; // the node is not known yet; the lines wait on disk
             };
@@ -454,7 +439,9 @@ impl ExportTailer {
             }
         }
         self.note_yield(full);
-        self.prune(&present);
+        // Listed now, after the reading: a file read in this pass is found under its
+        // current name even if Ray rotated it (or created its new live file) meanwhile.
+        self.prune(&present_files(&self.cfg.ray_tmp));
         self.save();
         total
     }
@@ -490,7 +477,8 @@ impl ExportTailer {
     }
 
     /// Drops the offsets of files that are gone: those of a session whose export directory
-    /// no longer exists, and those of a listed session whose inode was not in the listing.
+    /// no longer exists, and those of a listed session whose inode is not in `present`, a
+    /// listing taken after the pass's reading (so it holds every file read in the pass).
     fn prune(&mut self, present: &BTreeMap<String, HashSet<u64>>) {
         let before = self.state.files.len();
         let ray_tmp = &self.cfg.ray_tmp;
@@ -667,7 +655,9 @@ impl ExportTailer {
             let offset = file_offset + (pos - base) as u64;
             let routed = self.route_line(line, file.session, file.node);
             let cost = match &routed {
-                Routed::Blank => 0,
+                // Not stored, but counted: every byte read into the batch counts against
+                // its bound, so no run of blank lines makes one batch hold a whole file.
+                Routed::Blank => line.len() as u64 + 1,
                 Routed::Event { .. } => line.len() as u64 + 1,
                 Routed::Quarantine(reason) => {
                     raw_record(*reason, file.name, offset, line).len() as u64
@@ -692,7 +682,8 @@ impl ExportTailer {
                             self.dirty = true;
                         }
                     }
-                    // A batch is at most MAX_READ bytes, far below what a span can address.
+                    // Every byte read into a batch counts against its room (at most
+                    // MAX_READ), so its body stays far below what a span can address.
                     let span = EventSpan::new(pos..line_end, id, false);
                     match (
                         span,
@@ -898,6 +889,30 @@ fn read_order(name: &str) -> (u8, std::cmp::Reverse<u32>, String) {
 /// Spool bytes at which the tailer stops reading: [`YIELD_PERCENT`] of the budget.
 fn yield_mark(max_spool_bytes: u64) -> u64 {
     max_spool_bytes / 100 * YIELD_PERCENT
+}
+
+/// The export files of one session's `export_events` directory: name, path and inode.
+fn list_export_files(dir: &Path) -> io::Result<Vec<(String, PathBuf, u64)>> {
+    Ok(std::fs::read_dir(dir)?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_string();
+            let ino = e.metadata().ok()?.ino();
+            (name.starts_with("event_EXPORT_") && is_safe_segment(&name))
+                .then(|| (name, e.path(), ino))
+        })
+        .collect())
+}
+
+/// Inodes of the export files there now, by session whose directory could be listed.
+fn present_files(ray_tmp: &Path) -> BTreeMap<String, HashSet<u64>> {
+    list_sessions(ray_tmp)
+        .into_iter()
+        .filter_map(|s| {
+            let files = list_export_files(&s.dir.join("logs").join("export_events")).ok()?;
+            Some((s.name, files.into_iter().map(|(_, _, ino)| ino).collect()))
+        })
+        .collect()
 }
 
 /// The longest line kept whole: [`MAX_READ`], or less when the budget is small, so that the
