@@ -732,3 +732,77 @@ fn a_rotation_during_a_pass_keeps_the_new_live_files_offset() {
         "the new live file's offset is saved"
     );
 }
+
+/// The offsets file cannot be written (the fault shim refuses its temp file): the stored
+/// lines are not sealed nor uploaded while their offsets are unsaved, so a kill -9 and a
+/// restart (which reloads their ids from the spool) store none of them twice.
+#[test]
+fn an_unsaved_checkpoint_keeps_its_lines_from_the_bucket() {
+    const LINES: usize = 20_000;
+    /// `EACCES`, as if the spool directory had become read-only for the offsets file.
+    const EACCES: i32 = 13;
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = tmp.path().join("faults");
+    std::fs::create_dir_all(&faults).unwrap();
+    let lib = tmp.path().join("fault_shim.so");
+    let out = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&lib)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fault_shim/fault_shim.c"))
+        .args(["-ldl", "-pthread"])
+        .output()
+        .expect("running cc to build the fault shim");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(
+        faults.join("open"),
+        format!("{EACCES} 1000000 export-offsets.json.tmp\n"),
+    )
+    .unwrap();
+    let ray = tmp.path().join("ray");
+    setup_session(&ray);
+    std::fs::write(
+        export_dir(&ray).join("event_EXPORT_TASK.log"),
+        backlog(LINES, "c"),
+    )
+    .unwrap();
+    let bucket = tmp.path().join("bucket");
+    let spool = tmp.path().join("spool");
+    let mut args = export_args(&bucket, &ray).to_vec();
+    args.extend(["--max-segment-bytes", "1MiB"]);
+    let mut c = Collector::start(
+        &spool,
+        &args,
+        &[
+            ("LD_PRELOAD", lib.to_str().unwrap()),
+            ("RHC_FAULT_DIR", faults.to_str().unwrap()),
+        ],
+    );
+    wait_metric(&c, "rhc_events_accepted_total", 1.0);
+    // Several rotation intervals: time enough to seal and upload segments.
+    std::thread::sleep(Duration::from_secs(4));
+    let uploaded = stored_ids(&bucket).len();
+    c.kill9();
+    std::fs::remove_file(faults.join("open")).unwrap();
+    c.restart();
+    wait_metric(&c, "rhc_events_accepted_total", 1.0);
+    std::thread::sleep(Duration::from_secs(3));
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", c.log_text());
+    let ids = stored_ids(&bucket);
+    let twice = ids.values().filter(|&&n| n > 1).count();
+    assert_eq!(
+        twice,
+        0,
+        "{twice} ids stored more than once ({uploaded} uploaded before the kill):\n{}",
+        c.log_text()
+    );
+    assert_eq!(ids.len(), LINES, "lines missing");
+    assert_eq!(
+        uploaded, 0,
+        "lines uploaded while their offsets were unsaved"
+    );
+}

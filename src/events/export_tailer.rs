@@ -47,8 +47,11 @@
 //! starts, so the events already in the spool keep the rest of the deadline.
 //!
 //! The offsets file is saved with every batch (one fsync per batch of up to 8 MiB, not per
-//! file) and at the end of each pass, and entries of files that no longer exist are dropped
-//! from it.
+//! file) and at the end of each pass (a checkpoint without lines), always by the spool's
+//! writer, and entries of files that no longer exist (not in a listing taken after the
+//! pass's reading, so a file rotated during the pass keeps its entry) are dropped from it.
+//! When a save fails, the batch's lines stay stored and its offsets kept in memory, the
+//! spool seals no segment until a later save succeeds, and no line is read before that.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
@@ -365,6 +368,12 @@ impl ExportTailer {
     /// [`YIELD_PERCENT`] of its budget for the next line.
     async fn pass_until(&mut self, shutdown: &watch::Receiver<bool>) -> PassReport {
         let mut total = PassReport::default();
+        // Offsets of stored lines not saved yet (a failed checkpoint): the spool seals
+        // nothing until they are, so nothing more is read before.
+        self.save().await;
+        if self.dirty {
+            return total;
+        }
         let mut stopped = false;
         let mut full = false;
         let mut batch = Batch::default();
@@ -442,7 +451,7 @@ impl ExportTailer {
         // Listed now, after the reading: a file read in this pass is found under its
         // current name even if Ray rotated it (or created its new live file) meanwhile.
         self.prune(&present_files(&self.cfg.ray_tmp));
-        self.save();
+        self.save().await;
         total
     }
 
@@ -808,13 +817,20 @@ impl ExportTailer {
         match outcome {
             Ok(o) => {
                 // The checkpoint holds the whole state, prunes and runs included.
-                self.dirty = o.checkpoint_failed;
+                self.dirty = false;
                 Ok(PassReport {
                     accepted: o.accepted,
                     duplicates: o.duplicates,
                     quarantined: o.quarantined,
                     bytes: b.bytes,
                 })
+            }
+            Err(e @ StoreError::Spool(SpoolError::Checkpoint { .. })) => {
+                // The lines are stored, but their offsets are not saved: the spool seals
+                // nothing until a later checkpoint (holding these offsets) is, so reading
+                // stops until [`Self::save`] succeeds.
+                self.dirty = true;
+                Err(e)
             }
             Err(e) => {
                 for (k, before) in previous {
@@ -828,16 +844,32 @@ impl ExportTailer {
         }
     }
 
-    fn save(&mut self) {
+    /// Saves the offsets when they changed, as a checkpoint without lines: the spool's writer
+    /// is the only one to write the file, and a save clears a failed batch's checkpoint.
+    async fn save(&mut self) {
         if !self.dirty {
             return;
         }
         let path = offsets_path(&self.cfg.state_dir);
-        // Written and fsync'd: off the async workers.
-        let result =
-            off_async_thread(|| crate::util::fs::write_json_atomically(&path, &self.state));
+        let result = match serde_json::to_vec(&self.state) {
+            Ok(bytes) => self
+                .spool
+                .append(AppendBatch {
+                    body: Bytes::new(),
+                    partitions: Vec::new(),
+                    quarantined: Vec::new(),
+                    quarantine_dropped: 0,
+                    checkpoint: Some(Checkpoint {
+                        path: path.clone(),
+                        bytes,
+                    }),
+                })
+                .await
+                .map_err(StoreError::Spool),
+            Err(e) => Err(StoreError::Encode(e)),
+        };
         match result {
-            Ok(()) => self.dirty = false,
+            Ok(_) => self.dirty = false,
             Err(e) => {
                 tracing::error!(path = %path.display(), error = %e, "could not save export offsets")
             }
