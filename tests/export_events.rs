@@ -627,3 +627,182 @@ fn a_small_spool_budget_still_leaves_room_for_pushed_events() {
     let r = c.post(body.lines().next().unwrap().as_bytes());
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
 }
+
+/// A backlog of blank lines is read in bounded batches: every byte read counts against a
+/// batch's bound of 8 MiB, so the collector never holds the whole file at once.
+#[test]
+fn a_file_of_blank_lines_is_read_in_bounded_batches() {
+    const BLANK_MIB: usize = 96;
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = tmp.path().join("ray");
+    setup_session(&ray);
+    let mut body = vec![b'\n'; BLANK_MIB << 20];
+    body.extend_from_slice(
+        b"{\"event_id\": \"b1\", \"timestamp\": 1795313307, \"source_type\": \"EXPORT_TASK\", \"event_data\": {\"job_id\": \"AQAAAA==\"}}\n",
+    );
+    std::fs::write(export_dir(&ray).join("event_EXPORT_TASK.log"), &body).unwrap();
+    drop(body);
+    let bucket = tmp.path().join("bucket");
+    let c = Collector::start(&tmp.path().join("spool"), &export_args(&bucket, &ray), &[]);
+    wait_metric(&c, "rhc_events_accepted_total", 1.0);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", c.pid())).unwrap();
+    let hwm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(
+        hwm_kib < 64 << 10,
+        "peak memory {} MiB reading {BLANK_MIB} MiB of blank lines",
+        hwm_kib >> 10
+    );
+}
+
+/// Ray rotates the live file while a pass is reading it: the pass reads the new live file
+/// through the same name, and its offset stays saved after the pass (it was pruned by the
+/// listing taken at the pass's start, so the next pass read the whole file again, and a
+/// kill -9 then stored it twice).
+#[test]
+fn a_rotation_during_a_pass_keeps_the_new_live_files_offset() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = tmp.path().join("ray");
+    setup_session(&ray);
+    let dir = export_dir(&ray);
+    let live = dir.join("event_EXPORT_TASK.log");
+    std::fs::write(&live, backlog(40_000, "a")).unwrap();
+    let ino_a = std::fs::metadata(&live).unwrap().ino();
+    // The next live file, under a name the tailer does not read.
+    let next = dir.join(".next");
+    std::fs::write(&next, backlog(6_000, "b")).unwrap();
+    let ino_b = std::fs::metadata(&next).unwrap().ino();
+    let bucket = tmp.path().join("bucket");
+    let spool = tmp.path().join("spool");
+    let c = Collector::start(&spool, &export_args(&bucket, &ray), &[]);
+    let offsets = || -> HashMap<String, u64> {
+        std::fs::read(spool.join("export-offsets.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|v| {
+                v["files"].as_object().map(|m| {
+                    m.iter()
+                        .map(|(k, o)| (k.clone(), o["offset"].as_u64().unwrap_or(0)))
+                        .collect()
+                })
+            })
+            .unwrap_or_default()
+    };
+    let key_a = format!("{SESSION}/{ino_a}");
+    let key_b = format!("{SESSION}/{ino_b}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // The first batch of the file is stored: its pass is still reading it.
+    while !offsets().contains_key(&key_a) {
+        assert!(Instant::now() < deadline, "nothing read:\n{}", c.log_text());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Ray's rotation: the live file becomes `.1` and a new live file takes its name.
+    std::fs::rename(&live, dir.join("event_EXPORT_TASK.log.1")).unwrap();
+    std::fs::rename(&next, &live).unwrap();
+    let mut seen = false;
+    while c.metric("rhc_events_accepted_total") < 46_000.0 {
+        let now = offsets();
+        seen |= now.contains_key(&key_b);
+        assert!(
+            !seen || now.contains_key(&key_b) || now.is_empty(),
+            "the new live file's offset was dropped: {now:?}"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "lines missing:\n{}",
+            c.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        c.metric("rhc_events_duplicate_total"),
+        0.0,
+        "lines were read twice:\n{}",
+        c.log_text()
+    );
+    assert_eq!(
+        offsets().get(&key_b),
+        Some(&(std::fs::metadata(&live).unwrap().len())),
+        "the new live file's offset is saved"
+    );
+}
+
+/// The offsets file cannot be written (the fault shim refuses its temp file): the stored
+/// lines are not sealed nor uploaded while their offsets are unsaved, so a kill -9 and a
+/// restart (which reloads their ids from the spool) store none of them twice.
+#[test]
+fn an_unsaved_checkpoint_keeps_its_lines_from_the_bucket() {
+    const LINES: usize = 20_000;
+    /// `EACCES`, as if the spool directory had become read-only for the offsets file.
+    const EACCES: i32 = 13;
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = tmp.path().join("faults");
+    std::fs::create_dir_all(&faults).unwrap();
+    let lib = tmp.path().join("fault_shim.so");
+    let out = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&lib)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fault_shim/fault_shim.c"))
+        .args(["-ldl", "-pthread"])
+        .output()
+        .expect("running cc to build the fault shim");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(
+        faults.join("open"),
+        format!("{EACCES} 1000000 export-offsets.json.tmp\n"),
+    )
+    .unwrap();
+    let ray = tmp.path().join("ray");
+    setup_session(&ray);
+    std::fs::write(
+        export_dir(&ray).join("event_EXPORT_TASK.log"),
+        backlog(LINES, "c"),
+    )
+    .unwrap();
+    let bucket = tmp.path().join("bucket");
+    let spool = tmp.path().join("spool");
+    let mut args = export_args(&bucket, &ray).to_vec();
+    args.extend(["--max-segment-bytes", "1MiB"]);
+    let mut c = Collector::start(
+        &spool,
+        &args,
+        &[
+            ("LD_PRELOAD", lib.to_str().unwrap()),
+            ("RHC_FAULT_DIR", faults.to_str().unwrap()),
+        ],
+    );
+    wait_metric(&c, "rhc_events_accepted_total", 1.0);
+    // Several rotation intervals: time enough to seal and upload segments.
+    std::thread::sleep(Duration::from_secs(4));
+    let uploaded = stored_ids(&bucket).len();
+    c.kill9();
+    std::fs::remove_file(faults.join("open")).unwrap();
+    c.restart();
+    wait_metric(&c, "rhc_events_accepted_total", 1.0);
+    std::thread::sleep(Duration::from_secs(3));
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", c.log_text());
+    let ids = stored_ids(&bucket);
+    let twice = ids.values().filter(|&&n| n > 1).count();
+    assert_eq!(
+        twice,
+        0,
+        "{twice} ids stored more than once ({uploaded} uploaded before the kill):\n{}",
+        c.log_text()
+    );
+    assert_eq!(ids.len(), LINES, "lines missing");
+    assert_eq!(
+        uploaded, 0,
+        "lines uploaded while their offsets were unsaved"
+    );
+}

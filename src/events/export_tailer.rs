@@ -47,8 +47,11 @@
 //! starts, so the events already in the spool keep the rest of the deadline.
 //!
 //! The offsets file is saved with every batch (one fsync per batch of up to 8 MiB, not per
-//! file) and at the end of each pass, and entries of files that no longer exist are dropped
-//! from it.
+//! file) and at the end of each pass (a checkpoint without lines), always by the spool's
+//! writer, and entries of files that no longer exist (not in a listing taken after the
+//! pass's reading, so a file rotated during the pass keeps its entry) are dropped from it.
+//! When a save fails, the batch's lines stay stored and its offsets kept in memory, the
+//! spool seals no segment until a later save succeeds, and no line is read before that.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
@@ -365,8 +368,12 @@ impl ExportTailer {
     /// [`YIELD_PERCENT`] of its budget for the next line.
     async fn pass_until(&mut self, shutdown: &watch::Receiver<bool>) -> PassReport {
         let mut total = PassReport::default();
-        // Offsets entries of files still there, by session whose directory could be listed.
-        let mut present: BTreeMap<String, HashSet<u64>> = BTreeMap::new();
+        // Offsets of stored lines not saved yet (a failed checkpoint): the spool seals
+        // nothing until they are, so nothing more is read before.
+        self.save().await;
+        if self.dirty {
+            return total;
+        }
         let mut stopped = false;
         let mut full = false;
         let mut batch = Batch::default();
@@ -375,25 +382,12 @@ impl ExportTailer {
             if !dir.is_dir() {
                 continue;
             }
-            let mut files: Vec<(String, PathBuf, u64)> = match std::fs::read_dir(&dir) {
-                Ok(rd) => rd
-                    .flatten()
-                    .filter_map(|e| {
-                        let name = e.file_name().to_str()?.to_string();
-                        let ino = e.metadata().ok()?.ino();
-                        (name.starts_with("event_EXPORT_") && is_safe_segment(&name))
-                            .then(|| (name, e.path(), ino))
-                    })
-                    .collect(),
-                Err(_) => continue,
-            };
-            present.insert(
-                s.name.clone(),
-                files.iter().map(|(_, _, ino)| *ino).collect(),
-            );
             if stopped {
-                continue; // listed for pruning only
+                break;
             }
+            let Ok(mut files) = list_export_files(&dir) else {
+                continue;
+            };
             let Some(node) = self.nodes.resolve_local(&s.dir) else {
                 continue; // the node is not known yet; the lines wait on disk
             };
@@ -454,8 +448,10 @@ impl ExportTailer {
             }
         }
         self.note_yield(full);
-        self.prune(&present);
-        self.save();
+        // Listed now, after the reading: a file read in this pass is found under its
+        // current name even if Ray rotated it (or created its new live file) meanwhile.
+        self.prune(&present_files(&self.cfg.ray_tmp));
+        self.save().await;
         total
     }
 
@@ -490,7 +486,8 @@ impl ExportTailer {
     }
 
     /// Drops the offsets of files that are gone: those of a session whose export directory
-    /// no longer exists, and those of a listed session whose inode was not in the listing.
+    /// no longer exists, and those of a listed session whose inode is not in `present`, a
+    /// listing taken after the pass's reading (so it holds every file read in the pass).
     fn prune(&mut self, present: &BTreeMap<String, HashSet<u64>>) {
         let before = self.state.files.len();
         let ray_tmp = &self.cfg.ray_tmp;
@@ -667,7 +664,9 @@ impl ExportTailer {
             let offset = file_offset + (pos - base) as u64;
             let routed = self.route_line(line, file.session, file.node);
             let cost = match &routed {
-                Routed::Blank => 0,
+                // Not stored, but counted: every byte read into the batch counts against
+                // its bound, so no run of blank lines makes one batch hold a whole file.
+                Routed::Blank => line.len() as u64 + 1,
                 Routed::Event { .. } => line.len() as u64 + 1,
                 Routed::Quarantine(reason) => {
                     raw_record(*reason, file.name, offset, line).len() as u64
@@ -692,7 +691,8 @@ impl ExportTailer {
                             self.dirty = true;
                         }
                     }
-                    // A batch is at most MAX_READ bytes, far below what a span can address.
+                    // Every byte read into a batch counts against its room (at most
+                    // MAX_READ), so its body stays far below what a span can address.
                     let span = EventSpan::new(pos..line_end, id, false);
                     match (
                         span,
@@ -817,13 +817,20 @@ impl ExportTailer {
         match outcome {
             Ok(o) => {
                 // The checkpoint holds the whole state, prunes and runs included.
-                self.dirty = o.checkpoint_failed;
+                self.dirty = false;
                 Ok(PassReport {
                     accepted: o.accepted,
                     duplicates: o.duplicates,
                     quarantined: o.quarantined,
                     bytes: b.bytes,
                 })
+            }
+            Err(e @ StoreError::Spool(SpoolError::Checkpoint { .. })) => {
+                // The lines are stored, but their offsets are not saved: the spool seals
+                // nothing until a later checkpoint (holding these offsets) is, so reading
+                // stops until [`Self::save`] succeeds.
+                self.dirty = true;
+                Err(e)
             }
             Err(e) => {
                 for (k, before) in previous {
@@ -837,16 +844,32 @@ impl ExportTailer {
         }
     }
 
-    fn save(&mut self) {
+    /// Saves the offsets when they changed, as a checkpoint without lines: the spool's writer
+    /// is the only one to write the file, and a save clears a failed batch's checkpoint.
+    async fn save(&mut self) {
         if !self.dirty {
             return;
         }
         let path = offsets_path(&self.cfg.state_dir);
-        // Written and fsync'd: off the async workers.
-        let result =
-            off_async_thread(|| crate::util::fs::write_json_atomically(&path, &self.state));
+        let result = match serde_json::to_vec(&self.state) {
+            Ok(bytes) => self
+                .spool
+                .append(AppendBatch {
+                    body: Bytes::new(),
+                    partitions: Vec::new(),
+                    quarantined: Vec::new(),
+                    quarantine_dropped: 0,
+                    checkpoint: Some(Checkpoint {
+                        path: path.clone(),
+                        bytes,
+                    }),
+                })
+                .await
+                .map_err(StoreError::Spool),
+            Err(e) => Err(StoreError::Encode(e)),
+        };
         match result {
-            Ok(()) => self.dirty = false,
+            Ok(_) => self.dirty = false,
             Err(e) => {
                 tracing::error!(path = %path.display(), error = %e, "could not save export offsets")
             }
@@ -898,6 +921,30 @@ fn read_order(name: &str) -> (u8, std::cmp::Reverse<u32>, String) {
 /// Spool bytes at which the tailer stops reading: [`YIELD_PERCENT`] of the budget.
 fn yield_mark(max_spool_bytes: u64) -> u64 {
     max_spool_bytes / 100 * YIELD_PERCENT
+}
+
+/// The export files of one session's `export_events` directory: name, path and inode.
+fn list_export_files(dir: &Path) -> io::Result<Vec<(String, PathBuf, u64)>> {
+    Ok(std::fs::read_dir(dir)?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_string();
+            let ino = e.metadata().ok()?.ino();
+            (name.starts_with("event_EXPORT_") && is_safe_segment(&name))
+                .then(|| (name, e.path(), ino))
+        })
+        .collect())
+}
+
+/// Inodes of the export files there now, by session whose directory could be listed.
+fn present_files(ray_tmp: &Path) -> BTreeMap<String, HashSet<u64>> {
+    list_sessions(ray_tmp)
+        .into_iter()
+        .filter_map(|s| {
+            let files = list_export_files(&s.dir.join("logs").join("export_events")).ok()?;
+            Some((s.name, files.into_iter().map(|(_, _, ino)| ino).collect()))
+        })
+        .collect()
 }
 
 /// The longest line kept whole: [`MAX_READ`], or less when the budget is small, so that the

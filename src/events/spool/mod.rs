@@ -96,6 +96,16 @@ pub enum SpoolError {
         /// `--max-spool-bytes`.
         max: u64,
     },
+    /// The request's events are stored (durable, their ids remembered), but its
+    /// [`Checkpoint`] could not be saved: no segment is sealed until a later checkpoint is.
+    #[error("the events are stored, but the checkpoint {path} could not be saved: {source}")]
+    Checkpoint {
+        /// The state file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
     /// Another write of the same group failed, so this request was rolled back too.
     #[error("{message}")]
     GroupFailed {
@@ -364,7 +374,11 @@ pub struct AppendBatch {
 /// groups written to it are answered. So the file never lags behind a line that could have
 /// left the spool: after a crash, whatever is read again is still in a segment, whose ids
 /// the restart reloads into the deduplication window. A batch that is refused or rolled
-/// back leaves the file alone.
+/// back leaves the file alone. A checkpoint that cannot be saved fails its request with
+/// [`SpoolError::Checkpoint`] (its events are stored all the same), and from then on no
+/// segment is sealed until a later checkpoint of the same file is saved: each one holds the
+/// whole state, so the sender's next one (with or without events) covers the lines of the
+/// failed one.
 #[derive(Debug)]
 pub struct Checkpoint {
     /// The file to replace.
@@ -387,9 +401,6 @@ pub struct AppendOutcome {
     pub quarantined: u64,
     /// Not routable and beyond the per-body quarantine cap: counted, not stored.
     pub quarantine_dropped: u64,
-    /// The batch's [`Checkpoint`] could not be written (logged); its events are stored.
-    #[serde(skip)]
-    pub checkpoint_failed: bool,
 }
 
 pub(super) enum Command {

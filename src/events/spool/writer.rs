@@ -199,6 +199,9 @@ pub(super) struct Writer {
     syncing: Option<InFlight>,
     /// Groups written after it, waiting for the next sync.
     waiting: Option<InFlight>,
+    /// The last checkpoint could not be saved: no segment is sealed (so none is uploaded and
+    /// deleted) until a later one is, see [`Checkpoint`].
+    checkpoint_unsaved: bool,
     pub(super) syncer: mpsc::Sender<SyncJob>,
     pub(super) lock: Arc<File>,
 }
@@ -279,6 +282,7 @@ impl Writer {
             deferred: VecDeque::new(),
             syncing: None,
             waiting: None,
+            checkpoint_unsaved: false,
             syncer,
             lock: Arc::new(lock),
         };
@@ -542,18 +546,33 @@ impl Writer {
         }
         // Before the answers and before any of these segments can be sealed (sealing waits
         // for this answer): see [`Checkpoint`].
-        let mut replies = flight.replies;
+        let mut failed = Vec::new();
         for (i, c) in flight.checkpoints {
-            if let Err(e) = crate::util::fs::write_atomically(&c.path, &c.bytes) {
-                tracing::error!(path = %c.path.display(), error = %e, "could not save a checkpoint after its events were stored");
-                if let Some((_, o)) = replies.get_mut(i) {
-                    o.checkpoint_failed = true;
+            match crate::util::fs::write_atomically(&c.path, &c.bytes) {
+                Ok(()) => self.checkpoint_unsaved = false,
+                Err(source) => {
+                    tracing::error!(path = %c.path.display(), error = %source, "could not save a checkpoint after its events were stored; no segment is sealed until one is saved");
+                    self.checkpoint_unsaved = true;
+                    failed.push((
+                        i,
+                        SpoolError::Checkpoint {
+                            path: c.path,
+                            source,
+                        },
+                    ));
                 }
             }
         }
-        for (reply, outcome) in replies {
+        for (i, (reply, outcome)) in flight.replies.into_iter().enumerate() {
             m::events_accepted(outcome.accepted, outcome.duplicates);
-            let _ = reply.send(Ok(outcome));
+            match failed.iter().position(|(f, _)| *f == i) {
+                Some(at) => {
+                    let _ = reply.send(Err(failed.swap_remove(at).1));
+                }
+                None => {
+                    let _ = reply.send(Ok(outcome));
+                }
+            }
         }
     }
 
@@ -787,8 +806,12 @@ impl Writer {
         seen.len()
     }
 
-    /// Seals every open segment for which `pred` holds.
+    /// Seals every open segment for which `pred` holds; none while the last checkpoint is
+    /// unsaved, as a segment may hold lines it does not cover.
     pub(super) fn seal_where(&mut self, pred: impl Fn(&OpenSegment) -> bool) {
+        if self.checkpoint_unsaved {
+            return;
+        }
         for t in self.segs.due(pred) {
             self.seal(&t);
         }
