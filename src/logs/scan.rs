@@ -4,8 +4,10 @@
 //! a round uploads them (what explains a failure first).
 
 use std::collections::BTreeSet;
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use crate::contract::{self, is_safe_segment};
 use crate::metrics as m;
@@ -65,63 +67,36 @@ pub(super) fn scan_logs(session: &Path) -> Vec<LogFile> {
             return out;
         }
     };
-    let mut stack = vec![(logs_fd, logs, String::new())];
-    while let Some((fd, dir, prefix)) = stack.pop() {
-        let Ok(names) = list_dir(&fd) else {
-            continue;
-        };
-        for os_name in names {
-            let path = dir.join(&os_name);
-            let Some(name) = os_name.to_str().map(str::to_string) else {
-                skip("name_not_utf8", &path);
-                continue;
-            };
-            if !is_safe_segment(&name) {
-                skip("unsafe_name", &path);
-                continue;
+    // Directories wait on the stack as (parent's descriptor, name, what stat saw) and are
+    // opened only when popped: siblings share their parent's descriptor, so a scan holds one
+    // descriptor per nesting level, not one per directory (thousands of sibling directories
+    // made by user code must not exhaust the process's descriptors).
+    let mut stack: Vec<PendingDir> = Vec::new();
+    list_into(&Rc::new(logs_fd), &logs, "", session, &mut stack, &mut out);
+    while let Some(p) = stack.pop() {
+        // Opened from its parent's descriptor, not followed if it became a symlink since the
+        // stat, and only entered if it is still the directory stat saw.
+        let opened = open_dir(Some(&p.parent), &p.name);
+        drop(p.parent);
+        match opened {
+            Ok(sub) if stat_fd(&sub).is_ok_and(|s| s.dev == p.dev && s.ino == p.ino) => {
+                list_into(
+                    &Rc::new(sub),
+                    &p.path,
+                    &p.rel,
+                    session,
+                    &mut stack,
+                    &mut out,
+                );
             }
-            let Ok(st) = stat_at(&fd, &os_name) else {
-                continue;
-            };
-            let rel = if prefix.is_empty() {
-                name.clone()
-            } else {
-                format!("{prefix}/{name}")
-            };
-            if st.is_dir() {
-                // Opened from its parent's descriptor, not followed if it became a symlink
-                // since the stat, and only entered if it is still the directory stat saw.
-                match open_dir(Some(&fd), &os_name) {
-                    Ok(sub) if stat_fd(&sub).is_ok_and(|s| s.dev == st.dev && s.ino == st.ino) => {
-                        stack.push((sub, path, rel));
-                    }
-                    Ok(_) => skip("vanished", &path),
-                    Err(e)
-                        if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) =>
-                    {
-                        skip("symlink", &path)
-                    }
-                    Err(_) => {}
-                }
-            } else if st.is_file() {
-                out.push(LogFile {
-                    file: Beneath {
-                        root: session.to_path_buf(),
-                        rel: Path::new("logs").join(&rel),
-                        dev: st.dev,
-                        ino: st.ino,
-                    },
-                    abs: path,
-                    rel,
-                    size: st.size,
-                    mtime_ns: st.mtime_ns,
-                    ino: st.ino,
-                    rotated_from: None,
-                });
-            } else if st.is_symlink() {
-                skip("symlink", &path);
-            } else {
-                skip("not_a_regular_file", &path);
+            Ok(_) => skip("vanished", &p.path),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) => {
+                skip("symlink", &p.path)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => skip("vanished", &p.path),
+            Err(e) => {
+                skip("unreadable", &p.path);
+                tracing::warn!(path = %p.path.display(), error = %e, "log directory could not be opened; its files are not shipped this round");
             }
         }
     }
@@ -139,6 +114,84 @@ pub(super) fn scan_logs(session: &Path) -> Vec<LogFile> {
         }
     }
     out
+}
+
+/// A directory found by the scan, opened when its turn comes.
+struct PendingDir {
+    parent: Rc<OwnedFd>,
+    name: OsString,
+    path: PathBuf,
+    rel: String,
+    dev: u64,
+    ino: u64,
+}
+
+/// Lists the directory `fd` (at `dir`, `prefix` relative to `logs/`): its regular files go to
+/// `out`, its subdirectories to `stack`.
+fn list_into(
+    fd: &Rc<OwnedFd>,
+    dir: &Path,
+    prefix: &str,
+    session: &Path,
+    stack: &mut Vec<PendingDir>,
+    out: &mut Vec<LogFile>,
+) {
+    let names = match list_dir(fd) {
+        Ok(names) => names,
+        Err(e) => {
+            skip("unreadable", dir);
+            tracing::warn!(path = %dir.display(), error = %e, "log directory could not be listed; its files are not shipped this round");
+            return;
+        }
+    };
+    for os_name in names {
+        let path = dir.join(&os_name);
+        let Some(name) = os_name.to_str().map(str::to_string) else {
+            skip("name_not_utf8", &path);
+            continue;
+        };
+        if !is_safe_segment(&name) {
+            skip("unsafe_name", &path);
+            continue;
+        }
+        let Ok(st) = stat_at(fd, &os_name) else {
+            continue;
+        };
+        let rel = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}/{name}")
+        };
+        if st.is_dir() {
+            stack.push(PendingDir {
+                parent: Rc::clone(fd),
+                name: os_name,
+                path,
+                rel,
+                dev: st.dev,
+                ino: st.ino,
+            });
+        } else if st.is_file() {
+            out.push(LogFile {
+                file: Beneath {
+                    root: session.to_path_buf(),
+                    rel: Path::new("logs").join(&rel),
+                    dev: st.dev,
+                    ino: st.ino,
+                },
+                abs: path,
+                rel,
+                size: st.size,
+                mtime_ns: st.mtime_ns,
+                ino: st.ino,
+                rotated_from: None,
+            });
+        } else if st.is_symlink() {
+            skip("symlink", &path);
+        } else {
+            skip("not_a_regular_file", &path);
+        }
+    }
 }
 
 /// The object key of a log file (rotated backups get their stable name).
