@@ -46,6 +46,7 @@ pub enum Exit {
 pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Result<Exit> {
     // Installed first: a SIGTERM that arrives while we start must still mean "flush and exit".
     let signals = Signals::install()?;
+    crate::metrics::spool_budget(settings.max_spool_bytes);
     crate::metrics::register_quarantine_reasons(
         events::quarantine::QuarantineReason::ALL.map(|r| r.code()),
     );
