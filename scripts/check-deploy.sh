@@ -12,7 +12,7 @@
 #   6. scripts/check_deploy.py: kustomize builds, helm lint + render of the chart
 #      (and refusal of bad values), every object against Kubernetes' schemas
 #      (kubernetes-validate --strict), KubeRay's CRDs and the Prometheus
-#      Operator's (scripts/crds/), the sidecar wiring of every Ray pod (events
+#      Operator's (fetched by install-test-deps.sh), the sidecar wiring of every Ray pod (events
 #      on loopback, probes on the read-only port), the chart's PodMonitor and
 #      PrometheusRule, the KubeRay ray-cluster chart snippet
 #   7. examples/quickstart/run.sh: the collector with a file:// bucket

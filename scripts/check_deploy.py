@@ -13,7 +13,7 @@ No cluster is needed. In order:
    K8S_VERSION); RayCluster and RayJob against the openAPIV3Schema of KubeRay's v1 CRDs
    (unknown fields rejected, as kubectl's strict field validation does) and their pod
    templates, as PodTemplates, with kubernetes-validate (strict); PodMonitor and
-   PrometheusRule against the Prometheus Operator's CRDs (scripts/crds/).
+   PrometheusRule against the Prometheus Operator's CRDs (fetched by install-test-deps.sh).
 3b. monitoring: off by default, on with monitoring.enabled; the PrometheusRule is
    files/alerts.yaml (promtool check rules), monitoring.rules overrides reach it, the
    PodMonitor scrapes the rhc-metrics port of every collector of the release.
@@ -58,9 +58,12 @@ COLLECTOR = "ray-history-collector"
 # scrapes it by name.
 METRICS_PORT_NAME = "rhc-metrics"
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
-# The Prometheus Operator's CRDs the chart's monitoring objects are checked against
-# (scripts/crds/README.md says where they come from).
-MONITORING_CRDS = REPO / "scripts" / "crds"
+# The Prometheus Operator's CRDs the chart's monitoring objects are checked against: fetched
+# from the Go module proxy, pinned and checked, by scripts/install-test-deps.sh.
+MONITORING_CRDS = Path(
+    os.environ.get("RHC_MONITORING_CRDS")
+    or REPO / ".test-deps" / "crds" / "prometheus-operator-v0.93.0"
+)
 ALERTS = CHART / "files" / "alerts.yaml"
 PROMTOOL = os.environ.get("RHC_PROMTOOL") or "promtool"
 # Kubernetes' default when a pod sets no terminationGracePeriodSeconds.
@@ -742,7 +745,8 @@ def main():
                  "monitoring.coreos.com_podmonitors.yaml", "monitoring.coreos.com_prometheusrules.yaml"):
         path = (MONITORING_CRDS if name.startswith("monitoring.") else CRD_DIR) / name
         if not path.is_file():
-            report.check(f"{path} exists", [f"missing; set RHC_KUBERAY_CRDS to the directory holding {name}"])
+            var = "RHC_MONITORING_CRDS (run scripts/install-test-deps.sh)" if name.startswith("monitoring.") else "RHC_KUBERAY_CRDS"
+            report.check(f"{path} exists", [f"missing; set {var} to the directory holding {name}"])
             continue
         kind, schema = strict_crd_schema(path)
         jsonschema.Draft7Validator.check_schema(schema)

@@ -208,6 +208,52 @@ else
     log "prometheus: $prometheus, promtool: $promtool"
 fi
 
+# ---------------------------------------------------------------- Prometheus Operator CRDs
+# scripts/check_deploy.py validates the chart's PodMonitor and PrometheusRule against the
+# Prometheus Operator's own CRDs. They are fetched from the Go module proxy (the operator's
+# module, example/prometheus-operator-crd/), pinned by version and checked by sha256; nothing
+# of theirs is kept in the repository.
+PO_VERSION=v0.93.0
+CRD_DIR_OUT="$DEPS/crds/prometheus-operator-$PO_VERSION"
+declare -A PO_SHA256=(
+    [monitoring.coreos.com_podmonitors.yaml]=45a93443daa687d3654f7e9631909ff7edcdf3ec09c5e60251b74aa2722aee5d
+    [monitoring.coreos.com_prometheusrules.yaml]=78be98554b9c8506ab2b4f4feb91c5f3a56e536a0a510f3a8e876a459970d56d
+)
+crds_ok() {
+    local f
+    for f in "${!PO_SHA256[@]}"; do
+        [[ -f "$CRD_DIR_OUT/$f" ]] || return 1
+        [[ "$(sha256sum "$CRD_DIR_OUT/$f" | cut -d' ' -f1)" == "${PO_SHA256[$f]}" ]] || return 1
+    done
+}
+if ! crds_ok; then
+    proxy="$(go env GOPROXY 2>/dev/null | tr ',|' '\n\n' | grep -m1 '^http' || true)"
+    proxy="${proxy:-https://proxy.golang.org}"
+    zip_url="$proxy/github.com/prometheus-operator/prometheus-operator/@v/$PO_VERSION.zip"
+    log "fetching the Prometheus Operator's CRDs ($PO_VERSION) from the Go module proxy"
+    tmp_zip="$(mktemp "$DEPS/po.XXXXXX.zip")"
+    if curl -sSfL --retry 3 -o "$tmp_zip" "$zip_url"; then
+        mkdir -p "$CRD_DIR_OUT"
+        python3 - "$tmp_zip" "$CRD_DIR_OUT" "${!PO_SHA256[@]}" <<'PY' >&2 || true
+import sys, zipfile
+zip_path, out, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+with zipfile.ZipFile(zip_path) as z:
+    for entry in z.namelist():
+        for name in names:
+            if entry.endswith("/example/prometheus-operator-crd/" + name):
+                with open(f"{out}/{name}", "wb") as f:
+                    f.write(z.read(entry))
+PY
+    fi
+    rm -f "$tmp_zip"
+    if crds_ok; then
+        log "Prometheus Operator CRDs ready in $CRD_DIR_OUT"
+    else
+        log "error: the Prometheus Operator CRDs could not be fetched from $zip_url (or their sha256 differs)"
+        exit 1
+    fi
+fi
+
 # ---------------------------------------------------------------- report
 for f in "$VENV/bin/moto_server" "$NODE_DIR/node_modules/.bin/azurite-blob" \
          "$BIN_DIR/fake-gcs-server" "$VENV/bin/python"; do
@@ -223,3 +269,4 @@ printf 'export RHC_HISTORY_SERVER=%q\n' "$history_server"
 printf 'export RHC_CHROMIUM=%q\n' "$chromium"
 printf 'export RHC_PROMETHEUS=%q\n' "$prometheus"
 printf 'export RHC_PROMTOOL=%q\n' "$promtool"
+printf 'export RHC_MONITORING_CRDS=%q\n' "$CRD_DIR_OUT"
