@@ -8,12 +8,15 @@
 #   2. hadolint of the Dockerfile
 #   3. the Docker build context (.dockerignore) holds a buildable cargo package
 #   4. examples/docker-compose/compose.yaml against the Compose specification
-#   5. scripts/check_deploy.py: kustomize builds, helm lint + render of the chart
+#   5. promtool check rules of the chart's alerts (charts/*/files/alerts.yaml)
+#   6. scripts/check_deploy.py: kustomize builds, helm lint + render of the chart
 #      (and refusal of bad values), every object against Kubernetes' schemas
-#      (kubernetes-validate --strict) and KubeRay's CRDs, the sidecar wiring of
-#      every Ray pod, the KubeRay ray-cluster chart snippet
-#   6. examples/quickstart/run.sh: the collector with a file:// bucket
-#   7. examples/s3-local/run.sh: the collector against moto's S3 server
+#      (kubernetes-validate --strict), KubeRay's CRDs and the Prometheus
+#      Operator's (fetched by install-test-deps.sh), the sidecar wiring of every Ray pod (events
+#      on loopback, probes on the read-only port), the chart's PodMonitor and
+#      PrometheusRule, the KubeRay ray-cluster chart snippet
+#   7. examples/quickstart/run.sh: the collector with a file:// bucket
+#   8. examples/s3-local/run.sh: the collector against moto's S3 server
 #
 # The tools come from .test-deps/venv (scripts/install-test-deps.sh, run here
 # when RHC_PYTHON / RHC_MOTO_SERVER are not set). The image build itself is not
@@ -93,7 +96,16 @@ step "hadolint Dockerfile ($(hadolint --version))" hadolint Dockerfile
 step "Docker build context from .dockerignore is a cargo package" docker_context
 step "compose.yaml against the Compose specification (check-jsonschema $(check-jsonschema --version | awk '{print $NF}'))" \
     check-jsonschema --builtin-schema vendor.compose-spec examples/docker-compose/compose.yaml
-step "manifests, kustomize, Helm chart, CRDs, sidecar wiring (scripts/check_deploy.py)" \
+promtool_rules() {
+    local promtool="${RHC_PROMTOOL:-$(command -v promtool || true)}"
+    if [[ -z "$promtool" ]]; then
+        echo "promtool is missing: ./scripts/install-test-deps.sh installs Debian's prometheus package (needs root and apt-get)" >&2
+        return 1
+    fi
+    "$promtool" check rules charts/ray-history-collector/files/alerts.yaml
+}
+step "promtool check rules charts/ray-history-collector/files/alerts.yaml" promtool_rules
+step "manifests, kustomize, Helm chart, CRDs, sidecar wiring, monitoring (scripts/check_deploy.py)" \
     "$RHC_PYTHON" scripts/check_deploy.py
 quickstart() {
     local work rc=0

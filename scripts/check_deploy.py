@@ -12,10 +12,15 @@ No cluster is needed. In order:
    and of the rendered chart: built-in kinds with kubernetes-validate (strict, Kubernetes
    K8S_VERSION); RayCluster and RayJob against the openAPIV3Schema of KubeRay's v1 CRDs
    (unknown fields rejected, as kubectl's strict field validation does) and their pod
-   templates, as PodTemplates, with kubernetes-validate (strict).
+   templates, as PodTemplates, with kubernetes-validate (strict); PodMonitor and
+   PrometheusRule against the Prometheus Operator's CRDs (fetched by install-test-deps.sh).
+3b. monitoring: off by default, on with monitoring.enabled; the PrometheusRule is
+   files/alerts.yaml (promtool check rules), monitoring.rules overrides reach it, the
+   PodMonitor scrapes the rhc-metrics port of every collector of the release.
 4. wiring of every Ray pod template: the collector is a native sidecar, shares the
    emptyDir at /tmp/ray with the Ray container, Ray's event variables point at the port
-   it listens on, its probes reach it, the grace period covers --shutdown-timeout, its
+   it listens on, which is on the pod's loopback, its probes reach its read-only listener
+   on the pod IP (--metrics-listen, containerPort rhc-metrics), the grace period covers --shutdown-timeout, its
    identity comes from the downward API, and every flag exists (README's table, which
    tests/readme_config.rs checks against the CLI).
 5. charts/kuberay-ray-cluster-values.yaml: the pods KubeRay's ray-cluster chart would
@@ -49,6 +54,18 @@ KUBERAY_SNIPPET = REPO / "charts" / "kuberay-ray-cluster-values.yaml"
 KUBECTL = os.environ.get("RHC_KUBECTL", "kubectl")
 YAMLLINT = os.environ.get("RHC_YAMLLINT", "yamllint")
 COLLECTOR = "ray-history-collector"
+# The containerPort name of the read-only listener (probes, /metrics); the PodMonitor
+# scrapes it by name.
+METRICS_PORT_NAME = "rhc-metrics"
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+# The Prometheus Operator's CRDs the chart's monitoring objects are checked against: fetched
+# from the Go module proxy, pinned and checked, by scripts/install-test-deps.sh.
+MONITORING_CRDS = Path(
+    os.environ.get("RHC_MONITORING_CRDS")
+    or REPO / ".test-deps" / "crds" / "prometheus-operator-v0.93.0"
+)
+ALERTS = CHART / "files" / "alerts.yaml"
+PROMTOOL = os.environ.get("RHC_PROMTOOL") or "promtool"
 # Kubernetes' default when a pod sets no terminationGracePeriodSeconds.
 DEFAULT_GRACE = 30
 # What the grace period must leave for Ray's own exit, before the sidecar is stopped.
@@ -192,15 +209,35 @@ def check_ray_pod(template, *, role, flags, owner=None, grace_default=DEFAULT_GR
         v = env_value(env, var)
         return default if v is None else v
 
-    # Listening address and probes.
+    # Listening addresses and probes. Events only on the pod's loopback: anything that
+    # reaches the pod IP must not be able to write history. Probes and metrics on the
+    # read-only listener (--metrics-listen), on the pod IP.
     listen = setting("listen", "RHC_LISTEN", "127.0.0.1:8084")
     host, _, port_s = listen.rpartition(":")
     port = int(port_s) if port_s.isdigit() else None
     if port is None:
         problems.append(f"cannot read the port of --listen {listen!r}")
+    if host not in LOOPBACK:
+        problems.append(f"--listen {listen}: events must listen on the pod's loopback (127.0.0.1), where "
+                        "only the pod's containers reach them; put the probes and metrics on "
+                        "--metrics-listen 0.0.0.0:<port>")
+    metrics_listen = setting("metrics-listen", "RHC_METRICS_LISTEN", "")
+    probe_host, probe_port = host, port
+    if metrics_listen:
+        probe_host, _, mport_s = metrics_listen.rpartition(":")
+        probe_port = int(mport_s) if mport_s.isdigit() else None
+        if probe_port is None:
+            problems.append(f"cannot read the port of --metrics-listen {metrics_listen!r}")
+        elif probe_port == port:
+            problems.append(f"--metrics-listen {metrics_listen} has the port of --listen {listen}")
     ports = {p.get("name"): p.get("containerPort") for p in c.get("ports") or []}
-    if port is not None and port not in ports.values():
-        problems.append(f"containerPort {port} is not declared on the collector")
+    if metrics_listen and probe_port is not None:
+        if ports.get(METRICS_PORT_NAME) != probe_port:
+            problems.append(f"the read-only port {probe_port} is not declared as containerPort "
+                            f"{METRICS_PORT_NAME!r} (what the PodMonitor scrapes)")
+    if port is not None and port in ports.values() and host in LOOPBACK:
+        problems.append(f"containerPort {port} is declared, but events listen on {host}: "
+                        "it is not reachable from outside the pod, and should not look it")
     probes = {k: c.get(k) for k in ("startupProbe", "livenessProbe", "readinessProbe") if c.get(k)}
     for k in ("startupProbe", "livenessProbe"):
         if k not in probes:
@@ -215,13 +252,14 @@ def check_ray_pod(template, *, role, flags, owner=None, grace_default=DEFAULT_GR
             problems.append(f"{k} path {get.get('path')!r}, expected {' or '.join(want)}")
         p = get.get("port")
         p = ports.get(p) if isinstance(p, str) else p
-        if p != port:
-            problems.append(f"{k} port {get.get('port')!r} is not the listening port {port}")
+        if p != probe_port:
+            problems.append(f"{k} port {get.get('port')!r} is not the read-only port {probe_port} "
+                            "(--metrics-listen)")
         if get.get("host"):
             problems.append(f"{k} sets host; kubelet would probe that host, not the pod")
-    if probes and host not in ("0.0.0.0", "[::]", "::"):
-        problems.append(f"--listen {listen}: kubelet probes connect to the pod IP, so the collector "
-                        "must listen on 0.0.0.0 (or use no httpGet probes)")
+    if probes and probe_host not in ("0.0.0.0", "[::]", "::"):
+        problems.append(f"the probes' listener {metrics_listen or listen}: kubelet probes connect to the "
+                        "pod IP, so --metrics-listen must be 0.0.0.0:<port> (or use no httpGet probes)")
 
     # Role, storage, shutdown budget.
     r = setting("role", "RAY_ROLE", "head").strip().lower()
@@ -331,6 +369,13 @@ def strict_crd_schema(crd_path):
             if ("properties" in node and "additionalProperties" not in node
                     and not node.get("x-kubernetes-preserve-unknown-fields")):
                 node["additionalProperties"] = False
+            # Go's RE2 takes inline flags ("^(?i)(abort|warn)?$", the Prometheus
+            # Operator's CRDs); JSON Schema's ECMA dialect does not. Such a pattern is
+            # rewritten with case classes ([aA]) for (?i), the only flag these CRDs use.
+            pattern = node.get("pattern")
+            if isinstance(pattern, str) and "(?i)" in pattern:
+                node["pattern"] = re.sub(r"[A-Za-z]", lambda m: f"[{m[0].lower()}{m[0].upper()}]",
+                                         pattern.replace("(?i)", ""))
             for v in node.values():
                 walk(v)
         elif isinstance(node, list):
@@ -352,7 +397,12 @@ def validate_object(doc, crd_validators, report, where):
     label = f"{where}: {obj_name(doc)}"
     if kind in crd_validators:
         errors = sorted(crd_validators[kind].iter_errors(doc), key=lambda e: list(e.absolute_path))
-        report.check(f"{label} matches KubeRay's {kind} CRD", [format_error(e) for e in errors[:10]])
+        owner = "the Prometheus Operator's" if kind in ("PodMonitor", "PrometheusRule") else "KubeRay's"
+        report.check(f"{label} matches {owner} {kind} CRD", [format_error(e) for e in errors[:10]])
+        if kind in ("PodMonitor", "PrometheusRule"):
+            if doc.get("apiVersion") != "monitoring.coreos.com/v1":
+                report.check(f"{label} apiVersion", [f"apiVersion {doc.get('apiVersion')!r}, expected monitoring.coreos.com/v1"])
+            return
         if doc.get("apiVersion") != "ray.io/v1":
             report.check(f"{label} apiVersion", [f"apiVersion {doc.get('apiVersion')!r}, expected ray.io/v1"])
         for path, template, _ in ray_pod_templates(doc):
@@ -476,6 +526,104 @@ def chart_renders(report, tmp):
     return out
 
 
+def rule_groups(doc):
+    """The groups of a PrometheusRule, as a rule file holds them."""
+    return (doc.get("spec") or {}).get("groups") or []
+
+
+def promtool_check(groups, label):
+    """`promtool check rules` of a rule file holding `groups`; problems."""
+    with tempfile.NamedTemporaryFile("w", suffix=".rules.yaml", prefix="rhc-alerts.") as f:
+        yaml.safe_dump({"groups": groups}, f)
+        f.flush()
+        try:
+            p = subprocess.run([PROMTOOL, "check", "rules", f.name], capture_output=True, text=True, timeout=60)
+        except FileNotFoundError:
+            return [f"{PROMTOOL} is missing: run ./scripts/install-test-deps.sh (Debian's prometheus package)"]
+    return [] if p.returncode == 0 else [f"{label}: {(p.stdout + p.stderr).strip()}"]
+
+
+def check_monitoring(report):
+    """The chart's PodMonitor and PrometheusRule: off by default, on with one value; the
+    rules are files/alerts.yaml, with monitoring.rules overrides applied; the PodMonitor
+    scrapes the port the pods declare."""
+    base = {"storage": {"url": "s3://ray-historyserver"},
+            "image": {"repository": "registry.example.com/ray-history-collector"}}
+    file_groups = yaml.safe_load(ALERTS.read_text())["groups"]
+    alerts = [r["alert"] for g in file_groups for r in g["rules"]]
+    report.check(f"promtool check rules {rel(ALERTS)} ({len(alerts)} alerts)", promtool_check(file_groups, rel(ALERTS)))
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    configured = set((values.get("monitoring") or {}).get("rules") or {})
+    report.check("values.yaml's monitoring.rules names every alert of files/alerts.yaml, and no other",
+                 [f"missing {a}" for a in alerts if a not in configured]
+                 + [f"unknown {a}" for a in sorted(configured - set(alerts))])
+
+    docs, _ = render_chart(base)
+    kinds = [d.get("kind") for d in docs]
+    report.check("monitoring off by default: no PodMonitor, no PrometheusRule",
+                 [k for k in kinds if k in ("PodMonitor", "PrometheusRule")])
+
+    docs, _ = render_chart({**base, "monitoring": {"enabled": True}})
+    by_kind = {d.get("kind"): d for d in docs}
+    rule = by_kind.get("PrometheusRule")
+    report.check("monitoring.enabled=true renders a PodMonitor and a PrometheusRule",
+                 [f"no {k}" for k in ("PodMonitor", "PrometheusRule") if k not in by_kind])
+    if rule:
+        problems = [] if rule_groups(rule) == file_groups else [
+            "the default PrometheusRule's groups differ from files/alerts.yaml (a default in "
+            "values.yaml's monitoring.rules that is not the file's?)"]
+        report.check("the default PrometheusRule is files/alerts.yaml, unchanged", problems)
+    pm = by_kind.get("PodMonitor")
+    if pm:
+        problems = []
+        selector = ((pm.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        endpoints = (pm.get("spec") or {}).get("podMetricsEndpoints") or []
+        if [e.get("port") for e in endpoints] != [METRICS_PORT_NAME]:
+            problems.append(f"podMetricsEndpoints {endpoints!r}: expected port {METRICS_PORT_NAME}")
+        pods = [t for d in docs if d.get("kind") in ("RayCluster", "RayJob") for _, t, _ in ray_pod_templates(d)]
+        for t in pods:
+            labels = (t.get("metadata") or {}).get("labels") or {}
+            if any(labels.get(k) != v for k, v in selector.items()):
+                problems.append(f"a Ray pod's labels {labels} do not match the selector {selector}")
+            sidecar = next((c for c in (t.get("spec") or {}).get("initContainers") or [] if c.get("name") == COLLECTOR), {})
+            if METRICS_PORT_NAME not in [p.get("name") for p in sidecar.get("ports") or []]:
+                problems.append(f"a collector declares no port {METRICS_PORT_NAME}")
+        if not pods:
+            problems.append("no Ray pod rendered")
+        report.check(f"the PodMonitor scrapes port {METRICS_PORT_NAME} of every collector of the release "
+                     f"({len(pods)} pod templates)", problems)
+
+    overrides = {"RayHistoryUploadsFailing": {"for": "3m"},
+                 "RayHistorySpoolNearlyFull": {"threshold": 0.65, "for": "1m"},
+                 "RayHistoryEventsNotUploaded": {"threshold": 45},
+                 "RayHistoryEventsQuarantined": {"enabled": False}}
+    docs, _ = render_chart({**base, "monitoring": {"enabled": True, "podMonitor": {"enabled": False},
+                                                   "rules": overrides}})
+    kinds = [d.get("kind") for d in docs]
+    rule = next((d for d in docs if d.get("kind") == "PrometheusRule"), None)
+    problems = [] if "PodMonitor" not in kinds else ["podMonitor.enabled=false still renders a PodMonitor"]
+    if rule is None:
+        problems.append("no PrometheusRule")
+    else:
+        got = {r["alert"]: r for g in rule_groups(rule) for r in g["rules"]}
+        want = {r["alert"]: r for g in file_groups for r in g["rules"]}
+        if "RayHistoryEventsQuarantined" in got:
+            problems.append("RayHistoryEventsQuarantined.enabled=false did not drop the alert")
+        if got.get("RayHistoryUploadsFailing", {}).get("for") != "3m":
+            problems.append(f"for of RayHistoryUploadsFailing: {got.get('RayHistoryUploadsFailing', {}).get('for')!r}")
+        for name, threshold in (("RayHistorySpoolNearlyFull", "0.65"), ("RayHistoryEventsNotUploaded", "45")):
+            expr, default = got.get(name, {}).get("expr", ""), want[name]["expr"]
+            expected = re.sub(r"[0-9.]+(\s*)$", threshold + r"\1", default)
+            if expr != expected:
+                problems.append(f"{name}: expr {expr!r}, expected {expected!r}")
+        for name in ("RayHistoryDashboardSnapshotsFailing",):
+            if got.get(name) != want[name]:
+                problems.append(f"{name} changed without an override")
+        problems += promtool_check(rule_groups(rule), "the PrometheusRule with overrides")
+    report.check("monitoring.rules: for, threshold and enabled=false reach the PrometheusRule, "
+                 "which promtool accepts", problems)
+
+
 def kuberay_chart_pods(values):
     """The head and worker pod templates KubeRay's ray-cluster chart builds from
     `values` (templates/raycluster-cluster.yaml: initContainers, then one Ray container
@@ -593,10 +741,12 @@ def main():
 
     report.section(f"KubeRay CRDs from {CRD_DIR}")
     crd_validators = {}
-    for name in ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml"):
-        path = CRD_DIR / name
+    for name in ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml",
+                 "monitoring.coreos.com_podmonitors.yaml", "monitoring.coreos.com_prometheusrules.yaml"):
+        path = (MONITORING_CRDS if name.startswith("monitoring.") else CRD_DIR) / name
         if not path.is_file():
-            report.check(f"{path} exists", [f"missing; set RHC_KUBERAY_CRDS to the directory holding {name}"])
+            var = "RHC_MONITORING_CRDS (run scripts/install-test-deps.sh)" if name.startswith("monitoring.") else "RHC_KUBERAY_CRDS"
+            report.check(f"{path} exists", [f"missing; set {var} to the directory holding {name}"])
             continue
         kind, schema = strict_crd_schema(path)
         jsonschema.Draft7Validator.check_schema(schema)
@@ -621,6 +771,9 @@ def main():
     report.section("Helm chart")
     with tempfile.TemporaryDirectory(prefix="rhc-check-deploy.") as tmp:
         sources += chart_renders(report, tmp)
+
+    report.section("monitoring: PodMonitor, PrometheusRule, files/alerts.yaml")
+    check_monitoring(report)
 
     for extra in sys.argv[1:]:
         sources.append((extra, load_docs(Path(extra).read_text())))

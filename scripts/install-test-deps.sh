@@ -10,6 +10,10 @@
 #                     (`go install`, version HISTORY_SERVER_VERSION), when the proxy serves it
 #   chromium          Debian's `chromium` package (apt-get, as root, when it is missing), for
 #                     the test that renders `inspect --html` headless (tests/inspect_html.rs)
+#   prometheus        Debian's `prometheus` package (apt-get, as root, when promtool or
+#                     prometheus is missing), for the alert rules' unit tests
+#                     (scripts/test-alerts.sh) and the alerting end-to-end test
+#                     (tests/alerts_e2e.rs); it is never started as a service
 #
 # Idempotent and fast when nothing changed: each part has a stamp file holding
 # a hash of its inputs (requirement lists, interpreter version, STAMP_VERSION);
@@ -167,6 +171,89 @@ else
     log "chromium: $chromium"
 fi
 
+# ---------------------------------------------------------------- Prometheus
+# promtool tests the chart's alert rules (scripts/test-alerts.sh, scripts/check-deploy.sh);
+# tests/alerts_e2e.rs runs a real prometheus on 127.0.0.1 against a real collector.
+# Installed from Debian's packages when missing. The package would start a daemon on
+# 0.0.0.0:9090 where an init system runs: a policy-rc.d that refuses every start is put in
+# place for the install when there is none (Docker images ship one). When the package
+# cannot be installed, RHC_PROMETHEUS / RHC_PROMTOOL stay empty and the tests that need them
+# fail under RHC_REQUIRE_SERVICES=1 (they say they did not run otherwise).
+prometheus="$(command -v prometheus 2>/dev/null || true)"
+promtool="$(command -v promtool 2>/dev/null || true)"
+if [[ -z "$prometheus" || -z "$promtool" ]]; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        start=$SECONDS
+        log "installing prometheus (apt-get, Debian's package: prometheus and promtool)"
+        policy=/usr/sbin/policy-rc.d
+        own_policy=""
+        if [[ ! -e "$policy" ]]; then
+            printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && own_policy=1
+        fi
+        if DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 \
+            && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                prometheus >&2; then
+            prometheus="$(command -v prometheus || true)"
+            promtool="$(command -v promtool || true)"
+            log "prometheus ready in $((SECONDS - start)) s"
+        else
+            log "prometheus could not be installed; the alert rule tests cannot run"
+        fi
+        [[ -n "$own_policy" ]] && rm -f "$policy"
+    else
+        log "prometheus is missing and cannot be installed here (needs root and apt-get);" \
+            "the alert rule tests cannot run"
+    fi
+else
+    log "prometheus: $prometheus, promtool: $promtool"
+fi
+
+# ---------------------------------------------------------------- Prometheus Operator CRDs
+# scripts/check_deploy.py validates the chart's PodMonitor and PrometheusRule against the
+# Prometheus Operator's own CRDs. They are fetched from the Go module proxy (the operator's
+# module, example/prometheus-operator-crd/), pinned by version and checked by sha256; nothing
+# of theirs is kept in the repository.
+PO_VERSION=v0.93.0
+CRD_DIR_OUT="$DEPS/crds/prometheus-operator-$PO_VERSION"
+declare -A PO_SHA256=(
+    [monitoring.coreos.com_podmonitors.yaml]=45a93443daa687d3654f7e9631909ff7edcdf3ec09c5e60251b74aa2722aee5d
+    [monitoring.coreos.com_prometheusrules.yaml]=78be98554b9c8506ab2b4f4feb91c5f3a56e536a0a510f3a8e876a459970d56d
+)
+crds_ok() {
+    local f
+    for f in "${!PO_SHA256[@]}"; do
+        [[ -f "$CRD_DIR_OUT/$f" ]] || return 1
+        [[ "$(sha256sum "$CRD_DIR_OUT/$f" | cut -d' ' -f1)" == "${PO_SHA256[$f]}" ]] || return 1
+    done
+}
+if ! crds_ok; then
+    proxy="$(go env GOPROXY 2>/dev/null | tr ',|' '\n\n' | grep -m1 '^http' || true)"
+    proxy="${proxy:-https://proxy.golang.org}"
+    zip_url="$proxy/github.com/prometheus-operator/prometheus-operator/@v/$PO_VERSION.zip"
+    log "fetching the Prometheus Operator's CRDs ($PO_VERSION) from the Go module proxy"
+    tmp_zip="$(mktemp "$DEPS/po.XXXXXX.zip")"
+    if curl -sSfL --retry 3 -o "$tmp_zip" "$zip_url"; then
+        mkdir -p "$CRD_DIR_OUT"
+        python3 - "$tmp_zip" "$CRD_DIR_OUT" "${!PO_SHA256[@]}" <<'PY' >&2 || true
+import sys, zipfile
+zip_path, out, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+with zipfile.ZipFile(zip_path) as z:
+    for entry in z.namelist():
+        for name in names:
+            if entry.endswith("/example/prometheus-operator-crd/" + name):
+                with open(f"{out}/{name}", "wb") as f:
+                    f.write(z.read(entry))
+PY
+    fi
+    rm -f "$tmp_zip"
+    if crds_ok; then
+        log "Prometheus Operator CRDs ready in $CRD_DIR_OUT"
+    else
+        log "error: the Prometheus Operator CRDs could not be fetched from $zip_url (or their sha256 differs)"
+        exit 1
+    fi
+fi
+
 # ---------------------------------------------------------------- report
 for f in "$VENV/bin/moto_server" "$NODE_DIR/node_modules/.bin/azurite-blob" \
          "$BIN_DIR/fake-gcs-server" "$VENV/bin/python"; do
@@ -180,3 +267,6 @@ printf 'export RHC_FAKE_GCS=%q\n' "$BIN_DIR/fake-gcs-server"
 printf 'export RHC_PYTHON=%q\n' "$VENV/bin/python"
 printf 'export RHC_HISTORY_SERVER=%q\n' "$history_server"
 printf 'export RHC_CHROMIUM=%q\n' "$chromium"
+printf 'export RHC_PROMETHEUS=%q\n' "$prometheus"
+printf 'export RHC_PROMTOOL=%q\n' "$promtool"
+printf 'export RHC_MONITORING_CRDS=%q\n' "$CRD_DIR_OUT"

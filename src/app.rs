@@ -1,7 +1,8 @@
 //! Starts the collector from its [`Settings`] and shuts it down in one documented order.
 //!
 //! Everything here happens after the settings were checked: opening the store and the spool,
-//! starting the uploader, binding the listener, and spawning the session watcher, the export
+//! starting the uploader, binding the listeners (events, and the read-only one of
+//! `--metrics-listen`), and spawning the session watcher, the export
 //! tailer, the log shipper and (head only) the dashboard poller.
 //!
 //! # Shutdown order (SIGTERM or SIGINT)
@@ -45,6 +46,7 @@ pub enum Exit {
 pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Result<Exit> {
     // Installed first: a SIGTERM that arrives while we start must still mean "flush and exit".
     let signals = Signals::install()?;
+    crate::metrics::spool_budget(settings.max_spool_bytes);
     crate::metrics::register_quarantine_reasons(
         events::quarantine::QuarantineReason::ALL.map(|r| r.code()),
     );
@@ -91,6 +93,10 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         sealed_rx,
     );
     let listener = events::http::bind(settings.listen).await?;
+    let read_only_listener = match settings.metrics_listen {
+        Some(addr) => Some(events::http::bind_read_only(addr).await?),
+        None => None,
+    };
     let high_watermark = settings.max_spool_bytes / 10 * 9;
     let event_node: node::node_id::EventNodeHint = Default::default();
     let state = events::http::IngestState::new(
@@ -105,7 +111,18 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         event_node.clone(),
         metrics,
     );
-    let server = tokio::spawn(events::http::serve(listener, state.clone()));
+    let server = tokio::spawn(events::http::serve(
+        listener,
+        state.clone(),
+        events::http::Routes::All,
+    ));
+    let read_only_server = read_only_listener.map(|l| {
+        tokio::spawn(events::http::serve(
+            l,
+            state.clone(),
+            events::http::Routes::ReadOnly,
+        ))
+    });
 
     let (stop_logs, stop_logs_rx) = tokio::sync::watch::channel(false);
     let sessions =
@@ -194,6 +211,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     };
     tracing::info!(
         listen = %settings.listen,
+        metrics_listen = %settings.metrics_listen.map_or_else(|| "none (on --listen)".to_string(), |a| a.to_string()),
         storage = %settings.storage,
         prefix = %settings.layout.history_prefix(),
         spool = %settings.spool_dir.display(),
@@ -255,6 +273,9 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         tracing::warn!(path = %path.display(), "log file not uploaded before the shutdown deadline");
     }
     server.abort();
+    if let Some(s) = read_only_server {
+        s.abort();
+    }
     let spool2 = spool.clone();
     let _ = tokio::task::spawn_blocking(move || spool2.stop()).await;
     // Whatever is still in the spool is named, even after a drain: a file the spool could

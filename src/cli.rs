@@ -156,6 +156,12 @@ pub struct RunArgs {
     #[arg(long, env = "RHC_LISTEN", value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
 
+    /// Address of a second, read-only listener: GET /healthz, /readyz and /metrics only, never
+    /// events; for kubelet's probes and Prometheus on the pod IP while --listen stays on
+    /// 127.0.0.1 [default: none: everything is served on --listen].
+    #[arg(long, env = "RHC_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+
     /// Port on 127.0.0.1 when --listen is not given (KubeRay's variable).
     #[arg(long, env = "EVENTS_PORT", value_name = "PORT", hide = true, value_parser = given(parse_port))]
     pub events_port: Option<Given<u16>>,

@@ -41,6 +41,8 @@ pub const CONNECTIONS_REFUSED: &str = "rhc_connections_refused_total";
 pub const SPOOL_BYTES: &str = "rhc_spool_bytes";
 /// Files in the spool not yet uploaded.
 pub const SPOOL_FILES: &str = "rhc_spool_segments";
+/// The spool's disk budget (`--max-spool-bytes`): alerts compare [`SPOOL_BYTES`] with it.
+pub const SPOOL_BUDGET: &str = "rhc_spool_budget_bytes";
 /// Age of the oldest spool file not yet uploaded.
 pub const OLDEST_AGE: &str = "rhc_spool_oldest_unuploaded_age_seconds";
 /// Time from the first write of a group to the end of its sync (including the wait for the
@@ -129,6 +131,11 @@ pub fn render(handle: &PrometheusHandle, spool: SpoolGauges) -> String {
     gauge!(OLDEST_AGE).set(spool.oldest_age_seconds);
     handle.run_upkeep();
     handle.render()
+}
+
+/// Sets [`SPOOL_BUDGET`], once at start.
+pub fn spool_budget(bytes: u64) {
+    gauge!(SPOOL_BUDGET).set(bytes as f64);
 }
 
 pub(crate) fn events_accepted(accepted: u64, duplicates: u64) {

@@ -26,8 +26,10 @@ const MAX_BODY_LIMIT: u64 = 512 << 20;
 /// Everything the collector needs, resolved and checked.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// Listen address.
+    /// Listen address: events, and the read-only endpoints.
     pub listen: SocketAddr,
+    /// `--metrics-listen`: the read-only listener (health, readiness, metrics), if any.
+    pub metrics_listen: Option<SocketAddr>,
     /// Bucket and root.
     pub storage: StorageSpec,
     /// The storage client, configured from `storage` and its variables; not opened yet.
@@ -203,6 +205,18 @@ impl Settings {
         let listen = cli
             .listen
             .unwrap_or_else(|| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), events_port));
+        if let Some(m) = cli.metrics_listen {
+            if m == listen
+                || (m.port() == listen.port()
+                    && (m.ip().is_unspecified() || listen.ip().is_unspecified()))
+            {
+                return Err(bad(
+                    "--metrics-listen",
+                    &m.to_string(),
+                    &format!("the read-only listener needs a port of its own; events listen on {listen} (--listen)"),
+                ));
+            }
+        }
 
         // KubeRay's JSON storage configuration stands in for the storage variables it names.
         let storage_env =
@@ -604,6 +618,7 @@ impl Settings {
 
         Ok(Settings {
             listen,
+            metrics_listen: cli.metrics_listen,
             storage,
             store,
             layout: ClusterLayout {
@@ -678,6 +693,23 @@ mod tests {
         );
         assert_eq!(s.rotation_interval, Duration::from_secs(300));
         assert_eq!(s.shutdown_timeout, Duration::from_secs(25));
+    }
+
+    #[test]
+    fn the_read_only_listener_is_optional_and_needs_its_own_port() {
+        assert_eq!(resolve(&[], &[]).unwrap().metrics_listen, None);
+        let s = resolve(&["--metrics-listen", "0.0.0.0:8085"], &[]).unwrap();
+        assert_eq!(
+            s.metrics_listen.map(|a| a.to_string()).as_deref(),
+            Some("0.0.0.0:8085")
+        );
+        for clash in ["127.0.0.1:8084", "0.0.0.0:8084"] {
+            let e = resolve(&["--metrics-listen", clash], &[]).unwrap_err();
+            assert!(
+                e.contains("--metrics-listen") && e.contains("port of its own"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //!   to the bad answers of a dashboard going down.
 //! - [`peer`]: KubeRay's Go collector as a peer, with the stand-ins it needs to start, and
 //!   [`peer::AnyCollector`] to drive it and ours alike.
+//! - [`prometheus`]: a real Prometheus scraping collectors and evaluating the chart's alerts.
 //! - [`usage`]: what a process cost (CPU time, peak resident set) from the kernel's accounting.
 //!
 //! Everything binds 127.0.0.1 only (but KubeRay's collector, which listens on every interface
@@ -30,6 +31,7 @@ pub mod history_server;
 pub mod http;
 pub mod peer;
 pub mod preload;
+pub mod prometheus;
 pub mod ray;
 pub mod relay;
 pub mod services;

@@ -68,6 +68,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and .Values.owner.kind (not .Values.owner.name) (ne .Values.kind "RayJob") }}
 {{- fail "owner.name is required when owner.kind is set" }}
 {{- end }}
+{{- if eq (int .Values.collector.port) (int .Values.collector.metricsPort) }}
+{{- fail (printf "collector.metricsPort (%d) must differ from collector.port (%d): events and the read-only endpoints listen on ports of their own" (int .Values.collector.metricsPort) (int .Values.collector.port)) }}
+{{- end }}
 {{- if and .Values.storage.credentials.create .Values.storage.credentials.existingSecret }}
 {{- fail "storage.credentials: set either existingSecret or create, not both" }}
 {{- end }}
@@ -86,7 +89,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   # A native sidecar: started before Ray, stopped after it.
   restartPolicy: Always
   args:
-    - --listen={{ $c.listenAddress }}:{{ $c.port }}
+    # Events on the pod's loopback only; probes and metrics, read-only, on the pod IP.
+    - --listen=127.0.0.1:{{ $c.port }}
+    - --metrics-listen=0.0.0.0:{{ $c.metricsPort }}
     - --role={{ .role }}
     - --storage={{ $v.storage.url }}
     - --spool-dir={{ $c.spoolDir }}
@@ -145,16 +150,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     - secretRef:
         name: {{ . }}
   {{- end }}
+  # Only the read-only port: the events port listens on 127.0.0.1, out of reach of
+  # everything outside the pod.
   ports:
-    - name: collector
-      containerPort: {{ $c.port }}
+    - name: rhc-metrics
+      containerPort: {{ $c.metricsPort }}
       protocol: TCP
   {{- with $c.probes.startup }}
   {{- if .enabled }}
   startupProbe:
     httpGet:
       path: /healthz
-      port: collector
+      port: rhc-metrics
     periodSeconds: {{ .periodSeconds }}
     failureThreshold: {{ .failureThreshold }}
   {{- end }}
@@ -164,7 +171,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   livenessProbe:
     httpGet:
       path: /healthz
-      port: collector
+      port: rhc-metrics
     periodSeconds: {{ .periodSeconds }}
     timeoutSeconds: {{ .timeoutSeconds }}
     failureThreshold: {{ .failureThreshold }}
@@ -175,7 +182,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   readinessProbe:
     httpGet:
       path: /readyz
-      port: collector
+      port: rhc-metrics
     periodSeconds: {{ .periodSeconds }}
     timeoutSeconds: {{ .timeoutSeconds }}
     failureThreshold: {{ .failureThreshold }}

@@ -4,6 +4,13 @@
 //! and resends it after 3 s without an answer. So a batch with bad events still gets 200
 //! (the bad events go to quarantine), 4xx is only for bodies that can never succeed, and
 //! 503 is only for real backpressure or shutdown, when a resend is what we want.
+//!
+//! Two kinds of listener share this code ([`Routes`]): the events listener (`--listen`),
+//! which serves everything, and the optional read-only one (`--metrics-listen`), which
+//! serves `GET`/`HEAD` of `/healthz`, `/readyz` and `/metrics` and nothing else. In a pod the
+//! events listener stays on 127.0.0.1, where only the pod's own containers reach it, and the
+//! read-only one takes the pod IP for kubelet's probes and Prometheus: nobody outside the
+//! pod can write history or fill the spool.
 
 mod body;
 mod connections;
@@ -180,12 +187,23 @@ impl Drop for InflightGuard<'_> {
     }
 }
 
+/// What a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routes {
+    /// Events, probes and metrics (`--listen`).
+    All,
+    /// Probes and metrics only, `GET`/`HEAD` (`--metrics-listen`); events are refused with
+    /// 404 before their body is read.
+    ReadOnly,
+}
+
 /// Accepts connections until the task is dropped.
 ///
 /// The loop never waits for a place: at the cap a new connection takes the place of the
 /// least useful open one, or one of the reserved places, or is closed at once (see
-/// [`connections`]).
-pub async fn serve(listener: TcpListener, state: Arc<IngestState>) {
+/// [`connections`]). Each listener has its own places: scrapers on the read-only listener
+/// never take one from Ray.
+pub async fn serve(listener: TcpListener, state: Arc<IngestState>, routes: Routes) {
     let connections = Connections::new();
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -206,7 +224,13 @@ pub async fn serve(listener: TcpListener, state: Arc<IngestState>) {
             m::connection_evicted(why.code());
         }
         let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_connection(stream, peer, admitted, state.clone()));
+        tokio::spawn(serve_connection(
+            stream,
+            peer,
+            admitted,
+            state.clone(),
+            routes,
+        ));
     }
 }
 
@@ -216,6 +240,7 @@ async fn serve_connection(
     peer: SocketAddr,
     admitted: connections::Admitted,
     state: Arc<IngestState>,
+    routes: Routes,
 ) {
     let slot = admitted.slot.clone();
     let reserved = slot.reserved;
@@ -223,6 +248,12 @@ async fn serve_connection(
         let slot = slot.clone();
         let state = state.clone();
         async move {
+            if routes == Routes::ReadOnly {
+                slot.request_started(false);
+                let resp = read_only(&req, &state);
+                slot.request_ended();
+                return Ok::<_, Infallible>(resp);
+            }
             let events = is_events_post(&req);
             slot.request_started(events);
             // The body reader reports its progress to the connection's slot.
@@ -336,14 +367,7 @@ async fn handle(req: Request<Incoming>, st: &IngestState) -> Resp {
             text_response(StatusCode::OK, "ok\n".into(), "text/plain"),
         ),
         (&Method::GET | &Method::HEAD, "/readyz") => ("/readyz", readiness(st)),
-        (&Method::GET, "/metrics") => (
-            "/metrics",
-            text_response(
-                StatusCode::OK,
-                m::render(&st.metrics, spool_gauges(st)),
-                "text/plain; version=0.0.4",
-            ),
-        ),
+        (&Method::GET, "/metrics") => ("/metrics", metrics(st)),
         (_, "/healthz" | "/readyz" | "/metrics") => ("other", method_not_allowed("GET")),
         _ => (
             "other",
@@ -355,6 +379,46 @@ async fn handle(req: Request<Incoming>, st: &IngestState) -> Resp {
     };
     m::http_request(label, resp.status().as_u16());
     resp
+}
+
+/// The read-only listener: probes and metrics; everything else refused without reading a
+/// body (the connection is closed after an answer to a request that has one).
+fn read_only(req: &Request<Incoming>, st: &IngestState) -> Resp {
+    let (label, resp) = match (req.method(), req.uri().path()) {
+        (&Method::GET | &Method::HEAD, "/healthz") => (
+            "/healthz",
+            text_response(StatusCode::OK, "ok\n".into(), "text/plain"),
+        ),
+        (&Method::GET | &Method::HEAD, "/readyz") => ("/readyz", readiness(st)),
+        (&Method::GET | &Method::HEAD, "/metrics") => ("/metrics", metrics(st)),
+        (_, "/healthz" | "/readyz" | "/metrics") => {
+            ("other", closing(method_not_allowed("GET, HEAD")))
+        }
+        (_, "/v1/events" | "/events") => (
+            "other",
+            closing(error_response(
+                StatusCode::NOT_FOUND,
+                "no events here: this is the read-only listener (--metrics-listen: /healthz, /readyz, /metrics); Ray posts its events to the events listener (--listen, on the pod's loopback)",
+            )),
+        ),
+        _ => (
+            "other",
+            closing(error_response(
+                StatusCode::NOT_FOUND,
+                "not found; this read-only listener (--metrics-listen) serves GET /healthz, /readyz and /metrics",
+            )),
+        ),
+    };
+    m::http_request(label, resp.status().as_u16());
+    resp
+}
+
+fn metrics(st: &IngestState) -> Resp {
+    text_response(
+        StatusCode::OK,
+        m::render(&st.metrics, spool_gauges(st)),
+        "text/plain; version=0.0.4",
+    )
 }
 
 fn spool_gauges(st: &IngestState) -> m::SpoolGauges {
@@ -832,6 +896,14 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr)
         .await
         .with_context(|| format!("listening on {addr} (--listen / EVENTS_PORT)"))
+}
+
+/// Binds the read-only listener, with the address in the error.
+pub async fn bind_read_only(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    use anyhow::Context;
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("listening on {addr} (--metrics-listen)"))
 }
 
 #[cfg(test)]
