@@ -156,12 +156,13 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use futures::StreamExt as _;
 use object_store::path::Path as ObjectPath;
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt as _};
 use serde::Serialize;
 
 use crate::cli::InspectArgs;
 use crate::storage::{Backend, StorageSpec};
 
+mod causes;
 mod decode;
 mod discover;
 mod escape;
@@ -476,6 +477,66 @@ fn store_error(e: &object_store::Error) -> String {
     bounded(first, 300)
 }
 
+/// The dashboard endpoint of placement groups, as the head's poller fetches it
+/// (`dashboard::PERIODIC_ENDPOINTS`; a test checks it is there).
+const PLACEMENT_GROUPS_URI: &str = "/api/v0/placement_groups?detail=1&limit=10000";
+
+/// Largest placement-group snapshot read (the dashboard answers with at most 10,000 groups).
+const MAX_PLACEMENT_GROUP_SNAPSHOT: u64 = 64 << 20;
+
+/// The snapshot of `/api/v0/placement_groups?detail=1` under `fetched_endpoints/`, if any:
+/// (its key, its JSON). One that cannot be read or parsed is a problem, not an error.
+async fn read_placement_groups(
+    store: &Arc<dyn ObjectStore>,
+    history_prefix: &str,
+    session: &str,
+    problems: &mut Problems,
+) -> Option<(String, serde_json::Value)> {
+    // Listed, not named: the listing gives the key as this backend spells it ('?' and '&'
+    // in a name are escaped differently by each).
+    let name = crate::contract::endpoints::endpoint_object_name(PLACEMENT_GROUPS_URI);
+    let dir = ObjectPath::from(format!(
+        "{history_prefix}/{session}/{}",
+        crate::contract::endpoints::FETCHED_ENDPOINTS_DIR
+    ));
+    let listed = match store.list_with_delimiter(Some(&dir)).await {
+        Ok(l) => l,
+        Err(e) => {
+            problems.unreadable(
+                &format!("{dir}/"),
+                &format!("listing failed: {}", store_error(&e)),
+            );
+            return None;
+        }
+    };
+    let meta = listed
+        .objects
+        .into_iter()
+        .find(|o| o.location.filename() == Some(name.as_str()))?;
+    let key = meta.location.to_string();
+    let result = if meta.size > MAX_PLACEMENT_GROUP_SNAPSHOT {
+        Err(format!(
+            "{} bytes: larger than the {MAX_PLACEMENT_GROUP_SNAPSHOT} read",
+            meta.size
+        ))
+    } else {
+        match store.get(&meta.location).await {
+            Err(e) => Err(store_error(&e)),
+            Ok(got) => match got.bytes().await {
+                Err(e) => Err(store_error(&e)),
+                Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| format!("not JSON: {e}")),
+            },
+        }
+    };
+    match result {
+        Ok(v) => Some((key, v)),
+        Err(e) => {
+            problems.unreadable(&key, &e);
+            None
+        }
+    }
+}
+
 /// Walks, reads and merges one session, then shapes the report; `visit` sees every task
 /// attempt once. Fails only when the local spill files fail (the bucket's problems are in
 /// the report).
@@ -579,6 +640,9 @@ async fn session_report(
              directory with space)",
         ));
     }
+    // 4. The dashboard's placement groups, as the head's collector snapshotted them.
+    let placement_groups =
+        read_placement_groups(store, &history_prefix, &session, &mut problems).await;
     let shortened = model.tasks.errors_shortened();
     if shortened > 0 {
         problems.note(
@@ -617,9 +681,16 @@ async fn session_report(
         tasks: TaskCounts::default(),
         failed_tasks_total: 0,
         failed_tasks: Vec::new(),
+        failure_causes: Vec::new(),
+        worker_deaths_total: 0,
+        worker_deaths: Vec::new(),
+        session_end: Default::default(),
+        hangs: Default::default(),
         actors: Vec::new(),
         train_runs: Vec::new(),
         problems,
+        placement_groups,
+        pending_after_ns: filter.pending_after_ns,
     };
     shape_report(&mut report, model, failed_limit, visit)
         .context("reading back the task attempts of a big session from temporary files")?;
