@@ -21,7 +21,6 @@
 //! `RHC_E2E_KEEP_BUCKET=<dir>` copies the bucket there (how `tests/data/causes-session` was
 //! captured).
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -29,6 +28,8 @@ use serde_json::Value;
 
 use rhc_testkit::ray::*;
 use rhc_testkit::services::*;
+
+mod causes_oracle;
 
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
 const NAMESPACE: &str = "default";
@@ -112,22 +113,47 @@ fn inspect_explains_every_failure_of_a_real_two_node_cluster() {
         serde_json::from_str(&std::fs::read_to_string(&ray_state).expect("Ray's answers"))
             .expect("Ray's answers are JSON");
     let store_arg = store_dir.to_str().expect("utf-8 temp path");
-    let json = run_inspect(&[store_arg, "--session", &session, "--json"]);
+    let args = [
+        store_arg,
+        "--session",
+        &session,
+        "--pending-after",
+        "1s",
+        "--failed-limit",
+        "1000",
+    ];
+    let json = run_inspect(&[&args[..], &["--json"]].concat());
     let report: Value = serde_json::from_str(&json).expect("inspect --json");
-    let text = run_inspect(&[store_arg, "--session", &session]);
+    let text = run_inspect(&args);
     println!("{text}");
 
-    let failures = compare(&ray, &report);
+    let mut failures = causes_oracle::compare(&ray, &report);
+    // The log of a worker that killed itself, found by the worker's id.
+    let exit_self = ray["tasks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| t["name"] == "exit_self")
+        .and_then(|t| t["worker_id"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    let log = run_inspect(&[
+        store_arg,
+        "--session",
+        &session,
+        "--logs",
+        &exit_self,
+        "--err",
+    ]);
+    if !log.contains("rhc-e2e: exit_self is about to os._exit(3)") {
+        failures.push(format!(
+            "--logs {exit_self} --err does not print what exit_self wrote:\n{log}"
+        ));
+    }
     println!("test {:.1} s", started.elapsed().as_secs_f64());
     assert!(
         failures.is_empty(),
         "inspect disagrees with Ray:\n{}\n--- inspect ---\n{text}",
         failures.join("\n")
     );
-    let _ = (BTreeMap::<u8, u8>::new(), BTreeSet::<u8>::new());
-}
-
-/// Every disagreement between Ray's live answers and `inspect --json`.
-fn compare(_ray: &Value, _report: &Value) -> Vec<String> {
-    Vec::new()
 }

@@ -66,23 +66,25 @@ pub(super) struct Chain {
     pub(super) node: Option<NodeLink>,
 }
 
-/// Failed attempts (or actors) that share one cause.
+/// Failed attempts and actors that share one cause (its words, its worker's exit type, its
+/// node): an actor and the attempts that failed with it are one cause.
 #[derive(Debug, Serialize)]
 pub(super) struct CauseGroup {
-    /// `task` or `actor`.
-    pub(super) kind: &'static str,
     pub(super) cause: String,
     pub(super) error_type: Option<String>,
     pub(super) exit_type: Option<String>,
     pub(super) node_id: Option<String>,
     pub(super) node_death_reason: Option<String>,
-    pub(super) count: u64,
+    /// Task attempts and actors with this cause.
+    pub(super) attempts: u64,
+    pub(super) actors: u64,
     pub(super) first_at: Option<String>,
     pub(super) last_at: Option<String>,
     /// What says most about it: the worker's exit detail, else the node's death message,
     /// else the error's last line.
     pub(super) detail: Option<String>,
-    /// Up to [`MAX_EXAMPLES`] of them: task id and attempt (or actor id), name, job.
+    /// Up to [`MAX_EXAMPLES`] of them, earliest first: task id and attempt (or actor id),
+    /// name, job, when.
     pub(super) examples: Vec<CauseExample>,
     /// The command that prints the first one's log.
     pub(super) log_command: Option<String>,
@@ -92,10 +94,15 @@ pub(super) struct CauseGroup {
 
 #[derive(Debug, Serialize)]
 pub(super) struct CauseExample {
+    /// `task` or `actor`.
+    pub(super) kind: &'static str,
     pub(super) id: String,
     pub(super) attempt: Option<i64>,
     pub(super) name: Option<String>,
     pub(super) job_id: Option<String>,
+    pub(super) failed_at: Option<String>,
+    #[serde(skip)]
+    pub(super) at_ns: i64,
 }
 
 /// A worker that died other than by its own intent (exit type not `INTENDED_*`).
@@ -337,7 +344,7 @@ pub(super) struct Join<'a> {
     pub(super) pending_after_ns: i64,
     pub(super) list_limit: usize,
     causes: Vec<CauseGroup>,
-    cause_index: HashMap<(String, Option<String>, Option<String>, Option<String>), usize>,
+    cause_index: HashMap<(String, Option<String>, Option<String>), usize>,
     unfinished: BTreeMap<(String, Option<String>, Option<String>), (u64, String)>,
     unfinished_total: u64,
     pending: Vec<PendingTask>,
@@ -396,7 +403,6 @@ impl<'a> Join<'a> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn add_failure(
         &mut self,
-        kind: &'static str,
         chain: &Chain,
         error_type: Option<&str>,
         error_message: Option<&str>,
@@ -406,12 +412,7 @@ impl<'a> Join<'a> {
     ) {
         let exit_type = chain.worker.as_ref().and_then(|w| w.exit_type.clone());
         let node_id = chain.node.as_ref().map(|n| n.node_id.clone());
-        let key = (
-            chain.cause.clone(),
-            error_type.map(str::to_string),
-            exit_type.clone(),
-            node_id.clone(),
-        );
+        let key = (chain.cause.clone(), exit_type.clone(), node_id.clone());
         let index = match self.cause_index.get(&key) {
             Some(&i) => i,
             None if self.causes.len() < MAX_CAUSES => {
@@ -429,13 +430,13 @@ impl<'a> Join<'a> {
                     })
                     .or_else(|| error_message.map(last_line));
                 self.causes.push(CauseGroup {
-                    kind,
                     cause: chain.cause.clone(),
                     error_type: error_type.map(str::to_string),
                     exit_type,
                     node_id,
                     node_death_reason: chain.node.as_ref().and_then(|n| n.death_reason.clone()),
-                    count: 0,
+                    attempts: 0,
+                    actors: 0,
                     first_at: None,
                     last_at: None,
                     detail: detail.map(|d| bounded(&d, MAX_ERROR_MESSAGE_BYTES)),
@@ -449,7 +450,10 @@ impl<'a> Join<'a> {
             None => self.causes.len() - 1,
         };
         let g = &mut self.causes[index];
-        g.count += 1;
+        match example.kind {
+            "actor" => g.actors += 1,
+            _ => g.attempts += 1,
+        }
         if at_ns != NO_TIME {
             if at_ns < g.first_ns {
                 g.first_ns = at_ns;
@@ -466,8 +470,11 @@ impl<'a> Join<'a> {
         if g.log_command.is_none() {
             g.log_command = log_command;
         }
-        if g.examples.len() < MAX_EXAMPLES {
-            g.examples.push(example);
+        // The earliest are kept.
+        g.examples.push(example);
+        if g.examples.len() > MAX_EXAMPLES {
+            g.examples.sort_by_key(|e| (e.at_ns == NO_TIME, e.at_ns));
+            g.examples.truncate(MAX_EXAMPLES);
         }
     }
 
@@ -560,6 +567,11 @@ impl<'a> Join<'a> {
     pub(super) fn finish(self) -> (Vec<CauseGroup>, Vec<Unfinished>, u64, Vec<PendingTask>, u64) {
         let mut causes = self.causes;
         causes.sort_by_key(|g| g.first_ns);
+        for g in &mut causes {
+            g.examples.sort_by(|a, b| {
+                (a.at_ns == NO_TIME, a.at_ns, &a.id).cmp(&(b.at_ns == NO_TIME, b.at_ns, &b.id))
+            });
+        }
         let mut unfinished: Vec<Unfinished> = self
             .unfinished
             .into_iter()

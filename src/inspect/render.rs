@@ -651,12 +651,16 @@ fn render_causes(r: &SessionReport, out: &mut String) {
         return;
     }
     for g in &r.failure_causes {
-        let what = match (g.kind, g.count) {
-            ("actor", 1) => "1 actor".to_string(),
-            ("actor", n) => format!("{n} actors"),
-            (_, 1) => "1 attempt".to_string(),
-            (_, n) => format!("{n} attempts"),
+        let plural = |n: u64, one: &str| match n {
+            0 => None,
+            1 => Some(format!("1 {one}")),
+            n => Some(format!("{n} {one}s")),
         };
+        let what = [plural(g.attempts, "attempt"), plural(g.actors, "actor")]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(" and ");
         let names: Vec<String> = {
             let mut seen: Vec<String> = Vec::new();
             for e in &g.examples {

@@ -472,12 +472,14 @@ pub(super) fn shape_report(
             let chain = join.chain(error_type, worker, symbols.get(t.node));
             let task_id = key.id.hex();
             join.add_failure(
-                "task",
                 &chain,
                 error_type,
                 extra.and_then(|e| e.error_message.as_deref()),
                 t.failed_ns,
                 CauseExample {
+                    kind: "task",
+                    failed_at: (t.failed_ns != NO_TIME).then(|| format_time_json(t.failed_ns)),
+                    at_ns: t.failed_ns,
                     attempt: Some(i64::from(key.attempt)),
                     name: symbols.owned(t.name),
                     job_id: symbols.owned(t.job),
@@ -597,12 +599,14 @@ pub(super) fn shape_report(
             }
         }
         join.add_failure(
-            "actor",
             &chain,
             a.death_reason.as_deref(),
             a.death_message.as_deref(),
             a.dead_ns.unwrap_or(NO_TIME),
             CauseExample {
+                kind: "actor",
+                failed_at: a.dead_ns.map(format_time_json),
+                at_ns: a.dead_ns.unwrap_or(NO_TIME),
                 id: a.actor_id.clone(),
                 attempt: None,
                 name: a.class_name.clone(),
