@@ -163,3 +163,85 @@ fn logs_of_a_dead_worker_by_its_id() {
         "{err}"
     );
 }
+
+/// The page (`--html`) in real Chromium: every cause, every failed attempt with its worker
+/// and node, every worker death, the dead node, what was left unfinished and what hung are
+/// in the DOM Chromium parsed; its screenshot is kept under `target/tmp/inspect-html/`
+/// (the README's picture is one).
+#[test]
+fn html_page_shows_the_causes_in_chromium() {
+    let Some(chromium) = rhc_testkit::chromium::chromium() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let (bucket, _) = unpack(work.path());
+    let page = work.path().join("causes.html");
+    let report: Value = serde_json::from_str(&inspect(&[
+        bucket.to_str().unwrap(),
+        "--session",
+        SESSION,
+        "--json",
+        "--pending-after",
+        "1s",
+        "--html",
+        page.to_str().unwrap(),
+    ]))
+    .unwrap();
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("inspect-html");
+    std::fs::create_dir_all(&shots).unwrap();
+    let png = shots.join("causes-session.png");
+    let _ = std::fs::remove_file(&png);
+    rhc_testkit::chromium::screenshot(&chromium, &page, &png, 1400, 1500);
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(rhc_testkit::chromium::png_size(&bytes), Some((1400, 1500)));
+    println!("screenshot: {}", png.display());
+
+    let dom = rhc_testkit::chromium::dump_dom(&chromium, &page);
+    let esc = |s: &str| s.replace('&', "&amp;");
+    let groups = report["failure_causes"].as_array().unwrap();
+    assert_eq!(groups.len(), 4, "{groups:?}");
+    for g in groups {
+        let cause = esc(g["cause"].as_str().unwrap());
+        assert!(
+            dom.contains(&format!("<tr class=\"cause-row\" data-cause=\"{cause}\"")),
+            "cause {cause:?} not in the page"
+        );
+    }
+    for t in report["failed_tasks"].as_array().unwrap() {
+        let row = format!(
+            "<tr class=\"failed-task\" data-task-id=\"{}\" data-attempt=\"{}\">",
+            t["task_id"].as_str().unwrap(),
+            t["attempt"]
+        );
+        let at = dom.find(&row).unwrap_or_else(|| panic!("no row {row}"));
+        let end = at + dom[at..].find("</tr>").unwrap();
+        let cells = &dom[at..end];
+        assert!(
+            cells.contains(&format!(
+                "<td class=\"cause\">{}</td>",
+                esc(t["cause"].as_str().unwrap())
+            )),
+            "{cells}"
+        );
+        if let Some(exit) = t["worker"]["exit_type"].as_str() {
+            assert!(cells.contains(exit), "{cells}");
+        }
+        if t["node"]["state"] == "DEAD" {
+            assert!(cells.contains("UNEXPECTED_TERMINATION"), "{cells}");
+        }
+    }
+    for d in report["worker_deaths"].as_array().unwrap() {
+        assert!(dom.contains(&format!(
+            "<tr data-worker-id=\"{}\">",
+            d["worker_id"].as_str().unwrap()
+        )));
+    }
+    for want in [
+        "<li class=\"node-died\">node 41db179b…39b6ec58 died at",
+        "<li class=\"unfinished\">1 task attempt(s) left RUNNING (job 02000000",
+        "<li class=\"pg\">placement group 106900c7548fa17beadbe785ac4b02000000 (rhc-e2e-never)",
+        "<li class=\"pending\">task 0d12401e8fa9a714ffffffffffffffffffffffff02000000 (needs_gpu)",
+    ] {
+        assert!(dom.contains(want), "missing {want:?}");
+    }
+}

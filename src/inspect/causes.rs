@@ -334,6 +334,9 @@ fn unsatisfiable<'a>(
     (!missing.is_empty()).then(|| missing.join("; "))
 }
 
+/// Unfinished attempts are grouped by (state, job, node).
+type UnfinishedKey = (String, Option<String>, Option<String>);
+
 /// Joins each attempt, as it is drained, to its worker and node.
 pub(super) struct Join<'a> {
     pub(super) workers: &'a BTreeMap<String, WorkerModel>,
@@ -345,7 +348,7 @@ pub(super) struct Join<'a> {
     pub(super) list_limit: usize,
     causes: Vec<CauseGroup>,
     cause_index: HashMap<(String, Option<String>, Option<String>), usize>,
-    unfinished: BTreeMap<(String, Option<String>, Option<String>), (u64, String)>,
+    unfinished: BTreeMap<UnfinishedKey, (u64, String)>,
     unfinished_total: u64,
     pending: Vec<PendingTask>,
     pending_total: u64,
@@ -583,7 +586,7 @@ impl<'a> Join<'a> {
                 reason,
             })
             .collect();
-        unfinished.sort_by(|a, b| b.count.cmp(&a.count));
+        unfinished.sort_by_key(|u| std::cmp::Reverse(u.count));
         let mut pending = self.pending;
         pending.sort_by(|a, b| a.since.cmp(&b.since));
         (

@@ -81,6 +81,11 @@
 //! attempt that the collector filed under `export_events/node/` (its run's job was not known
 //! yet) is not read with `--job`.
 //!
+//! Workers come from `WORKER_DEFINITION_EVENT` (node and pid; no job id, so filed in
+//! `node_events`) and `WORKER_LIFECYCLE_EVENT` (the DEAD transition's `deathInfo`: exit type
+//! and detail); with `--job` a worker's node and pid are known only from the task events.
+//! `causes.rs` joins each failed attempt to its worker and node and groups them by cause.
+//!
 //! Without `--session`, `--since`/`--until` keep the sessions whose hour partitions overlap
 //! the window; `--job` needs `--session`.
 //!
@@ -114,7 +119,8 @@
 //!                "skipped_by_time", "bytes_read", "not_event_objects" },
 //!   "events": { "total", "duplicates", "outside_time_window", "other_job", "by_type": {..} },
 //!   "nodes": [ { "node_id", "ip", "hostname", "is_head", "state", "started", "ended",
-//!                "death_reason", "death_message", "resources": {..}, "objects", "bytes",
+//!                "death_reason", "death_message", "last_heard" (the latest event that
+//!                speaks of it), "resources": {..}, "objects", "bytes",
 //!                "log_objects", "log_bytes" } ],
 //!   "jobs": [ { "job_id", "status" ("CREATED"|"FINISHED"|"UNKNOWN"), "entrypoint",
 //!               "driver_pid", "driver_node_id", "started", "ended",
@@ -124,9 +130,36 @@
 //!   "failed_tasks": [ { "task_id", "attempt", "name", "job_id", "task_type", "failed_at",
 //!                       "error_type", "error_message", "node_id", "worker_id",
 //!                       "log_command" (the inspect command that prints its stderr; null
-//!                       when the task id in the events is not an id) } ],
+//!                       when the task id in the events is not an id),
+//!                       "cause" (in words: "worker killed by the memory monitor"),
+//!                       "worker": { "worker_id", "pid", "node_id", "state", "died_at",
+//!                                   "exit_type", "exit_detail" } | null,
+//!                       "node": { "node_id", "state", "died_at", "death_reason",
+//!                                 "death_message" } | null } ],
+//!   "failure_causes": [ { "cause", "error_type", "exit_type", "node_id",
+//!                         "node_death_reason", "attempts", "actors", "first_at", "last_at",
+//!                         "detail", "log_command",
+//!                         "examples": [ { "kind" ("task"|"actor"), "id", "attempt", "name",
+//!                                         "job_id", "failed_at" } ] } ],
+//!   "worker_deaths_total",
+//!   "worker_deaths": [ { "worker_id", "worker_type", "pid", "node_id", "job_id", "died_at",
+//!                        "exit_type", "exit_detail", "log_command" } ],
+//!   "session_end": { "last_event", "nodes_died": [ {node link} ],
+//!                    "jobs_unfinished": [ { "job_id", "started", "reason" } ],
+//!                    "tasks_unfinished": [ { "state", "job_id", "node_id", "count",
+//!                                            "reason" } ],
+//!                    "tasks_unfinished_total" },
+//!   "hangs": { "pending_after_seconds", "placement_groups_source",
+//!              "placement_groups": [ { "placement_group_id", "name", "creator_job_id",
+//!                                      "state", "scheduling_state", "strategy",
+//!                                      "bundles": [ {resource: amount} ], "requested_at",
+//!                                      "unsatisfiable" } ],
+//!              "pending_tasks": [ { "task_id", "attempt", "name", "job_id", "state",
+//!                                   "since", "pending_seconds", "resources",
+//!                                   "unsatisfiable" } ],
+//!              "pending_tasks_total" },
 //!   "actors": [ { "actor_id", "class_name", "name", "job_id", "state", "node_id", "pid",
-//!                 "death_reason", "death_message" } ],
+//!                 "death_reason", "death_message", "worker" (its worker, by node and pid) } ],
 //!   "train_runs": [ { "run_id", "name", "job_id", "status", "status_detail", "started",
 //!                     "ended", "framework_versions": {..},
 //!                     "status_history": [ { "status", "time", "detail" } ],

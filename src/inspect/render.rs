@@ -383,6 +383,17 @@ pub(super) fn render_session(r: &SessionReport, out: &mut String) {
         states.row(vec![state.clone(), n.to_string()]);
     }
     render_or_none(&states, out);
+    if r.tasks
+        .by_state
+        .keys()
+        .any(|s| s != "FINISHED" && s != "FAILED" && s != "UNKNOWN")
+    {
+        let _ = writeln!(
+            out,
+            "  (states other than FINISHED and FAILED are the last ones recorded before the \
+             session's events stop: nothing here is running now; see WHAT ENDED THE SESSION)"
+        );
+    }
 
     render_causes(r, out);
     let _ = writeln!(
@@ -604,36 +615,6 @@ pub(super) fn render_problems(p: &Problems, out: &mut String) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn terminal_text_is_cleaned() {
-        assert_eq!(clean("a\u{1b}[31mred\u{1b}[0m\nb\tc"), "ared b c");
-        assert_eq!(
-            error_summary(
-                "User exception:\n\u{1b}[36mray::fails()\u{1b}[39m\n  File x\nRuntimeError: boom\n"
-            ),
-            "RuntimeError: boom"
-        );
-        assert_eq!(clean(&"x".repeat(500)).chars().count(), MAX_CELL_CHARS + 1);
-    }
-
-    #[test]
-    fn tables_align() {
-        let mut t = Table::new(&["A", ">N", "LAST"]);
-        t.row(vec!["long value".into(), "7".into(), "x".into()]);
-        t.row(vec!["b".into(), "1234".into(), "yy".into()]);
-        let mut out = String::new();
-        t.render("", &mut out);
-        assert_eq!(
-            out,
-            "A              N  LAST\nlong value     7  x\nb           1234  yy\n"
-        );
-    }
-}
-
 /// A node id as the sentences show it: its first 8 hex digits (the tables have it whole).
 fn short_id(id: &str) -> String {
     clean(&id.chars().take(8).collect::<String>())
@@ -727,7 +708,7 @@ fn render_worker_deaths(r: &SessionReport, out: &mut String) {
             opt(&d.exit_type),
             d.exit_detail
                 .as_deref()
-                .map(|x| super::causes::first_line(x))
+                .map(super::causes::first_line)
                 .unwrap_or_else(|| "-".into()),
         ]);
     }
@@ -864,6 +845,36 @@ fn render_hangs(r: &SessionReport, out: &mut String) {
             out,
             "  (no placement group unplaced, no task pending over {})",
             human_duration((h.pending_after_seconds * 1e9) as i64)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_text_is_cleaned() {
+        assert_eq!(clean("a\u{1b}[31mred\u{1b}[0m\nb\tc"), "ared b c");
+        assert_eq!(
+            error_summary(
+                "User exception:\n\u{1b}[36mray::fails()\u{1b}[39m\n  File x\nRuntimeError: boom\n"
+            ),
+            "RuntimeError: boom"
+        );
+        assert_eq!(clean(&"x".repeat(500)).chars().count(), MAX_CELL_CHARS + 1);
+    }
+
+    #[test]
+    fn tables_align() {
+        let mut t = Table::new(&["A", ">N", "LAST"]);
+        t.row(vec!["long value".into(), "7".into(), "x".into()]);
+        t.row(vec!["b".into(), "1234".into(), "yy".into()]);
+        let mut out = String::new();
+        t.render("", &mut out);
+        assert_eq!(
+            out,
+            "A              N  LAST\nlong value     7  x\nb           1234  yy\n"
         );
     }
 }
