@@ -23,7 +23,7 @@ use super::extract::{bounded, get, get_i64, get_str};
 use super::model::{NodeModel, WorkerModel};
 use super::report::format_time_json;
 use super::scan::format_amount;
-use super::task::{AttemptKey, Symbols, TaskState, NO_TIME};
+use super::task::{AttemptKey, Sym, Symbols, TaskState, NO_TIME};
 use super::MAX_ERROR_MESSAGE_BYTES;
 
 /// Distinct causes kept; a session with more is a pile of different failures, and the
@@ -335,7 +335,7 @@ fn unsatisfiable<'a>(
 }
 
 /// Unfinished attempts are grouped by (state, job, node).
-type UnfinishedKey = (String, Option<String>, Option<String>);
+type UnfinishedKey = (Sym, Sym, Sym);
 
 /// Joins each attempt, as it is drained, to its worker and node.
 pub(super) struct Join<'a> {
@@ -348,7 +348,7 @@ pub(super) struct Join<'a> {
     pub(super) list_limit: usize,
     causes: Vec<CauseGroup>,
     cause_index: HashMap<(String, Option<String>, Option<String>), usize>,
-    unfinished: BTreeMap<UnfinishedKey, (u64, String)>,
+    unfinished: HashMap<UnfinishedKey, Unfinished>,
     unfinished_total: u64,
     pending: Vec<PendingTask>,
     pending_total: u64,
@@ -372,7 +372,7 @@ impl<'a> Join<'a> {
             list_limit,
             causes: Vec::new(),
             cause_index: HashMap::new(),
-            unfinished: BTreeMap::new(),
+            unfinished: HashMap::new(),
             unfinished_total: 0,
             pending: Vec::new(),
             pending_total: 0,
@@ -431,7 +431,8 @@ impl<'a> Join<'a> {
                             .and_then(|n| n.death_message.as_deref())
                             .map(first_line)
                     })
-                    .or_else(|| error_message.map(last_line));
+                    .or_else(|| error_message.map(last_line))
+                    .filter(|d| !d.is_empty());
                 self.causes.push(CauseGroup {
                     cause: chain.cause.clone(),
                     error_type: error_type.map(str::to_string),
@@ -492,43 +493,33 @@ impl<'a> Join<'a> {
             return;
         }
         self.unfinished_total += 1;
-        let job = symbols.owned(t.job);
-        let node = symbols.owned(t.node).or_else(|| {
-            let w = symbols.get(t.worker)?;
-            self.workers.get(w)?.node_id.clone()
-        });
-        let node_model = node.as_ref().and_then(|n| self.nodes.get(n));
-        let node_dead = node_model
-            .and_then(|n| n.latest.as_ref())
-            .is_some_and(|(t, _)| t.state == "DEAD");
-        let end = self
-            .last_event_ns
-            .map(format_time_json)
-            .unwrap_or_else(|| "-".into());
-        let reason = if node_dead {
-            let link = node_link(node.as_deref().unwrap_or_default(), node_model);
-            format!(
-                "its node died{}{}",
-                link.died_at
-                    .as_deref()
-                    .map(|t| format!(" at {t}"))
-                    .unwrap_or_default(),
-                link.death_reason
-                    .as_deref()
-                    .map(|r| format!(" ({r})"))
-                    .unwrap_or_default()
-            )
-        } else if job.as_ref().is_some_and(|j| self.finished_jobs.contains(j)) {
-            "its job finished without it".to_string()
+        // Grouped by symbols: nothing is allocated for an attempt whose group exists.
+        let node_sym = if t.node.is_none() {
+            symbols.node_of(t.worker)
         } else {
-            format!("its job never finished: the session's events stop at {end}")
+            t.node
         };
-        let k = (state.to_string(), job.clone(), node.clone());
+        let k = (t.latest_state, t.job, node_sym);
         let room = self.unfinished.len() < MAX_CAUSES;
         match self.unfinished.get_mut(&k) {
-            Some(v) => v.0 += 1,
+            Some(v) => v.count += 1,
             None if room => {
-                self.unfinished.insert(k, (1, reason));
+                let job = symbols.owned(t.job);
+                let node = symbols.owned(node_sym).or_else(|| {
+                    let w = symbols.get(t.worker)?;
+                    self.workers.get(w)?.node_id.clone()
+                });
+                let reason = self.unfinished_reason(job.as_deref(), node.as_deref());
+                self.unfinished.insert(
+                    k,
+                    Unfinished {
+                        state: state.to_string(),
+                        job_id: job,
+                        node_id: node,
+                        count: 1,
+                        reason,
+                    },
+                );
             }
             None => {}
         }
@@ -544,7 +535,7 @@ impl<'a> Join<'a> {
                         task_id: key.id.hex(),
                         attempt: i64::from(key.attempt),
                         name: symbols.owned(t.name),
-                        job_id: job,
+                        job_id: symbols.owned(t.job),
                         state: state.to_string(),
                         since: since.map(format_time_json),
                         pending_seconds: pending_for.map(|p| p as f64 / 1e9),
@@ -555,6 +546,37 @@ impl<'a> Join<'a> {
                     });
                 }
             }
+        }
+    }
+
+    /// Why attempts on `node` of `job` never ended.
+    fn unfinished_reason(&self, job: Option<&str>, node: Option<&str>) -> String {
+        let node_model = node.and_then(|n| self.nodes.get(n));
+        let node_dead = node_model
+            .and_then(|n| n.latest.as_ref())
+            .is_some_and(|(t, _)| t.state == "DEAD");
+        if node_dead {
+            let link = node_link(node.unwrap_or_default(), node_model);
+            format!(
+                "its node died{}{}",
+                link.died_at
+                    .as_deref()
+                    .map(|t| format!(" at {t}"))
+                    .unwrap_or_default(),
+                link.death_reason
+                    .as_deref()
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default()
+            )
+        } else if job.is_some_and(|j| self.finished_jobs.contains(j)) {
+            "its job finished without it".to_string()
+        } else {
+            format!(
+                "its job never finished: the session's events stop at {}",
+                self.last_event_ns
+                    .map(format_time_json)
+                    .unwrap_or_else(|| "-".into())
+            )
         }
     }
 
@@ -575,18 +597,15 @@ impl<'a> Join<'a> {
                 (a.at_ns == NO_TIME, a.at_ns, &a.id).cmp(&(b.at_ns == NO_TIME, b.at_ns, &b.id))
             });
         }
-        let mut unfinished: Vec<Unfinished> = self
-            .unfinished
-            .into_iter()
-            .map(|((state, job_id, node_id), (count, reason))| Unfinished {
-                state,
-                job_id,
-                node_id,
-                count,
-                reason,
-            })
-            .collect();
-        unfinished.sort_by_key(|u| std::cmp::Reverse(u.count));
+        let mut unfinished: Vec<Unfinished> = self.unfinished.into_values().collect();
+        unfinished.sort_by(|a, b| {
+            (std::cmp::Reverse(a.count), &a.state, &a.job_id, &a.node_id).cmp(&(
+                std::cmp::Reverse(b.count),
+                &b.state,
+                &b.job_id,
+                &b.node_id,
+            ))
+        });
         let mut pending = self.pending;
         pending.sort_by(|a, b| a.since.cmp(&b.since));
         (
@@ -701,6 +720,97 @@ mod tests {
             cause_text(Some("WORKER_DIED"), Some("SYSTEM_ERROR"), None),
             "worker process died (SYSTEM_ERROR)"
         );
+    }
+
+    #[test]
+    fn placement_groups_from_the_dashboard_snapshot() {
+        // As the head's collector stored it in a real Ray 2.60 session (shortened).
+        let snapshot: Value = serde_json::from_str(
+            r#"{"result": true, "msg": "", "data": {"result": {"total": 2, "result": [
+              {"placement_group_id": "106900c7548fa17beadbe785ac4b02000000", "name": "never",
+               "creator_job_id": "02000000", "state": "PENDING",
+               "bundles": [{"bundle_id": {"bundle_index": 0}, "unit_resources": {"CPU": 64.0}, "node_id": ""},
+                           {"bundle_id": {"bundle_index": 1}, "unit_resources": {"CPU": 1.0}, "node_id": ""}],
+               "stats": {"creation_request_received_ns": "1795702560944693443", "scheduling_state": "INFEASIBLE"}},
+              {"placement_group_id": "aa", "state": "CREATED", "bundles": []}]}}}"#,
+        )
+        .unwrap();
+        let mut nodes = BTreeMap::new();
+        nodes.insert(
+            "n".to_string(),
+            NodeModel {
+                resources: Some([("CPU".to_string(), 2.0)].into()),
+                ..NodeModel::default()
+            },
+        );
+        let pgs = hung_placement_groups(&snapshot, &nodes);
+        assert_eq!(pgs.len(), 1, "a placed group is not hung");
+        let pg = &pgs[0];
+        assert_eq!(pg.state.as_deref(), Some("PENDING"));
+        assert_eq!(pg.scheduling_state.as_deref(), Some("INFEASIBLE"));
+        assert_eq!(pg.bundles[0]["CPU"], 64.0);
+        assert_eq!(
+            pg.requested_at.as_deref(),
+            Some("2026-11-26T14:16:00.944693443Z")
+        );
+        assert_eq!(
+            pg.unsatisfiable.as_deref(),
+            Some("CPU: 64 asked by bundle 0, at most 2 on a node")
+        );
+        assert!(hung_placement_groups(&serde_json::json!({"data": 1}), &nodes).is_empty());
+    }
+
+    #[test]
+    fn failures_of_one_cause_are_one_group_with_the_earliest_examples() {
+        let workers = BTreeMap::new();
+        let nodes = BTreeMap::new();
+        let finished = std::collections::HashSet::new();
+        let mut join = Join::new(&workers, &nodes, &finished, None, 0, 10);
+        let chain = join.chain(Some("WORKER_DIED"), Some("w"), Some("n"));
+        assert_eq!(chain.cause, "worker died");
+        for i in (0..(MAX_EXAMPLES as i64 + 5)).rev() {
+            join.add_failure(
+                &chain,
+                Some("WORKER_DIED"),
+                Some("Traceback\nError: x"),
+                i,
+                CauseExample {
+                    kind: "task",
+                    id: format!("t{i}"),
+                    attempt: Some(0),
+                    name: None,
+                    job_id: None,
+                    failed_at: None,
+                    at_ns: i,
+                },
+                None,
+            );
+        }
+        let other = join.chain(Some("OUT_OF_MEMORY"), None, Some("n"));
+        join.add_failure(
+            &other,
+            Some("OUT_OF_MEMORY"),
+            None,
+            100,
+            CauseExample {
+                kind: "actor",
+                id: "a".into(),
+                attempt: None,
+                name: None,
+                job_id: None,
+                failed_at: None,
+                at_ns: 100,
+            },
+            None,
+        );
+        let (groups, ..) = join.finish();
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].attempts, MAX_EXAMPLES as u64 + 5);
+        assert_eq!(groups[0].detail.as_deref(), Some("Error: x"));
+        assert_eq!(groups[0].examples.len(), MAX_EXAMPLES);
+        assert_eq!(groups[0].examples[0].id, "t0");
+        assert_eq!(groups[1].actors, 1);
+        assert_eq!(groups[1].cause, "worker killed by the memory monitor");
     }
 
     #[test]

@@ -20,7 +20,7 @@ Started by the Rust test with the Ray event-export variables already in the envi
      scheduled): what "hangs" looks like;
    - `forever`: still running when the cluster stops;
 3. writes Ray's own answers (ray.util.state list_tasks / list_workers / list_nodes /
-   list_placement_groups / list_actors with detail=True) to RHC_E2E_RAY_STATE;
+   list_placement_groups / list_actors with detail=True, address=DASHBOARD) to RHC_E2E_RAY_STATE;
 4. prints ONE JSON line on stdout: {"job_id", "session", "node_id", "node2_id", ...};
 5. waits until the collector has stopped receiving events, then stops the cluster the hard
    way: SIGKILL to every process carrying this test's marker variable (the head, its
@@ -54,6 +54,9 @@ MEMORY_MARGIN = int(float(os.environ.get("RHC_E2E_MEMORY_MARGIN_GIB", "2.5")) * 
 HOG_LIMIT = MEMORY_MARGIN + 2 * GiB
 HOG_STEP = 128 << 20
 RAY_STATE = os.environ["RHC_E2E_RAY_STATE"]
+# Ray's state API, named: left to find "the" cluster, it refuses when another test's Ray
+# runs on the machine.
+DASHBOARD = f"http://127.0.0.1:{os.environ['RHC_E2E_DASHBOARD_PORT']}"
 MARKER_VAR = os.environ.get("RHC_E2E_MARKER_VAR", "RHC_E2E_MARKER")
 
 
@@ -262,7 +265,7 @@ def run_workload(ray, node2_manager_port):
             log(f"node 2's task: {type(e).__name__}")
     wait_until(
         "node 2 dead in the GCS",
-        lambda: any(n.state == "DEAD" for n in state.list_nodes(detail=True)),
+        lambda: any(n.state == "DEAD" for n in state.list_nodes(detail=True, address=DASHBOARD)),
         60,
     )
 
@@ -295,11 +298,11 @@ def run_workload(ray, node2_manager_port):
         return out
 
     answers = {
-        "tasks": dump(state.list_tasks(detail=True, limit=10000, raise_on_missing_output=False)),
-        "workers": dump(state.list_workers(detail=True, limit=10000, raise_on_missing_output=False)),
-        "nodes": dump(state.list_nodes(detail=True, limit=10000, raise_on_missing_output=False)),
-        "placement_groups": dump(state.list_placement_groups(detail=True, limit=10000, raise_on_missing_output=False)),
-        "actors": dump(state.list_actors(detail=True, limit=10000, raise_on_missing_output=False)),
+        "tasks": dump(state.list_tasks(detail=True, address=DASHBOARD, limit=10000, raise_on_missing_output=False)),
+        "workers": dump(state.list_workers(detail=True, address=DASHBOARD, limit=10000, raise_on_missing_output=False)),
+        "nodes": dump(state.list_nodes(detail=True, address=DASHBOARD, limit=10000, raise_on_missing_output=False)),
+        "placement_groups": dump(state.list_placement_groups(detail=True, address=DASHBOARD, limit=10000, raise_on_missing_output=False)),
+        "actors": dump(state.list_actors(detail=True, address=DASHBOARD, limit=10000, raise_on_missing_output=False)),
         "expect": expect,
         "pg_id": pg.id.hex(),
     }
