@@ -195,12 +195,17 @@ pub(super) fn get_str(v: &Value, camel: &str, snake: &str) -> Option<String> {
         .map(|s| bounded(s, MAX_FIELD_BYTES))
 }
 
-/// A non-empty string member that may be long (a message), bounded as error messages are.
+/// Longest worker exit detail kept: Ray's are a paragraph (the memory monitor's, with its
+/// list of the biggest processes, 3.6 KiB in the end-to-end test); a session can have many
+/// dead workers.
+const MAX_EXIT_DETAIL_BYTES: usize = 8 << 10;
+
+/// A non-empty string member that may be long (a message), bounded.
 pub(super) fn get_str_long(v: &Value, camel: &str, snake: &str) -> Option<String> {
     get(v, camel, snake)?
         .as_str()
         .filter(|s| !s.is_empty())
-        .map(|s| bounded(s, MAX_ERROR_MESSAGE_BYTES))
+        .map(|s| bounded(s, MAX_EXIT_DETAIL_BYTES))
 }
 
 /// An integer member; Ray writes 64-bit integers as strings.
