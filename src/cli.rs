@@ -378,6 +378,11 @@ pub struct InspectArgs {
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub failed_limit: usize,
 
+    /// A task still pending this long before the session's events stop is reported as hung,
+    /// with what it asked for against what the nodes offered.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub pending_after: std::time::Duration,
+
     /// Print a log from the bucket instead of the report: of a task (its last attempt's
     /// worker, only the attempt's own output when Ray reported where it is), an actor, a
     /// worker, or a node (its raylet.out). Needs --session.

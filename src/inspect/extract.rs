@@ -85,8 +85,29 @@ pub(super) enum Body {
         started_ns: Option<i64>,
         transition: NodeTransition,
     },
+    /// `WORKER_DEFINITION_EVENT`: where a worker process lives.
+    WorkerDefinition {
+        worker_id: String,
+        node_id: Option<String>,
+        pid: Option<i64>,
+        worker_type: Option<String>,
+    },
+    /// `WORKER_LIFECYCLE_EVENT`: its transitions, the DEAD one with `deathInfo`.
+    WorkerLifecycle {
+        worker_id: String,
+        job_id: Option<String>,
+        transitions: Vec<WorkerTransition>,
+    },
     /// Counted only.
     Other,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct WorkerTransition {
+    pub(super) state: Transition,
+    /// `deathInfo.exitType` (`SYSTEM_ERROR`, `NODE_OUT_OF_MEMORY`, `INTENDED_USER_EXIT`, ..).
+    pub(super) exit_type: Option<String>,
+    pub(super) exit_detail: Option<String>,
 }
 
 impl Body {
@@ -100,6 +121,7 @@ impl Body {
                 job_id.as_deref()
             }
             Body::TrainRun(r) => r.job_id.as_deref(),
+            Body::WorkerLifecycle { job_id, .. } => job_id.as_deref(),
             _ => None,
         }
     }
@@ -171,6 +193,19 @@ pub(super) fn get_str(v: &Value, camel: &str, snake: &str) -> Option<String> {
         .as_str()
         .filter(|s| !s.is_empty())
         .map(|s| bounded(s, MAX_FIELD_BYTES))
+}
+
+/// Longest worker exit detail kept: Ray's are a paragraph (the memory monitor's, with its
+/// list of the biggest processes, 3.6 KiB in the end-to-end test); a session can have many
+/// dead workers.
+const MAX_EXIT_DETAIL_BYTES: usize = 8 << 10;
+
+/// A non-empty string member that may be long (a message), bounded.
+pub(super) fn get_str_long(v: &Value, camel: &str, snake: &str) -> Option<String> {
+    get(v, camel, snake)?
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(|s| bounded(s, MAX_EXIT_DETAIL_BYTES))
 }
 
 /// An integer member; Ray writes 64-bit integers as strings.
@@ -327,6 +362,34 @@ pub(super) fn extract_ray_event(v: &Value, seq: u64) -> Option<Fact> {
                                 pid: get_i64(raw, "pid", "pid").filter(|p| *p > 0),
                                 death_reason,
                                 death_message,
+                            }
+                        })
+                        .collect(),
+                })
+            }),
+        "WORKER_DEFINITION_EVENT" => payload("workerDefinitionEvent", "worker_definition_event")
+            .and_then(|p| {
+                Some(Body::WorkerDefinition {
+                    worker_id: get_id(p, "workerId", "worker_id")?,
+                    node_id: get_id(p, "nodeId", "node_id"),
+                    pid: get_i64(p, "pid", "pid").filter(|p| *p > 0),
+                    worker_type: get_str(p, "workerType", "worker_type"),
+                })
+            }),
+        "WORKER_LIFECYCLE_EVENT" => payload("workerLifecycleEvent", "worker_lifecycle_event")
+            .and_then(|p| {
+                Some(Body::WorkerLifecycle {
+                    worker_id: get_id(p, "workerId", "worker_id")?,
+                    job_id: get_id(p, "jobId", "job_id"),
+                    transitions: transitions(p)
+                        .into_iter()
+                        .map(|(raw, state)| {
+                            let death = get(raw, "deathInfo", "death_info");
+                            WorkerTransition {
+                                state,
+                                exit_type: death.and_then(|d| get_str(d, "exitType", "exit_type")),
+                                exit_detail: death
+                                    .and_then(|d| get_str_long(d, "exitDetail", "exit_detail")),
                             }
                         })
                         .collect(),

@@ -17,6 +17,8 @@ pub(super) struct Filter {
     /// The bucket as given on the command line (one shell word, with `--storage-root-dir`
     /// when set), for the commands a report suggests.
     pub(super) storage_arg: String,
+    /// `--pending-after`, in nanoseconds.
+    pub(super) pending_after_ns: i64,
 }
 
 impl Filter {
@@ -70,6 +72,7 @@ impl Filter {
             storage_arg.push_str(&shell_word(&args.storage_root_dir));
         }
         Ok(Filter {
+            pending_after_ns: i64::try_from(args.pending_after.as_nanos()).unwrap_or(i64::MAX),
             storage_arg,
             job,
             window: TimeWindow {

@@ -120,7 +120,11 @@ pub(super) fn render_html(report: &SessionReport, gantt: &Gantt) -> String {
         opt(&report.started),
     );
     summary(&mut h, report);
+    causes(&mut h, report);
     failed(&mut h, report);
+    worker_deaths(&mut h, report);
+    session_end(&mut h, report);
+    hangs(&mut h, report);
     let _ = writeln!(h, "<h2>Timeline</h2>");
     let _ = writeln!(
         h,
@@ -150,6 +154,10 @@ fn summary(h: &mut String, r: &SessionReport) {
         r.train_runs.len(),
         r.events.total,
         r.objects.read
+    );
+    h.push_str(
+        "<p>States other than FINISHED and FAILED are the last ones recorded before the \
+         session's events stop: nothing is running now (see What ended the session).</p>",
     );
     h.push_str("<table id=\"states\"><tr><th>final state</th><th>attempts</th></tr>");
     for (state, n) in &r.tasks.by_state {
@@ -216,13 +224,50 @@ fn failed(h: &mut String, r: &SessionReport) {
     }
     h.push_str(
         "<table id=\"failed\"><tr><th>failed at</th><th>task</th><th>attempt</th>\
-                <th>name</th><th>job</th><th>error</th></tr>",
+                <th>name</th><th>job</th><th>cause</th><th>worker</th><th>node</th><th>error</th></tr>",
     );
     for t in &r.failed_tasks {
+        let worker = t
+            .worker
+            .as_ref()
+            .map(|w| {
+                format!(
+                    "{} pid {} {}<br>{}",
+                    esc(&short(&w.worker_id)),
+                    w.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                    opt(&w.exit_type),
+                    w.exit_detail
+                        .as_deref()
+                        .map(|d| esc(&super::render::clean(&super::causes::first_line(d))))
+                        .unwrap_or_default()
+                )
+            })
+            .unwrap_or_else(|| "-".into());
+        let node = t
+            .node
+            .as_ref()
+            .map(|n| {
+                format!(
+                    "{} {}{}",
+                    esc(&short(&n.node_id)),
+                    opt(&n.state),
+                    n.death_reason
+                        .as_deref()
+                        .map(|r| format!(
+                            " {} at {}: {}",
+                            esc(r),
+                            time(&n.died_at),
+                            opt(&n.death_message)
+                        ))
+                        .unwrap_or_default()
+                )
+            })
+            .unwrap_or_else(|| "-".into());
         let _ = write!(
             h,
             "<tr class=\"failed-task\" data-task-id=\"{}\" data-attempt=\"{}\"><td>{}</td><td>{}</td>\
-             <td class=\"n\">{}</td><td>{}</td><td>{}</td><td><b>{}</b> {}<details><summary>\
+             <td class=\"n\">{}</td><td>{}</td><td>{}</td><td class=\"cause\">{}</td><td>{}</td><td>{}</td>\
+             <td><b>{}</b> {}<details><summary>\
              message and log command</summary><pre>{}</pre><pre>{}</pre></details></td></tr>",
             esc(&t.task_id),
             t.attempt,
@@ -231,6 +276,9 @@ fn failed(h: &mut String, r: &SessionReport) {
             t.attempt,
             opt(&t.name),
             opt(&t.job_id),
+            esc(&t.cause),
+            worker,
+            node,
             opt(&t.error_type),
             t.error_message
                 .as_deref()
@@ -244,6 +292,187 @@ fn failed(h: &mut String, r: &SessionReport) {
         );
     }
     h.push_str("</table>\n");
+}
+
+/// Why it failed: one row per distinct cause.
+fn causes(h: &mut String, r: &SessionReport) {
+    let _ = writeln!(
+        h,
+        "<h2>Why it failed ({} distinct causes)</h2>",
+        r.failure_causes.len()
+    );
+    if r.failure_causes.is_empty() {
+        h.push_str("<p>nothing failed</p>\n");
+        return;
+    }
+    h.push_str(
+        "<table id=\"causes\"><tr><th>attempts</th><th>actors</th><th>cause</th><th>node</th>\
+         <th>first</th><th>what</th><th>detail</th></tr>",
+    );
+    for g in &r.failure_causes {
+        let names: Vec<String> = g
+            .examples
+            .iter()
+            .map(|e| e.name.clone().unwrap_or_else(|| e.id.clone()))
+            .fold(Vec::new(), |mut v, n| {
+                if !v.contains(&n) {
+                    v.push(n);
+                }
+                v
+            });
+        let _ = write!(
+            h,
+            "<tr class=\"cause-row\" data-cause=\"{}\"><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td><b>{}</b></td><td>{}</td><td>{}</td><td>{}</td><td>{}<details><summary>log command\
+             </summary><pre>{}</pre></details></td></tr>",
+            esc(&g.cause),
+            g.attempts,
+            g.actors,
+            esc(&g.cause),
+            g.node_id.as_deref().map(|n| esc(&short(n))).unwrap_or_else(|| "-".into()),
+            time(&g.first_at),
+            esc(&names.join(", ")),
+            opt(&g.detail),
+            g.log_command.as_deref().map(esc).unwrap_or_default()
+        );
+    }
+    h.push_str("</table>\n");
+}
+
+fn worker_deaths(h: &mut String, r: &SessionReport) {
+    let _ = writeln!(
+        h,
+        "<h2>Worker deaths ({} of {})</h2>",
+        r.worker_deaths.len(),
+        r.worker_deaths_total
+    );
+    if r.worker_deaths.is_empty() {
+        h.push_str("<p>none (intended exits are not counted)</p>\n");
+        return;
+    }
+    h.push_str(
+        "<table id=\"worker-deaths\"><tr><th>died at</th><th>worker</th><th>pid</th><th>node</th>\
+         <th>job</th><th>exit type</th><th>detail</th></tr>",
+    );
+    for d in &r.worker_deaths {
+        let _ = write!(
+            h,
+            "<tr data-worker-id=\"{}\"><td>{}</td><td>{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}<details><summary>log command</summary><pre>{}</pre></details></td></tr>",
+            esc(&d.worker_id),
+            time(&d.died_at),
+            esc(&short(&d.worker_id)),
+            d.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+            d.node_id.as_deref().map(|n| esc(&short(n))).unwrap_or_else(|| "-".into()),
+            opt(&d.job_id),
+            opt(&d.exit_type),
+            opt(&d.exit_detail),
+            esc(&d.log_command)
+        );
+    }
+    h.push_str("</table>\n");
+}
+
+fn session_end(h: &mut String, r: &SessionReport) {
+    let e = &r.session_end;
+    let _ = writeln!(
+        h,
+        "<h2>What ended the session</h2><p>Its events stop at {}.</p><ul id=\"session-end\">",
+        time(&e.last_event)
+    );
+    for n in &e.nodes_died {
+        let _ = write!(
+            h,
+            "<li class=\"node-died\">node {} died at {}: <b>{}</b> {}</li>",
+            esc(&short(&n.node_id)),
+            time(&n.died_at),
+            opt(&n.death_reason),
+            opt(&n.death_message)
+        );
+    }
+    for n in &r.nodes {
+        let _ = write!(
+            h,
+            "<li>node {}{}: {}, last heard of at {}</li>",
+            esc(&short(&n.node_id)),
+            if n.is_head == Some(true) {
+                " (head)"
+            } else {
+                ""
+            },
+            opt(&n.state),
+            time(&n.last_heard)
+        );
+    }
+    for j in &e.jobs_unfinished {
+        let _ = write!(h, "<li>job {} {}</li>", esc(&j.job_id), esc(&j.reason));
+    }
+    for u in &e.tasks_unfinished {
+        let _ = write!(
+            h,
+            "<li class=\"unfinished\">{} task attempt(s) left {} (job {}, node {}): unfinished, {}</li>",
+            u.count,
+            esc(&u.state),
+            opt(&u.job_id),
+            u.node_id.as_deref().map(|n| esc(&short(n))).unwrap_or_else(|| "-".into()),
+            esc(&u.reason)
+        );
+    }
+    h.push_str("</ul>\n");
+}
+
+fn hangs(h: &mut String, r: &SessionReport) {
+    let g = &r.hangs;
+    h.push_str("<h2>What hung</h2><ul id=\"hangs\">");
+    if g.placement_groups_source.is_none() {
+        h.push_str("<li>placement groups: no dashboard snapshot in the bucket</li>");
+    }
+    for pg in &g.placement_groups {
+        let bundles: Vec<String> = pg
+            .bundles
+            .iter()
+            .map(|b| {
+                let parts: Vec<String> = b
+                    .iter()
+                    .map(|(k, v)| format!("{k}: {}", super::scan::format_amount(*v)))
+                    .collect();
+                format!("{{{}}}", parts.join(", "))
+            })
+            .collect();
+        let _ = write!(
+            h,
+            "<li class=\"pg\">placement group {} ({}) <b>{}</b>{} since {}, strategy {}, bundles {}{}</li>",
+            esc(&pg.placement_group_id),
+            opt(&pg.name),
+            opt(&pg.state),
+            pg.scheduling_state.as_deref().map(|s| format!("/{}", esc(s))).unwrap_or_default(),
+            time(&pg.requested_at),
+            opt(&pg.strategy),
+            esc(&bundles.join(" ")),
+            pg.unsatisfiable.as_deref().map(|u| format!(": never fits, {}", esc(u))).unwrap_or_default()
+        );
+    }
+    for t in &g.pending_tasks {
+        let _ = write!(
+            h,
+            "<li class=\"pending\">task {} ({}) <b>{}</b> for {} asking {{{}}}{}</li>",
+            esc(&t.task_id),
+            opt(&t.name),
+            esc(&t.state),
+            t.pending_seconds
+                .map(|s| human_duration((s * 1e9) as i64))
+                .unwrap_or_else(|| "-".into()),
+            opt(&t.resources),
+            t.unsatisfiable
+                .as_deref()
+                .map(|u| format!(": never fits, {}", esc(u)))
+                .unwrap_or_default()
+        );
+    }
+    if g.placement_groups.is_empty() && g.pending_tasks.is_empty() {
+        h.push_str("<li>nothing hung</li>");
+    }
+    h.push_str("</ul>\n");
 }
 
 /// A bar of the top tracks (jobs, runs, attempts).

@@ -81,6 +81,11 @@
 //! attempt that the collector filed under `export_events/node/` (its run's job was not known
 //! yet) is not read with `--job`.
 //!
+//! Workers come from `WORKER_DEFINITION_EVENT` (node and pid; no job id, so filed in
+//! `node_events`) and `WORKER_LIFECYCLE_EVENT` (the DEAD transition's `deathInfo`: exit type
+//! and detail); with `--job` a worker's node and pid are known only from the task events.
+//! `causes.rs` joins each failed attempt to its worker and node and groups them by cause.
+//!
 //! Without `--session`, `--since`/`--until` keep the sessions whose hour partitions overlap
 //! the window; `--job` needs `--session`.
 //!
@@ -114,7 +119,8 @@
 //!                "skipped_by_time", "bytes_read", "not_event_objects" },
 //!   "events": { "total", "duplicates", "outside_time_window", "other_job", "by_type": {..} },
 //!   "nodes": [ { "node_id", "ip", "hostname", "is_head", "state", "started", "ended",
-//!                "death_reason", "death_message", "resources": {..}, "objects", "bytes",
+//!                "death_reason", "death_message", "last_heard" (the latest event that
+//!                speaks of it), "resources": {..}, "objects", "bytes",
 //!                "log_objects", "log_bytes" } ],
 //!   "jobs": [ { "job_id", "status" ("CREATED"|"FINISHED"|"UNKNOWN"), "entrypoint",
 //!               "driver_pid", "driver_node_id", "started", "ended",
@@ -124,9 +130,36 @@
 //!   "failed_tasks": [ { "task_id", "attempt", "name", "job_id", "task_type", "failed_at",
 //!                       "error_type", "error_message", "node_id", "worker_id",
 //!                       "log_command" (the inspect command that prints its stderr; null
-//!                       when the task id in the events is not an id) } ],
+//!                       when the task id in the events is not an id),
+//!                       "cause" (in words: "worker killed by the memory monitor"),
+//!                       "worker": { "worker_id", "pid", "node_id", "state", "died_at",
+//!                                   "exit_type", "exit_detail" } | null,
+//!                       "node": { "node_id", "state", "died_at", "death_reason",
+//!                                 "death_message" } | null } ],
+//!   "failure_causes": [ { "cause", "error_type", "exit_type", "node_id",
+//!                         "node_death_reason", "attempts", "actors", "first_at", "last_at",
+//!                         "detail", "log_command",
+//!                         "examples": [ { "kind" ("task"|"actor"), "id", "attempt", "name",
+//!                                         "job_id", "failed_at" } ] } ],
+//!   "worker_deaths_total",
+//!   "worker_deaths": [ { "worker_id", "worker_type", "pid", "node_id", "job_id", "died_at",
+//!                        "exit_type", "exit_detail", "log_command" } ],
+//!   "session_end": { "last_event", "nodes_died": [ {node link} ],
+//!                    "jobs_unfinished": [ { "job_id", "started", "reason" } ],
+//!                    "tasks_unfinished": [ { "state", "job_id", "node_id", "count",
+//!                                            "reason" } ],
+//!                    "tasks_unfinished_total" },
+//!   "hangs": { "pending_after_seconds", "placement_groups_source",
+//!              "placement_groups": [ { "placement_group_id", "name", "creator_job_id",
+//!                                      "state", "scheduling_state", "strategy",
+//!                                      "bundles": [ {resource: amount} ], "requested_at",
+//!                                      "unsatisfiable" } ],
+//!              "pending_tasks": [ { "task_id", "attempt", "name", "job_id", "state",
+//!                                   "since", "pending_seconds", "resources",
+//!                                   "unsatisfiable" } ],
+//!              "pending_tasks_total" },
 //!   "actors": [ { "actor_id", "class_name", "name", "job_id", "state", "node_id", "pid",
-//!                 "death_reason", "death_message" } ],
+//!                 "death_reason", "death_message", "worker" (its worker, by node and pid) } ],
 //!   "train_runs": [ { "run_id", "name", "job_id", "status", "status_detail", "started",
 //!                     "ended", "framework_versions": {..},
 //!                     "status_history": [ { "status", "time", "detail" } ],
@@ -156,12 +189,13 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use futures::StreamExt as _;
 use object_store::path::Path as ObjectPath;
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt as _};
 use serde::Serialize;
 
 use crate::cli::InspectArgs;
 use crate::storage::{Backend, StorageSpec};
 
+mod causes;
 mod decode;
 mod discover;
 mod escape;
@@ -476,6 +510,66 @@ fn store_error(e: &object_store::Error) -> String {
     bounded(first, 300)
 }
 
+/// The dashboard endpoint of placement groups, as the head's poller fetches it
+/// (`dashboard::PERIODIC_ENDPOINTS`; a test checks it is there).
+const PLACEMENT_GROUPS_URI: &str = "/api/v0/placement_groups?detail=1&limit=10000";
+
+/// Largest placement-group snapshot read (the dashboard answers with at most 10,000 groups).
+const MAX_PLACEMENT_GROUP_SNAPSHOT: u64 = 64 << 20;
+
+/// The snapshot of `/api/v0/placement_groups?detail=1` under `fetched_endpoints/`, if any:
+/// (its key, its JSON). One that cannot be read or parsed is a problem, not an error.
+async fn read_placement_groups(
+    store: &Arc<dyn ObjectStore>,
+    history_prefix: &str,
+    session: &str,
+    problems: &mut Problems,
+) -> Option<(String, serde_json::Value)> {
+    // Listed, not named: the listing gives the key as this backend spells it ('?' and '&'
+    // in a name are escaped differently by each).
+    let name = crate::contract::endpoints::endpoint_object_name(PLACEMENT_GROUPS_URI);
+    let dir = ObjectPath::from(format!(
+        "{history_prefix}/{session}/{}",
+        crate::contract::endpoints::FETCHED_ENDPOINTS_DIR
+    ));
+    let listed = match store.list_with_delimiter(Some(&dir)).await {
+        Ok(l) => l,
+        Err(e) => {
+            problems.unreadable(
+                &format!("{dir}/"),
+                &format!("listing failed: {}", store_error(&e)),
+            );
+            return None;
+        }
+    };
+    let meta = listed
+        .objects
+        .into_iter()
+        .find(|o| o.location.filename() == Some(name.as_str()))?;
+    let key = meta.location.to_string();
+    let result = if meta.size > MAX_PLACEMENT_GROUP_SNAPSHOT {
+        Err(format!(
+            "{} bytes: larger than the {MAX_PLACEMENT_GROUP_SNAPSHOT} read",
+            meta.size
+        ))
+    } else {
+        match store.get(&meta.location).await {
+            Err(e) => Err(store_error(&e)),
+            Ok(got) => match got.bytes().await {
+                Err(e) => Err(store_error(&e)),
+                Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| format!("not JSON: {e}")),
+            },
+        }
+    };
+    match result {
+        Ok(v) => Some((key, v)),
+        Err(e) => {
+            problems.unreadable(&key, &e);
+            None
+        }
+    }
+}
+
 /// Walks, reads and merges one session, then shapes the report; `visit` sees every task
 /// attempt once. Fails only when the local spill files fail (the bucket's problems are in
 /// the report).
@@ -579,6 +673,9 @@ async fn session_report(
              directory with space)",
         ));
     }
+    // 4. The dashboard's placement groups, as the head's collector snapshotted them.
+    let placement_groups =
+        read_placement_groups(store, &history_prefix, &session, &mut problems).await;
     let shortened = model.tasks.errors_shortened();
     if shortened > 0 {
         problems.note(
@@ -617,9 +714,16 @@ async fn session_report(
         tasks: TaskCounts::default(),
         failed_tasks_total: 0,
         failed_tasks: Vec::new(),
+        failure_causes: Vec::new(),
+        worker_deaths_total: 0,
+        worker_deaths: Vec::new(),
+        session_end: Default::default(),
+        hangs: Default::default(),
         actors: Vec::new(),
         train_runs: Vec::new(),
         problems,
+        placement_groups,
+        pending_after_ns: filter.pending_after_ns,
     };
     shape_report(&mut report, model, failed_limit, visit)
         .context("reading back the task attempts of a big session from temporary files")?;

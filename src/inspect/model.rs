@@ -11,11 +11,11 @@
 //! remembered (as 64-bit hashes); a duplicate further apart is counted twice in `events`, but
 //! cannot change any state: every merge below is idempotent (latest wins, minima, fill once).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::extract::{
     bounded, ActorTransition, Body, Fact, NodeTransition, TrainAttemptEvent, TrainRunEvent,
-    TrainWorker, Transition,
+    TrainWorker, Transition, WorkerTransition,
 };
 use super::task::{CompactId, TaskStore};
 pub(super) use super::values::state_rank;
@@ -59,6 +59,9 @@ pub(super) struct NodeModel {
     pub(super) latest: Option<(Transition, NodeTransition)>,
     pub(super) resources: Option<BTreeMap<String, f64>>,
     pub(super) ended_ns: Option<i64>,
+    /// The latest time an event speaks of this node (its transitions, its workers', the task
+    /// transitions on it): when it was last heard of.
+    pub(super) last_heard_ns: Option<i64>,
     pub(super) objects: u64,
     pub(super) bytes: u64,
     pub(super) log_objects: u64,
@@ -85,6 +88,19 @@ pub(super) struct ActorModel {
     /// First ALIVE and last DEAD transition (its lifetime on the timeline).
     pub(super) alive_ns: Option<i64>,
     pub(super) dead_ns: Option<i64>,
+}
+
+/// A worker process, from `WORKER_DEFINITION_EVENT` and `WORKER_LIFECYCLE_EVENT`.
+#[derive(Debug, Default)]
+pub(super) struct WorkerModel {
+    pub(super) node_id: Option<String>,
+    pub(super) pid: Option<i64>,
+    pub(super) worker_type: Option<String>,
+    pub(super) job_id: Option<String>,
+    pub(super) alive_ns: Option<i64>,
+    pub(super) latest: Option<(Transition, WorkerTransition)>,
+    /// The DEAD transition: (time, exit type, exit detail).
+    pub(super) death: Option<(Option<i64>, Option<String>, Option<String>)>,
 }
 
 /// A status report of a Train run or attempt, ordered by (time, object, position).
@@ -129,6 +145,11 @@ pub(super) struct SessionModel {
     pub(super) jobs: BTreeMap<String, JobModel>,
     pub(super) tasks: TaskStore,
     pub(super) actors: BTreeMap<String, ActorModel>,
+    pub(super) workers: BTreeMap<String, WorkerModel>,
+    /// The latest event time of the session: when its events stop.
+    pub(super) last_event_ns: Option<i64>,
+    /// The latest task transition on each node (by the node's id bytes).
+    pub(super) task_node_last: HashMap<CompactId, i64>,
     pub(super) runs: BTreeMap<String, TrainRunModel>,
     pub(super) attempts: BTreeMap<(String, String), TrainAttemptModel>,
     /// How many times more input is still to come than was read (sizes a spill).
@@ -152,6 +173,9 @@ impl SessionModel {
             jobs: BTreeMap::new(),
             tasks,
             actors: BTreeMap::new(),
+            workers: BTreeMap::new(),
+            last_event_ns: None,
+            task_node_last: HashMap::new(),
             runs: BTreeMap::new(),
             attempts: BTreeMap::new(),
             growth: 0.0,
@@ -189,6 +213,9 @@ impl SessionModel {
             None => {
                 self.by_type.insert(ty.into_owned(), 1);
             }
+        }
+        if let Some(t) = fact.time_ns {
+            self.last_event_ns = Some(self.last_event_ns.map_or(t, |cur| cur.max(t)));
         }
         let order = (fact.time_ns.unwrap_or(i64::MIN), object, fact.seq);
         match fact.body {
@@ -264,6 +291,12 @@ impl SessionModel {
                 }
             }
             Body::Task(delta) => {
+                if let Some(node) = delta.node {
+                    if let Some(t) = delta.transitions.iter().filter_map(|t| t.time_ns).max() {
+                        let last = self.task_node_last.entry(node).or_insert(t);
+                        *last = (*last).max(t);
+                    }
+                }
                 if let Some(job) = delta.job {
                     if self.task_jobs.insert(job) {
                         self.jobs.entry(job.hex()).or_default();
@@ -307,6 +340,45 @@ impl SessionModel {
                 fill(&mut a.class_name, class_name);
                 fill(&mut a.name, name);
                 absorb_actor_transition(a, transition);
+            }
+            Body::WorkerDefinition {
+                worker_id,
+                node_id,
+                pid,
+                worker_type,
+            } => {
+                let w = self.workers.entry(worker_id).or_default();
+                fill(&mut w.node_id, node_id);
+                fill(&mut w.pid, pid);
+                fill(&mut w.worker_type, worker_type);
+                if let (Some(node), Some(t)) = (&w.node_id, fact.time_ns) {
+                    let n = self.nodes.entry(node.clone()).or_default();
+                    heard(n, t);
+                }
+            }
+            Body::WorkerLifecycle {
+                worker_id,
+                job_id,
+                transitions,
+            } => {
+                let w = self.workers.entry(worker_id).or_default();
+                fill(&mut w.job_id, job_id);
+                for t in transitions {
+                    if let Some(at) = t.state.time_ns {
+                        if let Some(node) = &w.node_id {
+                            heard(self.nodes.entry(node.clone()).or_default(), at);
+                        }
+                        if t.state.state == "ALIVE" {
+                            w.alive_ns = Some(w.alive_ns.map_or(at, |cur| cur.min(at)));
+                        }
+                    }
+                    if t.state.state == "DEAD" && w.death.is_none() {
+                        w.death =
+                            Some((t.state.time_ns, t.exit_type.clone(), t.exit_detail.clone()));
+                    }
+                    let state = t.state.clone();
+                    keep_latest(&mut w.latest, &state, &t);
+                }
             }
             Body::TrainRun(run) => {
                 let run = *run;
@@ -356,7 +428,15 @@ impl SessionModel {
     }
 }
 
+/// Notes that node `n` was spoken of at `at`.
+pub(super) fn heard(n: &mut NodeModel, at: i64) {
+    n.last_heard_ns = Some(n.last_heard_ns.map_or(at, |cur| cur.max(at)));
+}
+
 pub(super) fn absorb_node_transition(n: &mut NodeModel, t: NodeTransition) {
+    if let Some(at) = t.state.time_ns {
+        heard(n, at);
+    }
     if t.state.state == "DEAD" {
         if let Some(at) = t.state.time_ns {
             n.ended_ns = Some(n.ended_ns.map_or(at, |cur| cur.max(at)));

@@ -383,7 +383,19 @@ pub(super) fn render_session(r: &SessionReport, out: &mut String) {
         states.row(vec![state.clone(), n.to_string()]);
     }
     render_or_none(&states, out);
+    if r.tasks
+        .by_state
+        .keys()
+        .any(|s| s != "FINISHED" && s != "FAILED" && s != "UNKNOWN")
+    {
+        let _ = writeln!(
+            out,
+            "  (states other than FINISHED and FAILED are the last ones recorded before the \
+             session's events stop: nothing here is running now; see WHAT ENDED THE SESSION)"
+        );
+    }
 
+    render_causes(r, out);
     let _ = writeln!(
         out,
         "\nFAILED TASKS ({} of {})",
@@ -438,6 +450,10 @@ pub(super) fn render_session(r: &SessionReport, out: &mut String) {
             r.failed_tasks_total - r.failed_tasks.len() as u64
         );
     }
+
+    render_worker_deaths(r, out);
+    render_session_end(r, out);
+    render_hangs(r, out);
 
     let _ = writeln!(out, "\nACTORS");
     let mut actors = Table::new(&[
@@ -595,6 +611,240 @@ pub(super) fn render_problems(p: &Problems, out: &mut String) {
             "  {}: {}",
             bounded_text(&d.key, MAX_PROBLEM_TEXT_CHARS),
             bounded_text(&d.error, MAX_PROBLEM_TEXT_CHARS)
+        );
+    }
+}
+
+/// A node id as the sentences show it: its first 8 hex digits (the tables have it whole).
+fn short_id(id: &str) -> String {
+    clean(&id.chars().take(8).collect::<String>())
+}
+
+/// `WHY IT FAILED`: one line per distinct cause, then how to read the first one's log.
+fn render_causes(r: &SessionReport, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "\nWHY IT FAILED ({} distinct causes)",
+        r.failure_causes.len()
+    );
+    if r.failure_causes.is_empty() {
+        out.push_str("(nothing failed)\n");
+        return;
+    }
+    for g in &r.failure_causes {
+        let plural = |n: u64, one: &str| match n {
+            0 => None,
+            1 => Some(format!("1 {one}")),
+            n => Some(format!("{n} {one}s")),
+        };
+        let what = [plural(g.attempts, "attempt"), plural(g.actors, "actor")]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(" and ");
+        let names: Vec<String> = {
+            let mut seen: Vec<String> = Vec::new();
+            for e in &g.examples {
+                let n = e.name.clone().unwrap_or_else(|| "?".into());
+                if !seen.contains(&n) {
+                    seen.push(n);
+                }
+            }
+            seen
+        };
+        let node = g
+            .node_id
+            .as_deref()
+            .map(|n| format!(" on node {}", short_id(n)))
+            .unwrap_or_default();
+        let at = g
+            .first_at
+            .as_deref()
+            .map(|t| format!(" at {}", format_time_text(t)))
+            .unwrap_or_default();
+        let detail = g
+            .detail
+            .as_deref()
+            .map(|d| format!(": {}", clean(d)))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {what} ({}): {}{node}{at}{detail}",
+            clean(&names.join(", ")),
+            clean(&g.cause)
+        );
+        if let Some(c) = &g.log_command {
+            let _ = writeln!(out, "      log: {}", clean_long(c));
+        }
+    }
+}
+
+fn render_worker_deaths(r: &SessionReport, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "\nWORKER DEATHS ({} of {}, intended exits not counted)",
+        r.worker_deaths.len(),
+        r.worker_deaths_total
+    );
+    let mut t = Table::new(&[
+        "DIED AT",
+        "WORKER ID",
+        ">PID",
+        "NODE",
+        "JOB ID",
+        "EXIT TYPE",
+        "DETAIL",
+    ]);
+    for d in &r.worker_deaths {
+        t.row(vec![
+            opt_time(&d.died_at),
+            d.worker_id.clone(),
+            d.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+            d.node_id
+                .as_deref()
+                .map(short_id)
+                .unwrap_or_else(|| "-".into()),
+            opt(&d.job_id),
+            opt(&d.exit_type),
+            d.exit_detail
+                .as_deref()
+                .map(super::causes::first_line)
+                .unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    render_or_none(&t, out);
+    if let Some(d) = r.worker_deaths.first() {
+        let _ = writeln!(out, "  a worker's log: {}", clean_long(&d.log_command));
+    }
+}
+
+fn render_session_end(r: &SessionReport, out: &mut String) {
+    let e = &r.session_end;
+    let _ = writeln!(
+        out,
+        "\nWHAT ENDED THE SESSION (its events stop at {})",
+        opt_time(&e.last_event)
+    );
+    let mut any = false;
+    for n in &e.nodes_died {
+        any = true;
+        let _ = writeln!(
+            out,
+            "  node {} died at {}: {}{}",
+            short_id(&n.node_id),
+            opt_time(&n.died_at),
+            opt(&n.death_reason),
+            n.death_message
+                .as_deref()
+                .map(|m| format!(" ({})", clean(m)))
+                .unwrap_or_default()
+        );
+    }
+    for n in &r.nodes {
+        let head = if n.is_head == Some(true) {
+            " (head)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "  node {}{head}: {}, last heard of at {}",
+            short_id(&n.node_id),
+            opt(&n.state),
+            opt_time(&n.last_heard)
+        );
+        any = true;
+    }
+    for j in &e.jobs_unfinished {
+        any = true;
+        let _ = writeln!(out, "  job {} {}", clean(&j.job_id), clean(&j.reason));
+    }
+    for u in &e.tasks_unfinished {
+        any = true;
+        let _ = writeln!(
+            out,
+            "  {} task attempt(s) left {} (job {}, node {}), unfinished: {}",
+            u.count,
+            clean(&u.state),
+            opt(&u.job_id),
+            u.node_id
+                .as_deref()
+                .map(short_id)
+                .unwrap_or_else(|| "-".into()),
+            clean(&u.reason)
+        );
+    }
+    if !any {
+        out.push_str("(nothing unfinished)\n");
+    }
+}
+
+fn render_hangs(r: &SessionReport, out: &mut String) {
+    let h = &r.hangs;
+    let _ = writeln!(out, "\nWHAT HUNG");
+    if h.placement_groups_source.is_none() {
+        out.push_str("  placement groups: no dashboard snapshot in the bucket\n");
+    }
+    for pg in &h.placement_groups {
+        let bundles: Vec<String> = pg
+            .bundles
+            .iter()
+            .map(|b| {
+                let parts: Vec<String> = b
+                    .iter()
+                    .map(|(k, v)| format!("{k}: {}", super::scan::format_amount(*v)))
+                    .collect();
+                format!("{{{}}}", parts.join(", "))
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "  placement group {} ({}) {}{} since {}, strategy {}, bundles {}{}",
+            clean(&pg.placement_group_id),
+            opt(&pg.name),
+            opt(&pg.state),
+            pg.scheduling_state
+                .as_deref()
+                .map(|s| format!("/{}", clean(s)))
+                .unwrap_or_default(),
+            opt_time(&pg.requested_at),
+            opt(&pg.strategy),
+            clean(&bundles.join(" ")),
+            pg.unsatisfiable
+                .as_deref()
+                .map(|u| format!(": never fits, {}", clean(u)))
+                .unwrap_or_default()
+        );
+    }
+    for t in &h.pending_tasks {
+        let _ = writeln!(
+            out,
+            "  task {} ({}) {} for {} asking {{{}}}{}",
+            clean(&t.task_id),
+            opt(&t.name),
+            clean(&t.state),
+            t.pending_seconds
+                .map(|s| human_duration((s * 1e9) as i64))
+                .unwrap_or_else(|| "-".into()),
+            opt(&t.resources),
+            t.unsatisfiable
+                .as_deref()
+                .map(|u| format!(": never fits, {}", clean(u)))
+                .unwrap_or_default()
+        );
+    }
+    if h.pending_tasks_total > h.pending_tasks.len() as u64 {
+        let _ = writeln!(
+            out,
+            "  ({} more pending tasks)",
+            h.pending_tasks_total - h.pending_tasks.len() as u64
+        );
+    }
+    if h.placement_groups.is_empty() && h.pending_tasks.is_empty() {
+        let _ = writeln!(
+            out,
+            "  (no placement group unplaced, no task pending over {})",
+            human_duration((h.pending_after_seconds * 1e9) as i64)
         );
     }
 }

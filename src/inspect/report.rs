@@ -6,6 +6,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::causes::{
+    hung_placement_groups, node_link, unexpected_node_death, CauseExample, CauseGroup, Chain,
+    Hangs, Join, SessionEnd, UnfinishedJob, WorkerDeath, WorkerLink,
+};
 use super::escape::{escape_name, escape_text};
 use super::extract::TrainWorker;
 use super::filter::{shell_word, NANOS_PER_SECOND};
@@ -63,9 +67,20 @@ pub(super) struct SessionReport {
     pub(super) tasks: TaskCounts,
     pub(super) failed_tasks_total: u64,
     pub(super) failed_tasks: Vec<FailedTaskEntry>,
+    /// Failed attempts and actors grouped by cause, earliest first (`causes.rs`).
+    pub(super) failure_causes: Vec<CauseGroup>,
+    pub(super) worker_deaths_total: u64,
+    pub(super) worker_deaths: Vec<WorkerDeath>,
+    pub(super) session_end: SessionEnd,
+    pub(super) hangs: Hangs,
     pub(super) actors: Vec<ActorEntry>,
     pub(super) train_runs: Vec<TrainRunEntry>,
     pub(super) problems: Problems,
+    /// The dashboard's placement-group snapshot, when the bucket has one: (key, document).
+    #[serde(skip)]
+    pub(super) placement_groups: Option<(String, serde_json::Value)>,
+    #[serde(skip)]
+    pub(super) pending_after_ns: i64,
 }
 
 #[derive(Debug, Serialize)]
@@ -116,6 +131,8 @@ pub(super) struct NodeEntry {
     pub(super) ended: Option<String>,
     pub(super) death_reason: Option<String>,
     pub(super) death_message: Option<String>,
+    /// The latest time an event speaks of the node.
+    pub(super) last_heard: Option<String>,
     pub(super) resources: BTreeMap<String, f64>,
     pub(super) objects: u64,
     pub(super) bytes: u64,
@@ -157,6 +174,10 @@ pub(super) struct FailedTaskEntry {
     pub(super) error_message: Option<String>,
     pub(super) node_id: Option<String>,
     pub(super) worker_id: Option<String>,
+    /// The cause in words, and the attempt's worker and node as the events tell them.
+    pub(super) cause: String,
+    pub(super) worker: Option<WorkerLink>,
+    pub(super) node: Option<super::causes::NodeLink>,
     /// The command that prints this attempt's stderr from the bucket; `None` when the
     /// task id in the events was not an id (shown as `invalid-<hash>`, which `--logs`
     /// cannot look up).
@@ -174,6 +195,8 @@ pub(super) struct ActorEntry {
     pub(super) pid: Option<i64>,
     pub(super) death_reason: Option<String>,
     pub(super) death_message: Option<String>,
+    /// The worker process it lived in (found by its node and pid), with its exit.
+    pub(super) worker: Option<WorkerLink>,
     #[serde(skip)]
     pub(super) alive_ns: Option<i64>,
     #[serde(skip)]
@@ -308,10 +331,14 @@ fn failed_entry(
     t: &TaskState,
     symbols: &Symbols,
     log_command: &dyn Fn(&str) -> String,
+    chain: Chain,
 ) -> FailedTaskEntry {
     let task_id = key.id.hex();
     let extra = t.extra.as_deref();
     FailedTaskEntry {
+        cause: chain.cause,
+        worker: chain.worker,
+        node: chain.node,
         log_command: (!key.id.is_hashed()).then(|| log_command(&task_id)),
         task_id,
         attempt: i64::from(key.attempt),
@@ -337,30 +364,39 @@ pub(super) fn shape_report(
 ) -> std::io::Result<()> {
     let SessionModel {
         job_filter,
-        nodes,
+        mut nodes,
         mut jobs,
         tasks,
         actors,
         runs,
         attempts,
+        workers,
+        last_event_ns,
+        task_node_last,
         ..
     } = model;
+    for (id, at) in task_node_last {
+        if let Some(n) = nodes.get_mut(&id.hex()) {
+            super::model::heard(n, at);
+        }
+    }
 
     report.nodes = nodes
-        .into_iter()
+        .iter()
         .map(|(node_id, n)| {
             let latest = n.latest.as_ref().map(|(_, t)| t);
             NodeEntry {
-                node_id,
-                ip: n.ip,
-                hostname: n.hostname,
+                node_id: node_id.clone(),
+                ip: n.ip.clone(),
+                hostname: n.hostname.clone(),
                 is_head: n.is_head,
                 state: latest.map(|t| t.state.state.to_string()),
                 started: n.started_ns.or(n.alive_ns).map(format_time_json),
                 ended: n.ended_ns.map(format_time_json),
                 death_reason: latest.and_then(|t| t.death_reason.clone()),
                 death_message: latest.and_then(|t| t.death_message.clone()),
-                resources: n.resources.unwrap_or_default(),
+                last_heard: n.last_heard_ns.map(format_time_json),
+                resources: n.resources.clone().unwrap_or_default(),
                 objects: n.objects,
                 bytes: n.bytes,
                 log_objects: n.log_objects,
@@ -368,6 +404,19 @@ pub(super) fn shape_report(
             }
         })
         .collect();
+    let finished_jobs: std::collections::HashSet<String> = jobs
+        .iter()
+        .filter(|(_, j)| job_status(j) == "FINISHED")
+        .map(|(id, _)| id.clone())
+        .collect();
+    let mut join = Join::new(
+        &workers,
+        &nodes,
+        &finished_jobs,
+        last_event_ns,
+        report.pending_after_ns,
+        failed_limit,
+    );
 
     // Tasks: counts overall and per job; the earliest failed attempts.
     let mut per_job: BTreeMap<String, TaskCounts> = BTreeMap::new();
@@ -407,6 +456,9 @@ pub(super) fn shape_report(
             c.total += 1;
             count_state(&mut c.by_state, state);
         }
+        if state != "FAILED" {
+            join.add_unfinished(key, t, symbols);
+        }
         if state == "FAILED" {
             failed_total += 1;
             let at = if t.failed_ns == NO_TIME {
@@ -414,13 +466,34 @@ pub(super) fn shape_report(
             } else {
                 t.failed_ns
             };
+            let extra = t.extra.as_deref();
+            let error_type = extra.and_then(|e| e.error_type.as_deref());
+            let worker = symbols.get(t.worker).or_else(|| symbols.get(t.exec_worker));
+            let chain = join.chain(error_type, worker, symbols.get(t.node));
+            let task_id = key.id.hex();
+            join.add_failure(
+                &chain,
+                error_type,
+                extra.and_then(|e| e.error_message.as_deref()),
+                t.failed_ns,
+                CauseExample {
+                    kind: "task",
+                    failed_at: (t.failed_ns != NO_TIME).then(|| format_time_json(t.failed_ns)),
+                    at_ns: t.failed_ns,
+                    attempt: Some(i64::from(key.attempt)),
+                    name: symbols.owned(t.name),
+                    job_id: symbols.owned(t.job),
+                    id: task_id.clone(),
+                },
+                (!key.id.is_hashed()).then(|| log_command(&task_id)),
+            );
             let wanted = failed.len() < failed_limit
                 || failed.peek().is_some_and(|r| (at, *key) < (r.0, r.1));
             if wanted {
                 failed.push(Ranked(
                     at,
                     *key,
-                    failed_entry(key, t, symbols, &log_command),
+                    failed_entry(key, t, symbols, &log_command, chain),
                 ));
                 if failed.len() > failed_limit {
                     failed.pop();
@@ -437,7 +510,6 @@ pub(super) fn shape_report(
         .into_iter()
         .filter(|(id, _)| job_filter.as_ref().is_none_or(|j| j == id))
         .map(|(job_id, j)| {
-            let latest = j.transitions.iter().max_by_key(|t| transition_order(t));
             let created = j
                 .transitions
                 .iter()
@@ -450,13 +522,8 @@ pub(super) fn shape_report(
                 .filter(|t| t.state == "FINISHED")
                 .filter_map(|t| t.time_ns)
                 .max();
-            let (export_dead, export_start, export_end) = j.export.unwrap_or((false, None, None));
-            let status = match (latest, &j.export) {
-                (Some(t), _) => t.state.clone(),
-                (None, Some(_)) if export_dead => "FINISHED".into(),
-                (None, Some(_)) => "CREATED".into(),
-                (None, None) => "UNKNOWN".into(),
-            };
+            let (_, export_start, export_end) = j.export.unwrap_or((false, None, None));
+            let status = job_status(&j);
             let started = created.or(export_start);
             let ended = finished.or(export_end);
             let tasks = per_job.remove(&job_id).unwrap_or_default();
@@ -475,6 +542,10 @@ pub(super) fn shape_report(
         })
         .collect();
 
+    let worker_by_process: BTreeMap<(Option<String>, i64), &String> = workers
+        .iter()
+        .filter_map(|(id, w)| Some(((w.node_id.clone(), w.pid?), id)))
+        .collect();
     report.actors = actors
         .into_iter()
         .map(|(actor_id, a)| {
@@ -490,10 +561,14 @@ pub(super) fn shape_report(
                 name: a.name,
                 job_id,
                 state: latest.map(|t| t.state.state.to_string()),
-                node_id: a.node_id,
                 pid: a.pid,
                 death_reason: latest.and_then(|t| t.death_reason.clone()),
                 death_message: latest.and_then(|t| t.death_message.clone()),
+                worker: a.pid.and_then(|pid| {
+                    let id = worker_by_process.get(&(a.node_id.clone(), pid))?;
+                    Some(super::causes::worker_link(id, workers.get(*id)))
+                }),
+                node_id: a.node_id,
                 alive_ns: a.alive_ns,
                 dead_ns: a.dead_ns,
                 actor_id,
@@ -505,6 +580,134 @@ pub(super) fn shape_report(
                 .is_none_or(|j| a.job_id.as_deref().is_none_or(|aj| aj == j))
         })
         .collect();
+
+    // Actors that died other than by request join the causes.
+    for a in &report.actors {
+        if a.state.as_deref() != Some("DEAD") || !actor_failed(a.death_reason.as_deref()) {
+            continue;
+        }
+        let worker = a.worker.as_ref().map(|w| w.worker_id.as_str());
+        let mut chain = join.chain(Some("ACTOR_DIED"), worker, a.node_id.as_deref());
+        if let Some(reason) = &a.death_reason {
+            if chain
+                .worker
+                .as_ref()
+                .and_then(|w| w.exit_type.as_ref())
+                .is_none()
+            {
+                chain.cause = format!("actor died ({reason})");
+            }
+        }
+        join.add_failure(
+            &chain,
+            a.death_reason.as_deref(),
+            a.death_message.as_deref(),
+            a.dead_ns.unwrap_or(NO_TIME),
+            CauseExample {
+                kind: "actor",
+                failed_at: a.dead_ns.map(format_time_json),
+                at_ns: a.dead_ns.unwrap_or(NO_TIME),
+                id: a.actor_id.clone(),
+                attempt: None,
+                name: a.class_name.clone(),
+                job_id: a.job_id.clone(),
+            },
+            Some(format!(
+                "ray-history-collector inspect {} --session {} --logs {} --err",
+                report.storage_arg,
+                shell_word(&report.session),
+                a.actor_id
+            )),
+        );
+    }
+    let (causes, unfinished, unfinished_total, pending, pending_total) = join.finish();
+    report.failure_causes = causes;
+
+    // Workers that died other than by intent.
+    let mut deaths: Vec<WorkerDeath> = workers
+        .iter()
+        .filter_map(|(id, w)| {
+            let (at, exit_type, detail) = w.death.as_ref()?;
+            if exit_type
+                .as_deref()
+                .is_some_and(|e| e.starts_with("INTENDED"))
+            {
+                return None;
+            }
+            if let (Some(want), Some(job)) = (&job_filter, &w.job_id) {
+                if want != job {
+                    return None;
+                }
+            }
+            Some(WorkerDeath {
+                worker_id: id.clone(),
+                worker_type: w.worker_type.clone(),
+                pid: w.pid,
+                node_id: w.node_id.clone(),
+                job_id: w.job_id.clone(),
+                died_at: at.map(format_time_json),
+                exit_type: exit_type.clone(),
+                exit_detail: detail.clone(),
+                log_command: format!(
+                    "ray-history-collector inspect {} --session {} --logs {id} --err",
+                    report.storage_arg,
+                    shell_word(&report.session)
+                ),
+                died_ns: at.unwrap_or(i64::MAX),
+            })
+        })
+        .collect();
+    deaths.sort_by_key(|d| d.died_ns);
+    report.worker_deaths_total = deaths.len() as u64;
+    deaths.truncate(failed_limit);
+    report.worker_deaths = deaths;
+
+    // What ended the session.
+    report.session_end = SessionEnd {
+        last_event: last_event_ns.map(format_time_json),
+        nodes_died: nodes
+            .iter()
+            .filter(|(_, n)| {
+                n.latest.as_ref().is_some_and(|(t, nt)| {
+                    t.state == "DEAD" && unexpected_node_death(nt.death_reason.as_deref())
+                })
+            })
+            .map(|(id, n)| node_link(id, Some(n)))
+            .collect(),
+        jobs_unfinished: report
+            .jobs
+            .iter()
+            .filter(|j| j.status == "CREATED")
+            .map(|j| UnfinishedJob {
+                job_id: j.job_id.clone(),
+                started: j.started.clone(),
+                reason: format!(
+                    "never finished: no FINISHED event before the session's events stop at {}",
+                    last_event_ns
+                        .map(format_time_json)
+                        .unwrap_or_else(|| "-".into())
+                ),
+            })
+            .collect(),
+        tasks_unfinished: unfinished,
+        tasks_unfinished_total: unfinished_total,
+    };
+
+    // What hung.
+    report.hangs = Hangs {
+        pending_after_seconds: report.pending_after_ns as f64 / NANOS_PER_SECOND as f64,
+        placement_groups_source: report
+            .placement_groups
+            .as_ref()
+            .map(|(k, _)| escape_name(k)),
+        placement_groups: report
+            .placement_groups
+            .as_ref()
+            .map(|(_, v)| hung_placement_groups(v, &nodes))
+            .unwrap_or_default(),
+        pending_tasks: pending,
+        pending_tasks_total: pending_total,
+    };
 
     let mut attempts_by_run: BTreeMap<String, Vec<(String, TrainAttemptModel)>> = BTreeMap::new();
     for ((run_id, attempt_id), a) in attempts {
@@ -569,6 +772,29 @@ pub(super) fn shape_report(
     entries.sort_by(|a, b| (&a.started, &a.run_id).cmp(&(&b.started, &b.run_id)));
     report.train_runs = entries;
     Ok(())
+}
+
+/// A job's status: its latest driver transition, else its export event's.
+fn job_status(j: &super::model::JobModel) -> String {
+    let latest = j.transitions.iter().max_by_key(|t| transition_order(t));
+    let export_dead = j.export.is_some_and(|(dead, _, _)| dead);
+    match (latest, &j.export) {
+        (Some(t), _) => t.state.to_string(),
+        (None, Some(_)) if export_dead => "FINISHED".into(),
+        (None, Some(_)) => "CREATED".into(),
+        (None, None) => "UNKNOWN".into(),
+    }
+}
+
+/// An actor death that was not asked for (`ray.kill`, going out of scope).
+fn actor_failed(reason: Option<&str>) -> bool {
+    !matches!(
+        reason,
+        None | Some("RAY_KILL")
+            | Some("OUT_OF_SCOPE")
+            | Some("REF_DELETED")
+            | Some("INTENDED_USER_EXIT")
+    )
 }
 
 /// RFC 3339 UTC with as many fractional digits as needed (0, 3, 6 or 9), like protobuf.

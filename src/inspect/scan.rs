@@ -209,6 +209,36 @@ struct TaskDefinition<'a> {
         alias = "actor_func"
     )]
     func: Option<Functions<'a>>,
+    #[serde(
+        borrow,
+        default,
+        rename = "requiredResources",
+        alias = "required_resources"
+    )]
+    resources: Option<BTreeMap<Cow<'a, str>, f64>>,
+}
+
+/// A resource request as text, keys sorted: `CPU: 1, GPU: 0.5`.
+pub(super) fn resources_text<'k>(r: impl Iterator<Item = (&'k str, f64)>) -> Option<String> {
+    let mut out = String::new();
+    for (k, v) in r {
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        out.push_str(&bounded(k, 64));
+        out.push_str(": ");
+        out.push_str(&format_amount(v));
+    }
+    (!out.is_empty()).then(|| bounded(&out, 512))
+}
+
+/// `1` for 1.0, `0.5` for 0.5.
+pub(super) fn format_amount(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
 }
 
 /// `FunctionDescriptor`: one of its language variants is set.
@@ -514,6 +544,10 @@ impl Line<'_> {
                     } else {
                         text(&d.task_type)
                     },
+                    resources: d
+                        .resources
+                        .as_ref()
+                        .and_then(|r| resources_text(r.iter().map(|(k, v)| (&**k, *v)))),
                     ..TaskDelta::default()
                 })
             }
@@ -585,6 +619,7 @@ impl Line<'_> {
             node: updates.and_then(|u| cid(&u.node_id)),
             worker: updates.and_then(|u| cid(&u.worker_id)),
             pid: updates.and_then(|u| u.worker_pid.0),
+            resources: None,
             exec: execution(&d.profile_events),
             log: updates
                 .filter(|_| wanted(logs_of, &d.task_id))

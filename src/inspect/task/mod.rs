@@ -268,6 +268,8 @@ pub(super) struct TaskDelta {
     pub(super) node: Option<CompactId>,
     pub(super) worker: Option<CompactId>,
     pub(super) pid: Option<i64>,
+    /// The resources it asked for, as text (`CPU: 1, GPU: 1`, keys sorted).
+    pub(super) resources: Option<String>,
     /// The execution as the worker profiled it (`task::<name>`): start, end (ns) and worker.
     pub(super) exec: Option<(i64, i64, Option<CompactId>)>,
     pub(super) log: Option<Box<LogInfo>>,
@@ -410,6 +412,8 @@ pub(super) struct TaskState {
     pub(super) task_type: Sym,
     pub(super) node: Sym,
     pub(super) worker: Sym,
+    /// The resources it asked for (interned: a session has few distinct sets).
+    pub(super) resources: Sym,
     /// 0: unknown.
     pub(super) pid: u32,
     /// Seen in a definition, lifecycle or export event, not only in a profile: an attempt
@@ -435,6 +439,7 @@ impl Default for TaskState {
             task_type: Sym::NONE,
             node: Sym::NONE,
             worker: Sym::NONE,
+            resources: Sym::NONE,
             pid: 0,
             known: false,
             extra: None,
@@ -476,6 +481,7 @@ impl TaskState {
             task_type: symbols.intern(d.task_type.as_deref()),
             node: symbols.intern_id(d.node),
             worker: symbols.intern_id(d.worker),
+            resources: symbols.intern(d.resources.as_deref()),
             pid: d
                 .pid
                 .filter(|p| *p > 0)
@@ -545,6 +551,7 @@ impl TaskState {
         fill_sym(&mut self.task_type, other.task_type);
         fill_sym(&mut self.node, other.node);
         fill_sym(&mut self.worker, other.worker);
+        fill_sym(&mut self.resources, other.resources);
         if self.pid == 0 {
             self.pid = other.pid;
         }

@@ -143,6 +143,7 @@ pub(super) fn write_record(
         s.task_type,
         s.node,
         s.worker,
+        s.resources,
     ] {
         put_u32(w, v.0)?;
     }
@@ -228,6 +229,7 @@ pub(super) fn read_record(r: &mut impl Read) -> std::io::Result<Option<(AttemptK
     s.task_type = Sym(rr.u32()?);
     s.node = Sym(rr.u32()?);
     s.worker = Sym(rr.u32()?);
+    s.resources = Sym(rr.u32()?);
     s.pid = rr.u32()?;
     let [rank, known] = rr.bytes::<2>()?;
     s.latest_rank = rank;
