@@ -18,8 +18,8 @@
 //!
 //! Why (BENCHMARKS.md, "Compressor of the default build", measured on a real Ray session's
 //! events from `bench/ray_segment.py` and on the load generator's): at level 1 igzip and
-//! libdeflate store the same on Ray's events (ratios 9.93 and 9.86), and igzip takes about
-//! a quarter less of the collector's CPU per event at 25,000 events/s. But igzip is C and
+//! libdeflate store the same on Ray's events (ratios 9.93 and 9.86), and igzip takes 15–26 %
+//! less of the collector's CPU per event at 25,000 events/s. But igzip is C and
 //! assembly that `isal-sys` builds from source with nasm and the autotools, which a plain
 //! `cargo build` must not need; libdeflate is C built by `libdeflate-sys` with the C
 //! compiler alone. zlib-rs (pure Rust, flate2's backend, which reads our tests' objects) was
