@@ -15,9 +15,12 @@ ARG DEBIAN_RELEASE=bookworm
 
 # ---------------------------------------------------------------- build stage
 FROM rust:${RUST_VERSION}-${DEBIAN_RELEASE} AS build
-# nasm and the autotools build ISA-L's igzip (the upload compressor, built from source by
-# the isal-sys crate); this image has all but nasm, and apt skips what is there. The Debian
-# release is pinned by the tag above, so the package versions are that release's.
+# The image is built with the `igzip` feature: ISA-L's igzip compresses uploads at
+# --gzip-level 1 and 2 (less CPU than the default build's libdeflate for the same stored
+# size on Ray's events; BENCHMARKS.md, "Compressor of the default build"). isal-sys builds
+# it from source with nasm and the autotools; this image has all but nasm, and apt skips
+# what is there. The Debian release is pinned by the tag above, so the package versions
+# are that release's.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends nasm autoconf automake libtool make \
@@ -30,7 +33,7 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin ray-history-collector \
+    cargo build --release --locked --features igzip --bin ray-history-collector \
     && install -D -m 0755 target/release/ray-history-collector /out/ray-history-collector
 
 # ---------------------------------------------------------------- runtime stage

@@ -21,7 +21,10 @@ rhc_collector_path() {
         printf '%s\n' "$COLLECTOR"
         return
     fi
-    (cd "$RHC_REPO" && cargo build --locked --quiet --bin ray-history-collector) >&2 || return 1
+    # Not --quiet: the first build takes minutes, and cargo's lines show it is moving.
+    echo "building target/debug/ray-history-collector (cargo build; the first time takes" \
+        "a few minutes)" >&2
+    (cd "$RHC_REPO" && cargo build --locked --bin ray-history-collector) >&2 || return 1
     printf '%s\n' "$RHC_REPO/target/debug/ray-history-collector"
 }
 

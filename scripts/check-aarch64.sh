@@ -4,7 +4,8 @@
 # that could differ by architecture is the C and assembly of the upload compressors (ISA-L's
 # igzip has its own aarch64 code; libdeflate picks its routines at run time): the unit
 # tests compress and read back at every `--gzip-level`, and the binary, run under qemu,
-# takes the quickstart's events and uploads them at two levels.
+# takes the quickstart's events and uploads them at two levels. Built as the container
+# image is, with the `igzip` feature (the default build's compressors are libdeflate's).
 #
 #   ./scripts/check-aarch64.sh      # ~6 min on 2 cores from a clean target directory
 #
@@ -33,8 +34,8 @@ export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
 export AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/aarch64-check"
 
-echo "== cargo build --release --target $target (the collector binary)"
-cargo build --locked --release --target "$target" --bin ray-history-collector
+echo "== cargo build --release --target $target --features igzip (the collector binary)"
+cargo build --locked --release --target "$target" --features igzip --bin ray-history-collector
 bin="$CARGO_TARGET_DIR/$target/release/ray-history-collector"
 file_type=$(od -An -tx1 -j18 -N2 "$bin" | tr -d ' ')
 if [[ "$file_type" != "b700" ]]; then
@@ -86,6 +87,6 @@ for level in 1 6; do
     echo "   $lines events sent, uploaded and read back with gzip -d"
 done
 
-echo "== cargo test --lib --target $target, under qemu"
-cargo test --locked --target "$target" --lib -p ray-history-collector
+echo "== cargo test --lib --target $target --features igzip, under qemu"
+cargo test --locked --target "$target" --features igzip --lib -p ray-history-collector
 echo "check-aarch64: ok"

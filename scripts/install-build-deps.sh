@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Installs what building the collector needs besides Rust: the upload compressor, ISA-L's
-# igzip (src/storage/gzip.rs), is C and assembly that the `isal-sys` crate builds from
-# source with nasm and the autotools.
+# Installs what the container image's build needs besides Rust and a C compiler: with the
+# `igzip` cargo feature, ISA-L's igzip (src/storage/gzip.rs) compresses uploads, C and
+# assembly that the `isal-sys` crate builds from source with nasm and the autotools. The
+# default build (`cargo build --release`) needs none of this. Without them, isal-sys's
+# build script stops with `autoreconf: not found` and "autogen failed"; this script names
+# in one line what is missing.
 #
-#   ./scripts/install-build-deps.sh      # then: cargo build --release
+#   ./scripts/install-build-deps.sh      # then: cargo build --release --features igzip
 #   ./scripts/install-build-deps.sh WHAT:PACKAGE...   # other tools (scripts/check-aarch64.sh)
 #
 # Idempotent and quick when everything is there. Installs the missing Debian/Ubuntu packages

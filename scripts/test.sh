@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The project's test command: installs the test tools (moto, Azurite,
-# fake-gcs-server, Ray, the Kubernetes checkers) into .test-deps/ if needed,
+# The project's test command (formatting and lints are .ci/run's): installs the test
+# tools (moto, Azurite, fake-gcs-server, Ray, the Kubernetes checkers) into .test-deps/ if needed,
 # points the tests at them, runs ./scripts/check-deploy.sh (only without
 # arguments) and then `cargo test --workspace --locked "$@"` (the collector, the test
 # kit and the dev tools, the chaos smoke test among them). Without arguments it then runs
@@ -18,8 +18,8 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 
-# Building needs nasm and the autotools (igzip); installed if missing.
-"$REPO/scripts/install-build-deps.sh"
+# The default build needs only Rust and a C compiler (igzip, the image's compressor, is the
+# opt-in `igzip` feature: .ci/run checks that build).
 # install-test-deps.sh prints `export RHC_...=...` lines on stdout.
 exports="$("$REPO/scripts/install-test-deps.sh")"
 eval "$exports"

@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 
 use crate::cli::Role;
 use crate::events::spool::{Spool, SpoolConfig};
-use crate::events::upload::{Uploader, UploaderConfig};
+use crate::events::upload::{Compression, Uploader, UploaderConfig};
 use crate::settings::Settings;
 use crate::{dashboard, events, logs, node};
 
@@ -216,6 +216,14 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         prefix = %settings.layout.history_prefix(),
         spool = %settings.spool_dir.display(),
         role = ?settings.role,
+        compression = %match settings.compression {
+            Compression::Gzip => format!(
+                "gzip level {} by {}",
+                settings.gzip_level,
+                crate::storage::gzip::compressor(settings.gzip_level)
+            ),
+            Compression::None => "none".to_string(),
+        },
         "collector ready"
     );
 

@@ -240,7 +240,7 @@ pub struct RunArgs {
     #[arg(long, env = "RHC_COMPRESSION", value_name = "ALGO", value_parser = given(parse_compression))]
     pub compression: Option<Given<Compression>>,
 
-    /// gzip level of uploads: 1 and 2 igzip (least CPU), 3 to 9 libdeflate (smaller objects, more CPU) [default: 1].
+    /// gzip level of uploads, 1 (fastest) to 9 (smallest): 1 and 2 libdeflate, or igzip in a build with the `igzip` feature (least CPU); 3 to 9 libdeflate (smaller objects, more CPU) [default: 1].
     #[arg(long, env = "RHC_GZIP_LEVEL", value_name = "N", value_parser = given(parse_gzip_level))]
     pub gzip_level: Option<Given<GzipLevel>>,
 

@@ -9,6 +9,9 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+/// Always 1; its labels say what this binary is: `version` (the crate's) and `compressor`
+/// (what compresses uploads at `--gzip-level` 1 and 2: `igzip` or `libdeflate`, by build).
+pub const BUILD_INFO: &str = "rhc_build_info";
 /// Requests answered, by path and status code.
 pub const HTTP_REQUESTS: &str = "rhc_http_requests_total";
 /// Events stored.
@@ -102,6 +105,12 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &buckets)?
         .install_recorder()?;
+    gauge!(
+        BUILD_INFO,
+        "version" => env!("CARGO_PKG_VERSION"),
+        "compressor" => crate::storage::gzip::FAST_COMPRESSOR
+    )
+    .set(1.0);
     counter!(EVENTS_ACCEPTED).absolute(0);
     counter!(EVENTS_DUPLICATE).absolute(0);
     counter!(EVENTS_RENAMED).absolute(0);

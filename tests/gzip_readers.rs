@@ -4,7 +4,8 @@
 //! members through the real binary and reads the object back with Go's `compress/gzip` (the
 //! history server's reader, `tests/go/gunzip.go`), Python's `gzip` and flate2's
 //! `MultiGzDecoder` (inspect's): each must give back every line. Once at the default
-//! `--gzip-level` (igzip) and once at a libdeflate level.
+//! `--gzip-level` (libdeflate, or igzip in a build with the `igzip` feature) and once at a
+//! libdeflate level.
 //!
 //! Go and Python are on every machine the project runs on; with `RHC_REQUIRE_SERVICES=1` (as
 //! `scripts/test.sh` sets) a missing one fails the test instead of skipping it.
@@ -77,7 +78,7 @@ fn run(cmd: &mut Command) -> Option<Vec<u8>> {
     }
 }
 
-/// The default level (igzip) and a libdeflate level: both compressors' objects read whole,
+/// The default level (the build's compressor) and a libdeflate level: both objects read whole,
 /// and the flag reaches the uploads (level 6 stores less).
 #[test]
 fn multi_member_objects_read_whole_in_go_python_and_rust() {

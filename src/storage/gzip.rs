@@ -6,26 +6,25 @@
 //! Compressing whole blocks instead of one stream costs a little ratio (each member starts a
 //! new 32 KiB window) and buys speed.
 //!
-//! Two compressors, chosen by [`GzipLevel`] (`--gzip-level`). Ratios below are from
-//! `cargo bench --bench gzip` on a real Ray 2.60 session's events (`bench/ray_segment.py`)
-//! and on the load generator's replays, against 10.28 and 13.62 for one zlib-rs stream at
-//! level 3 (what uploads used before libdeflate and igzip); end-to-end costs are in
-//! BENCHMARKS.md:
-//! - 1, the default: ISA-L's igzip at its level 1: 9.90 and 12.23, at 2.1–2.8 GiB/s,
-//!   four to five times zlib-rs' speed. At a busy node's rate compression was the
-//!   collector's largest cost.
-//! - 2: igzip's level 2: 10.04 and 12.29, at about the same speed (3 % slower).
-//! - 3 to 9: libdeflate at that level, whose deeper match search stores less for more CPU.
-//!   3 stores what zlib-rs level 3 stored (10.36 and 13.71) at about its speed, 0.5 GiB/s;
-//!   6, 11.37 and 16.18 at 0.39 GiB/s; 9, 12.09 and 17.10 at 0.12–0.15 GiB/s.
+//! The compressor is chosen by [`GzipLevel`] (`--gzip-level`, 1 fastest to 9 smallest, as
+//! gzip(1) counts) and by the build. Levels mean the same in every build: the same trade of
+//! CPU for size, the same objects for every reader; only the CPU spent at 1 and 2 differs.
 //!
-//! Left out: igzip's level 3 (slower than libdeflate's level 3, and larger on Ray's
-//! events: 9.65), and libdeflate's levels 1 and 2 (three to four times igzip's CPU, for at
-//! most 1 % less on Ray's events: 9.87 and 10.10).
+//! | level | default build | with the `igzip` feature (the container image) |
+//! |---|---|---|
+//! | 1 (default) | libdeflate level 1 | ISA-L's igzip level 1 |
+//! | 2 | libdeflate level 2 | igzip level 2 |
+//! | 3 to 9 | libdeflate at that level | libdeflate at that level |
 //!
-//! igzip is C and assembly with run-time dispatch to the CPU's vector units; `isal-sys`
-//! builds it from source, which needs `nasm` and the autotools
-//! (`scripts/install-build-deps.sh`). libdeflate is C, built by `libdeflate-sys`.
+//! Why (BENCHMARKS.md, "Compressor of the default build", measured on a real Ray session's
+//! events from `bench/ray_segment.py` and on the load generator's): at level 1 igzip and
+//! libdeflate store the same on Ray's events (ratios 9.93 and 9.86), and igzip takes 15–26 %
+//! less of the collector's CPU per event at 25,000 events/s. But igzip is C and
+//! assembly that `isal-sys` builds from source with nasm and the autotools, which a plain
+//! `cargo build` must not need; libdeflate is C built by `libdeflate-sys` with the C
+//! compiler alone. zlib-rs (pure Rust, flate2's backend, which reads our tests' objects) was
+//! measured too: at its level 1 it stores a quarter more, at its level 2 it stores what
+//! igzip does for more CPU than libdeflate level 1. [`FAST_COMPRESSOR`] names the build's.
 //!
 //! Memory: one input block, one output bound and the compressor's scratch (igzip's level
 //! buffer, [`LEVEL_BUF_BYTES`], or libdeflate's match finder) per upload in flight
@@ -34,7 +33,27 @@
 use std::fmt;
 use std::io::{self, Read};
 
+#[cfg(feature = "igzip")]
 use isal_sys::igzip_lib as igzip;
+
+/// The compressor of `--gzip-level` 1 and 2 in this build: `"igzip"` with the `igzip`
+/// cargo feature (the container image), else `"libdeflate"`. Levels 3 to 9 are libdeflate
+/// in every build. Logged at startup and exported as `rhc_build_info{compressor}`.
+pub const FAST_COMPRESSOR: &str = if cfg!(feature = "igzip") {
+    "igzip"
+} else {
+    "libdeflate"
+};
+
+/// The compressor uploads use at `level` in this build: [`FAST_COMPRESSOR`] at 1 and 2,
+/// libdeflate above.
+pub fn compressor(level: GzipLevel) -> &'static str {
+    if level.get() <= 2 {
+        FAST_COMPRESSOR
+    } else {
+        "libdeflate"
+    }
+}
 
 /// Input bytes per gzip member. 1 MiB keeps the ratio within 1 % of one member per 4 MiB on
 /// Ray's events at a quarter of the memory per upload.
@@ -42,15 +61,19 @@ pub const MEMBER_INPUT: usize = 1 << 20;
 
 /// Scratch memory igzip level 1 hashes into: its default ("large") size. Larger buffers
 /// change the ratio by under 0.1 % on Ray's events (level 2 uses its own default, 324 KiB).
-pub const LEVEL_BUF_BYTES: usize = igzip::ISAL_DEF_LVL1_DEFAULT as usize;
+/// (igzip's `ISAL_DEF_LVL1_DEFAULT`, checked against it in builds with igzip.)
+pub const LEVEL_BUF_BYTES: usize = 282_624;
+
+#[cfg(feature = "igzip")]
+const _: () = assert!(LEVEL_BUF_BYTES == igzip::ISAL_DEF_LVL1_DEFAULT as usize);
 
 /// How hard uploads compress, 1 (fastest, the default) to 9 (smallest), as gzip(1) counts:
-/// 1 and 2 are igzip's levels 1 and 2, 3 to 9 libdeflate at that level (module doc).
+/// libdeflate at that level, or igzip at 1 and 2 with the `igzip` feature (module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GzipLevel(u8);
 
 impl GzipLevel {
-    /// Level 1, igzip's level 1: the default.
+    /// Level 1, the default.
     pub const FASTEST: GzipLevel = GzipLevel(1);
     /// The largest level.
     pub const MAX: u8 = 9;
@@ -95,6 +118,7 @@ pub const fn member_bound(input: usize) -> usize {
 
 /// The scratch memory igzip's level `level` hashes into (its default size), or `None` for a
 /// level igzip does not have.
+#[cfg(feature = "igzip")]
 fn igzip_level_buf(level: u32) -> Option<usize> {
     match level {
         0 => Some(0),
@@ -106,16 +130,19 @@ fn igzip_level_buf(level: u32) -> Option<usize> {
 }
 
 /// igzip's stream state, about 80 KiB: boxed, and set up afresh for every member.
+#[cfg(feature = "igzip")]
 struct Stream(Box<igzip::isal_zstream>);
 
 // SAFETY: between calls the state holds no pointer into our buffers (`compress` clears
 // them after each call, and `stateless_init` sets them afresh before the next); the one
 // pointer left, `hufftables`, points at igzip's read-only static default table. So the state
 // may move to another thread; it is only used through `&mut`, never shared.
+#[cfg(feature = "igzip")]
 unsafe impl Send for Stream {}
 
 /// The compressor behind an encoder.
 enum Engine {
+    #[cfg(feature = "igzip")]
     Igzip {
         stream: Stream,
         level: u32,
@@ -135,30 +162,41 @@ pub struct MemberEncoder {
 }
 
 impl MemberEncoder {
-    /// A new encoder at `level`: igzip at levels 1 and 2, libdeflate at that level above.
+    /// A new encoder at `level` (the module doc's table): with the `igzip` feature, igzip
+    /// at levels 1 and 2; libdeflate at that level otherwise.
     pub fn new(level: GzipLevel) -> MemberEncoder {
-        let n = u32::from(level.get());
-        match igzip_level_buf(n) {
-            Some(level_buf) if n <= 2 => Self::igzip_with(n, level_buf),
-            _ => Self::libdeflate(level),
+        match level.get() {
+            #[cfg(feature = "igzip")]
+            n @ (1 | 2) => Self::igzip(u32::from(n)).unwrap_or_else(|| Self::libdeflate(n)),
+            n => Self::libdeflate(n),
         }
     }
 
     /// An igzip encoder at igzip's level `level` (0 to 3) with that level's default scratch
-    /// size, for `benches/gzip.rs`; `None` for a level igzip does not have.
+    /// size, for `benches/gzip.rs`; `None` for a level igzip does not have, and in a build
+    /// without the `igzip` feature.
     pub fn igzip(level: u32) -> Option<MemberEncoder> {
-        igzip_level_buf(level).map(|level_buf| Self::igzip_with(level, level_buf))
+        #[cfg(feature = "igzip")]
+        {
+            igzip_level_buf(level).map(|level_buf| Self::igzip_with(level, level_buf))
+        }
+        #[cfg(not(feature = "igzip"))]
+        {
+            let _ = level;
+            None
+        }
     }
 
-    fn libdeflate(level: GzipLevel) -> MemberEncoder {
-        let lvl = libdeflater::CompressionLvl::new(i32::from(level.get()))
-            // 3 to 9 are libdeflate levels (it has 0 to 12).
+    fn libdeflate(level: u8) -> MemberEncoder {
+        let lvl = libdeflater::CompressionLvl::new(i32::from(level))
+            // 1 to 9 are libdeflate levels (it has 0 to 12).
             .unwrap_or_else(|_| libdeflater::CompressionLvl::default());
         let mut c = Box::new(libdeflater::Compressor::new(lvl));
         let bound = c.gzip_compress_bound(MEMBER_INPUT);
         Self::with_engine(Engine::Libdeflate(c), bound)
     }
 
+    #[cfg(feature = "igzip")]
     fn igzip_with(level: u32, level_buf_bytes: usize) -> MemberEncoder {
         // SAFETY: `isal_zstream` is a C struct of integers, raw pointers and arrays of them,
         // for which all-zero bytes are a valid value; `compress` initializes it with
@@ -214,61 +252,74 @@ impl MemberEncoder {
     /// returns the member's length.
     fn compress(&mut self, len: usize) -> io::Result<usize> {
         let input = &mut self.input[..len];
-        let (stream, level, level_buf) = match &mut self.engine {
+        match &mut self.engine {
             Engine::Libdeflate(c) => {
                 // The output holds `gzip_compress_bound(MEMBER_INPUT)` bytes: it fits.
-                return c.gzip_compress(input, &mut self.output).map_err(|e| {
+                c.gzip_compress(input, &mut self.output).map_err(|e| {
                     io::Error::other(format!("gzip compression failed: libdeflate: {e}"))
-                });
+                })
             }
+            #[cfg(feature = "igzip")]
             Engine::Igzip {
                 stream,
                 level,
                 level_buf,
-            } => (&mut *stream.0, *level, level_buf),
-        };
-        let (Ok(avail_in), Ok(avail_out), Ok(level_buf_size)) = (
-            u32::try_from(input.len()),
-            u32::try_from(self.output.len()),
-            u32::try_from(level_buf.len()),
-        ) else {
-            return Err(io::Error::other("gzip member larger than 4 GiB"));
-        };
-        // SAFETY: `stream` is a valid, exclusively borrowed `isal_zstream`; init only writes
-        // its fields.
-        unsafe { igzip::isal_deflate_stateless_init(stream) };
-        stream.level = level;
-        if !level_buf.is_empty() {
-            stream.level_buf = level_buf.as_mut_ptr();
-            stream.level_buf_size = level_buf_size;
+            } => igzip_member(&mut stream.0, *level, level_buf, input, &mut self.output),
         }
-        stream.gzip_flag = igzip::IGZIP_GZIP as u16;
-        stream.end_of_stream = 1;
-        stream.flush = igzip::NO_FLUSH as u16;
-        stream.next_in = input.as_mut_ptr();
-        stream.avail_in = avail_in;
-        stream.next_out = self.output.as_mut_ptr();
-        stream.avail_out = avail_out;
-        // SAFETY: the pointers set above are valid for the lengths given, for the duration
-        // of the call, and do not overlap: `input`, `self.output` and `level_buf` are
-        // distinct buffers borrowed mutably here. igzip reads `next_in` only (the pointer is
-        // `*mut` in its C signature), writes within `avail_out` and `level_buf_size`, and
-        // keeps no pointer past the call (every call starts with `stateless_init`).
-        let code = unsafe { igzip::isal_deflate_stateless(stream) };
-        if code != igzip::COMP_OK as i32 {
-            // Not expected: the level and its buffer are valid, and `output` holds
-            // `member_bound` bytes, which the stored-block fallback never exceeds.
-            return Err(io::Error::other(format!(
-                "gzip compression failed: igzip returned {code}"
-            )));
-        }
-        let written = stream.total_out as usize;
-        // Clear the borrowed pointers: nothing may use them after this call.
-        stream.next_in = std::ptr::null_mut();
-        stream.next_out = std::ptr::null_mut();
-        stream.level_buf = std::ptr::null_mut();
-        Ok(written.min(self.output.len()))
     }
+}
+
+/// One gzip member of `input` at the start of `output` by igzip at `level`, in `stream`
+/// (set up afresh) with `level_buf` as its scratch; returns the member's length.
+#[cfg(feature = "igzip")]
+fn igzip_member(
+    stream: &mut igzip::isal_zstream,
+    level: u32,
+    level_buf: &mut [u8],
+    input: &mut [u8],
+    output: &mut [u8],
+) -> io::Result<usize> {
+    let (Ok(avail_in), Ok(avail_out), Ok(level_buf_size)) = (
+        u32::try_from(input.len()),
+        u32::try_from(output.len()),
+        u32::try_from(level_buf.len()),
+    ) else {
+        return Err(io::Error::other("gzip member larger than 4 GiB"));
+    };
+    // SAFETY: `stream` is a valid, exclusively borrowed `isal_zstream`; init only writes
+    // its fields.
+    unsafe { igzip::isal_deflate_stateless_init(stream) };
+    stream.level = level;
+    if !level_buf.is_empty() {
+        stream.level_buf = level_buf.as_mut_ptr();
+        stream.level_buf_size = level_buf_size;
+    }
+    stream.gzip_flag = igzip::IGZIP_GZIP as u16;
+    stream.end_of_stream = 1;
+    stream.flush = igzip::NO_FLUSH as u16;
+    stream.next_in = input.as_mut_ptr();
+    stream.avail_in = avail_in;
+    stream.next_out = output.as_mut_ptr();
+    stream.avail_out = avail_out;
+    // SAFETY: the pointers set above are valid for the lengths given, for the duration
+    // of the call, and do not overlap: `input`, `output` and `level_buf` are distinct
+    // buffers borrowed mutably here. igzip reads `next_in` only (the pointer is `*mut` in
+    // its C signature), writes within `avail_out` and `level_buf_size`, and keeps no
+    // pointer past the call (every call starts with `stateless_init`).
+    let code = unsafe { igzip::isal_deflate_stateless(stream) };
+    if code != igzip::COMP_OK as i32 {
+        // Not expected: the level and its buffer are valid, and `output` holds
+        // `member_bound` bytes, which the stored-block fallback never exceeds.
+        return Err(io::Error::other(format!(
+            "gzip compression failed: igzip returned {code}"
+        )));
+    }
+    let written = stream.total_out as usize;
+    // Clear the borrowed pointers: nothing may use them after this call.
+    stream.next_in = std::ptr::null_mut();
+    stream.next_out = std::ptr::null_mut();
+    stream.level_buf = std::ptr::null_mut();
+    Ok(written.min(output.len()))
 }
 
 impl Default for MemberEncoder {
@@ -356,6 +407,51 @@ mod tests {
         // The level reaches the compressor: libdeflate's 3 and 6 store less than igzip's 1.
         assert!(sizes[2] < sizes[0], "level 3 against 1: {sizes:?}");
         assert!(sizes[5] < sizes[2], "level 6 against 3: {sizes:?}");
+    }
+
+    /// Levels 1 and 2 reach the build's compressor, and 3 to 9 libdeflate in every build:
+    /// the members are byte for byte what that compressor writes.
+    #[test]
+    fn each_level_is_the_builds_compressor_at_that_level() {
+        let data: Vec<u8> = (0..20_000u32)
+            .flat_map(|i| format!("{{\"eventId\":\"{i:08}\",\"n\":{}}}\n", i % 11).into_bytes())
+            .collect();
+        let libdeflate = |n: i32| {
+            let mut c = libdeflater::Compressor::new(libdeflater::CompressionLvl::new(n).unwrap());
+            let mut out = vec![0u8; c.gzip_compress_bound(data.len())];
+            let len = c.gzip_compress(&data, &mut out).unwrap();
+            out.truncate(len);
+            out
+        };
+        assert!(data.len() < MEMBER_INPUT);
+        let ours = |mut enc: MemberEncoder| {
+            let mut gz = Vec::new();
+            let mut reader = &data[..];
+            assert!(!enc.next_member(&mut reader, &mut gz, |_| {}).unwrap());
+            gz
+        };
+        for n in 1..=GzipLevel::MAX {
+            let level = GzipLevel::new(n).unwrap();
+            let expected = match (n, MemberEncoder::igzip(u32::from(n))) {
+                (1 | 2, Some(igzip)) => {
+                    assert_eq!(FAST_COMPRESSOR, "igzip");
+                    ours(igzip)
+                }
+                _ => libdeflate(i32::from(n)),
+            };
+            assert_eq!(ours(MemberEncoder::new(level)), expected, "level {n}");
+            let name = if n <= 2 {
+                FAST_COMPRESSOR
+            } else {
+                "libdeflate"
+            };
+            assert_eq!(compressor(level), name, "level {n}");
+        }
+        assert_eq!(
+            FAST_COMPRESSOR == "igzip",
+            cfg!(feature = "igzip"),
+            "{FAST_COMPRESSOR}"
+        );
     }
 
     #[test]
