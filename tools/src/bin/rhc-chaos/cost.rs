@@ -23,6 +23,12 @@ pub(crate) const PUT_CLASS_PER_1000: f64 = 0.005;
 pub(crate) const GET_CLASS_PER_1000: f64 = 0.0004;
 /// The load before counting: the first objects are created, the rounds settle.
 const WARM_UP: Duration = Duration::from_secs(15);
+/// With one partition at 2,000 events/s or more, the load before counting is long enough
+/// for its object to pass 5 MiB of gzip (about 25 s), from where it grows by appends
+/// (UploadPartCopy of the object plus the new part): that row measures an append's cost.
+const WARM_UP_APPENDS: Duration = Duration::from_secs(45);
+/// Partitions of the default rows: 8 and 64 jobs, and one job (appends).
+const PARTITIONS: &[u32] = &[8, 64, 1];
 /// The period counted (several upload windows).
 const MEASURE: Duration = Duration::from_secs(60);
 
@@ -87,13 +93,26 @@ pub(crate) fn upload_cost(ctx: &Ctx) -> Result<Verdict, String> {
     };
     let mut rows = Vec::new();
     println!(
-        "upload-cost: {} s counted after {} s of load, at the collector's default upload window",
+        "upload-cost: {} s counted after {} s of load ({} s for one partition at 2,000 events/s: appends), at the collector's default upload window",
         MEASURE.as_secs(),
-        WARM_UP.as_secs()
+        WARM_UP.as_secs(),
+        WARM_UP_APPENDS.as_secs()
     );
     println!("| ev/s | partitions | events counted | PUT | COPY | POST | LIST | GET | HEAD | DELETE | PUT-class/s | GET-class/s | $/day per node |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for partitions in [8u32, 64] {
+    let partitions_list: Vec<u32> = if ctx.args.cost_partitions.is_empty() {
+        PARTITIONS.to_vec()
+    } else {
+        ctx.args.cost_partitions.clone()
+    };
+    for &partitions in &partitions_list {
         for &rate in &rates {
+            let warm_up = if rate / partitions as f64 >= 2_000.0 {
+                WARM_UP_APPENDS
+            } else if partitions == 1 {
+                continue;
+            } else {
+                WARM_UP
+            };
             let n = ctx.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let bucket = format!("chaos-cost-{n}");
             ctx.storage.create_bucket(&bucket)?;
@@ -103,9 +122,9 @@ pub(crate) fn upload_cost(ctx: &Ctx) -> Result<Verdict, String> {
             let mut spec = LoadSpec::new(&format!("cost{n}"), CLIENTS, batch_for(rate));
             spec.rate = rate;
             spec.jobs = partitions;
-            spec.max = WARM_UP + MEASURE + Duration::from_secs(30);
+            spec.max = warm_up + MEASURE + Duration::from_secs(30);
             let load = Load::start(node.port(), spec);
-            thread::sleep(WARM_UP);
+            thread::sleep(warm_up);
             proxy.forget();
             let acked0 = load.acked();
             let t = Instant::now();
