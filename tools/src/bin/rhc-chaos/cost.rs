@@ -24,10 +24,12 @@ pub(crate) const GET_CLASS_PER_1000: f64 = 0.0004;
 /// The load before counting: the first objects are created, the rounds settle.
 const WARM_UP: Duration = Duration::from_secs(15);
 /// With one partition at 2,000 events/s or more, the load before counting is long enough
-/// for its object to pass 5 MiB of gzip (about 25 s), from where it grows by appends
-/// (UploadPartCopy of the object plus the new part): that row measures an append's cost.
+/// for an object to pass 5 MiB of gzip if it ever does (at about 70 bytes of gzip per
+/// event, 25 s), from where the collector may grow it by appends (UploadPartCopy of the
+/// object plus the new part, four requests): that row shows which requests large objects
+/// cost. (Measured 2026-11-26: whole PUTs only; a segment seals at 64 MiB of lines first.)
 const WARM_UP_APPENDS: Duration = Duration::from_secs(45);
-/// Partitions of the default rows: 8 and 64 jobs, and one job (appends).
+/// Partitions of the default rows: 8 and 64 jobs, and one job (the largest objects).
 const PARTITIONS: &[u32] = &[8, 64, 1];
 /// The period counted (several upload windows).
 const MEASURE: Duration = Duration::from_secs(60);
@@ -93,12 +95,12 @@ pub(crate) fn upload_cost(ctx: &Ctx) -> Result<Verdict, String> {
     };
     let mut rows = Vec::new();
     println!(
-        "upload-cost: {} s counted after {} s of load ({} s for one partition at 2,000 events/s: appends), at the collector's default upload window",
+        "upload-cost: {} s counted after {} s of load ({} s for one partition at 2,000 events/s: objects past 5 MiB, if they get there), at the collector's default upload window",
         MEASURE.as_secs(),
         WARM_UP.as_secs(),
         WARM_UP_APPENDS.as_secs()
     );
-    println!("| ev/s | partitions | events counted | PUT | COPY | POST | LIST | GET | HEAD | DELETE | PUT-class/s | GET-class/s | $/day per node |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| ev/s | partitions | events counted | PUT | COPY | POST | LIST | GET | HEAD | DELETE | PUT-class/s | GET-class/s | $/day per node | MB/s uploaded | bytes uploaded per event |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let partitions_list: Vec<u32> = if ctx.args.cost_partitions.is_empty() {
         PARTITIONS.to_vec()
     } else {
@@ -125,13 +127,21 @@ pub(crate) fn upload_cost(ctx: &Ctx) -> Result<Verdict, String> {
             spec.max = warm_up + MEASURE + Duration::from_secs(30);
             let load = Load::start(node.port(), spec);
             thread::sleep(warm_up);
+            let uploaded = |node: &crate::node_loss::Node| match node {
+                crate::node_loss::Node::Ours(c) => {
+                    c.metric("rhc_upload_bytes_total{kind=\"events\"}")
+                }
+                _ => 0.0,
+            };
             proxy.forget();
+            let bytes0 = uploaded(&node);
             let acked0 = load.acked();
             let t = Instant::now();
             thread::sleep(MEASURE);
             let seen = proxy.seen();
             let secs = t.elapsed().as_secs_f64();
             let events = load.acked() - acked0;
+            let bytes = uploaded(&node) - bytes0;
             node.kill9();
             let mut ledger = crate::load::Ledger::default();
             load.finish(&mut ledger);
@@ -141,9 +151,10 @@ pub(crate) fn upload_cost(ctx: &Ctx) -> Result<Verdict, String> {
             let put_s = c.put_class() as f64 / secs;
             let get_s = c.get_class() as f64 / secs;
             let usd = dollars_per_day(put_s, get_s);
+            let per_event = bytes / events.max(1) as f64;
             println!(
-                "| {rate} | {partitions} | {events} | {} | {} | {} | {} | {} | {} | {} | {put_s:.2} | {get_s:.2} | {usd:.3} |",
-                c.put, c.copy, c.post, c.list, c.get, c.head, c.delete
+                "| {rate} | {partitions} | {events} | {} | {} | {} | {} | {} | {} | {} | {put_s:.2} | {get_s:.2} | {usd:.3} | {:.2} | {per_event:.0} |",
+                c.put, c.copy, c.post, c.list, c.get, c.head, c.delete, bytes / secs / 1e6
             );
             rows.push(
                 json!({"rate": rate, "partitions": partitions, "seconds": secs, "events": events,

@@ -110,7 +110,7 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     rates: Vec<f64>,
     /// The partitions (jobs) of `upload-cost` (default 8,64,1; one partition is measured at
-    /// 2,000 events/s only, past 5 MiB: appends).
+    /// 2,000 events/s only, after 45 s: the largest objects).
     #[arg(long, value_delimiter = ',')]
     cost_partitions: Vec<u32>,
     /// List the scenarios and exit.
@@ -245,7 +245,7 @@ const SCENARIOS: &[(&str, bool, bool, bool, &str)] = &[
         false,
         false,
         true,
-        "(benchmark) requests per second to S3 and dollars per day at 200 and 2,000 events/s over 8 and 64 partitions (and one partition past 5 MiB: appends), at the default upload window, counted by a proxy",
+        "(benchmark) requests per second to S3 and dollars per day at 200 and 2,000 events/s over 8 and 64 partitions (and one partition at 2,000 events/s: the largest objects), at the default upload window, counted by a proxy",
     ),
     (
         "logs-2g",
