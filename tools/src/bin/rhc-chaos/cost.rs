@@ -100,7 +100,7 @@ pub(crate) fn upload_cost(ctx: &Ctx) -> Result<Verdict, String> {
         WARM_UP.as_secs(),
         WARM_UP_APPENDS.as_secs()
     );
-    println!("| ev/s | partitions | events counted | PUT | COPY | POST | LIST | GET | HEAD | DELETE | PUT-class/s | GET-class/s | $/day per node | MB/s uploaded | bytes uploaded per event |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| ev/s | partitions | events counted | PUT | COPY | POST | LIST | GET | HEAD | DELETE | PUT-class/s | GET-class/s | $/day per node | MB/s uploaded | bytes uploaded per event | bytes stored per event |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let partitions_list: Vec<u32> = if ctx.args.cost_partitions.is_empty() {
         PARTITIONS.to_vec()
     } else {
@@ -127,25 +127,30 @@ pub(crate) fn upload_cost(ctx: &Ctx) -> Result<Verdict, String> {
             spec.max = warm_up + MEASURE + Duration::from_secs(30);
             let load = Load::start(node.port(), spec);
             thread::sleep(warm_up);
-            let uploaded = |node: &crate::node_loss::Node| match node {
-                crate::node_loss::Node::Ours(c) => {
-                    c.metric("rhc_upload_bytes_total{kind=\"events\"}")
-                }
-                _ => 0.0,
-            };
             proxy.forget();
-            let bytes0 = uploaded(&node);
             let acked0 = load.acked();
             let t = Instant::now();
             thread::sleep(MEASURE);
             let seen = proxy.seen();
             let secs = t.elapsed().as_secs_f64();
             let events = load.acked() - acked0;
-            let bytes = uploaded(&node) - bytes0;
+            // Bytes sent to the store: the bodies of the requests, as declared.
+            let bytes: f64 = seen
+                .iter()
+                .filter_map(|r| r.header("content-length")?.parse::<f64>().ok())
+                .sum();
             node.kill9();
             let mut ledger = crate::load::Ledger::default();
             load.finish(&mut ledger);
             drop(node);
+            // What the bucket holds per event (gzip), against what was sent per event.
+            let mut stored = 0u64;
+            crate::storage::for_each_object(&ctx.storage.store(&bucket)?, |key, b| {
+                if key.contains("/job_events/") || key.contains("/node_events/") {
+                    stored += b.len() as u64;
+                }
+            })?;
+            let stored_per_event = stored as f64 / ledger.count(crate::load::ACKED).max(1) as f64;
             let _ = std::fs::remove_dir_all(&dir);
             let c = Classes::of(&seen);
             let put_s = c.put_class() as f64 / secs;
@@ -153,7 +158,7 @@ pub(crate) fn upload_cost(ctx: &Ctx) -> Result<Verdict, String> {
             let usd = dollars_per_day(put_s, get_s);
             let per_event = bytes / events.max(1) as f64;
             println!(
-                "| {rate} | {partitions} | {events} | {} | {} | {} | {} | {} | {} | {} | {put_s:.2} | {get_s:.2} | {usd:.3} | {:.2} | {per_event:.0} |",
+                "| {rate} | {partitions} | {events} | {} | {} | {} | {} | {} | {} | {} | {put_s:.2} | {get_s:.2} | {usd:.3} | {:.2} | {per_event:.0} | {stored_per_event:.0} |",
                 c.put, c.copy, c.post, c.list, c.get, c.head, c.delete, bytes / secs / 1e6
             );
             rows.push(
