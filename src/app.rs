@@ -240,7 +240,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     // No new round: sealing publishes what is left of each open segment (a round in flight
     // finishes; a seal waits for its segment's publication).
     let _ = stop_publish.send(true);
-    let _ = publish_task;
+    drop(publish_task);
     let sealed = tokio::time::timeout_at(deadline.into(), spool.seal_all()).await;
     let drained = match sealed {
         Ok(Ok(())) => tokio::time::timeout_at(deadline.into(), uploader.drain())

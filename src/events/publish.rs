@@ -46,7 +46,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::sync::{watch, Mutex as AsyncMutex, Semaphore};
 use tokio::task::JoinSet;
 
@@ -71,6 +71,8 @@ const MIN_ROUND_EVERY: Duration = Duration::from_millis(500);
 /// What is known of one segment's object.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Record {
+    /// The object's key (a restart with other settings may name it differently).
+    key: String,
     /// Bytes of the segment in the object.
     raw: u64,
     /// The object's length (the shadow's first bytes).
@@ -268,16 +270,6 @@ impl Publisher {
         relative_key: &str,
         durable: u64,
     ) -> Result<Option<u64>, PublishError> {
-        let published = st.record.as_ref().map_or(0, |r| r.raw);
-        if durable <= published && !st.whole_next {
-            return Ok(None);
-        }
-        if durable < published {
-            return Err(PublishError::Local {
-                path: segment.to_path_buf(),
-                why: format!("durable length {durable} below the {published} bytes published"),
-            });
-        }
         let file = SealedFile {
             path: segment.to_path_buf(),
             kind,
@@ -289,6 +281,29 @@ impl Publisher {
         };
         let key = object_key(&self.cfg, &file);
         let gzip = gzip_level(&self.cfg, &file);
+        if st.record.as_ref().is_some_and(|r| r.key != key) {
+            // Published under another key (`--compression` changed across a restart): that
+            // object goes, this one is written whole.
+            if let Some(old) = st.record.take() {
+                if let Ok(p) = object_store::path::Path::parse(&old.key) {
+                    if let Err(e) = self.store.delete(&p).await {
+                        tracing::warn!(key = %old.key, error = %e, "could not delete the object published under the earlier key");
+                    }
+                }
+            }
+            st.whole_next = true;
+            return Box::pin(self.publish(st, segment, kind, relative_key, durable)).await;
+        }
+        let published = st.record.as_ref().map_or(0, |r| r.raw);
+        if durable <= published && !st.whole_next {
+            return Ok(None);
+        }
+        if durable < published {
+            return Err(PublishError::Local {
+                path: segment.to_path_buf(),
+                why: format!("durable length {durable} below the {published} bytes published"),
+            });
+        }
         let from = st.record.as_ref().map_or(0, |r| r.object_len);
         let local = |why: String| PublishError::Local {
             path: segment.to_path_buf(),
@@ -388,6 +403,7 @@ impl Publisher {
             }
         };
         let record = Record {
+            key,
             raw: durable,
             object_len: new_len,
             e_tag,
