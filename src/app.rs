@@ -12,7 +12,8 @@
 //! 1. New event requests get 503; requests already being stored finish.
 //! 2. The export tailer makes its last pass, so lines Ray wrote just before the end are kept;
 //!    its reading ends 5 s after it is told (with step 1), whatever pass is running.
-//! 3. The spool seals every open segment and the uploader drains its queue: events first.
+//! 3. Publication rounds stop; the spool seals every open segment and the uploader drains its
+//!    queue (a sealed segment's object gets its last bytes): events first.
 //! 4. The log shipper's final flush (every file, byte for byte) and the head's last dashboard
 //!    poll run together in the time left.
 //! 5. The HTTP server and the spool's writer stop. What could not be uploaded stays in the
@@ -80,17 +81,36 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     for p in &recovered.unknown {
         tracing::error!(path = %p.display(), "unrecognised file in the spool: not uploaded, left alone for an operator");
     }
+    let upload_cfg = Arc::new(UploaderConfig {
+        concurrency: settings.upload_concurrency,
+        compression: settings.compression,
+        gzip_level: settings.gzip_level,
+        part_size: settings.upload_part_bytes,
+        layout: settings.layout.clone(),
+    });
+    // The open segments' objects grow in place within the upload window (issue 23).
+    let publisher = Arc::new(events::publish::Publisher::new(
+        upload_cfg.clone(),
+        settings.spool_dir.clone(),
+        store.clone(),
+        settings
+            .store
+            .appender()
+            .with_context(|| format!("opening storage {}", settings.storage))?,
+        spool.stats().clone(),
+    ));
+    let (stop_publish, stop_publish_rx) = tokio::sync::watch::channel(false);
+    let publish_task = tokio::spawn(
+        publisher
+            .clone()
+            .run(settings.upload_window, stop_publish_rx),
+    );
     let uploader = Uploader::start(
-        UploaderConfig {
-            concurrency: settings.upload_concurrency,
-            compression: settings.compression,
-            gzip_level: settings.gzip_level,
-            part_size: settings.upload_part_bytes,
-            layout: settings.layout.clone(),
-        },
+        upload_cfg,
         store.clone(),
         spool.stats().clone(),
         sealed_rx,
+        Some(publisher),
     );
     let listener = events::http::bind(settings.listen).await?;
     let read_only_listener = match settings.metrics_listen {
@@ -243,6 +263,10 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     if let Some(task) = export_task {
         let _ = tokio::time::timeout_at(deadline.into(), task).await;
     }
+    // No new round: sealing publishes what is left of each open segment (a round in flight
+    // finishes; a seal waits for its segment's publication).
+    let _ = stop_publish.send(true);
+    drop(publish_task);
     let sealed = tokio::time::timeout_at(deadline.into(), spool.seal_all()).await;
     let drained = match sealed {
         Ok(Ok(())) => tokio::time::timeout_at(deadline.into(), uploader.drain())

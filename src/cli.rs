@@ -228,6 +228,10 @@ pub struct RunArgs {
     #[arg(long, env = "RAY_COLLECTOR_EVENT_ROTATION_INTERVAL", value_name = "DURATION", default_value = "5m", value_parser = given(parse_duration))]
     pub rotation_interval: Given<Duration>,
 
+    /// An acknowledged event is in the bucket within this time: the open segment's object grows in place, 1s to the rotation interval [default: 10s, or the rotation interval if shorter].
+    #[arg(long, env = "RHC_UPLOAD_WINDOW", value_name = "DURATION", value_parser = given(parse_duration))]
+    pub upload_window: Option<Given<Duration>>,
+
     /// Seal and upload a segment once it holds this many bytes [default: 64MiB; or RAY_COLLECTOR_EVENT_MAX_FILE_SIZE_MB].
     #[arg(long, env = "RHC_MAX_SEGMENT_BYTES", value_name = "SIZE", value_parser = given(parse_size))]
     pub max_segment_bytes: Option<Given<u64>>,

@@ -46,7 +46,9 @@ pub const SPOOL_BYTES: &str = "rhc_spool_bytes";
 pub const SPOOL_FILES: &str = "rhc_spool_segments";
 /// The spool's disk budget (`--max-spool-bytes`): alerts compare [`SPOOL_BYTES`] with it.
 pub const SPOOL_BUDGET: &str = "rhc_spool_budget_bytes";
-/// Age of the oldest spool file not yet uploaded.
+/// Age of the oldest acknowledged event not yet in the bucket: sealed files not yet uploaded
+/// and the bytes of open segments not yet published (the alert: above twice
+/// `--upload-window`).
 pub const OLDEST_AGE: &str = "rhc_spool_oldest_unuploaded_age_seconds";
 /// Time from the first write of a group to the end of its sync (including the wait for the
 /// sync in flight before it).
@@ -96,6 +98,13 @@ pub const LOG_APPENDS_ENABLED: &str = "rhc_log_appends_enabled";
 /// Incomplete multipart uploads of appends (or left by an earlier run) aborted, by result
 /// (`ok`, `failed`).
 pub const LOG_UPLOADS_ABORTED: &str = "rhc_log_multipart_aborts_total";
+
+/// Publications of open segments' objects (growth in place), by how: `append` (file://
+/// in place, or S3's copy of the object plus the new part), `whole` (a PUT of the object so
+/// far), `failed` (retried next round).
+pub const PUBLICATIONS: &str = "rhc_event_publications_total";
+/// Bytes sent by publications (object bytes, after compression).
+pub const PUBLICATION_BYTES: &str = "rhc_event_publication_bytes_total";
 
 /// Installs the global recorder; the handle renders `/metrics`.
 pub fn install() -> anyhow::Result<PrometheusHandle> {
@@ -215,6 +224,11 @@ pub(crate) fn backpressure() {
 
 pub(crate) fn upload_attempt(kind: &'static str) {
     counter!(UPLOAD_ATTEMPTS, "kind" => kind).increment(1);
+}
+
+pub(crate) fn publication(how: &'static str, bytes: u64) {
+    counter!(PUBLICATIONS, "how" => how).increment(1);
+    counter!(PUBLICATION_BYTES).increment(bytes);
 }
 
 pub(crate) fn upload_failure(kind: &'static str) {

@@ -44,6 +44,8 @@ pub struct Settings {
     pub spool_dir: PathBuf,
     /// Segment age limit.
     pub rotation_interval: Duration,
+    /// `--upload-window`: an acknowledged event is in the bucket within this time.
+    pub upload_window: Duration,
     /// Segment size limit.
     pub max_segment_bytes: u64,
     /// Spool disk budget.
@@ -96,6 +98,10 @@ pub struct Settings {
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct ConfigError(pub String);
+
+/// `--upload-window`'s default: an acknowledged event is in the bucket within 10 s (or the
+/// rotation interval, if that is shorter).
+pub const DEFAULT_UPLOAD_WINDOW: Duration = Duration::from_secs(10);
 
 /// Which bad values stop the collector. A value that would send data to the wrong place or
 /// leave nothing working (storage, cluster identity, node id, listen address, spool dir,
@@ -399,6 +405,27 @@ impl Settings {
             Duration::from_secs(300),
             "5m",
         )?;
+        // Strict, flag or variable alike: a window the operator set and we did not keep would
+        // promise a loss bound the collector does not give.
+        let upload_window = match cli.upload_window {
+            None => DEFAULT_UPLOAD_WINDOW.min(rotation_interval),
+            Some(given) => match given.parsed {
+                Ok(v) if v >= Duration::from_secs(1) && v <= rotation_interval => v,
+                Ok(_) => {
+                    return Err(ConfigError(format!(
+                        "invalid value {:?} for --upload-window (RHC_UPLOAD_WINDOW): must be between 1s and the rotation interval ({}s)",
+                        given.raw,
+                        rotation_interval.as_secs_f64()
+                    )))
+                }
+                Err(why) => {
+                    return Err(ConfigError(format!(
+                        "invalid value {:?} for --upload-window (RHC_UPLOAD_WINDOW): {why}",
+                        given.raw
+                    )))
+                }
+            },
+        };
         let shutdown_timeout = tolerant.value(
             "--shutdown-timeout",
             "RHC_SHUTDOWN_TIMEOUT",
@@ -631,6 +658,7 @@ impl Settings {
             role,
             spool_dir: cli.spool_dir,
             rotation_interval,
+            upload_window,
             max_segment_bytes,
             max_spool_bytes,
             compression,

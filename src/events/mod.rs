@@ -4,6 +4,7 @@ pub mod dedup;
 pub mod export_tailer;
 pub mod http;
 pub mod parse;
+pub mod publish;
 pub mod quarantine;
 pub mod route;
 pub mod spool;

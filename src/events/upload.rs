@@ -18,9 +18,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use crate::contract::ClusterLayout;
+use crate::events::publish::Publisher;
 use crate::events::spool::{FileKind, SealedFile, SpoolStats};
 use crate::metrics as m;
 use crate::storage::gzip::GzipLevel;
+use crate::storage::gzip::MEMBER_INPUT;
 use crate::storage::put::{put_file, UploadError};
 
 /// Compression applied to event and quarantine objects.
@@ -76,16 +78,18 @@ type QueueKey = Reverse<(u8, u64, u64)>;
 impl Uploader {
     /// Starts the dispatcher; it takes sealed files from `files`.
     pub fn start(
-        cfg: UploaderConfig,
+        cfg: Arc<UploaderConfig>,
         store: Arc<dyn ObjectStore>,
         stats: Arc<SpoolStats>,
         files: mpsc::UnboundedReceiver<SealedFile>,
+        publisher: Option<Arc<Publisher>>,
     ) -> Uploader {
         let (control, control_rx) = mpsc::unbounded_channel();
         let d = Dispatcher {
-            cfg: Arc::new(cfg),
+            cfg,
             store,
             stats,
+            publisher,
         };
         tokio::spawn(d.run(files, control_rx));
         Uploader { control }
@@ -104,6 +108,20 @@ struct Dispatcher {
     cfg: Arc<UploaderConfig>,
     store: Arc<dyn ObjectStore>,
     stats: Arc<SpoolStats>,
+    publisher: Option<Arc<Publisher>>,
+}
+
+/// Uploads in flight at most, small ones included: thousands of small objects (one per
+/// partition, at a shutdown) go many at a time, within the byte budget of
+/// `--upload-concurrency` × `--upload-part-bytes` ([`memory_estimate`]).
+const MAX_IN_FLIGHT: usize = 64;
+
+/// What an upload of `f` holds in memory at most: one part of it (or all of a smaller
+/// file) and its compressed copy, and the compressor's scratch.
+fn memory_estimate(cfg: &UploaderConfig, f: &SealedFile) -> u64 {
+    let part = f.bytes.min(cfg.part_size as u64);
+    let member = f.bytes.min(MEMBER_INPUT as u64);
+    part + 2 * member + (64 << 10)
 }
 
 fn backoff(attempt: u32) -> Duration {
@@ -124,7 +142,10 @@ impl Dispatcher {
         let mut queue: BinaryHeap<(QueueKey, u64)> = BinaryHeap::new();
         let mut slots: Vec<Option<Pending>> = Vec::new();
         let mut delayed: Vec<(Instant, Pending)> = Vec::new();
-        let mut inflight: JoinSet<(Pending, Result<u64, UploadError>, Duration)> = JoinSet::new();
+        let mut inflight: JoinSet<(Pending, Result<u64, UploadError>, Duration, u64)> =
+            JoinSet::new();
+        let budget = (self.cfg.concurrency.max(1) as u64).saturating_mul(self.cfg.part_size as u64);
+        let mut held = 0u64;
         let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
         let mut files_open = true;
         let mut control_open = true;
@@ -148,17 +169,39 @@ impl Dispatcher {
         };
 
         loop {
-            while inflight.len() < self.cfg.concurrency.max(1) {
-                let Some((_, idx)) = queue.pop() else { break };
+            // Up to `concurrency` uploads whatever their size; more while the memory they
+            // hold stays within the budget (many small objects).
+            while inflight.len() < MAX_IN_FLIGHT.max(self.cfg.concurrency) {
+                let Some(&(_, idx)) = queue.peek() else { break };
+                let Some(need) = slots
+                    .get(idx as usize)
+                    .and_then(Option::as_ref)
+                    .map(|p| memory_estimate(&self.cfg, &p.file))
+                else {
+                    queue.pop();
+                    continue;
+                };
+                if inflight.len() >= self.cfg.concurrency.max(1) && held + need > budget {
+                    break;
+                }
+                queue.pop();
                 let Some(p) = slots.get_mut(idx as usize).and_then(Option::take) else {
                     continue;
                 };
+                held += need;
                 let cfg = self.cfg.clone();
                 let store = self.store.clone();
+                let publisher = self.publisher.clone();
                 inflight.spawn(async move {
                     let started = Instant::now();
-                    let r = upload_file(&cfg, &store, &p.file).await;
-                    (p, r, started.elapsed())
+                    let r = match publisher.as_ref() {
+                        Some(pb) => match pb.seal(&p.file).await {
+                            Some(r) => r,
+                            None => upload_file(&cfg, &store, &p.file).await,
+                        },
+                        None => upload_file(&cfg, &store, &p.file).await,
+                    };
+                    (p, r, started.elapsed(), need)
                 });
             }
             if queue.is_empty() && delayed.is_empty() && inflight.is_empty() {
@@ -186,10 +229,18 @@ impl Dispatcher {
                     None => control_open = false,
                 },
                 Some(joined) = inflight.join_next(), if !inflight.is_empty() => {
-                    let Ok((p, result, took)) = joined else {
-                        tracing::error!("an upload task panicked");
-                        continue;
+                    let (p, result, took, need) = match joined {
+                        Ok(j) => j,
+                        Err(e) if e.is_cancelled() => {
+                            tracing::warn!("an upload was cancelled; its file stays in the spool");
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "an upload task panicked; its file stays in the spool");
+                            continue;
+                        }
                     };
+                    held = held.saturating_sub(need);
                     let kind = kind_label(p.file.kind);
                     match result {
                         Ok(uploaded) => {
@@ -246,7 +297,7 @@ fn kind_label(kind: FileKind) -> &'static str {
 
 /// The gzip level a sealed file is uploaded at, or `None` if it is uploaded as it is: its
 /// object key ends in `.gz` exactly when this is `Some`.
-fn gzip_level(cfg: &UploaderConfig, f: &SealedFile) -> Option<GzipLevel> {
+pub(crate) fn gzip_level(cfg: &UploaderConfig, f: &SealedFile) -> Option<GzipLevel> {
     (f.compressible && cfg.compression == Compression::Gzip).then_some(cfg.gzip_level)
 }
 
@@ -325,6 +376,7 @@ mod tests {
             created_unix_nanos: 1,
             bytes: 1,
             compressible: true,
+            pending_since: Some(1),
         };
         assert_eq!(
             object_key(&cfg(Compression::Gzip), &f),

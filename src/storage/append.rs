@@ -290,24 +290,35 @@ fn copy_range(
     let mut src = src.take(to - from);
     let mut buf = vec![0u8; 256 * 1024];
     let mut written = 0u64;
-    loop {
-        let n = src.read(&mut buf).map_err(read_err)?;
-        if n == 0 {
-            break;
+    let result = loop {
+        let n = match src.read(&mut buf) {
+            Ok(0) => break Ok(()),
+            Ok(n) => n,
+            Err(e) => break Err(read_err(e)),
+        };
+        if let Err(e) = out.write_all(&buf[..n]) {
+            break Err(store_err(e));
         }
-        out.write_all(&buf[..n]).map_err(store_err)?;
         written += n as u64;
+    };
+    let result = result.and_then(|()| {
+        if written != to - from {
+            return Err(read_err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "the file shrank to {} bytes during the append",
+                    from + written
+                ),
+            )));
+        }
+        Ok(written)
+    });
+    if result.is_err() && written > 0 {
+        // Cut back: the object stays the previous version, whole (an event object's
+        // readers must never see half a member).
+        let _ = out.set_len(from);
     }
-    if written != to - from {
-        return Err(read_err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            format!(
-                "the file shrank to {} bytes during the append",
-                from + written
-            ),
-        )));
-    }
-    Ok(written)
+    result
 }
 
 /// An incomplete upload the collector started and has not finished: aborted when the

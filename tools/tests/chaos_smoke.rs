@@ -2,10 +2,13 @@
 //! kill -9 and restart, a storage outage, the disk budget, SIGTERM under load, a torn
 //! segment, slowloris, oversized and malformed bodies, bodies declared and never sent or
 //! sent in part and stalled, keep-alive probe connections filling every place, and every
-//! place kept busy by bodies arriving late with heads pipelined behind them. Each scenario checks correctness
-//! (every acknowledged event in the bucket exactly once, the right answers, memory flat),
-//! not speed; the loads are small and the whole run takes about 100 s on two busy cores
-//! (it is stopped at 180 s).
+//! place kept busy by bodies arriving late with heads pipelined behind them, and the node lost
+//! (SIGKILL and the spool deleted under 200 events/s with a 2 s upload window, on `file://`
+//! and on moto: every event acknowledged more than 2 s before the kill must be in the bucket,
+//! in one object per partition, every version a reader polled whole). Each scenario checks
+//! correctness (every acknowledged event in the bucket exactly once, the right answers,
+//! memory flat), not speed; the loads are small and the whole run takes about 120 s on two
+//! busy cores (it is stopped at 240 s).
 //!
 //! The S3 scenarios use moto from `$RHC_MOTO_SERVER` (exported by `./scripts/test.sh`).
 //! Without it the rest runs against a local directory and the S3 ones are skipped, unless
@@ -60,7 +63,7 @@ fn chaos_smoke_subset_passes() {
         .stderr(out.try_clone().expect("dup"))
         .spawn()
         .expect("start rhc-chaos");
-    let limit = Duration::from_secs(180);
+    let limit = Duration::from_secs(240);
     let started = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().expect("wait for rhc-chaos") {
@@ -88,7 +91,7 @@ fn chaos_smoke_subset_passes() {
     assert!(failed.is_empty(), "chaos scenarios failed:\n{text}");
     assert!(status.success(), "rhc-chaos exited with {status}:\n{text}");
     let passed = verdicts.iter().filter(|l| l.starts_with("PASS ")).count();
-    let expected = if moto.is_some() { 11 } else { 9 };
+    let expected = if moto.is_some() { 12 } else { 10 };
     assert_eq!(
         passed, expected,
         "expected {expected} passing scenarios:\n{text}"

@@ -24,7 +24,7 @@ mod segments;
 mod sync;
 mod writer;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -52,6 +52,10 @@ pub(super) const MARKERS_DIR: &str = "markers";
 /// of the same name holding its durable length, so that a restart uploads (and reloads ids
 /// from) only that much.
 pub(super) const CUTS_DIR: &str = "cuts";
+/// Below the spool dir: the publisher's state of each open segment's object (its shadow of
+/// the object's compressed bytes, and the record of what was published), see
+/// [`crate::events::publish`].
+pub const GROWTH_DIR: &str = "growth";
 
 /// The most partitions (session, node, stream, hour: one spool file, then one object each)
 /// one request may write to. Ray's batches span one session and node, a few jobs and an
@@ -199,6 +203,23 @@ pub struct SealedFile {
     pub bytes: u64,
     /// Gzip on upload (the body quarantine keeps raw bytes as they came).
     pub compressible: bool,
+    /// When its oldest byte not yet in the bucket was acknowledged (Unix ns), for the age
+    /// gauge; `None` when all of it was published while it was open.
+    pub pending_since: Option<u64>,
+}
+
+/// An open segment as the publisher sees it ([`SpoolStats::grown_segments`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenView {
+    /// What it becomes.
+    pub kind: FileKind,
+    /// Its key relative to the prefix of its kind, fixed when it was opened.
+    pub relative_key: String,
+    /// Bytes durably in it: whole lines, every one acknowledged or about to be.
+    pub durable: u64,
+    /// When the oldest durable byte not yet published became durable (Unix ns); `None` when
+    /// everything durable is in the bucket.
+    pub unpublished_since: Option<u64>,
 }
 
 /// Counters shared by the writer, the uploader and the HTTP side.
@@ -208,15 +229,23 @@ pub struct SpoolStats {
     pub bytes: AtomicU64,
     /// Files not yet uploaded (open and sealed).
     pub files: AtomicU64,
-    /// Creation times (Unix ns) of files not yet uploaded, for the oldest-age gauge.
+    /// Creation times (Unix ns) of sealed files not yet uploaded (for a segment: when its
+    /// oldest unpublished byte was acknowledged), for the oldest-age gauge.
     pending_created: Mutex<BTreeMap<u64, u32>>,
+    /// The open segments by path: their durable length, for the publisher. The writer locks
+    /// it once per group commit (not per event), the publisher once per round.
+    open: Mutex<HashMap<PathBuf, OpenView>>,
 }
 
 impl SpoolStats {
     pub(super) fn add_file(&self, created: u64) {
         self.files.fetch_add(1, Ordering::Relaxed);
+        self.add_pending(created);
+    }
+
+    fn add_pending(&self, since: u64) {
         if let Ok(mut p) = self.pending_created.lock() {
-            *p.entry(created).or_insert(0) += 1;
+            *p.entry(since).or_insert(0) += 1;
         }
     }
 
@@ -224,26 +253,112 @@ impl SpoolStats {
     pub fn file_done(&self, f: &SealedFile) {
         self.files.fetch_sub(1, Ordering::Relaxed);
         self.bytes.fetch_sub(f.bytes, Ordering::Relaxed);
+        let Some(since) = f.pending_since else {
+            return;
+        };
         if let Ok(mut p) = self.pending_created.lock() {
-            if let Some(c) = p.get_mut(&f.created_unix_nanos) {
+            if let Some(c) = p.get_mut(&since) {
                 *c -= 1;
                 if *c == 0 {
-                    p.remove(&f.created_unix_nanos);
+                    p.remove(&since);
                 }
             }
         }
     }
 
-    /// Age in seconds of the oldest file not yet uploaded, 0 when none.
+    /// A segment was opened at `path` (counted as a file; its age counts from its first
+    /// durable byte).
+    pub(super) fn segment_opened(&self, path: PathBuf, kind: FileKind, relative_key: String) {
+        self.files.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut o) = self.open.lock() {
+            o.insert(
+                path,
+                OpenView {
+                    kind,
+                    relative_key,
+                    durable: 0,
+                    unpublished_since: None,
+                },
+            );
+        }
+    }
+
+    /// A group commit made `grown` durable: (segment, its new durable length), at `now`.
+    pub(super) fn segments_grew<'a>(&self, grown: impl Iterator<Item = (&'a Path, u64)>, now: u64) {
+        if let Ok(mut o) = self.open.lock() {
+            for (path, len) in grown {
+                if let Some(v) = o.get_mut(path) {
+                    v.durable = len;
+                    v.unpublished_since.get_or_insert(now);
+                }
+            }
+        }
+    }
+
+    /// The segment at `path` is sealed: no longer open. Returns when its oldest unpublished
+    /// byte was acknowledged (then counted for the gauge until its upload is done).
+    pub(super) fn segment_sealed(&self, path: &Path) -> Option<u64> {
+        let since = self
+            .open
+            .lock()
+            .ok()
+            .and_then(|mut o| o.remove(path))
+            .and_then(|v| v.unpublished_since);
+        if let Some(s) = since {
+            self.add_pending(s);
+        }
+        since
+    }
+
+    /// Whether the segment at `path` is open (not sealed yet).
+    pub fn is_open(&self, path: &Path) -> bool {
+        self.open.lock().is_ok_and(|o| o.contains_key(path))
+    }
+
+    /// The open segments with durable bytes not yet published, oldest first.
+    pub fn grown_segments(&self) -> Vec<(PathBuf, OpenView)> {
+        let mut out: Vec<(PathBuf, OpenView)> = match self.open.lock() {
+            Ok(o) => o
+                .iter()
+                .filter(|(_, v)| v.unpublished_since.is_some())
+                .map(|(p, v)| (p.clone(), v.clone()))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        out.sort_by_key(|(_, v)| v.unpublished_since);
+        out
+    }
+
+    /// The publisher put the first `upto` bytes of the open segment at `path` in the bucket,
+    /// having read its durable length at `read_at` (Unix ns): anything durable past `upto`
+    /// was acknowledged after that.
+    pub fn segment_published(&self, path: &Path, upto: u64, read_at: u64) {
+        if let Ok(mut o) = self.open.lock() {
+            if let Some(v) = o.get_mut(path) {
+                v.unpublished_since = (v.durable > upto).then_some(read_at);
+            }
+        }
+    }
+
+    /// Age in seconds of the oldest acknowledged event not yet in the bucket (open segments
+    /// included), 0 when none.
     pub fn oldest_pending_age_seconds(&self) -> f64 {
-        let oldest = self
+        let sealed = self
             .pending_created
             .lock()
             .ok()
             .and_then(|p| p.keys().next().copied());
-        match oldest {
-            Some(c) => (unix_nanos().saturating_sub(c)) as f64 / 1e9,
-            None => 0.0,
+        let open = self
+            .open
+            .lock()
+            .ok()
+            .and_then(|o| o.values().filter_map(|v| v.unpublished_since).min());
+        match (sealed, open) {
+            (None, None) => 0.0,
+            (a, b) => {
+                let c = a.unwrap_or(u64::MAX).min(b.unwrap_or(u64::MAX));
+                (unix_nanos().saturating_sub(c)) as f64 / 1e9
+            }
         }
     }
 }

@@ -38,7 +38,7 @@ use super::segments::Target;
 use super::writer::Writer;
 use super::{
     dedup_key, FileKind, RecoveryReport, SealedFile, SpoolError, CUTS_DIR, EVENTS_DIR,
-    EXPORT_ID_SALT, MARKERS_DIR, QUARANTINE_DIR,
+    EXPORT_ID_SALT, GROWTH_DIR, MARKERS_DIR, QUARANTINE_DIR,
 };
 use crate::contract::quarantine::{parse_key, QuarantineKey};
 use crate::contract::{is_safe_segment, Hour, Partition};
@@ -129,9 +129,35 @@ impl Writer {
                         created_unix_nanos: created,
                         bytes,
                         compressible,
+                        pending_since: Some(created),
                     },
                     partition,
                 ));
+            }
+        }
+        // The publisher's shadows and records of the segments found are kept (the upload
+        // continues their objects) and counted in the budget; any other is left over from a
+        // segment already uploaded.
+        let mut growth: HashSet<String> = HashSet::new();
+        for (f, _) in &found {
+            if let Some(name) = f.path.file_name().and_then(|n| n.to_str()) {
+                let (shadow, record) = crate::events::publish::growth_names(f.kind, name);
+                growth.insert(shadow);
+                growth.insert(record);
+            }
+        }
+        let growth_dir = self.cfg.dir.join(GROWTH_DIR);
+        if let Ok(entries) = fs::read_dir(&growth_dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if growth.contains(&name) {
+                    if name.ends_with(".gz") {
+                        let len = entry.metadata().map(|m| m.len()).unwrap_or(0);
+                        self.stats.bytes.fetch_add(len, Ordering::Relaxed);
+                    }
+                } else {
+                    let _ = fs::remove_file(entry.path());
+                }
             }
         }
         // A length recorded for a segment that is gone (uploaded) is no longer needed.

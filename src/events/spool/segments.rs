@@ -119,7 +119,7 @@ impl Segments {
             } else {
                 None
             };
-            self.stats.add_file(n);
+            self.stats.segment_opened(path.clone(), kind, rel.clone());
             self.open.insert(
                 target.clone(),
                 OpenSegment {
@@ -232,6 +232,7 @@ impl Segments {
             self.open_fds -= 1;
         }
         drop(seg.file);
+        let pending_since = self.stats.segment_sealed(&seg.path);
         let f = SealedFile {
             path: seg.path,
             kind: seg.kind,
@@ -239,6 +240,7 @@ impl Segments {
             created_unix_nanos: seg.created_unix_nanos,
             bytes: seg.len,
             compressible: true,
+            pending_since,
         };
         if seg.len == 0 {
             // Every write of it was rolled back: nothing to upload.
@@ -277,6 +279,7 @@ impl Segments {
             created_unix_nanos: n,
             bytes: 0,
             compressible: false,
+            pending_since: Some(n),
         });
     }
 }

@@ -24,7 +24,7 @@ use super::sync::{run_sync, run_syncer, sync_dir, SyncJob, SYNCFS_ABOVE};
 use super::{
     AppendBatch, AppendOutcome, AppendReply, Checkpoint, Command, EventSpan, FileKind,
     PartitionBatch, RecoveryReport, SealedFile, SpoolConfig, SpoolError, SpoolStats, CUTS_DIR,
-    EVENTS_DIR, MARKERS_DIR, MAX_PARTITIONS_PER_REQUEST, QUARANTINE_DIR,
+    EVENTS_DIR, GROWTH_DIR, MARKERS_DIR, MAX_PARTITIONS_PER_REQUEST, QUARANTINE_DIR,
 };
 use crate::contract::quarantine::body_key;
 use crate::contract::{is_safe_segment, Hour, Partition, Stream};
@@ -238,7 +238,13 @@ impl Writer {
                 None => break,
             }
         }
-        for sub in [EVENTS_DIR, QUARANTINE_DIR, MARKERS_DIR, CUTS_DIR] {
+        for sub in [
+            EVENTS_DIR,
+            QUARANTINE_DIR,
+            MARKERS_DIR,
+            CUTS_DIR,
+            GROWTH_DIR,
+        ] {
             let d = cfg.dir.join(sub);
             fs::create_dir_all(&d).map_err(|e| SpoolError::io("creating", &d, e))?;
         }
@@ -941,6 +947,16 @@ impl Writer {
                 seg.len += n;
             }
         }
+        // One lock per group: the publisher sees the new durable lengths (whole lines).
+        let open = &self.segs.open;
+        self.stats.segments_grew(
+            written
+                .appended
+                .iter()
+                .filter_map(|(t, _)| open.get(t))
+                .map(|s| (s.path.as_path(), s.len)),
+            unix_nanos(),
+        );
         self.stats.bytes.fetch_add(written.bytes, Ordering::Relaxed);
     }
 
@@ -1034,6 +1050,7 @@ impl Writer {
                 created_unix_nanos: n,
                 bytes: body.len() as u64,
                 compressible: false,
+                pending_since: Some(n),
             });
         }
         if self.recent_bodies.len() == RECENT_BODIES {

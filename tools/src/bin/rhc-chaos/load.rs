@@ -146,6 +146,9 @@ pub(crate) struct ClientLog {
     pub(crate) batches: Vec<(u64, u8)>,
     /// (ms since the load started, status; 0 = no answer).
     pub(crate) answers: Vec<(u32, u16)>,
+    /// (first seq, ms since the load started) of every acknowledged batch, when its 200
+    /// arrived: the acknowledgement times the node-loss scenario measures its window from.
+    pub(crate) acks: Vec<(u64, u32)>,
     /// 503 answers without a usable Retry-After.
     pub(crate) missing_retry_after: u64,
     /// The batch that was being sent when the load stopped.
@@ -212,6 +215,7 @@ pub(crate) fn client_loop(
         client,
         batches: Vec::new(),
         answers: Vec::new(),
+        acks: Vec::new(),
         missing_retry_after: 0,
         pending: None,
     };
@@ -269,6 +273,7 @@ pub(crate) fn client_loop(
                 log.answers.push((ms, r.status));
                 if r.status == 200 {
                     log.batches.push((first, ACKED));
+                    log.acks.push((first, ms));
                     log.pending = None;
                     acked.fetch_add(spec.batch as u64, Ordering::Relaxed);
                 } else {

@@ -31,11 +31,13 @@ use clap::Parser;
 use serde_json::json;
 
 mod compare;
+mod cost;
 mod faults;
 mod hostile;
 mod load;
 mod logs;
 mod memory;
+mod node_loss;
 mod process;
 mod storage;
 mod verify;
@@ -92,6 +94,25 @@ struct Args {
     /// $RHC_PEER_COLLECTOR).
     #[arg(long)]
     peer: Option<PathBuf>,
+    /// Seed of the random kill moments of `node-loss` and `node-loss-logs` (default: from
+    /// the clock; printed either way).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Kill moments per rate of `node-loss` (default 3, smoke 1), collectors of
+    /// `node-loss-logs` per store (default 3).
+    #[arg(long)]
+    kill_moments: Option<usize>,
+    /// The upload window `node-loss` sets (`RHC_UPLOAD_WINDOW`) and holds the collector to, in
+    /// seconds (default: none set, the collector's default 10 s; smoke 2 s).
+    #[arg(long)]
+    upload_window: Option<f64>,
+    /// The rates of `node-loss`, events/s (default 20,200,2000,25000; smoke 200).
+    #[arg(long, value_delimiter = ',')]
+    rates: Vec<f64>,
+    /// The partitions (jobs) of `upload-cost` (default 8,64,1; one partition is measured at
+    /// 2,000 events/s only, after 45 s: the largest objects).
+    #[arg(long, value_delimiter = ',')]
+    cost_partitions: Vec<u32>,
     /// List the scenarios and exit.
     #[arg(long)]
     list: bool,
@@ -206,6 +227,27 @@ const SCENARIOS: &[(&str, bool, bool, bool, &str)] = &[
         "(comparison) 60 s storage outage under 20,000 events/s against ours and KubeRay's collector: acked events lost, duplicated",
     ),
     (
+        "node-loss",
+        true,
+        true,
+        false,
+        "SIGKILL + spool deleted at seeded random moments under 20, 200, 2,000 and 25,000 events/s (file:// and the S3 server; smoke: 200 events/s, window 2 s): every event acked more than the upload window before the kill is in the bucket, objects per partition as many as segments, every object and every version a reader polled whole gzip of whole lines, each a prefix of the next",
+    ),
+    (
+        "node-loss-logs",
+        true,
+        false,
+        false,
+        "(measurement) SIGKILL + spool deleted while Ray-like logs are written, collectors killed 65 to 130 s after their start: the logs' loss window (the snapshot interval, 60 s)",
+    ),
+    (
+        "upload-cost",
+        false,
+        false,
+        true,
+        "(benchmark) requests per second to S3 and dollars per day at 200 and 2,000 events/s over 8 and 64 partitions (and one partition at 2,000 events/s: the largest objects), at the default upload window, counted by a proxy",
+    ),
+    (
         "logs-2g",
         false,
         false,
@@ -256,6 +298,9 @@ pub(crate) fn scenario_fn(name: &str) -> Option<Scenario> {
         "unsent-bodies" => unsent_bodies,
         "busy-probes" => busy_probes,
         "logs-2g" => logs_2g,
+        "node-loss" => node_loss::node_loss,
+        "node-loss-logs" => node_loss::node_loss_logs,
+        "upload-cost" => cost::upload_cost,
         "side-kill9" => compare::side_kill9,
         "side-sigterm" => compare::side_sigterm,
         "side-outage" => compare::side_outage,
