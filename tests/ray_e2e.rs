@@ -609,7 +609,7 @@ fn post_statuses(collector: &Collector) -> BTreeMap<String, f64> {
 // ------------------------------------------------------------------------ helpers
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())

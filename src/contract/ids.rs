@@ -51,7 +51,7 @@ pub fn id_to_hex(id: &str) -> Result<HexId, IdError> {
         len: 0,
         buf: [0; MAX_SEGMENT_LEN],
     };
-    if !b.is_empty() && b.len() % 2 == 0 && b.iter().all(|c| c.is_ascii_hexdigit()) {
+    if !b.is_empty() && b.len().is_multiple_of(2) && b.iter().all(|c| c.is_ascii_hexdigit()) {
         if b.len() > MAX_SEGMENT_LEN {
             return Err(IdError::TooLong);
         }
@@ -94,7 +94,7 @@ fn decode_base64(input: &[u8], out: &mut [u8]) -> Result<usize, IdError> {
     if input.len() - data.len() > 2 || data.is_empty() || data.len() % 4 == 1 {
         return Err(IdError::NotAnId);
     }
-    if input.len() != data.len() && input.len() % 4 != 0 {
+    if input.len() != data.len() && !input.len().is_multiple_of(4) {
         return Err(IdError::NotAnId);
     }
     let n = data.len() / 4 * 3 + [0, 0, 1, 2][data.len() % 4];

@@ -458,7 +458,7 @@ mod tests {
         for len in [1u64 << 40, 5u64 << 40, (5u64 << 40) - 1, 4_398_046_511_111] {
             let p = part_size_for(len, 8 << 20, MAX_PARTS) as u64;
             assert!(len.div_ceil(p) <= MAX_PARTS, "{len}: {p}");
-            assert!(p <= MAX_PART && p % mib == 0);
+            assert!(p <= MAX_PART && p.is_multiple_of(mib));
         }
         assert_eq!(part_size_for(5 << 40, 8 << 20, MAX_PARTS) as u64, 525 * mib);
     }

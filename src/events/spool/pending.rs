@@ -243,7 +243,7 @@ mod tests {
     impl Write for Short {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
             self.calls += 1;
-            if self.calls % 3 == 0 {
+            if self.calls.is_multiple_of(3) {
                 return Err(io::ErrorKind::Interrupted.into());
             }
             let k = buf.len().min(self.n);

@@ -81,7 +81,8 @@ impl CompactId {
     /// reads it), without allocating for Ray's own ids.
     pub(super) fn parse(raw: &str) -> CompactId {
         let b = raw.as_bytes();
-        let looks_hex = !b.is_empty() && b.len() % 2 == 0 && b.iter().all(u8::is_ascii_hexdigit);
+        let looks_hex =
+            !b.is_empty() && b.len().is_multiple_of(2) && b.iter().all(u8::is_ascii_hexdigit);
         if looks_hex {
             if let Some(id) = CompactId::from_hex(raw) {
                 return id;
@@ -113,7 +114,7 @@ impl CompactId {
     /// An id given in hex (as people type it), or `None` if it is not hex or too long.
     pub(super) fn from_hex(hex: &str) -> Option<CompactId> {
         let h = hex.as_bytes();
-        if h.is_empty() || h.len() % 2 != 0 || h.len() > 62 {
+        if h.is_empty() || !h.len().is_multiple_of(2) || h.len() > 62 {
             return None;
         }
         let mut bytes = [0u8; 31];

@@ -519,12 +519,12 @@ fn main() {
                             m.fds_peak = m.fds_peak.max(s.fds);
                             m.first.get_or_insert(s);
                             m.last = Some(s);
-                            if tick % 10 == 0 {
+                            if tick.is_multiple_of(10) {
                                 m.rss_series.push((t, s.rss_kib));
                             }
                         }
                     }
-                    if tick % 10 == 0 {
+                    if tick.is_multiple_of(10) {
                         if let Some(v) = metrics_url
                             .as_deref()
                             .and_then(|u| scrape(u, "rhc_spool_bytes"))

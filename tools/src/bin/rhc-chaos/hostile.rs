@@ -78,7 +78,7 @@ pub(crate) fn slowloris(ctx: &Ctx) -> Result<Verdict, String> {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(_) => *closed = Some(started.elapsed()),
             }
-            if closed.is_none() && tick % 10 == 0 {
+            if closed.is_none() && tick.is_multiple_of(10) {
                 let byte: &[u8] = if *is_header { b"a" } else { b" " };
                 if let Err(e) = st.write(byte) {
                     if e.kind() != std::io::ErrorKind::WouldBlock {
@@ -709,7 +709,7 @@ impl RayAndProbe {
                 50,
                 if status == 200 { ACKED } else { PENDING },
             );
-            if k % 2 == 0 {
+            if k.is_multiple_of(2) {
                 self.probes
                     .push(within_ray_timeout(port, "GET", "/healthz", b""));
             }
