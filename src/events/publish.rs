@@ -65,8 +65,15 @@ const ROUND_CONCURRENCY: usize = 32;
 /// Memory the publications of a round may hold at once (compression buffers and the
 /// object's bytes of a whole PUT), in KiB.
 const ROUND_BUDGET_KIB: u32 = 32 * 1024;
+/// Compressions at once (CPU-bound: more than the cores buys nothing); their encoders and
+/// buffers are kept and reused, so 50,000 partitions cost two encoders, not 50,000
+/// allocations spread over the blocking pool's threads.
+const COMPRESSORS: usize = 2;
 /// The shortest time between rounds.
 const MIN_ROUND_EVERY: Duration = Duration::from_millis(500);
+
+/// A reusable encoder and its member buffer.
+type Compressor = (MemberEncoder, Vec<u8>);
 
 /// What is known of one segment's object.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -119,6 +126,9 @@ pub struct Publisher {
     stats: Arc<SpoolStats>,
     states: Mutex<HashMap<PathBuf, Arc<AsyncMutex<State>>>>,
     budget: Semaphore,
+    /// [`COMPRESSORS`] permits; the idle encoders (with their member buffer).
+    compressing: Semaphore,
+    encoders: Arc<Mutex<Vec<Compressor>>>,
 }
 
 /// The shadow and record names of a segment file named `file_name` of `kind`.
@@ -154,6 +164,8 @@ impl Publisher {
             stats,
             states: Mutex::new(HashMap::new()),
             budget: Semaphore::new(ROUND_BUDGET_KIB as usize),
+            compressing: Semaphore::new(COMPRESSORS),
+            encoders: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
@@ -319,8 +331,15 @@ impl Publisher {
                 let new_bytes = durable - published;
                 let cost = permits(2 * new_bytes.min(MEMBER_INPUT as u64) + (256 << 10));
                 let _permit = self.budget.acquire_many(cost).await;
+                let _cpu = self.compressing.acquire().await;
+                let pool = self.encoders.clone();
                 let (len, before) = tokio::task::spawn_blocking(move || {
-                    extend_shadow(&seg, &shadow, published, durable, from, level)
+                    let mut enc = lock(&pool)
+                        .pop()
+                        .unwrap_or_else(|| (MemberEncoder::new(level), Vec::new()));
+                    let r = extend_shadow(&seg, &shadow, published, durable, from, &mut enc);
+                    lock(&pool).push(enc);
+                    r
                 })
                 .await
                 .map_err(|e| local(format!("compressing: {e}")))??;
@@ -531,7 +550,7 @@ fn extend_shadow(
     from: u64,
     to: u64,
     object_len: u64,
-    level: crate::storage::gzip::GzipLevel,
+    (enc, member): &mut Compressor,
 ) -> Result<(u64, u64), PublishError> {
     let local = |why: String| PublishError::Local {
         path: shadow.to_path_buf(),
@@ -559,22 +578,25 @@ fn extend_shadow(
     let mut src = src;
     src.seek(SeekFrom::Start(from))
         .map_err(|e| local(e.to_string()))?;
+    if from == to {
+        // Nothing new (a whole upload of the object so far).
+        return Ok((object_len, object_len));
+    }
+    // Never fed an empty input: a reused encoder then yields no member at all.
     let mut reader = src.take(to - from);
-    let mut enc = MemberEncoder::new(level);
-    let mut member = Vec::new();
     let mut read = 0u64;
     let mut last = 0u8;
     loop {
         member.clear();
         let more = enc
-            .next_member(&mut reader, &mut member, |b| {
+            .next_member(&mut reader, member, |b| {
                 read += b.len() as u64;
                 if let Some(&l) = b.last() {
                     last = l;
                 }
             })
             .map_err(|e| local(format!("compressing: {e}")))?;
-        out.write_all(&member)
+        out.write_all(member)
             .map_err(|e| local(format!("writing: {e}")))?;
         if !more {
             break;
