@@ -3,8 +3,10 @@
 //! vanishes without a SIGTERM, at the same object count and under the same key as before.
 //!
 //! The writer shares each open segment's durable length ([`SpoolStats::grown_segments`]:
-//! whole lines, every one fsync'd). Every half window a round takes the segments that grew,
-//! oldest unpublished first, and for each brings its object to the new version:
+//! whole lines, every one fsync'd). [`Publisher::run`] takes the segments that grew, oldest
+//! unpublished first, each at most once per half window, [`CONCURRENCY`] at a time and
+//! without rounds (none waits for the others), and for each brings its object to the new
+//! version:
 //!
 //! - the new bytes `[published, durable)` are compressed as whole gzip members and appended
 //!   to the segment's *shadow* (`<spool>/growth/<e|q>.<file>.gz`: the object's bytes so
@@ -20,8 +22,8 @@
 //!
 //! So every version a reader can see is whole gzip members of whole lines, and its lines
 //! are a prefix of the next version's. A failed growth leaves the previous version whole
-//! (S3: nothing is visible before the completion; file://: truncated back), and the next
-//! round tries again; an object that is not what the record says (changed, or left longer
+//! (S3: nothing is visible before the completion; file://: truncated back), and it is tried
+//! again half a window later; an object that is not what the record says (changed, or left longer
 //! by an upload a crash interrupted) is uploaded whole from the shadow.
 //!
 //! Sealing ends with a last publication of the remaining bytes to the same key
@@ -62,7 +64,7 @@ use crate::util::time::unix_nanos;
 /// Publications in flight at once, at most (each also takes its share of
 /// [`ROUND_BUDGET_KIB`]).
 const CONCURRENCY: usize = 32;
-/// Memory the publications of a round may hold at once (compression buffers and the
+/// Memory the publications in flight may hold at once (compression buffers and the
 /// object's bytes of a whole PUT), in KiB.
 const ROUND_BUDGET_KIB: u32 = 32 * 1024;
 /// Compressions at once (CPU-bound: more than the cores buys nothing); their encoders and
@@ -109,7 +111,8 @@ struct State {
 /// Why a publication did not happen.
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
-    /// Uploading failed (retried next round, or by the uploader's backoff at a seal).
+    /// Uploading failed (retried half a window later, or by the uploader's backoff at a
+    /// seal).
     #[error(transparent)]
     Upload(#[from] UploadError),
     /// The runtime is shutting down and cancelled the compression: the segment stays in
@@ -130,7 +133,7 @@ pub enum PublishError {
     },
 }
 
-/// Grows open segments' objects; shared by the rounds and the uploader's seals.
+/// Grows open segments' objects; shared by [`Publisher::run`] and the uploader's seals.
 pub struct Publisher {
     cfg: Arc<UploaderConfig>,
     spool_dir: PathBuf,
