@@ -203,19 +203,23 @@ impl Publisher {
         // Due segments with the time their durable length was read.
         let mut queue: VecDeque<(PathBuf, OpenView, u64)> = VecDeque::new();
         let mut scanned_at: Option<tokio::time::Instant> = None;
+        let mut more = false;
         while !*stop.borrow() {
             // The open segments are scanned (under the writer's lock, walking all of them)
-            // for a batch of due ones at most once a poll, and only when the last batch is
-            // all started.
-            if queue.is_empty() && scanned_at.is_none_or(|t| t.elapsed() >= poll) {
+            // for a batch of due ones when the last batch is all started: at once if it was
+            // full, else at most once a poll.
+            if queue.is_empty() && (more || scanned_at.is_none_or(|t| t.elapsed() >= poll)) {
                 scanned_at = Some(tokio::time::Instant::now());
                 let read_at = unix_nanos();
+                let before = queue.len();
                 queue.extend(
                     self.stats
                         .due_segments(read_at, gap, &busy, SCAN_BATCH)
                         .into_iter()
                         .map(|(p, v)| (p, v, read_at)),
                 );
+                // A full batch: more may be due, scanned for as soon as this one is started.
+                more = queue.len() - before == SCAN_BATCH;
             }
             while tasks.len() < CONCURRENCY {
                 let Some((path, view, read_at)) = queue.pop_front() else {
