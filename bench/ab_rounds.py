@@ -3,6 +3,7 @@
 
     bench/ab_rounds.py --mode rate25k --rounds 6 --loadgen target/release/rhc-loadgen OLD NEW...
     bench/ab_rounds.py --mode max --rounds 4 --loadgen ... OLD NEW...
+    bench/ab_rounds.py --mode max --to-bucket --rounds 3 --loadgen ... OLD NEW...
     bench/ab_rounds.py --mode rate25k --loadgen ... BIN "BIN --gzip-level 3"
 
 A binary may be given with collector flags of its own, as one argument ("BIN --flag value").
@@ -19,7 +20,13 @@ reversed every other round (so no binary always follows the same one). Modes:
 Both with ``--enable-log-collector false --enable-export-events false``, 4 clients and
 1,000-event batches (the load generator's defaults). CPU per event is the collector's CPU
 over the window (``rhc-loadgen --pid``: user + system from /proc) divided by the events
-acknowledged. In ``rate25k`` mode, after the collector has uploaded everything and exited
+acknowledged. ``--to-bucket`` adds the fair figure for binaries that compress at different
+times (``max`` mode seals nothing inside the window, so the window's CPU leaves out the
+compression of a collector that compresses at the seal, and charges one that compresses
+while it publishes): the collector's whole CPU from its start until it has uploaded
+everything and exited after SIGTERM (its rusage), over the event lines in the bucket
+(``us_per_event_to_bucket``); a run whose collector does not exit 0 fails. In ``rate25k``
+mode, after the collector has uploaded everything and exited
 (SIGTERM), the event objects in the bucket are measured too: bytes stored per event, over
 all the events they hold (the warm-up's included). Prints one line per run and, at the end, one JSON line per binary: medians,
 ranges and the median of the same-round ratios to the first binary. Machines are noisy:
@@ -59,7 +66,36 @@ def stored_per_event(bucket):
     return size / lines if lines else float("nan")
 
 
-def one_run(mode, loadgen, spec, scratch):
+def bucket_lines(bucket):
+    """Event lines in the event objects of ``bucket``."""
+    lines = 0
+    for root, _dirs, files in os.walk(bucket):
+        for name in files:
+            if "_events" not in root or not name.endswith((".jsonl", ".jsonl.gz")):
+                continue
+            opener = gzip.open if name.endswith(".gz") else open
+            with opener(os.path.join(root, name), "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    lines += block.count(b"\n")
+    return lines
+
+
+def stop_with_rusage(proc, timeout):
+    """SIGTERM, then the exit status and CPU seconds (user + system) of ``proc``."""
+    proc.terminate()
+    end = time.time() + timeout
+    while time.time() < end:
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, ru.ru_utime + ru.ru_stime
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    return "timeout", float("nan")
+
+
+def one_run(mode, loadgen, spec, scratch, to_bucket=False):
     d = tempfile.mkdtemp(dir=scratch)
     port = free_port()
     binary, *extra = shlex.split(spec)
@@ -91,13 +127,13 @@ def one_run(mode, loadgen, spec, scratch):
             raise SystemExit(f"rhc-loadgen failed against {binary}: {out.stderr.strip()}")
         result = json.loads(lines[-1])
     finally:
-        collector.terminate()
-        try:
-            collector.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            collector.kill()
-            collector.wait()
+        rc, cpu_total = stop_with_rusage(collector, 60)
     try:
+        if to_bucket:
+            if rc != 0:
+                raise SystemExit(f"{binary} exited {rc} at SIGTERM: not everything uploaded")
+            n = bucket_lines(d + "/bucket")
+            result["us_per_event_to_bucket"] = cpu_total / n * 1e6 if n else float("nan")
         if mode == "rate25k":
             result["stored_bytes_per_event"] = stored_per_event(d + "/bucket")
     finally:
@@ -113,6 +149,8 @@ def main():
     ap.add_argument("--loadgen", required=True, help="one rhc-loadgen for all binaries")
     ap.add_argument("--scratch", default=None,
                     help="where run directories go (default: a temporary directory)")
+    ap.add_argument("--to-bucket", action="store_true",
+                    help="also the whole CPU from start to the bucket holding every event")
     ap.add_argument("binaries", nargs="+")
     a = ap.parse_args()
     scratch = a.scratch or tempfile.mkdtemp(prefix="rhc-ab-")
@@ -121,10 +159,12 @@ def main():
     for r in range(a.rounds):
         order = a.binaries if r % 2 == 0 else list(reversed(a.binaries))
         for b in order:
-            j = one_run(a.mode, a.loadgen, b, scratch)
+            j = one_run(a.mode, a.loadgen, b, scratch, a.to_bucket)
             res[b].append(j)
             print(f"round {r} {b}: {j['events_per_s']:.0f} ev/s, {j['us_per_event']:.2f} us/ev, "
                   f"rss {j['rss_peak_mib']:.1f} MiB, p50 {j['p50_ms']} ms, p99 {j['p99_ms']} ms"
+                  + (f", {j['us_per_event_to_bucket']:.2f} us/ev to the bucket"
+                     if "us_per_event_to_bucket" in j else "")
                   + (f", {j['stored_bytes_per_event']:.1f} B/ev stored"
                      if "stored_bytes_per_event" in j else ""),
                   flush=True)
@@ -140,9 +180,13 @@ def main():
 
         stored = ({"stored_bytes_per_event": med("stored_bytes_per_event")}
                   if "stored_bytes_per_event" in xs[0] else {})
+        fair = ({"us_per_event_to_bucket": med("us_per_event_to_bucket"),
+                 "same_round_ratio_us_to_bucket": ratio("us_per_event_to_bucket")}
+                if "us_per_event_to_bucket" in xs[0] else {})
         print(json.dumps({
             "bin": b,
             **stored,
+            **fair,
             "events_per_s": med("events_per_s"),
             "us_per_event": med("us_per_event"),
             "us_per_event_range": [min(x["us_per_event"] for x in xs),

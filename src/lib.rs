@@ -10,6 +10,7 @@
 //! ```text
 //! Ray dashboard agent ─POST /v1/events─▶ events::http ─▶ events::parse ─▶ events::route
 //!                                                     ─▶ events::dedup ─▶ events::spool ─▶ events::upload ─▶ bucket
+//!                                  open segments, every half --upload-window: events::publish ─▶ bucket
 //! <session>/logs/export_events/*.log ──▶ events::export_tailer ─────────▶ events::spool
 //! <session>/logs/**  ──────────────────▶ logs (watch, rescan, ledger, schedule) ─────────▶ bucket
 //! head only: the dashboard's REST answers ─▶ dashboard (poller) ─────────────────────────▶ bucket
@@ -22,7 +23,8 @@
 //!   starts; [`app`] starts the paths and shuts them down in one documented order.
 //! - [`node`]: which Ray session is active and which node this is (the `<node>` of every key).
 //! - [`events`]: the event path, from Ray's HTTP request to the uploaded object, with its
-//!   quarantine, deduplication, fsync'd spool and uploader; also Ray's file-based export events.
+//!   quarantine, deduplication, fsync'd spool and uploader, and the publisher that grows each
+//!   open segment's object within the upload window; also Ray's file-based export events.
 //! - [`logs`]: live snapshots of the session logs (appended where the store can, else on a
 //!   size-aware schedule), rotations, earlier sessions, final flush.
 //! - [`dashboard`]: head only, snapshots of the dashboard endpoints the history server replays.

@@ -3,8 +3,10 @@
 //! vanishes without a SIGTERM, at the same object count and under the same key as before.
 //!
 //! The writer shares each open segment's durable length ([`SpoolStats::grown_segments`]:
-//! whole lines, every one fsync'd). Every half window a round takes the segments that grew,
-//! oldest unpublished first, and for each brings its object to the new version:
+//! whole lines, every one fsync'd). [`Publisher::run`] takes the segments that grew, oldest
+//! unpublished first, each at most once per half window, [`CONCURRENCY`] at a time and
+//! without rounds (none waits for the others), and for each brings its object to the new
+//! version:
 //!
 //! - the new bytes `[published, durable)` are compressed as whole gzip members and appended
 //!   to the segment's *shadow* (`<spool>/growth/<e|q>.<file>.gz`: the object's bytes so
@@ -20,8 +22,8 @@
 //!
 //! So every version a reader can see is whole gzip members of whole lines, and its lines
 //! are a prefix of the next version's. A failed growth leaves the previous version whole
-//! (S3: nothing is visible before the completion; file://: truncated back), and the next
-//! round tries again; an object that is not what the record says (changed, or left longer
+//! (S3: nothing is visible before the completion; file://: truncated back), and it is tried
+//! again half a window later; an object that is not what the record says (changed, or left longer
 //! by an upload a crash interrupted) is uploaded whole from the shadow.
 //!
 //! Sealing ends with a last publication of the remaining bytes to the same key
@@ -38,7 +40,7 @@
 //! kill -9 keeps the page cache; after a power loss with the spool kept, a shadow shorter
 //! than its record makes the seal upload the segment whole.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -59,14 +61,27 @@ use crate::storage::put::{put_file_prefix, UploadError};
 use crate::util::fs::{open_scanned, Beneath};
 use crate::util::time::unix_nanos;
 
-/// Publications of one round in flight at once, at most (each also takes its share of
+/// Publications in flight at once, at most (each also takes its share of
 /// [`ROUND_BUDGET_KIB`]).
-const ROUND_CONCURRENCY: usize = 32;
-/// Memory the publications of a round may hold at once (compression buffers and the
+const CONCURRENCY: usize = 32;
+/// Memory the publications in flight may hold at once (compression buffers and the
 /// object's bytes of a whole PUT), in KiB.
 const ROUND_BUDGET_KIB: u32 = 32 * 1024;
-/// The shortest time between rounds.
-const MIN_ROUND_EVERY: Duration = Duration::from_millis(500);
+/// Compressions at once (CPU-bound: more than the cores buys nothing); their encoders and
+/// buffers are kept and reused, so 50,000 partitions cost two encoders, not 50,000
+/// allocations spread over the blocking pool's threads.
+const COMPRESSORS: usize = 2;
+/// How often the open segments are scanned for due ones when no slot frees up, at least
+/// and at most.
+const MIN_POLL: Duration = Duration::from_millis(50);
+const MAX_POLL: Duration = Duration::from_millis(500);
+/// Due segments taken from one scan of the open ones, at most.
+const SCAN_BATCH: usize = 1024;
+/// How often the states no task holds are dropped.
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
+
+/// A reusable encoder and its member buffer.
+type Compressor = (MemberEncoder, Vec<u8>);
 
 /// What is known of one segment's object.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -96,9 +111,17 @@ struct State {
 /// Why a publication did not happen.
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
-    /// Uploading failed (retried next round, or by the uploader's backoff at a seal).
+    /// Uploading failed (retried half a window later, or by the uploader's backoff at a
+    /// seal).
     #[error(transparent)]
     Upload(#[from] UploadError),
+    /// The runtime is shutting down and cancelled the compression: the segment stays in
+    /// the spool, published as far as its record says.
+    #[error("{path}: compression cancelled by the shutdown; the segment stays in the spool")]
+    Cancelled {
+        /// Which segment.
+        path: PathBuf,
+    },
     /// The spool's files are not as expected (a durable length not on a line break, a
     /// shadow shorter than its record): the seal uploads the segment whole.
     #[error("{path}: {why}")]
@@ -110,7 +133,7 @@ pub enum PublishError {
     },
 }
 
-/// Grows open segments' objects; shared by the rounds and the uploader's seals.
+/// Grows open segments' objects; shared by [`Publisher::run`] and the uploader's seals.
 pub struct Publisher {
     cfg: Arc<UploaderConfig>,
     spool_dir: PathBuf,
@@ -119,6 +142,9 @@ pub struct Publisher {
     stats: Arc<SpoolStats>,
     states: Mutex<HashMap<PathBuf, Arc<AsyncMutex<State>>>>,
     budget: Semaphore,
+    /// [`COMPRESSORS`] permits; the idle encoders (with their member buffer).
+    compressing: Semaphore,
+    encoders: Arc<Mutex<Vec<Compressor>>>,
 }
 
 /// The shadow and record names of a segment file named `file_name` of `kind`.
@@ -154,54 +180,107 @@ impl Publisher {
             stats,
             states: Mutex::new(HashMap::new()),
             budget: Semaphore::new(ROUND_BUDGET_KIB as usize),
+            compressing: Semaphore::new(COMPRESSORS),
+            encoders: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
-    /// Runs a round every half `window` until `stop` turns true.
+    /// Publishes open segments until `stop` turns true, [`CONCURRENCY`] at a time, without
+    /// rounds: a segment is due as soon as it has durable bytes not yet published and no
+    /// publication of it started in the last half `window`; the oldest unpublished byte goes
+    /// first. So a segment is published at most twice a window, and when the store cannot
+    /// keep up every segment is published again as soon as its turn comes, no publication
+    /// waiting for others. After `stop` nothing new starts; those in flight finish (a seal
+    /// waits for its segment's).
     pub async fn run(self: Arc<Self>, window: Duration, mut stop: watch::Receiver<bool>) {
-        let every = (window / 2).max(MIN_ROUND_EVERY);
-        loop {
+        let gap = u64::try_from((window / 2).as_nanos()).unwrap_or(u64::MAX);
+        let poll = (window / 20).clamp(MIN_POLL, MAX_POLL);
+        let mut tasks: JoinSet<(PathBuf, bool)> = JoinSet::new();
+        let mut busy: HashSet<PathBuf> = HashSet::new();
+        let mut failed = 0usize;
+        let mut warned_at = tokio::time::Instant::now();
+        let mut pruned_at = tokio::time::Instant::now();
+        // Due segments with the time their durable length was read.
+        let mut queue: VecDeque<(PathBuf, OpenView, u64)> = VecDeque::new();
+        let mut scanned_at: Option<tokio::time::Instant> = None;
+        let mut more = false;
+        while !*stop.borrow() {
+            // The open segments are scanned (under the writer's lock, walking all of them)
+            // for a batch of due ones when the last batch is all started: at once if it was
+            // full, else at most once a poll.
+            if queue.is_empty() && (more || scanned_at.is_none_or(|t| t.elapsed() >= poll)) {
+                scanned_at = Some(tokio::time::Instant::now());
+                let read_at = unix_nanos();
+                let before = queue.len();
+                queue.extend(
+                    self.stats
+                        .due_segments(read_at, gap, &busy, SCAN_BATCH)
+                        .into_iter()
+                        .map(|(p, v)| (p, v, read_at)),
+                );
+                // A full batch: more may be due, scanned for as soon as this one is started.
+                more = queue.len() - before == SCAN_BATCH;
+            }
+            while tasks.len() < CONCURRENCY {
+                let Some((path, view, read_at)) = queue.pop_front() else {
+                    break;
+                };
+                self.stats.publication_started(&path, unix_nanos());
+                busy.insert(path.clone());
+                let this = self.clone();
+                tasks.spawn(async move {
+                    let ok = this.publish_open(&path, view, read_at).await;
+                    (path, ok)
+                });
+            }
             tokio::select! {
-                _ = tokio::time::sleep(every) => {}
+                Some(j) = tasks.join_next(), if !tasks.is_empty() => {
+                    match j {
+                        Ok((path, ok)) => {
+                            busy.remove(&path);
+                            failed += usize::from(!ok);
+                        }
+                        Err(e) => {
+                            // Not cancelled (the set is never aborted): a panic; its path
+                            // stays busy, the seal uploads it.
+                            tracing::error!(error = %e, "a publication task panicked");
+                            failed += 1;
+                        }
+                    }
+                }
+                _ = tokio::time::sleep(poll) => {}
                 r = stop.changed() => {
-                    if r.is_err() || *stop.borrow() {
-                        return;
+                    if r.is_err() {
+                        break;
                     }
                 }
             }
-            if *stop.borrow() {
-                return;
+            if failed > 0 && warned_at.elapsed() >= window {
+                warned_at = tokio::time::Instant::now();
+                tracing::warn!(
+                    publications = failed,
+                    "could not publish the new events of some open segments; retried after half a window"
+                );
+                failed = 0;
             }
-            self.clone().round().await;
-        }
-    }
-
-    /// Publishes every open segment that grew, oldest unpublished first.
-    pub async fn round(self: Arc<Self>) {
-        let read_at = unix_nanos();
-        let grown = self.stats.grown_segments();
-        let seen: HashSet<PathBuf> = grown.iter().map(|(p, _)| p.clone()).collect();
-        let mut tasks = JoinSet::new();
-        let mut failed = 0usize;
-        for (path, view) in grown {
-            while tasks.len() >= ROUND_CONCURRENCY {
-                failed += joined(tasks.join_next().await);
+            // A state nobody holds is forgotten: its record and shadow on disk are the truth,
+            // and the next publication or the seal loads them again (a small read), so
+            // 50,000 open partitions do not keep 50,000 states. Only the map clones a state,
+            // under its lock, so a count of one means no task has it. Kept: a segment that
+            // is not published (its seal uploads it whole) while it is open.
+            if pruned_at.elapsed() >= PRUNE_EVERY {
+                pruned_at = tokio::time::Instant::now();
+                let mut states = lock(&self.states);
+                states.retain(|p, s| {
+                    Arc::strong_count(s) > 1
+                        || s.try_lock()
+                            .map_or(true, |g| g.whole_next || (g.done && self.stats.is_open(p)))
+                });
+                states.shrink_to_fit();
             }
-            let this = self.clone();
-            tasks.spawn(async move { this.publish_open(path, view, read_at).await });
         }
-        while let Some(j) = tasks.join_next().await {
-            failed += joined(Some(j));
-        }
-        if failed > 0 {
-            tracing::warn!(
-                segments = failed,
-                "could not publish the new events of some open segments; retried next round"
-            );
-        }
-        // Sealed and done, and no longer open: forgotten.
-        lock(&self.states)
-            .retain(|p, s| seen.contains(p) || s.try_lock().map(|s| !s.done).unwrap_or(true));
+        // Those in flight finish on their own; nothing new starts.
+        tasks.detach_all();
     }
 
     fn state(&self, path: &Path) -> Arc<AsyncMutex<State>> {
@@ -233,19 +312,19 @@ impl Publisher {
         st.counted = fs::metadata(&shadow).map(|m| m.len()).unwrap_or(0);
     }
 
-    async fn publish_open(&self, path: PathBuf, view: OpenView, read_at: u64) -> bool {
-        let state = self.state(&path);
+    async fn publish_open(&self, path: &Path, view: OpenView, read_at: u64) -> bool {
+        let state = self.state(path);
         let mut st = state.lock().await;
-        if st.done || !self.stats.is_open(&path) {
+        if st.done || !self.stats.is_open(path) {
             return true;
         }
-        self.load(&mut st, view.kind, &path);
+        self.load(&mut st, view.kind, path);
         match self
-            .publish(&mut st, &path, view.kind, &view.relative_key, view.durable)
+            .publish(&mut st, path, view.kind, &view.relative_key, view.durable)
             .await
         {
             Ok(_) => {
-                self.stats.segment_published(&path, view.durable, read_at);
+                self.stats.segment_published(path, view.durable, read_at);
                 true
             }
             Err(e) => {
@@ -319,11 +398,26 @@ impl Publisher {
                 let new_bytes = durable - published;
                 let cost = permits(2 * new_bytes.min(MEMBER_INPUT as u64) + (256 << 10));
                 let _permit = self.budget.acquire_many(cost).await;
+                let _cpu = self.compressing.acquire().await;
+                let pool = self.encoders.clone();
                 let (len, before) = tokio::task::spawn_blocking(move || {
-                    extend_shadow(&seg, &shadow, published, durable, from, level)
+                    let mut enc = lock(&pool)
+                        .pop()
+                        .unwrap_or_else(|| (MemberEncoder::new(level), Vec::new()));
+                    let r = extend_shadow(&seg, &shadow, published, durable, from, &mut enc);
+                    lock(&pool).push(enc);
+                    r
                 })
                 .await
-                .map_err(|e| local(format!("compressing: {e}")))??;
+                .map_err(|e| {
+                    if e.is_cancelled() {
+                        PublishError::Cancelled {
+                            path: segment.to_path_buf(),
+                        }
+                    } else {
+                        local(format!("compressing: {e}"))
+                    }
+                })??;
                 self.add_counted(st, before, len);
                 (
                     Beneath {
@@ -466,6 +560,14 @@ impl Publisher {
                 None
             }
             Err(PublishError::Upload(e)) => Some(Err(e)),
+            Err(e @ PublishError::Cancelled { .. }) => {
+                // Not a reason to upload it whole: the next start continues from the record.
+                let path = f.path.clone();
+                Some(Err(UploadError::Read {
+                    path,
+                    source: io::Error::new(io::ErrorKind::Interrupted, e.to_string()),
+                }))
+            }
         }
     }
 
@@ -479,21 +581,6 @@ impl Publisher {
         st.counted = 0;
         st.record = None;
         st.done = true;
-    }
-}
-
-fn joined(j: Option<Result<bool, tokio::task::JoinError>>) -> usize {
-    match j {
-        Some(Ok(true)) | None => 0,
-        Some(Ok(false)) => 1,
-        Some(Err(e)) => {
-            if e.is_cancelled() {
-                tracing::info!("a publication was cancelled");
-            } else {
-                tracing::error!(error = %e, "a publication task panicked");
-            }
-            1
-        }
     }
 }
 
@@ -531,7 +618,7 @@ fn extend_shadow(
     from: u64,
     to: u64,
     object_len: u64,
-    level: crate::storage::gzip::GzipLevel,
+    (enc, member): &mut Compressor,
 ) -> Result<(u64, u64), PublishError> {
     let local = |why: String| PublishError::Local {
         path: shadow.to_path_buf(),
@@ -559,22 +646,25 @@ fn extend_shadow(
     let mut src = src;
     src.seek(SeekFrom::Start(from))
         .map_err(|e| local(e.to_string()))?;
+    if from == to {
+        // Nothing new (a whole upload of the object so far).
+        return Ok((object_len, object_len));
+    }
+    // Never fed an empty input: a reused encoder then yields no member at all.
     let mut reader = src.take(to - from);
-    let mut enc = MemberEncoder::new(level);
-    let mut member = Vec::new();
     let mut read = 0u64;
     let mut last = 0u8;
     loop {
         member.clear();
         let more = enc
-            .next_member(&mut reader, &mut member, |b| {
+            .next_member(&mut reader, member, |b| {
                 read += b.len() as u64;
                 if let Some(&l) = b.last() {
                     last = l;
                 }
             })
             .map_err(|e| local(format!("compressing: {e}")))?;
-        out.write_all(&member)
+        out.write_all(member)
             .map_err(|e| local(format!("writing: {e}")))?;
         if !more {
             break;

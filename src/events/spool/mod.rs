@@ -24,7 +24,7 @@ mod segments;
 mod sync;
 mod writer;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -208,7 +208,7 @@ pub struct SealedFile {
     pub pending_since: Option<u64>,
 }
 
-/// An open segment as the publisher sees it ([`SpoolStats::grown_segments`]).
+/// An open segment as the publisher sees it ([`SpoolStats::due_segments`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenView {
     /// What it becomes.
@@ -220,6 +220,8 @@ pub struct OpenView {
     /// When the oldest durable byte not yet published became durable (Unix ns); `None` when
     /// everything durable is in the bucket.
     pub unpublished_since: Option<u64>,
+    /// When its last publication started (Unix ns), whatever came of it.
+    pub attempted_at: Option<u64>,
 }
 
 /// Counters shared by the writer, the uploader and the HTTP side.
@@ -278,6 +280,7 @@ impl SpoolStats {
                     relative_key,
                     durable: 0,
                     unpublished_since: None,
+                    attempted_at: None,
                 },
             );
         }
@@ -315,18 +318,46 @@ impl SpoolStats {
         self.open.lock().is_ok_and(|o| o.contains_key(path))
     }
 
-    /// The open segments with durable bytes not yet published, oldest first.
-    pub fn grown_segments(&self) -> Vec<(PathBuf, OpenView)> {
-        let mut out: Vec<(PathBuf, OpenView)> = match self.open.lock() {
-            Ok(o) => o
-                .iter()
-                .filter(|(_, v)| v.unpublished_since.is_some())
-                .map(|(p, v)| (p.clone(), v.clone()))
-                .collect(),
-            Err(_) => Vec::new(),
+    /// Up to `limit` open segments due for a publication at `now` (Unix ns), oldest
+    /// unpublished byte first: durable bytes not yet published, no publication started in
+    /// the last `gap_ns`, and not in `busy`. Only what is returned is cloned.
+    pub fn due_segments(
+        &self,
+        now: u64,
+        gap_ns: u64,
+        busy: &HashSet<PathBuf>,
+        limit: usize,
+    ) -> Vec<(PathBuf, OpenView)> {
+        let Ok(o) = self.open.lock() else {
+            return Vec::new();
         };
-        out.sort_by_key(|(_, v)| v.unpublished_since);
-        out
+        let mut due: Vec<(u64, &PathBuf, &OpenView)> = o
+            .iter()
+            .filter_map(|(p, v)| {
+                let since = v.unpublished_since?;
+                let rested = v
+                    .attempted_at
+                    .is_none_or(|a| now.saturating_sub(a) >= gap_ns);
+                (rested && !busy.contains(p)).then_some((since, p, v))
+            })
+            .collect();
+        if due.len() > limit {
+            due.select_nth_unstable_by_key(limit, |(since, _, _)| *since);
+            due.truncate(limit);
+        }
+        due.sort_unstable_by_key(|(since, _, _)| *since);
+        due.into_iter()
+            .map(|(_, p, v)| (p.clone(), v.clone()))
+            .collect()
+    }
+
+    /// A publication of the open segment at `path` starts at `now` (Unix ns).
+    pub fn publication_started(&self, path: &Path, now: u64) {
+        if let Ok(mut o) = self.open.lock() {
+            if let Some(v) = o.get_mut(path) {
+                v.attempted_at = Some(now);
+            }
+        }
     }
 
     /// The publisher put the first `upto` bytes of the open segment at `path` in the bucket,
