@@ -984,6 +984,49 @@ mod tests {
         assert!(ours_and_stale(shared, UNKNOWN_NODE, old, true));
     }
 
+    #[test]
+    fn a_version_replaces_the_object_whole_and_leftovers_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let shadow = dir.path().join("shadow");
+        std::fs::write(&shadow, b"0123456789").unwrap();
+        let src = Beneath {
+            root: dir.path().to_path_buf(),
+            rel: "shadow".into(),
+            dev: 0,
+            ino: 0,
+        };
+        let root = dir.path().join("bucket/P");
+        let node_dir = root.join("s1/n1/job_events/AQAAAA==");
+        let target = node_dir.join("e-2026-11-22-02-1.jsonl.gz");
+        write_version(&src, &target, 4, "host-a", "k").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"0123");
+        write_version(&src, &target, 10, "host-a", "k").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"0123456789");
+        // Asked for more than the source has: the object stays as it was, no temporary.
+        let err = write_version(&src, &target, 11, "host-a", "k").unwrap_err();
+        assert!(matches!(err, AppendError::Read { .. }), "{err}");
+        assert_eq!(std::fs::read(&target).unwrap(), b"0123456789");
+        assert_eq!(std::fs::read_dir(&node_dir).unwrap().count(), 1);
+        // A kill between the write and the rename leaves a temporary; the history server's
+        // pattern does not take it for an event object, and only this host's are removed.
+        let ours = temp_path(&target, "host-a").unwrap();
+        let theirs = temp_path(&target, "host-b").unwrap();
+        std::fs::write(&ours, b"x").unwrap();
+        std::fs::write(&theirs, b"x").unwrap();
+        let name = ours.file_name().unwrap().to_str().unwrap();
+        assert!(
+            crate::contract::events::parse_event_object_name(name).is_none(),
+            "{name}"
+        );
+        // Another node's directory is not looked at.
+        let other = root.join("s1/n2/job_events/x");
+        std::fs::create_dir_all(&other).unwrap();
+        let other_tmp = other.join(".o-2026-11-22-02.jsonl.gz.host-a.rhc-tmp");
+        std::fs::write(&other_tmp, b"x").unwrap();
+        assert_eq!(remove_temporaries(&root, "n1", "host-a"), 1);
+        assert!(!ours.exists() && theirs.exists() && other_tmp.exists() && target.exists());
+    }
+
     #[tokio::test]
     async fn appends_only_to_the_object_it_wrote() {
         let dir = tempfile::tempdir().unwrap();
