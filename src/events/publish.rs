@@ -13,7 +13,7 @@
 //! - `file://`: the object's bytes so far (the shadow; with `--compression none` the
 //!   segment's first `durable` bytes) are copied beside the object under a temporary name
 //!   (`.<name>.<host>.rhc-tmp`, see `storage::append::LOCAL_TEMP_SUFFIX`), fsync'd and
-//!   renamed over it, then the directory fsync'd: a reader opens the old or the new inode,
+//!   renamed over it (the directory is fsync'd after the seal's last version): a reader opens the old or the new inode,
 //!   never a part of one, and a kill leaves the previous version whole plus at most the
 //!   temporary (removed at the next start of this node). It costs a local copy of the
 //!   object per round (at most a segment's compressed size; `copy_file_range`). S3 and S3-compatible stores, once the object has
@@ -503,6 +503,9 @@ impl Publisher {
             .await
         {
             Ok(sent) => {
+                if let (Some(a), Some(r)) = (&self.appender, &st.record) {
+                    crate::storage::append::sync_local_object_dir(a, &r.key).await;
+                }
                 self.forget(&mut st, f);
                 Some(Ok(sent.unwrap_or(0)))
             }
