@@ -677,7 +677,7 @@ pub fn leftover_files(dir: &Path) -> Vec<(PathBuf, u64)> {
     for sub in [EVENTS_DIR, QUARANTINE_DIR, MARKERS_DIR] {
         let _ = walk_files(&dir.join(sub), &mut files);
     }
-    files.into_iter().filter_map(|p| still_there(p)).collect()
+    files.into_iter().filter_map(still_there).collect()
 }
 
 /// A listed file with its length; `None` when it no longer exists (an upload deleted it
