@@ -266,7 +266,6 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     // No new round: sealing publishes what is left of each open segment (a round in flight
     // finishes; a seal waits for its segment's publication).
     let _ = stop_publish.send(true);
-    drop(publish_task);
     let sealed = tokio::time::timeout_at(deadline.into(), spool.seal_all()).await;
     let drained = match sealed {
         Ok(Ok(())) => tokio::time::timeout_at(deadline.into(), uploader.drain())
@@ -308,6 +307,18 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     if let Some(s) = read_only_server {
         s.abort();
     }
+    // Nothing may delete spool files while what is left is listed: the uploads still in
+    // flight at the deadline are cancelled and joined (one that finished has deleted its
+    // file), and so is the publication round (issue 23: 161 files uploaded during the
+    // listing were named "left on disk").
+    publish_task.abort();
+    let _ = tokio::time::timeout(STOP_GRACE, publish_task).await;
+    if tokio::time::timeout(STOP_GRACE, uploader.stop())
+        .await
+        .is_err()
+    {
+        tracing::warn!("uploads did not stop in time; the list of files left may name some that are being uploaded");
+    }
     let spool2 = spool.clone();
     let _ = tokio::task::spawn_blocking(move || spool2.stop()).await;
     // Whatever is still in the spool is named, even after a drain: a file the spool could
@@ -340,6 +351,9 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     }
     Ok(Exit::LeftOnDisk)
 }
+
+/// How long the uploads cancelled after the shutdown deadline may take to end.
+const STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// How often the cleanup without a log lane looks for the node id.
 const CLEANUP_NODE_POLL: Duration = Duration::from_secs(5);

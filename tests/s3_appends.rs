@@ -802,6 +802,14 @@ fn a_versioned_bucket_gets_no_appends() {
         c.log_tail(40)
     );
     assert_eq!(c.metric("rhc_log_appends_enabled"), 0.0);
+    // Event objects keep growing there (issue 23's window), and the operator is told what
+    // each growth keeps.
+    assert!(
+        c.log_text()
+            .contains("versioning Enabled: every growth of an open event object"),
+        "{}",
+        c.log_tail(40)
+    );
     // The final flush still sends the file.
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());

@@ -12,8 +12,13 @@
 //!   to the segment's *shadow* (`<spool>/growth/<e|q>.<file>.gz`: the object's bytes so
 //!   far, counted against `--max-spool-bytes`); with `--compression none` the segment itself
 //!   is the object's bytes;
-//! - `file://`: the new bytes are appended to the object in place (an append that fails
-//!   halfway is truncated back); S3 and S3-compatible stores, once the object has
+//! - `file://`: the object's bytes so far (the shadow; with `--compression none` the
+//!   segment's first `durable` bytes) are copied beside the object under a temporary name
+//!   (`.<name>.<host>.rhc-tmp`, see `storage::append::LOCAL_TEMP_SUFFIX`), fsync'd and
+//!   renamed over it (the directory is fsync'd after the seal's last version): a reader opens the old or the new inode,
+//!   never a part of one, and a kill leaves the previous version whole plus at most the
+//!   temporary (removed at the next start of this node). It costs a local copy of the
+//!   object per round (at most a segment's compressed size; `copy_file_range`). S3 and S3-compatible stores, once the object has
 //!   [`Appender::min_object_bytes`]: `UploadPartCopy` of the current object (conditional on
 //!   its ETag) plus the new bytes as the last part, completed at once; smaller objects, GCS
 //!   and Azure: a PUT of the object's bytes so far (a multipart upload completes atomically);
@@ -22,8 +27,8 @@
 //!
 //! So every version a reader can see is whole gzip members of whole lines, and its lines
 //! are a prefix of the next version's. A failed growth leaves the previous version whole
-//! (S3: nothing is visible before the completion; file://: truncated back), and it is tried
-//! again half a window later; an object that is not what the record says (changed, or left longer
+//! (S3: nothing is visible before the completion; file://: before the rename), and it is
+//! tried again half a window later; an object that is not what the record says (changed, or left longer
 //! by an upload a crash interrupted) is uploaded whole from the shadow.
 //!
 //! Sealing ends with a last publication of the remaining bytes to the same key
@@ -452,7 +457,29 @@ impl Publisher {
         };
         let e_tag = st.record.as_ref().and_then(|r| r.e_tag.clone());
         let mut result = None;
-        if let Some(a) = append {
+        if let Some(a @ Appender::Local(_)) = &self.appender {
+            // file://: every version is written whole beside the object and renamed over it
+            // (never appended in place: a reader or a kill would see a part of a member).
+            let written = a.replace_local(&key, &source, new_len).await;
+            match written {
+                Some(Ok(done)) => {
+                    if append.is_some() {
+                        m::publication("append", new_len - from);
+                    } else {
+                        m::publication("whole", new_len);
+                    }
+                    result = Some((new_len - from, done.e_tag));
+                }
+                Some(Err(e)) => {
+                    return Err(UploadError::Append {
+                        key,
+                        message: e.to_string(),
+                    }
+                    .into());
+                }
+                None => {}
+            }
+        } else if let Some(a) = append {
             match a
                 .append(&key, &source, from, new_len, e_tag.as_deref(), None)
                 .await
@@ -551,6 +578,9 @@ impl Publisher {
             .await
         {
             Ok(sent) => {
+                if let (Some(a), Some(r)) = (&self.appender, &st.record) {
+                    crate::storage::append::sync_local_object_dir(a, &r.key).await;
+                }
                 self.forget(&mut st, f);
                 Some(Ok(sent.unwrap_or(0)))
             }

@@ -51,6 +51,8 @@ pub struct UploaderConfig {
 
 enum Control {
     Drain(oneshot::Sender<()>),
+    /// Cancel the uploads in flight, wait for them to end, and stop.
+    Stop(oneshot::Sender<()>),
 }
 
 /// Handle to the upload dispatcher.
@@ -102,6 +104,16 @@ impl Uploader {
             let _ = rx.await;
         }
     }
+
+    /// Cancels the uploads in flight and resolves once each has ended (an upload that
+    /// finished has its file deleted, as always) and the dispatcher has stopped: after it,
+    /// nothing deletes spool files any more, so what is left can be listed.
+    pub async fn stop(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.control.send(Control::Stop(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
 }
 
 struct Dispatcher {
@@ -149,6 +161,7 @@ impl Dispatcher {
         let mut waiters: Vec<oneshot::Sender<()>> = Vec::new();
         let mut files_open = true;
         let mut control_open = true;
+        let mut stopping: Option<oneshot::Sender<()>> = None;
 
         let mut enqueue = |queue: &mut BinaryHeap<(QueueKey, u64)>,
                            slots: &mut Vec<Option<Pending>>,
@@ -171,7 +184,7 @@ impl Dispatcher {
         loop {
             // Up to `concurrency` uploads whatever their size; more while the memory they
             // hold stays within the budget (many small objects).
-            while inflight.len() < MAX_IN_FLIGHT.max(self.cfg.concurrency) {
+            while stopping.is_none() && inflight.len() < MAX_IN_FLIGHT.max(self.cfg.concurrency) {
                 let Some(&(_, idx)) = queue.peek() else { break };
                 let Some(need) = slots
                     .get(idx as usize)
@@ -212,7 +225,17 @@ impl Dispatcher {
                     return;
                 }
             }
-            let next_due = delayed.iter().map(|(t, _)| *t).min();
+            if stopping.is_some() && inflight.is_empty() {
+                if let Some(w) = stopping.take() {
+                    let _ = w.send(());
+                }
+                return;
+            }
+            let next_due = delayed
+                .iter()
+                .map(|(t, _)| *t)
+                .min()
+                .filter(|_| stopping.is_none());
             tokio::select! {
                 f = files.recv(), if files_open => match f {
                     Some(file) => enqueue(&mut queue, &mut slots, Pending { file, attempt: 0 }),
@@ -225,6 +248,10 @@ impl Dispatcher {
                             enqueue(&mut queue, &mut slots, Pending { file, attempt: 0 });
                         }
                         waiters.push(w);
+                    }
+                    Some(Control::Stop(w)) => {
+                        inflight.abort_all();
+                        stopping = Some(w);
                     }
                     None => control_open = false,
                 },

@@ -9,6 +9,11 @@
 //! - `file://`: the object is a file under the bucket directory; the bytes are appended to
 //!   it in place. If that fails halfway the object is longer than the ledger says, which the
 //!   next round sees (its ETag changed) and repairs with a whole upload.
+//!   Event objects are never appended to in place ([`Appender::replace_local`]): each of
+//!   their versions is written whole beside the object under a temporary name and renamed
+//!   over it, since a reader must never see a part of a gzip member and a node killed
+//!   mid-append cannot repair it. [`Appender::prepare`] removes this node's temporaries an
+//!   earlier run left.
 //! - S3 and S3-compatible stores: a multipart upload to the same key whose first parts are
 //!   server-side copies of the current object (`UploadPartCopy`, conditional on its ETag, in
 //!   ranges of at most [`S3_MAX_COPY_PART`], since S3 copies at most 5 GiB per part) and whose
@@ -151,9 +156,47 @@ impl Appender {
     /// an earlier run left under this node (S3; nothing to do elsewhere).
     pub async fn prepare(&self, history_prefix: &str, node: &str) -> Prepared {
         match self {
-            Appender::Local(_) => Prepared::default(),
+            Appender::Local(fs) => {
+                let root = fs
+                    .path_to_filesystem(&ObjectPath::from(history_prefix))
+                    .ok();
+                let n = node.to_string();
+                let removed = match root {
+                    Some(root) => tokio::task::spawn_blocking(move || {
+                        remove_temporaries(&root, &n, local_temp_tag())
+                    })
+                    .await
+                    .unwrap_or(0),
+                    None => 0,
+                };
+                if removed > 0 {
+                    tracing::info!(
+                        removed,
+                        node,
+                        "removed temporaries of event objects an earlier run left (killed while writing a version)"
+                    );
+                }
+                Prepared {
+                    temporaries_removed: removed,
+                    ..Prepared::default()
+                }
+            }
             Appender::S3(s3) => s3.prepare(history_prefix, node).await,
         }
+    }
+
+    /// `file://`: writes the first `len` bytes of `source` as the new version of the object
+    /// `key`, atomically (see [`write_version`]); `None` on other stores.
+    pub async fn replace_local(
+        &self,
+        key: &str,
+        source: &Beneath,
+        len: u64,
+    ) -> Option<Result<Appended, AppendError>> {
+        let Appender::Local(fs) = self else {
+            return None;
+        };
+        Some(replace_local(fs, key, source, len).await)
     }
 
     /// At the end of the final flush, when the log lane is done: aborts every incomplete
@@ -225,6 +268,169 @@ async fn append_local(
         bytes: written,
         e_tag: after.e_tag,
     })
+}
+
+async fn replace_local(
+    fs: &Arc<LocalFileSystem>,
+    key: &str,
+    source: &Beneath,
+    len: u64,
+) -> Result<Appended, AppendError> {
+    let location = parse_key(key).map_err(|e| unavailable(key, &e))?;
+    let target = fs
+        .path_to_filesystem(&location)
+        .map_err(|e| unavailable(key, &e))?;
+    let (source, key_owned) = (source.clone(), key.to_string());
+    tokio::task::spawn_blocking(move || {
+        write_version(&source, &target, len, local_temp_tag(), &key_owned)
+    })
+    .await
+    .map_err(|e| unavailable(key, &e))??;
+    let after = fs.head(&location).await.map_err(|e| unavailable(key, &e))?;
+    Ok(Appended {
+        bytes: len,
+        e_tag: after.e_tag,
+    })
+}
+
+/// The end of the name of a temporary a new version of an event object is written to on
+/// `file://`: `.<object name>.<node tag>.rhc-tmp`, beside the object. The history server
+/// (which wants `-YYYY-MM-DD-HH[-<n>][.jsonl][.gz]` at the end) and `inspect` never take it
+/// for an object.
+pub const LOCAL_TEMP_SUFFIX: &str = ".rhc-tmp";
+
+/// This node's tag in the names of its temporaries: the host name (the pod's name on
+/// Kubernetes, kept across restarts of the container), reduced to `[A-Za-z0-9-]`.
+pub fn local_temp_tag() -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        let mut buf = [0u8; 256];
+        // SAFETY: the buffer is valid for its length; gethostname writes at most that.
+        let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        let tag: String = if rc == 0 { &buf[..end] } else { &[][..] }
+            .iter()
+            .map(|&b| b as char)
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .take(64)
+            .collect();
+        if tag.is_empty() {
+            "node".to_string()
+        } else {
+            tag
+        }
+    })
+}
+
+/// The temporary beside `target` that its next version is written to.
+fn temp_path(target: &Path, tag: &str) -> Option<PathBuf> {
+    let name = target.file_name()?.to_str()?;
+    Some(target.with_file_name(format!(".{name}.{tag}{LOCAL_TEMP_SUFFIX}")))
+}
+
+/// Writes the first `len` bytes of `source` beside `target` under a temporary name, fsyncs
+/// it and renames it over `target` (the directory is fsync'd at the seal only, see
+/// [`sync_local_object_dir`]): a reader opens the previous
+/// version or this one, never a part of one, and a kill at any point leaves the previous
+/// version whole (and at most this temporary, which [`Appender::prepare`] removes at the
+/// next start). The copy is the kernel's (`copy_file_range` on Linux).
+fn write_version(
+    source: &Beneath,
+    target: &Path,
+    len: u64,
+    tag: &str,
+    key: &str,
+) -> Result<(), AppendError> {
+    let path = source.path();
+    let store_err = |e: io::Error| unavailable(key, &e);
+    let dir = target
+        .parent()
+        .ok_or_else(|| unavailable(key, &"no parent directory"))?;
+    std::fs::create_dir_all(dir).map_err(store_err)?;
+    let tmp = temp_path(target, tag).ok_or_else(|| unavailable(key, &"not a plain file name"))?;
+    let result = (|| {
+        let src = source.open().map_err(|e| read_err(&path, e))?;
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .map_err(store_err)?;
+        let copied = io::copy(&mut src.take(len), &mut out).map_err(|e| read_err(&path, e))?;
+        if copied != len {
+            return Err(read_err(
+                &path,
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("{copied} bytes where {len} were expected"),
+                ),
+            ));
+        }
+        out.sync_all().map_err(store_err)?;
+        std::fs::rename(&tmp, target).map_err(store_err)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// `file://`: makes the last rename of the object `key` durable (its directory fsync'd):
+/// called once a segment's last version is written, before the segment is deleted. Every
+/// version is fsync'd before its rename, so after a power loss the object is one whole
+/// version; without this the last rename could be lost with the segment already gone. Not
+/// done for each round's version: at 50,000 partitions a second fsync per publication
+/// halved the rounds' pace and made the drain at SIGTERM miss its deadline.
+pub async fn sync_local_object_dir(app: &Appender, key: &str) {
+    let Appender::Local(fs) = app else { return };
+    let Ok(location) = parse_key(key) else { return };
+    let Ok(target) = fs.path_to_filesystem(&location) else {
+        return;
+    };
+    let Some(dir) = target.parent().map(Path::to_path_buf) else {
+        return;
+    };
+    let synced =
+        tokio::task::spawn_blocking(move || std::fs::File::open(&dir).and_then(|d| d.sync_all()))
+            .await;
+    if let Ok(Err(e)) = synced {
+        tracing::warn!(%key, error = %e, "could not fsync the object's directory");
+    }
+}
+
+/// Removes this node's temporaries (tag `tag`) below `<history root>/<any session>/<node>/`:
+/// what a run killed while writing a version left. The number removed.
+fn remove_temporaries(history_root: &Path, node: &str, tag: &str) -> usize {
+    let end = format!(".{tag}{LOCAL_TEMP_SUFFIX}");
+    let mut removed = 0;
+    let Ok(sessions) = std::fs::read_dir(history_root) else {
+        return 0;
+    };
+    for s in sessions.flatten() {
+        let mut stack = vec![s.path().join(node)];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let Ok(ft) = e.file_type() else { continue };
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                if ft.is_dir() {
+                    stack.push(e.path());
+                } else if ft.is_file() && name.starts_with('.') && name.ends_with(&end) {
+                    match std::fs::remove_file(e.path()) {
+                        Ok(()) => removed += 1,
+                        Err(err) => {
+                            tracing::warn!(path = %e.path().display(), error = %err, "could not remove a temporary an earlier run left")
+                        }
+                    }
+                }
+            }
+        }
+    }
+    removed
 }
 
 /// The object must exist with `size` bytes and, when known, the ETag `e_tag`.
@@ -408,6 +614,8 @@ pub struct Prepared {
     pub aborted: usize,
     /// Incomplete uploads of ours that could not be aborted.
     pub abort_failed: usize,
+    /// `file://`: temporaries of ours an earlier run left (killed while writing a version).
+    pub temporaries_removed: usize,
 }
 
 /// An incomplete upload of an event object older than this is an orphan (an event object
@@ -577,7 +785,12 @@ impl S3Appender {
     async fn prepare(&self, history_prefix: &str, node: &str) -> Prepared {
         let mut out = Prepared::default();
         match self.wire.versioning().await {
-            Ok(v) => out.versioned = v,
+            Ok(v) => {
+                if v.as_deref() == Some("Enabled") {
+                    warn_versioned_event_growth();
+                }
+                out.versioned = v
+            }
             Err(e) => {
                 tracing::info!(error = %e, "could not read the bucket's versioning (appends stay on)")
             }
@@ -648,6 +861,19 @@ impl S3Appender {
         }
         left
     }
+}
+
+/// Once per process: in a bucket with versioning `Enabled`, the growth of open segments'
+/// objects within `--upload-window` (issue 23) keeps going, since the window is the promise
+/// that a vanished node loses nothing older; but every growth keeps the previous version as
+/// a noncurrent one. The operator is told what it costs and what bounds it.
+fn warn_versioned_event_growth() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        tracing::warn!(
+            "the bucket has versioning Enabled: every growth of an open event object (each round, every half --upload-window, for each partition that got events) keeps the previous version as a noncurrent version, up to a segment's compressed size each; expire noncurrent versions with a lifecycle rule (NoncurrentVersionExpiration) or lengthen --upload-window; log appends are off in this bucket"
+        );
+    });
 }
 
 /// Whether the incomplete upload of `rest` (its key under `P/`), started `age` seconds ago
@@ -775,6 +1001,49 @@ mod tests {
         assert!(!ours_and_stale(shared, UNKNOWN_NODE, young, true));
         assert!(!ours_and_stale(shared, UNKNOWN_NODE, None, true));
         assert!(ours_and_stale(shared, UNKNOWN_NODE, old, true));
+    }
+
+    #[test]
+    fn a_version_replaces_the_object_whole_and_leftovers_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let shadow = dir.path().join("shadow");
+        std::fs::write(&shadow, b"0123456789").unwrap();
+        let src = Beneath {
+            root: dir.path().to_path_buf(),
+            rel: "shadow".into(),
+            dev: 0,
+            ino: 0,
+        };
+        let root = dir.path().join("bucket/P");
+        let node_dir = root.join("s1/n1/job_events/AQAAAA==");
+        let target = node_dir.join("e-2026-11-22-02-1.jsonl.gz");
+        write_version(&src, &target, 4, "host-a", "k").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"0123");
+        write_version(&src, &target, 10, "host-a", "k").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"0123456789");
+        // Asked for more than the source has: the object stays as it was, no temporary.
+        let err = write_version(&src, &target, 11, "host-a", "k").unwrap_err();
+        assert!(matches!(err, AppendError::Read { .. }), "{err}");
+        assert_eq!(std::fs::read(&target).unwrap(), b"0123456789");
+        assert_eq!(std::fs::read_dir(&node_dir).unwrap().count(), 1);
+        // A kill between the write and the rename leaves a temporary; the history server's
+        // pattern does not take it for an event object, and only this host's are removed.
+        let ours = temp_path(&target, "host-a").unwrap();
+        let theirs = temp_path(&target, "host-b").unwrap();
+        std::fs::write(&ours, b"x").unwrap();
+        std::fs::write(&theirs, b"x").unwrap();
+        let name = ours.file_name().unwrap().to_str().unwrap();
+        assert!(
+            crate::contract::events::parse_event_object_name(name).is_none(),
+            "{name}"
+        );
+        // Another node's directory is not looked at.
+        let other = root.join("s1/n2/job_events/x");
+        std::fs::create_dir_all(&other).unwrap();
+        let other_tmp = other.join(".o-2026-11-22-02.jsonl.gz.host-a.rhc-tmp");
+        std::fs::write(&other_tmp, b"x").unwrap();
+        assert_eq!(remove_temporaries(&root, "n1", "host-a"), 1);
+        assert!(!ours.exists() && theirs.exists() && other_tmp.exists() && target.exists());
     }
 
     #[tokio::test]

@@ -708,11 +708,30 @@ pub fn leftover_files(dir: &Path) -> Vec<(PathBuf, u64)> {
     for sub in [EVENTS_DIR, QUARANTINE_DIR, MARKERS_DIR] {
         let _ = walk_files(&dir.join(sub), &mut files);
     }
-    files
-        .into_iter()
-        .map(|p| {
-            let len = fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
-            (p, len)
-        })
-        .collect()
+    files.into_iter().filter_map(still_there).collect()
+}
+
+/// A listed file with its length; `None` when it no longer exists (an upload deleted it
+/// after the listing: not left).
+fn still_there(p: PathBuf) -> Option<(PathBuf, u64)> {
+    match fs::symlink_metadata(&p) {
+        Ok(m) => Some((p, m.len())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(_) => Some((p, 0)),
+    }
+}
+
+#[cfg(test)]
+mod leftover_tests {
+    use super::*;
+
+    #[test]
+    fn a_file_gone_since_the_listing_is_not_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let kept = dir.path().join("kept");
+        fs::write(&kept, b"abc").unwrap();
+        assert_eq!(still_there(kept.clone()), Some((kept, 3)));
+        // Listed, then deleted by an upload that finished: not named "left on disk".
+        assert_eq!(still_there(dir.path().join("uploaded")), None);
+    }
 }
