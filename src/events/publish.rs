@@ -568,6 +568,9 @@ impl Publisher {
         }
         let state = self.state(&f.path);
         let mut st = state.lock().await;
+        if let Some(a) = &self.appender {
+            crate::storage::append::remove_local_temp(a, &object_key(&self.cfg, f)).await;
+        }
         self.load(&mut st, f.kind, &f.path);
         if st.record.is_none() {
             self.forget(&mut st, f);

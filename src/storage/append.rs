@@ -399,6 +399,33 @@ pub async fn sync_local_object_dir(app: &Appender, key: &str) {
     }
 }
 
+/// `file://`: removes the temporary this node may have left beside the object `key` (a run
+/// killed while writing one of its versions). Called at the seal, under the segment's lock,
+/// so no version of `key` is being written: the restart that finishes a segment whose first
+/// version was cut short uploads it whole by another path, and without this the temporary
+/// would stay beside the object.
+pub async fn remove_local_temp(app: &Appender, key: &str) {
+    let Appender::Local(fs) = app else { return };
+    let Ok(location) = parse_key(key) else { return };
+    let Ok(target) = fs.path_to_filesystem(&location) else {
+        return;
+    };
+    let Some(tmp) = temp_path(&target, local_temp_tag()) else {
+        return;
+    };
+    let removed = tokio::task::spawn_blocking(move || std::fs::remove_file(&tmp)).await;
+    match removed {
+        Ok(Ok(())) => {
+            tracing::info!(%key, "removed a temporary an earlier run left beside the object")
+        }
+        Ok(Err(e)) if e.kind() == io::ErrorKind::NotFound => {}
+        Ok(Err(e)) => {
+            tracing::warn!(%key, error = %e, "could not remove the temporary beside the object")
+        }
+        Err(_) => {}
+    }
+}
+
 /// Removes this node's temporaries (tag `tag`) below `<history root>/<any session>/<node>/`:
 /// what a run killed while writing a version left. The number removed.
 fn remove_temporaries(history_root: &Path, node: &str, tag: &str) -> usize {
