@@ -682,3 +682,131 @@ fn a_node_killed_while_its_file_object_grows_leaves_it_whole() {
         }
     }
 }
+
+/// `tests/fault_shim/fault_shim.c`, built with `cc` into `dir`; rules go in `dir/faults/<call>`.
+fn fault_shim(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let faults = dir.join("faults");
+    std::fs::create_dir_all(&faults).unwrap();
+    let lib = dir.join("fault_shim.so");
+    let out = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&lib)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fault_shim/fault_shim.c"))
+        .args(["-ldl", "-pthread"])
+        .output()
+        .expect("running cc to build the fault shim");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (lib, faults)
+}
+
+/// Every event id in the session's event objects on the file:// bucket (temporaries skipped).
+fn ids_in_file_bucket(bucket: &Path) -> std::collections::BTreeSet<String> {
+    event_objects(read_all(&local_store(bucket)))
+        .iter()
+        .filter(|(k, _)| !k.ends_with(".rhc-tmp"))
+        .flat_map(|(k, v)| version_ids(k, v))
+        .collect()
+}
+
+/// One passing failure to create a segment's shadow (ENOSPC, once) must not stop its object
+/// growing until the seal: the publication is tried again half a window later (the second
+/// review found the segment given up until rotation, every event of it lost with the node).
+#[test]
+fn a_passing_spool_write_failure_only_delays_the_growth() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (lib, faults) = fault_shim(tmp.path());
+    std::fs::write(faults.join("open"), "28 1 /growth/e.\n").unwrap();
+    let bucket = tmp.path().join("bucket");
+    std::fs::create_dir_all(&bucket).unwrap();
+    let mut c = Collector::start(
+        &tmp.path().join("spool"),
+        &[
+            "--storage",
+            bucket.to_str().unwrap(),
+            "--ray-tmp-dir",
+            tmp.path().join("ray").to_str().unwrap(),
+            "--upload-window",
+            "1s",
+        ],
+        &[
+            ("LD_PRELOAD", lib.to_str().unwrap()),
+            ("RHC_FAULT_DIR", faults.to_str().unwrap()),
+        ],
+    );
+    let mut acked = Vec::new();
+    for r in 0..12 {
+        let ids: Vec<String> = (0..10).map(|i| format!("o{r}-{i}")).collect();
+        post(&c, &ids, 1);
+        acked.extend(ids);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(
+        !faults.join("open").exists(),
+        "the failure was never injected"
+    );
+    // Well past the window (1 s): everything acknowledged must be there.
+    std::thread::sleep(Duration::from_secs(4));
+    c.kill9();
+    std::fs::remove_dir_all(tmp.path().join("spool")).unwrap();
+    let have = ids_in_file_bucket(&bucket);
+    let missing = acked.iter().filter(|id| !have.contains(*id)).count();
+    assert_eq!(
+        missing,
+        0,
+        "{missing} of {} acknowledged events not in the bucket after the node vanished\n{}",
+        acked.len(),
+        c.log_tail(30)
+    );
+}
+
+/// A restart with another `--compression` writes the object under its new key before the
+/// one published under the old key goes: when the new one cannot be written (every create
+/// in the bucket fails), the old one stays and holds every acknowledged event (the second
+/// review found it deleted first, and the events gone with the node).
+#[test]
+fn a_compression_switch_keeps_the_old_object_until_the_new_one_exists() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (lib, faults) = fault_shim(tmp.path());
+    let (mut c, bucket) = file_collector(tmp.path(), &["--upload-window", "1s"]);
+    let acked: Vec<String> = (0..20).map(|i| format!("a{i}")).collect();
+    post(&c, &acked, 1);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(ids_in_file_bucket(&bucket).len(), 20, "{}", c.log_tail(30));
+    c.kill9();
+    std::fs::write(
+        faults.join("open"),
+        format!("28 100000 {}/\n", bucket.display()),
+    )
+    .unwrap();
+    let mut c2 = Collector::start(
+        &tmp.path().join("spool"),
+        &[
+            "--storage",
+            bucket.to_str().unwrap(),
+            "--ray-tmp-dir",
+            tmp.path().join("ray").to_str().unwrap(),
+            "--upload-window",
+            "1s",
+            "--compression",
+            "none",
+        ],
+        &[
+            ("LD_PRELOAD", lib.to_str().unwrap()),
+            ("RHC_FAULT_DIR", faults.to_str().unwrap()),
+        ],
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    c2.kill9();
+    std::fs::remove_dir_all(tmp.path().join("spool")).unwrap();
+    let have = ids_in_file_bucket(&bucket);
+    assert_eq!(
+        acked.iter().filter(|id| have.contains(*id)).count(),
+        20,
+        "acknowledged events lost when --compression changed\n{}",
+        c2.log_tail(30)
+    );
+}

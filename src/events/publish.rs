@@ -136,6 +136,16 @@ pub enum PublishError {
         /// What is wrong.
         why: String,
     },
+    /// Reading or writing the shadow failed (a full or failing spool disk): nothing is wrong
+    /// with the files, so the publication is tried again half a window later (at a seal: by
+    /// the uploader's backoff), never given up until the seal.
+    #[error("{path}: {why}")]
+    Io {
+        /// Which file.
+        path: PathBuf,
+        /// What failed.
+        why: String,
+    },
 }
 
 /// Grows open segments' objects; shared by [`Publisher::run`] and the uploader's seals.
@@ -335,9 +345,15 @@ impl Publisher {
             Err(e) => {
                 m::publication("failed", 0);
                 tracing::debug!(path = %path.display(), error = %e, "publication failed");
-                if let PublishError::Local { .. } = e {
-                    tracing::error!(error = %e, "not publishing an open segment; it is uploaded whole when sealed");
-                    st.done = true;
+                match &e {
+                    PublishError::Local { .. } => {
+                        tracing::error!(error = %e, "not publishing an open segment; it is uploaded whole when sealed");
+                        st.done = true;
+                    }
+                    PublishError::Io { .. } => {
+                        tracing::warn!(error = %e, "could not publish an open segment; tried again half a window later");
+                    }
+                    _ => {}
                 }
                 false
             }
@@ -366,17 +382,24 @@ impl Publisher {
         let key = object_key(&self.cfg, &file);
         let gzip = gzip_level(&self.cfg, &file);
         if st.record.as_ref().is_some_and(|r| r.key != key) {
-            // Published under another key (`--compression` changed across a restart): that
-            // object goes, this one is written whole.
-            if let Some(old) = st.record.take() {
-                if let Ok(p) = object_store::path::Path::parse(&old.key) {
-                    if let Err(e) = self.store.delete(&p).await {
-                        tracing::warn!(key = %old.key, error = %e, "could not delete the object published under the earlier key");
+            // Published under another key (`--compression` changed across a restart): this
+            // one is written whole first, then that object goes, so a reader always has one
+            // of them (and a failure leaves the earlier one, tried again later).
+            let old = st.record.take();
+            st.whole_next = true;
+            let written = Box::pin(self.publish(st, segment, kind, relative_key, durable)).await;
+            match (&written, old) {
+                (Ok(_), Some(old)) => {
+                    if let Ok(p) = object_store::path::Path::parse(&old.key) {
+                        if let Err(e) = self.store.delete(&p).await {
+                            tracing::warn!(key = %old.key, error = %e, "could not delete the object published under the earlier key");
+                        }
                     }
                 }
+                (Err(_), old) if st.record.is_none() => st.record = old,
+                _ => {}
             }
-            st.whole_next = true;
-            return Box::pin(self.publish(st, segment, kind, relative_key, durable)).await;
+            return written;
         }
         let published = st.record.as_ref().map_or(0, |r| r.raw);
         if durable <= published && !st.whole_next {
@@ -593,6 +616,10 @@ impl Publisher {
                 None
             }
             Err(PublishError::Upload(e)) => Some(Err(e)),
+            Err(PublishError::Io { path, why }) => Some(Err(UploadError::Read {
+                path,
+                source: io::Error::other(why),
+            })),
             Err(e @ PublishError::Cancelled { .. }) => {
                 // Not a reason to upload it whole: the next start continues from the record.
                 let path = f.path.clone();
@@ -653,7 +680,7 @@ fn extend_shadow(
     object_len: u64,
     (enc, member): &mut Compressor,
 ) -> Result<(u64, u64), PublishError> {
-    let local = |why: String| PublishError::Local {
+    let local = |why: String| PublishError::Io {
         path: shadow.to_path_buf(),
         why,
     };
@@ -665,9 +692,10 @@ fn extend_shadow(
         .map_err(|e| local(format!("opening: {e}")))?;
     let have = out.metadata().map_err(|e| local(e.to_string()))?.len();
     if have < object_len {
-        return Err(local(format!(
-            "the shadow has {have} bytes, the object {object_len}"
-        )));
+        return Err(PublishError::Local {
+            path: shadow.to_path_buf(),
+            why: format!("the shadow has {have} bytes, the object {object_len}"),
+        });
     }
     out.set_len(object_len)
         .and_then(|_| out.seek(SeekFrom::Start(object_len)).map(|_| ()))
