@@ -810,3 +810,47 @@ fn a_compression_switch_keeps_the_old_object_until_the_new_one_exists() {
         c2.log_tail(30)
     );
 }
+
+/// Bytes of every file under `dir`.
+fn disk_bytes(dir: &Path) -> u64 {
+    rhc_testkit::collector::files_under(dir)
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// A burst that fills `--max-spool-bytes` before anything is published, then publication
+/// writes the compressed copies of the open segments (`spool/growth/`): the spool on disk
+/// stays within the budget, because their room was reserved when the events were admitted
+/// (the second review found 1.27x the budget with poorly compressible events).
+#[test]
+fn growth_copies_stay_within_the_spool_budget() {
+    const BUDGET: u64 = 4 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    let budget = BUDGET.to_string();
+    let (mut c, _bucket) = file_collector(
+        tmp.path(),
+        &["--upload-window", "4s", "--max-spool-bytes", &budget],
+    );
+    let url = c.url("/v1/events");
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut accepted = 0;
+    for r in 0..2000 {
+        if !post_body(&url, &padded_body(&format!("b{r}"), 100, 200, &mut seed)) {
+            break;
+        }
+        accepted += 1;
+    }
+    assert!(accepted > 0, "nothing accepted");
+    // Half a window and more: the publisher has written the copies.
+    std::thread::sleep(Duration::from_secs(3));
+    let on_disk = disk_bytes(&tmp.path().join("spool"));
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_tail(30));
+    println!("{accepted} bodies accepted; spool on disk {on_disk} bytes, budget {BUDGET}");
+    assert!(
+        on_disk <= BUDGET,
+        "the spool holds {on_disk} bytes on disk, over its budget of {BUDGET}"
+    );
+}

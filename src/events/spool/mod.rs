@@ -222,6 +222,8 @@ pub struct OpenView {
     pub unpublished_since: Option<u64>,
     /// When its last publication started (Unix ns), whatever came of it.
     pub attempted_at: Option<u64>,
+    /// Bytes of it in the bucket (the publisher's last success).
+    pub published: u64,
 }
 
 /// Counters shared by the writer, the uploader and the HTTP side.
@@ -237,6 +239,10 @@ pub struct SpoolStats {
     /// The open segments by path: their durable length, for the publisher. The writer locks
     /// it once per group commit (not per event), the publisher once per round.
     open: Mutex<HashMap<PathBuf, OpenView>>,
+    /// Durable bytes of open segments not yet published: their compressed copies (the
+    /// publisher's shadows, at most as large) are still to be written, so the writer
+    /// reserves this much of `--max-spool-bytes` before it admits more.
+    unpublished: AtomicU64,
 }
 
 impl SpoolStats {
@@ -281,6 +287,7 @@ impl SpoolStats {
                     durable: 0,
                     unpublished_since: None,
                     attempted_at: None,
+                    published: 0,
                 },
             );
         }
@@ -291,6 +298,8 @@ impl SpoolStats {
         if let Ok(mut o) = self.open.lock() {
             for (path, len) in grown {
                 if let Some(v) = o.get_mut(path) {
+                    self.unpublished
+                        .fetch_add(len.saturating_sub(v.durable), Ordering::Relaxed);
                     v.durable = len;
                     v.unpublished_since.get_or_insert(now);
                 }
@@ -306,11 +315,27 @@ impl SpoolStats {
             .lock()
             .ok()
             .and_then(|mut o| o.remove(path))
-            .and_then(|v| v.unpublished_since);
+            .and_then(|v| {
+                self.release_unpublished(v.durable.saturating_sub(v.published));
+                v.unpublished_since
+            });
         if let Some(s) = since {
             self.add_pending(s);
         }
         since
+    }
+
+    /// Durable bytes of open segments not yet published (see the field).
+    pub fn unpublished_bytes(&self) -> u64 {
+        self.unpublished.load(Ordering::Relaxed)
+    }
+
+    fn release_unpublished(&self, n: u64) {
+        let _ = self
+            .unpublished
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                Some(u.saturating_sub(n))
+            });
     }
 
     /// Whether the segment at `path` is open (not sealed yet).
@@ -366,6 +391,9 @@ impl SpoolStats {
     pub fn segment_published(&self, path: &Path, upto: u64, read_at: u64) {
         if let Ok(mut o) = self.open.lock() {
             if let Some(v) = o.get_mut(path) {
+                let now_published = upto.min(v.durable).max(v.published);
+                self.release_unpublished(now_published - v.published);
+                v.published = now_published;
                 v.unpublished_since = (v.durable > upto).then_some(read_at);
             }
         }

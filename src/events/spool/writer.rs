@@ -491,7 +491,10 @@ impl Writer {
     /// file not yet uploaded counts [`FILE_BUDGET_BYTES`] beside its bytes.
     fn check_budget(&self, held: &Held, wanted: u64) -> Result<(), SpoolError> {
         let files = self.stats.files.load(Ordering::Relaxed);
+        // Unpublished bytes of open segments are reserved for their compressed copies
+        // (spool/growth/), which the publisher writes after the events were admitted.
         let used = self.stats.bytes.load(Ordering::Relaxed)
+            + self.stats.unpublished_bytes()
             + self.reserved
             + held.bytes
             + files.saturating_mul(FILE_BUDGET_BYTES);
