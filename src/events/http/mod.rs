@@ -438,7 +438,7 @@ fn readiness(st: &IngestState) -> Resp {
             "text/plain",
         );
     }
-    let used = st.spool.stats().bytes.load(Ordering::Relaxed);
+    let used = st.spool.stats().budget_used();
     if used >= st.high_watermark {
         return text_response(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -473,7 +473,7 @@ async fn ingest_inner(req: Request<Incoming>, st: &IngestState) -> Result<Resp, 
     if st.shutting_down.load(Ordering::SeqCst) {
         return Err(retry_later("shutting down", 5));
     }
-    let used = st.spool.stats().bytes.load(Ordering::Relaxed);
+    let used = st.spool.stats().budget_used();
     if used >= st.high_watermark {
         m::backpressure();
         return Err(retry_later(

@@ -330,6 +330,14 @@ impl SpoolStats {
         self.unpublished.load(Ordering::Relaxed)
     }
 
+    /// What counts against `--max-spool-bytes` for the high watermark: the bytes not yet
+    /// uploaded plus the room reserved for the compressed copies still to be written.
+    pub fn budget_used(&self) -> u64 {
+        self.bytes
+            .load(Ordering::Relaxed)
+            .saturating_add(self.unpublished_bytes())
+    }
+
     fn release_unpublished(&self, n: u64) {
         let _ = self
             .unpublished
