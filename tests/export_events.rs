@@ -14,6 +14,7 @@ use serde_json::Value;
 use rhc_testkit::collector::{
     append_to as append, decode, history_server_accepts, read_all, Collector,
 };
+use rhc_testkit::fault_shim::Faults;
 
 const NODE: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
 const SESSION: &str = "session_2026-11-22_02-08-16_569038_24326";
@@ -743,26 +744,8 @@ fn an_unsaved_checkpoint_keeps_its_lines_from_the_bucket() {
     /// `EACCES`, as if the spool directory had become read-only for the offsets file.
     const EACCES: i32 = 13;
     let tmp = tempfile::tempdir().unwrap();
-    let faults = tmp.path().join("faults");
-    std::fs::create_dir_all(&faults).unwrap();
-    let lib = tmp.path().join("fault_shim.so");
-    let out = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-o"])
-        .arg(&lib)
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fault_shim/fault_shim.c"))
-        .args(["-ldl", "-pthread"])
-        .output()
-        .expect("running cc to build the fault shim");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::write(
-        faults.join("open"),
-        format!("{EACCES} 1000000 export-offsets.json.tmp\n"),
-    )
-    .unwrap();
+    let faults = Faults::build(tmp.path());
+    faults.arm("open", EACCES, 1_000_000, "export-offsets.json.tmp");
     let ray = tmp.path().join("ray");
     setup_session(&ray);
     std::fs::write(
@@ -774,20 +757,14 @@ fn an_unsaved_checkpoint_keeps_its_lines_from_the_bucket() {
     let spool = tmp.path().join("spool");
     let mut args = export_args(&bucket, &ray).to_vec();
     args.extend(["--max-segment-bytes", "1MiB"]);
-    let mut c = Collector::start(
-        &spool,
-        &args,
-        &[
-            ("LD_PRELOAD", lib.to_str().unwrap()),
-            ("RHC_FAULT_DIR", faults.to_str().unwrap()),
-        ],
-    );
+    let mut c = Collector::start(&spool, &args, &faults.env());
     wait_metric(&c, "rhc_events_accepted_total", 1.0);
     // Several rotation intervals: time enough to seal and upload segments.
     std::thread::sleep(Duration::from_secs(4));
     let uploaded = stored_ids(&bucket).len();
     c.kill9();
-    std::fs::remove_file(faults.join("open")).unwrap();
+    assert!(faults.armed("open"), "the rule was used up");
+    faults.disarm("open");
     c.restart();
     wait_metric(&c, "rhc_events_accepted_total", 1.0);
     std::thread::sleep(Duration::from_secs(3));

@@ -9,7 +9,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +17,7 @@ use object_store::ObjectStore;
 use serde_json::Value;
 
 use rhc_testkit::collector::{decode, history_server_accepts, read_all, Collector};
+use rhc_testkit::fault_shim::Faults;
 
 const NODE_B64: &str = "OuZZXCSK197xxyBr/VCxjoYNXrFn5OBoxkgjpQ==";
 const EIO: i32 = 5;
@@ -116,68 +116,6 @@ fn assert_spool_empty(spool: &Path) {
         .filter(|p| !p.ends_with("LOCK"))
         .collect();
     assert!(left.is_empty(), "left in the spool: {left:?}");
-}
-
-/// The fault shim, built for this test, and its rule directory.
-struct Faults {
-    dir: PathBuf,
-    lib: PathBuf,
-}
-
-impl Faults {
-    fn build(tmp: &Path) -> Faults {
-        let dir = tmp.join("faults");
-        std::fs::create_dir_all(&dir).unwrap();
-        let lib = tmp.join("fault_shim.so");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fault_shim/fault_shim.c");
-        let out = Command::new("cc")
-            .args(["-shared", "-fPIC", "-O1", "-o"])
-            .arg(&lib)
-            .arg(&src)
-            .args(["-ldl", "-pthread"])
-            .output()
-            .expect("running cc to build the fault shim");
-        assert!(
-            out.status.success(),
-            "building the fault shim: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Faults { dir, lib }
-    }
-
-    fn env(&self) -> Vec<(&str, &str)> {
-        vec![
-            ("LD_PRELOAD", self.lib.to_str().unwrap()),
-            ("RHC_FAULT_DIR", self.dir.to_str().unwrap()),
-        ]
-    }
-
-    /// The next `count` calls of `call` on a path containing `text` fail with `errno`.
-    fn arm(&self, call: &str, errno: i32, count: u32, text: &str) {
-        std::fs::write(self.dir.join(call), format!("{errno} {count} {text}\n")).unwrap();
-    }
-
-    fn disarm(&self, call: &str) {
-        let _ = std::fs::remove_file(self.dir.join(call));
-    }
-
-    fn armed(&self, call: &str) -> bool {
-        self.dir.join(call).exists()
-    }
-
-    /// The shim's log: (call, path, ok).
-    fn log(&self) -> Vec<(String, String, bool)> {
-        std::fs::read_to_string(self.dir.join("log"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| {
-                let mut it = l.rsplitn(2, ' ');
-                let ok = it.next()? == "ok";
-                let (call, path) = it.next()?.split_once(' ')?;
-                Some((call.to_string(), path.to_string(), ok))
-            })
-            .collect()
-    }
 }
 
 fn start(tmp: &Path, extra: &[&str], env: &[(&str, &str)]) -> (Collector, PathBuf) {

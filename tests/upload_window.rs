@@ -18,6 +18,7 @@ use object_store::ObjectStore;
 
 use rhc_testkit::collector::{read_all, Collector};
 use rhc_testkit::fault_proxy::{Fault, FaultProxy, Rule};
+use rhc_testkit::fault_shim::Faults;
 use rhc_testkit::services::MotoS3;
 
 const SESSION: &str = "session_2026-11-22_02-06-54_202993_22498";
@@ -683,26 +684,6 @@ fn a_node_killed_while_its_file_object_grows_leaves_it_whole() {
     }
 }
 
-/// `tests/fault_shim/fault_shim.c`, built with `cc` into `dir`; rules go in `dir/faults/<call>`.
-fn fault_shim(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
-    let faults = dir.join("faults");
-    std::fs::create_dir_all(&faults).unwrap();
-    let lib = dir.join("fault_shim.so");
-    let out = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-o"])
-        .arg(&lib)
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fault_shim/fault_shim.c"))
-        .args(["-ldl", "-pthread"])
-        .output()
-        .expect("running cc to build the fault shim");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (lib, faults)
-}
-
 /// Every event id in the session's event objects on the file:// bucket (temporaries skipped).
 fn ids_in_file_bucket(bucket: &Path) -> std::collections::BTreeSet<String> {
     event_objects(read_all(&local_store(bucket)))
@@ -718,8 +699,8 @@ fn ids_in_file_bucket(bucket: &Path) -> std::collections::BTreeSet<String> {
 #[test]
 fn a_passing_spool_write_failure_only_delays_the_growth() {
     let tmp = tempfile::tempdir().unwrap();
-    let (lib, faults) = fault_shim(tmp.path());
-    std::fs::write(faults.join("open"), "28 1 /growth/e.\n").unwrap();
+    let faults = Faults::build(tmp.path());
+    faults.arm("open", 28, 1, "/growth/e.");
     let bucket = tmp.path().join("bucket");
     std::fs::create_dir_all(&bucket).unwrap();
     let mut c = Collector::start(
@@ -732,10 +713,7 @@ fn a_passing_spool_write_failure_only_delays_the_growth() {
             "--upload-window",
             "1s",
         ],
-        &[
-            ("LD_PRELOAD", lib.to_str().unwrap()),
-            ("RHC_FAULT_DIR", faults.to_str().unwrap()),
-        ],
+        &faults.env(),
     );
     let mut acked = Vec::new();
     for r in 0..12 {
@@ -744,10 +722,7 @@ fn a_passing_spool_write_failure_only_delays_the_growth() {
         acked.extend(ids);
         std::thread::sleep(Duration::from_millis(300));
     }
-    assert!(
-        !faults.join("open").exists(),
-        "the failure was never injected"
-    );
+    assert!(!faults.armed("open"), "the failure was never injected");
     // Well past the window (1 s): everything acknowledged must be there.
     std::thread::sleep(Duration::from_secs(4));
     c.kill9();
@@ -770,18 +745,14 @@ fn a_passing_spool_write_failure_only_delays_the_growth() {
 #[test]
 fn a_compression_switch_keeps_the_old_object_until_the_new_one_exists() {
     let tmp = tempfile::tempdir().unwrap();
-    let (lib, faults) = fault_shim(tmp.path());
+    let faults = Faults::build(tmp.path());
     let (mut c, bucket) = file_collector(tmp.path(), &["--upload-window", "1s"]);
     let acked: Vec<String> = (0..20).map(|i| format!("a{i}")).collect();
     post(&c, &acked, 1);
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(ids_in_file_bucket(&bucket).len(), 20, "{}", c.log_tail(30));
     c.kill9();
-    std::fs::write(
-        faults.join("open"),
-        format!("28 100000 {}/\n", bucket.display()),
-    )
-    .unwrap();
+    faults.arm("open", 28, 100_000, &format!("{}/", bucket.display()));
     let mut c2 = Collector::start(
         &tmp.path().join("spool"),
         &[
@@ -794,10 +765,7 @@ fn a_compression_switch_keeps_the_old_object_until_the_new_one_exists() {
             "--compression",
             "none",
         ],
-        &[
-            ("LD_PRELOAD", lib.to_str().unwrap()),
-            ("RHC_FAULT_DIR", faults.to_str().unwrap()),
-        ],
+        &faults.env(),
     );
     std::thread::sleep(Duration::from_secs(4));
     c2.kill9();

@@ -27,6 +27,7 @@ pub mod chromium;
 pub mod collector;
 pub mod dashboard;
 pub mod fault_proxy;
+pub mod fault_shim;
 pub mod history_server;
 pub mod http;
 pub mod peer;

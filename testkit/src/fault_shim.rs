@@ -1,0 +1,81 @@
+//! The I/O fault shim (`tests/fault_shim/fault_shim.c`), compiled for the test that needs it
+//! with `cc` and loaded into the collector with `LD_PRELOAD`. A rule file
+//! `<dir>/<call>` (`open`, `openr`, `fsync`, `fdatasync`, `ftruncate`) holding
+//! `<errno> <count> <text>` makes the next `count` such calls on a path containing `text` fail
+//! with `errno`; the shim deletes the rule when it is used up. Needs a C compiler and a
+//! dynamically linked glibc binary.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::repo_root;
+
+/// The shim, built into a test's temp dir, and its rule directory.
+pub struct Faults {
+    /// Where the rules go (`RHC_FAULT_DIR`).
+    pub dir: PathBuf,
+    /// The shared object (`LD_PRELOAD`).
+    pub lib: PathBuf,
+}
+
+impl Faults {
+    /// Builds the shim into `tmp` (`tmp/fault_shim.so`, rules in `tmp/faults/`); panics with
+    /// the compiler's output if that fails.
+    pub fn build(tmp: &Path) -> Faults {
+        let dir = tmp.join("faults");
+        std::fs::create_dir_all(&dir).expect("create the fault rule dir");
+        let lib = tmp.join("fault_shim.so");
+        let src = repo_root().join("tests/fault_shim/fault_shim.c");
+        let out = Command::new("cc")
+            .args(["-shared", "-fPIC", "-O1", "-o"])
+            .arg(&lib)
+            .arg(&src)
+            .args(["-ldl", "-pthread"])
+            .output()
+            .expect("running cc to build the fault shim");
+        assert!(
+            out.status.success(),
+            "building the fault shim: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Faults { dir, lib }
+    }
+
+    /// The environment that loads the shim with these rules.
+    pub fn env(&self) -> Vec<(&str, &str)> {
+        vec![
+            ("LD_PRELOAD", self.lib.to_str().expect("utf-8 temp path")),
+            ("RHC_FAULT_DIR", self.dir.to_str().expect("utf-8 temp path")),
+        ]
+    }
+
+    /// The next `count` calls of `call` on a path containing `text` fail with `errno`.
+    pub fn arm(&self, call: &str, errno: i32, count: u32, text: &str) {
+        std::fs::write(self.dir.join(call), format!("{errno} {count} {text}\n"))
+            .expect("write a fault rule");
+    }
+
+    /// Removes the rule for `call`, used up or not.
+    pub fn disarm(&self, call: &str) {
+        let _ = std::fs::remove_file(self.dir.join(call));
+    }
+
+    /// Whether the rule for `call` is still there (not used up).
+    pub fn armed(&self, call: &str) -> bool {
+        self.dir.join(call).exists()
+    }
+
+    /// The shim's log: (call, path, ok).
+    pub fn log(&self) -> Vec<(String, String, bool)> {
+        std::fs::read_to_string(self.dir.join("log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.rsplitn(2, ' ');
+                let ok = it.next()? == "ok";
+                let (call, path) = it.next()?.split_once(' ')?;
+                Some((call.to_string(), path.to_string(), ok))
+            })
+            .collect()
+    }
+}
