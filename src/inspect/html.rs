@@ -428,17 +428,7 @@ fn hangs(h: &mut String, r: &SessionReport) {
         h.push_str("<li>placement groups: no dashboard snapshot in the bucket</li>");
     }
     for pg in &g.placement_groups {
-        let bundles: Vec<String> = pg
-            .bundles
-            .iter()
-            .map(|b| {
-                let parts: Vec<String> = b
-                    .iter()
-                    .map(|(k, v)| format!("{k}: {}", super::scan::format_amount(*v)))
-                    .collect();
-                format!("{{{}}}", parts.join(", "))
-            })
-            .collect();
+        let bundles = super::render::bundles_text(&pg.bundles);
         let _ = write!(
             h,
             "<li class=\"pg\">placement group {} ({}) <b>{}</b>{} since {}, strategy {}, bundles {}{}</li>",
@@ -448,7 +438,7 @@ fn hangs(h: &mut String, r: &SessionReport) {
             pg.scheduling_state.as_deref().map(|s| format!("/{}", esc(s))).unwrap_or_default(),
             time(&pg.requested_at),
             opt(&pg.strategy),
-            esc(&bundles.join(" ")),
+            esc(&bundles),
             pg.unsatisfiable.as_deref().map(|u| format!(": never fits, {}", esc(u))).unwrap_or_default()
         );
     }

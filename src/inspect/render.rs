@@ -60,6 +60,21 @@ pub(super) fn human_duration(ns: i64) -> String {
     }
 }
 
+/// A placement group's bundles as `{CPU: 1, GPU: 1} {CPU: 2}` (not escaped: the caller does).
+pub(super) fn bundles_text(bundles: &[std::collections::BTreeMap<String, f64>]) -> String {
+    bundles
+        .iter()
+        .map(|b| {
+            let parts: Vec<String> = b
+                .iter()
+                .map(|(k, v)| format!("{k}: {}", super::scan::format_amount(*v)))
+                .collect();
+            format!("{{{}}}", parts.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Makes untrusted text safe for a terminal: drops ANSI escape sequences, turns other
 /// control characters (line breaks and C1 included) and the invisible characters that
 /// reorder text (`U+202E`, [`is_unsafe_char`]) into spaces, bounds the length.
@@ -786,17 +801,7 @@ fn render_hangs(r: &SessionReport, out: &mut String) {
         out.push_str("  placement groups: no dashboard snapshot in the bucket\n");
     }
     for pg in &h.placement_groups {
-        let bundles: Vec<String> = pg
-            .bundles
-            .iter()
-            .map(|b| {
-                let parts: Vec<String> = b
-                    .iter()
-                    .map(|(k, v)| format!("{k}: {}", super::scan::format_amount(*v)))
-                    .collect();
-                format!("{{{}}}", parts.join(", "))
-            })
-            .collect();
+        let bundles = bundles_text(&pg.bundles);
         let _ = writeln!(
             out,
             "  placement group {} ({}) {}{} since {}, strategy {}, bundles {}{}",
@@ -809,7 +814,7 @@ fn render_hangs(r: &SessionReport, out: &mut String) {
                 .unwrap_or_default(),
             opt_time(&pg.requested_at),
             opt(&pg.strategy),
-            clean(&bundles.join(" ")),
+            clean(&bundles),
             pg.unsatisfiable
                 .as_deref()
                 .map(|u| format!(": never fits, {}", clean(u)))
