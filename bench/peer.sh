@@ -2,7 +2,7 @@
 # Side by side with KubeRay's Go collector: both collectors driven by the same load
 # generator against the same S3 server (moto) and the same disk, in interleaved rounds, then
 # the same faults against both. Writes the section "Side by side with KubeRay's collector"
-# of BENCHMARKS.md and the side-by-side rows of README's sizing table. About 15 minutes
+# of BENCHMARKS.md and the side-by-side rows of the sizing table (docs/sizing-and-cost.md). About 15 minutes
 # (--quick: about 4). Loopback only; every load is bounded in time.
 #
 #   RHC_PEER_COLLECTOR=/path/to/kuberay/collector bench/peer.sh
@@ -24,7 +24,7 @@
 #
 # Output: .bench-deps/results/peer-<timestamp>/ (results.jsonl, chaos.jsonl, machine.txt,
 # summary.json, table.md); a full run also refreshes bench/results/peer/ and, unless
-# --no-docs, the generated parts of BENCHMARKS.md and README.md (bench/peer_summary.py).
+# --no-docs, the generated parts of BENCHMARKS.md and docs/sizing-and-cost.md (bench/peer_summary.py).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -8,7 +8,7 @@ summary.json and table.md beside results.jsonl.
 
 --publish copies summary.json, table.md and machine.txt to a directory; --docs rewrites the
 generated parts of <repo>/BENCHMARKS.md (between <!-- peer-bench:begin --> and
-<!-- peer-bench:end -->) and <repo>/README.md (<!-- peer-sizing:begin/end -->).
+<!-- peer-bench:end -->) and <repo>/docs/sizing-and-cost.md (<!-- peer-sizing:begin/end -->).
 
 Standard library only.
 """
@@ -369,7 +369,7 @@ def main():
         repo = Path(a.docs)
         replace_between(repo / "BENCHMARKS.md", "peer-bench", table)
         if size:
-            replace_between(repo / "README.md", "peer-sizing", size)
+            replace_between(repo / "docs" / "sizing-and-cost.md", "peer-sizing", size)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 # Shared by the example scripts (sourced, not run). Bash.
 #
 #   rhc_collector_path   prints the collector binary: $COLLECTOR if set, else
-#                        builds target/debug/ray-history-collector (cargo
+#                        builds target/debug/ray-history-collector (in
+#                        $CARGO_TARGET_DIR when set; cargo
 #                        build, a no-op when up to date) and prints its path
 #   rhc_free_port        prints a free TCP port on 127.0.0.1
 #   rhc_wait_http URL S  waits up to S seconds for URL to answer 2xx
@@ -25,7 +26,7 @@ rhc_collector_path() {
     echo "building target/debug/ray-history-collector (cargo build; the first time takes" \
         "a few minutes)" >&2
     (cd "$RHC_REPO" && cargo build --locked --bin ray-history-collector) >&2 || return 1
-    printf '%s\n' "$RHC_REPO/target/debug/ray-history-collector"
+    printf '%s\n' "${CARGO_TARGET_DIR:-$RHC_REPO/target}/debug/ray-history-collector"
 }
 
 rhc_free_port() {

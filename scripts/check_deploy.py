@@ -21,8 +21,8 @@ No cluster is needed. In order:
    emptyDir at /tmp/ray with the Ray container, Ray's event variables point at the port
    it listens on, which is on the pod's loopback, its probes reach its read-only listener
    on the pod IP (--metrics-listen, containerPort rhc-metrics), the grace period covers --shutdown-timeout, its
-   identity comes from the downward API, and every flag exists (README's table, which
-   tests/readme_config.rs checks against the CLI).
+   identity comes from the downward API, and every flag exists (the table of
+   docs/configuration.md, which tests/readme_config.rs checks against the CLI).
 5. charts/kuberay-ray-cluster-values.yaml: the pods KubeRay's ray-cluster chart would
    build from it, through the checks of 3 and 4.
 6. examples/docker-compose/compose.yaml: the same wiring between its services.
@@ -119,11 +119,11 @@ def obj_name(doc):
 # ------------------------------------------------------------------ the collector's CLI
 
 def known_flags():
-    """Long flags of the collector, from README.md's configuration table."""
-    readme = (REPO / "README.md").read_text()
-    flags = set(re.findall(r"^\| `--([a-z0-9-]+)` \|", readme, re.M))
+    """Long flags of the collector, from docs/configuration.md's configuration table."""
+    page = (REPO / "docs" / "configuration.md").read_text()
+    flags = set(re.findall(r"^\| `--([a-z0-9-]+)` \|", page, re.M))
     if len(flags) < 10:
-        raise SystemExit("check_deploy: could not read the flag table from README.md")
+        raise SystemExit("check_deploy: could not read the flag table from docs/configuration.md")
     return flags
 
 
@@ -200,7 +200,7 @@ def check_ray_pod(template, *, role, flags, owner=None, grace_default=DEFAULT_GR
     problems += arg_problems
     for k in args:
         if k not in flags:
-            problems.append(f"--{k} is not a flag of the collector (README's configuration table)")
+            problems.append(f"--{k} is not a flag of the collector (docs/configuration.md's table)")
     env = env_map(c)
 
     def setting(flag, var, default):
@@ -711,13 +711,13 @@ def snippet_image_problems(snippet):
             problems.append(f"image {img!r} is not the placeholder {IMAGE_PLACEHOLDER}:<version>")
     if not images:
         problems.append("no collector image in the snippet")
-    readme = (REPO / "README.md").read_text()
-    m = re.search(r"### KubeRay's `ray-cluster` chart\n(.*?)\n### ", readme, re.S)
+    page = (REPO / "docs" / "kubernetes.md").read_text()
+    m = re.search(r"^## KubeRay's `ray-cluster` chart\n(.*?)\n## ", page, re.S | re.M)
     section = m.group(1) if m else ""
     step = re.search(r"```sh\n(.*?)```", section, re.S)
     step = step.group(1) if step else ""
     if IMAGE_PLACEHOLDER not in step or step.find(IMAGE_PLACEHOLDER) > step.find("helm install"):
-        problems.append("README's KubeRay ray-cluster chart commands do not replace "
+        problems.append("docs/kubernetes.md's KubeRay ray-cluster chart commands do not replace "
                         f"{IMAGE_PLACEHOLDER} before `helm install`")
     return problems
 
@@ -799,7 +799,7 @@ def main():
                      check_ray_pod(template, role=role, flags=flags))
 
     report.check("the snippet's collector image is the placeholder Kubernetes refuses "
-                 f"(InvalidImageName), and the README's helm step replaces it",
+                 f"(InvalidImageName), and docs/kubernetes.md's helm step replaces it",
                  snippet_image_problems(snippet))
 
     compose = REPO / "examples" / "docker-compose" / "compose.yaml"

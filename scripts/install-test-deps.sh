@@ -25,6 +25,12 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEPS="$REPO/.test-deps"
+# A link (another checkout's tools, or the cache .ci/run keeps between runs) is followed,
+# so the venv's scripts and every printed path name the real directory, which outlives a
+# checkout that is deleted.
+if [[ -L "$DEPS" ]]; then
+    DEPS="$(readlink -f "$DEPS")"
+fi
 VENV="$DEPS/venv"
 NODE_DIR="$DEPS/node"
 BIN_DIR="$DEPS/bin"

@@ -40,7 +40,9 @@ export RHC_TEST_RUN_ID
 # shellcheck disable=SC2317  # invoked by the EXIT trap
 cleanup() {
     local pid pids=()
-    for pid in $(pgrep -f -- "$REPO/.test-deps/" || true); do
+    local deps
+    deps="$(readlink -f "$REPO/.test-deps")"
+    for pid in $(pgrep -f -- "$deps/" || true); do
         if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null \
                 | grep -qxF "RHC_TEST_RUN_ID=$RHC_TEST_RUN_ID"; then
             pids+=("$pid")

@@ -9,7 +9,9 @@
 //!
 //! All within `--shutdown-timeout`, most valuable first:
 //!
-//! 1. New event requests get 503; requests already being stored finish.
+//! 1. New event requests get 503; requests already being stored finish, and bodies still
+//!    arriving get a grace (a fifth of the deadline, at most 5 s), after which a body that
+//!    completes is answered 503 and not stored.
 //! 2. The export tailer makes its last pass, so lines Ray wrote just before the end are kept;
 //!    its reading ends 5 s after it is told (with step 1), whatever pass is running.
 //! 3. Publication rounds stop; the spool seals every open segment and the uploader drains its
@@ -38,8 +40,9 @@ use crate::{dashboard, events, logs, node};
 pub enum Exit {
     /// Everything accepted was uploaded.
     Clean,
-    /// The shutdown deadline passed with files left in the spool for the next start, or
-    /// files were left that the spool could not place (named in the log).
+    /// The shutdown deadline passed with files left in the spool for the next start, files
+    /// were left that the spool could not place, or log files were not uploaded at the
+    /// final flush (each named in the log).
     LeftOnDisk,
 }
 
@@ -56,6 +59,15 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         .clone()
         .open()
         .with_context(|| format!("opening storage {}", settings.storage))?;
+    // Storage records no metric itself: the appender (one per store, shared by the event
+    // and log paths) reports the incomplete uploads it aborts to the metrics here.
+    if let Some(appender) = settings
+        .store
+        .appender()
+        .with_context(|| format!("opening storage {}", settings.storage))?
+    {
+        appender.report_aborts_to(crate::metrics::append_upload_aborted);
+    }
     let (sealed_tx, sealed_rx) = mpsc::unbounded_channel();
     let spool_cfg = SpoolConfig {
         dir: settings.spool_dir.clone(),
@@ -64,6 +76,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         max_open_files: settings.max_open_segments,
         dedup_window: settings.dedup_window,
         max_bytes: settings.max_spool_bytes,
+        copies: settings.compression == Compression::Gzip,
         write_session_markers: settings.role == Role::Head,
         quarantine_node: settings.quarantine_node.clone(),
     };
@@ -75,7 +88,14 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
             bytes = recovered.bytes,
             torn_lines = recovered.torn,
             dedup_ids = recovered.dedup_ids,
+            journal_ids = recovered.journal_ids,
+            spool_newer_ids = recovered.spool_newer_ids,
             "found files of an earlier run in the spool; uploading them"
+        );
+    } else if recovered.dedup_ids > 0 {
+        tracing::info!(
+            dedup_ids = recovered.dedup_ids,
+            "reloaded the deduplication window from the ids journal"
         );
     }
     for p in &recovered.unknown {
@@ -117,7 +137,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         Some(addr) => Some(events::http::bind_read_only(addr).await?),
         None => None,
     };
-    let high_watermark = settings.max_spool_bytes / 10 * 9;
+    let high_watermark = events::spool::high_watermark(settings.max_spool_bytes);
     let event_node: node::node_id::EventNodeHint = Default::default();
     let state = events::http::IngestState::new(
         events::http::IngestConfig {
@@ -169,6 +189,26 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         None
     };
     let log_task = if settings.enable_log_collector {
+        // Log appends fall back on the whole upload: a copy left unanswered is cut early
+        // (the event publisher's copies are not, see `storage::s3`).
+        let appender = settings
+            .store
+            .appender()
+            .with_context(|| format!("opening storage {}", settings.storage))?
+            .map(|a| a.with_answer_timeout(crate::storage::s3::ANSWER_TIMEOUT));
+        // File bytes go on a client whose request timeout lets the largest part the lane
+        // sends go at the floor rate of a slow uplink (`storage::log_request_timeout`).
+        let largest_body = settings
+            .upload_part_bytes
+            .max(crate::storage::append::TAIL_PART) as u64;
+        let (body_store, appender) = match settings
+            .store
+            .for_log_bodies(largest_body, appender.clone())
+            .with_context(|| format!("opening storage {} for logs", settings.storage))?
+        {
+            Some((s, a)) => (Some(s), a),
+            None => (None, appender),
+        };
         let shipper = logs::LogShipper::new(
             logs::LogConfig {
                 ray_tmp: settings.ray_tmp_dir.clone(),
@@ -177,12 +217,11 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
                 part_size: settings.upload_part_bytes,
                 layout: settings.layout.clone(),
                 max_bytes_per_second: settings.log_upload_max_bytes_per_second,
-                appender: settings
-                    .store
-                    .appender()
-                    .with_context(|| format!("opening storage {}", settings.storage))?,
+                appender,
+                body_store,
                 appends: settings.log_appends,
                 bucket: settings.store.identity().to_string(),
+                max_key_bytes: settings.store.max_key_bytes(),
             },
             store.clone(),
             spool.clone(),
@@ -220,7 +259,8 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
             store.clone(),
             settings.layout.clone(),
         )
-        .context("starting the dashboard poller")?;
+        .context("starting the dashboard poller")?
+        .with_record_in(&settings.spool_dir, &settings.storage.to_string());
         let (sessions, stop) = (sessions.clone(), stop_logs_rx.clone());
         Some(tokio::spawn(async move {
             poller.run(sessions, stop).await;
@@ -259,7 +299,21 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     // The export tailer makes a last pass so lines written just before the end are kept; its
     // reading ends a fixed time after it is told, so it is told now.
     let _ = stop_export.send(true);
-    let _ = tokio::time::timeout_at(deadline.into(), state.wait_idle()).await;
+    // Requests in flight (bodies arriving, or being decoded and parsed) get a grace (a fifth
+    // of the deadline, at most BODY_GRACE); then a batch built after it is answered 503 and
+    // only the batches already being written to the spool are waited for, so neither a slow
+    // client nor a costly body can spend the deadline the seal needs.
+    let grace = (settings.shutdown_timeout / 5).min(BODY_GRACE);
+    if tokio::time::timeout(grace, state.wait_idle())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            grace_ms = grace.as_millis() as u64,
+            "requests still in flight after the grace (bodies arriving or being built) are answered 503 and not stored"
+        );
+    }
+    let _ = tokio::time::timeout_at(deadline.into(), state.stop_storing()).await;
     if let Some(task) = export_task {
         let _ = tokio::time::timeout_at(deadline.into(), task).await;
     }
@@ -277,12 +331,23 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     let _ = stop_logs.send(true);
     let active = sessions.borrow().clone();
     let final_logs = async {
-        if let Some(task) = log_task {
-            if let Ok(Ok(mut shipper)) = tokio::time::timeout_at(deadline.into(), task).await {
-                return shipper.final_flush(active.clone(), deadline).await;
-            }
+        let Some(task) = log_task else {
+            return Vec::new();
+        };
+        // The lane stops at once (every wait of a round or a capture is cut by shutdown);
+        // should it not come back, its files are not known to be in the bucket: named, so
+        // the exit is not "everything uploaded" (review r42e E4).
+        match tokio::time::timeout_at(deadline.into(), task).await {
+            Ok(Ok(mut shipper)) => shipper.final_flush(active.clone(), deadline).await,
+            Ok(Err(e)) => vec![(
+                settings.ray_tmp_dir.clone(),
+                format!("the log lane ended without its final flush: {e}"),
+            )],
+            Err(_) => vec![(
+                settings.ray_tmp_dir.clone(),
+                "the log lane did not stop by the shutdown deadline; no final flush".to_string(),
+            )],
         }
-        Vec::new()
     };
     let final_poll = async {
         if let (Some(task), Some(s)) = (poller_task, active.clone()) {
@@ -300,60 +365,110 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         }
     };
     let (logs_left, ()) = tokio::join!(final_logs, final_poll);
-    for path in &logs_left {
-        tracing::warn!(path = %path.display(), "log file not uploaded before the shutdown deadline");
+    for (path, why) in &logs_left {
+        tracing::error!(path = %path.display(), %why, "log file not uploaded at the final flush");
     }
     server.abort();
     if let Some(s) = read_only_server {
         s.abort();
     }
+    // Past the deadline every step below shares one bounded grace, whatever the spool holds
+    // (issue 35: with 50,000 partitions the writer's stop and the report of every leftover
+    // took 17 s more, past a kubelet's grace period). What a step leaves undone the next
+    // start redoes: it seals and queues whatever it finds in the spool.
+    let grace_end = tokio::time::Instant::from(Instant::now().max(deadline) + STOP_GRACE);
     // Nothing may delete spool files while what is left is listed: the uploads still in
     // flight at the deadline are cancelled and joined (one that finished has deleted its
     // file), and so is the publication round (issue 23: 161 files uploaded during the
     // listing were named "left on disk").
     publish_task.abort();
-    let _ = tokio::time::timeout(STOP_GRACE, publish_task).await;
-    if tokio::time::timeout(STOP_GRACE, uploader.stop())
+    let _ = tokio::time::timeout_at(grace_end, publish_task).await;
+    if tokio::time::timeout_at(grace_end, uploader.stop())
         .await
         .is_err()
     {
         tracing::warn!("uploads did not stop in time; the list of files left may name some that are being uploaded");
     }
+    // The writer stops at its next segment: seals it has not done yet are left to the next
+    // start (a crash-safe state, as after kill -9).
     let spool2 = spool.clone();
-    let _ = tokio::task::spawn_blocking(move || spool2.stop()).await;
+    let stopped = tokio::time::timeout_at(
+        grace_end,
+        tokio::task::spawn_blocking(move || spool2.stop()),
+    )
+    .await;
+    if stopped.is_err() {
+        tracing::warn!("the spool's writer did not stop in time; what it had not sealed is sealed by the next start");
+    }
     // Whatever is still in the spool is named, even after a drain: a file the spool could
     // not place (an unrecognised name) was never queued, and "everything uploaded" would be
-    // false.
-    let left = events::spool::leftover_files(&settings.spool_dir);
-    if drained && left.is_empty() {
+    // false. The listing has its own bound; the bytes are the spool's own count.
+    let dir = settings.spool_dir.clone();
+    let until = Instant::now() + LIST_GRACE;
+    let left = tokio::task::spawn_blocking(move || {
+        events::spool::leftover_summary(&dir, LEFT_NAMED, until)
+    })
+    .await
+    .unwrap_or_default();
+    let (spool_files, spool_bytes) = (spool.stats().files(), spool.stats().stored_bytes());
+    if drained && left.complete && left.files == 0 && logs_left.is_empty() {
         tracing::info!(
             took_ms = started.elapsed().as_millis() as u64,
             "everything uploaded; exiting"
         );
         return Ok(Exit::Clean);
     }
-    let total: u64 = left.iter().map(|(_, n)| n).sum();
-    if drained {
+    if drained && left.complete && left.files == 0 {
         tracing::error!(
-            files = left.len(),
-            bytes = total,
-            "everything queued was uploaded, but these files in the spool could not be placed and were not"
+            files = logs_left.len(),
+            "every event was uploaded, but these log files were not (named above); the next \
+             start uploads them if their session is still there"
         );
+        return Ok(Exit::LeftOnDisk);
+    }
+    // One line, however many files: counts, bytes and the first names (issue 35: 45,601
+    // lines took 4 s a kubelet does not give).
+    let first = left
+        .first
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let what = if drained {
+        "everything queued was uploaded, but files the spool could not place are left on disk \
+         (the first named)"
     } else {
-        tracing::error!(
-            files = left.len(),
-            bytes = total,
-            "shutdown deadline reached; these files stay in the spool and are uploaded by the next start"
-        );
-    }
-    for (path, bytes) in &left {
-        tracing::error!(path = %path.display(), bytes, "left on disk");
-    }
+        "shutdown deadline reached; files left on disk in the spool (the first named), \
+         uploaded by the next start"
+    };
+    tracing::error!(
+        files = left.files,
+        listed_whole = left.complete,
+        spool_files,
+        spool_bytes,
+        first = %first,
+        took_ms = started.elapsed().as_millis() as u64,
+        "{what}"
+    );
     Ok(Exit::LeftOnDisk)
 }
 
-/// How long the uploads cancelled after the shutdown deadline may take to end.
+/// The longest a shutdown waits for request bodies still arriving before it seals (a fifth
+/// of `--shutdown-timeout` when that is shorter): Ray's batches arrive on loopback in
+/// milliseconds, and a body slower than this was never acknowledged, so Ray resends it.
+const BODY_GRACE: Duration = Duration::from_secs(5);
+
+/// How long, after the shutdown deadline, the cancelled uploads, the publication round and
+/// the spool's writer may take to stop, together: a kubelet's grace period is usually a few
+/// seconds longer than `--shutdown-timeout` (30 s against the default 25 s).
 const STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// How long listing what is left in the spool may take (a walk of the partition directories:
+/// with 50,000 of them it took 13 s); past it the report counts what it found so far.
+const LIST_GRACE: Duration = Duration::from_secs(2);
+
+/// Files named in the shutdown's report of what is left; the rest are counted.
+const LEFT_NAMED: usize = 20;
 
 /// How often the cleanup without a log lane looks for the node id.
 const CLEANUP_NODE_POLL: Duration = Duration::from_secs(5);

@@ -3,7 +3,7 @@
 //!
 //! Every collector flag also reads an environment variable, and the KubeRay collector's
 //! variable names are accepted where they mean the same thing. Values are only parsed here;
-//! [`crate::settings`] checks them against each other and against the environment.
+//! `settings.rs` checks them against each other and against the environment.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -49,10 +49,7 @@ fn parse_gzip_level(s: &str) -> Result<GzipLevel, String> {
         .ok_or_else(|| format!("expected a level from 1 to {}", GzipLevel::MAX))
 }
 
-/// Largest `--dedup-window`: 16 Mi ids, up to a 256 MiB table and a 128 MiB ring, about
-/// eleven minutes of a busy node's events. Memory follows the ids held, but a mistyped value
-/// must fail here rather than exhaust memory once the window fills.
-pub const MAX_DEDUP_WINDOW: usize = 1 << 24;
+pub use crate::util::dedup::MAX_DEDUP_WINDOW;
 
 fn parse_dedup_window(s: &str) -> Result<usize, String> {
     let n: usize = s
@@ -76,7 +73,7 @@ fn parse_event_keys(s: &str) -> Result<EventKeys, String> {
 /// A value as given, parsed or not. A bad value of a flag stops the collector (exit 2); a bad
 /// value of one of KubeRay's tuning variables is warned about and replaced by the default,
 /// as KubeRay's collector does, so a manifest written for it cannot keep the pod from
-/// starting ([`crate::settings`] decides, by whether the variable holds the value).
+/// starting (`settings.rs` decides, by whether the variable holds the value).
 #[derive(Debug, Clone)]
 pub struct Given<T> {
     /// The text as given.
@@ -143,10 +140,14 @@ pub struct Cli {
 }
 
 /// Subcommands.
+// Parsed once at start and matched at once: the size of the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum Command {
     /// Read back what collectors wrote to a bucket: clusters, sessions, jobs, tasks, Train runs.
     Inspect(InspectArgs),
+    /// Serve a bucket over HTTP with KubeRay's history-server API (read-only; first slice).
+    Serve(ServeArgs),
 }
 
 /// The collector's settings. Each flag also reads the environment variable shown.
@@ -256,7 +257,8 @@ pub struct RunArgs {
     #[arg(long, env = "RHC_MAX_BODY_BYTES", value_name = "SIZE", default_value = "64MiB", value_parser = given(parse_size))]
     pub max_body_bytes: Given<u64>,
 
-    /// How many recent event ids are remembered to drop Ray's resent duplicates (0: off).
+    /// How many recent event ids are remembered to drop Ray's resent duplicates, across
+    /// restarts too (a journal in `<spool-dir>/dedup/`, 8 bytes per id; 0: off).
     #[arg(
         long,
         env = "RHC_DEDUP_WINDOW",
@@ -408,4 +410,52 @@ pub struct InspectArgs {
     /// Also write a self-contained HTML page (summary, failed tasks, Gantt chart) to FILE.
     #[arg(long, value_name = "FILE", requires = "session")]
     pub html: Option<std::path::PathBuf>,
+
+    /// Print one Ray Train run in full instead of the report (by run id or name): every
+    /// field of its settings, its status history, attempts and workers. Needs --session.
+    #[arg(long, value_name = "RUN", requires = "session", conflicts_with_all = ["logs", "timeline", "html"])]
+    pub train_run: Option<String>,
+
+    /// Compare two Ray Train runs, each `[SESSION:]RUN` (a run id or name; the session as
+    /// for --session, else --session's): the settings that differ, then the outcome. Exit 0
+    /// when the settings are equal, 1 when they differ, 2 when they cannot be compared.
+    #[arg(long, num_args = 2, value_names = ["A", "B"], conflicts_with_all = ["logs", "timeline", "html", "train_run"])]
+    pub compare_runs: Option<Vec<String>>,
+
+    /// With --compare-runs: read B from this bucket instead (same forms, credentials and
+    /// --storage-root-dir as STORAGE).
+    #[arg(long, value_name = "STORAGE", requires = "compare_runs")]
+    pub compare_storage: Option<String>,
+}
+
+/// `ray-history-collector serve`: the bucket over HTTP, with KubeRay's history-server API.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// The bucket to serve: a path, file:///dir, s3://bucket[/root], gs://bucket[/root] or
+    /// az://container[/root] (credentials as for the collector's --storage).
+    #[arg(long, value_name = "URL")]
+    pub storage: String,
+
+    /// Extra key prefix inside the bucket, below the URL's path (KubeRay's STORAGE_ROOT_DIR).
+    #[arg(
+        long,
+        env = "STORAGE_ROOT_DIR",
+        value_name = "PREFIX",
+        default_value = ""
+    )]
+    pub storage_root_dir: String,
+
+    /// Address to listen on (KubeRay's history server port).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Memory budget of the loaded sessions' indexes; the least recently used are dropped
+    /// above it (about 110 bytes per task attempt: 1M attempts take about 110 MiB).
+    #[arg(long, value_name = "SIZE", default_value = "512MiB", value_parser = crate::util::units::parse_size)]
+    pub cache_bytes: u64,
+
+    /// Ray's built dashboard frontend to serve beside the API (the ray wheel's
+    /// ray/dashboard/client/build); it must hold index.html [default: none: API only].
+    #[arg(long, value_name = "DIR")]
+    pub dashboard_dir: Option<std::path::PathBuf>,
 }

@@ -15,6 +15,7 @@
 //! <session>/logs/**  ──────────────────▶ logs (watch, rescan, ledger, schedule) ─────────▶ bucket
 //! head only: the dashboard's REST answers ─▶ dashboard (poller) ─────────────────────────▶ bucket
 //! bucket ──▶ inspect (discover, walk, decode, extract, model, report, render) ──▶ a person
+//! bucket ──▶ serve (inspect's bucket door and discovery) ──HTTP, KubeRay's API──▶ a client
 //! ```
 //!
 //! In the order data meets them:
@@ -32,6 +33,8 @@
 //!   builds a key.
 //! - [`storage`]: the object store backends (file, S3, GCS, Azure), streamed uploads, appends.
 //! - [`inspect`]: the read side, a post-mortem report from a bucket.
+//! - [`serve`]: the read side over HTTP, with KubeRay's history-server routes (first slice)
+//!   and, with `--dashboard-dir`, Ray's own dashboard frontend on a dead session.
 //! - [`metrics`]: the Prometheus names and the one place they are emitted from.
 //! - [`util`]: helpers shared by several paths (time formats, atomic files, watching, memory,
 //!   a bandwidth cap).
@@ -47,6 +50,7 @@ pub mod inspect;
 pub mod logs;
 pub mod metrics;
 pub mod node;
+pub mod serve;
 pub mod settings;
 pub mod storage;
 pub mod util;

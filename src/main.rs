@@ -1,17 +1,19 @@
 //! The process shell: parse the command line, resolve the settings (exit 2 on any
 //! configuration error, before anything starts), set up logging, metrics and the runtime,
-//! run the collector or `inspect`, and turn the outcome into an exit code.
+//! run the collector, `inspect` or `serve`, and turn the outcome into an exit code.
 //!
 //! Exit codes: 0 everything uploaded, 1 a runtime failure, 2 a bad flag or variable, 3 the
 //! shutdown deadline passed with files left in the spool for the next start, or files were
-//! left that the spool could not place.
+//! left that the spool could not place. `inspect`: 0 done, 1 an error; with
+//! `--compare-runs`, 0 the settings are equal, 1 they differ, 2 an error (a bad flag is 2
+//! everywhere).
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use ray_history_collector::cli::{Cli, Command};
 use ray_history_collector::settings::Settings;
-use ray_history_collector::{metrics, run, Exit};
+use ray_history_collector::{metrics, run, storage, Exit};
 
 /// Reads an environment variable, treating non-UTF-8 as absent. The one door to the process
 /// environment: everything else is given this function.
@@ -39,8 +41,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some(Command::Inspect(args)) = cli.command {
-        return inspect(args);
+    match cli.command {
+        Some(Command::Inspect(args)) => return inspect(args),
+        Some(Command::Serve(args)) => return serve(args),
+        None => {}
     }
     let settings = match Settings::resolve(cli.run, &env_var) {
         Ok(s) => s,
@@ -56,7 +60,7 @@ fn main() -> ExitCode {
     if !one_arena {
         tracing::warn!("mallopt(M_ARENA_MAX, 1) failed: freed memory may stay resident");
     }
-    let handle = match metrics::install() {
+    let handle = match metrics::install(storage::gzip::FAST_COMPRESSOR) {
         Ok(h) => h,
         Err(e) => {
             eprintln!("error: installing the metrics recorder: {e}");
@@ -76,8 +80,10 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(run(settings, handle));
-    // Tasks still running (a stuck connection, a watcher) must not hold the exit.
-    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    // Tasks still running (a stuck connection, a watcher, a request body still being
+    // decoded on a worker it holds) must not hold the exit: what must finish (the seal, the
+    // uploads, the final flushes) has finished or been given up within --shutdown-timeout.
+    runtime.shutdown_timeout(RUNTIME_STOP);
     match result {
         Ok(Exit::Clean) => ExitCode::SUCCESS,
         Ok(Exit::LeftOnDisk) => ExitCode::from(3),
@@ -88,6 +94,11 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// How long the runtime waits, after the collector's work is done, for tasks still running
+/// before they are dropped. A request body being decoded holds its worker until it is done
+/// (review r39f: 2 s here put the exit of a 3 s `--shutdown-timeout` at 3.0 s).
+const RUNTIME_STOP: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Makes glibc's malloc use one arena (glibc only; a no-op elsewhere). Returns false if
 /// glibc refused.
@@ -130,7 +141,39 @@ fn init_logging(format: &str) {
 
 /// `ray-history-collector inspect ...`: a one-shot reader, no logging setup beyond errors.
 fn inspect(args: ray_history_collector::cli::InspectArgs) -> ExitCode {
+    use ray_history_collector::inspect::{Outcome, COMPARE_ERROR_EXIT};
+    // `--compare-runs` answers "the same settings?" with 0 or 1, so its errors are 2.
+    let error_exit = if args.compare_runs.is_some() {
+        COMPARE_ERROR_EXIT
+    } else {
+        1
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::from(error_exit);
+        }
+    };
+    match runtime.block_on(ray_history_collector::inspect::run(args, &env_var)) {
+        Ok(Outcome::Done | Outcome::SameSettings) => ExitCode::SUCCESS,
+        Ok(Outcome::SettingsDiffer) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(error_exit)
+        }
+    }
+}
+
+/// `ray-history-collector serve ...`: the bucket over HTTP until SIGTERM or Ctrl-C.
+fn serve(args: ray_history_collector::cli::ServeArgs) -> ExitCode {
+    init_logging("text");
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("rhc-serve")
         .enable_all()
         .build()
     {
@@ -140,10 +183,14 @@ fn inspect(args: ray_history_collector::cli::InspectArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(ray_history_collector::inspect::run(args, &env_var)) {
+    let result = runtime.block_on(ray_history_collector::serve::run(args, &env_var));
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            let line = ray_history_collector::inspect::escape_message(&format!("{e:#}"));
+            tracing::error!("{line}");
+            eprintln!("error: {line}");
             ExitCode::from(1)
         }
     }

@@ -40,12 +40,20 @@ pub const CONNECTIONS_CLOSED_STALLED: &str = "rhc_connections_closed_stalled_tot
 pub const CONNECTIONS_EVICTED: &str = "rhc_connections_evicted_total";
 /// New connections closed at once: every place, reserved and leaving one was taken.
 pub const CONNECTIONS_REFUSED: &str = "rhc_connections_refused_total";
+/// Request bodies cut (`408`) because they fell behind their pace while another body waited
+/// for the memory they held.
+pub const STALLED_BODIES_CUT: &str = "rhc_stalled_bodies_cut_total";
 /// Bytes in the spool not yet uploaded.
 pub const SPOOL_BYTES: &str = "rhc_spool_bytes";
-/// Files in the spool not yet uploaded.
+/// Spool files not yet uploaded: segments, quarantine files, kept bodies (not the growth
+/// copies and records of open segments).
 pub const SPOOL_FILES: &str = "rhc_spool_segments";
 /// The spool's disk budget (`--max-spool-bytes`): alerts compare [`SPOOL_BYTES`] with it.
 pub const SPOOL_BUDGET: &str = "rhc_spool_budget_bytes";
+/// Spool accounting errors, by counter (`stored`, `files`, `claimed`, `uncopied`): a
+/// subtraction larger than the count (clamped at zero) or an addition past 2^64. Always 0
+/// unless there is a bug; the budget may be off until the spool is empty.
+pub const SPOOL_ACCOUNTING_ERRORS: &str = "rhc_spool_accounting_errors_total";
 /// Age of the oldest acknowledged event not yet in the bucket: sealed files not yet uploaded
 /// and the bytes of open segments not yet published (the alert: above twice
 /// `--upload-window`).
@@ -55,6 +63,10 @@ pub const OLDEST_AGE: &str = "rhc_spool_oldest_unuploaded_age_seconds";
 pub const COMMIT_SECONDS: &str = "rhc_spool_commit_seconds";
 /// Bytes made durable.
 pub const SPOOL_WRITTEN: &str = "rhc_spool_written_bytes_total";
+/// The ids journal beside the spool (the deduplication window across restarts) could not be
+/// used, by `what`: `damaged` (a file or its tail unreadable at start: discarded) or `write`
+/// (an append, sync or snapshot failed: behind until a later snapshot succeeds).
+pub const DEDUP_JOURNAL_FAILURES: &str = "rhc_dedup_journal_failures_total";
 /// Upload attempts, by object kind.
 pub const UPLOAD_ATTEMPTS: &str = "rhc_upload_attempts_total";
 /// Failed upload attempts, by object kind.
@@ -106,8 +118,10 @@ pub const PUBLICATIONS: &str = "rhc_event_publications_total";
 /// Bytes sent by publications (object bytes, after compression).
 pub const PUBLICATION_BYTES: &str = "rhc_event_publication_bytes_total";
 
-/// Installs the global recorder; the handle renders `/metrics`.
-pub fn install() -> anyhow::Result<PrometheusHandle> {
+/// Installs the global recorder; the handle renders `/metrics`. `compressor` names what
+/// compresses uploads at `--gzip-level` 1 and 2 in this build (`storage::gzip::FAST_COMPRESSOR`,
+/// passed in so that this room imports no other).
+pub fn install(compressor: &'static str) -> anyhow::Result<PrometheusHandle> {
     let buckets = [
         0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     ];
@@ -117,7 +131,7 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
     gauge!(
         BUILD_INFO,
         "version" => env!("CARGO_PKG_VERSION"),
-        "compressor" => crate::storage::gzip::FAST_COMPRESSOR
+        "compressor" => compressor
     )
     .set(1.0);
     counter!(EVENTS_ACCEPTED).absolute(0);
@@ -128,6 +142,13 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
     counter!(INVALID_BODIES_NOT_KEPT).absolute(0);
     counter!(CONNECTIONS_CLOSED_STALLED).absolute(0);
     counter!(CONNECTIONS_REFUSED).absolute(0);
+    for c in ["stored", "files", "claimed", "uncopied"] {
+        counter!(SPOOL_ACCOUNTING_ERRORS, "counter" => c).absolute(0);
+    }
+    counter!(STALLED_BODIES_CUT).absolute(0);
+    for what in ["damaged", "write"] {
+        counter!(DEDUP_JOURNAL_FAILURES, "what" => what).absolute(0);
+    }
     Ok(handle)
 }
 
@@ -185,9 +206,17 @@ pub(crate) fn events_quarantined(reason_code: &'static str, n: u64) {
     counter!(EVENTS_QUARANTINED, "reason" => reason_code).increment(n);
 }
 
+pub(crate) fn dedup_journal_failure(what: &'static str) {
+    counter!(DEDUP_JOURNAL_FAILURES, "what" => what).increment(1);
+}
+
 pub(crate) fn spool_commit(bytes: u64, took: Duration) {
     counter!(SPOOL_WRITTEN).increment(bytes);
     histogram!(COMMIT_SECONDS).record(took.as_secs_f64());
+}
+
+pub(crate) fn spool_accounting_error(counter: &'static str) {
+    counter!(SPOOL_ACCOUNTING_ERRORS, "counter" => counter).increment(1);
 }
 
 pub(crate) fn http_request(path: &'static str, status: u16) {
@@ -216,6 +245,11 @@ pub(crate) fn connection_evicted(reason: &'static str) {
 
 pub(crate) fn connection_refused() {
     counter!(CONNECTIONS_REFUSED).increment(1);
+}
+
+/// `n` bodies that fell behind their pace were cut to give their room to one that waited.
+pub(crate) fn stalled_bodies_cut(n: u64) {
+    counter!(STALLED_BODIES_CUT).increment(n);
 }
 
 pub(crate) fn backpressure() {
@@ -304,7 +338,7 @@ fn unix_now() -> f64 {
 /// unreachable, http_error, timeout, too_large, invalid, upload_failed).
 pub const DASHBOARD_REQUESTS: &str = "rhc_dashboard_requests_total";
 /// Dashboard answers not stored, by `endpoint_kind` and `reason` (not_json, wrong_shape,
-/// result_false, smaller_list): the last snapshot stays.
+/// result_false, smaller_list, stored_unknown): the last snapshot stays.
 pub const DASHBOARD_REFUSED: &str = "rhc_dashboard_answers_refused_total";
 /// Unix time of the last 2xx answer from the Ray dashboard: stale means snapshots are stale.
 pub const DASHBOARD_LAST_SUCCESS: &str = "rhc_dashboard_last_success_timestamp_seconds";

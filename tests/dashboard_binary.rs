@@ -1,7 +1,13 @@
 //! The head's dashboard snapshots through the real binary, against testkit's dashboard
 //! stand-in (a real HTTP server on 127.0.0.1) and a `file://` bucket: what the final poll at
-//! SIGTERM may store when the dashboard is going down, that the poller runs without the log
-//! shipper, and that an answer that completed is not asked again after a hanging poll.
+//! SIGTERM may store when the dashboard is going down (after a restart too), that the poller
+//! runs without the log shipper, that an answer that completed is not asked again after a
+//! hanging poll, that a dashboard coming up after the collector gets its one-shot
+//! snapshots taken within seconds, and (moto behind testkit's fault proxy) that the final poll
+//! on S3 without `s3:ListBucket` (a GET of a missing key answers 403) still stores, while a
+//! read-back answering 500 keeps what is stored. The spool's record of stored snapshots is
+//! written ahead of each upload (a final poll cut at the deadline or a kill -9 leaves it
+//! covering the bucket) and belongs to one storage and cluster.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -10,6 +16,8 @@ use rhc_testkit::collector::Collector;
 use rhc_testkit::dashboard::{
     good_answers, Answer, DashboardStandIn, DATASETS, JOBS, META, PLACEMENT_GROUPS, SERVE, TIMEZONE,
 };
+use rhc_testkit::fault_proxy::{Fault, FaultProxy, Rule};
+use rhc_testkit::services::MotoS3;
 
 const SESSION: &str = "session_2026-11-22_02-06-54_202993_1";
 const CLUSTER: &str = "dash";
@@ -19,20 +27,41 @@ const EXTRA_GOOD: &str = r#"{"result": true, "msg": "", "data": {"runs": [{"id":
 fn ray_session(tmp: &Path) -> PathBuf {
     let ray = tmp.join("ray");
     std::fs::create_dir_all(ray.join(SESSION).join("logs")).unwrap();
-    std::os::unix::fs::symlink(ray.join(SESSION), ray.join("session_latest")).unwrap();
+    let latest = ray.join("session_latest");
+    if std::fs::symlink_metadata(&latest).is_err() {
+        std::os::unix::fs::symlink(ray.join(SESSION), latest).unwrap();
+    }
     ray
+}
+
+/// A placement-group answer listing `n` groups.
+fn pgs(n: usize) -> String {
+    let groups: Vec<String> = (0..n)
+        .map(|i| format!(r#"{{"placement_group_id": "{i:02x}", "state": "CREATED"}}"#))
+        .collect();
+    format!(
+        r#"{{"result": true, "msg": "", "data": {{"result": {{"total": {n}, "result": [{}]}}}}}}"#,
+        groups.join(", ")
+    )
+}
+
+fn unavailable() -> Answer {
+    Answer {
+        status: 503,
+        content_type: "text/plain",
+        body: b"503: Service Unavailable".to_vec(),
+    }
+}
+
+/// The key of `uri`'s snapshot under the bucket's root.
+fn snapshot_key(uri: &str) -> String {
+    let name = ray_history_collector::contract::endpoints::endpoint_object_name(uri);
+    format!("cluster-history/raycluster/default/{CLUSTER}/{SESSION}/fetched_endpoints/{name}")
 }
 
 /// The snapshot file of `uri` in the bucket, if stored.
 fn snapshot(bucket: &Path, uri: &str) -> Option<Vec<u8>> {
-    let name = ray_history_collector::contract::endpoints::endpoint_object_name(uri);
-    let path = bucket
-        .join("cluster-history/raycluster/default")
-        .join(CLUSTER)
-        .join(SESSION)
-        .join("fetched_endpoints")
-        .join(name);
-    std::fs::read(path).ok()
+    std::fs::read(bucket.join(snapshot_key(uri))).ok()
 }
 
 fn wait(c: &Collector, what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
@@ -60,12 +89,41 @@ fn head_with(
     log_collector: bool,
     more: &[&str],
 ) -> Collector {
-    let ray = ray_session(tmp);
+    head_at(tmp, &dash.address(), bucket, log_collector, more)
+}
+
+/// [`head_with`] for a dashboard at `address`, which may not be listening yet.
+fn head_at(
+    tmp: &Path,
+    address: &str,
+    bucket: &Path,
+    log_collector: bool,
+    more: &[&str],
+) -> Collector {
     std::fs::create_dir_all(bucket).unwrap();
-    let address = dash.address();
+    head_on(
+        tmp,
+        address,
+        bucket.to_str().unwrap(),
+        log_collector,
+        more,
+        &[],
+    )
+}
+
+/// [`head_at`] storing into `storage` (a path or URL), with more environment.
+fn head_on(
+    tmp: &Path,
+    address: &str,
+    storage: &str,
+    log_collector: bool,
+    more: &[&str],
+    env: &[(&str, &str)],
+) -> Collector {
+    let ray = ray_session(tmp);
     let args = [
         "--storage",
-        bucket.to_str().unwrap(),
+        storage,
         "--cluster-name",
         CLUSTER,
         "--role",
@@ -73,7 +131,7 @@ fn head_with(
         "--ray-tmp-dir",
         ray.to_str().unwrap(),
         "--dashboard-address",
-        &address,
+        address,
         "--endpoint-poll-interval",
         "1h",
         "--enable-log-collector",
@@ -81,12 +139,19 @@ fn head_with(
         "--enable-export-events",
         "false",
     ];
-    let args: Vec<&str> = args.iter().chain(more).copied().collect();
-    Collector::start(
-        &tmp.join("spool"),
-        &args,
-        &[("RAY_COLLECTOR_ADDITIONAL_ENDPOINTS", EXTRA)],
-    )
+    // `more` may set its own poll interval.
+    let own_interval = more.contains(&"--endpoint-poll-interval");
+    let args: Vec<&str> = args
+        .iter()
+        .copied()
+        .filter(|a| !(own_interval && (*a == "--endpoint-poll-interval" || *a == "1h")))
+        .chain(more.iter().copied())
+        .collect();
+    let env: Vec<(&str, &str)> = [("RAY_COLLECTOR_ADDITIONAL_ENDPOINTS", EXTRA)]
+        .into_iter()
+        .chain(env.iter().copied())
+        .collect();
+    Collector::start(&tmp.join("spool"), &args, &env)
 }
 
 /// Point 2: a one-shot endpoint is not captured from a failure answer, and the final poll at
@@ -148,7 +213,11 @@ fn a_dashboard_going_down_does_not_spoil_the_snapshots() {
     assert!(status.success(), "{}", c.log_text());
 
     assert_eq!(dash.count(SERVE), 2, "the final poll asked again");
-    assert_eq!(dash.count(META), 2, "the one-shot endpoint was asked again");
+    // Asked again by the quick retries of a failed one-shot endpoint, and by the final poll.
+    assert!(
+        dash.count(META) >= 2,
+        "the one-shot endpoint was asked again"
+    );
     for (uri, want) in [
         (META, good[META].body.clone()),
         (TIMEZONE, good[TIMEZONE].body.clone()),
@@ -271,5 +340,521 @@ fn a_hanging_endpoint_does_not_hold_back_the_datasets() {
     assert_eq!(
         snapshot(&bucket, DATASETS).map(|b| String::from_utf8_lossy(&b).into_owned()),
         Some(later.to_string())
+    );
+}
+
+/// Issue 41.3: after a restart the process has stored nothing, yet the final poll's rule
+/// ("never a shorter list than the stored snapshot") holds against the bucket. Run 1 stores 3
+/// placement groups, 2 Serve applications and an additional endpoint's list of 2, and stops
+/// cleanly; run 2 starts while the dashboard answers 503 for them, and at SIGTERM the
+/// dashboard lists fewer: every stored snapshot stays, and each refusal is logged. The spool's
+/// record of run 1's snapshots is made corrupt in between, so run 2 compares with the bucket.
+#[test]
+fn after_a_restart_the_final_poll_keeps_the_longer_stored_lists() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    let dash = DashboardStandIn::start().unwrap();
+    let pgs = r#"{"result": true, "msg": "", "data": {"result": {"total": 3, "result": [{"placement_group_id": "aa", "state": "CREATED"}, {"placement_group_id": "bb", "state": "CREATED"}, {"placement_group_id": "cc", "state": "CREATED"}]}}}"#;
+    let serve = r#"{"proxy_location": "EveryNode", "applications": {"app1": {"status": "RUNNING"}, "app2": {"status": "RUNNING"}}}"#;
+    let runs = r#"[{"id": "run-1"}, {"id": "run-2"}]"#;
+    dash.set(PLACEMENT_GROUPS, Answer::json(pgs));
+    dash.set(SERVE, Answer::json(serve));
+    dash.set(EXTRA, Answer::json(runs));
+    let mut c = head(tmp.path(), &dash, &bucket, false);
+    let stored =
+        |uri: &str| snapshot(&bucket, uri).map(|b| String::from_utf8_lossy(&b).into_owned());
+    wait(&c, "run 1's snapshots", Duration::from_secs(20), || {
+        stored(PLACEMENT_GROUPS).as_deref() == Some(pgs)
+            && stored(SERVE).as_deref() == Some(serve)
+            && stored(EXTRA).as_deref() == Some(runs)
+    });
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+    let run1_log = c.log_text().len();
+
+    // Run 2: the dashboard answers 503 while it starts.
+    let unavailable = Answer {
+        status: 503,
+        content_type: "text/plain",
+        body: b"503: Service Unavailable".to_vec(),
+    };
+    for uri in [PLACEMENT_GROUPS, SERVE, EXTRA] {
+        dash.set(uri, unavailable.clone());
+    }
+    // The spool's record of run 1's snapshots is corrupt: run 2 starts anyway (a WARN) and
+    // the final poll reads the bucket back instead.
+    let record = tmp.path().join("spool").join("dashboard-snapshots.json");
+    assert!(record.exists(), "run 1 recorded its snapshots");
+    std::fs::write(&record, b"{\"session\": [").unwrap();
+    let asked = dash.count(PLACEMENT_GROUPS);
+    c.restart();
+    wait(&c, "run 2's first poll", Duration::from_secs(20), || {
+        dash.count(PLACEMENT_GROUPS) > asked && dash.count(EXTRA) > asked
+    });
+    // Then, just before SIGTERM, it lists less.
+    dash.set(
+        PLACEMENT_GROUPS,
+        Answer::json(
+            r#"{"result": true, "msg": "", "data": {"result": {"total": 0, "result": []}}}"#,
+        ),
+    );
+    dash.set(
+        SERVE,
+        Answer::json(
+            r#"{"proxy_location": "EveryNode", "applications": {"app1": {"status": "RUNNING"}}}"#,
+        ),
+    );
+    dash.set(EXTRA, Answer::json("[]"));
+    let status = c.terminate(Duration::from_secs(30));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    assert_eq!(stored(PLACEMENT_GROUPS).as_deref(), Some(pgs), "{log}");
+    assert_eq!(stored(SERVE).as_deref(), Some(serve), "{log}");
+    assert_eq!(stored(EXTRA).as_deref(), Some(runs), "{log}");
+    let run2 = &log[run1_log..];
+    assert!(
+        run2.contains("the record of stored dashboard snapshots is ignored"),
+        "{run2}"
+    );
+    for uri in [PLACEMENT_GROUPS, SERVE, EXTRA] {
+        assert!(
+            run2.lines()
+                .any(|l| l.contains("dashboard answer not stored")
+                    && l.contains(uri)
+                    && l.contains("shorter list than the stored snapshot")),
+            "no refusal logged for {uri}:\n{run2}"
+        );
+    }
+}
+
+/// Issue 37: on a fresh pod the collector starts before Ray's dashboard. Nothing listens at
+/// the dashboard's address until 3 s after the collector is ready; the one-shot snapshots
+/// (cluster metadata, time zone) are stored within seconds of it coming up, though the poll
+/// interval is an hour.
+#[test]
+fn one_shot_snapshots_are_taken_soon_after_a_late_dashboard_comes_up() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    let port = rhc_testkit::services::free_port();
+    let address = format!("http://127.0.0.1:{port}");
+    let mut c = head_at(tmp.path(), &address, &bucket, false, &[]);
+    std::thread::sleep(Duration::from_secs(3));
+    let dash = DashboardStandIn::start_on(port).unwrap();
+    let up = Instant::now();
+    // Retried after 1, 2, 4, 8 s: one try that misses the moment it came up (a loaded
+    // machine) puts the next 8 s later, still seconds against the hour's interval.
+    wait(
+        &c,
+        "the one-shot snapshots",
+        Duration::from_secs(20),
+        || snapshot(&bucket, META).is_some() && snapshot(&bucket, TIMEZONE).is_some(),
+    );
+    eprintln!(
+        "one-shot snapshots stored {:?} after the dashboard came up",
+        up.elapsed()
+    );
+    // Only the one-shot endpoints were asked again: the periodic ones wait for their tick.
+    assert_eq!(dash.count(PLACEMENT_GROUPS), 0, "{:?}", dash.requests());
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+    assert_eq!(
+        snapshot(&bucket, META),
+        Some(good_answers()[META].body.clone())
+    );
+}
+
+/// Issue 41 (review): on S3 with the documented permissions (no `s3:ListBucket`) the GET of a
+/// snapshot key never written answers 403 AccessDenied, not 404. moto sits behind testkit's
+/// fault proxy, which answers every GET under `fetched_endpoints/` with 403. Run 1: a job
+/// starts within the last poll interval, so its datasets are first seen by the final poll at
+/// SIGTERM, which must store them (before the fix the failed read-back kept them out). Run 2
+/// (a restart, same spool): the dashboard answers 503 while it starts and lists fewer
+/// placement groups at SIGTERM; the spool's record of what run 1 stored keeps the longer list
+/// without a read of the bucket.
+#[test]
+fn on_s3_without_list_bucket_the_final_poll_stores_what_it_has_not_seen_stored() {
+    let Some(s3) = MotoS3::start() else { return };
+    let bucket = "dash403";
+    s3.create_bucket(bucket);
+    let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
+    proxy.add(
+        Rule::new(Fault::Status(403, "AccessDenied".to_string()))
+            .method("GET")
+            .target_contains("fetched_endpoints"),
+    );
+    let url = proxy.url();
+    let env: Vec<(&str, &str)> = s3
+        .collector_env()
+        .into_iter()
+        .map(|(k, v)| (k, if k == "AWS_ENDPOINT" { url.as_str() } else { v }))
+        .collect();
+    let stored = |uri: &str| {
+        s3.get_object(bucket, &snapshot_key(uri))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+    };
+    // GETs of snapshot keys containing `part` (the proxy sees keys percent-encoded).
+    let gets = |part: &str| {
+        proxy
+            .seen()
+            .iter()
+            .filter(|r| {
+                r.method == "GET"
+                    && r.target.contains("fetched_endpoints")
+                    && r.target.contains(part)
+            })
+            .count()
+    };
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dash = DashboardStandIn::start().unwrap();
+    dash.set(EXTRA, Answer::json(EXTRA_GOOD));
+    dash.set(JOBS, Answer::json("[]"));
+    let good = good_answers();
+    let storage = format!("s3://{bucket}");
+    let mut c = head_on(tmp.path(), &dash.address(), &storage, false, &[], &env);
+    wait(
+        &c,
+        "run 1's live snapshots",
+        Duration::from_secs(30),
+        || stored(PLACEMENT_GROUPS).is_some() && stored(SERVE).is_some(),
+    );
+    // A job starts after the live poll.
+    dash.set(JOBS, good[JOBS].clone());
+    let status = c.terminate(Duration::from_secs(30));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    assert!(
+        gets("datasets__02000000") >= 1,
+        "the 403 path was not taken:\n{log}"
+    );
+    assert_eq!(
+        stored(DATASETS).as_deref(),
+        Some(String::from_utf8_lossy(&good[DATASETS].body).as_ref()),
+        "the final poll dropped the new job's datasets:\n{log}"
+    );
+    let run1_log = log.len();
+
+    // Run 2: the dashboard answers 503 while it starts, then lists one placement group less.
+    let unavailable = Answer {
+        status: 503,
+        content_type: "text/plain",
+        body: b"503: Service Unavailable".to_vec(),
+    };
+    dash.set(PLACEMENT_GROUPS, unavailable);
+    let asked = dash.count(PLACEMENT_GROUPS);
+    let pg_gets = gets("placement_groups");
+    c.restart();
+    wait(&c, "run 2's first poll", Duration::from_secs(30), || {
+        dash.count(PLACEMENT_GROUPS) > asked
+    });
+    let one = r#"{"result": true, "msg": "", "data": {"result": {"total": 1, "result": [{"placement_group_id": "aa", "state": "CREATED"}]}}}"#;
+    dash.set(PLACEMENT_GROUPS, Answer::json(one));
+    let status = c.terminate(Duration::from_secs(30));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        stored(PLACEMENT_GROUPS).as_deref(),
+        Some(String::from_utf8_lossy(&good[PLACEMENT_GROUPS].body).as_ref()),
+        "{log}"
+    );
+    assert_eq!(
+        gets("placement_groups"),
+        pg_gets,
+        "the record answered without a read of the bucket"
+    );
+    assert!(
+        log[run1_log..]
+            .lines()
+            .any(|l| l.contains("dashboard answer not stored")
+                && l.contains(PLACEMENT_GROUPS)
+                && l.contains("shorter list than the stored snapshot")),
+        "no refusal logged:\n{}",
+        &log[run1_log..]
+    );
+}
+
+/// Issue 41.3, review r41b D1: the final poll uploads a longer list (5 placement groups) and
+/// is then cut at `--shutdown-timeout` by an endpoint that hangs. Before the fix the spool's
+/// record was written when the poll ended, so it kept saying 3; after a restart (same session)
+/// whose final poll sees 3, the stored 5 were replaced by 3. The record is now written ahead
+/// of each upload.
+#[test]
+fn a_final_poll_cut_at_the_deadline_leaves_its_uploads_recorded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    let dash = DashboardStandIn::start().unwrap();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(3)));
+    let mut c = head_with(
+        tmp.path(),
+        &dash,
+        &bucket,
+        false,
+        &["--shutdown-timeout", "5s"],
+    );
+    let stored =
+        |uri: &str| snapshot(&bucket, uri).map(|b| String::from_utf8_lossy(&b).into_owned());
+    wait(&c, "run 1's live poll", Duration::from_secs(20), || {
+        stored(PLACEMENT_GROUPS) == Some(pgs(3)) && dash.count(JOBS) >= 1
+    });
+    // The cluster grows; Serve hangs past the shutdown deadline in the final poll.
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(5)));
+    dash.set_slow(SERVE, Duration::from_secs(60));
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+    assert_eq!(stored(PLACEMENT_GROUPS), Some(pgs(5)), "{}", c.log_text());
+    let run1_log = c.log_text().len();
+
+    // Run 2, same session and spool: 503 while it starts, 3 listed at SIGTERM.
+    dash.set_slow(SERVE, Duration::ZERO);
+    dash.set(PLACEMENT_GROUPS, unavailable());
+    let asked = dash.count(PLACEMENT_GROUPS);
+    c.restart();
+    wait(&c, "run 2's first poll", Duration::from_secs(20), || {
+        dash.count(PLACEMENT_GROUPS) > asked
+    });
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(3)));
+    let status = c.terminate(Duration::from_secs(30));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        stored(PLACEMENT_GROUPS),
+        Some(pgs(5)),
+        "a shorter list replaced the stored one:\n{}",
+        &log[run1_log..]
+    );
+}
+
+/// Review r41b D2: kill -9 after a snapshot's upload and before the end of its poll (another
+/// endpoint hangs): the record written ahead already covers the upload, so after the restart
+/// the final poll keeps the 5 stored placement groups against a list of 3.
+#[test]
+fn a_kill_after_an_upload_leaves_it_recorded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    let dash = DashboardStandIn::start().unwrap();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(3)));
+    let mut c = head_with(
+        tmp.path(),
+        &dash,
+        &bucket,
+        false,
+        &["--endpoint-poll-interval", "3s"],
+    );
+    let stored =
+        |uri: &str| snapshot(&bucket, uri).map(|b| String::from_utf8_lossy(&b).into_owned());
+    wait(&c, "the first poll", Duration::from_secs(20), || {
+        stored(PLACEMENT_GROUPS) == Some(pgs(3)) && dash.count(JOBS) >= 1
+    });
+    // Let the first poll end (its record saved), then the next one hangs on Serve.
+    std::thread::sleep(Duration::from_millis(500));
+    dash.set_slow(SERVE, Duration::from_secs(60));
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(5)));
+    wait(
+        &c,
+        "the second poll's upload",
+        Duration::from_secs(20),
+        || stored(PLACEMENT_GROUPS) == Some(pgs(5)),
+    );
+    c.kill9();
+
+    dash.set_slow(SERVE, Duration::ZERO);
+    dash.set(PLACEMENT_GROUPS, unavailable());
+    let asked = dash.count(PLACEMENT_GROUPS);
+    c.restart();
+    wait(&c, "run 2's first poll", Duration::from_secs(20), || {
+        dash.count(PLACEMENT_GROUPS) > asked
+    });
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(3)));
+    let status = c.terminate(Duration::from_secs(30));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        stored(PLACEMENT_GROUPS),
+        Some(pgs(5)),
+        "a shorter list replaced the stored one:\n{log}"
+    );
+}
+
+/// Review r41b D3: the spool's record belongs to one storage and cluster. Run 1 stores 3
+/// placement groups; run 2 (same spool and session) stores into another bucket, and its final
+/// poll's 2 placement groups are stored there: nothing was stored in that bucket, so nothing
+/// is shorter. Before the fix run 1's record refused them.
+#[test]
+fn a_record_of_another_storage_does_not_hold_back_a_snapshot() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    let other = tmp.path().join("bucket2");
+    let dash = DashboardStandIn::start().unwrap();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(3)));
+    let mut c = head(tmp.path(), &dash, &bucket, false);
+    wait(&c, "run 1's snapshot", Duration::from_secs(20), || {
+        snapshot(&bucket, PLACEMENT_GROUPS).is_some() && dash.count(JOBS) >= 1
+    });
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+
+    dash.set(PLACEMENT_GROUPS, unavailable());
+    let asked = dash.count(PLACEMENT_GROUPS);
+    let mut c = head(tmp.path(), &dash, &other, false);
+    wait(&c, "run 2's first poll", Duration::from_secs(20), || {
+        dash.count(PLACEMENT_GROUPS) > asked
+    });
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(2)));
+    let status = c.terminate(Duration::from_secs(30));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        snapshot(&other, PLACEMENT_GROUPS).map(|b| String::from_utf8_lossy(&b).into_owned()),
+        Some(pgs(2)),
+        "the other bucket got no snapshot:\n{log}"
+    );
+    assert_eq!(
+        snapshot(&bucket, PLACEMENT_GROUPS).map(|b| String::from_utf8_lossy(&b).into_owned()),
+        Some(pgs(3))
+    );
+}
+
+/// Review r41b D4: no record of what is stored (an upgrade, a damaged record) and S3 answers
+/// 500 to the read-back GET (moto behind testkit's fault proxy). A failure other than 403/404
+/// says nothing about what is stored: the 3 stored placement groups stay against an empty
+/// list, with a WARN, where before the fix the empty list replaced them.
+#[test]
+fn a_read_back_answering_500_keeps_the_stored_snapshot() {
+    let Some(s3) = MotoS3::start() else { return };
+    let bucket = "dash500";
+    s3.create_bucket(bucket);
+    let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
+    let url = proxy.url();
+    let env: Vec<(&str, &str)> = s3
+        .collector_env()
+        .into_iter()
+        .map(|(k, v)| (k, if k == "AWS_ENDPOINT" { url.as_str() } else { v }))
+        .collect();
+    let stored = |uri: &str| {
+        s3.get_object(bucket, &snapshot_key(uri))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dash = DashboardStandIn::start().unwrap();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(3)));
+    let storage = format!("s3://{bucket}");
+    let mut c = head_on(tmp.path(), &dash.address(), &storage, false, &[], &env);
+    wait(&c, "run 1's snapshot", Duration::from_secs(30), || {
+        stored(PLACEMENT_GROUPS) == Some(pgs(3)) && dash.count(JOBS) >= 1
+    });
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+    let run1_log = c.log_text().len();
+    // No record: run 2's final poll must read the bucket back.
+    std::fs::remove_file(tmp.path().join("spool").join("dashboard-snapshots.json")).unwrap();
+
+    dash.set(PLACEMENT_GROUPS, unavailable());
+    let asked = dash.count(PLACEMENT_GROUPS);
+    c.restart();
+    wait(&c, "run 2's first poll", Duration::from_secs(30), || {
+        dash.count(PLACEMENT_GROUPS) > asked
+    });
+    proxy.add(
+        Rule::new(Fault::Status(500, "InternalError".to_string()))
+            .method("GET")
+            .target_contains("fetched_endpoints"),
+    );
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(0)));
+    let status = c.terminate(Duration::from_secs(60));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    proxy.clear();
+    let gets = proxy
+        .seen()
+        .iter()
+        .filter(|r| r.method == "GET" && r.target.contains("placement_groups"))
+        .count();
+    assert!(gets >= 1, "the read-back was not asked:\n{log}");
+    assert_eq!(
+        stored(PLACEMENT_GROUPS),
+        Some(pgs(3)),
+        "a failed read-back let an empty list replace the stored one:\n{}",
+        &log[run1_log..]
+    );
+    assert!(
+        log[run1_log..]
+            .lines()
+            .any(|l| l.contains("could not be read back") && l.contains("WARN")),
+        "no WARN:\n{}",
+        &log[run1_log..]
+    );
+}
+
+/// Review r41d D1: a live poll's upload still in flight at SIGTERM (the store takes it and
+/// answers late) is abandoned, so this process's "last stored" stays the shorter list; the
+/// record, written ahead, says the longer one may be in the bucket. The final poll must hold
+/// its answer against the record too: before, 3 was stored, then 5 landed, then the final
+/// poll's 4 replaced it.
+#[test]
+fn an_upload_abandoned_at_sigterm_still_holds_the_final_poll_back() {
+    let Some(s3) = MotoS3::start() else { return };
+    let bucket = "dashflight";
+    s3.create_bucket(bucket);
+    let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
+    let url = proxy.url();
+    let env: Vec<(&str, &str)> = s3
+        .collector_env()
+        .into_iter()
+        .map(|(k, v)| (k, if k == "AWS_ENDPOINT" { url.as_str() } else { v }))
+        .collect();
+    let stored = |uri: &str| {
+        s3.get_object(bucket, &snapshot_key(uri))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dash = DashboardStandIn::start().unwrap();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(3)));
+    let storage = format!("s3://{bucket}");
+    let mut c = head_on(
+        tmp.path(),
+        &dash.address(),
+        &storage,
+        false,
+        &["--endpoint-poll-interval", "2s"],
+        &env,
+    );
+    wait(&c, "the first snapshot", Duration::from_secs(30), || {
+        stored(PLACEMENT_GROUPS) == Some(pgs(3))
+    });
+    // Every later upload of a snapshot reaches the store 4 s late.
+    let delay = Duration::from_secs(4);
+    proxy.add(
+        Rule::new(Fault::Delay(delay))
+            .method("PUT")
+            .target_contains("placement_groups"),
+    );
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(5)));
+    let record = tmp.path().join("spool").join("dashboard-snapshots.json");
+    wait(
+        &c,
+        "the record of 5 groups",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(&record)
+                .is_ok_and(|r| r.contains(r#"limit=10000":{"list_len":5"#))
+        },
+    );
+    // The upload of 5 is on its way; the dashboard going down lists 4.
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(4)));
+    let status = c.terminate(Duration::from_secs(60));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    // Whatever the delayed requests do after the exit, let them land.
+    std::thread::sleep(delay + Duration::from_secs(1));
+    proxy.clear();
+    assert_ne!(
+        stored(PLACEMENT_GROUPS),
+        Some(pgs(4)),
+        "the final poll replaced a longer list that may be stored:\n{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("placement_groups") && l.contains("shorter list")),
+        "the final answer was not refused:\n{log}"
     );
 }

@@ -257,9 +257,12 @@ fn fixtures_roundtrip(
             "missing session marker {key}"
         );
     }
+    // The lock and the ids journal (the deduplication window across restarts) stay.
     let left = walk(&c.spool);
+    let journal = c.spool.join("dedup");
     assert!(
-        left.iter().all(|p| p.ends_with("LOCK")),
+        left.iter()
+            .all(|p| p.ends_with("LOCK") || Path::new(p).starts_with(&journal)),
         "spool not empty after shutdown: {left:?}"
     );
 }
@@ -990,6 +993,71 @@ fn full_spool_budget_answers_503_then_recovers() {
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
     verify_acked(&read_all(&s3.store("budget")), &acked);
+}
+
+/// Partitions open at a shutdown that misses its deadline (issue 35 item 6): with 50,000 the
+/// old shutdown wrote one "left on disk" line per file and listed and `stat`ed each of them,
+/// and exited about 17 s after its own deadline. What is left is now reported in one line
+/// (counts, the first names), and the process ends within the deadline and a bounded grace;
+/// the next start uploads all of it, once.
+#[test]
+fn shutdown_deadline_reports_many_leftovers_in_one_line() {
+    const JOBS: u32 = 1_200;
+    const PER_REQUEST: u32 = 400;
+    let Some(mut s3) = MotoS3::start() else {
+        return;
+    };
+    s3.create_bucket("many");
+    s3.stop();
+    let tmp = tempfile::tempdir().unwrap();
+    let env = s3.collector_env();
+    let mut c = Collector::start(
+        &tmp.path().join("spool"),
+        &["--storage", "s3://many", "--shutdown-timeout", "2s"],
+        &env,
+    );
+    let mut ids = Vec::new();
+    for first in (0..JOBS).step_by(PER_REQUEST as usize) {
+        let events: Vec<String> = (first..first + PER_REQUEST)
+            .map(|job| {
+                let id = format!("many-{job}");
+                ids.push(id.clone());
+                event(&id, job + 1)
+            })
+            .collect();
+        let body = format!("[{}]", events.join(","));
+        assert_eq!(c.post(body.as_bytes()).status, 200, "{}", c.log_text());
+    }
+    let started = Instant::now();
+    let status = c.terminate(Duration::from_secs(60));
+    let took = started.elapsed();
+    let log = c.log_text();
+    assert_eq!(status.code(), Some(3), "{log}");
+    // Loose on purpose (a shared machine): the deadline, the 2 s grace, the 2 s listing.
+    assert!(
+        took < Duration::from_secs(30),
+        "exit {took:?} after SIGTERM"
+    );
+    let lines = log.lines().filter(|l| l.contains("left on disk")).count();
+    assert_eq!(lines, 1, "one report line, not one per file:\n{log}");
+    let report = log
+        .lines()
+        .find(|l| l.contains("left on disk"))
+        .unwrap_or_default();
+    assert!(
+        report.contains("job_events") && report.contains("listed_whole=true"),
+        "{report}"
+    );
+    s3.restart();
+    c.restart();
+    // The next start uploads all of it (bounded: moto takes about 100 PUT/s here).
+    let until = Instant::now() + Duration::from_secs(180);
+    while c.metric("rhc_spool_segments") > 0.0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", c.log_tail(40));
+    verify_acked(&read_all(&s3.store("many")), &ids);
 }
 
 #[test]

@@ -167,7 +167,7 @@ fn logs_of_a_dead_worker_by_its_id() {
 /// The page (`--html`) in real Chromium: every cause, every failed attempt with its worker
 /// and node, every worker death, the dead node, what was left unfinished and what hung are
 /// in the DOM Chromium parsed; its screenshot is kept under `target/tmp/inspect-html/`
-/// (the README's picture is one).
+/// (docs/inspect.md's picture is one).
 #[test]
 fn html_page_shows_the_causes_in_chromium() {
     let Some(chromium) = rhc_testkit::chromium::chromium() else {

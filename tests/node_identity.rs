@@ -4,6 +4,9 @@
 //! - a raylet restarted into the same session (`raylet.1.out` beside `raylet.out`, Ray's own
 //!   numbering) files the new logs under the new node, and each worker's logs under the node
 //!   its core worker log names;
+//! - the files no writer can be told for (GCS, monitor) stay under the session's first
+//!   raylet's node, one object each, when a second raylet starts into the session;
+//! - a worker's output without a core worker log is held at most 64 KiB or 30 s;
 //! - a `session_latest` link that is missing for a few seconds (Ray removes it, then creates
 //!   it again) does not finish the live session: what it writes afterwards still reaches the
 //!   bucket when a newer session replaces it.
@@ -83,26 +86,52 @@ fn wait_for(
 }
 
 fn start(tmp: &Path, ray: &Path, interval: &str) -> Collector {
-    let storage = format!("file://{}", tmp.join("bucket").display());
-    Collector::start(
-        &tmp.join("spool"),
-        &[
-            "--storage",
-            &storage,
-            "--ray-tmp-dir",
-            ray.to_str().unwrap(),
-            "--cluster-name",
-            CLUSTER,
-            "--role",
-            "worker",
-            "--log-upload-interval",
-            interval,
-            "--enable-export-events",
-            "false",
-        ],
-        &[],
-    )
+    start_with(tmp, ray, interval, &[])
 }
+
+/// [`start`] with more flags (kept across `restart`).
+fn start_with(tmp: &Path, ray: &Path, interval: &str, extra: &[&str]) -> Collector {
+    let storage = format!("file://{}", tmp.join("bucket").display());
+    let mut args = vec![
+        "--storage",
+        &storage,
+        "--ray-tmp-dir",
+        ray.to_str().unwrap(),
+        "--cluster-name",
+        CLUSTER,
+        "--role",
+        "worker",
+        "--log-upload-interval",
+        interval,
+        "--enable-export-events",
+        "false",
+    ];
+    args.extend_from_slice(extra);
+    Collector::start(&tmp.join("spool"), &args, &[])
+}
+
+/// Big files that keep a round busy for many seconds under the upload cap (`THROTTLE`): more
+/// than go on beside the lane (4), so the round waits for the last one and is still running,
+/// its ledger not saved at its end yet, when the test kills the collector.
+fn busy_round(logs: &Path) {
+    for i in 0..BUSY_FILES {
+        write(
+            &logs.join(format!("big-{i}.log")),
+            &format!("{}\n", "q".repeat(99)).repeat(10_000),
+        );
+    }
+}
+
+/// Removes [`busy_round`]'s files.
+fn end_busy_round(logs: &Path) {
+    for i in 0..BUSY_FILES {
+        std::fs::remove_file(logs.join(format!("big-{i}.log"))).unwrap();
+    }
+}
+
+const BUSY_FILES: usize = 6;
+
+const THROTTLE: [&str; 2] = ["--log-upload-max-bytes-per-second", "200000"];
 
 #[test]
 fn a_restarted_raylet_files_logs_under_its_own_node_and_workers_under_theirs() {
@@ -145,8 +174,8 @@ fn a_restarted_raylet_files_logs_under_its_own_node_and_workers_under_theirs() {
         key(S1, NODE_B, &format!("python-core-worker-{w_b}_222.log")),
         key(S1, NODE_A, "dashboard_agent.log"),
         key(S1, NODE_B, "dashboard_agent.1.log"),
-        // Nothing names its writer: the newest raylet's node.
-        key(S1, NODE_B, "gcs_server.out"),
+        // Nothing names its writer: the session's first raylet's node.
+        key(S1, NODE_A, "gcs_server.out"),
     ];
     let objects = wait_for(&store, "each log under its node", &c, |o| {
         expected.iter().all(|k| o.contains_key(k))
@@ -162,8 +191,8 @@ fn a_restarted_raylet_files_logs_under_its_own_node_and_workers_under_theirs() {
         objects[&key(S1, NODE_A, "dashboard_agent.log")],
         b"agent of A\n"
     );
-    assert_eq!(logs_of(NODE_A).len(), 4, "{:#?}", objects.keys());
-    assert_eq!(logs_of(NODE_B).len(), 5, "{:#?}", objects.keys());
+    assert_eq!(logs_of(NODE_A).len(), 5, "{:#?}", objects.keys());
+    assert_eq!(logs_of(NODE_B).len(), 4, "{:#?}", objects.keys());
     assert!(c.terminate(Duration::from_secs(30)).success());
 }
 
@@ -366,4 +395,327 @@ fn a_slowly_starting_worker_is_held_until_it_names_its_node() {
         .filter(|k| k.starts_with(&format!("{P}/{S1}/{NODE_B}/")) && k.contains(&w))
         .collect();
     assert!(under_b.is_empty(), "{under_b:#?}");
+}
+
+/// The objects whose key ends in `/logs/<rel>`, under any node.
+fn copies_of<'a>(
+    objects: &'a BTreeMap<String, Vec<u8>>,
+    rel: &str,
+) -> Vec<(&'a String, &'a Vec<u8>)> {
+    let tail = format!("/logs/{rel}");
+    objects.iter().filter(|(k, _)| k.ends_with(&tail)).collect()
+}
+
+#[test]
+fn the_heads_files_stay_under_the_first_raylets_node_when_a_raylet_restarts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray: PathBuf = tmp.path().join("ray");
+    let logs = ray.join(S1).join("logs");
+    write(&logs.join("raylet.out"), &setting(NODE_A));
+    write(&logs.join("gcs_server.out"), "gcs line 1\n");
+    write(&logs.join("monitor.log"), "mon 1\n");
+    point_latest(&ray, &ray.join(S1));
+    let store = bucket(&tmp.path().join("bucket"));
+    let mut c = start(tmp.path(), &ray, "1s");
+    wait_for(&store, "the head's files under A", &c, |o| {
+        o.contains_key(&key(S1, NODE_A, "gcs_server.out"))
+            && o.contains_key(&key(S1, NODE_A, "monitor.log"))
+    });
+    // A second raylet (node B) starts into the session; the head's files grow.
+    write(&logs.join("raylet.1.out"), &setting(NODE_B));
+    append_to(&logs.join("gcs_server.out"), b"gcs line 2\n");
+    append_to(&logs.join("monitor.log"), b"mon 2\n");
+    wait_for(&store, "B's raylet and the grown files", &c, |o| {
+        o.contains_key(&key(S1, NODE_B, "raylet.1.out"))
+            && o.get(&key(S1, NODE_A, "gcs_server.out"))
+                .is_some_and(|v| v == b"gcs line 1\ngcs line 2\n")
+    });
+    // A few more live rounds, a last line for the final flush.
+    std::thread::sleep(Duration::from_secs(3));
+    append_to(&logs.join("gcs_server.out"), b"gcs line 3\n");
+    assert!(c.terminate(Duration::from_secs(30)).success());
+    let objects = read_all(&store);
+    for rel in ["gcs_server.out", "monitor.log"] {
+        let copies = copies_of(&objects, rel);
+        assert_eq!(
+            copies.len(),
+            1,
+            "{rel}: one file, one object: {:#?}",
+            copies.iter().map(|(k, v)| (k, v.len())).collect::<Vec<_>>()
+        );
+        assert_eq!(copies[0].0, &key(S1, NODE_A, rel), "{rel}");
+        assert_eq!(
+            copies[0].1,
+            &std::fs::read(logs.join(rel)).unwrap(),
+            "{rel} differs from the file"
+        );
+    }
+}
+
+#[test]
+fn a_worker_output_without_a_core_worker_log_is_held_at_most_64_kib_or_30_s() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray: PathBuf = tmp.path().join("ray");
+    let logs = ray.join(S1).join("logs");
+    write(&logs.join("raylet.out"), &setting(NODE_A));
+    write(&logs.join("raylet.1.out"), &setting(NODE_B));
+    point_latest(&ray, &ray.join(S1));
+    let store = bucket(&tmp.path().join("bucket"));
+    let mut c = start(tmp.path(), &ray, "1s");
+    wait_for(&store, "the first round", &c, |o| {
+        o.contains_key(&key(S1, NODE_B, "raylet.1.out"))
+    });
+    // Workers with RAY_LOG_TO_STDERR=1: output, never a core worker log. One prints 5 KB/s
+    // (64 KiB after about 13 s), one 100 B/s (never 64 KiB in this test: the 30 s bound).
+    let (w_fast, w_slow) = ("ab".repeat(28), "cd".repeat(28));
+    let fast = format!("worker-{w_fast}-01000000-300.out");
+    let slow = format!("worker-{w_slow}-01000000-301.out");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, fast, slow) = (stop.clone(), logs.join(&fast), logs.join(&slow));
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                append_to(&fast, format!("{:0>499}\n", i).as_bytes());
+                if i.is_multiple_of(5) {
+                    append_to(&slow, format!("{:0>49}\n", i).as_bytes());
+                }
+                i += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    // Stops and joins the writer when dropped: at the end, or when a wait below fails
+    // (before the temp dir goes).
+    struct Writer(
+        Arc<std::sync::atomic::AtomicBool>,
+        Option<std::thread::JoinHandle<()>>,
+    );
+    impl Drop for Writer {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            if let Some(t) = self.1.take() {
+                let _ = t.join();
+            }
+        }
+    }
+    let writer = Writer(stop, Some(writer));
+    let began = Instant::now();
+    let seen = |rel: &str| read_all(&store).contains_key(&key(S1, NODE_B, rel));
+    // 64 KiB at 5 KB/s, then a round (1 s), with room for a slow machine.
+    let deadline = Duration::from_secs(20);
+    loop {
+        if seen(&fast) {
+            break;
+        }
+        assert!(
+            began.elapsed() < deadline,
+            "a worker output growing 5 KB/s was not uploaded past 64 KiB in {deadline:?}\n{}",
+            c.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let fast_at = began.elapsed();
+    // 30 s since first seen, then a round.
+    let deadline = Duration::from_secs(38);
+    loop {
+        if seen(&slow) {
+            break;
+        }
+        assert!(
+            began.elapsed() < deadline,
+            "a worker output growing 100 B/s was not uploaded within 30 s of first sight\n{}",
+            c.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let slow_at = began.elapsed();
+    eprintln!("uploaded after {fast_at:?} (5 KB/s) and {slow_at:?} (100 B/s)");
+    drop(writer);
+    assert!(c.terminate(Duration::from_secs(30)).success());
+    let objects = read_all(&store);
+    for rel in [&fast, &slow] {
+        let copies = copies_of(&objects, rel);
+        assert_eq!(copies.len(), 1, "{rel}: {:#?}", objects.keys());
+        // The newest raylet's node: the best one known for a worker that never named it.
+        assert_eq!(copies[0].0, &key(S1, NODE_B, rel));
+        assert_eq!(copies[0].1, &std::fs::read(logs.join(rel)).unwrap());
+    }
+}
+
+/// The owner is recorded: after a collector restart at which no file names the first raylet
+/// any more (its id line rotated away), the head's files still go under it.
+#[test]
+fn the_sessions_owner_survives_a_collector_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray: PathBuf = tmp.path().join("ray");
+    let logs = ray.join(S1).join("logs");
+    write(&logs.join("raylet.out"), &setting(NODE_A));
+    write(&logs.join("gcs_server.out"), "gcs line 1\n");
+    point_latest(&ray, &ray.join(S1));
+    let store = bucket(&tmp.path().join("bucket"));
+    let mut c = start(tmp.path(), &ray, "1s");
+    wait_for(&store, "the head's file under A", &c, |o| {
+        o.contains_key(&key(S1, NODE_A, "gcs_server.out"))
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    c.kill9();
+    // While the collector is down: A's raylet rotates its id line out of every file it
+    // keeps, then a second raylet (B) starts into the session; the GCS writes on.
+    for f in ["raylet.out.2", "raylet.out.1", "raylet.out"] {
+        write(
+            &logs.join(f),
+            "[2026-11-22 03:00:00,000 I 1 1] (raylet) busy\n",
+        );
+    }
+    write(&logs.join("raylet.1.out"), &setting(NODE_B));
+    append_to(&logs.join("gcs_server.out"), b"gcs line 2\n");
+    c.restart();
+    wait_for(&store, "B's raylet and the grown file", &c, |o| {
+        o.contains_key(&key(S1, NODE_B, "raylet.1.out"))
+            && o.get(&key(S1, NODE_A, "gcs_server.out"))
+                .is_some_and(|v| v == b"gcs line 1\ngcs line 2\n")
+    });
+    assert!(c.terminate(Duration::from_secs(30)).success());
+    let objects = read_all(&store);
+    let copies = copies_of(&objects, "gcs_server.out");
+    assert_eq!(copies.len(), 1, "{:#?}", objects.keys());
+}
+
+/// A worker's output filed under the newest raylet before its core worker log named another
+/// node stays under the node its object has: when that log appears, and after a kill -9 in
+/// the round that first uploaded it (issue 39, review defect D1).
+#[test]
+fn a_worker_output_filed_before_its_core_worker_log_keeps_its_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray: PathBuf = tmp.path().join("ray");
+    let logs = ray.join(S1).join("logs");
+    write(&logs.join("raylet.out"), &setting(NODE_A));
+    write(&logs.join("raylet.1.out"), &setting(NODE_B));
+    let w = "ab".repeat(28);
+    let out = format!("worker-{w}-01000000-4242.out");
+    write(&logs.join(&out), &format!("{}\n", "x".repeat(99)));
+    point_latest(&ray, &ray.join(S1));
+    let store = bucket(&tmp.path().join("bucket"));
+    let mut c = start_with(tmp.path(), &ray, "1s", &THROTTLE);
+    wait_for(&store, "the first round", &c, |o| {
+        o.contains_key(&key(S1, NODE_B, "raylet.1.out"))
+    });
+    // Past 64 KiB without a core worker log: filed under the newest raylet (B); a big file
+    // keeps that round busy.
+    busy_round(&logs);
+    append_to(
+        &logs.join(&out),
+        format!("{}\n", "y".repeat(99)).repeat(700).as_bytes(),
+    );
+    wait_for(&store, "the output under B", &c, |o| {
+        o.contains_key(&key(S1, NODE_B, &out))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    c.kill9();
+    // The worker's core worker log appears (a slow start), naming A; the output grows.
+    write(
+        &logs.join(format!("python-core-worker-{w}_4242.log")),
+        &core_worker_log(&w, NODE_A),
+    );
+    append_to(&logs.join(&out), b"late line\n");
+    end_busy_round(&logs);
+    c.restart();
+    wait_for(&store, "the late line", &c, |o| {
+        o.keys()
+            .any(|k| k.ends_with(&format!("/logs/{out}")) && o[k].ends_with(b"late line\n"))
+    });
+    append_to(&logs.join(&out), b"last line\n");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(c.terminate(Duration::from_secs(30)).success());
+    let objects = read_all(&store);
+    let copies = copies_of(&objects, &out);
+    assert_eq!(
+        copies.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        [key(S1, NODE_B, &out)],
+        "one file, one object, under the node it was filed under"
+    );
+    assert_eq!(copies[0].1, &std::fs::read(logs.join(&out)).unwrap());
+}
+
+/// A rotated backup's key (named by its mtime at its first upload) is on disk as soon as
+/// that upload ends: killed before the round ends, then written once more after the rename,
+/// the backup still grows its one object (issue 39, review defect D2).
+#[test]
+fn a_backups_key_survives_a_kill_before_the_round_ends() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray: PathBuf = tmp.path().join("ray");
+    let logs = ray.join(S1).join("logs");
+    write(&logs.join("raylet.out"), &setting(NODE_A));
+    write(&logs.join("dashboard.log"), "live\n");
+    let backup = logs.join("dashboard.log.1");
+    write(&backup, &"backup line\n".repeat(100));
+    busy_round(&logs);
+    point_latest(&ray, &ray.join(S1));
+    let store = bucket(&tmp.path().join("bucket"));
+    let mut c = start_with(tmp.path(), &ray, "1s", &THROTTLE);
+    let rotated = |o: &BTreeMap<String, Vec<u8>>| {
+        o.keys()
+            .filter(|k| k.contains("/logs/dashboard.log.rotated."))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    wait_for(&store, "the backup", &c, |o| !rotated(o).is_empty());
+    std::thread::sleep(Duration::from_millis(300));
+    c.kill9();
+    // A new mtime second, then a process still holding the old descriptor writes on.
+    std::thread::sleep(Duration::from_millis(1100));
+    append_to(&backup, b"written after the rename\n");
+    end_busy_round(&logs);
+    c.restart();
+    wait_for(&store, "the grown backup", &c, |o| {
+        rotated(o)
+            .iter()
+            .any(|k| o[k].ends_with(b"written after the rename\n"))
+    });
+    assert!(c.terminate(Duration::from_secs(30)).success());
+    let objects = read_all(&store);
+    let keys = rotated(&objects);
+    assert_eq!(keys.len(), 1, "one backup, one object: {keys:#?}");
+    assert_eq!(objects[&keys[0]], std::fs::read(&backup).unwrap());
+}
+
+/// The session's owner is on disk as soon as it is known, not at the end of the round: a
+/// kill -9 before the round ends, and a restart at which the first raylet's id line has
+/// rotated out, keep the head's files under it (issue 39, review defect D3).
+#[test]
+fn the_sessions_owner_survives_a_kill_before_the_round_ends() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray: PathBuf = tmp.path().join("ray");
+    let logs = ray.join(S1).join("logs");
+    write(&logs.join("raylet.out"), &setting(NODE_A));
+    write(&logs.join("raylet.1.out"), &setting(NODE_B));
+    write(&logs.join("gcs_server.out"), "gcs started\n");
+    busy_round(&logs);
+    point_latest(&ray, &ray.join(S1));
+    let store = bucket(&tmp.path().join("bucket"));
+    let mut c = start_with(tmp.path(), &ray, "1s", &THROTTLE);
+    wait_for(&store, "the head's file under A", &c, |o| {
+        o.contains_key(&key(S1, NODE_A, "gcs_server.out"))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    c.kill9();
+    write(
+        &logs.join("raylet.out"),
+        "busy raylet, id line rotated out\n",
+    );
+    append_to(&logs.join("gcs_server.out"), b"more\n");
+    end_busy_round(&logs);
+    c.restart();
+    wait_for(&store, "the grown file", &c, |o| {
+        o.keys()
+            .any(|k| k.ends_with("/logs/gcs_server.out") && o[k] == b"gcs started\nmore\n")
+    });
+    assert!(c.terminate(Duration::from_secs(30)).success());
+    let objects = read_all(&store);
+    let copies = copies_of(&objects, "gcs_server.out");
+    assert_eq!(
+        copies.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        [key(S1, NODE_A, "gcs_server.out")]
+    );
 }

@@ -1,30 +1,57 @@
-//! The permissions the README asks for are the ones the code needs: every S3 request of a
-//! collector run against moto (events, a multipart log, a log append through UploadPartCopy,
-//! the final flush) is recorded by moto's own request recorder, named as the S3 API names it,
-//! and must be a row of the README's S3 table, whose IAM actions must appear in the policy
-//! lines of the README and the sample ServiceAccount. The GCS role must be one that can
-//! overwrite (`objectUser`), everywhere it is named.
+//! The permissions the documentation asks for are the ones the code needs: every S3 request
+//! of a collector run against moto (events, a multipart log, a log append through
+//! UploadPartCopy, dashboard snapshots with the final poll's read-back, the final flush) is
+//! recorded by moto's own request recorder, named as the
+//! S3 API names it, and must be a row of the S3 table (docs/storage.md, "Permissions"), whose
+//! IAM actions must appear in the policy lines of the Kubernetes page's Credentials
+//! (docs/kubernetes.md) and the sample ServiceAccount. The GCS role must be one that can
+//! overwrite (`objectUser`), everywhere it is named: the README and every page of docs/.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use rhc_testkit::collector::{append_to, Collector};
+use rhc_testkit::dashboard::{good_answers, Answer, DashboardStandIn, JOBS};
 use rhc_testkit::services::MotoS3;
 
 const BUCKET: &str = "rhc-permissions";
 const SESSION: &str = "session_2026-11-22_02-56-13_816177_24314";
 const NODE: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
 
-fn readme() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap()
+/// A file of the repository, by its path from the root.
+fn doc(path: &str) -> String {
+    let full = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
 }
 
-/// The README's S3 table: request name → IAM actions.
+/// The page with the S3 permission table (the README's "Permissions" moved there).
+const PERMISSIONS_PAGE: &str = "docs/storage.md";
+/// The page with the Kubernetes "Credentials" paragraph users copy their policy from.
+const CREDENTIALS_PAGE: &str = "docs/kubernetes.md";
+
+/// The README and every page of docs/: where a role could be offered.
+fn all_docs() -> Vec<(String, String)> {
+    let mut out = vec![("README.md".to_string(), doc("README.md"))];
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+    let mut pages: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    pages.sort();
+    for p in pages {
+        let name = format!("docs/{}", p.file_name().unwrap().to_string_lossy());
+        out.push((name.clone(), doc(&name)));
+    }
+    out
+}
+
+/// The documented S3 table: request name → IAM actions.
 fn documented_s3() -> BTreeMap<String, BTreeSet<String>> {
-    let text = readme();
+    let text = doc(PERMISSIONS_PAGE);
     let start = text
         .find("<!-- s3-permissions:begin -->")
-        .expect("README has the S3 permission table");
+        .expect("docs/storage.md has the S3 permission table");
     let end = text.find("<!-- s3-permissions:end -->").unwrap();
     let mut out = BTreeMap::new();
     for row in text[start..end].lines().filter(|l| l.starts_with("| `")) {
@@ -110,6 +137,11 @@ fn every_s3_request_of_a_run_is_in_the_documented_permission_table() {
     moto_api(&moto, "/moto-api/recorder/reset-recording");
     moto_api(&moto, "/moto-api/recorder/start-recording");
 
+    // A dashboard whose job starts after the live poll: the final poll reads the datasets
+    // snapshot's key back (GetObject) before storing it.
+    let dash = DashboardStandIn::start().unwrap();
+    dash.set(JOBS, Answer::json("[]"));
+    let address = dash.address();
     let storage = format!("s3://{BUCKET}/root");
     let mut env: Vec<(&str, &str)> = moto.collector_env().to_vec();
     env.push(("RAY_TMP_ROOT", ray.to_str().unwrap()));
@@ -127,7 +159,7 @@ fn every_s3_request_of_a_run_is_in_the_documented_permission_table() {
             "--rotation-interval",
             "1s",
             "--dashboard-address",
-            "http://127.0.0.1:9",
+            &address,
         ],
         &env,
     );
@@ -148,6 +180,7 @@ fn every_s3_request_of_a_run_is_in_the_documented_permission_table() {
         assert!(Instant::now() < deadline, "no append:\n{}", c.log_tail(30));
         std::thread::sleep(Duration::from_millis(500));
     }
+    dash.set(JOBS, good_answers()[JOBS].clone());
     assert!(c.terminate(Duration::from_secs(30)).success());
     moto_api(&moto, "/moto-api/recorder/stop-recording");
     let recording = moto_api(&moto, "/moto-api/recorder/download-recording");
@@ -173,10 +206,15 @@ fn every_s3_request_of_a_run_is_in_the_documented_permission_table() {
     }
     assert!(
         undocumented.is_empty(),
-        "S3 requests missing from README's permission table: {undocumented:#?}"
+        "S3 requests missing from the permission table of {PERMISSIONS_PAGE}: {undocumented:#?}"
     );
     eprintln!("S3 requests of the run: {seen:?}");
-    for needed in ["PutObject", "UploadPartCopy", "CompleteMultipartUpload"] {
+    for needed in [
+        "PutObject",
+        "UploadPartCopy",
+        "CompleteMultipartUpload",
+        "GetObject",
+    ] {
         assert!(
             seen.contains_key(needed),
             "the run made no {needed}: {seen:?}"
@@ -190,7 +228,7 @@ fn every_s3_request_of_a_run_is_in_the_documented_permission_table() {
         "/deploy/common/serviceaccount.yaml"
     ))
     .unwrap();
-    let text = readme();
+    let text = doc(CREDENTIALS_PAGE);
     let credentials = text
         .lines()
         .skip_while(|l| !l.starts_with("- **Credentials.**"))
@@ -204,7 +242,7 @@ fn every_s3_request_of_a_run_is_in_the_documented_permission_table() {
         );
         assert!(
             credentials.contains(a.as_str()),
-            "README's Credentials lacks {a}: {credentials}"
+            "{CREDENTIALS_PAGE}'s Credentials lacks {a}: {credentials}"
         );
     }
 }
@@ -216,15 +254,21 @@ fn the_gcs_role_can_overwrite() {
         "/deploy/common/serviceaccount.yaml"
     ))
     .unwrap();
-    let text = readme();
+    // Where the role is given: the ServiceAccount, the Permissions and the Credentials.
     for (what, t) in [
-        ("serviceaccount.yaml", sa.as_str()),
-        ("README", text.as_str()),
+        ("serviceaccount.yaml".to_string(), sa.clone()),
+        (PERMISSIONS_PAGE.to_string(), doc(PERMISSIONS_PAGE)),
+        (CREDENTIALS_PAGE.to_string(), doc(CREDENTIALS_PAGE)),
     ] {
         assert!(
             t.contains("roles/storage.objectUser"),
             "{what} names objectUser"
         );
+    }
+    // Nowhere is objectCreator offered instead.
+    let mut texts = vec![("serviceaccount.yaml".to_string(), sa)];
+    texts.extend(all_docs());
+    for (what, t) in &texts {
         for (i, line) in t.lines().enumerate() {
             assert!(
                 !line.contains("objectCreator") || line.to_lowercase().contains("not"),

@@ -17,13 +17,15 @@
 //!   settings;
 //! - the ledger belongs to a bucket, and an object the bucket lost is uploaded again;
 //! - objects bigger than one copy part are copied in ranges;
-//! - a versioned bucket gets no appends; one with versioning suspended does.
+//! - a versioned bucket gets no appends; one with versioning suspended does;
+//! - a whole upload over a slow uplink that keeps moving (the proxy reading bodies at
+//!   100 kB/s) is not cut by the stall limit, and the lane goes around it meanwhile.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use rhc_testkit::collector::{append_to as append, Collector};
-use rhc_testkit::fault_proxy::{Fault, FaultProxy, Rule};
+use rhc_testkit::fault_proxy::{Fault, FaultProxy, Rule, MAX_HOLD};
 use rhc_testkit::services::MotoS3;
 
 const NODE: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
@@ -113,9 +115,11 @@ impl Rig {
             "s3append",
             "--ray-tmp-dir",
             ray.to_str().unwrap(),
-            "--log-upload-interval",
-            "1s",
         ];
+        // 1 s unless `more` says otherwise.
+        if !more.contains(&"--log-upload-interval") {
+            args.extend_from_slice(&["--log-upload-interval", "1s"]);
+        }
         args.extend_from_slice(more);
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         Collector::start(&self.tmp.path().join(spool), &args, &env)
@@ -662,6 +666,13 @@ fn kill9_during_an_append_is_cleaned_up_by_the_next_start() {
                     .contains("aborted an incomplete multipart upload left by an earlier run")
         },
     );
+    // The abort is counted: storage reports it through the report `app` wires to the
+    // metrics (storage itself imports no metrics).
+    let aborted = c.metric_labeled("rhc_log_multipart_aborts_total", "result=\"ok\"");
+    assert!(
+        aborted >= 1.0,
+        "rhc_log_multipart_aborts_total{{result=\"ok\"}} = {aborted}"
+    );
     rig.wait_equal(LOG, &c, "after the restart");
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
@@ -1048,4 +1059,283 @@ fn a_bucket_with_versioning_suspended_keeps_appending() {
     assert!(!c.log_text().contains("keeps object versions"));
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
+}
+
+/// Issue 42: the proxy holds every copy request (a black hole towards the store for
+/// `UploadPartCopy`) while a 6 MiB log is appended to: the small log beside it must stay
+/// within two intervals of its file all along, the lane must not stop, and after SIGTERM
+/// both objects must equal their files (the hung log sent whole, since a whole PUT works).
+#[test]
+fn one_hung_copy_stalls_no_other_log_and_sigterm_leaves_every_object_equal() {
+    let Some(rig) = Rig::new("hungcopy") else {
+        return;
+    };
+    let interval = Duration::from_secs(2);
+    let (big, small) = ("worker-a-01000000-1.out", "worker-b-01000000-2.out");
+    let logs = rig.logs();
+    append(&logs.join(big), &lines(0, 6 * MIB));
+    append(&logs.join(small), &lines(50_000_000, 2_000));
+    let mut c = rig.start("spool", &rig.env(&[]), &["--log-upload-interval", "2s"]);
+    rig.wait_equal(big, &c, "first upload");
+    rig.wait_equal(small, &c, "first upload");
+    rig.proxy
+        .add(Rule::new(Fault::Hold(MAX_HOLD)).with_header("x-amz-copy-source"));
+    append(&logs.join(big), &lines(900_000, 300_000));
+    wait_until("a copy held", &c, Duration::from_secs(20), || {
+        rig.proxy.seen().iter().any(|r| r.is_copy())
+    });
+    // The small log grows 1 kB/s for 12 s (6 intervals); every poll, what the bucket holds must be all
+    // the file had two intervals before the poll began.
+    let written = std::sync::Arc::new(std::sync::Mutex::new(vec![(Instant::now(), 2_000usize)]));
+    let writer = {
+        let (written, path) = (written.clone(), logs.join(small));
+        std::thread::spawn(move || {
+            for i in 0..120 {
+                append(&path, &lines(50_100_000 + i * 10, 100));
+                let size = std::fs::metadata(&path).unwrap().len() as usize;
+                written.lock().unwrap().push((Instant::now(), size));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let mut worst = Duration::ZERO;
+    let mut polls = Vec::new();
+    let t0 = Instant::now();
+    while !writer.is_finished() {
+        let polled = Instant::now();
+        let held = rig.object(small).map_or(0, |o| o.len());
+        // The oldest write the object lacks.
+        let lacks = written
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(_, size)| *size > held)
+            .map(|(at, _)| *at);
+        let lag = lacks.map_or(Duration::ZERO, |at| polled.saturating_duration_since(at));
+        worst = worst.max(lag);
+        polls.push(format!(
+            "{:.2}s: {held} bytes, {:.2}s behind",
+            (polled - t0).as_secs_f64(),
+            lag.as_secs_f64()
+        ));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    writer.join().unwrap();
+    eprintln!("the small log's object was at most {worst:?} behind its file");
+    assert!(
+        worst <= 2 * interval,
+        "{small} fell {worst:?} behind its file while a copy of {big} hung\n{polls:#?}\n{}",
+        c.log_tail(40)
+    );
+    // The hung log did not stop the lane; at SIGTERM it goes whole.
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", c.log_text());
+    for n in [big, small] {
+        assert_eq!(
+            rig.object(n).map(|o| o.len()),
+            Some(std::fs::read(logs.join(n)).unwrap().len()),
+            "{n} after SIGTERM\n{}",
+            c.log_tail(40)
+        );
+        assert_eq!(rig.object(n).unwrap(), std::fs::read(logs.join(n)).unwrap());
+    }
+    assert!(rig.open_uploads().is_empty(), "{:?}", rig.open_uploads());
+}
+
+/// Issue 42: a completion answered 200 with an error document other than the transient
+/// ones (`InvalidPart`) is a refusal, as `400 InvalidPart` is: each object goes whole at
+/// once, and a store that always answers so gets appends switched off.
+#[test]
+fn a_completion_answered_200_with_an_error_document_is_a_refusal() {
+    let Some(rig) = Rig::new("complete200") else {
+        return;
+    };
+    let names = three_logs(&rig);
+    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    for n in &names {
+        rig.wait_equal(n, &c, "first upload");
+    }
+    rig.proxy.add(
+        Rule::new(Fault::ErrorIn200("InvalidPart".into()))
+            .method("POST")
+            .target_contains("uploadId="),
+    );
+    grow_all(&rig, &names, 0);
+    for n in &names {
+        rig.wait_equal(n, &c, "the grown log, whole, in the live rounds");
+    }
+    wait_until("three refusals", &c, Duration::from_secs(10), || {
+        c.metric_labeled("rhc_log_append_failures_total", "kind=\"refused\"") >= 3.0
+    });
+    assert_eq!(
+        c.metric_labeled("rhc_log_append_failures_total", "kind=\"transient\""),
+        0.0,
+        "{}",
+        c.log_tail(40)
+    );
+    assert_eq!(
+        c.metric("rhc_log_appends_enabled"),
+        0.0,
+        "{}",
+        c.log_tail(40)
+    );
+    assert!(
+        c.log_text().contains("refused appends 3 times in a row"),
+        "{}",
+        c.log_tail(40)
+    );
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+    for n in &names {
+        assert_eq!(
+            rig.object(n).unwrap(),
+            std::fs::read(rig.logs().join(n)).unwrap()
+        );
+    }
+    assert!(rig.open_uploads().is_empty(), "{:?}", rig.open_uploads());
+}
+
+/// Issue 39: files the store refuses (here three whose keys a policy denies, and one whose
+/// key is over S3's 1,024 bytes, which moto would take) never stop a round or the final
+/// flush for the others: the five ordinary logs reach the bucket live and at the final
+/// flush, the over-long key is never sent (skipped, logged once, counted), and the files
+/// that did not make it at the final flush are named and make the exit code 3.
+#[test]
+fn files_the_store_refuses_never_stop_the_others_and_are_named_at_the_end() {
+    let Some(rig) = Rig::new("refusedkeys") else {
+        return;
+    };
+    let logs = rig.logs();
+    let ordinary: Vec<String> = (0..5).map(|i| format!("app_{i}.log")).collect();
+    for (i, n) in ordinary.iter().enumerate() {
+        append(&logs.join(n), &lines(i * 1_000_000, 2_000));
+    }
+    // Nine nested 120-byte directories: a key of about 1,300 bytes.
+    let mut deep = logs.clone();
+    for level in 0..9 {
+        deep = deep.join(format!("{level}{}", "d".repeat(119)));
+    }
+    std::fs::create_dir_all(&deep).unwrap();
+    append(&deep.join("deep.log"), b"too deep for S3\n");
+    // Newer, and error streams: these go before the ordinary logs in a round.
+    let refused: Vec<String> = (0..3).map(|i| format!("refused_{i}.err")).collect();
+    for n in &refused {
+        append(&logs.join(n), b"denied by the bucket policy\n");
+    }
+    rig.proxy
+        .add(Rule::new(Fault::Status(403, "AccessDenied".into())).target_contains("refused_"));
+    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    for n in &ordinary {
+        rig.wait_equal(n, &c, "live, beside files the store refuses");
+    }
+    for (i, n) in ordinary.iter().enumerate() {
+        append(&logs.join(n), &lines(i * 1_000_000 + 500_000, 1_000));
+    }
+    wait_until(
+        "the over-long key skipped",
+        &c,
+        Duration::from_secs(20),
+        || c.metric_labeled("rhc_log_files_skipped_total", "reason=\"key_too_long\"") >= 1.0,
+    );
+    let (status, _) = c.try_terminate(Duration::from_secs(60)).unwrap();
+    assert_eq!(status.code(), Some(3), "{}", c.log_text());
+    for n in &ordinary {
+        assert_eq!(
+            rig.object(n).unwrap(),
+            std::fs::read(logs.join(n)).unwrap(),
+            "{n} after the final flush\n{}",
+            c.log_tail(40)
+        );
+    }
+    let text = c.log_text();
+    for n in &refused {
+        assert!(
+            text.lines()
+                .any(|l| l.contains("not uploaded at the final flush") && l.contains(n.as_str())),
+            "{n} not named\n{}",
+            c.log_tail(40)
+        );
+    }
+    assert_eq!(
+        text.matches("longer than the store allows").count(),
+        1,
+        "the over-long key is logged once\n{text}"
+    );
+    assert!(
+        !rig.proxy
+            .seen()
+            .iter()
+            .any(|r| r.target.contains("deep.log")),
+        "a key over 1,024 bytes was sent"
+    );
+}
+
+/// Review r42c D3: a log sent as one PUT over an uplink that is slow but moving (the proxy
+/// reads request bodies at 100 kB/s through a small receive buffer) was dropped at the
+/// stall limit, since nothing of a request counted as progress until it ended, and
+/// restarted from byte 0 every round: it never landed (and at the defaults object_store's
+/// 120 s request timeout cut it too). Now a request's body counts as moving for its bytes
+/// at `pace::MIN_BODY_RATE`, and the lane's uploads go on a client whose request timeout
+/// adds the same allowance: it lands at the first try, and the lane sends the node's other
+/// logs meanwhile (issue 42 item 1).
+#[test]
+fn a_whole_upload_over_a_slow_uplink_lands_at_the_first_try() {
+    let Some(rig) = Rig::new("slowuplink") else {
+        return;
+    };
+    /// The uplink: 100 kB/s, as the review's slowest run that was cut by the stall limit.
+    const RATE: u64 = 100_000;
+    let big = "worker-slow-01000000-1.out";
+    let small = "worker-small-02000000-2.out";
+    // 1.5 MiB: one PUT (8 MiB parts), about 16 s on the wire, four times the stall limit.
+    let size = 3 * MIB / 2;
+    append(&rig.logs().join(big), &lines(0, size));
+    rig.proxy.slow_body_reads(Some(RATE));
+    // A stall limit of 4 s, and a request timeout of 5 s where a client is not the log
+    // lane's (whose timeout adds the largest part at the floor rate): neither may cut it.
+    let env = rig.env(&[
+        ("RHC_TEST_LOG_MIN_STALL_SECS", "4"),
+        ("RHC_TEST_REQUEST_TIMEOUT_SECS", "5"),
+    ]);
+    let mut c = rig.start("spool", &env, &[]);
+    let puts_of = |name: &str| {
+        rig.proxy
+            .arrived()
+            .iter()
+            .filter(|(m, t)| m == "PUT" && t.contains(name))
+            .count()
+    };
+    wait_until(
+        "the big log's PUT began",
+        &c,
+        Duration::from_secs(20),
+        || puts_of(big) > 0,
+    );
+    // The lane goes around the slow send: a new small log lands while it streams.
+    let began = Instant::now();
+    append(&rig.logs().join(small), &lines(0, 2_000));
+    rig.wait_equal(small, &c, "a small log while the big one streams");
+    let small_after = began.elapsed();
+    let streaming = rig.object(big).is_none();
+    rig.wait_equal(big, &c, "a log sent over a slow uplink");
+    assert!(
+        streaming,
+        "the big log landed before the small one ({small_after:?} after it was written, big \
+         {:?}): the uplink was not slow, or the lane waited for it\n{}",
+        began.elapsed(),
+        c.log_tail(60)
+    );
+    let tries = puts_of(big);
+    assert_eq!(
+        tries,
+        1,
+        "the big log's PUT was sent {tries} times (cut and restarted)\n{}",
+        c.log_tail(40)
+    );
+    let (status, _) = c.try_terminate(Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{status:?}\n{}", c.log_tail(40));
+    assert_eq!(
+        rig.object(big).as_deref(),
+        Some(&std::fs::read(rig.logs().join(big)).unwrap()[..])
+    );
 }

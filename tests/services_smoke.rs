@@ -474,7 +474,7 @@ fn object_store_gcs_against_fake_gcs() {
             Err(e) => assert!(e.to_string().contains("invalid uploadType"), "{e}"),
             Ok(_) => panic!(
                 "fake-gcs-server now accepts object_store's XML PUT: the GCS upload \
-                 path can be tested against it (tests/gcs_config.rs, README)"
+                 path can be tested against it (tests/gcs_config.rs, docs/storage.md)"
             ),
         }
     });

@@ -314,7 +314,7 @@ fn kill_and_restart_with_the_spool_kept_is_exact() {
         assert_eq!(count.len(), 400, "lines that were never acknowledged");
         let left: Vec<_> = rhc_testkit::collector::files_under(&c.spool)
             .into_iter()
-            .filter(|p| !p.ends_with("LOCK"))
+            .filter(|p| !p.ends_with("LOCK") && !p.starts_with(c.spool.join("dedup")))
             .collect();
         assert!(left.is_empty(), "{left:?}");
     }
@@ -342,6 +342,11 @@ impl S3Rig {
     }
 
     fn start(&self, extra: &[&str]) -> Collector {
+        self.start_with(extra, &[])
+    }
+
+    /// [`S3Rig::start`] with more environment (the fault shim's).
+    fn start_with(&self, extra: &[&str], more_env: &[(&str, &str)]) -> Collector {
         let storage = format!("s3://{BUCKET}");
         let ray = self.tmp.path().join("ray");
         let mut args = vec![
@@ -352,13 +357,14 @@ impl S3Rig {
         ];
         args.extend_from_slice(extra);
         let url = self.proxy.url();
-        let env = [
+        let mut env = vec![
             ("AWS_ENDPOINT", url.as_str()),
             ("AWS_ALLOW_HTTP", "true"),
             ("AWS_ACCESS_KEY_ID", MotoS3::ACCESS_KEY_ID),
             ("AWS_SECRET_ACCESS_KEY", MotoS3::SECRET_ACCESS_KEY),
             ("AWS_REGION", MotoS3::REGION),
         ];
+        env.extend_from_slice(more_env);
         Collector::start(&self.tmp.path().join("spool"), &args, &env)
     }
 
@@ -738,6 +744,64 @@ fn a_passing_spool_write_failure_only_delays_the_growth() {
     );
 }
 
+/// Issue 35 review, item 1: one transient error opening an open segment to read it (EIO, or
+/// EMFILE with `--compression none`) must only delay its publication by half a window, not
+/// stop it until the seal (rotation here: 120 s); main at 40d3d47 took it for a damaged file.
+#[test]
+fn a_passing_error_reading_a_segment_only_delays_the_growth() {
+    for (errno, compression) in [(5, "gzip"), (24, "none")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let faults = Faults::build(tmp.path());
+        let spool = tmp.path().join("spool");
+        let (mut c, bucket) = {
+            let bucket = tmp.path().join("bucket");
+            std::fs::create_dir_all(&bucket).unwrap();
+            let ray = tmp.path().join("ray");
+            let args = [
+                "--storage",
+                bucket.to_str().unwrap(),
+                "--ray-tmp-dir",
+                ray.to_str().unwrap(),
+                "--upload-window",
+                "2s",
+                "--rotation-interval",
+                "120s",
+                "--compression",
+                compression,
+            ];
+            (Collector::start(&spool, &args, &faults.env()), bucket)
+        };
+        // Either compression (a `.jsonl` is plain here), temporaries skipped.
+        let in_bucket = || -> std::collections::BTreeSet<String> {
+            event_objects(read_all(&local_store(&bucket)))
+                .iter()
+                .filter(|(k, _)| !k.ends_with(".rhc-tmp"))
+                .flat_map(|(k, v)| object_ids(k, v))
+                .collect()
+        };
+        let first: Vec<String> = (0..50).map(|i| format!("a{i}")).collect();
+        post(&c, &first, 1);
+        wait_for(&c, Duration::from_secs(15), "the first batch", || {
+            first.iter().all(|id| in_bucket().contains(id))
+        });
+        faults.arm("openr", errno, 1, &format!("{}/events/", spool.display()));
+        let second: Vec<String> = (0..50).map(|i| format!("b{i}")).collect();
+        post(&c, &second, 1);
+        // Half a window later it is tried again: well within 10 s (the seal is at 120 s).
+        wait_for(
+            &c,
+            Duration::from_secs(10),
+            "the second batch after one failed read",
+            || second.iter().all(|id| in_bucket().contains(id)),
+        );
+        assert!(
+            !faults.armed("openr"),
+            "errno {errno}: the failure was never injected"
+        );
+        c.kill9();
+    }
+}
+
 /// A restart with another `--compression` writes the object under its new key before the
 /// one published under the old key goes: when the new one cannot be written (every create
 /// in the bucket fails), the old one stays and holds every acknowledged event (the second
@@ -821,4 +885,878 @@ fn growth_copies_stay_within_the_spool_budget() {
         on_disk <= BUDGET,
         "the spool holds {on_disk} bytes on disk, over its budget of {BUDGET}"
     );
+}
+
+/// Bytes the spool's budget counts as stored, read from the disk: segments, quarantine
+/// files and kept bodies, and the compressed copies of open segments (`growth/*.gz`).
+fn stored_on_disk(spool: &Path) -> u64 {
+    let copies: u64 = rhc_testkit::collector::files_under(&spool.join("growth"))
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "gz"))
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
+    disk_bytes(&spool.join("events")) + disk_bytes(&spool.join("quarantine")) + copies
+}
+
+/// The one growth record and the shadow beside it: (object length the record says, the
+/// shadow's length).
+fn growth_lengths(spool: &Path) -> (u64, u64) {
+    let files = rhc_testkit::collector::files_under(&spool.join("growth"));
+    let rec = files
+        .iter()
+        .find(|p| p.to_string_lossy().ends_with(".jsonl.rec"))
+        .unwrap_or_else(|| panic!("no growth record in {files:?}"));
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(rec).unwrap()).unwrap();
+    let shadow = rec.with_extension("gz");
+    (
+        record["object_len"].as_u64().unwrap(),
+        std::fs::metadata(&shadow).unwrap().len(),
+    )
+}
+
+/// Waits up to `limit` for `done`, panicking with `what` and the log otherwise.
+fn wait_for(c: &Collector, limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !done() {
+        assert!(
+            Instant::now() < end,
+            "{what} within {limit:?}\n{}",
+            c.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Issue 35, item 1: the disk fills up half way through writing a growth copy (the fault
+/// shim: half a gzip member written, then ENOSPC, once, as on a tmpfs with 150 KiB free).
+/// The copy is cut back to its record's length at once; `rhc_spool_bytes` equals what is on
+/// disk after the failure, after the segment's state was dropped and loaded again from the
+/// shadow's length (and the retry published everything), and after the upload (0, where
+/// f6212bd read 2^64 minus the failed bytes and answered 503 for good); pushed events and
+/// `/readyz` get 200 at the end.
+#[test]
+fn a_full_disk_while_writing_a_growth_copy_never_wedges_ingest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = Faults::build(tmp.path());
+    let bucket = tmp.path().join("bucket");
+    std::fs::create_dir_all(&bucket).unwrap();
+    let spool = tmp.path().join("spool");
+    let mut c = Collector::start(
+        &spool,
+        &[
+            "--storage",
+            bucket.to_str().unwrap(),
+            "--ray-tmp-dir",
+            tmp.path().join("ray").to_str().unwrap(),
+            "--upload-window",
+            "4s",
+            "--rotation-interval",
+            "15s",
+        ],
+        &faults.env(),
+    );
+    let url = c.url("/v1/events");
+    let mut seed = 0x0123_4567_89ab_cdefu64;
+    assert!(post_body(&url, &padded_body("a", 200, 100, &mut seed)));
+    wait_for(&c, Duration::from_secs(15), "the first version", || {
+        the_event_object(&bucket)
+            .is_some_and(|p| version_ids("first", &std::fs::read(p).unwrap()).len() == 200)
+    });
+    let (object_len, shadow_len) = growth_lengths(&spool);
+    assert_eq!(object_len, shadow_len);
+    // The next write to a shadow (`growth/e.<segment>.jsonl.gz`) runs out of room half way.
+    faults.arm("write", 28, 1, ".jsonl.gz$");
+    assert!(post_body(&url, &padded_body("b", 2000, 400, &mut seed)));
+    wait_for(&c, Duration::from_secs(10), "the injected ENOSPC", || {
+        faults
+            .log()
+            .iter()
+            .any(|(call, path, ok)| call == "write" && path.contains("/growth/") && !ok)
+    });
+    // Well before the retry, half a window (2 s) after the failed round began.
+    std::thread::sleep(Duration::from_millis(300));
+    let (object_len, shadow_len) = growth_lengths(&spool);
+    assert_eq!(
+        shadow_len, object_len,
+        "the failed copy write was not cut back to its record's length"
+    );
+    let on_disk = stored_on_disk(&spool);
+    assert_eq!(
+        c.metric("rhc_spool_bytes") as u64,
+        on_disk,
+        "after the failure"
+    );
+    // The retry publishes everything.
+    wait_for(&c, Duration::from_secs(20), "the retry", || {
+        the_event_object(&bucket)
+            .is_some_and(|p| version_ids("retried", &std::fs::read(p).unwrap()).len() == 2200)
+    });
+    // A second without a publication drops the state; a few more events make the next round
+    // load it again from the shadow's length.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(post_body(&url, &padded_body("c", 10, 100, &mut seed)));
+    wait_for(
+        &c,
+        Duration::from_secs(20),
+        "the round after the reload",
+        || {
+            the_event_object(&bucket)
+                .is_some_and(|p| version_ids("reloaded", &std::fs::read(p).unwrap()).len() == 2210)
+        },
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        c.metric("rhc_spool_bytes") as u64,
+        stored_on_disk(&spool),
+        "after the reload"
+    );
+    // The rotation seals and uploads the segment: nothing is left, nothing counted.
+    wait_for(&c, Duration::from_secs(40), "the upload", || {
+        rhc_testkit::collector::files_under(&spool.join("events")).is_empty()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let left = c.metric("rhc_spool_bytes");
+    assert_eq!(left, 0.0, "rhc_spool_bytes after the upload of everything");
+    assert_eq!(stored_on_disk(&spool), 0);
+    assert_eq!(c.metric("rhc_spool_accounting_errors_total"), 0.0);
+    let r = c.post(format!("[{}]", event("after", 1)).as_bytes());
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(c.get("/readyz").unwrap().status, 200);
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_tail(30));
+    assert_eq!(ids_in_file_bucket(&bucket).len(), 2211);
+}
+
+/// Event ids of one object, plain or gzip by its key, each once per line.
+fn object_ids(key: &str, bytes: &[u8]) -> Vec<String> {
+    rhc_testkit::collector::decode(key, bytes)
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_slice(l).unwrap();
+            v["eventId"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// Every event object of the session must be a `.jsonl` (the run's `--compression none`),
+/// and hold each of `ids` once.
+fn assert_one_plain_object_per_partition(objects: &BTreeMap<String, Vec<u8>>, ids: &[String]) {
+    let keys: Vec<&String> = objects.keys().collect();
+    assert_eq!(objects.len(), 2, "objects: {keys:?}");
+    assert!(
+        keys.iter().all(|k| k.ends_with(".jsonl")),
+        "an object of the earlier compression is left: {keys:?}"
+    );
+    let mut count: HashMap<String, u32> = HashMap::new();
+    for (k, v) in objects {
+        for id in object_ids(k, v) {
+            *count.entry(id).or_default() += 1;
+        }
+    }
+    let twice = count.values().filter(|&&n| n > 1).count();
+    assert_eq!(twice, 0, "{twice} events stored twice");
+    for id in ids {
+        assert_eq!(count.get(id), Some(&1), "{id}");
+    }
+}
+
+/// What object_store sends to delete an S3 object: `POST /<bucket>?delete` (DeleteObjects).
+const DELETE_OBJECTS: &str = "?delete";
+
+/// Run 1 of the compression switch: 2,000 events in 2 partitions, grown with gzip, kill -9.
+fn grow_with_gzip_then_kill(rig: &S3Rig) -> Vec<String> {
+    let mut c = rig.start(&["--upload-window", "1s"]);
+    let ids: Vec<String> = (0..2000).map(|i| format!("z-{i}")).collect();
+    for chunk in ids.chunks(500) {
+        post(&c, chunk, 2);
+    }
+    wait_for(
+        &c,
+        Duration::from_secs(20),
+        "2,000 events in 2 .gz objects",
+        || {
+            let o = event_objects(S3Rig::read(&rig.s3));
+            o.len() == 2
+                && o.keys().all(|k| k.ends_with(".jsonl.gz"))
+                && o.iter().map(|(k, v)| object_ids(k, v).len()).sum::<usize>() == 2000
+        },
+    );
+    c.kill9();
+    ids
+}
+
+/// Issue 35, item 2: objects grown with gzip, kill -9, restart with `--compression none`
+/// while the store answers every delete (DeleteObjects) with 500 for 8 s: the old
+/// `.jsonl.gz` objects are
+/// deleted once the store takes the delete again, and the seal does not end before. The
+/// bucket ends with one `.jsonl` object per partition, every line once (f6212bd: 4
+/// objects, 2,000 events twice).
+#[test]
+fn a_compression_switch_deletes_the_old_objects_when_the_store_refuses_for_a_while() {
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    let ids = grow_with_gzip_then_kill(&rig);
+    rig.proxy.add(
+        Rule::new(Fault::Status(500, "InternalError".into()))
+            .method("POST")
+            .target_contains(DELETE_OBJECTS)
+            .for_time(Duration::from_secs(8)),
+    );
+    let mut c = rig.start(&["--upload-window", "1s", "--compression", "none"]);
+    let spool = rig.tmp.path().join("spool");
+    wait_for(&c, Duration::from_secs(60), "the segments uploaded", || {
+        rhc_testkit::collector::files_under(&spool.join("events")).is_empty()
+    });
+    let refused = rig
+        .proxy
+        .seen()
+        .iter()
+        .filter(|r| r.method == "POST" && r.target.contains(DELETE_OBJECTS) && r.faulted)
+        .count();
+    assert!(refused > 0, "no DELETE was refused");
+    assert_one_plain_object_per_partition(&event_objects(S3Rig::read(&rig.s3)), &ids);
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_tail(30));
+}
+
+/// Issue 35, item 2: as above, but the collector is killed (-9) while the store holds the
+/// delete of an old object (never passed on); the next start (still `--compression none`)
+/// deletes it.
+#[test]
+fn a_compression_switch_deletes_the_old_objects_after_a_kill_during_the_delete() {
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    let ids = grow_with_gzip_then_kill(&rig);
+    rig.proxy.add(
+        Rule::new(Fault::Hold(Duration::from_secs(60)))
+            .method("POST")
+            .target_contains(DELETE_OBJECTS),
+    );
+    let mut c = rig.start(&["--upload-window", "1s", "--compression", "none"]);
+    wait_for(&c, Duration::from_secs(30), "a DELETE held", || {
+        rig.proxy
+            .arrived()
+            .iter()
+            .any(|(m, t)| m == "POST" && t.contains(DELETE_OBJECTS))
+    });
+    c.kill9();
+    rig.proxy.clear();
+    let mut c = rig.start(&["--upload-window", "1s", "--compression", "none"]);
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_tail(30));
+    assert_one_plain_object_per_partition(&event_objects(S3Rig::read(&rig.s3)), &ids);
+}
+
+/// Issue 35, item 4: a store outage (every request answered 500) with a 16 MiB budget and
+/// Ray's kind of traffic (batches of 300 events every 100 ms over 3 jobs): the first 503
+/// comes only once the spool really holds close to the high watermark (90 %, 15,099,494
+/// bytes): at least 85 % of the budget on disk (f6212bd: 46 %, as the raw bytes not yet
+/// published were counted again for copies a tenth their size).
+#[test]
+fn a_store_outage_fills_the_spool_to_its_high_watermark_before_503() {
+    const BUDGET: u64 = 16 << 20;
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    rig.proxy
+        .add(Rule::new(Fault::Status(500, "InternalError".into())));
+    let budget = BUDGET.to_string();
+    let c = rig.start(&["--max-spool-bytes", &budget]);
+    let spool = rig.tmp.path().join("spool");
+    let end = Instant::now() + Duration::from_secs(90);
+    let mut n = 0usize;
+    let refused = loop {
+        assert!(Instant::now() < end, "never refused:\n{}", c.log_tail(30));
+        let ids: Vec<String> = (n..n + 300).map(|i| format!("o-{i}")).collect();
+        let body = format!(
+            "[{}]",
+            ids.iter()
+                .enumerate()
+                .map(|(i, id)| event(id, i as u32 % 3))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let r = c.post(body.as_bytes());
+        if r.status != 200 {
+            break r;
+        }
+        n += 300;
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let on_disk = stored_on_disk(&spool);
+    let said = String::from_utf8_lossy(&refused.body).into_owned();
+    println!(
+        "first refusal after {n} events: {} {said:?}; on disk {on_disk} bytes of {BUDGET} ({:.1} %)",
+        refused.status,
+        on_disk as f64 * 100.0 / BUDGET as f64
+    );
+    assert_eq!(refused.status, 503, "{said}");
+    assert!(said.contains("high watermark"), "{said}");
+    assert!(
+        on_disk >= BUDGET / 100 * 85,
+        "503 with {on_disk} bytes on disk, below 85 % of {BUDGET}"
+    );
+    assert!(
+        on_disk <= BUDGET / 10 * 9,
+        "{on_disk} bytes on disk, over the high watermark"
+    );
+}
+
+/// moto: a store that answers an event object's growth copies (`UploadPartCopy`) 35 s late
+/// still takes every new event, and SIGTERM leaves every acknowledged event in the bucket
+/// (exit 0). The log lane's 30 s cut on unanswered copies is not the event publisher's:
+/// its copies wait as long as object_store's own request timeout (120 s).
+#[test]
+fn event_growth_copies_answered_35_s_late_still_publish() {
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    let mut c = rig.start(&[
+        "--upload-window",
+        "2s",
+        "--enable-log-collector",
+        "false",
+        "--shutdown-timeout",
+        "150s",
+    ]);
+    let url = c.url("/v1/events");
+    // Over S3's 5 MiB minimum part once compressed, so the next growth copies it.
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut acked: Vec<String> = Vec::new();
+    for b in 0..4 {
+        let tag = format!("big{b}");
+        assert!(
+            post_body(&url, &padded_body(&tag, 100, 16_000, &mut seed)),
+            "a batch was refused"
+        );
+        acked.extend((0..100).map(|i| format!("{tag}-{i}")));
+    }
+    let in_bucket = |ids: &[String]| {
+        let objects = event_objects(S3Rig::read(&rig.s3));
+        let have: std::collections::BTreeSet<String> = objects
+            .iter()
+            .flat_map(|(k, v)| version_ids(k, v))
+            .collect();
+        ids.iter().all(|id| have.contains(id))
+    };
+    let end = Instant::now() + Duration::from_secs(60);
+    while !in_bucket(&acked) {
+        assert!(Instant::now() < end, "the first events never landed");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let sizes: Vec<(String, usize)> = event_objects(S3Rig::read(&rig.s3))
+        .into_iter()
+        .map(|(k, v)| (k, v.len()))
+        .collect();
+    eprintln!("event objects before the slow copies: {sizes:?}");
+    rig.proxy
+        .add(Rule::new(Fault::Delay(Duration::from_secs(35))).with_header("x-amz-copy-source"));
+    // Job 1, as the big ones: the same object grows.
+    assert!(
+        post_body(&url, &padded_body("late", 20, 10, &mut seed)),
+        "the late batch was refused"
+    );
+    let small: Vec<String> = (0..20).map(|i| format!("late-{i}")).collect();
+    acked.extend(small.iter().cloned());
+    let end = Instant::now() + Duration::from_secs(100);
+    while !in_bucket(&small) {
+        assert!(
+            Instant::now() < end,
+            "events posted while copies are answered 35 s late never landed: {}",
+            c.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(
+        rig.proxy.seen().iter().any(|r| r.is_copy()),
+        "the growth made no copy: the test did not test the slow copy"
+    );
+    let status = c.terminate(Duration::from_secs(180));
+    assert!(status.success(), "exit {status:?}: {}", c.log_tail(40));
+    assert!(
+        in_bucket(&acked),
+        "acknowledged events missing after SIGTERM"
+    );
+}
+
+/// A body of `n` events of `job` with ids `{tag}-{i}` and a message: `pad` zeros when
+/// `seed` is `None` (compresses to almost nothing), else `pad` random bytes in hex.
+fn job_body(tag: &str, job: u32, n: usize, pad: usize, mut seed: Option<&mut u64>) -> Vec<u8> {
+    let lines: Vec<String> = (0..n)
+        .map(|i| {
+            let msg = match seed.as_deref_mut() {
+                None => "0".repeat(pad),
+                Some(s) => (0..pad)
+                    .map(|_| {
+                        *s ^= *s << 13;
+                        *s ^= *s >> 7;
+                        *s ^= *s << 17;
+                        format!("{:02x}", *s as u8)
+                    })
+                    .collect(),
+            };
+            event(&format!("{tag}-{i}"), job)
+                .replace(r#""message":"""#, &format!(r#""message":"{msg}""#))
+        })
+        .collect();
+    format!("[{}]", lines.join(",")).into_bytes()
+}
+
+/// Issue 35 review, item 2: the compression ratio changes (compressible lines first, so the
+/// copy reserve learns its floor, then random ones): with a healthy store every acknowledged
+/// event must reach the bucket within a few windows, not at the rotation (120 s). Main at
+/// 40d3d47 cut each copy back when the budget refused it part way and tried again, the
+/// same way, until the rotation.
+#[test]
+fn a_shift_in_the_compression_ratio_never_holds_events_back_until_rotation() {
+    const BUDGET: u64 = 16 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    let budget = BUDGET.to_string();
+    let (mut c, bucket) = file_collector(
+        tmp.path(),
+        &[
+            "--upload-window",
+            "2s",
+            "--rotation-interval",
+            "120s",
+            "--max-segment-bytes",
+            "2MiB",
+            "--max-spool-bytes",
+            &budget,
+        ],
+    );
+    let url = c.url("/v1/events");
+    // Phase 1: 12 MiB of lines that compress to almost nothing (sealed at 2 MiB and
+    // uploaded as they go).
+    let mut sent = 0usize;
+    let mut r = 0;
+    let started = Instant::now();
+    while sent < 12 << 20 && started.elapsed() < Duration::from_secs(60) {
+        let b = job_body(&format!("z{r}"), 1, 100, 4000, None);
+        if post_body(&url, &b) {
+            sent += b.len();
+            r += 1;
+        } else {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    assert!(sent >= 12 << 20, "phase 1 not accepted in time");
+    wait_for(&c, Duration::from_secs(30), "phase 1 uploaded", || {
+        c.metric("rhc_spool_bytes") < (5 << 19) as f64
+    });
+    // Phase 2: random lines over 8 jobs until the first refusal.
+    // Made first, so they arrive faster than copies are written.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let bodies: Vec<(String, Vec<u8>)> = (0..(BUDGET as usize / 100_000 + 20))
+        .map(|r| {
+            let tag = format!("r{r}");
+            let b = job_body(&tag, 10 + r as u32 % 12, 100, 500, Some(&mut seed));
+            (tag, b)
+        })
+        .collect();
+    let mut acked: Vec<String> = Vec::new();
+    for (tag, b) in &bodies {
+        if !post_body(&url, b) {
+            break;
+        }
+        acked.extend((0..100).map(|i| format!("{tag}-{i}")));
+    }
+    println!("phase 2: {} events acknowledged", acked.len());
+    assert!(!acked.is_empty(), "nothing of phase 2 accepted");
+    let missing = |c: &Collector| {
+        let have = ids_in_file_bucket(&bucket);
+        let _ = c;
+        acked.iter().filter(|id| !have.contains(*id)).count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while missing(&c) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let left = missing(&c);
+    assert_eq!(
+        left,
+        0,
+        "{left} of {} acknowledged events not in the bucket 20 s after the last (window 2 s, rotation 120 s)\n{}",
+        acked.len(),
+        c.log_tail(20)
+    );
+    assert_eq!(c.metric("rhc_spool_accounting_errors_total"), 0.0);
+    c.kill9();
+}
+
+/// Issue 35 review, item 3: as the switch above, and the spool's disk is full for the
+/// record's small write (ENOSPC creating `growth/*.tmp`) for 3 s: the earlier key must not
+/// live in memory only (main at 40d3d47 removed the record, dropped the state, uploaded the
+/// segment whole and forgot the `.jsonl.gz` objects: every line twice, exit 0).
+#[test]
+fn a_compression_switch_whose_record_cannot_be_written_still_deletes_the_old_objects() {
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    let ids = grow_with_gzip_then_kill(&rig);
+    let faults = Faults::build(rig.tmp.path());
+    faults.arm("open", 28, 100_000, ".jsonl.tmp$");
+    rig.proxy.add(
+        Rule::new(Fault::Status(500, "InternalError".into()))
+            .method("POST")
+            .target_contains(DELETE_OBJECTS)
+            .for_time(Duration::from_secs(8)),
+    );
+    let mut c = rig.start_with(
+        &["--upload-window", "1s", "--compression", "none"],
+        &faults.env(),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    faults.disarm("open");
+    let spool = rig.tmp.path().join("spool");
+    wait_for(&c, Duration::from_secs(60), "the segments uploaded", || {
+        rhc_testkit::collector::files_under(&spool.join("events")).is_empty()
+    });
+    let refused = rig
+        .proxy
+        .seen()
+        .iter()
+        .filter(|r| r.method == "POST" && r.target.contains(DELETE_OBJECTS) && r.faulted)
+        .count();
+    assert!(refused > 0, "no DELETE was refused");
+    assert!(
+        c.log_text().contains("No space left"),
+        "no record write failed\n{}",
+        c.log_tail(30)
+    );
+    assert_one_plain_object_per_partition(&event_objects(S3Rig::read(&rig.s3)), &ids);
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_tail(30));
+}
+
+/// Blocks allocated to every file under `dir` but its `skip` subdirectory (the ids journal,
+/// which the budget does not cover), bytes.
+fn allocated_bytes(dir: &Path, skip: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    rhc_testkit::collector::files_under(dir)
+        .iter()
+        .filter(|p| !p.starts_with(dir.join(skip)))
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.blocks() * 512)
+        .sum()
+}
+
+/// Issue 35 review, item 4: many partitions with a small budget, healthy store: every file
+/// the spool keeps (segments, and the shadows and records of their growth) counts a block,
+/// so the blocks allocated under the spool stay within `--max-spool-bytes` (main at 40d3d47:
+/// 2.3 times the budget, 1,600 growth files uncounted).
+#[test]
+fn many_partitions_keep_the_spool_within_its_budget_on_disk() {
+    const BUDGET: u64 = 4 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    let budget = BUDGET.to_string();
+    let (mut c, _bucket) = file_collector(
+        tmp.path(),
+        &[
+            "--upload-window",
+            "1s",
+            "--rotation-interval",
+            "10m",
+            "--max-spool-bytes",
+            &budget,
+            "--dedup-window",
+            "1000",
+        ],
+    );
+    let spool = tmp.path().join("spool");
+    let mut worst = 0u64;
+    let mut accepted = 0;
+    for r in 0..60u32 {
+        let ids: Vec<String> = (0..20).map(|i| format!("p{r}-{i}")).collect();
+        let body = format!(
+            "[{}]",
+            ids.iter()
+                .enumerate()
+                .map(|(i, id)| event(id, r * 20 + i as u32))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        if c.post(body.as_bytes()).status == 200 {
+            accepted += 20;
+        }
+        if r % 10 == 9 {
+            // Publications run: shadows and records appear.
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        worst = worst.max(allocated_bytes(&spool, "dedup"));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    worst = worst.max(allocated_bytes(&spool, "dedup"));
+    println!("{accepted} partitions accepted; at most {worst} bytes allocated, budget {BUDGET}");
+    assert!(accepted > 0, "nothing accepted");
+    assert!(
+        worst <= BUDGET,
+        "the spool took {worst} bytes of disk, over its budget of {BUDGET} ({accepted} partitions accepted)\n{}",
+        c.log_tail(20)
+    );
+    assert_eq!(c.metric("rhc_spool_accounting_errors_total"), 0.0);
+    c.kill9();
+}
+
+/// Issue 35 review, item 6: a fresh start (no ratio measured, so the copy reserve is the
+/// raw size) and one batch of about 68 % of `--max-spool-bytes`: an empty spool takes it
+/// (main at 40d3d47 answered 503 on every retry).
+#[test]
+fn an_empty_spool_takes_a_batch_that_fits_its_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut c, bucket) = file_collector(
+        tmp.path(),
+        &["--upload-window", "2s", "--max-spool-bytes", "8MiB"],
+    );
+    let big = job_body("big", 1, 3000, 1500, None);
+    assert!(big.len() as u64 > (8 << 20) / 2, "{}", big.len());
+    let r = c.post(&big);
+    assert_eq!(
+        r.status,
+        200,
+        "a batch of {} bytes on an empty spool of 8 MiB: {}",
+        big.len(),
+        String::from_utf8_lossy(&r.body)
+    );
+    wait_for(
+        &c,
+        Duration::from_secs(20),
+        "the batch in the bucket",
+        || ids_in_file_bucket(&bucket).len() == 3000,
+    );
+    c.kill9();
+}
+
+/// One run of review r35e's D1: a collector with `--compression from` (S3 behind moto) is
+/// killed (-9, the fault shim) at the `nth` creation of a growth record's temporary file of
+/// its first partition's first publication, then restarted with `--compression to`. The
+/// bucket must end with one object (the new compression's) holding every event once.
+fn first_publication_kill_then_switch(from: &str, to: &str, nth: u32) {
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    let faults = Faults::build(rig.tmp.path());
+    faults.arm("open", -9, nth, ".jsonl.tmp$");
+    let mut c = rig.start_with(
+        &["--upload-window", "1s", "--compression", from],
+        &faults.env(),
+    );
+    let ids: Vec<String> = (0..1000).map(|i| format!("f-{i}")).collect();
+    let body = format!(
+        "[{}]",
+        ids.iter()
+            .map(|id| event(id, 1))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    // The kill may come before the answer (the events are durable then, not acknowledged).
+    let answered = rhc_testkit::http::try_http_request(
+        "POST",
+        &c.url("/v1/events"),
+        &[("Content-Type", "application/json")],
+        body.as_bytes(),
+    )
+    .is_ok_and(|r| r.status == 200);
+    let killed = c.wait_exit(Duration::from_secs(15)).is_ok();
+    c.kill9();
+    let before: Vec<String> = event_objects(S3Rig::read(&rig.s3)).into_keys().collect();
+    println!("{from} -> {to}, kill at record file {nth} (killed: {killed}, answered: {answered}); bucket before the restart: {before:?}");
+    let mut c = rig.start(&["--upload-window", "1s", "--compression", to]);
+    let spool = rig.tmp.path().join("spool");
+    wait_for(&c, Duration::from_secs(30), "the segment uploaded", || {
+        rhc_testkit::collector::files_under(&spool.join("events")).is_empty()
+    });
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_tail(30));
+    let objects = event_objects(S3Rig::read(&rig.s3));
+    let keys: Vec<&String> = objects.keys().collect();
+    let ext = if to == "gzip" { ".jsonl.gz" } else { ".jsonl" };
+    assert_eq!(objects.len(), 1, "one object per partition: {keys:?}");
+    assert!(keys[0].ends_with(ext), "{keys:?}");
+    let mut count: HashMap<String, u32> = HashMap::new();
+    for (k, v) in &objects {
+        for id in object_ids(k, v) {
+            *count.entry(id).or_default() += 1;
+        }
+    }
+    let twice = count.values().filter(|&&n| n > 1).count();
+    assert_eq!(twice, 0, "{twice} events stored twice: {keys:?}");
+    assert_eq!(count.len(), ids.len(), "every durable event once");
+}
+
+/// Review r35e, D1: a kill -9 between a segment's first publication (its object PUT) and its
+/// first record, then a restart with the other `--compression`: main at c573aaf left both
+/// objects (`.jsonl.gz` and `.jsonl`), every line twice, and exited 0, as nothing named the
+/// key of that first PUT. Now a record naming the key is written (and fsync'd) before any
+/// PUT under it: killed at that record (1st) or at the one after the PUT (2nd), the restart
+/// deletes the earlier key's object once its own is whole.
+#[test]
+fn a_kill_after_a_first_publication_then_a_compression_switch_keeps_one_object() {
+    first_publication_kill_then_switch("gzip", "none", 1);
+    first_publication_kill_then_switch("gzip", "none", 2);
+    first_publication_kill_then_switch("none", "gzip", 1);
+}
+
+/// Posts one small event (job 2) until it is taken and `/readyz` says ready, for at most
+/// `limit`; the time it took, or the last answers when it never was.
+fn taken_again_within(c: &Collector, tag: &str, limit: Duration) -> Result<Duration, String> {
+    let start = Instant::now();
+    let mut n = 0;
+    loop {
+        let r = c.post(format!("[{}]", event(&format!("{tag}-{n}"), 2)).as_bytes());
+        n += 1;
+        let ready = c.get("/readyz").map(|r| r.status).unwrap_or(0);
+        if r.status == 200 && ready == 200 {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() >= limit {
+            return Err(format!(
+                "still {} ({}) and /readyz {ready} after {limit:?}",
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Review r35e, D2 (A): a healthy store, an empty spool of 8 MiB takes one batch of over
+/// 90 % of it and publishes it within the window: the spool must free within a few windows
+/// (the segment, already in the bucket, sealed), not at its rotation. Main at c573aaf
+/// answered every request 503 "uploads are behind" (and `/readyz` 503) for 300.9 s, until
+/// the rotation, with every event in the bucket.
+#[test]
+fn a_big_batch_already_in_the_bucket_frees_the_spool_within_the_window() {
+    const BUDGET: u64 = 8 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    let budget = BUDGET.to_string();
+    let (mut c, bucket) = file_collector(
+        tmp.path(),
+        &[
+            "--upload-window",
+            "1s",
+            "--rotation-interval",
+            "10m",
+            "--max-spool-bytes",
+            &budget,
+        ],
+    );
+    let big = job_body("big", 1, 4000, 1500, None);
+    let share = big.len() as f64 / BUDGET as f64;
+    assert!(share > 0.9 && share < 1.0, "{} bytes", big.len());
+    let r = c.post(&big);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    wait_for(
+        &c,
+        Duration::from_secs(20),
+        "the batch in the bucket",
+        || ids_in_file_bucket(&bucket).len() == 4000,
+    );
+    let took = taken_again_within(&c, "small", Duration::from_secs(15))
+        .unwrap_or_else(|e| panic!("{e}\n{}", c.log_tail(20)));
+    println!(
+        "a batch of {:.1} % of the budget in the bucket; requests taken again {took:?} later",
+        share * 100.0
+    );
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_tail(30));
+    assert!(ids_in_file_bucket(&bucket).len() > 4000);
+}
+
+/// Review r35e, D2 (B): a healthy store, a 4 MiB budget and many small partitions (each open
+/// one costs its segment, its copy and its record, about 12 KiB): `rhc_spool_segments`
+/// counts segments (main at c573aaf: 3 per published partition, its copy and record too),
+/// and once the spool reaches its high watermark with every event in the bucket, requests
+/// are taken again within a few windows, not at the rotation (main: 503 "uploads are
+/// behind" until the rotation).
+#[test]
+fn many_published_partitions_free_the_spool_within_the_window() {
+    const BUDGET: u64 = 4 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    let budget = BUDGET.to_string();
+    let (mut c, bucket) = file_collector(
+        tmp.path(),
+        &[
+            "--upload-window",
+            "1s",
+            "--rotation-interval",
+            "10m",
+            "--max-spool-bytes",
+            &budget,
+            "--dedup-window",
+            "1000",
+        ],
+    );
+    let spool = tmp.path().join("spool");
+    let post_partitions = |r: u32| {
+        let ids: Vec<String> = (0..20).map(|i| format!("p{r}-{i}")).collect();
+        let body = format!(
+            "[{}]",
+            ids.iter()
+                .enumerate()
+                .map(|(i, id)| event(id, 100 + r * 20 + i as u32))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        c.post(body.as_bytes())
+    };
+    // 100 partitions, well within the budget, all published (their copies and records made).
+    for r in 0..5 {
+        assert_eq!(post_partitions(r).status, 200);
+    }
+    wait_for(
+        &c,
+        Duration::from_secs(20),
+        "100 partitions published",
+        || {
+            ids_in_file_bucket(&bucket).len() == 100
+                && rhc_testkit::collector::files_under(&spool.join("growth")).len() >= 200
+        },
+    );
+    let segments = rhc_testkit::collector::files_under(&spool.join("events")).len();
+    assert_eq!(segments, 100);
+    let mut wrong = Vec::new();
+    let gauge = c.metric("rhc_spool_segments") as usize;
+    if gauge != segments {
+        wrong.push(format!(
+            "rhc_spool_segments {gauge} with {segments} open segments (and their growth files)"
+        ));
+    }
+    // Until the spool is at its high watermark (about 300 partitions), or 600 partitions.
+    let mut accepted = 100;
+    for r in 5..30 {
+        let a = post_partitions(r);
+        if a.status != 200 {
+            println!(
+                "refused after {accepted} partitions: {}",
+                String::from_utf8_lossy(&a.body)
+            );
+            break;
+        }
+        accepted += 20;
+    }
+    wait_for(
+        &c,
+        Duration::from_secs(30),
+        "every event in the bucket",
+        || ids_in_file_bucket(&bucket).len() == accepted,
+    );
+    match taken_again_within(&c, "small", Duration::from_secs(15)) {
+        Ok(took) => println!("{accepted} partitions in the bucket; requests taken {took:?} later"),
+        Err(e) => wrong.push(format!("{accepted} partitions in the bucket: {e}")),
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}\n{}", c.log_tail(20));
+    assert_eq!(c.metric("rhc_spool_accounting_errors_total"), 0.0);
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_tail(30));
 }

@@ -8,7 +8,9 @@
 //! (it does not end in `.out`/`.err`/`.log`). The mtime alone is not unique: backups made
 //! within one clock tick, or copied with one mtime, would overwrite each other. A rename
 //! keeps the inode, so the name stays the same through Ray's later renames (`.1` → `.2`)
-//! and across retries and collector restarts.
+//! and across retries and collector restarts. The mtime is the one of the backup's first
+//! upload: a backup written again after its rename keeps that name (the log shipper finds it
+//! again by [`parse_rotated_log_rel`]'s live name and inode) and its object grows.
 //!
 //! The read side (`inspect --logs`) finds a worker's log by parsing these names back
 //! ([`WorkerLogName::parse`]); a node's own log is [`RAYLET_OUT`].
@@ -39,6 +41,18 @@ pub fn rotated_log_key(
         "{history_prefix}/{session}/{node}/{LOGS_DIR}/{live_rel}.rotated.{}.ino{ino}",
         compact_utc(mtime_ns)
     )
+}
+
+/// The live name and inode of a rotated backup's object, from its path below `logs/`
+/// (`<live_rel>.rotated.<time>.ino<ino>`, as [`rotated_log_key`] builds it); `None` for a
+/// live file's path.
+pub fn parse_rotated_log_rel(rel: &str) -> Option<(&str, u64)> {
+    let (live, rest) = rel.rsplit_once(".rotated.")?;
+    let (_time, ino) = rest.rsplit_once(".ino")?;
+    if live.is_empty() || ino.is_empty() || !ino.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    Some((live, ino.parse().ok()?))
 }
 
 /// The raylet's stdout log of a node, directly in its `logs/`.
@@ -181,6 +195,19 @@ mod tests {
             rotated_log_key("P", "s", "n", "raylet.out", 1, 1),
             rotated_log_key("P", "s", "n", "raylet.out", 1, 2)
         );
+        // Parsed back to the live name and inode (what keeps a backup under one key).
+        assert_eq!(
+            parse_rotated_log_rel("dir/raylet.out.rotated.20261122T023140.123456789Z.ino42"),
+            Some(("dir/raylet.out", 42))
+        );
+        for live in [
+            "raylet.out",
+            "a.rotated.x.inoy",
+            ".rotated.x.ino1",
+            "x.rotated.t.ino",
+        ] {
+            assert_eq!(parse_rotated_log_rel(live), None, "{live}");
+        }
         let worker = "worker-ab-01000000-12.err";
         let name = rotated_log_key("P", "s", "n", worker, 1, 7);
         assert_eq!(WorkerLogName::parse(name.rsplit('/').next().unwrap()), None);

@@ -53,6 +53,9 @@ pub(super) enum Refusal {
     ResultFalse,
     /// On the final poll: a shorter list than the snapshot already stored.
     SmallerList,
+    /// On the final poll: what is stored could not be read back (not a 403 or 404: a 5xx, a
+    /// timeout), so nothing says the answer is not shorter.
+    StoredUnknown,
 }
 
 impl Refusal {
@@ -63,6 +66,7 @@ impl Refusal {
             Refusal::WrongShape => "wrong_shape",
             Refusal::ResultFalse => "result_false",
             Refusal::SmallerList => "smaller_list",
+            Refusal::StoredUnknown => "stored_unknown",
         }
     }
 }

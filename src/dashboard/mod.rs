@@ -15,11 +15,15 @@
 //! - requests run a few at a time with a per-request timeout, so one slow endpoint never
 //!   holds up the others for longer than that timeout;
 //! - a dashboard that is down, slow or refuses our token is reported (logs on change of state,
-//!   `rhc_dashboard_requests_total{endpoint_kind,outcome}`), retried on the next tick, and
-//!   never stops the collector. Unlike KubeRay we keep retrying after 401/403: a token can be
+//!   `rhc_dashboard_requests_total{endpoint_kind,outcome}`), retried on the next tick (a
+//!   one-shot endpoint sooner: after 1, 2, 4, … s while shorter than the poll interval, since
+//!   on a fresh pod Ray's dashboard comes up after the collector), and never stops the
+//!   collector. Unlike KubeRay we keep retrying after 401/403: a token can be
 //!   fixed without restarting the head pod's sidecar only if someone keeps asking;
 //! - only answers that are JSON of the endpoint's shape, without `"result": false`, are
-//!   stored, and the final poll at SIGTERM never replaces a snapshot with a shorter list: a
+//!   stored, and the final poll at SIGTERM never replaces a snapshot with a shorter list (not
+//!   only this process's last upload: after a restart, what the spool's [`record`] says an
+//!   earlier run stored, else the object read back, a failed read meaning nothing known): a
 //!   dashboard going down answers 200 with error pages, truncated bodies and empty lists, which
 //!   the history server would replay as the cluster's state ([`answer`]);
 //!   (an entry really removed in the last poll interval then stays as last seen: the two
@@ -39,12 +43,14 @@
 //!
 //! The files: [`config`] (address, token, extra endpoints, all checked at start), [`client`]
 //! (requests and their failure modes), [`answer`] (what an answer must be to be stored, and
-//! the job list), [`poller`] (what is asked when, and what is stored).
+//! the job list), [`poller`] (what is asked when, and what is stored), [`record`] (what was
+//! stored, kept in the spool for the final poll after a restart).
 
 mod answer;
 mod client;
 mod config;
 mod poller;
+mod record;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -79,6 +85,11 @@ pub const MAX_ENDPOINT_LEN: usize = 512;
 
 /// Fetched once per session: these do not change while a session lives.
 pub const ONE_SHOT_ENDPOINTS: [&str; 2] = ["/api/v0/cluster_metadata", "/timezone"];
+
+/// First wait before a failed one-shot endpoint is asked again, doubled at each failure while
+/// shorter than the poll interval: on a fresh pod the collector starts before Ray's dashboard,
+/// and a job shorter than the interval would otherwise leave no cluster metadata.
+pub const ONE_SHOT_FIRST_RETRY: Duration = Duration::from_secs(1);
 
 /// Fetched every poll interval, in this order, before the additional endpoints.
 pub const PERIODIC_ENDPOINTS: [&str; 2] = [
@@ -214,6 +225,26 @@ pub enum DashboardError {
         #[source]
         source: object_store::path::Error,
     },
+    /// Reading the snapshot already stored failed (the final poll compares a list with it
+    /// after a restart when the spool's record does not know it); logged, and the answer is
+    /// stored.
+    #[error("reading the stored snapshot {key} failed: {source}")]
+    ReadStored {
+        /// The key.
+        key: String,
+        /// Why.
+        #[source]
+        source: object_store::Error,
+    },
+    /// The spool's record of stored snapshots could not be written ahead of an upload, so
+    /// the snapshot is not uploaded: a restart would trust a record shorter than the bucket.
+    #[error("the record of stored dashboard snapshots could not be written before uploading {key}: {why}")]
+    Record {
+        /// The key not uploaded.
+        key: String,
+        /// Why.
+        why: String,
+    },
     /// Writing the snapshot to the bucket failed; it is retried on the next tick.
     #[error("upload of {key} failed: {source}")]
     Upload {
@@ -249,7 +280,10 @@ impl DashboardError {
             DashboardError::Unreachable { .. } => "unreachable",
             DashboardError::Timeout { .. } => "timeout",
             DashboardError::TooLarge => "too_large",
-            DashboardError::Upload { .. } | DashboardError::BadKey { .. } => "upload_failed",
+            DashboardError::Upload { .. }
+            | DashboardError::BadKey { .. }
+            | DashboardError::Record { .. } => "upload_failed",
+            DashboardError::ReadStored { .. } => "bucket_read_failed",
             DashboardError::Invalid { .. } => "invalid",
             _ => "http_error",
         }

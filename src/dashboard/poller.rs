@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use object_store::path::Path as ObjectPath;
@@ -16,11 +17,12 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use tokio::sync::watch;
 
 use super::answer::{self, Expect, ListedJob, Refusal};
-use super::client::{build_client, fetch, Body, BodyBudget};
+use super::client::{build_client, fetch, Body, BodyBudget, SMALL_BODY_BYTES};
 use super::config::DashboardConfig;
+use super::record::{Recorded, SnapshotRecord};
 use super::{
     DashboardError, DATASETS_PREFIX, JOBS_ENDPOINT, MAX_CONCURRENT_REQUESTS, ONE_SHOT_ENDPOINTS,
-    PERIODIC_ENDPOINTS, TERMINAL_EMPTY_POLLS_BEFORE_GIVING_UP,
+    ONE_SHOT_FIRST_RETRY, PERIODIC_ENDPOINTS, TERMINAL_EMPTY_POLLS_BEFORE_GIVING_UP,
 };
 use crate::contract::{self, is_safe_segment, ClusterLayout};
 use crate::metrics as m;
@@ -68,6 +70,34 @@ impl Kind {
     }
 }
 
+/// What a poll asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// A live poll: every endpoint.
+    Live,
+    /// The final poll at SIGTERM: every endpoint, and no list replaced by a shorter one.
+    Final,
+    /// A quick retry of the one-shot endpoints not stored yet.
+    OneShots,
+}
+
+/// The quick retries of the one-shot endpoints of a session.
+#[derive(Debug, Default, Clone, Copy)]
+struct Retry {
+    /// The next one, if any.
+    at: Option<tokio::time::Instant>,
+    /// The last wait: the next is twice as long.
+    last: Option<Duration>,
+}
+
+/// Resolves at `at`; never when there is none.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The shape an endpoint's answer must have to be stored.
 fn expected(kind: Kind, uri: &str) -> Expect {
     match kind {
@@ -85,6 +115,9 @@ struct Target {
     kind: Kind,
     /// The last snapshot uploaded for this URI in this session.
     previous: Option<Snapshot>,
+    /// What the spool's record says may be stored for this URI in this session (by an
+    /// earlier run too, or by an upload of this one cut before its answer).
+    recorded: Option<Recorded>,
     /// For datasets: the job was finished when listed.
     terminal: bool,
 }
@@ -100,7 +133,7 @@ struct Snapshot {
 
 /// What happened to one endpoint.
 enum Stored {
-    Uploaded(Snapshot),
+    Uploaded(Snapshot, Recorded),
     Unchanged,
     Empty,
     Refused(Refusal),
@@ -143,6 +176,9 @@ pub struct DashboardPoller {
     /// Last failure or refusal reason by URI, so a dashboard that stays down is logged once,
     /// not per tick.
     failing: HashMap<String, String>,
+    /// What the bucket holds for the session, kept in the spool across restarts; shared with
+    /// the uploads in flight, which write their entries ahead.
+    record: Arc<SnapshotRecord>,
 }
 
 impl DashboardPoller {
@@ -168,7 +204,19 @@ impl DashboardPoller {
             fetcher,
             state: SessionState::default(),
             failing: HashMap::new(),
+            record: Arc::new(SnapshotRecord::in_memory()),
         })
+    }
+
+    /// Keeps the record of the snapshots stored (list length and size per URI) in
+    /// `spool_dir`, and reads the one an earlier run left there: the final poll after a
+    /// restart compares with it without reading the bucket (see [`super::record`]).
+    /// `storage` is the storage URL: with the history prefix it names where the snapshots go,
+    /// and a record of another place is not used.
+    pub fn with_record_in(mut self, spool_dir: &std::path::Path, storage: &str) -> Self {
+        let place = format!("{storage} {}", self.fetcher.prefix);
+        self.record = Arc::new(SnapshotRecord::load(spool_dir, &place));
+        self
     }
 
     /// The object key of the snapshot of `uri` in `session`.
@@ -177,11 +225,13 @@ impl DashboardPoller {
     }
 
     /// Polls until `shutdown` becomes true (or its sender is dropped): one-shot endpoints once
-    /// per session (retried on the next tick until they succeed — KubeRay gives up on 401/403,
-    /// we keep trying), periodic ones every interval. Follows `sessions`: a new session resets
-    /// the one-shot state and the change-detection cache and is polled at once. A poll in
-    /// flight when shutdown comes is abandoned (what it had done is kept); the caller then
-    /// runs [`Self::poll_once`].
+    /// per session, periodic ones every interval. A one-shot endpoint that failed (Ray's
+    /// dashboard starts after the collector on a fresh pod) is asked again alone after
+    /// [`ONE_SHOT_FIRST_RETRY`], then twice as long each time while that stays shorter than
+    /// the poll interval, then on the ticks (KubeRay gives up on 401/403, we keep trying).
+    /// Follows `sessions`: a new session resets the one-shot state, its retries and the
+    /// change-detection cache and is polled at once. A poll in flight when shutdown comes is
+    /// abandoned (what it had done is kept); the caller then runs [`Self::poll_once`].
     pub async fn run(
         &mut self,
         mut sessions: watch::Receiver<Option<ActiveSession>>,
@@ -190,30 +240,39 @@ impl DashboardPoller {
         let mut tick = tokio::time::interval(self.cfg.poll_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut sessions_open = true;
+        let mut retry = Retry::default();
         loop {
             if *shutdown.borrow() {
                 return;
             }
-            tokio::select! {
+            let scope = tokio::select! {
                 biased;
                 _ = wait_for_shutdown(&mut shutdown) => return,
                 changed = sessions.changed(), if sessions_open => {
                     match changed {
-                        Ok(()) => tick.reset_immediately(),
+                        Ok(()) => {
+                            tick.reset_immediately();
+                            retry = Retry::default();
+                        }
                         // The watcher is gone: keep polling the last session known.
                         Err(_) => sessions_open = false,
                     }
                     continue;
                 }
-                _ = tick.tick() => {}
-            }
+                _ = tick.tick() => Scope::Live,
+                _ = sleep_until(retry.at) => {
+                    retry.at = None;
+                    Scope::OneShots
+                }
+            };
             let Some(session) = sessions.borrow_and_update().clone() else {
                 continue;
             };
             tokio::select! {
                 biased;
                 _ = wait_for_shutdown(&mut shutdown) => return,
-                report = self.poll(&session.name, false) => {
+                report = self.poll(&session.name, scope) => {
+                    self.next_retry(&mut retry);
                     tracing::debug!(
                         session = %session.name,
                         fetched = report.fetched,
@@ -232,12 +291,35 @@ impl DashboardPoller {
     /// under the caller's deadline (dropping the future abandons it safely). One-shot
     /// endpoints already stored for this session are not fetched again; an answer whose list
     /// is shorter than the snapshot already stored (a dashboard shutting down), or a Serve
-    /// answer without applications, does not replace the last snapshot. The price: a shorter
-    /// list from a cluster that really removed an application or placement group since the
-    /// last live poll looks the same and is not stored either, so the history server shows
-    /// the removed entry as that poll saw it (see the README's trade-off).
+    /// answer without applications, does not replace the last snapshot. "Already stored" is
+    /// what the bucket holds: the last upload of this process, or, when it has made none for
+    /// that URI (after a restart), what the spool's record says an earlier run stored, or,
+    /// when the record has nothing for it, the object read back from the bucket (a read that
+    /// fails, as a GET of a missing key without `s3:ListBucket` does with 403, means nothing
+    /// known: the answer is stored). The price: a
+    /// shorter list from a cluster that really removed an application or placement group
+    /// since the last live poll looks the same and is not stored either, so the history
+    /// server shows the removed entry as that poll saw it (see the trade-off in docs/dashboard-snapshots.md).
     pub async fn poll_once(&mut self, session: &str) -> PollReport {
-        self.poll(session, true).await
+        self.poll(session, Scope::Final).await
+    }
+
+    /// When to ask the one-shot endpoints again after a poll: not at all once they are all
+    /// stored; else after [`ONE_SHOT_FIRST_RETRY`], then twice the last wait, as long as that
+    /// is shorter than the poll interval (from then on only the ticks ask them).
+    fn next_retry(&self, retry: &mut Retry) {
+        let pending = ONE_SHOT_ENDPOINTS
+            .iter()
+            .any(|u| !self.state.one_shot_done.contains(*u));
+        if !pending {
+            *retry = Retry::default();
+            return;
+        }
+        let wait = retry
+            .last
+            .map_or(ONE_SHOT_FIRST_RETRY, |w| w.saturating_mul(2));
+        retry.last = Some(wait);
+        retry.at = (wait < self.cfg.poll_interval).then(|| tokio::time::Instant::now() + wait);
     }
 
     fn enter_session(&mut self, session: &str) {
@@ -255,9 +337,11 @@ impl DashboardPoller {
             };
             self.failing.clear();
         }
+        self.record.enter_session(session);
     }
 
-    async fn poll(&mut self, session: &str, final_poll: bool) -> PollReport {
+    async fn poll(&mut self, session: &str, scope: Scope) -> PollReport {
+        let final_poll = scope == Scope::Final;
         let mut report = PollReport::default();
         if !is_safe_segment(session) {
             report.failed.push((
@@ -267,6 +351,8 @@ impl DashboardPoller {
             return report;
         }
         self.enter_session(session);
+        // Uploads of a poll abandoned at shutdown are recorded before this one.
+        self.record.save().await;
 
         let mut targets = Vec::new();
         for uri in ONE_SHOT_ENDPOINTS {
@@ -274,11 +360,13 @@ impl DashboardPoller {
                 targets.push(self.target(uri.to_string(), Kind::OneShot, false));
             }
         }
-        for uri in PERIODIC_ENDPOINTS {
-            targets.push(self.target(uri.to_string(), Kind::Periodic, false));
-        }
-        for uri in &self.cfg.additional_endpoints {
-            targets.push(self.target(uri.clone(), Kind::Additional, false));
+        if scope != Scope::OneShots {
+            for uri in PERIODIC_ENDPOINTS {
+                targets.push(self.target(uri.to_string(), Kind::Periodic, false));
+            }
+            for uri in &self.cfg.additional_endpoints {
+                targets.push(self.target(uri.clone(), Kind::Additional, false));
+            }
         }
 
         // The static endpoints and the job list at once; the jobs' datasets join as soon as the
@@ -290,13 +378,16 @@ impl DashboardPoller {
         }
         type Steps<'a> = std::pin::Pin<Box<dyn futures::Stream<Item = Step> + Send + 'a>>;
         let fetcher = self.fetcher.clone();
+        let record = self.record.clone();
         let mut steps: futures::stream::SelectAll<Steps<'_>> = futures::stream::SelectAll::new();
         steps.push(Box::pin(
-            store_all(&fetcher, session, targets, final_poll).map(Step::One),
+            store_all(&fetcher, &record, session, targets, final_poll).map(Step::One),
         ));
-        steps.push(Box::pin(
-            futures::stream::once(fetcher.list_jobs()).map(Step::Jobs),
-        ));
+        if scope != Scope::OneShots {
+            steps.push(Box::pin(
+                futures::stream::once(fetcher.list_jobs()).map(Step::Jobs),
+            ));
+        }
         while let Some(step) = steps.next().await {
             match step {
                 Step::One(done) => self.apply(done, &mut report),
@@ -305,12 +396,14 @@ impl DashboardPoller {
                     self.succeeded(JOBS_ENDPOINT, Kind::JobList, "ok");
                     let datasets = self.datasets_targets(jobs, final_poll);
                     steps.push(Box::pin(
-                        store_all(&fetcher, session, datasets, final_poll).map(Step::One),
+                        store_all(&fetcher, &record, session, datasets, final_poll).map(Step::One),
                     ));
                 }
                 Step::Jobs(Err(e)) => self.failed(JOBS_ENDPOINT, Kind::JobList, &e, &mut report),
             }
         }
+        drop(steps);
+        self.record.save().await;
         report
     }
 
@@ -338,10 +431,14 @@ impl DashboardPoller {
 
     fn target(&self, uri: String, kind: Kind, terminal: bool) -> Target {
         let previous = self.state.uploaded.get(&uri).copied();
+        // Read even when this process uploaded something: a live poll's upload abandoned at
+        // shutdown may have landed, and only the record (written ahead) knows it.
+        let recorded = self.record.get(&uri);
         Target {
             uri,
             kind,
             previous,
+            recorded,
             terminal,
         }
     }
@@ -355,9 +452,10 @@ impl DashboardPoller {
         };
         report.fetched += 1;
         let outcome = match stored {
-            Stored::Uploaded(snapshot) => {
+            Stored::Uploaded(snapshot, recorded) => {
                 report.uploaded += 1;
                 self.state.uploaded.insert(t.uri.clone(), snapshot);
+                self.record.stored(&t.uri, recorded);
                 tracing::debug!(uri = %t.uri, bytes, "dashboard snapshot uploaded");
                 "ok"
             }
@@ -404,7 +502,8 @@ impl DashboardPoller {
                 uri = %t.uri,
                 reason,
                 bytes,
-                kept = t.previous.is_some(),
+                kept = t.previous.is_some()
+                    || matches!(why, Refusal::SmallerList | Refusal::StoredUnknown),
                 "dashboard answer not stored; the last snapshot stays"
             );
             self.failing.insert(t.uri.clone(), reason.to_string());
@@ -418,12 +517,18 @@ impl DashboardPoller {
         if self.failing.get(uri) != Some(&reason) {
             // Logged when an endpoint starts failing or fails differently, not every tick.
             let detail = std::error::Error::source(e).map(|s| s.to_string());
+            let retry = if kind == Kind::OneShot {
+                "within seconds, then on the ticks"
+            } else {
+                "on the next tick"
+            };
             tracing::warn!(
                 uri,
                 address = %self.fetcher.base,
                 reason = %reason,
                 detail = detail.as_deref().unwrap_or(""),
-                "dashboard snapshot failed; retrying on the next tick"
+                retry,
+                "dashboard snapshot failed; retrying"
             );
             self.failing.insert(uri.to_string(), reason.clone());
         }
@@ -438,6 +543,7 @@ fn refusal_text(why: Refusal) -> &'static str {
         Refusal::WrongShape => "JSON of an unexpected shape",
         Refusal::ResultFalse => "the dashboard reports a failure (\"result\": false)",
         Refusal::SmallerList => "final poll: a shorter list than the stored snapshot",
+        Refusal::StoredUnknown => "final poll: the stored snapshot could not be read back",
     }
 }
 
@@ -445,16 +551,27 @@ fn refusal_text(why: Refusal) -> &'static str {
 /// soon as it completes.
 fn store_all<'a>(
     fetcher: &'a Fetcher,
+    record: &'a SnapshotRecord,
     session: &'a str,
     targets: Vec<Target>,
     final_poll: bool,
 ) -> impl futures::Stream<Item = Done> + 'a {
     futures::stream::iter(targets)
         .map(move |t| async move {
-            let r = fetcher.store_one(session, &t, final_poll).await;
+            let r = fetcher.store_one(record, session, &t, final_poll).await;
             (t, r)
         })
         .buffer_unordered(MAX_CONCURRENT_REQUESTS)
+}
+
+/// What the bucket holds under a snapshot's key, as far as the final poll's rule needs it.
+enum InBucket {
+    Nothing,
+    /// A small object, read: its hash, and its list's length if it has the endpoint's shape.
+    Read(Snapshot),
+    /// An object larger than [`SMALL_BODY_BYTES`], not read (the answer may hold the one
+    /// large-body permit): its size in bytes.
+    Large(u64),
 }
 
 impl Fetcher {
@@ -492,6 +609,7 @@ impl Fetcher {
     /// something, and differs from the last snapshot; returns the body size and what was done.
     async fn store_one(
         &self,
+        record: &SnapshotRecord,
         session: &str,
         t: &Target,
         final_poll: bool,
@@ -507,29 +625,90 @@ impl Fetcher {
         if empty {
             return Ok((n, Stored::Empty));
         }
+        let key = self.object_key(session, &t.uri);
+        let path = ObjectPath::parse(&key).map_err(|source| DashboardError::BadKey {
+            key: key.clone(),
+            source,
+        })?;
+        let mut previous = t.previous;
+        if final_poll && previous.is_none() && checked.list_len.is_some() {
+            // Nothing stored by this process (a restart): the rule holds against what an
+            // earlier run recorded in the spool, else against the bucket.
+            if let Some(recorded) = t.recorded {
+                if let (Some(now), Some(before)) = (checked.list_len, recorded.list_len) {
+                    if now < before {
+                        return Ok((n, Stored::Refused(Refusal::SmallerList)));
+                    }
+                }
+            } else {
+                match self.in_bucket(&key, &path, t).await {
+                    Ok(InBucket::Nothing) => {}
+                    Ok(InBucket::Read(stored)) => previous = Some(stored),
+                    Ok(InBucket::Large(bytes)) if (n as u64) < bytes => {
+                        return Ok((n, Stored::Refused(Refusal::SmallerList)))
+                    }
+                    Ok(InBucket::Large(_)) => {}
+                    // Without s3:ListBucket a missing key answers 403, and without
+                    // s3:GetObject every key does: nothing is known, so the answer is stored
+                    // as it would be on a first start.
+                    Err(
+                        e @ DashboardError::ReadStored {
+                            source: object_store::Error::PermissionDenied { .. },
+                            ..
+                        },
+                    ) => tracing::info!(
+                        uri = %t.uri,
+                        error = %e,
+                        "final poll: not allowed to read the stored snapshot back; storing the answer"
+                    ),
+                    // Any other failure (a 5xx, a timeout, a broken connection) says nothing
+                    // about what is stored: what is there stays.
+                    Err(e) => {
+                        tracing::warn!(
+                            uri = %t.uri,
+                            error = %e,
+                            "final poll: the stored snapshot could not be read back; it stays, the answer is not stored"
+                        );
+                        return Ok((n, Stored::Refused(Refusal::StoredUnknown)));
+                    }
+                }
+            }
+        }
         if final_poll {
-            if let (
-                Some(now),
-                Some(Snapshot {
-                    list_len: Some(before),
-                    ..
-                }),
-            ) = (checked.list_len, t.previous)
-            {
+            // Against the longer of what this process last stored and what the record says
+            // the bucket may hold (written ahead of every upload): a live poll's upload
+            // abandoned at SIGTERM may land (review r41d D1: 3 stored, then 5 landed, then
+            // the final poll's 4 replaced it).
+            let before = [
+                previous.and_then(|p| p.list_len),
+                t.recorded.and_then(|r| r.list_len),
+            ]
+            .into_iter()
+            .flatten()
+            .max();
+            if let (Some(now), Some(before)) = (checked.list_len, before) {
                 if now < before {
                     return Ok((n, Stored::Refused(Refusal::SmallerList)));
                 }
             }
         }
         let hash = xxhash_rust::xxh3::xxh3_128(&body);
-        if t.previous.map(|p| p.hash) == Some(hash) {
+        if previous.map(|p| p.hash) == Some(hash) {
             return Ok((n, Stored::Unchanged));
         }
-        let key = self.object_key(session, &t.uri);
-        let path = ObjectPath::parse(&key).map_err(|source| DashboardError::BadKey {
-            key: key.clone(),
-            source,
-        })?;
+        let recorded = Recorded {
+            list_len: checked.list_len,
+            bytes: n,
+        };
+        // Write-ahead: the spool's record covers this snapshot before the bucket may hold it,
+        // so no kill, cut or crash between the two leaves a record shorter than the bucket.
+        record
+            .before_upload(&t.uri, recorded)
+            .await
+            .map_err(|why| DashboardError::Record {
+                key: key.clone(),
+                why,
+            })?;
         // The upload shares the body's bytes; the large-body permit lasts until it is done.
         self.store
             .put(&path, PutPayload::from(body.bytes.clone()))
@@ -538,11 +717,48 @@ impl Fetcher {
         drop(body);
         Ok((
             n,
-            Stored::Uploaded(Snapshot {
-                hash,
-                list_len: checked.list_len,
-            }),
+            Stored::Uploaded(
+                Snapshot {
+                    hash,
+                    list_len: checked.list_len,
+                },
+                recorded,
+            ),
         ))
+    }
+
+    /// Reads what the bucket holds at `path` (the snapshot of `t`), when it is at most
+    /// [`SMALL_BODY_BYTES`]: the final poll compares its answer with it when neither this
+    /// process nor the spool's record knows what is stored there. A failed read (a 403 for a
+    /// missing key on S3 without `s3:ListBucket`) is the caller's to judge.
+    async fn in_bucket(
+        &self,
+        key: &str,
+        path: &ObjectPath,
+        t: &Target,
+    ) -> Result<InBucket, DashboardError> {
+        let failed = |source| DashboardError::ReadStored {
+            key: key.to_string(),
+            source,
+        };
+        let got = match self.store.get(path).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => return Ok(InBucket::Nothing),
+            Err(e) => return Err(failed(e)),
+        };
+        let size = got.meta.size;
+        if size > SMALL_BODY_BYTES as u64 {
+            // Dropping the answer abandons its body unread.
+            return Ok(InBucket::Large(size));
+        }
+        let bytes = got.bytes().await.map_err(failed)?;
+        let list_len = answer::check(&bytes, expected(t.kind, &t.uri))
+            .ok()
+            .and_then(|c| c.list_len);
+        Ok(InBucket::Read(Snapshot {
+            hash: xxhash_rust::xxh3::xxh3_128(&bytes),
+            list_len,
+        }))
     }
 }
 

@@ -7,8 +7,10 @@
 //! durability, deduplication and uploads, and land at
 //! `P/<session>/<node>/export_events/<job-hex | node>/<node>-<YYYY-MM-DD-HH>-<n>.jsonl.gz`.
 //!
-//! Offsets are kept per file identity (inode plus a hash of its first bytes, so a recycled
-//! inode is not mistaken for the old file) in `<spool>/export-offsets.json`. Lines are stored
+//! Offsets are kept per file in `<spool>/export-offsets.json`, keyed by session and inode, and
+//! applied only to the file they were read from: one with the same birth time, the same whole
+//! first line and no fewer bytes ([`identity`]), so a new file that got a deleted backup's
+//! inode is read from its start. Lines are stored
 //! in batches (whole lines of one or many files, at most [`MAX_READ`] bytes), and each batch
 //! carries the offsets it reaches as the spool's [`Checkpoint`]: the spool's writer saves
 //! them (fsync'd) once the batch is durable and before any segment holding it can be sealed,
@@ -38,7 +40,8 @@
 //! The tailer shares the spool's disk budget with Ray's pushed events, which get 503 above
 //! 90 % of it. A backlog of export lines is already on disk in Ray's own files, so a batch
 //! never takes the spool past [`YIELD_PERCENT`] of the budget, whatever the budget: its
-//! lines are counted as the spool counts them (a quarantined line as its record), and a line
+//! lines are counted as the spool counts them (a quarantined line as its record, each with
+//! the room reserved for its compressed copy), and a line
 //! that does not fit the room left is not read yet. The rest of the room is left to pushed
 //! events; reading resumes once uploads have made room.
 //!
@@ -55,11 +58,9 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
-use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -72,9 +73,13 @@ use crate::events::dedup::id_hash;
 use crate::events::quarantine::{raw_record, QuarantineReason};
 use crate::events::spool::{
     AppendBatch, Checkpoint, EventSpan, PartitionBatch, QuarantinedEvent, Spool, SpoolError,
+    MAX_COST_PER_LINE_BYTE,
 };
 use crate::node::node_id::NodeIdResolver;
 use crate::node::session::{list_sessions, ActiveSession};
+
+mod identity;
+use identity::{FirstLine, Identity, Known, Verdict};
 
 /// Most bytes of one batch (one spool append and one save of the offsets), so one huge
 /// backlog cannot hog the spool's writer and a crash repeats little; also the longest line
@@ -93,8 +98,6 @@ const RECORD_FIELDS: u64 = 1024;
 /// Longest last pass at shutdown: lines left then are still in Ray's files for the next
 /// start, while the time left goes to uploading what the spool holds.
 pub const FINAL_PASS_LIMIT: Duration = Duration::from_secs(5);
-/// Bytes hashed to recognise a file whose inode was reused.
-const FINGERPRINT_BYTES: u64 = 64;
 
 /// Settings of the tailer.
 #[derive(Debug, Clone)]
@@ -109,12 +112,42 @@ pub struct ExportConfig {
     pub max_spool_bytes: u64,
 }
 
-/// Where reading stopped in one file.
+/// Version of the offsets file written now: 1 added the file identity (first line, birth
+/// time) to each entry; version 0 entries are read too (see [`identity`]).
+const OFFSETS_VERSION: u32 = 1;
+
+/// Where reading stopped in one file, and which file that is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct FileOffset {
     inode: u64,
     offset: u64,
+    /// Hash of the first `min(offset, 64)` bytes: all an older collector kept, and still
+    /// written so that one can read this file.
     fingerprint: u64,
+    /// The file's first line (absent in entries of an older collector).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    first_line: Option<FirstLine>,
+    /// The file's birth time, where the filesystem records one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    born_ns: Option<u64>,
+    /// An entry without `first_line`: when it was saved at the latest (the modification time
+    /// of the offsets file it was loaded from).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    saved_before_ns: Option<u64>,
+}
+
+impl FileOffset {
+    fn known(&self) -> Known {
+        Known {
+            offset: self.offset,
+            legacy_fingerprint: self.fingerprint,
+            identity: self.first_line.map(|first_line| Identity {
+                first_line,
+                born_ns: self.born_ns,
+            }),
+            saved_before_ns: self.saved_before_ns,
+        }
+    }
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -199,17 +232,28 @@ impl Batch {
         self.offsets.is_empty()
     }
 
-    /// Records that the file `key` (inode `ino`, first bytes `head`), read from `start`, is
-    /// consumed up to `offset` once the batch is stored.
-    fn record(&mut self, key: String, ino: u64, start: u64, offset: u64, head: &[u8]) {
+    /// Records that the file `key` (inode `ino`, first bytes `head`, identity `id`), read
+    /// from `start`, is consumed up to `offset` once the batch is stored.
+    fn record(
+        &mut self,
+        key: String,
+        ino: u64,
+        start: u64,
+        offset: u64,
+        head: &[u8],
+        id: Identity,
+    ) {
         self.bytes += offset.saturating_sub(start);
-        let n = (offset.min(FINGERPRINT_BYTES) as usize).min(head.len());
+        let n = (offset.min(identity::LEGACY_FINGERPRINT_BYTES) as usize).min(head.len());
         self.offsets.insert(
             key,
             FileOffset {
                 inode: ino,
                 offset,
                 fingerprint: xxhash_rust::xxh3::xxh3_64(&head[..n]),
+                first_line: Some(id.first_line),
+                born_ns: id.born_ns,
+                saved_before_ns: None,
             },
         );
     }
@@ -279,13 +323,15 @@ impl ExportTailer {
     /// again and the deduplication window drops what the spool still holds).
     pub fn new(cfg: ExportConfig, spool: Spool, nodes: NodeIdResolver) -> ExportTailer {
         let path = offsets_path(&cfg.state_dir);
-        let state = match std::fs::read(&path) {
+        let mut state: OffsetsFile = match std::fs::read(&path) {
             Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
                 tracing::error!(path = %path.display(), error = %e, "export offsets unreadable; reading export files from the start");
                 OffsetsFile::default()
             }),
             Err(_) => OffsetsFile::default(),
         };
+        date_older_entries(&mut state, &path);
+        state.version = OFFSETS_VERSION;
         ExportTailer {
             cfg,
             spool,
@@ -455,12 +501,14 @@ impl ExportTailer {
         total
     }
 
-    /// Bytes the next batch may add to the spool: up to [`YIELD_PERCENT`] of the budget
-    /// (the rest is for pushed events), at most [`MAX_READ`].
+    /// Bytes of lines the next batch may add to the spool: up to [`YIELD_PERCENT`] of the
+    /// budget, counted by the spool's one rule with the room reserved for their compressed
+    /// copies (the rest is for pushed events), at most [`MAX_READ`].
     fn room(&self) -> u64 {
-        let used = self.spool.stats().bytes.load(Ordering::Relaxed);
-        yield_mark(self.cfg.max_spool_bytes)
-            .saturating_sub(used)
+        self.spool
+            .stats()
+            .budget()
+            .room_for_lines(yield_mark(self.cfg.max_spool_bytes))
             .min(MAX_READ)
     }
 
@@ -470,16 +518,16 @@ impl ExportTailer {
             return;
         }
         self.yielding = full;
-        let used = self.spool.stats().bytes.load(Ordering::Relaxed);
+        let used = self.spool.stats().budget_used();
         if full {
             tracing::warn!(
-                spool_bytes = used,
+                budget_used_bytes = used,
                 mark_bytes = yield_mark(self.cfg.max_spool_bytes),
                 "spool at {YIELD_PERCENT}% of its budget: export event files wait on disk so pushed events keep room"
             );
         } else {
             tracing::info!(
-                spool_bytes = used,
+                budget_used_bytes = used,
                 "spool has room again: reading export event files"
             );
         }
@@ -532,7 +580,16 @@ impl ExportTailer {
         let base = batch.body.len();
         let body = &mut batch.body;
         // Up to 8 MiB of reading: off the async workers, which serve Ray's requests.
-        let read = off_async_thread(|| -> io::Result<Option<(u64, u64, Vec<u8>)>> {
+        /// What the blocking part found: where reading starts, the file's identity when it is
+        /// the file `known` was read from, why not when another file took its inode, and the
+        /// piece read (its length, and the file's first bytes) when there was anything new.
+        struct Found {
+            start: u64,
+            id: Option<Identity>,
+            other: Option<&'static str>,
+            read: Option<(u64, Vec<u8>)>,
+        }
+        let found = off_async_thread(|| -> io::Result<Found> {
             // From the session directory's descriptor, never through a symlink (a `logs`
             // directory swapped for one included): see `util::fs::Beneath`.
             let mut f = crate::util::fs::Beneath {
@@ -542,38 +599,75 @@ impl ExportTailer {
                 ino: meta.ino(),
             }
             .open()?;
-            let start = match known {
-                Some(o)
-                    if o.inode == meta.ino()
-                        && o.offset <= meta.len()
-                        && fingerprint(&mut f, o.offset)? == o.fingerprint =>
-                {
-                    o.offset
-                }
-                _ => 0,
+            let (start, id, other) = match known.filter(|o| o.inode == meta.ino()) {
+                Some(o) => match identity::judge(&f, &meta, &o.known())? {
+                    Verdict::Same(id) if o.offset > 0 => (o.offset, Some(id), None),
+                    Verdict::Same(_) => (0, None, None),
+                    Verdict::Other(why) => (0, None, Some(why)),
+                },
+                None => (0, None, None),
             };
             if start >= meta.len() {
-                return Ok(None);
+                return Ok(Found {
+                    start,
+                    id,
+                    other,
+                    read: None,
+                });
             }
             let want = (meta.len() - start).min(room);
             body.resize(base + want as usize, 0);
             f.seek(SeekFrom::Start(start))?;
             f.read_exact(&mut body[base..])?;
-            let mut head = vec![0u8; meta.len().min(FINGERPRINT_BYTES) as usize];
+            let mut head = vec![0u8; meta.len().min(identity::LEGACY_FINGERPRINT_BYTES) as usize];
             f.seek(SeekFrom::Start(0))?;
             f.read_exact(&mut head)?;
-            Ok(Some((start, want, head)))
+            Ok(Found {
+                start,
+                id,
+                other,
+                read: Some((want, head)),
+            })
         });
-        let (start, want, head) = match read {
-            Ok(Some(r)) => r,
-            Ok(None) => {
-                batch.body.truncate(base);
-                return Ok(Piece::Done);
-            }
+        let found = match found {
+            Ok(found) => found,
             Err(e) => {
                 batch.body.truncate(base);
                 return Err(e);
             }
+        };
+        if let Some(why) = found.other {
+            // The entry was another file's, now gone: forgotten, so this is said once.
+            tracing::info!(
+                file = %file.path.display(),
+                inode = meta.ino(),
+                reason = why,
+                "export file at the inode of a file read before: read from its start"
+            );
+            self.state.files.remove(&key);
+            batch.offsets.remove(&key);
+            self.dirty = true;
+        } else if let (Some(id), Some(entry)) = (found.id, self.state.files.get_mut(&key)) {
+            // An older collector's entry, recognised: it keeps the file's identity from now.
+            if entry.first_line.is_none() {
+                entry.first_line = Some(id.first_line);
+                entry.born_ns = id.born_ns;
+                entry.saved_before_ns = None;
+                self.dirty = true;
+            }
+        }
+        let (start, id) = (found.start, found.id);
+        let Some((want, head)) = found.read else {
+            batch.body.truncate(base);
+            return Ok(Piece::Done);
+        };
+        // A file read from its start is known from now on by what this read holds.
+        let born = identity::born_ns(&meta);
+        let identify = |body: &[u8], consumed: u64| {
+            id.unwrap_or_else(|| Identity {
+                first_line: FirstLine::of(body, consumed as usize),
+                born_ns: born,
+            })
         };
         if want == 0 {
             return Ok(Piece::NoRoom);
@@ -613,7 +707,8 @@ impl ExportTailer {
                 end: cut,
                 source: Some((file.name.to_string(), start)),
             });
-            batch.record(key, meta.ino(), start, start + limit, &head);
+            let id = identify(&batch.body[base..], limit);
+            batch.record(key, meta.ino(), start, start + limit, &head, id);
             return Ok(Piece::Read);
         } else {
             batch.body.truncate(base);
@@ -635,7 +730,8 @@ impl ExportTailer {
                 "a rotated export event file ends in a line without its newline; read as its last line"
             );
         }
-        batch.record(key, meta.ino(), start, start + consumed, &head);
+        let id = identify(&batch.body[base..], consumed);
+        batch.record(key, meta.ino(), start, start + consumed, &head, id);
         Ok(if taken < end {
             Piece::NoRoom
         } else {
@@ -949,19 +1045,28 @@ fn present_files(ray_tmp: &Path) -> BTreeMap<String, HashSet<u64>> {
 
 /// The longest line kept whole: [`MAX_READ`], or less when the budget is small, so that the
 /// quarantine record of a longer line's first part (at most [`RECORD_GROWTH`] times its
-/// bytes plus [`RECORD_FIELDS`]) fits below the yield mark of an empty spool and the file
-/// never stalls on it.
+/// bytes plus [`RECORD_FIELDS`], and the room reserved for its compressed copy) fits below
+/// the yield mark of an empty spool and the file never stalls on it.
 fn line_limit(max_spool_bytes: u64) -> u64 {
-    (yield_mark(max_spool_bytes).saturating_sub(RECORD_FIELDS) / RECORD_GROWTH).clamp(1, MAX_READ)
+    ((yield_mark(max_spool_bytes) / MAX_COST_PER_LINE_BYTE).saturating_sub(RECORD_FIELDS)
+        / RECORD_GROWTH)
+        .clamp(1, MAX_READ)
 }
 
-/// Hash of the file's first bytes (up to `FINGERPRINT_BYTES`, and not past `upto`).
-fn fingerprint(f: &mut File, upto: u64) -> io::Result<u64> {
-    let n = upto.min(FINGERPRINT_BYTES) as usize;
-    let mut buf = vec![0u8; n];
-    f.seek(SeekFrom::Start(0))?;
-    f.read_exact(&mut buf)?;
-    Ok(xxhash_rust::xxh3::xxh3_64(&buf))
+/// Dates the entries of an older collector (without a file identity) with the modification
+/// time of the offsets file they were loaded from: they were saved then at the latest, so a
+/// file born later is not theirs ([`identity`]).
+fn date_older_entries(state: &mut OffsetsFile, path: &Path) {
+    let saved = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .and_then(|d| u64::try_from(d.as_nanos()).ok());
+    for entry in state.files.values_mut() {
+        if entry.first_line.is_none() && entry.saved_before_ns.is_none() {
+            entry.saved_before_ns = saved;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1021,7 +1126,9 @@ mod tests {
             let limit = line_limit(budget);
             assert!(limit >= 1);
             assert!(
-                limit == 1 || limit * RECORD_GROWTH + RECORD_FIELDS <= yield_mark(budget),
+                limit == 1
+                    || (limit * RECORD_GROWTH + RECORD_FIELDS) * MAX_COST_PER_LINE_BYTE
+                        <= yield_mark(budget),
                 "{budget}"
             );
         }

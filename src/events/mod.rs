@@ -3,6 +3,7 @@ pub mod camel;
 pub mod dedup;
 pub mod export_tailer;
 pub mod http;
+pub mod object;
 pub mod parse;
 pub mod publish;
 pub mod quarantine;

@@ -7,9 +7,95 @@
 //! history server never looks, and the batch is answered 200. A record is one JSON line:
 //! the reason's code and sentence, when it was received, and the input itself (the event's
 //! JSON as sent, or bytes that are not JSON as a lossless string).
+//!
+//! A request body that is not JSON at all is kept beside its record as a file of its own,
+//! at most [`MAX_KEPT_BODY_BYTES`] of it ([`KeptBody`]): whole when it is that small, else the
+//! bytes as received when they were gzip and that small (lossless), else its first
+//! [`MAX_KEPT_BODY_BYTES`]; the record says which, and the sizes of the whole. So a 65 KB
+//! gzip of 64 MiB of garbage keeps at most 64 KiB, not 64 MiB of the spool.
+
+use bytes::Bytes;
 
 use crate::contract::quarantine::body_name;
 use crate::util::time::{format_rfc3339, unix_nanos};
+
+/// Most bytes kept of one invalid request body: enough to see what it is (Ray's batches are
+/// JSON from their first byte; a parse error says at which byte it went wrong), and small
+/// enough that the bodies kept within the keeping rate (see `events::http`) take little of
+/// the spool that rides out a bucket outage.
+pub const MAX_KEPT_BODY_BYTES: usize = 64 << 10;
+
+/// What is kept of an invalid body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeptForm {
+    /// The body whole (it is at most [`MAX_KEPT_BODY_BYTES`]).
+    Whole,
+    /// The bytes as received, before this many gzip layers were undone: the whole body,
+    /// compressed.
+    AsReceived(usize),
+    /// The body's first [`MAX_KEPT_BODY_BYTES`]; the rest was cut.
+    Prefix,
+}
+
+impl KeptForm {
+    /// The record's `kept` field.
+    pub fn code(&self) -> &'static str {
+        match self {
+            KeptForm::Whole => "whole",
+            KeptForm::AsReceived(_) => "as_received",
+            KeptForm::Prefix => "prefix",
+        }
+    }
+}
+
+/// An invalid request body as kept in quarantine: at most [`MAX_KEPT_BODY_BYTES`] of it, and
+/// what it was.
+#[derive(Debug, Clone)]
+pub struct KeptBody {
+    /// The bytes kept.
+    pub bytes: Bytes,
+    /// What they are.
+    pub form: KeptForm,
+    /// Size of the body the error is about (its gzip layers undone; for a body that is not
+    /// valid gzip, the bytes the failing layer was given).
+    pub body_bytes: u64,
+    /// Bytes received, before any gzip layer was undone.
+    pub received_bytes: u64,
+    /// xxh3 of the whole body: names the kept file, so the same body again is kept once.
+    pub hash: u64,
+}
+
+impl KeptBody {
+    /// What to keep of `body`: whole if it is small enough, else `compressed` (the bytes as
+    /// received, before `gzip_layers` layers) if given and small enough, else a prefix.
+    pub fn of(
+        body: &Bytes,
+        compressed: Option<Bytes>,
+        gzip_layers: usize,
+        received_bytes: u64,
+    ) -> KeptBody {
+        let hash = xxhash_rust::xxh3::xxh3_64(body);
+        let (bytes, form) = if body.len() <= MAX_KEPT_BODY_BYTES {
+            (body.clone(), KeptForm::Whole)
+        } else {
+            match compressed.filter(|c| c.len() <= MAX_KEPT_BODY_BYTES) {
+                Some(c) => (c, KeptForm::AsReceived(gzip_layers)),
+                // A copy: the whole body's buffer is not held while its prefix is stored.
+                None => (
+                    Bytes::copy_from_slice(&body[..MAX_KEPT_BODY_BYTES]),
+                    KeptForm::Prefix,
+                ),
+            }
+        };
+        KeptBody {
+            bytes,
+            form,
+            body_bytes: body.len() as u64,
+            received_bytes,
+            hash,
+        }
+    }
+}
 
 /// Why an event was quarantined; the code is a metric label and part of the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -117,6 +203,14 @@ impl QuarantineReason {
     ];
 }
 
+/// Bytes of the [`event_record`] of an element of `raw_len` bytes: what keeping it costs the
+/// spool.
+pub fn event_record_len(reason: QuarantineReason, raw_len: usize) -> usize {
+    // `{"reason":"` `","detail":"` `","received_at":"` 20-byte time `"` `,"event":` `}\n`.
+    const FRAME: usize = 11 + 12 + 17 + 20 + 1 + 9 + 2;
+    FRAME + reason.code().len() + reason.describe().len() + raw_len
+}
+
 /// A quarantine record for a JSON element: `{"reason":..,"detail":..,"received_at":..,"event":<raw>}`.
 pub fn event_record(reason: QuarantineReason, raw: &[u8]) -> Vec<u8> {
     record_of_element(reason, false, raw)
@@ -195,20 +289,23 @@ pub fn raw_record(reason: QuarantineReason, source: &str, offset: u64, raw: &[u8
 }
 
 /// The record of a request body that is not a JSON array of events, kept beside it as the
-/// object [`body_name`]`(hash)`; `received_unix_nanos` is when it was stored.
-pub fn invalid_body_record(
-    detail: &str,
-    received_unix_nanos: u64,
-    hash: u64,
-    body_bytes: usize,
-) -> Vec<u8> {
-    let record = serde_json::json!({
+/// object [`body_name`]`(hash)`; `received_unix_nanos` is when it was stored. It says what
+/// was kept (`kept`: `whole`, `as_received` with its `content_encoding`, or `prefix`, and
+/// `kept_bytes`) and how large the body was (`body_bytes`, and `received_bytes` on the wire).
+pub fn invalid_body_record(detail: &str, received_unix_nanos: u64, body: &KeptBody) -> Vec<u8> {
+    let mut record = serde_json::json!({
         "reason": "invalid_body",
         "detail": detail,
         "received_at": format_rfc3339((received_unix_nanos / 1_000_000_000) as i64),
-        "body_object": body_name(hash),
-        "body_bytes": body_bytes,
+        "body_object": body_name(body.hash),
+        "body_bytes": body.body_bytes,
+        "received_bytes": body.received_bytes,
+        "kept": body.form.code(),
+        "kept_bytes": body.bytes.len(),
     });
+    if let KeptForm::AsReceived(layers) = body.form {
+        record["content_encoding"] = vec!["gzip"; layers].join(", ").into();
+    }
     let mut line = serde_json::to_vec(&record).unwrap_or_default();
     line.push(b'\n');
     line
@@ -221,6 +318,10 @@ mod tests {
     #[test]
     fn quarantine_lines_are_json() {
         let l = event_record(QuarantineReason::MissingSession, b"{\"a\":\n1}");
+        assert_eq!(
+            l.len(),
+            event_record_len(QuarantineReason::MissingSession, 8)
+        );
         let v: serde_json::Value = serde_json::from_slice(&l).unwrap();
         assert_eq!(v["reason"], "missing_session_name");
         assert_eq!(v["event"]["a"], 1);
@@ -253,11 +354,54 @@ mod tests {
 
     #[test]
     fn body_records_name_their_body() {
-        let l = invalid_body_record("expected `[`", 1_795_314_700_000_000_000, 0xff, 3);
+        let body = KeptBody::of(&Bytes::from_static(b"abc"), None, 0, 3);
+        let l = invalid_body_record("expected `[`", 1_795_314_700_000_000_000, &body);
         let v: serde_json::Value = serde_json::from_slice(&l).unwrap();
         assert_eq!(v["reason"], "invalid_body");
-        assert_eq!(v["body_object"], "bodies/body-00000000000000ff.bin");
+        assert_eq!(
+            v["body_object"],
+            format!(
+                "bodies/body-{:016x}.bin",
+                xxhash_rust::xxh3::xxh3_64(b"abc")
+            )
+        );
         assert_eq!(v["received_at"], "2026-11-22T02:31:40Z");
+        assert_eq!(
+            (v["kept"].as_str(), v["kept_bytes"].as_u64()),
+            (Some("whole"), Some(3))
+        );
         assert!(l.ends_with(b"}\n"));
+    }
+
+    /// A large body keeps at most MAX_KEPT_BODY_BYTES: its compressed form when that is
+    /// small enough, else its first bytes; the record says which and how large it was.
+    #[test]
+    fn large_bodies_keep_a_bounded_form() {
+        let big = Bytes::from(vec![b'x'; 3 * MAX_KEPT_BODY_BYTES]);
+        let small_gzip = Bytes::from_static(b"\x1f\x8b...");
+        let k = KeptBody::of(&big, Some(small_gzip.clone()), 2, 11);
+        assert_eq!(
+            (k.form, k.bytes.clone()),
+            (KeptForm::AsReceived(2), small_gzip)
+        );
+        let v: serde_json::Value =
+            serde_json::from_slice(&invalid_body_record("x", 0, &k)).unwrap();
+        assert_eq!(v["content_encoding"], "gzip, gzip");
+        assert_eq!(
+            v["body_bytes"].as_u64(),
+            Some(3 * MAX_KEPT_BODY_BYTES as u64)
+        );
+        assert_eq!(v["received_bytes"].as_u64(), Some(11));
+        let large_gzip = Bytes::from(vec![0u8; MAX_KEPT_BODY_BYTES + 1]);
+        let k = KeptBody::of(&big, Some(large_gzip), 1, MAX_KEPT_BODY_BYTES as u64 + 1);
+        assert_eq!(k.form, KeptForm::Prefix);
+        assert_eq!(&k.bytes[..], &big[..MAX_KEPT_BODY_BYTES]);
+        let v: serde_json::Value =
+            serde_json::from_slice(&invalid_body_record("x", 0, &k)).unwrap();
+        assert_eq!(v["kept"], "prefix");
+        assert_eq!(v["kept_bytes"].as_u64(), Some(MAX_KEPT_BODY_BYTES as u64));
+        assert!(v.get("content_encoding").is_none());
+        // The same body keeps the same name, whatever form is kept.
+        assert_eq!(k.hash, KeptBody::of(&big, None, 0, 0).hash);
     }
 }

@@ -11,43 +11,18 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::ObjectStore;
 use rand::Rng;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
-use crate::contract::ClusterLayout;
+use crate::events::object::{kind_label, upload_file};
+pub use crate::events::object::{Compression, UploaderConfig};
 use crate::events::publish::Publisher;
 use crate::events::spool::{FileKind, SealedFile, SpoolStats};
 use crate::metrics as m;
-use crate::storage::gzip::GzipLevel;
 use crate::storage::gzip::MEMBER_INPUT;
-use crate::storage::put::{put_file, UploadError};
-
-/// Compression applied to event and quarantine objects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Compression {
-    /// gzip, objects named `*.jsonl.gz` (the history server gunzips `.gz`).
-    Gzip,
-    /// Plain JSON lines.
-    None,
-}
-
-/// Settings of the uploader.
-#[derive(Debug, Clone)]
-pub struct UploaderConfig {
-    /// Uploads in flight at once.
-    pub concurrency: usize,
-    /// Compression of event objects.
-    pub compression: Compression,
-    /// Its level, when it is gzip.
-    pub gzip_level: GzipLevel,
-    /// Size of one multipart part (and the largest single PUT), in bytes of the object.
-    pub part_size: usize,
-    /// The bucket layout keys are built from.
-    pub layout: ClusterLayout,
-}
+use crate::storage::put::UploadError;
 
 enum Control {
     Drain(oneshot::Sender<()>),
@@ -136,6 +111,39 @@ fn memory_estimate(cfg: &UploaderConfig, f: &SealedFile) -> u64 {
     part + 2 * member + (64 << 10)
 }
 
+/// The queued files, addressed by the heap's indexes; a freed place is reused from a list,
+/// so queueing 50,000 files at a shutdown costs no scan for a free place per file.
+#[derive(Default)]
+struct Slots {
+    items: Vec<Option<Pending>>,
+    free: Vec<usize>,
+}
+
+impl Slots {
+    fn put(&mut self, p: Pending) -> usize {
+        match self.free.pop() {
+            Some(i) => {
+                self.items[i] = Some(p);
+                i
+            }
+            None => {
+                self.items.push(Some(p));
+                self.items.len() - 1
+            }
+        }
+    }
+
+    fn get(&self, i: usize) -> Option<&Pending> {
+        self.items.get(i).and_then(Option::as_ref)
+    }
+
+    fn take(&mut self, i: usize) -> Option<Pending> {
+        let p = self.items.get_mut(i).and_then(Option::take)?;
+        self.free.push(i);
+        Some(p)
+    }
+}
+
 fn backoff(attempt: u32) -> Duration {
     let base = Duration::from_millis(200).saturating_mul(1u32 << attempt.min(8));
     let capped = base.min(Duration::from_secs(30));
@@ -152,7 +160,7 @@ impl Dispatcher {
     ) {
         let mut seq = 0u64;
         let mut queue: BinaryHeap<(QueueKey, u64)> = BinaryHeap::new();
-        let mut slots: Vec<Option<Pending>> = Vec::new();
+        let mut slots = Slots::default();
         let mut delayed: Vec<(Instant, Pending)> = Vec::new();
         let mut inflight: JoinSet<(Pending, Result<u64, UploadError>, Duration, u64)> =
             JoinSet::new();
@@ -163,23 +171,13 @@ impl Dispatcher {
         let mut control_open = true;
         let mut stopping: Option<oneshot::Sender<()>> = None;
 
-        let mut enqueue = |queue: &mut BinaryHeap<(QueueKey, u64)>,
-                           slots: &mut Vec<Option<Pending>>,
-                           p: Pending| {
-            seq += 1;
-            let key = Reverse((rank(p.file.kind), p.file.created_unix_nanos, seq));
-            let idx = match slots.iter().position(Option::is_none) {
-                Some(i) => {
-                    slots[i] = Some(p);
-                    i
-                }
-                None => {
-                    slots.push(Some(p));
-                    slots.len() - 1
-                }
+        let mut enqueue =
+            |queue: &mut BinaryHeap<(QueueKey, u64)>, slots: &mut Slots, p: Pending| {
+                seq += 1;
+                let key = Reverse((rank(p.file.kind), p.file.created_unix_nanos, seq));
+                let idx = slots.put(p);
+                queue.push((key, idx as u64));
             };
-            queue.push((key, idx as u64));
-        };
 
         loop {
             // Up to `concurrency` uploads whatever their size; more while the memory they
@@ -188,7 +186,6 @@ impl Dispatcher {
                 let Some(&(_, idx)) = queue.peek() else { break };
                 let Some(need) = slots
                     .get(idx as usize)
-                    .and_then(Option::as_ref)
                     .map(|p| memory_estimate(&self.cfg, &p.file))
                 else {
                     queue.pop();
@@ -198,7 +195,7 @@ impl Dispatcher {
                     break;
                 }
                 queue.pop();
-                let Some(p) = slots.get_mut(idx as usize).and_then(Option::take) else {
+                let Some(p) = slots.take(idx as usize) else {
                     continue;
                 };
                 held += need;
@@ -272,12 +269,18 @@ impl Dispatcher {
                     match result {
                         Ok(uploaded) => {
                             m::upload_success(kind, uploaded, took);
+                            let mut gone = true;
                             if !p.file.path.as_os_str().is_empty() {
                                 if let Err(e) = std::fs::remove_file(&p.file.path) {
                                     if e.kind() != io::ErrorKind::NotFound {
+                                        gone = false;
                                         tracing::error!(path = %p.file.path.display(), error = %e, "uploaded but could not delete the local file");
                                     }
                                 }
+                            }
+                            if let (Some(pb), true) = (&self.publisher, gone) {
+                                // Its record named the object's key until the segment left.
+                                pb.uploaded(&p.file);
                             }
                             self.stats.file_done(&p.file);
                             tracing::debug!(path = %p.file.path.display(), bytes = uploaded, "uploaded");
@@ -311,126 +314,5 @@ impl Dispatcher {
                 },
             }
         }
-    }
-}
-
-fn kind_label(kind: FileKind) -> &'static str {
-    match kind {
-        FileKind::Marker => "session_marker",
-        FileKind::Events => "events",
-        FileKind::Quarantine => "quarantine",
-    }
-}
-
-/// The gzip level a sealed file is uploaded at, or `None` if it is uploaded as it is: its
-/// object key ends in `.gz` exactly when this is `Some`.
-pub(crate) fn gzip_level(cfg: &UploaderConfig, f: &SealedFile) -> Option<GzipLevel> {
-    (f.compressible && cfg.compression == Compression::Gzip).then_some(cfg.gzip_level)
-}
-
-/// The object key of a sealed file.
-pub fn object_key(cfg: &UploaderConfig, f: &SealedFile) -> String {
-    let gzip = gzip_level(cfg, f).is_some();
-    match f.kind {
-        FileKind::Marker => cfg.layout.session_marker_key(&f.relative_key),
-        FileKind::Events => cfg.layout.event_object_key(&f.relative_key, gzip),
-        FileKind::Quarantine => cfg.layout.quarantine_object_key(&f.relative_key, gzip),
-    }
-}
-
-/// Uploads one file; returns the bytes sent.
-async fn upload_file(
-    cfg: &UploaderConfig,
-    store: &Arc<dyn ObjectStore>,
-    f: &SealedFile,
-) -> Result<u64, UploadError> {
-    let key = object_key(cfg, f);
-    let path = ObjectPath::parse(&key).map_err(|e| UploadError::Key {
-        key: key.clone(),
-        message: e.to_string(),
-    })?;
-    m::upload_attempt(kind_label(f.kind));
-    let store_err = |source| UploadError::Store {
-        key: key.clone(),
-        source,
-    };
-    if f.kind == FileKind::Marker {
-        store
-            .put(&path, PutPayload::new())
-            .await
-            .map_err(store_err)?;
-        return Ok(0);
-    }
-    put_file(
-        store,
-        &path,
-        &key,
-        &f.path,
-        gzip_level(cfg, f),
-        cfg.part_size,
-        // Exactly what the writer recorded as durable; a tail it failed to truncate stays out.
-        f.bytes,
-    )
-    .await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::contract::Owner;
-
-    fn cfg(compression: Compression) -> UploaderConfig {
-        UploaderConfig {
-            concurrency: 2,
-            compression,
-            gzip_level: GzipLevel::default(),
-            part_size: 1024,
-            layout: ClusterLayout {
-                root: "r".into(),
-                namespace: "ns".into(),
-                cluster: "c".into(),
-                owner: Owner::RayCluster,
-            },
-        }
-    }
-
-    #[test]
-    fn keys_by_kind() {
-        let f = SealedFile {
-            path: "/x".into(),
-            kind: FileKind::Events,
-            relative_key: "s/n/node_events/n-2026-11-22-02-1.jsonl".into(),
-            created_unix_nanos: 1,
-            bytes: 1,
-            compressible: true,
-            pending_since: Some(1),
-        };
-        assert_eq!(
-            object_key(&cfg(Compression::Gzip), &f),
-            "r/cluster-history/raycluster/ns/c/s/n/node_events/n-2026-11-22-02-1.jsonl.gz"
-        );
-        assert_eq!(
-            object_key(&cfg(Compression::None), &f),
-            "r/cluster-history/raycluster/ns/c/s/n/node_events/n-2026-11-22-02-1.jsonl"
-        );
-        let m = SealedFile {
-            kind: FileKind::Marker,
-            relative_key: "s".into(),
-            ..f.clone()
-        };
-        assert_eq!(
-            object_key(&cfg(Compression::Gzip), &m),
-            "r/cluster-metadata/raycluster/ns_c/s"
-        );
-        let q = SealedFile {
-            kind: FileKind::Quarantine,
-            relative_key: "n/bodies/body-1.bin".into(),
-            compressible: false,
-            ..f
-        };
-        assert_eq!(
-            object_key(&cfg(Compression::Gzip), &q),
-            "r/collector-quarantine/raycluster/ns/c/n/bodies/body-1.bin"
-        );
     }
 }

@@ -21,9 +21,9 @@ use serde_json::Value;
 
 use super::extract::{bounded, get, get_i64, get_str};
 use super::model::{NodeModel, WorkerModel};
-use super::report::format_time_json;
 use super::scan::format_amount;
 use super::task::{AttemptKey, Sym, Symbols, TaskState, NO_TIME};
+use super::values::format_time_json;
 use super::MAX_ERROR_MESSAGE_BYTES;
 
 /// Distinct causes kept; a session with more is a pile of different failures, and the

@@ -154,6 +154,9 @@ pub(super) struct TrainRunEvent {
     pub(super) started_ns: Option<i64>,
     pub(super) ended_ns: Option<i64>,
     pub(super) framework_versions: BTreeMap<String, String>,
+    /// The event's whole `event_data`, as Ray sent it: `inspect --train-run` shows every
+    /// field of it, those this version does not know included.
+    pub(super) data: Value,
 }
 
 #[derive(Debug, Clone)]
@@ -165,6 +168,8 @@ pub(super) struct TrainAttemptEvent {
     pub(super) started_ns: Option<i64>,
     pub(super) ended_ns: Option<i64>,
     pub(super) workers: Vec<TrainWorker>,
+    /// The event's whole `event_data`, as Ray sent it.
+    pub(super) data: Value,
 }
 
 /// One Ray Train worker of an attempt.
@@ -179,7 +184,30 @@ pub(super) struct TrainWorker {
     pub(super) pid: Option<i64>,
     pub(super) status: Option<String>,
     pub(super) gpu_ids: Vec<i64>,
+    /// Where Ray Train wrote the worker's own log on its node (`logs/train/...`).
+    pub(super) log_file_path: Option<String>,
+    /// The worker's resources as Ray sent them (`{"resources": {"CPU": 1.0}}`).
+    pub(super) resources: Value,
+    /// The inspect command that prints the log of the worker's actor (set by the report).
+    pub(super) log_command: Option<String>,
+    /// Members of the worker this version does not name above, under their own names.
+    pub(super) other_fields: serde_json::Map<String, Value>,
 }
+
+/// The members of a Train worker that [`TrainWorker`] names.
+const TRAIN_WORKER_FIELDS: [&str; 11] = [
+    "world_rank",
+    "local_rank",
+    "node_rank",
+    "actor_id",
+    "node_id",
+    "node_ip",
+    "pid",
+    "status",
+    "gpu_ids",
+    "log_file_path",
+    "resources",
+];
 
 /// A member under its camelCase or snake_case name.
 pub(super) fn get<'a>(v: &'a Value, camel: &str, snake: &str) -> Option<&'a Value> {
@@ -436,6 +464,7 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
                             .collect()
                     })
                     .unwrap_or_default(),
+                data: data.clone(),
             }))
         }),
         "EXPORT_TRAIN_RUN_ATTEMPT" => {
@@ -460,6 +489,7 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
                                     .collect()
                             })
                             .unwrap_or_default(),
+                        data: data.clone(),
                     })))
                 }
                 _ => None,
@@ -547,7 +577,42 @@ pub(super) fn train_worker(w: &Value) -> TrainWorker {
             .and_then(Value::as_array)
             .map(|ids| ids.iter().filter_map(Value::as_i64).collect())
             .unwrap_or_default(),
+        log_file_path: get_str(w, "log_file_path", "logFilePath"),
+        resources: get(w, "resources", "resources")
+            .cloned()
+            .unwrap_or(Value::Null),
+        log_command: None,
+        other_fields: w
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .filter(|(k, _)| {
+                        !TRAIN_WORKER_FIELDS
+                            .iter()
+                            .any(|f| *f == k.as_str() || camel(f) == k.as_str())
+                    })
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default(),
     }
+}
+
+/// `snake_case` as `camelCase`.
+pub(super) fn camel(snake: &str) -> String {
+    let mut out = String::with_capacity(snake.len());
+    let mut upper = false;
+    for c in snake.chars() {
+        if c == '_' {
+            upper = true;
+        } else if upper {
+            out.extend(c.to_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// The hash under which an event id is deduplicated; pushed and export events have ids of

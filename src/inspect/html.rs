@@ -193,18 +193,28 @@ fn summary(h: &mut String, r: &SessionReport) {
     if !r.train_runs.is_empty() {
         h.push_str(
             "<h2>Ray Train runs</h2><table id=\"train\"><tr><th>run</th><th>name</th>\
-                    <th>status</th><th>started</th><th>ended</th><th>attempts</th></tr>",
+                    <th>status</th><th>started</th><th>ended</th><th>duration</th>\
+                    <th>attempts</th><th>workers</th><th>framework</th><th>in full</th></tr>",
         );
         for run in &r.train_runs {
             let _ = write!(
                 h,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td>\
+                 <td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td><code>{}</code></td></tr>",
                 esc(&run.run_id),
                 opt(&run.name),
                 opt(&run.status),
                 time(&run.started),
                 time(&run.ended),
-                run.attempts.len()
+                run.duration_ns
+                    .map(human_duration)
+                    .unwrap_or_else(|| "-".into()),
+                run.attempts.len(),
+                run.workers
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                opt(&run.framework),
+                esc(&run.train_run_command)
             );
         }
         h.push_str("</table>\n");

@@ -162,12 +162,20 @@
 //!                 "death_reason", "death_message", "worker" (its worker, by node and pid) } ],
 //!   "train_runs": [ { "run_id", "name", "job_id", "status", "status_detail", "started",
 //!                     "ended", "framework_versions": {..},
+//!                     "workers" (of the latest attempt), "framework",
+//!                     "run_settings" (as Ray sent it, every member), "ray_train_version",
+//!                     "controller_log_file_path", "controller_actor_id",
+//!                     "other_fields": {..} (the run event's other members, by their names),
+//!                     "train_run_command" (the inspect command that prints it in full),
 //!                     "status_history": [ { "status", "time", "detail" } ],
 //!                     "attempts": [ { "attempt_id", "status", "status_detail", "started",
-//!                                     "ended", "status_history": [..],
+//!                                     "ended", "status_history": [..], "resources",
+//!                                     "other_fields": {..},
 //!                                     "workers": [ { "world_rank", "local_rank", "node_rank",
 //!                                                    "actor_id", "node_id", "node_ip", "pid",
-//!                                                    "status", "gpu_ids" } ] } ] } ],
+//!                                                    "status", "gpu_ids", "log_file_path",
+//!                                                    "resources", "log_command",
+//!                                                    "other_fields": {..} } ] } ] } ],
 //!   "problems": { "unreadable_objects", "bad_lines", "skipped_entries",
 //!                 "details": [ { "key", "error" } ] } }
 //! ```
@@ -182,6 +190,11 @@
 //!
 //! `--timeline FILE` (`timeline.rs`) and `--html FILE` (`html.rs`) write their files besides
 //! the report; their formats are described there.
+//!
+//! `--train-run <run>` prints one of the session's `train_runs` entries instead of the
+//! report (`--json`: `{ "storage", "cluster", "session", "train_run", "problems" }`);
+//! `--compare-runs A B` compares two of them, B from another bucket with `--compare-storage`
+//! (`train.rs`, which describes its document and exit codes).
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -193,7 +206,7 @@ use object_store::{ObjectStore, ObjectStoreExt as _};
 use serde::Serialize;
 
 use crate::cli::InspectArgs;
-use crate::storage::{Backend, StorageSpec};
+use crate::storage::StorageSpec;
 
 mod causes;
 mod decode;
@@ -210,8 +223,10 @@ mod render;
 mod report;
 mod s3;
 mod scan;
+mod session;
 mod task;
 mod timeline;
+mod train;
 mod values;
 mod walk;
 
@@ -221,10 +236,15 @@ use filter::Filter;
 use model::SessionModel;
 use render::{render_list, render_session};
 use report::{
-    format_time_json, shape_report, ClusterIdentity, EventStats, FilterEcho, ObjectStats, Problems,
-    SessionReport, TaskCounts,
+    shape_report, ClusterIdentity, EventStats, FilterEcho, ObjectStats, Problems, SessionReport,
+    TaskCounts,
+};
+pub use session::{
+    latest_session, open_bucket, session_facts, session_markers, ActorFacts, JobFacts, NodeFacts,
+    OpenBucket, SessionFacts, SessionMarker, TaskView,
 };
 use task::{AttemptKey, Symbols, TaskState, TaskStore};
+use values::format_time_json;
 use walk::{list_partition, list_report, walk_node, NodeListing, PartitionListing, Stream};
 
 /// Objects listed or read at once: enough to hide request latency, small enough to be polite
@@ -319,6 +339,34 @@ pub enum InspectError {
         /// The objects that match.
         matches: String,
     },
+    /// `--train-run` or `--compare-runs` names no run of the session.
+    #[error("no Ray Train run {wanted:?} in session {session} (by id or name); runs: {known}")]
+    NoSuchTrainRun {
+        /// What was asked for.
+        wanted: String,
+        /// The session.
+        session: String,
+        /// The runs there are (shortened).
+        known: String,
+    },
+    /// Several runs of the session have that name.
+    #[error(
+        "several Ray Train runs are named {wanted:?} in session {session}: {ids}; give the run id"
+    )]
+    AmbiguousTrainRun {
+        /// The name.
+        wanted: String,
+        /// The session.
+        session: String,
+        /// Their ids.
+        ids: String,
+    },
+    /// A `--compare-runs` operand without a session, and no `--session`.
+    #[error("--compare-runs {run:?}: which session? write SESSION:RUN (or latest:RUN), or give --session")]
+    RunWithoutSession {
+        /// The operand.
+        run: String,
+    },
     /// A flag value that cannot be used.
     #[error("{flag} {value:?}: {reason}")]
     BadArgument {
@@ -331,11 +379,27 @@ pub enum InspectError {
     },
 }
 
+/// What `inspect` found, for its exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The report (or log, or run) was printed: exit 0.
+    Done,
+    /// `--compare-runs`: the two runs' settings are equal (exit 0).
+    SameSettings,
+    /// `--compare-runs`: the two runs' settings differ (exit 1).
+    SettingsDiffer,
+}
+
+pub use train::COMPARE_ERROR_EXIT;
+
 /// Runs `inspect`: prints the report on stdout.
 ///
 /// Its error, printed by the caller, may quote names from the bucket: every character a
 /// terminal could act on is escaped in it ([`escape`]).
-pub async fn run(args: InspectArgs, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<()> {
+pub async fn run(
+    args: InspectArgs,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<Outcome> {
     run_unescaped(args, env)
         .await
         .map_err(|e| anyhow::anyhow!("{}", escape::escape_text(&format!("{e:#}"))))
@@ -344,45 +408,27 @@ pub async fn run(args: InspectArgs, env: &dyn Fn(&str) -> Option<String>) -> any
 async fn run_unescaped(
     args: InspectArgs,
     env: &dyn Fn(&str) -> Option<String>,
-) -> anyhow::Result<()> {
-    let spec = StorageSpec::parse(&args.storage)
-        .and_then(|s| s.with_extra_root(&args.storage_root_dir))
-        .with_context(|| format!("reading the storage location {:?}", args.storage))?;
-    let filter = Filter::from_args(&args)?;
-    let skips = Arc::new(local::SkipLog::default());
-    let store: Arc<dyn ObjectStore> = match &spec.backend {
-        Backend::File(dir) => {
-            // storage::open creates a missing directory; a read must not.
-            if !dir.is_dir() {
-                return Err(InspectError::NoSuchDirectory(dir.display().to_string()).into());
+) -> anyhow::Result<Outcome> {
+    let bucket = Bucket::open(&args, env).await?;
+    if let Some(operands) = &args.compare_runs {
+        let other = match &args.compare_storage {
+            Some(url) => {
+                let mut b_args = args.clone();
+                b_args.storage = url.clone();
+                Some(Bucket::open(&b_args, env).await?)
             }
-            // Not object_store's LocalFileSystem: see local.rs.
-            Arc::new(
-                local::LocalBucket::open(dir, Arc::clone(&skips))
-                    .with_context(|| format!("opening {}", dir.display()))?,
-            )
-        }
-        Backend::S3 { .. } => {
-            let configured = crate::storage::configure(&spec, env)
-                .with_context(|| format!("opening storage {spec}"))?;
-            let appender = configured
-                .appender()
-                .with_context(|| format!("opening storage {spec}"))?;
-            let store = configured
-                .open()
-                .with_context(|| format!("opening storage {spec}"))?;
-            match appender {
-                // Listed by s3.rs, with encoded keys; read by object_store.
-                Some(crate::storage::append::Appender::S3(wire)) => {
-                    Arc::new(s3::S3Bucket::new(store, wire, Arc::clone(&skips)))
-                }
-                _ => store,
-            }
-        }
-        _ => crate::storage::open(&spec, env).with_context(|| format!("opening storage {spec}"))?,
-    };
-    let found = discover(&store, &spec, &args).await?;
-
+            None => None,
+        };
+        let b = other.as_ref().unwrap_or(&bucket);
+        return compare_runs(&args, operands, [&bucket, b]).await;
+    }
+    let Bucket {
+        spec,
+        store,
+        skips,
+        found,
+        filter,
+    } = bucket;
     let mut out = String::new();
     match &args.session {
         None => {
@@ -399,7 +445,30 @@ async fn run_unescaped(
             if let Some(id) = &args.logs {
                 let printed = logs::print_logs(&store, &spec, chosen, &filter, &args, id).await;
                 logs::tell_skips(&skips);
-                return printed;
+                return printed.map(|()| Outcome::Done);
+            }
+            if let Some(wanted) = &args.train_run {
+                let mut report = quiet_report(&store, &spec, chosen, &filter, &args).await?;
+                for (session, why) in passed_over {
+                    report.problems.note(&session, why);
+                }
+                report.problems.add_skips(&skips);
+                let run = train::find_run(&report, wanted)?;
+                if args.json {
+                    out = to_json(&train::TrainRunDocument {
+                        storage: &report.storage,
+                        cluster: &report.cluster,
+                        session: &report.session,
+                        train_run: run,
+                        job: train::run_job(&report, run),
+                        problems: &report.problems,
+                    })?;
+                } else {
+                    train::render_train_run(&report, run, &mut out);
+                    render::render_problems(&report.problems, &mut out);
+                }
+                print_out(&out)?;
+                return Ok(Outcome::Done);
             }
             let mut trace = match &args.timeline {
                 Some(path) => Some(
@@ -457,7 +526,174 @@ async fn run_unescaped(
             }
         }
     }
-    print_out(&out)
+    print_out(&out)?;
+    Ok(Outcome::Done)
+}
+
+/// One bucket opened for reading: where it is, its sessions, and the filters to read with.
+struct Bucket {
+    spec: StorageSpec,
+    store: Arc<dyn ObjectStore>,
+    skips: Arc<local::SkipLog>,
+    found: discover::Discovered,
+    filter: Filter,
+}
+
+impl Bucket {
+    /// Opens `args.storage` and finds its clusters and sessions (no object is read).
+    async fn open(
+        args: &InspectArgs,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> anyhow::Result<Bucket> {
+        let spec = StorageSpec::parse(&args.storage)
+            .and_then(|s| s.with_extra_root(&args.storage_root_dir))
+            .with_context(|| format!("reading the storage location {:?}", args.storage))?;
+        let filter = Filter::from_args(args)?;
+        let OpenBucket {
+            store,
+            spec: _,
+            skips,
+        } = open_bucket(&spec, env)?;
+        let found = discover(&store, &spec, args).await?;
+        Ok(Bucket {
+            spec,
+            store,
+            skips,
+            found,
+            filter,
+        })
+    }
+}
+
+/// A session's report with nothing drawn.
+async fn quiet_report(
+    store: &Arc<dyn ObjectStore>,
+    spec: &StorageSpec,
+    chosen: (ClusterId, String),
+    filter: &Filter,
+    args: &InspectArgs,
+) -> anyhow::Result<SessionReport> {
+    session_report(
+        store,
+        spec,
+        chosen,
+        filter,
+        args.failed_limit,
+        TaskStore::new(None),
+        &mut |_, _, _| {},
+    )
+    .await
+}
+
+/// `--compare-runs A B`: reads each operand's session (once when they share it) from its
+/// bucket (`buckets[0]` for A, `buckets[1]` for B), finds the runs, prints what differs.
+async fn compare_runs(
+    args: &InspectArgs,
+    operands: &[String],
+    buckets: [&Bucket; 2],
+) -> anyhow::Result<Outcome> {
+    let [a_arg, b_arg] = operands else {
+        return Err(InspectError::BadArgument {
+            flag: "--compare-runs",
+            value: operands.join(" "),
+            reason: "needs two runs",
+        }
+        .into());
+    };
+    let mut reports: Vec<(usize, SessionReport)> = Vec::new();
+    let mut picks: Vec<(usize, &str)> = Vec::new();
+    for (side, operand) in [a_arg, b_arg].into_iter().enumerate() {
+        let bucket = buckets[side];
+        let same_bucket = std::ptr::eq(buckets[0], buckets[1]);
+        let bucket_no = if same_bucket { 0 } else { side };
+        let (session, run) = train::split_run_ref(operand);
+        let session =
+            session
+                .or(args.session.as_deref())
+                .ok_or_else(|| InspectError::RunWithoutSession {
+                    run: operand.clone(),
+                })?;
+        let (chosen, passed_over) =
+            choose_session(&bucket.store, &bucket.spec, &bucket.found, session).await?;
+        let prefix = chosen.0.layout(&bucket.spec.root).history_prefix();
+        let known = reports.iter().position(|(n, r)| {
+            *n == bucket_no && r.session == chosen.1 && r.cluster.history_prefix == prefix
+        });
+        let at = match known {
+            Some(at) => at,
+            None => {
+                let mut report =
+                    quiet_report(&bucket.store, &bucket.spec, chosen, &bucket.filter, args).await?;
+                for (session, why) in passed_over {
+                    report.problems.note(&session, why);
+                }
+                if !reports.iter().any(|(n, _)| *n == bucket_no) {
+                    report.problems.add_skips(&bucket.skips);
+                }
+                reports.push((bucket_no, report));
+                reports.len() - 1
+            }
+        };
+        picks.push((at, run));
+    }
+    let (report_a, run_a) = (&reports[picks[0].0].1, picks[0].1);
+    let (report_b, run_b) = (&reports[picks[1].0].1, picks[1].1);
+    let a = train::find_run(report_a, run_a)?;
+    let b = train::find_run(report_b, run_b)?;
+    let differences = train::differences(a, b);
+    let comparison = train::Comparison {
+        a: train::RunSide::new(a_arg, report_a, a),
+        b: train::RunSide::new(b_arg, report_b, b),
+        settings_equal: differences.is_empty(),
+        differences,
+        problems: reports
+            .iter()
+            .map(|(_, r)| {
+                serde_json::json!({
+                    "session": r.session,
+                    "problems": serde_json::to_value(&r.problems).unwrap_or_default(),
+                })
+            })
+            .collect(),
+    };
+    let mut out = String::new();
+    if args.json {
+        out = to_json(&comparison)?;
+    } else {
+        train::render_comparison(&comparison, &mut out);
+        for (_, r) in reports.iter().filter(|(_, r)| !r.problems.is_empty()) {
+            let _ = std::fmt::Write::write_fmt(
+                &mut out,
+                format_args!("\nsession {}:", render::clean(&r.session)),
+            );
+            render::render_problems(&r.problems, &mut out);
+        }
+    }
+    print_out(&out)?;
+    Ok(if comparison.settings_equal {
+        Outcome::SameSettings
+    } else {
+        Outcome::SettingsDiffer
+    })
+}
+
+// ------------------------------------------------------------------ the door for `serve`
+
+/// The wall-clock start in a session name, `YYYY-MM-DDTHH:MM:SS.ffffff` (the head's local
+/// time, no zone), as `inspect` reports it.
+pub fn session_start(name: &str) -> Option<String> {
+    session_started(name)
+}
+
+/// `s` with every character a terminal could act on escaped, as in every `inspect` message.
+pub fn escape_untrusted(s: &str) -> String {
+    escape::escape_name(s)
+}
+
+/// A whole message that may quote names from the bucket, escaped as `inspect` escapes its
+/// errors (backslashes kept).
+pub fn escape_message(s: &str) -> String {
+    escape::escape_text(s)
 }
 
 /// The report as JSON. `serde_json` escapes C0 controls but writes DEL, C1 controls and

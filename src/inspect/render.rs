@@ -510,6 +510,8 @@ pub(super) fn render_session(r: &SessionReport, out: &mut String) {
         "ENDED",
         ">DURATION",
         ">ATTEMPTS",
+        ">WORKERS",
+        "FRAMEWORK",
     ]);
     for run in &r.train_runs {
         runs.row(vec![
@@ -523,11 +525,20 @@ pub(super) fn render_session(r: &SessionReport, out: &mut String) {
                 .map(human_duration)
                 .unwrap_or_else(|| "-".into()),
             run.attempts.len().to_string(),
+            run.workers
+                .map(|n| n.to_string())
+                .unwrap_or_else(|| "-".into()),
+            opt(&run.framework),
         ]);
     }
     render_or_none(&runs, out);
     for run in &r.train_runs {
         let _ = writeln!(out, "\n  run {} ({})", clean(&run.run_id), opt(&run.name));
+        let _ = writeln!(
+            out,
+            "    in full:        {}",
+            clean_long(&run.train_run_command)
+        );
         let _ = writeln!(
             out,
             "    status history: {}",

@@ -16,6 +16,7 @@ use super::filter::{shell_word, NANOS_PER_SECOND};
 use super::local::SkipLog;
 use super::model::{transition_order, SessionModel, StatusPoint, TrainAttemptModel};
 use super::task::{AttemptKey, Symbols, TaskState, NO_TIME};
+use super::values::format_time_json;
 use super::MAX_PROBLEM_DETAILS;
 
 /// Output of `inspect` without `--session`.
@@ -220,10 +221,78 @@ pub(super) struct TrainRunEntry {
     pub(super) started: Option<String>,
     pub(super) ended: Option<String>,
     pub(super) framework_versions: BTreeMap<String, String>,
+    /// Workers of the latest attempt, else `scaling_config.num_workers_fixed`.
+    pub(super) workers: Option<u64>,
+    /// `run_settings.backend_config.framework` without Ray's `TRAINING_FRAMEWORK_` prefix.
+    pub(super) framework: Option<String>,
+    /// `run_settings` as Ray sent it (null when absent): every field, nested.
+    pub(super) run_settings: serde_json::Value,
+    pub(super) ray_train_version: serde_json::Value,
+    pub(super) controller_log_file_path: Option<String>,
+    pub(super) controller_actor_id: Option<String>,
+    /// The other members of the run's latest event, under their own names (fields this
+    /// version does not know included).
+    pub(super) other_fields: serde_json::Map<String, serde_json::Value>,
+    /// The inspect command that prints this run in full.
+    pub(super) train_run_command: String,
     pub(super) status_history: Vec<StatusEntry>,
     pub(super) attempts: Vec<TrainAttemptEntry>,
     #[serde(skip)]
     pub(super) duration_ns: Option<i64>,
+}
+
+/// The members of a Train run's `event_data` that [`TrainRunEntry`] shows by name.
+const TRAIN_RUN_FIELDS: [&str; 12] = [
+    "id",
+    "name",
+    "job_id",
+    "status",
+    "status_detail",
+    "start_time_ns",
+    "end_time_ns",
+    "framework_versions",
+    "run_settings",
+    "ray_train_version",
+    "controller_log_file_path",
+    "controller_actor_id",
+];
+
+/// The members of a Train attempt's `event_data` that [`TrainAttemptEntry`] shows by name.
+const TRAIN_ATTEMPT_FIELDS: [&str; 8] = [
+    "run_id",
+    "attempt_id",
+    "status",
+    "status_detail",
+    "start_time_ns",
+    "end_time_ns",
+    "workers",
+    "resources",
+];
+
+/// The members of `data` not in `known` (by their snake_case or camelCase name).
+fn other_fields(
+    data: &serde_json::Value,
+    known: &[&str],
+) -> serde_json::Map<String, serde_json::Value> {
+    data.as_object()
+        .map(|o| {
+            o.iter()
+                .filter(|(k, _)| {
+                    !known
+                        .iter()
+                        .any(|f| *f == k.as_str() || super::extract::camel(f) == k.as_str())
+                })
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A member under its snake_case or camelCase name, cloned (null when absent).
+fn member(data: &serde_json::Value, snake: &str) -> serde_json::Value {
+    super::extract::get(data, &super::extract::camel(snake), snake)
+        .cloned()
+        .unwrap_or(serde_json::Value::Null)
 }
 
 #[derive(Debug, Serialize)]
@@ -234,6 +303,10 @@ pub(super) struct TrainAttemptEntry {
     pub(super) started: Option<String>,
     pub(super) ended: Option<String>,
     pub(super) status_history: Vec<StatusEntry>,
+    /// `resources` as Ray sent it (one entry per worker bundle).
+    pub(super) resources: serde_json::Value,
+    /// The other members of the attempt's latest event, under their own names.
+    pub(super) other_fields: serde_json::Map<String, serde_json::Value>,
     pub(super) workers: Vec<TrainWorker>,
 }
 
@@ -734,6 +807,7 @@ pub(super) fn shape_report(
                 .into_iter()
                 .map(|(attempt_id, a)| {
                     let latest = a.latest.map(|(_, e)| e);
+                    let data = latest.as_ref().map(|e| e.data.clone()).unwrap_or_default();
                     TrainAttemptEntry {
                         attempt_id,
                         status: latest.as_ref().and_then(|e| e.status.clone()),
@@ -741,9 +815,21 @@ pub(super) fn shape_report(
                         started: a.started_ns.map(format_time_json),
                         ended: a.ended_ns.map(format_time_json),
                         status_history: status_history(a.history),
+                        resources: member(&data, "resources"),
+                        other_fields: other_fields(&data, &TRAIN_ATTEMPT_FIELDS),
                         workers: {
                             let mut w = a.workers.map(|(_, w)| w).unwrap_or_default();
                             w.sort_by_key(|w| w.world_rank);
+                            for w in &mut w {
+                                w.log_command = w.actor_id.as_ref().map(|id| {
+                                    format!(
+                                        "ray-history-collector inspect {} --session {} --logs {}",
+                                        report.storage_arg,
+                                        shell_word(&report.session),
+                                        shell_word(id)
+                                    )
+                                });
+                            }
                             w
                         },
                     }
@@ -751,7 +837,52 @@ pub(super) fn shape_report(
                 .collect();
             run_attempts
                 .sort_by(|a, b| (&a.started, &a.attempt_id).cmp(&(&b.started, &b.attempt_id)));
+            let data = latest.as_ref().map(|e| e.data.clone()).unwrap_or_default();
+            let run_settings = member(&data, "run_settings");
+            let framework = super::extract::get_str(
+                &member(&run_settings, "backend_config"),
+                "framework",
+                "framework",
+            )
+            .map(|f| {
+                f.strip_prefix("TRAINING_FRAMEWORK_")
+                    .map(str::to_string)
+                    .unwrap_or(f)
+            });
+            let workers = run_attempts
+                .iter()
+                .rev()
+                .find(|a| !a.workers.is_empty())
+                .map(|a| a.workers.len() as u64)
+                .or_else(|| {
+                    member(
+                        &member(&run_settings, "scaling_config"),
+                        "num_workers_fixed",
+                    )
+                    .as_u64()
+                });
             TrainRunEntry {
+                workers,
+                framework,
+                ray_train_version: member(&data, "ray_train_version"),
+                controller_log_file_path: super::extract::get_str(
+                    &data,
+                    "controllerLogFilePath",
+                    "controller_log_file_path",
+                ),
+                controller_actor_id: super::extract::get_id(
+                    &data,
+                    "controllerActorId",
+                    "controller_actor_id",
+                ),
+                other_fields: other_fields(&data, &TRAIN_RUN_FIELDS),
+                run_settings,
+                train_run_command: format!(
+                    "ray-history-collector inspect {} --session {} --train-run {}",
+                    report.storage_arg,
+                    shell_word(&report.session),
+                    shell_word(&run_id)
+                ),
                 name: latest.as_ref().and_then(|e| e.name.clone()),
                 job_id: latest.as_ref().and_then(|e| e.job_id.clone()),
                 status: latest.as_ref().and_then(|e| e.status.clone()),
@@ -797,23 +928,6 @@ fn actor_failed(reason: Option<&str>) -> bool {
     )
 }
 
-/// RFC 3339 UTC with as many fractional digits as needed (0, 3, 6 or 9), like protobuf.
-pub(super) fn format_time_json(ns: i64) -> String {
-    let seconds = ns.div_euclid(NANOS_PER_SECOND);
-    let fraction = ns.rem_euclid(NANOS_PER_SECOND);
-    let base = crate::util::time::format_rfc3339(seconds);
-    let base = base.trim_end_matches('Z');
-    if fraction == 0 {
-        format!("{base}Z")
-    } else if fraction % 1_000_000 == 0 {
-        format!("{base}.{:03}Z", fraction / 1_000_000)
-    } else if fraction % 1_000 == 0 {
-        format!("{base}.{:06}Z", fraction / 1_000)
-    } else {
-        format!("{base}.{fraction:09}Z")
-    }
-}
-
 /// Sorts status reports and keeps each change of status once.
 pub(super) fn status_history(mut points: Vec<StatusPoint>) -> Vec<StatusEntry> {
     points.sort_by_key(|p| p.order);
@@ -829,25 +943,4 @@ pub(super) fn status_history(mut points: Vec<StatusPoint>) -> Vec<StatusEntry> {
         });
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::inspect::filter::{parse_time_ns, NANOS_PER_SECOND};
-    use crate::inspect::render::format_time_text;
-
-    #[test]
-    fn timestamps_keep_nanoseconds() {
-        let ns = parse_time_ns("2026-11-22T02:06:44.945501408Z").unwrap();
-        assert_eq!(ns % NANOS_PER_SECOND, 945_501_408);
-        assert_eq!(format_time_json(ns), "2026-11-22T02:06:44.945501408Z");
-        let ms = parse_time_ns("2026-11-22T02:06:40.942Z").unwrap();
-        assert_eq!(format_time_json(ms), "2026-11-22T02:06:40.942Z");
-        assert_eq!(
-            format_time_text("2026-11-22T02:06:40.942Z"),
-            "2026-11-22 02:06:40.942"
-        );
-        assert_eq!(format_time_json(ms - 942_000_000), "2026-11-22T02:06:40Z");
-    }
 }

@@ -1,7 +1,10 @@
 //! The small values every stage of the read side shares: a state transition, the rank that
-//! orders states of equal time, and a string cut to a bound. A leaf: it imports no stage, so
-//! the stages that fold (task), merge (model) and read (extract, scan) can all use it without
-//! importing each other back.
+//! orders states of equal time, a string cut to a bound, and a time as the `--json` report
+//! writes it. A leaf: it imports no stage (only `filter`'s unit of time), so the stages that
+//! fold (task), merge (model), read (extract, scan), explain (causes) and shape the report
+//! (report) can all use it without importing each other back.
+
+use super::filter::NANOS_PER_SECOND;
 
 /// A state transition: state name and time.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -47,5 +50,43 @@ pub(super) fn state_rank(state: &str) -> u8 {
         "RESTARTING" => 4,
         "DEAD" => 5,
         _ => 0,
+    }
+}
+
+/// RFC 3339 UTC with as many fractional digits as needed (0, 3, 6 or 9), like protobuf.
+pub(super) fn format_time_json(ns: i64) -> String {
+    let seconds = ns.div_euclid(NANOS_PER_SECOND);
+    let fraction = ns.rem_euclid(NANOS_PER_SECOND);
+    let base = crate::util::time::format_rfc3339(seconds);
+    let base = base.trim_end_matches('Z');
+    if fraction == 0 {
+        format!("{base}Z")
+    } else if fraction % 1_000_000 == 0 {
+        format!("{base}.{:03}Z", fraction / 1_000_000)
+    } else if fraction % 1_000 == 0 {
+        format!("{base}.{:06}Z", fraction / 1_000)
+    } else {
+        format!("{base}.{fraction:09}Z")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inspect::filter::parse_time_ns;
+    use crate::inspect::render::format_time_text;
+
+    #[test]
+    fn timestamps_keep_nanoseconds() {
+        let ns = parse_time_ns("2026-11-22T02:06:44.945501408Z").unwrap();
+        assert_eq!(ns % NANOS_PER_SECOND, 945_501_408);
+        assert_eq!(format_time_json(ns), "2026-11-22T02:06:44.945501408Z");
+        let ms = parse_time_ns("2026-11-22T02:06:40.942Z").unwrap();
+        assert_eq!(format_time_json(ms), "2026-11-22T02:06:40.942Z");
+        assert_eq!(
+            format_time_text("2026-11-22T02:06:40.942Z"),
+            "2026-11-22 02:06:40.942"
+        );
+        assert_eq!(format_time_json(ms - 942_000_000), "2026-11-22T02:06:40Z");
     }
 }

@@ -14,7 +14,8 @@ use crate::storage::StorageSpec;
 
 use super::discover::{session_started, ClusterId, Discovered};
 use super::filter::{Filter, NANOS_PER_HOUR};
-use super::report::{format_time_json, ClusterEntry, ListReport, SessionEntry};
+use super::report::{ClusterEntry, ListReport, SessionEntry};
+use super::values::format_time_json;
 use super::{store_error, READ_CONCURRENCY};
 use crate::contract::endpoints::FETCHED_ENDPOINTS_DIR;
 use crate::contract::events::{EXPORT_EVENTS_DIR, JOB_EVENTS_DIR, NODE_EVENTS_DIR};

@@ -123,6 +123,11 @@ impl AppendGate {
         *n >= MAX_TRANSIENT_APPEND_ROUNDS
     }
 
+    /// True while `key`'s appends are failing transiently (the last one did).
+    pub(super) fn failing_transiently(&self, key: &str) -> bool {
+        self.transient.contains_key(key)
+    }
+
     /// `key` was uploaded whole after its appends kept failing transiently: it goes whole
     /// on the schedule for [`KEY_REFUSED_FOR`], without counting toward turning appends off.
     pub(super) fn gave_up_appending(&mut self, key: &str, now: Instant) {

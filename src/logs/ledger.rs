@@ -1,6 +1,7 @@
 //! The log ledger: for every object uploaded, what the bucket holds (size, ETag, when) and
 //! what the file it came from looked like (mtime, inode, a hash of the bytes just before the
-//! end of what was uploaded), and the sessions completely done. Saved atomically in the spool
+//! end of what was uploaded and one of its first bytes), the sessions completely done, and the node each session's
+//! unattributed files are filed under. Saved atomically in the spool
 //! dir, so a restart uploads again only what changed, and an append can check that the file
 //! only grew and the object is still ours.
 //!
@@ -37,6 +38,11 @@ pub(super) struct LedgerEntry {
     /// The object's ETag after the upload, when the store gave one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) e_tag: Option<String>,
+    /// xxh3 of the first [`crate::storage::put::HEAD`] bytes of that prefix (`None` in
+    /// ledgers before version 4, until the next upload): a file whose head changed is
+    /// another file, never appended to this object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) head: Option<u64>,
 }
 
 /// The ledger file: uploaded objects and sessions completely done.
@@ -48,6 +54,10 @@ pub(super) struct LedgerFile {
     pub(super) bucket: Option<String>,
     pub(super) objects: BTreeMap<String, LedgerEntry>,
     pub(super) finished_sessions: BTreeSet<String>,
+    /// Per session, the node that owns its files no writer can be told for (the shipper's
+    /// `session_owner`), pinned once known so a later raylet or a restart never moves them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) session_nodes: BTreeMap<String, String>,
 }
 
 pub(super) struct Ledger {
@@ -56,8 +66,9 @@ pub(super) struct Ledger {
     pub(super) dirty: bool,
 }
 
-/// The ledger format written now.
-const VERSION: u32 = 3;
+/// The ledger format written now (4: entries carry the hash of the file's head; versions 2
+/// and 3 are read as they are, their entries without one).
+const VERSION: u32 = 4;
 
 impl Ledger {
     /// Loads the ledger at `path` for the bucket `bucket` (see the module doc).
@@ -135,6 +146,7 @@ mod tests {
             ino: 4,
             uploaded_at: 5,
             e_tag: None,
+            head: None,
         }
     }
 
@@ -145,10 +157,12 @@ mod tests {
         let mut l = Ledger::load(path.clone(), "http://127.0.0.1:1/a").unwrap();
         l.data.objects.insert("k".into(), entry());
         l.data.finished_sessions.insert("s".into());
+        l.data.session_nodes.insert("s".into(), "n".into());
         l.dirty = true;
         l.save();
         let same = Ledger::load(path.clone(), "http://127.0.0.1:1/a").unwrap();
         assert_eq!(same.data.objects.len(), 1);
+        assert_eq!(same.data.session_nodes["s"], "n");
         assert_eq!(same.data.finished_sessions.len(), 1);
         // The same bucket name on another server is another bucket.
         let mut other = Ledger::load(path.clone(), "http://127.0.0.1:2/a").unwrap();
@@ -166,8 +180,29 @@ mod tests {
             r#"{"version":2,"objects":{"k":{"size":1,"mtime_ns":2,"hash":3}},"finished_sessions":[]}"#,
         )
         .unwrap();
-        let old = Ledger::load(path, "http://127.0.0.1:1/a").unwrap();
+        let old = Ledger::load(path.clone(), "http://127.0.0.1:1/a").unwrap();
         assert_eq!(old.data.objects.len(), 1);
         assert_eq!(old.data.bucket.as_deref(), Some("http://127.0.0.1:1/a"));
+    }
+
+    #[test]
+    fn a_version_3_ledger_is_read_its_entries_without_a_head() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log-ledger.json");
+        // As main's binary wrote it before the head's hash.
+        std::fs::write(
+            &path,
+            r#"{"version":3,"bucket":"b","objects":{"k":{"size":10,"mtime_ns":2,"hash":3,"ino":4,"uploaded_at":5,"e_tag":"x"}},"finished_sessions":["s"],"session_nodes":{"s":"n"}}"#,
+        )
+        .unwrap();
+        let mut l = Ledger::load(path.clone(), "b").unwrap();
+        assert_eq!(l.data.objects["k"].head, None);
+        assert_eq!(l.data.objects["k"].e_tag.as_deref(), Some("x"));
+        l.data.objects.get_mut("k").unwrap().head = Some(9);
+        l.dirty = true;
+        l.save();
+        let back = Ledger::load(path, "b").unwrap();
+        assert_eq!(back.data.objects["k"].head, Some(9));
+        assert_eq!(back.data.session_nodes["s"], "n");
     }
 }

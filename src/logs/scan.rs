@@ -29,6 +29,9 @@ pub(super) struct LogFile {
     pub(super) ino: u64,
     /// `Some(base)` when this is a rotated backup `base.N` of a live `base`.
     pub(super) rotated_from: Option<String>,
+    /// For a rotated backup uploaded before: the key of that upload, which it keeps (see
+    /// `placement`). Set by the shipper, `None` from the scan.
+    pub(super) uploaded_as: Option<String>,
 }
 
 /// Why a file was not shipped.
@@ -185,6 +188,7 @@ fn list_into(
                 mtime_ns: st.mtime_ns,
                 ino: st.ino,
                 rotated_from: None,
+                uploaded_as: None,
             });
         } else if st.is_symlink() {
             skip("symlink", &path);
@@ -194,8 +198,12 @@ fn list_into(
     }
 }
 
-/// The object key of a log file (rotated backups get their stable name).
+/// The object key of a log file (rotated backups get their stable name, the one of their
+/// first upload when they had one).
 pub(super) fn object_key(prefix: &str, session: &str, node: &str, f: &LogFile) -> String {
+    if let Some(key) = &f.uploaded_as {
+        return key.clone();
+    }
     match &f.rotated_from {
         Some(base) => {
             contract::logs::rotated_log_key(prefix, session, node, base, f.mtime_ns, f.ino)
@@ -245,6 +253,7 @@ mod tests {
             mtime_ns: 1_795_314_700_123_456_789,
             ino: 1,
             rotated_from: Some("raylet.out".into()),
+            uploaded_as: None,
         };
         assert_eq!(
             object_key("P", "s", "n", &f),
@@ -313,6 +322,7 @@ mod tests {
             mtime_ns: 0,
             ino: 0,
             rotated_from: rot.then(|| "b".to_string()),
+            uploaded_as: None,
         };
         assert_eq!(priority(&mk("raylet.out", false)), 0);
         assert_eq!(priority(&mk("debug_state.txt", false)), 0);

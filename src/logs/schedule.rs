@@ -19,7 +19,7 @@
 //! the previous one, and a small file costs at most `SMALL` a round, so together they cost
 //! at most `2 × SMALL` (2 MiB) per interval of the file's life. Bytes uploaded ≤ `3 F` +
 //! 2 MiB × intervals (a file that keeps growing steadily: about `2.5 F`). The longest a
-//! change waits is `max(1, S / SMALL)` intervals (the table in the README), and less when
+//! change waits is `max(1, S / SMALL)` intervals (the table in docs/logs.md), and less when
 //! the file grows fast: it goes once it has doubled. The final flush, earlier sessions and
 //! rotated backups do not wait: they upload whatever is not in the bucket yet. Where the
 //! store can append (S3 from 5 MiB, `file://`; not in a versioned bucket), a file that only

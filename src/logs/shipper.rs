@@ -1,6 +1,12 @@
 //! The log lane: a round every `--log-upload-interval` over the active session and the
 //! earlier sessions not finished yet, rotations captured as they happen, and the final
-//! flush at SIGTERM within the deadline. Uploads run one at a time, apart from events.
+//! flush at SIGTERM within the deadline. Uploads run one at a time, apart from events; one
+//! that outlasts its slot (an interval) goes on beside the lane, within its own deadline
+//! (see [`super::lane`]), so a stuck file never holds up the others. Files whose key is
+//! longer than the store takes are skipped before any upload, logged once and counted.
+//! Shutdown cuts every wait of the lane (a round, a capture of rotated backups): the send
+//! the lane was waiting for goes on beside the final flush, which always runs (see
+//! [`LogShipper::final_flush`]).
 //!
 //! Appends: the store's refusals decide when appends are off ([`super::gate`]); an object
 //! whose append is refused goes whole at once, one whose appends fail transiently is
@@ -16,14 +22,19 @@
 use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::sync::{mpsc, watch};
 
-use super::gate::{AppendGate, Change, APPENDS_RETRY_AFTER, MAX_TRANSIENT_APPEND_ROUNDS};
+use super::gate::{AppendGate, Change};
+use super::lane::{
+    slot, stall_limit, Failures, InFlight, Job, Pass, SendError, Sender, Sent, MAX_BESIDE,
+    MAX_BESIDE_SMALL, MIN_SEND_DEADLINE, TEST_MIN_STALL,
+};
 use super::ledger::{Ledger, LedgerEntry};
+use super::placement::{session_owner, SessionObjects};
 use super::scan::{object_key, priority, scan_logs, skip, LogFile};
 use super::schedule::{self, SMALL};
 use super::{LogConfig, LogError};
@@ -33,19 +44,28 @@ use crate::node::node_id::{LogNode, NodeIdResolver, RemoteNodeLookup};
 use crate::node::session::{
     list_sessions, raylet_answers, settled_earlier_sessions, ActiveSession, SESSION_QUIET,
 };
-use crate::storage::append::AppendError;
-use crate::storage::put::{put_file_prefix, window_hash, UploadError};
+use crate::storage::put::{head_hash, window_hash, UploadError};
 use crate::util::pace::Pacer;
 use crate::util::time::unix_seconds;
 use crate::util::watch::watch_dir;
 
 /// Whole-upload failures in a row after which a round stops trying (the bucket is down).
+/// Each file is tried once a round and files that failed before go last (`lane::Failures`),
+/// so these are different files, and the first of them had not been failing.
 const MAX_FAILURES_IN_A_ROW: usize = 3;
+
+/// Files whose too-long key was logged, at most (each is logged once; past it, counted only).
+const MAX_KEYS_LOGGED: usize = 1024;
 
 /// Ledger entries checked with a HEAD each round, in turn: a file the ledger calls uploaded
 /// but the bucket lost (emptied, expired by a lifecycle rule) is uploaded again within
 /// `ledger size / VERIFY_PER_ROUND` rounds, for a few cheap requests per round.
 const VERIFY_PER_ROUND: usize = 8;
+
+/// How often the final flush looks whether a send beside the lane has ended (its result is
+/// left in the task for the next pass to take): a few wake-ups a second, for a flush
+/// that lasts seconds.
+const BESIDE_POLL: Duration = Duration::from_millis(50);
 
 /// Of the shutdown budget, what is kept at the end of the final flush to abort the
 /// multipart upload of an append the deadline cut short (at most this, at most a quarter).
@@ -66,6 +86,8 @@ pub struct RoundReport {
     pub waiting: usize,
     /// Files whose upload failed (retried next round).
     pub failed: usize,
+    /// Those files, each with why.
+    pub failed_files: Vec<(PathBuf, String)>,
     /// Files not reached before the deadline.
     pub not_reached: Vec<PathBuf>,
     /// Node directory used; `None` when the node id is not known yet (round skipped).
@@ -86,19 +108,39 @@ pub struct LogShipper {
     /// Last resort for the node id: the dashboard's node list matched by this pod's IP.
     remote_lookup: Option<RemoteNodeLookup>,
     last_remote_try: Option<Instant>,
-    /// The log lane's bandwidth cap.
-    pace: Option<Pacer>,
+    /// What a send needs (the store, the appender, the lane's cap, the append gate),
+    /// shared with the sends beside the lane.
+    sender: Arc<Sender>,
+    /// Sends that outlasted their slot and go on beside the lane (see `lane`).
+    beside: Vec<InFlight>,
+    /// The send the lane is waiting for in its slot. Held here, not by the round, so that a
+    /// round cut by shutdown leaves it running: it goes beside and the final flush takes it
+    /// over (review r42e E3: at the default interval the whole upload the lane waited for at
+    /// SIGTERM was dropped with the round and the flush started it again from byte 0).
+    current: Option<InFlight>,
+    /// Files the final flush named failed in an earlier pass: not tried again in a later
+    /// one, so that the last word on a file is the one named (see `final_flush`).
+    flush_named: BTreeSet<PathBuf>,
+    /// Failed sends in a row, per file: files that keep failing go last.
+    failures: Failures,
+    /// Files whose key is over the store's limit, logged once.
+    long_keys: BTreeSet<PathBuf>,
+    /// Objects the final flush uploads whole without trying an append (their append was
+    /// still running beside the lane at SIGTERM).
+    whole_only: BTreeSet<String>,
     /// Per object key, the file's size and inode at the last round (to count what Ray wrote).
     seen: HashMap<String, (u64, u64)>,
     /// Bytes Ray wrote to the logs and bytes uploaded for them, since the start.
     written_total: u64,
     uploaded_total: u64,
-    /// Whether appends are on, from the store's refusals (see [`super::gate`]).
-    gate: std::sync::Mutex<AppendGate>,
     /// Node ids whose earlier incomplete uploads were cleaned up.
     prepared_nodes: BTreeSet<String>,
     /// The last ledger key checked with a HEAD (see [`VERIFY_PER_ROUND`]).
     verify_cursor: Option<String>,
+    /// New keys the ledger is saved for as soon as their first upload succeeds, not at the
+    /// end of the round: keys nothing on disk would name again after a kill -9 (a rotated
+    /// backup's, named by its mtime then; a worker file's filed under a guessed node).
+    save_on_first: BTreeSet<String>,
 }
 
 impl LogShipper {
@@ -111,15 +153,28 @@ impl LogShipper {
     ) -> Result<LogShipper, LogError> {
         let ledger = Ledger::load(cfg.state_dir.join("log-ledger.json"), &cfg.bucket)?;
         let prefix = cfg.layout.history_prefix();
-        let pace = Pacer::new(cfg.max_bytes_per_second);
+        let sender = Arc::new(Sender {
+            store: cfg.body_store.clone().unwrap_or_else(|| store.clone()),
+            appender: cfg.appender.clone(),
+            part_size: cfg.part_size,
+            pace: Pacer::new(cfg.max_bytes_per_second).map(Arc::new),
+            gate: Arc::new(Mutex::new(AppendGate::default())),
+            stall: stall_limit(cfg.upload_interval, test_min_stall()),
+        });
         Ok(LogShipper {
-            pace,
+            sender,
+            beside: Vec::new(),
+            current: None,
+            flush_named: BTreeSet::new(),
+            failures: Failures::default(),
+            long_keys: BTreeSet::new(),
+            whole_only: BTreeSet::new(),
             seen: HashMap::new(),
             written_total: 0,
             uploaded_total: 0,
-            gate: std::sync::Mutex::new(AppendGate::default()),
             prepared_nodes: BTreeSet::new(),
             verify_cursor: None,
+            save_on_first: BTreeSet::new(),
             cfg,
             store,
             spool,
@@ -219,7 +274,14 @@ impl LogShipper {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     while ev_rx.try_recv().is_ok() {}
                     if let Some(s) = &active {
-                        self.capture_rotations(s).await;
+                        // Cut by shutdown like a round (review r42e E4: a capture waiting
+                        // one slot for a backup's send outlasted the shutdown budget, and
+                        // the final flush never ran); the send goes on beside the flush.
+                        let stop = wait_true(shutdown.clone());
+                        tokio::select! {
+                            _ = self.capture_rotations(s) => {}
+                            _ = stop => break,
+                        }
                     }
                 }
                 r = sessions.changed() => {
@@ -236,6 +298,11 @@ impl LogShipper {
             }
         }
         drop(watcher);
+        // The send the lane was waiting for when shutdown cut it goes on beside: the final
+        // flush takes its result, or cancels it if it is an append (see `final_flush`).
+        if let Some(flight) = self.current.take() {
+            self.beside.push(flight);
+        }
         self
     }
 
@@ -247,7 +314,16 @@ impl LogShipper {
         earlier: bool,
     ) -> Vec<RoundReport> {
         let started = Instant::now();
-        let mut reports = Vec::new();
+        // What the sends beside the lane did since the last pass.
+        let mut collected = self.collect_beside(None).await;
+        if deadline.is_some() {
+            // The final flush's pass below sends every changed file again, these too: a
+            // failure of theirs is named only if that send fails as well (review r42g G2: a
+            // file re-sent equal after its kept send failed was still named, exit 3).
+            collected.failed = 0;
+            collected.failed_files.clear();
+        }
+        let mut reports = vec![collected];
         if let Some(s) = active {
             if let Err(e) = self.spool.ensure_marker(&s.name).await {
                 tracing::warn!(session = %s.name, error = %e, "could not record the session marker");
@@ -328,6 +404,10 @@ impl LogShipper {
         };
         report.node = Some(node.clone());
         self.prepare_appends(&node).await;
+        // Files no writer can be told for stay under one node for the whole session.
+        let owner = session_owner(&mut self.ledger, &mut self.nodes, &s.name, &s.dir, &node);
+        self.prepare_appends(&owner).await;
+        let placed = SessionObjects::of(&self.ledger, &self.prefix, &s.name);
         if how == Pass::Scheduled {
             self.verify_some().await;
         }
@@ -338,39 +418,72 @@ impl LogShipper {
         };
         report.files = files.len();
         files.retain(|f| how != Pass::RotatedOnly || f.rotated_from.is_some());
-        files.sort_by_key(|f| upload_order(f, how));
+        // Files whose last send failed go last, the one tried longest ago first (see `lane`).
+        files.sort_by_key(|f| (self.failures.place(&f.abs), upload_order(f, how)));
         // Consecutive store failures: past a few, the bucket is down, and trying every other
         // file now would only hold up rotation captures and the next round.
         let mut failed_in_a_row = 0;
         for f in files {
+            // Named failed by an earlier pass of the final flush: its last word stands.
+            if deadline.is_some() && self.flush_named.contains(&f.abs) {
+                continue;
+            }
             if failed_in_a_row >= MAX_FAILURES_IN_A_ROW {
                 report.failed += 1;
+                report.failed_files.push((
+                    f.abs.clone(),
+                    format!("not tried: {MAX_FAILURES_IN_A_ROW} uploads failed in a row before it"),
+                ));
                 continue;
             }
             // Under the node whose raylet wrote it, where that can be told.
             let writer = f.rotated_from.as_deref().unwrap_or(&f.rel);
-            let file_node = match self.nodes.node_of_log(&s.dir, writer) {
-                LogNode::Writer(n) => n,
-                LogNode::Session => node.clone(),
-                // The final flush cannot wait: the session's node rather than nothing.
-                LogNode::Wait if deadline.is_some() => node.clone(),
-                LogNode::Wait => {
+            let told = self.nodes.node_of_log(&s.dir, writer);
+            // Placed by a guess (see `placement`): its key must be on disk as soon as it
+            // exists, or a restart guesses again.
+            let guessed = matches!(told, LogNode::Unnamed | LogNode::Wait);
+            let file_node = match told {
+                // A file already uploaded in this session stays under the node its object
+                // has (a worker's output filed before its core worker log named the node).
+                LogNode::Writer(n) => placed.node_of(writer).map_or(n, str::to_string),
+                LogNode::Session => owner.clone(),
+                LogNode::Wait if deadline.is_none() => {
                     report.waiting += 1;
                     continue;
                 }
+                // A worker's file whose node was not told in time, or still held at the final
+                // flush (which cannot wait): the best node known (see `placement`).
+                LogNode::Unnamed | LogNode::Wait => {
+                    placed.node_of(writer).unwrap_or(&node).to_string()
+                }
+            };
+            let f = LogFile {
+                uploaded_as: self.backup_key(&placed, &file_node, &f).await,
+                ..f
             };
             let key = object_key(&self.prefix, &s.name, &file_node, &f);
+            if key.len() > self.cfg.max_key_bytes {
+                self.refuse_long_key(&f, &key);
+                continue;
+            }
             let prev = self.ledger.data.objects.get(&key).cloned();
+            if prev.is_none() && (guessed || f.rotated_from.is_some()) {
+                self.save_on_first.insert(key.clone());
+            }
             if f.rotated_from.is_none() {
                 self.count_written(&key, &f, prev.as_ref());
-            }
-            if f.rotated_from.is_some() && prev.is_some() {
-                continue; // a backup's content never changes once rotated
             }
             if prev
                 .as_ref()
                 .is_some_and(|p| p.size == f.size && p.mtime_ns == f.mtime_ns)
             {
+                continue;
+            }
+            // Its send is still running beside the lane: not again until it ends (at the
+            // final flush, after the other files: then what the file grew since that send
+            // began is sent).
+            if self.beside.iter().any(|b| b.key == key) {
+                report.waiting += 1;
                 continue;
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -390,14 +503,19 @@ impl LogShipper {
             // What only grew is appended where the store can; that costs only the new bytes,
             // so it is not held back by the schedule.
             let append_from = match &prev {
-                Some(p) => self.can_append(&key, &f, p).await.then_some(p.size),
+                Some(p) => self.can_append(&key, &f, p, how).await.then_some(p.size),
                 None => None,
             };
             if how == Pass::Scheduled && append_from.is_none() {
                 let age = Duration::from_secs(
                     unix_seconds().saturating_sub(prev.as_ref().map_or(0, |p| p.uploaded_at)),
                 );
-                let replaced = prev.as_ref().is_some_and(|p| p.ino != 0 && p.ino != f.ino);
+                // Another file under the same name: another inode, or another head (a file
+                // truncated and rewritten in place) goes now, whole, replacing the object.
+                let replaced = match prev.as_ref() {
+                    Some(p) => (p.ino != 0 && p.ino != f.ino) || !self.head_matches(&f, p).await,
+                    None => false,
+                };
                 let due = schedule::due(
                     prev.as_ref().map(|p| p.size),
                     age,
@@ -417,62 +535,214 @@ impl LogShipper {
                 }
                 tracing::trace!(path = %f.abs.display(), ?due, "log file due");
             }
-            let result = match deadline {
-                Some(d) => {
-                    match tokio::time::timeout_at(d.into(), self.send(&key, &f, append_from, how))
-                        .await
-                    {
-                        Ok(r) => r,
-                        Err(_) => {
-                            report.not_reached.push(f.abs.clone());
-                            continue;
-                        }
-                    }
-                }
-                None => self.send(&key, &f, append_from, how).await,
+            let job = Job {
+                key: key.clone(),
+                file: f.clone(),
+                append_from,
+                e_tag: prev.as_ref().and_then(|p| p.e_tag.clone()),
+                head: prev.as_ref().and_then(|p| p.head),
+                how,
+                hard_deadline: deadline,
             };
-            match result {
-                Ok((entry, sent, appended)) => {
-                    m::log_file_uploaded(sent, appended);
-                    self.uploaded_total += sent;
-                    self.ledger.data.objects.insert(key, entry);
-                    self.ledger.dirty = true;
-                    report.uploaded += 1;
-                    report.appended += usize::from(appended);
-                    report.bytes += sent;
-                    failed_in_a_row = 0;
-                }
-                Err(UploadError::Read { source, .. })
-                    if source.kind() == io::ErrorKind::NotFound =>
-                {
-                    skip("vanished", &f.abs);
-                }
-                Err(UploadError::Read { source, path })
-                    if source.kind() == io::ErrorKind::InvalidInput =>
-                {
-                    skip("not_a_regular_file", &path);
-                    tracing::warn!(path = %path.display(), error = %source, "log file is no longer a regular file (a symlink swapped in?); not followed, skipped");
-                }
-                Err(UploadError::Read { source, path }) => {
-                    skip("unreadable", &path);
-                    tracing::warn!(path = %path.display(), error = %source, "log file unreadable; skipped");
-                }
-                Err(e @ UploadError::Append { .. }) => {
-                    // This object's append, not the store: the other files still go.
-                    tracing::warn!(error = %e, "log append failed; retried next round");
-                    report.failed += 1;
+            // No room beside the lane: a big send waits for room (next round, or the final
+            // flush's next pass) instead of holding the lane up behind it (review r42e E6);
+            // a small one may take one of the places kept for small sends.
+            let sending = append_from.map_or(f.size, |from| f.size.saturating_sub(from));
+            if self.beside.len() >= MAX_BESIDE && sending > SMALL {
+                report.waiting += 1;
+                continue;
+            }
+            let room = if sending > SMALL {
+                MAX_BESIDE
+            } else {
+                MAX_BESIDE + MAX_BESIDE_SMALL
+            };
+            // The lane waits for it one slot (never past the deadline), then goes on beside it.
+            let mut wait = slot(self.cfg.upload_interval);
+            if let Some(d) = deadline {
+                // The final flush: a quarter of what is left at most, so one hanging file
+                // leaves the others most of the time.
+                wait = wait.min(d.saturating_duration_since(Instant::now()) / 4);
+            }
+            // Held in `self.current` while the lane waits: shutdown may cut the round here.
+            let flight = self.current.insert(InFlight::start(&self.sender, job));
+            let waited = flight.wait(Some(wait)).await;
+            let Some(flight) = self.current.take() else {
+                continue;
+            };
+            let result = match waited {
+                Some(r) => r,
+                None if self.beside.len() < room => {
+                    tracing::info!(path = %f.abs.display(), %key, appending = flight.appending,
+                    slot_s = wait.as_secs_f64(),
+                    "log upload still running after its slot; the lane goes on beside it");
+                    self.beside.push(flight);
+                    report.waiting += 1;
                     continue;
                 }
-                Err(e) => {
-                    m::log_upload_failure();
-                    tracing::warn!(error = %e, "log upload failed; retried next round");
-                    report.failed += 1;
-                    failed_in_a_row += 1;
+                // No room beside, even for a small send (a black hole towards the store):
+                // dropped and tried again next round or pass; the lane never waits for one
+                // send past its slot.
+                None => {
+                    tracing::info!(path = %f.abs.display(), %key, slot_s = wait.as_secs_f64(),
+                        beside = self.beside.len(),
+                        "log upload still running after its slot and no room beside the lane; \
+                         dropped, tried again later");
+                    flight.cancel().await;
+                    report.waiting += 1;
                     continue;
                 }
+            };
+            match self.settle(&key, &f.abs, result, &mut report) {
+                Settled::Uploaded => failed_in_a_row = 0,
+                Settled::Failed => failed_in_a_row += 1,
+                Settled::Skipped | Settled::AppendFailed => {}
             }
         }
         report
+    }
+
+    /// Takes the result of one send: the ledger, the counts, the file's failures.
+    fn settle(
+        &mut self,
+        key: &str,
+        path: &Path,
+        result: Result<Sent, SendError>,
+        report: &mut RoundReport,
+    ) -> Settled {
+        let path = path.to_path_buf();
+        let first = self.save_on_first.remove(key);
+        match result {
+            Ok((entry, sent, appended)) => {
+                self.uploaded_total += sent;
+                self.ledger.data.objects.insert(key.to_string(), entry);
+                self.ledger.dirty = true;
+                if first {
+                    // Its key must survive a kill -9 (see `save_on_first`).
+                    self.ledger.save();
+                }
+                report.uploaded += 1;
+                report.appended += usize::from(appended);
+                report.bytes += sent;
+                self.failures.cleared(&path);
+                Settled::Uploaded
+            }
+            Err(SendError::Upload(UploadError::Read { source, .. }))
+                if source.kind() == io::ErrorKind::NotFound =>
+            {
+                skip("vanished", &path);
+                self.failures.cleared(&path);
+                Settled::Skipped
+            }
+            Err(SendError::Upload(UploadError::Read { source, path }))
+                if source.kind() == io::ErrorKind::InvalidInput =>
+            {
+                skip("not_a_regular_file", &path);
+                tracing::warn!(path = %path.display(), error = %source, "log file is no longer a regular file (a symlink swapped in?); not followed, skipped");
+                Settled::Skipped
+            }
+            Err(SendError::Upload(UploadError::Read { source, path })) => {
+                skip("unreadable", &path);
+                tracing::warn!(path = %path.display(), error = %source, "log file unreadable; skipped");
+                Settled::Skipped
+            }
+            Err(SendError::Upload(e @ UploadError::Append { .. })) => {
+                // This object's append, not the store: the other files still go.
+                tracing::warn!(error = %e, "log append failed; retried next round");
+                report.failed += 1;
+                report.failed_files.push((path.clone(), e.to_string()));
+                self.failures.failed(&path);
+                Settled::AppendFailed
+            }
+            Err(e) => {
+                m::log_upload_failure();
+                let failed = self.failures.failed(&path);
+                tracing::warn!(error = %e, path = %path.display(), failed_in_a_row = failed,
+                    "log upload failed; retried next round");
+                report.failed += 1;
+                report.failed_files.push((path, e.to_string()));
+                Settled::Failed
+            }
+        }
+    }
+
+    /// Takes the results of the sends beside the lane that ended; with `until`, waits for
+    /// the others until then and cancels those still running (named as not reached).
+    async fn collect_beside(&mut self, until: Option<Instant>) -> RoundReport {
+        let mut report = RoundReport::default();
+        let mut running = Vec::new();
+        for mut b in std::mem::take(&mut self.beside) {
+            let limit = match until {
+                _ if b.finished() => Some(Duration::ZERO),
+                Some(u) => Some(u.saturating_duration_since(Instant::now())),
+                None => {
+                    running.push(b);
+                    continue;
+                }
+            };
+            match b.wait(limit).await {
+                Some(result) => {
+                    let (key, path) = (b.key.clone(), b.path.clone());
+                    self.settle(&key, &path, result, &mut report);
+                }
+                None if until.is_some() => {
+                    if b.appending {
+                        // Hanging or slow: the final flush sends it whole.
+                        self.whole_only.insert(b.key.clone());
+                    }
+                    report.not_reached.push(b.path.clone());
+                    b.cancel().await;
+                }
+                None => running.push(b),
+            }
+        }
+        self.beside = running;
+        report
+    }
+
+    /// Waits until one of the sends beside the lane has ended, or `until`.
+    async fn wait_any_beside(&self, until: Instant) {
+        while !self.beside.iter().any(InFlight::finished) && Instant::now() < until {
+            let next = (Instant::now() + BESIDE_POLL).min(until);
+            tokio::time::sleep_until(next.into()).await;
+        }
+    }
+
+    /// At SIGTERM: takes the results of the sends beside the lane that ended, and cancels
+    /// the appends still running (hanging, or slow: the final flush sends those files whole,
+    /// it has no round after it). Whole uploads still running go on: each is bounded by its
+    /// own deadline, and the final flush waits for it (see [`Self::final_flush`]).
+    async fn cancel_appends_beside(&mut self) -> RoundReport {
+        let mut report = RoundReport::default();
+        let mut running = Vec::new();
+        for mut b in std::mem::take(&mut self.beside) {
+            if b.finished() {
+                if let Some(result) = b.wait(Some(Duration::ZERO)).await {
+                    let (key, path) = (b.key.clone(), b.path.clone());
+                    self.settle(&key, &path, result, &mut report);
+                }
+            } else if b.appending {
+                self.whole_only.insert(b.key.clone());
+                tracing::info!(path = %b.path.display(), "a log append still running at SIGTERM was cancelled; the final flush sends the file whole");
+                b.cancel().await;
+            } else {
+                tracing::info!(path = %b.path.display(), "a log upload still running at SIGTERM goes on; the final flush waits for it, then sends what the file grew since");
+                running.push(b);
+            }
+        }
+        self.beside = running;
+        report
+    }
+
+    /// A file whose key is longer than the store allows: skipped, logged once, counted.
+    fn refuse_long_key(&mut self, f: &LogFile, key: &str) {
+        skip("key_too_long", &f.abs);
+        if self.long_keys.len() < MAX_KEYS_LOGGED && self.long_keys.insert(f.abs.clone()) {
+            tracing::warn!(path = %f.abs.display(), key_bytes = key.len(),
+                limit = self.cfg.max_key_bytes,
+                "log file not uploaded: its object key is longer than the store allows \
+                 (rhc_log_files_skipped_total{{reason=\"key_too_long\"}}); logged once");
+        }
     }
 
     /// Counts what Ray wrote to a live file since the last round saw it.
@@ -496,9 +766,14 @@ impl LogShipper {
     }
 
     /// True when the file still has the bytes the ledger recorded before `p.size` (same
-    /// inode, same hash of the window before that point).
+    /// inode, same hash of the window before that point, and the same head where the ledger
+    /// has its hash: a file truncated and rewritten with another head is another file,
+    /// however alike their later bytes).
     async fn file_still_matches(&self, f: &LogFile, p: &LedgerEntry) -> bool {
         if p.ino != 0 && p.ino != f.ino {
+            return false;
+        }
+        if !self.head_matches(f, p).await {
             return false;
         }
         let file = f.file.clone();
@@ -510,6 +785,48 @@ impl LogShipper {
             }
             _ => false,
         }
+    }
+
+    /// False when the ledger has the hash of the file's head at its upload and the file's
+    /// first bytes are no longer those (see [`LedgerEntry::head`]); true without a hash (a
+    /// ledger written before version 4).
+    async fn head_matches(&self, f: &LogFile, p: &LedgerEntry) -> bool {
+        let Some(want) = p.head else {
+            return true;
+        };
+        let file = f.file.clone();
+        let size = p.size;
+        match tokio::task::spawn_blocking(move || head_hash(&file, size)).await {
+            Ok(Ok((hash, whole))) => {
+                m::log_bytes_read(size.min(crate::storage::put::HEAD));
+                whole && hash == want
+            }
+            _ => false,
+        }
+    }
+
+    /// The key a rotated backup was uploaded under before, when the file still begins with
+    /// what that object holds (see [`super::placement`]); `None` for a live file or a backup
+    /// never uploaded.
+    async fn backup_key(&self, placed: &SessionObjects, node: &str, f: &LogFile) -> Option<String> {
+        let live = f.rotated_from.as_deref()?;
+        let keys = placed.backup_keys(node, live, f.ino);
+        // Unchanged since its upload: no need to read it.
+        for k in keys.iter().rev() {
+            if let Some(p) = self.ledger.data.objects.get(k) {
+                if p.size == f.size && p.mtime_ns == f.mtime_ns {
+                    return Some(k.clone());
+                }
+            }
+        }
+        for k in keys.iter().rev() {
+            if let Some(p) = self.ledger.data.objects.get(k) {
+                if p.size <= f.size && self.file_still_matches(f, p).await {
+                    return Some(k.clone());
+                }
+            }
+        }
+        None
     }
 
     /// Once per node id: what appends cost in this bucket (a versioned bucket turns them
@@ -552,7 +869,7 @@ impl LogShipper {
     }
 
     fn gate(&self) -> std::sync::MutexGuard<'_, AppendGate> {
-        self.gate.lock().unwrap_or_else(|p| p.into_inner())
+        self.sender.gate()
     }
 
     /// A few ledger entries checked with a HEAD (see [`VERIFY_PER_ROUND`]): an entry whose
@@ -612,11 +929,18 @@ impl LogShipper {
     }
 
     /// True when `f` only grew since the ledger's upload and the store can append to its
-    /// object.
-    async fn can_append(&self, key: &str, f: &LogFile, p: &LedgerEntry) -> bool {
+    /// object. At the final flush (`how` is not a live round's), an object whose append was
+    /// still running beside the lane at SIGTERM, or whose last append failed, goes whole
+    /// without trying one: the flush has no round after it.
+    async fn can_append(&self, key: &str, f: &LogFile, p: &LedgerEntry, how: Pass) -> bool {
         let Some(app) = self.cfg.appender.as_ref().filter(|_| self.cfg.appends) else {
             return false;
         };
+        if how != Pass::Scheduled
+            && (self.whole_only.contains(key) || self.gate().failing_transiently(key))
+        {
+            return false;
+        }
         let (allowed, change) = self.gate().allows(key, Instant::now());
         if change == Change::TurnedOn {
             tracing::info!("trying appends again after the store's refusals turned them off");
@@ -625,148 +949,12 @@ impl LogShipper {
         if !allowed {
             return false;
         }
-        f.rotated_from.is_none()
-            && f.size > p.size
+        f.size > p.size
             && p.size > 0
             && p.size >= app.min_object_bytes()
             && p.ino != 0
             && p.e_tag.is_some()
             && self.file_still_matches(f, p).await
-    }
-
-    /// Appends the new bytes of `f` (from `append_from`) or uploads it whole; returns the
-    /// new ledger entry, the bytes sent and whether it was an append. An append that cannot
-    /// be made (the object changed, the store refused it) falls back to a whole upload at
-    /// once; a transient failure does too in a pass that sends everything (`how`: the final
-    /// flush, earlier sessions) and after [`super::gate::MAX_TRANSIENT_APPEND_ROUNDS`] in a
-    /// row; otherwise it is left to the next round.
-    async fn send(
-        &self,
-        key: &str,
-        f: &LogFile,
-        append_from: Option<u64>,
-        how: Pass,
-    ) -> Result<(LedgerEntry, u64, bool), UploadError> {
-        let ino = f.ino;
-        let mut gave_up = false;
-        if let (Some(from), Some(app)) = (append_from, &self.cfg.appender) {
-            let e_tag = self
-                .ledger
-                .data
-                .objects
-                .get(key)
-                .and_then(|p| p.e_tag.clone());
-            match app
-                .append(
-                    key,
-                    &f.file,
-                    from,
-                    f.size,
-                    e_tag.as_deref(),
-                    self.pace.as_ref(),
-                )
-                .await
-            {
-                Ok(done) => {
-                    self.gate().succeeded(key);
-                    m::log_bytes_read(done.bytes);
-                    let entry = self.entry_for(f, from + done.bytes, ino, done.e_tag).await;
-                    return Ok((entry, done.bytes, true));
-                }
-                Err(AppendError::Changed { key, why }) => {
-                    m::log_append_failure("changed");
-                    tracing::info!(%key, %why, "log object not as recorded; uploading it whole");
-                }
-                Err(AppendError::Read { path, source }) => {
-                    return Err(UploadError::Read { path, source })
-                }
-                Err(AppendError::Unavailable { key, message }) => {
-                    m::log_append_failure("transient");
-                    if how != Pass::Scheduled {
-                        // Nothing after this pass: the file goes whole, now.
-                        tracing::warn!(%key, %message, "log append failed; uploading the file whole");
-                    } else if self.gate().failed_transiently(&key) {
-                        gave_up = true;
-                        tracing::warn!(%key, %message, rounds = MAX_TRANSIENT_APPEND_ROUNDS,
-                            "appending to this object failed {MAX_TRANSIENT_APPEND_ROUNDS} rounds \
-                             in a row; uploading the file whole (it goes whole on the schedule \
-                             for an hour)");
-                    } else {
-                        // The store may be back next round: no whole upload now (it would
-                        // meet the same outage), and appends stay on.
-                        return Err(UploadError::Append { key, message });
-                    }
-                }
-                Err(AppendError::Refused {
-                    key,
-                    unsupported,
-                    message,
-                }) => {
-                    m::log_append_failure(if unsupported {
-                        "unsupported"
-                    } else {
-                        "refused"
-                    });
-                    let (refused, change) = self.gate().refused(&key, Instant::now());
-                    tracing::warn!(%key, %message, unsupported,
-                        "the store refused the append; uploading the file whole (this \
-                         object goes whole on the schedule for an hour)");
-                    if change == Change::TurnedOff {
-                        m::log_appends_enabled(false);
-                        tracing::warn!(
-                            refused,
-                            retry_in_s = APPENDS_RETRY_AFTER.as_secs(),
-                            "the store refused appends {refused} times in a row: log files go \
-                             whole on the schedule, and appends are tried again later \
-                             (--log-appends false skips trying)"
-                        );
-                    }
-                }
-            }
-        }
-        let up = put_file_prefix(
-            &self.store,
-            key,
-            &f.file,
-            f.size,
-            self.cfg.part_size,
-            self.pace.as_ref(),
-        )
-        .await?;
-        if gave_up {
-            self.gate().gave_up_appending(key, Instant::now());
-        }
-        m::log_bytes_read(up.bytes);
-        let entry = self.entry_for(f, up.bytes, ino, up.e_tag).await;
-        Ok((entry, up.bytes, false))
-    }
-
-    /// The ledger entry after `size` bytes of `f` are in the bucket.
-    async fn entry_for(
-        &self,
-        f: &LogFile,
-        size: u64,
-        ino: u64,
-        e_tag: Option<String>,
-    ) -> LedgerEntry {
-        let file = f.file.clone();
-        let hash = match tokio::task::spawn_blocking(move || window_hash(&file, size)).await {
-            Ok(Ok((h, true))) => {
-                m::log_bytes_read(size.min(crate::storage::put::WINDOW));
-                h
-            }
-            // Unreadable now: a hash that matches nothing makes the next round upload it.
-            _ => 0,
-        };
-        LedgerEntry {
-            size,
-            // What was read: a file that changed size mid-upload is looked at next round.
-            mtime_ns: if size == f.size { f.mtime_ns } else { 0 },
-            hash,
-            ino,
-            uploaded_at: unix_seconds(),
-            e_tag,
-        }
     }
 
     /// Uploads rotated backups of the active session right away, before Ray deletes them.
@@ -779,12 +967,26 @@ impl LogShipper {
     }
 
     /// The SIGTERM flush: everything changed since the last snapshot, most valuable first,
-    /// until `deadline`; returns what did not make it.
+    /// until `deadline`; returns the files that did not make it, each with why.
+    ///
+    /// The appends still running beside the lane are cancelled first and their files sent
+    /// whole in the flush (it was hanging, or slow: the flush has no round after it). The
+    /// whole uploads still running beside it go on (a big log nearly uploaded is not thrown
+    /// away), and so does the send the lane was waiting for when shutdown cut its round.
+    /// The flush makes passes over every session (the active one, then the earlier ones):
+    /// a send that outlasts its slot in a pass goes on beside it, files whose send is beside
+    /// are skipped, and once a send beside ends, every session is listed again and what
+    /// changed meanwhile (the file grew, Ray rotated it) is sent (appended where the store
+    /// can, else whole); so every object ends equal to its file or the file is named. No
+    /// pass waits for a send, so no session's files wait behind another's hung upload.
     pub async fn final_flush(
         &mut self,
         active: Option<ActiveSession>,
         deadline: Instant,
-    ) -> Vec<PathBuf> {
+    ) -> Vec<(PathBuf, String)> {
+        let mut earlier = self.cancel_appends_beside().await;
+        // Whatever failed there, the flush tries again.
+        earlier.failed_files.clear();
         // A node id nobody knows still must not lose the logs: file them under the fallback.
         if let Some(s) = &active {
             if !self.knows_node(&s.dir) && self.remote_node.is_none() {
@@ -794,9 +996,29 @@ impl LogShipper {
         // Keep the end of the budget to abort an append the deadline cuts short.
         let reserve = ABORT_RESERVE.min(deadline.saturating_duration_since(Instant::now()) / 4);
         let flush_deadline = deadline.checked_sub(reserve).unwrap_or(deadline);
-        let reports = self
-            .snapshot_all(active.as_ref(), Some(flush_deadline), true)
-            .await;
+        // Passes over every session until nothing is left beside the lane: each pass tries
+        // every session's files (a send that outlasts its slot goes beside, so no file and no
+        // session waits behind another), then the flush waits for the first send beside to
+        // end and lists every session again, so what was rotated, created or grew during the
+        // wait is sent too (review r42e E2, E5). A pass at the deadline names what is left.
+        self.flush_named.clear();
+        let mut reports = Vec::new();
+        loop {
+            let pass = self
+                .snapshot_all(active.as_ref(), Some(flush_deadline), true)
+                .await;
+            for r in &pass {
+                self.flush_named
+                    .extend(r.failed_files.iter().map(|(p, _)| p.clone()));
+            }
+            reports.extend(pass);
+            if self.beside.is_empty() || Instant::now() >= flush_deadline {
+                break;
+            }
+            self.wait_any_beside(flush_deadline).await;
+        }
+        reports.push(self.collect_beside(Some(flush_deadline)).await);
+        reports.push(earlier);
         let dropped = crate::storage::put::wait_dropped_aborts(deadline).await;
         if let Some(app) = &self.cfg.appender {
             let mut left = app.abort_pending(deadline).await + dropped;
@@ -823,29 +1045,35 @@ impl LogShipper {
                 );
             }
         }
-        let mut left: Vec<PathBuf> = reports.iter().flat_map(|r| r.not_reached.clone()).collect();
         let failed: usize = reports.iter().map(|r| r.failed).sum();
         let uploaded: usize = reports.iter().map(|r| r.uploaded).sum();
-        tracing::info!(
-            uploaded,
-            failed,
-            not_reached = left.len(),
-            "final log flush done"
-        );
+        let not_reached: usize = reports.iter().map(|r| r.not_reached.len()).sum();
+        tracing::info!(uploaded, failed, not_reached, "final log flush done");
+        let mut left: Vec<(PathBuf, String)> = reports
+            .into_iter()
+            .flat_map(|r| {
+                r.failed_files.into_iter().chain(
+                    r.not_reached
+                        .into_iter()
+                        .map(|p| (p, "not reached before the shutdown deadline".to_string())),
+                )
+            })
+            .collect();
         left.sort();
+        left.dedup_by(|a, b| a.0 == b.0);
         left
     }
 }
 
-/// Which files a pass over a session uploads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pass {
-    /// A live round: changed files when the schedule says so (appends always).
-    Scheduled,
-    /// Everything not in the bucket yet (final flush, earlier sessions).
-    Everything,
-    /// Rotated backups only, right after Ray rotated.
-    RotatedOnly,
+/// What became of one send, for the round's failures in a row.
+#[derive(Debug, PartialEq, Eq)]
+enum Settled {
+    Uploaded,
+    /// The file is gone or unreadable: not the store's failure.
+    Skipped,
+    /// Its append failed transiently: the object's, not the store's.
+    AppendFailed,
+    Failed,
 }
 
 /// The order of a pass. A live round: small files first (cheap, and kept fresh), by what
@@ -855,6 +1083,21 @@ enum Pass {
 fn upload_order(f: &LogFile, how: Pass) -> (bool, u8, u64, i64) {
     let big = how == Pass::Scheduled && f.size > SMALL;
     (big, priority(f), if big { f.size } else { 0 }, -f.mtime_ns)
+}
+
+/// The floor of a send's stall limit: [`MIN_SEND_DEADLINE`], or [`TEST_MIN_STALL`]'s seconds
+/// in tests (a value that is not a number is ignored with a warning).
+fn test_min_stall() -> Duration {
+    match std::env::var(TEST_MIN_STALL) {
+        Ok(v) => match v.parse::<u64>() {
+            Ok(secs) => Duration::from_secs(secs),
+            Err(e) => {
+                tracing::warn!(value = %v, error = %e, "{TEST_MIN_STALL} is not a number of seconds; ignored");
+                MIN_SEND_DEADLINE
+            }
+        },
+        Err(_) => MIN_SEND_DEADLINE,
+    }
 }
 
 async fn wait_true(mut rx: watch::Receiver<bool>) {

@@ -27,15 +27,19 @@
 //! Ray rotated it; a worker's output (`worker-<worker>-<job>-<pid>.out`) under the node of the
 //! core worker log with the same worker id and pid. A core worker log whose line has not come
 //! yet (or a worker output without its core worker log yet) is [`LogNode::Wait`], bounded by
-//! [`WORKER_HEAD_BYTES`] and [`WORKER_START_WAIT`], so a starting worker never leaves a copy
-//! under another node. Everything else goes under the session's node.
+//! [`WORKER_HEAD_BYTES`] and [`WORKER_START_WAIT`] (whichever comes first, also for a file that
+//! never stops growing), so a starting worker never leaves a copy under another node; a
+//! worker's file whose node cannot be told within that bound is [`LogNode::Unnamed`].
+//! Everything else (GCS, monitor, dashboard: files that cannot name their writer) is
+//! [`LogNode::Session`], filed under the node of the session's first raylet
+//! ([`NodeIdResolver::first_raylet`]), which the log shipper pins for the whole session.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::future::BoxFuture;
 
@@ -104,9 +108,11 @@ pub const RAYLET_START_WAIT: Duration = Duration::from_secs(30);
 /// is among its first lines; a file past this size without it is not read again.
 const WORKER_HEAD_BYTES: u64 = 64 * 1024;
 /// How long a core worker log without its "Initializing worker" line (or a worker's output
-/// without a core worker log) is held after its last change: a worker names its node within
-/// seconds of starting; one quiet this long without it crashed first, and its log goes under
-/// the session's node.
+/// without a core worker log) is held: at most this long after this process first saw it,
+/// and no longer once it has been quiet this long. A worker names its node within seconds of
+/// starting; one that has not by then crashed first or logs to stderr only
+/// (`RAY_LOG_TO_STDERR=1`), and its files are [`LogNode::Unnamed`]. With
+/// [`WORKER_HEAD_BYTES`] this is the README's "at most 64 KiB or 30 s".
 pub const WORKER_START_WAIT: Duration = Duration::from_secs(30);
 /// Read buffer of the incremental raylet scan.
 const SCAN_BUF: usize = 256 * 1024;
@@ -140,6 +146,8 @@ struct Memory {
     raylets: HashMap<PathBuf, RayletScan>,
     /// Core worker logs whose answer is final (found, or not within their first bytes).
     workers: HashMap<PathBuf, Option<String>>,
+    /// When a held worker file was first seen (see [`WORKER_START_WAIT`]).
+    held_since: HashMap<PathBuf, Instant>,
 }
 
 /// Resolves and remembers node ids per session.
@@ -185,13 +193,41 @@ impl NodeIdResolver {
         self.events.lock().ok().and_then(|g| g.clone())
     }
 
+    /// `--node-id`, when given.
+    pub fn configured(&self) -> Option<&str> {
+        self.configured.as_deref()
+    }
+
+    /// The node of the session's first raylet: the lowest-numbered `raylet[.N].out` (or its
+    /// backups) that names its node, `--node-id` when given. The owner of the files no writer
+    /// can be told for ([`LogNode::Session`]): on the head, the GCS, the monitor and the
+    /// dashboard start with the first raylet. `None` while no raylet output names a node.
+    pub fn first_raylet(&mut self, session_dir: &Path) -> Option<String> {
+        if let Some(id) = &self.configured {
+            return Some(id.clone());
+        }
+        let logs = session_dir.join("logs");
+        for i in 0..MAX_RAYLET_FILES {
+            let name = raylet_out_name(i);
+            if !logs.join(&name).is_file() && i > 0 {
+                break;
+            }
+            if let Some(id) = self.raylet_id(&logs, &name) {
+                return Some(id);
+            }
+        }
+        None
+    }
+
     /// The node whose raylet wrote the log at `rel` (relative to the session's `logs/`, the
     /// live name for a rotated backup), when the file or its siblings tell; see [`LogNode`].
     /// `--node-id` wins over everything, as for the session.
     pub fn node_of_log(&mut self, session_dir: &Path, rel: &str) -> LogNode {
         match self.writer_of_log(session_dir, rel) {
             // One raylet: the session's node is the only writer there can be.
-            LogNode::Wait if !several_raylets(&session_dir.join("logs")) => LogNode::Session,
+            LogNode::Wait | LogNode::Unnamed if !several_raylets(&session_dir.join("logs")) => {
+                LogNode::Session
+            }
             other => other,
         }
     }
@@ -219,9 +255,22 @@ impl NodeIdResolver {
         match core {
             Some(p) => self.worker_node(&p),
             // Ray opens a worker's output before the worker writes its core worker log.
-            None if is_young(&logs.join(rel), WORKER_START_WAIT) => LogNode::Wait,
-            None => LogNode::Session,
+            None if self.still_held(&logs.join(rel)) => LogNode::Wait,
+            None => LogNode::Unnamed,
         }
+    }
+
+    /// True while a worker file whose node is not known yet may still learn it: under
+    /// [`WORKER_HEAD_BYTES`], changed within [`WORKER_START_WAIT`], and first seen less than
+    /// [`WORKER_START_WAIT`] ago (a file that keeps growing is not held for ever).
+    fn still_held(&mut self, path: &Path) -> bool {
+        let small = std::fs::metadata(path).is_ok_and(|m| m.len() < WORKER_HEAD_BYTES);
+        let first = *self
+            .memory()
+            .held_since
+            .entry(path.to_path_buf())
+            .or_insert_with(Instant::now);
+        small && is_young(path, WORKER_START_WAIT) && first.elapsed() < WORKER_START_WAIT
     }
 
     /// [`LogNode`] of the core worker log at `path`: its "Initializing worker" line's node;
@@ -229,9 +278,9 @@ impl NodeIdResolver {
     fn worker_node(&mut self, path: &Path) -> LogNode {
         match self.worker_id(path) {
             WorkerHead::Found(id) => LogNode::Writer(id),
-            WorkerHead::Never => LogNode::Session,
-            WorkerHead::NotYet if is_young(path, WORKER_START_WAIT) => LogNode::Wait,
-            WorkerHead::NotYet => LogNode::Session,
+            WorkerHead::Never => LogNode::Unnamed,
+            WorkerHead::NotYet if self.still_held(path) => LogNode::Wait,
+            WorkerHead::NotYet => LogNode::Unnamed,
         }
     }
 
@@ -239,6 +288,10 @@ impl NodeIdResolver {
         let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
         if m.workers.len() > MAX_REMEMBERED_WORKERS {
             m.workers.clear();
+        }
+        if m.held_since.len() > MAX_REMEMBERED_WORKERS {
+            // Forgotten: a held file's clock starts again (held at most once more as long).
+            m.held_since.clear();
         }
         m
     }
@@ -381,12 +434,19 @@ impl NodeIdResolver {
 pub enum LogNode {
     /// Under this node: the raylet (or the core worker) that wrote it named it.
     Writer(String),
-    /// Under the session's node: nothing in the file or its siblings names its writer.
+    /// Under the session's owner, the node of its first raylet
+    /// ([`NodeIdResolver::first_raylet`]): a file no writer can be told for (GCS, monitor,
+    /// dashboard, `events/`, anything with `--node-id`), whichever raylets came later.
     Session,
+    /// A worker's file (core worker log, or output without one) whose node was not told
+    /// within [`WORKER_HEAD_BYTES`] or [`WORKER_START_WAIT`], in a session more than one
+    /// raylet wrote into: the shipper files it under the best node it knows (the newest
+    /// raylet's, the live one after a restart) and keeps it there.
+    Unnamed,
     /// Not yet: a core worker log (or a worker's output) whose worker has not written its
     /// "Initializing worker" line yet, in a session more than one raylet wrote into (with one,
     /// the session's node is the only writer). Bounded by [`WORKER_HEAD_BYTES`] and
-    /// [`WORKER_START_WAIT`]; the final flush files it under the session's node.
+    /// [`WORKER_START_WAIT`]; then, and at the final flush, it is [`LogNode::Unnamed`].
     Wait,
 }
 
@@ -674,12 +734,30 @@ mod tests {
             r.node_of_log(&session, &format!("python-core-worker-{w_b}_202.log")),
             LogNode::Writer(B.into())
         );
-        // No core worker log of that pid: held while young, then the session's node.
+        // No core worker log of that pid: held while young, then unnamed (the shipper's
+        // best node).
         let orphan = format!("worker-{w_a}-01000000-7.out");
         write(&logs.join(&orphan), "x\n");
         assert_eq!(r.node_of_log(&session, &orphan), LogNode::Wait);
         age(&logs.join(&orphan));
-        assert_eq!(r.node_of_log(&session, &orphan), LogNode::Session);
+        assert_eq!(r.node_of_log(&session, &orphan), LogNode::Unnamed);
+        // One that keeps growing is held only until its first 64 KiB are written.
+        let busy = format!("worker-{w_a}-01000000-8.out");
+        write(&logs.join(&busy), "y\n");
+        assert_eq!(r.node_of_log(&session, &busy), LogNode::Wait);
+        write(&logs.join(&busy), &"y".repeat(WORKER_HEAD_BYTES as usize));
+        assert_eq!(r.node_of_log(&session, &busy), LogNode::Unnamed);
+        // Or until it was first seen WORKER_START_WAIT ago, however small and busy.
+        let slow = format!("worker-{w_a}-01000000-9.out");
+        write(&logs.join(&slow), "z\n");
+        assert_eq!(r.node_of_log(&session, &slow), LogNode::Wait);
+        r.memory().held_since.insert(
+            logs.join(&slow),
+            Instant::now().checked_sub(WORKER_START_WAIT).unwrap(),
+        );
+        assert_eq!(r.node_of_log(&session, &slow), LogNode::Unnamed);
+        // The session's first raylet: raylet.out's node, whatever came later.
+        assert_eq!(r.first_raylet(&session).as_deref(), Some(A));
         for other in ["gcs_server.out", "events/event_GCS.log", "log_monitor.log"] {
             assert_eq!(r.node_of_log(&session, other), LogNode::Session, "{other}");
         }

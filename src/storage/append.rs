@@ -52,7 +52,7 @@ use std::collections::HashMap;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use object_store::aws::{AmazonS3, AmazonS3Builder};
@@ -63,9 +63,8 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use super::put::{parse_key, part_size_for, MAX_PARTS};
 use super::s3::{classify_store_error, CapturingConnector, Failure, S3Wire};
-use crate::metrics as m;
 use crate::util::fs::Beneath;
-use crate::util::pace::Pacer;
+use crate::util::pace::Flow;
 
 /// Why an append did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +119,12 @@ pub struct Appended {
     pub e_tag: Option<String>,
 }
 
+/// Where an appender reports each incomplete multipart upload it aborts (`true`) or could
+/// not abort (`false`): the caller's metrics (`app` wires `metrics::append_upload_aborted`).
+/// Storage records no metric itself, so the metrics room and this one never import each
+/// other; until a report is set, aborts are only logged.
+pub type AbortReport = fn(bool);
+
 /// A store that can append to an object.
 #[derive(Debug, Clone)]
 pub enum Appender {
@@ -129,13 +134,51 @@ pub enum Appender {
     S3(Arc<S3Appender>),
 }
 
+impl Appender {
+    /// The same appender, S3 copies left unanswered for `timeout` failing without retry:
+    /// for the log lane only, whose appends fall back on the whole upload (the event
+    /// publisher keeps object_store's own request timeout, see `s3`).
+    pub fn with_answer_timeout(self, timeout: Duration) -> Appender {
+        match self {
+            Appender::Local(fs) => Appender::Local(fs),
+            Appender::S3(s3) => Appender::S3(Arc::new(s3.with_answer_timeout(timeout))),
+        }
+    }
+
+    /// The same appender, its uploads (creation, new bytes, completion) made with `s3`
+    /// (the log lane's client, whose request timeout lets a big part go over a slow
+    /// uplink: `storage::for_log_bodies`); the copies keep their wire.
+    pub fn with_uploads_on(self, s3: Arc<AmazonS3>) -> Appender {
+        match self {
+            Appender::Local(fs) => Appender::Local(fs),
+            Appender::S3(a) => Appender::S3(Arc::new(S3Appender {
+                s3,
+                wire: a.wire.clone(),
+                max_copy_part: a.max_copy_part,
+                pending: a.pending.clone(),
+                report: a.report.clone(),
+            })),
+        }
+    }
+}
+
 /// S3's smallest part but the last: an object must have this much to be copied as a part.
 pub const S3_MIN_PART: u64 = 5 << 20;
 
 /// The new bytes go up in parts of this size (one in memory at a time).
-const TAIL_PART: usize = 8 << 20;
+pub const TAIL_PART: usize = 8 << 20;
 
 impl Appender {
+    /// Reports every incomplete upload this appender aborts to `report`. The first report
+    /// set stays (the appender of a store is shared: see `Configured::appender`); a local
+    /// directory has no uploads to abort.
+    pub fn report_aborts_to(&self, report: AbortReport) {
+        if let Appender::S3(s3) = self {
+            // Already set: the same process wired it once before, and that one stays.
+            let _ = s3.report.set(report);
+        }
+    }
+
     /// An appender for the local bucket directory `dir`.
     pub fn local(dir: &Path) -> Result<Appender, object_store::Error> {
         Ok(Appender::Local(Arc::new(LocalFileSystem::new_with_prefix(
@@ -231,7 +274,7 @@ impl Appender {
         from: u64,
         to: u64,
         e_tag: Option<&str>,
-        pace: Option<&Pacer>,
+        pace: Flow<'_>,
     ) -> Result<Appended, AppendError> {
         match self {
             Appender::Local(fs) => append_local(fs, key, file, from, to, e_tag, pace).await,
@@ -247,16 +290,14 @@ async fn append_local(
     from: u64,
     to: u64,
     e_tag: Option<&str>,
-    pace: Option<&Pacer>,
+    pace: Flow<'_>,
 ) -> Result<Appended, AppendError> {
     let location = parse_key(key).map_err(|e| unavailable(key, &e))?;
     check_object(fs.as_ref(), key, &location, from, e_tag).await?;
     let target = fs
         .path_to_filesystem(&location)
         .map_err(|e| unavailable(key, &e))?;
-    if let Some(p) = pace {
-        p.take(to - from).await;
-    }
+    pace.take(to - from).await;
     let source = file.clone();
     let key_owned = key.to_string();
     let written =
@@ -568,6 +609,9 @@ pub struct S3Appender {
     max_copy_part: u64,
     /// Upload id → key of the uploads in flight.
     pending: PendingUploads,
+    /// Where aborts are reported ([`Appender::report_aborts_to`]); shared with the
+    /// background aborts of cancelled appends.
+    report: Arc<OnceLock<AbortReport>>,
 }
 
 /// S3's largest copy source for one `UploadPartCopy`: bigger objects are copied in ranges.
@@ -598,9 +642,10 @@ impl Drop for PendingGuard<'_> {
         // Cancelled mid-append (a deadline, shutdown): abort now, off this task.
         let (s3, pending) = (self.app.s3.clone(), self.app.pending.clone());
         let (id, location) = (self.id.clone(), self.location.clone());
+        let report = self.app.report.clone();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                if abort_upload(&s3, &location, &id).await {
+                if abort_upload(&s3, &location, &id, &report).await {
                     lock(&pending).remove(&id);
                 }
             });
@@ -613,15 +658,25 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Aborts one upload; false (and a warning) when that failed. An upload already gone
-/// (aborted by another path) counts as aborted.
-async fn abort_upload(s3: &AmazonS3, location: &ObjectPath, id: &str) -> bool {
+/// (aborted by another path) counts as aborted. Either way it is told to `report`, once set.
+async fn abort_upload(
+    s3: &AmazonS3,
+    location: &ObjectPath,
+    id: &str,
+    report: &OnceLock<AbortReport>,
+) -> bool {
+    let tell = |ok: bool| {
+        if let Some(report) = report.get() {
+            report(ok);
+        }
+    };
     match s3.abort_multipart(location, &id.to_string()).await {
         Ok(()) | Err(object_store::Error::NotFound { .. }) => {
-            m::append_upload_aborted(true);
+            tell(true);
             true
         }
         Err(e) => {
-            m::append_upload_aborted(false);
+            tell(false);
             tracing::warn!(key = %location, upload_id = %id, error = %e,
                 "could not abort an incomplete multipart upload: it keeps a copy of the object \
                  until the next start's cleanup or the bucket's lifecycle rule removes it");
@@ -671,7 +726,20 @@ impl S3Appender {
             wire,
             max_copy_part: max_copy_part.clamp(2 * S3_MIN_PART, S3_MAX_COPY_PART),
             pending: Arc::default(),
+            report: Arc::default(),
         })
+    }
+
+    /// The same appender (its uploads in flight and abort report shared), its copies
+    /// failing without retry when left unanswered for `timeout` (see `s3`).
+    pub fn with_answer_timeout(&self, timeout: Duration) -> S3Appender {
+        S3Appender {
+            s3: self.s3.clone(),
+            wire: self.wire.clone().with_answer_timeout(timeout),
+            max_copy_part: self.max_copy_part,
+            pending: self.pending.clone(),
+            report: self.report.clone(),
+        }
     }
 
     /// Our own requests to the bucket, made as object_store's are (see `s3`).
@@ -691,7 +759,7 @@ impl S3Appender {
         from: u64,
         to: u64,
         e_tag: Option<&str>,
-        pace: Option<&Pacer>,
+        pace: Flow<'_>,
     ) -> Result<Appended, AppendError> {
         let location = parse_key(key).map_err(|e| unavailable(key, &e))?;
         if from < S3_MIN_PART {
@@ -707,11 +775,13 @@ impl S3Appender {
             });
         };
         check_object(self.s3.as_ref(), key, &location, from, Some(e_tag)).await?;
+        pace.moved();
         let id = self
             .s3
             .create_multipart(&location)
             .await
             .map_err(|e| store_failure(key, "CreateMultipartUpload", &e))?;
+        pace.moved();
         lock(&self.pending).insert(id.clone(), location.clone());
         let guard = PendingGuard {
             app: self,
@@ -731,7 +801,7 @@ impl S3Appender {
                 })
             }
             Err(e) => {
-                if abort_upload(&self.s3, &location, &id).await {
+                if abort_upload(&self.s3, &location, &id, &self.report).await {
                     guard.close();
                 }
                 Err(e)
@@ -750,7 +820,7 @@ impl S3Appender {
         from: u64,
         to: u64,
         e_tag: &str,
-        pace: Option<&Pacer>,
+        pace: Flow<'_>,
     ) -> Result<Option<String>, AppendError> {
         let id_owned = id.to_string();
         let mut parts = Vec::new();
@@ -771,6 +841,7 @@ impl S3Appender {
                     },
                     Failure::Transient => unavailable(key, &e),
                 })?;
+            pace.moved();
             parts.push(part);
         }
         let part_size = part_size_for(
@@ -787,14 +858,14 @@ impl S3Appender {
             let n = (to - offset).min(part_size as u64);
             let (part, back) = read_exact_blocking(src, n, &path).await?;
             src = back;
-            if let Some(p) = pace {
-                p.take(n).await;
-            }
+            pace.take(n).await;
+            pace.sending(n);
             let done = self
                 .s3
                 .put_part(location, &id_owned, parts.len(), PutPayload::from(part))
                 .await
                 .map_err(|e| store_failure(key, "UploadPart", &e))?;
+            pace.moved();
             parts.push(done);
             offset += n;
         }
@@ -855,7 +926,7 @@ impl S3Appender {
             let Ok(location) = ObjectPath::parse(&u.key) else {
                 continue;
             };
-            if abort_upload(&self.s3, &location, &u.upload_id).await {
+            if abort_upload(&self.s3, &location, &u.upload_id, &self.report).await {
                 tracing::info!(key = %u.key, upload_id = %u.upload_id, initiated = ?u.initiated, "aborted an incomplete multipart upload left by an earlier run or a cancelled upload");
                 aborted += 1;
             } else {
@@ -873,8 +944,11 @@ impl S3Appender {
             .collect();
         let mut left = 0;
         for (id, location) in open {
-            match tokio::time::timeout_at(deadline.into(), abort_upload(&self.s3, &location, &id))
-                .await
+            match tokio::time::timeout_at(
+                deadline.into(),
+                abort_upload(&self.s3, &location, &id, &self.report),
+            )
+            .await
             {
                 Ok(true) => {
                     lock(&self.pending).remove(&id);
@@ -1097,7 +1171,7 @@ mod tests {
             .await
             .unwrap();
         let done = app
-            .append(key, &src, 7, 14, put.e_tag.as_deref(), None)
+            .append(key, &src, 7, 14, put.e_tag.as_deref(), Flow::default())
             .await
             .unwrap();
         assert_eq!(done.bytes, 7);
@@ -1105,13 +1179,13 @@ mod tests {
         assert_eq!(&got[..], b"line 1\nline 2\n");
         // The old ETag no longer matches: someone (here, we) changed the object.
         let err = app
-            .append(key, &src, 14, 14, put.e_tag.as_deref(), None)
+            .append(key, &src, 14, 14, put.e_tag.as_deref(), Flow::default())
             .await
             .unwrap_err();
         assert!(matches!(err, AppendError::Changed { .. }), "{err}");
         // A wrong size is refused before anything is written.
         let err = app
-            .append(key, &src, 7, 14, done.e_tag.as_deref(), None)
+            .append(key, &src, 7, 14, done.e_tag.as_deref(), Flow::default())
             .await
             .unwrap_err();
         assert!(matches!(err, AppendError::Changed { .. }), "{err}");
@@ -1119,13 +1193,13 @@ mod tests {
         assert_eq!(&got[..], b"line 1\nline 2\n");
         // A file shorter than asked: an error, and the ledger is not advanced by the caller.
         let err = app
-            .append(key, &src, 14, 20, done.e_tag.as_deref(), None)
+            .append(key, &src, 14, 20, done.e_tag.as_deref(), Flow::default())
             .await
             .unwrap_err();
         assert!(matches!(err, AppendError::Read { .. }), "{err}");
         // A missing object.
         let err = app
-            .append("P/s/n/logs/none", &src, 0, 1, None, None)
+            .append("P/s/n/logs/none", &src, 0, 1, None, Flow::default())
             .await
             .unwrap_err();
         assert!(matches!(err, AppendError::Changed { .. }), "{err}");

@@ -315,7 +315,52 @@ pub fn with_kuberay_config_file<'a>(
 /// Timeouts, set as config keys so options read from the environment (such as
 /// `AWS_ALLOW_HTTP`) are kept rather than replaced by a fresh `ClientOptions`.
 const CONNECT_TIMEOUT: &str = "5s";
-const REQUEST_TIMEOUT: &str = "120s";
+const REQUEST_TIMEOUT_SECS: u64 = 120;
+
+/// Test only: the request timeout of every client in seconds instead of 120, so a test
+/// shows in seconds that the log lane's uploads are not cut by it (the lane's own timeout
+/// is this plus the largest part at the floor rate). Not a setting.
+pub const TEST_REQUEST_TIMEOUT: &str = "RHC_TEST_REQUEST_TIMEOUT_SECS";
+
+/// The request timeout of the clients the log lane sends file bytes with
+/// ([`Configured::for_log_bodies`]): `base` (the store's request timeout, 120 s) plus the
+/// time a body of `largest_body` bytes takes at `pace::MIN_BODY_RATE`. object_store's timeout covers the
+/// whole request, body included, so 120 s cut a 6.1 MB PUT over a 30 kB/s uplink every
+/// time (review r42c D3); with this one a request whose body keeps the floor rate is never
+/// cut by it, and one that stops is cut by the lane's deadline on its progress (the same
+/// allowance, then the stall limit) or by this timeout, whichever comes first.
+pub fn log_request_timeout(base: Duration, largest_body: u64) -> Duration {
+    base + crate::util::pace::body_allowance(largest_body)
+}
+
+/// The request timeout a builder was given (`"<seconds>s"`, as [`configure`] writes it).
+fn seconds(v: Option<String>) -> Duration {
+    let secs = v
+        .and_then(|v| {
+            v.trim()
+                .strip_suffix('s')
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .unwrap_or(REQUEST_TIMEOUT_SECS);
+    Duration::from_secs(secs)
+}
+
+/// The store and the appender the log lane sends file bytes with
+/// ([`Configured::for_log_bodies`]).
+pub type LogClients = (Arc<dyn ObjectStore>, Option<append::Appender>);
+
+/// How a remote store's client was built, to build it again with another request timeout
+/// ([`Configured::for_log_bodies`]). Its `Debug` names the backend only: a builder holds
+/// the credentials.
+#[derive(Clone)]
+pub enum Rebuild {
+    /// S3: its builder (with the appender's copy-part setting).
+    S3(Box<AmazonS3Builder>),
+    /// GCS: its builder.
+    Gcs(Box<GoogleCloudStorageBuilder>),
+    /// Azure: its builder.
+    Azure(Box<MicrosoftAzureBuilder>),
+}
 
 /// Our own upload loop retries forever; the client's retries are kept short so a
 /// shutdown deadline is never stuck inside one request.
@@ -347,6 +392,16 @@ fn is_true(v: Option<String>) -> bool {
     matches!(v.as_deref().map(str::trim), Some(v) if v.eq_ignore_ascii_case("true") || v == "1")
 }
 
+impl std::fmt::Debug for Rebuild {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Rebuild::S3(_) => "Rebuild::S3",
+            Rebuild::Gcs(_) => "Rebuild::Gcs",
+            Rebuild::Azure(_) => "Rebuild::Azure",
+        })
+    }
+}
+
 /// A store whose configuration has been read and checked, not yet opened.
 ///
 /// [`configure`] reads every variable and builds the cloud client (which does no I/O), so a
@@ -356,10 +411,22 @@ fn is_true(v: Option<String>) -> bool {
 pub enum Configured {
     /// A local directory, created by [`Configured::open`].
     Local(PathBuf),
-    /// A cloud client, ready to use, how it appends to an object, where it can, and the
-    /// bucket's identity (see [`Configured::identity`]).
-    Remote(Arc<dyn ObjectStore>, Option<append::Appender>, String),
+    /// A cloud client, ready to use, how it appends to an object, where it can, the
+    /// bucket's identity (see [`Configured::identity`]) and how the client was built.
+    Remote(
+        Arc<dyn ObjectStore>,
+        Option<append::Appender>,
+        String,
+        Rebuild,
+    ),
 }
+
+/// S3's, GCS's and Azure's longest object key (blob name), in bytes of UTF-8.
+pub const MAX_CLOUD_KEY_BYTES: usize = 1024;
+
+/// Linux's longest path handed to a system call (`PATH_MAX`, with its NUL), in bytes: a
+/// `file://` object's path is the directory, a `/` and the key.
+pub const LOCAL_PATH_MAX: usize = 4095;
 
 impl Configured {
     /// How this store appends to an object, where it can (a local directory).
@@ -373,7 +440,19 @@ impl Configured {
                         source,
                     })
             }
-            Configured::Remote(_, appender, _) => Ok(appender.clone()),
+            Configured::Remote(_, appender, _, _) => Ok(appender.clone()),
+        }
+    }
+
+    /// The longest object key this store takes, in bytes. S3, GCS and Azure take keys
+    /// (blob names) of at most [`MAX_CLOUD_KEY_BYTES`]; a local directory takes what the
+    /// kernel takes as one path, [`LOCAL_PATH_MAX`] bytes with the directory's own path and
+    /// its `/`. A key over it is refused by the store on every request, so the log shipper
+    /// skips such a file instead of failing it every round.
+    pub fn max_key_bytes(&self) -> usize {
+        match self {
+            Configured::Local(dir) => LOCAL_PATH_MAX.saturating_sub(dir.as_os_str().len() + 1),
+            Configured::Remote(..) => MAX_CLOUD_KEY_BYTES,
         }
     }
 
@@ -384,14 +463,78 @@ impl Configured {
     pub fn identity(&self) -> &str {
         match self {
             Configured::Local(dir) => dir.to_str().unwrap_or_default(),
-            Configured::Remote(_, _, id) => id,
+            Configured::Remote(_, _, id, _) => id,
         }
+    }
+
+    /// The client, and the appender, the log lane sends file bytes with, for a remote
+    /// store: the same settings, but a request timeout that lets a body of `largest_body`
+    /// bytes go at `pace::MIN_BODY_RATE` ([`log_request_timeout`]). The appender is
+    /// `appender` (the lane's, as [`Configured::appender`] gave it) with its uploads on the
+    /// new client. `None` for a local directory (no requests).
+    pub fn for_log_bodies(
+        &self,
+        largest_body: u64,
+        appender: Option<append::Appender>,
+    ) -> Result<Option<LogClients>, StorageError> {
+        let Configured::Remote(_, _, _, rebuild) = self else {
+            return Ok(None);
+        };
+        let timeout = |base: Option<String>| {
+            format!(
+                "{}s",
+                log_request_timeout(seconds(base), largest_body).as_secs()
+            )
+        };
+        let key = ClientConfigKey::Timeout;
+        let client = |backend: &'static str| move |source| StorageError::Client { backend, source };
+        Ok(Some(match rebuild {
+            Rebuild::S3(b) => {
+                let t = timeout(b.get_config_value(&AmazonS3ConfigKey::Client(key)));
+                let s3 = Arc::new(
+                    b.as_ref()
+                        .clone()
+                        .with_config(AmazonS3ConfigKey::Client(key), t)
+                        .with_http_connector(s3::CapturingConnector::default())
+                        .build()
+                        .map_err(client("s3"))?,
+                );
+                let appender = appender.map(|a| a.with_uploads_on(s3.clone()));
+                (s3 as Arc<dyn ObjectStore>, appender)
+            }
+            Rebuild::Gcs(b) => (
+                Arc::new(
+                    b.as_ref()
+                        .clone()
+                        .with_config(
+                            GoogleConfigKey::Client(key),
+                            timeout(b.get_config_value(&GoogleConfigKey::Client(key))),
+                        )
+                        .build()
+                        .map_err(client("gcs"))?,
+                ),
+                appender,
+            ),
+            Rebuild::Azure(b) => (
+                Arc::new(
+                    b.as_ref()
+                        .clone()
+                        .with_config(
+                            AzureConfigKey::Client(key),
+                            timeout(b.get_config_value(&AzureConfigKey::Client(key))),
+                        )
+                        .build()
+                        .map_err(client("azure"))?,
+                ),
+                appender,
+            ),
+        }))
     }
 
     /// The store, creating a local directory first if needed.
     pub fn open(self) -> Result<Arc<dyn ObjectStore>, StorageError> {
         match self {
-            Configured::Remote(store, _, _) => Ok(store),
+            Configured::Remote(store, _, _, _) => Ok(store),
             Configured::Local(dir) => {
                 std::fs::create_dir_all(&dir).map_err(|source| StorageError::LocalDir {
                     path: dir.clone(),
@@ -422,6 +565,16 @@ pub fn configure(
     spec: &StorageSpec,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Configured, StorageError> {
+    let request_timeout = match env(TEST_REQUEST_TIMEOUT) {
+        Some(v) => format!(
+            "{}s",
+            v.trim()
+                .parse::<u64>()
+                .map_err(|e| StorageError::Invalid(format!("{TEST_REQUEST_TIMEOUT}={v:?}: {e}")))?
+        ),
+        None => format!("{REQUEST_TIMEOUT_SECS}s"),
+    };
+    let request_timeout = request_timeout.as_str();
     match &spec.backend {
         Backend::File(dir) => Ok(Configured::Local(dir.clone())),
         Backend::S3 { bucket } => {
@@ -433,7 +586,7 @@ pub fn configure(
                 )
                 .with_config(
                     AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
-                    REQUEST_TIMEOUT,
+                    request_timeout,
                 )
                 .with_retry(retry_config());
             // object_store's own HTTP client, kept for the appender's requests.
@@ -489,6 +642,7 @@ pub fn configure(
                 s3,
                 Some(append::Appender::S3(Arc::new(appender))),
                 identity,
+                Rebuild::S3(Box::new(b)),
             ))
         }
         Backend::Gcs { bucket } => {
@@ -500,16 +654,17 @@ pub fn configure(
                 )
                 .with_config(
                     GoogleConfigKey::Client(ClientConfigKey::Timeout),
-                    REQUEST_TIMEOUT,
+                    request_timeout,
                 )
                 .with_retry(retry_config());
             Ok(Configured::Remote(
-                Arc::new(b.build().map_err(|source| StorageError::Client {
+                Arc::new(b.clone().build().map_err(|source| StorageError::Client {
                     backend: "gcs",
                     source,
                 })?),
                 None,
                 spec.to_string(),
+                Rebuild::Gcs(Box::new(b)),
             ))
         }
         Backend::Azure { container } => {
@@ -521,7 +676,7 @@ pub fn configure(
                 )
                 .with_config(
                     AzureConfigKey::Client(ClientConfigKey::Timeout),
-                    REQUEST_TIMEOUT,
+                    request_timeout,
                 )
                 .with_retry(retry_config());
             if let Some(cs) =
@@ -547,12 +702,13 @@ pub fn configure(
                 None => spec.to_string(),
             };
             Ok(Configured::Remote(
-                Arc::new(b.build().map_err(|source| StorageError::Client {
+                Arc::new(b.clone().build().map_err(|source| StorageError::Client {
                     backend: "azure",
                     source,
                 })?),
                 None,
                 identity,
+                Rebuild::Azure(Box::new(b)),
             ))
         }
     }

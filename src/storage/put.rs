@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use super::gzip::{GzipLevel, MemberEncoder};
 use crate::util::fs::{open_scanned, Beneath};
-use crate::util::pace::Pacer;
+use crate::util::pace::Flow;
 use object_store::path::Path as ObjectPath;
 use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt, PutPayload};
 
@@ -38,6 +38,16 @@ pub enum UploadError {
     /// The object store refused or failed.
     #[error("writing {key}: {source}")]
     Store {
+        /// The key.
+        key: String,
+        /// Why.
+        #[source]
+        source: object_store::Error,
+    },
+    /// Deleting an object failed (one published under an earlier key, see
+    /// `events::publish`): tried again.
+    #[error("deleting {key}: {source}")]
+    Delete {
         /// The key.
         key: String,
         /// Why.
@@ -82,7 +92,7 @@ pub async fn put_file(
     let len = opened.metadata().map(|m| m.len()).unwrap_or(0);
     let reader = PartReader::from_file(file.to_path_buf(), opened, gzip, limit);
     let part_size = part_size_for(len.min(limit), part_size, MAX_PARTS);
-    let put = put_parts(store, path, key, reader, part_size, None).await?;
+    let put = put_parts(store, path, key, reader, part_size, Flow::default()).await?;
     Ok(put.sent)
 }
 
@@ -93,6 +103,9 @@ pub struct SnapshotUpload {
     pub bytes: u64,
     /// The object's ETag, when the store gave one.
     pub e_tag: Option<String>,
+    /// [`window_hash`] and [`head_hash`] of the bytes as they were read for the upload (not
+    /// of the file after it: a file rewritten in place meanwhile is told by the next round).
+    pub marks: (u64, u64),
 }
 
 /// Uploads the first `limit` bytes of a file that may still be growing, as is (no
@@ -106,7 +119,7 @@ pub async fn put_file_prefix(
     file: &Beneath,
     limit: u64,
     part_size: usize,
-    pace: Option<&Pacer>,
+    pace: Flow<'_>,
 ) -> Result<SnapshotUpload, UploadError> {
     let location = parse_key(key)?;
     let path = file.path();
@@ -120,6 +133,7 @@ pub async fn put_file_prefix(
     Ok(SnapshotUpload {
         bytes: put.read,
         e_tag: put.e_tag,
+        marks: put.marks.hashes(),
     })
 }
 
@@ -166,6 +180,21 @@ pub fn window_hash(file: &Beneath, end: u64) -> io::Result<(u64, bool)> {
     ))
 }
 
+/// Bytes at the start of a log file hashed to recognise it later ([`head_hash`]): a file
+/// truncated and rewritten with another head, whose bytes before the end of what was uploaded
+/// happen to be the same (a repeated line), is another file, not one that grew.
+pub const HEAD: u64 = 64 * 1024;
+
+/// xxh3 of the first [`HEAD`] bytes of a file, at most `end` of them, and whether the file
+/// had them all. The file is the one a scan saw, reopened without following a symlink.
+pub fn head_hash(file: &Beneath, end: u64) -> io::Result<(u64, bool)> {
+    let len = end.min(HEAD);
+    let f = file.open()?;
+    let mut buf = Vec::with_capacity(len as usize);
+    f.take(len).read_to_end(&mut buf)?;
+    Ok((xxhash_rust::xxh3::xxh3_64(&buf), buf.len() as u64 == len))
+}
+
 /// Sends what `reader` yields as one PUT, or as a multipart upload when it is more than
 /// one part, each part after `pace` lets it through.
 async fn put_parts(
@@ -174,7 +203,7 @@ async fn put_parts(
     key: &str,
     mut reader: PartReader,
     part_size: usize,
-    pace: Option<&Pacer>,
+    pace: Flow<'_>,
 ) -> Result<Sent, UploadError> {
     let store_err = |source| UploadError::Store {
         key: key.to_string(),
@@ -182,11 +211,12 @@ async fn put_parts(
     };
     let (first, r) = read_part(reader, part_size).await?;
     reader = r;
-    if let Some(p) = pace {
-        p.take(first.len() as u64).await;
-    }
+    let mut marks = Marks::default();
+    marks.saw(&first);
+    pace.take(first.len() as u64).await;
     if reader.done {
         let sent = first.len() as u64;
+        pace.sending(sent);
         let put = store
             .put(path, PutPayload::from(first))
             .await
@@ -195,9 +225,11 @@ async fn put_parts(
             read: reader.read,
             sent,
             e_tag: put.e_tag,
+            marks,
         });
     }
     let upload = store.put_multipart(path).await.map_err(store_err)?;
+    pace.moved();
     // Aborted in the background if this future is dropped before the end (see the module doc).
     let mut guard = AbortOnDrop {
         upload: None,
@@ -209,10 +241,12 @@ async fn put_parts(
     let result: Result<(Option<String>, u64), UploadError> = async {
         loop {
             sent += part.len() as u64;
+            pace.sending(part.len() as u64);
             upload
                 .put_part(PutPayload::from(part))
                 .await
                 .map_err(store_err)?;
+            pace.moved();
             if reader.done {
                 break;
             }
@@ -221,9 +255,8 @@ async fn put_parts(
             if next.is_empty() {
                 break;
             }
-            if let Some(p) = pace {
-                p.take(next.len() as u64).await;
-            }
+            marks.saw(&next);
+            pace.take(next.len() as u64).await;
             part = next;
         }
         let done = upload.complete().await.map_err(store_err)?;
@@ -233,7 +266,12 @@ async fn put_parts(
     match result {
         Ok((e_tag, read)) => {
             guard.upload = None;
-            Ok(Sent { read, sent, e_tag })
+            Ok(Sent {
+                read,
+                sent,
+                e_tag,
+                marks,
+            })
         }
         Err(e) => {
             // Still guarded while aborting: cancelled now, the abort goes on in the background.
@@ -309,6 +347,38 @@ struct Sent {
     sent: u64,
     /// The object's ETag, when the store gave one.
     e_tag: Option<String>,
+    /// The head and the last window of what was sent.
+    marks: Marks,
+}
+
+/// The first [`HEAD`] and the last [`WINDOW`] bytes of what an upload sent, kept as the
+/// parts are read, so the ledger describes the bytes in the object.
+#[derive(Default)]
+struct Marks {
+    head: Vec<u8>,
+    window: Vec<u8>,
+}
+
+impl Marks {
+    fn saw(&mut self, part: &[u8]) {
+        let head_left = (HEAD as usize).saturating_sub(self.head.len());
+        self.head
+            .extend_from_slice(&part[..head_left.min(part.len())]);
+        let w = WINDOW as usize;
+        self.window
+            .extend_from_slice(&part[part.len().saturating_sub(w)..]);
+        if self.window.len() > w {
+            self.window.drain(..self.window.len() - w);
+        }
+    }
+
+    /// (window hash, head hash), as [`window_hash`] and [`head_hash`] compute them.
+    fn hashes(&self) -> (u64, u64) {
+        (
+            xxhash_rust::xxh3::xxh3_64(&self.window),
+            xxhash_rust::xxh3::xxh3_64(&self.head),
+        )
+    }
 }
 
 async fn read_part(

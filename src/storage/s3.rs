@@ -25,7 +25,12 @@
 //! requests of an append): a deterministic answer (501, another 4xx than 401, 408 and 429,
 //! an error document in a 200) counts against appends; 5xx, throttling, timeouts,
 //! connection errors and credentials being refreshed are transient, retried here with
-//! exponential backoff and jitter ([`RETRY_ATTEMPTS`]) and then left to the next round.
+//! exponential backoff and jitter ([`RETRY_ATTEMPTS`]) and then left to the next round; an
+//! attempt left unanswered for the wire's answer timeout is not retried (a hang repeats).
+//! Only the log lane's wire has one ([`ANSWER_TIMEOUT`], [`S3Wire::with_answer_timeout`]):
+//! a log append that fails has the whole upload to fall back on. The event publisher's
+//! wire has none, so its copies wait as long as object_store's own client lets a request
+//! run (its 120 s request timeout): a store that copies slowly still takes event growth.
 //! Answer bodies are read up to `MAX_ANSWER_BODY`. S3 Express zonal endpoints are
 //! addressed as object_store addresses them, but appends have not been run against one.
 
@@ -44,6 +49,14 @@ use serde::{Deserialize, Serialize};
 
 /// Attempts of one request of ours before a transient failure is given up for this round.
 pub const RETRY_ATTEMPTS: u32 = 4;
+/// How long one attempt of the log lane's wire waits for the answer's head, and then for
+/// each piece of its body (the event publisher's wire has no such cut, see the module doc):
+/// a request the store (or the network towards it) leaves unanswered that long is a
+/// transient failure, not retried within the request (a hang repeats; the next round
+/// tries again). S3 answers a long copy's head at once and keeps its body alive with
+/// whitespace, so only a silent server meets it. With [`RETRY_ATTEMPTS`] and the backoff,
+/// one request takes at most about 123 s, which `logs::lane`'s deadlines hold.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 /// First backoff between attempts; doubled each time, up to [`RETRY_MAX_BACKOFF`].
 const RETRY_BASE: Duration = Duration::from_millis(200);
 /// Longest backoff between attempts: an outage longer than a few seconds is the next round's.
@@ -110,6 +123,8 @@ pub enum Failure {
 pub struct WireError {
     /// What it means for appends.
     pub failure: Failure,
+    /// Nothing was answered within the wire's answer timeout: not retried within the request.
+    pub unanswered: bool,
     /// The request (`UploadPartCopy of <key>`).
     pub what: String,
     /// The answer or the transport error.
@@ -171,6 +186,10 @@ pub fn classify_embedded(code: Option<&str>) -> Failure {
     }
 }
 
+/// object_store's message when the body of a 200 to CreateMultipartUpload or
+/// CompleteMultipartUpload is not the result it expects (it does not keep the body).
+const UNREADABLE_MULTIPART_ANSWER: &str = "Got invalid multipart response";
+
 /// Classifies an error of `object_store`'s own S3 requests (the appender's HEAD, the
 /// upload's creation, its parts and completion) as [`classify`] does ours: from the error
 /// kind, the HTTP status and S3's error code in the answer it carries. Without a status (a
@@ -198,6 +217,14 @@ pub fn classify_store_error(e: &object_store::Error) -> Failure {
     if text.contains("Server returned error response") {
         // A 2xx whose body is an error document.
         return classify_embedded(code.as_deref());
+    }
+    if text.contains(UNREADABLE_MULTIPART_ANSWER) && text.contains("missing field") {
+        // A 200 to a creation or completion whose body is well-formed XML but not its
+        // result: S3 puts only an error document there, and object_store reads the
+        // transient ones itself (`InternalError`, `SlowDown`: "Server returned error
+        // response" above), so this is one of the others (`InvalidPart`, ...): a refusal,
+        // as the same code in a 4xx is. A body that is not XML stays transient.
+        return Failure::Refused;
     }
     let status = match e {
         E::PermissionDenied { .. } => Some(403),
@@ -366,8 +393,11 @@ pub fn url_decode(s: &str) -> Option<Vec<u8>> {
 }
 
 /// How our own S3 requests are made (see the module doc).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct S3Wire {
+    /// How long an attempt waits for each piece of its answer; `None`: as long as the HTTP
+    /// client's own timeouts let it.
+    answer_timeout: Option<Duration>,
     http: HttpClient,
     default_headers: HeaderMap,
     credentials: AwsCredentialProvider,
@@ -467,6 +497,7 @@ impl S3Wire {
             }
         }
         Ok(S3Wire {
+            answer_timeout: None,
             http,
             default_headers: options.get_default_headers().cloned().unwrap_or_default(),
             credentials,
@@ -479,6 +510,12 @@ impl S3Wire {
             sse_c,
             checksum: get(AmazonS3ConfigKey::Checksum).is_some(),
         })
+    }
+
+    /// The same wire, an attempt left unanswered for `timeout` failing without retry.
+    pub fn with_answer_timeout(mut self, timeout: Duration) -> S3Wire {
+        self.answer_timeout = Some(timeout);
+        self
     }
 
     /// The bucket's URL (for the log).
@@ -693,7 +730,11 @@ impl S3Wire {
         loop {
             attempt += 1;
             match self.send_once(method.clone(), url, headers, what).await {
-                Err(e) if e.failure == Failure::Transient && attempt < RETRY_ATTEMPTS => {
+                Err(e)
+                    if e.failure == Failure::Transient
+                        && !e.unanswered
+                        && attempt < RETRY_ATTEMPTS =>
+                {
                     let wait = backoff(attempt);
                     tracing::debug!(error = %e, attempt, wait_ms = wait.as_millis() as u64, "S3 request failed; retrying");
                     tokio::time::sleep(wait).await;
@@ -732,13 +773,11 @@ impl S3Wire {
                 .try_authorize(&mut req, None)
                 .map_err(|e| wire_err(Failure::Transient, what, format!("signing: {e}")))?;
         }
-        let resp = self
-            .http
-            .execute(req)
-            .await
+        let resp = within(self.answer_timeout, self.http.execute(req), what)
+            .await?
             .map_err(|e| wire_err(Failure::Transient, what, e))?;
         let status = resp.status();
-        let body = read_bounded(resp.into_body(), what).await?;
+        let body = read_bounded(resp.into_body(), self.answer_timeout, what).await?;
         if status.is_success() {
             return Ok(body);
         }
@@ -746,15 +785,30 @@ impl S3Wire {
     }
 }
 
+/// `fut`'s output, or the unanswered error when `timeout` (if any) passes first.
+async fn within<T>(
+    timeout: Option<Duration>,
+    fut: impl std::future::Future<Output = T>,
+    what: &str,
+) -> Result<T, WireError> {
+    match timeout {
+        Some(t) => tokio::time::timeout(t, fut)
+            .await
+            .map_err(|_| unanswered(what, t)),
+        None => Ok(fut.await),
+    }
+}
+
 /// An answer's body, at most [`MAX_ANSWER_BODY`] bytes (more is an error, not read on).
 async fn read_bounded(
     body: object_store::client::HttpResponseBody,
+    timeout: Option<Duration>,
     what: &str,
 ) -> Result<Bytes, WireError> {
     use futures::StreamExt as _;
     let mut stream = body.bytes_stream();
     let mut out = Vec::new();
-    while let Some(chunk) = stream.next().await {
+    while let Some(chunk) = within(timeout, stream.next(), what).await? {
         let chunk = chunk.map_err(|e| wire_err(Failure::Transient, what, e))?;
         if out.len() + chunk.len() > MAX_ANSWER_BODY {
             return Err(wire_err(
@@ -780,6 +834,7 @@ fn answer_err(status: StatusCode, body: &[u8], what: &str) -> WireError {
     };
     WireError {
         failure,
+        unanswered: false,
         what: what.to_string(),
         message,
     }
@@ -788,8 +843,19 @@ fn answer_err(status: StatusCode, body: &[u8], what: &str) -> WireError {
 fn wire_err(failure: Failure, what: &str, e: impl std::fmt::Display) -> WireError {
     WireError {
         failure,
+        unanswered: false,
         what: what.to_string(),
         message: e.to_string(),
+    }
+}
+
+/// The error of an attempt that got no answer within `timeout`.
+fn unanswered(what: &str, timeout: Duration) -> WireError {
+    WireError {
+        failure: Failure::Transient,
+        unanswered: true,
+        what: what.to_string(),
+        message: format!("no answer within {timeout:?}"),
     }
 }
 
@@ -862,6 +928,21 @@ mod tests {
         );
         assert_eq!(
             classify_store_error(&generic("error sending request: connection refused")),
+            Failure::Transient
+        );
+        // A 200 completion whose body is an error document object_store does not read as
+        // one (`InvalidPart`): its parser misses the result's fields. A refusal.
+        assert_eq!(
+            classify_store_error(&generic(
+                "Got invalid multipart response: missing field `ETag`"
+            )),
+            Failure::Refused
+        );
+        // A body that is not XML at all (cut short, a proxy's page): transient.
+        assert_eq!(
+            classify_store_error(&generic(
+                "Got invalid multipart response: unexpected end of stream"
+            )),
             Failure::Transient
         );
         assert_eq!(classify(403, Some("AccessDenied")), Failure::Refused);

@@ -148,6 +148,22 @@ impl DedupWindow {
         debug_assert_eq!(self.stale_total, 0);
     }
 
+    /// The ids remembered, in the order they were inserted (oldest first): what the window
+    /// would hold again if they were inserted in this order into an empty one.
+    pub fn ids(&self) -> Vec<u64> {
+        let mut stale = self.stale.clone();
+        let mut out = Vec::with_capacity(self.set.len());
+        for &h in &self.order {
+            // A forgotten entry precedes any later insertion of the same id.
+            if let Some(n) = stale.get_mut(&h).filter(|n| **n > 0) {
+                *n -= 1;
+                continue;
+            }
+            out.push(h);
+        }
+        out
+    }
+
     /// Number of ids remembered.
     pub fn len(&self) -> usize {
         self.set.len()
@@ -158,6 +174,12 @@ impl DedupWindow {
         self.set.is_empty()
     }
 }
+
+/// Largest `--dedup-window`: 16 Mi ids, up to a 256 MiB table and a 128 MiB ring, about
+/// eleven minutes of a busy node's events. Memory follows the ids held, but a mistyped value
+/// must fail at the command line rather than exhaust memory once the window fills; the ids
+/// journal also bounds what a start reads by it.
+pub const MAX_DEDUP_WINDOW: usize = 1 << 24;
 
 /// A set of 64-bit hashes in one array: open addressing, linear probing, deletion by
 /// shifting the following entries back (no tombstones, so probes stay short however many
@@ -178,7 +200,7 @@ impl Slots {
     /// evicts). It starts small and doubles while it fills, up to its largest size, at least
     /// twice `capacity`: it is never more than half full, and memory follows the ids held.
     fn new(capacity: usize) -> Slots {
-        // The CLI bounds the capacity (`cli::MAX_DEDUP_WINDOW`); a window of 0 keeps none.
+        // The CLI bounds the capacity ([`MAX_DEDUP_WINDOW`]); a window of 0 keeps none.
         let largest = capacity
             .saturating_mul(2)
             .max(MIN_SLOTS)
@@ -350,6 +372,21 @@ mod tests {
         assert!(w.insert(6)); // evicts the stale 3 and then 3 itself
         assert!(w.insert(3), "3 is the oldest and was evicted");
         assert_eq!(w.len(), 3);
+    }
+
+    #[test]
+    fn ids_lists_the_live_ids_oldest_first() {
+        let mut w = DedupWindow::new(4);
+        for h in [1, 2, 3] {
+            assert!(w.insert(h));
+        }
+        w.forget(2);
+        assert!(w.insert(2));
+        assert!(w.insert(4));
+        assert!(w.insert(5)); // evicts 1 (the stale 2 goes with the next eviction)
+        assert_eq!(w.ids(), vec![3, 2, 4, 5]);
+        assert_eq!(w.ids().len(), w.len());
+        assert!(DedupWindow::new(0).ids().is_empty());
     }
 
     #[test]

@@ -93,3 +93,39 @@ pub fn png_size(png: &[u8]) -> Option<(u32, u32)> {
     let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
     Some((be(&png[16..20]), be(&png[20..24])))
 }
+
+/// How long a page may run its scripts and fetches before Chromium takes the DOM or the
+/// screenshot, in virtual time (Chromium fast-forwards timers while the network is idle, so
+/// this bounds the wait rather than adding to it).
+pub const PAGE_SETTLE_MS: u32 = 15_000;
+
+/// The DOM of the page at `url` (an `http://127.0.0.1` address) once its scripts ran for at
+/// most `settle_ms` of virtual time, serialized: what a single-page app shows after its
+/// fetches.
+pub fn dump_dom_url(chromium: &Path, url: &str, settle_ms: u32) -> String {
+    let profile = tempfile::tempdir().expect("chromium profile dir");
+    let mut cmd = command(chromium, profile.path(), 1400, 1000);
+    cmd.arg(format!("--virtual-time-budget={settle_ms}"))
+        .arg("--dump-dom")
+        .arg(url);
+    let out = run_with_timeout(&mut cmd, CHROMIUM_TIMEOUT);
+    check("--dump-dom", &out);
+    out.stdout
+}
+
+/// [`screenshot`] of the page at `url`, after its scripts ran for at most `settle_ms`.
+pub fn screenshot_url(chromium: &Path, url: &str, png: &Path, size: (u32, u32), settle_ms: u32) {
+    let profile = tempfile::tempdir().expect("chromium profile dir");
+    let mut cmd = command(chromium, profile.path(), size.0, size.1);
+    cmd.arg(format!("--virtual-time-budget={settle_ms}"))
+        .arg(format!("--screenshot={}", png.display()))
+        .arg(url);
+    let out = run_with_timeout(&mut cmd, CHROMIUM_TIMEOUT);
+    check("--screenshot", &out);
+    assert!(
+        png.exists(),
+        "chromium wrote no {}: {}",
+        png.display(),
+        out.stderr
+    );
+}

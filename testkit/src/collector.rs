@@ -345,6 +345,46 @@ pub fn append_to(path: &Path, bytes: &[u8]) {
     f.write_all(bytes).expect("append");
 }
 
+/// Most files created aside while waiting for a freed inode to come back, in
+/// [`create_on_freed_inode`].
+const INODE_REUSE_TRIES: usize = 10_000;
+
+/// Creates `path` holding `bytes` on the inode `ino`, freed just before (a file deleted), as
+/// ext4 does for the next file created in the same directory: it hands out the lowest free
+/// inode of the directory's group, which is usually the one just freed. When the new file got
+/// another inode (a lower one was free, or the freed one was still open), it is moved aside
+/// and the file created again, until the inode comes back; the files moved aside are removed
+/// afterwards. Returns how many were moved aside; an error when `ino` never came back (a
+/// filesystem that does not reuse inodes this way), so that a test that needs the reuse fails
+/// instead of passing without it.
+pub fn create_on_freed_inode(path: &Path, ino: u64, bytes: &[u8]) -> Result<usize, String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let dir = path.parent().ok_or("no parent directory")?;
+    let mut aside = Vec::new();
+    let result = loop {
+        fs::write(path, bytes).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        let got = fs::metadata(path).map_err(|e| e.to_string())?.ino();
+        if got == ino {
+            break Ok(aside.len());
+        }
+        if aside.len() >= INODE_REUSE_TRIES {
+            let _ = fs::remove_file(path);
+            break Err(format!(
+                "inode {ino} was not reused after {} files created in {} (last got {got}): this filesystem does not reuse freed inodes the way ext4 does",
+                aside.len(),
+                dir.display()
+            ));
+        }
+        let to = dir.join(format!(".inode-reuse-{}", aside.len()));
+        fs::rename(path, &to).map_err(|e| e.to_string())?;
+        aside.push(to);
+    };
+    for p in aside {
+        let _ = fs::remove_file(p);
+    }
+    result
+}
+
 /// Every regular file under `dir`, recursively.
 pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -393,7 +433,20 @@ pub fn ship_session_logs(work: &Path, fixture: &Path, session: &str, cluster: &s
     store
 }
 
-/// Every object in `store` (key → bytes).
+/// Copies every file of the file bucket `from` into the file bucket `into` (same keys), to
+/// put sessions that separate collectors wrote into one bucket. A key both hold is a
+/// failure: the buckets are meant to be disjoint.
+pub fn merge_bucket(from: &Path, into: &Path) {
+    for file in files_under(from) {
+        let to = into.join(file.strip_prefix(from).expect("under the bucket"));
+        assert!(!to.exists(), "{} is in both buckets", to.display());
+        fs::create_dir_all(to.parent().expect("a parent")).expect("create_dir_all");
+        fs::copy(&file, &to).expect("copy an object");
+    }
+}
+
+/// Every object in `store` (key → bytes). An object listed and gone before it is read (a
+/// collector renaming its temporary over the object meanwhile) is not in the answer.
 pub fn read_all(store: &Arc<dyn ObjectStore>) -> BTreeMap<String, Vec<u8>> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -404,13 +457,11 @@ pub fn read_all(store: &Arc<dyn ObjectStore>) -> BTreeMap<String, Vec<u8>> {
         let metas: Vec<_> = store.list(None).try_collect().await.expect("list");
         let mut out = BTreeMap::new();
         for m in metas {
-            let bytes = store
-                .get(&m.location)
-                .await
-                .expect("get")
-                .bytes()
-                .await
-                .expect("body");
+            let got = match store.get(&m.location).await {
+                Err(object_store::Error::NotFound { .. }) => continue,
+                got => got.expect("get"),
+            };
+            let bytes = got.bytes().await.expect("body");
             out.insert(m.location.to_string(), bytes.to_vec());
         }
         out

@@ -130,7 +130,16 @@ pub fn going_down_answers() -> HashMap<String, Answer> {
 impl DashboardStandIn {
     /// Listens on a free loopback port and answers with [`good_answers`].
     pub fn start() -> Result<DashboardStandIn, String> {
-        let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
+        DashboardStandIn::start_on(0)
+    }
+
+    /// Listens on loopback port `port` (0: a free one) and answers with [`good_answers`]: a
+    /// dashboard that comes up late on a port the collector was given before (nothing
+    /// listens there until then, so its requests are refused, as when Ray's dashboard is not
+    /// up yet).
+    pub fn start_on(port: u16) -> Result<DashboardStandIn, String> {
+        let listener = TcpListener::bind(("127.0.0.1", port))
+            .map_err(|e| format!("bind 127.0.0.1:{port}: {e}"))?;
         let port = listener.local_addr().map_err(|e| e.to_string())?.port();
         listener.set_nonblocking(true).map_err(|e| e.to_string())?;
         let state = Arc::new(Mutex::new(State {

@@ -3,6 +3,10 @@
 //! status), and rules answer chosen requests with an error (a 503 burst, a 501 refusal,
 //! a refused copy of one key), delay them (slow answers) or drop the connection.
 //!
+//! A slow uplink: [`FaultProxy::slow_body_reads`] has the proxy read every request body at
+//! a given rate, with a small receive buffer, so the client's bytes really trickle (the
+//! client's request is slow but moving, as over a congested node uplink).
+//!
 //! One request per connection: the request is read whole (head and `Content-Length` body),
 //! sent to the target with `Connection: close`, and the target's answer is passed back as
 //! it came, then the connection is closed. Every read has a timeout, bodies are bounded,
@@ -10,7 +14,8 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -34,7 +39,17 @@ pub enum Fault {
     Delay(Duration),
     /// Closes the connection without an answer.
     Drop,
+    /// Holds the request this long (at most until the proxy is dropped) without passing it
+    /// on, then closes the connection without an answer: a black hole towards the store, or
+    /// a request the store never sees (a kill of the client while it is held leaves it undone).
+    /// It is in [`FaultProxy::seen`] from the moment it arrives. [`MAX_HOLD`]: "never answered"
+    /// within any test.
+    Hold(Duration),
 }
+
+/// The longest a [`Fault::Hold`] holds a request (the reproduction held copies for
+/// 600 s; a test ends long before).
+pub const MAX_HOLD: Duration = Duration::from_secs(600);
 
 /// Which requests a fault applies to, and for how long.
 #[derive(Debug, Clone)]
@@ -136,8 +151,18 @@ struct Shared {
     target: String,
     rules: Mutex<Vec<Rule>>,
     seen: Mutex<Vec<SeenRequest>>,
+    /// Every request as it arrives (before any answer): method and target.
+    arrived: Mutex<Vec<(String, String)>>,
     stop: AtomicBool,
+    /// Bytes per second request bodies are read at (0: as fast as they come).
+    body_rate: AtomicU64,
 }
+
+/// The receive buffer of a connection whose body is read slowly: small, so the client's
+/// kernel cannot hand the whole body over at once and the client's send really trickles.
+const SLOW_RECEIVE_BUFFER: libc::c_int = 16 << 10;
+/// Bytes read at once from a slow body.
+const SLOW_READ: usize = 4 << 10;
 
 /// The proxy: `http://127.0.0.1:<port>` → `target` (host:port).
 pub struct FaultProxy {
@@ -160,7 +185,9 @@ impl FaultProxy {
             target: target.to_string(),
             rules: Mutex::new(Vec::new()),
             seen: Mutex::new(Vec::new()),
+            arrived: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
+            body_rate: AtomicU64::new(0),
         });
         let s = shared.clone();
         let acceptor = thread::spawn(move || {
@@ -190,6 +217,14 @@ impl FaultProxy {
         lock(&self.shared.rules).push(rule);
     }
 
+    /// Reads the body of every request arriving from now on at `bytes_per_second`, through a
+    /// small receive buffer (`None`: as fast as it comes): a slow uplink that keeps moving.
+    pub fn slow_body_reads(&self, bytes_per_second: Option<u64>) {
+        self.shared
+            .body_rate
+            .store(bytes_per_second.unwrap_or(0), Ordering::SeqCst);
+    }
+
     /// Removes every rule.
     pub fn clear(&self) {
         lock(&self.shared.rules).clear();
@@ -200,9 +235,17 @@ impl FaultProxy {
         lock(&self.shared.seen).clone()
     }
 
+    /// The requests that have arrived so far (method, target), answered or not, each from
+    /// the moment its head was read: a request held by [`Fault::Hold`] or [`Fault::Delay`],
+    /// or whose body is still being read, is here before it is in [`Self::seen`].
+    pub fn arrived(&self) -> Vec<(String, String)> {
+        lock(&self.shared.arrived).clone()
+    }
+
     /// Forgets the requests seen so far.
     pub fn forget(&self) {
         lock(&self.shared.seen).clear();
+        lock(&self.shared.arrived).clear();
     }
 }
 
@@ -223,7 +266,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn serve(mut client: TcpStream, s: &Shared) {
     let _ = client.set_read_timeout(Some(IO_TIMEOUT));
     let _ = client.set_write_timeout(Some(IO_TIMEOUT));
-    let Some((head, body)) = read_request(&mut client) else {
+    let rate = s.body_rate.load(Ordering::SeqCst);
+    if rate > 0 {
+        shrink_receive_buffer(&client);
+    }
+    let Some((head, body)) = read_request(&mut client, rate, &s.arrived) else {
         return;
     };
     let mut lines = head.split("\r\n");
@@ -258,6 +305,19 @@ fn serve(mut client: TcpStream, s: &Shared) {
             seen.faulted = true;
             None
         }
+        Some(Fault::Hold(d)) => {
+            // Recorded now: the test sees that it came, not only when it is let go.
+            let mut held = seen.clone();
+            held.faulted = true;
+            lock(&s.seen).push(held);
+            // In steps, so a dropped proxy does not wait the whole hold.
+            let until = Instant::now() + d.min(MAX_HOLD);
+            while Instant::now() < until && !s.stop.load(Ordering::SeqCst) {
+                thread::sleep(Duration::from_millis(50));
+            }
+            let _ = client.shutdown(Shutdown::Both);
+            return;
+        }
         Some(Fault::Delay(d)) => {
             thread::sleep(d);
             None
@@ -288,8 +348,29 @@ fn serve(mut client: TcpStream, s: &Shared) {
     lock(&s.seen).push(seen);
 }
 
-/// Reads a request head and its `Content-Length` body.
-fn read_request(c: &mut TcpStream) -> Option<(String, Vec<u8>)> {
+/// Sets a connection's receive buffer to [`SLOW_RECEIVE_BUFFER`] (best effort: a kernel
+/// that refuses leaves the read rate as the only brake).
+fn shrink_receive_buffer(c: &TcpStream) {
+    let size = SLOW_RECEIVE_BUFFER;
+    // SAFETY: a valid socket descriptor, and a pointer to an int of the size given.
+    unsafe {
+        libc::setsockopt(
+            c.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+/// Reads a request head and its `Content-Length` body, the body at `rate` bytes per second
+/// when it is not 0; the request is in `arrived` (method, target) once its head is read.
+fn read_request(
+    c: &mut TcpStream,
+    rate: u64,
+    arrived: &Mutex<Vec<(String, String)>>,
+) -> Option<(String, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16 << 10];
     let end = loop {
@@ -306,6 +387,12 @@ fn read_request(c: &mut TcpStream) -> Option<(String, Vec<u8>)> {
         buf.extend_from_slice(&chunk[..n]);
     };
     let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    let mut line = head.split("\r\n").next().unwrap_or_default().split(' ');
+    let (method, target) = (
+        line.next().unwrap_or_default(),
+        line.next().unwrap_or_default(),
+    );
+    lock(arrived).push((method.to_string(), target.to_string()));
     let mut body = buf[end + 4..].to_vec();
     let len = head
         .split("\r\n")
@@ -316,8 +403,19 @@ fn read_request(c: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     if len > MAX_BODY {
         return None;
     }
+    let started = Instant::now();
     while body.len() < len {
-        let n = c.read(&mut chunk).ok()?;
+        let want = if rate > 0 {
+            // Read only once the bytes so far are paid for at `rate`.
+            let due = Duration::from_secs_f64(body.len() as f64 / rate as f64);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                thread::sleep(wait);
+            }
+            SLOW_READ.min(len - body.len())
+        } else {
+            chunk.len()
+        };
+        let n = c.read(&mut chunk[..want]).ok()?;
         if n == 0 {
             return None;
         }

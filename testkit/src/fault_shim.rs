@@ -1,14 +1,22 @@
 //! The I/O fault shim (`tests/fault_shim/fault_shim.c`), compiled for the test that needs it
 //! with `cc` and loaded into the collector with `LD_PRELOAD`. A rule file
-//! `<dir>/<call>` (`open`, `openr`, `fsync`, `fdatasync`, `ftruncate`) holding
-//! `<errno> <count> <text>` makes the next `count` such calls on a path containing `text` fail
-//! with `errno`; the shim deletes the rule when it is used up. Needs a C compiler and a
-//! dynamically linked glibc binary.
+//! `<dir>/<call>` (`open`, `openr`, `fsync`, `fdatasync`, `ftruncate`, `write`, `writev`)
+//! holding `<errno> <count> <text>` makes the next `count` such calls on a path containing
+//! `text` (ending with it, when `text` ends with `$`) fail with `errno`; the shim deletes the
+//! rule when it is used up. The errno `-9` ([`KILL`]) is a kill -9 at the `count`th matching
+//! call instead (the ones before it go through): a crash at a chosen step. A `write` fails as on a disk that fills up: half of its bytes are
+//! written and the short count returned, then the next write to that descriptor fails.
+//! [`Faults::hide_birth_times`] makes `statx` answer without a birth time.
+//! Needs a C compiler and a dynamically linked glibc binary.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::repo_root;
+
+/// The "errno" of a rule that kills the process (SIGKILL, sent to itself) at the `count`th
+/// matching call, before the call is made.
+pub const KILL: i32 = -9;
 
 /// The shim, built into a test's temp dir, and its rule directory.
 pub struct Faults {
@@ -53,6 +61,12 @@ impl Faults {
     pub fn arm(&self, call: &str, errno: i32, count: u32, text: &str) {
         std::fs::write(self.dir.join(call), format!("{errno} {count} {text}\n"))
             .expect("write a fault rule");
+    }
+
+    /// From now on `statx` answers without a birth time, as on a filesystem that records
+    /// none (ext4 with 128-byte inodes, NFS): how a test covers that case on any filesystem.
+    pub fn hide_birth_times(&self) {
+        std::fs::write(self.dir.join("nobtime"), b"").expect("write the nobtime rule");
     }
 
     /// Removes the rule for `call`, used up or not.

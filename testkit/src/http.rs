@@ -58,6 +58,17 @@ pub fn try_http_request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> io::Result<HttpResponse> {
+    try_http_request_within(method, url, headers, body, HTTP_TIMEOUT)
+}
+
+/// Like [`try_http_request`], with `timeout` for the connect, each read and each write.
+pub fn try_http_request_within(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout: Duration,
+) -> io::Result<HttpResponse> {
     let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
     let rest = url
         .strip_prefix("http://")
@@ -76,9 +87,9 @@ pub fn try_http_request(
         .next()
         .ok_or_else(|| invalid(format!("cannot resolve {authority}")))?;
 
-    let mut stream = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT)?;
-    stream.set_read_timeout(Some(HTTP_TIMEOUT))?;
-    stream.set_write_timeout(Some(HTTP_TIMEOUT))?;
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
 
     let has = |name: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
     let mut head = format!("{method} {path} HTTP/1.1\r\n");

@@ -7,6 +7,8 @@
 //! - [`services`]: the storage emulators (moto for S3 and GCS's XML API, Azurite, fake-gcs-server)
 //!   that `scripts/install-test-deps.sh` installs, on loopback ports.
 //! - [`preload`]: an `LD_PRELOAD` shim that swaps a file for a symlink as it is opened.
+//! - [`ray_logs`]: a Ray temp root with sessions and log files, for the log shipper's tests.
+//! - [`nobtime`]: a loop-mounted ext4 without birth times.
 //! - [`fault_proxy`]: an HTTP proxy that records requests and injects errors, delays and drops.
 //! - [`relay`]: a TCP relay that can be cut and restored, for storage outages.
 //! - [`ray`]: real Ray from PyPI, run by the end-to-end tests.
@@ -17,7 +19,11 @@
 //! - [`peer`]: KubeRay's Go collector as a peer, with the stand-ins it needs to start, and
 //!   [`peer::AnyCollector`] to drive it and ours alike.
 //! - [`prometheus`]: a real Prometheus scraping collectors and evaluating the chart's alerts.
+//! - [`serve`]: `ray-history-collector serve` as a real process, and a bucket for it written by
+//!   the real collector with the head's dashboard snapshots.
 //! - [`usage`]: what a process cost (CPU time, peak resident set) from the kernel's accounting.
+//! - [`hostile`]: clients that stall bodies, never read answers or never end heads, and
+//!   [`hostile::tries`], which counts how often Ray and the probe still get through.
 //!
 //! Everything binds 127.0.0.1 only (but KubeRay's collector, which listens on every interface
 //! by design and is only ever sent requests on loopback), and every process started here is
@@ -29,12 +35,16 @@ pub mod dashboard;
 pub mod fault_proxy;
 pub mod fault_shim;
 pub mod history_server;
+pub mod hostile;
 pub mod http;
+pub mod nobtime;
 pub mod peer;
 pub mod preload;
 pub mod prometheus;
 pub mod ray;
+pub mod ray_logs;
 pub mod relay;
+pub mod serve;
 pub mod services;
 pub mod usage;
 

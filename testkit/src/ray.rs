@@ -391,10 +391,18 @@ pub struct WorkloadResult {
     pub ray_version: String,
 }
 
-/// The workload's JSON line (the last stdout line that is a JSON object with `job_id`).
-pub fn workload_result(stdout: &str) -> Option<WorkloadResult> {
+/// The workload's JSON line, whole (the last stdout line that is a JSON object with
+/// `job_id`): a workload may add what it saw while the cluster lived.
+pub fn workload_value(stdout: &str) -> Option<Value> {
     stdout.lines().rev().find_map(|line| {
         let v: Value = serde_json::from_str(line.trim()).ok()?;
+        v["job_id"].is_string().then_some(v)
+    })
+}
+
+/// The workload's JSON line (the last stdout line that is a JSON object with `job_id`).
+pub fn workload_result(stdout: &str) -> Option<WorkloadResult> {
+    workload_value(stdout).and_then(|v| {
         let s = |k: &str| v[k].as_str().map(str::to_string);
         Some(WorkloadResult {
             job_id: s("job_id")?.to_ascii_lowercase(),

@@ -2,23 +2,32 @@
  * by the test with `cc` and loaded into the collector with LD_PRELOAD. Test-only: nothing in
  * the collector refers to it.
  *
- * For each intercepted call (fsync, fdatasync, ftruncate/ftruncate64; open/open64 with
- * O_CREAT as "open", without it as "openr") it looks for a rule file $RHC_FAULT_DIR/<call>
- * holding "<errno> <count> <text>":
+ * For each intercepted call (fsync, fdatasync, ftruncate/ftruncate64, writev; open/open64 with
+ * O_CREAT as "open", without it as "openr"; write) it looks for a rule file
+ * $RHC_FAULT_DIR/<call> holding "<errno> <count> <text>":
  * a call on a path containing <text> (ending with it, when <text> ends with '$') fails with
- * <errno>, <count> times, after which the rule file is removed. Every fsync, fdatasync and
- * ftruncate is logged to $RHC_FAULT_DIR/log as "<call> <path> ok|fail".
+ * <errno>, <count> times, after which the rule file is removed. The errno -9 is a kill -9
+ * instead: the first <count> - 1 matching calls go through and the process sends itself
+ * SIGKILL at the <count>th, before it is made (a crash at a chosen step). A write fails as a disk
+ * filling up makes it fail: it first writes half of its bytes for real and returns that
+ * short count, and the next write to the same descriptor fails with <errno> (one of
+ * <count>); a write of one byte fails at once. Every fsync, fdatasync and ftruncate, and
+ * every injected write failure, is logged to $RHC_FAULT_DIR/log as
+ * "<call> <path> ok|fail".
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 static pthread_mutex_t mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
@@ -53,8 +62,13 @@ static int injected(const char *call, const char *path) {
         int e = 0, count = 0;
         char text[2048] = {0};
         if (fscanf(f, "%d %d %2047s", &e, &count, text) == 3 && matches(path, text)) {
-            err = e;
+            err = e == -9 ? 0 : e;
             count -= 1;
+            if (e == -9 && count <= 0) {
+                fclose(f);
+                unlink(rule);
+                kill(getpid(), SIGKILL);
+            }
             fclose(f);
             f = NULL;
             if (count <= 0) {
@@ -115,6 +129,47 @@ FD_CALL(fdatasync, (int fd), (fd))
 FD_CALL(ftruncate, (int fd, off_t len), (fd, len))
 FD_CALL(ftruncate64, (int fd, off_t len), (fd, len))
 
+/* The descriptor whose next write fails (after a short write), and with what. */
+static int short_fd = -1;
+static int short_err;
+
+ssize_t write(int fd, const void *buf, size_t n) {
+    static ssize_t (*real)(int, const void *, size_t);
+    if (!real) real = dlsym(RTLD_NEXT, "write");
+    const char *dir = getenv("RHC_FAULT_DIR");
+    if (!dir || busy) return real(fd, buf, n);
+    /* Cheap while nothing is armed: one access(2) per write, no path lookup. */
+    char rule[4096];
+    snprintf(rule, sizeof rule, "%s/write", dir);
+    if (__atomic_load_n(&short_fd, __ATOMIC_SEQ_CST) != fd && access(rule, F_OK) != 0)
+        return real(fd, buf, n);
+    char path[4096];
+    fd_path(fd, path, sizeof path);
+    pthread_mutex_lock(&mu);
+    int err = 0;
+    if (short_fd == fd) {
+        err = short_err;
+        short_fd = -1;
+        short_err = 0;
+    } else {
+        err = injected("write", path);
+        if (err && n >= 2) {
+            ssize_t r = real(fd, buf, n / 2);
+            if (r > 0) {
+                short_fd = fd;
+                short_err = err;
+                pthread_mutex_unlock(&mu);
+                return r;
+            }
+        }
+    }
+    if (err) log_call("write", path, err);
+    pthread_mutex_unlock(&mu);
+    if (!err) return real(fd, buf, n);
+    errno = err;
+    return -1;
+}
+
 #define OPEN_CALL(name)                                                \
     int name(const char *path, int flags, ...) {                       \
         static int (*real)(const char *, int, ...);                    \
@@ -146,3 +201,53 @@ FD_CALL(ftruncate64, (int fd, off_t len), (fd, len))
 
 OPEN_CALL(open)
 OPEN_CALL(open64)
+
+/* writev (how the spool appends its lines): fails as a full disk would, before writing
+ * anything. Not logged (it is called for every group). */
+ssize_t writev(int fd, const struct iovec *iov, int iovcnt) {
+    static ssize_t (*real)(int, const struct iovec *, int);
+    if (!real) real = dlsym(RTLD_NEXT, "writev");
+    const char *dir = getenv("RHC_FAULT_DIR");
+    if (dir && !busy) {
+        char rule[4096];
+        snprintf(rule, sizeof rule, "%s/writev", dir);
+        if (access(rule, F_OK) == 0) {
+            char path[4096];
+            fd_path(fd, path, sizeof path);
+            pthread_mutex_lock(&mu);
+            int err = injected("writev", path);
+            pthread_mutex_unlock(&mu);
+            if (err) {
+                errno = err;
+                return -1;
+            }
+        }
+    }
+    return real(fd, iov, iovcnt);
+}
+
+/* statx (how Rust's std reads metadata): the birth time hidden while the rule file "nobtime"
+ * exists. */
+int statx(int dirfd, const char *path, int flags, unsigned int mask, struct statx *buf) {
+    static int (*real)(int, const char *, int, unsigned int, struct statx *);
+    if (!real) real = dlsym(RTLD_NEXT, "statx");
+    if (!real) {
+        /* A libc without statx: the caller falls back to fstat. */
+        errno = ENOSYS;
+        return -1;
+    }
+    int r = real(dirfd, path, flags, mask, buf);
+    int saved = errno;
+    const char *dir = getenv("RHC_FAULT_DIR");
+    if (r == 0 && dir && !busy) {
+        char rule[4096];
+        snprintf(rule, sizeof rule, "%s/nobtime", dir);
+        if (access(rule, F_OK) == 0) {
+            buf->stx_mask &= ~(unsigned int)STATX_BTIME;
+            buf->stx_btime.tv_sec = 0;
+            buf->stx_btime.tv_nsec = 0;
+        }
+    }
+    errno = saved;
+    return r;
+}

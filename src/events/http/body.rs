@@ -22,14 +22,38 @@
 //!   sent and nothing more, so a valid body that fits beside it passes at once. Bodies that
 //!   together need more than the budget wait for each other at most [`BUDGET_WAIT`], then the
 //!   ones still short get 503 and their room goes back (Ray sends one batch at a time, so
-//!   only clients that are not Ray can be in that position).
+//!   only clients that are not Ray can be in that position). A body that waits never waits
+//!   behind larger ones that wait too: when it must wait, the waiting body holding the most
+//!   room, if that is more than this one wants in all, gives it back at once with 503 and
+//!   `Retry-After` (so gzip bombs that each decode to 64 MiB and fill the budget while they
+//!   wait for more cannot hold Ray's 20 KB batch for the 10 s [`BUDGET_WAIT`]).
+//! - **Decoding and parsing never hold the runtime.** Gzip layers are undone, and the body
+//!   parsed and routed by the caller, off the runtime's workers ([`off_reactor`]), so bodies
+//!   of millions of tiny elements cannot keep Ray's requests and the probes from being
+//!   answered; and the time in which the runtime could not poll a body's reader (its
+//!   workers busy, the process not scheduled) is not counted against the body's
+//!   [`Pace`] ([`runtime_lag_ms`]).
+//! - **A body that stopped arriving gives its room to one that waits.** Each body keeps a
+//!   [`Pace`]: it counts as arriving while its bytes keep up with [`MIN_BODY_RATE`], with at
+//!   most [`BODY_GRACE`] of credit (so megabytes sent fast and then nothing buy a quarter
+//!   second, not a minute), and while the collector, not the client, is the one not reading
+//!   (waiting for room, decoding, storing). When a body has to wait for room, every other
+//!   body that holds room and has fallen behind its pace is cut at once (`408`, the
+//!   connection closed) and its room goes back: two clients that send 96 MiB fast and then
+//!   stop lock Ray out for a quarter second, not for the 30 s [`BODY_TIMEOUT`]. With room to
+//!   spare nothing is cut: a slow body is only a problem when others wait for what it holds.
 //! - **413 only for real sizes.** A body gets 413 only when the bytes it really holds (raw and
 //!   decoded together) need more than the whole budget, which no resend can change; never for
 //!   a buffer's capacity or a header's claim.
 //! - **Bounds.** The raw body and every decoded layer are bounded by `--max-body-bytes`, and
-//!   the whole read by [`BODY_TIMEOUT`].
+//!   the whole read by [`BODY_TIMEOUT`]. The bytes as received are handed back beside the
+//!   decoded body only when they are at most [`MAX_KEPT_BODY_BYTES`] (what quarantine keeps
+//!   of an invalid body, see [`crate::events::quarantine::KeptBody`]), and charged with it.
 
+use std::collections::BTreeMap;
 use std::io::Read;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -37,8 +61,10 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, CONTENT_ENCODING, CONTENT_LENGTH};
 use hyper::Request;
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
+
+use crate::events::quarantine::MAX_KEPT_BODY_BYTES;
 
 /// How long a client may take to send a whole body.
 pub(super) const BODY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -55,6 +81,209 @@ pub(super) const BUDGET_WAIT: Duration = Duration::from_secs(10);
 pub(super) const RESERVE_STEP: u64 = 64 << 10;
 /// What gzip decoding reads at a time before taking room for it.
 const DECODE_CHUNK: usize = 64 << 10;
+/// How far ahead of now a body's bytes can put its pace ([`Pace`]), and how long a body has
+/// for its first bytes: Ray's batches (about 1 MB) cross loopback in milliseconds; a quarter
+/// second leaves room for a collector slowed by a busy node. It is also what a client buys
+/// by sending megabytes fast and then nothing: a quarter second, not the 30 s
+/// [`BODY_TIMEOUT`].
+pub(super) const BODY_GRACE: Duration = Duration::from_millis(250);
+/// Bytes per second a body must keep up to count as arriving: a body streamed over loopback
+/// is hundreds of times faster.
+pub(super) const MIN_BODY_RATE: u64 = 1 << 20;
+/// How often a body waiting for room looks again for bodies that fell behind their pace.
+const RECLAIM_EVERY: Duration = Duration::from_millis(50);
+/// [`Pace`]'s `due_ms` when the collector is not reading the body (no body, or the collector
+/// is the one busy: waiting for room, decoding, storing): it cannot fall behind.
+const NOT_READING: u64 = u64::MAX;
+
+/// Whether a body's bytes keep arriving, shared by the task reading it, the budget (which
+/// cuts a body that fell behind when another waits for its room) and the connection's place
+/// (which gives way at the connection cap when its body fell behind).
+///
+/// The pace is a time, `due`: each byte received moves it `1 / MIN_BODY_RATE` seconds later,
+/// from now if it was behind, but never more than [`BODY_GRACE`] ahead of now; the body has
+/// fallen behind once `due` has passed. So a body must never go silent for more than
+/// [`BODY_GRACE`] and must keep up [`MIN_BODY_RATE`] over any stretch longer than that,
+/// whatever it sent before.
+pub(super) struct Pace {
+    epoch: Instant,
+    /// [`runtime_lag_ms`] at `epoch`.
+    lag_at_epoch: u64,
+    /// Milliseconds after `epoch`; [`NOT_READING`] when the collector is not reading.
+    due_ms: AtomicU64,
+    /// Told to give its room back.
+    cut: AtomicBool,
+    cut_signal: Notify,
+}
+
+impl Pace {
+    /// A pace not being read: it never falls behind until [`Pace::reading`].
+    pub(super) fn new() -> Pace {
+        let epoch = Instant::now();
+        Pace {
+            epoch,
+            lag_at_epoch: runtime_lag_ms(epoch),
+            due_ms: AtomicU64::new(NOT_READING),
+            cut: AtomicBool::new(false),
+            cut_signal: Notify::new(),
+        }
+    }
+
+    /// Milliseconds after `epoch` at `t`, less the time the runtime could not run its
+    /// tasks ([`runtime_lag_ms`]): a reader that was not polled is not behind for it.
+    fn ms(&self, t: Instant) -> u64 {
+        (t.saturating_duration_since(self.epoch).as_millis() as u64)
+            .saturating_sub(runtime_lag_ms(t).saturating_sub(self.lag_at_epoch))
+    }
+
+    /// A new body starts: a cut meant for an earlier one (which completed as it was cut) is
+    /// forgotten, and the body is being read.
+    fn start(&self) {
+        self.cut.store(false, Ordering::Release);
+        self.reading();
+    }
+
+    /// The collector reads the body now (a head arrived, or the collector's own wait ended):
+    /// it has [`BODY_GRACE`] for its next bytes.
+    pub(super) fn reading(&self) {
+        let now = self.ms(Instant::now());
+        self.due_ms
+            .store(now + BODY_GRACE.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// `n` more bytes arrived.
+    pub(super) fn received(&self, n: usize) {
+        let due = self.due_ms.load(Ordering::Relaxed);
+        if due == NOT_READING {
+            return;
+        }
+        let now = self.ms(Instant::now());
+        let earned = (n as u64).saturating_mul(1000) / MIN_BODY_RATE;
+        let next = due
+            .max(now)
+            .saturating_add(earned)
+            .min(now + BODY_GRACE.as_millis() as u64);
+        self.due_ms.store(next, Ordering::Relaxed);
+    }
+
+    /// The collector stops reading the body (it is complete, or the collector waits for room
+    /// or decodes): the time that follows is not the client's.
+    pub(super) fn paused(&self) {
+        self.due_ms.store(NOT_READING, Ordering::Relaxed);
+    }
+
+    /// Whether the body is being read and has fallen behind its pace.
+    pub(super) fn behind(&self, now: Instant) -> bool {
+        let due = self.due_ms.load(Ordering::Relaxed);
+        due != NOT_READING && self.ms(now) >= due
+    }
+
+    /// Tells the body's reader to give its room back; `false` if it was told already.
+    fn cut(&self) -> bool {
+        if self.cut.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        // notify_one keeps the wake-up if the reader is not waiting yet.
+        self.cut_signal.notify_one();
+        true
+    }
+
+    /// Resolves once the body was cut.
+    async fn was_cut(&self) {
+        loop {
+            if self.cut.load(Ordering::Acquire) {
+                return;
+            }
+            self.cut_signal.notified().await;
+        }
+    }
+}
+
+/// How often [`watch_runtime_lag`] looks whether the runtime runs its tasks on time.
+const LAG_TICK: Duration = Duration::from_millis(10);
+/// Lateness of a tick not counted as the runtime's lag (timer granularity, a busy node).
+const LAG_TOLERANCE: Duration = Duration::from_millis(20);
+/// The runtime's lag counted so far, in ms ([`watch_runtime_lag`]).
+static RUNTIME_LAG_MS: AtomicU64 = AtomicU64::new(0);
+/// When the watcher last ran, in ms after [`lag_epoch`]; 0 while nothing watches.
+static LAST_TICK_MS: AtomicU64 = AtomicU64::new(0);
+static LAG_WATCHED: AtomicBool = AtomicBool::new(false);
+static LAG_EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+fn lag_epoch() -> Instant {
+    *LAG_EPOCH.get_or_init(Instant::now)
+}
+
+/// Time in which the runtime could not run its tasks (its workers busy, the process not
+/// scheduled), in ms since the watcher started: a body's reader is not polled then, so its
+/// bytes wait in the socket and its [`Pace`] must not count that time against the client.
+/// Includes the lag going on at `now` (the watcher itself has not run for too long).
+fn runtime_lag_ms(now: Instant) -> u64 {
+    let counted = RUNTIME_LAG_MS.load(Ordering::Relaxed);
+    let last = LAST_TICK_MS.load(Ordering::Relaxed);
+    if last == 0 {
+        return counted;
+    }
+    let now_ms = now.saturating_duration_since(lag_epoch()).as_millis() as u64;
+    let late = now_ms.saturating_sub(last + LAG_TICK.as_millis() as u64);
+    if late > LAG_TOLERANCE.as_millis() as u64 {
+        counted + late
+    } else {
+        counted
+    }
+}
+
+/// Counts the runtime's lag ([`runtime_lag_ms`]) for as long as the runtime runs; started
+/// once ([`start_lag_watch`]).
+async fn watch_runtime_lag() {
+    loop {
+        let before = Instant::now();
+        LAST_TICK_MS.store(
+            (before.saturating_duration_since(lag_epoch()).as_millis() as u64).max(1),
+            Ordering::Relaxed,
+        );
+        tokio::time::sleep(LAG_TICK).await;
+        let late = before.elapsed().saturating_sub(LAG_TICK);
+        if late > LAG_TOLERANCE {
+            RUNTIME_LAG_MS.fetch_add(late.as_millis() as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Starts counting the runtime's lag, once per process, on the current runtime.
+pub(super) fn start_lag_watch() {
+    if let Ok(h) = tokio::runtime::Handle::try_current() {
+        if !LAG_WATCHED.swap(true, Ordering::AcqRel) {
+            lag_epoch();
+            h.spawn(watch_runtime_lag());
+        }
+    }
+}
+
+/// Runs `f`, which may keep a CPU busy for long (decoding gzip, parsing and routing a body),
+/// where it does not hold one of the runtime's workers: the worker's other tasks (every
+/// connection's reads and answers, the probes) move to another thread meanwhile
+/// ([`tokio::task::block_in_place`]). Without it two bodies of tiny elements held both
+/// workers for tens of seconds: Ray and `/healthz` got no answer. The threads that run such
+/// work are tokio's blocking pool; the memory they work on is the bodies' room in the body
+/// budget, so it stays bounded however many run.
+pub(super) fn off_reactor<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
+/// A body holding room, as the budget sees it.
+struct Holder {
+    pace: Arc<Pace>,
+    /// KiB of room it holds.
+    held_kib: AtomicU64,
+    /// It waits for more room.
+    waiting: AtomicBool,
+}
 
 /// Why a request body could not be read.
 pub(super) enum BodyProblem<'a> {
@@ -64,9 +293,23 @@ pub(super) enum BodyProblem<'a> {
     NeverFits(u64),
     NoRoom,
     TimedOut,
+    /// The body fell behind its [`Pace`] while another body waited for the room it held.
+    Stalled,
     Read(String),
-    /// Not valid gzip: the bytes as received, the decoder's error, and the room they hold.
-    BadGzip(Bytes, String, Room<'a>),
+    /// Not valid gzip: the bytes the failing layer was given, the decoder's error, the room
+    /// they hold (boxed: it is the largest part), and the bytes received.
+    BadGzip(Bytes, String, Box<Room<'a>>, u64),
+}
+
+/// A body as read: decoded, and what quarantine needs should it be invalid.
+pub(super) struct Received {
+    /// The body, its gzip layers undone.
+    pub(super) body: Bytes,
+    /// The bytes as received, when the body had gzip layers and they are at most
+    /// [`MAX_KEPT_BODY_BYTES`] (charged with the body).
+    pub(super) compressed: Option<Bytes>,
+    /// Bytes received (before the gzip layers).
+    pub(super) received_bytes: u64,
 }
 
 /// The gzip layers of a request, from all its `Content-Encoding` headers; the coding that is
@@ -111,6 +354,9 @@ pub(super) fn declared_length(headers: &HeaderMap) -> Option<u64> {
 pub(super) struct BodyBudget {
     permits: Semaphore,
     total_kib: u64,
+    /// The bodies that hold room, by room id.
+    holders: Mutex<BTreeMap<u64, Arc<Holder>>>,
+    next_id: AtomicU64,
 }
 
 impl BodyBudget {
@@ -120,15 +366,55 @@ impl BodyBudget {
         BodyBudget {
             permits: Semaphore::new(total_kib as usize),
             total_kib,
+            holders: Mutex::new(BTreeMap::new()),
+            next_id: AtomicU64::new(0),
         }
     }
 
-    /// A body's share of the budget, empty until it grows.
-    pub(super) fn room(&self) -> Room<'_> {
+    /// A body's share of the budget, empty until it grows; `pace` is the body's, which says
+    /// whether it may be cut when another body waits for room.
+    pub(super) fn room(&self, pace: Arc<Pace>) -> Room<'_> {
         Room {
             budget: self,
             held: None,
             waited: Duration::ZERO,
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            registered: false,
+            holder: Arc::new(Holder {
+                pace,
+                held_kib: AtomicU64::new(0),
+                waiting: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Cuts every body but `except` that holds room and has fallen behind its pace; how many.
+    fn cut_behind(&self, except: u64) -> usize {
+        let now = Instant::now();
+        let holders = lock(&self.holders);
+        let mut cut = 0;
+        for (_, h) in holders.iter().filter(|(id, _)| **id != except) {
+            if h.pace.behind(now) && h.pace.cut() {
+                cut += 1;
+            }
+        }
+        cut
+    }
+
+    /// Tells the body that waits for room and holds the most of it, if it holds more than
+    /// `want_kib` (all that the body `except`, which waits too, would hold), to give its
+    /// room back (it is answered 503): a small body never waits behind large ones that wait
+    /// for room, such as gzip bombs decoding to 64 MiB each. Only a body holding more than
+    /// another wants in all gives way to it, so two bodies never push each other out.
+    fn give_way_to(&self, except: u64, want_kib: u64) -> bool {
+        let holders = lock(&self.holders);
+        let largest = holders
+            .iter()
+            .filter(|(id, h)| **id != except && h.waiting.load(Ordering::Acquire))
+            .max_by_key(|(_, h)| h.held_kib.load(Ordering::Relaxed));
+        match largest {
+            Some((_, h)) if h.held_kib.load(Ordering::Relaxed) > want_kib => h.pace.cut(),
+            _ => false,
         }
     }
 
@@ -139,15 +425,46 @@ impl BodyBudget {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The map stays consistent whatever panicked while holding it.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The room one body holds; given back when dropped.
 pub(super) struct Room<'a> {
     budget: &'a BodyBudget,
     held: Option<SemaphorePermit<'a>>,
     /// Time spent waiting for room so far, against [`BUDGET_WAIT`].
     waited: Duration,
+    id: u64,
+    /// Listed among the budget's holders (once it holds room).
+    registered: bool,
+    holder: Arc<Holder>,
+}
+
+impl Drop for Room<'_> {
+    fn drop(&mut self) {
+        if self.registered {
+            lock(&self.budget.holders).remove(&self.id);
+        }
+    }
 }
 
 impl<'a> Room<'a> {
+    fn hold(&mut self, permit: SemaphorePermit<'a>) {
+        match &mut self.held {
+            Some(h) => h.merge(permit),
+            None => self.held = Some(permit),
+        }
+        self.holder
+            .held_kib
+            .store(self.held_kib(), Ordering::Relaxed);
+        if !self.registered {
+            lock(&self.budget.holders).insert(self.id, self.holder.clone());
+            self.registered = true;
+        }
+    }
+
     fn held_kib(&self) -> u64 {
         self.held.as_ref().map_or(0, |p| p.num_permits() as u64)
     }
@@ -173,11 +490,8 @@ impl<'a> Room<'a> {
         let step = kib(RESERVE_STEP);
         while self.held_kib() < want {
             let n = (want - self.held_kib()).min(step) as u32;
-            let permit = self.wait_for(&budget.permits, n, deadline).await?;
-            match &mut self.held {
-                Some(h) => h.merge(permit),
-                None => self.held = Some(permit),
-            }
+            let permit = self.wait_for(&budget.permits, n, want, deadline).await?;
+            self.hold(permit);
         }
         Ok(())
     }
@@ -195,10 +509,7 @@ impl<'a> Room<'a> {
             let Ok(permit) = self.budget.permits.try_acquire_many(n) else {
                 return Ok(false);
             };
-            match &mut self.held {
-                Some(h) => h.merge(permit),
-                None => self.held = Some(permit),
-            }
+            self.hold(permit);
         }
         Ok(true)
     }
@@ -210,12 +521,20 @@ impl<'a> Room<'a> {
         if let Some(h) = &mut self.held {
             drop(h.split(extra as usize));
         }
+        self.holder
+            .held_kib
+            .store(self.held_kib(), Ordering::Relaxed);
     }
 
+    /// Takes `n` KiB of `sem` for a room growing to `want_kib` in all, waiting as the
+    /// module docs say: bodies that fell behind their pace are cut, and the waiting body
+    /// holding the most gives way when it holds more than `want_kib`; this body gives way
+    /// in turn ([`BodyProblem::NoRoom`]) when told to.
     async fn wait_for(
         &mut self,
         sem: &'a Semaphore,
         n: u32,
+        want_kib: u64,
         deadline: Instant,
     ) -> Result<SemaphorePermit<'a>, BodyProblem<'a>> {
         if let Ok(p) = sem.try_acquire_many(n) {
@@ -224,14 +543,49 @@ impl<'a> Room<'a> {
         let left = BUDGET_WAIT.saturating_sub(self.waited);
         let until = deadline.min(Instant::now() + left);
         let started = Instant::now();
-        let got = tokio::time::timeout_at(until, sem.acquire_many(n)).await;
+        // While it waits, bodies that hold room and fell behind their pace give it back; one
+        // that falls behind later is cut at the next look.
+        let acquire = sem.acquire_many(n);
+        tokio::pin!(acquire);
+        self.holder.waiting.store(true, Ordering::Release);
+        let pace = self.holder.pace.clone();
+        let got = loop {
+            let cut = self.budget.cut_behind(self.id);
+            if cut > 0 {
+                crate::metrics::stalled_bodies_cut(cut as u64);
+                tracing::debug!(
+                    bodies = cut,
+                    "cut bodies that fell behind their pace: a body waits for the room they held"
+                );
+            }
+            if self.budget.give_way_to(self.id, want_kib) {
+                tracing::debug!(
+                    want_kib,
+                    "told the waiting body holding the most room to give it back: a smaller body waits"
+                );
+            }
+            let look_again = (Instant::now() + RECLAIM_EVERY).min(until);
+            tokio::select! {
+                biased;
+                _ = pace.was_cut() => break Err(true),
+                got = &mut acquire => break Ok(got),
+                _ = tokio::time::sleep_until(look_again) => {
+                    if Instant::now() >= until {
+                        break Err(false);
+                    }
+                }
+            }
+        };
+        self.holder.waiting.store(false, Ordering::Release);
         self.waited += started.elapsed();
         match got {
             Ok(Ok(p)) => Ok(p),
             // The semaphores are never closed; treat it as no room.
             Ok(Err(_)) => Err(BodyProblem::NoRoom),
-            Err(_) if Instant::now() >= deadline => Err(BodyProblem::TimedOut),
-            Err(_) => Err(BodyProblem::NoRoom),
+            // Told to give way to a smaller body.
+            Err(true) => Err(BodyProblem::NoRoom),
+            Err(false) if Instant::now() >= deadline => Err(BodyProblem::TimedOut),
+            Err(false) => Err(BodyProblem::NoRoom),
         }
     }
 }
@@ -267,15 +621,15 @@ pub(super) struct Limits {
     pub(super) timeout: Duration,
 }
 
-/// Reads the body within `limits` and undoes its gzip layers, telling `progress` how many
-/// bytes arrive as they arrive. The room its bytes take from `budget` is returned with it
-/// and must be held while the body is used.
+/// Reads the body within `limits` and undoes its gzip layers, keeping `pace` (the
+/// connection's) as the bytes arrive. The room its bytes take from `budget` is returned with
+/// it and must be held while the body is used.
 pub(super) async fn read_body<'a>(
     req: Request<Incoming>,
     budget: &'a BodyBudget,
     limits: Limits,
-    progress: &(dyn Fn(usize) + Sync),
-) -> Result<(Bytes, Room<'a>), BodyProblem<'a>> {
+    pace: Arc<Pace>,
+) -> Result<(Received, Room<'a>), BodyProblem<'a>> {
     let Limits {
         max,
         declared,
@@ -288,11 +642,17 @@ pub(super) async fn read_body<'a>(
         .and_then(|d| usize::try_from(d).ok())
         .unwrap_or(max)
         .min(max);
-    let mut room = budget.room();
+    let mut room = budget.room(pace.clone());
     let mut incoming = req.into_body();
     let mut raw: Vec<u8> = Vec::new();
+    pace.start();
     loop {
-        let frame = match tokio::time::timeout_at(deadline, incoming.frame()).await {
+        let frame = tokio::select! {
+            biased;
+            _ = pace.was_cut() => return Err(BodyProblem::Stalled),
+            frame = tokio::time::timeout_at(deadline, incoming.frame()) => frame,
+        };
+        let frame = match frame {
             Err(_) => return Err(BodyProblem::TimedOut),
             Ok(None) => break,
             Ok(Some(Err(e))) => return Err(BodyProblem::Read(e.to_string())),
@@ -302,27 +662,55 @@ pub(super) async fn read_body<'a>(
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        progress(data.len());
+        pace.received(data.len());
         let need = raw.len().saturating_add(data.len());
         if need > max {
             return Err(BodyProblem::TooLarge);
         }
         if need as u64 > room.held_bytes() {
+            // Waiting for room is the collector's time, not the client's.
+            pace.paused();
             room.grow_to(need as u64, deadline).await?;
+            pace.reading();
         }
         if need > raw.capacity() {
             raw.reserve_exact(grown(raw.capacity(), need, limit) - raw.len());
         }
         raw.extend_from_slice(&data);
     }
-    for _ in 0..gzip_layers {
-        match decode_gzip(&raw, &mut room, max, deadline).await? {
-            Ok(decoded) => raw = decoded,
-            Err(why) => return Err(BodyProblem::BadGzip(Bytes::from(raw), why, room)),
+    pace.paused();
+    let received_bytes = raw.len() as u64;
+    let mut body = Bytes::from(raw);
+    let mut compressed = None;
+    for layer in 0..gzip_layers {
+        let decoded = match decode_gzip(&body, &mut room, max, deadline).await? {
+            Ok(decoded) => decoded,
+            Err(why) => {
+                return Err(BodyProblem::BadGzip(
+                    body,
+                    why,
+                    Box::new(room),
+                    received_bytes,
+                ))
+            }
+        };
+        // The bytes as received are kept (and stay charged) only when small enough for
+        // quarantine to keep them whole.
+        if layer == 0 && body.len() <= MAX_KEPT_BODY_BYTES {
+            compressed = Some(body);
         }
-        room.shrink_to(raw.len() as u64);
+        body = Bytes::from(decoded);
+        let kept = compressed.as_ref().map_or(0, |c| c.len());
+        room.shrink_to(body.len().saturating_add(kept) as u64);
     }
-    Ok((Bytes::from(raw), room))
+    Ok((
+        Received {
+            body,
+            compressed,
+            received_bytes,
+        },
+        room,
+    ))
 }
 
 /// One gzip layer of `raw` (charged to `room` already), decoded in chunks, each taking its
@@ -338,7 +726,7 @@ async fn decode_gzip<'a>(
     let mut dec = flate2::read::MultiGzDecoder::new(raw);
     let mut chunk = vec![0u8; DECODE_CHUNK];
     loop {
-        let n = match dec.read(&mut chunk) {
+        let n = match off_reactor(|| dec.read(&mut chunk)) {
             Ok(0) => return Ok(Ok(out)),
             Ok(n) => n,
             Err(e) => return Ok(Err(e.to_string())),
@@ -387,6 +775,11 @@ mod tests {
         assert!(gzip_layers(&headers(&["gzip, gzip, gzip"])).is_err());
     }
 
+    /// A room whose body is not being read: never cut.
+    fn room(b: &BodyBudget) -> Room<'_> {
+        b.room(Arc::new(Pace::new()))
+    }
+
     fn later() -> Instant {
         Instant::now() + BODY_TIMEOUT
     }
@@ -394,16 +787,16 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_budget_holds_one_largest_body_and_room_for_small_ones() {
         let b = BodyBudget::new(64 << 20);
-        let mut big = b.room();
+        let mut big = room(&b);
         assert!(big.grow_to(64 << 20, later()).await.is_ok());
         // Ordinary batches still pass beside it.
-        let mut small: Vec<Room> = (0..20).map(|_| b.room()).collect();
+        let mut small: Vec<Room> = (0..20).map(|_| room(&b)).collect();
         for r in &mut small {
             assert!(r.grow_to(1 << 20, later()).await.is_ok());
         }
         drop(small);
         // A body that does not fit beside it waits, then gives up.
-        let mut second = b.room();
+        let mut second = room(&b);
         let t = Instant::now();
         assert!(matches!(
             second.grow_to(33 << 20, later()).await,
@@ -411,16 +804,16 @@ mod tests {
         ));
         assert!(t.elapsed() >= BUDGET_WAIT);
         drop((big, second));
-        let mut third = b.room();
+        let mut third = room(&b);
         assert!(third.grow_to(64 << 20, later()).await.is_ok());
         // A body that could never fit is told so at once.
         drop(third);
         assert!(matches!(
-            b.room().grow_to(97 << 20, later()).await,
+            room(&b).grow_to(97 << 20, later()).await,
             Err(BodyProblem::NeverFits(_))
         ));
         // Exactly the whole budget fits: sizes are compared, not rounded capacities.
-        assert!(b.room().grow_to(96 << 20, later()).await.is_ok());
+        assert!(room(&b).grow_to(96 << 20, later()).await.is_ok());
     }
 
     #[tokio::test(start_paused = true)]
@@ -428,13 +821,13 @@ mod tests {
         let b = BodyBudget::new(64 << 20);
         // One body just over 8 MiB that stops sending holds its bytes, nothing more: a
         // 9 MB body and twelve of 4 MiB pass beside it at once.
-        let mut stalled = b.room();
+        let mut stalled = room(&b);
         assert!(stalled.grow_to((8 << 20) + 1, later()).await.is_ok());
         assert_eq!(stalled.held_bytes(), (8 << 20) + RESERVE_STEP);
         let t = Instant::now();
-        let mut other = b.room();
+        let mut other = room(&b);
         assert!(other.grow_to(9_000_000, later()).await.is_ok());
-        let mut many: Vec<Room> = (0..12).map(|_| b.room()).collect();
+        let mut many: Vec<Room> = (0..12).map(|_| room(&b)).collect();
         for r in &mut many {
             assert!(r.grow_to((4 << 20) + 1, later()).await.is_ok());
         }
@@ -446,9 +839,9 @@ mod tests {
         let b = BodyBudget::new(64 << 20);
         let all = b.free_kib();
         // A room that has not grown, whatever its header declared, holds nothing.
-        let idle: Vec<Room> = (0..100).map(|_| b.room()).collect();
+        let idle: Vec<Room> = (0..100).map(|_| room(&b)).collect();
         assert_eq!(b.free_kib(), all);
-        let mut r = b.room();
+        let mut r = room(&b);
         assert!(r.grow_to(10 << 20, later()).await.is_ok());
         assert_eq!(b.free_kib(), all - 10 * 1024);
         r.shrink_to(1 << 20);
@@ -462,9 +855,9 @@ mod tests {
         // 'static: the large body waits in a task of its own.
         let b: &'static BodyBudget = Box::leak(Box::new(BodyBudget::new(64 << 20)));
         // A large body and small ones fill the budget to the last KiB.
-        let mut big = b.room();
+        let mut big = room(b);
         assert!(big.grow_to(40 << 20, later()).await.is_ok());
-        let mut small: Vec<Room> = (0..56).map(|_| b.room()).collect();
+        let mut small: Vec<Room> = (0..56).map(|_| room(b)).collect();
         for r in &mut small {
             assert!(r.grow_to(1 << 20, later()).await.is_ok());
         }
@@ -477,7 +870,7 @@ mod tests {
         tokio::task::yield_now().await;
         // One small body ends: the request behind the large one gets its room at once,
         // though the large one is still far from what it wants.
-        let mut newcomer = b.room();
+        let mut newcomer = room(b);
         let waiting = newcomer.grow_to(16 << 10, later());
         tokio::pin!(waiting);
         assert!(futures::poll!(&mut waiting).is_pending());
@@ -488,8 +881,93 @@ mod tests {
             "the small request waited for the large one"
         );
         drop(small);
-        let (ok, held) = big.await.unwrap();
-        assert!(ok);
-        assert_eq!(held, 64 * 1024);
+        // And the large body, which waited while a smaller one did, was told to give its
+        // room back (its client gets 503 and resends): it is not left holding 40 MiB
+        // while small requests queue behind it.
+        let (ok, _) = big.await.unwrap();
+        assert!(
+            !ok,
+            "the large waiting body kept its room while a small one waited"
+        );
+        assert_eq!(b.free_kib() as u64, b.total_kib - kib(RESERVE_STEP));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pace_buys_at_most_a_grace_whatever_was_sent_before() {
+        let p = Pace::new();
+        assert!(
+            !p.behind(Instant::now() + BODY_TIMEOUT),
+            "not read: never behind"
+        );
+        p.start();
+        // 64 MiB at once, then nothing: behind a grace later, not a minute later.
+        p.received(64 << 20);
+        tokio::time::advance(BODY_GRACE - Duration::from_millis(1)).await;
+        assert!(!p.behind(Instant::now()));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(p.behind(Instant::now()));
+        // Bytes at the minimum rate keep it arriving; at half of it, it falls behind.
+        p.reading();
+        for _ in 0..40 {
+            tokio::time::advance(Duration::from_millis(50)).await;
+            p.received((MIN_BODY_RATE / 20) as usize);
+            assert!(!p.behind(Instant::now()));
+        }
+        let mut fell_behind = false;
+        for _ in 0..40 {
+            tokio::time::advance(Duration::from_millis(50)).await;
+            fell_behind |= p.behind(Instant::now());
+            p.received((MIN_BODY_RATE / 40) as usize);
+        }
+        assert!(fell_behind);
+        // The collector's own waits are not the client's.
+        p.paused();
+        tokio::time::advance(BODY_TIMEOUT).await;
+        assert!(!p.behind(Instant::now()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_fell_behind_gives_its_room_to_one_that_waits() {
+        let b: &'static BodyBudget = Box::leak(Box::new(BodyBudget::new(64 << 20)));
+        // One body sent 64 MiB and stopped; one sends on; one waits for room of its own.
+        let stopped = Arc::new(Pace::new());
+        let arriving = Arc::new(Pace::new());
+        let mut a = b.room(stopped.clone());
+        let mut c = b.room(arriving.clone());
+        stopped.start();
+        arriving.start();
+        assert!(a.grow_to(64 << 20, later()).await.is_ok());
+        stopped.received(64 << 20);
+        assert!(c.grow_to(32 << 20, later()).await.is_ok());
+        assert_eq!(b.free_kib(), 0);
+        let t = Instant::now();
+        // Each reader gives its room back once told (as read_body does).
+        let reader = |pace: Arc<Pace>, room: Room<'static>| {
+            tokio::spawn(async move {
+                pace.was_cut().await;
+                drop(room);
+            })
+        };
+        let a_cut = reader(stopped.clone(), a);
+        let c_cut = reader(arriving.clone(), c);
+        let feeding = {
+            let arriving = arriving.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    arriving.received((MIN_BODY_RATE / 50) as usize);
+                }
+            })
+        };
+        let mut ray = room(b);
+        assert!(ray.grow_to(64 << 10, later()).await.is_ok());
+        // The stopped body gave way once it fell behind, within a look of it; the one still
+        // arriving kept its room.
+        assert!(t.elapsed() >= BODY_GRACE);
+        assert!(t.elapsed() <= BODY_GRACE + RECLAIM_EVERY);
+        assert!(a_cut.await.is_ok());
+        assert!(!arriving.cut.load(Ordering::Acquire));
+        feeding.abort();
+        c_cut.abort();
     }
 }

@@ -6,30 +6,35 @@
 //! At the cap, a new connection takes the place of the least useful open one, chosen in
 //! this order:
 //!
-//! 1. one that has not sent a whole request head within [`STALLED_AFTER`] (a real client
+//! 1. one whose answer has waited [`UNREAD_AFTER`] for the client to read it (the socket's
+//!    buffers are full: a client that pipelines requests and never reads its answers); it
+//!    is not idle, and its answers cost memory until they are out;
+//! 2. one that has not sent a whole request head within [`STALLED_AFTER`] (a real client
 //!    sends its head within milliseconds of connecting); it has nothing in flight;
-//! 2. one whose request body is still incomplete [`BODY_GRACE`] after its head and has
-//!    arrived slower than [`MIN_BODY_RATE`] since: on loopback a real client's body follows
-//!    its head within milliseconds, so this one is stalling, whatever it pipelines behind
-//!    it; the one whose head came first goes first;
-//! 3. one idle between requests that has never posted events (probes, scrapers, anything
-//!    else), the one idle longest first;
-//! 4. one idle between requests that has posted events, the one idle longest first;
-//! 5. one whose request has been waiting for its answer (its body complete: Ray's batch
+//! 3. one whose request body has fallen behind its pace ([`Pace`]: silent for
+//!    [`BODY_GRACE`](super::body::BODY_GRACE), or slower than [`MIN_BODY_RATE`](super::body::MIN_BODY_RATE), whatever it sent before): on loopback
+//!    a real client's body follows its head within milliseconds, so this one is stalling,
+//!    whatever it pipelines behind it; the one whose head came first goes first;
+//! 4. one idle between requests, its answers all out, that has never posted events
+//!    (probes, scrapers, anything else), the one idle longest first;
+//! 5. one idle between requests that has posted events, the one idle longest first;
+//! 6. one whose request has been waiting for its answer (its body complete: Ray's batch
 //!    waiting for the spool) for over [`STALE_REQUEST_AFTER`], the oldest first: Ray gives
 //!    up on a request after 3 s and resends it, so nobody waits for it.
 //!
 //! So a request whose body is complete is never chosen before Ray has given up on it, and
-//! keeping a place costs a client a whole request every [`BODY_GRACE`] (or a body streamed
-//! at [`MIN_BODY_RATE`]): pipelining restarts nothing, since a head whose body stalls is the
+//! keeping a place costs a client a whole request every [`BODY_GRACE`](super::body::BODY_GRACE) (or a body streamed
+//! at [`MIN_BODY_RATE`](super::body::MIN_BODY_RATE)): pipelining restarts nothing, since a head whose body stalls is the
 //! least useful thing open, and a client reconnecting after being cut takes the place of
 //! another stalled one, not of a complete request. The grace is short so that clients that
 //! stall in step (all heads at once, every body late) leave no window in which nothing can
 //! give way: measured with 256 such connections and 16 holding the reserved places, a
 //! one-second grace still refused Ray's connection in 2 of 20 tries. An idle connection is closed gracefully (a request that arrives
-//! meanwhile is answered, within [`LEAVE_GRACE`]); the others are cut. A connection that
-//! has been chosen keeps its socket until it has gone, so up to [`MAX_LEAVING`] more may be
-//! open.
+//! meanwhile is answered, within [`LEAVE_GRACE`], and cut as soon as that answer has waited
+//! [`UNREAD_AFTER`] to be read); the others are cut. A connection that has been chosen keeps
+//! its socket until it has gone, so up to [`MAX_LEAVING`] more may be open; since none of
+//! them waits on a client that does not read, they leave within [`LEAVE_GRACE`] at most and
+//! within milliseconds in the usual case, and keep no newcomer out for long.
 //!
 //! When none can give way (every place busy with complete requests for less than 3 s,
 //! with bodies arriving, or connected less than 2 s ago), the new connection gets one of
@@ -46,8 +51,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use std::io;
+use std::os::fd::RawFd;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+use super::body::Pace;
 
 /// Connections served at once: the places a node's Ray agent, probes and scrapers share.
 pub(super) const MAX_CONNECTIONS: usize = 256;
@@ -60,13 +73,15 @@ pub(super) const MAX_LEAVING: usize = 64;
 /// A connection that has not sent a whole request head after this long may be closed to
 /// make room.
 pub(super) const STALLED_AFTER: Duration = Duration::from_secs(2);
-/// A request whose body is still incomplete this long after its head, and slower than
-/// [`MIN_BODY_RATE`], may be closed to make room. Ray's batches (about 1 MB) cross loopback
-/// in milliseconds; a quarter second leaves room for a collector slowed by a busy node.
-pub(super) const BODY_GRACE: Duration = Duration::from_millis(250);
-/// Bytes per second below which a body still incomplete after [`BODY_GRACE`] is stalling:
-/// a body streamed over loopback is hundreds of times faster.
-pub(super) const MIN_BODY_RATE: u64 = 1 << 20;
+/// A connection whose answer has waited this long for the client to read it (the kernel's
+/// socket buffers full, the rest in ours) is not reading: a client on loopback or on the pod
+/// network reads a probe's or a scrape's answer (tens of KB) within milliseconds.
+pub(super) const UNREAD_AFTER: Duration = Duration::from_millis(500);
+/// How often a connection that is leaving looks whether its answer is stuck.
+const LEAVING_CHECK: Duration = Duration::from_millis(100);
+/// How often a pipelined request looks whether the client has read the answers before it
+/// ([`earlier_answers_read`]): a few times within [`UNREAD_AFTER`].
+const PIPELINE_CHECK: Duration = Duration::from_millis(50);
 /// How long a reserved place's body may take in all: the place is for a client that could
 /// not get a regular one, so it must not be held; a third of Ray's own 3 s timeout.
 pub(super) const RESERVED_BODY_TIMEOUT: Duration = Duration::from_secs(1);
@@ -86,9 +101,11 @@ const IDLE: u8 = 3;
 /// Why a connection was chosen to give way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Eviction {
+    /// Its answer has waited [`UNREAD_AFTER`] for the client to read it.
+    NotReading,
     /// No whole request head within [`STALLED_AFTER`].
     NoRequest,
-    /// A body incomplete after [`BODY_GRACE`], slower than [`MIN_BODY_RATE`].
+    /// A body that fell behind its pace ([`Pace`]).
     StalledBody,
     /// Idle, and it never posted events.
     IdleNoEvents,
@@ -102,6 +119,7 @@ impl Eviction {
     /// Metric label.
     pub(super) fn code(self) -> &'static str {
         match self {
+            Eviction::NotReading => "not_reading",
             Eviction::NoRequest => "no_request",
             Eviction::StalledBody => "stalled_body",
             Eviction::IdleNoEvents => "idle_no_events",
@@ -114,7 +132,10 @@ impl Eviction {
     pub(super) fn cuts(self) -> bool {
         matches!(
             self,
-            Eviction::NoRequest | Eviction::StalledBody | Eviction::StaleRequest
+            Eviction::NotReading
+                | Eviction::NoRequest
+                | Eviction::StalledBody
+                | Eviction::StaleRequest
         )
     }
 }
@@ -126,16 +147,22 @@ pub(super) struct Slot {
     opened: Instant,
     /// [`NEW`], [`BODY`], [`BUSY`] or [`IDLE`].
     state: AtomicU8,
-    /// Bytes of the current request's body received so far.
-    body_bytes: AtomicU64,
+    /// The pace of the current request's body, shared with its reader and the body budget.
+    pub(super) pace: Arc<Pace>,
     /// When `state` last changed, in ms after `epoch`.
     since_ms: AtomicU64,
+    /// Since when an answer has been waiting to be written out (a write found the socket's
+    /// buffer full), in ms after `epoch`, plus one; 0 when everything is out.
+    unflushed_ms: AtomicU64,
     epoch: Instant,
     /// It has posted events at least once.
     posted: AtomicBool,
     /// Chosen to give way (never chosen twice), and why.
     chosen: Mutex<Option<Eviction>>,
     close: Notify,
+    /// Told when a pipelined request's earlier answers went unread for [`UNREAD_AFTER`]:
+    /// the connection is cut ([`Slot::cut`]).
+    cut: Notify,
 }
 
 impl Slot {
@@ -144,24 +171,22 @@ impl Slot {
     }
 
     /// A request head arrived; `events` when it posts events (whose body is read next:
-    /// [`Slot::body_received`], then [`Slot::body_complete`]).
+    /// as its [`Slot::pace`] says, then [`Slot::body_complete`]).
     pub(super) fn request_started(&self, events: bool) {
         if events {
             self.posted.store(true, Ordering::Relaxed);
+            self.pace.reading();
+        } else {
+            self.pace.paused();
         }
-        self.body_bytes.store(0, Ordering::Relaxed);
         self.since_ms.store(self.now_ms(), Ordering::Relaxed);
         self.state
             .store(if events { BODY } else { BUSY }, Ordering::Release);
     }
 
-    /// `n` more bytes of the body arrived.
-    pub(super) fn body_received(&self, n: usize) {
-        self.body_bytes.fetch_add(n as u64, Ordering::Relaxed);
-    }
-
     /// The body has been read (or given up on): the request is being answered.
     pub(super) fn body_complete(&self) {
+        self.pace.paused();
         if self.state.load(Ordering::Acquire) == BODY {
             self.since_ms.store(self.now_ms(), Ordering::Relaxed);
             self.state.store(BUSY, Ordering::Release);
@@ -170,14 +195,51 @@ impl Slot {
 
     /// The request's answer is ready.
     pub(super) fn request_ended(&self) {
+        self.pace.paused();
         self.since_ms.store(self.now_ms(), Ordering::Relaxed);
         self.state.store(IDLE, Ordering::Release);
+    }
+
+    /// A write found the socket's buffer full: an answer waits for the client to read.
+    fn write_blocked(&self) {
+        if self.unflushed_ms.load(Ordering::Relaxed) == 0 {
+            self.unflushed_ms
+                .store(self.now_ms() + 1, Ordering::Relaxed);
+        }
+    }
+
+    /// Resolves when the connection must be cut at once: a pipelined request whose earlier
+    /// answers its client has not read within [`UNREAD_AFTER`] ([`earlier_answers_read`]).
+    pub(super) async fn cut(&self) {
+        self.cut.notified().await
+    }
+
+    /// Every answer so far is out (in the kernel's buffer).
+    fn flushed(&self) {
+        if self.unflushed_ms.load(Ordering::Relaxed) != 0 {
+            self.unflushed_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Since when an answer has been waiting for the client to read it.
+    fn unflushed_since(&self) -> Option<Instant> {
+        match self.unflushed_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(self.epoch + Duration::from_millis(ms - 1)),
+        }
+    }
+
+    /// Whether an answer has waited [`UNREAD_AFTER`] or more for the client to read it.
+    pub(super) fn not_reading(&self, now: Instant) -> bool {
+        self.unflushed_since()
+            .is_some_and(|since| now.duration_since(since) >= UNREAD_AFTER)
     }
 
     /// Whether the reason it was chosen for still holds: a head that arrived, or a body
     /// that completed, since it was chosen is answered rather than cut.
     pub(super) fn still(&self, why: Eviction) -> bool {
         match why {
+            Eviction::NotReading => self.unflushed_since().is_some(),
             Eviction::NoRequest => self.state.load(Ordering::Acquire) == NEW,
             Eviction::StalledBody => self.state.load(Ordering::Acquire) == BODY,
             Eviction::IdleNoEvents | Eviction::Idle | Eviction::StaleRequest => true,
@@ -200,19 +262,19 @@ impl Slot {
             return None;
         }
         let since = self.epoch + Duration::from_millis(self.since_ms.load(Ordering::Relaxed));
+        let unflushed = self.unflushed_since();
+        if let Some(at) = unflushed.filter(|at| now.duration_since(*at) >= UNREAD_AFTER) {
+            return Some((Eviction::NotReading, at));
+        }
         match self.state.load(Ordering::Acquire) {
             NEW if now.duration_since(self.opened) >= STALLED_AFTER => {
                 Some((Eviction::NoRequest, self.opened))
             }
-            BODY if stalling(
-                now.duration_since(since),
-                self.body_bytes.load(Ordering::Relaxed),
-            ) =>
-            {
-                Some((Eviction::StalledBody, since))
-            }
+            BODY if self.pace.behind(now) => Some((Eviction::StalledBody, since)),
             // A reserved place serves one request and is never kept idle.
             _ if self.reserved => None,
+            // An answer on its way out: the connection is not idle yet.
+            _ if unflushed.is_some() => None,
             IDLE if !self.posted.load(Ordering::Relaxed) => Some((Eviction::IdleNoEvents, since)),
             IDLE => Some((Eviction::Idle, since)),
             BUSY if now.duration_since(since) > STALE_REQUEST_AFTER => {
@@ -223,10 +285,134 @@ impl Slot {
     }
 }
 
-/// Whether a body incomplete `elapsed` after its head, with `received` bytes of it, is
-/// stalling: past [`BODY_GRACE`] and slower than [`MIN_BODY_RATE`].
-fn stalling(elapsed: Duration, received: u64) -> bool {
-    elapsed >= BODY_GRACE && (received as f64) < MIN_BODY_RATE as f64 * elapsed.as_secs_f64()
+/// A connection's socket, telling its place when an answer cannot be written out (the
+/// client does not read) and when everything is out again.
+pub(super) struct Watched<T> {
+    io: T,
+    slot: Arc<Slot>,
+}
+
+impl<T> Watched<T> {
+    pub(super) fn new(io: T, slot: Arc<Slot>) -> Watched<T> {
+        Watched { io, slot }
+    }
+
+    fn note<R>(&self, r: &Poll<io::Result<R>>) {
+        if r.is_pending() {
+            self.slot.write_blocked();
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.note(&r);
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.note(&r);
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    /// hyper flushes the socket only once its own buffer is written out: everything is out.
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let r = Pin::new(&mut self.io).poll_flush(cx);
+        if matches!(r, Poll::Ready(Ok(()))) {
+            self.slot.flushed();
+        }
+        r
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// Waits until a leaving connection's answer has waited [`UNREAD_AFTER`] for its client to
+/// read it: then it is cut rather than given the rest of [`LEAVE_GRACE`].
+pub(super) async fn stuck_answer(slot: &Slot) {
+    loop {
+        tokio::time::sleep(LEAVING_CHECK).await;
+        if slot.not_reading(Instant::now()) {
+            return;
+        }
+    }
+}
+
+/// Waits, before a request is answered, until its client has read every answer sent before
+/// it on the connection (none of their bytes is left in the socket's send queue).
+///
+/// Ray's agent, kubelet and Prometheus send a request only once they have read the answer
+/// to the one before (the acknowledgement of its bytes travels ahead of the next request),
+/// so for them this never waits. A client that pipelines requests and never reads would
+/// otherwise be answered until the kernel's and hyper's buffers are full (a dozen renders
+/// of `/metrics` for each connection), which a stream of such connections turns into all
+/// the CPU a small or debug build has, Ray's batches then waiting for their turn past Ray's
+/// 3 s. Here each such connection gets one answer: the wait counts as an answer waiting to
+/// be read (so the connection ranks [`Eviction::NotReading`] at the cap), and after
+/// [`UNREAD_AFTER`] the connection is cut ([`Slot::cut`]).
+pub(super) async fn earlier_answers_read(fd: RawFd, slot: &Slot) {
+    let started = Instant::now();
+    loop {
+        match unsent_bytes(fd) {
+            Ok(0) | Err(_) => {
+                // Nothing written so far waits in the socket: every answer is out.
+                slot.flushed();
+                return;
+            }
+            Ok(_) => {}
+        }
+        slot.write_blocked();
+        if started.elapsed() >= UNREAD_AFTER {
+            slot.cut.notify_one();
+            return std::future::pending().await;
+        }
+        tokio::time::sleep(PIPELINE_CHECK).await;
+    }
+}
+
+/// Bytes written to the socket that its peer has not yet acknowledged (`SIOCOUTQ`).
+#[cfg(target_os = "linux")]
+fn unsent_bytes(fd: RawFd) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: ioctl(TIOCOUTQ, int *) on a socket the caller's connection owns and keeps open
+    // while its requests are served.
+    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// Elsewhere the send queue is not looked at: pipelined requests are answered as they come.
+#[cfg(not(target_os = "linux"))]
+fn unsent_bytes(_fd: RawFd) -> io::Result<usize> {
+    Ok(0)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -321,12 +507,14 @@ impl Connections {
             reserved,
             opened: now,
             state: AtomicU8::new(NEW),
-            body_bytes: AtomicU64::new(0),
+            pace: Arc::new(Pace::new()),
             since_ms: AtomicU64::new(now.duration_since(self.epoch).as_millis() as u64),
+            unflushed_ms: AtomicU64::new(0),
             epoch: self.epoch,
             posted: AtomicBool::new(false),
             chosen: Mutex::new(None),
             close: Notify::new(),
+            cut: Notify::new(),
         });
         live.slots.insert(id, slot.clone());
         if reserved {
@@ -366,6 +554,7 @@ impl Connections {
 
 #[cfg(test)]
 mod tests {
+    use super::super::body;
     use super::*;
 
     fn chosen(a: &Admitted) -> Option<Eviction> {
@@ -459,15 +648,15 @@ mod tests {
         for a in &open {
             a.slot.request_started(true);
         }
-        open[MAX_CONNECTIONS - 1].slot.body_received(641);
+        open[MAX_CONNECTIONS - 1].slot.pace.received(641);
         open[MAX_CONNECTIONS - 1].slot.body_complete();
         // Under BODY_GRACE nobody gives way: a reserved place.
         let r = conns.admit().expect("a reserved place");
         assert!(r.slot.reserved && r.evicted.is_none());
         r.slot.request_started(true);
         // Past it the stalled ones give way, oldest head first, before anything else.
-        tokio::time::advance(BODY_GRACE).await;
-        open[0].slot.body_received(256 << 10); // arriving at 1 MiB/s: not stalling
+        tokio::time::advance(body::BODY_GRACE).await;
+        open[0].slot.pace.received(256 << 10); // arriving at 1 MiB/s: not stalling
         let a = conns.admit().expect("admitted by eviction");
         assert_eq!(a.evicted, Some(Eviction::StalledBody));
         assert!(!a.slot.reserved);
@@ -518,5 +707,104 @@ mod tests {
         // Once the leaving ones are gone, eviction makes room again.
         open.retain(|a| chosen(a).is_none());
         assert!(conns.admit().is_some_and(|a| a.evicted.is_some()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_does_not_read_its_answers_gives_way_first() {
+        let conns = Connections::new();
+        let open = fill(&conns, MAX_CONNECTIONS);
+        // 255 probes idle with their answers out; one connection with a head never sent;
+        // one whose answer could not be written out.
+        for a in &open[..MAX_CONNECTIONS - 2] {
+            a.slot.request_started(false);
+            a.slot.request_ended();
+        }
+        let silent = &open[MAX_CONNECTIONS - 2];
+        let unread = &open[MAX_CONNECTIONS - 1];
+        unread.slot.request_started(false);
+        unread.slot.request_ended();
+        unread.slot.write_blocked();
+        // An answer on its way out is not idle: the idle probes give way first.
+        let a = conns.admit().expect("admitted by eviction");
+        assert_eq!(a.evicted, Some(Eviction::IdleNoEvents));
+        assert_eq!(chosen(unread), None);
+        // Past UNREAD_AFTER (and STALLED_AFTER), it goes before the silent one and the probes.
+        tokio::time::advance(STALLED_AFTER).await;
+        let b = conns.admit().expect("admitted by eviction");
+        assert_eq!(b.evicted, Some(Eviction::NotReading));
+        assert_eq!(chosen(unread), Some(Eviction::NotReading));
+        assert!(Eviction::NotReading.cuts() && unread.slot.still(Eviction::NotReading));
+        let c = conns.admit().expect("admitted by eviction");
+        assert_eq!(chosen(silent), Some(Eviction::NoRequest));
+        // Once everything is out, the connection is idle again.
+        let d = &open[0];
+        d.slot.write_blocked();
+        d.slot.flushed();
+        assert!(!d.slot.not_reading(Instant::now() + UNREAD_AFTER));
+        drop((a, b, c, open));
+    }
+
+    /// A request behind an answer its client has not read waits for it; read, it goes on at
+    /// once; never read, the connection is told to cut after UNREAD_AFTER and ranks
+    /// NotReading meanwhile.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_pipelined_request_waits_for_the_answers_before_it() {
+        use std::os::fd::AsRawFd;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const ANSWER: usize = 1 << 20;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        // A client with a tiny receive window: the answer stays in the server's send queue.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(1024).unwrap();
+        let mut client = socket
+            .connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        let conns = Connections::new();
+        let a = conns.admit().unwrap();
+        let fd = server.as_raw_fd();
+        // Nothing sent yet: no wait.
+        tokio::time::timeout(
+            Duration::from_millis(100),
+            earlier_answers_read(fd, &a.slot),
+        )
+        .await
+        .unwrap();
+        let writer = tokio::spawn(async move {
+            let _ = server.write_all(&vec![b'x'; ANSWER]).await;
+            server
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let wait = tokio::time::timeout(UNREAD_AFTER / 2, earlier_answers_read(fd, &a.slot)).await;
+        assert!(wait.is_err(), "it waits while the answer is unread");
+        assert!(a.slot.unflushed_since().is_some());
+        // Read: the wait ends, and nothing is left marked.
+        let mut buf = vec![0u8; 64 << 10];
+        let mut n = 0;
+        while n < ANSWER {
+            n += client.read(&mut buf).await.unwrap();
+        }
+        let mut server = writer.await.unwrap();
+        tokio::time::timeout(Duration::from_secs(2), earlier_answers_read(fd, &a.slot))
+            .await
+            .unwrap();
+        assert!(a.slot.unflushed_since().is_none());
+        // Never read: cut after UNREAD_AFTER, ranked NotReading by then.
+        let stuck = tokio::spawn(async move {
+            let _ = server.write_all(&vec![b'x'; ANSWER]).await;
+            server
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let slot = a.slot.clone();
+        let waiting = tokio::spawn(async move { earlier_answers_read(fd, &slot).await });
+        tokio::time::timeout(UNREAD_AFTER * 4, a.slot.cut())
+            .await
+            .unwrap();
+        assert!(a.slot.not_reading(Instant::now()));
+        waiting.abort();
+        drop(client);
+        let _ = stuck.await;
     }
 }

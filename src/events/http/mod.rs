@@ -38,10 +38,13 @@ use crate::contract::{Partition, Stream};
 use crate::events::camel;
 use crate::events::dedup::id_hash;
 use crate::events::parse::{self, for_each_event, ParsedEvent};
-use crate::events::quarantine::QuarantineReason;
+use crate::events::quarantine::{
+    event_record_len, KeptBody, QuarantineReason, MAX_KEPT_BODY_BYTES,
+};
 use crate::events::route::{route_with, IdCache, NodeName};
 use crate::events::spool::{
-    AppendBatch, EventSpan, PartitionBatch, QuarantinedEvent, Spool, MAX_SPAN_BODY,
+    AppendBatch, EventSpan, PartitionBatch, QuarantinedEvent, Spool, FILE_BUDGET_BYTES,
+    MAX_SPAN_BODY,
 };
 use crate::metrics as m;
 use crate::node::node_id::EventNodeHint;
@@ -50,31 +53,87 @@ use connections::Connections;
 
 /// How long a client may take to send request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest request head (`max_header_size`), and the most hyper buffers of one
+/// connection's input before it looks whether a head is too long (`max_buf_size`): a longer
+/// head is answered `431` and the connection closed. Ray's heads are a few hundred bytes and
+/// probes' and scrapers' less; 32 KiB is what nginx allows a head by default (four 8 KiB
+/// buffers) and twice Node's limit. hyper's default, about 408 KiB, let 250 connections with
+/// unfinished heads hold 100 MB outside the body budget. hyper's buffer may grow to twice
+/// this before its check, so a socket costs at most 64 KiB for an unfinished head (see the
+/// docs/sizing-and-cost.md, Sizing). Bodies are read through the same buffer, in reads of at most this size.
+pub(super) const MAX_HEAD_BYTES: usize = 32 << 10;
 /// Unusable elements of one body kept in quarantine; beyond it they are counted, not kept:
 /// a body of millions of bad elements (`[0,0,0,…]`) must cost neither memory nor disk in
 /// proportion to its element count, and a thousand records say what is wrong with it.
 pub const MAX_QUARANTINED_PER_BODY: usize = 1000;
+/// Bytes of quarantine records one body may keep (their events and the records around
+/// them): what an invalid body keeps ([`MAX_KEPT_BODY_BYTES`]). Without it a thousand
+/// large bad elements (1,000 strings of 60 KB in a 66 KB gzip body) kept 57 MiB of
+/// quarantine per request, and built their records in memory beside the body.
+pub const MAX_QUARANTINED_BYTES_PER_BODY: usize = MAX_KEPT_BODY_BYTES;
 /// Invalid bodies kept in quarantine: a burst of this many, then [`KEPT_BODIES_PER_SECOND`].
 /// Each kept body costs a file, its syncs and an upload; a storm of distinct bad bodies
 /// would otherwise slow the spool for the good ones and outlast the shutdown deadline.
 const KEPT_BODIES_BURST: f64 = 100.0;
 /// Sustained rate of invalid bodies kept in quarantine; the rest are answered 400 and counted.
 const KEPT_BODIES_PER_SECOND: f64 = 10.0;
+/// Bytes of the spool's budget that quarantine may take for what the HTTP side keeps
+/// (invalid bodies, each at most [`MAX_KEPT_BODY_BYTES`] plus its file's
+/// [`FILE_BUDGET_BYTES`] and its record; and the records of unusable elements): a burst of
+/// this many, then [`KEPT_BODY_BYTES_PER_SECOND`]. The spool is the outage buffer of real
+/// events: garbage may take 4 MiB of it at once and then about 56 MiB an hour, whatever is
+/// sent and however it is cut (tiny bodies, large bad elements).
+const KEPT_BODY_BYTES_BURST: f64 = (4 << 20) as f64;
+/// Sustained rate of quarantine bytes kept: one body of the largest kept size every four
+/// seconds, or many small ones.
+const KEPT_BODY_BYTES_PER_SECOND: f64 = (16 << 10) as f64;
+/// Most bytes of an invalid body's record (its reason, the parser's message, sizes).
+const KEPT_BODY_RECORD_BYTES: usize = 1024;
 
-/// A token bucket deciding which invalid bodies are kept.
+/// Token buckets, one of bodies and one of bytes, deciding which invalid bodies and which
+/// unusable elements are kept.
 struct KeptBodies {
-    tokens: f64,
+    bodies: f64,
+    bytes: f64,
     last: Instant,
 }
 
 impl KeptBodies {
-    fn take(&mut self) -> bool {
+    fn new() -> KeptBodies {
+        KeptBodies {
+            bodies: KEPT_BODIES_BURST,
+            bytes: KEPT_BODY_BYTES_BURST,
+            last: Instant::now(),
+        }
+    }
+
+    fn refill(&mut self) {
         let now = Instant::now();
-        let refill = now.duration_since(self.last).as_secs_f64() * KEPT_BODIES_PER_SECOND;
-        self.tokens = (self.tokens + refill).min(KEPT_BODIES_BURST);
+        let secs = now.duration_since(self.last).as_secs_f64();
+        self.bodies = (self.bodies + secs * KEPT_BODIES_PER_SECOND).min(KEPT_BODIES_BURST);
+        self.bytes = (self.bytes + secs * KEPT_BODY_BYTES_PER_SECOND).min(KEPT_BODY_BYTES_BURST);
         self.last = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
+    }
+
+    /// Whether a body of which `bytes` would be kept is kept. It is charged what it costs
+    /// the spool's budget: its bytes, its own file, and its record.
+    fn take(&mut self, bytes: usize) -> bool {
+        self.refill();
+        let cost = (bytes + KEPT_BODY_RECORD_BYTES) as f64 + FILE_BUDGET_BYTES as f64;
+        if self.bodies >= 1.0 && self.bytes >= cost {
+            self.bodies -= 1.0;
+            self.bytes -= cost;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether a quarantine record of `bytes` (an unusable element's) is kept.
+    fn take_record(&mut self, bytes: usize) -> bool {
+        self.refill();
+        if self.bytes >= bytes as f64 {
+            self.bytes -= bytes as f64;
             true
         } else {
             false
@@ -116,9 +175,14 @@ pub struct IngestState {
     learned_node: EventNodeHint,
     events_enabled: bool,
     event_keys: EventKeys,
-    shutting_down: AtomicBool,
-    inflight: AtomicUsize,
-    idle: Notify,
+    /// Event requests in flight (bodies still arriving included); closed at shutdown, when
+    /// new requests get 503.
+    requests: Gate,
+    /// Requests whose batch is built and is being written to the spool (events, or an
+    /// invalid body's quarantine record); closed by the shutdown once the requests in flight
+    /// have had their grace: a batch built after this is answered 503, not stored, so the
+    /// seal that follows is final and waits for no decoding or parsing.
+    storing: Gate,
     metrics: PrometheusHandle,
     kept_bodies: Mutex<KeptBodies>,
     body_budget: BodyBudget,
@@ -133,6 +197,7 @@ impl IngestState {
         learned_node: EventNodeHint,
         metrics: PrometheusHandle,
     ) -> Arc<IngestState> {
+        body::start_lag_watch();
         Arc::new(IngestState {
             spool,
             max_body_bytes: cfg.max_body_bytes,
@@ -141,28 +206,68 @@ impl IngestState {
             learned_node,
             events_enabled: cfg.events_enabled,
             event_keys: cfg.event_keys,
-            shutting_down: AtomicBool::new(false),
-            inflight: AtomicUsize::new(0),
-            idle: Notify::new(),
+            requests: Gate::default(),
+            storing: Gate::default(),
             metrics,
-            kept_bodies: Mutex::new(KeptBodies {
-                tokens: KEPT_BODIES_BURST,
-                last: Instant::now(),
-            }),
+            kept_bodies: Mutex::new(KeptBodies::new()),
             body_budget: BodyBudget::new(cfg.max_body_bytes),
         })
     }
 
     /// From now on, event requests get 503 "shutting down".
     pub fn begin_shutdown(&self) {
-        self.shutting_down.store(true, Ordering::SeqCst);
+        self.requests.close();
     }
 
-    /// Waits until no event request is being stored.
+    /// Waits until no event request is in flight (bodies still arriving included).
     pub async fn wait_idle(&self) {
+        self.requests.wait_empty().await;
+    }
+
+    /// From now on a body that finishes arriving is answered 503 and not stored; waits until
+    /// the requests already storing have answered. The shutdown calls it after the bodies
+    /// still arriving had their grace, so that one slow client (never answered, so never
+    /// acknowledged) cannot hold the seal of every acknowledged event past the deadline.
+    pub async fn stop_storing(&self) {
+        self.storing.close();
+        self.storing.wait_empty().await;
+    }
+}
+
+/// A count of the requests inside a stage of ingest, and whether the stage still admits
+/// new ones. A request is counted before it reads whether the gate is closed, both
+/// sequentially consistent: either it sees the gate closed and goes no further, or the
+/// shutdown's [`Gate::wait_empty`] sees it counted and waits for it. Checked the other way
+/// round, a request could pass the check, the shutdown find nothing inside and seal the
+/// spool, and the request then store its events after the seal and answer 200 for events
+/// left on disk (the CI's chaos `sigterm`: 200 acknowledged events not uploaded, exit 3).
+#[derive(Default)]
+struct Gate {
+    closed: AtomicBool,
+    inside: AtomicUsize,
+    empty: Notify,
+}
+
+impl Gate {
+    /// `None` when the gate is closed (nothing is counted then).
+    fn enter(&self) -> Option<GateGuard<'_>> {
+        self.inside.fetch_add(1, Ordering::SeqCst);
+        let guard = GateGuard(self);
+        (!self.is_closed()).then_some(guard)
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    async fn wait_empty(&self) {
         loop {
-            let notified = self.idle.notified();
-            if self.inflight.load(Ordering::SeqCst) == 0 {
+            let notified = self.empty.notified();
+            if self.inside.load(Ordering::SeqCst) == 0 {
                 return;
             }
             notified.await;
@@ -170,19 +275,13 @@ impl IngestState {
     }
 }
 
-struct InflightGuard<'a>(&'a IngestState);
+/// A request counted inside a [`Gate`] until dropped.
+struct GateGuard<'a>(&'a Gate);
 
-impl<'a> InflightGuard<'a> {
-    fn new(st: &'a IngestState) -> Self {
-        st.inflight.fetch_add(1, Ordering::SeqCst);
-        InflightGuard(st)
-    }
-}
-
-impl Drop for InflightGuard<'_> {
+impl Drop for GateGuard<'_> {
     fn drop(&mut self) {
-        if self.0.inflight.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.idle.notify_waiters();
+        if self.0.inside.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.empty.notify_waiters();
         }
     }
 }
@@ -244,13 +343,26 @@ async fn serve_connection(
 ) {
     let slot = admitted.slot.clone();
     let reserved = slot.reserved;
+    // Valid while the connection is served: `conn` below owns the stream and the service.
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let svc = service_fn(move |mut req: Request<Incoming>| {
         let slot = slot.clone();
         let state = state.clone();
         async move {
+            // A pipelined request waits until the answers before it are read (one answer
+            // for a client that never reads; the connection is cut after UNREAD_AFTER).
+            connections::earlier_answers_read(fd, &slot).await;
             if routes == Routes::ReadOnly {
                 slot.request_started(false);
-                let resp = read_only(&req, &state);
+                let resp = if slot.reserved && !is_probe(&req) {
+                    m::http_request("other", 503);
+                    closing(retry_later(
+                        "the collector is at its connection limit; only /healthz and /readyz are served on a new connection now",
+                        1,
+                    ))
+                } else {
+                    read_only(&req, &state)
+                };
                 slot.request_ended();
                 return Ok::<_, Infallible>(resp);
             }
@@ -279,13 +391,23 @@ async fn serve_connection(
             HEADER_TIMEOUT
         })
         .keep_alive(!reserved)
-        .serve_connection(TokioIo::new(stream), svc);
+        .max_buf_size(MAX_HEAD_BYTES)
+        .max_header_size(MAX_HEAD_BYTES)
+        .serve_connection(
+            TokioIo::new(connections::Watched::new(stream, admitted.slot.clone())),
+            svc,
+        );
     let mut conn = std::pin::pin!(conn);
     let leave_by = tokio::select! {
         result = &mut conn => {
             if let Err(e) = result {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
+            return;
+        }
+        () = admitted.slot.cut() => {
+            m::connection_evicted(connections::Eviction::NotReading.code());
+            tracing::debug!(%peer, "cut a connection: it pipelined a request and did not read the answers before it");
             return;
         }
         why = admitted.slot.chosen() => {
@@ -300,8 +422,16 @@ async fn serve_connection(
             tokio::time::Instant::now() + connections::LEAVE_GRACE
         }
     };
-    if let Ok(Err(e)) = tokio::time::timeout_at(leave_by, conn).await {
-        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    // An answer the client does not read ends the grace: the socket is not held for it.
+    tokio::select! {
+        result = tokio::time::timeout_at(leave_by, conn) => {
+            if let Ok(Err(e)) = result {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        }
+        _ = connections::stuck_answer(&admitted.slot) => {
+            tracing::debug!(%peer, "cut a leaving connection: its client does not read its answer");
+        }
     }
     drop(admitted);
 }
@@ -378,7 +508,17 @@ async fn handle(req: Request<Incoming>, st: &IngestState) -> Resp {
         ),
     };
     m::http_request(label, resp.status().as_u16());
-    resp
+    // Only Ray's event posts keep their connection: every other answer (probes, metrics,
+    // refusals) closes it, so a client that pipelines requests and never reads the answers
+    // gets one answer per connection, whatever its receive window (review r39d: with an
+    // ordinary window the send-queue check never saw it, and 72,681 `/metrics` were rendered
+    // for connections that read nothing while Ray got 10 of 40 batches through). Kubelet
+    // opens a connection per probe anyway; Prometheus reconnects once per scrape.
+    if label == "/v1/events" {
+        resp
+    } else {
+        closing(resp)
+    }
 }
 
 /// The read-only listener: probes and metrics; everything else refused without reading a
@@ -410,7 +550,9 @@ fn read_only(req: &Request<Incoming>, st: &IngestState) -> Resp {
         ),
     };
     m::http_request(label, resp.status().as_u16());
-    resp
+    // Every answer here closes its connection: one answer per connection for a client that
+    // pipelines and never reads (see `handle`).
+    closing(resp)
 }
 
 fn metrics(st: &IngestState) -> Resp {
@@ -424,14 +566,26 @@ fn metrics(st: &IngestState) -> Resp {
 fn spool_gauges(st: &IngestState) -> m::SpoolGauges {
     let stats = st.spool.stats();
     m::SpoolGauges {
-        bytes: stats.bytes.load(Ordering::Relaxed),
-        files: stats.files.load(Ordering::Relaxed),
+        bytes: stats.stored_bytes(),
+        files: stats.files(),
         oldest_age_seconds: stats.oldest_pending_age_seconds(),
     }
 }
 
+/// Why the spool is over its high watermark, as far as it is known: events not yet in the
+/// bucket (the store is slow or failing), or none, the room being held by open segments
+/// that are already uploaded and that the writer is sealing to free it (the review r35e
+/// found "uploads are behind" said for minutes with every event in the bucket).
+fn why_full(st: &IngestState) -> &'static str {
+    if st.spool.stats().oldest_pending_age_seconds() > 0.0 {
+        "uploads are behind"
+    } else {
+        "every event in it is in the bucket; the open segments holding it are being sealed to free it"
+    }
+}
+
 fn readiness(st: &IngestState) -> Resp {
-    if st.shutting_down.load(Ordering::SeqCst) {
+    if st.requests.is_closed() {
         return text_response(
             StatusCode::SERVICE_UNAVAILABLE,
             "shutting down\n".into(),
@@ -443,8 +597,9 @@ fn readiness(st: &IngestState) -> Resp {
         return text_response(
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
-                "spool over its high watermark: {used} of {} bytes\n",
-                st.high_watermark
+                "spool over its high watermark: {used} of {} bytes: {}\n",
+                st.high_watermark,
+                why_full(st)
             ),
             "text/plain",
         );
@@ -470,16 +625,18 @@ async fn ingest(req: Request<Incoming>, st: &IngestState) -> Resp {
 
 /// `Err` for answers given before the body was read.
 async fn ingest_inner(req: Request<Incoming>, st: &IngestState) -> Result<Resp, Resp> {
-    if st.shutting_down.load(Ordering::SeqCst) {
+    // Counted in flight until answered (see [`Gate`]).
+    let Some(guard) = st.requests.enter() else {
         return Err(retry_later("shutting down", 5));
-    }
+    };
     let used = st.spool.stats().budget_used();
     if used >= st.high_watermark {
         m::backpressure();
         return Err(retry_later(
             format!(
-                "spool is over its high watermark ({used} of {} bytes used): uploads are behind; retry later",
-                st.high_watermark
+                "spool is over its high watermark ({used} of {} bytes used): {}; retry later",
+                st.high_watermark,
+                why_full(st)
             ),
             10,
         ));
@@ -490,7 +647,7 @@ async fn ingest_inner(req: Request<Incoming>, st: &IngestState) -> Result<Resp, 
     if declared.is_some_and(|n| n > st.max_body_bytes) {
         return Err(too_large(st.max_body_bytes));
     }
-    Ok(read_and_store(req, st, declared, layers).await)
+    Ok(read_and_store(req, st, declared, layers, guard).await)
 }
 
 /// Reads the body and stores its events.
@@ -499,8 +656,8 @@ async fn read_and_store(
     st: &IngestState,
     declared: Option<u64>,
     layers: usize,
+    _guard: GateGuard<'_>,
 ) -> Resp {
-    let _guard = InflightGuard::new(st);
     let slot = req.extensions().get::<Arc<connections::Slot>>().cloned();
     // A reserved place serves whoever could not get a regular one: its body must be as
     // quick as a real client's, or the place is held for nothing.
@@ -508,10 +665,9 @@ async fn read_and_store(
         Some(s) if s.reserved => connections::RESERVED_BODY_TIMEOUT,
         _ => body::BODY_TIMEOUT,
     };
-    let progress = |n: usize| {
-        if let Some(s) = &slot {
-            s.body_received(n);
-        }
+    let pace = match &slot {
+        Some(s) => s.pace.clone(),
+        None => Arc::new(body::Pace::new()),
     };
     // The room is held until the answer: the body and what is built from it stay within
     // the budget.
@@ -524,13 +680,13 @@ async fn read_and_store(
             gzip_layers: layers,
             timeout,
         },
-        &progress,
+        pace,
     )
     .await;
     if let Some(s) = &slot {
         s.body_complete();
     }
-    let (body, mut room) = match read {
+    let (received, mut room) = match read {
         Ok(b) => b,
         Err(BodyProblem::TooLarge) => return closing(too_large(st.max_body_bytes)),
         Err(BodyProblem::NeverFits(budget)) => {
@@ -549,20 +705,41 @@ async fn read_and_store(
                 format!("request body not received within {} s", timeout.as_secs()),
             ))
         }
+        Err(BodyProblem::Stalled) => {
+            return closing(error_response(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "request body stalled (nothing for {} ms, or slower than {} bytes/s) while other requests waited for the memory it held; resend it",
+                    body::BODY_GRACE.as_millis(),
+                    body::MIN_BODY_RATE
+                ),
+            ))
+        }
         Err(BodyProblem::Read(e)) => {
             return error_response(StatusCode::BAD_REQUEST, format!("reading the body: {e}"))
         }
-        Err(BodyProblem::BadGzip(raw, e, _room)) => {
+        Err(BodyProblem::BadGzip(raw, e, _room, received_bytes)) => {
             let msg = format!("body is not valid gzip: {e}");
-            return invalid_body(st, raw, msg).await;
+            let kept = KeptBody::of(&raw, None, 0, received_bytes);
+            drop(raw);
+            return invalid_body(st, kept, msg).await;
         }
     };
+    let body::Received {
+        body,
+        compressed,
+        received_bytes,
+    } = received;
     m::ingest_bytes(body.len() as u64);
     let batch = loop {
-        let short = match build_batch(st, &body, &mut room) {
+        let short = match body::off_reactor(|| build_batch(st, &body, &mut room)) {
             Ok(Ok(b)) => break b,
             Ok(Err(short)) => short,
-            Err(e) => return invalid_body(st, body, e.to_string()).await,
+            Err(e) => {
+                let kept = KeptBody::of(&body, compressed, layers, received_bytes);
+                drop(body);
+                return invalid_body(st, kept, e.to_string()).await;
+            }
         };
         // The camelCase form needs room the budget did not have free: wait for it (within
         // the body's budget wait), then build again.
@@ -587,6 +764,13 @@ async fn read_and_store(
             }
         };
     };
+    // Only now, with its batch built, does the request write to the spool: the shutdown's
+    // seal waits for the requests past this point, not for a body still being decoded or
+    // parsed (review r39f: a 40 KB gzip body of 40 MiB of zeros took 6.7 s to build in a
+    // debug build and held the seal past a 3 s deadline).
+    let Some(_storing) = st.storing.enter() else {
+        return closing(sealing());
+    };
     match st.spool.append(batch).await {
         Ok(o) => json_response(StatusCode::OK, serde_json::to_value(o).unwrap_or_default()),
         Err(e) if e.is_over_budget() => retry_later(format!("{e}; retry later"), 10),
@@ -597,6 +781,15 @@ async fn read_and_store(
             format!("could not store the events: {e}"),
         ),
     }
+}
+
+/// 503 for a body whose events (or quarantine record) would reach the spool after the
+/// shutdown began its final seal: not stored, so the answer must not acknowledge it.
+fn sealing() -> Resp {
+    retry_later(
+        "shutting down: the body arrived after the spool's final seal began; resend it",
+        5,
+    )
 }
 
 /// 503 for a body that found no room in the body budget within its wait.
@@ -617,11 +810,21 @@ fn too_large(max: u64) -> Resp {
     )
 }
 
-async fn invalid_body(st: &IngestState, body: Bytes, message: String) -> Resp {
+/// Answers 400 for a body that is not a JSON array of events, keeping (a bounded form of) it
+/// in quarantine within the keeping rates ([`KeptBodies`]).
+async fn invalid_body(st: &IngestState, body: KeptBody, message: String) -> Resp {
     m::invalid_body();
-    let keep = st.kept_bodies.lock().map(|mut k| k.take()).unwrap_or(false);
+    let keep = st
+        .kept_bodies
+        .lock()
+        .map(|mut k| k.take(body.bytes.len()))
+        .unwrap_or(false);
     if keep {
-        tracing::warn!(error = %message, bytes = body.len(), "rejected a body that is not a JSON array of events; keeping it in quarantine");
+        // Kept in the spool: not once its final seal began (a resend reaches the next run).
+        let Some(_storing) = st.storing.enter() else {
+            return closing(sealing());
+        };
+        tracing::warn!(error = %message, bytes = body.body_bytes, kept = body.form.code(), kept_bytes = body.bytes.len(), "rejected a body that is not a JSON array of events; keeping it in quarantine");
         match st.spool.quarantine_body(body, message.clone()).await {
             Ok(()) => {}
             Err(e) if e.is_over_budget() => {
@@ -632,31 +835,60 @@ async fn invalid_body(st: &IngestState, body: Bytes, message: String) -> Resp {
         }
     } else {
         m::invalid_body_not_kept();
-        tracing::debug!(error = %message, bytes = body.len(), "rejected a body that is not a JSON array of events; not kept (more than {KEPT_BODIES_PER_SECOND}/s)");
+        tracing::debug!(error = %message, bytes = body.body_bytes, "rejected a body that is not a JSON array of events; not kept (more than {KEPT_BODIES_PER_SECOND} bodies or {KEPT_BODY_BYTES_PER_SECOND} bytes a second)");
     }
     error_response(StatusCode::BAD_REQUEST, message)
 }
 
-/// Unusable events of one body kept in quarantine: at most [`MAX_QUARANTINED_PER_BODY`], the
-/// rest counted (`quarantine_dropped` in the answer, `rhc_events_quarantine_dropped_total`).
-#[derive(Default)]
-struct Quarantine {
+/// Unusable events of one body kept in quarantine: at most [`MAX_QUARANTINED_PER_BODY`] and
+/// [`MAX_QUARANTINED_BYTES_PER_BODY`] of records, within the keeping rate ([`KeptBodies`]),
+/// the rest counted by reason (`quarantine_dropped` in the answer,
+/// `rhc_events_quarantine_dropped_total{reason}`).
+struct Quarantine<'a> {
     list: Vec<QuarantinedEvent>,
+    /// Bytes of the records of `list`.
+    bytes: usize,
     dropped: u64,
+    /// Of those, the ones the keeping rate refused.
+    over_rate: u64,
     /// Of those, by reason (counted into the metric once per body, not per element).
     dropped_by_reason: Vec<(QuarantineReason, u64)>,
+    rate: &'a Mutex<KeptBodies>,
 }
 
-impl Quarantine {
+impl<'a> Quarantine<'a> {
+    fn new(rate: &'a Mutex<KeptBodies>) -> Quarantine<'a> {
+        Quarantine {
+            list: Vec::new(),
+            bytes: 0,
+            dropped: 0,
+            over_rate: 0,
+            dropped_by_reason: Vec::new(),
+            rate,
+        }
+    }
+
     fn push(&mut self, reason: QuarantineReason, range: &std::ops::Range<usize>) {
-        if self.list.len() < MAX_QUARANTINED_PER_BODY {
-            self.list.push(QuarantinedEvent {
-                reason,
-                start: range.start,
-                end: range.end,
-                source: None,
-            });
-            return;
+        let record = event_record_len(reason, range.len());
+        if self.list.len() < MAX_QUARANTINED_PER_BODY
+            && self.bytes + record <= MAX_QUARANTINED_BYTES_PER_BODY
+        {
+            let within_rate = self
+                .rate
+                .lock()
+                .map(|mut k| k.take_record(record))
+                .unwrap_or(false);
+            if within_rate {
+                self.bytes += record;
+                self.list.push(QuarantinedEvent {
+                    reason,
+                    start: range.start,
+                    end: range.end,
+                    source: None,
+                });
+                return;
+            }
+            self.over_rate += 1;
         }
         self.dropped += 1;
         match self
@@ -712,7 +944,7 @@ fn build_batch(
         .or(learned.as_deref())
         .unwrap_or("unknown-node");
     let mut partitions: Vec<PartitionBatch> = Vec::new();
-    let mut kept = Quarantine::default();
+    let mut kept = Quarantine::new(&st.kept_bodies);
     let mut last: usize = usize::MAX;
     let mut seen_node: Option<String> = None;
     let mut ids = IdCache::default();
@@ -877,8 +1109,10 @@ fn build_batch(
     if kept.dropped > 0 {
         tracing::debug!(
             kept = kept.list.len(),
+            kept_bytes = kept.bytes,
             dropped = kept.dropped,
-            "more unusable events in one body than are kept; the rest are counted"
+            over_rate = kept.over_rate,
+            "more unusable events in one body than are kept (at most {MAX_QUARANTINED_PER_BODY} and {MAX_QUARANTINED_BYTES_PER_BODY} bytes of records a body, {KEPT_BODY_BYTES_PER_SECOND} bytes a second in all); the rest are counted"
         );
     }
     Ok(Ok(AppendBatch {
@@ -912,19 +1146,46 @@ mod tests {
 
     #[test]
     fn invalid_bodies_are_kept_in_a_burst_then_at_a_bounded_rate() {
-        let mut k = KeptBodies {
-            tokens: KEPT_BODIES_BURST,
-            last: Instant::now(),
-        };
-        let burst = (0..1000).filter(|_| k.take()).count();
+        let mut k = KeptBodies::new();
+        let burst = (0..1000).filter(|_| k.take(100)).count();
         assert_eq!(burst, KEPT_BODIES_BURST as usize);
+        // Bodies are counted apart from bytes: with bytes to spare, 10 a second.
+        k.bytes = KEPT_BODY_BYTES_BURST;
         k.last -= Duration::from_secs(2);
-        let refilled = (0..1000).filter(|_| k.take()).count();
+        let refilled = (0..1000).filter(|_| k.take(100)).count();
         assert_eq!(refilled, (2.0 * KEPT_BODIES_PER_SECOND) as usize);
         k.last -= Duration::from_secs(3600);
         assert_eq!(
-            (0..1000).filter(|_| k.take()).count(),
+            (0..1000).filter(|_| k.take(100)).count(),
             KEPT_BODIES_BURST as usize
         );
+    }
+
+    /// Large kept bodies are bounded in bytes too: 4 MiB at once, then 16 KiB a second,
+    /// each charged its file and record besides its bytes.
+    #[test]
+    fn invalid_bodies_are_kept_within_a_byte_rate() {
+        let mut k = KeptBodies::new();
+        let largest = crate::events::quarantine::MAX_KEPT_BODY_BYTES;
+        let cost = largest + KEPT_BODY_RECORD_BYTES + FILE_BUDGET_BYTES as usize;
+        let burst = (0..1000).filter(|_| k.take(largest)).count();
+        assert_eq!(burst, (KEPT_BODY_BYTES_BURST as usize) / cost);
+        // Small bodies still pass once large ones have used the bytes up, each charged its
+        // file: a tiny body costs the spool 4 KiB, not its length.
+        k.bytes = 6000.0;
+        assert!(k.take(500));
+        assert!(!k.take(1));
+        k.bytes = 0.0;
+        k.last = Instant::now() - Duration::from_secs(10);
+        let tiny = (0..10_000).filter(|_| k.take(1)).count();
+        let per_body = 1 + KEPT_BODY_RECORD_BYTES + FILE_BUDGET_BYTES as usize;
+        assert_eq!(
+            tiny,
+            (10.0 * KEPT_BODY_BYTES_PER_SECOND) as usize / per_body
+        );
+        // Element records draw on the same bytes.
+        k.bytes = 1000.0;
+        assert!(k.take_record(600));
+        assert!(!k.take_record(600));
     }
 }

@@ -15,12 +15,17 @@
 //!
 //! The files: [`writer`] (the thread, its groups and rollback), [`pending`] (a group's lines
 //! for one segment, referenced in their request bodies until the write), [`segments`] (open
-//! files, sealing, markers), [`sync`] (making a group durable), [`recovery`] (what a start
-//! finds).
+//! files, sealing, markers), [`sync`] (making a group durable), [`journal`] (the ids of
+//! answered groups, so the deduplication window outlives the segments they came from),
+//! [`recovery`] (what a start finds), [`budget`] (the disk budget: one rule for the writer,
+//! the publisher's copies, the export tailer and the high watermark).
 
+mod budget;
+mod journal;
 mod pending;
 mod recovery;
 mod segments;
+mod stage;
 mod sync;
 mod writer;
 
@@ -28,18 +33,21 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::{mpsc as tokio_mpsc, oneshot};
 
 use crate::contract::Partition;
-use crate::events::quarantine::QuarantineReason;
+use crate::events::quarantine::{KeptBody, QuarantineReason};
 use crate::util::time::unix_nanos;
-use recovery::walk_files;
+pub use budget::{
+    high_watermark, Budget, OverBudget, FILE_BUDGET_BYTES, HIGH_WATERMARK_TENTHS,
+    MAX_COST_PER_LINE_BYTE,
+};
 use writer::{Inbox, Writer};
 
 /// Below the spool dir: event segments, mirroring their keys below `P`.
@@ -56,6 +64,20 @@ pub(super) const CUTS_DIR: &str = "cuts";
 /// the object's compressed bytes, and the record of what was published), see
 /// [`crate::events::publish`].
 pub const GROWTH_DIR: &str = "growth";
+
+/// The names, under [`GROWTH_DIR`], of the publisher's shadow and record of a segment file
+/// named `file_name` of `kind`. The spool owns its directory's names: its recovery keeps
+/// these files of the segments it finds, and the publisher writes them.
+pub fn growth_names(kind: FileKind, file_name: &str) -> (String, String) {
+    let tag = match kind {
+        FileKind::Quarantine => "q",
+        _ => "e",
+    };
+    (
+        format!("{tag}.{file_name}.gz"),
+        format!("{tag}.{file_name}.rec"),
+    )
+}
 
 /// The most partitions (session, node, stream, hour: one spool file, then one object each)
 /// one request may write to. Ray's batches span one session and node, a few jobs and an
@@ -93,9 +115,9 @@ pub enum SpoolError {
     /// written (the caller answers 503, and Ray resends later).
     #[error("the spool's budget of {max} bytes would be exceeded: {used} bytes used, {wanted} more needed")]
     OverBudget {
-        /// Bytes held (not yet uploaded, or being written).
+        /// What the budget counts ([`Budget::used`]).
         used: u64,
-        /// Bytes the request needs, at most.
+        /// Bytes the request needs, at most, with the reserve for their compressed copies.
         wanted: u64,
         /// `--max-spool-bytes`.
         max: u64,
@@ -118,6 +140,16 @@ pub enum SpoolError {
         /// The failure was a full disk.
         no_space: bool,
     },
+}
+
+impl From<OverBudget> for SpoolError {
+    fn from(e: OverBudget) -> Self {
+        SpoolError::OverBudget {
+            used: e.used,
+            wanted: e.wanted,
+            max: e.max,
+        }
+    }
 }
 
 impl SpoolError {
@@ -171,6 +203,9 @@ pub struct SpoolConfig {
     pub dedup_window: usize,
     /// The disk budget (`--max-spool-bytes`): no write takes the spool past it.
     pub max_bytes: u64,
+    /// The publisher keeps a compressed copy of each open segment's object (`--compression
+    /// gzip`): the budget reserves room for them ([`Budget`]).
+    pub copies: bool,
     /// Write session markers (head role).
     pub write_session_markers: bool,
     /// Directory name for this collector's quarantine objects.
@@ -224,30 +259,61 @@ pub struct OpenView {
     pub attempted_at: Option<u64>,
     /// Bytes of it in the bucket (the publisher's last success).
     pub published: u64,
+    /// Bytes of it whose compressed copy is in the spool (`spool/growth/`), in the bucket
+    /// or not yet.
+    pub copied: u64,
 }
 
-/// Counters shared by the writer, the uploader and the HTTP side.
+/// Counters shared by the writer, the uploader, the publisher and the HTTP side: the disk
+/// budget ([`Budget`], one rule for all of them) and the open segments.
 #[derive(Debug, Default)]
 pub struct SpoolStats {
-    /// Bytes of all spool files not yet uploaded (open and sealed).
-    pub bytes: AtomicU64,
-    /// Files not yet uploaded (open and sealed).
-    pub files: AtomicU64,
+    /// What counts against `--max-spool-bytes`.
+    budget: Budget,
     /// Creation times (Unix ns) of sealed files not yet uploaded (for a segment: when its
     /// oldest unpublished byte was acknowledged), for the oldest-age gauge.
     pending_created: Mutex<BTreeMap<u64, u32>>,
     /// The open segments by path: their durable length, for the publisher. The writer locks
-    /// it once per group commit (not per event), the publisher once per round.
+    /// it once per group commit (not per event), the publisher once per round. (Locked
+    /// before the budget's ledger when both are.)
     open: Mutex<HashMap<PathBuf, OpenView>>,
-    /// Durable bytes of open segments not yet published: their compressed copies (the
-    /// publisher's shadows, at most as large) are still to be written, so the writer
-    /// reserves this much of `--max-spool-bytes` before it admits more.
-    unpublished: AtomicU64,
+    /// Open segments whose compressed copy the budget has no room for (the publisher asks,
+    /// [`SpoolStats::request_seal`]): the writer seals them at its next turn, so they go up
+    /// whole (no copy needed) and their bytes leave the spool, instead of waiting for their
+    /// rotation while acknowledged events stay out of the bucket.
+    seal_requests: Mutex<HashSet<PathBuf>>,
 }
 
 impl SpoolStats {
+    /// Counters for a spool of `max_bytes` whose open segments get compressed copies when
+    /// `copies`.
+    pub fn new(max_bytes: u64, copies: bool) -> SpoolStats {
+        SpoolStats {
+            budget: Budget::new(max_bytes, copies),
+            ..SpoolStats::default()
+        }
+    }
+
+    /// The disk budget.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// Bytes of all spool files not yet uploaded (open and sealed, the compressed copies of
+    /// open segments included): `rhc_spool_bytes`.
+    pub fn stored_bytes(&self) -> u64 {
+        self.budget.stored()
+    }
+
+    /// Spool files not yet uploaded (open and sealed segments, quarantine files, kept
+    /// bodies), without the publisher's growth files (`rhc_spool_segments`; the review r35e
+    /// read 936 for 340 partitions, each open one's copy and record counted too).
+    pub fn files(&self) -> u64 {
+        self.budget.segment_files()
+    }
+
     pub(super) fn add_file(&self, created: u64) {
-        self.files.fetch_add(1, Ordering::Relaxed);
+        self.budget.add_file();
         self.add_pending(created);
     }
 
@@ -259,8 +325,7 @@ impl SpoolStats {
 
     /// Called by the uploader once a file is uploaded and deleted.
     pub fn file_done(&self, f: &SealedFile) {
-        self.files.fetch_sub(1, Ordering::Relaxed);
-        self.bytes.fetch_sub(f.bytes, Ordering::Relaxed);
+        self.budget.file_done(f.bytes);
         let Some(since) = f.pending_since else {
             return;
         };
@@ -277,7 +342,7 @@ impl SpoolStats {
     /// A segment was opened at `path` (counted as a file; its age counts from its first
     /// durable byte).
     pub(super) fn segment_opened(&self, path: PathBuf, kind: FileKind, relative_key: String) {
-        self.files.fetch_add(1, Ordering::Relaxed);
+        self.budget.add_file();
         if let Ok(mut o) = self.open.lock() {
             o.insert(
                 path,
@@ -288,62 +353,106 @@ impl SpoolStats {
                     unpublished_since: None,
                     attempted_at: None,
                     published: 0,
+                    copied: 0,
                 },
             );
         }
     }
 
     /// A group commit made `grown` durable: (segment, its new durable length), at `now`.
+    /// The new bytes have no compressed copy yet.
     pub(super) fn segments_grew<'a>(&self, grown: impl Iterator<Item = (&'a Path, u64)>, now: u64) {
         if let Ok(mut o) = self.open.lock() {
+            let mut uncopied = 0u64;
             for (path, len) in grown {
                 if let Some(v) = o.get_mut(path) {
-                    self.unpublished
-                        .fetch_add(len.saturating_sub(v.durable), Ordering::Relaxed);
+                    uncopied = uncopied.saturating_add(len.saturating_sub(v.durable));
                     v.durable = len;
                     v.unpublished_since.get_or_insert(now);
                 }
             }
+            self.budget.add_uncopied(uncopied);
         }
     }
 
     /// The segment at `path` is sealed: no longer open. Returns when its oldest unpublished
     /// byte was acknowledged (then counted for the gauge until its upload is done).
     pub(super) fn segment_sealed(&self, path: &Path) -> Option<u64> {
-        let since = self
-            .open
-            .lock()
-            .ok()
-            .and_then(|mut o| o.remove(path))
-            .and_then(|v| {
-                self.release_unpublished(v.durable.saturating_sub(v.published));
-                v.unpublished_since
-            });
+        let since = self.open.lock().ok().and_then(|mut o| {
+            let v = o.remove(path)?;
+            // The seal's publication writes the rest of its copy, each member claimed.
+            self.budget.sub_uncopied(v.durable - v.copied);
+            v.unpublished_since
+        });
         if let Some(s) = since {
             self.add_pending(s);
         }
         since
     }
 
-    /// Durable bytes of open segments not yet published (see the field).
-    pub fn unpublished_bytes(&self) -> u64 {
-        self.unpublished.load(Ordering::Relaxed)
-    }
-
-    /// What counts against `--max-spool-bytes` for the high watermark: the bytes not yet
-    /// uploaded plus the room reserved for the compressed copies still to be written.
+    /// What counts against `--max-spool-bytes` ([`Budget::used`]): the one figure the
+    /// writer's admission, the high watermark and the export tailer's room compare.
     pub fn budget_used(&self) -> u64 {
-        self.bytes
-            .load(Ordering::Relaxed)
-            .saturating_add(self.unpublished_bytes())
+        self.budget.used()
     }
 
-    fn release_unpublished(&self, n: u64) {
-        let _ = self
-            .unpublished
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
-                Some(u.saturating_sub(n))
-            });
+    /// The compressed copy of the open segment at `path` now holds its first `upto` bytes
+    /// (a member was written).
+    pub fn segment_copied(&self, path: &Path, upto: u64) {
+        if let Ok(mut o) = self.open.lock() {
+            if let Some(v) = o.get_mut(path) {
+                let copied = upto.min(v.durable).max(v.copied);
+                self.budget.sub_uncopied(copied - v.copied);
+                v.copied = copied;
+            }
+        }
+    }
+
+    /// The compressed copy of the open segment at `path` was cut back to hold its first
+    /// `upto` bytes only (what is in the bucket): the rest needs a copy again.
+    pub fn segment_copy_cut(&self, path: &Path, upto: u64) {
+        if let Ok(mut o) = self.open.lock() {
+            if let Some(v) = o.get_mut(path) {
+                if v.copied > upto {
+                    self.budget.add_uncopied(v.copied - upto);
+                    v.copied = upto;
+                }
+            }
+        }
+    }
+
+    /// The open segment at `path` cannot be published (no room in the budget for its
+    /// compressed copy): the writer seals it at its next turn (see
+    /// [`SpoolStats::seal_requests`]).
+    pub fn request_seal(&self, path: &Path) {
+        if let Ok(mut r) = self.seal_requests.lock() {
+            r.insert(path.to_path_buf());
+        }
+    }
+
+    /// The segments whose seal was asked for since the last call (taken).
+    pub(super) fn take_seal_requests(&self) -> HashSet<PathBuf> {
+        self.seal_requests
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .unwrap_or_default()
+    }
+
+    /// Open segments whose every durable byte is in the bucket (published, nothing new
+    /// since): sealing one frees its bytes, copy and record at once, at no upload beyond
+    /// the seal's empty publication.
+    pub(super) fn published_open_segments(&self) -> HashSet<PathBuf> {
+        self.open
+            .lock()
+            .map(|o| {
+                o.iter()
+                    .filter(|(_, v)| {
+                        v.durable > 0 && v.published >= v.durable && v.unpublished_since.is_none()
+                    })
+                    .map(|(p, _)| p.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Whether the segment at `path` is open (not sealed yet).
@@ -399,9 +508,7 @@ impl SpoolStats {
     pub fn segment_published(&self, path: &Path, upto: u64, read_at: u64) {
         if let Ok(mut o) = self.open.lock() {
             if let Some(v) = o.get_mut(path) {
-                let now_published = upto.min(v.durable).max(v.published);
-                self.release_unpublished(now_published - v.published);
-                v.published = now_published;
+                v.published = upto.min(v.durable).max(v.published);
                 v.unpublished_since = (v.durable > upto).then_some(read_at);
             }
         }
@@ -555,12 +662,15 @@ pub struct AppendBatch {
 /// segment is sealed (handed to the uploader, which deletes it once uploaded) only after the
 /// groups written to it are answered. So the file never lags behind a line that could have
 /// left the spool: after a crash, whatever is read again is still in a segment, whose ids
-/// the restart reloads into the deduplication window. A batch that is refused or rolled
+/// the restart reloads into the deduplication window (and whose ids the ids journal keeps
+/// beyond the segment's upload, see [`journal`]). A batch that is refused or rolled
 /// back leaves the file alone. A checkpoint that cannot be saved fails its request with
 /// [`SpoolError::Checkpoint`] (its events are stored all the same), and from then on no
 /// segment is sealed until a later checkpoint of the same file is saved: each one holds the
 /// whole state, so the sender's next one (with or without events) covers the lines of the
-/// failed one.
+/// failed one. Only the shutdown seals regardless (what is not sealed then is not uploaded
+/// before the pod goes): the lines read again after the restart are dropped by the window
+/// the ids journal reloads.
 #[derive(Debug)]
 pub struct Checkpoint {
     /// The file to replace.
@@ -591,7 +701,7 @@ pub(super) enum Command {
         oneshot::Sender<Result<AppendOutcome, SpoolError>>,
     ),
     QuarantineBody {
-        body: Bytes,
+        body: KeptBody,
         detail: String,
         reply: oneshot::Sender<Result<(), SpoolError>>,
     },
@@ -628,6 +738,13 @@ pub struct RecoveryReport {
     pub unknown: Vec<PathBuf>,
     /// Event ids loaded into the deduplication window.
     pub dedup_ids: usize,
+    /// Of those, ids read from the ids journal.
+    pub journal_ids: usize,
+    /// Ids from the files in the spool placed after the journal's (written after its newest
+    /// id: its tail lost to a power loss, or a group stored just before a kill -9).
+    pub spool_newer_ids: usize,
+    /// Files of the ids journal (or their tails) discarded as damaged.
+    pub journal_damaged: usize,
 }
 
 impl Spool {
@@ -637,15 +754,17 @@ impl Spool {
         cfg: SpoolConfig,
         sealed: tokio_mpsc::UnboundedSender<SealedFile>,
     ) -> Result<(Spool, RecoveryReport), SpoolError> {
-        let stats = Arc::new(SpoolStats::default());
+        let stats = Arc::new(SpoolStats::new(cfg.max_bytes, cfg.copies));
         let (tx, rx) = mpsc::channel();
         let (init_tx, init_rx) = mpsc::channel();
         let stats2 = stats.clone();
         let alive = Arc::new(());
+        let stopped = Arc::new(AtomicBool::new(false));
         let inbox = Inbox {
             rx,
             to_self: tx.clone(),
             alive: Arc::downgrade(&alive),
+            stopping: stopped.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("spool-writer".into())
@@ -671,7 +790,7 @@ impl Spool {
                 tx,
                 stats,
                 thread: Arc::new(Mutex::new(Some(thread))),
-                stopped: Arc::new(AtomicBool::new(false)),
+                stopped,
                 _alive: alive,
             },
             report,
@@ -692,8 +811,8 @@ impl Spool {
         rx.await.map_err(|_| SpoolError::Stopped)?
     }
 
-    /// Keeps a body that is not JSON in quarantine, once per distinct body.
-    pub async fn quarantine_body(&self, body: Bytes, detail: String) -> Result<(), SpoolError> {
+    /// Keeps (what is kept of) a body that is not JSON in quarantine, once per distinct body.
+    pub async fn quarantine_body(&self, body: KeptBody, detail: String) -> Result<(), SpoolError> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Command::QuarantineBody {
@@ -724,7 +843,9 @@ impl Spool {
         rx.await.map_err(|_| SpoolError::Stopped)
     }
 
-    /// Stops the writer thread and waits for it.
+    /// Stops the writer thread and waits for it. A seal the writer is doing ends first; the
+    /// seals it has not started are left to the next start (see [`Spool::seal_all`] for a
+    /// shutdown that seals everything).
     pub fn stop(&self) {
         if self.stopped.swap(true, Ordering::SeqCst) {
             return;
@@ -738,22 +859,52 @@ impl Spool {
     }
 }
 
-/// Lists every file left in the spool, for the shutdown report.
-pub fn leftover_files(dir: &Path) -> Vec<(PathBuf, u64)> {
-    let mut files = Vec::new();
-    for sub in [EVENTS_DIR, QUARANTINE_DIR, MARKERS_DIR] {
-        let _ = walk_files(&dir.join(sub), &mut files);
-    }
-    files.into_iter().filter_map(still_there).collect()
+/// What is left in the spool at a shutdown: the files found, the first few named.
+#[derive(Debug, Default)]
+pub struct Leftovers {
+    pub files: usize,
+    /// The first files found (at most the number asked for), for the report.
+    pub first: Vec<PathBuf>,
+    /// False when the listing stopped at its time bound: at least `files` are left.
+    pub complete: bool,
 }
 
-/// A listed file with its length; `None` when it no longer exists (an upload deleted it
-/// after the listing: not left).
-fn still_there(p: PathBuf) -> Option<(PathBuf, u64)> {
-    match fs::symlink_metadata(&p) {
-        Ok(m) => Some((p, m.len())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(_) => Some((p, 0)),
+/// Counts the files left in the spool and names the first `named`, for the shutdown report:
+/// one line however many there are. Stops at `until` (issue 35: listing and `stat`ing
+/// 45,601 files in 50,000 partition directories took 13 s past the deadline); no `stat`
+/// per file, the byte count comes from the spool's own ledger ([`SpoolStats::stored_bytes`]).
+pub fn leftover_summary(dir: &Path, named: usize, until: Instant) -> Leftovers {
+    let mut left = Leftovers {
+        complete: true,
+        ..Leftovers::default()
+    };
+    for sub in [EVENTS_DIR, QUARANTINE_DIR, MARKERS_DIR] {
+        count_files(&dir.join(sub), named, until, &mut left);
+    }
+    left
+}
+
+/// Adds the regular files below `dir` (symlinks not followed) to `left`, until `until`.
+fn count_files(dir: &Path, named: usize, until: Instant, left: &mut Leftovers) {
+    if Instant::now() >= until {
+        left.complete = false;
+        return;
+    }
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            count_files(&entry.path(), named, until, left);
+            if !left.complete {
+                return;
+            }
+        } else {
+            left.files += 1;
+            if left.first.len() < named {
+                left.first.push(entry.path());
+            }
+        }
     }
 }
 
@@ -762,12 +913,17 @@ mod leftover_tests {
     use super::*;
 
     #[test]
-    fn a_file_gone_since_the_listing_is_not_left() {
+    fn the_summary_counts_every_file_and_names_the_first() {
         let dir = tempfile::tempdir().unwrap();
-        let kept = dir.path().join("kept");
-        fs::write(&kept, b"abc").unwrap();
-        assert_eq!(still_there(kept.clone()), Some((kept, 3)));
-        // Listed, then deleted by an upload that finished: not named "left on disk".
-        assert_eq!(still_there(dir.path().join("uploaded")), None);
+        let events = dir.path().join(EVENTS_DIR);
+        fs::create_dir_all(&events).unwrap();
+        for i in 0..5 {
+            fs::write(events.join(format!("f{i}")), b"ab").unwrap();
+        }
+        let left = leftover_summary(dir.path(), 3, Instant::now() + Duration::from_secs(60));
+        assert_eq!((left.files, left.first.len(), left.complete), (5, 3, true));
+        // Out of time before the first directory: nothing claimed, and said so.
+        let late = leftover_summary(dir.path(), 3, Instant::now());
+        assert_eq!((late.files, late.complete), (0, false));
     }
 }

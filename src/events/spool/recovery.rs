@@ -1,14 +1,17 @@
 //! What an earlier run left in the spool, found at start: every segment and quarantine file
 //! is sealed and queued for upload; an incomplete last line (a crash mid-write) is cut into
-//! quarantine before its segment shrinks; the newest event ids are reloaded into the
-//! deduplication window, so a batch Ray resends across our restart is still recognised;
-//! sessions with events get their markers.
+//! quarantine before its segment shrinks (on a full disk the segment is cut all the same and
+//! the record written once there is room: a start must always get to uploading, which frees
+//! the disk); the newest event ids are reloaded into the deduplication window, from the ids
+//! journal ([`super::journal`]: the answered groups, including those whose segments were
+//! uploaded and deleted) and from the files in the spool, so a batch Ray resends across our
+//! restart is still recognised; sessions with events get their markers.
 //!
 //! A segment whose rolled-back lines could not be truncated before the restart has its
 //! durable length recorded in the cuts folder: it is truncated to it now (or, if that fails
 //! again, uploaded and read for ids only up to it).
 //!
-//! Which ids: what Ray resends after our crash is its batch in flight, whose events are the
+//! Which ids from the files: what Ray resends after our crash is its batch in flight, whose events are the
 //! last lines of the files the last group commit wrote. The writer gives every file of a
 //! group the same modification time, later than any earlier group's; so the files (event
 //! segments, and quarantine files for the `too_many_partitions` records of valid events) are
@@ -26,14 +29,23 @@
 //! last write: they still come in the order they were written, one generation per distinct
 //! time.
 //!
+//! Where the spool's ids go beside the journal's: the journal orders what it holds, and the
+//! spool only adds what it lacks. Ids written after the journal's newest (its tail lost to a
+//! power loss, or a group stored just before a kill -9) go after the journal's ids; any
+//! other id it lacks is older than its newest (a quiet partition's open segment, its ids
+//! long out of the window) and goes before them, so it never pushes an id of the journal out
+//! (review r40d D1: such ids were taken as the newest, and every answered batch whose
+//! segment was uploaded was stored again when resent). See [`newest_ids`] for how the two
+//! are told apart.
+//!
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
+use super::journal::Loaded;
 use super::segments::Target;
 use super::writer::Writer;
 use super::{
@@ -46,11 +58,12 @@ use crate::events::dedup::id_hash;
 use crate::events::parse::{parse_event, ParsedEvent};
 use crate::events::quarantine::{overflow_record_event, raw_record, QuarantineReason};
 use crate::metrics as m;
+use crate::util::dedup::PassThrough;
 use crate::util::time::unix_nanos;
 
 impl Writer {
     /// Walks what an earlier run left: every file is sealed and queued; torn tails are cut.
-    pub(super) fn recover(&mut self) -> Result<RecoveryReport, SpoolError> {
+    pub(super) fn recover(&mut self, loaded: Loaded) -> Result<RecoveryReport, SpoolError> {
         let mut report = RecoveryReport::default();
         let mut cuts = self.read_cuts()?;
         let mut found: Vec<(SealedFile, Option<Partition>)> = Vec::new();
@@ -141,7 +154,7 @@ impl Writer {
         let mut growth: HashSet<String> = HashSet::new();
         for (f, _) in &found {
             if let Some(name) = f.path.file_name().and_then(|n| n.to_str()) {
-                let (shadow, record) = crate::events::publish::growth_names(f.kind, name);
+                let (shadow, record) = super::growth_names(f.kind, name);
                 growth.insert(shadow);
                 growth.insert(record);
             }
@@ -151,9 +164,12 @@ impl Writer {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 if growth.contains(&name) {
+                    // Each file counts as a spool file (the publisher's count of its
+                    // segment's growth files starts from the ones that exist).
+                    self.stats.budget().add_growth_file();
                     if name.ends_with(".gz") {
                         let len = entry.metadata().map(|m| m.len()).unwrap_or(0);
-                        self.stats.bytes.fetch_add(len, Ordering::Relaxed);
+                        self.stats.budget().add_stored(len);
                     }
                 } else {
                     let _ = fs::remove_file(entry.path());
@@ -164,7 +180,7 @@ impl Writer {
         for (cut, _) in cuts.into_values() {
             let _ = fs::remove_file(&cut);
         }
-        // Cut torn tails first: the torn bytes go to quarantine before the segment shrinks.
+        // Torn tails: what a crash mid-write left after a segment's last whole line.
         let mut torn = Vec::new();
         for (f, _) in found.iter_mut() {
             if f.kind != FileKind::Events && !f.relative_key.ends_with(".jsonl") {
@@ -178,40 +194,77 @@ impl Writer {
             if let Some((keep, tail)) = torn_tail(&f.path)? {
                 torn.push((f.path.clone(), keep, tail));
                 f.bytes = keep;
+                // A torn line may be a whole event short of its newline: its batch was never
+                // answered, so its id must not be reloaded (Ray's resend is stored).
+                for idf in id_files.iter_mut().filter(|i| i.path == f.path) {
+                    idf.len = keep;
+                }
             }
         }
+        // Reload the newest event ids. The journal orders what it holds (answered groups,
+        // oldest first); the files in the spool add what it is missing, each id at its
+        // place: the ids written after the journal's newest (a group answered just before a
+        // power loss, or stored just before a kill -9) go after the journal's, the others
+        // (older than its newest: a quiet partition's open segment, say) before it, so they
+        // never push an id of the journal out. Inserted oldest first, so that the window
+        // evicts the newest last; an id already there keeps its place.
+        let journal: HashSet<u64, PassThrough> = loaded.ids.iter().copied().collect();
+        let spool = newest_ids(id_files, self.cfg.dedup_window, &journal, loaded.modified);
+        for h in spool.older.iter().rev() {
+            self.dedup.insert(*h);
+        }
+        for h in &loaded.ids {
+            self.dedup.insert(*h);
+        }
+        for h in spool.newer.iter().rev() {
+            self.dedup.insert(*h);
+        }
+        report.dedup_ids = self.dedup.len();
+        report.spool_newer_ids = spool.newer.len();
+        report.journal_ids = loaded.ids.len();
+        report.journal_damaged = loaded.damaged;
         if !torn.is_empty() {
-            let hour = Hour::from_unix_seconds((unix_nanos() / 1_000_000_000) as i64);
-            let target = Target::Quarantine(hour);
-            for (path, keep, tail) in &torn {
-                let name = path
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                let line = raw_record(QuarantineReason::TornLine, &name, *keep, tail);
-                self.segs.segment(&target)?.pending.push_lines(&line);
-                m::events_quarantined(QuarantineReason::TornLine.code(), 1);
+            // The torn bytes go to quarantine before their segment shrinks. A full disk must
+            // not keep the collector from starting (only uploads free it): the records are
+            // then held in memory and written once there is room, and the segments are cut
+            // all the same (cutting needs no room).
+            let records: Vec<Vec<u8>> = torn
+                .iter()
+                .map(|(path, keep, tail)| {
+                    let name = path
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    raw_record(QuarantineReason::TornLine, &name, *keep, tail)
+                })
+                .collect();
+            if let Err(e) = self.write_torn_records(&records) {
+                tracing::warn!(error = %e, lines = records.len(), "could not keep the torn lines in quarantine now; they are held in memory and written once there is room (a crash before then loses them; they were never acknowledged, so Ray resends their batch)");
+                self.torn_later = records;
             }
-            self.flush_group()?;
             for (path, keep, _) in &torn {
-                let f = OpenOptions::new()
+                let cut = OpenOptions::new()
                     .write(true)
                     .open(path)
-                    .map_err(|e| SpoolError::io("opening", path, e))?;
-                f.set_len(*keep)
-                    .and_then(|_| f.sync_all())
-                    .map_err(|e| SpoolError::io("truncating torn line of", path, e))?;
-                tracing::warn!(path = %path.display(), kept_bytes = keep, "cut an incomplete last line into quarantine");
+                    .and_then(|f| f.set_len(*keep).and_then(|_| f.sync_all()));
+                match cut {
+                    Ok(()) => {
+                        tracing::warn!(path = %path.display(), kept_bytes = keep, "cut an incomplete last line off a segment left by the last run");
+                    }
+                    Err(e) => {
+                        tracing::error!(path = %path.display(), kept_bytes = keep, error = %e, "could not cut an incomplete last line off a segment; uploading it up to that line only");
+                    }
+                }
             }
             report.torn = torn.len();
         }
-        // Reload the newest event ids, then insert them oldest first so that the window
-        // evicts the newest last.
-        let newest_first = newest_ids(id_files, self.cfg.dedup_window);
-        for h in newest_first.iter().rev() {
-            self.dedup.insert(*h);
+        // Before any file found here is queued for upload (the uploader deletes it): the ids
+        // reloaded from it are kept in the journal. Never fails the start (a full disk):
+        // tried again at the next seal.
+        if self.journal.wants_snapshot() {
+            let ids = self.dedup.ids();
+            self.journal.snapshot(&ids);
         }
-        report.dedup_ids = newest_first.len();
         found.sort_by_key(|f| f.0.created_unix_nanos);
         // Sessions seen in the spool still need their markers (head role).
         if self.cfg.write_session_markers {
@@ -239,7 +292,7 @@ impl Writer {
         for (f, _) in found {
             report.files += 1;
             report.bytes += f.bytes;
-            self.stats.bytes.fetch_add(f.bytes, Ordering::Relaxed);
+            self.stats.budget().add_stored(f.bytes);
             self.stats.add_file(f.created_unix_nanos);
             let _ = self.sealed.send(f);
         }
@@ -248,6 +301,28 @@ impl Writer {
 }
 
 impl Writer {
+    /// Writes the quarantine records of torn lines (one group, synced now; nothing else may
+    /// be in flight). On failure nothing of them is left behind.
+    pub(super) fn write_torn_records(&mut self, records: &[Vec<u8>]) -> Result<(), SpoolError> {
+        let hour = Hour::from_unix_seconds((unix_nanos() / 1_000_000_000) as i64);
+        let target = Target::Quarantine(hour);
+        let staged = self.segs.segment(&target).map(|seg| {
+            for r in records {
+                seg.pending.push_lines(r);
+            }
+        });
+        match staged.and_then(|()| self.flush_group()) {
+            Ok(()) => {
+                m::events_quarantined(QuarantineReason::TornLine.code(), records.len() as u64);
+                Ok(())
+            }
+            Err(e) => {
+                self.rollback_to_durable();
+                Err(e)
+            }
+        }
+    }
+
     /// The durable lengths recorded for segments whose rollback could not truncate them
     /// ([`CUTS_DIR`]), by segment file name. An unreadable record is reported and left.
     fn read_cuts(&self) -> Result<HashMap<OsString, (PathBuf, u64)>, SpoolError> {
@@ -325,59 +400,146 @@ pub(super) struct IdFile {
     pub(super) created: u64,
 }
 
-/// The deduplication keys of up to `want` event ids of `files`, newest first: generation by
-/// generation (the files with the same modification time: written last by one group), newest
-/// first, and within one generation one id from the end of each file in turn, round after
-/// round. A file that cannot be read is logged and left out.
-pub(super) fn newest_ids(mut files: Vec<IdFile>, want: usize) -> Vec<u64> {
+/// The event ids of the files in the spool that the journal does not hold, newest first,
+/// split by where they belong beside the journal's ids.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct SpoolIds {
+    /// Written after the newest id the journal holds: the journal's missing tail (its append
+    /// lost to a power loss, or a kill -9 between a group's write and its append).
+    pub(super) newer: Vec<u64>,
+    /// Written before an id the journal holds: older than the journal's newest.
+    pub(super) older: Vec<u64>,
+}
+
+/// The deduplication keys of the event ids of `files` that `journal` does not hold, newest
+/// first, reading at most `want` ids: generation by generation (the files with the same
+/// modification time: written last by one group), newest first, and within one generation one
+/// id from the end of each file in turn, round after round. A file that cannot be read is
+/// logged and left out.
+///
+/// Where each id belongs: the journal holds every answered id up to its newest, so an id is
+/// [`SpoolIds::newer`] than all of them only if nothing written after it is in the journal
+/// (no later line of its file, no file of a newer generation) and either its file was
+/// written after the journal's last write (`journal_modified`; `None`: no journal, every
+/// id is newer) or an earlier line of its file is in the journal (the lines after it were
+/// answered, so their append was lost, whatever the times say). Every other id the journal
+/// does not hold is [`SpoolIds::older`] (review r40d D1: the ids of a quiet partition's open
+/// segment, written long before, were taken as the newest and evicted the journal's window).
+/// Both signals count: the busy partition's segments may all be uploaded (no id of the
+/// journal left in the spool: the times tell), and a time is only as good as the clock and
+/// the filesystem (a clock set back; a journal's time made durable without its last
+/// blocks): an id of the journal in a file still tells what is older and what newer.
+pub(super) fn newest_ids(
+    mut files: Vec<IdFile>,
+    want: usize,
+    journal: &HashSet<u64, PassThrough>,
+    journal_modified: Option<SystemTime>,
+) -> SpoolIds {
     files.sort_by_key(|f| std::cmp::Reverse((f.modified, f.created)));
     files.truncate(MAX_ID_FILES);
-    let mut out = Vec::new();
+    let mut out = SpoolIds::default();
+    let mut read = 0;
+    // No newer generation held an id of the journal.
+    let mut past_journal = true;
     let mut rest = &files[..];
-    while !rest.is_empty() && out.len() < want {
+    while !rest.is_empty() && read < want {
         let newest = rest[0].modified;
         let n = rest
             .iter()
             .take_while(|f| f.modified == newest)
             .count()
             .max(1);
-        ids_side_by_side(&rest[..n], want, &mut out);
+        let place: fn() -> Place = if !past_journal {
+            || Place::Older
+        } else if journal_modified.is_none_or(|t| newest > t) {
+            || Place::Newer
+        } else {
+            || Place::Held(Vec::new())
+        };
+        let met_journal = ids_side_by_side(&rest[..n], want, journal, place, &mut read, &mut out);
+        past_journal &= !met_journal;
         rest = &rest[n..];
     }
     out
 }
 
-/// Adds to `out` ids from the ends of `files`, one from each in turn, until `out` holds
-/// `want` or the files are read.
-fn ids_side_by_side(files: &[IdFile], want: usize, out: &mut Vec<u64>) {
-    let mut readers: Vec<TailIds> = files
+/// Where the ids read from the end of one file go while no id of the journal was met in it.
+enum Place {
+    /// After the journal's.
+    Newer,
+    /// Newer only if an id of the journal comes before them in the file (then they are its
+    /// lost tail, whatever the times say), else older: held until that is known.
+    Held(Vec<u64>),
+    /// Before the journal's.
+    Older,
+}
+
+/// Reads ids from the ends of `files`, one from each in turn, until `read` reaches `want` or
+/// the files are read, and files each one the journal does not hold into `out`. `place`
+/// says where the ids at a file's end go until an id of the journal is met in it; after one,
+/// every id is older. True if any file held an id of the journal.
+fn ids_side_by_side(
+    files: &[IdFile],
+    want: usize,
+    journal: &HashSet<u64, PassThrough>,
+    place: fn() -> Place,
+    read: &mut usize,
+    out: &mut SpoolIds,
+) -> bool {
+    let mut readers: Vec<(TailIds, Place)> = files
         .iter()
         .filter_map(|f| match TailIds::open(&f.path, f.lines, f.len) {
-            Ok(r) => Some(r),
+            Ok(r) => Some((r, place())),
             Err(e) => {
                 tracing::warn!(path = %f.path.display(), error = %e, "could not reload the event ids of a spool file; a resend of its events may be stored twice");
                 None
             }
         })
         .collect();
-    while out.len() < want && !readers.is_empty() {
-        readers.retain_mut(|r| {
-            if out.len() >= want {
+    let mut met_journal = false;
+    while *read < want && !readers.is_empty() {
+        readers.retain_mut(|(r, place)| {
+            if *read >= want {
                 return true;
             }
-            match r.next_id() {
+            let next = r.next_id();
+            match next {
                 Ok(Some(id)) => {
-                    out.push(id);
+                    *read += 1;
+                    if journal.contains(&id) {
+                        met_journal = true;
+                        if let Place::Held(ids) = std::mem::replace(place, Place::Older) {
+                            out.newer.extend(ids);
+                        }
+                        *place = Place::Older;
+                    } else {
+                        match place {
+                            Place::Newer => out.newer.push(id),
+                            Place::Held(ids) => ids.push(id),
+                            Place::Older => out.older.push(id),
+                        }
+                    }
                     true
                 }
-                Ok(None) => false,
-                Err(e) => {
-                    tracing::warn!(path = %r.path.display(), error = %e, "could not reload the event ids of a spool file; a resend of its events may be stored twice");
+                Ok(None) | Err(_) => {
+                    if let Err(e) = next {
+                        tracing::warn!(path = %r.path.display(), error = %e, "could not reload the event ids of a spool file; a resend of its events may be stored twice");
+                    }
+                    if let Place::Held(ids) = std::mem::replace(place, Place::Older) {
+                        out.older.extend(ids);
+                    }
                     false
                 }
             }
         });
     }
+    // Cut short by `want`: what is still held never met the journal.
+    for (_, place) in readers {
+        if let Place::Held(ids) = place {
+            out.older.extend(ids);
+        }
+    }
+    met_journal
 }
 
 /// Reads one segment's event ids backwards, a chunk at a time; holds one chunk's ids and the
@@ -575,6 +737,13 @@ mod tests {
         ids
     }
 
+    /// [`newest_ids`] with no journal: every id is newer than it.
+    fn without_journal(files: Vec<IdFile>, want: usize) -> Vec<u64> {
+        let out = newest_ids(files, want, &HashSet::default(), None);
+        assert!(out.older.is_empty());
+        out.newer
+    }
+
     fn id_file(path: &Path, age_ms: u64, created: u64) -> IdFile {
         let modified = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000)
             - std::time::Duration::from_millis(age_ms);
@@ -597,10 +766,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("s");
         let ids = write_ids(&p, "id", 30_000, Some(29_990));
-        let out = newest_ids(vec![id_file(&p, 0, 1)], 20_000);
+        let out = without_journal(vec![id_file(&p, 0, 1)], 20_000);
         let want: Vec<u64> = ids.iter().rev().take(20_000).copied().collect();
         assert_eq!(out, want);
-        let all = newest_ids(vec![id_file(&p, 0, 1)], 1_000_000);
+        let all = without_journal(vec![id_file(&p, 0, 1)], 1_000_000);
         assert_eq!(all.len(), 30_000);
         assert_eq!(all.last(), ids.first());
     }
@@ -622,7 +791,7 @@ mod tests {
             id_file(&path("gone"), 0, 4),
             id_file(&path("b"), 0, 3),
         ];
-        let out = newest_ids(files.clone(), 200);
+        let out = without_journal(files.clone(), 200);
         assert_eq!(out.len(), 200);
         // b's newest, then c's newest, side by side.
         assert_eq!(&out[..4], &[ids_b[49], ids_c[79], ids_b[48], ids_c[78]]);
@@ -634,8 +803,86 @@ mod tests {
         let old_tail: Vec<u64> = ids_old.iter().rev().take(70).copied().collect();
         assert_eq!(&out[130..], &old_tail[..]);
         // A window smaller than the newest generation holds only ids of it.
-        let small = newest_ids(files, 100);
+        let small = without_journal(files, 100);
         assert!(small.iter().all(|id| newest.contains(id)), "{small:?}");
+    }
+
+    /// Review r40d D1: the journal orders what it holds. Spool ids it lacks go after its
+    /// ids only when nothing written after them is in the journal (its tail, lost to a power
+    /// loss: a newer generation, or a file's last lines after its last journal id); a quiet
+    /// partition's open segment, written before the journal's newest ids, is older.
+    #[test]
+    fn spool_ids_are_newer_than_the_journal_only_after_its_newest() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |n: &str| dir.path().join(n);
+        // Oldest first: a quiet partition's open segment, nothing of it in the journal (its
+        // ids left the window long ago); the busy partition's segment, all in the journal,
+        // then its last lines (a group whose append was lost), written with a new file and,
+        // one group later, another one.
+        let quiet = write_ids(&path("quiet"), "quiet", 300, None);
+        let busy = write_ids(&path("busy"), "busy", 200, None);
+        let created = write_ids(&path("created"), "created", 7, None);
+        let last = write_ids(&path("last"), "last", 5, None);
+        let (answered, lost) = busy.split_at(180);
+        let journal: HashSet<u64, PassThrough> = answered.iter().copied().collect();
+        let files = vec![
+            id_file(&path("quiet"), 2, 1),
+            id_file(&path("busy"), 1, 2),
+            id_file(&path("created"), 1, 3),
+            id_file(&path("last"), 0, 4),
+        ];
+        // The journal's last write: after the quiet segment's, before the lost group's.
+        let journal_modified = files[1].modified - std::time::Duration::from_micros(500);
+        let out = newest_ids(files.clone(), 10_000, &journal, Some(journal_modified));
+        let mut newer: Vec<u64> = last.iter().rev().copied().collect();
+        assert_eq!(&out.newer[..5], &newer[..]);
+        newer.extend(lost.iter().chain(&created));
+        let mut got = out.newer.clone();
+        got.sort_unstable();
+        newer.sort_unstable();
+        assert_eq!(got, newer);
+        let older: Vec<u64> = quiet.iter().rev().copied().collect();
+        assert_eq!(out.older, older);
+        // Without the journal (an older version's spool, a journal lost), every id is newer.
+        assert_eq!(without_journal(files, 10_000).len(), 512);
+        // Reading stops at the window, ids of the journal included.
+        let some = newest_ids(
+            vec![id_file(&path("busy"), 1, 2)],
+            50,
+            &journal,
+            Some(journal_modified),
+        );
+        assert_eq!((some.newer.len(), some.older.len()), (20, 0));
+        // No id of the journal left in the spool (the busy segments all uploaded): the
+        // quiet segment, written before the journal's last write, is older all the same;
+        // a file written after it is newer.
+        let files = vec![id_file(&path("quiet"), 2, 1), id_file(&path("last"), 0, 4)];
+        let out = newest_ids(files.clone(), 10_000, &journal, Some(journal_modified));
+        let newer: Vec<u64> = last.iter().rev().copied().collect();
+        assert_eq!((out.newer, out.older), (newer, older));
+        // A quiet segment stamped after the journal (a clock set back since), older than a
+        // file holding ids of the journal, stays older.
+        let files = vec![id_file(&path("quiet"), 2, 1), id_file(&path("busy"), 1, 2)];
+        let before_all = files[0].modified - std::time::Duration::from_secs(1);
+        let out = newest_ids(files, 10_000, &journal, Some(before_all));
+        assert_eq!(out.older, quiet.iter().rev().copied().collect::<Vec<_>>());
+        // The journal's time later than every file (made durable without its last blocks):
+        // a file's ids after an id of the journal are still its lost tail; a file without
+        // one is older.
+        let files = vec![
+            id_file(&path("quiet"), 2, 1),
+            id_file(&path("busy"), 1, 2),
+            id_file(&path("created"), 1, 3),
+        ];
+        let after_all = files[1].modified + std::time::Duration::from_secs(1);
+        let out = newest_ids(files, 10_000, &journal, Some(after_all));
+        let lost_newest_first: Vec<u64> = lost.iter().rev().copied().collect();
+        assert_eq!(out.newer, lost_newest_first);
+        let mut got = out.older;
+        got.sort_unstable();
+        let mut want: Vec<u64> = quiet.iter().chain(&created).copied().collect();
+        want.sort_unstable();
+        assert_eq!(got, want);
     }
 
     /// A quarantine file gives back the ids of its `too_many_partitions` records only, in
@@ -654,7 +901,7 @@ mod tests {
         fs::write(&p, &text).unwrap();
         let mut f = id_file(&p, 0, 1);
         f.lines = IdLines::Overflow;
-        let out = newest_ids(vec![f], 10);
+        let out = without_journal(vec![f], 10);
         assert_eq!(
             out,
             vec![

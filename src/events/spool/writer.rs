@@ -12,37 +12,31 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::mpsc as tokio_mpsc;
 
+use super::journal::Journal;
 use super::pending::Pending;
 use super::segments::{OpenSegment, Segments, Target};
 use super::sync::{run_sync, run_syncer, sync_dir, SyncJob, SYNCFS_ABOVE};
 use super::{
-    AppendBatch, AppendOutcome, AppendReply, Checkpoint, Command, EventSpan, FileKind,
-    PartitionBatch, RecoveryReport, SealedFile, SpoolConfig, SpoolError, SpoolStats, CUTS_DIR,
-    EVENTS_DIR, GROWTH_DIR, MARKERS_DIR, MAX_PARTITIONS_PER_REQUEST, QUARANTINE_DIR,
+    AppendBatch, AppendOutcome, AppendReply, Checkpoint, Command, RecoveryReport, SealedFile,
+    SpoolConfig, SpoolError, SpoolStats, CUTS_DIR, EVENTS_DIR, GROWTH_DIR, MARKERS_DIR,
+    QUARANTINE_DIR,
 };
-use crate::contract::quarantine::body_key;
-use crate::contract::{is_safe_segment, Hour, Partition, Stream};
-use crate::events::dedup::id_hash;
-use crate::events::quarantine::{
-    event_record, invalid_body_record, overflow_record, raw_record, QuarantineReason,
-};
+use crate::contract::is_safe_segment;
 use crate::metrics as m;
 use crate::util::dedup::DedupWindow;
 use crate::util::memory::release_free_memory;
 use crate::util::time::unix_nanos;
 
-/// How many events ahead the writer prefetches the dedup window's slot: about as many as
-/// cover a cache miss to memory while the events in between are handled.
-const DEDUP_PREFETCH_AHEAD: usize = 8;
+/// Distinct bad events remembered, so that Ray's resend of a batch keeps each once; apart
+/// from the event ids, whose window bad input must not crowd out.
+const QUARANTINE_WINDOW: usize = 4096;
 
-/// Distinct invalid bodies remembered, so one Ray resends is kept once.
-const RECENT_BODIES: usize = 1024;
 /// Quiet time after which freed heap memory is returned to the system.
 const IDLE_TRIM_AFTER: Duration = Duration::from_secs(5);
 
@@ -51,6 +45,10 @@ pub(super) struct Inbox {
     pub(super) rx: mpsc::Receiver<Command>,
     pub(super) to_self: mpsc::Sender<Command>,
     pub(super) alive: Weak<()>,
+    /// Set by [`super::Spool::stop`]: the shutdown is past its deadline, so seals not yet
+    /// done are left to the next start, which seals and queues whatever it finds (issue 35:
+    /// 50,000 seals at a stop outlasted a kubelet's grace period).
+    pub(super) stopping: Arc<AtomicBool>,
 }
 
 /// What one write of the staged lines touched, to be made durable.
@@ -81,12 +79,13 @@ impl Written {
 
 /// What the requests of a group hold until their sync answers: the ids they made the
 /// windows remember (forgotten again if the group is rolled back, so Ray's resend is
-/// stored), and the disk budget they reserved.
+/// stored), and the disk budget they claimed (given back once they are durable, when the
+/// spool's counters hold them, or rolled back).
 #[derive(Default)]
 pub(super) struct Held {
-    events: Vec<u64>,
-    quarantine: Vec<u64>,
-    bytes: u64,
+    pub(super) events: Vec<u64>,
+    pub(super) quarantine: Vec<u64>,
+    pub(super) bytes: u64,
 }
 
 impl Held {
@@ -109,77 +108,6 @@ struct InFlight {
     started: Instant,
 }
 
-/// Distinct bad events remembered, so that Ray's resend of a batch keeps each once; apart
-/// from the event ids, whose window bad input must not crowd out.
-const QUARANTINE_WINDOW: usize = 4096;
-
-/// Bytes a quarantine record adds to the element it keeps, at most (reason, sentence, time).
-const QUARANTINE_RECORD_OVERHEAD: u64 = 512;
-
-/// What each spool file counts against the disk budget beside its bytes: the block it
-/// takes at least, and an object to upload. So a request spread over many partitions pays
-/// for its files, not only for its lines.
-pub(super) const FILE_BUDGET_BYTES: u64 = 4096;
-
-/// Of a request's partitions, this many (the first ones it names) keep their own hour; the
-/// others' events go under the arrival hour of their stream (see [`bound_partitions`]).
-const PARTITIONS_KEPT_AS_ROUTED: usize = MAX_PARTITIONS_PER_REQUEST / 2;
-
-/// An event of a request over the partition bound that found no room: kept in quarantine
-/// (`too_many_partitions`) as sent, and deduplicated by its event id like a stored event.
-#[derive(Debug, Clone, Copy)]
-struct Overflow {
-    span: EventSpan,
-    /// From an export event file: its id lives in the export id space.
-    export: bool,
-}
-
-/// Bounds the partitions of one request at [`MAX_PARTITIONS_PER_REQUEST`]: the first
-/// [`PARTITIONS_KEPT_AS_ROUTED`] stay as routed; the events of every further partition go,
-/// unchanged, to the same session, node and stream under the `arrival` hour (one partition
-/// per stream, however many hours it named), while there is room; an event left over is
-/// returned in `overflow`, for quarantine.
-fn bound_partitions(
-    parts: &[PartitionBatch],
-    arrival: Hour,
-    overflow: &mut Vec<Overflow>,
-) -> Vec<PartitionBatch> {
-    let split = parts.len().min(PARTITIONS_KEPT_AS_ROUTED);
-    let mut out: Vec<PartitionBatch> = parts[..split]
-        .iter()
-        .map(|p| PartitionBatch {
-            partition: p.partition.clone(),
-            events: p.events.clone(),
-        })
-        .collect();
-    let mut index: std::collections::HashMap<Partition, usize> = out
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (p.partition.clone(), i))
-        .collect();
-    for pb in &parts[split..] {
-        let moved = Partition {
-            hour: arrival,
-            ..pb.partition.clone()
-        };
-        match index.get(&moved) {
-            Some(&i) => out[i].events.extend_from_slice(&pb.events),
-            None if out.len() < MAX_PARTITIONS_PER_REQUEST => {
-                index.insert(moved.clone(), out.len());
-                out.push(PartitionBatch {
-                    partition: moved,
-                    events: pb.events.clone(),
-                });
-            }
-            None => {
-                let export = matches!(pb.partition.stream, Stream::Export(_));
-                overflow.extend(pb.events.iter().map(|&span| Overflow { span, export }));
-            }
-        }
-    }
-    out
-}
-
 pub(super) struct Writer {
     pub(super) cfg: SpoolConfig,
     pub(super) stats: Arc<SpoolStats>,
@@ -187,8 +115,6 @@ pub(super) struct Writer {
     pub(super) dedup: DedupWindow,
     /// Recently kept bad events ([`QUARANTINE_WINDOW`]).
     pub(super) quarantine_dedup: DedupWindow,
-    /// Disk budget reserved by groups written but not yet durable.
-    pub(super) reserved: u64,
     /// The open segments.
     pub(super) segs: Segments,
     pub(super) recent_bodies: VecDeque<u64>,
@@ -204,7 +130,23 @@ pub(super) struct Writer {
     checkpoint_unsaved: bool,
     pub(super) syncer: mpsc::Sender<SyncJob>,
     pub(super) lock: Arc<File>,
+    /// The ids of answered groups, on disk: the window across restarts.
+    pub(super) journal: Journal,
+    /// Quarantine records of torn lines a start could not write (a full disk): written once
+    /// there is room, tried every [`TORN_RECORD_RETRY`].
+    pub(super) torn_later: Vec<Vec<u8>>,
+    torn_tried: Instant,
 }
+
+/// How often the quarantine records of torn lines that a start could not write are tried
+/// again: each try writes them and, on a full disk, cuts them back.
+const TORN_RECORD_RETRY: Duration = Duration::from_secs(5);
+
+/// How often the writer asks whether the spool needs room (over its high watermark, or a
+/// request refused), to seal open segments already in the bucket: often enough to free the
+/// spool well within an upload window, rarely enough that walking the open segments costs
+/// nothing.
+const ROOM_CHECK_EVERY: Duration = Duration::from_millis(200);
 
 /// Answers every request of a failed group with the error (the first gets it whole).
 fn fail_all(replies: Vec<AppendReply>, err: SpoolError) {
@@ -269,6 +211,7 @@ impl Writer {
                 None => {}
             }
         }
+        let (journal, loaded) = Journal::open(&cfg.dir, cfg.dedup_window);
         let (syncer, jobs) = mpsc::channel();
         let done = inbox.to_self.clone();
         std::thread::Builder::new()
@@ -278,7 +221,6 @@ impl Writer {
         let mut w = Writer {
             dedup: DedupWindow::new(cfg.dedup_window),
             quarantine_dedup: DedupWindow::new(QUARANTINE_WINDOW),
-            reserved: 0,
             segs: Segments::new(&cfg, stats.clone(), sealed.clone()),
             cfg,
             stats,
@@ -291,8 +233,11 @@ impl Writer {
             checkpoint_unsaved: false,
             syncer,
             lock: Arc::new(lock),
+            journal,
+            torn_later: Vec::new(),
+            torn_tried: Instant::now(),
         };
-        let report = w.recover()?;
+        let report = w.recover(loaded)?;
         Ok((w, report))
     }
 
@@ -316,6 +261,7 @@ impl Writer {
 
     pub(super) fn run(&mut self) {
         let tick = Duration::from_millis(250);
+        let mut last_room_check = Instant::now();
         let mut last_age_check = Instant::now();
         let mut last_write = Instant::now();
         let mut trimmed = true;
@@ -383,11 +329,12 @@ impl Writer {
                     }
                     Command::SealAll(reply) => {
                         // Shutdown: what is not sealed now is not uploaded before the pod goes,
-                        // so an unsaved export checkpoint does not hold it back here (the
-                        // worst case is export lines read again after a restart, not events
-                        // left behind).
+                        // so an unsaved export checkpoint does not hold it back here. The
+                        // export lines it does not cover are read again after a restart; their
+                        // ids are in the ids journal (fsync'd by the seal, before the uploader
+                        // deletes a segment), so the restart's window drops them.
                         if self.checkpoint_unsaved {
-                            tracing::warn!("sealing every segment for shutdown although the last export checkpoint is unsaved; export lines it does not cover may be read again after a restart");
+                            tracing::warn!("sealing every segment for shutdown although the last export checkpoint is unsaved; export lines it does not cover are read again after a restart and dropped as duplicates");
                             self.checkpoint_unsaved = false;
                         }
                         self.seal_where(|_| true);
@@ -400,13 +347,67 @@ impl Writer {
                     Command::Append(..) | Command::Synced(_) => {}
                 }
             }
+            if !self.torn_later.is_empty() && self.torn_tried.elapsed() >= TORN_RECORD_RETRY {
+                self.retry_torn_records();
+            }
             // Size-based sealing once the data is durable.
             let max = self.cfg.max_segment_bytes;
             self.seal_where(|s| s.len >= max);
+            // Segments whose compressed copy has no room in the budget: sealed, so they
+            // go up whole instead of waiting for their rotation (the review of issue 35).
+            let asked = self.stats.take_seal_requests();
+            if !asked.is_empty() {
+                tracing::info!(
+                    segments = asked.len(),
+                    "sealing open segments whose compressed copy has no room in --max-spool-bytes; they are uploaded whole"
+                );
+                self.seal_where(|s| asked.contains(&s.path));
+            }
+            // Over the high watermark (or a request refused for room): open segments whose
+            // events are all in the bucket are sealed, which frees their bytes, copy and
+            // record at once, so the spool frees within about the upload window instead of
+            // at their rotation (the review r35e: a healthy store with everything uploaded,
+            // and every request 503 for 5 minutes). A segment not yet published is sealed
+            // once it is, at a later turn.
+            let room_due = last_room_check.elapsed() >= ROOM_CHECK_EVERY;
+            if room_due {
+                last_room_check = Instant::now();
+            }
+            if room_due && self.stats.budget().wants_room() {
+                let published = self.stats.published_open_segments();
+                if !published.is_empty() {
+                    tracing::info!(
+                        segments = published.len(),
+                        used = self.stats.budget_used(),
+                        "the spool is over its high watermark: sealing the open segments already in the bucket to free their room"
+                    );
+                    self.seal_where(|s| published.contains(&s.path));
+                }
+            }
             if last_age_check.elapsed() >= Duration::from_millis(500) {
                 last_age_check = Instant::now();
                 let max_age = self.cfg.rotation_interval;
                 self.seal_where(|s| s.opened_at.elapsed() >= max_age);
+            }
+        }
+    }
+
+    /// Tries again to keep the torn lines a start found in quarantine (see
+    /// [`Writer::torn_later`]), with nothing else in flight.
+    fn retry_torn_records(&mut self) {
+        self.torn_tried = Instant::now();
+        self.drain();
+        let records = std::mem::take(&mut self.torn_later);
+        match self.write_torn_records(&records) {
+            Ok(()) => {
+                tracing::info!(
+                    lines = records.len(),
+                    "kept the torn lines found at start in quarantine, now that there is room"
+                );
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "the torn lines found at start still cannot be kept in quarantine");
+                self.torn_later = records;
             }
         }
     }
@@ -448,13 +449,13 @@ impl Writer {
                 // What came before is answered first; then only this group is cut off.
                 self.drain();
                 self.rollback_to_durable();
+                self.stats.budget().release(held.bytes);
                 self.forget(held);
                 let replies = staged.into_iter().map(|(r, _)| r).collect();
                 fail_all(replies, err);
                 return;
             }
         };
-        self.reserved += held.bytes;
         let flight = InFlight {
             written,
             replies: staged,
@@ -487,25 +488,11 @@ impl Writer {
         }
     }
 
-    /// Refuses `wanted` more bytes when they would take the spool past its budget; every
-    /// file not yet uploaded counts [`FILE_BUDGET_BYTES`] beside its bytes.
-    fn check_budget(&self, held: &Held, wanted: u64) -> Result<(), SpoolError> {
-        let files = self.stats.files.load(Ordering::Relaxed);
-        // Unpublished bytes of open segments are reserved for their compressed copies
-        // (spool/growth/), which the publisher writes after the events were admitted.
-        let used = self.stats.bytes.load(Ordering::Relaxed)
-            + self.stats.unpublished_bytes()
-            + self.reserved
-            + held.bytes
-            + files.saturating_mul(FILE_BUDGET_BYTES);
-        if used.saturating_add(wanted) > self.cfg.max_bytes {
-            return Err(SpoolError::OverBudget {
-                used,
-                wanted,
-                max: self.cfg.max_bytes,
-            });
-        }
-        Ok(())
+    /// Claims room for `bytes` more, `lines` of them lines of segments (which get compressed
+    /// copies), or refuses them when they would take the spool past its budget: one rule
+    /// with the high watermark and the export tailer ([`super::Budget`]).
+    pub(super) fn claim_budget(&self, bytes: u64, lines: u64) -> Result<u64, SpoolError> {
+        Ok(self.stats.budget().claim(bytes, lines)?)
     }
 
     /// Hands the waiting groups to the sync thread if it is free.
@@ -544,7 +531,7 @@ impl Writer {
                 held.merge(w.held);
                 self.retry_dirs(&w.written);
             }
-            self.reserved = self.reserved.saturating_sub(held.bytes);
+            self.stats.budget().release(held.bytes);
             self.rollback_to_durable();
             self.forget(held);
             fail_all(replies, err);
@@ -553,7 +540,8 @@ impl Writer {
         // The next sync first, so the disk does not wait for the answers.
         self.start_sync();
         self.mark_durable(&flight.written);
-        self.reserved = self.reserved.saturating_sub(flight.held.bytes);
+        // Page cache only: fsync'd before any segment is handed to the uploader.
+        self.journal.append(&flight.held.events);
         m::spool_commit(flight.written.bytes, flight.started.elapsed());
         for s in flight.new_sessions {
             if let Err(e) = self.segs.ensure_marker(&s) {
@@ -561,6 +549,8 @@ impl Writer {
                 self.segs.queue_marker(&s, PathBuf::new());
             }
         }
+        // Counted now (bytes, files, bytes to copy): the claim goes.
+        self.stats.budget().release(flight.held.bytes);
         // Before the answers and before any of these segments can be sealed (sealing waits
         // for this answer): see [`Checkpoint`].
         let mut failed = Vec::new();
@@ -612,217 +602,6 @@ impl Writer {
         }
     }
 
-    /// Stages one request's lines for their segments (referenced in its body, see
-    /// [`Pending`]), after checking that at most that many bytes, and the files it creates
-    /// (segments, a quarantine file, session markers), fit the disk budget.
-    ///
-    /// All or nothing: every segment the request needs is created before any line is staged,
-    /// so an error (a full disk creating a segment) leaves nothing of this request behind, its
-    /// ids forgotten, and fails this request alone, not the others of its group.
-    pub(super) fn stage(
-        &mut self,
-        batch: &AppendBatch,
-        held: &mut Held,
-        new_sessions: &mut Vec<String>,
-    ) -> Result<AppendOutcome, SpoolError> {
-        let mut overflow: Vec<Overflow> = Vec::new();
-        let bounded;
-        let parts: &[PartitionBatch] = if batch.partitions.len() > MAX_PARTITIONS_PER_REQUEST {
-            let arrival = Hour::from_unix_seconds((unix_nanos() / 1_000_000_000) as i64);
-            bounded = bound_partitions(&batch.partitions, arrival, &mut overflow);
-            &bounded
-        } else {
-            &batch.partitions
-        };
-        let targets: Vec<Target> = parts
-            .iter()
-            .map(|p| Target::Events(p.partition.clone()))
-            .collect();
-        // The clock is read only for a request that has something to quarantine.
-        let quarantine_target =
-            (!batch.quarantined.is_empty() || !overflow.is_empty()).then(|| {
-                Target::Quarantine(Hour::from_unix_seconds(
-                    (unix_nanos() / 1_000_000_000) as i64,
-                ))
-            });
-        // Markers are made once the group is durable: until then the request holds their
-        // share of the budget.
-        let markers = self.new_markers(parts, new_sessions) as u64 * FILE_BUDGET_BYTES;
-        let new_files = targets
-            .iter()
-            .chain(quarantine_target.iter())
-            .filter(|t| !self.segs.open.contains_key(t))
-            .count();
-        let wanted: u64 = parts
-            .iter()
-            .flat_map(|p| &p.events)
-            .map(|e| e.len() as u64 + 1)
-            .chain(
-                batch
-                    .quarantined
-                    .iter()
-                    .map(|q| (q.end - q.start) as u64 + QUARANTINE_RECORD_OVERHEAD),
-            )
-            .chain(
-                overflow
-                    .iter()
-                    .map(|o| o.span.len() as u64 + QUARANTINE_RECORD_OVERHEAD),
-            )
-            .sum();
-        self.check_budget(
-            held,
-            wanted + new_files as u64 * FILE_BUDGET_BYTES + markers,
-        )?;
-        let mut out = AppendOutcome {
-            quarantine_dropped: batch.quarantine_dropped,
-            ..AppendOutcome::default()
-        };
-        let (events_before, quarantine_before) = (held.events.len(), held.quarantine.len());
-        // Dedup first so a partition whose events are all duplicates opens no file; then
-        // every segment is made to exist before anything is staged.
-        let mut kept: Vec<Vec<&EventSpan>> = Vec::with_capacity(parts.len());
-        let mut made = Ok(());
-        for (pb, target) in parts.iter().zip(&targets) {
-            let mut keep: Vec<&EventSpan> = Vec::with_capacity(pb.events.len());
-            for (i, ev) in pb.events.iter().enumerate() {
-                // The window's table is larger than the caches: start loading the slot of
-                // an event a few ahead, so its lookup does not wait for memory.
-                if let Some(h) = pb
-                    .events
-                    .get(i + DEDUP_PREFETCH_AHEAD)
-                    .and_then(EventSpan::id_hash)
-                {
-                    self.dedup.prefetch(h);
-                }
-                if let Some(h) = ev.id_hash() {
-                    if !self.dedup.insert(h) {
-                        out.duplicates += 1;
-                        continue;
-                    }
-                    held.events.push(h);
-                }
-                keep.push(ev);
-            }
-            if !keep.is_empty() && made.is_ok() {
-                made = self.segs.segment(target).map(|_| ());
-            }
-            kept.push(keep);
-        }
-        let mut records: Vec<Vec<u8>> = Vec::new();
-        let mut reasons = Vec::new();
-        // A valid event with no room is deduplicated by its id like any stored event (the
-        // window holds stored and quarantined ids alike, and a restart reloads both), so its
-        // resend, or an event stored before, is not kept again.
-        for o in &overflow {
-            let raw = &batch.body[o.span.range()];
-            let new = match o.span.id_hash() {
-                Some(h) => {
-                    let new = self.dedup.insert(h);
-                    if new {
-                        held.events.push(h);
-                    }
-                    new
-                }
-                None => self.remember_quarantined(raw, held),
-            };
-            if !new {
-                out.duplicates += 1;
-                continue;
-            }
-            records.push(overflow_record(raw, o.export));
-            reasons.push(QuarantineReason::TooManyPartitions);
-        }
-        // Repeats of a bad element already kept (resent by Ray, or repeated in one body):
-        // answered and counted as quarantined, each one, but kept once; they are not
-        // duplicates of an accepted event.
-        let mut repeated = Vec::new();
-        for q in &batch.quarantined {
-            let raw = &batch.body[q.start..q.end];
-            if !self.remember_quarantined(raw, held) {
-                repeated.push(q.reason);
-                continue;
-            }
-            records.push(match &q.source {
-                Some((file, offset)) => raw_record(q.reason, file, *offset, raw),
-                None => event_record(q.reason, raw),
-            });
-            reasons.push(q.reason);
-        }
-        let quarantine_target = quarantine_target.filter(|_| !records.is_empty());
-        if let (Some(t), true) = (&quarantine_target, made.is_ok()) {
-            made = self.segs.segment(t).map(|_| ());
-        }
-        if let Err(e) = made {
-            for h in held.events.drain(events_before..) {
-                self.dedup.forget(h);
-            }
-            for h in held.quarantine.drain(quarantine_before..) {
-                self.quarantine_dedup.forget(h);
-            }
-            return Err(e);
-        }
-        held.bytes += wanted + markers;
-        for ((pb, target), keep) in parts.iter().zip(&targets).zip(kept) {
-            if keep.is_empty() {
-                continue;
-            }
-            if self.cfg.write_session_markers
-                && !self.segs.marked_sessions.contains(&pb.partition.session)
-                && !new_sessions.contains(&pb.partition.session)
-            {
-                new_sessions.push(pb.partition.session.clone());
-            }
-            let seg = self.segs.segment(target)?;
-            seg.pending.reserve(keep.len());
-            for ev in keep {
-                seg.pending
-                    .push_event(&batch.body, ev.range(), ev.has_newline());
-                out.accepted += 1;
-            }
-        }
-        if let Some(t) = &quarantine_target {
-            let seg = self.segs.segment(t)?;
-            for line in &records {
-                seg.pending.push_lines(line);
-            }
-        }
-        for r in reasons.into_iter().chain(repeated) {
-            m::events_quarantined(r.code(), 1);
-            out.quarantined += 1;
-        }
-        Ok(out)
-    }
-
-    /// Remembers a quarantined element without an event id by its bytes, so that the same bad
-    /// event resent by Ray is kept once; false when it was kept recently.
-    fn remember_quarantined(&mut self, raw: &[u8], held: &mut Held) -> bool {
-        let h = id_hash(raw);
-        if !self.quarantine_dedup.insert(h) {
-            return false;
-        }
-        held.quarantine.push(h);
-        true
-    }
-
-    /// How many session markers (one file each, then one object) storing `parts` would
-    /// create: on the head, one per session not yet marked nor about to be by the group.
-    fn new_markers(&self, parts: &[PartitionBatch], new_sessions: &[String]) -> usize {
-        if !self.cfg.write_session_markers {
-            return 0;
-        }
-        let mut seen: Vec<&str> = Vec::new();
-        for p in parts {
-            let s = p.partition.session.as_str();
-            if !self.segs.marked_sessions.contains(s)
-                && !new_sessions.iter().any(|n| n == s)
-                && !seen.contains(&s)
-            {
-                seen.push(s);
-            }
-        }
-        seen.len()
-    }
-
     /// Seals every open segment for which `pred` holds; none while the last checkpoint is
     /// unsaved, as a segment may hold lines it does not cover.
     pub(super) fn seal_where(&mut self, pred: impl Fn(&OpenSegment) -> bool) {
@@ -830,17 +609,35 @@ impl Writer {
             return;
         }
         for t in self.segs.due(pred) {
+            if self.inbox.stopping.load(Ordering::Relaxed) {
+                return;
+            }
             self.seal(&t);
         }
     }
 
-    /// Seals one segment, once what was written to it is durable (or rolled back).
+    /// Seals one segment, once what was written to it is durable (or rolled back), and once
+    /// the ids journal holds every id answered so far: the uploader deletes the segment.
     pub(super) fn seal(&mut self, t: &Target) {
         if self.segs.awaits_sync(t) {
             // Its last group is still being synced: wait for that answer first.
             self.drain();
         }
+        self.sync_journal();
         self.segs.close(t);
+    }
+
+    /// Makes the ids journal durable before anything leaves the spool: fsyncs what was
+    /// appended or, when it is behind (a failed write), writes the window whole, with no
+    /// group in flight so that it holds answered ids only.
+    pub(super) fn sync_journal(&mut self) {
+        if self.journal.wants_snapshot() {
+            self.drain();
+            let ids = self.dedup.ids();
+            self.journal.snapshot(&ids);
+        } else {
+            self.journal.sync();
+        }
     }
 
     /// Writes every pending buffer and makes it durable now (recovery, quarantined bodies;
@@ -960,7 +757,7 @@ impl Writer {
                 .map(|s| (s.path.as_path(), s.len)),
             unix_nanos(),
         );
-        self.stats.bytes.fetch_add(written.bytes, Ordering::Relaxed);
+        self.stats.budget().add_stored(written.bytes);
     }
 
     /// Drops pending lines and truncates every segment back to its durable length.
@@ -1011,57 +808,6 @@ impl Writer {
             .map_err(|e| SpoolError::io("writing", &cut, e))?;
         sync_dir(&dir)
     }
-
-    /// Keeps an unparseable body (once per distinct content) and a record saying why.
-    pub(super) fn store_body(&mut self, body: &[u8], detail: &str) -> Result<(), SpoolError> {
-        let h = xxhash_rust::xxh3::xxh3_64(body);
-        if self.recent_bodies.contains(&h) {
-            return Ok(());
-        }
-        // Its record is synced here and now, which needs nothing else in flight.
-        self.drain();
-        self.check_budget(
-            &Held::default(),
-            body.len() as u64 + QUARANTINE_RECORD_OVERHEAD + FILE_BUDGET_BYTES,
-        )?;
-        let rel = body_key(&self.cfg.quarantine_node, h);
-        let path = self.cfg.dir.join(QUARANTINE_DIR).join(&rel);
-        if !path.exists() {
-            let n = self.segs.next_n();
-            let mut f = self.segs.create_file(&path)?;
-            f.write_all(body)
-                .and_then(|_| f.sync_data())
-                .map_err(|e| SpoolError::io("writing quarantined body", &path, e))?;
-            self.stats
-                .bytes
-                .fetch_add(body.len() as u64, Ordering::Relaxed);
-            self.stats.add_file(n);
-            let line = invalid_body_record(detail, n, h, body.len());
-            let hour = Hour::from_unix_seconds((n / 1_000_000_000) as i64);
-            self.segs
-                .segment(&Target::Quarantine(hour))?
-                .pending
-                .push_lines(&line);
-            if let Err(e) = self.flush_group() {
-                self.rollback_to_durable();
-                return Err(e);
-            }
-            let _ = self.sealed.send(SealedFile {
-                path,
-                kind: FileKind::Quarantine,
-                relative_key: rel,
-                created_unix_nanos: n,
-                bytes: body.len() as u64,
-                compressible: false,
-                pending_since: Some(n),
-            });
-        }
-        if self.recent_bodies.len() == RECENT_BODIES {
-            self.recent_bodies.pop_front();
-        }
-        self.recent_bodies.push_back(h);
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -1071,9 +817,10 @@ mod tests {
     use bytes::Bytes;
 
     use super::super::sync::failpoint::FAIL_NEXT_SYNC;
-    use super::super::{PartitionBatch, Spool};
+    use super::super::{EventSpan, PartitionBatch, Spool};
     use super::*;
-    use crate::contract::{Partition, Stream};
+    use crate::contract::{Hour, Partition, Stream};
+    use crate::events::dedup::id_hash;
 
     fn batch(ids: &[&str]) -> AppendBatch {
         let mut body = Vec::new();
@@ -1117,6 +864,7 @@ mod tests {
             max_open_files: 16,
             dedup_window: 1000,
             max_bytes: 1 << 30,
+            copies: true,
             write_session_markers: false,
             quarantine_node: "q".into(),
         };
@@ -1155,73 +903,5 @@ mod tests {
         );
         assert_eq!(sealed.bytes, text.len() as u64);
         spool.stop();
-    }
-
-    /// More partitions than one request may open: the first half stay, the rest move to the
-    /// arrival hour of their stream while there is room, and what is left over (more
-    /// streams than room) is quarantined; every event is placed exactly once.
-    #[test]
-    fn a_request_over_the_partition_bound_is_folded_then_quarantined() {
-        let partition = |stream: Stream, hour: i64| Partition {
-            session: "s".into(),
-            node: "n".into(),
-            stream,
-            hour: Hour(hour),
-        };
-        let mut parts = Vec::new();
-        let mut next = 0usize;
-        let mut add = |parts: &mut Vec<PartitionBatch>, p: Partition| {
-            let events = (0..2)
-                .map(|_| {
-                    next += 1;
-                    EventSpan::new(next * 10..next * 10 + 5, None, false).unwrap()
-                })
-                .collect();
-            parts.push(PartitionBatch {
-                partition: p,
-                events,
-            });
-        };
-        // 400 hours of the node stream, then 700 jobs in one hour.
-        for h in 0..400 {
-            add(&mut parts, partition(Stream::Node, 1_000 + h));
-        }
-        for j in 0..700 {
-            add(
-                &mut parts,
-                partition(Stream::Job(format!("{j:08x}")), 5_000),
-            );
-        }
-        let arrival = Hour(9_999);
-        let mut quarantine: Vec<Overflow> = Vec::new();
-        let out = bound_partitions(&parts, arrival, &mut quarantine);
-        assert_eq!(out.len(), MAX_PARTITIONS_PER_REQUEST);
-        // The first half as routed.
-        for (o, p) in out.iter().zip(&parts).take(PARTITIONS_KEPT_AS_ROUTED) {
-            assert_eq!(o.partition, p.partition);
-        }
-        // The node stream's other 144 hours are one partition at the arrival hour.
-        let node_arrival = out
-            .iter()
-            .find(|o| o.partition == partition(Stream::Node, arrival.0))
-            .unwrap();
-        assert_eq!(
-            node_arrival.events.len(),
-            2 * (400 - PARTITIONS_KEPT_AS_ROUTED)
-        );
-        // Every event once: in a partition or in quarantine.
-        let mut starts: Vec<usize> = out
-            .iter()
-            .flat_map(|o| o.events.iter().map(|e| e.range().start))
-            .chain(quarantine.iter().map(|q| q.span.range().start))
-            .collect();
-        starts.sort_unstable();
-        assert_eq!(starts, (1..=next).map(|k| k * 10).collect::<Vec<_>>());
-        assert!(quarantine.iter().all(|q| !q.export));
-        assert_eq!(
-            quarantine.len(),
-            2 * (400 + 700 - PARTITIONS_KEPT_AS_ROUTED - 144)
-                - 2 * (MAX_PARTITIONS_PER_REQUEST - PARTITIONS_KEPT_AS_ROUTED - 1)
-        );
     }
 }

@@ -1,5 +1,5 @@
 //! A benchmark: what the events cost in requests to S3 at the default upload window, for the
-//! README's cost table.
+//! cost table of docs/sizing-and-cost.md.
 //!
 //! The collector runs as a user starts it (only storage, spool, port and identity) behind a
 //! proxy that records every request it makes to the S3 server (testkit's fault proxy, with no

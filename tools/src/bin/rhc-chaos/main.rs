@@ -38,6 +38,7 @@ mod load;
 mod logs;
 mod memory;
 mod node_loss;
+mod partitions;
 mod process;
 mod storage;
 mod verify;
@@ -45,7 +46,7 @@ mod verify;
 use faults::{budget, outage};
 use hostile::{busy_probes, malformed, oversized, slowloris, unsent_bodies};
 use logs::logs_2g;
-use process::{kill9, sigterm, sigterm_backlog, torn};
+use process::{kill9, kill9_seal, sigterm, sigterm_backlog, torn};
 use rhc_testkit::collector::{rss_bytes, Collector};
 use rhc_testkit::http::{Conn, HttpResponse};
 use rhc_testkit::relay::TcpRelay;
@@ -94,8 +95,8 @@ struct Args {
     /// $RHC_PEER_COLLECTOR).
     #[arg(long)]
     peer: Option<PathBuf>,
-    /// Seed of the random kill moments of `node-loss` and `node-loss-logs` (default: from
-    /// the clock; printed either way).
+    /// Seed of the random kill moments of `kill9-seal`, `node-loss` and `node-loss-logs`
+    /// (default: from the clock; printed either way).
     #[arg(long)]
     seed: Option<u64>,
     /// Kill moments per rate of `node-loss` (default 3, smoke 1), collectors of
@@ -113,6 +114,9 @@ struct Args {
     /// 2,000 events/s only, after 45 s: the largest objects).
     #[arg(long, value_delimiter = ',')]
     cost_partitions: Vec<u32>,
+    /// The open partitions of `sigterm-partitions`, one round each (default 5000).
+    #[arg(long, value_delimiter = ',')]
+    partitions: Vec<u32>,
     /// List the scenarios and exit.
     #[arg(long)]
     list: bool,
@@ -127,6 +131,13 @@ const SCENARIOS: &[(&str, bool, bool, bool, &str)] = &[
         true,
         false,
         "kill -9 under load, restart, resend: every acked event exactly once",
+    ),
+    (
+        "kill9-seal",
+        true,
+        true,
+        false,
+        "kill -9 at seeded random moments under load with 16 KiB segments (every group seals what it wrote: answered batches uploaded and deleted before the kill), restart, resend each client's last answered and unanswered batch: none accepted again, every acked event exactly once",
     ),
     (
         "outage",
@@ -248,6 +259,13 @@ const SCENARIOS: &[(&str, bool, bool, bool, &str)] = &[
         "(benchmark) requests per second to S3 and dollars per day at 200 and 2,000 events/s over 8 and 64 partitions (and one partition at 2,000 events/s: the largest objects), at the default upload window, counted by a proxy",
     ),
     (
+        "sigterm-partitions",
+        false,
+        false,
+        false,
+        "(benchmark) --partitions open partitions (default 5,000; one job each) posted in a burst, SIGTERM at once: up to 5,000 exit 0 within 20 s, what more leaves in the spool uploaded by the next start; every acked event exactly once",
+    ),
+    (
         "logs-2g",
         false,
         false,
@@ -286,6 +304,7 @@ pub(crate) type Scenario = fn(&Ctx) -> Result<Verdict, String>;
 pub(crate) fn scenario_fn(name: &str) -> Option<Scenario> {
     Some(match name {
         "kill9" => kill9,
+        "kill9-seal" => kill9_seal,
         "outage" => outage,
         "budget" => budget,
         "sigterm" => sigterm,
@@ -301,6 +320,7 @@ pub(crate) fn scenario_fn(name: &str) -> Option<Scenario> {
         "node-loss" => node_loss::node_loss,
         "node-loss-logs" => node_loss::node_loss_logs,
         "upload-cost" => cost::upload_cost,
+        "sigterm-partitions" => partitions::sigterm_partitions,
         "side-kill9" => compare::side_kill9,
         "side-sigterm" => compare::side_sigterm,
         "side-outage" => compare::side_outage,

@@ -147,7 +147,12 @@ fn partition_of(key: &str) -> String {
 }
 
 fn is_event_key(key: &str) -> bool {
-    key.contains("/node_events/") || key.contains("/job_events/")
+    // On file:// a new version of an object is written to `.<name>.<node>.rhc-tmp` beside it
+    // and renamed: no reader takes that for an object (the history server and inspect do not).
+    let temporary = key.rsplit('/').next().is_some_and(|name| {
+        name.ends_with(ray_history_collector::storage::append::LOCAL_TEMP_SUFFIX)
+    });
+    !temporary && (key.contains("/node_events/") || key.contains("/job_events/"))
 }
 
 /// What the bucket held once the node was gone.
@@ -692,6 +697,12 @@ pub(crate) fn node_loss(ctx: &Ctx) -> Result<Verdict, String> {
     let acked: u64 = ours.iter().map(|c| c.acked).sum();
     let mut why: Vec<String> = Vec::new();
     for c in &ours {
+        if c.acked == 0 {
+            why.push(format!(
+                "{} at {} ev/s: no event acknowledged before the kill",
+                c.backend, c.rate
+            ));
+        }
         if c.window_s > limit {
             why.push(format!(
                 "{} at {} ev/s: window {:.1} s",

@@ -1,0 +1,390 @@
+//! What the bucket holds, as far as the final poll's rule needs it, kept in the spool
+//! directory (`dashboard-snapshots.json`): for the session being polled in this storage and
+//! cluster (storage URL and history prefix), the list length and byte size of the last
+//! snapshot stored for each URI.
+//!
+//! The final poll at SIGTERM never replaces a stored list with a shorter one. After a restart
+//! this process has uploaded nothing, so it must know what an earlier run stored. Reading the
+//! object back needs `s3:GetObject`, and on S3 without `s3:ListBucket` the GET of a key that
+//! was never written answers 403, not 404: a read cannot tell "nothing stored" from "not
+//! allowed". This record answers without a request to the bucket.
+//!
+//! It is written atomically (temp file, fsync, rename) BEFORE each upload that makes an entry
+//! grow (write-ahead, with the longer of the old and the new list), and after a poll with the
+//! exact figures: a poll cut at the shutdown deadline or a kill -9 between an upload and the
+//! end of its poll leaves a record at least as long as the bucket, and a failed upload only
+//! makes it more cautious. A record that is missing, too large, not of this shape or of
+//! another storage or cluster is not used (the final poll then falls back to reading the
+//! bucket), never a reason not to start; one that cannot be written is removed, so a restart
+//! reads the bucket rather than trusting a stale record.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The record's file name in the spool directory.
+pub const RECORD_FILE: &str = "dashboard-snapshots.json";
+
+/// Most URIs recorded for a session: every datasets endpoint of the most jobs one poll asks
+/// ([`super::MAX_JOBS_PER_POLL`]) plus the static and additional ones fits. A URI beyond it
+/// is not recorded (the final poll reads the bucket for it, as without a record).
+pub const MAX_RECORDED_SNAPSHOTS: usize = 16_384;
+
+/// Largest record read at start: [`MAX_RECORDED_SNAPSHOTS`] entries of the longest URI
+/// accepted ([`super::MAX_ENDPOINT_LEN`]) and their figures fit (about 9.5 MiB; a datasets URI
+/// is some 40 bytes); a larger file is not one we wrote and is ignored.
+pub const MAX_RECORD_BYTES: u64 = 16 << 20;
+
+/// One snapshot stored in the bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recorded {
+    /// Length of its list, when the endpoint has one.
+    pub list_len: Option<usize>,
+    /// Its size in bytes.
+    pub bytes: usize,
+}
+
+impl Recorded {
+    /// The more cautious of two entries: the longer list and the larger size. Written before
+    /// an upload, it holds whichever of the old and the new snapshot the bucket ends up with.
+    fn at_least(self, other: Recorded) -> Recorded {
+        Recorded {
+            list_len: match (self.list_len, other.list_len) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            },
+            bytes: self.bytes.max(other.bytes),
+        }
+    }
+}
+
+/// The file's content.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct OnDisk {
+    /// Where the snapshots are stored: the storage URL and the cluster's history prefix. A
+    /// record of another place (another `--storage`, `--cluster-name`, namespace or root) says
+    /// nothing about this one. Absent in records of earlier versions: they start over.
+    #[serde(default)]
+    place: String,
+    session: String,
+    snapshots: BTreeMap<String, Recorded>,
+}
+
+/// The record and whether it changed since the last write.
+#[derive(Debug, Default)]
+struct State {
+    data: OnDisk,
+    dirty: bool,
+}
+
+/// The record of the session being polled, and where it is kept. Shared by the uploads of a
+/// poll in flight: each writes its entry before its upload.
+#[derive(Debug)]
+pub struct SnapshotRecord {
+    path: Option<PathBuf>,
+    /// Where the snapshots of this process go (see [`OnDisk::place`]).
+    place: String,
+    state: std::sync::Mutex<State>,
+    /// Held while the file is written, so a later write never lands before an earlier one.
+    writing: tokio::sync::Mutex<()>,
+}
+
+impl SnapshotRecord {
+    /// A record kept in memory only (no spool directory given).
+    pub fn in_memory() -> Self {
+        SnapshotRecord {
+            path: None,
+            place: String::new(),
+            state: std::sync::Mutex::new(State::default()),
+            writing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Reads the record in `dir`; a missing file is an empty record, an unreadable one is
+    /// logged and ignored. `place` names where this process stores its snapshots (storage URL
+    /// and history prefix): a record of another place is not used.
+    pub fn load(dir: &Path, place: &str) -> Self {
+        let path = dir.join(RECORD_FILE);
+        let data = match read(&path) {
+            Ok(Some(d)) if d.place == place => d,
+            Ok(Some(d)) => {
+                tracing::info!(
+                    recorded = %d.place,
+                    now = %place,
+                    "the record of stored dashboard snapshots is of another storage or cluster; it starts over"
+                );
+                OnDisk::default()
+            }
+            Ok(None) => OnDisk::default(),
+            Err(why) => {
+                tracing::warn!(
+                    path = %path.display(),
+                    %why,
+                    "the record of stored dashboard snapshots is ignored; the final poll reads the bucket instead"
+                );
+                OnDisk::default()
+            }
+        };
+        SnapshotRecord {
+            path: Some(path),
+            place: place.to_string(),
+            state: std::sync::Mutex::new(State { data, dirty: false }),
+            writing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock leaves a consistent map (every change is one insert).
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts over when `session` is not the recorded one.
+    pub fn enter_session(&self, session: &str) {
+        let mut st = self.state();
+        if st.data.session != session || st.data.place != self.place {
+            st.data = OnDisk {
+                place: self.place.clone(),
+                session: session.to_string(),
+                snapshots: BTreeMap::new(),
+            };
+        }
+    }
+
+    /// What is recorded for `uri` in the current session.
+    pub fn get(&self, uri: &str) -> Option<Recorded> {
+        self.state().data.snapshots.get(uri).copied()
+    }
+
+    /// Sets the entry of `uri`; false when the record is full and `uri` not in it.
+    fn set(&self, uri: &str, entry: impl FnOnce(Option<Recorded>) -> Recorded) -> bool {
+        let mut st = self.state();
+        let old = st.data.snapshots.get(uri).copied();
+        if old.is_none() && st.data.snapshots.len() >= MAX_RECORDED_SNAPSHOTS {
+            return false;
+        }
+        let new = entry(old);
+        if old != Some(new) {
+            st.data.snapshots.insert(uri.to_string(), new);
+            st.dirty = true;
+        }
+        true
+    }
+
+    /// Write-ahead, before `snapshot` is uploaded for `uri`: the entry becomes at least
+    /// `snapshot` (the longer list of the old and the new) and is written durably before this
+    /// returns. A process killed during or after the upload leaves a record that covers what
+    /// the bucket holds; a failed upload only makes it more cautious. When the record cannot
+    /// be written (a full disk, a directory in its place) the file is removed, so a restart
+    /// reads the bucket instead of trusting a stale record; an error means not even that
+    /// worked, and the caller must not upload.
+    pub async fn before_upload(&self, uri: &str, snapshot: Recorded) -> Result<(), String> {
+        let mut grew = false;
+        let recorded = self.set(uri, |old| {
+            let new = old.map_or(snapshot, |o| o.at_least(snapshot));
+            grew = old != Some(new);
+            new
+        });
+        if !recorded || !grew || self.path.is_none() {
+            // Full: the final poll reads the bucket for this URI. Not grown: what is on disk
+            // already covers the upload.
+            return Ok(());
+        }
+        let Err(why) = self.write().await else {
+            return Ok(());
+        };
+        match self.discard() {
+            Ok(()) => {
+                tracing::warn!(
+                    %why,
+                    "the record of stored dashboard snapshots could not be written; it is removed, a restart reads the bucket instead"
+                );
+                Ok(())
+            }
+            Err(e) => Err(format!("{why}; removing it failed too: {e}")),
+        }
+    }
+
+    /// Removes the record file, unless what is there is not a file (a directory: ignored when
+    /// read, so as good as absent).
+    fn discard(&self) -> std::io::Result<()> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => {
+                std::fs::remove_file(path)?;
+                match path.parent() {
+                    Some(dir) => crate::util::fs::fsync_dir(dir),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// Records the snapshot just stored for `uri`, exactly (it may be shorter than the entry
+    /// written ahead); written by the next [`Self::save`].
+    pub fn stored(&self, uri: &str, snapshot: Recorded) {
+        self.set(uri, |_| snapshot);
+    }
+
+    /// Writes the record if it changed. A failure is logged: the record on disk stays as
+    /// cautious as the last write-ahead left it.
+    pub async fn save(&self) {
+        if self.path.is_none() || !self.state().dirty {
+            return;
+        }
+        if let Err(why) = self.write().await {
+            tracing::warn!(%why, "the record of stored dashboard snapshots was not written");
+        }
+    }
+
+    /// Writes the record as it is now (atomically: temp file, fsync, rename); the writes are
+    /// serialised and each takes the state when its turn comes, so the file ends with the
+    /// latest.
+    async fn write(&self) -> Result<(), String> {
+        let Some(path) = self.path.clone() else {
+            return Ok(());
+        };
+        let _turn = self.writing.lock().await;
+        let bytes = {
+            let mut st = self.state();
+            if !st.dirty {
+                // A write that started after this change took it with it.
+                return Ok(());
+            }
+            st.dirty = false;
+            serde_json::to_vec(&st.data).map_err(|e| e.to_string())
+        };
+        let written = match bytes {
+            Ok(bytes) => tokio::task::spawn_blocking(move || {
+                crate::util::fs::write_atomically(&path, &bytes)
+                    .map_err(|e| format!("{}: {e}", path.display()))
+            })
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r),
+            Err(e) => Err(e),
+        };
+        if written.is_err() {
+            self.state().dirty = true;
+        }
+        written
+    }
+}
+
+/// The record at `path`: `None` when there is none, an error text when it is not usable.
+fn read(path: &Path) -> Result<Option<OnDisk>, String> {
+    use std::io::Read;
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let mut bytes = Vec::new();
+    file.take(MAX_RECORD_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_RECORD_BYTES {
+        return Err(format!("larger than {MAX_RECORD_BYTES} bytes"));
+    }
+    let mut data: OnDisk = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    if data.snapshots.len() > MAX_RECORDED_SNAPSHOTS {
+        return Err(format!("more than {MAX_RECORDED_SNAPSHOTS} entries"));
+    }
+    if !crate::contract::is_safe_segment(&data.session) {
+        data = OnDisk::default();
+    }
+    Ok(Some(data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_record_survives_a_restart_and_a_corrupt_one_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = SnapshotRecord::load(dir.path(), "file:///b c1");
+        r.enter_session("session_1");
+        let pgs = Recorded {
+            list_len: Some(3),
+            bytes: 120,
+        };
+        r.stored("/pgs", pgs);
+        r.save().await;
+        let elsewhere = SnapshotRecord::load(dir.path(), "file:///b c2");
+        elsewhere.enter_session("session_1");
+        assert_eq!(elsewhere.get("/pgs"), None, "another place starts over");
+        let again = SnapshotRecord::load(dir.path(), "file:///b c1");
+        again.enter_session("session_1");
+        assert_eq!(again.get("/pgs"), Some(pgs));
+        again.enter_session("session_2");
+        assert_eq!(again.get("/pgs"), None, "another session starts over");
+
+        std::fs::write(dir.path().join(RECORD_FILE), b"{\"session\": 3").unwrap();
+        let corrupt = SnapshotRecord::load(dir.path(), "file:///b c1");
+        corrupt.enter_session("session_1");
+        assert_eq!(corrupt.get("/pgs"), None);
+    }
+
+    #[tokio::test]
+    async fn written_ahead_it_covers_the_longer_list_until_the_upload_is_done() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = SnapshotRecord::load(dir.path(), "p");
+        r.enter_session("s");
+        let five = Recorded {
+            list_len: Some(5),
+            bytes: 50,
+        };
+        let two = Recorded {
+            list_len: Some(2),
+            bytes: 20,
+        };
+        r.before_upload("/pgs", five).await.unwrap();
+        let on_disk = || {
+            let again = SnapshotRecord::load(dir.path(), "p");
+            again.enter_session("s");
+            again.get("/pgs")
+        };
+        assert_eq!(on_disk(), Some(five), "durable before the upload");
+        r.stored("/pgs", five);
+        // A shorter list: until its upload is done the record keeps the longer one.
+        r.before_upload("/pgs", two).await.unwrap();
+        assert_eq!(on_disk(), Some(five));
+        r.stored("/pgs", two);
+        r.save().await;
+        assert_eq!(on_disk(), Some(two));
+    }
+
+    #[tokio::test]
+    async fn a_record_that_cannot_be_written_does_not_stop_uploads() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join(RECORD_FILE)).unwrap();
+        let r = SnapshotRecord::load(dir.path(), "p");
+        r.enter_session("s");
+        let one = Recorded {
+            list_len: Some(1),
+            bytes: 1,
+        };
+        r.before_upload("/pgs", one).await.unwrap();
+    }
+
+    #[test]
+    fn the_record_is_bounded() {
+        let r = SnapshotRecord::in_memory();
+        r.enter_session("s");
+        let one = Recorded {
+            list_len: Some(1),
+            bytes: 1,
+        };
+        for i in 0..MAX_RECORDED_SNAPSHOTS + 5 {
+            r.stored(&format!("/u{i}"), one);
+        }
+        assert_eq!(r.state().data.snapshots.len(), MAX_RECORDED_SNAPSHOTS);
+        assert_eq!(r.get(&format!("/u{MAX_RECORDED_SNAPSHOTS}")), None);
+    }
+}

@@ -1,0 +1,271 @@
+//! The sessions' indexes, loaded once and kept within a byte budget.
+//!
+//! - **One load per session.** The first request about a session (or its `/enter_cluster`)
+//!   starts its load; every request about it while it loads waits on the same load, and the
+//!   later ones find it done. The counter `rhc_serve_session_loads_total` on `/metrics` says
+//!   how many loads ran.
+//! - **No timeout cliff.** A load is a task of its own, not of the request that started
+//!   it: a client that stops waiting does not stop it. A request waits at most
+//!   [`LOAD_WAIT`] (under KubeRay's 35 s write timeout and a browser's patience); past that
+//!   it answers `503` with [`LOADING_HEADER`] and `Retry-After`, and the load goes on, so
+//!   a request after it gets the session.
+//! - **Other sessions are not blocked.** Answers from a loaded index take no lock but the
+//!   cache's map for a lookup; at most [`MAX_CONCURRENT_LOADS`] loads run at once, each on
+//!   a blocking thread of its own.
+//! - **A byte budget.** When a load is done, the least recently used indexes are dropped
+//!   until the cache holds at most `--cache-bytes` (the one just loaded is kept, even
+//!   alone over the budget: it is being asked for). A failed load is not kept: the next
+//!   request tries again.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{watch, Semaphore};
+
+use super::index::{IndexBuilder, SessionIndex};
+use crate::inspect::{session_facts, OpenBucket, SessionMarker};
+
+/// Sessions loaded at once: a load uses a core (the fold) and up to ~128 MiB of fold state
+/// besides the index it builds.
+pub const MAX_CONCURRENT_LOADS: usize = 2;
+/// How long a request waits for its session's load before answering that it is loading.
+pub const LOAD_WAIT: Duration = Duration::from_secs(25);
+/// Set (to `true`) on the `503` of a request that stopped waiting for its session's load.
+pub const LOADING_HEADER: &str = "x-rhc-session-loading";
+
+type Loaded = Result<Arc<SessionIndex>, Arc<String>>;
+
+enum Entry {
+    Loading(watch::Receiver<Option<Loaded>>),
+    Ready {
+        index: Arc<SessionIndex>,
+        bytes: u64,
+        last_used: u64,
+    },
+}
+
+#[derive(Default)]
+struct Inner {
+    entries: HashMap<String, Entry>,
+    tick: u64,
+}
+
+/// Counters shown on `/metrics`.
+#[derive(Default)]
+pub struct CacheStats {
+    pub loads: AtomicU64,
+    pub load_failures: AtomicU64,
+    pub joined_loads: AtomicU64,
+    pub hits: AtomicU64,
+    pub evictions: AtomicU64,
+}
+
+pub struct SessionCache {
+    budget: u64,
+    inner: Mutex<Inner>,
+    loads: Arc<Semaphore>,
+    pub stats: CacheStats,
+}
+
+/// Why a request gets no index.
+pub enum Unavailable {
+    /// Still loading after [`LOAD_WAIT`].
+    Loading,
+    /// The load failed: why.
+    Failed(Arc<String>),
+}
+
+/// The cache's key of a session: where its objects are.
+fn key_of(bucket: &OpenBucket, m: &SessionMarker) -> String {
+    format!("{}/{}", m.history_prefix(&bucket.spec.root), m.session)
+}
+
+impl SessionCache {
+    pub fn new(budget: u64) -> SessionCache {
+        SessionCache {
+            budget,
+            inner: Mutex::new(Inner::default()),
+            loads: Arc::new(Semaphore::new(MAX_CONCURRENT_LOADS)),
+            stats: CacheStats::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the map leaves it consistent (every change is one insert
+        // or remove): go on with it.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// (sessions held, bytes held).
+    pub fn held(&self) -> (u64, u64) {
+        let inner = self.lock();
+        inner.entries.values().fold((0, 0), |(n, b), e| match e {
+            Entry::Ready { bytes, .. } => (n + 1, b + bytes),
+            Entry::Loading(_) => (n, b),
+        })
+    }
+
+    /// The loaded index, or a receiver of the load in flight (started here if none is).
+    fn lookup(
+        self: &Arc<Self>,
+        bucket: &Arc<OpenBucket>,
+        marker: &SessionMarker,
+    ) -> Result<Arc<SessionIndex>, watch::Receiver<Option<Loaded>>> {
+        let key = key_of(bucket, marker);
+        let mut inner = self.lock();
+        inner.tick += 1;
+        let tick = inner.tick;
+        match inner.entries.get_mut(&key) {
+            Some(Entry::Ready {
+                index, last_used, ..
+            }) => {
+                *last_used = tick;
+                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(index.clone());
+            }
+            Some(Entry::Loading(rx)) => {
+                self.stats.joined_loads.fetch_add(1, Ordering::Relaxed);
+                return Err(rx.clone());
+            }
+            None => {}
+        }
+        let (tx, rx) = watch::channel(None);
+        inner
+            .entries
+            .insert(key.clone(), Entry::Loading(rx.clone()));
+        drop(inner);
+        self.stats.loads.fetch_add(1, Ordering::Relaxed);
+        let (cache, bucket, marker) = (self.clone(), bucket.clone(), marker.clone());
+        tokio::spawn(async move {
+            let loaded = cache.load(bucket, marker).await;
+            cache.settle(&key, &loaded);
+            let _ = tx.send(Some(loaded));
+        });
+        Err(rx)
+    }
+
+    /// Starts the session's load if it is neither loaded nor loading (`/enter_cluster`).
+    pub fn prefetch(self: &Arc<Self>, bucket: &Arc<OpenBucket>, marker: &SessionMarker) {
+        let _ = self.lookup(bucket, marker);
+    }
+
+    /// The session's index, waiting for its load at most [`LOAD_WAIT`].
+    pub async fn get(
+        self: &Arc<Self>,
+        bucket: &Arc<OpenBucket>,
+        marker: &SessionMarker,
+    ) -> Result<Arc<SessionIndex>, Unavailable> {
+        let mut rx = match self.lookup(bucket, marker) {
+            Ok(index) => return Ok(index),
+            Err(rx) => rx,
+        };
+        let waited = tokio::time::timeout(LOAD_WAIT, rx.wait_for(Option::is_some)).await;
+        match waited {
+            Err(_) => Err(Unavailable::Loading),
+            Ok(Err(_)) => Err(Unavailable::Failed(Arc::new(
+                "the session's load stopped".to_string(),
+            ))),
+            Ok(Ok(v)) => match v.as_ref() {
+                Some(Ok(index)) => Ok(index.clone()),
+                Some(Err(e)) => Err(Unavailable::Failed(e.clone())),
+                None => Err(Unavailable::Loading),
+            },
+        }
+    }
+
+    /// Reads and indexes one session.
+    async fn load(&self, bucket: Arc<OpenBucket>, marker: SessionMarker) -> Loaded {
+        let Ok(_permit) = self.loads.clone().acquire_owned().await else {
+            return Err(Arc::new("the server is stopping".to_string()));
+        };
+        let started = Instant::now();
+        let runtime = tokio::runtime::Handle::current();
+        let session = marker.session.clone();
+        // The fold uses a core for seconds on a big session: a blocking thread of its own, so
+        // the runtime's workers stay free to answer other requests.
+        let built = tokio::task::spawn_blocking(move || {
+            let mut builder = IndexBuilder::default();
+            let facts =
+                runtime.block_on(session_facts(&bucket, &marker, &mut |t| builder.add(t)))?;
+            Ok::<_, anyhow::Error>(builder.finish(facts))
+        })
+        .await;
+        let result = match built {
+            Ok(Ok(index)) => Ok(Arc::new(index)),
+            Ok(Err(e)) => Err(Arc::new(format!("{e:#}"))),
+            Err(e) => Err(Arc::new(format!("the load stopped: {e}"))),
+        };
+        match &result {
+            Ok(index) => tracing::info!(
+                session = %crate::inspect::escape_untrusted(&session),
+                attempts = index.tasks.len(),
+                bytes = index.bytes(),
+                seconds = started.elapsed().as_secs_f64(),
+                "session loaded"
+            ),
+            Err(e) => {
+                self.stats.load_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    session = %crate::inspect::escape_untrusted(&session),
+                    "session load failed: {}",
+                    crate::inspect::escape_message(e)
+                );
+            }
+        }
+        result
+    }
+
+    /// Puts a finished load in the map (a failure: takes its entry out) and keeps the budget.
+    fn settle(&self, key: &str, loaded: &Loaded) {
+        let mut inner = self.lock();
+        let index = match loaded {
+            Ok(index) => index.clone(),
+            Err(_) => {
+                inner.entries.remove(key);
+                return;
+            }
+        };
+        inner.tick += 1;
+        let tick = inner.tick;
+        let bytes = index.bytes();
+        inner.entries.insert(
+            key.to_string(),
+            Entry::Ready {
+                index,
+                bytes,
+                last_used: tick,
+            },
+        );
+        loop {
+            let held: u64 = inner
+                .entries
+                .values()
+                .map(|e| match e {
+                    Entry::Ready { bytes, .. } => *bytes,
+                    Entry::Loading(_) => 0,
+                })
+                .sum();
+            if held <= self.budget {
+                break;
+            }
+            let oldest = inner
+                .entries
+                .iter()
+                .filter(|(k, _)| k.as_str() != key)
+                .filter_map(|(k, e)| match e {
+                    Entry::Ready { last_used, .. } => Some((*last_used, k.clone())),
+                    Entry::Loading(_) => None,
+                })
+                .min();
+            let Some((_, victim)) = oldest else { break };
+            inner.entries.remove(&victim);
+            self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                session = %crate::inspect::escape_untrusted(&victim),
+                "session dropped from the cache (over --cache-bytes)"
+            );
+        }
+    }
+}

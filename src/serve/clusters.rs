@@ -1,0 +1,276 @@
+//! `/clusters` and `/enter_cluster/{namespace}/{kind}/{name}[/{session}]`, from the session
+//! markers as `inspect` discovers them.
+//!
+//! `/clusters` answers KubeRay's `ClusterInfo` list: one entry per session marker whose name
+//! carries a start time, `{name, namespace, sessionName, createTime, createTimeStamp,
+//! ownerKind?, ownerName?}`, newest first, at most [`MAX_CLUSTERS`]. `createTime` and
+//! `createTimeStamp` are the time in the session name read as UTC, as KubeRay reads it (Ray
+//! writes it in the head's local time, so on a head not on UTC both are off by its offset).
+//!
+//! `/enter_cluster` resolves like KubeRay: kind `raycluster` matches the cluster name, kind
+//! `rayjob` or `rayservice` the owner's; no session or `latest` is the newest session that
+//! holds an object (`inspect --session latest`; KubeRay takes the newest marker even when
+//! nothing was uploaded under it). It answers `{"name","namespace","result":"success",
+//! "session"}` and sets the cookies; `400` for an unknown kind, `404` for no such session.
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::header::{CONTENT_TYPE, LOCATION};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use super::cookies::Entered;
+use super::{Shared, UNREADABLE_HEADER};
+use crate::inspect::SessionMarker;
+use crate::inspect::{
+    escape_message, escape_untrusted, latest_session, session_markers, session_start,
+};
+use crate::util::time::{format_rfc3339, parse_rfc3339_seconds};
+
+/// Sessions `/clusters` lists, newest first: KubeRay's `maxClusters` (100). Older sessions can
+/// still be entered by name.
+pub const MAX_CLUSTERS: usize = 100;
+
+/// One entry of `/clusters`, in KubeRay's field order and names.
+#[derive(Debug, Serialize)]
+struct ClusterInfo {
+    name: String,
+    namespace: String,
+    #[serde(rename = "sessionName")]
+    session_name: String,
+    #[serde(rename = "createTime")]
+    create_time: String,
+    #[serde(rename = "createTimeStamp")]
+    create_time_stamp: i64,
+    #[serde(rename = "ownerKind", skip_serializing_if = "String::is_empty")]
+    owner_kind: String,
+    #[serde(rename = "ownerName", skip_serializing_if = "String::is_empty")]
+    owner_name: String,
+}
+
+/// `value` as a JSON answer.
+fn json_response(value: &impl Serialize) -> Response {
+    match serde_json::to_string(value) {
+        Ok(text) => ([(CONTENT_TYPE, "application/json")], text).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// The Unix seconds of the time in a session name, read as UTC; `None` for a name without one.
+fn session_seconds(session: &str) -> Option<i64> {
+    parse_rfc3339_seconds(&format!("{}Z", session_start(session)?))
+}
+
+/// The markers, or the `502` that says the bucket could not be listed.
+async fn markers(state: &Shared) -> Result<Vec<SessionMarker>, Response> {
+    session_markers(&state.bucket).await.map_err(|e| {
+        (
+            StatusCode::BAD_GATEWAY,
+            [(UNREADABLE_HEADER, "1")],
+            escape_message(&format!("listing the session markers: {e:#}")),
+        )
+            .into_response()
+    })
+}
+
+/// `GET /clusters`.
+pub async fn list(State(state): State<Shared>) -> Response {
+    let markers = match markers(&state).await {
+        Ok(m) => m,
+        Err(r) => return r,
+    };
+    let mut infos: Vec<ClusterInfo> = markers
+        .into_iter()
+        .filter_map(|m| {
+            let secs = session_seconds(&m.session)?;
+            Some(ClusterInfo {
+                name: m.cluster,
+                namespace: m.namespace,
+                session_name: m.session,
+                create_time: format_rfc3339(secs),
+                create_time_stamp: secs,
+                owner_kind: m.owner.as_ref().map(|_| m.kind).unwrap_or_default(),
+                owner_name: m.owner.unwrap_or_default(),
+            })
+        })
+        .collect();
+    // Newest first; equal seconds in a stable order (KubeRay's sort leaves them unordered).
+    infos.sort_by(|a, b| {
+        (b.create_time_stamp, &b.session_name, &b.namespace, &b.name).cmp(&(
+            a.create_time_stamp,
+            &a.session_name,
+            &a.namespace,
+            &a.name,
+        ))
+    });
+    infos.truncate(MAX_CLUSTERS);
+    json_response(&infos)
+}
+
+/// The longest `to` of `/enter_cluster?to=PATH`.
+pub const MAX_REDIRECT_BYTES: usize = 1024;
+
+/// `?to=PATH` of `/enter_cluster`: where to send a browser once the cookies are set (our
+/// addition: a person opens a session in the dashboard with one link). Only a path of this
+/// server: it starts with one `/` (not `//` or `/\`, which a browser reads as another host),
+/// printable ASCII, at most [`MAX_REDIRECT_BYTES`]. `Ok(None)`: no `to`.
+fn redirect_target(query: Option<&str>) -> Result<Option<String>, String> {
+    let Some(to) = query.and_then(|q| {
+        url::form_urlencoded::parse(q.as_bytes())
+            .find(|(k, _)| k == "to")
+            .map(|(_, v)| v.into_owned())
+    }) else {
+        return Ok(None);
+    };
+    let local = to.starts_with('/')
+        && !to.starts_with("//")
+        && !to.starts_with("/\\")
+        && to.len() <= MAX_REDIRECT_BYTES
+        && to.bytes().all(|b| b.is_ascii_graphic());
+    if local {
+        Ok(Some(to))
+    } else {
+        Err(format!(
+            "to={}: not a path of this server (one leading /, printable ASCII, at most {MAX_REDIRECT_BYTES} bytes)",
+            escape_untrusted(&to)
+        ))
+    }
+}
+
+/// `GET /enter_cluster/{namespace}/{kind}/{name}[?to=PATH]`: the latest session.
+pub async fn enter_latest(
+    State(state): State<Shared>,
+    Path((namespace, kind, name)): Path<(String, String, String)>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let to = match redirect_target(query.as_deref()) {
+        Ok(t) => t,
+        Err(m) => return (StatusCode::BAD_REQUEST, m).into_response(),
+    };
+    enter(&state, &namespace, &kind, &name, "latest", to).await
+}
+
+/// `GET /enter_cluster/{namespace}/{kind}/{name}/{session}[?to=PATH]`.
+pub async fn enter_session(
+    State(state): State<Shared>,
+    Path((namespace, kind, name, session)): Path<(String, String, String, String)>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let to = match redirect_target(query.as_deref()) {
+        Ok(t) => t,
+        Err(m) => return (StatusCode::BAD_REQUEST, m).into_response(),
+    };
+    enter(&state, &namespace, &kind, &name, &session, to).await
+}
+
+async fn enter(
+    state: &Shared,
+    namespace: &str,
+    kind: &str,
+    name: &str,
+    session: &str,
+    to: Option<String>,
+) -> Response {
+    let kind_lower = kind.to_ascii_lowercase();
+    if !["raycluster", "rayjob", "rayservice"].contains(&kind_lower.as_str()) {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!(
+                "unsupported resource kind: {:?} (must be raycluster, rayjob, or rayservice)",
+                escape_untrusted(kind)
+            ),
+        )
+            .into_response();
+    }
+    let markers = match markers(state).await {
+        Ok(m) => m,
+        Err(r) => return r,
+    };
+    let candidates: Vec<SessionMarker> = markers
+        .into_iter()
+        .filter(|m| m.namespace == namespace)
+        .filter(|m| match kind_lower.as_str() {
+            "raycluster" => m.cluster == name,
+            k => m.kind == k && m.owner.as_deref() == Some(name),
+        })
+        .collect();
+    let chosen = if session == "latest" || session.is_empty() {
+        if candidates.is_empty() {
+            None
+        } else {
+            latest_session(&state.bucket, &candidates).await
+        }
+    } else {
+        candidates.into_iter().find(|m| m.session == session)
+    };
+    let Some(chosen) = chosen else {
+        return (
+            StatusCode::NOT_FOUND,
+            format!(
+                "cluster {}/{}/{} with session {} not found",
+                escape_untrusted(namespace),
+                escape_untrusted(kind),
+                escape_untrusted(name),
+                escape_untrusted(session)
+            ),
+        )
+            .into_response();
+    };
+    if session_start(&chosen.session).is_none() {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!("invalid session name: {:?}", chosen.session),
+        )
+            .into_response();
+    }
+    let body = serde_json::json!({
+        "result": "success",
+        "name": chosen.cluster,
+        "namespace": chosen.namespace,
+        "session": chosen.session,
+    });
+    // The session's load starts now, so the page's first questions find it loading or
+    // loaded (KubeRay's server loads here too, but inside the request, past its timeout).
+    state.cache.prefetch(&state.bucket, &chosen);
+    let entered = Entered { session: chosen };
+    match to {
+        // 303: the browser follows with a GET, carrying the cookies just set.
+        Some(to) => entered.refresh((StatusCode::SEE_OTHER, [(LOCATION, to)])),
+        None => entered.refresh(json_response(&body)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_times_are_read_as_kuberay_reads_them() {
+        let s = session_seconds("session_2026-11-22_02-06-36_260774_21819").unwrap();
+        assert_eq!(format_rfc3339(s), "2026-11-22T02:06:36Z");
+        // `date -u -d 2026-11-22T02:06:36Z +%s`
+        assert_eq!(s, 1_795_313_196);
+        assert_eq!(session_seconds("session_latest"), None);
+    }
+
+    #[test]
+    fn redirects_stay_on_this_server() {
+        assert_eq!(
+            redirect_target(Some("to=/%23/jobs"))
+                .ok()
+                .flatten()
+                .as_deref(),
+            Some("/#/jobs")
+        );
+        assert!(redirect_target(Some("a=b")).is_ok_and(|t| t.is_none()));
+        for bad in [
+            "to=//evil.example/",
+            "to=/%5C%5Cevil",
+            "to=https://x/",
+            "to=/a%0d%0aSet-Cookie:x",
+            "to=",
+        ] {
+            assert!(redirect_target(Some(bad)).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,421 @@
+//! A session's compact in-memory index: what the task routes answer from.
+//!
+//! It is built by `inspect`'s streaming fold ([`crate::inspect::session_facts`]: bounded
+//! parallel reads, bounded open files, big sessions spilled to `TMPDIR`), which lends each
+//! task attempt once; the index keeps of it one fixed-size [`TaskRecord`] (the task id in
+//! binary, strings as indexes into one table of distinct texts, times as integers) and
+//! nothing else, so its memory is about [`RECORD_BYTES`] per attempt plus the distinct
+//! strings, whatever the events said. Records are sorted once by (task id, attempt), the
+//! order of KubeRay's and Ray's list, so a list answer walks them in order and stops at its
+//! limit.
+//!
+//! What an attempt record does not hold (and the routes therefore do not answer): the
+//! parent task, the language, the runtime env, the placement group, the log offsets, the
+//! error message, the resources, every state transition (only the first RUNNING, the first
+//! FAILED and the latest are kept), and profile events other than the task's execution.
+
+use std::collections::HashMap;
+
+use crate::inspect::{SessionFacts, TaskView};
+
+/// No string.
+const NONE: u32 = u32::MAX;
+/// No time.
+pub const NO_TIME: i64 = i64::MIN;
+
+/// One task attempt (112 bytes).
+#[derive(Debug, Clone)]
+pub struct TaskRecord {
+    /// The task id's bytes (Ray's are at most 28), and its length with the high bit set for
+    /// a text that was not an id and is held as its hash.
+    id: [u8; 31],
+    id_len: u8,
+    pub attempt: i32,
+    pub state: u32,
+    pub name: u32,
+    pub task_type: u32,
+    pub job: u32,
+    pub node: u32,
+    pub worker: u32,
+    pub error_type: u32,
+    /// 0: unknown.
+    pub pid: u32,
+    /// Unix nanoseconds, [`NO_TIME`] when unknown.
+    pub running_ns: i64,
+    pub failed_ns: i64,
+    pub latest_ns: i64,
+    pub exec_start_ns: i64,
+    pub exec_end_ns: i64,
+}
+
+/// The size of a record, which the cache counts per attempt.
+pub const RECORD_BYTES: usize = std::mem::size_of::<TaskRecord>();
+
+const HASHED: u8 = 0x80;
+/// Ray's id of an actor is bytes 8..24 of its tasks' ids; 12 bytes of `ff` there: no actor.
+const ACTOR_ID_RANGE: std::ops::Range<usize> = 8..24;
+const TASK_ID_BYTES: usize = 24;
+
+impl TaskRecord {
+    fn id_bytes(&self) -> &[u8] {
+        &self.id[..usize::from(self.id_len & !HASHED).min(31)]
+    }
+
+    /// The sort key: ids that were ids first, by bytes (lower-case hex sorts the same),
+    /// then those held as hashes (`invalid-…`), then the attempt.
+    fn order(&self) -> (bool, &[u8], i32) {
+        (self.id_len & HASHED != 0, self.id_bytes(), self.attempt)
+    }
+
+    /// Lower-case hex, `invalid-<hash>` for a text that was not an id.
+    pub fn task_id(&self) -> String {
+        let mut s = String::with_capacity(2 * self.id_bytes().len() + 8);
+        if self.id_len & HASHED != 0 {
+            s.push_str("invalid-");
+        }
+        push_hex(&mut s, self.id_bytes());
+        s
+    }
+
+    /// True when `id` (bytes of an id given in hex) is this task's.
+    fn has_id(&self, id: &[u8]) -> bool {
+        self.id_len & HASHED == 0 && self.id_bytes() == id
+    }
+
+    /// The actor of an actor task or actor creation task, from its id as Ray builds it.
+    pub fn actor_id(&self, index: &SessionIndex) -> Option<String> {
+        let t = index.text(self.task_type)?;
+        if t != "ACTOR_TASK" && t != "ACTOR_CREATION_TASK" {
+            return None;
+        }
+        let b = self.id_bytes();
+        if self.id_len & HASHED != 0 || b.len() != TASK_ID_BYTES {
+            return None;
+        }
+        let actor = &b[ACTOR_ID_RANGE];
+        if actor[..12].iter().all(|x| *x == 0xff) {
+            return None;
+        }
+        let mut s = String::with_capacity(32);
+        push_hex(&mut s, actor);
+        Some(s)
+    }
+}
+
+fn push_hex(s: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        s.push(HEX[usize::from(b >> 4)] as char);
+        s.push(HEX[usize::from(b & 15)] as char);
+    }
+}
+
+/// A session as the task routes read it.
+#[derive(Debug)]
+pub struct SessionIndex {
+    /// Jobs and the counts of what could not be read.
+    pub facts: SessionFacts,
+    /// Every attempt, sorted by (task id, attempt).
+    pub tasks: Vec<TaskRecord>,
+    texts: Vec<Box<str>>,
+}
+
+/// Builds a [`SessionIndex`] from the attempts the fold lends.
+#[derive(Default)]
+pub struct IndexBuilder {
+    tasks: Vec<TaskRecord>,
+    texts: Vec<Box<str>>,
+    index: HashMap<Box<str>, u32>,
+}
+
+impl IndexBuilder {
+    /// The fold bounds the distinct strings it lends (its symbol table), so this table is
+    /// bounded by the same number.
+    fn intern(&mut self, s: Option<&str>) -> u32 {
+        let Some(s) = s else { return NONE };
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        let i = self.texts.len() as u32;
+        self.texts.push(s.into());
+        self.index.insert(s.into(), i);
+        i
+    }
+
+    pub fn add(&mut self, t: &TaskView<'_>) {
+        let mut id = [0u8; 31];
+        let n = t.id_bytes.len().min(31);
+        id[..n].copy_from_slice(&t.id_bytes[..n]);
+        let (exec_start_ns, exec_end_ns) = t.exec_ns.unwrap_or((NO_TIME, NO_TIME));
+        let rec = TaskRecord {
+            id,
+            id_len: t.id_len,
+            attempt: t.attempt_number,
+            state: self.intern(Some(t.state)),
+            name: self.intern(t.name),
+            task_type: self.intern(t.task_type),
+            job: self.intern(t.job_id),
+            node: self.intern(t.node_id),
+            worker: self.intern(t.worker_id),
+            error_type: self.intern(t.error_type),
+            pid: t.worker_pid,
+            running_ns: t.running_ns.unwrap_or(NO_TIME),
+            failed_ns: t.failed_ns.unwrap_or(NO_TIME),
+            latest_ns: t.latest_ns.unwrap_or(NO_TIME),
+            exec_start_ns,
+            exec_end_ns,
+        };
+        self.tasks.push(rec);
+    }
+
+    pub fn finish(mut self, facts: SessionFacts) -> SessionIndex {
+        self.tasks
+            .sort_unstable_by(|a, b| a.order().cmp(&b.order()));
+        self.tasks.shrink_to_fit();
+        self.texts.shrink_to_fit();
+        SessionIndex {
+            facts,
+            tasks: self.tasks,
+            texts: self.texts,
+        }
+    }
+}
+
+/// Bytes of one entry of a node's resources besides its name: the value, the string's
+/// header and the map's share of a node.
+const RESOURCE_ENTRY_BYTES: usize = 64;
+
+impl SessionIndex {
+    pub fn text(&self, sym: u32) -> Option<&str> {
+        self.texts.get(sym as usize).map(|s| &**s)
+    }
+
+    /// What the index holds, counted for the cache's budget.
+    pub fn bytes(&self) -> u64 {
+        let texts: usize = self.texts.iter().map(|t| t.len() + 16).sum();
+        // Jobs, actors and nodes: their structs and a few ids and names each; Train runs: their
+        // JSON, twice its text.
+        // A node's resources are counted each (a bucket's node may report 20,000 of them:
+        // counted flat at 1 KiB a node, four such sessions held 240 MiB against an 8 MiB
+        // budget, review r36d).
+        let node_resources: usize = self
+            .facts
+            .nodes
+            .iter()
+            .flat_map(|n| n.resources.keys())
+            .map(|k| k.len() + RESOURCE_ENTRY_BYTES)
+            .sum();
+        let facts: usize = self.facts.jobs.len() * 256
+            + self.facts.actors.len() * 512
+            + self.facts.nodes.len() * 1024
+            + node_resources;
+        let train_runs: usize = self
+            .facts
+            .train_runs
+            .iter()
+            .map(|r| r.to_string().len() * 2)
+            .sum();
+        (self.tasks.capacity() * RECORD_BYTES + texts + facts + train_runs + 4096) as u64
+    }
+
+    /// The symbols whose text equals `value` (ASCII case-insensitively, as Ray's state API
+    /// compares strings), as a table indexed by symbol; the last entry is "no value", which
+    /// matches the empty text (KubeRay's empty field).
+    fn matching(&self, value: &str) -> Vec<bool> {
+        let mut m: Vec<bool> = self
+            .texts
+            .iter()
+            .map(|t| t.eq_ignore_ascii_case(value))
+            .collect();
+        m.push(value.is_empty());
+        m
+    }
+}
+
+/// The task fields a filter may name: those of Ray's `TaskState` the index holds. KubeRay
+/// also takes `task_name` and `task_type`, its own names for `name` and `type`.
+pub const FILTER_KEYS: &[&str] = &[
+    "task_id",
+    "attempt_number",
+    "name",
+    "task_name",
+    "func_or_class_name",
+    "state",
+    "job_id",
+    "actor_id",
+    "type",
+    "task_type",
+    "node_id",
+    "worker_id",
+    "worker_pid",
+    "error_type",
+];
+
+/// One `filter_keys[i] filter_predicates[i] filter_values[i]`.
+pub struct TaskFilter {
+    equal: bool,
+    test: Test,
+}
+
+enum Test {
+    /// A field held as a symbol: which field, and which symbols match.
+    Sym(fn(&TaskRecord) -> u32, Vec<bool>),
+    /// The task id, as bytes (`None`: no id can match).
+    TaskId(Option<Vec<u8>>),
+    /// The actor id, lower-case hex.
+    ActorId(String),
+    Int(fn(&TaskRecord) -> i64, i64),
+}
+
+/// An id as hex: hex stays, anything else is read as Ray's base64 (KubeRay's docs filter
+/// with base64 ids); what is neither is compared as typed.
+fn id_as_hex(value: &str) -> String {
+    let v = value.trim();
+    if !v.is_empty() && v.len().is_multiple_of(2) && v.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return v.to_ascii_lowercase();
+    }
+    crate::contract::id_to_hex(v)
+        .map(|h| h.as_str().to_string())
+        .unwrap_or_else(|_| v.to_string())
+}
+
+fn hex_bytes(hex: &str) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+impl TaskFilter {
+    /// The filter, or the `400` message that says why not.
+    pub fn parse(
+        index: &SessionIndex,
+        key: &str,
+        predicate: &str,
+        value: &str,
+    ) -> Result<TaskFilter, String> {
+        let equal = match predicate {
+            "=" => true,
+            "!=" => false,
+            p => {
+                return Err(format!(
+                    "invalid filters parameter: invalid predicate: {}",
+                    crate::inspect::escape_untrusted(p)
+                ))
+            }
+        };
+        let sym = |f: fn(&TaskRecord) -> u32, v: &str| Test::Sym(f, index.matching(v));
+        let int = |f: fn(&TaskRecord) -> i64| {
+            value
+                .trim()
+                .parse::<i64>()
+                .map(|v| Test::Int(f, v))
+                .map_err(|_| {
+                    format!(
+                        "invalid filter value for {key}: {} is not an integer",
+                        crate::inspect::escape_untrusted(value)
+                    )
+                })
+        };
+        let test = match key {
+            "task_id" => Test::TaskId(hex_bytes(&id_as_hex(value))),
+            "attempt_number" => int(|r| i64::from(r.attempt))?,
+            "name" | "task_name" | "func_or_class_name" => sym(|r| r.name, value),
+            "state" => sym(|r| r.state, value),
+            "job_id" => sym(|r| r.job, &id_as_hex(value)),
+            "actor_id" => Test::ActorId(id_as_hex(value)),
+            "type" | "task_type" => sym(|r| r.task_type, value),
+            "node_id" => sym(|r| r.node, &id_as_hex(value)),
+            "worker_id" => sym(|r| r.worker, &id_as_hex(value)),
+            "worker_pid" => int(|r| i64::from(r.pid))?,
+            "error_type" => sym(|r| r.error_type, value),
+            other => {
+                return Err(format!(
+                    "The given filter column {} is not supported. Enter filters with supported columns: {}",
+                    crate::inspect::escape_untrusted(other),
+                    FILTER_KEYS.join(", ")
+                ))
+            }
+        };
+        Ok(TaskFilter { equal, test })
+    }
+
+    pub fn keeps(&self, index: &SessionIndex, r: &TaskRecord) -> bool {
+        let hit = match &self.test {
+            Test::Sym(field, table) => {
+                let s = field(r);
+                let i = if s == NONE {
+                    table.len() - 1
+                } else {
+                    s as usize
+                };
+                table.get(i).copied().unwrap_or(false)
+            }
+            Test::TaskId(id) => id.as_deref().is_some_and(|id| r.has_id(id)),
+            Test::ActorId(a) => r.actor_id(index).as_deref().unwrap_or("") == a,
+            Test::Int(field, v) => field(r) == *v,
+        };
+        hit == self.equal
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view<'a>(id: &'a [u8], state: &'a str, name: Option<&'a str>) -> TaskView<'a> {
+        TaskView {
+            id_len: id.len() as u8,
+            id_bytes: id,
+            attempt_number: 0,
+            name,
+            state,
+            job_id: Some("01000000"),
+            task_type: Some("ACTOR_TASK"),
+            node_id: None,
+            worker_id: None,
+            worker_pid: 7,
+            error_type: None,
+            running_ns: None,
+            failed_ns: None,
+            latest_ns: None,
+            exec_ns: None,
+        }
+    }
+
+    #[test]
+    fn records_are_small_sorted_and_filtered() {
+        const { assert!(RECORD_BYTES <= 112) };
+        let mut b = IndexBuilder::default();
+        let a: Vec<u8> = (0..24).collect();
+        let mut z = a.clone();
+        z[0] = 0xff;
+        b.add(&view(&z, "FINISHED", Some("f")));
+        b.add(&view(&a, "FAILED", None));
+        let index = b.finish(SessionFacts::default());
+        assert_eq!(
+            index.tasks[0].task_id(),
+            "000102030405060708090a0b0c0d0e0f1011121314151617"
+        );
+        assert_eq!(
+            index.tasks[0].actor_id(&index).as_deref(),
+            Some("08090a0b0c0d0e0f1011121314151617")
+        );
+        let f = TaskFilter::parse(&index, "state", "=", "failed").unwrap();
+        assert!(f.keeps(&index, &index.tasks[0]) && !f.keeps(&index, &index.tasks[1]));
+        let f = TaskFilter::parse(&index, "name", "=", "").unwrap();
+        assert!(f.keeps(&index, &index.tasks[0]) && !f.keeps(&index, &index.tasks[1]));
+        let f = TaskFilter::parse(&index, "job_id", "!=", "AQAAAA==").unwrap();
+        assert!(!f.keeps(&index, &index.tasks[0]));
+        let f = TaskFilter::parse(&index, "task_id", "=", &index.tasks[1].task_id()).unwrap();
+        assert!(!f.keeps(&index, &index.tasks[0]) && f.keeps(&index, &index.tasks[1]));
+        let f = TaskFilter::parse(&index, "worker_pid", "=", "7").unwrap();
+        assert!(f.keeps(&index, &index.tasks[0]));
+        assert!(TaskFilter::parse(&index, "bogus", "=", "x").is_err());
+        assert!(TaskFilter::parse(&index, "state", "<", "x").is_err());
+        assert!(TaskFilter::parse(&index, "worker_pid", "=", "x").is_err());
+    }
+}

@@ -1,0 +1,271 @@
+//! The dashboard's answers as the head's collector snapshotted them under
+//! `P/<session>/fetched_endpoints/`, replayed as KubeRay's history server replays them.
+//!
+//! - `/timezone`: `restful__timezone`; missing: `{"offset":"","value":""}`.
+//! - `/api/v0/cluster_metadata`: `restful__api__v0__cluster_metadata`; missing: `404`.
+//! - `/api/{*path}`: the object [`endpoint_object_name`] names for the request URI as sent,
+//!   path and raw query (so `/api/v0/placement_groups?detail=1&limit=10000` finds what the
+//!   poller stored for that URI); missing: KubeRay's empty answer for the endpoints Ray's
+//!   frontend cannot do without ([`missing_fallback`]), else `404`. A placement-group list
+//!   whose groups lack `bundles` gets `"bundles": []` (Ray 2.56's frontend maps over it
+//!   unguarded), as KubeRay does.
+//!
+//! Where KubeRay turns any read error into "missing" (and so into an empty `200`), a snapshot
+//! that is listed but cannot be read, or is larger than [`MAX_SNAPSHOT_BYTES`], is a `502`
+//! with [`UNREADABLE_HEADER`]; so is a listing that fails.
+//!
+//! Snapshots are found by listing the session's `fetched_endpoints/` and comparing names,
+//! not by building a key: each backend spells a `?` or `&` in a key its own way, and the
+//! listing gives the key as the backend has it (as `inspect` reads the placement groups).
+//! The listing streams and stops at the name, or after [`MAX_SNAPSHOTS_LISTED`] entries.
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt as _;
+use object_store::path::Path as ObjectPath;
+use object_store::ObjectStoreExt as _;
+
+use super::cookies::Entered;
+use super::{Shared, UNREADABLE_HEADER};
+use crate::contract::endpoints::{endpoint_object_name, FETCHED_ENDPOINTS_DIR};
+use crate::inspect::escape_message;
+
+/// Largest snapshot replayed. Ray's list endpoints answer at most 10,000 entries (the poller
+/// asks placement groups with `limit=10000`); 64 MiB holds that with room, and is what
+/// `inspect` allows for the same snapshot.
+pub const MAX_SNAPSHOT_BYTES: u64 = 64 << 20;
+
+/// Entries of `fetched_endpoints/` looked through for one name. The collector writes a
+/// handful plus one per job with datasets; a bucket with more is hostile or broken, and the
+/// search stops with a `502` instead of listing forever.
+pub const MAX_SNAPSHOTS_LISTED: usize = 100_000;
+
+const TIMEZONE_URI: &str = "/timezone";
+const CLUSTER_METADATA_URI: &str = "/api/v0/cluster_metadata";
+const EMPTY_TIMEZONE: &str = r#"{"offset":"","value":""}"#;
+
+/// Why a snapshot is not answered.
+pub(super) enum Missing {
+    /// Not in the bucket.
+    NotFound,
+    /// There, or maybe there, but not readable: the `502` to answer.
+    Unreadable(Response),
+}
+
+fn unreadable(what: String) -> Missing {
+    Missing::Unreadable(
+        (
+            StatusCode::BAD_GATEWAY,
+            [(UNREADABLE_HEADER, "1")],
+            escape_message(&what),
+        )
+            .into_response(),
+    )
+}
+
+/// The snapshot of `request_uri` in the entered session.
+pub(super) async fn read_snapshot(
+    state: &Shared,
+    entered: &Entered,
+    request_uri: &str,
+) -> Result<Bytes, Missing> {
+    let session = &entered.session;
+    let prefix = session.history_prefix(&state.bucket.spec.root);
+    let dir = ObjectPath::from(format!(
+        "{prefix}/{}/{FETCHED_ENDPOINTS_DIR}",
+        session.session
+    ));
+    let name = endpoint_object_name(request_uri);
+    let store = &state.bucket.store;
+    let mut listing = store.list(Some(&dir));
+    let mut seen = 0usize;
+    let meta = loop {
+        match listing.next().await {
+            None => return Err(Missing::NotFound),
+            Some(Err(e)) => return Err(unreadable(format!("listing {dir}/: {e}"))),
+            Some(Ok(m)) => {
+                if m.location.filename() == Some(name.as_str()) {
+                    break m;
+                }
+                seen += 1;
+                if seen >= MAX_SNAPSHOTS_LISTED {
+                    return Err(unreadable(format!(
+                        "{dir}/ holds more than {MAX_SNAPSHOTS_LISTED} objects; not searched further"
+                    )));
+                }
+            }
+        }
+    };
+    drop(listing);
+    let key = meta.location.to_string();
+    if meta.size > MAX_SNAPSHOT_BYTES {
+        return Err(unreadable(format!(
+            "{key}: {} bytes, more than the {MAX_SNAPSHOT_BYTES} replayed",
+            meta.size
+        )));
+    }
+    let Ok(_permit) = state.reads.acquire().await else {
+        return Err(unreadable("the server is stopping".to_string()));
+    };
+    let got = match store.get(&meta.location).await {
+        Ok(g) => g,
+        Err(object_store::Error::NotFound { .. }) => return Err(Missing::NotFound),
+        Err(e) => return Err(unreadable(format!("{key}: {e}"))),
+    };
+    // The size listed is a promise of the bucket's, not a bound: count while reading.
+    let mut body = BytesMut::new();
+    let mut stream = got.into_stream();
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            Err(e) => return Err(unreadable(format!("{key}: {e}"))),
+            Ok(c) => {
+                if body.len() as u64 + c.len() as u64 > MAX_SNAPSHOT_BYTES {
+                    return Err(unreadable(format!(
+                        "{key}: more than the {MAX_SNAPSHOT_BYTES} bytes replayed"
+                    )));
+                }
+                body.extend_from_slice(&c);
+            }
+        }
+    }
+    Ok(body.freeze())
+}
+
+fn json(entered: &Entered, body: impl Into<axum::body::Body>) -> Response {
+    entered.refresh(([(CONTENT_TYPE, "application/json")], body.into()))
+}
+
+/// `GET /timezone`.
+pub async fn timezone(State(state): State<Shared>, entered: Entered) -> Response {
+    match read_snapshot(&state, &entered, TIMEZONE_URI).await {
+        Ok(b) => json(&entered, b),
+        Err(Missing::NotFound) => json(&entered, EMPTY_TIMEZONE),
+        Err(Missing::Unreadable(r)) => entered.refresh(r),
+    }
+}
+
+/// `GET /api/v0/cluster_metadata`.
+pub async fn cluster_metadata(State(state): State<Shared>, entered: Entered) -> Response {
+    match read_snapshot(&state, &entered, CLUSTER_METADATA_URI).await {
+        Ok(b) => json(&entered, b),
+        Err(Missing::NotFound) => {
+            entered.refresh((StatusCode::NOT_FOUND, "Cluster metadata not found"))
+        }
+        Err(Missing::Unreadable(r)) => entered.refresh(r),
+    }
+}
+
+/// `GET /api/{*path}`: any other snapshot, by the request URI.
+pub async fn fetched_endpoint(State(state): State<Shared>, entered: Entered, uri: Uri) -> Response {
+    let request_uri = uri.path_and_query().map_or(uri.path(), |pq| pq.as_str());
+    let path = uri.path().trim_end_matches('/');
+    match read_snapshot(&state, &entered, request_uri).await {
+        Ok(b) if path == "/api/v0/placement_groups" => json(&entered, with_bundles(b)),
+        Ok(b) => json(&entered, b),
+        Err(Missing::NotFound) => match missing_fallback(path) {
+            Some(body) => json(&entered, body),
+            None => entered.refresh((StatusCode::NOT_FOUND, "Endpoint data not found in storage")),
+        },
+        Err(Missing::Unreadable(r)) => entered.refresh(r),
+    }
+}
+
+/// KubeRay's answer for a known endpoint of Ray's frontend with no snapshot (`path` without
+/// its trailing `/`): the shape of Ray's own empty answer, so the page shows "nothing" rather
+/// than an error. `None`: no such endpoint, a `404`.
+fn missing_fallback(path: &str) -> Option<String> {
+    match path {
+        // `applications` must be there (the frontend calls Object.values on it); no
+        // `http_options` makes it show "Serve not started", as on a live cluster.
+        "/api/serve/applications" => Some(r#"{"applications":{}}"#.to_string()),
+        "/api/v0/placement_groups" => Some(
+            serde_json::json!({
+                "result": true,
+                "msg": "",
+                "data": {"result": {
+                    "total": 0,
+                    "num_after_truncation": 0,
+                    "num_filtered": 0,
+                    "result": [],
+                    "partial_failure_warning": "",
+                    "warnings": null,
+                }},
+            })
+            .to_string(),
+        ),
+        _ => {
+            let job = path.strip_prefix("/api/data/datasets/")?;
+            (!job.is_empty() && !job.contains('/')).then(|| r#"{"datasets":[]}"#.to_string())
+        }
+    }
+}
+
+/// `body` with `"bundles": []` in each placement group that has none; unchanged if it is not
+/// the State API's `{data: {result: {result: [..]}}}` or nothing lacks them.
+fn with_bundles(body: Bytes) -> Bytes {
+    let Ok(mut doc) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return body;
+    };
+    let Some(groups) = doc
+        .pointer_mut("/data/result/result")
+        .and_then(|v| v.as_array_mut())
+    else {
+        return body;
+    };
+    let mut changed = false;
+    for g in groups.iter_mut().filter_map(|g| g.as_object_mut()) {
+        if !g.contains_key("bundles") {
+            g.insert("bundles".to_string(), serde_json::Value::Array(Vec::new()));
+            changed = true;
+        }
+    }
+    if !changed {
+        return body;
+    }
+    serde_json::to_vec(&doc).map(Bytes::from).unwrap_or(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fallbacks_follow_kuberay() {
+        assert_eq!(
+            missing_fallback("/api/serve/applications").as_deref(),
+            Some(r#"{"applications":{}}"#)
+        );
+        assert_eq!(
+            missing_fallback("/api/data/datasets/03000000").as_deref(),
+            Some(r#"{"datasets":[]}"#)
+        );
+        assert_eq!(missing_fallback("/api/data/datasets/"), None);
+        assert_eq!(missing_fallback("/api/data/datasets/a/b"), None);
+        assert_eq!(missing_fallback("/api/train/v2/runs"), None);
+        let pg: serde_json::Value =
+            serde_json::from_str(&missing_fallback("/api/v0/placement_groups").unwrap()).unwrap();
+        assert_eq!(pg["data"]["result"]["total"], 0);
+        assert!(pg["data"]["result"]["warnings"].is_null());
+    }
+
+    #[test]
+    fn bundles_are_backfilled_only_where_missing() {
+        let b = with_bundles(Bytes::from_static(
+            br#"{"data":{"result":{"result":[{"placement_group_id":"aa"},{"placement_group_id":"bb","bundles":[{"x":1}]}]}}}"#,
+        ));
+        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(
+            v["data"]["result"]["result"][0]["bundles"],
+            serde_json::json!([])
+        );
+        assert_eq!(
+            v["data"]["result"]["result"][1]["bundles"],
+            serde_json::json!([{"x": 1}])
+        );
+        let same = Bytes::from_static(b"not json");
+        assert_eq!(with_bundles(same.clone()), same);
+    }
+}

@@ -1,0 +1,512 @@
+//! `/api/train/v2/runs/v1`: the Ray Train V2 runs of a dead session, as Ray's Train head
+//! answers them on a live cluster (Ray 2.60's `TrainHead.get_train_v2_runs`; its
+//! `/api/train/v2/runs` is the Train V1 endpoint, whose runs Train V2 does not record, and is
+//! left to the snapshot replay).
+//!
+//! - **A stored snapshot wins.** When the head's collector stored a snapshot of this URI
+//!   (`RAY_COLLECTOR_ADDITIONAL_ENDPOINTS`), it is replayed byte for byte, as `/api/{*path}`
+//!   replays any other (`replay.rs`): it is what Ray itself answered.
+//! - **Otherwise, from the export events.** The session's `EXPORT_TRAIN_RUN` and
+//!   `EXPORT_TRAIN_RUN_ATTEMPT` events, as `inspect` folds them (its `train_runs`, the same
+//!   facts `inspect --train-run --json` prints), are written back in the shape of Ray's
+//!   `TrainRunsResponse`: `{"train_runs": [DecoratedTrainRun, ...]}`, newest run first (Ray
+//!   sorts by `start_time_ns`, descending). [`ray_run`] undoes each difference between Ray's
+//!   pydantic model and the protobuf export event (the list is in its doc; tests/ray_train_e2e.rs
+//!   checks every leaf against Ray 2.60's live answer).
+//! - **Nothing Ray sent is dropped.** Members of the export event this version does not map
+//!   (at any depth of `run_settings`, and the run's, attempts' and workers' own, such as the
+//!   event's `schema_version`, `ray_train_version` and dashboard panels) are kept under their
+//!   own names.
+//! - **What a dead cluster cannot say.** Ray decorates each live worker with its process's
+//!   `processStats` and `gpus` from the actor table at query time: here `null` and `[]`.
+//!   `job_details` is the session's job as `/api/jobs/{id}` answers it (KubeRay's job shape,
+//!   which is Ray's `JobDetails`) with its driver's node IP from the session's nodes: the job
+//!   table's metadata, runtime env and exit code are not in the events read (`null`), and
+//!   `status` follows the driver's events (`RUNNING` until its end was recorded, then
+//!   `SUCCEEDED`), where Ray's job table says what it said at query time. A run whose job the
+//!   session does not know has `job_details: null`, as Ray answers it.
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::Response;
+use serde_json::{json, Map, Value};
+
+use super::cookies::Entered;
+use super::index::SessionIndex;
+use super::replay::{read_snapshot, Missing};
+use super::session::{headers_for, index, job_json};
+use super::Shared;
+use crate::util::time::parse_rfc3339_seconds;
+
+/// The URI Ray 2.60's Train head answers Train V2 runs at.
+pub const TRAIN_V2_RUNS_URI: &str = "/api/train/v2/runs/v1";
+
+/// The protobuf enum value of "no framework", which Ray's model writes as `null`.
+const FRAMEWORK_UNSPECIFIED: &str = "TRAINING_FRAMEWORK_UNSPECIFIED";
+
+/// `GET /api/train/v2/runs/v1`.
+pub async fn runs_v1(State(state): State<Shared>, entered: Entered) -> Response {
+    match read_snapshot(&state, &entered, TRAIN_V2_RUNS_URI).await {
+        Ok(body) => entered.refresh(([(CONTENT_TYPE, "application/json")], body)),
+        Err(Missing::Unreadable(r)) => entered.refresh(r),
+        Err(Missing::NotFound) => match index(&state, &entered).await {
+            Ok(index) => entered.refresh((headers_for(&index), runs_response(&index).to_string())),
+            Err(r) => r,
+        },
+    }
+}
+
+/// Ray's `TrainRunsResponse` for the session's runs, newest first.
+fn runs_response(index: &SessionIndex) -> Value {
+    let mut runs: Vec<Value> = index
+        .facts
+        .train_runs
+        .iter()
+        .map(|run| {
+            let job = run["job_id"]
+                .as_str()
+                .and_then(|id| index.facts.jobs.iter().find(|j| j.job_id == id))
+                .map(|j| job_details(j, index));
+            ray_run(run, job)
+        })
+        .collect();
+    // Ray sorts by start time, newest first; a run without one (only attempts seen) last.
+    runs.sort_by_key(|r| std::cmp::Reverse(r["start_time_ns"].as_i64()));
+    json!({ "train_runs": runs })
+}
+
+/// The job as Ray's `JobDetails`: `/api/jobs/{id}`'s shape, with the driver's node IP from
+/// the session's nodes, and what the events do not say (KubeRay's empty strings and exit
+/// code 0) as Ray's `null`.
+fn job_details(j: &crate::inspect::JobFacts, index: &SessionIndex) -> Value {
+    let mut v = job_json(j);
+    let ip = j.driver_node_id.as_deref().and_then(|id| {
+        index
+            .facts
+            .nodes
+            .iter()
+            .find(|n| n.node_id == id)
+            .and_then(|n| n.ip.clone())
+    });
+    if let (Some(ip), Some(driver)) = (ip, v.get_mut("driver_info")) {
+        driver["node_ip_address"] = Value::String(ip);
+    }
+    if let Some(o) = v.as_object_mut() {
+        for k in [
+            "submission_id",
+            "message",
+            "error_type",
+            "driver_agent_http_address",
+            "driver_node_id",
+            "entrypoint",
+            "status",
+        ] {
+            if o.get(k).is_some_and(|x| x == "") {
+                o.insert(k.into(), Value::Null);
+            }
+        }
+        o.insert("driver_exit_code".into(), Value::Null);
+    }
+    v
+}
+
+/// Unix nanoseconds of an RFC 3339 UTC time with its fraction (as `inspect` writes them, with
+/// every digit the event had).
+fn unix_ns(t: &Value) -> Option<i64> {
+    let t = t.as_str()?;
+    let secs = parse_rfc3339_seconds(t)?;
+    let frac = t
+        .split_once('.')
+        .map(|(_, f)| f.trim_end_matches('Z'))
+        .unwrap_or("");
+    if frac.len() > 9 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let ns: i64 = format!("{frac:0<9}").parse().ok()?;
+    secs.checked_mul(1_000_000_000)?.checked_add(ns)
+}
+
+/// One run of `inspect`'s `train_runs` (`run`) in Ray's `DecoratedTrainRun` shape, with its
+/// job (`job`, `/api/jobs/{id}`'s shape) as `job_details`.
+///
+/// What differs between Ray's model and `inspect`'s facts of the export event, undone here
+/// (the reverse of tests/ray_train_e2e.rs's `inspect_place`):
+/// - `id` is `run_id`; `start_time_ns`/`end_time_ns` are `started`/`ended` (RFC 3339 with
+///   every digit) as integer nanoseconds; an attempt's `run_id` is its run's;
+/// - `run_settings` ([`ray_settings`]): `scaling_config.num_workers` is the event's
+///   `num_workers_fixed` (or `num_workers_range` as `[min, max]`), `data_config.datasets_to_split`
+///   its `all: {}` (`"all"`) or `datasets.values`, `backend_config.framework`'s
+///   `TRAINING_FRAMEWORK_UNSPECIFIED` is `null` and another value lower-case, as is
+///   `checkpoint_score_order`; a map the event wraps in `values` is the map; an optional
+///   member protobuf left out is `null`;
+/// - a worker's `processStats` and `gpus` are Ray's live decorations: `null` and `[]`.
+fn ray_run(run: &Value, job: Option<Value>) -> Value {
+    let mut out = Map::new();
+    out.insert("id".into(), run["run_id"].clone());
+    out.insert("name".into(), run["name"].clone());
+    out.insert("job_id".into(), run["job_id"].clone());
+    out.insert(
+        "controller_actor_id".into(),
+        run["controller_actor_id"].clone(),
+    );
+    out.insert("status".into(), run["status"].clone());
+    out.insert("status_detail".into(), run["status_detail"].clone());
+    out.insert("start_time_ns".into(), json!(unix_ns(&run["started"])));
+    out.insert("end_time_ns".into(), json!(unix_ns(&run["ended"])));
+    out.insert(
+        "controller_log_file_path".into(),
+        run["controller_log_file_path"].clone(),
+    );
+    out.insert(
+        "framework_versions".into(),
+        run.get("framework_versions")
+            .cloned()
+            .unwrap_or_else(|| json!({})),
+    );
+    out.insert("run_settings".into(), ray_settings(&run["run_settings"]));
+    let attempts: Vec<Value> = run["attempts"]
+        .as_array()
+        .map(|a| a.iter().map(|a| ray_attempt(&run["run_id"], a)).collect())
+        .unwrap_or_default();
+    out.insert("attempts".into(), Value::Array(attempts));
+    out.insert("job_details".into(), job.unwrap_or(Value::Null));
+    // Members of the event this version does not map, under their own names.
+    if !run["ray_train_version"].is_null() {
+        out.insert("ray_train_version".into(), run["ray_train_version"].clone());
+    }
+    keep_others(&mut out, &run["other_fields"]);
+    Value::Object(out)
+}
+
+/// `others`' members that `out` does not already have.
+fn keep_others(out: &mut Map<String, Value>, others: &Value) {
+    if let Some(o) = others.as_object() {
+        for (k, v) in o {
+            out.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+}
+
+/// An attempt in Ray's `DecoratedTrainRunAttempt` shape.
+fn ray_attempt(run_id: &Value, a: &Value) -> Value {
+    let mut out = Map::new();
+    out.insert("run_id".into(), run_id.clone());
+    out.insert("attempt_id".into(), a["attempt_id"].clone());
+    out.insert("status".into(), a["status"].clone());
+    out.insert("status_detail".into(), a["status_detail"].clone());
+    out.insert("start_time_ns".into(), json!(unix_ns(&a["started"])));
+    out.insert("end_time_ns".into(), json!(unix_ns(&a["ended"])));
+    out.insert(
+        "resources".into(),
+        match &a["resources"] {
+            Value::Null => json!([]),
+            r => r.clone(),
+        },
+    );
+    let workers: Vec<Value> = a["workers"]
+        .as_array()
+        .map(|w| w.iter().map(ray_worker).collect())
+        .unwrap_or_default();
+    out.insert("workers".into(), Value::Array(workers));
+    keep_others(&mut out, &a["other_fields"]);
+    Value::Object(out)
+}
+
+/// A worker in Ray's `DecoratedTrainWorker` shape (`inspect`'s worker less its
+/// `log_command`, with Ray's live-only decorations empty).
+fn ray_worker(w: &Value) -> Value {
+    let mut out = Map::new();
+    for k in [
+        "world_rank",
+        "local_rank",
+        "node_rank",
+        "actor_id",
+        "node_id",
+        "node_ip",
+        "pid",
+        "gpu_ids",
+        "status",
+        "resources",
+        "log_file_path",
+    ] {
+        out.insert(k.into(), w[k].clone());
+    }
+    out.insert("processStats".into(), Value::Null);
+    out.insert("gpus".into(), json!([]));
+    keep_others(&mut out, &w["other_fields"]);
+    Value::Object(out)
+}
+
+/// Removes `snake` (or its camelCase spelling) from `o`.
+fn take(o: &mut Map<String, Value>, snake: &str) -> Option<Value> {
+    o.remove(snake).or_else(|| o.remove(&camel(snake)))
+}
+
+fn camel(snake: &str) -> String {
+    let mut out = String::with_capacity(snake.len());
+    let mut upper = false;
+    for c in snake.chars() {
+        if c == '_' {
+            upper = true;
+        } else if upper {
+            out.push(c.to_ascii_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `o[snake]` moved to Ray's name, `null` when protobuf left it out.
+fn optional(o: &mut Map<String, Value>, snake: &str) {
+    let v = take(o, snake).unwrap_or(Value::Null);
+    o.insert(snake.into(), v);
+}
+
+/// A protobuf enum member written as Ray's lower-case literal (`None`: left out).
+fn lower(o: &mut Map<String, Value>, snake: &str) {
+    let v = match take(o, snake) {
+        Some(Value::String(s)) => Value::String(s.to_ascii_lowercase()),
+        Some(other) => other,
+        None => Value::Null,
+    };
+    o.insert(snake.into(), v);
+}
+
+/// A map the export event wraps as `{"values": {...}}` (a protobuf message around a map),
+/// unwrapped.
+fn unwrap_values(v: Value) -> Value {
+    match v {
+        Value::Object(mut m) if m.len() == 1 && m.contains_key("values") => {
+            m.remove("values").unwrap_or(Value::Null)
+        }
+        other => other,
+    }
+}
+
+/// The export event's `run_settings` in Ray's `RunSettings` shape (see [`ray_run`]); members
+/// not named here are kept as they are.
+fn ray_settings(settings: &Value) -> Value {
+    let Value::Object(mut s) = settings.clone() else {
+        return settings.clone();
+    };
+    optional(&mut s, "train_loop_config");
+    if let Some(Value::Object(b)) = s.get_mut("backend_config") {
+        let framework = match take(b, "framework") {
+            Some(Value::String(f)) if f == FRAMEWORK_UNSPECIFIED => Value::Null,
+            Some(Value::String(f)) => Value::String(f.to_ascii_lowercase()),
+            Some(other) => other,
+            None => Value::Null,
+        };
+        b.insert("framework".into(), framework);
+    }
+    if let Some(Value::Object(c)) = s.get_mut("scaling_config") {
+        let fixed = take(c, "num_workers_fixed");
+        let range = take(c, "num_workers_range");
+        let workers = match (fixed, range) {
+            (Some(n), _) => n,
+            (None, Some(r)) => json!([r["min"], r["max"]]),
+            (None, None) => Value::Null,
+        };
+        c.insert("num_workers".into(), workers);
+        let per_worker = take(c, "resources_per_worker").map(unwrap_values);
+        c.insert(
+            "resources_per_worker".into(),
+            per_worker.unwrap_or(Value::Null),
+        );
+        optional(c, "accelerator_type");
+        optional(c, "topology");
+        let single = take(c, "label_selector_single").map(unwrap_values);
+        let list = take(c, "label_selector_list").map(unwrap_values);
+        let selector = match (single, list) {
+            (Some(one), _) => one,
+            (None, Some(Value::Array(l))) => {
+                Value::Array(l.into_iter().map(unwrap_values).collect())
+            }
+            (None, Some(other)) => other,
+            (None, None) => Value::Null,
+        };
+        c.insert("bundle_label_selector".into(), selector);
+    }
+    if let Some(Value::Object(d)) = s.get_mut("data_config") {
+        let all = take(d, "all");
+        let named = take(d, "datasets").map(unwrap_values);
+        let split = match (all, named) {
+            (Some(_), _) => Value::from("all"),
+            (None, Some(names)) => names,
+            (None, None) => Value::Null,
+        };
+        d.insert("datasets_to_split".into(), split);
+        optional(d, "execution_options");
+    }
+    if let Some(Value::Object(r)) = s.get_mut("run_config") {
+        optional(r, "storage_filesystem");
+        if let Some(Value::Object(c)) = r.get_mut("checkpoint_config") {
+            lower(c, "checkpoint_score_order");
+            optional(c, "num_to_keep");
+            optional(c, "checkpoint_score_attribute");
+        }
+    }
+    Value::Object(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_come_back_to_the_nanosecond() {
+        assert_eq!(
+            unix_ns(&json!("2026-11-22T02:08:25.597485314Z")),
+            Some(1_795_313_305_597_485_314)
+        );
+        assert_eq!(
+            unix_ns(&json!("2026-11-22T02:08:25.5Z")),
+            Some(1_795_313_305_500_000_000)
+        );
+        assert_eq!(
+            unix_ns(&json!("2026-11-22T02:08:25Z")),
+            Some(1_795_313_305_000_000_000)
+        );
+        assert_eq!(unix_ns(&json!("2026-11-22T02:08:25.1234567890Z")), None);
+        assert_eq!(unix_ns(&Value::Null), None);
+    }
+
+    #[test]
+    fn settings_take_rays_names_and_keep_unknown_members() {
+        let event = json!({
+            "train_loop_config": {"lr": 0.01},
+            "backend_config": {"config": {}, "framework": "TRAINING_FRAMEWORK_UNSPECIFIED"},
+            "scaling_config": {"num_workers_fixed": 2, "placement_strategy": "PACK",
+                               "use_gpu": false, "use_tpu": false,
+                               "resources_per_worker": {"values": {"CPU": 1.0}},
+                               "invented": {"deep": [1, 2]}},
+            "data_config": {"all": {}, "enable_shard_locality": true},
+            "run_config": {"name": "r", "checkpoint_config": {"checkpoint_score_order": "MAX"},
+                           "storage_path": "/s"},
+            "datasets": ["train"],
+        });
+        let ray = ray_settings(&event);
+        assert_eq!(ray["backend_config"]["framework"], Value::Null);
+        assert_eq!(ray["scaling_config"]["num_workers"], 2);
+        assert!(ray["scaling_config"].get("num_workers_fixed").is_none());
+        assert_eq!(
+            ray["scaling_config"]["resources_per_worker"],
+            json!({"CPU": 1.0})
+        );
+        assert_eq!(ray["scaling_config"]["accelerator_type"], Value::Null);
+        assert_eq!(ray["scaling_config"]["bundle_label_selector"], Value::Null);
+        assert_eq!(ray["scaling_config"]["invented"], json!({"deep": [1, 2]}));
+        assert_eq!(ray["data_config"]["datasets_to_split"], "all");
+        assert!(ray["data_config"].get("all").is_none());
+        assert_eq!(
+            ray["run_config"]["checkpoint_config"]["checkpoint_score_order"],
+            "max"
+        );
+        assert_eq!(ray["run_config"]["storage_filesystem"], Value::Null);
+        assert_eq!(ray["datasets"], json!(["train"]));
+
+        let event = json!({
+            "backend_config": {"framework": "TORCH"},
+            "scaling_config": {"num_workers_range": {"min": 1, "max": 4},
+                               "label_selector_list": {"values": [{"values": {"a": "b"}}]}},
+            "data_config": {"datasets": {"values": ["x", "y"]}},
+        });
+        let ray = ray_settings(&event);
+        assert_eq!(ray["backend_config"]["framework"], "torch");
+        assert_eq!(ray["scaling_config"]["num_workers"], json!([1, 4]));
+        assert_eq!(
+            ray["scaling_config"]["bundle_label_selector"],
+            json!([{"a": "b"}])
+        );
+        assert_eq!(ray["data_config"]["datasets_to_split"], json!(["x", "y"]));
+        assert_eq!(ray["train_loop_config"], Value::Null);
+    }
+
+    #[test]
+    fn job_details_name_the_driver_ip_and_leave_the_unknown_null() {
+        use crate::inspect::{JobFacts, NodeFacts, SessionFacts};
+        let facts = SessionFacts {
+            jobs: vec![JobFacts {
+                job_id: "01000000".into(),
+                state: "CREATED".into(),
+                entrypoint: Some("python train.py".into()),
+                driver_pid: Some(42),
+                driver_node_id: Some("aa".into()),
+                started: Some("2026-11-22T02:08:25.597485314Z".into()),
+                ended: None,
+            }],
+            nodes: vec![NodeFacts {
+                node_id: "aa".into(),
+                ip: Some("10.0.0.7".into()),
+                hostname: None,
+                is_head: Some(true),
+                state: None,
+                started: None,
+                ended: None,
+                death_reason: None,
+                death_message: None,
+                resources: Default::default(),
+            }],
+            train_runs: vec![
+                json!({"run_id": "old", "job_id": "01000000", "started": "2026-11-22T02:08:25Z"}),
+                json!({"run_id": "new", "job_id": "02000000", "started": "2026-11-22T02:09:25Z"}),
+            ],
+            ..SessionFacts::default()
+        };
+        let index = super::super::index::IndexBuilder::default().finish(facts);
+        let answer = runs_response(&index);
+        let runs = answer["train_runs"].as_array().unwrap();
+        assert_eq!(runs[0]["id"], "new", "newest first");
+        assert_eq!(
+            runs[0]["job_details"],
+            Value::Null,
+            "a job the session does not know"
+        );
+        let job = &runs[1]["job_details"];
+        assert_eq!(job["driver_info"]["node_ip_address"], "10.0.0.7");
+        assert_eq!(job["driver_info"]["pid"], "42");
+        assert_eq!(job["status"], "RUNNING");
+        assert_eq!(job["start_time"], 1_795_313_305_597_i64);
+        assert_eq!(job["driver_exit_code"], Value::Null);
+        assert_eq!(job["submission_id"], Value::Null);
+        assert_eq!(job["entrypoint"], "python train.py");
+    }
+
+    #[test]
+    fn runs_take_rays_shape() {
+        let run = json!({
+            "run_id": "r1", "name": "n", "job_id": "01000000", "status": "FINISHED",
+            "status_detail": null, "started": "2026-11-22T02:08:25.597485314Z",
+            "ended": null, "framework_versions": {"ray": "2.60.0"},
+            "run_settings": {}, "ray_train_version": 2, "controller_log_file_path": "/l",
+            "controller_actor_id": "aa", "other_fields": {"schema_version": 4, "new": "x"},
+            "attempts": [{
+                "attempt_id": "a1", "status": "FINISHED", "status_detail": null,
+                "started": "2026-11-22T02:08:26Z", "ended": "2026-11-22T02:08:27Z",
+                "resources": [{"resources": {"CPU": 1.0}}], "other_fields": {"x": 1},
+                "workers": [{"world_rank": 0, "actor_id": "bb", "gpu_ids": [],
+                             "log_command": "inspect ...", "other_fields": {"y": 2}}],
+            }],
+        });
+        let ray = ray_run(&run, None);
+        assert_eq!(ray["id"], "r1");
+        assert_eq!(ray["start_time_ns"], 1_795_313_305_597_485_314_i64);
+        assert_eq!(ray["end_time_ns"], Value::Null);
+        assert_eq!(ray["job_details"], Value::Null);
+        assert_eq!(ray["schema_version"], 4);
+        assert_eq!(ray["new"], "x");
+        assert_eq!(ray["ray_train_version"], 2);
+        assert!(ray.get("other_fields").is_none() && ray.get("run_id").is_none());
+        let a = &ray["attempts"][0];
+        assert_eq!(a["run_id"], "r1");
+        assert_eq!(a["end_time_ns"], 1_795_313_307_000_000_000_i64);
+        assert_eq!(a["x"], 1);
+        let w = &a["workers"][0];
+        assert_eq!(w["gpus"], json!([]));
+        assert_eq!(w["processStats"], Value::Null);
+        assert_eq!(w["y"], 2);
+        assert!(w.get("log_command").is_none());
+    }
+}

@@ -1,0 +1,505 @@
+//! `inspect --train-run` and `inspect --compare-runs` (issue 37) on real Ray 2.60 Train
+//! export events (`tests/data/export_events/`, a `DataParallelTrainer` run of two workers,
+//! `train_loop_config={"lr": 0.01}`), put through the real collector. Beside it, runs derived
+//! from it: one with another learning rate (in another cluster), one with the same settings
+//! under another id, one with fields Ray does not send today (nested in the settings, on the
+//! run, the attempt and a worker). Expected values are computed here from the fixture.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+use rhc_testkit::collector::{collector_bin, merge_bucket, ship_session_logs};
+use rhc_testkit::services::{run_with_timeout, CommandOutput};
+
+const INSPECT_TIMEOUT: Duration = Duration::from_secs(60);
+
+const TRAIN: &str = include_str!("data/export_events/event_EXPORT_TRAIN_STATE.log");
+const ACTOR: &str = include_str!("data/export_events/event_EXPORT_ACTOR.log");
+const DRIVER_JOB: &str = include_str!("data/export_events/event_EXPORT_DRIVER_JOB.log");
+const NODE: &str = include_str!("data/export_events/event_EXPORT_NODE.log");
+
+/// The fixture's node (its `EXPORT_NODE` events).
+const NODE_ID: &str = "f6d276f4e8fdee60cf3f62b8e0130b040f0c5788f5138674dc27719e";
+/// Rank 0's pid (the fixture's), a worker id for its log file, and what the log says.
+const RANK0_PID: i64 = 24920;
+const RANK0_WORKER: &str = "5eed000000000000000000000000000000000000000000000000beef";
+const RANK0_LOG: &str = "rank 0: epoch 0 loss 0.25\n";
+/// The fixture's session and run, as recorded.
+const SESSION_A: &str = "session_2026-11-22_02-08-16_569038_24326";
+const RUN_A: &str = "ae4afcdffed845d89575cec07359e11c";
+/// The same run with `lr` 0.001, in another cluster.
+const SESSION_B: &str = "session_2026-11-23_02-08-16_569038_24326";
+const RUN_B: &str = "bb4afcdffed845d89575cec07359e11c";
+/// The same settings under another run id.
+const SESSION_E: &str = "session_2026-11-24_02-08-16_569038_24326";
+const RUN_E: &str = "ee4afcdffed845d89575cec07359e11c";
+/// The run with fields this version does not know.
+const SESSION_U: &str = "session_2026-11-25_02-08-16_569038_24326";
+
+/// `inspect <args>` of the binary under test (`RHC_COLLECTOR_BIN`, else this build's).
+fn inspect(args: &[&str]) -> CommandOutput {
+    let mut cmd = Command::new(collector_bin());
+    cmd.arg("inspect").args(args).env_remove("STORAGE_ROOT_DIR");
+    run_with_timeout(&mut cmd, INSPECT_TIMEOUT)
+}
+
+fn b64_to_hex(s: &str) -> String {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .unwrap_or_else(|e| panic!("{s}: {e}"));
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The fixture's Train events, each changed by `edit`, as lines.
+fn train_lines(edit: &dyn Fn(&mut Value)) -> String {
+    let mut out = String::new();
+    for line in TRAIN.lines() {
+        let mut e: Value = serde_json::from_str(line).unwrap();
+        edit(&mut e);
+        out.push_str(&e.to_string());
+        out.push('\n');
+    }
+    out
+}
+
+/// Gives the run (and its attempts) another id.
+fn renamed(e: &mut Value, id: &str) {
+    let is_run = e["source_type"] == "EXPORT_TRAIN_RUN";
+    let d = &mut e["event_data"];
+    if is_run {
+        d["id"] = json!(id);
+    } else {
+        d["run_id"] = json!(id);
+    }
+}
+
+/// A session's `logs/` with the Train events given and the fixture's other export events,
+/// through the real collector (cluster `cluster`); returns its bucket.
+fn collect(work: &Path, session: &str, cluster: &str, train: &str) -> PathBuf {
+    let logs = work.join("fixture/logs/export_events");
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::write(logs.join("event_EXPORT_TRAIN_STATE.log"), train).unwrap();
+    std::fs::write(logs.join("event_EXPORT_ACTOR.log"), ACTOR).unwrap();
+    std::fs::write(logs.join("event_EXPORT_DRIVER_JOB.log"), DRIVER_JOB).unwrap();
+    std::fs::write(logs.join("event_EXPORT_NODE.log"), NODE).unwrap();
+    // The node's id, where the collector learns it (as a real raylet writes it).
+    std::fs::write(
+        work.join("fixture/logs/raylet.out"),
+        format!(
+            "[2026-11-22 02:08:17,000 I 24400 24400] (raylet) main.cc:711: Setting node ID \
+             node_id={NODE_ID}\n"
+        ),
+    )
+    .unwrap();
+    // Rank 0's worker log, named as Ray names it (worker id invented: the Train events do
+    // not carry it; job and pid are the fixture's).
+    std::fs::write(
+        work.join(format!(
+            "fixture/logs/worker-{RANK0_WORKER}-01000000-{RANK0_PID}.out"
+        )),
+        RANK0_LOG,
+    )
+    .unwrap();
+    ship_session_logs(work, &work.join("fixture/logs"), session, cluster)
+}
+
+/// One bucket with the four sessions, each written by its own collector; and the four
+/// buckets those collectors wrote (A, B, E, U).
+fn bucket(work: &Path) -> (PathBuf, Vec<PathBuf>) {
+    let b = train_lines(&|e| {
+        renamed(e, RUN_B);
+        if e["source_type"] == "EXPORT_TRAIN_RUN" {
+            e["event_data"]["run_settings"]["train_loop_config"]["lr"] = json!(0.001);
+        }
+    });
+    let equal = train_lines(&|e| renamed(e, RUN_E));
+    let unknown = train_lines(&|e| {
+        let is_run = e["source_type"] == "EXPORT_TRAIN_RUN";
+        let d = &mut e["event_data"];
+        if is_run {
+            d["run_settings"]["scaling_config"]["future_option"] =
+                json!({"nested": {"knob": 7, "mode": "elastic"}});
+            d["future_run_field"] = json!({"a": [1, {"b": "c"}]});
+        } else {
+            d["future_attempt_field"] = json!(5);
+            if let Some(ws) = d["workers"].as_array_mut() {
+                for w in ws {
+                    w["future_worker_field"] = json!({"x": "y"});
+                }
+            }
+        }
+    });
+    let sessions = [
+        (SESSION_A, "train", TRAIN.to_string()),
+        (SESSION_B, "train-b", b),
+        (SESSION_E, "train", equal),
+        (SESSION_U, "train", unknown),
+    ];
+    let stores: Vec<PathBuf> = std::thread::scope(|s| {
+        let handles: Vec<_> = sessions
+            .iter()
+            .enumerate()
+            .map(|(i, (session, cluster, train))| {
+                let dir = work.join(format!("c{i}"));
+                s.spawn(move || collect(&dir, session, cluster, train))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let merged = work.join("bucket");
+    for store in &stores {
+        merge_bucket(store, &merged);
+    }
+    (merged, stores)
+}
+
+/// The fixture's events of `source_type`, in file order.
+fn fixture(source_type: &str) -> Vec<Value> {
+    TRAIN
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["source_type"] == source_type)
+        .map(|e| e["event_data"].clone())
+        .collect()
+}
+
+/// Every scalar or empty member of `v` as `key: value` (strings bare, the rest as JSON).
+fn leaf_lines(v: &Value, key: Option<&str>, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            m.iter().for_each(|(k, c)| leaf_lines(c, Some(k), out))
+        }
+        Value::Array(a) if !a.is_empty() => a.iter().for_each(|c| leaf_lines(c, None, out)),
+        leaf => {
+            let text = match leaf {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            out.push(match key {
+                Some(k) => format!("{k}: {text}\n"),
+                None => format!("- {text}\n"),
+            });
+        }
+    }
+}
+
+#[test]
+fn train_run_in_full_compare_runs_and_unknown_fields() {
+    let work = tempfile::tempdir().unwrap();
+    let (store, single) = bucket(work.path());
+    let dir = store.to_str().unwrap();
+
+    // Expected, from the fixture: the run's latest event, its attempt's latest event.
+    let runs = fixture("EXPORT_TRAIN_RUN");
+    let attempts = fixture("EXPORT_TRAIN_RUN_ATTEMPT");
+    let run = runs.last().unwrap();
+    let attempt = attempts.last().unwrap();
+    let mut statuses: Vec<(String, Option<String>)> = Vec::new();
+    for r in &runs {
+        let s = r["status"].as_str().unwrap().to_string();
+        if statuses.last().map(|(l, _)| l) != Some(&s) {
+            statuses.push((s, r["status_detail"].as_str().map(str::to_string)));
+        }
+    }
+    let ns = |v: &Value| v.as_str().unwrap().parse::<i64>().unwrap();
+    let duration_s = (ns(&run["end_time_ns"]) - ns(&run["start_time_ns"])) as f64 / 1e9;
+
+    // 1. One run in full, as JSON: every field Ray sent, same values.
+    let out = inspect(&[dir, "--session", SESSION_A, "--train-run", RUN_A, "--json"]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let doc: Value = serde_json::from_str(&out.stdout).unwrap();
+    let got = &doc["train_run"];
+    assert_eq!(got["run_id"], RUN_A);
+    assert_eq!(got["name"], run["name"]);
+    assert_eq!(got["job_id"], b64_to_hex(run["job_id"].as_str().unwrap()));
+    assert_eq!(got["status"], run["status"]);
+    assert_eq!(got["run_settings"], run["run_settings"]);
+    assert_eq!(got["framework_versions"], run["framework_versions"]);
+    assert_eq!(got["ray_train_version"], run["ray_train_version"]);
+    assert_eq!(
+        got["controller_log_file_path"],
+        run["controller_log_file_path"]
+    );
+    assert_eq!(
+        got["controller_actor_id"],
+        b64_to_hex(run["controller_actor_id"].as_str().unwrap())
+    );
+    for field in ["schema_version", "train_run_panels", "train_worker_panels"] {
+        assert_eq!(got["other_fields"][field], run[field], "{field}");
+    }
+    assert_eq!(got["workers"], 2);
+    let history: Vec<(String, Option<String>)> = got["status_history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h["status"].as_str().unwrap().to_string(),
+                h["detail"].as_str().map(str::to_string),
+            )
+        })
+        .collect();
+    assert_eq!(history, statuses);
+    let a = &got["attempts"][0];
+    assert_eq!(got["attempts"].as_array().unwrap().len(), 1);
+    assert_eq!(a["attempt_id"], attempt["attempt_id"]);
+    assert_eq!(a["status"], attempt["status"]);
+    assert_eq!(a["resources"], attempt["resources"]);
+    assert_eq!(
+        a["other_fields"]["schema_version"],
+        attempt["schema_version"]
+    );
+    let workers = attempt["workers"].as_array().unwrap();
+    assert_eq!(a["workers"].as_array().unwrap().len(), workers.len());
+    for w in workers {
+        let rank = w["world_rank"].as_i64().unwrap();
+        let g = &a["workers"][rank as usize];
+        assert_eq!(g["world_rank"], rank);
+        for k in [
+            "local_rank",
+            "node_rank",
+            "node_ip",
+            "pid",
+            "status",
+            "gpu_ids",
+            "log_file_path",
+            "resources",
+        ] {
+            assert_eq!(g[k], w[k], "worker {rank} {k}");
+        }
+        let actor = b64_to_hex(w["actor_id"].as_str().unwrap());
+        assert_eq!(g["actor_id"], actor.as_str());
+        assert_eq!(
+            g["log_command"],
+            format!("ray-history-collector inspect {dir} --session {SESSION_A} --logs {actor}")
+        );
+    }
+    // Rank 0's log command prints rank 0's worker log from the bucket.
+    assert_eq!(a["workers"][0]["pid"], RANK0_PID);
+    let log_cmd = a["workers"][0]["log_command"].as_str().unwrap();
+    let words: Vec<&str> = log_cmd.split(' ').skip(2).collect();
+    let out = inspect(&words);
+    assert!(out.status.success(), "{log_cmd}: {}", out.stderr);
+    assert_eq!(out.stdout, RANK0_LOG);
+
+    // 2. The same as text, by name: the settings as an indented tree, every leaf shown.
+    let out = inspect(&[dir, "--session", SESSION_A, "--train-run", "probe-run"]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let text = out.stdout;
+    assert!(
+        text.contains("  train_loop_config:\n    lr: 0.01\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  scaling_config:\n    num_workers_fixed: 2\n"),
+        "{text}"
+    );
+    let mut leaves = Vec::new();
+    leaf_lines(&run["run_settings"], None, &mut leaves);
+    leaf_lines(&run["framework_versions"], None, &mut leaves);
+    assert!(leaves.len() > 20, "{leaves:?}");
+    for leaf in &leaves {
+        assert!(text.contains(leaf.as_str()), "{leaf:?} not in\n{text}");
+    }
+    for (status, detail) in &statuses {
+        let line = match detail {
+            Some(d) => format!("  {status}  {d}\n"),
+            None => format!("  {status}\n"),
+        };
+        assert!(text.contains(&line), "{line:?} not in\n{text}");
+    }
+    for needle in [
+        run["controller_log_file_path"].as_str().unwrap(),
+        "ray_train_version:  2\n",
+        "train_run_panels:\n",
+        "workers:            2\n",
+    ] {
+        assert!(text.contains(needle), "{needle:?} not in\n{text}");
+    }
+    for w in workers {
+        assert!(
+            text.contains(w["log_file_path"].as_str().unwrap()),
+            "{text}"
+        );
+        assert!(text.contains(&format!("  {}  ", w["pid"])), "{text}");
+        assert!(
+            text.contains(&format!(
+                "--logs {}\n",
+                b64_to_hex(w["actor_id"].as_str().unwrap())
+            )),
+            "{text}"
+        );
+    }
+    let out = inspect(&[dir, "--session", SESSION_A, "--train-run", "no-such-run"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stderr.contains("no Ray Train run \"no-such-run\"")
+            && out.stderr.contains(&format!("{RUN_A} (probe-run)")),
+        "{}",
+        out.stderr
+    );
+
+    // 3. Fields this version does not know, nested or not, in the run, attempt and workers.
+    let out = inspect(&[dir, "--session", SESSION_U, "--train-run", RUN_A, "--json"]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let doc: Value = serde_json::from_str(&out.stdout).unwrap();
+    let u = &doc["train_run"];
+    assert_eq!(
+        u["run_settings"]["scaling_config"]["future_option"],
+        json!({"nested": {"knob": 7, "mode": "elastic"}})
+    );
+    assert_eq!(
+        u["other_fields"]["future_run_field"],
+        json!({"a": [1, {"b": "c"}]})
+    );
+    assert_eq!(u["attempts"][0]["other_fields"]["future_attempt_field"], 5);
+    assert_eq!(
+        u["attempts"][0]["workers"][1]["other_fields"]["future_worker_field"],
+        json!({"x": "y"})
+    );
+    let text = inspect(&[dir, "--session", SESSION_U, "--train-run", "probe-run"]).stdout;
+    for needle in [
+        "    future_option:\n      nested:\n        knob: 7\n        mode: elastic\n",
+        "  future_run_field:\n    a:\n      - 1\n      -\n        b: c\n",
+        "    future_attempt_field: 5\n",
+        "future_worker_field:\n",
+    ] {
+        assert!(text.contains(needle), "{needle:?} not in\n{text}");
+    }
+
+    // 4. Two runs, other sessions and clusters: exactly the learning rate differs, exit 1.
+    let a_ref = format!("{SESSION_A}:probe-run");
+    let b_ref = format!("{SESSION_B}:{RUN_B}");
+    let out = inspect(&[dir, "--compare-runs", &a_ref, &b_ref, "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    let c: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(
+        c["differences"],
+        json!([{"path": "train_loop_config.lr", "a": 0.01, "b": 0.001}])
+    );
+    assert_eq!(c["settings_equal"], false);
+    assert_eq!(c["a"]["run_id"], RUN_A);
+    assert_eq!(c["b"]["run_id"], RUN_B);
+    assert_eq!(
+        c["b"]["cluster"],
+        "cluster-history/raycluster/default/train-b"
+    );
+    for side in ["a", "b"] {
+        assert_eq!(c[side]["status"], run["status"]);
+        assert_eq!(c[side]["attempts"], 1);
+        assert_eq!(c[side]["failed_attempts"], 0);
+        let d = c[side]["duration_seconds"].as_f64().unwrap();
+        assert!((d - duration_s).abs() < 1e-6, "{d} vs {duration_s}");
+    }
+    let out = inspect(&[dir, "--compare-runs", &a_ref, &b_ref]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stdout.contains(
+            "SETTINGS THAT DIFFER (1)\n  train_loop_config.lr\n    A: 0.01\n    B: 0.001\n"
+        ),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("OUTCOME"), "{}", out.stdout);
+
+    // The same with B in a bucket of its own; without it, B's session is not found (2).
+    let (only_a, only_b) = (single[0].to_str().unwrap(), single[1].to_str().unwrap());
+    let out = inspect(&[
+        only_a,
+        "--compare-runs",
+        &a_ref,
+        &b_ref,
+        "--compare-storage",
+        only_b,
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    let c: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(
+        c["differences"],
+        json!([{"path": "train_loop_config.lr", "a": 0.01, "b": 0.001}])
+    );
+    assert_eq!(c["a"]["storage"], format!("file://{only_a}"));
+    assert_eq!(c["b"]["storage"], format!("file://{only_b}"));
+    assert_eq!(
+        c["b"]["train_run_command"],
+        format!("ray-history-collector inspect {only_b} --session {SESSION_B} --train-run {RUN_B}")
+    );
+    let out = inspect(&[only_a, "--compare-runs", &a_ref, &b_ref]);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("no session matches"), "{}", out.stderr);
+
+    // Equal settings under another id: exit 0 (the operand's session from --session).
+    let out = inspect(&[
+        dir,
+        "--session",
+        SESSION_A,
+        "--compare-runs",
+        RUN_A,
+        &format!("{SESSION_E}:{RUN_E}"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("SETTINGS: equal"), "{}", out.stdout);
+
+    // Unknown fields are compared too: present on one side only.
+    let out = inspect(&[
+        dir,
+        "--compare-runs",
+        &a_ref,
+        &format!("{SESSION_U}:probe-run"),
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    let c: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(
+        c["differences"],
+        json!([{"path": "scaling_config.future_option", "a": null,
+                "b": {"nested": {"knob": 7, "mode": "elastic"}}}])
+    );
+
+    // Runs that cannot be compared: exit 2, not 0 or 1.
+    let out = inspect(&[dir, "--compare-runs", &a_ref, &format!("{SESSION_B}:nope")]);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("no Ray Train run \"nope\""),
+        "{}",
+        out.stderr
+    );
+    let out = inspect(&[dir, "--compare-runs", "probe-run", &b_ref]);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("which session?"), "{}", out.stderr);
+    let missing = work.path().join("missing");
+    let out = inspect(&[missing.to_str().unwrap(), "--compare-runs", &a_ref, &b_ref]);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+
+    // 5. The session report lists the run in one line and says how to see it in full.
+    let html = work.path().join("page.html");
+    let out = inspect(&[
+        dir,
+        "--session",
+        SESSION_A,
+        "--html",
+        html.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let command =
+        format!("ray-history-collector inspect {dir} --session {SESSION_A} --train-run {RUN_A}");
+    assert!(out.stdout.contains(&command), "{}", out.stdout);
+    let row = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(RUN_A))
+        .unwrap_or_else(|| panic!("no row for the run in\n{}", out.stdout));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[1], "probe-run", "{row}");
+    assert_eq!(cells[cells.len() - 2], "2", "workers: {row}");
+    assert_eq!(cells[cells.len() - 1], "UNSPECIFIED", "framework: {row}");
+    assert!(row.contains(" FINISHED "), "{row}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains(&format!("<code>{command}</code>")), "{page}");
+    assert!(page.contains("<th>workers</th><th>framework</th>"));
+}

@@ -1,0 +1,467 @@
+//! Review r42e of the log shipper, through the real binary: shutdown cuts every wait of the
+//! lane and the final flush always runs; the flush tries every session's files without
+//! one hung upload starving the others, keeps the uploads already under way, lists the
+//! sessions again after each wait; the lane never waits behind a full set of sends beside
+//! it; an append whose file was rewritten in place does not leave two files mixed in one
+//! object. Exit 0 only when every object equals its file; otherwise the files are named.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rhc_testkit::collector::{append_to, files_under, Collector};
+use rhc_testkit::fault_proxy::{Fault, FaultProxy, Rule, MAX_HOLD};
+use rhc_testkit::ray_logs::{local_object, rewrite_in_place, tagged_lines, RayRoot};
+use rhc_testkit::services::MotoS3;
+
+const NODE: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
+const NODE_B: &str = "3ae6595c248ad7def1c7206bfd50b18e860d5eb167e4e068c64823a5";
+const S1: &str = "session_2026-11-22_01-00-00_000000_1";
+const S2: &str = "session_2026-11-22_02-56-10_000000_1";
+const P: &str = "cluster-history/raycluster/default/logstop";
+
+fn key(session: &str, node: &str, rel: &str) -> String {
+    format!("{P}/{session}/{node}/logs/{rel}")
+}
+
+/// A `file://` collector on `ray` with `more` flags (export events off).
+fn start(tmp: &Path, ray: &RayRoot, more: &[&str], env: &[(&str, &str)]) -> Collector {
+    let bucket = tmp.join("bucket");
+    std::fs::create_dir_all(&bucket).unwrap();
+    let mut args = vec![
+        "--storage",
+        bucket.to_str().unwrap(),
+        "--cluster-name",
+        "logstop",
+        "--ray-tmp-dir",
+        ray.root.to_str().unwrap(),
+        "--enable-export-events",
+        "false",
+    ];
+    args.extend_from_slice(more);
+    Collector::start(&tmp.join("spool"), &args, env)
+}
+
+/// Waits (at most `limit`) until `ok`; panics with the log otherwise.
+fn wait_until(what: &str, c: &Collector, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !ok() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n{}",
+            c.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The objects of a `file://` bucket whose key holds `part`.
+fn objects_with(bucket: &Path, part: &str) -> Vec<PathBuf> {
+    files_under(bucket)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(part))
+        .collect()
+}
+
+/// A sizeable log: `n` bytes of numbered lines.
+fn big(tag: &str, n: usize) -> Vec<u8> {
+    let mut b = tagged_lines(tag, 0, n / 60 + 1);
+    b.truncate(n);
+    b
+}
+
+/// r42e E4: SIGTERM while the lane captured a rotated backup. The capture waited one slot
+/// (30 s at the default interval) for the backup's send, past the shutdown budget, so the
+/// final flush never ran: exit 0 "everything uploaded" with raylet.out, gcs_server.out and
+/// the new worker-1.out stale and nothing named. The capture is cut by shutdown now: the
+/// flush runs, the small files land, the backup's send goes on beside it and is named when
+/// it cannot finish in the budget.
+#[test]
+fn sigterm_during_a_rotation_capture_still_runs_the_final_flush() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    std::fs::write(logs.join("worker-1.out"), "worker first line\n").unwrap();
+    std::fs::write(logs.join("gcs_server.out"), "gcs first line\n").unwrap();
+    let bucket = tmp.path().join("bucket");
+    let mut c = start(
+        tmp.path(),
+        &ray,
+        &[
+            "--log-upload-interval",
+            "60s",
+            "--shutdown-timeout",
+            "10s",
+            "--log-upload-max-bytes-per-second",
+            "1000000",
+        ],
+        &[],
+    );
+    wait_until("the first round", &c, Duration::from_secs(20), || {
+        local_object(&bucket, &key(S2, NODE, "gcs_server.out")).is_some()
+    });
+    // 20 MB: 20 s at the cap, twice the budget. Ray's rotation, then SIGTERM while the
+    // capture waits for the backup's send.
+    append_to(&logs.join("worker-1.out"), &big("W", 20_000_000));
+    std::fs::rename(logs.join("worker-1.out"), logs.join("worker-1.out.1")).unwrap();
+    std::fs::write(logs.join("worker-1.out"), "after rotation\n").unwrap();
+    wait_until("the capture's send", &c, Duration::from_secs(10), || {
+        !objects_with(&bucket, "#").is_empty() || c.log_text().contains("worker-1.out.1")
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    append_to(&logs.join("raylet.out"), b"raylet last line before exit\n");
+    append_to(&logs.join("gcs_server.out"), b"gcs last line\n");
+    let t0 = Instant::now();
+    let status = c.terminate(Duration::from_secs(40));
+    let took = t0.elapsed();
+    for rel in ["raylet.out", "gcs_server.out", "worker-1.out"] {
+        let file = std::fs::read(logs.join(rel)).unwrap();
+        let object = local_object(&bucket, &key(S2, NODE, rel));
+        assert!(
+            object.as_ref() == Some(&file),
+            "{rel}: object {:?} bytes, file {} (exit {status:?} after {took:?})\n{}",
+            object.map(|o| o.len()),
+            file.len(),
+            c.log_text()
+        );
+    }
+    let log = c.log_text();
+    assert!(
+        log.contains("final log flush done"),
+        "no final flush\n{log}"
+    );
+    // The backup cannot make it in the budget: named, not "everything uploaded".
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(
+        log.contains("log file not uploaded at the final flush") && log.contains("worker-1.out.1"),
+        "the backup is not named\n{log}"
+    );
+    assert!(
+        took < Duration::from_secs(15),
+        "the shutdown took {took:?} of a 10 s budget\n{log}"
+    );
+    // The backup's cancelled upload left no staging file in the bucket.
+    let staging = objects_with(&bucket, "#");
+    assert!(staging.is_empty(), "staging files left: {staging:?}\n{log}");
+}
+
+/// r42e E3: at the default interval (60 s) the lane waits up to 30 s for a send in its
+/// slot; SIGTERM then dropped the round with the whole upload it waited for, and the flush
+/// started it again from byte 0, which the budget could not hold (exit 3, no object). The
+/// upload goes on beside the flush now and lands.
+#[test]
+fn sigterm_while_the_lane_waits_in_its_slot_keeps_the_upload() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    // 12 MB at 1 MB/s: 12 s from zero, longer than the 10 s budget; about 6 s left at
+    // SIGTERM when the upload is kept.
+    std::fs::write(logs.join("big.log"), big("B", 12_000_000)).unwrap();
+    let bucket = tmp.path().join("bucket");
+    let mut c = start(
+        tmp.path(),
+        &ray,
+        &[
+            "--log-upload-interval",
+            "60s",
+            "--shutdown-timeout",
+            "10s",
+            "--log-upload-max-bytes-per-second",
+            "1000000",
+        ],
+        &[],
+    );
+    wait_until("raylet.out", &c, Duration::from_secs(20), || {
+        local_object(&bucket, &key(S2, NODE, "raylet.out")).is_some()
+    });
+    std::thread::sleep(Duration::from_secs(6));
+    let k = key(S2, NODE, "big.log");
+    assert!(
+        local_object(&bucket, &k).is_none(),
+        "the upload finished before SIGTERM: the test shows nothing"
+    );
+    let t0 = Instant::now();
+    let status = c.terminate(Duration::from_secs(40));
+    let took = t0.elapsed();
+    let file = std::fs::read(logs.join("big.log")).unwrap();
+    let object = local_object(&bucket, &k);
+    assert!(
+        object.as_ref() == Some(&file),
+        "big.log: object {:?} bytes, file {} (exit {status:?} after {took:?})\n{}",
+        object.map(|o| o.len()),
+        file.len(),
+        c.log_text()
+    );
+    assert!(status.success(), "exit {status:?}\n{}", c.log_text());
+}
+
+/// r42e E2: the big upload started in the final flush itself, outlasted its slot there and
+/// went beside; nothing had been beside at SIGTERM, so the session was not listed again
+/// after the wait, and Ray's rotation during it was lost (exit 0, no backup object, the new
+/// live file never sent). Every session is listed again after each wait now.
+#[test]
+fn a_rotation_during_the_flushs_own_upload_beside_is_sent() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    let bucket = tmp.path().join("bucket");
+    let mut c = start(
+        tmp.path(),
+        &ray,
+        &[
+            "--log-upload-interval",
+            "60s",
+            "--shutdown-timeout",
+            "30s",
+            "--log-upload-max-bytes-per-second",
+            "500000",
+        ],
+        &[],
+    );
+    wait_until("raylet.out", &c, Duration::from_secs(20), || {
+        local_object(&bucket, &key(S2, NODE, "raylet.out")).is_some()
+    });
+    // Written after the first round: the flush is the first to send it (4 MB at 500 kB/s:
+    // 8 s, past the flush's slot of a quarter of the budget).
+    let live = logs.join("monitor.log");
+    std::fs::write(&live, big("M", 4_000_000)).unwrap();
+    let mut old = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&live)
+        .unwrap();
+    c.signal_term();
+    wait_until(
+        "the flush's upload going beside",
+        &c,
+        Duration::from_secs(20),
+        || {
+            c.log_text()
+                .contains("log upload still running after its slot; the lane goes on beside it")
+        },
+    );
+    let backup = logs.join("monitor.log.1");
+    std::fs::rename(&live, &backup).unwrap();
+    old.write_all(b"old descriptor after rename\n").unwrap();
+    drop(old);
+    std::fs::write(&live, "new monitor line\n".repeat(100)).unwrap();
+    let status = c.wait_exit(Duration::from_secs(50)).unwrap();
+    let log = c.log_text();
+    let live_bytes = std::fs::read(&live).unwrap();
+    let backup_bytes = std::fs::read(&backup).unwrap();
+    let object = local_object(&bucket, &key(S2, NODE, "monitor.log"));
+    assert!(
+        object.as_ref() == Some(&live_bytes),
+        "live monitor.log: object {:?} bytes, file {} (exit {status:?})\n{log}",
+        object.map(|o| o.len()),
+        live_bytes.len()
+    );
+    let backups = objects_with(&bucket, "monitor.log.rotated.");
+    assert!(
+        backups.len() == 1 && std::fs::read(&backups[0]).unwrap() == backup_bytes,
+        "backup objects {backups:?}, the backup has {} bytes (exit {status:?})\n{log}",
+        backup_bytes.len()
+    );
+    assert!(status.success(), "exit {status:?}\n{log}");
+}
+
+/// r42e E6: with four sends beside the lane, the fifth found no room and the lane waited
+/// for it to end; the five shared the cap, so none ended, and a small log stayed at its
+/// first line for the whole run. A big send waits for room now: the small log stays within
+/// a few intervals of its file while the big ones share the cap.
+#[test]
+fn a_full_set_of_sends_beside_the_lane_does_not_freeze_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    let small = logs.join("worker-small.out");
+    std::fs::write(&small, "small line 0\n").unwrap();
+    let bucket = tmp.path().join("bucket");
+    let mut c = start(
+        tmp.path(),
+        &ray,
+        &[
+            "--log-upload-interval",
+            "2s",
+            "--shutdown-timeout",
+            "5s",
+            "--log-upload-max-bytes-per-second",
+            "200000",
+        ],
+        &[],
+    );
+    let k = key(S2, NODE, "worker-small.out");
+    wait_until("the small log", &c, Duration::from_secs(20), || {
+        local_object(&bucket, &k).is_some()
+    });
+    // Five 4 MB logs: 100 s at the cap together.
+    for i in 1..=5 {
+        std::fs::write(logs.join(format!("big{i}.log")), big("B", 4_000_000)).unwrap();
+    }
+    // How far behind the object is: since when the file has bytes the object lacks.
+    let started = Instant::now();
+    let mut grown: Vec<(Instant, u64)> = Vec::new();
+    let mut longest = Duration::ZERO;
+    let mut line = 1;
+    while started.elapsed() < Duration::from_secs(24) {
+        append_to(&small, format!("small line {line}\n").as_bytes());
+        grown.push((Instant::now(), std::fs::metadata(&small).unwrap().len()));
+        line += 1;
+        std::thread::sleep(Duration::from_millis(500));
+        let has = local_object(&bucket, &k).map_or(0, |o| o.len() as u64);
+        if let Some((since, _)) = grown.iter().find(|(_, size)| *size > has) {
+            longest = longest.max(since.elapsed());
+        }
+    }
+    let _ = c.terminate(Duration::from_secs(30));
+    // Each change is sent within about two intervals (a round that meets the big files
+    // waits one slot for each of the first four before they go beside).
+    assert!(
+        longest <= Duration::from_secs(8),
+        "the small log's object stayed behind its file for {longest:?} (interval 2 s)\n{}",
+        c.log_text()
+    );
+}
+
+/// r42e E1: a file truncated in place and rewritten with another head while its APPEND
+/// ran: the append took the tail from the new file and the ledger's hashes from the file
+/// after it, so the next rounds kept appending: one object of the old head and the new
+/// rest, same size as the file, exit 0. The file's head is checked after the append now:
+/// rewritten, the file goes whole.
+#[test]
+fn a_file_rewritten_in_place_during_its_append_ends_equal_to_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    let app = logs.join("app.log");
+    std::fs::write(&app, tagged_lines("OLD", 0, 2_000)).unwrap();
+    let bucket = tmp.path().join("bucket");
+    let mut c = start(
+        tmp.path(),
+        &ray,
+        &[
+            "--log-upload-interval",
+            "2s",
+            "--shutdown-timeout",
+            "20s",
+            "--log-upload-max-bytes-per-second",
+            "200000",
+        ],
+        &[],
+    );
+    let k = key(S2, NODE, "app.log");
+    wait_until("the first upload", &c, Duration::from_secs(20), || {
+        local_object(&bucket, &k).is_some_and(|o| o.len() == 120_000)
+    });
+    // 1.2 MB more: an append of about 6 s at the cap; 3 s in, the rewrite.
+    append_to(&app, &tagged_lines("OLD", 2_000, 20_000));
+    wait_until("the append", &c, Duration::from_secs(10), || {
+        c.log_text().contains("appending")
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    rewrite_in_place(&app, &tagged_lines("NEW", 0, 30_000));
+    let file = std::fs::read(&app).unwrap();
+    // Equal again within a few rounds (or not: the assertion below says how).
+    let deadline = Instant::now() + Duration::from_secs(25);
+    while Instant::now() < deadline && local_object(&bucket, &k).as_ref() != Some(&file) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A few rounds more: an object that is equal must stay so.
+    std::thread::sleep(Duration::from_secs(4));
+    let status = c.terminate(Duration::from_secs(40));
+    let object = local_object(&bucket, &k).unwrap_or_default();
+    let old_lines = object
+        .split(|b| *b == b'\n')
+        .filter(|l| l.starts_with(b"OLD"))
+        .count();
+    assert!(
+        object == file,
+        "the object has {} bytes ({old_lines} OLD lines), the file {} (exit {status:?})\n{}",
+        object.len(),
+        file.len(),
+        c.log_text()
+    );
+    assert!(status.success(), "exit {status:?}\n{}", c.log_text());
+}
+
+/// r42e E5: the active session's big.log upload hung beside the lane at SIGTERM (every PUT
+/// of it held by the proxy); the flush waited for it until its deadline inside the active
+/// session's pass, before it looked at the earlier session, whose worker.out changed just
+/// before SIGTERM and was never tried. Every session's files are tried before any wait now.
+#[test]
+fn a_hung_upload_beside_the_flush_does_not_starve_earlier_sessions() {
+    let Some(s3) = MotoS3::start() else {
+        return;
+    };
+    s3.create_bucket("logstop");
+    let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
+    proxy.add(Rule::new(Fault::Hold(MAX_HOLD)).target_contains("big.log"));
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let earlier = ray.session(S1, NODE_B, false);
+    let active = ray.session(S2, NODE, true);
+    append_to(&earlier.join("worker.out"), &tagged_lines("A", 0, 1_000));
+    std::fs::write(active.join("big.log"), big("A", 12_000_000)).unwrap();
+    let url = proxy.url();
+    let env = [
+        ("AWS_ENDPOINT", url.as_str()),
+        ("AWS_ALLOW_HTTP", "true"),
+        ("AWS_ACCESS_KEY_ID", MotoS3::ACCESS_KEY_ID),
+        ("AWS_SECRET_ACCESS_KEY", MotoS3::SECRET_ACCESS_KEY),
+        ("AWS_REGION", MotoS3::REGION),
+    ];
+    let ray_root = ray.root.to_str().unwrap().to_string();
+    let mut c = Collector::start(
+        &tmp.path().join("spool"),
+        &[
+            "--storage",
+            "s3://logstop",
+            "--cluster-name",
+            "logstop",
+            "--ray-tmp-dir",
+            &ray_root,
+            "--enable-export-events",
+            "false",
+            "--log-upload-interval",
+            "2s",
+            "--shutdown-timeout",
+            "12s",
+        ],
+        &env,
+    );
+    let object = |session: &str, node: &str, rel: &str| -> Option<Vec<u8>> {
+        let (status, body) =
+            s3.request("GET", &format!("/logstop/{}", key(session, node, rel)), b"");
+        (status == 200).then_some(body)
+    };
+    let worker = earlier.join("worker.out");
+    wait_until(
+        "the earlier session's worker.out and big.log beside",
+        &c,
+        Duration::from_secs(40),
+        || {
+            object(S1, NODE_B, "worker.out") == std::fs::read(&worker).ok()
+                && c.log_text().contains("the lane goes on beside it")
+        },
+    );
+    append_to(&worker, &tagged_lines("B", 1_000, 500));
+    append_to(&active.join("worker-new.out"), &tagged_lines("B", 0, 300));
+    let status = c.terminate(Duration::from_secs(40));
+    let log = c.log_text();
+    for (session, node, path) in [
+        (S1, NODE_B, worker.clone()),
+        (S2, NODE, active.join("worker-new.out")),
+    ] {
+        let rel = path.file_name().unwrap().to_str().unwrap();
+        let file = std::fs::read(&path).unwrap();
+        let got = object(session, node, rel);
+        assert!(
+            got.as_ref() == Some(&file),
+            "{session} {rel}: object {:?} bytes, file {} (exit {status:?})\n{log}",
+            got.map(|o| o.len()),
+            file.len()
+        );
+    }
+    // big.log never went through: named.
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(log.contains("big.log"), "{log}");
+}

@@ -1,0 +1,895 @@
+//! `ray-history-collector serve` through the real binary, on buckets written by the real
+//! collector (a head posted the captured Ray 2.60 fixtures, its dashboard poller snapshotting
+//! testkit's dashboard stand-in): `file://` and S3 (moto). Each route is checked against a
+//! literal answer, or one computed here from the fixture posts and the stand-in's answers,
+//! independently of the code under test; the bucket is the same after the server ran.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use rhc_testkit::dashboard::{
+    good_answers, DashboardStandIn, DATASETS, META, PLACEMENT_GROUPS, SERVE, TIMEZONE,
+};
+use rhc_testkit::http::HttpResponse;
+use rhc_testkit::serve::{set_cookies, write_bucket, Serve};
+use rhc_testkit::services::MotoS3;
+
+const CAMEL: &str = include_str!("data/posts-camel.jsonl");
+const SNAKE: &str = include_str!("data/posts-snake.jsonl");
+const CAMEL_SESSION: &str = "session_2026-11-22_02-06-36_260774_21819";
+const SNAKE_SESSION: &str = "session_2026-11-22_02-06-54_202993_22498";
+const CLUSTER: &str = "c1";
+const UNREADABLE: &str = "x-rhc-unreadable-objects";
+
+/// The session names the fixture's events carry (either key style).
+fn sessions_of(fixture: &str) -> Vec<String> {
+    let mut names: Vec<String> = fixture
+        .lines()
+        .flat_map(|l| match serde_json::from_str::<Value>(l).unwrap() {
+            Value::Array(a) => a,
+            other => panic!("not a POST body: {other}"),
+        })
+        .filter_map(|e| {
+            e.get("sessionName")
+                .or_else(|| e.get("session_name"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+fn body(r: &HttpResponse) -> String {
+    String::from_utf8_lossy(&r.body).into_owned()
+}
+
+fn json_of(r: &HttpResponse) -> Value {
+    serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", body(r)))
+}
+
+/// `GET path`, which must answer `status`.
+fn get(s: &Serve, path: &str, cookies: &[(String, String)], status: u16) -> HttpResponse {
+    let r = s
+        .get(path, cookies)
+        .unwrap_or_else(|e| panic!("GET {path}: {e}\n{}", s.log_text()));
+    assert_eq!(
+        r.status,
+        status,
+        "GET {path}: {}\n{}",
+        body(&r),
+        s.log_text()
+    );
+    r
+}
+
+/// The cookies KubeRay's server sets for a RayCluster session without an owner.
+fn cookies_for(session: &str) -> Vec<(String, String)> {
+    [
+        ("cluster_name", CLUSTER),
+        ("cluster_namespace", "default"),
+        ("session_name", session),
+        ("owner_kind", ""),
+        ("owner_name", ""),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// Every file of a local bucket with its size and modification time.
+fn tree(dir: &Path) -> BTreeMap<String, (u64, std::time::SystemTime)> {
+    rhc_testkit::collector::files_under(dir)
+        .into_iter()
+        .map(|p| {
+            let m = std::fs::metadata(&p).unwrap();
+            (
+                p.strip_prefix(dir).unwrap().display().to_string(),
+                (m.len(), m.modified().unwrap()),
+            )
+        })
+        .collect()
+}
+
+fn b64_to_hex(s: &str) -> String {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .unwrap_or_else(|e| panic!("{s}: {e}"));
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A member under its camelCase or snake_case name.
+fn member<'a>(v: &'a Value, camel: &str, snake: &str) -> &'a Value {
+    v.get(camel).unwrap_or(&v[snake])
+}
+
+/// An RFC 3339 UTC time with its fraction padded to 9 digits: strings compare like times.
+fn sortable_time(t: &str) -> String {
+    let t = t.trim_end_matches('Z');
+    let (base, frac) = t.split_once('.').unwrap_or((t, ""));
+    format!("{base}.{frac:0<9}")
+}
+
+/// One task attempt as the fixture says it ended: (state, type, name, job).
+#[derive(Debug, Default, Clone)]
+struct Attempt {
+    time: String,
+    state: String,
+    task_type: String,
+    name: String,
+    job: String,
+}
+
+/// Every task attempt of a fixture, by (task id hex, attempt): the latest transition's state
+/// (a terminal state wins a tie), the definition's type (`ACTOR_TASK` for an actor task's
+/// definition), name and job.
+fn attempts_of(fixture: &str) -> BTreeMap<(String, i64), Attempt> {
+    let mut out: BTreeMap<(String, i64), Attempt> = BTreeMap::new();
+    for l in fixture.lines() {
+        for ev in serde_json::from_str::<Vec<Value>>(l).unwrap() {
+            let ty = member(&ev, "eventType", "event_type").as_str().unwrap();
+            let (p, actor) = match ty {
+                "TASK_DEFINITION_EVENT" => (
+                    member(&ev, "taskDefinitionEvent", "task_definition_event"),
+                    false,
+                ),
+                "ACTOR_TASK_DEFINITION_EVENT" => (
+                    member(
+                        &ev,
+                        "actorTaskDefinitionEvent",
+                        "actor_task_definition_event",
+                    ),
+                    true,
+                ),
+                "TASK_LIFECYCLE_EVENT" => (
+                    member(&ev, "taskLifecycleEvent", "task_lifecycle_event"),
+                    false,
+                ),
+                _ => continue,
+            };
+            let id = b64_to_hex(member(p, "taskId", "task_id").as_str().unwrap());
+            let attempt = member(p, "taskAttempt", "task_attempt")
+                .as_i64()
+                .unwrap_or(0);
+            let a = out.entry((id, attempt)).or_default();
+            if let Some(job) = member(p, "jobId", "job_id").as_str() {
+                a.job = b64_to_hex(job);
+            }
+            if ty == "TASK_LIFECYCLE_EVENT" {
+                for t in member(p, "stateTransitions", "state_transitions")
+                    .as_array()
+                    .unwrap()
+                {
+                    let time = sortable_time(t["timestamp"].as_str().unwrap());
+                    let state = t["state"].as_str().unwrap();
+                    let terminal = state == "FINISHED" || state == "FAILED";
+                    if time > a.time || (time == a.time && terminal) {
+                        a.time = time;
+                        a.state = state.to_string();
+                    }
+                }
+            } else if actor {
+                a.task_type = "ACTOR_TASK".into();
+                a.name = member(p, "actorTaskName", "actor_task_name")
+                    .as_str()
+                    .unwrap()
+                    .into();
+            } else {
+                a.task_type = member(p, "taskType", "task_type").as_str().unwrap().into();
+                a.name = member(p, "taskName", "task_name").as_str().unwrap().into();
+            }
+        }
+    }
+    out
+}
+
+/// `/api/jobs/` and `/api/v0/tasks` of `session` against its fixture.
+fn check_events_routes(s: &Serve, session: &str, fixture: &str) {
+    let cookies = cookies_for(session);
+    let attempts = attempts_of(fixture);
+    let total = attempts.len();
+    let not_driver: Vec<(&(String, i64), &Attempt)> = attempts
+        .iter()
+        .filter(|(_, a)| a.task_type != "DRIVER_TASK")
+        .collect();
+    assert!(total > 80 && not_driver.len() == total - 1, "{total}");
+
+    let r = get(s, "/api/v0/tasks?limit=10", &cookies, 200);
+    assert_eq!(r.header(UNREADABLE), None, "every object was read");
+    assert_eq!(set_cookies(&r), cookies);
+    let v = json_of(&r);
+    assert_eq!(v["result"], true);
+    let data = &v["data"]["result"];
+    assert_eq!(data["total"], total, "{data}");
+    assert_eq!(data["num_after_truncation"], total);
+    assert_eq!(data["num_filtered"], not_driver.len());
+    let rows = data["result"].as_array().unwrap();
+    let want: Vec<Value> = not_driver[..10]
+        .iter()
+        .map(|((id, attempt), a)| {
+            json!({"task_id": id, "attempt_number": attempt, "state": a.state,
+                   "type": a.task_type, "name": a.name, "job_id": a.job})
+        })
+        .collect();
+    let got: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({"task_id": r["task_id"], "attempt_number": r["attempt_number"],
+                   "state": r["state"], "type": r["type"], "name": r["name"],
+                   "job_id": r["job_id"]})
+        })
+        .collect();
+    assert_eq!(got, want);
+    // Everything, the driver's attempt included.
+    let v = json_of(&get(
+        s,
+        "/api/v0/tasks?limit=10000&exclude_driver=false",
+        &cookies,
+        200,
+    ));
+    assert_eq!(
+        v["data"]["result"]["result"].as_array().unwrap().len(),
+        total
+    );
+    assert_eq!(v["data"]["result"]["num_filtered"], total);
+    let failed: Vec<&Value> = v["data"]["result"]["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["state"] == "FAILED")
+        .collect();
+    assert_eq!(
+        failed.len(),
+        attempts.values().filter(|a| a.state == "FAILED").count()
+    );
+    assert!(
+        failed.iter().all(|r| r["error_type"].is_string()),
+        "{failed:?}"
+    );
+    get(s, "/api/v0/tasks?limit=10001", &cookies, 400);
+    get(s, "/api/v0/tasks?limit=-1", &cookies, 400);
+    get(s, "/api/v0/tasks", &[], 400);
+    check_task_filters(s, &cookies, &attempts);
+    check_summary(s, &cookies, &attempts);
+    check_timeline(s, &cookies, &attempts);
+}
+
+/// `(task id, attempt)` of each row of a task list answer.
+fn ids_of(v: &Value) -> Vec<(String, i64)> {
+    v["data"]["result"]["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["task_id"].as_str().unwrap().to_string(),
+                r["attempt_number"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Ray's state API filters (`=`, `!=`, case-insensitive strings, base64 or hex ids) against
+/// the fixture's attempts.
+fn check_task_filters(
+    s: &Serve,
+    cookies: &[(String, String)],
+    attempts: &BTreeMap<(String, i64), Attempt>,
+) {
+    let want = |keep: &dyn Fn(&Attempt) -> bool| -> Vec<(String, i64)> {
+        attempts
+            .iter()
+            .filter(|(_, a)| a.task_type != "DRIVER_TASK" && keep(a))
+            .map(|(k, _)| k.clone())
+            .collect()
+    };
+    let list = |q: &str| {
+        json_of(&get(
+            s,
+            &format!("/api/v0/tasks?limit=10000&{q}"),
+            cookies,
+            200,
+        ))
+    };
+    let failed = want(&|a| a.state == "FAILED");
+    assert!(!failed.is_empty());
+    for q in [
+        "filter_keys=state&filter_predicates=%3D&filter_values=FAILED",
+        "filter_keys=state&filter_predicates=%3D&filter_values=failed",
+    ] {
+        let v = list(q);
+        assert_eq!(ids_of(&v), failed, "{q}");
+        assert_eq!(v["data"]["result"]["num_filtered"], failed.len(), "{q}");
+    }
+    let not_failed = want(&|a| a.state != "FAILED");
+    assert_eq!(
+        ids_of(&list(
+            "filter_keys=state&filter_predicates=!%3D&filter_values=FAILED"
+        )),
+        not_failed
+    );
+    // The job, in hex and in Ray's base64; two filters are both applied.
+    let job = attempts.values().next().unwrap().job.clone();
+    let of_job = want(&|a| a.job == job);
+    assert!(!of_job.is_empty());
+    assert_eq!(
+        ids_of(&list(&format!(
+            "filter_keys=job_id&filter_predicates=%3D&filter_values={job}"
+        ))),
+        of_job
+    );
+    let name = attempts
+        .values()
+        .find(|a| a.task_type == "NORMAL_TASK")
+        .unwrap()
+        .name
+        .clone();
+    let named = want(&|a| a.job == job && a.name == name);
+    assert!(!named.is_empty());
+    assert_eq!(
+        ids_of(&list(&format!(
+            "filter_keys=job_id&filter_predicates=%3D&filter_values=AQAAAA%3D%3D\
+             &filter_keys=name&filter_predicates=%3D&filter_values={name}"
+        ))),
+        if job == "01000000" {
+            named.clone()
+        } else {
+            Vec::new()
+        }
+    );
+    // One task by its id; `detail=true` adds the detail fields.
+    let (id, attempt) = failed[0].clone();
+    let v = list(&format!(
+        "detail=true&filter_keys=task_id&filter_predicates=%3D&filter_values={id}"
+    ));
+    assert!(ids_of(&v).contains(&(id.clone(), attempt)), "{v}");
+    let row = &v["data"]["result"]["result"][0];
+    for field in [
+        "events",
+        "required_resources",
+        "runtime_env_info",
+        "start_time_ms",
+    ] {
+        assert!(row.get(field).is_some(), "{field}: {row}");
+    }
+    assert!(
+        row["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["state"] == "FAILED"),
+        "{row}"
+    );
+    // Without detail, no detail fields.
+    let v = list(&format!(
+        "filter_keys=task_id&filter_predicates=%3D&filter_values={id}"
+    ));
+    assert!(v["data"]["result"]["result"][0].get("events").is_none());
+    // An unknown key, an unknown predicate, lists of different lengths: 400, as Ray.
+    for q in [
+        "filter_keys=bogus&filter_predicates=%3D&filter_values=1",
+        "filter_keys=state&filter_predicates=%3E&filter_values=1",
+        "filter_keys=state&filter_keys=name&filter_predicates=%3D&filter_values=1",
+        "filter_keys=worker_pid&filter_predicates=%3D&filter_values=x",
+        "detail=maybe",
+    ] {
+        get(s, &format!("/api/v0/tasks?{q}"), cookies, 400);
+    }
+}
+
+/// `/api/v0/tasks/summarize`: KubeRay's func_name summary, counted from the fixture.
+fn check_summary(
+    s: &Serve,
+    cookies: &[(String, String)],
+    attempts: &BTreeMap<(String, i64), Attempt>,
+) {
+    let v = json_of(&get(s, "/api/v0/tasks/summarize", cookies, 200));
+    assert_eq!(v["result"], true);
+    let data = &v["data"]["result"];
+    assert_eq!(data["total"], attempts.len());
+    let cluster = &data["result"]["node_id_to_summary"]["cluster"];
+    assert_eq!(cluster["summary_by"], "func_name");
+    let mut want: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    for a in attempts.values() {
+        if a.task_type != "DRIVER_TASK" && !a.name.is_empty() {
+            *want
+                .entry(a.name.clone())
+                .or_default()
+                .entry(a.state.clone())
+                .or_default() += 1;
+        }
+    }
+    let got: BTreeMap<String, BTreeMap<String, u64>> = cluster["summary"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, e)| {
+            assert_eq!(e["func_or_class_name"], name.as_str());
+            let counts = e["state_counts"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, n)| (k.clone(), n.as_u64().unwrap()))
+                .collect();
+            (name.clone(), counts)
+        })
+        .collect();
+    assert_eq!(got, want);
+    let normal = attempts
+        .values()
+        .filter(|a| a.task_type == "NORMAL_TASK")
+        .count();
+    assert_eq!(cluster["total_tasks"], normal);
+    let actor = attempts
+        .values()
+        .filter(|a| a.task_type == "ACTOR_TASK")
+        .count();
+    assert_eq!(cluster["total_actor_tasks"], actor);
+    get(
+        s,
+        "/api/v0/tasks/summarize?summary_by=lineage",
+        cookies,
+        501,
+    );
+}
+
+/// `/api/v0/tasks/timeline`: Chrome's trace format, as KubeRay's.
+fn check_timeline(
+    s: &Serve,
+    cookies: &[(String, String)],
+    attempts: &BTreeMap<(String, i64), Attempt>,
+) {
+    let r = get(s, "/api/v0/tasks/timeline", cookies, 200);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let v = json_of(&r);
+    let events = v.as_array().unwrap();
+    let (meta, spans): (Vec<&Value>, Vec<&Value>) = events.iter().partition(|e| e["ph"] == "M");
+    assert!(spans.iter().all(|e| e["ph"] == "X"), "{v}");
+    assert!(
+        !spans.is_empty(),
+        "the fixture's workers profiled their tasks"
+    );
+    let processes: Vec<i64> = meta
+        .iter()
+        .filter(|e| e["name"] == "process_name")
+        .map(|e| e["pid"].as_i64().unwrap())
+        .collect();
+    for e in &spans {
+        let key = (
+            e["args"]["task_id"].as_str().unwrap().to_string(),
+            e["args"]["attempt_number"].as_i64().unwrap(),
+        );
+        let a = attempts.get(&key).unwrap_or_else(|| panic!("{e}"));
+        assert_eq!(e["args"]["func_or_class_name"], a.name.as_str(), "{e}");
+        assert!(processes.contains(&e["pid"].as_i64().unwrap()), "{e}");
+        assert!(e["ts"].as_f64().unwrap() > 1.7e15 && e["dur"].as_f64().unwrap() >= 0.0);
+    }
+    // One job's, and none of a job that did not run.
+    let job = attempts.values().next().unwrap().job.clone();
+    let r = get(
+        s,
+        &format!("/api/v0/tasks/timeline?job_id={job}&download=1"),
+        cookies,
+        200,
+    );
+    assert!(r
+        .header("content-disposition")
+        .is_some_and(|d| d.starts_with("attachment")));
+    assert!(json_of(&r)
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["ph"] == "M" || e["args"]["job_id"] == job.as_str()));
+    let none = json_of(&get(
+        s,
+        "/api/v0/tasks/timeline?job_id=09000000",
+        cookies,
+        200,
+    ));
+    assert_eq!(none, json!([]));
+}
+
+/// The routes every bucket must answer alike.
+fn check_routes(s: &Serve) {
+    assert_eq!(body(&get(s, "/readz", &[], 200)), "ok");
+    assert_eq!(body(&get(s, "/livez", &[], 200)), "ok");
+
+    // /clusters: both sessions of the fixtures, newest first; the times are the session
+    // names' (`date -u -d 2026-11-22T02:06:54Z +%s` = 1795313214).
+    let mut from_posts = sessions_of(CAMEL);
+    from_posts.extend(sessions_of(SNAKE));
+    assert_eq!(from_posts, [CAMEL_SESSION, SNAKE_SESSION]);
+    let clusters = json_of(&get(s, "/clusters", &[], 200));
+    assert_eq!(
+        clusters,
+        json!([
+            {"name": "c1", "namespace": "default", "sessionName": SNAKE_SESSION,
+             "createTime": "2026-11-22T02:06:54Z", "createTimeStamp": 1795313214i64},
+            {"name": "c1", "namespace": "default", "sessionName": CAMEL_SESSION,
+             "createTime": "2026-11-22T02:06:36Z", "createTimeStamp": 1795313196i64},
+        ])
+    );
+
+    // /enter_cluster: latest is the snake session; the cookies are KubeRay's five.
+    let r = get(s, "/enter_cluster/default/raycluster/c1", &[], 200);
+    assert_eq!(
+        json_of(&r),
+        json!({"name": "c1", "namespace": "default", "result": "success", "session": SNAKE_SESSION})
+    );
+    assert_eq!(set_cookies(&r), cookies_for(SNAKE_SESSION));
+    for line in r.headers.iter().filter(|(k, _)| k == "set-cookie") {
+        assert!(line.1.ends_with("; Path=/; Max-Age=600"), "{}", line.1);
+    }
+    let r = get(
+        s,
+        &format!("/enter_cluster/default/RayCluster/c1/{CAMEL_SESSION}"),
+        &[],
+        200,
+    );
+    assert_eq!(json_of(&r)["session"], CAMEL_SESSION);
+    assert_eq!(set_cookies(&r), cookies_for(CAMEL_SESSION));
+    get(s, "/enter_cluster/default/pod/c1", &[], 400);
+    get(s, "/enter_cluster/default/raycluster/other", &[], 404);
+    get(s, "/enter_cluster/default/rayjob/c1", &[], 404);
+    get(s, "/enter_cluster/other/raycluster/c1", &[], 404);
+    get(
+        s,
+        "/enter_cluster/default/raycluster/c1/session_2026-11-22_02-06-36_260774_1",
+        &[],
+        404,
+    );
+    // A name with a terminal escape is echoed escaped.
+    let r = get(
+        s,
+        "/enter_cluster/default/raycluster/%1b%5d0%3bX%07",
+        &[],
+        404,
+    );
+    assert!(
+        !r.body.contains(&0x1b) && !r.body.contains(&0x07),
+        "{:?}",
+        body(&r)
+    );
+    assert!(body(&r).contains("\\u{1b}]0;X\\u{7}"), "{}", body(&r));
+
+    // Routes that read a session need its cookies.
+    let r = get(s, "/timezone", &[], 400);
+    assert_eq!(body(&r), "Cluster Cookie not found");
+    let mut traversal = cookies_for(CAMEL_SESSION);
+    traversal[2].1 = "..".into();
+    get(s, "/timezone", &traversal, 400);
+    let mut live = cookies_for(CAMEL_SESSION);
+    live[2].1 = "live".into();
+    get(s, "/timezone", &live, 400);
+
+    // The camel session has the head's snapshots: each replayed byte for byte, cookies set
+    // again, the placement groups with KubeRay's "bundles": [] back-fill.
+    let good = good_answers();
+    let camel = cookies_for(CAMEL_SESSION);
+    for (path, uri) in [
+        ("/timezone", TIMEZONE),
+        ("/api/v0/cluster_metadata", META),
+        ("/api/serve/applications/", SERVE),
+        ("/api/data/datasets/02000000", DATASETS),
+    ] {
+        let r = get(s, path, &camel, 200);
+        assert_eq!(body(&r), String::from_utf8_lossy(&good[uri].body), "{path}");
+        assert_eq!(r.header("content-type"), Some("application/json"), "{path}");
+        assert_eq!(set_cookies(&r), camel, "{path}");
+    }
+    let mut want_pg: Value = serde_json::from_slice(&good[PLACEMENT_GROUPS].body).unwrap();
+    for g in want_pg["data"]["result"]["result"].as_array_mut().unwrap() {
+        g["bundles"] = json!([]);
+    }
+    assert_eq!(json_of(&get(s, PLACEMENT_GROUPS, &camel, 200)), want_pg);
+    // Another query is another snapshot: none, so KubeRay's empty answer.
+    let empty_pg = json!({"result": true, "msg": "", "data": {"result": {
+        "total": 0, "num_after_truncation": 0, "num_filtered": 0, "result": [],
+        "partial_failure_warning": "", "warnings": null}}});
+    assert_eq!(
+        json_of(&get(s, "/api/v0/placement_groups?detail=1", &camel, 200)),
+        empty_pg
+    );
+    assert_eq!(
+        json_of(&get(s, "/api/data/datasets/09000000", &camel, 200)),
+        json!({"datasets": []})
+    );
+    // No snapshot of Ray's Train V2 runs: folded from the export events, which hold none here.
+    assert_eq!(
+        json_of(&get(s, "/api/train/v2/runs/v1", &camel, 200)),
+        json!({"train_runs": []})
+    );
+    // No Grafana or Prometheus behind a dead session: KubeRay's 501.
+    get(s, "/api/grafana_health", &camel, 501);
+    get(s, "/api/prometheus_health", &camel, 501);
+
+    // The snake session has no snapshot (the poller snapshots the head's active session
+    // only): KubeRay's fallbacks.
+    let snake = cookies_for(SNAKE_SESSION);
+    assert_eq!(
+        body(&get(s, "/timezone", &snake, 200)),
+        r#"{"offset":"","value":""}"#
+    );
+    get(s, "/api/v0/cluster_metadata", &snake, 404);
+    assert_eq!(
+        json_of(&get(s, "/api/serve/applications/", &snake, 200)),
+        json!({"applications": {}})
+    );
+    assert_eq!(json_of(&get(s, PLACEMENT_GROUPS, &snake, 200)), empty_pg);
+
+    // The jobs of the camel session: its one driver job, as its events say (job id
+    // `AQAAAA==`, driver pid "21819", node `OuZZ…` = 3ae6…23a5, CREATED at
+    // 02:06:42.217314970Z and FINISHED at 02:06:50.972464742Z: `date -u -d
+    // 2026-11-22T02:06:42Z +%s` = 1795313202). A finished driver is SUCCEEDED, as Ray's own
+    // dashboard says of driver jobs.
+    let r = get(s, "/api/jobs/", &camel, 200);
+    assert_eq!(r.header(UNREADABLE), None);
+    assert_eq!(
+        json_of(&r),
+        json!([{
+            "driver_exit_code": 0,
+            "driver_node_id": "3ae6595c248ad7def1c7206bfd50b18e860d5eb167e4e068c64823a5",
+            "driver_agent_http_address": "",
+            "runtime_env": null,
+            "metadata": null,
+            "error_type": "",
+            "message": "",
+            "entrypoint": "./venv/bin/python job3.py",
+            "status": "SUCCEEDED",
+            "driver_info": {"id": "01000000", "node_ip_address": "", "pid": "21819"},
+            "job_id": "01000000",
+            "submission_id": "",
+            "type": "DRIVER",
+            "start_time": 1795313202217i64,
+            "end_time": 1795313210972i64,
+        }])
+    );
+    let r = get(s, "/api/jobs/01000000", &camel, 200);
+    assert_eq!(json_of(&r)["entrypoint"], "./venv/bin/python job3.py");
+    assert_eq!(json_of(&r)["status"], "SUCCEEDED");
+    get(s, "/api/jobs/09000000", &camel, 404);
+    // A session without its marker cannot be entered, nor answered about.
+    let unknown = cookies_for("session_2026-11-22_02-06-36_260774_1");
+    get(s, "/timezone", &unknown, 404);
+    get(s, "/api/jobs/", &unknown, 404);
+    check_events_routes(s, CAMEL_SESSION, CAMEL);
+    check_events_routes(s, SNAKE_SESSION, SNAKE);
+}
+
+/// The bucket's snapshots are stored (the file names are KubeRay's keys, `?` and `&` kept).
+fn local_snapshots_stored(bucket: &Path) -> bool {
+    let dir = bucket
+        .join("cluster-history/raycluster/default")
+        .join(CLUSTER)
+        .join(CAMEL_SESSION)
+        .join("fetched_endpoints");
+    [META, TIMEZONE, SERVE, PLACEMENT_GROUPS, DATASETS]
+        .iter()
+        .all(|uri| {
+            dir.join(ray_history_collector::contract::endpoints::endpoint_object_name(uri))
+                .is_file()
+        })
+}
+
+#[test]
+fn serves_a_collector_bucket_with_kuberay_routes() {
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    std::fs::create_dir_all(&bucket).unwrap();
+    let dash = DashboardStandIn::start().unwrap();
+    write_bucket(
+        work.path(),
+        bucket.to_str().unwrap(),
+        &[],
+        CLUSTER,
+        CAMEL_SESSION,
+        &dash,
+        &[CAMEL, SNAKE],
+        &|| local_snapshots_stored(&bucket),
+    );
+    let before = tree(&bucket);
+    let s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve.log"),
+        &[],
+        &[],
+    );
+    check_routes(&s);
+
+    // A snapshot over the size replayed (a sparse file: no disk, and never read whole) is
+    // a 502 that says an object could not be read, not KubeRay's silent empty answer.
+    let meta = bucket
+        .join("cluster-history/raycluster/default")
+        .join(CLUSTER)
+        .join(CAMEL_SESSION)
+        .join("fetched_endpoints/restful__api__v0__cluster_metadata");
+    let original = std::fs::read(&meta).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&meta)
+        .unwrap()
+        .set_len(65 << 20)
+        .unwrap();
+    let r = get(
+        &s,
+        "/api/v0/cluster_metadata",
+        &cookies_for(CAMEL_SESSION),
+        502,
+    );
+    assert_eq!(r.header(UNREADABLE), Some("1"));
+    assert!(
+        body(&r).contains("restful__api__v0__cluster_metadata"),
+        "{}",
+        body(&r)
+    );
+    std::fs::write(&meta, &original).unwrap();
+
+    // An event object that is not gzip and one with a line that is not JSON: the answers
+    // folded from the session's events say so in their headers.
+    let session_dir = bucket
+        .join("cluster-history/raycluster/default")
+        .join(CLUSTER)
+        .join(CAMEL_SESSION);
+    let node = std::fs::read_dir(&session_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|n| n != "fetched_endpoints")
+        .unwrap();
+    let events = session_dir.join(&node).join("node_events");
+    let bad_gzip = events.join(format!("{node}-2026-11-22-02-1.jsonl.gz"));
+    let bad_line = events.join(format!("{node}-2026-11-22-02-2.jsonl"));
+    std::fs::write(&bad_gzip, b"not gzip at all").unwrap();
+    std::fs::write(&bad_line, b"not json\n").unwrap();
+    // A line longer than any the reader keeps (64 MiB): counted, not fatal, not held.
+    let huge_line = events.join(format!("{node}-2026-11-22-02-3.jsonl"));
+    let mut huge = vec![b'x'; (64 << 20) + 1];
+    huge.push(b'\n');
+    std::fs::write(&huge_line, &huge).unwrap();
+    drop(huge);
+    // The session is loaded and cached already: a new server reads the new objects.
+    drop(s);
+    let mut s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve-2.log"),
+        &[],
+        &[],
+    );
+    for path in [
+        "/api/jobs/",
+        "/api/v0/tasks?limit=1",
+        "/api/v0/tasks/summarize",
+    ] {
+        let r = get(&s, path, &cookies_for(CAMEL_SESSION), 200);
+        assert_eq!(r.header(UNREADABLE), Some("1"), "{path}");
+        assert_eq!(r.header("x-rhc-bad-lines"), Some("2"), "{path}");
+    }
+    std::fs::remove_file(&bad_gzip).unwrap();
+    std::fs::remove_file(&bad_line).unwrap();
+    std::fs::remove_file(&huge_line).unwrap();
+
+    // SIGTERM: a clean exit, soon.
+    let (status, took) = s.terminate(Duration::from_secs(10)).unwrap();
+    assert!(status.success(), "{status}\n{}", s.log_text());
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    // Read-only: every file as it was (the restored one has new times: compare sizes).
+    let after = tree(&bucket);
+    assert_eq!(
+        before.keys().collect::<Vec<_>>(),
+        after.keys().collect::<Vec<_>>()
+    );
+    for (k, (size, mtime)) in &before {
+        assert_eq!(after[k].0, *size, "{k}");
+        if !k.ends_with("restful__api__v0__cluster_metadata") {
+            assert_eq!(after[k].1, *mtime, "{k}");
+        }
+    }
+}
+
+#[test]
+fn serves_an_s3_bucket_the_same() {
+    let Some(s3) = MotoS3::start() else { return };
+    s3.create_bucket("ray-history");
+    let work = tempfile::tempdir().unwrap();
+    let env = s3.collector_env();
+    let dash = DashboardStandIn::start().unwrap();
+    let prefix = format!(
+        "prod/cluster-history/raycluster/default/{CLUSTER}/{CAMEL_SESSION}/fetched_endpoints/"
+    );
+    write_bucket(
+        work.path(),
+        "s3://ray-history/prod",
+        &env,
+        CLUSTER,
+        CAMEL_SESSION,
+        &dash,
+        &[CAMEL, SNAKE],
+        &|| s3.list_keys("ray-history", &prefix).len() >= 5,
+    );
+    let before = s3.list_keys("ray-history", "");
+    // The root from --storage-root-dir, as KubeRay's STORAGE_ROOT_DIR.
+    let s = Serve::start(
+        "s3://ray-history",
+        &work.path().join("serve.log"),
+        &["--storage-root-dir", "prod"],
+        &env,
+    );
+    check_routes(&s);
+    drop(s);
+    assert_eq!(
+        s3.list_keys("ray-history", ""),
+        before,
+        "serve wrote to the bucket"
+    );
+}
+
+/// A counter of `/metrics`.
+fn metric(s: &Serve, name: &str) -> u64 {
+    let text = body(&get(s, "/metrics", &[], 200));
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+}
+
+#[test]
+fn sessions_load_once_and_keep_within_the_cache_budget() {
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    std::fs::create_dir_all(&bucket).unwrap();
+    let dash = DashboardStandIn::start().unwrap();
+    write_bucket(
+        work.path(),
+        bucket.to_str().unwrap(),
+        &[],
+        CLUSTER,
+        CAMEL_SESSION,
+        &dash,
+        &[CAMEL, SNAKE],
+        &|| local_snapshots_stored(&bucket),
+    );
+    let storage = format!("file://{}", bucket.display());
+    let s = Serve::start(&storage, &work.path().join("serve.log"), &[], &[]);
+    // Entering the session and asking about it four times at once: one load.
+    let r = get(
+        &s,
+        &format!("/enter_cluster/default/raycluster/{CLUSTER}/{CAMEL_SESSION}"),
+        &[],
+        200,
+    );
+    let camel = set_cookies(&r);
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| get(&s, "/api/v0/tasks?limit=1", &camel, 200));
+        }
+    });
+    assert_eq!(metric(&s, "rhc_serve_session_loads_total"), 1);
+    assert_eq!(metric(&s, "rhc_serve_sessions_cached"), 1);
+    let one = metric(&s, "rhc_serve_cache_bytes");
+    get(&s, "/api/jobs/", &cookies_for(SNAKE_SESSION), 200);
+    assert_eq!(metric(&s, "rhc_serve_session_loads_total"), 2);
+    let both = metric(&s, "rhc_serve_cache_bytes");
+    assert!(one > 0 && both > one, "{one} {both}");
+    drop(s);
+
+    // A budget under both sessions: the older one is dropped, and loaded again when asked.
+    let budget = (both - 1).to_string();
+    let s = Serve::start(
+        &storage,
+        &work.path().join("serve-2.log"),
+        &["--cache-bytes", &budget],
+        &[],
+    );
+    get(&s, "/api/v0/tasks", &cookies_for(CAMEL_SESSION), 200);
+    get(&s, "/api/v0/tasks", &cookies_for(SNAKE_SESSION), 200);
+    assert_eq!(metric(&s, "rhc_serve_session_evictions_total"), 1);
+    assert_eq!(metric(&s, "rhc_serve_sessions_cached"), 1);
+    assert!(metric(&s, "rhc_serve_cache_bytes") < both);
+    get(&s, "/api/v0/tasks", &cookies_for(SNAKE_SESSION), 200);
+    assert_eq!(metric(&s, "rhc_serve_session_loads_total"), 2);
+    get(&s, "/api/v0/tasks", &cookies_for(CAMEL_SESSION), 200);
+    assert_eq!(metric(&s, "rhc_serve_session_loads_total"), 3);
+}
