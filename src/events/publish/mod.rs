@@ -68,8 +68,8 @@
 //! than its record makes the seal upload the segment whole.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::fs::{self, File};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -86,8 +86,11 @@ use crate::metrics as m;
 use crate::storage::append::{AppendError, Appender};
 use crate::storage::gzip::{MemberEncoder, MEMBER_INPUT};
 use crate::storage::put::{put_file_prefix, UploadError};
-use crate::util::fs::{open_scanned, Beneath};
+use crate::util::fs::Beneath;
 use crate::util::time::unix_nanos;
+
+mod shadow;
+use shadow::{check_line_end, extend_shadow, CopyAccount, CopyJob};
 
 /// Publications in flight at once, at most (each also takes its share of
 /// [`ROUND_BUDGET_KIB`]).
@@ -980,200 +983,6 @@ fn permits(bytes: u64) -> u32 {
 /// signal) says nothing about the file, so it is [`PublishError::Io`] and the publication
 /// is tried again half a window later (the review of issue 35 found one EMFILE stopping a
 /// segment's publication until its seal).
-fn segment_read_error(segment: &Path, e: io::Error) -> PublishError {
-    let path = segment.to_path_buf();
-    let why = e.to_string();
-    match e.kind() {
-        io::ErrorKind::InvalidInput | io::ErrorKind::NotFound | io::ErrorKind::UnexpectedEof => {
-            PublishError::Local { path, why }
-        }
-        _ => PublishError::Io { path, why },
-    }
-}
-
-/// The last byte before `durable` must end a line.
-fn check_line_end(segment: &Path, durable: u64) -> Result<(), PublishError> {
-    let local = |why: String| PublishError::Local {
-        path: segment.to_path_buf(),
-        why,
-    };
-    if durable == 0 {
-        return Ok(());
-    }
-    let read_failed = |e: io::Error| segment_read_error(segment, e);
-    let mut f = open_scanned(segment, None).map_err(read_failed)?;
-    f.seek(SeekFrom::Start(durable - 1)).map_err(read_failed)?;
-    let mut b = [0u8; 1];
-    f.read_exact(&mut b).map_err(read_failed)?;
-    if b[0] != b'\n' {
-        return Err(local(format!("byte {durable} does not end a line")));
-    }
-    Ok(())
-}
-
-/// One extension of a shadow: the segment's bytes `[from, to)` appended as gzip members to
-/// the shadow's first `object_len` bytes (the object's).
-struct CopyJob {
-    segment: PathBuf,
-    shadow: PathBuf,
-    from: u64,
-    to: u64,
-    object_len: u64,
-    /// The copy of an earlier round to continue ([`State::ahead`]), if the shadow still
-    /// ends where it did.
-    resume: Option<Ahead>,
-}
-
-/// The spool's count of one shadow: every change of the shadow's length goes through it, so
-/// `rhc_spool_bytes` holds what the shadow holds on disk, whatever fails.
-struct CopyAccount {
-    stats: Arc<SpoolStats>,
-    /// Bytes of the shadow counted in the spool's stored bytes.
-    counted: u64,
-}
-
-impl CopyAccount {
-    /// The shadow is `len` bytes long on disk now.
-    fn set_len(&mut self, len: u64) {
-        if len > self.counted {
-            self.stats.budget().add_stored(len - self.counted);
-        } else {
-            self.stats.budget().sub_stored(self.counted - len);
-        }
-        self.counted = len;
-    }
-}
-
-/// Cuts the shadow back to `object_len` (what a failed round appended goes) and appends the
-/// segment's bytes `[from, to)` as gzip members, each written only when the spool's budget
-/// has room for it ([`crate::events::spool::Budget::claim_copy`]); the shadow's new
-/// length. Whatever fails after the shadow is opened (a full disk half way through a
-/// member, no room in the budget, lines not whole) cuts it back to `object_len` again, so
-/// it never holds more than its record says plus whole members of this round, and `acct`
-/// ends at the shadow's length on disk.
-fn extend_shadow(
-    job: &CopyJob,
-    compressor: &mut Compressor,
-    acct: &mut CopyAccount,
-) -> Result<u64, PublishError> {
-    let local = |why: String| PublishError::Io {
-        path: job.shadow.to_path_buf(),
-        why,
-    };
-    let mut out = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&job.shadow)
-        .map_err(|e| local(format!("opening: {e}")))?;
-    let have = out.metadata().map_err(|e| local(e.to_string()))?.len();
-    // Counted as it is on disk (the same, unless something else changed the file).
-    acct.set_len(have);
-    if have < job.object_len {
-        return Err(PublishError::Local {
-            path: job.shadow.to_path_buf(),
-            why: format!("the shadow has {have} bytes, the object {}", job.object_len),
-        });
-    }
-    let written = append_members(job, &mut out, compressor, acct);
-    if written.is_err() {
-        // Back to the object's bytes; if even that fails, counted as it is.
-        let _ = out.set_len(job.object_len);
-        acct.stats.segment_copy_cut(&job.segment, job.from);
-        match out.metadata() {
-            Ok(m) => acct.set_len(m.len()),
-            Err(e) => {
-                tracing::warn!(path = %job.shadow.display(), error = %e, "could not read a shadow's length after a failed copy");
-            }
-        }
-    }
-    written
-}
-
-/// [`extend_shadow`] once the shadow is open: the cut, then the members.
-fn append_members(
-    job: &CopyJob,
-    out: &mut File,
-    (enc, member): &mut Compressor,
-    acct: &mut CopyAccount,
-) -> Result<u64, PublishError> {
-    let local = |why: String| PublishError::Io {
-        path: job.shadow.to_path_buf(),
-        why,
-    };
-    let (to, object_len) = (job.to, job.object_len);
-    let (from, start) = match job.resume {
-        Some(a) if a.shadow_len == acct.counted => (a.raw, a.shadow_len),
-        _ => {
-            out.set_len(object_len).map_err(|e| local(e.to_string()))?;
-            acct.set_len(object_len);
-            // The copy of the segment's bytes past `from` is gone with the cut.
-            acct.stats.segment_copy_cut(&job.segment, job.from);
-            (job.from, object_len)
-        }
-    };
-    out.seek(SeekFrom::Start(start))
-        .map_err(|e| local(e.to_string()))?;
-    let mut src =
-        open_scanned(&job.segment, None).map_err(|e| segment_read_error(&job.segment, e))?;
-    src.seek(SeekFrom::Start(from))
-        .map_err(|e| local(e.to_string()))?;
-    if from == to {
-        // Nothing new (a whole upload of the object so far).
-        return Ok(start);
-    }
-    // Never fed an empty input: a reused encoder then yields no member at all.
-    let mut reader = src.take(to - from);
-    let mut read = 0u64;
-    let mut last = 0u8;
-    loop {
-        member.clear();
-        let more = enc
-            .next_member(&mut reader, member, |b| {
-                read += b.len() as u64;
-                if let Some(&l) = b.last() {
-                    last = l;
-                }
-            })
-            .map_err(|e| local(format!("compressing: {e}")))?;
-        let n = member.len() as u64;
-        let budget = acct.stats.budget();
-        if !budget.claim_copy(n) {
-            // What this copy showed so far teaches the reserve: data that compresses worse
-            // than what came before (the review of issue 35 found a reserve learned on
-            // compressible lines, near nothing, admitting random ones whose copies never
-            // fit) makes the writer leave room for its copies from now on.
-            budget.note_copy(read, acct.counted.saturating_sub(start).saturating_add(n));
-            return Err(PublishError::NoRoom {
-                path: job.segment.to_path_buf(),
-                needed: n,
-            });
-        }
-        if let Err(e) = out.write_all(member) {
-            budget.release(n);
-            return Err(local(format!("writing: {e}")));
-        }
-        budget.claimed_stored(n);
-        acct.counted += n;
-        acct.stats.segment_copied(&job.segment, from + read);
-        if !more {
-            break;
-        }
-    }
-    if read != to - from || last != b'\n' {
-        return Err(PublishError::Local {
-            path: job.segment.to_path_buf(),
-            why: format!("bytes {from}..{to} are not whole lines ({read} read)"),
-        });
-    }
-    let len = out.metadata().map_err(|e| local(e.to_string()))?.len();
-    acct.set_len(len);
-    acct.stats
-        .budget()
-        .note_copy(to - from, len.saturating_sub(start));
-    Ok(len)
-}
-
 /// Replaces the record (not fsync'd: see the module doc).
 fn write_record(path: &Path, r: &Record) -> io::Result<()> {
     write_record_with(path, r, false)
