@@ -15,6 +15,7 @@ use rhc_testkit::collector::{
     append_to as append, decode, history_server_accepts, read_all, Collector,
 };
 use rhc_testkit::fault_shim::Faults;
+use rhc_testkit::ray_logs::RayRoot;
 
 const NODE: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
 const SESSION: &str = "session_2026-11-22_02-08-16_569038_24326";
@@ -37,15 +38,64 @@ fn export_dir(ray: &Path) -> PathBuf {
     ray.join(SESSION).join("logs").join("export_events")
 }
 
-fn setup_session(ray: &Path) {
-    let logs = ray.join(SESSION).join("logs");
-    std::fs::create_dir_all(logs.join("export_events")).unwrap();
-    std::fs::write(
-        logs.join("raylet.out"),
-        format!("(raylet) main.cc:711: Setting node ID node_id={NODE}\n"),
-    )
-    .unwrap();
-    std::os::unix::fs::symlink(ray.join(SESSION), ray.join("session_latest")).unwrap();
+/// One test's world under one directory: a Ray temp root (`ray/`) whose session's
+/// `raylet.out` names [`NODE`], with `session_latest` pointing at it and its
+/// `logs/export_events/` made; a `file://` bucket (`bucket/`) and a spool (`spool/`).
+struct Work {
+    _tmp: Option<tempfile::TempDir>,
+    dir: PathBuf,
+    ray: PathBuf,
+    bucket: PathBuf,
+    spool: PathBuf,
+}
+
+impl Work {
+    /// A world in a new temporary directory (removed when dropped).
+    fn new() -> Work {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut w = Work::at(tmp.path());
+        w._tmp = Some(tmp);
+        w
+    }
+
+    /// A world in `dir`.
+    fn at(dir: &Path) -> Work {
+        let ray = dir.join("ray");
+        let logs = RayRoot::new(&ray).session(SESSION, NODE, true);
+        std::fs::create_dir_all(logs.join("export_events")).unwrap();
+        Work {
+            _tmp: None,
+            dir: dir.to_path_buf(),
+            ray,
+            bucket: dir.join("bucket"),
+            spool: dir.join("spool"),
+        }
+    }
+
+    /// The collector tailing this world's export events into its bucket (logs off, 1 s
+    /// rotations), `extra` flags after those, `env` added to its environment.
+    fn start(&self, extra: &[&str], env: &[(&str, &str)]) -> Collector {
+        let mut args = vec![
+            "--storage",
+            self.bucket.to_str().unwrap(),
+            "--cluster-name",
+            "exp",
+            "--ray-tmp-dir",
+            self.ray.to_str().unwrap(),
+            "--enable-log-collector",
+            "false",
+            "--rotation-interval",
+            "1s",
+        ];
+        args.extend_from_slice(extra);
+        Collector::start(&self.spool, &args, env)
+    }
+
+    /// Every upload fails from now on: the bucket's directory becomes a file.
+    fn refuse_uploads(&self) {
+        std::fs::remove_dir_all(&self.bucket).unwrap();
+        std::fs::write(&self.bucket, b"not a directory").unwrap();
+    }
 }
 
 /// The partition a line must land in, computed from the fixture itself.
@@ -85,10 +135,9 @@ fn wait_metric(c: &Collector, name: &str, at_least: f64) {
 #[test]
 fn export_events_are_tailed_by_job_exactly_once() {
     let _files = beside_others();
-    let tmp = tempfile::tempdir().unwrap();
-    let ray = tmp.path().join("ray");
-    setup_session(&ray);
-    let dir = export_dir(&ray);
+    let w = Work::new();
+    let ray = &w.ray;
+    let dir = export_dir(ray);
     // All fixture lines; the Train file is written in two steps around a crash.
     let mut lines: Vec<String> = Vec::new();
     for name in [
@@ -113,21 +162,8 @@ fn export_events_are_tailed_by_job_exactly_once() {
     // And a line that is not JSON.
     append(&dir.join("event_EXPORT_ACTOR.log"), b"this is not json\n");
 
-    let bucket = tmp.path().join("bucket");
-    let spool = tmp.path().join("spool");
-    let args = [
-        "--storage",
-        bucket.to_str().unwrap(),
-        "--cluster-name",
-        "exp",
-        "--ray-tmp-dir",
-        ray.to_str().unwrap(),
-        "--enable-log-collector",
-        "false",
-        "--rotation-interval",
-        "1s",
-    ];
-    let mut c = Collector::start(&spool, &args, &[]);
+    let bucket = &w.bucket;
+    let mut c = w.start(&[], &[]);
     let first = (lines.len() + 4) as f64;
     wait_metric(&c, "rhc_events_accepted_total", first);
     wait_metric(&c, "rhc_events_quarantined_total", 1.0);
@@ -151,7 +187,7 @@ fn export_events_are_tailed_by_job_exactly_once() {
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
 
-    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&bucket).unwrap());
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(bucket).unwrap());
     let objects = read_all(&store);
     let prefix = format!("cluster-history/raycluster/default/exp/{SESSION}/{NODE}/export_events/");
     let mut seen: HashMap<String, (String, usize)> = HashMap::new();
@@ -217,15 +253,14 @@ fn export_events_are_tailed_by_job_exactly_once() {
 #[test]
 fn lines_read_again_after_a_crash_are_not_stored_twice() {
     let _files = beside_others();
-    let tmp = tempfile::tempdir().unwrap();
-    let ray = tmp.path().join("ray");
-    setup_session(&ray);
-    let dir = export_dir(&ray);
+    let w = Work::new();
+    let ray = &w.ray;
+    let dir = export_dir(ray);
     let text = std::fs::read_to_string(Path::new(FIXTURES).join("event_EXPORT_ACTOR.log")).unwrap();
     std::fs::write(dir.join("event_EXPORT_ACTOR.log"), &text).unwrap();
     let n = text.lines().count() as f64;
-    let bucket = tmp.path().join("bucket");
-    let spool = tmp.path().join("spool");
+    let bucket = &w.bucket;
+    let spool = &w.spool;
     let args = [
         "--storage",
         bucket.to_str().unwrap(),
@@ -234,7 +269,7 @@ fn lines_read_again_after_a_crash_are_not_stored_twice() {
         "--enable-log-collector",
         "false",
     ];
-    let mut c = Collector::start(&spool, &args, &[]);
+    let mut c = Collector::start(spool, &args, &[]);
     wait_metric(&c, "rhc_events_accepted_total", n);
     c.kill9();
     std::fs::remove_file(spool.join("export-offsets.json")).unwrap();
@@ -243,7 +278,7 @@ fn lines_read_again_after_a_crash_are_not_stored_twice() {
     assert_eq!(c.metric("rhc_events_accepted_total"), 0.0);
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
-    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&bucket).unwrap());
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(bucket).unwrap());
     let lines: usize = read_all(&store)
         .iter()
         .filter(|(k, _)| k.contains("/export_events/"))
@@ -289,30 +324,14 @@ fn stored_export_lines(bucket: &Path) -> HashMap<String, Vec<String>> {
     out
 }
 
-fn export_args<'a>(bucket: &'a Path, ray: &'a Path) -> [&'a str; 10] {
-    [
-        "--storage",
-        bucket.to_str().unwrap(),
-        "--cluster-name",
-        "exp",
-        "--ray-tmp-dir",
-        ray.to_str().unwrap(),
-        "--enable-log-collector",
-        "false",
-        "--rotation-interval",
-        "1s",
-    ]
-}
-
 /// The run is in the live run file, its attempt in a rotated attempt file: backups are read
 /// first, yet the attempt is filed under the run's job, because runs are read before attempts.
 #[test]
 fn a_train_attempt_follows_its_run_read_in_the_same_pass() {
     let _files = beside_others();
-    let tmp = tempfile::tempdir().unwrap();
-    let ray = tmp.path().join("ray");
-    setup_session(&ray);
-    let dir = export_dir(&ray);
+    let w = Work::new();
+    let ray = &w.ray;
+    let dir = export_dir(ray);
     let run = train_line("EXPORT_TRAIN_RUN");
     let attempt = train_line("EXPORT_TRAIN_RUN_ATTEMPT");
     std::fs::write(dir.join("event_EXPORT_TRAIN_RUN.log"), format!("{run}\n")).unwrap();
@@ -321,12 +340,12 @@ fn a_train_attempt_follows_its_run_read_in_the_same_pass() {
         format!("{attempt}\n"),
     )
     .unwrap();
-    let bucket = tmp.path().join("bucket");
-    let mut c = Collector::start(&tmp.path().join("spool"), &export_args(&bucket, &ray), &[]);
+    let bucket = &w.bucket;
+    let mut c = w.start(&[], &[]);
     wait_metric(&c, "rhc_events_accepted_total", 2.0);
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
-    let stored = stored_export_lines(&bucket);
+    let stored = stored_export_lines(bucket);
     assert_eq!(
         stored.get("01000000").map(Vec::len),
         Some(2),
@@ -341,10 +360,9 @@ fn a_train_attempt_follows_its_run_read_in_the_same_pass() {
 #[test]
 fn a_torn_last_line_of_a_rotated_file_is_reported_and_gone_files_are_forgotten() {
     let _files = beside_others();
-    let tmp = tempfile::tempdir().unwrap();
-    let ray = tmp.path().join("ray");
-    setup_session(&ray);
-    let dir = export_dir(&ray);
+    let w = Work::new();
+    let ray = &w.ray;
+    let dir = export_dir(ray);
     let actors =
         std::fs::read_to_string(Path::new(FIXTURES).join("event_EXPORT_ACTOR.log")).unwrap();
     let actors: Vec<&str> = actors.lines().collect();
@@ -360,9 +378,9 @@ fn a_torn_last_line_of_a_rotated_file_is_reported_and_gone_files_are_forgotten()
     )
     .unwrap();
 
-    let bucket = tmp.path().join("bucket");
-    let spool = tmp.path().join("spool");
-    let mut c = Collector::start(&spool, &export_args(&bucket, &ray), &[]);
+    let bucket = &w.bucket;
+    let spool = &w.spool;
+    let mut c = w.start(&[], &[]);
     wait_metric(&c, "rhc_events_accepted_total", 3.0);
     wait_metric(&c, "rhc_events_quarantined_total", 1.0);
 
@@ -381,7 +399,7 @@ fn a_torn_last_line_of_a_rotated_file_is_reported_and_gone_files_are_forgotten()
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
 
-    let stored: Vec<String> = stored_export_lines(&bucket)
+    let stored: Vec<String> = stored_export_lines(bucket)
         .into_values()
         .flatten()
         .collect();
@@ -389,7 +407,7 @@ fn a_torn_last_line_of_a_rotated_file_is_reported_and_gone_files_are_forgotten()
         assert!(stored.contains(&l.to_string()), "missing {}", &l[..60]);
     }
     assert_eq!(stored.len(), 3, "{stored:?}");
-    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&bucket).unwrap());
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(bucket).unwrap());
     let q: Vec<Value> = read_all(&store)
         .iter()
         .filter(|(k, _)| k.starts_with("collector-quarantine/"))
@@ -416,17 +434,12 @@ fn an_export_backlog_leaves_room_for_pushed_events() {
     let _files = beside_others();
     // Reads of 8 MiB would stop at 24 MiB, past the 90 % mark (23.4 MiB).
     const BUDGET: u64 = 26 << 20;
-    let tmp = tempfile::tempdir().unwrap();
-    let ray = tmp.path().join("ray");
-    setup_session(&ray);
-    let bucket = tmp.path().join("bucket");
+    let w = Work::new();
+    let ray = &w.ray;
     let budget = BUDGET.to_string();
-    let mut args = export_args(&bucket, &ray).to_vec();
-    args.extend(["--max-spool-bytes", &budget]);
-    let c = Collector::start(&tmp.path().join("spool"), &args, &[]);
+    let c = w.start(&["--max-spool-bytes", &budget], &[]);
     // The bucket becomes a file: every upload fails from now on and the spool keeps all.
-    std::fs::remove_dir_all(&bucket).unwrap();
-    std::fs::write(&bucket, b"not a directory").unwrap();
+    w.refuse_uploads();
 
     // 40 MB of export lines, more than the whole budget.
     let pad = "x".repeat(900);
@@ -436,7 +449,7 @@ fn an_export_backlog_leaves_room_for_pushed_events() {
             "{{\"event_id\": \"{i:018x}\", \"timestamp\": 1795313307, \"source_type\": \"EXPORT_TASK\", \"event_data\": {{\"job_id\": \"AQAAAA==\", \"pad\": \"{pad}\"}}}}\n"
         ));
     }
-    std::fs::write(export_dir(&ray).join("event_EXPORT_TASK.log"), &backlog).unwrap();
+    std::fs::write(export_dir(ray).join("event_EXPORT_TASK.log"), &backlog).unwrap();
 
     // Wait until the tailer stops taking lines (the spool stops growing).
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -509,23 +522,19 @@ fn stored_ids(bucket: &Path) -> HashMap<String, usize> {
 fn a_kill9_during_an_export_pass_duplicates_nothing_in_the_bucket() {
     let _files = beside_others();
     const LINES: usize = 40_000;
-    let tmp = tempfile::tempdir().unwrap();
-    let ray = tmp.path().join("ray");
-    setup_session(&ray);
+    let w = Work::new();
+    let ray = &w.ray;
     std::fs::write(
-        export_dir(&ray).join("event_EXPORT_TASK.log"),
+        export_dir(ray).join("event_EXPORT_TASK.log"),
         backlog(LINES, "k"),
     )
     .unwrap();
-    let bucket = tmp.path().join("bucket");
-    let spool = tmp.path().join("spool");
-    let mut args = export_args(&bucket, &ray).to_vec();
-    args.extend(["--max-segment-bytes", "1MiB"]);
-    let mut c = Collector::start(&spool, &args, &[]);
+    let bucket = &w.bucket;
+    let mut c = w.start(&["--max-segment-bytes", "1MiB"], &[]);
     // Two objects: the first one's segment is then gone from the spool.
     let uploaded = || {
         bucket.is_dir()
-            && rhc_testkit::collector::files_under(&bucket)
+            && rhc_testkit::collector::files_under(bucket)
                 .iter()
                 .filter(|p| p.to_string_lossy().contains("/export_events/"))
                 .count()
@@ -545,7 +554,7 @@ fn a_kill9_during_an_export_pass_duplicates_nothing_in_the_bucket() {
     wait_metric(&c, "rhc_events_accepted_total", 1.0);
     let status = c.terminate(Duration::from_secs(60));
     assert!(status.success(), "{}", c.log_text());
-    let ids = stored_ids(&bucket);
+    let ids = stored_ids(bucket);
     let twice = ids.values().filter(|&&n| n > 1).count();
     assert_eq!(
         twice,
@@ -562,10 +571,9 @@ fn a_kill9_during_an_export_pass_duplicates_nothing_in_the_bucket() {
 fn sigterm_during_a_long_export_pass_ends_reading_within_the_limit() {
     let _files = beside_others();
     const FILES: usize = 20_000;
-    let tmp = tempfile::tempdir().unwrap();
-    let ray = tmp.path().join("ray");
-    setup_session(&ray);
-    let dir = export_dir(&ray);
+    let w = Work::new();
+    let ray = &w.ray;
+    let dir = export_dir(ray);
     for i in 0..FILES {
         std::fs::write(
             dir.join(format!("event_EXPORT_TASK_{i}.log")),
@@ -573,10 +581,8 @@ fn sigterm_during_a_long_export_pass_ends_reading_within_the_limit() {
         )
         .unwrap();
     }
-    let bucket = tmp.path().join("bucket");
-    let mut args = export_args(&bucket, &ray).to_vec();
-    args.extend(["--shutdown-timeout", "60s"]);
-    let mut c = Collector::start(&tmp.path().join("spool"), &args, &[]);
+    let bucket = &w.bucket;
+    let mut c = w.start(&["--shutdown-timeout", "60s"], &[]);
     wait_metric(&c, "rhc_events_accepted_total", 1.0);
     std::thread::sleep(Duration::from_millis(500));
     let sent = Instant::now();
@@ -589,7 +595,7 @@ fn sigterm_during_a_long_export_pass_ends_reading_within_the_limit() {
         "exited {took:?} after SIGTERM:\n{}",
         c.log_tail(10)
     );
-    let ids = stored_ids(&bucket);
+    let ids = stored_ids(bucket);
     assert!(ids.values().all(|&n| n == 1));
     // What was not read waits in Ray's files, and the log says so.
     if ids.len() < FILES {
@@ -610,18 +616,13 @@ fn sigterm_during_a_long_export_pass_ends_reading_within_the_limit() {
 fn a_small_spool_budget_still_leaves_room_for_pushed_events() {
     let _files = beside_others();
     const BUDGET: u64 = 5 << 20;
-    let tmp = tempfile::tempdir().unwrap();
-    let ray = tmp.path().join("ray");
-    setup_session(&ray);
-    let bucket = tmp.path().join("bucket");
+    let w = Work::new();
+    let ray = &w.ray;
     let budget = BUDGET.to_string();
-    let mut args = export_args(&bucket, &ray).to_vec();
-    args.extend(["--max-spool-bytes", &budget]);
-    let c = Collector::start(&tmp.path().join("spool"), &args, &[]);
-    std::fs::remove_dir_all(&bucket).unwrap();
-    std::fs::write(&bucket, b"not a directory").unwrap();
+    let c = w.start(&["--max-spool-bytes", &budget], &[]);
+    w.refuse_uploads();
     std::fs::write(
-        export_dir(&ray).join("event_EXPORT_TASK.log"),
+        export_dir(ray).join("event_EXPORT_TASK.log"),
         backlog(10_000, "s"),
     )
     .unwrap();
@@ -656,17 +657,15 @@ fn a_small_spool_budget_still_leaves_room_for_pushed_events() {
 fn a_file_of_blank_lines_is_read_in_bounded_batches() {
     let _files = beside_others();
     const BLANK_MIB: usize = 96;
-    let tmp = tempfile::tempdir().unwrap();
-    let ray = tmp.path().join("ray");
-    setup_session(&ray);
+    let w = Work::new();
+    let ray = &w.ray;
     let mut body = vec![b'\n'; BLANK_MIB << 20];
     body.extend_from_slice(
         b"{\"event_id\": \"b1\", \"timestamp\": 1795313307, \"source_type\": \"EXPORT_TASK\", \"event_data\": {\"job_id\": \"AQAAAA==\"}}\n",
     );
-    std::fs::write(export_dir(&ray).join("event_EXPORT_TASK.log"), &body).unwrap();
+    std::fs::write(export_dir(ray).join("event_EXPORT_TASK.log"), &body).unwrap();
     drop(body);
-    let bucket = tmp.path().join("bucket");
-    let c = Collector::start(&tmp.path().join("spool"), &export_args(&bucket, &ray), &[]);
+    let c = w.start(&[], &[]);
     wait_metric(&c, "rhc_events_accepted_total", 1.0);
     let status = std::fs::read_to_string(format!("/proc/{}/status", c.pid())).unwrap();
     let hwm_kib: u64 = status
@@ -690,10 +689,9 @@ fn a_file_of_blank_lines_is_read_in_bounded_batches() {
 fn a_rotation_during_a_pass_keeps_the_new_live_files_offset() {
     let _files = beside_others();
     use std::os::unix::fs::MetadataExt;
-    let tmp = tempfile::tempdir().unwrap();
-    let ray = tmp.path().join("ray");
-    setup_session(&ray);
-    let dir = export_dir(&ray);
+    let w = Work::new();
+    let ray = &w.ray;
+    let dir = export_dir(ray);
     let live = dir.join("event_EXPORT_TASK.log");
     std::fs::write(&live, backlog(40_000, "a")).unwrap();
     let ino_a = std::fs::metadata(&live).unwrap().ino();
@@ -701,9 +699,8 @@ fn a_rotation_during_a_pass_keeps_the_new_live_files_offset() {
     let next = dir.join(".next");
     std::fs::write(&next, backlog(6_000, "b")).unwrap();
     let ino_b = std::fs::metadata(&next).unwrap().ino();
-    let bucket = tmp.path().join("bucket");
-    let spool = tmp.path().join("spool");
-    let c = Collector::start(&spool, &export_args(&bucket, &ray), &[]);
+    let spool = &w.spool;
+    let c = w.start(&[], &[]);
     let offsets = || -> HashMap<String, u64> {
         std::fs::read(spool.join("export-offsets.json"))
             .ok()
@@ -866,14 +863,13 @@ fn assert_all_155_once(bucket: &Path, log: &str) {
 #[test]
 fn a_new_file_on_a_deleted_backups_inode_is_read_whole_after_a_restart() {
     let _files = alone();
-    let tmp = tempfile::tempdir().unwrap();
-    let ray = tmp.path().join("ray");
-    setup_session(&ray);
-    let files = DriverJobFiles::write(&ray);
+    let w = Work::new();
+    let ray = &w.ray;
+    let files = DriverJobFiles::write(ray);
     let freed = inode(&files.backup);
-    let bucket = tmp.path().join("bucket");
-    let spool = tmp.path().join("spool");
-    let mut c = Collector::start(&spool, &export_args(&bucket, &ray), &[]);
+    let bucket = &w.bucket;
+    let spool = &w.spool;
+    let mut c = w.start(&[], &[]);
     wait_metric(&c, "rhc_events_accepted_total", 55.0);
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
@@ -890,7 +886,7 @@ fn a_new_file_on_a_deleted_backups_inode_is_read_whole_after_a_restart() {
     wait_accepted(&c, 100.0);
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
-    assert_all_155_once(&bucket, &c.log_text());
+    assert_all_155_once(bucket, &c.log_text());
 }
 
 /// Issue 41.1, the collector running: the whole rotation lands within the tailer's 100 ms
@@ -899,13 +895,11 @@ fn a_new_file_on_a_deleted_backups_inode_is_read_whole_after_a_restart() {
 #[test]
 fn a_new_file_on_a_deleted_backups_inode_is_read_whole_while_running() {
     let _files = alone();
-    let tmp = tempfile::tempdir().unwrap();
-    let ray = tmp.path().join("ray");
-    setup_session(&ray);
-    let files = DriverJobFiles::write(&ray);
-    let bucket = tmp.path().join("bucket");
-    let spool = tmp.path().join("spool");
-    let mut c = Collector::start(&spool, &export_args(&bucket, &ray), &[]);
+    let w = Work::new();
+    let ray = &w.ray;
+    let files = DriverJobFiles::write(ray);
+    let bucket = &w.bucket;
+    let mut c = w.start(&[], &[]);
     wait_metric(&c, "rhc_events_accepted_total", 55.0);
     // The pass that read them has saved its offsets.
     std::thread::sleep(Duration::from_millis(500));
@@ -924,7 +918,7 @@ fn a_new_file_on_a_deleted_backups_inode_is_read_whole_while_running() {
     );
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
-    assert_all_155_once(&bucket, &c.log_text());
+    assert_all_155_once(bucket, &c.log_text());
 }
 
 /// Rewrites the offsets file as the collector before issue 41 wrote it: version 0, three
@@ -984,12 +978,10 @@ fn offsets_of_an_older_collector_on_a_filesystem_without_birth_times() {
 /// become version 0, Ray's rotation puts a new live file of 100 lines on the freed inode,
 /// run 2 must store exactly those 100 and drop the 5 it reads again.
 fn upgrade_from_version_0_without_birth_times(work: &Path, env: &[(&str, &str)]) {
-    let ray = work.join("ray");
-    setup_session(&ray);
-    let files = DriverJobFiles::write(&ray);
-    let bucket = work.join("bucket");
-    let spool = work.join("spool");
-    let mut c = Collector::start(&spool, &export_args(&bucket, &ray), env);
+    let w = Work::at(work);
+    let (ray, bucket, spool) = (&w.ray, &w.bucket, &w.spool);
+    let files = DriverJobFiles::write(ray);
+    let mut c = w.start(&[], env);
     assert!(
         std::fs::metadata(&files.live).unwrap().created().is_err() || !env.is_empty(),
         "the test needs a filesystem without birth times, or the shim hiding them"
@@ -1010,7 +1002,7 @@ fn upgrade_from_version_0_without_birth_times(work: &Path, env: &[(&str, &str)])
     let repeats = c.metric("rhc_events_duplicate_total");
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
-    assert_all_155_once(&bucket, &c.log_text());
+    assert_all_155_once(bucket, &c.log_text());
     assert_eq!(
         repeats,
         5.0,
@@ -1029,16 +1021,12 @@ fn upgrade_from_version_0_without_birth_times(work: &Path, env: &[(&str, &str)])
 #[test]
 fn an_upgrade_without_birth_times_reads_no_unchanged_file_again() {
     let _files = alone();
-    let tmp = tempfile::tempdir().unwrap();
-    let faults = Faults::build(tmp.path());
+    let w = Work::new();
+    let faults = Faults::build(&w.dir);
     faults.hide_birth_times();
-    let work = tmp.path();
-    let ray = work.join("ray");
-    setup_session(&ray);
-    let _files = DriverJobFiles::write(&ray);
-    let bucket = work.join("bucket");
-    let spool = work.join("spool");
-    let mut c = Collector::start(&spool, &export_args(&bucket, &ray), &faults.env());
+    let (ray, bucket, spool) = (&w.ray, &w.bucket, &w.spool);
+    let _files = DriverJobFiles::write(ray);
+    let mut c = w.start(&[], &faults.env());
     wait_metric(&c, "rhc_events_accepted_total", 55.0);
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
@@ -1066,7 +1054,7 @@ fn an_upgrade_without_birth_times_reads_no_unchanged_file_again() {
     let again = c.metric("rhc_events_accepted_total");
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
-    let twice = stored_ids(&bucket).values().filter(|&&n| n > 1).count();
+    let twice = stored_ids(bucket).values().filter(|&&n| n > 1).count();
     assert_eq!(
         (again, twice),
         (0.0, 0),
@@ -1082,17 +1070,16 @@ fn an_upgrade_without_birth_times_reads_no_unchanged_file_again() {
 #[test]
 fn offsets_of_an_older_collector_neither_lose_nor_repeat_lines() {
     let _files = alone();
-    let tmp = tempfile::tempdir().unwrap();
-    let ray = tmp.path().join("ray");
-    setup_session(&ray);
-    let files = DriverJobFiles::write(&ray);
+    let w = Work::new();
+    let ray = &w.ray;
+    let files = DriverJobFiles::write(ray);
     assert!(
         std::fs::metadata(&files.live).unwrap().created().is_ok(),
         "this test needs a filesystem that records birth times (ext4, xfs, btrfs, tmpfs)"
     );
-    let bucket = tmp.path().join("bucket");
-    let spool = tmp.path().join("spool");
-    let mut c = Collector::start(&spool, &export_args(&bucket, &ray), &[]);
+    let bucket = &w.bucket;
+    let spool = &w.spool;
+    let mut c = w.start(&[], &[]);
     wait_metric(&c, "rhc_events_accepted_total", 55.0);
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
@@ -1105,7 +1092,7 @@ fn offsets_of_an_older_collector_neither_lose_nor_repeat_lines() {
     std::thread::sleep(Duration::from_millis(500));
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_text());
-    assert_all_155_once(&bucket, &c.log_text());
+    assert_all_155_once(bucket, &c.log_text());
     // Both entries now carry the file's identity.
     let now: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     for (k, entry) in now["files"].as_object().unwrap() {
@@ -1123,25 +1110,21 @@ fn an_unsaved_checkpoint_keeps_its_lines_from_the_bucket() {
     const LINES: usize = 20_000;
     /// `EACCES`, as if the spool directory had become read-only for the offsets file.
     const EACCES: i32 = 13;
-    let tmp = tempfile::tempdir().unwrap();
-    let faults = Faults::build(tmp.path());
+    let w = Work::new();
+    let faults = Faults::build(&w.dir);
     faults.arm("open", EACCES, 1_000_000, "export-offsets.json.tmp");
-    let ray = tmp.path().join("ray");
-    setup_session(&ray);
+    let ray = &w.ray;
     std::fs::write(
-        export_dir(&ray).join("event_EXPORT_TASK.log"),
+        export_dir(ray).join("event_EXPORT_TASK.log"),
         backlog(LINES, "c"),
     )
     .unwrap();
-    let bucket = tmp.path().join("bucket");
-    let spool = tmp.path().join("spool");
-    let mut args = export_args(&bucket, &ray).to_vec();
-    args.extend(["--max-segment-bytes", "1MiB"]);
-    let mut c = Collector::start(&spool, &args, &faults.env());
+    let bucket = &w.bucket;
+    let mut c = w.start(&["--max-segment-bytes", "1MiB"], &faults.env());
     wait_metric(&c, "rhc_events_accepted_total", 1.0);
     // Several rotation intervals: time enough to seal and upload segments.
     std::thread::sleep(Duration::from_secs(4));
-    let uploaded = stored_ids(&bucket).len();
+    let uploaded = stored_ids(bucket).len();
     c.kill9();
     assert!(faults.armed("open"), "the rule was used up");
     faults.disarm("open");
@@ -1150,7 +1133,7 @@ fn an_unsaved_checkpoint_keeps_its_lines_from_the_bucket() {
     std::thread::sleep(Duration::from_secs(3));
     let status = c.terminate(Duration::from_secs(60));
     assert!(status.success(), "{}", c.log_text());
-    let ids = stored_ids(&bucket);
+    let ids = stored_ids(bucket);
     let twice = ids.values().filter(|&&n| n > 1).count();
     assert_eq!(
         twice,
@@ -1191,14 +1174,13 @@ fn an_export_backlog_is_counted_once_while_the_bucket_refuses_writes() {
     let _files = beside_others();
     const BUDGET: u64 = 10 << 20;
     const LINES: usize = 5500;
-    let tmp = tempfile::tempdir().unwrap();
-    let ray = tmp.path().join("ray");
-    setup_session(&ray);
-    let bucket = tmp.path().join("bucket");
-    let spool = tmp.path().join("spool");
+    let w = Work::new();
+    let ray = &w.ray;
+    let bucket = &w.bucket;
+    let spool = &w.spool;
     let budget = BUDGET.to_string();
     let c = Collector::start(
-        &spool,
+        spool,
         &[
             "--storage",
             bucket.to_str().unwrap(),
@@ -1214,12 +1196,11 @@ fn an_export_backlog_is_counted_once_while_the_bucket_refuses_writes() {
         &[],
     );
     // The bucket becomes a file: every write to it fails from now on.
-    std::fs::remove_dir_all(&bucket).unwrap();
-    std::fs::write(&bucket, b"not a directory").unwrap();
+    w.refuse_uploads();
     // Lines of 1,024 bytes, as in the issue.
     let file = backlog(LINES, "e").replace(&"x".repeat(900), &"x".repeat(890));
     assert_eq!(file.len(), 5_632_000);
-    std::fs::write(export_dir(&ray).join("event_EXPORT_TASK.log"), &file).unwrap();
+    std::fs::write(export_dir(ray).join("event_EXPORT_TASK.log"), &file).unwrap();
     wait_metric(&c, "rhc_events_accepted_total", LINES as f64);
     let url = c.url("/v1/events");
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -1250,7 +1231,7 @@ fn an_export_backlog_is_counted_once_while_the_bucket_refuses_writes() {
         n += 50;
         std::thread::sleep(Duration::from_millis(100));
     };
-    let on_disk = spool_bytes_on_disk(&spool);
+    let on_disk = spool_bytes_on_disk(spool);
     let said = String::from_utf8_lossy(&refused.body).into_owned();
     println!(
         "first refusal after {n} pushed events: {} {said:?}; on disk {on_disk} bytes of {BUDGET} ({:.1} %)",
@@ -1274,19 +1255,18 @@ fn an_export_backlog_is_counted_once_while_the_bucket_refuses_writes() {
 fn a_shutdown_with_an_unsaved_checkpoint_then_a_restart_stores_each_line_once() {
     let _files = beside_others();
     const LINES: usize = 500;
-    let tmp = tempfile::tempdir().unwrap();
-    let ray = tmp.path().join("ray");
-    setup_session(&ray);
+    let w = Work::new();
+    let ray = &w.ray;
     std::fs::write(
-        export_dir(&ray).join("event_EXPORT_TASK.log"),
+        export_dir(ray).join("event_EXPORT_TASK.log"),
         backlog(LINES, "u"),
     )
     .unwrap();
-    let bucket = tmp.path().join("bucket");
-    let spool = tmp.path().join("spool");
+    let bucket = &w.bucket;
+    let spool = &w.spool;
     let blocker = spool.join("export-offsets.json.tmp");
     std::fs::create_dir_all(&blocker).unwrap();
-    let mut c = Collector::start(&spool, &export_args(&bucket, &ray), &[]);
+    let mut c = w.start(&[], &[]);
     wait_metric(&c, "rhc_events_accepted_total", LINES as f64);
     assert!(
         !spool.join("export-offsets.json").exists(),
@@ -1310,7 +1290,7 @@ fn a_shutdown_with_an_unsaved_checkpoint_then_a_restart_stores_each_line_once() 
     }
     let status = c.terminate(Duration::from_secs(60));
     assert!(status.success(), "{}", c.log_text());
-    let ids = stored_ids(&bucket);
+    let ids = stored_ids(bucket);
     let twice = ids.values().filter(|&&n| n > 1).count();
     assert_eq!(twice, 0, "{twice} of {LINES} lines stored twice");
     assert_eq!(ids.len(), LINES, "lines missing");
