@@ -25,7 +25,10 @@
 //!   only this process's last upload: after a restart, what the spool's [`record`] says an
 //!   earlier run stored, else the object read back, a failed read meaning nothing known): a
 //!   dashboard going down answers 200 with error pages, truncated bodies and empty lists, which
-//!   the history server would replay as the cluster's state ([`answer`]);
+//!   the history server would replay as the cluster's state ([`answer`]); each upload runs as
+//!   a task of its own and settles the record when the store answers (a refused upload puts
+//!   the entry back), and the final poll waits for an upload of the same URI still in flight
+//!   ([`FINAL_POLL_UPLOAD_WAIT`]) so that it cannot land after the final answer;
 //!   (an entry really removed in the last poll interval then stays as last seen: the two
 //!   cannot be told apart);
 //! - bounded memory: bodies are checked without being built as values, and the poller holds
