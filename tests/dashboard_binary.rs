@@ -861,22 +861,54 @@ fn an_upload_abandoned_at_sigterm_still_holds_the_final_poll_back() {
     );
 }
 
-/// moto behind testkit's fault proxy, and the collector's environment pointing at the proxy;
-/// `None` when moto is not installed.
-fn s3_behind_proxy(bucket: &str) -> Option<(MotoS3, FaultProxy, Vec<(String, String)>)> {
-    let s3 = MotoS3::start()?;
-    s3.create_bucket(bucket);
-    let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
-    let url = proxy.url();
-    let env = s3
-        .collector_env()
-        .into_iter()
-        .map(|(k, v)| {
-            let v = if k == "AWS_ENDPOINT" { url.as_str() } else { v };
-            (k.to_string(), v.to_string())
+/// moto behind testkit's fault proxy, and the collector's environment pointing at the proxy.
+struct S3BehindProxy {
+    s3: MotoS3,
+    proxy: FaultProxy,
+    bucket: &'static str,
+    env: Vec<(String, String)>,
+}
+
+impl S3BehindProxy {
+    /// `None` when moto is not installed.
+    fn start(bucket: &'static str) -> Option<S3BehindProxy> {
+        let s3 = MotoS3::start()?;
+        s3.create_bucket(bucket);
+        let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
+        let url = proxy.url();
+        let env = s3
+            .collector_env()
+            .into_iter()
+            .map(|(k, v)| {
+                let v = if k == "AWS_ENDPOINT" { url.as_str() } else { v };
+                (k.to_string(), v.to_string())
+            })
+            .collect();
+        Some(S3BehindProxy {
+            s3,
+            proxy,
+            bucket,
+            env,
         })
-        .collect();
-    Some((s3, proxy, env))
+    }
+
+    /// A head collector storing into the bucket (see [`head_on`]).
+    fn head(&self, tmp: &Path, dash: &DashboardStandIn, more: &[&str]) -> Collector {
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let storage = format!("s3://{}", self.bucket);
+        head_on(tmp, &dash.address(), &storage, false, more, &env)
+    }
+
+    /// The stored snapshot of `uri`.
+    fn stored(&self, uri: &str) -> Option<String> {
+        self.s3
+            .get_object(self.bucket, &snapshot_key(uri))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+    }
 }
 
 /// PUTs of the placement groups' snapshot the proxy has answered with `status`.
@@ -901,20 +933,14 @@ fn refused_pg_puts(proxy: &FaultProxy, status: u16) -> usize {
 /// 3, and the 4 are stored.
 #[test]
 fn an_upload_the_store_refused_does_not_hold_back_the_final_answer() {
-    let bucket = "dashrefused";
-    let Some((s3, proxy, env)) = s3_behind_proxy(bucket) else {
+    let Some(s3) = S3BehindProxy::start("dashrefused") else {
         return;
     };
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let stored = |uri: &str| {
-        s3.get_object(bucket, &snapshot_key(uri))
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-    };
+    let (stored, proxy) = (|uri: &str| s3.stored(uri), &s3.proxy);
     let tmp = tempfile::tempdir().unwrap();
     let dash = DashboardStandIn::start().unwrap();
     dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(3)));
-    let storage = format!("s3://{bucket}");
-    let mut c = head_on(tmp.path(), &dash.address(), &storage, false, &[], &env);
+    let mut c = s3.head(tmp.path(), &dash, &[]);
     wait(&c, "run 1's snapshot", Duration::from_secs(30), || {
         stored(PLACEMENT_GROUPS) == Some(pgs(3)) && dash.count(JOBS) >= 1
     });
@@ -931,7 +957,7 @@ fn an_upload_the_store_refused_does_not_hold_back_the_final_answer() {
     dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(5)));
     c.restart();
     wait(&c, "the refused upload", Duration::from_secs(30), || {
-        refused_pg_puts(&proxy, 403) >= 1
+        refused_pg_puts(proxy, 403) >= 1
     });
     // The bucket takes uploads again; the dashboard going down lists 4.
     proxy.clear();
@@ -953,15 +979,10 @@ fn an_upload_the_store_refused_does_not_hold_back_the_final_answer() {
 /// bucket ended with no snapshot at all. A refused upload now leaves no entry behind.
 #[test]
 fn a_final_answer_is_stored_when_nothing_is_stored_yet() {
-    let bucket = "dashnothing";
-    let Some((s3, proxy, env)) = s3_behind_proxy(bucket) else {
+    let Some(s3) = S3BehindProxy::start("dashnothing") else {
         return;
     };
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let stored = |uri: &str| {
-        s3.get_object(bucket, &snapshot_key(uri))
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-    };
+    let (stored, proxy) = (|uri: &str| s3.stored(uri), &s3.proxy);
     proxy.add(
         Rule::new(Fault::Status(500, "InternalError".to_string()))
             .method("PUT")
@@ -970,11 +991,10 @@ fn a_final_answer_is_stored_when_nothing_is_stored_yet() {
     let tmp = tempfile::tempdir().unwrap();
     let dash = DashboardStandIn::start().unwrap();
     dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(2)));
-    let storage = format!("s3://{bucket}");
-    let mut c = head_on(tmp.path(), &dash.address(), &storage, false, &[], &env);
+    let mut c = s3.head(tmp.path(), &dash, &[]);
     // object_store retries a 500 twice: the upload has failed after the third.
     wait(&c, "the refused upload", Duration::from_secs(30), || {
-        refused_pg_puts(&proxy, 500) >= 3 && stored(SERVE).is_some()
+        refused_pg_puts(proxy, 500) >= 3 && stored(SERVE).is_some()
     });
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(stored(PLACEMENT_GROUPS), None);
@@ -996,27 +1016,14 @@ fn a_final_answer_is_stored_when_nothing_is_stored_yet() {
 /// flight (it runs as a task of its own) before uploading its own answer, which lands last.
 #[test]
 fn an_upload_landing_late_does_not_replace_the_final_answer() {
-    let bucket = "dashlate";
-    let Some((s3, proxy, env)) = s3_behind_proxy(bucket) else {
+    let Some(s3) = S3BehindProxy::start("dashlate") else {
         return;
     };
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let stored = |uri: &str| {
-        s3.get_object(bucket, &snapshot_key(uri))
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-    };
+    let (stored, proxy) = (|uri: &str| s3.stored(uri), &s3.proxy);
     let tmp = tempfile::tempdir().unwrap();
     let dash = DashboardStandIn::start().unwrap();
     dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(3)));
-    let storage = format!("s3://{bucket}");
-    let mut c = head_on(
-        tmp.path(),
-        &dash.address(),
-        &storage,
-        false,
-        &["--endpoint-poll-interval", "2s"],
-        &env,
-    );
+    let mut c = s3.head(tmp.path(), &dash, &["--endpoint-poll-interval", "2s"]);
     wait(&c, "the first snapshot", Duration::from_secs(30), || {
         stored(PLACEMENT_GROUPS) == Some(pgs(3))
     });
