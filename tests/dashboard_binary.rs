@@ -1063,3 +1063,79 @@ fn an_upload_landing_late_does_not_replace_the_final_answer() {
         "an earlier upload landed after the final answer:\n{log}"
     );
 }
+
+/// The bound of the final poll's wait for an upload in flight: the live poll's upload of 5
+/// placement groups is held 12 s by the proxy, SIGTERM comes with `--shutdown-timeout 8s`
+/// (so the wait is a quarter of that, 2 s). The final poll does not wait past it, does not
+/// store its answer of 6 (it could land before the 5 and be replaced), says so, and the
+/// collector ends within its deadline; the 5 land later.
+#[test]
+fn the_final_poll_waits_for_an_upload_in_flight_only_so_long() {
+    let Some(s3) = S3BehindProxy::start("dashwait") else {
+        return;
+    };
+    let (stored, proxy) = (|uri: &str| s3.stored(uri), &s3.proxy);
+    let tmp = tempfile::tempdir().unwrap();
+    let dash = DashboardStandIn::start().unwrap();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(3)));
+    let mut c = s3.head(
+        tmp.path(),
+        &dash,
+        &["--endpoint-poll-interval", "2s", "--shutdown-timeout", "8s"],
+    );
+    wait(&c, "the first snapshot", Duration::from_secs(30), || {
+        stored(PLACEMENT_GROUPS) == Some(pgs(3))
+    });
+    let delay = Duration::from_secs(12);
+    proxy.add(
+        Rule::new(Fault::Delay(delay))
+            .method("PUT")
+            .target_contains("placement_groups"),
+    );
+    let pg_puts = || {
+        proxy
+            .arrived()
+            .iter()
+            .filter(|(m, t)| m == "PUT" && t.contains("placement_groups"))
+            .count()
+    };
+    let before = pg_puts();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(5)));
+    wait(
+        &c,
+        "the upload of 5 at the store",
+        Duration::from_secs(30),
+        || pg_puts() > before,
+    );
+    let arrived = Instant::now();
+    proxy.clear();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(6)));
+    let started = Instant::now();
+    let status = c.terminate(Duration::from_secs(60));
+    let took = started.elapsed();
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    assert!(
+        took < Duration::from_secs(8),
+        "shutdown took {took:?}:\n{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("placement_groups") && l.contains("still in flight")),
+        "the final answer's fate is not said:\n{log}"
+    );
+    // The held upload lands after the exit: the 5, not a 6 it would have replaced.
+    std::thread::sleep(
+        (arrived + delay + Duration::from_secs(1)).saturating_duration_since(Instant::now()),
+    );
+    assert_eq!(stored(PLACEMENT_GROUPS), Some(pgs(5)), "{log}");
+    assert_eq!(
+        proxy
+            .seen()
+            .iter()
+            .filter(|r| r.method == "PUT" && r.target.contains("placement_groups"))
+            .count(),
+        before + 1,
+        "the final poll uploaded its answer anyway:\n{log}"
+    );
+}
