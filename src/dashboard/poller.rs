@@ -948,6 +948,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_an_upload_left_without_an_answer_may_have_landed() {
+        use object_store::client::{HttpError, HttpErrorKind};
+        let transport = |kind| object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(HttpError::new(kind, std::io::Error::other("no answer"))),
+        };
+        assert!(may_have_landed(&transport(HttpErrorKind::Timeout)));
+        assert!(may_have_landed(&transport(HttpErrorKind::Interrupted)));
+        assert!(may_have_landed(&transport(HttpErrorKind::Request)));
+        assert!(!may_have_landed(&transport(HttpErrorKind::Connect)));
+        let refused = object_store::Error::PermissionDenied {
+            path: "k".to_string(),
+            source: "AccessDenied".into(),
+        };
+        assert!(!may_have_landed(&refused));
+        let local = object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(std::io::Error::other("disk full")),
+        };
+        assert!(!may_have_landed(&local));
+    }
+
+    #[test]
     fn keys_are_single_valid_segments() {
         for uri in PERIODIC_ENDPOINTS.iter().chain(&ONE_SHOT_ENDPOINTS) {
             let key = contract::endpoints::endpoint_key("p", "s", uri);
