@@ -352,8 +352,11 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     let final_poll = async {
         if let (Some(task), Some(s)) = (poller_task, active.clone()) {
             if let Ok(Ok(mut poller)) = tokio::time::timeout_at(deadline.into(), task).await {
-                if let Ok(r) =
-                    tokio::time::timeout_at(deadline.into(), poller.poll_once(&s.name)).await
+                if let Ok(r) = tokio::time::timeout_at(
+                    deadline.into(),
+                    poller.poll_final(&s.name, deadline.into()),
+                )
+                .await
                 {
                     tracing::info!(
                         uploaded = r.uploaded,

@@ -7,7 +7,9 @@
 //! on S3 without `s3:ListBucket` (a GET of a missing key answers 403) still stores, while a
 //! read-back answering 500 keeps what is stored. The spool's record of stored snapshots is
 //! written ahead of each upload (a final poll cut at the deadline or a kill -9 leaves it
-//! covering the bucket) and belongs to one storage and cluster.
+//! covering the bucket), put back when the store refuses the upload, and belongs to one
+//! storage and cluster; the final poll waits for an upload still in flight, so it cannot
+//! land after the final answer.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -856,5 +858,284 @@ fn an_upload_abandoned_at_sigterm_still_holds_the_final_poll_back() {
         log.lines()
             .any(|l| l.contains("placement_groups") && l.contains("shorter list")),
         "the final answer was not refused:\n{log}"
+    );
+}
+
+/// moto behind testkit's fault proxy, and the collector's environment pointing at the proxy.
+struct S3BehindProxy {
+    s3: MotoS3,
+    proxy: FaultProxy,
+    bucket: &'static str,
+    env: Vec<(String, String)>,
+}
+
+impl S3BehindProxy {
+    /// `None` when moto is not installed.
+    fn start(bucket: &'static str) -> Option<S3BehindProxy> {
+        let s3 = MotoS3::start()?;
+        s3.create_bucket(bucket);
+        let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
+        let url = proxy.url();
+        let env = s3
+            .collector_env()
+            .into_iter()
+            .map(|(k, v)| {
+                let v = if k == "AWS_ENDPOINT" { url.as_str() } else { v };
+                (k.to_string(), v.to_string())
+            })
+            .collect();
+        Some(S3BehindProxy {
+            s3,
+            proxy,
+            bucket,
+            env,
+        })
+    }
+
+    /// A head collector storing into the bucket (see [`head_on`]).
+    fn head(&self, tmp: &Path, dash: &DashboardStandIn, more: &[&str]) -> Collector {
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let storage = format!("s3://{}", self.bucket);
+        head_on(tmp, &dash.address(), &storage, false, more, &env)
+    }
+
+    /// The stored snapshot of `uri`.
+    fn stored(&self, uri: &str) -> Option<String> {
+        self.s3
+            .get_object(self.bucket, &snapshot_key(uri))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+    }
+}
+
+/// PUTs of the placement groups' snapshot the proxy has answered with `status`.
+fn refused_pg_puts(proxy: &FaultProxy, status: u16) -> usize {
+    proxy
+        .seen()
+        .iter()
+        .filter(|r| {
+            r.method == "PUT"
+                && r.target.contains("placement_groups")
+                && r.faulted
+                && r.status == status
+        })
+        .count()
+}
+
+/// Review r41e D1: an upload the store refused (S3 answering 403 AccessDenied to the PUT)
+/// left the spool's record saying 5 placement groups while the bucket held 3; the final poll
+/// then refused a good answer of 4 against it, and the bucket kept 3. Run 1 stores 3 and
+/// stops; run 2 (same spool and session) sees 5, whose upload is refused; at SIGTERM the
+/// dashboard lists 4. Each upload now settles the record: a refusal puts the entry back to
+/// 3, and the 4 are stored.
+#[test]
+fn an_upload_the_store_refused_does_not_hold_back_the_final_answer() {
+    let Some(s3) = S3BehindProxy::start("dashrefused") else {
+        return;
+    };
+    let (stored, proxy) = (|uri: &str| s3.stored(uri), &s3.proxy);
+    let tmp = tempfile::tempdir().unwrap();
+    let dash = DashboardStandIn::start().unwrap();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(3)));
+    let mut c = s3.head(tmp.path(), &dash, &[]);
+    wait(&c, "run 1's snapshot", Duration::from_secs(30), || {
+        stored(PLACEMENT_GROUPS) == Some(pgs(3)) && dash.count(JOBS) >= 1
+    });
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+    let run1_log = c.log_text().len();
+
+    // Run 2: the cluster grew to 5, and the bucket refuses the upload.
+    proxy.add(
+        Rule::new(Fault::Status(403, "AccessDenied".to_string()))
+            .method("PUT")
+            .target_contains("placement_groups"),
+    );
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(5)));
+    c.restart();
+    wait(&c, "the refused upload", Duration::from_secs(30), || {
+        refused_pg_puts(proxy, 403) >= 1
+    });
+    // The bucket takes uploads again; the dashboard going down lists 4.
+    proxy.clear();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(4)));
+    let status = c.terminate(Duration::from_secs(60));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        stored(PLACEMENT_GROUPS),
+        Some(pgs(4)),
+        "a refused upload held back a longer final answer:\n{}",
+        &log[run1_log..]
+    );
+}
+
+/// Review r41e D2: nothing is stored for the placement groups (S3 answers 500 to every PUT
+/// of their snapshot, after object_store's retries), yet the refused upload of 2 left the
+/// spool's record saying 2, and the final poll refused its answer of 1 against it: the
+/// bucket ended with no snapshot at all. A refused upload now leaves no entry behind.
+#[test]
+fn a_final_answer_is_stored_when_nothing_is_stored_yet() {
+    let Some(s3) = S3BehindProxy::start("dashnothing") else {
+        return;
+    };
+    let (stored, proxy) = (|uri: &str| s3.stored(uri), &s3.proxy);
+    proxy.add(
+        Rule::new(Fault::Status(500, "InternalError".to_string()))
+            .method("PUT")
+            .target_contains("placement_groups"),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dash = DashboardStandIn::start().unwrap();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(2)));
+    let mut c = s3.head(tmp.path(), &dash, &[]);
+    // object_store retries a 500 twice: the upload has failed after the third.
+    wait(&c, "the refused upload", Duration::from_secs(30), || {
+        refused_pg_puts(proxy, 500) >= 3 && stored(SERVE).is_some()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(stored(PLACEMENT_GROUPS), None);
+    proxy.clear();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(1)));
+    let status = c.terminate(Duration::from_secs(60));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        stored(PLACEMENT_GROUPS),
+        Some(pgs(1)),
+        "the final answer was refused while nothing was stored:\n{log}"
+    );
+}
+
+/// Review r41e D3: a live poll's upload of 5 placement groups reaches the store late (the
+/// proxy holds it 4 s) and is abandoned at SIGTERM; the final poll's better answer of 6 went
+/// up at once and the late 5 then replaced it. The final poll now waits for the upload in
+/// flight (it runs as a task of its own) before uploading its own answer, which lands last.
+#[test]
+fn an_upload_landing_late_does_not_replace_the_final_answer() {
+    let Some(s3) = S3BehindProxy::start("dashlate") else {
+        return;
+    };
+    let (stored, proxy) = (|uri: &str| s3.stored(uri), &s3.proxy);
+    let tmp = tempfile::tempdir().unwrap();
+    let dash = DashboardStandIn::start().unwrap();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(3)));
+    let mut c = s3.head(tmp.path(), &dash, &["--endpoint-poll-interval", "2s"]);
+    wait(&c, "the first snapshot", Duration::from_secs(30), || {
+        stored(PLACEMENT_GROUPS) == Some(pgs(3))
+    });
+    let delay = Duration::from_secs(4);
+    proxy.add(
+        Rule::new(Fault::Delay(delay))
+            .method("PUT")
+            .target_contains("placement_groups"),
+    );
+    let pg_puts = || {
+        proxy
+            .arrived()
+            .iter()
+            .filter(|(m, t)| m == "PUT" && t.contains("placement_groups"))
+            .count()
+    };
+    let before = pg_puts();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(5)));
+    wait(
+        &c,
+        "the upload of 5 at the store",
+        Duration::from_secs(30),
+        || pg_puts() > before,
+    );
+    // Held by the proxy; the final poll's own upload is not delayed, and its answer is
+    // better.
+    proxy.clear();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(6)));
+    let status = c.terminate(Duration::from_secs(60));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    // Whatever the held request does after the exit, let it land.
+    std::thread::sleep(delay + Duration::from_secs(1));
+    assert_eq!(
+        stored(PLACEMENT_GROUPS),
+        Some(pgs(6)),
+        "an earlier upload landed after the final answer:\n{log}"
+    );
+}
+
+/// The bound of the final poll's wait for an upload in flight: the live poll's upload of 5
+/// placement groups is held 12 s by the proxy, SIGTERM comes with `--shutdown-timeout 8s`
+/// (so the wait is a quarter of that, 2 s). The final poll does not wait past it, does not
+/// store its answer of 6 (it could land before the 5 and be replaced), says so, and the
+/// collector ends within its deadline; the 5 land later.
+#[test]
+fn the_final_poll_waits_for_an_upload_in_flight_only_so_long() {
+    let Some(s3) = S3BehindProxy::start("dashwait") else {
+        return;
+    };
+    let (stored, proxy) = (|uri: &str| s3.stored(uri), &s3.proxy);
+    let tmp = tempfile::tempdir().unwrap();
+    let dash = DashboardStandIn::start().unwrap();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(3)));
+    let mut c = s3.head(
+        tmp.path(),
+        &dash,
+        &["--endpoint-poll-interval", "2s", "--shutdown-timeout", "8s"],
+    );
+    wait(&c, "the first snapshot", Duration::from_secs(30), || {
+        stored(PLACEMENT_GROUPS) == Some(pgs(3))
+    });
+    let delay = Duration::from_secs(12);
+    proxy.add(
+        Rule::new(Fault::Delay(delay))
+            .method("PUT")
+            .target_contains("placement_groups"),
+    );
+    let pg_puts = || {
+        proxy
+            .arrived()
+            .iter()
+            .filter(|(m, t)| m == "PUT" && t.contains("placement_groups"))
+            .count()
+    };
+    let before = pg_puts();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(5)));
+    wait(
+        &c,
+        "the upload of 5 at the store",
+        Duration::from_secs(30),
+        || pg_puts() > before,
+    );
+    let arrived = Instant::now();
+    proxy.clear();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(6)));
+    let started = Instant::now();
+    let status = c.terminate(Duration::from_secs(60));
+    let took = started.elapsed();
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    assert!(
+        took < Duration::from_secs(8),
+        "shutdown took {took:?}:\n{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("placement_groups") && l.contains("still in flight")),
+        "the final answer's fate is not said:\n{log}"
+    );
+    // The held upload lands after the exit: the 5, not a 6 it would have replaced.
+    std::thread::sleep(
+        (arrived + delay + Duration::from_secs(1)).saturating_duration_since(Instant::now()),
+    );
+    assert_eq!(stored(PLACEMENT_GROUPS), Some(pgs(5)), "{log}");
+    assert_eq!(
+        proxy
+            .seen()
+            .iter()
+            .filter(|r| r.method == "PUT" && r.target.contains("placement_groups"))
+            .count(),
+        before + 1,
+        "the final poll uploaded its answer anyway:\n{log}"
     );
 }

@@ -25,7 +25,10 @@
 //!   only this process's last upload: after a restart, what the spool's [`record`] says an
 //!   earlier run stored, else the object read back, a failed read meaning nothing known): a
 //!   dashboard going down answers 200 with error pages, truncated bodies and empty lists, which
-//!   the history server would replay as the cluster's state ([`answer`]);
+//!   the history server would replay as the cluster's state ([`answer`]); each upload runs as
+//!   a task of its own and settles the record when the store answers (a refused upload puts
+//!   the entry back), and the final poll waits for an upload of the same URI still in flight
+//!   ([`FINAL_POLL_UPLOAD_WAIT`]) so that it cannot land after the final answer;
 //!   (an entry really removed in the last poll interval then stays as last seen: the two
 //!   cannot be told apart);
 //! - bounded memory: bodies are checked without being built as values, and the poller holds
@@ -70,6 +73,14 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Largest body we keep; a bigger answer is reported as failed rather than held in memory.
 pub const MAX_BODY_BYTES: usize = 64 << 20;
+
+/// Longest the final poll at SIGTERM waits for an upload of the same snapshot still in
+/// flight (a live poll's, abandoned at SIGTERM) before comparing and uploading its own
+/// answer; also at most a quarter of the time left before the shutdown deadline
+/// (`--shutdown-timeout`, 25 s by default: about 6 s), so the final poll's own requests and
+/// uploads keep the rest. An upload that takes longer is a bucket in trouble; the final
+/// answer of that URI is then not stored.
+pub const FINAL_POLL_UPLOAD_WAIT: Duration = Duration::from_secs(6);
 
 /// Dashboard requests in flight at once: enough that a slow endpoint does not delay the
 /// others, few enough not to trip the dashboard's rate limit on state API calls.
@@ -245,6 +256,22 @@ pub enum DashboardError {
         /// Why.
         why: String,
     },
+    /// The final poll waited for an upload of the same snapshot still in flight (a live
+    /// poll's, abandoned at SIGTERM) until its wait ended: its answer is not stored, since it
+    /// could land before the earlier upload and be replaced by it.
+    #[error("an earlier upload of {key} was still in flight when the final poll stopped waiting; this answer is not stored")]
+    UploadInFlight {
+        /// The key.
+        key: String,
+    },
+    /// An upload task ended without settling (a panic, or the runtime shutting down).
+    #[error("the upload of {key} ended without an answer: {why}")]
+    UploadLost {
+        /// The key.
+        key: String,
+        /// Why.
+        why: String,
+    },
     /// Writing the snapshot to the bucket failed; it is retried on the next tick.
     #[error("upload of {key} failed: {source}")]
     Upload {
@@ -281,6 +308,8 @@ impl DashboardError {
             DashboardError::Timeout { .. } => "timeout",
             DashboardError::TooLarge => "too_large",
             DashboardError::Upload { .. }
+            | DashboardError::UploadInFlight { .. }
+            | DashboardError::UploadLost { .. }
             | DashboardError::BadKey { .. }
             | DashboardError::Record { .. } => "upload_failed",
             DashboardError::ReadStored { .. } => "bucket_read_failed",

@@ -6,6 +6,14 @@
 //! Each answer is applied (recorded as uploaded, one-shot done, dataset captured) as soon as
 //! it completes, not when its whole poll ends: a poll abandoned at shutdown because one
 //! endpoint hangs keeps what the others did, so the final poll does not ask them again.
+//!
+//! Each upload runs as a task of its own that holds its URI's [`Lane`] until the store has
+//! answered and the upload has settled what is known of the bucket (the lane's last
+//! snapshot, the spool's [`SnapshotRecord`]): a poll abandoned at SIGTERM does not abandon
+//! its uploads half-way, and the final poll's answer for a URI is compared, and uploaded,
+//! only once the earlier upload of that URI has landed or failed (waiting at most
+//! [`FINAL_POLL_UPLOAD_WAIT`], or a quarter of the time left before the shutdown deadline),
+//! so no earlier, worse list lands after it (review r41e D3).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -21,8 +29,9 @@ use super::client::{build_client, fetch, Body, BodyBudget, SMALL_BODY_BYTES};
 use super::config::DashboardConfig;
 use super::record::{Recorded, SnapshotRecord};
 use super::{
-    DashboardError, DATASETS_PREFIX, JOBS_ENDPOINT, MAX_CONCURRENT_REQUESTS, ONE_SHOT_ENDPOINTS,
-    ONE_SHOT_FIRST_RETRY, PERIODIC_ENDPOINTS, TERMINAL_EMPTY_POLLS_BEFORE_GIVING_UP,
+    DashboardError, DATASETS_PREFIX, FINAL_POLL_UPLOAD_WAIT, JOBS_ENDPOINT,
+    MAX_CONCURRENT_REQUESTS, ONE_SHOT_ENDPOINTS, ONE_SHOT_FIRST_RETRY, PERIODIC_ENDPOINTS,
+    TERMINAL_EMPTY_POLLS_BEFORE_GIVING_UP,
 };
 use crate::contract::{self, is_safe_segment, ClusterLayout};
 use crate::metrics as m;
@@ -113,11 +122,6 @@ fn expected(kind: Kind, uri: &str) -> Expect {
 struct Target {
     uri: String,
     kind: Kind,
-    /// The last snapshot uploaded for this URI in this session.
-    previous: Option<Snapshot>,
-    /// What the spool's record says may be stored for this URI in this session (by an
-    /// earlier run too, or by an upload of this one cut before its answer).
-    recorded: Option<Recorded>,
     /// For datasets: the job was finished when listed.
     terminal: bool,
 }
@@ -131,9 +135,52 @@ struct Snapshot {
     list_len: Option<usize>,
 }
 
+/// The uploads of one URI in one session, one at a time: an upload task holds its lane
+/// (`tokio::sync::Mutex`) from before its write-ahead until the store has answered and the
+/// upload has settled this and the spool's record, so whoever takes the lane next knows
+/// what the bucket holds, and its own upload lands after the earlier one.
+#[derive(Debug, Default)]
+struct Lane {
+    /// The last snapshot this process stored; `None` when none, or when the outcome of the
+    /// last upload is unknown (it may land yet).
+    last: Option<Snapshot>,
+}
+
+/// The lanes of a session, by request URI; shared with the upload tasks.
+type Lanes = std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<Lane>>>>;
+
+fn lane_of(lanes: &Lanes, uri: &str) -> Arc<tokio::sync::Mutex<Lane>> {
+    // A panic while holding the lock leaves a consistent map (every change is one insert).
+    let mut map = lanes.lock().unwrap_or_else(|p| p.into_inner());
+    map.entry(uri.to_string()).or_default().clone()
+}
+
+/// What is known of an earlier snapshot of `uri`: whether one may be in the bucket.
+fn known(lanes: &Lanes, uri: &str) -> bool {
+    let map = lanes.lock().unwrap_or_else(|p| p.into_inner());
+    map.get(uri).is_some_and(|lane| match lane.try_lock() {
+        Ok(lane) => lane.last.is_some(),
+        // An upload in flight.
+        Err(_) => true,
+    })
+}
+
+/// Resolves when no upload of `lanes` is in flight, or at `until`.
+async fn settled(lanes: &Lanes, until: tokio::time::Instant) {
+    let all: Vec<_> = {
+        let map = lanes.lock().unwrap_or_else(|p| p.into_inner());
+        map.values().cloned().collect()
+    };
+    for lane in all {
+        if tokio::time::timeout_at(until, lane.lock()).await.is_err() {
+            return;
+        }
+    }
+}
+
 /// What happened to one endpoint.
 enum Stored {
-    Uploaded(Snapshot, Recorded),
+    Uploaded,
     Unchanged,
     Empty,
     Refused(Refusal),
@@ -147,8 +194,8 @@ type Done = (Target, Result<(usize, Stored), DashboardError>);
 struct SessionState {
     session: String,
     one_shot_done: HashSet<String>,
-    /// The last snapshot uploaded, by request URI.
-    uploaded: HashMap<String, Snapshot>,
+    /// The uploads, by request URI: the last snapshot stored, and the upload in flight.
+    lanes: Arc<Lanes>,
     /// Finished jobs whose datasets snapshot is stored: not asked again.
     datasets_final: HashSet<String>,
     /// Finished jobs answering without datasets, and how many times.
@@ -177,8 +224,10 @@ pub struct DashboardPoller {
     /// not per tick.
     failing: HashMap<String, String>,
     /// What the bucket holds for the session, kept in the spool across restarts; shared with
-    /// the uploads in flight, which write their entries ahead.
+    /// the uploads in flight, which write their entries ahead and settle them.
     record: Arc<SnapshotRecord>,
+    /// How long the final poll waits for the uploads still in flight (see [`Self::poll_final`]).
+    final_wait: Duration,
 }
 
 impl DashboardPoller {
@@ -205,6 +254,7 @@ impl DashboardPoller {
             state: SessionState::default(),
             failing: HashMap::new(),
             record: Arc::new(SnapshotRecord::in_memory()),
+            final_wait: FINAL_POLL_UPLOAD_WAIT,
         })
     }
 
@@ -288,20 +338,40 @@ impl DashboardPoller {
     }
 
     /// One full poll of every endpoint for `session`, meant for the final poll at SIGTERM
-    /// under the caller's deadline (dropping the future abandons it safely). One-shot
-    /// endpoints already stored for this session are not fetched again; an answer whose list
-    /// is shorter than the snapshot already stored (a dashboard shutting down), or a Serve
-    /// answer without applications, does not replace the last snapshot. "Already stored" is
-    /// what the bucket holds: the last upload of this process, or, when it has made none for
-    /// that URI (after a restart), what the spool's record says an earlier run stored, or,
-    /// when the record has nothing for it, the object read back from the bucket (a read that
-    /// fails, as a GET of a missing key without `s3:ListBucket` does with 403, means nothing
-    /// known: the answer is stored). The price: a
-    /// shorter list from a cluster that really removed an application or placement group
-    /// since the last live poll looks the same and is not stored either, so the history
-    /// server shows the removed entry as that poll saw it (see the trade-off in docs/dashboard-snapshots.md).
+    /// under the caller's deadline (dropping the future abandons it safely; uploads already
+    /// started run on). One-shot endpoints already stored for this session are not fetched
+    /// again; an answer whose list is shorter than the snapshot already stored (a dashboard
+    /// shutting down), or a Serve answer without applications, does not replace the last
+    /// snapshot. An upload of the same URI still in flight (a live poll's, abandoned at
+    /// SIGTERM) is waited for first, at most [`FINAL_POLL_UPLOAD_WAIT`] from the start of
+    /// this poll: then what it did is known, and it cannot land after this poll's upload;
+    /// if it is still in flight then, this answer is not stored (reported as failed).
+    /// "Already stored" is what the bucket holds: the last upload of this process, or, when
+    /// it has made none for that URI (after a restart, or after an upload whose answer never
+    /// came), what the spool's record says may be stored, or, when the record has nothing
+    /// for it, the object read back from the bucket (a read that fails, as a GET of a
+    /// missing key without `s3:ListBucket` does with 403, means nothing known: the answer
+    /// is stored). The price: a shorter list from a cluster that really removed an
+    /// application or placement group since the last live poll looks the same and is not
+    /// stored either, so the history server shows the removed entry as that poll saw it
+    /// (see the trade-off in docs/dashboard-snapshots.md).
     pub async fn poll_once(&mut self, session: &str) -> PollReport {
         self.poll(session, Scope::Final).await
+    }
+
+    /// [`Self::poll_once`] for a shutdown that must end by `deadline`: the uploads still in
+    /// flight are waited for at most a quarter of the time left (and at most
+    /// [`FINAL_POLL_UPLOAD_WAIT`]), leaving the rest to this poll's own requests and uploads.
+    pub async fn poll_final(
+        &mut self,
+        session: &str,
+        deadline: tokio::time::Instant,
+    ) -> PollReport {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        self.final_wait = (left / 4).min(FINAL_POLL_UPLOAD_WAIT);
+        let report = self.poll(session, Scope::Final).await;
+        self.final_wait = FINAL_POLL_UPLOAD_WAIT;
+        report
     }
 
     /// When to ask the one-shot endpoints again after a poll: not at all once they are all
@@ -351,7 +421,7 @@ impl DashboardPoller {
             return report;
         }
         self.enter_session(session);
-        // Uploads of a poll abandoned at shutdown are recorded before this one.
+        // What the uploads settled since the last poll is written before this one.
         self.record.save().await;
 
         let mut targets = Vec::new();
@@ -377,15 +447,23 @@ impl DashboardPoller {
             Jobs(Result<Vec<ListedJob>, DashboardError>),
         }
         type Steps<'a> = std::pin::Pin<Box<dyn futures::Stream<Item = Step> + Send + 'a>>;
-        let fetcher = self.fetcher.clone();
-        let record = self.record.clone();
+        // The final poll waits for the uploads still in flight until the same moment, for
+        // every URI.
+        let waits_until = final_poll.then(|| tokio::time::Instant::now() + self.final_wait);
+        let ctx = Arc::new(StoreCtx {
+            fetcher: self.fetcher.clone(),
+            record: self.record.clone(),
+            lanes: self.state.lanes.clone(),
+            session: session.to_string(),
+            final_poll,
+            waits_until,
+        });
         let mut steps: futures::stream::SelectAll<Steps<'_>> = futures::stream::SelectAll::new();
-        steps.push(Box::pin(
-            store_all(&fetcher, &record, session, targets, final_poll).map(Step::One),
-        ));
+        steps.push(Box::pin(store_all(ctx.clone(), targets).map(Step::One)));
         if scope != Scope::OneShots {
+            let fetcher = self.fetcher.clone();
             steps.push(Box::pin(
-                futures::stream::once(fetcher.list_jobs()).map(Step::Jobs),
+                futures::stream::once(async move { fetcher.list_jobs().await }).map(Step::Jobs),
             ));
         }
         while let Some(step) = steps.next().await {
@@ -395,14 +473,17 @@ impl DashboardPoller {
                     report.fetched += 1;
                     self.succeeded(JOBS_ENDPOINT, Kind::JobList, "ok");
                     let datasets = self.datasets_targets(jobs, final_poll);
-                    steps.push(Box::pin(
-                        store_all(&fetcher, &record, session, datasets, final_poll).map(Step::One),
-                    ));
+                    steps.push(Box::pin(store_all(ctx.clone(), datasets).map(Step::One)));
                 }
                 Step::Jobs(Err(e)) => self.failed(JOBS_ENDPOINT, Kind::JobList, &e, &mut report),
             }
         }
         drop(steps);
+        if let Some(until) = waits_until {
+            // Uploads of URIs this poll did not ask (an abandoned live poll's) settle too,
+            // within the same wait, so the record written next says what they did.
+            settled(&self.state.lanes, until).await;
+        }
         self.record.save().await;
         report
     }
@@ -430,15 +511,9 @@ impl DashboardPoller {
     }
 
     fn target(&self, uri: String, kind: Kind, terminal: bool) -> Target {
-        let previous = self.state.uploaded.get(&uri).copied();
-        // Read even when this process uploaded something: a live poll's upload abandoned at
-        // shutdown may have landed, and only the record (written ahead) knows it.
-        let recorded = self.record.get(&uri);
         Target {
             uri,
             kind,
-            previous,
-            recorded,
             terminal,
         }
     }
@@ -452,10 +527,9 @@ impl DashboardPoller {
         };
         report.fetched += 1;
         let outcome = match stored {
-            Stored::Uploaded(snapshot, recorded) => {
+            Stored::Uploaded => {
+                // The upload settled the lane and the record itself.
                 report.uploaded += 1;
-                self.state.uploaded.insert(t.uri.clone(), snapshot);
-                self.record.stored(&t.uri, recorded);
                 tracing::debug!(uri = %t.uri, bytes, "dashboard snapshot uploaded");
                 "ok"
             }
@@ -502,8 +576,9 @@ impl DashboardPoller {
                 uri = %t.uri,
                 reason,
                 bytes,
-                kept = t.previous.is_some()
-                    || matches!(why, Refusal::SmallerList | Refusal::StoredUnknown),
+                kept = matches!(why, Refusal::SmallerList | Refusal::StoredUnknown)
+                    || known(&self.state.lanes, &t.uri)
+                    || self.record.get(&t.uri).is_some(),
                 "dashboard answer not stored; the last snapshot stays"
             );
             self.failing.insert(t.uri.clone(), reason.to_string());
@@ -547,19 +622,27 @@ fn refusal_text(why: Refusal) -> &'static str {
     }
 }
 
+/// What the requests and uploads of one poll share.
+struct StoreCtx {
+    fetcher: Arc<Fetcher>,
+    record: Arc<SnapshotRecord>,
+    lanes: Arc<Lanes>,
+    session: String,
+    final_poll: bool,
+    /// The final poll: until when it waits for an upload of the same URI still in flight.
+    waits_until: Option<tokio::time::Instant>,
+}
+
 /// Fetches and stores `targets`, a few at a time, yielding each target with its result as
 /// soon as it completes.
-fn store_all<'a>(
-    fetcher: &'a Fetcher,
-    record: &'a SnapshotRecord,
-    session: &'a str,
-    targets: Vec<Target>,
-    final_poll: bool,
-) -> impl futures::Stream<Item = Done> + 'a {
+fn store_all(ctx: Arc<StoreCtx>, targets: Vec<Target>) -> impl futures::Stream<Item = Done> {
     futures::stream::iter(targets)
-        .map(move |t| async move {
-            let r = fetcher.store_one(record, session, &t, final_poll).await;
-            (t, r)
+        .map(move |t| {
+            let ctx = ctx.clone();
+            async move {
+                let r = ctx.store_one(&t).await;
+                (t, r)
+            }
         })
         .buffer_unordered(MAX_CONCURRENT_REQUESTS)
 }
@@ -605,128 +688,6 @@ impl Fetcher {
         Ok(list.jobs)
     }
 
-    /// Fetches one endpoint and uploads its body if it is of the endpoint's shape, holds
-    /// something, and differs from the last snapshot; returns the body size and what was done.
-    async fn store_one(
-        &self,
-        record: &SnapshotRecord,
-        session: &str,
-        t: &Target,
-        final_poll: bool,
-    ) -> Result<(usize, Stored), DashboardError> {
-        let body = self.get(&t.uri).await?;
-        let n = body.len();
-        let checked = match answer::check(&body, expected(t.kind, &t.uri)) {
-            Ok(c) => c,
-            Err(why) => return Ok((n, Stored::Refused(why))),
-        };
-        let empty = checked.list_len == Some(0)
-            && (t.kind == Kind::Datasets || (final_poll && t.uri == PERIODIC_ENDPOINTS[0]));
-        if empty {
-            return Ok((n, Stored::Empty));
-        }
-        let key = self.object_key(session, &t.uri);
-        let path = ObjectPath::parse(&key).map_err(|source| DashboardError::BadKey {
-            key: key.clone(),
-            source,
-        })?;
-        let mut previous = t.previous;
-        if final_poll && previous.is_none() && checked.list_len.is_some() {
-            // Nothing stored by this process (a restart): the rule holds against what an
-            // earlier run recorded in the spool, else against the bucket.
-            if let Some(recorded) = t.recorded {
-                if let (Some(now), Some(before)) = (checked.list_len, recorded.list_len) {
-                    if now < before {
-                        return Ok((n, Stored::Refused(Refusal::SmallerList)));
-                    }
-                }
-            } else {
-                match self.in_bucket(&key, &path, t).await {
-                    Ok(InBucket::Nothing) => {}
-                    Ok(InBucket::Read(stored)) => previous = Some(stored),
-                    Ok(InBucket::Large(bytes)) if (n as u64) < bytes => {
-                        return Ok((n, Stored::Refused(Refusal::SmallerList)))
-                    }
-                    Ok(InBucket::Large(_)) => {}
-                    // Without s3:ListBucket a missing key answers 403, and without
-                    // s3:GetObject every key does: nothing is known, so the answer is stored
-                    // as it would be on a first start.
-                    Err(
-                        e @ DashboardError::ReadStored {
-                            source: object_store::Error::PermissionDenied { .. },
-                            ..
-                        },
-                    ) => tracing::info!(
-                        uri = %t.uri,
-                        error = %e,
-                        "final poll: not allowed to read the stored snapshot back; storing the answer"
-                    ),
-                    // Any other failure (a 5xx, a timeout, a broken connection) says nothing
-                    // about what is stored: what is there stays.
-                    Err(e) => {
-                        tracing::warn!(
-                            uri = %t.uri,
-                            error = %e,
-                            "final poll: the stored snapshot could not be read back; it stays, the answer is not stored"
-                        );
-                        return Ok((n, Stored::Refused(Refusal::StoredUnknown)));
-                    }
-                }
-            }
-        }
-        if final_poll {
-            // Against the longer of what this process last stored and what the record says
-            // the bucket may hold (written ahead of every upload): a live poll's upload
-            // abandoned at SIGTERM may land (review r41d D1: 3 stored, then 5 landed, then
-            // the final poll's 4 replaced it).
-            let before = [
-                previous.and_then(|p| p.list_len),
-                t.recorded.and_then(|r| r.list_len),
-            ]
-            .into_iter()
-            .flatten()
-            .max();
-            if let (Some(now), Some(before)) = (checked.list_len, before) {
-                if now < before {
-                    return Ok((n, Stored::Refused(Refusal::SmallerList)));
-                }
-            }
-        }
-        let hash = xxhash_rust::xxh3::xxh3_128(&body);
-        if previous.map(|p| p.hash) == Some(hash) {
-            return Ok((n, Stored::Unchanged));
-        }
-        let recorded = Recorded {
-            list_len: checked.list_len,
-            bytes: n,
-        };
-        // Write-ahead: the spool's record covers this snapshot before the bucket may hold it,
-        // so no kill, cut or crash between the two leaves a record shorter than the bucket.
-        record
-            .before_upload(&t.uri, recorded)
-            .await
-            .map_err(|why| DashboardError::Record {
-                key: key.clone(),
-                why,
-            })?;
-        // The upload shares the body's bytes; the large-body permit lasts until it is done.
-        self.store
-            .put(&path, PutPayload::from(body.bytes.clone()))
-            .await
-            .map_err(|source| DashboardError::Upload { key, source })?;
-        drop(body);
-        Ok((
-            n,
-            Stored::Uploaded(
-                Snapshot {
-                    hash,
-                    list_len: checked.list_len,
-                },
-                recorded,
-            ),
-        ))
-    }
-
     /// Reads what the bucket holds at `path` (the snapshot of `t`), when it is at most
     /// [`SMALL_BODY_BYTES`]: the final poll compares its answer with it when neither this
     /// process nor the spool's record knows what is stored there. A failed read (a 403 for a
@@ -762,6 +723,214 @@ impl Fetcher {
     }
 }
 
+impl StoreCtx {
+    /// Fetches one endpoint and uploads its body if it is of the endpoint's shape, holds
+    /// something, and differs from the last snapshot; returns the body size and what was done.
+    async fn store_one(&self, t: &Target) -> Result<(usize, Stored), DashboardError> {
+        let final_poll = self.final_poll;
+        let body = self.fetcher.get(&t.uri).await?;
+        let n = body.len();
+        let checked = match answer::check(&body, expected(t.kind, &t.uri)) {
+            Ok(c) => c,
+            Err(why) => return Ok((n, Stored::Refused(why))),
+        };
+        let empty = checked.list_len == Some(0)
+            && (t.kind == Kind::Datasets || (final_poll && t.uri == PERIODIC_ENDPOINTS[0]));
+        if empty {
+            return Ok((n, Stored::Empty));
+        }
+        let key = self.fetcher.object_key(&self.session, &t.uri);
+        let path = ObjectPath::parse(&key).map_err(|source| DashboardError::BadKey {
+            key: key.clone(),
+            source,
+        })?;
+        // An upload of this URI still in flight (a live poll's, abandoned at SIGTERM) settles
+        // first: then what the bucket holds is known, and it cannot land after this one.
+        let lane = lane_of(&self.lanes, &t.uri);
+        let lane = match self.waits_until {
+            None => lane.lock_owned().await,
+            Some(until) => tokio::time::timeout_at(until, lane.lock_owned())
+                .await
+                .map_err(|_| DashboardError::UploadInFlight { key: key.clone() })?,
+        };
+        // What the spool's record says may be stored for this URI in this session (by an
+        // earlier run too, or by an upload of this one whose answer never came).
+        let recorded = self.record.get(&t.uri);
+        let mut previous = lane.last;
+        if final_poll && previous.is_none() && checked.list_len.is_some() {
+            // Nothing known stored by this process (a restart, or an upload whose outcome
+            // is unknown): the rule holds against what the spool's record says, else
+            // against the bucket.
+            if let Some(recorded) = recorded {
+                if let (Some(now), Some(before)) = (checked.list_len, recorded.list_len) {
+                    if now < before {
+                        return Ok((n, Stored::Refused(Refusal::SmallerList)));
+                    }
+                }
+            } else {
+                match self.fetcher.in_bucket(&key, &path, t).await {
+                    Ok(InBucket::Nothing) => {}
+                    Ok(InBucket::Read(stored)) => previous = Some(stored),
+                    Ok(InBucket::Large(bytes)) if (n as u64) < bytes => {
+                        return Ok((n, Stored::Refused(Refusal::SmallerList)))
+                    }
+                    Ok(InBucket::Large(_)) => {}
+                    // Without s3:ListBucket a missing key answers 403, and without
+                    // s3:GetObject every key does: nothing is known, so the answer is stored
+                    // as it would be on a first start.
+                    Err(
+                        e @ DashboardError::ReadStored {
+                            source: object_store::Error::PermissionDenied { .. },
+                            ..
+                        },
+                    ) => tracing::info!(
+                        uri = %t.uri,
+                        error = %e,
+                        "final poll: not allowed to read the stored snapshot back; storing the answer"
+                    ),
+                    // Any other failure (a 5xx, a timeout, a broken connection) says nothing
+                    // about what is stored: what is there stays.
+                    Err(e) => {
+                        tracing::warn!(
+                            uri = %t.uri,
+                            error = %e,
+                            "final poll: the stored snapshot could not be read back; it stays, the answer is not stored"
+                        );
+                        return Ok((n, Stored::Refused(Refusal::StoredUnknown)));
+                    }
+                }
+            }
+        }
+        if final_poll {
+            // Against the longer of what this process last stored and what the record says
+            // the bucket may hold: an upload whose answer never came may have landed (the
+            // record keeps the longer of the two lists for it; one the store refused was
+            // put back by its task).
+            let before = [
+                previous.and_then(|p| p.list_len),
+                recorded.and_then(|r| r.list_len),
+            ]
+            .into_iter()
+            .flatten()
+            .max();
+            if let (Some(now), Some(before)) = (checked.list_len, before) {
+                if now < before {
+                    return Ok((n, Stored::Refused(Refusal::SmallerList)));
+                }
+            }
+        }
+        let hash = xxhash_rust::xxh3::xxh3_128(&body);
+        if previous.map(|p| p.hash) == Some(hash) {
+            return Ok((n, Stored::Unchanged));
+        }
+        let upload = Upload {
+            fetcher: self.fetcher.clone(),
+            record: self.record.clone(),
+            session: self.session.clone(),
+            uri: t.uri.clone(),
+            key: key.clone(),
+            path,
+            snapshot: Snapshot {
+                hash,
+                list_len: checked.list_len,
+            },
+            recorded: Recorded {
+                list_len: checked.list_len,
+                bytes: n,
+            },
+        };
+        // A task of its own: a poll abandoned at SIGTERM leaves it running to its answer, and
+        // it holds the lane until it has settled.
+        match tokio::spawn(upload.run(lane, body)).await {
+            Ok(Ok(())) => Ok((n, Stored::Uploaded)),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(DashboardError::UploadLost {
+                key,
+                why: e.to_string(),
+            }),
+        }
+    }
+}
+
+/// One snapshot's upload, run as a task of its own.
+struct Upload {
+    fetcher: Arc<Fetcher>,
+    record: Arc<SnapshotRecord>,
+    session: String,
+    uri: String,
+    key: String,
+    path: ObjectPath,
+    snapshot: Snapshot,
+    recorded: Recorded,
+}
+
+impl Upload {
+    /// Writes the record ahead, uploads `body` and settles what is known of the bucket, all
+    /// while holding the URI's lane: stored, the lane and the record say so; refused by the
+    /// store, the record's entry goes back to what it was (the bucket holds what it held);
+    /// with no answer (a timeout, a connection cut after the request left), the upload may
+    /// land yet: the record keeps the longer of the two lists and the lane knows nothing.
+    async fn run(
+        self,
+        mut lane: tokio::sync::OwnedMutexGuard<Lane>,
+        body: Body,
+    ) -> Result<(), DashboardError> {
+        // Write-ahead: the spool's record covers this snapshot before the bucket may hold it,
+        // so no kill, cut or crash between the two leaves a record shorter than the bucket.
+        let before = self
+            .record
+            .before_upload(&self.session, &self.uri, self.recorded)
+            .await
+            .map_err(|why| DashboardError::Record {
+                key: self.key.clone(),
+                why,
+            })?;
+        // The upload shares the body's bytes; the large-body permit lasts until it is done.
+        let put = self
+            .fetcher
+            .store
+            .put(&self.path, PutPayload::from(body.bytes.clone()))
+            .await;
+        drop(body);
+        match put {
+            Ok(_) => {
+                lane.last = Some(self.snapshot);
+                self.record.stored(&self.session, &self.uri, self.recorded);
+                Ok(())
+            }
+            Err(source) => {
+                if may_have_landed(&source) {
+                    lane.last = None;
+                } else {
+                    self.record.not_stored(&self.session, &self.uri, before);
+                }
+                Err(DashboardError::Upload {
+                    key: self.key,
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// Whether a failed upload may still be stored, or land later: its request may have reached
+/// the store and no answer came back (a timeout, a connection cut after connecting, an
+/// answer that could not be read). An answer with an error status, a failure to connect
+/// and a local I/O error (`file://`) mean nothing was stored. object_store reports the last
+/// attempt of its retries: an earlier attempt that timed out and a last one refused count
+/// as refused.
+fn may_have_landed(e: &object_store::Error) -> bool {
+    use object_store::client::{HttpError, HttpErrorKind};
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(http) = s.downcast_ref::<HttpError>() {
+            return http.kind() != HttpErrorKind::Connect;
+        }
+        source = s.source();
+    }
+    false
+}
+
 fn job_of(datasets_uri: &str) -> String {
     datasets_uri
         .strip_prefix(DATASETS_PREFIX)
@@ -777,6 +946,29 @@ async fn wait_for_shutdown(rx: &mut watch::Receiver<bool>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_upload_left_without_an_answer_may_have_landed() {
+        use object_store::client::{HttpError, HttpErrorKind};
+        let transport = |kind| object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(HttpError::new(kind, std::io::Error::other("no answer"))),
+        };
+        assert!(may_have_landed(&transport(HttpErrorKind::Timeout)));
+        assert!(may_have_landed(&transport(HttpErrorKind::Interrupted)));
+        assert!(may_have_landed(&transport(HttpErrorKind::Request)));
+        assert!(!may_have_landed(&transport(HttpErrorKind::Connect)));
+        let refused = object_store::Error::PermissionDenied {
+            path: "k".to_string(),
+            source: "AccessDenied".into(),
+        };
+        assert!(!may_have_landed(&refused));
+        let local = object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(std::io::Error::other("disk full")),
+        };
+        assert!(!may_have_landed(&local));
+    }
 
     #[test]
     fn keys_are_single_valid_segments() {

@@ -11,12 +11,16 @@
 //!
 //! It is written atomically (temp file, fsync, rename) BEFORE each upload that makes an entry
 //! grow (write-ahead, with the longer of the old and the new list), and after a poll with the
-//! exact figures: a poll cut at the shutdown deadline or a kill -9 between an upload and the
-//! end of its poll leaves a record at least as long as the bucket, and a failed upload only
-//! makes it more cautious. A record that is missing, too large, not of this shape or of
-//! another storage or cluster is not used (the final poll then falls back to reading the
-//! bucket), never a reason not to start; one that cannot be written is removed, so a restart
-//! reads the bucket rather than trusting a stale record.
+//! figures each upload settled: the new snapshot's once it is stored; the entry from before
+//! the upload when the store answered that it did not store it (an error status, a local I/O
+//! error, no connection made); the longer of the two when the answer never came (a timeout,
+//! a connection cut after the request left), since that upload may still land. So a poll cut
+//! at the shutdown deadline or a kill -9 between an upload and the end of its poll leaves a
+//! record at least as long as the bucket, and a refused upload does not leave the record
+//! claiming a list the bucket never got (review r41e D1, D2). A record that is missing, too
+//! large, not of this shape or of another storage or cluster is not used (the final poll then
+//! falls back to reading the bucket), never a reason not to start; one that cannot be written
+//! is removed, so a restart reads the bucket rather than trusting a stale record.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -156,42 +160,62 @@ impl SnapshotRecord {
         self.state().data.snapshots.get(uri).copied()
     }
 
-    /// Sets the entry of `uri`; false when the record is full and `uri` not in it.
-    fn set(&self, uri: &str, entry: impl FnOnce(Option<Recorded>) -> Recorded) -> bool {
+    /// Sets (or, with `None`, removes) the entry of `uri` in `session`; false when the record
+    /// is of another session, or full and `uri` not in it.
+    fn set(
+        &self,
+        session: &str,
+        uri: &str,
+        entry: impl FnOnce(Option<Recorded>) -> Option<Recorded>,
+    ) -> bool {
         let mut st = self.state();
+        if st.data.session != session {
+            return false;
+        }
         let old = st.data.snapshots.get(uri).copied();
         if old.is_none() && st.data.snapshots.len() >= MAX_RECORDED_SNAPSHOTS {
             return false;
         }
         let new = entry(old);
-        if old != Some(new) {
-            st.data.snapshots.insert(uri.to_string(), new);
+        if old != new {
+            match new {
+                Some(new) => st.data.snapshots.insert(uri.to_string(), new),
+                None => st.data.snapshots.remove(uri),
+            };
             st.dirty = true;
         }
         true
     }
 
-    /// Write-ahead, before `snapshot` is uploaded for `uri`: the entry becomes at least
-    /// `snapshot` (the longer list of the old and the new) and is written durably before this
-    /// returns. A process killed during or after the upload leaves a record that covers what
-    /// the bucket holds; a failed upload only makes it more cautious. When the record cannot
-    /// be written (a full disk, a directory in its place) the file is removed, so a restart
-    /// reads the bucket instead of trusting a stale record; an error means not even that
-    /// worked, and the caller must not upload.
-    pub async fn before_upload(&self, uri: &str, snapshot: Recorded) -> Result<(), String> {
+    /// Write-ahead, before `snapshot` is uploaded for `uri` in `session`: the entry becomes
+    /// at least `snapshot` (the longer list of the old and the new) and is written durably
+    /// before this returns. A process killed during or after the upload leaves a record that
+    /// covers what the bucket holds. Returns the entry as it was before, for
+    /// [`Self::not_stored`]. When the record cannot be written (a full disk, a directory in
+    /// its place) the file is removed, so a restart reads the bucket instead of trusting a
+    /// stale record; an error means not even that worked, and the caller must not upload.
+    /// Another session than the record's (the poller moved on) changes nothing.
+    pub async fn before_upload(
+        &self,
+        session: &str,
+        uri: &str,
+        snapshot: Recorded,
+    ) -> Result<Option<Recorded>, String> {
         let mut grew = false;
-        let recorded = self.set(uri, |old| {
+        let mut before = None;
+        let recorded = self.set(session, uri, |old| {
+            before = old;
             let new = old.map_or(snapshot, |o| o.at_least(snapshot));
             grew = old != Some(new);
-            new
+            Some(new)
         });
         if !recorded || !grew || self.path.is_none() {
-            // Full: the final poll reads the bucket for this URI. Not grown: what is on disk
-            // already covers the upload.
-            return Ok(());
+            // Full or another session: the final poll reads the bucket for this URI. Not
+            // grown: what is on disk already covers the upload.
+            return Ok(before);
         }
         let Err(why) = self.write().await else {
-            return Ok(());
+            return Ok(before);
         };
         match self.discard() {
             Ok(()) => {
@@ -199,7 +223,7 @@ impl SnapshotRecord {
                     %why,
                     "the record of stored dashboard snapshots could not be written; it is removed, a restart reads the bucket instead"
                 );
-                Ok(())
+                Ok(before)
             }
             Err(e) => Err(format!("{why}; removing it failed too: {e}")),
         }
@@ -225,10 +249,18 @@ impl SnapshotRecord {
         }
     }
 
-    /// Records the snapshot just stored for `uri`, exactly (it may be shorter than the entry
-    /// written ahead); written by the next [`Self::save`].
-    pub fn stored(&self, uri: &str, snapshot: Recorded) {
-        self.set(uri, |_| snapshot);
+    /// Records the snapshot just stored for `uri` in `session`, exactly (it may be shorter
+    /// than the entry written ahead); written by the next [`Self::save`].
+    pub fn stored(&self, session: &str, uri: &str, snapshot: Recorded) {
+        self.set(session, uri, |_| Some(snapshot));
+    }
+
+    /// The store answered that the upload for `uri` in `session` was not stored: the entry
+    /// goes back to `before` (what [`Self::before_upload`] returned; none removes it), the
+    /// bucket holding what it held. In memory until the next [`Self::save`]: the file stays
+    /// the more cautious meanwhile.
+    pub fn not_stored(&self, session: &str, uri: &str, before: Option<Recorded>) {
+        self.set(session, uri, |_| before);
     }
 
     /// Writes the record if it changed. A failure is logged: the record on disk stays as
@@ -314,7 +346,7 @@ mod tests {
             list_len: Some(3),
             bytes: 120,
         };
-        r.stored("/pgs", pgs);
+        r.stored("session_1", "/pgs", pgs);
         r.save().await;
         let elsewhere = SnapshotRecord::load(dir.path(), "file:///b c2");
         elsewhere.enter_session("session_1");
@@ -344,20 +376,59 @@ mod tests {
             list_len: Some(2),
             bytes: 20,
         };
-        r.before_upload("/pgs", five).await.unwrap();
+        assert_eq!(r.before_upload("s", "/pgs", five).await.unwrap(), None);
         let on_disk = || {
             let again = SnapshotRecord::load(dir.path(), "p");
             again.enter_session("s");
             again.get("/pgs")
         };
         assert_eq!(on_disk(), Some(five), "durable before the upload");
-        r.stored("/pgs", five);
+        r.stored("s", "/pgs", five);
         // A shorter list: until its upload is done the record keeps the longer one.
-        r.before_upload("/pgs", two).await.unwrap();
+        assert_eq!(r.before_upload("s", "/pgs", two).await.unwrap(), Some(five));
         assert_eq!(on_disk(), Some(five));
-        r.stored("/pgs", two);
+        r.stored("s", "/pgs", two);
         r.save().await;
         assert_eq!(on_disk(), Some(two));
+    }
+
+    #[tokio::test]
+    async fn an_upload_the_store_refused_puts_the_entry_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = SnapshotRecord::load(dir.path(), "p");
+        r.enter_session("s");
+        let on_disk = || {
+            let again = SnapshotRecord::load(dir.path(), "p");
+            again.enter_session("s");
+            again.get("/pgs")
+        };
+        let three = Recorded {
+            list_len: Some(3),
+            bytes: 30,
+        };
+        let five = Recorded {
+            list_len: Some(5),
+            bytes: 50,
+        };
+        // Nothing stored, and the first upload refused: nothing is recorded (review r41e D2).
+        let before = r.before_upload("s", "/pgs", three).await.unwrap();
+        r.not_stored("s", "/pgs", before);
+        assert_eq!(r.get("/pgs"), None);
+        r.save().await;
+        assert_eq!(on_disk(), None);
+        // 3 stored, then 5 refused: back to 3 (review r41e D1).
+        r.before_upload("s", "/pgs", three).await.unwrap();
+        r.stored("s", "/pgs", three);
+        let before = r.before_upload("s", "/pgs", five).await.unwrap();
+        assert_eq!(on_disk(), Some(five), "written ahead");
+        r.not_stored("s", "/pgs", before);
+        assert_eq!(r.get("/pgs"), Some(three));
+        r.save().await;
+        assert_eq!(on_disk(), Some(three));
+        // An upload of an earlier session settling late changes nothing.
+        r.enter_session("s2");
+        r.stored("s", "/pgs", five);
+        assert_eq!(r.get("/pgs"), None);
     }
 
     #[tokio::test]
@@ -370,7 +441,7 @@ mod tests {
             list_len: Some(1),
             bytes: 1,
         };
-        r.before_upload("/pgs", one).await.unwrap();
+        r.before_upload("s", "/pgs", one).await.unwrap();
     }
 
     #[test]
@@ -382,7 +453,7 @@ mod tests {
             bytes: 1,
         };
         for i in 0..MAX_RECORDED_SNAPSHOTS + 5 {
-            r.stored(&format!("/u{i}"), one);
+            r.stored("s", &format!("/u{i}"), one);
         }
         assert_eq!(r.state().data.snapshots.len(), MAX_RECORDED_SNAPSHOTS);
         assert_eq!(r.get(&format!("/u{MAX_RECORDED_SNAPSHOTS}")), None);
