@@ -12,7 +12,10 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{json, Value};
 
+use ray_history_collector::contract::endpoints::{endpoint_object_name, FETCHED_ENDPOINTS_DIR};
 use rhc_testkit::collector::{collector_bin, merge_bucket, ship_session_logs};
+use rhc_testkit::http::HttpResponse;
+use rhc_testkit::serve::{set_cookies, Serve};
 use rhc_testkit::services::{run_with_timeout, CommandOutput};
 
 const INSPECT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -77,15 +80,33 @@ fn renamed(e: &mut Value, id: &str) {
     }
 }
 
+/// The fixture's export events besides the Train ones, by file name.
+const OTHER_EXPORTS: [(&str, &str); 3] = [
+    ("event_EXPORT_ACTOR.log", ACTOR),
+    ("event_EXPORT_DRIVER_JOB.log", DRIVER_JOB),
+    ("event_EXPORT_NODE.log", NODE),
+];
+
 /// A session's `logs/` with the Train events given and the fixture's other export events,
 /// through the real collector (cluster `cluster`); returns its bucket.
 fn collect(work: &Path, session: &str, cluster: &str, train: &str) -> PathBuf {
+    collect_with(work, session, cluster, train, &OTHER_EXPORTS)
+}
+
+/// [`collect`] with `others` (file name, lines) as the other export event files.
+fn collect_with(
+    work: &Path,
+    session: &str,
+    cluster: &str,
+    train: &str,
+    others: &[(&str, &str)],
+) -> PathBuf {
     let logs = work.join("fixture/logs/export_events");
     std::fs::create_dir_all(&logs).unwrap();
     std::fs::write(logs.join("event_EXPORT_TRAIN_STATE.log"), train).unwrap();
-    std::fs::write(logs.join("event_EXPORT_ACTOR.log"), ACTOR).unwrap();
-    std::fs::write(logs.join("event_EXPORT_DRIVER_JOB.log"), DRIVER_JOB).unwrap();
-    std::fs::write(logs.join("event_EXPORT_NODE.log"), NODE).unwrap();
+    for (name, lines) in others {
+        std::fs::write(logs.join(name), lines).unwrap();
+    }
     // The node's id, where the collector learns it (as a real raylet writes it).
     std::fs::write(
         work.join("fixture/logs/raylet.out"),
@@ -502,4 +523,117 @@ fn train_run_in_full_compare_runs_and_unknown_fields() {
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains(&format!("<code>{command}</code>")), "{page}");
     assert!(page.contains("<th>workers</th><th>framework</th>"));
+}
+
+/// The URI of Ray 2.60's Train V2 runs (`TrainHead.get_train_v2_runs`).
+const RUNS_URI: &str = "/api/train/v2/runs/v1";
+
+/// `serve` on a bucket, entered into one session.
+struct Served {
+    serve: Serve,
+    cookies: Vec<(String, String)>,
+}
+
+impl Served {
+    fn start(work: &Path, store: &Path, cluster: &str, session: &str) -> Served {
+        let serve = Serve::start(store.to_str().unwrap(), &work.join("serve.log"), &[], &[]);
+        let entered = serve
+            .get(
+                &format!("/enter_cluster/default/raycluster/{cluster}/{session}"),
+                &[],
+            )
+            .unwrap();
+        assert_eq!(entered.status, 200, "{}", serve.log_text());
+        let cookies = set_cookies(&entered);
+        Served { serve, cookies }
+    }
+
+    fn runs(&self) -> HttpResponse {
+        let got = self.serve.get(RUNS_URI, &self.cookies).unwrap();
+        assert_eq!(got.status, 200, "{}", self.serve.log_text());
+        got
+    }
+
+    fn runs_json(&self) -> Value {
+        let got = self.runs();
+        serde_json::from_slice(&got.body)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&got.body)))
+    }
+}
+
+/// The fixture's latest event of `source_type`, as a new event (`event_id` `n`, so the
+/// collector's deduplication keeps it) edited by `edit` (given its `event_data`), as a line.
+fn event_line(source_type: &str, n: u64, edit: &dyn Fn(&mut Value)) -> String {
+    let mut e: Value = TRAIN
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["source_type"] == source_type)
+        .last()
+        .unwrap();
+    e["event_id"] = json!(format!("{n:036x}"));
+    edit(&mut e["event_data"]);
+    format!("{e}\n")
+}
+
+/// Issue 37 (r37d): a Train status detail, a run's name and a worker's log path are kept
+/// whole, as Ray's Train head answers them (Ray bounds a status detail at 50,000
+/// characters), not cut at inspect's 512 bytes for names and ids.
+#[test]
+fn train_texts_are_kept_whole() {
+    let work = tempfile::tempdir().unwrap();
+    let mut detail =
+        String::from("Training failed due to worker errors:\n[Rank 0 Error Snippet]:\n");
+    for i in 0..200 {
+        detail.push_str(&format!(
+            "  File \"/home/ray/app/train_{i}.py\", line {i}, in step_{i}\n    loss = model(b)\n"
+        ));
+    }
+    detail.push_str("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n");
+    assert!(detail.len() > 10_000 && detail.chars().count() < 50_000);
+    let name = format!("probe-{}", "é".repeat(400));
+    let log = format!(
+        "/tmp/ray/session_latest/logs/train/{}/worker-0.log",
+        "d".repeat(700)
+    );
+    let train = train_lines(&|e| {
+        let is_run = e["source_type"] == "EXPORT_TRAIN_RUN";
+        let d = &mut e["event_data"];
+        if is_run {
+            d["name"] = json!(name);
+        }
+        if d["status"] == "FINISHED" {
+            d["status"] = json!("ERRORED");
+            d["status_detail"] = json!(detail);
+        }
+        if let Some(ws) = d["workers"].as_array_mut() {
+            for w in ws {
+                w["log_file_path"] = json!(log);
+            }
+        }
+    });
+    let store = collect(work.path(), SESSION_A, "train", &train);
+    let dir = store.to_str().unwrap();
+
+    let out = inspect(&[dir, "--session", SESSION_A, "--train-run", RUN_A, "--json"]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let run = &serde_json::from_str::<Value>(&out.stdout).unwrap()["train_run"];
+    assert_eq!(run["name"], name.as_str());
+    assert_eq!(run["status"], "ERRORED");
+    assert_eq!(run["status_detail"], detail.as_str());
+    let history = run["status_history"].as_array().unwrap();
+    assert_eq!(history.last().unwrap()["detail"], detail.as_str());
+    let attempt = &run["attempts"][0];
+    assert_eq!(attempt["status_detail"], detail.as_str());
+    for w in attempt["workers"].as_array().unwrap() {
+        assert_eq!(w["log_file_path"], log.as_str());
+    }
+
+    let served = Served::start(work.path(), &store, "train", SESSION_A).runs_json();
+    let run = &served["train_runs"][0];
+    assert_eq!(run["name"], name.as_str());
+    assert_eq!(run["status_detail"], detail.as_str());
+    assert_eq!(run["attempts"][0]["status_detail"], detail.as_str());
+    for w in run["attempts"][0]["workers"].as_array().unwrap() {
+        assert_eq!(w["log_file_path"], log.as_str());
+    }
 }

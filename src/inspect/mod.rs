@@ -273,6 +273,11 @@ const MAX_PROBLEM_DETAILS: usize = 200;
 const MAX_ERROR_MESSAGE_BYTES: usize = 16 << 10;
 /// Longest id, name or state kept from an event.
 const MAX_FIELD_BYTES: usize = 512;
+/// Longest text of a Ray Train run or attempt kept (its status detail, name, log paths):
+/// Ray's own bound on a Train status detail, `MAX_ERROR_STACK_TRACE_LENGTH` (50,000
+/// characters) in `ray.train.v2._internal.state.schema`, so whatever Ray's Train head can
+/// answer is kept whole (a failed run's detail is the workers' tracebacks, often many KiB).
+const MAX_TRAIN_TEXT_CHARS: usize = 50_000;
 /// Widest text-table cell.
 const MAX_CELL_CHARS: usize = 100;
 

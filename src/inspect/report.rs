@@ -865,7 +865,7 @@ pub(super) fn shape_report(
                 workers,
                 framework,
                 ray_train_version: member(&data, "ray_train_version"),
-                controller_log_file_path: super::extract::get_str(
+                controller_log_file_path: super::extract::get_train_text(
                     &data,
                     "controllerLogFilePath",
                     "controller_log_file_path",
