@@ -637,3 +637,62 @@ fn train_texts_are_kept_whole() {
         assert_eq!(w["log_file_path"], log.as_str());
     }
 }
+
+/// Issue 37 (r37d): attempts, and inspect's runs, in the order of their start times, not of
+/// their RFC 3339 text (where a whole second, `…25Z`, sorts after `…25.000000001Z`).
+#[test]
+fn attempts_and_runs_are_in_time_order() {
+    let work = tempfile::tempdir().unwrap();
+    const T0: i64 = 1_795_313_305_000_000_000;
+    const RUN_LATER: &str = "1a4afcdffed845d89575cec07359e11c";
+    // (attempt id, start offset in ns): id order and text order both differ from time order.
+    let attempts = [
+        ("cc000000000000000000000000000000", 99),
+        ("bb000000000000000000000000000000", 0),
+        ("aa000000000000000000000000000000", 1),
+    ];
+    let mut train = String::new();
+    let mut n = 0;
+    for (run, start) in [(RUN_A, T0), (RUN_LATER, T0 + 1)] {
+        n += 1;
+        train.push_str(&event_line("EXPORT_TRAIN_RUN", n, &|d| {
+            d["id"] = json!(run);
+            d["start_time_ns"] = json!(start.to_string());
+            d["end_time_ns"] = json!((start + 1_000).to_string());
+        }));
+    }
+    for (id, offset) in attempts {
+        n += 1;
+        train.push_str(&event_line("EXPORT_TRAIN_RUN_ATTEMPT", n, &|d| {
+            d["attempt_id"] = json!(id);
+            d["start_time_ns"] = json!((T0 + offset).to_string());
+            d["end_time_ns"] = json!((T0 + offset + 1).to_string());
+        }));
+    }
+    let mut by_time = attempts.to_vec();
+    by_time.sort_by_key(|(_, offset)| *offset);
+    let expected: Vec<&str> = by_time.iter().map(|(id, _)| *id).collect();
+    let store = collect(work.path(), SESSION_A, "train", &train);
+    let dir = store.to_str().unwrap();
+
+    let out = inspect(&[dir, "--session", SESSION_A, "--json"]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let report: Value = serde_json::from_str(&out.stdout).unwrap();
+    let ids = |v: &Value, key: &str| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x[key].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids(&report["train_runs"], "run_id"), [RUN_A, RUN_LATER]);
+    let run = &report["train_runs"][0];
+    assert_eq!(ids(&run["attempts"], "attempt_id"), expected);
+
+    let served = Served::start(work.path(), &store, "train", SESSION_A).runs_json();
+    assert_eq!(ids(&served["train_runs"], "id"), [RUN_LATER, RUN_A]);
+    assert_eq!(
+        ids(&served["train_runs"][1]["attempts"], "attempt_id"),
+        expected
+    );
+}

@@ -239,6 +239,10 @@ pub(super) struct TrainRunEntry {
     pub(super) attempts: Vec<TrainAttemptEntry>,
     #[serde(skip)]
     pub(super) duration_ns: Option<i64>,
+    /// `started` as Unix nanoseconds: runs are ordered by it (RFC 3339 text does not sort
+    /// as time: `…25Z` after `…25.000000001Z`).
+    #[serde(skip)]
+    pub(super) started_ns: Option<i64>,
 }
 
 /// The members of a Train run's `event_data` that [`TrainRunEntry`] shows by name.
@@ -308,6 +312,9 @@ pub(super) struct TrainAttemptEntry {
     /// The other members of the attempt's latest event, under their own names.
     pub(super) other_fields: serde_json::Map<String, serde_json::Value>,
     pub(super) workers: Vec<TrainWorker>,
+    /// `started` as Unix nanoseconds: attempts are ordered by it.
+    #[serde(skip)]
+    pub(super) started_ns: Option<i64>,
 }
 
 /// Objects and lines that could not be used, with a sample of why. Keys are escaped
@@ -813,6 +820,7 @@ pub(super) fn shape_report(
                         status: latest.as_ref().and_then(|e| e.status.clone()),
                         status_detail: latest.as_ref().and_then(|e| e.status_detail.clone()),
                         started: a.started_ns.map(format_time_json),
+                        started_ns: a.started_ns,
                         ended: a.ended_ns.map(format_time_json),
                         status_history: status_history(a.history),
                         resources: member(&data, "resources"),
@@ -836,7 +844,7 @@ pub(super) fn shape_report(
                 })
                 .collect();
             run_attempts
-                .sort_by(|a, b| (&a.started, &a.attempt_id).cmp(&(&b.started, &b.attempt_id)));
+                .sort_by(|a, b| (a.started_ns, &a.attempt_id).cmp(&(b.started_ns, &b.attempt_id)));
             let data = latest.as_ref().map(|e| e.data.clone()).unwrap_or_default();
             let run_settings = member(&data, "run_settings");
             let framework = super::extract::get_str(
@@ -888,6 +896,7 @@ pub(super) fn shape_report(
                 status: latest.as_ref().and_then(|e| e.status.clone()),
                 status_detail: latest.as_ref().and_then(|e| e.status_detail.clone()),
                 started: r.started_ns.map(format_time_json),
+                started_ns: r.started_ns,
                 ended: r.ended_ns.map(format_time_json),
                 duration_ns: r
                     .started_ns
@@ -900,7 +909,7 @@ pub(super) fn shape_report(
             }
         })
         .collect();
-    entries.sort_by(|a, b| (&a.started, &a.run_id).cmp(&(&b.started, &b.run_id)));
+    entries.sort_by(|a, b| (a.started_ns, &a.run_id).cmp(&(b.started_ns, &b.run_id)));
     report.train_runs = entries;
     Ok(())
 }
