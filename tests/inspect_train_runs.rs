@@ -638,6 +638,25 @@ fn train_texts_are_kept_whole() {
     }
 }
 
+/// Issue 37 (r37d): `checkpoint_config.num_to_keep`, a uint64 in the export event (so a
+/// string in its JSON), is a number in Ray's answer.
+#[test]
+fn checkpoint_num_to_keep_is_a_number() {
+    let work = tempfile::tempdir().unwrap();
+    let train = train_lines(&|e| {
+        if e["source_type"] == "EXPORT_TRAIN_RUN" {
+            e["event_data"]["run_settings"]["run_config"]["checkpoint_config"]["num_to_keep"] =
+                json!("3");
+        }
+    });
+    let store = collect(work.path(), SESSION_A, "train", &train);
+    let served = Served::start(work.path(), &store, "train", SESSION_A).runs_json();
+    assert_eq!(
+        served["train_runs"][0]["run_settings"]["run_config"]["checkpoint_config"]["num_to_keep"],
+        json!(3)
+    );
+}
+
 /// Issue 37 (r37d): attempts, and inspect's runs, in the order of their start times, not of
 /// their RFC 3339 text (where a whole second, `…25Z`, sorts after `…25.000000001Z`).
 #[test]

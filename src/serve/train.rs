@@ -137,8 +137,9 @@ fn unix_ns(t: &Value) -> Option<i64> {
 ///   `num_workers_fixed` (or `num_workers_range` as `[min, max]`), `data_config.datasets_to_split`
 ///   its `all: {}` (`"all"`) or `datasets.values`, `backend_config.framework`'s
 ///   `TRAINING_FRAMEWORK_UNSPECIFIED` is `null` and another value lower-case, as is
-///   `checkpoint_score_order`; a map the event wraps in `values` is the map; an optional
-///   member protobuf left out is `null`;
+///   `checkpoint_score_order`; `checkpoint_config.num_to_keep` (the settings' one 64-bit
+///   integer, which protobuf's JSON writes as a string) is a number; a map the event wraps
+///   in `values` is the map; an optional member protobuf left out is `null`;
 /// - a worker's `processStats` and `gpus` are Ray's live decorations: `null` and `[]`.
 fn ray_run(run: &Value, job: Option<Value>) -> Value {
     let mut out = Map::new();
@@ -274,6 +275,19 @@ fn lower(o: &mut Map<String, Value>, snake: &str) {
     o.insert(snake.into(), v);
 }
 
+/// A 64-bit integer as Ray's model has it (a number), where protobuf's JSON wrote it as a
+/// string (`"3"`); anything else as it is.
+fn int64(v: Value) -> Value {
+    match &v {
+        Value::String(s) => match (s.parse::<i64>(), s.parse::<u64>()) {
+            (Ok(n), _) => Value::from(n),
+            (_, Ok(n)) => Value::from(n),
+            _ => v,
+        },
+        _ => v,
+    }
+}
+
 /// A map the export event wraps as `{"values": {...}}` (a protobuf message around a map),
 /// unwrapped.
 fn unwrap_values(v: Value) -> Value {
@@ -345,6 +359,9 @@ fn ray_settings(settings: &Value) -> Value {
         if let Some(Value::Object(c)) = r.get_mut("checkpoint_config") {
             lower(c, "checkpoint_score_order");
             optional(c, "num_to_keep");
+            if let Some(n) = c.get_mut("num_to_keep") {
+                *n = int64(n.take());
+            }
             optional(c, "checkpoint_score_attribute");
         }
     }
@@ -383,7 +400,8 @@ mod tests {
                                "resources_per_worker": {"values": {"CPU": 1.0}},
                                "invented": {"deep": [1, 2]}},
             "data_config": {"all": {}, "enable_shard_locality": true},
-            "run_config": {"name": "r", "checkpoint_config": {"checkpoint_score_order": "MAX"},
+            "run_config": {"name": "r", "checkpoint_config": {"checkpoint_score_order": "MAX",
+                                                              "num_to_keep": "3"},
                            "storage_path": "/s"},
             "datasets": ["train"],
         });
@@ -404,6 +422,7 @@ mod tests {
             ray["run_config"]["checkpoint_config"]["checkpoint_score_order"],
             "max"
         );
+        assert_eq!(ray["run_config"]["checkpoint_config"]["num_to_keep"], 3);
         assert_eq!(ray["run_config"]["storage_filesystem"], Value::Null);
         assert_eq!(ray["datasets"], json!(["train"]));
 
