@@ -657,6 +657,28 @@ fn checkpoint_num_to_keep_is_a_number() {
     );
 }
 
+/// Issue 37 (r37d): `job_details` is null for a job no driver job event recorded (known
+/// only from the Train events), and the driver's IP is the one `EXPORT_DRIVER_JOB` gives.
+#[test]
+fn job_details_are_what_the_driver_job_events_say() {
+    let work = tempfile::tempdir().unwrap();
+    let alone = collect_with(&work.path().join("a"), SESSION_A, "train", TRAIN, &[]);
+    let served = Served::start(work.path(), &alone, "train", SESSION_A).runs_json();
+    assert_eq!(served["train_runs"][0]["job_details"], Value::Null);
+
+    let driver: Value = serde_json::from_str(DRIVER_JOB.lines().last().unwrap()).unwrap();
+    let ip = driver["event_data"]["driver_ip_address"].as_str().unwrap();
+    let store = collect(&work.path().join("b"), SESSION_A, "train", TRAIN);
+    let served = Served::start(work.path(), &store, "train", SESSION_A).runs_json();
+    let job = &served["train_runs"][0]["job_details"];
+    assert_eq!(job["driver_info"]["node_ip_address"], ip);
+    assert_eq!(
+        job["driver_info"]["pid"],
+        driver["event_data"]["driver_pid"]
+    );
+    assert_eq!(job["entrypoint"], driver["event_data"]["entrypoint"]);
+}
+
 /// Issue 37 (r37d): attempts, and inspect's runs, in the order of their start times, not of
 /// their RFC 3339 text (where a whole second, `…25Z`, sorts after `…25.000000001Z`).
 #[test]

@@ -70,6 +70,8 @@ pub(super) enum Body {
         started_ns: Option<i64>,
         ended_ns: Option<i64>,
         driver_pid: Option<i64>,
+        /// `driver_ip_address`: the driver's node IP as the job table has it.
+        driver_ip: Option<String>,
     },
     ExportActor {
         actor_id: String,
@@ -514,6 +516,7 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
                 started_ns: get_ms_as_ns(data, "start_time"),
                 ended_ns: get_ms_as_ns(data, "end_time"),
                 driver_pid: get_i64(data, "driver_pid", "driverPid"),
+                driver_ip: get_str(data, "driver_ip_address", "driverIpAddress"),
             })
         }
         "EXPORT_ACTOR" => get_id(data, "actor_id", "actorId").map(|actor_id| {

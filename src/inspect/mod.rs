@@ -123,7 +123,7 @@
 //!                speaks of it), "resources": {..}, "objects", "bytes",
 //!                "log_objects", "log_bytes" } ],
 //!   "jobs": [ { "job_id", "status" ("CREATED"|"FINISHED"|"UNKNOWN"), "entrypoint",
-//!               "driver_pid", "driver_node_id", "started", "ended",
+//!               "driver_pid", "driver_node_id", "driver_ip", "started", "ended",
 //!               "tasks": { "total", "by_state": {..} } } ],
 //!   "tasks": { "total", "by_state": { "FINISHED": n, "FAILED": n, .. } },
 //!   "failed_tasks_total",

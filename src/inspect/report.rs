@@ -148,9 +148,15 @@ pub(super) struct JobEntry {
     pub(super) entrypoint: Option<String>,
     pub(super) driver_pid: Option<i64>,
     pub(super) driver_node_id: Option<String>,
+    /// The driver's IP, as `EXPORT_DRIVER_JOB` gives it.
+    pub(super) driver_ip: Option<String>,
     pub(super) started: Option<String>,
     pub(super) ended: Option<String>,
     pub(super) tasks: TaskCounts,
+    /// A driver job event spoke of it (else it is known only from its tasks, actors or
+    /// Train runs, and `status` is `UNKNOWN`).
+    #[serde(skip)]
+    pub(super) recorded: bool,
     #[serde(skip)]
     pub(super) duration_ns: Option<i64>,
     #[serde(skip)]
@@ -615,6 +621,8 @@ pub(super) fn shape_report(
                 entrypoint: j.entrypoint,
                 driver_pid: j.driver_pid,
                 driver_node_id: j.driver_node_id,
+                driver_ip: j.driver_ip,
+                recorded: j.recorded,
                 started: started.map(format_time_json),
                 ended: ended.map(format_time_json),
                 tasks,

@@ -20,11 +20,13 @@
 //! - **What a dead cluster cannot say.** Ray decorates each live worker with its process's
 //!   `processStats` and `gpus` from the actor table at query time: here `null` and `[]`.
 //!   `job_details` is the session's job as `/api/jobs/{id}` answers it (KubeRay's job shape,
-//!   which is Ray's `JobDetails`) with its driver's node IP from the session's nodes: the job
-//!   table's metadata, runtime env and exit code are not in the events read (`null`), and
-//!   `status` follows the driver's events (`RUNNING` until its end was recorded, then
-//!   `SUCCEEDED`), where Ray's job table says what it said at query time. A run whose job the
-//!   session does not know has `job_details: null`, as Ray answers it.
+//!   which is Ray's `JobDetails`) with its driver's node IP from the session's nodes (else
+//!   `EXPORT_DRIVER_JOB`'s `driver_ip_address`): the job table's metadata, runtime env and
+//!   exit code are not in the events read (`null`), and `status` follows the driver's events
+//!   (`RUNNING` until its end was recorded, then `SUCCEEDED`), where Ray's job table says what
+//!   it said at query time. A run whose job no driver job event recorded (the session knows
+//!   it only from the Train events, its tasks or actors) has `job_details: null`, as Ray
+//!   answers a job its job table does not have.
 
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
@@ -66,6 +68,7 @@ fn runs_response(index: &SessionIndex) -> Value {
             let job = run["job_id"]
                 .as_str()
                 .and_then(|id| index.facts.jobs.iter().find(|j| j.job_id == id))
+                .filter(|j| j.recorded)
                 .map(|j| job_details(j, index));
             ray_run(run, job)
         })
@@ -80,14 +83,18 @@ fn runs_response(index: &SessionIndex) -> Value {
 /// code 0) as Ray's `null`.
 fn job_details(j: &crate::inspect::JobFacts, index: &SessionIndex) -> Value {
     let mut v = job_json(j);
-    let ip = j.driver_node_id.as_deref().and_then(|id| {
-        index
-            .facts
-            .nodes
-            .iter()
-            .find(|n| n.node_id == id)
-            .and_then(|n| n.ip.clone())
-    });
+    let ip = j
+        .driver_node_id
+        .as_deref()
+        .and_then(|id| {
+            index
+                .facts
+                .nodes
+                .iter()
+                .find(|n| n.node_id == id)
+                .and_then(|n| n.ip.clone())
+        })
+        .or_else(|| j.driver_ip.clone());
     if let (Some(ip), Some(driver)) = (ip, v.get_mut("driver_info")) {
         driver["node_ip_address"] = Value::String(ip);
     }
@@ -453,8 +460,10 @@ mod tests {
                 entrypoint: Some("python train.py".into()),
                 driver_pid: Some(42),
                 driver_node_id: Some("aa".into()),
+                driver_ip: None,
                 started: Some("2026-11-22T02:08:25.597485314Z".into()),
                 ended: None,
+                recorded: true,
             }],
             nodes: vec![NodeFacts {
                 node_id: "aa".into(),
