@@ -638,6 +638,112 @@ fn train_texts_are_kept_whole() {
     }
 }
 
+/// Issue 37 (r37d): the driver died mid-training, so the run's and its attempt's last
+/// events say RUNNING while the TrainController actor is DEAD. Ray's Train head answers such
+/// a run ABORTED, "Terminated due to system errors or killed by the user." (its
+/// `_get_run_status`), leaving the end time and the attempt as recorded, and a worker's
+/// status is its actor's state; a run in another state is answered as recorded.
+#[test]
+fn a_running_run_whose_controller_died_is_aborted() {
+    let work = tempfile::tempdir().unwrap();
+    const RUN_S: &str = "5c4afcdffed845d89575cec07359e11c";
+    // The fixture up to RUNNING; and a second run that got to SCHEDULING only.
+    let mut train = String::new();
+    let mut scheduling = String::new();
+    for line in TRAIN.lines() {
+        let mut e: Value = serde_json::from_str(line).unwrap();
+        if e["event_data"]["status"] == "FINISHED" {
+            continue;
+        }
+        train.push_str(line);
+        train.push('\n');
+        if e["source_type"] == "EXPORT_TRAIN_RUN"
+            && ["INITIALIZING", "SCHEDULING"].contains(&e["event_data"]["status"].as_str().unwrap())
+        {
+            renamed(&mut e, RUN_S);
+            e["event_id"] = json!(format!("{}-s", e["event_id"].as_str().unwrap()));
+            scheduling.push_str(&format!("{e}\n"));
+        }
+    }
+    train.push_str(&scheduling);
+    // Expected, from the fixture: the controller's and the workers' actors ended DEAD.
+    let runs = fixture("EXPORT_TRAIN_RUN");
+    let controller = runs[0]["controller_actor_id"].as_str().unwrap();
+    let actor_states = |id: &str| -> Vec<String> {
+        ACTOR
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|a| a["event_data"]["actor_id"] == id)
+            .map(|a| a["event_data"]["state"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(actor_states(controller).last().unwrap(), "DEAD");
+    let store = collect(work.path(), SESSION_A, "train", &train);
+    let dir = store.to_str().unwrap();
+    const DETAIL: &str = "Terminated due to system errors or killed by the user.";
+
+    let out = inspect(&[dir, "--session", SESSION_A, "--train-run", RUN_A, "--json"]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let run = &serde_json::from_str::<Value>(&out.stdout).unwrap()["train_run"];
+    assert_eq!(run["status"], "ABORTED");
+    assert_eq!(run["status_detail"], DETAIL);
+    assert_eq!(run["ended"], Value::Null);
+    let last = run["status_history"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (&last["status"], &last["detail"]),
+        (&json!("ABORTED"), &json!(DETAIL))
+    );
+    assert!(last["time"].is_string(), "{last}");
+    assert_eq!(run["attempts"][0]["status"], "RUNNING");
+    let text = inspect(&[dir, "--session", SESSION_A, "--train-run", RUN_A]).stdout;
+    assert!(text.contains("  status:             ABORTED\n"), "{text}");
+    let out = inspect(&[dir, "--session", SESSION_A, "--train-run", RUN_S, "--json"]);
+    let other = &serde_json::from_str::<Value>(&out.stdout).unwrap()["train_run"];
+    assert_eq!(other["status"], "SCHEDULING");
+
+    let served = Served::start(work.path(), &store, "train", SESSION_A).runs_json();
+    let by_id = |id: &str| {
+        served["train_runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    let run = by_id(RUN_A);
+    assert_eq!(run["status"], "ABORTED");
+    assert_eq!(run["status_detail"], DETAIL);
+    assert_eq!(run["end_time_ns"], Value::Null);
+    let attempt = &run["attempts"][0];
+    assert_eq!(attempt["status"], "RUNNING");
+    assert_eq!(attempt["end_time_ns"], Value::Null);
+    let workers = attempt["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 2);
+    for w in workers {
+        let actor = base64::engine::general_purpose::STANDARD
+            .encode(hex_bytes(w["actor_id"].as_str().unwrap()));
+        assert_eq!(w["status"], actor_states(&actor).last().unwrap().as_str());
+        assert_eq!(w["status"], "DEAD");
+    }
+    let other = by_id(RUN_S);
+    assert_eq!(other["status"], "SCHEDULING");
+    let scheduling = runs.iter().filter(|r| r["status"] == "SCHEDULING").last();
+    assert_eq!(other["status_detail"], scheduling.unwrap()["status_detail"]);
+}
+
+fn hex_bytes(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
+}
+
 /// Issue 37 (r37d): `checkpoint_config.num_to_keep`, a uint64 in the export event (so a
 /// string in its JSON), is a number in Ray's answer.
 #[test]

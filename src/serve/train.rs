@@ -12,7 +12,11 @@
 //!   `TrainRunsResponse`: `{"train_runs": [DecoratedTrainRun, ...]}`, newest run first (Ray
 //!   sorts by `start_time_ns`, descending). [`ray_run`] undoes each difference between Ray's
 //!   pydantic model and the protobuf export event (the list is in its doc; tests/ray_train_e2e.rs
-//!   checks every leaf against Ray 2.60's live answer).
+//!   checks every leaf against Ray 2.60's live answer). What Ray's head decides at query time
+//!   from the actor table, `inspect` decides from the session's actors (`report.rs`): a run
+//!   still `RUNNING` whose controller actor is `DEAD` is `ABORTED`, "Terminated due to system
+//!   errors or killed by the user." (end time and attempts as recorded), and a worker's
+//!   status is its actor's state (`ALIVE` or `DEAD`) when the session knows the actor.
 //! - **Nothing Ray sent is dropped.** Members of the export event this version does not map
 //!   (at any depth of `run_settings`, and the run's, attempts' and workers' own, such as the
 //!   event's `schema_version`, `ray_train_version` and dashboard panels) are kept under their
