@@ -744,6 +744,52 @@ fn hex_bytes(hex: &str) -> Vec<u8> {
         .collect()
 }
 
+/// Issue 37 (r37d): a snapshot of the Train runs stored at the last live poll, while the run
+/// was still going, gives way per run to the export events that went further (its end, its
+/// attempt's end); a snapshot as far as the events is replayed byte for byte; a run the
+/// snapshot does not list is added.
+#[test]
+fn a_snapshot_gives_way_to_events_that_went_further() {
+    let work = tempfile::tempdir().unwrap();
+    let store = collect(work.path(), SESSION_A, "train", TRAIN);
+    let served = Served::start(work.path(), &store, "train", SESSION_A);
+    let events = served.runs_json();
+    let run = &events["train_runs"][0];
+    assert_eq!(run["status"], "FINISHED");
+    let session_dir = store
+        .join("cluster-history/raycluster/default/train")
+        .join(SESSION_A)
+        .join(FETCHED_ENDPOINTS_DIR);
+    std::fs::create_dir_all(&session_dir).unwrap();
+    let snapshot = session_dir.join(endpoint_object_name(RUNS_URI));
+
+    // The last live poll: the run RUNNING, its attempt RUNNING.
+    let mut lagging = json!({"train_runs": [run.clone()], "rhc_test": "stored"});
+    let r = &mut lagging["train_runs"][0];
+    r["status"] = json!("RUNNING");
+    r["end_time_ns"] = Value::Null;
+    r["attempts"][0]["status"] = json!("RUNNING");
+    r["attempts"][0]["end_time_ns"] = Value::Null;
+    std::fs::write(&snapshot, lagging.to_string()).unwrap();
+    let got = served.runs_json();
+    assert_eq!(got["train_runs"], events["train_runs"]);
+    assert_eq!(got["rhc_test"], "stored");
+
+    // As far as the events (and a run they do not have): replayed as stored.
+    let mut old = run.clone();
+    old["id"] = json!("0000000000000000000000000000beef");
+    old["start_time_ns"] = json!(1);
+    let as_far = json!({"train_runs": [run.clone(), old], "rhc_test": "stored"}).to_string();
+    std::fs::write(&snapshot, &as_far).unwrap();
+    assert_eq!(String::from_utf8_lossy(&served.runs().body), as_far);
+
+    // A snapshot without the run: the run is added.
+    std::fs::write(&snapshot, r#"{"train_runs": [], "rhc_test": "stored"}"#).unwrap();
+    let got = served.runs_json();
+    assert_eq!(got["train_runs"], events["train_runs"]);
+    assert_eq!(got["rhc_test"], "stored");
+}
+
 /// Issue 37 (r37d): `checkpoint_config.num_to_keep`, a uint64 in the export event (so a
 /// string in its JSON), is a number in Ray's answer.
 #[test]

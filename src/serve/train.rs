@@ -3,9 +3,15 @@
 //! `/api/train/v2/runs` is the Train V1 endpoint, whose runs Train V2 does not record, and is
 //! left to the snapshot replay).
 //!
-//! - **A stored snapshot wins.** When the head's collector stored a snapshot of this URI
-//!   (`RAY_COLLECTOR_ADDITIONAL_ENDPOINTS`), it is replayed byte for byte, as `/api/{*path}`
-//!   replays any other (`replay.rs`): it is what Ray itself answered.
+//! - **A stored snapshot wins where it is as far as the events.** When the head's collector
+//!   stored a snapshot of this URI (`RAY_COLLECTOR_ADDITIONAL_ENDPOINTS`), it is what Ray
+//!   itself answered, but at the last poll: a run that went on after it (the head died
+//!   first, or the poll was up to 30 s old) is further in the export events. So, run by run,
+//!   the snapshot's run is kept unless the events' has more attempts, more ended attempts,
+//!   or has ended where the snapshot's had not ([`further_than_snapshot`]); a run the
+//!   snapshot does not list is added. When the snapshot keeps every run, it is replayed byte
+//!   for byte, as `/api/{*path}` replays any other (`replay.rs`); when the events cannot be
+//!   read, too.
 //! - **Otherwise, from the export events.** The session's `EXPORT_TRAIN_RUN` and
 //!   `EXPORT_TRAIN_RUN_ATTEMPT` events, as `inspect` folds them (its `train_runs`, the same
 //!   facts `inspect --train-run --json` prints), are written back in the shape of Ray's
@@ -53,13 +59,75 @@ const FRAMEWORK_UNSPECIFIED: &str = "TRAINING_FRAMEWORK_UNSPECIFIED";
 /// `GET /api/train/v2/runs/v1`.
 pub async fn runs_v1(State(state): State<Shared>, entered: Entered) -> Response {
     match read_snapshot(&state, &entered, TRAIN_V2_RUNS_URI).await {
-        Ok(body) => entered.refresh(([(CONTENT_TYPE, "application/json")], body)),
+        Ok(body) => match index(&state, &entered).await {
+            Ok(index) => match further_than_snapshot(&body, &runs_response(&index)) {
+                Some(merged) => entered.refresh((headers_for(&index), merged.to_string())),
+                None => entered.refresh(([(CONTENT_TYPE, "application/json")], body)),
+            },
+            // The events cannot be read: what Ray answered is the best there is.
+            Err(_) => entered.refresh(([(CONTENT_TYPE, "application/json")], body)),
+        },
         Err(Missing::Unreadable(r)) => entered.refresh(r),
         Err(Missing::NotFound) => match index(&state, &entered).await {
             Ok(index) => entered.refresh((headers_for(&index), runs_response(&index).to_string())),
             Err(r) => r,
         },
     }
+}
+
+/// Run statuses after which nothing changes (Ray's `RunStatus.is_terminal`), and the same of
+/// attempts (`RunAttemptStatus.is_terminal`).
+const TERMINAL: [&str; 3] = ["FINISHED", "ERRORED", "ABORTED"];
+
+/// How far a run in Ray's shape had got: its attempts, those of them that ended, whether
+/// the run ended. A run only moves forward in this order.
+fn progress(run: &Value) -> (usize, usize, bool) {
+    let ended = |v: &Value| v["status"].as_str().is_some_and(|s| TERMINAL.contains(&s));
+    let attempts = run["attempts"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    (
+        attempts.len(),
+        attempts.iter().filter(|a| ended(a)).count(),
+        ended(run),
+    )
+}
+
+/// The stored snapshot (`snapshot`, what Ray answered at the collector's last poll) with each
+/// run the export events took further replaced by theirs (`events`, [`runs_response`]), and
+/// the runs it does not list added; `None` when the snapshot is as far for every run (it is
+/// then replayed byte for byte). A run is further when it has more attempts, more ended
+/// attempts, or ended where the snapshot's had not ([`progress`]); a run the events take
+/// further keeps the snapshot's `job_details` when the events know no job. A snapshot that
+/// is not a `TrainRunsResponse` (an error text) gives way to the events when they hold runs.
+fn further_than_snapshot(snapshot: &[u8], events: &Value) -> Option<Value> {
+    let from_events = events["train_runs"].as_array().filter(|r| !r.is_empty())?;
+    let mut doc: Value = match serde_json::from_slice(snapshot) {
+        Ok(v @ Value::Object(_)) if v["train_runs"].is_array() => v,
+        _ => return Some(events.clone()),
+    };
+    let stored = doc["train_runs"].as_array_mut()?;
+    let mut changed = false;
+    for run in from_events {
+        match stored.iter_mut().find(|s| s["id"] == run["id"]) {
+            Some(s) if progress(run) > progress(s) => {
+                let mut run = run.clone();
+                if run["job_details"].is_null() {
+                    run["job_details"] = s["job_details"].take();
+                }
+                *s = run;
+                changed = true;
+            }
+            Some(_) => {}
+            None => {
+                stored.push(run.clone());
+                changed = true;
+            }
+        }
+    }
+    if !changed {
+        return None;
+    }
+    stored.sort_by_key(|r| std::cmp::Reverse(r["start_time_ns"].as_i64()));
+    Some(doc)
 }
 
 /// Ray's `TrainRunsResponse` for the session's runs, newest first.
@@ -382,6 +450,49 @@ fn ray_settings(settings: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_snapshot_keeps_each_run_it_has_as_far_as_the_events() {
+        let run = |status: &str, attempts: &[&str]| {
+            json!({"id": "r1", "status": status, "start_time_ns": 1,
+                   "attempts": attempts.iter().map(|s| json!({"status": s})).collect::<Vec<_>>()})
+        };
+        let events = |r: Value| json!({"train_runs": [r]});
+        let snapshot = |r: Value| json!({"train_runs": [r], "x": 1}).to_string();
+        // Ray's head aborted it; the events stop at RUNNING: the snapshot is further.
+        let stored = snapshot(run("ABORTED", &["RUNNING"]));
+        assert_eq!(
+            further_than_snapshot(stored.as_bytes(), &events(run("RUNNING", &["RUNNING"]))),
+            None
+        );
+        // An attempt more, an attempt ended, the run ended: the events are further.
+        for (older, newer) in [
+            (
+                run("RUNNING", &["RUNNING"]),
+                run("RESTARTING", &["ERRORED", "RUNNING"]),
+            ),
+            (run("RUNNING", &["RUNNING"]), run("RUNNING", &["FINISHED"])),
+            (
+                run("RUNNING", &["FINISHED"]),
+                run("FINISHED", &["FINISHED"]),
+            ),
+        ] {
+            let merged = further_than_snapshot(snapshot(older).as_bytes(), &events(newer.clone()));
+            let merged = merged.unwrap();
+            assert_eq!(merged["train_runs"][0]["status"], newer["status"]);
+            assert_eq!(merged["x"], 1);
+        }
+        // Not Ray's shape (an error text): the events' runs, when there are some.
+        let e = events(run("FINISHED", &[]));
+        assert_eq!(
+            further_than_snapshot(b"Train state data is not available", &e),
+            Some(e)
+        );
+        assert_eq!(
+            further_than_snapshot(b"error", &json!({"train_runs": []})),
+            None
+        );
+    }
 
     #[test]
     fn times_come_back_to_the_nanosecond() {
