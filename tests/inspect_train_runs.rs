@@ -567,8 +567,7 @@ fn event_line(source_type: &str, n: u64, edit: &dyn Fn(&mut Value)) -> String {
     let mut e: Value = TRAIN
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|e| e["source_type"] == source_type)
-        .last()
+        .rfind(|e| e["source_type"] == source_type)
         .unwrap();
     e["event_id"] = json!(format!("{n:036x}"));
     edit(&mut e["event_data"]);
@@ -733,7 +732,7 @@ fn a_running_run_whose_controller_died_is_aborted() {
     }
     let other = by_id(RUN_S);
     assert_eq!(other["status"], "SCHEDULING");
-    let scheduling = runs.iter().filter(|r| r["status"] == "SCHEDULING").last();
+    let scheduling = runs.iter().rfind(|r| r["status"] == "SCHEDULING");
     assert_eq!(other["status_detail"], scheduling.unwrap()["status_detail"]);
 }
 
