@@ -12,7 +12,10 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{json, Value};
 
+use ray_history_collector::contract::endpoints::{endpoint_object_name, FETCHED_ENDPOINTS_DIR};
 use rhc_testkit::collector::{collector_bin, merge_bucket, ship_session_logs};
+use rhc_testkit::http::HttpResponse;
+use rhc_testkit::serve::{set_cookies, Serve};
 use rhc_testkit::services::{run_with_timeout, CommandOutput};
 
 const INSPECT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -77,15 +80,33 @@ fn renamed(e: &mut Value, id: &str) {
     }
 }
 
+/// The fixture's export events besides the Train ones, by file name.
+const OTHER_EXPORTS: [(&str, &str); 3] = [
+    ("event_EXPORT_ACTOR.log", ACTOR),
+    ("event_EXPORT_DRIVER_JOB.log", DRIVER_JOB),
+    ("event_EXPORT_NODE.log", NODE),
+];
+
 /// A session's `logs/` with the Train events given and the fixture's other export events,
 /// through the real collector (cluster `cluster`); returns its bucket.
 fn collect(work: &Path, session: &str, cluster: &str, train: &str) -> PathBuf {
+    collect_with(work, session, cluster, train, &OTHER_EXPORTS)
+}
+
+/// [`collect`] with `others` (file name, lines) as the other export event files.
+fn collect_with(
+    work: &Path,
+    session: &str,
+    cluster: &str,
+    train: &str,
+    others: &[(&str, &str)],
+) -> PathBuf {
     let logs = work.join("fixture/logs/export_events");
     std::fs::create_dir_all(&logs).unwrap();
     std::fs::write(logs.join("event_EXPORT_TRAIN_STATE.log"), train).unwrap();
-    std::fs::write(logs.join("event_EXPORT_ACTOR.log"), ACTOR).unwrap();
-    std::fs::write(logs.join("event_EXPORT_DRIVER_JOB.log"), DRIVER_JOB).unwrap();
-    std::fs::write(logs.join("event_EXPORT_NODE.log"), NODE).unwrap();
+    for (name, lines) in others {
+        std::fs::write(logs.join(name), lines).unwrap();
+    }
     // The node's id, where the collector learns it (as a real raylet writes it).
     std::fs::write(
         work.join("fixture/logs/raylet.out"),
@@ -502,4 +523,368 @@ fn train_run_in_full_compare_runs_and_unknown_fields() {
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains(&format!("<code>{command}</code>")), "{page}");
     assert!(page.contains("<th>workers</th><th>framework</th>"));
+}
+
+/// The URI of Ray 2.60's Train V2 runs (`TrainHead.get_train_v2_runs`).
+const RUNS_URI: &str = "/api/train/v2/runs/v1";
+
+/// `serve` on a bucket, entered into one session.
+struct Served {
+    serve: Serve,
+    cookies: Vec<(String, String)>,
+}
+
+impl Served {
+    fn start(work: &Path, store: &Path, cluster: &str, session: &str) -> Served {
+        let serve = Serve::start(store.to_str().unwrap(), &work.join("serve.log"), &[], &[]);
+        let entered = serve
+            .get(
+                &format!("/enter_cluster/default/raycluster/{cluster}/{session}"),
+                &[],
+            )
+            .unwrap();
+        assert_eq!(entered.status, 200, "{}", serve.log_text());
+        let cookies = set_cookies(&entered);
+        Served { serve, cookies }
+    }
+
+    fn runs(&self) -> HttpResponse {
+        let got = self.serve.get(RUNS_URI, &self.cookies).unwrap();
+        assert_eq!(got.status, 200, "{}", self.serve.log_text());
+        got
+    }
+
+    fn runs_json(&self) -> Value {
+        let got = self.runs();
+        serde_json::from_slice(&got.body)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&got.body)))
+    }
+}
+
+/// The fixture's latest event of `source_type`, as a new event (`event_id` `n`, so the
+/// collector's deduplication keeps it) edited by `edit` (given its `event_data`), as a line.
+fn event_line(source_type: &str, n: u64, edit: &dyn Fn(&mut Value)) -> String {
+    let mut e: Value = TRAIN
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .rfind(|e| e["source_type"] == source_type)
+        .unwrap();
+    e["event_id"] = json!(format!("{n:036x}"));
+    edit(&mut e["event_data"]);
+    format!("{e}\n")
+}
+
+/// Issue 37 (r37d): a Train status detail, a run's name and a worker's log path are kept
+/// whole, as Ray's Train head answers them (Ray bounds a status detail at 50,000
+/// characters), not cut at inspect's 512 bytes for names and ids.
+#[test]
+fn train_texts_are_kept_whole() {
+    let work = tempfile::tempdir().unwrap();
+    let mut detail =
+        String::from("Training failed due to worker errors:\n[Rank 0 Error Snippet]:\n");
+    for i in 0..200 {
+        detail.push_str(&format!(
+            "  File \"/home/ray/app/train_{i}.py\", line {i}, in step_{i}\n    loss = model(b)\n"
+        ));
+    }
+    detail.push_str("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n");
+    assert!(detail.len() > 10_000 && detail.chars().count() < 50_000);
+    let name = format!("probe-{}", "é".repeat(400));
+    let log = format!(
+        "/tmp/ray/session_latest/logs/train/{}/worker-0.log",
+        "d".repeat(700)
+    );
+    let train = train_lines(&|e| {
+        let is_run = e["source_type"] == "EXPORT_TRAIN_RUN";
+        let d = &mut e["event_data"];
+        if is_run {
+            d["name"] = json!(name);
+        }
+        if d["status"] == "FINISHED" {
+            d["status"] = json!("ERRORED");
+            d["status_detail"] = json!(detail);
+        }
+        if let Some(ws) = d["workers"].as_array_mut() {
+            for w in ws {
+                w["log_file_path"] = json!(log);
+            }
+        }
+    });
+    let store = collect(work.path(), SESSION_A, "train", &train);
+    let dir = store.to_str().unwrap();
+
+    let out = inspect(&[dir, "--session", SESSION_A, "--train-run", RUN_A, "--json"]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let run = &serde_json::from_str::<Value>(&out.stdout).unwrap()["train_run"];
+    assert_eq!(run["name"], name.as_str());
+    assert_eq!(run["status"], "ERRORED");
+    assert_eq!(run["status_detail"], detail.as_str());
+    let history = run["status_history"].as_array().unwrap();
+    assert_eq!(history.last().unwrap()["detail"], detail.as_str());
+    let attempt = &run["attempts"][0];
+    assert_eq!(attempt["status_detail"], detail.as_str());
+    for w in attempt["workers"].as_array().unwrap() {
+        assert_eq!(w["log_file_path"], log.as_str());
+    }
+
+    let served = Served::start(work.path(), &store, "train", SESSION_A).runs_json();
+    let run = &served["train_runs"][0];
+    assert_eq!(run["name"], name.as_str());
+    assert_eq!(run["status_detail"], detail.as_str());
+    assert_eq!(run["attempts"][0]["status_detail"], detail.as_str());
+    for w in run["attempts"][0]["workers"].as_array().unwrap() {
+        assert_eq!(w["log_file_path"], log.as_str());
+    }
+}
+
+/// Issue 37 (r37d): the driver died mid-training, so the run's and its attempt's last
+/// events say RUNNING while the TrainController actor is DEAD. Ray's Train head answers such
+/// a run ABORTED, "Terminated due to system errors or killed by the user." (its
+/// `_get_run_status`), leaving the end time and the attempt as recorded, and a worker's
+/// status is its actor's state; a run in another state is answered as recorded.
+#[test]
+fn a_running_run_whose_controller_died_is_aborted() {
+    let work = tempfile::tempdir().unwrap();
+    const RUN_S: &str = "5c4afcdffed845d89575cec07359e11c";
+    // The fixture up to RUNNING; and a second run that got to SCHEDULING only.
+    let mut train = String::new();
+    let mut scheduling = String::new();
+    for line in TRAIN.lines() {
+        let mut e: Value = serde_json::from_str(line).unwrap();
+        if e["event_data"]["status"] == "FINISHED" {
+            continue;
+        }
+        train.push_str(line);
+        train.push('\n');
+        if e["source_type"] == "EXPORT_TRAIN_RUN"
+            && ["INITIALIZING", "SCHEDULING"].contains(&e["event_data"]["status"].as_str().unwrap())
+        {
+            renamed(&mut e, RUN_S);
+            e["event_id"] = json!(format!("{}-s", e["event_id"].as_str().unwrap()));
+            scheduling.push_str(&format!("{e}\n"));
+        }
+    }
+    train.push_str(&scheduling);
+    // Expected, from the fixture: the controller's and the workers' actors ended DEAD.
+    let runs = fixture("EXPORT_TRAIN_RUN");
+    let controller = runs[0]["controller_actor_id"].as_str().unwrap();
+    let actor_states = |id: &str| -> Vec<String> {
+        ACTOR
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|a| a["event_data"]["actor_id"] == id)
+            .map(|a| a["event_data"]["state"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(actor_states(controller).last().unwrap(), "DEAD");
+    let store = collect(work.path(), SESSION_A, "train", &train);
+    let dir = store.to_str().unwrap();
+    const DETAIL: &str = "Terminated due to system errors or killed by the user.";
+
+    let out = inspect(&[dir, "--session", SESSION_A, "--train-run", RUN_A, "--json"]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let run = &serde_json::from_str::<Value>(&out.stdout).unwrap()["train_run"];
+    assert_eq!(run["status"], "ABORTED");
+    assert_eq!(run["status_detail"], DETAIL);
+    assert_eq!(run["ended"], Value::Null);
+    let last = run["status_history"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (&last["status"], &last["detail"]),
+        (&json!("ABORTED"), &json!(DETAIL))
+    );
+    assert!(last["time"].is_string(), "{last}");
+    assert_eq!(run["attempts"][0]["status"], "RUNNING");
+    let text = inspect(&[dir, "--session", SESSION_A, "--train-run", RUN_A]).stdout;
+    assert!(text.contains("  status:             ABORTED\n"), "{text}");
+    let out = inspect(&[dir, "--session", SESSION_A, "--train-run", RUN_S, "--json"]);
+    let other = &serde_json::from_str::<Value>(&out.stdout).unwrap()["train_run"];
+    assert_eq!(other["status"], "SCHEDULING");
+
+    let served = Served::start(work.path(), &store, "train", SESSION_A).runs_json();
+    let by_id = |id: &str| {
+        served["train_runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    let run = by_id(RUN_A);
+    assert_eq!(run["status"], "ABORTED");
+    assert_eq!(run["status_detail"], DETAIL);
+    assert_eq!(run["end_time_ns"], Value::Null);
+    let attempt = &run["attempts"][0];
+    assert_eq!(attempt["status"], "RUNNING");
+    assert_eq!(attempt["end_time_ns"], Value::Null);
+    let workers = attempt["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 2);
+    for w in workers {
+        let actor = base64::engine::general_purpose::STANDARD
+            .encode(hex_bytes(w["actor_id"].as_str().unwrap()));
+        assert_eq!(w["status"], actor_states(&actor).last().unwrap().as_str());
+        assert_eq!(w["status"], "DEAD");
+    }
+    let other = by_id(RUN_S);
+    assert_eq!(other["status"], "SCHEDULING");
+    let scheduling = runs.iter().rfind(|r| r["status"] == "SCHEDULING");
+    assert_eq!(other["status_detail"], scheduling.unwrap()["status_detail"]);
+}
+
+fn hex_bytes(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// Issue 37 (r37d): a snapshot of the Train runs stored at the last live poll, while the run
+/// was still going, gives way per run to the export events that went further (its end, its
+/// attempt's end); a snapshot as far as the events is replayed byte for byte; a run the
+/// snapshot does not list is added.
+#[test]
+fn a_snapshot_gives_way_to_events_that_went_further() {
+    let work = tempfile::tempdir().unwrap();
+    let store = collect(work.path(), SESSION_A, "train", TRAIN);
+    let served = Served::start(work.path(), &store, "train", SESSION_A);
+    let events = served.runs_json();
+    let run = &events["train_runs"][0];
+    assert_eq!(run["status"], "FINISHED");
+    let session_dir = store
+        .join("cluster-history/raycluster/default/train")
+        .join(SESSION_A)
+        .join(FETCHED_ENDPOINTS_DIR);
+    std::fs::create_dir_all(&session_dir).unwrap();
+    let snapshot = session_dir.join(endpoint_object_name(RUNS_URI));
+
+    // The last live poll: the run RUNNING, its attempt RUNNING.
+    let mut lagging = json!({"train_runs": [run.clone()], "rhc_test": "stored"});
+    let r = &mut lagging["train_runs"][0];
+    r["status"] = json!("RUNNING");
+    r["end_time_ns"] = Value::Null;
+    r["attempts"][0]["status"] = json!("RUNNING");
+    r["attempts"][0]["end_time_ns"] = Value::Null;
+    std::fs::write(&snapshot, lagging.to_string()).unwrap();
+    let got = served.runs_json();
+    assert_eq!(got["train_runs"], events["train_runs"]);
+    assert_eq!(got["rhc_test"], "stored");
+
+    // As far as the events (and a run they do not have): replayed as stored.
+    let mut old = run.clone();
+    old["id"] = json!("0000000000000000000000000000beef");
+    old["start_time_ns"] = json!(1);
+    let as_far = json!({"train_runs": [run.clone(), old], "rhc_test": "stored"}).to_string();
+    std::fs::write(&snapshot, &as_far).unwrap();
+    assert_eq!(String::from_utf8_lossy(&served.runs().body), as_far);
+
+    // A snapshot without the run: the run is added.
+    std::fs::write(&snapshot, r#"{"train_runs": [], "rhc_test": "stored"}"#).unwrap();
+    let got = served.runs_json();
+    assert_eq!(got["train_runs"], events["train_runs"]);
+    assert_eq!(got["rhc_test"], "stored");
+}
+
+/// Issue 37 (r37d): `checkpoint_config.num_to_keep`, a uint64 in the export event (so a
+/// string in its JSON), is a number in Ray's answer.
+#[test]
+fn checkpoint_num_to_keep_is_a_number() {
+    let work = tempfile::tempdir().unwrap();
+    let train = train_lines(&|e| {
+        if e["source_type"] == "EXPORT_TRAIN_RUN" {
+            e["event_data"]["run_settings"]["run_config"]["checkpoint_config"]["num_to_keep"] =
+                json!("3");
+        }
+    });
+    let store = collect(work.path(), SESSION_A, "train", &train);
+    let served = Served::start(work.path(), &store, "train", SESSION_A).runs_json();
+    assert_eq!(
+        served["train_runs"][0]["run_settings"]["run_config"]["checkpoint_config"]["num_to_keep"],
+        json!(3)
+    );
+}
+
+/// Issue 37 (r37d): `job_details` is null for a job no driver job event recorded (known
+/// only from the Train events), and the driver's IP is the one `EXPORT_DRIVER_JOB` gives.
+#[test]
+fn job_details_are_what_the_driver_job_events_say() {
+    let work = tempfile::tempdir().unwrap();
+    let alone = collect_with(&work.path().join("a"), SESSION_A, "train", TRAIN, &[]);
+    let served = Served::start(work.path(), &alone, "train", SESSION_A).runs_json();
+    assert_eq!(served["train_runs"][0]["job_details"], Value::Null);
+
+    let driver: Value = serde_json::from_str(DRIVER_JOB.lines().last().unwrap()).unwrap();
+    let ip = driver["event_data"]["driver_ip_address"].as_str().unwrap();
+    let store = collect(&work.path().join("b"), SESSION_A, "train", TRAIN);
+    let served = Served::start(work.path(), &store, "train", SESSION_A).runs_json();
+    let job = &served["train_runs"][0]["job_details"];
+    assert_eq!(job["driver_info"]["node_ip_address"], ip);
+    assert_eq!(
+        job["driver_info"]["pid"],
+        driver["event_data"]["driver_pid"]
+    );
+    assert_eq!(job["entrypoint"], driver["event_data"]["entrypoint"]);
+}
+
+/// Issue 37 (r37d): attempts, and inspect's runs, in the order of their start times, not of
+/// their RFC 3339 text (where a whole second, `…25Z`, sorts after `…25.000000001Z`).
+#[test]
+fn attempts_and_runs_are_in_time_order() {
+    let work = tempfile::tempdir().unwrap();
+    const T0: i64 = 1_795_313_305_000_000_000;
+    const RUN_LATER: &str = "1a4afcdffed845d89575cec07359e11c";
+    // (attempt id, start offset in ns): id order and text order both differ from time order.
+    let attempts = [
+        ("cc000000000000000000000000000000", 99),
+        ("bb000000000000000000000000000000", 0),
+        ("aa000000000000000000000000000000", 1),
+    ];
+    let mut train = String::new();
+    let mut n = 0;
+    for (run, start) in [(RUN_A, T0), (RUN_LATER, T0 + 1)] {
+        n += 1;
+        train.push_str(&event_line("EXPORT_TRAIN_RUN", n, &|d| {
+            d["id"] = json!(run);
+            d["start_time_ns"] = json!(start.to_string());
+            d["end_time_ns"] = json!((start + 1_000).to_string());
+        }));
+    }
+    for (id, offset) in attempts {
+        n += 1;
+        train.push_str(&event_line("EXPORT_TRAIN_RUN_ATTEMPT", n, &|d| {
+            d["attempt_id"] = json!(id);
+            d["start_time_ns"] = json!((T0 + offset).to_string());
+            d["end_time_ns"] = json!((T0 + offset + 1).to_string());
+        }));
+    }
+    let mut by_time = attempts.to_vec();
+    by_time.sort_by_key(|(_, offset)| *offset);
+    let expected: Vec<&str> = by_time.iter().map(|(id, _)| *id).collect();
+    let store = collect(work.path(), SESSION_A, "train", &train);
+    let dir = store.to_str().unwrap();
+
+    let out = inspect(&[dir, "--session", SESSION_A, "--json"]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let report: Value = serde_json::from_str(&out.stdout).unwrap();
+    let ids = |v: &Value, key: &str| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x[key].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(ids(&report["train_runs"], "run_id"), [RUN_A, RUN_LATER]);
+    let run = &report["train_runs"][0];
+    assert_eq!(ids(&run["attempts"], "attempt_id"), expected);
+
+    let served = Served::start(work.path(), &store, "train", SESSION_A).runs_json();
+    assert_eq!(ids(&served["train_runs"], "id"), [RUN_LATER, RUN_A]);
+    assert_eq!(
+        ids(&served["train_runs"][1]["attempts"], "attempt_id"),
+        expected
+    );
 }

@@ -11,8 +11,8 @@ use crate::contract::{self};
 
 use super::filter::{parse_time_ns, NANOS_PER_SECOND};
 use super::task::TaskDelta;
-pub(super) use super::values::{bounded, Transition};
-use super::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES};
+pub(super) use super::values::{bounded, bounded_chars, Transition};
+use super::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES, MAX_TRAIN_TEXT_CHARS};
 
 /// The useful part of one event, kept compact (events themselves are dropped at once).
 #[derive(Debug, Clone)]
@@ -70,6 +70,8 @@ pub(super) enum Body {
         started_ns: Option<i64>,
         ended_ns: Option<i64>,
         driver_pid: Option<i64>,
+        /// `driver_ip_address`: the driver's node IP as the job table has it.
+        driver_ip: Option<String>,
     },
     ExportActor {
         actor_id: String,
@@ -234,6 +236,15 @@ pub(super) fn get_str_long(v: &Value, camel: &str, snake: &str) -> Option<String
         .as_str()
         .filter(|s| !s.is_empty())
         .map(|s| bounded(s, MAX_EXIT_DETAIL_BYTES))
+}
+
+/// A non-empty string member of a Ray Train event (a status detail, a run's name, a log
+/// path), kept whole up to Ray's own bound ([`MAX_TRAIN_TEXT_CHARS`]).
+pub(super) fn get_train_text(v: &Value, camel: &str, snake: &str) -> Option<String> {
+    get(v, camel, snake)?
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(|s| bounded_chars(s, MAX_TRAIN_TEXT_CHARS))
 }
 
 /// An integer member; Ray writes 64-bit integers as strings.
@@ -445,10 +456,10 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
         "EXPORT_TRAIN_RUN" => get_str(data, "id", "id").map(|run_id| {
             Body::TrainRun(Box::new(TrainRunEvent {
                 run_id,
-                name: get_str(data, "name", "name"),
+                name: get_train_text(data, "name", "name"),
                 job_id: get_id(data, "job_id", "jobId"),
                 status: get_str(data, "status", "status"),
-                status_detail: get_str(data, "status_detail", "statusDetail"),
+                status_detail: get_train_text(data, "status_detail", "statusDetail"),
                 started_ns: get_ns(data, "start_time_ns"),
                 ended_ns: get_ns(data, "end_time_ns"),
                 framework_versions: get(data, "framework_versions", "frameworkVersions")
@@ -477,7 +488,7 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
                         run_id,
                         attempt_id,
                         status: get_str(data, "status", "status"),
-                        status_detail: get_str(data, "status_detail", "statusDetail"),
+                        status_detail: get_train_text(data, "status_detail", "statusDetail"),
                         started_ns: get_ns(data, "start_time_ns"),
                         ended_ns: get_ns(data, "end_time_ns"),
                         workers: get(data, "workers", "workers")
@@ -505,6 +516,7 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
                 started_ns: get_ms_as_ns(data, "start_time"),
                 ended_ns: get_ms_as_ns(data, "end_time"),
                 driver_pid: get_i64(data, "driver_pid", "driverPid"),
+                driver_ip: get_str(data, "driver_ip_address", "driverIpAddress"),
             })
         }
         "EXPORT_ACTOR" => get_id(data, "actor_id", "actorId").map(|actor_id| {
@@ -577,7 +589,7 @@ pub(super) fn train_worker(w: &Value) -> TrainWorker {
             .and_then(Value::as_array)
             .map(|ids| ids.iter().filter_map(Value::as_i64).collect())
             .unwrap_or_default(),
-        log_file_path: get_str(w, "log_file_path", "logFilePath"),
+        log_file_path: get_train_text(w, "log_file_path", "logFilePath"),
         resources: get(w, "resources", "resources")
             .cloned()
             .unwrap_or(Value::Null),
@@ -619,4 +631,31 @@ pub(super) fn camel(snake: &str) -> String {
 /// their own kinds, kept apart by `kind`.
 pub(super) fn event_id_hash(kind: &str, id: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(id.as_bytes(), kind.as_bytes()[0] as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_detail(detail: &str) -> Option<String> {
+        let line = serde_json::json!({
+            "event_id": "e1", "timestamp": 1795313306, "source_type": "EXPORT_TRAIN_RUN",
+            "event_data": {"id": "r1", "status": "ERRORED", "status_detail": detail},
+        });
+        match extract_export_event(&line, 0)?.body {
+            Body::TrainRun(r) => r.status_detail,
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn train_details_are_kept_up_to_rays_bound_in_characters() {
+        // Two bytes a character: whole up to Ray's 50,000 characters, then cut there.
+        let whole = "é".repeat(MAX_TRAIN_TEXT_CHARS);
+        assert_eq!(run_detail(&whole).as_deref(), Some(whole.as_str()));
+        let long = "é".repeat(MAX_TRAIN_TEXT_CHARS + 10);
+        let kept = run_detail(&long).unwrap();
+        assert_eq!(kept.chars().count(), MAX_TRAIN_TEXT_CHARS);
+        assert!(long.starts_with(&kept));
+    }
 }

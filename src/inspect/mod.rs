@@ -123,7 +123,7 @@
 //!                speaks of it), "resources": {..}, "objects", "bytes",
 //!                "log_objects", "log_bytes" } ],
 //!   "jobs": [ { "job_id", "status" ("CREATED"|"FINISHED"|"UNKNOWN"), "entrypoint",
-//!               "driver_pid", "driver_node_id", "started", "ended",
+//!               "driver_pid", "driver_node_id", "driver_ip", "started", "ended",
 //!               "tasks": { "total", "by_state": {..} } } ],
 //!   "tasks": { "total", "by_state": { "FINISHED": n, "FAILED": n, .. } },
 //!   "failed_tasks_total",
@@ -160,20 +160,27 @@
 //!              "pending_tasks_total" },
 //!   "actors": [ { "actor_id", "class_name", "name", "job_id", "state", "node_id", "pid",
 //!                 "death_reason", "death_message", "worker" (its worker, by node and pid) } ],
-//!   "train_runs": [ { "run_id", "name", "job_id", "status", "status_detail", "started",
+//!   "train_runs" (by start time): [ { "run_id", "name", "job_id",
+//!                     "status" (the latest event's; `ABORTED` for a `RUNNING` run whose
+//!                               controller actor is `DEAD`, as Ray's Train head answers it),
+//!                     "status_detail" (whole up to Ray's 50,000 characters), "started",
 //!                     "ended", "framework_versions": {..},
 //!                     "workers" (of the latest attempt), "framework",
 //!                     "run_settings" (as Ray sent it, every member), "ray_train_version",
 //!                     "controller_log_file_path", "controller_actor_id",
 //!                     "other_fields": {..} (the run event's other members, by their names),
 //!                     "train_run_command" (the inspect command that prints it in full),
-//!                     "status_history": [ { "status", "time", "detail" } ],
-//!                     "attempts": [ { "attempt_id", "status", "status_detail", "started",
+//!                     "status_history": [ { "status", "time", "detail" } ] (an
+//!                               `ABORTED` run's last entry at its controller's death),
+//!                     "attempts" (by start time):
+//!                                   [ { "attempt_id", "status", "status_detail", "started",
 //!                                     "ended", "status_history": [..], "resources",
 //!                                     "other_fields": {..},
 //!                                     "workers": [ { "world_rank", "local_rank", "node_rank",
 //!                                                    "actor_id", "node_id", "node_ip", "pid",
-//!                                                    "status", "gpu_ids", "log_file_path",
+//!                                                    "status" (the actor's state when
+//!                                                    known, as Ray's Train head answers it),
+//!                                                    "gpu_ids", "log_file_path",
 //!                                                    "resources", "log_command",
 //!                                                    "other_fields": {..} } ] } ] } ],
 //!   "problems": { "unreadable_objects", "bad_lines", "skipped_entries",
@@ -273,6 +280,11 @@ const MAX_PROBLEM_DETAILS: usize = 200;
 const MAX_ERROR_MESSAGE_BYTES: usize = 16 << 10;
 /// Longest id, name or state kept from an event.
 const MAX_FIELD_BYTES: usize = 512;
+/// Longest text of a Ray Train run or attempt kept (its status detail, name, log paths):
+/// Ray's own bound on a Train status detail, `MAX_ERROR_STACK_TRACE_LENGTH` (50,000
+/// characters) in `ray.train.v2._internal.state.schema`, so whatever Ray's Train head can
+/// answer is kept whole (a failed run's detail is the workers' tracebacks, often many KiB).
+const MAX_TRAIN_TEXT_CHARS: usize = 50_000;
 /// Widest text-table cell.
 const MAX_CELL_CHARS: usize = 100;
 

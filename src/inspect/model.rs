@@ -73,8 +73,13 @@ pub(super) struct JobModel {
     pub(super) entrypoint: Option<String>,
     pub(super) driver_pid: Option<i64>,
     pub(super) driver_node_id: Option<String>,
+    /// The driver's IP (`EXPORT_DRIVER_JOB`'s `driver_ip_address`).
+    pub(super) driver_ip: Option<String>,
     pub(super) transitions: HashSet<Transition>,
     pub(super) export: Option<(bool, Option<i64>, Option<i64>)>,
+    /// A driver job event (pushed or export) spoke of it; false for a job known only from
+    /// its tasks, actors or Train runs.
+    pub(super) recorded: bool,
 }
 
 #[derive(Debug, Default)]
@@ -260,6 +265,7 @@ impl SessionModel {
                 driver_node_id,
             } => {
                 let j = self.jobs.entry(job_id).or_default();
+                j.recorded = true;
                 fill(&mut j.entrypoint, entrypoint);
                 fill(&mut j.driver_pid, driver_pid);
                 fill(&mut j.driver_node_id, driver_node_id);
@@ -268,11 +274,9 @@ impl SessionModel {
                 job_id,
                 transitions,
             } => {
-                self.jobs
-                    .entry(job_id)
-                    .or_default()
-                    .transitions
-                    .extend(transitions);
+                let j = self.jobs.entry(job_id).or_default();
+                j.recorded = true;
+                j.transitions.extend(transitions);
             }
             Body::ExportDriverJob {
                 job_id,
@@ -281,10 +285,13 @@ impl SessionModel {
                 started_ns,
                 ended_ns,
                 driver_pid,
+                driver_ip,
             } => {
                 let j = self.jobs.entry(job_id).or_default();
+                j.recorded = true;
                 fill(&mut j.entrypoint, entrypoint);
                 fill(&mut j.driver_pid, driver_pid);
+                fill(&mut j.driver_ip, driver_ip);
                 let dead_before = j.export.is_some_and(|(dead, _, _)| dead);
                 if !dead_before {
                     j.export = Some((is_dead, started_ns, ended_ns));

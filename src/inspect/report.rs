@@ -2,7 +2,7 @@
 //! names are stable; times are RFC 3339 UTC strings, ids lower-case hex, absent values null),
 //! and the shaping of the merged model into it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
@@ -148,9 +148,15 @@ pub(super) struct JobEntry {
     pub(super) entrypoint: Option<String>,
     pub(super) driver_pid: Option<i64>,
     pub(super) driver_node_id: Option<String>,
+    /// The driver's IP, as `EXPORT_DRIVER_JOB` gives it.
+    pub(super) driver_ip: Option<String>,
     pub(super) started: Option<String>,
     pub(super) ended: Option<String>,
     pub(super) tasks: TaskCounts,
+    /// A driver job event spoke of it (else it is known only from its tasks, actors or
+    /// Train runs, and `status` is `UNKNOWN`).
+    #[serde(skip)]
+    pub(super) recorded: bool,
     #[serde(skip)]
     pub(super) duration_ns: Option<i64>,
     #[serde(skip)]
@@ -239,7 +245,17 @@ pub(super) struct TrainRunEntry {
     pub(super) attempts: Vec<TrainAttemptEntry>,
     #[serde(skip)]
     pub(super) duration_ns: Option<i64>,
+    /// `started` as Unix nanoseconds: runs are ordered by it (RFC 3339 text does not sort
+    /// as time: `…25Z` after `…25.000000001Z`).
+    #[serde(skip)]
+    pub(super) started_ns: Option<i64>,
 }
+
+/// The status Ray's Train head answers for a run that was RUNNING when its controller
+/// actor died (no final event was written).
+const ABORTED: &str = "ABORTED";
+/// Ray's Train head's status detail for such a run (`train_head.py`, `_get_run_status`).
+const CONTROLLER_DEAD_DETAIL: &str = "Terminated due to system errors or killed by the user.";
 
 /// The members of a Train run's `event_data` that [`TrainRunEntry`] shows by name.
 const TRAIN_RUN_FIELDS: [&str; 12] = [
@@ -308,6 +324,9 @@ pub(super) struct TrainAttemptEntry {
     /// The other members of the attempt's latest event, under their own names.
     pub(super) other_fields: serde_json::Map<String, serde_json::Value>,
     pub(super) workers: Vec<TrainWorker>,
+    /// `started` as Unix nanoseconds: attempts are ordered by it.
+    #[serde(skip)]
+    pub(super) started_ns: Option<i64>,
 }
 
 /// Objects and lines that could not be used, with a sample of why. Keys are escaped
@@ -608,6 +627,8 @@ pub(super) fn shape_report(
                 entrypoint: j.entrypoint,
                 driver_pid: j.driver_pid,
                 driver_node_id: j.driver_node_id,
+                driver_ip: j.driver_ip,
+                recorded: j.recorded,
                 started: started.map(format_time_json),
                 ended: ended.map(format_time_json),
                 tasks,
@@ -795,6 +816,12 @@ pub(super) fn shape_report(
             run_ids.push(id.clone());
         }
     }
+    // The session's actors as Ray's actor table would give them to its Train head.
+    let actor_state: HashMap<&str, (&str, Option<i64>)> = report
+        .actors
+        .iter()
+        .filter_map(|a| Some((a.actor_id.as_str(), (a.state.as_deref()?, a.dead_ns))))
+        .collect();
     let mut runs = runs;
     let mut entries: Vec<TrainRunEntry> = run_ids
         .into_iter()
@@ -813,6 +840,7 @@ pub(super) fn shape_report(
                         status: latest.as_ref().and_then(|e| e.status.clone()),
                         status_detail: latest.as_ref().and_then(|e| e.status_detail.clone()),
                         started: a.started_ns.map(format_time_json),
+                        started_ns: a.started_ns,
                         ended: a.ended_ns.map(format_time_json),
                         status_history: status_history(a.history),
                         resources: member(&data, "resources"),
@@ -821,6 +849,16 @@ pub(super) fn shape_report(
                             let mut w = a.workers.map(|(_, w)| w).unwrap_or_default();
                             w.sort_by_key(|w| w.world_rank);
                             for w in &mut w {
+                                // Ray's Train head answers a worker's status from its
+                                // actor's state (ALIVE or DEAD) when the actor is known.
+                                if let Some((state, _)) = w
+                                    .actor_id
+                                    .as_deref()
+                                    .and_then(|id| actor_state.get(id))
+                                    .filter(|(s, _)| *s == "ALIVE" || *s == "DEAD")
+                                {
+                                    w.status = Some((*state).to_string());
+                                }
                                 w.log_command = w.actor_id.as_ref().map(|id| {
                                     format!(
                                         "ray-history-collector inspect {} --session {} --logs {}",
@@ -836,7 +874,7 @@ pub(super) fn shape_report(
                 })
                 .collect();
             run_attempts
-                .sort_by(|a, b| (&a.started, &a.attempt_id).cmp(&(&b.started, &b.attempt_id)));
+                .sort_by(|a, b| (a.started_ns, &a.attempt_id).cmp(&(b.started_ns, &b.attempt_id)));
             let data = latest.as_ref().map(|e| e.data.clone()).unwrap_or_default();
             let run_settings = member(&data, "run_settings");
             let framework = super::extract::get_str(
@@ -861,20 +899,37 @@ pub(super) fn shape_report(
                     )
                     .as_u64()
                 });
+            let controller_actor_id =
+                super::extract::get_id(&data, "controllerActorId", "controller_actor_id");
+            let mut status = latest.as_ref().and_then(|e| e.status.clone());
+            let mut status_detail = latest.as_ref().and_then(|e| e.status_detail.clone());
+            let mut status_history = status_history(r.history);
+            // A run whose controller died while it said RUNNING: Ray's Train head answers
+            // it ABORTED (its `_get_run_status`), the rest of the run as recorded.
+            let controller_dead_ns = controller_actor_id
+                .as_deref()
+                .and_then(|id| actor_state.get(id))
+                .filter(|(state, _)| *state == "DEAD")
+                .map(|(_, dead_ns)| *dead_ns);
+            if let (Some("RUNNING"), Some(dead_ns)) = (status.as_deref(), controller_dead_ns) {
+                status = Some(ABORTED.to_string());
+                status_detail = Some(CONTROLLER_DEAD_DETAIL.to_string());
+                status_history.push(StatusEntry {
+                    status: ABORTED.to_string(),
+                    time: dead_ns.map(format_time_json),
+                    detail: status_detail.clone(),
+                });
+            }
             TrainRunEntry {
                 workers,
                 framework,
                 ray_train_version: member(&data, "ray_train_version"),
-                controller_log_file_path: super::extract::get_str(
+                controller_log_file_path: super::extract::get_train_text(
                     &data,
                     "controllerLogFilePath",
                     "controller_log_file_path",
                 ),
-                controller_actor_id: super::extract::get_id(
-                    &data,
-                    "controllerActorId",
-                    "controller_actor_id",
-                ),
+                controller_actor_id,
                 other_fields: other_fields(&data, &TRAIN_RUN_FIELDS),
                 run_settings,
                 train_run_command: format!(
@@ -885,22 +940,23 @@ pub(super) fn shape_report(
                 ),
                 name: latest.as_ref().and_then(|e| e.name.clone()),
                 job_id: latest.as_ref().and_then(|e| e.job_id.clone()),
-                status: latest.as_ref().and_then(|e| e.status.clone()),
-                status_detail: latest.as_ref().and_then(|e| e.status_detail.clone()),
+                status,
+                status_detail,
                 started: r.started_ns.map(format_time_json),
+                started_ns: r.started_ns,
                 ended: r.ended_ns.map(format_time_json),
                 duration_ns: r
                     .started_ns
                     .zip(r.ended_ns)
                     .and_then(|(s, e)| e.checked_sub(s)),
                 framework_versions: latest.map(|e| e.framework_versions).unwrap_or_default(),
-                status_history: status_history(r.history),
+                status_history,
                 attempts: run_attempts,
                 run_id,
             }
         })
         .collect();
-    entries.sort_by(|a, b| (&a.started, &a.run_id).cmp(&(&b.started, &b.run_id)));
+    entries.sort_by(|a, b| (a.started_ns, &a.run_id).cmp(&(b.started_ns, &b.run_id)));
     report.train_runs = entries;
     Ok(())
 }

@@ -240,9 +240,14 @@ pub struct JobFacts {
     pub entrypoint: Option<String>,
     pub driver_pid: Option<i64>,
     pub driver_node_id: Option<String>,
+    /// The driver's IP (`EXPORT_DRIVER_JOB`'s `driver_ip_address`).
+    pub driver_ip: Option<String>,
     /// RFC 3339 UTC.
     pub started: Option<String>,
     pub ended: Option<String>,
+    /// A driver job event (pushed or export) spoke of it; false for a job known only from
+    /// its tasks, actors or Train runs.
+    pub recorded: bool,
 }
 
 /// An actor as the fold left it (the fields of `inspect`'s report). Ids are lower-case hex.
@@ -366,8 +371,10 @@ pub async fn session_facts(
                 entrypoint: j.entrypoint.clone(),
                 driver_pid: j.driver_pid,
                 driver_node_id: j.driver_node_id.clone(),
+                driver_ip: j.driver_ip.clone(),
                 started: j.started.clone(),
                 ended: j.ended.clone(),
+                recorded: j.recorded,
             })
             .collect(),
         train_runs: report

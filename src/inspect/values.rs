@@ -26,6 +26,14 @@ pub(super) fn bounded(s: &str, max: usize) -> String {
     s[..cut].to_string()
 }
 
+/// `s`, cut to at most `max` characters (Python's `len`, as Ray counts its bounds).
+pub(super) fn bounded_chars(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((cut, _)) => s[..cut].to_string(),
+        None => s.to_string(),
+    }
+}
+
 /// Rank of a state within its entity's enum, to break timestamp ties toward the later state.
 pub(super) fn state_rank(state: &str) -> u8 {
     match state {

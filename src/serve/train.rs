@@ -3,16 +3,26 @@
 //! `/api/train/v2/runs` is the Train V1 endpoint, whose runs Train V2 does not record, and is
 //! left to the snapshot replay).
 //!
-//! - **A stored snapshot wins.** When the head's collector stored a snapshot of this URI
-//!   (`RAY_COLLECTOR_ADDITIONAL_ENDPOINTS`), it is replayed byte for byte, as `/api/{*path}`
-//!   replays any other (`replay.rs`): it is what Ray itself answered.
+//! - **A stored snapshot wins where it is as far as the events.** When the head's collector
+//!   stored a snapshot of this URI (`RAY_COLLECTOR_ADDITIONAL_ENDPOINTS`), it is what Ray
+//!   itself answered, but at the last poll: a run that went on after it (the head died
+//!   first, or the poll was up to 30 s old) is further in the export events. So, run by run,
+//!   the snapshot's run is kept unless the events' has more attempts, more ended attempts,
+//!   or has ended where the snapshot's had not ([`further_than_snapshot`]); a run the
+//!   snapshot does not list is added. When the snapshot keeps every run, it is replayed byte
+//!   for byte, as `/api/{*path}` replays any other (`replay.rs`); when the events cannot be
+//!   read, too.
 //! - **Otherwise, from the export events.** The session's `EXPORT_TRAIN_RUN` and
 //!   `EXPORT_TRAIN_RUN_ATTEMPT` events, as `inspect` folds them (its `train_runs`, the same
 //!   facts `inspect --train-run --json` prints), are written back in the shape of Ray's
 //!   `TrainRunsResponse`: `{"train_runs": [DecoratedTrainRun, ...]}`, newest run first (Ray
 //!   sorts by `start_time_ns`, descending). [`ray_run`] undoes each difference between Ray's
 //!   pydantic model and the protobuf export event (the list is in its doc; tests/ray_train_e2e.rs
-//!   checks every leaf against Ray 2.60's live answer).
+//!   checks every leaf against Ray 2.60's live answer). What Ray's head decides at query time
+//!   from the actor table, `inspect` decides from the session's actors (`report.rs`): a run
+//!   still `RUNNING` whose controller actor is `DEAD` is `ABORTED`, "Terminated due to system
+//!   errors or killed by the user." (end time and attempts as recorded), and a worker's
+//!   status is its actor's state (`ALIVE` or `DEAD`) when the session knows the actor.
 //! - **Nothing Ray sent is dropped.** Members of the export event this version does not map
 //!   (at any depth of `run_settings`, and the run's, attempts' and workers' own, such as the
 //!   event's `schema_version`, `ray_train_version` and dashboard panels) are kept under their
@@ -20,11 +30,13 @@
 //! - **What a dead cluster cannot say.** Ray decorates each live worker with its process's
 //!   `processStats` and `gpus` from the actor table at query time: here `null` and `[]`.
 //!   `job_details` is the session's job as `/api/jobs/{id}` answers it (KubeRay's job shape,
-//!   which is Ray's `JobDetails`) with its driver's node IP from the session's nodes: the job
-//!   table's metadata, runtime env and exit code are not in the events read (`null`), and
-//!   `status` follows the driver's events (`RUNNING` until its end was recorded, then
-//!   `SUCCEEDED`), where Ray's job table says what it said at query time. A run whose job the
-//!   session does not know has `job_details: null`, as Ray answers it.
+//!   which is Ray's `JobDetails`) with its driver's node IP from the session's nodes (else
+//!   `EXPORT_DRIVER_JOB`'s `driver_ip_address`): the job table's metadata, runtime env and
+//!   exit code are not in the events read (`null`), and `status` follows the driver's events
+//!   (`RUNNING` until its end was recorded, then `SUCCEEDED`), where Ray's job table says what
+//!   it said at query time. A run whose job no driver job event recorded (the session knows
+//!   it only from the Train events, its tasks or actors) has `job_details: null`, as Ray
+//!   answers a job its job table does not have.
 
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
@@ -47,13 +59,75 @@ const FRAMEWORK_UNSPECIFIED: &str = "TRAINING_FRAMEWORK_UNSPECIFIED";
 /// `GET /api/train/v2/runs/v1`.
 pub async fn runs_v1(State(state): State<Shared>, entered: Entered) -> Response {
     match read_snapshot(&state, &entered, TRAIN_V2_RUNS_URI).await {
-        Ok(body) => entered.refresh(([(CONTENT_TYPE, "application/json")], body)),
+        Ok(body) => match index(&state, &entered).await {
+            Ok(index) => match further_than_snapshot(&body, &runs_response(&index)) {
+                Some(merged) => entered.refresh((headers_for(&index), merged.to_string())),
+                None => entered.refresh(([(CONTENT_TYPE, "application/json")], body)),
+            },
+            // The events cannot be read: what Ray answered is the best there is.
+            Err(_) => entered.refresh(([(CONTENT_TYPE, "application/json")], body)),
+        },
         Err(Missing::Unreadable(r)) => entered.refresh(r),
         Err(Missing::NotFound) => match index(&state, &entered).await {
             Ok(index) => entered.refresh((headers_for(&index), runs_response(&index).to_string())),
             Err(r) => r,
         },
     }
+}
+
+/// Run statuses after which nothing changes (Ray's `RunStatus.is_terminal`), and the same of
+/// attempts (`RunAttemptStatus.is_terminal`).
+const TERMINAL: [&str; 3] = ["FINISHED", "ERRORED", "ABORTED"];
+
+/// How far a run in Ray's shape had got: its attempts, those of them that ended, whether
+/// the run ended. A run only moves forward in this order.
+fn progress(run: &Value) -> (usize, usize, bool) {
+    let ended = |v: &Value| v["status"].as_str().is_some_and(|s| TERMINAL.contains(&s));
+    let attempts = run["attempts"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    (
+        attempts.len(),
+        attempts.iter().filter(|a| ended(a)).count(),
+        ended(run),
+    )
+}
+
+/// The stored snapshot (`snapshot`, what Ray answered at the collector's last poll) with each
+/// run the export events took further replaced by theirs (`events`, [`runs_response`]), and
+/// the runs it does not list added; `None` when the snapshot is as far for every run (it is
+/// then replayed byte for byte). A run is further when it has more attempts, more ended
+/// attempts, or ended where the snapshot's had not ([`progress`]); a run the events take
+/// further keeps the snapshot's `job_details` when the events know no job. A snapshot that
+/// is not a `TrainRunsResponse` (an error text) gives way to the events when they hold runs.
+fn further_than_snapshot(snapshot: &[u8], events: &Value) -> Option<Value> {
+    let from_events = events["train_runs"].as_array().filter(|r| !r.is_empty())?;
+    let mut doc: Value = match serde_json::from_slice(snapshot) {
+        Ok(v @ Value::Object(_)) if v["train_runs"].is_array() => v,
+        _ => return Some(events.clone()),
+    };
+    let stored = doc["train_runs"].as_array_mut()?;
+    let mut changed = false;
+    for run in from_events {
+        match stored.iter_mut().find(|s| s["id"] == run["id"]) {
+            Some(s) if progress(run) > progress(s) => {
+                let mut run = run.clone();
+                if run["job_details"].is_null() {
+                    run["job_details"] = s["job_details"].take();
+                }
+                *s = run;
+                changed = true;
+            }
+            Some(_) => {}
+            None => {
+                stored.push(run.clone());
+                changed = true;
+            }
+        }
+    }
+    if !changed {
+        return None;
+    }
+    stored.sort_by_key(|r| std::cmp::Reverse(r["start_time_ns"].as_i64()));
+    Some(doc)
 }
 
 /// Ray's `TrainRunsResponse` for the session's runs, newest first.
@@ -66,6 +140,7 @@ fn runs_response(index: &SessionIndex) -> Value {
             let job = run["job_id"]
                 .as_str()
                 .and_then(|id| index.facts.jobs.iter().find(|j| j.job_id == id))
+                .filter(|j| j.recorded)
                 .map(|j| job_details(j, index));
             ray_run(run, job)
         })
@@ -80,14 +155,18 @@ fn runs_response(index: &SessionIndex) -> Value {
 /// code 0) as Ray's `null`.
 fn job_details(j: &crate::inspect::JobFacts, index: &SessionIndex) -> Value {
     let mut v = job_json(j);
-    let ip = j.driver_node_id.as_deref().and_then(|id| {
-        index
-            .facts
-            .nodes
-            .iter()
-            .find(|n| n.node_id == id)
-            .and_then(|n| n.ip.clone())
-    });
+    let ip = j
+        .driver_node_id
+        .as_deref()
+        .and_then(|id| {
+            index
+                .facts
+                .nodes
+                .iter()
+                .find(|n| n.node_id == id)
+                .and_then(|n| n.ip.clone())
+        })
+        .or_else(|| j.driver_ip.clone());
     if let (Some(ip), Some(driver)) = (ip, v.get_mut("driver_info")) {
         driver["node_ip_address"] = Value::String(ip);
     }
@@ -137,8 +216,9 @@ fn unix_ns(t: &Value) -> Option<i64> {
 ///   `num_workers_fixed` (or `num_workers_range` as `[min, max]`), `data_config.datasets_to_split`
 ///   its `all: {}` (`"all"`) or `datasets.values`, `backend_config.framework`'s
 ///   `TRAINING_FRAMEWORK_UNSPECIFIED` is `null` and another value lower-case, as is
-///   `checkpoint_score_order`; a map the event wraps in `values` is the map; an optional
-///   member protobuf left out is `null`;
+///   `checkpoint_score_order`; `checkpoint_config.num_to_keep` (the settings' one 64-bit
+///   integer, which protobuf's JSON writes as a string) is a number; a map the event wraps
+///   in `values` is the map; an optional member protobuf left out is `null`;
 /// - a worker's `processStats` and `gpus` are Ray's live decorations: `null` and `[]`.
 fn ray_run(run: &Value, job: Option<Value>) -> Value {
     let mut out = Map::new();
@@ -274,6 +354,19 @@ fn lower(o: &mut Map<String, Value>, snake: &str) {
     o.insert(snake.into(), v);
 }
 
+/// A 64-bit integer as Ray's model has it (a number), where protobuf's JSON wrote it as a
+/// string (`"3"`); anything else as it is.
+fn int64(v: Value) -> Value {
+    match &v {
+        Value::String(s) => match (s.parse::<i64>(), s.parse::<u64>()) {
+            (Ok(n), _) => Value::from(n),
+            (_, Ok(n)) => Value::from(n),
+            _ => v,
+        },
+        _ => v,
+    }
+}
+
 /// A map the export event wraps as `{"values": {...}}` (a protobuf message around a map),
 /// unwrapped.
 fn unwrap_values(v: Value) -> Value {
@@ -345,6 +438,9 @@ fn ray_settings(settings: &Value) -> Value {
         if let Some(Value::Object(c)) = r.get_mut("checkpoint_config") {
             lower(c, "checkpoint_score_order");
             optional(c, "num_to_keep");
+            if let Some(n) = c.get_mut("num_to_keep") {
+                *n = int64(n.take());
+            }
             optional(c, "checkpoint_score_attribute");
         }
     }
@@ -354,6 +450,49 @@ fn ray_settings(settings: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_snapshot_keeps_each_run_it_has_as_far_as_the_events() {
+        let run = |status: &str, attempts: &[&str]| {
+            json!({"id": "r1", "status": status, "start_time_ns": 1,
+                   "attempts": attempts.iter().map(|s| json!({"status": s})).collect::<Vec<_>>()})
+        };
+        let events = |r: Value| json!({"train_runs": [r]});
+        let snapshot = |r: Value| json!({"train_runs": [r], "x": 1}).to_string();
+        // Ray's head aborted it; the events stop at RUNNING: the snapshot is further.
+        let stored = snapshot(run("ABORTED", &["RUNNING"]));
+        assert_eq!(
+            further_than_snapshot(stored.as_bytes(), &events(run("RUNNING", &["RUNNING"]))),
+            None
+        );
+        // An attempt more, an attempt ended, the run ended: the events are further.
+        for (older, newer) in [
+            (
+                run("RUNNING", &["RUNNING"]),
+                run("RESTARTING", &["ERRORED", "RUNNING"]),
+            ),
+            (run("RUNNING", &["RUNNING"]), run("RUNNING", &["FINISHED"])),
+            (
+                run("RUNNING", &["FINISHED"]),
+                run("FINISHED", &["FINISHED"]),
+            ),
+        ] {
+            let merged = further_than_snapshot(snapshot(older).as_bytes(), &events(newer.clone()));
+            let merged = merged.unwrap();
+            assert_eq!(merged["train_runs"][0]["status"], newer["status"]);
+            assert_eq!(merged["x"], 1);
+        }
+        // Not Ray's shape (an error text): the events' runs, when there are some.
+        let e = events(run("FINISHED", &[]));
+        assert_eq!(
+            further_than_snapshot(b"Train state data is not available", &e),
+            Some(e)
+        );
+        assert_eq!(
+            further_than_snapshot(b"error", &json!({"train_runs": []})),
+            None
+        );
+    }
 
     #[test]
     fn times_come_back_to_the_nanosecond() {
@@ -383,7 +522,8 @@ mod tests {
                                "resources_per_worker": {"values": {"CPU": 1.0}},
                                "invented": {"deep": [1, 2]}},
             "data_config": {"all": {}, "enable_shard_locality": true},
-            "run_config": {"name": "r", "checkpoint_config": {"checkpoint_score_order": "MAX"},
+            "run_config": {"name": "r", "checkpoint_config": {"checkpoint_score_order": "MAX",
+                                                              "num_to_keep": "3"},
                            "storage_path": "/s"},
             "datasets": ["train"],
         });
@@ -404,6 +544,7 @@ mod tests {
             ray["run_config"]["checkpoint_config"]["checkpoint_score_order"],
             "max"
         );
+        assert_eq!(ray["run_config"]["checkpoint_config"]["num_to_keep"], 3);
         assert_eq!(ray["run_config"]["storage_filesystem"], Value::Null);
         assert_eq!(ray["datasets"], json!(["train"]));
 
@@ -434,8 +575,10 @@ mod tests {
                 entrypoint: Some("python train.py".into()),
                 driver_pid: Some(42),
                 driver_node_id: Some("aa".into()),
+                driver_ip: None,
                 started: Some("2026-11-22T02:08:25.597485314Z".into()),
                 ended: None,
+                recorded: true,
             }],
             nodes: vec![NodeFacts {
                 node_id: "aa".into(),
