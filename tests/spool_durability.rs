@@ -1024,6 +1024,60 @@ fn a_journal_of_the_previous_format_is_read_at_an_upgrade() {
     assert!(uploaded.iter().all(|id| !count.contains_key(id)));
 }
 
+/// The real upgrade, when `RHC_PREVIOUS_COLLECTOR_BIN` names a binary that writes the
+/// journal's format 1 (main before the files' lengths, e.g. c6fb7f8); skipped otherwise. The
+/// previous binary answers batches whose segments are sealed by size, uploaded and deleted,
+/// and one whose segment is still open, and is killed -9; this build starts on its spool and
+/// recognises both resends, and so does the start after it (format 2 by then).
+#[test]
+fn an_upgrade_from_the_previous_binary_keeps_the_window() {
+    let Some(previous) = std::env::var_os("RHC_PREVIOUS_COLLECTOR_BIN") else {
+        eprintln!("RHC_PREVIOUS_COLLECTOR_BIN is not set: the upgrade from it is not tried");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    let args = [
+        "--storage",
+        bucket.to_str().unwrap(),
+        "--max-segment-bytes",
+        "4KiB",
+    ];
+    let mut c = Collector::configure(
+        PathBuf::from(previous),
+        &tmp.path().join("spool"),
+        &args,
+        &[] as &[(&str, &str)],
+    );
+    c.restart();
+    let ts = "2026-11-22T02:06:40Z";
+    let session = "session_upgrade";
+    let sealed = ids(0..20, "sealed");
+    assert_eq!(post(&c, &batch_at(&sealed, session, ts)).1, 20);
+    wait_uploaded_and_deleted(&c, &bucket, session, &sealed);
+    let open = ids(0..5, "open");
+    assert_eq!(post(&c, &batch_at(&open, session, ts)).1, 5);
+    c.kill9();
+    c.bin = rhc_testkit::collector::collector_bin();
+    c.restart();
+    assert_eq!(
+        post(&c, &batch_at(&sealed, session, ts)),
+        (200, 0, 20, 0),
+        "{}",
+        c.log_text()
+    );
+    assert_eq!(post(&c, &batch_at(&open, session, ts)), (200, 0, 5, 0));
+    c.kill9();
+    c.restart();
+    assert_eq!(post(&c, &batch_at(&sealed, session, ts)), (200, 0, 20, 0));
+    assert_eq!(post(&c, &batch_at(&open, session, ts)), (200, 0, 5, 0));
+    let exit = c.terminate(Duration::from_secs(30));
+    assert!(exit.success(), "{exit}: {}", c.log_text());
+    let (count, _) = stored(&read_all(&store(&bucket)), session);
+    assert_once(&count, &sealed);
+    assert_once(&count, &open);
+}
+
 /// Issue 40, point 2: a torn last line found at start while the disk is full (every write
 /// to the quarantine files fails with ENOSPC, as on a full volume) does not keep the
 /// collector from starting: the segment is cut (which needs no room) and uploaded, and the
