@@ -23,11 +23,14 @@
 //! once uploaded: after a power loss too, an answered id is in the journal or on a line of a
 //! segment still in the spool past what the journal covers. That is one `fdatasync` per
 //! round of seals (none when nothing was appended since the last; one more, and a directory
-//! sync, when a generation was started since), and one per full generation (a quarter of
-//! the window), before the next one's head: so a start reads a prefix of what was written,
-//! and no length it reads covers lines whose ids it lacks. None per group commit: the
-//! group's lines are synced before its answer, and a start finds them past the lengths the
-//! journal holds, so the record needs no sync of its own.
+//! sync, when a generation was started since), on the writer thread; none per group commit
+//! (the group's lines are synced before its answer, and a start finds them past the lengths
+//! the journal holds, so the record needs no sync of its own), none when a generation is
+//! full. A start reads each generation up to its first incomplete or damaged block (a
+//! prefix of what was written); across generations, a full one ends with an end block
+//! ([`KIND_END`]) before the next one starts, and a start that finds a generation without
+//! it (a power loss took its end, not the newer one's start) uses no length of the newer
+//! ones: no length it uses covers lines whose ids it lacks.
 //!
 //! Bounded: the journal is a few generation files `ids-<n>`, each filled with a quarter of the
 //! window ([`GENERATIONS_PER_WINDOW`]); when one is full the next is started, and the oldest
@@ -116,6 +119,10 @@ const KIND_FILES: u32 = 1;
 /// A block of one word, at the head of a generation: the newest file number then (the
 /// writer's last creation number).
 const KIND_STATE: u32 = 2;
+/// A block of one word (0), the last of a generation once the next one is started: a
+/// generation without it (not the newest) lost its end to a power loss, so the lengths the
+/// newer ones give may cover lines whose ids it lost, and a start does not use them.
+const KIND_END: u32 = 3;
 
 /// Most open segments a head lists (16 MiB of pairs): a spool holds fewer, each costing
 /// [`super::FILE_BUDGET_BYTES`] of the disk budget; past it, the others are left out (a
@@ -166,6 +173,8 @@ pub(super) struct Journal {
     current: Option<File>,
     /// Its length: a failed append is cut back to it.
     current_len: u64,
+    /// Full generations appended to since the last sync: (number, file).
+    unsynced: Vec<(u64, File)>,
     /// A generation was created since the last sync (its directory entry is not durable).
     dir_dirty: bool,
     /// Appended since the last sync.
@@ -249,6 +258,8 @@ struct Generation {
     facts: Vec<Fact>,
     /// It has a head (format 2).
     headed: bool,
+    /// It ends with an end block: the next generation was started after all of it.
+    ended: bool,
 }
 
 impl Journal {
@@ -265,6 +276,7 @@ impl Journal {
             next: 1,
             current: None,
             current_len: 0,
+            unsynced: Vec::new(),
             dir_dirty: false,
             dirty: false,
             behind: true,
@@ -334,9 +346,9 @@ impl Journal {
         // window is full of distinct ids.
         let mut seen: HashSet<u64, PassThrough> = HashSet::default();
         let mut newest_first: Vec<u64> = Vec::new();
-        // What the generations read say of the files, newest generation first.
-        let mut facts: Vec<Vec<Fact>> = Vec::new();
-        let mut headed = false;
+        // What the generations read say of the files, newest generation first: (facts,
+        // headed, ended).
+        let mut facts: Vec<(Vec<Fact>, bool, bool)> = Vec::new();
         // Generations that hold ids of the window, or what it says of the files; the others
         // are removed below.
         let mut kept: Vec<u64> = Vec::new();
@@ -362,7 +374,6 @@ impl Journal {
                     newest_first.push(id);
                 }
             }
-            headed |= generation.headed;
             // A generation newer than every one that gave ids (one just started, its head
             // alone) is kept for what it says of the files.
             if newest_first.len() > before || (before == 0 && !generation.facts.is_empty()) {
@@ -371,7 +382,7 @@ impl Journal {
                     loaded.modified = loaded.modified.max(Some(t));
                 }
             }
-            facts.push(generation.facts);
+            facts.push((generation.facts, generation.headed, generation.ended));
         }
         // A file that gave no id to the window (all of them newer elsewhere, or older than
         // the window), and is not the newest, changes nothing a start reads: removed now, so
@@ -381,13 +392,23 @@ impl Journal {
                 let _ = fs::remove_file(self.path_of(n));
             }
         }
-        if headed {
-            let mut lengths = Lengths::default();
-            for fact in facts.into_iter().rev().flatten() {
-                lengths.apply(fact);
+        // Oldest first. A generation of format 2 without its end lost it to a power loss
+        // (a kill -9 keeps the page cache): what the newer ones say of the files may cover
+        // lines whose ids it lost, so only what came before is used; the lines after are
+        // reloaded from the spool (ids the journal may hold as well: no harm).
+        let mut lengths: Option<Lengths> = None;
+        for (generation_facts, headed, ended) in facts.into_iter().rev() {
+            if headed {
+                let lengths = lengths.get_or_insert_with(Lengths::default);
+                for fact in generation_facts {
+                    lengths.apply(fact);
+                }
+                if !ended {
+                    break;
+                }
             }
-            loaded.lengths = Some(lengths);
         }
+        loaded.lengths = lengths;
         // The kept ones are replaced by the start's snapshot.
         kept.sort_unstable();
         self.generations = kept.into_iter().map(|n| (n, 0)).collect();
@@ -462,6 +483,13 @@ impl Journal {
                     f.write_all(&self.buf)?;
                     len += self.buf.len() as u64;
                 }
+                if i + 1 < chunks.len() {
+                    // Not the newest: complete, as a rotated generation is.
+                    self.buf.clear();
+                    encode_blocks(&mut self.buf, KIND_END, &[0]);
+                    f.write_all(&self.buf)?;
+                    len += self.buf.len() as u64;
+                }
                 f.sync_data()?;
                 fs::rename(&tmp, self.path_of(n))?;
                 written.push((n, chunk.len()));
@@ -488,6 +516,7 @@ impl Journal {
                 let (file, len) = newest.unzip();
                 self.current = file;
                 self.current_len = len.unwrap_or(0);
+                self.unsynced.clear();
                 self.dir_dirty = false;
                 self.dirty = false;
                 self.behind = false;
@@ -551,24 +580,32 @@ impl Journal {
         }
     }
 
-    /// The newest generation is full: it is synced (with its directory entry, if that is not
-    /// yet), then the next one is created, starting with `head`, and the oldest removed while
-    /// the newer ones hold a whole window (their ids have left the window). The sync keeps
-    /// what a start reads a prefix of what was written: a power loss can take the end of the
-    /// newest generation, never a full one whose successor's head survived (that head's
-    /// lengths would then cover lines whose ids were lost). One `fdatasync` per generation (a
-    /// quarter of the window), on the writer's path; the new generation and its entry are
-    /// synced by the next [`Journal::sync`], before any segment leaves the spool.
+    /// The newest generation is full: it gets its end block, then the next one is created,
+    /// starting with `head`, and the oldest removed while the newer ones hold a whole window
+    /// (their ids have left the window). Nothing is synced here, on the writer's path: the
+    /// full generation, the new one and its entry are synced by the next [`Journal::sync`],
+    /// before any segment leaves the spool; until then the ids appended since the last sync
+    /// are in segments still in the spool anyway. A power loss that takes the end of the full
+    /// generation but keeps some of the new one is told by the missing end block
+    /// ([`KIND_END`]): a start then uses no length of the newer generations.
     fn rotate(&mut self, head: &Head) {
-        let mut synced = self.current.as_ref().map_or(Ok(()), |f| f.sync_data());
-        if self.dir_dirty {
-            synced = synced.and_then(|()| fsync_dir(&self.dir));
+        self.buf.clear();
+        encode_blocks(&mut self.buf, KIND_END, &[0]);
+        if let Some(f) = self.current.as_mut() {
+            if let Err(e) = f.write_all(&self.buf) {
+                let _ = f.set_len(self.current_len);
+                self.fall_behind("ending a full generation of", &e);
+                return;
+            }
         }
-        if let Err(e) = synced {
-            self.fall_behind("syncing a full generation of", &e);
-            return;
+        if let Some((full_n, full)) = self
+            .generations
+            .back()
+            .map(|g| g.0)
+            .zip(self.current.take())
+        {
+            self.unsynced.push((full_n, full));
         }
-        self.dir_dirty = false;
         let n = self.free_numbers(self.next, 1);
         self.next = n + 1;
         let path = self.path_of(n);
@@ -588,6 +625,7 @@ impl Journal {
                         break;
                     }
                     if let Some((old, _)) = self.generations.pop_front() {
+                        self.unsynced.retain(|(u, _)| *u != old);
                         let _ = fs::remove_file(self.path_of(old));
                     }
                 }
@@ -599,8 +637,8 @@ impl Journal {
         }
     }
 
-    /// Makes every append durable (the newest generation, and the directory entries made
-    /// since the last sync): before a segment is handed to the uploader. A journal that is
+    /// Makes every append durable (the generations written since the last sync, and their
+    /// directory entries): before a segment is handed to the uploader. A journal that is
     /// behind does nothing here (the caller writes a snapshot when
     /// [`Journal::wants_snapshot`]).
     pub(super) fn sync(&mut self) {
@@ -608,6 +646,9 @@ impl Journal {
             return;
         }
         let mut result = Ok(());
+        for (_, f) in self.unsynced.drain(..) {
+            result = result.and_then(|()| f.sync_data());
+        }
         if let Some(f) = &self.current {
             result = result.and_then(|()| f.sync_data());
         }
@@ -663,6 +704,7 @@ impl Journal {
     fn fall_behind(&mut self, action: &'static str, e: &io::Error) {
         self.behind = true;
         self.current = None;
+        self.unsynced.clear();
         self.dirty = false;
         // The next seal may try a snapshot at once.
         self.last_try = None;
@@ -906,7 +948,7 @@ fn decode_from(mut input: impl Read, keep: usize) -> (Generation, Option<String>
             let possible = match kind {
                 KIND_IDS => (1..=MAX_BLOCK_IDS).contains(&count),
                 KIND_FILES => (2..=MAX_BLOCK_IDS).contains(&count) && count % 2 == 0,
-                KIND_STATE => count == 1,
+                KIND_STATE | KIND_END => count == 1,
                 _ => false,
             };
             if !possible {
@@ -944,10 +986,11 @@ fn decode_from(mut input: impl Read, keep: usize) -> (Generation, Option<String>
                     out.facts
                         .extend(words.chunks_exact(2).map(|p| Fact::Len(p[0], p[1])));
                 }
-                _ => {
+                KIND_STATE => {
                     out.facts.extend(words.map(Fact::Last));
                     out.headed = true;
                 }
+                _ => out.ended = true,
             }
             at += (BLOCK_HEAD + count * 8) as u64;
         }
@@ -1049,6 +1092,45 @@ mod tests {
         let (_, again) = Journal::open(tmp.path(), window);
         assert_eq!(again.ids, loaded.ids);
         assert_eq!(again.lengths.unwrap().last_n, 12);
+    }
+
+    /// A power loss that takes the end of a full generation (its last records and its end
+    /// block) but keeps the start of the next: the lengths of the newer generation are not
+    /// used (they may cover lines whose ids were lost), those before the cut are; every id
+    /// read still comes back.
+    #[test]
+    fn no_length_after_a_generation_cut_short_is_used() {
+        let tmp = tempfile::tempdir().unwrap();
+        let window = 4 * MIN_GENERATION_IDS;
+        let (mut j, _) = started(tmp.path(), window);
+        let head = || Head {
+            last_n: 50,
+            files: vec![(5, 999)],
+        };
+        let first: Vec<u64> = (1..=MIN_GENERATION_IDS as u64 - 1).collect();
+        j.append(&first, &[(5, 100)], head);
+        // Fills the first generation: its end block, and the next one with its head.
+        j.append(&[100_000], &[(5, 200)], head);
+        j.append(&[100_001], &[(5, 300), (60, 10)], head);
+        drop(j);
+        let names = files(tmp.path());
+        assert_eq!(names.len(), 2, "{names:?}");
+        let (_, whole) = Journal::open(tmp.path(), window);
+        let lengths = whole.lengths.unwrap();
+        assert_eq!(lengths.files.get(&5), Some(&300));
+        assert_eq!(lengths.last_n, 60);
+        // The first generation loses its end block and its last record.
+        let full = tmp.path().join(JOURNAL_DIR).join(&names[0]);
+        let len = fs::metadata(&full).unwrap().len();
+        let f = OpenOptions::new().write(true).open(&full).unwrap();
+        f.set_len(len - 16 - (8 + 8) - (8 + 16)).unwrap();
+        drop(f);
+        let (_, cut) = Journal::open(tmp.path(), window);
+        let lengths = cut.lengths.unwrap();
+        assert_eq!(lengths.files.get(&5), Some(&100));
+        assert_eq!(lengths.last_n, 5);
+        assert!(cut.ids.contains(&100_001));
+        assert!(!cut.ids.contains(&100_000));
     }
 
     /// A journal of format 1 (the binaries before) is read: its ids, and no lengths.
