@@ -258,7 +258,7 @@ pub struct RunArgs {
     pub max_body_bytes: Given<u64>,
 
     /// How many recent event ids are remembered to drop Ray's resent duplicates, across
-    /// restarts too (a journal in `<spool-dir>/dedup/`, 8 bytes per id; 0: off).
+    /// restarts too (a journal in `<spool-dir>/dedup/`, 8 to 24 bytes per id; 0: off).
     #[arg(
         long,
         env = "RHC_DEDUP_WINDOW",

@@ -697,89 +697,385 @@ fn a_quiet_partitions_open_segment_does_not_push_answered_ids_out_after_a_restar
     assert_once(&count, &quiet);
 }
 
-/// The other side of review r40d D1: a group answered just before a power loss, its append
-/// to the journal lost with the page cache, its lines in the spool. Its ids are newer than
-/// the journal's and must stay in a full window: half in a file whose earlier lines the
-/// journal holds, half in a file it created (no id of the journal in it). The power loss is
-/// made by hand after a kill -9: the group's block cut off the journal, and the journal's
-/// time set back to its last write before that group. Then again with the journal's time
-/// left after the group's (a filesystem that made the time durable without the last
-/// blocks), the group all in one file: the journal's ids before its lines tell they are
-/// newer.
-#[test]
-fn a_group_whose_journal_append_was_lost_is_still_recognised() {
-    lost_journal_append(true);
-    lost_journal_append(false);
+/// Posts `count` batches of `BATCH` ids tagged `tag` to `session`, each answered 200 with all
+/// accepted; returns them.
+fn post_batches(c: &Collector, session: &str, tag: &str, count: usize) -> Vec<Vec<String>> {
+    const BATCH: usize = 100;
+    let ts = "2026-11-22T02:06:40Z";
+    (0..count)
+        .map(|b| {
+            let batch = ids((b * BATCH) as u32..((b + 1) * BATCH) as u32, tag);
+            assert_eq!(
+                post(c, &batch_at(&batch, session, ts)),
+                (200, BATCH as u64, 0, 0),
+                "{}",
+                c.log_tail(20)
+            );
+            batch
+        })
+        .collect()
 }
 
-fn lost_journal_append(time_set_back: bool) {
+/// Waits until at most `open` event segments are left in the spool (the others sealed by
+/// size, uploaded and deleted).
+fn wait_segments_at_most(c: &Collector, open: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while files_under(&c.spool.join("events"))
+        .iter()
+        .filter(|p| p.to_string_lossy().ends_with(".jsonl"))
+        .count()
+        > open
+    {
+        assert!(std::time::Instant::now() < deadline, "{}", c.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Review r40f D1: a group commit in flight at kill -9 (written into the page cache, never
+/// synced nor answered) into a quiet partition's open segment. The quiet segment's older
+/// lines left the window long ago; the busy partition's answered batches are in the window,
+/// their segments uploaded and deleted (their ids only in the journal). The start took the
+/// whole quiet file as newer than the journal (the group made it the file written last), so
+/// its 200 old ids and the group's 100 evicted 300 answered ids: the resend of an answered
+/// batch still in the window was stored twice (c6fb7f8: `accepted 100`). Now the journal
+/// records the length of each file a group wrote ids into: only the lines past it (the group
+/// in flight, which Ray resends) come back, as the newest, as they were in the window before
+/// the crash. The kill comes from the fault shim, at the group's `fdatasync`.
+#[test]
+fn a_group_in_flight_in_a_quiet_segment_does_not_push_answered_ids_out() {
     const WINDOW: usize = 1000;
     const BATCH: usize = 100;
-    let new_session = if time_set_back {
-        "session_new"
-    } else {
-        "session_full"
-    };
     let tmp = tempfile::tempdir().unwrap();
+    let faults = Faults::build(tmp.path());
     let window = WINDOW.to_string();
-    let (mut c, bucket) = start(tmp.path(), &["--dedup-window", &window], &[]);
-    let ts = "2026-11-22T02:06:40Z";
-    let session = "session_full";
-    let answered = ids(0..WINDOW as u32, "full");
-    for batch in answered.chunks(BATCH) {
-        assert_eq!(post(&c, &batch_at(batch, session, ts)).1, BATCH as u64);
-    }
-    let journal = journal_files(&c.spool).pop().expect("an ids journal");
-    let before = std::fs::metadata(&journal).unwrap();
-    // A later clock tick than the journal's last write, whatever the clock's grain.
-    std::thread::sleep(Duration::from_millis(20));
-    let lost = ids(0..BATCH as u32, "lost");
-    let last: Vec<String> = lost[..BATCH / 2]
-        .iter()
-        .map(|id| event(id, session, ts))
-        .chain(
-            lost[BATCH / 2..]
-                .iter()
-                .map(|id| event(id, new_session, ts)),
-        )
-        .collect();
-    assert_eq!(post(&c, &body(&last)), (200, BATCH as u64, 0, 0));
-    c.kill9();
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&journal)
-        .unwrap();
-    assert_eq!(
-        f.metadata().unwrap().len(),
-        before.len() + 8 + 8 * BATCH as u64,
-        "one block of the last group"
+    let (mut c, bucket) = start(
+        tmp.path(),
+        &[
+            "--dedup-window",
+            &window,
+            "--max-segment-bytes",
+            "128KiB",
+            "--upload-window",
+            "1s",
+        ],
+        &faults.env(),
     );
-    f.set_len(before.len()).unwrap();
-    if time_set_back {
-        f.set_modified(before.modified().unwrap()).unwrap();
+    let ts = "2026-11-22T02:06:40Z";
+    let quiet = post_batches(&c, "session_quiet", "quiet", 2).concat();
+    let busy = post_batches(&c, "session_busy", "busy", 12);
+    wait_segments_at_most(&c, 2);
+    let in_spool = ids_in_spool(&c.spool);
+    assert!(quiet.iter().all(|id| in_spool.contains(id)));
+    // The oldest answered batch the window holds once the group in flight is in it too.
+    let probe = &busy[3];
+    assert!(
+        probe.iter().all(|id| !in_spool.contains(id)),
+        "the busy segments were not sealed as planned"
+    );
+    faults.arm(
+        "fdatasync",
+        rhc_testkit::fault_shim::KILL,
+        1,
+        "session_quiet",
+    );
+    let late = ids(0..BATCH as u32, "late");
+    let r = rhc_testkit::http::try_http_request(
+        "POST",
+        &c.url("/v1/events"),
+        &[("Content-Type", "application/json")],
+        batch_at(&late, "session_quiet", ts).as_bytes(),
+    );
+    assert!(
+        r.as_ref().map_or(true, |r| r.status != 200),
+        "the group in flight was answered"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while c.alive() {
+        assert!(std::time::Instant::now() < deadline, "not killed");
+        std::thread::sleep(Duration::from_millis(20));
     }
-    drop(f);
+    c.kill9();
+    assert!(!faults.armed("fdatasync"));
+    assert!(ids_in_spool(&c.spool).contains(&late[BATCH - 1]));
     c.restart();
     assert_eq!(
-        post(&c, &body(&last)),
+        post(&c, &batch_at(probe, "session_busy", ts)),
         (200, 0, BATCH as u64, 0),
-        "the resend of a group answered before a power loss was stored again \
-         (journal's time set back: {time_set_back}):\n{}",
+        "the resend of an answered batch in the window was stored again after kill -9:\n{}",
         c.log_text()
     );
-    // The journal's newest ids are still there too.
+    // Ray's resend of the group in flight: its events are in the spool.
     assert_eq!(
-        post(&c, &batch_at(&answered[WINDOW - BATCH..], session, ts)),
+        post(&c, &batch_at(&late, "session_quiet", ts)),
         (200, 0, BATCH as u64, 0)
     );
     let exit = c.terminate(Duration::from_secs(30));
     assert!(exit.success(), "{exit}: {}", c.log_text());
     let objects = read_all(&store(&bucket));
-    let (count, _) = stored(&objects, session);
-    assert_once(&count, &answered);
-    assert_once(&count, &lost[..BATCH / 2]);
-    let (count, _) = stored(&objects, new_session);
-    assert_once(&count, &lost[BATCH / 2..]);
+    let (count, _) = stored(&objects, "session_busy");
+    assert_once(&count, &busy.concat());
+    let (count, _) = stored(&objects, "session_quiet");
+    assert_once(&count, &quiet);
+    assert_once(&count, &late);
+}
+
+/// Review r40f D2 (and the other side of r40d D1): a group answered just before a power
+/// loss, written into files it created. Its segment lines were synced before the answer;
+/// its record in the ids journal was not (the journal is synced before a segment leaves the
+/// spool, not per group), so the power loss took it. The start took the new files as older
+/// than the journal (no id of the journal in them, and the journal written last), and a full
+/// window of answered ids pushed the group's ids out: its resend was stored twice
+/// (c6fb7f8: `accepted 16`). Now a file numbered after every file the journal knows of
+/// was created after its last record: its ids are the newest. The power loss is simulated
+/// with the process dead: every file of the journal and the segments is cut to its size at
+/// its last `fsync`/`fdatasync`, as the fault shim saw them.
+#[test]
+fn a_group_answered_before_a_power_loss_in_new_files_is_still_recognised() {
+    const WINDOW: usize = 1000;
+    const LOST: usize = 16;
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = Faults::build(tmp.path());
+    let window = WINDOW.to_string();
+    let (mut c, bucket) = start(tmp.path(), &["--dedup-window", &window], &faults.env());
+    let ts = "2026-11-22T02:06:40Z";
+    let answered = post_batches(&c, "session_full", "full", WINDOW / 100);
+    // A start writes the window it reloaded, synced: the journal holds a full window.
+    c.kill9();
+    c.restart();
+    let lost = ids(0..LOST as u32, "lost");
+    let last: Vec<String> = lost[..LOST / 2]
+        .iter()
+        .map(|id| event(id, "session_new", ts))
+        .chain(
+            lost[LOST / 2..]
+                .iter()
+                .map(|id| event(id, "session_other", ts)),
+        )
+        .collect();
+    assert_eq!(post(&c, &body(&last)), (200, LOST as u64, 0, 0));
+    c.kill9();
+    let cut_journal = faults.lose_unsynced(&c.spool.join("dedup"));
+    assert!(!cut_journal.is_empty(), "the group's record was synced");
+    let cut_segments = faults.lose_unsynced(&c.spool.join("events"));
+    assert!(
+        cut_segments.is_empty(),
+        "an answered segment was not synced: {cut_segments:?}"
+    );
+    c.restart();
+    assert_eq!(
+        post(&c, &body(&last)),
+        (200, 0, LOST as u64, 0),
+        "the resend of a group answered before a power loss was stored again:\n{}",
+        c.log_text()
+    );
+    // The journal's newest ids are still there too.
+    assert_eq!(
+        post(&c, &batch_at(answered.last().unwrap(), "session_full", ts)),
+        (200, 0, 100, 0)
+    );
+    let exit = c.terminate(Duration::from_secs(30));
+    assert!(exit.success(), "{exit}: {}", c.log_text());
+    let objects = read_all(&store(&bucket));
+    let (count, _) = stored(&objects, "session_full");
+    assert_once(&count, &answered.concat());
+    let (count, _) = stored(&objects, "session_new");
+    assert_once(&count, &lost[..LOST / 2]);
+    let (count, _) = stored(&objects, "session_other");
+    assert_once(&count, &lost[LOST / 2..]);
+}
+
+/// Review r40f D3: the clock stepped back. A quiet partition's open segment was written while
+/// the clock ran an hour ahead; since then the clock was set right and the busy partition's
+/// answered batches filled the window (their segments uploaded and deleted). After a kill -9
+/// the start took the quiet file, the latest by modification time, as newer than the
+/// journal: its 200 old ids pushed 200 answered ids out, and the resend of one still in the
+/// window was stored twice (c6fb7f8: `accepted 100`). Now no clock is consulted: the
+/// journal's lengths say the quiet file holds nothing it lacks. The clock is simulated by
+/// setting the quiet file's time an hour ahead while the process is dead.
+#[test]
+fn a_clock_set_back_does_not_make_a_quiet_segment_newer() {
+    const WINDOW: usize = 1000;
+    const BATCH: usize = 100;
+    let tmp = tempfile::tempdir().unwrap();
+    let window = WINDOW.to_string();
+    let (mut c, bucket) = start(
+        tmp.path(),
+        &[
+            "--dedup-window",
+            &window,
+            "--max-segment-bytes",
+            "128KiB",
+            "--upload-window",
+            "1s",
+        ],
+        &[],
+    );
+    let ts = "2026-11-22T02:06:40Z";
+    let quiet = post_batches(&c, "session_quiet", "quiet", 2).concat();
+    let busy = post_batches(&c, "session_busy", "busy", 12);
+    wait_segments_at_most(&c, 2);
+    // The oldest answered batch in the window.
+    let probe = &busy[2];
+    let in_spool = ids_in_spool(&c.spool);
+    assert!(quiet.iter().all(|id| in_spool.contains(id)));
+    assert!(probe.iter().all(|id| !in_spool.contains(id)));
+    c.kill9();
+    let ahead = std::time::SystemTime::now() + Duration::from_secs(3600);
+    let quiet_files: Vec<PathBuf> = files_under(&c.spool.join("events"))
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("session_quiet"))
+        .collect();
+    assert_eq!(quiet_files.len(), 1, "{quiet_files:?}");
+    std::fs::File::options()
+        .write(true)
+        .open(&quiet_files[0])
+        .unwrap()
+        .set_modified(ahead)
+        .unwrap();
+    c.restart();
+    assert_eq!(
+        post(&c, &batch_at(probe, "session_busy", ts)),
+        (200, 0, BATCH as u64, 0),
+        "the resend of an answered batch in the window was stored again after kill -9:\n{}",
+        c.log_text()
+    );
+    let exit = c.terminate(Duration::from_secs(30));
+    assert!(exit.success(), "{exit}: {}", c.log_text());
+    let objects = read_all(&store(&bucket));
+    let (count, _) = stored(&objects, "session_busy");
+    assert_once(&count, &busy.concat());
+    let (count, _) = stored(&objects, "session_quiet");
+    assert_once(&count, &quiet);
+}
+
+/// A generation of the ids journal in format 1 (the binaries before the files' lengths):
+/// the magic, then one block of `ids`.
+fn journal_v1(ids: &[String]) -> Vec<u8> {
+    use ray_history_collector::events::dedup::id_hash;
+    use ray_history_collector::events::spool::dedup_key;
+    let mut block = (ids.len() as u32).to_le_bytes().to_vec();
+    for id in ids {
+        block.extend_from_slice(&dedup_key(id_hash(id.as_bytes())).to_le_bytes());
+    }
+    let check = xxhash_rust::xxh3::xxh3_64(&block) as u32;
+    let mut out = b"RHCIDS1\n".to_vec();
+    out.extend_from_slice(&check.to_le_bytes());
+    out.extend_from_slice(&block);
+    out
+}
+
+/// An upgrade from the binaries that wrote the journal's format 1 (ids only): a start reads
+/// it, and places the spool's ids beside it as those binaries did (by the files' times);
+/// it then writes format 2, which the next start reads. The journal of format 1 is the one
+/// such a binary leaves after a kill -9: the ids of answered batches whose segments were
+/// uploaded, and not those of the last batch, whose segment is still in the spool.
+#[test]
+fn a_journal_of_the_previous_format_is_read_at_an_upgrade() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut c, bucket) = start(tmp.path(), &[], &[]);
+    let ts = "2026-11-22T02:06:40Z";
+    let uploaded = ids(0..50, "up");
+    let last = ids(0..50, "last");
+    assert_eq!(post(&c, &batch_at(&last, "session_up", ts)).1, 50);
+    c.kill9();
+    // The journal as the previous binary left it: format 1, written before the last batch.
+    let dedup = c.spool.join("dedup");
+    std::fs::remove_dir_all(&dedup).unwrap();
+    std::fs::create_dir_all(&dedup).unwrap();
+    let journal = dedup.join(format!("ids-{:020}", 7));
+    std::fs::write(&journal, journal_v1(&uploaded)).unwrap();
+    let before = std::time::SystemTime::now() - Duration::from_secs(60);
+    std::fs::File::options()
+        .write(true)
+        .open(&journal)
+        .unwrap()
+        .set_modified(before)
+        .unwrap();
+    c.restart();
+    assert_eq!(
+        post(&c, &batch_at(&uploaded, "session_up", ts)),
+        (200, 0, 50, 0),
+        "{}",
+        c.log_text()
+    );
+    assert_eq!(
+        post(&c, &batch_at(&last, "session_up", ts)),
+        (200, 0, 50, 0)
+    );
+    let names: Vec<Vec<u8>> = journal_files(&c.spool)
+        .iter()
+        .map(|f| std::fs::read(f).unwrap()[..8].to_vec())
+        .collect();
+    assert!(
+        names.iter().all(|m| m == b"RHCIDS2\n"),
+        "the start did not rewrite the journal in format 2"
+    );
+    // The next start reads what this one wrote.
+    c.kill9();
+    c.restart();
+    assert_eq!(
+        post(&c, &batch_at(&uploaded, "session_up", ts)),
+        (200, 0, 50, 0)
+    );
+    let exit = c.terminate(Duration::from_secs(30));
+    assert!(exit.success(), "{exit}: {}", c.log_text());
+    let (count, _) = stored(&read_all(&store(&bucket)), "session_up");
+    assert_once(&count, &last);
+    assert!(uploaded.iter().all(|id| !count.contains_key(id)));
+}
+
+/// The real upgrade, when `RHC_PREVIOUS_COLLECTOR_BIN` names a binary that writes the
+/// journal's format 1 (main before the files' lengths, e.g. c6fb7f8); skipped otherwise. The
+/// previous binary answers batches whose segments are sealed by size, uploaded and deleted,
+/// and one whose segment is still open, and is killed -9; this build starts on its spool and
+/// recognises both resends, and so does the start after it (format 2 by then).
+#[test]
+fn an_upgrade_from_the_previous_binary_keeps_the_window() {
+    let Some(previous) = std::env::var_os("RHC_PREVIOUS_COLLECTOR_BIN") else {
+        eprintln!("RHC_PREVIOUS_COLLECTOR_BIN is not set: the upgrade from it is not tried");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    let args = [
+        "--storage",
+        bucket.to_str().unwrap(),
+        "--max-segment-bytes",
+        "4KiB",
+    ];
+    let mut c = Collector::configure(
+        PathBuf::from(previous),
+        &tmp.path().join("spool"),
+        &args,
+        &[] as &[(&str, &str)],
+    );
+    c.restart();
+    let ts = "2026-11-22T02:06:40Z";
+    let session = "session_upgrade";
+    let sealed = ids(0..20, "sealed");
+    assert_eq!(post(&c, &batch_at(&sealed, session, ts)).1, 20);
+    wait_uploaded_and_deleted(&c, &bucket, session, &sealed);
+    let open = ids(0..5, "open");
+    assert_eq!(post(&c, &batch_at(&open, session, ts)).1, 5);
+    c.kill9();
+    c.bin = rhc_testkit::collector::collector_bin();
+    c.restart();
+    assert_eq!(
+        post(&c, &batch_at(&sealed, session, ts)),
+        (200, 0, 20, 0),
+        "{}",
+        c.log_text()
+    );
+    assert_eq!(post(&c, &batch_at(&open, session, ts)), (200, 0, 5, 0));
+    c.kill9();
+    c.restart();
+    assert_eq!(post(&c, &batch_at(&sealed, session, ts)), (200, 0, 20, 0));
+    assert_eq!(post(&c, &batch_at(&open, session, ts)), (200, 0, 5, 0));
+    let exit = c.terminate(Duration::from_secs(30));
+    assert!(exit.success(), "{exit}: {}", c.log_text());
+    let (count, _) = stored(&read_all(&store(&bucket)), session);
+    assert_once(&count, &sealed);
+    assert_once(&count, &open);
 }
 
 /// Issue 40, point 2: a torn last line found at start while the disk is full (every write

@@ -79,6 +79,45 @@ impl Faults {
         self.dir.join(call).exists()
     }
 
+    /// Simulates a power loss on the files below `dir` (the process stopped): each regular
+    /// file is cut to its size at its last successful `fsync`/`fdatasync` the shim saw (by
+    /// device and inode, so a file synced under a temporary name and renamed counts), and a
+    /// file never synced is emptied. What the page cache alone held is gone; the rest stays.
+    /// Returns the files cut, with their lengths before and after.
+    pub fn lose_unsynced(&self, dir: &Path) -> Vec<(PathBuf, u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let mut durable: std::collections::HashMap<(u64, u64), u64> =
+            std::collections::HashMap::new();
+        for line in std::fs::read_to_string(self.dir.join("synced"))
+            .unwrap_or_default()
+            .lines()
+        {
+            let w: Vec<u64> = line.split(' ').filter_map(|x| x.parse().ok()).collect();
+            if let [dev, ino, size] = w[..] {
+                durable.insert((dev, ino), size);
+            }
+        }
+        let mut cut = Vec::new();
+        for path in crate::collector::files_under(dir) {
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if !meta.is_file() {
+                continue;
+            }
+            let keep = durable.get(&(meta.dev(), meta.ino())).copied().unwrap_or(0);
+            if meta.len() > keep {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .expect("open a file to cut");
+                f.set_len(keep).expect("cut a file to its synced size");
+                cut.push((path, meta.len(), keep));
+            }
+        }
+        cut
+    }
+
     /// The shim's log: (call, path, ok).
     pub fn log(&self) -> Vec<(String, String, bool)> {
         std::fs::read_to_string(self.dir.join("log"))

@@ -13,7 +13,9 @@
  * short count, and the next write to the same descriptor fails with <errno> (one of
  * <count>); a write of one byte fails at once. Every fsync, fdatasync and ftruncate, and
  * every injected write failure, is logged to $RHC_FAULT_DIR/log as
- * "<call> <path> ok|fail".
+ * "<call> <path> ok|fail". Every fsync and fdatasync that succeeds on a regular file is also
+ * logged to $RHC_FAULT_DIR/synced as "<dev> <inode> <size>": what a power loss would keep
+ * of the file (a test cuts what came after, see testkit's `Faults::lose_unsynced`).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -101,6 +103,24 @@ static void log_call(const char *call, const char *path, int err) {
     busy = 0;
 }
 
+/* Records the size of the regular file `fd` just synced. Called with `mu` held. */
+static void log_synced(int fd) {
+    const char *dir = getenv("RHC_FAULT_DIR");
+    if (!dir || busy) return;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return;
+    busy = 1;
+    char log[4096];
+    snprintf(log, sizeof log, "%s/synced", dir);
+    FILE *f = fopen(log, "a");
+    if (f) {
+        fprintf(f, "%llu %llu %lld\n", (unsigned long long)st.st_dev,
+                (unsigned long long)st.st_ino, (long long)st.st_size);
+        fclose(f);
+    }
+    busy = 0;
+}
+
 #define FD_CALL(name, params, args)                                    \
     int name params {                                                  \
         static int (*real) params;                                     \
@@ -119,6 +139,7 @@ static void log_call(const char *call, const char *path, int err) {
         int saved = errno;                                             \
         pthread_mutex_lock(&mu);                                       \
         log_call(#name, path, err || r != 0);                          \
+        if (!err && r == 0 && strstr(#name, "sync")) log_synced(fd);   \
         pthread_mutex_unlock(&mu);                                     \
         errno = err ? err : saved;                                     \
         return r;                                                      \

@@ -1,30 +1,45 @@
 //! The ids journal: the deduplication window kept beside the spool, so that it outlives the
-//! segments its ids came from.
+//! segments its ids came from, and the record of which lines of the spool it covers.
 //!
 //! Ray resends a batch whose answer took more than 3 s, with the same event ids, and a
-//! restart of the collector may fall in between. The ids of events still in the spool are
-//! read back from their segments at start ([`super::recovery`]), but a segment sealed by size
-//! or age, or at shutdown, is uploaded and then deleted, and its ids with it. So the writer
-//! also appends the id hashes of every group it answers to this journal (`<spool>/dedup/`),
-//! and a start reloads the newest `--dedup-window` distinct ids from it before it reads the
-//! spool: after a restart, clean or kill -9, the window holds the ids it would have held
-//! without the restart.
+//! restart of the collector may fall in between. A segment sealed by size or age, or at
+//! shutdown, is uploaded and then deleted, and its ids with it. So the writer appends the
+//! record of every group it answers to this journal (`<spool>/dedup/`): the group's id
+//! hashes, then the durable length of each spool file it wrote ids into (the file's creation
+//! number and its length). Each generation starts with a head: the newest creation number
+//! then, and the durable length of every open segment. A start reloads the newest
+//! `--dedup-window` distinct ids from it, and learns where its knowledge of the spool ends
+//! ([`Lengths`]): lines of a file past the length the journal gives it, and every line of a
+//! file numbered after the newest it knows of, were stored after its last record (a group in
+//! flight at a crash, or records a power loss took), and are the newest ids
+//! ([`super::recovery`]). Nothing is guessed from clocks or modification times (reviews
+//! r40d and r40f: a quiet partition's open segment, a group in flight written into one, or
+//! a clock set back, made old ids push answered ones out of the window; a group answered
+//! before a power loss, in files it created, was taken as older).
 //!
-//! When it is durable: an append goes to the page cache with the group's answer (after the
-//! group's sync, so a rolled-back group's ids never reach it), which a kill -9 keeps. The
+//! When it is durable: a record goes to the page cache with the group's answer (after the
+//! group's sync, so a rolled-back group is never recorded), which a kill -9 keeps. The
 //! journal is fsync'd before a segment is handed to the uploader, which deletes the segment
-//! once uploaded: after a power loss too, an answered id is in the journal or in a segment
-//! still in the spool. That is one `fdatasync` per round of seals (none when nothing was
-//! appended since the last; one more, and a directory sync, when a generation was started
-//! since), on the writer thread, not one per group commit.
+//! once uploaded: after a power loss too, an answered id is in the journal or on a line of a
+//! segment still in the spool past what the journal covers. That is one `fdatasync` per
+//! round of seals (none when nothing was appended since the last; one more, and a directory
+//! sync, when a generation was started since), on the writer thread; none per group commit
+//! (the group's lines are synced before its answer, and a start finds them past the lengths
+//! the journal holds, so the record needs no sync of its own), none when a generation is
+//! full. A start reads each generation up to its first incomplete or damaged block (a
+//! prefix of what was written); across generations, a full one ends with an end block
+//! ([`KIND_END`]) before the next one starts, and a start that finds a generation without
+//! it (a power loss took its end, not the newer one's start) uses no length of the newer
+//! ones: no length it uses covers lines whose ids it lacks.
 //!
 //! Bounded: the journal is a few generation files `ids-<n>`, each filled with a quarter of the
 //! window ([`GENERATIONS_PER_WINDOW`]); when one is full the next is started, and the oldest
-//! are removed once the newer ones hold a whole window (their ids have left the window). The
-//! only syncs are at a seal (every generation written since the last, and the directory) and
-//! in a snapshot: none on the writer's path between seals. So between snapshots it holds at
-//! most 1.25 windows of 8 bytes per id plus one group's (a window and [`MIN_GENERATION_IDS`]
-//! for a window under 16,384): 2.5 MiB at the default window, beside the spool's budget.
+//! are removed once the newer ones hold a whole window (their ids have left the window). A
+//! group's record names only the files it wrote ids into, so it holds at most 16 bytes of
+//! lengths per id beside the id's 8; a head, at most [`MAX_HEAD_FILES`] open segments. So
+//! between snapshots it holds at most 1.25 windows of ids (8 bytes each, and lengths) plus
+//! one group's (a window and [`MIN_GENERATION_IDS`] for a window under 16,384): 2.5 MiB of
+//! ids at the default window, beside the spool's budget.
 //! A snapshot adds the new window to the old files until it is complete, and a start first
 //! removes every file that gave no id to the window it read, so a crash loop cannot pile
 //! files up: at any moment at most 2.5 windows (plus a group, and a generation for a small
@@ -42,16 +57,23 @@
 //! oldest quarter was written first under the highest number: a crash then made the newest
 //! ids the first to leave the window).
 
-//! Format of a generation: the magic `RHCIDS1\n`, then blocks `[check: u32 LE][count: u32 LE]
-//! [count ids: u64 LE]`, `check` the low 32 bits of the xxh3 of the count and the ids. A start
-//! reads every generation oldest first. An incomplete block at the end of a file (a write cut
-//! short by a crash, or a tail of zeros after a power loss) ends that file quietly. A block
-//! that fails its check or its bound, or a file without the magic, is damaged: the rest of
-//! that file is discarded with a WARN and counted (`rhc_dedup_journal_failures_total{what=
-//! "damaged"}`); a start is never refused for it. Each start then writes the window it
-//! reloaded as new generations and removes the older files, damaged ones included. A file
-//! `ids-<n>.tmp` is a generation a snapshot was writing: never read, removed at start (the
-//! binaries before this one leave it alone, with a WARN, and read the rest as before).
+//! Format of a generation: the magic `RHCIDS2\n`, then blocks `[check: u32 LE][kind and
+//! count: u32 LE][count words: u64 LE]`, `check` the low 32 bits of the xxh3 of the count
+//! word and the words, the kind in the count word's top four bits: ids (0), files (1: pairs
+//! of creation number and length), state (2: one word, the newest creation number). A
+//! generation starts with a state block and the files blocks of the open segments; then
+//! each group's ids blocks and its files block. The generations of the binaries before
+//! (magic `RHCIDS1\n`, ids blocks only) are read too: their ids come back, and no lengths
+//! ([`Loaded::lengths`] is `None`), so that start places the spool's ids as those binaries
+//! did. A start reads every generation oldest first. An incomplete block at the end of a
+//! file (a write cut short by a crash, or a tail of zeros after a power loss) ends that file
+//! quietly. A block that fails its check or its bound, or a file without a magic, is
+//! damaged: the rest of that file is discarded with a WARN and counted
+//! (`rhc_dedup_journal_failures_total{what="damaged"}`); a start is never refused for it.
+//! Each start then writes the window it reloaded as new generations and removes the older
+//! files, damaged ones included. A file `ids-<n>.tmp` is a generation a snapshot was
+//! writing: never read, removed at start (the binaries before this one leave it alone, with
+//! a WARN, and read the rest as before).
 //!
 //! What a start reads is bounded, so no file put in the folder delays /readyz: a file larger
 //! than a generation ever is ([`MAX_GENERATION_BYTES`]) is damaged unread; a hole running to
@@ -66,7 +88,7 @@
 //! most once every [`RETRY_AFTER`]). Until that succeeds, a resend after a restart of events
 //! whose segments were uploaded in the meantime may be stored twice.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
 use std::path::{Path, PathBuf};
@@ -79,8 +101,33 @@ use crate::util::fs::fsync_dir;
 /// Below the spool dir: the generations of the ids journal.
 pub(super) const JOURNAL_DIR: &str = "dedup";
 
-/// The first bytes of every generation (format version 1).
-const MAGIC: &[u8; 8] = b"RHCIDS1\n";
+/// The first bytes of every generation this version writes (format 2: ids blocks, and the
+/// files' lengths: a state block at its head, a files block after each group's ids).
+const MAGIC: &[u8; 8] = b"RHCIDS2\n";
+
+/// The first bytes of a generation of format 1 (the binaries before: ids blocks only). Read
+/// at start, never written.
+const MAGIC_V1: &[u8; 8] = b"RHCIDS1\n";
+
+/// A block's count word holds its kind in its top bits, the number of words below them.
+const KIND_SHIFT: u32 = 28;
+/// A block of event ids (the only kind format 1 has).
+const KIND_IDS: u32 = 0;
+/// A block of pairs (file number, durable length): after a group's ids, the files it wrote
+/// lines with ids into; in a head, every open segment.
+const KIND_FILES: u32 = 1;
+/// A block of one word, at the head of a generation: the newest file number then (the
+/// writer's last creation number).
+const KIND_STATE: u32 = 2;
+/// A block of one word (0), the last of a generation once the next one is started: a
+/// generation without it (not the newest) lost its end to a power loss, so the lengths the
+/// newer ones give may cover lines whose ids it lost, and a start does not use them.
+const KIND_END: u32 = 3;
+
+/// Most open segments a head lists (16 MiB of pairs): a spool holds fewer, each costing
+/// [`super::FILE_BUDGET_BYTES`] of the disk budget; past it, the others are left out (a
+/// group in flight at a crash in one of them is then not recognised when resent).
+const MAX_HEAD_FILES: usize = 1 << 20;
 
 /// A generation is full at this share of the window: the journal keeps a whole window plus at
 /// most one generation (and one group) beyond it, so 1.25 windows on disk.
@@ -146,13 +193,73 @@ pub(super) struct Journal {
 pub(super) struct Loaded {
     /// The newest distinct ids, oldest first, at most the window.
     pub(super) ids: Vec<u64>,
+    /// What the generations read say of the spool's files; `None` when none of them has a
+    /// head (a journal of format 1, written by the binaries before, or no journal).
+    pub(super) lengths: Option<Lengths>,
     /// Files (or their tails) discarded as damaged.
     pub(super) damaged: usize,
     /// Bytes of generations read (at most [`MAX_BYTES_READ_AT_START`]).
     pub(super) bytes_read: u64,
     /// The latest modification time of the files that gave ids: when the journal was last
-    /// written (the kernel's coarse clock, never later than the write itself).
+    /// written (the kernel's coarse clock, never later than the write itself). Only a journal
+    /// of format 1 needs it ([`super::recovery`]).
     pub(super) modified: Option<SystemTime>,
+}
+
+/// Where the journal's knowledge of the spool's files ends: a file's lines up to its length
+/// here are those of groups whose ids the journal holds (or that left the window); the lines
+/// after it, and every line of a file numbered above [`Lengths::last_n`], were stored after
+/// the journal's last record read (groups in flight at a crash, or answered just before a
+/// power loss took the journal's last records).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct Lengths {
+    /// The highest file number (creation number, [`super::segments::Segments::next_n`]) the
+    /// journal read knows of.
+    pub(super) last_n: u64,
+    /// Per file number, its durable length in the newest record that names it.
+    pub(super) files: HashMap<u64, u64, PassThrough>,
+}
+
+impl Lengths {
+    fn apply(&mut self, fact: Fact) {
+        match fact {
+            Fact::Last(n) => self.last_n = self.last_n.max(n),
+            Fact::Len(n, len) => {
+                self.last_n = self.last_n.max(n);
+                self.files.insert(n, len);
+            }
+        }
+    }
+}
+
+/// The state of the spool's files a generation starts with: the writer's last creation
+/// number and the durable length of every open segment.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Head {
+    pub(super) last_n: u64,
+    pub(super) files: Vec<(u64, u64)>,
+}
+
+/// One thing a generation says of the spool's files, in the order written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fact {
+    /// A head: the writer's last creation number.
+    Last(u64),
+    /// A file's durable length.
+    Len(u64, u64),
+}
+
+/// What one generation holds.
+#[derive(Debug, Default)]
+struct Generation {
+    /// Its last `keep` ids, in order.
+    ids: Vec<u64>,
+    /// What it says of the files, in order.
+    facts: Vec<Fact>,
+    /// It has a head (format 2).
+    headed: bool,
+    /// It ends with an end block: the next generation was started after all of it.
+    ended: bool,
 }
 
 impl Journal {
@@ -239,23 +346,27 @@ impl Journal {
         // window is full of distinct ids.
         let mut seen: HashSet<u64, PassThrough> = HashSet::default();
         let mut newest_first: Vec<u64> = Vec::new();
-        // Generations that hold ids of the window; the others are removed below.
+        // What the generations read say of the files, newest generation first: (facts,
+        // headed, ended).
+        let mut facts: Vec<(Vec<Fact>, bool, bool)> = Vec::new();
+        // Generations that hold ids of the window, or what it says of the files; the others
+        // are removed below.
         let mut kept: Vec<u64> = Vec::new();
         for &n in numbers.iter().rev() {
             if newest_first.len() >= self.window {
                 break;
             }
             let path = self.path_of(n);
-            let (ids, damage, read) =
+            let (generation, damage, read) =
                 read_generation(&path, self.window, budget - loaded.bytes_read);
             loaded.bytes_read += read;
             if let Some(why) = damage {
                 loaded.damaged += 1;
                 m::dedup_journal_failure("damaged");
-                tracing::warn!(path = %path.display(), ids_kept = ids.len(), reason = %why, "damaged ids journal file: the rest of it is discarded; a resend of those events after this restart may be stored twice");
+                tracing::warn!(path = %path.display(), ids_kept = generation.ids.len(), reason = %why, "damaged ids journal file: the rest of it is discarded; a resend of those events after this restart may be stored twice");
             }
             let before = newest_first.len();
-            for &id in ids.iter().rev() {
+            for &id in generation.ids.iter().rev() {
                 if newest_first.len() >= self.window {
                     break;
                 }
@@ -263,21 +374,41 @@ impl Journal {
                     newest_first.push(id);
                 }
             }
-            if newest_first.len() > before {
+            // A generation newer than every one that gave ids (one just started, its head
+            // alone) is kept for what it says of the files.
+            if newest_first.len() > before || (before == 0 && !generation.facts.is_empty()) {
                 kept.push(n);
                 if let Ok(t) = fs::symlink_metadata(&path).and_then(|m| m.modified()) {
                     loaded.modified = loaded.modified.max(Some(t));
                 }
             }
+            facts.push((generation.facts, generation.headed, generation.ended));
         }
-        // A file that gave no id to the window (all of them newer elsewhere, or older than the
-        // window) changes nothing a start reads: removed now, so that starts cut short
-        // during their snapshot (a crash loop) cannot pile files up.
+        // A file that gave no id to the window (all of them newer elsewhere, or older than
+        // the window), and is not the newest, changes nothing a start reads: removed now, so
+        // that starts cut short during their snapshot (a crash loop) cannot pile files up.
         for &n in &numbers {
             if !kept.contains(&n) {
                 let _ = fs::remove_file(self.path_of(n));
             }
         }
+        // Oldest first. A generation of format 2 without its end lost it to a power loss
+        // (a kill -9 keeps the page cache): what the newer ones say of the files may cover
+        // lines whose ids it lost, so only what came before is used; the lines after are
+        // reloaded from the spool (ids the journal may hold as well: no harm).
+        let mut lengths: Option<Lengths> = None;
+        for (generation_facts, headed, ended) in facts.into_iter().rev() {
+            if headed {
+                let lengths = lengths.get_or_insert_with(Lengths::default);
+                for fact in generation_facts {
+                    lengths.apply(fact);
+                }
+                if !ended {
+                    break;
+                }
+            }
+        }
+        loaded.lengths = lengths;
         // The kept ones are replaced by the start's snapshot.
         kept.sort_unstable();
         self.generations = kept.into_iter().map(|n| (n, 0)).collect();
@@ -312,7 +443,7 @@ impl Journal {
     /// newest part of the window under the highest numbers, in order: a start reads the same
     /// window back in the same order (the old files supply the rest), and removes what is
     /// left over ([`Journal::open`]).
-    pub(super) fn snapshot(&mut self, ids: &[u64]) {
+    pub(super) fn snapshot(&mut self, ids: &[u64], head: &Head) {
         if self.window == 0 {
             return;
         }
@@ -340,12 +471,22 @@ impl Journal {
                 }
                 let tmp = self.tmp_path_of(n);
                 let mut f = open_for_write(&tmp)?;
-                f.write_all(MAGIC)?;
-                let mut len = MAGIC.len() as u64;
+                self.buf.clear();
+                self.buf.extend_from_slice(MAGIC);
+                encode_head(&mut self.buf, head);
+                f.write_all(&self.buf)?;
+                let mut len = self.buf.len() as u64;
                 // A block at a time: memory stays at one block whatever the window.
                 for block in chunk.chunks(MAX_BLOCK_IDS) {
                     self.buf.clear();
-                    encode_blocks(&mut self.buf, block);
+                    encode_blocks(&mut self.buf, KIND_IDS, block);
+                    f.write_all(&self.buf)?;
+                    len += self.buf.len() as u64;
+                }
+                if i + 1 < chunks.len() {
+                    // Not the newest: complete, as a rotated generation is.
+                    self.buf.clear();
+                    encode_blocks(&mut self.buf, KIND_END, &[0]);
                     f.write_all(&self.buf)?;
                     len += self.buf.len() as u64;
                 }
@@ -398,9 +539,18 @@ impl Journal {
         }
     }
 
-    /// Appends the ids of a group that was just made durable (page cache only; see
-    /// [`Journal::sync`]). A failure is reported and makes the journal behind.
-    pub(super) fn append(&mut self, ids: &[u64]) {
+    /// Appends the record of a group that was just made durable (page cache only; see
+    /// [`Journal::sync`]): its ids, then `files`, (file number, durable length) of each file
+    /// it wrote lines with ids into. The ids come first, so that a record cut short by a
+    /// crash never gives a length without the ids of the lines before it. When the
+    /// generation is full, the next one starts with `head()`. A failure is reported and
+    /// makes the journal behind.
+    pub(super) fn append(
+        &mut self,
+        ids: &[u64],
+        files: &[(u64, u64)],
+        head: impl FnOnce() -> Head,
+    ) {
         if ids.is_empty() || self.behind {
             return;
         }
@@ -408,7 +558,8 @@ impl Journal {
             return;
         };
         self.buf.clear();
-        encode_blocks(&mut self.buf, ids);
+        encode_blocks(&mut self.buf, KIND_IDS, ids);
+        encode_pairs(&mut self.buf, files);
         if let Err(e) = f.write_all(&self.buf) {
             // Cut back what part of it was written, so the next generation's reader does not
             // stop at a damaged block before later ones; the journal is behind either way.
@@ -421,7 +572,7 @@ impl Journal {
         if let Some(g) = self.generations.back_mut() {
             g.1 += ids.len();
             if g.1 >= self.generation_ids {
-                self.rotate();
+                self.rotate(&head());
             }
         }
         if self.buf.capacity() > 2 * MAX_BLOCK_IDS * 8 {
@@ -429,24 +580,43 @@ impl Journal {
         }
     }
 
-    /// The newest generation is full: the next one is created, and the oldest removed while
-    /// the newer ones hold a whole window (their ids have left the window). Nothing is synced
-    /// here, on the writer's path: the full generation and the new entry are synced by the
-    /// next [`Journal::sync`], before any segment leaves the spool; until then the ids
-    /// appended since the last sync are in segments still in the spool anyway.
-    fn rotate(&mut self) {
+    /// The newest generation is full: it gets its end block, then the next one is created,
+    /// starting with `head`, and the oldest removed while the newer ones hold a whole window
+    /// (their ids have left the window). Nothing is synced here, on the writer's path: the
+    /// full generation, the new one and its entry are synced by the next [`Journal::sync`],
+    /// before any segment leaves the spool; until then the ids appended since the last sync
+    /// are in segments still in the spool anyway. A power loss that takes the end of the full
+    /// generation but keeps some of the new one is told by the missing end block
+    /// ([`KIND_END`]): a start then uses no length of the newer generations.
+    fn rotate(&mut self, head: &Head) {
+        self.buf.clear();
+        encode_blocks(&mut self.buf, KIND_END, &[0]);
+        if let Some(f) = self.current.as_mut() {
+            if let Err(e) = f.write_all(&self.buf) {
+                let _ = f.set_len(self.current_len);
+                self.fall_behind("ending a full generation of", &e);
+                return;
+            }
+        }
+        if let Some((full_n, full)) = self
+            .generations
+            .back()
+            .map(|g| g.0)
+            .zip(self.current.take())
+        {
+            self.unsynced.push((full_n, full));
+        }
         let n = self.free_numbers(self.next, 1);
         self.next = n + 1;
         let path = self.path_of(n);
-        let created = open_for_write(&path).and_then(|mut f| f.write_all(MAGIC).map(|()| f));
+        self.buf.clear();
+        self.buf.extend_from_slice(MAGIC);
+        encode_head(&mut self.buf, head);
+        let created = open_for_write(&path).and_then(|mut f| f.write_all(&self.buf).map(|()| f));
         match created {
             Ok(f) => {
-                if let (Some(full), Some((full_n, _))) =
-                    (self.current.replace(f), self.generations.back())
-                {
-                    self.unsynced.push((*full_n, full));
-                }
-                self.current_len = MAGIC.len() as u64;
+                self.current = Some(f);
+                self.current_len = self.buf.len() as u64;
                 self.dir_dirty = true;
                 self.generations.push_back((n, 0));
                 loop {
@@ -591,19 +761,34 @@ fn block_check(count_and_ids: &[u8]) -> u32 {
     xxhash_rust::xxh3::xxh3_64(count_and_ids) as u32
 }
 
-/// Appends `ids` to `out` as blocks of at most [`MAX_BLOCK_IDS`].
-fn encode_blocks(out: &mut Vec<u8>, ids: &[u64]) {
-    out.reserve(ids.len() * 8 + ids.len().div_ceil(MAX_BLOCK_IDS) * BLOCK_HEAD);
-    for chunk in ids.chunks(MAX_BLOCK_IDS) {
+/// Appends `words` to `out` as blocks of `kind` of at most [`MAX_BLOCK_IDS`] words.
+fn encode_blocks(out: &mut Vec<u8>, kind: u32, words: &[u64]) {
+    out.reserve(words.len() * 8 + words.len().div_ceil(MAX_BLOCK_IDS) * BLOCK_HEAD);
+    for chunk in words.chunks(MAX_BLOCK_IDS) {
         let start = out.len();
         out.extend_from_slice(&[0; 4]);
-        out.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
-        for id in chunk {
-            out.extend_from_slice(&id.to_le_bytes());
+        out.extend_from_slice(&((kind << KIND_SHIFT) | chunk.len() as u32).to_le_bytes());
+        for w in chunk {
+            out.extend_from_slice(&w.to_le_bytes());
         }
         let check = block_check(&out[start + 4..]).to_le_bytes();
         out[start..start + 4].copy_from_slice(&check);
     }
+}
+
+/// Appends `files` (file number, durable length) as files blocks (none when it is empty).
+fn encode_pairs(out: &mut Vec<u8>, files: &[(u64, u64)]) {
+    // [`MAX_BLOCK_IDS`] is even: a block never splits a pair.
+    let words: Vec<u64> = files.iter().flat_map(|&(n, len)| [n, len]).collect();
+    encode_blocks(out, KIND_FILES, &words);
+}
+
+/// Appends a generation's head: its state block, then the open segments' lengths (at most
+/// [`MAX_HEAD_FILES`]).
+fn encode_head(out: &mut Vec<u8>, head: &Head) {
+    encode_blocks(out, KIND_STATE, &[head.last_n]);
+    let files = &head.files[..head.files.len().min(MAX_HEAD_FILES)];
+    encode_pairs(out, files);
 }
 
 /// The last `keep` ids of one generation in order, why the rest of it was discarded if it
@@ -611,7 +796,7 @@ fn encode_blocks(out: &mut Vec<u8>, ids: &[u64]) {
 /// is not read, and is damaged). An incomplete last block (or a tail of zeros) is not damage:
 /// a crash cut it. Read a block at a time: memory is `keep` ids and one block, whatever the
 /// file's size (an earlier run with a larger window wrote larger generations).
-fn read_generation(path: &Path, keep: usize, budget: u64) -> (Vec<u64>, Option<String>, u64) {
+fn read_generation(path: &Path, keep: usize, budget: u64) -> (Generation, Option<String>, u64) {
     use std::os::unix::fs::OpenOptionsExt;
     // `O_NONBLOCK`/`O_NOFOLLOW`: an entry that turned into a FIFO or a link since the folder
     // was listed neither blocks the start nor is followed; only a regular file is read.
@@ -626,14 +811,14 @@ fn read_generation(path: &Path, keep: usize, budget: u64) -> (Vec<u64>, Option<S
         });
     let (f, len) = match opened {
         Ok(opened) => opened,
-        Err(e) => return (Vec::new(), Some(format!("unreadable: {e}")), 0),
+        Err(e) => return (Generation::default(), Some(format!("unreadable: {e}")), 0),
     };
     // Larger than any run writes (a sparse file of zeros reads at about 1.7 s a GiB): not
     // read at all, so no such file delays a start.
     if len > MAX_GENERATION_BYTES {
         let why =
             format!("{len} bytes, more than a generation ever holds ({MAX_GENERATION_BYTES})");
-        return (Vec::new(), Some(why), 0);
+        return (Generation::default(), Some(why), 0);
     }
     // A hole running to the end of the file is a tail a crash left (zeros, which end a
     // generation quietly): not read (review r40d D2: eight sparse files of 511 MiB were read
@@ -641,17 +826,17 @@ fn read_generation(path: &Path, keep: usize, budget: u64) -> (Vec<u64>, Option<S
     let mut f = f;
     let data = data_before_trailing_hole(&f, len);
     if let Err(e) = f.seek(io::SeekFrom::Start(0)) {
-        return (Vec::new(), Some(format!("unreadable: {e}")), 0);
+        return (Generation::default(), Some(format!("unreadable: {e}")), 0);
     }
     if data > budget {
         let why = format!("{data} bytes not read: a start reads at most {MAX_BYTES_READ_AT_START} bytes of the journal, the generations newer than this one took {} of them", MAX_BYTES_READ_AT_START.saturating_sub(budget));
-        return (Vec::new(), Some(why), 0);
+        return (Generation::default(), Some(why), 0);
     }
-    let (ids, damage) = decode_from(
+    let (generation, damage) = decode_from(
         io::BufReader::with_capacity(READ_BUFFER, f.take(data)),
         keep,
     );
-    (ids, damage, data)
+    (generation, damage, data)
 }
 
 /// The length of `f` without a hole that runs to its end: `len` where the filesystem does
@@ -678,18 +863,23 @@ fn data_before_trailing_hole(f: &File, len: u64) -> u64 {
     }
 }
 
+/// The most bytes a head holds: its state block and [`MAX_HEAD_FILES`] pairs with their
+/// block heads.
+const MAX_HEAD_BYTES: u64 = (2 * BLOCK_HEAD + 8 + MAX_HEAD_FILES * 17) as u64;
+
 /// The most bytes a generation can hold: a generation rotates once it holds a quarter of
 /// the window, so even with the largest window and one append past that it holds fewer
-/// than twice [`MAX_DEDUP_WINDOW`] ids, at most 16 bytes each (an id with a block head of
-/// its own). A start reads no file larger than this.
-const MAX_GENERATION_BYTES: u64 = (MAGIC.len() + 2 * MAX_DEDUP_WINDOW * 16) as u64;
+/// than twice [`MAX_DEDUP_WINDOW`] ids, at most 40 bytes each (an id with a block head of
+/// its own, and a file's length with a block head of its own), after its head. A start
+/// reads no file larger than this.
+const MAX_GENERATION_BYTES: u64 = (MAGIC.len() + 2 * MAX_DEDUP_WINDOW * 40) as u64 + MAX_HEAD_BYTES;
 
 /// The most bytes of generations one start reads: the whole window at the largest window
-/// ([`MAX_DEDUP_WINDOW`] ids, 16 bytes each at worst with a block head of its own) is half of
-/// it, so every journal a run writes is read to its window; what a start finds beyond it
-/// (files no run wrote) is not read, counted damaged, and cannot delay /readyz further
-/// (review r40d D2: the cap of one file let many just under it through).
-const MAX_BYTES_READ_AT_START: u64 = MAX_GENERATION_BYTES;
+/// ([`MAX_DEDUP_WINDOW`] ids, 40 bytes each at worst) in at most five generations, each
+/// with its head, fits it, so every journal a run writes is read to its window; what a start
+/// finds beyond it (files no run wrote) is not read, counted damaged, and cannot delay
+/// /readyz further (review r40d D2: the cap of one file let many just under it through).
+const MAX_BYTES_READ_AT_START: u64 = MAX_GENERATION_BYTES + 4 * MAX_HEAD_BYTES;
 
 /// Bytes read from a generation at a time.
 const READ_BUFFER: usize = 64 << 10;
@@ -709,21 +899,22 @@ fn read_full(input: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 /// Decodes a generation: its last `keep` ids, and what was wrong if it is damaged.
-fn decode_from(mut input: impl Read, keep: usize) -> (Vec<u64>, Option<String>) {
+fn decode_from(mut input: impl Read, keep: usize) -> (Generation, Option<String>) {
     let mut ids: VecDeque<u64> = VecDeque::new();
+    let mut out = Generation::default();
     let damaged = (|| -> Result<(), String> {
         let io_err = |e: io::Error| format!("unreadable: {e}");
         let mut magic = [0u8; MAGIC.len()];
         let n = read_full(&mut input, &mut magic).map_err(io_err)?;
         if n < MAGIC.len() {
             // Cut while its magic was being written: nothing in it yet.
-            return if MAGIC.starts_with(&magic[..n]) {
+            return if MAGIC.starts_with(&magic[..n]) || MAGIC_V1.starts_with(&magic[..n]) {
                 Ok(())
             } else {
                 Err("no journal header".into())
             };
         }
-        if &magic != MAGIC {
+        if &magic != MAGIC && &magic != MAGIC_V1 {
             return Err("no journal header".into());
         }
         let mut at = MAGIC.len() as u64;
@@ -736,8 +927,12 @@ fn decode_from(mut input: impl Read, keep: usize) -> (Vec<u64>, Option<String>) 
                 return Ok(());
             }
             let check = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
-            let count = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
-            if count == 0 && check == 0 {
+            let word = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+            let (kind, count) = (
+                word >> KIND_SHIFT,
+                (word & ((1 << KIND_SHIFT) - 1)) as usize,
+            );
+            if word == 0 && check == 0 {
                 // Zeros where a block should start: a tail the crash left unwritten.
                 let mut rest = [0u8; 4096];
                 loop {
@@ -750,8 +945,16 @@ fn decode_from(mut input: impl Read, keep: usize) -> (Vec<u64>, Option<String>) 
                     }
                 }
             }
-            if count == 0 || count > MAX_BLOCK_IDS {
-                return Err(format!("impossible block of {count} ids at byte {at}"));
+            let possible = match kind {
+                KIND_IDS => (1..=MAX_BLOCK_IDS).contains(&count),
+                KIND_FILES => (2..=MAX_BLOCK_IDS).contains(&count) && count % 2 == 0,
+                KIND_STATE | KIND_END => count == 1,
+                _ => false,
+            };
+            if !possible {
+                return Err(format!(
+                    "impossible block of kind {kind} and {count} words at byte {at}"
+                ));
             }
             block.clear();
             block.extend_from_slice(&head[4..]);
@@ -764,24 +967,43 @@ fn decode_from(mut input: impl Read, keep: usize) -> (Vec<u64>, Option<String>) 
             if block_check(&block) != check {
                 return Err(format!("block at byte {at} fails its check"));
             }
-            for id in block[4..].chunks_exact(8) {
+            let words = block[4..].chunks_exact(8).map(|w| {
                 let mut b = [0u8; 8];
-                b.copy_from_slice(id);
-                if ids.len() == keep {
-                    ids.pop_front();
+                b.copy_from_slice(w);
+                u64::from_le_bytes(b)
+            });
+            match kind {
+                KIND_IDS => {
+                    for id in words {
+                        if ids.len() == keep {
+                            ids.pop_front();
+                        }
+                        ids.push_back(id);
+                    }
                 }
-                ids.push_back(u64::from_le_bytes(b));
+                KIND_FILES => {
+                    let words: Vec<u64> = words.collect();
+                    out.facts
+                        .extend(words.chunks_exact(2).map(|p| Fact::Len(p[0], p[1])));
+                }
+                KIND_STATE => {
+                    out.facts.extend(words.map(Fact::Last));
+                    out.headed = true;
+                }
+                _ => out.ended = true,
             }
             at += (BLOCK_HEAD + count * 8) as u64;
         }
     })();
-    (ids.into(), damaged.err())
+    out.ids = ids.into();
+    (out, damaged.err())
 }
 
 /// Decodes a generation's bytes: its ids, and what was wrong if it is damaged.
 #[cfg(test)]
 fn decode_generation(bytes: &[u8]) -> (Vec<u64>, Option<String>) {
-    decode_from(bytes, usize::MAX)
+    let (g, damage) = decode_from(bytes, usize::MAX);
+    (g.ids, damage)
 }
 
 #[cfg(test)]
@@ -802,7 +1024,7 @@ mod tests {
     fn started(dir: &Path, window: usize) -> (Journal, Vec<u64>) {
         let (mut j, loaded) = Journal::open(dir, window);
         assert!(j.wants_snapshot());
-        j.snapshot(&loaded.ids);
+        j.snapshot(&loaded.ids, &Head::default());
         assert!(!j.behind);
         (j, loaded.ids)
     }
@@ -817,10 +1039,10 @@ mod tests {
         assert!(ids.is_empty());
         let all: Vec<u64> = (1..=30_000u64).collect();
         for group in all.chunks(700) {
-            j.append(group);
+            j.append(group, &[], Head::default);
         }
         // An id stored again after it left the window counts at its newest place.
-        j.append(&[5]);
+        j.append(&[5], &[], Head::default);
         j.sync();
         drop(j);
         let (_, ids) = started(tmp.path(), window);
@@ -832,6 +1054,104 @@ mod tests {
         assert_eq!(again, want);
     }
 
+    /// Format 2: each group's record gives the lengths of the files it wrote ids into, and
+    /// each generation starts with a head (the last file number, every open segment's
+    /// length). A start reads them back, the newest record of a file winning, also for a
+    /// quiet file whose record was in a generation removed since (a later head names it).
+    #[test]
+    fn the_files_lengths_come_back_with_the_ids() {
+        let tmp = tempfile::tempdir().unwrap();
+        let window = 2 * MIN_GENERATION_IDS;
+        let (mut j, _) = started(tmp.path(), window);
+        j.append(&[1], &[(3, 100)], Head::default);
+        let head = || Head {
+            last_n: 9,
+            files: vec![(3, 100)],
+        };
+        for k in 0..16u64 {
+            let group: Vec<u64> = (k * 1000 + 10..(k + 1) * 1000 + 10).collect();
+            j.append(&group, &[(5, (k + 1) * 50)], head);
+        }
+        drop(j);
+        assert!(files(tmp.path()).len() < 4, "{:?}", files(tmp.path()));
+        let (mut j, loaded) = Journal::open(tmp.path(), window);
+        assert!(!loaded.ids.contains(&1), "the quiet id left the window");
+        let lengths = loaded.lengths.clone().unwrap();
+        assert_eq!(lengths.files.get(&3), Some(&100));
+        assert_eq!(lengths.files.get(&5), Some(&800));
+        assert_eq!(lengths.last_n, 9);
+        // A start's snapshot writes a head of its own, which the next start reads.
+        j.snapshot(
+            &loaded.ids,
+            &Head {
+                last_n: 12,
+                files: Vec::new(),
+            },
+        );
+        drop(j);
+        let (_, again) = Journal::open(tmp.path(), window);
+        assert_eq!(again.ids, loaded.ids);
+        assert_eq!(again.lengths.unwrap().last_n, 12);
+    }
+
+    /// A power loss that takes the end of a full generation (its last records and its end
+    /// block) but keeps the start of the next: the lengths of the newer generation are not
+    /// used (they may cover lines whose ids were lost), those before the cut are; every id
+    /// read still comes back.
+    #[test]
+    fn no_length_after_a_generation_cut_short_is_used() {
+        let tmp = tempfile::tempdir().unwrap();
+        let window = 4 * MIN_GENERATION_IDS;
+        let (mut j, _) = started(tmp.path(), window);
+        let head = || Head {
+            last_n: 50,
+            files: vec![(5, 999)],
+        };
+        let first: Vec<u64> = (1..=MIN_GENERATION_IDS as u64 - 1).collect();
+        j.append(&first, &[(5, 100)], head);
+        // Fills the first generation: its end block, and the next one with its head.
+        j.append(&[100_000], &[(5, 200)], head);
+        j.append(&[100_001], &[(5, 300), (60, 10)], head);
+        drop(j);
+        let names = files(tmp.path());
+        assert_eq!(names.len(), 2, "{names:?}");
+        let (_, whole) = Journal::open(tmp.path(), window);
+        let lengths = whole.lengths.unwrap();
+        assert_eq!(lengths.files.get(&5), Some(&300));
+        assert_eq!(lengths.last_n, 60);
+        // The first generation loses its end block and its last record.
+        let full = tmp.path().join(JOURNAL_DIR).join(&names[0]);
+        let len = fs::metadata(&full).unwrap().len();
+        let f = OpenOptions::new().write(true).open(&full).unwrap();
+        f.set_len(len - 16 - (8 + 8) - (8 + 16)).unwrap();
+        drop(f);
+        let (_, cut) = Journal::open(tmp.path(), window);
+        let lengths = cut.lengths.unwrap();
+        assert_eq!(lengths.files.get(&5), Some(&100));
+        assert_eq!(lengths.last_n, 5);
+        assert!(cut.ids.contains(&100_001));
+        assert!(!cut.ids.contains(&100_000));
+    }
+
+    /// A journal of format 1 (the binaries before) is read: its ids, and no lengths.
+    #[test]
+    fn a_journal_of_format_1_is_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir_all(tmp.path().join(JOURNAL_DIR)).unwrap();
+        let mut bytes = MAGIC_V1.to_vec();
+        encode_blocks(&mut bytes, KIND_IDS, &[7, 8, 9]);
+        fs::write(
+            tmp.path()
+                .join(JOURNAL_DIR)
+                .join(format!("{PREFIX}{:020}", 3)),
+            &bytes,
+        )
+        .unwrap();
+        let (_, loaded) = Journal::open(tmp.path(), 100);
+        assert_eq!((loaded.ids, loaded.damaged), (vec![7, 8, 9], 0));
+        assert!(loaded.lengths.is_none());
+    }
+
     /// A smaller `--dedup-window` than the run that wrote the journal: the newest ids of its
     /// larger generations come back, and nothing is called damaged.
     #[test]
@@ -839,7 +1159,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let (mut j, _) = started(tmp.path(), 100_000);
         let all: Vec<u64> = (1..=30_000u64).collect();
-        j.append(&all);
+        j.append(&all, &[], Head::default);
         drop(j);
         let (_, loaded) = Journal::open(tmp.path(), 100);
         assert_eq!(loaded.ids, all[all.len() - 100..].to_vec());
@@ -853,7 +1173,7 @@ mod tests {
         let (mut j, _) = started(tmp.path(), window);
         for k in 0..200u64 {
             let group: Vec<u64> = (k * 1000 + 1..=(k + 1) * 1000).collect();
-            j.append(&group);
+            j.append(&group, &[], Head::default);
             let bytes: u64 = fs::read_dir(tmp.path().join(JOURNAL_DIR))
                 .unwrap()
                 .flatten()
@@ -871,9 +1191,13 @@ mod tests {
     fn a_torn_tail_is_cut_quietly() {
         let tmp = tempfile::tempdir().unwrap();
         let (mut j, _) = started(tmp.path(), 1000);
-        j.append(&[u64::MAX - 1, u64::MAX - 2, u64::MAX - 3]);
+        j.append(
+            &[u64::MAX - 1, u64::MAX - 2, u64::MAX - 3],
+            &[],
+            Head::default,
+        );
         let first_block_end = j.current_len;
-        j.append(&[u64::MAX - 4, u64::MAX - 5]);
+        j.append(&[u64::MAX - 4, u64::MAX - 5], &[], Head::default);
         drop(j);
         let name = files(tmp.path()).pop().unwrap();
         let path = tmp.path().join(JOURNAL_DIR).join(name);
@@ -902,8 +1226,8 @@ mod tests {
     fn a_damaged_journal_never_blocks_a_start() {
         let tmp = tempfile::tempdir().unwrap();
         let (mut j, _) = started(tmp.path(), 1000);
-        j.append(&[21, 22]);
-        j.append(&[23, 24]);
+        j.append(&[21, 22], &[], Head::default);
+        j.append(&[23, 24], &[], Head::default);
         drop(j);
         let name = files(tmp.path()).pop().unwrap();
         let path = tmp.path().join(JOURNAL_DIR).join(&name);
@@ -921,7 +1245,7 @@ mod tests {
         let (mut j, loaded) = Journal::open(tmp.path(), 1000);
         assert_eq!(loaded.ids, vec![21, 22]);
         assert_eq!(loaded.damaged, 2);
-        j.snapshot(&loaded.ids);
+        j.snapshot(&loaded.ids, &Head::default());
         assert_eq!(files(tmp.path()).len(), 1, "damaged files removed");
         drop(j);
         let (_, loaded) = Journal::open(tmp.path(), 1000);
@@ -940,7 +1264,7 @@ mod tests {
     fn a_generation_larger_than_any_run_writes_is_not_read() {
         let tmp = tempfile::tempdir().unwrap();
         let (mut j, _) = started(tmp.path(), 1000);
-        j.append(&[31, 32]);
+        j.append(&[31, 32], &[], Head::default);
         j.sync();
         drop(j);
         let huge = tmp
@@ -965,7 +1289,7 @@ mod tests {
     fn a_sparse_tail_is_not_read() {
         let tmp = tempfile::tempdir().unwrap();
         let (mut j, _) = started(tmp.path(), 1000);
-        j.append(&[41, 42]);
+        j.append(&[41, 42], &[], Head::default);
         j.sync();
         drop(j);
         for k in 0..8u64 {
@@ -998,7 +1322,7 @@ mod tests {
         let (mut j, _) = started(tmp.path(), window);
         let all: Vec<u64> = (1..=(3 * MIN_GENERATION_IDS) as u64).collect();
         for group in all.chunks(MIN_GENERATION_IDS) {
-            j.append(group);
+            j.append(group, &[], Head::default);
         }
         j.sync();
         drop(j);
@@ -1027,12 +1351,12 @@ mod tests {
     fn a_failed_write_is_made_good_by_a_snapshot() {
         let tmp = tempfile::tempdir().unwrap();
         let (mut j, _) = started(tmp.path(), 1000);
-        j.append(&[1, 2]);
+        j.append(&[1, 2], &[], Head::default);
         j.fall_behind("testing", &io::Error::other("disk full"));
-        j.append(&[3]);
+        j.append(&[3], &[], Head::default);
         assert!(j.wants_snapshot());
-        j.snapshot(&[1, 2, 3]);
-        j.append(&[4]);
+        j.snapshot(&[1, 2, 3], &Head::default());
+        j.append(&[4], &[], Head::default);
         j.sync();
         drop(j);
         let (_, loaded) = Journal::open(tmp.path(), 1000);
@@ -1060,7 +1384,7 @@ mod tests {
             // More than a window, in groups, so that old generations exist beside it.
             let all: Vec<u64> = (1..=27_000u64).collect();
             for group in all.chunks(700) {
-                j.append(group);
+                j.append(group, &[], Head::default);
             }
             drop(j);
             let want = all[all.len() - window..].to_vec();
@@ -1071,7 +1395,7 @@ mod tests {
                 assert_eq!(loaded.ids, want, "round {round}, stopped after {stop}");
                 assert_eq!(loaded.damaged, 0);
                 j.stop_after = (stop != usize::MAX).then_some(stop);
-                j.snapshot(&loaded.ids);
+                j.snapshot(&loaded.ids, &Head::default());
                 if round == 0 {
                     // The crash came between a generation's write and its rename.
                     fs::write(j.tmp_path_of(999), MAGIC).unwrap();
@@ -1094,8 +1418,8 @@ mod tests {
         let (mut j, loaded) = Journal::open(tmp.path(), 0);
         assert!(loaded.ids.is_empty());
         assert!(!j.wants_snapshot());
-        j.snapshot(&[1]);
-        j.append(&[1]);
+        j.snapshot(&[1], &Head::default());
+        j.append(&[1], &[], Head::default);
         j.sync();
         assert!(!tmp.path().join(JOURNAL_DIR).exists());
     }

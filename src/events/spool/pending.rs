@@ -33,6 +33,9 @@ pub(super) struct Pending {
     pieces: Vec<Piece>,
     /// Bytes the write will append.
     len: u64,
+    /// Some line holds an event id (an event, or a `too_many_partitions` record): the ids
+    /// journal records the segment's length after the group ([`super::journal`]).
+    pub(super) ids: bool,
 }
 
 /// An event of `bodies[source]` (its newline comes at the write), or copied lines of

@@ -11,32 +11,24 @@
 //! durable length recorded in the cuts folder: it is truncated to it now (or, if that fails
 //! again, uploaded and read for ids only up to it).
 //!
-//! Which ids from the files: what Ray resends after our crash is its batch in flight, whose events are the
-//! last lines of the files the last group commit wrote. The writer gives every file of a
-//! group the same modification time, later than any earlier group's; so the files (event
-//! segments, and quarantine files for the `too_many_partitions` records of valid events) are
-//! taken newest first by modification time, one generation at a time: the files with the
-//! newest time left, i.e. the files some group wrote last, are read side by side backwards
-//! from their ends, one id per file per round (a batch spans a few partitions, each with its
-//! newest lines at its end, and a long file must not crowd out a short one); only when a
-//! whole generation is read does the next (older) one start. An older file never takes room
-//! from a newer generation, whatever its partition's hour. Reading stops as soon as the
-//! window is full, so a start's work is bounded by the window, not by the spool's size. The
-//! ids are inserted oldest first, so the newest are the last the window evicts.
+//! Which ids from the files: the journal's record says where its knowledge of the spool
+//! ends ([`super::journal::Lengths`]). The lines of a file past the length it gives, and
+//! every line of a file numbered after the newest it knows of, were stored after its last
+//! record read: a group in flight at a kill -9 (never answered; Ray resends it, and its
+//! events are in the spool and will be uploaded), or groups answered just before a power
+//! loss took the journal's last records. Their ids are the newest: they go after the
+//! journal's, as they were in the window before the crash ([`unrecorded_ids`]). Any other
+//! line is covered by the journal (its id is there, or left the window long ago) and adds
+//! nothing: a quiet partition's open segment never pushes an answered id out, whatever its
+//! time or the clock's (reviews r40d D1, r40f D1-D3). Reading stops as soon as the window is
+//! full, so a start's work is bounded by the window, not by the spool's size.
 //!
-//! Files whose time the writer could not set (a crash between a group's write and its
-//! stamp, a failed stamp, a spool from an older version) keep the kernel's time of their
-//! last write: they still come in the order they were written, one generation per distinct
-//! time.
-//!
-//! Where the spool's ids go beside the journal's: the journal orders what it holds, and the
-//! spool only adds what it lacks. Ids written after the journal's newest (its tail lost to a
-//! power loss, or a group stored just before a kill -9) go after the journal's ids; any
-//! other id it lacks is older than its newest (a quiet partition's open segment, its ids
-//! long out of the window) and goes before them, so it never pushes an id of the journal out
-//! (review r40d D1: such ids were taken as the newest, and every answered batch whose
-//! segment was uploaded was stored again when resent). See [`newest_ids`] for how the two
-//! are told apart.
+//! A journal written by the binaries before (ids only, no lengths) is read once, at the
+//! upgrade's first start, and the spool's ids are placed beside it as those binaries did
+//! ([`newest_ids`]): by the files' modification times (theirs gave every file of a group
+//! commit that group's time), the files written last read side by side from their ends, an
+//! id counting as newer than the journal's only when written after them. That start writes
+//! the journal in the new format.
 //!
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -45,9 +37,9 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use super::journal::Loaded;
+use super::journal::{Lengths, Loaded};
 use super::segments::Target;
-use super::writer::Writer;
+use super::writer::{journal_head, Writer};
 use super::{
     dedup_key, FileKind, RecoveryReport, SealedFile, SpoolError, CUTS_DIR, EVENTS_DIR,
     EXPORT_ID_SALT, GROWTH_DIR, MARKERS_DIR, QUARANTINE_DIR,
@@ -65,6 +57,11 @@ impl Writer {
     /// Walks what an earlier run left: every file is sealed and queued; torn tails are cut.
     pub(super) fn recover(&mut self, loaded: Loaded) -> Result<RecoveryReport, SpoolError> {
         let mut report = RecoveryReport::default();
+        // New files are numbered after every file the journal knows of, so a file numbered
+        // above its last one was created after its last record (whatever the clock did).
+        if let Some(lengths) = &loaded.lengths {
+            self.segs.last_n = self.segs.last_n.max(lengths.last_n);
+        }
         let mut cuts = self.read_cuts()?;
         let mut found: Vec<(SealedFile, Option<Partition>)> = Vec::new();
         // The files that hold event ids, to reload the newest first.
@@ -132,6 +129,7 @@ impl Writer {
                         len: bytes,
                         modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
                         created,
+                        floor: 0,
                     });
                 }
                 found.push((
@@ -201,15 +199,23 @@ impl Writer {
                 }
             }
         }
-        // Reload the newest event ids. The journal orders what it holds (answered groups,
-        // oldest first); the files in the spool add what it is missing, each id at its
-        // place: the ids written after the journal's newest (a group answered just before a
-        // power loss, or stored just before a kill -9) go after the journal's, the others
-        // (older than its newest: a quiet partition's open segment, say) before it, so they
-        // never push an id of the journal out. Inserted oldest first, so that the window
-        // evicts the newest last; an id already there keeps its place.
-        let journal: HashSet<u64, PassThrough> = loaded.ids.iter().copied().collect();
-        let spool = newest_ids(id_files, self.cfg.dedup_window, &journal, loaded.modified);
+        // Reload the newest event ids: the journal's (answered groups, oldest first), then
+        // the ids of the lines stored after its last record read (groups in flight at a
+        // crash, or answered just before a power loss took the journal's last records),
+        // which are the newest. Inserted oldest first, so that the window evicts the newest
+        // last; an id already there keeps its place.
+        let spool = match &loaded.lengths {
+            Some(lengths) => SpoolIds {
+                newer: unrecorded_ids(id_files, self.cfg.dedup_window, lengths),
+                older: Vec::new(),
+            },
+            // A journal of format 1 (the binaries before) says nothing of the files: where
+            // their ids go beside the journal's is guessed, as those binaries did.
+            None => {
+                let journal: HashSet<u64, PassThrough> = loaded.ids.iter().copied().collect();
+                newest_ids(id_files, self.cfg.dedup_window, &journal, loaded.modified)
+            }
+        };
         for h in spool.older.iter().rev() {
             self.dedup.insert(*h);
         }
@@ -263,7 +269,7 @@ impl Writer {
         // tried again at the next seal.
         if self.journal.wants_snapshot() {
             let ids = self.dedup.ids();
-            self.journal.snapshot(&ids);
+            self.journal.snapshot(&ids, &journal_head(&self.segs));
         }
         found.sort_by_key(|f| f.0.created_unix_nanos);
         // Sessions seen in the spool still need their markers (head role).
@@ -396,8 +402,11 @@ pub(super) struct IdFile {
     pub(super) len: u64,
     /// When it was last written.
     pub(super) modified: SystemTime,
-    /// Its creation number, to order files written at the same instant.
+    /// Its creation number, to order files written at the same instant, and to tell it
+    /// from the files the ids journal knows of.
     pub(super) created: u64,
+    /// Where its lines not recorded in the ids journal start ([`unrecorded_ids`]).
+    pub(super) floor: u64,
 }
 
 /// The event ids of the files in the spool that the journal does not hold, newest first,
@@ -411,9 +420,62 @@ pub(super) struct SpoolIds {
     pub(super) older: Vec<u64>,
 }
 
-/// The deduplication keys of the event ids of `files` that `journal` does not hold, newest
-/// first, reading at most `want` ids: generation by generation (the files with the same
-/// modification time: written last by one group), newest first, and within one generation one
+/// The deduplication keys of the event ids stored after the journal's last record read,
+/// newest first, at most `want`: the lines of each file past the length the journal gives it,
+/// and every line of a file numbered after the newest it knows of ([`Lengths`]); a file the
+/// journal knows of without a length (sealed, or quiet since before the generations read)
+/// gives none. The files are read side by side from their ends, one id from each in turn.
+/// A file that cannot be read is logged and left out. No clock is consulted: the journal's
+/// lengths and the files' creation numbers tell what is newer (reviews r40d, r40f: times
+/// set back, or a whole quiet file taken as newer, evicted answered ids).
+pub(super) fn unrecorded_ids(mut files: Vec<IdFile>, want: usize, lengths: &Lengths) -> Vec<u64> {
+    let mut out = Vec::new();
+    files.retain_mut(|f| {
+        let floor = match lengths.files.get(&f.created) {
+            Some(&len) => len,
+            None if f.created > lengths.last_n => 0,
+            None => return false,
+        };
+        f.floor = floor;
+        floor < f.len
+    });
+    files.sort_by_key(|f| std::cmp::Reverse(f.created));
+    files.truncate(MAX_ID_FILES);
+    let mut readers: Vec<TailIds> = files
+        .iter()
+        .filter_map(|f| match TailIds::open_from(&f.path, f.lines, f.floor, f.len) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!(path = %f.path.display(), error = %e, "could not reload the event ids of a spool file; a resend of its events may be stored twice");
+                None
+            }
+        })
+        .collect();
+    while out.len() < want && !readers.is_empty() {
+        readers.retain_mut(|r| {
+            if out.len() >= want {
+                return true;
+            }
+            match r.next_id() {
+                Ok(Some(id)) => {
+                    out.push(id);
+                    true
+                }
+                Ok(None) => false,
+                Err(e) => {
+                    tracing::warn!(path = %r.path.display(), error = %e, "could not reload the event ids of a spool file; a resend of its events may be stored twice");
+                    false
+                }
+            }
+        });
+    }
+    out
+}
+
+/// For a journal of format 1 (the binaries before, ids only: the first start after an
+/// upgrade), the deduplication keys of the event ids of `files` that `journal` does not hold,
+/// newest first, reading at most `want` ids: generation by generation (the files with the
+/// same modification time: written last by one group of those binaries), newest first, and within one generation one
 /// id from the end of each file in turn, round after round. A file that cannot be read is
 /// logged and left out.
 ///
@@ -549,6 +611,8 @@ pub(super) struct TailIds {
     lines: IdLines,
     /// Where the part not read yet ends.
     pos: u64,
+    /// Where the part to read starts (a line's start).
+    floor: u64,
     /// The end of the line whose start is not read yet.
     carry: Vec<u8>,
     /// That line is longer than [`MAX_ID_LINE`]: skipped.
@@ -560,10 +624,22 @@ pub(super) struct TailIds {
 impl TailIds {
     /// Reads the file's first `len` bytes (its durable length) at most.
     pub(super) fn open(path: &Path, lines: IdLines, len: u64) -> io::Result<TailIds> {
+        TailIds::open_from(path, lines, 0, len)
+    }
+
+    /// Reads the file's lines from `floor` (a line's start) up to `len` bytes at most.
+    pub(super) fn open_from(
+        path: &Path,
+        lines: IdLines,
+        floor: u64,
+        len: u64,
+    ) -> io::Result<TailIds> {
+        let pos = fs::metadata(path)?.len().min(len);
         Ok(TailIds {
             path: path.to_path_buf(),
             lines,
-            pos: fs::metadata(path)?.len().min(len),
+            pos,
+            floor: floor.min(pos),
             carry: Vec::new(),
             skipping: false,
             ids: Vec::new(),
@@ -573,7 +649,7 @@ impl TailIds {
     /// The id of the next line back, `None` at the start of the file.
     pub(super) fn next_id(&mut self) -> io::Result<Option<u64>> {
         while self.ids.is_empty() {
-            if self.pos == 0 {
+            if self.pos == self.floor {
                 if self.carry.is_empty() {
                     return Ok(None);
                 }
@@ -609,7 +685,10 @@ impl TailIds {
 
     /// Reads the chunk before `pos`: its complete lines' ids into `ids`, oldest first.
     fn read_chunk(&mut self) -> io::Result<()> {
-        let start = self.pos.saturating_sub(ID_SCAN_CHUNK as u64);
+        let start = self
+            .pos
+            .saturating_sub(ID_SCAN_CHUNK as u64)
+            .max(self.floor);
         let mut buf = vec![0u8; (self.pos - start) as usize];
         let mut f = File::open(&self.path)?;
         f.seek(SeekFrom::Start(start))?;
@@ -756,6 +835,7 @@ mod tests {
             len: u64::MAX,
             modified,
             created,
+            floor: 0,
         }
     }
 
@@ -883,6 +963,47 @@ mod tests {
         let mut want: Vec<u64> = quiet.iter().chain(&created).copied().collect();
         want.sort_unstable();
         assert_eq!(got, want);
+    }
+
+    /// Format 2 of the journal: a file's lines past the length the journal gives it, and every
+    /// line of a file numbered after the newest it knows of, come back (newest first); a file
+    /// it knows of without a length, or read to its length, gives none, whatever its time.
+    #[test]
+    fn unrecorded_ids_are_the_lines_past_the_journals_lengths() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |n: &str| dir.path().join(n);
+        let recorded = write_ids(&path("recorded"), "recorded", 10, None);
+        let tail = write_ids(&path("tail"), "tail", 10, None);
+        let new = write_ids(&path("new"), "new", 3, None);
+        let _quiet = write_ids(&path("quiet"), "quiet", 10, None);
+        let line = |tag: &str, i: usize| format!("{{\"eventId\":\"{tag}-{i}\"}}\n").len() as u64;
+        let mut lengths = Lengths {
+            last_n: 5,
+            ..Lengths::default()
+        };
+        let full = fs::metadata(path("recorded")).unwrap().len();
+        lengths.files.insert(1, full);
+        lengths
+            .files
+            .insert(2, (0..7).map(|i| line("tail", i)).sum());
+        // The quiet file is the latest by its time (a clock set back): no matter.
+        let files = vec![
+            id_file(&path("recorded"), 5, 1),
+            id_file(&path("tail"), 4, 2),
+            id_file(&path("quiet"), 0, 3),
+            id_file(&path("new"), 3, 9),
+        ];
+        let out = unrecorded_ids(files.clone(), 100, &lengths);
+        let mut got = out.clone();
+        got.sort_unstable();
+        let mut want: Vec<u64> = tail[7..].iter().chain(&new).copied().collect();
+        want.sort_unstable();
+        assert_eq!(got, want);
+        assert!(recorded.iter().all(|id| !out.contains(id)));
+        // Newest first within a file, side by side across files.
+        assert_eq!(&out[..2], &[new[2], tail[9]]);
+        // At most `want`.
+        assert_eq!(unrecorded_ids(files, 4, &lengths).len(), 4);
     }
 
     /// A quarantine file gives back the ids of its `too_many_partitions` records only, in

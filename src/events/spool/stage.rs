@@ -186,6 +186,8 @@ impl Writer {
         }
         let mut records: Vec<Vec<u8>> = Vec::new();
         let mut reasons = Vec::new();
+        // A record of a valid event with an id is among them.
+        let mut records_with_ids = false;
         // A valid event with no room is deduplicated by its id like any stored event (the
         // window holds stored and quarantined ids alike, and a restart reloads both), so its
         // resend, or an event stored before, is not kept again.
@@ -196,6 +198,7 @@ impl Writer {
                     let new = self.dedup.insert(h);
                     if new {
                         held.events.push(h);
+                        records_with_ids = true;
                     }
                     new
                 }
@@ -254,6 +257,7 @@ impl Writer {
             }
             let seg = self.segs.segment(target)?;
             seg.pending.reserve(keep.len());
+            seg.pending.ids |= keep.iter().any(|e| e.id_hash().is_some());
             for ev in keep {
                 seg.pending
                     .push_event(&batch.body, ev.range(), ev.has_newline());
@@ -262,6 +266,7 @@ impl Writer {
         }
         if let Some(t) = &quarantine_target {
             let seg = self.segs.segment(t)?;
+            seg.pending.ids |= records_with_ids;
             for line in &records {
                 seg.pending.push_lines(line);
             }

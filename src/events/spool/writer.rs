@@ -3,9 +3,9 @@
 //! per segment, hands the group to the sync thread while it writes the next one (pipelined
 //! group commit), and answers a group only after its own sync. A failed write or sync rolls
 //! back every group not yet durable (truncate to the durable length, forget their event
-//! ids), so no answer ever leaves half a batch behind. Every file a group writes gets that
-//! group's modification time (one value, later than any earlier group's), so that a restart
-//! can tell which files the last group wrote.
+//! ids), so no answer ever leaves half a batch behind. Once a group is durable, its ids and
+//! the lengths of the files it wrote them into go to the ids journal ([`super::journal`])
+//! before its answers: a restart knows from it which lines of the spool came after.
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
@@ -14,11 +14,11 @@ use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Weak};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc as tokio_mpsc;
 
-use super::journal::Journal;
+use super::journal::{Head, Journal};
 use super::pending::Pending;
 use super::segments::{OpenSegment, Segments, Target};
 use super::sync::{run_sync, run_syncer, sync_dir, SyncJob, SYNCFS_ABOVE};
@@ -56,6 +56,8 @@ pub(super) struct Inbox {
 pub(super) struct Written {
     /// Bytes appended to each segment.
     pub(super) appended: Vec<(Target, u64)>,
+    /// The segments given lines with event ids: the ids journal records their lengths.
+    pub(super) with_ids: Vec<Target>,
     pub(super) files: Vec<(Arc<File>, PathBuf)>,
     pub(super) dirs: Vec<PathBuf>,
     /// Too many files: one `syncfs` instead.
@@ -66,6 +68,7 @@ pub(super) struct Written {
 impl Written {
     pub(super) fn merge(&mut self, other: Written) {
         self.appended.extend(other.appended);
+        self.with_ids.extend(other.with_ids);
         for (f, p) in other.files {
             if !self.files.iter().any(|(_, q)| *q == p) {
                 self.files.push((f, p));
@@ -147,6 +150,19 @@ const TORN_RECORD_RETRY: Duration = Duration::from_secs(5);
 /// spool well within an upload window, rarely enough that walking the open segments costs
 /// nothing.
 const ROOM_CHECK_EVERY: Duration = Duration::from_millis(200);
+
+/// What a generation of the ids journal starts with: the last creation number handed out,
+/// and the durable length of every open segment (a file created later has a higher number).
+pub(super) fn journal_head(segs: &Segments) -> Head {
+    Head {
+        last_n: segs.last_n,
+        files: segs
+            .open
+            .values()
+            .map(|s| (s.created_unix_nanos, s.len))
+            .collect(),
+    }
+}
 
 /// Answers every request of a failed group with the error (the first gets it whole).
 fn fail_all(replies: Vec<AppendReply>, err: SpoolError) {
@@ -540,8 +556,24 @@ impl Writer {
         // The next sync first, so the disk does not wait for the answers.
         self.start_sync();
         self.mark_durable(&flight.written);
-        // Page cache only: fsync'd before any segment is handed to the uploader.
-        self.journal.append(&flight.held.events);
+        // The group's record: its ids, and the durable length of each file it wrote ids
+        // into. Page cache only: fsync'd before any segment is handed to the uploader (a
+        // power loss before that leaves the group's lines past the lengths the journal
+        // holds, which a start reloads; see [`super::journal`]).
+        let open = &self.segs.open;
+        let mut files: Vec<(u64, u64)> = flight
+            .written
+            .with_ids
+            .iter()
+            .filter_map(|t| open.get(t))
+            .map(|s| (s.created_unix_nanos, s.len))
+            .collect();
+        // Groups merged while waiting for a sync may name a file more than once.
+        files.sort_unstable();
+        files.dedup();
+        let segs = &self.segs;
+        self.journal
+            .append(&flight.held.events, &files, || journal_head(segs));
         m::spool_commit(flight.written.bytes, flight.started.elapsed());
         for s in flight.new_sessions {
             if let Err(e) = self.segs.ensure_marker(&s) {
@@ -634,7 +666,7 @@ impl Writer {
         if self.journal.wants_snapshot() {
             self.drain();
             let ids = self.dedup.ids();
-            self.journal.snapshot(&ids);
+            self.journal.snapshot(&ids, &journal_head(&self.segs));
         } else {
             self.journal.sync();
         }
@@ -663,14 +695,6 @@ impl Writer {
     /// references.
     pub(super) fn write_pending(&mut self) -> Result<Written, SpoolError> {
         let targets: Vec<Target> = self.segs.due(|s| !s.pending.is_empty());
-        // Every file of the group gets the same modification time, later than any earlier
-        // group's: after a crash, recovery knows which files the last group wrote (the
-        // batch Ray may resend) and reloads their ids first ([`super::recovery`]).
-        let stamp = if targets.is_empty() {
-            SystemTime::UNIX_EPOCH
-        } else {
-            SystemTime::UNIX_EPOCH + Duration::from_nanos(self.segs.next_n())
-        };
         let mut out = Written {
             whole_fs: targets.len() + self.segs.dirty_dirs.len() > SYNCFS_ABOVE,
             ..Written::default()
@@ -701,11 +725,11 @@ impl Writer {
             seg.pending
                 .write_to(file)
                 .map_err(|e| SpoolError::io("appending to segment", &seg.path, e))?;
-            // Only the order of the reload after a crash depends on it; the kernel's own time
-            // of the write is kept if this fails.
-            let _ = file.set_modified(stamp);
             out.bytes += n;
             out.appended.push((t.clone(), n));
+            if seg.pending.ids {
+                out.with_ids.push(t.clone());
+            }
             if !out.whole_fs {
                 out.files.push((file.clone(), seg.path.clone()));
             }
