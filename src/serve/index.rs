@@ -190,6 +190,21 @@ impl SessionIndex {
         self.texts.get(sym as usize).map(|s| &**s)
     }
 
+    /// The attempts of task `task_hex` (its id in hex, any case), in attempt order: a binary
+    /// search of the sorted records, so a log request does not walk a million of them.
+    pub fn attempts(&self, task_hex: &str) -> &[TaskRecord] {
+        let Some(id) = hex_bytes(&task_hex.to_ascii_lowercase()) else {
+            return &[];
+        };
+        let from = self
+            .tasks
+            .partition_point(|r| r.order() < (false, id.as_slice(), i32::MIN));
+        let to = self
+            .tasks
+            .partition_point(|r| r.order() <= (false, id.as_slice(), i32::MAX));
+        &self.tasks[from..to.max(from)]
+    }
+
     /// What the index holds, counted for the cache's budget.
     pub fn bytes(&self) -> u64 {
         let texts: usize = self.texts.iter().map(|t| t.len() + 16).sum();
