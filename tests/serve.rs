@@ -1097,7 +1097,7 @@ fn serves_logs_as_rays_state_api_does() {
     }
     let r = get(
         &s,
-        &format!("/api/v0/logs/file?node_ip=192.0.2.2&filename=raylet.out&lines=2&download_filename=r%22a.txt"),
+        "/api/v0/logs/file?node_ip=192.0.2.2&filename=raylet.out&lines=2&download_filename=r%22a.txt",
         &c,
         200,
     );

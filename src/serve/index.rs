@@ -427,6 +427,10 @@ mod tests {
         assert!(!f.keeps(&index, &index.tasks[0]));
         let f = TaskFilter::parse(&index, "task_id", "=", &index.tasks[1].task_id()).unwrap();
         assert!(!f.keeps(&index, &index.tasks[0]) && f.keeps(&index, &index.tasks[1]));
+        let first = index.tasks[0].task_id();
+        assert_eq!(index.attempts(&first.to_ascii_uppercase()).len(), 1);
+        assert_eq!(index.attempts(&first)[0].task_id(), first);
+        assert!(index.attempts("00").is_empty() && index.attempts("zz").is_empty());
         let f = TaskFilter::parse(&index, "worker_pid", "=", "7").unwrap();
         assert!(f.keeps(&index, &index.tasks[0]));
         assert!(TaskFilter::parse(&index, "bogus", "=", "x").is_err());

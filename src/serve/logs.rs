@@ -115,6 +115,7 @@ impl Query {
 }
 
 /// A failed log request: its status and reason (already escaped).
+#[derive(Debug)]
 struct Refusal(StatusCode, String);
 
 fn bad(msg: String) -> Refusal {
@@ -958,7 +959,7 @@ mod tests {
             ("gcs_server.err", "gcs_server"),
             ("log_monitor.log", "internal"),
             ("monitor.log", "autoscaler"),
-            ("dashboard_agent.log", "internal"),
+            ("dashboard_agent.log", "agent"),
             ("runtime_env_agent.out", "agent"),
             ("dashboard.log", "dashboard"),
             ("events/", "internal"),
