@@ -1004,6 +1004,17 @@ fn serves_logs_as_rays_state_api_does() {
         "colour.log",
         b"\x1b[31mred\x1b[0m plain\x1b[1;32m green\x1b[0m\n",
     );
+    write(
+        "events/event_RAYLET.log",
+        concat!(
+            r#"{"event_id":"e1","source_type":"RAYLET","severity":"INFO","message":"a\nb","timestamp":"1","custom_fields":{"job_id":"01000000","node_id":"n"}}"#,
+            "\n",
+            r#"{"event_id":"e2","source_type":"RAYLET","severity":"ERROR","message":"m","timestamp":"2"}"#,
+            "\nnot json\n\n",
+            r#"{"event_id":"e1","source_type":"RAYLET","severity":"INFO","message":"c","timestamp":"3","custom_fields":{"job_id":"01000000"}}"#,
+        )
+        .as_bytes(),
+    );
     // The actor's worker (its worker id and pid from the fixture's ALIVE transition).
     let actor = "ed8b58e9255605585b41d49001000000";
     let actor_worker = b64_to_hex("0DihlwX9mi1QC22TOF3GBW7kgj/1wYXSifyKkg==");
@@ -1040,7 +1051,7 @@ fn serves_logs_as_rays_state_api_does() {
     let r = get(&s, "/api/v0/logs?node_ip=192.0.2.2&glob=events/*", &c, 200);
     assert_eq!(
         json_of(&r)["data"]["result"],
-        json!({"internal": ["events/event_GCS.log"]})
+        json!({"internal": ["events/event_GCS.log", "events/event_RAYLET.log"]})
     );
     let r = get(
         &s,
@@ -1060,7 +1071,11 @@ fn serves_logs_as_rays_state_api_does() {
     );
     assert_eq!(
         json_of(&r)["data"]["result"]["internal"],
-        json!(["colour.log", "events/event_GCS.log"])
+        json!([
+            "colour.log",
+            "events/event_GCS.log",
+            "events/event_RAYLET.log"
+        ])
     );
     for (path, status) in [
         ("/api/v0/logs".to_string(), 400),
@@ -1256,6 +1271,26 @@ fn serves_logs_as_rays_state_api_does() {
         let r = get(&s, &path, &c, status);
         assert!(body(&r).contains(says), "{path}: {}", body(&r));
     }
+
+    // Ray's legacy events, by job, once per id, keys in Ray's style; lines that are not
+    // events counted (`{}` in event_GCS.log, `not json`).
+    let r = get(&s, "/events", &c, 200);
+    assert_eq!(r.header("x-rhc-skipped-lines"), Some("2"));
+    assert_eq!(
+        json_of(&r),
+        json!({"result": true, "msg": "All events fetched.", "data": {"events": {
+            "01000000": [{"eventId": "e1", "sourceType": "RAYLET", "severity": "INFO",
+                "message": "c", "timestamp": "3", "customFields": {"jobId": "01000000"}}],
+            "global": [{"eventId": "e2", "sourceType": "RAYLET", "severity": "ERROR",
+                "message": "m", "timestamp": "2"}],
+        }}})
+    );
+    let r = get(&s, "/events?job_id=01000000", &c, 200);
+    assert_eq!(json_of(&r)["data"]["jobId"], "01000000");
+    assert_eq!(json_of(&r)["data"]["events"][0]["eventId"], "e1");
+    let r = get(&s, "/events?job_id=02000000", &c, 200);
+    assert_eq!(json_of(&r)["data"]["events"], json!([]));
+    get(&s, "/events", &[], 400);
 
     // A big log without newlines: `lines` reads back at most 64 MiB and says where it cut;
     // the whole file streams (a sparse 3 GiB file: no disk, never held).

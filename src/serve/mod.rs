@@ -39,7 +39,8 @@
 //! `/api/grafana_health` and `/api/prometheus_health` answer KubeRay's `501`;
 //! `/logical/actors[/{id}]` (`actors.rs`) and `/nodes?view=summary`, `/nodes/{id}`
 //! (`nodes.rs`) in Ray's dashboard shapes; `/api/v0/logs` and `/api/v0/logs/{file|stream}`
-//! (`logs.rs`), a node's log files and one log as Ray's state API serves them. With `--dashboard-dir`, any other path is a file
+//! (`logs.rs`), a node's log files and one log as Ray's state API serves them; `/events`
+//! (`events.rs`), Ray's legacy events from the nodes' `logs/events/event_*.log`. With `--dashboard-dir`, any other path is a file
 //! of Ray's built dashboard frontend (`frontend.rs`); without, or when no file answers, a
 //! `404` in Ray's error shape. docs/inspect.md, "serve", says what is not there yet.
 
@@ -47,6 +48,7 @@ mod actors;
 mod cache;
 mod clusters;
 mod cookies;
+mod events;
 mod frontend;
 mod index;
 mod logs;
@@ -114,6 +116,7 @@ pub(crate) fn router(state: Shared) -> Router {
             "/enter_cluster/{namespace}/{kind}/{name}/{session}",
             get(clusters::enter_session),
         )
+        .route("/events", get(events::events))
         .route("/timezone", get(replay::timezone))
         .route("/timezone/", get(replay::timezone))
         .route("/api/v0/cluster_metadata", get(replay::cluster_metadata))
