@@ -893,3 +893,422 @@ fn sessions_load_once_and_keep_within_the_cache_budget() {
     get(&s, "/api/v0/tasks", &cookies_for(CAMEL_SESSION), 200);
     assert_eq!(metric(&s, "rhc_serve_session_loads_total"), 3);
 }
+
+/// The first task of a fixture whose lifecycle names its stdout file with a start and no end
+/// (the end comes in a later event): (task id hex, attempt, the file's base name, the start,
+/// and a POST body of one more lifecycle event of it that moves both ends to `end`, so the
+/// attempt's range holds bytes; the fixture's tasks printed nothing).
+fn task_with_log_range(fixture: &str, end: u64) -> (String, i64, String, u64, String) {
+    let mut found: Option<(String, i64, String, u64)> = None;
+    for l in fixture.lines() {
+        for ev in serde_json::from_str::<Vec<Value>>(l).unwrap() {
+            let Some(p) = ev.get("taskLifecycleEvent") else {
+                continue;
+            };
+            let Some(info) = p.get("taskLogInfo") else {
+                continue;
+            };
+            let task = b64_to_hex(p["taskId"].as_str().unwrap());
+            match &found {
+                None => {
+                    if info.get("stdoutEnd").is_some() || info.get("stdoutFile").is_none() {
+                        continue;
+                    }
+                    let file = info["stdoutFile"].as_str().unwrap();
+                    found = Some((
+                        task,
+                        p["taskAttempt"].as_i64().unwrap_or(0),
+                        file.rsplit('/').next().unwrap().to_string(),
+                        info["stdoutStart"].as_str().unwrap().parse().unwrap(),
+                    ));
+                }
+                Some(f) if f.0 == task && info.get("stdoutEnd").is_some() => {
+                    let mut more = ev.clone();
+                    more["eventId"] = json!("cmhjLWxvZy1yYW5nZS1lbmQ=");
+                    let info = &mut more["taskLifecycleEvent"]["taskLogInfo"];
+                    info["stdoutEnd"] = json!(end.to_string());
+                    info["stderrEnd"] = json!(end.to_string());
+                    let (t, a, file, start) = f.clone();
+                    return (t, a, file, start, json!([more]).to_string());
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    panic!("no task with a log range in the fixture");
+}
+
+/// The first task of a fixture whose stdout range is empty (start == end).
+fn task_with_empty_log_range(fixture: &str) -> String {
+    for l in fixture.lines() {
+        for ev in serde_json::from_str::<Vec<Value>>(l).unwrap() {
+            let Some(info) = ev.pointer("/taskLifecycleEvent/taskLogInfo") else {
+                continue;
+            };
+            if info.get("stdoutEnd").is_some() && info.get("stdoutEnd") == info.get("stdoutStart") {
+                return b64_to_hex(ev["taskLifecycleEvent"]["taskId"].as_str().unwrap());
+            }
+        }
+    }
+    panic!("no task with an empty log range in the fixture");
+}
+
+/// Every `/api/v0/logs` query form and its errors, on log objects the test writes into a
+/// bucket the collector wrote from the camelCase fixture; expected answers are the bytes
+/// written, cut as Ray's state API cuts them.
+#[test]
+fn serves_logs_as_rays_state_api_does() {
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    std::fs::create_dir_all(&bucket).unwrap();
+    let dash = DashboardStandIn::start().unwrap();
+    let (task, attempt, out_file, start, more) = task_with_log_range(CAMEL, 300);
+    write_bucket(
+        work.path(),
+        bucket.to_str().unwrap(),
+        &[],
+        CLUSTER,
+        CAMEL_SESSION,
+        &dash,
+        &[CAMEL, &more],
+        &|| local_snapshots_stored(&bucket),
+    );
+    let session_dir = bucket
+        .join("cluster-history/raycluster/default")
+        .join(CLUSTER)
+        .join(CAMEL_SESSION);
+    let node = std::fs::read_dir(&session_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|n| n != "fetched_endpoints")
+        .unwrap();
+    let logs = session_dir.join(&node).join("logs");
+    let write = |rel: &str, bytes: &[u8]| {
+        let p = logs.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, bytes).unwrap();
+    };
+    let err_file = out_file.replace(".out", ".err");
+    let out: String = (0..50).map(|i| format!("out line {i}\n")).collect();
+    let err: String = (0..50).map(|i| format!("err line {i}\n")).collect();
+    write(&out_file, out.as_bytes());
+    write(&err_file, err.as_bytes());
+    let raylet: String = (0..1500).map(|i| format!("raylet {i}\n")).collect();
+    write("raylet.out", raylet.as_bytes());
+    write("gcs_server.err", b"gcs\n");
+    write("monitor.log", b"m\n");
+    write("dashboard.log", b"d\n");
+    write("python-core-worker-ab_1.log", b"c\n");
+    write("events/event_GCS.log", b"{}\n");
+    write(
+        "colour.log",
+        b"\x1b[31mred\x1b[0m plain\x1b[1;32m green\x1b[0m\n",
+    );
+    write(
+        "events/event_RAYLET.log",
+        concat!(
+            r#"{"event_id":"e1","source_type":"RAYLET","severity":"INFO","message":"a\nb","timestamp":"1","custom_fields":{"job_id":"01000000","node_id":"n"}}"#,
+            "\n",
+            r#"{"event_id":"e2","source_type":"RAYLET","severity":"ERROR","message":"m","timestamp":"2"}"#,
+            "\nnot json\n\n",
+            r#"{"event_id":"e1","source_type":"RAYLET","severity":"INFO","message":"c","timestamp":"3","custom_fields":{"job_id":"01000000"}}"#,
+        )
+        .as_bytes(),
+    );
+    // The actor's worker (its worker id and pid from the fixture's ALIVE transition).
+    let actor = "ed8b58e9255605585b41d49001000000";
+    let actor_worker = b64_to_hex("0DihlwX9mi1QC22TOF3GBW7kgj/1wYXSifyKkg==");
+    let actor_out = format!("worker-{actor_worker}-01000000-22324.out");
+    write(&actor_out, b"actor says hi\n");
+
+    let s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve.log"),
+        &[],
+        &[],
+    );
+    let c = cookies_for(CAMEL_SESSION);
+
+    // The list, grouped as Ray groups it.
+    let r = get(&s, &format!("/api/v0/logs?node_id={node}"), &c, 200);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let mut worker_out = vec![actor_out.clone(), out_file.clone()];
+    worker_out.sort();
+    let want = json!({
+        "worker_out": worker_out,
+        "worker_err": [err_file.clone()],
+        "core_worker": ["python-core-worker-ab_1.log"],
+        "raylet": ["raylet.out"],
+        "gcs_server": ["gcs_server.err"],
+        "autoscaler": ["monitor.log"],
+        "dashboard": ["dashboard.log"],
+        "internal": ["colour.log", "events/"],
+    });
+    assert_eq!(
+        json_of(&r),
+        json!({"result": true, "msg": "", "data": {"result": want}})
+    );
+    let r = get(&s, "/api/v0/logs?node_ip=192.0.2.2&glob=events/*", &c, 200);
+    assert_eq!(
+        json_of(&r)["data"]["result"],
+        json!({"internal": ["events/event_GCS.log", "events/event_RAYLET.log"]})
+    );
+    let r = get(
+        &s,
+        &format!("/api/v0/logs?node_id={node}&glob=*raylet*"),
+        &c,
+        200,
+    );
+    assert_eq!(
+        json_of(&r)["data"]["result"],
+        json!({"raylet": ["raylet.out"]})
+    );
+    let r = get(
+        &s,
+        &format!("/api/v0/logs?node_id={node}&glob=**/*.log"),
+        &c,
+        200,
+    );
+    assert_eq!(
+        json_of(&r)["data"]["result"]["internal"],
+        json!([
+            "colour.log",
+            "events/event_GCS.log",
+            "events/event_RAYLET.log"
+        ])
+    );
+    for (path, status) in [
+        ("/api/v0/logs".to_string(), 400),
+        (format!("/api/v0/logs?node_id={node}&glob=../x"), 400),
+        (format!("/api/v0/logs?node_id={node}&glob=/etc/*"), 400),
+        ("/api/v0/logs?node_ip=192.0.2.99".to_string(), 404),
+        ("/api/v0/logs?node_id=abcdef".to_string(), 404),
+    ] {
+        let r = get(&s, &path, &c, status);
+        assert_eq!(json_of(&r)["result"], false, "{path}");
+        assert!(!json_of(&r)["msg"].as_str().unwrap().is_empty(), "{path}");
+    }
+    // Without the session's cookies: which session?
+    get(&s, &format!("/api/v0/logs?node_id={node}"), &[], 400);
+
+    // A file by node and name: the last 1,000 lines by default, `lines=N`, `-1` whole.
+    let last = |text: &str, n: usize| -> String {
+        let lines: Vec<&str> = text.split_inclusive('\n').collect();
+        lines[lines.len().saturating_sub(n)..].concat()
+    };
+    for media in ["file", "stream"] {
+        let r = get(
+            &s,
+            &format!("/api/v0/logs/{media}?node_id={node}&filename=raylet.out"),
+            &c,
+            200,
+        );
+        assert_eq!(body(&r), last(&raylet, 1000), "{media}");
+        assert_eq!(r.header("content-type"), Some("text/plain"));
+        assert_eq!(
+            r.header("content-disposition"),
+            Some("attachment; filename=\"file.txt\"")
+        );
+    }
+    let r = get(
+        &s,
+        "/api/v0/logs/file?node_ip=192.0.2.2&filename=raylet.out&lines=2&download_filename=r%22a.txt",
+        &c,
+        200,
+    );
+    assert_eq!(body(&r), "raylet 1498\nraylet 1499\n");
+    assert_eq!(
+        r.header("content-disposition"),
+        Some("attachment; filename=\"r_a.txt\"")
+    );
+    let r = get(
+        &s,
+        &format!("/api/v0/logs/file?node_id={node}&filename=raylet.out&lines=-1"),
+        &c,
+        200,
+    );
+    assert_eq!(body(&r), raylet);
+    let r = get(
+        &s,
+        &format!("/api/v0/logs/file?node_id={node}&filename=events/event_GCS.log&lines=0"),
+        &c,
+        200,
+    );
+    assert_eq!(body(&r), "{}\n");
+    // Colour codes dropped on request, kept otherwise.
+    let r = get(
+        &s,
+        &format!("/api/v0/logs/file?node_id={node}&filename=colour.log&filter_ansi_code=true"),
+        &c,
+        200,
+    );
+    assert_eq!(body(&r), "red plain green\n");
+    let r = get(
+        &s,
+        &format!("/api/v0/logs/file?node_id={node}&filename=colour.log"),
+        &c,
+        200,
+    );
+    assert!(body(&r).contains("\u{1b}[31m"));
+
+    // By task id: the attempt's own range of the file Ray named, in both streams.
+    let r = get(
+        &s,
+        &format!("/api/v0/logs/file?task_id={task}&attempt_number={attempt}&lines=-1"),
+        &c,
+        200,
+    );
+    assert_eq!(body(&r), out[start as usize..300]);
+    let r = get(
+        &s,
+        &format!("/api/v0/logs/file?task_id={task}&suffix=err&lines=-1"),
+        &c,
+        200,
+    );
+    assert_eq!(body(&r), err[start as usize..300]);
+    let r = get(
+        &s,
+        &format!("/api/v0/logs/file?task_id={task}&lines=3"),
+        &c,
+        200,
+    );
+    assert_eq!(body(&r), last(&out[..300], 3));
+    // An attempt whose range is empty: an empty answer, as Ray's.
+    let empty = task_with_empty_log_range(CAMEL);
+    let r = get(&s, &format!("/api/v0/logs/file?task_id={empty}"), &c, 200);
+    assert_eq!(body(&r), "");
+
+    // By pid on a node, and by actor id: the worker's whole log.
+    let r = get(
+        &s,
+        &format!("/api/v0/logs/file?node_id={node}&pid=22324&lines=-1"),
+        &c,
+        200,
+    );
+    assert_eq!(body(&r), "actor says hi\n");
+    let r = get(&s, &format!("/api/v0/logs/file?actor_id={actor}"), &c, 200);
+    assert_eq!(body(&r), "actor says hi\n");
+
+    // Errors, each with its reason.
+    let missing_task = "ffffffffffffffffffffffffffffffffffffffffffffffff";
+    for (path, status, says) in [
+        (
+            format!("/api/v0/logs/file?node_id={node}&filename=gone.log"),
+            404,
+            "gone.log",
+        ),
+        (
+            format!("/api/v0/logs/file?node_id={node}&filename=../x"),
+            400,
+            "'..'",
+        ),
+        (
+            format!("/api/v0/logs/file?node_id={node}&filename=/etc/passwd"),
+            400,
+            "relative",
+        ),
+        (
+            "/api/v0/logs/file?filename=raylet.out".to_string(),
+            400,
+            "node_id or node_ip",
+        ),
+        (
+            format!("/api/v0/logs/file?node_id={node}&node_ip=192.0.2.2&filename=raylet.out"),
+            400,
+            "Only one",
+        ),
+        (
+            format!("/api/v0/logs/file?node_id={node}"),
+            400,
+            "At least one",
+        ),
+        (
+            format!("/api/v0/logs/file?node_id={node}&filename=raylet.out&suffix=log"),
+            400,
+            "suffix",
+        ),
+        (
+            format!("/api/v0/logs/file?node_id={node}&filename=raylet.out&lines=x"),
+            400,
+            "lines",
+        ),
+        (
+            format!("/api/v0/logs/bogus?node_id={node}&filename=raylet.out"),
+            400,
+            "media type",
+        ),
+        (
+            format!("/api/v0/logs/file?task_id={task}&attempt_number=7"),
+            404,
+            "attempt",
+        ),
+        (
+            format!("/api/v0/logs/file?task_id={missing_task}"),
+            404,
+            missing_task,
+        ),
+        (
+            "/api/v0/logs/file?task_id=not-an-id".to_string(),
+            400,
+            "task_id",
+        ),
+        (
+            "/api/v0/logs/file?actor_id=ffffffffffffffffffffffff01000000".to_string(),
+            404,
+            "not found",
+        ),
+        (
+            format!("/api/v0/logs/file?node_id={node}&pid=4242"),
+            404,
+            "4242",
+        ),
+        (
+            "/api/v0/logs/file?node_ip=192.0.2.2&submission_id=raysubmit_1".to_string(),
+            501,
+            "submission_id",
+        ),
+    ] {
+        let r = get(&s, &path, &c, status);
+        assert!(body(&r).contains(says), "{path}: {}", body(&r));
+    }
+
+    // Ray's legacy events, by job, once per id, keys in Ray's style; lines that are not
+    // events counted (`{}` in event_GCS.log, `not json`).
+    let r = get(&s, "/events", &c, 200);
+    assert_eq!(r.header("x-rhc-skipped-lines"), Some("2"));
+    assert_eq!(
+        json_of(&r),
+        json!({"result": true, "msg": "All events fetched.", "data": {"events": {
+            "01000000": [{"eventId": "e1", "sourceType": "RAYLET", "severity": "INFO",
+                "message": "c", "timestamp": "3", "customFields": {"jobId": "01000000"}}],
+            "global": [{"eventId": "e2", "sourceType": "RAYLET", "severity": "ERROR",
+                "message": "m", "timestamp": "2"}],
+        }}})
+    );
+    let r = get(&s, "/events?job_id=01000000", &c, 200);
+    assert_eq!(json_of(&r)["data"]["jobId"], "01000000");
+    assert_eq!(json_of(&r)["data"]["events"][0]["eventId"], "e1");
+    let r = get(&s, "/events?job_id=02000000", &c, 200);
+    assert_eq!(json_of(&r)["data"]["events"], json!([]));
+    get(&s, "/events", &[], 400);
+
+    // A big log without newlines: `lines` reads back at most 64 MiB and says where it cut;
+    // the whole file streams (a sparse 3 GiB file: no disk, never held).
+    let big = logs.join("big.log");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(3 << 30)
+        .unwrap();
+    let r = get(
+        &s,
+        &format!("/api/v0/logs/file?node_id={node}&filename=big.log&lines=5"),
+        &c,
+        200,
+    );
+    assert_eq!(r.body.len(), 64 << 20);
+    assert_eq!(
+        r.header("x-rhc-tail-cut"),
+        Some(&*(64u64 << 20).to_string())
+    );
+    std::fs::remove_file(&big).unwrap();
+}

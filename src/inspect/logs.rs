@@ -46,7 +46,7 @@ use super::{session_report, store_error, InspectError};
 /// Bytes read at a time from the end of a log for `--tail`.
 const TAIL_BLOCK: u64 = 64 << 10;
 /// Most bytes `--tail` reads back before printing what it has (a log without newlines).
-const MAX_TAIL_BYTES: u64 = 64 << 20;
+pub(crate) const MAX_TAIL_BYTES: u64 = 64 << 20;
 /// Bytes fetched per ranged read when printing a range.
 const RANGE_BLOCK: u64 = 4 << 20;
 /// Logs named in a "several logs match" error; the rest are counted (a worker id can
@@ -55,15 +55,17 @@ const MAX_MATCHES_SHOWN: usize = 10;
 /// Skipped entries named on stderr after a log; the rest are counted.
 const MAX_SKIPS_SHOWN: usize = 10;
 
-/// Which log, and which part of it.
+/// Which log, and which part of it (shared with `serve`'s log routes).
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct LogTarget {
-    node: String,
-    file: String,
+pub(crate) struct LogTarget {
+    /// The node directory (lower-case hex).
+    pub(crate) node: String,
+    /// The path below the node's `logs/`.
+    pub(crate) file: String,
     /// Byte range of the object (`None` end: to its end).
-    range: Option<(u64, Option<u64>)>,
+    pub(crate) range: Option<(u64, Option<u64>)>,
     /// What it is, for messages.
-    what: String,
+    pub(crate) what: String,
 }
 
 /// Finds the log of `args.logs` in the session and prints it.
@@ -107,7 +109,7 @@ pub(super) async fn print_logs(
     {
         t
     } else {
-        resolve_from_events(store, spec, chosen, filter, &id, &nodes, stream).await?
+        resolve_from_events(store, spec, chosen, filter, &id, None, &nodes, stream).await?
     };
     let key = raw_key(&format!(
         "{}{}",
@@ -150,7 +152,7 @@ pub(super) async fn print_logs(
 
 /// The key `key` as listed: node and file names from the bucket are joined into keys as
 /// they are (`ObjectPath::from` would percent-encode a name that is not ASCII, and miss it).
-fn raw_key(key: &str) -> ObjectPath {
+pub(crate) fn raw_key(key: &str) -> ObjectPath {
     ObjectPath::parse(key).unwrap_or_else(|_| ObjectPath::from(key))
 }
 
@@ -175,7 +177,7 @@ pub(super) fn tell_skips(skips: &SkipLog) {
 }
 
 /// The node directories of a session.
-async fn list_nodes(
+pub(crate) async fn list_nodes(
     store: &Arc<dyn ObjectStore>,
     history_prefix: &str,
     session: &str,
@@ -195,7 +197,7 @@ async fn list_nodes(
 
 /// The log of worker `worker` (or, with `worker` empty, of process `pid`) on `nodes`; an
 /// error when several match.
-async fn find_worker_log(
+pub(crate) async fn find_worker_log(
     store: &Arc<dyn ObjectStore>,
     history_prefix: &str,
     session: &str,
@@ -275,13 +277,16 @@ async fn find_worker_log(
     }
 }
 
-/// A task or actor id: read the session's events to find its worker.
-async fn resolve_from_events(
+/// A task or actor id: read the session's events to find its worker. A task's log is its
+/// attempt `attempt`'s, or its last attempt's with `None`.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn resolve_from_events(
     store: &Arc<dyn ObjectStore>,
     spec: &StorageSpec,
     chosen: (ClusterId, String),
     filter: &Filter,
     id: &str,
+    attempt: Option<i32>,
     nodes: &[String],
     stream: LogStream,
 ) -> anyhow::Result<LogTarget> {
@@ -297,7 +302,10 @@ async fn resolve_from_events(
         0,
         TaskStore::new(compact),
         &mut |key, t, symbols| {
-            if Some(key.id) != compact || last.as_ref().is_some_and(|(k, _)| k >= key) {
+            if Some(key.id) != compact
+                || attempt.is_some_and(|a| a != key.attempt)
+                || last.as_ref().is_some_and(|(k, _)| k >= key)
+            {
                 return;
             }
             let extra = t.extra.as_deref();
@@ -479,9 +487,8 @@ async fn print_tail(
     Ok(())
 }
 
-/// The last `lines` lines of `key[start..end]`, in order, read with ranged reads of
-/// [`TAIL_BLOCK`] from the end (at most [`MAX_TAIL_BYTES`]), and whether that bound cut
-/// them short (the first piece then starts mid-line).
+/// The last `lines` lines of `key[start..end]`, in order (read from [`tail_start`] on), and
+/// whether [`MAX_TAIL_BYTES`] cut them short (the first piece then starts mid-line).
 async fn tail(
     store: &Arc<dyn ObjectStore>,
     key: &ObjectPath,
@@ -489,14 +496,37 @@ async fn tail(
     end: u64,
     lines: usize,
 ) -> anyhow::Result<(Vec<bytes::Bytes>, bool)> {
-    if lines == 0 || start >= end {
-        return Ok((Vec::new(), false));
+    let (mut at, cut_short) = tail_start(store, key, start, end, lines).await?;
+    let mut pieces = Vec::new();
+    while at < end {
+        let next = (at + RANGE_BLOCK).min(end);
+        pieces.push(
+            store
+                .get_range(key, at..next)
+                .await
+                .map_err(|e| anyhow::anyhow!("reading {key}: {}", store_error(&e)))?,
+        );
+        at = next;
     }
-    // Blocks read from the end, newest first.
-    let mut blocks: Vec<bytes::Bytes> = Vec::new();
+    Ok((pieces, cut_short))
+}
+
+/// Where the last `lines` lines of `key[start..end]` begin (a last line without its newline
+/// counts as a line, as Ray's log agent counts it), found with ranged reads of
+/// [`TAIL_BLOCK`] from the end, one block held at a time, at most [`MAX_TAIL_BYTES`] back;
+/// and whether that bound cut them short (the offset is then mid-line). `end` for none.
+pub(crate) async fn tail_start(
+    store: &Arc<dyn ObjectStore>,
+    key: &ObjectPath,
+    start: u64,
+    end: u64,
+    lines: usize,
+) -> anyhow::Result<(u64, bool)> {
+    if lines == 0 || start >= end {
+        return Ok((end.max(start), false));
+    }
     let mut from = end;
     let mut newlines = 0usize;
-    let mut cut: Option<(usize, usize)> = None;
     while from > start && end - from < MAX_TAIL_BYTES {
         let to = from;
         from = from.saturating_sub(TAIL_BLOCK).max(start);
@@ -515,25 +545,12 @@ async fn tail(
             if c == b'\n' {
                 newlines += 1;
                 if newlines == lines {
-                    cut = Some((blocks.len(), i + 1));
-                    break;
+                    return Ok((from + i as u64 + 1, false));
                 }
             }
         }
-        blocks.push(block);
-        if cut.is_some() {
-            break;
-        }
     }
-    let cut_short = cut.is_none() && from > start;
-    let mut pieces = Vec::with_capacity(blocks.len());
-    for (n, block) in blocks.into_iter().enumerate().rev() {
-        match cut {
-            Some((at, offset)) if at == n => pieces.push(block.slice(offset..)),
-            _ => pieces.push(block),
-        }
-    }
-    Ok((pieces, cut_short))
+    Ok((from, from > start))
 }
 
 /// stdout, raw into a pipe or file, cleaned for a terminal.

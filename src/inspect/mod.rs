@@ -240,15 +240,17 @@ mod walk;
 use discover::{choose_session, discover, session_started, ClusterId};
 use extract::bounded;
 use filter::Filter;
+pub(crate) use logs::{find_worker_log, raw_key, tail_start, LogTarget};
 use model::SessionModel;
 use render::{render_list, render_session};
 use report::{
     shape_report, ClusterIdentity, EventStats, FilterEcho, ObjectStats, Problems, SessionReport,
     TaskCounts,
 };
+pub(crate) use session::task_log_target;
 pub use session::{
-    latest_session, open_bucket, session_facts, session_markers, ActorFacts, JobFacts, NodeFacts,
-    OpenBucket, SessionFacts, SessionMarker, TaskView,
+    latest_session, open_bucket, session_facts, session_markers, session_nodes, ActorFacts,
+    JobFacts, NodeFacts, OpenBucket, SessionFacts, SessionMarker, TaskView,
 };
 use task::{AttemptKey, Symbols, TaskState, TaskStore};
 use values::format_time_json;

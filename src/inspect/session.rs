@@ -422,3 +422,46 @@ pub async fn session_facts(
         skipped_entries: report.problems.skipped_entries,
     })
 }
+
+/// The node directories of `marker`'s session (lower-case hex, as listed; not
+/// `fetched_endpoints`).
+pub async fn session_nodes(
+    bucket: &OpenBucket,
+    marker: &SessionMarker,
+) -> anyhow::Result<Vec<String>> {
+    super::logs::list_nodes(
+        &bucket.store,
+        &marker.history_prefix(&bucket.spec.root),
+        &marker.session,
+    )
+    .await
+}
+
+/// The log of task `task_id` (hex) attempt `attempt` in `marker`'s session, as `inspect
+/// --logs <task id>` finds it: the session's events are read again, keeping the log offsets
+/// of this task only (what Ray named in `taskLogInfo`, with the attempt's byte range), else
+/// the log of its worker found by id or pid on its node. Errors are [`InspectError`]s
+/// (`NoSuchLogTarget`, `NoLogFor`, `LogNotUploaded`, `SeveralLogs`) or a listing's.
+pub(crate) async fn task_log_target(
+    bucket: &OpenBucket,
+    marker: &SessionMarker,
+    task_id: &str,
+    attempt: i32,
+    stream: crate::contract::logs::LogStream,
+) -> anyhow::Result<super::logs::LogTarget> {
+    let mut args = unfiltered_args(&bucket.spec.to_string());
+    args.session = Some(marker.session.clone());
+    let filter = Filter::from_args(&args)?;
+    let nodes = session_nodes(bucket, marker).await?;
+    super::logs::resolve_from_events(
+        &bucket.store,
+        &bucket.spec,
+        (marker.cluster_id(), marker.session.clone()),
+        &filter,
+        task_id,
+        Some(attempt),
+        &nodes,
+        stream,
+    )
+    .await
+}

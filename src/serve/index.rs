@@ -190,6 +190,21 @@ impl SessionIndex {
         self.texts.get(sym as usize).map(|s| &**s)
     }
 
+    /// The attempts of task `task_hex` (its id in hex, any case), in attempt order: a binary
+    /// search of the sorted records, so a log request does not walk a million of them.
+    pub fn attempts(&self, task_hex: &str) -> &[TaskRecord] {
+        let Some(id) = hex_bytes(&task_hex.to_ascii_lowercase()) else {
+            return &[];
+        };
+        let from = self
+            .tasks
+            .partition_point(|r| r.order() < (false, id.as_slice(), i32::MIN));
+        let to = self
+            .tasks
+            .partition_point(|r| r.order() <= (false, id.as_slice(), i32::MAX));
+        &self.tasks[from..to.max(from)]
+    }
+
     /// What the index holds, counted for the cache's budget.
     pub fn bytes(&self) -> u64 {
         let texts: usize = self.texts.iter().map(|t| t.len() + 16).sum();
@@ -412,6 +427,10 @@ mod tests {
         assert!(!f.keeps(&index, &index.tasks[0]));
         let f = TaskFilter::parse(&index, "task_id", "=", &index.tasks[1].task_id()).unwrap();
         assert!(!f.keeps(&index, &index.tasks[0]) && f.keeps(&index, &index.tasks[1]));
+        let first = index.tasks[0].task_id();
+        assert_eq!(index.attempts(&first.to_ascii_uppercase()).len(), 1);
+        assert_eq!(index.attempts(&first)[0].task_id(), first);
+        assert!(index.attempts("00").is_empty() && index.attempts("zz").is_empty());
         let f = TaskFilter::parse(&index, "worker_pid", "=", "7").unwrap();
         assert!(f.keeps(&index, &index.tasks[0]));
         assert!(TaskFilter::parse(&index, "bogus", "=", "x").is_err());

@@ -38,7 +38,9 @@
 //! `/api/v0/tasks` from `inspect`'s fold of the session's events (`session.rs`);
 //! `/api/grafana_health` and `/api/prometheus_health` answer KubeRay's `501`;
 //! `/logical/actors[/{id}]` (`actors.rs`) and `/nodes?view=summary`, `/nodes/{id}`
-//! (`nodes.rs`) in Ray's dashboard shapes. With `--dashboard-dir`, any other path is a file
+//! (`nodes.rs`) in Ray's dashboard shapes; `/api/v0/logs` and `/api/v0/logs/{file|stream}`
+//! (`logs.rs`), a node's log files and one log as Ray's state API serves them; `/events`
+//! (`events.rs`), Ray's legacy events from the nodes' `logs/events/event_*.log`. With `--dashboard-dir`, any other path is a file
 //! of Ray's built dashboard frontend (`frontend.rs`); without, or when no file answers, a
 //! `404` in Ray's error shape. docs/inspect.md, "serve", says what is not there yet.
 
@@ -46,8 +48,10 @@ mod actors;
 mod cache;
 mod clusters;
 mod cookies;
+mod events;
 mod frontend;
 mod index;
+mod logs;
 mod nodes;
 mod replay;
 mod session;
@@ -70,6 +74,10 @@ use crate::storage::StorageSpec;
 /// bucket's answers can make the server hold (4 × 64 MiB), whatever the number of clients.
 pub const MAX_CONCURRENT_READS: usize = 4;
 
+/// Folds of a session run at once to find one task's log (`/api/v0/logs/file?task_id=`): each
+/// reads the session's events again and uses a core while it does.
+pub const MAX_TASK_LOG_FOLDS: usize = 2;
+
 /// How long answers in flight may take to finish after SIGTERM or Ctrl-C (Kubernetes gives a
 /// pod 30 s between SIGTERM and SIGKILL by default).
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
@@ -82,6 +90,9 @@ pub(crate) struct ServeState {
     pub(crate) bucket: Arc<OpenBucket>,
     /// Permits to hold a snapshot in memory ([`MAX_CONCURRENT_READS`]).
     pub(crate) reads: Semaphore,
+    /// Permits to fold a session again for one task's log offsets
+    /// ([`MAX_TASK_LOG_FOLDS`]).
+    pub(crate) task_log_folds: Semaphore,
     /// The loaded sessions' indexes.
     pub(crate) cache: Arc<cache::SessionCache>,
     /// Ray's dashboard frontend (`--dashboard-dir`), if given.
@@ -105,12 +116,15 @@ pub(crate) fn router(state: Shared) -> Router {
             "/enter_cluster/{namespace}/{kind}/{name}/{session}",
             get(clusters::enter_session),
         )
+        .route("/events", get(events::events))
         .route("/timezone", get(replay::timezone))
         .route("/timezone/", get(replay::timezone))
         .route("/api/v0/cluster_metadata", get(replay::cluster_metadata))
         .route("/api/jobs/", get(session::jobs))
         .route("/api/jobs", get(session::jobs))
         .route("/api/jobs/{job_id}", get(session::job))
+        .route("/api/v0/logs", get(logs::list))
+        .route("/api/v0/logs/{media_type}", get(logs::file))
         .route("/api/v0/tasks", get(session::tasks))
         .route("/api/v0/tasks/summarize", get(session::summarize))
         .route("/api/v0/tasks/timeline", get(session::timeline))
@@ -287,6 +301,7 @@ pub async fn run(args: ServeArgs, env: &dyn Fn(&str) -> Option<String>) -> anyho
     let state = Arc::new(ServeState {
         bucket: Arc::new(bucket),
         reads: Semaphore::new(MAX_CONCURRENT_READS),
+        task_log_folds: Semaphore::new(MAX_TASK_LOG_FOLDS),
         cache: Arc::new(cache::SessionCache::new(args.cache_bytes)),
         frontend,
     });

@@ -119,6 +119,7 @@ def run_workload(ray):
         time.sleep(0.5)
     jobs = state.list_jobs(detail=True, raise_on_missing_output=False)
     # The dashboard's /events (Ray's legacy event files, logs/events/event_*.log).
+    import urllib.error
     import urllib.request
 
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -144,7 +145,37 @@ def run_workload(ray):
         for suffix, line in (("out", STDOUT_LINE), ("err", STDERR_LINE)):
             if line not in task_logs[suffix]:
                 raise SystemExit(f"Ray's {suffix} log of the failed task lacks {line!r}: {task_logs[suffix]!r}")
+    # Ray's own answers of the log routes, byte for byte with their content type, for
+    # tests/serve_dashboard.rs: the head node's log list, and the failed task's output by task
+    # id as the dashboard's log viewer asks for it (its query: lines=50000, colour codes
+    # filtered) and whole, in both streams.
+    def dashboard_get(path):
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+        if os.path.exists(token_file):
+            with open(token_file) as f:
+                req.add_header("Authorization", f"Bearer {f.read().strip()}")
+        try:
+            with opener.open(req, timeout=30) as resp:
+                body = resp.read()
+                status, ctype = resp.status, resp.headers.get("Content-Type", "")
+        except urllib.error.HTTPError as e:
+            body, status, ctype = e.read(), e.code, e.headers.get("Content-Type", "")
+        return {"status": status, "content_type": ctype, "text": body.decode("utf-8", "replace")}
+
+    log_answers = {}
+    if nodes:
+        head = nodes[0].node_id
+        log_answers[f"/api/v0/logs?node_id={head}"] = dashboard_get(f"/api/v0/logs?node_id={head}")
+    if failed:
+        tid = failed[0].task_id
+        for suffix in ("out", "err"):
+            for query in (f"task_id={tid}&suffix={suffix}&lines=50000&filter_ansi_code=true",
+                          f"task_id={tid}&suffix={suffix}&lines=-1",
+                          f"task_id={tid}&suffix={suffix}&lines=1"):
+                path = f"/api/v0/logs/file?{query}"
+                log_answers[path] = dashboard_get(path)
     live = {
+        "log_answers": log_answers,
         "tasks": [
             {
                 "task_id": t.task_id,

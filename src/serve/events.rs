@@ -1,0 +1,344 @@
+//! `GET /events[?job_id=]`: Ray's legacy events of a dead session, as Ray's dashboard answers
+//! them live (`event_head.py` of Ray 2.60, which the Overview page's event list reads) and
+//! KubeRay's history server replays them: from every node's `logs/events/event_*.log`
+//! (JSON lines, snake_case, written by Ray's event logger), shipped with the node's logs.
+//!
+//! - Each line is one event; a line that is not a JSON object with an `event_id`, or is
+//!   longer than [`MAX_LINE_BYTES`] (Ray's `EVENT_READ_LINE_LENGTH_LIMIT`), is skipped and
+//!   counted in [`SKIPPED_HEADER`]. `\n` and `\r` written escaped in `message` are restored
+//!   to newlines, as Ray does.
+//! - Events are grouped by `custom_fields.job_id` (`global` without one) and kept once per
+//!   `event_id` (a later line with the same id replaces it in place), at most
+//!   [`MAX_EVENTS_PER_JOB`] per job, the oldest read dropped first, as Ray's cache keeps them.
+//!   Nodes and files are read in name order, lines in file order.
+//! - Keys are written in Ray's "google style" (`event_id` → `eventId`, at every depth, by
+//!   Python's `title()` of each part), so the answer is Ray's:
+//!   `{"result": true, "msg": "All events fetched.", "data": {"events": {job: [event, ...]}}}`,
+//!   or with `job_id`, `{"result": true, "msg": "Job events fetched.", "data": {"jobId": ...,
+//!   "events": [...]}}` (an unknown job: no events).
+//! - Bounded: the events held for one answer are at most [`MAX_HELD_BYTES`] of lines; past
+//!   it reading stops and the answer carries [`TRUNCATED_HEADER`]. At most
+//!   [`super::MAX_CONCURRENT_READS`] such answers are built at once. A file that cannot be
+//!   read is counted in [`super::UNREADABLE_HEADER`].
+
+use std::collections::BTreeMap;
+
+use axum::extract::{RawQuery, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use futures::StreamExt as _;
+use object_store::ObjectStoreExt as _;
+use serde_json::{json, Map, Value};
+
+use super::cookies::Entered;
+use super::{Shared, UNREADABLE_HEADER};
+use crate::contract::logs::node_logs_prefix;
+use crate::inspect::{escape_message, raw_key, session_nodes};
+
+/// Ray's `EVENT_READ_LINE_LENGTH_LIMIT` default: longer lines are skipped.
+pub const MAX_LINE_BYTES: usize = 2 << 20;
+/// Ray's `MAX_EVENTS_TO_CACHE` default: events kept per job.
+pub const MAX_EVENTS_PER_JOB: usize = 10_000;
+/// Bytes of event lines one answer holds; past it, reading stops.
+pub const MAX_HELD_BYTES: usize = 64 << 20;
+/// Set when reading stopped at [`MAX_HELD_BYTES`].
+pub const TRUNCATED_HEADER: &str = "x-rhc-events-truncated";
+/// Set when lines were skipped (not an event, or too long): how many.
+pub const SKIPPED_HEADER: &str = "x-rhc-skipped-lines";
+
+/// Events by job, each job's in the order Ray's cache keeps them.
+#[derive(Default)]
+struct Events {
+    /// Job → event id → (arrival, event).
+    jobs: BTreeMap<String, BTreeMap<String, (u64, Value)>>,
+    arrivals: u64,
+    held: usize,
+    skipped: u64,
+}
+
+impl Events {
+    fn add(&mut self, line: &[u8]) {
+        let Ok(Value::Object(mut event)) = serde_json::from_slice::<Value>(line) else {
+            self.skipped += 1;
+            return;
+        };
+        let Some(id) = event
+            .get("event_id")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+        else {
+            self.skipped += 1;
+            return;
+        };
+        if let Some(Value::String(m)) = event.get_mut("message") {
+            *m = m.replace("\\n", "\n").replace("\\r", "\n");
+        }
+        let job = event
+            .get("custom_fields")
+            .and_then(|c| c.get("job_id"))
+            .and_then(Value::as_str)
+            .filter(|j| !j.is_empty())
+            .unwrap_or("global")
+            .to_string();
+        self.held += line.len();
+        self.arrivals += 1;
+        let arrival = self.arrivals;
+        let events = self.jobs.entry(job).or_default();
+        match events.get_mut(&id) {
+            // Python's dict update: the value changes, the place does not.
+            Some(slot) => slot.1 = Value::Object(event),
+            None => {
+                events.insert(id, (arrival, Value::Object(event)));
+            }
+        }
+        if events.len() > MAX_EVENTS_PER_JOB + MAX_EVENTS_PER_JOB / 10 {
+            let mut by_arrival: Vec<(u64, String)> =
+                events.iter().map(|(k, v)| (v.0, k.clone())).collect();
+            by_arrival.sort_unstable();
+            for (_, k) in by_arrival.iter().take(events.len() - MAX_EVENTS_PER_JOB) {
+                events.remove(k);
+            }
+        }
+    }
+
+    /// A job's events in arrival order, in Ray's key style.
+    fn list(events: BTreeMap<String, (u64, Value)>) -> Vec<Value> {
+        let mut v: Vec<(u64, Value)> = events.into_values().collect();
+        v.sort_unstable_by_key(|(a, _)| *a);
+        v.into_iter().map(|(_, e)| google_style(e)).collect()
+    }
+}
+
+/// Python's `str.title()` of one key part: a letter after a letter is lower-cased, any other
+/// letter upper-cased.
+fn title(part: &str) -> String {
+    let mut out = String::with_capacity(part.len());
+    let mut after_letter = false;
+    for c in part.chars() {
+        if after_letter {
+            out.extend(c.to_lowercase());
+        } else {
+            out.extend(c.to_uppercase());
+        }
+        after_letter = c.is_alphabetic();
+    }
+    out
+}
+
+/// Ray's `to_camel_case`: the first part as is, the others by `title()`.
+fn camel(key: &str) -> String {
+    let mut parts = key.split('_');
+    let mut out = parts.next().unwrap_or("").to_string();
+    for p in parts {
+        out.push_str(&title(p));
+    }
+    out
+}
+
+/// Ray's `to_google_style`: keys camelCased at every depth (objects in lists too).
+fn google_style(v: Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .map(|(k, v)| (camel(&k), google_style(v)))
+                .collect::<Map<String, Value>>(),
+        ),
+        Value::Array(a) => Value::Array(
+            a.into_iter()
+                .map(|x| match x {
+                    Value::Object(_) => google_style(x),
+                    other => other,
+                })
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+/// `GET /events`.
+pub async fn events(
+    State(state): State<Shared>,
+    entered: Entered,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let job_id = url::form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes())
+        .find(|(k, _)| k == "job_id")
+        .map(|(_, v)| v.into_owned());
+    let Ok(_permit) = state.reads.acquire().await else {
+        return entered.refresh((StatusCode::SERVICE_UNAVAILABLE, "shutting down"));
+    };
+    let mut nodes = match session_nodes(&state.bucket, &entered.session).await {
+        Ok(n) => n,
+        Err(e) => {
+            return entered.refresh((
+                StatusCode::BAD_GATEWAY,
+                escape_message(&format!("listing the session's nodes: {e:#}")),
+            ))
+        }
+    };
+    nodes.sort();
+    let history = entered.session.history_prefix(&state.bucket.spec.root);
+    let store = &state.bucket.store;
+    let mut events = Events::default();
+    let mut unreadable = 0u64;
+    let mut truncated = false;
+    'nodes: for node in &nodes {
+        let dir = format!(
+            "{}events",
+            node_logs_prefix(&history, &entered.session.session, node)
+        );
+        let listed = match store.list_with_delimiter(Some(&raw_key(&dir))).await {
+            Ok(l) => l,
+            Err(_) => {
+                unreadable += 1;
+                continue;
+            }
+        };
+        let mut files: Vec<_> = listed
+            .objects
+            .into_iter()
+            .filter(|m| {
+                m.location
+                    .filename()
+                    .is_some_and(|n| n.starts_with("event_") && n.ends_with(".log"))
+            })
+            .collect();
+        files.sort_by(|a, b| a.location.cmp(&b.location));
+        for meta in files {
+            match read_lines(store, &meta.location, &mut events).await {
+                Ok(()) => {}
+                Err(()) => unreadable += 1,
+            }
+            if events.held > MAX_HELD_BYTES {
+                truncated = true;
+                break 'nodes;
+            }
+        }
+    }
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if unreadable > 0 {
+        headers.insert(UNREADABLE_HEADER, HeaderValue::from(unreadable));
+    }
+    if events.skipped > 0 {
+        headers.insert(SKIPPED_HEADER, HeaderValue::from(events.skipped));
+    }
+    if truncated {
+        headers.insert(TRUNCATED_HEADER, HeaderValue::from(MAX_HELD_BYTES));
+    }
+    let body = match job_id {
+        None => {
+            let all: Map<String, Value> = events
+                .jobs
+                .into_iter()
+                .map(|(job, evs)| (job, Value::Array(Events::list(evs))))
+                .collect();
+            json!({"result": true, "msg": "All events fetched.", "data": {"events": all}})
+        }
+        Some(job) => {
+            let evs = events
+                .jobs
+                .remove(&job)
+                .map(Events::list)
+                .unwrap_or_default();
+            json!({"result": true, "msg": "Job events fetched.", "data": {"jobId": job, "events": evs}})
+        }
+    };
+    entered.refresh((headers, body.to_string()))
+}
+
+/// Feeds every line of `key` to `events`, streaming the object; a line longer than
+/// [`MAX_LINE_BYTES`] is skipped without being held. Stops at [`MAX_HELD_BYTES`].
+async fn read_lines(
+    store: &std::sync::Arc<dyn object_store::ObjectStore>,
+    key: &object_store::path::Path,
+    events: &mut Events,
+) -> Result<(), ()> {
+    let mut stream = store.get(key).await.map_err(|_| ())?.into_stream();
+    let mut line: Vec<u8> = Vec::new();
+    let mut too_long = false;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|_| ())?;
+        let mut rest = &chunk[..];
+        while !rest.is_empty() {
+            let (piece, ended) = match rest.iter().position(|&b| b == b'\n') {
+                Some(i) => (&rest[..i], true),
+                None => (rest, false),
+            };
+            rest = if ended { &rest[piece.len() + 1..] } else { &[] };
+            if !too_long {
+                if line.len() + piece.len() > MAX_LINE_BYTES {
+                    too_long = true;
+                    line.clear();
+                } else {
+                    line.extend_from_slice(piece);
+                }
+            }
+            if ended {
+                finish_line(&mut line, &mut too_long, events);
+                if events.held > MAX_HELD_BYTES {
+                    return Ok(());
+                }
+            }
+        }
+    }
+    finish_line(&mut line, &mut too_long, events);
+    Ok(())
+}
+
+fn finish_line(line: &mut Vec<u8>, too_long: &mut bool, events: &mut Events) {
+    if *too_long {
+        events.skipped += 1;
+    } else if !line.iter().all(u8::is_ascii_whitespace) {
+        events.add(line);
+    }
+    line.clear();
+    *too_long = false;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_rays_google_style() {
+        assert_eq!(camel("event_id"), "eventId");
+        assert_eq!(camel("source_hostname"), "sourceHostname");
+        assert_eq!(camel("custom_fields"), "customFields");
+        assert_eq!(camel("node_ID"), "nodeId");
+        assert_eq!(camel("a_b1c"), "aB1C");
+        assert_eq!(camel("plain"), "plain");
+        let v = google_style(json!({"custom_fields": {"job_id": "01", "x_y": [{"a_b": 1}, 2]}}));
+        assert_eq!(
+            v,
+            json!({"customFields": {"jobId": "01", "xY": [{"aB": 1}, 2]}})
+        );
+    }
+
+    #[test]
+    fn events_group_by_job_once_per_id() {
+        let mut e = Events::default();
+        e.add(br#"{"event_id":"a","message":"x\\ny","custom_fields":{"job_id":"01000000"}}"#);
+        e.add(br#"{"event_id":"b","message":"m"}"#);
+        e.add(br#"{"event_id":"a","message":"again","custom_fields":{"job_id":"01000000"}}"#);
+        e.add(br#"{"message":"no id"}"#);
+        e.add(b"not json");
+        assert_eq!(e.skipped, 2);
+        let job = e.jobs.remove("01000000").unwrap();
+        let list = Events::list(job);
+        assert_eq!(list.len(), 1);
+        assert_eq!(list[0]["message"], "again");
+        assert_eq!(
+            Events::list(e.jobs.remove("global").unwrap())[0]["eventId"],
+            "b"
+        );
+        let mut e = Events::default();
+        e.add(br#"{"event_id":"n","message":"x\\ny\\rz"}"#);
+        assert_eq!(
+            Events::list(e.jobs.remove("global").unwrap())[0]["message"],
+            "x\ny\nz"
+        );
+    }
+}
