@@ -44,7 +44,7 @@ use crate::node::node_id::{LogNode, NodeIdResolver, RemoteNodeLookup};
 use crate::node::session::{
     list_sessions, raylet_answers, settled_earlier_sessions, ActiveSession, SESSION_QUIET,
 };
-use crate::storage::put::{head_hash, window_hash, UploadError};
+use crate::storage::put::{head_hash, read_marks, window_hash, UploadError};
 use crate::util::pace::Pacer;
 use crate::util::time::unix_seconds;
 use crate::util::watch::watch_dir;
@@ -490,9 +490,10 @@ impl LogShipper {
                 report.not_reached.push(f.abs.clone());
                 continue;
             }
-            // Same size, new mtime: maybe only touched. Compare before uploading.
+            // Same size, new mtime: maybe only touched. Compare every byte before calling it
+            // unchanged (a file rewritten with the same size, head and last bytes is another).
             if let Some(p) = prev.as_ref().filter(|p| p.size == f.size) {
-                if self.file_still_matches(&f, p).await {
+                if self.file_still_whole(&f, p).await {
                     let mut entry = p.clone();
                     entry.mtime_ns = f.mtime_ns;
                     self.ledger.data.objects.insert(key, entry);
@@ -540,7 +541,7 @@ impl LogShipper {
                 file: f.clone(),
                 append_from,
                 e_tag: prev.as_ref().and_then(|p| p.e_tag.clone()),
-                head: prev.as_ref().and_then(|p| p.head),
+                full: prev.as_ref().and_then(|p| p.full),
                 how,
                 hard_deadline: deadline,
             };
@@ -765,10 +766,30 @@ impl LogShipper {
         self.seen.insert(key.to_string(), (f.size, ino));
     }
 
-    /// True when the file still has the bytes the ledger recorded before `p.size` (same
-    /// inode, same hash of the window before that point, and the same head where the ledger
-    /// has its hash: a file truncated and rewritten with another head is another file,
-    /// however alike their later bytes).
+    /// True when the file still has every byte the ledger recorded before `p.size`: same
+    /// inode and the same hash of all of them ([`LedgerEntry::full`]; one read of `p.size`
+    /// bytes). For a file whose size and mtime no longer say it is unchanged while its size
+    /// is the object's (touched, or rewritten with as many bytes). Without that hash (a
+    /// ledger before version 5), [`Self::file_still_matches`].
+    async fn file_still_whole(&self, f: &LogFile, p: &LedgerEntry) -> bool {
+        let Some(want) = p.full else {
+            return self.file_still_matches(f, p).await;
+        };
+        if p.ino != 0 && p.ino != f.ino {
+            return false;
+        }
+        let file = f.file.clone();
+        let size = p.size;
+        let read = tokio::task::spawn_blocking(move || read_marks(&file, size, size)).await;
+        m::log_bytes_read(size);
+        matches!(read, Ok(Ok(Some(marks))) if marks.all.full == want)
+    }
+
+    /// True when the file still looks like the bytes the ledger recorded before `p.size`
+    /// (same inode, same hash of the window before that point, and the same head where the
+    /// ledger has its hash: a file truncated and rewritten with another head is another
+    /// file, however alike their later bytes). A cheap look (128 KiB read), not a proof:
+    /// an append it lets through is checked byte for byte after it ran (`lane`).
     async fn file_still_matches(&self, f: &LogFile, p: &LedgerEntry) -> bool {
         if p.ino != 0 && p.ino != f.ino {
             return false;
@@ -954,6 +975,7 @@ impl LogShipper {
             && p.size >= app.min_object_bytes()
             && p.ino != 0
             && p.e_tag.is_some()
+            && p.full.is_some()
             && self.file_still_matches(f, p).await
     }
 
