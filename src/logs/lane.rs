@@ -218,7 +218,11 @@ impl Sender {
     /// upload at once; a transient failure does too in a pass that sends everything (`how`:
     /// the final flush, earlier sessions) and after [`MAX_TRANSIENT_APPEND_ROUNDS`] in a
     /// row; otherwise it is left to the next round.
-    pub(super) async fn send(self: Arc<Self>, job: Job) -> Result<Sent, SendError> {
+    pub(super) async fn send(
+        self: Arc<Self>,
+        job: Job,
+        progress: Arc<Progress>,
+    ) -> Result<Sent, SendError> {
         let Job {
             key,
             file: f,
@@ -235,7 +239,7 @@ impl Sender {
             let now = Instant::now();
             let hard = hard_deadline.map(|h| now + h.saturating_duration_since(now) / 2);
             let started = Instant::now();
-            let progress = Progress::new();
+            progress.moved();
             let appended = until_stalled(
                 app.append(
                     &key,
@@ -330,7 +334,7 @@ impl Sender {
             }
         }
         let started = Instant::now();
-        let progress = Progress::new();
+        progress.moved();
         let up = until_stalled(
             put_file_prefix(
                 &self.store,
@@ -423,18 +427,28 @@ pub(super) struct InFlight {
     pub(super) path: PathBuf,
     /// It was an append when it started.
     pub(super) appending: bool,
+    /// When it last moved (see [`Progress`]).
+    progress: Arc<Progress>,
     task: Option<JoinHandle<Result<Sent, SendError>>>,
 }
 
 impl InFlight {
     /// Starts `job` on the runtime.
     pub(super) fn start(sender: &Arc<Sender>, job: Job) -> InFlight {
+        let progress = Arc::new(Progress::new());
         InFlight {
             key: job.key.clone(),
             path: job.file.abs.clone(),
             appending: job.append_from.is_some(),
-            task: Some(tokio::spawn(sender.clone().send(job))),
+            progress: progress.clone(),
+            task: Some(tokio::spawn(sender.clone().send(job, progress))),
         }
+    }
+
+    /// When one of its requests last ended, or it last waited for the cap; not counting the
+    /// time a request's body may still be on the wire ([`Progress::last_moved`]).
+    pub(super) fn last_moved(&self) -> Instant {
+        self.progress.last_moved()
     }
 
     /// Waits for the send at most `limit`; `None` when it is still running.
