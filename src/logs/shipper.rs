@@ -69,9 +69,10 @@ const VERIFY_PER_ROUND: usize = 8;
 const BESIDE_POLL: Duration = Duration::from_millis(50);
 
 /// The final flush abandons a send beside it (one kept from before SIGTERM, or one it
-/// started that outlasted its slot) that has not moved for this share of its budget: no
-/// request of it ended and it did not wait for the cap (the time a request's body may be on
-/// the wire does not count, `util::pace::Progress::last_moved`). Its file is sent again in
+/// started that outlasted its slot) that has not moved for this share of the time it had
+/// left when it began (its budget, less the reserve to abort uploads): no request of it
+/// ended and it did not wait for the cap (the time a request's body may be on the wire
+/// does not count, `util::pace::Progress::last_moved`). Its file is sent again in
 /// the next pass, so a request the store never answers costs a quarter of the budget, not
 /// all of it (review r42g G1: a kept PUT the store held made the flush wait until its
 /// deadline and name the file, exit 3, where a new PUT went through at once). The price: a
