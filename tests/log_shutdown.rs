@@ -226,10 +226,11 @@ fn a_rotation_during_the_flushs_own_upload_beside_is_sent() {
     wait_until("raylet.out", &c, Duration::from_secs(20), || {
         local_object(&bucket, &key(S2, NODE, "raylet.out")).is_some()
     });
-    // Written after the first round: the flush is the first to send it (4 MB at 500 kB/s:
-    // 8 s, past the flush's slot of a quarter of the budget).
+    // Written after the first round: the flush is the first to send it (5 MB at 500 kB/s:
+    // 9 s after the cap's 1 s of burst, 2 s past the flush's slot of a quarter of the time
+    // it has, 7 s; at 4 MB the send ended within a few ms of its slot, before the rename).
     let live = logs.join("monitor.log");
-    std::fs::write(&live, big("M", 4_000_000)).unwrap();
+    std::fs::write(&live, big("M", 5_000_000)).unwrap();
     let mut old = std::fs::OpenOptions::new()
         .append(true)
         .open(&live)
