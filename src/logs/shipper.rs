@@ -539,12 +539,18 @@ impl LogShipper {
                     Some(p) => (p.ino != 0 && p.ino != f.ino) || !self.head_matches(&f, p).await,
                     None => false,
                 };
+                // An entry from a ledger before version 5 has no hash of every byte, so its
+                // object is not appended to: it goes whole once, now, rather than wait for
+                // the schedule (up to an interval per MiB), and is appended to after that.
+                let unverified = prev
+                    .as_ref()
+                    .is_some_and(|p| p.full.is_none() && self.appends_could_take(p));
                 let due = schedule::due(
                     prev.as_ref().map(|p| p.size),
                     age,
                     f.size,
                     self.cfg.upload_interval,
-                    replaced,
+                    replaced || unverified,
                 );
                 if !due.now() {
                     report.waiting += 1;
@@ -1025,6 +1031,15 @@ impl LogShipper {
             && p.e_tag.is_some()
             && p.full.is_some()
             && self.file_still_matches(f, p).await
+    }
+
+    /// True when appends are on and the store could append to an object of `p`'s size
+    /// (whatever the file did since).
+    fn appends_could_take(&self, p: &LedgerEntry) -> bool {
+        self.cfg
+            .appender
+            .as_ref()
+            .is_some_and(|app| self.cfg.appends && p.size > 0 && p.size >= app.min_object_bytes())
     }
 
     /// Uploads rotated backups of the active session right away, before Ray deletes them.
