@@ -905,3 +905,68 @@ fn a_rewrite_keeping_the_first_64_kib_during_an_append_ends_equal() {
     );
     assert!(status.success(), "exit {status:?}\n{}", c.log_text());
 }
+
+/// The cost of G5's fix on an upgrade: a ledger entry written before version 5 has no hash
+/// of every byte, so its object is not appended to until a whole upload gives it one. That
+/// upload goes at the first change, not on the schedule (6 intervals for a 6 MB object),
+/// and the next growth is appended again.
+#[test]
+fn an_entry_from_before_the_whole_hash_goes_whole_once_then_appends() {
+    let Some(rig) = S3Rig::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    let app = logs.join("app.log");
+    std::fs::write(&app, big("A", 6_000_000)).unwrap();
+    let flags = ["--log-upload-interval", "60s", "--shutdown-timeout", "20s"];
+    let mut c = rig.collector(tmp.path(), &ray, &flags);
+    wait_until(
+        "app.log's first upload",
+        &c,
+        Duration::from_secs(40),
+        || rig.object("app.log") == std::fs::read(&app).ok(),
+    );
+    let status = c.terminate(Duration::from_secs(40));
+    assert!(status.success(), "{}", c.log_text());
+    // The ledger as version 4 wrote it: no hash of every byte.
+    let path = tmp.path().join("spool/log-ledger.json");
+    let mut ledger: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    ledger["version"] = 4.into();
+    let objects = ledger["objects"].as_object_mut().unwrap();
+    assert!(objects.values().all(|e| e.get("full").is_some()));
+    for e in objects.values_mut() {
+        e.as_object_mut().unwrap().remove("full");
+    }
+    std::fs::write(&path, serde_json::to_vec(&ledger).unwrap()).unwrap();
+    append_to(&app, &tagged_lines("A", 200_000, 2_000));
+    rig.proxy.forget();
+    c.restart();
+    wait_until(
+        "app.log whole after the upgrade",
+        &c,
+        Duration::from_secs(30),
+        || rig.object("app.log") == std::fs::read(&app).ok(),
+    );
+    assert!(
+        !rig.proxy.seen().iter().any(|r| r.is_copy()),
+        "appended to an object whose every byte was not known\n{}",
+        c.log_text()
+    );
+    // Known now: the next growth is appended (at the next round, 60 s: the final flush).
+    append_to(&app, &tagged_lines("A", 202_000, 2_000));
+    let status = c.terminate(Duration::from_secs(40));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        rig.object("app.log"),
+        std::fs::read(&app).ok(),
+        "app.log after the flush\n{log}"
+    );
+    assert!(
+        rig.proxy.seen().iter().any(|r| r.is_copy()),
+        "the flush did not append\n{log}"
+    );
+}
