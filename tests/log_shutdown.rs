@@ -8,7 +8,8 @@
 //! Review r42g, after those fixes, with moto behind the fault proxy: a send kept at SIGTERM
 //! that the store never answers is abandoned and sent again; one that fails is sent again
 //! and not named; a rotation or a rewrite during the flush's last pass is sent; an append
-//! is checked against every byte of its object, not its first 64 KiB.
+//! is checked against every byte of its object, not its first 64 KiB (an entry of an older
+//! ledger, without that hash, goes whole once, at once).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
