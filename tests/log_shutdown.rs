@@ -4,6 +4,12 @@
 //! sessions again after each wait; the lane never waits behind a full set of sends beside
 //! it; an append whose file was rewritten in place does not leave two files mixed in one
 //! object. Exit 0 only when every object equals its file; otherwise the files are named.
+//!
+//! Review r42g, after those fixes, with moto behind the fault proxy: a send kept at SIGTERM
+//! that the store never answers is abandoned and sent again; one that fails is sent again
+//! and not named; a rotation or a rewrite during the flush's last pass is sent; an append
+//! is checked against every byte of its object, not its first 64 KiB (an entry of an older
+//! ledger, without that hash, goes whole once, at once).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -221,10 +227,11 @@ fn a_rotation_during_the_flushs_own_upload_beside_is_sent() {
     wait_until("raylet.out", &c, Duration::from_secs(20), || {
         local_object(&bucket, &key(S2, NODE, "raylet.out")).is_some()
     });
-    // Written after the first round: the flush is the first to send it (4 MB at 500 kB/s:
-    // 8 s, past the flush's slot of a quarter of the budget).
+    // Written after the first round: the flush is the first to send it (5 MB at 500 kB/s:
+    // 9 s after the cap's 1 s of burst, 2 s past the flush's slot of a quarter of the time
+    // it has, 7 s; at 4 MB the send ended within a few ms of its slot, before the rename).
     let live = logs.join("monitor.log");
-    std::fs::write(&live, big("M", 4_000_000)).unwrap();
+    std::fs::write(&live, big("M", 5_000_000)).unwrap();
     let mut old = std::fs::OpenOptions::new()
         .append(true)
         .open(&live)
@@ -464,4 +471,503 @@ fn a_hung_upload_beside_the_flush_does_not_starve_earlier_sessions() {
     // big.log never went through: named.
     assert_eq!(status.code(), Some(3), "{log}");
     assert!(log.contains("big.log"), "{log}");
+}
+
+// Review r42g, after the fixes of r42e: a send kept at SIGTERM that hangs, or fails; a
+// rotation or a rewrite during the final flush's last pass; a rewrite during an append that
+// keeps the file's first 64 KiB.
+
+/// moto behind a fault proxy; collectors ship to `s3://logstop` through the proxy.
+struct S3Rig {
+    s3: MotoS3,
+    proxy: FaultProxy,
+}
+
+impl S3Rig {
+    /// `None` (the test skips) without moto.
+    fn start() -> Option<S3Rig> {
+        let s3 = MotoS3::start()?;
+        s3.create_bucket("logstop");
+        let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
+        Some(S3Rig { s3, proxy })
+    }
+
+    /// A collector on `ray` with `more` flags (export events off), through the proxy.
+    fn collector(&self, tmp: &Path, ray: &RayRoot, more: &[&str]) -> Collector {
+        let url = self.proxy.url();
+        let env = [
+            ("AWS_ENDPOINT", url.as_str()),
+            ("AWS_ALLOW_HTTP", "true"),
+            ("AWS_ACCESS_KEY_ID", MotoS3::ACCESS_KEY_ID),
+            ("AWS_SECRET_ACCESS_KEY", MotoS3::SECRET_ACCESS_KEY),
+            ("AWS_REGION", MotoS3::REGION),
+        ];
+        let ray_root = ray.root.to_str().unwrap().to_string();
+        let mut args = vec![
+            "--storage",
+            "s3://logstop",
+            "--cluster-name",
+            "logstop",
+            "--ray-tmp-dir",
+            &ray_root,
+            "--enable-export-events",
+            "false",
+        ];
+        args.extend_from_slice(more);
+        Collector::start(&tmp.join("spool"), &args, &env)
+    }
+
+    /// The object of `rel` in session S2 under NODE.
+    fn object(&self, rel: &str) -> Option<Vec<u8>> {
+        let (status, body) =
+            self.s3
+                .request("GET", &format!("/logstop/{}", key(S2, NODE, rel)), b"");
+        (status == 200).then_some(body)
+    }
+
+    /// Waits (at most `limit`) until a request whose method is `method` and whose target
+    /// holds every one of `parts` has reached the proxy.
+    fn wait_arrived(&self, c: &Collector, method: &str, parts: &[&str], limit: Duration) {
+        wait_until(
+            &format!("{method} {parts:?} at the proxy"),
+            c,
+            limit,
+            || {
+                self.proxy
+                    .arrived()
+                    .iter()
+                    .any(|(m, t)| m == method && parts.iter().all(|p| t.contains(p)))
+            },
+        );
+    }
+}
+
+/// True when one line of the collector's log holds every one of `parts`.
+fn logged(c: &Collector, parts: &[&str]) -> bool {
+    c.log_text()
+        .lines()
+        .any(|l| parts.iter().all(|p| l.contains(p)))
+}
+
+/// r42g G1: worker.out's whole upload was beside the lane at SIGTERM, its PUT held by the
+/// store and never answered. The flush waited for it until its deadline and named the file
+/// (exit 3 after 23 s at the default budget), though a new PUT would have gone through at
+/// once. A send beside the flush that has not moved for a quarter of the budget is
+/// abandoned now and the file sent again.
+#[test]
+fn a_kept_upload_the_store_never_answers_is_sent_again_in_the_final_flush() {
+    let Some(rig) = S3Rig::start() else {
+        return;
+    };
+    rig.proxy.add(
+        Rule::new(Fault::Hold(MAX_HOLD))
+            .method("PUT")
+            .target_contains("worker.out")
+            .times(1),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    let worker = logs.join("worker.out");
+    std::fs::write(&worker, tagged_lines("W", 0, 3_000)).unwrap();
+    let mut c = rig.collector(
+        tmp.path(),
+        &ray,
+        &["--log-upload-interval", "2s", "--shutdown-timeout", "12s"],
+    );
+    wait_until(
+        "worker.out's held upload beside the lane",
+        &c,
+        Duration::from_secs(40),
+        || logged(&c, &["the lane goes on beside it", "worker.out"]),
+    );
+    append_to(&worker, &tagged_lines("W", 3_000, 10));
+    let (status, took) = c.try_terminate(Duration::from_secs(40)).unwrap();
+    let log = c.log_text();
+    let file = std::fs::read(&worker).unwrap();
+    let object = rig.object("worker.out");
+    assert!(
+        object.as_ref() == Some(&file),
+        "worker.out: object {:?} bytes, file {} (exit {status:?} after {took:?})\n{log}",
+        object.map(|o| o.len()),
+        file.len()
+    );
+    assert!(status.success(), "exit {status:?} after {took:?}\n{log}");
+    assert!(took < Duration::from_secs(12), "took {took:?}\n{log}");
+}
+
+/// r42g G2: worker.out's whole upload was beside the lane at SIGTERM and then failed (every
+/// try answered 500 after a while); the flush sent the file again, equal, but still named
+/// it (exit 3). A failure of a kept send is named only if the flush's own send fails too.
+#[test]
+fn a_kept_upload_that_fails_is_sent_again_and_not_named() {
+    let Some(rig) = S3Rig::start() else {
+        return;
+    };
+    // object_store tries a PUT three times on a 500: the kept send's three tries fail.
+    rig.proxy.add(
+        Rule::new(Fault::DelayThenStatus(
+            Duration::from_millis(1_500),
+            500,
+            "InternalError".into(),
+        ))
+        .method("PUT")
+        .target_contains("worker.out")
+        .times(3),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    let worker = logs.join("worker.out");
+    std::fs::write(&worker, tagged_lines("W", 0, 3_000)).unwrap();
+    let mut c = rig.collector(
+        tmp.path(),
+        &ray,
+        &["--log-upload-interval", "2s", "--shutdown-timeout", "30s"],
+    );
+    wait_until(
+        "worker.out's failing upload beside the lane",
+        &c,
+        Duration::from_secs(40),
+        || logged(&c, &["the lane goes on beside it", "worker.out"]),
+    );
+    let (status, took) = c.try_terminate(Duration::from_secs(60)).unwrap();
+    let log = c.log_text();
+    let failed = rig
+        .proxy
+        .seen()
+        .iter()
+        .filter(|r| r.method == "PUT" && r.target.contains("worker.out") && r.status == 500)
+        .count();
+    assert_eq!(failed, 3, "PUTs of worker.out answered 500\n{log}");
+    assert!(
+        logged(&c, &["log upload failed", "worker.out"]),
+        "the kept send did not fail (the test shows nothing)\n{log}"
+    );
+    let file = std::fs::read(&worker).unwrap();
+    let object = rig.object("worker.out");
+    assert!(
+        object.as_ref() == Some(&file),
+        "worker.out: object {:?} bytes, file {} (exit {status:?} after {took:?})\n{log}",
+        object.map(|o| o.len()),
+        file.len()
+    );
+    assert!(status.success(), "exit {status:?} after {took:?}\n{log}");
+}
+
+/// r42g G3: Ray wrote raylet.out's last lines and rotated it (raylet.out.1, a new raylet.out)
+/// while the final flush's last pass sent it: nothing looked at the session again, so those
+/// lines were in neither object and the new raylet.out was not sent (exit 0). A pass that
+/// sent something is followed by another now.
+#[test]
+fn a_rotation_during_the_flushs_last_pass_is_sent() {
+    let Some(rig) = S3Rig::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    let raylet = logs.join("raylet.out");
+    append_to(&raylet, &tagged_lines("R", 0, 100));
+    let mut c = rig.collector(
+        tmp.path(),
+        &ray,
+        &["--log-upload-interval", "60s", "--shutdown-timeout", "20s"],
+    );
+    wait_until(
+        "raylet.out's first upload",
+        &c,
+        Duration::from_secs(30),
+        || rig.object("raylet.out") == std::fs::read(&raylet).ok(),
+    );
+    append_to(&raylet, &tagged_lines("R", 100, 100));
+    // The flush's send of raylet.out is held 2 s (within its slot: the pass waits for it).
+    rig.proxy.forget();
+    rig.proxy.add(
+        Rule::new(Fault::Delay(Duration::from_secs(2)))
+            .method("PUT")
+            .target_contains("raylet.out")
+            .times(1),
+    );
+    c.signal_term();
+    rig.wait_arrived(&c, "PUT", &["raylet.out"], Duration::from_secs(10));
+    append_to(&raylet, &tagged_lines("R", 200, 50));
+    let backup = logs.join("raylet.out.1");
+    std::fs::rename(&raylet, &backup).unwrap();
+    std::fs::write(&raylet, tagged_lines("N", 0, 20)).unwrap();
+    let status = c.wait_exit(Duration::from_secs(50)).unwrap();
+    let log = c.log_text();
+    let live = std::fs::read(&raylet).unwrap();
+    let object = rig.object("raylet.out");
+    assert!(
+        object.as_ref() == Some(&live),
+        "the new raylet.out: object {:?} bytes, file {} (exit {status:?})\n{log}",
+        object.map(|o| o.len()),
+        live.len()
+    );
+    let backup_bytes = std::fs::read(&backup).unwrap();
+    let keys: Vec<String> = rig
+        .s3
+        .list_keys("logstop", &format!("{P}/{S2}/"))
+        .into_iter()
+        .filter(|k| k.contains("raylet.out.rotated."))
+        .collect();
+    let backups: Vec<Vec<u8>> = keys
+        .iter()
+        .filter_map(|k| {
+            let (status, body) = rig.s3.request("GET", &format!("/logstop/{k}"), b"");
+            (status == 200).then_some(body)
+        })
+        .collect();
+    assert!(
+        backups.len() == 1 && backups[0] == backup_bytes,
+        "backup objects {keys:?} of {:?} bytes, raylet.out.1 has {} (exit {status:?})\n{log}",
+        backups.iter().map(Vec::len).collect::<Vec<_>>(),
+        backup_bytes.len()
+    );
+    assert!(status.success(), "exit {status:?}\n{log}");
+}
+
+/// How r42g G4 and G5 rewrote a log during its append.
+enum Rewrite {
+    /// Truncated in place and written anew, another head, longer than before.
+    InPlace,
+    /// Another file renamed over it.
+    Replaced,
+    /// Truncated in place and written anew, its first 1 MB the same as before (more than
+    /// the 64 KiB E1's check compared).
+    KeepingTheHead,
+}
+
+/// The new content of a 6 MB log of `old` rewritten `how`.
+fn rewritten(old: &[u8], how: &Rewrite) -> Vec<u8> {
+    let mut new = match how {
+        Rewrite::KeepingTheHead => old[..1_000_000].to_vec(),
+        _ => Vec::new(),
+    };
+    new.extend(big("B", 6_600_000 - new.len()));
+    new
+}
+
+/// r42g G4: app.log (6 MB, appended to by UploadPartCopy) was rewritten while its append ran
+/// in the final flush's last pass; its copy was held 2 s, so the rewrite came before its new
+/// bytes were read. In place with another head: the object ended as the new file's first
+/// 6.3 MB of 6.6; replaced by another file: the object stayed the old file's; keeping the
+/// first 64 KiB: the old file's 6 MB and the new file's bytes after them, one object mixing
+/// both (exit 0 each time). The append is checked byte for byte now and the flush looks
+/// again after a pass that sent something.
+fn a_rewrite_during_an_append_in_the_last_pass(how: Rewrite) {
+    let Some(rig) = S3Rig::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    let app = logs.join("app.log");
+    let old = big("A", 6_000_000);
+    std::fs::write(&app, &old).unwrap();
+    let mut c = rig.collector(
+        tmp.path(),
+        &ray,
+        &["--log-upload-interval", "60s", "--shutdown-timeout", "30s"],
+    );
+    wait_until(
+        "app.log's first upload",
+        &c,
+        Duration::from_secs(40),
+        || rig.object("app.log").as_ref() == Some(&old),
+    );
+    append_to(&app, &tagged_lines("A", 200_000, 5_000));
+    rig.proxy.forget();
+    rig.proxy.add(
+        Rule::new(Fault::Delay(Duration::from_secs(2)))
+            .with_header("x-amz-copy-source")
+            .target_contains("app.log")
+            .times(1),
+    );
+    c.signal_term();
+    rig.wait_arrived(
+        &c,
+        "PUT",
+        &["app.log", "partNumber=1"],
+        Duration::from_secs(10),
+    );
+    let new = rewritten(&old, &how);
+    match how {
+        Rewrite::Replaced => {
+            let other = logs.join("app.log.tmp");
+            std::fs::write(&other, &new).unwrap();
+            std::fs::rename(&other, &app).unwrap();
+        }
+        Rewrite::InPlace | Rewrite::KeepingTheHead => rewrite_in_place(&app, &new),
+    }
+    let status = c.wait_exit(Duration::from_secs(60)).unwrap();
+    let log = c.log_text();
+    assert!(
+        rig.proxy.seen().iter().any(|r| r.is_copy()),
+        "no copy: the test shows nothing\n{log}"
+    );
+    let object = rig.object("app.log").unwrap_or_default();
+    let old_lines = object
+        .split(|b| *b == b'\n')
+        .filter(|l| l.starts_with(b"A "))
+        .count();
+    let new_old_lines = new
+        .split(|b| *b == b'\n')
+        .filter(|l| l.starts_with(b"A "))
+        .count();
+    assert!(
+        object == new,
+        "app.log: object {} bytes ({old_lines} old lines), file {} ({new_old_lines}) \
+         (exit {status:?})\n{log}",
+        object.len(),
+        new.len()
+    );
+    assert!(status.success(), "exit {status:?}\n{log}");
+}
+
+#[test]
+fn a_rewrite_in_place_during_an_append_in_the_last_pass_ends_equal() {
+    a_rewrite_during_an_append_in_the_last_pass(Rewrite::InPlace);
+}
+
+#[test]
+fn a_replacement_during_an_append_in_the_last_pass_ends_equal() {
+    a_rewrite_during_an_append_in_the_last_pass(Rewrite::Replaced);
+}
+
+#[test]
+fn a_rewrite_keeping_the_head_during_an_append_in_the_last_pass_ends_equal() {
+    a_rewrite_during_an_append_in_the_last_pass(Rewrite::KeepingTheHead);
+}
+
+/// r42g G5: app.log truncated in place and rewritten while its append ran, the new file's
+/// first 70,000 bytes those of the old (more than the 64 KiB E1's check compared) and the
+/// rest other lines: the object kept the old file's first 120,000 bytes and took the new
+/// file's after them, and every later round appended to it: one object mixing both, as
+/// long as the file (exit 0). The append is checked against every byte of the object now.
+#[test]
+fn a_rewrite_keeping_the_first_64_kib_during_an_append_ends_equal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    let app = logs.join("app.log");
+    let old = tagged_lines("OLD", 0, 2_000);
+    std::fs::write(&app, &old).unwrap();
+    let bucket = tmp.path().join("bucket");
+    let mut c = start(
+        tmp.path(),
+        &ray,
+        &[
+            "--log-upload-interval",
+            "2s",
+            "--shutdown-timeout",
+            "20s",
+            "--log-upload-max-bytes-per-second",
+            "200000",
+        ],
+        &[],
+    );
+    let k = key(S2, NODE, "app.log");
+    wait_until("the first upload", &c, Duration::from_secs(20), || {
+        local_object(&bucket, &k).is_some_and(|o| o.len() == 120_000)
+    });
+    // 1.2 MB more: an append of about 6 s at the cap; 3 s in, the rewrite.
+    append_to(&app, &tagged_lines("OLD", 2_000, 20_000));
+    wait_until("the append", &c, Duration::from_secs(10), || {
+        c.log_text().contains("appending")
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let mut new = old[..70_000].to_vec();
+    new.extend(tagged_lines("NEW", 0, 30_000));
+    rewrite_in_place(&app, &new);
+    let deadline = Instant::now() + Duration::from_secs(25);
+    while Instant::now() < deadline && local_object(&bucket, &k).as_ref() != Some(&new) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A few rounds more: an object that is equal must stay so.
+    std::thread::sleep(Duration::from_secs(4));
+    let status = c.terminate(Duration::from_secs(40));
+    let object = local_object(&bucket, &k).unwrap_or_default();
+    let old_lines = object
+        .split(|b| *b == b'\n')
+        .filter(|l| l.starts_with(b"OLD"))
+        .count();
+    assert!(
+        object == new,
+        "the object has {} bytes ({old_lines} OLD lines, the file {}), the file {} \
+         (exit {status:?})\n{}",
+        object.len(),
+        new.split(|b| *b == b'\n')
+            .filter(|l| l.starts_with(b"OLD"))
+            .count(),
+        new.len(),
+        c.log_text()
+    );
+    assert!(status.success(), "exit {status:?}\n{}", c.log_text());
+}
+
+/// The cost of G5's fix on an upgrade: a ledger entry written before version 5 has no hash
+/// of every byte, so its object is not appended to until a whole upload gives it one. That
+/// upload goes at the first change, not on the schedule (6 intervals for a 6 MB object),
+/// and the next growth is appended again.
+#[test]
+fn an_entry_from_before_the_whole_hash_goes_whole_once_then_appends() {
+    let Some(rig) = S3Rig::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    let app = logs.join("app.log");
+    std::fs::write(&app, big("A", 6_000_000)).unwrap();
+    let flags = ["--log-upload-interval", "60s", "--shutdown-timeout", "20s"];
+    let mut c = rig.collector(tmp.path(), &ray, &flags);
+    wait_until(
+        "app.log's first upload",
+        &c,
+        Duration::from_secs(40),
+        || rig.object("app.log") == std::fs::read(&app).ok(),
+    );
+    let status = c.terminate(Duration::from_secs(40));
+    assert!(status.success(), "{}", c.log_text());
+    // The ledger as version 4 wrote it: no hash of every byte.
+    let path = tmp.path().join("spool/log-ledger.json");
+    let mut ledger: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    ledger["version"] = 4.into();
+    let objects = ledger["objects"].as_object_mut().unwrap();
+    assert!(objects.values().all(|e| e.get("full").is_some()));
+    for e in objects.values_mut() {
+        e.as_object_mut().unwrap().remove("full");
+    }
+    std::fs::write(&path, serde_json::to_vec(&ledger).unwrap()).unwrap();
+    append_to(&app, &tagged_lines("A", 200_000, 2_000));
+    rig.proxy.forget();
+    c.restart();
+    wait_until(
+        "app.log whole after the upgrade",
+        &c,
+        Duration::from_secs(30),
+        || rig.object("app.log") == std::fs::read(&app).ok(),
+    );
+    assert!(
+        !rig.proxy.seen().iter().any(|r| r.is_copy()),
+        "appended to an object whose every byte was not known\n{}",
+        c.log_text()
+    );
+    // Known now: the next growth is appended (at the next round, 60 s: the final flush).
+    append_to(&app, &tagged_lines("A", 202_000, 2_000));
+    let status = c.terminate(Duration::from_secs(40));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        rig.object("app.log"),
+        std::fs::read(&app).ok(),
+        "app.log after the flush\n{log}"
+    );
+    assert!(
+        rig.proxy.seen().iter().any(|r| r.is_copy()),
+        "the flush did not append\n{log}"
+    );
 }

@@ -31,7 +31,10 @@
 //!   uploaded whole at once, within a deadline of its own, and goes whole on the schedule for
 //!   an hour (as a refused one does, without counting toward turning appends off). At the
 //!   final flush an append gets at most half of the file's time, so the whole upload keeps
-//!   the other half.
+//!   the other half;
+//! - an append that ended is checked against every byte of the object ([`appended_entry`]):
+//!   a file rewritten or replaced while it ran is uploaded whole at once, so an object never
+//!   keeps two files' bytes.
 //!
 //! Failures are counted per file ([`Failures`]): a file whose last send failed goes after
 //! every other file of the round, the one tried longest ago first, so files that keep
@@ -52,7 +55,7 @@ use super::ledger::LedgerEntry;
 use super::scan::LogFile;
 use crate::metrics as m;
 use crate::storage::append::{AppendError, Appender};
-use crate::storage::put::{head_hash, put_file_prefix, window_hash, UploadError, HEAD, WINDOW};
+use crate::storage::put::{put_file_prefix, read_marks, FileMarks, UploadError};
 use crate::util::pace::{Flow, Pacer, Progress};
 use crate::util::time::unix_seconds;
 
@@ -166,10 +169,11 @@ pub(super) struct Job {
     pub(super) append_from: Option<u64>,
     /// The object's ETag, as the ledger has it.
     pub(super) e_tag: Option<String>,
-    /// The hash of the object's head, as the ledger has it (see [`LedgerEntry::head`]):
-    /// after an append the file must still begin with it, or the append took its bytes from
-    /// another file written in place of the one appended to.
-    pub(super) head: Option<u64>,
+    /// The hash of every byte of the object, as the ledger has it (see
+    /// [`LedgerEntry::full`]): after an append the file must still begin with exactly
+    /// those bytes, or the append took its bytes from another file written in place of the
+    /// one appended to.
+    pub(super) full: Option<u64>,
     pub(super) how: Pass,
     /// No send goes past this (the final flush's deadline).
     pub(super) hard_deadline: Option<Instant>,
@@ -214,13 +218,17 @@ impl Sender {
     /// upload at once; a transient failure does too in a pass that sends everything (`how`:
     /// the final flush, earlier sessions) and after [`MAX_TRANSIENT_APPEND_ROUNDS`] in a
     /// row; otherwise it is left to the next round.
-    pub(super) async fn send(self: Arc<Self>, job: Job) -> Result<Sent, SendError> {
+    pub(super) async fn send(
+        self: Arc<Self>,
+        job: Job,
+        progress: Arc<Progress>,
+    ) -> Result<Sent, SendError> {
         let Job {
             key,
             file: f,
             append_from,
             e_tag,
-            head,
+            full,
             how,
             hard_deadline,
         } = job;
@@ -231,7 +239,7 @@ impl Sender {
             let now = Instant::now();
             let hard = hard_deadline.map(|h| now + h.saturating_duration_since(now) / 2);
             let started = Instant::now();
-            let progress = Progress::new();
+            progress.moved();
             let appended = until_stalled(
                 app.append(
                     &key,
@@ -253,14 +261,16 @@ impl Sender {
                     // Counted as it happens, not when the lane takes the result.
                     m::log_file_uploaded(done.bytes, true);
                     m::log_bytes_read(done.bytes);
-                    match appended_entry(&f, from, from + done.bytes, ino, done.e_tag, head).await {
+                    let to = from + done.bytes;
+                    match appended_entry(&f, from, to, ino, done.e_tag, full, done.tail).await {
                         Some(entry) => return Ok((entry, done.bytes, true)),
                         None => {
-                            // The object now holds the old head and the new file's tail:
-                            // the whole upload below replaces it (review r42e E1).
+                            // The object may now hold the old file's bytes and the new
+                            // file's tail: the whole upload below replaces it (reviews
+                            // r42e E1, r42g G4 and G5).
                             m::log_append_failure("changed");
-                            tracing::warn!(%key, "log file rewritten in place during its \
-                                append (another head); uploading it whole");
+                            tracing::warn!(%key, "log file rewritten or replaced during its \
+                                append (its bytes are no longer the object's); uploading it whole");
                         }
                     }
                 }
@@ -324,7 +334,7 @@ impl Sender {
             }
         }
         let started = Instant::now();
-        let progress = Progress::new();
+        progress.moved();
         let up = until_stalled(
             put_file_prefix(
                 &self.store,
@@ -349,85 +359,64 @@ impl Sender {
         }
         m::log_file_uploaded(up.bytes, false);
         m::log_bytes_read(up.bytes);
-        let entry = entry_for(&f, up.bytes, ino, up.e_tag, Some(up.marks)).await;
+        let entry = entry_for(&f, up.bytes, ino, up.e_tag, up.marks);
         Ok((entry, up.bytes, false))
     }
 }
 
 /// The ledger entry after an append of `f`'s bytes from `from` to `size`, or `None` when
-/// the file no longer begins with the object's head (`head`, the ledger's hash of its first
-/// bytes before the append): the file was truncated and rewritten in place while the
-/// append ran, so the appended bytes came from another file than the object's.
+/// the file no longer holds exactly the object's bytes: the first `from` bytes must hash to
+/// `full` (the ledger's hash of every byte of the object before the append) and the next
+/// ones to `tail` (the hash of the bytes appended, as they were read for it), or the file
+/// was truncated and rewritten in place (or replaced at its name) while the append ran, and
+/// the object now mixes two files' bytes.
 ///
-/// The hashes of the file at `size` are taken first and the head checked after them: a
-/// rewrite before the check is seen by it, and one after it left the hashes of the bytes
-/// appended, so the next round tells it by the head (review r42e E1: hashes taken from the
-/// file after the append made the next rounds append the new file's tail to the old head).
+/// The check is sound whatever part of the file the rewrite kept (review r42g G5: a check
+/// of the first 64 KiB missed a rewrite that kept them), and costs one sequential read of
+/// the file's first `size` bytes per append (local, hashed at memory speed; only the new
+/// bytes cross the network). The entry's hashes come from that same read: a rewrite after
+/// it is told by the next round. Without `full` or `tail` (not known) it is `None`.
 async fn appended_entry(
     f: &LogFile,
     from: u64,
     size: u64,
     ino: u64,
     e_tag: Option<String>,
-    head: Option<u64>,
+    full: Option<u64>,
+    tail: Option<u64>,
 ) -> Option<LedgerEntry> {
-    let entry = entry_for(f, size, ino, e_tag, None).await;
-    let Some(want) = head else {
-        // A ledger written before version 4 has no head to check.
-        return Some(entry);
-    };
+    let (full, tail) = (full?, tail?);
     let file = f.file.clone();
-    let still = tokio::task::spawn_blocking(move || head_hash(&file, from)).await;
-    m::log_bytes_read(from.min(HEAD));
-    match still {
-        Ok(Ok((hash, true))) if hash == want => Some(entry),
+    let read = tokio::task::spawn_blocking(move || read_marks(&file, from, size)).await;
+    m::log_bytes_read(size);
+    match read {
+        Ok(Ok(Some(marks))) if marks.before == full && marks.after == tail => {
+            Some(entry_for(f, size, ino, e_tag, marks.all))
+        }
         _ => None,
     }
 }
 
-/// The ledger entry after `size` bytes of `f` are in the bucket.
-pub(super) async fn entry_for(
+/// The ledger entry after `size` bytes of `f` are in the bucket, `marks` being the hashes
+/// of those bytes as they were read for it (review r42c D1: hashes taken from the file after
+/// the upload describe a file rewritten in place meanwhile, not the object).
+pub(super) fn entry_for(
     f: &LogFile,
     size: u64,
     ino: u64,
     e_tag: Option<String>,
-    sent: Option<(u64, u64)>,
+    marks: FileMarks,
 ) -> LedgerEntry {
-    // A whole upload: the hashes of the bytes as they were read for it (review r42c D1: a
-    // file rewritten in place during the upload is then told by the next round).
-    if let Some((hash, head)) = sent {
-        return LedgerEntry {
-            size,
-            mtime_ns: if size == f.size { f.mtime_ns } else { 0 },
-            hash,
-            ino,
-            uploaded_at: unix_seconds(),
-            e_tag,
-            head: Some(head),
-        };
-    }
-    let file = f.file.clone();
-    let marks = tokio::task::spawn_blocking(move || {
-        Ok::<_, std::io::Error>((window_hash(&file, size)?, head_hash(&file, size)?))
-    })
-    .await;
-    let (hash, head) = match marks {
-        Ok(Ok(((h, true), (head, true)))) => {
-            m::log_bytes_read(size.min(WINDOW) + size.min(HEAD));
-            (h, Some(head))
-        }
-        // Unreadable now: a hash that matches nothing makes the next round upload it.
-        _ => (0, None),
-    };
     LedgerEntry {
         size,
         // What was read: a file that changed size mid-upload is looked at next round.
         mtime_ns: if size == f.size { f.mtime_ns } else { 0 },
-        hash,
+        hash: marks.window,
         ino,
         uploaded_at: unix_seconds(),
         e_tag,
-        head,
+        head: Some(marks.head),
+        full: Some(marks.full),
     }
 }
 
@@ -438,18 +427,28 @@ pub(super) struct InFlight {
     pub(super) path: PathBuf,
     /// It was an append when it started.
     pub(super) appending: bool,
+    /// When it last moved (see [`Progress`]).
+    progress: Arc<Progress>,
     task: Option<JoinHandle<Result<Sent, SendError>>>,
 }
 
 impl InFlight {
     /// Starts `job` on the runtime.
     pub(super) fn start(sender: &Arc<Sender>, job: Job) -> InFlight {
+        let progress = Arc::new(Progress::new());
         InFlight {
             key: job.key.clone(),
             path: job.file.abs.clone(),
             appending: job.append_from.is_some(),
-            task: Some(tokio::spawn(sender.clone().send(job))),
+            progress: progress.clone(),
+            task: Some(tokio::spawn(sender.clone().send(job, progress))),
         }
+    }
+
+    /// When one of its requests last ended, or it last waited for the cap; not counting the
+    /// time a request's body may still be on the wire ([`Progress::last_moved`]).
+    pub(super) fn last_moved(&self) -> Instant {
+        self.progress.last_moved()
     }
 
     /// Waits for the send at most `limit`; `None` when it is still running.

@@ -1,6 +1,6 @@
 //! The log ledger: for every object uploaded, what the bucket holds (size, ETag, when) and
 //! what the file it came from looked like (mtime, inode, a hash of the bytes just before the
-//! end of what was uploaded and one of its first bytes), the sessions completely done, and the node each session's
+//! end of what was uploaded, one of its first bytes and one of all of them), the sessions completely done, and the node each session's
 //! unattributed files are filed under. Saved atomically in the spool
 //! dir, so a restart uploads again only what changed, and an append can check that the file
 //! only grew and the object is still ours.
@@ -43,6 +43,12 @@ pub(super) struct LedgerEntry {
     /// another file, never appended to this object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) head: Option<u64>,
+    /// xxh3 of the whole prefix, every byte the object holds (`None` in ledgers before
+    /// version 5, until the next whole upload): an append is checked against it after it
+    /// ran (the file must still hold exactly the object's bytes), so the object is appended
+    /// to only when this is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) full: Option<u64>,
 }
 
 /// The ledger file: uploaded objects and sessions completely done.
@@ -66,9 +72,9 @@ pub(super) struct Ledger {
     pub(super) dirty: bool,
 }
 
-/// The ledger format written now (4: entries carry the hash of the file's head; versions 2
-/// and 3 are read as they are, their entries without one).
-const VERSION: u32 = 4;
+/// The ledger format written now (5: entries carry the hash of the whole prefix; 4: of the
+/// file's head; versions 2 to 4 are read as they are, their entries without them).
+const VERSION: u32 = 5;
 
 impl Ledger {
     /// Loads the ledger at `path` for the bucket `bucket` (see the module doc).
@@ -147,6 +153,7 @@ mod tests {
             uploaded_at: 5,
             e_tag: None,
             head: None,
+            full: None,
         }
     }
 

@@ -144,6 +144,7 @@ mod tests {
             uploaded_at: 1,
             e_tag: None,
             head: None,
+            full: None,
         };
         for key in [
             "P/s1/A/logs/gcs_server.out",

@@ -5,8 +5,9 @@
 //! (see [`super::lane`]), so a stuck file never holds up the others. Files whose key is
 //! longer than the store takes are skipped before any upload, logged once and counted.
 //! Shutdown cuts every wait of the lane (a round, a capture of rotated backups): the send
-//! the lane was waiting for goes on beside the final flush, which always runs (see
-//! [`LogShipper::final_flush`]).
+//! the lane was waiting for goes on beside the final flush, which always runs, abandons a
+//! send beside it that stopped moving, and passes over the sessions until one pass finds
+//! nothing to send (see [`LogShipper::final_flush`]).
 //!
 //! Appends: the store's refusals decide when appends are off ([`super::gate`]); an object
 //! whose append is refused goes whole at once, one whose appends fail transiently is
@@ -44,7 +45,7 @@ use crate::node::node_id::{LogNode, NodeIdResolver, RemoteNodeLookup};
 use crate::node::session::{
     list_sessions, raylet_answers, settled_earlier_sessions, ActiveSession, SESSION_QUIET,
 };
-use crate::storage::put::{head_hash, window_hash, UploadError};
+use crate::storage::put::{head_hash, read_marks, window_hash, UploadError};
 use crate::util::pace::Pacer;
 use crate::util::time::unix_seconds;
 use crate::util::watch::watch_dir;
@@ -67,6 +68,25 @@ const VERIFY_PER_ROUND: usize = 8;
 /// that lasts seconds.
 const BESIDE_POLL: Duration = Duration::from_millis(50);
 
+/// The final flush abandons a send beside it (one kept from before SIGTERM, or one it
+/// started that outlasted its slot) that has not moved for this share of the time it had
+/// left when it began (its budget, less the reserve to abort uploads): no request of it
+/// ended and it did not wait for the cap (the time a request's body may be on the wire
+/// does not count, `util::pace::Progress::last_moved`). Its file is sent again in
+/// the next pass, so a request the store never answers costs a quarter of the budget, not
+/// all of it (review r42g G1: a kept PUT the store held made the flush wait until its
+/// deadline and name the file, exit 3, where a new PUT went through at once). The price: a
+/// single request whose body takes longer than that (an 8 MiB part at under about 1.5 MB/s
+/// with the default 25 s budget) is abandoned too and sent again from its start.
+const KEPT_STALL_SHARE: u32 = 4;
+
+/// Passes the final flush makes, after one that started a send with nothing left beside
+/// it, to send what changed meanwhile (review r42g G3 and G4: Ray rotated, or rewrote, a file
+/// during the last pass, and nothing looked at the session again: the rotated file's last
+/// lines were in neither object). The flush ends at the first pass that starts no send; a
+/// log Ray still writes goes as it is at the last of these passes.
+const MAX_SETTLING_PASSES: usize = 3;
+
 /// Of the shutdown budget, what is kept at the end of the final flush to abort the
 /// multipart upload of an append the deadline cut short (at most this, at most a quarter).
 const ABORT_RESERVE: Duration = Duration::from_secs(2);
@@ -86,6 +106,8 @@ pub struct RoundReport {
     pub waiting: usize,
     /// Files whose upload failed (retried next round).
     pub failed: usize,
+    /// Sends started (whatever became of them).
+    pub sends: usize,
     /// Those files, each with why.
     pub failed_files: Vec<(PathBuf, String)>,
     /// Files not reached before the deadline.
@@ -490,9 +512,10 @@ impl LogShipper {
                 report.not_reached.push(f.abs.clone());
                 continue;
             }
-            // Same size, new mtime: maybe only touched. Compare before uploading.
+            // Same size, new mtime: maybe only touched. Compare every byte before calling it
+            // unchanged (a file rewritten with the same size, head and last bytes is another).
             if let Some(p) = prev.as_ref().filter(|p| p.size == f.size) {
-                if self.file_still_matches(&f, p).await {
+                if self.file_still_whole(&f, p).await {
                     let mut entry = p.clone();
                     entry.mtime_ns = f.mtime_ns;
                     self.ledger.data.objects.insert(key, entry);
@@ -516,12 +539,18 @@ impl LogShipper {
                     Some(p) => (p.ino != 0 && p.ino != f.ino) || !self.head_matches(&f, p).await,
                     None => false,
                 };
+                // An entry from a ledger before version 5 has no hash of every byte, so its
+                // object is not appended to: it goes whole once, now, rather than wait for
+                // the schedule (up to an interval per MiB), and is appended to after that.
+                let unverified = prev
+                    .as_ref()
+                    .is_some_and(|p| p.full.is_none() && self.appends_could_take(p));
                 let due = schedule::due(
                     prev.as_ref().map(|p| p.size),
                     age,
                     f.size,
                     self.cfg.upload_interval,
-                    replaced,
+                    replaced || unverified,
                 );
                 if !due.now() {
                     report.waiting += 1;
@@ -540,7 +569,7 @@ impl LogShipper {
                 file: f.clone(),
                 append_from,
                 e_tag: prev.as_ref().and_then(|p| p.e_tag.clone()),
-                head: prev.as_ref().and_then(|p| p.head),
+                full: prev.as_ref().and_then(|p| p.full),
                 how,
                 hard_deadline: deadline,
             };
@@ -565,6 +594,7 @@ impl LogShipper {
                 wait = wait.min(d.saturating_duration_since(Instant::now()) / 4);
             }
             // Held in `self.current` while the lane waits: shutdown may cut the round here.
+            report.sends += 1;
             let flight = self.current.insert(InFlight::start(&self.sender, job));
             let waited = flight.wait(Some(wait)).await;
             let Some(flight) = self.current.take() else {
@@ -700,12 +730,37 @@ impl LogShipper {
         report
     }
 
-    /// Waits until one of the sends beside the lane has ended, or `until`.
-    async fn wait_any_beside(&self, until: Instant) {
-        while !self.beside.iter().any(InFlight::finished) && Instant::now() < until {
+    /// Waits until one of the sends beside the lane has ended or has not moved for `stall`
+    /// (see [`Self::abandon_stalled_beside`]), or `until`.
+    async fn wait_any_beside(&self, until: Instant, stall: Duration) {
+        let ready = |b: &InFlight| b.finished() || Instant::now() >= b.last_moved() + stall;
+        while !self.beside.iter().any(ready) && Instant::now() < until {
             let next = (Instant::now() + BESIDE_POLL).min(until);
             tokio::time::sleep_until(next.into()).await;
         }
+    }
+
+    /// At the final flush: cancels the sends beside the lane that have not moved for `stall`
+    /// (see [`KEPT_STALL_SHARE`]); their files are sent again by the next pass (an append
+    /// whole), and are not counted as failed.
+    async fn abandon_stalled_beside(&mut self, stall: Duration) {
+        let mut running = Vec::new();
+        for b in std::mem::take(&mut self.beside) {
+            let idle = Instant::now().saturating_duration_since(b.last_moved());
+            if b.finished() || idle < stall {
+                running.push(b);
+                continue;
+            }
+            tracing::warn!(path = %b.path.display(), key = %b.key, idle_s = idle.as_secs_f64(),
+                appending = b.appending,
+                "a log upload beside the final flush has not moved (no request ended) for a \
+                 quarter of the flush's budget; abandoned, the file is sent again");
+            if b.appending {
+                self.whole_only.insert(b.key.clone());
+            }
+            b.cancel().await;
+        }
+        self.beside = running;
     }
 
     /// At SIGTERM: takes the results of the sends beside the lane that ended, and cancels
@@ -765,10 +820,30 @@ impl LogShipper {
         self.seen.insert(key.to_string(), (f.size, ino));
     }
 
-    /// True when the file still has the bytes the ledger recorded before `p.size` (same
-    /// inode, same hash of the window before that point, and the same head where the ledger
-    /// has its hash: a file truncated and rewritten with another head is another file,
-    /// however alike their later bytes).
+    /// True when the file still has every byte the ledger recorded before `p.size`: same
+    /// inode and the same hash of all of them ([`LedgerEntry::full`]; one read of `p.size`
+    /// bytes). For a file whose size and mtime no longer say it is unchanged while its size
+    /// is the object's (touched, or rewritten with as many bytes). Without that hash (a
+    /// ledger before version 5), [`Self::file_still_matches`].
+    async fn file_still_whole(&self, f: &LogFile, p: &LedgerEntry) -> bool {
+        let Some(want) = p.full else {
+            return self.file_still_matches(f, p).await;
+        };
+        if p.ino != 0 && p.ino != f.ino {
+            return false;
+        }
+        let file = f.file.clone();
+        let size = p.size;
+        let read = tokio::task::spawn_blocking(move || read_marks(&file, size, size)).await;
+        m::log_bytes_read(size);
+        matches!(read, Ok(Ok(Some(marks))) if marks.all.full == want)
+    }
+
+    /// True when the file still looks like the bytes the ledger recorded before `p.size`
+    /// (same inode, same hash of the window before that point, and the same head where the
+    /// ledger has its hash: a file truncated and rewritten with another head is another
+    /// file, however alike their later bytes). A cheap look (128 KiB read), not a proof:
+    /// an append it lets through is checked byte for byte after it ran (`lane`).
     async fn file_still_matches(&self, f: &LogFile, p: &LedgerEntry) -> bool {
         if p.ino != 0 && p.ino != f.ino {
             return false;
@@ -954,7 +1029,17 @@ impl LogShipper {
             && p.size >= app.min_object_bytes()
             && p.ino != 0
             && p.e_tag.is_some()
+            && p.full.is_some()
             && self.file_still_matches(f, p).await
+    }
+
+    /// True when appends are on and the store could append to an object of `p`'s size
+    /// (whatever the file did since).
+    fn appends_could_take(&self, p: &LedgerEntry) -> bool {
+        self.cfg
+            .appender
+            .as_ref()
+            .is_some_and(|app| self.cfg.appends && p.size > 0 && p.size >= app.min_object_bytes())
     }
 
     /// Uploads rotated backups of the active session right away, before Ray deletes them.
@@ -979,6 +1064,11 @@ impl LogShipper {
     /// changed meanwhile (the file grew, Ray rotated it) is sent (appended where the store
     /// can, else whole); so every object ends equal to its file or the file is named. No
     /// pass waits for a send, so no session's files wait behind another's hung upload.
+    /// A send beside that stops moving is abandoned and its file sent again (see
+    /// [`KEPT_STALL_SHARE`]); a kept send that failed is named only if the flush's own send
+    /// of its file fails too. A pass that started a send with nothing left beside is
+    /// followed by another (at most [`MAX_SETTLING_PASSES`]), so a rotation or a rewrite
+    /// during it is sent too: the flush ends at a pass that starts no send, or the deadline.
     pub async fn final_flush(
         &mut self,
         active: Option<ActiveSession>,
@@ -1001,21 +1091,36 @@ impl LogShipper {
         // session waits behind another), then the flush waits for the first send beside to
         // end and lists every session again, so what was rotated, created or grew during the
         // wait is sent too (review r42e E2, E5). A pass at the deadline names what is left.
+        // A send beside that stops moving is abandoned and its file sent again in the next
+        // pass (review r42g G1); a pass that sent something is followed by another, so what
+        // was rotated or rewritten during it is sent too (r42g G3, G4).
+        let kept_stall =
+            flush_deadline.saturating_duration_since(Instant::now()) / KEPT_STALL_SHARE;
         self.flush_named.clear();
         let mut reports = Vec::new();
+        let mut settling = 0;
         loop {
+            self.abandon_stalled_beside(kept_stall).await;
             let pass = self
                 .snapshot_all(active.as_ref(), Some(flush_deadline), true)
                 .await;
+            let sends: usize = pass.iter().map(|r| r.sends).sum();
             for r in &pass {
                 self.flush_named
                     .extend(r.failed_files.iter().map(|(p, _)| p.clone()));
             }
             reports.extend(pass);
-            if self.beside.is_empty() || Instant::now() >= flush_deadline {
+            if Instant::now() >= flush_deadline {
                 break;
             }
-            self.wait_any_beside(flush_deadline).await;
+            if !self.beside.is_empty() {
+                self.wait_any_beside(flush_deadline, kept_stall).await;
+                continue;
+            }
+            if sends == 0 || settling >= MAX_SETTLING_PASSES {
+                break;
+            }
+            settling += 1;
         }
         reports.push(self.collect_beside(Some(flush_deadline)).await);
         reports.push(earlier);

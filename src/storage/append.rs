@@ -117,6 +117,10 @@ pub struct Appended {
     pub bytes: u64,
     /// The object's ETag after it.
     pub e_tag: Option<String>,
+    /// xxh3 of the bytes appended, as they were read and sent (`None` for an event
+    /// object's version written whole): with a hash of the object's bytes before them, the
+    /// caller can check that the file still holds exactly what the object now holds.
+    pub tail: Option<u64>,
 }
 
 /// Where an appender reports each incomplete multipart upload it aborts (`true`) or could
@@ -300,7 +304,7 @@ async fn append_local(
     pace.take(to - from).await;
     let source = file.clone();
     let key_owned = key.to_string();
-    let written =
+    let (written, tail) =
         tokio::task::spawn_blocking(move || copy_range(&source, &target, from, to, &key_owned))
             .await
             .map_err(|e| unavailable(key, &e))??;
@@ -308,6 +312,7 @@ async fn append_local(
     Ok(Appended {
         bytes: written,
         e_tag: after.e_tag,
+        tail: Some(tail),
     })
 }
 
@@ -331,6 +336,7 @@ async fn replace_local(
     Ok(Appended {
         bytes: len,
         e_tag: after.e_tag,
+        tail: None,
     })
 }
 
@@ -544,7 +550,7 @@ fn copy_range(
     from: u64,
     to: u64,
     key: &str,
-) -> Result<u64, AppendError> {
+) -> Result<(u64, u64), AppendError> {
     let path = source.path();
     let read_err = |e| read_err(&path, e);
     let store_err = |e: io::Error| unavailable(key, &e);
@@ -564,6 +570,7 @@ fn copy_range(
     let mut src = src.take(to - from);
     let mut buf = vec![0u8; 256 * 1024];
     let mut written = 0u64;
+    let mut tail = xxhash_rust::xxh3::Xxh3Default::new();
     let result = loop {
         let n = match src.read(&mut buf) {
             Ok(0) => break Ok(()),
@@ -573,6 +580,7 @@ fn copy_range(
         if let Err(e) = out.write_all(&buf[..n]) {
             break Err(store_err(e));
         }
+        tail.update(&buf[..n]);
         written += n as u64;
     };
     let result = result.and_then(|()| {
@@ -585,7 +593,7 @@ fn copy_range(
                 ),
             )));
         }
-        Ok(written)
+        Ok((written, tail.digest()))
     });
     if result.is_err() && written > 0 {
         // Cut back: the object stays the previous version, whole (an event object's
@@ -793,11 +801,12 @@ impl S3Appender {
             .parts(key, &location, &id, file, from, to, e_tag, pace)
             .await;
         match result {
-            Ok(e_tag) => {
+            Ok((e_tag, tail)) => {
                 guard.close();
                 Ok(Appended {
                     bytes: to - from,
                     e_tag,
+                    tail: Some(tail),
                 })
             }
             Err(e) => {
@@ -809,7 +818,8 @@ impl S3Appender {
         }
     }
 
-    /// The copied ranges, the new bytes, the completion; the object's ETag after it.
+    /// The copied ranges, the new bytes, the completion; the object's ETag after it and the
+    /// hash of the new bytes as they were read.
     #[allow(clippy::too_many_arguments)]
     async fn parts(
         &self,
@@ -821,7 +831,7 @@ impl S3Appender {
         to: u64,
         e_tag: &str,
         pace: Flow<'_>,
-    ) -> Result<Option<String>, AppendError> {
+    ) -> Result<(Option<String>, u64), AppendError> {
         let id_owned = id.to_string();
         let mut parts = Vec::new();
         for range in copy_ranges(from, self.max_copy_part) {
@@ -854,10 +864,12 @@ impl S3Appender {
         src.seek(SeekFrom::Start(from))
             .map_err(|e| read_err(&path, e))?;
         let mut offset = from;
+        let mut tail = xxhash_rust::xxh3::Xxh3Default::new();
         while offset < to {
             let n = (to - offset).min(part_size as u64);
             let (part, back) = read_exact_blocking(src, n, &path).await?;
             src = back;
+            tail.update(&part);
             pace.take(n).await;
             pace.sending(n);
             let done = self
@@ -874,7 +886,7 @@ impl S3Appender {
             .complete_multipart(location, &id_owned, parts)
             .await
             .map_err(|e| store_failure(key, "CompleteMultipartUpload", &e))?;
-        Ok(done.e_tag)
+        Ok((done.e_tag, tail.digest()))
     }
 
     /// At start, once the collector knows its node directory `node_prefix`

@@ -103,9 +103,20 @@ pub struct SnapshotUpload {
     pub bytes: u64,
     /// The object's ETag, when the store gave one.
     pub e_tag: Option<String>,
-    /// [`window_hash`] and [`head_hash`] of the bytes as they were read for the upload (not
-    /// of the file after it: a file rewritten in place meanwhile is told by the next round).
-    pub marks: (u64, u64),
+    /// The hashes of the bytes as they were read for the upload (not of the file after it:
+    /// a file rewritten in place meanwhile is told by the next round).
+    pub marks: FileMarks,
+}
+
+/// What the ledger keeps of the bytes of a log object to recognise its file later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileMarks {
+    /// [`window_hash`]: the last [`WINDOW`] bytes.
+    pub window: u64,
+    /// [`head_hash`]: the first [`HEAD`] bytes.
+    pub head: u64,
+    /// xxh3 of every byte (see [`read_marks`]).
+    pub full: u64,
 }
 
 /// Uploads the first `limit` bytes of a file that may still be growing, as is (no
@@ -351,12 +362,13 @@ struct Sent {
     marks: Marks,
 }
 
-/// The first [`HEAD`] and the last [`WINDOW`] bytes of what an upload sent, kept as the
-/// parts are read, so the ledger describes the bytes in the object.
+/// The first [`HEAD`] and the last [`WINDOW`] bytes of what an upload sent, and a hash of
+/// all of them, kept as the parts are read, so the ledger describes the bytes in the object.
 #[derive(Default)]
 struct Marks {
     head: Vec<u8>,
     window: Vec<u8>,
+    all: xxhash_rust::xxh3::Xxh3Default,
 }
 
 impl Marks {
@@ -370,15 +382,65 @@ impl Marks {
         if self.window.len() > w {
             self.window.drain(..self.window.len() - w);
         }
+        self.all.update(part);
     }
 
-    /// (window hash, head hash), as [`window_hash`] and [`head_hash`] compute them.
-    fn hashes(&self) -> (u64, u64) {
-        (
-            xxhash_rust::xxh3::xxh3_64(&self.window),
-            xxhash_rust::xxh3::xxh3_64(&self.head),
-        )
+    /// The hashes, as [`window_hash`], [`head_hash`] and [`read_marks`] compute them.
+    fn hashes(&self) -> FileMarks {
+        FileMarks {
+            window: xxhash_rust::xxh3::xxh3_64(&self.window),
+            head: xxhash_rust::xxh3::xxh3_64(&self.head),
+            full: self.all.digest(),
+        }
     }
+}
+
+/// What [`read_marks`] found: the hashes of a file's bytes before and after a point, read
+/// in one pass from one descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitMarks {
+    /// xxh3 of the bytes before the point.
+    pub before: u64,
+    /// xxh3 of the bytes from the point to the end.
+    pub after: u64,
+    /// The marks of all of them.
+    pub all: FileMarks,
+}
+
+/// Bytes read at once by [`read_marks`].
+const MARKS_READ: usize = 256 << 10;
+
+/// Reads the first `end` bytes of a file once, from one descriptor, and hashes them: those
+/// before `split`, those after, and all of them ([`FileMarks`]); `None` when the file has
+/// fewer than `end` bytes. The file is the one a scan saw, reopened without following a
+/// symlink (another inode at its name is `NotFound`). Costs one sequential read of `end`
+/// bytes (xxh3 hashes them far faster than a disk or the page cache gives them) and
+/// [`MARKS_READ`] of memory.
+pub fn read_marks(file: &Beneath, split: u64, end: u64) -> io::Result<Option<SplitMarks>> {
+    let split = split.min(end);
+    let mut f = file.open()?.take(end);
+    let mut marks = Marks::default();
+    let mut before = xxhash_rust::xxh3::Xxh3Default::new();
+    let mut after = xxhash_rust::xxh3::Xxh3Default::new();
+    let mut buf = vec![0u8; MARKS_READ];
+    let mut at = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        let chunk = &buf[..n];
+        let cut = usize::try_from(split.saturating_sub(at)).map_or(n, |c| c.min(n));
+        before.update(&chunk[..cut]);
+        after.update(&chunk[cut..]);
+        marks.saw(chunk);
+        at += n as u64;
+    }
+    Ok((at == end).then(|| SplitMarks {
+        before: before.digest(),
+        after: after.digest(),
+        all: marks.hashes(),
+    }))
 }
 
 async fn read_part(
@@ -531,5 +593,36 @@ mod tests {
             assert!(p <= MAX_PART && p.is_multiple_of(mib));
         }
         assert_eq!(part_size_for(5 << 40, 8 << 20, MAX_PARTS) as u64, 525 * mib);
+    }
+
+    #[test]
+    fn marks_hash_each_side_of_the_split_and_the_whole() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..200_000u32)
+            .flat_map(|i| format!("line {i}\n").into_bytes())
+            .collect();
+        std::fs::write(dir.path().join("f"), &data).unwrap();
+        let meta = std::fs::metadata(dir.path().join("f")).unwrap();
+        let file = Beneath {
+            root: dir.path().to_path_buf(),
+            rel: "f".into(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        };
+        let h = xxhash_rust::xxh3::xxh3_64;
+        for (split, end) in [(0, 10), (1_000_000, 1_500_000), (300_000, 300_000), (5, 0)] {
+            let end = end as u64;
+            let split = (split as u64).min(end);
+            let m = read_marks(&file, split, end).unwrap().unwrap();
+            let (s, e) = (split as usize, end as usize);
+            assert_eq!(m.before, h(&data[..s]));
+            assert_eq!(m.after, h(&data[s..e]));
+            assert_eq!(m.all.full, h(&data[..e]));
+            assert_eq!(m.all.head, head_hash(&file, end).unwrap().0);
+            assert_eq!(m.all.window, window_hash(&file, end).unwrap().0);
+        }
+        // Fewer bytes than asked: nothing to compare.
+        assert_eq!(read_marks(&file, 0, data.len() as u64 + 1).unwrap(), None);
     }
 }

@@ -119,6 +119,14 @@ impl Progress {
         m.body_until = Some(m.body_until.map_or(until, |u| u.max(until)));
     }
 
+    /// When a request of the send last ended, or when its wait for the cap ends: not
+    /// counting the time a request's body may still be on the wire, so a request the store
+    /// holds unanswered after taking its body does not count as moving (the final flush's
+    /// look at the sends it kept, `logs::shipper`).
+    pub fn last_moved(&self) -> Instant {
+        self.lock().last
+    }
+
     /// When the send last moved (or will, after its wait for the cap or while its request's
     /// body may still be on the wire).
     pub fn last(&self) -> Instant {

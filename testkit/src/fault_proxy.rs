@@ -1,7 +1,8 @@
 //! A fault-injecting HTTP/1.1 reverse proxy on loopback, between the collector and a storage
 //! emulator (moto): every request is recorded (method, target, headers, the answer's
 //! status), and rules answer chosen requests with an error (a 503 burst, a 501 refusal,
-//! a refused copy of one key), delay them (slow answers) or drop the connection.
+//! a refused copy of one key), delay them (slow answers, or an error after a delay) or drop
+//! the connection.
 //!
 //! A slow uplink: [`FaultProxy::slow_body_reads`] has the proxy read every request body at
 //! a given rate, with a small receive buffer, so the client's bytes really trickle (the
@@ -37,6 +38,10 @@ pub enum Fault {
     ErrorIn200(String),
     /// Passes it on after this delay.
     Delay(Duration),
+    /// Answers this status with an S3 error document of this code after this delay, without
+    /// passing it on: a request that fails only after it has been in flight a while (a send
+    /// still running at SIGTERM that then fails).
+    DelayThenStatus(Duration, u16, String),
     /// Closes the connection without an answer.
     Drop,
     /// Holds the request this long (at most until the proxy is dropped) without passing it
@@ -321,6 +326,14 @@ fn serve(mut client: TcpStream, s: &Shared) {
         Some(Fault::Delay(d)) => {
             thread::sleep(d);
             None
+        }
+        Some(Fault::DelayThenStatus(d, status, code)) => {
+            // In steps, so a dropped proxy does not wait the whole delay.
+            let until = Instant::now() + d.min(MAX_HOLD);
+            while Instant::now() < until && !s.stop.load(Ordering::SeqCst) {
+                thread::sleep(Duration::from_millis(50));
+            }
+            Some((status, code))
         }
         None => None,
     };
