@@ -1766,3 +1766,65 @@ fn many_published_partitions_free_the_spool_within_the_window() {
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_tail(30));
 }
+
+/// The review r35h, item D: the spool's disk is full for the compressed copies (every write
+/// to a shadow `growth/*.jsonl.gz` fails with ENOSPC, as when Ray's logs fill the emptyDir
+/// they share) while the store is healthy. The acknowledged events must still reach the
+/// bucket within a few windows, their segment uploaded whole (which needs no local disk),
+/// and SIGTERM must end with exit 0 and nothing left (main at c6fb7f8: the copy retried
+/// forever, the events out of the bucket until the rotation, whose seal then retried
+/// forever too; SIGTERM exited 3 with the segment left).
+#[test]
+fn a_full_spool_disk_for_the_copies_still_gets_the_events_to_the_bucket() {
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = Faults::build(tmp.path());
+    faults.arm("write", 28, 1_000_000, ".jsonl.gz$");
+    let bucket = tmp.path().join("bucket");
+    std::fs::create_dir_all(&bucket).unwrap();
+    let spool = tmp.path().join("spool");
+    let mut c = Collector::start(
+        &spool,
+        &[
+            "--storage",
+            bucket.to_str().unwrap(),
+            "--ray-tmp-dir",
+            tmp.path().join("ray").to_str().unwrap(),
+            "--upload-window",
+            "1s",
+            "--rotation-interval",
+            "120s",
+        ],
+        &faults.env(),
+    );
+    let mut acked = Vec::new();
+    for round in 0..2 {
+        let ids: Vec<String> = (0..100).map(|i| format!("d{round}-{i}")).collect();
+        post(&c, &ids, 1);
+        acked.extend(ids.iter().cloned());
+        // The rotation is 120 s away: only a whole upload gets them there this soon.
+        wait_for(
+            &c,
+            Duration::from_secs(15),
+            "acknowledged events in the bucket while the copies cannot be written",
+            || {
+                let have = ids_in_file_bucket(&bucket);
+                ids.iter().all(|id| have.contains(id))
+            },
+        );
+    }
+    assert!(
+        faults
+            .log()
+            .iter()
+            .any(|(call, path, ok)| call == "write" && path.contains("/growth/") && !ok),
+        "no write to a copy failed"
+    );
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_tail(30));
+    assert!(
+        rhc_testkit::collector::files_under(&spool.join("events")).is_empty(),
+        "segments left in the spool"
+    );
+    let have = ids_in_file_bucket(&bucket);
+    assert!(acked.iter().all(|id| have.contains(id)));
+}

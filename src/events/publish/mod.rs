@@ -14,7 +14,9 @@
 //!   only when the budget has room for it, see [`crate::events::spool::Budget`]: a copy
 //!   refused part way has its segment sealed, uploaded whole without a copy; a write
 //!   that fails, a full disk included, cuts the shadow back to what its record says, and
-//!   the spool's count follows the shadow's length on disk whatever happens); with
+//!   the spool's count follows the shadow's length on disk whatever happens; a shadow or
+//!   record that cannot be written twice in a row, and at a seal once, has its segment
+//!   uploaded whole, which needs no local disk, [`PublishError::Copy`]); with
 //!   `--compression none` the segment itself is the object's bytes;
 //! - `file://`: the object's bytes so far (the shadow; with `--compression none` the
 //!   segment's first `durable` bytes) are copied beside the object under a temporary name
@@ -157,6 +159,9 @@ struct State {
     /// the segment's bytes up to `raw`. The next round appends only what is newer, instead
     /// of cutting the shadow back and compressing it all again.
     ahead: Option<Ahead>,
+    /// Publications of this open segment in a row that failed writing its copy or record
+    /// ([`PublishError::Copy`]): the second has it sealed.
+    copy_failures: u8,
 }
 
 /// See [`State::ahead`].
@@ -203,9 +208,23 @@ pub enum PublishError {
         /// What is wrong.
         why: String,
     },
-    /// Reading or writing the shadow failed (a full or failing spool disk): nothing is wrong
+    /// Writing the compressed copy (the shadow) or the record failed: a full or failing
+    /// spool disk (ENOSPC, EDQUOT, EIO...). An open segment's publication is tried again
+    /// half a window later once (a passing failure); a second failure in a row has it
+    /// sealed, and a seal uploads the segment whole, which needs no local disk: so a full
+    /// spool disk never holds acknowledged events out of the bucket (the review r35h found
+    /// them kept out until a node loss lost them, the seal retried forever and SIGTERM
+    /// exiting 3). The record's earlier keys are still deleted after the whole upload.
+    #[error("{path}: {why}")]
+    Copy {
+        /// Which file.
+        path: PathBuf,
+        /// What failed.
+        why: String,
+    },
+    /// Reading the segment failed (EIO, EMFILE, a signal...): nothing is known to be wrong
     /// with the files, so the publication is tried again half a window later (at a seal: by
-    /// the uploader's backoff), never given up until the seal.
+    /// the uploader's backoff).
     #[error("{path}: {why}")]
     Io {
         /// Which file.
@@ -344,7 +363,10 @@ impl Publisher {
                 states.retain(|p, s| {
                     Arc::strong_count(s) > 1
                         || s.try_lock().map_or(true, |g| {
-                            g.whole_next || g.ahead.is_some() || (g.done && self.stats.is_open(p))
+                            g.whole_next
+                                || g.ahead.is_some()
+                                || g.copy_failures > 0
+                                || (g.done && self.stats.is_open(p))
                         })
                 });
                 states.shrink_to_fit();
@@ -443,6 +465,7 @@ impl Publisher {
         self.settle_growth_files(&mut st, view.kind, path);
         match published {
             Ok(_) => {
+                st.copy_failures = 0;
                 self.stats.segment_published(path, view.durable, read_at);
                 // Earlier keys (none in an open segment of this run, in practice): their
                 // failure is logged and tried again with the next publication or the seal.
@@ -464,6 +487,18 @@ impl Publisher {
                         // the bucket (the review of issue 35).
                         tracing::warn!(error = %e, "no room for an open segment's compressed copy; sealing it to upload it whole");
                         self.stats.request_seal(path);
+                    }
+                    PublishError::Copy { .. } => {
+                        st.copy_failures = st.copy_failures.saturating_add(1);
+                        if st.copy_failures >= 2 {
+                            // The spool disk stays full (or failing): the segment goes up
+                            // whole, which needs no local disk, instead of its events waiting
+                            // out of the bucket for the disk to free.
+                            tracing::warn!(error = %e, "could not write an open segment's compressed copy or record twice in a row; sealing it to upload it whole");
+                            self.stats.request_seal(path);
+                        } else {
+                            tracing::warn!(error = %e, "could not write an open segment's compressed copy or record; tried again half a window later");
+                        }
                     }
                     PublishError::Io { .. } => {
                         tracing::warn!(error = %e, "could not publish an open segment; tried again half a window later");
@@ -819,7 +854,8 @@ impl Publisher {
     /// under earlier keys, and forgets its growth state. `None` when it has no publication
     /// (upload it whole, as before); the bytes sent otherwise. A publication that cannot
     /// continue (the object or the shadow not as recorded, no room in the budget for the
-    /// copy) is redone whole from the segment. An error leaves the record (and with it
+    /// copy, the copy or the record not written: a full spool disk) is redone whole from
+    /// the segment. An error leaves the record (and with it
     /// the earlier keys still to delete) for the uploader's next try.
     pub async fn seal(&self, f: &SealedFile) -> Option<Result<u64, UploadError>> {
         if !(f.compressible && matches!(f.kind, FileKind::Events | FileKind::Quarantine)) {
@@ -864,7 +900,11 @@ impl Publisher {
                 self.forget(&mut st, f);
                 Some(Ok(sent.unwrap_or(0)))
             }
-            Err(e @ (PublishError::Local { .. } | PublishError::NoRoom { .. })) => {
+            Err(
+                e @ (PublishError::Local { .. }
+                | PublishError::NoRoom { .. }
+                | PublishError::Copy { .. }),
+            ) => {
                 tracing::warn!(error = %e, "uploading the sealed segment whole");
                 let key = object_key(&self.cfg, f);
                 let stale = stale_keys(st.record.as_ref(), &key);
@@ -935,7 +975,7 @@ impl Publisher {
         } else {
             write_record(&path, r)
         };
-        written.map_err(|e| PublishError::Io {
+        written.map_err(|e| PublishError::Copy {
             path: path.clone(),
             why: format!("recording the key before writing it: {e}"),
         })

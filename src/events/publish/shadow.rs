@@ -94,7 +94,7 @@ pub(super) fn extend_shadow(
     compressor: &mut Compressor,
     acct: &mut CopyAccount,
 ) -> Result<u64, PublishError> {
-    let local = |why: String| PublishError::Io {
+    let local = |why: String| PublishError::Copy {
         path: job.shadow.to_path_buf(),
         why,
     };
@@ -135,8 +135,14 @@ fn append_members(
     (enc, member): &mut Compressor,
     acct: &mut CopyAccount,
 ) -> Result<u64, PublishError> {
-    let local = |why: String| PublishError::Io {
+    // Writing the shadow failed (a full or failing spool disk): [`PublishError::Copy`].
+    let local = |why: String| PublishError::Copy {
         path: job.shadow.to_path_buf(),
+        why,
+    };
+    // Reading the segment failed: [`PublishError::Io`] (tried again).
+    let read_failed = |why: String| PublishError::Io {
+        path: job.segment.to_path_buf(),
         why,
     };
     let (to, object_len) = (job.to, job.object_len);
@@ -155,7 +161,7 @@ fn append_members(
     let mut src =
         open_scanned(&job.segment, None).map_err(|e| segment_read_error(&job.segment, e))?;
     src.seek(SeekFrom::Start(from))
-        .map_err(|e| local(e.to_string()))?;
+        .map_err(|e| read_failed(e.to_string()))?;
     if from == to {
         // Nothing new (a whole upload of the object so far).
         return Ok(start);
@@ -173,7 +179,7 @@ fn append_members(
                     last = l;
                 }
             })
-            .map_err(|e| local(format!("compressing: {e}")))?;
+            .map_err(|e| read_failed(format!("reading to compress: {e}")))?;
         let n = member.len() as u64;
         let budget = acct.stats.budget();
         if !budget.claim_copy(n) {
