@@ -37,19 +37,26 @@
 //! tried again half a window later; an object that is not what the record says (changed, or left longer
 //! by an upload a crash interrupted) is uploaded whole from the shadow.
 //!
-//! A restart with another `--compression` names the object differently: it is written whole
-//! under the new key, and the record names the earlier key ([`Record::stale`]) before that
-//! object is deleted, so a delete that fails or is cut by a kill is tried again, by the
-//! next publication, the seal (which does not end until it is done) or the next start.
+//! A restart with another `--compression` changes only the segments without a record (new
+//! ones, and those no record names: an old spool, a record lost): a segment whose record
+//! names a key keeps that key and its compression to the end, whole upload included
+//! ([`Publisher::cfg_for`]), so no object ever needs deleting, and a store that refuses
+//! deletes (the S3 permissions docs/storage.md lists have no `s3:DeleteObject`) holds
+//! nothing back (the review r35h found a switch's delete refused with 403 retried forever).
+//! Only a record naming a key of another layout (an older version's record, another
+//! `--prefix`) is written whole under the new key, the earlier one named in the record
+//! ([`Record::stale`]) before that object is deleted, so a delete that fails or is cut by
+//! a kill is tried again, by the next publication, the seal (which does not end until it
+//! is done) or the next start.
 //!
 //! Every key written is named by the record first: a segment's first publication writes a
 //! record naming its key (holding nothing yet) and fsyncs it before the PUT, as a
 //! write-ahead log; a switch names the new key in the record before it is written; a seal
 //! of a segment never published records the key the uploader then uploads it whole under.
 //! The record stays until the segment has left the spool ([`Publisher::uploaded`]). So a
-//! kill -9 anywhere, then a restart in any `--compression`, knows every key an object of
-//! the segment may be under, and ends with one (the review r35e found a kill between a
-//! first PUT and its record, then the other setting, leaving both objects).
+//! kill -9 anywhere, then a restart in any `--compression`, knows the key an object of
+//! the segment may be under, and keeps it (the review r35e found a kill between a first
+//! PUT and its record, then the other setting, leaving both objects).
 //!
 //! Sealing ends with a last publication of the remaining bytes to the same key
 //! ([`Publisher::seal`], called by the uploader), then the shadow is deleted, and the
@@ -80,7 +87,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::sync::{watch, Mutex as AsyncMutex, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::events::object::{gzip_level, object_key, upload_file, UploaderConfig};
+use crate::events::object::{gzip_level, object_key, upload_file, Compression, UploaderConfig};
 use crate::events::spool::{
     growth_names, FileKind, OpenView, SealedFile, SpoolStats, FILE_BUDGET_BYTES, GROWTH_DIR,
 };
@@ -127,8 +134,8 @@ struct Record {
     object_len: u64,
     /// Its ETag after our last write.
     e_tag: Option<String>,
-    /// Keys this segment's objects were published under before (`--compression` changed
-    /// across a restart) whose deletion is not known to be done: deleted once the object
+    /// Keys this segment's objects were published under before (a key of another layout, or
+    /// of another `--compression` in the records of versions before r35h) whose deletion is not known to be done: deleted once the object
     /// under `key` holds what they held, and the seal ends only when none is left.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     stale: Vec<String>,
@@ -529,10 +536,12 @@ impl Publisher {
             compressible: true,
             pending_since: None,
         };
-        let key = object_key(&self.cfg, &file);
-        let gzip = gzip_level(&self.cfg, &file);
+        let cfg = self.cfg_for(st.record.as_ref(), &file);
+        let key = object_key(&cfg, &file);
+        let gzip = gzip_level(&cfg, &file);
         if st.record.as_ref().is_some_and(|r| r.key != key) {
-            // Published under another key (`--compression` changed across a restart): this
+            // Published under another key (not a compression switch, which keeps the
+            // record's key: another layout, or a record of an older version): this
             // one is written whole first, then that object goes, so a reader always has one
             // of them (and a failure leaves the earlier one, tried again later). The earlier
             // key goes into the new record before it is deleted ([`Record::stale`]), so a
@@ -583,7 +592,7 @@ impl Publisher {
             // A first publication: nothing on disk names the key yet, so before anything is
             // written under it, a record does (durably, as a write-ahead log): a kill after
             // the PUT then leaves a record naming the object, and a restart with another
-            // `--compression` deletes it once the object under its own key is whole (the
+            // `--compression` keeps publishing under it ([`Publisher::cfg_for`]) (the
             // review r35e found both objects, every line twice, after a kill between a first
             // PUT and its record). It holds nothing yet, so the next publication is whole.
             // If it cannot be written (a full disk), nothing is published now: tried again.
@@ -863,14 +872,16 @@ impl Publisher {
         }
         let state = self.state(&f.path);
         let mut st = state.lock().await;
-        if let Some(a) = &self.appender {
-            crate::storage::append::remove_local_temp(a, &object_key(&self.cfg, f)).await;
-        }
         self.load(&mut st, f.kind, &f.path);
+        // The key and compression the segment was published with, whatever this run's.
+        let cfg = self.cfg_for(st.record.as_ref(), f);
+        if let Some(a) = &self.appender {
+            crate::storage::append::remove_local_temp(a, &object_key(&cfg, f)).await;
+        }
         if st.record.is_none() {
             // Uploaded whole by the uploader: the key it PUTs is recorded first, so a kill
             // before the segment leaves the spool, then a restart with another
-            // `--compression`, deletes that object instead of keeping both. A record that
+            // `--compression`, uploads it under that key again instead of keeping both. A record that
             // cannot be written (a full disk) does not hold the upload back: the segment's
             // events are not in the bucket yet, and freeing the disk comes first.
             let intent = Record {
@@ -906,15 +917,17 @@ impl Publisher {
                 | PublishError::Copy { .. }),
             ) => {
                 tracing::warn!(error = %e, "uploading the sealed segment whole");
-                let key = object_key(&self.cfg, f);
+                let key = object_key(&cfg, f);
                 let stale = stale_keys(st.record.as_ref(), &key);
-                if stale.is_empty() {
+                if stale.is_empty() && Arc::ptr_eq(&cfg, &self.cfg) {
                     self.forget(&mut st, f);
                     return None;
                 }
-                // Objects under earlier keys go once this one holds the segment whole; until
-                // then the record (naming them) stays for the next try.
-                let sent = match upload_file(&self.cfg, &self.store, f).await {
+                // Uploaded here under the key the record names (in its compression, which
+                // may not be this run's); objects under earlier keys go once this one holds
+                // the segment whole; until then the record (naming them) stays for the next
+                // try.
+                let sent = match upload_file(&cfg, &self.store, f).await {
                     Ok(n) => n,
                     Err(e) => return Some(Err(e)),
                 };
@@ -946,6 +959,35 @@ impl Publisher {
         if let Some((shadow, record)) = self.growth_paths(f.kind, &f.path) {
             let _ = fs::remove_file(&record);
             let _ = fs::remove_file(&shadow);
+        }
+    }
+
+    /// The settings `f` is published and uploaded with: this run's, unless its record names
+    /// the key the other `--compression` gives it (an earlier run published it, or recorded
+    /// it before uploading it whole): then that compression. So a segment keeps its key and
+    /// compression across a restart with another `--compression` (only segments without a
+    /// record take the new setting) and no object of it ever needs deleting: the S3
+    /// permissions docs/storage.md documents have no `s3:DeleteObject` (the review r35h found
+    /// the switch's delete refused with 403 and retried forever, the segments kept in the
+    /// spool and SIGTERM exiting 3).
+    fn cfg_for(&self, record: Option<&Record>, f: &SealedFile) -> Arc<UploaderConfig> {
+        let Some(r) = record else {
+            return self.cfg.clone();
+        };
+        if r.key == object_key(&self.cfg, f) {
+            return self.cfg.clone();
+        }
+        let mut other = (*self.cfg).clone();
+        other.compression = match self.cfg.compression {
+            Compression::Gzip => Compression::None,
+            Compression::None => Compression::Gzip,
+        };
+        if object_key(&other, f) == r.key {
+            Arc::new(other)
+        } else {
+            // Another layout (not a compression switch): published under this run's key,
+            // the record's deleted after (see [`Record::stale`]).
+            self.cfg.clone()
         }
     }
 
