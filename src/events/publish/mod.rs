@@ -846,6 +846,12 @@ impl Publisher {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {
                     tracing::info!(%key, "deleted the object published under the earlier key");
                 }
+                Err(e) if delete_refused(&e) => {
+                    // Final: retrying a delete the credentials do not allow would keep the
+                    // segment in the spool for good (the review r35h).
+                    tracing::warn!(%key, error = %e, "the store refuses to delete the object published under the earlier key (the credentials lack s3:DeleteObject or its equivalent): it stays in the bucket beside the new one; not tried again");
+                    m::publication("delete_refused", 0);
+                }
                 Err(e) => {
                     tracing::warn!(%key, error = %e, "could not delete the object published under the earlier key; tried again");
                     left.push(key.clone());
@@ -1051,6 +1057,15 @@ fn stale_keys(record: Option<&Record>, key: &str) -> Vec<String> {
         keys.push(r.key.clone());
     }
     keys
+}
+
+/// A delete the store refuses for good: the credentials do not allow it (403, or
+/// `AccessDenied` for the key in a DeleteObjects answer).
+fn delete_refused(e: &object_store::Error) -> bool {
+    matches!(
+        e,
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }
+    ) || e.to_string().contains("AccessDenied")
 }
 
 fn permits(bytes: u64) -> u32 {
