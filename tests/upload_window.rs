@@ -1824,3 +1824,54 @@ fn a_full_spool_disk_for_the_copies_still_gets_the_events_to_the_bucket() {
     let have = ids_in_file_bucket(&bucket);
     assert!(acked.iter().all(|id| have.contains(id)));
 }
+
+/// The review r35h, item E: segments sealed by size before any publication (batches over
+/// `--max-segment-bytes`), uploaded whole, while the store fails long enough for the
+/// uploader's retries to outlive the publisher's state (dropped every second): once the
+/// store answers and everything is uploaded, the growth files the seals counted are all
+/// given back, no more (main at c6fb7f8: the record made uncounted by the seal, then given
+/// back by the retry: `rhc_spool_accounting_errors_total` 5 here).
+#[test]
+fn a_whole_upload_retried_gives_back_the_growth_files_it_counted() {
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    let mut c = rig.start(&[
+        "--upload-window",
+        "10s",
+        "--max-segment-bytes",
+        "64KiB",
+        "--max-spool-bytes",
+        "256MiB",
+    ]);
+    rig.proxy.add(
+        Rule::new(Fault::Status(500, "InternalError".into())).for_time(Duration::from_secs(8)),
+    );
+    let url = c.url("/v1/events");
+    let mut seed = 0x5eed_u64;
+    for n in 0..6 {
+        assert!(post_body(
+            &url,
+            &padded_body(&format!("e{n}"), 200, 300, &mut seed)
+        ));
+    }
+    let spool = rig.tmp.path().join("spool");
+    wait_for(&c, Duration::from_secs(90), "the segments uploaded", || {
+        rhc_testkit::collector::files_under(&spool.join("events")).is_empty()
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        c.metric("rhc_spool_accounting_errors_total"),
+        0.0,
+        "{}",
+        c.log_tail(30)
+    );
+    assert_eq!(c.metric("rhc_spool_segments"), 0.0);
+    assert!(
+        rhc_testkit::collector::files_under(&spool.join("growth")).is_empty(),
+        "growth files left"
+    );
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_tail(30));
+}

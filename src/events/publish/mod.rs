@@ -890,6 +890,19 @@ impl Publisher {
             // `--compression`, uploads it under that key again instead of keeping both. A record that
             // cannot be written (a full disk) does not hold the upload back: the segment's
             // events are not in the bucket yet, and freeing the disk comes first.
+            //
+            // The record file is counted in the budget's files before it is made, like every
+            // growth file (the review r35h found it made uncounted here, then given back by
+            // the next seal's forget after a failed upload: the files count one short).
+            // Knowing the key matters more than a few hundred bytes: counted even past the
+            // budget.
+            if self
+                .claim_growth_files(&mut st, f.kind, &f.path, false)
+                .is_err()
+            {
+                self.stats.budget().add_growth_file();
+                st.files += 1;
+            }
             let intent = Record {
                 key: object_key(&self.cfg, f),
                 raw: 0,
@@ -900,6 +913,7 @@ impl Publisher {
             if let Err(e) = self.write_intent(f.kind, &f.path, &intent, false).await {
                 tracing::warn!(error = %e, "could not record the key of a sealed segment before uploading it whole");
             }
+            self.settle_growth_files(&mut st, f.kind, &f.path);
             self.forget(&mut st, f);
             return None;
         }
@@ -963,7 +977,10 @@ impl Publisher {
     /// between the two leaves a record without a segment, removed by the next start).
     pub fn uploaded(&self, f: &SealedFile) {
         if let Some((shadow, record)) = self.growth_paths(f.kind, &f.path) {
-            let _ = fs::remove_file(&record);
+            // The record stayed counted after [`Publisher::forget`]: given back as it goes.
+            if fs::remove_file(&record).is_ok() {
+                self.stats.budget().files_gone(1);
+            }
             let _ = fs::remove_file(&shadow);
         }
     }
@@ -1031,16 +1048,19 @@ impl Publisher {
 
     /// Deletes the shadow of `f`; its state is done. The record stays on disk until the
     /// segment is gone ([`Publisher::uploaded`]): a kill before that, then a restart with
-    /// another `--compression`, must still know the key its object is under (it is counted
-    /// gone from the budget now: a few hundred bytes for the moment the upload ends).
+    /// another `--compression`, must still know the key its object is under; it stays
+    /// counted in the budget's files until then, so every growth file is counted from just
+    /// before it is made until it is removed, and what is claimed is what is given back.
     fn forget(&self, st: &mut State, f: &SealedFile) {
-        if let Some((shadow, _)) = self.growth_paths(f.kind, &f.path) {
+        let mut kept = 0;
+        if let Some((shadow, record)) = self.growth_paths(f.kind, &f.path) {
             let _ = fs::remove_file(&shadow);
+            kept = u64::from(record.exists()).min(st.files);
         }
         self.stats.budget().sub_stored(st.counted);
-        self.stats.budget().files_gone(st.files);
+        self.stats.budget().files_gone(st.files - kept);
         st.counted = 0;
-        st.files = 0;
+        st.files = kept;
         st.record = None;
         st.done = true;
     }
