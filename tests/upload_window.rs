@@ -1875,3 +1875,64 @@ fn a_whole_upload_retried_gives_back_the_growth_files_it_counted() {
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_tail(30));
 }
+
+/// The review r35h, item H: a healthy store, 10 partitions with steady small traffic, and a
+/// client retrying every 2 s a batch too big for the room `--max-spool-bytes` leaves (its
+/// copies' reserve included), so sealing cannot make room for it: the refusals seal
+/// nothing, and each small partition keeps one object (main at c6fb7f8 sealed every
+/// published partition at each refusal, a new object each time: about 19 a minute each).
+#[test]
+fn a_refused_batch_that_sealing_cannot_help_seals_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut c, bucket) = file_collector(
+        tmp.path(),
+        &["--upload-window", "2s", "--max-spool-bytes", "16MiB"],
+    );
+    let url = c.url("/v1/events");
+    let mut seed = 0xb16_u64;
+    // About 12 MiB of events that gzip halves at best: with their copies' reserve, more
+    // than the 16 MiB budget beside anything.
+    let big = padded_body("big", 6000, 1000, &mut seed);
+    let start = Instant::now();
+    let mut refused = 0;
+    let mut last_big: Option<Instant> = None;
+    let mut n = 0;
+    while start.elapsed() < Duration::from_secs(20) {
+        let ids: Vec<String> = (0..20).map(|i| format!("h{n}-{i}")).collect();
+        n += 1;
+        // Jobs 2..12: the big batch is job 1.
+        let body = format!(
+            "[{}]",
+            ids.iter()
+                .enumerate()
+                .map(|(i, id)| event(id, 2 + i as u32 % 10))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        assert_eq!(c.post(body.as_bytes()).status, 200);
+        if last_big.is_none_or(|t| t.elapsed() >= Duration::from_secs(2)) {
+            last_big = Some(Instant::now());
+            assert!(!post_body(&url, &big), "the big batch was taken");
+            refused += 1;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(refused >= 8, "{refused} refusals");
+    let objects: Vec<String> = rhc_testkit::collector::files_under(&bucket)
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .filter(|p| {
+            p.contains("/job_events/")
+                && rhc_testkit::collector::history_server_accepts(p)
+                && !p.contains("/job_events/00000001/")
+        })
+        .collect();
+    assert!(
+        objects.len() <= 10,
+        "{} objects for 10 partitions after {refused} refused batches\n{}",
+        objects.len(),
+        c.log_tail(10)
+    );
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_tail(30));
+}
