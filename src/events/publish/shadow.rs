@@ -8,6 +8,9 @@
 //! spool's count of it ([`CopyAccount`]) ends at its length on disk, so `rhc_spool_bytes`
 //! can neither drift above what the disk holds nor below zero (issue 35's review found a
 //! failed write left 153,872 bytes uncounted, and the count wrapped below zero).
+//!
+//! A failure writing the shadow is [`PublishError::Copy`] (the segment goes up whole if it
+//! lasts, see the variant), one reading the segment [`PublishError::Io`] (tried again).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
