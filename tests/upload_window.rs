@@ -1046,14 +1046,15 @@ fn object_ids(key: &str, bytes: &[u8]) -> Vec<String> {
         .collect()
 }
 
-/// Every event object of the session must be a `.jsonl` (the run's `--compression none`),
-/// and hold each of `ids` once.
-fn assert_one_plain_object_per_partition(objects: &BTreeMap<String, Vec<u8>>, ids: &[String]) {
+/// Every event object of the session must be under the key of the compression its segment
+/// was first published with (`ext`: a restart with another `--compression` keeps it), one per
+/// partition, and hold each of `ids` once.
+fn assert_one_object_per_partition(objects: &BTreeMap<String, Vec<u8>>, ids: &[String], ext: &str) {
     let keys: Vec<&String> = objects.keys().collect();
     assert_eq!(objects.len(), 2, "objects: {keys:?}");
     assert!(
-        keys.iter().all(|k| k.ends_with(".jsonl")),
-        "an object of the earlier compression is left: {keys:?}"
+        keys.iter().all(|k| k.ends_with(ext)),
+        "an object not under the key its segment was first published with ({ext}): {keys:?}"
     );
     let mut count: HashMap<String, u32> = HashMap::new();
     for (k, v) in objects {
@@ -1066,6 +1067,15 @@ fn assert_one_plain_object_per_partition(objects: &BTreeMap<String, Vec<u8>>, id
     for id in ids {
         assert_eq!(count.get(id), Some(&1), "{id}");
     }
+}
+
+/// Delete requests (DeleteObjects) the store was sent.
+fn delete_requests(rig: &S3Rig) -> usize {
+    rig.proxy
+        .seen()
+        .iter()
+        .filter(|r| r.method == "POST" && r.target.contains(DELETE_OBJECTS))
+        .count()
 }
 
 /// What object_store sends to delete an S3 object: `POST /<bucket>?delete` (DeleteObjects).
@@ -1093,70 +1103,61 @@ fn grow_with_gzip_then_kill(rig: &S3Rig) -> Vec<String> {
     ids
 }
 
-/// Issue 35, item 2: objects grown with gzip, kill -9, restart with `--compression none`
-/// while the store answers every delete (DeleteObjects) with 500 for 8 s: the old
-/// `.jsonl.gz` objects are
-/// deleted once the store takes the delete again, and the seal does not end before. The
-/// bucket ends with one `.jsonl` object per partition, every line once (f6212bd: 4
-/// objects, 2,000 events twice).
+/// The review r35h, item G: the S3 permissions docs/storage.md documents have no
+/// `s3:DeleteObject`, so the store refuses every delete (DeleteObjects answered 403
+/// AccessDenied). Objects grown with gzip, kill -9, restart with `--compression none`: each
+/// segment already published keeps its key and compression (`.jsonl.gz`), so nothing needs
+/// deleting: no delete is sent, the segments leave the spool, SIGTERM exits 0, and the
+/// bucket holds one object per partition, every line once (main at c6fb7f8: the refused
+/// delete retried forever, the segments kept in the spool, SIGTERM exit 3, lines twice).
 #[test]
-fn a_compression_switch_deletes_the_old_objects_when_the_store_refuses_for_a_while() {
+fn a_compression_switch_without_delete_permission_keeps_each_segments_key() {
     let Some(rig) = S3Rig::new() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
-    let ids = grow_with_gzip_then_kill(&rig);
     rig.proxy.add(
-        Rule::new(Fault::Status(500, "InternalError".into()))
+        Rule::new(Fault::Status(403, "AccessDenied".into()))
             .method("POST")
-            .target_contains(DELETE_OBJECTS)
-            .for_time(Duration::from_secs(8)),
+            .target_contains(DELETE_OBJECTS),
     );
+    let ids = grow_with_gzip_then_kill(&rig);
     let mut c = rig.start(&["--upload-window", "1s", "--compression", "none"]);
     let spool = rig.tmp.path().join("spool");
     wait_for(&c, Duration::from_secs(60), "the segments uploaded", || {
         rhc_testkit::collector::files_under(&spool.join("events")).is_empty()
     });
-    let refused = rig
-        .proxy
-        .seen()
-        .iter()
-        .filter(|r| r.method == "POST" && r.target.contains(DELETE_OBJECTS) && r.faulted)
-        .count();
-    assert!(refused > 0, "no DELETE was refused");
-    assert_one_plain_object_per_partition(&event_objects(S3Rig::read(&rig.s3)), &ids);
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_tail(30));
+    assert_eq!(delete_requests(&rig), 0, "a delete was sent");
+    assert_one_object_per_partition(&event_objects(S3Rig::read(&rig.s3)), &ids, ".jsonl.gz");
 }
 
-/// Issue 35, item 2: as above, but the collector is killed (-9) while the store holds the
-/// delete of an old object (never passed on); the next start (still `--compression none`)
-/// deletes it.
+/// Issue 35, item 2, and r35h item G: a restart with `--compression none` killed (-9) while
+/// it uploads the segments published with gzip, then a start with gzip again: one object
+/// per partition under its first key, every line once, and no delete ever sent.
 #[test]
-fn a_compression_switch_deletes_the_old_objects_after_a_kill_during_the_delete() {
+fn a_compression_switch_killed_then_switched_back_keeps_one_object() {
     let Some(rig) = S3Rig::new() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
     let ids = grow_with_gzip_then_kill(&rig);
+    // The uploads of the switched run are held, so the kill comes in the middle of them.
     rig.proxy.add(
         Rule::new(Fault::Hold(Duration::from_secs(60)))
-            .method("POST")
-            .target_contains(DELETE_OBJECTS),
+            .method("PUT")
+            .target_contains(".jsonl"),
     );
     let mut c = rig.start(&["--upload-window", "1s", "--compression", "none"]);
-    wait_for(&c, Duration::from_secs(30), "a DELETE held", || {
-        rig.proxy
-            .arrived()
-            .iter()
-            .any(|(m, t)| m == "POST" && t.contains(DELETE_OBJECTS))
-    });
+    std::thread::sleep(Duration::from_secs(3));
     c.kill9();
     rig.proxy.clear();
-    let mut c = rig.start(&["--upload-window", "1s", "--compression", "none"]);
+    let mut c = rig.start(&["--upload-window", "1s"]);
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_tail(30));
-    assert_one_plain_object_per_partition(&event_objects(S3Rig::read(&rig.s3)), &ids);
+    assert_eq!(delete_requests(&rig), 0, "a delete was sent");
+    assert_one_object_per_partition(&event_objects(S3Rig::read(&rig.s3)), &ids, ".jsonl.gz");
 }
 
 /// Issue 35, item 4: a store outage (every request answered 500) with a 16 MiB budget and
@@ -1399,11 +1400,12 @@ fn a_shift_in_the_compression_ratio_never_holds_events_back_until_rotation() {
 }
 
 /// Issue 35 review, item 3: as the switch above, and the spool's disk is full for the
-/// record's small write (ENOSPC creating `growth/*.tmp`) for 3 s: the earlier key must not
-/// live in memory only (main at 40d3d47 removed the record, dropped the state, uploaded the
-/// segment whole and forgot the `.jsonl.gz` objects: every line twice, exit 0).
+/// record's small write (ENOSPC creating `growth/*.tmp`) for 3 s while the store refuses
+/// deletes: the segments keep the key their record names (main at 40d3d47 removed the
+/// record, dropped the state, uploaded the segment whole under the new key and forgot the
+/// `.jsonl.gz` objects: every line twice, exit 0).
 #[test]
-fn a_compression_switch_whose_record_cannot_be_written_still_deletes_the_old_objects() {
+fn a_compression_switch_whose_record_cannot_be_written_keeps_one_object() {
     let Some(rig) = S3Rig::new() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
@@ -1427,21 +1429,10 @@ fn a_compression_switch_whose_record_cannot_be_written_still_deletes_the_old_obj
     wait_for(&c, Duration::from_secs(60), "the segments uploaded", || {
         rhc_testkit::collector::files_under(&spool.join("events")).is_empty()
     });
-    let refused = rig
-        .proxy
-        .seen()
-        .iter()
-        .filter(|r| r.method == "POST" && r.target.contains(DELETE_OBJECTS) && r.faulted)
-        .count();
-    assert!(refused > 0, "no DELETE was refused");
-    assert!(
-        c.log_text().contains("No space left"),
-        "no record write failed\n{}",
-        c.log_tail(30)
-    );
-    assert_one_plain_object_per_partition(&event_objects(S3Rig::read(&rig.s3)), &ids);
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_tail(30));
+    assert_eq!(delete_requests(&rig), 0, "a delete was sent");
+    assert_one_object_per_partition(&event_objects(S3Rig::read(&rig.s3)), &ids, ".jsonl.gz");
 }
 
 /// Blocks allocated to every file under `dir` but its `skip` subdirectory (the ids journal,
@@ -1586,9 +1577,14 @@ fn first_publication_kill_then_switch(from: &str, to: &str, nth: u32) {
     assert!(status.success(), "{}", c.log_tail(30));
     let objects = event_objects(S3Rig::read(&rig.s3));
     let keys: Vec<&String> = objects.keys().collect();
-    let ext = if to == "gzip" { ".jsonl.gz" } else { ".jsonl" };
     assert_eq!(objects.len(), 1, "one object per partition: {keys:?}");
-    assert!(keys[0].ends_with(ext), "{keys:?}");
+    // A segment whose record names a key keeps it (and its compression) across the switch.
+    if let Some(first) = before.first() {
+        assert_eq!(
+            keys[0], first,
+            "the key of the first publication was not kept"
+        );
+    }
     let mut count: HashMap<String, u32> = HashMap::new();
     for (k, v) in &objects {
         for id in object_ids(k, v) {
@@ -1604,8 +1600,8 @@ fn first_publication_kill_then_switch(from: &str, to: &str, nth: u32) {
 /// first record, then a restart with the other `--compression`: main at c573aaf left both
 /// objects (`.jsonl.gz` and `.jsonl`), every line twice, and exited 0, as nothing named the
 /// key of that first PUT. Now a record naming the key is written (and fsync'd) before any
-/// PUT under it: killed at that record (1st) or at the one after the PUT (2nd), the restart
-/// deletes the earlier key's object once its own is whole.
+/// PUT under it: killed at that record (1st: nothing published) or at the one after the PUT
+/// (2nd), the restart keeps the key the record names (r35h: no delete needed).
 #[test]
 fn a_kill_after_a_first_publication_then_a_compression_switch_keeps_one_object() {
     first_publication_kill_then_switch("gzip", "none", 1);
@@ -1763,6 +1759,180 @@ fn many_published_partitions_free_the_spool_within_the_window() {
     }
     assert!(wrong.is_empty(), "{wrong:#?}\n{}", c.log_tail(20));
     assert_eq!(c.metric("rhc_spool_accounting_errors_total"), 0.0);
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_tail(30));
+}
+
+/// The review r35h, item D: the spool's disk is full for the compressed copies (every write
+/// to a shadow `growth/*.jsonl.gz` fails with ENOSPC, as when Ray's logs fill the emptyDir
+/// they share) while the store is healthy. The acknowledged events must still reach the
+/// bucket within a few windows, their segment uploaded whole (which needs no local disk),
+/// and SIGTERM must end with exit 0 and nothing left (main at c6fb7f8: the copy retried
+/// forever, the events out of the bucket until the rotation, whose seal then retried
+/// forever too; SIGTERM exited 3 with the segment left).
+#[test]
+fn a_full_spool_disk_for_the_copies_still_gets_the_events_to_the_bucket() {
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = Faults::build(tmp.path());
+    faults.arm("write", 28, 1_000_000, ".jsonl.gz$");
+    let bucket = tmp.path().join("bucket");
+    std::fs::create_dir_all(&bucket).unwrap();
+    let spool = tmp.path().join("spool");
+    let mut c = Collector::start(
+        &spool,
+        &[
+            "--storage",
+            bucket.to_str().unwrap(),
+            "--ray-tmp-dir",
+            tmp.path().join("ray").to_str().unwrap(),
+            "--upload-window",
+            "1s",
+            "--rotation-interval",
+            "120s",
+        ],
+        &faults.env(),
+    );
+    let mut acked = Vec::new();
+    for round in 0..2 {
+        let ids: Vec<String> = (0..100).map(|i| format!("d{round}-{i}")).collect();
+        post(&c, &ids, 1);
+        acked.extend(ids.iter().cloned());
+        // The rotation is 120 s away: only a whole upload gets them there this soon.
+        wait_for(
+            &c,
+            Duration::from_secs(15),
+            "acknowledged events in the bucket while the copies cannot be written",
+            || {
+                let have = ids_in_file_bucket(&bucket);
+                ids.iter().all(|id| have.contains(id))
+            },
+        );
+    }
+    assert!(
+        faults
+            .log()
+            .iter()
+            .any(|(call, path, ok)| call == "write" && path.contains("/growth/") && !ok),
+        "no write to a copy failed"
+    );
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_tail(30));
+    assert!(
+        rhc_testkit::collector::files_under(&spool.join("events")).is_empty(),
+        "segments left in the spool"
+    );
+    let have = ids_in_file_bucket(&bucket);
+    assert!(acked.iter().all(|id| have.contains(id)));
+}
+
+/// The review r35h, item E: segments sealed by size before any publication (batches over
+/// `--max-segment-bytes`), uploaded whole, while the store fails long enough for the
+/// uploader's retries to outlive the publisher's state (dropped every second): once the
+/// store answers and everything is uploaded, the growth files the seals counted are all
+/// given back, no more (main at c6fb7f8: the record made uncounted by the seal, then given
+/// back by the retry: `rhc_spool_accounting_errors_total` 5 here).
+#[test]
+fn a_whole_upload_retried_gives_back_the_growth_files_it_counted() {
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    let mut c = rig.start(&[
+        "--upload-window",
+        "10s",
+        "--max-segment-bytes",
+        "64KiB",
+        "--max-spool-bytes",
+        "256MiB",
+    ]);
+    rig.proxy.add(
+        Rule::new(Fault::Status(500, "InternalError".into())).for_time(Duration::from_secs(8)),
+    );
+    let url = c.url("/v1/events");
+    let mut seed = 0x5eed_u64;
+    for n in 0..6 {
+        assert!(post_body(
+            &url,
+            &padded_body(&format!("e{n}"), 200, 300, &mut seed)
+        ));
+    }
+    let spool = rig.tmp.path().join("spool");
+    wait_for(&c, Duration::from_secs(90), "the segments uploaded", || {
+        rhc_testkit::collector::files_under(&spool.join("events")).is_empty()
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        c.metric("rhc_spool_accounting_errors_total"),
+        0.0,
+        "{}",
+        c.log_tail(30)
+    );
+    assert_eq!(c.metric("rhc_spool_segments"), 0.0);
+    assert!(
+        rhc_testkit::collector::files_under(&spool.join("growth")).is_empty(),
+        "growth files left"
+    );
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_tail(30));
+}
+
+/// The review r35h, item H: a healthy store, 10 partitions with steady small traffic, and a
+/// client retrying every 2 s a batch too big for the room `--max-spool-bytes` leaves (its
+/// copies' reserve included), so sealing cannot make room for it: the refusals seal
+/// nothing, and each small partition keeps one object (main at c6fb7f8 sealed every
+/// published partition at each refusal, a new object each time: about 19 a minute each).
+#[test]
+fn a_refused_batch_that_sealing_cannot_help_seals_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut c, bucket) = file_collector(
+        tmp.path(),
+        &["--upload-window", "2s", "--max-spool-bytes", "16MiB"],
+    );
+    let url = c.url("/v1/events");
+    let mut seed = 0xb16_u64;
+    // About 12 MiB of events that gzip halves at best: with their copies' reserve, more
+    // than the 16 MiB budget beside anything.
+    let big = padded_body("big", 6000, 1000, &mut seed);
+    let start = Instant::now();
+    let mut refused = 0;
+    let mut last_big: Option<Instant> = None;
+    let mut n = 0;
+    while start.elapsed() < Duration::from_secs(20) {
+        let ids: Vec<String> = (0..20).map(|i| format!("h{n}-{i}")).collect();
+        n += 1;
+        // Jobs 2..12: the big batch is job 1.
+        let body = format!(
+            "[{}]",
+            ids.iter()
+                .enumerate()
+                .map(|(i, id)| event(id, 2 + i as u32 % 10))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        assert_eq!(c.post(body.as_bytes()).status, 200);
+        if last_big.is_none_or(|t| t.elapsed() >= Duration::from_secs(2)) {
+            last_big = Some(Instant::now());
+            assert!(!post_body(&url, &big), "the big batch was taken");
+            refused += 1;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(refused >= 8, "{refused} refusals");
+    let objects: Vec<String> = rhc_testkit::collector::files_under(&bucket)
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .filter(|p| {
+            p.contains("/job_events/")
+                && rhc_testkit::collector::history_server_accepts(p)
+                && !p.contains("/job_events/00000001/")
+        })
+        .collect();
+    assert!(
+        objects.len() <= 10,
+        "{} objects for 10 partitions after {refused} refused batches\n{}",
+        objects.len(),
+        c.log_tail(10)
+    );
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_tail(30));
 }

@@ -14,7 +14,9 @@
 //!   only when the budget has room for it, see [`crate::events::spool::Budget`]: a copy
 //!   refused part way has its segment sealed, uploaded whole without a copy; a write
 //!   that fails, a full disk included, cuts the shadow back to what its record says, and
-//!   the spool's count follows the shadow's length on disk whatever happens); with
+//!   the spool's count follows the shadow's length on disk whatever happens; a shadow or
+//!   record that cannot be written twice in a row, and at a seal once, has its segment
+//!   uploaded whole, which needs no local disk, [`PublishError::Copy`]); with
 //!   `--compression none` the segment itself is the object's bytes;
 //! - `file://`: the object's bytes so far (the shadow; with `--compression none` the
 //!   segment's first `durable` bytes) are copied beside the object under a temporary name
@@ -35,19 +37,26 @@
 //! tried again half a window later; an object that is not what the record says (changed, or left longer
 //! by an upload a crash interrupted) is uploaded whole from the shadow.
 //!
-//! A restart with another `--compression` names the object differently: it is written whole
-//! under the new key, and the record names the earlier key ([`Record::stale`]) before that
-//! object is deleted, so a delete that fails or is cut by a kill is tried again, by the
-//! next publication, the seal (which does not end until it is done) or the next start.
+//! A restart with another `--compression` changes only the segments without a record (new
+//! ones, and those no record names: an old spool, a record lost): a segment whose record
+//! names a key keeps that key and its compression to the end, whole upload included
+//! ([`Publisher::cfg_for`]), so no object ever needs deleting, and a store that refuses
+//! deletes (the S3 permissions docs/storage.md lists have no `s3:DeleteObject`) holds
+//! nothing back (the review r35h found a switch's delete refused with 403 retried forever).
+//! Only a record naming a key of another layout (an older version's record, another
+//! `--prefix`) is written whole under the new key, the earlier one named in the record
+//! ([`Record::stale`]) before that object is deleted, so a delete that fails or is cut by
+//! a kill is tried again, by the next publication, the seal (which does not end until it
+//! is done) or the next start.
 //!
 //! Every key written is named by the record first: a segment's first publication writes a
 //! record naming its key (holding nothing yet) and fsyncs it before the PUT, as a
 //! write-ahead log; a switch names the new key in the record before it is written; a seal
 //! of a segment never published records the key the uploader then uploads it whole under.
 //! The record stays until the segment has left the spool ([`Publisher::uploaded`]). So a
-//! kill -9 anywhere, then a restart in any `--compression`, knows every key an object of
-//! the segment may be under, and ends with one (the review r35e found a kill between a
-//! first PUT and its record, then the other setting, leaving both objects).
+//! kill -9 anywhere, then a restart in any `--compression`, knows the key an object of
+//! the segment may be under, and keeps it (the review r35e found a kill between a first
+//! PUT and its record, then the other setting, leaving both objects).
 //!
 //! Sealing ends with a last publication of the remaining bytes to the same key
 //! ([`Publisher::seal`], called by the uploader), then the shadow is deleted, and the
@@ -78,7 +87,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::sync::{watch, Mutex as AsyncMutex, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::events::object::{gzip_level, object_key, upload_file, UploaderConfig};
+use crate::events::object::{gzip_level, object_key, upload_file, Compression, UploaderConfig};
 use crate::events::spool::{
     growth_names, FileKind, OpenView, SealedFile, SpoolStats, FILE_BUDGET_BYTES, GROWTH_DIR,
 };
@@ -125,8 +134,8 @@ struct Record {
     object_len: u64,
     /// Its ETag after our last write.
     e_tag: Option<String>,
-    /// Keys this segment's objects were published under before (`--compression` changed
-    /// across a restart) whose deletion is not known to be done: deleted once the object
+    /// Keys this segment's objects were published under before (a key of another layout, or
+    /// of another `--compression` in the records of versions before r35h) whose deletion is not known to be done: deleted once the object
     /// under `key` holds what they held, and the seal ends only when none is left.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     stale: Vec<String>,
@@ -157,6 +166,9 @@ struct State {
     /// the segment's bytes up to `raw`. The next round appends only what is newer, instead
     /// of cutting the shadow back and compressing it all again.
     ahead: Option<Ahead>,
+    /// Publications of this open segment in a row that failed writing its copy or record
+    /// ([`PublishError::Copy`]): the second has it sealed.
+    copy_failures: u8,
 }
 
 /// See [`State::ahead`].
@@ -203,9 +215,23 @@ pub enum PublishError {
         /// What is wrong.
         why: String,
     },
-    /// Reading or writing the shadow failed (a full or failing spool disk): nothing is wrong
+    /// Writing the compressed copy (the shadow) or the record failed: a full or failing
+    /// spool disk (ENOSPC, EDQUOT, EIO...). An open segment's publication is tried again
+    /// half a window later once (a passing failure); a second failure in a row has it
+    /// sealed, and a seal uploads the segment whole, which needs no local disk: so a full
+    /// spool disk never holds acknowledged events out of the bucket (the review r35h found
+    /// them kept out until a node loss lost them, the seal retried forever and SIGTERM
+    /// exiting 3). The record's earlier keys are still deleted after the whole upload.
+    #[error("{path}: {why}")]
+    Copy {
+        /// Which file.
+        path: PathBuf,
+        /// What failed.
+        why: String,
+    },
+    /// Reading the segment failed (EIO, EMFILE, a signal...): nothing is known to be wrong
     /// with the files, so the publication is tried again half a window later (at a seal: by
-    /// the uploader's backoff), never given up until the seal.
+    /// the uploader's backoff).
     #[error("{path}: {why}")]
     Io {
         /// Which file.
@@ -344,7 +370,10 @@ impl Publisher {
                 states.retain(|p, s| {
                     Arc::strong_count(s) > 1
                         || s.try_lock().map_or(true, |g| {
-                            g.whole_next || g.ahead.is_some() || (g.done && self.stats.is_open(p))
+                            g.whole_next
+                                || g.ahead.is_some()
+                                || g.copy_failures > 0
+                                || (g.done && self.stats.is_open(p))
                         })
                 });
                 states.shrink_to_fit();
@@ -443,6 +472,7 @@ impl Publisher {
         self.settle_growth_files(&mut st, view.kind, path);
         match published {
             Ok(_) => {
+                st.copy_failures = 0;
                 self.stats.segment_published(path, view.durable, read_at);
                 // Earlier keys (none in an open segment of this run, in practice): their
                 // failure is logged and tried again with the next publication or the seal.
@@ -464,6 +494,18 @@ impl Publisher {
                         // the bucket (the review of issue 35).
                         tracing::warn!(error = %e, "no room for an open segment's compressed copy; sealing it to upload it whole");
                         self.stats.request_seal(path);
+                    }
+                    PublishError::Copy { .. } => {
+                        st.copy_failures = st.copy_failures.saturating_add(1);
+                        if st.copy_failures >= 2 {
+                            // The spool disk stays full (or failing): the segment goes up
+                            // whole, which needs no local disk, instead of its events waiting
+                            // out of the bucket for the disk to free.
+                            tracing::warn!(error = %e, "could not write an open segment's compressed copy or record twice in a row; sealing it to upload it whole");
+                            self.stats.request_seal(path);
+                        } else {
+                            tracing::warn!(error = %e, "could not write an open segment's compressed copy or record; tried again half a window later");
+                        }
                     }
                     PublishError::Io { .. } => {
                         tracing::warn!(error = %e, "could not publish an open segment; tried again half a window later");
@@ -494,10 +536,12 @@ impl Publisher {
             compressible: true,
             pending_since: None,
         };
-        let key = object_key(&self.cfg, &file);
-        let gzip = gzip_level(&self.cfg, &file);
+        let cfg = self.cfg_for(st.record.as_ref(), &file);
+        let key = object_key(&cfg, &file);
+        let gzip = gzip_level(&cfg, &file);
         if st.record.as_ref().is_some_and(|r| r.key != key) {
-            // Published under another key (`--compression` changed across a restart): this
+            // Published under another key (not a compression switch, which keeps the
+            // record's key: another layout, or a record of an older version): this
             // one is written whole first, then that object goes, so a reader always has one
             // of them (and a failure leaves the earlier one, tried again later). The earlier
             // key goes into the new record before it is deleted ([`Record::stale`]), so a
@@ -548,7 +592,7 @@ impl Publisher {
             // A first publication: nothing on disk names the key yet, so before anything is
             // written under it, a record does (durably, as a write-ahead log): a kill after
             // the PUT then leaves a record naming the object, and a restart with another
-            // `--compression` deletes it once the object under its own key is whole (the
+            // `--compression` keeps publishing under it ([`Publisher::cfg_for`]) (the
             // review r35e found both objects, every line twice, after a kill between a first
             // PUT and its record). It holds nothing yet, so the next publication is whole.
             // If it cannot be written (a full disk), nothing is published now: tried again.
@@ -802,6 +846,12 @@ impl Publisher {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {
                     tracing::info!(%key, "deleted the object published under the earlier key");
                 }
+                Err(e) if delete_refused(&e) => {
+                    // Final: retrying a delete the credentials do not allow would keep the
+                    // segment in the spool for good (the review r35h).
+                    tracing::warn!(%key, error = %e, "the store refuses to delete the object published under the earlier key (the credentials lack s3:DeleteObject or its equivalent): it stays in the bucket beside the new one; not tried again");
+                    m::publication("delete_refused", 0);
+                }
                 Err(e) => {
                     tracing::warn!(%key, error = %e, "could not delete the object published under the earlier key; tried again");
                     left.push(key.clone());
@@ -819,7 +869,8 @@ impl Publisher {
     /// under earlier keys, and forgets its growth state. `None` when it has no publication
     /// (upload it whole, as before); the bytes sent otherwise. A publication that cannot
     /// continue (the object or the shadow not as recorded, no room in the budget for the
-    /// copy) is redone whole from the segment. An error leaves the record (and with it
+    /// copy, the copy or the record not written: a full spool disk) is redone whole from
+    /// the segment. An error leaves the record (and with it
     /// the earlier keys still to delete) for the uploader's next try.
     pub async fn seal(&self, f: &SealedFile) -> Option<Result<u64, UploadError>> {
         if !(f.compressible && matches!(f.kind, FileKind::Events | FileKind::Quarantine)) {
@@ -827,16 +878,31 @@ impl Publisher {
         }
         let state = self.state(&f.path);
         let mut st = state.lock().await;
-        if let Some(a) = &self.appender {
-            crate::storage::append::remove_local_temp(a, &object_key(&self.cfg, f)).await;
-        }
         self.load(&mut st, f.kind, &f.path);
+        // The key and compression the segment was published with, whatever this run's.
+        let cfg = self.cfg_for(st.record.as_ref(), f);
+        if let Some(a) = &self.appender {
+            crate::storage::append::remove_local_temp(a, &object_key(&cfg, f)).await;
+        }
         if st.record.is_none() {
             // Uploaded whole by the uploader: the key it PUTs is recorded first, so a kill
             // before the segment leaves the spool, then a restart with another
-            // `--compression`, deletes that object instead of keeping both. A record that
+            // `--compression`, uploads it under that key again instead of keeping both. A record that
             // cannot be written (a full disk) does not hold the upload back: the segment's
             // events are not in the bucket yet, and freeing the disk comes first.
+            //
+            // The record file is counted in the budget's files before it is made, like every
+            // growth file (the review r35h found it made uncounted here, then given back by
+            // the next seal's forget after a failed upload: the files count one short).
+            // Knowing the key matters more than a few hundred bytes: counted even past the
+            // budget.
+            if self
+                .claim_growth_files(&mut st, f.kind, &f.path, false)
+                .is_err()
+            {
+                self.stats.budget().add_growth_file();
+                st.files += 1;
+            }
             let intent = Record {
                 key: object_key(&self.cfg, f),
                 raw: 0,
@@ -847,6 +913,7 @@ impl Publisher {
             if let Err(e) = self.write_intent(f.kind, &f.path, &intent, false).await {
                 tracing::warn!(error = %e, "could not record the key of a sealed segment before uploading it whole");
             }
+            self.settle_growth_files(&mut st, f.kind, &f.path);
             self.forget(&mut st, f);
             return None;
         }
@@ -864,17 +931,23 @@ impl Publisher {
                 self.forget(&mut st, f);
                 Some(Ok(sent.unwrap_or(0)))
             }
-            Err(e @ (PublishError::Local { .. } | PublishError::NoRoom { .. })) => {
+            Err(
+                e @ (PublishError::Local { .. }
+                | PublishError::NoRoom { .. }
+                | PublishError::Copy { .. }),
+            ) => {
                 tracing::warn!(error = %e, "uploading the sealed segment whole");
-                let key = object_key(&self.cfg, f);
+                let key = object_key(&cfg, f);
                 let stale = stale_keys(st.record.as_ref(), &key);
-                if stale.is_empty() {
+                if stale.is_empty() && Arc::ptr_eq(&cfg, &self.cfg) {
                     self.forget(&mut st, f);
                     return None;
                 }
-                // Objects under earlier keys go once this one holds the segment whole; until
-                // then the record (naming them) stays for the next try.
-                let sent = match upload_file(&self.cfg, &self.store, f).await {
+                // Uploaded here under the key the record names (in its compression, which
+                // may not be this run's); objects under earlier keys go once this one holds
+                // the segment whole; until then the record (naming them) stays for the next
+                // try.
+                let sent = match upload_file(&cfg, &self.store, f).await {
                     Ok(n) => n,
                     Err(e) => return Some(Err(e)),
                 };
@@ -904,8 +977,40 @@ impl Publisher {
     /// between the two leaves a record without a segment, removed by the next start).
     pub fn uploaded(&self, f: &SealedFile) {
         if let Some((shadow, record)) = self.growth_paths(f.kind, &f.path) {
-            let _ = fs::remove_file(&record);
+            // The record stayed counted after [`Publisher::forget`]: given back as it goes.
+            if fs::remove_file(&record).is_ok() {
+                self.stats.budget().files_gone(1);
+            }
             let _ = fs::remove_file(&shadow);
+        }
+    }
+
+    /// The settings `f` is published and uploaded with: this run's, unless its record names
+    /// the key the other `--compression` gives it (an earlier run published it, or recorded
+    /// it before uploading it whole): then that compression. So a segment keeps its key and
+    /// compression across a restart with another `--compression` (only segments without a
+    /// record take the new setting) and no object of it ever needs deleting: the S3
+    /// permissions docs/storage.md documents have no `s3:DeleteObject` (the review r35h found
+    /// the switch's delete refused with 403 and retried forever, the segments kept in the
+    /// spool and SIGTERM exiting 3).
+    fn cfg_for(&self, record: Option<&Record>, f: &SealedFile) -> Arc<UploaderConfig> {
+        let Some(r) = record else {
+            return self.cfg.clone();
+        };
+        if r.key == object_key(&self.cfg, f) {
+            return self.cfg.clone();
+        }
+        let mut other = (*self.cfg).clone();
+        other.compression = match self.cfg.compression {
+            Compression::Gzip => Compression::None,
+            Compression::None => Compression::Gzip,
+        };
+        if object_key(&other, f) == r.key {
+            Arc::new(other)
+        } else {
+            // Another layout (not a compression switch): published under this run's key,
+            // the record's deleted after (see [`Record::stale`]).
+            self.cfg.clone()
         }
     }
 
@@ -935,7 +1040,7 @@ impl Publisher {
         } else {
             write_record(&path, r)
         };
-        written.map_err(|e| PublishError::Io {
+        written.map_err(|e| PublishError::Copy {
             path: path.clone(),
             why: format!("recording the key before writing it: {e}"),
         })
@@ -943,16 +1048,19 @@ impl Publisher {
 
     /// Deletes the shadow of `f`; its state is done. The record stays on disk until the
     /// segment is gone ([`Publisher::uploaded`]): a kill before that, then a restart with
-    /// another `--compression`, must still know the key its object is under (it is counted
-    /// gone from the budget now: a few hundred bytes for the moment the upload ends).
+    /// another `--compression`, must still know the key its object is under; it stays
+    /// counted in the budget's files until then, so every growth file is counted from just
+    /// before it is made until it is removed, and what is claimed is what is given back.
     fn forget(&self, st: &mut State, f: &SealedFile) {
-        if let Some((shadow, _)) = self.growth_paths(f.kind, &f.path) {
+        let mut kept = 0;
+        if let Some((shadow, record)) = self.growth_paths(f.kind, &f.path) {
             let _ = fs::remove_file(&shadow);
+            kept = u64::from(record.exists()).min(st.files);
         }
         self.stats.budget().sub_stored(st.counted);
-        self.stats.budget().files_gone(st.files);
+        self.stats.budget().files_gone(st.files - kept);
         st.counted = 0;
-        st.files = 0;
+        st.files = kept;
         st.record = None;
         st.done = true;
     }
@@ -969,6 +1077,15 @@ fn stale_keys(record: Option<&Record>, key: &str) -> Vec<String> {
         keys.push(r.key.clone());
     }
     keys
+}
+
+/// A delete the store refuses for good: the credentials do not allow it (403, or
+/// `AccessDenied` for the key in a DeleteObjects answer).
+fn delete_refused(e: &object_store::Error) -> bool {
+    matches!(
+        e,
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }
+    ) || e.to_string().contains("AccessDenied")
 }
 
 fn permits(bytes: u64) -> u32 {

@@ -8,6 +8,9 @@
 //! spool's count of it ([`CopyAccount`]) ends at its length on disk, so `rhc_spool_bytes`
 //! can neither drift above what the disk holds nor below zero (issue 35's review found a
 //! failed write left 153,872 bytes uncounted, and the count wrapped below zero).
+//!
+//! A failure writing the shadow is [`PublishError::Copy`] (the segment goes up whole if it
+//! lasts, see the variant), one reading the segment [`PublishError::Io`] (tried again).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -94,7 +97,7 @@ pub(super) fn extend_shadow(
     compressor: &mut Compressor,
     acct: &mut CopyAccount,
 ) -> Result<u64, PublishError> {
-    let local = |why: String| PublishError::Io {
+    let local = |why: String| PublishError::Copy {
         path: job.shadow.to_path_buf(),
         why,
     };
@@ -135,8 +138,14 @@ fn append_members(
     (enc, member): &mut Compressor,
     acct: &mut CopyAccount,
 ) -> Result<u64, PublishError> {
-    let local = |why: String| PublishError::Io {
+    // Writing the shadow failed (a full or failing spool disk): [`PublishError::Copy`].
+    let local = |why: String| PublishError::Copy {
         path: job.shadow.to_path_buf(),
+        why,
+    };
+    // Reading the segment failed: [`PublishError::Io`] (tried again).
+    let read_failed = |why: String| PublishError::Io {
+        path: job.segment.to_path_buf(),
         why,
     };
     let (to, object_len) = (job.to, job.object_len);
@@ -155,7 +164,7 @@ fn append_members(
     let mut src =
         open_scanned(&job.segment, None).map_err(|e| segment_read_error(&job.segment, e))?;
     src.seek(SeekFrom::Start(from))
-        .map_err(|e| local(e.to_string()))?;
+        .map_err(|e| read_failed(e.to_string()))?;
     if from == to {
         // Nothing new (a whole upload of the object so far).
         return Ok(start);
@@ -173,7 +182,7 @@ fn append_members(
                     last = l;
                 }
             })
-            .map_err(|e| local(format!("compressing: {e}")))?;
+            .map_err(|e| read_failed(format!("reading to compress: {e}")))?;
         let n = member.len() as u64;
         let budget = acct.stats.budget();
         if !budget.claim_copy(n) {

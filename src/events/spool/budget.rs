@@ -22,9 +22,13 @@
 //!   within the budget ([`Budget::claim`], one lock with every other claim, so two writers of
 //!   the spool never both take the last room);
 //! - the HTTP side answers 503 (and `/readyz` 503) once used reaches 90 % of the budget
-//!   ([`high_watermark`]); then, and when a write was refused for room, the writer seals the
-//!   open segments whose events are all in the bucket ([`Budget::wants_room`]), which frees
-//!   their bytes, copies and records within about the upload window;
+//!   ([`high_watermark`]); then, and when a write was refused for room that sealing can
+//!   make, the writer seals the open segments whose events are all in the bucket
+//!   ([`Budget::wants_room`]), which frees their bytes, copies and records within about the
+//!   upload window (a refused write that sealing all of them cannot make room for, a batch
+//!   near the budget's size, seals nothing: the review r35h found such a batch, retried
+//!   every 2 s, sealing every published partition each time, 19 objects per partition a
+//!   minute);
 //! - the export tailer reads lines while used, the lines and their copies' reserve stay
 //!   below 80 % ([`Budget::room_for_lines`]);
 //! - a copy's member is written only when the disk holds room for it beside everything
@@ -141,8 +145,9 @@ struct Ledger {
     /// Of `files`, the publisher's growth files (shadows and records of open segments in
     /// `spool/growth/`): not segments, so not in `rhc_spool_segments`.
     growth_files: Count,
-    /// A write was refused for room since [`Budget::wants_room`] last asked.
-    refused: bool,
+    /// The room lacked by the write refused for room that lacked the least, since
+    /// [`Budget::wants_room`] last asked.
+    refused: Option<u64>,
     claimed: Count,
     uncopied: Count,
     /// Decayed sums of the raw and compressed bytes of recent copies.
@@ -266,7 +271,8 @@ impl Budget {
         }
         let wanted = bytes.saturating_add(reserve);
         if used.saturating_add(wanted) > self.max {
-            l.refused = true;
+            let short = used.saturating_add(wanted) - self.max;
+            l.refused = Some(l.refused.map_or(short, |r| r.min(short)));
             return Err(OverBudget {
                 used,
                 wanted,
@@ -335,12 +341,17 @@ impl Budget {
         l.files.get().saturating_sub(l.growth_files.get())
     }
 
-    /// Whether the spool needs room now: used at or past the high watermark, or a write
-    /// refused for room since the last call (which clears that).
-    pub fn wants_room(&self) -> bool {
+    /// Whether the spool needs room now, and how much: `Some(0)` (any room helps) when used
+    /// is at or past the high watermark; else, when writes were refused for room since the
+    /// last call (which clears that), the least room one of them lacked: sealing helps them
+    /// only when it frees that much.
+    pub fn wants_room(&self) -> Option<u64> {
         let mut l = self.ledger();
-        let refused = std::mem::take(&mut l.refused);
-        refused || self.used_in(&l) >= high_watermark(self.max)
+        let refused = l.refused.take();
+        if self.used_in(&l) >= high_watermark(self.max) {
+            return Some(0);
+        }
+        refused
     }
 
     /// Gives back `n` claimed bytes.
@@ -516,14 +527,20 @@ mod tests {
         assert_eq!((b.files(), b.segment_files()), (4, 1));
         b.files_gone(3);
         assert_eq!((b.files(), b.segment_files()), (1, 1));
-        assert!(!b.wants_room());
+        assert_eq!(b.wants_room(), None);
         b.add_stored(high_watermark(b.max()) - FILE_BUDGET_BYTES);
-        assert!(b.wants_room(), "at the high watermark");
+        assert_eq!(b.wants_room(), Some(0), "at the high watermark");
         b.sub_stored(1);
-        assert!(!b.wants_room());
+        assert_eq!(b.wants_room(), None);
+        let used = high_watermark(b.max()) - 1;
         assert!(b.claim(b.max(), 0).is_err());
-        assert!(b.wants_room(), "a write was refused for room");
-        assert!(!b.wants_room(), "asked once");
+        assert!(b.claim(b.max() - used + 10, 0).is_err());
+        assert_eq!(
+            b.wants_room(),
+            Some(10),
+            "writes were refused for room: the least one lacked"
+        );
+        assert_eq!(b.wants_room(), None, "asked once");
         assert_eq!(b.errors(), 0);
     }
 

@@ -441,16 +441,24 @@ impl SpoolStats {
     /// Open segments whose every durable byte is in the bucket (published, nothing new
     /// since): sealing one frees its bytes, copy and record at once, at no upload beyond
     /// the seal's empty publication.
-    pub(super) fn published_open_segments(&self) -> HashSet<PathBuf> {
+    /// With the bytes their seals free at least (the segments' own bytes and files, not
+    /// counting their compressed copies).
+    pub(super) fn published_open_segments(&self) -> (HashSet<PathBuf>, u64) {
         self.open
             .lock()
             .map(|o| {
-                o.iter()
+                let mut freed = 0u64;
+                let set = o
+                    .iter()
                     .filter(|(_, v)| {
                         v.durable > 0 && v.published >= v.durable && v.unpublished_since.is_none()
                     })
-                    .map(|(p, _)| p.clone())
-                    .collect()
+                    .map(|(p, v)| {
+                        freed = freed.saturating_add(v.durable + FILE_BUDGET_BYTES);
+                        p.clone()
+                    })
+                    .collect();
+                (set, freed)
             })
             .unwrap_or_default()
     }

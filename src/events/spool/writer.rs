@@ -146,7 +146,8 @@ pub(super) struct Writer {
 const TORN_RECORD_RETRY: Duration = Duration::from_secs(5);
 
 /// How often the writer asks whether the spool needs room (over its high watermark, or a
-/// request refused), to seal open segments already in the bucket: often enough to free the
+/// request refused that sealing can make room for), to seal open segments already in the
+/// bucket: often enough to free the
 /// spool well within an upload window, rarely enough that walking the open segments costs
 /// nothing.
 const ROOM_CHECK_EVERY: Duration = Duration::from_millis(200);
@@ -389,13 +390,22 @@ impl Writer {
             if room_due {
                 last_room_check = Instant::now();
             }
-            if room_due && self.stats.budget().wants_room() {
-                let published = self.stats.published_open_segments();
-                if !published.is_empty() {
+            // Only when that frees the room wanted: at the high watermark any room helps;
+            // for a refused write, sealing helps only if it frees what that write lacked
+            // (the review r35h: a batch too big for the spool, retried every 2 s, sealed
+            // every published partition each time, objects multiplying for nothing).
+            let wanted = if room_due {
+                self.stats.budget().wants_room()
+            } else {
+                None
+            };
+            if let Some(short) = wanted {
+                let (published, freed) = self.stats.published_open_segments();
+                if !published.is_empty() && freed >= short {
                     tracing::info!(
                         segments = published.len(),
                         used = self.stats.budget_used(),
-                        "the spool is over its high watermark: sealing the open segments already in the bucket to free their room"
+                        "the spool needs room (over its high watermark, or a refused request this makes room for): sealing the open segments already in the bucket to free their room"
                     );
                     self.seal_where(|s| published.contains(&s.path));
                 }
