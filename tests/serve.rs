@@ -893,3 +893,139 @@ fn sessions_load_once_and_keep_within_the_cache_budget() {
     get(&s, "/api/v0/tasks", &cookies_for(CAMEL_SESSION), 200);
     assert_eq!(metric(&s, "rhc_serve_session_loads_total"), 3);
 }
+
+/// A `file://` bucket made by hand: cluster `c1`'s marker for `session`, and `snapshots`
+/// (object name, bytes) in its `fetched_endpoints/`.
+fn hand_bucket(dir: &Path, session: &str, snapshots: &[(&str, &[u8])]) {
+    let marker = dir.join("cluster-metadata/raycluster/default_c1");
+    std::fs::create_dir_all(&marker).unwrap();
+    std::fs::write(marker.join(session), b"").unwrap();
+    let fe = dir
+        .join("cluster-history/raycluster/default/c1")
+        .join(session)
+        .join("fetched_endpoints");
+    std::fs::create_dir_all(&fe).unwrap();
+    for (name, bytes) in snapshots {
+        std::fs::write(fe.join(name), bytes).unwrap();
+    }
+}
+
+/// A connection that sends `request` (as much of `times` copies as the kernel takes at once)
+/// with a 4 KiB receive buffer and never reads.
+fn non_reader(port: u16, request: &[u8], times: usize) -> std::net::TcpStream {
+    let s = socket_with_small_window(port);
+    s.set_nonblocking(true).unwrap();
+    let mut w = &s;
+    for _ in 0..times {
+        use std::io::Write as _;
+        if w.write(request).map_or(true, |n| n == 0) {
+            break;
+        }
+    }
+    s
+}
+
+/// A loopback connection to `port` whose receive buffer is 4 KiB (set before connecting, so
+/// the window it offers stays small).
+fn socket_with_small_window(port: u16) -> std::net::TcpStream {
+    use std::os::fd::FromRawFd as _;
+    // SAFETY: a new socket, owned by the TcpStream made from it below (or closed on error).
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0);
+        let size: libc::c_int = 4096;
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &size as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        let addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_be_bytes([127, 0, 0, 1]).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let r = libc::connect(
+            fd,
+            &addr as *const libc::sockaddr_in as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        let s = std::net::TcpStream::from_raw_fd(fd);
+        assert_eq!(r, 0, "connect: {}", std::io::Error::last_os_error());
+        s
+    }
+}
+
+/// Review r36e: clients that pipeline requests and never read the answers held every
+/// connection place for good, and unread answers piled up in memory. Now a place whose writes
+/// have stalled gives way to a new connection at the cap, a stalled answer is cut after
+/// 10 s (`WRITE_STALL_TIMEOUT`), and answers held while they are sent stay within 256 MiB
+/// (`MAX_ANSWER_BYTES_IN_FLIGHT`): past it, `503` with `x-rhc-answers-in-flight-full`.
+#[test]
+fn clients_that_do_not_read_neither_lock_out_nor_hold_answers() {
+    const SESSION: &str = "session_2026-11-22_05-00-00_000000_1";
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    // A 40 MB answer (a JSON string): six fit 256 MiB, the seventh does not.
+    let mut big = vec![b'x'; 40_000_000];
+    big[0] = b'"';
+    *big.last_mut().unwrap() = b'"';
+    hand_bucket(&bucket, SESSION, &[("restful__api__big", &big)]);
+    let s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve.log"),
+        &[],
+        &[],
+    );
+    let cookies = cookies_for(SESSION);
+    let cookie_header = cookies
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+
+    // 520 connections (the cap is 512) pipelining /livez and never reading.
+    let pipelined = b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n".repeat(2000);
+    let hogs: Vec<_> = (0..520)
+        .map(|_| non_reader(s.port, &pipelined, 40))
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let r = rhc_testkit::http::try_http_request_within(
+        "GET",
+        &format!("http://127.0.0.1:{}/readz", s.port),
+        &[],
+        &[],
+        Duration::from_secs(5),
+    )
+    .unwrap_or_else(|e| panic!("a new client is locked out: {e}\n{}", s.log_text()));
+    assert_eq!(r.status, 200);
+    drop(hogs);
+
+    // Seven clients ask for the 40 MB answer and never read it.
+    let request =
+        format!("GET /api/big HTTP/1.1\r\nHost: x\r\nCookie: {cookie_header}\r\n\r\n").into_bytes();
+    let mut readers: Vec<_> = (0..7).map(|_| non_reader(s.port, &request, 1)).collect();
+    std::thread::sleep(Duration::from_secs(3));
+    let r = get(&s, "/api/big", &cookies, 503);
+    assert_eq!(r.header("x-rhc-answers-in-flight-full"), Some("true"));
+    assert!(r.header("retry-after").is_some());
+    // Once they have stalled 10 s, they are cut: what they can still read ends short.
+    std::thread::sleep(Duration::from_secs(10));
+    let r = get(&s, "/api/big", &cookies, 200);
+    assert_eq!(r.body.len(), big.len());
+    for c in &mut readers {
+        use std::io::Read as _;
+        c.set_nonblocking(false).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = Vec::new();
+        let end = c.read_to_end(&mut got);
+        assert!(
+            got.len() < big.len(),
+            "a client that did not read got its whole answer after the stall ({end:?})"
+        );
+    }
+}
