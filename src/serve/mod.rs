@@ -94,6 +94,8 @@ pub(crate) struct ServeState {
     pub(crate) frontend: Option<frontend::Frontend>,
     /// KiB of answers being sent ([`inflight::MAX_ANSWER_BYTES_IN_FLIGHT`]).
     pub(crate) answers: Arc<Semaphore>,
+    /// The session markers, listed once for concurrent requests.
+    pub(crate) markers: clusters::MarkerListing,
 }
 
 pub(crate) type Shared = Arc<ServeState>;
@@ -243,6 +245,12 @@ async fn metrics(
             c.stats.evictions.load(Relaxed),
         ),
         (
+            "rhc_serve_marker_listings_total",
+            "counter",
+            "Listings of the session markers (one serves the requests of 5 s).",
+            state.markers.listings.load(Relaxed),
+        ),
+        (
             "rhc_serve_sessions_cached",
             "gauge",
             "Sessions loaded and held.",
@@ -302,6 +310,7 @@ pub async fn run(args: ServeArgs, env: &dyn Fn(&str) -> Option<String>) -> anyho
         cache: Arc::new(cache::SessionCache::new(args.cache_bytes)),
         frontend,
         answers: inflight::budget(),
+        markers: clusters::MarkerListing::default(),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
