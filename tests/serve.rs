@@ -1087,3 +1087,90 @@ fn concurrent_cluster_lists_share_one_listing() {
         "session_2026-11-28_23-00-00_000499_9"
     );
 }
+
+/// `GET path` until the session has loaded (at most 30 s of `503`s).
+fn get_loaded(s: &Serve, path: &str, cookies: &[(String, String)]) -> HttpResponse {
+    let started = std::time::Instant::now();
+    loop {
+        let r = s
+            .get(path, cookies)
+            .unwrap_or_else(|e| panic!("GET {path}: {e}\n{}", s.log_text()));
+        if r.status != 503 || started.elapsed() > Duration::from_secs(30) {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Review r36e: a task event with one field of the wrong type was dropped without a word
+/// (`200`, no `x-rhc-bad-lines`). Now each is a bad line, counted in the answer's header.
+#[test]
+fn task_events_of_the_wrong_types_are_counted_as_bad_lines() {
+    use base64::Engine as _;
+    const SESSION: &str = "session_2026-11-22_05-00-00_000000_1";
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let node: Vec<u8> = (1..=28).collect();
+    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
+    let job = b64(&[1, 0, 0, 0]);
+    let task_id = |i: u8| {
+        let mut id = vec![0, 0, 0, i, 0, 0, 0, 0];
+        id.extend([0xff; 12]);
+        id.extend([1, 0, 0, 0]);
+        b64(&id)
+    };
+    let def = |i: u8, over: Value| {
+        let mut p = json!({"taskId": task_id(i), "taskAttempt": 0, "jobId": job,
+            "taskType": "NORMAL_TASK", "taskName": format!("t{i}")});
+        p.as_object_mut()
+            .unwrap()
+            .extend(over.as_object().unwrap().clone());
+        json!({"eventId": format!("d{i}"), "eventType": "TASK_DEFINITION_EVENT",
+            "timestamp": "2026-11-22T05:00:01Z", "sessionName": SESSION, "taskDefinitionEvent": p})
+    };
+    let life = |i: u8, over: Value| {
+        let mut p = json!({"taskId": task_id(i), "taskAttempt": 0, "jobId": job,
+            "nodeId": b64(&node), "workerPid": 7,
+            "stateTransitions": [{"state": "FINISHED", "timestamp": "2026-11-22T05:00:02Z"}]});
+        p.as_object_mut()
+            .unwrap()
+            .extend(over.as_object().unwrap().clone());
+        json!({"eventId": format!("l{i}"), "eventType": "TASK_LIFECYCLE_EVENT",
+            "timestamp": "2026-11-22T05:00:02Z", "sessionName": SESSION, "taskLifecycleEvent": p})
+    };
+    let events = [
+        def(1, json!({})),
+        life(1, json!({})),
+        def(2, json!({})),
+        life(2, json!({"workerPid": true})),
+        def(3, json!({"taskName": 5})),
+        life(3, json!({})),
+        def(4, json!({})),
+        life(4, json!({"nodeId": ["x"]})),
+        def(5, json!({"taskAttempt": [0]})),
+        life(5, json!({})),
+        def(6, json!({})),
+        life(6, json!({"stateTransitions": {"state": "FINISHED"}})),
+    ];
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    hand_bucket(&bucket, SESSION, &[]);
+    let dir = bucket
+        .join("cluster-history/raycluster/default/c1")
+        .join(SESSION)
+        .join(&node_hex)
+        .join("node_events");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text: String = events.iter().map(|e| format!("{e}\n")).collect();
+    std::fs::write(dir.join(format!("{node_hex}-2026-11-22-05-1.jsonl")), text).unwrap();
+    let s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve.log"),
+        &[],
+        &[],
+    );
+    let r = get_loaded(&s, "/api/v0/tasks?limit=100", &cookies_for(SESSION));
+    assert_eq!(r.status, 200, "{}", body(&r));
+    assert_eq!(r.header("x-rhc-bad-lines"), Some("5"), "{:?}", r.headers);
+    // The good events still make their tasks: all six are defined or finished by one of them.
+    assert_eq!(json_of(&r)["data"]["result"]["total"], 6);
+}

@@ -681,15 +681,47 @@ pub(super) fn scan_line(
     }
 }
 
+/// The type of `v` if it is a task event, the events the typed reader ([`Line`]) reads.
+fn task_event_kind(v: &Value) -> Option<&str> {
+    let field = |camel: &str, snake: &str| {
+        v.get(camel)
+            .or_else(|| v.get(snake))
+            .and_then(Value::as_str)
+    };
+    if v.get("event_data").is_some() || v.get("eventData").is_some() {
+        return field("source_type", "sourceType").filter(|t| *t == "EXPORT_TASK");
+    }
+    field("eventType", "event_type").filter(|t| {
+        matches!(
+            *t,
+            "TASK_DEFINITION_EVENT"
+                | "ACTOR_TASK_DEFINITION_EVENT"
+                | "TASK_LIFECYCLE_EVENT"
+                | "TASK_PROFILE_EVENT"
+        )
+    })
+}
+
 /// Reads one JSON value that is an event (an element of a legacy array, or a line the typed
-/// reader refused).
+/// reader refused). A task event that the typed reader refuses is an error (a bad line).
 pub(super) fn scan_value(v: &Value, seq: u64, logs_of: Option<CompactId>) -> Scanned {
     if !v.is_object() {
         return Err("not a JSON object".into());
     }
-    if let Ok(typed) = Line::deserialize(v) {
-        if let Some(fact) = typed.task_fact(seq, logs_of) {
-            return Ok(fact);
+    match Line::deserialize(v) {
+        Ok(typed) => {
+            if let Some(fact) = typed.task_fact(seq, logs_of) {
+                return Ok(fact);
+            }
+        }
+        // A task event the typed reader refuses has a field of the wrong type: it is a bad
+        // line, counted as one, never an event of no kind that is silently passed over.
+        Err(e) => {
+            if let Some(kind) = task_event_kind(v) {
+                return Err(format!(
+                    "a {kind} whose fields do not have Ray's types: {e}"
+                ));
+            }
         }
     }
     let fact = if v.get("event_data").is_some() {
@@ -721,6 +753,49 @@ mod tests {
             Body::Task(d) => *d,
             other => panic!("not a task: {other:?}"),
         }
+    }
+
+    /// Review r36e: a task event with one field of the wrong type was read as an event of no
+    /// kind and passed over; now it is a bad line, whichever field and key style.
+    #[test]
+    fn task_events_with_a_field_of_the_wrong_type_are_bad_lines() {
+        let def = |over: &str| {
+            format!(
+                r#"{{"eventId":"d","eventType":"TASK_DEFINITION_EVENT","timestamp":"2026-11-22T05:00:01Z",
+                "taskDefinitionEvent":{{"taskId":"AQID","taskAttempt":0,"jobId":"AQAAAA==","taskType":"NORMAL_TASK","taskName":"t"{over}}}}}"#
+            )
+        };
+        let life = |over: &str| {
+            format!(
+                r#"{{"eventId":"l","eventType":"TASK_LIFECYCLE_EVENT","timestamp":"2026-11-22T05:00:02Z",
+                "taskLifecycleEvent":{{"taskId":"AQID","taskAttempt":0,"jobId":"AQAAAA==","workerPid":7,
+                "stateTransitions":[{{"state":"FINISHED","timestamp":"2026-11-22T05:00:02Z"}}]{over}}}}}"#
+            )
+        };
+        // The control reads as a task.
+        task(fact(&def("")));
+        task(fact(&life("")));
+        for bad in [
+            life(r#","workerPid":true"#),
+            def(r#","taskName":5"#),
+            life(r#","nodeId":["x"]"#),
+            def(r#","taskAttempt":[0]"#),
+            life(r#","stateTransitions":{"state":"FINISHED"}"#),
+            r#"{"event_data":{"task_id":"AQID","attempt_number":[0]},"event_id":"e","source_type":"EXPORT_TASK","timestamp":1795625217}"#.to_string(),
+        ] {
+            let got = scan_line(bad.as_bytes(), 0, None, |l| {
+                serde_json::from_slice(l).map_err(|e| e.to_string())
+            });
+            let err = got.map(|f| f.body).expect_err(&bad);
+            assert!(err.contains("do not have Ray's types"), "{err}: {bad}");
+        }
+        // Another event type's surprises stay its reader's business.
+        let node = r#"{"eventId":"n","eventType":"NODE_DEFINITION_EVENT","timestamp":"2026-11-22T05:00:02Z","nodeDefinitionEvent":{"nodeId":"AQID","hostname":5}}"#;
+        assert!(
+            scan_line(node.as_bytes(), 0, None, |l| serde_json::from_slice(l)
+                .map_err(|e| e.to_string()))
+            .is_ok()
+        );
     }
 
     #[test]
