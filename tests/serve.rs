@@ -1312,3 +1312,295 @@ fn serves_logs_as_rays_state_api_does() {
     );
     std::fs::remove_file(&big).unwrap();
 }
+
+/// A `file://` bucket made by hand: cluster `c1`'s marker for `session`, and `snapshots`
+/// (object name, bytes) in its `fetched_endpoints/`.
+fn hand_bucket(dir: &Path, session: &str, snapshots: &[(&str, &[u8])]) {
+    let marker = dir.join("cluster-metadata/raycluster/default_c1");
+    std::fs::create_dir_all(&marker).unwrap();
+    std::fs::write(marker.join(session), b"").unwrap();
+    let fe = dir
+        .join("cluster-history/raycluster/default/c1")
+        .join(session)
+        .join("fetched_endpoints");
+    std::fs::create_dir_all(&fe).unwrap();
+    for (name, bytes) in snapshots {
+        std::fs::write(fe.join(name), bytes).unwrap();
+    }
+}
+
+/// A connection that sends `request` (as much of `times` copies as the kernel takes at once)
+/// with a 4 KiB receive buffer and never reads.
+fn non_reader(port: u16, request: &[u8], times: usize) -> std::net::TcpStream {
+    let s = socket_with_small_window(port);
+    s.set_nonblocking(true).unwrap();
+    let mut w = &s;
+    for _ in 0..times {
+        use std::io::Write as _;
+        if w.write(request).map_or(true, |n| n == 0) {
+            break;
+        }
+    }
+    s
+}
+
+/// A loopback connection to `port` whose receive buffer is 4 KiB (set before connecting, so
+/// the window it offers stays small).
+fn socket_with_small_window(port: u16) -> std::net::TcpStream {
+    use std::os::fd::FromRawFd as _;
+    // SAFETY: a new socket, owned by the TcpStream made from it below (or closed on error).
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0);
+        let size: libc::c_int = 4096;
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &size as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        let addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_be_bytes([127, 0, 0, 1]).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let r = libc::connect(
+            fd,
+            &addr as *const libc::sockaddr_in as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        let s = std::net::TcpStream::from_raw_fd(fd);
+        assert_eq!(r, 0, "connect: {}", std::io::Error::last_os_error());
+        s
+    }
+}
+
+/// Review r36e: clients that pipeline requests and never read the answers held every
+/// connection place for good, and unread answers piled up in memory. Now a place whose writes
+/// have stalled gives way to a new connection at the cap, a stalled answer is cut after
+/// 10 s (`WRITE_STALL_TIMEOUT`), and answers held while they are sent stay within 256 MiB
+/// (`MAX_ANSWER_BYTES_IN_FLIGHT`): past it, `503` with `x-rhc-answers-in-flight-full`.
+#[test]
+fn clients_that_do_not_read_neither_lock_out_nor_hold_answers() {
+    const SESSION: &str = "session_2026-11-22_05-00-00_000000_1";
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    // A 40 MB answer (a JSON string): six fit 256 MiB, the seventh does not.
+    let mut big = vec![b'x'; 40_000_000];
+    big[0] = b'"';
+    *big.last_mut().unwrap() = b'"';
+    hand_bucket(&bucket, SESSION, &[("restful__api__big", &big)]);
+    let s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve.log"),
+        &[],
+        &[],
+    );
+    let cookies = cookies_for(SESSION);
+    let cookie_header = cookies
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+
+    // 520 connections (the cap is 512) pipelining /livez and never reading.
+    let pipelined = b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n".repeat(2000);
+    let hogs: Vec<_> = (0..520)
+        .map(|_| non_reader(s.port, &pipelined, 40))
+        .collect();
+    // Within 9 s (before the 10 s stall timeout would free any place), a new client gets
+    // one: a place whose writes have stalled 1 s gives way. Tried a few times, as a loaded
+    // machine may take a moment to answer the 520 at all.
+    let opened = std::time::Instant::now();
+    let r = loop {
+        std::thread::sleep(Duration::from_millis(1500));
+        match rhc_testkit::http::try_http_request_within(
+            "GET",
+            &format!("http://127.0.0.1:{}/readz", s.port),
+            &[],
+            &[],
+            Duration::from_secs(2),
+        ) {
+            Ok(r) => break r,
+            Err(e) if opened.elapsed() > Duration::from_secs(9) => {
+                panic!("a new client is locked out: {e}\n{}", s.log_text())
+            }
+            Err(_) => {}
+        }
+    };
+    assert_eq!(r.status, 200);
+    drop(hogs);
+
+    // Seven clients ask for the 40 MB answer and never read it.
+    let request =
+        format!("GET /api/big HTTP/1.1\r\nHost: x\r\nCookie: {cookie_header}\r\n\r\n").into_bytes();
+    let mut readers: Vec<_> = (0..7).map(|_| non_reader(s.port, &request, 1)).collect();
+    std::thread::sleep(Duration::from_secs(3));
+    let r = get(&s, "/api/big", &cookies, 503);
+    assert_eq!(r.header("x-rhc-answers-in-flight-full"), Some("true"));
+    assert!(r.header("retry-after").is_some());
+    // Once they have stalled 10 s, they are cut: what they can still read ends short.
+    std::thread::sleep(Duration::from_secs(10));
+    let r = get(&s, "/api/big", &cookies, 200);
+    assert_eq!(r.body.len(), big.len());
+    for c in &mut readers {
+        use std::io::Read as _;
+        c.set_nonblocking(false).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = Vec::new();
+        let end = c.read_to_end(&mut got);
+        assert!(
+            got.len() < big.len(),
+            "a client that did not read got its whole answer after the stall ({end:?})"
+        );
+    }
+}
+
+/// Review r36e: every `/clusters` and `/enter_cluster` listed every marker, each on its own
+/// (50 at once over 100,000 markers: 1.2 GiB, `/readz` 36 s late). Now one listing serves
+/// the requests that come while it runs and for 5 s after (`MARKERS_FRESH_FOR`).
+#[test]
+fn concurrent_cluster_lists_share_one_listing() {
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    for c in 0..20 {
+        let dir = bucket.join(format!("cluster-metadata/raycluster/default_cl{c:02}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..500 {
+            std::fs::write(
+                dir.join(format!("session_2026-11-28_23-00-00_{i:06}_{c}")),
+                b"",
+            )
+            .unwrap();
+        }
+    }
+    let s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve.log"),
+        &[],
+        &[],
+    );
+    let started = std::time::Instant::now();
+    let answers: Vec<u16> = std::thread::scope(|scope| {
+        let hs: Vec<_> = (0..30)
+            .map(|i| {
+                let s = &s;
+                scope.spawn(move || {
+                    let path = if i % 2 == 0 {
+                        "/clusters".to_string()
+                    } else {
+                        format!("/enter_cluster/default/raycluster/cl{:02}", i % 20)
+                    };
+                    s.get(&path, &[]).map_or(0, |r| r.status)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(answers.iter().all(|s| *s == 200), "{answers:?}");
+    let listings = metric(&s, "rhc_serve_marker_listings_total");
+    // All within 5 s of the first listing: one; two if the first finished early.
+    assert!(
+        listings <= 1 + u64::from(started.elapsed() > Duration::from_secs(5)),
+        "{listings} listings for 30 requests in {:?}",
+        started.elapsed()
+    );
+    let clusters = json_of(&get(&s, "/clusters", &[], 200));
+    assert_eq!(clusters.as_array().unwrap().len(), 100);
+    // All start at the same second: the greatest name first.
+    assert_eq!(
+        clusters[0]["sessionName"],
+        "session_2026-11-28_23-00-00_000499_9"
+    );
+}
+
+/// `GET path` until the session has loaded (at most 30 s of `503`s).
+fn get_loaded(s: &Serve, path: &str, cookies: &[(String, String)]) -> HttpResponse {
+    let started = std::time::Instant::now();
+    loop {
+        let r = s
+            .get(path, cookies)
+            .unwrap_or_else(|e| panic!("GET {path}: {e}\n{}", s.log_text()));
+        if r.status != 503 || started.elapsed() > Duration::from_secs(30) {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Review r36e: a task event with one field of the wrong type was dropped without a word
+/// (`200`, no `x-rhc-bad-lines`). Now each is a bad line, counted in the answer's header.
+#[test]
+fn task_events_of_the_wrong_types_are_counted_as_bad_lines() {
+    use base64::Engine as _;
+    const SESSION: &str = "session_2026-11-22_05-00-00_000000_1";
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let node: Vec<u8> = (1..=28).collect();
+    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
+    let job = b64(&[1, 0, 0, 0]);
+    let task_id = |i: u8| {
+        let mut id = vec![0, 0, 0, i, 0, 0, 0, 0];
+        id.extend([0xff; 12]);
+        id.extend([1, 0, 0, 0]);
+        b64(&id)
+    };
+    let def = |i: u8, over: Value| {
+        let mut p = json!({"taskId": task_id(i), "taskAttempt": 0, "jobId": job,
+            "taskType": "NORMAL_TASK", "taskName": format!("t{i}")});
+        p.as_object_mut()
+            .unwrap()
+            .extend(over.as_object().unwrap().clone());
+        json!({"eventId": format!("d{i}"), "eventType": "TASK_DEFINITION_EVENT",
+            "timestamp": "2026-11-22T05:00:01Z", "sessionName": SESSION, "taskDefinitionEvent": p})
+    };
+    let life = |i: u8, over: Value| {
+        let mut p = json!({"taskId": task_id(i), "taskAttempt": 0, "jobId": job,
+            "nodeId": b64(&node), "workerPid": 7,
+            "stateTransitions": [{"state": "FINISHED", "timestamp": "2026-11-22T05:00:02Z"}]});
+        p.as_object_mut()
+            .unwrap()
+            .extend(over.as_object().unwrap().clone());
+        json!({"eventId": format!("l{i}"), "eventType": "TASK_LIFECYCLE_EVENT",
+            "timestamp": "2026-11-22T05:00:02Z", "sessionName": SESSION, "taskLifecycleEvent": p})
+    };
+    let events = [
+        def(1, json!({})),
+        life(1, json!({})),
+        def(2, json!({})),
+        life(2, json!({"workerPid": true})),
+        def(3, json!({"taskName": 5})),
+        life(3, json!({})),
+        def(4, json!({})),
+        life(4, json!({"nodeId": ["x"]})),
+        def(5, json!({"taskAttempt": [0]})),
+        life(5, json!({})),
+        def(6, json!({})),
+        life(6, json!({"stateTransitions": {"state": "FINISHED"}})),
+    ];
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    hand_bucket(&bucket, SESSION, &[]);
+    let dir = bucket
+        .join("cluster-history/raycluster/default/c1")
+        .join(SESSION)
+        .join(&node_hex)
+        .join("node_events");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text: String = events.iter().map(|e| format!("{e}\n")).collect();
+    std::fs::write(dir.join(format!("{node_hex}-2026-11-22-05-1.jsonl")), text).unwrap();
+    let s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve.log"),
+        &[],
+        &[],
+    );
+    let r = get_loaded(&s, "/api/v0/tasks?limit=100", &cookies_for(SESSION));
+    assert_eq!(r.status, 200, "{}", body(&r));
+    assert_eq!(r.header("x-rhc-bad-lines"), Some("5"), "{:?}", r.headers);
+    // The good events still make their tasks: all six are defined or finished by one of them.
+    assert_eq!(json_of(&r)["data"]["result"]["total"], 6);
+}

@@ -326,6 +326,19 @@ pub(super) fn resources(v: Option<&Value>) -> Option<BTreeMap<String, f64>> {
 }
 
 /// One RayEvent (the HTTP export's JSON), camelCase or snake_case.
+/// The Ray event types [`extract_ray_event`] reads a body of (each of its `match` arms): any
+/// other type is [`Body::Other`], which the scanner makes without a JSON tree of the line.
+pub(super) const RAY_EVENT_TYPES_READ: &[&str] = &[
+    "DRIVER_JOB_DEFINITION_EVENT",
+    "DRIVER_JOB_LIFECYCLE_EVENT",
+    "NODE_DEFINITION_EVENT",
+    "NODE_LIFECYCLE_EVENT",
+    "ACTOR_DEFINITION_EVENT",
+    "ACTOR_LIFECYCLE_EVENT",
+    "WORKER_DEFINITION_EVENT",
+    "WORKER_LIFECYCLE_EVENT",
+];
+
 pub(super) fn extract_ray_event(v: &Value, seq: u64) -> Option<Fact> {
     let event_type = get_str(v, "eventType", "event_type")?;
     let payload = |camel: &str, snake: &str| get(v, camel, snake).filter(|p| p.is_object());

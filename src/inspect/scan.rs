@@ -1,12 +1,16 @@
 //! One JSON line → one [`Fact`], fast: task events (most of any session) are read with typed,
 //! borrowing serde structs that skip what the report does not need, camelCase or snake_case
 //! alike; pushed task definitions, lifecycles and profiles and file-based `EXPORT_TASK`
-//! events all become one [`TaskDelta`]. Every other event (nodes, jobs, actors, Train) is
-//! rare and goes through the generic [`serde_json::Value`] reader of [`super::extract`].
+//! events all become one [`TaskDelta`]. The other events that are read (nodes, jobs, actors,
+//! workers, Train: [`super::extract::RAY_EVENT_TYPES_READ`] and the export events) are rare
+//! and go through the generic [`serde_json::Value`] reader of [`super::extract`]; an event of
+//! any other type is counted from the typed line alone (id, type, time), its members skipped
+//! without being kept, so a huge line of an unknown type costs no tree.
 //!
 //! A line the typed structs refuse (a field given twice, an odd type, a lone surrogate
 //! escape) is read again as a `Value`, and the same structs are read from it, so the fast
-//! path never loses an event the generic reader would keep.
+//! path never loses an event the generic reader would keep; a task event they still refuse
+//! has a field of a type Ray does not write, and is a bad line.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -17,6 +21,7 @@ use serde_json::Value;
 
 use super::extract::{
     bounded, event_id_hash, extract_export_event, extract_ray_event, Body, Fact, Transition,
+    RAY_EVENT_TYPES_READ,
 };
 use super::filter::{parse_time_ns, NANOS_PER_SECOND};
 use super::task::{AttemptKey, CompactId, LogInfo, TaskDelta, Transitions};
@@ -507,6 +512,35 @@ impl<'de> Deserialize<'de> for ScanTransitions {
 }
 
 impl Line<'_> {
+    /// The fact of a Ray event of a type nothing reads the body of ([`Body::Other`]: its id,
+    /// type and time, as [`extract_ray_event`] makes them), from the typed line alone: the
+    /// typed reader skipped its members without keeping them, so an unknown event costs no
+    /// JSON tree (review r36e: a 57 MiB line of a future event type took 1 GiB as one).
+    /// `None` for any other line (export events, a type read elsewhere, no type).
+    fn unread_fact(&self, seq: u64) -> Option<Fact> {
+        if self.event_data.is_some() || self.source_type.is_some() {
+            return None;
+        }
+        let event_type = self.event_type.as_deref().filter(|t| !t.is_empty())?;
+        if RAY_EVENT_TYPES_READ.contains(&event_type) || task_type_name(event_type) {
+            return None;
+        }
+        Some(Fact {
+            event_id: self
+                .event_id
+                .as_deref()
+                .filter(|i| !i.is_empty())
+                .map(|i| event_id_hash("e:", &bounded(i, MAX_FIELD_BYTES))),
+            event_type: Cow::Owned(bounded(event_type, MAX_FIELD_BYTES)),
+            time_ns: match &self.timestamp {
+                Some(Stamp::Text(t)) => parse_time_ns(t),
+                _ => None,
+            },
+            seq,
+            body: Body::Other,
+        })
+    }
+
     /// The fact of a task event, `None` for any other event. Log offsets are read only for
     /// the attempts of `logs_of` (`--logs`).
     fn task_fact(&self, seq: u64, logs_of: Option<CompactId>) -> Option<Fact> {
@@ -674,6 +708,9 @@ pub(super) fn scan_line(
         if let Some(fact) = typed.task_fact(seq, logs_of) {
             return Ok(fact);
         }
+        if let Some(fact) = typed.unread_fact(seq) {
+            return Ok(fact);
+        }
     }
     match value_of(line) {
         Ok(v) => scan_value(&v, seq, logs_of),
@@ -681,15 +718,50 @@ pub(super) fn scan_line(
     }
 }
 
+/// The type of `v` if it is a task event, the events the typed reader ([`Line`]) reads.
+fn task_event_kind(v: &Value) -> Option<&str> {
+    let field = |camel: &str, snake: &str| {
+        v.get(camel)
+            .or_else(|| v.get(snake))
+            .and_then(Value::as_str)
+    };
+    if v.get("event_data").is_some() || v.get("eventData").is_some() {
+        return field("source_type", "sourceType").filter(|t| *t == "EXPORT_TASK");
+    }
+    field("eventType", "event_type").filter(|t| task_type_name(t))
+}
+
+/// Whether `t` is a type of the task events the typed reader ([`Line`]) reads.
+fn task_type_name(t: &str) -> bool {
+    matches!(
+        t,
+        "TASK_DEFINITION_EVENT"
+            | "ACTOR_TASK_DEFINITION_EVENT"
+            | "TASK_LIFECYCLE_EVENT"
+            | "TASK_PROFILE_EVENT"
+    )
+}
+
 /// Reads one JSON value that is an event (an element of a legacy array, or a line the typed
-/// reader refused).
+/// reader refused). A task event that the typed reader refuses is an error (a bad line).
 pub(super) fn scan_value(v: &Value, seq: u64, logs_of: Option<CompactId>) -> Scanned {
     if !v.is_object() {
         return Err("not a JSON object".into());
     }
-    if let Ok(typed) = Line::deserialize(v) {
-        if let Some(fact) = typed.task_fact(seq, logs_of) {
-            return Ok(fact);
+    match Line::deserialize(v) {
+        Ok(typed) => {
+            if let Some(fact) = typed.task_fact(seq, logs_of) {
+                return Ok(fact);
+            }
+        }
+        // A task event the typed reader refuses has a field of the wrong type: it is a bad
+        // line, counted as one, never an event of no kind that is silently passed over.
+        Err(e) => {
+            if let Some(kind) = task_event_kind(v) {
+                return Err(format!(
+                    "a {kind} whose fields do not have Ray's types: {e}"
+                ));
+            }
         }
     }
     let fact = if v.get("event_data").is_some() {
@@ -721,6 +793,88 @@ mod tests {
             Body::Task(d) => *d,
             other => panic!("not a task: {other:?}"),
         }
+    }
+
+    /// Review r36e: a line of an event type nothing reads was parsed into a JSON tree (a
+    /// 57 MiB line: 1 GiB). Now its fact (id, type, time) comes from the typed reader, which
+    /// keeps none of its members, and is the fact the tree would have made.
+    #[test]
+    fn unknown_event_types_are_read_without_a_tree() {
+        let pad = "0,".repeat(10_000);
+        for line in [
+            format!(
+                r#"{{"eventId":"AAAA","eventType":"SOME_FUTURE_EVENT","timestamp":"2026-11-22T02:06:44.945Z","pad":[{pad}0]}}"#
+            ),
+            format!(
+                r#"{{"event_id":"AAAA","event_type":"SOME_FUTURE_EVENT","timestamp":"2026-11-22T02:06:44.945Z","pad":{{"a":[{pad}0]}}}}"#
+            ),
+            r#"{"eventType":"SOME_FUTURE_EVENT"}"#.to_string(),
+        ] {
+            let got = scan_line(line.as_bytes(), 3, None, |_| {
+                panic!("a JSON tree was built for {line}")
+            })
+            .unwrap();
+            let v: Value = serde_json::from_str(&line).unwrap();
+            let want = extract_ray_event(&v, 3).unwrap();
+            assert!(matches!(got.body, Body::Other));
+            assert_eq!(
+                (got.event_id, &got.event_type, got.time_ns, got.seq),
+                (want.event_id, &want.event_type, want.time_ns, want.seq)
+            );
+        }
+        // A type that is read still gets its tree.
+        let node = r#"{"eventId":"n","eventType":"NODE_DEFINITION_EVENT","nodeDefinitionEvent":{"nodeId":"AQID"}}"#;
+        let trees = std::cell::Cell::new(0);
+        let f = scan_line(node.as_bytes(), 0, None, |l| {
+            trees.set(trees.get() + 1);
+            serde_json::from_slice(l).map_err(|e| e.to_string())
+        })
+        .unwrap();
+        assert_eq!(trees.get(), 1);
+        assert!(matches!(f.body, Body::NodeDefinition { .. }));
+    }
+
+    /// Review r36e: a task event with one field of the wrong type was read as an event of no
+    /// kind and passed over; now it is a bad line, whichever field and key style.
+    #[test]
+    fn task_events_with_a_field_of_the_wrong_type_are_bad_lines() {
+        let def = |over: &str| {
+            format!(
+                r#"{{"eventId":"d","eventType":"TASK_DEFINITION_EVENT","timestamp":"2026-11-22T05:00:01Z",
+                "taskDefinitionEvent":{{"taskId":"AQID","taskAttempt":0,"jobId":"AQAAAA==","taskType":"NORMAL_TASK","taskName":"t"{over}}}}}"#
+            )
+        };
+        let life = |over: &str| {
+            format!(
+                r#"{{"eventId":"l","eventType":"TASK_LIFECYCLE_EVENT","timestamp":"2026-11-22T05:00:02Z",
+                "taskLifecycleEvent":{{"taskId":"AQID","taskAttempt":0,"jobId":"AQAAAA==","workerPid":7,
+                "stateTransitions":[{{"state":"FINISHED","timestamp":"2026-11-22T05:00:02Z"}}]{over}}}}}"#
+            )
+        };
+        // The control reads as a task.
+        task(fact(&def("")));
+        task(fact(&life("")));
+        for bad in [
+            life(r#","workerPid":true"#),
+            def(r#","taskName":5"#),
+            life(r#","nodeId":["x"]"#),
+            def(r#","taskAttempt":[0]"#),
+            life(r#","stateTransitions":{"state":"FINISHED"}"#),
+            r#"{"event_data":{"task_id":"AQID","attempt_number":[0]},"event_id":"e","source_type":"EXPORT_TASK","timestamp":1795625217}"#.to_string(),
+        ] {
+            let got = scan_line(bad.as_bytes(), 0, None, |l| {
+                serde_json::from_slice(l).map_err(|e| e.to_string())
+            });
+            let err = got.map(|f| f.body).expect_err(&bad);
+            assert!(err.contains("do not have Ray's types"), "{err}: {bad}");
+        }
+        // Another event type's surprises stay its reader's business.
+        let node = r#"{"eventId":"n","eventType":"NODE_DEFINITION_EVENT","timestamp":"2026-11-22T05:00:02Z","nodeDefinitionEvent":{"nodeId":"AQID","hostname":5}}"#;
+        assert!(
+            scan_line(node.as_bytes(), 0, None, |l| serde_json::from_slice(l)
+                .map_err(|e| e.to_string()))
+            .is_ok()
+        );
     }
 
     #[test]

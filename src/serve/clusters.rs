@@ -12,6 +12,9 @@
 //! holds an object (`inspect --session latest`; KubeRay takes the newest marker even when
 //! nothing was uploaded under it). It answers `{"name","namespace","result":"success",
 //! "session"}` and sets the cookies; `400` for an unknown kind, `404` for no such session.
+//!
+//! Both read one shared listing of the markers ([`MarkerListing`]): one runs at a time and
+//! answers for [`MARKERS_FRESH_FOR`], and `/clusters`' answer is made once per listing.
 
 use axum::extract::{Path, RawQuery, State};
 use axum::http::header::{CONTENT_TYPE, LOCATION};
@@ -61,13 +64,65 @@ fn session_seconds(session: &str) -> Option<i64> {
     parse_rfc3339_seconds(&format!("{}Z", session_start(session)?))
 }
 
+/// How long one listing of the session markers answers `/clusters` and `/enter_cluster`: a
+/// session uploaded meanwhile shows up at most this late.
+pub const MARKERS_FRESH_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The session markers, listed at most once at a time and kept for [`MARKERS_FRESH_FOR`].
+///
+/// A bucket of 100,000 markers takes seconds and tens of MiB to list; every request listing
+/// its own (review r36e: 50 at once took 1.2 GiB and delayed `/readz` 36 s) would cost that
+/// as many times as there are requests. Requests that come while a listing runs wait for it
+/// and take its result (a failure too, for the same while), so one listing runs at a time,
+/// whatever the number of clients.
+#[derive(Default)]
+pub(crate) struct MarkerListing {
+    last: tokio::sync::Mutex<Option<(tokio::time::Instant, Listed)>>,
+    /// Listings made (`rhc_serve_marker_listings_total`).
+    pub(crate) listings: std::sync::atomic::AtomicU64,
+}
+
+/// One listing, and the `/clusters` answer made from it once (off the runtime's threads: for
+/// 100,000 markers it takes a second in a debug build).
+pub(crate) struct Markers {
+    all: Vec<SessionMarker>,
+    clusters: tokio::sync::OnceCell<Result<String, String>>,
+}
+
+type Listed = Result<std::sync::Arc<Markers>, std::sync::Arc<String>>;
+
+impl MarkerListing {
+    /// The markers of `state`'s bucket, listed now or less than [`MARKERS_FRESH_FOR`] ago.
+    async fn get(&self, state: &Shared) -> Listed {
+        let mut last = self.last.lock().await;
+        if let Some((at, listed)) = &*last {
+            if at.elapsed() < MARKERS_FRESH_FOR {
+                return listed.clone();
+            }
+        }
+        self.listings
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let listed = session_markers(&state.bucket)
+            .await
+            .map(|all| {
+                std::sync::Arc::new(Markers {
+                    all,
+                    clusters: tokio::sync::OnceCell::new(),
+                })
+            })
+            .map_err(|e| std::sync::Arc::new(format!("{e:#}")));
+        *last = Some((tokio::time::Instant::now(), listed.clone()));
+        listed
+    }
+}
+
 /// The markers, or the `502` that says the bucket could not be listed.
-async fn markers(state: &Shared) -> Result<Vec<SessionMarker>, Response> {
-    session_markers(&state.bucket).await.map_err(|e| {
+async fn markers(state: &Shared) -> Result<std::sync::Arc<Markers>, Response> {
+    state.markers.get(state).await.map_err(|e| {
         (
             StatusCode::BAD_GATEWAY,
             [(UNREADABLE_HEADER, "1")],
-            escape_message(&format!("listing the session markers: {e:#}")),
+            escape_message(&format!("listing the session markers: {e}")),
         )
             .into_response()
     })
@@ -79,18 +134,35 @@ pub async fn list(State(state): State<Shared>) -> Response {
         Ok(m) => m,
         Err(r) => return r,
     };
+    let listed = markers.clone();
+    let answer = markers
+        .clusters
+        .get_or_init(|| async move {
+            tokio::task::spawn_blocking(move || clusters_json(&listed.all))
+                .await
+                .unwrap_or_else(|e| Err(format!("making the cluster list: {e}")))
+        })
+        .await;
+    match answer {
+        Ok(text) => ([(CONTENT_TYPE, "application/json")], text.clone()).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.clone()).into_response(),
+    }
+}
+
+/// The `/clusters` answer of `markers`.
+fn clusters_json(markers: &[SessionMarker]) -> Result<String, String> {
     let mut infos: Vec<ClusterInfo> = markers
-        .into_iter()
+        .iter()
         .filter_map(|m| {
             let secs = session_seconds(&m.session)?;
             Some(ClusterInfo {
-                name: m.cluster,
-                namespace: m.namespace,
-                session_name: m.session,
+                name: m.cluster.clone(),
+                namespace: m.namespace.clone(),
+                session_name: m.session.clone(),
                 create_time: format_rfc3339(secs),
                 create_time_stamp: secs,
-                owner_kind: m.owner.as_ref().map(|_| m.kind).unwrap_or_default(),
-                owner_name: m.owner.unwrap_or_default(),
+                owner_kind: m.owner.as_ref().map(|_| m.kind.clone()).unwrap_or_default(),
+                owner_name: m.owner.clone().unwrap_or_default(),
             })
         })
         .collect();
@@ -104,7 +176,7 @@ pub async fn list(State(state): State<Shared>) -> Response {
         ))
     });
     infos.truncate(MAX_CLUSTERS);
-    json_response(&infos)
+    serde_json::to_string(&infos).map_err(|e| e.to_string())
 }
 
 /// The longest `to` of `/enter_cluster?to=PATH`.
@@ -187,12 +259,14 @@ async fn enter(
         Err(r) => return r,
     };
     let candidates: Vec<SessionMarker> = markers
-        .into_iter()
+        .all
+        .iter()
         .filter(|m| m.namespace == namespace)
         .filter(|m| match kind_lower.as_str() {
             "raycluster" => m.cluster == name,
             k => m.kind == k && m.owner.as_deref() == Some(name),
         })
+        .cloned()
         .collect();
     let chosen = if session == "latest" || session.is_empty() {
         if candidates.is_empty() {

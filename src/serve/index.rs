@@ -185,6 +185,51 @@ impl IndexBuilder {
 /// header and the map's share of a node.
 const RESOURCE_ENTRY_BYTES: usize = 64;
 
+/// What the allocator takes for a block of `n` bytes: rounded up to 16, plus 16 of its own.
+fn alloc(n: usize) -> usize {
+    if n == 0 {
+        0
+    } else {
+        n.div_ceil(16) * 16 + 16
+    }
+}
+
+/// The heap a string holds.
+fn heap(s: &str, capacity: usize) -> usize {
+    alloc(capacity.max(s.len()))
+}
+
+fn opt(s: &Option<String>) -> usize {
+    s.as_ref().map_or(0, |s| heap(s, s.capacity()))
+}
+
+/// A map entry's share of a `BTreeMap` node besides its key and value (nodes of up to 11
+/// entries, half full at worst, with their edges and headers).
+const MAP_ENTRY_BYTES: usize = 64;
+
+/// The heap a JSON value holds besides its own slot (`size_of::<Value>()`, 32 bytes):
+/// serde_json's tree, as the Train runs are held (an element of an array costs its 32-byte
+/// slot, whatever its text: `0,` is 2 bytes of JSON and 32 held).
+pub(crate) fn json_heap(v: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    let slot = std::mem::size_of::<Value>();
+    match v {
+        Value::String(s) => heap(s, s.capacity()),
+        Value::Array(a) => alloc(a.capacity() * slot) + a.iter().map(json_heap).sum::<usize>(),
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| {
+                std::mem::size_of::<String>()
+                    + heap(k, k.capacity())
+                    + slot
+                    + MAP_ENTRY_BYTES
+                    + json_heap(v)
+            })
+            .sum(),
+        _ => 0,
+    }
+}
+
 impl SessionIndex {
     pub fn text(&self, sym: u32) -> Option<&str> {
         self.texts.get(sym as usize).map(|s| &**s)
@@ -205,32 +250,72 @@ impl SessionIndex {
         &self.tasks[from..to.max(from)]
     }
 
-    /// What the index holds, counted for the cache's budget.
+    /// What the index holds, counted for the cache's budget: each record, string, job,
+    /// actor, node and Train run by its struct's size and the heap blocks it owns (rounded
+    /// as the allocator rounds them), so that what the cache holds stays within a small
+    /// factor of what it counts whatever the session says (review r36d: node resources;
+    /// r36e: actors at 512-byte texts, Train runs of big arrays).
     pub fn bytes(&self) -> u64 {
-        let texts: usize = self.texts.iter().map(|t| t.len() + 16).sum();
-        // Jobs, actors and nodes: their structs and a few ids and names each; Train runs: their
-        // JSON, twice its text.
+        use std::mem::size_of;
+        let texts: usize = self
+            .texts
+            .iter()
+            .map(|t| heap(t, t.len()) + size_of::<Box<str>>())
+            .sum::<usize>()
+            + self.texts.capacity() * size_of::<Box<str>>();
+        let f = &self.facts;
+        let jobs: usize = f.jobs.capacity() * size_of::<crate::inspect::JobFacts>()
+            + f.jobs
+                .iter()
+                .map(|j| {
+                    heap(&j.job_id, j.job_id.capacity())
+                        + heap(&j.state, j.state.capacity())
+                        + opt(&j.entrypoint)
+                        + opt(&j.driver_node_id)
+                        + opt(&j.started)
+                        + opt(&j.ended)
+                })
+                .sum::<usize>();
+        let actors: usize = f.actors.capacity() * size_of::<crate::inspect::ActorFacts>()
+            + f.actors
+                .iter()
+                .map(|a| {
+                    heap(&a.actor_id, a.actor_id.capacity())
+                        + opt(&a.class_name)
+                        + opt(&a.name)
+                        + opt(&a.job_id)
+                        + opt(&a.state)
+                        + opt(&a.node_id)
+                        + opt(&a.worker_id)
+                        + opt(&a.death_reason)
+                        + opt(&a.death_message)
+                })
+                .sum::<usize>();
         // A node's resources are counted each (a bucket's node may report 20,000 of them:
         // counted flat at 1 KiB a node, four such sessions held 240 MiB against an 8 MiB
         // budget, review r36d).
-        let node_resources: usize = self
-            .facts
-            .nodes
-            .iter()
-            .flat_map(|n| n.resources.keys())
-            .map(|k| k.len() + RESOURCE_ENTRY_BYTES)
-            .sum();
-        let facts: usize = self.facts.jobs.len() * 256
-            + self.facts.actors.len() * 512
-            + self.facts.nodes.len() * 1024
-            + node_resources;
-        let train_runs: usize = self
-            .facts
-            .train_runs
-            .iter()
-            .map(|r| r.to_string().len() * 2)
-            .sum();
-        (self.tasks.capacity() * RECORD_BYTES + texts + facts + train_runs + 4096) as u64
+        let nodes: usize = f.nodes.capacity() * size_of::<crate::inspect::NodeFacts>()
+            + f.nodes
+                .iter()
+                .map(|n| {
+                    heap(&n.node_id, n.node_id.capacity())
+                        + opt(&n.ip)
+                        + opt(&n.hostname)
+                        + opt(&n.state)
+                        + opt(&n.started)
+                        + opt(&n.ended)
+                        + opt(&n.death_reason)
+                        + opt(&n.death_message)
+                        + n.resources
+                            .keys()
+                            .map(|k| heap(k, k.capacity()) + RESOURCE_ENTRY_BYTES)
+                            .sum::<usize>()
+                })
+                .sum::<usize>();
+        let train_runs: usize = f.train_runs.capacity() * size_of::<serde_json::Value>()
+            + f.train_runs.iter().map(json_heap).sum::<usize>();
+        (self.tasks.capacity() * RECORD_BYTES + texts + jobs + actors + nodes + train_runs + 4096)
+            as u64
     }
 
     /// The symbols whose text equals `value` (ASCII case-insensitively, as Ray's state API
@@ -399,6 +484,56 @@ mod tests {
             latest_ns: None,
             exec_ns: None,
         }
+    }
+
+    /// Review r36e: actors were counted 512 bytes each whatever their texts, and a Train
+    /// run twice its JSON text where serde_json holds 32 bytes an element. Now the count is
+    /// at least what their heap blocks and structs take (and within a small factor of it).
+    #[test]
+    fn actors_and_train_runs_count_what_they_hold() {
+        let long = |c: char| Some(c.to_string().repeat(512));
+        let actors: Vec<crate::inspect::ActorFacts> = (0..1000)
+            .map(|i| crate::inspect::ActorFacts {
+                actor_id: format!("{i:032x}"),
+                class_name: long('C'),
+                name: long('N'),
+                job_id: Some("01000000".into()),
+                state: Some("DEAD".into()),
+                node_id: long('X'),
+                pid: Some(7),
+                worker_id: None,
+                death_reason: long('R'),
+                death_message: long('M'),
+                alive_ns: None,
+                dead_ns: None,
+            })
+            .collect();
+        let held_actors = actors.len() * (5 * 512 + 32);
+        let facts = SessionFacts {
+            actors,
+            ..SessionFacts::default()
+        };
+        let index = IndexBuilder::default().finish(facts);
+        let counted = index.bytes() as usize;
+        assert!(
+            counted >= held_actors && counted < held_actors * 2,
+            "{counted} counted for {held_actors} of texts"
+        );
+
+        let zeros = 1_000_000;
+        let run: serde_json::Value =
+            serde_json::from_str(&format!("{{\"pad\":[{}0]}}", "0,".repeat(zeros - 1))).unwrap();
+        let facts = SessionFacts {
+            train_runs: vec![run],
+            ..SessionFacts::default()
+        };
+        let index = IndexBuilder::default().finish(facts);
+        let counted = index.bytes() as usize;
+        let held = zeros * std::mem::size_of::<serde_json::Value>();
+        assert!(
+            counted >= held && counted < held * 2,
+            "{counted} counted for {held} held"
+        );
     }
 
     #[test]

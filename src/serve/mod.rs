@@ -12,10 +12,15 @@
 //!   ([`crate::inspect::session_markers`], `latest` as `inspect --session latest` takes it);
 //!   snapshot names are the contract's ([`crate::contract::endpoints`]). No second key rule.
 //! - **Untrusted bucket, bounded answers.** A snapshot is read only up to
-//!   [`replay::MAX_SNAPSHOT_BYTES`], at most [`MAX_CONCURRENT_READS`] at a time, so the memory
-//!   the bucket can make us hold is bounded whatever it holds. A snapshot that exists but
+//!   [`replay::MAX_SNAPSHOT_BYTES`], at most [`MAX_CONCURRENT_READS`] at a time, and held while
+//!   it is sent within [`inflight::MAX_ANSWER_BYTES_IN_FLIGHT`], so the memory the bucket can
+//!   make us hold is bounded whatever it holds. A snapshot that exists but
 //!   cannot be read is a `502` with the header [`UNREADABLE_HEADER`] (never KubeRay's silent
-//!   fallback to an empty answer). Names from the bucket or the request that appear in a
+//!   fallback to an empty answer).
+//! - **Clients that do not read hold little, briefly.** An answer that makes no write
+//!   progress for [`connection::WRITE_STALL_TIMEOUT`] is cut, a connection whose writes have
+//!   stalled gives its place to a new one at [`MAX_CONNECTIONS`] ([`connection`]), and large
+//!   answers share [`inflight::MAX_ANSWER_BYTES_IN_FLIGHT`] while they are sent ([`inflight`]). Names from the bucket or the request that appear in a
 //!   message are escaped ([`crate::inspect::escape_untrusted`]).
 //! - **Cookies as KubeRay sets them.** `/enter_cluster/...` sets `cluster_name`,
 //!   `cluster_namespace`, `session_name`, `owner_kind` and `owner_name` (`Max-Age=600`,
@@ -47,10 +52,12 @@
 mod actors;
 mod cache;
 mod clusters;
+mod connection;
 mod cookies;
 mod events;
 mod frontend;
 mod index;
+mod inflight;
 mod logs;
 mod nodes;
 mod replay;
@@ -97,6 +104,10 @@ pub(crate) struct ServeState {
     pub(crate) cache: Arc<cache::SessionCache>,
     /// Ray's dashboard frontend (`--dashboard-dir`), if given.
     pub(crate) frontend: Option<frontend::Frontend>,
+    /// KiB of answers being sent ([`inflight::MAX_ANSWER_BYTES_IN_FLIGHT`]).
+    pub(crate) answers: Arc<Semaphore>,
+    /// The session markers, listed once for concurrent requests.
+    pub(crate) markers: clusters::MarkerListing,
 }
 
 pub(crate) type Shared = Arc<ServeState>;
@@ -140,6 +151,10 @@ pub(crate) fn router(state: Shared) -> Router {
         .route(train::TRAIN_V2_RUNS_URI, get(train::runs_v1))
         .route("/api/{*path}", get(replay::fetched_endpoint))
         .fallback(dashboard_file)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            inflight::bounded,
+        ))
         .layer(axum::middleware::from_fn(log_request))
         .with_state(state)
 }
@@ -245,6 +260,12 @@ async fn metrics(
             c.stats.evictions.load(Relaxed),
         ),
         (
+            "rhc_serve_marker_listings_total",
+            "counter",
+            "Listings of the session markers (one serves the requests of 5 s).",
+            state.markers.listings.load(Relaxed),
+        ),
+        (
             "rhc_serve_sessions_cached",
             "gauge",
             "Sessions loaded and held.",
@@ -304,6 +325,8 @@ pub async fn run(args: ServeArgs, env: &dyn Fn(&str) -> Option<String>) -> anyho
         task_log_folds: Semaphore::new(MAX_TASK_LOG_FOLDS),
         cache: Arc::new(cache::SessionCache::new(args.cache_bytes)),
         frontend,
+        answers: inflight::budget(),
+        markers: clusters::MarkerListing::default(),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -324,13 +347,20 @@ pub const MAX_CONNECTIONS: usize = 512;
 /// (review r36d: 1,100 such clients held every descriptor and answered nobody, for ever).
 pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long a new connection at the cap waits for the place of one that was told to give way
+/// ([`connection::Places::give_way`]); it closes at once, so this is a bound, not a delay.
+const GIVE_WAY_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Accepts connections until SIGTERM or Ctrl-C, each served by hyper with a head timeout
-/// ([`HEADER_READ_TIMEOUT`]) within [`MAX_CONNECTIONS`]; then answers in flight may finish
-/// for [`SHUTDOWN_GRACE`] (a fold of a huge session or a client that reads slowly must not
-/// hold the shutdown past it), idle connections are closed at once.
+/// ([`HEADER_READ_TIMEOUT`]) and a write-progress timeout
+/// ([`connection::WRITE_STALL_TIMEOUT`]) within [`MAX_CONNECTIONS`] (at the cap, a connection
+/// whose writes have stalled gives its place to the new one); then answers in flight may
+/// finish for [`SHUTDOWN_GRACE`] (a fold of a huge session or a client that reads slowly must
+/// not hold the shutdown past it), idle connections are closed at once.
 async fn serve_connections(listener: tokio::net::TcpListener, app: Router) {
     let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let places = Arc::new(connection::Places::new());
     let mut connections = tokio::task::JoinSet::new();
     let signal = shutdown_signal();
     tokio::pin!(signal);
@@ -349,21 +379,30 @@ async fn serve_connections(listener: tokio::net::TcpListener, app: Router) {
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            drop(stream);
-            continue;
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) if places.give_way() => {
+                match tokio::time::timeout(GIVE_WAY_WAIT, slots.clone().acquire_owned()).await {
+                    Ok(Ok(slot)) => slot,
+                    _ => continue,
+                }
+            }
+            Err(_) => continue,
         };
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         let mut stopping = stopping.clone();
+        let tracked = places.track();
+        let io = connection::Watched::new(stream, places.clone(), tracked.clone());
         connections.spawn(async move {
             let _slot = slot;
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                .serve_connection(hyper_util::rt::TokioIo::new(io), service);
             tokio::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => {}
+                () = tracked.cut() => {}
                 _ = async { let _ = stopping.wait_for(|s| *s).await; } => {
                     conn.as_mut().graceful_shutdown();
                     let _ = conn.await;

@@ -8,7 +8,14 @@
 //!   poller stored for that URI); missing: KubeRay's empty answer for the endpoints Ray's
 //!   frontend cannot do without ([`missing_fallback`]), else `404`. A placement-group list
 //!   whose groups lack `bundles` gets `"bundles": []` (Ray 2.56's frontend maps over it
-//!   unguarded), as KubeRay does.
+//!   unguarded), as KubeRay does, into the snapshot's own bytes (no tree of it is built) and
+//!   only while the answer stays within [`MAX_BACKFILLED_BYTES`]; past it the snapshot is
+//!   answered as stored.
+//!
+//! A snapshot is read holding one of [`MAX_CONCURRENT_READS`](super::MAX_CONCURRENT_READS)
+//! permits; once read, the answer holds its size of the answers in flight until hyper has
+//! taken its last byte ([`super::inflight`]), so the snapshots held at once are bounded while
+//! they are read and while they are sent, whatever the clients read.
 //!
 //! Where KubeRay turns any read error into "missing" (and so into an empty `200`), a snapshot
 //! that is listed but cannot be read, or is larger than [`MAX_SNAPSHOT_BYTES`], is a `502`
@@ -203,29 +210,135 @@ fn missing_fallback(path: &str) -> Option<String> {
     }
 }
 
+/// Largest answer the `bundles` back-fill makes; past it the snapshot is answered as
+/// stored. The back-fill adds 14 bytes a group (`,"bundles":[]`): a 3-byte `{}` group grows
+/// five times, so a 64 MiB snapshot of them would make a 320 MiB answer.
+pub const MAX_BACKFILLED_BYTES: usize = MAX_SNAPSHOT_BYTES as usize;
+
 /// `body` with `"bundles": []` in each placement group that has none; unchanged if it is not
-/// the State API's `{data: {result: {result: [..]}}}` or nothing lacks them.
+/// the State API's `{data: {result: {result: [..]}}}`, if nothing lacks them, or if the
+/// answer would pass [`MAX_BACKFILLED_BYTES`].
+///
+/// The document is not built as a tree (serde_json's `Value` holds a `{}` group of 3 bytes
+/// in about 700: review r36e, a 3 MB snapshot took 720 MiB): the groups are walked as raw
+/// slices of the snapshot, each read only for whether it has `bundles`, and the answer is
+/// the snapshot's own bytes with the member inserted where it lacks. So the back-fill holds
+/// the snapshot and the answer, at most [`MAX_SNAPSHOT_BYTES`] + [`MAX_BACKFILLED_BYTES`].
 fn with_bundles(body: Bytes) -> Bytes {
-    let Ok(mut doc) = serde_json::from_slice::<serde_json::Value>(&body) else {
-        return body;
+    backfill(&body).map_or(body, Bytes::from)
+}
+
+#[derive(serde::Deserialize)]
+struct Top<'a> {
+    #[serde(borrow)]
+    data: &'a serde_json::value::RawValue,
+}
+
+#[derive(serde::Deserialize)]
+struct Members<'a> {
+    #[serde(borrow)]
+    result: &'a serde_json::value::RawValue,
+}
+
+/// Whether a group has `bundles` (of any value, `null` too, as KubeRay looks).
+#[derive(serde::Deserialize)]
+struct Group {
+    #[serde(default)]
+    bundles: Present,
+}
+
+#[derive(Default)]
+struct Present(bool);
+
+impl<'de> serde::Deserialize<'de> for Present {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde::de::IgnoredAny::deserialize(d).map(|_| Present(true))
+    }
+}
+
+/// The back-filled answer, `None` to answer `text` as stored.
+fn backfill(text: &[u8]) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(text).ok()?;
+    let data: Top = serde_json::from_str(text).ok()?;
+    let outer: Members = serde_json::from_str(data.data.get()).ok()?;
+    let groups: Members = serde_json::from_str(outer.result.get()).ok()?;
+    let list = groups.result.get();
+    let offset = |s: &str| s.as_ptr() as usize - text.as_ptr() as usize;
+    let mut out: Vec<u8> = Vec::new();
+    let mut cursor = 0usize;
+    let mut seed = Groups {
+        text,
+        offset: &offset,
+        out: &mut out,
+        cursor: &mut cursor,
     };
-    let Some(groups) = doc
-        .pointer_mut("/data/result/result")
-        .and_then(|v| v.as_array_mut())
-    else {
-        return body;
-    };
-    let mut changed = false;
-    for g in groups.iter_mut().filter_map(|g| g.as_object_mut()) {
-        if !g.contains_key("bundles") {
-            g.insert("bundles".to_string(), serde_json::Value::Array(Vec::new()));
-            changed = true;
+    let mut de = serde_json::Deserializer::from_str(list);
+    serde::de::DeserializeSeed::deserialize(&mut seed, &mut de).ok()??;
+    if cursor == 0 {
+        return None;
+    }
+    if out.len() + (text.len() - cursor) > MAX_BACKFILLED_BYTES {
+        return None;
+    }
+    out.extend_from_slice(&text.as_bytes()[cursor..]);
+    Some(out)
+}
+
+/// Walks the group list, writing `text` up to each group that lacks `bundles` and the member
+/// into `out`; `Some(())` when done, `None` when the answer would be too large.
+struct Groups<'t, 'o> {
+    text: &'t str,
+    offset: &'o dyn Fn(&str) -> usize,
+    out: &'o mut Vec<u8>,
+    cursor: &'o mut usize,
+}
+
+impl<'de, 't: 'de, 'o> serde::de::DeserializeSeed<'de> for &mut Groups<'t, 'o> {
+    type Value = Option<()>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de, 't: 'de, 'o> serde::de::Visitor<'de> for &mut Groups<'t, 'o> {
+    type Value = Option<()>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a list of placement groups")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while let Some(g) = seq.next_element::<&'de serde_json::value::RawValue>()? {
+            let raw = g.get();
+            if !raw.starts_with('{') {
+                continue;
+            }
+            let Ok(group) = serde_json::from_str::<Group>(raw) else {
+                continue;
+            };
+            if group.bundles.0 {
+                continue;
+            }
+            // The group's closing brace, and whether it has members before it.
+            let close = (self.offset)(raw) + raw.len() - 1;
+            let empty = raw[1..raw.len() - 1].trim().is_empty();
+            if self.out.len() + (close - *self.cursor) + 14 > MAX_BACKFILLED_BYTES {
+                // Drain the rest unread: the answer is the snapshot as stored.
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                return Ok(None);
+            }
+            self.out
+                .extend_from_slice(&self.text.as_bytes()[*self.cursor..close]);
+            self.out.extend_from_slice(if empty {
+                br#""bundles":[]"#.as_slice()
+            } else {
+                br#","bundles":[]"#.as_slice()
+            });
+            *self.cursor = close;
         }
+        Ok(Some(()))
     }
-    if !changed {
-        return body;
-    }
-    serde_json::to_vec(&doc).map(Bytes::from).unwrap_or(body)
 }
 
 #[cfg(test)]
@@ -249,6 +362,38 @@ mod tests {
             serde_json::from_str(&missing_fallback("/api/v0/placement_groups").unwrap()).unwrap();
         assert_eq!(pg["data"]["result"]["total"], 0);
         assert!(pg["data"]["result"]["warnings"].is_null());
+    }
+
+    /// Review r36e: the back-fill parsed the whole snapshot into a tree (a 3 MB snapshot of
+    /// `{}` groups: 720 MiB). Now it inserts the member into the snapshot's own bytes, and a
+    /// snapshot whose answer would pass [`MAX_BACKFILLED_BYTES`] is answered as stored.
+    #[test]
+    fn backfill_keeps_the_snapshots_bytes_within_its_bound() {
+        let b = with_bundles(Bytes::from_static(
+            br#"{"result":true,"data":{"result":{"total":4,"result":[{"b":1,"a":"}"}, { }, {"bundles":null}, 5]}},"msg":""}"#,
+        ));
+        assert_eq!(
+            std::str::from_utf8(&b).unwrap(),
+            r#"{"result":true,"data":{"result":{"total":4,"result":[{"b":1,"a":"}","bundles":[]}, { "bundles":[]}, {"bundles":null}, 5]}},"msg":""}"#
+        );
+        let groups = MAX_BACKFILLED_BYTES / 14 + 1;
+        let mut text = String::from(r#"{"data":{"result":{"result":["#);
+        text.push_str(&"{},".repeat(groups - 1));
+        text.push_str("{}]}}}");
+        let stored = Bytes::from(text);
+        let answered = with_bundles(stored.clone());
+        assert_eq!(answered.as_ptr(), stored.as_ptr(), "answered as stored");
+        // Below the bound, every group gets its member.
+        let small = Bytes::from(format!(
+            r#"{{"data":{{"result":{{"result":[{}{{}}]}}}}}}"#,
+            "{},".repeat(99_999)
+        ));
+        let v: serde_json::Value = serde_json::from_slice(&with_bundles(small)).unwrap();
+        let list = v["data"]["result"]["result"].as_array().unwrap();
+        assert_eq!(list.len(), 100_000);
+        assert!(list
+            .iter()
+            .all(|g| g == &serde_json::json!({"bundles": []})));
     }
 
     #[test]

@@ -1,0 +1,177 @@
+//! The bytes of answers held while they are sent, bounded whatever clients do.
+//!
+//! Most answers are built whole in memory (a page of tasks, a replayed snapshot) and then
+//! written as fast as the client reads. A client that never reads would keep its answer in
+//! memory until its connection is cut ([`super::connection`]); many would hold many (review
+//! r36e: 200 unread `/api/v0/tasks?limit=10000&detail=true` answers took 1.3 GiB). So every
+//! answer of a known size of at least [`COUNTED_FROM`] bytes holds its size from
+//! [`MAX_ANSWER_BYTES_IN_FLIGHT`] until it has been handed to the socket in full (it is
+//! handed over [`CHUNK`] bytes at a time, copied, so the whole answer is freed when its last
+//! chunk is taken, not when the kernel has sent it). An answer that does not fit is dropped
+//! and the request answered `503` with `Retry-After` ([`BUSY_HEADER`]). Smaller answers are
+//! not counted: with [`MAX_CONNECTIONS`](super::MAX_CONNECTIONS) places they hold at most
+//! 32 MiB; streamed answers (the timeline) are made as they are sent and hold a chunk or two.
+//!
+//! So what unread answers can make the server hold is [`MAX_ANSWER_BYTES_IN_FLIGHT`], plus what
+//! hyper buffers per connection (about 400 KiB) until [`WRITE_STALL_TIMEOUT`]
+//! (super::connection::WRITE_STALL_TIMEOUT) cuts it.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse as _, Response};
+use bytes::Bytes;
+use http_body::Frame;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::Shared;
+
+/// Bytes of answers held at once while they are sent: the replay's largest snapshot
+/// ([`MAX_SNAPSHOT_BYTES`](super::replay::MAX_SNAPSHOT_BYTES)) four times, or about 40 of the
+/// largest pages of tasks (10,000 attempts with `detail=true`, about 6.5 MB).
+pub const MAX_ANSWER_BYTES_IN_FLIGHT: usize = 256 << 20;
+
+/// Answers smaller than this are not counted (probes, `/clusters`, a page of 100 tasks).
+pub const COUNTED_FROM: usize = 64 << 10;
+
+/// How much of an answer is handed to hyper at a time.
+pub const CHUNK: usize = 64 << 10;
+
+/// Set (`true`) on the `503` of an answer that did not fit [`MAX_ANSWER_BYTES_IN_FLIGHT`].
+pub const BUSY_HEADER: &str = "x-rhc-answers-in-flight-full";
+
+/// The budget's permits count KiB, so that 256 MiB fits a semaphore's permits.
+const UNIT: usize = 1024;
+
+/// A new budget of [`MAX_ANSWER_BYTES_IN_FLIGHT`].
+pub(super) fn budget() -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(MAX_ANSWER_BYTES_IN_FLIGHT / UNIT))
+}
+
+/// The middleware: counts a large answer of a known size, or refuses it.
+pub(super) async fn bounded(State(state): State<Shared>, request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let Some(len) = http_body::Body::size_hint(response.body()).exact() else {
+        return response;
+    };
+    let Ok(len) = usize::try_from(len) else {
+        return response;
+    };
+    if len < COUNTED_FROM {
+        return response;
+    }
+    let units = len.div_ceil(UNIT).min(MAX_ANSWER_BYTES_IN_FLIGHT / UNIT);
+    let Some(permit) = u32::try_from(units)
+        .ok()
+        .and_then(|u| state.answers.clone().try_acquire_many_owned(u).ok())
+    else {
+        return busy();
+    };
+    let (parts, body) = response.into_parts();
+    // An answer of a known size is one buffer already (`Full`): this takes it, no copy.
+    let Ok(data) = axum::body::to_bytes(body, usize::MAX).await else {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the answer could not be built",
+        )
+            .into_response();
+    };
+    Response::from_parts(
+        parts,
+        Body::new(Counted {
+            rest: data,
+            permit: Some(permit),
+        }),
+    )
+}
+
+/// The `503` of an answer that does not fit.
+fn busy() -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [
+            (axum::http::header::RETRY_AFTER, "1"),
+            (axum::http::HeaderName::from_static(BUSY_HEADER), "true"),
+        ],
+        format!(
+            "answers in flight fill their {} MiB: try again",
+            MAX_ANSWER_BYTES_IN_FLIGHT >> 20
+        ),
+    )
+        .into_response()
+}
+
+/// An answer handed over [`CHUNK`] bytes at a time, holding its permit until the last chunk
+/// is taken (or the answer dropped).
+struct Counted {
+    rest: Bytes,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl http_body::Body for Counted {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.rest.is_empty() {
+            self.permit = None;
+            return Poll::Ready(None);
+        }
+        let n = self.rest.len().min(CHUNK);
+        let chunk = Bytes::copy_from_slice(&self.rest[..n]);
+        if n == self.rest.len() {
+            // The last chunk: the whole answer is freed here, and its place in the budget.
+            self.rest = Bytes::new();
+            self.permit = None;
+        } else {
+            self.rest = self.rest.slice(n..);
+        }
+        Poll::Ready(Some(Ok(Frame::data(chunk))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.rest.len() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+
+    /// The permit is held until the last chunk is taken, and the chunks make the answer.
+    #[tokio::test]
+    async fn the_permit_lasts_until_the_last_chunk() {
+        let budget = budget();
+        let all = budget.available_permits();
+        let data: Vec<u8> = (0..(CHUNK * 2 + 10)).map(|i| (i % 251) as u8).collect();
+        let permit = budget.clone().try_acquire_many_owned(300).unwrap();
+        let mut body = Counted {
+            rest: Bytes::from(data.clone()),
+            permit: Some(permit),
+        };
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            let f = body.frame().await.unwrap().unwrap();
+            got.extend_from_slice(&f.into_data().unwrap());
+            assert_eq!(budget.available_permits(), all - 300);
+        }
+        let f = body.frame().await.unwrap().unwrap();
+        got.extend_from_slice(&f.into_data().unwrap());
+        assert_eq!(budget.available_permits(), all);
+        assert!(body.frame().await.is_none());
+        assert_eq!(got, data);
+    }
+}
