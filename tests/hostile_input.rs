@@ -1310,3 +1310,72 @@ fn connections_that_send_nothing_lock_out_neither_ray_nor_the_probe() {
         probe.failures
     );
 }
+
+/// A gzip body (concatenated members) of `[0,0,…,0]` whose decoded and compressed bytes
+/// together come to about `total`.
+fn zeros_gzip(total: usize) -> Vec<u8> {
+    use flate2::{write::GzEncoder, Compression};
+    let gz = |b: &[u8]| {
+        let mut e = GzEncoder::new(Vec::new(), Compression::best());
+        e.write_all(b).unwrap();
+        e.finish().unwrap()
+    };
+    const PAIRS: usize = 512 << 10;
+    let member = gz(",0".repeat(PAIRS).as_bytes());
+    let (head, end) = (gz(b"[0"), gz(b"]"));
+    let build = |raw_guess: usize| {
+        let pairs = (total - raw_guess - 3) / 2;
+        let mut body = head.clone();
+        for _ in 0..pairs / PAIRS {
+            body.extend_from_slice(&member);
+        }
+        body.extend_from_slice(&gz(",0".repeat(pairs % PAIRS).as_bytes()));
+        body.extend_from_slice(&end);
+        body
+    };
+    let first = build(total / 1000);
+    build(first.len())
+}
+
+/// Issue 39, review r39h D2: two gzip bodies of about 50 KB, each `[0,0,…]` of 48 MiB, hold
+/// the whole 96 MiB body budget while they are parsed, for seconds, neither behind their
+/// pace nor waiting for room, and their clients send them again at once. Ray's batches are
+/// still answered 200 within its 3 s: they take room from the reserve only small bodies may
+/// use (before: Ray waited for room until one of them was done, and got 503 after 10 s).
+#[test]
+fn bodies_slow_to_parse_leave_room_for_ray() {
+    use rhc_testkit::hostile::{tries, Posters};
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(&tmp, &["--rotation-interval", "1h"]);
+    // Two of them (decoded and compressed, as they are charged) leave less than 64 KiB of
+    // the 96 MiB budget: 49,140 KiB each.
+    let body = std::sync::Arc::new(zeros_gzip(49_140 << 10));
+    assert!(body.len() < 100_000, "{}", body.len());
+    let parsers = Posters::start(
+        c.port,
+        2,
+        &[("Content-Encoding", "gzip")],
+        std::sync::Arc::new(move |_| body.to_vec()),
+    );
+    // Both decoded and being parsed.
+    let started = std::time::Instant::now();
+    while c.metric("rhc_ingest_bytes_total") < (2 * 47 << 20) as f64 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the bodies of zeros were not decoded"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ray = tries(
+        6,
+        Duration::from_secs(1),
+        200,
+        "POST",
+        &c.url("/v1/events"),
+        &[("Content-Type", "application/json")],
+        ray_body().as_bytes(),
+    );
+    let answers = parsers.finish();
+    eprintln!("Ray {} of 6; the parsers' answers: {answers:?}", ray.ok);
+    assert_eq!(ray.ok, 6, "{:#?}", ray.failures);
+}
