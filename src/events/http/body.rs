@@ -895,6 +895,14 @@ mod tests {
         b.room(Arc::new(Pace::new()))
     }
 
+    /// The small bodies' reserve, all taken (by other small bodies): a small body then waits
+    /// for the shared budget like any other.
+    fn take_the_reserve(b: &BodyBudget) -> SemaphorePermit<'_> {
+        b.reserve
+            .try_acquire_many(kib(SMALL_BODIES_RESERVE) as u32)
+            .unwrap()
+    }
+
     fn later() -> Instant {
         Instant::now() + BODY_TIMEOUT
     }
@@ -1002,6 +1010,7 @@ mod tests {
     async fn a_body_waiting_for_room_does_not_stand_in_front_of_small_ones() {
         // 'static: the large body waits in a task of its own.
         let b: &'static BodyBudget = Box::leak(Box::new(BodyBudget::new(64 << 20)));
+        let _reserve_taken = take_the_reserve(b);
         // A large body and small ones fill the budget to the last KiB.
         let mut big = room(b);
         assert!(big.grow_to(40 << 20, later()).await.is_ok());
@@ -1077,6 +1086,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_body_that_fell_behind_gives_its_room_to_one_that_waits() {
         let b: &'static BodyBudget = Box::leak(Box::new(BodyBudget::new(64 << 20)));
+        let _reserve_taken = take_the_reserve(b);
         // One body sent 64 MiB and stopped; one sends on; one waits for room of its own.
         let stopped = Arc::new(Pace::new());
         let arriving = Arc::new(Pace::new());
