@@ -1359,7 +1359,7 @@ fn bodies_slow_to_parse_leave_room_for_ray() {
     );
     // Both decoded and being parsed.
     let started = std::time::Instant::now();
-    while c.metric("rhc_ingest_bytes_total") < (2 * 47 << 20) as f64 {
+    while c.metric("rhc_ingest_bytes_total") < ((2 * 47) << 20) as f64 {
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "the bodies of zeros were not decoded"
@@ -1412,7 +1412,10 @@ fn gzip_bombs_stay_within_the_memory_budget() {
     let peak = peak_mib(&c);
     eprintln!("VmHWM {base:.0} -> {peak:.0} MiB; the bombs' answers: {answers:?}");
     let decoded = c.metric("rhc_ingest_bytes_total");
-    assert!(decoded >= (4 * 24 << 20) as f64, "{decoded} bytes decoded");
+    assert!(
+        decoded >= ((4 * 24) << 20) as f64,
+        "{decoded} bytes decoded"
+    );
     assert!(
         peak - base <= 96.0 + 4.0 + 30.0,
         "VmHWM {base:.0} -> {peak:.0} MiB under gzip bombs"

@@ -584,12 +584,10 @@ impl<'a> Room<'a> {
         let keep = kib(bytes);
         let mut extra = self.held_kib().saturating_sub(keep);
         // The reserve goes back first.
-        for held in [&mut self.reserved, &mut self.held] {
-            if let Some(h) = held {
-                let n = extra.min(h.num_permits() as u64);
-                drop(h.split(n as usize));
-                extra -= n;
-            }
+        for h in [&mut self.reserved, &mut self.held].into_iter().flatten() {
+            let n = extra.min(h.num_permits() as u64);
+            drop(h.split(n as usize));
+            extra -= n;
         }
         self.holder
             .held_kib
