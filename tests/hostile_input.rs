@@ -818,7 +818,9 @@ fn ray_body() -> &'static str {
 /// 96 MiB body budget) as fast as they can, then nothing. Ray's next batches, on fresh
 /// connections, are still answered 200 within Ray's 3 s: a body that stopped arriving gives
 /// its room to one that waits for it (before, Ray got 503 after 10 s until the 30 s body
-/// timeout freed the room), and the two stalled clients are told so with 408.
+/// timeout freed the room), and the two stalled clients are told so with 408. Ray's
+/// batches pass through the small bodies' reserve at once; a 2 MB batch, too large for it,
+/// waits for the room the stalled bodies hold, and gets it.
 #[test]
 fn bodies_that_stopped_arriving_give_their_room_to_ray() {
     use rhc_testkit::hostile::{stalled_body, tries};
@@ -840,6 +842,16 @@ fn bodies_that_stopped_arriving_give_their_room_to_ray() {
         ray_body().as_bytes(),
     );
     assert_eq!(ray.ok, 3, "{:#?}", ray.failures);
+    let large = tries(
+        1,
+        Duration::ZERO,
+        200,
+        "POST",
+        &c.url("/v1/events"),
+        &[("Content-Type", "application/json")],
+        padded_event("stopped-large", 2_000_000).as_bytes(),
+    );
+    assert_eq!(large.ok, 1, "{:#?}", large.failures);
     for h in &mut hogs {
         h.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut answer = Vec::new();
