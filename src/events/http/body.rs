@@ -382,7 +382,8 @@ pub(super) struct BodyBudget {
 }
 
 impl BodyBudget {
-    /// Room for one body of `max_body_bytes` plus [`SMALL_BODIES_ROOM`].
+    /// Room for one body of `max_body_bytes` plus [`SMALL_BODIES_ROOM`], and beside it
+    /// [`SMALL_BODIES_RESERVE`] for small bodies.
     pub(super) fn new(max_body_bytes: u64) -> BodyBudget {
         let total_kib = kib(max_body_bytes.saturating_add(SMALL_BODIES_ROOM));
         BodyBudget {
