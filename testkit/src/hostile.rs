@@ -1,6 +1,6 @@
 //! Hostile HTTP clients for the tests of what the collector's HTTP side may be made to
 //! hold: bodies that stop arriving, clients that never read their answers, heads that never
-//! end; and [`tries`], which counts how often Ray and the probe still get through (each try
+//! end, connections that send nothing; and [`tries`], which counts how often Ray and the probe still get through (each try
 //! on a fresh connection, within Ray's 3 s, as Ray's dashboard agent and kubelet do).
 //!
 //! Every client here talks to 127.0.0.1 only and stops (its threads joined, its sockets
@@ -143,6 +143,66 @@ impl NeverReading {
 }
 
 impl Drop for NeverReading {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Clients that open connections at a steady rate and send nothing on them, as a client
+/// that only connects would; the newest `keep_open` are kept open, older ones closed by the
+/// client.
+pub struct Silent {
+    stop: Arc<AtomicBool>,
+    opened: Arc<AtomicUsize>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Silent {
+    /// Starts opening `per_second` connections a second to `addr`.
+    pub fn start(addr: SocketAddr, per_second: u32, keep_open: usize) -> Silent {
+        let stop = Arc::new(AtomicBool::new(false));
+        let opened = Arc::new(AtomicUsize::new(0));
+        let thread = {
+            let (stop, opened) = (stop.clone(), opened.clone());
+            std::thread::spawn(move || {
+                let every = Duration::from_secs(1) / per_second.max(1);
+                let mut open: std::collections::VecDeque<TcpStream> = Default::default();
+                let mut next = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+                        opened.fetch_add(1, Ordering::Relaxed);
+                        open.push_back(s);
+                        if open.len() > keep_open {
+                            open.pop_front();
+                        }
+                    }
+                    next += every;
+                    let now = Instant::now();
+                    if next > now {
+                        std::thread::sleep(next - now);
+                    } else {
+                        next = now;
+                    }
+                }
+            })
+        };
+        Silent {
+            stop,
+            opened,
+            thread: Some(thread),
+        }
+    }
+
+    /// Connections opened so far.
+    pub fn opened(&self) -> usize {
+        self.opened.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Silent {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {

@@ -8,10 +8,13 @@
 //!   [`SMALL_BODIES_ROOM`]. A body is charged for the bytes it holds: those received, those
 //!   of its decoded gzip layers, and (see the caller) its camelCase form, each rounded up to
 //!   [`RESERVE_STEP`] and taken before the bytes are stored; what a header declares reserves
-//!   nothing. The spare capacity a growing buffer keeps beyond its length is not charged: it
-//!   is address space that the kernel backs with memory only once it is written, so the
-//!   charge is what the body really makes resident, and twelve 4 MiB bodies cost 48 MiB of
-//!   the budget, not the 96 MiB their doubled buffers could span. So a client that declares
+//!   nothing. A decoded gzip layer is measured first and then decoded into one buffer of
+//!   exactly its length ([`decode_gzip`]): it is never copied as it grows, and leaves no
+//!   earlier forms of itself in the allocator. The spare capacity the received bytes' buffer
+//!   keeps beyond its length is not charged: it is address space that the kernel backs with
+//!   memory only once it is written, so the charge is what the body really makes resident,
+//!   and twelve 4 MiB bodies cost 48 MiB of the budget, not the 96 MiB their doubled buffers
+//!   could span. So a client that declares
 //!   32 MiB, or starts a chunked body, and then sends nothing holds no room, and small
 //!   requests pass beside it; to hold room a client must really send the bytes, which it can
 //!   keep for at most [`BODY_TIMEOUT`]. However many clients send large or hostile bodies at
@@ -27,6 +30,11 @@
 //!   room, if that is more than this one wants in all, gives it back at once with 503 and
 //!   `Retry-After` (so gzip bombs that each decode to 64 MiB and fill the budget while they
 //!   wait for more cannot hold Ray's 20 KB batch for the 10 s [`BUDGET_WAIT`]).
+//! - **Small bodies always find room.** Beside the budget, [`SMALL_BODIES_RESERVE`] is kept
+//!   for bodies whose room stays within [`SMALL_BODY`]; a body that grows past it gives back
+//!   what it took of the reserve, so no large body holds any. Large bodies that hold the
+//!   whole budget without falling behind or waiting (being parsed, for seconds) leave Ray's
+//!   batches of tens of KB room at once.
 //! - **Decoding and parsing never hold the runtime.** Gzip layers are undone, and the body
 //!   parsed and routed by the caller, off the runtime's workers ([`off_reactor`]), so bodies
 //!   of millions of tiny elements cannot keep Ray's requests and the probes from being
@@ -72,6 +80,16 @@ pub(super) const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 pub(super) const MAX_GZIP_LAYERS: usize = 2;
 /// Room for ordinary bodies beside one body of the largest size.
 pub(super) const SMALL_BODIES_ROOM: u64 = 32 << 20;
+/// Room beside the budget that only small bodies ([`SMALL_BODY`] at most, Ray's batches of
+/// tens of KB) may take, once the shared budget is full: whatever large bodies hold, and
+/// for however long (two 49 KB gzip bodies of 48 MiB of `[0,0,…]` hold the whole budget
+/// while they are parsed, neither behind their pace nor waiting; review r39h D2: Ray got
+/// 503 after 10 s), Ray's batch finds room at once. A body that grows past [`SMALL_BODY`]
+/// gives back what it took of it, so no large body ever holds any.
+pub(super) const SMALL_BODIES_RESERVE: u64 = 4 << 20;
+/// The largest room a body may take from [`SMALL_BODIES_RESERVE`]: four times Ray's
+/// batches of about a quarter MB (a 1 MB batch takes the shared budget like any other).
+pub(super) const SMALL_BODY: u64 = 1 << 20;
 /// How long a body waits, in all, for room in the budget before it gets 503.
 pub(super) const BUDGET_WAIT: Duration = Duration::from_secs(10);
 /// The unit of room: a body's charge is its bytes rounded up to this, and a body waiting
@@ -350,22 +368,28 @@ pub(super) fn declared_length(headers: &HeaderMap) -> Option<u64> {
     first.to_str().ok()?.trim().parse().ok()
 }
 
-/// The memory budget of bodies in flight, in KiB permits.
+/// The memory budget of bodies in flight, in KiB permits: the shared budget, and the
+/// reserve of small bodies ([`SMALL_BODIES_RESERVE`]).
 pub(super) struct BodyBudget {
     permits: Semaphore,
+    /// KiB of the shared budget: the most one body may hold.
     total_kib: u64,
+    /// Only for rooms that stay within [`SMALL_BODY`].
+    reserve: Semaphore,
     /// The bodies that hold room, by room id.
     holders: Mutex<BTreeMap<u64, Arc<Holder>>>,
     next_id: AtomicU64,
 }
 
 impl BodyBudget {
-    /// Room for one body of `max_body_bytes` plus [`SMALL_BODIES_ROOM`].
+    /// Room for one body of `max_body_bytes` plus [`SMALL_BODIES_ROOM`], and beside it
+    /// [`SMALL_BODIES_RESERVE`] for small bodies.
     pub(super) fn new(max_body_bytes: u64) -> BodyBudget {
         let total_kib = kib(max_body_bytes.saturating_add(SMALL_BODIES_ROOM));
         BodyBudget {
             permits: Semaphore::new(total_kib as usize),
             total_kib,
+            reserve: Semaphore::new(kib(SMALL_BODIES_RESERVE) as usize),
             holders: Mutex::new(BTreeMap::new()),
             next_id: AtomicU64::new(0),
         }
@@ -377,6 +401,7 @@ impl BodyBudget {
         Room {
             budget: self,
             held: None,
+            reserved: None,
             waited: Duration::ZERO,
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             registered: false,
@@ -433,7 +458,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The room one body holds; given back when dropped.
 pub(super) struct Room<'a> {
     budget: &'a BodyBudget,
+    /// Of the shared budget.
     held: Option<SemaphorePermit<'a>>,
+    /// Of the small bodies' reserve: only while the room wants [`SMALL_BODY`] at most.
+    reserved: Option<SemaphorePermit<'a>>,
     /// Time spent waiting for room so far, against [`BUDGET_WAIT`].
     waited: Duration,
     id: u64,
@@ -451,10 +479,15 @@ impl Drop for Room<'_> {
 }
 
 impl<'a> Room<'a> {
-    fn hold(&mut self, permit: SemaphorePermit<'a>) {
-        match &mut self.held {
+    fn hold(&mut self, permit: SemaphorePermit<'a>, from_reserve: bool) {
+        let held = if from_reserve {
+            &mut self.reserved
+        } else {
+            &mut self.held
+        };
+        match held {
             Some(h) => h.merge(permit),
-            None => self.held = Some(permit),
+            None => *held = Some(permit),
         }
         self.holder
             .held_kib
@@ -466,7 +499,24 @@ impl<'a> Room<'a> {
     }
 
     fn held_kib(&self) -> u64 {
+        self.shared_kib() + self.reserved.as_ref().map_or(0, |p| p.num_permits() as u64)
+    }
+
+    /// KiB held of the shared budget.
+    fn shared_kib(&self) -> u64 {
         self.held.as_ref().map_or(0, |p| p.num_permits() as u64)
+    }
+
+    /// A room growing past [`SMALL_BODY`] holds none of the reserve: what it holds of the
+    /// reserve goes back once the shared budget holds all of `want_kib` (before that it is
+    /// part of what it holds, so the sum never goes above what the body needs plus a step).
+    fn leave_reserve(&mut self, want_kib: u64) {
+        if self.reserved.is_some() && self.shared_kib() >= want_kib {
+            self.reserved = None;
+            self.holder
+                .held_kib
+                .store(self.held_kib(), Ordering::Relaxed);
+        }
     }
 
     /// The bytes of room held.
@@ -486,12 +536,18 @@ impl<'a> Room<'a> {
             return Err(BodyProblem::NeverFits(self.budget.total_kib * 1024));
         }
         let want = kib(stepped(bytes)).min(self.budget.total_kib);
-        let budget = self.budget;
+        let small = want <= kib(SMALL_BODY);
         let step = kib(RESERVE_STEP);
-        while self.held_kib() < want {
-            let n = (want - self.held_kib()).min(step) as u32;
-            let permit = self.wait_for(&budget.permits, n, want, deadline).await?;
-            self.hold(permit);
+        // A large room counts only the shared budget (what it took of the reserve goes
+        // back once that holds it all).
+        let held = |r: &Self| if small { r.held_kib() } else { r.shared_kib() };
+        while held(self) < want {
+            let n = (want - held(self)).min(step) as u32;
+            let (permit, from_reserve) = self.wait_for(n, want, small, deadline).await?;
+            self.hold(permit, from_reserve);
+        }
+        if !small {
+            self.leave_reserve(want);
         }
         Ok(())
     }
@@ -504,12 +560,22 @@ impl<'a> Room<'a> {
             return Err(BodyProblem::NeverFits(self.budget.total_kib * 1024));
         }
         let want = kib(stepped(bytes)).min(self.budget.total_kib);
-        while self.held_kib() < want {
-            let n = (want - self.held_kib()).min(kib(RESERVE_STEP)) as u32;
-            let Ok(permit) = self.budget.permits.try_acquire_many(n) else {
-                return Ok(false);
+        let small = want <= kib(SMALL_BODY);
+        let held = |r: &Self| if small { r.held_kib() } else { r.shared_kib() };
+        while held(self) < want {
+            let n = (want - held(self)).min(kib(RESERVE_STEP)) as u32;
+            let (permit, from_reserve) = match self.budget.permits.try_acquire_many(n) {
+                Ok(p) => (p, false),
+                Err(_) if small => match self.budget.reserve.try_acquire_many(n) {
+                    Ok(p) => (p, true),
+                    Err(_) => return Ok(false),
+                },
+                Err(_) => return Ok(false),
             };
-            self.hold(permit);
+            self.hold(permit, from_reserve);
+        }
+        if !small {
+            self.leave_reserve(want);
         }
         Ok(true)
     }
@@ -517,36 +583,55 @@ impl<'a> Room<'a> {
     /// Gives back what is held beyond `bytes`.
     fn shrink_to(&mut self, bytes: u64) {
         let keep = kib(bytes);
-        let extra = self.held_kib().saturating_sub(keep);
-        if let Some(h) = &mut self.held {
-            drop(h.split(extra as usize));
+        let mut extra = self.held_kib().saturating_sub(keep);
+        // The reserve goes back first.
+        for h in [&mut self.reserved, &mut self.held].into_iter().flatten() {
+            let n = extra.min(h.num_permits() as u64);
+            drop(h.split(n as usize));
+            extra -= n;
         }
         self.holder
             .held_kib
             .store(self.held_kib(), Ordering::Relaxed);
     }
 
-    /// Takes `n` KiB of `sem` for a room growing to `want_kib` in all, waiting as the
-    /// module docs say: bodies that fell behind their pace are cut, and the waiting body
-    /// holding the most gives way when it holds more than `want_kib`; this body gives way
-    /// in turn ([`BodyProblem::NoRoom`]) when told to.
+    /// Takes `n` KiB of the shared budget, or of the reserve when `small`, for a room
+    /// growing to `want_kib` in all, waiting as the module docs say: bodies that fell behind
+    /// their pace are cut, and the waiting body holding the most gives way when it holds
+    /// more than `want_kib`; this body gives way in turn ([`BodyProblem::NoRoom`]) when
+    /// told to. Whether the permit is of the reserve comes with it.
     async fn wait_for(
         &mut self,
-        sem: &'a Semaphore,
         n: u32,
         want_kib: u64,
+        small: bool,
         deadline: Instant,
-    ) -> Result<SemaphorePermit<'a>, BodyProblem<'a>> {
-        if let Ok(p) = sem.try_acquire_many(n) {
-            return Ok(p);
+    ) -> Result<(SemaphorePermit<'a>, bool), BodyProblem<'a>> {
+        let budget: &'a BodyBudget = self.budget;
+        if let Ok(p) = budget.permits.try_acquire_many(n) {
+            return Ok((p, false));
+        }
+        if small {
+            if let Ok(p) = budget.reserve.try_acquire_many(n) {
+                return Ok((p, true));
+            }
         }
         let left = BUDGET_WAIT.saturating_sub(self.waited);
         let until = deadline.min(Instant::now() + left);
         let started = Instant::now();
         // While it waits, bodies that hold room and fell behind their pace give it back; one
         // that falls behind later is cut at the next look.
-        let acquire = sem.acquire_many(n);
+        let acquire = budget.permits.acquire_many(n);
         tokio::pin!(acquire);
+        // A large room never waits on the reserve: this one never resolves for it.
+        let from_reserve = async {
+            if small {
+                budget.reserve.acquire_many(n).await
+            } else {
+                std::future::pending().await
+            }
+        };
+        tokio::pin!(from_reserve);
         self.holder.waiting.store(true, Ordering::Release);
         let pace = self.holder.pace.clone();
         let got = loop {
@@ -568,7 +653,8 @@ impl<'a> Room<'a> {
             tokio::select! {
                 biased;
                 _ = pace.was_cut() => break Err(true),
-                got = &mut acquire => break Ok(got),
+                got = &mut acquire => break Ok(got.map(|p| (p, false))),
+                got = &mut from_reserve => break Ok(got.map(|p| (p, true))),
                 _ = tokio::time::sleep_until(look_again) => {
                     if Instant::now() >= until {
                         break Err(false);
@@ -713,36 +799,64 @@ pub(super) async fn read_body<'a>(
     ))
 }
 
-/// One gzip layer of `raw` (charged to `room` already), decoded in chunks, each taking its
-/// room first, so the room holds the raw and decoded bytes together; the decoder's error
-/// when `raw` is not valid gzip.
+/// One gzip layer of `raw` (charged to `room` already), decoded twice: once to learn its
+/// length, keeping nothing, then, its room taken, into one buffer of exactly that length.
+/// So the room holds the raw and decoded bytes together, and the decoded body is one
+/// allocation made once: a buffer grown by doubling, as it was, was copied at each step and
+/// left its earlier forms in the allocator (glibc keeps freed chunks resident), and 16
+/// clients looping gzip bombs of 24 MiB took VmHWM to 302–343 MiB with a 96 MiB budget
+/// (review r39h D3). The second pass costs CPU only (gzip decodes at hundreds of MB/s).
+/// The decoder's error when `raw` is not valid gzip.
 async fn decode_gzip<'a>(
     raw: &[u8],
     room: &mut Room<'a>,
     max: usize,
     deadline: Instant,
 ) -> Result<Result<Vec<u8>, String>, BodyProblem<'a>> {
-    let mut out: Vec<u8> = Vec::new();
-    let mut dec = flate2::read::MultiGzDecoder::new(raw);
     let mut chunk = vec![0u8; DECODE_CHUNK];
+    let len = match off_reactor(|| decoded_len(raw, &mut chunk, max)) {
+        Ok(Some(len)) => len,
+        Ok(None) => return Err(BodyProblem::TooLarge),
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    room.grow_to(raw.len().saturating_add(len) as u64, deadline)
+        .await?;
+    let mut out: Vec<u8> = Vec::new();
+    out.reserve_exact(len);
+    let decoded = off_reactor(|| -> std::io::Result<()> {
+        let mut dec = flate2::read::MultiGzDecoder::new(raw);
+        loop {
+            let n = dec.read(&mut chunk)?;
+            if n == 0 {
+                return Ok(());
+            }
+            if out.len() + n > len {
+                return Err(std::io::Error::other(
+                    "the body decoded to more bytes the second time",
+                ));
+            }
+            out.extend_from_slice(&chunk[..n]);
+        }
+    });
+    match decoded {
+        Ok(()) => Ok(Ok(out)),
+        Err(e) => Ok(Err(e.to_string())),
+    }
+}
+
+/// The length `raw` decodes to, read through `chunk` and kept nowhere; `None` once it is
+/// over `max`.
+fn decoded_len(raw: &[u8], chunk: &mut [u8], max: usize) -> std::io::Result<Option<usize>> {
+    let mut dec = flate2::read::MultiGzDecoder::new(raw);
+    let mut len = 0usize;
     loop {
-        let n = match off_reactor(|| dec.read(&mut chunk)) {
-            Ok(0) => return Ok(Ok(out)),
-            Ok(n) => n,
-            Err(e) => return Ok(Err(e.to_string())),
-        };
-        let need = out.len().saturating_add(n);
-        if need > max {
-            return Err(BodyProblem::TooLarge);
+        match dec.read(chunk)? {
+            0 => return Ok(Some(len)),
+            n => len = len.saturating_add(n),
         }
-        let held = raw.len().saturating_add(need) as u64;
-        if held > room.held_bytes() {
-            room.grow_to(held, deadline).await?;
+        if len > max {
+            return Ok(None);
         }
-        if need > out.capacity() {
-            out.reserve_exact(grown(out.capacity(), need, max) - out.len());
-        }
-        out.extend_from_slice(&chunk[..n]);
     }
 }
 
@@ -780,6 +894,14 @@ mod tests {
         b.room(Arc::new(Pace::new()))
     }
 
+    /// The small bodies' reserve, all taken (by other small bodies): a small body then waits
+    /// for the shared budget like any other.
+    fn take_the_reserve(b: &BodyBudget) -> SemaphorePermit<'_> {
+        b.reserve
+            .try_acquire_many(kib(SMALL_BODIES_RESERVE) as u32)
+            .unwrap()
+    }
+
     fn later() -> Instant {
         Instant::now() + BODY_TIMEOUT
     }
@@ -814,6 +936,39 @@ mod tests {
         ));
         // Exactly the whole budget fits: sizes are compared, not rounded capacities.
         assert!(room(&b).grow_to(96 << 20, later()).await.is_ok());
+    }
+
+    /// Large bodies holding the whole budget leave small ones the reserve, and never take it.
+    #[tokio::test(start_paused = true)]
+    async fn small_bodies_find_room_in_their_reserve_and_large_ones_never_hold_it() {
+        let b = BodyBudget::new(64 << 20);
+        let reserve = || b.reserve.available_permits() as u64;
+        let all = reserve();
+        // A small body that took the reserve and then grows past SMALL_BODY gives it back.
+        let mut full = room(&b);
+        assert!(full.grow_to(96 << 20, later()).await.is_ok());
+        let mut growing = room(&b);
+        assert!(growing.grow_to(RESERVE_STEP, later()).await.is_ok());
+        assert_eq!(reserve(), all - kib(RESERVE_STEP));
+        full.shrink_to(64 << 20);
+        assert!(growing.grow_to(SMALL_BODY + 1, later()).await.is_ok());
+        assert_eq!(reserve(), all);
+        assert_eq!(growing.shared_kib(), kib(SMALL_BODY + RESERVE_STEP));
+        drop(growing);
+        // The budget full: a large body does not touch the reserve, small ones use it at once.
+        assert!(full.grow_to(96 << 20, later()).await.is_ok());
+        let t = Instant::now();
+        let mut small: Vec<Room> = (0..4).map(|_| room(&b)).collect();
+        for r in &mut small {
+            assert!(r.grow_to(SMALL_BODY, later()).await.is_ok());
+        }
+        assert_eq!(t.elapsed(), Duration::ZERO);
+        assert_eq!(reserve(), 0);
+        drop(small);
+        assert_eq!(reserve(), all);
+        let mut large = room(&b);
+        assert!(matches!(large.try_grow_to(SMALL_BODY + 1), Ok(false)));
+        assert_eq!(reserve(), all);
     }
 
     #[tokio::test(start_paused = true)]
@@ -854,6 +1009,7 @@ mod tests {
     async fn a_body_waiting_for_room_does_not_stand_in_front_of_small_ones() {
         // 'static: the large body waits in a task of its own.
         let b: &'static BodyBudget = Box::leak(Box::new(BodyBudget::new(64 << 20)));
+        let _reserve_taken = take_the_reserve(b);
         // A large body and small ones fill the budget to the last KiB.
         let mut big = room(b);
         assert!(big.grow_to(40 << 20, later()).await.is_ok());
@@ -929,6 +1085,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_body_that_fell_behind_gives_its_room_to_one_that_waits() {
         let b: &'static BodyBudget = Box::leak(Box::new(BodyBudget::new(64 << 20)));
+        let _reserve_taken = take_the_reserve(b);
         // One body sent 64 MiB and stopped; one sends on; one waits for room of its own.
         let stopped = Arc::new(Pace::new());
         let arriving = Arc::new(Pace::new());

@@ -18,7 +18,12 @@
 //! 4. one idle between requests, its answers all out, that has never posted events
 //!    (probes, scrapers, anything else), the one idle longest first;
 //! 5. one idle between requests that has posted events, the one idle longest first;
-//! 6. one whose request has been waiting for its answer (its body complete: Ray's batch
+//! 6. one that has not sent a whole request head yet, however young, the oldest first: a
+//!    real client sends its head within milliseconds of connecting, so it is the newest of
+//!    them and keeps its place, while connections that send nothing (a flood of them, 500 a
+//!    second on each listener: review r39h D1) take each other's places instead of
+//!    refusing Ray's and the probe's;
+//! 7. one whose request has been waiting for its answer (its body complete: Ray's batch
 //!    waiting for the spool) for over [`STALE_REQUEST_AFTER`], the oldest first: Ray gives
 //!    up on a request after 3 s and resends it, so nobody waits for it.
 //!
@@ -36,12 +41,12 @@
 //! them waits on a client that does not read, they leave within [`LEAVE_GRACE`] at most and
 //! within milliseconds in the usual case, and keep no newcomer out for long.
 //!
-//! When none can give way (every place busy with complete requests for less than 3 s,
-//! with bodies arriving, or connected less than 2 s ago), the new connection gets one of
+//! When none can give way (every place busy with complete requests for less than 3 s, or
+//! with bodies arriving), the new connection gets one of
 //! [`RESERVED`] places kept for the liveness probe and Ray: it is served one request, only
 //! `GET /healthz`, `/readyz` or `POST /v1/events`, then closed; its body must arrive within
 //! [`RESERVED_BODY_TIMEOUT`] (the caller's deadline), and a reserved place that has sent no head
-//! within [`STALLED_AFTER`] or whose body stalls gives way like a regular one (to a new
+//! or whose body stalls gives way like a regular one (to a new
 //! connection that then takes the reserved place). Past that too it is closed at once,
 //! which a client sees as a refusal rather than a hang. So sockets held by the HTTP side are bounded by
 //! [`MAX_CONNECTIONS`] + [`RESERVED`] + [`MAX_LEAVING`] whatever the clients do.
@@ -111,6 +116,11 @@ pub(super) enum Eviction {
     IdleNoEvents,
     /// Idle.
     Idle,
+    /// No whole request head yet, connected for less than [`STALLED_AFTER`]: the oldest
+    /// such first (review r39h D1: a flood of connections that send nothing, 500 a second,
+    /// otherwise filled every place faster than they passed [`STALLED_AFTER`], and Ray's
+    /// and the probe's connections were closed at once).
+    NoRequestYet,
     /// Its request has been in flight for over [`STALE_REQUEST_AFTER`].
     StaleRequest,
 }
@@ -120,7 +130,7 @@ impl Eviction {
     pub(super) fn code(self) -> &'static str {
         match self {
             Eviction::NotReading => "not_reading",
-            Eviction::NoRequest => "no_request",
+            Eviction::NoRequest | Eviction::NoRequestYet => "no_request",
             Eviction::StalledBody => "stalled_body",
             Eviction::IdleNoEvents => "idle_no_events",
             Eviction::Idle => "idle",
@@ -134,6 +144,7 @@ impl Eviction {
             self,
             Eviction::NotReading
                 | Eviction::NoRequest
+                | Eviction::NoRequestYet
                 | Eviction::StalledBody
                 | Eviction::StaleRequest
         )
@@ -240,7 +251,9 @@ impl Slot {
     pub(super) fn still(&self, why: Eviction) -> bool {
         match why {
             Eviction::NotReading => self.unflushed_since().is_some(),
-            Eviction::NoRequest => self.state.load(Ordering::Acquire) == NEW,
+            Eviction::NoRequest | Eviction::NoRequestYet => {
+                self.state.load(Ordering::Acquire) == NEW
+            }
             Eviction::StalledBody => self.state.load(Ordering::Acquire) == BODY,
             Eviction::IdleNoEvents | Eviction::Idle | Eviction::StaleRequest => true,
         }
@@ -271,6 +284,10 @@ impl Slot {
                 Some((Eviction::NoRequest, self.opened))
             }
             BODY if self.pace.behind(now) => Some((Eviction::StalledBody, since)),
+            // No head yet, however young: it has nothing in flight, and a real client sends
+            // its head within milliseconds, so it is the newest silent one and the last of
+            // them to go.
+            NEW => Some((Eviction::NoRequestYet, self.opened)),
             // A reserved place serves one request and is never kept idle.
             _ if self.reserved => None,
             // An answer on its way out: the connection is not idle yet.
@@ -637,6 +654,42 @@ mod tests {
             (live.slots.len(), live.regular, live.leaving, live.reserved),
             (0, 0, 0, 0)
         );
+    }
+
+    /// Connections that send nothing take each other's places at once, the oldest first,
+    /// however young; one that sent its head keeps its place, and idle ones go before them.
+    #[tokio::test(start_paused = true)]
+    async fn connections_with_no_head_give_way_oldest_first_however_young() {
+        let conns = Connections::new();
+        let mut open = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            open.push(conns.admit().expect("a place"));
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        // The last one is a real client: its head arrived.
+        open[MAX_CONNECTIONS - 1].slot.request_started(true);
+        open[MAX_CONNECTIONS - 1].slot.body_complete();
+        open[1].slot.request_started(false);
+        open[1].slot.request_ended();
+        // Well under STALLED_AFTER: the idle one goes first, then the silent ones, oldest first.
+        let a = conns.admit().expect("admitted by eviction");
+        assert_eq!(a.evicted, Some(Eviction::IdleNoEvents));
+        let b = conns.admit().expect("admitted by eviction");
+        assert_eq!(b.evicted, Some(Eviction::NoRequestYet));
+        assert_eq!(chosen(&open[0]), Some(Eviction::NoRequestYet));
+        assert!(Eviction::NoRequestYet.cuts() && open[0].slot.still(Eviction::NoRequestYet));
+        let c = conns.admit().expect("admitted by eviction");
+        assert_eq!(chosen(&open[2]), Some(Eviction::NoRequestYet));
+        // A flood of them: each newcomer takes the oldest silent place, never the request's.
+        let mut flood = vec![a, b, c];
+        for _ in 0..2 * MAX_CONNECTIONS {
+            flood.push(conns.admit().expect("admitted by eviction"));
+            flood.retain(|f| chosen(f).is_none());
+            open.retain(|o| chosen(o).is_none());
+        }
+        assert_eq!(chosen(&open[open.len() - 1]), None);
+        assert!(open[open.len() - 1].slot.state.load(Ordering::Acquire) != NEW);
+        assert_eq!(lock(&conns.live).reserved, 0);
     }
 
     #[tokio::test(start_paused = true)]
