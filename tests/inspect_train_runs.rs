@@ -14,9 +14,10 @@ use serde_json::{json, Value};
 
 use ray_history_collector::contract::endpoints::{endpoint_object_name, FETCHED_ENDPOINTS_DIR};
 use rhc_testkit::collector::{collector_bin, merge_bucket, ship_session_logs};
-use rhc_testkit::http::HttpResponse;
+use rhc_testkit::fault_proxy::{Fault, FaultProxy, Rule};
+use rhc_testkit::http::{try_http_request_within, HttpResponse};
 use rhc_testkit::serve::{set_cookies, Serve};
-use rhc_testkit::services::{run_with_timeout, CommandOutput};
+use rhc_testkit::services::{run_with_timeout, CommandOutput, MotoS3};
 
 const INSPECT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -896,4 +897,117 @@ fn attempts_and_runs_are_in_time_order() {
         ids(&served["train_runs"][1]["attempts"], "attempt_id"),
         expected
     );
+}
+
+/// Every file under `dir`, as (path relative to `dir` with `/`, bytes).
+fn files_under(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                todo.push(path);
+            } else {
+                let rel = path
+                    .strip_prefix(dir)
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .to_string();
+                out.push((rel, std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+/// Issue 37 (r37e): while the session's index is still loading (its export events slow to
+/// read, past serve's 25 s wait), the Train runs are the `503` every route of the index
+/// answers while loading, not the stored snapshot alone, which may be older than the events;
+/// once loaded, the events' runs.
+#[test]
+fn a_session_still_loading_is_a_503_not_the_snapshot() {
+    /// How long the first read of an export events object is held: past serve's wait.
+    const LOAD_DELAY: Duration = Duration::from_secs(32);
+    let Some(s3) = MotoS3::start() else { return };
+    s3.create_bucket("ray-history");
+    let work = tempfile::tempdir().unwrap();
+    let store = collect(work.path(), SESSION_A, "train", TRAIN);
+    for (key, bytes) in files_under(&store) {
+        s3.put_object("ray-history", &key, &bytes);
+    }
+    // The last live poll: the run RUNNING (the events end FINISHED).
+    let snapshot = json!({"train_runs": [{"id": RUN_A, "status": "RUNNING", "start_time_ns": 1,
+                                          "attempts": [{"status": "RUNNING"}]}]});
+    s3.put_object(
+        "ray-history",
+        &format!(
+            "cluster-history/raycluster/default/train/{SESSION_A}/{FETCHED_ENDPOINTS_DIR}/{}",
+            endpoint_object_name(RUNS_URI)
+        ),
+        snapshot.to_string().as_bytes(),
+    );
+    let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
+    proxy.add(
+        Rule::new(Fault::Delay(LOAD_DELAY))
+            .method("GET")
+            .target_contains("export_events")
+            .times(1),
+    );
+    let url = proxy.url();
+    let mut env = s3.collector_env();
+    env[0] = ("AWS_ENDPOINT", url.as_str());
+    let serve = Serve::start(
+        "s3://ray-history",
+        &work.path().join("serve.log"),
+        &[],
+        &env,
+    );
+    let entered = serve
+        .get(
+            &format!("/enter_cluster/default/raycluster/train/{SESSION_A}"),
+            &[],
+        )
+        .unwrap();
+    assert_eq!(entered.status, 200, "{}", serve.log_text());
+    let cookies = set_cookies(&entered);
+
+    // Serve waits 25 s for the load before it answers.
+    let cookie = cookies
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let got = try_http_request_within(
+        "GET",
+        &format!("http://127.0.0.1:{}{RUNS_URI}", serve.port),
+        &[("Cookie", cookie.as_str())],
+        b"",
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert_eq!(
+        got.status,
+        503,
+        "{}: {}",
+        got.status,
+        String::from_utf8_lossy(&got.body)
+    );
+    assert_eq!(got.header("x-rhc-session-loading"), Some("true"));
+    assert!(got.header("retry-after").is_some());
+
+    // Once loaded: the events went further than the snapshot.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let answer = loop {
+        let got = serve.get(RUNS_URI, &cookies).unwrap();
+        if got.status == 200 {
+            break serde_json::from_slice::<Value>(&got.body).unwrap();
+        }
+        assert_eq!(got.status, 503, "{}", String::from_utf8_lossy(&got.body));
+        assert!(std::time::Instant::now() < deadline, "{}", serve.log_text());
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(answer["train_runs"][0]["id"], RUN_A);
+    assert_eq!(answer["train_runs"][0]["status"], "FINISHED");
 }

@@ -11,7 +11,9 @@
 //!   or has ended where the snapshot's had not ([`further_than_snapshot`]); a run the
 //!   snapshot does not list is added. When the snapshot keeps every run, it is replayed byte
 //!   for byte, as `/api/{*path}` replays any other (`replay.rs`); when the events cannot be
-//!   read, too.
+//!   read (the session's load failed), too, marked [`EVENTS_UNREADABLE_HEADER`]. While the
+//!   session is still loading, the answer is the `503` of every route the index answers:
+//!   the snapshot alone could be older than the events.
 //! - **Otherwise, from the export events.** The session's `EXPORT_TRAIN_RUN` and
 //!   `EXPORT_TRAIN_RUN_ATTEMPT` events, as `inspect` folds them (its `train_runs`, the same
 //!   facts `inspect --train-run --json` prints), are written back in the shape of Ray's
@@ -38,9 +40,11 @@
 //!   it only from the Train events, its tasks or actors) has `job_details: null`, as Ray
 //!   answers a job its job table does not have.
 
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
-use axum::response::Response;
+use axum::http::{HeaderName, StatusCode};
+use axum::response::{IntoResponse as _, Response};
 use serde_json::{json, Map, Value};
 
 use super::cookies::Entered;
@@ -64,8 +68,7 @@ pub async fn runs_v1(State(state): State<Shared>, entered: Entered) -> Response 
                 Some(merged) => entered.refresh((headers_for(&index), merged.to_string())),
                 None => entered.refresh(([(CONTENT_TYPE, "application/json")], body)),
             },
-            // The events cannot be read: what Ray answered is the best there is.
-            Err(_) => entered.refresh(([(CONTENT_TYPE, "application/json")], body)),
+            Err(r) => entered.refresh(without_events(r, body)),
         },
         Err(Missing::Unreadable(r)) => entered.refresh(r),
         Err(Missing::NotFound) => match index(&state, &entered).await {
@@ -73,6 +76,30 @@ pub async fn runs_v1(State(state): State<Shared>, entered: Entered) -> Response 
             Err(r) => r,
         },
     }
+}
+
+/// Set (to `true`) on a stored snapshot answered because the session's events could not be
+/// read (its load failed): runs the events took further may be missing from it.
+pub const EVENTS_UNREADABLE_HEADER: &str = "x-rhc-events-unreadable";
+
+/// The answer when a snapshot is stored but the session's index is not there (`index`'s
+/// answer `r`): a session still loading is its `503` (with `x-rhc-session-loading` and
+/// `Retry-After`), as on every route the index answers, since the events may take the runs
+/// further than the snapshot; a load that failed (the events cannot be read) is the snapshot,
+/// what Ray answered at the last poll and the best there is, marked
+/// [`EVENTS_UNREADABLE_HEADER`].
+fn without_events(r: Response, snapshot: Bytes) -> Response {
+    if r.status() == StatusCode::SERVICE_UNAVAILABLE {
+        return r;
+    }
+    (
+        [
+            (CONTENT_TYPE, "application/json"),
+            (HeaderName::from_static(EVENTS_UNREADABLE_HEADER), "true"),
+        ],
+        snapshot,
+    )
+        .into_response()
 }
 
 /// Run statuses after which nothing changes (Ray's `RunStatus.is_terminal`), and the same of
@@ -492,6 +519,20 @@ mod tests {
             further_than_snapshot(b"error", &json!({"train_runs": []})),
             None
         );
+    }
+
+    #[test]
+    fn a_snapshot_answers_for_unreadable_events_not_for_a_load_under_way() {
+        let snapshot = Bytes::from_static(b"{\"train_runs\": []}");
+        let loading = (StatusCode::SERVICE_UNAVAILABLE, "still loading").into_response();
+        let r = without_events(loading, snapshot.clone());
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(r.headers().get(EVENTS_UNREADABLE_HEADER).is_none());
+        let failed = (StatusCode::INTERNAL_SERVER_ERROR, "loading the session").into_response();
+        let r = without_events(failed, snapshot);
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()[EVENTS_UNREADABLE_HEADER], "true");
+        assert_eq!(r.headers()[CONTENT_TYPE], "application/json");
     }
 
     #[test]
