@@ -799,6 +799,81 @@ fn a_snapshot_gives_way_to_events_that_went_further() {
     assert_eq!(got["rhc_test"], "stored");
 }
 
+/// Issue 37 (r37e): the last live poll saw the run `SCHEDULING`, its attempt `PENDING` with
+/// no workers; the export events go on to the attempt `RUNNING` with its two workers and the
+/// run `RUNNING` (then the head died): the same attempts, none ended, so only the statuses
+/// and workers say the events went further. `serve` answers the events' run, as
+/// `inspect` shows it (and as Ray's head would have answered after its last poll).
+#[test]
+fn a_snapshot_with_the_same_attempts_but_earlier_statuses_gives_way() {
+    let work = tempfile::tempdir().unwrap();
+    let lines: Vec<&str> = TRAIN.lines().collect();
+    let upto = |n: usize| {
+        lines[..n]
+            .iter()
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+    };
+    // Run INITIALIZING, SCHEDULING, attempt PENDING: what the last poll saw.
+    let early = collect_with(
+        &work.path().join("early"),
+        SESSION_A,
+        "train",
+        &upto(3),
+        &[],
+    );
+    let snapshot =
+        Served::start(&work.path().join("early"), &early, "train", SESSION_A).runs_json();
+    let polled = &snapshot["train_runs"][0];
+    assert_eq!(polled["status"], "SCHEDULING");
+    assert_eq!(polled["attempts"][0]["status"], "PENDING");
+    assert_eq!(polled["attempts"][0]["workers"], json!([]));
+    // ... then attempt RUNNING (2 workers), run SCHEDULING again, run RUNNING.
+    let store = collect_with(&work.path().join("late"), SESSION_A, "train", &upto(6), &[]);
+    let served = Served::start(&work.path().join("late"), &store, "train", SESSION_A);
+    let events = served.runs_json();
+    assert_eq!(events["train_runs"][0]["status"], "RUNNING");
+    let dir = store
+        .join("cluster-history/raycluster/default/train")
+        .join(SESSION_A)
+        .join(FETCHED_ENDPOINTS_DIR);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(endpoint_object_name(RUNS_URI)),
+        snapshot.to_string(),
+    )
+    .unwrap();
+
+    let got = served.runs_json();
+    let run = &got["train_runs"][0];
+    assert_eq!(got["train_runs"], events["train_runs"]);
+    assert_eq!(run["status"], "RUNNING");
+    assert_eq!(run["attempts"][0]["status"], "RUNNING");
+    assert_eq!(run["attempts"][0]["workers"].as_array().unwrap().len(), 2);
+    let out = inspect(&[
+        store.to_str().unwrap(),
+        "--session",
+        SESSION_A,
+        "--train-run",
+        RUN_A,
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let inspected = &serde_json::from_str::<Value>(&out.stdout).unwrap()["train_run"];
+    assert_eq!(inspected["status"], run["status"]);
+    assert_eq!(
+        inspected["attempts"][0]["status"],
+        run["attempts"][0]["status"]
+    );
+    assert_eq!(
+        inspected["attempts"][0]["workers"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
 /// Issue 37 (r37d): `checkpoint_config.num_to_keep`, a uint64 in the export event (so a
 /// string in its JSON), is a number in Ray's answer.
 #[test]
