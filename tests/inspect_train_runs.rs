@@ -14,9 +14,10 @@ use serde_json::{json, Value};
 
 use ray_history_collector::contract::endpoints::{endpoint_object_name, FETCHED_ENDPOINTS_DIR};
 use rhc_testkit::collector::{collector_bin, merge_bucket, ship_session_logs};
-use rhc_testkit::http::HttpResponse;
+use rhc_testkit::fault_proxy::{Fault, FaultProxy, Rule};
+use rhc_testkit::http::{try_http_request_within, HttpResponse};
 use rhc_testkit::serve::{set_cookies, Serve};
-use rhc_testkit::services::{run_with_timeout, CommandOutput};
+use rhc_testkit::services::{run_with_timeout, CommandOutput, MotoS3};
 
 const INSPECT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -574,21 +575,24 @@ fn event_line(source_type: &str, n: u64, edit: &dyn Fn(&mut Value)) -> String {
     format!("{e}\n")
 }
 
-/// Issue 37 (r37d): a Train status detail, a run's name and a worker's log path are kept
-/// whole, as Ray's Train head answers them (Ray bounds a status detail at 50,000
-/// characters), not cut at inspect's 512 bytes for names and ids.
+/// Issue 37 (r37d, r37e): a Train status detail, a run's name and a worker's log path are
+/// kept whole, as Ray's Train head answers them, not cut at inspect's 512 bytes for names and
+/// ids, nor at 50,000 characters: Ray Train V2 bounds no status detail, and a failure of 64
+/// workers builds one of about 76,000 characters, whose last lines say what failed.
 #[test]
 fn train_texts_are_kept_whole() {
     let work = tempfile::tempdir().unwrap();
-    let mut detail =
-        String::from("Training failed due to worker errors:\n[Rank 0 Error Snippet]:\n");
-    for i in 0..200 {
-        detail.push_str(&format!(
-            "  File \"/home/ray/app/train_{i}.py\", line {i}, in step_{i}\n    loss = model(b)\n"
-        ));
+    let mut detail = String::from("Training failed due to worker errors:\n");
+    for rank in 0..64 {
+        detail.push_str(&format!("[Rank {rank} Error Snippet]:\n"));
+        for i in 0..18 {
+            detail.push_str(&format!(
+                "  File \"/home/ray/app/train_{i}.py\", line {i}, in step_{i}\n    loss = model(b)\n"
+            ));
+        }
     }
     detail.push_str("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n");
-    assert!(detail.len() > 10_000 && detail.chars().count() < 50_000);
+    assert!(detail.chars().count() > 75_000, "{}", detail.len());
     let name = format!("probe-{}", "é".repeat(400));
     let log = format!(
         "/tmp/ray/session_latest/logs/train/{}/worker-0.log",
@@ -626,6 +630,12 @@ fn train_texts_are_kept_whole() {
     for w in attempt["workers"].as_array().unwrap() {
         assert_eq!(w["log_file_path"], log.as_str());
     }
+    let text = inspect(&[dir, "--session", SESSION_A, "--train-run", RUN_A]).stdout;
+    assert!(
+        text.contains("[Rank 63 Error Snippet]:"),
+        "the last rank's error"
+    );
+    assert!(text.contains("torch.OutOfMemoryError: CUDA out of memory."));
 
     let served = Served::start(work.path(), &store, "train", SESSION_A).runs_json();
     let run = &served["train_runs"][0];
@@ -789,6 +799,81 @@ fn a_snapshot_gives_way_to_events_that_went_further() {
     assert_eq!(got["rhc_test"], "stored");
 }
 
+/// Issue 37 (r37e): the last live poll saw the run `SCHEDULING`, its attempt `PENDING` with
+/// no workers; the export events go on to the attempt `RUNNING` with its two workers and the
+/// run `RUNNING` (then the head died): the same attempts, none ended, so only the statuses
+/// and workers say the events went further. `serve` answers the events' run, as
+/// `inspect` shows it (and as Ray's head would have answered after its last poll).
+#[test]
+fn a_snapshot_with_the_same_attempts_but_earlier_statuses_gives_way() {
+    let work = tempfile::tempdir().unwrap();
+    let lines: Vec<&str> = TRAIN.lines().collect();
+    let upto = |n: usize| {
+        lines[..n]
+            .iter()
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+    };
+    // Run INITIALIZING, SCHEDULING, attempt PENDING: what the last poll saw.
+    let early = collect_with(
+        &work.path().join("early"),
+        SESSION_A,
+        "train",
+        &upto(3),
+        &[],
+    );
+    let snapshot =
+        Served::start(&work.path().join("early"), &early, "train", SESSION_A).runs_json();
+    let polled = &snapshot["train_runs"][0];
+    assert_eq!(polled["status"], "SCHEDULING");
+    assert_eq!(polled["attempts"][0]["status"], "PENDING");
+    assert_eq!(polled["attempts"][0]["workers"], json!([]));
+    // ... then attempt RUNNING (2 workers), run SCHEDULING again, run RUNNING.
+    let store = collect_with(&work.path().join("late"), SESSION_A, "train", &upto(6), &[]);
+    let served = Served::start(&work.path().join("late"), &store, "train", SESSION_A);
+    let events = served.runs_json();
+    assert_eq!(events["train_runs"][0]["status"], "RUNNING");
+    let dir = store
+        .join("cluster-history/raycluster/default/train")
+        .join(SESSION_A)
+        .join(FETCHED_ENDPOINTS_DIR);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(endpoint_object_name(RUNS_URI)),
+        snapshot.to_string(),
+    )
+    .unwrap();
+
+    let got = served.runs_json();
+    let run = &got["train_runs"][0];
+    assert_eq!(got["train_runs"], events["train_runs"]);
+    assert_eq!(run["status"], "RUNNING");
+    assert_eq!(run["attempts"][0]["status"], "RUNNING");
+    assert_eq!(run["attempts"][0]["workers"].as_array().unwrap().len(), 2);
+    let out = inspect(&[
+        store.to_str().unwrap(),
+        "--session",
+        SESSION_A,
+        "--train-run",
+        RUN_A,
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let inspected = &serde_json::from_str::<Value>(&out.stdout).unwrap()["train_run"];
+    assert_eq!(inspected["status"], run["status"]);
+    assert_eq!(
+        inspected["attempts"][0]["status"],
+        run["attempts"][0]["status"]
+    );
+    assert_eq!(
+        inspected["attempts"][0]["workers"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
 /// Issue 37 (r37d): `checkpoint_config.num_to_keep`, a uint64 in the export event (so a
 /// string in its JSON), is a number in Ray's answer.
 #[test]
@@ -887,4 +972,117 @@ fn attempts_and_runs_are_in_time_order() {
         ids(&served["train_runs"][1]["attempts"], "attempt_id"),
         expected
     );
+}
+
+/// Every file under `dir`, as (path relative to `dir` with `/`, bytes).
+fn files_under(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                todo.push(path);
+            } else {
+                let rel = path
+                    .strip_prefix(dir)
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .to_string();
+                out.push((rel, std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+/// Issue 37 (r37e): while the session's index is still loading (its export events slow to
+/// read, past serve's 25 s wait), the Train runs are the `503` every route of the index
+/// answers while loading, not the stored snapshot alone, which may be older than the events;
+/// once loaded, the events' runs.
+#[test]
+fn a_session_still_loading_is_a_503_not_the_snapshot() {
+    /// How long the first read of an export events object is held: past serve's wait.
+    const LOAD_DELAY: Duration = Duration::from_secs(32);
+    let Some(s3) = MotoS3::start() else { return };
+    s3.create_bucket("ray-history");
+    let work = tempfile::tempdir().unwrap();
+    let store = collect(work.path(), SESSION_A, "train", TRAIN);
+    for (key, bytes) in files_under(&store) {
+        s3.put_object("ray-history", &key, &bytes);
+    }
+    // The last live poll: the run RUNNING (the events end FINISHED).
+    let snapshot = json!({"train_runs": [{"id": RUN_A, "status": "RUNNING", "start_time_ns": 1,
+                                          "attempts": [{"status": "RUNNING"}]}]});
+    s3.put_object(
+        "ray-history",
+        &format!(
+            "cluster-history/raycluster/default/train/{SESSION_A}/{FETCHED_ENDPOINTS_DIR}/{}",
+            endpoint_object_name(RUNS_URI)
+        ),
+        snapshot.to_string().as_bytes(),
+    );
+    let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
+    proxy.add(
+        Rule::new(Fault::Delay(LOAD_DELAY))
+            .method("GET")
+            .target_contains("export_events")
+            .times(1),
+    );
+    let url = proxy.url();
+    let mut env = s3.collector_env();
+    env[0] = ("AWS_ENDPOINT", url.as_str());
+    let serve = Serve::start(
+        "s3://ray-history",
+        &work.path().join("serve.log"),
+        &[],
+        &env,
+    );
+    let entered = serve
+        .get(
+            &format!("/enter_cluster/default/raycluster/train/{SESSION_A}"),
+            &[],
+        )
+        .unwrap();
+    assert_eq!(entered.status, 200, "{}", serve.log_text());
+    let cookies = set_cookies(&entered);
+
+    // Serve waits 25 s for the load before it answers.
+    let cookie = cookies
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let got = try_http_request_within(
+        "GET",
+        &format!("http://127.0.0.1:{}{RUNS_URI}", serve.port),
+        &[("Cookie", cookie.as_str())],
+        b"",
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert_eq!(
+        got.status,
+        503,
+        "{}: {}",
+        got.status,
+        String::from_utf8_lossy(&got.body)
+    );
+    assert_eq!(got.header("x-rhc-session-loading"), Some("true"));
+    assert!(got.header("retry-after").is_some());
+
+    // Once loaded: the events went further than the snapshot.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let answer = loop {
+        let got = serve.get(RUNS_URI, &cookies).unwrap();
+        if got.status == 200 {
+            break serde_json::from_slice::<Value>(&got.body).unwrap();
+        }
+        assert_eq!(got.status, 503, "{}", String::from_utf8_lossy(&got.body));
+        assert!(std::time::Instant::now() < deadline, "{}", serve.log_text());
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(answer["train_runs"][0]["id"], RUN_A);
+    assert_eq!(answer["train_runs"][0]["status"], "FINISHED");
 }

@@ -11,8 +11,8 @@ use crate::contract::{self};
 
 use super::filter::{parse_time_ns, NANOS_PER_SECOND};
 use super::task::TaskDelta;
-pub(super) use super::values::{bounded, bounded_chars, Transition};
-use super::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES, MAX_TRAIN_TEXT_CHARS};
+pub(super) use super::values::{bounded, bounded_middle, Transition};
+use super::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES, MAX_TRAIN_TEXT_BYTES};
 
 /// The useful part of one event, kept compact (events themselves are dropped at once).
 #[derive(Debug, Clone)]
@@ -239,12 +239,13 @@ pub(super) fn get_str_long(v: &Value, camel: &str, snake: &str) -> Option<String
 }
 
 /// A non-empty string member of a Ray Train event (a status detail, a run's name, a log
-/// path), kept whole up to Ray's own bound ([`MAX_TRAIN_TEXT_CHARS`]).
+/// path), kept whole up to [`MAX_TRAIN_TEXT_BYTES`] (Ray bounds none), a longer one cut in
+/// the middle with a marker ([`bounded_middle`]).
 pub(super) fn get_train_text(v: &Value, camel: &str, snake: &str) -> Option<String> {
     get(v, camel, snake)?
         .as_str()
         .filter(|s| !s.is_empty())
-        .map(|s| bounded_chars(s, MAX_TRAIN_TEXT_CHARS))
+        .map(|s| bounded_middle(s, MAX_TRAIN_TEXT_BYTES))
 }
 
 /// An integer member; Ray writes 64-bit integers as strings.
@@ -662,13 +663,33 @@ mod tests {
     }
 
     #[test]
-    fn train_details_are_kept_up_to_rays_bound_in_characters() {
-        // Two bytes a character: whole up to Ray's 50,000 characters, then cut there.
-        let whole = "é".repeat(MAX_TRAIN_TEXT_CHARS);
+    fn train_details_are_kept_whole_up_to_the_safety_bound_then_cut_in_the_middle() {
+        // What Ray 2.60 builds for 64 workers lost with their nodes (76,000 characters), and
+        // two bytes a character up to the bound: whole.
+        let ray = "[Rank 0 Error Snippet]:\nWorkerHealthCheckFailedError\n".repeat(1_500);
+        assert!(ray.chars().count() > 75_000);
+        assert_eq!(run_detail(&ray).as_deref(), Some(ray.as_str()));
+        let whole = "é".repeat(MAX_TRAIN_TEXT_BYTES / 2);
         assert_eq!(run_detail(&whole).as_deref(), Some(whole.as_str()));
-        let long = "é".repeat(MAX_TRAIN_TEXT_CHARS + 10);
+        // Past it: the start and the end kept, the cut marked with how much went.
+        let long = format!(
+            "first line\n{}\nRuntimeError: the last line",
+            "é".repeat(MAX_TRAIN_TEXT_BYTES / 2)
+        );
         let kept = run_detail(&long).unwrap();
-        assert_eq!(kept.chars().count(), MAX_TRAIN_TEXT_CHARS);
-        assert!(long.starts_with(&kept));
+        assert!(kept.len() < MAX_TRAIN_TEXT_BYTES + 200, "{}", kept.len());
+        assert!(kept.starts_with("first line\né"));
+        assert!(kept.ends_with("é\nRuntimeError: the last line"));
+        let (head, rest) = kept.split_once("\n[… ").unwrap();
+        let (marker, tail) = rest.split_once(" …]\n").unwrap();
+        let cut = long.chars().count() - head.chars().count() - tail.chars().count();
+        assert_eq!(
+            marker,
+            format!(
+                "{cut} of {} characters cut here by ray-history-collector",
+                long.chars().count()
+            )
+        );
+        assert!(long.starts_with(head) && long.ends_with(tail));
     }
 }

@@ -163,7 +163,7 @@
 //!   "train_runs" (by start time): [ { "run_id", "name", "job_id",
 //!                     "status" (the latest event's; `ABORTED` for a `RUNNING` run whose
 //!                               controller actor is `DEAD`, as Ray's Train head answers it),
-//!                     "status_detail" (whole up to Ray's 50,000 characters), "started",
+//!                     "status_detail" (whole up to 4 MiB, else cut in the middle, marked), "started",
 //!                     "ended", "framework_versions": {..},
 //!                     "workers" (of the latest attempt), "framework",
 //!                     "run_settings" (as Ray sent it, every member), "ray_train_version",
@@ -282,11 +282,14 @@ const MAX_PROBLEM_DETAILS: usize = 200;
 const MAX_ERROR_MESSAGE_BYTES: usize = 16 << 10;
 /// Longest id, name or state kept from an event.
 const MAX_FIELD_BYTES: usize = 512;
-/// Longest text of a Ray Train run or attempt kept (its status detail, name, log paths):
-/// Ray's own bound on a Train status detail, `MAX_ERROR_STACK_TRACE_LENGTH` (50,000
-/// characters) in `ray.train.v2._internal.state.schema`, so whatever Ray's Train head can
-/// answer is kept whole (a failed run's detail is the workers' tracebacks, often many KiB).
-const MAX_TRAIN_TEXT_CHARS: usize = 50_000;
+/// Longest text of a Ray Train run or attempt kept whole (its status detail, name, log
+/// paths), in bytes. Ray Train V2 bounds none of them (its state schema defines
+/// `MAX_ERROR_STACK_TRACE_LENGTH`, 50,000 characters, but only Train V1 applies it), and a
+/// failed run's detail holds every worker's error: 75,975 characters for 64 workers lost
+/// with their nodes. So this is only a safety bound, far above what Ray builds and far under
+/// the 64 MiB line limit; a longer text keeps its start and its end (the final exception)
+/// around a marker saying how much was cut (`values::bounded_middle`).
+const MAX_TRAIN_TEXT_BYTES: usize = 4 << 20;
 /// Widest text-table cell.
 const MAX_CELL_CHARS: usize = 100;
 

@@ -26,12 +26,29 @@ pub(super) fn bounded(s: &str, max: usize) -> String {
     s[..cut].to_string()
 }
 
-/// `s`, cut to at most `max` characters (Python's `len`, as Ray counts its bounds).
-pub(super) fn bounded_chars(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        Some((cut, _)) => s[..cut].to_string(),
-        None => s.to_string(),
+/// `s` whole when it is at most `max` bytes; else its start and its end (a quarter and
+/// about three quarters of `max`, at character boundaries) around a line saying how many
+/// characters were cut, so a traceback keeps its final exception. The result is at most
+/// `max` bytes plus the marker's.
+pub(super) fn bounded_middle(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
     }
+    let mut head = max / 4;
+    while !s.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = s.len() - (max - head);
+    while !s.is_char_boundary(tail) {
+        tail += 1;
+    }
+    let cut = s[head..tail].chars().count();
+    format!(
+        "{}\n[… {cut} of {} characters cut here by ray-history-collector …]\n{}",
+        &s[..head],
+        s.chars().count(),
+        &s[tail..]
+    )
 }
 
 /// Rank of a state within its entity's enum, to break timestamp ties toward the later state.

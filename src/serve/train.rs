@@ -7,11 +7,16 @@
 //!   stored a snapshot of this URI (`RAY_COLLECTOR_ADDITIONAL_ENDPOINTS`), it is what Ray
 //!   itself answered, but at the last poll: a run that went on after it (the head died
 //!   first, or the poll was up to 30 s old) is further in the export events. So, run by run,
-//!   the snapshot's run is kept unless the events' has more attempts, more ended attempts,
-//!   or has ended where the snapshot's had not ([`further_than_snapshot`]); a run the
-//!   snapshot does not list is added. When the snapshot keeps every run, it is replayed byte
+//!   the snapshot's run is kept unless the events' went further ([`further_than_snapshot`],
+//!   [`Progress`]): more attempts, more ended attempts, ended where the snapshot's had not,
+//!   a later status in the attempt's cycle (`SCHEDULING` < `RUNNING` < `RESTARTING`/`RESIZING`
+//!   < `SCHEDULING` again), more attempts past `PENDING`, more workers, a later start or end
+//!   time; a run the snapshot does not list is added. The events are what Ray's head would
+//!   have answered after its last poll, so where they went further they are its last answer. When the snapshot keeps every run, it is replayed byte
 //!   for byte, as `/api/{*path}` replays any other (`replay.rs`); when the events cannot be
-//!   read, too.
+//!   read (the session's load failed), too, marked [`EVENTS_UNREADABLE_HEADER`]. While the
+//!   session is still loading, the answer is the `503` of every route the index answers:
+//!   the snapshot alone could be older than the events.
 //! - **Otherwise, from the export events.** The session's `EXPORT_TRAIN_RUN` and
 //!   `EXPORT_TRAIN_RUN_ATTEMPT` events, as `inspect` folds them (its `train_runs`, the same
 //!   facts `inspect --train-run --json` prints), are written back in the shape of Ray's
@@ -38,9 +43,11 @@
 //!   it only from the Train events, its tasks or actors) has `job_details: null`, as Ray
 //!   answers a job its job table does not have.
 
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
-use axum::response::Response;
+use axum::http::{HeaderName, StatusCode};
+use axum::response::{IntoResponse as _, Response};
 use serde_json::{json, Map, Value};
 
 use super::cookies::Entered;
@@ -60,12 +67,15 @@ const FRAMEWORK_UNSPECIFIED: &str = "TRAINING_FRAMEWORK_UNSPECIFIED";
 pub async fn runs_v1(State(state): State<Shared>, entered: Entered) -> Response {
     match read_snapshot(&state, &entered, TRAIN_V2_RUNS_URI).await {
         Ok(body) => match index(&state, &entered).await {
-            Ok(index) => match further_than_snapshot(&body, &runs_response(&index)) {
+            Ok(index) => match further_than_snapshot(
+                &body,
+                &runs_response(&index),
+                &rescheduled_runs(&index),
+            ) {
                 Some(merged) => entered.refresh((headers_for(&index), merged.to_string())),
                 None => entered.refresh(([(CONTENT_TYPE, "application/json")], body)),
             },
-            // The events cannot be read: what Ray answered is the best there is.
-            Err(_) => entered.refresh(([(CONTENT_TYPE, "application/json")], body)),
+            Err(r) => entered.refresh(without_events(r, body)),
         },
         Err(Missing::Unreadable(r)) => entered.refresh(r),
         Err(Missing::NotFound) => match index(&state, &entered).await {
@@ -75,30 +85,137 @@ pub async fn runs_v1(State(state): State<Shared>, entered: Entered) -> Response 
     }
 }
 
+/// Set (to `true`) on a stored snapshot answered because the session's events could not be
+/// read (its load failed): runs the events took further may be missing from it.
+pub const EVENTS_UNREADABLE_HEADER: &str = "x-rhc-events-unreadable";
+
+/// The answer when a snapshot is stored but the session's index is not there (`index`'s
+/// answer `r`): a session still loading is its `503` (with `x-rhc-session-loading` and
+/// `Retry-After`), as on every route the index answers, since the events may take the runs
+/// further than the snapshot; a load that failed (the events cannot be read) is the snapshot,
+/// what Ray answered at the last poll and the best there is, marked
+/// [`EVENTS_UNREADABLE_HEADER`].
+fn without_events(r: Response, snapshot: Bytes) -> Response {
+    if r.status() == StatusCode::SERVICE_UNAVAILABLE {
+        return r;
+    }
+    (
+        [
+            (CONTENT_TYPE, "application/json"),
+            (HeaderName::from_static(EVENTS_UNREADABLE_HEADER), "true"),
+        ],
+        snapshot,
+    )
+        .into_response()
+}
+
 /// Run statuses after which nothing changes (Ray's `RunStatus.is_terminal`), and the same of
 /// attempts (`RunAttemptStatus.is_terminal`).
 const TERMINAL: [&str; 3] = ["FINISHED", "ERRORED", "ABORTED"];
 
-/// How far a run in Ray's shape had got: its attempts, those of them that ended, whether
-/// the run ended. A run only moves forward in this order.
-fn progress(run: &Value) -> (usize, usize, bool) {
+/// How far a run had got, in the order Ray 2.60's Train controller takes a run (its
+/// `StateManagerCallback`): per attempt, the run `SCHEDULING`, the attempt created
+/// `PENDING`, the attempt `RUNNING` with its workers, the run `RUNNING`; on a failure or a
+/// resize the run `RESTARTING` or `RESIZING`, then `SCHEDULING` again while the attempt is
+/// shut down (it ends), then the next attempt. Compared member by member, in this order.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Progress {
+    attempts: usize,
+    ended_attempts: usize,
+    run_ended: bool,
+    /// The run's non-terminal status in that cycle ([`run_phase`]).
+    run_phase: u8,
+    /// Attempts past `PENDING`.
+    started_attempts: usize,
+    workers: usize,
+    /// The latest start or end time of the run and its attempts.
+    latest_ns: i64,
+}
+
+/// The rank of a run's non-terminal status within an attempt's cycle (Ray's `RunStatus`):
+/// `INITIALIZING` < `SCHEDULING` < `RUNNING` < `RESTARTING` = `RESIZING` < `SCHEDULING`
+/// again after those (`rescheduling`). Terminal and unknown statuses rank 0: a run's end
+/// is compared before.
+fn run_phase(status: &str, rescheduling: bool) -> u8 {
+    match status {
+        "INITIALIZING" => 0,
+        "SCHEDULING" if rescheduling => 4,
+        "SCHEDULING" => 1,
+        "RUNNING" => 2,
+        "RESTARTING" | "RESIZING" => 3,
+        _ => 0,
+    }
+}
+
+/// How far a run in Ray's shape had got. `rescheduled`: its `SCHEDULING` is known to follow
+/// a `RESTARTING` or `RESIZING` (the events' status history says so); a `SCHEDULING` run
+/// whose attempts all ended is taken as rescheduling too. A snapshot carries no history, so
+/// its `SCHEDULING` after a restart, the attempt not yet shut down, is taken for the one
+/// before `RUNNING`: the events win there, as the fuller record.
+fn progress(run: &Value, rescheduled: bool) -> Progress {
     let ended = |v: &Value| v["status"].as_str().is_some_and(|s| TERMINAL.contains(&s));
     let attempts = run["attempts"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-    (
-        attempts.len(),
-        attempts.iter().filter(|a| ended(a)).count(),
-        ended(run),
-    )
+    let ended_attempts = attempts.iter().filter(|a| ended(a)).count();
+    let all_ended = !attempts.is_empty() && ended_attempts == attempts.len();
+    let status = run["status"].as_str().unwrap_or("");
+    let times = |v: &Value| [v["start_time_ns"].as_i64(), v["end_time_ns"].as_i64()];
+    Progress {
+        attempts: attempts.len(),
+        ended_attempts,
+        run_ended: ended(run),
+        run_phase: run_phase(status, rescheduled || all_ended),
+        started_attempts: attempts
+            .iter()
+            .filter(|a| a["status"].as_str().is_some_and(|s| s != "PENDING"))
+            .count(),
+        workers: attempts
+            .iter()
+            .map(|a| a["workers"].as_array().map_or(0, Vec::len))
+            .sum(),
+        latest_ns: attempts
+            .iter()
+            .flat_map(times)
+            .chain(times(run))
+            .flatten()
+            .max()
+            .unwrap_or(i64::MIN),
+    }
+}
+
+/// The ids of the session's runs whose latest status, `SCHEDULING`, follows a `RESTARTING`
+/// or `RESIZING` in their status history (`inspect`'s `status_history`).
+fn rescheduled_runs(index: &SessionIndex) -> Vec<String> {
+    index
+        .facts
+        .train_runs
+        .iter()
+        .filter(|run| {
+            let history = run["status_history"].as_array().map(Vec::as_slice);
+            match history.unwrap_or(&[]) {
+                [.., before, last] => {
+                    last["status"] == "SCHEDULING"
+                        && ["RESTARTING", "RESIZING"]
+                            .contains(&before["status"].as_str().unwrap_or(""))
+                }
+                _ => false,
+            }
+        })
+        .filter_map(|run| run["run_id"].as_str().map(str::to_string))
+        .collect()
 }
 
 /// The stored snapshot (`snapshot`, what Ray answered at the collector's last poll) with each
 /// run the export events took further replaced by theirs (`events`, [`runs_response`]), and
 /// the runs it does not list added; `None` when the snapshot is as far for every run (it is
-/// then replayed byte for byte). A run is further when it has more attempts, more ended
-/// attempts, or ended where the snapshot's had not ([`progress`]); a run the events take
-/// further keeps the snapshot's `job_details` when the events know no job. A snapshot that
-/// is not a `TrainRunsResponse` (an error text) gives way to the events when they hold runs.
-fn further_than_snapshot(snapshot: &[u8], events: &Value) -> Option<Value> {
+/// then replayed byte for byte). A run is further when its [`Progress`] is greater: more
+/// attempts, more ended attempts, ended where the snapshot's had not, a later status in the
+/// attempt's cycle, more attempts started, more workers, a later time, in this order
+/// (`rescheduled`: the events' runs whose `SCHEDULING` follows a restart or resize,
+/// [`rescheduled_runs`]); a run equal to the snapshot's is the snapshot's. So with the same attempts, a run the snapshot saw `SCHEDULING`
+/// and the events `RUNNING` is the events'. A run the events take further keeps the
+/// snapshot's `job_details` when the events know no job. A snapshot that is not a
+/// `TrainRunsResponse` (an error text) gives way to the events when they hold runs.
+fn further_than_snapshot(snapshot: &[u8], events: &Value, rescheduled: &[String]) -> Option<Value> {
     let from_events = events["train_runs"].as_array().filter(|r| !r.is_empty())?;
     let mut doc: Value = match serde_json::from_slice(snapshot) {
         Ok(v @ Value::Object(_)) if v["train_runs"].is_array() => v,
@@ -107,8 +224,11 @@ fn further_than_snapshot(snapshot: &[u8], events: &Value) -> Option<Value> {
     let stored = doc["train_runs"].as_array_mut()?;
     let mut changed = false;
     for run in from_events {
+        let again = run["id"]
+            .as_str()
+            .is_some_and(|id| rescheduled.iter().any(|r| r == id));
         match stored.iter_mut().find(|s| s["id"] == run["id"]) {
-            Some(s) if progress(run) > progress(s) => {
+            Some(s) if *s != *run && progress(run, again) > progress(s, false) => {
                 let mut run = run.clone();
                 if run["job_details"].is_null() {
                     run["job_details"] = s["job_details"].take();
@@ -462,7 +582,11 @@ mod tests {
         // Ray's head aborted it; the events stop at RUNNING: the snapshot is further.
         let stored = snapshot(run("ABORTED", &["RUNNING"]));
         assert_eq!(
-            further_than_snapshot(stored.as_bytes(), &events(run("RUNNING", &["RUNNING"]))),
+            further_than_snapshot(
+                stored.as_bytes(),
+                &events(run("RUNNING", &["RUNNING"])),
+                &[]
+            ),
             None
         );
         // An attempt more, an attempt ended, the run ended: the events are further.
@@ -477,7 +601,8 @@ mod tests {
                 run("FINISHED", &["FINISHED"]),
             ),
         ] {
-            let merged = further_than_snapshot(snapshot(older).as_bytes(), &events(newer.clone()));
+            let merged =
+                further_than_snapshot(snapshot(older).as_bytes(), &events(newer.clone()), &[]);
             let merged = merged.unwrap();
             assert_eq!(merged["train_runs"][0]["status"], newer["status"]);
             assert_eq!(merged["x"], 1);
@@ -485,13 +610,127 @@ mod tests {
         // Not Ray's shape (an error text): the events' runs, when there are some.
         let e = events(run("FINISHED", &[]));
         assert_eq!(
-            further_than_snapshot(b"Train state data is not available", &e),
+            further_than_snapshot(b"Train state data is not available", &e, &[]),
             Some(e)
         );
         assert_eq!(
-            further_than_snapshot(b"error", &json!({"train_runs": []})),
+            further_than_snapshot(b"error", &json!({"train_runs": []}), &[]),
             None
         );
+    }
+
+    /// A run in Ray's shape: its status, and its attempts' statuses and worker counts.
+    fn shaped(status: &str, attempts: &[(&str, usize)]) -> Value {
+        let attempts: Vec<Value> = attempts
+            .iter()
+            .enumerate()
+            .map(|(i, (s, workers))| {
+                json!({"status": s, "start_time_ns": 10 * i as i64 + 1,
+                       "end_time_ns": TERMINAL.contains(s).then_some(10 * i as i64 + 5),
+                       "workers": vec![json!({}); *workers]})
+            })
+            .collect();
+        json!({"id": "r1", "status": status, "start_time_ns": 0, "attempts": attempts,
+               "job_details": null})
+    }
+
+    #[test]
+    fn a_run_goes_further_through_rays_cycle_of_attempts() {
+        // Ray 2.60's controller, with a worker failing once: each state after the one before.
+        let steps = [
+            (shaped("INITIALIZING", &[]), false),
+            (shaped("SCHEDULING", &[]), false),
+            (shaped("SCHEDULING", &[("PENDING", 0)]), false),
+            (shaped("SCHEDULING", &[("RUNNING", 2)]), false),
+            (shaped("RUNNING", &[("RUNNING", 2)]), false),
+            (shaped("RESTARTING", &[("RUNNING", 2)]), false),
+            (shaped("SCHEDULING", &[("RUNNING", 2)]), true),
+            (shaped("SCHEDULING", &[("ERRORED", 2)]), false),
+            (
+                shaped("SCHEDULING", &[("ERRORED", 2), ("PENDING", 0)]),
+                false,
+            ),
+            (
+                shaped("SCHEDULING", &[("ERRORED", 2), ("RUNNING", 2)]),
+                false,
+            ),
+            (shaped("RUNNING", &[("ERRORED", 2), ("RUNNING", 2)]), false),
+            (shaped("RUNNING", &[("ERRORED", 2), ("FINISHED", 2)]), false),
+            (
+                shaped("FINISHED", &[("ERRORED", 2), ("FINISHED", 2)]),
+                false,
+            ),
+        ];
+        for pair in steps.windows(2) {
+            let ((before, _), (after, again)) = (&pair[0], &pair[1]);
+            assert!(
+                progress(after, *again) > progress(before, false),
+                "{after} after {before}"
+            );
+            // The events further: theirs; as far: the snapshot, replayed.
+            let snapshot = json!({"train_runs": [before]}).to_string();
+            let events = json!({"train_runs": [after]});
+            let again: Vec<String> = if *again { vec!["r1".into()] } else { vec![] };
+            let merged = further_than_snapshot(snapshot.as_bytes(), &events, &again);
+            assert_eq!(merged.unwrap()["train_runs"][0], *after);
+            let same = json!({"train_runs": [after]}).to_string();
+            assert_eq!(
+                further_than_snapshot(same.as_bytes(), &events, &again),
+                None
+            );
+            // The snapshot further (the events lost their end): the snapshot. Not told
+            // apart: a snapshot `SCHEDULING` again after a restart, its attempt still
+            // running, is taken for the `SCHEDULING` before `RUNNING` (the events win).
+            if again.is_empty() {
+                let ahead = json!({"train_runs": [after]}).to_string();
+                let behind = json!({"train_runs": [before]});
+                assert_eq!(further_than_snapshot(ahead.as_bytes(), &behind, &[]), None);
+            }
+        }
+        // Same statuses, a later end time: further.
+        let mut later = shaped("RUNNING", &[("ERRORED", 2)]);
+        later["attempts"][0]["end_time_ns"] = json!(99);
+        assert!(progress(&later, false) > progress(&shaped("RUNNING", &[("ERRORED", 2)]), false));
+    }
+
+    #[test]
+    fn the_events_history_tells_a_rescheduled_run() {
+        use crate::inspect::SessionFacts;
+        let history = |statuses: &[&str]| {
+            json!({"run_id": statuses.join("-"), "status_history":
+                   statuses.iter().map(|s| json!({"status": s})).collect::<Vec<_>>()})
+        };
+        let facts = SessionFacts {
+            train_runs: vec![
+                history(&["SCHEDULING", "RUNNING", "RESTARTING", "SCHEDULING"]),
+                history(&["RUNNING", "RESIZING", "SCHEDULING"]),
+                history(&["INITIALIZING", "SCHEDULING"]),
+                history(&["SCHEDULING"]),
+            ],
+            ..SessionFacts::default()
+        };
+        let index = super::super::index::IndexBuilder::default().finish(facts);
+        assert_eq!(
+            rescheduled_runs(&index),
+            [
+                "SCHEDULING-RUNNING-RESTARTING-SCHEDULING",
+                "RUNNING-RESIZING-SCHEDULING"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_snapshot_answers_for_unreadable_events_not_for_a_load_under_way() {
+        let snapshot = Bytes::from_static(b"{\"train_runs\": []}");
+        let loading = (StatusCode::SERVICE_UNAVAILABLE, "still loading").into_response();
+        let r = without_events(loading, snapshot.clone());
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(r.headers().get(EVENTS_UNREADABLE_HEADER).is_none());
+        let failed = (StatusCode::INTERNAL_SERVER_ERROR, "loading the session").into_response();
+        let r = without_events(failed, snapshot);
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()[EVENTS_UNREADABLE_HEADER], "true");
+        assert_eq!(r.headers()[CONTENT_TYPE], "application/json");
     }
 
     #[test]
