@@ -47,18 +47,32 @@ pub struct Recorded {
     pub list_len: Option<usize>,
     /// Its size in bytes.
     pub bytes: usize,
+    /// The figures come from an upload whose outcome is unknown (written ahead of it, or
+    /// left by one whose answer never came): the bucket may hold them or less. The final
+    /// poll reads the bucket for such an entry instead of trusting it (review r41g D1).
+    /// Absent in records of earlier versions, which wrote every entry ahead as certain.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub uncertain: bool,
 }
 
 impl Recorded {
     /// The more cautious of two entries: the longer list and the larger size. Written before
     /// an upload, it holds whichever of the old and the new snapshot the bucket ends up with.
+    /// Uncertain when either is, or when `other` (the upload's) changes the figures: then
+    /// they come from an upload whose outcome is not known yet.
     fn at_least(self, other: Recorded) -> Recorded {
+        let list_len = match (self.list_len, other.list_len) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        let bytes = self.bytes.max(other.bytes);
         Recorded {
-            list_len: match (self.list_len, other.list_len) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            },
-            bytes: self.bytes.max(other.bytes),
+            list_len,
+            bytes,
+            uncertain: self.uncertain
+                || other.uncertain
+                || list_len != self.list_len
+                || bytes != self.bytes,
         }
     }
 }
@@ -205,7 +219,13 @@ impl SnapshotRecord {
         let mut before = None;
         let recorded = self.set(session, uri, |old| {
             before = old;
-            let new = old.map_or(snapshot, |o| o.at_least(snapshot));
+            let new = match old {
+                Some(o) => o.at_least(snapshot),
+                None => Recorded {
+                    uncertain: true,
+                    ..snapshot
+                },
+            };
             grew = old != Some(new);
             Some(new)
         });
@@ -261,6 +281,25 @@ impl SnapshotRecord {
     /// the more cautious meanwhile.
     pub fn not_stored(&self, session: &str, uri: &str, before: Option<Recorded>) {
         self.set(session, uri, |_| before);
+    }
+
+    /// The upload of `snapshot` for `uri` in `session` got no answer (a timeout, a connection
+    /// cut after the request left, a 5xx that does not prove the store refused it): it may
+    /// have landed, or land yet, or not. The entry becomes the longer of `before` (what
+    /// [`Self::before_upload`] returned) and `snapshot`, marked uncertain, so the final poll
+    /// reads the bucket rather than refusing a better answer against a list that may never
+    /// have been stored (review r41g D1). In memory until the next [`Self::save`].
+    pub fn unknown(&self, session: &str, uri: &str, before: Option<Recorded>, snapshot: Recorded) {
+        let entry = match before {
+            Some(b) => b.at_least(snapshot),
+            None => snapshot,
+        };
+        self.set(session, uri, |_| {
+            Some(Recorded {
+                uncertain: true,
+                ..entry
+            })
+        });
     }
 
     /// Writes the record if it changed. A failure is logged: the record on disk stays as
@@ -345,6 +384,7 @@ mod tests {
         let pgs = Recorded {
             list_len: Some(3),
             bytes: 120,
+            uncertain: false,
         };
         r.stored("session_1", "/pgs", pgs);
         r.save().await;
@@ -371,10 +411,12 @@ mod tests {
         let five = Recorded {
             list_len: Some(5),
             bytes: 50,
+            uncertain: false,
         };
         let two = Recorded {
             list_len: Some(2),
             bytes: 20,
+            uncertain: false,
         };
         assert_eq!(r.before_upload("s", "/pgs", five).await.unwrap(), None);
         let on_disk = || {
@@ -405,10 +447,12 @@ mod tests {
         let three = Recorded {
             list_len: Some(3),
             bytes: 30,
+            uncertain: false,
         };
         let five = Recorded {
             list_len: Some(5),
             bytes: 50,
+            uncertain: false,
         };
         // Nothing stored, and the first upload refused: nothing is recorded (review r41e D2).
         let before = r.before_upload("s", "/pgs", three).await.unwrap();
@@ -440,6 +484,7 @@ mod tests {
         let one = Recorded {
             list_len: Some(1),
             bytes: 1,
+            uncertain: false,
         };
         r.before_upload("s", "/pgs", one).await.unwrap();
     }
@@ -451,6 +496,7 @@ mod tests {
         let one = Recorded {
             list_len: Some(1),
             bytes: 1,
+            uncertain: false,
         };
         for i in 0..MAX_RECORDED_SNAPSHOTS + 5 {
             r.stored("s", &format!("/u{i}"), one);
