@@ -361,10 +361,11 @@ impl DashboardPoller {
     /// if it is still in flight then, this answer is not stored (reported as failed).
     /// "Already stored" is what the bucket holds: the last upload of this process, or, when
     /// it has made none for that URI (after a restart, or after an upload whose answer never
-    /// came), what the spool's record says may be stored, or, when the record has nothing
-    /// for it, the object read back from the bucket (a read that fails, as a GET of a
-    /// missing key without `s3:ListBucket` does with 403, means nothing known: the answer
-    /// is stored). The price: a shorter list from a cluster that really removed an
+    /// came), what the spool's record says is stored, or, when the record has nothing for
+    /// it or only the figures of an upload of unknown outcome, the object read back from the
+    /// bucket (a read answering 403, as a GET of a missing key without `s3:ListBucket` does,
+    /// means nothing known: the answer is stored, unless the record's uncertain figures
+    /// are longer). The price: a shorter list from a cluster that really removed an
     /// application or placement group since the last live poll looks the same and is not
     /// stored either, so the history server shows the removed entry as that poll saw it
     /// (see the trade-off in docs/dashboard-snapshots.md).
@@ -912,9 +913,11 @@ struct Upload {
 impl Upload {
     /// Writes the record ahead, uploads `body` and settles what is known of the bucket, all
     /// while holding the URI's lane: stored, the lane and the record say so; refused by the
-    /// store, the record's entry goes back to what it was (the bucket holds what it held);
-    /// with no answer (a timeout, a connection cut after the request left), the upload may
-    /// land yet: the record keeps the longer of the two lists and the lane knows nothing.
+    /// store (a 4xx, see [`may_have_landed`]), the record's entry goes back to what it was
+    /// (the bucket holds what it held); with no answer that proves either (a timeout, a
+    /// connection cut after the request left, a 5xx), the upload may have landed or land yet:
+    /// the record keeps the longer of the two lists, marked uncertain (the final poll reads
+    /// the bucket for it), and the lane knows nothing.
     async fn run(
         self,
         mut lane: tokio::sync::OwnedMutexGuard<Lane>,

@@ -10,14 +10,18 @@
 //! allowed". This record answers without a request to the bucket.
 //!
 //! It is written atomically (temp file, fsync, rename) BEFORE each upload that makes an entry
-//! grow (write-ahead, with the longer of the old and the new list), and after a poll with the
-//! figures each upload settled: the new snapshot's once it is stored; the entry from before
-//! the upload when the store answered that it did not store it (an error status, a local I/O
-//! error, no connection made); the longer of the two when the answer never came (a timeout,
-//! a connection cut after the request left), since that upload may still land. So a poll cut
-//! at the shutdown deadline or a kill -9 between an upload and the end of its poll leaves a
-//! record at least as long as the bucket, and a refused upload does not leave the record
-//! claiming a list the bucket never got (review r41e D1, D2). A record that is missing, too
+//! grow (write-ahead, with the longer of the old and the new list, marked uncertain), and
+//! after a poll with the figures each upload settled: the new snapshot's once it is stored;
+//! the entry from before the upload when the store answered that it did not store it (a 4xx,
+//! a local I/O error, no connection made); the longer of the two, marked uncertain, when no
+//! answer proved either (a timeout, a connection cut after the request left, a 5xx, which a
+//! gateway in front of the store may answer after the store took it), since that upload may
+//! have landed or land yet. So a poll cut at the shutdown deadline or a kill -9 between an
+//! upload and the end of its poll leaves a record at least as long as the bucket, and a
+//! refused upload does not leave the record claiming a list the bucket never got (review
+//! r41e D1, D2). An uncertain entry is an upper bound, not a proof: the final poll reads the
+//! bucket for it rather than refusing a better answer against a list that may never have
+//! been stored (review r41g D1, D2). A record that is missing, too
 //! large, not of this shape or of another storage or cluster is not used (the final poll then
 //! falls back to reading the bucket), never a reason not to start; one that cannot be written
 //! is removed, so a restart reads the bucket rather than trusting a stale record.
@@ -424,11 +428,19 @@ mod tests {
             again.enter_session("s");
             again.get("/pgs")
         };
-        assert_eq!(on_disk(), Some(five), "durable before the upload");
+        let uncertain = |r: Recorded| Recorded {
+            uncertain: true,
+            ..r
+        };
+        assert_eq!(
+            on_disk(),
+            Some(uncertain(five)),
+            "durable before the upload, its outcome unknown"
+        );
         r.stored("s", "/pgs", five);
         // A shorter list: until its upload is done the record keeps the longer one.
         assert_eq!(r.before_upload("s", "/pgs", two).await.unwrap(), Some(five));
-        assert_eq!(on_disk(), Some(five));
+        assert_eq!(on_disk(), Some(uncertain(five)), "not written since");
         r.stored("s", "/pgs", two);
         r.save().await;
         assert_eq!(on_disk(), Some(two));
@@ -464,11 +476,50 @@ mod tests {
         r.before_upload("s", "/pgs", three).await.unwrap();
         r.stored("s", "/pgs", three);
         let before = r.before_upload("s", "/pgs", five).await.unwrap();
-        assert_eq!(on_disk(), Some(five), "written ahead");
+        assert_eq!(
+            on_disk(),
+            Some(Recorded {
+                uncertain: true,
+                ..five
+            }),
+            "written ahead"
+        );
         r.not_stored("s", "/pgs", before);
         assert_eq!(r.get("/pgs"), Some(three));
         r.save().await;
         assert_eq!(on_disk(), Some(three));
+        // 5 without an answer (review r41g D1): the longer list, uncertain, so the final
+        // poll reads the bucket for it.
+        let before = r.before_upload("s", "/pgs", five).await.unwrap();
+        r.unknown("s", "/pgs", before, five);
+        assert_eq!(
+            r.get("/pgs"),
+            Some(Recorded {
+                uncertain: true,
+                ..five
+            })
+        );
+        // Stored later: certain again.
+        r.stored("s", "/pgs", three);
+        assert_eq!(r.get("/pgs"), Some(three));
+        r.save().await;
+        // A shorter list without an answer: the longer figures stay, uncertain (the bucket
+        // may hold either).
+        let two = Recorded {
+            list_len: Some(2),
+            bytes: 20,
+            uncertain: false,
+        };
+        let before = r.before_upload("s", "/pgs", two).await.unwrap();
+        assert_eq!(on_disk(), Some(three), "nothing grew: not written");
+        r.unknown("s", "/pgs", before, two);
+        assert_eq!(
+            r.get("/pgs"),
+            Some(Recorded {
+                uncertain: true,
+                ..three
+            })
+        );
         // An upload of an earlier session settling late changes nothing.
         r.enter_session("s2");
         r.stored("s", "/pgs", five);
