@@ -9,7 +9,9 @@
 //! written ahead of each upload (a final poll cut at the deadline or a kill -9 leaves it
 //! covering the bucket), put back when the store refuses the upload, and belongs to one
 //! storage and cluster; the final poll waits for an upload still in flight, so it cannot
-//! land after the final answer.
+//! land after the final answer. An upload of unknown outcome (cut after it left, or answered
+//! 504 by a gateway after the store took it) leaves the record uncertain: the final poll
+//! reads the bucket instead (review r41g D1, D2).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -1137,5 +1139,104 @@ fn the_final_poll_waits_for_an_upload_in_flight_only_so_long() {
             .count(),
         before + 1,
         "the final poll uploaded its answer anyway:\n{log}"
+    );
+}
+
+/// PUTs of the placement groups' snapshot the proxy cut (read whole, never passed on, the
+/// connection closed without an answer).
+fn cut_pg_puts(proxy: &FaultProxy) -> usize {
+    proxy
+        .seen()
+        .iter()
+        .filter(|r| {
+            r.method == "PUT" && r.target.contains("placement_groups") && r.faulted && r.status == 0
+        })
+        .count()
+}
+
+/// Review r41g D1: the upload of 2 placement groups is cut after the request left (the proxy
+/// reads it, never passes it on, closes the connection: every attempt), so nothing is stored
+/// for them; the spool's record kept claiming 2 and the final poll refused its answer of 1
+/// against it, leaving no snapshot at all. An entry left by an upload of unknown outcome is
+/// now uncertain, and the final poll reads the bucket for it: nothing there, the 1 is stored.
+#[test]
+fn an_upload_cut_without_an_answer_does_not_hold_back_the_final_answer() {
+    let Some(s3) = S3BehindProxy::start("dashcut") else {
+        return;
+    };
+    let (stored, proxy) = (|uri: &str| s3.stored(uri), &s3.proxy);
+    proxy.add(
+        Rule::new(Fault::Drop)
+            .method("PUT")
+            .target_contains("placement_groups"),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dash = DashboardStandIn::start().unwrap();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(2)));
+    let mut c = s3.head(tmp.path(), &dash, &[]);
+    // object_store retries a cut request: the upload has failed after the third attempt.
+    wait(&c, "the cut upload", Duration::from_secs(60), || {
+        cut_pg_puts(proxy) >= 3 && stored(SERVE).is_some()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(stored(PLACEMENT_GROUPS), None);
+    // The store is fine again; the dashboard going down lists 1.
+    proxy.clear();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(1)));
+    let status = c.terminate(Duration::from_secs(60));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        stored(PLACEMENT_GROUPS),
+        Some(pgs(1)),
+        "an upload that stored nothing held back the final answer:\n{log}"
+    );
+    assert!(
+        !log.contains("kept=true"),
+        "a refusal claimed a stored snapshot:\n{log}"
+    );
+}
+
+/// Review r41g D2: a gateway in front of the store answers 504 after the store took the PUT
+/// of 5 placement groups (the bucket holds 5); the poller counted it as refused, put its
+/// record back to the 3 stored before, and the final poll replaced the 5 with its answer of
+/// 4. A 5xx proves no refusal: the upload counts as of unknown outcome, the final poll reads
+/// the bucket back, finds 5 and keeps them.
+#[test]
+fn a_gateway_504_after_the_store_took_the_upload_keeps_the_longer_list() {
+    let Some(s3) = S3BehindProxy::start("dashgateway") else {
+        return;
+    };
+    let (stored, proxy) = (|uri: &str| s3.stored(uri), &s3.proxy);
+    let tmp = tempfile::tempdir().unwrap();
+    let dash = DashboardStandIn::start().unwrap();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(3)));
+    let mut c = s3.head(tmp.path(), &dash, &["--endpoint-poll-interval", "2s"]);
+    wait(&c, "the first snapshot", Duration::from_secs(30), || {
+        stored(PLACEMENT_GROUPS) == Some(pgs(3))
+    });
+    // Kept to the end: every PUT of the placement groups reaches the store, then 504.
+    proxy.add(
+        Rule::new(Fault::PassThenStatus(504, "GatewayTimeout".to_string()))
+            .method("PUT")
+            .target_contains("placement_groups"),
+    );
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(5)));
+    wait(
+        &c,
+        "5 stored, answered 504",
+        Duration::from_secs(60),
+        || stored(PLACEMENT_GROUPS) == Some(pgs(5)) && refused_pg_puts(proxy, 504) >= 3,
+    );
+    // Let the failed upload settle (object_store's last retry answered).
+    std::thread::sleep(Duration::from_millis(1500));
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(4)));
+    let status = c.terminate(Duration::from_secs(60));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        stored(PLACEMENT_GROUPS),
+        Some(pgs(5)),
+        "the final poll replaced a longer stored list after a gateway's 504:\n{log}"
     );
 }

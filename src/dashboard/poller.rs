@@ -155,14 +155,27 @@ fn lane_of(lanes: &Lanes, uri: &str) -> Arc<tokio::sync::Mutex<Lane>> {
     map.entry(uri.to_string()).or_default().clone()
 }
 
-/// What is known of an earlier snapshot of `uri`: whether one may be in the bucket.
-fn known(lanes: &Lanes, uri: &str) -> bool {
+/// What this process knows of an earlier snapshot of a URI in the bucket.
+enum Known {
+    /// Its last upload was stored.
+    Stored,
+    /// An upload is in flight.
+    InFlight,
+    /// It stored none, or the outcome of its last upload is unknown.
+    Nothing,
+}
+
+fn known(lanes: &Lanes, uri: &str) -> Known {
     let map = lanes.lock().unwrap_or_else(|p| p.into_inner());
-    map.get(uri).is_some_and(|lane| match lane.try_lock() {
-        Ok(lane) => lane.last.is_some(),
-        // An upload in flight.
-        Err(_) => true,
-    })
+    let Some(lane) = map.get(uri) else {
+        return Known::Nothing;
+    };
+    let known = match lane.try_lock() {
+        Ok(lane) if lane.last.is_some() => Known::Stored,
+        Ok(_) => Known::Nothing,
+        Err(_) => Known::InFlight,
+    };
+    known
 }
 
 /// Resolves when no upload of `lanes` is in flight, or at `until`.
@@ -348,10 +361,11 @@ impl DashboardPoller {
     /// if it is still in flight then, this answer is not stored (reported as failed).
     /// "Already stored" is what the bucket holds: the last upload of this process, or, when
     /// it has made none for that URI (after a restart, or after an upload whose answer never
-    /// came), what the spool's record says may be stored, or, when the record has nothing
-    /// for it, the object read back from the bucket (a read that fails, as a GET of a
-    /// missing key without `s3:ListBucket` does with 403, means nothing known: the answer
-    /// is stored). The price: a shorter list from a cluster that really removed an
+    /// came), what the spool's record says is stored, or, when the record has nothing for
+    /// it or only the figures of an upload of unknown outcome, the object read back from the
+    /// bucket (a read answering 403, as a GET of a missing key without `s3:ListBucket` does,
+    /// means nothing known: the answer is stored, unless the record's uncertain figures
+    /// are longer). The price: a shorter list from a cluster that really removed an
     /// application or placement group since the last live poll looks the same and is not
     /// stored either, so the history server shows the removed entry as that poll saw it
     /// (see the trade-off in docs/dashboard-snapshots.md).
@@ -572,14 +586,28 @@ impl DashboardPoller {
         m::dashboard_refused(t.kind.label(), why.code());
         let reason = refusal_text(why);
         if self.failing.get(&t.uri).map(String::as_str) != Some(reason) {
+            // What the bucket holds for it, as far as this process knows: a longer list
+            // (the reason of a shorter one), something this process or the record knows
+            // stored, maybe something (an upload of unknown outcome, a read that failed),
+            // or nothing (review r41g D1: "kept=true" was logged with nothing stored).
+            let recorded = self.record.get(&t.uri);
+            let stored = match known(&self.state.lanes, &t.uri) {
+                _ if why == Refusal::SmallerList => "yes",
+                _ if why == Refusal::StoredUnknown => "unknown",
+                Known::Stored => "yes",
+                Known::InFlight => "unknown",
+                Known::Nothing => match recorded {
+                    Some(r) if r.uncertain => "unknown",
+                    Some(_) => "yes",
+                    None => "no",
+                },
+            };
             tracing::warn!(
                 uri = %t.uri,
                 reason,
                 bytes,
-                kept = matches!(why, Refusal::SmallerList | Refusal::StoredUnknown)
-                    || known(&self.state.lanes, &t.uri)
-                    || self.record.get(&t.uri).is_some(),
-                "dashboard answer not stored; the last snapshot stays"
+                stored,
+                "dashboard answer not stored; what the bucket holds for it (if anything) stays"
             );
             self.failing.insert(t.uri.clone(), reason.to_string());
         }
@@ -754,14 +782,17 @@ impl StoreCtx {
                 .map_err(|_| DashboardError::UploadInFlight { key: key.clone() })?,
         };
         // What the spool's record says may be stored for this URI in this session (by an
-        // earlier run too, or by an upload of this one whose answer never came).
+        // earlier run too, or by an upload of this one whose answer never came). An entry
+        // left by an upload whose outcome is unknown is no proof: the bucket may hold less
+        // (review r41g D1), so the final poll reads the bucket for it.
         let recorded = self.record.get(&t.uri);
+        let trusted = recorded.filter(|r| !r.uncertain);
         let mut previous = lane.last;
         if final_poll && previous.is_none() && checked.list_len.is_some() {
             // Nothing known stored by this process (a restart, or an upload whose outcome
-            // is unknown): the rule holds against what the spool's record says, else
-            // against the bucket.
-            if let Some(recorded) = recorded {
+            // is unknown): the rule holds against what the spool's record says, when it
+            // knows, else against the bucket.
+            if let Some(recorded) = trusted {
                 if let (Some(now), Some(before)) = (checked.list_len, recorded.list_len) {
                     if now < before {
                         return Ok((n, Stored::Refused(Refusal::SmallerList)));
@@ -777,17 +808,32 @@ impl StoreCtx {
                     Ok(InBucket::Large(_)) => {}
                     // Without s3:ListBucket a missing key answers 403, and without
                     // s3:GetObject every key does: nothing is known, so the answer is stored
-                    // as it would be on a first start.
+                    // as it would be on a first start, unless the record says an upload of
+                    // unknown outcome may have stored a longer list: then that may stay.
                     Err(
                         e @ DashboardError::ReadStored {
                             source: object_store::Error::PermissionDenied { .. },
                             ..
                         },
-                    ) => tracing::info!(
-                        uri = %t.uri,
-                        error = %e,
-                        "final poll: not allowed to read the stored snapshot back; storing the answer"
-                    ),
+                    ) => {
+                        let longer = matches!(
+                            (checked.list_len, recorded.and_then(|r| r.list_len)),
+                            (Some(now), Some(maybe)) if now < maybe
+                        );
+                        if longer {
+                            tracing::warn!(
+                                uri = %t.uri,
+                                error = %e,
+                                "final poll: not allowed to read the stored snapshot back, and an earlier upload of unknown outcome may have stored a longer list; the answer is not stored"
+                            );
+                            return Ok((n, Stored::Refused(Refusal::StoredUnknown)));
+                        }
+                        tracing::info!(
+                            uri = %t.uri,
+                            error = %e,
+                            "final poll: not allowed to read the stored snapshot back; storing the answer"
+                        );
+                    }
                     // Any other failure (a 5xx, a timeout, a broken connection) says nothing
                     // about what is stored: what is there stays.
                     Err(e) => {
@@ -802,13 +848,12 @@ impl StoreCtx {
             }
         }
         if final_poll {
-            // Against the longer of what this process last stored and what the record says
-            // the bucket may hold: an upload whose answer never came may have landed (the
-            // record keeps the longer of the two lists for it; one the store refused was
-            // put back by its task).
+            // Against the longer of what this process last stored and what the record knows
+            // the bucket holds (one the store refused was put back by its task; one of
+            // unknown outcome was read back above).
             let before = [
                 previous.and_then(|p| p.list_len),
-                recorded.and_then(|r| r.list_len),
+                trusted.and_then(|r| r.list_len),
             ]
             .into_iter()
             .flatten()
@@ -837,6 +882,7 @@ impl StoreCtx {
             recorded: Recorded {
                 list_len: checked.list_len,
                 bytes: n,
+                uncertain: false,
             },
         };
         // A task of its own: a poll abandoned at SIGTERM leaves it running to its answer, and
@@ -867,9 +913,11 @@ struct Upload {
 impl Upload {
     /// Writes the record ahead, uploads `body` and settles what is known of the bucket, all
     /// while holding the URI's lane: stored, the lane and the record say so; refused by the
-    /// store, the record's entry goes back to what it was (the bucket holds what it held);
-    /// with no answer (a timeout, a connection cut after the request left), the upload may
-    /// land yet: the record keeps the longer of the two lists and the lane knows nothing.
+    /// store (a 4xx, see [`may_have_landed`]), the record's entry goes back to what it was
+    /// (the bucket holds what it held); with no answer that proves either (a timeout, a
+    /// connection cut after the request left, a 5xx), the upload may have landed or land yet:
+    /// the record keeps the longer of the two lists, marked uncertain (the final poll reads
+    /// the bucket for it), and the lane knows nothing.
     async fn run(
         self,
         mut lane: tokio::sync::OwnedMutexGuard<Lane>,
@@ -901,6 +949,8 @@ impl Upload {
             Err(source) => {
                 if may_have_landed(&source) {
                     lane.last = None;
+                    self.record
+                        .unknown(&self.session, &self.uri, before, self.recorded);
                 } else {
                     self.record.not_stored(&self.session, &self.uri, before);
                 }
@@ -913,12 +963,15 @@ impl Upload {
     }
 }
 
-/// Whether a failed upload may still be stored, or land later: its request may have reached
-/// the store and no answer came back (a timeout, a connection cut after connecting, an
-/// answer that could not be read). An answer with an error status, a failure to connect
-/// and a local I/O error (`file://`) mean nothing was stored. object_store reports the last
-/// attempt of its retries: an earlier attempt that timed out and a last one refused count
-/// as refused.
+/// Whether a failed upload may be stored, or land later: its request may have reached the
+/// store and no answer proving a refusal came back. No answer at all (a timeout, a connection
+/// cut after connecting, an answer that could not be read) proves nothing; neither does a
+/// 5xx: a gateway in front of the store (a load balancer, nginx, envoy before MinIO or Ceph)
+/// answers 502, 503 or 504 after the store may have taken the PUT, and a store may fail
+/// after writing (review r41g D2). A 4xx (the request refused as it stands: 403, 400, 412,
+/// 429...), a failure to connect and a local I/O error (`file://`) mean nothing was stored.
+/// object_store reports the last attempt of its retries: an earlier attempt that timed out
+/// and a last one refused with a 4xx count as refused.
 fn may_have_landed(e: &object_store::Error) -> bool {
     use object_store::client::{HttpError, HttpErrorKind};
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
@@ -926,9 +979,28 @@ fn may_have_landed(e: &object_store::Error) -> bool {
         if let Some(http) = s.downcast_ref::<HttpError>() {
             return http.kind() != HttpErrorKind::Connect;
         }
+        if let Some(status) = answered_status(&s.to_string()) {
+            return !(400..500).contains(&status);
+        }
         source = s.source();
     }
     false
+}
+
+/// The status of an error answer, as object_store words its request error (it does not
+/// expose the type: "Server returned non-2xx status code: 504 Gateway Timeout: ..."); an
+/// error answer whose status it does not word ("Server returned error response: ...") is
+/// `Some(0)`, which [`may_have_landed`] counts as proving nothing.
+fn answered_status(text: &str) -> Option<u16> {
+    if let Some(rest) = text.strip_prefix("Server returned non-2xx status code: ") {
+        return Some(
+            rest.get(..3)
+                .and_then(|code| code.parse().ok())
+                .unwrap_or(0),
+        );
+    }
+    text.starts_with("Server returned error response")
+        .then_some(0)
 }
 
 fn job_of(datasets_uri: &str) -> String {
@@ -958,6 +1030,35 @@ mod tests {
         assert!(may_have_landed(&transport(HttpErrorKind::Interrupted)));
         assert!(may_have_landed(&transport(HttpErrorKind::Request)));
         assert!(!may_have_landed(&transport(HttpErrorKind::Connect)));
+        // object_store's request error for an answer with an error status, by its wording.
+        #[derive(Debug)]
+        struct Answered(&'static str);
+        impl std::fmt::Display for Answered {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.0)
+            }
+        }
+        impl std::error::Error for Answered {}
+        let answered = |text| object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(Answered(text)),
+        };
+        for gateway in [502, 503, 504, 500] {
+            let text = format!("Server returned non-2xx status code: {gateway} Bad: <Error/>");
+            assert!(
+                may_have_landed(&answered(Box::leak(text.into_boxed_str()))),
+                "{gateway} does not prove the store refused it (review r41g D2)"
+            );
+        }
+        assert!(!may_have_landed(&answered(
+            "Server returned non-2xx status code: 400 Bad Request: <Error/>"
+        )));
+        assert!(!may_have_landed(&answered(
+            "Server returned non-2xx status code: 429 Too Many Requests: "
+        )));
+        assert!(may_have_landed(&answered(
+            "Server returned error response: <Error><Code>InternalError</Code></Error>"
+        )));
         let refused = object_store::Error::PermissionDenied {
             path: "k".to_string(),
             source: "AccessDenied".into(),

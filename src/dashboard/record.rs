@@ -10,14 +10,18 @@
 //! allowed". This record answers without a request to the bucket.
 //!
 //! It is written atomically (temp file, fsync, rename) BEFORE each upload that makes an entry
-//! grow (write-ahead, with the longer of the old and the new list), and after a poll with the
-//! figures each upload settled: the new snapshot's once it is stored; the entry from before
-//! the upload when the store answered that it did not store it (an error status, a local I/O
-//! error, no connection made); the longer of the two when the answer never came (a timeout,
-//! a connection cut after the request left), since that upload may still land. So a poll cut
-//! at the shutdown deadline or a kill -9 between an upload and the end of its poll leaves a
-//! record at least as long as the bucket, and a refused upload does not leave the record
-//! claiming a list the bucket never got (review r41e D1, D2). A record that is missing, too
+//! grow (write-ahead, with the longer of the old and the new list, marked uncertain), and
+//! after a poll with the figures each upload settled: the new snapshot's once it is stored;
+//! the entry from before the upload when the store answered that it did not store it (a 4xx,
+//! a local I/O error, no connection made); the longer of the two, marked uncertain, when no
+//! answer proved either (a timeout, a connection cut after the request left, a 5xx, which a
+//! gateway in front of the store may answer after the store took it), since that upload may
+//! have landed or land yet. So a poll cut at the shutdown deadline or a kill -9 between an
+//! upload and the end of its poll leaves a record at least as long as the bucket, and a
+//! refused upload does not leave the record claiming a list the bucket never got (review
+//! r41e D1, D2). An uncertain entry is an upper bound, not a proof: the final poll reads the
+//! bucket for it rather than refusing a better answer against a list that may never have
+//! been stored (review r41g D1, D2). A record that is missing, too
 //! large, not of this shape or of another storage or cluster is not used (the final poll then
 //! falls back to reading the bucket), never a reason not to start; one that cannot be written
 //! is removed, so a restart reads the bucket rather than trusting a stale record.
@@ -47,18 +51,32 @@ pub struct Recorded {
     pub list_len: Option<usize>,
     /// Its size in bytes.
     pub bytes: usize,
+    /// The figures come from an upload whose outcome is unknown (written ahead of it, or
+    /// left by one whose answer never came): the bucket may hold them or less. The final
+    /// poll reads the bucket for such an entry instead of trusting it (review r41g D1).
+    /// Absent in records of earlier versions, which wrote every entry ahead as certain.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub uncertain: bool,
 }
 
 impl Recorded {
     /// The more cautious of two entries: the longer list and the larger size. Written before
     /// an upload, it holds whichever of the old and the new snapshot the bucket ends up with.
+    /// Uncertain when either is, or when `other` (the upload's) changes the figures: then
+    /// they come from an upload whose outcome is not known yet.
     fn at_least(self, other: Recorded) -> Recorded {
+        let list_len = match (self.list_len, other.list_len) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        let bytes = self.bytes.max(other.bytes);
         Recorded {
-            list_len: match (self.list_len, other.list_len) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            },
-            bytes: self.bytes.max(other.bytes),
+            list_len,
+            bytes,
+            uncertain: self.uncertain
+                || other.uncertain
+                || list_len != self.list_len
+                || bytes != self.bytes,
         }
     }
 }
@@ -205,7 +223,13 @@ impl SnapshotRecord {
         let mut before = None;
         let recorded = self.set(session, uri, |old| {
             before = old;
-            let new = old.map_or(snapshot, |o| o.at_least(snapshot));
+            let new = match old {
+                Some(o) => o.at_least(snapshot),
+                None => Recorded {
+                    uncertain: true,
+                    ..snapshot
+                },
+            };
             grew = old != Some(new);
             Some(new)
         });
@@ -261,6 +285,25 @@ impl SnapshotRecord {
     /// the more cautious meanwhile.
     pub fn not_stored(&self, session: &str, uri: &str, before: Option<Recorded>) {
         self.set(session, uri, |_| before);
+    }
+
+    /// The upload of `snapshot` for `uri` in `session` got no answer (a timeout, a connection
+    /// cut after the request left, a 5xx that does not prove the store refused it): it may
+    /// have landed, or land yet, or not. The entry becomes the longer of `before` (what
+    /// [`Self::before_upload`] returned) and `snapshot`, marked uncertain, so the final poll
+    /// reads the bucket rather than refusing a better answer against a list that may never
+    /// have been stored (review r41g D1). In memory until the next [`Self::save`].
+    pub fn unknown(&self, session: &str, uri: &str, before: Option<Recorded>, snapshot: Recorded) {
+        let entry = match before {
+            Some(b) => b.at_least(snapshot),
+            None => snapshot,
+        };
+        self.set(session, uri, |_| {
+            Some(Recorded {
+                uncertain: true,
+                ..entry
+            })
+        });
     }
 
     /// Writes the record if it changed. A failure is logged: the record on disk stays as
@@ -345,6 +388,7 @@ mod tests {
         let pgs = Recorded {
             list_len: Some(3),
             bytes: 120,
+            uncertain: false,
         };
         r.stored("session_1", "/pgs", pgs);
         r.save().await;
@@ -371,10 +415,12 @@ mod tests {
         let five = Recorded {
             list_len: Some(5),
             bytes: 50,
+            uncertain: false,
         };
         let two = Recorded {
             list_len: Some(2),
             bytes: 20,
+            uncertain: false,
         };
         assert_eq!(r.before_upload("s", "/pgs", five).await.unwrap(), None);
         let on_disk = || {
@@ -382,11 +428,19 @@ mod tests {
             again.enter_session("s");
             again.get("/pgs")
         };
-        assert_eq!(on_disk(), Some(five), "durable before the upload");
+        let uncertain = |r: Recorded| Recorded {
+            uncertain: true,
+            ..r
+        };
+        assert_eq!(
+            on_disk(),
+            Some(uncertain(five)),
+            "durable before the upload, its outcome unknown"
+        );
         r.stored("s", "/pgs", five);
         // A shorter list: until its upload is done the record keeps the longer one.
         assert_eq!(r.before_upload("s", "/pgs", two).await.unwrap(), Some(five));
-        assert_eq!(on_disk(), Some(five));
+        assert_eq!(on_disk(), Some(uncertain(five)), "not written since");
         r.stored("s", "/pgs", two);
         r.save().await;
         assert_eq!(on_disk(), Some(two));
@@ -405,10 +459,12 @@ mod tests {
         let three = Recorded {
             list_len: Some(3),
             bytes: 30,
+            uncertain: false,
         };
         let five = Recorded {
             list_len: Some(5),
             bytes: 50,
+            uncertain: false,
         };
         // Nothing stored, and the first upload refused: nothing is recorded (review r41e D2).
         let before = r.before_upload("s", "/pgs", three).await.unwrap();
@@ -420,11 +476,50 @@ mod tests {
         r.before_upload("s", "/pgs", three).await.unwrap();
         r.stored("s", "/pgs", three);
         let before = r.before_upload("s", "/pgs", five).await.unwrap();
-        assert_eq!(on_disk(), Some(five), "written ahead");
+        assert_eq!(
+            on_disk(),
+            Some(Recorded {
+                uncertain: true,
+                ..five
+            }),
+            "written ahead"
+        );
         r.not_stored("s", "/pgs", before);
         assert_eq!(r.get("/pgs"), Some(three));
         r.save().await;
         assert_eq!(on_disk(), Some(three));
+        // 5 without an answer (review r41g D1): the longer list, uncertain, so the final
+        // poll reads the bucket for it.
+        let before = r.before_upload("s", "/pgs", five).await.unwrap();
+        r.unknown("s", "/pgs", before, five);
+        assert_eq!(
+            r.get("/pgs"),
+            Some(Recorded {
+                uncertain: true,
+                ..five
+            })
+        );
+        // Stored later: certain again.
+        r.stored("s", "/pgs", three);
+        assert_eq!(r.get("/pgs"), Some(three));
+        r.save().await;
+        // A shorter list without an answer: the longer figures stay, uncertain (the bucket
+        // may hold either).
+        let two = Recorded {
+            list_len: Some(2),
+            bytes: 20,
+            uncertain: false,
+        };
+        let before = r.before_upload("s", "/pgs", two).await.unwrap();
+        assert_eq!(on_disk(), Some(three), "nothing grew: not written");
+        r.unknown("s", "/pgs", before, two);
+        assert_eq!(
+            r.get("/pgs"),
+            Some(Recorded {
+                uncertain: true,
+                ..three
+            })
+        );
         // An upload of an earlier session settling late changes nothing.
         r.enter_session("s2");
         r.stored("s", "/pgs", five);
@@ -440,6 +535,7 @@ mod tests {
         let one = Recorded {
             list_len: Some(1),
             bytes: 1,
+            uncertain: false,
         };
         r.before_upload("s", "/pgs", one).await.unwrap();
     }
@@ -451,6 +547,7 @@ mod tests {
         let one = Recorded {
             list_len: Some(1),
             bytes: 1,
+            uncertain: false,
         };
         for i in 0..MAX_RECORDED_SNAPSHOTS + 5 {
             r.stored("s", &format!("/u{i}"), one);

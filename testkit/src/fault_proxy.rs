@@ -1,8 +1,9 @@
 //! A fault-injecting HTTP/1.1 reverse proxy on loopback, between the collector and a storage
 //! emulator (moto): every request is recorded (method, target, headers, the answer's
 //! status), and rules answer chosen requests with an error (a 503 burst, a 501 refusal,
-//! a refused copy of one key), delay them (slow answers, or an error after a delay) or drop
-//! the connection.
+//! a refused copy of one key), delay them (slow answers, or an error after a delay), pass
+//! them on and answer an error anyway (a gateway's 504 after the store took it) or drop the
+//! connection.
 //!
 //! A slow uplink: [`FaultProxy::slow_body_reads`] has the proxy read every request body at
 //! a given rate, with a small receive buffer, so the client's bytes really trickle (the
@@ -42,7 +43,12 @@ pub enum Fault {
     /// passing it on: a request that fails only after it has been in flight a while (a send
     /// still running at SIGTERM that then fails).
     DelayThenStatus(Duration, u16, String),
-    /// Closes the connection without an answer.
+    /// Passes it on, throws the target's answer away and answers this status with an S3
+    /// error document of this code: a gateway in front of the store (a load balancer, nginx)
+    /// answering 502 or 504 after the store took the request.
+    PassThenStatus(u16, String),
+    /// Closes the connection without an answer, once the request was read whole (never
+    /// passed on): a request that left the client, whose outcome the client cannot know.
     Drop,
     /// Holds the request this long (at most until the proxy is dropped) without passing it
     /// on, then closes the connection without an answer: a black hole towards the store, or
@@ -306,6 +312,10 @@ fn serve(mut client: TcpStream, s: &Shared) {
     let fault = match fault {
         Some(Fault::ErrorIn200(code)) => Some((200, code)),
         Some(Fault::Status(status, code)) => Some((status, code)),
+        Some(Fault::PassThenStatus(status, code)) => {
+            let _ = pass_on(s, &seen, &body);
+            Some((status, code))
+        }
         Some(Fault::Drop) => {
             seen.faulted = true;
             None
@@ -440,8 +450,23 @@ fn read_request(
 
 /// Sends the request to the target and its answer back; the answer's status (0: none).
 fn forward(client: &mut TcpStream, s: &Shared, req: &SeenRequest, body: &[u8]) -> u16 {
-    let Ok(mut up) = TcpStream::connect(&s.target) else {
+    let Some(answer) = pass_on(s, req, body) else {
         return 0;
+    };
+    let status = String::from_utf8_lossy(&answer[..answer.len().min(64)])
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let _ = client.write_all(&answer);
+    status
+}
+
+/// Sends the request to the target and reads its whole answer; `None` when it could not be
+/// sent.
+fn pass_on(s: &Shared, req: &SeenRequest, body: &[u8]) -> Option<Vec<u8>> {
+    let Ok(mut up) = TcpStream::connect(&s.target) else {
+        return None;
     };
     let _ = up.set_read_timeout(Some(IO_TIMEOUT));
     let _ = up.set_write_timeout(Some(IO_TIMEOUT));
@@ -453,15 +478,9 @@ fn forward(client: &mut TcpStream, s: &Shared, req: &SeenRequest, body: &[u8]) -
     }
     head.push_str("connection: close\r\n\r\n");
     if up.write_all(head.as_bytes()).is_err() || up.write_all(body).is_err() {
-        return 0;
+        return None;
     }
     let mut answer = Vec::new();
     let _ = up.read_to_end(&mut answer);
-    let status = String::from_utf8_lossy(&answer[..answer.len().min(64)])
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let _ = client.write_all(&answer);
-    status
+    Some(answer)
 }
