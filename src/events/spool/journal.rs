@@ -29,8 +29,10 @@
 //! full. A start reads each generation up to its first incomplete or damaged block (a
 //! prefix of what was written); across generations, a full one ends with an end block
 //! ([`KIND_END`]) before the next one starts, and a start that finds a generation without
-//! it (a power loss took its end, not the newer one's start) uses no length of the newer
-//! ones: no length it uses covers lines whose ids it lacks.
+//! it (a power loss took its end, not the newer one's start), a generation without its
+//! head (one never synced, cut to nothing by a power loss: review r40h), or a gap in the
+//! generations' numbers (a file lost) uses no length of the newer ones ([`chain_lengths`]):
+//! no length it uses covers lines whose ids it lacks.
 //!
 //! Bounded: the journal is a few generation files `ids-<n>`, each filled with a quarter of the
 //! window ([`GENERATIONS_PER_WINDOW`]); when one is full the next is started, and the oldest
@@ -260,6 +262,8 @@ struct Generation {
     headed: bool,
     /// It ends with an end block: the next generation was started after all of it.
     ended: bool,
+    /// It starts with the magic of format 1 (the binaries before: never a head).
+    v1: bool,
 }
 
 impl Journal {
@@ -346,9 +350,9 @@ impl Journal {
         // window is full of distinct ids.
         let mut seen: HashSet<u64, PassThrough> = HashSet::default();
         let mut newest_first: Vec<u64> = Vec::new();
-        // What the generations read say of the files, newest generation first: (facts,
-        // headed, ended).
-        let mut facts: Vec<(Vec<Fact>, bool, bool)> = Vec::new();
+        // What the generations read say of the files, newest generation first: (number,
+        // what it holds, its ids taken out).
+        let mut facts: Vec<(u64, Generation)> = Vec::new();
         // Generations that hold ids of the window, or what it says of the files; the others
         // are removed below.
         let mut kept: Vec<u64> = Vec::new();
@@ -357,7 +361,7 @@ impl Journal {
                 break;
             }
             let path = self.path_of(n);
-            let (generation, damage, read) =
+            let (mut generation, damage, read) =
                 read_generation(&path, self.window, budget - loaded.bytes_read);
             loaded.bytes_read += read;
             if let Some(why) = damage {
@@ -382,7 +386,9 @@ impl Journal {
                     loaded.modified = loaded.modified.max(Some(t));
                 }
             }
-            facts.push((generation.facts, generation.headed, generation.ended));
+            // Its ids are in the window now; what it says of the files is kept.
+            generation.ids = Vec::new();
+            facts.push((n, generation));
         }
         // A file that gave no id to the window (all of them newer elsewhere, or older than
         // the window), and is not the newest, changes nothing a start reads: removed now, so
@@ -392,23 +398,7 @@ impl Journal {
                 let _ = fs::remove_file(self.path_of(n));
             }
         }
-        // Oldest first. A generation of format 2 without its end lost it to a power loss
-        // (a kill -9 keeps the page cache): what the newer ones say of the files may cover
-        // lines whose ids it lost, so only what came before is used; the lines after are
-        // reloaded from the spool (ids the journal may hold as well: no harm).
-        let mut lengths: Option<Lengths> = None;
-        for (generation_facts, headed, ended) in facts.into_iter().rev() {
-            if headed {
-                let lengths = lengths.get_or_insert_with(Lengths::default);
-                for fact in generation_facts {
-                    lengths.apply(fact);
-                }
-                if !ended {
-                    break;
-                }
-            }
-        }
-        loaded.lengths = lengths;
+        loaded.lengths = chain_lengths(facts.into_iter().rev());
         // The kept ones are replaced by the start's snapshot.
         kept.sort_unstable();
         self.generations = kept.into_iter().map(|n| (n, 0)).collect();
@@ -712,6 +702,57 @@ impl Journal {
     }
 }
 
+/// What the generations read (oldest first: number and content) say of the spool's files,
+/// used only as far as nothing the journal wrote before them is missing. What the newer
+/// generations say of the files may cover lines whose ids a lost record held, so it is not
+/// used past:
+/// - a generation of format 2 without its end block (a power loss took its end: a kill -9
+///   keeps the page cache); what it says itself is used (its records come in order);
+/// - a generation without a head that is not of format 1 (review r40h: a power loss cut a
+///   generation never synced to 0 bytes, or its head is damaged, or it was not read);
+/// - a missing number: generations are numbered one after the other (a rotation takes the
+///   next number; a snapshot, consecutive ones), so a gap between two generations read is a
+///   file lost or removed. A foreign entry the numbering stepped over, or a start cut short
+///   after it removed files, makes a gap too: the lengths after it are left unused, which
+///   costs reloading more of the spool, never an id.
+///
+/// A generation of format 1 (the binaries before) is passed over: it has no head by design.
+/// `None` when no generation read has a head (format 1 alone, or no journal): the start
+/// places the spool's ids as those binaries did. When the chain breaks before any head was
+/// used, an empty [`Lengths`]: every line of the spool is taken as stored after the
+/// journal's last record (the lines after the lengths are reloaded from the spool; ids the
+/// journal may hold as well: no harm).
+fn chain_lengths(generations: impl Iterator<Item = (u64, Generation)>) -> Option<Lengths> {
+    let mut lengths: Option<Lengths> = None;
+    let mut previous: Option<u64> = None;
+    let mut lost = false;
+    for (n, generation) in generations {
+        if generation.v1 {
+            continue;
+        }
+        if previous.is_some_and(|p| p.checked_add(1) != Some(n)) {
+            lost = true;
+        }
+        previous = Some(n);
+        if !generation.headed {
+            // Its head, and perhaps records, are gone: nothing newer is used.
+            lost = true;
+            continue;
+        }
+        let lengths = lengths.get_or_insert_with(Lengths::default);
+        if lost {
+            break;
+        }
+        for fact in generation.facts {
+            lengths.apply(fact);
+        }
+        if !generation.ended {
+            break;
+        }
+    }
+    lengths
+}
+
 /// Creates (or truncates) a generation file for writing. `O_NOFOLLOW` and `O_NONBLOCK`: a
 /// link or a FIFO put under that name fails at once instead of redirecting the write or
 /// blocking the writer thread.
@@ -917,6 +958,7 @@ fn decode_from(mut input: impl Read, keep: usize) -> (Generation, Option<String>
         if &magic != MAGIC && &magic != MAGIC_V1 {
             return Err("no journal header".into());
         }
+        out.v1 = &magic == MAGIC_V1;
         let mut at = MAGIC.len() as u64;
         let mut block: Vec<u8> = Vec::new();
         loop {
@@ -1131,6 +1173,119 @@ mod tests {
         assert_eq!(lengths.last_n, 5);
         assert!(cut.ids.contains(&100_001));
         assert!(!cut.ids.contains(&100_000));
+    }
+
+    /// Three generations, each filled by groups naming file 5 and a head naming the newest
+    /// file 50: the first ends at length 100, the second at 200, the third at 300.
+    fn three_generations(dir: &Path, window: usize) -> Vec<String> {
+        let (mut j, _) = started(dir, window);
+        let head = || Head {
+            last_n: 50,
+            files: vec![(5, 999)],
+        };
+        let per = MIN_GENERATION_IDS as u64;
+        for (k, len) in [100u64, 200, 300].into_iter().enumerate() {
+            let k = k as u64;
+            // Each group fills a generation but the last.
+            let group: Vec<u64> = (k * per + 1..=(k + 1) * per - u64::from(k == 2)).collect();
+            j.append(&group, &[(5, len)], head);
+        }
+        drop(j);
+        let names = files(dir);
+        assert_eq!(names.len(), 3, "{names:?}");
+        names
+    }
+
+    /// Review r40h D1: a middle generation lost its head (cut to 0 bytes by a power loss: it
+    /// was never synced; or a bit flipped in it). The newer generation's lengths are not used
+    /// (they cover the lines of the lost groups), those of the older one are.
+    #[test]
+    fn no_length_after_a_generation_without_a_head_is_used() {
+        let window = 4 * MIN_GENERATION_IDS;
+        for cut in ["empty", "half a magic", "flipped head"] {
+            let tmp = tempfile::tempdir().unwrap();
+            let names = three_generations(tmp.path(), window);
+            let (_, whole) = Journal::open(tmp.path(), window);
+            assert_eq!(whole.lengths.unwrap().files.get(&5), Some(&300));
+            let middle = tmp.path().join(JOURNAL_DIR).join(&names[1]);
+            match cut {
+                "empty" => fs::write(&middle, b"").unwrap(),
+                "half a magic" => fs::write(&middle, &MAGIC[..4]).unwrap(),
+                _ => {
+                    let mut bytes = fs::read(&middle).unwrap();
+                    bytes[MAGIC.len() + BLOCK_HEAD] ^= 1;
+                    fs::write(&middle, &bytes).unwrap();
+                }
+            }
+            let (_, cut_loaded) = Journal::open(tmp.path(), window);
+            let lengths = cut_loaded.lengths.unwrap();
+            assert_eq!(lengths.files.get(&5), Some(&100), "{cut}");
+            assert_eq!(lengths.last_n, 5, "{cut}");
+            assert!(cut_loaded
+                .ids
+                .contains(&(3 * MIN_GENERATION_IDS as u64 - 1)));
+        }
+    }
+
+    /// Review r40h D1: a middle generation deleted. Generations are numbered one after the
+    /// other, so the gap stops the use of newer lengths.
+    #[test]
+    fn no_length_after_a_missing_generation_is_used() {
+        let tmp = tempfile::tempdir().unwrap();
+        let window = 4 * MIN_GENERATION_IDS;
+        let names = three_generations(tmp.path(), window);
+        fs::remove_file(tmp.path().join(JOURNAL_DIR).join(&names[1])).unwrap();
+        let (_, loaded) = Journal::open(tmp.path(), window);
+        let lengths = loaded.lengths.unwrap();
+        assert_eq!(lengths.files.get(&5), Some(&100));
+        assert_eq!(loaded.damaged, 0);
+    }
+
+    /// The oldest generation read lost its head: no length is known (every line of the spool
+    /// is reloaded as newer), not none at all (which would place the spool's ids as the
+    /// binaries of format 1 did).
+    #[test]
+    fn a_lost_oldest_generation_leaves_no_length_known() {
+        let tmp = tempfile::tempdir().unwrap();
+        let window = 4 * MIN_GENERATION_IDS;
+        let names = three_generations(tmp.path(), window);
+        fs::write(tmp.path().join(JOURNAL_DIR).join(&names[0]), b"").unwrap();
+        let (_, loaded) = Journal::open(tmp.path(), window);
+        assert_eq!(loaded.lengths, Some(Lengths::default()));
+    }
+
+    /// The newest generation without a head (created by a rotation, cut to 0 bytes by a
+    /// power loss) stops nothing: the lengths before it are used.
+    #[test]
+    fn a_headless_newest_generation_keeps_the_lengths_before_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let window = 4 * MIN_GENERATION_IDS;
+        let names = three_generations(tmp.path(), window);
+        fs::write(tmp.path().join(JOURNAL_DIR).join(&names[2]), b"").unwrap();
+        let (_, loaded) = Journal::open(tmp.path(), window);
+        assert_eq!(loaded.lengths.unwrap().files.get(&5), Some(&200));
+    }
+
+    /// Generations of format 1 before those of format 2 (an upgrade whose first snapshot was
+    /// cut short) are passed over, as before: they have no head by design.
+    #[test]
+    fn generations_of_format_1_do_not_stop_the_lengths() {
+        let tmp = tempfile::tempdir().unwrap();
+        let window = 4 * MIN_GENERATION_IDS;
+        let names = three_generations(tmp.path(), window);
+        let mut bytes = MAGIC_V1.to_vec();
+        encode_blocks(&mut bytes, KIND_IDS, &[u64::MAX - 7]);
+        fs::write(
+            tmp.path()
+                .join(JOURNAL_DIR)
+                .join(format!("{PREFIX}{:020}", 0)),
+            &bytes,
+        )
+        .unwrap();
+        assert!(names[0].ends_with('1'), "{names:?}");
+        let (_, loaded) = Journal::open(tmp.path(), window);
+        assert_eq!(loaded.lengths.unwrap().files.get(&5), Some(&300));
+        assert!(loaded.ids.contains(&(u64::MAX - 7)));
     }
 
     /// A journal of format 1 (the binaries before) is read: its ids, and no lengths.
