@@ -50,6 +50,10 @@ pub enum Fault {
     /// It is in [`FaultProxy::seen`] from the moment it arrives. [`MAX_HOLD`]: "never answered"
     /// within any test.
     Hold(Duration),
+    /// Passes it on (the store does it), then holds the store's answer this long (at most
+    /// until the proxy is dropped) and closes the connection without it: a request that
+    /// landed while its client never learns so (a kill of the client while it is held).
+    HoldAnswer(Duration),
 }
 
 /// The longest a [`Fault::Hold`] holds a request (the reproduction held copies for
@@ -327,6 +331,19 @@ fn serve(mut client: TcpStream, s: &Shared) {
             thread::sleep(d);
             None
         }
+        Some(Fault::HoldAnswer(d)) => {
+            let mut landed = seen.clone();
+            landed.status = forward_to(None, s, &seen, &body);
+            landed.faulted = true;
+            // Recorded once the store has it: the test sees that it landed.
+            lock(&s.seen).push(landed);
+            let until = Instant::now() + d.min(MAX_HOLD);
+            while Instant::now() < until && !s.stop.load(Ordering::SeqCst) {
+                thread::sleep(Duration::from_millis(50));
+            }
+            let _ = client.shutdown(Shutdown::Both);
+            return;
+        }
         Some(Fault::DelayThenStatus(d, status, code)) => {
             // In steps, so a dropped proxy does not wait the whole delay.
             let until = Instant::now() + d.min(MAX_HOLD);
@@ -440,6 +457,11 @@ fn read_request(
 
 /// Sends the request to the target and its answer back; the answer's status (0: none).
 fn forward(client: &mut TcpStream, s: &Shared, req: &SeenRequest, body: &[u8]) -> u16 {
+    forward_to(Some(client), s, req, body)
+}
+
+/// [`forward`], the answer written to `client` if there is one; its status.
+fn forward_to(client: Option<&mut TcpStream>, s: &Shared, req: &SeenRequest, body: &[u8]) -> u16 {
     let Ok(mut up) = TcpStream::connect(&s.target) else {
         return 0;
     };
@@ -462,6 +484,8 @@ fn forward(client: &mut TcpStream, s: &Shared, req: &SeenRequest, body: &[u8]) -
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let _ = client.write_all(&answer);
+    if let Some(client) = client {
+        let _ = client.write_all(&answer);
+    }
     status
 }
