@@ -1435,6 +1435,75 @@ fn a_compression_switch_whose_record_cannot_be_written_keeps_one_object() {
     assert_one_object_per_partition(&event_objects(S3Rig::read(&rig.s3)), &ids, ".jsonl.gz");
 }
 
+/// Review r35i, rule G: the spool's disk is full for growth files (every write under
+/// `spool/growth/` fails ENOSPC), so the segments' records cannot be written and the seal
+/// uploads them whole under gzip's key with no record on disk; kill -9 once those PUTs have
+/// landed (their answers held), restart with `--compression none`. Each segment must keep
+/// the key its object is under (found by one HEAD at the start): one `.jsonl.gz` object per
+/// partition, every line once (main at 90808fc uploaded them again under `.jsonl`: every
+/// line twice).
+#[test]
+fn an_unrecorded_whole_upload_killed_then_a_compression_switch_keeps_one_object() {
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    let faults = Faults::build(rig.tmp.path());
+    faults.arm("write", 28, 100_000, "/growth/");
+    faults.arm("writev", 28, 100_000, "/growth/");
+    rig.proxy.add(
+        Rule::new(Fault::HoldAnswer(Duration::from_secs(60)))
+            .method("PUT")
+            .target_contains(".jsonl"),
+    );
+    let mut c = rig.start_with(
+        &["--upload-window", "1s", "--compression", "gzip"],
+        &faults.env(),
+    );
+    let ids: Vec<String> = (0..300).map(|i| format!("u-{i}")).collect();
+    post(&c, &ids, 2);
+    let landed = || {
+        rig.proxy
+            .seen()
+            .iter()
+            .filter(|r| r.method == "PUT" && r.faulted && r.status == 200)
+            .count()
+    };
+    wait_for(
+        &c,
+        Duration::from_secs(30),
+        "2 whole uploads landed",
+        || landed() >= 2,
+    );
+    c.kill9();
+    let spool = rig.tmp.path().join("spool");
+    let growth = if spool.join("growth").is_dir() {
+        rhc_testkit::collector::files_under(&spool.join("growth"))
+    } else {
+        Vec::new()
+    };
+    assert!(
+        growth
+            .iter()
+            .all(|p| !p.to_string_lossy().ends_with(".rec")),
+        "a record was written: the disk was not full for it: {growth:?}"
+    );
+    assert!(
+        !rhc_testkit::collector::files_under(&spool.join("events")).is_empty(),
+        "the segments left the spool before the kill"
+    );
+    faults.disarm("write");
+    faults.disarm("writev");
+    rig.proxy.clear();
+    let mut c = rig.start(&["--upload-window", "1s", "--compression", "none"]);
+    wait_for(&c, Duration::from_secs(60), "the segments uploaded", || {
+        rhc_testkit::collector::files_under(&spool.join("events")).is_empty()
+    });
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_tail(30));
+    assert_one_object_per_partition(&event_objects(S3Rig::read(&rig.s3)), &ids, ".jsonl.gz");
+}
+
 /// Blocks allocated to every file under `dir` but its `skip` subdirectory (the ids journal,
 /// which the budget does not cover), bytes.
 fn allocated_bytes(dir: &Path, skip: &str) -> u64 {

@@ -56,6 +56,10 @@ pub enum Fault {
     /// It is in [`FaultProxy::seen`] from the moment it arrives. [`MAX_HOLD`]: "never answered"
     /// within any test.
     Hold(Duration),
+    /// Passes it on (the store does it), then holds the store's answer this long (at most
+    /// until the proxy is dropped) and closes the connection without it: a request that
+    /// landed while its client never learns so (a kill of the client while it is held).
+    HoldAnswer(Duration),
 }
 
 /// The longest a [`Fault::Hold`] holds a request (the reproduction held copies for
@@ -337,6 +341,19 @@ fn serve(mut client: TcpStream, s: &Shared) {
             thread::sleep(d);
             None
         }
+        Some(Fault::HoldAnswer(d)) => {
+            let mut landed = seen.clone();
+            landed.status = pass_on(s, &seen, &body).map_or(0, |a| answer_status(&a));
+            landed.faulted = true;
+            // Recorded once the store has it: the test sees that it landed.
+            lock(&s.seen).push(landed);
+            let until = Instant::now() + d.min(MAX_HOLD);
+            while Instant::now() < until && !s.stop.load(Ordering::SeqCst) {
+                thread::sleep(Duration::from_millis(50));
+            }
+            let _ = client.shutdown(Shutdown::Both);
+            return;
+        }
         Some(Fault::DelayThenStatus(d, status, code)) => {
             // In steps, so a dropped proxy does not wait the whole delay.
             let until = Instant::now() + d.min(MAX_HOLD);
@@ -453,13 +470,18 @@ fn forward(client: &mut TcpStream, s: &Shared, req: &SeenRequest, body: &[u8]) -
     let Some(answer) = pass_on(s, req, body) else {
         return 0;
     };
-    let status = String::from_utf8_lossy(&answer[..answer.len().min(64)])
+    let status = answer_status(&answer);
+    let _ = client.write_all(&answer);
+    status
+}
+
+/// The status of an HTTP answer's first line (0 when it has none).
+fn answer_status(answer: &[u8]) -> u16 {
+    String::from_utf8_lossy(&answer[..answer.len().min(64)])
         .split(' ')
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let _ = client.write_all(&answer);
-    status
+        .unwrap_or(0)
 }
 
 /// Sends the request to the target and reads its whole answer; `None` when it could not be

@@ -38,7 +38,9 @@
 //! by an upload a crash interrupted) is uploaded whole from the shadow.
 //!
 //! A restart with another `--compression` changes only the segments without a record (new
-//! ones, and those no record names: an old spool, a record lost): a segment whose record
+//! ones, and those no record names: an old spool, a record lost, and then only if no object
+//! of the segment is under the other compression's key, one HEAD at the start,
+//! [`Publisher::cfg_unrecorded`]): a segment whose record
 //! names a key keeps that key and its compression to the end, whole upload included
 //! ([`Publisher::cfg_for`]), so no object ever needs deleting, and a store that refuses
 //! deletes (the S3 permissions docs/storage.md lists have no `s3:DeleteObject`) holds
@@ -253,6 +255,9 @@ pub struct Publisher {
     /// [`COMPRESSORS`] permits; the idle encoders (with their member buffer).
     compressing: Semaphore,
     encoders: Arc<Mutex<Vec<Compressor>>>,
+    /// When this publisher was made (Unix ns): segments created before are an earlier
+    /// run's ([`Publisher::cfg_unrecorded`]).
+    started_unix_nanos: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -278,6 +283,7 @@ impl Publisher {
             budget: Semaphore::new(ROUND_BUDGET_KIB as usize),
             compressing: Semaphore::new(COMPRESSORS),
             encoders: Arc::new(Mutex::new(Vec::new())),
+            started_unix_nanos: unix_nanos(),
         }
     }
 
@@ -903,8 +909,20 @@ impl Publisher {
                 self.stats.budget().add_growth_file();
                 st.files += 1;
             }
+            // A segment an earlier run left without a record (its record could not be
+            // written, a full spool disk) may be in the bucket under the other
+            // `--compression`'s key already: then it keeps that key and compression.
+            let cfg = match self.cfg_unrecorded(f).await {
+                Ok(c) => c,
+                Err(e) => return Some(Err(e)),
+            };
+            if !Arc::ptr_eq(&cfg, &self.cfg) {
+                if let Some(a) = &self.appender {
+                    crate::storage::append::remove_local_temp(a, &object_key(&cfg, f)).await;
+                }
+            }
             let intent = Record {
-                key: object_key(&self.cfg, f),
+                key: object_key(&cfg, f),
                 raw: 0,
                 object_len: 0,
                 e_tag: None,
@@ -915,7 +933,12 @@ impl Publisher {
             }
             self.settle_growth_files(&mut st, f.kind, &f.path);
             self.forget(&mut st, f);
-            return None;
+            if Arc::ptr_eq(&cfg, &self.cfg) {
+                return None;
+            }
+            // Uploaded whole over the object found: it holds a prefix of the segment (or
+            // all of it), so overwriting it loses nothing.
+            return Some(upload_file(&cfg, &self.store, f).await);
         }
         match self
             .publish(&mut st, &f.path, f.kind, &f.relative_key, f.bytes)
@@ -1011,6 +1034,46 @@ impl Publisher {
             // Another layout (not a compression switch): published under this run's key,
             // the record's deleted after (see [`Record::stale`]).
             self.cfg.clone()
+        }
+    }
+
+    /// The settings a segment without a record is uploaded whole with: this run's, unless it
+    /// was created before this publisher (an earlier run's, found by the spool's recovery)
+    /// and an object of it is already under the key the other `--compression` gives it:
+    /// then that compression, so a restart with the other setting does not leave a second
+    /// object of the same lines (the review r35i found a segment whose record a full spool
+    /// disk kept from being written uploaded by one run, then again under the other key by
+    /// the next). One HEAD per such segment, at a start only: a segment of this run without
+    /// a record was never uploaded. A HEAD the store refuses (403: no `s3:GetObject`, or a
+    /// missing key without `s3:ListBucket`) counts as no object; any other failure is
+    /// retried by the uploader's backoff.
+    async fn cfg_unrecorded(&self, f: &SealedFile) -> Result<Arc<UploaderConfig>, UploadError> {
+        if f.created_unix_nanos >= self.started_unix_nanos {
+            return Ok(self.cfg.clone());
+        }
+        let mut other = (*self.cfg).clone();
+        other.compression = match self.cfg.compression {
+            Compression::Gzip => Compression::None,
+            Compression::None => Compression::Gzip,
+        };
+        let key = object_key(&other, f);
+        if key == object_key(&self.cfg, f) {
+            return Ok(self.cfg.clone());
+        }
+        let Ok(location) = object_store::path::Path::parse(&key) else {
+            return Ok(self.cfg.clone());
+        };
+        match self.store.head(&location).await {
+            Ok(_) => {
+                tracing::info!(%key, "a segment of an earlier run without a record is already under the other --compression's key: it keeps that key and compression");
+                Ok(Arc::new(other))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(self.cfg.clone()),
+            Err(e) if delete_refused(&e) => {
+                tracing::warn!(%key, error = %e, "the store refuses the HEAD that checks whether a segment of an earlier run is under the other --compression's key: uploaded under this run's");
+                Ok(self.cfg.clone())
+            }
+            Err(source) => Err(UploadError::Store { key, source }),
         }
     }
 
@@ -1113,17 +1176,46 @@ fn write_record_synced(path: &Path, r: &Record) -> io::Result<()> {
 fn write_record_with(path: &Path, r: &Record, sync: bool) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     let bytes = serde_json::to_vec(r).map_err(io::Error::other)?;
-    let mut f = File::create(&tmp)?;
-    f.write_all(&bytes)?;
-    if sync {
-        f.sync_all()?;
+    let written = File::create(&tmp).and_then(|mut f| {
+        f.write_all(&bytes)?;
+        if sync {
+            f.sync_all()?;
+        }
+        Ok(())
+    });
+    if let Err(e) = written.and_then(|()| fs::rename(&tmp, path)) {
+        // No temporary left behind (a full disk: the record stays as it was).
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
     }
-    drop(f);
-    fs::rename(&tmp, path)?;
     if sync {
         if let Some(dir) = path.parent() {
             crate::util::fs::fsync_dir(dir)?;
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record whose write fails leaves no temporary behind (review r35i, D2).
+    #[test]
+    fn a_failed_record_write_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        // The rename fails: the target is a non-empty directory.
+        let path = dir.path().join("e.x.rec");
+        fs::create_dir(&path).unwrap();
+        fs::write(path.join("keep"), b"x").unwrap();
+        let r = Record {
+            key: "k".into(),
+            raw: 0,
+            object_len: 0,
+            e_tag: None,
+            stale: Vec::new(),
+        };
+        assert!(write_record(&path, &r).is_err());
+        assert!(!path.with_extension("tmp").exists(), "the temporary stayed");
+    }
 }
