@@ -971,3 +971,55 @@ fn an_entry_from_before_the_whole_hash_goes_whole_once_then_appends() {
         "the flush did not append\n{log}"
     );
 }
+
+/// r42h D2: at the final flush, an append whose UploadPartCopy the store answers after a
+/// few seconds (S3 copying a big object) was abandoned at a quarter of the time left and
+/// the file sent again whole, which the cap did not let finish: the tail was lost, exit 3.
+/// A request without a body may now wait half the time left.
+#[test]
+fn a_slow_copy_at_the_flush_is_waited_for_not_abandoned() {
+    let Some(rig) = S3Rig::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    let worker = logs.join("worker.out");
+    // 6 MB: over the 5 MiB a copied part needs; 10 s whole at the cap.
+    std::fs::write(&worker, tagged_lines("W", 0, 100_000)).unwrap();
+    let mut c = rig.collector(
+        tmp.path(),
+        &ray,
+        &[
+            "--log-upload-interval",
+            "60s",
+            "--shutdown-timeout",
+            "12s",
+            "--log-upload-max-bytes-per-second",
+            "600000",
+        ],
+    );
+    let first = std::fs::read(&worker).unwrap();
+    wait_until("the first upload", &c, Duration::from_secs(60), || {
+        rig.object("worker.out").as_ref() == Some(&first)
+    });
+    rig.proxy.add(
+        Rule::new(Fault::Delay(Duration::from_secs(4)))
+            .method("PUT")
+            .target_contains("worker.out")
+            .with_header("x-amz-copy-source")
+            .times(1),
+    );
+    append_to(&worker, &tagged_lines("W", 100_000, 10));
+    let (status, took) = c.try_terminate(Duration::from_secs(40)).unwrap();
+    let log = c.log_text();
+    let file = std::fs::read(&worker).unwrap();
+    let object = rig.object("worker.out");
+    assert!(
+        object.as_ref() == Some(&file),
+        "worker.out: object {:?} bytes, file {} (exit {status:?} after {took:?})\n{log}",
+        object.map(|o| o.len()),
+        file.len()
+    );
+    assert!(status.success(), "exit {status:?} after {took:?}\n{log}");
+}

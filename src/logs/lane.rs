@@ -451,6 +451,12 @@ impl InFlight {
         self.progress.last_moved()
     }
 
+    /// Its request in flight, if any, carries a body (a PUT, a part); else it waits for
+    /// the answer of one without (a copy, a complete, a HEAD) or between requests.
+    pub(super) fn body_in_flight(&self) -> bool {
+        self.progress.body_in_flight()
+    }
+
     /// Waits for the send at most `limit`; `None` when it is still running.
     pub(super) async fn wait(
         &mut self,

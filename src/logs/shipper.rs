@@ -69,16 +69,26 @@ const VERIFY_PER_ROUND: usize = 8;
 const BESIDE_POLL: Duration = Duration::from_millis(50);
 
 /// The final flush abandons a send beside it (one kept from before SIGTERM, or one it
-/// started that outlasted its slot) that has not moved for this share of the time it had
+/// started that outlasted its slot) that has not moved for a share of the time it had
 /// left when it began (its budget, less the reserve to abort uploads): no request of it
 /// ended and it did not wait for the cap (the time a request's body may be on the wire
-/// does not count, `util::pace::Progress::last_moved`). Its file is sent again in
-/// the next pass, so a request the store never answers costs a quarter of the budget, not
-/// all of it (review r42g G1: a kept PUT the store held made the flush wait until its
-/// deadline and name the file, exit 3, where a new PUT went through at once). The price: a
-/// single request whose body takes longer than that (an 8 MiB part at under about 1.5 MB/s
-/// with the default 25 s budget) is abandoned too and sent again from its start.
-const KEPT_STALL_SHARE: u32 = 4;
+/// does not count, `util::pace::Progress::last_moved`). Its file is sent again in the
+/// next pass, so a request the store never answers costs part of the budget, not all of
+/// it (review r42g G1: a kept PUT the store held made the flush wait until its deadline
+/// and name the file, exit 3, where a new PUT went through at once).
+///
+/// The share is [`KEPT_STALL_SHARE_BARE`] while the send waits for the answer of a
+/// request without a body (an UploadPartCopy, a complete, a HEAD): S3 may take seconds to
+/// answer a copy of a big object, and a re-send whole would cost far more (review r42h
+/// D2: a copy answered after 7 s was abandoned and the 20 MB file re-sent whole, which
+/// could not finish). It is [`KEPT_STALL_SHARE_BODY`] while a request carrying a body is in
+/// flight: the HTTP client does not tell how much of a body left, so a body that takes
+/// longer than that (a 6 MB PUT at 400 kB/s, review r42h D3) is abandoned too and sent
+/// again from its start; this is a known limit.
+const KEPT_STALL_SHARE_BODY: u32 = 4;
+/// See [`KEPT_STALL_SHARE_BODY`]: a request without a body may wait for its answer half
+/// the time the flush had left.
+const KEPT_STALL_SHARE_BARE: u32 = 2;
 
 /// Passes the final flush makes, after one that started a send with nothing left beside
 /// it, to send what changed meanwhile (review r42g G3 and G4: Ray rotated, or rewrote, a file
@@ -730,34 +740,36 @@ impl LogShipper {
         report
     }
 
-    /// Waits until one of the sends beside the lane has ended or has not moved for `stall`
-    /// (see [`Self::abandon_stalled_beside`]), or `until`.
-    async fn wait_any_beside(&self, until: Instant, stall: Duration) {
-        let ready = |b: &InFlight| b.finished() || Instant::now() >= b.last_moved() + stall;
+    /// Waits until one of the sends beside the lane has ended or has not moved for its
+    /// stall limit (see [`Self::abandon_stalled_beside`]), or `until`.
+    async fn wait_any_beside(&self, until: Instant, stall: KeptStall) {
+        let ready =
+            |b: &InFlight| b.finished() || Instant::now() >= b.last_moved() + stall.limit(b);
         while !self.beside.iter().any(ready) && Instant::now() < until {
             let next = (Instant::now() + BESIDE_POLL).min(until);
             tokio::time::sleep_until(next.into()).await;
         }
     }
 
-    /// At the final flush: cancels the sends beside the lane that have not moved for `stall`
-    /// (see [`KEPT_STALL_SHARE`]); their files are sent again by the next pass (an append
-    /// whole), and are not counted as failed.
-    async fn abandon_stalled_beside(&mut self, stall: Duration) {
+    /// At the final flush: cancels the sends beside the lane that have not moved for their
+    /// stall limit (see [`KEPT_STALL_SHARE_BODY`]); their files are sent again by the next
+    /// pass, and are not counted as failed. An abandoned append does not make its file
+    /// whole-only: the next pass appends again if the object is still the one the ledger
+    /// recorded (the append's copy names it; an object that changed is sent whole).
+    async fn abandon_stalled_beside(&mut self, stall: KeptStall) {
         let mut running = Vec::new();
         for b in std::mem::take(&mut self.beside) {
             let idle = Instant::now().saturating_duration_since(b.last_moved());
-            if b.finished() || idle < stall {
+            let limit = stall.limit(&b);
+            if b.finished() || idle < limit {
                 running.push(b);
                 continue;
             }
             tracing::warn!(path = %b.path.display(), key = %b.key, idle_s = idle.as_secs_f64(),
-                appending = b.appending,
-                "a log upload beside the final flush has not moved (no request ended) for a \
-                 quarter of the flush's budget; abandoned, the file is sent again");
-            if b.appending {
-                self.whole_only.insert(b.key.clone());
-            }
+                limit_s = limit.as_secs_f64(), appending = b.appending,
+                body_in_flight = b.body_in_flight(),
+                "a log upload beside the final flush has not moved (no request ended) for its \
+                 share of the flush's budget; abandoned, the file is sent again");
             b.cancel().await;
         }
         self.beside = running;
@@ -1065,7 +1077,7 @@ impl LogShipper {
     /// can, else whole); so every object ends equal to its file or the file is named. No
     /// pass waits for a send, so no session's files wait behind another's hung upload.
     /// A send beside that stops moving is abandoned and its file sent again (see
-    /// [`KEPT_STALL_SHARE`]); a kept send that failed is named only if the flush's own send
+    /// [`KEPT_STALL_SHARE_BODY`]); a kept send that failed is named only if the flush's own send
     /// of its file fails too. A pass that started a send with nothing left beside is
     /// followed by another (at most [`MAX_SETTLING_PASSES`]), so a rotation or a rewrite
     /// during it is sent too: the flush ends at a pass that starts no send, or the deadline.
@@ -1094,8 +1106,11 @@ impl LogShipper {
         // A send beside that stops moving is abandoned and its file sent again in the next
         // pass (review r42g G1); a pass that sent something is followed by another, so what
         // was rotated or rewritten during it is sent too (r42g G3, G4).
-        let kept_stall =
-            flush_deadline.saturating_duration_since(Instant::now()) / KEPT_STALL_SHARE;
+        let left = flush_deadline.saturating_duration_since(Instant::now());
+        let kept_stall = KeptStall {
+            body: left / KEPT_STALL_SHARE_BODY,
+            bare: left / KEPT_STALL_SHARE_BARE,
+        };
         self.flush_named.clear();
         let mut reports = Vec::new();
         let mut settling = 0;
@@ -1167,6 +1182,25 @@ impl LogShipper {
         left.sort();
         left.dedup_by(|a, b| a.0 == b.0);
         left
+    }
+}
+
+/// The final flush's stall limits for a send beside it (see [`KEPT_STALL_SHARE_BODY`]).
+#[derive(Debug, Clone, Copy)]
+struct KeptStall {
+    /// While a request carrying a body is in flight.
+    body: Duration,
+    /// Otherwise (waiting for the answer of a request without a body, or between requests).
+    bare: Duration,
+}
+
+impl KeptStall {
+    fn limit(&self, b: &InFlight) -> Duration {
+        if b.body_in_flight() {
+            self.body
+        } else {
+            self.bare
+        }
     }
 }
 

@@ -127,6 +127,11 @@ impl Progress {
         self.lock().last
     }
 
+    /// A request carrying a body is in flight (begun with [`Self::sending`], not ended).
+    pub fn body_in_flight(&self) -> bool {
+        self.lock().body_until.is_some()
+    }
+
     /// When the send last moved (or will, after its wait for the cap or while its request's
     /// body may still be on the wire).
     pub fn last(&self) -> Instant {
