@@ -16,8 +16,11 @@
 //!   `{"result": true, "msg": "All events fetched.", "data": {"events": {job: [event, ...]}}}`,
 //!   or with `job_id`, `{"result": true, "msg": "Job events fetched.", "data": {"jobId": ...,
 //!   "events": [...]}}` (an unknown job: no events).
-//! - Bounded: the events held for one answer are at most [`MAX_HELD_BYTES`] of lines; past
-//!   it reading stops and the answer carries [`TRUNCATED_HEADER`]. At most
+//! - Bounded: the events kept for one answer are held as their raw lines, at most
+//!   [`MAX_HELD_BYTES`] with their ids and entries (replaced and dropped events no longer
+//!   count); past it reading stops and the answer carries [`TRUNCATED_HEADER`]. The answer
+//!   is written from them one event at a time (parsed, camelCased, written, dropped), so an
+//!   answer costs about twice that bound at most, not a tree of every event. At most
 //!   [`super::MAX_CONCURRENT_READS`] such answers are built at once. A file that cannot be
 //!   read is counted in [`super::UNREADABLE_HEADER`].
 
@@ -40,8 +43,11 @@ use crate::inspect::{escape_message, raw_key, session_nodes};
 pub const MAX_LINE_BYTES: usize = 2 << 20;
 /// Ray's `MAX_EVENTS_TO_CACHE` default: events kept per job.
 pub const MAX_EVENTS_PER_JOB: usize = 10_000;
-/// Bytes of event lines one answer holds; past it, reading stops.
+/// Bytes one answer holds for the events it keeps (their lines, ids and entries); past it,
+/// reading stops.
 pub const MAX_HELD_BYTES: usize = 64 << 20;
+/// What one held event costs besides its line and id (map entries, allocations).
+const EVENT_OVERHEAD_BYTES: usize = 128;
 /// Set when reading stopped at [`MAX_HELD_BYTES`].
 pub const TRUNCATED_HEADER: &str = "x-rhc-events-truncated";
 /// Set when lines were skipped (not an event, or too long): how many.
@@ -93,14 +99,14 @@ impl Events {
         self.arrivals += 1;
         let arrival = self.arrivals;
         let events = self.jobs.entry(job).or_default();
-        self.held += line.len();
         match events.by_id.get_mut(&id) {
             // Python's dict update: the value changes, the place does not.
             Some(slot) => {
-                self.held -= slot.1.len();
+                self.held = self.held + line.len() - slot.1.len();
                 slot.1 = line.into();
             }
             None => {
+                self.held += cost(&id, line);
                 events.order.insert(arrival, id.clone());
                 events.by_id.insert(id, (arrival, line.into()));
             }
@@ -110,7 +116,7 @@ impl Events {
                 break;
             };
             if let Some((_, old)) = events.by_id.remove(&oldest) {
-                self.held -= old.len();
+                self.held -= cost(&oldest, &old);
             }
         }
     }
@@ -147,6 +153,11 @@ impl Events {
         Self::write_list(events, &mut out);
         serde_json::from_slice(&out).unwrap_or_default()
     }
+}
+
+/// What holding one event costs: its line, its id twice (map and order) and the entries.
+fn cost(id: &str, line: &[u8]) -> usize {
+    line.len() + 2 * id.len() + EVENT_OVERHEAD_BYTES
 }
 
 /// Python's `str.title()` of one key part: a letter after a letter is lower-cased, any other
@@ -402,7 +413,10 @@ mod tests {
         }
         let job = e.jobs.remove("global").unwrap();
         assert_eq!(job.by_id.len(), MAX_EVENTS_PER_JOB);
-        assert_eq!(e.held, MAX_EVENTS_PER_JOB * line(0).len());
+        assert_eq!(
+            e.held,
+            MAX_EVENTS_PER_JOB * cost("e0000000", line(0).as_bytes())
+        );
         let list = Events::list(&job);
         assert_eq!(list[0]["eventId"], "e0015000");
         assert_eq!(list[MAX_EVENTS_PER_JOB - 1]["eventId"], "e0024999");
