@@ -318,15 +318,18 @@ fn group_matches(pattern: &[String], files: &[String]) -> BTreeMap<&'static str,
         }
     }
     let mut groups: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
-    let entries = files
-        .iter()
-        .map(|f| (f.as_str(), false))
+    // The logs directory itself (`""`, listed `./` as pathlib's `**` yields it), its
+    // directories and its files.
+    let entries = std::iter::once(("", true))
+        .chain(files.iter().map(|f| (f.as_str(), false)))
         .chain(dirs.iter().map(|d| (*d, true)));
     for (path, is_dir) in entries {
         if !glob_matches(&pattern, path, is_dir) {
             continue;
         }
-        let name = if is_dir {
+        let name = if path.is_empty() {
+            "./".to_string()
+        } else if is_dir {
             format!("{path}/")
         } else {
             path.to_string()
@@ -402,22 +405,36 @@ fn glob_pattern(glob: &str) -> Result<Vec<&str>, Refusal> {
         .collect();
     // Consecutive `**` match what one does.
     segments.dedup_by(|a, b| *a == "**" && *b == "**");
+    let dirs_only = glob.ends_with('/');
     if glob.starts_with('/') || segments.contains(&"..") || segments.is_empty() {
         return Err(bad(format!(
             "Invalid glob filter: {}. It must be a relative path and cannot contain '..'.",
             escape_untrusted(glob)
         )));
     }
+    if dirs_only {
+        // A trailing `/` matches directories only, as `pathlib` does.
+        segments.push("");
+    }
     Ok(segments)
 }
 
-/// Whether `path` (a file, or a directory with `is_dir`) matches the glob's segments; a
-/// glob ending in `**` matches directories only, as `pathlib` does.
+/// Whether `path` (a file, or a directory with `is_dir`; `""` the logs directory itself)
+/// matches the glob's segments; a glob ending in `**` or `/` matches directories only, as
+/// `pathlib` does.
 fn glob_matches(pattern: &[&str], path: &str, is_dir: bool) -> bool {
-    if pattern.last() == Some(&"**") && !is_dir {
+    let (pattern, dirs_only) = match pattern.split_last() {
+        Some((&"", rest)) => (rest, true),
+        _ => (pattern, pattern.last() == Some(&"**")),
+    };
+    if dirs_only && !is_dir {
         return false;
     }
-    let parts: Vec<&str> = path.split('/').collect();
+    let parts: Vec<&str> = if path.is_empty() {
+        Vec::new()
+    } else {
+        path.split('/').collect()
+    };
     segments_match(pattern, &parts)
 }
 
@@ -1023,6 +1040,9 @@ mod tests {
         assert!(m("**/*.log", "events/event_GCS.log", false));
         assert!(m("**/*.log", "monitor.log", false));
         assert!(m("**", "events", true) && !m("**", "raylet.out", false));
+        assert!(m("**", "", true) && m("**/", "", true) && !m("*", "", true));
+        assert!(m("events/", "events", true) && !m("raylet.out/", "raylet.out", false));
+        assert!(m("*/", "events", true) && !m("*/", "raylet.out", false));
         assert!(m("[rg]*.out", "raylet.out", false) && !m("[!rg]*.out", "raylet.out", false));
         assert!(m("a[.out", "a[.out", false));
         assert!(!m("*.OUT", "raylet.out", false));
