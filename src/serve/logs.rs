@@ -9,8 +9,10 @@
 //!
 //! The node's log files whose path below `logs/` matches `glob` (default `*`: the top
 //! directory), with Python's `pathlib` rules as Ray's agent applies them (`*`, `?`, `[...]`
-//! within one path segment, `**` for any number of segments, a directory listed as
-//! `name/`), grouped as Ray groups them (`worker_out`, `worker_err`, `core_worker`, `driver`,
+//! within one path segment, `**` for any number of segments, a glob ending in `/` or `**`
+//! matching directories only, a directory listed as `name/`, the logs directory itself as
+//! `./`; consecutive `**` count as one and matching costs segments × depth, on a blocking
+//! thread), grouped as Ray groups them (`worker_out`, `worker_err`, `core_worker`, `driver`,
 //! `raylet`, `gcs_server`, `autoscaler`, `agent`, `dashboard`, `internal`; a group only when
 //! it has a file), each sorted: `{"result": true, "msg": "", "data": {"result": {...}}}`.
 //! `node_ip` is resolved through the session's node events. A node without any log object
