@@ -550,7 +550,15 @@ pub(crate) async fn tail_start(
             }
         }
     }
-    Ok((from, from > start))
+    if from == start {
+        return Ok((from, false));
+    }
+    // The window ended: the answer starts mid-line unless a newline ends the byte before it.
+    let before = store
+        .get_range(key, from - 1..from)
+        .await
+        .map_err(|e| anyhow::anyhow!("reading {key}: {}", store_error(&e)))?;
+    Ok((from, before.first() != Some(&b'\n')))
 }
 
 /// stdout, raw into a pipe or file, cleaned for a terminal.
@@ -688,5 +696,31 @@ mod tests {
         let end = text.find("line 105\n").unwrap() as u64 - 1;
         assert_eq!(tail_text(&store, start, end, 2).await, "line 103\nline 104");
         assert_eq!(tail_text(&store, start, end, 0).await, "");
+    }
+
+    #[tokio::test]
+    async fn a_window_starting_after_a_newline_is_not_cut() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let key = ObjectPath::from("log");
+        let m = MAX_TAIL_BYTES as usize;
+        // A newline just outside the window, then one line filling it.
+        let mut whole = vec![b'\n'];
+        whole.extend(std::iter::repeat_n(b'B', m - 1));
+        whole.push(b'\n');
+        let size = whole.len() as u64;
+        store.put(&key, PutPayload::from(whole)).await.unwrap();
+        assert_eq!(
+            tail_start(&store, &key, 0, size, 1).await.unwrap(),
+            (1, false)
+        );
+        // Without that newline the window starts mid-line.
+        let mut mid = vec![b'x'];
+        mid.extend(std::iter::repeat_n(b'B', m - 1));
+        mid.push(b'\n');
+        store.put(&key, PutPayload::from(mid)).await.unwrap();
+        assert_eq!(
+            tail_start(&store, &key, 0, size, 1).await.unwrap(),
+            (1, true)
+        );
     }
 }

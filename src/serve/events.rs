@@ -16,12 +16,15 @@
 //!   `{"result": true, "msg": "All events fetched.", "data": {"events": {job: [event, ...]}}}`,
 //!   or with `job_id`, `{"result": true, "msg": "Job events fetched.", "data": {"jobId": ...,
 //!   "events": [...]}}` (an unknown job: no events).
-//! - Bounded: the events held for one answer are at most [`MAX_HELD_BYTES`] of lines; past
-//!   it reading stops and the answer carries [`TRUNCATED_HEADER`]. At most
+//! - Bounded: the events kept for one answer are held as their raw lines, at most
+//!   [`MAX_HELD_BYTES`] with their ids and entries (replaced and dropped events no longer
+//!   count); past it reading stops and the answer carries [`TRUNCATED_HEADER`]. The answer
+//!   is written from them one event at a time (parsed, camelCased, written, dropped), so an
+//!   answer costs about twice that bound at most, not a tree of every event. At most
 //!   [`super::MAX_CONCURRENT_READS`] such answers are built at once. A file that cannot be
 //!   read is counted in [`super::UNREADABLE_HEADER`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use axum::extract::{RawQuery, State};
 use axum::http::header::CONTENT_TYPE;
@@ -29,7 +32,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use futures::StreamExt as _;
 use object_store::ObjectStoreExt as _;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use super::cookies::Entered;
 use super::{Shared, UNREADABLE_HEADER};
@@ -40,26 +43,39 @@ use crate::inspect::{escape_message, raw_key, session_nodes};
 pub const MAX_LINE_BYTES: usize = 2 << 20;
 /// Ray's `MAX_EVENTS_TO_CACHE` default: events kept per job.
 pub const MAX_EVENTS_PER_JOB: usize = 10_000;
-/// Bytes of event lines one answer holds; past it, reading stops.
+/// Bytes one answer holds for the events it keeps (their lines, ids and entries); past it,
+/// reading stops.
 pub const MAX_HELD_BYTES: usize = 64 << 20;
+/// What one held event costs besides its line and id (map entries, allocations).
+const EVENT_OVERHEAD_BYTES: usize = 128;
 /// Set when reading stopped at [`MAX_HELD_BYTES`].
 pub const TRUNCATED_HEADER: &str = "x-rhc-events-truncated";
 /// Set when lines were skipped (not an event, or too long): how many.
 pub const SKIPPED_HEADER: &str = "x-rhc-skipped-lines";
 
-/// Events by job, each job's in the order Ray's cache keeps them.
+/// One job's events: each id's raw line, in arrival order.
+#[derive(Default)]
+struct JobEvents {
+    /// Event id → (arrival, the event's line as read).
+    by_id: HashMap<String, (u64, Box<[u8]>)>,
+    /// Arrival → event id, the oldest first.
+    order: BTreeMap<u64, String>,
+}
+
+/// Events by job, each job's in the order Ray's cache keeps them. Lines are held raw (their
+/// bytes are what [`MAX_HELD_BYTES`] bounds) and turned into Ray's form only when written.
 #[derive(Default)]
 struct Events {
-    /// Job → event id → (arrival, event).
-    jobs: BTreeMap<String, BTreeMap<String, (u64, Value)>>,
+    jobs: BTreeMap<String, JobEvents>,
     arrivals: u64,
+    /// Bytes of the lines held now (replaced and dropped lines no longer count).
     held: usize,
     skipped: u64,
 }
 
 impl Events {
     fn add(&mut self, line: &[u8]) {
-        let Ok(Value::Object(mut event)) = serde_json::from_slice::<Value>(line) else {
+        let Ok(Value::Object(event)) = serde_json::from_slice::<Value>(line) else {
             self.skipped += 1;
             return;
         };
@@ -72,9 +88,6 @@ impl Events {
             self.skipped += 1;
             return;
         };
-        if let Some(Value::String(m)) = event.get_mut("message") {
-            *m = m.replace("\\n", "\n").replace("\\r", "\n");
-        }
         let job = event
             .get("custom_fields")
             .and_then(|c| c.get("job_id"))
@@ -82,33 +95,69 @@ impl Events {
             .filter(|j| !j.is_empty())
             .unwrap_or("global")
             .to_string();
-        self.held += line.len();
+        drop(event);
         self.arrivals += 1;
         let arrival = self.arrivals;
         let events = self.jobs.entry(job).or_default();
-        match events.get_mut(&id) {
+        match events.by_id.get_mut(&id) {
             // Python's dict update: the value changes, the place does not.
-            Some(slot) => slot.1 = Value::Object(event),
+            Some(slot) => {
+                self.held = self.held + line.len() - slot.1.len();
+                slot.1 = line.into();
+            }
             None => {
-                events.insert(id, (arrival, Value::Object(event)));
+                self.held += cost(&id, line);
+                events.order.insert(arrival, id.clone());
+                events.by_id.insert(id, (arrival, line.into()));
             }
         }
-        if events.len() > MAX_EVENTS_PER_JOB + MAX_EVENTS_PER_JOB / 10 {
-            let mut by_arrival: Vec<(u64, String)> =
-                events.iter().map(|(k, v)| (v.0, k.clone())).collect();
-            by_arrival.sort_unstable();
-            for (_, k) in by_arrival.iter().take(events.len() - MAX_EVENTS_PER_JOB) {
-                events.remove(k);
+        while events.by_id.len() > MAX_EVENTS_PER_JOB {
+            let Some((_, oldest)) = events.order.pop_first() else {
+                break;
+            };
+            if let Some((_, old)) = events.by_id.remove(&oldest) {
+                self.held -= cost(&oldest, &old);
             }
         }
     }
 
-    /// A job's events in arrival order, in Ray's key style.
-    fn list(events: BTreeMap<String, (u64, Value)>) -> Vec<Value> {
-        let mut v: Vec<(u64, Value)> = events.into_values().collect();
-        v.sort_unstable_by_key(|(a, _)| *a);
-        v.into_iter().map(|(_, e)| google_style(e)).collect()
+    /// Writes a job's events as a JSON array, in arrival order and Ray's form; each is
+    /// parsed again and dropped as soon as it is written.
+    fn write_list(events: &JobEvents, out: &mut Vec<u8>) {
+        out.push(b'[');
+        let mut first = true;
+        for id in events.order.values() {
+            let Some((_, line)) = events.by_id.get(id) else {
+                continue;
+            };
+            let Ok(mut event) = serde_json::from_slice::<Value>(line) else {
+                continue;
+            };
+            if let Some(Value::String(m)) = event.get_mut("message") {
+                *m = m.replace("\\n", "\n").replace("\\r", "\n");
+            }
+            if !first {
+                out.push(b',');
+            }
+            first = false;
+            // Writing a Value to a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut *out, &google_style(event));
+        }
+        out.push(b']');
     }
+
+    /// A job's events in arrival order, in Ray's key style (for tests).
+    #[cfg(test)]
+    fn list(events: &JobEvents) -> Vec<Value> {
+        let mut out = Vec::new();
+        Self::write_list(events, &mut out);
+        serde_json::from_slice(&out).unwrap_or_default()
+    }
+}
+
+/// What holding one event costs: its line, its id twice (map and order) and the entries.
+fn cost(id: &str, line: &[u8]) -> usize {
+    line.len() + 2 * id.len() + EVENT_OVERHEAD_BYTES
 }
 
 /// Python's `str.title()` of one key part: a letter after a letter is lower-cased, any other
@@ -228,25 +277,37 @@ pub async fn events(
     if truncated {
         headers.insert(TRUNCATED_HEADER, HeaderValue::from(MAX_HELD_BYTES));
     }
-    let body = match job_id {
+    let mut body: Vec<u8> = Vec::new();
+    match job_id {
         None => {
-            let all: Map<String, Value> = events
-                .jobs
-                .into_iter()
-                .map(|(job, evs)| (job, Value::Array(Events::list(evs))))
-                .collect();
-            json!({"result": true, "msg": "All events fetched.", "data": {"events": all}})
+            body.extend_from_slice(
+                br#"{"result":true,"msg":"All events fetched.","data":{"events":{"#,
+            );
+            for (i, (job, evs)) in events.jobs.iter().enumerate() {
+                if i > 0 {
+                    body.push(b',');
+                }
+                let _ = serde_json::to_writer(&mut body, job);
+                body.push(b':');
+                Events::write_list(evs, &mut body);
+            }
+            body.extend_from_slice(b"}}}");
         }
         Some(job) => {
-            let evs = events
-                .jobs
-                .remove(&job)
-                .map(Events::list)
-                .unwrap_or_default();
-            json!({"result": true, "msg": "Job events fetched.", "data": {"jobId": job, "events": evs}})
+            body.extend_from_slice(
+                br#"{"result":true,"msg":"Job events fetched.","data":{"jobId":"#,
+            );
+            let _ = serde_json::to_writer(&mut body, &job);
+            body.extend_from_slice(br#","events":"#);
+            match events.jobs.get(&job) {
+                Some(evs) => Events::write_list(evs, &mut body),
+                None => body.extend_from_slice(b"[]"),
+            }
+            body.extend_from_slice(b"}}");
         }
-    };
-    entered.refresh((headers, body.to_string()))
+    }
+    drop(events);
+    entered.refresh((headers, body))
 }
 
 /// Feeds every line of `key` to `events`, streaming the object; a line longer than
@@ -301,6 +362,7 @@ fn finish_line(line: &mut Vec<u8>, too_long: &mut bool, events: &mut Events) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn keys_are_rays_google_style() {
@@ -327,18 +389,36 @@ mod tests {
         e.add(b"not json");
         assert_eq!(e.skipped, 2);
         let job = e.jobs.remove("01000000").unwrap();
-        let list = Events::list(job);
+        let list = Events::list(&job);
         assert_eq!(list.len(), 1);
         assert_eq!(list[0]["message"], "again");
         assert_eq!(
-            Events::list(e.jobs.remove("global").unwrap())[0]["eventId"],
+            Events::list(&e.jobs.remove("global").unwrap())[0]["eventId"],
             "b"
         );
         let mut e = Events::default();
         e.add(br#"{"event_id":"n","message":"x\\ny\\rz"}"#);
         assert_eq!(
-            Events::list(e.jobs.remove("global").unwrap())[0]["message"],
+            Events::list(&e.jobs.remove("global").unwrap())[0]["message"],
             "x\ny\nz"
         );
+    }
+
+    #[test]
+    fn a_job_keeps_its_newest_events_and_held_counts_only_them() {
+        let mut e = Events::default();
+        let line = |i: usize| format!(r#"{{"event_id":"e{i:07}","message":"m"}}"#);
+        for i in 0..25_000 {
+            e.add(line(i).as_bytes());
+        }
+        let job = e.jobs.remove("global").unwrap();
+        assert_eq!(job.by_id.len(), MAX_EVENTS_PER_JOB);
+        assert_eq!(
+            e.held,
+            MAX_EVENTS_PER_JOB * cost("e0000000", line(0).as_bytes())
+        );
+        let list = Events::list(&job);
+        assert_eq!(list[0]["eventId"], "e0015000");
+        assert_eq!(list[MAX_EVENTS_PER_JOB - 1]["eventId"], "e0024999");
     }
 }

@@ -9,8 +9,10 @@
 //!
 //! The node's log files whose path below `logs/` matches `glob` (default `*`: the top
 //! directory), with Python's `pathlib` rules as Ray's agent applies them (`*`, `?`, `[...]`
-//! within one path segment, `**` for any number of segments, a directory listed as
-//! `name/`), grouped as Ray groups them (`worker_out`, `worker_err`, `core_worker`, `driver`,
+//! within one path segment, `**` for any number of segments, a glob ending in `/` or `**`
+//! matching directories only, a directory listed as `name/`, the logs directory itself as
+//! `./`; consecutive `**` count as one and matching costs segments × depth, on a blocking
+//! thread), grouped as Ray groups them (`worker_out`, `worker_err`, `core_worker`, `driver`,
 //! `raylet`, `gcs_server`, `autoscaler`, `agent`, `dashboard`, `internal`; a group only when
 //! it has a file), each sorted: `{"result": true, "msg": "", "data": {"result": {...}}}`.
 //! `node_ip` is resolved through the session's node events. A node without any log object
@@ -285,22 +287,51 @@ pub async fn list(
             )),
         );
     }
+    // Matching up to MAX_LISTED paths against a long glob is CPU work: off the async workers.
+    let pattern: Vec<String> = pattern.iter().map(|s| (*s).to_string()).collect();
+    let groups = match tokio::task::spawn_blocking(move || group_matches(&pattern, &files)).await {
+        Ok(g) => g,
+        Err(e) => {
+            return json_refusal(
+                &entered,
+                Refusal(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("the listing stopped: {e}"),
+                ),
+            )
+        }
+    };
+    let body = json!({"result": true, "msg": "", "data": {"result": groups}});
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if truncated {
+        headers.insert(TRUNCATED_HEADER, HeaderValue::from(MAX_LISTED));
+    }
+    entered.refresh((headers, body.to_string()))
+}
+
+/// The files and their directories that match the glob, by Ray's group, each sorted.
+fn group_matches(pattern: &[String], files: &[String]) -> BTreeMap<&'static str, Vec<String>> {
+    let pattern: Vec<&str> = pattern.iter().map(String::as_str).collect();
     let mut dirs: BTreeSet<&str> = BTreeSet::new();
-    for f in &files {
+    for f in files {
         for (i, _) in f.match_indices('/') {
             dirs.insert(&f[..i]);
         }
     }
     let mut groups: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
-    let entries = files
-        .iter()
-        .map(|f| (f.as_str(), false))
+    // The logs directory itself (`""`, listed `./` as pathlib's `**` yields it), its
+    // directories and its files.
+    let entries = std::iter::once(("", true))
+        .chain(files.iter().map(|f| (f.as_str(), false)))
         .chain(dirs.iter().map(|d| (*d, true)));
     for (path, is_dir) in entries {
         if !glob_matches(&pattern, path, is_dir) {
             continue;
         }
-        let name = if is_dir {
+        let name = if path.is_empty() {
+            "./".to_string()
+        } else if is_dir {
             format!("{path}/")
         } else {
             path.to_string()
@@ -310,13 +341,7 @@ pub async fn list(
     for list in groups.values_mut() {
         list.sort();
     }
-    let body = json!({"result": true, "msg": "", "data": {"result": groups}});
-    let mut headers = HeaderMap::new();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    if truncated {
-        headers.insert(TRUNCATED_HEADER, HeaderValue::from(MAX_LISTED));
-    }
-    entered.refresh((headers, body.to_string()))
+    groups
 }
 
 /// Every object below `prefix` (which ends in `/`), as paths relative to it, at most
@@ -376,40 +401,71 @@ fn glob_pattern(glob: &str) -> Result<Vec<&str>, Refusal> {
             escape_untrusted(glob)
         )));
     }
-    let segments: Vec<&str> = glob
+    let mut segments: Vec<&str> = glob
         .split('/')
         .filter(|s| !s.is_empty() && *s != ".")
         .collect();
+    // Consecutive `**` match what one does.
+    segments.dedup_by(|a, b| *a == "**" && *b == "**");
+    let dirs_only = glob.ends_with('/');
     if glob.starts_with('/') || segments.contains(&"..") || segments.is_empty() {
         return Err(bad(format!(
             "Invalid glob filter: {}. It must be a relative path and cannot contain '..'.",
             escape_untrusted(glob)
         )));
     }
+    if dirs_only {
+        // A trailing `/` matches directories only, as `pathlib` does.
+        segments.push("");
+    }
     Ok(segments)
 }
 
-/// Whether `path` (a file, or a directory with `is_dir`) matches the glob's segments; a
-/// glob ending in `**` matches directories only, as `pathlib` does.
+/// Whether `path` (a file, or a directory with `is_dir`; `""` the logs directory itself)
+/// matches the glob's segments; a glob ending in `**` or `/` matches directories only, as
+/// `pathlib` does.
 fn glob_matches(pattern: &[&str], path: &str, is_dir: bool) -> bool {
-    if pattern.last() == Some(&"**") && !is_dir {
+    let (pattern, dirs_only) = match pattern.split_last() {
+        Some((&"", rest)) => (rest, true),
+        _ => (pattern, pattern.last() == Some(&"**")),
+    };
+    if dirs_only && !is_dir {
         return false;
     }
-    let parts: Vec<&str> = path.split('/').collect();
+    let parts: Vec<&str> = if path.is_empty() {
+        Vec::new()
+    } else {
+        path.split('/').collect()
+    };
     segments_match(pattern, &parts)
 }
 
+/// Whether the segments match the path's parts: `**` matches any number of parts (none
+/// too). Dynamic programming over (segment, part) pairs, so a glob of many `**` costs
+/// O(segments × depth) and never backtracks exponentially.
 fn segments_match(pattern: &[&str], parts: &[&str]) -> bool {
-    match pattern.split_first() {
-        None => parts.is_empty(),
-        Some((&"**", rest)) => (0..=parts.len()).any(|skip| segments_match(rest, &parts[skip..])),
-        Some((p, rest)) => match parts.split_first() {
-            Some((name, more)) => {
-                name_matches(p.as_bytes(), name.as_bytes()) && segments_match(rest, more)
+    let n = parts.len();
+    // `next[j]`: whether the pattern's remaining segments (after the current one) match
+    // `parts[j..]`; computed from the last segment back to the first.
+    let mut next = vec![false; n + 1];
+    next[n] = true;
+    for p in pattern.iter().rev() {
+        let mut cur = vec![false; n + 1];
+        if *p == "**" {
+            // cur[j] = any k >= j with next[k]
+            let mut any = false;
+            for j in (0..=n).rev() {
+                any |= next[j];
+                cur[j] = any;
             }
-            None => false,
-        },
+        } else {
+            for j in 0..n {
+                cur[j] = next[j + 1] && name_matches(p.as_bytes(), parts[j].as_bytes());
+            }
+        }
+        next = cur;
     }
+    next[0]
 }
 
 /// `fnmatch` of one segment: `*`, `?`, `[...]` (`[!...]` negated, `a-z` ranges), case
@@ -740,14 +796,18 @@ async fn task_target(
     drop(index);
     // The fold reads the whole session again (keeping this task's log offsets only): on a
     // blocking thread of its own, like a session's load, at most MAX_TASK_LOG_FOLDS at once.
-    let _permit = state
+    // The permit moves into the blocking closure: a client that hangs up drops this future,
+    // not the fold, so the permit must live as long as the fold does.
+    let permit = state
         .task_log_folds
-        .acquire()
+        .clone()
+        .acquire_owned()
         .await
         .map_err(|_| Refusal(StatusCode::SERVICE_UNAVAILABLE, "shutting down".into()))?;
     let (bucket, marker, task_hex) = (state.bucket.clone(), entered.session.clone(), id.clone());
     let runtime = tokio::runtime::Handle::current();
     let target = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
         runtime.block_on(task_log_target(
             &bucket, &marker, &task_hex, attempt, stream,
         ))
@@ -982,12 +1042,30 @@ mod tests {
         assert!(m("**/*.log", "events/event_GCS.log", false));
         assert!(m("**/*.log", "monitor.log", false));
         assert!(m("**", "events", true) && !m("**", "raylet.out", false));
+        assert!(m("**", "", true) && m("**/", "", true) && !m("*", "", true));
+        assert!(m("events/", "events", true) && !m("raylet.out/", "raylet.out", false));
+        assert!(m("*/", "events", true) && !m("*/", "raylet.out", false));
         assert!(m("[rg]*.out", "raylet.out", false) && !m("[!rg]*.out", "raylet.out", false));
         assert!(m("a[.out", "a[.out", false));
         assert!(!m("*.OUT", "raylet.out", false));
         for g in ["/etc/*", "../x", "a/../b", ""] {
             assert!(glob_pattern(g).is_err(), "{g}");
         }
+    }
+
+    #[test]
+    fn many_double_stars_cost_little() {
+        // Before: every `**` backtracked over every part, exponentially.
+        let glob = format!("{}zzz", "**/".repeat(1_000));
+        let pattern = glob_pattern(&glob).unwrap();
+        assert_eq!(pattern, ["**", "zzz"]);
+        let many: Vec<&str> = std::iter::repeat_n("**", 1_000).chain(["zzz"]).collect();
+        let path = vec!["a"; 64].join("/");
+        let started = std::time::Instant::now();
+        assert!(!glob_matches(&many, &path, false));
+        assert!(!glob_matches(&pattern, &path, false));
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        assert!(glob_matches(&many, "a/b/zzz", false));
     }
 
     #[test]

@@ -99,7 +99,7 @@ pub(crate) struct ServeState {
     pub(crate) reads: Semaphore,
     /// Permits to fold a session again for one task's log offsets
     /// ([`MAX_TASK_LOG_FOLDS`]).
-    pub(crate) task_log_folds: Semaphore,
+    pub(crate) task_log_folds: Arc<Semaphore>,
     /// The loaded sessions' indexes.
     pub(crate) cache: Arc<cache::SessionCache>,
     /// Ray's dashboard frontend (`--dashboard-dir`), if given.
@@ -322,7 +322,7 @@ pub async fn run(args: ServeArgs, env: &dyn Fn(&str) -> Option<String>) -> anyho
     let state = Arc::new(ServeState {
         bucket: Arc::new(bucket),
         reads: Semaphore::new(MAX_CONCURRENT_READS),
-        task_log_folds: Semaphore::new(MAX_TASK_LOG_FOLDS),
+        task_log_folds: Arc::new(Semaphore::new(MAX_TASK_LOG_FOLDS)),
         cache: Arc::new(cache::SessionCache::new(args.cache_bytes)),
         frontend,
         answers: inflight::budget(),
