@@ -18,9 +18,9 @@
 //! 4. one idle between requests, its answers all out, that has never posted events
 //!    (probes, scrapers, anything else), the one idle longest first;
 //! 5. one idle between requests that has posted events, the one idle longest first;
-//! 6. one that has not sent a whole request head yet, however young, the oldest first: a
-//!    real client sends its head within milliseconds of connecting, so it is the newest of
-//!    them and keeps its place, while connections that send nothing (a flood of them, 500 a
+//! 6. one that has not sent a whole request head yet and is at least [`HEAD_GRACE`] (100 ms)
+//!    old, the oldest first: a real client sends its head within milliseconds of connecting,
+//!    so it keeps its place, while connections that send nothing (a flood of them, 500 a
 //!    second on each listener: review r39h D1) take each other's places instead of
 //!    refusing Ray's and the probe's;
 //! 7. one whose request has been waiting for its answer (its body complete: Ray's batch
@@ -78,6 +78,10 @@ pub(super) const MAX_LEAVING: usize = 64;
 /// A connection that has not sent a whole request head after this long may be closed to
 /// make room.
 pub(super) const STALLED_AFTER: Duration = Duration::from_secs(2);
+/// A connection that has sent no whole head gives way to a newcomer only once it is this old
+/// ([`Eviction::NoRequestYet`]): long enough for any real client on the node to send its head,
+/// short enough that places free at 2,720 a second against a flood of silent connections.
+pub(super) const HEAD_GRACE: Duration = Duration::from_millis(100);
 /// A connection whose answer has waited this long for the client to read it (the kernel's
 /// socket buffers full, the rest in ours) is not reading: a client on loopback or on the pod
 /// network reads a probe's or a scrape's answer (tens of KB) within milliseconds.
@@ -284,10 +288,13 @@ impl Slot {
                 Some((Eviction::NoRequest, self.opened))
             }
             BODY if self.pace.behind(now) => Some((Eviction::StalledBody, since)),
-            // No head yet, however young: it has nothing in flight, and a real client sends
-            // its head within milliseconds, so it is the newest silent one and the last of
-            // them to go.
-            NEW => Some((Eviction::NoRequestYet, self.opened)),
+            // No head yet past [`HEAD_GRACE`]: it has nothing in flight, and a real client
+            // sends its head within milliseconds. Not younger: a burst of reconnecting clients
+            // otherwise evicted Ray's own connection in the milliseconds before its head was
+            // read (tests/hostile_input.rs, the stalling-bodies lockout: reset after 16 ms).
+            NEW if now.duration_since(self.opened) >= HEAD_GRACE => {
+                Some((Eviction::NoRequestYet, self.opened))
+            }
             // A reserved place serves one request and is never kept idle.
             _ if self.reserved => None,
             // An answer on its way out: the connection is not idle yet.
@@ -656,10 +663,11 @@ mod tests {
         );
     }
 
-    /// Connections that send nothing take each other's places at once, the oldest first,
-    /// however young; one that sent its head keeps its place, and idle ones go before them.
+    /// Connections that send nothing take each other's places once [`HEAD_GRACE`] old, the
+    /// oldest first, well before [`STALLED_AFTER`]; one that sent its head keeps its place,
+    /// and idle ones go before them.
     #[tokio::test(start_paused = true)]
-    async fn connections_with_no_head_give_way_oldest_first_however_young() {
+    async fn connections_with_no_head_give_way_oldest_first_after_their_grace() {
         let conns = Connections::new();
         let mut open = Vec::new();
         for _ in 0..MAX_CONNECTIONS {
@@ -683,6 +691,8 @@ mod tests {
         // A flood of them: each newcomer takes the oldest silent place, never the request's.
         let mut flood = vec![a, b, c];
         for _ in 0..2 * MAX_CONNECTIONS {
+            // Each silent newcomer gives way once it is HEAD_GRACE old.
+            tokio::time::advance(HEAD_GRACE).await;
             flood.push(conns.admit().expect("admitted by eviction"));
             flood.retain(|f| chosen(f).is_none());
             open.retain(|o| chosen(o).is_none());
