@@ -27,6 +27,10 @@ No cluster is needed. In order:
    build from it, through the checks of 3 and 4.
 6. examples/docker-compose/compose.yaml: the same wiring between its services.
 7. image tags and the chart's appVersion match Cargo.toml's version.
+8. the chart's history server (historyServer.enabled): `serve` with flags of its table in
+   docs/configuration.md, listening on the port its probes (/livez, /readz) and Service use,
+   a writable TMPDIR, and an init container whose Python copies the ray wheel's dashboard
+   (run here against the test venv's ray).
 
 Extra arguments are more manifest files to check (e.g. KubeRay's ray-cluster chart
 rendered with the snippet). Prints every check; exits 1 if any failed.
@@ -124,6 +128,15 @@ def known_flags():
     flags = set(re.findall(r"^\| `--([a-z0-9-]+)` \|", page, re.M))
     if len(flags) < 10:
         raise SystemExit("check_deploy: could not read the flag table from docs/configuration.md")
+    return flags
+
+
+def known_serve_flags():
+    """Long flags of `serve`, from docs/configuration.md's `serve` table (rows `| serve `--flag` |`)."""
+    page = (REPO / "docs" / "configuration.md").read_text()
+    flags = set(re.findall(r"^\| serve `--([a-z0-9-]+)` \|", page, re.M))
+    if len(flags) < 3:
+        raise SystemExit("check_deploy: could not read serve's flag table from docs/configuration.md")
     return flags
 
 
@@ -437,6 +450,80 @@ def check_wiring(doc, flags, report, where):
     for path, template, role in ray_pod_templates(doc):
         report.check(f"{where}: {obj_name(doc)} {path}: collector sidecar wiring",
                      check_ray_pod(template, role=role, flags=flags, owner=owner))
+
+
+def check_history_server(doc, serve_flags, dashboard_build):
+    """Problems of the chart's history-server Deployment: it runs `serve` with flags that
+    exist, listens on all addresses at the port its probes and Service use, has a writable
+    TMPDIR on a read-only root, and its dashboard init container's Python copies a real ray
+    wheel's built dashboard (run here against the test venv's ray, into a temp dir)."""
+    problems = []
+    spec = ((doc.get("spec") or {}).get("template") or {}).get("spec") or {}
+    containers = spec.get("containers") or []
+    if len(containers) != 1:
+        return [f"{len(containers)} containers, expected 1"]
+    c = containers[0]
+    args = c.get("args") or []
+    if not args or args[0] != "serve":
+        return [f"args {args!r} do not start with serve"]
+    values = {}
+    for a in args[1:]:
+        m = re.match(r"^--([a-z0-9-]+)(?:=(.*))?$", a)
+        if not m:
+            problems.append(f"argument {a!r} is not --flag=value")
+            continue
+        if m[1] not in serve_flags:
+            problems.append(f"--{m[1]} is not a flag of serve (docs/configuration.md)")
+        values[m[1]] = m[2]
+    listen = values.get("listen") or ""
+    ports = {p.get("name"): p.get("containerPort") for p in c.get("ports") or []}
+    if not listen.startswith("0.0.0.0:") or str(ports.get("http")) != listen.rsplit(":", 1)[-1]:
+        problems.append(f"--listen {listen!r} is not 0.0.0.0 at containerPort http ({ports.get('http')})")
+    for probe, path in (("livenessProbe", "/livez"), ("readinessProbe", "/readz")):
+        get = (c.get(probe) or {}).get("httpGet") or {}
+        if get.get("path") != path or get.get("port") != "http":
+            problems.append(f"{probe} is {get!r}, expected {path} on port http")
+    env = env_map(c)
+    mounts = {m.get("mountPath"): m.get("name") for m in c.get("volumeMounts") or []}
+    volumes = {v.get("name"): v for v in spec.get("volumes") or []}
+    tmpdir = env_value(env, "TMPDIR")
+    if (c.get("securityContext") or {}).get("readOnlyRootFilesystem"):
+        if tmpdir not in mounts or "emptyDir" not in volumes.get(mounts.get(tmpdir), {}):
+            problems.append(f"TMPDIR {tmpdir!r} is not an emptyDir on a read-only root (spill files)")
+    dash = values.get("dashboard-dir")
+    inits = spec.get("initContainers") or []
+    if dash is not None:
+        copier = [i for i in inits if any(m.get("mountPath") == "/dashboard" for m in i.get("volumeMounts") or [])]
+        if not copier or not dash.startswith("/dashboard/"):
+            problems.append(f"--dashboard-dir {dash!r} but no init container fills /dashboard")
+        else:
+            cmd = copier[0].get("command") or []
+            if cmd[:2] != ["python", "-c"] or len(cmd) != 3:
+                problems.append(f"the dashboard init container runs {cmd!r}, expected python -c <code>")
+            elif dashboard_build is not None:
+                problems += dashboard_build(cmd[2], dash)
+    elif inits:
+        problems.append("init containers without --dashboard-dir")
+    return problems
+
+
+def dashboard_copy_check():
+    """A function that runs the init container's Python (with /dashboard mapped to a temp
+    dir) in the test venv, which has the ray wheel, and checks index.html arrives where
+    --dashboard-dir points; None without RHC_PYTHON."""
+    python = os.environ.get("RHC_PYTHON")
+    if not python:
+        return None
+
+    def run(code, dashboard_dir):
+        with tempfile.TemporaryDirectory(prefix="rhc-dashboard.") as tmp:
+            p = subprocess.run([python, "-c", code.replace("'/dashboard/", f"'{tmp}/")],
+                               capture_output=True, text=True, timeout=120)
+            if p.returncode != 0:
+                return [f"the init container's python failed: {p.stderr.strip()[-500:]}"]
+            index = Path(tmp) / Path(dashboard_dir).relative_to("/dashboard") / "index.html"
+            return [] if index.is_file() else [f"no index.html at {dashboard_dir} after the copy"]
+    return run
 
 
 # ------------------------------------------------------------------ sources of objects
@@ -787,6 +874,18 @@ def main():
     for where, docs in sources:
         for doc in docs:
             check_wiring(doc, flags, report, where)
+
+    report.section("the chart's history server (serve)")
+    serve_flags, copier = known_serve_flags(), dashboard_copy_check()
+    found = 0
+    for where, docs in sources:
+        for doc in docs:
+            if doc.get("kind") == "Deployment" and where.startswith("chart["):
+                found += 1
+                report.check(f"{where}: {obj_name(doc)}: serve's flags, port, probes, TMPDIR, dashboard copy",
+                             check_history_server(doc, serve_flags, copier))
+    report.check(f"the history server is rendered by the ci values that enable it ({found} found)",
+                 [] if found >= 2 else ["expected the Deployment of ci/history-server-values.yaml and ci/minio-values.yaml"])
 
     report.section(f"KubeRay ray-cluster chart snippet ({rel(KUBERAY_SNIPPET)})")
     snippet = yaml.safe_load(KUBERAY_SNIPPET.read_text())

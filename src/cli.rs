@@ -146,7 +146,7 @@ pub struct Cli {
 pub enum Command {
     /// Read back what collectors wrote to a bucket: clusters, sessions, jobs, tasks, Train runs.
     Inspect(InspectArgs),
-    /// Serve a bucket over HTTP with KubeRay's history-server API (read-only; first slice).
+    /// Serve a bucket over HTTP with KubeRay's history-server API and Ray's dashboard (read-only).
     Serve(ServeArgs),
 }
 

@@ -33,7 +33,7 @@
 //!   builds a key.
 //! - [`storage`]: the object store backends (file, S3, GCS, Azure), streamed uploads, appends.
 //! - [`inspect`]: the read side, a post-mortem report from a bucket.
-//! - [`serve`]: the read side over HTTP, with KubeRay's history-server routes (first slice)
+//! - [`serve`]: the read side over HTTP, with KubeRay's history-server routes and Ray's dashboard
 //!   and, with `--dashboard-dir`, Ray's own dashboard frontend on a dead session.
 //! - [`metrics`]: the Prometheus names and the one place they are emitted from.
 //! - [`util`]: helpers shared by several paths (time formats, atomic files, watching, memory,

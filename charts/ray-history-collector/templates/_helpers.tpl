@@ -62,6 +62,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if lt $grace (add $timeout 10) }}
 {{- fail (printf "terminationGracePeriodSeconds (%d) must be at least collector.shutdownTimeoutSeconds (%d) + 10: Kubernetes stops the Ray container first and the collector after it, within the same grace period" $grace $timeout) }}
 {{- end }}
+{{- if and (eq .Values.kind "None") (not .Values.historyServer.enabled) }}
+{{- fail "kind: None renders no Ray object, so it needs historyServer.enabled: true (a release of the history server alone)" }}
+{{- end }}
 {{- if and (eq .Values.kind "RayJob") (not .Values.rayJob.entrypoint) }}
 {{- fail "rayJob.entrypoint is required with kind: RayJob" }}
 {{- end }}
@@ -314,4 +317,25 @@ workerGroupSpecs:
       {{- include "rhc.podTemplate" (dict "root" $root "group" . "role" (default "worker" .collectorRole) "name" "ray-worker") | nindent 6 }}
   {{- end }}
 {{- end }}
+{{- end }}
+
+{{/* The history server's Deployment and Service. */}}
+{{- define "rhc.historyServerName" -}}
+{{- printf "%s-history-server" (include "rhc.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "rhc.historyServerSelector" -}}
+app.kubernetes.io/name: {{ include "rhc.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: history-server
+{{- end }}
+
+{{/* Python run in ray.image: copies the ray wheel's built dashboard to /dashboard/build
+     without importing ray (find_spec only locates the package). */}}
+{{- define "rhc.copyDashboard" -}}
+import importlib.util, os, shutil
+ray = importlib.util.find_spec('ray').submodule_search_locations[0]
+src = os.path.join(ray, 'dashboard', 'client', 'build')
+shutil.copytree(src, '/dashboard/build', dirs_exist_ok=True)
+print('copied Ray dashboard from', src)
 {{- end }}
