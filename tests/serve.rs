@@ -1604,3 +1604,134 @@ fn task_events_of_the_wrong_types_are_counted_as_bad_lines() {
     // The good events still make their tasks: all six are defined or finished by one of them.
     assert_eq!(json_of(&r)["data"]["result"]["total"], 6);
 }
+
+/// A session's events as `(definition, lifecycle)` lines of tasks `from..to` (the shapes of
+/// `task_events_of_the_wrong_types_are_counted_as_bad_lines`).
+fn task_lines(session: &str, node: &[u8], from: u8, to: u8) -> String {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let job = b64(&[1, 0, 0, 0]);
+    (from..to)
+        .flat_map(|i| {
+            let mut id = vec![0, 0, 0, i, 0, 0, 0, 0];
+            id.extend([0xff; 12]);
+            id.extend([1, 0, 0, 0]);
+            let id = b64(&id);
+            [
+                json!({"eventId": format!("d{i}"), "eventType": "TASK_DEFINITION_EVENT",
+                    "timestamp": "2026-11-22T05:00:01Z", "sessionName": session,
+                    "taskDefinitionEvent": {"taskId": id, "taskAttempt": 0, "jobId": job,
+                        "taskType": "NORMAL_TASK", "taskName": format!("t{i}")}}),
+                json!({"eventId": format!("l{i}"), "eventType": "TASK_LIFECYCLE_EVENT",
+                    "timestamp": "2026-11-22T05:00:02Z", "sessionName": session,
+                    "taskLifecycleEvent": {"taskId": id, "taskAttempt": 0, "jobId": job,
+                        "nodeId": b64(node), "workerPid": 7,
+                        "stateTransitions": [{"state": "FINISHED",
+                            "timestamp": "2026-11-22T05:00:02Z"}]}}),
+            ]
+        })
+        .map(|e| format!("{e}\n"))
+        .collect()
+}
+
+/// Issue 36, live sessions: a loaded session whose objects change (an object added, one
+/// grown in place as the collector's upload window grows them) is loaded again in the
+/// background after a request finds its last look old enough, and answers with the new
+/// tasks; one that does not change is only listed, never reloaded; `/enter_cluster?reload=true`
+/// reloads at once.
+#[test]
+fn a_live_session_is_followed_by_listing_and_reload_true_reloads_at_once() {
+    const SESSION: &str = "session_2026-11-22_05-00-00_000000_1";
+    let node: Vec<u8> = (1..=28).collect();
+    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    hand_bucket(&bucket, SESSION, &[]);
+    let dir = bucket
+        .join("cluster-history/raycluster/default/c1")
+        .join(SESSION)
+        .join(&node_hex)
+        .join("node_events");
+    std::fs::create_dir_all(&dir).unwrap();
+    let first = dir.join(format!("{node_hex}-2026-11-22-05-1.jsonl"));
+    std::fs::write(&first, task_lines(SESSION, &node, 1, 4)).unwrap();
+    let total = |s: &Serve| {
+        let r = get_loaded(s, "/api/v0/tasks?limit=100", &cookies_for(SESSION));
+        assert_eq!(r.status, 200, "{}", body(&r));
+        json_of(&r)["data"]["result"]["total"].as_u64().unwrap()
+    };
+    let until_total = |s: &Serve, want: u64| {
+        let started = std::time::Instant::now();
+        loop {
+            let got = total(s);
+            if got == want {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "total {got}, want {want} after 30 s\n{}",
+                s.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+
+    // 1. Followed by listing (a look every 300 ms here, 15 s by default).
+    let s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve.log"),
+        &[],
+        &[("RHC_TEST_SERVE_RECHECK_MS", "300")],
+    );
+    assert_eq!(total(&s), 3);
+    // Unchanged: looks, no reload.
+    std::thread::sleep(Duration::from_millis(400));
+    total(&s);
+    std::thread::sleep(Duration::from_millis(400));
+    total(&s);
+    let started = std::time::Instant::now();
+    while metric(&s, "rhc_serve_session_checks_total") < 1 {
+        assert!(started.elapsed() < Duration::from_secs(10), "no look");
+        std::thread::sleep(Duration::from_millis(100));
+        total(&s);
+    }
+    assert_eq!(metric(&s, "rhc_serve_session_reloads_total"), 0);
+    // An object added.
+    std::fs::write(
+        dir.join(format!("{node_hex}-2026-11-22-05-2.jsonl")),
+        task_lines(SESSION, &node, 4, 6),
+    )
+    .unwrap();
+    until_total(&s, 5);
+    // An object grown in place.
+    let mut grown = std::fs::read_to_string(&first).unwrap();
+    grown.push_str(&task_lines(SESSION, &node, 6, 8));
+    std::fs::write(&first, grown).unwrap();
+    until_total(&s, 7);
+    assert!(metric(&s, "rhc_serve_session_reloads_total") >= 2);
+    drop(s);
+
+    // 2. reload=true, with the default 15 s between looks: the change is seen at once.
+    let s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve2.log"),
+        &[],
+        &[],
+    );
+    assert_eq!(total(&s), 7);
+    std::fs::write(
+        dir.join(format!("{node_hex}-2026-11-22-05-3.jsonl")),
+        task_lines(SESSION, &node, 8, 9),
+    )
+    .unwrap();
+    assert_eq!(total(&s), 7, "no look before 15 s");
+    let r = get(
+        &s,
+        &format!("/enter_cluster/default/raycluster/{CLUSTER}/{SESSION}?reload=true"),
+        &[],
+        200,
+    );
+    assert_eq!(json_of(&r)["session"], SESSION);
+    assert_eq!(total(&s), 8);
+    assert_eq!(metric(&s, "rhc_serve_session_reloads_total"), 1);
+}

@@ -249,11 +249,12 @@ use report::{
 };
 pub(crate) use session::task_log_target;
 pub use session::{
-    latest_session, open_bucket, session_facts, session_markers, session_nodes, ActorFacts,
-    JobFacts, NodeFacts, OpenBucket, SessionFacts, SessionMarker, TaskView,
+    events_signature, latest_session, open_bucket, session_facts, session_markers, session_nodes,
+    ActorFacts, JobFacts, NodeFacts, OpenBucket, SessionFacts, SessionMarker, TaskView,
 };
 use task::{AttemptKey, Symbols, TaskState, TaskStore};
 use values::format_time_json;
+pub use walk::EventsSignature;
 use walk::{list_partition, list_report, walk_node, NodeListing, PartitionListing, Stream};
 
 /// Objects listed or read at once: enough to hide request latency, small enough to be polite

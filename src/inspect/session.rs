@@ -13,6 +13,7 @@ use super::discover::{self, choose_session, discover, ClusterId};
 use super::filter::Filter;
 use super::report::Problems;
 use super::task::{self, TaskStore};
+use super::walk::{self, EventsSignature};
 use super::{local, s3, session_report, InspectArgs, InspectError};
 use crate::storage::{Backend, StorageSpec};
 
@@ -309,6 +310,23 @@ pub struct SessionFacts {
     pub bad_lines: u64,
     /// Entries of the bucket skipped (links, special files, names no key can hold).
     pub skipped_entries: u64,
+}
+
+/// What `marker`'s session's event objects and snapshots are now (see [`EventsSignature`]):
+/// `serve` compares it with the one taken before a load to tell whether the session changed
+/// since, without reading an object.
+pub async fn events_signature(
+    bucket: &OpenBucket,
+    marker: &SessionMarker,
+) -> anyhow::Result<EventsSignature> {
+    let prefix = object_store::path::Path::from(format!(
+        "{}/{}",
+        marker.history_prefix(&bucket.spec.root),
+        marker.session
+    ));
+    walk::events_signature(&bucket.store, &prefix)
+        .await
+        .map_err(|e| anyhow::anyhow!(e))
 }
 
 /// Reads and folds `marker`'s session as `inspect --session` does (every object of it,

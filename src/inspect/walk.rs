@@ -308,3 +308,102 @@ pub(super) async fn list_partition(
     }
     listing
 }
+
+/// What a session's event objects and snapshots are at one moment: how many, their bytes,
+/// and a hash of every key with its size and version (ETag, else its modification time).
+/// Two signatures differ when an object was added, removed, replaced or grew (our
+/// collector's objects grow in place within its upload window); logs are not part of it
+/// (`serve` reads them from the bucket on each request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventsSignature {
+    /// Event objects and snapshots listed.
+    pub objects: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    hash: u64,
+}
+
+/// Lists what [`EventsSignature`] covers under `session_prefix` (`P/<session>`): the node
+/// directories, each node's `node_events/` and the partitions of its `job_events/` and
+/// `export_events/`, and `fetched_endpoints/`, with delimiter listings (a node's logs are
+/// never listed), [`READ_CONCURRENCY`] at a time. Any listing that fails fails the whole:
+/// the caller cannot tell then whether the session changed.
+pub(super) async fn events_signature(
+    store: &Arc<dyn ObjectStore>,
+    session_prefix: &ObjectPath,
+) -> Result<EventsSignature, String> {
+    let list = |dir: ObjectPath| async move {
+        store
+            .list_with_delimiter(Some(&dir))
+            .await
+            .map_err(|e| format!("listing {dir}/ failed: {}", store_error(&e)))
+    };
+    let top = list(session_prefix.clone()).await?;
+    // Directories whose objects count, and directories of partitions whose objects count.
+    let mut object_dirs = Vec::new();
+    let mut node_dirs = Vec::new();
+    for dir in top.common_prefixes {
+        if dir.filename() == Some(FETCHED_ENDPOINTS_DIR) {
+            object_dirs.push(dir);
+        } else {
+            node_dirs.push(dir);
+        }
+    }
+    let nodes: Vec<_> = futures::stream::iter(node_dirs)
+        .map(&list)
+        .buffer_unordered(READ_CONCURRENCY)
+        .collect()
+        .await;
+    let mut partition_parents = Vec::new();
+    for node in nodes {
+        for sub in node?.common_prefixes {
+            match sub.filename().unwrap_or_default() {
+                NODE_EVENTS_DIR => object_dirs.push(sub),
+                JOB_EVENTS_DIR | EXPORT_EVENTS_DIR => partition_parents.push(sub),
+                _ => {}
+            }
+        }
+    }
+    let parents: Vec<_> = futures::stream::iter(partition_parents)
+        .map(&list)
+        .buffer_unordered(READ_CONCURRENCY)
+        .collect()
+        .await;
+    for parent in parents {
+        object_dirs.extend(parent?.common_prefixes);
+    }
+    let listings: Vec<_> = futures::stream::iter(object_dirs)
+        .map(list)
+        .buffer_unordered(READ_CONCURRENCY)
+        .collect()
+        .await;
+    let mut entries = Vec::new();
+    for listing in listings {
+        for meta in listing?.objects {
+            let version = match meta.e_tag {
+                Some(tag) => tag,
+                None => meta
+                    .last_modified
+                    .timestamp_nanos_opt()
+                    .unwrap_or(0)
+                    .to_string(),
+            };
+            entries.push((meta.location.to_string(), meta.size, version));
+        }
+    }
+    entries.sort_unstable();
+    let mut hasher = xxhash_rust::xxh3::Xxh3Default::new();
+    let mut bytes = 0u64;
+    for (key, size, version) in &entries {
+        bytes += size;
+        for part in [key.as_bytes(), &size.to_le_bytes(), version.as_bytes()] {
+            hasher.update(&(part.len() as u64).to_le_bytes());
+            hasher.update(part);
+        }
+    }
+    Ok(EventsSignature {
+        objects: entries.len() as u64,
+        bytes,
+        hash: hasher.digest(),
+    })
+}

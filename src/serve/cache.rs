@@ -16,6 +16,15 @@
 //!   until the cache holds at most `--cache-bytes` (the one just loaded is kept, even
 //!   alone over the budget: it is being asked for). A failed load is not kept: the next
 //!   request tries again.
+//! - **Live sessions are followed.** Before a load folds a session, it lists what the index
+//!   is built from ([`events_signature`]: the event objects and snapshots, not the logs,
+//!   which are read on each request). A request about a loaded session whose last look is
+//!   [`RECHECK_AFTER`] old (or 20 times the last listing's time, if longer) lists them again
+//!   in the background; when anything was added, removed or grew, the session is loaded again
+//!   in the background and the new index replaces the old one when it is done. Meanwhile,
+//!   and when the reload fails, the old index answers. `/enter_cluster?reload=true` reloads
+//!   at once. A session that no longer changes (its cluster is gone) costs one listing per
+//!   [`RECHECK_AFTER`] while someone reads it, and nothing otherwise: no timer re-reads it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,7 +34,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, Semaphore};
 
 use super::index::{IndexBuilder, SessionIndex};
-use crate::inspect::{session_facts, OpenBucket, SessionMarker};
+use crate::inspect::{events_signature, session_facts, EventsSignature, OpenBucket, SessionMarker};
 
 /// Sessions loaded at once: a load uses a core (the fold) and up to ~128 MiB of fold state
 /// besides the index it builds.
@@ -34,8 +43,31 @@ pub const MAX_CONCURRENT_LOADS: usize = 2;
 pub const LOAD_WAIT: Duration = Duration::from_secs(25);
 /// Set (to `true`) on the `503` of a request that stopped waiting for its session's load.
 pub const LOADING_HEADER: &str = "x-rhc-session-loading";
+/// How old the last look at a loaded session's objects may be before a request about it
+/// starts another (in the background).
+pub const RECHECK_AFTER: Duration = Duration::from_secs(15);
+/// A look at a session's objects waits at least this many times as long as the last one
+/// took, so a session of many nodes is not listed all the time.
+const RECHECK_FACTOR: u32 = 20;
+/// Test only: [`RECHECK_AFTER`] in milliseconds, so a test sees a live session followed in
+/// a second. Not a setting.
+pub const TEST_RECHECK_MS: &str = "RHC_TEST_SERVE_RECHECK_MS";
+
+/// [`RECHECK_AFTER`], or the test's ([`TEST_RECHECK_MS`]).
+fn recheck_after() -> Duration {
+    static AFTER: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *AFTER.get_or_init(|| {
+        std::env::var(TEST_RECHECK_MS)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(RECHECK_AFTER, Duration::from_millis)
+    })
+}
 
 type Loaded = Result<Arc<SessionIndex>, Arc<String>>;
+
+/// A load's outcome, with the signature of the objects it read (when their listing worked).
+type Built = (Loaded, Option<EventsSignature>);
 
 enum Entry {
     Loading(watch::Receiver<Option<Loaded>>),
@@ -43,6 +75,14 @@ enum Entry {
         index: Arc<SessionIndex>,
         bytes: u64,
         last_used: u64,
+        /// What the index was built from (`None`: unknown, the next look reloads).
+        signature: Option<EventsSignature>,
+        /// When its objects were last looked at, and how long that took.
+        checked: Instant,
+        check_took: Duration,
+        /// A look or a reload is running; it sends its outcome here (`/enter_cluster?reload=true`
+        /// waits on it).
+        refreshing: Option<watch::Receiver<Option<Loaded>>>,
     },
 }
 
@@ -60,6 +100,9 @@ pub struct CacheStats {
     pub joined_loads: AtomicU64,
     pub hits: AtomicU64,
     pub evictions: AtomicU64,
+    /// Looks at a loaded session's objects, and reloads they started (or `reload=true` did).
+    pub checks: AtomicU64,
+    pub reloads: AtomicU64,
 }
 
 pub struct SessionCache {
@@ -119,11 +162,24 @@ impl SessionCache {
         let tick = inner.tick;
         match inner.entries.get_mut(&key) {
             Some(Entry::Ready {
-                index, last_used, ..
+                index,
+                last_used,
+                signature,
+                checked,
+                check_took,
+                refreshing,
+                ..
             }) => {
                 *last_used = tick;
                 self.stats.hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(index.clone());
+                let index = index.clone();
+                let due = (*check_took * RECHECK_FACTOR).max(recheck_after());
+                if refreshing.is_none() && checked.elapsed() >= due {
+                    let (tx, rx) = watch::channel(None);
+                    *refreshing = Some(rx);
+                    self.spawn_refresh(key, bucket, marker, *signature, false, tx);
+                }
+                return Ok(index);
             }
             Some(Entry::Loading(rx)) => {
                 self.stats.joined_loads.fetch_add(1, Ordering::Relaxed);
@@ -139,11 +195,133 @@ impl SessionCache {
         self.stats.loads.fetch_add(1, Ordering::Relaxed);
         let (cache, bucket, marker) = (self.clone(), bucket.clone(), marker.clone());
         tokio::spawn(async move {
-            let loaded = cache.load(bucket, marker).await;
-            cache.settle(&key, &loaded);
+            let (loaded, signature) = cache.load(bucket, marker).await;
+            cache.settle(&key, &loaded, signature);
             let _ = tx.send(Some(loaded));
         });
         Err(rx)
+    }
+
+    /// Looks at the session's objects (unless `force`) and reloads it when they changed or
+    /// `force`; the outcome (the index that answers now) goes to `tx`.
+    fn spawn_refresh(
+        self: &Arc<Self>,
+        key: String,
+        bucket: &Arc<OpenBucket>,
+        marker: &SessionMarker,
+        old: Option<EventsSignature>,
+        force: bool,
+        tx: watch::Sender<Option<Loaded>>,
+    ) {
+        let (cache, bucket, marker) = (self.clone(), bucket.clone(), marker.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let changed = if force {
+                true
+            } else {
+                cache.stats.checks.fetch_add(1, Ordering::Relaxed);
+                match events_signature(&bucket, &marker).await {
+                    Ok(now) => old != Some(now),
+                    Err(e) => {
+                        // Cannot tell: the old index goes on answering, and the next look
+                        // comes after the usual wait.
+                        tracing::warn!(
+                            session = %crate::inspect::escape_untrusted(&marker.session),
+                            "looking whether the session changed failed: {}",
+                            crate::inspect::escape_message(&format!("{e:#}"))
+                        );
+                        false
+                    }
+                }
+            };
+            let took = started.elapsed();
+            if !changed {
+                let index = cache.checked(&key, took, None);
+                let _ = tx.send(index.map(Ok));
+                return;
+            }
+            cache.stats.reloads.fetch_add(1, Ordering::Relaxed);
+            let session = marker.session.clone();
+            let (loaded, signature) = cache.load(bucket, marker).await;
+            match &loaded {
+                Ok(index) => {
+                    tracing::info!(
+                        session = %crate::inspect::escape_untrusted(&session),
+                        forced = force,
+                        "session reloaded: its objects changed since its load"
+                    );
+                    cache.settle(&key, &Ok(index.clone()), signature);
+                    let _ = tx.send(Some(loaded));
+                }
+                Err(_) => {
+                    // The old index is kept and answers; the next look tries again.
+                    let index = cache.checked(&key, took, None);
+                    let _ = tx.send(index.map(Ok).or(Some(loaded)));
+                }
+            }
+        });
+    }
+
+    /// Marks a look at the session's objects done (`took` long): the entry's index, if it
+    /// is still held.
+    fn checked(
+        &self,
+        key: &str,
+        took: Duration,
+        signature: Option<EventsSignature>,
+    ) -> Option<Arc<SessionIndex>> {
+        let mut inner = self.lock();
+        match inner.entries.get_mut(key) {
+            Some(Entry::Ready {
+                index,
+                checked,
+                check_took,
+                refreshing,
+                signature: held,
+                ..
+            }) => {
+                *checked = Instant::now();
+                *check_took = took;
+                *refreshing = None;
+                if signature.is_some() {
+                    *held = signature;
+                }
+                Some(index.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// `/enter_cluster?reload=true`: loads the session again now, whether or not its objects
+    /// changed (a load is started if it is not loaded), and waits for it as [`Self::get`]
+    /// does; until the reload is done, other requests get the index held.
+    pub async fn reload(
+        self: &Arc<Self>,
+        bucket: &Arc<OpenBucket>,
+        marker: &SessionMarker,
+    ) -> Result<Arc<SessionIndex>, Unavailable> {
+        let key = key_of(bucket, marker);
+        let rx = {
+            let mut inner = self.lock();
+            match inner.entries.get_mut(&key) {
+                Some(Entry::Ready { refreshing, .. }) => match refreshing {
+                    // A look or a reload is running: its outcome is as fresh as asked.
+                    Some(rx) => Some(rx.clone()),
+                    None => {
+                        let (tx, rx) = watch::channel(None);
+                        *refreshing = Some(rx.clone());
+                        drop(inner);
+                        self.spawn_refresh(key, bucket, marker, None, true, tx);
+                        Some(rx)
+                    }
+                },
+                _ => None,
+            }
+        };
+        match rx {
+            Some(rx) => Self::wait(rx).await,
+            None => self.get(bucket, marker).await,
+        }
     }
 
     /// Starts the session's load if it is neither loaded nor loading (`/enter_cluster`).
@@ -157,10 +335,17 @@ impl SessionCache {
         bucket: &Arc<OpenBucket>,
         marker: &SessionMarker,
     ) -> Result<Arc<SessionIndex>, Unavailable> {
-        let mut rx = match self.lookup(bucket, marker) {
+        let rx = match self.lookup(bucket, marker) {
             Ok(index) => return Ok(index),
             Err(rx) => rx,
         };
+        Self::wait(rx).await
+    }
+
+    /// Waits for a load's outcome at most [`LOAD_WAIT`].
+    async fn wait(
+        mut rx: watch::Receiver<Option<Loaded>>,
+    ) -> Result<Arc<SessionIndex>, Unavailable> {
         let waited = tokio::time::timeout(LOAD_WAIT, rx.wait_for(Option::is_some)).await;
         match waited {
             Err(_) => Err(Unavailable::Loading),
@@ -176,11 +361,24 @@ impl SessionCache {
     }
 
     /// Reads and indexes one session.
-    async fn load(&self, bucket: Arc<OpenBucket>, marker: SessionMarker) -> Loaded {
+    async fn load(&self, bucket: Arc<OpenBucket>, marker: SessionMarker) -> Built {
         let Ok(_permit) = self.loads.clone().acquire_owned().await else {
-            return Err(Arc::new("the server is stopping".to_string()));
+            return (Err(Arc::new("the server is stopping".to_string())), None);
         };
         let started = Instant::now();
+        // Listed before the fold reads: an object written after this listing is seen by
+        // the next look (at worst one reload too many, never a change missed).
+        let signature = match events_signature(&bucket, &marker).await {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(
+                    session = %crate::inspect::escape_untrusted(&marker.session),
+                    "listing the session before its load failed (its next look reloads it): {}",
+                    crate::inspect::escape_message(&format!("{e:#}"))
+                );
+                None
+            }
+        };
         let runtime = tokio::runtime::Handle::current();
         let session = marker.session.clone();
         // The fold uses a core for seconds on a big session: a blocking thread of its own, so
@@ -214,11 +412,11 @@ impl SessionCache {
                 );
             }
         }
-        result
+        (result, signature)
     }
 
     /// Puts a finished load in the map (a failure: takes its entry out) and keeps the budget.
-    fn settle(&self, key: &str, loaded: &Loaded) {
+    fn settle(&self, key: &str, loaded: &Loaded, signature: Option<EventsSignature>) {
         let mut inner = self.lock();
         let index = match loaded {
             Ok(index) => index.clone(),
@@ -236,6 +434,10 @@ impl SessionCache {
                 index,
                 bytes,
                 last_used: tick,
+                signature,
+                checked: Instant::now(),
+                check_took: Duration::ZERO,
+                refreshing: None,
             },
         );
         loop {

@@ -209,6 +209,14 @@ fn redirect_target(query: Option<&str>) -> Result<Option<String>, String> {
     }
 }
 
+/// `reload=true` (or `1`) in the query: load the session again now (see `cache`).
+fn reload_asked(query: Option<&str>) -> bool {
+    query.is_some_and(|q| {
+        url::form_urlencoded::parse(q.as_bytes())
+            .any(|(k, v)| k == "reload" && (v == "true" || v == "1"))
+    })
+}
+
 /// `GET /enter_cluster/{namespace}/{kind}/{name}[?to=PATH]`: the latest session.
 pub async fn enter_latest(
     State(state): State<Shared>,
@@ -219,7 +227,8 @@ pub async fn enter_latest(
         Ok(t) => t,
         Err(m) => return (StatusCode::BAD_REQUEST, m).into_response(),
     };
-    enter(&state, &namespace, &kind, &name, "latest", to).await
+    let reload = reload_asked(query.as_deref());
+    enter(&state, &namespace, &kind, &name, "latest", to, reload).await
 }
 
 /// `GET /enter_cluster/{namespace}/{kind}/{name}/{session}[?to=PATH]`.
@@ -232,7 +241,8 @@ pub async fn enter_session(
         Ok(t) => t,
         Err(m) => return (StatusCode::BAD_REQUEST, m).into_response(),
     };
-    enter(&state, &namespace, &kind, &name, &session, to).await
+    let reload = reload_asked(query.as_deref());
+    enter(&state, &namespace, &kind, &name, &session, to, reload).await
 }
 
 async fn enter(
@@ -242,6 +252,7 @@ async fn enter(
     name: &str,
     session: &str,
     to: Option<String>,
+    reload: bool,
 ) -> Response {
     let kind_lower = kind.to_ascii_lowercase();
     if !["raycluster", "rayjob", "rayservice"].contains(&kind_lower.as_str()) {
@@ -305,7 +316,13 @@ async fn enter(
     });
     // The session's load starts now, so the page's first questions find it loading or
     // loaded (KubeRay's server loads here too, but inside the request, past its timeout).
-    state.cache.prefetch(&state.bucket, &chosen);
+    // With reload=true it is loaded again, and the answer waits for that (at most the
+    // cache's LOAD_WAIT; past it the reload goes on and the index held answers meanwhile).
+    if reload {
+        let _ = state.cache.reload(&state.bucket, &chosen).await;
+    } else {
+        state.cache.prefetch(&state.bucket, &chosen);
+    }
     let entered = Entered { session: chosen };
     match to {
         // 303: the browser follows with a GET, carrying the cookies just set.

@@ -260,6 +260,18 @@ async fn metrics(
             c.stats.evictions.load(Relaxed),
         ),
         (
+            "rhc_serve_session_checks_total",
+            "counter",
+            "Listings of a loaded session's objects, to tell whether it changed.",
+            c.stats.checks.load(Relaxed),
+        ),
+        (
+            "rhc_serve_session_reloads_total",
+            "counter",
+            "Loads of a session again: its objects changed, or reload=true.",
+            c.stats.reloads.load(Relaxed),
+        ),
+        (
             "rhc_serve_marker_listings_total",
             "counter",
             "Listings of the session markers (one serves the requests of 5 s).",
