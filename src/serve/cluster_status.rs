@@ -1,6 +1,6 @@
 //! `/api/cluster_status` and `/api/cluster_status?format=1`: the autoscaler's status of a
 //! dead session, rebuilt from what its nodes left in the bucket, for the dashboard's Overview
-//! and Cluster pages (which ask only for `format=1`) and for clients of Ray's API.
+//! and job pages (which ask only for `format=1`) and for clients of Ray's API.
 //!
 //! A live Ray answers from what its autoscaler wrote into the GCS; a dead cluster has no GCS,
 //! so, as KubeRay's history server does, the status is rebuilt from each node's last
