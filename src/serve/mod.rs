@@ -37,8 +37,10 @@
 //! # Routes (this slice)
 //!
 //! `/readz`, `/livez`, `/clusters`, `/enter_cluster/{namespace}/{kind}/{name}[/{session}]`,
-//! `/timezone`, `/api/v0/cluster_metadata`, and the catch-all `/api/{*path}` that replays a
-//! `fetched_endpoints` snapshot by KubeRay's key of the request URI (query included), with
+//! `/timezone`, `/api/v0/cluster_metadata`, `/api/cluster_status` (rebuilt from the nodes'
+//! `debug_state.txt` and the session's events, `cluster_status.rs`), and the catch-all
+//! `/api/{*path}` that replays a `fetched_endpoints` snapshot by KubeRay's key of the
+//! request URI (query included), with
 //! KubeRay's empty answers when a known snapshot is missing (`replay.rs`); `/api/jobs/` and
 //! `/api/v0/tasks` from `inspect`'s fold of the session's events (`session.rs`);
 //! `/api/grafana_health` and `/api/prometheus_health` answer KubeRay's `501`;
@@ -51,6 +53,7 @@
 
 mod actors;
 mod cache;
+mod cluster_status;
 mod clusters;
 mod connection;
 mod cookies;
@@ -108,6 +111,8 @@ pub(crate) struct ServeState {
     pub(crate) answers: Arc<Semaphore>,
     /// The session markers, listed once for concurrent requests.
     pub(crate) markers: clusters::MarkerListing,
+    /// The sessions' cluster statuses, rebuilt from their nodes' debug states.
+    pub(crate) cluster_status: cluster_status::StatusCache,
 }
 
 pub(crate) type Shared = Arc<ServeState>;
@@ -131,6 +136,7 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/timezone", get(replay::timezone))
         .route("/timezone/", get(replay::timezone))
         .route("/api/v0/cluster_metadata", get(replay::cluster_metadata))
+        .route("/api/cluster_status", get(cluster_status::cluster_status))
         .route("/api/jobs/", get(session::jobs))
         .route("/api/jobs", get(session::jobs))
         .route("/api/jobs/{job_id}", get(session::job))
@@ -339,6 +345,7 @@ pub async fn run(args: ServeArgs, env: &dyn Fn(&str) -> Option<String>) -> anyho
         frontend,
         answers: inflight::budget(),
         markers: clusters::MarkerListing::default(),
+        cluster_status: cluster_status::StatusCache::default(),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
