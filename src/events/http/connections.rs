@@ -601,12 +601,9 @@ impl Connections {
         })
     }
 
-    /// What becomes of a just-accepted connection, decided at once: a place ([`admit`]:
-    /// free, made by choosing a connection to give way, or reserved) if one can be had and
-    /// nobody waits for one before it; else a turn in the waiting room if it has room; else
-    /// refused.
-    ///
-    /// [`admit`]: Connections::admit
+    /// What becomes of a just-accepted connection, decided at once: a place (free, made by
+    /// choosing a connection to give way, or reserved) if one can be had and nobody waits
+    /// for one before it; else a turn in the waiting room if it has room; else refused.
     pub(super) fn arrive(self: &Arc<Self>) -> Arrival {
         let mut unsent = Vec::new();
         let mut live = lock(&self.live);
