@@ -38,8 +38,11 @@ pub const CONNECTIONS_CLOSED_STALLED: &str = "rhc_connections_closed_stalled_tot
 /// Connections closed at the connection cap to make room, by reason (the stalled ones
 /// are also counted in [`CONNECTIONS_CLOSED_STALLED`]).
 pub const CONNECTIONS_EVICTED: &str = "rhc_connections_evicted_total";
-/// New connections closed at once: every place, reserved and leaving one was taken.
+/// New connections closed without being served: every place, reserved, leaving and waiting
+/// one was taken, or none could be had within their wait.
 pub const CONNECTIONS_REFUSED: &str = "rhc_connections_refused_total";
+/// New connections that found no place at once and waited for one.
+pub const CONNECTIONS_WAITED: &str = "rhc_connections_waited_total";
 /// Request bodies cut (`408`) because they fell behind their pace while another body waited
 /// for the memory they held.
 pub const STALLED_BODIES_CUT: &str = "rhc_stalled_bodies_cut_total";
@@ -142,6 +145,7 @@ pub fn install(compressor: &'static str) -> anyhow::Result<PrometheusHandle> {
     counter!(INVALID_BODIES_NOT_KEPT).absolute(0);
     counter!(CONNECTIONS_CLOSED_STALLED).absolute(0);
     counter!(CONNECTIONS_REFUSED).absolute(0);
+    counter!(CONNECTIONS_WAITED).absolute(0);
     for c in ["stored", "files", "claimed", "uncopied"] {
         counter!(SPOOL_ACCOUNTING_ERRORS, "counter" => c).absolute(0);
     }
@@ -245,6 +249,10 @@ pub(crate) fn connection_evicted(reason: &'static str) {
 
 pub(crate) fn connection_refused() {
     counter!(CONNECTIONS_REFUSED).increment(1);
+}
+
+pub(crate) fn connection_waited() {
+    counter!(CONNECTIONS_WAITED).increment(1);
 }
 
 /// `n` bodies that fell behind their pace were cut to give their room to one that waited.

@@ -1,10 +1,10 @@
 //! The connection cap, and which connection gives way when it is reached.
 //!
 //! At most [`MAX_CONNECTIONS`] connections are served at once, and the accept loop never
-//! waits for a place: a new connection is always admitted or refused at once, so one more
-//! client can never stall the listener (Ray's publisher and the kubelet's probe included).
-//! At the cap, a new connection takes the place of the least useful open one, chosen in
-//! this order:
+//! waits for a place: what becomes of a new connection is decided at once ([`Arrival`]), so
+//! one more client can never stall the listener (Ray's publisher and the kubelet's probe
+//! included). At the cap, a new connection takes the place of the least useful open one,
+//! chosen in this order:
 //!
 //! 1. one whose answer has waited [`UNREAD_AFTER`] for the client to read it (the socket's
 //!    buffers are full: a client that pipelines requests and never reads its answers); it
@@ -32,9 +32,11 @@
 //! at [`MIN_BODY_RATE`](super::body::MIN_BODY_RATE)): pipelining restarts nothing, since a head whose body stalls is the
 //! least useful thing open, and a client reconnecting after being cut takes the place of
 //! another stalled one, not of a complete request. The grace is short so that clients that
-//! stall in step (all heads at once, every body late) leave no window in which nothing can
-//! give way: measured with 256 such connections and 16 holding the reserved places, a
-//! one-second grace still refused Ray's connection in 2 of 20 tries. An idle connection is closed gracefully (a request that arrives
+//! stall in step (all heads at once, every body late) leave only a short window in which
+//! nothing can give way (measured with 256 such connections and 16 holding the reserved
+//! places, a one-second grace refused Ray's connection in 2 of 20 tries, and this one still
+//! in about 1 of 6 runs of eight tries each): a newcomer in that window waits for a place
+//! (below). An idle connection is closed gracefully (a request that arrives
 //! meanwhile is answered, within [`LEAVE_GRACE`], and cut as soon as that answer has waited
 //! [`UNREAD_AFTER`] to be read); the others are cut. A connection that has been chosen keeps
 //! its socket until it has gone, so up to [`MAX_LEAVING`] more may be open; since none of
@@ -47,12 +49,31 @@
 //! `GET /healthz`, `/readyz` or `POST /v1/events`, then closed; its body must arrive within
 //! [`RESERVED_BODY_TIMEOUT`] (the caller's deadline), and a reserved place that has sent no head
 //! or whose body stalls gives way like a regular one (to a new
-//! connection that then takes the reserved place). Past that too it is closed at once,
-//! which a client sees as a refusal rather than a hang. So sockets held by the HTTP side are bounded by
-//! [`MAX_CONNECTIONS`] + [`RESERVED`] + [`MAX_LEAVING`] whatever the clients do.
+//! connection that then takes the reserved place).
+//!
+//! Past that too, the new connection waits for a place, in a waiting room of
+//! [`MAX_WAITING`], rather than being closed: cheap clients that all stall in step (256
+//! connections each sending a head whose body is due a little later, 16 more holding the
+//! reserved places with heads, all at the same instant) leave a moment in which every place
+//! holds a head whose body is not late yet, and a connection closed then (Ray's, the
+//! probe's) is a refusal its client counts as a failure; a moment later those places can
+//! give way. The waiting ones are seated the first come first, ahead of any newer
+//! connection, as soon as a place is freed or can be made: looked at on every change that can
+//! make one (a connection gone, gone idle, its answers out) and every [`SEAT_CHECK`] for what
+//! time makes (a body falling behind its pace, a head past its grace). None holds a socket
+//! for longer than [`MAX_WAIT`], which is longer than every grace after which a place held by
+//! a cheap client gives way and short enough that Ray still gets its answer within its 3 s:
+//! one that got no place by then is closed, as is a new connection that finds the waiting
+//! room full. So a new connection is closed only when no place was freed or could give way for
+//! [`MAX_WAIT`] (every place busy with bodies that kept arriving or with complete requests
+//! younger than 3 s, or [`MAX_LEAVING`] connections still leaving), or when [`MAX_WAITING`]
+//! others wait already; and sockets held by the HTTP side are bounded by
+//! [`MAX_CONNECTIONS`] + [`RESERVED`] + [`MAX_LEAVING`] + [`MAX_WAITING`] (400) whatever the
+//! clients do, the waiting ones holding nothing but their socket (their heads stay in the
+//! kernel's buffer until they are seated).
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -62,7 +83,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 use super::body::Pace;
@@ -99,6 +120,19 @@ pub(super) const STALE_REQUEST_AFTER: Duration = Duration::from_secs(3);
 /// How long an idle connection chosen to give way may take to answer a request that
 /// arrived just as it was chosen.
 pub(super) const LEAVE_GRACE: Duration = Duration::from_secs(3);
+/// New connections that may wait for a place at once ([`Arrival::Waiting`]), beyond the
+/// cap: each holds a socket and nothing else (its head stays in the kernel's buffer).
+pub(super) const MAX_WAITING: usize = 64;
+/// How long a new connection waits for a place before it is closed: what the clients that
+/// matter can spare (Ray's agent gives a request 3 s, the chart's liveness probe 5 s), and
+/// longer than every grace after which a place held by a cheap client gives way
+/// ([`HEAD_GRACE`], [`BODY_GRACE`](super::body::BODY_GRACE), [`UNREAD_AFTER`],
+/// [`RESERVED_BODY_TIMEOUT`]).
+pub(super) const MAX_WAIT: Duration = Duration::from_millis(1500);
+/// How often the waiting connections look for a place that time has made able to give way
+/// (a body fallen behind its pace, a head past its grace); a place freed or a connection
+/// gone idle is looked at as it happens.
+pub(super) const SEAT_CHECK: Duration = Duration::from_millis(50);
 
 const NEW: u8 = 0;
 /// A head arrived; its body is being read.
@@ -178,6 +212,26 @@ pub(super) struct Slot {
     /// Told when a pipelined request's earlier answers went unread for [`UNREAD_AFTER`]:
     /// the connection is cut ([`Slot::cut`]).
     cut: Notify,
+    /// Told when this connection may have become able to give way.
+    usher: Arc<Usher>,
+}
+
+/// What the places tell the connections waiting for one: that one may have been freed, or
+/// may give way now.
+#[derive(Default)]
+struct Usher {
+    /// Connections waiting (as of the last change of the queue): nobody is told anything
+    /// while it is 0.
+    waiting: AtomicUsize,
+    changed: Notify,
+}
+
+impl Usher {
+    fn poke(&self) {
+        if self.waiting.load(Ordering::Relaxed) > 0 {
+            self.changed.notify_one();
+        }
+    }
 }
 
 impl Slot {
@@ -213,6 +267,7 @@ impl Slot {
         self.pace.paused();
         self.since_ms.store(self.now_ms(), Ordering::Relaxed);
         self.state.store(IDLE, Ordering::Release);
+        self.usher.poke();
     }
 
     /// A write found the socket's buffer full: an answer waits for the client to read.
@@ -233,6 +288,7 @@ impl Slot {
     fn flushed(&self) {
         if self.unflushed_ms.load(Ordering::Relaxed) != 0 {
             self.unflushed_ms.store(0, Ordering::Relaxed);
+            self.usher.poke();
         }
     }
 
@@ -453,6 +509,14 @@ struct Live {
     reserved: usize,
     /// Chosen to give way, still open.
     leaving: usize,
+    /// New connections waiting for a place, the first come first.
+    waiting: VecDeque<Waiter>,
+}
+
+/// A new connection waiting for a place: its place is sent to it.
+struct Waiter {
+    ticket: u64,
+    seat: oneshot::Sender<Admitted>,
 }
 
 /// The open connections.
@@ -460,6 +524,7 @@ pub(super) struct Connections {
     live: Mutex<Live>,
     next_id: AtomicU64,
     epoch: Instant,
+    usher: Arc<Usher>,
 }
 
 /// A connection's place; dropping it frees the place.
@@ -484,6 +549,45 @@ impl Drop for Admitted {
         } else {
             live.regular -= 1;
         }
+        drop(live);
+        self.connections.usher.poke();
+    }
+}
+
+/// What becomes of a just-accepted connection.
+pub(super) enum Arrival {
+    /// It has a place.
+    Seated(Admitted),
+    /// No place could be had at once: it waits for one, at most [`MAX_WAIT`].
+    Waiting(Waiting),
+    /// No place, and [`MAX_WAITING`] connections wait already: it is closed at once.
+    Refused,
+}
+
+/// A new connection waiting for a place; dropping it gives up its turn.
+pub(super) struct Waiting {
+    ticket: u64,
+    seat: oneshot::Receiver<Admitted>,
+    until: Instant,
+    connections: Arc<Connections>,
+}
+
+impl Waiting {
+    /// Its place, once one is free or can be made (the first come, the first seated), or
+    /// `None` after [`MAX_WAIT`]: the connection is then closed.
+    pub(super) async fn seated(&mut self) -> Option<Admitted> {
+        match tokio::time::timeout_at(self.until, &mut self.seat).await {
+            Ok(seat) => seat.ok(),
+            // Out of the queue under its lock, or already handed a place (sent under it).
+            Err(_) if self.connections.leave_queue(self.ticket) => None,
+            Err(_) => self.seat.try_recv().ok(),
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.connections.leave_queue(self.ticket);
     }
 }
 
@@ -493,28 +597,124 @@ impl Connections {
             live: Mutex::new(Live::default()),
             next_id: AtomicU64::new(0),
             epoch: Instant::now(),
+            usher: Arc::new(Usher::default()),
         })
     }
 
-    /// A place for a just-accepted connection, at once: a free one, one made by choosing a
-    /// connection to give way, or one from the reserve; `None` if the connection must be
-    /// closed.
-    pub(super) fn admit(self: &Arc<Self>) -> Option<Admitted> {
+    /// What becomes of a just-accepted connection, decided at once: a place (free, made by
+    /// choosing a connection to give way, or reserved) if one can be had and nobody waits
+    /// for one before it; else a turn in the waiting room if it has room; else refused.
+    pub(super) fn arrive(self: &Arc<Self>) -> Arrival {
+        let mut unsent = Vec::new();
         let mut live = lock(&self.live);
+        self.seat_waiting_locked(&mut live, &mut unsent);
+        let arrival = if live.waiting.is_empty() {
+            self.place(&mut live).map(Arrival::Seated)
+        } else {
+            None
+        };
+        let arrival = arrival.unwrap_or_else(|| {
+            if live.waiting.len() >= MAX_WAITING {
+                return Arrival::Refused;
+            }
+            let ticket = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = oneshot::channel();
+            live.waiting.push_back(Waiter { ticket, seat: tx });
+            self.usher
+                .waiting
+                .store(live.waiting.len(), Ordering::Relaxed);
+            Arrival::Waiting(Waiting {
+                ticket,
+                seat: rx,
+                until: Instant::now() + MAX_WAIT,
+                connections: self.clone(),
+            })
+        });
+        drop(live);
+        // Places whose connection gave up waiting as they were handed over: freed here,
+        // outside the lock.
+        drop(unsent);
+        arrival
+    }
+
+    /// Gives the waiting connections, the first come first, the places that can be had now.
+    pub(super) fn seat_waiting(self: &Arc<Self>) {
+        let mut unsent = Vec::new();
+        let mut live = lock(&self.live);
+        self.seat_waiting_locked(&mut live, &mut unsent);
+        drop(live);
+        drop(unsent);
+    }
+
+    /// Resolves when the waiting connections should look for a place again: something
+    /// changed (a place freed, a connection gone idle), or [`SEAT_CHECK`] passed while one
+    /// waits; never while nobody waits and nothing changed.
+    pub(super) async fn seat_due(&self) {
+        if self.usher.waiting.load(Ordering::Relaxed) == 0 {
+            self.usher.changed.notified().await;
+        } else {
+            let _ = tokio::time::timeout(SEAT_CHECK, self.usher.changed.notified()).await;
+        }
+    }
+
+    /// Hands places to waiting connections while there are some to be had; the places
+    /// whose connection gave up meanwhile go to `unsent`, to be dropped once the lock is
+    /// released.
+    fn seat_waiting_locked(self: &Arc<Self>, live: &mut Live, unsent: &mut Vec<Admitted>) {
+        while let Some(first) = live.waiting.front() {
+            if first.seat.is_closed() {
+                live.waiting.pop_front();
+                continue;
+            }
+            let Some(admitted) = self.place(live) else {
+                break;
+            };
+            if let Some(first) = live.waiting.pop_front() {
+                if let Err(admitted) = first.seat.send(admitted) {
+                    unsent.push(admitted);
+                }
+            }
+        }
+        self.usher
+            .waiting
+            .store(live.waiting.len(), Ordering::Relaxed);
+    }
+
+    /// Takes a connection out of the waiting room; whether it was still in it.
+    fn leave_queue(&self, ticket: u64) -> bool {
+        let mut live = lock(&self.live);
+        let before = live.waiting.len();
+        live.waiting.retain(|w| w.ticket != ticket);
+        self.usher
+            .waiting
+            .store(live.waiting.len(), Ordering::Relaxed);
+        live.waiting.len() < before
+    }
+
+    /// A place for a just-accepted connection, at once, ahead of any that wait: a free one,
+    /// one made by choosing a connection to give way, or one from the reserve; `None` if
+    /// there is none.
+    #[cfg(test)]
+    fn admit(self: &Arc<Self>) -> Option<Admitted> {
+        let mut live = lock(&self.live);
+        self.place(&mut live)
+    }
+
+    fn place(self: &Arc<Self>, live: &mut Live) -> Option<Admitted> {
         if live.slots.len() >= MAX_CONNECTIONS + RESERVED + MAX_LEAVING {
             return None;
         }
         if live.regular < MAX_CONNECTIONS {
-            return Some(self.register(&mut live, false, None));
+            return Some(self.register(live, false, None));
         }
         if live.leaving < MAX_LEAVING {
-            if let Some((why, reserved)) = Self::choose(&mut live) {
+            if let Some((why, reserved)) = Self::choose(live) {
                 // The newcomer takes the place, regular or reserved, that was given up.
-                return Some(self.register(&mut live, reserved, Some(why)));
+                return Some(self.register(live, reserved, Some(why)));
             }
         }
         if live.reserved < RESERVED {
-            return Some(self.register(&mut live, true, None));
+            return Some(self.register(live, true, None));
         }
         None
     }
@@ -539,6 +739,7 @@ impl Connections {
             chosen: Mutex::new(None),
             close: Notify::new(),
             cut: Notify::new(),
+            usher: self.usher.clone(),
         });
         live.slots.insert(id, slot.clone());
         if reserved {
@@ -743,6 +944,126 @@ mod tests {
             (live.slots.len(), live.regular, live.leaving, live.reserved),
             (0, 0, 0, 0)
         );
+    }
+
+    fn waiting(a: Arrival) -> Waiting {
+        match a {
+            Arrival::Waiting(w) => w,
+            Arrival::Seated(_) => panic!("seated at once"),
+            Arrival::Refused => panic!("refused"),
+        }
+    }
+
+    /// Every place, reserved ones too, holds a head whose body is not late yet: nothing can
+    /// give way at this instant, but something will within [`BODY_GRACE`](body::BODY_GRACE).
+    /// The newcomers wait rather than being closed, and are seated the first come first:
+    /// one as soon as a place is freed, the next once a body falls behind.
+    #[tokio::test(start_paused = true)]
+    async fn a_newcomer_with_no_place_waits_for_one_first_come_first() {
+        let conns = Connections::new();
+        let mut open = fill(&conns, MAX_CONNECTIONS);
+        let reserve = fill(&conns, RESERVED);
+        assert!(reserve.iter().all(|a| a.slot.reserved));
+        for a in open.iter().chain(&reserve) {
+            a.slot.request_started(true);
+        }
+        assert!(conns.admit().is_none(), "nothing can give way");
+        let mut first = waiting(conns.arrive());
+        let mut second = waiting(conns.arrive());
+        assert_eq!(conns.usher.waiting.load(Ordering::Relaxed), 2);
+        // A place freed: the first one gets it, and a newcomer does not jump the queue even
+        // before the waiting ones were told.
+        drop(open.pop());
+        let mut third = waiting(conns.arrive());
+        let a = tokio::time::timeout(Duration::ZERO, first.seated())
+            .await
+            .expect("seated at once")
+            .expect("a place");
+        assert!(!a.slot.reserved && a.evicted.is_none());
+        a.slot.request_started(true);
+        // Time makes a body late: the next one gets its place, by eviction.
+        conns.seat_waiting();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(1), second.seated())
+                .await
+                .is_err(),
+            "nothing can give way yet"
+        );
+        tokio::time::advance(body::BODY_GRACE).await;
+        conns.seat_waiting();
+        let b = second.seated().await.expect("a place");
+        assert_eq!(b.evicted, Some(Eviction::StalledBody));
+        let c = third.seated().await.expect("a place");
+        assert_eq!(c.evicted, Some(Eviction::StalledBody));
+        assert_eq!(conns.usher.waiting.load(Ordering::Relaxed), 0);
+        drop((a, b, c, first, second, third, open, reserve));
+        let live = lock(&conns.live);
+        assert_eq!(
+            (
+                live.slots.len(),
+                live.waiting.len(),
+                live.regular,
+                live.leaving,
+                live.reserved
+            ),
+            (0, 0, 0, 0, 0)
+        );
+    }
+
+    /// At most [`MAX_WAITING`] wait, each at most [`MAX_WAIT`]: past those a newcomer is
+    /// closed, and the wait of one that gave up leaves nothing behind.
+    #[tokio::test(start_paused = true)]
+    async fn the_waiting_room_is_bounded_in_count_and_time() {
+        let conns = Connections::new();
+        let open = fill(&conns, MAX_CONNECTIONS + RESERVED);
+        for a in &open {
+            a.slot.request_started(true);
+            a.slot.body_complete();
+        }
+        let mut waits: Vec<Waiting> = (0..MAX_WAITING).map(|_| waiting(conns.arrive())).collect();
+        assert!(matches!(conns.arrive(), Arrival::Refused));
+        // Complete requests younger than 3 s never give way: the waits end empty-handed.
+        let t = Instant::now();
+        assert!(waits[0].seated().await.is_none());
+        assert!(t.elapsed() >= MAX_WAIT && t.elapsed() < MAX_WAIT + SEAT_CHECK);
+        assert_eq!(conns.usher.waiting.load(Ordering::Relaxed), MAX_WAITING - 1);
+        // A wait given up (its task dropped) frees its turn.
+        waits.truncate(MAX_WAITING / 2);
+        assert_eq!(lock(&conns.live).waiting.len(), MAX_WAITING / 2 - 1);
+        // Sockets held: the places, the reserve, the leaving ones and the waiting room.
+        let held = {
+            let live = lock(&conns.live);
+            live.slots.len() + live.waiting.len()
+        };
+        assert!(held <= MAX_CONNECTIONS + RESERVED + MAX_LEAVING + MAX_WAITING);
+        drop(waits);
+        assert_eq!(conns.usher.waiting.load(Ordering::Relaxed), 0);
+        drop(open);
+    }
+
+    /// A connection that goes idle, or flushes its last answer, tells the waiting ones at
+    /// once: the accept loop's [`Connections::seat_due`] resolves before [`SEAT_CHECK`].
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_going_idle_wakes_the_waiting_ones() {
+        let conns = Connections::new();
+        let open = fill(&conns, MAX_CONNECTIONS + RESERVED);
+        for a in &open {
+            a.slot.request_started(false);
+        }
+        // Nobody waits: nothing to do, however long.
+        assert!(tokio::time::timeout(SEAT_CHECK * 10, conns.seat_due())
+            .await
+            .is_err());
+        let mut w = waiting(conns.arrive());
+        open[7].slot.request_ended();
+        let t = Instant::now();
+        conns.seat_due().await;
+        assert!(t.elapsed() < SEAT_CHECK);
+        conns.seat_waiting();
+        let a = w.seated().await.expect("a place");
+        assert_eq!(a.evicted, Some(Eviction::IdleNoEvents));
+        assert_eq!(chosen(&open[7]), Some(Eviction::IdleNoEvents));
+        drop((a, w, open));
     }
 
     #[tokio::test(start_paused = true)]

@@ -299,37 +299,70 @@ pub enum Routes {
 /// Accepts connections until the task is dropped.
 ///
 /// The loop never waits for a place: at the cap a new connection takes the place of the
-/// least useful open one, or one of the reserved places, or is closed at once (see
-/// [`connections`]). Each listener has its own places: scrapers on the read-only listener
-/// never take one from Ray.
+/// least useful open one, or one of the reserved places, or waits for one in a bounded
+/// waiting room, at most [`connections::MAX_WAIT`] (on a task of its own), or is closed at
+/// once when that is full (see [`connections`]). Between connections the loop hands the
+/// places that became free, or able to give way, to the connections waiting, the first come
+/// first. Each listener has its own places: scrapers on the read-only listener never take
+/// one from Ray.
 pub async fn serve(listener: TcpListener, state: Arc<IngestState>, routes: Routes) {
     let connections = Connections::new();
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                // EMFILE and friends: wait a little instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = connections.seat_due() => {
+                connections.seat_waiting();
                 continue;
             }
         };
-        let Some(admitted) = connections.admit() else {
-            m::connection_refused();
-            tracing::debug!(%peer, "closed a new connection at once: every place, reserved one and leaving one is taken");
-            continue;
+        let (stream, peer) = match accepted {
+            Ok(c) => c,
+            Err(e) => {
+                // EMFILE and friends: wait a little instead of spinning, still seating the
+                // connections that wait.
+                tracing::warn!(error = %e, "accept failed");
+                let pause = tokio::time::sleep(Duration::from_millis(100));
+                tokio::pin!(pause);
+                loop {
+                    tokio::select! {
+                        () = &mut pause => break,
+                        () = connections.seat_due() => connections.seat_waiting(),
+                    }
+                }
+                continue;
+            }
         };
-        if let Some(why) = admitted.evicted {
-            m::connection_evicted(why.code());
+        match connections.arrive() {
+            connections::Arrival::Seated(admitted) => {
+                tokio::spawn(serve_connection(
+                    stream,
+                    peer,
+                    admitted,
+                    state.clone(),
+                    routes,
+                ));
+            }
+            connections::Arrival::Waiting(mut waiting) => {
+                m::connection_waited();
+                let state = state.clone();
+                tokio::spawn(async move {
+                    match waiting.seated().await {
+                        Some(admitted) => {
+                            drop(waiting);
+                            serve_connection(stream, peer, admitted, state, routes).await;
+                        }
+                        None => {
+                            m::connection_refused();
+                            tracing::debug!(%peer, "closed a new connection: no place could be had within its wait");
+                        }
+                    }
+                });
+            }
+            connections::Arrival::Refused => {
+                m::connection_refused();
+                tracing::debug!(%peer, "closed a new connection at once: every place, reserved one, leaving one and waiting one is taken");
+            }
         }
-        let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_connection(
-            stream,
-            peer,
-            admitted,
-            state.clone(),
-            routes,
-        ));
     }
 }
 
@@ -341,6 +374,10 @@ async fn serve_connection(
     state: Arc<IngestState>,
     routes: Routes,
 ) {
+    if let Some(why) = admitted.evicted {
+        m::connection_evicted(why.code());
+    }
+    let _ = stream.set_nodelay(true);
     let slot = admitted.slot.clone();
     let reserved = slot.reserved;
     // Valid while the connection is served: `conn` below owns the stream and the service.
