@@ -726,7 +726,7 @@ impl LogShipper {
                     self.settle(&key, &path, result, &mut report);
                 }
                 None if until.is_some() => {
-                    if b.appending {
+                    if b.append_running() {
                         // Hanging or slow: the final flush sends it whole.
                         self.whole_only.insert(b.key.clone());
                     }
@@ -788,10 +788,13 @@ impl LogShipper {
                     let (key, path) = (b.key.clone(), b.path.clone());
                     self.settle(&key, &path, result, &mut report);
                 }
-            } else if b.appending {
+            } else if b.append_running() {
                 self.whole_only.insert(b.key.clone());
                 tracing::info!(path = %b.path.display(), "a log append still running at SIGTERM was cancelled; the final flush sends the file whole");
                 b.cancel().await;
+            } else if b.appending {
+                tracing::info!(path = %b.path.display(), "a log append the store completed is being checked against the file at SIGTERM; the final flush waits for the check, then sends what the file grew since");
+                running.push(b);
             } else {
                 tracing::info!(path = %b.path.display(), "a log upload still running at SIGTERM goes on; the final flush waits for it, then sends what the file grew since");
                 running.push(b);
