@@ -489,7 +489,12 @@ impl InFlight {
             appending: job.append_from.is_some(),
             stored: stored.clone(),
             progress: progress.clone(),
-            task: Some(tokio::spawn(sender.clone().send(job, progress, stored))),
+            // The bodies of its requests are counted into its progress as the HTTP
+            // client takes them (`storage::counted`, review r42h D3).
+            task: Some(tokio::spawn(crate::storage::counted::with_progress(
+                progress.clone(),
+                sender.clone().send(job, progress, stored),
+            ))),
         }
     }
 
