@@ -1074,9 +1074,12 @@ fn sigterm_during_an_appends_read_back_keeps_the_append() {
     rig.proxy.forget();
     append_to(&worker, &tagged_lines("G", 0, 2_000));
     // The append's completion answered: the lane reads the file back now.
-    wait_until("the append's completion", &c, Duration::from_secs(120), || {
-        completed(&rig)
-    });
+    wait_until(
+        "the append's completion",
+        &c,
+        Duration::from_secs(120),
+        || completed(&rig),
+    );
     append_to(&worker, &tagged_lines("H", 0, 2_000));
     let (status, took) = c.try_terminate(Duration::from_secs(60)).unwrap();
     let log = c.log_text();
@@ -1089,7 +1092,11 @@ fn sigterm_during_an_appends_read_back_keeps_the_append() {
         file.len(),
         tail(&log, 60)
     );
-    assert!(status.success(), "exit {status:?} after {took:?}\n{}", tail(&log, 60));
+    assert!(
+        status.success(),
+        "exit {status:?} after {took:?}\n{}",
+        tail(&log, 60)
+    );
     // Sent as appends: never whole after the first upload.
     let puts: Vec<_> = rig
         .proxy
@@ -1156,8 +1163,17 @@ fn a_slow_whole_put_at_the_flush_keeps_moving_and_lands() {
         file.len(),
         tail(&log, 60)
     );
-    assert!(status.success(), "exit {status:?} after {took:?}\n{}", tail(&log, 60));
-    assert_eq!(puts, 1, "the PUT was cut and sent again\n{}", tail(&log, 60));
+    assert!(
+        status.success(),
+        "exit {status:?} after {took:?}\n{}",
+        tail(&log, 60)
+    );
+    assert_eq!(
+        puts,
+        1,
+        "the PUT was cut and sent again\n{}",
+        tail(&log, 60)
+    );
 }
 
 /// A stopped whole PUT at the flush is still cut and sent again: the store takes its body
@@ -1201,7 +1217,11 @@ fn a_whole_put_whose_body_stops_at_the_flush_is_sent_again() {
         file.len(),
         tail(&log, 60)
     );
-    assert!(status.success(), "exit {status:?} after {took:?}\n{}", tail(&log, 60));
+    assert!(
+        status.success(),
+        "exit {status:?} after {took:?}\n{}",
+        tail(&log, 60)
+    );
 }
 
 /// The last `n` lines of `log`.

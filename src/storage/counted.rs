@@ -155,9 +155,8 @@ impl reqwest::dns::Resolve for Shuffled {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let host = name.as_str().to_string();
         Box::pin(async move {
-            let mut addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
-                .await?
-                .collect();
+            let mut addrs: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
             // A cheap shuffle: seeded by the clock, enough to spread connections.
             let mut seed = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

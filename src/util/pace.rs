@@ -52,10 +52,13 @@ impl Pacer {
 /// the store never answers), not one that is slow but going (a big file under a cap shared
 /// by several sends, a body streaming over a slow uplink). Time a send waits for its share
 /// of the cap is not a stop: the pacer says when it goes on. Nor is the time a request's
-/// body takes on the wire at [`MIN_BODY_RATE`] ([`Progress::sending`]): the HTTP client
-/// does not tell how much of a body the connection took, so a request carrying `n` bytes
-/// counts as moving for `n / MIN_BODY_RATE` after it began (review r42c D3: a 6.1 MB PUT
+/// body takes on the wire at [`MIN_BODY_RATE`] ([`Progress::sending`]): a client that does
+/// not count a body (object_store's own) says nothing until the answer, so a request
+/// carrying `n` bytes counts as moving for `n / MIN_BODY_RATE` after it began (review r42c D3: a 6.1 MB PUT
 /// at 30 to 100 kB/s was cut at the stall limit and restarted from byte 0 every round).
+/// The log lane's client also counts the bytes of a body as the connection takes them
+/// ([`Progress::took`], `storage::counted`): each moves the send, so [`Progress::last_moved`]
+/// sees a slow body moving and a stopped one stopped (review r42h D3).
 #[derive(Debug)]
 pub struct Progress {
     inner: Mutex<Moves>,
