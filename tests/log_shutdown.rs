@@ -1052,7 +1052,7 @@ fn sigterm_during_an_appends_read_back_keeps_the_append() {
             "--log-upload-interval",
             "2s",
             "--shutdown-timeout",
-            "40s",
+            "60s",
             "--upload-part-bytes",
             "64MiB",
         ],
@@ -1069,8 +1069,9 @@ fn sigterm_during_an_appends_read_back_keeps_the_append() {
         completed(&rig)
     });
     // From now on a whole upload of the file cannot finish in the shutdown budget (320 MiB at
-    // 4 MB/s: 84 s); an append of its new bytes can (moto takes seconds to copy 320 MiB).
-    rig.proxy.slow_body_reads(Some(4_000_000));
+    // 3 MB/s: 112 s); an append of its new bytes can (moto takes seconds, more on a loaded
+    // machine, to copy 320 MiB: the budget leaves room for two appends and read-backs).
+    rig.proxy.slow_body_reads(Some(3_000_000));
     rig.proxy.forget();
     append_to(&worker, &tagged_lines("G", 0, 2_000));
     // The append's completion answered: the lane reads the file back now.
@@ -1144,7 +1145,10 @@ fn a_slow_whole_put_at_the_flush_keeps_moving_and_lands() {
     wait_until("the first round", &c, Duration::from_secs(40), || {
         rig.object("raylet.out").is_some()
     });
-    std::fs::write(&worker, big("W", 20_000_000)).unwrap();
+    // Written whole before it appears, so that one PUT carries all of it.
+    let staged = tmp.path().join("worker.out");
+    std::fs::write(&staged, big("W", 20_000_000)).unwrap();
+    std::fs::rename(&staged, &worker).unwrap();
     rig.wait_arrived(&c, "PUT", &["worker.out"], Duration::from_secs(40));
     let (status, took) = c.try_terminate(Duration::from_secs(60)).unwrap();
     let log = c.log_text();
