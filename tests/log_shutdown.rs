@@ -1023,3 +1023,213 @@ fn a_slow_copy_at_the_flush_is_waited_for_not_abandoned() {
     );
     assert!(status.success(), "exit {status:?} after {took:?}\n{log}");
 }
+
+// Review r42h, after those fixes: SIGTERM while an append's read-back of a huge log runs;
+// a whole PUT slower than a quarter of the flush's budget at SIGTERM.
+
+/// r42h D1: since ledger v5, after every S3 append the lane reads the file's whole prefix
+/// back and checks its hash (an object must never mix two files). A SIGTERM during that
+/// read-back of a big log took the send for an append still running: cancelled, the file
+/// made whole-only, and the final flush could not upload the whole file in its budget: exit
+/// 3, and what the file grew since was not in the bucket, though the store's append had
+/// completed. Now a send whose store-side append has completed is no append running: its
+/// read-back finishes beside the flush, which then appends what the file grew since.
+#[test]
+fn sigterm_during_an_appends_read_back_keeps_the_append() {
+    let Some(rig) = S3Rig::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    let worker = logs.join("worker.out");
+    // Big enough that reading it back takes a while, even from the page cache.
+    std::fs::write(&worker, big("W", 320 << 20)).unwrap();
+    let mut c = rig.collector(
+        tmp.path(),
+        &ray,
+        &[
+            "--log-upload-interval",
+            "2s",
+            "--shutdown-timeout",
+            "60s",
+            "--upload-part-bytes",
+            "64MiB",
+        ],
+    );
+    let completed = |rig: &S3Rig| {
+        rig.proxy.seen().iter().any(|r| {
+            r.method == "POST"
+                && r.target.contains("worker.out")
+                && r.target.contains("uploadId")
+                && r.status == 200
+        })
+    };
+    wait_until("the first upload", &c, Duration::from_secs(180), || {
+        completed(&rig)
+    });
+    // From now on a whole upload of the file cannot finish in the shutdown budget (320 MiB at
+    // 3 MB/s: 112 s); an append of its new bytes can (moto takes seconds, more on a loaded
+    // machine, to copy 320 MiB: the budget leaves room for two appends and read-backs).
+    rig.proxy.slow_body_reads(Some(3_000_000));
+    rig.proxy.forget();
+    append_to(&worker, &tagged_lines("G", 0, 2_000));
+    // The append's completion answered: the lane reads the file back now.
+    wait_until(
+        "the append's completion",
+        &c,
+        Duration::from_secs(120),
+        || completed(&rig),
+    );
+    append_to(&worker, &tagged_lines("H", 0, 2_000));
+    let (status, took) = c.try_terminate(Duration::from_secs(60)).unwrap();
+    let log = c.log_text();
+    let file = std::fs::read(&worker).unwrap();
+    let object = rig.object("worker.out");
+    assert!(
+        object.as_ref() == Some(&file),
+        "worker.out: object {:?} bytes, file {} (exit {status:?} after {took:?})\n{}",
+        object.map(|o| o.len()),
+        file.len(),
+        tail(&log, 60)
+    );
+    assert!(
+        status.success(),
+        "exit {status:?} after {took:?}\n{}",
+        tail(&log, 60)
+    );
+    // Sent as appends: never whole after the first upload.
+    let puts: Vec<_> = rig
+        .proxy
+        .seen()
+        .into_iter()
+        .filter(|r| r.method == "PUT" && r.target.contains("worker.out") && !r.is_copy())
+        .map(|r| r.target)
+        .collect();
+    assert!(
+        puts.iter().all(|t| t.contains("uploadId")),
+        "worker.out went whole again: {puts:?}\n{}",
+        tail(&log, 60)
+    );
+}
+
+/// r42h D3: at the final flush, a whole upload with a body in flight was abandoned once
+/// nothing of it had ended for a quarter of the time left (5.75 s of the default 25 s): a
+/// body is not seen moving, so a 20 MB PUT over a 2 MB/s link was cut and restarted from
+/// byte 0 on every pass, never landed: exit 3, the object stale. The bytes the HTTP client
+/// takes of a request's body count as progress now: a body that keeps moving is cut only by
+/// the deadline, one that stops still is.
+#[test]
+fn a_slow_whole_put_at_the_flush_keeps_moving_and_lands() {
+    let Some(rig) = S3Rig::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    let worker = logs.join("worker.out");
+    // 20 MB in one PUT (parts of 32 MiB): 10 s over the proxy's 2 MB/s.
+    rig.proxy.slow_body_reads(Some(2_000_000));
+    let mut c = rig.collector(
+        tmp.path(),
+        &ray,
+        &[
+            "--log-upload-interval",
+            "2s",
+            "--shutdown-timeout",
+            "25s",
+            "--upload-part-bytes",
+            "32MiB",
+        ],
+    );
+    wait_until("the first round", &c, Duration::from_secs(40), || {
+        rig.object("raylet.out").is_some()
+    });
+    // Written whole before it appears, so that one PUT carries all of it.
+    let staged = tmp.path().join("worker.out");
+    std::fs::write(&staged, big("W", 20_000_000)).unwrap();
+    std::fs::rename(&staged, &worker).unwrap();
+    rig.wait_arrived(&c, "PUT", &["worker.out"], Duration::from_secs(40));
+    let (status, took) = c.try_terminate(Duration::from_secs(60)).unwrap();
+    let log = c.log_text();
+    let file = std::fs::read(&worker).unwrap();
+    let object = rig.object("worker.out");
+    let puts = rig
+        .proxy
+        .arrived()
+        .iter()
+        .filter(|(m, t)| m == "PUT" && t.contains("worker.out"))
+        .count();
+    assert!(
+        object.as_ref() == Some(&file),
+        "worker.out: object {:?} bytes, file {} (exit {status:?} after {took:?}, {puts} PUTs)\n{}",
+        object.map(|o| o.len()),
+        file.len(),
+        tail(&log, 60)
+    );
+    assert!(
+        status.success(),
+        "exit {status:?} after {took:?}\n{}",
+        tail(&log, 60)
+    );
+    assert_eq!(
+        puts,
+        1,
+        "the PUT was cut and sent again\n{}",
+        tail(&log, 60)
+    );
+}
+
+/// A stopped whole PUT at the flush is still cut and sent again: the store takes its body
+/// and never answers (r42g G1), here with a body that first moved for a while.
+#[test]
+fn a_whole_put_whose_body_stops_at_the_flush_is_sent_again() {
+    let Some(rig) = S3Rig::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    let worker = logs.join("worker.out");
+    let mut c = rig.collector(
+        tmp.path(),
+        &ray,
+        &["--log-upload-interval", "2s", "--shutdown-timeout", "20s"],
+    );
+    wait_until("the first round", &c, Duration::from_secs(40), || {
+        rig.object("raylet.out").is_some()
+    });
+    // The first PUT of worker.out: its body trickles in, then the store never answers.
+    rig.proxy.slow_body_reads(Some(1_000_000));
+    rig.proxy.add(
+        Rule::new(Fault::Hold(MAX_HOLD))
+            .method("PUT")
+            .target_contains("worker.out")
+            .times(1),
+    );
+    std::fs::write(&worker, big("W", 3_000_000)).unwrap();
+    rig.wait_arrived(&c, "PUT", &["worker.out"], Duration::from_secs(40));
+    rig.proxy.slow_body_reads(None);
+    let (status, took) = c.try_terminate(Duration::from_secs(60)).unwrap();
+    let log = c.log_text();
+    let file = std::fs::read(&worker).unwrap();
+    let object = rig.object("worker.out");
+    assert!(
+        object.as_ref() == Some(&file),
+        "worker.out: object {:?} bytes, file {} (exit {status:?} after {took:?})\n{}",
+        object.map(|o| o.len()),
+        file.len(),
+        tail(&log, 60)
+    );
+    assert!(
+        status.success(),
+        "exit {status:?} after {took:?}\n{}",
+        tail(&log, 60)
+    );
+}
+
+/// The last `n` lines of `log`.
+fn tail(log: &str, n: usize) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

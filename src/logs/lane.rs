@@ -44,6 +44,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -55,7 +56,7 @@ use super::ledger::LedgerEntry;
 use super::scan::LogFile;
 use crate::metrics as m;
 use crate::storage::append::{AppendError, Appender};
-use crate::storage::put::{put_file_prefix, read_marks, FileMarks, UploadError};
+use crate::storage::put::{put_file_prefix, read_marks_watched, FileMarks, UploadError};
 use crate::util::pace::{Flow, Pacer, Progress};
 use crate::util::time::unix_seconds;
 
@@ -222,6 +223,7 @@ impl Sender {
         self: Arc<Self>,
         job: Job,
         progress: Arc<Progress>,
+        stored: Arc<AtomicBool>,
     ) -> Result<Sent, SendError> {
         let Job {
             key,
@@ -257,12 +259,24 @@ impl Sender {
             .ok_or(());
             match appended {
                 Ok(Ok(done)) => {
+                    // The store's append has completed: what runs now is local (the
+                    // read-back below, or the whole upload after it), no append to cancel
+                    // at SIGTERM (review r42h D1).
+                    stored.store(true, Ordering::SeqCst);
                     self.gate().succeeded(&key);
                     // Counted as it happens, not when the lane takes the result.
                     m::log_file_uploaded(done.bytes, true);
                     m::log_bytes_read(done.bytes);
                     let to = from + done.bytes;
-                    match appended_entry(&f, from, to, ino, done.e_tag, full, done.tail).await {
+                    let check = Appended {
+                        from,
+                        size: to,
+                        ino,
+                        e_tag: done.e_tag,
+                        full,
+                        tail: done.tail,
+                    };
+                    match appended_entry(&f, check, &progress).await {
                         Some(entry) => return Ok((entry, done.bytes, true)),
                         None => {
                             // The object may now hold the old file's bytes and the new
@@ -364,36 +378,65 @@ impl Sender {
     }
 }
 
-/// The ledger entry after an append of `f`'s bytes from `from` to `size`, or `None` when
-/// the file no longer holds exactly the object's bytes: the first `from` bytes must hash to
-/// `full` (the ledger's hash of every byte of the object before the append) and the next
-/// ones to `tail` (the hash of the bytes appended, as they were read for it), or the file
-/// was truncated and rewritten in place (or replaced at its name) while the append ran, and
-/// the object now mixes two files' bytes.
+/// What an append put in the bucket, to check against the file ([`appended_entry`]).
+struct Appended {
+    /// The object's size before the append.
+    from: u64,
+    /// Its size after.
+    size: u64,
+    ino: u64,
+    e_tag: Option<String>,
+    /// The ledger's hash of every byte of the object before the append.
+    full: Option<u64>,
+    /// The hash of the bytes appended, as they were read for it.
+    tail: Option<u64>,
+}
+
+/// The ledger entry after an append of `f`'s bytes from `a.from` to `a.size`, or `None`
+/// when the file no longer holds exactly the object's bytes: the first `from` bytes must
+/// hash to `full` (the ledger's hash of every byte of the object before the append) and the
+/// next ones to `tail` (the hash of the bytes appended, as they were read for it), or the
+/// file was truncated and rewritten in place (or replaced at its name) while the append
+/// ran, and the object now mixes two files' bytes.
 ///
 /// The check is sound whatever part of the file the rewrite kept (review r42g G5: a check
 /// of the first 64 KiB missed a rewrite that kept them), and costs one sequential read of
 /// the file's first `size` bytes per append (local, hashed at memory speed; only the new
 /// bytes cross the network). The entry's hashes come from that same read: a rewrite after
 /// it is told by the next round. Without `full` or `tail` (not known) it is `None`.
-async fn appended_entry(
-    f: &LogFile,
-    from: u64,
-    size: u64,
-    ino: u64,
-    e_tag: Option<String>,
-    full: Option<u64>,
-    tail: Option<u64>,
-) -> Option<LedgerEntry> {
-    let (full, tail) = (full?, tail?);
+///
+/// Every piece read is progress of the send (`progress`): a read-back of a huge log that
+/// outlasts a share of the final flush's budget is not taken for a stuck send (review
+/// r42h D1). Dropped unfinished (the send cancelled), the read stops at its next piece.
+async fn appended_entry(f: &LogFile, a: Appended, progress: &Arc<Progress>) -> Option<LedgerEntry> {
+    let (full, tail) = (a.full?, a.tail?);
     let file = f.file.clone();
-    let read = tokio::task::spawn_blocking(move || read_marks(&file, from, size)).await;
+    let (from, size) = (a.from, a.size);
+    let stop = StopOnDrop(Arc::new(AtomicBool::new(false)));
+    let (stopped, watched) = (stop.0.clone(), progress.clone());
+    let read = tokio::task::spawn_blocking(move || {
+        read_marks_watched(&file, from, size, &|| {
+            watched.moved();
+            !stopped.load(Ordering::SeqCst)
+        })
+    })
+    .await;
+    drop(stop);
     m::log_bytes_read(size);
     match read {
         Ok(Ok(Some(marks))) if marks.before == full && marks.after == tail => {
-            Some(entry_for(f, size, ino, e_tag, marks.all))
+            Some(entry_for(f, size, a.ino, a.e_tag, marks.all))
         }
         _ => None,
+    }
+}
+
+/// Sets its flag when dropped: tells a blocking read that nobody waits for it any more.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
     }
 }
 
@@ -427,6 +470,9 @@ pub(super) struct InFlight {
     pub(super) path: PathBuf,
     /// It was an append when it started.
     pub(super) appending: bool,
+    /// Its append has completed at the store: what is left is local (the read-back of
+    /// the file, [`appended_entry`]) or a whole upload.
+    stored: Arc<AtomicBool>,
     /// When it last moved (see [`Progress`]).
     progress: Arc<Progress>,
     task: Option<JoinHandle<Result<Sent, SendError>>>,
@@ -436,13 +482,30 @@ impl InFlight {
     /// Starts `job` on the runtime.
     pub(super) fn start(sender: &Arc<Sender>, job: Job) -> InFlight {
         let progress = Arc::new(Progress::new());
+        let stored = Arc::new(AtomicBool::new(false));
         InFlight {
             key: job.key.clone(),
             path: job.file.abs.clone(),
             appending: job.append_from.is_some(),
+            stored: stored.clone(),
             progress: progress.clone(),
-            task: Some(tokio::spawn(sender.clone().send(job, progress))),
+            // The bodies of its requests are counted into its progress as the HTTP
+            // client takes them (`storage::counted`, review r42h D3).
+            task: Some(tokio::spawn(crate::storage::counted::with_progress(
+                progress.clone(),
+                sender.clone().send(job, progress, stored),
+            ))),
         }
+    }
+
+    /// An append of it is running at the store (it started as one and the store has not
+    /// completed it): at SIGTERM such a send is cancelled and its file sent whole. Once the
+    /// store's append has completed, the send is not one any more: the object holds the
+    /// new bytes, and what runs is the local read-back of the file (review r42h D1: a
+    /// read-back of a huge log cancelled at SIGTERM left the file to a whole upload the
+    /// shutdown budget could not hold).
+    pub(super) fn append_running(&self) -> bool {
+        self.appending && !self.stored.load(Ordering::SeqCst)
     }
 
     /// When one of its requests last ended, or it last waited for the cap; not counting the

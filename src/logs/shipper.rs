@@ -81,10 +81,12 @@ const BESIDE_POLL: Duration = Duration::from_millis(50);
 /// request without a body (an UploadPartCopy, a complete, a HEAD): S3 may take seconds to
 /// answer a copy of a big object, and a re-send whole would cost far more (review r42h
 /// D2: a copy answered after 7 s was abandoned and the 20 MB file re-sent whole, which
-/// could not finish). It is [`KEPT_STALL_SHARE_BODY`] while a request carrying a body is in
-/// flight: the HTTP client does not tell how much of a body left, so a body that takes
-/// longer than that (a 6 MB PUT at 400 kB/s, review r42h D3) is abandoned too and sent
-/// again from its start; this is a known limit.
+/// could not finish), and once the connection took the whole body of a request (the
+/// kernel's socket buffer may still hold some of it). It is [`KEPT_STALL_SHARE_BODY`]
+/// while the connection is taking a request's body: the log lane's client counts each
+/// piece it takes as progress (`storage::counted`), so a body that keeps moving is never
+/// abandoned, and one the connection stopped taking is (review r42h D3: a 20 MB PUT at
+/// 2 MB/s, not seen moving, was cut after 5.75 s and restarted from byte 0 every pass).
 const KEPT_STALL_SHARE_BODY: u32 = 4;
 /// See [`KEPT_STALL_SHARE_BODY`]: a request without a body may wait for its answer half
 /// the time the flush had left.
@@ -726,7 +728,7 @@ impl LogShipper {
                     self.settle(&key, &path, result, &mut report);
                 }
                 None if until.is_some() => {
-                    if b.appending {
+                    if b.append_running() {
                         // Hanging or slow: the final flush sends it whole.
                         self.whole_only.insert(b.key.clone());
                     }
@@ -788,10 +790,13 @@ impl LogShipper {
                     let (key, path) = (b.key.clone(), b.path.clone());
                     self.settle(&key, &path, result, &mut report);
                 }
-            } else if b.appending {
+            } else if b.append_running() {
                 self.whole_only.insert(b.key.clone());
                 tracing::info!(path = %b.path.display(), "a log append still running at SIGTERM was cancelled; the final flush sends the file whole");
                 b.cancel().await;
+            } else if b.appending {
+                tracing::info!(path = %b.path.display(), "a log append the store completed is being checked against the file at SIGTERM; the final flush waits for the check, then sends what the file grew since");
+                running.push(b);
             } else {
                 tracing::info!(path = %b.path.display(), "a log upload still running at SIGTERM goes on; the final flush waits for it, then sends what the file grew since");
                 running.push(b);

@@ -13,6 +13,7 @@
 //! kept beside the spool.
 
 pub mod append;
+pub mod counted;
 pub mod gzip;
 pub mod put;
 pub mod s3;
@@ -495,7 +496,7 @@ impl Configured {
                     b.as_ref()
                         .clone()
                         .with_config(AmazonS3ConfigKey::Client(key), t)
-                        .with_http_connector(s3::CapturingConnector::default())
+                        .with_http_connector(counted::CountingConnector)
                         .build()
                         .map_err(client("s3"))?,
                 );
@@ -506,6 +507,7 @@ impl Configured {
                 Arc::new(
                     b.as_ref()
                         .clone()
+                        .with_http_connector(counted::CountingConnector)
                         .with_config(
                             GoogleConfigKey::Client(key),
                             timeout(b.get_config_value(&GoogleConfigKey::Client(key))),
@@ -519,6 +521,7 @@ impl Configured {
                 Arc::new(
                     b.as_ref()
                         .clone()
+                        .with_http_connector(counted::CountingConnector)
                         .with_config(
                             AzureConfigKey::Client(key),
                             timeout(b.get_config_value(&AzureConfigKey::Client(key))),

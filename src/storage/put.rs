@@ -417,6 +417,19 @@ const MARKS_READ: usize = 256 << 10;
 /// bytes (xxh3 hashes them far faster than a disk or the page cache gives them) and
 /// [`MARKS_READ`] of memory.
 pub fn read_marks(file: &Beneath, split: u64, end: u64) -> io::Result<Option<SplitMarks>> {
+    read_marks_watched(file, split, end, &|| true)
+}
+
+/// [`read_marks`], calling `go` after every [`MARKS_READ`] bytes read: the read goes on
+/// while it answers true, and stops with an `Interrupted` error once it answers false (a
+/// check nobody waits for any more leaves the disk alone). The log lane counts each call
+/// as progress of its send, so a long read-back is not taken for a stuck one.
+pub fn read_marks_watched(
+    file: &Beneath,
+    split: u64,
+    end: u64,
+    go: &dyn Fn() -> bool,
+) -> io::Result<Option<SplitMarks>> {
     let split = split.min(end);
     let mut f = file.open()?.take(end);
     let mut marks = Marks::default();
@@ -435,6 +448,12 @@ pub fn read_marks(file: &Beneath, split: u64, end: u64) -> io::Result<Option<Spl
         after.update(&chunk[cut..]);
         marks.saw(chunk);
         at += n as u64;
+        if !go() {
+            return Err(io::Error::new(
+                io::ErrorKind::Interrupted,
+                "the read-back was stopped",
+            ));
+        }
     }
     Ok((at == end).then(|| SplitMarks {
         before: before.digest(),

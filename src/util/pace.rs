@@ -52,10 +52,13 @@ impl Pacer {
 /// the store never answers), not one that is slow but going (a big file under a cap shared
 /// by several sends, a body streaming over a slow uplink). Time a send waits for its share
 /// of the cap is not a stop: the pacer says when it goes on. Nor is the time a request's
-/// body takes on the wire at [`MIN_BODY_RATE`] ([`Progress::sending`]): the HTTP client
-/// does not tell how much of a body the connection took, so a request carrying `n` bytes
-/// counts as moving for `n / MIN_BODY_RATE` after it began (review r42c D3: a 6.1 MB PUT
+/// body takes on the wire at [`MIN_BODY_RATE`] ([`Progress::sending`]): a client that does
+/// not count a body (object_store's own) says nothing until the answer, so a request
+/// carrying `n` bytes counts as moving for `n / MIN_BODY_RATE` after it began (review r42c D3: a 6.1 MB PUT
 /// at 30 to 100 kB/s was cut at the stall limit and restarted from byte 0 every round).
+/// The log lane's client also counts the bytes of a body as the connection takes them
+/// ([`Progress::took`], `storage::counted`): each moves the send, so [`Progress::last_moved`]
+/// sees a slow body moving and a stopped one stopped (review r42h D3).
 #[derive(Debug)]
 pub struct Progress {
     inner: Mutex<Moves>,
@@ -67,6 +70,11 @@ struct Moves {
     last: Instant,
     /// Until when the request in flight counts as moving (its body's allowance), if one is.
     body_until: Option<Instant>,
+    /// The HTTP client took the whole body of the request in flight: it waits for its
+    /// answer ([`Progress::took`]).
+    body_done: bool,
+    /// Bytes of request bodies the HTTP client took, in all.
+    taken: u64,
 }
 
 /// The slowest a request's body may go and still count as moving: 8 KiB/s (64 kbit/s).
@@ -90,6 +98,8 @@ impl Progress {
             inner: Mutex::new(Moves {
                 last: Instant::now(),
                 body_until: None,
+                body_done: false,
+                taken: 0,
             }),
         }
     }
@@ -104,6 +114,27 @@ impl Progress {
         let mut m = self.lock();
         m.last = m.last.max(Instant::now());
         m.body_until = None;
+        m.body_done = false;
+    }
+
+    /// The HTTP client took `bytes` more of the body of the request in flight (the log
+    /// lane's client counts them, `storage::counted`): the send moved now. `done`: it took
+    /// the whole body, and the request now waits for its answer.
+    pub fn took(&self, bytes: u64, done: bool) {
+        let mut m = self.lock();
+        m.last = m.last.max(Instant::now());
+        m.taken += bytes;
+        m.body_done |= done;
+    }
+
+    /// Bytes of request bodies the HTTP client took for this send, in all.
+    pub fn taken(&self) -> u64 {
+        self.lock().taken
+    }
+
+    /// The HTTP client took the whole body of the request in flight.
+    pub fn body_taken(&self) -> bool {
+        self.lock().body_done
     }
 
     fn moved_at(&self, at: Instant) {
@@ -117,6 +148,7 @@ impl Progress {
         let until = Instant::now() + body_allowance(bytes);
         let mut m = self.lock();
         m.body_until = Some(m.body_until.map_or(until, |u| u.max(until)));
+        m.body_done = false;
     }
 
     /// When a request of the send last ended, or when its wait for the cap ends: not
@@ -127,9 +159,11 @@ impl Progress {
         self.lock().last
     }
 
-    /// A request carrying a body is in flight (begun with [`Self::sending`], not ended).
+    /// A request carrying a body is in flight (begun with [`Self::sending`], not ended),
+    /// and the HTTP client has not taken all of its body yet.
     pub fn body_in_flight(&self) -> bool {
-        self.lock().body_until.is_some()
+        let m = self.lock();
+        m.body_until.is_some() && !m.body_done
     }
 
     /// When the send last moved (or will, after its wait for the cap or while its request's
