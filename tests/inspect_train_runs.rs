@@ -1086,3 +1086,134 @@ fn a_session_still_loading_is_a_503_not_the_snapshot() {
     assert_eq!(answer["train_runs"][0]["id"], RUN_A);
     assert_eq!(answer["train_runs"][0]["status"], "FINISHED");
 }
+
+/// The fixture's Train events as run `id` (event ids prefixed with `tag`, so the collector
+/// keeps them all), each changed by `edit`; with `run_event: false` only the attempts.
+fn variant(id: &str, tag: &str, run_event: bool, edit: &dyn Fn(&mut Value)) -> String {
+    let mut out = String::new();
+    for line in TRAIN.lines() {
+        let mut e: Value = serde_json::from_str(line).unwrap();
+        if !run_event && e["source_type"] == "EXPORT_TRAIN_RUN" {
+            continue;
+        }
+        e["event_id"] = json!(format!("{tag}{}", e["event_id"].as_str().unwrap()));
+        renamed(&mut e, id);
+        if e["source_type"] == "EXPORT_TRAIN_RUN_ATTEMPT" {
+            let a = e["event_data"]["attempt_id"].as_str().unwrap().to_string();
+            e["event_data"]["attempt_id"] = json!(format!("{}{}", &id[..8], &a[8..]));
+        }
+        edit(&mut e);
+        out.push_str(&e.to_string());
+        out.push('\n');
+    }
+    out
+}
+
+/// Issue 37 (r37i D2, D3, D4): runs whose settings were never recorded are not "equal"
+/// (exit 2, could not be compared); a long value that differs past its first 300
+/// characters shows where A and B differ; a run known only by its attempts is left out of
+/// serve's `TrainRunsResponse` (Ray's head lists no run without its record, and its model
+/// rejects the nulls), counted in a header, while inspect still shows it.
+#[test]
+fn unrecorded_settings_long_values_and_runs_without_their_event() {
+    let work = tempfile::tempdir().unwrap();
+    const N1: &str = "a1000000000000000000000000000001";
+    const N2: &str = "a2000000000000000000000000000002";
+    const L1: &str = "b1000000000000000000000000000001";
+    const L2: &str = "b2000000000000000000000000000002";
+    const ONLY: &str = "c1000000000000000000000000000001";
+    let unrecorded = |e: &mut Value| {
+        if e["source_type"] == "EXPORT_TRAIN_RUN" {
+            let d = e["event_data"].as_object_mut().unwrap();
+            for k in ["run_settings", "framework_versions", "ray_train_version"] {
+                d.remove(k);
+            }
+        }
+    };
+    let model = |last: &'static str| {
+        move |e: &mut Value| {
+            if e["source_type"] == "EXPORT_TRAIN_RUN" {
+                let layers =
+                    "  (n): Linear(in_features=512, out_features=512, bias=True)\n".repeat(20);
+                e["event_data"]["run_settings"]["train_loop_config"]["model"] = json!(format!(
+                    "Sequential(\n{layers}  (out): Linear(in_features=512, out_features={last}, bias=True)\n)"
+                ));
+            }
+        }
+    };
+    let train = [
+        variant(N1, "1", true, &unrecorded),
+        variant(N2, "2", true, &unrecorded),
+        variant(L1, "3", true, &model("10")),
+        variant(L2, "4", true, &model("100")),
+        variant(ONLY, "5", false, &|_| {}),
+    ]
+    .concat();
+    let store = collect(work.path(), SESSION_A, "train", &train);
+    let dir = store.to_str().unwrap();
+
+    // D3: unknown settings on both sides are not equal.
+    let out = inspect(&[dir, "--session", SESSION_A, "--compare-runs", N1, N2]);
+    assert_eq!(out.status.code(), Some(2), "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.contains("could not be compared"),
+        "{}",
+        out.stdout
+    );
+    let out = inspect(&[
+        dir,
+        "--session",
+        SESSION_A,
+        "--compare-runs",
+        N1,
+        L1,
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}{}", out.stdout, out.stderr);
+    let j: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(j["settings_equal"], false);
+    assert!(j["not_compared"].is_string(), "{j}");
+
+    // D4: the two lines of a long value show where they differ.
+    let out = inspect(&[dir, "--session", SESSION_A, "--compare-runs", L1, L2]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", out.stdout, out.stderr);
+    let value = |side: &str| {
+        out.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("    {side}")))
+            .unwrap_or_else(|| panic!("no {side} line in\n{}", out.stdout))
+            .to_string()
+    };
+    let (a, b) = (value("A: "), value("B: "));
+    assert_ne!(a, b, "A and B print alike:\n{}", out.stdout);
+    assert!(a.contains("out_features=10,"), "{a}");
+    assert!(b.contains("out_features=100,"), "{b}");
+
+    // D2: inspect shows the run known by its attempts; serve's Ray answer leaves it out.
+    let out = inspect(&[dir, "--session", SESSION_A, "--json"]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let report: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert!(report["train_runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["run_id"] == ONLY));
+    let served = Served::start(work.path(), &store, "train", SESSION_A);
+    let got = served.runs();
+    assert_eq!(
+        got.header("x-rhc-train-runs-without-run-event"),
+        Some("1"),
+        "{:?}",
+        got.headers
+    );
+    let runs: Value = serde_json::from_slice(&got.body).unwrap();
+    let runs = runs["train_runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4, "{runs:?}");
+    for r in runs {
+        assert_ne!(r["id"], ONLY);
+        for k in ["name", "job_id", "controller_actor_id", "status"] {
+            assert!(r[k].is_string(), "{k} of {}", r["id"]);
+        }
+        assert!(r["start_time_ns"].is_i64(), "start of {}", r["id"]);
+    }
+}
