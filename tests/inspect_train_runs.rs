@@ -1217,3 +1217,174 @@ fn unrecorded_settings_long_values_and_runs_without_their_event() {
         assert!(r["start_time_ns"].is_i64(), "start of {}", r["id"]);
     }
 }
+
+/// A big Train session as Ray writes it: `runs` runs of `attempts` attempts of `workers`
+/// workers each (every attempt `PENDING`, `RUNNING`, then `ERRORED` or, the last,
+/// `FINISHED`; each run through its status cycle), as export lines.
+fn big_session(runs: usize, attempts: usize, workers: usize) -> String {
+    let events: Vec<Value> = TRAIN
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let run_t = events
+        .iter()
+        .rfind(|e| e["source_type"] == "EXPORT_TRAIN_RUN")
+        .unwrap();
+    let att_t = events
+        .iter()
+        .rfind(|e| e["source_type"] == "EXPORT_TRAIN_RUN_ATTEMPT")
+        .unwrap();
+    let worker_t = att_t["event_data"]["workers"][0].clone();
+    let mut out = String::new();
+    let mut n = 0u64;
+    let mut push = |t: &Value, data: Value, ts: u64| {
+        n += 1;
+        let mut e = t.clone();
+        e["event_id"] = json!(format!("{n:036x}"));
+        e["timestamp"] = json!(ts);
+        e["event_data"] = data;
+        out.push_str(&e.to_string());
+        out.push('\n');
+    };
+    const BASE: u64 = 1_795_313_305;
+    for r in 0..runs {
+        let id = format!("{r:032x}");
+        let t0 = BASE + r as u64 * 100;
+        let mut rd = run_t["event_data"].clone();
+        rd["id"] = json!(id);
+        rd["name"] = json!(format!("run-{r}"));
+        rd["start_time_ns"] = json!((t0 * 1_000_000_000).to_string());
+        rd.as_object_mut().unwrap().remove("end_time_ns");
+        let run = |status: &str, ts: u64, end: bool| {
+            let mut d = rd.clone();
+            d["status"] = json!(status);
+            if end {
+                d["end_time_ns"] = json!((ts * 1_000_000_000).to_string());
+            }
+            d
+        };
+        push(run_t, run("INITIALIZING", t0, false), t0);
+        for a in 0..attempts {
+            let ta = t0 + 1 + a as u64 * 20;
+            push(run_t, run("SCHEDULING", ta, false), ta);
+            let mut ad = json!({
+                "schema_version": 4, "run_id": id, "attempt_id": format!("{r:016x}{a:016x}"),
+                "status": "PENDING", "start_time_ns": (ta * 1_000_000_000).to_string(),
+                "resources": vec![json!({"resources": {"CPU": 1.0}}); workers],
+                "workers": [], "ray_train_version": 2,
+            });
+            push(att_t, ad.clone(), ta);
+            let ws: Vec<Value> = (0..workers)
+                .map(|k| {
+                    let mut w = worker_t.clone();
+                    w["world_rank"] = json!(k);
+                    w["local_rank"] = json!(k % 8);
+                    w["node_rank"] = json!(k / 8);
+                    w["pid"] = json!(10_000 + k);
+                    w["status"] = json!("ALIVE");
+                    w["log_file_path"] = json!(format!(
+                        "/tmp/ray/session/logs/train/worker-{r}-{a}-{k}.log"
+                    ));
+                    w
+                })
+                .collect();
+            ad["status"] = json!("RUNNING");
+            ad["workers"] = json!(ws);
+            push(att_t, ad.clone(), ta + 2);
+            push(run_t, run("RUNNING", ta + 3, false), ta + 3);
+            let last = a + 1 == attempts;
+            ad["status"] = json!(if last { "FINISHED" } else { "ERRORED" });
+            if !last {
+                ad["status_detail"] = json!(format!(
+                    "Worker rank {a} failed: {}",
+                    "trace line\n".repeat(50)
+                ));
+                push(run_t, run("RESTARTING", ta + 14, false), ta + 14);
+            }
+            ad["end_time_ns"] = json!(((ta + 15) * 1_000_000_000).to_string());
+            for w in ad["workers"].as_array_mut().unwrap() {
+                w["status"] = json!("DEAD");
+            }
+            push(att_t, ad, ta + 15);
+        }
+        let end = t0 + 1 + attempts as u64 * 20;
+        push(run_t, run("FINISHED", end, true), end);
+    }
+    out
+}
+
+/// Issue 37 (r37i D5): building the Train answer of a big session (100 runs of 4 attempts
+/// of 64 workers) takes seconds; it runs off serve's async workers, so `/livez` answers
+/// promptly while four such answers are being built (built on the async workers, it waited
+/// 16 s in the debug build). The bound is generous: it tells a blocked runtime, not a
+/// slow machine.
+#[test]
+fn livez_answers_while_big_train_answers_are_built() {
+    let work = tempfile::tempdir().unwrap();
+    let store = collect(work.path(), SESSION_A, "train", &big_session(100, 4, 64));
+    let served = Served::start(work.path(), &store, "train", SESSION_A);
+    let url = format!("http://127.0.0.1:{}{RUNS_URI}", served.serve.port);
+    let cookie = served
+        .cookies
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    // Once alone (the session loaded), within a long deadline: a debug build takes seconds.
+    let first = try_http_request_within(
+        "GET",
+        &url,
+        &[("Cookie", cookie.as_str())],
+        b"",
+        Duration::from_secs(300),
+    )
+    .unwrap();
+    assert_eq!(first.status, 200);
+    let runs: Value = serde_json::from_slice(&first.body).unwrap();
+    assert_eq!(runs["train_runs"].as_array().map(Vec::len), Some(100));
+    let worst = std::thread::scope(|s| {
+        let builds: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    let got = try_http_request_within(
+                        "GET",
+                        &url,
+                        &[("Cookie", cookie.as_str())],
+                        b"",
+                        Duration::from_secs(300),
+                    )
+                    .unwrap();
+                    assert_eq!(got.status, 200);
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let mut worst = Duration::ZERO;
+        for _ in 0..5 {
+            if builds.iter().all(|b| b.is_finished()) {
+                break;
+            }
+            let started = std::time::Instant::now();
+            let livez = try_http_request_within(
+                "GET",
+                &format!("http://127.0.0.1:{}/livez", served.serve.port),
+                &[],
+                b"",
+                Duration::from_secs(120),
+            )
+            .unwrap();
+            assert_eq!(livez.status, 200);
+            eprintln!("/livez in {:?}", started.elapsed());
+            worst = worst.max(started.elapsed());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        for b in builds {
+            b.join().unwrap();
+        }
+        worst
+    });
+    assert!(
+        worst < Duration::from_secs(3),
+        "/livez took {worst:?} while Train answers were built"
+    );
+}
