@@ -161,6 +161,7 @@ fn inspect(args: ray_history_collector::cli::InspectArgs) -> ExitCode {
     match runtime.block_on(ray_history_collector::inspect::run(args, &env_var)) {
         Ok(Outcome::Done | Outcome::SameSettings) => ExitCode::SUCCESS,
         Ok(Outcome::SettingsDiffer) => ExitCode::from(1),
+        Ok(Outcome::NotCompared) => ExitCode::from(COMPARE_ERROR_EXIT),
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(error_exit)

@@ -1306,3 +1306,69 @@ fn a_shutdown_with_an_unsaved_checkpoint_then_a_restart_stores_each_line_once() 
     assert_eq!(twice, 0, "{twice} of {LINES} lines stored twice");
     assert_eq!(ids.len(), LINES, "lines missing");
 }
+
+/// Issue 37 (r37i D1): a Train run line over 8 MiB (a 9 MiB status detail) at the default
+/// 1 GiB budget is cut, its first part quarantined, and reading goes on: the run's later
+/// lines and the session's other files are stored. (The quarantine record of an 8 MiB cut
+/// is larger than a batch's 8 MiB; an empty batch once refused it, stopping every export
+/// file of the node for good, "spool at 80%" with the spool empty.)
+#[test]
+fn a_line_over_8_mib_is_cut_and_quarantined_and_reading_goes_on() {
+    let _files = beside_others();
+    let w = Work::new();
+    let dir = export_dir(&w.ray);
+    let mut run: Value = serde_json::from_str(&train_line("EXPORT_TRAIN_RUN")).unwrap();
+    run["event_data"]["status_detail"] =
+        Value::String(format!("Traceback START\n{}\nEND", "x".repeat(9 << 20)));
+    let attempt = train_line("EXPORT_TRAIN_RUN_ATTEMPT");
+    std::fs::write(
+        dir.join("event_EXPORT_TRAIN_RUN.log"),
+        format!("{run}\n{}\n", train_line("EXPORT_TRAIN_RUN")),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("event_EXPORT_TRAIN_RUN_ATTEMPT.log"),
+        format!("{attempt}\n"),
+    )
+    .unwrap();
+    let mut c = w.start(&[], &[]);
+    wait_metric_within(
+        &c,
+        "rhc_events_accepted_total",
+        2.0,
+        Duration::from_secs(60),
+    );
+    wait_metric(&c, "rhc_events_quarantined_total", 1.0);
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", c.log_text());
+    let log = c.log_text();
+    assert!(
+        !log.contains("export event files wait on disk"),
+        "the tailer stopped on the long line:\n{log}"
+    );
+    let stored = stored_export_lines(&w.bucket);
+    assert_eq!(
+        stored.values().map(Vec::len).sum::<usize>(),
+        2,
+        "the run's next line and the attempt: {stored:?}"
+    );
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(LocalFileSystem::new_with_prefix(&w.bucket).unwrap());
+    let quarantined: Vec<Value> = read_all(&store)
+        .iter()
+        .filter(|(k, _)| k.starts_with("collector-quarantine/"))
+        .flat_map(|(k, v)| {
+            decode(k, v)
+                .split(|&c| c == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(|l| serde_json::from_slice::<Value>(l).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let first = quarantined
+        .iter()
+        .find(|r| r["source_offset"] == 0)
+        .unwrap_or_else(|| panic!("no record of the line's first part: {}", quarantined.len()));
+    assert_eq!(first["source_file"], "event_EXPORT_TRAIN_RUN.log");
+    assert_eq!(first["raw"].as_str().unwrap().len(), 8 << 20);
+}

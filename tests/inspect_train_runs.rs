@@ -1086,3 +1086,305 @@ fn a_session_still_loading_is_a_503_not_the_snapshot() {
     assert_eq!(answer["train_runs"][0]["id"], RUN_A);
     assert_eq!(answer["train_runs"][0]["status"], "FINISHED");
 }
+
+/// The fixture's Train events as run `id` (event ids prefixed with `tag`, so the collector
+/// keeps them all), each changed by `edit`; with `run_event: false` only the attempts.
+fn variant(id: &str, tag: &str, run_event: bool, edit: &dyn Fn(&mut Value)) -> String {
+    let mut out = String::new();
+    for line in TRAIN.lines() {
+        let mut e: Value = serde_json::from_str(line).unwrap();
+        if !run_event && e["source_type"] == "EXPORT_TRAIN_RUN" {
+            continue;
+        }
+        e["event_id"] = json!(format!("{tag}{}", e["event_id"].as_str().unwrap()));
+        renamed(&mut e, id);
+        if e["source_type"] == "EXPORT_TRAIN_RUN_ATTEMPT" {
+            let a = e["event_data"]["attempt_id"].as_str().unwrap().to_string();
+            e["event_data"]["attempt_id"] = json!(format!("{}{}", &id[..8], &a[8..]));
+        }
+        edit(&mut e);
+        out.push_str(&e.to_string());
+        out.push('\n');
+    }
+    out
+}
+
+/// Issue 37 (r37i D2, D3, D4): runs whose settings were never recorded are not "equal"
+/// (exit 2, could not be compared); a long value that differs past its first 300
+/// characters shows where A and B differ; a run known only by its attempts is left out of
+/// serve's `TrainRunsResponse` (Ray's head lists no run without its record, and its model
+/// rejects the nulls), counted in a header, while inspect still shows it.
+#[test]
+fn unrecorded_settings_long_values_and_runs_without_their_event() {
+    let work = tempfile::tempdir().unwrap();
+    const N1: &str = "a1000000000000000000000000000001";
+    const N2: &str = "a2000000000000000000000000000002";
+    const L1: &str = "b1000000000000000000000000000001";
+    const L2: &str = "b2000000000000000000000000000002";
+    const ONLY: &str = "c1000000000000000000000000000001";
+    let unrecorded = |e: &mut Value| {
+        if e["source_type"] == "EXPORT_TRAIN_RUN" {
+            let d = e["event_data"].as_object_mut().unwrap();
+            for k in ["run_settings", "framework_versions", "ray_train_version"] {
+                d.remove(k);
+            }
+        }
+    };
+    let model = |last: &'static str| {
+        move |e: &mut Value| {
+            if e["source_type"] == "EXPORT_TRAIN_RUN" {
+                let layers =
+                    "  (n): Linear(in_features=512, out_features=512, bias=True)\n".repeat(20);
+                e["event_data"]["run_settings"]["train_loop_config"]["model"] = json!(format!(
+                    "Sequential(\n{layers}  (out): Linear(in_features=512, out_features={last}, bias=True)\n)"
+                ));
+            }
+        }
+    };
+    let train = [
+        variant(N1, "1", true, &unrecorded),
+        variant(N2, "2", true, &unrecorded),
+        variant(L1, "3", true, &model("10")),
+        variant(L2, "4", true, &model("100")),
+        variant(ONLY, "5", false, &|_| {}),
+    ]
+    .concat();
+    let store = collect(work.path(), SESSION_A, "train", &train);
+    let dir = store.to_str().unwrap();
+
+    // D3: unknown settings on both sides are not equal.
+    let out = inspect(&[dir, "--session", SESSION_A, "--compare-runs", N1, N2]);
+    assert_eq!(out.status.code(), Some(2), "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.contains("could not be compared"),
+        "{}",
+        out.stdout
+    );
+    let out = inspect(&[
+        dir,
+        "--session",
+        SESSION_A,
+        "--compare-runs",
+        N1,
+        L1,
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}{}", out.stdout, out.stderr);
+    let j: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(j["settings_equal"], false);
+    assert!(j["not_compared"].is_string(), "{j}");
+
+    // D4: the two lines of a long value show where they differ.
+    let out = inspect(&[dir, "--session", SESSION_A, "--compare-runs", L1, L2]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", out.stdout, out.stderr);
+    let value = |side: &str| {
+        out.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("    {side}")))
+            .unwrap_or_else(|| panic!("no {side} line in\n{}", out.stdout))
+            .to_string()
+    };
+    let (a, b) = (value("A: "), value("B: "));
+    assert_ne!(a, b, "A and B print alike:\n{}", out.stdout);
+    assert!(a.contains("out_features=10,"), "{a}");
+    assert!(b.contains("out_features=100,"), "{b}");
+
+    // D2: inspect shows the run known by its attempts; serve's Ray answer leaves it out.
+    let out = inspect(&[dir, "--session", SESSION_A, "--json"]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let report: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert!(report["train_runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["run_id"] == ONLY));
+    let served = Served::start(work.path(), &store, "train", SESSION_A);
+    let got = served.runs();
+    assert_eq!(
+        got.header("x-rhc-train-runs-without-run-event"),
+        Some("1"),
+        "{:?}",
+        got.headers
+    );
+    let runs: Value = serde_json::from_slice(&got.body).unwrap();
+    let runs = runs["train_runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4, "{runs:?}");
+    for r in runs {
+        assert_ne!(r["id"], ONLY);
+        for k in ["name", "job_id", "controller_actor_id", "status"] {
+            assert!(r[k].is_string(), "{k} of {}", r["id"]);
+        }
+        assert!(r["start_time_ns"].is_i64(), "start of {}", r["id"]);
+    }
+}
+
+/// A big Train session as Ray writes it: `runs` runs of `attempts` attempts of `workers`
+/// workers each (every attempt `PENDING`, `RUNNING`, then `ERRORED` or, the last,
+/// `FINISHED`; each run through its status cycle), as export lines.
+fn big_session(runs: usize, attempts: usize, workers: usize) -> String {
+    let events: Vec<Value> = TRAIN
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let run_t = events
+        .iter()
+        .rfind(|e| e["source_type"] == "EXPORT_TRAIN_RUN")
+        .unwrap();
+    let att_t = events
+        .iter()
+        .rfind(|e| e["source_type"] == "EXPORT_TRAIN_RUN_ATTEMPT")
+        .unwrap();
+    let worker_t = att_t["event_data"]["workers"][0].clone();
+    let mut out = String::new();
+    let mut n = 0u64;
+    let mut push = |t: &Value, data: Value, ts: u64| {
+        n += 1;
+        let mut e = t.clone();
+        e["event_id"] = json!(format!("{n:036x}"));
+        e["timestamp"] = json!(ts);
+        e["event_data"] = data;
+        out.push_str(&e.to_string());
+        out.push('\n');
+    };
+    const BASE: u64 = 1_795_313_305;
+    for r in 0..runs {
+        let id = format!("{r:032x}");
+        let t0 = BASE + r as u64 * 100;
+        let mut rd = run_t["event_data"].clone();
+        rd["id"] = json!(id);
+        rd["name"] = json!(format!("run-{r}"));
+        rd["start_time_ns"] = json!((t0 * 1_000_000_000).to_string());
+        rd.as_object_mut().unwrap().remove("end_time_ns");
+        let run = |status: &str, ts: u64, end: bool| {
+            let mut d = rd.clone();
+            d["status"] = json!(status);
+            if end {
+                d["end_time_ns"] = json!((ts * 1_000_000_000).to_string());
+            }
+            d
+        };
+        push(run_t, run("INITIALIZING", t0, false), t0);
+        for a in 0..attempts {
+            let ta = t0 + 1 + a as u64 * 20;
+            push(run_t, run("SCHEDULING", ta, false), ta);
+            let mut ad = json!({
+                "schema_version": 4, "run_id": id, "attempt_id": format!("{r:016x}{a:016x}"),
+                "status": "PENDING", "start_time_ns": (ta * 1_000_000_000).to_string(),
+                "resources": vec![json!({"resources": {"CPU": 1.0}}); workers],
+                "workers": [], "ray_train_version": 2,
+            });
+            push(att_t, ad.clone(), ta);
+            let ws: Vec<Value> = (0..workers)
+                .map(|k| {
+                    let mut w = worker_t.clone();
+                    w["world_rank"] = json!(k);
+                    w["local_rank"] = json!(k % 8);
+                    w["node_rank"] = json!(k / 8);
+                    w["pid"] = json!(10_000 + k);
+                    w["status"] = json!("ALIVE");
+                    w["log_file_path"] = json!(format!(
+                        "/tmp/ray/session/logs/train/worker-{r}-{a}-{k}.log"
+                    ));
+                    w
+                })
+                .collect();
+            ad["status"] = json!("RUNNING");
+            ad["workers"] = json!(ws);
+            push(att_t, ad.clone(), ta + 2);
+            push(run_t, run("RUNNING", ta + 3, false), ta + 3);
+            let last = a + 1 == attempts;
+            ad["status"] = json!(if last { "FINISHED" } else { "ERRORED" });
+            if !last {
+                ad["status_detail"] = json!(format!(
+                    "Worker rank {a} failed: {}",
+                    "trace line\n".repeat(50)
+                ));
+                push(run_t, run("RESTARTING", ta + 14, false), ta + 14);
+            }
+            ad["end_time_ns"] = json!(((ta + 15) * 1_000_000_000).to_string());
+            for w in ad["workers"].as_array_mut().unwrap() {
+                w["status"] = json!("DEAD");
+            }
+            push(att_t, ad, ta + 15);
+        }
+        let end = t0 + 1 + attempts as u64 * 20;
+        push(run_t, run("FINISHED", end, true), end);
+    }
+    out
+}
+
+/// Issue 37 (r37i D5): building the Train answer of a big session (100 runs of 4 attempts
+/// of 64 workers) takes seconds; it runs off serve's async workers, so `/livez` answers
+/// promptly while four such answers are being built (built on the async workers, it waited
+/// 16 s in the debug build). The bound is generous: it tells a blocked runtime, not a
+/// slow machine.
+#[test]
+fn livez_answers_while_big_train_answers_are_built() {
+    let work = tempfile::tempdir().unwrap();
+    let store = collect(work.path(), SESSION_A, "train", &big_session(100, 4, 64));
+    let served = Served::start(work.path(), &store, "train", SESSION_A);
+    let url = format!("http://127.0.0.1:{}{RUNS_URI}", served.serve.port);
+    let cookie = served
+        .cookies
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    // Once alone (the session loaded), within a long deadline: a debug build takes seconds.
+    let first = try_http_request_within(
+        "GET",
+        &url,
+        &[("Cookie", cookie.as_str())],
+        b"",
+        Duration::from_secs(300),
+    )
+    .unwrap();
+    assert_eq!(first.status, 200);
+    let runs: Value = serde_json::from_slice(&first.body).unwrap();
+    assert_eq!(runs["train_runs"].as_array().map(Vec::len), Some(100));
+    let worst = std::thread::scope(|s| {
+        let builds: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    let got = try_http_request_within(
+                        "GET",
+                        &url,
+                        &[("Cookie", cookie.as_str())],
+                        b"",
+                        Duration::from_secs(300),
+                    )
+                    .unwrap();
+                    assert_eq!(got.status, 200);
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let mut worst = Duration::ZERO;
+        for _ in 0..5 {
+            if builds.iter().all(|b| b.is_finished()) {
+                break;
+            }
+            let started = std::time::Instant::now();
+            let livez = try_http_request_within(
+                "GET",
+                &format!("http://127.0.0.1:{}/livez", served.serve.port),
+                &[],
+                b"",
+                Duration::from_secs(120),
+            )
+            .unwrap();
+            assert_eq!(livez.status, 200);
+            eprintln!("/livez in {:?}", started.elapsed());
+            worst = worst.max(started.elapsed());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        for b in builds {
+            b.join().unwrap();
+        }
+        worst
+    });
+    assert!(
+        worst < Duration::from_secs(3),
+        "/livez took {worst:?} while Train answers were built"
+    );
+}

@@ -43,7 +43,11 @@
 //! lines are counted as the spool counts them (a quarantined line as its record, each with
 //! the room reserved for its compressed copy), and a line
 //! that does not fit the room left is not read yet. The rest of the room is left to pushed
-//! events; reading resumes once uploads have made room.
+//! events; reading resumes once uploads have made room. A batch reads at most [`MAX_READ`]
+//! bytes, but an empty batch always takes one quarantine record larger than that (of a line
+//! cut at [`line_limit`], or of a whole line that is not JSON: up to [`RECORD_GROWTH`] times
+//! its bytes) while it fits below the yield mark, so an overlong or bad line is quarantined
+//! and reading goes on; [`line_limit`] makes it fit an empty spool whatever the budget.
 //!
 //! Reading ends [`FINAL_PASS_LIMIT`] after the shutdown is seen, whether a regular pass is
 //! running then (it is checked between two files and between two batches) or the last pass
@@ -221,8 +225,14 @@ struct Batch {
     offsets: BTreeMap<String, FileOffset>,
     /// Bytes the batch adds to the spool (a quarantined line as its record).
     cost: u64,
-    /// Most bytes it may add, from [`ExportTailer::room`] when it was started.
+    /// Most bytes it may add: the spool's room below the yield mark when it was started
+    /// ([`ExportTailer::spool_room`]), at most [`MAX_READ`].
     room: u64,
+    /// Room below the yield mark when it was started, not bounded by [`MAX_READ`]: an
+    /// empty batch takes one quarantine record larger than `room` (a cut line's, or a
+    /// whole line's that is not JSON, up to six times its bytes) while it fits here, so
+    /// such a line never stalls the file ([`Batch::takes`]).
+    spare: u64,
     /// Bytes of the files it consumes.
     bytes: u64,
 }
@@ -230,6 +240,13 @@ struct Batch {
 impl Batch {
     fn is_empty(&self) -> bool {
         self.offsets.is_empty()
+    }
+
+    /// Whether the batch takes `cost` more bytes: while they fit its room, and one record
+    /// alone in an empty batch while it fits the spool's room below the yield mark (a
+    /// quarantine record of a line of up to [`MAX_READ`] bytes may be larger than the room).
+    fn takes(&self, cost: u64) -> bool {
+        self.cost.saturating_add(cost) <= self.room || (self.cost == 0 && cost <= self.spare)
     }
 
     /// Records that the file `key` (inode `ino`, first bytes `head`, identity `id`), read
@@ -446,7 +463,8 @@ impl ExportTailer {
                         break 'files;
                     }
                     if batch.is_empty() {
-                        batch.room = self.room();
+                        batch.spare = self.spool_room();
+                        batch.room = batch.spare.min(MAX_READ);
                     }
                     let file = FileRef {
                         session: &s.name,
@@ -503,13 +521,12 @@ impl ExportTailer {
 
     /// Bytes of lines the next batch may add to the spool: up to [`YIELD_PERCENT`] of the
     /// budget, counted by the spool's one rule with the room reserved for their compressed
-    /// copies (the rest is for pushed events), at most [`MAX_READ`].
-    fn room(&self) -> u64 {
+    /// copies (the rest is for pushed events); a batch takes at most [`MAX_READ`] of it.
+    fn spool_room(&self) -> u64 {
         self.spool
             .stats()
             .budget()
             .room_for_lines(yield_mark(self.cfg.max_spool_bytes))
-            .min(MAX_READ)
     }
 
     /// Logs when the tailer starts and stops waiting for room in the spool.
@@ -694,7 +711,7 @@ impl ExportTailer {
                 &batch.body[base..cut],
             )
             .len() as u64;
-            if cost > room {
+            if !batch.takes(cost) {
                 batch.body.truncate(base);
                 return Ok(Piece::NoRoom);
             }
@@ -768,7 +785,7 @@ impl ExportTailer {
                     raw_record(*reason, file.name, offset, line).len() as u64
                 }
             };
-            if batch.cost + cost > batch.room {
+            if !batch.takes(cost) {
                 break;
             }
             batch.cost += cost;

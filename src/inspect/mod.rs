@@ -406,6 +406,9 @@ pub enum Outcome {
     SameSettings,
     /// `--compare-runs`: the two runs' settings differ (exit 1).
     SettingsDiffer,
+    /// `--compare-runs`: the runs were found but a side's settings were never recorded, so
+    /// they could not be compared (exit [`COMPARE_ERROR_EXIT`], 2).
+    NotCompared,
 }
 
 pub use train::COMPARE_ERROR_EXIT;
@@ -658,11 +661,18 @@ async fn compare_runs(
     let (report_b, run_b) = (&reports[picks[1].0].1, picks[1].1);
     let a = train::find_run(report_a, run_a)?;
     let b = train::find_run(report_b, run_b)?;
-    let differences = train::differences(a, b);
+    let not_compared = train::not_comparable(a, b);
+    // Unknown settings are not compared: no differences listed, exit 2.
+    let differences = if not_compared.is_some() {
+        Vec::new()
+    } else {
+        train::differences(a, b)
+    };
     let comparison = train::Comparison {
         a: train::RunSide::new(a_arg, report_a, a),
         b: train::RunSide::new(b_arg, report_b, b),
-        settings_equal: differences.is_empty(),
+        settings_equal: not_compared.is_none() && differences.is_empty(),
+        not_compared,
         differences,
         problems: reports
             .iter()
@@ -688,7 +698,9 @@ async fn compare_runs(
         }
     }
     print_out(&out)?;
-    Ok(if comparison.settings_equal {
+    Ok(if comparison.not_compared.is_some() {
+        Outcome::NotCompared
+    } else if comparison.settings_equal {
         Outcome::SameSettings
     } else {
         Outcome::SettingsDiffer

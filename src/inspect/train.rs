@@ -11,8 +11,10 @@
 //! (`train_loop_config.lr`, `datasets[1]`) and both values, a member present on one side only
 //! included; then the outcome (status, duration, attempts, failed attempts). The exit code
 //! answers "is this the same configuration?": 0 equal, 1 different, 2 not comparable (a run
-//! or session that cannot be found, a bucket that cannot be read: [`COMPARE_ERROR_EXIT`]),
-//! as `diff` and `cmp` do.
+//! or session that cannot be found, a bucket that cannot be read, or a run whose
+//! `run_settings` were never recorded, whose settings are unknown: [`COMPARE_ERROR_EXIT`]),
+//! as `diff` and `cmp` do. A value longer than [`MAX_DIFF_VALUE_CHARS`] is shown as a window
+//! around where the two values first differ.
 //!
 //! Every value from the bucket is escaped for the terminal (`render::clean`); the tree is
 //! at most [`MAX_TREE_DEPTH`] deep (deeper members are shown as one JSON line).
@@ -403,6 +405,22 @@ fn compared(run: &TrainRunEntry) -> Value {
     Value::Object(m)
 }
 
+/// Why the settings of `a` and `b` cannot be compared: a run whose `run_settings` were never
+/// recorded (Ray before its richer run metadata, or a run known only by its attempts) has
+/// unknown settings, which are neither equal nor different to anything.
+pub(super) fn not_comparable(a: &TrainRunEntry, b: &TrainRunEntry) -> Option<String> {
+    let missing: Vec<&str> = [("A", a), ("B", b)]
+        .into_iter()
+        .filter(|(_, r)| r.run_settings.is_null())
+        .map(|(label, _)| label)
+        .collect();
+    match missing.as_slice() {
+        [] => None,
+        [one] => Some(format!("run {one}'s run_settings were not recorded")),
+        _ => Some("neither run's run_settings were recorded".into()),
+    }
+}
+
 /// The differences between `a` and `b`, depth first, in key order (arrays by index).
 pub(super) fn differences(a: &TrainRunEntry, b: &TrainRunEntry) -> Vec<Difference> {
     let mut out = Vec::new();
@@ -514,26 +532,56 @@ impl RunSide {
 pub(super) struct Comparison {
     pub(super) a: RunSide,
     pub(super) b: RunSide,
-    /// True when no setting differs (the exit code is then 0).
+    /// True when no setting differs (the exit code is then 0); false when they differ or
+    /// could not be compared.
     pub(super) settings_equal: bool,
+    /// Why the settings could not be compared (a side's `run_settings` not recorded; the
+    /// exit code is then 2), or null.
+    pub(super) not_compared: Option<String>,
     pub(super) differences: Vec<Difference>,
     /// Each session read: `{ "session", "problems" }` as in the session report.
     pub(super) problems: Vec<Value>,
 }
 
-fn diff_value(v: &Option<Value>) -> String {
-    match v {
-        None => "(absent)".into(),
-        Some(v) => {
-            let s = clean_long(&v.to_string());
-            if s.chars().count() > MAX_DIFF_VALUE_CHARS {
-                let cut: String = s.chars().take(MAX_DIFF_VALUE_CHARS).collect();
-                format!("{cut}…")
-            } else {
-                s
-            }
+/// Both values of a difference as shown: whole up to [`MAX_DIFF_VALUE_CHARS`]; a longer one
+/// as a window of that many characters around the first character where the two differ,
+/// each cut end marked `…` and the window's start said (`[from character N] `), so two
+/// values that share a long start still show where they part.
+pub(super) fn diff_values(a: &Option<Value>, b: &Option<Value>) -> (String, String) {
+    let text = |v: &Option<Value>| -> Option<Vec<char>> {
+        v.as_ref()
+            .map(|v| clean_long(&v.to_string()).chars().collect())
+    };
+    let (ta, tb) = (text(a), text(b));
+    // One window for both, so they line up: a little of the common part before the first
+    // difference, the rest after it, within the shorter value.
+    let from = match (&ta, &tb) {
+        (Some(x), Some(y)) => {
+            let common = x.iter().zip(y.iter()).take_while(|(p, q)| p == q).count();
+            common
+                .saturating_sub(MAX_DIFF_VALUE_CHARS / 5)
+                .min(x.len().min(y.len()).saturating_sub(MAX_DIFF_VALUE_CHARS))
         }
-    }
+        _ => 0,
+    };
+    let show = |t: Option<Vec<char>>| -> String {
+        let Some(t) = t else {
+            return "(absent)".into();
+        };
+        if t.len() <= MAX_DIFF_VALUE_CHARS {
+            return t.into_iter().collect();
+        }
+        let to = (from + MAX_DIFF_VALUE_CHARS).min(t.len());
+        let body: String = t[from..to].iter().collect();
+        let head = if from > 0 {
+            format!("[from character {}] …", from + 1)
+        } else {
+            String::new()
+        };
+        let tail = if to < t.len() { "…" } else { "" };
+        format!("{head}{body}{tail}")
+    };
+    (show(ta), show(tb))
 }
 
 /// Both runs as text: settings that differ, then the outcome.
@@ -549,7 +597,12 @@ pub(super) fn render_comparison(c: &Comparison, out: &mut String) {
             clean(&s.storage)
         );
     }
-    if c.differences.is_empty() {
+    if let Some(why) = &c.not_compared {
+        let _ = writeln!(
+            out,
+            "\nSETTINGS: could not be compared: {why} (unknown settings are neither equal nor different)"
+        );
+    } else if c.differences.is_empty() {
         let _ = writeln!(
             out,
             "\nSETTINGS: equal (run_settings, framework_versions, ray_train_version)"
@@ -557,13 +610,8 @@ pub(super) fn render_comparison(c: &Comparison, out: &mut String) {
     } else {
         let _ = writeln!(out, "\nSETTINGS THAT DIFFER ({})", c.differences.len());
         for d in &c.differences {
-            let _ = writeln!(
-                out,
-                "  {}\n    A: {}\n    B: {}",
-                clean_long(&d.path),
-                diff_value(&d.a),
-                diff_value(&d.b)
-            );
+            let (a, b) = diff_values(&d.a, &d.b);
+            let _ = writeln!(out, "  {}\n    A: {a}\n    B: {b}", clean_long(&d.path));
         }
     }
     let _ = writeln!(out, "\nOUTCOME");
@@ -604,6 +652,23 @@ pub(super) fn render_comparison(c: &Comparison, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_values_show_where_they_differ() {
+        let long = |tail: &str| Some(Value::String(format!("{}{tail}", "x".repeat(1000))));
+        let (a, b) = diff_values(&long("10 end"), &long("100 end"));
+        assert_ne!(a, b);
+        assert!(a.contains("10 end") && b.contains("100 end"), "{a}\n{b}");
+        assert!(a.starts_with("[from character "), "{a}");
+        let (a, b) = diff_values(&long(""), &Some(Value::Bool(true)));
+        assert!(a.ends_with('…') && b == "true", "{a}");
+        let (a, b) = diff_values(&Some(json_str("short")), &None);
+        assert_eq!((a.as_str(), b.as_str()), ("\"short\"", "(absent)"));
+    }
+
+    fn json_str(s: &str) -> Value {
+        Value::String(s.to_string())
+    }
 
     #[test]
     fn operands_split_on_a_session_only() {

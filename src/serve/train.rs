@@ -21,7 +21,12 @@
 //!   `EXPORT_TRAIN_RUN_ATTEMPT` events, as `inspect` folds them (its `train_runs`, the same
 //!   facts `inspect --train-run --json` prints), are written back in the shape of Ray's
 //!   `TrainRunsResponse`: `{"train_runs": [DecoratedTrainRun, ...]}`, newest run first (Ray
-//!   sorts by `start_time_ns`, descending). [`ray_run`] undoes each difference between Ray's
+//!   sorts by `start_time_ns`, descending). A run the session knows only by its attempts
+//!   (no `EXPORT_TRAIN_RUN` event read: its name, job, controller, status and start unknown)
+//!   is left out, as Ray's head lists no run without its `TrainRun` record and its model
+//!   rejects those nulls; their number is the header [`RUNS_LEFT_OUT_HEADER`] (`inspect`
+//!   still shows them). The answer is built on a blocking thread, not on the async workers.
+//!   [`ray_run`] undoes each difference between Ray's
 //!   pydantic model and the protobuf export event (the list is in its doc; tests/ray_train_e2e.rs
 //!   checks every leaf against Ray 2.60's live answer). What Ray's head decides at query time
 //!   from the actor table, `inspect` decides from the session's actors (`report.rs`): a run
@@ -63,26 +68,80 @@ pub const TRAIN_V2_RUNS_URI: &str = "/api/train/v2/runs/v1";
 /// The protobuf enum value of "no framework", which Ray's model writes as `null`.
 const FRAMEWORK_UNSPECIFIED: &str = "TRAINING_FRAMEWORK_UNSPECIFIED";
 
-/// `GET /api/train/v2/runs/v1`.
+/// Set on an answer from the export events to the number of runs left out of it because
+/// the session knows them only by their attempts (no `EXPORT_TRAIN_RUN` event was read):
+/// Ray's head lists no run without its `TrainRun` record, and its model requires the
+/// record's name, job, controller, status and start. `inspect` still shows them.
+pub const RUNS_LEFT_OUT_HEADER: &str = "x-rhc-train-runs-without-run-event";
+
+/// `GET /api/train/v2/runs/v1`. The answer is built on a blocking thread
+/// ([`tokio::task::spawn_blocking`]): a session of many runs, attempts and workers takes
+/// long to fold and write, and the async workers stay free for every other request
+/// (`/livez` included) meanwhile.
 pub async fn runs_v1(State(state): State<Shared>, entered: Entered) -> Response {
     match read_snapshot(&state, &entered, TRAIN_V2_RUNS_URI).await {
         Ok(body) => match index(&state, &entered).await {
-            Ok(index) => match further_than_snapshot(
-                &body,
-                &runs_response(&index),
-                &rescheduled_runs(&index),
-            ) {
-                Some(merged) => entered.refresh((headers_for(&index), merged.to_string())),
-                None => entered.refresh(([(CONTENT_TYPE, "application/json")], body)),
-            },
+            Ok(index) => {
+                let built = off_the_runtime(move || {
+                    let (events, left_out) = runs_response(&index);
+                    let merged = further_than_snapshot(&body, &events, &rescheduled_runs(&index))
+                        .map(|merged| (answer_headers(&index, left_out), merged.to_string()));
+                    (merged, body)
+                })
+                .await;
+                match built {
+                    Ok((Some(merged), _)) => entered.refresh(merged),
+                    Ok((None, body)) => {
+                        entered.refresh(([(CONTENT_TYPE, "application/json")], body))
+                    }
+                    Err(r) => r,
+                }
+            }
             Err(r) => entered.refresh(without_events(r, body)),
         },
         Err(Missing::Unreadable(r)) => entered.refresh(r),
         Err(Missing::NotFound) => match index(&state, &entered).await {
-            Ok(index) => entered.refresh((headers_for(&index), runs_response(&index).to_string())),
+            Ok(index) => {
+                let built = off_the_runtime(move || {
+                    let (events, left_out) = runs_response(&index);
+                    (answer_headers(&index, left_out), events.to_string())
+                })
+                .await;
+                match built {
+                    Ok(answer) => entered.refresh(answer),
+                    Err(r) => r,
+                }
+            }
             Err(r) => r,
         },
     }
+}
+
+/// Runs `work` on tokio's blocking pool; a panic there is a `500`.
+async fn off_the_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Response> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| {
+        tracing::error!(error = %e, "building the Train runs answer failed");
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "building the Train runs answer failed",
+        )
+            .into_response()
+    })
+}
+
+/// The session's headers ([`headers_for`]), with [`RUNS_LEFT_OUT_HEADER`] when runs were
+/// left out.
+fn answer_headers(index: &SessionIndex, left_out: usize) -> axum::http::HeaderMap {
+    let mut headers = headers_for(index);
+    if left_out > 0 {
+        headers.insert(
+            HeaderName::from_static(RUNS_LEFT_OUT_HEADER),
+            axum::http::HeaderValue::from(left_out),
+        );
+    }
+    headers
 }
 
 /// Set (to `true`) on a stored snapshot answered because the session's events could not be
@@ -250,12 +309,20 @@ fn further_than_snapshot(snapshot: &[u8], events: &Value, rescheduled: &[String]
     Some(doc)
 }
 
-/// Ray's `TrainRunsResponse` for the session's runs, newest first.
-fn runs_response(index: &SessionIndex) -> Value {
-    let mut runs: Vec<Value> = index
-        .facts
-        .train_runs
+/// Whether the session read the run's own `EXPORT_TRAIN_RUN` event (`inspect` knows a run
+/// also from its attempts alone: then its name, status and the rest are null).
+fn has_run_event(run: &Value) -> bool {
+    !(run["name"].is_null() && run["status"].is_null())
+}
+
+/// Ray's `TrainRunsResponse` for the session's runs, newest first, and how many runs were
+/// left out of it: those known only by their attempts ([`has_run_event`]), which Ray's head
+/// never lists and its model rejects ([`RUNS_LEFT_OUT_HEADER`]).
+fn runs_response(index: &SessionIndex) -> (Value, usize) {
+    let all = &index.facts.train_runs;
+    let mut runs: Vec<Value> = all
         .iter()
+        .filter(|run| has_run_event(run))
         .map(|run| {
             let job = run["job_id"]
                 .as_str()
@@ -265,9 +332,10 @@ fn runs_response(index: &SessionIndex) -> Value {
             ray_run(run, job)
         })
         .collect();
-    // Ray sorts by start time, newest first; a run without one (only attempts seen) last.
+    let left_out = all.len() - runs.len();
+    // Ray sorts by start time, newest first; a run without one last.
     runs.sort_by_key(|r| std::cmp::Reverse(r["start_time_ns"].as_i64()));
-    json!({ "train_runs": runs })
+    (json!({ "train_runs": runs }), left_out)
 }
 
 /// The job as Ray's `JobDetails`: `/api/jobs/{id}`'s shape, with the driver's node IP from
@@ -832,14 +900,18 @@ mod tests {
                 resources: Default::default(),
             }],
             train_runs: vec![
-                json!({"run_id": "old", "job_id": "01000000", "started": "2026-11-22T02:08:25Z"}),
-                json!({"run_id": "new", "job_id": "02000000", "started": "2026-11-22T02:09:25Z"}),
+                json!({"run_id": "old", "name": "o", "status": "FINISHED", "job_id": "01000000", "started": "2026-11-22T02:08:25Z"}),
+                json!({"run_id": "new", "name": "n", "status": "RUNNING", "job_id": "02000000", "started": "2026-11-22T02:09:25Z"}),
+                // Known only by its attempts: not in Ray's answer.
+                json!({"run_id": "attempts-only", "name": null, "status": null, "attempts": []}),
             ],
             ..SessionFacts::default()
         };
         let index = super::super::index::IndexBuilder::default().finish(facts);
-        let answer = runs_response(&index);
+        let (answer, left_out) = runs_response(&index);
+        assert_eq!(left_out, 1);
         let runs = answer["train_runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 2);
         assert_eq!(runs[0]["id"], "new", "newest first");
         assert_eq!(
             runs[0]["job_details"],
