@@ -23,7 +23,10 @@
 //! once uploaded: after a power loss too, an answered id is in the journal or on a line of a
 //! segment still in the spool past what the journal covers. That is one `fdatasync` per
 //! round of seals (none when nothing was appended since the last; one more, and a directory
-//! sync, when a generation was started since), on the writer thread; none per group commit
+//! sync, when a generation was started since), on the writer thread, and one more whenever
+//! a quarter of the window was answered since the last ([`Journal::due_for_sync`]: what a
+//! power loss takes then always fits in the window a start refills, whose order across files
+//! nothing durable records: review r40i D1); none per group commit
 //! (the group's lines are synced before its answer, and a start finds them past the lengths
 //! the journal holds, so the record needs no sync of its own), none when a generation is
 //! full. A start reads each generation up to its first incomplete or damaged block (a
@@ -38,7 +41,8 @@
 //! window ([`GENERATIONS_PER_WINDOW`]); when one is full the next is started, and the oldest
 //! are removed once the newer ones hold a whole window (their ids have left the window). A
 //! group's record names only the files it wrote ids into, so it holds at most 16 bytes of
-//! lengths per id beside the id's 8; a head, at most [`MAX_HEAD_FILES`] open segments. So
+//! lengths per id beside the id's 8; a head, at most [`MAX_HEAD_FILES`] open segments (16
+//! bytes each, in every generation: beside the ids below, review r40i D5). So
 //! between snapshots it holds at most 1.25 windows of ids (8 bytes each, and lengths) plus
 //! one group's (a window and [`MIN_GENERATION_IDS`] for a window under 16,384): 2.5 MiB of
 //! ids at the default window, beside the spool's budget.
@@ -87,7 +91,8 @@
 //! A failed write (a full disk) never fails a request: its events are in their segment. The
 //! journal is then behind: appends stop, a WARN and `rhc_dedup_journal_failures_total{what=
 //! "write"}` say so, and the next seal writes the whole window as new generations instead (at
-//! most once every [`RETRY_AFTER`]). Until that succeeds, a resend after a restart of events
+//! most once every [`RETRY_AFTER`], except at shutdown, whose final seals always try:
+//! [`Journal::retry_now`]). Until that succeeds, a resend after a restart of events
 //! whose segments were uploaded in the meantime may be stored twice.
 
 use std::collections::{HashMap, HashSet, VecDeque};
