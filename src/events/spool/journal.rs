@@ -274,6 +274,9 @@ struct Generation {
     ended: bool,
     /// It starts with the magic of format 1 (the binaries before: never a head).
     v1: bool,
+    /// A block failed its check or bound (a damage no crash or power loss makes: those cut
+    /// a generation, or leave zeros at its end), and the rest of it was discarded.
+    damaged: bool,
 }
 
 impl Journal {
@@ -376,6 +379,7 @@ impl Journal {
                 read_generation(&path, self.window, budget - loaded.bytes_read);
             loaded.bytes_read += read;
             if let Some(why) = damage {
+                generation.damaged = true;
                 loaded.damaged += 1;
                 m::dedup_journal_failure("damaged");
                 tracing::warn!(path = %path.display(), ids_kept = generation.ids.len(), reason = %why, "damaged ids journal file: the rest of it is discarded; a resend of those events after this restart may be stored twice");
@@ -769,11 +773,12 @@ fn chain_lengths(generations: impl Iterator<Item = (u64, Generation)>) -> Option
         if generation.v1 {
             continue;
         }
-        // The oldest generation read: what it lost (its head, its end, a damaged tail) are
-        // ids older than every newer generation's, so the newer lengths are still used; only
-        // its own, oldest ids are missing (review r40i D2: a bit flipped in its head made
-        // every line of the spool newer than the journal, and those old ids pushed the
-        // newest answered ones out of the window).
+        // The oldest generation read, without its head or damaged: the ids it lost are older
+        // than every newer generation's, so the newer lengths are still used and only its
+        // own, oldest ids are missing (review r40i D2: a bit flipped in its head made every
+        // line of the spool newer than the journal, and those old ids pushed the newest
+        // answered ones out of the window). One a crash cut short (no end block, no damage)
+        // still stops them: a power loss took its newest records, which Ray may resend.
         let oldest = previous.is_none();
         if previous.is_some_and(|p| p.checked_add(1) != Some(n)) {
             lost = true;
@@ -794,7 +799,7 @@ fn chain_lengths(generations: impl Iterator<Item = (u64, Generation)>) -> Option
         for fact in generation.facts {
             lengths.apply(fact);
         }
-        if !generation.ended && !oldest {
+        if !generation.ended && !(oldest && generation.damaged) {
             break;
         }
     }
@@ -1289,17 +1294,23 @@ mod tests {
         assert_eq!(loaded.damaged, 0);
     }
 
-    /// The oldest generation read lost its head: no length is known (every line of the spool
-    /// is reloaded as newer), not none at all (which would place the spool's ids as the
-    /// binaries of format 1 did).
+    /// The oldest generation read lost its head (cut to nothing, or damaged): its ids are
+    /// the oldest, so the newer generations' lengths are still used (review r40i D2: before,
+    /// no length was known, every line of the spool was reloaded as newer, and pushed the
+    /// journal's newest ids out of the window).
     #[test]
-    fn a_lost_oldest_generation_leaves_no_length_known() {
-        let tmp = tempfile::tempdir().unwrap();
-        let window = 4 * MIN_GENERATION_IDS;
-        let names = three_generations(tmp.path(), window);
-        fs::write(tmp.path().join(JOURNAL_DIR).join(&names[0]), b"").unwrap();
-        let (_, loaded) = Journal::open(tmp.path(), window);
-        assert_eq!(loaded.lengths, Some(Lengths::default()));
+    fn a_lost_oldest_generation_costs_only_its_own_ids() {
+        for damage in [&b""[..], &[0u8; 64][..]] {
+            let tmp = tempfile::tempdir().unwrap();
+            let window = 4 * MIN_GENERATION_IDS;
+            let names = three_generations(tmp.path(), window);
+            fs::write(tmp.path().join(JOURNAL_DIR).join(&names[0]), damage).unwrap();
+            let (_, loaded) = Journal::open(tmp.path(), window);
+            let lengths = loaded.lengths.unwrap();
+            assert_eq!(lengths.files.get(&5), Some(&300));
+            assert_eq!(lengths.last_n, 50);
+            assert!(loaded.ids.contains(&(3 * MIN_GENERATION_IDS as u64 - 1)));
+        }
     }
 
     /// The newest generation without a head (created by a rotation, cut to 0 bytes by a
