@@ -799,7 +799,8 @@ fn chain_lengths(generations: impl Iterator<Item = (u64, Generation)>) -> Option
         for fact in generation.facts {
             lengths.apply(fact);
         }
-        if !generation.ended && !(oldest && generation.damaged) {
+        let keeps_going = generation.ended || (oldest && generation.damaged);
+        if !keeps_going {
             break;
         }
     }
