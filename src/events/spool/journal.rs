@@ -23,7 +23,10 @@
 //! once uploaded: after a power loss too, an answered id is in the journal or on a line of a
 //! segment still in the spool past what the journal covers. That is one `fdatasync` per
 //! round of seals (none when nothing was appended since the last; one more, and a directory
-//! sync, when a generation was started since), on the writer thread; none per group commit
+//! sync, when a generation was started since), on the writer thread, and one more whenever
+//! a quarter of the window was answered since the last ([`Journal::due_for_sync`]: what a
+//! power loss takes then always fits in the window a start refills, whose order across files
+//! nothing durable records: review r40i D1); none per group commit
 //! (the group's lines are synced before its answer, and a start finds them past the lengths
 //! the journal holds, so the record needs no sync of its own), none when a generation is
 //! full. A start reads each generation up to its first incomplete or damaged block (a
@@ -38,7 +41,8 @@
 //! window ([`GENERATIONS_PER_WINDOW`]); when one is full the next is started, and the oldest
 //! are removed once the newer ones hold a whole window (their ids have left the window). A
 //! group's record names only the files it wrote ids into, so it holds at most 16 bytes of
-//! lengths per id beside the id's 8; a head, at most [`MAX_HEAD_FILES`] open segments. So
+//! lengths per id beside the id's 8; a head, at most [`MAX_HEAD_FILES`] open segments (16
+//! bytes each, in every generation: beside the ids below, review r40i D5). So
 //! between snapshots it holds at most 1.25 windows of ids (8 bytes each, and lengths) plus
 //! one group's (a window and [`MIN_GENERATION_IDS`] for a window under 16,384): 2.5 MiB of
 //! ids at the default window, beside the spool's budget.
@@ -87,7 +91,8 @@
 //! A failed write (a full disk) never fails a request: its events are in their segment. The
 //! journal is then behind: appends stop, a WARN and `rhc_dedup_journal_failures_total{what=
 //! "write"}` say so, and the next seal writes the whole window as new generations instead (at
-//! most once every [`RETRY_AFTER`]). Until that succeeds, a resend after a restart of events
+//! most once every [`RETRY_AFTER`], except at shutdown, whose final seals always try:
+//! [`Journal::retry_now`]). Until that succeeds, a resend after a restart of events
 //! whose segments were uploaded in the meantime may be stored twice.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -183,6 +188,11 @@ pub(super) struct Journal {
     dirty: bool,
     /// A write failed: appends stop until a snapshot of the window succeeds.
     behind: bool,
+    /// Ids answered (appended, or not appended while behind) since the journal was last
+    /// made durable: a power loss can take their records, so a start reloads them from the
+    /// spool's lines. Kept under a quarter of the window ([`Journal::due_for_sync`]), so
+    /// that they all fit in the window a start refills, whatever their order across files.
+    unsynced_ids: usize,
     last_try: Option<Instant>,
     buf: Vec<u8>,
     /// Unit tests: a snapshot stops (as a crash would) after this many new generations.
@@ -264,6 +274,9 @@ struct Generation {
     ended: bool,
     /// It starts with the magic of format 1 (the binaries before: never a head).
     v1: bool,
+    /// A block failed its check or bound (a damage no crash or power loss makes: those cut
+    /// a generation, or leave zeros at its end), and the rest of it was discarded.
+    damaged: bool,
 }
 
 impl Journal {
@@ -284,6 +297,7 @@ impl Journal {
             dir_dirty: false,
             dirty: false,
             behind: true,
+            unsynced_ids: 0,
             last_try: None,
             buf: Vec::new(),
             #[cfg(test)]
@@ -365,6 +379,7 @@ impl Journal {
                 read_generation(&path, self.window, budget - loaded.bytes_read);
             loaded.bytes_read += read;
             if let Some(why) = damage {
+                generation.damaged = true;
                 loaded.damaged += 1;
                 m::dedup_journal_failure("damaged");
                 tracing::warn!(path = %path.display(), ids_kept = generation.ids.len(), reason = %why, "damaged ids journal file: the rest of it is discarded; a resend of those events after this restart may be stored twice");
@@ -420,6 +435,27 @@ impl Journal {
     /// nothing may be in flight then: the ids must be those of answered groups only.
     pub(super) fn wants_snapshot(&self) -> bool {
         self.window != 0 && self.behind && self.last_try.is_none_or(|t| t.elapsed() >= RETRY_AFTER)
+    }
+
+    /// True when a quarter of the window ([`GENERATIONS_PER_WINDOW`]) was answered since the
+    /// journal was last made durable, and the caller should make it durable now
+    /// ([`super::writer::Writer::sync_journal`]): one `fdatasync` per quarter window of ids
+    /// (or a snapshot, when behind and [`Journal::wants_snapshot`]). So after a power loss
+    /// (or a failed write) the ids a start must reload from the spool's lines, whose order
+    /// across files nothing durable records, are at most a quarter window and the groups
+    /// answered since (review r40i D1): they all fit in the window, and the journal's newest
+    /// ids fill the rest.
+    pub(super) fn due_for_sync(&self) -> bool {
+        self.window != 0
+            && self.unsynced_ids >= (self.window / GENERATIONS_PER_WINDOW).max(1)
+            && (!self.behind || self.wants_snapshot())
+    }
+
+    /// The next [`Journal::wants_snapshot`] holds at once, whatever the last try: the final
+    /// seal at shutdown tries a journal that is behind again (review r40i D3: a SIGTERM within
+    /// [`RETRY_AFTER`] of a failed write left it unwritten although the disk had room).
+    pub(super) fn retry_now(&mut self) {
+        self.last_try = None;
     }
 
     /// Writes `ids` (the window, oldest first: ids of answered groups only) as new
@@ -510,6 +546,7 @@ impl Journal {
                 self.dir_dirty = false;
                 self.dirty = false;
                 self.behind = false;
+                self.unsynced_ids = 0;
             }
             Err(e) => {
                 #[cfg(test)]
@@ -541,6 +578,7 @@ impl Journal {
         files: &[(u64, u64)],
         head: impl FnOnce() -> Head,
     ) {
+        self.unsynced_ids = self.unsynced_ids.saturating_add(ids.len());
         if ids.is_empty() || self.behind {
             return;
         }
@@ -632,7 +670,11 @@ impl Journal {
     /// behind does nothing here (the caller writes a snapshot when
     /// [`Journal::wants_snapshot`]).
     pub(super) fn sync(&mut self) {
-        if !self.dirty || self.behind {
+        if self.behind {
+            return;
+        }
+        if !self.dirty {
+            self.unsynced_ids = 0;
             return;
         }
         let mut result = Ok(());
@@ -651,6 +693,7 @@ impl Journal {
         }
         self.dir_dirty = false;
         self.dirty = false;
+        self.unsynced_ids = 0;
     }
 
     /// Moves [`Journal::next`] past every regular generation-like file now in the folder
@@ -730,11 +773,21 @@ fn chain_lengths(generations: impl Iterator<Item = (u64, Generation)>) -> Option
         if generation.v1 {
             continue;
         }
+        // The oldest generation read, without its head or damaged: the ids it lost are older
+        // than every newer generation's, so the newer lengths are still used and only its
+        // own, oldest ids are missing (review r40i D2: a bit flipped in its head made every
+        // line of the spool newer than the journal, and those old ids pushed the newest
+        // answered ones out of the window). One a crash cut short (no end block, no damage)
+        // still stops them: a power loss took its newest records, which Ray may resend.
+        let oldest = previous.is_none();
         if previous.is_some_and(|p| p.checked_add(1) != Some(n)) {
             lost = true;
         }
         previous = Some(n);
         if !generation.headed {
+            if oldest {
+                continue;
+            }
             // Its head, and perhaps records, are gone: nothing newer is used.
             lost = true;
             continue;
@@ -746,7 +799,8 @@ fn chain_lengths(generations: impl Iterator<Item = (u64, Generation)>) -> Option
         for fact in generation.facts {
             lengths.apply(fact);
         }
-        if !generation.ended {
+        let keeps_going = generation.ended || (oldest && generation.damaged);
+        if !keeps_going {
             break;
         }
     }
@@ -1241,17 +1295,23 @@ mod tests {
         assert_eq!(loaded.damaged, 0);
     }
 
-    /// The oldest generation read lost its head: no length is known (every line of the spool
-    /// is reloaded as newer), not none at all (which would place the spool's ids as the
-    /// binaries of format 1 did).
+    /// The oldest generation read lost its head (cut to nothing, or damaged): its ids are
+    /// the oldest, so the newer generations' lengths are still used (review r40i D2: before,
+    /// no length was known, every line of the spool was reloaded as newer, and pushed the
+    /// journal's newest ids out of the window).
     #[test]
-    fn a_lost_oldest_generation_leaves_no_length_known() {
-        let tmp = tempfile::tempdir().unwrap();
-        let window = 4 * MIN_GENERATION_IDS;
-        let names = three_generations(tmp.path(), window);
-        fs::write(tmp.path().join(JOURNAL_DIR).join(&names[0]), b"").unwrap();
-        let (_, loaded) = Journal::open(tmp.path(), window);
-        assert_eq!(loaded.lengths, Some(Lengths::default()));
+    fn a_lost_oldest_generation_costs_only_its_own_ids() {
+        for damage in [&b""[..], &[0u8; 64][..]] {
+            let tmp = tempfile::tempdir().unwrap();
+            let window = 4 * MIN_GENERATION_IDS;
+            let names = three_generations(tmp.path(), window);
+            fs::write(tmp.path().join(JOURNAL_DIR).join(&names[0]), damage).unwrap();
+            let (_, loaded) = Journal::open(tmp.path(), window);
+            let lengths = loaded.lengths.unwrap();
+            assert_eq!(lengths.files.get(&5), Some(&300));
+            assert_eq!(lengths.last_n, 50);
+            assert!(loaded.ids.contains(&(3 * MIN_GENERATION_IDS as u64 - 1)));
+        }
     }
 
     /// The newest generation without a head (created by a rotation, cut to 0 bytes by a

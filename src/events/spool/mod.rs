@@ -696,7 +696,8 @@ pub struct AppendOutcome {
     pub duplicates: u64,
     /// Sent to quarantine. Each distinct bad element is kept once: one already kept (resent
     /// by Ray, or repeated in the body) is counted here but not written again, and is not a
-    /// duplicate. So `accepted + duplicates + quarantined + quarantine_dropped` is the number
+    /// duplicate. The last few thousand are remembered, in memory only: after a restart a
+    /// resent one is kept again. So `accepted + duplicates + quarantined + quarantine_dropped` is the number
     /// of elements in the body.
     pub quarantined: u64,
     /// Not routable and beyond the per-body quarantine cap: counted, not stored.

@@ -379,10 +379,17 @@ const ID_SCAN_CHUNK: usize = 64 * 1024;
 /// memory of reading one line backwards. Ray's events are a few KiB; a larger one is rare.
 const MAX_ID_LINE: usize = 8 << 20;
 
-/// At most this many files (the most recently written) are read for ids at start: each
-/// holds a chunk's ids in memory while they are merged, and what Ray resends is at the end
-/// of the files it wrote to last.
+/// For a journal of format 1 only ([`newest_ids`]): at most this many files (the most
+/// recently written) are read for ids at start.
 const MAX_ID_FILES: usize = 1024;
+
+/// What the readers of [`unrecorded_ids`] hold at once, about: each reads chunks of this
+/// divided by their number (at least [`MIN_ID_SCAN_CHUNK`]), so every file with lines the
+/// journal lacks is read, whatever their number, in bounded memory.
+const UNRECORDED_READ_BYTES: usize = 64 << 20;
+
+/// The smallest chunk a reader of [`unrecorded_ids`] reads.
+const MIN_ID_SCAN_CHUNK: usize = 4 << 10;
 
 /// Which lines of a file carry ids, and how they are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -424,10 +431,17 @@ pub(super) struct SpoolIds {
 /// newest first, at most `want`: the lines of each file past the length the journal gives it,
 /// and every line of a file numbered after the newest it knows of ([`Lengths`]); a file the
 /// journal knows of without a length (sealed, or quiet since before the generations read)
-/// gives none. The files are read side by side from their ends, one id from each in turn.
-/// A file that cannot be read is logged and left out. No clock is consulted: the journal's
-/// lengths and the files' creation numbers tell what is newer (reviews r40d, r40f: times
-/// set back, or a whole quiet file taken as newer, evicted answered ids).
+/// gives none. Every such file is read (review r40i D1: only the 1,024 created last were,
+/// so a batch answered last into an older partition was left out), side by side from
+/// their ends, one id from each in turn, each reader holding a chunk of
+/// [`UNRECORDED_READ_BYTES`] divided among them. Their order across files is recorded
+/// nowhere durable; the journal is made durable every quarter window of ids
+/// ([`super::journal::Journal::due_for_sync`]), so after a kill -9 or a power loss they are
+/// fewer than the window and all come back. Only when more are missing (a damaged journal,
+/// or one behind a full disk that refuses its snapshot) does the window get fewer of each
+/// file's oldest. A file that cannot be read is logged and left out. No clock is consulted:
+/// the journal's lengths and the files' creation numbers tell what is newer (reviews r40d,
+/// r40f: times set back, or a whole quiet file taken as newer, evicted answered ids).
 pub(super) fn unrecorded_ids(mut files: Vec<IdFile>, want: usize, lengths: &Lengths) -> Vec<u64> {
     let mut out = Vec::new();
     files.retain_mut(|f| {
@@ -440,11 +454,15 @@ pub(super) fn unrecorded_ids(mut files: Vec<IdFile>, want: usize, lengths: &Leng
         floor < f.len
     });
     files.sort_by_key(|f| std::cmp::Reverse(f.created));
-    files.truncate(MAX_ID_FILES);
+    let chunk =
+        (UNRECORDED_READ_BYTES / files.len().max(1)).clamp(MIN_ID_SCAN_CHUNK, ID_SCAN_CHUNK);
     let mut readers: Vec<TailIds> = files
         .iter()
         .filter_map(|f| match TailIds::open_from(&f.path, f.lines, f.floor, f.len) {
-            Ok(r) => Some(r),
+            Ok(mut r) => {
+                r.chunk = chunk;
+                Some(r)
+            }
             Err(e) => {
                 tracing::warn!(path = %f.path.display(), error = %e, "could not reload the event ids of a spool file; a resend of its events may be stored twice");
                 None
@@ -619,6 +637,8 @@ pub(super) struct TailIds {
     skipping: bool,
     /// Ids of the chunk read last, oldest first (popped from the end).
     ids: Vec<u64>,
+    /// Bytes read at a time.
+    chunk: usize,
 }
 
 impl TailIds {
@@ -643,6 +663,7 @@ impl TailIds {
             carry: Vec::new(),
             skipping: false,
             ids: Vec::new(),
+            chunk: ID_SCAN_CHUNK,
         })
     }
 
@@ -685,10 +706,7 @@ impl TailIds {
 
     /// Reads the chunk before `pos`: its complete lines' ids into `ids`, oldest first.
     fn read_chunk(&mut self) -> io::Result<()> {
-        let start = self
-            .pos
-            .saturating_sub(ID_SCAN_CHUNK as u64)
-            .max(self.floor);
+        let start = self.pos.saturating_sub(self.chunk as u64).max(self.floor);
         let mut buf = vec![0u8; (self.pos - start) as usize];
         let mut f = File::open(&self.path)?;
         f.seek(SeekFrom::Start(start))?;

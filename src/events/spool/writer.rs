@@ -354,10 +354,12 @@ impl Writer {
                             tracing::warn!("sealing every segment for shutdown although the last export checkpoint is unsaved; export lines it does not cover are read again after a restart and dropped as duplicates");
                             self.checkpoint_unsaved = false;
                         }
+                        self.final_journal_sync();
                         self.seal_where(|_| true);
                         let _ = reply.send(());
                     }
                     Command::Stop => {
+                        self.final_journal_sync();
                         self.seal_where(|_| true);
                         return;
                     }
@@ -370,6 +372,11 @@ impl Writer {
             // Size-based sealing once the data is durable.
             let max = self.cfg.max_segment_bytes;
             self.seal_where(|s| s.len >= max);
+            // A quarter window answered since the journal was last durable: made durable now,
+            // so what a power loss can take from it always fits in the window a start refills.
+            if self.journal.due_for_sync() {
+                self.sync_journal();
+            }
             // Segments whose compressed copy has no room in the budget: sealed, so they
             // go up whole instead of waiting for their rotation (the review of issue 35).
             let asked = self.stats.take_seal_requests();
@@ -680,6 +687,14 @@ impl Writer {
         } else {
             self.journal.sync();
         }
+    }
+
+    /// At shutdown: the journal made durable, and when it is behind, its snapshot tried now
+    /// whatever the last try (the disk may have room again), before the final seals hand
+    /// every segment to the uploader (review r40i D3).
+    fn final_journal_sync(&mut self) {
+        self.journal.retry_now();
+        self.sync_journal();
     }
 
     /// Writes every pending buffer and makes it durable now (recovery, quarantined bodies;
