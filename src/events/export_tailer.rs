@@ -73,7 +73,7 @@ use crate::events::dedup::id_hash;
 use crate::events::quarantine::{raw_record, QuarantineReason};
 use crate::events::spool::{
     AppendBatch, Checkpoint, EventSpan, PartitionBatch, QuarantinedEvent, Spool, SpoolError,
-    MAX_COST_PER_LINE_BYTE,
+    FILE_BUDGET_BYTES, MAX_COST_PER_LINE_BYTE, MAX_PARTITIONS_PER_REQUEST,
 };
 use crate::node::node_id::NodeIdResolver;
 use crate::node::session::{list_sessions, ActiveSession};
@@ -85,6 +85,10 @@ use identity::{FirstLine, Identity, Known, Verdict};
 /// backlog cannot hog the spool's writer and a crash repeats little; also the longest line
 /// kept whole, less when the spool's budget is small: see [`line_limit`].
 const MAX_READ: u64 = 8 << 20;
+/// What a partition new to a batch costs the spool's budget besides its lines: its segment
+/// file, claimed when it is opened, and the two growth files (shadow and record) its upload
+/// claims. Counted as line bytes (so a little more than needed).
+const PARTITION_FILES_COST: u64 = 3 * FILE_BUDGET_BYTES;
 /// Share of the spool's budget the tailer fills at most (pushed events get 503 at 90 %): a
 /// batch never takes the spool past it, so the last tenth below the 503 mark is always
 /// left to pushed events.
@@ -763,9 +767,20 @@ impl ExportTailer {
                 // Not stored, but counted: every byte read into the batch counts against
                 // its bound, so no run of blank lines makes one batch hold a whole file.
                 Routed::Blank => line.len() as u64 + 1,
-                Routed::Event { .. } => line.len() as u64 + 1,
+                Routed::Event { partition, .. } => {
+                    let new = !batch.partitions.iter().any(|p| p.partition == *partition);
+                    // One request's partitions are bounded by the spool (past the bound
+                    // it files events under the arrival hour, then quarantines them): a
+                    // batch ends before it, the rest goes in the next one.
+                    if new && batch.partitions.len() >= MAX_PARTITIONS_PER_REQUEST {
+                        break;
+                    }
+                    line.len() as u64 + 1 + if new { PARTITION_FILES_COST } else { 0 }
+                }
                 Routed::Quarantine(reason) => {
+                    let first = batch.quarantined.is_empty();
                     raw_record(*reason, file.name, offset, line).len() as u64
+                        + if first { PARTITION_FILES_COST } else { 0 }
                 }
             };
             if batch.cost + cost > batch.room {
