@@ -913,7 +913,7 @@ struct Upload {
 impl Upload {
     /// Writes the record ahead, uploads `body` and settles what is known of the bucket, all
     /// while holding the URI's lane: stored, the lane and the record say so; refused by the
-    /// store (a 4xx, see [`may_have_landed`]), the record's entry goes back to what it was
+    /// store (a 4xx not retried, see [`may_have_landed`]), the record's entry goes back to what it was
     /// (the bucket holds what it held); with no answer that proves either (a timeout, a
     /// connection cut after the request left, a 5xx), the upload may have landed or land yet:
     /// the record keeps the longer of the two lists, marked uncertain (the final poll reads

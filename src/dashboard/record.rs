@@ -14,7 +14,8 @@
 //! marked uncertain: the bucket holds one of the two), and
 //! after a poll with the figures each upload settled: the new snapshot's once it is stored;
 //! the entry from before the upload when the store answered that it did not store it (a 4xx,
-//! a local I/O error, no connection made); the longer of the two, marked uncertain, when no
+//! a local I/O error, no connection made, at the first attempt: a retried upload may have
+//! landed on an earlier one); the longer of the two, marked uncertain, when no
 //! answer proved either (a timeout, a connection cut after the request left, a 5xx, which a
 //! gateway in front of the store may answer after the store took it), since that upload may
 //! have landed or land yet. So a poll cut at the shutdown deadline or a kill -9 between an

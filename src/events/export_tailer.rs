@@ -41,8 +41,12 @@
 //! 90 % of it. A backlog of export lines is already on disk in Ray's own files, so a batch
 //! never takes the spool past [`YIELD_PERCENT`] of the budget, whatever the budget: its
 //! lines are counted as the spool counts them (a quarantined line as its record, each with
-//! the room reserved for its compressed copy), and a line
-//! that does not fit the room left is not read yet. The rest of the room is left to pushed
+//! the room reserved for its compressed copy), with the files each partition it opens makes
+//! ([`PARTITION_FILES_COST`]) and the growth files open segments have yet to claim, and a
+//! line that does not fit the room left is not read yet. A batch opens at most
+//! [`MAX_PARTITIONS_PER_REQUEST`] partitions, the spool's bound for one request (past it
+//! the spool re-homes events to their arrival hour, then quarantines them): it ends before,
+//! so every line is stored at its own job and hour (review r41i D1). The rest of the room is left to pushed
 //! events; reading resumes once uploads have made room.
 //!
 //! Reading ends [`FINAL_PASS_LIMIT`] after the shutdown is seen, whether a regular pass is
