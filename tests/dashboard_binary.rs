@@ -1240,3 +1240,107 @@ fn a_gateway_504_after_the_store_took_the_upload_keeps_the_longer_list() {
         "the final poll replaced a longer stored list after a gateway's 504:\n{log}"
     );
 }
+
+/// Review r41i D3: the PUT of 5 placement groups reaches the store, a gateway answers 502,
+/// and object_store's retry is refused (403): only the last attempt's error is seen, and it
+/// counted as a refusal, putting the record back to the 3 stored before as certain; the
+/// final poll then replaced the stored 5 with its answer of 4. An upload that was retried
+/// may have landed on an earlier attempt: its entry stays uncertain, the final poll reads
+/// the bucket, finds 5 and keeps them.
+#[test]
+fn a_5xx_then_a_refused_retry_keeps_the_longer_list() {
+    let Some(s3) = S3BehindProxy::start("dashretried") else {
+        return;
+    };
+    let (stored, proxy) = (|uri: &str| s3.stored(uri), &s3.proxy);
+    let tmp = tempfile::tempdir().unwrap();
+    let dash = DashboardStandIn::start().unwrap();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(3)));
+    let mut c = s3.head(tmp.path(), &dash, &["--endpoint-poll-interval", "2s"]);
+    wait(&c, "the first snapshot", Duration::from_secs(30), || {
+        stored(PLACEMENT_GROUPS) == Some(pgs(3))
+    });
+    // The first PUT reaches the store and is answered 502; every later one is refused.
+    proxy.add(
+        Rule::new(Fault::PassThenStatus(502, "BadGateway".to_string()))
+            .method("PUT")
+            .target_contains("placement_groups")
+            .times(1),
+    );
+    proxy.add(
+        Rule::new(Fault::Status(403, "AccessDenied".to_string()))
+            .method("PUT")
+            .target_contains("placement_groups"),
+    );
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(5)));
+    wait(
+        &c,
+        "5 stored, answered 502, retry refused",
+        Duration::from_secs(60),
+        || {
+            stored(PLACEMENT_GROUPS) == Some(pgs(5))
+                && refused_pg_puts(proxy, 502) >= 1
+                && refused_pg_puts(proxy, 403) >= 1
+        },
+    );
+    // No more uploads of them until the final poll, whose upload the store takes.
+    dash.set(PLACEMENT_GROUPS, unavailable());
+    std::thread::sleep(Duration::from_millis(2500));
+    proxy.clear();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(4)));
+    let status = c.terminate(Duration::from_secs(60));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        stored(PLACEMENT_GROUPS),
+        Some(pgs(5)),
+        "the final poll replaced a longer stored list after a 502 and a refused retry:\n{log}"
+    );
+}
+
+/// Review r41i D4: a kill -9 while the upload of a shorter list (2 placement groups over
+/// the stored 5) is in flight, after the store took it: the record was written ahead only
+/// for an entry that grows, so it kept 5 as certain, and after the restart the final poll
+/// refused an answer of 3 against it (the bucket holds 2). A shrinking upload writes an
+/// uncertain entry ahead too: the final poll reads the bucket, finds 2 and stores the 3.
+#[test]
+fn a_kill_during_a_shrinking_upload_does_not_hold_back_a_longer_final_answer() {
+    let Some(s3) = S3BehindProxy::start("dashshrink") else {
+        return;
+    };
+    let (stored, proxy) = (|uri: &str| s3.stored(uri), &s3.proxy);
+    let tmp = tempfile::tempdir().unwrap();
+    let dash = DashboardStandIn::start().unwrap();
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(5)));
+    let mut c = s3.head(tmp.path(), &dash, &["--endpoint-poll-interval", "2s"]);
+    wait(&c, "the first snapshot", Duration::from_secs(30), || {
+        stored(PLACEMENT_GROUPS) == Some(pgs(5))
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    proxy.add(
+        Rule::new(Fault::HoldAnswer(Duration::from_secs(120)))
+            .method("PUT")
+            .target_contains("placement_groups"),
+    );
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(2)));
+    wait(&c, "2 stored, answer held", Duration::from_secs(60), || {
+        stored(PLACEMENT_GROUPS) == Some(pgs(2))
+    });
+    c.kill9();
+    proxy.clear();
+    dash.set(PLACEMENT_GROUPS, unavailable());
+    let asked = dash.count(PLACEMENT_GROUPS);
+    c.restart();
+    wait(&c, "run 2's first poll", Duration::from_secs(30), || {
+        dash.count(PLACEMENT_GROUPS) > asked
+    });
+    dash.set(PLACEMENT_GROUPS, Answer::json(&pgs(3)));
+    let status = c.terminate(Duration::from_secs(60));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        stored(PLACEMENT_GROUPS),
+        Some(pgs(3)),
+        "the final poll refused a longer answer against a record longer than the bucket:\n{log}"
+    );
+}

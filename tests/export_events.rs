@@ -1372,3 +1372,172 @@ fn a_line_over_8_mib_is_cut_and_quarantined_and_reading_goes_on() {
     assert_eq!(first["source_file"], "event_EXPORT_TRAIN_RUN.log");
     assert_eq!(first["raw"].as_str().unwrap().len(), 8 << 20);
 }
+
+/// One `EXPORT_DRIVER_JOB` line of job `job` (4 bytes) at `ts`, with its id.
+fn job_line(job: u32, ts: u64, tag: &str) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(job.to_be_bytes());
+    format!(
+        "{{\"event_id\": \"{tag}{job:08}\", \"timestamp\": {ts}, \"source_type\": \"EXPORT_DRIVER_JOB\", \"event_data\": {{\"job_id\": \"{b64}\", \"pad\": \"{}\"}}}}\n",
+        "x".repeat(120)
+    )
+}
+
+/// Review r41i D1: a backlog naming 600 jobs over three hours (1,800 partitions of the
+/// spool): every line lands under its own job and its own hour, none in quarantine. The
+/// spool bounds one request at 512 partitions (past 256 it files events under the arrival
+/// hour, past 512 it quarantines them as `too_many_partitions`); a batch of the tailer ends
+/// before it would pass that bound. (main at 1cfd7e4: 512 stored, 88 quarantined, and lines
+/// of the hours read later filed under the arrival hour.)
+#[test]
+fn a_backlog_of_more_jobs_than_one_request_may_name_keeps_each_line_at_its_job_and_hour() {
+    let _files = beside_others();
+    const JOBS: u32 = 600;
+    let w = Work::new();
+    let mut file = String::new();
+    let mut hour_of: HashMap<String, u64> = HashMap::new();
+    for job in 0..JOBS {
+        for h in 0..3u64 {
+            let ts = 1_795_313_307 + h * 3600;
+            file.push_str(&job_line(job, ts, &format!("h{h}-")));
+            hour_of.insert(format!("h{h}-{job:08}"), ts / 3600);
+        }
+    }
+    std::fs::write(
+        export_dir(&w.ray).join("event_EXPORT_DRIVER_JOB.log"),
+        &file,
+    )
+    .unwrap();
+    let mut c = w.start(&[], &[]);
+    let total = f64::from(JOBS * 3);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c.metric("rhc_events_accepted_total") + c.metric("rhc_events_quarantined_total") < total
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let quarantined = c.metric("rhc_events_quarantined_total");
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", c.log_tail(20));
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(LocalFileSystem::new_with_prefix(&w.bucket).unwrap());
+    let prefix = format!("cluster-history/raycluster/default/exp/{SESSION}/{NODE}/export_events/");
+    // Each line's hour (unix hours) to the hours named by the keys it is stored under.
+    let mut keys_of: HashMap<u64, std::collections::BTreeSet<String>> = HashMap::new();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut misfiled = 0;
+    for (k, v) in read_all(&store)
+        .iter()
+        .filter(|(k, _)| k.starts_with(&prefix))
+    {
+        let (group, name) = k[prefix.len()..].split_once('/').unwrap();
+        let hour = name[NODE.len() + 1..NODE.len() + 14].to_string();
+        for line in decode(k, v)
+            .split(|&c| c == b'\n')
+            .filter(|l| !l.is_empty())
+        {
+            let v: Value = serde_json::from_slice(line).unwrap();
+            let id = v["event_id"].as_str().unwrap().to_string();
+            let job: u32 = id[3..].parse().unwrap();
+            if group != format!("{job:08x}") {
+                misfiled += 1;
+            }
+            keys_of
+                .entry(hour_of[&id])
+                .or_default()
+                .insert(hour.clone());
+            *seen.entry(id).or_insert(0) += 1;
+        }
+    }
+    println!("hours: {keys_of:?}");
+    assert_eq!(
+        seen.len(),
+        hour_of.len(),
+        "{} of {} lines stored; quarantined {quarantined}:\n{}",
+        seen.len(),
+        hour_of.len(),
+        c.log_tail(20)
+    );
+    assert!(seen.values().all(|&n| n == 1), "a line stored twice");
+    assert_eq!(misfiled, 0, "lines under another job's directory");
+    assert_eq!(keys_of.len(), 3);
+    let hours: std::collections::BTreeSet<&String> = keys_of.values().flatten().collect();
+    assert!(
+        keys_of.values().all(|h| h.len() == 1) && hours.len() == 3,
+        "lines filed under another hour than their own: {keys_of:?}"
+    );
+}
+
+/// Review r41i D2: export lines of 1,200 new jobs, in three waves, while the bucket refuses
+/// every write (10 MiB budget): each new job is a new partition, whose segment file and two
+/// growth files count 4 KiB each in the budget besides its line. The tailer counts them, so
+/// it stops below 80 % and Ray's pushed events keep getting 200 (main at 1cfd7e4 counted the
+/// lines only: 503 "over its high watermark" with 800 jobs read, 380 KB of lines).
+#[test]
+fn export_lines_of_many_new_jobs_leave_room_for_pushed_events() {
+    let _files = beside_others();
+    let w = Work::new();
+    // Segments stay open (the default rotation), as in the review.
+    let mut c = Collector::start(
+        &w.spool,
+        &[
+            "--storage",
+            w.bucket.to_str().unwrap(),
+            "--cluster-name",
+            "exp",
+            "--ray-tmp-dir",
+            w.ray.to_str().unwrap(),
+            "--enable-log-collector",
+            "false",
+            "--max-spool-bytes",
+            "10MiB",
+        ],
+        &[],
+    );
+    w.refuse_uploads();
+    let path = export_dir(&w.ray).join("event_EXPORT_DRIVER_JOB.log");
+    std::fs::write(&path, b"").unwrap();
+    let body = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/posts-camel.jsonl"
+    ))
+    .unwrap();
+    let post = body.lines().next().unwrap().as_bytes().to_vec();
+    for wave in 0..3u32 {
+        let lines: String = (0..400)
+            .map(|j| job_line(wave * 400 + j, 1_795_313_307, "w-"))
+            .collect();
+        append(&path, lines.as_bytes());
+        // Read as far as the budget lets the tailer (680 jobs or so), then steady.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut last = -1.0;
+        loop {
+            std::thread::sleep(Duration::from_secs(2));
+            let now = c.metric("rhc_events_accepted_total");
+            if now == last && now > 0.0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the tailer kept reading");
+            last = now;
+        }
+        for _ in 0..3 {
+            let r = c.post(&post);
+            assert_eq!(
+                r.status,
+                200,
+                "wave {}: {} (spool bytes {}, segments {})",
+                wave + 1,
+                String::from_utf8_lossy(&r.body),
+                c.metric("rhc_spool_bytes"),
+                c.metric("rhc_spool_segments")
+            );
+        }
+        let ready = c.get("/readyz").unwrap();
+        assert_eq!(
+            ready.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&ready.body)
+        );
+    }
+    c.kill9();
+}

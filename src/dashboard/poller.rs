@@ -913,7 +913,7 @@ struct Upload {
 impl Upload {
     /// Writes the record ahead, uploads `body` and settles what is known of the bucket, all
     /// while holding the URI's lane: stored, the lane and the record say so; refused by the
-    /// store (a 4xx, see [`may_have_landed`]), the record's entry goes back to what it was
+    /// store (a 4xx not retried, see [`may_have_landed`]), the record's entry goes back to what it was
     /// (the bucket holds what it held); with no answer that proves either (a timeout, a
     /// connection cut after the request left, a 5xx), the upload may have landed or land yet:
     /// the record keeps the longer of the two lists, marked uncertain (the final poll reads
@@ -970,12 +970,17 @@ impl Upload {
 /// answers 502, 503 or 504 after the store may have taken the PUT, and a store may fail
 /// after writing (review r41g D2). A 4xx (the request refused as it stands: 403, 400, 412,
 /// 429...), a failure to connect and a local I/O error (`file://`) mean nothing was stored.
-/// object_store reports the last attempt of its retries: an earlier attempt that timed out
-/// and a last one refused with a 4xx count as refused.
+/// object_store reports only the last attempt of its retries, and retries a PUT after a
+/// 5xx, a timeout or a cut connection as after a refused connection: an upload it retried
+/// may have landed on an earlier attempt (a 502 from a gateway after the store took it,
+/// then "connection refused"), whatever the last attempt's error (review r41i D3).
 fn may_have_landed(e: &object_store::Error) -> bool {
     use object_store::client::{HttpError, HttpErrorKind};
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = source {
+        if retried(&s.to_string()) {
+            return true;
+        }
         if let Some(http) = s.downcast_ref::<HttpError>() {
             return http.kind() != HttpErrorKind::Connect;
         }
@@ -1001,6 +1006,16 @@ fn answered_status(text: &str) -> Option<u16> {
     }
     text.starts_with("Server returned error response")
         .then_some(0)
+}
+
+/// Whether object_store's error says the request was retried (it does not expose the type:
+/// "Error performing PUT ... in 1.2s, after 3 retries, max_retries: 10, ...").
+fn retried(text: &str) -> bool {
+    text.split(", after ").skip(1).any(|rest| {
+        rest.split_once(" retries, max_retries:")
+            .and_then(|(n, _)| n.parse::<u64>().ok())
+            .is_some_and(|n| n > 0)
+    })
 }
 
 fn job_of(datasets_uri: &str) -> String {
@@ -1069,6 +1084,15 @@ mod tests {
             source: Box::new(std::io::Error::other("disk full")),
         };
         assert!(!may_have_landed(&local));
+        // Retried, the last attempt refused: an earlier one may have landed (r41i D3).
+        assert!(may_have_landed(&answered(
+            "Error performing PUT http://b/k in 1.5s, after 3 retries, max_retries: 10, \
+             retry_timeout: 180s  - HTTP error: error sending request"
+        )));
+        assert!(!may_have_landed(&answered(
+            "Error performing PUT http://b/k in 1ms - Server returned non-2xx status code: \
+             403 Forbidden: "
+        )));
     }
 
     #[test]

@@ -9,11 +9,13 @@
 //! was never written answers 403, not 404: a read cannot tell "nothing stored" from "not
 //! allowed". This record answers without a request to the bucket.
 //!
-//! It is written atomically (temp file, fsync, rename) BEFORE each upload that makes an entry
-//! grow (write-ahead, with the longer of the old and the new list, marked uncertain), and
+//! It is written atomically (temp file, fsync, rename) BEFORE each upload that changes an
+//! entry, growing or shrinking it (write-ahead, with the longer of the old and the new list,
+//! marked uncertain: the bucket holds one of the two), and
 //! after a poll with the figures each upload settled: the new snapshot's once it is stored;
 //! the entry from before the upload when the store answered that it did not store it (a 4xx,
-//! a local I/O error, no connection made); the longer of the two, marked uncertain, when no
+//! a local I/O error, no connection made, at the first attempt: a retried upload may have
+//! landed on an earlier one); the longer of the two, marked uncertain, when no
 //! answer proved either (a timeout, a connection cut after the request left, a 5xx, which a
 //! gateway in front of the store may answer after the store took it), since that upload may
 //! have landed or land yet. So a poll cut at the shutdown deadline or a kill -9 between an
@@ -62,8 +64,10 @@ pub struct Recorded {
 impl Recorded {
     /// The more cautious of two entries: the longer list and the larger size. Written before
     /// an upload, it holds whichever of the old and the new snapshot the bucket ends up with.
-    /// Uncertain when either is, or when `other` (the upload's) changes the figures: then
-    /// they come from an upload whose outcome is not known yet.
+    /// Uncertain when either is, or when `other` (the upload's) differs from `self`, longer
+    /// or shorter: then the bucket holds one of the two, and which is not known yet (a
+    /// shrinking upload landed and then a kill -9 leaves the bucket shorter than `self`,
+    /// review r41i D4).
     fn at_least(self, other: Recorded) -> Recorded {
         let list_len = match (self.list_len, other.list_len) {
             (Some(a), Some(b)) => Some(a.max(b)),
@@ -75,8 +79,8 @@ impl Recorded {
             bytes,
             uncertain: self.uncertain
                 || other.uncertain
-                || list_len != self.list_len
-                || bytes != self.bytes,
+                || other.list_len != self.list_len
+                || other.bytes != self.bytes,
         }
     }
 }
@@ -206,7 +210,8 @@ impl SnapshotRecord {
     }
 
     /// Write-ahead, before `snapshot` is uploaded for `uri` in `session`: the entry becomes
-    /// at least `snapshot` (the longer list of the old and the new) and is written durably
+    /// at least `snapshot` (the longer list of the old and the new, uncertain when they
+    /// differ) and is written durably
     /// before this returns. A process killed during or after the upload leaves a record that
     /// covers what the bucket holds. Returns the entry as it was before, for
     /// [`Self::not_stored`]. When the record cannot be written (a full disk, a directory in
@@ -219,7 +224,7 @@ impl SnapshotRecord {
         uri: &str,
         snapshot: Recorded,
     ) -> Result<Option<Recorded>, String> {
-        let mut grew = false;
+        let mut changed = false;
         let mut before = None;
         let recorded = self.set(session, uri, |old| {
             before = old;
@@ -230,12 +235,12 @@ impl SnapshotRecord {
                     ..snapshot
                 },
             };
-            grew = old != Some(new);
+            changed = old != Some(new);
             Some(new)
         });
-        if !recorded || !grew || self.path.is_none() {
-            // Full or another session: the final poll reads the bucket for this URI. Not
-            // grown: what is on disk already covers the upload.
+        if !recorded || !changed || self.path.is_none() {
+            // Full or another session: the final poll reads the bucket for this URI.
+            // Unchanged: what is on disk already covers the upload.
             return Ok(before);
         }
         let Err(why) = self.write().await else {
@@ -511,7 +516,14 @@ mod tests {
             uncertain: false,
         };
         let before = r.before_upload("s", "/pgs", two).await.unwrap();
-        assert_eq!(on_disk(), Some(three), "nothing grew: not written");
+        assert_eq!(
+            on_disk(),
+            Some(Recorded {
+                uncertain: true,
+                ..three
+            }),
+            "a shrinking upload is written ahead too: the bucket may end up shorter (r41i D4)"
+        );
         r.unknown("s", "/pgs", before, two);
         assert_eq!(
             r.get("/pgs"),

@@ -41,13 +41,18 @@
 //! 90 % of it. A backlog of export lines is already on disk in Ray's own files, so a batch
 //! never takes the spool past [`YIELD_PERCENT`] of the budget, whatever the budget: its
 //! lines are counted as the spool counts them (a quarantined line as its record, each with
-//! the room reserved for its compressed copy), and a line
-//! that does not fit the room left is not read yet. The rest of the room is left to pushed
-//! events; reading resumes once uploads have made room. A batch reads at most [`MAX_READ`]
-//! bytes, but an empty batch always takes one quarantine record larger than that (of a line
-//! cut at [`line_limit`], or of a whole line that is not JSON: up to [`RECORD_GROWTH`] times
-//! its bytes) while it fits below the yield mark, so an overlong or bad line is quarantined
-//! and reading goes on; [`line_limit`] makes it fit an empty spool whatever the budget.
+//! the room reserved for its compressed copy), with the files each partition it opens makes
+//! ([`PARTITION_FILES_COST`]) and the growth files open segments have yet to claim, and a
+//! line that does not fit the room left is not read yet. A batch opens at most
+//! [`MAX_PARTITIONS_PER_REQUEST`] partitions, the spool's bound for one request (past it
+//! the spool re-homes events to their arrival hour, then quarantines them): it ends before,
+//! so every line is stored at its own job and hour (review r41i D1). The rest of the room is
+//! left to pushed events; reading resumes once uploads have made room. A batch reads at most
+//! [`MAX_READ`] bytes, but an empty batch always takes one quarantine record larger than that
+//! (of a line cut at [`line_limit`], or of a whole line that is not JSON: up to
+//! [`RECORD_GROWTH`] times its bytes) while it fits below the yield mark, so an overlong or
+//! bad line is quarantined and reading goes on; [`line_limit`] makes it fit an empty spool
+//! whatever the budget.
 //!
 //! Reading ends [`FINAL_PASS_LIMIT`] after the shutdown is seen, whether a regular pass is
 //! running then (it is checked between two files and between two batches) or the last pass
@@ -77,7 +82,7 @@ use crate::events::dedup::id_hash;
 use crate::events::quarantine::{raw_record, QuarantineReason};
 use crate::events::spool::{
     AppendBatch, Checkpoint, EventSpan, PartitionBatch, QuarantinedEvent, Spool, SpoolError,
-    MAX_COST_PER_LINE_BYTE,
+    FILE_BUDGET_BYTES, MAX_COST_PER_LINE_BYTE, MAX_PARTITIONS_PER_REQUEST,
 };
 use crate::node::node_id::NodeIdResolver;
 use crate::node::session::{list_sessions, ActiveSession};
@@ -89,6 +94,10 @@ use identity::{FirstLine, Identity, Known, Verdict};
 /// backlog cannot hog the spool's writer and a crash repeats little; also the longest line
 /// kept whole, less when the spool's budget is small: see [`line_limit`].
 const MAX_READ: u64 = 8 << 20;
+/// What a partition new to a batch costs the spool's budget besides its lines: its segment
+/// file, claimed when it is opened, and the two growth files (shadow and record) its upload
+/// claims. Counted as line bytes (so a little more than needed).
+const PARTITION_FILES_COST: u64 = 3 * FILE_BUDGET_BYTES;
 /// Share of the spool's budget the tailer fills at most (pushed events get 503 at 90 %): a
 /// batch never takes the spool past it, so the last tenth below the 503 mark is always
 /// left to pushed events.
@@ -521,12 +530,19 @@ impl ExportTailer {
 
     /// Bytes of lines the next batch may add to the spool: up to [`YIELD_PERCENT`] of the
     /// budget, counted by the spool's one rule with the room reserved for their compressed
-    /// copies (the rest is for pushed events); a batch takes at most [`MAX_READ`] of it.
+    /// copies and the growth files the open segments will claim (the rest is for pushed
+    /// events); a batch takes at most [`MAX_READ`] of it but for one overlong record, and
+    /// counts the files of each partition it opens ([`PARTITION_FILES_COST`]).
     fn spool_room(&self) -> u64 {
-        self.spool
-            .stats()
+        let stats = self.spool.stats();
+        // The growth files the open segments (this tailer's earlier partitions among them)
+        // will claim once published are not counted yet: left aside now.
+        let growth = stats
+            .unclaimed_growth_files()
+            .saturating_mul(FILE_BUDGET_BYTES);
+        stats
             .budget()
-            .room_for_lines(yield_mark(self.cfg.max_spool_bytes))
+            .room_for_lines(yield_mark(self.cfg.max_spool_bytes).saturating_sub(growth))
     }
 
     /// Logs when the tailer starts and stops waiting for room in the spool.
@@ -780,9 +796,20 @@ impl ExportTailer {
                 // Not stored, but counted: every byte read into the batch counts against
                 // its bound, so no run of blank lines makes one batch hold a whole file.
                 Routed::Blank => line.len() as u64 + 1,
-                Routed::Event { .. } => line.len() as u64 + 1,
+                Routed::Event { partition, .. } => {
+                    let new = !batch.partitions.iter().any(|p| p.partition == *partition);
+                    // One request's partitions are bounded by the spool (past the bound
+                    // it files events under the arrival hour, then quarantines them): a
+                    // batch ends before it, the rest goes in the next one.
+                    if new && batch.partitions.len() >= MAX_PARTITIONS_PER_REQUEST {
+                        break;
+                    }
+                    line.len() as u64 + 1 + if new { PARTITION_FILES_COST } else { 0 }
+                }
                 Routed::Quarantine(reason) => {
+                    let first = batch.quarantined.is_empty();
                     raw_record(*reason, file.name, offset, line).len() as u64
+                        + if first { PARTITION_FILES_COST } else { 0 }
                 }
             };
             if !batch.takes(cost) {

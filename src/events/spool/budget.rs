@@ -334,6 +334,11 @@ impl Budget {
         l.errors += u64::from(!ok);
     }
 
+    /// Growth files counted (the publisher's shadows and records of open segments).
+    pub fn growth_files(&self) -> u64 {
+        self.ledger().growth_files.get()
+    }
+
     /// Files not yet uploaded that are not growth files: segments, quarantine files, kept
     /// bodies (`rhc_spool_segments`).
     pub fn segment_files(&self) -> u64 {

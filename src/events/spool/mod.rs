@@ -312,6 +312,14 @@ impl SpoolStats {
         self.budget.segment_files()
     }
 
+    /// Growth files the publisher may yet claim for the open segments (a shadow and a
+    /// record each at most, [`Budget::claim_files`]) beyond those it has claimed: room a
+    /// reader that fills the spool (the export tailer) leaves for them (review r41i D2).
+    pub fn unclaimed_growth_files(&self) -> u64 {
+        let open = self.open.lock().map_or(0, |o| o.len() as u64);
+        (2 * open).saturating_sub(self.budget.growth_files())
+    }
+
     pub(super) fn add_file(&self, created: u64) {
         self.budget.add_file();
         self.add_pending(created);
