@@ -1735,3 +1735,71 @@ fn a_live_session_is_followed_by_listing_and_reload_true_reloads_at_once() {
     assert_eq!(total(&s), 8);
     assert_eq!(metric(&s, "rhc_serve_session_reloads_total"), 1);
 }
+
+/// Review r36k D2: an index a load could not read whole (here an object that is not gzip)
+/// is loaded again at its next look, though no object changed, and answers in full once the
+/// object is readable; the looks of a session that keeps failing are spaced by the reloads'
+/// cost, not every look.
+#[test]
+fn a_partial_index_is_loaded_again_at_its_next_look() {
+    use std::io::Write as _;
+    const SESSION: &str = "session_2026-11-22_05-00-00_000000_1";
+    let node: Vec<u8> = (1..=28).collect();
+    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    hand_bucket(&bucket, SESSION, &[]);
+    let dir = bucket
+        .join("cluster-history/raycluster/default/c1")
+        .join(SESSION)
+        .join(&node_hex)
+        .join("node_events");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{node_hex}-2026-11-22-05-1.jsonl")),
+        task_lines(SESSION, &node, 1, 4),
+    )
+    .unwrap();
+    let broken = dir.join(format!("{node_hex}-2026-11-22-05-2.jsonl.gz"));
+    std::fs::write(&broken, b"not gzip at all").unwrap();
+    let s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve.log"),
+        &[],
+        &[("RHC_TEST_SERVE_RECHECK_MS", "300")],
+    );
+    let r = get_loaded(&s, "/api/v0/tasks?limit=100", &cookies_for(SESSION));
+    assert_eq!(json_of(&r)["data"]["result"]["total"], 3);
+    assert_eq!(r.header("x-rhc-unreadable-objects"), Some("1"));
+    // Nothing changes in the bucket: the partial index is still loaded again.
+    let started = std::time::Instant::now();
+    while metric(&s, "rhc_serve_session_reloads_total") < 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "a partial index was never loaded again\n{}",
+            s.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        get_loaded(&s, "/api/v0/tasks?limit=100", &cookies_for(SESSION));
+    }
+    // The object made readable (as a store recovering would serve it): the next reload
+    // answers in full, with no unreadable header.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(task_lines(SESSION, &node, 4, 6).as_bytes())
+        .unwrap();
+    std::fs::write(&broken, gz.finish().unwrap()).unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        let r = get_loaded(&s, "/api/v0/tasks?limit=100", &cookies_for(SESSION));
+        if json_of(&r)["data"]["result"]["total"] == 5 {
+            assert_eq!(r.header("x-rhc-unreadable-objects"), None);
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{}",
+            s.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

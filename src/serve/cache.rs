@@ -109,6 +109,10 @@ pub struct SessionCache {
     budget: u64,
     inner: Mutex<Inner>,
     loads: Arc<Semaphore>,
+    /// Reloads run one at a time, apart from [`Self::loads`]: a session opened for the first
+    /// time never waits behind reloads (review r36k D4: a flood of `reload=true` held both
+    /// load permits and a cold open waited past 25 s).
+    reloads: Arc<Semaphore>,
     pub stats: CacheStats,
 }
 
@@ -118,6 +122,11 @@ pub enum Unavailable {
     Loading,
     /// The load failed: why.
     Failed(Arc<String>),
+}
+
+/// Objects and entries a load could not read (an index that has some is partial).
+fn unread(index: &SessionIndex) -> u64 {
+    index.facts.unreadable_objects + index.facts.skipped_entries
 }
 
 /// The cache's key of a session: where its objects are.
@@ -131,6 +140,7 @@ impl SessionCache {
             budget,
             inner: Mutex::new(Inner::default()),
             loads: Arc::new(Semaphore::new(MAX_CONCURRENT_LOADS)),
+            reloads: Arc::new(Semaphore::new(1)),
             stats: CacheStats::default(),
         }
     }
@@ -195,8 +205,8 @@ impl SessionCache {
         self.stats.loads.fetch_add(1, Ordering::Relaxed);
         let (cache, bucket, marker) = (self.clone(), bucket.clone(), marker.clone());
         tokio::spawn(async move {
-            let (loaded, signature) = cache.load(bucket, marker).await;
-            cache.settle(&key, &loaded, signature);
+            let (loaded, signature) = cache.load(bucket, marker, false).await;
+            cache.settle(&key, &loaded, signature, Duration::ZERO);
             let _ = tx.send(Some(loaded));
         });
         Err(rx)
@@ -242,18 +252,39 @@ impl SessionCache {
             }
             cache.stats.reloads.fetch_add(1, Ordering::Relaxed);
             let session = marker.session.clone();
-            let (loaded, signature) = cache.load(bucket, marker).await;
+            let (loaded, signature) = cache.load(bucket, marker, true).await;
+            // The next look waits 20 times what this look and reload took, so a session that
+            // keeps changing, or keeps failing to be read whole, costs at most a twentieth of
+            // a core while it is read.
+            let took = started.elapsed();
+            let held = cache.held_index(&key);
+            let worse = match (&loaded, &held) {
+                // Review r36k D1: a load that could read less than the index held (a listing
+                // or the store failing meanwhile) is no newer view of the session.
+                (Ok(new), Some(old)) => unread(new) > unread(old),
+                _ => false,
+            };
             match &loaded {
-                Ok(index) => {
+                Ok(index) if !worse => {
                     tracing::info!(
                         session = %crate::inspect::escape_untrusted(&session),
                         forced = force,
-                        "session reloaded: its objects changed since its load"
+                        "session reloaded"
                     );
-                    cache.settle(&key, &Ok(index.clone()), signature);
+                    // Review r36k D3: a session dropped from the cache meanwhile is not put
+                    // back (it would push out the one asked for last).
+                    cache.settle_held(&key, index, signature, took);
                     let _ = tx.send(Some(loaded));
                 }
-                Err(_) => {
+                _ => {
+                    cache.stats.load_failures.fetch_add(1, Ordering::Relaxed);
+                    if worse {
+                        tracing::warn!(
+                            session = %crate::inspect::escape_untrusted(&session),
+                            "a reload read less of the session than the index held; the index \
+                             held answers, and the next look tries again"
+                        );
+                    }
                     // The old index is kept and answers; the next look tries again.
                     let index = cache.checked(&key, took, None);
                     let _ = tx.send(index.map(Ok).or(Some(loaded)));
@@ -301,26 +332,57 @@ impl SessionCache {
         marker: &SessionMarker,
     ) -> Result<Arc<SessionIndex>, Unavailable> {
         let key = key_of(bucket, marker);
-        let rx = {
-            let mut inner = self.lock();
-            match inner.entries.get_mut(&key) {
-                Some(Entry::Ready { refreshing, .. }) => match refreshing {
-                    // A look or a reload is running: its outcome is as fresh as asked.
-                    Some(rx) => Some(rx.clone()),
-                    None => {
-                        let (tx, rx) = watch::channel(None);
-                        *refreshing = Some(rx.clone());
-                        drop(inner);
-                        self.spawn_refresh(key, bucket, marker, None, true, tx);
-                        Some(rx)
-                    }
-                },
-                _ => None,
+        // A look already running may have listed before the change the caller knows of
+        // (review r36k D2): wait for it, then reload.
+        let mut waited_for_running = false;
+        loop {
+            let (rx, forced) = {
+                let mut inner = self.lock();
+                match inner.entries.get_mut(&key) {
+                    Some(Entry::Ready { refreshing, .. }) => match refreshing {
+                        Some(rx) => (Some(rx.clone()), false),
+                        None => {
+                            let (tx, rx) = watch::channel(None);
+                            *refreshing = Some(rx.clone());
+                            drop(inner);
+                            self.spawn_refresh(key.clone(), bucket, marker, None, true, tx);
+                            (Some(rx), true)
+                        }
+                    },
+                    _ => (None, false),
+                }
+            };
+            match rx {
+                None => return self.get(bucket, marker).await,
+                Some(rx) if forced || waited_for_running => return Self::wait(rx).await,
+                Some(rx) => {
+                    waited_for_running = true;
+                    Self::wait(rx).await?;
+                }
             }
-        };
-        match rx {
-            Some(rx) => Self::wait(rx).await,
-            None => self.get(bucket, marker).await,
+        }
+    }
+
+    /// The index held for `key`, if it is loaded.
+    fn held_index(&self, key: &str) -> Option<Arc<SessionIndex>> {
+        match self.lock().entries.get(key) {
+            Some(Entry::Ready { index, .. }) => Some(index.clone()),
+            _ => None,
+        }
+    }
+
+    /// Puts a reloaded index in place of the one held for `key`, if one still is (a session
+    /// dropped from the cache meanwhile stays dropped).
+    fn settle_held(
+        &self,
+        key: &str,
+        index: &Arc<SessionIndex>,
+        signature: Option<EventsSignature>,
+        took: Duration,
+    ) {
+        let held = matches!(self.lock().entries.get(key), Some(Entry::Ready { .. }));
+        if held {
+            self.settle(key, &Ok(index.clone()), signature, took);
         }
     }
 
@@ -361,8 +423,9 @@ impl SessionCache {
     }
 
     /// Reads and indexes one session.
-    async fn load(&self, bucket: Arc<OpenBucket>, marker: SessionMarker) -> Built {
-        let Ok(_permit) = self.loads.clone().acquire_owned().await else {
+    async fn load(&self, bucket: Arc<OpenBucket>, marker: SessionMarker, reload: bool) -> Built {
+        let permits = if reload { &self.reloads } else { &self.loads };
+        let Ok(_permit) = permits.clone().acquire_owned().await else {
             return (Err(Arc::new("the server is stopping".to_string())), None);
         };
         let started = Instant::now();
@@ -412,11 +475,24 @@ impl SessionCache {
                 );
             }
         }
+        // A partial index (objects that could not be read) keeps no signature, so its next
+        // look loads it again (review r36k D2: a listing failure at the first load was never
+        // repaired, every look saying "no change").
+        let signature = match &result {
+            Ok(index) if unread(index) > 0 => None,
+            _ => signature,
+        };
         (result, signature)
     }
 
     /// Puts a finished load in the map (a failure: takes its entry out) and keeps the budget.
-    fn settle(&self, key: &str, loaded: &Loaded, signature: Option<EventsSignature>) {
+    fn settle(
+        &self,
+        key: &str,
+        loaded: &Loaded,
+        signature: Option<EventsSignature>,
+        took: Duration,
+    ) {
         let mut inner = self.lock();
         let index = match loaded {
             Ok(index) => index.clone(),
@@ -436,7 +512,7 @@ impl SessionCache {
                 last_used: tick,
                 signature,
                 checked: Instant::now(),
-                check_took: Duration::ZERO,
+                check_took: took,
                 refreshing: None,
             },
         );

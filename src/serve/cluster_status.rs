@@ -54,8 +54,12 @@
 //!   unreadable objects). KubeRay's server skips such a node without a word.
 //! - **Escaped.** Node types and resource names from the bucket are escaped
 //!   ([`escape_untrusted`]) before they enter the text.
-//! - **Read once per load.** A session's status is built once per load of its index and kept
-//!   while that index is (the dashboard asks every few seconds).
+//! - **Read at most every [`STATUS_FRESH_FOR`].** A session's status is kept while its index
+//!   is held and for [`STATUS_FRESH_FOR`] (the dashboard asks every few seconds), then built
+//!   again from the files as they are: the raylets of a live session rewrite their
+//!   `debug_state.txt` every few seconds, and no event says so (review r36k D5). At most
+//!   [`CACHED_STATUSES`] sessions' statuses are kept (review r36k D6: with 2, three dashboards
+//!   on three sessions rebuilt on every request).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, Weak};
@@ -93,8 +97,11 @@ pub const MAX_FAILURES_SHOWN: usize = 20;
 pub const MAX_LISTED_NODES: usize = 100;
 /// Statuses built at once.
 pub const CONCURRENT_BUILDS: usize = 2;
-/// Statuses kept (one per loaded session, the oldest dropped first).
-pub const CACHED_STATUSES: usize = 2;
+/// Statuses kept (one per loaded session, the oldest dropped first). A status is a few KiB
+/// of text, at most about 1 MiB ([`MAX_RESOURCE_ENTRIES`] resource lines).
+pub const CACHED_STATUSES: usize = 32;
+/// How long a status built is answered before it is built again.
+pub const STATUS_FRESH_FOR: std::time::Duration = std::time::Duration::from_secs(15);
 /// Ray's fixed point: an amount is held as amount × 10,000.
 const FIXED_POINT: f64 = 10_000.0;
 /// What the text says where the bucket holds nothing to say.
@@ -255,6 +262,7 @@ struct Kept {
     session: String,
     index: Weak<SessionIndex>,
     status: Arc<Status>,
+    built: std::time::Instant,
 }
 
 impl Default for StatusCache {
@@ -270,7 +278,11 @@ impl StatusCache {
     fn lookup(&self, session: &str, index: &Arc<SessionIndex>) -> Option<Arc<Status>> {
         let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         kept.iter()
-            .find(|k| k.session == session && std::ptr::eq(k.index.as_ptr(), Arc::as_ptr(index)))
+            .find(|k| {
+                k.session == session
+                    && std::ptr::eq(k.index.as_ptr(), Arc::as_ptr(index))
+                    && k.built.elapsed() < STATUS_FRESH_FOR
+            })
             .map(|k| k.status.clone())
     }
 
@@ -284,6 +296,7 @@ impl StatusCache {
             session,
             index: Arc::downgrade(index),
             status,
+            built: std::time::Instant::now(),
         });
     }
 }
