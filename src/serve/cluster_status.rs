@@ -904,13 +904,19 @@ mod tests {
     use super::*;
 
     /// Ray 2.60's head with a task and a placement group holding resources (captured from
-    /// `ray start --head` in tests/data/cluster_status/).
-    const BUSY: &str =
-        include_str!("../../tests/data/cluster_status/ray-2.60-busy-debug_state.txt");
+    /// `ray start --head` in tests/data/cluster_status/; read at run time, so the library's
+    /// sources name no file outside `src/`, as the container's build context requires).
+    fn busy() -> String {
+        std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/cluster_status/ray-2.60-busy-debug_state.txt"
+        ))
+        .unwrap()
+    }
 
     #[test]
     fn reads_ray_2_60s_debug_state() {
-        let r = parse_debug_state(BUSY.as_bytes(), true).unwrap();
+        let r = parse_debug_state(busy().as_bytes(), true).unwrap();
         assert!(!r.idle);
         assert_eq!(r.group, None);
         assert_eq!(r.total["CPU"], 20_000);
