@@ -117,11 +117,28 @@ pub async fn runs_v1(State(state): State<Shared>, entered: Entered) -> Response 
     }
 }
 
-/// Runs `work` on tokio's blocking pool; a panic there is a `500`.
+/// Train answers built at once: a big session's answer takes hundreds of MiB while it is
+/// built, and a blocking task cannot be stopped when its client leaves, so builds wait their
+/// turn here, where a client that leaves takes its request away before it starts (review
+/// r37j D1: every concurrent request built its own copy, 230 MiB each, and 12 abandoned
+/// requests took serve to 3.3 GiB).
+static TRAIN_BUILDS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+/// Runs `work` on tokio's blocking pool, one at a time ([`TRAIN_BUILDS`]); a panic there is a
+/// `500`.
 async fn off_the_runtime<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, Response> {
-    tokio::task::spawn_blocking(work).await.map_err(|e| {
+    // Closed never: the semaphore is static. The permit goes with the work, so a build whose
+    // client left still holds it until it ends.
+    let permit = TRAIN_BUILDS.acquire().await.ok();
+    tokio::task::spawn_blocking(move || {
+        let out = work();
+        drop(permit);
+        out
+    })
+    .await
+    .map_err(|e| {
         tracing::error!(error = %e, "building the Train runs answer failed");
         (
             StatusCode::INTERNAL_SERVER_ERROR,
