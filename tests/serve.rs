@@ -1605,6 +1605,19 @@ fn task_events_of_the_wrong_types_are_counted_as_bad_lines() {
     assert_eq!(json_of(&r)["data"]["result"]["total"], 6);
 }
 
+/// A hand-made bucket ([`hand_bucket`]) with `session`'s `node_events/` directory of node
+/// `node_hex` made, returned.
+fn node_events_bucket(bucket: &Path, session: &str, node_hex: &str) -> std::path::PathBuf {
+    hand_bucket(bucket, session, &[]);
+    let dir = bucket
+        .join("cluster-history/raycluster/default/c1")
+        .join(session)
+        .join(node_hex)
+        .join("node_events");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// A session's events as `(definition, lifecycle)` lines of tasks `from..to` (the shapes of
 /// `task_events_of_the_wrong_types_are_counted_as_bad_lines`).
 fn task_lines(session: &str, node: &[u8], from: u8, to: u8) -> String {
@@ -1646,13 +1659,7 @@ fn a_live_session_is_followed_by_listing_and_reload_true_reloads_at_once() {
     let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
     let work = tempfile::tempdir().unwrap();
     let bucket = work.path().join("bucket");
-    hand_bucket(&bucket, SESSION, &[]);
-    let dir = bucket
-        .join("cluster-history/raycluster/default/c1")
-        .join(SESSION)
-        .join(&node_hex)
-        .join("node_events");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = node_events_bucket(&bucket, SESSION, &node_hex);
     let first = dir.join(format!("{node_hex}-2026-11-22-05-1.jsonl"));
     std::fs::write(&first, task_lines(SESSION, &node, 1, 4)).unwrap();
     let total = |s: &Serve| {
@@ -1748,13 +1755,7 @@ fn a_partial_index_is_loaded_again_at_its_next_look() {
     let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
     let work = tempfile::tempdir().unwrap();
     let bucket = work.path().join("bucket");
-    hand_bucket(&bucket, SESSION, &[]);
-    let dir = bucket
-        .join("cluster-history/raycluster/default/c1")
-        .join(SESSION)
-        .join(&node_hex)
-        .join("node_events");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = node_events_bucket(&bucket, SESSION, &node_hex);
     std::fs::write(
         dir.join(format!("{node_hex}-2026-11-22-05-1.jsonl")),
         task_lines(SESSION, &node, 1, 4),

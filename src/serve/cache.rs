@@ -246,7 +246,7 @@ impl SessionCache {
             };
             let took = started.elapsed();
             if !changed {
-                let index = cache.checked(&key, took, None);
+                let index = cache.checked(&key, took);
                 let _ = tx.send(index.map(Ok));
                 return;
             }
@@ -286,7 +286,7 @@ impl SessionCache {
                         );
                     }
                     // The old index is kept and answers; the next look tries again.
-                    let index = cache.checked(&key, took, None);
+                    let index = cache.checked(&key, took);
                     let _ = tx.send(index.map(Ok).or(Some(loaded)));
                 }
             }
@@ -295,12 +295,7 @@ impl SessionCache {
 
     /// Marks a look at the session's objects done (`took` long): the entry's index, if it
     /// is still held.
-    fn checked(
-        &self,
-        key: &str,
-        took: Duration,
-        signature: Option<EventsSignature>,
-    ) -> Option<Arc<SessionIndex>> {
+    fn checked(&self, key: &str, took: Duration) -> Option<Arc<SessionIndex>> {
         let mut inner = self.lock();
         match inner.entries.get_mut(key) {
             Some(Entry::Ready {
@@ -308,15 +303,11 @@ impl SessionCache {
                 checked,
                 check_took,
                 refreshing,
-                signature: held,
                 ..
             }) => {
                 *checked = Instant::now();
                 *check_took = took;
                 *refreshing = None;
-                if signature.is_some() {
-                    *held = signature;
-                }
                 Some(index.clone())
             }
             _ => None,
