@@ -323,6 +323,29 @@ pub struct EventsSignature {
     hash: u64,
 }
 
+/// One delimiter listing of `dir`, its failure said with the directory.
+async fn list_dir(
+    store: &Arc<dyn ObjectStore>,
+    dir: ObjectPath,
+) -> Result<object_store::ListResult, String> {
+    store
+        .list_with_delimiter(Some(&dir))
+        .await
+        .map_err(|e| format!("listing {dir}/ failed: {}", store_error(&e)))
+}
+
+/// [`list_dir`] of each of `dirs`, [`READ_CONCURRENCY`] at a time, in any order.
+async fn list_dirs(
+    store: &Arc<dyn ObjectStore>,
+    dirs: Vec<ObjectPath>,
+) -> Vec<Result<object_store::ListResult, String>> {
+    futures::stream::iter(dirs)
+        .map(|dir| list_dir(store, dir))
+        .buffer_unordered(READ_CONCURRENCY)
+        .collect()
+        .await
+}
+
 /// Lists what [`EventsSignature`] covers under `session_prefix` (`P/<session>`): the node
 /// directories, each node's `node_events/` and the partitions of its `job_events/` and
 /// `export_events/`, and `fetched_endpoints/`, with delimiter listings (a node's logs are
@@ -332,13 +355,7 @@ pub(super) async fn events_signature(
     store: &Arc<dyn ObjectStore>,
     session_prefix: &ObjectPath,
 ) -> Result<EventsSignature, String> {
-    let list = |dir: ObjectPath| async move {
-        store
-            .list_with_delimiter(Some(&dir))
-            .await
-            .map_err(|e| format!("listing {dir}/ failed: {}", store_error(&e)))
-    };
-    let top = list(session_prefix.clone()).await?;
+    let top = list_dir(store, session_prefix.clone()).await?;
     // Directories whose objects count, and directories of partitions whose objects count.
     let mut object_dirs = Vec::new();
     let mut node_dirs = Vec::new();
@@ -349,11 +366,7 @@ pub(super) async fn events_signature(
             node_dirs.push(dir);
         }
     }
-    let nodes: Vec<_> = futures::stream::iter(node_dirs)
-        .map(&list)
-        .buffer_unordered(READ_CONCURRENCY)
-        .collect()
-        .await;
+    let nodes = list_dirs(store, node_dirs).await;
     let mut partition_parents = Vec::new();
     for node in nodes {
         for sub in node?.common_prefixes {
@@ -364,19 +377,11 @@ pub(super) async fn events_signature(
             }
         }
     }
-    let parents: Vec<_> = futures::stream::iter(partition_parents)
-        .map(&list)
-        .buffer_unordered(READ_CONCURRENCY)
-        .collect()
-        .await;
+    let parents = list_dirs(store, partition_parents).await;
     for parent in parents {
         object_dirs.extend(parent?.common_prefixes);
     }
-    let listings: Vec<_> = futures::stream::iter(object_dirs)
-        .map(list)
-        .buffer_unordered(READ_CONCURRENCY)
-        .collect()
-        .await;
+    let listings = list_dirs(store, object_dirs).await;
     let mut entries = Vec::new();
     for listing in listings {
         for meta in listing?.objects {
