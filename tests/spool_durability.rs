@@ -798,13 +798,7 @@ fn a_group_in_flight_in_a_quiet_segment_does_not_push_answered_ids_out() {
         r.as_ref().map_or(true, |r| r.status != 200),
         "the group in flight was answered"
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while c.alive() {
-        assert!(std::time::Instant::now() < deadline, "not killed");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    c.kill9();
-    assert!(!faults.armed("fdatasync"));
+    wait_killed(&mut c, &faults);
     assert!(ids_in_spool(&c.spool).contains(&late[BATCH - 1]));
     c.restart();
     assert_eq!(
@@ -826,6 +820,17 @@ fn a_group_in_flight_in_a_quiet_segment_does_not_push_answered_ids_out() {
     let (count, _) = stored(&objects, "session_quiet");
     assert_once(&count, &quiet);
     assert_once(&count, &late);
+}
+
+/// Waits for the fault shim's kill at the `fdatasync` it was armed for.
+fn wait_killed(c: &mut Collector, faults: &Faults) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while c.alive() {
+        assert!(std::time::Instant::now() < deadline, "not killed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.kill9();
+    assert!(!faults.armed("fdatasync"));
 }
 
 /// Review r40f D2 (and the other side of r40d D1): a group answered just before a power
@@ -1883,6 +1888,48 @@ fn a_batch_answered_last_into_an_older_partition_survives_a_power_loss() {
 #[test]
 fn a_batch_answered_last_into_the_oldest_of_many_files_survives_a_power_loss() {
     a_batch_answered_last_survives_a_power_loss("262144", 1100, 1, 20);
+}
+
+/// Review r40j D2: the ids journal was synced every quarter window, but only after a whole
+/// group: 240 ids answered (under a quarter of 1,000, not synced), then a batch of 800, and
+/// a power loss at the journal's sync after it took the records of all 1,040; the start
+/// got 1,000 of them back from the spool in a guessed order, and the resend of the batch
+/// was stored again (main-27030f5: 599 ids twice). Now the journal is synced before a
+/// request that would take what it lacks past a quarter window is written.
+#[test]
+fn a_power_loss_at_the_journal_sync_before_a_large_batch_loses_no_answered_id() {
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = Faults::build(tmp.path());
+    let args = ["--dedup-window", "1000", "--upload-window", "300s"];
+    let (mut c, bucket) = start(tmp.path(), &args, &faults.env());
+    let ts = "2026-11-22T02:06:40Z";
+    let y = ids(0..240, "y");
+    assert_eq!(post(&c, &batch_at(&y, "session_a", ts)), (200, 240, 0, 0));
+    faults.arm("fdatasync", rhc_testkit::fault_shim::KILL, 1, "dedup/ids");
+    let b = ids(0..800, "b");
+    let b_body = batch_at(&b, "session_b", ts);
+    // Killed before its answer, or (before the fix) just after it.
+    let _ = rhc_testkit::http::try_http_request(
+        "POST",
+        &c.url("/v1/events"),
+        &[("Content-Type", "application/json")],
+        b_body.as_bytes(),
+    );
+    wait_killed(&mut c, &faults);
+    faults.lose_unsynced(&c.spool);
+    c.restart();
+    assert_eq!(
+        post(&c, &batch_at(&y, "session_a", ts)),
+        (200, 0, 240, 0),
+        "{}",
+        c.log_tail(20)
+    );
+    assert_eq!(post(&c, &b_body).0, 200);
+    let exit = c.terminate(Duration::from_secs(60));
+    assert!(exit.success(), "{exit}: {}", c.log_text());
+    let objects = read_all(&store(&bucket));
+    assert_once(&stored(&objects, "session_a").0, &y);
+    assert_once(&stored(&objects, "session_b").0, &b);
 }
 
 /// Review r40j D1: Ray's resend of a batch partly out of the window. Batch A (600 ids),
