@@ -24,9 +24,10 @@
 //! segment still in the spool past what the journal covers. That is one `fdatasync` per
 //! round of seals (none when nothing was appended since the last; one more, and a directory
 //! sync, when a generation was started since), on the writer thread, and one more whenever
-//! a quarter of the window was answered since the last ([`Journal::due_for_sync`]: what a
-//! power loss takes then always fits in the window a start refills, whose order across files
-//! nothing durable records: review r40i D1); none per group commit
+//! a quarter of the window was answered since the last ([`Journal::due_for_sync`]), or before
+//! a group is written that would take the ids not yet durable here past a quarter window
+//! (review r40j D2): what a power loss takes then always fits in the window a start refills,
+//! whose order across files nothing durable records (review r40i D1); none per group commit
 //! (the group's lines are synced before its answer, and a start finds them past the lengths
 //! the journal holds, so the record needs no sync of its own), none when a generation is
 //! full. A start reads each generation up to its first incomplete or damaged block (a
@@ -442,13 +443,34 @@ impl Journal {
     /// ([`super::writer::Writer::sync_journal`]): one `fdatasync` per quarter window of ids
     /// (or a snapshot, when behind and [`Journal::wants_snapshot`]). So after a power loss
     /// (or a failed write) the ids a start must reload from the spool's lines, whose order
-    /// across files nothing durable records, are at most a quarter window and the groups
-    /// answered since (review r40i D1): they all fit in the window, and the journal's newest
-    /// ids fill the rest.
+    /// across files nothing durable records, are at most a quarter window (review r40i D1),
+    /// or one request holding more: the writer also syncs before writing a group that would
+    /// take them past it (review r40j D2: a large group after a smaller one made more than a
+    /// window). They all fit in the window, and the journal's newest ids fill the rest.
     pub(super) fn due_for_sync(&self) -> bool {
-        self.window != 0
-            && self.unsynced_ids >= (self.window / GENERATIONS_PER_WINDOW).max(1)
-            && (!self.behind || self.wants_snapshot())
+        self.syncs_now() && self.unsynced_ids >= self.sync_every()
+    }
+
+    /// The ids answered between two syncs at most, a quarter of the window (0 when the
+    /// window is off): the writer also syncs before a group that would take the ids not
+    /// yet durable here past it ([`Journal::unsynced_ids`], review r40j D2).
+    pub(super) fn sync_every(&self) -> usize {
+        if self.window == 0 {
+            0
+        } else {
+            (self.window / GENERATIONS_PER_WINDOW).max(1)
+        }
+    }
+
+    /// Ids answered since the journal was last made durable.
+    pub(super) fn unsynced_ids(&self) -> usize {
+        self.unsynced_ids
+    }
+
+    /// True when [`super::writer::Writer::sync_journal`] would make the journal durable
+    /// now: not while it is behind and waiting for its next try.
+    pub(super) fn syncs_now(&self) -> bool {
+        self.window != 0 && (!self.behind || self.wants_snapshot())
     }
 
     /// The next [`Journal::wants_snapshot`] holds at once, whatever the last try: the final

@@ -436,8 +436,10 @@ pub(super) struct SpoolIds {
 /// their ends, one id from each in turn, each reader holding a chunk of
 /// [`UNRECORDED_READ_BYTES`] divided among them. Their order across files is recorded
 /// nowhere durable; the journal is made durable every quarter window of ids
-/// ([`super::journal::Journal::due_for_sync`]), so after a kill -9 or a power loss they are
-/// fewer than the window and all come back. Only when more are missing (a damaged journal,
+/// ([`super::journal::Journal::due_for_sync`]), and before a group is written that would
+/// take the ids not yet durable there past that (review r40j D2), so after a kill -9 or a
+/// power loss they are fewer than the window and all come back (but for one request of more
+/// ids than the window). Only when more are missing (a damaged journal,
 /// or one behind a full disk that refuses its snapshot) does the window get fewer of each
 /// file's oldest. A file that cannot be read is logged and left out. No clock is consulted:
 /// the journal's lengths and the files' creation numbers tell what is newer (reviews r40d,

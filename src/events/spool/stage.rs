@@ -154,35 +154,71 @@ impl Writer {
             ..AppendOutcome::default()
         };
         let (events_before, quarantine_before) = (held.events.len(), held.quarantine.len());
+        // Every id of the request (its partitions' events, then the overflow's) is checked
+        // against the window before any goes in: an insertion evicts the oldest ids, which
+        // may be this request's own, still to be checked (Ray's resend of a batch partly out
+        // of the window: its first ids, new again, pushed out the rest, which then passed as
+        // new too, review r40j D1). An id repeated within the request is new once.
+        let hashes: Vec<Option<u64>> = parts
+            .iter()
+            .flat_map(|p| &p.events)
+            .chain(overflow.iter().map(|o| &o.span))
+            .map(EventSpan::id_hash)
+            .collect();
+        let mut in_window: Vec<bool> = Vec::with_capacity(hashes.len());
+        for (i, h) in hashes.iter().enumerate() {
+            // The window's table is larger than the caches: start loading the slot of an
+            // event a few ahead, so its lookup does not wait for memory.
+            if let Some(Some(ahead)) = hashes.get(i + DEDUP_PREFETCH_AHEAD) {
+                self.dedup.prefetch(*ahead);
+            }
+            in_window.push(h.is_some_and(|h| self.dedup.contains(h)));
+        }
+        // True when the `k`th id of the request is new, which the window then holds.
+        let mut admit = |k: usize, held: &mut Held| -> bool {
+            let Some(h) = hashes[k] else {
+                return true;
+            };
+            if let Some(Some(ahead)) = hashes.get(k + DEDUP_PREFETCH_AHEAD) {
+                self.dedup.prefetch(*ahead);
+            }
+            if in_window[k] || !self.dedup.insert(h) {
+                return false;
+            }
+            held.events.push(h);
+            true
+        };
         // Dedup first so a partition whose events are all duplicates opens no file; then
         // every segment is made to exist before anything is staged.
         let mut kept: Vec<Vec<&EventSpan>> = Vec::with_capacity(parts.len());
-        let mut made = Ok(());
-        for (pb, target) in parts.iter().zip(&targets) {
+        let mut k = 0;
+        for pb in parts {
             let mut keep: Vec<&EventSpan> = Vec::with_capacity(pb.events.len());
-            for (i, ev) in pb.events.iter().enumerate() {
-                // The window's table is larger than the caches: start loading the slot of
-                // an event a few ahead, so its lookup does not wait for memory.
-                if let Some(h) = pb
-                    .events
-                    .get(i + DEDUP_PREFETCH_AHEAD)
-                    .and_then(EventSpan::id_hash)
-                {
-                    self.dedup.prefetch(h);
-                }
-                if let Some(h) = ev.id_hash() {
-                    if !self.dedup.insert(h) {
-                        out.duplicates += 1;
-                        continue;
-                    }
-                    held.events.push(h);
+            for ev in &pb.events {
+                let new = admit(k, held);
+                k += 1;
+                if !new {
+                    out.duplicates += 1;
+                    continue;
                 }
                 keep.push(ev);
             }
+            kept.push(keep);
+        }
+        // The overflow's ids, in the same order.
+        let overflow_new: Vec<bool> = overflow
+            .iter()
+            .map(|_| {
+                let new = admit(k, held);
+                k += 1;
+                new
+            })
+            .collect();
+        let mut made = Ok(());
+        for (keep, target) in kept.iter().zip(&targets) {
             if !keep.is_empty() && made.is_ok() {
                 made = self.segs.segment(target).map(|_| ());
             }
-            kept.push(keep);
         }
         let mut records: Vec<Vec<u8>> = Vec::new();
         let mut reasons = Vec::new();
@@ -191,16 +227,12 @@ impl Writer {
         // A valid event with no room is deduplicated by its id like any stored event (the
         // window holds stored and quarantined ids alike, and a restart reloads both), so its
         // resend, or an event stored before, is not kept again.
-        for o in &overflow {
+        for (o, new_id) in overflow.iter().zip(overflow_new) {
             let raw = &batch.body[o.span.range()];
             let new = match o.span.id_hash() {
-                Some(h) => {
-                    let new = self.dedup.insert(h);
-                    if new {
-                        held.events.push(h);
-                        records_with_ids = true;
-                    }
-                    new
+                Some(_) => {
+                    records_with_ids |= new_id;
+                    new_id
                 }
                 None => self.remember_quarantined(raw, held),
             };
