@@ -137,20 +137,23 @@ mod sys {
         // SAFETY: `sockaddr_storage` is plain data, large enough for any address.
         let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        let at = (&mut ss as *mut libc::sockaddr_storage).cast();
         // SAFETY: `ss` and `len` are valid for writes of the sizes given.
-        if unsafe { f(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut len) } != 0 {
+        if unsafe { f(fd, at, &mut len) } != 0 {
             return None;
         }
         match ss.ss_family as libc::c_int {
             libc::AF_INET => {
                 // SAFETY: the kernel wrote a `sockaddr_in` (family AF_INET).
-                let a: libc::sockaddr_in = unsafe { std::ptr::read((&ss as *const libc::sockaddr_storage).cast()) };
+                let a: libc::sockaddr_in =
+                    unsafe { std::ptr::read((&ss as *const libc::sockaddr_storage).cast()) };
                 let ip = Ipv4Addr::from(a.sin_addr.s_addr.to_ne_bytes());
                 Some(SocketAddr::from((ip, u16::from_be(a.sin_port))))
             }
             libc::AF_INET6 => {
                 // SAFETY: the kernel wrote a `sockaddr_in6` (family AF_INET6).
-                let a: libc::sockaddr_in6 = unsafe { std::ptr::read((&ss as *const libc::sockaddr_storage).cast()) };
+                let a: libc::sockaddr_in6 =
+                    unsafe { std::ptr::read((&ss as *const libc::sockaddr_storage).cast()) };
                 let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
                 Some(SocketAddr::from((ip, u16::from_be(a.sin6_port))))
             }
