@@ -1121,6 +1121,23 @@ fn sigterm_during_an_appends_read_back_keeps_the_append() {
 /// the deadline, one that stops still is.
 #[test]
 fn a_slow_whole_put_at_the_flush_keeps_moving_and_lands() {
+    // 20 MB in one PUT (parts of 32 MiB): 10 s over the proxy's 2 MB/s.
+    slow_whole_put_at_the_flush(2_000_000, 20_000_000, "25s");
+}
+
+/// r42i D2: the kernel's send buffer takes the last few MiB of a body at once, so the HTTP
+/// client hands the whole body over long before it has left: 3 MB read at 200 kB/s was all
+/// taken at once and drained for 15 s, and the flush, seeing nothing move, abandoned it after
+/// half the time it had left and sent it again, which could not finish: exit 3. The bytes
+/// the peer acknowledges (the kernel's count) move the send now.
+#[test]
+fn a_slow_put_draining_from_the_socket_buffer_at_the_flush_lands() {
+    slow_whole_put_at_the_flush(200_000, 3_000_000, "24s");
+}
+
+/// A whole PUT of `bytes` in flight at SIGTERM, its body read at `rate` bytes per second,
+/// lands within the shutdown budget `budget`, sent once: exit 0.
+fn slow_whole_put_at_the_flush(rate: u64, bytes: usize, budget: &str) {
     let Some(rig) = S3Rig::start() else {
         return;
     };
@@ -1128,8 +1145,7 @@ fn a_slow_whole_put_at_the_flush_keeps_moving_and_lands() {
     let ray = RayRoot::new(&tmp.path().join("ray"));
     let logs = ray.session(S2, NODE, true);
     let worker = logs.join("worker.out");
-    // 20 MB in one PUT (parts of 32 MiB): 10 s over the proxy's 2 MB/s.
-    rig.proxy.slow_body_reads(Some(2_000_000));
+    rig.proxy.slow_body_reads(Some(rate));
     let mut c = rig.collector(
         tmp.path(),
         &ray,
@@ -1137,7 +1153,7 @@ fn a_slow_whole_put_at_the_flush_keeps_moving_and_lands() {
             "--log-upload-interval",
             "2s",
             "--shutdown-timeout",
-            "25s",
+            budget,
             "--upload-part-bytes",
             "32MiB",
         ],
@@ -1147,7 +1163,7 @@ fn a_slow_whole_put_at_the_flush_keeps_moving_and_lands() {
     });
     // Written whole before it appears, so that one PUT carries all of it.
     let staged = tmp.path().join("worker.out");
-    std::fs::write(&staged, big("W", 20_000_000)).unwrap();
+    std::fs::write(&staged, big("W", bytes)).unwrap();
     std::fs::rename(&staged, &worker).unwrap();
     rig.wait_arrived(&c, "PUT", &["worker.out"], Duration::from_secs(40));
     let (status, took) = c.try_terminate(Duration::from_secs(60)).unwrap();

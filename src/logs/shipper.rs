@@ -82,7 +82,9 @@ const BESIDE_POLL: Duration = Duration::from_millis(50);
 /// answer a copy of a big object, and a re-send whole would cost far more (review r42h
 /// D2: a copy answered after 7 s was abandoned and the 20 MB file re-sent whole, which
 /// could not finish), and once the connection took the whole body of a request (the
-/// kernel's socket buffer may still hold some of it). It is [`KEPT_STALL_SHARE_BODY`]
+/// kernel's socket buffer may still hold a few MiB of it: each byte of it the store
+/// acknowledges moves the send, `storage::drain`, so a body draining slowly is not
+/// abandoned either; review r42i D2). It is [`KEPT_STALL_SHARE_BODY`]
 /// while the connection is taking a request's body: the log lane's client counts each
 /// piece it takes as progress (`storage::counted`), so a body that keeps moving is never
 /// abandoned, and one the connection stopped taking is (review r42h D3: a 20 MB PUT at

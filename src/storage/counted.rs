@@ -15,9 +15,15 @@
 //! taking stops moving, so a stuck send is still cut. The price: a frame per 16 KiB (no
 //! copy, a slice of the same buffer) and a lock per frame.
 //!
-//! What it cannot see: the bytes the kernel's socket buffer holds once the client took them
-//! (at most a few MiB); once the whole body was taken the request waits for its answer
-//! ([`Progress::body_taken`]).
+//! The kernel's socket buffer takes the last few MiB of a body at once, so the client takes
+//! it all long before its bytes have left (review r42i D2: 5 MB at 100 kB/s, handed over in
+//! 13 s and on the wire for 42 s more, was abandoned at the flush and sent again until the
+//! deadline). A request of a send is made through a client of its own while it runs (one
+//! of at most [`MAX_SLOTS`], each with its own pool of connections, kept from request to
+//! request): the connections of that client are the request's, and while it waits, each
+//! [`PROBE_EVERY`] the bytes their peer acknowledged (`storage::drain`) say whether it
+//! moved ([`Progress::drained`]). Where the kernel cannot say (not Linux), a body taken
+//! whole waits for its answer ([`Progress::body_taken`]).
 //!
 //! Not carried over: root certificates and default headers given to a builder in code (the
 //! collector sets neither: its options come from the configuration, as config keys).
@@ -35,10 +41,25 @@ use object_store::client::{
     HttpRequest, HttpRequestBody, HttpResponse, HttpResponseBody, HttpService,
 };
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hyper_util::client::legacy::connect::{Connection, HttpInfo};
+
+use crate::storage::drain::Conns;
 use crate::util::pace::Progress;
 
 /// The most bytes of a body handed to the connection at once.
 pub const PIECE: usize = 16 << 10;
+
+/// The most clients of their own the requests of sends run through at once (the log lane
+/// and the sends beside it, a few requests each at most); past it, a request goes through
+/// the shared client, its body's drain unseen.
+pub const MAX_SLOTS: usize = 16;
+
+/// How often a request of a send asks the kernel whether its connection's bytes moved.
+pub const PROBE_EVERY: Duration = Duration::from_millis(250);
 
 tokio::task_local! {
     /// The progress of the send whose requests are made in this task.
@@ -60,12 +81,24 @@ impl HttpConnector for CountingConnector {
             store: "log client",
             source: e.into(),
         })?;
-        Ok(HttpClient::new(Counting { client }))
+        Ok(HttpClient::new(Counting {
+            client,
+            options: options.clone(),
+            slots: Mutex::new(Vec::new()),
+        }))
     }
 }
 
 /// The reqwest client object_store would build from `o` (its `ClientOptions::client`).
 fn reqwest_client(o: &ClientOptions) -> Result<reqwest::Client, String> {
+    reqwest_client_with(o, None)
+}
+
+/// [`reqwest_client`], its connections noted in `conns` if given.
+fn reqwest_client_with(
+    o: &ClientOptions,
+    conns: Option<Arc<Conns>>,
+) -> Result<reqwest::Client, String> {
     let get = |k: ClientConfigKey| o.get_config_value(&k).filter(|v| !v.trim().is_empty());
     let flag = |k: ClientConfigKey| {
         get(k).is_some_and(|v| {
@@ -137,6 +170,9 @@ fn reqwest_client(o: &ClientOptions) -> Result<reqwest::Client, String> {
     if flag(ClientConfigKey::RandomizeAddresses) {
         b = b.dns_resolver(Arc::new(Shuffled));
     }
+    if let Some(conns) = conns {
+        b = b.connector_layer(Noting { conns });
+    }
     b.no_gzip()
         .no_brotli()
         .no_zstd()
@@ -173,10 +209,138 @@ impl reqwest::dns::Resolve for Shuffled {
     }
 }
 
-/// The service: a request through the client, its body counted.
+/// The service: a request through the client, its body counted; a request of a send
+/// through a client of its own, its connections watched (see the module doc).
 #[derive(Debug)]
 struct Counting {
+    /// For the requests made outside a send.
     client: reqwest::Client,
+    options: ClientOptions,
+    slots: Mutex<Vec<Arc<Slot>>>,
+}
+
+/// A client of the requests of sends, used by one request at a time.
+#[derive(Debug)]
+struct Slot {
+    client: reqwest::Client,
+    conns: Arc<Conns>,
+    busy: AtomicBool,
+}
+
+/// A slot claimed by a request: free again when dropped.
+struct Claim(Arc<Slot>);
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.0.busy.store(false, Ordering::Release);
+    }
+}
+
+impl Counting {
+    /// A free slot, made if none is and fewer than [`MAX_SLOTS`] are; `None` past that (or
+    /// if its client cannot be built: the shared one goes).
+    fn claim(&self) -> Option<Claim> {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let free = |s: &&Arc<Slot>| {
+            s.busy
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        };
+        if let Some(s) = slots.iter().find(free) {
+            return Some(Claim(s.clone()));
+        }
+        if slots.len() >= MAX_SLOTS {
+            return None;
+        }
+        let conns = Arc::new(Conns::default());
+        let client = match reqwest_client_with(&self.options, Some(conns.clone())) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(error = %e, "log client of a send not built; the shared one goes");
+                return None;
+            }
+        };
+        let slot = Arc::new(Slot {
+            client,
+            conns,
+            busy: AtomicBool::new(true),
+        });
+        slots.push(slot.clone());
+        Some(Claim(slot))
+    }
+}
+
+/// Runs `send` (a request of a send through `conns`' client); meanwhile, each
+/// [`PROBE_EVERY`], bytes the peer acknowledged move `progress`.
+async fn watched<F: Future>(send: F, conns: &Conns, progress: &Progress) -> F::Output {
+    let mut send = std::pin::pin!(send);
+    let mut tick = tokio::time::interval(PROBE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            out = &mut send => return out,
+            _ = tick.tick() => {
+                if conns.acked_more() {
+                    progress.drained();
+                }
+            }
+        }
+    }
+}
+
+/// The connector layer of a slot's client: each connection made is noted in `conns`.
+#[derive(Clone)]
+struct Noting {
+    conns: Arc<Conns>,
+}
+
+impl<S> tower_layer::Layer<S> for Noting {
+    type Service = Noted<S>;
+
+    fn layer(&self, inner: S) -> Noted<S> {
+        Noted {
+            inner,
+            conns: self.conns.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Noted<S> {
+    inner: S,
+    conns: Arc<Conns>,
+}
+
+type Connecting<R, E> = Pin<Box<dyn Future<Output = Result<R, E>> + Send>>;
+
+impl<S, R> tower_service::Service<R> for Noted<S>
+where
+    S: tower_service::Service<R>,
+    S::Response: Connection + Send + 'static,
+    S::Error: Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Connecting<S::Response, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        let connecting = self.inner.call(req);
+        let conns = self.conns.clone();
+        Box::pin(async move {
+            let conn = connecting.await?;
+            let mut extras = http::Extensions::new();
+            conn.connected().get_extras(&mut extras);
+            if let Some(info) = extras.get::<HttpInfo>() {
+                conns.add(info.local_addr(), info.remote_addr());
+            }
+            Ok(conn)
+        })
+    }
 }
 
 impl HttpService for Counting {
@@ -206,10 +370,18 @@ impl HttpService for Counting {
                     inner: body,
                     pending: Bytes::new(),
                     given: 0,
-                    progress,
+                    progress: progress.clone(),
                 })
             });
-            let answer = self.client.execute(r).await.map_err(classify)?;
+            let claim = progress.as_ref().and_then(|_| self.claim());
+            let answer = match (&claim, &progress) {
+                (Some(Claim(slot)), Some(p)) => {
+                    watched(slot.client.execute(r), &slot.conns, p).await
+                }
+                _ => self.client.execute(r).await,
+            }
+            .map_err(classify)?;
+            drop(claim);
             let answer: http::Response<reqwest::Body> = answer.into();
             let (parts, body) = answer.into_parts();
             let body = HttpResponseBody::new(http_body_util::BodyExt::map_err(body, classify));

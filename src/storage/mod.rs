@@ -14,6 +14,7 @@
 
 pub mod append;
 pub mod counted;
+pub mod drain;
 pub mod gzip;
 pub mod put;
 pub mod s3;

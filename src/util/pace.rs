@@ -58,7 +58,9 @@ impl Pacer {
 /// at 30 to 100 kB/s was cut at the stall limit and restarted from byte 0 every round).
 /// The log lane's client also counts the bytes of a body as the connection takes them
 /// ([`Progress::took`], `storage::counted`): each moves the send, so [`Progress::last_moved`]
-/// sees a slow body moving and a stopped one stopped (review r42h D3).
+/// sees a slow body moving and a stopped one stopped (review r42h D3), and so do the bytes
+/// of it the peer acknowledges once the client took it all ([`Progress::drained`]: the
+/// kernel's send buffer holds the last few MiB; review r42i D2).
 #[derive(Debug)]
 pub struct Progress {
     inner: Mutex<Moves>,
@@ -125,6 +127,14 @@ impl Progress {
         m.last = m.last.max(Instant::now());
         m.taken += bytes;
         m.body_done |= done;
+    }
+
+    /// The peer acknowledged more bytes of the connection of the request in flight (its
+    /// body drains from the socket's send buffer after the client took it all,
+    /// `storage::drain`): the send moved now.
+    pub fn drained(&self) {
+        let mut m = self.lock();
+        m.last = m.last.max(Instant::now());
     }
 
     /// Bytes of request bodies the HTTP client took for this send, in all.

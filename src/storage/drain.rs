@@ -1,0 +1,206 @@
+//! What the kernel says of the log lane's connections: how many bytes of each the peer
+//! acknowledged (Linux's `TCP_INFO`, `tcpi_bytes_acked`), so a body the HTTP client handed
+//! over whole, still draining from the socket's send buffer, is seen moving (review r42i D2).
+//!
+//! The send buffer takes the last few MiB of a body at once: to the HTTP client (and to
+//! `storage::counted`, which counts what it takes) the body is done, and over a slow link the
+//! bytes leave the machine for tens of seconds more. [`Conns`] holds the connections of one
+//! client, each found by its addresses among the process's sockets when it was made (the
+//! client does not give out its sockets); [`Conns::acked_more`] says whether the peer
+//! acknowledged bytes of any of them since the last look. A connection that is gone, or a
+//! system that cannot say (not Linux, a kernel before 4.1), is forgotten: nothing is seen
+//! moving, and the flush's rule for a body handed over whole applies alone.
+//!
+//! The sockets are read by number, never closed nor written: a number reused by another
+//! file between two looks is told apart by its addresses, checked at every look.
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+
+/// The connections of one HTTP client, each with the bytes its peer acknowledged at the
+/// last look.
+#[derive(Debug, Default)]
+pub struct Conns {
+    inner: Mutex<Vec<Conn>>,
+}
+
+#[derive(Debug)]
+struct Conn {
+    local: SocketAddr,
+    peer: SocketAddr,
+    fd: i32,
+    acked: u64,
+}
+
+impl Conns {
+    /// A connection the client made from `local` to `peer`: found among the process's
+    /// sockets, or not kept (the kernel cannot say of it).
+    pub fn add(&self, local: SocketAddr, peer: SocketAddr) {
+        let Some(fd) = sys::find(local, peer) else {
+            return;
+        };
+        let Some(acked) = sys::acked(fd, local, peer) else {
+            return;
+        };
+        let mut conns = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        conns.retain(|c| c.fd != fd);
+        conns.push(Conn {
+            local,
+            peer,
+            fd,
+            acked,
+        });
+    }
+
+    /// Whether the peer of any of the connections acknowledged bytes since the last look;
+    /// the connections that are gone are forgotten.
+    pub fn acked_more(&self) -> bool {
+        let mut conns = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut moved = false;
+        conns.retain_mut(|c| match sys::acked(c.fd, c.local, c.peer) {
+            Some(n) => {
+                moved |= n > c.acked;
+                c.acked = n;
+                true
+            }
+            None => false,
+        });
+        moved
+    }
+
+    /// Connections known.
+    pub fn len(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// No connection known.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod sys {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+
+    /// The socket of the process whose addresses are `local` and `peer`.
+    pub fn find(local: SocketAddr, peer: SocketAddr) -> Option<i32> {
+        let dir = std::fs::read_dir("/proc/self/fd").ok()?;
+        for e in dir.flatten() {
+            let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                continue;
+            };
+            let socket = std::fs::read_link(e.path())
+                .is_ok_and(|t| t.as_os_str().as_encoded_bytes().starts_with(b"socket:"));
+            if socket && is(fd, local, peer) {
+                return Some(fd);
+            }
+        }
+        None
+    }
+
+    /// Bytes the peer of socket `fd` acknowledged, if `fd` is still the socket from `local`
+    /// to `peer` and the kernel says.
+    pub fn acked(fd: i32, local: SocketAddr, peer: SocketAddr) -> Option<u64> {
+        if !is(fd, local, peer) {
+            return None;
+        }
+        // SAFETY: `tcp_info` is plain data; getsockopt writes at most `len` bytes into it.
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        // SAFETY: `info` and `len` are valid for writes of the sizes given.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&mut info as *mut libc::tcp_info).cast(),
+                &mut len,
+            )
+        };
+        let needed = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_acked) + 8;
+        (rc == 0 && len as usize >= needed).then_some(info.tcpi_bytes_acked)
+    }
+
+    fn is(fd: i32, local: SocketAddr, peer: SocketAddr) -> bool {
+        same(name(fd, libc::getsockname), local) && same(name(fd, libc::getpeername), peer)
+    }
+
+    fn same(a: Option<SocketAddr>, b: SocketAddr) -> bool {
+        a.is_some_and(|a| a.ip() == b.ip() && a.port() == b.port())
+    }
+
+    type NameFn =
+        unsafe extern "C" fn(libc::c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> libc::c_int;
+
+    fn name(fd: i32, f: NameFn) -> Option<SocketAddr> {
+        // SAFETY: `sockaddr_storage` is plain data, large enough for any address.
+        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        let at = (&mut ss as *mut libc::sockaddr_storage).cast();
+        // SAFETY: `ss` and `len` are valid for writes of the sizes given.
+        if unsafe { f(fd, at, &mut len) } != 0 {
+            return None;
+        }
+        match ss.ss_family as libc::c_int {
+            libc::AF_INET => {
+                // SAFETY: the kernel wrote a `sockaddr_in` (family AF_INET).
+                let a: libc::sockaddr_in =
+                    unsafe { std::ptr::read((&ss as *const libc::sockaddr_storage).cast()) };
+                let ip = Ipv4Addr::from(a.sin_addr.s_addr.to_ne_bytes());
+                Some(SocketAddr::from((ip, u16::from_be(a.sin_port))))
+            }
+            libc::AF_INET6 => {
+                // SAFETY: the kernel wrote a `sockaddr_in6` (family AF_INET6).
+                let a: libc::sockaddr_in6 =
+                    unsafe { std::ptr::read((&ss as *const libc::sockaddr_storage).cast()) };
+                let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+                Some(SocketAddr::from((ip, u16::from_be(a.sin6_port))))
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod sys {
+    use std::net::SocketAddr;
+
+    pub fn find(_local: SocketAddr, _peer: SocketAddr) -> Option<i32> {
+        None
+    }
+
+    pub fn acked(_fd: i32, _local: SocketAddr, _peer: SocketAddr) -> Option<u64> {
+        None
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// A connection's bytes are seen acknowledged as the peer reads them, and a closed one
+    /// is forgotten.
+    #[test]
+    fn a_connection_is_found_and_its_acked_bytes_seen() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        let conns = Conns::default();
+        conns.add(client.local_addr().unwrap(), client.peer_addr().unwrap());
+        assert_eq!(conns.len(), 1);
+        assert!(!conns.acked_more());
+        client.write_all(&[1u8; 1000]).unwrap();
+        let mut buf = [0u8; 1000];
+        server.read_exact(&mut buf).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !conns.acked_more() {
+            assert!(std::time::Instant::now() < deadline, "no ack seen");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        drop(client);
+        assert!(!conns.acked_more());
+        assert!(conns.is_empty());
+    }
+}
