@@ -1627,9 +1627,11 @@ fn export_lines_of_new_jobs_beside_sealed_segments_leave_room_for_pushed_events(
     };
     let count = |d: &str| {
         let dir = w.spool.join(d);
-        dir.is_dir()
-            .then(|| rhc_testkit::collector::files_under(&dir).len())
-            .unwrap_or(0)
+        if dir.is_dir() {
+            rhc_testkit::collector::files_under(&dir).len()
+        } else {
+            0
+        }
     };
     let wait_growth_files = |at_least: usize| {
         let deadline = Instant::now() + Duration::from_secs(60);
