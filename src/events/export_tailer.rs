@@ -42,7 +42,7 @@
 //! never takes the spool past [`YIELD_PERCENT`] of the budget, whatever the budget: its
 //! lines are counted as the spool counts them (a quarantined line as its record, each with
 //! the room reserved for its compressed copy), with the files each partition it opens makes
-//! ([`PARTITION_FILES_COST`]) and the growth files open segments have yet to claim, and a
+//! ([`PARTITION_FILES_COST`]) and the growth files segments have yet to claim, and a
 //! line that does not fit the room left is not read yet. A batch opens at most
 //! [`MAX_PARTITIONS_PER_REQUEST`] partitions, the spool's bound for one request (past it
 //! the spool re-homes events to their arrival hour, then quarantines them): it ends before,
@@ -81,8 +81,8 @@ use crate::contract::{id_to_hex, is_safe_segment, Hour, Partition, Stream};
 use crate::events::dedup::id_hash;
 use crate::events::quarantine::{raw_record, QuarantineReason};
 use crate::events::spool::{
-    AppendBatch, Checkpoint, EventSpan, PartitionBatch, QuarantinedEvent, Spool, SpoolError,
-    FILE_BUDGET_BYTES, MAX_COST_PER_LINE_BYTE, MAX_PARTITIONS_PER_REQUEST,
+    AppendBatch, Checkpoint, EventSpan, LineSource, PartitionBatch, QuarantinedEvent, Spool,
+    SpoolError, FILE_BUDGET_BYTES, MAX_COST_PER_LINE_BYTE, MAX_PARTITIONS_PER_REQUEST,
 };
 use crate::node::node_id::NodeIdResolver;
 use crate::node::session::{list_sessions, ActiveSession};
@@ -530,13 +530,14 @@ impl ExportTailer {
 
     /// Bytes of lines the next batch may add to the spool: up to [`YIELD_PERCENT`] of the
     /// budget, counted by the spool's one rule with the room reserved for their compressed
-    /// copies and the growth files the open segments will claim (the rest is for pushed
+    /// copies and the growth files the segments will claim (the rest is for pushed
     /// events); a batch takes at most [`MAX_READ`] of it but for one overlong record, and
     /// counts the files of each partition it opens ([`PARTITION_FILES_COST`]).
     fn spool_room(&self) -> u64 {
         let stats = self.spool.stats();
-        // The growth files the open segments (this tailer's earlier partitions among them)
-        // will claim once published are not counted yet: left aside now.
+        // The growth files the segments, open and sealed (this tailer's earlier partitions
+        // among them), will claim once published or sealed are not counted yet: left aside
+        // now.
         let growth = stats
             .unclaimed_growth_files()
             .saturating_mul(FILE_BUDGET_BYTES);
@@ -604,6 +605,7 @@ impl ExportTailer {
             return Ok(Piece::Done);
         }
         let key = format!("{}/{}", file.session, meta.ino());
+        let file_id = file_id(file.session, meta.ino(), identity::born_ns(&meta));
         let known = batch
             .offsets
             .get(&key)
@@ -738,7 +740,11 @@ impl ExportTailer {
                 reason: QuarantineReason::ExportBadEvent,
                 start: base,
                 end: cut,
-                source: Some((file.name.to_string(), start)),
+                source: Some(LineSource {
+                    file: file.name.to_string(),
+                    file_id,
+                    offset: start,
+                }),
             });
             let id = identify(&batch.body[base..], limit);
             batch.record(key, meta.ino(), start, start + limit, &head, id);
@@ -748,7 +754,7 @@ impl ExportTailer {
             // An incomplete last line waits for its newline; a longer read may hold it.
             return Ok(if at_eof { Piece::Done } else { Piece::NoRoom });
         };
-        let taken = self.route_into(batch, base, end, file, start);
+        let taken = self.route_into(batch, base, end, file, file_id, start);
         batch.body.truncate(base + taken);
         if taken == 0 {
             return Ok(Piece::NoRoom);
@@ -773,15 +779,24 @@ impl ExportTailer {
     }
 
     /// Routes the whole lines of `batch.body[base..base + end]` (read at `file_offset` of
-    /// the file) into the batch, while they fit its room; returns the bytes taken.
+    /// the file, whose identity is `file_id`) into the batch, while they fit its room;
+    /// returns the bytes taken.
     fn route_into(
         &mut self,
         batch: &mut Batch,
         base: usize,
         end: usize,
         file: &FileRef<'_>,
+        file_id: u64,
         file_offset: u64,
     ) -> usize {
+        let source = |offset| {
+            Some(LineSource {
+                file: file.name.to_string(),
+                file_id,
+                offset,
+            })
+        };
         let stop = base + end;
         let mut pos = base;
         while pos < stop {
@@ -822,7 +837,7 @@ impl ExportTailer {
                     reason,
                     start: pos,
                     end: line_end,
-                    source: Some((file.name.to_string(), offset)),
+                    source: source(offset),
                 }),
                 Routed::Event { partition, id, run } => {
                     if let Some((run, job)) = run {
@@ -850,7 +865,7 @@ impl ExportTailer {
                             reason: QuarantineReason::ExportBadEvent,
                             start: pos,
                             end: line_end,
-                            source: Some((file.name.to_string(), offset)),
+                            source: source(offset),
                         }),
                     }
                 }
@@ -1056,6 +1071,18 @@ fn read_order(name: &str) -> (u8, std::cmp::Reverse<u32>, String) {
         std::cmp::Reverse(index),
         base.into_owned(),
     )
+}
+
+/// The identity of an export file, by which its quarantined lines are remembered
+/// ([`LineSource`]): its session, inode and birth time, which Ray's rotation (a rename)
+/// keeps.
+fn file_id(session: &str, ino: u64, born_ns: Option<u64>) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(session.as_bytes());
+    h.update(&[0]);
+    h.update(&ino.to_le_bytes());
+    h.update(&born_ns.unwrap_or(0).to_le_bytes());
+    h.digest()
 }
 
 /// Spool bytes at which the tailer stops reading: [`YIELD_PERCENT`] of the budget.

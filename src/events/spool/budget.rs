@@ -339,6 +339,17 @@ impl Budget {
         self.ledger().growth_files.get()
     }
 
+    /// Growth files not yet claimed that the files not yet uploaded may still claim: a
+    /// record each, and a shadow with compressed copies, less the growth files counted
+    /// (see [`super::SpoolStats::unclaimed_growth_files`]).
+    pub fn unclaimed_growth_files(&self) -> u64 {
+        let l = self.ledger();
+        let segments = l.files.get().saturating_sub(l.growth_files.get());
+        segments
+            .saturating_mul(1 + u64::from(self.copies))
+            .saturating_sub(l.growth_files.get())
+    }
+
     /// Files not yet uploaded that are not growth files: segments, quarantine files, kept
     /// bodies (`rhc_spool_segments`).
     pub fn segment_files(&self) -> u64 {
@@ -547,6 +558,22 @@ mod tests {
         );
         assert_eq!(b.wants_room(), None, "asked once");
         assert_eq!(b.errors(), 0);
+    }
+
+    #[test]
+    fn growth_files_of_sealed_segments_never_stand_for_those_open_ones_lack() {
+        let b = Budget::new(u64::MAX, true);
+        // 500 sealed segments whose shadow and record are made, then 200 new ones.
+        for _ in 0..700 {
+            b.add_file();
+        }
+        assert!(b.claim_files(1000));
+        assert_eq!(b.unclaimed_growth_files(), 400);
+        assert!(b.claim_files(400));
+        assert_eq!(b.unclaimed_growth_files(), 0);
+        let none = Budget::new(u64::MAX, false);
+        none.add_file();
+        assert_eq!(none.unclaimed_growth_files(), 1, "a record only");
     }
 
     #[test]

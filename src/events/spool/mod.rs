@@ -312,12 +312,18 @@ impl SpoolStats {
         self.budget.segment_files()
     }
 
-    /// Growth files the publisher may yet claim for the open segments (a shadow and a
-    /// record each at most, [`Budget::claim_files`]) beyond those it has claimed: room a
-    /// reader that fills the spool (the export tailer) leaves for them (review r41i D2).
+    /// Growth files the publisher may yet claim for the segments in the spool (a record
+    /// each, and a shadow with `--compression gzip`, [`Budget::claim_files`]) beyond those
+    /// it has claimed: room a reader that fills the spool (the export tailer) leaves for
+    /// them (review r41i D2). Sealed segments count as much as open ones: a seal claims
+    /// the files of a segment never published (the uploader's seal of it may come seconds
+    /// later, in backoff while the store is down), and their files stay counted until the
+    /// segment is uploaded, so the files of sealed segments never stand for those the open
+    /// ones still lack (review r41j D1: with 1 s rotations and the bucket down, the tailer
+    /// read past 80 % and pushed events got 503). Markers and kept bodies, which have no
+    /// growth files, are counted too: a little more room left aside than needed.
     pub fn unclaimed_growth_files(&self) -> u64 {
-        let open = self.open.lock().map_or(0, |o| o.len() as u64);
-        (2 * open).saturating_sub(self.budget.growth_files())
+        self.budget.unclaimed_growth_files()
     }
 
     pub(super) fn add_file(&self, created: u64) {
@@ -651,9 +657,35 @@ pub struct QuarantinedEvent {
     pub start: usize,
     /// End of the range.
     pub end: usize,
-    /// For lines read from a file: the file name and the line's offset; the bytes are then
-    /// kept as a string, since they may not be JSON.
-    pub source: Option<(String, u64)>,
+    /// For lines read from a file: where ([`LineSource`]); the bytes are then kept as a
+    /// string, since they may not be JSON.
+    pub source: Option<LineSource>,
+}
+
+/// Where a quarantined line was read from: its record names the file and the offset, and
+/// the line is remembered (so a batch stored again after a rollback keeps it once) by the
+/// file's identity and the offset, never by its bytes: two lines alike (two overlong
+/// lines whose kept first parts are the same) keep a record each (review r41j D2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineSource {
+    /// The file's name, as the record says.
+    pub file: String,
+    /// The file's identity: the same under another name (Ray's rotation renames it), another
+    /// for another file (the export tailer hashes its session, inode and birth time).
+    pub file_id: u64,
+    /// The line's offset in the file.
+    pub offset: u64,
+}
+
+impl LineSource {
+    /// The key the line is remembered under among quarantined elements.
+    pub fn dedup_key(&self) -> u64 {
+        let mut b = [0u8; 21];
+        b[..5].copy_from_slice(b"line\0");
+        b[5..13].copy_from_slice(&self.file_id.to_le_bytes());
+        b[13..].copy_from_slice(&self.offset.to_le_bytes());
+        crate::events::dedup::id_hash(&b)
+    }
 }
 
 /// Everything one request wants stored.

@@ -8,8 +8,8 @@ use std::io::Write;
 use super::segments::Target;
 use super::writer::{Held, Writer};
 use super::{
-    AppendBatch, AppendOutcome, EventSpan, FileKind, PartitionBatch, SealedFile, SpoolError,
-    FILE_BUDGET_BYTES, MAX_PARTITIONS_PER_REQUEST, QUARANTINE_DIR,
+    AppendBatch, AppendOutcome, EventSpan, FileKind, LineSource, PartitionBatch, SealedFile,
+    SpoolError, FILE_BUDGET_BYTES, MAX_PARTITIONS_PER_REQUEST, QUARANTINE_DIR,
 };
 use crate::contract::quarantine::body_key;
 use crate::contract::{Hour, Partition, Stream};
@@ -234,7 +234,7 @@ impl Writer {
                     records_with_ids |= new_id;
                     new_id
                 }
-                None => self.remember_quarantined(raw, held),
+                None => self.remember_quarantined(id_hash(raw), held),
             };
             if !new {
                 out.duplicates += 1;
@@ -247,14 +247,20 @@ impl Writer {
         // answered and counted as quarantined, each one, but kept once; they are not
         // duplicates of an accepted event.
         let mut repeated = Vec::new();
+        // A line read from a file is remembered by where it was read, not by its bytes (see
+        // [`LineSource`]).
         for q in &batch.quarantined {
             let raw = &batch.body[q.start..q.end];
-            if !self.remember_quarantined(raw, held) {
+            let key = q
+                .source
+                .as_ref()
+                .map_or_else(|| id_hash(raw), LineSource::dedup_key);
+            if !self.remember_quarantined(key, held) {
                 repeated.push(q.reason);
                 continue;
             }
             records.push(match &q.source {
-                Some((file, offset)) => raw_record(q.reason, file, *offset, raw),
+                Some(s) => raw_record(q.reason, &s.file, s.offset, raw),
                 None => event_record(q.reason, raw),
             });
             reasons.push(q.reason);
@@ -310,10 +316,11 @@ impl Writer {
         Ok(out)
     }
 
-    /// Remembers a quarantined element without an event id by its bytes, so that the same bad
-    /// event resent by Ray is kept once; false when it was kept recently.
-    fn remember_quarantined(&mut self, raw: &[u8], held: &mut Held) -> bool {
-        let h = id_hash(raw);
+    /// Remembers a quarantined element without an event id by `h` (the hash of its bytes, or
+    /// for a line read from a file its [`LineSource::dedup_key`]), so that the same bad event
+    /// resent by Ray, or the same line stored again, is kept once; false when it was kept
+    /// recently.
+    fn remember_quarantined(&mut self, h: u64, held: &mut Held) -> bool {
         if !self.quarantine_dedup.insert(h) {
             return false;
         }
