@@ -1388,3 +1388,96 @@ fn livez_answers_while_big_train_answers_are_built() {
         "/livez took {worst:?} while Train answers were built"
     );
 }
+
+/// Issue 37 (r37j D2, D3). A run from Ray before 2.60 (no `run_settings`,
+/// `framework_versions` nor `ray_train_version`; workers without `resources`) is in serve's
+/// answer in the shape Ray 2.60's model requires, with protobuf's defaults where the event
+/// has nothing, counted in a header (and, with `RHC_PYTHON`, the answer passes Ray's own
+/// `TrainRunsResponse`). Two settings that differ only by invisible characters (a
+/// bidirectional override, a zero-width space) show differently in `--compare-runs`.
+#[test]
+fn old_ray_runs_fit_rays_model_and_invisible_differences_show() {
+    let work = tempfile::tempdir().unwrap();
+    const OLD: &str = "d1000000000000000000000000000001";
+    const RLO: &str = "d2000000000000000000000000000002";
+    const LRO: &str = "d3000000000000000000000000000003";
+    let old_ray = |e: &mut Value| {
+        let d = e["event_data"].as_object_mut().unwrap();
+        for k in ["run_settings", "framework_versions", "ray_train_version"] {
+            d.remove(k);
+        }
+        for w in d
+            .get_mut("workers")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            w.as_object_mut().unwrap().remove("resources");
+        }
+    };
+    let tagged = |text: &'static str| {
+        move |e: &mut Value| {
+            if e["source_type"] == "EXPORT_TRAIN_RUN" {
+                e["event_data"]["run_settings"]["train_loop_config"]["tag"] = json!(text);
+            }
+        }
+    };
+    let train = [
+        variant(OLD, "1", true, &old_ray),
+        variant(RLO, "2", true, &tagged("v\u{202e}1\u{200b}")),
+        variant(LRO, "3", true, &tagged("v\u{202d}1\u{200c}")),
+    ]
+    .concat();
+    let store = collect(work.path(), SESSION_A, "train", &train);
+    let dir = store.to_str().unwrap();
+
+    // D3: the two values print differently, each invisible character as an escape.
+    let out = inspect(&[dir, "--session", SESSION_A, "--compare-runs", RLO, LRO]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", out.stdout, out.stderr);
+    let value = |side: &str| {
+        out.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("    {side}: ")))
+            .unwrap_or_else(|| panic!("no {side} line in\n{}", out.stdout))
+            .to_string()
+    };
+    let (a, b) = (value("A"), value("B"));
+    assert_ne!(a, b, "A and B print alike:\n{}", out.stdout);
+    assert!(a.contains("\\u202e") && a.contains("\\u200b"), "{a}");
+    assert!(!out.stdout.contains('\u{202e}'), "{}", out.stdout);
+
+    // D2: Ray's model requires settings and worker resources; protobuf's defaults are there.
+    let served = Served::start(work.path(), &store, "train", SESSION_A);
+    let got = served.runs();
+    assert_eq!(
+        got.header("x-rhc-train-runs-without-settings"),
+        Some("1"),
+        "{:?}",
+        got.headers
+    );
+    let answer: Value = serde_json::from_slice(&got.body).unwrap();
+    let run = answer["train_runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == OLD)
+        .unwrap();
+    let settings = &run["run_settings"];
+    assert_eq!(settings["scaling_config"]["num_workers"], 0, "{settings}");
+    assert_eq!(settings["run_config"]["storage_path"], "", "{settings}");
+    assert_eq!(run["framework_versions"], json!({}));
+    for w in run["attempts"][0]["workers"].as_array().unwrap() {
+        assert_eq!(w["resources"], json!({"resources": {}}), "{w}");
+    }
+    if let Some(python) = rhc_testkit::services::tool("RHC_PYTHON") {
+        let file = work.path().join("answer.json");
+        std::fs::write(&file, &got.body).unwrap();
+        let check = "import json, sys\n\
+            from ray.train.v2._internal.state.schema import TrainRunsResponse\n\
+            TrainRunsResponse.model_validate(json.load(open(sys.argv[1])))\n";
+        let mut cmd = Command::new(python);
+        cmd.args(["-c", check]).arg(&file);
+        let out = run_with_timeout(&mut cmd, Duration::from_secs(120));
+        assert!(out.status.success(), "Ray's model: {}", out.stderr);
+    }
+}

@@ -455,3 +455,47 @@ fn answers_for_a_real_ray_head_as_its_live_dashboard_did() {
         "{text}"
     );
 }
+
+/// Review r36k: a node whose debug state gives a total below zero is an unreadable node, not
+/// counted; and 5,001 node directories with nothing in them, sorted before the real nodes,
+/// do not push the nodes the events name past the 5,000 nodes read.
+#[test]
+fn negative_totals_and_stray_directories_do_not_count() {
+    let bad = node('b');
+    let alive = json!([{"state": "ALIVE", "timestamp": "2026-12-02T17:22:10Z"}]);
+    let mut events = node_events(SESSION, HEAD, "192.0.2.2", alive.clone()).to_vec();
+    events.extend(node_events(SESSION, &bad, "10.0.0.6", alive));
+    let negative = worker_state(&bad, "10.0.0.6", "CPU: [-50000]", "CPU: [90000]", false);
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    session(
+        &bucket,
+        SESSION,
+        &events,
+        &[(HEAD, IDLE.as_bytes()), (&bad, &negative)],
+    );
+    let history = bucket
+        .join("cluster-history/raycluster/default/c1")
+        .join(SESSION);
+    for i in 0..5_001u32 {
+        std::fs::create_dir_all(history.join(format!("{i:056x}/logs"))).unwrap();
+    }
+    let s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve.log"),
+        &[],
+        &[],
+    );
+    let r = get_loaded(&s, "/api/cluster_status", SESSION);
+    let v = json_of(&r);
+    let reads = &v["data"]["debugStates"];
+    assert_eq!(reads["read"], 1, "the head's file is read: {reads}");
+    assert_eq!(reads["notRead"], 3, "{reads}");
+    assert_eq!(reads["unreadableTotal"], 1, "{reads}");
+    assert_eq!(reads["unreadable"][0]["nodeId"], bad.as_str(), "{reads}");
+    let why = reads["unreadable"][0]["reason"].as_str().unwrap();
+    assert!(why.contains("below zero"), "{why}");
+    let by_node = &v["data"]["clusterStatus"]["loadMetricsReport"]["usageByNode"];
+    assert_eq!(by_node.as_object().unwrap().len(), 1, "{by_node}");
+    assert!(by_node.get(HEAD).is_some(), "{by_node}");
+}

@@ -17,7 +17,11 @@
 //! around where the two values first differ.
 //!
 //! Every value from the bucket is escaped for the terminal (`render::clean`); the tree is
-//! at most [`MAX_TREE_DEPTH`] deep (deeper members are shown as one JSON line).
+//! at most [`MAX_TREE_DEPTH`] deep (deeper members are shown as one JSON line). In a
+//! comparison, each setting that differs (its path and both values, JSON) shows every
+//! control, bidirectional, zero-width or other invisible character as JSON's `\uXXXX`
+//! ([`visible_json`]), so two values that differ only by such characters never print alike
+//! (review r37j D3: a `U+202E` and a `U+202D` both printed as a space).
 
 use std::fmt::Write as _;
 
@@ -543,6 +547,48 @@ pub(super) struct Comparison {
     pub(super) problems: Vec<Value>,
 }
 
+/// True for a character a reader cannot see or tell from another one: what
+/// [`super::escape::is_unsafe_char`] refuses, every space but `' '`, and Unicode's other
+/// default-ignorable characters (soft hyphen, fillers, variation selectors, tags).
+fn invisible(c: char) -> bool {
+    super::escape::is_unsafe_char(c)
+        || (c.is_whitespace() && c != ' ')
+        || matches!(
+            c,
+            '\u{ad}'
+                | '\u{34f}'
+                | '\u{115f}'
+                | '\u{1160}'
+                | '\u{17b4}'
+                | '\u{17b5}'
+                | '\u{180b}'..='\u{180f}'
+                | '\u{3164}'
+                | '\u{fe00}'..='\u{fe0f}'
+                | '\u{ffa0}'
+                | '\u{1bca0}'..='\u{1bca3}'
+                | '\u{1d173}'..='\u{1d17a}'
+                | '\u{e0000}'..='\u{e0fff}'
+        )
+}
+
+/// JSON text (or a path of JSON-quoted keys) with each [`invisible`] character written as
+/// JSON's `\uXXXX` (a surrogate pair above `U+FFFF`): still the same JSON, and, since a
+/// backslash of the value is already `\\` in it, two different values never print alike.
+fn visible_json(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if invisible(c) {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                let _ = write!(out, "\\u{u:04x}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Both values of a difference as shown: whole up to [`MAX_DIFF_VALUE_CHARS`]; a longer one
 /// as a window of that many characters around the first character where the two differ,
 /// each cut end marked `…` and the window's start said (`[from character N] `), so two
@@ -550,7 +596,7 @@ pub(super) struct Comparison {
 pub(super) fn diff_values(a: &Option<Value>, b: &Option<Value>) -> (String, String) {
     let text = |v: &Option<Value>| -> Option<Vec<char>> {
         v.as_ref()
-            .map(|v| clean_long(&v.to_string()).chars().collect())
+            .map(|v| visible_json(&v.to_string()).chars().collect())
     };
     let (ta, tb) = (text(a), text(b));
     // One window for both, so they line up: a little of the common part before the first
@@ -611,7 +657,7 @@ pub(super) fn render_comparison(c: &Comparison, out: &mut String) {
         let _ = writeln!(out, "\nSETTINGS THAT DIFFER ({})", c.differences.len());
         for d in &c.differences {
             let (a, b) = diff_values(&d.a, &d.b);
-            let _ = writeln!(out, "  {}\n    A: {a}\n    B: {b}", clean_long(&d.path));
+            let _ = writeln!(out, "  {}\n    A: {a}\n    B: {b}", visible_json(&d.path));
         }
     }
     let _ = writeln!(out, "\nOUTCOME");
@@ -652,6 +698,19 @@ pub(super) fn render_comparison(c: &Comparison, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn invisible_characters_show_as_json_escapes() {
+        let shown = |s: &str| visible_json(&Value::String(s.into()).to_string());
+        assert_eq!(shown("v\u{202e}1"), "\"v\\u202e1\"");
+        assert_ne!(shown("v\u{202e}1"), shown("v\u{202d}1"));
+        assert_ne!(shown("a\u{a0}b"), shown("a b"));
+        assert_eq!(shown("\u{e0041}"), "\"\\udb40\\udc41\"");
+        // The same JSON: it reads back as the value.
+        let back: Value = serde_json::from_str(&shown("x\u{200b}\u{9b}\\u202e")).unwrap();
+        assert_eq!(back, "x\u{200b}\u{9b}\\u202e");
+        assert_eq!(shown("日本語 ok"), "\"日本語 ok\"");
+    }
 
     #[test]
     fn long_values_show_where_they_differ() {

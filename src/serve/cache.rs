@@ -15,7 +15,10 @@
 //! - **A byte budget.** When a load is done, the least recently used indexes are dropped
 //!   until the cache holds at most `--cache-bytes` (the one just loaded is kept, even
 //!   alone over the budget: it is being asked for). A failed load is not kept: the next
-//!   request tries again.
+//!   request tries again. A session loading or reloading is outside the budget until it is
+//!   done, and a reload holds the old index (answering) and the new one: the peak is the
+//!   budget plus each running load's index and fold state, near twice the budget for a
+//!   reload of a session about as big as it (review r36k; docs/inspect.md says so).
 //! - **Live sessions are followed.** Before a load folds a session, it lists what the index
 //!   is built from ([`events_signature`]: the event objects and snapshots, not the logs,
 //!   which are read on each request). A request about a loaded session whose last look is

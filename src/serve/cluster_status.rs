@@ -40,13 +40,17 @@
 //!
 //! # What it guarantees
 //!
-//! - **Untrusted files, bounded cost.** At most [`MAX_NODES_READ`] nodes' files are read, each
+//! - **Untrusted files, bounded cost.** At most [`MAX_NODES_READ`] nodes' files are read
+//!   (first those of the nodes the events name, a node's, an actor's or a task's, then the
+//!   other node directories: empty or stray directories cannot hide the real nodes), each
 //!   only up to [`MAX_DEBUG_STATE_BYTES`], under the server's read permits
 //!   ([`super::MAX_CONCURRENT_READS`]); a node may name at most [`MAX_RESOURCES_PER_NODE`]
 //!   resources of at most [`MAX_RESOURCE_NAME_BYTES`] bytes, and a session at most
 //!   [`MAX_RESOURCE_ENTRIES`] in all; at most [`CONCURRENT_BUILDS`] statuses are built at a
 //!   time and [`CACHED_STATUSES`] kept. Nothing in a file can make the server panic: a file
-//!   that is cut, garbled, too large or over a bound is one unreadable node.
+//!   that is cut, garbled, too large or over a bound, or that gives a node a total below
+//!   zero, is one unreadable node (an amount available may be below zero: Ray lets a
+//!   worker that was blocked take its CPU back, and shows the used part over the total).
 //! - **Says what it could not read.** Every answer has `data.debugStates`: how many nodes'
 //!   files were read, which were missing, which could not be read and why (each list at most
 //!   [`MAX_LISTED_NODES`] long), and how many nodes were past [`MAX_NODES_READ`]; and the
@@ -146,8 +150,9 @@ fn parse_debug_state(text: &[u8], complete: bool) -> Result<NodeResources, Strin
     // The node's own part comes first; the cluster's view of every node follows.
     let local = find(line, b"Cluster resources").map_or(line, |end| &line[..end]);
     let local = std::str::from_utf8(local).map_err(|_| "the scheduler state is not UTF-8")?;
-    let total = resource_block(local, "\"total\"")?;
-    let available = resource_block(local, "\"available\"")?;
+    let total = resource_block(local, "\"total\"", false)?;
+    // A blocked worker's CPU taken back can leave an instance below zero available.
+    let available = resource_block(local, "\"available\"", true)?;
     let group = label(local, "\"ray.io/node-group\"")?;
     Ok(NodeResources {
         group,
@@ -164,8 +169,13 @@ fn after_opening<'a>(s: &'a str, name: &str, open: char) -> Option<&'a str> {
     rest.strip_prefix(open)
 }
 
-/// `name: {key: [n, n], key: [n], ...}`: the amounts by key, instances summed.
-fn resource_block(s: &str, name: &str) -> Result<BTreeMap<String, i128>, String> {
+/// `name: {key: [n, n], key: [n], ...}`: the amounts by key, instances summed; an amount
+/// below zero refused unless `negative_ok` (a node has no negative total: review r36k).
+fn resource_block(
+    s: &str,
+    name: &str,
+    negative_ok: bool,
+) -> Result<BTreeMap<String, i128>, String> {
     let mut rest =
         after_opening(s, name, '{').ok_or_else(|| format!("no {name} resources in the line"))?;
     let mut out = BTreeMap::new();
@@ -203,6 +213,9 @@ fn resource_block(s: &str, name: &str) -> Result<BTreeMap<String, i128>, String>
             let v: i64 = part
                 .parse()
                 .map_err(|_| format!("{name} resource {key}: {part:?} is not an amount"))?;
+            if v < 0 && !negative_ok {
+                return Err(format!("{name} resource {key}: {part} is below zero"));
+            }
             amount = amount.saturating_add(i128::from(v));
         }
         if !out.contains_key(key) && out.len() >= MAX_RESOURCES_PER_NODE {
@@ -395,16 +408,32 @@ async fn build(state: &Shared, entered: &Entered, index: &SessionIndex) -> Statu
         time_ns: last_time(index).or_else(|| session_time(&entered.session.session)),
         ..Status::default()
     };
-    // The nodes: those the events name, and every node directory of the session.
-    let mut nodes: BTreeSet<String> = index
+    // The nodes: those the events name (a node's, an actor's or a task's), then every other
+    // node directory of the session, so directories without a node behind them cannot push
+    // the nodes that ran the session past the cap (review r36k).
+    let task_nodes: std::collections::HashSet<u32> = index.tasks.iter().map(|r| r.node).collect();
+    let named: BTreeSet<String> = index
         .facts
         .nodes
         .iter()
-        .map(|n| n.node_id.clone())
+        // The fold lists every node directory too: those its events say nothing of are not
+        // named by them.
+        .filter(|n| n.state.is_some() || n.started.is_some() || n.ip.is_some())
+        .map(|n| n.node_id.as_str())
+        .chain(
+            index
+                .facts
+                .actors
+                .iter()
+                .filter_map(|a| a.node_id.as_deref()),
+        )
+        .chain(task_nodes.into_iter().filter_map(|sym| index.text(sym)))
         .filter(|n| plain_id(n))
+        .map(str::to_string)
         .collect();
+    let mut listed = BTreeSet::new();
     match session_nodes(&state.bucket, &entered.session).await {
-        Ok(listed) => nodes.extend(listed),
+        Ok(dirs) => listed.extend(dirs.into_iter().filter(|d| !named.contains(d))),
         Err(e) => {
             status.unreadable_total += 1;
             status.unreadable.push((
@@ -413,7 +442,8 @@ async fn build(state: &Shared, entered: &Entered, index: &SessionIndex) -> Statu
             ));
         }
     }
-    status.past_cap = nodes.len().saturating_sub(MAX_NODES_READ) as u64;
+    status.past_cap = (named.len() + listed.len()).saturating_sub(MAX_NODES_READ) as u64;
+    let nodes = named.into_iter().chain(listed);
     // A node that failed is not part of the cluster any more.
     let mut failed: Vec<(i64, &crate::inspect::NodeFacts)> = index
         .facts
@@ -431,12 +461,12 @@ async fn build(state: &Shared, entered: &Entered, index: &SessionIndex) -> Statu
     failed.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.node_id.cmp(&b.1.node_id)));
     let failed_ids: BTreeSet<&str> = failed.iter().map(|(_, n)| n.node_id.as_str()).collect();
     // Each file is folded in as it is read: at most the reads in flight are held parsed.
-    let mut reads = futures::stream::iter(nodes.into_iter().take(MAX_NODES_READ))
+    let mut reads = futures::stream::iter(nodes.take(MAX_NODES_READ))
         .map(|node| async move {
             let r = read_debug_state(state, entered, &node).await;
             (node, r)
         })
-        // In node order, so the lists of the answer are.
+        // In that order, so the lists of the answer are.
         .buffered(super::MAX_CONCURRENT_READS);
     let mut groups: BTreeMap<String, String> = BTreeMap::new();
     let mut entries = 0usize;

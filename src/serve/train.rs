@@ -25,7 +25,11 @@
 //!   (no `EXPORT_TRAIN_RUN` event read: its name, job, controller, status and start unknown)
 //!   is left out, as Ray's head lists no run without its `TrainRun` record and its model
 //!   rejects those nulls; their number is the header [`RUNS_LEFT_OUT_HEADER`] (`inspect`
-//!   still shows them). The answer is built on a blocking thread, not on the async workers.
+//!   still shows them). A run whose event has no `run_settings` (Ray before 2.60 wrote
+//!   none, nor a worker's `resources`) has protobuf's defaults there
+//!   ([`unrecorded_settings`], a worker's `{"resources": {}}`), which Ray's model requires;
+//!   their number is the header [`UNRECORDED_SETTINGS_HEADER`]. The answer is built on a
+//!   blocking thread, not on the async workers.
 //!   [`ray_run`] undoes each difference between Ray's
 //!   pydantic model and the protobuf export event (the list is in its doc; tests/ray_train_e2e.rs
 //!   checks every leaf against Ray 2.60's live answer). What Ray's head decides at query time
@@ -74,6 +78,11 @@ const FRAMEWORK_UNSPECIFIED: &str = "TRAINING_FRAMEWORK_UNSPECIFIED";
 /// record's name, job, controller, status and start. `inspect` still shows them.
 pub const RUNS_LEFT_OUT_HEADER: &str = "x-rhc-train-runs-without-run-event";
 
+/// Set on an answer from the export events to the number of runs whose `run_settings` the
+/// session never recorded (Ray before 2.60 wrote none): their `run_settings` is
+/// [`unrecorded_settings`], which Ray's model requires but which says nothing of the run.
+pub const UNRECORDED_SETTINGS_HEADER: &str = "x-rhc-train-runs-without-settings";
+
 /// `GET /api/train/v2/runs/v1`. The answer is built on a blocking thread
 /// ([`tokio::task::spawn_blocking`]): a session of many runs, attempts and workers takes
 /// long to fold and write, and the async workers stay free for every other request
@@ -83,9 +92,9 @@ pub async fn runs_v1(State(state): State<Shared>, entered: Entered) -> Response 
         Ok(body) => match index(&state, &entered).await {
             Ok(index) => {
                 let built = off_the_runtime(move || {
-                    let (events, left_out) = runs_response(&index);
+                    let (events, counts) = runs_response(&index);
                     let merged = further_than_snapshot(&body, &events, &rescheduled_runs(&index))
-                        .map(|merged| (answer_headers(&index, left_out), merged.to_string()));
+                        .map(|merged| (answer_headers(&index, counts), merged.to_string()));
                     (merged, body)
                 })
                 .await;
@@ -103,8 +112,8 @@ pub async fn runs_v1(State(state): State<Shared>, entered: Entered) -> Response 
         Err(Missing::NotFound) => match index(&state, &entered).await {
             Ok(index) => {
                 let built = off_the_runtime(move || {
-                    let (events, left_out) = runs_response(&index);
-                    (answer_headers(&index, left_out), events.to_string())
+                    let (events, counts) = runs_response(&index);
+                    (answer_headers(&index, counts), events.to_string())
                 })
                 .await;
                 match built {
@@ -149,14 +158,19 @@ async fn off_the_runtime<T: Send + 'static>(
 }
 
 /// The session's headers ([`headers_for`]), with [`RUNS_LEFT_OUT_HEADER`] when runs were
-/// left out.
-fn answer_headers(index: &SessionIndex, left_out: usize) -> axum::http::HeaderMap {
+/// left out and [`UNRECORDED_SETTINGS_HEADER`] when settings were not recorded.
+fn answer_headers(index: &SessionIndex, counts: Counts) -> axum::http::HeaderMap {
     let mut headers = headers_for(index);
-    if left_out > 0 {
-        headers.insert(
-            HeaderName::from_static(RUNS_LEFT_OUT_HEADER),
-            axum::http::HeaderValue::from(left_out),
-        );
+    for (name, n) in [
+        (RUNS_LEFT_OUT_HEADER, counts.left_out),
+        (UNRECORDED_SETTINGS_HEADER, counts.unrecorded_settings),
+    ] {
+        if n > 0 {
+            headers.insert(
+                HeaderName::from_static(name),
+                axum::http::HeaderValue::from(n),
+            );
+        }
     }
     headers
 }
@@ -332,10 +346,20 @@ fn has_run_event(run: &Value) -> bool {
     !(run["name"].is_null() && run["status"].is_null())
 }
 
-/// Ray's `TrainRunsResponse` for the session's runs, newest first, and how many runs were
-/// left out of it: those known only by their attempts ([`has_run_event`]), which Ray's head
-/// never lists and its model rejects ([`RUNS_LEFT_OUT_HEADER`]).
-fn runs_response(index: &SessionIndex) -> (Value, usize) {
+/// What an answer from the events could not say as Ray would.
+#[derive(Clone, Copy, Default)]
+struct Counts {
+    /// Runs left out ([`RUNS_LEFT_OUT_HEADER`]).
+    left_out: usize,
+    /// Runs answered with [`unrecorded_settings`] ([`UNRECORDED_SETTINGS_HEADER`]).
+    unrecorded_settings: usize,
+}
+
+/// Ray's `TrainRunsResponse` for the session's runs, newest first, and what it could not
+/// say: the runs left out of it, those known only by their attempts ([`has_run_event`]),
+/// which Ray's head never lists and its model rejects ([`RUNS_LEFT_OUT_HEADER`]), and the
+/// runs whose settings were not recorded ([`UNRECORDED_SETTINGS_HEADER`]).
+fn runs_response(index: &SessionIndex) -> (Value, Counts) {
     let all = &index.facts.train_runs;
     let mut runs: Vec<Value> = all
         .iter()
@@ -349,10 +373,16 @@ fn runs_response(index: &SessionIndex) -> (Value, usize) {
             ray_run(run, job)
         })
         .collect();
-    let left_out = all.len() - runs.len();
+    let counts = Counts {
+        left_out: all.len() - runs.len(),
+        unrecorded_settings: all
+            .iter()
+            .filter(|run| has_run_event(run) && !run["run_settings"].is_object())
+            .count(),
+    };
     // Ray sorts by start time, newest first; a run without one last.
     runs.sort_by_key(|r| std::cmp::Reverse(r["start_time_ns"].as_i64()));
-    (json!({ "train_runs": runs }), left_out)
+    (json!({ "train_runs": runs }), counts)
 }
 
 /// The job as Ray's `JobDetails`: `/api/jobs/{id}`'s shape, with the driver's node IP from
@@ -448,7 +478,11 @@ fn ray_run(run: &Value, job: Option<Value>) -> Value {
             .cloned()
             .unwrap_or_else(|| json!({})),
     );
-    out.insert("run_settings".into(), ray_settings(&run["run_settings"]));
+    let settings = match &run["run_settings"] {
+        s @ Value::Object(_) => ray_settings(s),
+        _ => unrecorded_settings(),
+    };
+    out.insert("run_settings".into(), settings);
     let attempts: Vec<Value> = run["attempts"]
         .as_array()
         .map(|a| a.iter().map(|a| ray_attempt(&run["run_id"], a)).collect())
@@ -516,6 +550,23 @@ fn ray_worker(w: &Value) -> Value {
     ] {
         out.insert(k.into(), w[k].clone());
     }
+    // What Ray's model requires and an older Ray did not write: protobuf's default (a
+    // worker's `resources` came with Ray 2.60).
+    for (k, zero) in [
+        ("world_rank", json!(0)),
+        ("local_rank", json!(0)),
+        ("node_rank", json!(0)),
+        ("actor_id", json!("")),
+        ("node_id", json!("")),
+        ("node_ip", json!("")),
+        ("pid", json!(0)),
+        ("gpu_ids", json!([])),
+        ("resources", json!({"resources": {}})),
+    ] {
+        if out.get(k).is_none_or(Value::is_null) {
+            out.insert(k.into(), zero);
+        }
+    }
     out.insert("processStats".into(), Value::Null);
     out.insert("gpus".into(), json!([]));
     keep_others(&mut out, &w["other_fields"]);
@@ -581,6 +632,32 @@ fn unwrap_values(v: Value) -> Value {
         }
         other => other,
     }
+}
+
+/// The `run_settings` of a run whose export event has none (Ray before 2.60 wrote none; Ray
+/// 2.60's model requires them): each member as protobuf reads a message the event does not
+/// hold, as [`ray_settings`] writes it (`""`, `0`, `false`, `[]`, `{}`; an optional member
+/// `null`), except `checkpoint_score_order`, whose protobuf default Ray's model does not
+/// accept: `"max"`, Ray's default. Such a run is counted in [`UNRECORDED_SETTINGS_HEADER`].
+fn unrecorded_settings() -> Value {
+    let options = json!({"resource_limits": {}, "exclude_resources": {},
+        "preserve_order": false, "actor_locality_enabled": false, "verbose_progress": false});
+    json!({
+        "train_loop_config": null,
+        "backend_config": {"framework": null, "config": {}},
+        "scaling_config": {"num_workers": 0, "use_gpu": false, "resources_per_worker": null,
+            "placement_strategy": "", "accelerator_type": null, "use_tpu": false,
+            "topology": null, "bundle_label_selector": null},
+        "datasets": [],
+        "data_config": {"datasets_to_split": [], "execution_options": null,
+            "data_execution_options": {"default": options, "per_dataset_execution_options": {}},
+            "enable_shard_locality": false},
+        "run_config": {"name": "", "failure_config": {"max_failures": 0,
+            "controller_failure_limit": 0}, "worker_runtime_env": {},
+            "checkpoint_config": {"num_to_keep": null, "checkpoint_score_attribute": null,
+                "checkpoint_score_order": "max"},
+            "storage_path": "", "storage_filesystem": null},
+    })
 }
 
 /// The export event's `run_settings` in Ray's `RunSettings` shape (see [`ray_run`]); members
@@ -925,8 +1002,9 @@ mod tests {
             ..SessionFacts::default()
         };
         let index = super::super::index::IndexBuilder::default().finish(facts);
-        let (answer, left_out) = runs_response(&index);
-        assert_eq!(left_out, 1);
+        let (answer, counts) = runs_response(&index);
+        assert_eq!(counts.left_out, 1);
+        assert_eq!(counts.unrecorded_settings, 2);
         let runs = answer["train_runs"].as_array().unwrap();
         assert_eq!(runs.len(), 2);
         assert_eq!(runs[0]["id"], "new", "newest first");
