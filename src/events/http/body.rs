@@ -6,15 +6,17 @@
 //!   most [`MAX_GZIP_LAYERS`]), anything else is refused with 415 before the body is read.
 //! - **Memory.** Bodies in flight share a budget ([`BodyBudget`]) of the largest body plus
 //!   [`SMALL_BODIES_ROOM`]. A body is charged for the memory it holds: the buffer of the bytes
-//!   received (its capacity, which doubles as the bytes arrive and never passes the declared
-//!   `Content-Length`), its decoded gzip layers, and (see the caller) its camelCase form, each
+//!   received ([`RawBody`]: its capacity while it is on the heap, up to [`MAPPED_FROM`]; the
+//!   bytes written once it is in a mapping of its own), its decoded gzip layers, and (see the
+//!   caller) its camelCase form and the spool's copy of its events that hold line breaks, each
 //!   rounded up to [`RESERVE_STEP`] and taken before the memory is allocated; what a header
 //!   declares reserves nothing. A decoded gzip layer is measured first and then decoded into
 //!   one buffer of exactly its length ([`decode_gzip`]): it is never copied as it grows, and
-//!   leaves no earlier forms of itself in the allocator. A buffer's spare capacity is charged
-//!   because it is memory, not only address space, once the allocator hands out again what
-//!   earlier bodies wrote: charged by length, 272 bodies of 1 MiB took VmHWM to 232 MiB with
-//!   a 96 MiB budget (review r39k D2). So a client that declares
+//!   leaves no earlier forms of itself in the allocator. A heap buffer's spare capacity is
+//!   charged because it is memory, not only address space, once the allocator hands out again
+//!   what earlier bodies wrote (charged by their length, 272 bodies of 1 MiB took VmHWM to
+//!   232 MiB beside a 96 MiB budget: review r39k D2); a mapping's pages are resident only once
+//!   written and go back to the system when the body is dropped. So a client that declares
 //!   32 MiB, or starts a chunked body, and then sends nothing holds no room, and small
 //!   requests pass beside it; to hold room a client must really send the bytes, which it can
 //!   keep for at most [`BODY_TIMEOUT`]. However many clients send large or hostile bodies at
@@ -773,7 +775,8 @@ fn grown(cap: usize, need: usize, limit: usize) -> usize {
 const MAPPED_FROM: usize = 256 << 10;
 
 /// The bytes of a body as they arrive: on the heap while small (Ray's batches of tens of
-/// KB), then in a mapping of its own ([`Mapped`]). A heap buffer grown by doubling is
+/// KB), then in a mapping of its own ([`Mapped`]); at once when its `Content-Length` is past
+/// [`MAPPED_FROM`]. A heap buffer grown by doubling is
 /// charged for its capacity: memory the allocator hands out again was written before, so
 /// its spare capacity is resident too, and the chunks it leaves behind as it grows stay in
 /// the heap (review r39k D2: 272 bodies of 1 MiB, each charged for its bytes, took VmHWM to
@@ -786,6 +789,18 @@ enum RawBody {
 }
 
 impl RawBody {
+    /// A buffer for a body that declared `declared` bytes: mapped at once when that is past
+    /// [`MAPPED_FROM`], so a large body never leaves heap buffers behind as it grows.
+    fn new(declared: Option<usize>) -> RawBody {
+        match declared {
+            Some(d) if d > MAPPED_FROM => match Mapped::new(d) {
+                Ok(m) => RawBody::Mapped(m),
+                Err(_) => RawBody::Heap(Vec::new()),
+            },
+            _ => RawBody::Heap(Vec::new()),
+        }
+    }
+
     fn len(&self) -> usize {
         match self {
             RawBody::Heap(v) => v.len(),
@@ -985,7 +1000,7 @@ pub(super) async fn read_body<'a>(
         .min(max);
     let mut room = budget.room(pace.clone());
     let mut incoming = req.into_body();
-    let mut raw = RawBody::Heap(Vec::new());
+    let mut raw = RawBody::new(declared.map(|_| limit));
     pace.start();
     loop {
         let frame = tokio::select! {
