@@ -146,6 +146,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
             configured_node: settings.node_id.clone(),
             events_enabled: settings.enable_event_collector,
             event_keys: settings.event_keys,
+            max_gzip_ratio: settings.max_gzip_ratio,
         },
         spool.clone(),
         event_node.clone(),

@@ -51,6 +51,12 @@ fn parse_gzip_level(s: &str) -> Result<GzipLevel, String> {
 
 pub use crate::util::dedup::MAX_DEDUP_WINDOW;
 
+fn parse_gzip_ratio(s: &str) -> Result<u64, String> {
+    s.trim()
+        .parse()
+        .map_err(|e| format!("expected a whole number of times (0: no bound): {e}"))
+}
+
 fn parse_dedup_window(s: &str) -> Result<usize, String> {
     let n: usize = s
         .trim()
@@ -256,6 +262,11 @@ pub struct RunArgs {
     /// Largest request body accepted (after gzip decoding); larger gets 413.
     #[arg(long, env = "RHC_MAX_BODY_BYTES", value_name = "SIZE", default_value = "64MiB", value_parser = given(parse_size))]
     pub max_body_bytes: Given<u64>,
+
+    /// Past its first MiB, a gzip body may decode to at most this many times its size as
+    /// sent; more gets 413 (a decompression bomb). 0: no bound but `--max-body-bytes`.
+    #[arg(long, env = "RHC_MAX_GZIP_RATIO", value_name = "TIMES", default_value = "100", value_parser = given(parse_gzip_ratio))]
+    pub max_gzip_ratio: Given<u64>,
 
     /// How many recent event ids are remembered to drop Ray's resent duplicates, across
     /// restarts too (a journal in `<spool-dir>/dedup/`, 8 to 24 bytes per id; 0: off).

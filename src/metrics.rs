@@ -33,6 +33,9 @@ pub const INGEST_BYTES: &str = "rhc_ingest_bytes_total";
 pub const INVALID_BODIES: &str = "rhc_invalid_bodies_total";
 /// Of those, bodies answered 400 but not kept in quarantine (over the keeping rate).
 pub const INVALID_BODIES_NOT_KEPT: &str = "rhc_invalid_bodies_not_kept_total";
+/// Gzip bodies refused with 413 because they decode to more than `--max-gzip-ratio` times
+/// their size as sent (past the first MiB).
+pub const GZIP_BOMBS: &str = "rhc_gzip_bodies_refused_total";
 /// Connections closed at the connection cap because they had sent no request head.
 pub const CONNECTIONS_CLOSED_STALLED: &str = "rhc_connections_closed_stalled_total";
 /// Connections closed at the connection cap to make room, by reason (the stalled ones
@@ -143,6 +146,7 @@ pub fn install(compressor: &'static str) -> anyhow::Result<PrometheusHandle> {
     counter!(EVENT_FIELDS_UNKNOWN).absolute(0);
     counter!(INVALID_BODIES).absolute(0);
     counter!(INVALID_BODIES_NOT_KEPT).absolute(0);
+    counter!(GZIP_BOMBS).absolute(0);
     counter!(CONNECTIONS_CLOSED_STALLED).absolute(0);
     counter!(CONNECTIONS_REFUSED).absolute(0);
     counter!(CONNECTIONS_WAITED).absolute(0);
@@ -233,6 +237,10 @@ pub(crate) fn ingest_bytes(n: u64) {
 
 pub(crate) fn invalid_body() {
     counter!(INVALID_BODIES).increment(1);
+}
+
+pub(crate) fn gzip_bomb() {
+    counter!(GZIP_BOMBS).increment(1);
 }
 
 pub(crate) fn invalid_body_not_kept() {

@@ -58,6 +58,8 @@ pub struct Settings {
     pub shutdown_timeout: Duration,
     /// Body limit.
     pub max_body_bytes: u64,
+    /// Most times a gzip body may decode to its size as sent, past its first MiB (0: no bound).
+    pub max_gzip_ratio: u64,
     /// Dedup window size.
     pub dedup_window: usize,
     /// Open file limit of the spool.
@@ -462,6 +464,14 @@ impl Settings {
             8 << 20,
             "8MiB",
         )?;
+        let max_gzip_ratio = tolerant.value(
+            "--max-gzip-ratio",
+            "RHC_MAX_GZIP_RATIO",
+            cli.max_gzip_ratio,
+            any,
+            crate::events::http::DEFAULT_MAX_GZIP_RATIO,
+            "100",
+        )?;
         let dedup_window = tolerant.value(
             "--dedup-window",
             "RHC_DEDUP_WINDOW",
@@ -665,6 +675,7 @@ impl Settings {
             gzip_level,
             shutdown_timeout,
             max_body_bytes,
+            max_gzip_ratio,
             dedup_window,
             max_open_segments: max_open_segments as usize,
             upload_concurrency: upload_concurrency as usize,

@@ -81,6 +81,16 @@ fn start(tmp: &tempfile::TempDir, extra: &[&str]) -> Collector {
     Collector::start(&tmp.path().join("spool"), &args, &[])
 }
 
+/// [`start`] with `--max-gzip-ratio 0`: for the gzip bodies, far beyond what their size as
+/// sent may decode to by default, that test what lies behind that bound (the body budget,
+/// quarantine's caps, the runtime's workers), as with a client allowed to send them. The
+/// bound itself: `gzip_bodies_decoding_past_a_hundred_times_their_size_get_413`.
+fn start_any_ratio(tmp: &tempfile::TempDir, extra: &[&str]) -> Collector {
+    let mut args = vec!["--max-gzip-ratio", "0"];
+    args.extend_from_slice(extra);
+    start(tmp, &args)
+}
+
 /// A body of millions of tiny bad elements costs about its own size in memory, at most a
 /// thousand quarantine records (and 64 KiB of them) on disk, and the rest is counted and
 /// said in the answer.
@@ -840,7 +850,7 @@ fn double_gzip(body: &[u8]) -> Vec<u8> {
 #[test]
 fn a_snake_case_body_and_its_camel_case_form_stay_within_the_body_budget() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut c = start(&tmp, &["--max-body-bytes", "12MiB"]);
+    let mut c = start_any_ratio(&tmp, &["--max-body-bytes", "12MiB"]);
     let snake = snake_event();
     let camel = event("mixed-camel");
     let v = json(&c.post(format!("[{snake},{camel},1]").as_bytes()));
@@ -976,7 +986,7 @@ fn garbage_bodies_keep_a_bounded_form_in_quarantine() {
     const MIB64: usize = 64 << 20;
     const KEPT: u64 = 64 << 10;
     let tmp = tempfile::tempdir().unwrap();
-    let mut c = start(&tmp, &["--rotation-interval", "1h"]);
+    let mut c = start_any_ratio(&tmp, &["--rotation-interval", "1h"]);
     let filler = vec![b'#'; 1 << 20];
     let before = spool_bytes(&c.spool);
     let mut sent = 0;
@@ -1188,7 +1198,7 @@ fn gzip_of_large_strings(tag: usize, n: usize, len: usize) -> Vec<u8> {
 fn large_bad_elements_keep_a_bounded_quarantine() {
     const KEPT: u64 = 64 << 10;
     let tmp = tempfile::tempdir().unwrap();
-    let c = start(&tmp, &["--rotation-interval", "1h"]);
+    let c = start_any_ratio(&tmp, &["--rotation-interval", "1h"]);
     let base = peak_mib(&c);
     let before = spool_bytes(&c.spool);
     let bodies = 4;
@@ -1277,7 +1287,7 @@ fn gzip_bomb(n: u64) -> Vec<u8> {
 fn gzip_bombs_waiting_for_room_do_not_hold_ray() {
     use rhc_testkit::hostile::{tries, Posters};
     let tmp = tempfile::tempdir().unwrap();
-    let c = start(&tmp, &[]);
+    let c = start_any_ratio(&tmp, &[]);
     let bombs = Posters::start(
         c.port,
         4,
@@ -1310,7 +1320,7 @@ fn gzip_bombs_waiting_for_room_do_not_hold_ray() {
 fn bodies_of_tiny_elements_do_not_hold_the_runtime() {
     use rhc_testkit::hostile::{tries, Posters};
     let tmp = tempfile::tempdir().unwrap();
-    let c = start(&tmp, &["--rotation-interval", "1h"]);
+    let c = start_any_ratio(&tmp, &["--rotation-interval", "1h"]);
     // `[0,0,…,0]`: 24 MiB.
     let mut zeros = vec![b'0'; (24 << 20) + 1];
     for i in (2..zeros.len() - 1).step_by(2) {
@@ -1442,7 +1452,7 @@ fn zeros_gzip(total: usize) -> Vec<u8> {
 fn bodies_slow_to_parse_leave_room_for_ray() {
     use rhc_testkit::hostile::{tries, Posters};
     let tmp = tempfile::tempdir().unwrap();
-    let c = start(&tmp, &["--rotation-interval", "1h"]);
+    let c = start_any_ratio(&tmp, &["--rotation-interval", "1h"]);
     // Two of them (decoded and compressed, as they are charged) leave less than 64 KiB of
     // the 96 MiB budget: 49,140 KiB each.
     let body = std::sync::Arc::new(zeros_gzip(49_140 << 10));
@@ -1486,7 +1496,7 @@ fn bodies_slow_to_parse_leave_room_for_ray() {
 fn gzip_bombs_stay_within_the_memory_budget() {
     use rhc_testkit::hostile::Posters;
     let tmp = tempfile::tempdir().unwrap();
-    let c = start(&tmp, &["--rotation-interval", "1h"]);
+    let c = start_any_ratio(&tmp, &["--rotation-interval", "1h"]);
     let base = peak_mib(&c);
     let rest = std::sync::Arc::new(gzip_members(&vec![b'#'; 1 << 20], b"", 1));
     let bombs = Posters::start(
@@ -1517,4 +1527,83 @@ fn gzip_bombs_stay_within_the_memory_budget() {
         "VmHWM {base:.0} -> {peak:.0} MiB under gzip bombs"
     );
     assert_eq!(c.get("/healthz").unwrap().status, 200);
+}
+
+/// Issue 39, review r39k D1: a gzip body that decodes to more than 100 times its size as sent
+/// (past its first MiB) is refused with 413 as soon as its decoding passes that, and neither
+/// stored nor parsed (before: 8 KB decoding to 8 MiB of `[0,0,…]` was decoded twice and
+/// parsed, 200). Ray's own batches, which gzip shrinks 4 to 10 times, pass.
+#[test]
+fn gzip_bodies_decoding_past_a_hundred_times_their_size_get_413() {
+    use flate2::{write::GzEncoder, Compression};
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(&tmp, &[]);
+    let bomb = zeros_gzip(8 << 20);
+    assert!(bomb.len() < 80_000, "{}", bomb.len());
+    let r = c.post_with(&bomb, &[("Content-Encoding", "gzip")]);
+    let text = String::from_utf8_lossy(&r.body);
+    assert_eq!(r.status, 413, "{text}");
+    assert!(text.contains("--max-gzip-ratio"), "{text}");
+    assert_eq!(c.metric("rhc_gzip_bodies_refused_total"), 1.0);
+    assert_eq!(c.metric("rhc_ingest_bytes_total"), 0.0);
+    // Ray 2.60's captured posts, at gzip's best.
+    let posts = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/posts-camel.jsonl"),
+    )
+    .unwrap();
+    for post in posts.lines().filter(|l| !l.trim().is_empty()) {
+        let mut enc = GzEncoder::new(Vec::new(), Compression::best());
+        enc.write_all(post.as_bytes()).unwrap();
+        let r = c.post_with(&enc.finish().unwrap(), &[("Content-Encoding", "gzip")]);
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+}
+
+/// Issue 39, review r39k D1: 300 connections at once, then 40 a second, each sending a gzip
+/// bomb (50 KB decoding to 48 MiB of `[0,0,…]`) and never reading the answer, hold every
+/// place. Ray's batches and `/healthz` on both listeners are still answered within 3 s: a
+/// bomb is refused once it decodes past 100 times its size, at most two bodies are decoded
+/// at once (the rest wait without a thread: the runtime's workers keep their CPU), and a
+/// body waiting its turn gives its place to a new connection (before: Ray and `/healthz` got
+/// no answer within 3 s for the whole attack).
+#[test]
+fn gzip_bombs_on_every_place_lock_out_neither_ray_nor_the_probes() {
+    use rhc_testkit::hostile::{tries, Silent};
+    let tmp = tempfile::tempdir().unwrap();
+    let ro = rhc_testkit::services::free_port();
+    let ro_addr = format!("127.0.0.1:{ro}");
+    let c = start(&tmp, &["--metrics-listen", &ro_addr]);
+    let bomb = zeros_gzip(48 << 20);
+    let mut request = format!(
+        "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: {}\r\n\r\n",
+        bomb.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(&bomb);
+    let addr = format!("127.0.0.1:{}", c.port).parse().unwrap();
+    let bombs = Silent::sending(addr, 40, 400, 300, request);
+    std::thread::sleep(Duration::from_secs(1));
+    let probes = [c.url("/healthz"), format!("http://{ro_addr}/healthz")].map(|url| {
+        std::thread::spawn(move || tries(6, Duration::from_secs(1), 200, "GET", &url, &[], b""))
+    });
+    let ray = tries(
+        6,
+        Duration::from_secs(1),
+        200,
+        "POST",
+        &c.url("/v1/events"),
+        &[("Content-Type", "application/json")],
+        ray_body().as_bytes(),
+    );
+    let [ev, ro] = probes.map(|p| p.join().unwrap());
+    let thrown = bombs.opened();
+    drop(bombs);
+    eprintln!(
+        "{thrown} bombs; Ray {} of 6, /healthz {} and {} of 6",
+        ray.ok, ev.ok, ro.ok
+    );
+    assert!(thrown >= 300, "only {thrown} bombs thrown");
+    assert!(ray.ok >= 5, "Ray: {:#?}", ray.failures);
+    assert!(ev.ok >= 5, "/healthz: {:#?}", ev.failures);
+    assert!(ro.ok >= 5, "read-only /healthz: {:#?}", ro.failures);
 }

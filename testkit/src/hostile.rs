@@ -163,6 +163,18 @@ pub struct Silent {
 impl Silent {
     /// Starts opening `per_second` connections a second to `addr`.
     pub fn start(addr: SocketAddr, per_second: u32, keep_open: usize) -> Silent {
+        Silent::sending(addr, per_second, keep_open, 0, Vec::new())
+    }
+
+    /// Like [`Silent::start`], but each connection sends `request` (within 200 ms) and
+    /// never reads its answer; the first `burst` connections are opened at once.
+    pub fn sending(
+        addr: SocketAddr,
+        per_second: u32,
+        keep_open: usize,
+        burst: usize,
+        request: Vec<u8>,
+    ) -> Silent {
         let stop = Arc::new(AtomicBool::new(false));
         let opened = Arc::new(AtomicUsize::new(0));
         let thread = {
@@ -171,13 +183,24 @@ impl Silent {
                 let every = Duration::from_secs(1) / per_second.max(1);
                 let mut open: std::collections::VecDeque<TcpStream> = Default::default();
                 let mut next = Instant::now();
+                let mut n = 0usize;
                 while !stop.load(Ordering::Relaxed) {
-                    if let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+                    if let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200))
+                    {
+                        if !request.is_empty() {
+                            let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+                            let _ = s.write_all(&request);
+                        }
                         opened.fetch_add(1, Ordering::Relaxed);
                         open.push_back(s);
                         if open.len() > keep_open {
                             open.pop_front();
                         }
+                    }
+                    n += 1;
+                    if n < burst {
+                        next = Instant::now();
+                        continue;
                     }
                     next += every;
                     let now = Instant::now();

@@ -5,20 +5,30 @@
 //!   (RFC 9110 §8.4); `identity` is no coding, `gzip`/`x-gzip` are undone in reverse order (at
 //!   most [`MAX_GZIP_LAYERS`]), anything else is refused with 415 before the body is read.
 //! - **Memory.** Bodies in flight share a budget ([`BodyBudget`]) of the largest body plus
-//!   [`SMALL_BODIES_ROOM`]. A body is charged for the bytes it holds: those received, those
-//!   of its decoded gzip layers, and (see the caller) its camelCase form, each rounded up to
-//!   [`RESERVE_STEP`] and taken before the bytes are stored; what a header declares reserves
-//!   nothing. A decoded gzip layer is measured first and then decoded into one buffer of
-//!   exactly its length ([`decode_gzip`]): it is never copied as it grows, and leaves no
-//!   earlier forms of itself in the allocator. The spare capacity the received bytes' buffer
-//!   keeps beyond its length is not charged: it is address space that the kernel backs with
-//!   memory only once it is written, so the charge is what the body really makes resident,
-//!   and twelve 4 MiB bodies cost 48 MiB of the budget, not the 96 MiB their doubled buffers
-//!   could span. So a client that declares
+//!   [`SMALL_BODIES_ROOM`]. A body is charged for the memory it holds: the buffer of the bytes
+//!   received ([`RawBody`]: its capacity while it is on the heap, up to [`MAPPED_FROM`]; the
+//!   bytes written once it is in a mapping of its own), its decoded gzip layers, and (see the
+//!   caller) its camelCase form and the spool's copy of its events that hold line breaks, each
+//!   rounded up to [`RESERVE_STEP`] and taken before the memory is allocated; what a header
+//!   declares reserves nothing. A decoded gzip layer is measured first and then decoded into
+//!   one buffer of exactly its length ([`decode_gzip`]): it is never copied as it grows, and
+//!   leaves no earlier forms of itself in the allocator. A heap buffer's spare capacity is
+//!   charged because it is memory, not only address space, once the allocator hands out again
+//!   what earlier bodies wrote (charged by their length, 272 bodies of 1 MiB took VmHWM to
+//!   232 MiB beside a 96 MiB budget: review r39k D2); a mapping's pages are resident only once
+//!   written and go back to the system when the body is dropped. So a client that declares
 //!   32 MiB, or starts a chunked body, and then sends nothing holds no room, and small
 //!   requests pass beside it; to hold room a client must really send the bytes, which it can
 //!   keep for at most [`BODY_TIMEOUT`]. However many clients send large or hostile bodies at
 //!   once, the bodies held in memory stay within the budget.
+//! - **Decoding costs at most a bounded multiple of what was sent.** Past [`INFLATE_FREE`],
+//!   each gzip layer may decode to at most `--max-gzip-ratio` ([`DEFAULT_MAX_GZIP_RATIO`])
+//!   times the bytes received (not the layer before, so two layers do not multiply it); the
+//!   first decoding pass stops as soon as a layer passes that, and the body gets 413
+//!   ([`BodyProblem::Inflates`]). At most [`DECODERS`] bodies are decoded at once; the others
+//!   wait their turn without holding a thread, at most [`BUDGET_WAIT`] (then 503), and a body
+//!   waiting its turn or room for its decoded form is queued ([`Pace::is_queued`]): its
+//!   connection may give way to a new one.
 //! - **No body is held hostage.** Room is taken in steps of [`RESERVE_STEP`] from a fair
 //!   queue, so a body waiting for megabytes never stands in front of a small request; and no
 //!   body holds a right that others must wait for: a stalled large body holds the bytes it
@@ -35,8 +45,9 @@
 //!   what it took of the reserve, so no large body holds any. Large bodies that hold the
 //!   whole budget without falling behind or waiting (being parsed, for seconds) leave Ray's
 //!   batches of tens of KB room at once.
-//! - **Decoding and parsing never hold the runtime.** Gzip layers are undone, and the body
-//!   parsed and routed by the caller, off the runtime's workers ([`off_reactor`]), so bodies
+//! - **Decoding and parsing never hold the runtime.** Gzip layers are undone (by at most
+//!   [`DECODERS`] threads), and the body parsed and routed by the caller, off the runtime's
+//!   workers ([`off_reactor`]), so bodies
 //!   of millions of tiny elements cannot keep Ray's requests and the probes from being
 //!   answered; and the time in which the runtime could not poll a body's reader (its
 //!   workers busy, the process not scheduled) is not counted against the body's
@@ -99,6 +110,23 @@ pub(super) const BUDGET_WAIT: Duration = Duration::from_secs(10);
 pub(super) const RESERVE_STEP: u64 = 64 << 10;
 /// What gzip decoding reads at a time before taking room for it.
 const DECODE_CHUNK: usize = 64 << 10;
+/// What any gzip body may decode to, whatever its ratio: a small batch of Ray's may
+/// compress better than its large ones do.
+pub(super) const INFLATE_FREE: u64 = 1 << 20;
+/// The default of `--max-gzip-ratio`: past [`INFLATE_FREE`], a gzip body may decode to at
+/// most this many times the bytes received. Ray's batches are JSON, which gzip shrinks 4 to
+/// 10 times (the captured posts of Ray 2.60 in tests/data: 3.8 times the median, 10.2 at
+/// most, at level 9): a hundred leaves them ten times that, while a body that a client sends
+/// cheaply and the collector decodes dearly (50 KB of gzip decoding to 49 MiB of zeros,
+/// review r39k D1) is refused with 413 after a hundred times its size.
+pub const DEFAULT_MAX_GZIP_RATIO: u64 = 100;
+/// Gzip bodies being decoded at once, each on a thread of its own: the others wait their
+/// turn without holding a thread ([`BodyBudget::decode_turn`]), so however many clients send
+/// gzip bodies at once, decoding takes at most this many CPUs and the runtime's workers
+/// (every connection's reads and answers, the probes) still get theirs (review r39k D1:
+/// about 300 bombs decoding at once on as many threads left `/healthz` unanswered for 3 s
+/// on both listeners).
+pub(super) const DECODERS: usize = 2;
 /// How far ahead of now a body's bytes can put its pace ([`Pace`]), and how long a body has
 /// for its first bytes: Ray's batches (about 1 MB) cross loopback in milliseconds; a quarter
 /// second leaves room for a collector slowed by a busy node. It is also what a client buys
@@ -132,6 +160,10 @@ pub(super) struct Pace {
     /// Told to give its room back.
     cut: AtomicBool,
     cut_signal: Notify,
+    /// The body is complete and waits for the collector: for its turn to be decoded, or for
+    /// room for its decoded form. It costs nothing but its room then, and its connection may
+    /// give way to a new one (see [`super::connections`]).
+    queued: AtomicBool,
 }
 
 impl Pace {
@@ -144,7 +176,17 @@ impl Pace {
             due_ms: AtomicU64::new(NOT_READING),
             cut: AtomicBool::new(false),
             cut_signal: Notify::new(),
+            queued: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the body waits for its turn to be decoded or for room for its decoded form.
+    pub(super) fn is_queued(&self) -> bool {
+        self.queued.load(Ordering::Acquire)
+    }
+
+    fn set_queued(&self, queued: bool) {
+        self.queued.store(queued, Ordering::Release);
     }
 
     /// Milliseconds after `epoch` at `t`, less the time the runtime could not run its
@@ -158,6 +200,7 @@ impl Pace {
     /// forgotten, and the body is being read.
     fn start(&self) {
         self.cut.store(false, Ordering::Release);
+        self.set_queued(false);
         self.reading();
     }
 
@@ -313,6 +356,14 @@ pub(super) enum BodyProblem<'a> {
     TimedOut,
     /// The body fell behind its [`Pace`] while another body waited for the room it held.
     Stalled,
+    /// A gzip layer decodes to more than `--max-gzip-ratio` times the bytes received (this
+    /// many), past [`INFLATE_FREE`]: the bound it passed.
+    Inflates {
+        received: u64,
+        bound: u64,
+    },
+    /// No turn to decode it came within [`BUDGET_WAIT`]: other gzip bodies are decoded.
+    Busy,
     Read(String),
     /// Not valid gzip: the bytes the failing layer was given, the decoder's error, the room
     /// they hold (boxed: it is the largest part), and the bytes received.
@@ -379,6 +430,8 @@ pub(super) struct BodyBudget {
     /// The bodies that hold room, by room id.
     holders: Mutex<BTreeMap<u64, Arc<Holder>>>,
     next_id: AtomicU64,
+    /// Turns to decode a gzip layer ([`DECODERS`]).
+    decoders: Semaphore,
 }
 
 impl BodyBudget {
@@ -392,6 +445,29 @@ impl BodyBudget {
             reserve: Semaphore::new(kib(SMALL_BODIES_RESERVE) as usize),
             holders: Mutex::new(BTreeMap::new()),
             next_id: AtomicU64::new(0),
+            decoders: Semaphore::new(DECODERS),
+        }
+    }
+
+    /// A turn to decode a gzip layer, one of [`DECODERS`]; while it waits for one the body
+    /// counts as queued ([`Pace::is_queued`]), and it waits at most [`BUDGET_WAIT`] and never
+    /// past `deadline` ([`BodyProblem::Busy`]).
+    async fn decode_turn<'a>(
+        &'a self,
+        pace: &Pace,
+        deadline: Instant,
+    ) -> Result<SemaphorePermit<'a>, BodyProblem<'a>> {
+        if let Ok(turn) = self.decoders.try_acquire() {
+            return Ok(turn);
+        }
+        pace.set_queued(true);
+        let until = deadline.min(Instant::now() + BUDGET_WAIT);
+        let got = tokio::time::timeout_at(until, self.decoders.acquire()).await;
+        pace.set_queued(false);
+        match got {
+            Ok(Ok(turn)) => Ok(turn),
+            // The semaphore is never closed.
+            Ok(Err(_)) | Err(_) => Err(BodyProblem::Busy),
         }
     }
 
@@ -687,12 +763,165 @@ fn stepped(bytes: u64) -> u64 {
 
 /// The capacity to give a buffer of `cap` bytes that must hold `need`: doubling from
 /// [`RESERVE_STEP`] (so copies stay linear in the size), never beyond `limit` unless `need`
-/// is. Only the length is charged (see the module docs).
+/// is. The capacity is what is charged (see the module docs).
 fn grown(cap: usize, need: usize, limit: usize) -> usize {
     cap.saturating_mul(2)
         .max(RESERVE_STEP as usize)
         .min(limit)
         .max(need)
+}
+
+/// A body past this size moves from the heap to a mapping of its own ([`Mapped`]).
+const MAPPED_FROM: usize = 256 << 10;
+
+/// The bytes of a body as they arrive: on the heap while small (Ray's batches of tens of
+/// KB), then in a mapping of its own ([`Mapped`]); at once when its `Content-Length` is past
+/// [`MAPPED_FROM`]. A heap buffer grown by doubling is
+/// charged for its capacity: memory the allocator hands out again was written before, so
+/// its spare capacity is resident too, and the chunks it leaves behind as it grows stay in
+/// the heap (review r39k D2: 272 bodies of 1 MiB, each charged for its bytes, took VmHWM to
+/// 232 MiB beside a 96 MiB budget). A mapping is never copied nor grown, holds fresh pages
+/// that become resident only as they are written, and goes back to the system whole when
+/// the body is dropped, so it is charged for the bytes written.
+enum RawBody {
+    Heap(Vec<u8>),
+    Mapped(Mapped),
+}
+
+impl RawBody {
+    /// A buffer for a body that declared `declared` bytes: mapped at once when that is past
+    /// [`MAPPED_FROM`], so a large body never leaves heap buffers behind as it grows.
+    fn new(declared: Option<usize>) -> RawBody {
+        match declared {
+            Some(d) if d > MAPPED_FROM => match Mapped::new(d) {
+                Ok(m) => RawBody::Mapped(m),
+                Err(_) => RawBody::Heap(Vec::new()),
+            },
+            _ => RawBody::Heap(Vec::new()),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            RawBody::Heap(v) => v.len(),
+            RawBody::Mapped(m) => m.len,
+        }
+    }
+
+    /// What the buffer holds, as charged, once it holds `need` bytes of a body of at most
+    /// `limit`.
+    fn charge_for(&self, need: usize, limit: usize) -> u64 {
+        match self {
+            RawBody::Heap(v) if need <= MAPPED_FROM || limit <= MAPPED_FROM => {
+                let cap = if need > v.capacity() {
+                    grown(v.capacity(), need, limit)
+                } else {
+                    v.capacity()
+                };
+                cap as u64
+            }
+            _ => need as u64,
+        }
+    }
+
+    /// Appends `data` (`need` bytes in all, of a body of at most `limit`).
+    fn extend(&mut self, data: &[u8], need: usize, limit: usize) {
+        if let RawBody::Heap(v) = self {
+            if need > MAPPED_FROM && limit > MAPPED_FROM {
+                if let Ok(mut m) = Mapped::new(limit.max(need)) {
+                    m.extend(v);
+                    *self = RawBody::Mapped(m);
+                }
+            }
+        }
+        match self {
+            RawBody::Heap(v) => {
+                if need > v.capacity() {
+                    v.reserve_exact(grown(v.capacity(), need, limit) - v.len());
+                }
+                v.extend_from_slice(data);
+            }
+            RawBody::Mapped(m) => m.extend(data),
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            RawBody::Heap(v) => Bytes::from(v),
+            RawBody::Mapped(m) => Bytes::from_owner(m),
+        }
+    }
+}
+
+/// A private anonymous mapping of a fixed capacity (address space, reserving no swap) that
+/// is filled from its start; unmapped when dropped.
+struct Mapped {
+    ptr: std::ptr::NonNull<u8>,
+    cap: usize,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this value alone; its bytes are written only through
+// `&mut self` and read through `&self`.
+unsafe impl Send for Mapped {}
+// SAFETY: as above: `&self` only reads.
+unsafe impl Sync for Mapped {}
+
+impl Mapped {
+    #[cfg(unix)]
+    fn new(cap: usize) -> std::io::Result<Mapped> {
+        // SAFETY: a new private anonymous mapping, which nothing else refers to.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                cap.max(1),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(p.cast::<u8>())
+            .ok_or_else(|| std::io::Error::other("mmap returned null"))?;
+        Ok(Mapped { ptr, cap, len: 0 })
+    }
+
+    #[cfg(not(unix))]
+    fn new(_cap: usize) -> std::io::Result<Mapped> {
+        Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
+    }
+
+    /// Appends `data`; the caller never passes the capacity (the body's limit), and what
+    /// would is cut off.
+    fn extend(&mut self, data: &[u8]) {
+        let n = data.len().min(self.cap - self.len);
+        // SAFETY: `len + n <= cap`, inside the mapping; `data` is not in it (only `&mut
+        // self` writes there).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(self.len), n);
+        }
+        self.len += n;
+    }
+}
+
+impl AsRef<[u8]> for Mapped {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the first `len` bytes of the mapping were written by `extend`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        // SAFETY: the mapping made in `new`, of that length, unmapped once.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.cap.max(1));
+        }
+    }
 }
 
 /// What one body may be.
@@ -705,6 +934,46 @@ pub(super) struct Limits {
     pub(super) gzip_layers: usize,
     /// How long the whole read may take ([`BODY_TIMEOUT`], or less).
     pub(super) timeout: Duration,
+    /// `--max-gzip-ratio`: past [`INFLATE_FREE`], each decoded layer is at most this many
+    /// times the bytes received; 0 for no bound but `max`.
+    pub(super) max_gzip_ratio: u64,
+}
+
+/// How far a body's gzip layers may decode: to `most` bytes each, set by the ratio bound
+/// (`by_ratio`) or by `--max-body-bytes`.
+#[derive(Clone, Copy)]
+struct Inflate {
+    most: usize,
+    by_ratio: bool,
+    received: u64,
+}
+
+impl Inflate {
+    fn new(max: usize, ratio: u64, received: u64) -> Inflate {
+        let by_ratio = match ratio {
+            0 => usize::MAX,
+            r => {
+                usize::try_from(received.saturating_mul(r).max(INFLATE_FREE)).unwrap_or(usize::MAX)
+            }
+        };
+        Inflate {
+            most: max.min(by_ratio),
+            by_ratio: by_ratio < max,
+            received,
+        }
+    }
+
+    /// Why a layer that decodes past `most` is refused.
+    fn problem<'a>(self) -> BodyProblem<'a> {
+        if self.by_ratio {
+            BodyProblem::Inflates {
+                received: self.received,
+                bound: self.most as u64,
+            }
+        } else {
+            BodyProblem::TooLarge
+        }
+    }
 }
 
 /// Reads the body within `limits` and undoes its gzip layers, keeping `pace` (the
@@ -721,6 +990,7 @@ pub(super) async fn read_body<'a>(
         declared,
         gzip_layers,
         timeout,
+        max_gzip_ratio,
     } = limits;
     let deadline = Instant::now() + timeout;
     let max = usize::try_from(max).unwrap_or(usize::MAX);
@@ -730,7 +1000,7 @@ pub(super) async fn read_body<'a>(
         .min(max);
     let mut room = budget.room(pace.clone());
     let mut incoming = req.into_body();
-    let mut raw: Vec<u8> = Vec::new();
+    let mut raw = RawBody::new(declared.map(|_| limit));
     pace.start();
     loop {
         let frame = tokio::select! {
@@ -753,23 +1023,28 @@ pub(super) async fn read_body<'a>(
         if need > max {
             return Err(BodyProblem::TooLarge);
         }
-        if need as u64 > room.held_bytes() {
+        // The buffer is charged for what it makes resident: its capacity while it is on the
+        // heap, the bytes written once it is mapped (see [`RawBody`]).
+        let charge = raw.charge_for(need, limit);
+        if charge > room.held_bytes() {
             // Waiting for room is the collector's time, not the client's.
             pace.paused();
-            room.grow_to(need as u64, deadline).await?;
+            room.grow_to(charge, deadline).await?;
             pace.reading();
         }
-        if need > raw.capacity() {
-            raw.reserve_exact(grown(raw.capacity(), need, limit) - raw.len());
-        }
-        raw.extend_from_slice(&data);
+        raw.extend(&data, need, limit);
     }
     pace.paused();
     let received_bytes = raw.len() as u64;
-    let mut body = Bytes::from(raw);
+    // What the received bytes' buffer holds, as charged.
+    let raw_charge = raw.charge_for(raw.len(), raw.len());
+    let mut body = raw.into_bytes();
     let mut compressed = None;
+    // Every layer is bounded by the bytes received, not by the layer before it: two layers
+    // must not multiply the ratio.
+    let inflate = Inflate::new(max, max_gzip_ratio, received_bytes);
     for layer in 0..gzip_layers {
-        let decoded = match decode_gzip(&body, &mut room, max, deadline).await? {
+        let decoded = match decode_gzip(&body, &mut room, inflate, deadline).await? {
             Ok(decoded) => decoded,
             Err(why) => {
                 return Err(BodyProblem::BadGzip(
@@ -786,8 +1061,8 @@ pub(super) async fn read_body<'a>(
             compressed = Some(body);
         }
         body = Bytes::from(decoded);
-        let kept = compressed.as_ref().map_or(0, |c| c.len());
-        room.shrink_to(body.len().saturating_add(kept) as u64);
+        let kept = compressed.as_ref().map_or(0, |_| raw_charge);
+        room.shrink_to((body.len() as u64).saturating_add(kept));
     }
     Ok((
         Received {
@@ -806,23 +1081,37 @@ pub(super) async fn read_body<'a>(
 /// left its earlier forms in the allocator (glibc keeps freed chunks resident), and 16
 /// clients looping gzip bombs of 24 MiB took VmHWM to 302–343 MiB with a 96 MiB budget
 /// (review r39h D3). The second pass costs CPU only (gzip decodes at hundreds of MB/s).
+/// Each pass waits for a turn ([`BodyBudget::decode_turn`]); the first stops as soon as
+/// the layer passes `inflate`'s bound, so a bomb costs at most that much decoding.
 /// The decoder's error when `raw` is not valid gzip.
 async fn decode_gzip<'a>(
     raw: &[u8],
     room: &mut Room<'a>,
-    max: usize,
+    inflate: Inflate,
     deadline: Instant,
 ) -> Result<Result<Vec<u8>, String>, BodyProblem<'a>> {
+    let budget: &'a BodyBudget = room.budget;
+    let pace = room.holder.pace.clone();
     let mut chunk = vec![0u8; DECODE_CHUNK];
-    let len = match off_reactor(|| decoded_len(raw, &mut chunk, max)) {
+    let turn = budget.decode_turn(&pace, deadline).await?;
+    let len = off_reactor(|| decoded_len(raw, &mut chunk, inflate.most));
+    drop(turn);
+    let len = match len {
         Ok(Some(len)) => len,
-        Ok(None) => return Err(BodyProblem::TooLarge),
+        Ok(None) => return Err(inflate.problem()),
         Err(e) => return Ok(Err(e.to_string())),
     };
-    room.grow_to(raw.len().saturating_add(len) as u64, deadline)
-        .await?;
+    // Waiting for room is waiting for the collector, as waiting for a turn is.
+    pace.set_queued(true);
+    // Beside what its input holds (the received buffer's capacity, or the layer before).
+    let grown = room
+        .grow_to(room.held_bytes().saturating_add(len as u64), deadline)
+        .await;
+    pace.set_queued(false);
+    grown?;
     let mut out: Vec<u8> = Vec::new();
     out.reserve_exact(len);
+    let turn = budget.decode_turn(&pace, deadline).await?;
     let decoded = off_reactor(|| -> std::io::Result<()> {
         let mut dec = flate2::read::MultiGzDecoder::new(raw);
         loop {
@@ -838,6 +1127,7 @@ async fn decode_gzip<'a>(
             out.extend_from_slice(&chunk[..n]);
         }
     });
+    drop(turn);
     match decoded {
         Ok(()) => Ok(Ok(out)),
         Err(e) => Ok(Err(e.to_string())),

@@ -23,11 +23,17 @@
 //!    so it keeps its place, while connections that send nothing (a flood of them, 500 a
 //!    second on each listener: review r39h D1) take each other's places instead of
 //!    refusing Ray's and the probe's;
-//! 7. one whose request has been waiting for its answer (its body complete: Ray's batch
+//! 7. one whose body is complete and waits for the collector, for its turn to be decoded
+//!    (at most [`DECODERS`](super::body::DECODERS) gzip bodies are decoded at once) or for room
+//!    for its decoded form: it has cost nothing but its bytes yet, and gzip bombs thrown at
+//!    every place (review r39k D1) would otherwise hold them all while they wait; the one
+//!    whose head came first goes first;
+//! 8. one whose request has been waiting for its answer (its body complete: Ray's batch
 //!    waiting for the spool) for over [`STALE_REQUEST_AFTER`], the oldest first: Ray gives
 //!    up on a request after 3 s and resends it, so nobody waits for it.
 //!
-//! So a request whose body is complete is never chosen before Ray has given up on it, and
+//! So a request whose body is complete is never chosen before Ray has given up on it
+//! (unless it is a gzip body waiting for its turn to be decoded or for room), and
 //! keeping a place costs a client a whole request every [`BODY_GRACE`](super::body::BODY_GRACE) (or a body streamed
 //! at [`MIN_BODY_RATE`](super::body::MIN_BODY_RATE)): pipelining restarts nothing, since a head whose body stalls is the
 //! least useful thing open, and a client reconnecting after being cut takes the place of
@@ -159,6 +165,12 @@ pub(super) enum Eviction {
     /// otherwise filled every place faster than they passed [`STALLED_AFTER`], and Ray's
     /// and the probe's connections were closed at once).
     NoRequestYet,
+    /// Its body is complete and waits for the collector: for a turn to be decoded (one of
+    /// [`DECODERS`](super::body::DECODERS)) or for room for its decoded form ([`Pace::is_queued`]).
+    /// It has cost nothing but its bytes yet; the one queued longest first (review r39k D1:
+    /// about 300 gzip bombs waiting to be decoded held every place, and Ray's POST and
+    /// `/healthz` got none within 3 s).
+    Queued,
     /// Its request has been in flight for over [`STALE_REQUEST_AFTER`].
     StaleRequest,
 }
@@ -171,6 +183,7 @@ impl Eviction {
             Eviction::NoRequest | Eviction::NoRequestYet => "no_request",
             Eviction::StalledBody => "stalled_body",
             Eviction::IdleNoEvents => "idle_no_events",
+            Eviction::Queued => "queued_body",
             Eviction::Idle => "idle",
             Eviction::StaleRequest => "stale_request",
         }
@@ -184,6 +197,7 @@ impl Eviction {
                 | Eviction::NoRequest
                 | Eviction::NoRequestYet
                 | Eviction::StalledBody
+                | Eviction::Queued
                 | Eviction::StaleRequest
         )
     }
@@ -315,6 +329,7 @@ impl Slot {
                 self.state.load(Ordering::Acquire) == NEW
             }
             Eviction::StalledBody => self.state.load(Ordering::Acquire) == BODY,
+            Eviction::Queued => self.state.load(Ordering::Acquire) == BODY && self.pace.is_queued(),
             Eviction::IdleNoEvents | Eviction::Idle | Eviction::StaleRequest => true,
         }
     }
@@ -351,6 +366,7 @@ impl Slot {
             NEW if now.duration_since(self.opened) >= HEAD_GRACE => {
                 Some((Eviction::NoRequestYet, self.opened))
             }
+            BODY if self.pace.is_queued() => Some((Eviction::Queued, since)),
             // A reserved place serves one request and is never kept idle.
             _ if self.reserved => None,
             // An answer on its way out: the connection is not idle yet.

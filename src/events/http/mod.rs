@@ -48,6 +48,7 @@ use crate::events::spool::{
 };
 use crate::metrics as m;
 use crate::node::node_id::EventNodeHint;
+pub use body::DEFAULT_MAX_GZIP_RATIO;
 use body::{BodyBudget, BodyProblem};
 use connections::Connections;
 
@@ -164,6 +165,9 @@ pub struct IngestConfig {
     pub events_enabled: bool,
     /// How snake_case events are stored.
     pub event_keys: EventKeys,
+    /// `--max-gzip-ratio`: past the first MiB, a gzip body decodes to at most this many
+    /// times its bytes as received (0: no bound but `max_body_bytes`).
+    pub max_gzip_ratio: u64,
 }
 
 /// State shared by all requests.
@@ -175,6 +179,7 @@ pub struct IngestState {
     learned_node: EventNodeHint,
     events_enabled: bool,
     event_keys: EventKeys,
+    max_gzip_ratio: u64,
     /// Event requests in flight (bodies still arriving included); closed at shutdown, when
     /// new requests get 503.
     requests: Gate,
@@ -206,6 +211,7 @@ impl IngestState {
             learned_node,
             events_enabled: cfg.events_enabled,
             event_keys: cfg.event_keys,
+            max_gzip_ratio: cfg.max_gzip_ratio,
             requests: Gate::default(),
             storing: Gate::default(),
             metrics,
@@ -716,6 +722,7 @@ async fn read_and_store(
             declared,
             gzip_layers: layers,
             timeout,
+            max_gzip_ratio: st.max_gzip_ratio,
         },
         pace,
     )
@@ -735,6 +742,24 @@ async fn read_and_store(
         Err(BodyProblem::NoRoom) => {
             m::backpressure();
             return closing(no_room(st));
+        }
+        Err(BodyProblem::Inflates { received, bound }) => {
+            m::gzip_bomb();
+            return closing(error_response(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the gzip body decodes to more than {bound} bytes from the {received} bytes sent: past the first MiB, a body may decode to at most {} times its size as sent (--max-gzip-ratio; Ray's JSON batches compress about 4 to 10 times); send it uncompressed or less compressed", st.max_gzip_ratio),
+            ));
+        }
+        Err(BodyProblem::Busy) => {
+            m::backpressure();
+            return closing(retry_later(
+                format!(
+                    "other gzip bodies are being decoded ({} at a time) and this one found no turn within {} s; retry later",
+                    body::DECODERS,
+                    body::BUDGET_WAIT.as_secs()
+                ),
+                1,
+            ));
         }
         Err(BodyProblem::TimedOut) => {
             return closing(error_response(
@@ -768,8 +793,11 @@ async fn read_and_store(
         received_bytes,
     } = received;
     m::ingest_bytes(body.len() as u64);
+    // What the body holds as charged (its buffer's capacity, with what is kept of it): its
+    // camelCase form is charged beside that.
+    let holds = room.held_bytes();
     let batch = loop {
-        let short = match body::off_reactor(|| build_batch(st, &body, &mut room)) {
+        let short = match body::off_reactor(|| build_batch(st, &body, holds, &mut room)) {
             Ok(Ok(b)) => break b,
             Ok(Err(short)) => short,
             Err(e) => {
@@ -801,6 +829,33 @@ async fn read_and_store(
             }
         };
     };
+    // The spool stages an event by reference into the body, except one whose bytes hold a
+    // line break: that one is copied (spaces in their place) until it is written. The copy
+    // is charged beside the body, as its camelCase form is.
+    let copied: u64 = batch
+        .partitions
+        .iter()
+        .flat_map(|p| &p.events)
+        .filter(|e| e.has_newline())
+        .map(|e| e.range().len() as u64 + 1)
+        .sum();
+    if copied > 0 {
+        let want = room.held_bytes().saturating_add(copied);
+        let deadline = tokio::time::Instant::now() + body::BUDGET_WAIT;
+        match room.grow_to(want, deadline).await {
+            Ok(()) => {}
+            Err(BodyProblem::NeverFits(budget)) => {
+                return error_response(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("the body and the copy of its events that hold line breaks (written with spaces in their place) together need more than the {budget} bytes all bodies in flight may hold (--max-body-bytes + 32 MiB); send smaller batches, or events without line breaks"),
+                )
+            }
+            Err(_) => {
+                m::backpressure();
+                return no_room(st);
+            }
+        }
+    }
     // Only now, with its batch built, does the request write to the spool: the shutdown's
     // seal waits for the requests past this point, not for a body still being decoded or
     // parsed (review r39f: a 40 KB gzip body of 40 MiB of zeros took 6.7 s to build in a
@@ -961,13 +1016,14 @@ enum ConversionRoom {
 /// With `--event-keys camel`, an event Ray sent with snake_case keys is stored as its
 /// camelCase form ([`camel::to_camel`]). The stored body is then one new buffer: the
 /// converted events, then copies of the other events and of the quarantined elements, all
-/// spans pointing there. That buffer ([`conversion_room`]) is charged to the body's `room`
-/// before it is allocated, so the body and its camelCase form stay within the body budget
+/// spans pointing there. That buffer ([`conversion_room`]) is charged to the body's `room`,
+/// beside the `holds` bytes the body holds already, before it is allocated, so the body and its camelCase form stay within the body budget
 /// (`Ok(Err(_))` when the room is not free now, or never can be). One that cannot be
 /// converted is quarantined.
 fn build_batch(
     st: &IngestState,
     body: &Bytes,
+    holds: u64,
     room: &mut body::Room<'_>,
 ) -> Result<Result<AppendBatch, ConversionRoom>, parse::BodyError> {
     let learned = if st.configured_node.is_none() {
@@ -1020,7 +1076,7 @@ fn build_batch(
         let span = if convert && fields.snake_case {
             if converted.capacity() == 0 {
                 let extra = conversion_room(body.len());
-                let need = (body.len() as u64).saturating_add(extra as u64);
+                let need = holds.saturating_add(extra as u64);
                 match room.try_grow_to(need) {
                     Ok(true) => converted.reserve_exact(extra),
                     Ok(false) => {
