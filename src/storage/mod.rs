@@ -17,6 +17,7 @@ pub mod counted;
 pub mod gzip;
 pub mod put;
 pub mod s3;
+pub mod versioned;
 
 use std::path::PathBuf;
 use std::sync::Arc;
