@@ -557,6 +557,53 @@ fn a_growth_put_that_timed_out_and_lands_late_replaces_nothing() {
     assert_each_once(&rig, &acked, "after SIGTERM");
 }
 
+/// A store that answers conditional writes with 501 NotImplemented (some S3-compatible
+/// stores; here the proxy, for every request carrying `If-Match` or `If-None-Match`): the
+/// growth goes on unconditionally, as before conditions existed, with one warning and
+/// `rhc_event_conditional_writes` at 0; every acknowledged event is in the bucket, once.
+#[test]
+fn a_store_refusing_conditional_writes_gets_them_unconditionally() {
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    for header in ["if-match", "if-none-match"] {
+        rig.proxy.add(
+            Rule::new(Fault::Status(501, "NotImplemented".into()))
+                .method("PUT")
+                .with_header(header),
+        );
+    }
+    let mut c = rig.start(&["--upload-window", "1s"]);
+    let a: Vec<String> = (0..100).map(|i| format!("a-{i}")).collect();
+    post(&c, &a, 1);
+    wait_for(&c, Duration::from_secs(30), "A in the bucket", || {
+        id_counts(&rig).len() == 100
+    });
+    let b: Vec<String> = (0..100).map(|i| format!("b-{i}")).collect();
+    post(&c, &b, 1);
+    wait_for(&c, Duration::from_secs(30), "A+B in the bucket", || {
+        id_counts(&rig).len() == 200
+    });
+    // One write met the refusal (object_store tries a 5xx again a few times), the rest went
+    // without a condition.
+    let refused = rig.proxy.seen().iter().filter(|r| r.status == 501).count();
+    assert!(
+        (1..=4).contains(&refused),
+        "{refused} conditional writes refused: the condition was not tried, or not dropped"
+    );
+    assert_eq!(c.metric("rhc_event_conditional_writes"), 0.0);
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "exit {status:?}: {}", c.log_tail(30));
+    let warnings = c
+        .log_text()
+        .matches("does not take conditional writes")
+        .count();
+    assert_eq!(warnings, 1, "{}", c.log_tail(30));
+    let acked: Vec<String> = a.into_iter().chain(b).collect();
+    assert_each_once(&rig, &acked, "after SIGTERM");
+}
+
 /// moto: a growth that fails (every PUT refused for 3 s) leaves the previous version whole,
 /// and the next round after it brings the object up to date.
 #[test]
