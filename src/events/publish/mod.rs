@@ -28,6 +28,11 @@
 //!   [`Appender::min_object_bytes`]: `UploadPartCopy` of the current object (conditional on
 //!   its ETag) plus the new bytes as the last part, completed at once; smaller objects, GCS
 //!   and Azure: a PUT of the object's bytes so far (a multipart upload completes atomically);
+//!   every such write (the PUT, the completion) is conditional on the version it grows from,
+//!   the record's ETag (`If-None-Match: *` for a first write), so a write delivered late (a
+//!   killed run's, or one that timed out) is refused instead of replacing a newer version,
+//!   and a 412 to our own is settled by reading the object (`storage::versioned`; the review
+//!   r35j lost 100 of 300 acknowledged events to a late PUT);
 //! - then what was published is recorded beside the shadow (`.rec`: raw bytes, object
 //!   length, ETag), so a restart can continue.
 //!
