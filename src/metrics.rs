@@ -123,6 +123,9 @@ pub const LOG_UPLOADS_ABORTED: &str = "rhc_log_multipart_aborts_total";
 pub const PUBLICATIONS: &str = "rhc_event_publications_total";
 /// Bytes sent by publications (object bytes, after compression).
 pub const PUBLICATION_BYTES: &str = "rhc_event_publication_bytes_total";
+/// 1 while event objects are written conditionally (`If-Match` / `If-None-Match`), 0 once
+/// the store answered a condition with 501 / `NotImplemented` (`storage::versioned`).
+pub const CONDITIONAL_WRITES: &str = "rhc_event_conditional_writes";
 
 /// Installs the global recorder; the handle renders `/metrics`. `compressor` names what
 /// compresses uploads at `--gzip-level` 1 and 2 in this build (`storage::gzip::FAST_COMPRESSOR`,
@@ -279,6 +282,11 @@ pub(crate) fn upload_attempt(kind: &'static str) {
 pub(crate) fn publication(how: &'static str, bytes: u64) {
     counter!(PUBLICATIONS, "how" => how).increment(1);
     counter!(PUBLICATION_BYTES).increment(bytes);
+}
+
+/// Whether event objects are still written conditionally (see [`CONDITIONAL_WRITES`]).
+pub(crate) fn conditional_writes(on: bool) {
+    gauge!(CONDITIONAL_WRITES).set(if on { 1.0 } else { 0.0 });
 }
 
 pub(crate) fn upload_failure(kind: &'static str) {

@@ -409,6 +409,201 @@ fn node_loss_on_moto_and_no_request_when_nothing_is_new() {
     );
 }
 
+/// Every event id in the session's objects on moto, with how many times it is there.
+fn id_counts(rig: &S3Rig) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for (k, v) in event_objects(S3Rig::read(&rig.s3)) {
+        for id in version_ids(&k, &v) {
+            *counts.entry(id).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// Review r35j, D1: posts A (100 events, one partition) and waits until its object holds
+/// them; then every growth PUT of an event object (`times` of them, or all until the rules
+/// are cleared) is passed on `delay` late; posts B and waits until its PUT is at the proxy.
+/// The ids posted.
+fn grow_then_delay_the_next_put(
+    rig: &S3Rig,
+    c: &Collector,
+    delay: Duration,
+    times: Option<usize>,
+) -> Vec<String> {
+    let a: Vec<String> = (0..100).map(|i| format!("a-{i}")).collect();
+    post(c, &a, 1);
+    wait_for(c, Duration::from_secs(30), "A in the bucket", || {
+        id_counts(rig).len() == 100
+    });
+    let mut rule = Rule::new(Fault::Delay(delay))
+        .method("PUT")
+        .target_contains(".jsonl");
+    if let Some(n) = times {
+        rule = rule.times(n);
+    }
+    let before = rig.proxy.arrived().len();
+    rig.proxy.add(rule);
+    let b: Vec<String> = (0..100).map(|i| format!("b-{i}")).collect();
+    post(c, &b, 1);
+    wait_for(
+        c,
+        Duration::from_secs(30),
+        "the growth PUT of B at the proxy",
+        || {
+            rig.proxy.arrived()[before..]
+                .iter()
+                .any(|(m, t)| m == "PUT" && t.contains(".jsonl"))
+        },
+    );
+    a.into_iter().chain(b).collect()
+}
+
+/// Waits until every request that reached the proxy was passed on and answered: the late
+/// PUT landed (or was refused).
+fn wait_until_the_late_put_landed(rig: &S3Rig, c: &Collector) {
+    wait_for(c, Duration::from_secs(60), "the late PUT passed on", || {
+        rig.proxy.seen().len() >= rig.proxy.arrived().len()
+    });
+}
+
+/// Each of `ids` exactly once in the session's objects on moto, and nothing else.
+fn assert_each_once(rig: &S3Rig, ids: &[String], when: &str) {
+    let counts = id_counts(rig);
+    let missing: Vec<&String> = ids.iter().filter(|i| !counts.contains_key(*i)).collect();
+    let twice: Vec<&String> = counts
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(i, _)| i)
+        .collect();
+    assert!(
+        missing.is_empty() && twice.is_empty() && counts.len() == ids.len(),
+        "{when}: {} of {} acknowledged events missing (first: {:?}), {} twice",
+        missing.len(),
+        ids.len(),
+        missing.iter().take(3).collect::<Vec<_>>(),
+        twice.len()
+    );
+}
+
+/// Review r35j, D1 (issue 35): a growth PUT (A+B) delivered 4 s late, after a kill -9 and a
+/// restart whose seal wrote the newer version (A+B+C), is refused by the store (412: it is
+/// conditional on the version it grew from) instead of replacing it: every acknowledged
+/// event stays in the bucket, once, and the late PUT was answered 412. (main at 27030f5:
+/// the late PUT replaced A+B+C, 100 of 300 acknowledged events lost, exit 0.)
+#[test]
+fn a_growth_put_delivered_late_after_a_restart_replaces_nothing() {
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    let args = ["--upload-window", "1s"];
+    let mut c = rig.start(&args);
+    let mut acked = grow_then_delay_the_next_put(&rig, &c, Duration::from_secs(4), None);
+    let later: Vec<String> = (0..100).map(|i| format!("c-{i}")).collect();
+    post(&c, &later, 1);
+    acked.extend(later);
+    c.kill9();
+    rig.proxy.clear();
+    let mut c = rig.start(&args);
+    wait_for(
+        &c,
+        Duration::from_secs(30),
+        "A+B+C after the restart",
+        || id_counts(&rig).len() == 300,
+    );
+    wait_until_the_late_put_landed(&rig, &c);
+    assert_each_once(&rig, &acked, "after the late PUT landed");
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "exit {status:?}: {}", c.log_tail(30));
+    assert_each_once(&rig, &acked, "after SIGTERM");
+    assert!(
+        rig.proxy
+            .seen()
+            .iter()
+            .any(|r| r.method == "PUT" && r.status == 412 && r.header("if-match").is_some()),
+        "no conditional PUT was refused: the late one did not meet its condition"
+    );
+}
+
+/// Review r35j, D1 within one run: a growth PUT whose client gave up (request timeout, 3 s
+/// here through the test-only RHC_TEST_REQUEST_TIMEOUT_SECS) reaches the store 6 s late,
+/// after the retry and the next growth landed: refused (412), nothing lost. (main at
+/// 27030f5: it replaced A+B+C with A+B, and with nothing new the seal sent nothing: 100 of
+/// 300 lost, exit 0.)
+#[test]
+fn a_growth_put_that_timed_out_and_lands_late_replaces_nothing() {
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    let mut c = rig.start_with(
+        &["--upload-window", "1s"],
+        &[("RHC_TEST_REQUEST_TIMEOUT_SECS", "3")],
+    );
+    let mut acked = grow_then_delay_the_next_put(&rig, &c, Duration::from_secs(6), Some(1));
+    wait_for(&c, Duration::from_secs(30), "A+B (its retry)", || {
+        id_counts(&rig).len() == 200
+    });
+    let later: Vec<String> = (0..100).map(|i| format!("c-{i}")).collect();
+    post(&c, &later, 1);
+    acked.extend(later);
+    wait_for(&c, Duration::from_secs(30), "A+B+C", || {
+        id_counts(&rig).len() == 300
+    });
+    wait_until_the_late_put_landed(&rig, &c);
+    assert_each_once(&rig, &acked, "after the late PUT landed");
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "exit {status:?}: {}", c.log_tail(30));
+    assert_each_once(&rig, &acked, "after SIGTERM");
+}
+
+/// A store that answers conditional writes with 501 NotImplemented (some S3-compatible
+/// stores; here the proxy, for every request carrying `If-Match` or `If-None-Match`): the
+/// growth goes on unconditionally, as before conditions existed, with one warning and
+/// `rhc_event_conditional_writes` at 0; every acknowledged event is in the bucket, once.
+#[test]
+fn a_store_refusing_conditional_writes_gets_them_unconditionally() {
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    for header in ["if-match", "if-none-match"] {
+        rig.proxy.add(
+            Rule::new(Fault::Status(501, "NotImplemented".into()))
+                .method("PUT")
+                .with_header(header),
+        );
+    }
+    let mut c = rig.start(&["--upload-window", "1s"]);
+    let a: Vec<String> = (0..100).map(|i| format!("a-{i}")).collect();
+    post(&c, &a, 1);
+    wait_for(&c, Duration::from_secs(30), "A in the bucket", || {
+        id_counts(&rig).len() == 100
+    });
+    let b: Vec<String> = (0..100).map(|i| format!("b-{i}")).collect();
+    post(&c, &b, 1);
+    wait_for(&c, Duration::from_secs(30), "A+B in the bucket", || {
+        id_counts(&rig).len() == 200
+    });
+    // One write met the refusal (object_store tries a 5xx again a few times), the rest went
+    // without a condition.
+    let refused = rig.proxy.seen().iter().filter(|r| r.status == 501).count();
+    assert!(
+        (1..=4).contains(&refused),
+        "{refused} conditional writes refused: the condition was not tried, or not dropped"
+    );
+    assert_eq!(c.metric("rhc_event_conditional_writes"), 0.0);
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "exit {status:?}: {}", c.log_tail(30));
+    let warnings = c
+        .log_text()
+        .matches("does not take conditional writes")
+        .count();
+    assert_eq!(warnings, 1, "{}", c.log_tail(30));
+    let acked: Vec<String> = a.into_iter().chain(b).collect();
+    assert_each_once(&rig, &acked, "after SIGTERM");
+}
+
 /// moto: a growth that fails (every PUT refused for 3 s) leaves the previous version whole,
 /// and the next round after it brings the object up to date.
 #[test]
@@ -1286,6 +1481,24 @@ fn event_growth_copies_answered_35_s_late_still_publish() {
         rig.proxy.seen().iter().any(|r| r.is_copy()),
         "the growth made no copy: the test did not test the slow copy"
     );
+    // Review r35j, D1 on the append path: every completion is conditional on the version it
+    // grows from (moto does not check `If-Match` on a completion, so the header is what can
+    // be checked here), so a late one cannot replace a newer version.
+    let completions: Vec<_> = rig
+        .proxy
+        .seen()
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.target.contains("uploadId="))
+        .collect();
+    assert!(!completions.is_empty(), "no multipart upload was completed");
+    for r in &completions {
+        assert!(
+            r.header("if-match").is_some() || r.header("if-none-match") == Some("*"),
+            "an unconditional completion: {} {:?}",
+            r.target,
+            r.headers
+        );
+    }
     let status = c.terminate(Duration::from_secs(180));
     assert!(status.success(), "exit {status:?}: {}", c.log_tail(40));
     assert!(

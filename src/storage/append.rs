@@ -62,9 +62,10 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use super::put::{parse_key, part_size_for, MAX_PARTS};
-use super::s3::{classify_store_error, CapturingConnector, Failure, S3Wire};
+use super::s3::{classify_store_error, CapturingConnector, Failure, Precondition, S3Wire};
 use crate::util::fs::Beneath;
 use crate::util::pace::Flow;
+use object_store::multipart::PartId;
 
 /// Why an append did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -797,8 +798,18 @@ impl S3Appender {
             location: location.clone(),
             open: true,
         };
+        let condition = Precondition::ETag(e_tag.to_string());
         let result = self
-            .parts(key, &location, &id, file, from, to, e_tag, pace)
+            .parts(
+                key,
+                &location,
+                &id,
+                file,
+                (from, to),
+                Some(e_tag),
+                Some(&condition),
+                pace,
+            )
             .await;
         match result {
             Ok((e_tag, tail)) => {
@@ -818,8 +829,58 @@ impl S3Appender {
         }
     }
 
-    /// The copied ranges, the new bytes, the completion; the object's ETag after it and the
-    /// hash of the new bytes as they were read.
+    /// Writes the first `len` bytes of `file` as the object `key`, as a multipart upload of
+    /// parts of [`TAIL_PART`] (an object too big for one PUT), completed only if the object
+    /// is still as `condition` says (`None`: unconditionally) (see `storage::versioned`): a 412 is
+    /// [`AppendError::Changed`]. The upload is aborted if anything fails.
+    pub async fn put_whole(
+        &self,
+        key: &str,
+        file: &Beneath,
+        len: u64,
+        condition: Option<&Precondition>,
+        pace: Flow<'_>,
+    ) -> Result<Appended, AppendError> {
+        let location = parse_key(key).map_err(|e| unavailable(key, &e))?;
+        let id = self
+            .s3
+            .create_multipart(&location)
+            .await
+            .map_err(|e| store_failure(key, "CreateMultipartUpload", &e))?;
+        pace.moved();
+        lock(&self.pending).insert(id.clone(), location.clone());
+        let guard = PendingGuard {
+            app: self,
+            id: id.clone(),
+            location: location.clone(),
+            open: true,
+        };
+        let result = self
+            .parts(key, &location, &id, file, (0, len), None, condition, pace)
+            .await;
+        match result {
+            Ok((e_tag, tail)) => {
+                guard.close();
+                Ok(Appended {
+                    bytes: len,
+                    e_tag,
+                    tail: Some(tail),
+                })
+            }
+            Err(e) => {
+                if abort_upload(&self.s3, &location, &id, &self.report).await {
+                    guard.close();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The copied ranges (the object's first `from` bytes, which must have the ETag
+    /// `copy_of`; none without it), the new bytes `[from, to)` of `file`, the completion
+    /// (conditional on `condition` unless the store refused conditions, see
+    /// `storage::versioned`); the object's ETag after it and the hash of the new bytes as
+    /// they were read.
     #[allow(clippy::too_many_arguments)]
     async fn parts(
         &self,
@@ -827,14 +888,20 @@ impl S3Appender {
         location: &ObjectPath,
         id: &str,
         file: &Beneath,
-        from: u64,
-        to: u64,
-        e_tag: &str,
+        (from, to): (u64, u64),
+        copy_of: Option<&str>,
+        condition: Option<&Precondition>,
         pace: Flow<'_>,
     ) -> Result<(Option<String>, u64), AppendError> {
-        let id_owned = id.to_string();
         let mut parts = Vec::new();
-        for range in copy_ranges(from, self.max_copy_part) {
+        let copies = match copy_of {
+            Some(e_tag) => copy_ranges(from, self.max_copy_part)
+                .into_iter()
+                .map(|r| (r, e_tag))
+                .collect(),
+            None => Vec::new(),
+        };
+        for (range, e_tag) in copies {
             let part = self
                 .wire
                 .upload_part_copy(key, id, parts.len() + 1, range, e_tag)
@@ -874,19 +941,57 @@ impl S3Appender {
             pace.sending(n);
             let done = self
                 .s3
-                .put_part(location, &id_owned, parts.len(), PutPayload::from(part))
+                .put_part(
+                    location,
+                    &id.to_string(),
+                    parts.len(),
+                    PutPayload::from(part),
+                )
                 .await
                 .map_err(|e| store_failure(key, "UploadPart", &e))?;
             pace.moved();
             parts.push(done);
             offset += n;
         }
-        let done = self
-            .s3
-            .complete_multipart(location, &id_owned, parts)
-            .await
-            .map_err(|e| store_failure(key, "CompleteMultipartUpload", &e))?;
-        Ok((done.e_tag, tail.digest()))
+        let e_tag = self.complete(key, id, &parts, condition).await?;
+        Ok((e_tag, tail.digest()))
+    }
+
+    /// The completion, conditional on `condition` while the store takes conditions: a store
+    /// that answers the condition with 501 / `NotImplemented` has them turned off (once, with
+    /// a warning, `storage::versioned::refuse_conditions`) and the completion sent again
+    /// without it.
+    async fn complete(
+        &self,
+        key: &str,
+        id: &str,
+        parts: &[PartId],
+        condition: Option<&Precondition>,
+    ) -> Result<Option<String>, AppendError> {
+        let conditional = condition.is_some() && super::versioned::conditions_on();
+        let sent = self
+            .wire
+            .complete_multipart(key, id, parts, condition.filter(|_| conditional))
+            .await;
+        let sent = match sent {
+            Err(e) if conditional && e.failure == Failure::Unsupported => {
+                super::versioned::refuse_conditions(&e.to_string());
+                self.wire.complete_multipart(key, id, parts, None).await
+            }
+            r => r,
+        };
+        sent.map_err(|e| match e.failure {
+            Failure::Precondition | Failure::Missing => AppendError::Changed {
+                key: key.into(),
+                why: format!("the object changed before the completion: {e}"),
+            },
+            Failure::Transient => unavailable(key, &e),
+            Failure::Unsupported | Failure::Refused => AppendError::Refused {
+                key: key.into(),
+                unsupported: e.failure == Failure::Unsupported,
+                message: e.to_string(),
+            },
+        })
     }
 
     /// At start, once the collector knows its node directory `node_prefix`

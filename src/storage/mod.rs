@@ -18,6 +18,7 @@ pub mod drain;
 pub mod gzip;
 pub mod put;
 pub mod s3;
+pub mod versioned;
 
 use std::path::PathBuf;
 use std::sync::Arc;

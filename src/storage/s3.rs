@@ -271,6 +271,40 @@ struct PartMetadata {
     checksum_crc64nvme: Option<String>,
 }
 
+/// A part as [`PartMetadata`] wrote it (or `object_store`, in the same format).
+#[derive(Deserialize)]
+struct PartMetadataIn {
+    e_tag: String,
+    #[serde(default)]
+    checksum_sha256: Option<String>,
+    #[serde(default)]
+    checksum_crc64nvme: Option<String>,
+}
+
+/// The answer to CompleteMultipartUpload.
+#[derive(Debug, Deserialize)]
+struct CompleteResult {
+    #[serde(rename = "ETag")]
+    e_tag: Option<String>,
+}
+
+/// What the object must be for a write to land (see [`S3Wire::complete_multipart`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Precondition {
+    /// No object under the key (`If-None-Match: *`).
+    Absent,
+    /// The object with this ETag (`If-Match`).
+    ETag(String),
+}
+
+/// Escapes text for an XML element.
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 struct ListMultipartUploadsResult {
@@ -565,7 +599,9 @@ impl S3Wire {
         })
         .collect::<Result<Vec<_>, _>>()?;
         headers.extend(self.sse_c.iter().cloned());
-        let body = self.send(Method::PUT, &url, &headers, &what).await?;
+        let body = self
+            .send(Method::PUT, &url, &headers, Bytes::new(), &what)
+            .await?;
         // S3 may answer 200 and put the error in the body.
         let text = String::from_utf8_lossy(&body);
         if text.contains("<Error>") {
@@ -595,6 +631,86 @@ impl S3Wire {
         Ok(PartId { content_id })
     }
 
+    /// Completes the multipart upload `upload_id` of `key` with `parts` (as
+    /// `object_store`'s part calls and [`S3Wire::upload_part_copy`] give them, in order),
+    /// as `object_store`'s own completion does (the same body, default headers and
+    /// signature), but conditional on what the object is now: `If-Match: <ETag>`, or
+    /// `If-None-Match: *` for an object that must not exist yet ([`Precondition`]; `None`:
+    /// unconditional). So a completion delivered late (a killed run's, or one whose client
+    /// gave up) cannot replace a newer version: the store answers 412. The new object's
+    /// ETag. Transient failures are retried; a retry whose first attempt did land meets 412
+    /// too (the caller reads the object to tell).
+    pub async fn complete_multipart(
+        &self,
+        key: &str,
+        upload_id: &str,
+        parts: &[PartId],
+        condition: Option<&Precondition>,
+    ) -> Result<Option<String>, WireError> {
+        let what = format!("CompleteMultipartUpload of {key}");
+        let url = format!(
+            "{}/{}?uploadId={}",
+            self.bucket_url,
+            encode(key, true),
+            encode(upload_id, false)
+        );
+        let mut body = String::from("<CompleteMultipartUpload>");
+        for (i, part) in parts.iter().enumerate() {
+            let meta = quick_xml::de::from_str::<PartMetadataIn>(&part.content_id).ok();
+            let e_tag = meta
+                .as_ref()
+                .map_or(part.content_id.as_str(), |m| m.e_tag.as_str());
+            body.push_str("<Part><ETag>");
+            body.push_str(&xml_escape(e_tag));
+            body.push_str(&format!("</ETag><PartNumber>{}</PartNumber>", i + 1));
+            if let Some(m) = &meta {
+                if let Some(c) = &m.checksum_sha256 {
+                    body.push_str(&format!(
+                        "<ChecksumSHA256>{}</ChecksumSHA256>",
+                        xml_escape(c)
+                    ));
+                }
+                if let Some(c) = &m.checksum_crc64nvme {
+                    body.push_str(&format!(
+                        "<ChecksumCRC64NVME>{}</ChecksumCRC64NVME>",
+                        xml_escape(c)
+                    ));
+                }
+            }
+            body.push_str("</Part>");
+        }
+        body.push_str("</CompleteMultipartUpload>");
+        let mut headers = Vec::new();
+        match condition {
+            Some(Precondition::Absent) => {
+                headers.push((http::header::IF_NONE_MATCH, HeaderValue::from_static("*")))
+            }
+            Some(Precondition::ETag(e)) => headers.push((
+                http::header::IF_MATCH,
+                HeaderValue::try_from(e.as_str())
+                    .map_err(|e| wire_err(Failure::Refused, &what, e))?,
+            )),
+            None => {}
+        }
+        let answer = self
+            .send(Method::POST, &url, &headers, Bytes::from(body), &what)
+            .await?;
+        // S3 may answer 200 and put the error in the body.
+        let text = String::from_utf8_lossy(&answer);
+        if text.contains("<Error>") {
+            let doc: ErrorDocument = quick_xml::de::from_str(&text).unwrap_or_default();
+            let failure = classify_embedded(doc.code.as_deref());
+            return Err(wire_err(
+                failure,
+                &what,
+                format!("answered 200 with {text}"),
+            ));
+        }
+        let result: CompleteResult = quick_xml::de::from_str(&text)
+            .map_err(|e| wire_err(Failure::Transient, &what, format!("{e} in {text:?}")))?;
+        Ok(result.e_tag)
+    }
+
     /// The incomplete multipart uploads under `prefix` (at most [`MAX_LIST_PAGES`] pages).
     pub async fn list_uploads(&self, prefix: &str) -> Result<Vec<OpenUpload>, WireError> {
         let what = format!("ListMultipartUploads under {prefix}");
@@ -615,7 +731,9 @@ impl S3Wire {
                     encode(u, false)
                 );
             }
-            let body = self.send(Method::GET, &url, &[], &what).await?;
+            let body = self
+                .send(Method::GET, &url, &[], Bytes::new(), &what)
+                .await?;
             let page: ListMultipartUploadsResult = quick_xml::de::from_reader(&body[..])
                 .map_err(|e| wire_err(Failure::Transient, &what, e))?;
             out.extend(page.upload.into_iter().map(|u| OpenUpload {
@@ -662,7 +780,9 @@ impl S3Wire {
         if !prefix.is_empty() {
             url.push_str(&format!("&prefix={}", encode(prefix, false)));
         }
-        let body = self.send(Method::GET, &url, &[], &what).await?;
+        let body = self
+            .send(Method::GET, &url, &[], Bytes::new(), &what)
+            .await?;
         let page: ListBucketResult = quick_xml::de::from_reader(&body[..])
             .map_err(|e| wire_err(Failure::Transient, &what, e))?;
         let encoded = page
@@ -711,7 +831,9 @@ impl S3Wire {
     pub async fn versioning(&self) -> Result<Option<String>, WireError> {
         let what = "GetBucketVersioning".to_string();
         let url = format!("{}?versioning=", self.bucket_url);
-        let body = self.send(Method::GET, &url, &[], &what).await?;
+        let body = self
+            .send(Method::GET, &url, &[], Bytes::new(), &what)
+            .await?;
         let doc: VersioningConfiguration = quick_xml::de::from_reader(&body[..])
             .map_err(|e| wire_err(Failure::Transient, &what, e))?;
         Ok(doc.status.filter(|s| !s.is_empty()))
@@ -724,12 +846,16 @@ impl S3Wire {
         method: Method,
         url: &str,
         headers: &[(HeaderName, HeaderValue)],
+        body: Bytes,
         what: &str,
     ) -> Result<Bytes, WireError> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self.send_once(method.clone(), url, headers, what).await {
+            match self
+                .send_once(method.clone(), url, headers, body.clone(), what)
+                .await
+            {
                 Err(e)
                     if e.failure == Failure::Transient
                         && !e.unanswered
@@ -749,6 +875,7 @@ impl S3Wire {
         method: Method,
         url: &str,
         headers: &[(HeaderName, HeaderValue)],
+        body: Bytes,
         what: &str,
     ) -> Result<Bytes, WireError> {
         let mut req = http::Request::builder().method(method).uri(url);
@@ -759,7 +886,11 @@ impl S3Wire {
             req = req.header(k, v);
         }
         let mut req = req
-            .body(HttpRequestBody::empty())
+            .body(if body.is_empty() {
+                HttpRequestBody::empty()
+            } else {
+                HttpRequestBody::from(body)
+            })
             .map_err(|e| wire_err(Failure::Refused, what, e))?;
         if !self.skip_signature {
             let credential = self

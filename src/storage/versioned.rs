@@ -1,0 +1,357 @@
+//! Conditional writes of the versions of an object we grow in place (the event objects of
+//! open segments, `events::publish`): each new version lands only if the object is still the
+//! version it grows from, so a write delivered late (a PUT or a completion of a run killed
+//! while it was on its way, or one whose client gave up and sent it again) can never replace
+//! a newer version: the store answers 412 (the review r35j found 100 of 300 acknowledged
+//! events lost that way, exit 0).
+//!
+//! - The condition is the version last read or written ([`Base`]): `If-Match: <ETag>` (S3,
+//!   Azure; GCS: `x-goog-if-generation-match`, `object_store`'s `PutMode::Update`), or
+//!   `If-None-Match: *` (`PutMode::Create`) for a first write. A single PUT goes through
+//!   `object_store` (`put_opts`); on S3 an object over one part goes up as a multipart
+//!   upload whose completion carries the condition (`append::S3Appender::put_whole`), as
+//!   an append's does. On GCS and Azure an object over one part is written unconditionally
+//!   (`object_store`'s multipart uploads take no condition there).
+//! - A 412 (or a missing object where one was expected, or one present where none was) is
+//!   answered by reading what the object holds now ([`write_version`]): if it is byte for byte
+//!   what we meant to write (our own write landed, then its retry met the condition), that is
+//!   the write done; otherwise the write is sent again conditional on what is there now, at
+//!   most [`MAX_CONFLICTS`] times. Our new version holds every line of every earlier version
+//!   of the object (a segment's durable bytes only grow), so writing over what is there
+//!   loses nothing; only a late write of an older version is refused.
+//! - A store that answers the condition with 501 / `NotImplemented` (some S3-compatible
+//!   stores) has conditions turned off for the process ([`refuse_conditions`]: one warning;
+//!   the caller's metric reads [`conditions_on`]) and the write sent again without it, as
+//!   before this module existed.
+//!
+//! `file://` needs none of this: every version is renamed into place by the one process
+//! that holds the spool (`append::Appender::replace_local`), and a killed process leaves no
+//! write on its way.
+
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use futures::StreamExt as _;
+use object_store::path::Path as ObjectPath;
+use object_store::{
+    GetOptions, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutPayload, UpdateVersion,
+};
+
+use super::append::{AppendError, Appender};
+use super::put::{parse_key, put_file_prefix, UploadError};
+use super::s3::{classify_store_error, Failure, Precondition};
+use crate::util::fs::Beneath;
+use crate::util::pace::Flow;
+
+/// Writes of one version answered 412 (each followed by a read of the object) before the
+/// publication gives up for this round (tried again half a window later).
+pub const MAX_CONFLICTS: u32 = 3;
+
+/// Set once the store answered a condition with 501 / `NotImplemented`.
+static REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Whether writes are still sent with their condition (false once the store refused one).
+pub fn conditions_on() -> bool {
+    !REFUSED.load(Ordering::SeqCst)
+}
+
+/// The store does not take conditional writes (`why`: its answer): every write from now on
+/// is sent without a condition, as before; warned once.
+pub fn refuse_conditions(why: &str) {
+    if !REFUSED.swap(true, Ordering::SeqCst) {
+        tracing::warn!(
+            answer = why,
+            "the store does not take conditional writes (If-Match / If-None-Match answered 501 or NotImplemented): event objects are written unconditionally from now on, so a growth delivered late (a killed run's, or one that timed out) can replace a newer version; see docs/guarantees.md"
+        );
+    }
+}
+
+/// The version a write grows from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Base {
+    /// No object is expected under the key (a first write: `If-None-Match: *`).
+    Absent,
+    /// The object as last written or read (both `None`: unknown, written unconditionally).
+    Version {
+        /// Its ETag.
+        e_tag: Option<String>,
+        /// Its version (GCS's generation), when the store gave one.
+        version: Option<String>,
+    },
+}
+
+impl Base {
+    fn of(meta: &ObjectMeta) -> Base {
+        Base::Version {
+            e_tag: meta.e_tag.clone(),
+            version: meta.version.clone(),
+        }
+    }
+}
+
+/// What [`write_version`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// Bytes sent (the last attempt's; 0 when the object was found holding them already).
+    pub bytes: u64,
+    /// The object's ETag now.
+    pub e_tag: Option<String>,
+    /// Its version (GCS's generation), when the store gave one.
+    pub version: Option<String>,
+    /// Writes answered 412 on the way (each followed by a read of the object).
+    pub conflicts: u32,
+}
+
+/// How one attempt ended.
+enum Attempt {
+    Done(Option<String>, Option<String>, u64),
+    /// 412, or the object missing or present against the condition: read it.
+    Conflict,
+    Failed(UploadError),
+}
+
+/// Writes the first `len` bytes of `source` as the object `key`, conditional on `base` (see
+/// the module doc); objects over `part_size` bytes go as a multipart upload (S3: through
+/// `appender`'s conditional completion; other stores: unconditionally).
+pub async fn write_version(
+    store: &Arc<dyn ObjectStore>,
+    appender: Option<&Appender>,
+    key: &str,
+    source: &Beneath,
+    len: u64,
+    part_size: usize,
+    base: Base,
+) -> Result<Written, UploadError> {
+    let location = parse_key(key)?;
+    let mut base = base;
+    let mut conflicts = 0;
+    loop {
+        let attempt = if len <= part_size as u64 {
+            put_once(store, &location, key, source, len, &base).await
+        } else {
+            match appender {
+                Some(Appender::S3(s3)) => {
+                    let condition = match &base {
+                        Base::Absent => Some(Precondition::Absent),
+                        Base::Version { e_tag: Some(e), .. } => Some(Precondition::ETag(e.clone())),
+                        Base::Version { .. } => None,
+                    };
+                    match s3
+                        .put_whole(key, source, len, condition.as_ref(), Flow::default())
+                        .await
+                    {
+                        Ok(done) => Attempt::Done(done.e_tag, None, len),
+                        Err(AppendError::Changed { .. }) => Attempt::Conflict,
+                        Err(e) => Attempt::Failed(UploadError::Append {
+                            key: key.to_string(),
+                            message: e.to_string(),
+                        }),
+                    }
+                }
+                _ => match put_file_prefix(store, key, source, len, part_size, Flow::default())
+                    .await
+                {
+                    Ok(put) => Attempt::Done(put.e_tag, None, put.bytes),
+                    Err(e) => Attempt::Failed(e),
+                },
+            }
+        };
+        match attempt {
+            Attempt::Done(e_tag, version, bytes) => {
+                return Ok(Written {
+                    bytes,
+                    e_tag,
+                    version,
+                    conflicts,
+                })
+            }
+            Attempt::Failed(e) => return Err(e),
+            Attempt::Conflict => {
+                conflicts += 1;
+                match now(store, &location, key, source, len).await? {
+                    Now::Ours(meta) => {
+                        tracing::info!(%key, "a conditional write met its condition failed, and the object already holds what it meant to write (an earlier attempt of it landed)");
+                        return Ok(Written {
+                            bytes: 0,
+                            e_tag: meta.e_tag,
+                            version: meta.version,
+                            conflicts,
+                        });
+                    }
+                    Now::Other(meta) => {
+                        tracing::info!(%key, size = meta.size, e_tag = ?meta.e_tag, "the object is not the version this write grows from (a write delivered late, or one that landed without its answer): written again over what it holds now");
+                        base = Base::of(&meta);
+                    }
+                    Now::Absent => base = Base::Absent,
+                }
+                if conflicts > MAX_CONFLICTS {
+                    return Err(UploadError::Append {
+                        key: key.to_string(),
+                        message: format!(
+                            "the object changed under {conflicts} conditional writes in a row; tried again later"
+                        ),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// One PUT of the first `len` bytes of `source`, conditional on `base`.
+async fn put_once(
+    store: &Arc<dyn ObjectStore>,
+    location: &ObjectPath,
+    key: &str,
+    source: &Beneath,
+    len: u64,
+    base: &Base,
+) -> Attempt {
+    let path = source.path();
+    let src = source.clone();
+    let read = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<u8>> {
+        let mut buf = Vec::with_capacity(len as usize);
+        src.open()?.take(len).read_to_end(&mut buf)?;
+        if (buf.len() as u64) < len {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("{} bytes where {len} were expected", buf.len()),
+            ));
+        }
+        Ok(buf)
+    })
+    .await
+    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+    let body = match read {
+        Ok(b) => bytes::Bytes::from(b),
+        Err(source) => return Attempt::Failed(UploadError::Read { path, source }),
+    };
+    loop {
+        let conditional = conditions_on();
+        let mode = match base {
+            _ if !conditional => PutMode::Overwrite,
+            Base::Absent => PutMode::Create,
+            Base::Version {
+                e_tag: None,
+                version: None,
+            } => PutMode::Overwrite,
+            Base::Version { e_tag, version } => PutMode::Update(UpdateVersion {
+                e_tag: e_tag.clone(),
+                version: version.clone(),
+            }),
+        };
+        match store
+            .put_opts(location, PutPayload::from(body.clone()), mode.into())
+            .await
+        {
+            Ok(put) => return Attempt::Done(put.e_tag, put.version, len),
+            Err(e) if conditional && is_conflict(&e) => return Attempt::Conflict,
+            Err(e) if conditional && classify_store_error(&e) == Failure::Unsupported => {
+                refuse_conditions(&e.to_string());
+            }
+            Err(source) => {
+                return Attempt::Failed(UploadError::Store {
+                    key: key.to_string(),
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// A conditional write's answer that says the object is not the version it names: 412,
+/// 304, 409 (`AlreadyExists` for a create), a missing object, or a condition the store could
+/// not form from what was recorded (GCS needs the generation, S3 and Azure the ETag: read the
+/// object to learn both).
+fn is_conflict(e: &object_store::Error) -> bool {
+    use object_store::Error as E;
+    match e {
+        E::Precondition { .. }
+        | E::AlreadyExists { .. }
+        | E::NotModified { .. }
+        | E::NotFound { .. } => true,
+        E::Generic { source, .. } => {
+            let t = source.to_string();
+            t.contains("required for conditional")
+        }
+        _ => false,
+    }
+}
+
+/// What the object holds now, against the version a write meant to write.
+enum Now {
+    /// Exactly the first `len` bytes of the source.
+    Ours(ObjectMeta),
+    /// Something else.
+    Other(ObjectMeta),
+    /// Nothing.
+    Absent,
+}
+
+/// Reads what the object `key` holds now: its metadata, and when it has `len` bytes, its
+/// bytes compared (by hash, streamed) with the first `len` bytes of `source`.
+async fn now(
+    store: &Arc<dyn ObjectStore>,
+    location: &ObjectPath,
+    key: &str,
+    source: &Beneath,
+    len: u64,
+) -> Result<Now, UploadError> {
+    let store_err = |source| UploadError::Store {
+        key: key.to_string(),
+        source,
+    };
+    let meta = match store.head(location).await {
+        Ok(m) => m,
+        Err(object_store::Error::NotFound { .. }) => return Ok(Now::Absent),
+        Err(e) => return Err(store_err(e)),
+    };
+    if meta.size != len {
+        return Ok(Now::Other(meta));
+    }
+    let opts = GetOptions {
+        if_match: meta.e_tag.clone(),
+        ..Default::default()
+    };
+    let got = match store.get_opts(location, opts).await {
+        Ok(g) => g,
+        // Changed again since the HEAD: the next write meets the new version and reads again.
+        Err(object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. }) => {
+            return Ok(Now::Other(meta))
+        }
+        Err(e) => return Err(store_err(e)),
+    };
+    let mut theirs = xxhash_rust::xxh3::Xxh3Default::new();
+    let mut read = 0u64;
+    let mut stream = got.into_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(store_err)?;
+        read += chunk.len() as u64;
+        theirs.update(&chunk);
+    }
+    let path = source.path();
+    let src = source.clone();
+    let ours = tokio::task::spawn_blocking(move || -> std::io::Result<(u64, u64)> {
+        let mut h = xxhash_rust::xxh3::Xxh3Default::new();
+        let mut f = src.open()?.take(len);
+        let mut buf = vec![0u8; 256 << 10];
+        let mut n_all = 0u64;
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+            n_all += n as u64;
+        }
+        Ok((h.digest(), n_all))
+    })
+    .await
+    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
+    .map_err(|source| UploadError::Read { path, source })?;
+    if read == len && ours == (theirs.digest(), len) {
+        Ok(Now::Ours(meta))
+    } else {
+        Ok(Now::Other(meta))
+    }
+}
