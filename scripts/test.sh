@@ -2,8 +2,10 @@
 # The project's test command (formatting and lints are .ci/run's): installs the test
 # tools (moto, Azurite, fake-gcs-server, Ray, the Kubernetes checkers) into .test-deps/ if needed,
 # points the tests at them, runs ./scripts/check-deploy.sh (only without
-# arguments) and then `cargo test --workspace --locked "$@"` (the collector, the test
-# kit and the dev tools, the chaos smoke test among them). Without arguments it then runs
+# arguments) and then the tests of the collector, the test kit and the dev tools (the chaos
+# smoke test among them): without arguments with `cargo nextest run --workspace` (settings in
+# .config/nextest.toml) and the doc tests; with arguments `cargo test --workspace --locked
+# "$@"`, so a narrowed run takes cargo test's filters and flags. Without arguments it then runs
 # the tests marked ignored because they need a peer binary (KubeRay's history server,
 # KubeRay's collector) when that binary is set, and ends with one line naming every test
 # that did not run and why. Exit code is cargo's, or 1 if check-deploy.sh failed.
@@ -23,7 +25,7 @@ cd "$REPO"
 # install-test-deps.sh prints `export RHC_...=...` lines on stdout.
 exports="$("$REPO/scripts/install-test-deps.sh")"
 eval "$exports"
-export RHC_MOTO_SERVER RHC_AZURITE_BLOB RHC_FAKE_GCS RHC_PYTHON RHC_HISTORY_SERVER
+export RHC_MOTO_SERVER RHC_AZURITE_BLOB RHC_FAKE_GCS RHC_PYTHON RHC_HISTORY_SERVER RHC_NEXTEST
 export RHC_REQUIRE_SERVICES=1
 # Everything the tests talk to is on loopback; keep any proxy settings away from it.
 export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}"
@@ -73,7 +75,15 @@ if (($# == 0)); then
 else
     echo "test.sh: arguments given, skipping ./scripts/check-deploy.sh" >&2
 fi
-cargo test --workspace --locked "$@" || status=$?
+if (($# == 0)); then
+    # A full run: nextest runs the tests of different binaries side by side
+    # (.config/nextest.toml: three at once, the real-Ray tests one at a time, a failure
+    # retried once and reported FLAKY if it then passes); it does not run doc tests.
+    "$RHC_NEXTEST" nextest run --workspace --locked || status=$?
+    cargo test --workspace --locked --doc || status=$?
+else
+    cargo test --workspace --locked "$@" || status=$?
+fi
 
 # Tests that need a peer binary which may not be installable here (the Go module proxy
 # refuses KubeRay's module) are marked #[ignore] so the runner counts them as not run. Run

@@ -151,9 +151,11 @@ fn inspect_explains_every_failure_of_a_real_two_node_cluster() {
         ));
     }
     println!("test {:.1} s", started.elapsed().as_secs_f64());
+    // The disagreements are printed after the report too: CI keeps only the tail of a run.
     assert!(
         failures.is_empty(),
-        "inspect disagrees with Ray:\n{}\n--- inspect ---\n{text}",
+        "inspect disagrees with Ray:\n{}\n--- inspect ---\n{text}\n--- the disagreements again ---\n{}",
+        failures.join("\n"),
         failures.join("\n")
     );
 }

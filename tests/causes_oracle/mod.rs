@@ -258,13 +258,23 @@ pub fn compare(ray: &Value, report: &Value) -> Vec<String> {
         bad.push("Ray reports no dead node: the second raylet was not killed".into());
     }
 
-    // 4. What was still going: each task Ray had RUNNING or PENDING is unfinished, in its
-    // state and job, and there are as many as Ray had.
-    let unfinished = arr(&report["session_end"]["tasks_unfinished"]);
+    // 4. What was still going: each task of the workload's job (the job of its failed tasks)
+    // Ray had RUNNING or PENDING is unfinished, in its state, and there are as many as Ray had.
+    // Only that job: the workload holds its own tasks still until the kill, while tasks of
+    // Ray's own jobs (Ray Data's stats actor, ...) go on running and finishing in the seconds
+    // between Ray's answers and the kill, so their last state cannot be Ray's answer's.
+    let workload_jobs: BTreeSet<&str> = ray_failed.iter().filter_map(|t| s(&t["job_id"])).collect();
+    let unfinished: Vec<Value> = arr(&report["session_end"]["tasks_unfinished"])
+        .into_iter()
+        .filter(|u| s(&u["job_id"]).is_some_and(|j| workload_jobs.contains(j)))
+        .collect();
     let mut ray_open: BTreeMap<(String, String), u64> = BTreeMap::new();
     for t in ray["tasks"].as_array().unwrap_or(&empty) {
         let state = s(&t["state"]).unwrap_or_default();
         if state == "FINISHED" || state == "FAILED" {
+            continue;
+        }
+        if !s(&t["job_id"]).is_some_and(|j| workload_jobs.contains(j)) {
             continue;
         }
         *ray_open
