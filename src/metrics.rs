@@ -123,8 +123,10 @@ pub const LOG_UPLOADS_ABORTED: &str = "rhc_log_multipart_aborts_total";
 pub const PUBLICATIONS: &str = "rhc_event_publications_total";
 /// Bytes sent by publications (object bytes, after compression).
 pub const PUBLICATION_BYTES: &str = "rhc_event_publication_bytes_total";
-/// 1 while event objects are written conditionally (`If-Match` / `If-None-Match`), 0 once
-/// the store answered a condition with 501 / `NotImplemented` (`storage::versioned`).
+/// 1 while event objects are written conditionally (`If-Match` / `If-None-Match`; set from
+/// the start), 0 once the store refused a condition: answered it with 501 /
+/// `NotImplemented`, or with 400 / 403 while the same write without it landed
+/// (`storage::versioned`).
 pub const CONDITIONAL_WRITES: &str = "rhc_event_conditional_writes";
 
 /// Installs the global recorder; the handle renders `/metrics`. `compressor` names what

@@ -388,6 +388,8 @@ fn node_loss_on_moto_and_no_request_when_nothing_is_new() {
         return;
     };
     let mut c = rig.start(&["--upload-window", "2s"]);
+    // Exported from the start, before any publication (review r35k D2).
+    assert_eq!(c.metric("rhc_event_conditional_writes"), 1.0);
     let acked = post_steadily(&c, "m", Duration::from_secs(5), 20, 2);
     // Everything published, then three rounds with nothing new.
     std::thread::sleep(Duration::from_secs(3));
@@ -602,6 +604,137 @@ fn a_store_refusing_conditional_writes_gets_them_unconditionally() {
     assert_eq!(warnings, 1, "{}", c.log_tail(30));
     let acked: Vec<String> = a.into_iter().chain(b).collect();
     assert_each_once(&rig, &acked, "after SIGTERM");
+}
+
+/// Review r35k D2: a store or gateway that answers every write carrying `If-Match` or
+/// `If-None-Match` (PUT, and a completion) with `status` / `code` instead of 501: the
+/// refused write is sent once more without its condition, lands, and from then on writes go
+/// unconditionally: every acknowledged event is in the bucket, once, with one warning
+/// naming the answer and `rhc_event_conditional_writes` 1 at start and 0 after. (main at
+/// 6db458e: the growth failed and was retried forever, no event reached the bucket.)
+fn conditions_answered_with(status: u16, code: &str) {
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    for method in ["PUT", "POST"] {
+        for header in ["if-match", "if-none-match"] {
+            rig.proxy.add(
+                Rule::new(Fault::Status(status, code.into()))
+                    .method(method)
+                    .with_header(header),
+            );
+        }
+    }
+    let mut c = rig.start(&["--upload-window", "1s"]);
+    assert_eq!(c.metric("rhc_event_conditional_writes"), 1.0);
+    let a: Vec<String> = (0..10).map(|i| format!("a-{i}")).collect();
+    post(&c, &a, 1);
+    wait_for(&c, Duration::from_secs(30), "A in the bucket", || {
+        id_counts(&rig).len() == 10
+    });
+    let b: Vec<String> = (0..10).map(|i| format!("b-{i}")).collect();
+    post(&c, &b, 1);
+    wait_for(&c, Duration::from_secs(30), "A+B in the bucket", || {
+        id_counts(&rig).len() == 20
+    });
+    // The first write met the refusal (a 4xx is not retried), its unconditional twin
+    // landed, and nothing carried a condition after.
+    let seen = rig.proxy.seen();
+    let refused = seen.iter().filter(|r| r.status == status).count();
+    assert_eq!(refused, 1, "{refused} writes answered {status}");
+    let conditional = seen
+        .iter()
+        .filter(|r| r.header("if-match").is_some() || r.header("if-none-match").is_some())
+        .count();
+    assert_eq!(conditional, 1, "conditional writes after the fallback");
+    assert_eq!(c.metric("rhc_event_conditional_writes"), 0.0);
+    let status_now = c.terminate(Duration::from_secs(60));
+    assert!(
+        status_now.success(),
+        "exit {status_now:?}: {}",
+        c.log_tail(30)
+    );
+    let log = c.log_text();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("does not take conditional writes"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{}", c.log_tail(30));
+    assert!(
+        warnings[0].contains(&status.to_string()) && warnings[0].contains(code),
+        "the warning does not name {status} {code}: {}",
+        warnings[0]
+    );
+    let acked: Vec<String> = a.into_iter().chain(b).collect();
+    assert_each_once(&rig, &acked, "after SIGTERM");
+}
+
+#[test]
+fn a_store_answering_conditions_with_400_gets_writes_unconditionally() {
+    conditions_answered_with(400, "InvalidArgument");
+}
+
+#[test]
+fn a_store_answering_conditions_with_403_gets_writes_unconditionally() {
+    conditions_answered_with(403, "AccessDenied");
+}
+
+/// Review r35k D2, the other side: a store that refuses every write (403 AccessDenied,
+/// with or without a condition: the credentials may not write) does not turn conditions
+/// off: the growth fails and is retried, no warning, the gauge stays 1; once writes are
+/// allowed, every event lands, written conditionally.
+#[test]
+fn a_store_refusing_every_write_keeps_conditions_on() {
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    rig.proxy.add(
+        Rule::new(Fault::Status(403, "AccessDenied".into()))
+            .method("PUT")
+            .target_contains(".jsonl"),
+    );
+    let mut c = rig.start(&["--upload-window", "1s"]);
+    let a: Vec<String> = (0..20).map(|i| format!("a-{i}")).collect();
+    post(&c, &a, 1);
+    wait_for(&c, Duration::from_secs(30), "two refused rounds", || {
+        let seen = rig.proxy.seen();
+        let refused = |h: &str| {
+            seen.iter()
+                .filter(|r| r.status == 403 && r.header(h).is_some())
+                .count()
+        };
+        // Each round: the conditional write, then its unconditional twin.
+        refused("if-none-match") >= 2
+            && seen
+                .iter()
+                .filter(|r| {
+                    r.status == 403
+                        && r.header("if-none-match").is_none()
+                        && r.header("if-match").is_none()
+                })
+                .count()
+                >= 2
+    });
+    assert_eq!(c.metric("rhc_event_conditional_writes"), 1.0);
+    assert!(id_counts(&rig).is_empty());
+    rig.proxy.clear();
+    wait_for(&c, Duration::from_secs(30), "A in the bucket", || {
+        id_counts(&rig).len() == 20
+    });
+    assert_eq!(c.metric("rhc_event_conditional_writes"), 1.0);
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "exit {status:?}: {}", c.log_tail(30));
+    assert_eq!(
+        c.log_text()
+            .matches("does not take conditional writes")
+            .count(),
+        0,
+        "{}",
+        c.log_tail(30)
+    );
+    assert_each_once(&rig, &a, "after SIGTERM");
 }
 
 /// moto: a growth that fails (every PUT refused for 3 s) leaves the previous version whole,

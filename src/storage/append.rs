@@ -40,8 +40,10 @@
 //!   HEAD, the creation, the copies, the parts, the completion; see
 //!   `s3::classify_store_error`): the object changed (upload whole), the store refused
 //!   (a 501, another 4xx than 401, 408 and 429, an error document in a 200: upload whole;
-//!   counts toward turning appends off), or a transient failure after retries (try again
-//!   next round; never turns appends off; see `logs::gate` for the bound on how long).
+//!   counts toward turning appends off; a conditional completion answered 501, 400 or 403
+//!   is first sent again without its condition, `storage::versioned`), or a transient
+//!   failure after retries (try again next round; never turns appends off; see
+//!   `logs::gate` for the bound on how long).
 //!   S3 Express directory buckets are addressed like object_store does, but appends have
 //!   not been run against one.
 //! - GCS and Azure: no appends (uploaded whole on the schedule). GCS's compose needs the tail
@@ -62,7 +64,9 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use super::put::{parse_key, part_size_for, MAX_PARTS};
-use super::s3::{classify_store_error, CapturingConnector, Failure, Precondition, S3Wire};
+use super::s3::{
+    classify_store_error, may_refuse_conditions, CapturingConnector, Failure, Precondition, S3Wire,
+};
 use crate::util::fs::Beneath;
 use crate::util::pace::Flow;
 use object_store::multipart::PartId;
@@ -960,7 +964,8 @@ impl S3Appender {
     /// The completion, conditional on `condition` while the store takes conditions: a store
     /// that answers the condition with 501 / `NotImplemented` has them turned off (once, with
     /// a warning, `storage::versioned::refuse_conditions`) and the completion sent again
-    /// without it.
+    /// without it. A 400 or 403 to it (`s3::may_refuse_conditions`) has the completion sent
+    /// once more without the condition, and conditions turned off only when that one lands.
     async fn complete(
         &self,
         key: &str,
@@ -975,8 +980,20 @@ impl S3Appender {
             .await;
         let sent = match sent {
             Err(e) if conditional && e.failure == Failure::Unsupported => {
-                super::versioned::refuse_conditions(&e.to_string());
+                super::versioned::refuse_conditions(e.status, e.code.as_deref(), &e.to_string());
                 self.wire.complete_multipart(key, id, parts, None).await
+            }
+            Err(e) if conditional && may_refuse_conditions(e.failure, e.status) => {
+                tracing::info!(%key, error = %e, "a conditional completion was refused (400 / 403): sent once more without its condition, to tell whether the store refuses the condition or the completion");
+                let again = self.wire.complete_multipart(key, id, parts, None).await;
+                if again.is_ok() {
+                    super::versioned::refuse_conditions(
+                        e.status,
+                        e.code.as_deref(),
+                        &e.to_string(),
+                    );
+                }
+                again
             }
             r => r,
         };

@@ -23,8 +23,9 @@
 //!
 //! Failures are classified ([`Failure`], [`classify_store_error`] for object_store's own
 //! requests of an append): a deterministic answer (501, another 4xx than 401, 408 and 429,
-//! an error document in a 200) counts against appends; 5xx, throttling, timeouts,
-//! connection errors and credentials being refreshed are transient, retried here with
+//! an error document in a 200) counts against appends (a 400 or 403 to a write carrying a
+//! condition may be the condition refused: [`may_refuse_conditions`]); 5xx, throttling,
+//! timeouts, connection errors and credentials being refreshed are transient, retried here with
 //! exponential backoff and jitter ([`RETRY_ATTEMPTS`]) and then left to the next round; an
 //! attempt left unanswered for the wire's answer timeout is not retried (a hang repeats).
 //! Only the log lane's wire has one ([`ANSWER_TIMEOUT`], [`S3Wire::with_answer_timeout`]):
@@ -129,6 +130,10 @@ pub struct WireError {
     pub what: String,
     /// The answer or the transport error.
     pub message: String,
+    /// The HTTP status of a non-2xx answer (`None`: no answer, or an error in a 200).
+    pub status: Option<u16>,
+    /// S3's error code in the answer, when it had one.
+    pub code: Option<String>,
 }
 
 /// S3's error codes that mean "not now" whatever their status.
@@ -202,18 +207,8 @@ pub fn classify_store_error(e: &object_store::Error) -> Failure {
         E::NotImplemented { .. } | E::NotSupported { .. } => return Failure::Unsupported,
         _ => {}
     }
-    // object_store's retry error is not public: read its text (and its sources').
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(" | ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    let code = text
-        .split_once("<Code>")
-        .and_then(|(_, rest)| rest.split_once("</Code>"))
-        .map(|(c, _)| c.trim().to_string());
+    let text = store_error_text(e);
+    let code = store_error_code(&text);
     if text.contains("Server returned error response") {
         // A 2xx whose body is an error document.
         return classify_embedded(code.as_deref());
@@ -226,18 +221,62 @@ pub fn classify_store_error(e: &object_store::Error) -> Failure {
         // as the same code in a 4xx is. A body that is not XML stays transient.
         return Failure::Refused;
     }
-    let status = match e {
+    match store_error_status(e, &text) {
+        Some(status) => classify(status, code.as_deref()),
+        None => Failure::Transient,
+    }
+}
+
+/// The text of an error of `object_store` and of its sources (its retry error, which holds
+/// the status and the answer's body, is not public).
+fn store_error_text(e: &object_store::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(" | ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// S3's error code in an answer's text (`<Code>...</Code>`).
+fn store_error_code(text: &str) -> Option<String> {
+    text.split_once("<Code>")
+        .and_then(|(_, rest)| rest.split_once("</Code>"))
+        .map(|(c, _)| c.trim().to_string())
+}
+
+/// The HTTP status of the non-2xx answer an error of `object_store` carries (`text`: its
+/// [`store_error_text`]), if it had one.
+fn store_error_status(e: &object_store::Error, text: &str) -> Option<u16> {
+    use object_store::Error as E;
+    match e {
         E::PermissionDenied { .. } => Some(403),
         E::Unauthenticated { .. } => Some(401),
         _ => text
             .split_once("status code: ")
             .and_then(|(_, rest)| rest.get(..3))
             .and_then(|n| n.parse::<u16>().ok()),
-    };
-    match status {
-        Some(status) => classify(status, code.as_deref()),
-        None => Failure::Transient,
     }
+}
+
+/// The status and S3's error code of the answer an error of `object_store` carries (both
+/// `None` for an error without an answer).
+pub fn store_error_answer(e: &object_store::Error) -> (Option<u16>, Option<String>) {
+    let text = store_error_text(e);
+    (store_error_status(e, &text), store_error_code(&text))
+}
+
+/// Whether the refusal of a write that carried a condition (`If-Match`, `If-None-Match`)
+/// may be the store refusing the condition itself rather than the write: some
+/// S3-compatible stores and gateways answer a header they do not take with 400
+/// (`InvalidArgument`, `InvalidRequest`) or 403 instead of 501. Such a write is sent again
+/// once without the condition (`storage::versioned`): only when that lands are conditions
+/// turned off; a refusal of it too is the write's own (credentials, a bad request). A
+/// transient answer (`ExpiredToken`, `SlowDown`, ... under 400 or 403) is not one.
+pub fn may_refuse_conditions(failure: Failure, status: Option<u16>) -> bool {
+    failure == Failure::Refused && matches!(status, Some(400 | 403))
 }
 
 /// The answer to UploadPartCopy (and S3's error document, which may come with a 200).
@@ -968,6 +1007,8 @@ fn answer_err(status: StatusCode, body: &[u8], what: &str) -> WireError {
         unanswered: false,
         what: what.to_string(),
         message,
+        status: Some(status.as_u16()),
+        code: doc.code,
     }
 }
 
@@ -977,6 +1018,8 @@ fn wire_err(failure: Failure, what: &str, e: impl std::fmt::Display) -> WireErro
         unanswered: false,
         what: what.to_string(),
         message: e.to_string(),
+        status: None,
+        code: None,
     }
 }
 
@@ -987,6 +1030,8 @@ fn unanswered(what: &str, timeout: Duration) -> WireError {
         unanswered: true,
         what: what.to_string(),
         message: format!("no answer within {timeout:?}"),
+        status: None,
+        code: None,
     }
 }
 
@@ -1019,6 +1064,53 @@ pub fn encode(s: &str, keep_slash: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_400_or_403_refusal_of_a_condition_may_be_the_condition() {
+        let generic = |msg: &str| object_store::Error::Generic {
+            store: "S3",
+            source: msg.to_string().into(),
+        };
+        let invalid = generic(
+            "Server returned non-2xx status code: 400 Bad Request: <Error><Code>InvalidArgument</Code></Error>",
+        );
+        let (status, code) = store_error_answer(&invalid);
+        assert_eq!(
+            (status, code.as_deref()),
+            (Some(400), Some("InvalidArgument"))
+        );
+        assert!(may_refuse_conditions(
+            classify_store_error(&invalid),
+            status
+        ));
+        let denied = object_store::Error::PermissionDenied {
+            path: "k".into(),
+            source: "<Error><Code>AccessDenied</Code></Error>".into(),
+        };
+        let (status, code) = store_error_answer(&denied);
+        assert_eq!((status, code.as_deref()), (Some(403), Some("AccessDenied")));
+        assert!(may_refuse_conditions(classify_store_error(&denied), status));
+        // Not the condition: a 412, a 409, transient codes under 400 / 403, no answer.
+        assert!(!may_refuse_conditions(classify(412, None), Some(412)));
+        assert!(!may_refuse_conditions(classify(409, None), Some(409)));
+        assert!(!may_refuse_conditions(
+            classify(400, Some("ExpiredToken")),
+            Some(400)
+        ));
+        assert!(!may_refuse_conditions(
+            classify(403, Some("SignatureDoesNotMatch")),
+            Some(403)
+        ));
+        assert!(!may_refuse_conditions(Failure::Refused, None));
+        let answered = answer_err(
+            StatusCode::BAD_REQUEST,
+            b"<Error><Code>InvalidRequest</Code><Message>no</Message></Error>",
+            "CompleteMultipartUpload of k",
+        );
+        assert_eq!(answered.status, Some(400));
+        assert_eq!(answered.code.as_deref(), Some("InvalidRequest"));
+        assert!(may_refuse_conditions(answered.failure, answered.status));
+    }
 
     #[test]
     fn failures_are_classified() {

@@ -22,7 +22,13 @@
 //! - A store that answers the condition with 501 / `NotImplemented` (some S3-compatible
 //!   stores) has conditions turned off for the process ([`refuse_conditions`]: one warning;
 //!   the caller's metric reads [`conditions_on`]) and the write sent again without it, as
-//!   before this module existed.
+//!   before this module existed. A store or gateway that answers it with 400 or 403
+//!   instead (`InvalidArgument`, `InvalidRequest`, `AccessDenied`:
+//!   `s3::may_refuse_conditions`) has the same write sent once more without the
+//!   condition: when that one lands, conditions are turned off the same way; when it is
+//!   refused too, the refusal is the write's own (credentials, a bad request): it fails as
+//!   any write does, tried again later, and conditions stay on. A 412 is never one of
+//!   these.
 //!
 //! `file://` needs none of this: every version is renamed into place by the one process
 //! that holds the spool (`append::Appender::replace_local`), and a killed process leaves no
@@ -40,7 +46,9 @@ use object_store::{
 
 use super::append::{AppendError, Appender};
 use super::put::{parse_key, put_file_prefix, UploadError};
-use super::s3::{classify_store_error, Failure, Precondition};
+use super::s3::{
+    classify_store_error, may_refuse_conditions, store_error_answer, Failure, Precondition,
+};
 use crate::util::fs::Beneath;
 use crate::util::pace::Flow;
 
@@ -48,7 +56,7 @@ use crate::util::pace::Flow;
 /// publication gives up for this round (tried again half a window later).
 pub const MAX_CONFLICTS: u32 = 3;
 
-/// Set once the store answered a condition with 501 / `NotImplemented`.
+/// Set once the store refused a condition (see the module doc).
 static REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// Whether writes are still sent with their condition (false once the store refused one).
@@ -56,13 +64,18 @@ pub fn conditions_on() -> bool {
     !REFUSED.load(Ordering::SeqCst)
 }
 
-/// The store does not take conditional writes (`why`: its answer): every write from now on
-/// is sent without a condition, as before; warned once.
-pub fn refuse_conditions(why: &str) {
+/// The store does not take conditional writes: it answered a write carrying one with
+/// `status` and S3's error `code` (`why`: the whole answer). Every write from now on is sent
+/// without a condition, as before; warned once.
+pub fn refuse_conditions(status: Option<u16>, code: Option<&str>, why: &str) {
     if !REFUSED.swap(true, Ordering::SeqCst) {
+        let status = status.map_or_else(|| "?".to_string(), |s| s.to_string());
+        let code = code.unwrap_or("no error code");
         tracing::warn!(
+            %status,
+            code,
             answer = why,
-            "the store does not take conditional writes (If-Match / If-None-Match answered 501 or NotImplemented): event objects are written unconditionally from now on, so a growth delivered late (a killed run's, or one that timed out) can replace a newer version; see docs/guarantees.md"
+            "the store does not take conditional writes (a write carrying If-Match / If-None-Match was answered {status} {code}): event objects are written unconditionally from now on, so a growth delivered late (a killed run's, or one that timed out) can replace a newer version; see docs/guarantees.md"
         );
     }
 }
@@ -226,10 +239,15 @@ async fn put_once(
         Ok(b) => bytes::Bytes::from(b),
         Err(source) => return Attempt::Failed(UploadError::Read { path, source }),
     };
+    let failed = |source| {
+        Attempt::Failed(UploadError::Store {
+            key: key.to_string(),
+            source,
+        })
+    };
     loop {
-        let conditional = conditions_on();
         let mode = match base {
-            _ if !conditional => PutMode::Overwrite,
+            _ if !conditions_on() => PutMode::Overwrite,
             Base::Absent => PutMode::Create,
             Base::Version {
                 e_tag: None,
@@ -240,22 +258,46 @@ async fn put_once(
                 version: version.clone(),
             }),
         };
-        match store
+        let conditional = !matches!(mode, PutMode::Overwrite);
+        let e = match store
             .put_opts(location, PutPayload::from(body.clone()), mode.into())
             .await
         {
             Ok(put) => return Attempt::Done(put.e_tag, put.version, len),
-            Err(e) if conditional && is_conflict(&e) => return Attempt::Conflict,
-            Err(e) if conditional && classify_store_error(&e) == Failure::Unsupported => {
-                refuse_conditions(&e.to_string());
-            }
-            Err(source) => {
-                return Attempt::Failed(UploadError::Store {
-                    key: key.to_string(),
-                    source,
-                })
-            }
+            Err(e) => e,
+        };
+        if !conditional {
+            return failed(e);
         }
+        if is_conflict(&e) {
+            return Attempt::Conflict;
+        }
+        let failure = classify_store_error(&e);
+        let (status, code) = store_error_answer(&e);
+        if failure == Failure::Unsupported {
+            refuse_conditions(status, code.as_deref(), &e.to_string());
+            continue;
+        }
+        if !may_refuse_conditions(failure, status) {
+            return failed(e);
+        }
+        // 400 / 403: perhaps the condition, perhaps the write; the same write without it
+        // tells.
+        tracing::info!(%key, error = %e, "a conditional write was refused (400 / 403): sent once more without its condition, to tell whether the store refuses the condition or the write");
+        return match store
+            .put_opts(
+                location,
+                PutPayload::from(body.clone()),
+                PutMode::Overwrite.into(),
+            )
+            .await
+        {
+            Ok(put) => {
+                refuse_conditions(status, code.as_deref(), &e.to_string());
+                Attempt::Done(put.e_tag, put.version, len)
+            }
+            Err(again) => failed(again),
+        };
     }
 }
 

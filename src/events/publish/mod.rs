@@ -283,6 +283,9 @@ impl Publisher {
         appender: Option<Appender>,
         stats: Arc<SpoolStats>,
     ) -> Publisher {
+        // Exported from the start, not only once a publication ran (1 until the store
+        // refuses a condition).
+        m::conditional_writes(conditions_on());
         Publisher {
             cfg,
             spool_dir,
