@@ -1268,12 +1268,13 @@ fn a_stuck_put_after_an_early_answer_on_its_slot_is_abandoned_at_the_flush() {
     let mut c = rig.collector(
         tmp.path(),
         &ray,
-        &["--log-upload-interval", "2s", "--shutdown-timeout", "20s"],
+        &["--log-upload-interval", "2s", "--shutdown-timeout", "30s"],
     );
     wait_until("the first round", &c, Duration::from_secs(40), || {
         rig.object("raylet.out").is_some()
     });
-    // early.out's first PUT: answered 500 at once, its 4 MB body then read for 40 s.
+    // early.out's first PUT: answered 500 at once, its 6 MB body then read for 60 s, past
+    // the flush's end.
     rig.proxy.add(
         Rule::new(Fault::Early(500, "InternalError".into(), 100_000))
             .method("PUT")
@@ -1291,7 +1292,7 @@ fn a_stuck_put_after_an_early_answer_on_its_slot_is_abandoned_at_the_flush() {
         std::fs::write(&staged, data).unwrap();
         std::fs::rename(&staged, logs.join(name)).unwrap();
     };
-    write("early.out", &big("E", 4_000_000));
+    write("early.out", &big("E", 6_000_000));
     // Sent again after the 500, beside the first PUT's body still on the wire.
     wait_until("early.out landed", &c, Duration::from_secs(40), || {
         rig.object("early.out").is_some()
@@ -1300,7 +1301,7 @@ fn a_stuck_put_after_an_early_answer_on_its_slot_is_abandoned_at_the_flush() {
     rig.wait_arrived(&c, "PUT", &["stuck.out"], Duration::from_secs(40));
     std::thread::sleep(Duration::from_millis(500));
     write("gcs_server.out", &tagged_lines("G", 0, 100));
-    let (status, took) = c.try_terminate(Duration::from_secs(50)).unwrap();
+    let (status, took) = c.try_terminate(Duration::from_secs(45)).unwrap();
     let log = c.log_text();
     for name in ["early.out", "stuck.out", "gcs_server.out", "raylet.out"] {
         let file = std::fs::read(logs.join(name)).unwrap();
