@@ -25,6 +25,25 @@
 //! moved ([`Progress::drained`]). Where the kernel cannot say (not Linux), a body taken
 //! whole waits for its answer ([`Progress::body_taken`]).
 //!
+//! A request is credited only with bytes acknowledged on connections that carry nothing
+//! of another request (review r42k D1). A slot is freed when its request's answer comes,
+//! and a store may answer before it read the body (an error, an early answer): hyper then
+//! goes on writing the body on that connection, and the kernel goes on sending what its
+//! buffer holds. Such a connection stayed among the slot's, so the next request of the slot
+//! (a PUT the store took no byte of) was credited with the old body's acknowledged bytes,
+//! kept past its share of the final flush, and the flush missed its deadline (exit 3).
+//! So, when a request frees its slot ([`Claim`]'s drop), and its body was not handed over
+//! whole, or a connection of the slot holds bytes the peer has not acknowledged, the slot
+//! is retired: its client, with its pool, is never used again, and a new slot is made when
+//! one is wanted. Forgetting only that connection would not do: hyper puts it back in the
+//! slot's pool once it has written the body, and a later request would run on it unseen,
+//! behind the old body's bytes still in its send buffer. A slot freed with every byte
+//! acknowledged (the common case: the store read the body, then answered, and its answer
+//! acknowledges all of it) is kept, and the request that claims it next starts its count
+//! there ([`Conns::baseline`]): what the peer acknowledged before the claim is not its
+//! own. Early answers are rare (an error before the body was read), so a new client is
+//! rarely built.
+//!
 //! Not carried over: root certificates and default headers given to a builder in code (the
 //! collector sets neither: its options come from the configuration, as config keys).
 
@@ -225,29 +244,58 @@ struct Slot {
     client: reqwest::Client,
     conns: Arc<Conns>,
     busy: AtomicBool,
+    /// A connection of it may still carry an earlier request's bytes: never claimed again,
+    /// dropped at the next claim (see the module doc).
+    retired: AtomicBool,
 }
 
-/// A slot claimed by a request: free again when dropped.
-struct Claim(Arc<Slot>);
+/// A slot claimed by a request, with whether the request's body was handed over whole:
+/// free again when dropped, or retired if a connection of it may still be writing.
+struct Claim {
+    slot: Arc<Slot>,
+    body_done: Arc<AtomicBool>,
+}
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        self.0.busy.store(false, Ordering::Release);
+        if !self.body_done.load(Ordering::Acquire) || self.slot.conns.unacked() {
+            tracing::debug!(
+                body_done = self.body_done.load(Ordering::Acquire),
+                "a log request's answer came while its connection may still be writing; \
+                 its client is not used again"
+            );
+            // Still busy: no request claims it before it is dropped.
+            self.slot.retired.store(true, Ordering::Release);
+        } else {
+            self.slot.busy.store(false, Ordering::Release);
+        }
     }
 }
 
 impl Counting {
     /// A free slot, made if none is and fewer than [`MAX_SLOTS`] are; `None` past that (or
-    /// if its client cannot be built: the shared one goes).
-    fn claim(&self) -> Option<Claim> {
+    /// if its client cannot be built: the shared one goes). `body_done`: whether the
+    /// request's body was handed over whole (read when the slot is freed). The request is
+    /// credited with what its connections' peers acknowledge from now on.
+    fn claim(&self, body_done: &Arc<AtomicBool>) -> Option<Claim> {
+        let claim = self.claim_slot()?;
+        claim.conns.baseline();
+        Some(Claim {
+            slot: claim,
+            body_done: body_done.clone(),
+        })
+    }
+
+    fn claim_slot(&self) -> Option<Arc<Slot>> {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.retain(|s| !s.retired.load(Ordering::Acquire));
         let free = |s: &&Arc<Slot>| {
             s.busy
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
         };
         if let Some(s) = slots.iter().find(free) {
-            return Some(Claim(s.clone()));
+            return Some(s.clone());
         }
         if slots.len() >= MAX_SLOTS {
             return None;
@@ -264,9 +312,10 @@ impl Counting {
             client,
             conns,
             busy: AtomicBool::new(true),
+            retired: AtomicBool::new(false),
         });
         slots.push(slot.clone());
-        Some(Claim(slot))
+        Some(slot)
     }
 }
 
@@ -363,7 +412,9 @@ impl HttpService for Counting {
             let mut r = reqwest::Request::new(parts.method, url);
             *r.headers_mut() = parts.headers;
             // Not `is_empty`: object_store 0.14's answers true for a payload with bytes.
-            *r.body_mut() = Some(if body.content_length() == 0 {
+            let empty = body.content_length() == 0;
+            let body_done = Arc::new(AtomicBool::new(empty));
+            *r.body_mut() = Some(if empty {
                 reqwest::Body::from(Bytes::new())
             } else {
                 reqwest::Body::wrap(Counted {
@@ -371,11 +422,12 @@ impl HttpService for Counting {
                     pending: Bytes::new(),
                     given: 0,
                     progress: progress.clone(),
+                    done: body_done.clone(),
                 })
             });
-            let claim = progress.as_ref().and_then(|_| self.claim());
+            let claim = progress.as_ref().and_then(|_| self.claim(&body_done));
             let answer = match (&claim, &progress) {
-                (Some(Claim(slot)), Some(p)) => {
+                (Some(Claim { slot, .. }), Some(p)) => {
                     watched(slot.client.execute(r), &slot.conns, p).await
                 }
                 _ => self.client.execute(r).await,
@@ -398,10 +450,15 @@ struct Counted {
     /// The piece handed over last: taken once the connection asks for the next.
     given: u64,
     progress: Option<Arc<Progress>>,
+    /// Set once the body was handed over whole (the slot's [`Claim`] reads it).
+    done: Arc<AtomicBool>,
 }
 
 impl Counted {
     fn count(&mut self, done: bool) {
+        if done {
+            self.done.store(true, Ordering::Release);
+        }
         if let Some(p) = &self.progress {
             p.took(std::mem::take(&mut self.given), done);
         }
@@ -512,6 +569,7 @@ mod tests {
             pending: Bytes::new(),
             given: 0,
             progress: Some(progress.clone()),
+            done: Arc::new(AtomicBool::new(false)),
         };
         assert_eq!(body.size_hint().exact(), Some(data.len() as u64));
         let mut got = Vec::new();
@@ -523,6 +581,7 @@ mod tests {
         assert_eq!(got, data);
         assert_eq!(progress.taken(), data.len() as u64);
         assert!(progress.body_taken());
+        assert!(body.done.load(Ordering::Acquire));
     }
 
     /// Review r42i D1: hyper stops polling a body once `is_end_stream` is true, never seeing
@@ -537,6 +596,7 @@ mod tests {
             pending: Bytes::new(),
             given: 0,
             progress: Some(progress.clone()),
+            done: Arc::new(AtomicBool::new(false)),
         };
         let mut got = 0;
         while !body.is_end_stream() {
@@ -546,5 +606,6 @@ mod tests {
         assert_eq!(got, data.len());
         assert_eq!(progress.taken(), data.len() as u64);
         assert!(progress.body_taken());
+        assert!(body.done.load(Ordering::Acquire));
     }
 }

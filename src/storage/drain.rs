@@ -13,6 +13,12 @@
 //!
 //! The sockets are read by number, never closed nor written: a number reused by another
 //! file between two looks is told apart by its addresses, checked at every look.
+//!
+//! A count is credited to whoever looks, so the owner of [`Conns`] (a slot of
+//! `storage::counted`) must hand it over only when its connections carry nothing of the
+//! request before: [`Conns::baseline`] makes the next look start from now, and
+//! [`Conns::unacked`] says whether a connection still holds bytes its peer has not
+//! acknowledged (review r42k D1).
 
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -66,6 +72,29 @@ impl Conns {
             None => false,
         });
         moved
+    }
+
+    /// Every connection's count read again, so the next look credits only what the peer
+    /// acknowledges from now on; the connections that are gone are forgotten.
+    pub fn baseline(&self) {
+        let mut conns = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        conns.retain_mut(|c| match sys::acked(c.fd, c.local, c.peer) {
+            Some(n) => {
+                c.acked = n;
+                true
+            }
+            None => false,
+        });
+    }
+
+    /// Whether a connection holds bytes its peer has not acknowledged yet (a body still
+    /// draining from the socket's send buffer, or being written). A connection the kernel
+    /// cannot say of counts as holding some.
+    pub fn unacked(&self) -> bool {
+        let conns = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        conns
+            .iter()
+            .any(|c| sys::unacked(c.fd, c.local, c.peer).is_none_or(|n| n > 0))
     }
 
     /// Connections known.
@@ -122,6 +151,18 @@ mod sys {
         (rc == 0 && len as usize >= needed).then_some(info.tcpi_bytes_acked)
     }
 
+    /// Bytes in the send queue of socket `fd` its peer has not acknowledged (`SIOCOUTQ`),
+    /// if `fd` is still the socket from `local` to `peer` and the kernel says.
+    pub fn unacked(fd: i32, local: SocketAddr, peer: SocketAddr) -> Option<u64> {
+        if !is(fd, local, peer) {
+            return None;
+        }
+        let mut n: libc::c_int = 0;
+        // SAFETY: TIOCOUTQ (SIOCOUTQ on a TCP socket) writes one int into `n`.
+        let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
+        (rc == 0).then(|| u64::try_from(n).unwrap_or(0))
+    }
+
     fn is(fd: i32, local: SocketAddr, peer: SocketAddr) -> bool {
         same(name(fd, libc::getsockname), local) && same(name(fd, libc::getpeername), peer)
     }
@@ -173,6 +214,10 @@ mod sys {
     pub fn acked(_fd: i32, _local: SocketAddr, _peer: SocketAddr) -> Option<u64> {
         None
     }
+
+    pub fn unacked(_fd: i32, _local: SocketAddr, _peer: SocketAddr) -> Option<u64> {
+        None
+    }
 }
 
 #[cfg(all(test, target_os = "linux"))]
@@ -202,5 +247,41 @@ mod tests {
         drop(client);
         assert!(!conns.acked_more());
         assert!(conns.is_empty());
+    }
+
+    /// Review r42k D1: bytes the peer has not taken are seen held; once it took them all,
+    /// a baseline leaves nothing to credit to the next look.
+    #[test]
+    fn bytes_held_are_seen_and_a_baseline_credits_none_of_the_past() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        let conns = Conns::default();
+        conns.add(client.local_addr().unwrap(), client.peer_addr().unwrap());
+        assert!(!conns.unacked());
+        // Writes until the peer's window and the send buffer are full.
+        client.set_nonblocking(true).unwrap();
+        let mut sent = 0usize;
+        loop {
+            match client.write(&[3u8; 64 << 10]) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(conns.unacked());
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 64 << 10];
+        while got < sent {
+            got += server.read(&mut buf).unwrap();
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while conns.unacked() {
+            assert!(std::time::Instant::now() < deadline, "bytes never acked");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        conns.baseline();
+        assert!(!conns.acked_more());
+        assert_eq!(conns.len(), 1);
     }
 }

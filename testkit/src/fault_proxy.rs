@@ -9,6 +9,9 @@
 //! a given rate, with a small receive buffer, so the client's bytes really trickle (the
 //! client's request is slow but moving, as over a congested node uplink).
 //!
+//! A store that answers before it read a body ([`Fault::Early`]), and one that takes no
+//! byte of it ([`Fault::Stall`]), are answered from the head alone.
+//!
 //! One request per connection: the request is read whole (head and `Content-Length` body),
 //! sent to the target with `Connection: close`, and the target's answer is passed back as
 //! it came, then the connection is closed. Every read has a timeout, bodies are bounded,
@@ -60,6 +63,17 @@ pub enum Fault {
     /// until the proxy is dropped) and closes the connection without it: a request that
     /// landed while its client never learns so (a kill of the client while it is held).
     HoldAnswer(Duration),
+    /// Answers this status with an S3 error document of this code as soon as the head is
+    /// read, without passing it on and keeping the connection open (no `Connection:
+    /// close`), then reads the body at this many bytes per second and closes: a store that
+    /// answers before it read the body, while the client is still writing it (review r42k
+    /// D1). While such a rule is pending, every connection gets a small receive buffer, so
+    /// the body really trickles.
+    Early(u16, String, u64),
+    /// Reads the head and nothing more, holds the connection this long (at most until the
+    /// proxy is dropped), then closes it: a store that accepts a request and no byte of its
+    /// body. It is in [`FaultProxy::seen`] from the moment it arrives.
+    Stall(Duration),
 }
 
 /// The longest a [`Fault::Hold`] holds a request (the issue's reproduction held copies for
@@ -282,10 +296,13 @@ fn serve(mut client: TcpStream, s: &Shared) {
     let _ = client.set_read_timeout(Some(IO_TIMEOUT));
     let _ = client.set_write_timeout(Some(IO_TIMEOUT));
     let rate = s.body_rate.load(Ordering::SeqCst);
-    if rate > 0 {
+    let early_pending = lock(&s.rules)
+        .iter()
+        .any(|r| matches!(r.fault, Fault::Early(..)) && r.times.is_none_or(|n| n > 0));
+    if rate > 0 || early_pending {
         shrink_receive_buffer(&client);
     }
-    let Some((head, body)) = read_request(&mut client, rate, &s.arrived) else {
+    let Some((head, rest)) = read_head(&mut client, &s.arrived) else {
         return;
     };
     let mut lines = head.split("\r\n");
@@ -313,7 +330,30 @@ fn serve(mut client: TcpStream, s: &Shared) {
             r.fault.clone()
         })
     };
+    match &fault {
+        Some(Fault::Early(status, code, early_rate)) => {
+            let _ = client.write_all(error_answer(*status, code, false).as_bytes());
+            seen.status = *status;
+            seen.faulted = true;
+            lock(&s.seen).push(seen);
+            let _ = read_body(&mut client, &head, rest, *early_rate);
+            let _ = client.shutdown(Shutdown::Both);
+            return;
+        }
+        Some(Fault::Stall(d)) => {
+            seen.faulted = true;
+            lock(&s.seen).push(seen);
+            hold(s, *d);
+            let _ = client.shutdown(Shutdown::Both);
+            return;
+        }
+        _ => {}
+    }
+    let Some(body) = read_body(&mut client, &head, rest, rate) else {
+        return;
+    };
     let fault = match fault {
+        Some(Fault::Early(..) | Fault::Stall(..)) => None,
         Some(Fault::ErrorIn200(code)) => Some((200, code)),
         Some(Fault::Status(status, code)) => Some((status, code)),
         Some(Fault::PassThenStatus(status, code)) => {
@@ -329,11 +369,7 @@ fn serve(mut client: TcpStream, s: &Shared) {
             let mut held = seen.clone();
             held.faulted = true;
             lock(&s.seen).push(held);
-            // In steps, so a dropped proxy does not wait the whole hold.
-            let until = Instant::now() + d.min(MAX_HOLD);
-            while Instant::now() < until && !s.stop.load(Ordering::SeqCst) {
-                thread::sleep(Duration::from_millis(50));
-            }
+            hold(s, d);
             let _ = client.shutdown(Shutdown::Both);
             return;
         }
@@ -347,19 +383,12 @@ fn serve(mut client: TcpStream, s: &Shared) {
             landed.faulted = true;
             // Recorded once the store has it: the test sees that it landed.
             lock(&s.seen).push(landed);
-            let until = Instant::now() + d.min(MAX_HOLD);
-            while Instant::now() < until && !s.stop.load(Ordering::SeqCst) {
-                thread::sleep(Duration::from_millis(50));
-            }
+            hold(s, d);
             let _ = client.shutdown(Shutdown::Both);
             return;
         }
         Some(Fault::DelayThenStatus(d, status, code)) => {
-            // In steps, so a dropped proxy does not wait the whole delay.
-            let until = Instant::now() + d.min(MAX_HOLD);
-            while Instant::now() < until && !s.stop.load(Ordering::SeqCst) {
-                thread::sleep(Duration::from_millis(50));
-            }
+            hold(s, d);
             Some((status, code))
         }
         None => None,
@@ -367,16 +396,7 @@ fn serve(mut client: TcpStream, s: &Shared) {
     match fault {
         _ if seen.faulted => {}
         Some((status, code)) => {
-            let body = format!(
-                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code>\
-                 <Message>injected by the test's fault proxy</Message></Error>"
-            );
-            let answer = format!(
-                "HTTP/1.1 {status} Injected\r\nContent-Type: application/xml\r\n\
-                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = client.write_all(answer.as_bytes());
+            let _ = client.write_all(error_answer(status, &code, true).as_bytes());
             seen.status = status;
             seen.faulted = true;
         }
@@ -404,11 +424,33 @@ fn shrink_receive_buffer(c: &TcpStream) {
     }
 }
 
-/// Reads a request head and its `Content-Length` body, the body at `rate` bytes per second
-/// when it is not 0; the request is in `arrived` (method, target) once its head is read.
-fn read_request(
+/// An answer of `status` with an S3 error document of `code`; `close`: it says
+/// `Connection: close`.
+fn error_answer(status: u16, code: &str, close: bool) -> String {
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code>\
+         <Message>injected by the test's fault proxy</Message></Error>"
+    );
+    format!(
+        "HTTP/1.1 {status} Injected\r\nContent-Type: application/xml\r\n\
+         Content-Length: {}\r\n{}\r\n{body}",
+        body.len(),
+        if close { "Connection: close\r\n" } else { "" }
+    )
+}
+
+/// Waits `d` (at most [`MAX_HOLD`]) in steps, so a dropped proxy does not wait it all.
+fn hold(s: &Shared, d: Duration) {
+    let until = Instant::now() + d.min(MAX_HOLD);
+    while Instant::now() < until && !s.stop.load(Ordering::SeqCst) {
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Reads a request head; the request is in `arrived` (method, target) once it is read.
+/// The head, and the bytes of the body read with it.
+fn read_head(
     c: &mut TcpStream,
-    rate: u64,
     arrived: &Mutex<Vec<(String, String)>>,
 ) -> Option<(String, Vec<u8>)> {
     let mut buf = Vec::new();
@@ -433,7 +475,13 @@ fn read_request(
         line.next().unwrap_or_default(),
     );
     lock(arrived).push((method.to_string(), target.to_string()));
-    let mut body = buf[end + 4..].to_vec();
+    Some((head, buf[end + 4..].to_vec()))
+}
+
+/// Reads the rest of the `Content-Length` body of the request of `head` (`body`: what was
+/// read with the head), at `rate` bytes per second when it is not 0.
+fn read_body(c: &mut TcpStream, head: &str, mut body: Vec<u8>, rate: u64) -> Option<Vec<u8>> {
+    let mut chunk = [0u8; 16 << 10];
     let len = head
         .split("\r\n")
         .filter_map(|l| l.split_once(':'))
@@ -462,7 +510,7 @@ fn read_request(
         body.extend_from_slice(&chunk[..n]);
     }
     body.truncate(len);
-    Some((head, body))
+    Some(body)
 }
 
 /// Sends the request to the target and its answer back; the answer's status (0: none).
