@@ -78,6 +78,7 @@
 //! clients do, the waiting ones holding nothing but their socket (their heads stay in the
 //! kernel's buffer until they are seated).
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -197,7 +198,6 @@ impl Eviction {
                 | Eviction::NoRequest
                 | Eviction::NoRequestYet
                 | Eviction::StalledBody
-                | Eviction::Queued
                 | Eviction::StaleRequest
         )
     }
@@ -345,7 +345,19 @@ impl Slot {
     }
 
     /// How this connection ranks as one to give way, lower first; `None` if it must not.
-    fn rank(&self, now: Instant) -> Option<(Eviction, Instant)> {
+    /// Between queued bodies the largest goes first (the middle of the key), then the oldest.
+    fn rank(&self, now: Instant) -> Option<(Eviction, Reverse<u64>, Instant)> {
+        self.reason(now).map(|(why, at)| {
+            let size = match why {
+                Eviction::Queued => self.pace.received_bytes(),
+                _ => 0,
+            };
+            (why, Reverse(size), at)
+        })
+    }
+
+    /// Why this connection may give way, and since when; `None` if it must not.
+    fn reason(&self, now: Instant) -> Option<(Eviction, Instant)> {
         if lock(&self.chosen).is_some() {
             return None;
         }
@@ -775,12 +787,17 @@ impl Connections {
     /// leaving ones; why, and whether its place was a reserved one.
     fn choose(live: &mut Live) -> Option<(Eviction, bool)> {
         let now = Instant::now();
-        let (why, _, slot) = live
+        let (rank, slot) = live
             .slots
             .values()
-            .filter_map(|s| s.rank(now).map(|(why, at)| (why, at, s)))
-            .min_by_key(|(why, at, _)| (*why, *at))?;
+            .filter_map(|s| s.rank(now).map(|rank| (rank, s)))
+            .min_by_key(|(rank, _)| *rank)?;
+        let why = rank.0;
         *lock(&slot.chosen) = Some(why);
+        if why == Eviction::Queued {
+            // Answered 503 with Retry-After, then closed: never dropped without an answer.
+            slot.pace.give_way();
+        }
         // notify_one keeps the wake-up if the task is not waiting yet.
         slot.close.notify_one();
         if slot.reserved {
