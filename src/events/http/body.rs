@@ -25,10 +25,15 @@
 //!   each gzip layer may decode to at most `--max-gzip-ratio` ([`DEFAULT_MAX_GZIP_RATIO`])
 //!   times the bytes received (not the layer before, so two layers do not multiply it); the
 //!   first decoding pass stops as soon as a layer passes that, and the body gets 413
-//!   ([`BodyProblem::Inflates`]). At most [`DECODERS`] bodies are decoded at once; the others
-//!   wait their turn without holding a thread, at most [`BUDGET_WAIT`] (then 503), and a body
+//!   ([`BodyProblem::Inflates`]). At most [`DECODERS`] bodies are decoded at once, and beside
+//!   them [`SMALL_DECODERS`] that only bodies of at most [`SMALL_GZIP_BODY`] as sent may take
+//!   (decoding to at most [`SMALL_DECODED`] in it), so Ray's small batches never queue behind
+//!   large decodes; the others wait their turn without holding a thread, at most
+//!   [`BUDGET_WAIT`] (then 503), once for both passes of a layer ([`decode_gzip`]). A body
 //!   waiting its turn or room for its decoded form is queued ([`Pace::is_queued`]): its
-//!   connection may give way to a new one.
+//!   connection may give way to a new one, and the body is then answered 503 with
+//!   `Retry-After` ([`Pace::give_way`]), never dropped unanswered. Which turn decodes a body
+//!   changes nothing in its charge: every decoded form is held in the budget.
 //! - **No body is held hostage.** Room is taken in steps of [`RESERVE_STEP`] from a fair
 //!   queue, so a body waiting for megabytes never stands in front of a small request; and no
 //!   body holds a right that others must wait for: a stalled large body holds the bytes it
@@ -1425,6 +1430,37 @@ mod tests {
             "the large waiting body kept its room while a small one waited"
         );
         assert_eq!(b.free_kib() as u64, b.total_kib - kib(RESERVE_STEP));
+    }
+
+    /// Review r39m D1: the turns any body may take all held, a small body still gets one of
+    /// its own at once, a large one waits; a waiting body told to give way stops waiting.
+    #[tokio::test(start_paused = true)]
+    async fn a_small_body_has_a_decoding_turn_of_its_own() {
+        let b: &'static BodyBudget = Box::leak(Box::new(BodyBudget::new(64 << 20)));
+        let p: &'static Pace = Box::leak(Box::new(Pace::new()));
+        let mut held = Vec::new();
+        for _ in 0..DECODERS {
+            held.push(b.decode_turn(p, false, later()).await.ok().unwrap());
+        }
+        assert!(held.iter().all(|t| !t.small));
+        let small = b.decode_turn(p, true, later()).await.ok().unwrap();
+        assert!(small.small);
+        // A large body waits, queued, until told to give way.
+        let large = tokio::spawn(async move {
+            matches!(
+                b.decode_turn(p, false, later()).await,
+                Err(BodyProblem::GaveWay)
+            )
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(p.is_queued());
+        p.give_way();
+        assert!(large.await.unwrap());
+        assert!(!p.is_queued());
+        // Its own turn held too, a small body takes one any body may take once it is free.
+        drop(held.pop());
+        assert!(!b.decode_turn(p, true, later()).await.ok().unwrap().small);
+        drop(small);
     }
 
     #[tokio::test(start_paused = true)]
