@@ -25,10 +25,15 @@
 //!   each gzip layer may decode to at most `--max-gzip-ratio` ([`DEFAULT_MAX_GZIP_RATIO`])
 //!   times the bytes received (not the layer before, so two layers do not multiply it); the
 //!   first decoding pass stops as soon as a layer passes that, and the body gets 413
-//!   ([`BodyProblem::Inflates`]). At most [`DECODERS`] bodies are decoded at once; the others
-//!   wait their turn without holding a thread, at most [`BUDGET_WAIT`] (then 503), and a body
+//!   ([`BodyProblem::Inflates`]). At most [`DECODERS`] bodies are decoded at once, and beside
+//!   them [`SMALL_DECODERS`] that only bodies of at most [`SMALL_GZIP_BODY`] as sent may take
+//!   (decoding to at most [`SMALL_DECODED`] in it), so Ray's small batches never queue behind
+//!   large decodes; the others wait their turn without holding a thread, at most
+//!   [`BUDGET_WAIT`] (then 503), once for both passes of a layer ([`decode_gzip`]). A body
 //!   waiting its turn or room for its decoded form is queued ([`Pace::is_queued`]): its
-//!   connection may give way to a new one.
+//!   connection may give way to a new one, and the body is then answered 503 with
+//!   `Retry-After` ([`Pace::give_way`]), never dropped unanswered. Which turn decodes a body
+//!   changes nothing in its charge: every decoded form is held in the budget.
 //! - **No body is held hostage.** Room is taken in steps of [`RESERVE_STEP`] from a fair
 //!   queue, so a body waiting for megabytes never stands in front of a small request; and no
 //!   body holds a right that others must wait for: a stalled large body holds the bytes it
@@ -127,6 +132,22 @@ pub const DEFAULT_MAX_GZIP_RATIO: u64 = 100;
 /// about 300 bombs decoding at once on as many threads left `/healthz` unanswered for 3 s
 /// on both listeners).
 pub(super) const DECODERS: usize = 2;
+/// A gzip body of at most this many bytes as received is small: Ray's batches (a few KiB to
+/// tens of KiB compressed) are. Beside the [`DECODERS`] turns any body may take, small bodies
+/// have [`SMALL_DECODERS`] of their own, so a small batch is never queued behind large
+/// decodes (review r39m D1: ten to fifteen clients looping gzip bodies of about 1 MiB that
+/// stay under the ratio but decode to tens of MiB each held Ray's batches of a few KiB for
+/// their turn for 3 to 14 s, past Ray's 3 s).
+pub(super) const SMALL_GZIP_BODY: u64 = 64 << 10;
+/// Decoding turns only small bodies ([`SMALL_GZIP_BODY`]) may take, beside [`DECODERS`]:
+/// decoding takes at most `DECODERS + SMALL_DECODERS` CPUs, and a turn of this lane at most
+/// the time of [`SMALL_DECODED`] decoded twice (a few milliseconds).
+pub(super) const SMALL_DECODERS: usize = 1;
+/// What a layer may decode to in a small body's own turn: with its received bytes
+/// ([`SMALL_GZIP_BODY`] at most) it stays within [`SMALL_BODY`], so it fits the small bodies'
+/// reserve. A small body that decodes to more (only a ratio above 15, which Ray's JSON never
+/// reaches) gives that turn back and takes one of the [`DECODERS`], as a large body does.
+pub(super) const SMALL_DECODED: u64 = SMALL_BODY - SMALL_GZIP_BODY;
 /// How far ahead of now a body's bytes can put its pace ([`Pace`]), and how long a body has
 /// for its first bytes: Ray's batches (about 1 MB) cross loopback in milliseconds; a quarter
 /// second leaves room for a collector slowed by a busy node. It is also what a client buys
@@ -164,6 +185,8 @@ pub(super) struct Pace {
     /// room for its decoded form. It costs nothing but its room then, and its connection may
     /// give way to a new one (see [`super::connections`]).
     queued: AtomicBool,
+    /// Bytes of the current body received so far: which queued body gives way first.
+    bytes: AtomicU64,
 }
 
 impl Pace {
@@ -177,6 +200,7 @@ impl Pace {
             cut: AtomicBool::new(false),
             cut_signal: Notify::new(),
             queued: AtomicBool::new(false),
+            bytes: AtomicU64::new(0),
         }
     }
 
@@ -187,6 +211,18 @@ impl Pace {
 
     fn set_queued(&self, queued: bool) {
         self.queued.store(queued, Ordering::Release);
+    }
+
+    /// Bytes of the current body received so far.
+    pub(super) fn received_bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Tells a queued body to stop waiting and be answered `503` with `Retry-After` (its
+    /// connection was chosen to give way to a new one): a body that waits for the collector
+    /// is never dropped without an answer.
+    pub(super) fn give_way(&self) {
+        self.cut();
     }
 
     /// Milliseconds after `epoch` at `t`, less the time the runtime could not run its
@@ -201,6 +237,7 @@ impl Pace {
     fn start(&self) {
         self.cut.store(false, Ordering::Release);
         self.set_queued(false);
+        self.bytes.store(0, Ordering::Relaxed);
         self.reading();
     }
 
@@ -214,6 +251,7 @@ impl Pace {
 
     /// `n` more bytes arrived.
     pub(super) fn received(&self, n: usize) {
+        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
         let due = self.due_ms.load(Ordering::Relaxed);
         if due == NOT_READING {
             return;
@@ -364,6 +402,9 @@ pub(super) enum BodyProblem<'a> {
     },
     /// No turn to decode it came within [`BUDGET_WAIT`]: other gzip bodies are decoded.
     Busy,
+    /// The body waited for the collector (a turn to be decoded, or room) and its connection
+    /// was chosen to give way to a new one ([`Pace::give_way`]): it is answered 503.
+    GaveWay,
     Read(String),
     /// Not valid gzip: the bytes the failing layer was given, the decoder's error, the room
     /// they hold (boxed: it is the largest part), and the bytes received.
@@ -432,6 +473,8 @@ pub(super) struct BodyBudget {
     next_id: AtomicU64,
     /// Turns to decode a gzip layer ([`DECODERS`]).
     decoders: Semaphore,
+    /// Turns only small bodies may take ([`SMALL_DECODERS`]).
+    small_decoders: Semaphore,
 }
 
 impl BodyBudget {
@@ -446,29 +489,53 @@ impl BodyBudget {
             holders: Mutex::new(BTreeMap::new()),
             next_id: AtomicU64::new(0),
             decoders: Semaphore::new(DECODERS),
+            small_decoders: Semaphore::new(SMALL_DECODERS),
         }
     }
 
-    /// A turn to decode a gzip layer, one of [`DECODERS`]; while it waits for one the body
-    /// counts as queued ([`Pace::is_queued`]), and it waits at most [`BUDGET_WAIT`] and never
-    /// past `deadline` ([`BodyProblem::Busy`]).
+    /// A turn to decode a gzip layer: one of [`DECODERS`], or for a `small` body one of
+    /// [`SMALL_DECODERS`] first (whichever comes first once it must wait). While it waits
+    /// the body counts as queued ([`Pace::is_queued`]); it waits at most [`BUDGET_WAIT`] and
+    /// never past `deadline` ([`BodyProblem::Busy`]), and stops waiting when its connection
+    /// gives way ([`BodyProblem::GaveWay`]).
     async fn decode_turn<'a>(
         &'a self,
         pace: &Pace,
+        small: bool,
         deadline: Instant,
-    ) -> Result<SemaphorePermit<'a>, BodyProblem<'a>> {
-        if let Ok(turn) = self.decoders.try_acquire() {
-            return Ok(turn);
+    ) -> Result<Turn<'a>, BodyProblem<'a>> {
+        if small {
+            if let Ok(permit) = self.small_decoders.try_acquire() {
+                return Ok(Turn {
+                    _permit: permit,
+                    small: true,
+                });
+            }
+        }
+        if let Ok(permit) = self.decoders.try_acquire() {
+            return Ok(Turn {
+                _permit: permit,
+                small: false,
+            });
         }
         pace.set_queued(true);
         let until = deadline.min(Instant::now() + BUDGET_WAIT);
-        let got = tokio::time::timeout_at(until, self.decoders.acquire()).await;
+        let own = async {
+            if small {
+                self.small_decoders.acquire().await
+            } else {
+                std::future::pending().await
+            }
+        };
+        let got = tokio::select! {
+            biased;
+            _ = pace.was_cut() => Err(BodyProblem::GaveWay),
+            got = own => got.map(|permit| Turn { _permit: permit, small: true }).map_err(|_| BodyProblem::Busy),
+            got = self.decoders.acquire() => got.map(|permit| Turn { _permit: permit, small: false }).map_err(|_| BodyProblem::Busy),
+            _ = tokio::time::sleep_until(until) => Err(BodyProblem::Busy),
+        };
         pace.set_queued(false);
-        match got {
-            Ok(Ok(turn)) => Ok(turn),
-            // The semaphore is never closed.
-            Ok(Err(_)) | Err(_) => Err(BodyProblem::Busy),
-        }
+        got
     }
 
     /// A body's share of the budget, empty until it grows; `pace` is the body's, which says
@@ -524,6 +591,13 @@ impl BodyBudget {
     fn free_kib(&self) -> usize {
         self.permits.available_permits()
     }
+}
+
+/// A turn to decode ([`BodyBudget::decode_turn`]); given back when dropped.
+struct Turn<'a> {
+    _permit: SemaphorePermit<'a>,
+    /// One of [`SMALL_DECODERS`]: the layer may decode to [`SMALL_DECODED`] in it.
+    small: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1044,7 +1118,8 @@ pub(super) async fn read_body<'a>(
     // must not multiply the ratio.
     let inflate = Inflate::new(max, max_gzip_ratio, received_bytes);
     for layer in 0..gzip_layers {
-        let decoded = match decode_gzip(&body, &mut room, inflate, deadline).await? {
+        let small = received_bytes <= SMALL_GZIP_BODY;
+        let decoded = match decode_gzip(&body, &mut room, inflate, small, deadline).await? {
             Ok(decoded) => decoded,
             Err(why) => {
                 return Err(BodyProblem::BadGzip(
@@ -1081,27 +1156,47 @@ pub(super) async fn read_body<'a>(
 /// left its earlier forms in the allocator (glibc keeps freed chunks resident), and 16
 /// clients looping gzip bombs of 24 MiB took VmHWM to 302–343 MiB with a 96 MiB budget
 /// (review r39h D3). The second pass costs CPU only (gzip decodes at hundreds of MB/s).
-/// Each pass waits for a turn ([`BodyBudget::decode_turn`]); the first stops as soon as
-/// the layer passes `inflate`'s bound, so a bomb costs at most that much decoding.
+///
+/// Both passes are made in one turn ([`BodyBudget::decode_turn`]), kept while the body waits
+/// for room for its decoded form: a body waits for a turn once, not once per pass behind
+/// every body that came meanwhile (review r39m D1). A `small` body ([`SMALL_GZIP_BODY`])
+/// may take a turn of its own lane, in which the layer may decode to [`SMALL_DECODED`]; one
+/// that decodes to more gives it back and takes a turn any body may take (a second wait,
+/// only for a body that is not small once decoded). The first pass stops as soon as the
+/// layer passes `inflate`'s bound, so a bomb costs at most that much decoding.
 /// The decoder's error when `raw` is not valid gzip.
 async fn decode_gzip<'a>(
     raw: &[u8],
     room: &mut Room<'a>,
     inflate: Inflate,
+    small: bool,
     deadline: Instant,
 ) -> Result<Result<Vec<u8>, String>, BodyProblem<'a>> {
     let budget: &'a BodyBudget = room.budget;
     let pace = room.holder.pace.clone();
     let mut chunk = vec![0u8; DECODE_CHUNK];
-    let turn = budget.decode_turn(&pace, deadline).await?;
-    let len = off_reactor(|| decoded_len(raw, &mut chunk, inflate.most));
-    drop(turn);
+    let most = |turn: &Turn| {
+        if turn.small {
+            inflate.most.min(SMALL_DECODED as usize)
+        } else {
+            inflate.most
+        }
+    };
+    let mut turn = budget.decode_turn(&pace, small, deadline).await?;
+    let mut len = off_reactor(|| decoded_len(raw, &mut chunk, most(&turn)));
+    if turn.small && matches!(len, Ok(None)) && inflate.most > SMALL_DECODED as usize {
+        // Not small once decoded: a turn any body may take, the small one given back first.
+        drop(turn);
+        turn = budget.decode_turn(&pace, false, deadline).await?;
+        len = off_reactor(|| decoded_len(raw, &mut chunk, inflate.most));
+    }
     let len = match len {
         Ok(Some(len)) => len,
         Ok(None) => return Err(inflate.problem()),
         Err(e) => return Ok(Err(e.to_string())),
     };
-    // Waiting for room is waiting for the collector, as waiting for a turn is.
+    // Waiting for room is waiting for the collector, as waiting for a turn is; the turn is
+    // kept meanwhile (a body waiting for room gives way as [`Room::grow_to`] says).
     pace.set_queued(true);
     // Beside what its input holds (the received buffer's capacity, or the layer before).
     let grown = room
@@ -1111,7 +1206,6 @@ async fn decode_gzip<'a>(
     grown?;
     let mut out: Vec<u8> = Vec::new();
     out.reserve_exact(len);
-    let turn = budget.decode_turn(&pace, deadline).await?;
     let decoded = off_reactor(|| -> std::io::Result<()> {
         let mut dec = flate2::read::MultiGzDecoder::new(raw);
         loop {
@@ -1336,6 +1430,37 @@ mod tests {
             "the large waiting body kept its room while a small one waited"
         );
         assert_eq!(b.free_kib() as u64, b.total_kib - kib(RESERVE_STEP));
+    }
+
+    /// Review r39m D1: the turns any body may take all held, a small body still gets one of
+    /// its own at once, a large one waits; a waiting body told to give way stops waiting.
+    #[tokio::test(start_paused = true)]
+    async fn a_small_body_has_a_decoding_turn_of_its_own() {
+        let b: &'static BodyBudget = Box::leak(Box::new(BodyBudget::new(64 << 20)));
+        let p: &'static Pace = Box::leak(Box::new(Pace::new()));
+        let mut held = Vec::new();
+        for _ in 0..DECODERS {
+            held.push(b.decode_turn(p, false, later()).await.ok().unwrap());
+        }
+        assert!(held.iter().all(|t| !t.small));
+        let small = b.decode_turn(p, true, later()).await.ok().unwrap();
+        assert!(small.small);
+        // A large body waits, queued, until told to give way.
+        let large = tokio::spawn(async move {
+            matches!(
+                b.decode_turn(p, false, later()).await,
+                Err(BodyProblem::GaveWay)
+            )
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(p.is_queued());
+        p.give_way();
+        assert!(large.await.unwrap());
+        assert!(!p.is_queued());
+        // Its own turn held too, a small body takes one any body may take once it is free.
+        drop(held.pop());
+        assert!(!b.decode_turn(p, true, later()).await.ok().unwrap().small);
+        drop(small);
     }
 
     #[tokio::test(start_paused = true)]

@@ -26,14 +26,18 @@
 //! 7. one whose body is complete and waits for the collector, for its turn to be decoded
 //!    (at most [`DECODERS`](super::body::DECODERS) gzip bodies are decoded at once) or for room
 //!    for its decoded form: it has cost nothing but its bytes yet, and gzip bombs thrown at
-//!    every place (review r39k D1) would otherwise hold them all while they wait; the one
-//!    whose head came first goes first;
+//!    every place (review r39k D1) would otherwise hold them all while they wait; the
+//!    largest body first (Ray's batches are small, and small gzip bodies have a decoding
+//!    turn of their own: review r39m D1), then the one whose head came first. The body is
+//!    told to stop waiting ([`Pace::give_way`]) and answered 503 with `Retry-After`, then the
+//!    connection closes: a body that waits for the collector is never dropped unanswered;
 //! 8. one whose request has been waiting for its answer (its body complete: Ray's batch
 //!    waiting for the spool) for over [`STALE_REQUEST_AFTER`], the oldest first: Ray gives
 //!    up on a request after 3 s and resends it, so nobody waits for it.
 //!
 //! So a request whose body is complete is never chosen before Ray has given up on it
-//! (unless it is a gzip body waiting for its turn to be decoded or for room), and
+//! (unless it is a gzip body waiting for its turn to be decoded or for room, which is
+//! answered 503 first), and
 //! keeping a place costs a client a whole request every [`BODY_GRACE`](super::body::BODY_GRACE) (or a body streamed
 //! at [`MIN_BODY_RATE`](super::body::MIN_BODY_RATE)): pipelining restarts nothing, since a head whose body stalls is the
 //! least useful thing open, and a client reconnecting after being cut takes the place of
@@ -44,7 +48,8 @@
 //! in about 1 of 6 runs of eight tries each): a newcomer in that window waits for a place
 //! (below). An idle connection is closed gracefully (a request that arrives
 //! meanwhile is answered, within [`LEAVE_GRACE`], and cut as soon as that answer has waited
-//! [`UNREAD_AFTER`] to be read); the others are cut. A connection that has been chosen keeps
+//! [`UNREAD_AFTER`] to be read), and so is one whose body was queued (once its 503 is
+//! out); the others are cut. A connection that has been chosen keeps
 //! its socket until it has gone, so up to [`MAX_LEAVING`] more may be open; since none of
 //! them waits on a client that does not read, they leave within [`LEAVE_GRACE`] at most and
 //! within milliseconds in the usual case, and keep no newcomer out for long.
@@ -78,6 +83,7 @@
 //! clients do, the waiting ones holding nothing but their socket (their heads stay in the
 //! kernel's buffer until they are seated).
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -167,9 +173,11 @@ pub(super) enum Eviction {
     NoRequestYet,
     /// Its body is complete and waits for the collector: for a turn to be decoded (one of
     /// [`DECODERS`](super::body::DECODERS)) or for room for its decoded form ([`Pace::is_queued`]).
-    /// It has cost nothing but its bytes yet; the one queued longest first (review r39k D1:
-    /// about 300 gzip bombs waiting to be decoded held every place, and Ray's POST and
-    /// `/healthz` got none within 3 s).
+    /// It has cost nothing but its bytes yet; the largest body first, then the one queued
+    /// longest (review r39k D1: about 300 gzip bombs waiting to be decoded held every place,
+    /// and Ray's POST and `/healthz` got none within 3 s). It is answered 503 with
+    /// `Retry-After` before its connection closes (review r39m D1: Ray's queued batch was
+    /// closed unanswered).
     Queued,
     /// Its request has been in flight for over [`STALE_REQUEST_AFTER`].
     StaleRequest,
@@ -197,7 +205,6 @@ impl Eviction {
                 | Eviction::NoRequest
                 | Eviction::NoRequestYet
                 | Eviction::StalledBody
-                | Eviction::Queued
                 | Eviction::StaleRequest
         )
     }
@@ -345,7 +352,19 @@ impl Slot {
     }
 
     /// How this connection ranks as one to give way, lower first; `None` if it must not.
-    fn rank(&self, now: Instant) -> Option<(Eviction, Instant)> {
+    /// Between queued bodies the largest goes first (the middle of the key), then the oldest.
+    fn rank(&self, now: Instant) -> Option<(Eviction, Reverse<u64>, Instant)> {
+        self.reason(now).map(|(why, at)| {
+            let size = match why {
+                Eviction::Queued => self.pace.received_bytes(),
+                _ => 0,
+            };
+            (why, Reverse(size), at)
+        })
+    }
+
+    /// Why this connection may give way, and since when; `None` if it must not.
+    fn reason(&self, now: Instant) -> Option<(Eviction, Instant)> {
         if lock(&self.chosen).is_some() {
             return None;
         }
@@ -775,12 +794,17 @@ impl Connections {
     /// leaving ones; why, and whether its place was a reserved one.
     fn choose(live: &mut Live) -> Option<(Eviction, bool)> {
         let now = Instant::now();
-        let (why, _, slot) = live
+        let (rank, slot) = live
             .slots
             .values()
-            .filter_map(|s| s.rank(now).map(|(why, at)| (why, at, s)))
-            .min_by_key(|(why, at, _)| (*why, *at))?;
+            .filter_map(|s| s.rank(now).map(|rank| (rank, s)))
+            .min_by_key(|(rank, _)| *rank)?;
+        let why = rank.0;
         *lock(&slot.chosen) = Some(why);
+        if why == Eviction::Queued {
+            // Answered 503 with Retry-After, then closed: never dropped without an answer.
+            slot.pace.give_way();
+        }
         // notify_one keeps the wake-up if the task is not waiting yet.
         slot.close.notify_one();
         if slot.reserved {

@@ -761,6 +761,13 @@ async fn read_and_store(
                 1,
             ));
         }
+        Err(BodyProblem::GaveWay) => {
+            m::backpressure();
+            return closing(retry_later(
+                "the collector is at its connection limit and this body waited for its turn to be decoded or for room: its connection gives way to a new one; retry",
+                1,
+            ));
+        }
         Err(BodyProblem::TimedOut) => {
             return closing(error_response(
                 StatusCode::REQUEST_TIMEOUT,
