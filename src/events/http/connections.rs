@@ -26,9 +26,9 @@
 //! 7. one whose body is complete and waits for the collector, for its turn to be decoded
 //!    (at most [`DECODERS`](super::body::DECODERS) gzip bodies are decoded at once) or for room
 //!    for its decoded form: it has cost nothing but its bytes yet, and gzip bombs thrown at
-//!    every place (review r39k D1) would otherwise hold them all while they wait; the
-//!    largest body first (Ray's batches are small, and small gzip bodies have a decoding
-//!    turn of their own: review r39m D1), then the one whose head came first. The body is
+//!    every place (review r39k D1) would otherwise hold them all while they wait; the one
+//!    queued longest first (not the largest: a client can always send a smaller body than
+//!    Ray's batch, which then went first every time: review r39p D1). The body is
 //!    told to stop waiting ([`Pace::give_way`]) and answered 503 with `Retry-After`, then the
 //!    connection closes: a body that waits for the collector is never dropped unanswered;
 //! 8. one whose request has been waiting for its answer (its body complete: Ray's batch
@@ -83,7 +83,6 @@
 //! clients do, the waiting ones holding nothing but their socket (their heads stay in the
 //! kernel's buffer until they are seated).
 
-use std::cmp::Reverse;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -173,8 +172,7 @@ pub(super) enum Eviction {
     NoRequestYet,
     /// Its body is complete and waits for the collector: for a turn to be decoded (one of
     /// [`DECODERS`](super::body::DECODERS)) or for room for its decoded form ([`Pace::is_queued`]).
-    /// It has cost nothing but its bytes yet; the largest body first, then the one queued
-    /// longest (review r39k D1: about 300 gzip bombs waiting to be decoded held every place,
+    /// It has cost nothing but its bytes yet; the one queued longest first (review r39k D1: about 300 gzip bombs waiting to be decoded held every place,
     /// and Ray's POST and `/healthz` got none within 3 s). It is answered 503 with
     /// `Retry-After` before its connection closes (review r39m D1: Ray's queued batch was
     /// closed unanswered).
@@ -351,20 +349,11 @@ impl Slot {
         }
     }
 
-    /// How this connection ranks as one to give way, lower first; `None` if it must not.
-    /// Between queued bodies the largest goes first (the middle of the key), then the oldest.
-    fn rank(&self, now: Instant) -> Option<(Eviction, Reverse<u64>, Instant)> {
-        self.reason(now).map(|(why, at)| {
-            let size = match why {
-                Eviction::Queued => self.pace.received_bytes(),
-                _ => 0,
-            };
-            (why, Reverse(size), at)
-        })
-    }
-
-    /// Why this connection may give way, and since when; `None` if it must not.
-    fn reason(&self, now: Instant) -> Option<(Eviction, Instant)> {
+    /// How this connection ranks as one to give way, lower first: why, then since when (the
+    /// oldest first, queued bodies included: ranking them by size let cheap clients with
+    /// smaller bodies than Ray's batch make it the one thrown out, review r39p D1); `None` if
+    /// it must not.
+    fn rank(&self, now: Instant) -> Option<(Eviction, Instant)> {
         if lock(&self.chosen).is_some() {
             return None;
         }
