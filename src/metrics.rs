@@ -123,10 +123,10 @@ pub const LOG_UPLOADS_ABORTED: &str = "rhc_log_multipart_aborts_total";
 pub const PUBLICATIONS: &str = "rhc_event_publications_total";
 /// Bytes sent by publications (object bytes, after compression).
 pub const PUBLICATION_BYTES: &str = "rhc_event_publication_bytes_total";
-/// 1 while event objects are written conditionally (`If-Match` / `If-None-Match`; set from
-/// the start), 0 once the store refused a condition: answered it with 501 /
-/// `NotImplemented`, or with 400 / 403 while the same write without it landed
-/// (`storage::versioned`).
+/// 1 while event objects are written conditionally (`If-Match` / `If-None-Match`; read at
+/// each scrape), 0 for `file://` (which needs none) and once the store refused a
+/// condition: answered it with 501 / `NotImplemented`, or three times in a row with 400 / 403
+/// while the same write without it landed (`storage::versioned`).
 pub const CONDITIONAL_WRITES: &str = "rhc_event_conditional_writes";
 
 /// Installs the global recorder; the handle renders `/metrics`. `compressor` names what
@@ -174,6 +174,8 @@ pub struct SpoolGauges {
     pub files: u64,
     /// Age of the oldest file not yet uploaded, in seconds.
     pub oldest_age_seconds: f64,
+    /// Event objects are written conditionally now ([`CONDITIONAL_WRITES`]).
+    pub conditional_writes: bool,
 }
 
 /// Renders the text exposition, refreshing the spool gauges first.
@@ -181,6 +183,7 @@ pub fn render(handle: &PrometheusHandle, spool: SpoolGauges) -> String {
     gauge!(SPOOL_BYTES).set(spool.bytes as f64);
     gauge!(SPOOL_FILES).set(spool.files as f64);
     gauge!(OLDEST_AGE).set(spool.oldest_age_seconds);
+    conditional_writes(spool.conditional_writes);
     handle.run_upkeep();
     handle.render()
 }

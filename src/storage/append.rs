@@ -978,6 +978,9 @@ impl S3Appender {
             .wire
             .complete_multipart(key, id, parts, condition.filter(|_| conditional))
             .await;
+        if conditional && sent.is_ok() {
+            super::versioned::condition_taken();
+        }
         let sent = match sent {
             Err(e) if conditional && e.failure == Failure::Unsupported => {
                 super::versioned::refuse_conditions(e.status, e.code.as_deref(), &e.to_string());
@@ -987,7 +990,7 @@ impl S3Appender {
                 tracing::info!(%key, error = %e, "a conditional completion was refused (400 / 403): sent once more without its condition, to tell whether the store refuses the condition or the completion");
                 let again = self.wire.complete_multipart(key, id, parts, None).await;
                 if again.is_ok() {
-                    super::versioned::refuse_conditions(
+                    super::versioned::condition_refused(
                         e.status,
                         e.code.as_deref(),
                         &e.to_string(),

@@ -21,11 +21,13 @@
 //!   loses nothing; only a late write of an older version is refused.
 //! - A store that answers the condition with 501 / `NotImplemented` (some S3-compatible
 //!   stores) has conditions turned off for the process ([`refuse_conditions`]: one warning;
-//!   the caller's metric reads [`conditions_on`]) and the write sent again without it, as
+//!   the metric reads [`conditional_writes_now`]) and the write sent again without it, as
 //!   before this module existed. A store or gateway that answers it with 400 or 403
 //!   instead (`InvalidArgument`, `InvalidRequest`, `AccessDenied`:
 //!   `s3::may_refuse_conditions`) has the same write sent once more without the
-//!   condition: when that one lands, conditions are turned off the same way; when it is
+//!   condition: when that one lands [`REFUSALS_TO_SWITCH`] times in a row (with no
+//!   conditional write landing between: [`condition_refused`]), conditions are turned off
+//!   the same way, and until then the next write carries its condition again; when it is
 //!   refused too, the refusal is the write's own (credentials, a bad request): it fails as
 //!   any write does, tried again later, and conditions stay on. A 412 is never one of
 //!   these.
@@ -35,7 +37,7 @@
 //! write on its way.
 
 use std::io::Read;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use futures::StreamExt as _;
@@ -59,9 +61,61 @@ pub const MAX_CONFLICTS: u32 = 3;
 /// Set once the store refused a condition (see the module doc).
 static REFUSED: AtomicBool = AtomicBool::new(false);
 
+/// Set by the publisher of a store that takes conditions (not `file://`, whose versions are
+/// renamed into place by one process and need none).
+static IN_USE: AtomicBool = AtomicBool::new(false);
+
+/// Conditional writes answered 400 / 403 whose twin without the condition landed, in a row
+/// (a conditional write landing resets it).
+static REFUSALS_IN_A_ROW: AtomicU32 = AtomicU32::new(0);
+
+/// So many refusals in a row ([`condition_refused`]), with no conditional write landing
+/// between them, before conditions are turned off: one 400 or 403 may be the request's
+/// (a permission or key that was still propagating, a gateway's hiccup), and turning
+/// conditions off for it let a late write replace a newer version (review r35p D1: 100 of
+/// 300 acknowledged events lost after one passing 403). A store that refuses the condition
+/// refuses it every time.
+pub const REFUSALS_TO_SWITCH: u32 = 3;
+
 /// Whether writes are still sent with their condition (false once the store refused one).
 pub fn conditions_on() -> bool {
     !REFUSED.load(Ordering::SeqCst)
+}
+
+/// The publisher's store takes conditions: [`conditional_writes_now`] says 1 until one is
+/// refused.
+pub fn conditions_in_use() {
+    IN_USE.store(true, Ordering::SeqCst);
+}
+
+/// Whether event objects are written conditionally now (`rhc_event_conditional_writes`, read
+/// at each scrape, so a refusal by the log lane's completions shows at once: review r35p D2).
+pub fn conditional_writes_now() -> bool {
+    IN_USE.load(Ordering::SeqCst) && conditions_on()
+}
+
+/// A conditional write landed: the store takes conditions, refusals before it were passing.
+pub fn condition_taken() {
+    REFUSALS_IN_A_ROW.store(0, Ordering::SeqCst);
+}
+
+/// A write carrying a condition was answered 400 / 403 (`status`, S3's `code`; `why`: the
+/// whole answer) and the same write without it landed. Conditions are turned off
+/// ([`refuse_conditions`]) at the [`REFUSALS_TO_SWITCH`]th such answer in a row; until then
+/// each is logged and the next write carries its condition again.
+pub fn condition_refused(status: Option<u16>, code: Option<&str>, why: &str) {
+    let n = REFUSALS_IN_A_ROW.fetch_add(1, Ordering::SeqCst) + 1;
+    if n >= REFUSALS_TO_SWITCH {
+        refuse_conditions(status, code, why);
+    } else {
+        tracing::warn!(
+            status = status.unwrap_or(0),
+            code = code.unwrap_or("no error code"),
+            answer = why,
+            refusals_in_a_row = n,
+            "a write carrying its condition was refused and landed without it; conditions stay on (turned off only after {REFUSALS_TO_SWITCH} such refusals in a row)"
+        );
+    }
 }
 
 /// The store does not take conditional writes: it answered a write carrying one with
@@ -263,7 +317,12 @@ async fn put_once(
             .put_opts(location, PutPayload::from(body.clone()), mode.into())
             .await
         {
-            Ok(put) => return Attempt::Done(put.e_tag, put.version, len),
+            Ok(put) => {
+                if conditional {
+                    condition_taken();
+                }
+                return Attempt::Done(put.e_tag, put.version, len);
+            }
             Err(e) => e,
         };
         if !conditional {
@@ -293,7 +352,7 @@ async fn put_once(
             .await
         {
             Ok(put) => {
-                refuse_conditions(status, code.as_deref(), &e.to_string());
+                condition_refused(status, code.as_deref(), &e.to_string());
                 Attempt::Done(put.e_tag, put.version, len)
             }
             Err(again) => failed(again),

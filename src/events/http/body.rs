@@ -213,11 +213,6 @@ impl Pace {
         self.queued.store(queued, Ordering::Release);
     }
 
-    /// Bytes of the current body received so far.
-    pub(super) fn received_bytes(&self) -> u64 {
-        self.bytes.load(Ordering::Relaxed)
-    }
-
     /// Tells a queued body to stop waiting and be answered `503` with `Retry-After` (its
     /// connection was chosen to give way to a new one): a body that waits for the collector
     /// is never dropped without an answer.

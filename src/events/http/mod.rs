@@ -612,6 +612,7 @@ fn spool_gauges(st: &IngestState) -> m::SpoolGauges {
         bytes: stats.stored_bytes(),
         files: stats.files(),
         oldest_age_seconds: stats.oldest_pending_age_seconds(),
+        conditional_writes: crate::storage::versioned::conditional_writes_now(),
     }
 }
 

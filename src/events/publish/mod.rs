@@ -102,7 +102,7 @@ use crate::metrics as m;
 use crate::storage::append::{AppendError, Appender};
 use crate::storage::gzip::{MemberEncoder, MEMBER_INPUT};
 use crate::storage::put::UploadError;
-use crate::storage::versioned::{conditions_on, write_version, Base};
+use crate::storage::versioned::{conditions_in_use, write_version, Base};
 use crate::util::fs::Beneath;
 use crate::util::time::unix_nanos;
 
@@ -283,9 +283,11 @@ impl Publisher {
         appender: Option<Appender>,
         stats: Arc<SpoolStats>,
     ) -> Publisher {
-        // Exported from the start, not only once a publication ran (1 until the store
-        // refuses a condition).
-        m::conditional_writes(conditions_on());
+        // `rhc_event_conditional_writes` is 1 from the start for a store that takes
+        // conditions (read at each scrape), 0 for `file://`, which needs none.
+        if !matches!(appender, Some(Appender::Local(_))) {
+            conditions_in_use();
+        }
         Publisher {
             cfg,
             spool_dir,
@@ -807,7 +809,6 @@ impl Publisher {
                 (put.bytes, put.e_tag, put.version)
             }
         };
-        m::conditional_writes(conditions_on());
         let stale = match &st.record {
             Some(r) => r.stale.clone(),
             None => std::mem::take(&mut st.stale),
