@@ -671,7 +671,8 @@ pub struct LineSource {
     /// The file's name, as the record says.
     pub file: String,
     /// The file's identity: the same under another name (Ray's rotation renames it), another
-    /// for another file (the export tailer hashes its session, inode and birth time).
+    /// for another file (the export tailer hashes its session, inode, birth time and first
+    /// line: the identity its offsets are kept with).
     pub file_id: u64,
     /// The line's offset in the file.
     pub offset: u64,
