@@ -1401,6 +1401,67 @@ fn a_shutdown_with_an_unsaved_checkpoint_then_a_restart_stores_each_line_once() 
     assert_eq!(ids.len(), LINES, "lines missing");
 }
 
+/// Review r41n D2: as above, with a bad line after each good one. The restart reads every
+/// line again; before, the quarantine's memory of the bad lines was the writer's, in memory
+/// only, and each got a second record (20 of 20). Now a line read from a file is remembered in
+/// the deduplication window too, whose ids the journal keeps: each is recorded once.
+#[test]
+fn a_restart_after_an_unsaved_checkpoint_records_each_bad_line_once() {
+    let _files = beside_others();
+    const LINES: usize = 20;
+    let w = Work::new();
+    let mut text = String::new();
+    for (i, line) in backlog(LINES, "q").lines().enumerate() {
+        text.push_str(line);
+        text.push_str(&format!("\nbad line {i}, not json\n"));
+    }
+    std::fs::write(export_dir(&w.ray).join("event_EXPORT_TASK.log"), text).unwrap();
+    let blocker = w.spool.join("export-offsets.json.tmp");
+    std::fs::create_dir_all(&blocker).unwrap();
+    let mut c = w.start(&[], &[]);
+    wait_metric(&c, "rhc_events_accepted_total", LINES as f64);
+    wait_metric(&c, "rhc_events_quarantined_total", LINES as f64);
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", c.log_text());
+    std::fs::remove_dir(&blocker).unwrap();
+    c.restart();
+    // Every line read again: each a duplicate, or (before) stored or recorded again.
+    let seen = |c: &Collector| {
+        c.metric("rhc_events_accepted_total")
+            + c.metric("rhc_events_duplicate_total")
+            + c.metric("rhc_events_quarantined_total")
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen(&c) < 2.0 * LINES as f64 {
+        assert!(
+            Instant::now() < deadline,
+            "the lines were not read again:\n{}",
+            c.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", c.log_text());
+    let mut records: HashMap<(String, u64), usize> = HashMap::new();
+    for r in quarantine_records(&w.bucket) {
+        let at = (
+            r["source_file"].as_str().unwrap_or_default().to_string(),
+            r["source_offset"].as_u64().unwrap_or(u64::MAX),
+        );
+        *records.entry(at).or_default() += 1;
+    }
+    let twice = records.values().filter(|&&n| n > 1).count();
+    assert_eq!(
+        (records.len(), twice),
+        (LINES, 0),
+        "bad lines recorded (distinct, twice):\n{}",
+        c.log_text()
+    );
+    let ids = stored_ids(&w.bucket);
+    assert_eq!(ids.len(), LINES, "lines missing");
+    assert!(ids.values().all(|&n| n == 1), "lines stored twice");
+}
+
 /// Issue 37 (r37i D1): a Train run line over 8 MiB (a 9 MiB status detail) at the default
 /// 1 GiB budget is cut, its first part quarantined, and reading goes on: the run's later
 /// lines and the session's other files are stored. (The quarantine record of an 8 MiB cut

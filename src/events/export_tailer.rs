@@ -21,7 +21,8 @@
 //! i.e. handed to the uploader, which deletes a segment once uploaded. So a crash at any
 //! moment repeats only lines of the last batch whose offsets were not saved, and those are
 //! still in a spool segment: the restart reloads their ids (hashed with the export salt, as
-//! at ingest) into the deduplication window, which drops them (a batch holds at most 8 MiB
+//! at ingest; a quarantined line's key, its file's identity and offset, with them) into the
+//! deduplication window, which drops them (a batch holds at most 8 MiB
 //! of lines, some thousands of Ray's export events of about 1 KB, well within the window's
 //! default of 262,144 ids; with `--dedup-window 0` nothing is dropped). (Saving the offsets
 //! from the

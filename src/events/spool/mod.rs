@@ -663,7 +663,9 @@ pub struct QuarantinedEvent {
 }
 
 /// Where a quarantined line was read from: its record names the file and the offset, and
-/// the line is remembered (so a batch stored again after a rollback keeps it once) by the
+/// the line is remembered (so a batch stored again after a rollback keeps it once, and, as
+/// its key also goes in the deduplication window whose ids the journal keeps, a line read
+/// again after a restart too: review r41n D2) by the
 /// file's identity and the offset, never by its bytes: two lines alike (two overlong
 /// lines whose kept first parts are the same) keep a record each (review r41j D2).
 #[derive(Debug, Clone, PartialEq, Eq)]
