@@ -932,6 +932,100 @@ fn a_new_file_on_a_deleted_backups_inode_is_read_whole_while_running() {
     assert_all_155_once(bucket, &c.log_text());
 }
 
+/// Review r41n D1: a backup's lines are read into a batch, and in the same pass (the tailer
+/// held by the fault shim between two files) Ray's rotation deletes that backup and creates
+/// the new live file, empty, on its inode. When the pass reaches the live file, the batch's
+/// entry for that inode is another file's. Before, the entry was dropped from the batch, which
+/// then held no offsets and was not stored: the backup's 50 lines were lost. Now the batch is
+/// stored first, with the backup's offset, and the new live file read from its start.
+#[test]
+fn a_backup_read_into_a_batch_is_stored_when_its_inode_is_reused_in_the_same_pass() {
+    let _files = alone();
+    let w = Work::new();
+    let faults = Faults::build(&w.dir);
+    let files = DriverJobFiles::write(&w.ray);
+    // Read after the backup and before the live file (a live file sorts after every
+    // backup, then by name), with nothing in it: the tailer is held at its metadata when it
+    // reads it in the first pass (the pass's listing takes it once before).
+    let between = export_dir(&w.ray).join("event_EXPORT_A.log");
+    std::fs::write(&between, b"").unwrap();
+    faults.pause_at_stat(2, "export_events/event_EXPORT_A.log$");
+    let mut c = w.start(&[], &faults.env());
+    assert!(
+        faults.wait_paused(Duration::from_secs(30)),
+        "the tailer never reached {}:\n{}",
+        between.display(),
+        c.log_text()
+    );
+    // Ray's rotation, the new live file empty on the deleted backup's inode.
+    let freed = inode(&files.backup);
+    std::fs::remove_file(&files.backup).unwrap();
+    std::fs::rename(&files.live, &files.backup).unwrap();
+    rhc_testkit::collector::create_on_freed_inode(&files.live, freed, b"")
+        .unwrap_or_else(|e| panic!("the test needs a reused inode: {e}"));
+    faults.resume();
+    // The old live file (now the backup) is read next pass; then Ray writes on.
+    wait_accepted(&c, 55.0);
+    append(&files.live, driver_job_lines(100, 3).as_bytes());
+    wait_accepted(&c, 155.0);
+    let status = c.terminate(Duration::from_secs(30));
+    let log = c.log_text();
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains("export file at the inode of a file read before"),
+        "the pass never met the new live file at the backup's inode (not the case of the test):\n{log}"
+    );
+    assert_all_155_once(&w.bucket, &log);
+}
+
+/// Review r41n D3: a file rewritten in place (same inode and birth time) holds a new bad line
+/// at the offset of a bad line of its old content. The tailer reads it from its start (another
+/// first line); before, the new line's quarantine record was dropped as a repeat of the old
+/// one, remembered by session, inode and birth time only. Now it is remembered by the identity
+/// the offsets use (first line too): both lines are kept.
+#[test]
+fn a_bad_line_of_a_file_rewritten_in_place_keeps_its_record() {
+    let _files = beside_others();
+    let w = Work::new();
+    let path = export_dir(&w.ray).join("event_EXPORT_DRIVER_JOB.log");
+    let good = |tag| driver_job_lines(1, tag);
+    std::fs::write(&path, format!("OLD bad line, not json\n{}", good(1))).unwrap();
+    let mut c = w.start(&[], &[]);
+    wait_metric(&c, "rhc_events_accepted_total", 1.0);
+    wait_metric(&c, "rhc_events_quarantined_total", 1.0);
+    let ino = inode(&path);
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(0).unwrap();
+        f.write_all(format!("NEW bad line, not json\n{}", good(2)).as_bytes())
+            .unwrap();
+    }
+    assert_eq!(inode(&path), ino, "rewritten in place");
+    wait_metric(&c, "rhc_events_accepted_total", 2.0);
+    // The pass that took the good line took the bad one before it.
+    let quarantined = c.metric("rhc_events_quarantined_total");
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_text());
+    let mut raw: Vec<String> = quarantine_records(&w.bucket)
+        .iter()
+        .map(|r| r["raw"].as_str().unwrap_or_default().to_string())
+        .collect();
+    raw.sort();
+    assert_eq!(
+        (quarantined, raw),
+        (
+            2.0,
+            vec![
+                "NEW bad line, not json".to_string(),
+                "OLD bad line, not json".to_string()
+            ]
+        ),
+        "{}",
+        c.log_text()
+    );
+}
+
 /// Rewrites the offsets file as the collector before issue 41 wrote it: version 0, three
 /// fields per file (inode, offset, a hash of the first 64 bytes); two files in it.
 fn to_version_0(path: &Path) {
@@ -1305,6 +1399,67 @@ fn a_shutdown_with_an_unsaved_checkpoint_then_a_restart_stores_each_line_once() 
     let twice = ids.values().filter(|&&n| n > 1).count();
     assert_eq!(twice, 0, "{twice} of {LINES} lines stored twice");
     assert_eq!(ids.len(), LINES, "lines missing");
+}
+
+/// Review r41n D2: as above, with a bad line after each good one. The restart reads every
+/// line again; before, the quarantine's memory of the bad lines was the writer's, in memory
+/// only, and each got a second record (20 of 20). Now a line read from a file is remembered in
+/// the deduplication window too, whose ids the journal keeps: each is recorded once.
+#[test]
+fn a_restart_after_an_unsaved_checkpoint_records_each_bad_line_once() {
+    let _files = beside_others();
+    const LINES: usize = 20;
+    let w = Work::new();
+    let mut text = String::new();
+    for (i, line) in backlog(LINES, "q").lines().enumerate() {
+        text.push_str(line);
+        text.push_str(&format!("\nbad line {i}, not json\n"));
+    }
+    std::fs::write(export_dir(&w.ray).join("event_EXPORT_TASK.log"), text).unwrap();
+    let blocker = w.spool.join("export-offsets.json.tmp");
+    std::fs::create_dir_all(&blocker).unwrap();
+    let mut c = w.start(&[], &[]);
+    wait_metric(&c, "rhc_events_accepted_total", LINES as f64);
+    wait_metric(&c, "rhc_events_quarantined_total", LINES as f64);
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", c.log_text());
+    std::fs::remove_dir(&blocker).unwrap();
+    c.restart();
+    // Every line read again: each a duplicate, or (before) stored or recorded again.
+    let seen = |c: &Collector| {
+        c.metric("rhc_events_accepted_total")
+            + c.metric("rhc_events_duplicate_total")
+            + c.metric("rhc_events_quarantined_total")
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen(&c) < 2.0 * LINES as f64 {
+        assert!(
+            Instant::now() < deadline,
+            "the lines were not read again:\n{}",
+            c.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", c.log_text());
+    let mut records: HashMap<(String, u64), usize> = HashMap::new();
+    for r in quarantine_records(&w.bucket) {
+        let at = (
+            r["source_file"].as_str().unwrap_or_default().to_string(),
+            r["source_offset"].as_u64().unwrap_or(u64::MAX),
+        );
+        *records.entry(at).or_default() += 1;
+    }
+    let twice = records.values().filter(|&&n| n > 1).count();
+    assert_eq!(
+        (records.len(), twice),
+        (LINES, 0),
+        "bad lines recorded (distinct, twice):\n{}",
+        c.log_text()
+    );
+    let ids = stored_ids(&w.bucket);
+    assert_eq!(ids.len(), LINES, "lines missing");
+    assert!(ids.values().all(|&n| n == 1), "lines stored twice");
 }
 
 /// Issue 37 (r37i D1): a Train run line over 8 MiB (a 9 MiB status detail) at the default

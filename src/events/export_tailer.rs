@@ -10,14 +10,19 @@
 //! Offsets are kept per file in `<spool>/export-offsets.json`, keyed by session and inode, and
 //! applied only to the file they were read from: one with the same birth time, the same whole
 //! first line and no fewer bytes ([`identity`]), so a new file that got a deleted backup's
-//! inode is read from its start. Lines are stored
+//! inode is read from its start; when that backup's lines are in the batch being read (Ray's
+//! rotation ran during the pass), the batch is stored first, with the backup's offset, so its
+//! lines never go with its entry (review r41n D1). A quarantined line is remembered by the
+//! same identity (`file_id`), so a new file's bad line never passes for an older file's
+//! (review r41n D3). Lines are stored
 //! in batches (whole lines of one or many files, at most [`MAX_READ`] bytes), and each batch
 //! carries the offsets it reaches as the spool's [`Checkpoint`]: the spool's writer saves
 //! them (fsync'd) once the batch is durable and before any segment holding it can be sealed,
 //! i.e. handed to the uploader, which deletes a segment once uploaded. So a crash at any
 //! moment repeats only lines of the last batch whose offsets were not saved, and those are
 //! still in a spool segment: the restart reloads their ids (hashed with the export salt, as
-//! at ingest) into the deduplication window, which drops them (a batch holds at most 8 MiB
+//! at ingest; a quarantined line's key, its file's identity and offset, with them) into the
+//! deduplication window, which drops them (a batch holds at most 8 MiB
 //! of lines, some thousands of Ray's export events of about 1 KB, well within the window's
 //! default of 262,144 ids; with `--dedup-window 0` nothing is dropped). (Saving the offsets
 //! from the
@@ -247,8 +252,10 @@ struct Batch {
 }
 
 impl Batch {
+    /// Whether nothing was read into it: judged by its lines, not its offsets, so lines
+    /// read are stored whatever became of their file's entry.
     fn is_empty(&self) -> bool {
-        self.offsets.is_empty()
+        self.body.is_empty() && self.offsets.is_empty()
     }
 
     /// Whether the batch takes `cost` more bytes: while they fit its room, and one record
@@ -304,6 +311,10 @@ enum Piece {
     Done,
     /// The batch has no room for the file's next line.
     NoRoom,
+    /// The batch holds lines of another file that had this inode (Ray's rotation deleted a
+    /// backup read into it and the new live file took its inode): the batch is stored first,
+    /// with that file's offset, and this file is then read from its start (review r41n D1).
+    StoreFirst,
 }
 
 /// Where one line goes.
@@ -492,7 +503,8 @@ impl ExportTailer {
                             stopped = true;
                             break 'files;
                         }
-                        Ok(Piece::NoRoom) => match self.flush(&mut batch).await {
+                        Ok(Piece::NoRoom | Piece::StoreFirst) => match self.flush(&mut batch).await
+                        {
                             Ok(r) => total.add(r),
                             Err(e) => {
                                 tracing::warn!(error = %e, "storing export events failed; read again next pass");
@@ -605,7 +617,6 @@ impl ExportTailer {
             return Ok(Piece::Done);
         }
         let key = format!("{}/{}", file.session, meta.ino());
-        let file_id = file_id(file.session, meta.ino(), identity::born_ns(&meta));
         let known = batch
             .offsets
             .get(&key)
@@ -671,6 +682,12 @@ impl ExportTailer {
                 return Err(e);
             }
         };
+        if found.other.is_some() && batch.offsets.contains_key(&key) {
+            // The batch holds lines of the file this entry was read from (gone now): they
+            // are stored first, with its offset; this file is read once that is done.
+            batch.body.truncate(base);
+            return Ok(Piece::StoreFirst);
+        }
         if let Some(why) = found.other {
             // The entry was another file's, now gone: forgotten, so this is said once.
             tracing::info!(
@@ -707,6 +724,12 @@ impl ExportTailer {
         if want == 0 {
             return Ok(Piece::NoRoom);
         }
+        // Its quarantined lines are remembered by the identity its offsets keep (the same
+        // bytes make it), so a new file (rewritten in place, or on a reused inode) never
+        // matches an old file's record.
+        let file_id = |body: &[u8], consumed: u64| {
+            file_id(file.session, meta.ino(), &identify(body, consumed))
+        };
         let at_eof = start + want == meta.len();
         let piece = &batch.body[base..];
         let complete = piece.iter().rposition(|&c| c == b'\n').map(|i| i + 1);
@@ -735,6 +758,7 @@ impl ExportTailer {
             }
             tracing::warn!(file = %file.path.display(), offset = start, limit, "export event line longer than the longest kept whole; its first part is quarantined");
             batch.body.truncate(cut);
+            let file_id = file_id(&batch.body[base..], limit);
             batch.cost += cost;
             batch.quarantined.push(QuarantinedEvent {
                 reason: QuarantineReason::ExportBadEvent,
@@ -754,6 +778,9 @@ impl ExportTailer {
             // An incomplete last line waits for its newline; a longer read may hold it.
             return Ok(if at_eof { Piece::Done } else { Piece::NoRoom });
         };
+        // The bytes the batch's offsets identify the file by when any line is taken (a torn
+        // last line's added newline is not the file's).
+        let file_id = file_id(&batch.body[base..], (end as u64).min(want));
         let taken = self.route_into(batch, base, end, file, file_id, start);
         batch.body.truncate(base + taken);
         if taken == 0 {
@@ -940,7 +967,7 @@ impl ExportTailer {
     /// uploaded). Refused or failed, nothing of it counts as read.
     async fn flush(&mut self, batch: &mut Batch) -> Result<PassReport, StoreError> {
         let b = std::mem::take(batch);
-        if b.offsets.is_empty() {
+        if b.is_empty() {
             return Ok(PassReport::default());
         }
         let previous: Vec<(String, Option<FileOffset>)> = b
@@ -1074,14 +1101,19 @@ fn read_order(name: &str) -> (u8, std::cmp::Reverse<u32>, String) {
 }
 
 /// The identity of an export file, by which its quarantined lines are remembered
-/// ([`LineSource`]): its session, inode and birth time, which Ray's rotation (a rename)
-/// keeps.
-fn file_id(session: &str, ino: u64, born_ns: Option<u64>) -> u64 {
+/// ([`LineSource`]): its session and inode, and the identity its offsets keep ([`identity`]:
+/// its first line and birth time), all of which Ray's rotation (a rename) keeps, so a file
+/// rewritten in place or a new file on a reused inode never has an older file's identity
+/// (review r41n D3).
+fn file_id(session: &str, ino: u64, id: &Identity) -> u64 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     h.update(session.as_bytes());
     h.update(&[0]);
     h.update(&ino.to_le_bytes());
-    h.update(&born_ns.unwrap_or(0).to_le_bytes());
+    h.update(&[u8::from(id.born_ns.is_some())]);
+    h.update(&id.born_ns.unwrap_or(0).to_le_bytes());
+    h.update(&id.first_line.len.to_le_bytes());
+    h.update(&id.first_line.hash.to_le_bytes());
     h.digest()
 }
 

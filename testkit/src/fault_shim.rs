@@ -6,7 +6,8 @@
 //! rule when it is used up. The errno `-9` ([`KILL`]) is a kill -9 at the `count`th matching
 //! call instead (the ones before it go through): a crash at a chosen step. A `write` fails as on a disk that fills up: half of its bytes are
 //! written and the short count returned, then the next write to that descriptor fails.
-//! [`Faults::hide_birth_times`] makes `statx` answer without a birth time.
+//! [`Faults::hide_birth_times`] makes `statx` answer without a birth time, and
+//! [`Faults::pause_at_stat`] holds one `statx` until the test says [`Faults::resume`].
 //! Needs a C compiler and a dynamically linked glibc binary.
 
 use std::path::{Path, PathBuf};
@@ -67,6 +68,33 @@ impl Faults {
     /// none (ext4 with 128-byte inodes, NFS): how a test covers that case on any filesystem.
     pub fn hide_birth_times(&self) {
         std::fs::write(self.dir.join("nobtime"), b"").expect("write the nobtime rule");
+    }
+
+    /// The `nth` (from 1) lstat-like `statx` (Rust's `fs::symlink_metadata` and a directory
+    /// listing's metadata, not the following stat of a directory watcher's walk) on a path
+    /// matching `text` (as in [`Faults::arm`]) waits until [`Faults::resume`];
+    /// [`Faults::wait_paused`] waits until it does.
+    pub fn pause_at_stat(&self, nth: u32, text: &str) {
+        let _ = std::fs::remove_file(self.dir.join("resume"));
+        std::fs::write(self.dir.join("pause"), format!("{nth} {text}\n"))
+            .expect("write the pause rule");
+    }
+
+    /// Whether a call paused by [`Faults::pause_at_stat`] is waiting (or was), within `limit`.
+    pub fn wait_paused(&self, limit: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        while !self.dir.join("paused").exists() {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        true
+    }
+
+    /// Lets the call paused by [`Faults::pause_at_stat`] go on.
+    pub fn resume(&self) {
+        std::fs::write(self.dir.join("resume"), b"").expect("write the resume file");
     }
 
     /// Removes the rule for `call`, used up or not.

@@ -16,6 +16,8 @@
  * "<call> <path> ok|fail". Every fsync and fdatasync that succeeds on a regular file is also
  * logged to $RHC_FAULT_DIR/synced as "<dev> <inode> <size>": what a power loss would keep
  * of the file (a test cuts what came after, see testkit's `Faults::lose_unsynced`).
+ * The <count>th lstat-like statx on a path matching the rule file "pause" waits until the
+ * file "resume" exists (see maybe_pause).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -247,8 +249,54 @@ ssize_t writev(int fd, const struct iovec *iov, int iovcnt) {
     return real(fd, iov, iovcnt);
 }
 
+/* Pauses the caller of an lstat-like statx (AT_SYMLINK_NOFOLLOW, as Rust's
+ * fs::symlink_metadata makes; not the following stat of a directory watcher's walk) on a path
+ * matching the text of the rule file "pause", holding "<count> <text>": the <count>th such
+ * call (then the rule is removed) creates the file "paused", then the call waits (at most 60 s, holding no lock) until the file "resume"
+ * exists. A test acts between two steps of the collector so. */
+static void maybe_pause(const char *path, int flags) {
+    const char *dir = getenv("RHC_FAULT_DIR");
+    if (!dir || busy || !path || !(flags & AT_SYMLINK_NOFOLLOW)) return;
+    char rule[4096];
+    snprintf(rule, sizeof rule, "%s/pause", dir);
+    if (access(rule, F_OK) != 0) return;
+    busy = 1;
+    char text[2048] = {0};
+    int hit = 0, count = 0;
+    pthread_mutex_lock(&mu);
+    FILE *f = fopen(rule, "r");
+    if (f) {
+        if (fscanf(f, "%d %2047s", &count, text) == 2 && matches(path, text)) {
+            count -= 1;
+            fclose(f);
+            f = NULL;
+            if (count <= 0) {
+                hit = 1;
+                unlink(rule);
+            } else {
+                FILE *w = fopen(rule, "w");
+                if (w) {
+                    fprintf(w, "%d %s\n", count, text);
+                    fclose(w);
+                }
+            }
+        }
+        if (f) fclose(f);
+    }
+    pthread_mutex_unlock(&mu);
+    if (hit) {
+        char mark[4096], resume[4096];
+        snprintf(mark, sizeof mark, "%s/paused", dir);
+        snprintf(resume, sizeof resume, "%s/resume", dir);
+        FILE *m = fopen(mark, "w");
+        if (m) fclose(m);
+        for (int i = 0; i < 6000 && access(resume, F_OK) != 0; i++) usleep(10000);
+    }
+    busy = 0;
+}
+
 /* statx (how Rust's std reads metadata): the birth time hidden while the rule file "nobtime"
- * exists. */
+ * exists; a pause first when the rule file "pause" names the path (see maybe_pause). */
 int statx(int dirfd, const char *path, int flags, unsigned int mask, struct statx *buf) {
     static int (*real)(int, const char *, int, unsigned int, struct statx *);
     if (!real) real = dlsym(RTLD_NEXT, "statx");
@@ -257,6 +305,7 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
         errno = ENOSYS;
         return -1;
     }
+    maybe_pause(path, flags);
     int r = real(dirfd, path, flags, mask, buf);
     int saved = errno;
     const char *dir = getenv("RHC_FAULT_DIR");

@@ -663,7 +663,9 @@ pub struct QuarantinedEvent {
 }
 
 /// Where a quarantined line was read from: its record names the file and the offset, and
-/// the line is remembered (so a batch stored again after a rollback keeps it once) by the
+/// the line is remembered (so a batch stored again after a rollback keeps it once, and, as
+/// its key also goes in the deduplication window whose ids the journal keeps, a line read
+/// again after a restart too: review r41n D2) by the
 /// file's identity and the offset, never by its bytes: two lines alike (two overlong
 /// lines whose kept first parts are the same) keep a record each (review r41j D2).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -671,7 +673,8 @@ pub struct LineSource {
     /// The file's name, as the record says.
     pub file: String,
     /// The file's identity: the same under another name (Ray's rotation renames it), another
-    /// for another file (the export tailer hashes its session, inode and birth time).
+    /// for another file (the export tailer hashes its session, inode, birth time and first
+    /// line: the identity its offsets are kept with).
     pub file_id: u64,
     /// The line's offset in the file.
     pub offset: u64,

@@ -259,6 +259,13 @@ impl Writer {
                 repeated.push(q.reason);
                 continue;
             }
+            // A line read from a file is also remembered in the deduplication window, whose
+            // ids the journal keeps across a restart: read again after a crash or an unsaved
+            // checkpoint, it is a duplicate, not a second record (review r41n D2).
+            if q.source.is_some() && !self.remember_line(key, held) {
+                out.duplicates += 1;
+                continue;
+            }
             records.push(match &q.source {
                 Some(s) => raw_record(q.reason, &s.file, s.offset, raw),
                 None => event_record(q.reason, raw),
@@ -325,6 +332,19 @@ impl Writer {
             return false;
         }
         held.quarantine.push(h);
+        true
+    }
+
+    /// Remembers a quarantined line read from a file by its [`LineSource::dedup_key`] in the
+    /// deduplication window too (held with the group's ids, so the ids journal keeps it and a
+    /// restart reloads it); false when the window holds it (stored before, in this run or
+    /// the last).
+    fn remember_line(&mut self, key: u64, held: &mut Held) -> bool {
+        let h = super::dedup_key(key);
+        if !self.dedup.insert(h) {
+            return false;
+        }
+        held.events.push(h);
         true
     }
 
