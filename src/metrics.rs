@@ -125,8 +125,8 @@ pub const PUBLICATIONS: &str = "rhc_event_publications_total";
 pub const PUBLICATION_BYTES: &str = "rhc_event_publication_bytes_total";
 /// 1 while event objects are written conditionally (`If-Match` / `If-None-Match`; read at
 /// each scrape), 0 for `file://` (which needs none) and once the store refused a
-/// condition: answered it with 501 / `NotImplemented`, or three times in a row with 400 / 403
-/// while the same write without it landed (`storage::versioned`).
+/// condition: answered it with 501 / `NotImplemented`, or with 400 / 403 for
+/// 30 s while the same write without it then landed (`storage::versioned`).
 pub const CONDITIONAL_WRITES: &str = "rhc_event_conditional_writes";
 
 /// Installs the global recorder; the handle renders `/metrics`. `compressor` names what

@@ -978,23 +978,27 @@ impl S3Appender {
             .wire
             .complete_multipart(key, id, parts, condition.filter(|_| conditional))
             .await;
-        if conditional && sent.is_ok() {
-            super::versioned::condition_taken();
-        }
         let sent = match sent {
             Err(e) if conditional && e.failure == Failure::Unsupported => {
                 super::versioned::refuse_conditions(e.status, e.code.as_deref(), &e.to_string());
                 self.wire.complete_multipart(key, id, parts, None).await
             }
             Err(e) if conditional && may_refuse_conditions(e.failure, e.status) => {
-                tracing::info!(%key, error = %e, "a conditional completion was refused (400 / 403): sent once more without its condition, to tell whether the store refuses the condition or the completion");
+                // Tried again with its condition until the refusals have lasted
+                // (`versioned::REFUSAL_SPAN`): a failure to try again, not a refusal of appends.
+                if !super::versioned::condition_refused(e.status, e.code.as_deref(), &e.to_string())
+                {
+                    return Err(unavailable(key, &e));
+                }
+                tracing::info!(%key, error = %e, "conditional writes refused (400 / 403) for long: this completion sent once more without its condition, to tell whether the store refuses the condition or the completion");
                 let again = self.wire.complete_multipart(key, id, parts, None).await;
-                if again.is_ok() {
-                    super::versioned::condition_refused(
+                match &again {
+                    Ok(_) => super::versioned::refuse_conditions(
                         e.status,
                         e.code.as_deref(),
                         &e.to_string(),
-                    );
+                    ),
+                    Err(_) => super::versioned::refusal_was_the_writes(),
                 }
                 again
             }

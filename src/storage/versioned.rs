@@ -25,9 +25,9 @@
 //!   before this module existed. A store or gateway that answers it with 400 or 403
 //!   instead (`InvalidArgument`, `InvalidRequest`, `AccessDenied`:
 //!   `s3::may_refuse_conditions`) has the same write sent once more without the
-//!   condition: when that one lands [`REFUSALS_TO_SWITCH`] times in a row (with no
-//!   conditional write landing between: [`condition_refused`]), conditions are turned off
-//!   the same way, and until then the next write carries its condition again; when it is
+//!   condition once the refusals have lasted ([`REFUSALS_TO_SWITCH`], [`REFUSAL_SPAN`]:
+//!   [`condition_refused`]; until then the write fails and is tried again with its
+//!   condition): when that one lands, conditions are turned off the same way; when it is
 //!   refused too, the refusal is the write's own (credentials, a bad request): it fails as
 //!   any write does, tried again later, and conditions stay on. A 412 is never one of
 //!   these.
@@ -37,8 +37,10 @@
 //! write on its way.
 
 use std::io::Read;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use object_store::path::Path as ObjectPath;
@@ -65,17 +67,25 @@ static REFUSED: AtomicBool = AtomicBool::new(false);
 /// renamed into place by one process and need none).
 static IN_USE: AtomicBool = AtomicBool::new(false);
 
-/// Conditional writes answered 400 / 403 whose twin without the condition landed, in a row
-/// (a conditional write landing resets it).
-static REFUSALS_IN_A_ROW: AtomicU32 = AtomicU32::new(0);
+/// The 400 / 403 answers to conditional writes since the last conditional write landed:
+/// when the first came, and how many.
+static REFUSALS: Mutex<Option<(Instant, u32)>> = Mutex::new(None);
 
-/// So many refusals in a row ([`condition_refused`]), with no conditional write landing
-/// between them, before conditions are turned off: one 400 or 403 may be the request's
-/// (a permission or key that was still propagating, a gateway's hiccup), and turning
-/// conditions off for it let a late write replace a newer version (review r35p D1: 100 of
-/// 300 acknowledged events lost after one passing 403). A store that refuses the condition
-/// refuses it every time.
+/// So many 400 / 403 answers to conditional writes ([`condition_refused`]), over at least
+/// [`REFUSAL_SPAN`], with no conditional write landing between them, before the same write
+/// is sent without its condition to tell whether the store refuses the condition: one 400
+/// or 403, or a burst of them, may be the requests' own (a permission or key still
+/// propagating, a gateway's hiccup), and turning conditions off for it let a late write
+/// replace a newer version (reviews r35p D1: 100 of 300 acknowledged events lost after one
+/// passing 403; r35q Q1: a 1.5 s hiccup refused three partitions' writes at once). Until
+/// then no write goes without its condition (r35q Q2: a twin sent at once could itself be
+/// the late write): the refused write fails and is tried again at the next round.
 pub const REFUSALS_TO_SWITCH: u32 = 3;
+
+/// The least time the refusals must span (see [`REFUSALS_TO_SWITCH`]). A store that does not
+/// take the condition refuses it every time; its first objects are delayed this long, once
+/// per run.
+pub const REFUSAL_SPAN: Duration = Duration::from_secs(30);
 
 /// Whether writes are still sent with their condition (false once the store refused one).
 pub fn conditions_on() -> bool {
@@ -94,28 +104,42 @@ pub fn conditional_writes_now() -> bool {
     IN_USE.load(Ordering::SeqCst) && conditions_on()
 }
 
-/// A conditional write landed: the store takes conditions, refusals before it were passing.
+/// A conditional PUT landed: the store takes conditions, refusals before it were passing.
+/// (Not a completion: moto, and perhaps other stores, ignore the condition there.)
 pub fn condition_taken() {
-    REFUSALS_IN_A_ROW.store(0, Ordering::SeqCst);
+    *REFUSALS.lock().unwrap_or_else(|p| p.into_inner()) = None;
 }
 
 /// A write carrying a condition was answered 400 / 403 (`status`, S3's `code`; `why`: the
-/// whole answer) and the same write without it landed. Conditions are turned off
-/// ([`refuse_conditions`]) at the [`REFUSALS_TO_SWITCH`]th such answer in a row; until then
-/// each is logged and the next write carries its condition again.
-pub fn condition_refused(status: Option<u16>, code: Option<&str>, why: &str) {
-    let n = REFUSALS_IN_A_ROW.fetch_add(1, Ordering::SeqCst) + 1;
-    if n >= REFUSALS_TO_SWITCH {
-        refuse_conditions(status, code, why);
-    } else {
+/// whole answer). True when the refusals have lasted long enough ([`REFUSALS_TO_SWITCH`],
+/// [`REFUSAL_SPAN`]) that the caller should send the same write without its condition, and
+/// turn conditions off ([`refuse_conditions`]) if that lands; false otherwise: the write
+/// fails, with its condition kept, and is tried again later.
+pub fn condition_refused(status: Option<u16>, code: Option<&str>, why: &str) -> bool {
+    let now = Instant::now();
+    let mut refusals = REFUSALS.lock().unwrap_or_else(|p| p.into_inner());
+    let (first, n) = refusals.get_or_insert((now, 0));
+    *n += 1;
+    let (first, n) = (*first, *n);
+    let decisive = n >= REFUSALS_TO_SWITCH && now.duration_since(first) >= REFUSAL_SPAN;
+    if !decisive {
         tracing::warn!(
             status = status.unwrap_or(0),
             code = code.unwrap_or("no error code"),
             answer = why,
-            refusals_in_a_row = n,
-            "a write carrying its condition was refused and landed without it; conditions stay on (turned off only after {REFUSALS_TO_SWITCH} such refusals in a row)"
+            refusals = n,
+            "a write carrying its condition was refused (400 / 403); it is tried again with its condition. If refusals go on for {}s with no conditional write landing, the write is sent once without its condition, to tell whether the store refuses the condition",
+            REFUSAL_SPAN.as_secs()
         );
     }
+    decisive
+}
+
+/// The write sent without its condition after decisive refusals was refused too: the
+/// refusals were the writes' own (credentials, a bad request), not the condition's; the
+/// count starts again.
+pub fn refusal_was_the_writes() {
+    *REFUSALS.lock().unwrap_or_else(|p| p.into_inner()) = None;
 }
 
 /// The store does not take conditional writes: it answered a write carrying one with
@@ -340,9 +364,12 @@ async fn put_once(
         if !may_refuse_conditions(failure, status) {
             return failed(e);
         }
-        // 400 / 403: perhaps the condition, perhaps the write; the same write without it
-        // tells.
-        tracing::info!(%key, error = %e, "a conditional write was refused (400 / 403): sent once more without its condition, to tell whether the store refuses the condition or the write");
+        // 400 / 403: perhaps the condition, perhaps the write. Tried again with the condition
+        // until the refusals have lasted; then the same write without it tells.
+        if !condition_refused(status, code.as_deref(), &e.to_string()) {
+            return failed(e);
+        }
+        tracing::info!(%key, error = %e, "conditional writes refused (400 / 403) for {}s: this one sent once more without its condition, to tell whether the store refuses the condition or the write", REFUSAL_SPAN.as_secs());
         return match store
             .put_opts(
                 location,
@@ -352,10 +379,13 @@ async fn put_once(
             .await
         {
             Ok(put) => {
-                condition_refused(status, code.as_deref(), &e.to_string());
+                refuse_conditions(status, code.as_deref(), &e.to_string());
                 Attempt::Done(put.e_tag, put.version, len)
             }
-            Err(again) => failed(again),
+            Err(again) => {
+                refusal_was_the_writes();
+                failed(again)
+            }
         };
     }
 }
