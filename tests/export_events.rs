@@ -17,6 +17,8 @@ use rhc_testkit::collector::{
 use rhc_testkit::fault_shim::Faults;
 use rhc_testkit::ray_logs::RayRoot;
 
+/// errno of a full volume, injected by the fault shim.
+const ENOSPC: i32 = 28;
 const NODE: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
 const SESSION: &str = "session_2026-11-22_02-08-16_569038_24326";
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/export_events");
@@ -940,6 +942,22 @@ fn a_new_file_on_a_deleted_backups_inode_is_read_whole_while_running() {
 /// stored first, with the backup's offset, and the new live file read from its start.
 #[test]
 fn a_backup_read_into_a_batch_is_stored_when_its_inode_is_reused_in_the_same_pass() {
+    backup_in_a_batch_on_a_reused_inode(false);
+}
+
+/// Review r41q: the same, and the spool's write of that batch (stored first, before the new
+/// live file is read) fails once with ENOSPC. Before, the batch was dropped with its offsets
+/// restored ("read again next pass"), but its backup was gone and the next pass read the new
+/// file on that inode from its start: the backup's 50 lines were lost. Now the batch is kept
+/// and stored again by the next pass before anything new is read: every line once.
+#[test]
+fn a_backup_read_into_a_batch_is_stored_when_its_first_store_fails() {
+    backup_in_a_batch_on_a_reused_inode(true);
+}
+
+/// The case of the two tests above; `store_fails`: the first write of a segment after the
+/// rotation (the batch holding the backup's lines) fails with ENOSPC.
+fn backup_in_a_batch_on_a_reused_inode(store_fails: bool) {
     let _files = alone();
     let w = Work::new();
     let faults = Faults::build(&w.dir);
@@ -963,6 +981,11 @@ fn a_backup_read_into_a_batch_is_stored_when_its_inode_is_reused_in_the_same_pas
     std::fs::rename(&files.live, &files.backup).unwrap();
     rhc_testkit::collector::create_on_freed_inode(&files.live, freed, b"")
         .unwrap_or_else(|e| panic!("the test needs a reused inode: {e}"));
+    if store_fails {
+        // Nothing was written to a segment yet: the next write is the batch's.
+        let segments = format!("{}/events/", w.spool.display());
+        faults.arm("writev", ENOSPC, 1, &segments);
+    }
     faults.resume();
     // The old live file (now the backup) is read next pass; then Ray writes on.
     wait_accepted(&c, 55.0);
@@ -971,11 +994,22 @@ fn a_backup_read_into_a_batch_is_stored_when_its_inode_is_reused_in_the_same_pas
     let status = c.terminate(Duration::from_secs(30));
     let log = c.log_text();
     assert!(status.success(), "{log}");
+    if store_fails {
+        assert!(
+            !faults.armed("writev") && log.contains("storing export events failed"),
+            "the batch's store never failed (not the case of the test):\n{log}"
+        );
+        // Before the fix the kept batch was dropped: the backup's 50 lines are missing (and
+        // the new live file is read as a file never seen, its entry restored away).
+        assert_all_155_once(&w.bucket, &log);
+    }
     assert!(
         log.contains("export file at the inode of a file read before"),
         "the pass never met the new live file at the backup's inode (not the case of the test):\n{log}"
     );
-    assert_all_155_once(&w.bucket, &log);
+    if !store_fails {
+        assert_all_155_once(&w.bucket, &log);
+    }
 }
 
 /// Review r41n D3: a file rewritten in place (same inode and birth time) holds a new bad line

@@ -69,6 +69,15 @@
 //! pass's reading, so a file rotated during the pass keeps its entry) are dropped from it.
 //! When a save fails, the batch's lines stay stored and its offsets kept in memory, the
 //! spool seals no segment until a later save succeeds, and no line is read before that.
+//! When storing a batch fails (the spool could not write it, ENOSPC say, or refused it as
+//! over its budget; the spool rolls the whole batch back), the batch is kept in memory,
+//! whole, and its offsets do not advance: each later pass first stores it again, as it was
+//! read, and reads nothing new before it is stored, because its lines may be gone from
+//! Ray's files (a backup deleted by Ray's rotation: review r41q). Memory stays bounded: at
+//! most one batch is kept, since nothing is read while one is (at most [`MAX_READ`] bytes
+//! of lines, or one cut line of at most [`line_limit`] bytes, with a 16-byte span per
+//! line). A batch still unstored when the collector exits is lost for a file that is gone;
+//! a file still there is read again from its saved offset by the next start.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
@@ -213,9 +222,11 @@ pub struct ExportTailer {
     stop_at: Option<Instant>,
     /// Whether the end of reading was logged.
     time_up_logged: bool,
+    /// A batch whose store failed, stored again before anything new is read.
+    unstored: Option<Unstored>,
 }
 
-/// Why storing a batch failed; its lines are read again next pass.
+/// Why storing a batch failed; the batch is kept and stored again next pass ([`Unstored`]).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The offsets could not be encoded as JSON.
@@ -290,6 +301,25 @@ impl Batch {
             },
         );
     }
+}
+
+/// A batch whose store failed (the spool could not write it, or refused it as over its
+/// budget): kept whole, with the offsets it reaches, and stored again at the start of each
+/// pass before anything new is read, since its lines may be gone from Ray's files (a backup
+/// deleted by Ray's rotation). At most one exists (nothing is read while it does), so it
+/// holds at most one batch of lines ([`MAX_READ`] bytes, or one cut line of at most
+/// [`line_limit`] bytes) and their spans.
+struct Unstored {
+    /// The lines, shared with the append that retries them.
+    body: Bytes,
+    partitions: Vec<PartitionBatch>,
+    quarantined: Vec<QuarantinedEvent>,
+    /// Where each file's reading ends once the batch is stored.
+    offsets: BTreeMap<String, FileOffset>,
+    /// Bytes of the files it consumes.
+    bytes: u64,
+    /// Failed stores so far (the first is logged as a warning, the rest at debug level).
+    failures: u32,
 }
 
 /// The file a piece is read from.
@@ -378,6 +408,7 @@ impl ExportTailer {
             yielding: false,
             stop_at: None,
             time_up_logged: false,
+            unstored: None,
         }
     }
 
@@ -457,6 +488,20 @@ impl ExportTailer {
         if self.dirty {
             return total;
         }
+        // A batch whose store failed: its lines may be gone from Ray's files (a deleted
+        // backup), so it is stored, as it was read, before anything new is read.
+        if let Some(unstored) = self.unstored.take() {
+            match self.store(unstored).await {
+                Ok(r) => {
+                    tracing::info!(
+                        lines = r.accepted + r.duplicates + r.quarantined,
+                        "export events kept after a failed store are stored"
+                    );
+                    total.add(r);
+                }
+                Err(_) => return total,
+            }
+        }
         let mut stopped = false;
         let mut full = false;
         let mut batch = Batch::default();
@@ -506,8 +551,7 @@ impl ExportTailer {
                         Ok(Piece::NoRoom | Piece::StoreFirst) => match self.flush(&mut batch).await
                         {
                             Ok(r) => total.add(r),
-                            Err(e) => {
-                                tracing::warn!(error = %e, "storing export events failed; read again next pass");
+                            Err(_) => {
                                 stopped = true;
                                 break 'files;
                             }
@@ -526,11 +570,8 @@ impl ExportTailer {
                 }
             }
         }
-        match self.flush(&mut batch).await {
-            Ok(r) => total.add(r),
-            Err(e) => {
-                tracing::warn!(error = %e, "storing export events failed; read again next pass")
-            }
+        if let Ok(r) = self.flush(&mut batch).await {
+            total.add(r);
         }
         self.note_yield(full);
         // Listed now, after the reading: a file read in this pass is found under its
@@ -962,21 +1003,34 @@ impl ExportTailer {
         }
     }
 
-    /// Stores the batch and, with it, the offsets it reaches (a [`Checkpoint`] the spool
-    /// writes once the lines are durable and before any segment holding them can be
-    /// uploaded). Refused or failed, nothing of it counts as read.
+    /// Stores the batch and, with it, the offsets it reaches (see [`Self::store`]).
     async fn flush(&mut self, batch: &mut Batch) -> Result<PassReport, StoreError> {
         let b = std::mem::take(batch);
         if b.is_empty() {
             return Ok(PassReport::default());
         }
-        let previous: Vec<(String, Option<FileOffset>)> = b
+        self.store(Unstored {
+            body: Bytes::from(b.body),
+            partitions: b.partitions,
+            quarantined: b.quarantined,
+            offsets: b.offsets,
+            bytes: b.bytes,
+            failures: 0,
+        })
+        .await
+    }
+
+    /// Stores a batch and, with it, the offsets it reaches (a [`Checkpoint`] the spool
+    /// writes once the lines are durable and before any segment holding them can be
+    /// uploaded). Refused or failed (the spool rolls the whole batch back), its offsets are
+    /// not advanced and the batch is kept in [`Self::unstored`], stored again next pass
+    /// before anything new is read: never dropped, as its lines may be gone from Ray's
+    /// files (review r41q: a backup deleted by Ray's rotation). Errors are logged here.
+    async fn store(&mut self, u: Unstored) -> Result<PassReport, StoreError> {
+        let previous: Vec<(String, Option<FileOffset>)> = u
             .offsets
-            .into_iter()
-            .map(|(k, o)| {
-                let before = self.state.files.insert(k.clone(), o);
-                (k, before)
-            })
+            .iter()
+            .map(|(k, o)| (k.clone(), self.state.files.insert(k.clone(), *o)))
             .collect();
         let checkpoint = serde_json::to_vec(&self.state).map(|bytes| Checkpoint {
             path: offsets_path(&self.cfg.state_dir),
@@ -986,9 +1040,9 @@ impl ExportTailer {
             Ok(c) => self
                 .spool
                 .append(AppendBatch {
-                    body: Bytes::from(b.body),
-                    partitions: b.partitions,
-                    quarantined: b.quarantined,
+                    body: u.body.clone(),
+                    partitions: u.partitions.clone(),
+                    quarantined: u.quarantined.clone(),
                     quarantine_dropped: 0,
                     checkpoint: Some(c),
                 })
@@ -1004,13 +1058,14 @@ impl ExportTailer {
                     accepted: o.accepted,
                     duplicates: o.duplicates,
                     quarantined: o.quarantined,
-                    bytes: b.bytes,
+                    bytes: u.bytes,
                 })
             }
             Err(e @ StoreError::Spool(SpoolError::Checkpoint { .. })) => {
                 // The lines are stored, but their offsets are not saved: the spool seals
                 // nothing until a later checkpoint (holding these offsets) is, so reading
                 // stops until [`Self::save`] succeeds.
+                tracing::warn!(error = %e, "export events stored but their offsets not saved; saved again next pass");
                 self.dirty = true;
                 Err(e)
             }
@@ -1021,6 +1076,13 @@ impl ExportTailer {
                         None => self.state.files.remove(&k),
                     };
                 }
+                let failures = u.failures.saturating_add(1);
+                if failures == 1 {
+                    tracing::warn!(error = %e, "storing export events failed; the batch is kept and stored again next pass, before anything new is read");
+                } else {
+                    tracing::debug!(error = %e, failures, "storing kept export events failed again");
+                }
+                self.unstored = Some(Unstored { failures, ..u });
                 Err(e)
             }
         }

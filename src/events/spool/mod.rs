@@ -560,7 +560,7 @@ impl SpoolStats {
 }
 
 /// Events of one request for one partition.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct PartitionBatch {
     /// Where they go.
     pub partition: Partition,
@@ -649,7 +649,7 @@ pub fn dedup_key(hash: u64) -> u64 {
 }
 
 /// An event kept aside, with why.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct QuarantinedEvent {
     /// Why.
     pub reason: QuarantineReason,
