@@ -70,10 +70,13 @@
 //! When a save fails, the batch's lines stay stored and its offsets kept in memory, the
 //! spool seals no segment until a later save succeeds, and no line is read before that.
 //! When storing a batch fails (the spool could not write it, ENOSPC say, or refused it as
-//! over its budget; the spool rolls the whole batch back), the batch is kept in memory,
-//! whole, and its offsets do not advance: each later pass first stores it again, as it was
-//! read, and reads nothing new before it is stored, because its lines may be gone from
-//! Ray's files (a backup deleted by Ray's rotation: review r41q). Memory stays bounded: at
+//! over its budget; the spool rolls the whole batch back), its offsets do not advance. A
+//! batch holding lines of a file gone from Ray's files (a backup deleted by Ray's rotation
+//! while it was read: review r41q) is kept in memory, whole: each later pass first stores
+//! it again, as it was read, and reads nothing new before it is stored. Any other batch is
+//! dropped and its lines read again next pass, in a batch sized to the room then (review
+//! r41s D1: kept, a batch sized to an earlier room never fitted while pushed events held a
+//! few KiB). Memory stays bounded: at
 //! most one batch is kept, since nothing is read while one is (at most [`MAX_READ`] bytes
 //! of lines, or one cut line of at most [`line_limit`] bytes, with a 16-byte span per
 //! line). A batch still unstored when the collector exits is lost for a file that is gone;
@@ -304,9 +307,12 @@ impl Batch {
 }
 
 /// A batch whose store failed (the spool could not write it, or refused it as over its
-/// budget): kept whole, with the offsets it reaches, and stored again at the start of each
-/// pass before anything new is read, since its lines may be gone from Ray's files (a backup
-/// deleted by Ray's rotation). At most one exists (nothing is read while it does), so it
+/// budget) and that holds lines of a file gone from Ray's files (a backup deleted by Ray's
+/// rotation, [`Piece::StoreFirst`]): kept whole, with the offsets it reaches, and stored again
+/// at the start of each pass before anything new is read. Any other failed batch is dropped
+/// and its lines read again next pass from its files, in a batch sized to the room then
+/// (review r41s D1: a kept batch sized to a room measured earlier never fitted again while
+/// pushed events held a few KiB, and the tailer read nothing more). At most one exists (nothing is read while it does), so it
 /// holds at most one batch of lines ([`MAX_READ`] bytes, or one cut line of at most
 /// [`line_limit`] bytes) and their spans.
 struct Unstored {
@@ -320,6 +326,8 @@ struct Unstored {
     bytes: u64,
     /// Failed stores so far (the first is logged as a warning, the rest at debug level).
     failures: u32,
+    /// Kept when its store fails: it holds lines of a file that is gone.
+    keep: bool,
 }
 
 /// The file a piece is read from.
@@ -548,7 +556,9 @@ impl ExportTailer {
                             stopped = true;
                             break 'files;
                         }
-                        Ok(Piece::NoRoom | Piece::StoreFirst) => match self.flush(&mut batch).await
+                        Ok(piece @ (Piece::NoRoom | Piece::StoreFirst)) => match self
+                            .flush(&mut batch, matches!(piece, Piece::StoreFirst))
+                            .await
                         {
                             Ok(r) => total.add(r),
                             Err(_) => {
@@ -570,7 +580,7 @@ impl ExportTailer {
                 }
             }
         }
-        if let Ok(r) = self.flush(&mut batch).await {
+        if let Ok(r) = self.flush(&mut batch, false).await {
             total.add(r);
         }
         self.note_yield(full);
@@ -1003,8 +1013,9 @@ impl ExportTailer {
         }
     }
 
-    /// Stores the batch and, with it, the offsets it reaches (see [`Self::store`]).
-    async fn flush(&mut self, batch: &mut Batch) -> Result<PassReport, StoreError> {
+    /// Stores the batch and, with it, the offsets it reaches (see [`Self::store`]); `keep`:
+    /// it holds lines of a file that is gone, kept if its store fails ([`Unstored`]).
+    async fn flush(&mut self, batch: &mut Batch, keep: bool) -> Result<PassReport, StoreError> {
         let b = std::mem::take(batch);
         if b.is_empty() {
             return Ok(PassReport::default());
@@ -1016,6 +1027,7 @@ impl ExportTailer {
             offsets: b.offsets,
             bytes: b.bytes,
             failures: 0,
+            keep,
         })
         .await
     }
@@ -1075,6 +1087,10 @@ impl ExportTailer {
                         Some(o) => self.state.files.insert(k, o),
                         None => self.state.files.remove(&k),
                     };
+                }
+                if !u.keep {
+                    tracing::warn!(error = %e, "storing export events failed; read again next pass");
+                    return Err(e);
                 }
                 let failures = u.failures.saturating_add(1);
                 if failures == 1 {
