@@ -984,11 +984,16 @@ impl S3Appender {
                 self.wire.complete_multipart(key, id, parts, None).await
             }
             Err(e) if conditional && may_refuse_conditions(e.failure, e.status) => {
-                // Tried again with its condition until the refusals have lasted
-                // (`versioned::REFUSAL_SPAN`): a failure to try again, not a refusal of appends.
+                // Until the refusals have lasted (`versioned::REFUSAL_SPAN`), the refusal is
+                // the completion's own, as any 4xx (the log goes whole; a 400 such as
+                // `InvalidPart` is one), and nothing goes without its condition.
                 if !super::versioned::condition_refused(e.status, e.code.as_deref(), &e.to_string())
                 {
-                    return Err(unavailable(key, &e));
+                    return Err(AppendError::Refused {
+                        key: key.into(),
+                        unsupported: false,
+                        message: e.to_string(),
+                    });
                 }
                 tracing::info!(%key, error = %e, "conditional writes refused (400 / 403) for long: this completion sent once more without its condition, to tell whether the store refuses the condition or the completion");
                 let again = self.wire.complete_multipart(key, id, parts, None).await;
