@@ -1426,7 +1426,8 @@ fn livez_answers_while_big_train_answers_are_built() {
 /// requests for a big session's answer at once, six of whose clients leave after 300 ms (the
 /// build takes seconds in the debug build): the two that stay get the same answer, a request
 /// after them gets it again, and one answer was built (`rhc_serve_train_answer_builds_total`
-/// and the log's lines; each request built its own, one after another, before).
+/// and the log's lines; each request built its own, one after another, before). Once the
+/// session is loaded again (a new index), the answer is built again.
 #[test]
 fn concurrent_train_requests_share_one_build() {
     use std::io::Write as _;
@@ -1491,6 +1492,21 @@ fn concurrent_train_requests_share_one_build() {
     let log = served.serve.log_text();
     assert_eq!(served.metric(BUILDS), 1, "{log}");
     assert_eq!(log.matches("Train runs answer built").count(), 1, "{log}");
+    // The session loaded again (a new index, as when its objects change): built again.
+    let reloaded = try_http_request_within(
+        "GET",
+        &format!("http://127.0.0.1:{port}/enter_cluster/default/raycluster/train/{SESSION_A}?reload=true"),
+        &[("Cookie", cookie.as_str())],
+        b"",
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert_eq!(reloaded.status, 200);
+    assert!(
+        served.runs().body == bodies[0],
+        "the answer after the reload differs"
+    );
+    assert_eq!(served.metric(BUILDS), 2, "{}", served.serve.log_text());
 }
 
 /// Issue 37 (r37j D2, D3). A run from Ray before 2.60 (no `run_settings`,
