@@ -47,7 +47,8 @@
 //!   ([`super::MAX_CONCURRENT_READS`]); a node may name at most [`MAX_RESOURCES_PER_NODE`]
 //!   resources of at most [`MAX_RESOURCE_NAME_BYTES`] bytes, and a session at most
 //!   [`MAX_RESOURCE_ENTRIES`] in all; at most [`CONCURRENT_BUILDS`] statuses are built at a
-//!   time and [`CACHED_STATUSES`] kept. Nothing in a file can make the server panic: a file
+//!   time (requests for a status being built wait for it, [`super::kept`]) and
+//!   [`CACHED_STATUSES`] kept. Nothing in a file can make the server panic: a file
 //!   that is cut, garbled, too large or over a bound, or that gives a node a total below
 //!   zero, is one unreadable node (an amount available may be below zero: Ray lets a
 //!   worker that was blocked take its CPU back, and shows the used part over the total).
@@ -66,7 +67,7 @@
 //!   on three sessions rebuilt on every request).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 use axum::extract::{RawQuery, State};
 use axum::http::HeaderValue;
@@ -245,7 +246,7 @@ fn label(s: &str, name: &str) -> Result<Option<String>, String> {
 
 /// The status of one session, as far as the bucket tells it.
 #[derive(Debug, Default)]
-struct Status {
+pub(crate) struct Status {
     /// Unix nanoseconds.
     time_ns: Option<i64>,
     /// By node type (escaped).
@@ -266,68 +267,32 @@ struct Status {
 }
 
 /// The statuses built, and the permits to build one.
-pub(crate) struct StatusCache {
-    builds: tokio::sync::Semaphore,
-    kept: Mutex<Vec<Kept>>,
+pub(crate) type StatusCache = super::kept::Kept<Status>;
+
+/// A new [`StatusCache`]: [`CONCURRENT_BUILDS`] at once, [`CACHED_STATUSES`] kept, each for
+/// [`STATUS_FRESH_FOR`].
+pub(crate) fn status_cache() -> Arc<StatusCache> {
+    Arc::new(super::kept::Kept::new(
+        CONCURRENT_BUILDS,
+        CACHED_STATUSES,
+        Some(STATUS_FRESH_FOR),
+    ))
 }
 
-struct Kept {
-    session: String,
-    index: Weak<SessionIndex>,
-    status: Arc<Status>,
-    built: std::time::Instant,
-}
-
-impl Default for StatusCache {
-    fn default() -> Self {
-        StatusCache {
-            builds: tokio::sync::Semaphore::new(CONCURRENT_BUILDS),
-            kept: Mutex::new(Vec::new()),
-        }
-    }
-}
-
-impl StatusCache {
-    fn lookup(&self, session: &str, index: &Arc<SessionIndex>) -> Option<Arc<Status>> {
-        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        kept.iter()
-            .find(|k| {
-                k.session == session
-                    && std::ptr::eq(k.index.as_ptr(), Arc::as_ptr(index))
-                    && k.built.elapsed() < STATUS_FRESH_FOR
-            })
-            .map(|k| k.status.clone())
-    }
-
-    fn keep(&self, session: String, index: &Arc<SessionIndex>, status: Arc<Status>) {
-        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        kept.retain(|k| k.session != session && k.index.strong_count() > 0);
-        if kept.len() >= CACHED_STATUSES {
-            kept.remove(0);
-        }
-        kept.push(Kept {
-            session,
-            index: Arc::downgrade(index),
-            status,
-            built: std::time::Instant::now(),
-        });
-    }
-}
-
-/// The session's status: kept, or built now.
-async fn status_of(state: &Shared, entered: &Entered, index: &Arc<SessionIndex>) -> Arc<Status> {
+/// The session's status: kept, or built now (once for the requests that want it meanwhile).
+async fn status_of(
+    state: &Shared,
+    entered: &Entered,
+    index: &Arc<SessionIndex>,
+) -> Result<Arc<Status>, String> {
     let key = entered.session.marker_key(&state.bucket.spec.root);
-    if let Some(s) = state.cluster_status.lookup(&key, index) {
-        return s;
-    }
-    // Closed only when the server stops; building without a permit then is harmless.
-    let _permit = state.cluster_status.builds.acquire().await.ok();
-    if let Some(s) = state.cluster_status.lookup(&key, index) {
-        return s;
-    }
-    let status = Arc::new(build(state, entered, index).await);
-    state.cluster_status.keep(key, index, status.clone());
-    status
+    let (for_build, entered, index_for_build) = (state.clone(), entered.clone(), index.clone());
+    state
+        .cluster_status
+        .get_or_build(key, 0, index, move || async move {
+            Ok(build(&for_build, &entered, &index_for_build).await)
+        })
+        .await
 }
 
 /// A node id from the events that can name a directory of the bucket.
@@ -891,7 +856,16 @@ pub async fn cluster_status(
         Ok(i) => i,
         Err(r) => return r,
     };
-    let status = status_of(&state, &entered, &index).await;
+    let status = match status_of(&state, &entered, &index).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "building the cluster status failed");
+            return entered.refresh((
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "building the cluster status failed",
+            ));
+        }
+    };
     let body = if formatted {
         json!({
             "result": true,

@@ -61,6 +61,7 @@ mod events;
 mod frontend;
 mod index;
 mod inflight;
+mod kept;
 mod logs;
 mod nodes;
 mod replay;
@@ -112,7 +113,9 @@ pub(crate) struct ServeState {
     /// The session markers, listed once for concurrent requests.
     pub(crate) markers: clusters::MarkerListing,
     /// The sessions' cluster statuses, rebuilt from their nodes' debug states.
-    pub(crate) cluster_status: cluster_status::StatusCache,
+    pub(crate) cluster_status: Arc<cluster_status::StatusCache>,
+    /// The sessions' Train runs answers, built once for concurrent requests.
+    pub(crate) train_answers: Arc<train::TrainAnswers>,
 }
 
 pub(crate) type Shared = Arc<ServeState>;
@@ -226,7 +229,8 @@ async fn ok() -> ([(axum::http::HeaderName, &'static str); 1], &'static str) {
     ([(axum::http::header::CONTENT_TYPE, "text/plain")], "ok")
 }
 
-/// `/metrics`: the session cache's counters, in Prometheus' text format.
+/// `/metrics`: the session cache's counters and the builds of kept answers, in Prometheus'
+/// text format.
 async fn metrics(
     axum::extract::State(state): axum::extract::State<Shared>,
 ) -> axum::response::Response {
@@ -282,6 +286,18 @@ async fn metrics(
             "counter",
             "Listings of the session markers (one serves the requests of 5 s).",
             state.markers.listings.load(Relaxed),
+        ),
+        (
+            "rhc_serve_cluster_status_builds_total",
+            "counter",
+            "Cluster statuses built (requests for one being built wait for it).",
+            state.cluster_status.builds_started(),
+        ),
+        (
+            "rhc_serve_train_answer_builds_total",
+            "counter",
+            "Train runs answers built (requests for one being built wait for it).",
+            state.train_answers.builds_started(),
         ),
         (
             "rhc_serve_sessions_cached",
@@ -345,7 +361,8 @@ pub async fn run(args: ServeArgs, env: &dyn Fn(&str) -> Option<String>) -> anyho
         frontend,
         answers: inflight::budget(),
         markers: clusters::MarkerListing::default(),
-        cluster_status: cluster_status::StatusCache::default(),
+        cluster_status: cluster_status::status_cache(),
+        train_answers: train::train_answers(),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -29,7 +29,9 @@
 //!   none, nor a worker's `resources`) has protobuf's defaults there
 //!   ([`unrecorded_settings`], a worker's `{"resources": {}}`), which Ray's model requires;
 //!   their number is the header [`UNRECORDED_SETTINGS_HEADER`]. The answer is built on a
-//!   blocking thread, not on the async workers.
+//!   blocking thread, not on the async workers, once for every request about the same
+//!   session that comes while it is built, and kept while the session's index and snapshot
+//!   are unchanged ([`super::kept`], [`TrainAnswers`]).
 //!   [`ray_run`] undoes each difference between Ray's
 //!   pydantic model and the protobuf export event (the list is in its doc; tests/ray_train_e2e.rs
 //!   checks every leaf against Ray 2.60's live answer). What Ray's head decides at query time
@@ -51,6 +53,8 @@
 //!   it said at query time. A run whose job no driver job event recorded (the session knows
 //!   it only from the Train events, its tasks or actors) has `job_details: null`, as Ray
 //!   answers a job its job table does not have.
+
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -86,23 +90,33 @@ pub const UNRECORDED_SETTINGS_HEADER: &str = "x-rhc-train-runs-without-settings"
 /// `GET /api/train/v2/runs/v1`. The answer is built on a blocking thread
 /// ([`tokio::task::spawn_blocking`]): a session of many runs, attempts and workers takes
 /// long to fold and write, and the async workers stay free for every other request
-/// (`/livez` included) meanwhile.
+/// (`/livez` included) meanwhile. It is built once for all the requests about the same
+/// session and snapshot, and kept while they are unchanged ([`super::kept`]).
 pub async fn runs_v1(State(state): State<Shared>, entered: Entered) -> Response {
     match read_snapshot(&state, &entered, TRAIN_V2_RUNS_URI).await {
         Ok(body) => match index(&state, &entered).await {
             Ok(index) => {
-                let built = off_the_runtime(move || {
-                    let (events, counts) = runs_response(&index);
-                    let merged = further_than_snapshot(&body, &events, &rescheduled_runs(&index))
-                        .map(|merged| (answer_headers(&index, counts), merged.to_string()));
-                    (merged, body)
+                let snapshot = body.clone();
+                let built = built_once(&state, &entered, Some(&body), &index, move |index| {
+                    let (events, counts) = runs_response(index);
+                    match further_than_snapshot(&snapshot, &events, &rescheduled_runs(index)) {
+                        Some(merged) => TrainAnswer::Built(
+                            answer_headers(index, counts),
+                            Bytes::from(merged.to_string()),
+                        ),
+                        None => TrainAnswer::Snapshot,
+                    }
                 })
                 .await;
                 match built {
-                    Ok((Some(merged), _)) => entered.refresh(merged),
-                    Ok((None, body)) => {
-                        entered.refresh(([(CONTENT_TYPE, "application/json")], body))
-                    }
+                    Ok(answer) => match &*answer {
+                        TrainAnswer::Built(headers, merged) => {
+                            entered.refresh((headers.clone(), merged.clone()))
+                        }
+                        TrainAnswer::Snapshot => {
+                            entered.refresh(([(CONTENT_TYPE, "application/json")], body))
+                        }
+                    },
                     Err(r) => r,
                 }
             }
@@ -111,13 +125,22 @@ pub async fn runs_v1(State(state): State<Shared>, entered: Entered) -> Response 
         Err(Missing::Unreadable(r)) => entered.refresh(r),
         Err(Missing::NotFound) => match index(&state, &entered).await {
             Ok(index) => {
-                let built = off_the_runtime(move || {
-                    let (events, counts) = runs_response(&index);
-                    (answer_headers(&index, counts), events.to_string())
+                let built = built_once(&state, &entered, None, &index, |index| {
+                    let (events, counts) = runs_response(index);
+                    TrainAnswer::Built(
+                        answer_headers(index, counts),
+                        Bytes::from(events.to_string()),
+                    )
                 })
                 .await;
                 match built {
-                    Ok(answer) => entered.refresh(answer),
+                    Ok(answer) => match &*answer {
+                        TrainAnswer::Built(headers, events) => {
+                            entered.refresh((headers.clone(), events.clone()))
+                        }
+                        // Not built without a snapshot.
+                        TrainAnswer::Snapshot => entered.refresh(build_failed()),
+                    },
                     Err(r) => r,
                 }
             }
@@ -126,35 +149,93 @@ pub async fn runs_v1(State(state): State<Shared>, entered: Entered) -> Response 
     }
 }
 
-/// Train answers built at once: a big session's answer takes hundreds of MiB while it is
-/// built, and a blocking task cannot be stopped when its client leaves, so builds wait their
-/// turn here, where a client that leaves takes its request away before it starts (review
-/// r37j D1: every concurrent request built its own copy, 230 MiB each, and 12 abandoned
-/// requests took serve to 3.3 GiB).
-static TRAIN_BUILDS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+/// A Train answer as built ([`built_once`]) and kept ([`TrainAnswers`]).
+pub(crate) enum TrainAnswer {
+    /// Headers and body, from the export events (with the snapshot's runs they did not take
+    /// further, when there is a snapshot).
+    Built(axum::http::HeaderMap, Bytes),
+    /// The snapshot is as far as the events for every run: it is replayed byte for byte.
+    Snapshot,
+}
 
-/// Runs `work` on tokio's blocking pool, one at a time ([`TRAIN_BUILDS`]); a panic there is a
+/// Train answers built at once: a big session's answer takes hundreds of MiB while it is
+/// built, and a blocking task cannot be stopped when its client leaves (review r37j D1: every
+/// concurrent request built its own copy, 230 MiB each, and 12 abandoned requests took serve
+/// to 3.3 GiB). Requests about the same session share one build ([`super::kept`]).
+pub const CONCURRENT_TRAIN_BUILDS: usize = 1;
+
+/// Train answers kept (one per session, the oldest dropped first, each only while the
+/// session's index is held). An answer is much smaller than its build's peak: 10 MB for 100
+/// runs of 4 attempts of 64 workers (tests/inspect_train_runs.rs).
+pub const KEPT_TRAIN_ANSWERS: usize = 2;
+
+/// The Train answers built, and the permits to build one.
+pub(crate) type TrainAnswers = super::kept::Kept<TrainAnswer>;
+
+/// A new [`TrainAnswers`].
+pub(crate) fn train_answers() -> Arc<TrainAnswers> {
+    Arc::new(super::kept::Kept::new(
+        CONCURRENT_TRAIN_BUILDS,
+        KEPT_TRAIN_ANSWERS,
+        None,
+    ))
+}
+
+/// What tells two snapshots apart in [`TrainAnswers`]' tags: a hash keyed at random per
+/// process, so a bucket cannot make two snapshots alike to it.
+fn snapshot_tag(snapshot: Option<&Bytes>) -> u64 {
+    use std::hash::BuildHasher as _;
+    static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    KEYS.get_or_init(Default::default)
+        .hash_one(snapshot.map(|s| &s[..]))
+}
+
+/// The session's Train answer: kept, or built by `work` on tokio's blocking pool once for
+/// every request that waits for it ([`TrainAnswers`]); a build that failed (a panic) is a
 /// `500`.
-async fn off_the_runtime<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, Response> {
-    // Closed never: the semaphore is static. The permit goes with the work, so a build whose
-    // client left still holds it until it ends.
-    let permit = TRAIN_BUILDS.acquire().await.ok();
-    tokio::task::spawn_blocking(move || {
-        let out = work();
-        drop(permit);
-        out
-    })
-    .await
-    .map_err(|e| {
-        tracing::error!(error = %e, "building the Train runs answer failed");
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "building the Train runs answer failed",
-        )
-            .into_response()
-    })
+async fn built_once(
+    state: &Shared,
+    entered: &Entered,
+    snapshot: Option<&Bytes>,
+    index: &Arc<SessionIndex>,
+    work: impl FnOnce(&SessionIndex) -> TrainAnswer + Send + 'static,
+) -> Result<Arc<TrainAnswer>, Response> {
+    let key = entered.session.marker_key(&state.bucket.spec.root);
+    let session = entered.session.session.clone();
+    let for_build = index.clone();
+    state
+        .train_answers
+        .get_or_build(key, snapshot_tag(snapshot), index, move || async move {
+            let started = std::time::Instant::now();
+            let built = tokio::task::spawn_blocking(move || work(&for_build))
+                .await
+                .map_err(|e| e.to_string())?;
+            tracing::info!(
+                session = %crate::inspect::escape_untrusted(&session),
+                bytes = match &built {
+                    TrainAnswer::Built(_, body) => body.len(),
+                    TrainAnswer::Snapshot => 0,
+                },
+                seconds = started.elapsed().as_secs_f64(),
+                "Train runs answer built"
+            );
+            Ok(built)
+        })
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "building the Train runs answer failed");
+            entered.refresh(build_failed())
+        })
+}
+
+/// The `500` of a build that failed.
+fn build_failed() -> Response {
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "building the Train runs answer failed",
+    )
+        .into_response()
 }
 
 /// The session's headers ([`headers_for`]), with [`RUNS_LEFT_OUT_HEADER`] when runs were
