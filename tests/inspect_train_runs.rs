@@ -467,7 +467,7 @@ fn train_run_in_full_compare_runs_and_unknown_fields() {
     assert_eq!(out.status.code(), Some(0), "{}\n{}", out.stdout, out.stderr);
     assert!(out.stdout.contains("SETTINGS: equal"), "{}", out.stdout);
 
-    // Unknown fields are compared too: present on one side only.
+    // Unknown fields are compared too: present on one side only (no `a`: absent on A).
     let out = inspect(&[
         dir,
         "--compare-runs",
@@ -479,7 +479,7 @@ fn train_run_in_full_compare_runs_and_unknown_fields() {
     let c: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(
         c["differences"],
-        json!([{"path": "scaling_config.future_option", "a": null,
+        json!([{"path": "scaling_config.future_option",
                 "b": {"nested": {"knob": 7, "mode": "elastic"}}}])
     );
 
@@ -1599,5 +1599,226 @@ fn old_ray_runs_fit_rays_model_and_invisible_differences_show() {
         cmd.args(["-c", check]).arg(&file);
         let out = run_with_timeout(&mut cmd, Duration::from_secs(120));
         assert!(out.status.success(), "Ray's model: {}", out.stderr);
+    }
+}
+
+/// Ray's `TrainRunsResponse` model takes `body` (a `/api/train/v2/runs/v1` answer), where the
+/// test setup installed Ray (`RHC_PYTHON`); `Err` with pydantic's words otherwise.
+fn rays_model_takes(work: &Path, body: &[u8]) -> Result<(), String> {
+    let Some(python) = rhc_testkit::services::tool("RHC_PYTHON") else {
+        return Ok(());
+    };
+    let file = work.join("model-check.json");
+    std::fs::write(&file, body).unwrap();
+    let check = "import json, sys\n\
+        from ray.train.v2._internal.state.schema import TrainRunsResponse\n\
+        TrainRunsResponse.model_validate(json.load(open(sys.argv[1])))\n";
+    let mut cmd = Command::new(python);
+    cmd.args(["-c", check]).arg(&file);
+    let out = run_with_timeout(&mut cmd, Duration::from_secs(120));
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(out.stderr)
+    }
+}
+
+/// The Train fixture and the other export files put through a collector that is also sent
+/// `posts` (bodies of Ray's pushed events) while it runs.
+fn collect_with_posts(work: &Path, session: &str, posts: &[Value]) -> PathBuf {
+    let logs = work.join("ray").join(session).join("logs");
+    let exports = logs.join("export_events");
+    std::fs::create_dir_all(&exports).unwrap();
+    std::fs::write(exports.join("event_EXPORT_TRAIN_STATE.log"), TRAIN).unwrap();
+    for (name, lines) in [
+        ("event_EXPORT_ACTOR.log", ACTOR),
+        ("event_EXPORT_NODE.log", NODE),
+    ] {
+        std::fs::write(exports.join(name), lines).unwrap();
+    }
+    let store = work.join("store");
+    let dashboard = format!("http://127.0.0.1:{}", rhc_testkit::services::free_port());
+    let mut c = rhc_testkit::collector::Collector::start(
+        &work.join("spool"),
+        &[
+            "--storage",
+            store.to_str().unwrap(),
+            "--cluster-name",
+            "train",
+            "--enable-export-events",
+            "true",
+            "--ray-tmp-dir",
+            work.join("ray").to_str().unwrap(),
+            "--dashboard-address",
+            &dashboard,
+        ],
+        &[],
+    );
+    for body in posts {
+        let r = c.post(body.to_string().as_bytes());
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "collector: {status}\n{}", c.log_text());
+    store
+}
+
+/// A pushed driver job event of job 01000000 (the fixture's), camelCase as Ray sends it.
+fn driver_event(id: &str, kind: &str, data: Value) -> Value {
+    let field = if kind == "DRIVER_JOB_DEFINITION_EVENT" {
+        "driverJobDefinitionEvent"
+    } else {
+        "driverJobLifecycleEvent"
+    };
+    json!({"eventId": id, "sourceType": "GCS", "eventType": kind,
+        "timestamp": "2026-11-22T02:08:22.138000000Z", "severity": "INFO",
+        "sessionName": SESSION_A, "nodeId": "9tJ29Oj97mDPP2K44BMLBA8MV4j1E4Z03Cdxng==",
+        "message": "", field: data})
+}
+
+/// Issue 37 (r37k D4): a run's job known only from Ray's pushed lifecycle events (its
+/// definition, with the entrypoint, not received), or only from its definition (no
+/// lifecycle): Ray's `JobDetails` requires `entrypoint` and `status`, and a null in either
+/// made its model reject serve's whole answer. The entrypoint is then `""` (the job table's
+/// empty value) and the status follows Ray's head's rule (`SUCCEEDED` once the end is
+/// recorded, else `RUNNING`).
+#[test]
+fn job_details_fit_rays_model_when_the_driver_events_say_little() {
+    let work = tempfile::tempdir().unwrap();
+    let life = |id: &str, state: &str, ts: &str| {
+        driver_event(
+            id,
+            "DRIVER_JOB_LIFECYCLE_EVENT",
+            json!({"jobId": "AQAAAA==", "stateTransitions": [{"state": state, "timestamp": ts}]}),
+        )
+    };
+    let lifecycle_only = json!([
+        life(
+            "xqv0rnASnMtWaDLLBD0BTZYPEFHGtmG7xLKn7g==",
+            "CREATED",
+            "2026-11-22T02:08:22.138Z"
+        ),
+        life(
+            "AnhWADdxAH4vqmjER1OPGt68NW0P6FFadY39kQ==",
+            "FINISHED",
+            "2026-11-22T02:08:46.067Z"
+        ),
+    ]);
+    let definition_only = json!([driver_event(
+        "+RXlONDI3funqaYJHjQddnkWNuwp+4PCxPE5IQ==",
+        "DRIVER_JOB_DEFINITION_EVENT",
+        json!({"jobId": "AQAAAA==", "driverPid": "24326",
+            "driverNodeId": "9tJ29Oj97mDPP2K44BMLBA8MV4j1E4Z03Cdxng==",
+            "entrypoint": "python job4.py",
+            "config": {"serializedRuntimeEnv": "{}", "metadata": {}}}),
+    )]);
+    for (name, posts, entrypoint, status) in [
+        ("lifecycle", lifecycle_only, "", "SUCCEEDED"),
+        ("definition", definition_only, "python job4.py", "RUNNING"),
+    ] {
+        let dir = work.path().join(name);
+        let store = collect_with_posts(&dir, SESSION_A, &[posts]);
+        let served = Served::start(&dir, &store, "train", SESSION_A);
+        let got = served.runs();
+        assert_eq!(got.status, 200, "{name}");
+        let answer: Value = serde_json::from_slice(&got.body).unwrap();
+        let job = &answer["train_runs"][0]["job_details"];
+        assert_eq!(job["entrypoint"], entrypoint, "{name}: {job}");
+        assert_eq!(job["status"], status, "{name}: {job}");
+        if let Err(e) = rays_model_takes(&dir, &got.body) {
+            panic!("{name}: Ray's model rejects the answer: {e}\n{job}");
+        }
+    }
+}
+
+/// Issue 37 (r37k D1-D3): `framework_versions` is kept whole (a value past 512 bytes is not
+/// cut, so two runs that differ there compare different; a value that is not a string is
+/// not dropped, and serve gives it as its JSON text, as Ray's model takes only strings);
+/// `--compare-runs --json` tells a member Ray sent as `null` from one it did not send; an
+/// unknown member beside a worker's `resources.resources` shows in the `--train-run` text.
+#[test]
+fn framework_versions_whole_null_apart_from_absent_and_resource_members_shown() {
+    let work = tempfile::tempdir().unwrap();
+    const LONG_A: &str = "e1000000000000000000000000000001";
+    const LONG_B: &str = "e2000000000000000000000000000002";
+    let long = |last: &'static str| {
+        move |e: &mut Value| {
+            let is_run = e["source_type"] == "EXPORT_TRAIN_RUN";
+            let d = &mut e["event_data"];
+            if is_run {
+                d["framework_versions"]["mylib"] = json!(format!("{}{last}", "9".repeat(604)));
+                d["framework_versions"]["cuda"] = json!({"runtime": "12.4", "driver": 550});
+                if last == "a" {
+                    d["run_settings"]["train_loop_config"]["seed"] = Value::Null;
+                }
+            } else {
+                for w in d["workers"].as_array_mut().unwrap() {
+                    w["resources"]["pinned_by"] = json!("WRESVAL5");
+                }
+            }
+        }
+    };
+    let train = [
+        variant(LONG_A, "1", true, &long("a")),
+        variant(LONG_B, "2", true, &long("b")),
+    ]
+    .concat();
+    let store = collect(work.path(), SESSION_A, "train", &train);
+    let dir = store.to_str().unwrap();
+
+    let out = inspect(&[
+        dir,
+        "--session",
+        SESSION_A,
+        "--compare-runs",
+        LONG_A,
+        LONG_B,
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", out.stdout, out.stderr);
+    let cmp: Value = serde_json::from_str(&out.stdout).unwrap();
+    let diffs = cmp["differences"].as_array().unwrap();
+    let at = |path: &str| {
+        diffs
+            .iter()
+            .find(|d| d["path"] == path)
+            .unwrap_or_else(|| panic!("no difference at {path}: {diffs:?}"))
+    };
+    assert_eq!(
+        at("framework_versions.mylib")["a"].as_str().unwrap().len(),
+        605
+    );
+    let seed = at("train_loop_config.seed").as_object().unwrap();
+    assert_eq!(seed.get("a"), Some(&Value::Null), "{seed:?}");
+    assert!(!seed.contains_key("b"), "b was not sent: {seed:?}");
+
+    let out = inspect(&[dir, "--session", SESSION_A, "--train-run", LONG_A]);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(out.stdout.contains("WRESVAL5"), "{}", out.stdout);
+    assert!(out.stdout.contains("12.4"), "{}", out.stdout);
+    let out = inspect(&[dir, "--session", SESSION_A, "--train-run", LONG_A, "--json"]);
+    let run: Value = serde_json::from_str(&out.stdout).unwrap();
+    let versions = &run["train_run"]["framework_versions"];
+    assert_eq!(versions["mylib"].as_str().unwrap().len(), 605, "{versions}");
+    assert_eq!(versions["cuda"]["driver"], 550, "{versions}");
+
+    let served = Served::start(work.path(), &store, "train", SESSION_A);
+    let got = served.runs();
+    let answer: Value = serde_json::from_slice(&got.body).unwrap();
+    let run = answer["train_runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == LONG_A)
+        .unwrap();
+    assert_eq!(
+        run["framework_versions"]["mylib"].as_str().unwrap().len(),
+        605
+    );
+    let cuda: Value =
+        serde_json::from_str(run["framework_versions"]["cuda"].as_str().unwrap()).unwrap();
+    assert_eq!(cuda, json!({"runtime": "12.4", "driver": 550}));
+    if let Err(e) = rays_model_takes(work.path(), &got.body) {
+        panic!("Ray's model rejects the answer: {e}");
     }
 }

@@ -155,7 +155,9 @@ pub(super) struct TrainRunEvent {
     pub(super) status_detail: Option<String>,
     pub(super) started_ns: Option<i64>,
     pub(super) ended_ns: Option<i64>,
-    pub(super) framework_versions: BTreeMap<String, String>,
+    /// As Ray sent it, whole: a value is not cut, nor dropped for not being a string, so two
+    /// runs whose versions differ anywhere compare different.
+    pub(super) framework_versions: serde_json::Map<String, Value>,
     /// The event's whole `event_data`, as Ray sent it: `inspect --train-run` shows every
     /// field of it, those this version does not know included.
     pub(super) data: Value,
@@ -478,16 +480,7 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
                 ended_ns: get_ns(data, "end_time_ns"),
                 framework_versions: get(data, "framework_versions", "frameworkVersions")
                     .and_then(Value::as_object)
-                    .map(|m| {
-                        m.iter()
-                            .filter_map(|(k, v)| {
-                                Some((
-                                    bounded(k, MAX_FIELD_BYTES),
-                                    bounded(v.as_str()?, MAX_FIELD_BYTES),
-                                ))
-                            })
-                            .collect()
-                    })
+                    .cloned()
                     .unwrap_or_default(),
                 data: data.clone(),
             }))

@@ -226,7 +226,8 @@ pub(super) struct TrainRunEntry {
     pub(super) status_detail: Option<String>,
     pub(super) started: Option<String>,
     pub(super) ended: Option<String>,
-    pub(super) framework_versions: BTreeMap<String, String>,
+    /// As Ray sent it, whole.
+    pub(super) framework_versions: serde_json::Map<String, serde_json::Value>,
     /// Workers of the latest attempt, else `scaling_config.num_workers_fixed`.
     pub(super) workers: Option<u64>,
     /// `run_settings.backend_config.framework` without Ray's `TRAINING_FRAMEWORK_` prefix.

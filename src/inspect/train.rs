@@ -187,9 +187,7 @@ pub(super) fn render_train_run(report: &SessionReport, run: &TrainRunEntry, out:
     if run.framework_versions.is_empty() {
         let _ = writeln!(out, "    (none)");
     }
-    for (k, v) in &run.framework_versions {
-        let _ = writeln!(out, "    {}: {}", clean(k), clean(v));
-    }
+    tree(&Value::Object(run.framework_versions.clone()), 2, out);
     let _ = writeln!(
         out,
         "  controller actor:   {}\n  controller log:     {} (a path on the head node)",
@@ -296,6 +294,18 @@ pub(super) fn render_train_run(report: &SessionReport, run: &TrainRunEntry, out:
             if let Some(p) = &w.log_file_path {
                 let _ = writeln!(out, "        Train log on its node: {}", clean_long(p));
             }
+            let beside: serde_json::Map<String, Value> = match &w.resources {
+                Value::Object(m) if m.contains_key("resources") => m
+                    .iter()
+                    .filter(|(k, _)| k.as_str() != "resources")
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                _ => serde_json::Map::new(),
+            };
+            if !beside.is_empty() {
+                let _ = writeln!(out, "        resources, other members:");
+                tree(&Value::Object(beside), 5, out);
+            }
             if !w.other_fields.is_empty() {
                 let _ = writeln!(out, "        other fields:");
                 tree(&Value::Object(w.other_fields.clone()), 5, out);
@@ -383,11 +393,14 @@ fn member_line(indent: &str, label: &str, child: &Value, level: usize, out: &mut
     }
 }
 
-/// One setting that differs between two runs: where, and both values (`None`: absent).
+/// One setting that differs between two runs: where, and both values (`None`: absent, left
+/// out of `--json`, so a member Ray sent as `null` and one it did not send read apart).
 #[derive(Debug, Serialize)]
 pub(super) struct Difference {
     pub(super) path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) a: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) b: Option<Value>,
 }
 
@@ -403,7 +416,7 @@ fn compared(run: &TrainRunEntry) -> Value {
     }
     m.insert(
         "framework_versions".into(),
-        serde_json::to_value(&run.framework_versions).unwrap_or_default(),
+        Value::Object(run.framework_versions.clone()),
     );
     m.insert("ray_train_version".into(), run.ray_train_version.clone());
     Value::Object(m)

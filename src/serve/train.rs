@@ -493,16 +493,46 @@ fn job_details(j: &crate::inspect::JobFacts, index: &SessionIndex) -> Value {
             "error_type",
             "driver_agent_http_address",
             "driver_node_id",
-            "entrypoint",
-            "status",
         ] {
             if o.get(k).is_some_and(|x| x == "") {
                 o.insert(k.into(), Value::Null);
             }
         }
+        // Ray's `JobDetails` requires both (a null voids the whole answer). Ray's head reads
+        // them from the job table: the entrypoint is `""` when the table has none, and a
+        // driver job is `SUCCEEDED` once the table marks it dead, else `RUNNING`; a job whose
+        // driver events did not say (only its definition, or only its lifecycle, was read)
+        // is answered by the same rule, its end recorded or not.
+        if o.get("status").is_some_and(|x| x == "") {
+            let status = if j.ended.is_some() {
+                "SUCCEEDED"
+            } else {
+                "RUNNING"
+            };
+            o.insert("status".into(), Value::String(status.into()));
+        }
         o.insert("driver_exit_code".into(), Value::Null);
     }
     v
+}
+
+/// The run's `framework_versions` in Ray's shape, a map of strings: a value Ray's model would
+/// not take (a number, an object) is its JSON text, so it is still shown, not dropped.
+fn framework_versions(versions: &Value) -> Value {
+    let Some(m) = versions.as_object() else {
+        return json!({});
+    };
+    Value::Object(
+        m.iter()
+            .map(|(k, v)| {
+                let text = match v {
+                    Value::String(_) => v.clone(),
+                    other => Value::String(other.to_string()),
+                };
+                (k.clone(), text)
+            })
+            .collect(),
+    )
 }
 
 /// Unix nanoseconds of an RFC 3339 UTC time with its fraction (as `inspect` writes them, with
@@ -555,9 +585,7 @@ fn ray_run(run: &Value, job: Option<Value>) -> Value {
     );
     out.insert(
         "framework_versions".into(),
-        run.get("framework_versions")
-            .cloned()
-            .unwrap_or_else(|| json!({})),
+        framework_versions(&run["framework_versions"]),
     );
     let settings = match &run["run_settings"] {
         s @ Value::Object(_) => ray_settings(s),
