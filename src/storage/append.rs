@@ -963,7 +963,7 @@ impl S3Appender {
 
     /// The completion, conditional on `condition` while the store takes conditions: a store
     /// that answers the condition with 501 / `NotImplemented` has them turned off (once, with
-    /// a warning, `storage::versioned::refuse_conditions`) and the completion sent again
+    /// a warning, `storage::conditions::refuse_conditions`) and the completion sent again
     /// without it. A 400 or 403 to it (`s3::may_refuse_conditions`) has the completion sent
     /// once more without the condition, and conditions turned off only when that one lands.
     async fn complete(
@@ -973,22 +973,25 @@ impl S3Appender {
         parts: &[PartId],
         condition: Option<&Precondition>,
     ) -> Result<Option<String>, AppendError> {
-        let conditional = condition.is_some() && super::versioned::conditions_on();
+        let conditional = condition.is_some() && super::conditions::conditions_on();
         let sent = self
             .wire
             .complete_multipart(key, id, parts, condition.filter(|_| conditional))
             .await;
         let sent = match sent {
             Err(e) if conditional && e.failure == Failure::Unsupported => {
-                super::versioned::refuse_conditions(e.status, e.code.as_deref(), &e.to_string());
+                super::conditions::refuse_conditions(e.status, e.code.as_deref(), &e.to_string());
                 self.wire.complete_multipart(key, id, parts, None).await
             }
             Err(e) if conditional && may_refuse_conditions(e.failure, e.status) => {
-                // Until the refusals have lasted (`versioned::REFUSAL_SPAN`), the refusal is
+                // Until the refusals have lasted (`conditions::REFUSAL_SPAN`), the refusal is
                 // the completion's own, as any 4xx (the log goes whole; a 400 such as
                 // `InvalidPart` is one), and nothing goes without its condition.
-                if !super::versioned::condition_refused(e.status, e.code.as_deref(), &e.to_string())
-                {
+                if !super::conditions::condition_refused(
+                    e.status,
+                    e.code.as_deref(),
+                    &e.to_string(),
+                ) {
                     return Err(AppendError::Refused {
                         key: key.into(),
                         unsupported: false,
@@ -998,12 +1001,12 @@ impl S3Appender {
                 tracing::info!(%key, error = %e, "conditional writes refused (400 / 403) for long: this completion sent once more without its condition, to tell whether the store refuses the condition or the completion");
                 let again = self.wire.complete_multipart(key, id, parts, None).await;
                 match &again {
-                    Ok(_) => super::versioned::refuse_conditions(
+                    Ok(_) => super::conditions::refuse_conditions(
                         e.status,
                         e.code.as_deref(),
                         &e.to_string(),
                     ),
-                    Err(_) => super::versioned::refusal_was_the_writes(),
+                    Err(_) => super::conditions::refusal_was_the_writes(),
                 }
                 again
             }
