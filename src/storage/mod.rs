@@ -13,6 +13,7 @@
 //! kept beside the spool.
 
 pub mod append;
+pub mod conditions;
 pub mod counted;
 pub mod drain;
 pub mod gzip;

@@ -34,19 +34,38 @@
 //! run (its 120 s request timeout): a store that copies slowly still takes event growth.
 //! Answer bodies are read up to `MAX_ANSWER_BODY`. S3 Express zonal endpoints are
 //! addressed as object_store addresses them, but appends have not been run against one.
+//!
+//! Layout: this file is the face ([`S3Wire`], its requests and retries, the connector that
+//! shares object_store's client); `failure` says what a failed request or answer means
+//! ([`Failure`], [`WireError`]); `xml` holds the documents S3 answers with and the bodies we
+//! send.
+
+mod failure;
+mod xml;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, AwsAuthorizer, AwsCredentialProvider};
 use object_store::client::{
     ClientOptions, HttpClient, HttpConnector, HttpRequestBody, ReqwestConnector,
 };
 use object_store::multipart::PartId;
-use serde::{Deserialize, Serialize};
+
+use failure::{answer_err, unanswered, wire_err};
+use xml::{
+    xml_escape, CompleteResult, CopyPartResult, ErrorDocument, ListBucketResult,
+    ListMultipartUploadsResult, PartMetadata, PartMetadataIn, VersioningConfiguration,
+};
+
+pub use failure::{
+    classify, classify_embedded, classify_store_error, may_refuse_conditions, store_error_answer,
+    Failure, WireError,
+};
+pub use xml::{url_decode, ListedObject, ListedPage, OpenUpload};
 
 /// Attempts of one request of ours before a transient failure is given up for this round.
 pub const RETRY_ATTEMPTS: u32 = 4;
@@ -99,234 +118,6 @@ impl CapturingConnector {
     }
 }
 
-/// What a failed request means for appends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    /// The store does not do this request at all (501, 405, `NotImplemented`): counts
-    /// toward switching appends off.
-    Unsupported,
-    /// The store refused the copy of this object explicitly (another 4xx: `AccessDenied`,
-    /// `InvalidRequest`, ...): this object goes whole for a while; counts toward switching
-    /// appends off.
-    Refused,
-    /// The copy source is not the object we recorded (412): upload the file whole.
-    Precondition,
-    /// The object or the bucket is not there (404 `NoSuchKey`): upload the file whole.
-    Missing,
-    /// Anything that may pass: 5xx, 429, 408, timeouts, connection errors, expired or
-    /// refreshed credentials, an upload aborted under us. Retried; never counts.
-    Transient,
-}
-
-/// A request of ours that failed, with what it means.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{what}: {message}")]
-pub struct WireError {
-    /// What it means for appends.
-    pub failure: Failure,
-    /// Nothing was answered within the wire's answer timeout: not retried within the request.
-    pub unanswered: bool,
-    /// The request (`UploadPartCopy of <key>`).
-    pub what: String,
-    /// The answer or the transport error.
-    pub message: String,
-    /// The HTTP status of a non-2xx answer (`None`: no answer, or an error in a 200).
-    pub status: Option<u16>,
-    /// S3's error code in the answer, when it had one.
-    pub code: Option<String>,
-}
-
-/// S3's error codes that mean "not now" whatever their status.
-const TRANSIENT_CODES: &[&str] = &[
-    "ExpiredToken",
-    "InvalidToken",
-    "TokenRefreshRequired",
-    "RequestTimeTooSkewed",
-    "RequestTimeout",
-    "SlowDown",
-    "Throttling",
-    "ThrottlingException",
-    "InternalError",
-    "ServiceUnavailable",
-    "NoSuchUpload",
-    "OperationAborted",
-];
-
-/// S3's error codes that mean the store does not do the request.
-const UNSUPPORTED_CODES: &[&str] = &["NotImplemented", "NotSupported", "MethodNotAllowed"];
-
-/// Classifies an S3 answer by its status and error code.
-pub fn classify(status: u16, code: Option<&str>) -> Failure {
-    if code.is_some_and(|c| TRANSIENT_CODES.contains(&c)) {
-        return Failure::Transient;
-    }
-    if code.is_some_and(|c| UNSUPPORTED_CODES.contains(&c)) || matches!(status, 501 | 405) {
-        return Failure::Unsupported;
-    }
-    match status {
-        412 => Failure::Precondition,
-        404 if code.is_none_or(|c| c == "NoSuchKey") => Failure::Missing,
-        // A missing bucket, or a 404 from a proxy: not the object's fault.
-        404 => Failure::Transient,
-        // 401: the credentials did not verify (expired, being refreshed): the chain's to fix.
-        401 | 408 | 429 => Failure::Transient,
-        // Credentials that do not verify now (a key being rotated) are the chain's to fix.
-        403 if matches!(code, Some("InvalidAccessKeyId" | "SignatureDoesNotMatch")) => {
-            Failure::Transient
-        }
-        400..=499 => Failure::Refused,
-        _ => Failure::Transient,
-    }
-}
-
-/// Classifies an error document S3 put in a 200 answer (a copy or a completion that failed
-/// after the answer began): by its code as a 4xx would be (`AccessDenied` is a refusal,
-/// `InternalError` or `SlowDown` transient); without a code, transient.
-pub fn classify_embedded(code: Option<&str>) -> Failure {
-    match code {
-        None => Failure::Transient,
-        Some("NoSuchKey") => Failure::Missing,
-        Some("PreconditionFailed") => Failure::Precondition,
-        Some(c) => classify(400, Some(c)),
-    }
-}
-
-/// object_store's message when the body of a 200 to CreateMultipartUpload or
-/// CompleteMultipartUpload is not the result it expects (it does not keep the body).
-const UNREADABLE_MULTIPART_ANSWER: &str = "Got invalid multipart response";
-
-/// Classifies an error of `object_store`'s own S3 requests (the appender's HEAD, the
-/// upload's creation, its parts and completion) as [`classify`] does ours: from the error
-/// kind, the HTTP status and S3's error code in the answer it carries. Without a status (a
-/// connection error, a timeout), transient.
-pub fn classify_store_error(e: &object_store::Error) -> Failure {
-    use object_store::Error as E;
-    match e {
-        E::NotFound { .. } => return Failure::Missing,
-        E::Precondition { .. } => return Failure::Precondition,
-        E::NotImplemented { .. } | E::NotSupported { .. } => return Failure::Unsupported,
-        _ => {}
-    }
-    let text = store_error_text(e);
-    let code = store_error_code(&text);
-    if text.contains("Server returned error response") {
-        // A 2xx whose body is an error document.
-        return classify_embedded(code.as_deref());
-    }
-    if text.contains(UNREADABLE_MULTIPART_ANSWER) && text.contains("missing field") {
-        // A 200 to a creation or completion whose body is well-formed XML but not its
-        // result: S3 puts only an error document there, and object_store reads the
-        // transient ones itself (`InternalError`, `SlowDown`: "Server returned error
-        // response" above), so this is one of the others (`InvalidPart`, ...): a refusal,
-        // as the same code in a 4xx is. A body that is not XML stays transient.
-        return Failure::Refused;
-    }
-    match store_error_status(e, &text) {
-        Some(status) => classify(status, code.as_deref()),
-        None => Failure::Transient,
-    }
-}
-
-/// The text of an error of `object_store` and of its sources (its retry error, which holds
-/// the status and the answer's body, is not public).
-fn store_error_text(e: &object_store::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(" | ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
-/// S3's error code in an answer's text (`<Code>...</Code>`).
-fn store_error_code(text: &str) -> Option<String> {
-    text.split_once("<Code>")
-        .and_then(|(_, rest)| rest.split_once("</Code>"))
-        .map(|(c, _)| c.trim().to_string())
-}
-
-/// The HTTP status of the non-2xx answer an error of `object_store` carries (`text`: its
-/// [`store_error_text`]), if it had one.
-fn store_error_status(e: &object_store::Error, text: &str) -> Option<u16> {
-    use object_store::Error as E;
-    match e {
-        E::PermissionDenied { .. } => Some(403),
-        E::Unauthenticated { .. } => Some(401),
-        _ => text
-            .split_once("status code: ")
-            .and_then(|(_, rest)| rest.get(..3))
-            .and_then(|n| n.parse::<u16>().ok()),
-    }
-}
-
-/// The status and S3's error code of the answer an error of `object_store` carries (both
-/// `None` for an error without an answer).
-pub fn store_error_answer(e: &object_store::Error) -> (Option<u16>, Option<String>) {
-    let text = store_error_text(e);
-    (store_error_status(e, &text), store_error_code(&text))
-}
-
-/// Whether the refusal of a write that carried a condition (`If-Match`, `If-None-Match`)
-/// may be the store refusing the condition itself rather than the write: some
-/// S3-compatible stores and gateways answer a header they do not take with 400
-/// (`InvalidArgument`, `InvalidRequest`) or 403 instead of 501. Such a write is sent again
-/// once without the condition (`storage::versioned`): only when that lands are conditions
-/// turned off; a refusal of it too is the write's own (credentials, a bad request). A
-/// transient answer (`ExpiredToken`, `SlowDown`, ... under 400 or 403) is not one.
-pub fn may_refuse_conditions(failure: Failure, status: Option<u16>) -> bool {
-    failure == Failure::Refused && matches!(status, Some(400 | 403))
-}
-
-/// The answer to UploadPartCopy (and S3's error document, which may come with a 200).
-#[derive(Debug, Deserialize)]
-struct CopyPartResult {
-    #[serde(rename = "ETag")]
-    e_tag: Option<String>,
-    #[serde(rename = "ChecksumSHA256")]
-    checksum_sha256: Option<String>,
-    #[serde(rename = "ChecksumCRC64NVME")]
-    checksum_crc64nvme: Option<String>,
-}
-
-/// S3's error document.
-#[derive(Debug, Default, Deserialize)]
-struct ErrorDocument {
-    #[serde(rename = "Code")]
-    code: Option<String>,
-    #[serde(rename = "Message")]
-    message: Option<String>,
-}
-
-/// A part as `object_store` hands it to its completion when a checksum is configured
-/// (`PartId::content_id`); without one, the ETag alone.
-#[derive(Serialize)]
-struct PartMetadata {
-    e_tag: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    checksum_sha256: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    checksum_crc64nvme: Option<String>,
-}
-
-/// A part as [`PartMetadata`] wrote it (or `object_store`, in the same format).
-#[derive(Deserialize)]
-struct PartMetadataIn {
-    e_tag: String,
-    #[serde(default)]
-    checksum_sha256: Option<String>,
-    #[serde(default)]
-    checksum_crc64nvme: Option<String>,
-}
-
-/// The answer to CompleteMultipartUpload.
-#[derive(Debug, Deserialize)]
-struct CompleteResult {
-    #[serde(rename = "ETag")]
-    e_tag: Option<String>,
-}
-
 /// What the object must be for a write to land (see [`S3Wire::complete_multipart`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Precondition {
@@ -334,135 +125,6 @@ pub enum Precondition {
     Absent,
     /// The object with this ETag (`If-Match`).
     ETag(String),
-}
-
-/// Escapes text for an XML element.
-fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "PascalCase")]
-struct ListMultipartUploadsResult {
-    #[serde(default)]
-    is_truncated: Option<bool>,
-    #[serde(default)]
-    next_key_marker: Option<String>,
-    #[serde(default)]
-    next_upload_id_marker: Option<String>,
-    #[serde(default)]
-    upload: Vec<UploadEntry>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "PascalCase")]
-struct UploadEntry {
-    key: String,
-    upload_id: String,
-    #[serde(default)]
-    initiated: Option<String>,
-}
-
-/// An incomplete multipart upload in the bucket.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OpenUpload {
-    /// Its key.
-    pub key: String,
-    /// Its id.
-    pub upload_id: String,
-    /// When it was started (RFC 3339, as S3 says it), when it says.
-    pub initiated: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "PascalCase")]
-struct VersioningConfiguration {
-    #[serde(default)]
-    status: Option<String>,
-}
-
-/// The answer to ListObjectsV2.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "PascalCase")]
-struct ListBucketResult {
-    #[serde(default)]
-    contents: Vec<ListContents>,
-    #[serde(default)]
-    common_prefixes: Vec<ListPrefix>,
-    is_truncated: Option<bool>,
-    next_continuation_token: Option<String>,
-    encoding_type: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "PascalCase")]
-struct ListContents {
-    key: String,
-    size: Option<u64>,
-    last_modified: Option<String>,
-    #[serde(rename = "ETag")]
-    e_tag: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "PascalCase")]
-struct ListPrefix {
-    prefix: String,
-}
-
-/// One page of ListObjectsV2, keys decoded ([`S3Wire::list_objects_page`]).
-#[derive(Debug, Default)]
-pub struct ListedPage {
-    /// The objects, in the server's order.
-    pub objects: Vec<ListedObject>,
-    /// The common prefixes (with their trailing `/`), decoded; as sent when not validly
-    /// encoded.
-    pub prefixes: Vec<Result<Vec<u8>, String>>,
-    /// The token of the next page, when there is one.
-    pub next: Option<String>,
-}
-
-/// An object of a listing.
-#[derive(Debug)]
-pub struct ListedObject {
-    /// The key's bytes, decoded; as sent when it is not validly percent-encoded.
-    pub key: Result<Vec<u8>, String>,
-    /// Its size in bytes.
-    pub size: u64,
-    /// `LastModified` as S3 wrote it (RFC 3339).
-    pub last_modified: Option<String>,
-    /// Its ETag, quotes kept.
-    pub e_tag: Option<String>,
-}
-
-/// Decodes a value S3 sent with `encoding-type=url`: `%XX` is a byte, `+` a space (S3
-/// encodes a `+` of a key as `%2B`). `None` for a `%` not followed by two hex digits.
-pub fn url_decode(s: &str) -> Option<Vec<u8>> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes.get(i + 1..i + 3)?;
-                let hex = std::str::from_utf8(hex).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    Some(out)
 }
 
 /// How our own S3 requests are made (see the module doc).
@@ -992,49 +654,6 @@ async fn read_bounded(
     Ok(Bytes::from(out))
 }
 
-/// The error for a non-2xx answer.
-fn answer_err(status: StatusCode, body: &[u8], what: &str) -> WireError {
-    let text = String::from_utf8_lossy(&body[..body.len().min(MAX_ERROR_BODY)]);
-    let doc: ErrorDocument = quick_xml::de::from_str(&text).unwrap_or_default();
-    let failure = classify(status.as_u16(), doc.code.as_deref());
-    let message = match (&doc.code, &doc.message) {
-        (Some(c), Some(m)) => format!("answered {status}: {c}: {m}"),
-        (Some(c), None) => format!("answered {status}: {c}"),
-        _ => format!("answered {status}: {text}"),
-    };
-    WireError {
-        failure,
-        unanswered: false,
-        what: what.to_string(),
-        message,
-        status: Some(status.as_u16()),
-        code: doc.code,
-    }
-}
-
-fn wire_err(failure: Failure, what: &str, e: impl std::fmt::Display) -> WireError {
-    WireError {
-        failure,
-        unanswered: false,
-        what: what.to_string(),
-        message: e.to_string(),
-        status: None,
-        code: None,
-    }
-}
-
-/// The error of an attempt that got no answer within `timeout`.
-fn unanswered(what: &str, timeout: Duration) -> WireError {
-    WireError {
-        failure: Failure::Transient,
-        unanswered: true,
-        what: what.to_string(),
-        message: format!("no answer within {timeout:?}"),
-        status: None,
-        code: None,
-    }
-}
-
 /// The wait before attempt `attempt + 1`: exponential, capped, with full jitter over its
 /// upper half (so many collectors do not retry in step).
 pub fn backoff(attempt: u32) -> Duration {
@@ -1064,138 +683,7 @@ pub fn encode(s: &str, keep_slash: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_400_or_403_refusal_of_a_condition_may_be_the_condition() {
-        let generic = |msg: &str| object_store::Error::Generic {
-            store: "S3",
-            source: msg.to_string().into(),
-        };
-        let invalid = generic(
-            "Server returned non-2xx status code: 400 Bad Request: <Error><Code>InvalidArgument</Code></Error>",
-        );
-        let (status, code) = store_error_answer(&invalid);
-        assert_eq!(
-            (status, code.as_deref()),
-            (Some(400), Some("InvalidArgument"))
-        );
-        assert!(may_refuse_conditions(
-            classify_store_error(&invalid),
-            status
-        ));
-        let denied = object_store::Error::PermissionDenied {
-            path: "k".into(),
-            source: "<Error><Code>AccessDenied</Code></Error>".into(),
-        };
-        let (status, code) = store_error_answer(&denied);
-        assert_eq!((status, code.as_deref()), (Some(403), Some("AccessDenied")));
-        assert!(may_refuse_conditions(classify_store_error(&denied), status));
-        // Not the condition: a 412, a 409, transient codes under 400 / 403, no answer.
-        assert!(!may_refuse_conditions(classify(412, None), Some(412)));
-        assert!(!may_refuse_conditions(classify(409, None), Some(409)));
-        assert!(!may_refuse_conditions(
-            classify(400, Some("ExpiredToken")),
-            Some(400)
-        ));
-        assert!(!may_refuse_conditions(
-            classify(403, Some("SignatureDoesNotMatch")),
-            Some(403)
-        ));
-        assert!(!may_refuse_conditions(Failure::Refused, None));
-        let answered = answer_err(
-            StatusCode::BAD_REQUEST,
-            b"<Error><Code>InvalidRequest</Code><Message>no</Message></Error>",
-            "CompleteMultipartUpload of k",
-        );
-        assert_eq!(answered.status, Some(400));
-        assert_eq!(answered.code.as_deref(), Some("InvalidRequest"));
-        assert!(may_refuse_conditions(answered.failure, answered.status));
-    }
-
-    #[test]
-    fn failures_are_classified() {
-        assert_eq!(classify(501, None), Failure::Unsupported);
-        assert_eq!(classify(400, Some("NotImplemented")), Failure::Unsupported);
-        assert_eq!(classify(405, None), Failure::Unsupported);
-        assert_eq!(classify(401, None), Failure::Transient);
-        assert_eq!(classify_embedded(Some("AccessDenied")), Failure::Refused);
-        assert_eq!(classify_embedded(Some("InternalError")), Failure::Transient);
-        assert_eq!(classify_embedded(Some("SlowDown")), Failure::Transient);
-        assert_eq!(classify_embedded(None), Failure::Transient);
-        let denied = object_store::Error::PermissionDenied {
-            path: "k".into(),
-            source: "HEAD 403".into(),
-        };
-        assert_eq!(classify_store_error(&denied), Failure::Refused);
-        let generic = |msg: &str| object_store::Error::Generic {
-            store: "S3",
-            source: msg.to_string().into(),
-        };
-        assert_eq!(
-            classify_store_error(&generic(
-                "Server returned non-2xx status code: 400 Bad Request: <Error><Code>InvalidPart</Code></Error>"
-            )),
-            Failure::Refused
-        );
-        assert_eq!(
-            classify_store_error(&generic(
-                "Server returned non-2xx status code: 503 Service Unavailable: <Error><Code>SlowDown</Code></Error>"
-            )),
-            Failure::Transient
-        );
-        assert_eq!(
-            classify_store_error(&generic(
-                "Server returned error response: <Error><Code>AccessDenied</Code></Error>"
-            )),
-            Failure::Refused
-        );
-        assert_eq!(
-            classify_store_error(&generic("error sending request: connection refused")),
-            Failure::Transient
-        );
-        // A 200 completion whose body is an error document object_store does not read as
-        // one (`InvalidPart`): its parser misses the result's fields. A refusal.
-        assert_eq!(
-            classify_store_error(&generic(
-                "Got invalid multipart response: missing field `ETag`"
-            )),
-            Failure::Refused
-        );
-        // A body that is not XML at all (cut short, a proxy's page): transient.
-        assert_eq!(
-            classify_store_error(&generic(
-                "Got invalid multipart response: unexpected end of stream"
-            )),
-            Failure::Transient
-        );
-        assert_eq!(classify(403, Some("AccessDenied")), Failure::Refused);
-        assert_eq!(classify(400, Some("InvalidRequest")), Failure::Refused);
-        assert_eq!(
-            classify(412, Some("PreconditionFailed")),
-            Failure::Precondition
-        );
-        assert_eq!(classify(404, Some("NoSuchKey")), Failure::Missing);
-        assert_eq!(classify(404, Some("NoSuchUpload")), Failure::Transient);
-        assert_eq!(classify(404, Some("NoSuchBucket")), Failure::Transient);
-        for (status, code) in [
-            (500, None),
-            (503, Some("SlowDown")),
-            (502, None),
-            (429, None),
-            (408, None),
-            (400, Some("RequestTimeout")),
-            (400, Some("ExpiredToken")),
-            (403, Some("ExpiredToken")),
-            (403, Some("InvalidAccessKeyId")),
-            (403, Some("RequestTimeTooSkewed")),
-        ] {
-            assert_eq!(
-                classify(status, code),
-                Failure::Transient,
-                "{status} {code:?}"
-            );
-        }
-    }
+    use http::StatusCode;
 
     #[test]
     fn the_captured_client_is_the_stores_own() {

@@ -17,8 +17,18 @@
 //! it does not count toward [`MAX_FAILURES_IN_A_ROW`], so other files still go. A versioned
 //! bucket gets no appends. At the first round the incomplete uploads an earlier run left are
 //! cleaned up (S3), whether appends are on or not.
-//! Each round checks [`VERIFY_PER_ROUND`] ledger entries against the
+//! Each round checks `checks::VERIFY_PER_ROUND` ledger entries against the
 //! bucket with a HEAD, so an object the bucket lost is uploaded again.
+//!
+//! Layout: this file is the face ([`LogShipper`], its rounds and what one send settles);
+//! `beside` keeps the sends that outlast their slot going beside the lane, and cuts the ones
+//! that stall; `checks` compares the ledger with the file and the bucket (whether a file
+//! only grew, whether an append can go, a few entries verified each round); `flush` is the
+//! final flush at SIGTERM.
+
+mod beside;
+mod checks;
+mod flush;
 
 use std::collections::{BTreeSet, HashMap};
 use std::io;
@@ -26,10 +36,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStore;
 use tokio::sync::{mpsc, watch};
 
-use super::gate::{AppendGate, Change};
+use super::gate::AppendGate;
 use super::lane::{
     slot, stall_limit, Failures, InFlight, Job, Pass, SendError, Sender, Sent, MAX_BESIDE,
     MAX_BESIDE_SMALL, MIN_SEND_DEADLINE, TEST_MIN_STALL,
@@ -45,7 +55,7 @@ use crate::node::node_id::{LogNode, NodeIdResolver, RemoteNodeLookup};
 use crate::node::session::{
     list_sessions, raylet_answers, settled_earlier_sessions, ActiveSession, SESSION_QUIET,
 };
-use crate::storage::put::{head_hash, read_marks, window_hash, UploadError};
+use crate::storage::put::UploadError;
 use crate::util::pace::Pacer;
 use crate::util::time::unix_seconds;
 use crate::util::watch::watch_dir;
@@ -57,16 +67,6 @@ const MAX_FAILURES_IN_A_ROW: usize = 3;
 
 /// Files whose too-long key was logged, at most (each is logged once; past it, counted only).
 const MAX_KEYS_LOGGED: usize = 1024;
-
-/// Ledger entries checked with a HEAD each round, in turn: a file the ledger calls uploaded
-/// but the bucket lost (emptied, expired by a lifecycle rule) is uploaded again within
-/// `ledger size / VERIFY_PER_ROUND` rounds, for a few cheap requests per round.
-const VERIFY_PER_ROUND: usize = 8;
-
-/// How often the final flush looks whether a send beside the lane has ended (its result is
-/// left in the task for the next pass to take): a few wake-ups a second, for a flush
-/// that lasts seconds.
-const BESIDE_POLL: Duration = Duration::from_millis(50);
 
 /// The final flush abandons a send beside it (one kept from before SIGTERM, or one it
 /// started that outlasted its slot) that has not moved for a share of the time it had
@@ -93,17 +93,6 @@ const KEPT_STALL_SHARE_BODY: u32 = 4;
 /// See [`KEPT_STALL_SHARE_BODY`]: a request without a body may wait for its answer half
 /// the time the flush had left.
 const KEPT_STALL_SHARE_BARE: u32 = 2;
-
-/// Passes the final flush makes, after one that started a send with nothing left beside
-/// it, to send what changed meanwhile (review r42g G3 and G4: Ray rotated, or rewrote, a file
-/// during the last pass, and nothing looked at the session again: the rotated file's last
-/// lines were in neither object). The flush ends at the first pass that starts no send; a
-/// log Ray still writes goes as it is at the last of these passes.
-const MAX_SETTLING_PASSES: usize = 3;
-
-/// Of the shutdown budget, what is kept at the end of the final flush to abort the
-/// multipart upload of an append the deadline cut short (at most this, at most a quarter).
-const ABORT_RESERVE: Duration = Duration::from_secs(2);
 
 /// Result of one pass over a session.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -171,7 +160,7 @@ pub struct LogShipper {
     uploaded_total: u64,
     /// Node ids whose earlier incomplete uploads were cleaned up.
     prepared_nodes: BTreeSet<String>,
-    /// The last ledger key checked with a HEAD (see [`VERIFY_PER_ROUND`]).
+    /// The last ledger key checked with a HEAD (see `checks::VERIFY_PER_ROUND`).
     verify_cursor: Option<String>,
     /// New keys the ledger is saved for as soon as their first upload succeeds, not at the
     /// end of the round: keys nothing on disk would name again after a kill -9 (a rotated
@@ -710,104 +699,6 @@ impl LogShipper {
         }
     }
 
-    /// Takes the results of the sends beside the lane that ended; with `until`, waits for
-    /// the others until then and cancels those still running (named as not reached).
-    async fn collect_beside(&mut self, until: Option<Instant>) -> RoundReport {
-        let mut report = RoundReport::default();
-        let mut running = Vec::new();
-        for mut b in std::mem::take(&mut self.beside) {
-            let limit = match until {
-                _ if b.finished() => Some(Duration::ZERO),
-                Some(u) => Some(u.saturating_duration_since(Instant::now())),
-                None => {
-                    running.push(b);
-                    continue;
-                }
-            };
-            match b.wait(limit).await {
-                Some(result) => {
-                    let (key, path) = (b.key.clone(), b.path.clone());
-                    self.settle(&key, &path, result, &mut report);
-                }
-                None if until.is_some() => {
-                    if b.append_running() {
-                        // Hanging or slow: the final flush sends it whole.
-                        self.whole_only.insert(b.key.clone());
-                    }
-                    report.not_reached.push(b.path.clone());
-                    b.cancel().await;
-                }
-                None => running.push(b),
-            }
-        }
-        self.beside = running;
-        report
-    }
-
-    /// Waits until one of the sends beside the lane has ended or has not moved for its
-    /// stall limit (see [`Self::abandon_stalled_beside`]), or `until`.
-    async fn wait_any_beside(&self, until: Instant, stall: KeptStall) {
-        let ready =
-            |b: &InFlight| b.finished() || Instant::now() >= b.last_moved() + stall.limit(b);
-        while !self.beside.iter().any(ready) && Instant::now() < until {
-            let next = (Instant::now() + BESIDE_POLL).min(until);
-            tokio::time::sleep_until(next.into()).await;
-        }
-    }
-
-    /// At the final flush: cancels the sends beside the lane that have not moved for their
-    /// stall limit (see [`KEPT_STALL_SHARE_BODY`]); their files are sent again by the next
-    /// pass, and are not counted as failed. An abandoned append does not make its file
-    /// whole-only: the next pass appends again if the object is still the one the ledger
-    /// recorded (the append's copy names it; an object that changed is sent whole).
-    async fn abandon_stalled_beside(&mut self, stall: KeptStall) {
-        let mut running = Vec::new();
-        for b in std::mem::take(&mut self.beside) {
-            let idle = Instant::now().saturating_duration_since(b.last_moved());
-            let limit = stall.limit(&b);
-            if b.finished() || idle < limit {
-                running.push(b);
-                continue;
-            }
-            tracing::warn!(path = %b.path.display(), key = %b.key, idle_s = idle.as_secs_f64(),
-                limit_s = limit.as_secs_f64(), appending = b.appending,
-                body_in_flight = b.body_in_flight(),
-                "a log upload beside the final flush has not moved (no request ended) for its \
-                 share of the flush's budget; abandoned, the file is sent again");
-            b.cancel().await;
-        }
-        self.beside = running;
-    }
-
-    /// At SIGTERM: takes the results of the sends beside the lane that ended, and cancels
-    /// the appends still running (hanging, or slow: the final flush sends those files whole,
-    /// it has no round after it). Whole uploads still running go on: each is bounded by its
-    /// own deadline, and the final flush waits for it (see [`Self::final_flush`]).
-    async fn cancel_appends_beside(&mut self) -> RoundReport {
-        let mut report = RoundReport::default();
-        let mut running = Vec::new();
-        for mut b in std::mem::take(&mut self.beside) {
-            if b.finished() {
-                if let Some(result) = b.wait(Some(Duration::ZERO)).await {
-                    let (key, path) = (b.key.clone(), b.path.clone());
-                    self.settle(&key, &path, result, &mut report);
-                }
-            } else if b.append_running() {
-                self.whole_only.insert(b.key.clone());
-                tracing::info!(path = %b.path.display(), "a log append still running at SIGTERM was cancelled; the final flush sends the file whole");
-                b.cancel().await;
-            } else if b.appending {
-                tracing::info!(path = %b.path.display(), "a log append the store completed is being checked against the file at SIGTERM; the final flush waits for the check, then sends what the file grew since");
-                running.push(b);
-            } else {
-                tracing::info!(path = %b.path.display(), "a log upload still running at SIGTERM goes on; the final flush waits for it, then sends what the file grew since");
-                running.push(b);
-            }
-        }
-        self.beside = running;
-        report
-    }
-
     /// A file whose key is longer than the store allows: skipped, logged once, counted.
     fn refuse_long_key(&mut self, f: &LogFile, key: &str) {
         skip("key_too_long", &f.abs);
@@ -839,374 +730,12 @@ impl LogShipper {
         self.seen.insert(key.to_string(), (f.size, ino));
     }
 
-    /// True when the file still has every byte the ledger recorded before `p.size`: same
-    /// inode and the same hash of all of them ([`LedgerEntry::full`]; one read of `p.size`
-    /// bytes). For a file whose size and mtime no longer say it is unchanged while its size
-    /// is the object's (touched, or rewritten with as many bytes). Without that hash (a
-    /// ledger before version 5), [`Self::file_still_matches`].
-    async fn file_still_whole(&self, f: &LogFile, p: &LedgerEntry) -> bool {
-        let Some(want) = p.full else {
-            return self.file_still_matches(f, p).await;
-        };
-        if p.ino != 0 && p.ino != f.ino {
-            return false;
-        }
-        let file = f.file.clone();
-        let size = p.size;
-        let read = tokio::task::spawn_blocking(move || read_marks(&file, size, size)).await;
-        m::log_bytes_read(size);
-        matches!(read, Ok(Ok(Some(marks))) if marks.all.full == want)
-    }
-
-    /// True when the file still looks like the bytes the ledger recorded before `p.size`
-    /// (same inode, same hash of the window before that point, and the same head where the
-    /// ledger has its hash: a file truncated and rewritten with another head is another
-    /// file, however alike their later bytes). A cheap look (128 KiB read), not a proof:
-    /// an append it lets through is checked byte for byte after it ran (`lane`).
-    async fn file_still_matches(&self, f: &LogFile, p: &LedgerEntry) -> bool {
-        if p.ino != 0 && p.ino != f.ino {
-            return false;
-        }
-        if !self.head_matches(f, p).await {
-            return false;
-        }
-        let file = f.file.clone();
-        let size = p.size;
-        match tokio::task::spawn_blocking(move || window_hash(&file, size)).await {
-            Ok(Ok((hash, whole))) => {
-                m::log_bytes_read(size.min(crate::storage::put::WINDOW));
-                whole && hash == p.hash
-            }
-            _ => false,
-        }
-    }
-
-    /// False when the ledger has the hash of the file's head at its upload and the file's
-    /// first bytes are no longer those (see [`LedgerEntry::head`]); true without a hash (a
-    /// ledger written before version 4).
-    async fn head_matches(&self, f: &LogFile, p: &LedgerEntry) -> bool {
-        let Some(want) = p.head else {
-            return true;
-        };
-        let file = f.file.clone();
-        let size = p.size;
-        match tokio::task::spawn_blocking(move || head_hash(&file, size)).await {
-            Ok(Ok((hash, whole))) => {
-                m::log_bytes_read(size.min(crate::storage::put::HEAD));
-                whole && hash == want
-            }
-            _ => false,
-        }
-    }
-
-    /// The key a rotated backup was uploaded under before, when the file still begins with
-    /// what that object holds (see [`super::placement`]); `None` for a live file or a backup
-    /// never uploaded.
-    async fn backup_key(&self, placed: &SessionObjects, node: &str, f: &LogFile) -> Option<String> {
-        let live = f.rotated_from.as_deref()?;
-        let keys = placed.backup_keys(node, live, f.ino);
-        // Unchanged since its upload: no need to read it.
-        for k in keys.iter().rev() {
-            if let Some(p) = self.ledger.data.objects.get(k) {
-                if p.size == f.size && p.mtime_ns == f.mtime_ns {
-                    return Some(k.clone());
-                }
-            }
-        }
-        for k in keys.iter().rev() {
-            if let Some(p) = self.ledger.data.objects.get(k) {
-                if p.size <= f.size && self.file_still_matches(f, p).await {
-                    return Some(k.clone());
-                }
-            }
-        }
-        None
-    }
-
-    /// Once per node id: what appends cost in this bucket (a versioned bucket turns them
-    /// off) and the cleanup of incomplete uploads an earlier run left under the node.
-    async fn prepare_appends(&mut self, node: &str) {
-        let Some(app) = &self.cfg.appender else {
-            return;
-        };
-        // The cleanup runs whatever the log settings; the versioning matters to appends.
-        if !self.prepared_nodes.insert(node.to_string()) {
-            return;
-        }
-        let first = self.prepared_nodes.len() == 1;
-        let p = app.prepare(&self.prefix, node).await;
-        if p.aborted > 0 || p.abort_failed > 0 {
-            tracing::info!(
-                aborted = p.aborted,
-                failed = p.abort_failed,
-                node,
-                "incomplete multipart uploads of an earlier run cleaned up"
-            );
-        }
-        // `Suspended` replaces the `null` version instead of keeping it: appends cost
-        // nothing extra there (see `storage::append`).
-        if let Some(status) = p
-            .versioned
-            .filter(|s| first && self.cfg.appends && s.as_str() == "Enabled")
-        {
-            self.gate().set_versioned();
-            tracing::warn!(
-                versioning = %status,
-                "the bucket keeps object versions: every append would keep the whole previous \
-                 object as a noncurrent version (a log appended N times stores about N times its \
-                 size), so appends are off and growing logs go whole on the schedule; a \
-                 lifecycle rule expiring noncurrent versions bounds what the schedule's uploads keep"
-            );
-        }
-        let on = self.cfg.appends && self.gate().on(Instant::now());
-        m::log_appends_enabled(on);
-    }
-
-    fn gate(&self) -> std::sync::MutexGuard<'_, AppendGate> {
-        self.sender.gate()
-    }
-
-    /// A few ledger entries checked with a HEAD (see [`VERIFY_PER_ROUND`]): an entry whose
-    /// object is gone is dropped, so the file is uploaded again.
-    async fn verify_some(&mut self) {
-        use std::ops::Bound::{Excluded, Unbounded};
-        let from = match &self.verify_cursor {
-            Some(k) => Excluded(k.clone()),
-            None => Unbounded,
-        };
-        let mut keys: Vec<String> = self
-            .ledger
-            .data
-            .objects
-            .range::<String, _>((from, Unbounded))
-            .take(VERIFY_PER_ROUND)
-            .map(|(k, _)| k.clone())
-            .collect();
-        if keys.len() < VERIFY_PER_ROUND {
-            // Wrap around to the start, without checking a key twice in one round.
-            let more: Vec<String> = self
-                .ledger
-                .data
-                .objects
-                .keys()
-                .take(VERIFY_PER_ROUND - keys.len())
-                .filter(|k| !keys.contains(k))
-                .cloned()
-                .collect();
-            keys.extend(more);
-        }
-        for key in keys {
-            self.verify_cursor = Some(key.clone());
-            let Ok(location) = object_store::path::Path::parse(&key) else {
-                continue;
-            };
-            match self.store.head(&location).await {
-                Err(object_store::Error::NotFound { .. }) => {
-                    tracing::warn!(%key, "the bucket lost an object the ledger recorded; uploading it again");
-                    self.ledger.data.objects.remove(&key);
-                    // Its session is not complete in the bucket any more.
-                    let session = key
-                        .strip_prefix(&format!("{}/", self.prefix))
-                        .and_then(|rest| rest.split('/').next())
-                        .unwrap_or_default()
-                        .to_string();
-                    self.ledger.data.finished_sessions.remove(&session);
-                    self.ledger.dirty = true;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(%key, error = %e, "checking a ledger entry failed");
-                    break;
-                }
-            }
-        }
-    }
-
-    /// True when `f` only grew since the ledger's upload and the store can append to its
-    /// object. At the final flush (`how` is not a live round's), an object whose append was
-    /// still running beside the lane at SIGTERM, or whose last append failed, goes whole
-    /// without trying one: the flush has no round after it.
-    async fn can_append(&self, key: &str, f: &LogFile, p: &LedgerEntry, how: Pass) -> bool {
-        let Some(app) = self.cfg.appender.as_ref().filter(|_| self.cfg.appends) else {
-            return false;
-        };
-        if how != Pass::Scheduled
-            && (self.whole_only.contains(key) || self.gate().failing_transiently(key))
-        {
-            return false;
-        }
-        let (allowed, change) = self.gate().allows(key, Instant::now());
-        if change == Change::TurnedOn {
-            tracing::info!("trying appends again after the store's refusals turned them off");
-            m::log_appends_enabled(true);
-        }
-        if !allowed {
-            return false;
-        }
-        f.size > p.size
-            && p.size > 0
-            && p.size >= app.min_object_bytes()
-            && p.ino != 0
-            && p.e_tag.is_some()
-            && p.full.is_some()
-            && self.file_still_matches(f, p).await
-    }
-
-    /// True when appends are on and the store could append to an object of `p`'s size
-    /// (whatever the file did since).
-    fn appends_could_take(&self, p: &LedgerEntry) -> bool {
-        self.cfg
-            .appender
-            .as_ref()
-            .is_some_and(|app| self.cfg.appends && p.size > 0 && p.size >= app.min_object_bytes())
-    }
-
     /// Uploads rotated backups of the active session right away, before Ray deletes them.
     async fn capture_rotations(&mut self, s: &ActiveSession) {
         let r = self.snapshot_session(s, None, Pass::RotatedOnly).await;
         if r.uploaded > 0 {
             tracing::debug!(session = %s.name, uploaded = r.uploaded, "captured rotated logs");
             self.ledger.save();
-        }
-    }
-
-    /// The SIGTERM flush: everything changed since the last snapshot, most valuable first,
-    /// until `deadline`; returns the files that did not make it, each with why.
-    ///
-    /// The appends still running beside the lane are cancelled first and their files sent
-    /// whole in the flush (it was hanging, or slow: the flush has no round after it). The
-    /// whole uploads still running beside it go on (a big log nearly uploaded is not thrown
-    /// away), and so does the send the lane was waiting for when shutdown cut its round.
-    /// The flush makes passes over every session (the active one, then the earlier ones):
-    /// a send that outlasts its slot in a pass goes on beside it, files whose send is beside
-    /// are skipped, and once a send beside ends, every session is listed again and what
-    /// changed meanwhile (the file grew, Ray rotated it) is sent (appended where the store
-    /// can, else whole); so every object ends equal to its file or the file is named. No
-    /// pass waits for a send, so no session's files wait behind another's hung upload.
-    /// A send beside that stops moving is abandoned and its file sent again (see
-    /// [`KEPT_STALL_SHARE_BODY`]); a kept send that failed is named only if the flush's own send
-    /// of its file fails too. A pass that started a send with nothing left beside is
-    /// followed by another (at most [`MAX_SETTLING_PASSES`]), so a rotation or a rewrite
-    /// during it is sent too: the flush ends at a pass that starts no send, or the deadline.
-    pub async fn final_flush(
-        &mut self,
-        active: Option<ActiveSession>,
-        deadline: Instant,
-    ) -> Vec<(PathBuf, String)> {
-        let mut earlier = self.cancel_appends_beside().await;
-        // Whatever failed there, the flush tries again.
-        earlier.failed_files.clear();
-        // A node id nobody knows still must not lose the logs: file them under the fallback.
-        if let Some(s) = &active {
-            if !self.knows_node(&s.dir) && self.remote_node.is_none() {
-                self.remote_node = Some(crate::storage::append::UNKNOWN_NODE.into());
-            }
-        }
-        // Keep the end of the budget to abort an append the deadline cuts short.
-        let reserve = ABORT_RESERVE.min(deadline.saturating_duration_since(Instant::now()) / 4);
-        let flush_deadline = deadline.checked_sub(reserve).unwrap_or(deadline);
-        // Passes over every session until nothing is left beside the lane: each pass tries
-        // every session's files (a send that outlasts its slot goes beside, so no file and no
-        // session waits behind another), then the flush waits for the first send beside to
-        // end and lists every session again, so what was rotated, created or grew during the
-        // wait is sent too (review r42e E2, E5). A pass at the deadline names what is left.
-        // A send beside that stops moving is abandoned and its file sent again in the next
-        // pass (review r42g G1); a pass that sent something is followed by another, so what
-        // was rotated or rewritten during it is sent too (r42g G3, G4).
-        let left = flush_deadline.saturating_duration_since(Instant::now());
-        let kept_stall = KeptStall {
-            body: left / KEPT_STALL_SHARE_BODY,
-            bare: left / KEPT_STALL_SHARE_BARE,
-        };
-        self.flush_named.clear();
-        let mut reports = Vec::new();
-        let mut settling = 0;
-        loop {
-            self.abandon_stalled_beside(kept_stall).await;
-            let pass = self
-                .snapshot_all(active.as_ref(), Some(flush_deadline), true)
-                .await;
-            let sends: usize = pass.iter().map(|r| r.sends).sum();
-            for r in &pass {
-                self.flush_named
-                    .extend(r.failed_files.iter().map(|(p, _)| p.clone()));
-            }
-            reports.extend(pass);
-            if Instant::now() >= flush_deadline {
-                break;
-            }
-            if !self.beside.is_empty() {
-                self.wait_any_beside(flush_deadline, kept_stall).await;
-                continue;
-            }
-            if sends == 0 || settling >= MAX_SETTLING_PASSES {
-                break;
-            }
-            settling += 1;
-        }
-        reports.push(self.collect_beside(Some(flush_deadline)).await);
-        reports.push(earlier);
-        let dropped = crate::storage::put::wait_dropped_aborts(deadline).await;
-        if let Some(app) = &self.cfg.appender {
-            let mut left = app.abort_pending(deadline).await + dropped;
-            // What a cancelled creation may have left (its id never came back): the lane is
-            // done, so any log upload under our node is an orphan now.
-            for node in &self.prepared_nodes {
-                match tokio::time::timeout_at(
-                    deadline.into(),
-                    app.abort_node_log_uploads(&self.prefix, node),
-                )
-                .await
-                {
-                    Ok((_, failed)) => left += failed,
-                    Err(_) => {
-                        left += 1;
-                        break;
-                    }
-                }
-            }
-            if left > 0 {
-                tracing::warn!(
-                    left,
-                    "incomplete multipart uploads left at exit; the next start aborts them"
-                );
-            }
-        }
-        let failed: usize = reports.iter().map(|r| r.failed).sum();
-        let uploaded: usize = reports.iter().map(|r| r.uploaded).sum();
-        let not_reached: usize = reports.iter().map(|r| r.not_reached.len()).sum();
-        tracing::info!(uploaded, failed, not_reached, "final log flush done");
-        let mut left: Vec<(PathBuf, String)> = reports
-            .into_iter()
-            .flat_map(|r| {
-                r.failed_files.into_iter().chain(
-                    r.not_reached
-                        .into_iter()
-                        .map(|p| (p, "not reached before the shutdown deadline".to_string())),
-                )
-            })
-            .collect();
-        left.sort();
-        left.dedup_by(|a, b| a.0 == b.0);
-        left
-    }
-}
-
-/// The final flush's stall limits for a send beside it (see [`KEPT_STALL_SHARE_BODY`]).
-#[derive(Debug, Clone, Copy)]
-struct KeptStall {
-    /// While a request carrying a body is in flight.
-    body: Duration,
-    /// Otherwise (waiting for the answer of a request without a body, or between requests).
-    bare: Duration,
-}
-
-impl KeptStall {
-    fn limit(&self, b: &InFlight) -> Duration {
-        if b.body_in_flight() {
-            self.body
-        } else {
-            self.bare
         }
     }
 }
