@@ -20,8 +20,14 @@
 //! journal's, as they were in the window before the crash ([`unrecorded_ids`]). Any other
 //! line is covered by the journal (its id is there, or left the window long ago) and adds
 //! nothing: a quiet partition's open segment never pushes an answered id out, whatever its
-//! time or the clock's (reviews r40d D1, r40f D1-D3). Reading stops as soon as the window is
-//! full, so a start's work is bounded by the window, not by the spool's size.
+//! time or the clock's (reviews r40d D1, r40f D1-D3). Their order across files is recorded
+//! nowhere, so all of them are reloaded, even beyond a window made smaller since the run that
+//! answered them (review r40m D1), and all stay until a window of new ids was accepted
+//! ([`crate::util::dedup::DedupWindow::insert_unordered`]). Bounded: a journal fsync'd every
+//! quarter window leaves at most a quarter of the previous run's window (or one request) to
+//! reload, and reading stops at [`MAX_UNRECORDED_IDS`] (a quarter of the largest window: 32 MiB
+//! of ids), or at the window when the journal is damaged; so a start's work and memory are
+//! bounded by that, not by the spool's size.
 //!
 //! A journal written by the binaries before (ids only, no lengths) is read once, at the
 //! upgrade's first start, and the spool's ids are placed beside it as those binaries did
@@ -468,10 +474,11 @@ pub(super) struct SpoolIds {
 /// nowhere durable; the journal is made durable every quarter window of ids
 /// ([`super::journal::Journal::due_for_sync`]), and before a group is written that would
 /// take the ids not yet durable there past that (review r40j D2), so after a kill -9 or a
-/// power loss they are fewer than the window and all come back (but for one request of more
-/// ids than the window). Only when more are missing (a damaged journal,
-/// or one behind a full disk that refuses its snapshot) does the window get fewer of each
-/// file's oldest. A file that cannot be read is logged and left out. No clock is consulted:
+/// power loss they are at most a quarter of the window of the run that answered them (or
+/// one request), and the caller asks for all of them ([`unrecorded_limit`]), whatever the
+/// window now (review r40m D1: a window made four times smaller got only part of the last
+/// batches). Only when more are missing than `want` (a damaged journal, or one behind a
+/// full disk that refuses its snapshot) do fewer of each file's oldest come back. A file that cannot be read is logged and left out. No clock is consulted:
 /// the journal's lengths and the files' creation numbers tell what is newer (reviews r40d,
 /// r40f: times set back, or a whole quiet file taken as newer, evicted answered ids).
 pub(super) fn unrecorded_ids(mut files: Vec<IdFile>, want: usize, lengths: &Lengths) -> Vec<u64> {
