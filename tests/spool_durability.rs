@@ -898,6 +898,113 @@ fn a_group_answered_before_a_power_loss_in_new_files_is_still_recognised() {
     assert_once(&count, &lost[LOST / 2..]);
 }
 
+/// Review r40m D1: a power loss, then a start with a `--dedup-window` more than four times
+/// smaller. The run before (window 16,384) fsyncs its ids journal every quarter of its own
+/// window, so the power loss took the records of all 3,900 ids it answered (39 batches in two
+/// partitions); the start reloaded only its new window's worth of them from the spool's
+/// lines (1,024, taken from the two files in turn), and the resend of the batches answered
+/// last was stored again (7f2f4f6: 288 of 800 ids twice). Now every id stored after the
+/// journal's last record is reloaded, however many, and all stay until a window of new ids
+/// was accepted.
+#[test]
+fn a_power_loss_then_a_smaller_window_still_recognises_the_batches_answered_last() {
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = Faults::build(tmp.path());
+    // Nothing sealed (that syncs the journal) while the batches come.
+    let quiet = ["--upload-window", "300s", "--rotation-interval", "30m"];
+    let old: Vec<&str> = ["--dedup-window", "16384"]
+        .iter()
+        .chain(&quiet)
+        .copied()
+        .collect();
+    let (mut c, bucket) = start(tmp.path(), &old, &faults.env());
+    let mut answered = post_batches(&c, "session_old", "old", 30);
+    answered.extend(post_batches(&c, "session_new", "new", 9));
+    c.kill9();
+    let cut_journal = faults.lose_unsynced(&c.spool.join("dedup"));
+    assert!(!cut_journal.is_empty(), "the journal's records were synced");
+    let cut_segments = faults.lose_unsynced(&c.spool.join("events"));
+    assert!(
+        cut_segments.is_empty(),
+        "an answered segment was not synced: {cut_segments:?}"
+    );
+    let new: Vec<&str> = ["--dedup-window", "1024"]
+        .iter()
+        .chain(&quiet)
+        .copied()
+        .collect();
+    let (mut c, _) = start(tmp.path(), &new, &faults.env());
+    let ts = "2026-11-22T02:06:40Z";
+    // Ray resends the batches answered last, newest first: 800 ids, within the new window.
+    for (k, batch) in answered.iter().enumerate().rev().take(8) {
+        let session = if k < 30 { "session_old" } else { "session_new" };
+        assert_eq!(
+            post(&c, &batch_at(batch, session, ts)),
+            (200, 0, 100, 0),
+            "the resend of batch {k}, answered before the power loss, was stored again"
+        );
+    }
+    // The reloaded ids stay until a window of new ids was accepted, then leave.
+    let fresh = post_batches(&c, "session_fresh", "fresh", 10);
+    let last = answered.last().unwrap();
+    assert_eq!(
+        post(&c, &batch_at(last, "session_new", ts)),
+        (200, 0, 100, 0)
+    );
+    let more = post_batches(&c, "session_fresh", "more", 11);
+    let exit = c.terminate(Duration::from_secs(60));
+    assert!(exit.success(), "{exit}: {}", c.log_text());
+    let objects = read_all(&store(&bucket));
+    let (count, _) = stored(&objects, "session_old");
+    assert_once(&count, &answered[..30].concat());
+    let (count, _) = stored(&objects, "session_new");
+    assert_once(&count, &answered[30..].concat());
+    let (count, _) = stored(&objects, "session_fresh");
+    assert_once(&count, &[fresh.concat(), more.concat()].concat());
+}
+
+/// A group of more than 32 files is made durable with one `syncfs` (on the spool's lock
+/// file), not a sync per file: the fault shim records the spool's files as synced then, so a
+/// simulated power loss keeps them (without it, `lose_unsynced` emptied every segment of
+/// such a group, answered as it was, and the test lost them all).
+#[test]
+fn a_group_synced_with_syncfs_survives_a_power_loss() {
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = Faults::build(tmp.path());
+    let (mut c, bucket) = start(
+        tmp.path(),
+        &["--upload-window", "300s", "--rotation-interval", "30m"],
+        &faults.env(),
+    );
+    let ts = "2026-11-22T02:06:40Z";
+    let all = ids(0..40, "wide");
+    let events: Vec<String> = all
+        .iter()
+        .enumerate()
+        .map(|(i, id)| event(id, &format!("session_w{i}"), ts))
+        .collect();
+    assert_eq!(post(&c, &body(&events)), (200, 40, 0, 0));
+    c.kill9();
+    let cut = faults.lose_unsynced(&c.spool.join("events"));
+    assert!(cut.is_empty(), "answered segments cut: {cut:?}");
+    assert!(
+        faults
+            .log()
+            .iter()
+            .any(|(call, _, ok)| call == "syncfs" && *ok),
+        "no syncfs: {:?}",
+        faults.log()
+    );
+    c.restart();
+    let exit = c.terminate(Duration::from_secs(60));
+    assert!(exit.success(), "{exit}: {}", c.log_text());
+    let objects = read_all(&store(&bucket));
+    for (i, id) in all.iter().enumerate() {
+        let (count, _) = stored(&objects, &format!("session_w{i}"));
+        assert_once(&count, std::slice::from_ref(id));
+    }
+}
+
 /// Review r40f D3: the clock stepped back. A quiet partition's open segment was written while
 /// the clock ran an hour ahead; since then the clock was set right and the busy partition's
 /// answered batches filled the window (their segments uploaded and deleted). After a kill -9

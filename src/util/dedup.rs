@@ -11,6 +11,13 @@
 //! One array of hashes makes that one miss per lookup instead of a control byte and a
 //! bucket, and [`DedupWindow::prefetch`] lets the writer start the miss for an event before
 //! it gets there.
+//!
+//! One exception to the count, at a start only: ids whose order among themselves is unknown
+//! but that are newer than every other ([`DedupWindow::insert_unordered`]: the ids a power
+//! loss took from the spool's ids journal, reloaded from the spool's lines) are all kept,
+//! however many, until `capacity` further ids were inserted (the newest `capacity` ids could
+//! be any of them); the window then shrinks back by one id per insertion, and its table to
+//! the size of the capacity. The caller bounds how many it hands over.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -59,6 +66,21 @@ pub struct DedupWindow {
     /// Ids with entries in `order` that were forgotten, and how many such entries each has.
     stale: HashMap<u64, u32, PassThrough>,
     stale_total: usize,
+    /// Ids kept beyond the capacity ([`DedupWindow::insert_unordered`]).
+    over: Over,
+}
+
+/// The window's room beyond its capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Over {
+    /// None: the window holds `capacity` ids at most.
+    No,
+    /// `held` unordered ids are all kept until `capacity` ids were inserted after them
+    /// (`inserted` so far): the window holds `max(capacity, held + inserted)` ids.
+    Holding { held: usize, inserted: usize },
+    /// The hold ended: this many ids beyond the capacity are left, one fewer per insertion
+    /// (each evicts two).
+    Shrinking(usize),
 }
 
 impl std::fmt::Debug for DedupWindow {
@@ -76,7 +98,80 @@ impl DedupWindow {
             set: Slots::new(capacity),
             stale: HashMap::default(),
             stale_total: 0,
+            over: Over::No,
         }
+    }
+
+    /// Inserts `hashes`, ids newer than every id in the window whose order among themselves
+    /// is unknown (at a start: the ids stored after the last record of the spool's ids
+    /// journal that survived a power loss). The newest `capacity` ids could be any of them,
+    /// so all of them are kept, however many, until `capacity` further ids were inserted;
+    /// older ids are evicted first, as usual. Meanwhile the window holds up to
+    /// `capacity + hashes.len()` ids; then it shrinks back by one id per insertion, and its
+    /// table to the capacity's size once there. At most once, on a window nothing was
+    /// forgotten from (a start); ids already in the window keep their place.
+    pub fn insert_unordered(&mut self, hashes: &[u64]) {
+        if self.capacity == 0 || hashes.is_empty() {
+            return;
+        }
+        self.set
+            .allow(self.capacity.saturating_add(hashes.len()).saturating_add(1));
+        let mut held = 0;
+        for &h in hashes {
+            if self.set.insert(h) {
+                self.order.push_back(h);
+                held += 1;
+            }
+        }
+        self.over = Over::Holding { held, inserted: 0 };
+        self.evict_to_limit();
+    }
+
+    /// The most ids the window holds now.
+    fn limit(&self) -> usize {
+        match self.over {
+            Over::No => self.capacity,
+            Over::Holding { held, inserted } => self.capacity.max(held + inserted),
+            Over::Shrinking(n) => self.capacity + n,
+        }
+    }
+
+    /// Evicts the oldest live ids until the window is within [`DedupWindow::limit`].
+    fn evict_to_limit(&mut self) {
+        let limit = self.limit();
+        while self.set.len() > limit {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if self.stale_total == 0 || !self.drop_stale(old) {
+                self.set.remove(old);
+            }
+        }
+    }
+
+    /// One more id was inserted: the room beyond the capacity moves on.
+    fn count_insertion(&mut self) {
+        self.over = match self.over {
+            Over::No => return,
+            Over::Holding { held, inserted } if inserted + 1 < self.capacity => Over::Holding {
+                held,
+                inserted: inserted + 1,
+            },
+            // `capacity` ids were inserted after the held ones: they may go, the oldest first.
+            Over::Holding { .. } | Over::Shrinking(_) => {
+                let n = match self.over {
+                    Over::Shrinking(n) => n.saturating_sub(1),
+                    _ => self.set.len().saturating_sub(self.capacity + 1),
+                };
+                if n == 0 {
+                    self.over = Over::No;
+                    self.evict_to_limit();
+                    self.set.shrink(self.capacity);
+                    return;
+                }
+                Over::Shrinking(n)
+            }
+        };
     }
 
     /// Records `hash`; returns false if it was already in the window (a duplicate).
@@ -87,15 +182,12 @@ impl DedupWindow {
         if !self.set.insert(hash) {
             return false;
         }
-        // `set` already counts `hash`: evict live ids until it is back at the capacity.
-        while self.set.len() > self.capacity {
-            let Some(old) = self.order.pop_front() else {
-                break;
-            };
-            if self.stale_total == 0 || !self.drop_stale(old) {
-                self.set.remove(old);
-            }
+        if self.over != Over::No {
+            self.count_insertion();
         }
+        // `set` already counts `hash`: evict live ids until it is back at the capacity (or
+        // the room beyond it that held ids have).
+        self.evict_to_limit();
         self.order.push_back(hash);
         // The id evicted a few insertions from now: start loading its slot.
         if let Some(&later) = self.order.get(EVICTION_LOOKAHEAD) {
@@ -221,6 +313,32 @@ impl Slots {
             zero: false,
             len: 0,
         }
+    }
+
+    /// Lets the table grow to hold `n` hashes at most half full (ids held beyond the window's
+    /// capacity: [`DedupWindow::insert_unordered`]).
+    fn allow(&mut self, n: usize) {
+        let size = n
+            .saturating_mul(2)
+            .checked_next_power_of_two()
+            .unwrap_or(1 << (usize::BITS - 1));
+        self.largest = self.largest.max(size);
+    }
+
+    /// Back to a table for `capacity` hashes (after [`Slots::allow`]): rebuilt at the size
+    /// the hashes it holds need, if that is smaller.
+    fn shrink(&mut self, capacity: usize) {
+        let mut small = Slots::new(capacity);
+        if small.largest >= self.largest {
+            return;
+        }
+        for hash in self.slots.iter().copied().filter(|&h| h != 0) {
+            small.insert(hash);
+        }
+        if self.zero {
+            small.insert(0);
+        }
+        *self = small;
     }
 
     /// Doubles the table and puts every hash back in its place in it.
@@ -508,5 +626,63 @@ mod tests {
             assert!(!w.insert(h), "recent ids are remembered");
         }
         assert!(w.insert(hashes[3999]), "the 1001st most recent was evicted");
+    }
+
+    /// Review r40m D1: ids of unknown order, newer than the rest, are all kept, however many,
+    /// until `capacity` ids were inserted after them (older ids go first); then the window
+    /// shrinks back by one id per insertion, and its table to the capacity's size.
+    #[test]
+    fn unordered_ids_are_all_kept_until_a_window_of_new_ones() {
+        let mut w = DedupWindow::new(100);
+        let older: Vec<u64> = (1..=100).collect();
+        for &h in &older {
+            assert!(w.insert(h));
+        }
+        let unordered: Vec<u64> = (1001..=1400).collect();
+        w.insert_unordered(&unordered);
+        assert_eq!(w.len(), 400, "every unordered id, no older one");
+        assert!(older.iter().all(|&h| !w.contains(h)));
+        // 99 new ids: every unordered one is still there.
+        for h in 5001..5100 {
+            assert!(w.insert(h));
+        }
+        assert_eq!(w.len(), 499);
+        assert!(unordered.iter().all(|&h| w.contains(h)));
+        // The 100th: the unordered ids may go now, the oldest first, one more per insertion.
+        assert!(w.insert(5100));
+        assert_eq!(w.len(), 499);
+        assert!(!w.contains(1001) && w.contains(1002));
+        assert!(w.insert(5101));
+        assert_eq!(w.len(), 498);
+        for h in 5102..6000 {
+            assert!(w.insert(h));
+        }
+        assert_eq!(w.len(), 100);
+        assert_eq!(w.ids(), (5900..6000).collect::<Vec<u64>>());
+        assert_eq!(
+            w.set.slots.len(),
+            256,
+            "the table is back to the capacity's size"
+        );
+        // Fewer than the capacity: the newest older ids fill the rest, and stay until the
+        // new ones push them out as usual.
+        let mut w = DedupWindow::new(100);
+        for &h in &older {
+            w.insert(h);
+        }
+        w.insert_unordered(&[2001, 2002, 50]);
+        assert_eq!(w.len(), 100);
+        assert!(!w.contains(1) && !w.contains(2) && w.contains(3) && w.contains(50));
+        for h in 3001..3098 {
+            assert!(w.insert(h));
+        }
+        // (50 was there already: it kept its older place.)
+        assert!(w.contains(100) && w.contains(2001) && w.contains(2002) && !w.contains(50));
+        assert!(w.insert(3098));
+        assert!(!w.contains(100) && w.contains(2001));
+        assert_eq!(w.len(), 100);
+        let mut off = DedupWindow::new(0);
+        off.insert_unordered(&[1, 2]);
+        assert!(off.is_empty());
     }
 }

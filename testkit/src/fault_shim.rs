@@ -6,6 +6,9 @@
 //! rule when it is used up. The errno `-9` ([`KILL`]) is a kill -9 at the `count`th matching
 //! call instead (the ones before it go through): a crash at a chosen step. A `write` fails as on a disk that fills up: half of its bytes are
 //! written and the short count returned, then the next write to that descriptor fails.
+//! A `syncfs` (how the spool syncs a group of more than 32 files) can be failed the same way
+//! (rule `syncfs`); one that succeeds counts every file below the spool as synced for
+//! [`Faults::lose_unsynced`].
 //! [`Faults::hide_birth_times`] makes `statx` answer without a birth time, and
 //! [`Faults::pause_at_stat`] holds one `statx` until the test says [`Faults::resume`].
 //! Needs a C compiler and a dynamically linked glibc binary.
@@ -108,8 +111,8 @@ impl Faults {
     }
 
     /// Simulates a power loss on the files below `dir` (the process stopped): each regular
-    /// file is cut to its size at its last successful `fsync`/`fdatasync` the shim saw (by
-    /// device and inode, so a file synced under a temporary name and renamed counts), and a
+    /// file is cut to its size at its last successful `fsync`/`fdatasync` (or `syncfs` of the
+    /// spool, at the size it had then) the shim saw (by device and inode, so a file synced under a temporary name and renamed counts), and a
     /// file never synced is emptied. What the page cache alone held is gone; the rest stays.
     /// Returns the files cut, with their lengths before and after.
     pub fn lose_unsynced(&self, dir: &Path) -> Vec<(PathBuf, u64, u64)> {

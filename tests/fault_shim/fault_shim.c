@@ -15,12 +15,18 @@
  * every injected write failure, is logged to $RHC_FAULT_DIR/log as
  * "<call> <path> ok|fail". Every fsync and fdatasync that succeeds on a regular file is also
  * logged to $RHC_FAULT_DIR/synced as "<dev> <inode> <size>": what a power loss would keep
- * of the file (a test cuts what came after, see testkit's `Faults::lose_unsynced`).
+ * of the file (a test cuts what came after, see testkit's `Faults::lose_unsynced`). A
+ * syncfs (the spool's sync of a group of more than 32 files, on its lock file) is logged as
+ * "syncfs <path> ok|fail", can be failed by a rule "syncfs" like the calls above, and when it
+ * succeeds logs to "synced" every regular file below the folder of its descriptor (the
+ * spool), at the size it had when the call started: what it made durable (review r40m: a
+ * power loss otherwise emptied the files of such a group, all synced).
  * The <count>th lstat-like statx on a path matching the rule file "pause" waits until the
  * file "resume" exists (see maybe_pause).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <ftw.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -319,5 +325,67 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
         }
     }
     errno = saved;
+    return r;
+}
+
+/* syncfs: the files below the folder of `fd` (the spool: its descriptor is the spool's lock
+ * file) are recorded as synced at the sizes they had before the call, once it succeeded. */
+static char *walk_buf;
+static size_t walk_len, walk_cap;
+
+static int walk_one(const char *p, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)p;
+    (void)ftw;
+    if (flag != FTW_F || !S_ISREG(st->st_mode)) return 0;
+    if (walk_len + 80 > walk_cap) {
+        size_t cap = walk_cap ? walk_cap * 2 : 1 << 16;
+        char *b = realloc(walk_buf, cap);
+        if (!b) return 1;
+        walk_buf = b;
+        walk_cap = cap;
+    }
+    walk_len += snprintf(walk_buf + walk_len, walk_cap - walk_len, "%llu %llu %lld\n",
+                         (unsigned long long)st->st_dev, (unsigned long long)st->st_ino,
+                         (long long)st->st_size);
+    return 0;
+}
+
+int syncfs(int fd) {
+    static int (*real)(int);
+    if (!real) real = dlsym(RTLD_NEXT, "syncfs");
+    const char *dir = getenv("RHC_FAULT_DIR");
+    char path[4096];
+    fd_path(fd, path, sizeof path);
+    pthread_mutex_lock(&mu);
+    int err = injected("syncfs", path);
+    walk_len = 0;
+    if (!err && dir && !busy) {
+        char top[4096];
+        struct stat st;
+        snprintf(top, sizeof top, "%s", path);
+        if (fstat(fd, &st) == 0 && !S_ISDIR(st.st_mode)) {
+            char *slash = strrchr(top, '/');
+            if (slash && slash != top) *slash = 0;
+        }
+        busy = 1;
+        nftw(top, walk_one, 32, FTW_PHYS);
+        busy = 0;
+    }
+    int r = err ? -1 : real(fd);
+    int saved = errno;
+    log_call("syncfs", path, err || r != 0);
+    if (!err && r == 0 && dir && walk_len && !busy) {
+        char log[4096];
+        snprintf(log, sizeof log, "%s/synced", dir);
+        busy = 1;
+        FILE *f = fopen(log, "a");
+        if (f) {
+            fwrite(walk_buf, 1, walk_len, f);
+            fclose(f);
+        }
+        busy = 0;
+    }
+    pthread_mutex_unlock(&mu);
+    errno = err ? err : saved;
     return r;
 }

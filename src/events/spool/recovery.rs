@@ -20,8 +20,14 @@
 //! journal's, as they were in the window before the crash ([`unrecorded_ids`]). Any other
 //! line is covered by the journal (its id is there, or left the window long ago) and adds
 //! nothing: a quiet partition's open segment never pushes an answered id out, whatever its
-//! time or the clock's (reviews r40d D1, r40f D1-D3). Reading stops as soon as the window is
-//! full, so a start's work is bounded by the window, not by the spool's size.
+//! time or the clock's (reviews r40d D1, r40f D1-D3). Their order across files is recorded
+//! nowhere, so all of them are reloaded, even beyond a window made smaller since the run that
+//! answered them (review r40m D1), and all stay until a window of new ids was accepted
+//! ([`crate::util::dedup::DedupWindow::insert_unordered`]). Bounded: a journal fsync'd every
+//! quarter window leaves at most a quarter of the previous run's window (or one request) to
+//! reload, and reading stops at [`MAX_UNRECORDED_IDS`] (a quarter of the largest window: 32 MiB
+//! of ids), or at the window when the journal is damaged; so a start's work and memory are
+//! bounded by that, not by the spool's size.
 //!
 //! A journal written by the binaries before (ids only, no lengths) is read once, at the
 //! upgrade's first start, and the spool's ids are placed beside it as those binaries did
@@ -50,7 +56,7 @@ use crate::events::dedup::id_hash;
 use crate::events::parse::{parse_event, ParsedEvent};
 use crate::events::quarantine::{overflow_record_event, raw_record, QuarantineReason};
 use crate::metrics as m;
-use crate::util::dedup::PassThrough;
+use crate::util::dedup::{PassThrough, MAX_DEDUP_WINDOW};
 use crate::util::time::unix_nanos;
 
 impl Writer {
@@ -206,7 +212,7 @@ impl Writer {
         // last; an id already there keeps its place.
         let spool = match &loaded.lengths {
             Some(lengths) => SpoolIds {
-                newer: unrecorded_ids(id_files, self.cfg.dedup_window, lengths),
+                newer: unrecorded_ids(id_files, unrecorded_limit(&self.cfg, &loaded), lengths),
                 older: Vec::new(),
             },
             // A journal of format 1 (the binaries before) says nothing of the files: where
@@ -222,8 +228,15 @@ impl Writer {
         for h in &loaded.ids {
             self.dedup.insert(*h);
         }
-        for h in spool.newer.iter().rev() {
-            self.dedup.insert(*h);
+        if loaded.lengths.is_some() {
+            // Their order is unknown: all are kept until a window of new ids was accepted,
+            // however many (review r40m D1).
+            let newer: Vec<u64> = spool.newer.iter().rev().copied().collect();
+            self.dedup.insert_unordered(&newer);
+        } else {
+            for h in spool.newer.iter().rev() {
+                self.dedup.insert(*h);
+            }
         }
         report.dedup_ids = self.dedup.len();
         report.spool_newer_ids = spool.newer.len();
@@ -391,6 +404,29 @@ const UNRECORDED_READ_BYTES: usize = 64 << 20;
 /// The smallest chunk a reader of [`unrecorded_ids`] reads.
 const MIN_ID_SCAN_CHUNK: usize = 4 << 10;
 
+/// The most ids [`unrecorded_ids`] reloads at a start, when the window is smaller: the ids a
+/// power loss can take from the journal are those answered since its last fsync, at most a
+/// quarter of the window of the run that wrote it (or one request holding more), and that
+/// window is at most [`MAX_DEDUP_WINDOW`]. So they all come back after `--dedup-window` was
+/// made smaller too (review r40m D1: only the new window's worth did, and a power loss
+/// after a 16,384 window then a start with 1,024 stored 288 ids of the batches answered last
+/// twice). 32 MiB of ids while read, and 24 to 40 bytes each in the window until a window of
+/// new ids was accepted ([`crate::util::dedup::DedupWindow::insert_unordered`]); only a journal that fell behind
+/// (a full disk) before the crash, or a previous window of 4 Mi ids and more, has that many.
+const MAX_UNRECORDED_IDS: usize = MAX_DEDUP_WINDOW / 4;
+
+/// How many of the ids stored after the journal's last record read a start reloads: all of
+/// them (a power loss took their records; at most [`MAX_UNRECORDED_IDS`]), or the window's
+/// worth when the journal is damaged (a power loss does not damage a block: lines past its
+/// lengths may then be older than its ids, and are not all worth the memory and the reading).
+fn unrecorded_limit(cfg: &super::SpoolConfig, loaded: &Loaded) -> usize {
+    if cfg.dedup_window == 0 || loaded.damaged > 0 {
+        cfg.dedup_window
+    } else {
+        cfg.dedup_window.max(MAX_UNRECORDED_IDS)
+    }
+}
+
 /// Which lines of a file carry ids, and how they are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum IdLines {
@@ -438,10 +474,11 @@ pub(super) struct SpoolIds {
 /// nowhere durable; the journal is made durable every quarter window of ids
 /// ([`super::journal::Journal::due_for_sync`]), and before a group is written that would
 /// take the ids not yet durable there past that (review r40j D2), so after a kill -9 or a
-/// power loss they are fewer than the window and all come back (but for one request of more
-/// ids than the window). Only when more are missing (a damaged journal,
-/// or one behind a full disk that refuses its snapshot) does the window get fewer of each
-/// file's oldest. A file that cannot be read is logged and left out. No clock is consulted:
+/// power loss they are at most a quarter of the window of the run that answered them (or
+/// one request), and the caller asks for all of them ([`unrecorded_limit`]), whatever the
+/// window now (review r40m D1: a window made four times smaller got only part of the last
+/// batches). Only when more are missing than `want` (a damaged journal, or one behind a
+/// full disk that refuses its snapshot) do fewer of each file's oldest come back. A file that cannot be read is logged and left out. No clock is consulted:
 /// the journal's lengths and the files' creation numbers tell what is newer (reviews r40d,
 /// r40f: times set back, or a whole quiet file taken as newer, evicted answered ids).
 pub(super) fn unrecorded_ids(mut files: Vec<IdFile>, want: usize, lengths: &Lengths) -> Vec<u64> {
