@@ -134,8 +134,9 @@ pub(super) struct Journal {
     behind: bool,
     /// Ids answered (appended, or not appended while behind) since the journal was last
     /// made durable: a power loss can take their records, so a start reloads them from the
-    /// spool's lines. Kept under a quarter of the window ([`Journal::due_for_sync`]), so
-    /// that they all fit in the window a start refills, whatever their order across files.
+    /// spool's lines. Kept under a quarter of the window ([`Journal::due_for_sync`]); a
+    /// start reloads them all, whatever their order across files and whatever window it
+    /// runs with (`recovery::unrecorded_limit`).
     unsynced_ids: usize,
     last_try: Option<Instant>,
     buf: Vec<u8>,
@@ -362,7 +363,8 @@ impl Journal {
     /// across files nothing durable records, are at most a quarter window (review r40i D1),
     /// or one request holding more: the writer also syncs before writing a group that would
     /// take them past it (review r40j D2: a large group after a smaller one made more than a
-    /// window). They all fit in the window, and the journal's newest ids fill the rest.
+    /// window). A start reloads them all, even with a smaller `--dedup-window` (they stay
+    /// until a window of new ids was accepted), and the journal's newest ids fill the rest.
     pub(super) fn due_for_sync(&self) -> bool {
         self.syncs_now() && self.unsynced_ids >= self.sync_every()
     }
