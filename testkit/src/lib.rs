@@ -10,6 +10,8 @@
 //! - [`ray_logs`]: a Ray temp root with sessions and log files, for the log shipper's tests.
 //! - [`nobtime`]: a loop-mounted ext4 without birth times.
 //! - [`fault_proxy`]: an HTTP proxy that records requests and injects errors, delays and drops.
+//! - [`moto_rig`]: moto behind the fault proxy, a bucket, a Ray session, and collectors
+//!   shipping its logs there through the proxy (the S3 append tests' set-up).
 //! - [`relay`]: a TCP relay that can be cut and restored, for storage outages.
 //! - [`ray`]: real Ray from PyPI, run by the end-to-end tests.
 //! - [`history_server`]: KubeRay's history server as a peer, with the Kubernetes API it needs.
@@ -37,6 +39,7 @@ pub mod fault_shim;
 pub mod history_server;
 pub mod hostile;
 pub mod http;
+pub mod moto_rig;
 pub mod nobtime;
 pub mod peer;
 pub mod preload;
