@@ -3,14 +3,10 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use object_store::local::LocalFileSystem;
-use object_store::ObjectStore;
-
 use rhc_testkit::collector::{files_under, read_all, Collector};
-use rhc_testkit::ray_logs::RayRoot;
+use rhc_testkit::ray_logs::{local_bucket, wait_for_objects as wait_for, RayRoot};
 use rhc_testkit::services::MotoS3;
 
 const NODE_A: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
@@ -27,34 +23,6 @@ fn start_session(ray: &RayRoot, session: &str, node: &str) {
     std::fs::write(logs.join("gcs_server.out"), "gcs started\n").unwrap();
     std::fs::write(logs.join("events/event_GCS.log"), "{\"event_id\":\"1\"}\n").unwrap();
     ray.point_latest(session);
-}
-
-fn local(dir: &Path) -> Arc<dyn ObjectStore> {
-    std::fs::create_dir_all(dir).unwrap();
-    Arc::new(LocalFileSystem::new_with_prefix(dir).unwrap())
-}
-
-/// Polls the bucket until `pred` holds (bounded).
-fn wait_for(
-    store: &Arc<dyn ObjectStore>,
-    what: &str,
-    c: &Collector,
-    pred: impl Fn(&BTreeMap<String, Vec<u8>>) -> bool,
-) -> BTreeMap<String, Vec<u8>> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let objects = read_all(store);
-        if pred(&objects) {
-            return objects;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; objects: {:#?}\n{}",
-            objects.keys().collect::<Vec<_>>(),
-            c.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 fn key(session: &str, node: &str, rel: &str) -> String {
@@ -76,7 +44,7 @@ fn live_snapshots_rotation_and_a_new_session() {
     let _sock = std::os::unix::net::UnixListener::bind(ray.logs(S1).join("sock")).unwrap();
     std::fs::write(ray.logs(S1).join("bad name.log"), "x").unwrap();
     let bucket = tmp.path().join("bucket");
-    let store = local(&bucket);
+    let store = local_bucket(&bucket);
     let mut c = Collector::start(
         &tmp.path().join("spool"),
         &[
@@ -220,7 +188,7 @@ fn a_backup_written_once_more_after_its_rename_is_one_object() {
         .append(true)
         .open(logs.join("dashboard.log"))
         .unwrap();
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start_local(tmp.path(), &ray);
     wait_for(&store, "the live dashboard.log", &c, |o| {
         o.contains_key(&key(S1, NODE_A, "dashboard.log"))
@@ -284,7 +252,7 @@ fn a_backup_rewritten_with_another_head_is_a_new_object() {
     let body = "2026-11-22 INFO heartbeat ok\n".repeat(8000);
     let first = format!("HEAD-ONE\n{body}");
     std::fs::write(logs.join("dashboard.log.1"), &first).unwrap();
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start_local(tmp.path(), &ray);
     wait_for(&store, "the backup's first upload", &c, |o| {
         backups_of(o, "dashboard.log")
@@ -333,7 +301,7 @@ fn a_live_file_rewritten_with_another_head_is_uploaded_whole() {
     let body = "2026-11-22 INFO heartbeat ok\n".repeat(8000);
     let first = format!("HEAD-ONE\n{body}");
     std::fs::write(logs.join("dashboard.log"), &first).unwrap();
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start_local(tmp.path(), &ray);
     let k = key(S1, NODE_A, "dashboard.log");
     wait_for(&store, "the first upload", &c, |o| {
@@ -370,7 +338,7 @@ fn a_whole_upload_beside_the_lane_at_sigterm_finishes_and_the_object_equals_the_
     let line = "2026-11-22 02:56:15,477 INFO a line of a worker that writes a lot of output\n";
     // 8 MB: about 7 s at the 1 MB/s cap (after its one second of burst).
     ray.append(S1, rel, &line.repeat(8_000_000 / line.len()));
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let bucket = tmp.path().join("bucket");
     let mut c = Collector::start(
         &tmp.path().join("spool"),
@@ -442,7 +410,7 @@ fn a_file_rewritten_in_place_during_its_upload_ends_equal_to_the_file() {
         .map(|i| format!("OLD line {i:07} aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n"))
         .collect();
     ray.append(S1, rel, &old);
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let bucket = tmp.path().join("bucket");
     let mut c = Collector::start(
         &tmp.path().join("spool"),
@@ -512,7 +480,7 @@ fn a_big_upload_under_a_cap_does_not_starve_the_final_flush() {
     let line = "2026-11-22 02:56:15,477 INFO a line of a worker that writes a lot of output\n";
     // 4 MB: 40 s at the 100 kB/s cap, longer than the 15 s shutdown budget.
     ray.append(S1, "worker-big.log", &line.repeat(4_000_000 / line.len()));
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let bucket = tmp.path().join("bucket");
     let mut c = Collector::start(
         &tmp.path().join("spool"),
@@ -576,7 +544,7 @@ fn a_rotation_while_the_final_flush_waits_for_an_upload_beside_it_is_sent() {
         .append(true)
         .open(&live)
         .unwrap();
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let bucket = tmp.path().join("bucket");
     let mut c = Collector::start(
         &tmp.path().join("spool"),
@@ -664,7 +632,7 @@ fn big_sends_sharing_a_small_cap_all_land_and_none_is_dropped() {
     for rel in &rels {
         ray.append(S1, rel, &line.repeat(300_000 / line.len()));
     }
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let bucket = tmp.path().join("bucket");
     let mut c = Collector::start(
         &tmp.path().join("spool"),
@@ -731,7 +699,7 @@ fn kill_9_and_restart_after_rotations_uploads_nothing_again() {
     let logs = ray.logs(S1);
     ray.append(S1, "raylet.out", "before rotation 1\n");
     ray.append(S1, "dashboard.log", "dashboard before rotation\n");
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start_local(tmp.path(), &ray);
     wait_for(&store, "the first snapshot", &c, |o| {
         o.contains_key(&key(S1, NODE_A, "dashboard.log"))
@@ -788,7 +756,7 @@ fn final_flush_uploads_everything_byte_for_byte() {
     ray.append(S1, "worker-old-01000000-7.err", "old traceback\n");
     ray.point_latest(S2);
     let bucket = tmp.path().join("bucket");
-    let store = local(&bucket);
+    let store = local_bucket(&bucket);
     let mut c = Collector::start(
         &tmp.path().join("spool"),
         &[
@@ -920,7 +888,7 @@ fn rotated_backups_with_the_same_mtime_are_all_kept() {
         backups.push(content.into_bytes());
     }
     let bucket = tmp.path().join("bucket");
-    let store = local(&bucket);
+    let store = local_bucket(&bucket);
     let mut c = Collector::start(
         &tmp.path().join("spool"),
         &[
@@ -1006,7 +974,7 @@ fn files_whose_keys_the_store_refuses_never_stop_the_others() {
         write_beneath(&logs, &dirs, &format!("deep_{i}.log"), b"deep down\n");
     }
     let bucket = tmp.path().join("bucket");
-    let store = local(&bucket);
+    let store = local_bucket(&bucket);
     let mut c = Collector::start(
         &tmp.path().join("spool"),
         &[

@@ -16,11 +16,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use object_store::local::LocalFileSystem;
-use object_store::ObjectStore;
-
 use rhc_testkit::collector::{append_to, read_all, Collector};
-use rhc_testkit::ray_logs::{raylet_line, RayRoot};
+use rhc_testkit::ray_logs::{local_bucket, raylet_line, wait_for_objects as wait_for, RayRoot};
 
 const NODE_A: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
 const NODE_B: &str = "3ae6595c248ad7def1c7206bfd50b18e860d5eb167e4e068c64823a5";
@@ -42,36 +39,8 @@ fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap();
 }
 
-fn bucket(dir: &Path) -> Arc<dyn ObjectStore> {
-    std::fs::create_dir_all(dir).unwrap();
-    Arc::new(LocalFileSystem::new_with_prefix(dir).unwrap())
-}
-
 fn key(session: &str, node: &str, rel: &str) -> String {
     format!("{P}/{session}/{node}/logs/{rel}")
-}
-
-/// Polls the bucket until `pred` holds (at most 20 s).
-fn wait_for(
-    store: &Arc<dyn ObjectStore>,
-    what: &str,
-    c: &Collector,
-    pred: impl Fn(&BTreeMap<String, Vec<u8>>) -> bool,
-) -> BTreeMap<String, Vec<u8>> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let objects = read_all(store);
-        if pred(&objects) {
-            return objects;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; objects: {:#?}\n{}",
-            objects.keys().collect::<Vec<_>>(),
-            c.log_tail(40)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 fn start(tmp: &Path, ray: &Path, interval: &str) -> Collector {
@@ -152,7 +121,7 @@ fn a_restarted_raylet_files_logs_under_its_own_node_and_workers_under_theirs() {
     write(&logs.join("gcs_server.out"), "no writer named\n");
     ray.point_latest(S1);
 
-    let store = bucket(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start(tmp.path(), &ray.root, "1s");
     let expected = [
         key(S1, NODE_A, "raylet.out"),
@@ -193,7 +162,7 @@ fn a_briefly_broken_session_latest_link_does_not_finish_the_live_session() {
     write(&s1.join("logs/raylet.out"), &raylet_line(NODE_A));
     write(&s1.join("logs/app.log"), "one\n");
     ray.point_latest(S1);
-    let store = bucket(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     // Rounds only at start, on a session change and at SIGTERM.
     let mut c = start(tmp.path(), &ray.root, "1h");
     let app = key(S1, NODE_A, "app.log");
@@ -260,7 +229,7 @@ fn a_busy_raylet_whose_id_line_rotated_away_files_logs_under_the_stored_id() {
             }
         })
     };
-    let store = bucket(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start(tmp.path(), &ray.root, "1s");
     wait_for(
         &store,
@@ -297,7 +266,7 @@ fn an_earlier_session_whose_raylet_still_answers_is_not_finished() {
     backdate(&s1.join("logs/raylet.out"), quiet);
     backdate(&s1.join("logs"), quiet);
     ray.point_latest(S2);
-    let store = bucket(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start(tmp.path(), &ray.root, "1s");
     let app_key = key(S1, NODE_A, "app.log");
     wait_for(&store, "the earlier session's first upload", &c, |o| {
@@ -334,7 +303,7 @@ fn a_rotated_core_worker_log_is_filed_under_the_node_its_oldest_backup_names() {
     // Then the container restarted: B is the newest raylet.
     write(&logs.join("raylet.1.out"), &raylet_line(NODE_B));
     ray.point_latest(S1);
-    let store = bucket(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start(tmp.path(), &ray.root, "1s");
     let objects = wait_for(&store, "A's worker logs", &c, |o| {
         o.contains_key(&key(S1, NODE_A, &cw)) && o.contains_key(&key(S1, NODE_A, &out))
@@ -356,7 +325,7 @@ fn a_slowly_starting_worker_is_held_until_it_names_its_node() {
     write(&logs.join("raylet.out"), &raylet_line(NODE_A));
     write(&logs.join("raylet.1.out"), &raylet_line(NODE_B));
     ray.point_latest(S1);
-    let store = bucket(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start(tmp.path(), &ray.root, "1s");
     wait_for(&store, "the first round", &c, |o| {
         o.contains_key(&key(S1, NODE_B, "raylet.1.out"))
@@ -404,7 +373,7 @@ fn the_heads_files_stay_under_the_first_raylets_node_when_a_raylet_restarts() {
     write(&logs.join("gcs_server.out"), "gcs line 1\n");
     write(&logs.join("monitor.log"), "mon 1\n");
     ray.point_latest(S1);
-    let store = bucket(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start(tmp.path(), &ray.root, "1s");
     wait_for(&store, "the head's files under A", &c, |o| {
         o.contains_key(&key(S1, NODE_A, "gcs_server.out"))
@@ -449,7 +418,7 @@ fn a_worker_output_without_a_core_worker_log_is_held_at_most_64_kib_or_30_s() {
     write(&logs.join("raylet.out"), &raylet_line(NODE_A));
     write(&logs.join("raylet.1.out"), &raylet_line(NODE_B));
     ray.point_latest(S1);
-    let store = bucket(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start(tmp.path(), &ray.root, "1s");
     wait_for(&store, "the first round", &c, |o| {
         o.contains_key(&key(S1, NODE_B, "raylet.1.out"))
@@ -542,7 +511,7 @@ fn the_sessions_owner_survives_a_collector_restart() {
     write(&logs.join("raylet.out"), &raylet_line(NODE_A));
     write(&logs.join("gcs_server.out"), "gcs line 1\n");
     ray.point_latest(S1);
-    let store = bucket(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start(tmp.path(), &ray.root, "1s");
     wait_for(&store, "the head's file under A", &c, |o| {
         o.contains_key(&key(S1, NODE_A, "gcs_server.out"))
@@ -585,7 +554,7 @@ fn a_worker_output_filed_before_its_core_worker_log_keeps_its_node() {
     let out = format!("worker-{w}-01000000-4242.out");
     write(&logs.join(&out), &format!("{}\n", "x".repeat(99)));
     ray.point_latest(S1);
-    let store = bucket(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start_with(tmp.path(), &ray.root, "1s", &THROTTLE);
     wait_for(&store, "the first round", &c, |o| {
         o.contains_key(&key(S1, NODE_B, "raylet.1.out"))
@@ -641,7 +610,7 @@ fn a_backups_key_survives_a_kill_before_the_round_ends() {
     write(&backup, &"backup line\n".repeat(100));
     busy_round(&logs);
     ray.point_latest(S1);
-    let store = bucket(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start_with(tmp.path(), &ray.root, "1s", &THROTTLE);
     let rotated = |o: &BTreeMap<String, Vec<u8>>| {
         o.keys()
@@ -682,7 +651,7 @@ fn the_sessions_owner_survives_a_kill_before_the_round_ends() {
     write(&logs.join("gcs_server.out"), "gcs started\n");
     busy_round(&logs);
     ray.point_latest(S1);
-    let store = bucket(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start_with(tmp.path(), &ray.root, "1s", &THROTTLE);
     wait_for(&store, "the head's file under A", &c, |o| {
         o.contains_key(&key(S1, NODE_A, "gcs_server.out"))

@@ -7,7 +7,9 @@
 //! - [`services`]: the storage emulators (moto for S3 and GCS's XML API, Azurite, fake-gcs-server)
 //!   that `scripts/install-test-deps.sh` installs, on loopback ports.
 //! - [`preload`]: an `LD_PRELOAD` shim that swaps a file for a symlink as it is opened.
-//! - [`ray_logs`]: a Ray temp root with sessions and log files, for the log shipper's tests.
+//! - [`ray_logs`]: a Ray temp root with sessions and log files, for the log shipper's tests,
+//!   and [`ray_logs::LocalRig`]: a Ray temp root, a `file://` bucket, a spool and collectors
+//!   between them.
 //! - [`nobtime`]: a loop-mounted ext4 without birth times.
 //! - [`fault_proxy`]: an HTTP proxy that records requests and injects errors, delays and drops.
 //! - [`moto_rig`]: moto behind the fault proxy, a bucket, a Ray session, and collectors

@@ -149,8 +149,7 @@ impl LocalRig {
 
     /// The bucket as an object store (the directory made if missing).
     pub fn store(&self) -> Arc<dyn ObjectStore> {
-        std::fs::create_dir_all(&self.bucket).expect("create the bucket");
-        Arc::new(LocalFileSystem::new_with_prefix(&self.bucket).expect("a local bucket"))
+        local_bucket(&self.bucket)
     }
 
     /// Every object of the bucket (key → bytes).
@@ -158,29 +157,14 @@ impl LocalRig {
         bucket_objects(&self.bucket)
     }
 
-    /// Polls the bucket (every 200 ms, at most 20 s) until `pred` holds of its objects, and
-    /// returns them; panics with `what`, the keys and the end of `c`'s log otherwise.
+    /// [`wait_for_objects`] on this world's bucket.
     pub fn wait_for(
         &self,
         what: &str,
         c: &Collector,
         pred: impl Fn(&BTreeMap<String, Vec<u8>>) -> bool,
     ) -> BTreeMap<String, Vec<u8>> {
-        let store = self.store();
-        let deadline = Instant::now() + BUCKET_WAIT_LIMIT;
-        loop {
-            let objects = read_all(&store);
-            if pred(&objects) {
-                return objects;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; objects: {:#?}\n{}",
-                objects.keys().collect::<Vec<_>>(),
-                c.log_tail(40)
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        wait_for_objects(&self.store(), what, c, pred)
     }
 
     /// Every upload fails from now on: the bucket's directory becomes a file.
@@ -272,6 +256,36 @@ pub fn rewrite_in_place(path: &Path, bytes: &[u8]) {
     f.set_len(0).expect("truncate");
     f.seek(SeekFrom::Start(0)).expect("seek");
     f.write_all(bytes).expect("rewrite");
+}
+
+/// The `file://` bucket at `dir` as an object store (the directory made if missing).
+pub fn local_bucket(dir: &Path) -> Arc<dyn ObjectStore> {
+    std::fs::create_dir_all(dir).expect("create the bucket");
+    Arc::new(LocalFileSystem::new_with_prefix(dir).expect("a local bucket"))
+}
+
+/// Polls `store` (every 200 ms, at most 20 s) until `pred` holds of its objects, and returns
+/// them; panics with `what`, the keys and the end of `c`'s log otherwise.
+pub fn wait_for_objects(
+    store: &Arc<dyn ObjectStore>,
+    what: &str,
+    c: &Collector,
+    pred: impl Fn(&BTreeMap<String, Vec<u8>>) -> bool,
+) -> BTreeMap<String, Vec<u8>> {
+    let deadline = Instant::now() + BUCKET_WAIT_LIMIT;
+    loop {
+        let objects = read_all(store);
+        if pred(&objects) {
+            return objects;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; objects: {:#?}\n{}",
+            objects.keys().collect::<Vec<_>>(),
+            c.log_tail(40)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// Every object of the `file://` bucket at `bucket` (key → bytes).
