@@ -13,12 +13,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use object_store::local::LocalFileSystem;
 use object_store::ObjectStore;
 
 use rhc_testkit::collector::{read_all, Collector};
 use rhc_testkit::fault_proxy::{Fault, FaultProxy, Rule};
 use rhc_testkit::fault_shim::Faults;
+use rhc_testkit::ray_logs::local_bucket;
 use rhc_testkit::services::MotoS3;
 
 const SESSION: &str = "session_2026-11-22_02-06-54_202993_22498";
@@ -146,11 +146,6 @@ impl Poller {
     }
 }
 
-fn local_store(dir: &Path) -> Arc<dyn ObjectStore> {
-    std::fs::create_dir_all(dir).unwrap();
-    Arc::new(LocalFileSystem::new_with_prefix(dir).unwrap())
-}
-
 /// Posts batches of `per_batch` events every 100 ms for `run`, over `jobs` jobs; returns
 /// each batch's ids with the time its 200 came back.
 fn post_steadily(
@@ -183,8 +178,7 @@ fn assert_node_loss_bounded(
     jobs: usize,
 ) {
     let vanished = Instant::now();
-    c.kill9();
-    std::fs::remove_dir_all(&c.spool).unwrap();
+    c.vanish().unwrap();
     let objects = event_objects(read());
     let mut count: HashMap<String, u32> = HashMap::new();
     for (k, v) in &objects {
@@ -236,7 +230,7 @@ fn file_collector(tmp: &Path, extra: &[&str]) -> (Collector, std::path::PathBuf)
 fn node_loss_on_file_bucket_loses_nothing_older_than_the_window() {
     let tmp = tempfile::tempdir().unwrap();
     let (mut c, bucket) = file_collector(tmp.path(), &["--upload-window", "2s"]);
-    let store = local_store(&bucket);
+    let store = local_bucket(&bucket);
     let s2 = store.clone();
     let poller = Poller::start(move || read_all(&s2));
     let acked = post_steadily(&c, "f", Duration::from_secs(6), 30, 3);
@@ -259,7 +253,7 @@ fn node_loss_on_file_bucket_loses_nothing_older_than_the_window() {
 fn node_loss_at_the_default_window() {
     let tmp = tempfile::tempdir().unwrap();
     let (mut c, bucket) = file_collector(tmp.path(), &[]);
-    let store = local_store(&bucket);
+    let store = local_bucket(&bucket);
     let acked = post_steadily(&c, "d", Duration::from_secs(13), 10, 2);
     assert_node_loss_bounded(
         &mut c,
@@ -277,7 +271,7 @@ fn kill_and_restart_with_the_spool_kept_is_exact() {
     for tampered in [false, true] {
         let tmp = tempfile::tempdir().unwrap();
         let (mut c, bucket) = file_collector(tmp.path(), &["--upload-window", "1s"]);
-        let store = local_store(&bucket);
+        let store = local_bucket(&bucket);
         let a: Vec<String> = (0..200).map(|i| format!("a-{i}")).collect();
         post(&c, &a, 2);
         // Published (rounds every 0.5 s), then more that may not be.
@@ -1175,7 +1169,7 @@ fn a_node_killed_while_its_file_object_grows_leaves_it_whole() {
 
 /// Every event id in the session's event objects on the file:// bucket (temporaries skipped).
 fn ids_in_file_bucket(bucket: &Path) -> std::collections::BTreeSet<String> {
-    event_objects(read_all(&local_store(bucket)))
+    event_objects(read_all(&local_bucket(bucket)))
         .iter()
         .filter(|(k, _)| !k.ends_with(".rhc-tmp"))
         .flat_map(|(k, v)| version_ids(k, v))
@@ -1256,7 +1250,7 @@ fn a_passing_error_reading_a_segment_only_delays_the_growth() {
         };
         // Either compression (a `.jsonl` is plain here), temporaries skipped.
         let in_bucket = || -> std::collections::BTreeSet<String> {
-            event_objects(read_all(&local_store(&bucket)))
+            event_objects(read_all(&local_bucket(&bucket)))
                 .iter()
                 .filter(|(k, _)| !k.ends_with(".rhc-tmp"))
                 .flat_map(|(k, v)| object_ids(k, v))

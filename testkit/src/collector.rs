@@ -329,6 +329,15 @@ impl Collector {
         }
     }
 
+    /// The node vanishes (a reclaimed spot node, an eviction): kill -9, then the spool
+    /// directory is deleted, as the pod's emptyDir goes with the node. What was not in the
+    /// bucket by then is gone for good. An error names the spool when it cannot be deleted.
+    pub fn vanish(&mut self) -> Result<(), String> {
+        self.kill9();
+        fs::remove_dir_all(&self.spool)
+            .map_err(|e| format!("deleting the spool {}: {e}", self.spool.display()))
+    }
+
     pub fn log_text(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
