@@ -45,13 +45,22 @@ impl MotoRig {
     /// Starts moto and the proxy, creates `bucket`, and the session tree; `None` when moto is
     /// not installed (the test is skipped).
     pub fn new(bucket: &str, cluster: &str) -> Option<MotoRig> {
+        let rig = MotoRig::without_session(bucket, cluster)?;
+        RayRoot::new(rig.ray_root()).session(SESSION, NODE, true);
+        Some(rig)
+    }
+
+    /// [`MotoRig::new`] without the Ray session, nor even the Ray temp root's directory: for
+    /// tests of the events path, whose collectors must ship no log.
+    pub fn without_session(bucket: &str, cluster: &str) -> Option<MotoRig> {
         let s3 = MotoS3::start()?;
         s3.create_bucket(bucket);
         let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port))
             .unwrap_or_else(|e| panic!("starting the fault proxy: {e}"));
         let tmp = tempfile::tempdir().expect("a temporary directory");
-        let ray = RayRoot::new(&tmp.path().join("ray"));
-        ray.session(SESSION, NODE, true);
+        let ray = RayRoot {
+            root: tmp.path().join("ray"),
+        };
         Some(MotoRig {
             s3,
             proxy,
@@ -60,6 +69,18 @@ impl MotoRig {
             cluster: cluster.to_string(),
             ray,
         })
+    }
+
+    /// Every object of the bucket (key → bytes), read straight from moto (not through the
+    /// proxy); an object listed and gone before it is read is not in the answer.
+    pub fn objects(&self) -> std::collections::BTreeMap<String, Vec<u8>> {
+        let mut out = std::collections::BTreeMap::new();
+        for k in self.s3.list_keys(&self.bucket, "") {
+            if let Some(b) = self.s3.get_object(&self.bucket, &k) {
+                out.insert(k, b);
+            }
+        }
+        out
     }
 
     /// The Ray temp root (`--ray-tmp-dir`).
@@ -107,6 +128,7 @@ impl MotoRig {
             rig: self,
             spool: "spool".into(),
             bucket: self.bucket.clone(),
+            defaults: true,
             args: Vec::new(),
             env: Vec::new(),
         }
@@ -209,6 +231,8 @@ pub struct RigCollector<'a> {
     rig: &'a MotoRig,
     spool: String,
     bucket: String,
+    /// `--cluster-name` and the 1 s log interval (off: only `--storage` and `--ray-tmp-dir`).
+    defaults: bool,
     args: Vec<String>,
     env: Vec<(String, String)>,
 }
@@ -217,6 +241,14 @@ impl RigCollector<'_> {
     /// Flags after the rig's own (`--log-upload-interval` here replaces the rig's 1 s).
     pub fn args(mut self, args: &[&str]) -> Self {
         self.args.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+
+    /// Only `--storage`, `--ray-tmp-dir` and `args`: no cluster name, no log interval (the
+    /// collector's defaults).
+    pub fn only(mut self, args: &[&str]) -> Self {
+        self.defaults = false;
+        self.args = args.iter().map(|a| a.to_string()).collect();
         self
     }
 
@@ -254,15 +286,12 @@ impl RigCollector<'_> {
             .to_str()
             .expect("a UTF-8 path")
             .to_string();
-        let mut args: Vec<&str> = vec![
-            "--storage",
-            &storage,
-            "--cluster-name",
-            &self.rig.cluster,
-            "--ray-tmp-dir",
-            &ray,
-        ];
-        if !self.args.iter().any(|a| a == "--log-upload-interval") {
+        let mut args: Vec<&str> = vec!["--storage", &storage];
+        if self.defaults {
+            args.extend_from_slice(&["--cluster-name", &self.rig.cluster]);
+        }
+        args.extend_from_slice(&["--ray-tmp-dir", &ray]);
+        if self.defaults && !self.args.iter().any(|a| a == "--log-upload-interval") {
             args.extend_from_slice(&["--log-upload-interval", LOG_UPLOAD_INTERVAL]);
         }
         args.extend(self.args.iter().map(String::as_str));
