@@ -56,29 +56,8 @@ if [[ ! -d "$DIR/store/cluster-metadata" ]]; then
 fi
 log "bucket: $(du -sh "$DIR/store" | cut -f1), $(find "$DIR/store" -type f | wc -l) objects, $(cat "$DIR/accepted") events"
 
-# One timed run: "<wall seconds> <max RSS KiB> <CPU seconds, user + system>".
-measure() {
-    /usr/bin/time -v "$1" inspect "$DIR/store" --session latest --json \
-        >"$DIR/report-$2.json" 2>"$DIR/time-$2.txt"
-    local wall kib cpu
-    wall=$(awk -F': ' '/Elapsed \(wall clock\)/ {print $2}' "$DIR/time-$2.txt" \
-        | awk -F: '{ if (NF == 3) print $1*3600 + $2*60 + $3; else print $1*60 + $2 }')
-    kib=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$DIR/time-$2.txt")
-    cpu=$(awk -F': ' '/(User|System) time \(seconds\)/ {s += $2} END {print s}' "$DIR/time-$2.txt")
-    echo "$wall $kib $cpu"
-}
-
-walls=(); rss=(); cpus=(); base_walls=(); base_rss=(); base_cpus=()
-for i in $(seq 1 "$RUNS"); do
-    read -r wall kib cpu < <(measure "$BIN" new)
-    walls+=("$wall"); rss+=("$kib"); cpus+=("$cpu")
-    log "run $i: ${wall} s, CPU ${cpu} s, max RSS $((kib / 1024)) MiB (load average $(cut -d' ' -f1 /proc/loadavg))"
-    if [[ -n "${BASELINE:-}" ]]; then
-        read -r wall kib cpu < <(measure "$BASELINE" baseline)
-        base_walls+=("$wall"); base_rss+=("$kib"); base_cpus+=("$cpu")
-        log "run $i, baseline: ${wall} s, CPU ${cpu} s, max RSS $((kib / 1024)) MiB"
-    fi
-done
+source "$REPO/bench/lib/inspect_runs.sh"
+inspect_runs
 python3 - "$DIR/report-new.json" "${walls[*]}" "${rss[*]}" "${cpus[*]}" \
     "${base_walls[*]:-}" "${base_rss[*]:-}" "${base_cpus[*]:-}" <<'EOF'
 import json, statistics, sys

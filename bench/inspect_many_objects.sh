@@ -70,18 +70,6 @@ PY
 fi
 log "bucket: $(du -sh "$DIR/store" | cut -f1), $(find "$DIR/store" -type f | wc -l) objects"
 
-# One timed run: "<wall seconds> <max RSS KiB> <CPU seconds, user + system>".
-measure() {
-    (ulimit -n "$NOFILE"; /usr/bin/time -v "$1" inspect "$DIR/store" --session latest --json \
-        >"$DIR/report-$2.json" 2>"$DIR/time-$2.txt") || true
-    local wall kib cpu
-    wall=$(awk -F': ' '/Elapsed \(wall clock\)/ {print $2}' "$DIR/time-$2.txt" \
-        | awk -F: '{ if (NF == 3) print $1*3600 + $2*60 + $3; else print $1*60 + $2 }')
-    kib=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$DIR/time-$2.txt")
-    cpu=$(awk -F': ' '/(User|System) time \(seconds\)/ {s += $2} END {print s}' "$DIR/time-$2.txt")
-    echo "$wall $kib $cpu"
-}
-
 # What a report says: "<objects listed> <read> <unreadable problems> <events> <task attempts>".
 summary() {
     python3 -c '
@@ -94,17 +82,17 @@ print(r["objects"]["event_objects_listed"], r["objects"]["read"],
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 
 [[ "$RUNS" -gt 0 ]] || exit 0
-walls=(); rss=(); cpus=(); base_walls=(); base_rss=(); base_cpus=()
-for i in $(seq 1 "$RUNS"); do
-    read -r wall kib cpu < <(measure "$BIN" new)
-    walls+=("$wall"); rss+=("$kib"); cpus+=("$cpu")
-    log "run $i: ${wall} s, CPU ${cpu} s, max RSS $((kib / 1024)) MiB (load average $(cut -d' ' -f1 /proc/loadavg)); listed, read, unreadable, events, attempts: $(summary "$DIR/report-new.json")"
-    if [[ -n "${BASELINE:-}" ]]; then
-        read -r wall kib cpu < <(measure "$BASELINE" baseline)
-        base_walls+=("$wall"); base_rss+=("$kib"); base_cpus+=("$cpu")
-        log "run $i, baseline: ${wall} s, CPU ${cpu} s, max RSS $((kib / 1024)) MiB; $(summary "$DIR/report-baseline.json" 2>/dev/null || echo 'no report')"
+# Each run's log line ends with what its report says.
+run_note() {
+    if [[ "$1" == new ]]; then
+        echo "; listed, read, unreadable, events, attempts: $(summary "$DIR/report-new.json")"
+    else
+        echo "; $(summary "$DIR/report-baseline.json" 2>/dev/null || echo 'no report')"
     fi
-done
+}
+INSPECT_NOFILE="$NOFILE"
+source "$REPO/bench/lib/inspect_runs.sh"
+inspect_runs
 echo "median of $RUNS (ulimit -n $NOFILE): $(median "${walls[@]}") s, CPU $(median "${cpus[@]}") s, max RSS $(( $(median "${rss[@]}") / 1024 )) MiB"
 if [[ -n "${BASELINE:-}" ]]; then
     echo "baseline median: $(median "${base_walls[@]}") s, CPU $(median "${base_cpus[@]}") s, max RSS $(( $(median "${base_rss[@]}") / 1024 )) MiB"

@@ -3,19 +3,14 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use object_store::local::LocalFileSystem;
-use object_store::ObjectStore;
 use serde_json::Value;
 
-use rhc_testkit::collector::{
-    append_to as append, decode, history_server_accepts, read_all, Collector,
-};
+use rhc_testkit::collector::{append_to as append, decode, history_server_accepts, Collector};
 use rhc_testkit::fault_shim::Faults;
-use rhc_testkit::ray_logs::RayRoot;
+use rhc_testkit::ray_logs::{bucket_objects, LocalRig};
 
 /// errno of a full volume, injected by the fault shim.
 const ENOSPC: i32 = 28;
@@ -40,64 +35,29 @@ fn export_dir(ray: &Path) -> PathBuf {
     ray.join(SESSION).join("logs").join("export_events")
 }
 
-/// One test's world under one directory: a Ray temp root (`ray/`) whose session's
-/// `raylet.out` names [`NODE`], with `session_latest` pointing at it and its
-/// `logs/export_events/` made; a `file://` bucket (`bucket/`) and a spool (`spool/`).
-struct Work {
-    _tmp: Option<tempfile::TempDir>,
-    dir: PathBuf,
-    ray: PathBuf,
-    bucket: PathBuf,
-    spool: PathBuf,
+/// One test's world ([`LocalRig`]): a Ray temp root whose session's `raylet.out` names
+/// [`NODE`], with `session_latest` pointing at it and its `logs/export_events/` made; its
+/// collectors tail the export events into the `file://` bucket (logs off, 1 s rotations).
+fn work() -> LocalRig {
+    exporting(LocalRig::new())
 }
 
-impl Work {
-    /// A world in a new temporary directory (removed when dropped).
-    fn new() -> Work {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut w = Work::at(tmp.path());
-        w._tmp = Some(tmp);
-        w
-    }
+/// [`work`] in `dir`.
+fn work_at(dir: &Path) -> LocalRig {
+    exporting(LocalRig::at(dir))
+}
 
-    /// A world in `dir`.
-    fn at(dir: &Path) -> Work {
-        let ray = dir.join("ray");
-        let logs = RayRoot::new(&ray).session(SESSION, NODE, true);
-        std::fs::create_dir_all(logs.join("export_events")).unwrap();
-        Work {
-            _tmp: None,
-            dir: dir.to_path_buf(),
-            ray,
-            bucket: dir.join("bucket"),
-            spool: dir.join("spool"),
-        }
-    }
-
-    /// The collector tailing this world's export events into its bucket (logs off, 1 s
-    /// rotations), `extra` flags after those, `env` added to its environment.
-    fn start(&self, extra: &[&str], env: &[(&str, &str)]) -> Collector {
-        let mut args = vec![
-            "--storage",
-            self.bucket.to_str().unwrap(),
-            "--cluster-name",
-            "exp",
-            "--ray-tmp-dir",
-            self.ray.to_str().unwrap(),
-            "--enable-log-collector",
-            "false",
-            "--rotation-interval",
-            "1s",
-        ];
-        args.extend_from_slice(extra);
-        Collector::start(&self.spool, &args, env)
-    }
-
-    /// Every upload fails from now on: the bucket's directory becomes a file.
-    fn refuse_uploads(&self) {
-        std::fs::remove_dir_all(&self.bucket).unwrap();
-        std::fs::write(&self.bucket, b"not a directory").unwrap();
-    }
+fn exporting(w: LocalRig) -> LocalRig {
+    let logs = w.ray.session(SESSION, NODE, true);
+    std::fs::create_dir_all(logs.join("export_events")).unwrap();
+    w.defaults(&[
+        "--cluster-name",
+        "exp",
+        "--enable-log-collector",
+        "false",
+        "--rotation-interval",
+        "1s",
+    ])
 }
 
 /// The partition a line must land in, computed from the fixture itself.
@@ -141,8 +101,8 @@ fn wait_metric_within(c: &Collector, name: &str, at_least: f64, limit: Duration)
 #[test]
 fn export_events_are_tailed_by_job_exactly_once() {
     let _files = beside_others();
-    let w = Work::new();
-    let ray = &w.ray;
+    let w = work();
+    let ray = &w.ray.root;
     let dir = export_dir(ray);
     // All fixture lines; the Train file is written in two steps around a crash.
     let mut lines: Vec<String> = Vec::new();
@@ -190,11 +150,9 @@ fn export_events_are_tailed_by_job_exactly_once() {
     }
     lines.extend(train.iter().map(|s| s.to_string()));
     c.restart();
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
 
-    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(bucket).unwrap());
-    let objects = read_all(&store);
+    let objects = bucket_objects(bucket);
     let prefix = format!("cluster-history/raycluster/default/exp/{SESSION}/{NODE}/export_events/");
     let mut seen: HashMap<String, (String, usize)> = HashMap::new();
     for (k, v) in objects.iter().filter(|(k, _)| k.starts_with(&prefix)) {
@@ -259,33 +217,27 @@ fn export_events_are_tailed_by_job_exactly_once() {
 #[test]
 fn lines_read_again_after_a_crash_are_not_stored_twice() {
     let _files = beside_others();
-    let w = Work::new();
-    let ray = &w.ray;
+    let w = work();
+    let ray = &w.ray.root;
     let dir = export_dir(ray);
     let text = std::fs::read_to_string(Path::new(FIXTURES).join("event_EXPORT_ACTOR.log")).unwrap();
     std::fs::write(dir.join("event_EXPORT_ACTOR.log"), &text).unwrap();
     let n = text.lines().count() as f64;
     let bucket = &w.bucket;
     let spool = &w.spool;
-    let args = [
-        "--storage",
-        bucket.to_str().unwrap(),
-        "--ray-tmp-dir",
-        ray.to_str().unwrap(),
-        "--enable-log-collector",
-        "false",
-    ];
-    let mut c = Collector::start(spool, &args, &[]);
+    // No cluster name, default rotations.
+    let mut c = w
+        .collector()
+        .only(&["--enable-log-collector", "false"])
+        .start();
     wait_metric(&c, "rhc_events_accepted_total", n);
     c.kill9();
     std::fs::remove_file(spool.join("export-offsets.json")).unwrap();
     c.restart();
     wait_metric(&c, "rhc_events_duplicate_total", n);
     assert_eq!(c.metric("rhc_events_accepted_total"), 0.0);
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
-    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(bucket).unwrap());
-    let lines: usize = read_all(&store)
+    c.terminate_ok(Duration::from_secs(30));
+    let lines: usize = bucket_objects(bucket)
         .iter()
         .filter(|(k, _)| k.contains("/export_events/"))
         .map(|(k, v)| {
@@ -310,10 +262,9 @@ fn train_line(source_type: &str) -> String {
 
 /// Export lines stored under `export_events/<group>/`, by group.
 fn stored_export_lines(bucket: &Path) -> HashMap<String, Vec<String>> {
-    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(bucket).unwrap());
     let prefix = format!("cluster-history/raycluster/default/exp/{SESSION}/{NODE}/export_events/");
     let mut out: HashMap<String, Vec<String>> = HashMap::new();
-    for (k, v) in read_all(&store)
+    for (k, v) in bucket_objects(bucket)
         .iter()
         .filter(|(k, _)| k.starts_with(&prefix))
     {
@@ -335,8 +286,8 @@ fn stored_export_lines(bucket: &Path) -> HashMap<String, Vec<String>> {
 #[test]
 fn a_train_attempt_follows_its_run_read_in_the_same_pass() {
     let _files = beside_others();
-    let w = Work::new();
-    let ray = &w.ray;
+    let w = work();
+    let ray = &w.ray.root;
     let dir = export_dir(ray);
     let run = train_line("EXPORT_TRAIN_RUN");
     let attempt = train_line("EXPORT_TRAIN_RUN_ATTEMPT");
@@ -349,8 +300,7 @@ fn a_train_attempt_follows_its_run_read_in_the_same_pass() {
     let bucket = &w.bucket;
     let mut c = w.start(&[], &[]);
     wait_metric(&c, "rhc_events_accepted_total", 2.0);
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
     let stored = stored_export_lines(bucket);
     assert_eq!(
         stored.get("01000000").map(Vec::len),
@@ -366,8 +316,8 @@ fn a_train_attempt_follows_its_run_read_in_the_same_pass() {
 #[test]
 fn a_torn_last_line_of_a_rotated_file_is_reported_and_gone_files_are_forgotten() {
     let _files = beside_others();
-    let w = Work::new();
-    let ray = &w.ray;
+    let w = work();
+    let ray = &w.ray.root;
     let dir = export_dir(ray);
     let actors =
         std::fs::read_to_string(Path::new(FIXTURES).join("event_EXPORT_ACTOR.log")).unwrap();
@@ -402,8 +352,7 @@ fn a_torn_last_line_of_a_rotated_file_is_reported_and_gone_files_are_forgotten()
         assert!(Instant::now() < deadline, "not pruned: {}", offsets());
         std::thread::sleep(Duration::from_millis(100));
     }
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
 
     let stored: Vec<String> = stored_export_lines(bucket)
         .into_values()
@@ -413,8 +362,7 @@ fn a_torn_last_line_of_a_rotated_file_is_reported_and_gone_files_are_forgotten()
         assert!(stored.contains(&l.to_string()), "missing {}", &l[..60]);
     }
     assert_eq!(stored.len(), 3, "{stored:?}");
-    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(bucket).unwrap());
-    let q: Vec<Value> = read_all(&store)
+    let q: Vec<Value> = bucket_objects(bucket)
         .iter()
         .filter(|(k, _)| k.starts_with("collector-quarantine/"))
         .flat_map(|(k, v)| {
@@ -440,8 +388,8 @@ fn an_export_backlog_leaves_room_for_pushed_events() {
     let _files = beside_others();
     // Reads of 8 MiB would stop at 24 MiB, past the 90 % mark (23.4 MiB).
     const BUDGET: u64 = 26 << 20;
-    let w = Work::new();
-    let ray = &w.ray;
+    let w = work();
+    let ray = &w.ray.root;
     let budget = BUDGET.to_string();
     let c = w.start(&["--max-spool-bytes", &budget], &[]);
     // The bucket becomes a file: every upload fails from now on and the spool keeps all.
@@ -528,8 +476,8 @@ fn stored_ids(bucket: &Path) -> HashMap<String, usize> {
 fn a_kill9_during_an_export_pass_duplicates_nothing_in_the_bucket() {
     let _files = beside_others();
     const LINES: usize = 40_000;
-    let w = Work::new();
-    let ray = &w.ray;
+    let w = work();
+    let ray = &w.ray.root;
     std::fs::write(
         export_dir(ray).join("event_EXPORT_TASK.log"),
         backlog(LINES, "k"),
@@ -558,8 +506,7 @@ fn a_kill9_during_an_export_pass_duplicates_nothing_in_the_bucket() {
     c.kill9();
     c.restart();
     wait_metric(&c, "rhc_events_accepted_total", 1.0);
-    let status = c.terminate(Duration::from_secs(60));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(60));
     let ids = stored_ids(bucket);
     let twice = ids.values().filter(|&&n| n > 1).count();
     assert_eq!(
@@ -577,8 +524,8 @@ fn a_kill9_during_an_export_pass_duplicates_nothing_in_the_bucket() {
 fn sigterm_during_a_long_export_pass_ends_reading_within_the_limit() {
     let _files = beside_others();
     const FILES: usize = 20_000;
-    let w = Work::new();
-    let ray = &w.ray;
+    let w = work();
+    let ray = &w.ray.root;
     let dir = export_dir(ray);
     for i in 0..FILES {
         std::fs::write(
@@ -622,8 +569,8 @@ fn sigterm_during_a_long_export_pass_ends_reading_within_the_limit() {
 fn a_small_spool_budget_still_leaves_room_for_pushed_events() {
     let _files = beside_others();
     const BUDGET: u64 = 5 << 20;
-    let w = Work::new();
-    let ray = &w.ray;
+    let w = work();
+    let ray = &w.ray.root;
     let budget = BUDGET.to_string();
     let c = w.start(&["--max-spool-bytes", &budget], &[]);
     w.refuse_uploads();
@@ -663,8 +610,8 @@ fn a_small_spool_budget_still_leaves_room_for_pushed_events() {
 fn a_file_of_blank_lines_is_read_in_bounded_batches() {
     let _files = beside_others();
     const BLANK_MIB: usize = 96;
-    let w = Work::new();
-    let ray = &w.ray;
+    let w = work();
+    let ray = &w.ray.root;
     let mut body = vec![b'\n'; BLANK_MIB << 20];
     body.extend_from_slice(
         b"{\"event_id\": \"b1\", \"timestamp\": 1795313307, \"source_type\": \"EXPORT_TASK\", \"event_data\": {\"job_id\": \"AQAAAA==\"}}\n",
@@ -702,8 +649,8 @@ fn a_file_of_blank_lines_is_read_in_bounded_batches() {
 fn a_rotation_during_a_pass_keeps_the_new_live_files_offset() {
     let _files = beside_others();
     use std::os::unix::fs::MetadataExt;
-    let w = Work::new();
-    let ray = &w.ray;
+    let w = work();
+    let ray = &w.ray.root;
     let dir = export_dir(ray);
     let live = dir.join("event_EXPORT_TASK.log");
     std::fs::write(&live, backlog(40_000, "a")).unwrap();
@@ -876,16 +823,15 @@ fn assert_all_155_once(bucket: &Path, log: &str) {
 #[test]
 fn a_new_file_on_a_deleted_backups_inode_is_read_whole_after_a_restart() {
     let _files = alone();
-    let w = Work::new();
-    let ray = &w.ray;
+    let w = work();
+    let ray = &w.ray.root;
     let files = DriverJobFiles::write(ray);
     let freed = inode(&files.backup);
     let bucket = &w.bucket;
     let spool = &w.spool;
     let mut c = w.start(&[], &[]);
     wait_metric(&c, "rhc_events_accepted_total", 55.0);
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
     let saved: Value =
         serde_json::from_slice(&std::fs::read(spool.join("export-offsets.json")).unwrap()).unwrap();
     assert_eq!(
@@ -897,8 +843,7 @@ fn a_new_file_on_a_deleted_backups_inode_is_read_whole_after_a_restart() {
     files.rotate_onto_the_freed_inode();
     c.restart();
     wait_accepted(&c, 100.0);
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
     assert_all_155_once(bucket, &c.log_text());
 }
 
@@ -908,8 +853,8 @@ fn a_new_file_on_a_deleted_backups_inode_is_read_whole_after_a_restart() {
 #[test]
 fn a_new_file_on_a_deleted_backups_inode_is_read_whole_while_running() {
     let _files = alone();
-    let w = Work::new();
-    let ray = &w.ray;
+    let w = work();
+    let ray = &w.ray.root;
     let files = DriverJobFiles::write(ray);
     let bucket = &w.bucket;
     let mut c = w.start(&[], &[]);
@@ -929,8 +874,7 @@ fn a_new_file_on_a_deleted_backups_inode_is_read_whole_while_running() {
         "lines were read twice:\n{}",
         c.log_text()
     );
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
     assert_all_155_once(bucket, &c.log_text());
 }
 
@@ -959,13 +903,13 @@ fn a_backup_read_into_a_batch_is_stored_when_its_first_store_fails() {
 /// rotation (the batch holding the backup's lines) fails with ENOSPC.
 fn backup_in_a_batch_on_a_reused_inode(store_fails: bool) {
     let _files = alone();
-    let w = Work::new();
+    let w = work();
     let faults = Faults::build(&w.dir);
-    let files = DriverJobFiles::write(&w.ray);
+    let files = DriverJobFiles::write(&w.ray.root);
     // Read after the backup and before the live file (a live file sorts after every
     // backup, then by name), with nothing in it: the tailer is held at its metadata when it
     // reads it in the first pass (the pass's listing takes it once before).
-    let between = export_dir(&w.ray).join("event_EXPORT_A.log");
+    let between = export_dir(&w.ray.root).join("event_EXPORT_A.log");
     std::fs::write(&between, b"").unwrap();
     faults.pause_at_stat(2, "export_events/event_EXPORT_A.log$");
     let mut c = w.start(&[], &faults.env());
@@ -1020,8 +964,8 @@ fn backup_in_a_batch_on_a_reused_inode(store_fails: bool) {
 #[test]
 fn a_bad_line_of_a_file_rewritten_in_place_keeps_its_record() {
     let _files = beside_others();
-    let w = Work::new();
-    let path = export_dir(&w.ray).join("event_EXPORT_DRIVER_JOB.log");
+    let w = work();
+    let path = export_dir(&w.ray.root).join("event_EXPORT_DRIVER_JOB.log");
     let good = |tag| driver_job_lines(1, tag);
     std::fs::write(&path, format!("OLD bad line, not json\n{}", good(1))).unwrap();
     let mut c = w.start(&[], &[]);
@@ -1039,8 +983,7 @@ fn a_bad_line_of_a_file_rewritten_in_place_keeps_its_record() {
     wait_metric(&c, "rhc_events_accepted_total", 2.0);
     // The pass that took the good line took the bad one before it.
     let quarantined = c.metric("rhc_events_quarantined_total");
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
     let mut raw: Vec<String> = quarantine_records(&w.bucket)
         .iter()
         .map(|r| r["raw"].as_str().unwrap_or_default().to_string())
@@ -1117,8 +1060,8 @@ fn offsets_of_an_older_collector_on_a_filesystem_without_birth_times() {
 /// become version 0, Ray's rotation puts a new live file of 100 lines on the freed inode,
 /// run 2 must store exactly those 100 and drop the 5 it reads again.
 fn upgrade_from_version_0_without_birth_times(work: &Path, env: &[(&str, &str)]) {
-    let w = Work::at(work);
-    let (ray, bucket, spool) = (&w.ray, &w.bucket, &w.spool);
+    let w = work_at(work);
+    let (ray, bucket, spool) = (&w.ray.root, &w.bucket, &w.spool);
     let files = DriverJobFiles::write(ray);
     let mut c = w.start(&[], env);
     assert!(
@@ -1126,8 +1069,7 @@ fn upgrade_from_version_0_without_birth_times(work: &Path, env: &[(&str, &str)])
         "the test needs a filesystem without birth times, or the shim hiding them"
     );
     wait_metric(&c, "rhc_events_accepted_total", 55.0);
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
     to_version_0(&spool.join("export-offsets.json"));
 
     files.rotate_onto_the_freed_inode();
@@ -1139,8 +1081,7 @@ fn upgrade_from_version_0_without_birth_times(work: &Path, env: &[(&str, &str)])
     }
     std::thread::sleep(Duration::from_millis(500));
     let repeats = c.metric("rhc_events_duplicate_total");
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
     assert_all_155_once(bucket, &c.log_text());
     assert_eq!(
         repeats,
@@ -1160,15 +1101,14 @@ fn upgrade_from_version_0_without_birth_times(work: &Path, env: &[(&str, &str)])
 #[test]
 fn an_upgrade_without_birth_times_reads_no_unchanged_file_again() {
     let _files = alone();
-    let w = Work::new();
+    let w = work();
     let faults = Faults::build(&w.dir);
     faults.hide_birth_times();
-    let (ray, bucket, spool) = (&w.ray, &w.bucket, &w.spool);
+    let (ray, bucket, spool) = (&w.ray.root, &w.bucket, &w.spool);
     let _files = DriverJobFiles::write(ray);
     let mut c = w.start(&[], &faults.env());
     wait_metric(&c, "rhc_events_accepted_total", 55.0);
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
     // The files' last change is now before the save below (timestamps tick in milliseconds).
     std::thread::sleep(Duration::from_millis(50));
     let path = spool.join("export-offsets.json");
@@ -1191,8 +1131,7 @@ fn an_upgrade_without_birth_times_reads_no_unchanged_file_again() {
     }
     std::thread::sleep(Duration::from_millis(1500));
     let again = c.metric("rhc_events_accepted_total");
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
     let twice = stored_ids(bucket).values().filter(|&&n| n > 1).count();
     assert_eq!(
         (again, twice),
@@ -1209,8 +1148,8 @@ fn an_upgrade_without_birth_times_reads_no_unchanged_file_again() {
 #[test]
 fn offsets_of_an_older_collector_neither_lose_nor_repeat_lines() {
     let _files = alone();
-    let w = Work::new();
-    let ray = &w.ray;
+    let w = work();
+    let ray = &w.ray.root;
     let files = DriverJobFiles::write(ray);
     assert!(
         std::fs::metadata(&files.live).unwrap().created().is_ok(),
@@ -1220,8 +1159,7 @@ fn offsets_of_an_older_collector_neither_lose_nor_repeat_lines() {
     let spool = &w.spool;
     let mut c = w.start(&[], &[]);
     wait_metric(&c, "rhc_events_accepted_total", 55.0);
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
     let path = spool.join("export-offsets.json");
     to_version_0(&path);
 
@@ -1229,8 +1167,7 @@ fn offsets_of_an_older_collector_neither_lose_nor_repeat_lines() {
     c.restart();
     wait_accepted(&c, 100.0);
     std::thread::sleep(Duration::from_millis(500));
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
     assert_all_155_once(bucket, &c.log_text());
     // Both entries now carry the file's identity.
     let now: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
@@ -1249,10 +1186,10 @@ fn an_unsaved_checkpoint_keeps_its_lines_from_the_bucket() {
     const LINES: usize = 20_000;
     /// `EACCES`, as if the spool directory had become read-only for the offsets file.
     const EACCES: i32 = 13;
-    let w = Work::new();
+    let w = work();
     let faults = Faults::build(&w.dir);
     faults.arm("open", EACCES, 1_000_000, "export-offsets.json.tmp");
-    let ray = &w.ray;
+    let ray = &w.ray.root;
     std::fs::write(
         export_dir(ray).join("event_EXPORT_TASK.log"),
         backlog(LINES, "c"),
@@ -1270,8 +1207,7 @@ fn an_unsaved_checkpoint_keeps_its_lines_from_the_bucket() {
     c.restart();
     wait_metric(&c, "rhc_events_accepted_total", 1.0);
     std::thread::sleep(Duration::from_secs(3));
-    let status = c.terminate(Duration::from_secs(60));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(60));
     let ids = stored_ids(bucket);
     let twice = ids.values().filter(|&&n| n > 1).count();
     assert_eq!(
@@ -1313,27 +1249,22 @@ fn an_export_backlog_is_counted_once_while_the_bucket_refuses_writes() {
     let _files = beside_others();
     const BUDGET: u64 = 10 << 20;
     const LINES: usize = 5500;
-    let w = Work::new();
-    let ray = &w.ray;
-    let bucket = &w.bucket;
+    let w = work();
+    let ray = &w.ray.root;
     let spool = &w.spool;
     let budget = BUDGET.to_string();
-    let c = Collector::start(
-        spool,
-        &[
-            "--storage",
-            bucket.to_str().unwrap(),
+    // The default rotations.
+    let c = w
+        .collector()
+        .only(&[
             "--cluster-name",
             "exp",
-            "--ray-tmp-dir",
-            ray.to_str().unwrap(),
             "--enable-log-collector",
             "false",
             "--max-spool-bytes",
             &budget,
-        ],
-        &[],
-    );
+        ])
+        .start();
     // The bucket becomes a file: every write to it fails from now on.
     w.refuse_uploads();
     // Lines of 1,024 bytes, as in the issue.
@@ -1394,8 +1325,8 @@ fn an_export_backlog_is_counted_once_while_the_bucket_refuses_writes() {
 fn a_shutdown_with_an_unsaved_checkpoint_then_a_restart_stores_each_line_once() {
     let _files = beside_others();
     const LINES: usize = 500;
-    let w = Work::new();
-    let ray = &w.ray;
+    let w = work();
+    let ray = &w.ray.root;
     std::fs::write(
         export_dir(ray).join("event_EXPORT_TASK.log"),
         backlog(LINES, "u"),
@@ -1411,8 +1342,7 @@ fn a_shutdown_with_an_unsaved_checkpoint_then_a_restart_stores_each_line_once() 
         !spool.join("export-offsets.json").exists(),
         "the offsets were saved"
     );
-    let status = c.terminate(Duration::from_secs(60));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(60));
     std::fs::remove_dir(&blocker).unwrap();
     c.restart();
     // The restart reads every line again: each is a duplicate or (before) stored again.
@@ -1427,8 +1357,7 @@ fn a_shutdown_with_an_unsaved_checkpoint_then_a_restart_stores_each_line_once() 
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let status = c.terminate(Duration::from_secs(60));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(60));
     let ids = stored_ids(bucket);
     let twice = ids.values().filter(|&&n| n > 1).count();
     assert_eq!(twice, 0, "{twice} of {LINES} lines stored twice");
@@ -1443,20 +1372,19 @@ fn a_shutdown_with_an_unsaved_checkpoint_then_a_restart_stores_each_line_once() 
 fn a_restart_after_an_unsaved_checkpoint_records_each_bad_line_once() {
     let _files = beside_others();
     const LINES: usize = 20;
-    let w = Work::new();
+    let w = work();
     let mut text = String::new();
     for (i, line) in backlog(LINES, "q").lines().enumerate() {
         text.push_str(line);
         text.push_str(&format!("\nbad line {i}, not json\n"));
     }
-    std::fs::write(export_dir(&w.ray).join("event_EXPORT_TASK.log"), text).unwrap();
+    std::fs::write(export_dir(&w.ray.root).join("event_EXPORT_TASK.log"), text).unwrap();
     let blocker = w.spool.join("export-offsets.json.tmp");
     std::fs::create_dir_all(&blocker).unwrap();
     let mut c = w.start(&[], &[]);
     wait_metric(&c, "rhc_events_accepted_total", LINES as f64);
     wait_metric(&c, "rhc_events_quarantined_total", LINES as f64);
-    let status = c.terminate(Duration::from_secs(60));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(60));
     std::fs::remove_dir(&blocker).unwrap();
     c.restart();
     // Every line read again: each a duplicate, or (before) stored or recorded again.
@@ -1474,8 +1402,7 @@ fn a_restart_after_an_unsaved_checkpoint_records_each_bad_line_once() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let status = c.terminate(Duration::from_secs(60));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(60));
     let mut records: HashMap<(String, u64), usize> = HashMap::new();
     for r in quarantine_records(&w.bucket) {
         let at = (
@@ -1504,8 +1431,8 @@ fn a_restart_after_an_unsaved_checkpoint_records_each_bad_line_once() {
 #[test]
 fn a_line_over_8_mib_is_cut_and_quarantined_and_reading_goes_on() {
     let _files = beside_others();
-    let w = Work::new();
-    let dir = export_dir(&w.ray);
+    let w = work();
+    let dir = export_dir(&w.ray.root);
     let mut run: Value = serde_json::from_str(&train_line("EXPORT_TRAIN_RUN")).unwrap();
     run["event_data"]["status_detail"] =
         Value::String(format!("Traceback START\n{}\nEND", "x".repeat(9 << 20)));
@@ -1528,8 +1455,7 @@ fn a_line_over_8_mib_is_cut_and_quarantined_and_reading_goes_on() {
         Duration::from_secs(60),
     );
     wait_metric(&c, "rhc_events_quarantined_total", 1.0);
-    let status = c.terminate(Duration::from_secs(60));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(60));
     let log = c.log_text();
     assert!(
         !log.contains("export event files wait on disk"),
@@ -1552,8 +1478,7 @@ fn a_line_over_8_mib_is_cut_and_quarantined_and_reading_goes_on() {
 
 /// Every quarantine record in the bucket.
 fn quarantine_records(bucket: &Path) -> Vec<Value> {
-    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(bucket).unwrap());
-    read_all(&store)
+    bucket_objects(bucket)
         .iter()
         .filter(|(k, _)| k.starts_with("collector-quarantine/"))
         .flat_map(|(k, v)| {
@@ -1573,7 +1498,7 @@ fn quarantine_records(bucket: &Path) -> Vec<Value> {
 #[test]
 fn two_overlong_lines_with_the_same_first_part_keep_a_record_each() {
     let _files = beside_others();
-    let w = Work::new();
+    let w = work();
     let pad = "e".repeat(9 << 20);
     let line = |id: &str| {
         format!(
@@ -1583,7 +1508,7 @@ fn two_overlong_lines_with_the_same_first_part_keep_a_record_each() {
     let (first, second) = (line("submit"), line("end"));
     let file = format!("{first}{second}{}", job_line(8, 1_795_313_307, "ok-"));
     std::fs::write(
-        export_dir(&w.ray).join("event_EXPORT_DRIVER_JOB.log"),
+        export_dir(&w.ray.root).join("event_EXPORT_DRIVER_JOB.log"),
         &file,
     )
     .unwrap();
@@ -1635,7 +1560,7 @@ fn job_line(job: u32, ts: u64, tag: &str) -> String {
 fn a_backlog_of_more_jobs_than_one_request_may_name_keeps_each_line_at_its_job_and_hour() {
     let _files = beside_others();
     const JOBS: u32 = 600;
-    let w = Work::new();
+    let w = work();
     let mut file = String::new();
     let mut hour_of: HashMap<String, u64> = HashMap::new();
     for job in 0..JOBS {
@@ -1646,7 +1571,7 @@ fn a_backlog_of_more_jobs_than_one_request_may_name_keeps_each_line_at_its_job_a
         }
     }
     std::fs::write(
-        export_dir(&w.ray).join("event_EXPORT_DRIVER_JOB.log"),
+        export_dir(&w.ray.root).join("event_EXPORT_DRIVER_JOB.log"),
         &file,
     )
     .unwrap();
@@ -1661,14 +1586,12 @@ fn a_backlog_of_more_jobs_than_one_request_may_name_keeps_each_line_at_its_job_a
     let quarantined = c.metric("rhc_events_quarantined_total");
     let status = c.terminate(Duration::from_secs(60));
     assert!(status.success(), "{}", c.log_tail(20));
-    let store: Arc<dyn ObjectStore> =
-        Arc::new(LocalFileSystem::new_with_prefix(&w.bucket).unwrap());
     let prefix = format!("cluster-history/raycluster/default/exp/{SESSION}/{NODE}/export_events/");
     // Each line's hour (unix hours) to the hours named by the keys it is stored under.
     let mut keys_of: HashMap<u64, std::collections::BTreeSet<String>> = HashMap::new();
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut misfiled = 0;
-    for (k, v) in read_all(&store)
+    for (k, v) in bucket_objects(&w.bucket)
         .iter()
         .filter(|(k, _)| k.starts_with(&prefix))
     {
@@ -1718,26 +1641,21 @@ fn a_backlog_of_more_jobs_than_one_request_may_name_keeps_each_line_at_its_job_a
 #[test]
 fn export_lines_of_many_new_jobs_leave_room_for_pushed_events() {
     let _files = beside_others();
-    let w = Work::new();
+    let w = work();
     // Segments stay open (the default rotation), as in the review.
-    let mut c = Collector::start(
-        &w.spool,
-        &[
-            "--storage",
-            w.bucket.to_str().unwrap(),
+    let mut c = w
+        .collector()
+        .only(&[
             "--cluster-name",
             "exp",
-            "--ray-tmp-dir",
-            w.ray.to_str().unwrap(),
             "--enable-log-collector",
             "false",
             "--max-spool-bytes",
             "10MiB",
-        ],
-        &[],
-    );
+        ])
+        .start();
     w.refuse_uploads();
-    let path = export_dir(&w.ray).join("event_EXPORT_DRIVER_JOB.log");
+    let path = export_dir(&w.ray.root).join("event_EXPORT_DRIVER_JOB.log");
     std::fs::write(&path, b"").unwrap();
     for wave in 0..3u32 {
         let lines: String = (0..400)
@@ -1805,10 +1723,10 @@ fn assert_pushed_events_taken(c: &Collector, when: &str) {
 #[test]
 fn export_lines_of_new_jobs_beside_sealed_segments_leave_room_for_pushed_events() {
     let _files = beside_others();
-    let w = Work::new();
+    let w = work();
     let mut c = w.start(&["--max-spool-bytes", "4MiB"], &[]);
     w.refuse_uploads();
-    let path = export_dir(&w.ray).join("event_EXPORT_DRIVER_JOB.log");
+    let path = export_dir(&w.ray.root).join("event_EXPORT_DRIVER_JOB.log");
     let jobs = |from: u32, n: u32| -> String {
         (from..from + n)
             .map(|j| job_line(j, 1_795_313_307, "s-"))

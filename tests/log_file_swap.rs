@@ -16,22 +16,16 @@ use object_store::ObjectStore;
 
 use rhc_testkit::collector::{append_to as append, read_all, Collector};
 use rhc_testkit::preload::SwapShim;
+use rhc_testkit::ray_logs::RayRoot;
 
 const NODE: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
 const SESSION: &str = "session_2026-11-22_02-56-13_816177_24314";
 const LOG: &str = "worker-aa-01000000-1.out";
 const SECRET: &[u8] = b"TOPSECRET-service-account-token-";
 
+/// The session whose `raylet.out` names [`NODE`], active; the path of its log [`LOG`].
 fn ray_session(root: &Path) -> PathBuf {
-    let logs = root.join(SESSION).join("logs");
-    std::fs::create_dir_all(&logs).unwrap();
-    std::fs::write(
-        logs.join("raylet.out"),
-        format!("[2026-11-22 02:56:15,477 I 1 1] (raylet) main.cc:711: Setting node ID node_id={NODE}\n"),
-    )
-    .unwrap();
-    std::os::unix::fs::symlink(root.join(SESSION), root.join("session_latest")).unwrap();
-    logs.join(LOG)
+    RayRoot::new(root).session(SESSION, NODE, true).join(LOG)
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {

@@ -2,14 +2,11 @@
 //! rotated, replaced by a new session, against local storage and S3 (moto).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use object_store::local::LocalFileSystem;
-use object_store::ObjectStore;
-
-use rhc_testkit::collector::{append_to, files_under, read_all, Collector};
+use rhc_testkit::collector::{files_under, read_all, Collector};
+use rhc_testkit::ray_logs::{local_bucket, wait_for_objects as wait_for, RayRoot};
 use rhc_testkit::services::MotoS3;
 
 const NODE_A: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
@@ -18,83 +15,14 @@ const S1: &str = "session_2026-11-22_02-56-13_816177_24314";
 const S2: &str = "session_2026-11-22_03-10-00_000001_30001";
 const P: &str = "cluster-history/raycluster/default/logs-test";
 
-/// A Ray temp root with sessions, as Ray lays it out.
-struct RayTmp {
-    root: PathBuf,
-}
-
-impl RayTmp {
-    fn new(root: &Path) -> RayTmp {
-        std::fs::create_dir_all(root).unwrap();
-        RayTmp {
-            root: root.to_path_buf(),
-        }
-    }
-
-    fn logs(&self, session: &str) -> PathBuf {
-        self.root.join(session).join("logs")
-    }
-
-    /// Creates a session whose raylet names `node`, and points session_latest at it.
-    fn start_session(&self, session: &str, node: &str) {
-        let logs = self.logs(session);
-        std::fs::create_dir_all(logs.join("events")).unwrap();
-        std::fs::write(
-            logs.join("raylet.out"),
-            format!("[2026-11-22 02:56:15,477 I 1 1] (raylet) main.cc:711: Setting node ID node_id={node}\n"),
-        )
-        .unwrap();
-        std::fs::write(logs.join("gcs_server.out"), "gcs started\n").unwrap();
-        std::fs::write(logs.join("events/event_GCS.log"), "{\"event_id\":\"1\"}\n").unwrap();
-        let link = self.root.join("session_latest");
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(self.root.join(session), &link).unwrap();
-    }
-
-    fn append(&self, session: &str, rel: &str, text: &str) {
-        append_to(&self.logs(session).join(rel), text.as_bytes());
-    }
-
-    /// Ray's rotation: name.(N-1) → name.N …, name → name.1, then a fresh name.
-    fn rotate(&self, session: &str, rel: &str, backups: u32) {
-        let logs = self.logs(session);
-        for n in (1..backups).rev() {
-            let from = logs.join(format!("{rel}.{n}"));
-            if from.exists() {
-                std::fs::rename(&from, logs.join(format!("{rel}.{}", n + 1))).unwrap();
-            }
-        }
-        std::fs::rename(logs.join(rel), logs.join(format!("{rel}.1"))).unwrap();
-        std::fs::write(logs.join(rel), "").unwrap();
-    }
-}
-
-fn local(dir: &Path) -> Arc<dyn ObjectStore> {
-    std::fs::create_dir_all(dir).unwrap();
-    Arc::new(LocalFileSystem::new_with_prefix(dir).unwrap())
-}
-
-/// Polls the bucket until `pred` holds (bounded).
-fn wait_for(
-    store: &Arc<dyn ObjectStore>,
-    what: &str,
-    c: &Collector,
-    pred: impl Fn(&BTreeMap<String, Vec<u8>>) -> bool,
-) -> BTreeMap<String, Vec<u8>> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let objects = read_all(store);
-        if pred(&objects) {
-            return objects;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; objects: {:#?}\n{}",
-            objects.keys().collect::<Vec<_>>(),
-            c.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+/// Creates a session whose raylet names `node`, with a GCS log and a GCS event file, and
+/// points session_latest at it.
+fn start_session(ray: &RayRoot, session: &str, node: &str) {
+    let logs = ray.session(session, node, false);
+    std::fs::create_dir_all(logs.join("events")).unwrap();
+    std::fs::write(logs.join("gcs_server.out"), "gcs started\n").unwrap();
+    std::fs::write(logs.join("events/event_GCS.log"), "{\"event_id\":\"1\"}\n").unwrap();
+    ray.point_latest(session);
 }
 
 fn key(session: &str, node: &str, rel: &str) -> String {
@@ -108,15 +36,15 @@ fn has(objects: &BTreeMap<String, Vec<u8>>, k: &str, content: &[u8]) -> bool {
 #[test]
 fn live_snapshots_rotation_and_a_new_session() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray = RayTmp::new(&tmp.path().join("ray"));
-    ray.start_session(S1, NODE_A);
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    start_session(&ray, S1, NODE_A);
     ray.append(S1, "worker-aa-01000000-1.out", "hello from the worker\n");
     // Odd entries: a symlink out of the tree, a socket, a name that is not a safe segment.
     std::os::unix::fs::symlink("/etc/passwd", ray.logs(S1).join("escape.log")).unwrap();
     let _sock = std::os::unix::net::UnixListener::bind(ray.logs(S1).join("sock")).unwrap();
     std::fs::write(ray.logs(S1).join("bad name.log"), "x").unwrap();
     let bucket = tmp.path().join("bucket");
-    let store = local(&bucket);
+    let store = local_bucket(&bucket);
     let mut c = Collector::start(
         &tmp.path().join("spool"),
         &[
@@ -184,7 +112,7 @@ fn live_snapshots_rotation_and_a_new_session() {
     // A file deleted mid-run: no crash, its last snapshot stays.
     std::fs::remove_file(ray.logs(S1).join("gcs_server.out")).unwrap();
     // A new session (Ray restarted on this node, with a new node id).
-    ray.start_session(S2, NODE_B);
+    start_session(&ray, S2, NODE_B);
     ray.append(S1, "worker-aa-01000000-1.out", "last words of session 1\n");
     let o = wait_for(
         &store,
@@ -220,7 +148,7 @@ fn live_snapshots_rotation_and_a_new_session() {
     assert!(status.success(), "{}", c.log_text());
 }
 
-fn start_local(tmp: &Path, ray: &RayTmp) -> Collector {
+fn start_local(tmp: &Path, ray: &RayRoot) -> Collector {
     let bucket = tmp.join("bucket");
     Collector::start(
         &tmp.join("spool"),
@@ -251,8 +179,8 @@ fn backups_of<'a>(o: &'a BTreeMap<String, Vec<u8>>, live: &str) -> Vec<(&'a Stri
 fn a_backup_written_once_more_after_its_rename_is_one_object() {
     use std::io::Write;
     let tmp = tempfile::tempdir().unwrap();
-    let ray = RayTmp::new(&tmp.path().join("ray"));
-    ray.start_session(S1, NODE_A);
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    start_session(&ray, S1, NODE_A);
     let logs = ray.logs(S1);
     let line = "2026-11-22 02:56:15,477 INFO dashboard.py:1 -- a line of the dashboard's log\n";
     ray.append(S1, "dashboard.log", &line.repeat(12));
@@ -260,7 +188,7 @@ fn a_backup_written_once_more_after_its_rename_is_one_object() {
         .append(true)
         .open(logs.join("dashboard.log"))
         .unwrap();
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start_local(tmp.path(), &ray);
     wait_for(&store, "the live dashboard.log", &c, |o| {
         o.contains_key(&key(S1, NODE_A, "dashboard.log"))
@@ -317,14 +245,14 @@ fn rewrite_with_another_head(path: &Path, body: &str) {
 #[test]
 fn a_backup_rewritten_with_another_head_is_a_new_object() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray = RayTmp::new(&tmp.path().join("ray"));
-    ray.start_session(S1, NODE_A);
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    start_session(&ray, S1, NODE_A);
     let logs = ray.logs(S1);
     ray.append(S1, "dashboard.log", "live\n");
     let body = "2026-11-22 INFO heartbeat ok\n".repeat(8000);
     let first = format!("HEAD-ONE\n{body}");
     std::fs::write(logs.join("dashboard.log.1"), &first).unwrap();
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start_local(tmp.path(), &ray);
     wait_for(&store, "the backup's first upload", &c, |o| {
         backups_of(o, "dashboard.log")
@@ -367,13 +295,13 @@ fn a_backup_rewritten_with_another_head_is_a_new_object() {
 #[test]
 fn a_live_file_rewritten_with_another_head_is_uploaded_whole() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray = RayTmp::new(&tmp.path().join("ray"));
-    ray.start_session(S1, NODE_A);
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    start_session(&ray, S1, NODE_A);
     let logs = ray.logs(S1);
     let body = "2026-11-22 INFO heartbeat ok\n".repeat(8000);
     let first = format!("HEAD-ONE\n{body}");
     std::fs::write(logs.join("dashboard.log"), &first).unwrap();
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start_local(tmp.path(), &ray);
     let k = key(S1, NODE_A, "dashboard.log");
     wait_for(&store, "the first upload", &c, |o| {
@@ -404,13 +332,13 @@ fn a_live_file_rewritten_with_another_head_is_uploaded_whole() {
 #[test]
 fn a_whole_upload_beside_the_lane_at_sigterm_finishes_and_the_object_equals_the_file() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray = RayTmp::new(&tmp.path().join("ray"));
-    ray.start_session(S1, NODE_A);
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    start_session(&ray, S1, NODE_A);
     let rel = "worker-0101-01000000-77.out";
     let line = "2026-11-22 02:56:15,477 INFO a line of a worker that writes a lot of output\n";
     // 8 MB: about 7 s at the 1 MB/s cap (after its one second of burst).
     ray.append(S1, rel, &line.repeat(8_000_000 / line.len()));
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let bucket = tmp.path().join("bucket");
     let mut c = Collector::start(
         &tmp.path().join("spool"),
@@ -475,14 +403,14 @@ fn a_whole_upload_beside_the_lane_at_sigterm_finishes_and_the_object_equals_the_
 #[test]
 fn a_file_rewritten_in_place_during_its_upload_ends_equal_to_the_file() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray = RayTmp::new(&tmp.path().join("ray"));
-    ray.start_session(S1, NODE_A);
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    start_session(&ray, S1, NODE_A);
     let rel = "app.log";
     let old: String = (0..25_000)
         .map(|i| format!("OLD line {i:07} aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n"))
         .collect();
     ray.append(S1, rel, &old);
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let bucket = tmp.path().join("bucket");
     let mut c = Collector::start(
         &tmp.path().join("spool"),
@@ -547,12 +475,12 @@ fn a_file_rewritten_in_place_during_its_upload_ends_equal_to_the_file() {
 #[test]
 fn a_big_upload_under_a_cap_does_not_starve_the_final_flush() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray = RayTmp::new(&tmp.path().join("ray"));
-    ray.start_session(S1, NODE_A);
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    start_session(&ray, S1, NODE_A);
     let line = "2026-11-22 02:56:15,477 INFO a line of a worker that writes a lot of output\n";
     // 4 MB: 40 s at the 100 kB/s cap, longer than the 15 s shutdown budget.
     ray.append(S1, "worker-big.log", &line.repeat(4_000_000 / line.len()));
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let bucket = tmp.path().join("bucket");
     let mut c = Collector::start(
         &tmp.path().join("spool"),
@@ -605,8 +533,8 @@ fn a_big_upload_under_a_cap_does_not_starve_the_final_flush() {
 fn a_rotation_while_the_final_flush_waits_for_an_upload_beside_it_is_sent() {
     use std::io::Write;
     let tmp = tempfile::tempdir().unwrap();
-    let ray = RayTmp::new(&tmp.path().join("ray"));
-    ray.start_session(S1, NODE_A);
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    start_session(&ray, S1, NODE_A);
     let rel = "monitor.log";
     let line = "2026-11-22 02:56:15,477 INFO monitor.py:123 -- a line of the autoscaler monitor\n";
     // 8 MB: about 7 s at the 1 MB/s cap (after its one second of burst).
@@ -616,7 +544,7 @@ fn a_rotation_while_the_final_flush_waits_for_an_upload_beside_it_is_sent() {
         .append(true)
         .open(&live)
         .unwrap();
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let bucket = tmp.path().join("bucket");
     let mut c = Collector::start(
         &tmp.path().join("spool"),
@@ -694,8 +622,8 @@ fn a_rotation_while_the_final_flush_waits_for_an_upload_beside_it_is_sent() {
 #[test]
 fn big_sends_sharing_a_small_cap_all_land_and_none_is_dropped() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray = RayTmp::new(&tmp.path().join("ray"));
-    ray.start_session(S1, NODE_A);
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    start_session(&ray, S1, NODE_A);
     let line = "2026-11-22 02:56:15,477 INFO a line of a worker that writes a lot of output\n";
     let rels: Vec<String> = (1..=5)
         .map(|i| format!("worker-010{i}-01000000-{i}.out"))
@@ -704,7 +632,7 @@ fn big_sends_sharing_a_small_cap_all_land_and_none_is_dropped() {
     for rel in &rels {
         ray.append(S1, rel, &line.repeat(300_000 / line.len()));
     }
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let bucket = tmp.path().join("bucket");
     let mut c = Collector::start(
         &tmp.path().join("spool"),
@@ -766,12 +694,12 @@ fn big_sends_sharing_a_small_cap_all_land_and_none_is_dropped() {
 #[test]
 fn kill_9_and_restart_after_rotations_uploads_nothing_again() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray = RayTmp::new(&tmp.path().join("ray"));
-    ray.start_session(S1, NODE_A);
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    start_session(&ray, S1, NODE_A);
     let logs = ray.logs(S1);
     ray.append(S1, "raylet.out", "before rotation 1\n");
     ray.append(S1, "dashboard.log", "dashboard before rotation\n");
-    let store = local(&tmp.path().join("bucket"));
+    let store = local_bucket(&tmp.path().join("bucket"));
     let mut c = start_local(tmp.path(), &ray);
     wait_for(&store, "the first snapshot", &c, |o| {
         o.contains_key(&key(S1, NODE_A, "dashboard.log"))
@@ -821,16 +749,14 @@ fn kill_9_and_restart_after_rotations_uploads_nothing_again() {
 #[test]
 fn final_flush_uploads_everything_byte_for_byte() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray = RayTmp::new(&tmp.path().join("ray"));
-    ray.start_session(S1, NODE_A);
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    start_session(&ray, S1, NODE_A);
     // An earlier session left on disk (a Ray container restart): uploaded once, completely.
-    ray.start_session(S2, NODE_B);
+    start_session(&ray, S2, NODE_B);
     ray.append(S1, "worker-old-01000000-7.err", "old traceback\n");
-    let link = ray.root.join("session_latest");
-    std::fs::remove_file(&link).unwrap();
-    std::os::unix::fs::symlink(ray.root.join(S2), &link).unwrap();
+    ray.point_latest(S2);
     let bucket = tmp.path().join("bucket");
-    let store = local(&bucket);
+    let store = local_bucket(&bucket);
     let mut c = Collector::start(
         &tmp.path().join("spool"),
         &[
@@ -892,8 +818,8 @@ fn kill_9_then_restart_uploads_only_what_changed() {
     };
     s3.create_bucket("logs");
     let tmp = tempfile::tempdir().unwrap();
-    let ray = RayTmp::new(&tmp.path().join("ray"));
-    ray.start_session(S1, NODE_A);
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    start_session(&ray, S1, NODE_A);
     for i in 0..5 {
         ray.append(S1, &format!("worker-{i}-01000000-{i}.out"), "x\n");
     }
@@ -944,8 +870,8 @@ fn kill_9_then_restart_uploads_only_what_changed() {
 #[test]
 fn rotated_backups_with_the_same_mtime_are_all_kept() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray = RayTmp::new(&tmp.path().join("ray"));
-    ray.start_session(S1, NODE_A);
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    start_session(&ray, S1, NODE_A);
     // Ray rotated three times within one timestamp tick (or a copy kept one mtime for all).
     let same = std::time::SystemTime::now() - Duration::from_secs(60);
     let mut backups = Vec::new();
@@ -962,7 +888,7 @@ fn rotated_backups_with_the_same_mtime_are_all_kept() {
         backups.push(content.into_bytes());
     }
     let bucket = tmp.path().join("bucket");
-    let store = local(&bucket);
+    let store = local_bucket(&bucket);
     let mut c = Collector::start(
         &tmp.path().join("spool"),
         &[
@@ -1034,8 +960,8 @@ fn write_beneath(logs: &Path, dirs: &[String], name: &str, content: &[u8]) {
 #[test]
 fn files_whose_keys_the_store_refuses_never_stop_the_others() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray = RayTmp::new(&tmp.path().join("ray"));
-    ray.start_session(S1, NODE_A);
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    start_session(&ray, S1, NODE_A);
     let logs = ray.logs(S1);
     for i in 0..5 {
         ray.append(S1, &format!("app_{i}.log"), &format!("app {i} starts\n"));
@@ -1048,7 +974,7 @@ fn files_whose_keys_the_store_refuses_never_stop_the_others() {
         write_beneath(&logs, &dirs, &format!("deep_{i}.log"), b"deep down\n");
     }
     let bucket = tmp.path().join("bucket");
-    let store = local(&bucket);
+    let store = local_bucket(&bucket);
     let mut c = Collector::start(
         &tmp.path().join("spool"),
         &[

@@ -12,14 +12,12 @@
 //!   bucket when a newer session replaces it.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use object_store::local::LocalFileSystem;
-use object_store::ObjectStore;
-
 use rhc_testkit::collector::{append_to, read_all, Collector};
+use rhc_testkit::ray_logs::{local_bucket, raylet_line, wait_for_objects as wait_for, RayRoot};
 
 const NODE_A: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
 const NODE_B: &str = "3ae6595c248ad7def1c7206bfd50b18e860d5eb167e4e068c64823a5";
@@ -27,12 +25,6 @@ const S1: &str = "session_2026-11-22_02-56-13_816177_24314";
 const S2: &str = "session_2026-11-22_03-10-00_000001_30001";
 const CLUSTER: &str = "node-identity";
 const P: &str = "cluster-history/raycluster/default/node-identity";
-
-fn setting(node: &str) -> String {
-    format!(
-        "[2026-11-22 02:56:15,477 I 1 1] (raylet) main.cc:711: Setting node ID node_id={node}\n"
-    )
-}
 
 fn core_worker_log(worker: &str, node: &str) -> String {
     format!(
@@ -47,42 +39,8 @@ fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap();
 }
 
-fn point_latest(ray: &Path, target: &Path) {
-    let link = ray.join("session_latest");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(target, &link).unwrap();
-}
-
-fn bucket(dir: &Path) -> Arc<dyn ObjectStore> {
-    std::fs::create_dir_all(dir).unwrap();
-    Arc::new(LocalFileSystem::new_with_prefix(dir).unwrap())
-}
-
 fn key(session: &str, node: &str, rel: &str) -> String {
     format!("{P}/{session}/{node}/logs/{rel}")
-}
-
-/// Polls the bucket until `pred` holds (at most 20 s).
-fn wait_for(
-    store: &Arc<dyn ObjectStore>,
-    what: &str,
-    c: &Collector,
-    pred: impl Fn(&BTreeMap<String, Vec<u8>>) -> bool,
-) -> BTreeMap<String, Vec<u8>> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let objects = read_all(store);
-        if pred(&objects) {
-            return objects;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; objects: {:#?}\n{}",
-            objects.keys().collect::<Vec<_>>(),
-            c.log_tail(40)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 fn start(tmp: &Path, ray: &Path, interval: &str) -> Collector {
@@ -136,11 +94,11 @@ const THROTTLE: [&str; 2] = ["--log-upload-max-bytes-per-second", "200000"];
 #[test]
 fn a_restarted_raylet_files_logs_under_its_own_node_and_workers_under_theirs() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray: PathBuf = tmp.path().join("ray");
-    let logs = ray.join(S1).join("logs");
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.logs(S1);
     let (w_a, w_b) = ("ab".repeat(28), "cd".repeat(28));
     // The first raylet (node A) and one of its workers.
-    write(&logs.join("raylet.out"), &setting(NODE_A));
+    write(&logs.join("raylet.out"), &raylet_line(NODE_A));
     write(
         &logs.join(format!("python-core-worker-{w_a}_111.log")),
         &core_worker_log(&w_a, NODE_A),
@@ -149,7 +107,7 @@ fn a_restarted_raylet_files_logs_under_its_own_node_and_workers_under_theirs() {
     write(&logs.join(&out_a), "from a worker of A\n");
     // Ray's container restarts with the emptyDir kept: the new raylet (node B) gets the next
     // free name, and starts a worker of its own.
-    write(&logs.join("raylet.1.out"), &setting(NODE_B));
+    write(&logs.join("raylet.1.out"), &raylet_line(NODE_B));
     write(
         &logs.join(format!("python-core-worker-{w_b}_222.log")),
         &core_worker_log(&w_b, NODE_B),
@@ -161,10 +119,10 @@ fn a_restarted_raylet_files_logs_under_its_own_node_and_workers_under_theirs() {
     write(&logs.join("dashboard_agent.log"), "agent of A\n");
     write(&logs.join("dashboard_agent.1.log"), "agent of B\n");
     write(&logs.join("gcs_server.out"), "no writer named\n");
-    point_latest(&ray, &ray.join(S1));
+    ray.point_latest(S1);
 
-    let store = bucket(&tmp.path().join("bucket"));
-    let mut c = start(tmp.path(), &ray, "1s");
+    let store = local_bucket(&tmp.path().join("bucket"));
+    let mut c = start(tmp.path(), &ray.root, "1s");
     let expected = [
         key(S1, NODE_A, "raylet.out"),
         key(S1, NODE_A, &out_a),
@@ -199,29 +157,29 @@ fn a_restarted_raylet_files_logs_under_its_own_node_and_workers_under_theirs() {
 #[test]
 fn a_briefly_broken_session_latest_link_does_not_finish_the_live_session() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray: PathBuf = tmp.path().join("ray");
-    let s1 = ray.join(S1);
-    write(&s1.join("logs/raylet.out"), &setting(NODE_A));
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let s1 = ray.root.join(S1);
+    write(&s1.join("logs/raylet.out"), &raylet_line(NODE_A));
     write(&s1.join("logs/app.log"), "one\n");
-    point_latest(&ray, &s1);
-    let store = bucket(&tmp.path().join("bucket"));
+    ray.point_latest(S1);
+    let store = local_bucket(&tmp.path().join("bucket"));
     // Rounds only at start, on a session change and at SIGTERM.
-    let mut c = start(tmp.path(), &ray, "1h");
+    let mut c = start(tmp.path(), &ray.root, "1h");
     let app = key(S1, NODE_A, "app.log");
     wait_for(&store, "the first snapshot", &c, |o| {
         o.get(&app).is_some_and(|v| v == b"one\n")
     });
 
     // Ray replaces the link: for a few seconds it names a folder that is not there.
-    point_latest(&ray, &ray.join("session_not_there_yet"));
+    ray.point_latest("session_not_there_yet");
     std::thread::sleep(Duration::from_secs(4));
-    point_latest(&ray, &s1);
+    ray.point_latest(S1);
     std::thread::sleep(Duration::from_secs(2));
     // The live session goes on writing; then a newer session starts.
     append_to(&s1.join("logs/app.log"), b"two\n");
-    let s2 = ray.join(S2);
-    write(&s2.join("logs/raylet.out"), &setting(NODE_A));
-    point_latest(&ray, &s2);
+    let s2 = ray.root.join(S2);
+    write(&s2.join("logs/raylet.out"), &raylet_line(NODE_A));
+    ray.point_latest(S2);
     wait_for(&store, "the new session's first round", &c, |o| {
         o.contains_key(&key(S2, NODE_A, "raylet.out"))
     });
@@ -247,8 +205,8 @@ fn backdate(path: &Path, ago: Duration) {
 #[test]
 fn a_busy_raylet_whose_id_line_rotated_away_files_logs_under_the_stored_id() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray: PathBuf = tmp.path().join("ray");
-    let logs = ray.join(S1).join("logs");
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.logs(S1);
     // Ray rotated the raylet's output more often than it keeps backups: no file has the id.
     for f in ["raylet.out.3", "raylet.out.2", "raylet.out.1", "raylet.out"] {
         write(
@@ -256,10 +214,10 @@ fn a_busy_raylet_whose_id_line_rotated_away_files_logs_under_the_stored_id() {
             "[2026-11-22 03:00:00,000 I 1 1] (raylet) busy\n",
         );
     }
-    write(&ray.join("raylet_node_id"), &format!("{NODE_A}\n"));
+    write(&ray.root.join("raylet_node_id"), &format!("{NODE_A}\n"));
     let out = "dashboard.log";
     write(&logs.join(out), "dashboard output\n");
-    point_latest(&ray, &ray.join(S1));
+    ray.point_latest(S1);
     // The raylet keeps writing: its output is never old.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let busy = {
@@ -271,8 +229,8 @@ fn a_busy_raylet_whose_id_line_rotated_away_files_logs_under_the_stored_id() {
             }
         })
     };
-    let store = bucket(&tmp.path().join("bucket"));
-    let mut c = start(tmp.path(), &ray, "1s");
+    let store = local_bucket(&tmp.path().join("bucket"));
+    let mut c = start(tmp.path(), &ray.root, "1s");
     wait_for(
         &store,
         "the node's logs under the stored node id",
@@ -293,10 +251,10 @@ fn a_busy_raylet_whose_id_line_rotated_away_files_logs_under_the_stored_id() {
 #[test]
 fn an_earlier_session_whose_raylet_still_answers_is_not_finished() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray: PathBuf = tmp.path().join("ray");
-    let (s1, s2) = (ray.join(S1), ray.join(S2));
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let (s1, s2) = (ray.root.join(S1), ray.root.join(S2));
     for s in [&s1, &s2] {
-        write(&s.join("logs/raylet.out"), &setting(NODE_A));
+        write(&s.join("logs/raylet.out"), &raylet_line(NODE_A));
     }
     let app = s1.join("logs/app.log");
     write(&app, "epoch 1\n");
@@ -307,9 +265,9 @@ fn an_earlier_session_whose_raylet_still_answers_is_not_finished() {
     backdate(&app, quiet);
     backdate(&s1.join("logs/raylet.out"), quiet);
     backdate(&s1.join("logs"), quiet);
-    point_latest(&ray, &s2);
-    let store = bucket(&tmp.path().join("bucket"));
-    let mut c = start(tmp.path(), &ray, "1s");
+    ray.point_latest(S2);
+    let store = local_bucket(&tmp.path().join("bucket"));
+    let mut c = start(tmp.path(), &ray.root, "1s");
     let app_key = key(S1, NODE_A, "app.log");
     wait_for(&store, "the earlier session's first upload", &c, |o| {
         o.contains_key(&app_key)
@@ -330,10 +288,10 @@ fn an_earlier_session_whose_raylet_still_answers_is_not_finished() {
 #[test]
 fn a_rotated_core_worker_log_is_filed_under_the_node_its_oldest_backup_names() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray: PathBuf = tmp.path().join("ray");
-    let logs = ray.join(S1).join("logs");
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.logs(S1);
     let w = "ab".repeat(28);
-    write(&logs.join("raylet.out"), &setting(NODE_A));
+    write(&logs.join("raylet.out"), &raylet_line(NODE_A));
     let cw = format!("python-core-worker-{w}_555.log");
     write(&logs.join(format!("{cw}.1")), &core_worker_log(&w, NODE_A));
     write(
@@ -343,10 +301,10 @@ fn a_rotated_core_worker_log_is_filed_under_the_node_its_oldest_backup_names() {
     let out = format!("worker-{w}-01000000-555.out");
     write(&logs.join(&out), "A's worker printed this\n");
     // Then the container restarted: B is the newest raylet.
-    write(&logs.join("raylet.1.out"), &setting(NODE_B));
-    point_latest(&ray, &ray.join(S1));
-    let store = bucket(&tmp.path().join("bucket"));
-    let mut c = start(tmp.path(), &ray, "1s");
+    write(&logs.join("raylet.1.out"), &raylet_line(NODE_B));
+    ray.point_latest(S1);
+    let store = local_bucket(&tmp.path().join("bucket"));
+    let mut c = start(tmp.path(), &ray.root, "1s");
     let objects = wait_for(&store, "A's worker logs", &c, |o| {
         o.contains_key(&key(S1, NODE_A, &cw)) && o.contains_key(&key(S1, NODE_A, &out))
     });
@@ -361,14 +319,14 @@ fn a_rotated_core_worker_log_is_filed_under_the_node_its_oldest_backup_names() {
 #[test]
 fn a_slowly_starting_worker_is_held_until_it_names_its_node() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray: PathBuf = tmp.path().join("ray");
-    let logs = ray.join(S1).join("logs");
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.logs(S1);
     let w = "ab".repeat(28);
-    write(&logs.join("raylet.out"), &setting(NODE_A));
-    write(&logs.join("raylet.1.out"), &setting(NODE_B));
-    point_latest(&ray, &ray.join(S1));
-    let store = bucket(&tmp.path().join("bucket"));
-    let mut c = start(tmp.path(), &ray, "1s");
+    write(&logs.join("raylet.out"), &raylet_line(NODE_A));
+    write(&logs.join("raylet.1.out"), &raylet_line(NODE_B));
+    ray.point_latest(S1);
+    let store = local_bucket(&tmp.path().join("bucket"));
+    let mut c = start(tmp.path(), &ray.root, "1s");
     wait_for(&store, "the first round", &c, |o| {
         o.contains_key(&key(S1, NODE_B, "raylet.1.out"))
     });
@@ -409,20 +367,20 @@ fn copies_of<'a>(
 #[test]
 fn the_heads_files_stay_under_the_first_raylets_node_when_a_raylet_restarts() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray: PathBuf = tmp.path().join("ray");
-    let logs = ray.join(S1).join("logs");
-    write(&logs.join("raylet.out"), &setting(NODE_A));
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.logs(S1);
+    write(&logs.join("raylet.out"), &raylet_line(NODE_A));
     write(&logs.join("gcs_server.out"), "gcs line 1\n");
     write(&logs.join("monitor.log"), "mon 1\n");
-    point_latest(&ray, &ray.join(S1));
-    let store = bucket(&tmp.path().join("bucket"));
-    let mut c = start(tmp.path(), &ray, "1s");
+    ray.point_latest(S1);
+    let store = local_bucket(&tmp.path().join("bucket"));
+    let mut c = start(tmp.path(), &ray.root, "1s");
     wait_for(&store, "the head's files under A", &c, |o| {
         o.contains_key(&key(S1, NODE_A, "gcs_server.out"))
             && o.contains_key(&key(S1, NODE_A, "monitor.log"))
     });
     // A second raylet (node B) starts into the session; the head's files grow.
-    write(&logs.join("raylet.1.out"), &setting(NODE_B));
+    write(&logs.join("raylet.1.out"), &raylet_line(NODE_B));
     append_to(&logs.join("gcs_server.out"), b"gcs line 2\n");
     append_to(&logs.join("monitor.log"), b"mon 2\n");
     wait_for(&store, "B's raylet and the grown files", &c, |o| {
@@ -455,13 +413,13 @@ fn the_heads_files_stay_under_the_first_raylets_node_when_a_raylet_restarts() {
 #[test]
 fn a_worker_output_without_a_core_worker_log_is_held_at_most_64_kib_or_30_s() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray: PathBuf = tmp.path().join("ray");
-    let logs = ray.join(S1).join("logs");
-    write(&logs.join("raylet.out"), &setting(NODE_A));
-    write(&logs.join("raylet.1.out"), &setting(NODE_B));
-    point_latest(&ray, &ray.join(S1));
-    let store = bucket(&tmp.path().join("bucket"));
-    let mut c = start(tmp.path(), &ray, "1s");
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.logs(S1);
+    write(&logs.join("raylet.out"), &raylet_line(NODE_A));
+    write(&logs.join("raylet.1.out"), &raylet_line(NODE_B));
+    ray.point_latest(S1);
+    let store = local_bucket(&tmp.path().join("bucket"));
+    let mut c = start(tmp.path(), &ray.root, "1s");
     wait_for(&store, "the first round", &c, |o| {
         o.contains_key(&key(S1, NODE_B, "raylet.1.out"))
     });
@@ -548,13 +506,13 @@ fn a_worker_output_without_a_core_worker_log_is_held_at_most_64_kib_or_30_s() {
 #[test]
 fn the_sessions_owner_survives_a_collector_restart() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray: PathBuf = tmp.path().join("ray");
-    let logs = ray.join(S1).join("logs");
-    write(&logs.join("raylet.out"), &setting(NODE_A));
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.logs(S1);
+    write(&logs.join("raylet.out"), &raylet_line(NODE_A));
     write(&logs.join("gcs_server.out"), "gcs line 1\n");
-    point_latest(&ray, &ray.join(S1));
-    let store = bucket(&tmp.path().join("bucket"));
-    let mut c = start(tmp.path(), &ray, "1s");
+    ray.point_latest(S1);
+    let store = local_bucket(&tmp.path().join("bucket"));
+    let mut c = start(tmp.path(), &ray.root, "1s");
     wait_for(&store, "the head's file under A", &c, |o| {
         o.contains_key(&key(S1, NODE_A, "gcs_server.out"))
     });
@@ -568,7 +526,7 @@ fn the_sessions_owner_survives_a_collector_restart() {
             "[2026-11-22 03:00:00,000 I 1 1] (raylet) busy\n",
         );
     }
-    write(&logs.join("raylet.1.out"), &setting(NODE_B));
+    write(&logs.join("raylet.1.out"), &raylet_line(NODE_B));
     append_to(&logs.join("gcs_server.out"), b"gcs line 2\n");
     c.restart();
     wait_for(&store, "B's raylet and the grown file", &c, |o| {
@@ -588,16 +546,16 @@ fn the_sessions_owner_survives_a_collector_restart() {
 #[test]
 fn a_worker_output_filed_before_its_core_worker_log_keeps_its_node() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray: PathBuf = tmp.path().join("ray");
-    let logs = ray.join(S1).join("logs");
-    write(&logs.join("raylet.out"), &setting(NODE_A));
-    write(&logs.join("raylet.1.out"), &setting(NODE_B));
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.logs(S1);
+    write(&logs.join("raylet.out"), &raylet_line(NODE_A));
+    write(&logs.join("raylet.1.out"), &raylet_line(NODE_B));
     let w = "ab".repeat(28);
     let out = format!("worker-{w}-01000000-4242.out");
     write(&logs.join(&out), &format!("{}\n", "x".repeat(99)));
-    point_latest(&ray, &ray.join(S1));
-    let store = bucket(&tmp.path().join("bucket"));
-    let mut c = start_with(tmp.path(), &ray, "1s", &THROTTLE);
+    ray.point_latest(S1);
+    let store = local_bucket(&tmp.path().join("bucket"));
+    let mut c = start_with(tmp.path(), &ray.root, "1s", &THROTTLE);
     wait_for(&store, "the first round", &c, |o| {
         o.contains_key(&key(S1, NODE_B, "raylet.1.out"))
     });
@@ -644,16 +602,16 @@ fn a_worker_output_filed_before_its_core_worker_log_keeps_its_node() {
 #[test]
 fn a_backups_key_survives_a_kill_before_the_round_ends() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray: PathBuf = tmp.path().join("ray");
-    let logs = ray.join(S1).join("logs");
-    write(&logs.join("raylet.out"), &setting(NODE_A));
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.logs(S1);
+    write(&logs.join("raylet.out"), &raylet_line(NODE_A));
     write(&logs.join("dashboard.log"), "live\n");
     let backup = logs.join("dashboard.log.1");
     write(&backup, &"backup line\n".repeat(100));
     busy_round(&logs);
-    point_latest(&ray, &ray.join(S1));
-    let store = bucket(&tmp.path().join("bucket"));
-    let mut c = start_with(tmp.path(), &ray, "1s", &THROTTLE);
+    ray.point_latest(S1);
+    let store = local_bucket(&tmp.path().join("bucket"));
+    let mut c = start_with(tmp.path(), &ray.root, "1s", &THROTTLE);
     let rotated = |o: &BTreeMap<String, Vec<u8>>| {
         o.keys()
             .filter(|k| k.contains("/logs/dashboard.log.rotated."))
@@ -686,15 +644,15 @@ fn a_backups_key_survives_a_kill_before_the_round_ends() {
 #[test]
 fn the_sessions_owner_survives_a_kill_before_the_round_ends() {
     let tmp = tempfile::tempdir().unwrap();
-    let ray: PathBuf = tmp.path().join("ray");
-    let logs = ray.join(S1).join("logs");
-    write(&logs.join("raylet.out"), &setting(NODE_A));
-    write(&logs.join("raylet.1.out"), &setting(NODE_B));
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.logs(S1);
+    write(&logs.join("raylet.out"), &raylet_line(NODE_A));
+    write(&logs.join("raylet.1.out"), &raylet_line(NODE_B));
     write(&logs.join("gcs_server.out"), "gcs started\n");
     busy_round(&logs);
-    point_latest(&ray, &ray.join(S1));
-    let store = bucket(&tmp.path().join("bucket"));
-    let mut c = start_with(tmp.path(), &ray, "1s", &THROTTLE);
+    ray.point_latest(S1);
+    let store = local_bucket(&tmp.path().join("bucket"));
+    let mut c = start_with(tmp.path(), &ray.root, "1s", &THROTTLE);
     wait_for(&store, "the head's file under A", &c, |o| {
         o.contains_key(&key(S1, NODE_A, "gcs_server.out"))
     });

@@ -21,16 +21,14 @@
 //! - a whole upload over a slow uplink that keeps moving (the proxy reading bodies at
 //!   100 kB/s) is not cut by the stall limit, and the lane goes around it meanwhile.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use rhc_testkit::collector::{append_to as append, Collector};
-use rhc_testkit::fault_proxy::{Fault, FaultProxy, Rule, MAX_HOLD};
-use rhc_testkit::services::MotoS3;
+use rhc_testkit::fault_proxy::{Fault, Rule, MAX_HOLD};
+use rhc_testkit::moto_rig::MotoRig;
 
-const NODE: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
-const SESSION: &str = "session_2026-11-22_02-56-13_816177_24314";
-const P: &str = "cluster-history/raycluster/default/s3append";
+/// `--cluster-name` of every collector here.
+const CLUSTER: &str = "s3append";
 const MIB: usize = 1 << 20;
 
 /// `n` bytes of numbered log lines, starting at line `from`.
@@ -45,147 +43,6 @@ fn lines(from: usize, n: usize) -> Vec<u8> {
     out
 }
 
-fn key(name: &str) -> String {
-    format!("{P}/{SESSION}/{NODE}/logs/{name}")
-}
-
-/// moto, the proxy in front of it, a bucket, and a Ray session directory.
-struct Rig {
-    s3: MotoS3,
-    proxy: FaultProxy,
-    tmp: tempfile::TempDir,
-    bucket: String,
-}
-
-impl Rig {
-    fn new(bucket: &str) -> Option<Rig> {
-        let s3 = MotoS3::start()?;
-        s3.create_bucket(bucket);
-        let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
-        Some(Rig {
-            s3,
-            proxy,
-            tmp: tempfile::tempdir().unwrap(),
-            bucket: bucket.to_string(),
-        })
-    }
-
-    fn logs(&self) -> PathBuf {
-        let ray = self.tmp.path().join("ray");
-        let logs = ray.join(SESSION).join("logs");
-        if !logs.exists() {
-            std::fs::create_dir_all(&logs).unwrap();
-            std::fs::write(
-                logs.join("raylet.out"),
-                format!("[2026-11-22 02:56:15,477 I 1 1] (raylet) main.cc:711: Setting node ID node_id={NODE}\n"),
-            )
-            .unwrap();
-            std::os::unix::fs::symlink(ray.join(SESSION), ray.join("session_latest")).unwrap();
-        }
-        logs
-    }
-
-    /// The collector's environment: object_store pointed at the proxy, plus `extra` (which
-    /// wins over the defaults).
-    fn env(&self, extra: &[(&str, &str)]) -> Vec<(String, String)> {
-        let url = self.proxy.url();
-        let mut env: Vec<(String, String)> = [
-            ("AWS_ENDPOINT", url.as_str()),
-            ("AWS_ALLOW_HTTP", "true"),
-            ("AWS_ACCESS_KEY_ID", MotoS3::ACCESS_KEY_ID),
-            ("AWS_SECRET_ACCESS_KEY", MotoS3::SECRET_ACCESS_KEY),
-            ("AWS_REGION", MotoS3::REGION),
-        ]
-        .iter()
-        .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
-        .chain(extra.iter())
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        env.sort();
-        env
-    }
-
-    fn start(&self, spool: &str, env: &[(String, String)], more: &[&str]) -> Collector {
-        let storage = format!("s3://{}", self.bucket);
-        let ray = self.tmp.path().join("ray");
-        let mut args = vec![
-            "--storage",
-            &storage,
-            "--cluster-name",
-            "s3append",
-            "--ray-tmp-dir",
-            ray.to_str().unwrap(),
-        ];
-        // 1 s unless `more` says otherwise.
-        if !more.contains(&"--log-upload-interval") {
-            args.extend_from_slice(&["--log-upload-interval", "1s"]);
-        }
-        args.extend_from_slice(more);
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        Collector::start(&self.tmp.path().join(spool), &args, &env)
-    }
-
-    /// The object of `name`; `None` when missing, or when moto (loaded by parallel tests)
-    /// answers anything but 200 or 404 this time (the callers poll).
-    fn object(&self, name: &str) -> Option<Vec<u8>> {
-        let path = format!("/{}/{}", self.bucket, key(name));
-        match self.s3.request("GET", &path, b"") {
-            (200, body) => Some(body),
-            (404, _) => None,
-            (status, body) => {
-                eprintln!(
-                    "moto: GET {path} answered {status}: {}",
-                    String::from_utf8_lossy(&body[..body.len().min(300)])
-                );
-                None
-            }
-        }
-    }
-
-    /// Waits until the object of `name` equals the file.
-    fn wait_equal(&self, name: &str, c: &Collector, what: &str) {
-        let file = self.logs().join(name);
-        let deadline = Instant::now() + Duration::from_secs(40);
-        loop {
-            let want = std::fs::read(&file).unwrap();
-            let got = self.object(name);
-            if got.as_deref() == Some(&want[..]) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: {name} not in the bucket as the file ({:?} bytes vs {})\n{}",
-                got.map(|g| g.len()),
-                want.len(),
-                c.log_tail(40)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// The incomplete multipart uploads in the bucket.
-    fn open_uploads(&self) -> Vec<String> {
-        let (status, body) = self
-            .s3
-            .request("GET", &format!("/{}?uploads", self.bucket), b"");
-        let body = String::from_utf8_lossy(&body).into_owned();
-        assert_eq!(status, 200, "{body}");
-        body.split("<Key>")
-            .skip(1)
-            .filter_map(|s| s.split_once("</Key>").map(|(k, _)| k.to_string()))
-            .collect()
-    }
-
-    fn head(&self, name: &str) -> Vec<(String, String)> {
-        let r = self.s3.head_object(&self.bucket, &key(name));
-        assert_eq!(r.status, 200, "HEAD {name}");
-        r.headers
-            .into_iter()
-            .map(|(k, v)| (k.to_ascii_lowercase(), v))
-            .collect()
-    }
-}
-
 fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
     h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
@@ -196,18 +53,6 @@ fn appends(c: &Collector) -> f64 {
 
 fn wholes(c: &Collector) -> f64 {
     c.metric_labeled("rhc_log_uploads_total", "kind=\"whole\"")
-}
-
-fn wait_until(what: &str, c: &Collector, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !ok() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out: {what}\n{}",
-            c.log_tail(40)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 const LOG: &str = "worker-aa-01000000-1.out";
@@ -223,30 +68,15 @@ fn setting_survives_an_append(
     sent: &[(&str, &str)],
     moto_cannot: &str,
 ) {
-    let Some(rig) = Rig::new(bucket) else {
+    let Some(rig) = MotoRig::new(bucket, CLUSTER) else {
         return;
     };
-    let logs = rig.logs();
-    append(&logs.join(LOG), &lines(0, 6 * MIB));
-    let extra: Vec<(String, String)> = extra
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.to_string(),
-                v.replace("{proxy}", &rig.proxy.url())
-                    .replace("{moto}", &rig.s3.endpoint),
-            )
-        })
-        .collect();
-    let extra: Vec<(&str, &str)> = extra
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let mut c = rig.start("spool", &rig.env(&extra), &[]);
+    rig.append(LOG, &lines(0, 6 * MIB));
+    let mut c = rig.collector().env(extra).start();
     rig.wait_equal(LOG, &c, "whole upload");
     let whole = rig.head(LOG);
     rig.proxy.forget();
-    append(&logs.join(LOG), &lines(900_000, 100_000));
+    rig.append(LOG, &lines(900_000, 100_000));
     rig.wait_equal(LOG, &c, "append");
     assert!(appends(&c) >= 1.0, "no append:\n{}", c.log_tail(40));
     let appended = rig.head(LOG);
@@ -304,8 +134,7 @@ fn setting_survives_an_append(
     if !moto_cannot.is_empty() {
         println!("{bucket}: moto does not keep {moto_cannot}: checked that the append's requests carry it");
     }
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
 }
 
 #[test]
@@ -426,33 +255,29 @@ fn the_client_proxy_setting_carries_appends_too() {
 }
 
 /// Three growing 6 MiB logs, uploaded; returns their names.
-fn three_logs(rig: &Rig) -> Vec<String> {
-    let logs = rig.logs();
+fn three_logs(rig: &MotoRig) -> Vec<String> {
     let names: Vec<String> = (0..3)
         .map(|i| format!("worker-a{i}-01000000-{i}.out"))
         .collect();
     for (i, n) in names.iter().enumerate() {
-        append(&logs.join(n), &lines(i * 10_000_000, 6 * MIB));
+        rig.append(n, &lines(i * 10_000_000, 6 * MIB));
     }
     names
 }
 
-fn grow_all(rig: &Rig, names: &[String], round: usize) {
+fn grow_all(rig: &MotoRig, names: &[String], round: usize) {
     for (i, n) in names.iter().enumerate() {
-        append(
-            &rig.logs().join(n),
-            &lines(i * 10_000_000 + 5_000_000 + round * 1_000, 4_000),
-        );
+        rig.append(n, &lines(i * 10_000_000 + 5_000_000 + round * 1_000, 4_000));
     }
 }
 
 #[test]
 fn a_503_burst_and_slow_answers_do_not_turn_appends_off() {
-    let Some(rig) = Rig::new("burst") else {
+    let Some(rig) = MotoRig::new("burst", CLUSTER) else {
         return;
     };
     let names = three_logs(&rig);
-    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    let mut c = rig.collector().start();
     for n in &names {
         rig.wait_equal(n, &c, "first upload");
     }
@@ -514,17 +339,16 @@ fn a_503_burst_and_slow_answers_do_not_turn_appends_off() {
         "{}",
         c.log_tail(40)
     );
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
 }
 
 #[test]
 fn a_store_without_upload_part_copy_turns_appends_off_and_says_why() {
-    let Some(rig) = Rig::new("refuses") else {
+    let Some(rig) = MotoRig::new("refuses", CLUSTER) else {
         return;
     };
     let names = three_logs(&rig);
-    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    let mut c = rig.collector().start();
     for n in &names {
         rig.wait_equal(n, &c, "first upload");
     }
@@ -535,7 +359,7 @@ fn a_store_without_upload_part_copy_turns_appends_off_and_says_why() {
     for n in &names {
         rig.wait_equal(n, &c, "whole instead of an append");
     }
-    wait_until("appends switched off", &c, Duration::from_secs(20), || {
+    c.wait_until("appends switched off", Duration::from_secs(20), || {
         c.metric("rhc_log_appends_enabled") == 0.0
     });
     assert_eq!(
@@ -554,18 +378,17 @@ fn a_store_without_upload_part_copy_turns_appends_off_and_says_why() {
     grow_all(&rig, &names, 1);
     std::thread::sleep(Duration::from_secs(3));
     assert!(!rig.proxy.seen().iter().any(|r| r.is_copy()));
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
 }
 
 #[test]
 fn a_copy_refused_for_one_key_does_not_send_it_whole_every_round() {
-    let Some(rig) = Rig::new("onekey") else {
+    let Some(rig) = MotoRig::new("onekey", CLUSTER) else {
         return;
     };
     let names = three_logs(&rig);
     let big = names[0].clone();
-    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    let mut c = rig.collector().start();
     for n in &names {
         rig.wait_equal(n, &c, "first upload");
     }
@@ -601,32 +424,28 @@ fn a_copy_refused_for_one_key_does_not_send_it_whole_every_round() {
     );
     assert!(appends(&c) >= appends0 + 8.0, "{}", c.log_tail(40));
     assert_eq!(c.metric("rhc_log_appends_enabled"), 1.0);
-    let status = c.terminate(Duration::from_secs(60));
-    assert!(status.success(), "{}", c.log_text());
-    assert_eq!(
-        rig.object(&big).unwrap(),
-        std::fs::read(rig.logs().join(&big)).unwrap()
-    );
+    c.terminate_ok(Duration::from_secs(60));
+    assert_eq!(rig.object(&big).unwrap(), rig.file(&big));
 }
 
 /// A collector whose append is in flight (its copy held by the proxy) when `stop` ends it.
-fn append_in_flight(rig: &Rig, c: &mut Collector) {
+fn append_in_flight(rig: &MotoRig, c: &mut Collector) {
     rig.wait_equal(LOG, c, "first upload");
     rig.proxy
         .add(Rule::new(Fault::Delay(Duration::from_secs(20))).with_header("x-amz-copy-source"));
-    append(&rig.logs().join(LOG), &lines(900_000, 100_000));
-    wait_until("an append started", c, Duration::from_secs(20), || {
+    rig.append(LOG, &lines(900_000, 100_000));
+    c.wait_until("an append started", Duration::from_secs(20), || {
         !rig.open_uploads().is_empty()
     });
 }
 
 #[test]
 fn sigterm_during_an_append_leaves_no_incomplete_upload() {
-    let Some(rig) = Rig::new("sigterm") else {
+    let Some(rig) = MotoRig::new("sigterm", CLUSTER) else {
         return;
     };
-    append(&rig.logs().join(LOG), &lines(0, 6 * MIB));
-    let mut c = rig.start("spool", &rig.env(&[]), &["--shutdown-timeout", "5s"]);
+    rig.append(LOG, &lines(0, 6 * MIB));
+    let mut c = rig.collector().args(&["--shutdown-timeout", "5s"]).start();
     append_in_flight(&rig, &mut c);
     let started = Instant::now();
     let _ = c.try_terminate(Duration::from_secs(20));
@@ -645,20 +464,19 @@ fn sigterm_during_an_append_leaves_no_incomplete_upload() {
 
 #[test]
 fn kill9_during_an_append_is_cleaned_up_by_the_next_start() {
-    let Some(rig) = Rig::new("kill9") else {
+    let Some(rig) = MotoRig::new("kill9", CLUSTER) else {
         return;
     };
-    append(&rig.logs().join(LOG), &lines(0, 6 * MIB));
-    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    rig.append(LOG, &lines(0, 6 * MIB));
+    let mut c = rig.collector().start();
     append_in_flight(&rig, &mut c);
     c.kill9();
     assert!(!rig.open_uploads().is_empty());
     rig.proxy.clear();
     c.restart();
     // The log line follows the abort's answer: wait for both.
-    wait_until(
+    c.wait_until(
         "the orphan aborted after the restart, and said so",
-        &c,
         Duration::from_secs(20),
         || {
             rig.open_uploads().is_empty()
@@ -674,88 +492,64 @@ fn kill9_during_an_append_is_cleaned_up_by_the_next_start() {
         "rhc_log_multipart_aborts_total{{result=\"ok\"}} = {aborted}"
     );
     rig.wait_equal(LOG, &c, "after the restart");
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
     assert!(rig.open_uploads().is_empty());
 }
 
 #[test]
 fn a_ledger_of_another_bucket_is_not_trusted() {
-    let Some(rig) = Rig::new("first") else {
+    let Some(rig) = MotoRig::new("first", CLUSTER) else {
         return;
     };
-    let logs = rig.logs();
-    std::fs::write(logs.join("gcs_server.out"), b"gcs says hello\n").unwrap();
-    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    rig.append("gcs_server.out", b"gcs says hello\n");
+    let mut c = rig.collector().start();
     rig.wait_equal("gcs_server.out", &c, "first bucket");
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
     // The same spool, another bucket: every file goes there.
     rig.s3.create_bucket("second");
-    let storage = "s3://second".to_string();
-    let ray = rig.tmp.path().join("ray");
-    let args = [
-        "--storage",
-        &storage,
-        "--cluster-name",
-        "s3append",
-        "--ray-tmp-dir",
-        ray.to_str().unwrap(),
-        "--log-upload-interval",
-        "1s",
-    ];
-    let env = rig.env(&[]);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let mut c = Collector::start(&rig.tmp.path().join("spool"), &args, &env);
-    wait_until(
+    let mut c = rig.collector().bucket("second").start();
+    c.wait_until(
         "gcs_server.out in the second bucket",
-        &c,
         Duration::from_secs(20),
-        || {
-            rig.s3
-                .request("GET", &format!("/second/{}", key("gcs_server.out")), b"")
-                .0
-                == 200
-        },
+        || rig.object_in("second", "gcs_server.out").is_some(),
     );
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
 }
 
 #[test]
 fn an_object_the_bucket_lost_is_uploaded_again() {
-    let Some(rig) = Rig::new("lost") else {
+    let Some(rig) = MotoRig::new("lost", CLUSTER) else {
         return;
     };
-    let logs = rig.logs();
-    std::fs::write(logs.join("gcs_server.out"), b"gcs says hello\n").unwrap();
-    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    rig.append("gcs_server.out", b"gcs says hello\n");
+    let mut c = rig.collector().start();
     rig.wait_equal("gcs_server.out", &c, "uploaded");
     // A lifecycle rule (or someone) removes it; the file does not change.
     let (status, _) = rig.s3.request(
         "DELETE",
-        &format!("/{}/{}", rig.bucket, key("gcs_server.out")),
+        &format!("/{}/{}", rig.bucket, rig.key("gcs_server.out")),
         b"",
     );
     assert!(status == 204 || status == 200, "{status}");
     assert!(rig.object("gcs_server.out").is_none());
     rig.wait_equal("gcs_server.out", &c, "uploaded again");
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
 }
 
 #[test]
 fn objects_over_one_copy_part_are_copied_in_ranges() {
-    let Some(rig) = Rig::new("ranges") else {
+    let Some(rig) = MotoRig::new("ranges", CLUSTER) else {
         return;
     };
-    append(&rig.logs().join(LOG), &lines(0, 23 * MIB));
+    rig.append(LOG, &lines(0, 23 * MIB));
     // Test-only: one copy part holds at most 10 MiB (S3: 5 GiB).
-    let env = rig.env(&[("RHC_TEST_S3_MAX_COPY_PART", "10485760")]);
-    let mut c = rig.start("spool", &env, &[]);
+    let mut c = rig
+        .collector()
+        .env(&[("RHC_TEST_S3_MAX_COPY_PART", "10485760")])
+        .start();
     rig.wait_equal(LOG, &c, "whole upload");
     rig.proxy.forget();
-    append(&rig.logs().join(LOG), &lines(900_000, 100_000));
+    rig.append(LOG, &lines(900_000, 100_000));
     rig.wait_equal(LOG, &c, "append");
     let mut ranges: Vec<(u64, u64)> = rig
         .proxy
@@ -785,26 +579,19 @@ fn objects_over_one_copy_part_are_copied_in_ranges() {
         let len = b - a + 1;
         assert!((5 << 20..=10 << 20).contains(&len), "{ranges:?}");
     }
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
 }
 
 #[test]
 fn a_versioned_bucket_gets_no_appends() {
-    let Some(rig) = Rig::new("versioned") else {
+    let Some(rig) = MotoRig::new("versioned", CLUSTER) else {
         return;
     };
-    let (status, body) = rig.s3.request(
-        "PUT",
-        "/versioned?versioning",
-        b"<VersioningConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">\
-          <Status>Enabled</Status></VersioningConfiguration>",
-    );
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-    append(&rig.logs().join(LOG), &lines(0, 6 * MIB));
-    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    rig.set_versioning("Enabled");
+    rig.append(LOG, &lines(0, 6 * MIB));
+    let mut c = rig.collector().start();
     rig.wait_equal(LOG, &c, "whole upload");
-    append(&rig.logs().join(LOG), &lines(900_000, 100_000));
+    rig.append(LOG, &lines(900_000, 100_000));
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(appends(&c), 0.0, "{}", c.log_tail(40));
     assert!(
@@ -822,26 +609,22 @@ fn a_versioned_bucket_gets_no_appends() {
         c.log_tail(40)
     );
     // The final flush still sends the file.
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
-    assert_eq!(
-        rig.object(LOG).unwrap(),
-        std::fs::read(rig.logs().join(LOG)).unwrap()
-    );
+    c.terminate_ok(Duration::from_secs(30));
+    assert_eq!(rig.object(LOG).unwrap(), rig.file(LOG));
 }
 
 /// A 6 MiB log uploaded whole, then grown while `rule` makes every append of it fail the
 /// same way: it must still reach the bucket in the live rounds (whole), and the failure be
 /// counted as a refusal, not as transient.
 fn a_deterministic_append_failure_sends_the_file_whole(bucket: &str, rule: Rule) {
-    let Some(rig) = Rig::new(bucket) else {
+    let Some(rig) = MotoRig::new(bucket, CLUSTER) else {
         return;
     };
-    append(&rig.logs().join(LOG), &lines(0, 6 * MIB));
-    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    rig.append(LOG, &lines(0, 6 * MIB));
+    let mut c = rig.collector().start();
     rig.wait_equal(LOG, &c, "whole upload");
     rig.proxy.add(rule);
-    append(&rig.logs().join(LOG), &lines(900_000, 100_000));
+    rig.append(LOG, &lines(900_000, 100_000));
     // Live rounds, not the final flush.
     rig.wait_equal(LOG, &c, "the grown log, whole, in the live rounds");
     assert!(
@@ -855,12 +638,8 @@ fn a_deterministic_append_failure_sends_the_file_whole(bucket: &str, rule: Rule)
         "{}",
         c.log_tail(40)
     );
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
-    assert_eq!(
-        rig.object(LOG).unwrap(),
-        std::fs::read(rig.logs().join(LOG)).unwrap()
-    );
+    c.terminate_ok(Duration::from_secs(30));
+    assert_eq!(rig.object(LOG).unwrap(), rig.file(LOG));
     assert!(rig.open_uploads().is_empty(), "{:?}", rig.open_uploads());
 }
 
@@ -895,11 +674,11 @@ fn a_copy_answered_200_with_an_error_document_sends_the_log_whole() {
 
 #[test]
 fn appends_failing_transiently_fall_back_to_whole_and_do_not_stop_the_round() {
-    let Some(rig) = Rig::new("transient") else {
+    let Some(rig) = MotoRig::new("transient", CLUSTER) else {
         return;
     };
     let names = three_logs(&rig);
-    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    let mut c = rig.collector().start();
     for n in &names {
         rig.wait_equal(n, &c, "first upload");
     }
@@ -914,12 +693,12 @@ fn appends_failing_transiently_fall_back_to_whole_and_do_not_stop_the_round() {
     grow_all(&rig, &names, 0);
     // A new log, uploaded after the three in a round's order (bigger).
     let new = "worker-new-01000000-7.out";
-    append(&rig.logs().join(new), &lines(70_000_000, 7 * MIB));
+    rig.append(new, &lines(70_000_000, 7 * MIB));
     // The new log does not wait for the final flush behind the failing ones, and these go
     // whole after a bounded number of rounds.
     let deadline = Instant::now() + Duration::from_secs(90);
     for n in names.iter().map(String::as_str).chain([new]) {
-        let want = std::fs::read(rig.logs().join(n)).unwrap();
+        let want = rig.file(n);
         while rig.object(n).as_deref() != Some(&want[..]) {
             assert!(
                 Instant::now() < deadline,
@@ -937,24 +716,22 @@ fn appends_failing_transiently_fall_back_to_whole_and_do_not_stop_the_round() {
         "{}",
         c.log_tail(40)
     );
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
 }
 
 #[test]
 fn the_final_flush_sends_whole_what_it_cannot_append() {
-    let Some(rig) = Rig::new("flushwhole") else {
+    let Some(rig) = MotoRig::new("flushwhole", CLUSTER) else {
         return;
     };
-    append(&rig.logs().join(LOG), &lines(0, 6 * MIB));
-    let mut c = rig.start("spool", &rig.env(&[]), &["--shutdown-timeout", "30s"]);
+    rig.append(LOG, &lines(0, 6 * MIB));
+    let mut c = rig.collector().args(&["--shutdown-timeout", "30s"]).start();
     rig.wait_equal(LOG, &c, "whole upload");
     rig.proxy.add(
         Rule::new(Fault::Status(503, "ServiceUnavailable".into())).with_header("x-amz-copy-source"),
     );
-    append(&rig.logs().join(LOG), &lines(900_000, 100_000));
-    let status = c.terminate(Duration::from_secs(60));
-    assert!(status.success(), "{}", c.log_text());
+    rig.append(LOG, &lines(900_000, 100_000));
+    c.terminate_ok(Duration::from_secs(60));
     assert_eq!(
         rig.object(LOG).map(|o| o.len()),
         Some(6 * MIB + 100_000),
@@ -966,7 +743,7 @@ fn the_final_flush_sends_whole_what_it_cannot_append() {
 
 #[test]
 fn sigterm_during_a_whole_upload_leaves_no_incomplete_upload() {
-    let Some(rig) = Rig::new("sigtermwhole") else {
+    let Some(rig) = MotoRig::new("sigtermwhole", CLUSTER) else {
         return;
     };
     let big = "worker-big-01000000-1.out";
@@ -975,14 +752,11 @@ fn sigterm_during_a_whole_upload_leaves_no_incomplete_upload() {
             .method("PUT")
             .target_contains("partNumber="),
     );
-    append(&rig.logs().join(big), &lines(0, 30 * MIB));
-    let mut c = rig.start("spool", &rig.env(&[]), &["--shutdown-timeout", "6s"]);
-    wait_until(
-        "a whole upload started",
-        &c,
-        Duration::from_secs(20),
-        || !rig.open_uploads().is_empty(),
-    );
+    rig.append(big, &lines(0, 30 * MIB));
+    let mut c = rig.collector().args(&["--shutdown-timeout", "6s"]).start();
+    c.wait_until("a whole upload started", Duration::from_secs(20), || {
+        !rig.open_uploads().is_empty()
+    });
     let _ = c.try_terminate(Duration::from_secs(20));
     // A part the proxy still holds may reach moto after the abort: it cannot revive it.
     std::thread::sleep(Duration::from_secs(3));
@@ -1014,51 +788,41 @@ fn the_start_up_cleanup_runs_whatever_the_log_settings() {
     .into_iter()
     .enumerate()
     {
-        let Some(rig) = Rig::new(&format!("cleanup{i}")) else {
+        let Some(rig) = MotoRig::new(&format!("cleanup{i}"), CLUSTER) else {
             return;
         };
-        rig.logs();
         // An upload an earlier run left under this node's logs (kill -9 mid-upload).
-        let orphan = key("worker-old-01000000-9.out");
+        let orphan = rig.key("worker-old-01000000-9.out");
         let (status, body) =
             rig.s3
                 .request("POST", &format!("/{}/{orphan}?uploads", rig.bucket), b"");
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
         assert_eq!(rig.open_uploads(), vec![orphan.clone()]);
-        let mut c = rig.start("spool", &rig.env(&[]), args);
-        wait_until(
+        let mut c = rig.collector().args(args).start();
+        c.wait_until(
             &format!("the orphan aborted with {args:?}"),
-            &c,
             Duration::from_secs(30),
             || rig.open_uploads().is_empty(),
         );
-        let status = c.terminate(Duration::from_secs(30));
-        assert!(status.success(), "{}", c.log_text());
+        c.terminate_ok(Duration::from_secs(30));
     }
 }
 
 #[test]
 fn a_bucket_with_versioning_suspended_keeps_appending() {
     // Suspended: a write replaces the `null` version, so an append keeps no extra copy.
-    let Some(rig) = Rig::new("suspended") else {
+    let Some(rig) = MotoRig::new("suspended", CLUSTER) else {
         return;
     };
-    let (status, body) = rig.s3.request(
-        "PUT",
-        "/suspended?versioning",
-        b"<VersioningConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">\
-          <Status>Suspended</Status></VersioningConfiguration>",
-    );
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-    append(&rig.logs().join(LOG), &lines(0, 6 * MIB));
-    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    rig.set_versioning("Suspended");
+    rig.append(LOG, &lines(0, 6 * MIB));
+    let mut c = rig.collector().start();
     rig.wait_equal(LOG, &c, "whole upload");
-    append(&rig.logs().join(LOG), &lines(900_000, 100_000));
+    rig.append(LOG, &lines(900_000, 100_000));
     rig.wait_equal(LOG, &c, "append");
     assert!(appends(&c) >= 1.0, "{}", c.log_tail(40));
     assert!(!c.log_text().contains("keeps object versions"));
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
 }
 
 /// Issue 42: the proxy holds every copy request (a black hole towards the store for
@@ -1067,21 +831,24 @@ fn a_bucket_with_versioning_suspended_keeps_appending() {
 /// both objects must equal their files (the hung log sent whole, since a whole PUT works).
 #[test]
 fn one_hung_copy_stalls_no_other_log_and_sigterm_leaves_every_object_equal() {
-    let Some(rig) = Rig::new("hungcopy") else {
+    let Some(rig) = MotoRig::new("hungcopy", CLUSTER) else {
         return;
     };
     let interval = Duration::from_secs(2);
     let (big, small) = ("worker-a-01000000-1.out", "worker-b-01000000-2.out");
     let logs = rig.logs();
-    append(&logs.join(big), &lines(0, 6 * MIB));
-    append(&logs.join(small), &lines(50_000_000, 2_000));
-    let mut c = rig.start("spool", &rig.env(&[]), &["--log-upload-interval", "2s"]);
+    rig.append(big, &lines(0, 6 * MIB));
+    rig.append(small, &lines(50_000_000, 2_000));
+    let mut c = rig
+        .collector()
+        .args(&["--log-upload-interval", "2s"])
+        .start();
     rig.wait_equal(big, &c, "first upload");
     rig.wait_equal(small, &c, "first upload");
     rig.proxy
         .add(Rule::new(Fault::Hold(MAX_HOLD)).with_header("x-amz-copy-source"));
-    append(&logs.join(big), &lines(900_000, 300_000));
-    wait_until("a copy held", &c, Duration::from_secs(20), || {
+    rig.append(big, &lines(900_000, 300_000));
+    c.wait_until("a copy held", Duration::from_secs(20), || {
         rig.proxy.seen().iter().any(|r| r.is_copy())
     });
     // The small log grows 1 kB/s for 12 s (6 intervals); every poll, what the bucket holds must be all
@@ -1128,16 +895,15 @@ fn one_hung_copy_stalls_no_other_log_and_sigterm_leaves_every_object_equal() {
         c.log_tail(40)
     );
     // The hung log did not stop the lane; at SIGTERM it goes whole.
-    let status = c.terminate(Duration::from_secs(60));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(60));
     for n in [big, small] {
         assert_eq!(
             rig.object(n).map(|o| o.len()),
-            Some(std::fs::read(logs.join(n)).unwrap().len()),
+            Some(rig.file(n).len()),
             "{n} after SIGTERM\n{}",
             c.log_tail(40)
         );
-        assert_eq!(rig.object(n).unwrap(), std::fs::read(logs.join(n)).unwrap());
+        assert_eq!(rig.object(n).unwrap(), rig.file(n));
     }
     assert!(rig.open_uploads().is_empty(), "{:?}", rig.open_uploads());
 }
@@ -1147,11 +913,11 @@ fn one_hung_copy_stalls_no_other_log_and_sigterm_leaves_every_object_equal() {
 /// once, and a store that always answers so gets appends switched off.
 #[test]
 fn a_completion_answered_200_with_an_error_document_is_a_refusal() {
-    let Some(rig) = Rig::new("complete200") else {
+    let Some(rig) = MotoRig::new("complete200", CLUSTER) else {
         return;
     };
     let names = three_logs(&rig);
-    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    let mut c = rig.collector().start();
     for n in &names {
         rig.wait_equal(n, &c, "first upload");
     }
@@ -1164,7 +930,7 @@ fn a_completion_answered_200_with_an_error_document_is_a_refusal() {
     for n in &names {
         rig.wait_equal(n, &c, "the grown log, whole, in the live rounds");
     }
-    wait_until("three refusals", &c, Duration::from_secs(10), || {
+    c.wait_until("three refusals", Duration::from_secs(10), || {
         c.metric_labeled("rhc_log_append_failures_total", "kind=\"refused\"") >= 3.0
     });
     assert_eq!(
@@ -1184,13 +950,9 @@ fn a_completion_answered_200_with_an_error_document_is_a_refusal() {
         "{}",
         c.log_tail(40)
     );
-    let status = c.terminate(Duration::from_secs(30));
-    assert!(status.success(), "{}", c.log_text());
+    c.terminate_ok(Duration::from_secs(30));
     for n in &names {
-        assert_eq!(
-            rig.object(n).unwrap(),
-            std::fs::read(rig.logs().join(n)).unwrap()
-        );
+        assert_eq!(rig.object(n).unwrap(), rig.file(n));
     }
     assert!(rig.open_uploads().is_empty(), "{:?}", rig.open_uploads());
 }
@@ -1202,13 +964,13 @@ fn a_completion_answered_200_with_an_error_document_is_a_refusal() {
 /// that did not make it at the final flush are named and make the exit code 3.
 #[test]
 fn files_the_store_refuses_never_stop_the_others_and_are_named_at_the_end() {
-    let Some(rig) = Rig::new("refusedkeys") else {
+    let Some(rig) = MotoRig::new("refusedkeys", CLUSTER) else {
         return;
     };
     let logs = rig.logs();
     let ordinary: Vec<String> = (0..5).map(|i| format!("app_{i}.log")).collect();
     for (i, n) in ordinary.iter().enumerate() {
-        append(&logs.join(n), &lines(i * 1_000_000, 2_000));
+        rig.append(n, &lines(i * 1_000_000, 2_000));
     }
     // Nine nested 120-byte directories: a key of about 1,300 bytes.
     let mut deep = logs.clone();
@@ -1220,29 +982,26 @@ fn files_the_store_refuses_never_stop_the_others_and_are_named_at_the_end() {
     // Newer, and error streams: these go before the ordinary logs in a round.
     let refused: Vec<String> = (0..3).map(|i| format!("refused_{i}.err")).collect();
     for n in &refused {
-        append(&logs.join(n), b"denied by the bucket policy\n");
+        rig.append(n, b"denied by the bucket policy\n");
     }
     rig.proxy
         .add(Rule::new(Fault::Status(403, "AccessDenied".into())).target_contains("refused_"));
-    let mut c = rig.start("spool", &rig.env(&[]), &[]);
+    let mut c = rig.collector().start();
     for n in &ordinary {
         rig.wait_equal(n, &c, "live, beside files the store refuses");
     }
     for (i, n) in ordinary.iter().enumerate() {
-        append(&logs.join(n), &lines(i * 1_000_000 + 500_000, 1_000));
+        rig.append(n, &lines(i * 1_000_000 + 500_000, 1_000));
     }
-    wait_until(
-        "the over-long key skipped",
-        &c,
-        Duration::from_secs(20),
-        || c.metric_labeled("rhc_log_files_skipped_total", "reason=\"key_too_long\"") >= 1.0,
-    );
+    c.wait_until("the over-long key skipped", Duration::from_secs(20), || {
+        c.metric_labeled("rhc_log_files_skipped_total", "reason=\"key_too_long\"") >= 1.0
+    });
     let (status, _) = c.try_terminate(Duration::from_secs(60)).unwrap();
     assert_eq!(status.code(), Some(3), "{}", c.log_text());
     for n in &ordinary {
         assert_eq!(
             rig.object(n).unwrap(),
-            std::fs::read(logs.join(n)).unwrap(),
+            rig.file(n),
             "{n} after the final flush\n{}",
             c.log_tail(40)
         );
@@ -1280,7 +1039,7 @@ fn files_the_store_refuses_never_stop_the_others_and_are_named_at_the_end() {
 /// logs meanwhile (issue 42 item 1).
 #[test]
 fn a_whole_upload_over_a_slow_uplink_lands_at_the_first_try() {
-    let Some(rig) = Rig::new("slowuplink") else {
+    let Some(rig) = MotoRig::new("slowuplink", CLUSTER) else {
         return;
     };
     /// The uplink: 100 kB/s, as the review's slowest run that was cut by the stall limit.
@@ -1289,15 +1048,17 @@ fn a_whole_upload_over_a_slow_uplink_lands_at_the_first_try() {
     let small = "worker-small-02000000-2.out";
     // 1.5 MiB: one PUT (8 MiB parts), about 16 s on the wire, four times the stall limit.
     let size = 3 * MIB / 2;
-    append(&rig.logs().join(big), &lines(0, size));
+    rig.append(big, &lines(0, size));
     rig.proxy.slow_body_reads(Some(RATE));
     // A stall limit of 4 s, and a request timeout of 5 s where a client is not the log
     // lane's (whose timeout adds the largest part at the floor rate): neither may cut it.
-    let env = rig.env(&[
-        ("RHC_TEST_LOG_MIN_STALL_SECS", "4"),
-        ("RHC_TEST_REQUEST_TIMEOUT_SECS", "5"),
-    ]);
-    let mut c = rig.start("spool", &env, &[]);
+    let mut c = rig
+        .collector()
+        .env(&[
+            ("RHC_TEST_LOG_MIN_STALL_SECS", "4"),
+            ("RHC_TEST_REQUEST_TIMEOUT_SECS", "5"),
+        ])
+        .start();
     let puts_of = |name: &str| {
         rig.proxy
             .arrived()
@@ -1305,15 +1066,12 @@ fn a_whole_upload_over_a_slow_uplink_lands_at_the_first_try() {
             .filter(|(m, t)| m == "PUT" && t.contains(name))
             .count()
     };
-    wait_until(
-        "the big log's PUT began",
-        &c,
-        Duration::from_secs(20),
-        || puts_of(big) > 0,
-    );
+    c.wait_until("the big log's PUT began", Duration::from_secs(20), || {
+        puts_of(big) > 0
+    });
     // The lane goes around the slow send: a new small log lands while it streams.
     let began = Instant::now();
-    append(&rig.logs().join(small), &lines(0, 2_000));
+    rig.append(small, &lines(0, 2_000));
     rig.wait_equal(small, &c, "a small log while the big one streams");
     let small_after = began.elapsed();
     let streaming = rig.object(big).is_none();
@@ -1334,8 +1092,5 @@ fn a_whole_upload_over_a_slow_uplink_lands_at_the_first_try() {
     );
     let (status, _) = c.try_terminate(Duration::from_secs(30)).unwrap();
     assert!(status.success(), "{status:?}\n{}", c.log_tail(40));
-    assert_eq!(
-        rig.object(big).as_deref(),
-        Some(&std::fs::read(rig.logs().join(big)).unwrap()[..])
-    );
+    assert_eq!(rig.object(big).as_deref(), Some(&rig.file(big)[..]));
 }

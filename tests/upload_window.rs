@@ -13,13 +13,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use object_store::local::LocalFileSystem;
 use object_store::ObjectStore;
 
 use rhc_testkit::collector::{read_all, Collector};
-use rhc_testkit::fault_proxy::{Fault, FaultProxy, Rule};
+use rhc_testkit::fault_proxy::{Fault, Rule};
 use rhc_testkit::fault_shim::Faults;
-use rhc_testkit::services::MotoS3;
+use rhc_testkit::moto_rig::MotoRig;
+use rhc_testkit::ray_logs::local_bucket;
 
 const SESSION: &str = "session_2026-11-22_02-06-54_202993_22498";
 const NODE_B64: &str = "OuZZXCSK197xxyBr/VCxjoYNXrFn5OBoxkgjpQ==";
@@ -146,11 +146,6 @@ impl Poller {
     }
 }
 
-fn local_store(dir: &Path) -> Arc<dyn ObjectStore> {
-    std::fs::create_dir_all(dir).unwrap();
-    Arc::new(LocalFileSystem::new_with_prefix(dir).unwrap())
-}
-
 /// Posts batches of `per_batch` events every 100 ms for `run`, over `jobs` jobs; returns
 /// each batch's ids with the time its 200 came back.
 fn post_steadily(
@@ -183,8 +178,7 @@ fn assert_node_loss_bounded(
     jobs: usize,
 ) {
     let vanished = Instant::now();
-    c.kill9();
-    std::fs::remove_dir_all(&c.spool).unwrap();
+    c.vanish().unwrap();
     let objects = event_objects(read());
     let mut count: HashMap<String, u32> = HashMap::new();
     for (k, v) in &objects {
@@ -236,7 +230,7 @@ fn file_collector(tmp: &Path, extra: &[&str]) -> (Collector, std::path::PathBuf)
 fn node_loss_on_file_bucket_loses_nothing_older_than_the_window() {
     let tmp = tempfile::tempdir().unwrap();
     let (mut c, bucket) = file_collector(tmp.path(), &["--upload-window", "2s"]);
-    let store = local_store(&bucket);
+    let store = local_bucket(&bucket);
     let s2 = store.clone();
     let poller = Poller::start(move || read_all(&s2));
     let acked = post_steadily(&c, "f", Duration::from_secs(6), 30, 3);
@@ -259,7 +253,7 @@ fn node_loss_on_file_bucket_loses_nothing_older_than_the_window() {
 fn node_loss_at_the_default_window() {
     let tmp = tempfile::tempdir().unwrap();
     let (mut c, bucket) = file_collector(tmp.path(), &[]);
-    let store = local_store(&bucket);
+    let store = local_bucket(&bucket);
     let acked = post_steadily(&c, "d", Duration::from_secs(13), 10, 2);
     assert_node_loss_bounded(
         &mut c,
@@ -277,7 +271,7 @@ fn kill_and_restart_with_the_spool_kept_is_exact() {
     for tampered in [false, true] {
         let tmp = tempfile::tempdir().unwrap();
         let (mut c, bucket) = file_collector(tmp.path(), &["--upload-window", "1s"]);
-        let store = local_store(&bucket);
+        let store = local_bucket(&bucket);
         let a: Vec<String> = (0..200).map(|i| format!("a-{i}")).collect();
         post(&c, &a, 2);
         // Published (rounds every 0.5 s), then more that may not be.
@@ -320,74 +314,22 @@ fn kill_and_restart_with_the_spool_kept_is_exact() {
     }
 }
 
-/// moto behind the recording proxy.
-struct S3Rig {
-    s3: MotoS3,
-    proxy: FaultProxy,
-    tmp: tempfile::TempDir,
-}
-
 const BUCKET: &str = "window";
 
-impl S3Rig {
-    fn new() -> Option<S3Rig> {
-        let s3 = MotoS3::start()?;
-        s3.create_bucket(BUCKET);
-        let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
-        Some(S3Rig {
-            s3,
-            proxy,
-            tmp: tempfile::tempdir().unwrap(),
-        })
-    }
-
-    fn start(&self, extra: &[&str]) -> Collector {
-        self.start_with(extra, &[])
-    }
-
-    /// [`S3Rig::start`] with more environment (the fault shim's).
-    fn start_with(&self, extra: &[&str], more_env: &[(&str, &str)]) -> Collector {
-        let storage = format!("s3://{BUCKET}");
-        let ray = self.tmp.path().join("ray");
-        let mut args = vec![
-            "--storage",
-            &storage,
-            "--ray-tmp-dir",
-            ray.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        let url = self.proxy.url();
-        let mut env = vec![
-            ("AWS_ENDPOINT", url.as_str()),
-            ("AWS_ALLOW_HTTP", "true"),
-            ("AWS_ACCESS_KEY_ID", MotoS3::ACCESS_KEY_ID),
-            ("AWS_SECRET_ACCESS_KEY", MotoS3::SECRET_ACCESS_KEY),
-            ("AWS_REGION", MotoS3::REGION),
-        ];
-        env.extend_from_slice(more_env);
-        Collector::start(&self.tmp.path().join("spool"), &args, &env)
-    }
-
-    /// Every object of the session, read straight from moto (not through the proxy).
-    fn read(s3: &MotoS3) -> BTreeMap<String, Vec<u8>> {
-        let mut out = BTreeMap::new();
-        for k in s3.list_keys(BUCKET, "") {
-            if let Some(b) = s3.get_object(BUCKET, &k) {
-                out.insert(k, b);
-            }
-        }
-        out
-    }
+/// moto behind the recording proxy, the bucket [`BUCKET`], no Ray session: each collector
+/// gets `--storage`, `--ray-tmp-dir` and the test's flags only.
+fn s3_rig() -> Option<MotoRig> {
+    MotoRig::without_session(BUCKET, "window")
 }
 
 /// moto: node loss with a 2 s window; and once nothing is new, no request at all.
 #[test]
 fn node_loss_on_moto_and_no_request_when_nothing_is_new() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
-    let mut c = rig.start(&["--upload-window", "2s"]);
+    let mut c = rig.collector().only(&["--upload-window", "2s"]).start();
     // Exported from the start, before any publication (review r35k D2).
     assert_eq!(c.metric("rhc_event_conditional_writes"), 1.0);
     let acked = post_steadily(&c, "m", Duration::from_secs(5), 20, 2);
@@ -402,19 +344,13 @@ fn node_loss_on_moto_and_no_request_when_nothing_is_new() {
         "requests with nothing new: {:?}",
         &after[before..]
     );
-    assert_node_loss_bounded(
-        &mut c,
-        &acked,
-        Duration::from_secs(2),
-        || S3Rig::read(&rig.s3),
-        2,
-    );
+    assert_node_loss_bounded(&mut c, &acked, Duration::from_secs(2), || rig.objects(), 2);
 }
 
 /// Every event id in the session's objects on moto, with how many times it is there.
-fn id_counts(rig: &S3Rig) -> BTreeMap<String, usize> {
+fn id_counts(rig: &MotoRig) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
-    for (k, v) in event_objects(S3Rig::read(&rig.s3)) {
+    for (k, v) in event_objects(rig.objects()) {
         for id in version_ids(&k, &v) {
             *counts.entry(id).or_insert(0) += 1;
         }
@@ -427,7 +363,7 @@ fn id_counts(rig: &S3Rig) -> BTreeMap<String, usize> {
 /// are cleared) is passed on `delay` late; posts B and waits until its PUT is at the proxy.
 /// The ids posted.
 fn grow_then_delay_the_next_put(
-    rig: &S3Rig,
+    rig: &MotoRig,
     c: &Collector,
     delay: Duration,
     times: Option<usize>,
@@ -462,14 +398,14 @@ fn grow_then_delay_the_next_put(
 
 /// Waits until every request that reached the proxy was passed on and answered: the late
 /// PUT landed (or was refused).
-fn wait_until_the_late_put_landed(rig: &S3Rig, c: &Collector) {
+fn wait_until_the_late_put_landed(rig: &MotoRig, c: &Collector) {
     wait_for(c, Duration::from_secs(60), "the late PUT passed on", || {
         rig.proxy.seen().len() >= rig.proxy.arrived().len()
     });
 }
 
 /// Each of `ids` exactly once in the session's objects on moto, and nothing else.
-fn assert_each_once(rig: &S3Rig, ids: &[String], when: &str) {
+fn assert_each_once(rig: &MotoRig, ids: &[String], when: &str) {
     let counts = id_counts(rig);
     let missing: Vec<&String> = ids.iter().filter(|i| !counts.contains_key(*i)).collect();
     let twice: Vec<&String> = counts
@@ -494,19 +430,19 @@ fn assert_each_once(rig: &S3Rig, ids: &[String], when: &str) {
 /// the late PUT replaced A+B+C, 100 of 300 acknowledged events lost, exit 0.)
 #[test]
 fn a_growth_put_delivered_late_after_a_restart_replaces_nothing() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
     let args = ["--upload-window", "1s"];
-    let mut c = rig.start(&args);
+    let mut c = rig.collector().only(&args).start();
     let mut acked = grow_then_delay_the_next_put(&rig, &c, Duration::from_secs(4), None);
     let later: Vec<String> = (0..100).map(|i| format!("c-{i}")).collect();
     post(&c, &later, 1);
     acked.extend(later);
     c.kill9();
     rig.proxy.clear();
-    let mut c = rig.start(&args);
+    let mut c = rig.collector().only(&args).start();
     wait_for(
         &c,
         Duration::from_secs(30),
@@ -534,14 +470,15 @@ fn a_growth_put_delivered_late_after_a_restart_replaces_nothing() {
 /// 300 lost, exit 0.)
 #[test]
 fn a_growth_put_that_timed_out_and_lands_late_replaces_nothing() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
-    let mut c = rig.start_with(
-        &["--upload-window", "1s"],
-        &[("RHC_TEST_REQUEST_TIMEOUT_SECS", "3")],
-    );
+    let mut c = rig
+        .collector()
+        .only(&["--upload-window", "1s"])
+        .env(&[("RHC_TEST_REQUEST_TIMEOUT_SECS", "3")])
+        .start();
     let mut acked = grow_then_delay_the_next_put(&rig, &c, Duration::from_secs(6), Some(1));
     wait_for(&c, Duration::from_secs(30), "A+B (its retry)", || {
         id_counts(&rig).len() == 200
@@ -565,7 +502,7 @@ fn a_growth_put_that_timed_out_and_lands_late_replaces_nothing() {
 /// `rhc_event_conditional_writes` at 0; every acknowledged event is in the bucket, once.
 #[test]
 fn a_store_refusing_conditional_writes_gets_them_unconditionally() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
@@ -576,7 +513,7 @@ fn a_store_refusing_conditional_writes_gets_them_unconditionally() {
                 .with_header(header),
         );
     }
-    let mut c = rig.start(&["--upload-window", "1s"]);
+    let mut c = rig.collector().only(&["--upload-window", "1s"]).start();
     let a: Vec<String> = (0..100).map(|i| format!("a-{i}")).collect();
     post(&c, &a, 1);
     wait_for(&c, Duration::from_secs(30), "A in the bucket", || {
@@ -613,7 +550,7 @@ fn a_store_refusing_conditional_writes_gets_them_unconditionally() {
 /// naming the answer and `rhc_event_conditional_writes` 1 at start and 0 after. (main at
 /// 6db458e: the growth failed and was retried forever, no event reached the bucket.)
 fn conditions_answered_with(status: u16, code: &str) {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
@@ -626,7 +563,7 @@ fn conditions_answered_with(status: u16, code: &str) {
             );
         }
     }
-    let mut c = rig.start(&["--upload-window", "1s"]);
+    let mut c = rig.collector().only(&["--upload-window", "1s"]).start();
     assert_eq!(c.metric("rhc_event_conditional_writes"), 1.0);
     let a: Vec<String> = (0..10).map(|i| format!("a-{i}")).collect();
     post(&c, &a, 1);
@@ -706,7 +643,7 @@ fn a_store_answering_conditions_with_403_gets_writes_unconditionally() {
 /// 412.
 #[test]
 fn one_passing_403_to_a_conditional_write_keeps_conditions_on() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
@@ -716,10 +653,11 @@ fn one_passing_403_to_a_conditional_write_keeps_conditions_on() {
             .with_header("if-none-match")
             .times(1),
     );
-    let mut c = rig.start_with(
-        &["--upload-window", "1s"],
-        &[("RHC_TEST_REQUEST_TIMEOUT_SECS", "3")],
-    );
+    let mut c = rig
+        .collector()
+        .only(&["--upload-window", "1s"])
+        .env(&[("RHC_TEST_REQUEST_TIMEOUT_SECS", "3")])
+        .start();
     let mut acked = grow_then_delay_the_next_put(&rig, &c, Duration::from_secs(6), Some(1));
     assert_eq!(
         rig.proxy.seen().iter().filter(|r| r.status == 403).count(),
@@ -753,14 +691,15 @@ fn one_passing_403_to_a_conditional_write_keeps_conditions_on() {
 /// Refusals count only once they have lasted `REFUSAL_SPAN`.
 #[test]
 fn a_short_burst_of_403s_over_many_partitions_keeps_conditions_on() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
-    let mut c = rig.start_with(
-        &["--upload-window", "1s"],
-        &[("RHC_TEST_REQUEST_TIMEOUT_SECS", "3")],
-    );
+    let mut c = rig
+        .collector()
+        .only(&["--upload-window", "1s"])
+        .env(&[("RHC_TEST_REQUEST_TIMEOUT_SECS", "3")])
+        .start();
     let batch = |c: &Collector, tag: &str| -> Vec<String> {
         let ids: Vec<String> = (0..300).map(|i| format!("{tag}-{i}")).collect();
         post(c, &ids, 3);
@@ -829,7 +768,7 @@ fn a_file_bucket_reports_no_conditional_writes() {
 /// allowed, every event lands, written conditionally.
 #[test]
 fn a_store_refusing_every_write_keeps_conditions_on() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
@@ -838,7 +777,7 @@ fn a_store_refusing_every_write_keeps_conditions_on() {
             .method("PUT")
             .target_contains(".jsonl"),
     );
-    let mut c = rig.start(&["--upload-window", "1s"]);
+    let mut c = rig.collector().only(&["--upload-window", "1s"]).start();
     let a: Vec<String> = (0..20).map(|i| format!("a-{i}")).collect();
     post(&c, &a, 1);
     // Refused with the condition for `REFUSAL_SPAN` (30 s), then once without it: refused
@@ -890,16 +829,16 @@ fn a_store_refusing_every_write_keeps_conditions_on() {
 /// and the next round after it brings the object up to date.
 #[test]
 fn a_failed_growth_leaves_the_previous_version_whole() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
-    let mut c = rig.start(&["--upload-window", "1s"]);
+    let mut c = rig.collector().only(&["--upload-window", "1s"]).start();
     let a: Vec<String> = (0..100).map(|i| format!("a-{i}")).collect();
     post(&c, &a, 1);
     let end = Instant::now() + Duration::from_secs(10);
     let first = loop {
-        let o = event_objects(S3Rig::read(&rig.s3));
+        let o = event_objects(rig.objects());
         if let Some((k, v)) = o.into_iter().next() {
             if version_ids(&k, &v).len() == 100 {
                 break (k, v);
@@ -917,7 +856,7 @@ fn a_failed_growth_leaves_the_previous_version_whole() {
     post(&c, &b, 1);
     let fault_end = Instant::now() + Duration::from_millis(2500);
     while Instant::now() < fault_end {
-        let now = S3Rig::read(&rig.s3);
+        let now = rig.objects();
         let v = now.get(&first.0).expect("the object vanished");
         assert_eq!(v, &first.1, "the object changed while every PUT failed");
         std::thread::sleep(Duration::from_millis(200));
@@ -926,7 +865,7 @@ fn a_failed_growth_leaves_the_previous_version_whole() {
     assert!(faulted > 0, "no growth was attempted during the fault");
     let end = Instant::now() + Duration::from_secs(15);
     loop {
-        let o = event_objects(S3Rig::read(&rig.s3));
+        let o = event_objects(rig.objects());
         let ids = version_ids(&first.0, &o[&first.0]);
         if ids.len() == 200 {
             assert_eq!(&ids[..100], &a[..]);
@@ -954,11 +893,14 @@ fn a_failed_growth_leaves_the_previous_version_whole() {
 /// `rhc-chaos --only sigterm-partitions --partitions 5000`.
 #[test]
 fn five_thousand_open_partitions_drain_at_sigterm() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
-    let mut c = rig.start(&["--max-open-segments", "1024", "--shutdown-timeout", "120s"]);
+    let mut c = rig
+        .collector()
+        .only(&["--max-open-segments", "1024", "--shutdown-timeout", "120s"])
+        .start();
     const JOBS: u32 = 5000;
     for chunk in 0..JOBS / 500 {
         let body = format!(
@@ -1175,7 +1117,7 @@ fn a_node_killed_while_its_file_object_grows_leaves_it_whole() {
 
 /// Every event id in the session's event objects on the file:// bucket (temporaries skipped).
 fn ids_in_file_bucket(bucket: &Path) -> std::collections::BTreeSet<String> {
-    event_objects(read_all(&local_store(bucket)))
+    event_objects(read_all(&local_bucket(bucket)))
         .iter()
         .filter(|(k, _)| !k.ends_with(".rhc-tmp"))
         .flat_map(|(k, v)| version_ids(k, v))
@@ -1256,7 +1198,7 @@ fn a_passing_error_reading_a_segment_only_delays_the_growth() {
         };
         // Either compression (a `.jsonl` is plain here), temporaries skipped.
         let in_bucket = || -> std::collections::BTreeSet<String> {
-            event_objects(read_all(&local_store(&bucket)))
+            event_objects(read_all(&local_bucket(&bucket)))
                 .iter()
                 .filter(|(k, _)| !k.ends_with(".rhc-tmp"))
                 .flat_map(|(k, v)| object_ids(k, v))
@@ -1547,7 +1489,7 @@ fn assert_one_object_per_partition(objects: &BTreeMap<String, Vec<u8>>, ids: &[S
 }
 
 /// Delete requests (DeleteObjects) the store was sent.
-fn delete_requests(rig: &S3Rig) -> usize {
+fn delete_requests(rig: &MotoRig) -> usize {
     rig.proxy
         .seen()
         .iter()
@@ -1559,8 +1501,8 @@ fn delete_requests(rig: &S3Rig) -> usize {
 const DELETE_OBJECTS: &str = "?delete";
 
 /// Run 1 of the compression switch: 2,000 events in 2 partitions, grown with gzip, kill -9.
-fn grow_with_gzip_then_kill(rig: &S3Rig) -> Vec<String> {
-    let mut c = rig.start(&["--upload-window", "1s"]);
+fn grow_with_gzip_then_kill(rig: &MotoRig) -> Vec<String> {
+    let mut c = rig.collector().only(&["--upload-window", "1s"]).start();
     let ids: Vec<String> = (0..2000).map(|i| format!("z-{i}")).collect();
     for chunk in ids.chunks(500) {
         post(&c, chunk, 2);
@@ -1570,7 +1512,7 @@ fn grow_with_gzip_then_kill(rig: &S3Rig) -> Vec<String> {
         Duration::from_secs(20),
         "2,000 events in 2 .gz objects",
         || {
-            let o = event_objects(S3Rig::read(&rig.s3));
+            let o = event_objects(rig.objects());
             o.len() == 2
                 && o.keys().all(|k| k.ends_with(".jsonl.gz"))
                 && o.iter().map(|(k, v)| object_ids(k, v).len()).sum::<usize>() == 2000
@@ -1589,7 +1531,7 @@ fn grow_with_gzip_then_kill(rig: &S3Rig) -> Vec<String> {
 /// delete retried forever, the segments kept in the spool, SIGTERM exit 3, lines twice).
 #[test]
 fn a_compression_switch_without_delete_permission_keeps_each_segments_key() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
@@ -1599,7 +1541,10 @@ fn a_compression_switch_without_delete_permission_keeps_each_segments_key() {
             .target_contains(DELETE_OBJECTS),
     );
     let ids = grow_with_gzip_then_kill(&rig);
-    let mut c = rig.start(&["--upload-window", "1s", "--compression", "none"]);
+    let mut c = rig
+        .collector()
+        .only(&["--upload-window", "1s", "--compression", "none"])
+        .start();
     let spool = rig.tmp.path().join("spool");
     wait_for(&c, Duration::from_secs(60), "the segments uploaded", || {
         rhc_testkit::collector::files_under(&spool.join("events")).is_empty()
@@ -1607,7 +1552,7 @@ fn a_compression_switch_without_delete_permission_keeps_each_segments_key() {
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_tail(30));
     assert_eq!(delete_requests(&rig), 0, "a delete was sent");
-    assert_one_object_per_partition(&event_objects(S3Rig::read(&rig.s3)), &ids, ".jsonl.gz");
+    assert_one_object_per_partition(&event_objects(rig.objects()), &ids, ".jsonl.gz");
 }
 
 /// Issue 35, item 2, and r35h item G: a restart with `--compression none` killed (-9) while
@@ -1615,7 +1560,7 @@ fn a_compression_switch_without_delete_permission_keeps_each_segments_key() {
 /// per partition under its first key, every line once, and no delete ever sent.
 #[test]
 fn a_compression_switch_killed_then_switched_back_keeps_one_object() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
@@ -1626,15 +1571,18 @@ fn a_compression_switch_killed_then_switched_back_keeps_one_object() {
             .method("PUT")
             .target_contains(".jsonl"),
     );
-    let mut c = rig.start(&["--upload-window", "1s", "--compression", "none"]);
+    let mut c = rig
+        .collector()
+        .only(&["--upload-window", "1s", "--compression", "none"])
+        .start();
     std::thread::sleep(Duration::from_secs(3));
     c.kill9();
     rig.proxy.clear();
-    let mut c = rig.start(&["--upload-window", "1s"]);
+    let mut c = rig.collector().only(&["--upload-window", "1s"]).start();
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_tail(30));
     assert_eq!(delete_requests(&rig), 0, "a delete was sent");
-    assert_one_object_per_partition(&event_objects(S3Rig::read(&rig.s3)), &ids, ".jsonl.gz");
+    assert_one_object_per_partition(&event_objects(rig.objects()), &ids, ".jsonl.gz");
 }
 
 /// Issue 35, item 4: a store outage (every request answered 500) with a 16 MiB budget and
@@ -1645,14 +1593,17 @@ fn a_compression_switch_killed_then_switched_back_keeps_one_object() {
 #[test]
 fn a_store_outage_fills_the_spool_to_its_high_watermark_before_503() {
     const BUDGET: u64 = 16 << 20;
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
     rig.proxy
         .add(Rule::new(Fault::Status(500, "InternalError".into())));
     let budget = BUDGET.to_string();
-    let c = rig.start(&["--max-spool-bytes", &budget]);
+    let c = rig
+        .collector()
+        .only(&["--max-spool-bytes", &budget])
+        .start();
     let spool = rig.tmp.path().join("spool");
     let end = Instant::now() + Duration::from_secs(90);
     let mut n = 0usize;
@@ -1699,18 +1650,21 @@ fn a_store_outage_fills_the_spool_to_its_high_watermark_before_503() {
 /// its copies wait as long as object_store's own request timeout (120 s).
 #[test]
 fn event_growth_copies_answered_35_s_late_still_publish() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
-    let mut c = rig.start(&[
-        "--upload-window",
-        "2s",
-        "--enable-log-collector",
-        "false",
-        "--shutdown-timeout",
-        "150s",
-    ]);
+    let mut c = rig
+        .collector()
+        .only(&[
+            "--upload-window",
+            "2s",
+            "--enable-log-collector",
+            "false",
+            "--shutdown-timeout",
+            "150s",
+        ])
+        .start();
     let url = c.url("/v1/events");
     // Over S3's 5 MiB minimum part once compressed, so the next growth copies it.
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
@@ -1724,7 +1678,7 @@ fn event_growth_copies_answered_35_s_late_still_publish() {
         acked.extend((0..100).map(|i| format!("{tag}-{i}")));
     }
     let in_bucket = |ids: &[String]| {
-        let objects = event_objects(S3Rig::read(&rig.s3));
+        let objects = event_objects(rig.objects());
         let have: std::collections::BTreeSet<String> = objects
             .iter()
             .flat_map(|(k, v)| version_ids(k, v))
@@ -1736,7 +1690,7 @@ fn event_growth_copies_answered_35_s_late_still_publish() {
         assert!(Instant::now() < end, "the first events never landed");
         std::thread::sleep(Duration::from_millis(500));
     }
-    let sizes: Vec<(String, usize)> = event_objects(S3Rig::read(&rig.s3))
+    let sizes: Vec<(String, usize)> = event_objects(rig.objects())
         .into_iter()
         .map(|(k, v)| (k, v.len()))
         .collect();
@@ -1901,7 +1855,7 @@ fn a_shift_in_the_compression_ratio_never_holds_events_back_until_rotation() {
 /// `.jsonl.gz` objects: every line twice, exit 0).
 #[test]
 fn a_compression_switch_whose_record_cannot_be_written_keeps_one_object() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
@@ -1914,10 +1868,11 @@ fn a_compression_switch_whose_record_cannot_be_written_keeps_one_object() {
             .target_contains(DELETE_OBJECTS)
             .for_time(Duration::from_secs(8)),
     );
-    let mut c = rig.start_with(
-        &["--upload-window", "1s", "--compression", "none"],
-        &faults.env(),
-    );
+    let mut c = rig
+        .collector()
+        .only(&["--upload-window", "1s", "--compression", "none"])
+        .env(&faults.env())
+        .start();
     std::thread::sleep(Duration::from_secs(3));
     faults.disarm("open");
     let spool = rig.tmp.path().join("spool");
@@ -1927,7 +1882,7 @@ fn a_compression_switch_whose_record_cannot_be_written_keeps_one_object() {
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_tail(30));
     assert_eq!(delete_requests(&rig), 0, "a delete was sent");
-    assert_one_object_per_partition(&event_objects(S3Rig::read(&rig.s3)), &ids, ".jsonl.gz");
+    assert_one_object_per_partition(&event_objects(rig.objects()), &ids, ".jsonl.gz");
 }
 
 /// Review r35i, rule G: the spool's disk is full for growth files (every write under
@@ -1939,7 +1894,7 @@ fn a_compression_switch_whose_record_cannot_be_written_keeps_one_object() {
 /// line twice).
 #[test]
 fn an_unrecorded_whole_upload_killed_then_a_compression_switch_keeps_one_object() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
@@ -1951,10 +1906,11 @@ fn an_unrecorded_whole_upload_killed_then_a_compression_switch_keeps_one_object(
             .method("PUT")
             .target_contains(".jsonl"),
     );
-    let mut c = rig.start_with(
-        &["--upload-window", "1s", "--compression", "gzip"],
-        &faults.env(),
-    );
+    let mut c = rig
+        .collector()
+        .only(&["--upload-window", "1s", "--compression", "gzip"])
+        .env(&faults.env())
+        .start();
     let ids: Vec<String> = (0..300).map(|i| format!("u-{i}")).collect();
     post(&c, &ids, 2);
     let landed = || {
@@ -1990,13 +1946,16 @@ fn an_unrecorded_whole_upload_killed_then_a_compression_switch_keeps_one_object(
     faults.disarm("write");
     faults.disarm("writev");
     rig.proxy.clear();
-    let mut c = rig.start(&["--upload-window", "1s", "--compression", "none"]);
+    let mut c = rig
+        .collector()
+        .only(&["--upload-window", "1s", "--compression", "none"])
+        .start();
     wait_for(&c, Duration::from_secs(60), "the segments uploaded", || {
         rhc_testkit::collector::files_under(&spool.join("events")).is_empty()
     });
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_tail(30));
-    assert_one_object_per_partition(&event_objects(S3Rig::read(&rig.s3)), &ids, ".jsonl.gz");
+    assert_one_object_per_partition(&event_objects(rig.objects()), &ids, ".jsonl.gz");
 }
 
 /// Blocks allocated to every file under `dir` but its `skip` subdirectory (the ids journal,
@@ -2102,16 +2061,17 @@ fn an_empty_spool_takes_a_batch_that_fits_its_budget() {
 /// its first partition's first publication, then restarted with `--compression to`. The
 /// bucket must end with one object (the new compression's) holding every event once.
 fn first_publication_kill_then_switch(from: &str, to: &str, nth: u32) {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
     let faults = Faults::build(rig.tmp.path());
     faults.arm("open", -9, nth, ".jsonl.tmp$");
-    let mut c = rig.start_with(
-        &["--upload-window", "1s", "--compression", from],
-        &faults.env(),
-    );
+    let mut c = rig
+        .collector()
+        .only(&["--upload-window", "1s", "--compression", from])
+        .env(&faults.env())
+        .start();
     let ids: Vec<String> = (0..1000).map(|i| format!("f-{i}")).collect();
     let body = format!(
         "[{}]",
@@ -2130,16 +2090,19 @@ fn first_publication_kill_then_switch(from: &str, to: &str, nth: u32) {
     .is_ok_and(|r| r.status == 200);
     let killed = c.wait_exit(Duration::from_secs(15)).is_ok();
     c.kill9();
-    let before: Vec<String> = event_objects(S3Rig::read(&rig.s3)).into_keys().collect();
+    let before: Vec<String> = event_objects(rig.objects()).into_keys().collect();
     println!("{from} -> {to}, kill at record file {nth} (killed: {killed}, answered: {answered}); bucket before the restart: {before:?}");
-    let mut c = rig.start(&["--upload-window", "1s", "--compression", to]);
+    let mut c = rig
+        .collector()
+        .only(&["--upload-window", "1s", "--compression", to])
+        .start();
     let spool = rig.tmp.path().join("spool");
     wait_for(&c, Duration::from_secs(30), "the segment uploaded", || {
         rhc_testkit::collector::files_under(&spool.join("events")).is_empty()
     });
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", c.log_tail(30));
-    let objects = event_objects(S3Rig::read(&rig.s3));
+    let objects = event_objects(rig.objects());
     let keys: Vec<&String> = objects.keys().collect();
     assert_eq!(objects.len(), 1, "one object per partition: {keys:?}");
     // A segment whose record names a key keeps it (and its compression) across the switch.
@@ -2397,18 +2360,21 @@ fn a_full_spool_disk_for_the_copies_still_gets_the_events_to_the_bucket() {
 /// back by the retry: `rhc_spool_accounting_errors_total` 5 here).
 #[test]
 fn a_whole_upload_retried_gives_back_the_growth_files_it_counted() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
-    let mut c = rig.start(&[
-        "--upload-window",
-        "10s",
-        "--max-segment-bytes",
-        "64KiB",
-        "--max-spool-bytes",
-        "256MiB",
-    ]);
+    let mut c = rig
+        .collector()
+        .only(&[
+            "--upload-window",
+            "10s",
+            "--max-segment-bytes",
+            "64KiB",
+            "--max-spool-bytes",
+            "256MiB",
+        ])
+        .start();
     rig.proxy.add(
         Rule::new(Fault::Status(500, "InternalError".into())).for_time(Duration::from_secs(8)),
     );

@@ -300,12 +300,42 @@ impl Collector {
         }
     }
 
+    /// SIGTERM, then waits up to `limit` for an exit that must be a success; panics with the
+    /// whole log otherwise. The end of most tests.
+    pub fn terminate_ok(&mut self, limit: Duration) {
+        let status = self.terminate(limit);
+        assert!(status.success(), "{}", self.log_text());
+    }
+
+    /// Polls `ok` every 100 ms until it holds; panics after `limit` with `what` and the
+    /// last 40 lines of the log.
+    pub fn wait_until(&self, what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+        let deadline = Instant::now() + limit;
+        while !ok() {
+            assert!(
+                Instant::now() < deadline,
+                "timed out: {what}\n{}",
+                self.log_tail(40)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// kill -9: no chance to flush or upload anything. Nothing when not running.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// The node vanishes (a reclaimed spot node, an eviction): kill -9, then the spool
+    /// directory is deleted, as the pod's emptyDir goes with the node. What was not in the
+    /// bucket by then is gone for good. An error names the spool when it cannot be deleted.
+    pub fn vanish(&mut self) -> Result<(), String> {
+        self.kill9();
+        fs::remove_dir_all(&self.spool)
+            .map_err(|e| format!("deleting the spool {}: {e}", self.spool.display()))
     }
 
     pub fn log_text(&self) -> String {

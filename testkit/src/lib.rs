@@ -7,9 +7,13 @@
 //! - [`services`]: the storage emulators (moto for S3 and GCS's XML API, Azurite, fake-gcs-server)
 //!   that `scripts/install-test-deps.sh` installs, on loopback ports.
 //! - [`preload`]: an `LD_PRELOAD` shim that swaps a file for a symlink as it is opened.
-//! - [`ray_logs`]: a Ray temp root with sessions and log files, for the log shipper's tests.
+//! - [`ray_logs`]: a Ray temp root with sessions and log files, for the log shipper's tests,
+//!   and [`ray_logs::LocalRig`]: a Ray temp root, a `file://` bucket, a spool and collectors
+//!   between them.
 //! - [`nobtime`]: a loop-mounted ext4 without birth times.
 //! - [`fault_proxy`]: an HTTP proxy that records requests and injects errors, delays and drops.
+//! - [`moto_rig`]: moto behind the fault proxy, a bucket, a Ray session, and collectors
+//!   shipping its logs there through the proxy (the S3 append tests' set-up).
 //! - [`relay`]: a TCP relay that can be cut and restored, for storage outages.
 //! - [`ray`]: real Ray from PyPI, run by the end-to-end tests.
 //! - [`history_server`]: KubeRay's history server as a peer, with the Kubernetes API it needs.
@@ -37,6 +41,7 @@ pub mod fault_shim;
 pub mod history_server;
 pub mod hostile;
 pub mod http;
+pub mod moto_rig;
 pub mod nobtime;
 pub mod peer;
 pub mod preload;

@@ -860,12 +860,13 @@ fn log_case(ctx: &Ctx, storage: &Storage, kill_at_s: f64) -> Result<LogCase, Str
         thread::sleep((kill_at - Instant::now()).min(Duration::from_millis(50)));
     }
     let kill_ms = t0.elapsed().as_millis() as u32;
-    c.kill9();
+    // The node vanishes (the writer, Ray's side, is stopped before any error is returned).
+    let vanished = c.vanish();
     stop.store(true, Ordering::Relaxed);
     let times = writer
         .join()
         .map_err(|_| "the log writer panicked".to_string())??;
-    std::fs::remove_dir_all(&c.spool).map_err(|e| e.to_string())?;
+    vanished?;
     let store = storage.store(&bucket)?;
     let mut objects: HashMap<String, Vec<u8>> = HashMap::new();
     crate::storage::for_each_object(&store, |key, bytes| {
