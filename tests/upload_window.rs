@@ -75,7 +75,10 @@ fn version_ids(key: &str, bytes: &[u8]) -> Vec<String> {
 /// Event objects (key → bytes) of the session.
 fn event_objects(all: BTreeMap<String, Vec<u8>>) -> BTreeMap<String, Vec<u8>> {
     all.into_iter()
+        // Not the collector's temporary files beside the objects (`.<name>.<node>.rhc-tmp`,
+        // renamed into place): a listing can meet one between its write and its rename.
         .filter(|(k, _)| k.contains(&format!("/{SESSION}/")) && k.contains("_events/"))
+        .filter(|(k, _)| !k.ends_with(ray_history_collector::storage::append::LOCAL_TEMP_SUFFIX))
         .collect()
 }
 
