@@ -11,6 +11,12 @@
 //! events listener stays on 127.0.0.1, where only the pod's own containers reach it, and the
 //! read-only one takes the pod IP for kubelet's probes and Prometheus: nobody outside the
 //! pod can write history or fill the spool.
+//!
+//! Layout, in the order a request meets it: the accept loop and a connection's service here;
+//! [`connections`] (the cap, which connection gives way); [`routes`] (which answer a request
+//! gets, per listener); [`ingest`] (`POST /v1/events` to its answer) with [`body`] (reading
+//! a body within the body budget) and [`batch`] (its events as a batch for the spool);
+//! [`state`] (what every request shares) and [`answers`] (the answers' forms).
 
 mod answers;
 mod batch;
