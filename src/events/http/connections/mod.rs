@@ -6,7 +6,7 @@
 //! included). At the cap, a new connection takes the place of the least useful open one,
 //! chosen in this order:
 //!
-//! 1. one whose answer has waited [`UNREAD_AFTER`] for the client to read it (the socket's
+//! 1. one whose answer has waited [`UNREAD_AFTER`](slot::UNREAD_AFTER) for the client to read it (the socket's
 //!    buffers are full: a client that pipelines requests and never reads its answers); it
 //!    is not idle, and its answers cost memory until they are out;
 //! 2. one that has not sent a whole request head within [`STALLED_AFTER`] (a real client
@@ -18,7 +18,7 @@
 //! 4. one idle between requests, its answers all out, that has never posted events
 //!    (probes, scrapers, anything else), the one idle longest first;
 //! 5. one idle between requests that has posted events, the one idle longest first;
-//! 6. one that has not sent a whole request head yet and is at least [`HEAD_GRACE`] (100 ms)
+//! 6. one that has not sent a whole request head yet and is at least [`HEAD_GRACE`](slot::HEAD_GRACE) (100 ms)
 //!    old, the oldest first: a real client sends its head within milliseconds of connecting,
 //!    so it keeps its place, while connections that send nothing (a flood of them, 500 a
 //!    second on each listener: review r39h D1) take each other's places instead of
@@ -32,7 +32,7 @@
 //!    told to stop waiting ([`Pace::give_way`]) and answered 503 with `Retry-After`, then the
 //!    connection closes: a body that waits for the collector is never dropped unanswered;
 //! 8. one whose request has been waiting for its answer (its body complete: Ray's batch
-//!    waiting for the spool) for over [`STALE_REQUEST_AFTER`], the oldest first: Ray gives
+//!    waiting for the spool) for over [`STALE_REQUEST_AFTER`](slot::STALE_REQUEST_AFTER), the oldest first: Ray gives
 //!    up on a request after 3 s and resends it, so nobody waits for it.
 //!
 //! So a request whose body is complete is never chosen before Ray has given up on it
@@ -48,7 +48,7 @@
 //! in about 1 of 6 runs of eight tries each): a newcomer in that window waits for a place
 //! (below). An idle connection is closed gracefully (a request that arrives
 //! meanwhile is answered, within [`LEAVE_GRACE`], and cut as soon as that answer has waited
-//! [`UNREAD_AFTER`] to be read), and so is one whose body was queued (once its 503 is
+//! [`UNREAD_AFTER`](slot::UNREAD_AFTER) to be read), and so is one whose body was queued (once its 503 is
 //! out); the others are cut. A connection that has been chosen keeps
 //! its socket until it has gone, so up to [`MAX_LEAVING`] more may be open; since none of
 //! them waits on a client that does not read, they leave within [`LEAVE_GRACE`] at most and
@@ -83,21 +83,21 @@
 //! clients do, the waiting ones holding nothing but their socket (their heads stay in the
 //! kernel's buffer until they are seated).
 
+mod slot;
+mod unread;
+
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use std::io;
-use std::os::fd::RawFd;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 use super::body::Pace;
+use slot::{lock, Usher, NEW};
+pub(super) use slot::{Eviction, Slot, STALLED_AFTER};
+pub(super) use unread::{earlier_answers_read, stuck_answer, Watched};
 
 /// Connections served at once: the places a node's Ray agent, probes and scrapers share.
 pub(super) const MAX_CONNECTIONS: usize = 256;
@@ -107,27 +107,9 @@ pub(super) const RESERVED: usize = 16;
 /// Connections chosen to give way that may still be open while they finish: with an
 /// accepted connection each, they are what one burst of new clients costs.
 pub(super) const MAX_LEAVING: usize = 64;
-/// A connection that has not sent a whole request head after this long may be closed to
-/// make room.
-pub(super) const STALLED_AFTER: Duration = Duration::from_secs(2);
-/// A connection that has sent no whole head gives way to a newcomer only once it is this old
-/// ([`Eviction::NoRequestYet`]): long enough for any real client on the node to send its head,
-/// short enough that places free at 2,720 a second against a flood of silent connections.
-pub(super) const HEAD_GRACE: Duration = Duration::from_millis(100);
-/// A connection whose answer has waited this long for the client to read it (the kernel's
-/// socket buffers full, the rest in ours) is not reading: a client on loopback or on the pod
-/// network reads a probe's or a scrape's answer (tens of KB) within milliseconds.
-pub(super) const UNREAD_AFTER: Duration = Duration::from_millis(500);
-/// How often a connection that is leaving looks whether its answer is stuck.
-const LEAVING_CHECK: Duration = Duration::from_millis(100);
-/// How often a pipelined request looks whether the client has read the answers before it
-/// ([`earlier_answers_read`]): a few times within [`UNREAD_AFTER`].
-const PIPELINE_CHECK: Duration = Duration::from_millis(50);
 /// How long a reserved place's body may take in all: the place is for a client that could
 /// not get a regular one, so it must not be held; a third of Ray's own 3 s timeout.
 pub(super) const RESERVED_BODY_TIMEOUT: Duration = Duration::from_secs(1);
-/// A request in flight for longer than Ray's own 3 s timeout is one Ray has given up on.
-pub(super) const STALE_REQUEST_AFTER: Duration = Duration::from_secs(3);
 /// How long an idle connection chosen to give way may take to answer a request that
 /// arrived just as it was chosen.
 pub(super) const LEAVE_GRACE: Duration = Duration::from_secs(3);
@@ -137,392 +119,13 @@ pub(super) const MAX_WAITING: usize = 64;
 /// How long a new connection waits for a place before it is closed: what the clients that
 /// matter can spare (Ray's agent gives a request 3 s, the chart's liveness probe 5 s), and
 /// longer than every grace after which a place held by a cheap client gives way
-/// ([`HEAD_GRACE`], [`BODY_GRACE`](super::body::BODY_GRACE), [`UNREAD_AFTER`],
+/// ([`HEAD_GRACE`](slot::HEAD_GRACE), [`BODY_GRACE`](super::body::BODY_GRACE), [`UNREAD_AFTER`](slot::UNREAD_AFTER),
 /// [`RESERVED_BODY_TIMEOUT`]).
 pub(super) const MAX_WAIT: Duration = Duration::from_millis(1500);
 /// How often the waiting connections look for a place that time has made able to give way
 /// (a body fallen behind its pace, a head past its grace); a place freed or a connection
 /// gone idle is looked at as it happens.
 pub(super) const SEAT_CHECK: Duration = Duration::from_millis(50);
-
-const NEW: u8 = 0;
-/// A head arrived; its body is being read.
-const BODY: u8 = 1;
-/// The request is complete and being answered.
-const BUSY: u8 = 2;
-const IDLE: u8 = 3;
-
-/// Why a connection was chosen to give way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum Eviction {
-    /// Its answer has waited [`UNREAD_AFTER`] for the client to read it.
-    NotReading,
-    /// No whole request head within [`STALLED_AFTER`].
-    NoRequest,
-    /// A body that fell behind its pace ([`Pace`]).
-    StalledBody,
-    /// Idle, and it never posted events.
-    IdleNoEvents,
-    /// Idle.
-    Idle,
-    /// No whole request head yet, connected for less than [`STALLED_AFTER`]: the oldest
-    /// such first (review r39h D1: a flood of connections that send nothing, 500 a second,
-    /// otherwise filled every place faster than they passed [`STALLED_AFTER`], and Ray's
-    /// and the probe's connections were closed at once).
-    NoRequestYet,
-    /// Its body is complete and waits for the collector: for a turn to be decoded (one of
-    /// [`DECODERS`](super::body::DECODERS)) or for room for its decoded form ([`Pace::is_queued`]).
-    /// It has cost nothing but its bytes yet; the one queued longest first (review r39k D1: about 300 gzip bombs waiting to be decoded held every place,
-    /// and Ray's POST and `/healthz` got none within 3 s). It is answered 503 with
-    /// `Retry-After` before its connection closes (review r39m D1: Ray's queued batch was
-    /// closed unanswered).
-    Queued,
-    /// Its request has been in flight for over [`STALE_REQUEST_AFTER`].
-    StaleRequest,
-}
-
-impl Eviction {
-    /// Metric label.
-    pub(super) fn code(self) -> &'static str {
-        match self {
-            Eviction::NotReading => "not_reading",
-            Eviction::NoRequest | Eviction::NoRequestYet => "no_request",
-            Eviction::StalledBody => "stalled_body",
-            Eviction::IdleNoEvents => "idle_no_events",
-            Eviction::Queued => "queued_body",
-            Eviction::Idle => "idle",
-            Eviction::StaleRequest => "stale_request",
-        }
-    }
-
-    /// Whether the connection is cut at once, rather than closed once its answer is out.
-    pub(super) fn cuts(self) -> bool {
-        matches!(
-            self,
-            Eviction::NotReading
-                | Eviction::NoRequest
-                | Eviction::NoRequestYet
-                | Eviction::StalledBody
-                | Eviction::StaleRequest
-        )
-    }
-}
-
-/// What the accept loop and the connection's task share about one connection.
-pub(super) struct Slot {
-    /// A place from the reserve: one request, probe or events only.
-    pub(super) reserved: bool,
-    opened: Instant,
-    /// [`NEW`], [`BODY`], [`BUSY`] or [`IDLE`].
-    state: AtomicU8,
-    /// The pace of the current request's body, shared with its reader and the body budget.
-    pub(super) pace: Arc<Pace>,
-    /// When `state` last changed, in ms after `epoch`.
-    since_ms: AtomicU64,
-    /// Since when an answer has been waiting to be written out (a write found the socket's
-    /// buffer full), in ms after `epoch`, plus one; 0 when everything is out.
-    unflushed_ms: AtomicU64,
-    epoch: Instant,
-    /// It has posted events at least once.
-    posted: AtomicBool,
-    /// Chosen to give way (never chosen twice), and why.
-    chosen: Mutex<Option<Eviction>>,
-    close: Notify,
-    /// Told when a pipelined request's earlier answers went unread for [`UNREAD_AFTER`]:
-    /// the connection is cut ([`Slot::cut`]).
-    cut: Notify,
-    /// Told when this connection may have become able to give way.
-    usher: Arc<Usher>,
-}
-
-/// What the places tell the connections waiting for one: that one may have been freed, or
-/// may give way now.
-#[derive(Default)]
-struct Usher {
-    /// Connections waiting (as of the last change of the queue): nobody is told anything
-    /// while it is 0.
-    waiting: AtomicUsize,
-    changed: Notify,
-}
-
-impl Usher {
-    fn poke(&self) {
-        if self.waiting.load(Ordering::Relaxed) > 0 {
-            self.changed.notify_one();
-        }
-    }
-}
-
-impl Slot {
-    fn now_ms(&self) -> u64 {
-        Instant::now().duration_since(self.epoch).as_millis() as u64
-    }
-
-    /// A request head arrived; `events` when it posts events (whose body is read next:
-    /// as its [`Slot::pace`] says, then [`Slot::body_complete`]).
-    pub(super) fn request_started(&self, events: bool) {
-        if events {
-            self.posted.store(true, Ordering::Relaxed);
-            self.pace.reading();
-        } else {
-            self.pace.paused();
-        }
-        self.since_ms.store(self.now_ms(), Ordering::Relaxed);
-        self.state
-            .store(if events { BODY } else { BUSY }, Ordering::Release);
-    }
-
-    /// The body has been read (or given up on): the request is being answered.
-    pub(super) fn body_complete(&self) {
-        self.pace.paused();
-        if self.state.load(Ordering::Acquire) == BODY {
-            self.since_ms.store(self.now_ms(), Ordering::Relaxed);
-            self.state.store(BUSY, Ordering::Release);
-        }
-    }
-
-    /// The request's answer is ready.
-    pub(super) fn request_ended(&self) {
-        self.pace.paused();
-        self.since_ms.store(self.now_ms(), Ordering::Relaxed);
-        self.state.store(IDLE, Ordering::Release);
-        self.usher.poke();
-    }
-
-    /// A write found the socket's buffer full: an answer waits for the client to read.
-    fn write_blocked(&self) {
-        if self.unflushed_ms.load(Ordering::Relaxed) == 0 {
-            self.unflushed_ms
-                .store(self.now_ms() + 1, Ordering::Relaxed);
-        }
-    }
-
-    /// Resolves when the connection must be cut at once: a pipelined request whose earlier
-    /// answers its client has not read within [`UNREAD_AFTER`] ([`earlier_answers_read`]).
-    pub(super) async fn cut(&self) {
-        self.cut.notified().await
-    }
-
-    /// Every answer so far is out (in the kernel's buffer).
-    fn flushed(&self) {
-        if self.unflushed_ms.load(Ordering::Relaxed) != 0 {
-            self.unflushed_ms.store(0, Ordering::Relaxed);
-            self.usher.poke();
-        }
-    }
-
-    /// Since when an answer has been waiting for the client to read it.
-    fn unflushed_since(&self) -> Option<Instant> {
-        match self.unflushed_ms.load(Ordering::Relaxed) {
-            0 => None,
-            ms => Some(self.epoch + Duration::from_millis(ms - 1)),
-        }
-    }
-
-    /// Whether an answer has waited [`UNREAD_AFTER`] or more for the client to read it.
-    pub(super) fn not_reading(&self, now: Instant) -> bool {
-        self.unflushed_since()
-            .is_some_and(|since| now.duration_since(since) >= UNREAD_AFTER)
-    }
-
-    /// Whether the reason it was chosen for still holds: a head that arrived, or a body
-    /// that completed, since it was chosen is answered rather than cut.
-    pub(super) fn still(&self, why: Eviction) -> bool {
-        match why {
-            Eviction::NotReading => self.unflushed_since().is_some(),
-            Eviction::NoRequest | Eviction::NoRequestYet => {
-                self.state.load(Ordering::Acquire) == NEW
-            }
-            Eviction::StalledBody => self.state.load(Ordering::Acquire) == BODY,
-            Eviction::Queued => self.state.load(Ordering::Acquire) == BODY && self.pace.is_queued(),
-            Eviction::IdleNoEvents | Eviction::Idle | Eviction::StaleRequest => true,
-        }
-    }
-
-    /// Resolves when the connection was chosen to give way, with the reason.
-    pub(super) async fn chosen(&self) -> Eviction {
-        loop {
-            self.close.notified().await;
-            if let Some(why) = *lock(&self.chosen) {
-                return why;
-            }
-        }
-    }
-
-    /// How this connection ranks as one to give way, lower first: why, then since when (the
-    /// oldest first, queued bodies included: ranking them by size let cheap clients with
-    /// smaller bodies than Ray's batch make it the one thrown out, review r39p D1); `None` if
-    /// it must not.
-    fn rank(&self, now: Instant) -> Option<(Eviction, Instant)> {
-        if lock(&self.chosen).is_some() {
-            return None;
-        }
-        let since = self.epoch + Duration::from_millis(self.since_ms.load(Ordering::Relaxed));
-        let unflushed = self.unflushed_since();
-        if let Some(at) = unflushed.filter(|at| now.duration_since(*at) >= UNREAD_AFTER) {
-            return Some((Eviction::NotReading, at));
-        }
-        match self.state.load(Ordering::Acquire) {
-            NEW if now.duration_since(self.opened) >= STALLED_AFTER => {
-                Some((Eviction::NoRequest, self.opened))
-            }
-            BODY if self.pace.behind(now) => Some((Eviction::StalledBody, since)),
-            // No head yet past [`HEAD_GRACE`]: it has nothing in flight, and a real client
-            // sends its head within milliseconds. Not younger: a burst of reconnecting clients
-            // otherwise evicted Ray's own connection in the milliseconds before its head was
-            // read (tests/hostile_input.rs, the stalling-bodies lockout: reset after 16 ms).
-            NEW if now.duration_since(self.opened) >= HEAD_GRACE => {
-                Some((Eviction::NoRequestYet, self.opened))
-            }
-            BODY if self.pace.is_queued() => Some((Eviction::Queued, since)),
-            // A reserved place serves one request and is never kept idle.
-            _ if self.reserved => None,
-            // An answer on its way out: the connection is not idle yet.
-            _ if unflushed.is_some() => None,
-            IDLE if !self.posted.load(Ordering::Relaxed) => Some((Eviction::IdleNoEvents, since)),
-            IDLE => Some((Eviction::Idle, since)),
-            BUSY if now.duration_since(since) > STALE_REQUEST_AFTER => {
-                Some((Eviction::StaleRequest, since))
-            }
-            _ => None,
-        }
-    }
-}
-
-/// A connection's socket, telling its place when an answer cannot be written out (the
-/// client does not read) and when everything is out again.
-pub(super) struct Watched<T> {
-    io: T,
-    slot: Arc<Slot>,
-}
-
-impl<T> Watched<T> {
-    pub(super) fn new(io: T, slot: Arc<Slot>) -> Watched<T> {
-        Watched { io, slot }
-    }
-
-    fn note<R>(&self, r: &Poll<io::Result<R>>) {
-        if r.is_pending() {
-            self.slot.write_blocked();
-        }
-    }
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.io).poll_write(cx, buf);
-        self.note(&r);
-        r
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        self.note(&r);
-        r
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    /// hyper flushes the socket only once its own buffer is written out: everything is out.
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let r = Pin::new(&mut self.io).poll_flush(cx);
-        if matches!(r, Poll::Ready(Ok(()))) {
-            self.slot.flushed();
-        }
-        r
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
-
-/// Waits until a leaving connection's answer has waited [`UNREAD_AFTER`] for its client to
-/// read it: then it is cut rather than given the rest of [`LEAVE_GRACE`].
-pub(super) async fn stuck_answer(slot: &Slot) {
-    loop {
-        tokio::time::sleep(LEAVING_CHECK).await;
-        if slot.not_reading(Instant::now()) {
-            return;
-        }
-    }
-}
-
-/// Waits, before a request is answered, until its client has read every answer sent before
-/// it on the connection (none of their bytes is left in the socket's send queue).
-///
-/// Ray's agent, kubelet and Prometheus send a request only once they have read the answer
-/// to the one before (the acknowledgement of its bytes travels ahead of the next request),
-/// so for them this never waits. A client that pipelines requests and never reads would
-/// otherwise be answered until the kernel's and hyper's buffers are full (a dozen renders
-/// of `/metrics` for each connection), which a stream of such connections turns into all
-/// the CPU a small or debug build has, Ray's batches then waiting for their turn past Ray's
-/// 3 s. Here each such connection gets one answer: the wait counts as an answer waiting to
-/// be read (so the connection ranks [`Eviction::NotReading`] at the cap), and after
-/// [`UNREAD_AFTER`] the connection is cut ([`Slot::cut`]).
-pub(super) async fn earlier_answers_read(fd: RawFd, slot: &Slot) {
-    let started = Instant::now();
-    loop {
-        match unsent_bytes(fd) {
-            Ok(0) | Err(_) => {
-                // Nothing written so far waits in the socket: every answer is out.
-                slot.flushed();
-                return;
-            }
-            Ok(_) => {}
-        }
-        slot.write_blocked();
-        if started.elapsed() >= UNREAD_AFTER {
-            slot.cut.notify_one();
-            return std::future::pending().await;
-        }
-        tokio::time::sleep(PIPELINE_CHECK).await;
-    }
-}
-
-/// Bytes written to the socket that its peer has not yet acknowledged (`SIOCOUTQ`).
-#[cfg(target_os = "linux")]
-fn unsent_bytes(fd: RawFd) -> io::Result<usize> {
-    let mut n: libc::c_int = 0;
-    // SAFETY: ioctl(TIOCOUTQ, int *) on a socket the caller's connection owns and keeps open
-    // while its requests are served.
-    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(usize::try_from(n).unwrap_or(0))
-}
-
-/// Elsewhere the send queue is not looked at: pipelined requests are answered as they come.
-#[cfg(not(target_os = "linux"))]
-fn unsent_bytes(_fd: RawFd) -> io::Result<usize> {
-    Ok(0)
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // The values stay consistent whatever panicked while holding them.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// The open connections and their counts.
 #[derive(Default)]
@@ -809,6 +412,7 @@ impl Connections {
 #[cfg(test)]
 mod tests {
     use super::super::body;
+    use super::slot::{HEAD_GRACE, UNREAD_AFTER};
     use super::*;
 
     fn chosen(a: &Admitted) -> Option<Eviction> {
