@@ -138,12 +138,6 @@ impl Publisher {
     }
 }
 
-/// Why reading an open segment failed: [`PublishError::Local`] (the seal uploads it whole)
-/// only when the file itself is not what it must be (a symlink or not a regular file now,
-/// gone, shorter than its durable length); any other error (EIO, EMFILE, ENFILE, ENOMEM, a
-/// signal) says nothing about the file, so it is [`PublishError::Io`] and the publication
-/// is tried again half a window later (the review of issue 35 found one EMFILE stopping a
-/// segment's publication until its seal).
 /// Replaces the record (not fsync'd: see the module doc).
 pub(super) fn write_record(path: &Path, r: &Record) -> io::Result<()> {
     write_record_with(path, r, false)

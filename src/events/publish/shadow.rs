@@ -21,6 +21,12 @@ use super::{Ahead, Compressor, PublishError};
 use crate::events::spool::SpoolStats;
 use crate::util::fs::open_scanned;
 
+/// Why reading an open segment failed: [`PublishError::Local`] (the seal uploads it whole)
+/// only when the file itself is not what it must be (a symlink or not a regular file now,
+/// gone, shorter than its durable length); any other error (EIO, EMFILE, ENFILE, ENOMEM, a
+/// signal) says nothing about the file, so it is [`PublishError::Io`] and the publication
+/// is tried again half a window later (the review of issue 35 found one EMFILE stopping a
+/// segment's publication until its seal).
 pub(super) fn segment_read_error(segment: &Path, e: io::Error) -> PublishError {
     let path = segment.to_path_buf();
     let why = e.to_string();
