@@ -1731,7 +1731,8 @@ fn job_details_fit_rays_model_when_the_driver_events_say_little() {
     }
 }
 
-/// Issue 37 (r37k D1-D3): `framework_versions` is kept whole (a value past 512 bytes is not
+/// Issue 37 (r37k D1-D3, r37l D3-D4): `framework_versions` is kept whole (a value that is
+/// not a map too) (a value past 512 bytes is not
 /// cut, so two runs that differ there compare different; a value that is not a string is
 /// not dropped, and serve gives it as its JSON text, as Ray's model takes only strings);
 /// `--compare-runs --json` tells a member Ray sent as `null` from one it did not send; an
@@ -1758,9 +1759,24 @@ fn framework_versions_whole_null_apart_from_absent_and_resource_members_shown() 
             }
         }
     };
+    // r37l D3, D4: versions that are not a map; a worker's resources past a table cell.
+    const ODD: &str = "e3000000000000000000000000000003";
+    let odd = |e: &mut Value| {
+        if e["source_type"] == "EXPORT_TRAIN_RUN" {
+            e["event_data"]["framework_versions"] = json!("torch==2.1.0");
+        } else {
+            for w in e["event_data"]["workers"].as_array_mut().unwrap() {
+                for n in 0..12 {
+                    w["resources"]["resources"][format!("custom_resource_{n}")] = json!(1.0);
+                }
+                w["resources"]["resources"]["node:10.0.0.12"] = json!(0.001);
+            }
+        }
+    };
     let train = [
         variant(LONG_A, "1", true, &long("a")),
         variant(LONG_B, "2", true, &long("b")),
+        variant(ODD, "3", true, &odd),
     ]
     .concat();
     let store = collect(work.path(), SESSION_A, "train", &train);
@@ -1801,6 +1817,12 @@ fn framework_versions_whole_null_apart_from_absent_and_resource_members_shown() 
     let versions = &run["train_run"]["framework_versions"];
     assert_eq!(versions["mylib"].as_str().unwrap().len(), 605, "{versions}");
     assert_eq!(versions["cuda"]["driver"], 550, "{versions}");
+
+    let out = inspect(&[dir, "--session", SESSION_A, "--compare-runs", ODD, LONG_A]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", out.stdout, out.stderr);
+    let out = inspect(&[dir, "--session", SESSION_A, "--train-run", ODD]);
+    assert!(out.stdout.contains("torch==2.1.0"), "{}", out.stdout);
+    assert!(out.stdout.contains("node:10.0.0.12"), "{}", out.stdout);
 
     let served = Served::start(work.path(), &store, "train", SESSION_A);
     let got = served.runs();

@@ -155,9 +155,10 @@ pub(super) struct TrainRunEvent {
     pub(super) status_detail: Option<String>,
     pub(super) started_ns: Option<i64>,
     pub(super) ended_ns: Option<i64>,
-    /// As Ray sent it, whole: a value is not cut, nor dropped for not being a string, so two
-    /// runs whose versions differ anywhere compare different.
-    pub(super) framework_versions: serde_json::Map<String, Value>,
+    /// As Ray sent it, whole (`{}` when absent): a value is not cut, nor dropped for not
+    /// being a string (nor the whole for not being a map), so two runs whose versions differ
+    /// anywhere compare different.
+    pub(super) framework_versions: Value,
     /// The event's whole `event_data`, as Ray sent it: `inspect --train-run` shows every
     /// field of it, those this version does not know included.
     pub(super) data: Value,
@@ -479,9 +480,9 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
                 started_ns: get_ns(data, "start_time_ns"),
                 ended_ns: get_ns(data, "end_time_ns"),
                 framework_versions: get(data, "framework_versions", "frameworkVersions")
-                    .and_then(Value::as_object)
+                    .filter(|v| !v.is_null())
                     .cloned()
-                    .unwrap_or_default(),
+                    .unwrap_or_else(|| Value::Object(Default::default())),
                 data: data.clone(),
             }))
         }),

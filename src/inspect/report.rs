@@ -227,7 +227,7 @@ pub(super) struct TrainRunEntry {
     pub(super) started: Option<String>,
     pub(super) ended: Option<String>,
     /// As Ray sent it, whole.
-    pub(super) framework_versions: serde_json::Map<String, serde_json::Value>,
+    pub(super) framework_versions: serde_json::Value,
     /// Workers of the latest attempt, else `scaling_config.num_workers_fixed`.
     pub(super) workers: Option<u64>,
     /// `run_settings.backend_config.framework` without Ray's `TRAINING_FRAMEWORK_` prefix.
@@ -950,7 +950,9 @@ pub(super) fn shape_report(
                     .started_ns
                     .zip(r.ended_ns)
                     .and_then(|(s, e)| e.checked_sub(s)),
-                framework_versions: latest.map(|e| e.framework_versions).unwrap_or_default(),
+                framework_versions: latest
+                    .map(|e| e.framework_versions)
+                    .unwrap_or_else(|| serde_json::Value::Object(Default::default())),
                 status_history,
                 attempts: run_attempts,
                 run_id,

@@ -184,10 +184,12 @@ pub(super) fn render_train_run(report: &SessionReport, run: &TrainRunEntry, out:
         scalar(&run.ray_train_version)
     );
     let _ = writeln!(out, "  framework_versions:");
-    if run.framework_versions.is_empty() {
-        let _ = writeln!(out, "    (none)");
+    match &run.framework_versions {
+        Value::Object(m) if m.is_empty() => {
+            let _ = writeln!(out, "    (none)");
+        }
+        versions => tree(versions, 2, out),
     }
-    tree(&Value::Object(run.framework_versions.clone()), 2, out);
     let _ = writeln!(
         out,
         "  controller actor:   {}\n  controller log:     {} (a path on the head node)",
@@ -293,6 +295,11 @@ pub(super) fn render_train_run(report: &SessionReport, run: &TrainRunEntry, out:
             }
             if let Some(p) = &w.log_file_path {
                 let _ = writeln!(out, "        Train log on its node: {}", clean_long(p));
+            }
+            // The table's cell is cut at its width (marked): whole here.
+            let resources = resources_text(&w.resources);
+            if resources.chars().count() > super::MAX_CELL_CHARS {
+                let _ = writeln!(out, "        resources: {}", clean_long(&resources));
             }
             let beside: serde_json::Map<String, Value> = match &w.resources {
                 Value::Object(m) if m.contains_key("resources") => m
@@ -414,10 +421,7 @@ fn compared(run: &TrainRunEntry) -> Value {
     } else if !run.run_settings.is_null() {
         m.insert("run_settings".into(), run.run_settings.clone());
     }
-    m.insert(
-        "framework_versions".into(),
-        Value::Object(run.framework_versions.clone()),
-    );
+    m.insert("framework_versions".into(), run.framework_versions.clone());
     m.insert("ray_train_version".into(), run.ray_train_version.clone());
     Value::Object(m)
 }

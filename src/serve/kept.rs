@@ -2,16 +2,18 @@
 //! status, the Train runs): built once for every request that wants them, and kept while
 //! what they were built from is unchanged.
 //!
-//! - **One build for concurrent requests.** A request that finds no answer kept takes a
-//!   build permit (a kind of answer has a few, [`Kept::new`]), looks again (a build that ended
-//!   while it waited answers it) and only then builds. So requests for the same session
-//!   that come while its answer is built wait for that build and take its answer; they do
-//!   not build their own copy (review of issue 37: twelve Train requests built twelve copies).
+//! - **One build for concurrent requests.** A request that finds no answer kept looks for a
+//!   build under way of the same answer (same session, index and tag), registered when it
+//!   started, and waits for it; only when there is none does it register one. So requests
+//!   for the same session that come while its answer is built take that build's answer; they
+//!   do not build their own copy (review of issue 37: twelve Train requests built twelve
+//!   copies; review r37l: with two build permits, two concurrent requests built twice).
+//!   Builds of different answers take a permit each (a kind of answer has a few,
+//!   [`Kept::new`]).
 //! - **A build is not its client's.** The build runs as a task of its own, holding its
 //!   permit until it ends, and keeps its answer itself: a client that leaves does not stop a
 //!   build others wait on, and the answer of a build whose clients all left answers the next
-//!   request. A request that leaves while it waits for a permit takes itself out of the line
-//!   (nothing is built for it).
+//!   request. A build whose requests all left while it waited for its permit builds nothing.
 //! - **Never older than the session.** An answer is kept for a session together with the
 //!   index it was built from (the very [`SessionIndex`], held weakly so a kept answer never
 //!   keeps an index the cache dropped) and a tag of whatever else it was built from (a
@@ -26,18 +28,46 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 
 use super::index::SessionIndex;
 
 /// Answers of one kind, built from sessions' indexes.
-pub(crate) struct Kept<T> {
+pub(crate) struct Kept<T, E = String> {
     builds: Arc<Semaphore>,
     kept: Mutex<Vec<Entry<T>>>,
+    /// Builds under way, each with the channel its answer is sent on.
+    building: Mutex<Vec<Building<T, E>>>,
     max: usize,
     fresh_for: Option<Duration>,
     /// Builds started (`/metrics`).
     built: AtomicU64,
+}
+
+/// What a build sends its waiting requests: nothing yet, then its answer or its error.
+type Outcome<T, E> = Option<Result<Arc<T>, E>>;
+
+struct Building<T, E> {
+    session: String,
+    tag: u64,
+    index: Weak<SessionIndex>,
+    done: Arc<watch::Sender<Outcome<T, E>>>,
+}
+
+/// Takes a build out of [`Kept::building`] when its task ends, whether it returned or
+/// panicked (its waiting requests then see the channel closed).
+struct Registered<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> {
+    kept: Arc<Kept<T, E>>,
+    done: Arc<watch::Sender<Outcome<T, E>>>,
+}
+
+impl<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> Drop
+    for Registered<T, E>
+{
+    fn drop(&mut self) {
+        let mut building = self.kept.building.lock().unwrap_or_else(|p| p.into_inner());
+        building.retain(|b| !Arc::ptr_eq(&b.done, &self.done));
+    }
 }
 
 struct Entry<T> {
@@ -48,13 +78,14 @@ struct Entry<T> {
     built: Instant,
 }
 
-impl<T: Send + Sync + 'static> Kept<T> {
+impl<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> Kept<T, E> {
     /// `builds` built at once, at most `max` kept, each at most `fresh_for` (`None`: while
     /// its index and tag are the session's).
     pub(crate) fn new(builds: usize, max: usize, fresh_for: Option<Duration>) -> Self {
         Kept {
             builds: Arc::new(Semaphore::new(builds)),
             kept: Mutex::new(Vec::new()),
+            building: Mutex::new(Vec::new()),
             max,
             fresh_for,
             built: AtomicU64::new(0),
@@ -101,38 +132,94 @@ impl<T: Send + Sync + 'static> Kept<T> {
     /// The answer for `session` built from `index` with `tag`: kept, the one a build under
     /// way gives, or built now by `build` (in a task of its own, which keeps its answer
     /// whether or not this request still waits). A build that fails (`Err`, or a panic) is
-    /// not kept: its error is the answer of this request only.
+    /// not kept: its error is the answer of the requests that waited for it.
     pub(crate) async fn get_or_build<F, Fut>(
         self: &Arc<Self>,
         session: String,
         tag: u64,
         index: &Arc<SessionIndex>,
         build: F,
-    ) -> Result<Arc<T>, String>
+    ) -> Result<Arc<T>, E>
     where
         F: FnOnce() -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, String>> + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
         if let Some(answer) = self.lookup(&session, tag, index) {
             return Ok(answer);
         }
-        // Closed never (the semaphore is not closed). The request leaves the line if its
-        // client leaves.
-        let permit = self.builds.clone().acquire_owned().await.ok();
-        if let Some(answer) = self.lookup(&session, tag, index) {
-            return Ok(answer);
+        let mut done = {
+            let mut building = self.building.lock().unwrap_or_else(|p| p.into_inner());
+            let under_way = building.iter().find(|b| {
+                b.session == session
+                    && b.tag == tag
+                    && std::ptr::eq(b.index.as_ptr(), Arc::as_ptr(index))
+            });
+            match under_way {
+                Some(b) => b.done.subscribe(),
+                None => {
+                    let (sender, receiver) = watch::channel(None);
+                    let sender = Arc::new(sender);
+                    building.push(Building {
+                        session: session.clone(),
+                        tag,
+                        index: Arc::downgrade(index),
+                        done: sender.clone(),
+                    });
+                    let registered = Registered {
+                        kept: self.clone(),
+                        done: sender,
+                    };
+                    let index = index.clone();
+                    tokio::spawn(async move {
+                        let kept = registered.kept.clone();
+                        // Closed never (the semaphore is not closed).
+                        let _permit = kept.builds.clone().acquire_owned().await.ok();
+                        // Every request left while the build waited: nothing to build. Out
+                        // of the builds under way in the same look, so no request can start
+                        // waiting for it after.
+                        let nobody = {
+                            let mut building =
+                                kept.building.lock().unwrap_or_else(|p| p.into_inner());
+                            let nobody = registered.done.receiver_count() == 0;
+                            if nobody {
+                                building.retain(|b| !Arc::ptr_eq(&b.done, &registered.done));
+                            }
+                            nobody
+                        };
+                        if nobody {
+                            return;
+                        }
+                        let outcome = if let Some(answer) = kept.lookup(&session, tag, &index) {
+                            Ok(answer)
+                        } else {
+                            kept.built.fetch_add(1, Ordering::Relaxed);
+                            match build().await {
+                                Ok(answer) => {
+                                    let answer = Arc::new(answer);
+                                    kept.keep(session, tag, &index, answer.clone());
+                                    Ok(answer)
+                                }
+                                Err(e) => Err(e),
+                            }
+                        };
+                        // Out of the builds under way before the answer is sent: a request
+                        // that comes after finds it kept (or, after a failure, builds).
+                        let done = registered.done.clone();
+                        drop(registered);
+                        done.send_replace(Some(outcome));
+                    });
+                    receiver
+                }
+            }
+        };
+        loop {
+            if let Some(outcome) = done.borrow_and_update().clone() {
+                return outcome;
+            }
+            if done.changed().await.is_err() {
+                return Err(E::from("the build stopped".to_string()));
+            }
         }
-        let (kept, index) = (self.clone(), index.clone());
-        let task = tokio::spawn(async move {
-            let _permit = permit;
-            kept.built.fetch_add(1, Ordering::Relaxed);
-            let answer = Arc::new(build().await?);
-            kept.keep(session, tag, &index, answer.clone());
-            Ok(answer)
-        });
-        task.await
-            .map_err(|e| format!("the build stopped: {e}"))
-            .and_then(|built| built)
     }
 }
 
@@ -180,5 +267,48 @@ mod tests {
             1,
             "the dropped index's answer"
         );
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_share_one_build_whatever_the_permits() {
+        let kept: Arc<Kept<u32>> = Arc::new(Kept::new(2, 2, None));
+        let a = index();
+        let (go, wait) = tokio::sync::watch::channel(false);
+        let requests: Vec<_> = (0..4u32)
+            .map(|n| {
+                let (kept, a, mut wait) = (kept.clone(), a.clone(), wait.clone());
+                tokio::spawn(async move {
+                    kept.get_or_build("s".into(), 1, &a, move || async move {
+                        let _ = wait.wait_for(|go| *go).await;
+                        Ok(n)
+                    })
+                    .await
+                })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        let _ = go.send(true);
+        let mut answers = Vec::new();
+        for r in requests {
+            answers.push(*r.await.unwrap().unwrap());
+        }
+        assert!(answers.windows(2).all(|w| w[0] == w[1]), "{answers:?}");
+        assert_eq!(kept.builds_started(), 1);
+        assert!(kept.building.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_build_that_panics_is_the_error_of_its_waiters_and_not_kept() {
+        let kept: Arc<Kept<u32>> = Arc::new(Kept::new(1, 2, None));
+        let a = index();
+        let got = kept
+            .get_or_build("s".into(), 1, &a, || async { panic!("built wrong") })
+            .await;
+        assert!(got.is_err());
+        assert!(kept.building.lock().unwrap().is_empty());
+        let again = kept
+            .get_or_build("s".into(), 1, &a, || async { Ok(3) })
+            .await;
+        assert_eq!(again.as_deref(), Ok(&3));
     }
 }

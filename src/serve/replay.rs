@@ -33,6 +33,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt as _;
 use object_store::path::Path as ObjectPath;
+use object_store::ObjectMeta;
 use object_store::ObjectStoreExt as _;
 
 use super::cookies::Entered;
@@ -73,12 +74,12 @@ fn unreadable(what: String) -> Missing {
     )
 }
 
-/// The snapshot of `request_uri` in the entered session.
-pub(super) async fn read_snapshot(
+/// Where the snapshot of `request_uri` in the entered session is (listed, not read).
+pub(super) async fn find_snapshot(
     state: &Shared,
     entered: &Entered,
     request_uri: &str,
-) -> Result<Bytes, Missing> {
+) -> Result<ObjectMeta, Missing> {
     let session = &entered.session;
     let prefix = session.history_prefix(&state.bucket.spec.root);
     let dir = ObjectPath::from(format!(
@@ -107,6 +108,23 @@ pub(super) async fn read_snapshot(
         }
     };
     drop(listing);
+    Ok(meta)
+}
+
+/// The snapshot of `request_uri` in the entered session.
+pub(super) async fn read_snapshot(
+    state: &Shared,
+    entered: &Entered,
+    request_uri: &str,
+) -> Result<Bytes, Missing> {
+    let meta = find_snapshot(state, entered, request_uri).await?;
+    read_found(state, &meta).await
+}
+
+/// The snapshot `meta` names (as [`find_snapshot`] found it), read holding one of the
+/// reads' permits and counted against [`MAX_SNAPSHOT_BYTES`] as it is read.
+pub(super) async fn read_found(state: &Shared, meta: &ObjectMeta) -> Result<Bytes, Missing> {
+    let store = &state.bucket.store;
     let key = meta.location.to_string();
     if meta.size > MAX_SNAPSHOT_BYTES {
         return Err(unreadable(format!(

@@ -61,11 +61,12 @@ use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderName, StatusCode};
 use axum::response::{IntoResponse as _, Response};
+use object_store::ObjectMeta;
 use serde_json::{json, Map, Value};
 
 use super::cookies::Entered;
 use super::index::SessionIndex;
-use super::replay::{read_snapshot, Missing};
+use super::replay::{find_snapshot, read_found, Missing};
 use super::session::{headers_for, index, job_json};
 use super::Shared;
 use crate::util::time::parse_rfc3339_seconds;
@@ -93,59 +94,96 @@ pub const UNRECORDED_SETTINGS_HEADER: &str = "x-rhc-train-runs-without-settings"
 /// (`/livez` included) meanwhile. It is built once for all the requests about the same
 /// session and snapshot, and kept while they are unchanged ([`super::kept`]).
 pub async fn runs_v1(State(state): State<Shared>, entered: Entered) -> Response {
-    match read_snapshot(&state, &entered, TRAIN_V2_RUNS_URI).await {
-        Ok(body) => match index(&state, &entered).await {
-            Ok(index) => {
-                let snapshot = body.clone();
-                let built = built_once(&state, &entered, Some(&body), &index, move |index| {
-                    let (events, counts) = runs_response(index);
-                    match further_than_snapshot(&snapshot, &events, &rescheduled_runs(index)) {
-                        Some(merged) => TrainAnswer::Built(
-                            answer_headers(index, counts),
-                            Bytes::from(merged.to_string()),
-                        ),
-                        None => TrainAnswer::Snapshot,
-                    }
-                })
-                .await;
-                match built {
-                    Ok(answer) => match &*answer {
-                        TrainAnswer::Built(headers, merged) => {
-                            entered.refresh((headers.clone(), merged.clone()))
-                        }
-                        TrainAnswer::Snapshot => {
-                            entered.refresh(([(CONTENT_TYPE, "application/json")], body))
-                        }
-                    },
-                    Err(r) => r,
-                }
+    // The snapshot is found (listed) here and read by the build, once for every request
+    // that waits for it: a request holds no copy of it while it waits (review r37l D2:
+    // twenty requests waiting on one build held twenty 40 MiB copies).
+    let snapshot = match find_snapshot(&state, &entered, TRAIN_V2_RUNS_URI).await {
+        Ok(meta) => Some(meta),
+        Err(Missing::NotFound) => None,
+        Err(Missing::Unreadable(r)) => return entered.refresh(r),
+    };
+    let index = match index(&state, &entered).await {
+        Ok(index) => index,
+        Err(r) => {
+            return match &snapshot {
+                Some(meta) => match read_found(&state, meta).await {
+                    Ok(body) => entered.refresh(without_events(r, body)),
+                    Err(Missing::NotFound) => r,
+                    Err(Missing::Unreadable(r)) => entered.refresh(r),
+                },
+                None => r,
             }
-            Err(r) => entered.refresh(without_events(r, body)),
-        },
-        Err(Missing::Unreadable(r)) => entered.refresh(r),
-        Err(Missing::NotFound) => match index(&state, &entered).await {
-            Ok(index) => {
-                let built = built_once(&state, &entered, None, &index, |index| {
-                    let (events, counts) = runs_response(index);
-                    TrainAnswer::Built(
-                        answer_headers(index, counts),
-                        Bytes::from(events.to_string()),
-                    )
-                })
-                .await;
-                match built {
-                    Ok(answer) => match &*answer {
-                        TrainAnswer::Built(headers, events) => {
-                            entered.refresh((headers.clone(), events.clone()))
-                        }
-                        // Not built without a snapshot.
-                        TrainAnswer::Snapshot => entered.refresh(build_failed()),
-                    },
-                    Err(r) => r,
+        }
+    };
+    let tag = snapshot_tag(snapshot.as_ref());
+    let reader = state.clone();
+    let built = built_once(&state, &entered, tag, &index, move || async move {
+        let body = match &snapshot {
+            Some(meta) => match read_found(&reader, meta).await {
+                Ok(body) => Some(body),
+                // Gone since it was listed: the answer is the events'.
+                Err(Missing::NotFound) => None,
+                Err(Missing::Unreadable(r)) => {
+                    return Err(TrainBuildError::Unreadable(UnreadableAnswer::of(r).await))
                 }
+            },
+            None => None,
+        };
+        Ok(body)
+    })
+    .await;
+    match built {
+        Ok(answer) => match &*answer {
+            TrainAnswer::Built(headers, body) => entered.refresh((headers.clone(), body.clone())),
+            TrainAnswer::Snapshot(body) => {
+                entered.refresh(([(CONTENT_TYPE, "application/json")], body.clone()))
             }
-            Err(r) => r,
         },
+        Err(TrainBuildError::Unreadable(r)) => entered.refresh(r.into_response()),
+        Err(TrainBuildError::Failed(e)) => {
+            tracing::error!(error = %e, "building the Train runs answer failed");
+            entered.refresh(build_failed())
+        }
+    }
+}
+
+/// Why a Train answer was not built: the snapshot could not be read (its `502`, answered
+/// to every request that waited), or the build failed (a `500`).
+#[derive(Clone)]
+pub(crate) enum TrainBuildError {
+    Unreadable(Arc<UnreadableAnswer>),
+    Failed(String),
+}
+
+impl From<String> for TrainBuildError {
+    fn from(e: String) -> Self {
+        TrainBuildError::Failed(e)
+    }
+}
+
+/// A snapshot's `502` ([`Missing::Unreadable`]), kept whole to answer each waiting request.
+pub(crate) struct UnreadableAnswer {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+}
+
+impl UnreadableAnswer {
+    async fn of(r: Response) -> Arc<Self> {
+        let (parts, body) = r.into_parts();
+        // A short text this server wrote (escape_message): read whole.
+        let body = axum::body::to_bytes(body, 64 << 10)
+            .await
+            .unwrap_or_default();
+        Arc::new(UnreadableAnswer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+
+    fn into_response(self: &Arc<Self>) -> Response {
+        (self.status, self.headers.clone(), self.body.clone()).into_response()
     }
 }
 
@@ -155,7 +193,7 @@ pub(crate) enum TrainAnswer {
     /// further, when there is a snapshot).
     Built(axum::http::HeaderMap, Bytes),
     /// The snapshot is as far as the events for every run: it is replayed byte for byte.
-    Snapshot,
+    Snapshot(Bytes),
 }
 
 /// Train answers built at once: a big session's answer takes hundreds of MiB while it is
@@ -170,7 +208,7 @@ pub const CONCURRENT_TRAIN_BUILDS: usize = 1;
 pub const KEPT_TRAIN_ANSWERS: usize = 2;
 
 /// The Train answers built, and the permits to build one.
-pub(crate) type TrainAnswers = super::kept::Kept<TrainAnswer>;
+pub(crate) type TrainAnswers = super::kept::Kept<TrainAnswer, TrainBuildError>;
 
 /// A new [`TrainAnswers`].
 pub(crate) fn train_answers() -> Arc<TrainAnswers> {
@@ -181,41 +219,73 @@ pub(crate) fn train_answers() -> Arc<TrainAnswers> {
     ))
 }
 
-/// What tells two snapshots apart in [`TrainAnswers`]' tags: a hash keyed at random per
-/// process, so a bucket cannot make two snapshots alike to it.
-fn snapshot_tag(snapshot: Option<&Bytes>) -> u64 {
+/// What tells two snapshots apart in [`TrainAnswers`]' tags: the listing's facts of the
+/// object (key, size, ETag, version, time), none for no snapshot, hashed with keys drawn at
+/// random per process. The poller replaces the snapshot as a new object (a new ETag on S3,
+/// GCS and Azure; a new inode and time on `file://`), so a replaced snapshot is another tag.
+fn snapshot_tag(snapshot: Option<&ObjectMeta>) -> u64 {
     use std::hash::BuildHasher as _;
     static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> =
         std::sync::OnceLock::new();
     KEYS.get_or_init(Default::default)
-        .hash_one(snapshot.map(|s| &s[..]))
+        .hash_one(snapshot.map(|m| {
+            (
+                m.location.as_ref(),
+                m.size,
+                m.e_tag.as_deref(),
+                m.version.as_deref(),
+                m.last_modified.timestamp_nanos_opt(),
+            )
+        }))
 }
 
-/// The session's Train answer: kept, or built by `work` on tokio's blocking pool once for
-/// every request that waits for it ([`TrainAnswers`]); a build that failed (a panic) is a
-/// `500`.
-async fn built_once(
+/// The session's Train answer: kept, or built once for every request that waits for it
+/// ([`TrainAnswers`]): `read` reads the snapshot (if any), then the answer is built on
+/// tokio's blocking pool.
+async fn built_once<R>(
     state: &Shared,
     entered: &Entered,
-    snapshot: Option<&Bytes>,
+    tag: u64,
     index: &Arc<SessionIndex>,
-    work: impl FnOnce(&SessionIndex) -> TrainAnswer + Send + 'static,
-) -> Result<Arc<TrainAnswer>, Response> {
+    read: impl FnOnce() -> R + Send + 'static,
+) -> Result<Arc<TrainAnswer>, TrainBuildError>
+where
+    R: std::future::Future<Output = Result<Option<Bytes>, TrainBuildError>> + Send + 'static,
+{
     let key = entered.session.marker_key(&state.bucket.spec.root);
     let session = entered.session.session.clone();
     let for_build = index.clone();
     state
         .train_answers
-        .get_or_build(key, snapshot_tag(snapshot), index, move || async move {
+        .get_or_build(key, tag, index, move || async move {
+            let snapshot = read().await?;
             let started = std::time::Instant::now();
-            let built = tokio::task::spawn_blocking(move || work(&for_build))
-                .await
-                .map_err(|e| e.to_string())?;
+            let built = tokio::task::spawn_blocking(move || {
+                let index = &*for_build;
+                let (events, counts) = runs_response(index);
+                match snapshot {
+                    Some(snapshot) => {
+                        match further_than_snapshot(&snapshot, &events, &rescheduled_runs(index)) {
+                            Some(merged) => TrainAnswer::Built(
+                                answer_headers(index, counts),
+                                Bytes::from(merged.to_string()),
+                            ),
+                            None => TrainAnswer::Snapshot(snapshot),
+                        }
+                    }
+                    None => TrainAnswer::Built(
+                        answer_headers(index, counts),
+                        Bytes::from(events.to_string()),
+                    ),
+                }
+            })
+            .await
+            .map_err(|e| TrainBuildError::Failed(e.to_string()))?;
             tracing::info!(
                 session = %crate::inspect::escape_untrusted(&session),
                 bytes = match &built {
                     TrainAnswer::Built(_, body) => body.len(),
-                    TrainAnswer::Snapshot => 0,
+                    TrainAnswer::Snapshot(_) => 0,
                 },
                 seconds = started.elapsed().as_secs_f64(),
                 "Train runs answer built"
@@ -223,10 +293,6 @@ async fn built_once(
             Ok(built)
         })
         .await
-        .map_err(|e| {
-            tracing::error!(error = %e, "building the Train runs answer failed");
-            entered.refresh(build_failed())
-        })
 }
 
 /// The `500` of a build that failed.
