@@ -62,14 +62,13 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderName, StatusCode};
 use axum::response::{IntoResponse as _, Response};
 use object_store::ObjectMeta;
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 
 use super::cookies::Entered;
 use super::index::SessionIndex;
 use super::replay::{find_snapshot, read_found, Missing};
-use super::session::{headers_for, index, job_json};
+use super::session::{headers_for, index};
 use super::Shared;
-use crate::util::time::parse_rfc3339_seconds;
 
 /// The URI Ray 2.60's Train head answers Train V2 runs at.
 pub const TRAIN_V2_RUNS_URI: &str = "/api/train/v2/runs/v1";
@@ -489,7 +488,6 @@ fn further_than_snapshot(snapshot: &[u8], events: &Value, rescheduled: &[String]
 
 /// Whether the session read the run's own `EXPORT_TRAIN_RUN` event (`inspect` knows a run
 /// also from its attempts alone: then its name, status and the rest are null).
-
 mod shape;
 #[cfg(test)]
 mod tests;

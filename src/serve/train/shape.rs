@@ -4,6 +4,13 @@
 //! protobuf's defaults where Ray before 2.60 sent no settings ([`unrecorded_settings`]), and
 //! every member this version does not map kept under its own name.
 
+use serde_json::{json, Map, Value};
+
+use super::super::index::SessionIndex;
+use super::super::session::job_json;
+use super::FRAMEWORK_UNSPECIFIED;
+use crate::util::time::parse_rfc3339_seconds;
+
 pub(super) fn has_run_event(run: &Value) -> bool {
     !(run["name"].is_null() && run["status"].is_null())
 }
@@ -12,9 +19,9 @@ pub(super) fn has_run_event(run: &Value) -> bool {
 #[derive(Clone, Copy, Default)]
 pub(super) struct Counts {
     /// Runs left out ([`RUNS_LEFT_OUT_HEADER`]).
-    left_out: usize,
+    pub(super) left_out: usize,
     /// Runs answered with [`unrecorded_settings`] ([`UNRECORDED_SETTINGS_HEADER`]).
-    unrecorded_settings: usize,
+    pub(super) unrecorded_settings: usize,
 }
 
 /// Ray's `TrainRunsResponse` for the session's runs, newest first, and what it could not
@@ -418,4 +425,3 @@ pub(super) fn ray_settings(settings: &Value) -> Value {
     }
     Value::Object(s)
 }
-

@@ -1,6 +1,8 @@
 //! The unit tests of the Train route: the snapshot against the events, and the shape of
 //! Ray's answer.
 
+use serde_json::{json, Value};
+
 use super::shape::*;
 use super::*;
 
@@ -34,8 +36,7 @@ fn a_snapshot_keeps_each_run_it_has_as_far_as_the_events() {
             run("FINISHED", &["FINISHED"]),
         ),
     ] {
-        let merged =
-            further_than_snapshot(snapshot(older).as_bytes(), &events(newer.clone()), &[]);
+        let merged = further_than_snapshot(snapshot(older).as_bytes(), &events(newer.clone()), &[]);
         let merged = merged.unwrap();
         assert_eq!(merged["train_runs"][0]["status"], newer["status"]);
         assert_eq!(merged["x"], 1);
