@@ -25,9 +25,9 @@
 //! answered them (review r40m D1), and all stay until a window of new ids was accepted
 //! ([`crate::util::dedup::DedupWindow::insert_unordered`]). Bounded: a journal fsync'd every
 //! quarter window leaves at most a quarter of the previous run's window (or one request) to
-//! reload, and reading stops at [`MAX_UNRECORDED_IDS`] (a quarter of the largest window: 32 MiB
-//! of ids), or at the window when the journal is damaged; so a start's work and memory are
-//! bounded by that, not by the spool's size.
+//! reload, and reading stops at the window or [`MAX_UNRECORDED_IDS`] (262,144 ids, the default
+//! window), whichever is larger, or at the window when the journal is damaged; so a start's
+//! work and memory are bounded by that, not by the spool's size.
 //!
 //! A journal written by the binaries before (ids only, no lengths) is read once, at the
 //! upgrade's first start, and the spool's ids are placed beside it as those binaries did
@@ -56,7 +56,7 @@ use crate::events::dedup::id_hash;
 use crate::events::parse::{parse_event, ParsedEvent};
 use crate::events::quarantine::{overflow_record_event, raw_record, QuarantineReason};
 use crate::metrics as m;
-use crate::util::dedup::{PassThrough, MAX_DEDUP_WINDOW};
+use crate::util::dedup::PassThrough;
 use crate::util::time::unix_nanos;
 
 impl Writer {
@@ -406,14 +406,17 @@ const MIN_ID_SCAN_CHUNK: usize = 4 << 10;
 
 /// The most ids [`unrecorded_ids`] reloads at a start, when the window is smaller: the ids a
 /// power loss can take from the journal are those answered since its last fsync, at most a
-/// quarter of the window of the run that wrote it (or one request holding more), and that
-/// window is at most [`MAX_DEDUP_WINDOW`]. So they all come back after `--dedup-window` was
-/// made smaller too (review r40m D1: only the new window's worth did, and a power loss
-/// after a 16,384 window then a start with 1,024 stored 288 ids of the batches answered last
-/// twice). 32 MiB of ids while read, and 24 to 40 bytes each in the window until a window of
-/// new ids was accepted ([`crate::util::dedup::DedupWindow::insert_unordered`]); only a journal that fell behind
-/// (a full disk) before the crash, or a previous window of 4 Mi ids and more, has that many.
-const MAX_UNRECORDED_IDS: usize = MAX_DEDUP_WINDOW / 4;
+/// quarter of the window of the run that wrote it (or one request holding more). So they all
+/// come back after `--dedup-window` was made smaller too, from any previous window up to four
+/// times this (review r40m D1: only the new window's worth did, and a power loss after a
+/// 16,384 window then a start with 1,024 stored 288 ids of the batches answered last twice).
+/// The default window's worth: about 8 MiB of ids while read, and 24 to 40 bytes each in the
+/// window until a window of new ids was accepted
+/// ([`crate::util::dedup::DedupWindow::insert_unordered`]). Not more: a journal that fell
+/// behind (a full disk) before the crash leaves any number of ids past it, and a start that
+/// reloaded a quarter of the largest window (4 Mi ids) took 60 s and 273 MiB (review r40n
+/// D2), past the memory limit the charts set.
+const MAX_UNRECORDED_IDS: usize = 1 << 18;
 
 /// How many of the ids stored after the journal's last record read a start reloads: all of
 /// them (a power loss took their records; at most [`MAX_UNRECORDED_IDS`]), or the window's
