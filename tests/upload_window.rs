@@ -755,6 +755,346 @@ fn a_short_burst_of_403s_over_many_partitions_keeps_conditions_on() {
     assert_each_once(&rig, &acked, "after SIGTERM");
 }
 
+/// A Ray session with two worker logs of 6 MiB under the rig's `--ray-tmp-dir`, so the log
+/// lane grows their objects by appends (a server-side copy plus the new part, completed
+/// with `If-Match`); the logs. None without moto.
+fn log_rig() -> Option<(S3Rig, Vec<std::path::PathBuf>)> {
+    let rig = S3Rig::new()?;
+    const LOG_NODE: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
+    const LOG_SESSION: &str = "session_2026-11-22_02-56-13_816177_24314";
+    let root = rig.tmp.path().join("ray");
+    let logs = root.join(LOG_SESSION).join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::write(
+        logs.join("raylet.out"),
+        format!("[2026-11-22 02:56:15,477 I 1 1] (raylet) main.cc:711: Setting node ID node_id={LOG_NODE}\n"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(root.join(LOG_SESSION), root.join("session_latest")).unwrap();
+    let mut body = Vec::new();
+    let mut i = 0u64;
+    while body.len() < (6 << 20) {
+        body.extend_from_slice(format!("{i:012} the worker says something\n").as_bytes());
+        i += 1;
+    }
+    let files: Vec<_> = (1..=2)
+        .map(|w| logs.join(format!("worker-aa-01000000-{w}.out")))
+        .collect();
+    for f in &files {
+        std::fs::write(f, &body).unwrap();
+    }
+    Some((rig, files))
+}
+
+/// Appends about 100 kB of lines to each of `logs`.
+fn grow_logs(logs: &[std::path::PathBuf]) {
+    let more = "the worker says something more\n".repeat(3300);
+    for log in logs {
+        rhc_testkit::collector::append_to(log, more.as_bytes());
+    }
+}
+
+/// Conditional completions (`POST` with `If-Match`) the store answered 200.
+fn conditional_completions_landed(rig: &S3Rig) -> usize {
+    rig.proxy
+        .seen()
+        .iter()
+        .filter(|r| r.method == "POST" && r.header("if-match").is_some() && r.status == 200)
+        .count()
+}
+
+/// Review r41s D2: two PASSING 403s to conditional completions 31 s apart (one, then two),
+/// each refused completion landing with its condition when tried again half a window
+/// later, and no PUT between: main at a75a988 did not let a landed completion end the
+/// refusals (moto ignores the header there), counted them as refusals lasting 30 s, sent the
+/// third without its condition, turned conditions off, and a growth PUT delivered late then
+/// replaced a newer version (r41s: 100 of 300 acknowledged events lost). A refused write
+/// landing with its condition ends the refusals: conditions stay on, the late PUT gets 412,
+/// every event is there once. The completions are those of one partition's object past
+/// 5 MiB (grown by a copy of the object plus the new part, completed with `If-Match`).
+#[test]
+fn passing_403s_to_completions_whose_retries_land_keep_conditions_on() {
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    let mut c = rig.start_with(
+        &["--upload-window", "1s", "--upload-part-bytes", "5MiB"],
+        &[("RHC_TEST_REQUEST_TIMEOUT_SECS", "3")],
+    );
+    let url = c.url("/v1/events");
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut acked: Vec<String> = Vec::new();
+    let mut batches = 0usize;
+    let mut grow_big = |acked: &mut Vec<String>, n: usize| {
+        let tag = format!("big{batches}");
+        batches += 1;
+        assert!(post_body(&url, &padded_body(&tag, n, 3000, &mut seed)));
+        acked.extend((0..n).map(|i| format!("{tag}-{i}")));
+    };
+    // 2,000 events of 6 KB of random hex: an object of about 6.5 MB, grown by appends from
+    // then on (and, when one fails, written whole as a multipart upload, over one 5 MiB
+    // part: its completion carries the condition too, so no PUT lands between).
+    for _ in 0..4 {
+        grow_big(&mut acked, 500);
+    }
+    wait_for(
+        &c,
+        Duration::from_secs(60),
+        "a conditional completion",
+        || {
+            grow_big(&mut acked, 2);
+            std::thread::sleep(Duration::from_millis(500));
+            conditional_completions_landed(&rig) >= 1
+        },
+    );
+    let hiccup = |n: usize| {
+        rig.proxy.add(
+            Rule::new(Fault::Status(403, "AccessDenied".into()))
+                .method("POST")
+                .with_header("if-match")
+                .times(n),
+        )
+    };
+    let refusals = || rig.proxy.seen().iter().filter(|r| r.status == 403).count();
+    hiccup(1);
+    for _ in 0..31 {
+        grow_big(&mut acked, 2);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert_eq!(refusals(), 1, "the first hiccup was not met");
+    hiccup(2);
+    wait_for(&c, Duration::from_secs(10), "the second hiccup met", || {
+        grow_big(&mut acked, 2);
+        std::thread::sleep(Duration::from_millis(500));
+        refusals() == 3
+    });
+    let since = rig.proxy.seen().len();
+    wait_for(&c, Duration::from_secs(10), "a completion after it", || {
+        grow_big(&mut acked, 2);
+        std::thread::sleep(Duration::from_millis(500));
+        rig.proxy.seen()[since..]
+            .iter()
+            .any(|r| r.method == "POST" && r.target.contains("uploadId") && r.status == 200)
+    });
+    let big = acked.len();
+    wait_for(&c, Duration::from_secs(30), "the big partition", || {
+        id_counts(&rig).len() == big
+    });
+    // What turning them off costs: a growth PUT of another partition delivered late
+    // (review r35j D1).
+    let a: Vec<String> = (0..100).map(|i| format!("a-{i}")).collect();
+    post(&c, &a, 1);
+    acked.extend(a);
+    wait_for(&c, Duration::from_secs(30), "A", || {
+        id_counts(&rig).len() == big + 100
+    });
+    std::thread::sleep(Duration::from_millis(700));
+    let before = rig.proxy.arrived().len();
+    rig.proxy.add(
+        Rule::new(Fault::Delay(Duration::from_secs(6)))
+            .method("PUT")
+            .target_contains(".jsonl")
+            .times(1),
+    );
+    let b: Vec<String> = (0..100).map(|i| format!("b-{i}")).collect();
+    post(&c, &b, 1);
+    acked.extend(b);
+    wait_for(
+        &c,
+        Duration::from_secs(30),
+        "the growth PUT of B at the proxy",
+        || {
+            rig.proxy.arrived()[before..]
+                .iter()
+                .any(|(m, t)| m == "PUT" && t.contains(".jsonl"))
+        },
+    );
+    wait_for(&c, Duration::from_secs(30), "A+B", || {
+        id_counts(&rig).len() == big + 200
+    });
+    let later: Vec<String> = (0..100).map(|i| format!("c-{i}")).collect();
+    post(&c, &later, 1);
+    acked.extend(later);
+    wait_for(&c, Duration::from_secs(30), "A+B+C", || {
+        id_counts(&rig).len() == big + 300
+    });
+    wait_until_the_late_put_landed(&rig, &c);
+    assert_each_once(&rig, &acked, "after the late PUT landed");
+    assert_eq!(c.metric("rhc_event_conditional_writes"), 1.0);
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "exit {status:?}: {}", c.log_tail(30));
+    assert!(
+        !c.log_text().contains("does not take conditional writes"),
+        "conditions turned off: {}",
+        c.log_tail(30)
+    );
+    assert_each_once(&rig, &acked, "after SIGTERM");
+}
+
+/// Review r41s D2 with a long `--upload-window` (80 s: a refused growth is tried again 40 s
+/// later), where refusals are only seen when writes happen: a passing 403 to an event
+/// object's first PUT, then 31 s later, before that PUT is tried again, a passing 403 to
+/// each of two logs' conditional completions (1 s interval; a log whose append was refused
+/// then goes whole). Three refusals over 31 s, but no write refused for 30 s: conditions
+/// stay on (main at a75a988 turned them off). The refused PUT lands when tried again; every
+/// event there once.
+#[test]
+fn refusals_of_different_writes_far_apart_do_not_add_up() {
+    let Some((rig, logs)) = log_rig() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    rig.proxy.add(
+        Rule::new(Fault::Status(403, "AccessDenied".into()))
+            .method("PUT")
+            .target_contains(".jsonl")
+            .with_header("if-none-match")
+            .times(1),
+    );
+    let mut c = rig.start(&["--upload-window", "80s", "--log-upload-interval", "1s"]);
+    let a: Vec<String> = (0..100).map(|i| format!("a-{i}")).collect();
+    post(&c, &a, 1);
+    let refusals = || rig.proxy.seen().iter().filter(|r| r.status == 403).count();
+    wait_for(&c, Duration::from_secs(30), "the event PUT refused", || {
+        refusals() == 1
+    });
+    let refused_at = Instant::now();
+    wait_for(&c, Duration::from_secs(25), "both logs appended", || {
+        grow_logs(&logs);
+        std::thread::sleep(Duration::from_millis(400));
+        conditional_completions_landed(&rig) >= 2
+    });
+    while refused_at.elapsed() < Duration::from_secs(31) {
+        grow_logs(&logs);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    rig.proxy.add(
+        Rule::new(Fault::Status(403, "AccessDenied".into()))
+            .method("POST")
+            .with_header("if-match")
+            .times(2),
+    );
+    wait_for(&c, Duration::from_secs(6), "the second hiccup met", || {
+        grow_logs(&logs);
+        std::thread::sleep(Duration::from_millis(500));
+        refusals() == 3
+    });
+    grow_logs(&logs);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        refused_at.elapsed() < Duration::from_secs(40) && id_counts(&rig).is_empty(),
+        "the refused event PUT was tried again before the second hiccup"
+    );
+    assert_eq!(c.metric("rhc_event_conditional_writes"), 1.0);
+    wait_for(
+        &c,
+        Duration::from_secs(30),
+        "A (the PUT tried again)",
+        || id_counts(&rig).len() == 100,
+    );
+    assert_eq!(c.metric("rhc_event_conditional_writes"), 1.0);
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "exit {status:?}: {}", c.log_tail(30));
+    assert!(
+        !c.log_text().contains("does not take conditional writes"),
+        "conditions turned off: {}",
+        c.log_tail(30)
+    );
+    assert_each_once(&rig, &a, "after SIGTERM");
+}
+
+/// Review r41s D3: a store refusing every conditional PUT with 400 `InvalidArgument`, and
+/// SIGTERM 1 s after start: main at a75a988 waited for 30 s of refusals, the 25 s deadline
+/// ended first: exit 3, no event in the bucket, the spool left for a next start (gone with a
+/// pod's emptyDir). At shutdown, with no conditional write landed in the run, the refused
+/// write is sent once without its condition at once: it lands, conditions go off (one
+/// WARN), every event is in the bucket once, exit 0 well within the deadline.
+#[test]
+fn a_shutdown_does_not_wait_for_a_store_refusing_conditions() {
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    for header in ["if-match", "if-none-match"] {
+        rig.proxy.add(
+            Rule::new(Fault::Status(400, "InvalidArgument".into()))
+                .method("PUT")
+                .with_header(header),
+        );
+    }
+    let mut c = rig.start(&["--upload-window", "1s"]);
+    let a: Vec<String> = (0..300).map(|i| format!("a-{i}")).collect();
+    post(&c, &a, 3);
+    std::thread::sleep(Duration::from_secs(1));
+    let (status, took) = c
+        .try_terminate(Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        status.success(),
+        "exit {status:?} after {took:?}: {}",
+        c.log_tail(30)
+    );
+    assert!(took < Duration::from_secs(20), "the shutdown took {took:?}");
+    let left: Vec<_> = rhc_testkit::collector::files_under(&c.spool)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("/events/"))
+        .collect();
+    assert!(left.is_empty(), "left in the spool: {left:?}");
+    assert_eq!(
+        c.log_text()
+            .matches("does not take conditional writes")
+            .count(),
+        1,
+        "{}",
+        c.log_tail(30)
+    );
+    assert_each_once(&rig, &a, "after SIGTERM");
+}
+
+/// The other side of D3: at shutdown a store refusing every write (403 with or without a
+/// condition) has the write sent once without its condition at once, refused too: the
+/// refusal is the write's own, conditions stay on (no WARN), the events stay in the spool
+/// for the next start (exit 3 at the deadline).
+#[test]
+fn a_shutdown_keeps_conditions_on_when_the_write_without_them_is_refused_too() {
+    let Some(rig) = S3Rig::new() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    rig.proxy.add(
+        Rule::new(Fault::Status(403, "AccessDenied".into()))
+            .method("PUT")
+            .target_contains(".jsonl"),
+    );
+    let mut c = rig.start(&["--upload-window", "1s", "--shutdown-timeout", "4s"]);
+    let a: Vec<String> = (0..20).map(|i| format!("a-{i}")).collect();
+    post(&c, &a, 1);
+    std::thread::sleep(Duration::from_secs(1));
+    let (status, _) = c
+        .try_terminate(Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(status.code(), Some(3), "{}", c.log_tail(30));
+    let unconditional_refused = rig
+        .proxy
+        .seen()
+        .iter()
+        .filter(|r| {
+            r.status == 403 && r.header("if-none-match").is_none() && r.header("if-match").is_none()
+        })
+        .count();
+    assert!(
+        unconditional_refused >= 1,
+        "no write was sent without its condition at shutdown"
+    );
+    assert!(
+        !c.log_text().contains("does not take conditional writes"),
+        "conditions turned off: {}",
+        c.log_tail(30)
+    );
+    assert!(id_counts(&rig).is_empty());
+}
+
 /// Review r35p D3: `file://` writes no condition (one process renames each version into
 /// place), and the gauge says so.
 #[test]

@@ -26,12 +26,16 @@
 //!   before this module existed. A store or gateway that answers it with 400 or 403
 //!   instead (`InvalidArgument`, `InvalidRequest`, `AccessDenied`:
 //!   `s3::may_refuse_conditions`) has the same write sent once more without the
-//!   condition once the refusals have lasted ([`REFUSALS_TO_SWITCH`], [`REFUSAL_SPAN`]:
+//!   condition once its refusals have lasted ([`REFUSALS_TO_SWITCH`], [`REFUSAL_SPAN`]:
 //!   [`condition_refused`]; until then the write fails and is tried again with its
 //!   condition): when that one lands, conditions are turned off the same way; when it is
 //!   refused too, the refusal is the write's own (credentials, a bad request): it fails as
-//!   any write does, tried again later, and conditions stay on. A 412 is never one of
-//!   these.
+//!   any write does, tried again later, and conditions stay on. Refusals count per write
+//!   and end when a conditional PUT lands or when a refused write (a PUT or a completion)
+//!   lands with its condition when tried again (`conditions::condition_landed`): only a
+//!   condition refused continuously counts. At shutdown, with no conditional write landed
+//!   in the run, the first refusal has the write sent without its condition at once
+//!   (`conditions::shutting_down`). A 412 is never one of these.
 //!
 //! `file://` needs none of this: every version is renamed into place by the one process
 //! that holds the spool (`append::Appender::replace_local`), and a killed process leaves no
@@ -272,10 +276,10 @@ async fn put_once(
         }
         // 400 / 403: perhaps the condition, perhaps the write. Tried again with the condition
         // until the refusals have lasted; then the same write without it tells.
-        if !condition_refused(status, code.as_deref(), &e.to_string()) {
+        if !condition_refused(key, status, code.as_deref(), &e.to_string()) {
             return failed(e);
         }
-        tracing::info!(%key, error = %e, "conditional writes refused (400 / 403) for {}s: this one sent once more without its condition, to tell whether the store refuses the condition or the write", REFUSAL_SPAN.as_secs());
+        tracing::info!(%key, error = %e, "conditional writes refused (400 / 403) for {}s (or at shutdown): this one sent once more without its condition, to tell whether the store refuses the condition or the write", REFUSAL_SPAN.as_secs());
         return match store
             .put_opts(
                 location,

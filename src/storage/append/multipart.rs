@@ -386,6 +386,7 @@ impl S3Appender {
                 // the completion's own, as any 4xx (the log goes whole; a 400 such as
                 // `InvalidPart` is one), and nothing goes without its condition.
                 if !crate::storage::conditions::condition_refused(
+                    key,
                     e.status,
                     e.code.as_deref(),
                     &e.to_string(),
@@ -396,7 +397,7 @@ impl S3Appender {
                         message: e.to_string(),
                     });
                 }
-                tracing::info!(%key, error = %e, "conditional writes refused (400 / 403) for long: this completion sent once more without its condition, to tell whether the store refuses the condition or the completion");
+                tracing::info!(%key, error = %e, "conditional writes refused (400 / 403) for long (or at shutdown): this completion sent once more without its condition, to tell whether the store refuses the condition or the completion");
                 let again = self.wire.complete_multipart(key, id, parts, None).await;
                 match &again {
                     Ok(_) => crate::storage::conditions::refuse_conditions(
@@ -407,6 +408,14 @@ impl S3Appender {
                     Err(_) => crate::storage::conditions::refusal_was_the_writes(),
                 }
                 again
+            }
+            Ok(done) => {
+                if conditional {
+                    // A write of this key refused before, landing with its condition now,
+                    // ends the refusals (review r41s D2); a first landing proves nothing.
+                    crate::storage::conditions::condition_landed(key);
+                }
+                Ok(done)
             }
             r => r,
         };
