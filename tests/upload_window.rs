@@ -758,8 +758,8 @@ fn a_short_burst_of_403s_over_many_partitions_keeps_conditions_on() {
 /// A Ray session with two worker logs of 6 MiB under the rig's `--ray-tmp-dir`, so the log
 /// lane grows their objects by appends (a server-side copy plus the new part, completed
 /// with `If-Match`); the logs. None without moto.
-fn log_rig() -> Option<(S3Rig, Vec<std::path::PathBuf>)> {
-    let rig = S3Rig::new()?;
+fn log_rig() -> Option<(MotoRig, Vec<std::path::PathBuf>)> {
+    let rig = s3_rig()?;
     const LOG_NODE: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
     const LOG_SESSION: &str = "session_2026-11-22_02-56-13_816177_24314";
     let root = rig.tmp.path().join("ray");
@@ -795,7 +795,7 @@ fn grow_logs(logs: &[std::path::PathBuf]) {
 }
 
 /// Conditional completions (`POST` with `If-Match`) the store answered 200.
-fn conditional_completions_landed(rig: &S3Rig) -> usize {
+fn conditional_completions_landed(rig: &MotoRig) -> usize {
     rig.proxy
         .seen()
         .iter()
@@ -814,14 +814,15 @@ fn conditional_completions_landed(rig: &S3Rig) -> usize {
 /// 5 MiB (grown by a copy of the object plus the new part, completed with `If-Match`).
 #[test]
 fn passing_403s_to_completions_whose_retries_land_keep_conditions_on() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
-    let mut c = rig.start_with(
-        &["--upload-window", "1s", "--upload-part-bytes", "5MiB"],
-        &[("RHC_TEST_REQUEST_TIMEOUT_SECS", "3")],
-    );
+    let mut c = rig
+        .collector()
+        .only(&["--upload-window", "1s", "--upload-part-bytes", "5MiB"])
+        .env(&[("RHC_TEST_REQUEST_TIMEOUT_SECS", "3")])
+        .start();
     let url = c.url("/v1/events");
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut acked: Vec<String> = Vec::new();
@@ -952,7 +953,10 @@ fn refusals_of_different_writes_far_apart_do_not_add_up() {
             .with_header("if-none-match")
             .times(1),
     );
-    let mut c = rig.start(&["--upload-window", "80s", "--log-upload-interval", "1s"]);
+    let mut c = rig
+        .collector()
+        .only(&["--upload-window", "80s", "--log-upload-interval", "1s"])
+        .start();
     let a: Vec<String> = (0..100).map(|i| format!("a-{i}")).collect();
     post(&c, &a, 1);
     let refusals = || rig.proxy.seen().iter().filter(|r| r.status == 403).count();
@@ -1012,7 +1016,7 @@ fn refusals_of_different_writes_far_apart_do_not_add_up() {
 /// WARN), every event is in the bucket once, exit 0 well within the deadline.
 #[test]
 fn a_shutdown_does_not_wait_for_a_store_refusing_conditions() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
@@ -1023,7 +1027,7 @@ fn a_shutdown_does_not_wait_for_a_store_refusing_conditions() {
                 .with_header(header),
         );
     }
-    let mut c = rig.start(&["--upload-window", "1s"]);
+    let mut c = rig.collector().only(&["--upload-window", "1s"]).start();
     let a: Vec<String> = (0..300).map(|i| format!("a-{i}")).collect();
     post(&c, &a, 3);
     std::thread::sleep(Duration::from_secs(1));
@@ -1058,7 +1062,7 @@ fn a_shutdown_does_not_wait_for_a_store_refusing_conditions() {
 /// for the next start (exit 3 at the deadline).
 #[test]
 fn a_shutdown_keeps_conditions_on_when_the_write_without_them_is_refused_too() {
-    let Some(rig) = S3Rig::new() else {
+    let Some(rig) = s3_rig() else {
         eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
         return;
     };
@@ -1067,7 +1071,10 @@ fn a_shutdown_keeps_conditions_on_when_the_write_without_them_is_refused_too() {
             .method("PUT")
             .target_contains(".jsonl"),
     );
-    let mut c = rig.start(&["--upload-window", "1s", "--shutdown-timeout", "4s"]);
+    let mut c = rig
+        .collector()
+        .only(&["--upload-window", "1s", "--shutdown-timeout", "4s"])
+        .start();
     let a: Vec<String> = (0..20).map(|i| format!("a-{i}")).collect();
     post(&c, &a, 1);
     std::thread::sleep(Duration::from_secs(1));
