@@ -198,8 +198,21 @@ pub(crate) enum TrainAnswer {
 /// Train answers built at once: a big session's answer takes hundreds of MiB while it is
 /// built, and a blocking task cannot be stopped when its client leaves (review r37j D1: every
 /// concurrent request built its own copy, 230 MiB each, and 12 abandoned requests took serve
-/// to 3.3 GiB). Requests about the same session share one build ([`super::kept`]).
+/// to 3.3 GiB). Requests about the same session share one build ([`super::kept`]). Only the
+/// building is one at a time ([`TRAIN_COMPUTE`]): reading a session's snapshot first is not,
+/// so a slow read of one session's snapshot does not hold every other session's Train answer
+/// (review r37m D1: a snapshot GET held 100 s held another session's answer 99 s); the reads
+/// are bounded by serve's snapshot reads.
 pub const CONCURRENT_TRAIN_BUILDS: usize = 1;
+
+/// The permits of [`CONCURRENT_TRAIN_BUILDS`]: taken after the snapshot is read, held by the
+/// blocking build.
+static TRAIN_COMPUTE: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(CONCURRENT_TRAIN_BUILDS);
+
+/// Snapshot reads and builds under way at once in [`TrainAnswers`] (each a different
+/// session's, or another snapshot's).
+const CONCURRENT_TRAIN_READS: usize = 8;
 
 /// Train answers kept (one per session, the oldest dropped first, each only while the
 /// session's index is held). An answer is much smaller than its build's peak: 10 MB for 100
@@ -212,7 +225,7 @@ pub(crate) type TrainAnswers = super::kept::Kept<TrainAnswer, TrainBuildError>;
 /// A new [`TrainAnswers`].
 pub(crate) fn train_answers() -> Arc<TrainAnswers> {
     Arc::new(super::kept::Kept::new(
-        CONCURRENT_TRAIN_BUILDS,
+        CONCURRENT_TRAIN_READS,
         KEPT_TRAIN_ANSWERS,
         None,
     ))
@@ -258,8 +271,11 @@ where
         .train_answers
         .get_or_build(key, tag, index, move || async move {
             let snapshot = read().await?;
+            // Closed never (the semaphore is static); held by the blocking build.
+            let permit = TRAIN_COMPUTE.acquire().await.ok();
             let started = std::time::Instant::now();
             let built = tokio::task::spawn_blocking(move || {
+                let _permit = permit;
                 let index = &*for_build;
                 let (events, counts) = runs_response(index);
                 match snapshot {
