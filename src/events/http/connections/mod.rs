@@ -393,7 +393,7 @@ impl Connections {
             .min_by_key(|(rank, _)| *rank)?;
         let why = rank.0;
         *lock(&slot.chosen) = Some(why);
-        if why == Eviction::Queued {
+        if matches!(why, Eviction::Queued | Eviction::QueuedDelivered) {
             // Answered 503 with Retry-After, then closed: never dropped without an answer.
             slot.pace.give_way();
         }
