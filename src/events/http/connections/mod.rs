@@ -17,7 +17,8 @@
 //!    whatever it pipelines behind it; the one whose head came first goes first;
 //! 4. one idle between requests, its answers all out, that has never posted events
 //!    (probes, scrapers, anything else), the one idle longest first;
-//! 5. one idle between requests that has posted events, the one idle longest first;
+//! 5. one idle between requests that has posted events but never had any stored, the one
+//!    idle longest first;
 //! 6. one that has not sent a whole request head yet and is at least [`HEAD_GRACE`](slot::HEAD_GRACE) (100 ms)
 //!    old, the oldest first: a real client sends its head within milliseconds of connecting,
 //!    so it keeps its place, while connections that send nothing (a flood of them, 500 a
@@ -31,7 +32,15 @@
 //!    Ray's batch, which then went first every time: review r39p D1). The body is
 //!    told to stop waiting ([`Pace::give_way`]) and answered 503 with `Retry-After`, then the
 //!    connection closes: a body that waits for the collector is never dropped unanswered;
-//! 8. one whose request has been waiting for its answer (its body complete: Ray's batch
+//! 8. one idle between requests whose earlier body was stored with events accepted
+//!    ([`Pace::delivered`]), the one idle longest first, then
+//! 9. such a connection's queued body (as in 7): Ray's publisher keeps one connection for its
+//!    batches, so once its first batch is in, clients whose bodies are refused or hold no
+//!    event cannot close it or throw its next batch out, however many come (review r39q
+//!    D1: 300 clients looping tiny gzip bodies left Ray 1 of 32 batches when every queued
+//!    body had the same odds); its bodies have a decoding turn of their own too
+//!    (the body budget's `DELIVERED_DECODERS`);
+//! 10. one whose request has been waiting for its answer (its body complete: Ray's batch
 //!    waiting for the spool) for over [`STALE_REQUEST_AFTER`](slot::STALE_REQUEST_AFTER), the oldest first: Ray gives
 //!    up on a request after 3 s and resends it, so nobody waits for it.
 //!
