@@ -670,6 +670,30 @@ mod tests {
         assert_eq!(b.free_kib() as u64, b.total_kib - kib(RESERVE_STEP));
     }
 
+    /// Review r39q D1: every other turn held (and bodies queued for them), a body on a
+    /// connection that delivered events gets one of its own at once; a cheap one waits.
+    #[tokio::test(start_paused = true)]
+    async fn a_delivering_connection_has_a_decoding_turn_of_its_own() {
+        let b: &'static BodyBudget = Box::leak(Box::new(BodyBudget::new(64 << 20)));
+        let p: &'static Pace = Box::leak(Box::new(Pace::new()));
+        let mut held = Vec::new();
+        for _ in 0..DECODERS {
+            held.push(b.decode_turn(p, false, later()).await.ok().unwrap());
+        }
+        held.push(b.decode_turn(p, true, later()).await.ok().unwrap());
+        let cheap = b.decode_turn(p, true, later());
+        tokio::pin!(cheap);
+        assert!(futures::poll!(&mut cheap).is_pending());
+        let ray = Pace::new();
+        ray.set_delivered();
+        let got =
+            tokio::time::timeout(Duration::from_millis(1), b.decode_turn(&ray, true, later()))
+                .await;
+        assert!(matches!(got, Ok(Ok(_))), "the delivering connection waited");
+        assert!(futures::poll!(&mut cheap).is_pending());
+        drop(held);
+    }
+
     /// Review r39m D1: the turns any body may take all held, a small body still gets one of
     /// its own at once, a large one waits; a waiting body told to give way stops waiting.
     #[tokio::test(start_paused = true)]

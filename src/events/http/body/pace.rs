@@ -90,7 +90,7 @@ impl Pace {
         self.queued.load(Ordering::Acquire)
     }
 
-    pub(super) fn set_queued(&self, queued: bool) {
+    pub(in crate::events::http) fn set_queued(&self, queued: bool) {
         self.queued.store(queued, Ordering::Release);
     }
 

@@ -506,6 +506,49 @@ mod tests {
         );
     }
 
+    /// Review r39q D1: a connection that had events stored gives way after every other
+    /// queued body, idle or queued itself, however long it has been idle or queued.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_delivered_events_gives_way_after_cheap_queued_bodies() {
+        let conns = Connections::new();
+        let open = fill(&conns, MAX_CONNECTIONS);
+        let queue = |a: &Admitted| {
+            a.slot.request_started(true);
+            a.slot.pace.paused();
+            a.slot.pace.set_queued(true);
+        };
+        // Ray's kept connection, idle longest, and another whose next body queued first.
+        open[0].slot.pace.set_delivered();
+        open[0].slot.request_started(true);
+        open[0].slot.request_ended();
+        open[1].slot.pace.set_delivered();
+        queue(&open[1]);
+        tokio::time::advance(Duration::from_millis(10)).await;
+        // Cheap clients' bodies queued later (the other places hold fresh connections).
+        for a in &open[2..6] {
+            queue(a);
+        }
+        let mut newcomers = Vec::new();
+        for _ in 2..6 {
+            let a = conns.admit().expect("admitted by eviction");
+            assert_eq!(a.evicted, Some(Eviction::Queued));
+            newcomers.push(a);
+        }
+        assert!(open[2..6]
+            .iter()
+            .all(|a| chosen(a) == Some(Eviction::Queued)));
+        assert_eq!(chosen(&open[0]), None);
+        assert_eq!(chosen(&open[1]), None);
+        // Then the delivered ones: idle first, then queued.
+        let a = conns.admit().expect("admitted by eviction");
+        assert_eq!(a.evicted, Some(Eviction::IdleDelivered));
+        let b = conns.admit().expect("admitted by eviction");
+        assert_eq!(b.evicted, Some(Eviction::QueuedDelivered));
+        assert_eq!(chosen(&open[0]), Some(Eviction::IdleDelivered));
+        assert_eq!(chosen(&open[1]), Some(Eviction::QueuedDelivered));
+        drop((a, b, newcomers, open));
+    }
+
     /// Connections that send nothing take each other's places once [`HEAD_GRACE`] old, the
     /// oldest first, well before [`STALLED_AFTER`]; one that sent its head keeps its place,
     /// and idle ones go before them.
