@@ -33,7 +33,7 @@
 //!    told to stop waiting ([`Pace::give_way`]) and answered 503 with `Retry-After`, then the
 //!    connection closes: a body that waits for the collector is never dropped unanswered;
 //! 8. one idle between requests whose earlier body was stored with events accepted
-//!    ([`Pace::delivered`]), the one idle longest first, then
+//!    ([`Pace::delivered`]), the one idle longest first;
 //! 9. such a connection's queued body (as in 7): Ray's publisher keeps one connection for its
 //!    batches, so once its first batch is in, clients whose bodies are refused or hold no
 //!    event cannot close it or throw its next batch out, however many come (review r39q
@@ -41,8 +41,8 @@
 //!    body had the same odds); its bodies have a decoding turn of their own too
 //!    (the body budget's `DELIVERED_DECODERS`);
 //! 10. one whose request has been waiting for its answer (its body complete: Ray's batch
-//!    waiting for the spool) for over [`STALE_REQUEST_AFTER`](slot::STALE_REQUEST_AFTER), the oldest first: Ray gives
-//!    up on a request after 3 s and resends it, so nobody waits for it.
+//!     waiting for the spool) for over [`STALE_REQUEST_AFTER`](slot::STALE_REQUEST_AFTER), the oldest first: Ray gives
+//!     up on a request after 3 s and resends it, so nobody waits for it.
 //!
 //! So a request whose body is complete is never chosen before Ray has given up on it
 //! (unless it is a gzip body waiting for its turn to be decoded or for room, which is
