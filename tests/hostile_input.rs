@@ -1823,3 +1823,105 @@ fn tiny_queued_bodies_at_the_cap_do_not_throw_out_rays_batches() {
         }
     }
 }
+
+/// Review r39q D1: just over the cap (300 clients looping the 65-byte double-gzip body that
+/// decodes to 1000 KiB of whitespace, refused 400), queued bodies decoded in the order they
+/// came and given way the oldest first left Ray's batch the same odds as theirs: 1 of 32
+/// answered 200, the rest 503 "gives way". Ray's publisher keeps one aiohttp connection for
+/// its batches (docs/http-endpoints.md), as this client does (a new one only once the
+/// collector closed it): a connection that delivered events gives way after every cheap
+/// client's queued body, idle or not, and its next body has a decoding turn of its own.
+#[test]
+fn rays_kept_connection_is_not_locked_out_by_300_cheap_clients() {
+    use rhc_testkit::http::Conn;
+    use std::sync::Arc;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = start(&tmp, &["--rotation-interval", "1h"]);
+    let mut inner = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    inner.write_all(b"[").unwrap();
+    inner.write_all(&vec![b' '; 1000 << 10]).unwrap();
+    let mut outer = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    outer.write_all(&inner.finish().unwrap()).unwrap();
+    let tiny = outer.finish().unwrap();
+    assert!(tiny.len() < 200, "{}", tiny.len());
+    let authority = format!("127.0.0.1:{}", c.port);
+    let batch = |i: usize| {
+        let events: Vec<String> = (0..10).map(|j| event(&format!("kept-{i}-{j}"))).collect();
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        enc.write_all(format!("[{}]", events.join(",")).as_bytes())
+            .unwrap();
+        enc.finish().unwrap()
+    };
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Content-Encoding", "gzip"),
+    ];
+    // Ray's agent starts with the node and posts its first batch before anyone floods it.
+    let mut ray = Conn::open(&authority, Duration::from_secs(15)).unwrap();
+    let first = ray
+        .request("POST", "/v1/events", &headers, &batch(0))
+        .unwrap();
+    assert_eq!(
+        first.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    let posters = rhc_testkit::hostile::Posters::start(
+        c.port,
+        300,
+        &[
+            ("Content-Type", "application/json"),
+            ("Content-Encoding", "gzip, gzip"),
+        ],
+        Arc::new(move |_| tiny.clone()),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let (mut slow, mut reconnects, mut broken) = (Vec::new(), 0, false);
+    for i in 1..=20 {
+        let started = std::time::Instant::now();
+        // As aiohttp does: a connection the collector closed (or that failed) is not reused.
+        if broken || ray.closed_by_peer() {
+            reconnects += 1;
+            match Conn::open(&authority, Duration::from_secs(15)) {
+                Ok(conn) => ray = conn,
+                Err(e) => {
+                    slow.push(format!("batch {i}: connecting: {e}"));
+                    continue;
+                }
+            }
+        }
+        let r = ray.request("POST", "/v1/events", &headers, &batch(i));
+        let took = started.elapsed();
+        broken = true;
+        match r {
+            Ok(r) if r.status == 200 && took < rhc_testkit::hostile::RAY_TIMEOUT => {
+                broken = r.closes();
+            }
+            Ok(r) => slow.push(format!(
+                "batch {i}: {} after {took:?}: {}",
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            )),
+            Err(e) => slow.push(format!("batch {i}: {e} after {took:?}")),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let answers = posters.finish();
+    eprintln!("the tiny bodies' answers: {answers:?}; Ray reconnected {reconnects} times");
+    assert!(slow.is_empty(), "{slow:#?}\ntiny bodies: {answers:?}");
+    assert!(
+        answers.values().sum::<usize>() >= 300,
+        "the tiny bodies were not sent: {answers:?}"
+    );
+    let lines = stored_lines(&tmp, &mut c);
+    for i in 0..=20 {
+        for j in 0..10 {
+            let id = format!("\"eventId\":\"kept-{i}-{j}\"");
+            assert!(
+                lines.iter().any(|(_, l)| l.contains(&id)),
+                "event kept-{i}-{j} was not stored"
+            );
+        }
+    }
+}

@@ -242,7 +242,15 @@ async fn read_and_store(
         return closing(sealing());
     };
     match st.spool.append(batch).await {
-        Ok(o) => json_response(StatusCode::OK, serde_json::to_value(o).unwrap_or_default()),
+        Ok(o) => {
+            if o.accepted > 0 {
+                // The connection delivered events: it outranks cheap clients from now on.
+                if let Some(s) = &slot {
+                    s.pace.set_delivered();
+                }
+            }
+            json_response(StatusCode::OK, serde_json::to_value(o).unwrap_or_default())
+        }
         Err(e) if e.is_over_budget() => retry_later(format!("{e}; retry later"), 10),
         Err(e) if e.is_no_space() => retry_later(format!("spool disk is full: {e}"), 10),
         Err(e) if e.is_stopped() => retry_later(format!("{e}; shutting down"), 1),

@@ -58,6 +58,14 @@ pub(super) const SMALL_DECODERS: usize = 1;
 /// reserve. A small body that decodes to more (only a ratio above 15, which Ray's JSON never
 /// reaches) gives that turn back and takes one of the [`DECODERS`], as a large body does.
 pub(super) const SMALL_DECODED: u64 = SMALL_BODY - SMALL_GZIP_BODY;
+/// Decoding turns only bodies on a connection that delivered events before
+/// ([`Pace::delivered`]: Ray's publisher, which keeps its connection) may take, beside the
+/// others: whatever cheap clients queue for the other turns (hundreds of tiny gzip bodies,
+/// each decoding to a MiB of whitespace, take every turn in the order they came; review
+/// r39q D1: Ray's batch waited behind them until its connection gave way, 1 of 32 answered
+/// 200), Ray's next batch is decoded at once. Decoding takes at most
+/// `DECODERS + SMALL_DECODERS + DELIVERED_DECODERS` CPUs.
+pub(super) const DELIVERED_DECODERS: usize = 1;
 /// How often a body waiting for room looks again for bodies that fell behind their pace.
 const RECLAIM_EVERY: Duration = Duration::from_millis(50);
 
@@ -112,6 +120,9 @@ pub(in crate::events::http) struct BodyBudget {
     decoders: Semaphore,
     /// Turns only small bodies may take ([`SMALL_DECODERS`]).
     small_decoders: Semaphore,
+    /// Turns only bodies on a connection that delivered events may take
+    /// ([`DELIVERED_DECODERS`]).
+    delivered_decoders: Semaphore,
 }
 
 impl BodyBudget {
@@ -127,11 +138,14 @@ impl BodyBudget {
             next_id: AtomicU64::new(0),
             decoders: Semaphore::new(DECODERS),
             small_decoders: Semaphore::new(SMALL_DECODERS),
+            delivered_decoders: Semaphore::new(DELIVERED_DECODERS),
         }
     }
 
     /// A turn to decode a gzip layer: one of [`DECODERS`], or for a `small` body one of
-    /// [`SMALL_DECODERS`] first (whichever comes first once it must wait). While it waits
+    /// [`SMALL_DECODERS`] first, and for a body on a connection that delivered events
+    /// ([`Pace::delivered`]) one of [`DELIVERED_DECODERS`] before either (whichever comes
+    /// first once it must wait). While it waits
     /// the body counts as queued ([`Pace::is_queued`]); it waits at most [`BUDGET_WAIT`] and
     /// never past `deadline` ([`BodyProblem::Busy`]), and stops waiting when its connection
     /// gives way ([`BodyProblem::GaveWay`]).
@@ -141,6 +155,15 @@ impl BodyBudget {
         small: bool,
         deadline: Instant,
     ) -> Result<Turn<'a>, BodyProblem<'a>> {
+        let delivered = pace.delivered();
+        if delivered {
+            if let Ok(permit) = self.delivered_decoders.try_acquire() {
+                return Ok(Turn {
+                    _permit: permit,
+                    small: false,
+                });
+            }
+        }
         if small {
             if let Ok(permit) = self.small_decoders.try_acquire() {
                 return Ok(Turn {
@@ -164,9 +187,17 @@ impl BodyBudget {
                 std::future::pending().await
             }
         };
+        let first = async {
+            if delivered {
+                self.delivered_decoders.acquire().await
+            } else {
+                std::future::pending().await
+            }
+        };
         let got = tokio::select! {
             biased;
             _ = pace.was_cut() => Err(BodyProblem::GaveWay),
+            got = first => got.map(|permit| Turn { _permit: permit, small: false }).map_err(|_| BodyProblem::Busy),
             got = own => got.map(|permit| Turn { _permit: permit, small: true }).map_err(|_| BodyProblem::Busy),
             got = self.decoders.acquire() => got.map(|permit| Turn { _permit: permit, small: false }).map_err(|_| BodyProblem::Busy),
             _ = tokio::time::sleep_until(until) => Err(BodyProblem::Busy),
@@ -637,6 +668,30 @@ mod tests {
             "the large waiting body kept its room while a small one waited"
         );
         assert_eq!(b.free_kib() as u64, b.total_kib - kib(RESERVE_STEP));
+    }
+
+    /// Review r39q D1: every other turn held (and bodies queued for them), a body on a
+    /// connection that delivered events gets one of its own at once; a cheap one waits.
+    #[tokio::test(start_paused = true)]
+    async fn a_delivering_connection_has_a_decoding_turn_of_its_own() {
+        let b: &'static BodyBudget = Box::leak(Box::new(BodyBudget::new(64 << 20)));
+        let p: &'static Pace = Box::leak(Box::new(Pace::new()));
+        let mut held = Vec::new();
+        for _ in 0..DECODERS {
+            held.push(b.decode_turn(p, false, later()).await.ok().unwrap());
+        }
+        held.push(b.decode_turn(p, true, later()).await.ok().unwrap());
+        let cheap = b.decode_turn(p, true, later());
+        tokio::pin!(cheap);
+        assert!(futures::poll!(&mut cheap).is_pending());
+        let ray = Pace::new();
+        ray.set_delivered();
+        let got =
+            tokio::time::timeout(Duration::from_millis(1), b.decode_turn(&ray, true, later()))
+                .await;
+        assert!(matches!(got, Ok(Ok(_))), "the delivering connection waited");
+        assert!(futures::poll!(&mut cheap).is_pending());
+        drop(held);
     }
 
     /// Review r39m D1: the turns any body may take all held, a small body still gets one of

@@ -28,7 +28,8 @@
 //!   ([`BodyProblem::Inflates`]). At most [`DECODERS`] bodies are decoded at once, and beside
 //!   them [`SMALL_DECODERS`](budget::SMALL_DECODERS) that only bodies of at most [`SMALL_GZIP_BODY`] as sent may take
 //!   (decoding to at most [`SMALL_DECODED`](budget::SMALL_DECODED) in it), so Ray's small batches never queue behind
-//!   large decodes; the others wait their turn without holding a thread, at most
+//!   large decodes, and [`DELIVERED_DECODERS`](budget::DELIVERED_DECODERS) that only bodies on a connection that has had
+//!   events stored may take ([`Pace::delivered`]: Ray's kept connection); the others wait their turn without holding a thread, at most
 //!   [`BUDGET_WAIT`] (then 503), once for both passes of a layer ([`decode_gzip`]). A body
 //!   waiting its turn or room for its decoded form is queued ([`Pace::is_queued`]): its
 //!   connection may give way to a new one, and the body is then answered 503 with

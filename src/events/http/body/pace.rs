@@ -50,6 +50,13 @@ pub(in crate::events::http) struct Pace {
     queued: AtomicBool,
     /// Bytes of the current body received so far: which queued body gives way first.
     bytes: AtomicU64,
+    /// An earlier body on this connection was stored (answered 200 with events accepted):
+    /// Ray's publisher keeps one connection open for its batches, so its connection has
+    /// this once its first batch is in, and cheap clients (bodies refused, or holding no
+    /// event) never have it. Such a body has a decoding turn of its own
+    /// ([`DELIVERED_DECODERS`](super::budget::DELIVERED_DECODERS)) and its connection gives
+    /// way after every other queued body (review r39q D1).
+    delivered: AtomicBool,
 }
 
 impl Pace {
@@ -64,7 +71,18 @@ impl Pace {
             cut_signal: Notify::new(),
             queued: AtomicBool::new(false),
             bytes: AtomicU64::new(0),
+            delivered: AtomicBool::new(false),
         }
+    }
+
+    /// Whether an earlier body on this connection was stored with events accepted.
+    pub(in crate::events::http) fn delivered(&self) -> bool {
+        self.delivered.load(Ordering::Relaxed)
+    }
+
+    /// A body on this connection was stored with events accepted.
+    pub(in crate::events::http) fn set_delivered(&self) {
+        self.delivered.store(true, Ordering::Relaxed);
     }
 
     /// Whether the body waits for its turn to be decoded or for room for its decoded form.
@@ -72,7 +90,7 @@ impl Pace {
         self.queued.load(Ordering::Acquire)
     }
 
-    pub(super) fn set_queued(&self, queued: bool) {
+    pub(in crate::events::http) fn set_queued(&self, queued: bool) {
         self.queued.store(queued, Ordering::Release);
     }
 

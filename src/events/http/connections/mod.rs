@@ -17,7 +17,8 @@
 //!    whatever it pipelines behind it; the one whose head came first goes first;
 //! 4. one idle between requests, its answers all out, that has never posted events
 //!    (probes, scrapers, anything else), the one idle longest first;
-//! 5. one idle between requests that has posted events, the one idle longest first;
+//! 5. one idle between requests that has posted events but never had any stored, the one
+//!    idle longest first;
 //! 6. one that has not sent a whole request head yet and is at least [`HEAD_GRACE`](slot::HEAD_GRACE) (100 ms)
 //!    old, the oldest first: a real client sends its head within milliseconds of connecting,
 //!    so it keeps its place, while connections that send nothing (a flood of them, 500 a
@@ -31,9 +32,17 @@
 //!    Ray's batch, which then went first every time: review r39p D1). The body is
 //!    told to stop waiting ([`Pace::give_way`]) and answered 503 with `Retry-After`, then the
 //!    connection closes: a body that waits for the collector is never dropped unanswered;
-//! 8. one whose request has been waiting for its answer (its body complete: Ray's batch
-//!    waiting for the spool) for over [`STALE_REQUEST_AFTER`](slot::STALE_REQUEST_AFTER), the oldest first: Ray gives
-//!    up on a request after 3 s and resends it, so nobody waits for it.
+//! 8. one idle between requests whose earlier body was stored with events accepted
+//!    ([`Pace::delivered`]), the one idle longest first;
+//! 9. such a connection's queued body (as in 7): Ray's publisher keeps one connection for its
+//!    batches, so once its first batch is in, clients whose bodies are refused or hold no
+//!    event cannot close it or throw its next batch out, however many come (review r39q
+//!    D1: 300 clients looping tiny gzip bodies left Ray 1 of 32 batches when every queued
+//!    body had the same odds); its bodies have a decoding turn of their own too
+//!    (the body budget's `DELIVERED_DECODERS`);
+//! 10. one whose request has been waiting for its answer (its body complete: Ray's batch
+//!     waiting for the spool) for over [`STALE_REQUEST_AFTER`](slot::STALE_REQUEST_AFTER), the oldest first: Ray gives
+//!     up on a request after 3 s and resends it, so nobody waits for it.
 //!
 //! So a request whose body is complete is never chosen before Ray has given up on it
 //! (unless it is a gzip body waiting for its turn to be decoded or for room, which is
@@ -393,7 +402,7 @@ impl Connections {
             .min_by_key(|(rank, _)| *rank)?;
         let why = rank.0;
         *lock(&slot.chosen) = Some(why);
-        if why == Eviction::Queued {
+        if matches!(why, Eviction::Queued | Eviction::QueuedDelivered) {
             // Answered 503 with Retry-After, then closed: never dropped without an answer.
             slot.pace.give_way();
         }
@@ -495,6 +504,49 @@ mod tests {
             (live.slots.len(), live.regular, live.leaving, live.reserved),
             (0, 0, 0, 0)
         );
+    }
+
+    /// Review r39q D1: a connection that had events stored gives way after every other
+    /// queued body, idle or queued itself, however long it has been idle or queued.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_delivered_events_gives_way_after_cheap_queued_bodies() {
+        let conns = Connections::new();
+        let open = fill(&conns, MAX_CONNECTIONS);
+        let queue = |a: &Admitted| {
+            a.slot.request_started(true);
+            a.slot.pace.paused();
+            a.slot.pace.set_queued(true);
+        };
+        // Ray's kept connection, idle longest, and another whose next body queued first.
+        open[0].slot.pace.set_delivered();
+        open[0].slot.request_started(true);
+        open[0].slot.request_ended();
+        open[1].slot.pace.set_delivered();
+        queue(&open[1]);
+        tokio::time::advance(Duration::from_millis(10)).await;
+        // Cheap clients' bodies queued later (the other places hold fresh connections).
+        for a in &open[2..6] {
+            queue(a);
+        }
+        let mut newcomers = Vec::new();
+        for _ in 2..6 {
+            let a = conns.admit().expect("admitted by eviction");
+            assert_eq!(a.evicted, Some(Eviction::Queued));
+            newcomers.push(a);
+        }
+        assert!(open[2..6]
+            .iter()
+            .all(|a| chosen(a) == Some(Eviction::Queued)));
+        assert_eq!(chosen(&open[0]), None);
+        assert_eq!(chosen(&open[1]), None);
+        // Then the delivered ones: idle first, then queued.
+        let a = conns.admit().expect("admitted by eviction");
+        assert_eq!(a.evicted, Some(Eviction::IdleDelivered));
+        let b = conns.admit().expect("admitted by eviction");
+        assert_eq!(b.evicted, Some(Eviction::QueuedDelivered));
+        assert_eq!(chosen(&open[0]), Some(Eviction::IdleDelivered));
+        assert_eq!(chosen(&open[1]), Some(Eviction::QueuedDelivered));
+        drop((a, b, newcomers, open));
     }
 
     /// Connections that send nothing take each other's places once [`HEAD_GRACE`] old, the

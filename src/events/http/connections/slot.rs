@@ -59,6 +59,16 @@ pub(in crate::events::http) enum Eviction {
     /// `Retry-After` before its connection closes (review r39m D1: Ray's queued batch was
     /// closed unanswered).
     Queued,
+    /// Idle, and an earlier body on it was stored with events accepted ([`Pace::delivered`]:
+    /// Ray's publisher keeps its connection between batches): after every cheap client's
+    /// queued body, so a flood of them does not close it (review r39q D1).
+    IdleDelivered,
+    /// Its body is queued as for [`Eviction::Queued`], on a connection that delivered events
+    /// before: Ray's next batch, which gives way only after every other queued body (review
+    /// r39q D1: with queued bodies given way the oldest first and decoded in the order they
+    /// came, 300 clients looping tiny gzip bodies set the pace at which each queued body
+    /// reached the head, and Ray's batch was thrown out like theirs: 1 of 32 answered 200).
+    QueuedDelivered,
     /// Its request has been in flight for over [`STALE_REQUEST_AFTER`].
     StaleRequest,
 }
@@ -71,8 +81,8 @@ impl Eviction {
             Eviction::NoRequest | Eviction::NoRequestYet => "no_request",
             Eviction::StalledBody => "stalled_body",
             Eviction::IdleNoEvents => "idle_no_events",
-            Eviction::Queued => "queued_body",
-            Eviction::Idle => "idle",
+            Eviction::Queued | Eviction::QueuedDelivered => "queued_body",
+            Eviction::Idle | Eviction::IdleDelivered => "idle",
             Eviction::StaleRequest => "stale_request",
         }
     }
@@ -216,8 +226,13 @@ impl Slot {
                 self.state.load(Ordering::Acquire) == NEW
             }
             Eviction::StalledBody => self.state.load(Ordering::Acquire) == BODY,
-            Eviction::Queued => self.state.load(Ordering::Acquire) == BODY && self.pace.is_queued(),
-            Eviction::IdleNoEvents | Eviction::Idle | Eviction::StaleRequest => true,
+            Eviction::Queued | Eviction::QueuedDelivered => {
+                self.state.load(Ordering::Acquire) == BODY && self.pace.is_queued()
+            }
+            Eviction::IdleNoEvents
+            | Eviction::Idle
+            | Eviction::IdleDelivered
+            | Eviction::StaleRequest => true,
         }
     }
 
@@ -233,8 +248,9 @@ impl Slot {
 
     /// How this connection ranks as one to give way, lower first: why, then since when (the
     /// oldest first, queued bodies included: ranking them by size let cheap clients with
-    /// smaller bodies than Ray's batch make it the one thrown out, review r39p D1); `None` if
-    /// it must not.
+    /// smaller bodies than Ray's batch make it the one thrown out, review r39p D1; a
+    /// connection that delivered events goes after every cheap client's queued body, review
+    /// r39q D1); `None` if it must not.
     pub(super) fn rank(&self, now: Instant) -> Option<(Eviction, Instant)> {
         if lock(&self.chosen).is_some() {
             return None;
@@ -256,12 +272,16 @@ impl Slot {
             NEW if now.duration_since(self.opened) >= HEAD_GRACE => {
                 Some((Eviction::NoRequestYet, self.opened))
             }
+            BODY if self.pace.is_queued() && self.pace.delivered() => {
+                Some((Eviction::QueuedDelivered, since))
+            }
             BODY if self.pace.is_queued() => Some((Eviction::Queued, since)),
             // A reserved place serves one request and is never kept idle.
             _ if self.reserved => None,
             // An answer on its way out: the connection is not idle yet.
             _ if unflushed.is_some() => None,
             IDLE if !self.posted.load(Ordering::Relaxed) => Some((Eviction::IdleNoEvents, since)),
+            IDLE if self.pace.delivered() => Some((Eviction::IdleDelivered, since)),
             IDLE => Some((Eviction::Idle, since)),
             BUSY if now.duration_since(since) > STALE_REQUEST_AFTER => {
                 Some((Eviction::StaleRequest, since))
