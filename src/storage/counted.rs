@@ -670,6 +670,56 @@ mod tests {
         assert!(body.done.load(Ordering::Acquire));
     }
 
+    /// Review r39q D2: a slot retired while its connection holds bytes its peer never read
+    /// has that connection shut down, and counts against [`MAX_SLOTS`] until it is closed;
+    /// then a new slot is made in its place.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_retired_slot_counts_against_the_cap_until_its_connection_is_closed() {
+        use std::io::Write;
+        let options = ClientOptions::new();
+        let counting = Counting {
+            client: reqwest_client(&options).unwrap(),
+            options,
+            slots: Mutex::new(Vec::new()),
+        };
+        let claim = || match counting.claim_slot() {
+            Found::Slot(slot) => Some(Claim {
+                slot,
+                body_done: Arc::new(AtomicBool::new(true)),
+            }),
+            Found::Full => None,
+            Found::Unbuilt => panic!("client not built"),
+        };
+        let mut claims: Vec<Claim> = (0..MAX_SLOTS).map(|_| claim().unwrap()).collect();
+        assert!(claim().is_none(), "more than MAX_SLOTS slots");
+        // A connection of the first slot, its send buffer full, its peer reading nothing.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut conn = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (_peer, _) = listener.accept().unwrap();
+        let retired = claims.remove(0);
+        let retired_slot = retired.slot.clone();
+        retired_slot
+            .conns
+            .add(conn.local_addr().unwrap(), conn.peer_addr().unwrap());
+        conn.set_nonblocking(true).unwrap();
+        while conn.write(&[9u8; 64 << 10]).is_ok() {}
+        drop(retired);
+        assert!(retired_slot.retired.load(Ordering::Acquire));
+        // Shut down by the retirement: the writer's next write fails.
+        let e = conn.write(&[9u8; 1024]).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
+        assert!(
+            claim().is_none(),
+            "a retired slot holding bytes left the count"
+        );
+        // Closed (reset): it holds nothing, and a new slot takes its place.
+        drop(conn);
+        let new = claim().expect("the retired slot still counted once closed");
+        assert!(!Arc::ptr_eq(&new.slot, &retired_slot));
+        assert!(claim().is_none());
+    }
+
     /// Review r42i D1: hyper stops polling a body once `is_end_stream` is true, never seeing
     /// its end; the last piece and the body's end are counted as it is handed over.
     #[tokio::test]
