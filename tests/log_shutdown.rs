@@ -14,6 +14,10 @@
 //! Review r42k: a request is credited only with the bytes the store acknowledged on
 //! connections that carry nothing of an earlier request (one answered before its body
 //! was read).
+//!
+//! Review r39q D2: a store that answers 503 from the head and then neither reads the body
+//! nor closes leaves the collector's sockets to it within the log lane's cap, and its
+//! memory bounded.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -1324,6 +1328,130 @@ fn a_stuck_put_after_an_early_answer_on_its_slot_is_abandoned_at_the_flush() {
         "stuck.out's PUT was not abandoned\n{}",
         tail(&log, 60)
     );
+}
+
+/// r39q D2: a store that answers 503 from the head and keeps the connection without reading
+/// a byte of the body. hyper goes on writing the body after the answer, and each such
+/// connection was kept open for ever, its send buffer full and the body held, its client
+/// retired and no longer counted: every retry made another (4 files of 10 MB: 135 sockets to
+/// the store and RSS 36 -> 418 MB in 30 s, without bound). The connections of a request
+/// answered so are closed now, and the log lane never holds more than its cap
+/// (`storage::counted::MAX_SLOTS`, 16) of them; once the store reads again, every file lands.
+#[test]
+fn a_store_answering_early_and_reading_nothing_holds_no_more_sockets_than_the_cap() {
+    const MAX_SLOTS: usize = 16;
+    let Some(rig) = S3Rig::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    let mut c = rig.collector(
+        tmp.path(),
+        &ray,
+        &["--log-upload-interval", "2s", "--shutdown-timeout", "30s"],
+    );
+    wait_until("the first round", &c, Duration::from_secs(40), || {
+        rig.object("raylet.out").is_some()
+    });
+    let pid = c.pid();
+    let rss_before = c.rss();
+    rig.proxy.add(
+        Rule::new(Fault::EarlyStall(503, "SlowDown".into(), MAX_HOLD))
+            .method("PUT")
+            .target_contains("early"),
+    );
+    let names: Vec<String> = (1..=4).map(|i| format!("early{i}.out")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let staged = tmp.path().join(name);
+        std::fs::write(&staged, big(&format!("E{i}"), 10_000_000)).unwrap();
+        std::fs::rename(&staged, logs.join(name)).unwrap();
+    }
+    // 20 s of early answers (main: about 4 more sockets held each second).
+    let until = Instant::now() + Duration::from_secs(20);
+    let (mut most_conns, mut most_rss) = (0, rss_before);
+    while Instant::now() < until {
+        most_conns = most_conns.max(connections_to(pid, rig.proxy.port));
+        most_rss = most_rss.max(c.rss());
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let early = rig
+        .proxy
+        .seen()
+        .iter()
+        .filter(|r| r.faulted && r.status == 503 && r.target.contains("early"))
+        .count();
+    eprintln!(
+        "{early} early answers; at most {most_conns} connections to the store; RSS {} -> {} MB",
+        rss_before >> 20,
+        most_rss >> 20
+    );
+    assert!(
+        early >= 10,
+        "only {early} PUTs answered early
+{}",
+        tail(&c.log_text(), 40)
+    );
+    assert!(
+        most_conns <= MAX_SLOTS,
+        "{most_conns} connections to the store at once after {early} early answers (cap \
+         {MAX_SLOTS}); RSS {} -> {} MB",
+        rss_before >> 20,
+        most_rss >> 20
+    );
+    assert!(
+        most_rss < rss_before + (100 << 20),
+        "RSS {} -> {} MB after {early} early answers",
+        rss_before >> 20,
+        most_rss >> 20
+    );
+    // The store reads again: every file lands by the end of the final flush.
+    rig.proxy.clear();
+    let (status, took) = c.try_terminate(Duration::from_secs(60)).unwrap();
+    let log = c.log_text();
+    for name in &names {
+        let file = std::fs::read(logs.join(name)).unwrap();
+        let object = rig.object(name);
+        assert!(
+            object.as_ref() == Some(&file),
+            "{name}: object {:?} bytes, file {} (exit {status:?} after {took:?})\n{}",
+            object.map(|o| o.len()),
+            file.len(),
+            tail(&log, 60)
+        );
+    }
+    assert!(
+        status.success(),
+        "exit {status:?} after {took:?}\n{}",
+        tail(&log, 60)
+    );
+}
+
+/// TCP connections of process `pid` to 127.0.0.1:`port` (its sockets, found in
+/// /proc/net/tcp by inode, in any state but closed).
+fn connections_to(pid: u32, port: u16) -> usize {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|t| {
+            let t = t.to_string_lossy().into_owned();
+            t.strip_prefix("socket:[")
+                .and_then(|r| r.strip_suffix(']'))
+                .map(str::to_string)
+        })
+        .collect();
+    let remote = format!("0100007F:{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 9 && f[2] == remote && f[3] != "07" && inodes.iter().any(|i| i == f[9])
+        })
+        .count()
 }
 
 /// The last `n` lines of `log`.

@@ -44,6 +44,20 @@
 //! own. Early answers are rare (an error before the body was read), so a new client is
 //! rarely built.
 //!
+//! A retired slot's connections are ended, and the slot counts against [`MAX_SLOTS`] until
+//! they hold nothing (review r39q D2). hyper goes on writing a body after its answer came,
+//! so a store that answers 503 from the head and then neither reads nor closes held each
+//! such connection open for ever, writing into a full send buffer, with the body's memory:
+//! every retry and every round made another (135 sockets and 380 MB more in 30 s, without
+//! bound), and retired slots, dropped from the count, bounded nothing. Now the retiring
+//! [`Claim`] aborts the slot's connections ([`Conns::abort`]: shut down, reset at their
+//! close, their send queue dropped), and a retired slot leaves the count only once none of
+//! its connections is open with bytes unacknowledged ([`Conns::unacked`]). Past
+//! [`MAX_SLOTS`], a request of a send waits for a slot (it is not moving, and its send's
+//! deadline applies): through the shared client its connection would be unseen, and could
+//! not be ended. The slot is freed once the answer's body is read or dropped, not when its
+//! head comes: the answer's body comes on the very connection an abort would end.
+//!
 //! Not carried over: root certificates and default headers given to a builder in code (the
 //! collector sets neither: its options come from the configuration, as config keys).
 
@@ -73,8 +87,8 @@ use crate::util::pace::Progress;
 pub const PIECE: usize = 16 << 10;
 
 /// The most clients of their own the requests of sends run through at once (the log lane
-/// and the sends beside it, a few requests each at most); past it, a request goes through
-/// the shared client, its body's drain unseen.
+/// and the sends beside it, a few requests each at most), retired ones whose connections
+/// may still hold bytes among them; past it, a request of a send waits for one.
 pub const MAX_SLOTS: usize = 16;
 
 /// How often a request of a send asks the kernel whether its connection's bytes moved.
@@ -245,12 +259,14 @@ struct Slot {
     conns: Arc<Conns>,
     busy: AtomicBool,
     /// A connection of it may still carry an earlier request's bytes: never claimed again,
-    /// dropped at the next claim (see the module doc).
+    /// its connections aborted, dropped at a claim once none holds bytes (see the module
+    /// doc).
     retired: AtomicBool,
 }
 
 /// A slot claimed by a request, with whether the request's body was handed over whole:
-/// free again when dropped, or retired if a connection of it may still be writing.
+/// free again when dropped, or retired, its connections ended, if one of them may still be
+/// writing.
 struct Claim {
     slot: Arc<Slot>,
     body_done: Arc<AtomicBool>,
@@ -261,51 +277,80 @@ impl Drop for Claim {
         if !self.body_done.load(Ordering::Acquire) || self.slot.conns.unacked() {
             tracing::debug!(
                 body_done = self.body_done.load(Ordering::Acquire),
-                "a log request's answer came while its connection may still be writing; \
-                 its client is not used again"
+                "a log request ended while its connection may still be writing; \
+                 its client is not used again and its connections are closed"
             );
-            // Still busy: no request claims it before it is dropped.
+            // Still busy: no request claims it again.
             self.slot.retired.store(true, Ordering::Release);
+            self.slot.conns.abort();
         } else {
             self.slot.busy.store(false, Ordering::Release);
         }
     }
 }
 
+/// What [`Counting::claim_slot`] found.
+enum Found {
+    Slot(Arc<Slot>),
+    /// [`MAX_SLOTS`] slots are busy or retired with bytes held.
+    Full,
+    /// A new slot's client could not be built.
+    Unbuilt,
+}
+
 impl Counting {
-    /// A free slot, made if none is and fewer than [`MAX_SLOTS`] are; `None` past that (or
-    /// if its client cannot be built: the shared one goes). `body_done`: whether the
+    /// A free slot, made if none is and fewer than [`MAX_SLOTS`] are, waited for past that;
+    /// `None` if its client cannot be built (the shared one goes). `body_done`: whether the
     /// request's body was handed over whole (read when the slot is freed). The request is
     /// credited with what its connections' peers acknowledge from now on.
-    fn claim(&self, body_done: &Arc<AtomicBool>) -> Option<Claim> {
-        let claim = self.claim_slot()?;
-        claim.conns.baseline();
+    async fn claim(&self, body_done: &Arc<AtomicBool>) -> Option<Claim> {
+        let mut waited = false;
+        let slot = loop {
+            match self.claim_slot() {
+                Found::Slot(s) => break s,
+                Found::Unbuilt => return None,
+                Found::Full => {
+                    if !waited {
+                        tracing::debug!(
+                            "every client of the log lane's sends is in use or still holds \
+                             bytes of an ended request; the request waits for one"
+                        );
+                        waited = true;
+                    }
+                    tokio::time::sleep(PROBE_EVERY).await;
+                }
+            }
+        };
+        slot.conns.baseline();
         Some(Claim {
-            slot: claim,
+            slot,
             body_done: body_done.clone(),
         })
     }
 
-    fn claim_slot(&self) -> Option<Arc<Slot>> {
+    fn claim_slot(&self) -> Found {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        slots.retain(|s| !s.retired.load(Ordering::Acquire));
+        // A retired slot counts until none of its connections holds bytes (see the module
+        // doc); then its client, with what is left of its pool, is dropped.
+        slots.retain(|s| !s.retired.load(Ordering::Acquire) || s.conns.unacked());
         let free = |s: &&Arc<Slot>| {
-            s.busy
-                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
+            !s.retired.load(Ordering::Acquire)
+                && s.busy
+                    .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
         };
         if let Some(s) = slots.iter().find(free) {
-            return Some(s.clone());
+            return Found::Slot(s.clone());
         }
         if slots.len() >= MAX_SLOTS {
-            return None;
+            return Found::Full;
         }
         let conns = Arc::new(Conns::default());
         let client = match reqwest_client_with(&self.options, Some(conns.clone())) {
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!(error = %e, "log client of a send not built; the shared one goes");
-                return None;
+                return Found::Unbuilt;
             }
         };
         let slot = Arc::new(Slot {
@@ -315,7 +360,7 @@ impl Counting {
             retired: AtomicBool::new(false),
         });
         slots.push(slot.clone());
-        Some(slot)
+        Found::Slot(slot)
     }
 }
 
@@ -425,7 +470,10 @@ impl HttpService for Counting {
                     done: body_done.clone(),
                 })
             });
-            let claim = progress.as_ref().and_then(|_| self.claim(&body_done));
+            let claim = match &progress {
+                Some(_) => self.claim(&body_done).await,
+                None => None,
+            };
             let answer = match (&claim, &progress) {
                 (Some(Claim { slot, .. }), Some(p)) => {
                     watched(slot.client.execute(r), &slot.conns, p).await
@@ -433,12 +481,50 @@ impl HttpService for Counting {
                 _ => self.client.execute(r).await,
             }
             .map_err(classify)?;
-            drop(claim);
             let answer: http::Response<reqwest::Body> = answer.into();
             let (parts, body) = answer.into_parts();
-            let body = HttpResponseBody::new(http_body_util::BodyExt::map_err(body, classify));
+            let body = http_body_util::BodyExt::map_err(body, classify);
+            // The slot is freed once the answer's body is read or dropped (see the module doc).
+            let claim = claim.filter(|_| !body.is_end_stream());
+            let body = HttpResponseBody::new(Answer { inner: body, claim });
             Ok(HttpResponse::from_parts(parts, body))
         })
+    }
+}
+
+/// An answer's body, holding its request's [`Claim`] until it ends or is dropped.
+struct Answer<B> {
+    inner: B,
+    claim: Option<Claim>,
+}
+
+impl<B: Body + Unpin> Body for Answer<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.get_mut();
+        let frame = Pin::new(&mut this.inner).poll_frame(cx);
+        let ended = match &frame {
+            Poll::Ready(None | Some(Err(_))) => true,
+            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+            Poll::Pending => false,
+        };
+        if ended {
+            this.claim = None;
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -582,6 +668,56 @@ mod tests {
         assert_eq!(progress.taken(), data.len() as u64);
         assert!(progress.body_taken());
         assert!(body.done.load(Ordering::Acquire));
+    }
+
+    /// Review r39q D2: a slot retired while its connection holds bytes its peer never read
+    /// has that connection shut down, and counts against [`MAX_SLOTS`] until it is closed;
+    /// then a new slot is made in its place.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_retired_slot_counts_against_the_cap_until_its_connection_is_closed() {
+        use std::io::Write;
+        let options = ClientOptions::new();
+        let counting = Counting {
+            client: reqwest_client(&options).unwrap(),
+            options,
+            slots: Mutex::new(Vec::new()),
+        };
+        let claim = || match counting.claim_slot() {
+            Found::Slot(slot) => Some(Claim {
+                slot,
+                body_done: Arc::new(AtomicBool::new(true)),
+            }),
+            Found::Full => None,
+            Found::Unbuilt => panic!("client not built"),
+        };
+        let mut claims: Vec<Claim> = (0..MAX_SLOTS).map(|_| claim().unwrap()).collect();
+        assert!(claim().is_none(), "more than MAX_SLOTS slots");
+        // A connection of the first slot, its send buffer full, its peer reading nothing.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut conn = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (_peer, _) = listener.accept().unwrap();
+        let retired = claims.remove(0);
+        let retired_slot = retired.slot.clone();
+        retired_slot
+            .conns
+            .add(conn.local_addr().unwrap(), conn.peer_addr().unwrap());
+        conn.set_nonblocking(true).unwrap();
+        while conn.write(&[9u8; 64 << 10]).is_ok() {}
+        drop(retired);
+        assert!(retired_slot.retired.load(Ordering::Acquire));
+        // Shut down by the retirement: the writer's next write fails.
+        let e = conn.write(&[9u8; 1024]).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
+        assert!(
+            claim().is_none(),
+            "a retired slot holding bytes left the count"
+        );
+        // Closed (reset): it holds nothing, and a new slot takes its place.
+        drop(conn);
+        let new = claim().expect("the retired slot still counted once closed");
+        assert!(!Arc::ptr_eq(&new.slot, &retired_slot));
+        assert!(claim().is_none());
     }
 
     /// Review r42i D1: hyper stops polling a body once `is_end_stream` is true, never seeing

@@ -19,6 +19,17 @@
 //! request before: [`Conns::baseline`] makes the next look start from now, and
 //! [`Conns::unacked`] says whether a connection still holds bytes its peer has not
 //! acknowledged (review r42k D1).
+//!
+//! [`Conns::abort`] ends the connections of a client that is not used again (review r39q
+//! D2): a store that answered a request before it read the body, and then neither reads nor
+//! closes, leaves the HTTP client writing that body for ever, its socket and the body's
+//! memory held, the kernel's send buffer full. The abort sets `SO_LINGER` to 0 and shuts the
+//! socket down both ways: the client's next write fails, it drops the connection, and the
+//! close resets it, so the kernel frees its send queue at once. It is the one thing done to
+//! a socket that is not a read, and it is done only to a socket whose addresses are checked
+//! just before, of a connection its client is blocked on or keeps idle (so the number is not
+//! freed under it, but if the peer closes it in the same microseconds and the number is
+//! reused by a new socket between the check and the shutdown).
 
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -97,6 +108,15 @@ impl Conns {
             .any(|c| sys::unacked(c.fd, c.local, c.peer).is_none_or(|n| n > 0))
     }
 
+    /// Every connection still open shut down both ways, reset when its client closes it (see
+    /// the module doc); the client is not to use them again.
+    pub fn abort(&self) {
+        let conns = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for c in conns.iter() {
+            sys::abort(c.fd, c.local, c.peer);
+        }
+    }
+
     /// Connections known.
     pub fn len(&self) -> usize {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).len()
@@ -166,6 +186,33 @@ mod sys {
         (rc == 0).then(|| u64::try_from(n).unwrap_or(0))
     }
 
+    /// Socket `fd`, if it is still the one from `local` to `peer`: `SO_LINGER` 0 (its close
+    /// resets it and drops what its send queue holds), then shut down both ways (its writer's
+    /// next write fails, and a reader sees the end).
+    pub fn abort(fd: i32, local: SocketAddr, peer: SocketAddr) {
+        if !is(fd, local, peer) {
+            return;
+        }
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: a pointer to a `linger` of the size given; a socket option only.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&linger as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            );
+        }
+        // SAFETY: shutdown takes a descriptor and a flag; the descriptor is not closed.
+        unsafe {
+            libc::shutdown(fd, libc::SHUT_RDWR);
+        }
+    }
+
     fn is(fd: i32, local: SocketAddr, peer: SocketAddr) -> bool {
         same(name(fd, libc::getsockname), local) && same(name(fd, libc::getpeername), peer)
     }
@@ -221,6 +268,8 @@ mod sys {
     pub fn unacked(_fd: i32, _local: SocketAddr, _peer: SocketAddr) -> Option<u64> {
         None
     }
+
+    pub fn abort(_fd: i32, _local: SocketAddr, _peer: SocketAddr) {}
 }
 
 #[cfg(all(test, target_os = "linux"))]
@@ -289,5 +338,46 @@ mod tests {
         conns.baseline();
         assert!(!conns.acked_more());
         assert_eq!(conns.len(), 1);
+    }
+
+    /// Review r39q D2: a connection whose peer reads nothing, its send buffer full, is
+    /// ended by an abort: the writer's next write fails, and its close resets the connection,
+    /// so what its send queue held never reaches the peer and nothing is held.
+    #[test]
+    fn an_aborted_connection_stops_writing_and_its_close_drops_its_bytes() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        let conns = Conns::default();
+        conns.add(client.local_addr().unwrap(), client.peer_addr().unwrap());
+        client.set_nonblocking(true).unwrap();
+        let mut sent = 0usize;
+        loop {
+            match client.write(&[5u8; 64 << 10]) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(conns.unacked());
+        conns.abort();
+        let e = client.write(&[5u8; 1024]).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
+        drop(client);
+        assert!(!conns.unacked());
+        server
+            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 64 << 10];
+        let end = loop {
+            match server.read(&mut buf) {
+                Ok(0) => break None,
+                Ok(n) => got += n,
+                Err(e) => break Some(e.kind()),
+            }
+        };
+        assert_eq!(end, Some(std::io::ErrorKind::ConnectionReset));
+        assert!(got < sent, "the peer got all {sent} bytes: not reset");
     }
 }

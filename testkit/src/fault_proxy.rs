@@ -9,8 +9,9 @@
 //! a given rate, with a small receive buffer, so the client's bytes really trickle (the
 //! client's request is slow but moving, as over a congested node uplink).
 //!
-//! A store that answers before it read a body ([`Fault::Early`]), and one that takes no
-//! byte of it ([`Fault::Stall`]), are answered from the head alone.
+//! A store that answers before it read a body ([`Fault::Early`]), one that answers so and
+//! then reads nothing ([`Fault::EarlyStall`]), and one that takes no byte of it
+//! ([`Fault::Stall`]), are answered from the head alone.
 //!
 //! One request per connection: the request is read whole (head and `Content-Length` body),
 //! sent to the target with `Connection: close`, and the target's answer is passed back as
@@ -70,6 +71,11 @@ pub enum Fault {
     /// D1). While such a rule is pending, every connection gets a small receive buffer, so
     /// the body really trickles.
     Early(u16, String, u64),
+    /// Answers as [`Fault::Early`] does, then reads no byte of the body and holds the
+    /// connection this long (at most until the proxy is dropped) before it closes it: a
+    /// store that answers 503 from the head and keeps the connection without reading it
+    /// (review r39q D2). Every connection gets the small receive buffer while it is pending.
+    EarlyStall(u16, String, Duration),
     /// Reads the head and nothing more, holds the connection this long (at most until the
     /// proxy is dropped), then closes it: a store that accepts a request and no byte of its
     /// body. It is in [`FaultProxy::seen`] from the moment it arrives.
@@ -296,9 +302,9 @@ fn serve(mut client: TcpStream, s: &Shared) {
     let _ = client.set_read_timeout(Some(IO_TIMEOUT));
     let _ = client.set_write_timeout(Some(IO_TIMEOUT));
     let rate = s.body_rate.load(Ordering::SeqCst);
-    let early_pending = lock(&s.rules)
-        .iter()
-        .any(|r| matches!(r.fault, Fault::Early(..)) && r.times.is_none_or(|n| n > 0));
+    let early_pending = lock(&s.rules).iter().any(|r| {
+        matches!(r.fault, Fault::Early(..) | Fault::EarlyStall(..)) && r.times.is_none_or(|n| n > 0)
+    });
     if rate > 0 || early_pending {
         shrink_receive_buffer(&client);
     }
@@ -340,6 +346,15 @@ fn serve(mut client: TcpStream, s: &Shared) {
             let _ = client.shutdown(Shutdown::Both);
             return;
         }
+        Some(Fault::EarlyStall(status, code, d)) => {
+            let _ = client.write_all(error_answer(*status, code, false).as_bytes());
+            seen.status = *status;
+            seen.faulted = true;
+            lock(&s.seen).push(seen);
+            hold(s, *d);
+            let _ = client.shutdown(Shutdown::Both);
+            return;
+        }
         Some(Fault::Stall(d)) => {
             seen.faulted = true;
             lock(&s.seen).push(seen);
@@ -353,7 +368,7 @@ fn serve(mut client: TcpStream, s: &Shared) {
         return;
     };
     let fault = match fault {
-        Some(Fault::Early(..) | Fault::Stall(..)) => None,
+        Some(Fault::Early(..) | Fault::EarlyStall(..) | Fault::Stall(..)) => None,
         Some(Fault::ErrorIn200(code)) => Some((200, code)),
         Some(Fault::Status(status, code)) => Some((status, code)),
         Some(Fault::PassThenStatus(status, code)) => {
