@@ -618,8 +618,8 @@ pub(super) fn train_worker(w: &Value) -> TrainWorker {
     }
 }
 
-/// `snake_case` as `camelCase`.
-pub(super) fn camel(snake: &str) -> String {
+/// `snake_case` as `camelCase` (protobuf's JSON names; `serve` names Ray's fields with it too).
+pub(crate) fn camel(snake: &str) -> String {
     let mut out = String::with_capacity(snake.len());
     let mut upper = false;
     for c in snake.chars() {

@@ -220,6 +220,7 @@ mod decode;
 mod discover;
 mod escape;
 mod extract;
+pub(crate) use extract::camel;
 mod filter;
 mod html;
 mod local;

@@ -9,6 +9,7 @@ use serde_json::{json, Map, Value};
 use super::super::index::SessionIndex;
 use super::super::session::job_json;
 use super::FRAMEWORK_UNSPECIFIED;
+use crate::inspect::camel;
 use crate::util::time::parse_rfc3339_seconds;
 
 pub(super) fn has_run_event(run: &Value) -> bool {
@@ -273,22 +274,6 @@ pub(super) fn ray_worker(w: &Value) -> Value {
 /// Removes `snake` (or its camelCase spelling) from `o`.
 pub(super) fn take(o: &mut Map<String, Value>, snake: &str) -> Option<Value> {
     o.remove(snake).or_else(|| o.remove(&camel(snake)))
-}
-
-pub(super) fn camel(snake: &str) -> String {
-    let mut out = String::with_capacity(snake.len());
-    let mut upper = false;
-    for c in snake.chars() {
-        if c == '_' {
-            upper = true;
-        } else if upper {
-            out.push(c.to_ascii_uppercase());
-            upper = false;
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// `o[snake]` moved to Ray's name, `null` when protobuf left it out.
