@@ -963,6 +963,63 @@ fn a_power_loss_then_a_smaller_window_still_recognises_the_batches_answered_last
     assert_once(&count, &[fresh.concat(), more.concat()].concat());
 }
 
+/// Review r40n D1: the same power loss and smaller window, then 500 new ids, a SIGTERM (every
+/// segment uploaded and deleted, the spool empty) and another start with that window. The
+/// first start held the reloaded ids beyond its window, and its journal rewrite kept them;
+/// but the next start read back only the window's newest ids (the 500 new ones and 524 of
+/// the held), and the resend of the batches answered last before the power loss was stored
+/// again (6731502: `accepted` 100 for some of them). Now the rewrite records the hold, and a
+/// start before a window of new ids holds them all again.
+#[test]
+fn a_hold_on_reloaded_ids_outlives_a_sigterm_and_a_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = Faults::build(tmp.path());
+    let quiet = ["--upload-window", "300s", "--rotation-interval", "30m"];
+    let window = |w: &'static str| -> Vec<&str> {
+        ["--dedup-window", w]
+            .iter()
+            .chain(&quiet)
+            .copied()
+            .collect()
+    };
+    let (mut c, bucket) = start(tmp.path(), &window("16384"), &faults.env());
+    let mut answered = post_batches(&c, "session_old", "old", 30);
+    answered.extend(post_batches(&c, "session_new", "new", 9));
+    c.kill9();
+    assert!(!faults.lose_unsynced(&c.spool.join("dedup")).is_empty());
+    assert!(faults.lose_unsynced(&c.spool.join("events")).is_empty());
+    let (mut c, _) = start(tmp.path(), &window("1024"), &faults.env());
+    let fresh = post_batches(&c, "session_fresh", "fresh", 5);
+    let exit = c.terminate(Duration::from_secs(60));
+    assert!(exit.success(), "{exit}: {}", c.log_text());
+    assert_spool_empty(&c.spool);
+    let (mut c, _) = start(tmp.path(), &window("1024"), &faults.env());
+    let ts = "2026-11-22T02:06:40Z";
+    let mut twice = Vec::new();
+    for (k, batch) in answered.iter().enumerate().rev().take(8) {
+        let session = if k < 30 { "session_old" } else { "session_new" };
+        let (status, accepted, _, _) = post(&c, &batch_at(batch, session, ts));
+        assert_eq!(status, 200);
+        if accepted > 0 {
+            twice.push((k, accepted));
+        }
+    }
+    assert!(
+        twice.is_empty(),
+        "resends of batches answered before the power loss stored again (batch, ids): {twice:?}\n{}",
+        c.log_text()
+    );
+    let exit = c.terminate(Duration::from_secs(60));
+    assert!(exit.success(), "{exit}: {}", c.log_text());
+    let objects = read_all(&store(&bucket));
+    let (count, _) = stored(&objects, "session_old");
+    assert_once(&count, &answered[..30].concat());
+    let (count, _) = stored(&objects, "session_new");
+    assert_once(&count, &answered[30..].concat());
+    let (count, _) = stored(&objects, "session_fresh");
+    assert_once(&count, &fresh.concat());
+}
+
 /// A group of more than 32 files is made durable with one `syncfs` (on the spool's lock
 /// file), not a sync per file: the fault shim records the spool's files as synced then, so a
 /// simulated power loss keeps them (without it, `lose_unsynced` emptied every segment of

@@ -108,8 +108,10 @@ impl DedupWindow {
     /// so all of them are kept, however many, until `capacity` further ids were inserted;
     /// older ids are evicted first, as usual. Meanwhile the window holds up to
     /// `capacity + hashes.len()` ids; then it shrinks back by one id per insertion, and its
-    /// table to the capacity's size once there. At most once, on a window nothing was
-    /// forgotten from (a start); ids already in the window keep their place.
+    /// table to the capacity's size once there. At most once, at a start. An id already in
+    /// the window is held too: it moves to the newest end with the others (review r40n D4:
+    /// ids both in a journal generation whose lengths a start cannot use and on the spool's
+    /// lines past them kept their journal place, and were the first evicted).
     pub fn insert_unordered(&mut self, hashes: &[u64]) {
         if self.capacity == 0 || hashes.is_empty() {
             return;
@@ -117,14 +119,36 @@ impl DedupWindow {
         self.set
             .allow(self.capacity.saturating_add(hashes.len()).saturating_add(1));
         let mut held = 0;
+        let mut seen: HashMap<u64, (), PassThrough> = HashMap::default();
         for &h in hashes {
+            if seen.insert(h, ()).is_some() {
+                continue;
+            }
             if self.set.insert(h) {
+                self.order.push_back(h);
+                held += 1;
+            } else {
+                // Its entry in `order` becomes stale (it precedes the new one), and the id
+                // stays in `set`: evicting the old entry drops only the stale count.
+                *self.stale.entry(h).or_insert(0) += 1;
+                self.stale_total += 1;
                 self.order.push_back(h);
                 held += 1;
             }
         }
         self.over = Over::Holding { held, inserted: 0 };
         self.evict_to_limit();
+    }
+
+    /// While ids reloaded by [`DedupWindow::insert_unordered`] are all held: how many were
+    /// held, and how many ids were inserted after them (fewer than the capacity). They are
+    /// the newest of [`DedupWindow::ids`], held ones first. The ids journal records it, so
+    /// that a start before the hold ends holds them again (review r40n D1).
+    pub fn hold(&self) -> Option<(usize, usize)> {
+        match self.over {
+            Over::Holding { held, inserted } => Some((held, inserted)),
+            _ => None,
+        }
     }
 
     /// The most ids the window holds now.
@@ -702,17 +726,22 @@ mod tests {
         for &h in &older {
             w.insert(h);
         }
-        w.insert_unordered(&[2001, 2002, 50]);
+        w.insert_unordered(&[2001, 2002, 50, 2001]);
+        assert_eq!(w.hold(), Some((3, 0)));
         assert_eq!(w.len(), 100);
         assert!(!w.contains(1) && !w.contains(2) && w.contains(3) && w.contains(50));
         for h in 3001..3098 {
             assert!(w.insert(h));
         }
-        // (50 was there already: it kept its older place.)
-        assert!(w.contains(100) && w.contains(2001) && w.contains(2002) && !w.contains(50));
+        assert_eq!(w.hold(), Some((3, 97)));
+        // 50 was there already: it is held with the others, at the newest end (review r40n
+        // D4), and its older place is stale.
+        assert!(!w.contains(100) && w.contains(2001) && w.contains(2002) && w.contains(50));
         assert!(w.insert(3098));
-        assert!(!w.contains(100) && w.contains(2001));
-        assert_eq!(w.len(), 100);
+        // Still fewer than the capacity after them: all three held, one beyond it.
+        assert!(w.contains(2001) && w.contains(2002) && w.contains(50));
+        assert_eq!(w.len(), 101);
+        assert_eq!(&w.ids()[..3], &[2001, 2002, 50]);
         let mut off = DedupWindow::new(0);
         off.insert_unordered(&[1, 2]);
         assert!(off.is_empty());

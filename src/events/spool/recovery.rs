@@ -225,15 +225,27 @@ impl Writer {
         for h in spool.older.iter().rev() {
             self.dedup.insert(*h);
         }
-        for h in &loaded.ids {
+        // The journal's newest ids that a start before held (and those after them) are held
+        // again with the spool's, until a window of new ids (review r40n D1).
+        let (ordered, held) = loaded
+            .ids
+            .split_at(loaded.ids.len() - loaded.held.min(loaded.ids.len()));
+        for h in ordered {
             self.dedup.insert(*h);
         }
         if loaded.lengths.is_some() {
             // Their order is unknown: all are kept until a window of new ids was accepted,
             // however many (review r40m D1).
-            let newer: Vec<u64> = spool.newer.iter().rev().copied().collect();
+            let newer: Vec<u64> = held
+                .iter()
+                .chain(spool.newer.iter().rev())
+                .copied()
+                .collect();
             self.dedup.insert_unordered(&newer);
         } else {
+            for h in held {
+                self.dedup.insert(*h);
+            }
             for h in spool.newer.iter().rev() {
                 self.dedup.insert(*h);
             }
@@ -282,7 +294,8 @@ impl Writer {
         // tried again at the next seal.
         if self.journal.wants_snapshot() {
             let ids = self.dedup.ids();
-            self.journal.snapshot(&ids, &journal_head(&self.segs));
+            self.journal
+                .snapshot(&ids, &journal_head(&self.segs), self.dedup.hold());
         }
         found.sort_by_key(|f| f.0.created_unix_nanos);
         // Sessions seen in the spool still need their markers (head role).

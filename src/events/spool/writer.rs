@@ -740,7 +740,8 @@ impl Writer {
         if self.journal.wants_snapshot() {
             self.drain();
             let ids = self.dedup.ids();
-            self.journal.snapshot(&ids, &journal_head(&self.segs));
+            self.journal
+                .snapshot(&ids, &journal_head(&self.segs), self.dedup.hold());
         } else {
             self.journal.sync();
         }

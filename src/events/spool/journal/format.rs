@@ -58,6 +58,16 @@ pub(super) const KIND_STATE: u32 = 2;
 /// newer ones give may cover lines whose ids it lost, and a start does not use them.
 pub(super) const KIND_END: u32 = 3;
 
+/// A block of two words, after a snapshot's newest ids: `held` and `inserted`, the ids a
+/// start reloaded in no known order and holds whatever its window
+/// ([`crate::util::dedup::DedupWindow::hold`]), and the ids accepted after them, which are
+/// the last `held + inserted` ids written before it. A start that reads it before a window
+/// of ids was appended after it holds them again (review r40n D1: a start, a SIGTERM and a
+/// start lost them to the window's newest ids). Written only while such a hold lasts; the
+/// binaries before this one take it for damage and read the rest of that generation no
+/// further.
+pub(super) const KIND_HOLD: u32 = 4;
+
 /// Most open segments a head lists (16 MiB of pairs): a spool holds fewer, each costing
 /// [`super::FILE_BUDGET_BYTES`] of the disk budget; past it, the others are left out (a
 /// group in flight at a crash in one of them is then not recognised when resent).
@@ -80,9 +90,20 @@ pub(super) enum Fact {
     Len(u64, u64),
 }
 
+/// A generation's [`KIND_HOLD`] block, and the ids written after it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct HoldMark {
+    pub(super) held: u64,
+    pub(super) inserted: u64,
+    /// Ids in the blocks after it in the same generation (groups appended since).
+    pub(super) ids_after: u64,
+}
+
 /// What one generation holds.
 #[derive(Debug, Default)]
 pub(super) struct Generation {
+    /// Its newest [`KIND_HOLD`] block, if any.
+    pub(super) hold: Option<HoldMark>,
     /// Its last `keep` ids, in order.
     pub(super) ids: Vec<u64>,
     /// What it says of the files, in order.
@@ -297,6 +318,7 @@ pub(super) fn decode_from(mut input: impl Read, keep: usize) -> (Generation, Opt
                 KIND_IDS => (1..=MAX_BLOCK_IDS).contains(&count),
                 KIND_FILES => (2..=MAX_BLOCK_IDS).contains(&count) && count % 2 == 0,
                 KIND_STATE | KIND_END => count == 1,
+                KIND_HOLD => count == 2,
                 _ => false,
             };
             if !possible {
@@ -322,6 +344,9 @@ pub(super) fn decode_from(mut input: impl Read, keep: usize) -> (Generation, Opt
             });
             match kind {
                 KIND_IDS => {
+                    if let Some(mark) = out.hold.as_mut() {
+                        mark.ids_after += count as u64;
+                    }
                     for id in words {
                         if ids.len() == keep {
                             ids.pop_front();
@@ -337,6 +362,16 @@ pub(super) fn decode_from(mut input: impl Read, keep: usize) -> (Generation, Opt
                 KIND_STATE => {
                     out.facts.extend(words.map(Fact::Last));
                     out.headed = true;
+                }
+                KIND_HOLD => {
+                    // Two words: checked above.
+                    if let [held, inserted] = words.collect::<Vec<u64>>()[..] {
+                        out.hold = Some(HoldMark {
+                            held,
+                            inserted,
+                            ids_after: 0,
+                        });
+                    }
                 }
                 _ => out.ended = true,
             }

@@ -53,7 +53,12 @@
 //! window). After `--dedup-window` was made smaller, the generations kept are those of the
 //! previous run's size (a quarter of its window each; the newest, partly filled, and the one
 //! before can both give ids to the new window): until that first rewrite completes, half the
-//! previous window more.
+//! previous window more. A start that holds ids reloaded in no known order beyond its window
+//! ([`crate::util::dedup::DedupWindow::hold`]: after a power loss with a larger window
+//! before) writes them last in its snapshot, then a [`format::KIND_HOLD`] block; until a
+//! window of ids was appended after it, rotations keep their generations and a start reads
+//! them back as held ([`Loaded::held`], at most [`MAX_HELD_IDS`] beyond the window): up to
+//! that many ids more on disk (review r40n D1 and D5).
 //!
 //! Crash-safe rewrite: a snapshot (every start, and after a failed write) writes the window's
 //! generations newest first, each under a temporary name, fsync'd, renamed into place under
@@ -84,6 +89,10 @@ use crate::util::fs::fsync_dir;
 mod format;
 
 use format::*;
+
+/// Most ids held beyond the window that a start reads back ([`Loaded::held`]): as many as a
+/// start reloads from the spool's lines at most (`recovery::MAX_UNRECORDED_IDS`).
+const MAX_HELD_IDS: usize = 1 << 18;
 
 /// Below the spool dir: the generations of the ids journal.
 pub(super) const JOURNAL_DIR: &str = "dedup";
@@ -138,6 +147,11 @@ pub(super) struct Journal {
     /// start reloads them all, whatever their order across files and whatever window it
     /// runs with (`recovery::unrecorded_limit`).
     unsynced_ids: usize,
+    /// While the window holds ids a start reloaded in no known order
+    /// ([`crate::util::dedup::DedupWindow::hold`]): how many, and how many ids were
+    /// appended after them (fewer than the window). Generations that hold them are not
+    /// removed before that ([`Journal::rotate`]).
+    hold: Option<(usize, usize)>,
     last_try: Option<Instant>,
     buf: Vec<u8>,
     /// Unit tests: a snapshot stops (as a crash would) after this many new generations.
@@ -148,8 +162,13 @@ pub(super) struct Journal {
 /// What a start found in the journal.
 #[derive(Debug, Default)]
 pub(super) struct Loaded {
-    /// The newest distinct ids, oldest first, at most the window.
+    /// The newest distinct ids, oldest first: at most the window, or the ids a start before
+    /// held and those after them ([`Loaded::held`]).
     pub(super) ids: Vec<u64>,
+    /// How many of the newest [`Loaded::ids`] the window must hold again, whatever its
+    /// capacity: a start before reloaded some in no known order, and fewer than a window of
+    /// ids was appended after them ([`format::KIND_HOLD`], review r40n D1).
+    pub(super) held: usize,
     /// What the generations read say of the spool's files; `None` when none of them has a
     /// head (a journal of format 1, written by the binaries before, or no journal).
     pub(super) lengths: Option<Lengths>,
@@ -216,6 +235,7 @@ impl Journal {
             dirty: false,
             behind: true,
             unsynced_ids: 0,
+            hold: None,
             last_try: None,
             buf: Vec::new(),
             #[cfg(test)]
@@ -288,13 +308,38 @@ impl Journal {
         // Generations that hold ids of the window, or what it says of the files; the others
         // are removed below.
         let mut kept: Vec<u64> = Vec::new();
+        // How many ids to read: the window, or more for a hold ([`format::KIND_HOLD`]).
+        let mut wanted = self.window;
+        let mut hold_seen = false;
         for &n in numbers.iter().rev() {
-            if newest_first.len() >= self.window {
+            if newest_first.len() >= wanted {
                 break;
             }
             let path = self.path_of(n);
-            let (mut generation, damage, read) =
-                read_generation(&path, self.window, budget - loaded.bytes_read);
+            let left = budget - loaded.bytes_read;
+            let (mut generation, mut damage, mut read) = read_generation(&path, wanted, left);
+            // The newest hold mark read counts; older ones were ended or taken up by it.
+            if let Some(mark) = generation.hold.filter(|_| !hold_seen) {
+                hold_seen = true;
+                let after = (newest_first.len() as u64)
+                    .saturating_add(mark.ids_after)
+                    .saturating_add(mark.inserted);
+                if after < self.window as u64 {
+                    let need = after
+                        .saturating_add(mark.held)
+                        .min((self.window + MAX_HELD_IDS) as u64)
+                        as usize;
+                    loaded.held = need;
+                    if need > wanted {
+                        let kept_all = generation.ids.len() < wanted;
+                        wanted = need;
+                        if !kept_all {
+                            // It was read for fewer ids than it may hold: again, for all.
+                            (generation, damage, read) = read_generation(&path, wanted, left);
+                        }
+                    }
+                }
+            }
             loaded.bytes_read += read;
             if let Some(why) = damage {
                 generation.damaged = true;
@@ -304,7 +349,7 @@ impl Journal {
             }
             let before = newest_first.len();
             for &id in generation.ids.iter().rev() {
-                if newest_first.len() >= self.window {
+                if newest_first.len() >= wanted {
                     break;
                 }
                 if seen.insert(id) {
@@ -335,6 +380,7 @@ impl Journal {
         // The kept ones are replaced by the start's snapshot.
         kept.sort_unstable();
         self.generations = kept.into_iter().map(|n| (n, 0)).collect();
+        loaded.held = loaded.held.min(newest_first.len());
         newest_first.reverse();
         loaded.ids = newest_first;
         loaded
@@ -409,7 +455,12 @@ impl Journal {
     /// newest part of the window under the highest numbers, in order: a start reads the same
     /// window back in the same order (the old files supply the rest), and removes what is
     /// left over ([`Journal::open`]).
-    pub(super) fn snapshot(&mut self, ids: &[u64], head: &Head) {
+    ///
+    /// `hold`: while the window holds ids a start reloaded in no known order, how many, and
+    /// how many ids were accepted after them ([`crate::util::dedup::DedupWindow::hold`]);
+    /// recorded after the newest ids ([`format::KIND_HOLD`]), so that a start before a window
+    /// of new ids holds them again.
+    pub(super) fn snapshot(&mut self, ids: &[u64], head: &Head, hold: Option<(usize, usize)>) {
         if self.window == 0 {
             return;
         }
@@ -455,6 +506,11 @@ impl Journal {
                     encode_blocks(&mut self.buf, KIND_END, &[0]);
                     f.write_all(&self.buf)?;
                     len += self.buf.len() as u64;
+                } else if let Some((held, inserted)) = hold {
+                    self.buf.clear();
+                    encode_blocks(&mut self.buf, KIND_HOLD, &[held as u64, inserted as u64]);
+                    f.write_all(&self.buf)?;
+                    len += self.buf.len() as u64;
                 }
                 f.sync_data()?;
                 fs::rename(&tmp, self.path_of(n))?;
@@ -487,6 +543,7 @@ impl Journal {
                 self.dirty = false;
                 self.behind = false;
                 self.unsynced_ids = 0;
+                self.hold = hold.filter(|&(_, inserted)| inserted < self.window);
             }
             Err(e) => {
                 #[cfg(test)]
@@ -521,6 +578,10 @@ impl Journal {
         self.unsynced_ids = self.unsynced_ids.saturating_add(ids.len());
         if ids.is_empty() || self.behind {
             return;
+        }
+        if let Some((held, inserted)) = self.hold {
+            let inserted = inserted.saturating_add(ids.len());
+            self.hold = (inserted < self.window).then_some((held, inserted));
         }
         let Some(f) = self.current.as_mut() else {
             return;
@@ -587,9 +648,11 @@ impl Journal {
                 self.current_len = self.buf.len() as u64;
                 self.dir_dirty = true;
                 self.generations.push_back((n, 0));
+                // While a hold lasts, the generations of the ids held are kept too.
+                let keep = self.window + self.hold.map_or(0, |(held, _)| held);
                 loop {
                     let newer: usize = self.generations.iter().skip(1).map(|g| g.1).sum();
-                    if newer < self.window || self.generations.len() < 2 {
+                    if newer < keep || self.generations.len() < 2 {
                         break;
                     }
                     if let Some((old, _)) = self.generations.pop_front() {

@@ -18,7 +18,7 @@ fn files(dir: &Path) -> Vec<String> {
 fn started(dir: &Path, window: usize) -> (Journal, Vec<u64>) {
     let (mut j, loaded) = Journal::open(dir, window);
     assert!(j.wants_snapshot());
-    j.snapshot(&loaded.ids, &Head::default());
+    j.snapshot(&loaded.ids, &Head::default(), None);
     assert!(!j.behind);
     (j, loaded.ids)
 }
@@ -81,6 +81,7 @@ fn the_files_lengths_come_back_with_the_ids() {
             last_n: 12,
             files: Vec::new(),
         },
+        None,
     );
     drop(j);
     let (_, again) = Journal::open(tmp.path(), window);
@@ -358,7 +359,7 @@ fn a_damaged_journal_never_blocks_a_start() {
     let (mut j, loaded) = Journal::open(tmp.path(), 1000);
     assert_eq!(loaded.ids, vec![21, 22]);
     assert_eq!(loaded.damaged, 2);
-    j.snapshot(&loaded.ids, &Head::default());
+    j.snapshot(&loaded.ids, &Head::default(), None);
     assert_eq!(files(tmp.path()).len(), 1, "damaged files removed");
     drop(j);
     let (_, loaded) = Journal::open(tmp.path(), 1000);
@@ -468,7 +469,7 @@ fn a_failed_write_is_made_good_by_a_snapshot() {
     j.fall_behind("testing", &io::Error::other("disk full"));
     j.append(&[3], &[], Head::default);
     assert!(j.wants_snapshot());
-    j.snapshot(&[1, 2, 3], &Head::default());
+    j.snapshot(&[1, 2, 3], &Head::default(), None);
     j.append(&[4], &[], Head::default);
     j.sync();
     drop(j);
@@ -508,7 +509,7 @@ fn a_crash_at_any_step_of_a_snapshot_keeps_the_window_and_its_order() {
             assert_eq!(loaded.ids, want, "round {round}, stopped after {stop}");
             assert_eq!(loaded.damaged, 0);
             j.stop_after = (stop != usize::MAX).then_some(stop);
-            j.snapshot(&loaded.ids, &Head::default());
+            j.snapshot(&loaded.ids, &Head::default(), None);
             if round == 0 {
                 // The crash came between a generation's write and its rename.
                 fs::write(j.tmp_path_of(999), MAGIC).unwrap();
@@ -531,7 +532,7 @@ fn a_window_of_zero_keeps_no_journal() {
     let (mut j, loaded) = Journal::open(tmp.path(), 0);
     assert!(loaded.ids.is_empty());
     assert!(!j.wants_snapshot());
-    j.snapshot(&[1], &Head::default());
+    j.snapshot(&[1], &Head::default(), None);
     j.append(&[1], &[], Head::default);
     j.sync();
     assert!(!tmp.path().join(JOURNAL_DIR).exists());
@@ -546,4 +547,56 @@ fn a_name_above_the_highest_generation_is_not_ours() {
         Some(MAX_GENERATION)
     );
     assert_eq!(generation_number("ids-7"), None);
+}
+
+/// Review r40n D1: a start that held reloaded ids beyond its window records the hold in its
+/// snapshot; a start before a window of new ids were appended reads them all back as held
+/// (they were lost to the window's newest ids), and one after reads the window only. The
+/// generations holding them outlive rotations until then.
+#[test]
+fn a_hold_outlives_a_restart_until_a_window_of_new_ids() {
+    let tmp = tempfile::tempdir().unwrap();
+    let window = 1024;
+    let (mut j, _) = started(tmp.path(), window);
+    // The start: 1,024 journal ids, then 5,000 held (a window of 1,024, after a power loss
+    // with a larger one).
+    let ids: Vec<u64> = (1..=6024u64).collect();
+    j.snapshot(&ids, &Head::default(), Some((5000, 0)));
+    // 700 accepted after them, over rotations (a generation holds 4,096 ids at this window).
+    for group in (100_001..=100_700u64).collect::<Vec<_>>().chunks(50) {
+        j.append(group, &[], Head::default);
+    }
+    j.sync();
+    drop(j);
+    let (mut j, loaded) = Journal::open(tmp.path(), window);
+    assert_eq!(loaded.held, 5700, "the held ids and the ones after them");
+    assert_eq!(loaded.ids.len(), 5700);
+    assert_eq!(loaded.ids[0], 1025);
+    assert_eq!(loaded.ids.last(), Some(&100_700));
+    // That start holds them again (its window's hold: 5,700 held, none after).
+    j.snapshot(&loaded.ids, &Head::default(), Some((5700, 0)));
+    // 10 groups of 410 ids: past the window, and past a generation (rotations).
+    for group in (200_001..=204_100u64).collect::<Vec<_>>().chunks(410) {
+        j.append(group, &[], Head::default);
+    }
+    j.sync();
+    drop(j);
+    let (_, loaded) = Journal::open(tmp.path(), window);
+    assert_eq!(loaded.held, 0, "a window of new ids ended the hold");
+    assert_eq!(loaded.ids, (203_077..=204_100u64).collect::<Vec<_>>());
+}
+
+/// A hold mark past the bound of what a start holds is cut to it, newest ids first.
+#[test]
+fn a_hold_is_bounded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let window = 16;
+    let (mut j, _) = started(tmp.path(), window);
+    let ids: Vec<u64> = (1..=(MAX_HELD_IDS as u64 + 100)).collect();
+    j.snapshot(&ids, &Head::default(), Some((u32::MAX as usize, 3)));
+    drop(j);
+    let (_, loaded) = Journal::open(tmp.path(), window);
+    assert_eq!(loaded.held, MAX_HELD_IDS + window);
+    assert_eq!(loaded.ids.len(), MAX_HELD_IDS + window);
+    assert_eq!(loaded.ids.last(), Some(&(MAX_HELD_IDS as u64 + 100)));
 }
