@@ -1459,3 +1459,93 @@ fn tail(log: &str, n: usize) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
+
+/// Review r42q D1: a store answers a small log's PUT with a 403 from the head and keeps the
+/// connection open without reading it (nor closing it); the store's kernel took the whole
+/// body, so the request looked complete and acknowledged, its client was used again, and
+/// other files' next requests were written onto that connection and waited for their send
+/// deadline (main: a healthy log's object stayed at its first size for 24 s, 3 of 5 runs;
+/// with six healthy logs each had a send stuck). Now a request with a body answered with an
+/// error does not leave its client to another request: every healthy log keeps up with its
+/// file, within a few intervals.
+#[test]
+fn a_small_put_answered_early_on_a_kept_connection_holds_up_no_other_log() {
+    let Some(rig) = S3Rig::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    let mut c = rig.collector(
+        tmp.path(),
+        &ray,
+        &["--log-upload-interval", "2s", "--shutdown-timeout", "30s"],
+    );
+    wait_until("the first round", &c, Duration::from_secs(40), || {
+        rig.object("raylet.out").is_some()
+    });
+    rig.proxy.add(
+        Rule::new(Fault::EarlyStall(403, "AccessDenied".into(), MAX_HOLD))
+            .method("PUT")
+            .target_contains("deny-me"),
+    );
+    let healthy: Vec<String> = (1..=4).map(|i| format!("worker-{i}.out")).collect();
+    let line = |tag: &str, n: usize| format!("{tag} {}\n", "x".repeat(n));
+    // Each second: deny-me grows 300 bytes, each healthy log 750; the file sizes of each
+    // second kept, to tell how far behind an object is.
+    let mut sizes: Vec<(Instant, Vec<u64>)> = Vec::new();
+    let start = Instant::now();
+    let mut worst = Duration::ZERO;
+    let mut worst_file = String::new();
+    while start.elapsed() < Duration::from_secs(24) {
+        append_to(&logs.join("deny-me.out"), line("deny", 300).as_bytes());
+        for name in &healthy {
+            append_to(&logs.join(name), line(name, 750).as_bytes());
+        }
+        let now: Vec<u64> = healthy
+            .iter()
+            .map(|n| std::fs::metadata(logs.join(n)).unwrap().len())
+            .collect();
+        sizes.push((Instant::now(), now));
+        if start.elapsed() > Duration::from_secs(8) {
+            // How long ago each healthy file was as long as its object is now.
+            for (i, name) in healthy.iter().enumerate() {
+                let have = rig.object(name).map_or(0, |o| o.len() as u64);
+                let since = sizes
+                    .iter()
+                    .rev()
+                    .find(|(_, s)| s[i] <= have)
+                    .map_or(start.elapsed(), |(t, _)| t.elapsed());
+                if since > worst {
+                    worst = since;
+                    worst_file = name.clone();
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let denied = rig
+        .proxy
+        .seen()
+        .iter()
+        .filter(|r| r.faulted && r.target.contains("deny-me"))
+        .count();
+    eprintln!("{denied} PUTs of deny-me answered early; the healthy logs' worst lag {worst:?} ({worst_file})");
+    assert!(denied >= 2, "deny-me was answered early {denied} times");
+    assert!(
+        worst <= Duration::from_secs(8),
+        "{worst_file}'s object was {worst:?} behind its file (interval 2 s)\n{}",
+        tail(&c.log_text(), 40)
+    );
+    rig.proxy.clear();
+    let (status, took) = c.try_terminate(Duration::from_secs(60)).unwrap();
+    let log = c.log_text();
+    for name in &healthy {
+        let file = std::fs::read(logs.join(name)).unwrap();
+        assert!(
+            rig.object(name).as_ref() == Some(&file),
+            "{name} differs from its file after SIGTERM (exit {status:?} after {took:?})\n{}",
+            tail(&log, 40)
+        );
+    }
+}
