@@ -12,9 +12,11 @@
 //!   ([`crate::inspect::session_markers`], `latest` as `inspect --session latest` takes it);
 //!   snapshot names are the contract's ([`crate::contract::endpoints`]). No second key rule.
 //! - **Untrusted bucket, bounded answers.** A snapshot is read only up to
-//!   [`replay::MAX_SNAPSHOT_BYTES`], at most [`MAX_CONCURRENT_READS`] at a time, and held while
-//!   it is sent within [`inflight::MAX_ANSWER_BYTES_IN_FLIGHT`], so the memory the bucket can
-//!   make us hold is bounded whatever it holds. A snapshot that exists but
+//!   [`replay::MAX_SNAPSHOT_BYTES`], at most [`MAX_CONCURRENT_READS`] at a time (the Train
+//!   runs' snapshots apart, within their own [`train::TRAIN_SNAPSHOTS_KIB`], charged by the
+//!   size listed, held until their answer is built), and held while it is sent within
+//!   [`inflight::MAX_ANSWER_BYTES_IN_FLIGHT`], so the memory the bucket can make us hold is
+//!   bounded whatever it holds. A snapshot that exists but
 //!   cannot be read is a `502` with the header [`UNREADABLE_HEADER`] (never KubeRay's silent
 //!   fallback to an empty answer).
 //! - **Clients that do not read hold little, briefly.** An answer that makes no write
