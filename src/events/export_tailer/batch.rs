@@ -193,7 +193,8 @@ impl ExportTailer {
                 }
                 Routed::Quarantine(reason) => {
                     let first = batch.quarantined.is_empty();
-                    raw_record(*reason, file.name, offset, line).len() as u64
+                    // The key's value does not change the record's length.
+                    raw_record(*reason, file.name, offset, line, Some(0)).len() as u64
                         + if first { PARTITION_FILES_COST } else { 0 }
                 }
             };

@@ -180,6 +180,7 @@ impl ExportTailer {
                 file.name,
                 start,
                 &batch.body[base..cut],
+                Some(0),
             )
             .len() as u64;
             if !batch.takes(cost) {
