@@ -1767,3 +1767,150 @@ fn export_lines_of_new_jobs_beside_sealed_segments_leave_room_for_pushed_events(
     assert_pushed_events_taken(&c, "after the second wave");
     c.kill9();
 }
+
+/// Quarantine records whose `raw` is `raw`, by the offset they name.
+fn records_of(bucket: &Path, raw: &str) -> HashMap<u64, usize> {
+    let mut at: HashMap<u64, usize> = HashMap::new();
+    for r in quarantine_records(bucket)
+        .iter()
+        .filter(|r| r["raw"] == raw)
+    {
+        *at.entry(r["source_offset"].as_u64().unwrap_or(u64::MAX))
+            .or_default() += 1;
+    }
+    at
+}
+
+/// Review r41q D1: a kill -9 after a batch holding a bad line is durable, at the ids
+/// journal's append (before the offsets are saved). The restart reads the line again; a good
+/// line's id comes back from the spool's segment, and now a bad line's key comes back from
+/// its record (`source_key`), so it keeps one record (main at 6731502: two, the key being in
+/// the journal only).
+#[test]
+fn a_kill9_before_the_journal_append_records_a_bad_line_once() {
+    let _files = beside_others();
+    let w = work();
+    let faults = Faults::build(&w.dir);
+    let path = export_dir(&w.ray.root).join("event_EXPORT_TASK.log");
+    let good = backlog(2, "j");
+    let (first, second) = good.split_at(good.find('\n').unwrap() + 1);
+    std::fs::write(&path, first).unwrap();
+    let mut c = w.start(&[], &faults.env());
+    wait_metric(&c, "rhc_events_accepted_total", 1.0);
+    // The pass that read it is over, its offsets saved.
+    std::thread::sleep(Duration::from_millis(1500));
+    faults.arm("write", rhc_testkit::fault_shim::KILL, 1, "/dedup/ids-");
+    append(&path, format!("this line is not json\n{second}").as_bytes());
+    let status = c.wait_exit(Duration::from_secs(30));
+    assert!(
+        status.as_ref().is_ok_and(|s| !s.success()) && !faults.armed("write"),
+        "not killed at the journal's append ({status:?}):\n{}",
+        c.log_text()
+    );
+    c.restart();
+    let seen = |c: &Collector| {
+        c.metric("rhc_events_accepted_total")
+            + c.metric("rhc_events_duplicate_total")
+            + c.metric("rhc_events_quarantined_total")
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen(&c) < 2.0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    c.terminate_ok(Duration::from_secs(60));
+    let records = records_of(&w.bucket, "this line is not json");
+    assert_eq!(
+        records,
+        HashMap::from([(first.len() as u64, 1)]),
+        "records of the bad line by offset:\n{}",
+        c.log_text()
+    );
+    let ids = stored_ids(&w.bucket);
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(ids.values().all(|&n| n == 1), "{ids:?}");
+}
+
+/// Review r41q D4: a file whose first line (300,000 bytes, not JSON) is longer than the
+/// longest line kept whole at a 1 MiB budget, then a good line and a short bad one; the
+/// bucket refuses writes, so what run 1 stored stays in the spool. kill -9 at the offsets'
+/// save; the restart reads the file again from its start with less room. Each line is now
+/// cut at the limit whatever the room of the read, so the file has the same identity in
+/// both runs and each bad piece keeps one record (main at 6731502: run 1 read the first
+/// line whole, run 2 cut it, and the file's other identity gave every bad line a second
+/// record).
+#[test]
+fn an_overlong_first_line_gives_a_file_the_same_identity_after_a_kill9() {
+    let _files = beside_others();
+    let w = work();
+    let faults = Faults::build(&w.dir);
+    let long = "Z".repeat(300_000);
+    let good = backlog(1, "o");
+    let mut c = w.start(&["--max-spool-bytes", "1MiB"], &faults.env());
+    w.refuse_uploads();
+    faults.arm(
+        "open",
+        rhc_testkit::fault_shim::KILL,
+        1,
+        "export-offsets.json.tmp",
+    );
+    std::fs::write(
+        export_dir(&w.ray.root).join("event_EXPORT_TASK.log"),
+        format!("{long}\n{good}short bad\n"),
+    )
+    .unwrap();
+    let status = c.wait_exit(Duration::from_secs(30));
+    assert!(
+        status.as_ref().is_ok_and(|s| !s.success()) && !faults.armed("open"),
+        "not killed at the offsets' save ({status:?}):\n{}",
+        c.log_text()
+    );
+    // The bucket a directory again (a start needs one), every object written to it failing
+    // (`EIO`) while the restart reads the file again.
+    std::fs::remove_file(&w.bucket).unwrap();
+    std::fs::create_dir_all(&w.bucket).unwrap();
+    faults.arm("open", 5, 1_000_000, &format!("{}/", w.bucket.display()));
+    c.restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.metric("rhc_events_duplicate_total") + c.metric("rhc_events_accepted_total") < 1.0
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    // The bucket back: what the spool holds goes up.
+    faults.disarm("open");
+    c.terminate_ok(Duration::from_secs(60));
+    let short = records_of(&w.bucket, "short bad");
+    assert_eq!(
+        short.values().copied().collect::<Vec<_>>(),
+        [1],
+        "records of the short bad line by offset:\n{}",
+        c.log_text()
+    );
+    let mut pieces: HashMap<u64, usize> = HashMap::new();
+    for r in quarantine_records(&w.bucket)
+        .iter()
+        .filter(|r| r["raw"].as_str().is_some_and(|s| s.starts_with('Z')))
+    {
+        *pieces
+            .entry(r["source_offset"].as_u64().unwrap())
+            .or_default() += 1;
+    }
+    assert!(
+        pieces.values().all(|&n| n == 1),
+        "pieces of the long line recorded twice: {pieces:?}"
+    );
+    let covered: usize = quarantine_records(&w.bucket)
+        .iter()
+        .filter(|r| r["raw"].as_str().is_some_and(|s| s.starts_with('Z')))
+        .map(|r| r["raw"].as_str().unwrap().len())
+        .sum();
+    assert_eq!(
+        covered,
+        long.len(),
+        "the long line kept whole, once: {pieces:?}"
+    );
+    let ids = stored_ids(&w.bucket);
+    assert_eq!(ids.values().copied().collect::<Vec<_>>(), [1], "{ids:?}");
+}

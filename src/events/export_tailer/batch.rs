@@ -149,8 +149,10 @@ enum Routed {
 
 impl ExportTailer {
     /// Routes the whole lines of `batch.body[base..base + end]` (read at `file_offset` of
-    /// the file, whose identity is `file_id`) into the batch, while they fit its room;
+    /// the file, whose identity is `file_id`) into the batch, while they fit its room and
+    /// are shorter than `limit` (a longer one is cut by the next read, whatever the room);
     /// returns the bytes taken.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn route_into(
         &mut self,
         batch: &mut Batch,
@@ -159,6 +161,7 @@ impl ExportTailer {
         file: &FileRef<'_>,
         file_id: u64,
         file_offset: u64,
+        limit: u64,
     ) -> usize {
         let source = |offset| {
             Some(LineSource {
@@ -174,6 +177,9 @@ impl ExportTailer {
                 .iter()
                 .position(|&c| c == b'\n')
                 .map_or(stop, |i| pos + i);
+            if (line_end - pos) as u64 >= limit {
+                break;
+            }
             let line = &batch.body[pos..line_end];
             let offset = file_offset + (pos - base) as u64;
             let routed = self.route_line(line, file.session, file.node);

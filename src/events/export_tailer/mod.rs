@@ -57,7 +57,9 @@
 //! (of a line cut at [`line_limit`], or of a whole line that is not JSON: up to
 //! [`RECORD_GROWTH`] times its bytes) while it fits below the yield mark, so an overlong or
 //! bad line is quarantined and reading goes on; [`line_limit`] makes it fit an empty spool
-//! whatever the budget.
+//! whatever the budget. A line of [`line_limit`] bytes or more is always cut there, whatever
+//! the room of the read, so a file is read in the same pieces (and its first line, part of its
+//! identity, is the same) in every run that reads it (review r41q D4).
 //!
 //! Reading ends [`FINAL_PASS_LIMIT`] after the shutdown is seen, whether a regular pass is
 //! running then (it is checked between two files and between two batches) or the last pass
