@@ -1914,3 +1914,65 @@ fn an_overlong_first_line_gives_a_file_the_same_identity_after_a_kill9() {
     let ids = stored_ids(&w.bucket);
     assert_eq!(ids.values().copied().collect::<Vec<_>>(), [1], "{ids:?}");
 }
+
+/// Review r41n D4 (r41q D5): the copy ratio learnt low first (a compressible backlog
+/// uploaded, 4 MiB budget), then the bucket refuses writes and 300 earlier sessions appear on
+/// the node, one export line each. Each new session also makes a marker file on the head (4
+/// KiB in the budget), which a batch now counts: the tailer stops below 80 % and pushed events
+/// keep getting 200 (main at 6731502 counted segment, shadow and record only: 237 sessions
+/// read, the markers took the spool to 97 % and pushed events got 503).
+#[test]
+fn export_lines_of_many_new_sessions_leave_room_for_pushed_events() {
+    let _files = beside_others();
+    let w = work();
+    let c = w.start(&["--max-spool-bytes", "4MiB"], &[]);
+    std::fs::write(
+        export_dir(&w.ray.root).join("event_EXPORT_TASK.log"),
+        backlog(3000, "r"),
+    )
+    .unwrap();
+    wait_metric_within(
+        &c,
+        "rhc_events_accepted_total",
+        3000.0,
+        Duration::from_secs(60),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c.metric("rhc_spool_bytes") >= 5000.0 {
+        assert!(
+            Instant::now() < deadline,
+            "never uploaded:\n{}",
+            c.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    w.refuse_uploads();
+    // The sessions made aside, then moved in at once.
+    let staging = rhc_testkit::ray_logs::RayRoot::new(&w.dir.join("staging"));
+    let mut names = Vec::new();
+    for s in 0..300u32 {
+        let name = format!(
+            "session_2026-11-21_{:02}-{:02}-{:02}_000001_{}",
+            s / 3600,
+            s / 60 % 60,
+            s % 60,
+            1000 + s
+        );
+        let logs = staging.session(&name, NODE, false);
+        std::fs::create_dir_all(logs.join("export_events")).unwrap();
+        std::fs::write(
+            logs.join("export_events")
+                .join("event_EXPORT_DRIVER_JOB.log"),
+            job_line(s, 1_795_313_307, &format!("s{s}-")),
+        )
+        .unwrap();
+        names.push(name);
+    }
+    for name in &names {
+        std::fs::rename(staging.root.join(name), w.ray.root.join(name)).unwrap();
+    }
+    wait_read_steady(&c);
+    assert_pushed_events_taken(&c, "after the sessions were read");
+    let mut c = c;
+    c.kill9();
+}

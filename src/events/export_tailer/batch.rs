@@ -15,7 +15,7 @@ use crate::events::dedup::id_hash;
 use crate::events::quarantine::{raw_record, QuarantineReason};
 use crate::events::spool::{
     AppendBatch, Checkpoint, EventSpan, LineSource, PartitionBatch, QuarantinedEvent, SpoolError,
-    MAX_PARTITIONS_PER_REQUEST,
+    FILE_BUDGET_BYTES, MAX_PARTITIONS_PER_REQUEST,
 };
 
 use super::identity::{self, Identity};
@@ -195,7 +195,19 @@ impl ExportTailer {
                     if new && batch.partitions.len() >= MAX_PARTITIONS_PER_REQUEST {
                         break;
                     }
-                    line.len() as u64 + 1 + if new { PARTITION_FILES_COST } else { 0 }
+                    // A session this tailer never stored a line of may get its marker file
+                    // with this batch (on the head), counted like any spool file (review
+                    // r41n D4: 300 new sessions' markers took the spool past 90 %).
+                    let new_session = new
+                        && !self.stored_sessions.contains(&partition.session)
+                        && !batch
+                            .partitions
+                            .iter()
+                            .any(|p| p.partition.session == partition.session);
+                    line.len() as u64
+                        + 1
+                        + if new { PARTITION_FILES_COST } else { 0 }
+                        + if new_session { FILE_BUDGET_BYTES } else { 0 }
                 }
                 Routed::Quarantine(reason) => {
                     let first = batch.quarantined.is_empty();
@@ -369,6 +381,11 @@ impl ExportTailer {
             Ok(o) => {
                 // The checkpoint holds the whole state, prunes and runs included.
                 self.dirty = false;
+                for p in &u.partitions {
+                    if !self.stored_sessions.contains(&p.partition.session) {
+                        self.stored_sessions.insert(p.partition.session.clone());
+                    }
+                }
                 Ok(PassReport {
                     accepted: o.accepted,
                     duplicates: o.duplicates,

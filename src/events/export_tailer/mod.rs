@@ -47,7 +47,10 @@
 //! never takes the spool past [`YIELD_PERCENT`] of the budget, whatever the budget: its
 //! lines are counted as the spool counts them (a quarantined line as its record, each with
 //! the room reserved for its compressed copy), with the files each partition it opens makes
-//! ([`PARTITION_FILES_COST`]) and the growth files segments have yet to claim, and a
+//! ([`PARTITION_FILES_COST`]), the marker file of each session it holds lines of that the
+//! tailer never stored lines of (on the head the spool writes one per session; a worker,
+//! which writes none, leaves that little room aside once per session: review r41n D4), and
+//! the growth files segments have yet to claim, and a
 //! line that does not fit the room left is not read yet. A batch opens at most
 //! `MAX_PARTITIONS_PER_REQUEST` partitions, the spool's bound for one request (past it
 //! the spool re-homes events to their arrival hour, then quarantines them): it ends before,
@@ -160,6 +163,10 @@ pub struct ExportTailer {
     time_up_logged: bool,
     /// A batch whose store failed, stored again before anything new is read.
     unstored: Option<Unstored>,
+    /// Sessions this tailer stored lines of: their session markers exist (on the head). A
+    /// batch counts the marker file of any other session it holds lines of (one of the
+    /// node's sessions each, dropped with the session's export directory).
+    stored_sessions: HashSet<String>,
 }
 
 /// Why storing a batch failed; the batch is kept and stored again next pass ([`Unstored`]).
@@ -230,6 +237,7 @@ impl ExportTailer {
             stop_at: None,
             time_up_logged: false,
             unstored: None,
+            stored_sessions: HashSet::new(),
         }
     }
 
@@ -469,6 +477,7 @@ impl ExportTailer {
         if self.state.files.len() != before {
             self.dirty = true;
         }
+        self.stored_sessions.retain(|s| present.contains_key(s));
     }
 }
 
