@@ -1976,3 +1976,170 @@ fn export_lines_of_many_new_sessions_leave_room_for_pushed_events() {
     let mut c = c;
     c.kill9();
 }
+
+/// Pseudo-random bytes (xorshift), base64: what compresses badly.
+fn noise(state: &mut u64, n: usize) -> String {
+    let bytes: Vec<u8> = (0..n)
+        .map(|_| {
+            *state ^= *state << 13;
+            *state ^= *state >> 7;
+            *state ^= *state << 17;
+            (*state >> 24) as u8
+        })
+        .collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// A POST body of `n` of Ray's pushed events whose message compresses badly.
+fn noisy_events(state: &mut u64, n: usize) -> Vec<u8> {
+    let events: Vec<String> = (0..n)
+        .map(|_| {
+            format!(
+                r#"{{"eventId":"{}","sourceType":"GCS","eventType":"NODE_LIFECYCLE_EVENT","timestamp":"2026-11-22T02:06:40.945470430Z","severity":"INFO","sessionName":"{SESSION}","nodeId":"OuZZXCSK197xxyBr/VCxjoYNXrFn5OBoxkgjpQ==","message":"{}"}}"#,
+                noise(state, 20),
+                noise(state, 700)
+            )
+        })
+        .collect();
+    format!("[{}]", events.join(",")).into_bytes()
+}
+
+/// Review r41s D1: a batch kept because it holds the lines of a backup Ray's rotation deleted
+/// (2,800 lines, 2.9 MB, read in one batch at a 4 MiB budget while the copy ratio was low: a
+/// compressible backlog uploaded first) fails to store (ENOSPC on the export segments), and
+/// meanwhile Ray's pushed events, which compress badly, raise the ratio. Once the disk has room
+/// again, the batch's lines with their copies' reserve at the new ratio need more than the
+/// whole budget. It is now stored in parts sized to the room below the mark, as uploads make
+/// room, while pushed events keep getting 200: every line of the deleted backup is in the
+/// bucket once (main at 6731502 retried it whole, refused as over budget for as long as pushed
+/// events held a few KiB of the spool: none of its lines stored, nothing new read).
+#[test]
+fn a_kept_batch_read_at_a_low_copy_ratio_is_stored_in_parts() {
+    let _files = alone();
+    let w = work();
+    let faults = Faults::build(&w.dir);
+    let mut c = w.start(
+        &["--max-spool-bytes", "4MiB", "--upload-window", "1s"],
+        &faults.env(),
+    );
+    // The ratio learnt low.
+    std::fs::write(
+        export_dir(&w.ray.root).join("event_EXPORT_TASK.log"),
+        backlog(300, "l"),
+    )
+    .unwrap();
+    wait_metric(&c, "rhc_events_accepted_total", 300.0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c.metric("rhc_spool_bytes") >= 5000.0 {
+        assert!(
+            Instant::now() < deadline,
+            "never uploaded:\n{}",
+            c.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // Another session appears whole: the backup, an empty file read after it (the tailer is
+    // held there), and the live file.
+    let session = "session_2026-11-23_01-00-00_000001_4242";
+    let staging = rhc_testkit::ray_logs::RayRoot::new(&w.dir.join("staging"));
+    let dir = staging.session(session, NODE, false).join("export_events");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("event_EXPORT_TASK.log.1"), backlog(2800, "k")).unwrap();
+    std::fs::write(dir.join("event_EXPORT_A.log"), b"").unwrap();
+    std::fs::write(dir.join("event_EXPORT_TASK.log"), backlog(5, "v")).unwrap();
+    let dir = w.ray.root.join(session).join("logs").join("export_events");
+    // Its first read (a listing's stat names the file alone, not its path).
+    faults.pause_at_stat(1, &format!("{}/event_EXPORT_A.log$", dir.display()));
+    std::fs::rename(staging.root.join(session), w.ray.root.join(session)).unwrap();
+    assert!(
+        faults.wait_paused(Duration::from_secs(30)),
+        "the tailer never reached the file after the backup:\n{}",
+        c.log_text()
+    );
+    // Ray's rotation: the backup deleted, the live file renamed, a new one on the freed inode.
+    let (live, backup) = (
+        dir.join("event_EXPORT_TASK.log"),
+        dir.join("event_EXPORT_TASK.log.1"),
+    );
+    let freed = inode(&backup);
+    std::fs::remove_file(&backup).unwrap();
+    std::fs::rename(&live, &backup).unwrap();
+    rhc_testkit::collector::create_on_freed_inode(&live, freed, b"")
+        .unwrap_or_else(|e| panic!("the test needs a reused inode: {e}"));
+    // No room on the disk for export segments; pushed events still pass.
+    faults.arm("writev", ENOSPC, 1_000_000, "/export_events/");
+    faults.resume();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !c.log_text().contains("storing export events failed") {
+        assert!(
+            Instant::now() < deadline,
+            "no failed store:\n{}",
+            c.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut codes: HashMap<u16, usize> = HashMap::new();
+    let until = Instant::now() + Duration::from_secs(12);
+    while Instant::now() < until {
+        let r = c.post(&noisy_events(&mut state, 40));
+        *codes.entry(r.status).or_default() += 1;
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    faults.disarm("writev");
+    // A trickle of pushed events keeps the spool from ever being empty.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let stored = |c: &Collector| {
+        c.log_text()
+            .contains("export events kept after a failed store are stored")
+    };
+    while !stored(&c) && Instant::now() < deadline {
+        let r = c.post(&noisy_events(&mut state, 2));
+        *codes.entry(r.status).or_default() += 1;
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let log = c.log_text();
+    assert!(
+        stored(&c),
+        "the kept batch was never stored (pushes {codes:?}); last failure: {:?}",
+        log.lines()
+            .rev()
+            .find(|l| l.contains("failed again"))
+            .unwrap_or_default()
+    );
+    // The renamed live file is read after it.
+    wait_metric(&c, "rhc_events_accepted_total", 300.0 + 2805.0);
+    println!(
+        "pushes {codes:?}; {}",
+        log.lines()
+            .filter(|l| l.contains("kept") || l.contains("failed again"))
+            .map(|l| &l[l.len().saturating_sub(300)..])
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    c.terminate_ok(Duration::from_secs(60));
+    // Every session's export lines.
+    let mut ids: HashMap<String, usize> = HashMap::new();
+    for (k, v) in w.objects() {
+        if !k.contains("/export_events/") {
+            continue;
+        }
+        for line in decode(&k, &v)
+            .split(|&c| c == b'\n')
+            .filter(|l| !l.is_empty())
+        {
+            let v: Value = serde_json::from_slice(line).unwrap();
+            *ids.entry(v["event_id"].as_str().unwrap().to_string())
+                .or_default() += 1;
+        }
+    }
+    let kept = ids.keys().filter(|k| k.starts_with('k')).count();
+    assert_eq!(kept, 2800, "lines of the deleted backup in the bucket");
+    assert!(ids.values().all(|&n| n == 1), "lines stored twice");
+    assert_eq!(ids.keys().filter(|k| k.starts_with('v')).count(), 5);
+    assert_eq!(
+        codes.keys().copied().collect::<Vec<_>>(),
+        [200],
+        "pushed events refused: {codes:?}"
+    );
+}

@@ -77,14 +77,17 @@
 //! When storing a batch fails (the spool could not write it, ENOSPC say, or refused it as
 //! over its budget; the spool rolls the whole batch back), its offsets do not advance. A
 //! batch holding lines of a file gone from Ray's files (a backup deleted by Ray's rotation
-//! while it was read: review r41q) is kept in memory, whole: each later pass first stores
-//! it again, as it was read, and reads nothing new before it is stored. Any other batch is
-//! dropped and its lines read again next pass, in a batch sized to the room then (review
-//! r41s D1: kept, a batch sized to an earlier room never fitted while pushed events held a
-//! few KiB). Memory stays bounded: at
+//! while it was read: review r41q) is kept in memory: each later pass first stores it, in
+//! parts sized to the room below [`YIELD_PERCENT`] at that moment (its lines in the order
+//! read, each part with the offsets its lines reach in each file), and reads nothing new
+//! before all of it is stored; a line that has no room waits for uploads, like a line in
+//! Ray's files (review r41s D1: stored whole, a batch read at a low copy ratio needed more
+//! than the whole budget at the ratio pushed events had since raised, and was refused for as
+//! long as they held a few KiB). Any other batch is dropped and its lines read again next
+//! pass, in a batch sized to the room then. Memory stays bounded: at
 //! most one batch is kept, since nothing is read while one is (at most [`MAX_READ`] bytes
 //! of lines, or one cut line of at most [`line_limit`] bytes, with a 16-byte span per
-//! line). A batch still unstored when the collector exits is lost for a file that is gone;
+//! line, and where each piece read sits in the body and its file). A batch still unstored when the collector exits is lost for a file that is gone;
 //! a file still there is read again from its saved offset by the next start.
 //!
 //! Layout: this file is the face (the configuration, the tailer, its passes and the room it
@@ -178,6 +181,16 @@ pub enum StoreError {
     /// The spool refused the batch (over its budget) or could not write it.
     #[error("appending export events to the spool: {0}")]
     Spool(SpoolError),
+    /// The next line of the kept batch has no room below the yield mark yet.
+    #[error("no room below the spool's mark for the next kept export line yet")]
+    NoRoom,
+}
+
+impl StoreError {
+    /// The lines are stored but their offsets not saved ([`SpoolError::Checkpoint`]).
+    fn is_checkpoint(&self) -> bool {
+        matches!(self, StoreError::Spool(SpoolError::Checkpoint { .. }))
+    }
 }
 
 /// The file a piece is read from.
@@ -319,15 +332,9 @@ impl ExportTailer {
         }
         // A batch whose store failed: its lines may be gone from Ray's files (a deleted
         // backup), so it is stored, as it was read, before anything new is read.
-        if let Some(unstored) = self.unstored.take() {
-            match self.store(unstored).await {
-                Ok(r) => {
-                    tracing::info!(
-                        lines = r.accepted + r.duplicates + r.quarantined,
-                        "export events kept after a failed store are stored"
-                    );
-                    total.add(r);
-                }
+        if self.unstored.is_some() {
+            match self.store_kept().await {
+                Ok(r) => total.add(r),
                 Err(_) => return total,
             }
         }

@@ -203,7 +203,7 @@ impl ExportTailer {
                 }),
             });
             let id = identify(&batch.body[base..], limit);
-            batch.record(key, meta.ino(), start, start + limit, &head, id);
+            batch.record(key, meta.ino(), start, start + limit, &head, id, base..cut);
             return Ok(Piece::Read);
         } else if torn {
             batch.body.push(b'\n');
@@ -239,7 +239,15 @@ impl ExportTailer {
             );
         }
         let id = identify(&batch.body[base..], consumed);
-        batch.record(key, meta.ino(), start, start + consumed, &head, id);
+        batch.record(
+            key,
+            meta.ino(),
+            start,
+            start + consumed,
+            &head,
+            id,
+            base..base + taken,
+        );
         Ok(if taken < end && !at_overlong {
             Piece::NoRoom
         } else {
