@@ -150,6 +150,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
             events_enabled: settings.enable_event_collector,
             event_keys: settings.event_keys,
             max_gzip_ratio: settings.max_gzip_ratio,
+            ingest_token: settings.ingest_token.clone(),
         },
         spool.clone(),
         event_node.clone(),
