@@ -103,6 +103,8 @@ pub(crate) struct ServeState {
     pub(crate) bucket: Arc<OpenBucket>,
     /// Permits to hold a snapshot in memory ([`MAX_CONCURRENT_READS`]).
     pub(crate) reads: Semaphore,
+    /// KiB of `/events` answers' held events ([`events::EVENTS_BUDGET`]).
+    pub(crate) events_budget: Arc<Semaphore>,
     /// Permits to fold a session again for one task's log offsets
     /// ([`MAX_TASK_LOG_FOLDS`]).
     pub(crate) task_log_folds: Arc<Semaphore>,
@@ -359,6 +361,7 @@ pub async fn run(args: ServeArgs, env: &dyn Fn(&str) -> Option<String>) -> anyho
         bucket: Arc::new(bucket),
         reads: Semaphore::new(MAX_CONCURRENT_READS),
         task_log_folds: Arc::new(Semaphore::new(MAX_TASK_LOG_FOLDS)),
+        events_budget: events::budget(),
         cache: Arc::new(cache::SessionCache::new(args.cache_bytes)),
         frontend,
         answers: inflight::budget(),
