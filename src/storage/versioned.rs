@@ -53,7 +53,7 @@ use object_store::{
 use super::append::{AppendError, Appender};
 use super::conditions::{
     condition_refused, condition_taken, conditions_on, refusal_was_the_writes, refuse_conditions,
-    REFUSAL_SPAN,
+    Kind, Refused, REFUSALS_TO_SWITCH, REFUSAL_SPAN,
 };
 // The publisher and the ingest's status read these here, beside the writes they govern.
 pub use super::conditions::{conditional_writes_now, conditions_in_use};
@@ -233,9 +233,10 @@ async fn put_once(
             source,
         })
     };
+    let kind = Kind::put(matches!(base, Base::Absent));
     loop {
         let mode = match base {
-            _ if !conditions_on() => PutMode::Overwrite,
+            _ if !conditions_on(kind) => PutMode::Overwrite,
             Base::Absent => PutMode::Create,
             Base::Version {
                 e_tag: None,
@@ -253,7 +254,7 @@ async fn put_once(
         {
             Ok(put) => {
                 if conditional {
-                    condition_taken();
+                    condition_taken(kind);
                 }
                 return Attempt::Done(put.e_tag, put.version, len);
             }
@@ -268,7 +269,7 @@ async fn put_once(
         let failure = classify_store_error(&e);
         let (status, code) = store_error_answer(&e);
         if failure == Failure::Unsupported {
-            refuse_conditions(status, code.as_deref(), &e.to_string());
+            refuse_conditions(kind, status, code.as_deref(), &e.to_string());
             continue;
         }
         if !may_refuse_conditions(failure, status) {
@@ -276,10 +277,15 @@ async fn put_once(
         }
         // 400 / 403: perhaps the condition, perhaps the write. Tried again with the condition
         // until the refusals have lasted; then the same write without it tells.
-        if !condition_refused(key, status, code.as_deref(), &e.to_string()) {
-            return failed(e);
+        match condition_refused(kind, key, status, code.as_deref(), &e.to_string()) {
+            Refused::Fail => return failed(e),
+            Refused::RetryAfter(pause) => {
+                tokio::time::sleep(pause).await;
+                continue;
+            }
+            Refused::SendWithout => {}
         }
-        tracing::info!(%key, error = %e, "conditional writes refused (400 / 403) for {}s (or at shutdown): this one sent once more without its condition, to tell whether the store refuses the condition or the write", REFUSAL_SPAN.as_secs());
+        tracing::info!(%key, kind = kind.name(), error = %e, "conditional writes of this kind refused (400 / 403) for {}s (or {} times at shutdown): this one sent once more without its condition, to tell whether the store refuses the condition or the write", REFUSAL_SPAN.as_secs(), REFUSALS_TO_SWITCH);
         return match store
             .put_opts(
                 location,
@@ -289,11 +295,11 @@ async fn put_once(
             .await
         {
             Ok(put) => {
-                refuse_conditions(status, code.as_deref(), &e.to_string());
+                refuse_conditions(kind, status, code.as_deref(), &e.to_string());
                 Attempt::Done(put.e_tag, put.version, len)
             }
             Err(again) => {
-                refusal_was_the_writes();
+                refusal_was_the_writes(kind);
                 failed(again)
             }
         };
