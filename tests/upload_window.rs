@@ -2864,10 +2864,21 @@ fn a_store_refusing_only_completions_conditions_gets_them_unconditionally() {
         assert!(post_body(&url, &padded_body(&tag, 500, 3000, &mut seed)));
         big.extend((0..500).map(|i| format!("{tag}-{i}")));
     }
+    // The small partition keeps growing by conditional PUTs that land (on main at 6731502
+    // each one cleared the completions' refusals): the big one must be in the bucket while
+    // it does, 30 s (`REFUSAL_SPAN`) and a few rounds after it was posted.
     let mut small: Vec<String> = Vec::new();
     let t0 = Instant::now();
     let mut i = 0;
-    while t0.elapsed() < Duration::from_secs(45) {
+    while in_bucket_with(&rig, "big") < big.len() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(75),
+            "{} of {} events of the big partition in the bucket after {:?}: {}",
+            in_bucket_with(&rig, "big"),
+            big.len(),
+            t0.elapsed(),
+            c.log_tail(20)
+        );
         small.extend(post_job(&c, &format!("s{i}"), 5, 2));
         i += 1;
         std::thread::sleep(Duration::from_secs(1));
@@ -2929,16 +2940,33 @@ fn a_store_refusing_only_if_match_gets_growth_unconditionally() {
         );
     }
     let mut c = rig.collector().only(&["--upload-window", "2s"]).start();
+    // New partitions keep coming (their creates land with If-None-Match: on main at 6731502
+    // each one cleared the growing partition's If-Match refusals): the growth must reach the
+    // bucket while they do, 30 s (`REFUSAL_SPAN`) and a few rounds after the refusals began.
     let mut acked: Vec<String> = Vec::new();
+    let mut grown: Vec<usize> = Vec::new();
     let t0 = Instant::now();
     let mut i = 0u32;
-    while t0.elapsed() < Duration::from_secs(50) {
+    loop {
         acked.extend(post_job(&c, &format!("g{i}"), 10, 1));
-        if i % 5 == 0 {
+        grown.push(10 * (i as usize + 1));
+        if i.is_multiple_of(5) {
             acked.extend(post_job(&c, &format!("n{i}"), 5, 100 + i));
         }
         i += 1;
         std::thread::sleep(Duration::from_secs(2));
+        // Everything of the growing partition posted 6 s ago is there.
+        if i >= 4 && in_bucket_with(&rig, "g") >= grown[i as usize - 4] {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(80),
+            "{} of {} events of the growing partition in the bucket after {:?}: {}",
+            in_bucket_with(&rig, "g"),
+            grown[i as usize - 1],
+            t0.elapsed(),
+            c.log_tail(20)
+        );
     }
     wait_for(
         &c,
@@ -3104,6 +3132,12 @@ fn a_late_create_under_the_old_root_after_a_root_switch_is_deleted_again() {
     wait_for(&c2, Duration::from_secs(20), "each event once", || {
         id_counts(&rig).values().all(|n| *n == 1)
     });
+    // It was the late create that was deleted again (not refused: the key was absent).
+    assert!(
+        c2.log_text().contains("deleted again"),
+        "no late write deleted again: {}",
+        c2.log_tail(30)
+    );
     let status = c2.terminate(Duration::from_secs(60));
     assert!(status.success(), "exit {status:?}: {}", c2.log_tail(30));
     assert_each_once(&rig, &acked, "after SIGTERM");

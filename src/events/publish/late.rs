@@ -205,3 +205,44 @@ fn horizon() -> (Duration, Duration) {
     }
     (LATE_WRITE_HORIZON, LATE_CHECK_EVERY)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+    use object_store::PutPayload;
+
+    #[tokio::test]
+    async fn a_late_write_is_deleted_again_and_a_claimed_key_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let put = |k: &'static str| {
+            let store = store.clone();
+            async move {
+                store
+                    .put(&object_store::path::Path::from(k), PutPayload::from("x"))
+                    .await
+                    .unwrap();
+            }
+        };
+        let exists = |k: &'static str| {
+            let store = store.clone();
+            async move { store.head(&object_store::path::Path::from(k)).await.is_ok() }
+        };
+        let late = LateDeletes::load(dir.path());
+        late.deleted(&["rootA/k1".into(), "rootA/k2".into()]).await;
+        // Survives a restart.
+        let late = LateDeletes::load(dir.path());
+        put("rootA/k1").await;
+        put("rootA/k2").await;
+        late.claim("rootA/k2").await;
+        late.check(&store).await;
+        assert!(!exists("rootA/k1").await, "the late write stayed");
+        assert!(exists("rootA/k2").await, "a claimed key was deleted");
+        // Still watched before its time.
+        put("rootA/k1").await;
+        late.check(&store).await;
+        assert!(!exists("rootA/k1").await);
+        assert!(dir.path().join(FILE).exists());
+    }
+}

@@ -55,6 +55,8 @@
 //! ([`Record::stale`]) before that object is deleted, so a delete that fails or is cut by
 //! a kill is tried again, by the next publication, the seal (which does not end until it
 //! is done) or the next start.
+//! Each key deleted that way is looked at again until no write of a killed earlier run
+//! can land there (a create on its way would find the key absent and land: `late`).
 //!
 //! Every key written is named by the record first: a segment's first publication writes a
 //! record naming its key (holding nothing yet) and fsyncs it before the PUT, as a
