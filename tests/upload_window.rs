@@ -2955,8 +2955,9 @@ fn a_store_refusing_only_if_match_gets_growth_unconditionally() {
         }
         i += 1;
         std::thread::sleep(Duration::from_secs(2));
-        // Everything of the growing partition posted 6 s ago is there.
-        if i >= 4 && in_bucket_with(&rig, "g") >= grown[i as usize - 4] {
+        // Everything of the growing partition posted 6 s ago is there, well past its first
+        // write (a create, which lands).
+        if i >= 10 && in_bucket_with(&rig, "g") >= grown[i as usize - 4] {
             break;
         }
         assert!(
