@@ -10,8 +10,8 @@
 //! So each key deleted that way is kept here, in `<spool>/stale-keys.json` (written
 //! atomically; it survives restarts), with the time until which a write of an earlier run
 //! can still land: this run's start plus [`LATE_WRITE_HORIZON`] (every earlier run ended
-//! before this one started: one process holds the spool). Every [`LATE_CHECK_EVERY`] each
-//! key is looked at (HEAD) and, when an object is there again, deleted again; once past its
+//! before this one started: one process holds the spool). Every [`LATE_CHECK_EVERY`] (more
+//! spread out as more keys are watched: [`LATE_CHECK_PER_KEY`]) each key is looked at (HEAD) and, when an object is there again, deleted again; once past its
 //! time and checked once more, it is dropped. A key this run is about to write under
 //! ([`LateDeletes::claim`]) is dropped first, under the same lock the check holds, so the
 //! check never deletes an object this run wrote.
@@ -38,12 +38,15 @@ use crate::util::time::unix_seconds;
 /// doc): S3's 15-minute limit on a request's signature time, plus a minute for clocks.
 pub const LATE_WRITE_HORIZON: Duration = Duration::from_secs(16 * 60);
 
-/// How often each key deleted under an earlier key is looked at again (one HEAD each).
-pub const LATE_CHECK_EVERY: Duration = Duration::from_secs(30);
+/// How often the keys deleted under an earlier key are looked at again (one HEAD each), at
+/// most: a late write that landed is visible beside the new object until the next look, so
+/// the looks are frequent while few keys are watched (one key costs about 1,000 HEADs over
+/// the horizon), and spread as more are ([`LATE_CHECK_PER_KEY`]).
+pub const LATE_CHECK_EVERY: Duration = Duration::from_secs(1);
 
-/// Test only: [`LATE_WRITE_HORIZON`] and [`LATE_CHECK_EVERY`] in seconds
-/// (`<horizon>,<every>`), so a test sees the check in seconds. Not a setting.
-pub const TEST_LATE_WRITES: &str = "RHC_TEST_LATE_WRITES_SECS";
+/// The least time between two looks, per key watched: at most 20 HEADs a second on
+/// average, so a switch of a spool of 5,000 segments looks at each every 250 s.
+pub const LATE_CHECK_PER_KEY: Duration = Duration::from_millis(50);
 
 /// The file, under the spool directory.
 pub const FILE: &str = "stale-keys.json";
@@ -65,14 +68,14 @@ pub struct LateDeletes {
     entries: AsyncMutex<Vec<Entry>>,
     /// Unix seconds of this run's start plus the horizon.
     until: u64,
-    every: Duration,
+    /// How many keys are watched (read by the publisher's loop without the lock).
+    watched: std::sync::atomic::AtomicUsize,
 }
 
 impl LateDeletes {
     /// Loads `<spool_dir>/stale-keys.json` (none, or unreadable: no key is watched; a
     /// warning for the latter).
     pub fn load(spool_dir: &Path) -> LateDeletes {
-        let (horizon, every) = horizon();
         let path = spool_dir.join(FILE);
         let entries: Vec<Entry> = match std::fs::read(&path) {
             Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
@@ -83,15 +86,16 @@ impl LateDeletes {
         };
         LateDeletes {
             path,
+            watched: entries.len().into(),
             entries: AsyncMutex::new(entries),
-            until: unix_seconds() + horizon.as_secs(),
-            every,
+            until: unix_seconds() + LATE_WRITE_HORIZON.as_secs(),
         }
     }
 
-    /// How often [`LateDeletes::check`] is due.
+    /// How long after the last [`LateDeletes::check`] the next one is due.
     pub fn every(&self) -> Duration {
-        self.every
+        let n = self.watched.load(std::sync::atomic::Ordering::Relaxed) as u32;
+        LATE_CHECK_EVERY.max(LATE_CHECK_PER_KEY.saturating_mul(n))
     }
 
     /// `keys` were deleted under an earlier key: watched until this run's horizon.
@@ -131,6 +135,13 @@ impl LateDeletes {
     /// delete (so a key claimed meanwhile is never deleted), not for the looks.
     pub async fn check(&self, store: &Arc<dyn ObjectStore>) {
         let watched: Vec<Entry> = self.entries.lock().await.clone();
+        if watched.is_empty() {
+            return;
+        }
+        tracing::debug!(
+            keys = watched.len(),
+            "looking at the keys deleted under an earlier key, for late writes"
+        );
         let now = unix_seconds();
         let mut done = Vec::new();
         for e in watched {
@@ -176,6 +187,8 @@ impl LateDeletes {
     }
 
     fn save(&self, entries: &[Entry]) {
+        self.watched
+            .store(entries.len(), std::sync::atomic::Ordering::Relaxed);
         let result = if entries.is_empty() {
             match std::fs::remove_file(&self.path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
@@ -188,22 +201,6 @@ impl LateDeletes {
             tracing::warn!(path = %self.path.display(), error = %e, "could not record the keys deleted under an earlier key; a restart does not watch them for late writes");
         }
     }
-}
-
-/// [`LATE_WRITE_HORIZON`] and [`LATE_CHECK_EVERY`], or [`TEST_LATE_WRITES`]'s.
-fn horizon() -> (Duration, Duration) {
-    if let Ok(v) = std::env::var(TEST_LATE_WRITES) {
-        let parsed = v
-            .split_once(',')
-            .and_then(|(h, e)| Some((h.trim().parse().ok()?, e.trim().parse().ok()?)));
-        match parsed {
-            Some((h, e)) => return (Duration::from_secs(h), Duration::from_secs(e)),
-            None => {
-                tracing::warn!(value = %v, "{TEST_LATE_WRITES} is not <seconds>,<seconds>; ignored")
-            }
-        }
-    }
-    (LATE_WRITE_HORIZON, LATE_CHECK_EVERY)
 }
 
 #[cfg(test)]
