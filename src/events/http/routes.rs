@@ -157,6 +157,7 @@ fn spool_gauges(st: &IngestState) -> m::SpoolGauges {
         files: stats.files(),
         oldest_age_seconds: stats.oldest_pending_age_seconds(),
         conditional_writes: crate::storage::versioned::conditional_writes_now(),
+        conditions_refused: crate::storage::conditions::kinds_refused(),
     }
 }
 
