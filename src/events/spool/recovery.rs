@@ -227,25 +227,32 @@ impl Writer {
         for h in spool.older.iter().rev() {
             self.dedup.insert(*h);
         }
-        // The journal's newest ids that a start before held (and those after them) are held
-        // again with the spool's, until a window of new ids (review r40n D1).
-        let (ordered, held) = loaded
+        // The journal's ids that a start before held are held again with the spool's, and
+        // the ids accepted after them count towards ending that hold (reviews r40n D1, r40o
+        // D2).
+        let (ordered, rest) = loaded
             .ids
-            .split_at(loaded.ids.len() - loaded.held.min(loaded.ids.len()));
+            .split_at(loaded.ids.len() - (loaded.held + loaded.after).min(loaded.ids.len()));
+        let (held, after) = rest.split_at(rest.len() - loaded.after.min(rest.len()));
         for h in ordered {
             self.dedup.insert(*h);
         }
         if loaded.lengths.is_some() {
             // Their order is unknown: all are kept until a window of new ids was accepted,
-            // however many (review r40m D1).
+            // however many (review r40m D1). The spool's are held with the journal's, and
+            // so end with them: a window of ids after the journal's held ones, which may
+            // be fewer after the spool's (documented).
             let newer: Vec<u64> = held
                 .iter()
                 .chain(spool.newer.iter().rev())
                 .copied()
                 .collect();
             self.dedup.insert_unordered(&newer);
+            for h in after {
+                self.dedup.insert(*h);
+            }
         } else {
-            for h in held {
+            for h in held.iter().chain(after) {
                 self.dedup.insert(*h);
             }
             for h in spool.newer.iter().rev() {
