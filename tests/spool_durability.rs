@@ -2272,8 +2272,7 @@ fn dedup_ids_logged(c: &Collector, from: usize) -> u64 {
     let log = c.log_text();
     let line = log[from.min(log.len())..]
         .lines()
-        .filter(|l| l.contains("dedup_ids="))
-        .last()
+        .rfind(|l| l.contains("dedup_ids="))
         .unwrap_or_else(|| panic!("no recovery line:\n{}", c.log_tail(20)))
         .to_string();
     let at = line.find("dedup_ids=").unwrap() + "dedup_ids=".len();
