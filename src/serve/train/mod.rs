@@ -116,10 +116,11 @@ pub async fn runs_v1(State(state): State<Shared>, entered: Entered) -> Response 
     };
     let tag = snapshot_tag(snapshot.as_ref());
     let reader = state.clone();
-    let built = built_once(&state, &entered, tag, &index, move || async move {
+    let built = built_once(&state, &entered, tag, &index, move |wanted| async move {
         let body = match &snapshot {
-            Some(meta) => match read_held(&reader, meta).await {
-                Ok(body) => Some(body),
+            Some(meta) => match read_held(&reader, meta, &wanted).await {
+                Ok(Some(body)) => Some(body),
+                Ok(None) => return Err(TrainBuildError::Failed(ABANDONED.to_string())),
                 // Gone since it was listed: the answer is the events'.
                 Err(Missing::NotFound) => None,
                 Err(Missing::Unreadable(r)) => {
@@ -201,18 +202,57 @@ pub(crate) enum TrainAnswer {
 async fn read_held(
     state: &Shared,
     meta: &ObjectMeta,
-) -> Result<(Bytes, tokio::sync::SemaphorePermit<'static>), Missing> {
+    wanted: &TrainWanted,
+) -> Result<Option<(Bytes, tokio::sync::SemaphorePermit<'static>)>, Missing> {
+    // Too large to replay: refused before it waits for any budget (review r37o D1: a 68 MiB
+    // snapshot waited for the whole budget behind slow reads, then was a 502).
+    if meta.size > super::replay::MAX_SNAPSHOT_BYTES {
+        read_counted(state, meta, meta.size).await?;
+        return Err(Missing::Unreadable(
+            (
+                StatusCode::BAD_GATEWAY,
+                "the snapshot is larger than replayed",
+            )
+                .into_response(),
+        ));
+    }
     let kib = meta
         .size
         .div_ceil(1024)
         .clamp(1, TRAIN_SNAPSHOTS_KIB as u64) as u32;
-    let Ok(permit) = TRAIN_SNAPSHOT_KIB.acquire_many(kib).await else {
-        return Err(Missing::Unreadable(
-            (StatusCode::SERVICE_UNAVAILABLE, "the server is stopping").into_response(),
-        ));
+    // Taken when there is room, not in arrival order: a large snapshot waiting for room
+    // must not hold back small ones the room left covers (review r37o D1). A build whose
+    // requests all left stops waiting (r37o D2).
+    let permit = loop {
+        match TRAIN_SNAPSHOT_KIB.try_acquire_many(kib) {
+            Ok(permit) => break permit,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                if wanted.abandoned() {
+                    return Ok(None);
+                }
+                tokio::time::sleep(BUDGET_PROBE_EVERY).await;
+            }
+            Err(tokio::sync::TryAcquireError::Closed) => {
+                return Err(Missing::Unreadable(
+                    (StatusCode::SERVICE_UNAVAILABLE, "the server is stopping").into_response(),
+                ))
+            }
+        }
     };
-    Ok((read_counted(state, meta, meta.size).await?, permit))
+    if wanted.abandoned() {
+        return Ok(None);
+    }
+    Ok(Some((read_counted(state, meta, meta.size).await?, permit)))
 }
+
+/// The error of a build every request left before it read or built (answered to nobody).
+const ABANDONED: &str = "every request for this answer left";
+
+/// How often a Train snapshot read waiting for room in [`TRAIN_SNAPSHOT_KIB`] looks again.
+const BUDGET_PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// What a Train build is given to tell whether a request still waits for it.
+type TrainWanted = super::kept::Wanted<TrainAnswer, TrainBuildError>;
 
 /// KiB of Train snapshots held at once, being read or waiting for their build
 /// ([`TRAIN_COMPUTE`]): 4 × [`super::replay::MAX_SNAPSHOT_BYTES`] (256 MiB), apart from the
@@ -294,7 +334,7 @@ async fn built_once<R>(
     entered: &Entered,
     tag: u64,
     index: &Arc<SessionIndex>,
-    read: impl FnOnce() -> R + Send + 'static,
+    read: impl FnOnce(Arc<TrainWanted>) -> R + Send + 'static,
 ) -> Result<Arc<TrainAnswer>, TrainBuildError>
 where
     R: std::future::Future<
@@ -310,11 +350,16 @@ where
     let for_build = index.clone();
     state
         .train_answers
-        .get_or_build(key, tag, index, move || async move {
+        .get_or_build(key, tag, index, move |wanted| async move {
+            let wanted = Arc::new(wanted);
             // The snapshot's permit is held until the build is done with its bytes.
-            let (snapshot, held) = read().await?.unzip();
+            let (snapshot, held) = read(wanted.clone()).await?.unzip();
             // Closed never (the semaphore is static); held by the blocking build.
             let permit = TRAIN_COMPUTE.acquire().await.ok();
+            // Every request left while it waited: nothing to build (review r37o D2).
+            if wanted.abandoned() {
+                return Err(TrainBuildError::Failed(ABANDONED.to_string()));
+            }
             let started = std::time::Instant::now();
             let built = tokio::task::spawn_blocking(move || {
                 let _permits = (permit, held);
