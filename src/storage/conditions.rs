@@ -212,7 +212,14 @@ pub fn kinds_refused() -> [(&'static str, bool); 4] {
 /// shutdown had the twin sent at once; delayed 40 s, it replaced what the next run had
 /// uploaded, 100 of 200 events lost). Conditions still turn off only if that write lands.
 pub fn shutting_down() {
+    // Refusals count again from here: only those of the shutdown's own tries decide a write
+    // without its condition (review r35s D1: two 403s before the SIGTERM and one after it
+    // sent the twin at once, which landed late and lost 100 of 200 events).
+    let mut k = kinds();
     SHUTTING_DOWN.store(true, Ordering::SeqCst);
+    for state in k.iter_mut() {
+        state.refusals.clear();
+    }
 }
 
 /// A write carrying a condition of `kind` landed (a PUT, or a completion: a store that

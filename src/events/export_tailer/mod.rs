@@ -134,6 +134,9 @@ const RECORD_GROWTH: u64 = 6;
 /// The rest of a quarantine record at most: reason, sentence, time, file name (at most 255
 /// bytes), offset and keys.
 const RECORD_FIELDS: u64 = 1024;
+/// How often a kept batch is tried again during the shutdown's last pass.
+const KEPT_RETRY_AT_SHUTDOWN: Duration = Duration::from_millis(100);
+
 /// Longest last pass at shutdown: lines left then are still in Ray's files for the next
 /// start, while the time left goes to uploading what the spool holds.
 pub const FINAL_PASS_LIMIT: Duration = Duration::from_secs(5);
@@ -295,6 +298,21 @@ impl ExportTailer {
             }
             self.pass_until(&shutdown).await;
             if last {
+                // A kept batch (lines of a file that may be gone) is tried again until
+                // reading ends: the shutdown's uploads make room meanwhile (review r41t D1:
+                // it was dropped at once, silently, with room there 26 ms later).
+                while self.unstored.is_some() && !self.out_of_time(&shutdown) {
+                    tokio::time::sleep(KEPT_RETRY_AT_SHUTDOWN).await;
+                    self.pass_until(&shutdown).await;
+                }
+                if let Some(u) = &self.unstored {
+                    let left = &u.body[u.stored_to.min(u.body.len())..];
+                    tracing::error!(
+                        lines = left.iter().filter(|&&b| b == b'\n').count(),
+                        bytes = left.len(),
+                        "export event lines kept for a file that may be gone (a rotated backup Ray deleted) were not stored before the shutdown's reading ended: lost if their file is gone; the next start reads them again if it is not"
+                    );
+                }
                 break;
             }
         }

@@ -190,7 +190,6 @@ impl LogShipper {
             keys.extend(more);
         }
         for key in keys {
-            self.verify_cursor = Some(key.clone());
             let Ok(location) = object_store::path::Path::parse(&key) else {
                 continue;
             };
@@ -200,9 +199,12 @@ impl LogShipper {
             let checked =
                 tokio::time::timeout(LEDGER_CHECK_TIMEOUT, self.store.head(&location)).await;
             let Ok(checked) = checked else {
+                // The cursor stays before it: the next round starts with it (review r42s D1:
+                // it was skipped, and a lost object never uploaded again).
                 tracing::debug!(%key, timeout_secs = LEDGER_CHECK_TIMEOUT.as_secs(), "checking a ledger entry took too long; tried again next round");
                 break;
             };
+            self.verify_cursor = Some(key.clone());
             match checked {
                 Err(object_store::Error::NotFound { .. }) => {
                     tracing::warn!(%key, "the bucket lost an object the ledger recorded; uploading it again");
