@@ -282,9 +282,12 @@ mod tests {
         k.last = Instant::now() - Duration::from_secs(10);
         let tiny = (0..10_000).filter(|_| k.take(1)).count();
         let per_body = 1 + KEPT_BODY_RECORD_BYTES + FILE_BUDGET_BYTES as usize;
-        assert_eq!(
-            tiny,
-            (10.0 * KEPT_BODY_BYTES_PER_SECOND) as usize / per_body
+        // Ten seconds of refill, and whatever the clock moved on since `last` was set (a
+        // loaded machine took one body more: CI of stop 49).
+        let ten_seconds = (10.0 * KEPT_BODY_BYTES_PER_SECOND) as usize / per_body;
+        assert!(
+            (ten_seconds..=ten_seconds + 1).contains(&tiny),
+            "{tiny} tiny bodies after 10 s of refill, {ten_seconds} expected"
         );
         // Element records draw on the same bytes.
         k.bytes = 1000.0;
