@@ -205,19 +205,7 @@ pub(super) fn read_generation(
     keep: usize,
     budget: u64,
 ) -> (Generation, Option<String>, u64) {
-    use std::os::unix::fs::OpenOptionsExt;
-    // `O_NONBLOCK`/`O_NOFOLLOW`: an entry that turned into a FIFO or a link since the folder
-    // was listed neither blocks the start nor is followed; only a regular file is read.
-    let opened = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .and_then(|f| match f.metadata() {
-            Ok(m) if m.is_file() => Ok((f, m.len())),
-            Ok(_) => Err(io::Error::other("not a regular file")),
-            Err(e) => Err(e),
-        });
-    let (f, len) = match opened {
+    let (f, len) = match open_regular(path) {
         Ok(opened) => opened,
         Err(e) => return (Generation::default(), Some(format!("unreadable: {e}")), 0),
     };
@@ -245,6 +233,22 @@ pub(super) fn read_generation(
         keep,
     );
     (generation, damage, data)
+}
+
+/// `path` opened for reading, with its length, if it is a regular file. `O_NONBLOCK` and
+/// `O_NOFOLLOW`: an entry that turned into a FIFO or a link since the folder was listed
+/// neither blocks the start nor is followed.
+pub(super) fn open_regular(path: &Path) -> io::Result<(File, u64)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    match f.metadata() {
+        Ok(m) if m.is_file() => Ok((f, m.len())),
+        Ok(_) => Err(io::Error::other("not a regular file")),
+        Err(e) => Err(e),
+    }
 }
 
 /// The length of `f` without a hole that runs to its end: `len` where the filesystem does

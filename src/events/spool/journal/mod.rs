@@ -401,15 +401,11 @@ impl Journal {
     /// The hold file's hold, if it holds a whole one.
     fn read_hold(&self) -> Option<Hold> {
         use std::io::Read as _;
-        use std::os::unix::fs::OpenOptionsExt;
         let mut bytes = Vec::new();
         // Only a regular file, and only as much as a hold takes.
-        OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(self.dir.join(HOLD_FILE))
-            .ok()
-            .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))?
+        open_regular(&self.dir.join(HOLD_FILE))
+            .ok()?
+            .0
             .take(64)
             .read_to_end(&mut bytes)
             .ok()?;
