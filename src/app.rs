@@ -45,7 +45,8 @@ pub enum Exit {
     Clean,
     /// The shutdown deadline passed with files left in the spool for the next start, files
     /// were left that the spool could not place, or log files were not uploaded at the
-    /// final flush (each named in the log).
+    /// final flush (each named in the log), or export event lines kept for a file Ray may
+    /// have deleted were not stored (counted in the log).
     LeftOnDisk,
 }
 
@@ -324,8 +325,12 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         );
     }
     let _ = tokio::time::timeout_at(deadline.into(), state.stop_storing()).await;
+    // Lines of a file that may be gone, unstored when reading ended (logged by the tailer).
+    let mut export_unstored = 0;
     if let Some(task) = export_task {
-        let _ = tokio::time::timeout_at(deadline.into(), task).await;
+        if let Ok(Ok(end)) = tokio::time::timeout_at(deadline.into(), task).await {
+            export_unstored = end.kept_unstored;
+        }
     }
     // No new round: sealing publishes what is left of each open segment (a round in flight
     // finishes; a seal waits for its segment's publication).
@@ -424,19 +429,28 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     .await
     .unwrap_or_default();
     let (spool_files, spool_bytes) = (spool.stats().files(), spool.stats().stored_bytes());
-    if drained && left.complete && left.files == 0 && logs_left.is_empty() {
-        tracing::info!(
-            took_ms = started.elapsed().as_millis() as u64,
-            "everything uploaded; exiting"
-        );
-        return Ok(Exit::Clean);
-    }
     if drained && left.complete && left.files == 0 {
-        tracing::error!(
-            files = logs_left.len(),
-            "every event was uploaded, but these log files were not (named above); the next \
-             start uploads them if their session is still there"
-        );
+        if logs_left.is_empty() && export_unstored == 0 {
+            tracing::info!(
+                took_ms = started.elapsed().as_millis() as u64,
+                "everything uploaded; exiting"
+            );
+            return Ok(Exit::Clean);
+        }
+        if !logs_left.is_empty() {
+            tracing::error!(
+                files = logs_left.len(),
+                "every event was uploaded, but these log files were not (named above); the next \
+                 start uploads them if their session is still there"
+            );
+        }
+        if export_unstored > 0 {
+            tracing::error!(
+                lines = export_unstored,
+                "every event in the spool was uploaded, but export event lines kept for a \
+                 rotated file were never stored (logged above): lost if Ray deleted that file"
+            );
+        }
         return Ok(Exit::LeftOnDisk);
     }
     // One line, however many files: counts, bytes and the first names (issue 35: 45,601

@@ -2004,39 +2004,34 @@ fn noisy_events(state: &mut u64, n: usize) -> Vec<u8> {
     format!("[{}]", events.join(",")).into_bytes()
 }
 
-/// Review r41s D1: a batch kept because it holds the lines of a backup Ray's rotation deleted
-/// (2,800 lines, 2.9 MB, read in one batch at a 4 MiB budget while the copy ratio was low: a
-/// compressible backlog uploaded first) fails to store (ENOSPC on the export segments), and
-/// meanwhile Ray's pushed events, which compress badly, raise the ratio. Once the disk has room
-/// again, the batch's lines with their copies' reserve at the new ratio need more than the
-/// whole budget. It is now stored in parts sized to the room below the mark, as uploads make
-/// room, while pushed events keep getting 200: every line of the deleted backup is in the
-/// bucket once (main at 6731502 retried it whole, refused as over budget for as long as pushed
-/// events held a few KiB of the spool: none of its lines stored, nothing new read).
-#[test]
-fn a_kept_batch_read_at_a_low_copy_ratio_is_stored_in_parts() {
-    let _files = alone();
-    let w = work();
-    let faults = Faults::build(&w.dir);
-    let mut c = w.start(
-        &["--max-spool-bytes", "4MiB", "--upload-window", "1s"],
-        &faults.env(),
-    );
-    // The ratio learnt low.
-    std::fs::write(
-        export_dir(&w.ray.root).join("event_EXPORT_TASK.log"),
-        backlog(300, "l"),
-    )
-    .unwrap();
-    wait_metric(&c, "rhc_events_accepted_total", 300.0);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while c.metric("rhc_spool_bytes") >= 5000.0 {
-        assert!(
-            Instant::now() < deadline,
-            "never uploaded:\n{}",
-            c.log_tail(20)
-        );
-        std::thread::sleep(Duration::from_millis(300));
+/// The set-up of the kept-batch tests: a backlog uploaded (the copy ratio learnt low), then
+/// another session whose backup is read into a batch, deleted by Ray's rotation (its inode
+/// reused by the new live file) before the batch is stored, and the store failing (ENOSPC on
+/// the export segments, left armed): returns once the failed store is logged. Without
+/// `backlog_first`, no backlog is read and uploaded first.
+fn a_backup_batch_kept_unstored(
+    w: &LocalRig,
+    faults: &Faults,
+    c: Collector,
+    backlog_first: bool,
+) -> Collector {
+    if backlog_first {
+        // The ratio learnt low.
+        std::fs::write(
+            export_dir(&w.ray.root).join("event_EXPORT_TASK.log"),
+            backlog(300, "l"),
+        )
+        .unwrap();
+        wait_metric(&c, "rhc_events_accepted_total", 300.0);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while c.metric("rhc_spool_bytes") >= 5000.0 {
+            assert!(
+                Instant::now() < deadline,
+                "never uploaded:\n{}",
+                c.log_tail(20)
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
     }
     // Another session appears whole: the backup, an empty file read after it (the tailer is
     // held there), and the live file.
@@ -2078,6 +2073,28 @@ fn a_kept_batch_read_at_a_low_copy_ratio_is_stored_in_parts() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    c
+}
+
+/// Review r41s D1: a batch kept because it holds the lines of a backup Ray's rotation deleted
+/// (2,800 lines, 2.9 MB, read in one batch at a 4 MiB budget while the copy ratio was low: a
+/// compressible backlog uploaded first) fails to store (ENOSPC on the export segments), and
+/// meanwhile Ray's pushed events, which compress badly, raise the ratio. Once the disk has room
+/// again, the batch's lines with their copies' reserve at the new ratio need more than the
+/// whole budget. It is now stored in parts sized to the room below the mark, as uploads make
+/// room, while pushed events keep getting 200: every line of the deleted backup is in the
+/// bucket once (main at 6731502 retried it whole, refused as over budget for as long as pushed
+/// events held a few KiB of the spool: none of its lines stored, nothing new read).
+#[test]
+fn a_kept_batch_read_at_a_low_copy_ratio_is_stored_in_parts() {
+    let _files = alone();
+    let w = work();
+    let faults = Faults::build(&w.dir);
+    let c = w.start(
+        &["--max-spool-bytes", "4MiB", "--upload-window", "1s"],
+        &faults.env(),
+    );
+    let mut c = a_backup_batch_kept_unstored(&w, &faults, c, true);
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut codes: HashMap<u16, usize> = HashMap::new();
     let until = Instant::now() + Duration::from_secs(12);
@@ -2119,6 +2136,71 @@ fn a_kept_batch_read_at_a_low_copy_ratio_is_stored_in_parts() {
     );
     c.terminate_ok(Duration::from_secs(60));
     // Every session's export lines.
+    let ids = export_ids(&w);
+    let kept = ids.keys().filter(|k| k.starts_with('k')).count();
+    assert_eq!(kept, 2800, "lines of the deleted backup in the bucket");
+    assert!(ids.values().all(|&n| n == 1), "lines stored twice");
+    assert_eq!(ids.keys().filter(|k| k.starts_with('v')).count(), 5);
+    assert_eq!(
+        codes.keys().copied().collect::<Vec<_>>(),
+        [200],
+        "pushed events refused: {codes:?}"
+    );
+}
+
+/// Review r41u D1: a batch kept because it holds the lines of a backup Ray's rotation deleted
+/// is still unstored at a SIGTERM, with the room below the mark held by open segments (pushed
+/// events at the default 5-minute rotation, their uploads failing until just before the
+/// SIGTERM). The shutdown's own seal came after the tailer's reading ended, so every retry
+/// found the same room: 140 of the backup's 2,800 lines were lost and the exit said
+/// "everything uploaded". The tailer now seals the open segments while it retries: every line
+/// is in the bucket once and the exit is clean.
+#[test]
+fn a_kept_batch_at_a_shutdown_is_stored_when_open_segments_hold_the_room() {
+    let _files = alone();
+    let w = work();
+    let faults = Faults::build(&w.dir);
+    // The default rotation: segments stay open until the shutdown seals them.
+    let c = w
+        .collector()
+        .only(&[
+            "--cluster-name",
+            "exp",
+            "--enable-log-collector",
+            "false",
+            "--max-spool-bytes",
+            "4MiB",
+            "--upload-window",
+            "1s",
+        ])
+        .env(&faults.env())
+        .start();
+    let mut c = a_backup_batch_kept_unstored(&w, &faults, c, false);
+    // Uploads fail, and pushed events fill the open segments up to the mark.
+    faults.arm("open", 5, 100_000_000, "/bucket/");
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let until = Instant::now() + Duration::from_secs(12);
+    while Instant::now() < until {
+        c.post(&noisy_events(&mut state, 40));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    faults.disarm("writev");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !c.log_text()
+            .contains("export events kept after a failed store are stored"),
+        "the kept batch found room before the shutdown: the test shows nothing"
+    );
+    faults.disarm("open");
+    c.terminate_ok(Duration::from_secs(60));
+    let ids = export_ids(&w);
+    let kept = ids.keys().filter(|k| k.starts_with('k')).count();
+    assert_eq!(kept, 2800, "lines of the deleted backup in the bucket");
+    assert!(ids.values().all(|&n| n == 1), "lines stored twice");
+}
+
+/// Every export line in `w`'s bucket: its event id and how many times it is there.
+fn export_ids(w: &LocalRig) -> HashMap<String, usize> {
     let mut ids: HashMap<String, usize> = HashMap::new();
     for (k, v) in w.objects() {
         if !k.contains("/export_events/") {
@@ -2133,13 +2215,5 @@ fn a_kept_batch_read_at_a_low_copy_ratio_is_stored_in_parts() {
                 .or_default() += 1;
         }
     }
-    let kept = ids.keys().filter(|k| k.starts_with('k')).count();
-    assert_eq!(kept, 2800, "lines of the deleted backup in the bucket");
-    assert!(ids.values().all(|&n| n == 1), "lines stored twice");
-    assert_eq!(ids.keys().filter(|k| k.starts_with('v')).count(), 5);
-    assert_eq!(
-        codes.keys().copied().collect::<Vec<_>>(),
-        [200],
-        "pushed events refused: {codes:?}"
-    );
+    ids
 }
