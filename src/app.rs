@@ -186,6 +186,8 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
                 state_dir: settings.spool_dir.clone(),
                 poll_interval: Duration::from_secs(1),
                 max_spool_bytes: settings.max_spool_bytes,
+                final_pass: events::export_tailer::FINAL_PASS_LIMIT
+                    .min(settings.shutdown_timeout / 2),
             },
             spool.clone(),
             node_ids.clone(),
@@ -321,7 +323,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     {
         tracing::warn!(
             grace_ms = grace.as_millis() as u64,
-            "requests still in flight after the grace (bodies arriving or being built) are answered 503 and not stored"
+            "requests still in flight after the grace (bodies arriving or being built) are not stored: answered 503, or their connection closed at the exit (review r41v); Ray sends them again"
         );
     }
     let _ = tokio::time::timeout_at(deadline.into(), state.stop_storing()).await;

@@ -168,6 +168,11 @@ pub struct ExportConfig {
     pub poll_interval: Duration,
     /// The spool's disk budget (`--max-spool-bytes`), shared with pushed events.
     pub max_spool_bytes: u64,
+    /// How long reading goes on after the shutdown is seen: [`FINAL_PASS_LIMIT`], or half of
+    /// `--shutdown-timeout` when that is shorter, so that the tailer ends (and counts what it
+    /// could not store) before the deadline (review r41v: with `--shutdown-timeout 3s` the
+    /// lines of a kept batch were lost uncounted).
+    pub final_pass: Duration,
 }
 
 /// Tails every session's export event files.
@@ -310,7 +315,7 @@ impl ExportTailer {
             };
             if last {
                 self.stop_at
-                    .get_or_insert_with(|| Instant::now() + FINAL_PASS_LIMIT);
+                    .get_or_insert_with(|| Instant::now() + self.cfg.final_pass);
             }
             self.pass_until(&shutdown).await;
             if last {
@@ -352,18 +357,19 @@ impl ExportTailer {
         TailerEnd::default()
     }
 
-    /// True once reading must end: [`FINAL_PASS_LIMIT`] after `shutdown` was first seen.
+    /// True once reading must end: [`ExportConfig::final_pass`] after `shutdown` was first
+    /// seen.
     fn out_of_time(&mut self, shutdown: &watch::Receiver<bool>) -> bool {
         if self.stop_at.is_none() && *shutdown.borrow() {
-            self.stop_at = Some(Instant::now() + FINAL_PASS_LIMIT);
+            self.stop_at = Some(Instant::now() + self.cfg.final_pass);
         }
         let over = self.stop_at.is_some_and(|d| Instant::now() >= d);
         if over && !self.time_up_logged {
             self.time_up_logged = true;
             tracing::warn!(
-                limit_s = FINAL_PASS_LIMIT.as_secs(),
-                "reading export event files stopped {}s after the shutdown began; the rest is read by the next start",
-                FINAL_PASS_LIMIT.as_secs()
+                limit_s = self.cfg.final_pass.as_secs_f64(),
+                "reading export event files stopped {:.1}s after the shutdown began; the rest is read by the next start",
+                self.cfg.final_pass.as_secs_f64()
             );
         }
         over
