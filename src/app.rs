@@ -338,7 +338,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         _ => false,
     };
     // The seals' layout switches may have left keys to watch unsaved (saved once a second).
-    publisher.flush_late_deletes().await;
+    publisher.flush_late_deletes();
     // Events first; then the logs, in the time that is left.
     let _ = stop_logs.send(true);
     let active = sessions.borrow().clone();

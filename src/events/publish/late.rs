@@ -24,18 +24,23 @@
 //! there is not caught (documented in docs/guarantees.md). Until the next check, a late
 //! write that landed is visible beside the new object.
 //!
-//! A store that answers the HEAD of a missing key 403 (S3 without `s3:ListBucket`) is asked
-//! with a DELETE instead, which is allowed (the key was deleted before) and leaves the key as
-//! it should be either way; a key is dropped [`GIVE_UP_AFTER`] past its time whatever its
-//! looks answered, so no key is watched for good (review r35s D2: past-due keys looked at
+//! A store that answers the HEAD of a missing key 403 (S3 without `s3:ListBucket`) tells
+//! nothing by its looks: such a key is deleted once, when its time is past (a DELETE is
+//! allowed: the key was deleted before; one, not one per look, so a versioned bucket gets one
+//! delete marker, review r35t D2), which removes a late write that landed meanwhile (no WARN:
+//! nothing tells whether one did). A key is dropped [`GIVE_UP_AFTER`] past its time whatever
+//! its looks answered, so no key is watched for good (review r35s D2: past-due keys looked at
 //! three times a second forever).
 //!
 //! The keys are indexed (a claim, done at every seal, looks one key up, not the list) and the
 //! file is saved at most once per [`SAVE_EVERY`] (or ten times the last save's duration), the
-//! rest by [`LateDeletes::flush`] at the end of the publisher's rounds and of the shutdown's
+//! rest by [`LateDeletes::flush`] at the end of the publisher's run and of the shutdown's
 //! drain (review r35s D3: with 100,000 keys watched, a save and an fsync of the whole file per
 //! segment made a layout switch of 100 partitions take 60 s). A kill -9 between a delete and
-//! the next save loses at most that second's keys from the watch.
+//! the next save loses at most that second's keys from the watch. The list's lock is never
+//! held across a request: a delete holds only [`LateDeletes::deleting`], which a claim waits
+//! for only when its key is watched (review r35t D1: a delete held 20 s under the list's lock
+//! held the publisher's rounds and the shutdown's flush as long).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -44,6 +49,8 @@ use std::time::{Duration, Instant};
 
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
+use std::sync::Mutex;
+
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::util::time::unix_seconds;
@@ -121,7 +128,11 @@ impl Watched {
 /// The keys deleted under an earlier key, watched for late writes (see the module doc).
 pub struct LateDeletes {
     path: PathBuf,
-    entries: AsyncMutex<Watched>,
+    /// The list; its lock is never held across an await.
+    entries: Mutex<Watched>,
+    /// Held across a delete of a watched key, and by a claim of a watched key, so a key
+    /// claimed meanwhile is never deleted.
+    deleting: AsyncMutex<()>,
     /// Unix seconds of this run's start plus the horizon.
     until: u64,
     /// How many keys are watched (read by the publisher's loop without the lock).
@@ -143,9 +154,14 @@ impl LateDeletes {
         LateDeletes {
             path,
             watched: entries.len().into(),
-            entries: AsyncMutex::new(Watched::new(entries)),
+            entries: Mutex::new(Watched::new(entries)),
+            deleting: AsyncMutex::new(()),
             until: unix_seconds() + LATE_WRITE_HORIZON.as_secs(),
         }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Watched> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// How long after the last [`LateDeletes::check`] the next one is due.
@@ -159,7 +175,7 @@ impl LateDeletes {
         if keys.is_empty() {
             return;
         }
-        let mut w = self.entries.lock().await;
+        let mut w = self.lock();
         let mut new = false;
         for key in keys {
             if w.keys.contains(key) {
@@ -190,7 +206,12 @@ impl LateDeletes {
     /// This run is about to write under `key`: it is no longer watched (an object there
     /// from now on may be this run's).
     pub async fn claim(&self, key: &str) {
-        let mut w = self.entries.lock().await;
+        if !self.lock().keys.contains(key) {
+            return;
+        }
+        // A delete of it under way ends first.
+        let _deleting = self.deleting.lock().await;
+        let mut w = self.lock();
         if w.keys.remove(key) {
             w.entries.retain(|e| e.key != key);
             w.dirty = true;
@@ -200,25 +221,41 @@ impl LateDeletes {
 
     /// Saves the changes not saved yet when the last save is old enough (the publisher's
     /// rounds call this).
-    pub async fn save_if_due(&self) {
-        let mut w = self.entries.lock().await;
+    pub fn save_if_due(&self) {
+        let mut w = self.lock();
         self.save_soon(&mut w);
     }
 
     /// Saves the file now if anything changed since its last save (the end of the
     /// publisher's run and of the shutdown's drain).
-    pub async fn flush(&self) {
-        let mut w = self.entries.lock().await;
+    pub fn flush(&self) {
+        let mut w = self.lock();
         if w.dirty {
             self.save(&mut w);
         }
     }
 
+    /// Deletes `location` if `key` is still watched (not claimed meanwhile); `None` when it
+    /// was claimed.
+    async fn delete_watched(
+        &self,
+        store: &Arc<dyn ObjectStore>,
+        key: &str,
+        location: &object_store::path::Path,
+    ) -> Option<object_store::Result<()>> {
+        let _deleting = self.deleting.lock().await;
+        if !self.lock().keys.contains(key) {
+            return None;
+        }
+        Some(store.delete(location).await)
+    }
+
     /// Looks at every key watched: an object there again (a late write landed) is deleted
-    /// again; a key past its time is dropped after this look. The lock is held only for a
-    /// delete (so a key claimed meanwhile is never deleted), not for the looks.
+    /// again; a key past its time is dropped after this look. A delete waits for no claim
+    /// and a claim of a watched key waits for the delete ([`Self::deleting`]), so a key
+    /// claimed meanwhile is never deleted.
     pub async fn check(&self, store: &Arc<dyn ObjectStore>) {
-        let watched: Vec<Entry> = self.entries.lock().await.entries.clone();
+        let watched: Vec<Entry> = self.lock().entries.clone();
         if watched.is_empty() {
             return;
         }
@@ -236,30 +273,27 @@ impl LateDeletes {
             let gone = match store.head(&location).await {
                 Err(object_store::Error::NotFound { .. }) => true,
                 Err(err) if super::keys::delete_refused(&err) => {
-                    // A HEAD of a missing key answered 403 (no `s3:ListBucket`): the DELETE
-                    // says as much, and removes a late write that did land.
-                    let w = self.entries.lock().await;
-                    if !w.keys.contains(&e.key) {
-                        continue;
-                    }
-                    let deleted = store.delete(&location).await;
-                    drop(w);
-                    match deleted {
-                        Ok(()) | Err(object_store::Error::NotFound { .. }) => true,
-                        Err(err) => {
-                            tracing::debug!(key = %e.key, error = %err, "could not delete a key deleted under an earlier layout whose HEAD was refused; looked at again");
-                            false
+                    // A HEAD answered 403 (no `s3:ListBucket`) tells nothing: once its time
+                    // is past, the key is deleted once, which removes a late write that
+                    // landed meanwhile.
+                    if now <= e.until {
+                        false
+                    } else {
+                        match self.delete_watched(store, &e.key, &location).await {
+                            None => continue,
+                            Some(Ok(()) | Err(object_store::Error::NotFound { .. })) => true,
+                            Some(Err(err)) => {
+                                tracing::debug!(key = %e.key, error = %err, "could not delete a key deleted under an earlier layout whose HEAD was refused; looked at again");
+                                false
+                            }
                         }
                     }
                 }
                 Ok(meta) => {
-                    let w = self.entries.lock().await;
-                    if !w.keys.contains(&e.key) {
+                    let Some(deleted) = self.delete_watched(store, &e.key, &location).await else {
                         // Claimed meanwhile: this run's object now.
                         continue;
-                    }
-                    let deleted = store.delete(&location).await;
-                    drop(w);
+                    };
                     match deleted {
                         Ok(()) | Err(object_store::Error::NotFound { .. }) => {
                             tracing::warn!(key = %e.key, size = meta.size, "a write of an earlier run landed under a key already deleted for another layout (a late write): deleted again, the segment's lines are under the new key");
@@ -285,7 +319,7 @@ impl LateDeletes {
         }
         if !done.is_empty() {
             let done: HashSet<String> = done.into_iter().collect();
-            let mut w = self.entries.lock().await;
+            let mut w = self.lock();
             w.retain(|e| !(done.contains(&e.key) && e.until < now));
             w.dirty = true;
             self.save(&mut w);
@@ -380,9 +414,9 @@ mod tests {
             late.claim(&format!("k{}", i - 1)).await;
         }
         assert_eq!(std::fs::read(dir.path().join(FILE)).unwrap(), first);
-        late.flush().await;
+        late.flush();
         let again = LateDeletes::load(dir.path());
-        let w = again.entries.lock().await;
+        let w = again.lock();
         assert_eq!(w.entries.len(), 1);
         assert_eq!(w.entries[0].key, "k99");
         assert!(w.keys.contains("k99"));
