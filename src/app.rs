@@ -134,7 +134,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         store.clone(),
         spool.stats().clone(),
         sealed_rx,
-        Some(publisher),
+        Some(publisher.clone()),
     );
     let listener = events::http::bind(settings.listen).await?;
     let read_only_listener = match settings.metrics_listen {
@@ -344,6 +344,8 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
             .is_ok(),
         _ => false,
     };
+    // The seals' layout switches may have left keys to watch unsaved (saved once a second).
+    publisher.flush_late_deletes();
     // Events first; then the logs, in the time that is left.
     let _ = stop_logs.send(true);
     let active = sessions.borrow().clone();

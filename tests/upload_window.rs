@@ -3218,3 +3218,60 @@ fn refusals_before_the_shutdown_do_not_send_a_twin_during_it() {
     assert!(exit.success(), "{exit}: {}", c.log_tail(30));
     assert_each_once(&rig, &acked, "after the held PUT passed on");
 }
+
+/// Keys watched for late writes whose time is over, on S3 with the documented policy (no
+/// `s3:ListBucket`): a HEAD of a missing key is answered 403, not 404. They are let go after
+/// one look, not looked at every second for good (review r35s D2: three past-due keys were
+/// HEADed three times a second with no end).
+#[test]
+fn past_due_keys_whose_head_is_refused_are_let_go() {
+    let Some(rig) = s3_rig() else {
+        eprintln!("SKIPPED: moto is not installed (scripts/install-test-deps.sh)");
+        return;
+    };
+    rig.proxy.add(
+        Rule::new(Fault::Status(403, "AccessDenied".into()))
+            .method("HEAD")
+            .target_contains("rootOld"),
+    );
+    let mut c = rig.collector().only(&["--upload-window", "1s"]).start();
+    c.kill9();
+    let past = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 60;
+    let keys: Vec<String> = (0..3)
+        .map(|i| {
+            format!("rootOld/{BUCKET}/{SESSION}/node_events/p{i}/segment-000000000001.jsonl.gz")
+        })
+        .collect();
+    let body = format!(
+        "[{}]",
+        keys.iter()
+            .map(|k| format!(r#"{{"key":"{k}","until":{past}}}"#))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let file = c.spool.join("stale-keys.json");
+    std::fs::write(&file, &body).unwrap();
+    let mut c = rig.collector().only(&["--upload-window", "1s"]).start();
+    let ids: Vec<String> = (0..20).map(|i| format!("d2-{i}")).collect();
+    post(&c, &ids, 1);
+    wait_for(&c, Duration::from_secs(20), "the keys let go", || {
+        !file.exists()
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let looks = |m: &str| {
+        rig.proxy
+            .seen()
+            .iter()
+            .filter(|r| r.method == m && r.target.contains("rootOld"))
+            .count()
+    };
+    let heads = looks("HEAD");
+    assert!(heads <= 3, "past-due keys still looked at: {heads} HEADs");
+    assert!(looks("DELETE") <= 3, "{} DELETEs", looks("DELETE"));
+    c.terminate_ok(Duration::from_secs(30));
+    assert_each_once(&rig, &ids, "after the exit");
+}

@@ -176,7 +176,7 @@ pub(super) fn stale_keys(record: Option<&Record>, key: &str) -> Vec<String> {
 
 /// A delete the store refuses for good: the credentials do not allow it (403, or
 /// `AccessDenied` for the key in a DeleteObjects answer).
-fn delete_refused(e: &object_store::Error) -> bool {
+pub(super) fn delete_refused(e: &object_store::Error) -> bool {
     matches!(
         e,
         object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }

@@ -388,6 +388,7 @@ impl Publisher {
                 );
                 failed = 0;
             }
+            self.late.save_if_due();
             if late_at.elapsed() >= self.late.every()
                 && late_check.as_ref().is_none_or(|h| h.is_finished())
             {
@@ -417,6 +418,13 @@ impl Publisher {
         }
         // Those in flight finish on their own; nothing new starts.
         tasks.detach_all();
+        self.late.flush();
+    }
+
+    /// Saves the keys watched for late writes that are not saved yet (see `late`): the
+    /// shutdown calls this once its drain ended.
+    pub fn flush_late_deletes(&self) {
+        self.late.flush();
     }
 
     fn state(&self, path: &Path) -> Arc<AsyncMutex<State>> {
