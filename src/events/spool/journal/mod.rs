@@ -638,6 +638,16 @@ impl Journal {
                 for n in old {
                     let _ = fs::remove_file(self.path_of(n));
                 }
+                // The hold before is of no use now that the new generations are all in
+                // place: the file is written again with this snapshot's hold alone, the form
+                // the binaries before this one read (review r40q D1: a file of two holds was
+                // unreadable to them, which dropped the hold for good after a downgrade). A
+                // crash first leaves the file of two, which this binary reads the same.
+                if let (Some(now), Some(_)) = (new_hold, self.disk_hold) {
+                    if let Err(e) = self.write_hold(&HoldFile { now, before: None }) {
+                        tracing::debug!(dir = %self.dir.display(), error = %e, "could not rewrite the hold file with one hold; it keeps two, which only binaries before this one cannot read");
+                    }
+                }
                 written.reverse();
                 self.generations = written.into_iter().collect();
                 let (file, len) = newest.unzip();

@@ -777,3 +777,25 @@ fn a_hold_file_with_one_hold_is_read() {
     assert_eq!(HoldFile::decode(&two.encode()), Some(two));
     assert_eq!(two.encode().len() as u64, MAX_HOLD_FILE_BYTES);
 }
+
+/// Review r40q D1: a snapshot that held before writes a file of two holds while it renames
+/// its generations, and the file of its hold alone once they are in place: the binaries
+/// before this one read only that form (a file of two dropped the hold after a downgrade).
+#[test]
+fn a_finished_snapshot_leaves_a_hold_file_of_one_hold() {
+    let window = 1024;
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut j, _) = started(tmp.path(), window);
+    let ids: Vec<u64> = (1..=10_024u64).collect();
+    j.snapshot(&ids, &Head::default(), Some((9000, 0)));
+    drop(j);
+    let one = std::fs::read(tmp.path().join(JOURNAL_DIR).join(HOLD_FILE)).unwrap();
+    let (mut j, loaded) = Journal::open(tmp.path(), window);
+    assert_eq!(loaded.held, 9000);
+    j.snapshot(&loaded.ids, &Head::default(), Some((9000, 0)));
+    drop(j);
+    let after = std::fs::read(tmp.path().join(JOURNAL_DIR).join(HOLD_FILE)).unwrap();
+    assert_eq!(after.len(), one.len(), "a file of two holds was left");
+    let (_, loaded) = Journal::open(tmp.path(), window);
+    assert_eq!(loaded.held, 9000);
+}
