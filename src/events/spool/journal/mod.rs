@@ -149,6 +149,12 @@ pub(super) struct Journal {
     dirty: bool,
     /// A write failed: appends stop until a snapshot of the window succeeds.
     behind: bool,
+    /// The hold file still holds two holds (its rewrite with one failed): tried again at
+    /// each sync (review r40r D2: a failure was never retried, and a downgrade after a clean
+    /// shutdown dropped the hold).
+    hold_rewrite_due: bool,
+    /// The failure of that rewrite was logged.
+    hold_rewrite_due_logged: bool,
     /// Ids answered (appended, or not appended while behind) since the journal was last
     /// made durable: a power loss can take their records, so a start reloads them from the
     /// spool's lines. Kept under a quarter of the window ([`Journal::due_for_sync`]); a
@@ -250,6 +256,8 @@ impl Journal {
             dir_dirty: false,
             dirty: false,
             behind: true,
+            hold_rewrite_due: false,
+            hold_rewrite_due_logged: false,
             unsynced_ids: 0,
             hold: None,
             disk_hold: None,
@@ -643,10 +651,9 @@ impl Journal {
                 // the binaries before this one read (review r40q D1: a file of two holds was
                 // unreadable to them, which dropped the hold for good after a downgrade). A
                 // crash first leaves the file of two, which this binary reads the same.
-                if let (Some(now), Some(_)) = (new_hold, self.disk_hold) {
-                    if let Err(e) = self.write_hold(&HoldFile { now, before: None }) {
-                        tracing::debug!(dir = %self.dir.display(), error = %e, "could not rewrite the hold file with one hold; it keeps two, which only binaries before this one cannot read");
-                    }
+                self.hold_rewrite_due = new_hold.is_some() && self.disk_hold.is_some();
+                if let Some(now) = new_hold.filter(|_| self.hold_rewrite_due) {
+                    self.rewrite_hold(now);
                 }
                 written.reverse();
                 self.generations = written.into_iter().collect();
@@ -798,6 +805,9 @@ impl Journal {
         if self.behind {
             return;
         }
+        if let Some(now) = self.disk_hold.filter(|_| self.hold_rewrite_due) {
+            self.rewrite_hold(now);
+        }
         if !self.dirty {
             self.unsynced_ids = 0;
             return;
@@ -857,6 +867,21 @@ impl Journal {
             first += k + 1;
         }
         first
+    }
+
+    /// Writes the hold file with `now` alone (see [`Journal::snapshot`]); a failure is
+    /// logged once and tried again at the next sync.
+    fn rewrite_hold(&mut self, now: Hold) {
+        match self.write_hold(&HoldFile { now, before: None }) {
+            Ok(()) => self.hold_rewrite_due = false,
+            Err(e) => {
+                if !self.hold_rewrite_due_logged {
+                    self.hold_rewrite_due_logged = true;
+                    tracing::warn!(dir = %self.dir.display(), error = %e, "could not rewrite the hold file with one hold; tried again at each sync (until then a binary before this one would not read it)");
+                }
+                self.hold_rewrite_due = true;
+            }
+        }
     }
 
     fn fall_behind(&mut self, action: &'static str, e: &io::Error) {
