@@ -2344,3 +2344,148 @@ fn a_crash_loop_after_a_group_in_flight_does_not_grow_the_window() {
     let objects = read_all(&store(&bucket));
     assert_once(&stored(&objects, "session_a").0, &answered);
 }
+
+/// The setup of reviews r40m D1 and r40p: a run with `--dedup-window old` answers
+/// `batches` of 100 ids in two sessions (30 in the first; its journal synced every quarter
+/// of its window: none of their records), a kill -9 and a power loss. A start with a window
+/// of 1,024 then holds them all beyond its window, reloaded from the spool's lines. Returns
+/// the faults, the bucket and the batches answered.
+fn power_loss_before_a_smaller_window(
+    tmp: &Path,
+    old: &str,
+    batches: usize,
+) -> (Faults, PathBuf, Vec<Vec<String>>) {
+    let faults = Faults::build(tmp);
+    let (mut c, bucket) = start(tmp, &quiet_window(old), &faults.env());
+    let mut answered = post_batches(&c, "session_old", "old", 30);
+    answered.extend(post_batches(&c, "session_new", "new", batches - 30));
+    c.kill9();
+    assert!(!faults.lose_unsynced(&c.spool.join("dedup")).is_empty());
+    assert!(faults.lose_unsynced(&c.spool.join("events")).is_empty());
+    (faults, bucket, answered)
+}
+
+/// `--dedup-window w`, and nothing sealed while the batches come.
+fn quiet_window(w: &str) -> Vec<&str> {
+    vec![
+        "--dedup-window",
+        w,
+        "--upload-window",
+        "300s",
+        "--rotation-interval",
+        "30m",
+    ]
+}
+
+/// Ray resends the 9 batches answered last before the power loss, newest first: each must
+/// be recognised. Then a clean stop, and every answered id is in the bucket once.
+fn resends_recognised_then_each_once(
+    mut c: Collector,
+    bucket: &Path,
+    answered: &[Vec<String>],
+    fresh: &[Vec<String>],
+) {
+    let ts = "2026-11-22T02:06:40Z";
+    let mut twice = Vec::new();
+    for (k, batch) in answered.iter().enumerate().rev().take(9) {
+        let session = if k < 30 { "session_old" } else { "session_new" };
+        let (status, accepted, _, _) = post(&c, &batch_at(batch, session, ts));
+        assert_eq!(status, 200);
+        if accepted > 0 {
+            twice.push((k, accepted));
+        }
+    }
+    let total: u64 = twice.iter().map(|t| t.1).sum();
+    assert!(
+        twice.is_empty(),
+        "resends of batches answered before the power loss stored again ({total} ids; batch, ids): {twice:?}\n{}",
+        c.log_tail(30)
+    );
+    let exit = c.terminate(Duration::from_secs(60));
+    assert!(exit.success(), "{exit}: {}", c.log_text());
+    let objects = read_all(&store(bucket));
+    let (count, _) = stored(&objects, "session_old");
+    assert_once(&count, &answered[..30].concat());
+    let (count, _) = stored(&objects, "session_new");
+    assert_once(&count, &answered[30..].concat());
+    let (count, _) = stored(&objects, "session_fresh");
+    assert_once(&count, &fresh.concat());
+}
+
+/// Review r40p D1: the start that holds the reloaded ids is killed (-9) at the write of its
+/// hold file. The hold was written last, after the old generations were removed: that start
+/// left the window's new generations without a hold, and the next start held only its
+/// window (aaa8a40: 388 ids of the resends stored twice). Now the hold is durable before any
+/// new generation is renamed into place, and the next start holds the ids again.
+#[test]
+fn a_kill_9_at_the_write_of_the_hold_keeps_the_hold() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (faults, bucket, answered) = power_loss_before_a_smaller_window(tmp.path(), "16384", 39);
+    let mut c = Collector::configure(
+        rhc_testkit::collector::collector_bin(),
+        &tmp.path().join("spool"),
+        &[
+            &["--storage", bucket.to_str().unwrap()][..],
+            &quiet_window("1024"),
+        ]
+        .concat(),
+        &faults.env(),
+    );
+    faults.arm(
+        "fdatasync",
+        rhc_testkit::fault_shim::KILL,
+        1,
+        "/dedup/hold.tmp",
+    );
+    let e = c
+        .try_spawn()
+        .expect_err("the start was not killed at its hold");
+    assert!(e.contains("exited at start"), "{e}");
+    faults.disarm("fdatasync");
+    c.restart();
+    resends_recognised_then_each_once(c, &bucket, &answered, &[]);
+}
+
+/// Review r40p D2: a start that holds 9,000 reloaded ids, 900 new ids accepted after them
+/// (fewer than its window of 1,024), a kill -9, then a start killed (-9) in its rewrite of
+/// the window (9,900 ids: three generations) once the two newest were renamed into place.
+/// The next start took their ids as accepted after the hold's (the hold file still named the
+/// start before's generation), which ended the hold: the resends were stored again
+/// (aaa8a40: 838 ids of the resends twice). Now the hold file the rewrite writes first names its own
+/// newest generation, and the ids of the rewrite are not counted as new.
+#[test]
+fn a_kill_9_in_the_middle_of_the_rewrite_keeps_the_hold() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (faults, bucket, answered) = power_loss_before_a_smaller_window(tmp.path(), "65536", 90);
+    let (mut c, _) = start(tmp.path(), &quiet_window("1024"), &faults.env());
+    let fresh = post_batches(&c, "session_fresh", "fresh", 9);
+    c.kill9();
+    // The third generation's sync: the two newest are in place.
+    faults.arm("fdatasync", rhc_testkit::fault_shim::KILL, 3, "/dedup/ids-");
+    let e = c
+        .try_spawn()
+        .expect_err("the start was not killed in its rewrite");
+    assert!(e.contains("exited at start"), "{e}");
+    faults.disarm("fdatasync");
+    c.restart();
+    resends_recognised_then_each_once(c, &bucket, &answered, &fresh);
+}
+
+/// Review r40p D3: the write of the hold file fails once (a full disk). It was never tried
+/// again, not even by the seal at a clean stop: the next start held only its window
+/// (aaa8a40: 438 ids of the resends stored twice). Now the failure leaves the journal
+/// behind, as a failed generation write does, and the stop's seal writes it (and the hold).
+#[test]
+fn a_failed_write_of_the_hold_is_tried_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (faults, bucket, answered) = power_loss_before_a_smaller_window(tmp.path(), "16384", 39);
+    faults.arm("write", ENOSPC, 1, "/dedup/hold.tmp");
+    let (mut c, _) = start(tmp.path(), &quiet_window("1024"), &faults.env());
+    assert!(!faults.armed("write"), "no write of the hold at start");
+    let fresh = post_batches(&c, "session_fresh", "fresh", 1);
+    let exit = c.terminate(Duration::from_secs(60));
+    assert!(exit.success(), "{exit}: {}", c.log_text());
+    assert_spool_empty(&c.spool);
+    c.restart();
+    resends_recognised_then_each_once(c, &bucket, &answered, &fresh);
+}

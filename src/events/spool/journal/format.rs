@@ -89,12 +89,12 @@ const HOLD_MAGIC: &[u8; 8] = b"RHCHOLD1";
 /// A start's hold on ids reloaded in no known order
 /// ([`crate::util::dedup::DedupWindow::hold`]), as its snapshot wrote them: the last
 /// `inserted` ids of the window were accepted after the `held` ones before them. Kept in a
-/// file of its own (`<spool>/dedup/hold`, written after the snapshot's generations), not in
-/// a generation, so the binaries before it (which leave an unknown file alone) read every
-/// generation as before (review r40o D1: a block of a new kind in the newest generation,
-/// where appends go on, cost the binaries before it every group appended after it). A
-/// start reads it when `generation` is still there: the ids appended to it after the
-/// snapshot's `snapshot_ids`, and every id of newer generations, count as inserted too.
+/// file of its own (`<spool>/dedup/hold`), not in a generation, so the binaries before it
+/// (which leave an unknown file alone) read every generation as before (review r40o D1: a
+/// block of a new kind in the newest generation, where appends go on, cost the binaries
+/// before it every group appended after it). `generation` is the newest generation of that
+/// snapshot and `snapshot_ids` its ids: a start that finds it reads the ids appended to it
+/// after those, and every id of newer generations, as inserted too. `held` 0: no hold.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Hold {
     pub(super) generation: u64,
@@ -103,26 +103,43 @@ pub(super) struct Hold {
     pub(super) inserted: u64,
 }
 
-impl Hold {
-    /// The file's bytes: the magic, the four words, and the check of the words.
+/// The hold file: the hold of the snapshot that wrote it ([`HoldFile::now`]), and the one it
+/// replaced ([`HoldFile::before`]). A snapshot writes it, durably, before it renames its first
+/// generation into place (review r40p D1: written after the old generations were removed, a
+/// kill -9 in between lost the hold). Its newest generation is renamed first, so a start that
+/// does not find `now.generation` finds the journal as it was before that snapshot, which
+/// `before` describes (review r40p D2: a rewrite cut short after its newest generations were
+/// renamed made them count as ids accepted after the old hold's, which ended it).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct HoldFile {
+    pub(super) now: Hold,
+    pub(super) before: Option<Hold>,
+}
+
+impl HoldFile {
+    /// The file's bytes: the magic, four words per hold, and the check of the words.
     pub(super) fn encode(&self) -> Vec<u8> {
         let mut out = HOLD_MAGIC.to_vec();
-        for w in [self.generation, self.snapshot_ids, self.held, self.inserted] {
-            out.extend_from_slice(&w.to_le_bytes());
+        for h in std::iter::once(&self.now).chain(self.before.as_ref()) {
+            for w in [h.generation, h.snapshot_ids, h.held, h.inserted] {
+                out.extend_from_slice(&w.to_le_bytes());
+            }
         }
         let check = block_check(&out[HOLD_MAGIC.len()..]);
         out.extend_from_slice(&check.to_le_bytes());
         out
     }
 
-    /// The hold of a file's bytes; `None` when they are not one whole (a crash cut the
-    /// file, or it is not ours).
-    pub(super) fn decode(bytes: &[u8]) -> Option<Hold> {
+    /// The holds of a file's bytes; `None` when they are not one whole (a crash cut the
+    /// file, or it is not ours). A file of the binaries before holds `now` alone.
+    pub(super) fn decode(bytes: &[u8]) -> Option<HoldFile> {
         let words = bytes.strip_prefix(HOLD_MAGIC.as_slice())?;
-        if words.len() != 4 * 8 + 4 {
-            return None;
-        }
-        let (words, check) = words.split_at(32);
+        let holds = match words.len() {
+            n if n == 32 + 4 => 1,
+            n if n == 64 + 4 => 2,
+            _ => return None,
+        };
+        let (words, check) = words.split_at(holds * 32);
         if block_check(words).to_le_bytes() != check {
             return None;
         }
@@ -131,14 +148,21 @@ impl Hold {
             b.copy_from_slice(&words[i * 8..i * 8 + 8]);
             u64::from_le_bytes(b)
         };
-        Some(Hold {
-            generation: w(0),
-            snapshot_ids: w(1),
-            held: w(2),
-            inserted: w(3),
+        let hold = |k: usize| Hold {
+            generation: w(4 * k),
+            snapshot_ids: w(4 * k + 1),
+            held: w(4 * k + 2),
+            inserted: w(4 * k + 3),
+        };
+        Some(HoldFile {
+            now: hold(0),
+            before: (holds == 2).then(|| hold(1)),
         })
     }
 }
+
+/// Most bytes a hold file takes ([`HoldFile::encode`]).
+pub(super) const MAX_HOLD_FILE_BYTES: u64 = 8 + 64 + 4;
 
 /// What one generation holds.
 #[derive(Debug, Default)]

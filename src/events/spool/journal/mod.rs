@@ -57,10 +57,16 @@
 //! ([`crate::util::dedup::DedupWindow::hold`]: after a power loss with a larger window
 //! before, or a kill -9 with a group in flight) writes them last in its snapshot (then the
 //! ids accepted after them), and how many in the hold file beside the generations
-//! ([`Hold`]); until a window of ids was appended after them, rotations keep their
+//! ([`HoldFile`]); until a window of ids was appended after them, rotations keep their
 //! generations and a start reads them back as held ([`Loaded::held`], at most
 //! [`MAX_HELD_IDS`] beyond the window), the ids after them counting towards its end
 //! ([`Loaded::after`]): up to that many ids more on disk (reviews r40n D1 and D5, r40o).
+//! The hold file is durable before the snapshot renames its first generation into place,
+//! and names the hold before it as well: a start that does not find the snapshot's newest
+//! generation reads the journal as it was before, with that hold; one that finds it counts
+//! only ids appended after the snapshot as new (review r40p D1, D2: written last, a kill -9
+//! before it lost the hold; cut short after two generations, the rewrite's own ids ended
+//! it). A failed write of it fails the snapshot, which is tried again (review r40p D3).
 //!
 //! Crash-safe rewrite: a snapshot (every start, and after a failed write) writes the window's
 //! generations newest first, each under a temporary name, fsync'd, renamed into place under
@@ -143,6 +149,12 @@ pub(super) struct Journal {
     dirty: bool,
     /// A write failed: appends stop until a snapshot of the window succeeds.
     behind: bool,
+    /// The hold file still holds two holds (its rewrite with one failed): tried again at
+    /// each sync (review r40r D2: a failure was never retried, and a downgrade after a clean
+    /// shutdown dropped the hold).
+    hold_rewrite_due: bool,
+    /// The failure of that rewrite was logged.
+    hold_rewrite_due_logged: bool,
     /// Ids answered (appended, or not appended while behind) since the journal was last
     /// made durable: a power loss can take their records, so a start reloads them from the
     /// spool's lines. Kept under a quarter of the window ([`Journal::due_for_sync`]); a
@@ -154,6 +166,10 @@ pub(super) struct Journal {
     /// appended after them (fewer than the window). Generations that hold them are not
     /// removed before that ([`Journal::rotate`]).
     hold: Option<(usize, usize)>,
+    /// The hold a start reads from the journal as it is on disk now (the hold file's entry
+    /// whose generation is there): kept as [`HoldFile::before`] by the next snapshot's hold
+    /// file, which a start uses until that snapshot's newest generation is in place.
+    disk_hold: Option<Hold>,
     last_try: Option<Instant>,
     buf: Vec<u8>,
     /// Unit tests: a snapshot stops (as a crash would) after this many new generations.
@@ -240,8 +256,11 @@ impl Journal {
             dir_dirty: false,
             dirty: false,
             behind: true,
+            hold_rewrite_due: false,
+            hold_rewrite_due_logged: false,
             unsynced_ids: 0,
             hold: None,
+            disk_hold: None,
             last_try: None,
             buf: Vec::new(),
             #[cfg(test)]
@@ -321,7 +340,22 @@ impl Journal {
         let mut kept: Vec<u64> = Vec::new();
         // How many ids to read: the window, or more for a hold ([`Hold`]).
         let mut wanted = self.window;
-        let hold = self.read_hold();
+        // The hold of the snapshot that wrote the file, when its newest generation is there;
+        // else the one before it (that snapshot was cut short before its first rename, or
+        // its files were removed again after a failed write): the journal is then as that
+        // one left it (review r40p D1, D2).
+        let has = |h: &Hold| numbers.binary_search(&h.generation).is_ok();
+        let hold = self
+            .read_hold()
+            .and_then(|f| {
+                if has(&f.now) {
+                    Some(f.now)
+                } else {
+                    f.before.filter(has)
+                }
+            })
+            .filter(|h| h.held > 0);
+        self.disk_hold = hold;
         for &n in numbers.iter().rev() {
             if newest_first.len() >= wanted {
                 break;
@@ -398,40 +432,54 @@ impl Journal {
         loaded
     }
 
-    /// The hold file's hold, if it holds a whole one.
-    fn read_hold(&self) -> Option<Hold> {
+    /// The hold file, if it holds a whole one. A file that is not one (cut, damaged, not a
+    /// regular file) is reported like a damaged generation, and left out: a start then holds
+    /// no ids beyond its window (review r40p D4: it was left out silently).
+    fn read_hold(&self) -> Option<HoldFile> {
         use std::io::Read as _;
-        let mut bytes = Vec::new();
-        // Only a regular file, and only as much as a hold takes.
-        open_regular(&self.dir.join(HOLD_FILE))
-            .ok()?
-            .0
-            .take(64)
-            .read_to_end(&mut bytes)
-            .ok()?;
-        Hold::decode(&bytes)
+        let path = self.dir.join(HOLD_FILE);
+        // Only a regular file, and only as much as a hold file takes.
+        let read = open_regular(&path).and_then(|(f, len)| {
+            if len > MAX_HOLD_FILE_BYTES {
+                return Err(io::Error::other("longer than a hold file"));
+            }
+            let mut bytes = Vec::new();
+            f.take(MAX_HOLD_FILE_BYTES).read_to_end(&mut bytes)?;
+            Ok(bytes)
+        });
+        let why = match read.map(|bytes| HoldFile::decode(&bytes)) {
+            Ok(Some(file)) => return Some(file),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+            Ok(None) => "not a whole hold (cut short, or a failed check)".to_string(),
+            Err(e) => e.to_string(),
+        };
+        m::dedup_journal_failure("damaged");
+        tracing::warn!(path = %path.display(), reason = %why, "damaged hold file beside the ids journal: ignored; ids a start before held beyond its window are held no more, and a resend of their events after this restart may be stored twice");
+        None
     }
 
-    /// Writes `hold` as the hold file (under a temporary name, fsync'd, renamed into place,
-    /// the folder fsync'd), or removes the file when there is none. A failure is reported:
-    /// a start then holds no ids beyond its window.
-    fn write_hold(&self, hold: Option<Hold>) {
+    /// Writes `file` as the hold file: under a temporary name, fsync'd, renamed into place,
+    /// the folder fsync'd. A directory under either name (not one the journal wrote, and
+    /// that it cannot replace) is reported and the file is left unwritten (a start then holds
+    /// no ids beyond its window); any other failure is returned.
+    fn write_hold(&self, file: &HoldFile) -> io::Result<()> {
         let path = self.dir.join(HOLD_FILE);
-        let Some(hold) = hold else {
-            if fs::remove_file(&path).is_ok() {
-                let _ = fsync_dir(&self.dir);
-            }
-            return;
-        };
         let tmp = self.dir.join(format!("{HOLD_FILE}{TMP_SUFFIX}"));
+        let is_dir = |p: &Path| fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+        if is_dir(&path) || is_dir(&tmp) {
+            tracing::warn!(dir = %self.dir.display(), "a directory is named like the hold file beside the ids journal: no hold written, so a restart before a window of new ids holds only its window of the ids reloaded");
+            return Ok(());
+        }
+        // A link or a FIFO left under the temporary name is replaced, never written through.
+        let _ = fs::remove_file(&tmp);
         let written = open_for_write(&tmp)
-            .and_then(|mut f| f.write_all(&hold.encode()).and_then(|()| f.sync_data()))
+            .and_then(|mut f| f.write_all(&file.encode()).and_then(|()| f.sync_data()))
             .and_then(|()| fs::rename(&tmp, &path))
             .and_then(|()| fsync_dir(&self.dir));
-        if let Err(e) = written {
+        if written.is_err() {
             let _ = fs::remove_file(&tmp);
-            tracing::warn!(dir = %self.dir.display(), error = %e, "could not write the hold on reloaded ids beside the ids journal: a restart before a window of new ids holds only its window of them");
         }
+        written
     }
 
     fn path_of(&self, n: u64) -> PathBuf {
@@ -524,10 +572,32 @@ impl Journal {
             ids.chunks(self.generation_ids).collect()
         };
         let first = self.free_numbers(self.next, chunks.len() as u64);
+        // The hold, named after the newest generation of this snapshot and its ids (a start
+        // counts every id appended after them as accepted after the held ones).
+        let top = first + chunks.len() as u64 - 1;
+        let new_hold = hold
+            .filter(|&(held, inserted)| held > 0 && inserted < self.window)
+            .map(|(held, inserted)| Hold {
+                generation: top,
+                snapshot_ids: chunks.last().map_or(0, |c| c.len()) as u64,
+                held: held as u64,
+                inserted: inserted as u64,
+            });
         // (number, ids in it), newest first as written.
         let mut written: Vec<(u64, usize)> = Vec::new();
         let mut newest: Option<(File, u64)> = None;
         let result = (|| -> io::Result<()> {
+            // The hold is durable before any generation is renamed into place (review r40p
+            // D1, D2): until the newest one is, a start uses the hold before it, which the
+            // journal still is as it describes. A failed write fails the snapshot (review
+            // r40p D3: the journal stays behind, and the next seal, or the last one at
+            // shutdown, tries again).
+            if let Some(now) = new_hold {
+                self.write_hold(&HoldFile {
+                    now,
+                    before: self.disk_hold,
+                })?;
+            }
             for (i, chunk) in chunks.iter().enumerate().rev() {
                 let n = first + i as u64;
                 #[cfg(test)]
@@ -576,6 +646,15 @@ impl Journal {
                 for n in old {
                     let _ = fs::remove_file(self.path_of(n));
                 }
+                // The hold before is of no use now that the new generations are all in
+                // place: the file is written again with this snapshot's hold alone, the form
+                // the binaries before this one read (review r40q D1: a file of two holds was
+                // unreadable to them, which dropped the hold for good after a downgrade). A
+                // crash first leaves the file of two, which this binary reads the same.
+                self.hold_rewrite_due = new_hold.is_some() && self.disk_hold.is_some();
+                if let Some(now) = new_hold.filter(|_| self.hold_rewrite_due) {
+                    self.rewrite_hold(now);
+                }
                 written.reverse();
                 self.generations = written.into_iter().collect();
                 let (file, len) = newest.unzip();
@@ -586,20 +665,14 @@ impl Journal {
                 self.dirty = false;
                 self.behind = false;
                 self.unsynced_ids = 0;
-                self.hold = hold.filter(|&(_, inserted)| inserted < self.window);
-                // The newest generation written, and its ids, tell a start where the hold's
-                // ids end.
-                let newest = self.generations.back().copied();
-                self.write_hold(
-                    self.hold
-                        .zip(newest)
-                        .map(|((held, inserted), (n, ids))| Hold {
-                            generation: n,
-                            snapshot_ids: ids as u64,
-                            held: held as u64,
-                            inserted: inserted as u64,
-                        }),
-                );
+                self.hold = new_hold.map(|h| (h.held as usize, h.inserted as usize));
+                if new_hold.is_none() {
+                    // No hold now: the file's, if any, names what was just removed.
+                    if fs::remove_file(self.dir.join(HOLD_FILE)).is_ok() {
+                        let _ = fsync_dir(&self.dir);
+                    }
+                }
+                self.disk_hold = new_hold;
             }
             Err(e) => {
                 #[cfg(test)]
@@ -732,6 +805,9 @@ impl Journal {
         if self.behind {
             return;
         }
+        if let Some(now) = self.disk_hold.filter(|_| self.hold_rewrite_due) {
+            self.rewrite_hold(now);
+        }
         if !self.dirty {
             self.unsynced_ids = 0;
             return;
@@ -791,6 +867,21 @@ impl Journal {
             first += k + 1;
         }
         first
+    }
+
+    /// Writes the hold file with `now` alone (see [`Journal::snapshot`]); a failure is
+    /// logged once and tried again at the next sync.
+    fn rewrite_hold(&mut self, now: Hold) {
+        match self.write_hold(&HoldFile { now, before: None }) {
+            Ok(()) => self.hold_rewrite_due = false,
+            Err(e) => {
+                if !self.hold_rewrite_due_logged {
+                    self.hold_rewrite_due_logged = true;
+                    tracing::warn!(dir = %self.dir.display(), error = %e, "could not rewrite the hold file with one hold; tried again at each sync (until then a binary before this one would not read it)");
+                }
+                self.hold_rewrite_due = true;
+            }
+        }
     }
 
     fn fall_behind(&mut self, action: &'static str, e: &io::Error) {

@@ -628,3 +628,174 @@ fn a_hold_is_bounded() {
     assert_eq!(loaded.ids.len(), MAX_HELD_IDS + window);
     assert_eq!(loaded.ids.last(), Some(&(MAX_HELD_IDS as u64 + 100)));
 }
+
+/// Review r40p D1, D2: a start's rewrite of a window that holds ids, cut short (a kill -9) at
+/// any step, once or in a crash loop: the next start reads the same hold, and the same ids.
+/// The hold was written last, after the old generations were removed (a crash before it
+/// lost the hold), and a rewrite cut short after its newest generations were renamed made
+/// their ids count as accepted after the held ones (the hold ended at once).
+#[test]
+fn a_crash_at_any_step_of_a_snapshot_keeps_the_hold() {
+    let window = 1024;
+    // 9,000 held, then 300 accepted after them: a rewrite of three generations.
+    for stop in 0..=3 {
+        let tmp = tempfile::tempdir().unwrap();
+        let (mut j, _) = started(tmp.path(), window);
+        let ids: Vec<u64> = (1..=10_024u64).collect();
+        j.snapshot(&ids, &Head::default(), Some((9000, 0)));
+        for group in (100_001..=100_300u64).collect::<Vec<_>>().chunks(50) {
+            j.append(group, &[], Head::default);
+        }
+        j.sync();
+        drop(j);
+        let (_, want) = Journal::open(tmp.path(), window);
+        assert_eq!((want.held, want.after), (9000, 300));
+        for round in 0..4 {
+            let (mut j, loaded) = Journal::open(tmp.path(), window);
+            assert_eq!(
+                (loaded.held, loaded.after),
+                (9000, 300),
+                "stopped after {stop}, round {round}"
+            );
+            assert_eq!(loaded.ids, want.ids, "stopped after {stop}, round {round}");
+            j.stop_after = (round < 3 && stop < 3).then_some(stop);
+            j.snapshot(&loaded.ids, &Head::default(), Some((9000, 300)));
+        }
+    }
+}
+
+/// Writes go to the log lines of `f`'s run, which it returns.
+fn logged(f: impl FnOnce()) -> String {
+    #[derive(Clone, Default)]
+    struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let out = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || out.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, f);
+    let bytes = buf.0.lock().unwrap().clone();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Review r40p D4: a hold file that is not one (cut, damaged, not a regular file) is
+/// ignored with a WARN, as a damaged generation is (it was ignored silently); a start never
+/// blocks or fails on it. A directory under its name does not keep the journal behind.
+#[test]
+fn a_damaged_hold_file_is_reported() {
+    let window = 1024;
+    let whole = HoldFile {
+        now: Hold {
+            generation: 1,
+            snapshot_ids: 1,
+            held: 1,
+            inserted: 0,
+        },
+        before: None,
+    }
+    .encode();
+    let mut bad_check = whole.clone();
+    bad_check[10] ^= 1;
+    type Make = Box<dyn Fn(&Path)>;
+    let bytes = |b: Vec<u8>| -> Make { Box::new(move |p: &Path| fs::write(p, &b).unwrap()) };
+    let cases: Vec<(&str, Make)> = vec![
+        ("empty", bytes(Vec::new())),
+        ("cut short", bytes(whole[..20].to_vec())),
+        ("garbage", bytes(vec![0x5a; 44])),
+        ("failed check", bytes(bad_check)),
+        ("too long", bytes(vec![0; 1 << 20])),
+        (
+            "a link",
+            Box::new(|p: &Path| std::os::unix::fs::symlink("/dev/zero", p).unwrap()),
+        ),
+        (
+            "a FIFO",
+            Box::new(|p: &Path| {
+                let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+                // SAFETY: a valid NUL-terminated path.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+            }),
+        ),
+        (
+            "a directory",
+            Box::new(|p: &Path| fs::create_dir(p).unwrap()),
+        ),
+    ];
+    for (what, make) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let (mut j, _) = started(tmp.path(), window);
+        let ids: Vec<u64> = (1..=2000u64).collect();
+        j.snapshot(&ids, &Head::default(), Some((1500, 0)));
+        drop(j);
+        let path = tmp.path().join(JOURNAL_DIR).join(HOLD_FILE);
+        let _ = fs::remove_file(&path);
+        make(&path);
+        let mut opened = None;
+        let log = logged(|| opened = Some(Journal::open(tmp.path(), window)));
+        let (mut j, loaded) = opened.unwrap();
+        assert!(log.contains("damaged hold file"), "{what}: {log}");
+        assert_eq!((loaded.held, loaded.ids.len()), (0, window), "{what}");
+        let log = logged(|| j.snapshot(&loaded.ids, &Head::default(), Some((500, 0))));
+        assert!(!j.behind, "{what}: the journal stayed behind: {log}");
+    }
+}
+
+/// The hold file of the binary before this one (one hold, no `before`) is read.
+#[test]
+fn a_hold_file_with_one_hold_is_read() {
+    let now = Hold {
+        generation: 7,
+        snapshot_ids: 4096,
+        held: 3900,
+        inserted: 12,
+    };
+    let mut bytes = b"RHCHOLD1".to_vec();
+    for w in [7u64, 4096, 3900, 12] {
+        bytes.extend_from_slice(&w.to_le_bytes());
+    }
+    let check = block_check(&bytes[8..]);
+    bytes.extend_from_slice(&check.to_le_bytes());
+    assert_eq!(HoldFile { now, before: None }.encode(), bytes);
+    assert_eq!(
+        HoldFile::decode(&bytes),
+        Some(HoldFile { now, before: None })
+    );
+    let two = HoldFile {
+        now,
+        before: Some(Hold::default()),
+    };
+    assert_eq!(HoldFile::decode(&two.encode()), Some(two));
+    assert_eq!(two.encode().len() as u64, MAX_HOLD_FILE_BYTES);
+}
+
+/// Review r40q D1: a snapshot that held before writes a file of two holds while it renames
+/// its generations, and the file of its hold alone once they are in place: the binaries
+/// before this one read only that form (a file of two dropped the hold after a downgrade).
+#[test]
+fn a_finished_snapshot_leaves_a_hold_file_of_one_hold() {
+    let window = 1024;
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut j, _) = started(tmp.path(), window);
+    let ids: Vec<u64> = (1..=10_024u64).collect();
+    j.snapshot(&ids, &Head::default(), Some((9000, 0)));
+    drop(j);
+    let one = std::fs::read(tmp.path().join(JOURNAL_DIR).join(HOLD_FILE)).unwrap();
+    let (mut j, loaded) = Journal::open(tmp.path(), window);
+    assert_eq!(loaded.held, 9000);
+    j.snapshot(&loaded.ids, &Head::default(), Some((9000, 0)));
+    drop(j);
+    let after = std::fs::read(tmp.path().join(JOURNAL_DIR).join(HOLD_FILE)).unwrap();
+    assert_eq!(after.len(), one.len(), "a file of two holds was left");
+    let (_, loaded) = Journal::open(tmp.path(), window);
+    assert_eq!(loaded.held, 9000);
+}
