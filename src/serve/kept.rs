@@ -90,6 +90,20 @@ impl<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> 
         }
         nobody
     }
+
+    /// Completes when every request that waited for the build has left (then the build is
+    /// out of the builds under way, as [`Wanted::abandoned`] leaves it): a build races its
+    /// long waits against it, so an abandoned one lets go of what it holds at once (review
+    /// r37q D2: a stalled snapshot read nobody waited for kept its budget 40 s).
+    pub(crate) async fn left(&self) {
+        loop {
+            self.done.closed().await;
+            // A request may have joined between the last one leaving and this look.
+            if self.abandoned() {
+                return;
+            }
+        }
+    }
 }
 
 struct Entry<T> {
