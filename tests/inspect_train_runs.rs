@@ -2146,4 +2146,34 @@ fn a_big_train_snapshot_waiting_for_room_holds_back_no_small_one() {
             "the big snapshot took {took:?}: the abandoned builds kept their room"
         );
     });
+    // A client that leaves while the read is under way, and nobody else waits for room: the
+    // read goes on, and the same client asking again joins it (review r37r D1: the read was
+    // given up when its client left, and a client whose timeout is shorter than the read was
+    // never answered however often it asked).
+    let gets = || {
+        proxy
+            .arrived()
+            .iter()
+            .filter(|(m, t)| m == "GET" && t.contains(&snapshot_key(&stalled[0])))
+            .count()
+    };
+    let before = gets();
+    let started = std::time::Instant::now();
+    let (first, _) = runs(&stalled_cookies[0], Duration::from_secs(2));
+    assert!(
+        first.is_err(),
+        "the first ask left before the stalled read ended"
+    );
+    let (status, _) = runs(&stalled_cookies[0], STALL * 2);
+    assert_eq!(status.ok(), Some(200), "{}", serve.log_text());
+    // One read (or none: the second ask may join a read of the first part still under way).
+    assert!(
+        gets() - before <= 1,
+        "the snapshot was read again for the second ask"
+    );
+    assert!(
+        started.elapsed() < STALL + Duration::from_millis(1500),
+        "answered after {:?}",
+        started.elapsed()
+    );
 }

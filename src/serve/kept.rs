@@ -91,6 +91,12 @@ impl<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> 
         nobody
     }
 
+    /// Completes once no request waits for the build (at once if none does now); the build
+    /// stays among the builds under way, so a request may still join it.
+    pub(crate) async fn nobody_waits(&self) {
+        self.done.closed().await;
+    }
+
     /// Completes when every request that waited for the build has left (then the build is
     /// out of the builds under way, as [`Wanted::abandoned`] leaves it): a build races its
     /// long waits against it, so an abandoned one lets go of what it holds at once (review

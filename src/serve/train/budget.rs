@@ -54,6 +54,13 @@ pub(crate) struct Held<'a> {
     kib: u64,
 }
 
+impl Budget {
+    /// Whether a read waits in line for room (one not granted yet).
+    pub(crate) fn someone_waits(&self) -> bool {
+        self.lock().line.iter().any(|w| !w.granted)
+    }
+}
+
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         self.budget.give_back(self.kib);

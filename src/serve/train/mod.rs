@@ -227,12 +227,33 @@ async fn read_held(
         () = wanted.left() => return Ok(None),
         held = TRAIN_SNAPSHOT_KIB.take(kib) => held,
     };
+    // A read under way is given up only when nobody waits for it AND another read waits for
+    // room (review r37q D2: an abandoned stalled read held its room 40 s); until then the
+    // build stays joinable, so a client that asks again (a reload, a proxy's shorter
+    // timeout) joins the read under way instead of starting it over (review r37r D1: with
+    // the read given up as soon as its client left, a client with a 6 s timeout against a
+    // 15 s read was never answered, however often it asked).
     let body = tokio::select! {
         biased;
-        () = wanted.left() => return Ok(None),
+        () = left_while_room_is_wanted(wanted) => return Ok(None),
         body = read_counted(state, meta, meta.size) => body?,
     };
     Ok(Some((body, held)))
+}
+
+/// How often a read nobody waits for looks whether another read waits for its room.
+const ROOM_WANTED_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Completes when every request for the build has left and another read waits for room in
+/// [`TRAIN_SNAPSHOT_KIB`]; the build is then out of the builds under way.
+async fn left_while_room_is_wanted(wanted: &TrainWanted) {
+    loop {
+        wanted.nobody_waits().await;
+        if TRAIN_SNAPSHOT_KIB.someone_waits() && wanted.abandoned() {
+            return;
+        }
+        tokio::time::sleep(ROOM_WANTED_EVERY).await;
+    }
 }
 
 /// The error of a build every request left before it read or built (answered to nobody).
