@@ -1994,3 +1994,186 @@ fn slow_train_snapshot_reads_hold_no_other_sessions_answers() {
         }
     });
 }
+
+/// Review r37q D1: a big Train snapshot waiting for room in the snapshot budget holds back
+/// no small one the room left covers. Four sessions' 60 MiB snapshots are read through a
+/// store that holds each GET 10 s (240 MiB of the 256 MiB budget, 16 MiB left); a session's
+/// 20 MiB snapshot then waits for room, and 5.5 s later a session's small snapshot is
+/// answered within 2 s. Before, the big read, queued after 5 s in tokio's semaphore, was given the
+/// 16 MiB free and held it while it waited for the rest, and the small one waited until the
+/// stalled reads ended. Then the stalled sessions' clients leave, and the big one is answered
+/// at once (review r37q D2: before, an abandoned build held its room for its whole stalled
+/// read).
+#[test]
+fn a_big_train_snapshot_waiting_for_room_holds_back_no_small_one() {
+    const STALL: Duration = Duration::from_secs(15);
+    // The stalled sessions' clients leave then.
+    const LEAVE_AFTER: Duration = Duration::from_secs(7);
+    let Some(s3) = MotoS3::start() else { return };
+    s3.create_bucket("ray-history");
+    let work = tempfile::tempdir().unwrap();
+    let store = collect(work.path(), SESSION_A, "train", TRAIN);
+    let stalled: Vec<String> = (1..=4)
+        .map(|i| format!("session_2026-10-{i:02}_02-08-16_569038_24326"))
+        .collect();
+    let (big, small) = (SESSION_B, SESSION_E);
+    let snapshot_key = |session: &str| {
+        format!(
+            "cluster-history/raycluster/default/train/{session}/{FETCHED_ENDPOINTS_DIR}/{}",
+            endpoint_object_name(RUNS_URI)
+        )
+    };
+    // A Train answer with no runs, padded with blanks to `mib` MiB (still JSON).
+    let padded = |mib: usize| {
+        let mut body = br#"{"train_runs": []}"#.to_vec();
+        body.resize(mib << 20, b' ');
+        body
+    };
+    let (sixty, twenty) = (padded(60), padded(20));
+    for session in stalled.iter().map(String::as_str).chain([big, small]) {
+        for (key, bytes) in files_under(&store) {
+            s3.put_object("ray-history", &key.replace(SESSION_A, session), &bytes);
+        }
+        let snapshot: &[u8] = match session {
+            s if s == big => &twenty,
+            s if s == small => br#"{"train_runs": []}"#,
+            _ => &sixty,
+        };
+        s3.put_object("ray-history", &snapshot_key(session), snapshot);
+    }
+    drop((sixty, twenty));
+    let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
+    let url = proxy.url();
+    let mut env = s3.collector_env();
+    env[0] = ("AWS_ENDPOINT", url.as_str());
+    let serve = Serve::start(
+        "s3://ray-history",
+        &work.path().join("serve.log"),
+        &[],
+        &env,
+    );
+    let enter = |session: &str| {
+        let entered = serve
+            .get(
+                &format!("/enter_cluster/default/raycluster/train/{session}"),
+                &[],
+            )
+            .unwrap();
+        assert_eq!(entered.status, 200, "{}", serve.log_text());
+        let cookies = set_cookies(&entered);
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while serve.get("/api/jobs/", &cookies).unwrap().status != 200 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{session} never loaded"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cookies
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let stalled_cookies: Vec<String> = stalled.iter().map(|s| enter(s)).collect();
+    let (big_cookie, small_cookie) = (enter(big), enter(small));
+    // From now on, the stalled sessions' snapshot GETs are held (only those: a key has its
+    // slashes as they are, a listing's prefix has them encoded).
+    for session in &stalled {
+        proxy.add(
+            Rule::new(Fault::Delay(STALL))
+                .method("GET")
+                .target_contains(&snapshot_key(session)),
+        );
+    }
+    let held = |target: &str| stalled.iter().any(|s| target.contains(&snapshot_key(s)));
+    let port = serve.port;
+    let runs = |cookie: &str, within: Duration| {
+        let started = std::time::Instant::now();
+        let got = try_http_request_within(
+            "GET",
+            &format!("http://127.0.0.1:{port}{RUNS_URI}"),
+            &[("Cookie", cookie)],
+            b"",
+            within,
+        );
+        (got.map(|r| r.status), started.elapsed())
+    };
+    std::thread::scope(|s| {
+        let stalled_requests: Vec<_> = stalled_cookies
+            .iter()
+            .map(|c| s.spawn(|| runs(c, LEAVE_AFTER)))
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while proxy
+            .arrived()
+            .iter()
+            .filter(|(m, t)| m == "GET" && held(t))
+            .count()
+            < 4
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the stalled reads never came"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let big_request = s.spawn(|| runs(&big_cookie, STALL * 2));
+        // Past the 5 s after which main's binary queued the big read in its semaphore.
+        std::thread::sleep(Duration::from_millis(5500));
+        let (status, took) = runs(&small_cookie, STALL * 2);
+        assert_eq!(status.ok(), Some(200), "the small snapshot's session");
+        assert!(
+            took < Duration::from_secs(2),
+            "a small snapshot took {took:?} while a 20 MiB one waited for room behind stalled reads"
+        );
+        for r in stalled_requests {
+            assert!(
+                r.join().unwrap().0.is_err(),
+                "the stalled sessions' clients left"
+            );
+        }
+        // Their builds let go of the room at once (review r37q D2), not when the stalled
+        // reads end.
+        let (status, took) = big_request.join().unwrap();
+        assert_eq!(
+            status.ok(),
+            Some(200),
+            "the big snapshot's session, after {took:?}"
+        );
+        assert!(
+            took < STALL - Duration::from_secs(3),
+            "the big snapshot took {took:?}: the abandoned builds kept their room"
+        );
+    });
+    // A client that leaves while the read is under way, and nobody else waits for room: the
+    // read goes on, and the same client asking again joins it (review r37r D1: the read was
+    // given up when its client left, and a client whose timeout is shorter than the read was
+    // never answered however often it asked).
+    let gets = || {
+        proxy
+            .arrived()
+            .iter()
+            .filter(|(m, t)| m == "GET" && t.contains(&snapshot_key(&stalled[0])))
+            .count()
+    };
+    let before = gets();
+    let started = std::time::Instant::now();
+    let (first, _) = runs(&stalled_cookies[0], Duration::from_secs(2));
+    assert!(
+        first.is_err(),
+        "the first ask left before the stalled read ended"
+    );
+    let (status, _) = runs(&stalled_cookies[0], STALL * 2);
+    assert_eq!(status.ok(), Some(200), "{}", serve.log_text());
+    // One read (or none: the second ask may join a read of the first part still under way).
+    assert!(
+        gets() - before <= 1,
+        "the snapshot was read again for the second ask"
+    );
+    assert!(
+        started.elapsed() < STALL + Duration::from_millis(1500),
+        "answered after {:?}",
+        started.elapsed()
+    );
+}

@@ -90,6 +90,32 @@ impl<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> 
         }
         nobody
     }
+
+    /// True when every slot of the builds under way is taken: a new request (of another
+    /// session) would wait for one.
+    pub(crate) fn slots_full(&self) -> bool {
+        self.kept.builds.available_permits() == 0
+    }
+
+    /// Completes once no request waits for the build (at once if none does now); the build
+    /// stays among the builds under way, so a request may still join it.
+    pub(crate) async fn nobody_waits(&self) {
+        self.done.closed().await;
+    }
+
+    /// Completes when every request that waited for the build has left (then the build is
+    /// out of the builds under way, as [`Wanted::abandoned`] leaves it): a build races its
+    /// long waits against it, so an abandoned one lets go of what it holds at once (review
+    /// r37q D2: a stalled snapshot read nobody waited for kept its budget 40 s).
+    pub(crate) async fn left(&self) {
+        loop {
+            self.done.closed().await;
+            // A request may have joined between the last one leaving and this look.
+            if self.abandoned() {
+                return;
+            }
+        }
+    }
 }
 
 struct Entry<T> {

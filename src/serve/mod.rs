@@ -14,7 +14,8 @@
 //! - **Untrusted bucket, bounded answers.** A snapshot is read only up to
 //!   [`replay::MAX_SNAPSHOT_BYTES`], at most [`MAX_CONCURRENT_READS`] at a time (the Train
 //!   runs' snapshots apart, within their own [`train::TRAIN_SNAPSHOTS_KIB`], charged by the
-//!   size listed, held until their answer is built), and held while it is sent within
+//!   size listed, held until their answer is built, the room free to any it covers and the
+//!   room given back to those waiting in turn), and held while it is sent within
 //!   [`inflight::MAX_ANSWER_BYTES_IN_FLIGHT`], so the memory the bucket can make us hold is
 //!   bounded whatever it holds. A snapshot that exists but
 //!   cannot be read is a `502` with the header [`UNREADABLE_HEADER`] (never KubeRay's silent

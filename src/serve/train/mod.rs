@@ -196,14 +196,16 @@ pub(crate) enum TrainAnswer {
     Snapshot(Bytes),
 }
 
-/// A Train snapshot read under permits of [`TRAIN_SNAPSHOT_KIB`] for the size it was listed
-/// with (it is read no further), returned with the bytes: the build holds them until it is
-/// done with the bytes.
+/// A Train snapshot read under room of [`TRAIN_SNAPSHOT_KIB`] for the size it was listed
+/// with (it is read no further), returned with the bytes: the build holds the room until it
+/// is done with the bytes. `None` when every request for the build left: the wait for room
+/// and the read itself are raced against their leaving ([`super::kept::Wanted::left`]), so an
+/// abandoned build gives its room back at once, not after a stalled read (review r37q D2).
 async fn read_held(
     state: &Shared,
     meta: &ObjectMeta,
     wanted: &TrainWanted,
-) -> Result<Option<(Bytes, tokio::sync::SemaphorePermit<'static>)>, Missing> {
+) -> Result<Option<(Bytes, budget::Held<'static>)>, Missing> {
     // Too large to replay: refused before it waits for any budget (review r37o D1: a 68 MiB
     // snapshot waited for the whole budget behind slow reads, then was a 502).
     if meta.size > super::replay::MAX_SNAPSHOT_BYTES {
@@ -216,70 +218,50 @@ async fn read_held(
                 .into_response(),
         ));
     }
-    let kib = meta
-        .size
-        .div_ceil(1024)
-        .clamp(1, TRAIN_SNAPSHOTS_KIB as u64) as u32;
-    // Taken when there is room, not in arrival order: a large snapshot waiting for room
-    // must not hold back small ones the room left covers (review r37o D1). A build whose
-    // requests all left stops waiting (r37o D2).
-    let stopping = || {
-        Missing::Unreadable(
-            (StatusCode::SERVICE_UNAVAILABLE, "the server is stopping").into_response(),
-        )
+    let kib = meta.size.div_ceil(1024);
+    // The room free goes to any read it covers, the room given back to those waiting in
+    // turn ([`budget`]): a big snapshot waiting holds back no small one the room left
+    // covers (review r37q D1), and is not starved by them (review r37p).
+    let held = tokio::select! {
+        biased;
+        () = wanted.left() => return Ok(None),
+        held = TRAIN_SNAPSHOT_KIB.take(kib) => held,
     };
-    let waiting = std::time::Instant::now();
-    let mut permit = None;
-    while waiting.elapsed() < BUDGET_TURN_AFTER {
-        match TRAIN_SNAPSHOT_KIB.try_acquire_many(kib) {
-            Ok(p) => {
-                permit = Some(p);
-                break;
-            }
-            Err(tokio::sync::TryAcquireError::NoPermits) => {
-                if wanted.abandoned() {
-                    return Ok(None);
-                }
-                tokio::time::sleep(BUDGET_PROBE_EVERY).await;
-            }
-            Err(tokio::sync::TryAcquireError::Closed) => return Err(stopping()),
-        }
-    }
-    // Waited its turn: now in the queue, where the room freed is kept for it, so snapshots
-    // that fit the room left cannot keep it waiting for as long as they come (review r37p:
-    // a 60 MiB snapshot waited 80 s behind a steady stream of 20 MiB ones).
-    let permit = match permit {
-        Some(p) => p,
-        None => {
-            let queued = TRAIN_SNAPSHOT_KIB.acquire_many(kib);
-            tokio::pin!(queued);
-            loop {
-                tokio::select! {
-                    p = &mut queued => break p.map_err(|_| stopping())?,
-                    _ = tokio::time::sleep(BUDGET_PROBE_EVERY * 10) => {
-                        if wanted.abandoned() {
-                            return Ok(None);
-                        }
-                    }
-                }
-            }
-        }
+    // A read under way is given up only when nobody waits for it AND another read waits for
+    // room (review r37q D2: an abandoned stalled read held its room 40 s); until then the
+    // build stays joinable, so a client that asks again (a reload, a proxy's shorter
+    // timeout) joins the read under way instead of starting it over (review r37r D1: with
+    // the read given up as soon as its client left, a client with a 6 s timeout against a
+    // 15 s read was never answered, however often it asked).
+    let body = tokio::select! {
+        biased;
+        () = left_while_room_is_wanted(wanted) => return Ok(None),
+        body = read_counted(state, meta, meta.size) => body?,
     };
-    if wanted.abandoned() {
-        return Ok(None);
+    Ok(Some((body, held)))
+}
+
+/// How often a read nobody waits for looks whether another read waits for its room.
+const ROOM_WANTED_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Completes when every request for the build has left and another read waits for room in
+/// [`TRAIN_SNAPSHOT_KIB`] or every slot of the builds under way is taken; the build is then
+/// out of the builds under way.
+async fn left_while_room_is_wanted(wanted: &TrainWanted) {
+    loop {
+        wanted.nobody_waits().await;
+        // Room wanted: another read's, or a slot of the builds under way (review r37s D1:
+        // 32 abandoned stalled reads of small snapshots held every slot, and a session with
+        // no snapshot waited 36 s).
+        if (TRAIN_SNAPSHOT_KIB.someone_waits() || wanted.slots_full()) && wanted.abandoned() {
+            return;
+        }
+        tokio::time::sleep(ROOM_WANTED_EVERY).await;
     }
-    Ok(Some((read_counted(state, meta, meta.size).await?, permit)))
 }
 
 /// The error of a build every request left before it read or built (answered to nobody).
 const ABANDONED: &str = "every request for this answer left";
-
-/// How long a Train snapshot read takes the budget's room when there is some (any order);
-/// past it, it waits its turn in the queue, where the room freed goes to it first.
-const BUDGET_TURN_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// How often a Train snapshot read waiting for room in [`TRAIN_SNAPSHOT_KIB`] looks again.
-const BUDGET_PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// What a Train build is given to tell whether a request still waits for it.
 type TrainWanted = super::kept::Wanted<TrainAnswer, TrainBuildError>;
@@ -293,9 +275,8 @@ type TrainWanted = super::kept::Wanted<TrainAnswer, TrainBuildError>;
 /// `/api/v0/cluster_metadata`).
 pub const TRAIN_SNAPSHOTS_KIB: usize = 4 * 64 * 1024;
 
-/// The permits of [`TRAIN_SNAPSHOTS_KIB`], one per KiB.
-static TRAIN_SNAPSHOT_KIB: tokio::sync::Semaphore =
-    tokio::sync::Semaphore::const_new(TRAIN_SNAPSHOTS_KIB);
+/// The room of [`TRAIN_SNAPSHOTS_KIB`], in KiB, in the order [`budget`] keeps.
+static TRAIN_SNAPSHOT_KIB: budget::Budget = budget::Budget::new(TRAIN_SNAPSHOTS_KIB as u64);
 
 /// Train answers built at once: a big session's answer takes hundreds of MiB while it is
 /// built, and a blocking task cannot be stopped when its client leaves (review r37j D1: every
@@ -314,8 +295,8 @@ static TRAIN_COMPUTE: tokio::sync::Semaphore =
     tokio::sync::Semaphore::const_new(CONCURRENT_TRAIN_BUILDS);
 
 /// Builds under way at once in [`TrainAnswers`] (each a different session's, or another
-/// snapshot's): each holds no more than its index (held anyway) until it takes a snapshot
-/// permits ([`TRAIN_SNAPSHOT_KIB`]) or the build's ([`TRAIN_COMPUTE`]), so they are many, and
+/// snapshot's): each holds no more than its index (held anyway) until it takes
+/// room in [`TRAIN_SNAPSHOT_KIB`] or the build's permit ([`TRAIN_COMPUTE`]), so they are many, and
 /// sessions without a snapshot do not wait behind slow reads of others'.
 const CONCURRENT_TRAIN_BUILDS_UNDER_WAY: usize = 32;
 
@@ -368,10 +349,7 @@ async fn built_once<R>(
 ) -> Result<Arc<TrainAnswer>, TrainBuildError>
 where
     R: std::future::Future<
-            Output = Result<
-                Option<(Bytes, tokio::sync::SemaphorePermit<'static>)>,
-                TrainBuildError,
-            >,
+            Output = Result<Option<(Bytes, budget::Held<'static>)>, TrainBuildError>,
         > + Send
         + 'static,
 {
@@ -384,8 +362,12 @@ where
             let wanted = Arc::new(wanted);
             // The snapshot's permit is held until the build is done with its bytes.
             let (snapshot, held) = read(wanted.clone()).await?.unzip();
-            // Closed never (the semaphore is static); held by the blocking build.
-            let permit = TRAIN_COMPUTE.acquire().await.ok();
+            // Closed never (the semaphore is static); held by the blocking build. Raced
+            // against the requests' leaving, so the snapshot's room is not held meanwhile.
+            let permit = tokio::select! {
+                permit = TRAIN_COMPUTE.acquire() => permit.ok(),
+                () = wanted.left() => return Err(TrainBuildError::Failed(ABANDONED.to_string())),
+            };
             // Every request left while it waited: nothing to build (review r37o D2).
             if wanted.abandoned() {
                 return Err(TrainBuildError::Failed(ABANDONED.to_string()));
@@ -621,6 +603,7 @@ fn further_than_snapshot(snapshot: &[u8], events: &Value, rescheduled: &[String]
 
 /// Whether the session read the run's own `EXPORT_TRAIN_RUN` event (`inspect` knows a run
 /// also from its attempts alone: then its name, status and the rest are null).
+mod budget;
 mod shape;
 #[cfg(test)]
 mod tests;
