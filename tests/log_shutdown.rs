@@ -20,7 +20,7 @@
 //! memory bounded.
 //!
 //! Review r42t D2: a ledger check whose HEAD hangs holds back no other key's check, so an
-//! object the bucket lost is uploaded again.
+//! object the bucket lost is uploaded again; D4: so is one overwritten with fewer bytes.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -1715,4 +1715,38 @@ fn a_ledger_check_that_hangs_holds_back_no_other_key() {
             tail(&log, 40)
         );
     }
+}
+
+/// Review r42t D4: an object overwritten with fewer bytes than the ledger recorded (its
+/// HEAD answers a smaller size) was taken as still there, and the file never sent again.
+/// Now it is as good as lost: the file is uploaded again.
+#[test]
+fn an_object_overwritten_shorter_is_uploaded_again() {
+    let Some(rig) = S3Rig::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    std::fs::write(logs.join("short.out"), big("short.out", 2_000)).unwrap();
+    let mut c = rig.collector(
+        tmp.path(),
+        &ray,
+        &["--log-upload-interval", "1s", "--shutdown-timeout", "30s"],
+    );
+    let file = std::fs::read(logs.join("short.out")).unwrap();
+    wait_until("the first upload", &c, Duration::from_secs(30), || {
+        rig.object("short.out").as_ref() == Some(&file)
+    });
+    rig.s3
+        .put_object("logstop", &key(S2, NODE, "short.out"), &file[..100]);
+    assert_eq!(rig.object("short.out").map(|o| o.len()), Some(100));
+    // Main's binary: never (the file did not change, the HEAD found the object).
+    wait_until(
+        "short.out uploaded again",
+        &c,
+        Duration::from_secs(20),
+        || rig.object("short.out").as_ref() == Some(&file),
+    );
+    c.terminate_ok(Duration::from_secs(60));
 }
