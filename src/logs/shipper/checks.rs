@@ -36,6 +36,8 @@ const ROUND_CHECK_BUDGET: std::time::Duration = LEDGER_CHECK_TIMEOUT;
 /// (the round does not wait for it); aborted when dropped.
 pub(super) struct Retry {
     key: String,
+    /// The ledger's size of the object when the check started.
+    size: u64,
     deadline: std::time::Duration,
     head: tokio::task::JoinHandle<Result<object_store::Result<object_store::ObjectMeta>, ()>>,
 }
@@ -236,6 +238,7 @@ impl LogShipper {
             // A check has a deadline of its own: the round waits for it, and a store that
             // never answers (a connection it keeps unread) must not hold every log for the
             // client's request timeout (review r42r D1: 120 s).
+            let size = self.ledger.data.objects.get(&key).map_or(0, |p| p.size);
             let checked =
                 tokio::time::timeout(LEDGER_CHECK_TIMEOUT, self.store.head(&location)).await;
             // The cursor moves on whatever the outcome: a key whose HEAD hangs must not be
@@ -245,7 +248,7 @@ impl LogShipper {
                 let deadline = LEDGER_CHECK_TIMEOUT * 2;
                 tracing::debug!(%key, timeout_secs = LEDGER_CHECK_TIMEOUT.as_secs(), retry_secs = deadline.as_secs(), "checking a ledger entry took too long; tried again beside the rounds with a longer deadline");
                 if self.verify_retries.len() < VERIFY_PER_ROUND {
-                    let retry = self.spawn_check(key, location, deadline);
+                    let retry = self.spawn_check(key, size, location, deadline);
                     self.verify_retries.push(retry);
                 }
                 // The store is slow: the round's other checks wait for the next round.
@@ -253,7 +256,7 @@ impl LogShipper {
             };
             match checked {
                 Err(object_store::Error::NotFound { .. }) => self.lost(&key),
-                Ok(_) => {}
+                Ok(meta) => self.check_size(&key, meta.size, size),
                 Err(e) => {
                     tracing::debug!(%key, error = %e, "checking a ledger entry failed");
                     break;
@@ -280,7 +283,7 @@ impl LogShipper {
             };
             match outcome {
                 Ok(Ok(Err(object_store::Error::NotFound { .. }))) => self.lost(&key),
-                Ok(Ok(Ok(_))) => {}
+                Ok(Ok(Ok(meta))) => self.check_size(&key, meta.size, r.size),
                 Ok(Ok(Err(e))) => {
                     tracing::debug!(%key, error = %e, "checking a ledger entry again failed");
                 }
@@ -290,7 +293,8 @@ impl LogShipper {
                         continue;
                     };
                     tracing::debug!(%key, timeout_secs = r.deadline.as_secs(), retry_secs = deadline.as_secs(), "checking a ledger entry again took too long; tried again with a longer deadline");
-                    let retry = self.spawn_check(key, location, deadline);
+                    let size = self.ledger.data.objects.get(&key).map_or(0, |p| p.size);
+                    let retry = self.spawn_check(key, size, location, deadline);
                     self.verify_retries.push(retry);
                 }
                 Err(_) => {}
@@ -302,6 +306,7 @@ impl LogShipper {
     fn spawn_check(
         &self,
         key: String,
+        size: u64,
         location: object_store::path::Path,
         deadline: std::time::Duration,
     ) -> Retry {
@@ -313,8 +318,27 @@ impl LogShipper {
         });
         Retry {
             key,
+            size,
             deadline,
             head,
+        }
+    }
+
+    /// An object shorter than the ledger's entry, which was `size` when its HEAD started
+    /// and still is, was overwritten (review r42t D4): as good as lost. Not while a send of
+    /// the key runs (a whole upload of a file that shrank makes it shorter).
+    fn check_size(&mut self, key: &str, object: u64, size: u64) {
+        let unchanged = self
+            .ledger
+            .data
+            .objects
+            .get(key)
+            .is_some_and(|p| p.size == size);
+        let sending = self.beside.iter().any(|b| b.key == key)
+            || self.current.as_ref().is_some_and(|b| b.key == key);
+        if unchanged && object < size && !sending {
+            tracing::warn!(%key, object, ledger = size, "an object is shorter than the ledger recorded (overwritten)");
+            self.lost(key);
         }
     }
 
