@@ -38,6 +38,10 @@ pub(super) struct Retry {
     key: String,
     /// The ledger's size of the object when the check started.
     size: u64,
+    /// The ledger's entry when the check started: an answer is of use only while it is the
+    /// same (review r42u D1: a late 404 of a retry started before the key's upload sent the
+    /// file again and warned of a loss that was not there).
+    entry: Option<LedgerEntry>,
     deadline: std::time::Duration,
     head: tokio::task::JoinHandle<Result<object_store::Result<object_store::ObjectMeta>, ()>>,
 }
@@ -282,7 +286,14 @@ impl LogShipper {
                 continue;
             };
             match outcome {
-                Ok(Ok(Err(object_store::Error::NotFound { .. }))) => self.lost(&key),
+                Ok(Ok(Err(object_store::Error::NotFound { .. }))) => {
+                    let unchanged = self.ledger.data.objects.get(&key) == r.entry.as_ref();
+                    if unchanged && !self.sending(&key) {
+                        self.lost(&key);
+                    } else {
+                        tracing::debug!(%key, "a late answer to a check of a ledger entry that changed since (uploaded again): not taken");
+                    }
+                }
                 Ok(Ok(Ok(meta))) => self.check_size(&key, meta.size, r.size),
                 Ok(Ok(Err(e))) => {
                     tracing::debug!(%key, error = %e, "checking a ledger entry again failed");
@@ -310,6 +321,7 @@ impl LogShipper {
         location: object_store::path::Path,
         deadline: std::time::Duration,
     ) -> Retry {
+        let entry = self.ledger.data.objects.get(&key).cloned();
         let store = self.store.clone();
         let head = tokio::spawn(async move {
             tokio::time::timeout(deadline, store.head(&location))
@@ -319,14 +331,15 @@ impl LogShipper {
         Retry {
             key,
             size,
+            entry,
             deadline,
             head,
         }
     }
 
-    /// An object shorter than the ledger's entry, which was `size` when its HEAD started
-    /// and still is, was overwritten (review r42t D4): as good as lost. Not while a send of
-    /// the key runs (a whole upload of a file that shrank makes it shorter).
+    /// An object shorter or longer than the ledger's entry, which was `size` when its HEAD
+    /// started and still is, was overwritten (reviews r42t D4, r42u D2): as good as lost. Not
+    /// while a send of the key runs (a whole upload of a file that shrank makes it shorter).
     fn check_size(&mut self, key: &str, object: u64, size: u64) {
         let unchanged = self
             .ledger
@@ -334,12 +347,16 @@ impl LogShipper {
             .objects
             .get(key)
             .is_some_and(|p| p.size == size);
-        let sending = self.beside.iter().any(|b| b.key == key)
-            || self.current.as_ref().is_some_and(|b| b.key == key);
-        if unchanged && object < size && !sending {
-            tracing::warn!(%key, object, ledger = size, "an object is shorter than the ledger recorded (overwritten)");
+        if unchanged && object != size && !self.sending(key) {
+            tracing::warn!(%key, object, ledger = size, "an object's size is not the ledger's (overwritten)");
             self.lost(key);
         }
+    }
+
+    /// True while a send of `key` runs.
+    fn sending(&self, key: &str) -> bool {
+        self.beside.iter().any(|b| b.key == key)
+            || self.current.as_ref().is_some_and(|b| b.key == key)
     }
 
     /// `key`'s object is not in the bucket any more: its entry goes, so the file is
