@@ -18,6 +18,9 @@
 //! Review r39q D2: a store that answers 503 from the head and then neither reads the body
 //! nor closes leaves the collector's sockets to it within the log lane's cap, and its
 //! memory bounded.
+//!
+//! Review r42t D2: a ledger check whose HEAD hangs holds back no other key's check, so an
+//! object the bucket lost is uploaded again; D4: so is one overwritten with fewer bytes.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -1637,4 +1640,113 @@ fn an_append_completion_answered_early_on_a_kept_connection_holds_up_no_other_lo
             tail(&log, 40)
         );
     }
+}
+
+/// Review r42t D2: a ledger check whose HEAD hangs (longer than the round's 15 s deadline)
+/// kept the cursor before its key, so every round tried only that key again and no other
+/// entry was ever checked: an object the bucket lost was never uploaded again. Now the
+/// cursor moves on, the next round checks the other keys, and the slow key is tried again
+/// beside the rounds with a longer deadline.
+#[test]
+fn a_ledger_check_that_hangs_holds_back_no_other_key() {
+    let Some(rig) = S3Rig::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    // Keys in the ledger's order: a-slow.out's comes before lost.out's.
+    for name in ["a-slow.out", "lost.out"] {
+        std::fs::write(logs.join(name), big(name, 2_000)).unwrap();
+    }
+    let mut c = rig.collector(
+        tmp.path(),
+        &ray,
+        &["--log-upload-interval", "1s", "--shutdown-timeout", "30s"],
+    );
+    wait_until("the first uploads", &c, Duration::from_secs(30), || {
+        rig.object("a-slow.out").is_some() && rig.object("lost.out").is_some()
+    });
+    rig.proxy.add(
+        Rule::new(Fault::Hold(MAX_HOLD))
+            .method("HEAD")
+            .target_contains("a-slow.out"),
+    );
+    rig.wait_arrived(&c, "HEAD", &["a-slow.out"], Duration::from_secs(30));
+    // The round waits in a-slow.out's check: the bucket loses lost.out's object.
+    let (status, _) = rig.s3.request(
+        "DELETE",
+        &format!("/logstop/{}", key(S2, NODE, "lost.out")),
+        b"",
+    );
+    assert_eq!(status, 204, "deleting lost.out's object");
+    // Main's binary: never (every round checked a-slow.out only).
+    wait_until(
+        "lost.out uploaded again",
+        &c,
+        Duration::from_secs(35),
+        || rig.object("lost.out").is_some(),
+    );
+    let heads = || {
+        rig.proxy
+            .arrived()
+            .iter()
+            .filter(|(m, t)| m == "HEAD" && t.contains("a-slow.out"))
+            .count()
+    };
+    wait_until(
+        "a-slow.out's check tried again",
+        &c,
+        Duration::from_secs(10),
+        || heads() >= 2,
+    );
+    let (status, took) = c.try_terminate(Duration::from_secs(60)).unwrap();
+    let log = c.log_text();
+    assert!(
+        log.contains("the bucket lost an object the ledger recorded"),
+        "{}",
+        tail(&log, 40)
+    );
+    for name in ["a-slow.out", "lost.out"] {
+        let file = std::fs::read(logs.join(name)).unwrap();
+        assert!(
+            rig.object(name).as_ref() == Some(&file),
+            "{name} differs from its file after SIGTERM (exit {status:?} after {took:?})\n{}",
+            tail(&log, 40)
+        );
+    }
+}
+
+/// Review r42t D4: an object overwritten with fewer bytes than the ledger recorded (its
+/// HEAD answers a smaller size) was taken as still there, and the file never sent again.
+/// Now it is as good as lost: the file is uploaded again.
+#[test]
+fn an_object_overwritten_shorter_is_uploaded_again() {
+    let Some(rig) = S3Rig::start() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    let logs = ray.session(S2, NODE, true);
+    std::fs::write(logs.join("short.out"), big("short.out", 2_000)).unwrap();
+    let mut c = rig.collector(
+        tmp.path(),
+        &ray,
+        &["--log-upload-interval", "1s", "--shutdown-timeout", "30s"],
+    );
+    let file = std::fs::read(logs.join("short.out")).unwrap();
+    wait_until("the first upload", &c, Duration::from_secs(30), || {
+        rig.object("short.out").as_ref() == Some(&file)
+    });
+    rig.s3
+        .put_object("logstop", &key(S2, NODE, "short.out"), &file[..100]);
+    assert_eq!(rig.object("short.out").map(|o| o.len()), Some(100));
+    // Main's binary: never (the file did not change, the HEAD found the object).
+    wait_until(
+        "short.out uploaded again",
+        &c,
+        Duration::from_secs(20),
+        || rig.object("short.out").as_ref() == Some(&file),
+    );
+    c.terminate_ok(Duration::from_secs(60));
 }

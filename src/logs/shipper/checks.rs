@@ -6,6 +6,7 @@
 
 use std::time::Instant;
 
+use futures::FutureExt;
 use object_store::ObjectStoreExt;
 
 use crate::logs::gate::{AppendGate, Change};
@@ -19,8 +20,37 @@ use crate::storage::put::{head_hash, read_marks, window_hash};
 use super::LogShipper;
 
 /// How long the round waits for one check that a ledger entry's object is still in the
-/// bucket (a `HEAD`); past it the checks stop until the next round.
+/// bucket (a `HEAD`); past it the checks stop until the next round, and that key is tried
+/// again beside the rounds with a longer deadline.
 const LEDGER_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// The longest deadline of a check tried again (it doubles from twice
+/// [`LEDGER_CHECK_TIMEOUT`] each time it runs out).
+const LEDGER_RETRY_CAP: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The round starts no further check once its checks took this long: with each check's
+/// own deadline, the checks hold a round for less than twice this.
+const ROUND_CHECK_BUDGET: std::time::Duration = LEDGER_CHECK_TIMEOUT;
+
+/// A check that took longer than [`LEDGER_CHECK_TIMEOUT`], tried again beside the rounds
+/// (the round does not wait for it); aborted when dropped.
+pub(super) struct Retry {
+    key: String,
+    /// The ledger's size of the object when the check started.
+    size: u64,
+    /// The ledger's entry when the check started: an answer is of use only while it is the
+    /// same (review r42u D1: a late 404 of a retry started before the key's upload sent the
+    /// file again and warned of a loss that was not there).
+    entry: Option<LedgerEntry>,
+    deadline: std::time::Duration,
+    head: tokio::task::JoinHandle<Result<object_store::Result<object_store::ObjectMeta>, ()>>,
+}
+
+impl Drop for Retry {
+    fn drop(&mut self) {
+        self.head.abort();
+    }
+}
 
 /// Ledger entries checked with a HEAD each round, in turn: a file the ledger calls uploaded
 /// but the bucket lost (emptied, expired by a lifecycle rule) is uploaded again within
@@ -162,19 +192,30 @@ impl LogShipper {
 
     /// A few ledger entries checked with a HEAD (see [`VERIFY_PER_ROUND`]): an entry whose
     /// object is gone is dropped, so the file is uploaded again.
+    ///
+    /// A check that takes longer than [`LEDGER_CHECK_TIMEOUT`] does not hold the others
+    /// back: the cursor moves past its key, which is tried again beside the rounds with a
+    /// deadline that doubles each time up to [`LEDGER_RETRY_CAP`] (a store whose HEADs all
+    /// take a little longer than the round's deadline still gets its checks done), at most
+    /// once per round. The round waits for at most [`ROUND_CHECK_BUDGET`] of checks before
+    /// the last one it starts.
     pub(super) async fn verify_some(&mut self) {
         use std::ops::Bound::{Excluded, Unbounded};
+        self.take_retries();
         let from = match &self.verify_cursor {
             Some(k) => Excluded(k.clone()),
             None => Unbounded,
         };
+        let retrying = |k: &String| self.verify_retries.iter().any(|r| &r.key == k);
         let mut keys: Vec<String> = self
             .ledger
             .data
             .objects
             .range::<String, _>((from, Unbounded))
+            .map(|(k, _)| k)
+            .filter(|k| !retrying(k))
             .take(VERIFY_PER_ROUND)
-            .map(|(k, _)| k.clone())
+            .cloned()
             .collect();
         if keys.len() < VERIFY_PER_ROUND {
             // Wrap around to the start, without checking a key twice in one round.
@@ -183,48 +224,153 @@ impl LogShipper {
                 .data
                 .objects
                 .keys()
+                .filter(|k| !retrying(k))
                 .take(VERIFY_PER_ROUND - keys.len())
                 .filter(|k| !keys.contains(k))
                 .cloned()
                 .collect();
             keys.extend(more);
         }
+        let started = Instant::now();
         for key in keys {
+            if started.elapsed() >= ROUND_CHECK_BUDGET {
+                break;
+            }
             let Ok(location) = object_store::path::Path::parse(&key) else {
                 continue;
             };
             // A check has a deadline of its own: the round waits for it, and a store that
             // never answers (a connection it keeps unread) must not hold every log for the
             // client's request timeout (review r42r D1: 120 s).
+            let size = self.ledger.data.objects.get(&key).map_or(0, |p| p.size);
             let checked =
                 tokio::time::timeout(LEDGER_CHECK_TIMEOUT, self.store.head(&location)).await;
+            // The cursor moves on whatever the outcome: a key whose HEAD hangs must not be
+            // the only one ever checked (review r42t D2; r42s D1 kept it before the cursor).
+            self.verify_cursor = Some(key.clone());
             let Ok(checked) = checked else {
-                // The cursor stays before it: the next round starts with it (review r42s D1:
-                // it was skipped, and a lost object never uploaded again).
-                tracing::debug!(%key, timeout_secs = LEDGER_CHECK_TIMEOUT.as_secs(), "checking a ledger entry took too long; tried again next round");
+                let deadline = LEDGER_CHECK_TIMEOUT * 2;
+                tracing::debug!(%key, timeout_secs = LEDGER_CHECK_TIMEOUT.as_secs(), retry_secs = deadline.as_secs(), "checking a ledger entry took too long; tried again beside the rounds with a longer deadline");
+                if self.verify_retries.len() < VERIFY_PER_ROUND {
+                    let retry = self.spawn_check(key, size, location, deadline);
+                    self.verify_retries.push(retry);
+                }
+                // The store is slow: the round's other checks wait for the next round.
                 break;
             };
-            self.verify_cursor = Some(key.clone());
             match checked {
-                Err(object_store::Error::NotFound { .. }) => {
-                    tracing::warn!(%key, "the bucket lost an object the ledger recorded; uploading it again");
-                    self.ledger.data.objects.remove(&key);
-                    // Its session is not complete in the bucket any more.
-                    let session = key
-                        .strip_prefix(&format!("{}/", self.prefix))
-                        .and_then(|rest| rest.split('/').next())
-                        .unwrap_or_default()
-                        .to_string();
-                    self.ledger.data.finished_sessions.remove(&session);
-                    self.ledger.dirty = true;
-                }
-                Ok(_) => {}
+                Err(object_store::Error::NotFound { .. }) => self.lost(&key),
+                Ok(meta) => self.check_size(&key, meta.size, size),
                 Err(e) => {
                     tracing::debug!(%key, error = %e, "checking a ledger entry failed");
                     break;
                 }
             }
         }
+    }
+
+    /// The outcomes of the checks tried again beside the rounds that ended since the last
+    /// round; one that took too long again is started again with twice its deadline (at
+    /// most [`LEDGER_RETRY_CAP`]).
+    fn take_retries(&mut self) {
+        let (done, running): (Vec<Retry>, Vec<Retry>) = std::mem::take(&mut self.verify_retries)
+            .into_iter()
+            .partition(|r| r.head.is_finished());
+        self.verify_retries = running;
+        for mut r in done {
+            let key = std::mem::take(&mut r.key);
+            if !self.ledger.data.objects.contains_key(&key) {
+                continue;
+            }
+            let Some(outcome) = (&mut r.head).now_or_never() else {
+                continue;
+            };
+            match outcome {
+                Ok(Ok(Err(object_store::Error::NotFound { .. }))) => {
+                    let unchanged = self.ledger.data.objects.get(&key) == r.entry.as_ref();
+                    if unchanged && !self.sending(&key) {
+                        self.lost(&key);
+                    } else {
+                        tracing::debug!(%key, "a late answer to a check of a ledger entry that changed since (uploaded again): not taken");
+                    }
+                }
+                Ok(Ok(Ok(meta))) => self.check_size(&key, meta.size, r.size),
+                Ok(Ok(Err(e))) => {
+                    tracing::debug!(%key, error = %e, "checking a ledger entry again failed");
+                }
+                Ok(Err(_)) => {
+                    let deadline = (r.deadline * 2).min(LEDGER_RETRY_CAP);
+                    let Ok(location) = object_store::path::Path::parse(&key) else {
+                        continue;
+                    };
+                    tracing::debug!(%key, timeout_secs = r.deadline.as_secs(), retry_secs = deadline.as_secs(), "checking a ledger entry again took too long; tried again with a longer deadline");
+                    let size = self.ledger.data.objects.get(&key).map_or(0, |p| p.size);
+                    let retry = self.spawn_check(key, size, location, deadline);
+                    self.verify_retries.push(retry);
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// The HEAD of `key` with `deadline`, running beside the rounds.
+    fn spawn_check(
+        &self,
+        key: String,
+        size: u64,
+        location: object_store::path::Path,
+        deadline: std::time::Duration,
+    ) -> Retry {
+        let entry = self.ledger.data.objects.get(&key).cloned();
+        let store = self.store.clone();
+        let head = tokio::spawn(async move {
+            tokio::time::timeout(deadline, store.head(&location))
+                .await
+                .map_err(|_| ())
+        });
+        Retry {
+            key,
+            size,
+            entry,
+            deadline,
+            head,
+        }
+    }
+
+    /// An object shorter or longer than the ledger's entry, which was `size` when its HEAD
+    /// started and still is, was overwritten (reviews r42t D4, r42u D2): as good as lost. Not
+    /// while a send of the key runs (a whole upload of a file that shrank makes it shorter).
+    fn check_size(&mut self, key: &str, object: u64, size: u64) {
+        let unchanged = self
+            .ledger
+            .data
+            .objects
+            .get(key)
+            .is_some_and(|p| p.size == size);
+        if unchanged && object != size && !self.sending(key) {
+            tracing::warn!(%key, object, ledger = size, "an object's size is not the ledger's (overwritten)");
+            self.lost(key);
+        }
+    }
+
+    /// True while a send of `key` runs.
+    fn sending(&self, key: &str) -> bool {
+        self.beside.iter().any(|b| b.key == key)
+            || self.current.as_ref().is_some_and(|b| b.key == key)
+    }
+
+    /// `key`'s object is not in the bucket any more: its entry goes, so the file is
+    /// uploaded again, and its session is not complete in the bucket any more.
+    fn lost(&mut self, key: &str) {
+        tracing::warn!(%key, "the bucket lost an object the ledger recorded; uploading it again");
+        self.ledger.data.objects.remove(key);
+        let session = key
+            .strip_prefix(&format!("{}/", self.prefix))
+            .and_then(|rest| rest.split('/').next())
+            .unwrap_or_default()
+            .to_string();
+        self.ledger.data.finished_sessions.remove(&session);
+        self.ledger.dirty = true;
     }
 
     /// True when `f` only grew since the ledger's upload and the store can append to its

@@ -162,6 +162,8 @@ pub struct LogShipper {
     prepared_nodes: BTreeSet<String>,
     /// The last ledger key checked with a HEAD (see `checks::VERIFY_PER_ROUND`).
     verify_cursor: Option<String>,
+    /// Checks that took too long, tried again beside the rounds (see `checks::Retry`).
+    verify_retries: Vec<checks::Retry>,
     /// New keys the ledger is saved for as soon as their first upload succeeds, not at the
     /// end of the round: keys nothing on disk would name again after a kill -9 (a rotated
     /// backup's, named by its mtime then; a worker file's filed under a guessed node).
@@ -199,6 +201,7 @@ impl LogShipper {
             uploaded_total: 0,
             prepared_nodes: BTreeSet::new(),
             verify_cursor: None,
+            verify_retries: Vec::new(),
             save_on_first: BTreeSet::new(),
             cfg,
             store,
