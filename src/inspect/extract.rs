@@ -44,6 +44,7 @@ pub(super) enum Body {
         entrypoint: Option<String>,
         driver_pid: Option<i64>,
         driver_node_id: Option<String>,
+        config: JobConfig,
     },
     DriverJobLifecycle {
         job_id: String,
@@ -72,7 +73,11 @@ pub(super) enum Body {
         driver_pid: Option<i64>,
         /// `driver_ip_address`: the driver's node IP as the job table has it.
         driver_ip: Option<String>,
+        config: JobConfig,
     },
+    /// `EXPORT_SUBMISSION_JOB`: the Job Submission API's record of a job (the job table of
+    /// submitted jobs), whole at each change.
+    ExportSubmissionJob(Box<SubmissionJob>),
     ExportActor {
         actor_id: String,
         job_id: Option<String>,
@@ -102,6 +107,99 @@ pub(super) enum Body {
     },
     /// Counted only.
     Other,
+}
+
+/// A driver job's config as its events give it (Ray's `JobConfig`): its metadata (a job
+/// submitted through the Job Submission API carries its submission id there, under
+/// [`SUBMISSION_ID_KEY`]) and its serialized runtime env.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct JobConfig {
+    /// `None` when the event had no `metadata` map.
+    pub(super) metadata: Option<BTreeMap<String, String>>,
+    /// The runtime env as Ray serialized it (JSON text), at most [`MAX_RUNTIME_ENV_BYTES`].
+    pub(super) runtime_env: Option<String>,
+}
+
+/// The key of a submitted job's submission id in its driver's metadata (Ray's
+/// `JOB_ID_METADATA_KEY`).
+pub(super) const SUBMISSION_ID_KEY: &str = "job_submission_id";
+
+/// Most metadata entries kept per job (each key and value at most `MAX_FIELD_BYTES`): Ray's
+/// are a few user-given labels.
+const MAX_METADATA_ENTRIES: usize = 64;
+
+/// Longest serialized runtime env kept: a longer one is replaced by a note saying so (cut
+/// JSON would not read back).
+pub(super) const MAX_RUNTIME_ENV_BYTES: usize = 64 << 10;
+
+/// `EXPORT_SUBMISSION_JOB`'s `event_data` (Ray's `JobInfo` of a submitted job).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct SubmissionJob {
+    pub(super) submission_id: String,
+    /// `PENDING`, `RUNNING`, `STOPPED`, `SUCCEEDED` or `FAILED`.
+    pub(super) status: Option<String>,
+    pub(super) entrypoint: Option<String>,
+    pub(super) message: Option<String>,
+    pub(super) error_type: Option<String>,
+    /// Unix milliseconds.
+    pub(super) started_ms: Option<i64>,
+    pub(super) ended_ms: Option<i64>,
+    pub(super) config: JobConfig,
+    pub(super) driver_node_id: Option<String>,
+    pub(super) driver_agent_http_address: Option<String>,
+    pub(super) driver_exit_code: Option<i64>,
+}
+
+/// A map of strings (Ray's `map<string, string>`), bounded ([`MAX_METADATA_ENTRIES`]);
+/// `None` when the member is missing or not an object. A value that is not a string is
+/// kept as its JSON text.
+fn get_string_map(v: &Value, camel: &str, snake: &str) -> Option<BTreeMap<String, String>> {
+    let o = get(v, camel, snake)?.as_object()?;
+    Some(
+        o.iter()
+            .take(MAX_METADATA_ENTRIES)
+            .map(|(k, v)| {
+                let v = match v {
+                    Value::String(s) => bounded(s, MAX_FIELD_BYTES),
+                    other => bounded(&other.to_string(), MAX_FIELD_BYTES),
+                };
+                (bounded(k, MAX_FIELD_BYTES), v)
+            })
+            .collect(),
+    )
+}
+
+/// A serialized runtime env, kept whole up to [`MAX_RUNTIME_ENV_BYTES`]; a longer one is
+/// replaced by a JSON object saying how long it was.
+fn runtime_env_text(v: &Value, camel: &str, snake: &str) -> Option<String> {
+    let s = get(v, camel, snake)?.as_str()?;
+    Some(if s.len() <= MAX_RUNTIME_ENV_BYTES {
+        s.to_string()
+    } else {
+        serde_json::json!({
+            "rhc_not_kept": format!("a runtime env of {} bytes, over {MAX_RUNTIME_ENV_BYTES}", s.len())
+        })
+        .to_string()
+    })
+}
+
+/// A job config as a driver job event carries it: `config.metadata` and the serialized
+/// runtime env (`config.serializedRuntimeEnv` pushed, `config.runtime_env_info.
+/// serialized_runtime_env` exported).
+fn job_config(p: &Value) -> JobConfig {
+    let Some(config) = get(p, "config", "config").filter(|c| c.is_object()) else {
+        return JobConfig::default();
+    };
+    let runtime_env = runtime_env_text(config, "serializedRuntimeEnv", "serialized_runtime_env")
+        .or_else(|| {
+            get(config, "runtimeEnvInfo", "runtime_env_info").and_then(|info| {
+                runtime_env_text(info, "serializedRuntimeEnv", "serialized_runtime_env")
+            })
+        });
+    JobConfig {
+        metadata: get_string_map(config, "metadata", "metadata"),
+        runtime_env,
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -354,6 +452,7 @@ pub(super) fn extract_ray_event(v: &Value, seq: u64) -> Option<Fact> {
                     entrypoint: get_str(p, "entrypoint", "entrypoint"),
                     driver_pid: get_i64(p, "driverPid", "driver_pid"),
                     driver_node_id: get_id(p, "driverNodeId", "driver_node_id"),
+                    config: job_config(p),
                 })
             })
         }
@@ -525,8 +624,36 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
                 ended_ns: get_ms_as_ns(data, "end_time"),
                 driver_pid: get_i64(data, "driver_pid", "driverPid"),
                 driver_ip: get_str(data, "driver_ip_address", "driverIpAddress"),
+                config: job_config(data),
             })
         }
+        "EXPORT_SUBMISSION_JOB" => get_str(data, "submission_job_id", "submissionJobId").map(
+            |submission_id| {
+                Body::ExportSubmissionJob(Box::new(SubmissionJob {
+                    submission_id,
+                    status: get_str(data, "status", "status"),
+                    entrypoint: get_str_long(data, "entrypoint", "entrypoint"),
+                    message: get(data, "message", "message")
+                        .and_then(Value::as_str)
+                        .filter(|m| !m.is_empty())
+                        .map(|m| bounded_middle(m, MAX_ERROR_MESSAGE_BYTES)),
+                    error_type: get_str(data, "error_type", "errorType"),
+                    started_ms: get_i64(data, "start_time", "startTime").filter(|t| *t > 0),
+                    ended_ms: get_i64(data, "end_time", "endTime").filter(|t| *t > 0),
+                    config: JobConfig {
+                        metadata: get_string_map(data, "metadata", "metadata"),
+                        runtime_env: runtime_env_text(data, "runtime_env_json", "runtimeEnvJson"),
+                    },
+                    driver_node_id: get_id(data, "driver_node_id", "driverNodeId"),
+                    driver_agent_http_address: get_str(
+                        data,
+                        "driver_agent_http_address",
+                        "driverAgentHttpAddress",
+                    ),
+                    driver_exit_code: get_i64(data, "driver_exit_code", "driverExitCode"),
+                }))
+            },
+        ),
         "EXPORT_ACTOR" => get_id(data, "actor_id", "actorId").map(|actor_id| {
             let (death_reason, death_message) = death_cause(get(data, "death_cause", "deathCause"));
             Body::ExportActor {

@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::extract::{
-    bounded, ActorTransition, Body, Fact, NodeTransition, TrainAttemptEvent, TrainRunEvent,
+    bounded, ActorTransition, Body, Fact, JobConfig, NodeTransition, SubmissionJob, TrainAttemptEvent, TrainRunEvent,
     TrainWorker, Transition, WorkerTransition,
 };
 use super::task::{CompactId, TaskStore};
@@ -80,7 +80,20 @@ pub(super) struct JobModel {
     /// A driver job event (pushed or export) spoke of it; false for a job known only from
     /// its tasks, actors or Train runs.
     pub(super) recorded: bool,
+    /// Its config's metadata and runtime env, from the first driver job event that had them.
+    pub(super) config: JobConfig,
 }
+
+/// The newest record of a submitted job (`EXPORT_SUBMISSION_JOB`), and where it came.
+#[derive(Debug)]
+pub(super) struct SubmissionModel {
+    pub(super) order: (i64, usize, u64),
+    pub(super) job: SubmissionJob,
+}
+
+/// Ray's terminal states of a submitted job: a record in one of them is never replaced by a
+/// later-read record of a state before it.
+const SUBMISSION_TERMINAL: [&str; 3] = ["STOPPED", "SUCCEEDED", "FAILED"];
 
 #[derive(Debug, Default)]
 pub(super) struct ActorModel {
@@ -148,6 +161,8 @@ pub(super) struct SessionModel {
     pub(super) by_type: BTreeMap<String, u64>,
     pub(super) nodes: BTreeMap<String, NodeModel>,
     pub(super) jobs: BTreeMap<String, JobModel>,
+    /// Submitted jobs by submission id (`EXPORT_SUBMISSION_JOB`).
+    pub(super) submissions: BTreeMap<String, SubmissionModel>,
     pub(super) tasks: TaskStore,
     pub(super) actors: BTreeMap<String, ActorModel>,
     pub(super) workers: BTreeMap<String, WorkerModel>,
@@ -176,6 +191,7 @@ impl SessionModel {
             by_type: BTreeMap::new(),
             nodes: BTreeMap::new(),
             jobs: BTreeMap::new(),
+            submissions: BTreeMap::new(),
             tasks,
             actors: BTreeMap::new(),
             workers: BTreeMap::new(),
@@ -263,9 +279,11 @@ impl SessionModel {
                 entrypoint,
                 driver_pid,
                 driver_node_id,
+                config,
             } => {
                 let j = self.jobs.entry(job_id).or_default();
                 j.recorded = true;
+                fill_config(&mut j.config, config);
                 fill(&mut j.entrypoint, entrypoint);
                 fill(&mut j.driver_pid, driver_pid);
                 fill(&mut j.driver_node_id, driver_node_id);
@@ -286,15 +304,40 @@ impl SessionModel {
                 ended_ns,
                 driver_pid,
                 driver_ip,
+                config,
             } => {
                 let j = self.jobs.entry(job_id).or_default();
                 j.recorded = true;
+                fill_config(&mut j.config, config);
                 fill(&mut j.entrypoint, entrypoint);
                 fill(&mut j.driver_pid, driver_pid);
                 fill(&mut j.driver_ip, driver_ip);
                 let dead_before = j.export.is_some_and(|(dead, _, _)| dead);
                 if !dead_before {
                     j.export = Some((is_dead, started_ns, ended_ns));
+                }
+            }
+            Body::ExportSubmissionJob(job) => {
+                let terminal = |j: &SubmissionJob| {
+                    j.status
+                        .as_deref()
+                        .is_some_and(|s| SUBMISSION_TERMINAL.contains(&s))
+                };
+                match self.submissions.get_mut(&job.submission_id) {
+                    Some(kept) => {
+                        let newer = order > kept.order;
+                        let regress = terminal(&kept.job) && !terminal(&job);
+                        if newer && !regress || terminal(&job) && !terminal(&kept.job) {
+                            kept.order = kept.order.max(order);
+                            kept.job = *job;
+                        }
+                    }
+                    None => {
+                        self.submissions.insert(
+                            job.submission_id.clone(),
+                            SubmissionModel { order, job: *job },
+                        );
+                    }
                 }
             }
             Body::Task(delta) => {
@@ -502,4 +545,10 @@ mod tests {
         keep_latest(&mut slot, &t("SUBMITTED_TO_WORKER", 5), &());
         assert_eq!(slot.unwrap().0.state, "FAILED");
     }
+}
+
+/// Fills what `into` lacks of a job's config from `from`.
+fn fill_config(into: &mut JobConfig, from: JobConfig) {
+    fill(&mut into.metadata, from.metadata);
+    fill(&mut into.runtime_env, from.runtime_env);
 }
