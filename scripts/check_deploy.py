@@ -22,7 +22,12 @@ No cluster is needed. In order:
    it listens on, which is on the pod's loopback, its probes reach its read-only listener
    on the pod IP (--metrics-listen, containerPort rhc-metrics), the grace period covers --shutdown-timeout, its
    identity comes from the downward API, and every flag exists (the table of
-   docs/configuration.md, which tests/readme_config.rs checks against the CLI).
+   docs/configuration.md, which tests/readme_config.rs checks against the CLI). With an
+   ingest token (--ingest-token-file on a Secret volume, or RHC_INGEST_TOKEN from a
+   secretKeyRef), Ray's RHC_INGEST_TOKEN comes from the same Secret key, before an export
+   address ending in /v1/events/$(RHC_INGEST_TOKEN); without one, Ray posts to /v1/events.
+4b. ingest token Secrets: each one the Ray pods use and the objects define holds a token
+   the collector takes; the chart's defaults turn the token on.
 5. charts/kuberay-ray-cluster-values.yaml: the pods KubeRay's ray-cluster chart would
    build from it, through the checks of 3 and 4.
 6. examples/docker-compose/compose.yaml: the same wiring between its services.
@@ -36,6 +41,7 @@ Extra arguments are more manifest files to check (e.g. KubeRay's ray-cluster cha
 rendered with the snippet). Prints every check; exits 1 if any failed.
 """
 
+import base64
 import copy
 import json
 import os
@@ -332,10 +338,15 @@ def check_ray_pod(template, *, role, flags, owner=None, grace_default=DEFAULT_GR
         if not env_value(renv, name):
             problems.append(f"Ray container: {name} is not set")
     addr = env_value(renv, "RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR")
-    wanted = {f"http://127.0.0.1:{port}/v1/events", f"http://localhost:{port}/v1/events"}
-    if addr not in wanted:
-        problems.append(f"Ray container: RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR is {addr!r}, "
-                        f"expected http://127.0.0.1:{port}/v1/events")
+    token_ref, token_problems = collector_token_ref(c, args, env, volumes)
+    problems += token_problems
+    if token_ref is None:
+        wanted = {f"http://127.0.0.1:{port}/v1/events", f"http://localhost:{port}/v1/events"}
+        if addr not in wanted:
+            problems.append(f"Ray container: RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR is {addr!r}, "
+                            f"expected http://127.0.0.1:{port}/v1/events (the collector has no ingest token)")
+    else:
+        problems += ray_token_problems(ray, renv, addr, port, token_ref)
 
     # Resources and hardening.
     res = c.get("resources") or {}
@@ -346,6 +357,128 @@ def check_ray_pod(template, *, role, flags, owner=None, grace_default=DEFAULT_GR
     if sc.get("runAsNonRoot") is not True:
         problems.append("the collector's securityContext should set runAsNonRoot: true")
     return problems
+
+
+def secret_key_ref(entry):
+    """(name, key, optional) of an env entry's secretKeyRef, or None."""
+    ref = ((entry or {}).get("valueFrom") or {}).get("secretKeyRef")
+    return None if ref is None else (ref.get("name"), ref.get("key"), bool(ref.get("optional")))
+
+
+def collector_token_ref(c, args, env, volumes):
+    """The collector's ingest token as (Secret name, key), or None without one; and problems.
+
+    From --ingest-token-file (or RHC_INGEST_TOKEN_FILE) on a Secret volume of the pod, or from
+    RHC_INGEST_TOKEN through a secretKeyRef. Never a literal: the token is a secret."""
+    problems = []
+    path = args.get("ingest-token-file") or env_value(env, "RHC_INGEST_TOKEN_FILE")
+    if path and "RHC_INGEST_TOKEN" in env:
+        problems.append("the collector has both --ingest-token-file and RHC_INGEST_TOKEN (it refuses to start)")
+    if path:
+        for m in c.get("volumeMounts") or []:
+            mount = str(m.get("mountPath", "")).rstrip("/")
+            if not path.startswith(mount + "/"):
+                continue
+            rest = path[len(mount) + 1:]
+            secret = (volumes.get(m.get("name")) or {}).get("secret")
+            if secret is None:
+                return None, problems + [f"--ingest-token-file {path} is on volume {m.get('name')!r}, "
+                                         "not a Secret volume"]
+            if secret.get("optional"):
+                problems.append(f"the ingest token's Secret volume {m.get('name')!r} is optional: without the "
+                                "Secret the collector cannot start, and should wait for it")
+            items = secret.get("items")
+            key = next((i.get("key") for i in items if i.get("path") == rest), None) if items else rest
+            if key is None:
+                return None, problems + [f"--ingest-token-file {path}: no item of Secret volume {m.get('name')!r} "
+                                         f"has path {rest!r}"]
+            return (secret.get("secretName"), key), problems
+        return None, problems + [f"--ingest-token-file {path} is on no volume mount of the collector"]
+    if "RHC_INGEST_TOKEN" in env:
+        ref = secret_key_ref(env["RHC_INGEST_TOKEN"])
+        if ref is None:
+            return None, problems + ["the collector's RHC_INGEST_TOKEN is a literal: take it from a Secret "
+                                     "(secretKeyRef), as Ray's"]
+        if ref[2]:
+            problems.append("the collector's RHC_INGEST_TOKEN secretKeyRef is optional")
+        return ref[:2], problems
+    return None, problems
+
+
+def ray_token_problems(ray, renv, addr, port, token_ref):
+    """Ray's side of the ingest token: RHC_INGEST_TOKEN from the collector's Secret key,
+    defined before the export address that ends in $(RHC_INGEST_TOKEN)."""
+    problems = []
+    wanted = {f"http://{h}:{port}/v1/events/$(RHC_INGEST_TOKEN)" for h in ("127.0.0.1", "localhost")}
+    if addr not in wanted:
+        problems.append(f"Ray container: RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR is {addr!r}, "
+                        f"expected http://127.0.0.1:{port}/v1/events/$(RHC_INGEST_TOKEN): the collector "
+                        "refuses posts without its ingest token")
+    ref = secret_key_ref(renv.get("RHC_INGEST_TOKEN"))
+    if ref is None:
+        problems.append("Ray container: RHC_INGEST_TOKEN should come from the collector's Secret "
+                        f"{token_ref[0]!r} key {token_ref[1]!r} (secretKeyRef)")
+        return problems
+    if ref[:2] != tuple(token_ref):
+        problems.append(f"Ray container: RHC_INGEST_TOKEN comes from Secret {ref[0]!r} key {ref[1]!r}, the "
+                        f"collector's from {token_ref[0]!r} key {token_ref[1]!r}")
+    if ref[2]:
+        problems.append("Ray container: the RHC_INGEST_TOKEN secretKeyRef is optional: without the Secret "
+                        "$(RHC_INGEST_TOKEN) would stay unexpanded in the export address")
+    names = [e.get("name") for e in ray.get("env") or []]
+    export = "RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR"
+    if export in names and names.index("RHC_INGEST_TOKEN") > names.index(export):
+        problems.append("Ray container: RHC_INGEST_TOKEN is defined after the export address; Kubernetes "
+                        "expands $(VAR) only from earlier entries")
+    return problems
+
+
+def valid_ingest_token(token):
+    """Why `token` (the decoded Secret value) is not an ingest token the collector takes, or None."""
+    t = token.strip()
+    if not 16 <= len(t) <= 256:
+        return f"{len(t)} characters, not 16 to 256"
+    if not re.fullmatch(r"[A-Za-z0-9._~-]+", t):
+        return "not only A-Z a-z 0-9 - . _ ~"
+    return None
+
+
+def check_token_secrets(docs, report, where):
+    """Each ingest token Secret that the Ray pods of `docs` use and `docs` define holds a
+    token the collector takes; one they use but do not define is named (created apart)."""
+    secrets = {obj_name(d).split("/", 1)[-1]: d for d in docs if d.get("kind") == "Secret"}
+    refs = set()
+    for doc in docs:
+        if doc.get("kind") not in ("RayCluster", "RayJob"):
+            continue
+        for _, template, _ in ray_pod_templates(doc):
+            spec = template.get("spec") or {}
+            inits = [c for c in spec.get("initContainers") or [] if c.get("name") == COLLECTOR]
+            if not inits:
+                continue
+            c = inits[0]
+            args, _ = parse_args(c.get("args") or [])
+            volumes = {v.get("name"): v for v in spec.get("volumes") or []}
+            ref, _ = collector_token_ref(c, args, env_map(c), volumes)
+            if ref:
+                refs.add(tuple(ref))
+    for name, key in sorted(refs):
+        secret = secrets.get(name)
+        if secret is None:
+            report.check(f"{where}: ingest token Secret {name!r} is created apart (not in these objects)", [])
+            continue
+        data = secret.get("data") or {}
+        string_data = secret.get("stringData") or {}
+        if key in string_data:
+            value = str(string_data[key])
+        elif key in data:
+            value = base64.b64decode(data[key]).decode("utf-8", "replace")
+        else:
+            report.check(f"{where}: ingest token Secret {name!r} has key {key!r}", [f"no key {key!r}"])
+            continue
+        why = valid_ingest_token(value)
+        report.check(f"{where}: ingest token Secret {name!r} key {key!r} holds a token the collector takes",
+                     [why] if why else [])
 
 
 def ray_pod_templates(doc):
@@ -874,6 +1007,14 @@ def main():
     for where, docs in sources:
         for doc in docs:
             check_wiring(doc, flags, report, where)
+
+    report.section("ingest token Secrets")
+    for where, docs in sources:
+        check_token_secrets(docs, report, where)
+    defaults = dict(sources).get("chart[defaults + storage.url + image]", [])
+    report.check("the chart's defaults turn the ingest token on, with a Secret of the release",
+                 [] if any(d.get("kind") == "Secret" and obj_name(d).endswith("-ingest-token") for d in defaults)
+                 else ["no <fullname>-ingest-token Secret in the default render"])
 
     report.section("the chart's history server (serve)")
     serve_flags, copier = known_serve_flags(), dashboard_copy_check()

@@ -16,9 +16,9 @@
 //!    its reading ends 5 s after it is told (with step 1), whatever pass is running.
 //! 3. Publication rounds stop; the spool seals every open segment and the uploader drains its
 //!    queue (a sealed segment's object gets its last bytes): events first. From the signal
-//!    on, a write the store refuses with its condition (400 / 403) is sent without it at
-//!    once, not after 30 s of refusals, while no conditional write has landed in this run
-//!    (`storage::conditions::shutting_down`).
+//!    on, a write the store refuses with its condition (400 / 403) is tried again with it
+//!    after 1 s and sent without it when refused a third time, not after 30 s of refusals,
+//!    for a kind of condition not landed in this run (`storage::conditions::shutting_down`).
 //! 4. The log shipper's final flush (every file, byte for byte) and the head's last dashboard
 //!    poll run together in the time left.
 //! 5. The HTTP server and the spool's writer stop. What could not be uploaded stays in the
@@ -150,6 +150,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
             events_enabled: settings.enable_event_collector,
             event_keys: settings.event_keys,
             max_gzip_ratio: settings.max_gzip_ratio,
+            ingest_token: settings.ingest_token.clone(),
         },
         spool.clone(),
         event_node.clone(),
@@ -301,8 +302,9 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     );
     state.begin_shutdown();
     // A store refusing conditional writes (400 / 403) would have the seal's writes wait
-    // `REFUSAL_SPAN` (30 s) past the deadline: from now on such a refusal has the write sent
-    // without its condition at once, while no conditional write has landed in this run.
+    // `REFUSAL_SPAN` (30 s) past the deadline: from now on such a refusal has the write tried
+    // again with its condition at once (after 1 s) and sent without it when refused a third
+    // time, for a kind of condition not landed in this run.
     crate::storage::conditions::shutting_down();
     // The export tailer makes a last pass so lines written just before the end are kept; its
     // reading ends a fixed time after it is told, so it is told now.

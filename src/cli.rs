@@ -326,6 +326,12 @@ pub struct RunArgs {
     #[arg(long, env = "RHC_LOG_APPENDS", value_name = "BOOL", default_value = "true", value_parser = given(parse_bool), action = clap::ArgAction::Set)]
     pub log_appends: Given<bool>,
 
+    /// A file holding the ingest token (16 to 256 of A-Z a-z 0-9 - . _ ~): Ray then posts to
+    /// /v1/events/<token>, and every other events post is refused (403) before its body is
+    /// read. The token may instead be given as RHC_INGEST_TOKEN.
+    #[arg(long, env = "RHC_INGEST_TOKEN_FILE", value_name = "PATH")]
+    pub ingest_token_file: Option<PathBuf>,
+
     /// Ray dashboard of the head, for endpoint snapshots and (last resort) the node id
     /// [default: http://localhost:8265, or KubeRay's FQ_RAY_IP and RAY_DASHBOARD_PORT].
     #[arg(long, env = "RAY_DASHBOARD_ADDRESS", value_name = "URL")]

@@ -123,11 +123,16 @@ pub const LOG_UPLOADS_ABORTED: &str = "rhc_log_multipart_aborts_total";
 pub const PUBLICATIONS: &str = "rhc_event_publications_total";
 /// Bytes sent by publications (object bytes, after compression).
 pub const PUBLICATION_BYTES: &str = "rhc_event_publication_bytes_total";
-/// 1 while event objects are written conditionally (`If-Match` / `If-None-Match`; read at
-/// each scrape), 0 for `file://` (which needs none) and once the store refused a
-/// condition: answered it with 501 / `NotImplemented`, or with 400 / 403 for
+/// 1 while every write of event objects that can carry a condition carries it (`If-Match`
+/// / `If-None-Match`; read at each scrape), 0 for `file://` (which needs none) and once the
+/// store refused any kind of condition (a PUT's or a completion's, either header: which, in
+/// [`CONDITIONS_REFUSED`]): answered it with 501 / `NotImplemented`, or with 400 / 403 for
 /// 30 s while the same write without it then landed (`storage::versioned`).
 pub const CONDITIONAL_WRITES: &str = "rhc_event_conditional_writes";
+/// Per kind of conditional write (`kind`: `put_if_none_match`, `put_if_match`,
+/// `complete_if_none_match`, `complete_if_match`), 1 once the store refused it and writes
+/// of that kind go without their condition (`storage::conditions`), 0 otherwise.
+pub const CONDITIONS_REFUSED: &str = "rhc_conditional_writes_refused";
 
 /// Installs the global recorder; the handle renders `/metrics`. `compressor` names what
 /// compresses uploads at `--gzip-level` 1 and 2 in this build (`storage::gzip::FAST_COMPRESSOR`,
@@ -176,6 +181,9 @@ pub struct SpoolGauges {
     pub oldest_age_seconds: f64,
     /// Event objects are written conditionally now ([`CONDITIONAL_WRITES`]).
     pub conditional_writes: bool,
+    /// Each kind of conditional write with whether the store refused it
+    /// ([`CONDITIONS_REFUSED`]).
+    pub conditions_refused: [(&'static str, bool); 4],
 }
 
 /// Renders the text exposition, refreshing the spool gauges first.
@@ -184,6 +192,9 @@ pub fn render(handle: &PrometheusHandle, spool: SpoolGauges) -> String {
     gauge!(SPOOL_FILES).set(spool.files as f64);
     gauge!(OLDEST_AGE).set(spool.oldest_age_seconds);
     conditional_writes(spool.conditional_writes);
+    for (kind, refused) in spool.conditions_refused {
+        gauge!(CONDITIONS_REFUSED, "kind" => kind).set(if refused { 1.0 } else { 0.0 });
+    }
     handle.run_upkeep();
     handle.render()
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use crate::cli::{Given, Role, RunArgs};
 use crate::contract::{id_to_hex, is_dns1123_subdomain, is_safe_segment, ClusterLayout, Owner};
 use crate::dashboard::DashboardConfig;
+use crate::events::http::IngestToken;
 use crate::events::upload::Compression;
 use crate::storage::gzip::GzipLevel;
 use crate::storage::{self, StorageSpec};
@@ -86,6 +87,9 @@ pub struct Settings {
     pub log_upload_max_bytes_per_second: u64,
     /// Appends to log objects where the store can.
     pub log_appends: bool,
+    /// `--ingest-token-file` / `RHC_INGEST_TOKEN`: the token that tells Ray's event posts
+    /// from any other client's (never printed: its `Debug` is redacted).
+    pub ingest_token: Option<IngestToken>,
     /// The head's dashboard: address, snapshot period, token, extra endpoints.
     pub dashboard: DashboardConfig,
     /// `POD_IP`: this pod's address, to find the node id in the dashboard's node list.
@@ -610,6 +614,7 @@ impl Settings {
         if cli.spool_dir.as_os_str().is_empty() {
             return Err(bad("--spool-dir", "", "must not be empty"));
         }
+        let ingest_token = ingest_token(cli.ingest_token_file.as_deref(), env)?;
         let (dashboard, mut warnings) =
             DashboardConfig::from_env(dashboard_address, endpoint_poll_interval, env)
                 .map_err(|e| ConfigError(e.to_string()))?;
@@ -689,11 +694,43 @@ impl Settings {
             log_upload_interval,
             log_upload_max_bytes_per_second,
             log_appends,
+            ingest_token,
             dashboard,
             pod_ip,
             quarantine_node,
             warnings,
         })
+    }
+}
+
+/// The ingest token, from `--ingest-token-file` (`RHC_INGEST_TOKEN_FILE`) or `RHC_INGEST_TOKEN`
+/// (not both); none when neither is set (an empty variable is unset). A token named but
+/// unusable is refused: a collector that accepted every post while Ray's manifest carries a
+/// token, or refused Ray's, would fail silently. Messages never show the token.
+fn ingest_token(
+    file: Option<&std::path::Path>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<IngestToken>, ConfigError> {
+    let var = env("RHC_INGEST_TOKEN").filter(|v| !v.trim().is_empty());
+    match (file, var) {
+        (Some(_), Some(_)) => Err(ConfigError(
+            "both --ingest-token-file (RHC_INGEST_TOKEN_FILE) and RHC_INGEST_TOKEN are set: give the ingest token one way".into(),
+        )),
+        (Some(path), None) => {
+            let raw = std::fs::read_to_string(path).map_err(|e| {
+                ConfigError(format!(
+                    "--ingest-token-file {}: cannot read it: {e}",
+                    path.display()
+                ))
+            })?;
+            IngestToken::parse(&raw).map(Some).map_err(|why| {
+                ConfigError(format!("--ingest-token-file {}: {why}", path.display()))
+            })
+        }
+        (None, Some(raw)) => IngestToken::parse(&raw)
+            .map(Some)
+            .map_err(|why| ConfigError(format!("RHC_INGEST_TOKEN: {why}"))),
+        (None, None) => Ok(None),
     }
 }
 
@@ -811,6 +848,66 @@ mod tests {
             resolve(&[], &[]).unwrap().dashboard.address,
             "http://localhost:8265"
         );
+    }
+
+    /// The ingest token from a file or `RHC_INGEST_TOKEN`, checked, never shown in an error.
+    #[test]
+    fn the_ingest_token_is_read_checked_and_never_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good");
+        std::fs::write(&good, "tok-0123456789abcdef\n").unwrap();
+        let short = dir.path().join("short");
+        std::fs::write(&short, "tok-0123456789\n").unwrap();
+        let odd = dir.path().join("odd");
+        std::fs::write(&odd, "tok-0123456789abcdef/secret\n").unwrap();
+        let file = |p: &std::path::Path| p.to_str().unwrap().to_string();
+        assert!(resolve(&[], &[]).unwrap().ingest_token.is_none());
+        assert!(resolve(&[], &[("RHC_INGEST_TOKEN", " ")])
+            .unwrap()
+            .ingest_token
+            .is_none());
+        let s = resolve(&["--ingest-token-file", &file(&good)], &[]).unwrap();
+        assert_eq!(
+            s.ingest_token.as_ref().map(|t| t.expose()),
+            Some("tok-0123456789abcdef")
+        );
+        assert!(!format!("{s:?}").contains("0123456789abcdef"));
+        let s = resolve(&[], &[("RHC_INGEST_TOKEN", "tok-0123456789abcdef")]).unwrap();
+        assert_eq!(
+            s.ingest_token.as_ref().map(|t| t.expose()),
+            Some("tok-0123456789abcdef")
+        );
+        for (args, env, needle) in [
+            (
+                vec!["--ingest-token-file", "/nonexistent/token"],
+                vec![],
+                "cannot read it",
+            ),
+            (
+                vec!["--ingest-token-file", file(&short).leak()],
+                vec![],
+                "has 14 bytes",
+            ),
+            (
+                vec!["--ingest-token-file", file(&odd).leak()],
+                vec![],
+                "byte 21",
+            ),
+            (
+                vec![],
+                vec![("RHC_INGEST_TOKEN", "tok 0123456789abcdef")],
+                "RHC_INGEST_TOKEN: byte 4",
+            ),
+            (
+                vec!["--ingest-token-file", file(&good).leak()],
+                vec![("RHC_INGEST_TOKEN", "tok-0123456789abcdef")],
+                "both",
+            ),
+        ] {
+            let e = resolve(&args, &env).unwrap_err();
+            assert!(e.contains(needle), "{args:?}: {e}");
+            assert!(!e.contains("0123456789"), "{e}");
+        }
     }
 
     #[test]

@@ -1767,3 +1767,379 @@ fn export_lines_of_new_jobs_beside_sealed_segments_leave_room_for_pushed_events(
     assert_pushed_events_taken(&c, "after the second wave");
     c.kill9();
 }
+
+/// Quarantine records whose `raw` is `raw`, by the offset they name.
+fn records_of(bucket: &Path, raw: &str) -> HashMap<u64, usize> {
+    let mut at: HashMap<u64, usize> = HashMap::new();
+    for r in quarantine_records(bucket)
+        .iter()
+        .filter(|r| r["raw"] == raw)
+    {
+        *at.entry(r["source_offset"].as_u64().unwrap_or(u64::MAX))
+            .or_default() += 1;
+    }
+    at
+}
+
+/// Review r41q D1: a kill -9 after a batch holding a bad line is durable, at the ids
+/// journal's append (before the offsets are saved). The restart reads the line again; a good
+/// line's id comes back from the spool's segment, and now a bad line's key comes back from
+/// its record (`source_key`), so it keeps one record (main at 6731502: two, the key being in
+/// the journal only).
+#[test]
+fn a_kill9_before_the_journal_append_records_a_bad_line_once() {
+    let _files = beside_others();
+    let w = work();
+    let faults = Faults::build(&w.dir);
+    let path = export_dir(&w.ray.root).join("event_EXPORT_TASK.log");
+    let good = backlog(2, "j");
+    let (first, second) = good.split_at(good.find('\n').unwrap() + 1);
+    std::fs::write(&path, first).unwrap();
+    let mut c = w.start(&[], &faults.env());
+    wait_metric(&c, "rhc_events_accepted_total", 1.0);
+    // The pass that read it is over, its offsets saved.
+    std::thread::sleep(Duration::from_millis(1500));
+    faults.arm("write", rhc_testkit::fault_shim::KILL, 1, "/dedup/ids-");
+    append(&path, format!("this line is not json\n{second}").as_bytes());
+    let status = c.wait_exit(Duration::from_secs(30));
+    assert!(
+        status.as_ref().is_ok_and(|s| !s.success()) && !faults.armed("write"),
+        "not killed at the journal's append ({status:?}):\n{}",
+        c.log_text()
+    );
+    c.restart();
+    let seen = |c: &Collector| {
+        c.metric("rhc_events_accepted_total")
+            + c.metric("rhc_events_duplicate_total")
+            + c.metric("rhc_events_quarantined_total")
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen(&c) < 2.0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    c.terminate_ok(Duration::from_secs(60));
+    let records = records_of(&w.bucket, "this line is not json");
+    assert_eq!(
+        records,
+        HashMap::from([(first.len() as u64, 1)]),
+        "records of the bad line by offset:\n{}",
+        c.log_text()
+    );
+    let ids = stored_ids(&w.bucket);
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(ids.values().all(|&n| n == 1), "{ids:?}");
+}
+
+/// Review r41q D4: a file whose first line (300,000 bytes, not JSON) is longer than the
+/// longest line kept whole at a 1 MiB budget, then a good line and a short bad one; the
+/// bucket refuses writes, so what run 1 stored stays in the spool. kill -9 at the offsets'
+/// save; the restart reads the file again from its start with less room. Each line is now
+/// cut at the limit whatever the room of the read, so the file has the same identity in
+/// both runs and each bad piece keeps one record (main at 6731502: run 1 read the first
+/// line whole, run 2 cut it, and the file's other identity gave every bad line a second
+/// record).
+#[test]
+fn an_overlong_first_line_gives_a_file_the_same_identity_after_a_kill9() {
+    let _files = beside_others();
+    let w = work();
+    let faults = Faults::build(&w.dir);
+    let long = "Z".repeat(300_000);
+    let good = backlog(1, "o");
+    let mut c = w.start(&["--max-spool-bytes", "1MiB"], &faults.env());
+    w.refuse_uploads();
+    faults.arm(
+        "open",
+        rhc_testkit::fault_shim::KILL,
+        1,
+        "export-offsets.json.tmp",
+    );
+    std::fs::write(
+        export_dir(&w.ray.root).join("event_EXPORT_TASK.log"),
+        format!("{long}\n{good}short bad\n"),
+    )
+    .unwrap();
+    let status = c.wait_exit(Duration::from_secs(30));
+    assert!(
+        status.as_ref().is_ok_and(|s| !s.success()) && !faults.armed("open"),
+        "not killed at the offsets' save ({status:?}):\n{}",
+        c.log_text()
+    );
+    // The bucket a directory again (a start needs one), every object written to it failing
+    // (`EIO`) while the restart reads the file again.
+    std::fs::remove_file(&w.bucket).unwrap();
+    std::fs::create_dir_all(&w.bucket).unwrap();
+    faults.arm("open", 5, 1_000_000, &format!("{}/", w.bucket.display()));
+    c.restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.metric("rhc_events_duplicate_total") + c.metric("rhc_events_accepted_total") < 1.0
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    // The bucket back: what the spool holds goes up.
+    faults.disarm("open");
+    c.terminate_ok(Duration::from_secs(60));
+    let short = records_of(&w.bucket, "short bad");
+    assert_eq!(
+        short.values().copied().collect::<Vec<_>>(),
+        [1],
+        "records of the short bad line by offset:\n{}",
+        c.log_text()
+    );
+    let mut pieces: HashMap<u64, usize> = HashMap::new();
+    for r in quarantine_records(&w.bucket)
+        .iter()
+        .filter(|r| r["raw"].as_str().is_some_and(|s| s.starts_with('Z')))
+    {
+        *pieces
+            .entry(r["source_offset"].as_u64().unwrap())
+            .or_default() += 1;
+    }
+    assert!(
+        pieces.values().all(|&n| n == 1),
+        "pieces of the long line recorded twice: {pieces:?}"
+    );
+    let covered: usize = quarantine_records(&w.bucket)
+        .iter()
+        .filter(|r| r["raw"].as_str().is_some_and(|s| s.starts_with('Z')))
+        .map(|r| r["raw"].as_str().unwrap().len())
+        .sum();
+    assert_eq!(
+        covered,
+        long.len(),
+        "the long line kept whole, once: {pieces:?}"
+    );
+    let ids = stored_ids(&w.bucket);
+    assert_eq!(ids.values().copied().collect::<Vec<_>>(), [1], "{ids:?}");
+}
+
+/// Review r41n D4 (r41q D5): the copy ratio learnt low first (a compressible backlog
+/// uploaded, 4 MiB budget), then the bucket refuses writes and 300 earlier sessions appear on
+/// the node, one export line each. Each new session also makes a marker file on the head (4
+/// KiB in the budget), which a batch now counts: the tailer stops below 80 % and pushed events
+/// keep getting 200 (main at 6731502 counted segment, shadow and record only: 237 sessions
+/// read, the markers took the spool to 97 % and pushed events got 503).
+#[test]
+fn export_lines_of_many_new_sessions_leave_room_for_pushed_events() {
+    let _files = beside_others();
+    let w = work();
+    let c = w.start(&["--max-spool-bytes", "4MiB"], &[]);
+    std::fs::write(
+        export_dir(&w.ray.root).join("event_EXPORT_TASK.log"),
+        backlog(3000, "r"),
+    )
+    .unwrap();
+    wait_metric_within(
+        &c,
+        "rhc_events_accepted_total",
+        3000.0,
+        Duration::from_secs(60),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c.metric("rhc_spool_bytes") >= 5000.0 {
+        assert!(
+            Instant::now() < deadline,
+            "never uploaded:\n{}",
+            c.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    w.refuse_uploads();
+    // The sessions made aside, then moved in at once.
+    let staging = rhc_testkit::ray_logs::RayRoot::new(&w.dir.join("staging"));
+    let mut names = Vec::new();
+    for s in 0..300u32 {
+        let name = format!(
+            "session_2026-11-21_{:02}-{:02}-{:02}_000001_{}",
+            s / 3600,
+            s / 60 % 60,
+            s % 60,
+            1000 + s
+        );
+        let logs = staging.session(&name, NODE, false);
+        std::fs::create_dir_all(logs.join("export_events")).unwrap();
+        std::fs::write(
+            logs.join("export_events")
+                .join("event_EXPORT_DRIVER_JOB.log"),
+            job_line(s, 1_795_313_307, &format!("s{s}-")),
+        )
+        .unwrap();
+        names.push(name);
+    }
+    for name in &names {
+        std::fs::rename(staging.root.join(name), w.ray.root.join(name)).unwrap();
+    }
+    wait_read_steady(&c);
+    assert_pushed_events_taken(&c, "after the sessions were read");
+    let mut c = c;
+    c.kill9();
+}
+
+/// Pseudo-random bytes (xorshift), base64: what compresses badly.
+fn noise(state: &mut u64, n: usize) -> String {
+    let bytes: Vec<u8> = (0..n)
+        .map(|_| {
+            *state ^= *state << 13;
+            *state ^= *state >> 7;
+            *state ^= *state << 17;
+            (*state >> 24) as u8
+        })
+        .collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// A POST body of `n` of Ray's pushed events whose message compresses badly.
+fn noisy_events(state: &mut u64, n: usize) -> Vec<u8> {
+    let events: Vec<String> = (0..n)
+        .map(|_| {
+            format!(
+                r#"{{"eventId":"{}","sourceType":"GCS","eventType":"NODE_LIFECYCLE_EVENT","timestamp":"2026-11-22T02:06:40.945470430Z","severity":"INFO","sessionName":"{SESSION}","nodeId":"OuZZXCSK197xxyBr/VCxjoYNXrFn5OBoxkgjpQ==","message":"{}"}}"#,
+                noise(state, 20),
+                noise(state, 700)
+            )
+        })
+        .collect();
+    format!("[{}]", events.join(",")).into_bytes()
+}
+
+/// Review r41s D1: a batch kept because it holds the lines of a backup Ray's rotation deleted
+/// (2,800 lines, 2.9 MB, read in one batch at a 4 MiB budget while the copy ratio was low: a
+/// compressible backlog uploaded first) fails to store (ENOSPC on the export segments), and
+/// meanwhile Ray's pushed events, which compress badly, raise the ratio. Once the disk has room
+/// again, the batch's lines with their copies' reserve at the new ratio need more than the
+/// whole budget. It is now stored in parts sized to the room below the mark, as uploads make
+/// room, while pushed events keep getting 200: every line of the deleted backup is in the
+/// bucket once (main at 6731502 retried it whole, refused as over budget for as long as pushed
+/// events held a few KiB of the spool: none of its lines stored, nothing new read).
+#[test]
+fn a_kept_batch_read_at_a_low_copy_ratio_is_stored_in_parts() {
+    let _files = alone();
+    let w = work();
+    let faults = Faults::build(&w.dir);
+    let mut c = w.start(
+        &["--max-spool-bytes", "4MiB", "--upload-window", "1s"],
+        &faults.env(),
+    );
+    // The ratio learnt low.
+    std::fs::write(
+        export_dir(&w.ray.root).join("event_EXPORT_TASK.log"),
+        backlog(300, "l"),
+    )
+    .unwrap();
+    wait_metric(&c, "rhc_events_accepted_total", 300.0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c.metric("rhc_spool_bytes") >= 5000.0 {
+        assert!(
+            Instant::now() < deadline,
+            "never uploaded:\n{}",
+            c.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // Another session appears whole: the backup, an empty file read after it (the tailer is
+    // held there), and the live file.
+    let session = "session_2026-11-23_01-00-00_000001_4242";
+    let staging = rhc_testkit::ray_logs::RayRoot::new(&w.dir.join("staging"));
+    let dir = staging.session(session, NODE, false).join("export_events");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("event_EXPORT_TASK.log.1"), backlog(2800, "k")).unwrap();
+    std::fs::write(dir.join("event_EXPORT_A.log"), b"").unwrap();
+    std::fs::write(dir.join("event_EXPORT_TASK.log"), backlog(5, "v")).unwrap();
+    let dir = w.ray.root.join(session).join("logs").join("export_events");
+    // Its first read (a listing's stat names the file alone, not its path).
+    faults.pause_at_stat(1, &format!("{}/event_EXPORT_A.log$", dir.display()));
+    std::fs::rename(staging.root.join(session), w.ray.root.join(session)).unwrap();
+    assert!(
+        faults.wait_paused(Duration::from_secs(30)),
+        "the tailer never reached the file after the backup:\n{}",
+        c.log_text()
+    );
+    // Ray's rotation: the backup deleted, the live file renamed, a new one on the freed inode.
+    let (live, backup) = (
+        dir.join("event_EXPORT_TASK.log"),
+        dir.join("event_EXPORT_TASK.log.1"),
+    );
+    let freed = inode(&backup);
+    std::fs::remove_file(&backup).unwrap();
+    std::fs::rename(&live, &backup).unwrap();
+    rhc_testkit::collector::create_on_freed_inode(&live, freed, b"")
+        .unwrap_or_else(|e| panic!("the test needs a reused inode: {e}"));
+    // No room on the disk for export segments; pushed events still pass.
+    faults.arm("writev", ENOSPC, 1_000_000, "/export_events/");
+    faults.resume();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !c.log_text().contains("storing export events failed") {
+        assert!(
+            Instant::now() < deadline,
+            "no failed store:\n{}",
+            c.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut codes: HashMap<u16, usize> = HashMap::new();
+    let until = Instant::now() + Duration::from_secs(12);
+    while Instant::now() < until {
+        let r = c.post(&noisy_events(&mut state, 40));
+        *codes.entry(r.status).or_default() += 1;
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    faults.disarm("writev");
+    // A trickle of pushed events keeps the spool from ever being empty.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let stored = |c: &Collector| {
+        c.log_text()
+            .contains("export events kept after a failed store are stored")
+    };
+    while !stored(&c) && Instant::now() < deadline {
+        let r = c.post(&noisy_events(&mut state, 2));
+        *codes.entry(r.status).or_default() += 1;
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let log = c.log_text();
+    assert!(
+        stored(&c),
+        "the kept batch was never stored (pushes {codes:?}); last failure: {:?}",
+        log.lines()
+            .rev()
+            .find(|l| l.contains("failed again"))
+            .unwrap_or_default()
+    );
+    // The renamed live file is read after it.
+    wait_metric(&c, "rhc_events_accepted_total", 300.0 + 2805.0);
+    println!(
+        "pushes {codes:?}; {}",
+        log.lines()
+            .filter(|l| l.contains("kept") || l.contains("failed again"))
+            .map(|l| &l[l.len().saturating_sub(300)..])
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    c.terminate_ok(Duration::from_secs(60));
+    // Every session's export lines.
+    let mut ids: HashMap<String, usize> = HashMap::new();
+    for (k, v) in w.objects() {
+        if !k.contains("/export_events/") {
+            continue;
+        }
+        for line in decode(&k, &v)
+            .split(|&c| c == b'\n')
+            .filter(|l| !l.is_empty())
+        {
+            let v: Value = serde_json::from_slice(line).unwrap();
+            *ids.entry(v["event_id"].as_str().unwrap().to_string())
+                .or_default() += 1;
+        }
+    }
+    let kept = ids.keys().filter(|k| k.starts_with('k')).count();
+    assert_eq!(kept, 2800, "lines of the deleted backup in the bucket");
+    assert!(ids.values().all(|&n| n == 1), "lines stored twice");
+    assert_eq!(ids.keys().filter(|k| k.starts_with('v')).count(), 5);
+    assert_eq!(
+        codes.keys().copied().collect::<Vec<_>>(),
+        [200],
+        "pushed events refused: {codes:?}"
+    );
+}

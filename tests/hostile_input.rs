@@ -1925,3 +1925,268 @@ fn rays_kept_connection_is_not_locked_out_by_300_cheap_clients() {
         }
     }
 }
+
+/// The ingest token of the tests below: what both containers of a pod would share.
+const INGEST_TOKEN: &str = "rhc-test-ingest-token-0123456789";
+
+/// Review r39r D1: without a token, one accepted event made any connection "delivered",
+/// and 300 clients that each posted one valid event and then looped the 65-byte double-gzip
+/// body (decoding to 1000 KiB of whitespace, 400) on the same kept connection locked Ray's
+/// kept connection out: 0 of 54 batches answered 200 within 3 s. With an ingest token only
+/// `POST /v1/events/<token>` is Ray's: the cheap clients' posts are refused from their head
+/// (403, connection closed), they never earn a rank or a decoding turn, and Ray's kept
+/// connection (reconnecting when closed, as aiohttp does) gets every batch in within 3 s.
+/// The token is given as `RHC_INGEST_TOKEN`, which a collector without tokens ignores: such
+/// a collector starts, answers Ray's token path 404 and fails this test.
+#[test]
+fn with_an_ingest_token_clients_that_deliver_events_do_not_lock_out_ray() {
+    use rhc_testkit::http::Conn;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    let mut c = Collector::start(
+        &tmp.path().join("spool"),
+        &[
+            "--storage",
+            bucket.to_str().unwrap(),
+            "--enable-log-collector",
+            "false",
+            "--rotation-interval",
+            "1h",
+        ],
+        &[("RHC_INGEST_TOKEN", INGEST_TOKEN)],
+    );
+    let mut inner = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    inner.write_all(b"[").unwrap();
+    inner.write_all(&vec![b' '; 1000 << 10]).unwrap();
+    let mut outer = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    outer.write_all(&inner.finish().unwrap()).unwrap();
+    let tiny = Arc::new(outer.finish().unwrap());
+    assert!(tiny.len() < 200, "{}", tiny.len());
+    let authority = format!("127.0.0.1:{}", c.port);
+    let ray_path = format!("/v1/events/{INGEST_TOKEN}");
+    let batch = |i: usize| {
+        let events: Vec<String> = (0..10).map(|j| event(&format!("tok-{i}-{j}"))).collect();
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        enc.write_all(format!("[{}]", events.join(",")).as_bytes())
+            .unwrap();
+        enc.finish().unwrap()
+    };
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Content-Encoding", "gzip"),
+    ];
+    // Ray's agent starts with the node and posts its first batch before anyone floods it.
+    let mut ray = Conn::open(&authority, Duration::from_secs(15)).unwrap();
+    let first = ray.request("POST", &ray_path, &headers, &batch(0)).unwrap();
+    assert_eq!(
+        first.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    // r39r's kept.py, "delivered": each client delivers one raw event on a new connection,
+    // then loops the tiny body on it while it stays open; reconnects when closed.
+    let stop = Arc::new(AtomicBool::new(false));
+    let answers = Arc::new(Mutex::new(
+        std::collections::BTreeMap::<String, usize>::new(),
+    ));
+    let cheap: Vec<_> = (0..300)
+        .map(|i| {
+            let (stop, answers, tiny, authority) = (
+                stop.clone(),
+                answers.clone(),
+                tiny.clone(),
+                authority.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut k = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    let mut conn = match Conn::open(&authority, Duration::from_secs(20)) {
+                        Ok(conn) => conn,
+                        Err(e) => {
+                            *answers
+                                .lock()
+                                .unwrap()
+                                .entry(format!("connect: {:?}", e.kind()))
+                                .or_default() += 1;
+                            std::thread::sleep(Duration::from_millis(50));
+                            continue;
+                        }
+                    };
+                    let one = format!("[{}]", event(&format!("cheap-{i}-{k}")));
+                    k += 1;
+                    let mut r = conn.request(
+                        "POST",
+                        "/v1/events",
+                        &[("Content-Type", "application/json")],
+                        one.as_bytes(),
+                    );
+                    let mut what = "deliver";
+                    loop {
+                        let closes = match &r {
+                            Ok(r) => {
+                                *answers
+                                    .lock()
+                                    .unwrap()
+                                    .entry(format!("{what} {}", r.status))
+                                    .or_default() += 1;
+                                r.closes()
+                            }
+                            Err(e) => {
+                                *answers
+                                    .lock()
+                                    .unwrap()
+                                    .entry(format!("{what} {:?}", e.kind()))
+                                    .or_default() += 1;
+                                true
+                            }
+                        };
+                        if closes || stop.load(Ordering::Relaxed) || conn.closed_by_peer() {
+                            break;
+                        }
+                        what = "tiny";
+                        r = conn.request(
+                            "POST",
+                            "/v1/events",
+                            &[
+                                ("Content-Type", "application/json"),
+                                ("Content-Encoding", "gzip, gzip"),
+                            ],
+                            &tiny,
+                        );
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let (mut slow, mut reconnects, mut broken) = (Vec::new(), 0, false);
+    for i in 1..=20 {
+        let started = std::time::Instant::now();
+        // As aiohttp does: a connection the collector closed (or that failed) is not reused.
+        if broken || ray.closed_by_peer() {
+            reconnects += 1;
+            match Conn::open(&authority, Duration::from_secs(15)) {
+                Ok(conn) => ray = conn,
+                Err(e) => {
+                    slow.push(format!("batch {i}: connecting: {e}"));
+                    continue;
+                }
+            }
+        }
+        let r = ray.request("POST", &ray_path, &headers, &batch(i));
+        let took = started.elapsed();
+        broken = true;
+        match r {
+            Ok(r) if r.status == 200 && took < rhc_testkit::hostile::RAY_TIMEOUT => {
+                broken = r.closes();
+            }
+            Ok(r) => slow.push(format!(
+                "batch {i}: {} after {took:?}: {}",
+                r.status,
+                String::from_utf8_lossy(&r.body)
+            )),
+            Err(e) => slow.push(format!("batch {i}: {e} after {took:?}")),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in cheap {
+        t.join().unwrap();
+    }
+    let answers = answers.lock().unwrap().clone();
+    eprintln!("the cheap clients' answers: {answers:?}; Ray reconnected {reconnects} times");
+    assert!(slow.is_empty(), "{slow:#?}\ncheap clients: {answers:?}");
+    assert!(
+        answers.get("deliver 403").copied().unwrap_or(0) >= 300,
+        "the cheap clients did not post: {answers:?}"
+    );
+    assert!(
+        answers
+            .keys()
+            .all(|k| !k.ends_with(" 200") && !k.starts_with("tiny")),
+        "a post without the token was read: {answers:?}"
+    );
+    let lines = stored_lines(&tmp, &mut c);
+    assert!(
+        !lines
+            .iter()
+            .any(|(_, l)| l.contains("\"eventId\":\"cheap-")),
+        "an event posted without the token was stored"
+    );
+    for i in 0..=20 {
+        for j in 0..10 {
+            let id = format!("\"eventId\":\"tok-{i}-{j}\"");
+            assert!(
+                lines.iter().any(|(_, l)| l.contains(&id)),
+                "event tok-{i}-{j} was not stored"
+            );
+        }
+    }
+}
+
+/// With `--ingest-token-file`, a post without the token or with another one is refused
+/// (403, `Connection: close`) as soon as its head is read: a body declared at 64 MiB and
+/// never sent is not waited for. Ray's path is served, probes as before, and the token is
+/// in no log line (at debug).
+#[test]
+fn posts_without_the_ingest_token_are_refused_before_their_body() {
+    let tmp = tempfile::tempdir().unwrap();
+    let token_file = tmp.path().join("ingest-token");
+    std::fs::write(&token_file, format!("{INGEST_TOKEN}\n")).unwrap();
+    let mut c = start(&tmp, &["--ingest-token-file", token_file.to_str().unwrap()]);
+    let wrong = format!("/v1/events/{}x", &INGEST_TOKEN[..INGEST_TOKEN.len() - 1]);
+    let longer = format!("/v1/events/{INGEST_TOKEN}0");
+    for path in ["/v1/events", "/events", &wrong, &longer, "/v1/events/"] {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", c.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let started = std::time::Instant::now();
+        write!(
+            s,
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n[",
+            64 << 20
+        )
+        .unwrap();
+        // The whole answer, then the end of the stream: nothing waits for the body.
+        let mut answer = Vec::new();
+        let read = s.read_to_end(&mut answer);
+        let took = started.elapsed();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(read.is_ok(), "{path}: {read:?} after {took:?}: {answer}");
+        assert!(took < Duration::from_secs(2), "{path}: {took:?}");
+        assert!(answer.starts_with("HTTP/1.1 403"), "{path}: {answer}");
+        assert!(
+            answer.to_ascii_lowercase().contains("connection: close"),
+            "{answer}"
+        );
+        assert!(answer.contains("ingest token"), "{answer}");
+        assert!(!answer.contains(&INGEST_TOKEN[4..]), "{answer}");
+    }
+    let ok = c.post_with(
+        format!("[{}]", event("with-token")).as_bytes(),
+        &[("Content-Type", "application/json")],
+    );
+    assert_eq!(ok.status, 403, "the bare path is refused");
+    let r = rhc_testkit::http::try_http_request(
+        "POST",
+        &c.url(&format!("/v1/events/{INGEST_TOKEN}")),
+        &[("Content-Type", "application/json")],
+        format!("[{}]", event("with-token")).as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(json(&r)["accepted"], 1);
+    for probe in ["/healthz", "/readyz"] {
+        assert_eq!(c.get(probe).unwrap().status, 200, "{probe}");
+    }
+    let refused = c.metric_labeled("rhc_http_requests_total", "status=\"403\"");
+    assert!(refused >= 6.0, "{refused}");
+    let lines = stored_lines(&tmp, &mut c);
+    assert!(lines
+        .iter()
+        .any(|(_, l)| l.contains("\"eventId\":\"with-token\"")));
+    let log = c.log_text();
+    assert!(!log.contains(&INGEST_TOKEN[4..]), "the token is in the log");
+}

@@ -1844,3 +1844,153 @@ fn framework_versions_whole_null_apart_from_absent_and_resource_members_shown() 
         panic!("Ray's model rejects the answer: {e}");
     }
 }
+
+/// Review r37n D1: Train snapshot reads held by a slow store (here eight sessions', each GET
+/// held 30 s) hold no other session's answers: a session without a snapshot gets its Train
+/// runs, a session with a small snapshot its Train runs and its replayed
+/// `/api/v0/cluster_metadata`, each within seconds. Before, the eight reads held the Train
+/// builds' permits (the session without a snapshot waited 28 s) and serve's snapshot-read
+/// permits (every session's replayed snapshots waited 28 s behind four).
+#[test]
+fn slow_train_snapshot_reads_hold_no_other_sessions_answers() {
+    const STALL: Duration = Duration::from_secs(30);
+    let Some(s3) = MotoS3::start() else { return };
+    s3.create_bucket("ray-history");
+    let work = tempfile::tempdir().unwrap();
+    let store = collect(work.path(), SESSION_A, "train", TRAIN);
+    let stalled: Vec<String> = (1..=8)
+        .map(|i| format!("session_2026-10-{i:02}_02-08-16_569038_24326"))
+        .collect();
+    let (without, with) = (SESSION_B, SESSION_E);
+    let snapshot_key = |session: &str, uri: &str| {
+        format!(
+            "cluster-history/raycluster/default/train/{session}/{FETCHED_ENDPOINTS_DIR}/{}",
+            endpoint_object_name(uri)
+        )
+    };
+    let snapshot = json!({"train_runs": []}).to_string();
+    for session in stalled.iter().map(String::as_str).chain([without, with]) {
+        for (key, bytes) in files_under(&store) {
+            s3.put_object("ray-history", &key.replace(SESSION_A, session), &bytes);
+        }
+        if session != without {
+            s3.put_object(
+                "ray-history",
+                &snapshot_key(session, RUNS_URI),
+                snapshot.as_bytes(),
+            );
+        }
+    }
+    s3.put_object(
+        "ray-history",
+        &snapshot_key(with, "/api/v0/cluster_metadata"),
+        br#"{"result":true,"msg":"","data":{"rayVersion":"2.60.0"}}"#,
+    );
+    let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
+    let url = proxy.url();
+    let mut env = s3.collector_env();
+    env[0] = ("AWS_ENDPOINT", url.as_str());
+    let serve = Serve::start(
+        "s3://ray-history",
+        &work.path().join("serve.log"),
+        &[],
+        &env,
+    );
+    let enter = |session: &str| {
+        let entered = serve
+            .get(
+                &format!("/enter_cluster/default/raycluster/train/{session}"),
+                &[],
+            )
+            .unwrap();
+        assert_eq!(entered.status, 200, "{}", serve.log_text());
+        let cookies = set_cookies(&entered);
+        let deadline = std::time::Instant::now() + Duration::from_secs(300);
+        while serve.get("/api/jobs/", &cookies).unwrap().status != 200 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{session} never loaded"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        cookies
+    };
+    let cookies: Vec<Vec<(String, String)>> = stalled.iter().map(|s| enter(s)).collect();
+    let (cookies_without, cookies_with) = (enter(without), enter(with));
+    // From now on, the stalled sessions' objects are held at every GET (an object's key has
+    // its slashes as they are; a listing's prefix, in the query, has them encoded).
+    const HELD: &str = "/train/session_2026-10-";
+    proxy.add(
+        Rule::new(Fault::Delay(STALL))
+            .method("GET")
+            .target_contains(HELD),
+    );
+    let port = serve.port;
+    std::thread::scope(|s| {
+        let stalled_requests: Vec<_> = cookies
+            .iter()
+            .map(|c| {
+                let cookie = c
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                s.spawn(move || {
+                    try_http_request_within(
+                        "GET",
+                        &format!("http://127.0.0.1:{port}{RUNS_URI}"),
+                        &[("Cookie", cookie.as_str())],
+                        b"",
+                        STALL * 4,
+                    )
+                    .map(|r| r.status)
+                })
+            })
+            .collect();
+        // The stalled reads under way (main's binary lets four through at a time).
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while proxy
+            .arrived()
+            .iter()
+            .filter(|(m, t)| m == "GET" && t.contains(HELD))
+            .count()
+            < 4
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the stalled reads never came"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        for (what, cookies, uri) in [
+            ("Train runs without a snapshot", &cookies_without, RUNS_URI),
+            ("Train runs with a small snapshot", &cookies_with, RUNS_URI),
+            (
+                "a replayed snapshot",
+                &cookies_with,
+                "/api/v0/cluster_metadata",
+            ),
+        ] {
+            let started = std::time::Instant::now();
+            let got = serve.get(uri, cookies);
+            let took = started.elapsed();
+            let got = got.unwrap_or_else(|e| {
+                panic!("{what}: no answer after {took:?} while eight Train snapshot reads were held: {e}")
+            });
+            assert_eq!(
+                got.status,
+                200,
+                "{what}: {}",
+                String::from_utf8_lossy(&got.body)
+            );
+            assert!(
+                took < Duration::from_secs(10),
+                "{what} took {took:?} while eight Train snapshot reads were held"
+            );
+        }
+        for r in stalled_requests {
+            assert_eq!(r.join().unwrap().unwrap(), 200);
+        }
+    });
+}

@@ -185,6 +185,16 @@ fn attempts_of(fixture: &str) -> BTreeMap<(String, i64), Attempt> {
             }
         }
     }
+    // Ray's defaults (its `TaskState` from protobuf): an attempt no transition named is
+    // `NIL`, one whose definition was not seen a `NORMAL_TASK`.
+    for a in out.values_mut() {
+        if a.state.is_empty() {
+            a.state = "NIL".into();
+        }
+        if a.task_type.is_empty() {
+            a.task_type = "NORMAL_TASK".into();
+        }
+    }
     out
 }
 
@@ -396,7 +406,8 @@ fn check_summary(
     assert_eq!(cluster["summary_by"], "func_name");
     let mut want: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
     for a in attempts.values() {
-        if a.task_type != "DRIVER_TASK" && !a.name.is_empty() {
+        // Every attempt the filters keep, the unnamed under "" as Ray counts them.
+        if a.task_type != "DRIVER_TASK" {
             *want
                 .entry(a.name.clone())
                 .or_default()
@@ -1803,4 +1814,436 @@ fn a_partial_index_is_loaded_again_at_its_next_look() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Task `i`'s definition and lifecycle events, in the shapes of [`task_lines`], ending in
+/// `state`; a `FAILED` one carries Ray's error info with `error_type`.
+fn task_pair(
+    session: &str,
+    node: &[u8],
+    i: u8,
+    state: &str,
+    error_type: Option<&str>,
+) -> [Value; 2] {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let job = b64(&[1, 0, 0, 0]);
+    let mut id = vec![0, 0, 0, i, 0, 0, 0, 0];
+    id.extend([0xff; 12]);
+    id.extend([1, 0, 0, 0]);
+    let id = b64(&id);
+    let mut life = json!({"taskId": id, "taskAttempt": 0, "jobId": job,
+        "nodeId": b64(node), "workerPid": 7,
+        "stateTransitions": [{"state": state, "timestamp": "2026-11-22T05:00:02Z"}]});
+    if let Some(t) = error_type {
+        life["rayErrorInfo"] = json!({"errorType": t, "errorMessage": "boom"});
+    }
+    [
+        json!({"eventId": format!("d{i}"), "eventType": "TASK_DEFINITION_EVENT",
+            "timestamp": "2026-11-22T05:00:01Z", "sessionName": session,
+            "taskDefinitionEvent": {"taskId": id, "taskAttempt": 0, "jobId": job,
+                "taskType": "NORMAL_TASK", "taskName": format!("t{i}")}}),
+        json!({"eventId": format!("l{i}"), "eventType": "TASK_LIFECYCLE_EVENT",
+            "timestamp": "2026-11-22T05:00:02Z", "sessionName": session,
+            "taskLifecycleEvent": life}),
+    ]
+}
+
+/// Ray 2.60's `TaskStatus` names (`ray.util.state.common.TypeTaskStatus`).
+const RAY_TASK_STATES: &[&str] = &[
+    "NIL",
+    "PENDING_ARGS_AVAIL",
+    "PENDING_NODE_ASSIGNMENT",
+    "PENDING_OBJ_STORE_MEM_AVAIL",
+    "PENDING_ARGS_FETCH",
+    "SUBMITTED_TO_WORKER",
+    "PENDING_ACTOR_TASK_ARGS_FETCH",
+    "PENDING_ACTOR_TASK_ORDERING_OR_CONCURRENCY",
+    "RUNNING",
+    "RUNNING_IN_RAY_GET",
+    "RUNNING_IN_RAY_WAIT",
+    "FINISHED",
+    "FAILED",
+    "GETTING_AND_PINNING_ARGS",
+];
+
+/// Review r36n D2, D4, D7: rows Ray 2.60's `TaskState` rejected (a definition-only attempt
+/// `UNKNOWN`, a lifecycle-only one of type `""`, `runtime_env_info` a string), a summary that
+/// dropped the unnamed attempt, and filters unlike Ray's (an upper-case key refused,
+/// `error_type=""` matching a `null` error type, `parent_task_id` refused without saying
+/// why). Now rows take Ray's defaults (`NIL`, `NORMAL_TASK`, a dict), the summary counts
+/// every attempt kept (the unnamed under `""`, as Ray keys it), and filters read as Ray's.
+#[test]
+fn task_rows_summaries_and_filters_follow_rays_state_api() {
+    const SESSION: &str = "session_2026-11-22_05-00-00_000000_1";
+    let node: Vec<u8> = (1..=28).collect();
+    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    let dir = node_events_bucket(&bucket, SESSION, &node_hex);
+    let mut events: Vec<Value> = Vec::new();
+    for i in 1..=4 {
+        events.extend(task_pair(SESSION, &node, i, "FINISHED", None));
+    }
+    events.extend(task_pair(
+        SESSION,
+        &node,
+        5,
+        "FAILED",
+        Some("TASK_EXECUTION_EXCEPTION"),
+    ));
+    let [definition_only, _] = task_pair(SESSION, &node, 6, "FINISHED", None);
+    let [_, lifecycle_only] = task_pair(SESSION, &node, 7, "FINISHED", None);
+    events.extend([definition_only, lifecycle_only]);
+    let text: String = events.iter().map(|e| format!("{e}\n")).collect();
+    std::fs::write(dir.join(format!("{node_hex}-2026-11-22-05-1.jsonl")), text).unwrap();
+    let s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve.log"),
+        &[],
+        &[],
+    );
+    let c = cookies_for(SESSION);
+    let r = get_loaded(&s, "/api/v0/tasks?limit=100&detail=true", &c);
+    assert_eq!(r.status, 200, "{}", body(&r));
+    let v = json_of(&r);
+    let data = &v["data"]["result"];
+    assert_eq!(data["total"], 7, "{data}");
+    assert_eq!(data["partial_failure_warning"], "", "every object was read");
+    let rows = data["result"].as_array().unwrap();
+    let by_name = |n: &str| rows.iter().find(|r| r["name"] == n).unwrap();
+    assert_eq!(by_name("t6")["state"], "NIL", "{rows:?}");
+    assert_eq!(by_name("t6")["type"], "NORMAL_TASK");
+    assert_eq!(by_name("")["type"], "NORMAL_TASK", "{rows:?}");
+    assert_eq!(by_name("")["state"], "FINISHED");
+    for row in rows {
+        let state = row["state"].as_str().unwrap();
+        assert!(RAY_TASK_STATES.contains(&state), "{row}");
+        let ty = row["type"].as_str().unwrap();
+        assert!(
+            [
+                "NORMAL_TASK",
+                "ACTOR_CREATION_TASK",
+                "ACTOR_TASK",
+                "DRIVER_TASK"
+            ]
+            .contains(&ty),
+            "{row}"
+        );
+        assert!(row["runtime_env_info"].is_object(), "{row}");
+    }
+
+    // The summary counts every attempt the filters keep.
+    let v = json_of(&get(&s, "/api/v0/tasks/summarize", &c, 200));
+    let data = &v["data"]["result"];
+    let cluster = &data["result"]["node_id_to_summary"]["cluster"];
+    let counted: u64 = cluster["summary"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|e| e["state_counts"].as_object().unwrap().values())
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(data["num_filtered"], 7, "{data}");
+    assert_eq!(counted, 7, "{cluster}");
+    assert_eq!(
+        cluster["summary"][""]["state_counts"],
+        json!({"FINISHED": 1})
+    );
+    assert_eq!(cluster["summary"]["t6"]["state_counts"], json!({"NIL": 1}));
+    assert_eq!(cluster["total_tasks"], 7);
+
+    // Filters as Ray's state API reads them.
+    let filtered = |q: &str, status: u16| {
+        let r = get(&s, &format!("/api/v0/tasks?{q}"), &c, status);
+        if status == 200 {
+            json_of(&r)["data"]["result"]["num_filtered"].clone()
+        } else {
+            json!(body(&r))
+        }
+    };
+    assert_eq!(
+        filtered(
+            "filter_keys=STATE&filter_predicates=%3D&filter_values=finished",
+            200
+        ),
+        5
+    );
+    assert_eq!(
+        filtered(
+            "filter_keys=Error_Type&filter_predicates=%3D&filter_values=",
+            200
+        ),
+        0
+    );
+    assert_eq!(
+        filtered(
+            "filter_keys=error_type&filter_predicates=!%3D&filter_values=",
+            200
+        ),
+        7
+    );
+    assert_eq!(
+        filtered(
+            "filter_keys=error_type&filter_predicates=%3D&filter_values=task_execution_exception",
+            200
+        ),
+        1
+    );
+    // Names shown as "" still match "".
+    assert_eq!(
+        filtered("filter_keys=name&filter_predicates=%3D&filter_values=", 200),
+        1
+    );
+    let refused = filtered(
+        "filter_keys=parent_task_id&filter_predicates=%3D&filter_values=",
+        400,
+    );
+    assert!(
+        refused.as_str().unwrap().contains("does not hold it"),
+        "{refused}"
+    );
+}
+
+/// Review r36n D1, D5: on a session with an object that could not be read, the task list and
+/// summary said nothing in Ray's `partial_failure_warning` (Ray's client reads it, and raises
+/// with `raise_on_missing_output=True`), and the task and actor log routes answered `404`
+/// without `x-rhc-unreadable-objects`. Now both say what could not be read.
+#[test]
+fn answers_about_a_partial_session_say_what_was_not_read() {
+    const SESSION: &str = "session_2026-11-22_05-00-00_000000_1";
+    let node: Vec<u8> = (1..=28).collect();
+    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    let dir = node_events_bucket(&bucket, SESSION, &node_hex);
+    std::fs::write(
+        dir.join(format!("{node_hex}-2026-11-22-05-1.jsonl")),
+        task_lines(SESSION, &node, 1, 4),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join(format!("{node_hex}-2026-11-22-05-2.jsonl.gz")),
+        b"not gzip at all",
+    )
+    .unwrap();
+    let s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve.log"),
+        &[],
+        &[],
+    );
+    let c = cookies_for(SESSION);
+    for route in ["/api/v0/tasks?limit=100", "/api/v0/tasks/summarize"] {
+        let r = get_loaded(&s, route, &c);
+        assert_eq!(r.status, 200, "{route}: {}", body(&r));
+        assert_eq!(r.header(UNREADABLE), Some("1"), "{route}");
+        let warning = json_of(&r)["data"]["result"]["partial_failure_warning"].clone();
+        assert!(
+            warning
+                .as_str()
+                .is_some_and(|w| w.starts_with("1 of the session's objects could not be read")),
+            "{route}: {warning}"
+        );
+    }
+    let unknown_task = format!("00000020{}", "0".repeat(8) + &"f".repeat(24) + "01000000");
+    for path in [
+        format!("/api/v0/logs/file?task_id={unknown_task}"),
+        format!("/api/v0/logs/file?task_id={unknown_task}&attempt_number=0&lines=10"),
+        format!("/api/v0/logs/file?actor_id={}", "ab".repeat(16)),
+    ] {
+        let r = get(&s, &path, &c, 404);
+        assert_eq!(r.header(UNREADABLE), Some("1"), "{path}: {:?}", r.headers);
+        assert_eq!(
+            r.header("content-type"),
+            Some("text/plain; charset=utf-8"),
+            "{path}"
+        );
+    }
+}
+
+/// Review r36n D6: six `/events` answers about a 140 MiB event log at once held 431-555 MB
+/// (each its 64 MiB of events and its whole body), past the chart's sizing. Now every
+/// answer's events come out of one shared budget (70 MiB) and its body is streamed from
+/// them: three at once stay within it, and each still answers in full.
+#[test]
+fn events_answers_share_one_memory_budget() {
+    use std::io::Write as _;
+    const SESSION: &str = "session_2026-11-22_05-00-00_000000_1";
+    let node: Vec<u8> = (1..=28).collect();
+    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    let dir = node_events_bucket(&bucket, SESSION, &node_hex);
+    std::fs::write(
+        dir.join(format!("{node_hex}-2026-11-22-05-1.jsonl")),
+        task_lines(SESSION, &node, 1, 2),
+    )
+    .unwrap();
+    let logs = bucket
+        .join("cluster-history/raycluster/default/c1")
+        .join(SESSION)
+        .join(&node_hex)
+        .join("logs/events");
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut f = std::io::BufWriter::new(std::fs::File::create(logs.join("event_GCS.log")).unwrap());
+    let message = "m".repeat(7000);
+    let mut size = 0usize;
+    let mut n = 0u64;
+    while size < 100 << 20 {
+        let line = format!(
+            "{}\n",
+            json!({"event_id": format!("{n:032x}"), "source_type": "GCS", "message": message,
+                "timestamp": 1_795_323_600 + n, "severity": "INFO",
+                "custom_fields": {"job_id": format!("0{}000000", n % 2 + 1)}})
+        );
+        f.write_all(line.as_bytes()).unwrap();
+        size += line.len();
+        n += 1;
+    }
+    f.flush().unwrap();
+    drop(f);
+    let s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve.log"),
+        &[],
+        &[],
+    );
+    let c = cookies_for(SESSION);
+    get_loaded(&s, "/api/v0/tasks?limit=1", &c);
+    let pid = s.pid().unwrap();
+    let before = rhc_testkit::usage::hwm_kib(pid).unwrap();
+    let cookie = c
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let url = format!("http://127.0.0.1:{}/events", s.port);
+    let answers: Vec<HttpResponse> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                scope.spawn(|| {
+                    rhc_testkit::http::try_http_request_within(
+                        "GET",
+                        &url,
+                        &[("Cookie", cookie.as_str())],
+                        b"",
+                        Duration::from_secs(180),
+                    )
+                    .unwrap()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let after = rhc_testkit::usage::hwm_kib(pid).unwrap();
+    for r in &answers {
+        assert_eq!(r.status, 200, "{}", body(r));
+        assert_eq!(r.header("x-rhc-events-truncated"), Some("67108864"));
+        let v = json_of(r);
+        let kept: usize = v["data"]["events"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|l| l.as_array().unwrap().len())
+            .sum();
+        assert!(kept > 8000, "{kept} events");
+    }
+    let grew_mib = (after.saturating_sub(before)) / 1024;
+    assert!(
+        grew_mib < 150,
+        "three /events answers grew the peak RSS by {grew_mib} MiB ({before} KiB before)"
+    );
+}
+
+/// Review r36n D3: `/enter_cluster/...?reload=true` answered `200` "success" after its 25 s
+/// wait while the reload still ran, without a word. Now the answer says the session is
+/// still loading: `x-rhc-session-loading: true`, `Retry-After` and a `message`. The reload
+/// is made slow by a proxy that holds the store's first answer about the session's events
+/// 35 s.
+#[test]
+fn a_reload_past_the_wait_says_the_session_is_still_loading() {
+    use rhc_testkit::fault_proxy::{Fault, FaultProxy, Rule};
+    const SESSION: &str = "session_2026-11-22_05-00-00_000000_1";
+    let Some(s3) = MotoS3::start() else { return };
+    s3.create_bucket("ray-history");
+    let node: Vec<u8> = (1..=28).collect();
+    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
+    s3.put_object(
+        "ray-history",
+        &format!("cluster-metadata/raycluster/default_c1/{SESSION}"),
+        b"",
+    );
+    s3.put_object(
+        "ray-history",
+        &format!(
+            "cluster-history/raycluster/default/c1/{SESSION}/{node_hex}/node_events/{node_hex}-2026-11-22-05-1.jsonl"
+        ),
+        task_lines(SESSION, &node, 1, 4).as_bytes(),
+    );
+    let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
+    let proxy_url = proxy.url();
+    let env: Vec<(&str, &str)> = s3
+        .collector_env()
+        .into_iter()
+        .map(|(k, v)| {
+            if k == "AWS_ENDPOINT" {
+                (k, proxy_url.as_str())
+            } else {
+                (k, v)
+            }
+        })
+        .collect();
+    let work = tempfile::tempdir().unwrap();
+    let s = Serve::start(
+        "s3://ray-history",
+        &work.path().join("serve.log"),
+        &[],
+        &env,
+    );
+    let c = cookies_for(SESSION);
+    let r = get_loaded(&s, "/api/v0/tasks?limit=100", &c);
+    assert_eq!(json_of(&r)["data"]["result"]["total"], 3, "{}", body(&r));
+    proxy.add(
+        Rule::new(Fault::Delay(Duration::from_secs(35)))
+            .method("GET")
+            .target_contains("node_events")
+            .times(1),
+    );
+    let started = std::time::Instant::now();
+    let r = rhc_testkit::http::try_http_request_within(
+        "GET",
+        &format!(
+            "http://127.0.0.1:{}/enter_cluster/default/raycluster/{CLUSTER}/{SESSION}?reload=true",
+            s.port
+        ),
+        &[],
+        b"",
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(24),
+        "{took:?}: the reload was not slow"
+    );
+    assert_eq!(r.status, 200, "{}", body(&r));
+    assert_eq!(
+        r.header("x-rhc-session-loading"),
+        Some("true"),
+        "{:?}",
+        r.headers
+    );
+    assert!(r.header("retry-after").is_some(), "{:?}", r.headers);
+    let v = json_of(&r);
+    assert_eq!(v["session"], SESSION);
+    assert!(
+        v["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("the session is still loading after 25s")),
+        "{v}"
+    );
+    // Meanwhile the index held answers.
+    let r = get(&s, "/api/v0/tasks?limit=100", &c, 200);
+    assert_eq!(json_of(&r)["data"]["result"]["total"], 3);
 }

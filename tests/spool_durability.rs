@@ -2265,3 +2265,82 @@ fn a_shutdown_soon_after_a_failed_journal_write_still_writes_the_journal() {
     assert_once(&stored(&objects, "session_a").0, &a);
     assert_once(&stored(&objects, "session_b").0, &b);
 }
+
+/// The most ids a start's recovery line says the window holds (`dedup_ids=`), in the
+/// collector's log since `from` bytes.
+fn dedup_ids_logged(c: &Collector, from: usize) -> u64 {
+    let log = c.log_text();
+    let line = log[from.min(log.len())..]
+        .lines()
+        .rfind(|l| l.contains("dedup_ids="))
+        .unwrap_or_else(|| panic!("no recovery line:\n{}", c.log_tail(20)))
+        .to_string();
+    let at = line.find("dedup_ids=").unwrap() + "dedup_ids=".len();
+    line[at..]
+        .split(|ch: char| !ch.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Review r40o D2: a kill -9 with a group in flight makes the next start hold that group's
+/// ids (Ray resends it); in a crash loop each run then accepted fewer than a window of new
+/// ids, and the next start took them as held too: the hold never ended and grew by every
+/// run's ids (window 1,024: 1,900, 2,800, ... 5,500 ids after six kills; at the default,
+/// to twice the window, and the journal past its documented size). Now the ids accepted
+/// after the held ones count towards ending the hold: the window stays at its size plus the
+/// group held, and the group's resend is still recognised.
+#[test]
+fn a_crash_loop_after_a_group_in_flight_does_not_grow_the_window() {
+    const WINDOW: u64 = 1024;
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = Faults::build(tmp.path());
+    let args = [
+        "--dedup-window",
+        "1024",
+        "--upload-window",
+        "300s",
+        "--rotation-interval",
+        "30m",
+    ];
+    let (mut c, bucket) = start(tmp.path(), &args, &faults.env());
+    let ts = "2026-11-22T02:06:40Z";
+    let mut answered = post_batches(&c, "session_a", "a", 5).concat();
+    // The next group is killed at its sync: in flight, never answered.
+    faults.arm("fdatasync", rhc_testkit::fault_shim::KILL, 1, "/events/");
+    let flight = ids(0..100, "flight");
+    let flight_body = batch_at(&flight, "session_a", ts);
+    let _ = rhc_testkit::http::try_http_request(
+        "POST",
+        &c.url("/v1/events"),
+        &[("Content-Type", "application/json")],
+        flight_body.as_bytes(),
+    );
+    wait_killed(&mut c, &faults);
+    c.restart();
+    assert_eq!(
+        post(&c, &flight_body),
+        (200, 0, 100, 0),
+        "the group in flight, resent, was stored again:\n{}",
+        c.log_tail(20)
+    );
+    answered.extend(flight.iter().cloned());
+    let mut windows = Vec::new();
+    for round in 0..6 {
+        answered.extend(post_batches(&c, "session_a", &format!("r{round}"), 9).concat());
+        c.kill9();
+        let before = c.log_text().len();
+        c.restart();
+        windows.push(dedup_ids_logged(&c, before));
+    }
+    eprintln!("the window after each start: {windows:?}");
+    assert!(
+        windows.iter().all(|&w| w <= WINDOW + 100),
+        "the window grew past its size and the group held: {windows:?}"
+    );
+    let exit = c.terminate(Duration::from_secs(60));
+    assert!(exit.success(), "{exit}: {}", c.log_text());
+    let objects = read_all(&store(&bucket));
+    assert_once(&stored(&objects, "session_a").0, &answered);
+}

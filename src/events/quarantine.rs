@@ -272,8 +272,23 @@ fn record_of_element(reason: QuarantineReason, export: bool, raw: &[u8]) -> Vec<
     line
 }
 
+/// The last field of a [`raw_record`] of a line read from a file: the key the line is
+/// remembered by (its file's identity and its offset, `LineSource::dedup_key`), 16 hex digits.
+const SOURCE_KEY_FIELD: &[u8] = b",\"source_key\":\"";
+
 /// A quarantine record for bytes that are not JSON: kept as a string, lossless for UTF-8.
-pub fn raw_record(reason: QuarantineReason, source: &str, offset: u64, raw: &[u8]) -> Vec<u8> {
+/// `key`: for a line read from a file, the key it is remembered by, written as the record's
+/// last field (`"source_key":"<16 hex digits>"`), so that a restart reads it back from the
+/// spool ([`record_source_key`]) into the deduplication window: a line whose record is
+/// durable but whose key the ids journal did not get (a kill -9 between the two) is not
+/// recorded again when read again (review r41q D1).
+pub fn raw_record(
+    reason: QuarantineReason,
+    source: &str,
+    offset: u64,
+    raw: &[u8],
+    key: Option<u64>,
+) -> Vec<u8> {
     let record = serde_json::json!({
         "reason": reason.code(),
         "detail": reason.describe(),
@@ -284,9 +299,34 @@ pub fn raw_record(reason: QuarantineReason, source: &str, offset: u64, raw: &[u8
         "raw_is_utf8": std::str::from_utf8(raw).is_ok(),
     });
     let mut line = serde_json::to_vec(&record).unwrap_or_default();
+    if let (Some(key), Some(b'}')) = (key, line.last()) {
+        line.pop();
+        line.extend_from_slice(SOURCE_KEY_FIELD);
+        line.extend_from_slice(format!("{key:016x}\"}}").as_bytes());
+    }
     line.push(b'\n');
     line
 }
+
+/// The `source_key` of a [`raw_record`] line (newline included or not), read from its end
+/// alone (so a record too long to be read whole still gives it); `None` for any other line.
+/// Only the record's own last field can end a line so: the bytes kept are inside its `raw`
+/// string, whose quotes are escaped, and an event record ends with the event's `}` and its
+/// own.
+pub fn record_source_key(line: &[u8]) -> Option<u64> {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let rest = line.strip_suffix(b"\"}")?;
+    let hex = rest.get(rest.len().checked_sub(16)?..)?;
+    rest[..rest.len() - 16].strip_suffix(SOURCE_KEY_FIELD)?;
+    if !hex.iter().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
+}
+
+/// Bytes of a line's end (without its newline) that hold a [`raw_record`]'s `source_key`
+/// field whole.
+pub const SOURCE_KEY_TAIL_BYTES: usize = SOURCE_KEY_FIELD.len() + 16 + 2;
 
 /// The record of a request body that is not a JSON array of events, kept beside it as the
 /// object [`body_name`]`(hash)`; `received_unix_nanos` is when it was stored. It says what
@@ -326,10 +366,59 @@ mod tests {
         assert_eq!(v["reason"], "missing_session_name");
         assert_eq!(v["event"]["a"], 1);
         assert_eq!(l.iter().filter(|&&c| c == b'\n').count(), 1);
-        let r = raw_record(QuarantineReason::TornLine, "y.jsonl", 10, b"{\"a\":\xff");
+        let r = raw_record(
+            QuarantineReason::TornLine,
+            "y.jsonl",
+            10,
+            b"{\"a\":\xff",
+            None,
+        );
         let v: serde_json::Value = serde_json::from_slice(&r).unwrap();
         assert_eq!(v["source_file"], "y.jsonl");
         assert_eq!(v["raw_is_utf8"], false);
+        assert_eq!(record_source_key(&r), None);
+    }
+
+    /// A line's key reads back from its record's end, whatever the bytes kept; no other
+    /// record gives one.
+    #[test]
+    fn a_records_source_key_reads_back_from_its_end() {
+        for raw in [
+            &b"not json"[..],
+            b"ends like one\",\"source_key\":\"0123456789abcdef\"}",
+            b"\"}",
+            b"",
+        ] {
+            for key in [0u64, 1, u64::MAX, 0x0123_4567_89ab_cdef] {
+                let r = raw_record(QuarantineReason::ExportNotJson, "f.log", 7, raw, Some(key));
+                let v: serde_json::Value = serde_json::from_slice(&r).unwrap();
+                assert_eq!(v["raw"], String::from_utf8_lossy(raw).as_ref());
+                assert_eq!(v["source_key"], format!("{key:016x}"));
+                assert_eq!(record_source_key(&r), Some(key));
+                assert_eq!(record_source_key(&r[..r.len() - 1]), Some(key));
+                let end = r.len() - 1;
+                assert_eq!(
+                    record_source_key(&r[end - SOURCE_KEY_TAIL_BYTES..end]),
+                    Some(key)
+                );
+                let same_len =
+                    raw_record(QuarantineReason::ExportNotJson, "f.log", 7, raw, Some(0));
+                assert_eq!(
+                    same_len.len(),
+                    r.len(),
+                    "the cost estimate's record is as long"
+                );
+            }
+        }
+        let ev = event_record(
+            QuarantineReason::MissingSession,
+            b"{\"x\":\",\"source_key\":\"0123456789abcdef\"}",
+        );
+        assert_eq!(record_source_key(&ev), None);
+        assert_eq!(
+            record_source_key(&overflow_record(b"{\"eventId\":\"x\"}", true)),
+            None
+        );
     }
 
     /// An overflow record reads back to its event and id space; other records do not.

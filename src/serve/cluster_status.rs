@@ -289,7 +289,7 @@ async fn status_of(
     let (for_build, entered, index_for_build) = (state.clone(), entered.clone(), index.clone());
     state
         .cluster_status
-        .get_or_build(key, 0, index, move || async move {
+        .get_or_build(key, 0, index, move |_| async move {
             Ok(build(&for_build, &entered, &index_for_build).await)
         })
         .await

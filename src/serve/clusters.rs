@@ -12,16 +12,21 @@
 //! holds an object (`inspect --session latest`; KubeRay takes the newest marker even when
 //! nothing was uploaded under it). It answers `{"name","namespace","result":"success",
 //! "session"}` and sets the cookies; `400` for an unknown kind, `404` for no such session.
+//! With `reload=true` it waits for the session's reload at most the cache's `LOAD_WAIT`;
+//! when the reload still runs past it, the answer (still `200`: the session is entered) has
+//! `x-rhc-session-loading: true`, `Retry-After` and a `message` that says so; when it failed,
+//! a `message` that says why.
 //!
 //! Both read one shared listing of the markers ([`MarkerListing`]): one runs at a time and
 //! answers for [`MARKERS_FRESH_FOR`], and `/clusters`' answer is made once per listing.
 
 use axum::extract::{Path, RawQuery, State};
-use axum::http::header::{CONTENT_TYPE, LOCATION};
-use axum::http::StatusCode;
+use axum::http::header::{CONTENT_TYPE, LOCATION, RETRY_AFTER};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use super::cache::{Unavailable, LOADING_HEADER, LOAD_WAIT};
 use super::cookies::Entered;
 use super::{Shared, UNREADABLE_HEADER};
 use crate::inspect::SessionMarker;
@@ -308,7 +313,7 @@ async fn enter(
         )
             .into_response();
     }
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "result": "success",
         "name": chosen.cluster,
         "namespace": chosen.namespace,
@@ -317,19 +322,46 @@ async fn enter(
     // The session's load starts now, so the page's first questions find it loading or
     // loaded (KubeRay's server loads here too, but inside the request, past its timeout).
     // With reload=true it is loaded again, and the answer waits for that (at most the
-    // cache's LOAD_WAIT; past it the reload goes on and the index held answers meanwhile).
+    // cache's LOAD_WAIT; past it the reload goes on, the index held answers meanwhile, and
+    // the answer says so: LOADING_HEADER and a `message`).
+    let mut still_loading = false;
     if reload {
-        let _ = state.cache.reload(&state.bucket, &chosen).await;
+        match state.cache.reload(&state.bucket, &chosen).await {
+            Ok(_) => {}
+            Err(Unavailable::Loading) => {
+                still_loading = true;
+                body["message"] = serde_json::json!(format!(
+                    "the session is still loading after {}s: the reload goes on, and until \
+                     it is done the session's routes answer from the index held (503 with \
+                     {LOADING_HEADER} if there is none yet)",
+                    LOAD_WAIT.as_secs()
+                ));
+            }
+            Err(Unavailable::Failed(e)) => {
+                body["message"] = serde_json::json!(escape_message(&format!(
+                    "the reload failed: {e}; the index held, if any, answers"
+                )));
+            }
+        }
     } else {
         state.cache.prefetch(&state.bucket, &chosen);
     }
     let entered = Entered { session: chosen };
-    match to {
+    let mut response = match to {
         // 303: the browser follows with a GET, carrying the cookies just set.
         Some(to) => entered.refresh((StatusCode::SEE_OTHER, [(LOCATION, to)])),
         None => entered.refresh(json_response(&body)),
+    };
+    if still_loading {
+        let headers = response.headers_mut();
+        headers.insert(LOADING_HEADER, HeaderValue::from_static("true"));
+        headers.insert(RETRY_AFTER, HeaderValue::from(RELOAD_RETRY_AFTER_SECS));
     }
+    response
 }
+
+/// Seconds a client is told to wait before asking about a session whose reload still runs.
+const RELOAD_RETRY_AFTER_SECS: u32 = 2;
 
 #[cfg(test)]
 mod tests {

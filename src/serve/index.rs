@@ -120,6 +120,27 @@ pub struct SessionIndex {
     texts: Vec<Box<str>>,
 }
 
+/// The state an attempt has in Ray's `TaskState` (`protobuf_to_task_state_dict`): an attempt
+/// whose state no transition said (only its definition was seen; the fold's `UNKNOWN`, which
+/// `inspect` shows) is Ray's `NIL`, the default of its `TaskStatus`, which Ray's state client
+/// takes (`UNKNOWN` makes it reject the whole list).
+fn ray_state(state: &str) -> &str {
+    match state {
+        "UNKNOWN" | "" => "NIL",
+        s => s,
+    }
+}
+
+/// The type an attempt has in Ray's `TaskState`: one whose definition was not seen has Ray's
+/// default, `NORMAL_TASK` (the first value of its `TaskType`), not an empty type Ray's state
+/// client rejects.
+fn ray_type(task_type: Option<&str>) -> &str {
+    match task_type {
+        None | Some("") => "NORMAL_TASK",
+        Some(t) => t,
+    }
+}
+
 /// Builds a [`SessionIndex`] from the attempts the fold lends.
 #[derive(Default)]
 pub struct IndexBuilder {
@@ -151,9 +172,9 @@ impl IndexBuilder {
             id,
             id_len: t.id_len,
             attempt: t.attempt_number,
-            state: self.intern(Some(t.state)),
+            state: self.intern(Some(ray_state(t.state))),
             name: self.intern(t.name),
-            task_type: self.intern(t.task_type),
+            task_type: self.intern(Some(ray_type(t.task_type))),
             job: self.intern(t.job_id),
             node: self.intern(t.node_id),
             worker: self.intern(t.worker_id),
@@ -320,20 +341,23 @@ impl SessionIndex {
 
     /// The symbols whose text equals `value` (ASCII case-insensitively, as Ray's state API
     /// compares strings), as a table indexed by symbol; the last entry is "no value", which
-    /// matches the empty text (KubeRay's empty field).
-    fn matching(&self, value: &str) -> Vec<bool> {
+    /// matches the empty text when the row shows it as `""` (KubeRay's empty field), and
+    /// nothing when the row shows it as `null` (`null_when_none`: in Ray `None` equals no
+    /// string).
+    fn matching(&self, value: &str, null_when_none: bool) -> Vec<bool> {
         let mut m: Vec<bool> = self
             .texts
             .iter()
             .map(|t| t.eq_ignore_ascii_case(value))
             .collect();
-        m.push(value.is_empty());
+        m.push(value.is_empty() && !null_when_none);
         m
     }
 }
 
 /// The task fields a filter may name: those of Ray's `TaskState` the index holds. KubeRay
-/// also takes `task_name` and `task_type`, its own names for `name` and `type`.
+/// also takes `task_name` and `task_type`, its own names for `name` and `type`. A key is
+/// read lower-cased, as Ray reads it.
 pub const FILTER_KEYS: &[&str] = &[
     "task_id",
     "attempt_number",
@@ -349,6 +373,15 @@ pub const FILTER_KEYS: &[&str] = &[
     "worker_id",
     "worker_pid",
     "error_type",
+];
+
+/// Columns Ray's state API filters tasks on that the index does not hold: a filter on one is
+/// a `400` that says so (the rows show them empty, so matching would be a guess).
+pub const UNHELD_FILTER_KEYS: &[&str] = &[
+    "parent_task_id",
+    "language",
+    "placement_group_id",
+    "is_debugger_paused",
 ];
 
 /// One `filter_keys[i] filter_predicates[i] filter_values[i]`.
@@ -407,7 +440,9 @@ impl TaskFilter {
                 ))
             }
         };
-        let sym = |f: fn(&TaskRecord) -> u32, v: &str| Test::Sym(f, index.matching(v));
+        let sym = |f: fn(&TaskRecord) -> u32, v: &str| Test::Sym(f, index.matching(v, false));
+        let key = key.to_ascii_lowercase();
+        let key = key.as_str();
         let int = |f: fn(&TaskRecord) -> i64| {
             value
                 .trim()
@@ -431,7 +466,16 @@ impl TaskFilter {
             "node_id" => sym(|r| r.node, &id_as_hex(value)),
             "worker_id" => sym(|r| r.worker, &id_as_hex(value)),
             "worker_pid" => int(|r| i64::from(r.pid))?,
-            "error_type" => sym(|r| r.error_type, value),
+            // The row shows no error type as `null`.
+            "error_type" => Test::Sym(|r| r.error_type, index.matching(value, true)),
+            other if UNHELD_FILTER_KEYS.contains(&other) => {
+                return Err(format!(
+                    "The filter column {other} is one Ray filters on, but this server's index \
+                     does not hold it (the rows show it empty). Enter filters with supported \
+                     columns: {}",
+                    FILTER_KEYS.join(", ")
+                ))
+            }
             other => {
                 return Err(format!(
                     "The given filter column {} is not supported. Enter filters with supported columns: {}",

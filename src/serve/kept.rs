@@ -70,6 +70,28 @@ impl<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> 
     }
 }
 
+/// Given to a build: whether a request still waits for it ([`Wanted::abandoned`]).
+pub(crate) struct Wanted<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static>
+{
+    kept: Arc<Kept<T, E>>,
+    done: Arc<watch::Sender<Outcome<T, E>>>,
+}
+
+impl<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> Wanted<T, E> {
+    /// True when every request that waited for the build has left: the build is then out of
+    /// the builds under way (no request can start waiting for it after), and should stop
+    /// before its next costly step (review r37o D2: builds abandoned while they waited for
+    /// the snapshot budget still read and built, and new sessions waited behind them).
+    pub(crate) fn abandoned(&self) -> bool {
+        let mut building = self.kept.building.lock().unwrap_or_else(|p| p.into_inner());
+        let nobody = self.done.receiver_count() == 0;
+        if nobody {
+            building.retain(|b| !Arc::ptr_eq(&b.done, &self.done));
+        }
+        nobody
+    }
+}
+
 struct Entry<T> {
     session: String,
     tag: u64,
@@ -141,7 +163,7 @@ impl<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> 
         build: F,
     ) -> Result<Arc<T>, E>
     where
-        F: FnOnce() -> Fut + Send + 'static,
+        F: FnOnce(Wanted<T, E>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
         if let Some(answer) = self.lookup(&session, tag, index) {
@@ -177,23 +199,18 @@ impl<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> 
                         // Every request left while the build waited: nothing to build. Out
                         // of the builds under way in the same look, so no request can start
                         // waiting for it after.
-                        let nobody = {
-                            let mut building =
-                                kept.building.lock().unwrap_or_else(|p| p.into_inner());
-                            let nobody = registered.done.receiver_count() == 0;
-                            if nobody {
-                                building.retain(|b| !Arc::ptr_eq(&b.done, &registered.done));
-                            }
-                            nobody
+                        let wanted = Wanted {
+                            kept: kept.clone(),
+                            done: registered.done.clone(),
                         };
-                        if nobody {
+                        if wanted.abandoned() {
                             return;
                         }
                         let outcome = if let Some(answer) = kept.lookup(&session, tag, &index) {
                             Ok(answer)
                         } else {
                             kept.built.fetch_add(1, Ordering::Relaxed);
-                            match build().await {
+                            match build(wanted).await {
                                 Ok(answer) => {
                                     let answer = Arc::new(answer);
                                     kept.keep(session, tag, &index, answer.clone());
@@ -236,27 +253,27 @@ mod tests {
         let kept: Arc<Kept<u32>> = Arc::new(Kept::new(1, 2, None));
         let (a, b) = (index(), index());
         let got = kept
-            .get_or_build("s".into(), 1, &a, || async { Ok(7) })
+            .get_or_build("s".into(), 1, &a, |_| async { Ok(7) })
             .await;
         assert_eq!(got.as_deref(), Ok(&7));
         let again = kept
-            .get_or_build("s".into(), 1, &a, || async { Ok(8) })
+            .get_or_build("s".into(), 1, &a, |_| async { Ok(8) })
             .await;
         assert_eq!(again.as_deref(), Ok(&7), "kept");
         let tag = kept
-            .get_or_build("s".into(), 2, &a, || async { Ok(9) })
+            .get_or_build("s".into(), 2, &a, |_| async { Ok(9) })
             .await;
         assert_eq!(tag.as_deref(), Ok(&9), "another tag");
         let other = kept
-            .get_or_build("s".into(), 2, &b, || async { Ok(10) })
+            .get_or_build("s".into(), 2, &b, |_| async { Ok(10) })
             .await;
         assert_eq!(other.as_deref(), Ok(&10), "another index");
         let failed = kept
-            .get_or_build("t".into(), 0, &a, || async { Err("no".to_string()) })
+            .get_or_build("t".into(), 0, &a, |_| async { Err("no".to_string()) })
             .await;
         assert_eq!(failed, Err("no".to_string()));
         let retried = kept
-            .get_or_build("t".into(), 0, &a, || async { Ok(11) })
+            .get_or_build("t".into(), 0, &a, |_| async { Ok(11) })
             .await;
         assert_eq!(retried.as_deref(), Ok(&11), "a failure is not kept");
         assert_eq!(kept.builds_started(), 5);
@@ -278,7 +295,7 @@ mod tests {
             .map(|n| {
                 let (kept, a, mut wait) = (kept.clone(), a.clone(), wait.clone());
                 tokio::spawn(async move {
-                    kept.get_or_build("s".into(), 1, &a, move || async move {
+                    kept.get_or_build("s".into(), 1, &a, move |_| async move {
                         let _ = wait.wait_for(|go| *go).await;
                         Ok(n)
                     })
@@ -302,12 +319,12 @@ mod tests {
         let kept: Arc<Kept<u32>> = Arc::new(Kept::new(1, 2, None));
         let a = index();
         let got = kept
-            .get_or_build("s".into(), 1, &a, || async { panic!("built wrong") })
+            .get_or_build("s".into(), 1, &a, |_| async { panic!("built wrong") })
             .await;
         assert!(got.is_err());
         assert!(kept.building.lock().unwrap().is_empty());
         let again = kept
-            .get_or_build("s".into(), 1, &a, || async { Ok(3) })
+            .get_or_build("s".into(), 1, &a, |_| async { Ok(3) })
             .await;
         assert_eq!(again.as_deref(), Ok(&3));
     }

@@ -70,7 +70,8 @@ use object_store::{ObjectStore, ObjectStoreExt as _};
 use serde_json::json;
 
 use super::cookies::Entered;
-use super::session::index;
+use super::index::SessionIndex;
+use super::session::{headers_for, index};
 use super::Shared;
 use crate::contract::logs::{node_logs_prefix, LogStream};
 use crate::inspect::{
@@ -119,6 +120,25 @@ impl Query {
 /// A failed log request: its status and reason (already escaped).
 #[derive(Debug)]
 struct Refusal(StatusCode, String);
+
+/// A refusal of a task or actor log, and the headers of the session's index it was decided
+/// on ([`headers_for`]: what could not be read, so "not found" may be "in an object that
+/// could not be read"); empty headers before the index was loaded.
+struct Refused(Refusal, HeaderMap);
+
+impl From<Refusal> for Refused {
+    fn from(r: Refusal) -> Refused {
+        Refused(r, HeaderMap::new())
+    }
+}
+
+/// The headers of an answer about `index`'s session that say what could not be read (not
+/// its content type: a refusal is text).
+fn session_headers(index: &SessionIndex) -> HeaderMap {
+    let mut headers = headers_for(index);
+    headers.remove(CONTENT_TYPE);
+    headers
+}
 
 fn bad(msg: String) -> Refusal {
     Refusal(StatusCode::BAD_REQUEST, msg)
@@ -206,7 +226,16 @@ async fn node_of(
 
 /// A refusal as Ray's log route answers one: the reason as text.
 fn text(entered: &Entered, r: Refusal) -> Response {
-    entered.refresh((r.0, [(CONTENT_TYPE, "text/plain; charset=utf-8")], r.1))
+    text_with(entered, Refused::from(r))
+}
+
+/// A refusal as text, with the session's headers it carries.
+fn text_with(entered: &Entered, Refused(r, mut headers): Refused) -> Response {
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    entered.refresh((r.0, headers, r.1))
 }
 
 /// A refusal as Ray's list route answers one: `{"result": false, "msg": ..., "data": {"result": null}}`.
@@ -668,7 +697,27 @@ pub async fn file(
         actor_target(&state, &entered, actor, opts.stream).await
     } else if let Some(task) = task {
         task_target(&state, &entered, task, opts.attempt, opts.stream).await
-    } else if submission.is_some() {
+    } else {
+        other_target(&state, &entered, node, filename, submission, &opts)
+            .await
+            .map_err(Refused::from)
+    };
+    match target {
+        Ok(t) => send(&state, &entered, t, &opts).await,
+        Err(r) => text_with(&entered, r),
+    }
+}
+
+/// The log a request names by `submission_id`, `pid` or `filename` (not by task or actor).
+async fn other_target(
+    state: &Shared,
+    entered: &Entered,
+    node: Option<String>,
+    filename: Option<&str>,
+    submission: Option<&str>,
+    opts: &FileOptions,
+) -> Result<LogTarget, Refusal> {
+    if submission.is_some() {
         Err(Refusal(
             StatusCode::NOT_IMPLEMENTED,
             "submission_id: a job's driver log is not resolved by this server (the session's \
@@ -676,7 +725,7 @@ pub async fn file(
                 .into(),
         ))
     } else if let Some(pid) = opts.pid {
-        pid_target(&state, &entered, node.as_deref(), pid, opts.stream).await
+        pid_target(state, entered, node.as_deref(), pid, opts.stream).await
     } else {
         match (node, filename) {
             (Some(node), Some(f)) => checked_rel("filename", f).map(|f| LogTarget {
@@ -687,10 +736,6 @@ pub async fn file(
             }),
             _ => Err(bad("node_id or node_ip is required with filename".into())),
         }
-    };
-    match target {
-        Ok(t) => send(&state, &entered, t, &opts).await,
-        Err(r) => text(&entered, r),
     }
 }
 
@@ -700,7 +745,7 @@ async fn actor_target(
     entered: &Entered,
     actor: &str,
     stream: LogStream,
-) -> Result<LogTarget, Refusal> {
+) -> Result<LogTarget, Refused> {
     let id = hex_id("actor_id", actor)?;
     let index = index(state, entered).await.map_err(|_| {
         Refusal(
@@ -708,6 +753,21 @@ async fn actor_target(
             "the session is not loaded yet: ask again".into(),
         )
     })?;
+    let headers = session_headers(&index);
+    let about = |r: Refusal| Refused(r, headers.clone());
+    actor_log(state, entered, &index, &id, stream)
+        .await
+        .map_err(about)
+}
+
+/// [`actor_target`] once the session's index is loaded.
+async fn actor_log(
+    state: &Shared,
+    entered: &Entered,
+    index: &SessionIndex,
+    id: &str,
+    stream: LogStream,
+) -> Result<LogTarget, Refusal> {
     let Some(a) = index.facts.actors.iter().find(|a| a.actor_id == id) else {
         return Err(not_found(format!("Actor ID {id} not found.")));
     };
@@ -767,7 +827,7 @@ async fn task_target(
     task: &str,
     attempt: i32,
     stream: LogStream,
-) -> Result<LogTarget, Refusal> {
+) -> Result<LogTarget, Refused> {
     let id = hex_id("task_id", task)?;
     let index = index(state, entered).await.map_err(|_| {
         Refusal(
@@ -775,6 +835,21 @@ async fn task_target(
             "the session is not loaded yet: ask again".into(),
         )
     })?;
+    let headers = session_headers(&index);
+    task_log(state, entered, index, id, attempt, stream)
+        .await
+        .map_err(|r| Refused(r, headers))
+}
+
+/// [`task_target`] once the session's index is loaded.
+async fn task_log(
+    state: &Shared,
+    entered: &Entered,
+    index: Arc<SessionIndex>,
+    id: String,
+    attempt: i32,
+    stream: LogStream,
+) -> Result<LogTarget, Refusal> {
     let attempts = index.attempts(&id);
     if attempts.is_empty() {
         return Err(not_found(format!(

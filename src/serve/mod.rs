@@ -12,9 +12,11 @@
 //!   ([`crate::inspect::session_markers`], `latest` as `inspect --session latest` takes it);
 //!   snapshot names are the contract's ([`crate::contract::endpoints`]). No second key rule.
 //! - **Untrusted bucket, bounded answers.** A snapshot is read only up to
-//!   [`replay::MAX_SNAPSHOT_BYTES`], at most [`MAX_CONCURRENT_READS`] at a time, and held while
-//!   it is sent within [`inflight::MAX_ANSWER_BYTES_IN_FLIGHT`], so the memory the bucket can
-//!   make us hold is bounded whatever it holds. A snapshot that exists but
+//!   [`replay::MAX_SNAPSHOT_BYTES`], at most [`MAX_CONCURRENT_READS`] at a time (the Train
+//!   runs' snapshots apart, within their own [`train::TRAIN_SNAPSHOTS_KIB`], charged by the
+//!   size listed, held until their answer is built), and held while it is sent within
+//!   [`inflight::MAX_ANSWER_BYTES_IN_FLIGHT`], so the memory the bucket can make us hold is
+//!   bounded whatever it holds. A snapshot that exists but
 //!   cannot be read is a `502` with the header [`UNREADABLE_HEADER`] (never KubeRay's silent
 //!   fallback to an empty answer).
 //! - **Clients that do not read hold little, briefly.** An answer that makes no write
@@ -101,6 +103,8 @@ pub(crate) struct ServeState {
     pub(crate) bucket: Arc<OpenBucket>,
     /// Permits to hold a snapshot in memory ([`MAX_CONCURRENT_READS`]).
     pub(crate) reads: Semaphore,
+    /// KiB of `/events` answers' held events ([`events::EVENTS_BUDGET`]).
+    pub(crate) events_budget: Arc<Semaphore>,
     /// Permits to fold a session again for one task's log offsets
     /// ([`MAX_TASK_LOG_FOLDS`]).
     pub(crate) task_log_folds: Arc<Semaphore>,
@@ -357,6 +361,7 @@ pub async fn run(args: ServeArgs, env: &dyn Fn(&str) -> Option<String>) -> anyho
         bucket: Arc::new(bucket),
         reads: Semaphore::new(MAX_CONCURRENT_READS),
         task_log_folds: Arc::new(Semaphore::new(MAX_TASK_LOG_FOLDS)),
+        events_budget: events::budget(),
         cache: Arc::new(cache::SessionCache::new(args.cache_bytes)),
         frontend,
         answers: inflight::budget(),

@@ -124,17 +124,38 @@ pub(super) async fn read_snapshot(
 /// The snapshot `meta` names (as [`find_snapshot`] found it), read holding one of the
 /// reads' permits and counted against [`MAX_SNAPSHOT_BYTES`] as it is read.
 pub(super) async fn read_found(state: &Shared, meta: &ObjectMeta) -> Result<Bytes, Missing> {
-    let store = &state.bucket.store;
-    let key = meta.location.to_string();
     if meta.size > MAX_SNAPSHOT_BYTES {
-        return Err(unreadable(format!(
-            "{key}: {} bytes, more than the {MAX_SNAPSHOT_BYTES} replayed",
-            meta.size
-        )));
+        return Err(too_large(meta));
     }
     let Ok(_permit) = state.reads.acquire().await else {
         return Err(unreadable("the server is stopping".to_string()));
     };
+    read_counted(state, meta, MAX_SNAPSHOT_BYTES).await
+}
+
+/// The `502` of a snapshot listed larger than [`MAX_SNAPSHOT_BYTES`].
+fn too_large(meta: &ObjectMeta) -> Missing {
+    unreadable(format!(
+        "{}: {} bytes, more than the {MAX_SNAPSHOT_BYTES} replayed",
+        meta.location, meta.size
+    ))
+}
+
+/// [`read_found`] under a permit the caller holds (and keeps while it holds the bytes), not
+/// one of the replays' ([`super::ServeState::reads`]): the Train answers have their own
+/// (review r37n D1: their slow reads held the replays' permits). Reads at most `limit`
+/// bytes (at most [`MAX_SNAPSHOT_BYTES`]): an object longer than that is a `502`.
+pub(super) async fn read_counted(
+    state: &Shared,
+    meta: &ObjectMeta,
+    limit: u64,
+) -> Result<Bytes, Missing> {
+    let limit = limit.min(MAX_SNAPSHOT_BYTES);
+    let store = &state.bucket.store;
+    let key = meta.location.to_string();
+    if meta.size > MAX_SNAPSHOT_BYTES {
+        return Err(too_large(meta));
+    }
     let got = match store.get(&meta.location).await {
         Ok(g) => g,
         Err(object_store::Error::NotFound { .. }) => return Err(Missing::NotFound),
@@ -147,10 +168,12 @@ pub(super) async fn read_found(state: &Shared, meta: &ObjectMeta) -> Result<Byte
         match chunk {
             Err(e) => return Err(unreadable(format!("{key}: {e}"))),
             Ok(c) => {
-                if body.len() as u64 + c.len() as u64 > MAX_SNAPSHOT_BYTES {
-                    return Err(unreadable(format!(
-                        "{key}: more than the {MAX_SNAPSHOT_BYTES} bytes replayed"
-                    )));
+                if body.len() as u64 + c.len() as u64 > limit {
+                    return Err(unreadable(if limit < MAX_SNAPSHOT_BYTES {
+                        format!("{key}: more than the {limit} bytes it was listed with (replaced while it was read? asking again reads the new one)")
+                    } else {
+                        format!("{key}: more than the {MAX_SNAPSHOT_BYTES} bytes replayed")
+                    }));
                 }
                 body.extend_from_slice(&c);
             }

@@ -15,14 +15,19 @@
 //! attempt. `limit` defaults to 100 and may not exceed 10,000 (`400`, like KubeRay);
 //! `exclude_driver` defaults to true; `detail=true` adds the detail fields (those the index
 //! does not hold are KubeRay's empty values, see [`super::index`]); `filter_keys`,
-//! `filter_predicates` and `filter_values` are Ray's state API filters: `=` and `!=`, string
-//! values compared ASCII case-insensitively as Ray compares them, ids given in hex or in
-//! Ray's base64, on the keys of [`super::index::FILTER_KEYS`] (another key is a `400`, as Ray answers;
-//! KubeRay matches nothing). `total` and `num_after_truncation` count every attempt,
-//! `num_filtered` those the filters kept.
+//! `filter_predicates` and `filter_values` are Ray's state API filters: `=` and `!=`, keys
+//! lower-cased and string values compared ASCII case-insensitively as Ray does, ids given in
+//! hex or in Ray's base64, on the keys of [`super::index::FILTER_KEYS`] (another key is a
+//! `400`, as Ray answers; KubeRay matches nothing). `total` and `num_after_truncation` count
+//! every attempt, `num_filtered` those the filters kept. Rows are valid for Ray 2.60's
+//! `TaskState` (Ray's state client rejects a whole list for one row that is not): Ray's
+//! default state and type where no event said them (see [`super::index`]), and
+//! `runtime_env_info` an object. When objects could not be read, `partial_failure_warning`
+//! says how many (Ray's client warns with it), as [`UNREADABLE_HEADER`] does.
 //!
 //! `/api/v0/tasks/summarize`: KubeRay's `summary_by=func_name` shape, counted over every
-//! attempt the filters keep (KubeRay counts only the first 10,000, in task id order).
+//! attempt the filters keep, those without a name under `""` as Ray keys them (KubeRay
+//! counts only the first 10,000, in task id order, and skips those without a name).
 //! `summary_by=lineage` is not served (`501`).
 //!
 //! `/api/v0/tasks/timeline[?job_id=&download=1]`: Chrome's trace format, as KubeRay's: one
@@ -313,7 +318,7 @@ struct TaskJson<'a> {
 struct TaskDetailJson<'a> {
     language: &'a str,
     required_resources: Value,
-    runtime_env_info: &'static str,
+    runtime_env_info: &'static serde_json::value::RawValue,
     placement_group_id: Option<&'a str>,
     events: Vec<Value>,
     task_log_info: Option<Value>,
@@ -326,8 +331,19 @@ struct TaskDetailJson<'a> {
     end_time_ms: Option<i64>,
 }
 
-/// What KubeRay puts in `runtime_env_info` when the task's runtime env is empty.
+/// What KubeRay puts in `runtime_env_info` when the task's runtime env is empty, as the
+/// object Ray's `TaskState` takes (`Optional[dict]`: KubeRay's JSON string makes Ray's state
+/// client reject the whole list).
 const EMPTY_RUNTIME_ENV_INFO: &str = r#"{"runtime_env_config":{"eager_install":true,"log_files":[],"setup_timeout_seconds":600},"serialized_runtime_env":""}"#;
+
+/// [`EMPTY_RUNTIME_ENV_INFO`] as raw JSON, checked once.
+fn empty_runtime_env_info() -> &'static serde_json::value::RawValue {
+    static RAW: std::sync::OnceLock<Box<serde_json::value::RawValue>> = std::sync::OnceLock::new();
+    RAW.get_or_init(|| {
+        serde_json::value::RawValue::from_string(EMPTY_RUNTIME_ENV_INFO.to_string())
+            .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned())
+    })
+}
 
 fn task_json<'a>(index: &'a SessionIndex, r: &TaskRecord, detail: bool) -> TaskJson<'a> {
     let text = |s: u32| index.text(s).unwrap_or("");
@@ -348,7 +364,7 @@ fn task_json<'a>(index: &'a SessionIndex, r: &TaskRecord, detail: bool) -> TaskJ
         TaskDetailJson {
             language: "",
             required_resources: json!({}),
-            runtime_env_info: EMPTY_RUNTIME_ENV_INFO,
+            runtime_env_info: empty_runtime_env_info(),
             placement_group_id: None,
             events: events
                 .iter()
@@ -382,30 +398,47 @@ fn task_json<'a>(index: &'a SessionIndex, r: &TaskRecord, detail: bool) -> TaskJ
     }
 }
 
+/// What Ray's `partial_failure_warning` says of `index`'s session: empty when every object
+/// was read, else how many could not be (the count of [`UNREADABLE_HEADER`]). Ray's state
+/// client warns with it, and raises with `raise_on_missing_output=True`.
+fn partial_failure_warning(index: &SessionIndex) -> String {
+    let facts = &index.facts;
+    let unreadable = facts.unreadable_objects + facts.skipped_entries;
+    if unreadable == 0 {
+        return String::new();
+    }
+    format!(
+        "{unreadable} of the session's objects could not be read ({} unreadable, {} bucket \
+         entries skipped): the tasks whose events they held are missing from this answer",
+        facts.unreadable_objects, facts.skipped_entries
+    )
+}
+
 /// KubeRay's list envelope around `result`, written straight to text (a 10,000-row answer
-/// never becomes a tree of JSON values).
+/// never becomes a tree of JSON values); `warning` is Ray's `partial_failure_warning`.
 fn list_envelope<T: Serialize>(
     total: usize,
     filtered: usize,
     result: T,
+    warning: &str,
 ) -> Result<String, serde_json::Error> {
     #[derive(Serialize)]
-    struct Envelope<T> {
+    struct Envelope<'w, T> {
         result: bool,
         msg: &'static str,
-        data: Data<T>,
+        data: Data<'w, T>,
     }
     #[derive(Serialize)]
-    struct Data<T> {
-        result: Inner<T>,
+    struct Data<'w, T> {
+        result: Inner<'w, T>,
     }
     #[derive(Serialize)]
-    struct Inner<T> {
+    struct Inner<'w, T> {
         total: usize,
         result: T,
         num_after_truncation: usize,
         num_filtered: usize,
-        partial_failure_warning: &'static str,
+        partial_failure_warning: &'w str,
         warnings: Option<()>,
     }
     let envelope = Envelope {
@@ -417,7 +450,7 @@ fn list_envelope<T: Serialize>(
                 result,
                 num_after_truncation: total,
                 num_filtered: filtered,
-                partial_failure_warning: "",
+                partial_failure_warning: warning,
                 warnings: None,
             },
         },
@@ -463,9 +496,18 @@ pub async fn tasks(
     list_answer(
         &entered,
         &index,
-        list_envelope(index.tasks.len(), filtered, rows),
+        list_envelope(
+            index.tasks.len(),
+            filtered,
+            rows,
+            &partial_failure_warning(&index),
+        ),
     )
 }
+
+/// The summary's key of the attempts without a name: no text has this symbol, so it reads
+/// as the empty name.
+const UNNAMED: u32 = u32::MAX;
 
 /// `GET /api/v0/tasks/summarize`.
 pub async fn summarize(
@@ -499,12 +541,16 @@ pub async fn summarize(
             continue;
         }
         filtered += 1;
-        // KubeRay skips attempts without a function name (their definition was not seen).
-        if index.text(r.name).is_none_or(str::is_empty) {
-            continue;
-        }
+        // An attempt without a name (its definition was not seen) is counted under the
+        // empty name, as Ray's `to_summary_by_func_name` keys it (`name or
+        // func_or_class_name`); KubeRay skips it.
+        let name = if index.text(r.name).is_none_or(str::is_empty) {
+            UNNAMED
+        } else {
+            r.name
+        };
         let entry = by_name
-            .entry(r.name)
+            .entry(name)
             .or_insert_with(|| (r.task_type, HashMap::new()));
         *entry.1.entry(r.state).or_default() += 1;
         match index.text(r.task_type) {
@@ -550,7 +596,12 @@ pub async fn summarize(
     list_answer(
         &entered,
         &index,
-        list_envelope(index.tasks.len(), filtered, result),
+        list_envelope(
+            index.tasks.len(),
+            filtered,
+            result,
+            &partial_failure_warning(&index),
+        ),
     )
 }
 

@@ -270,13 +270,24 @@ struct Slot {
 struct Claim {
     slot: Arc<Slot>,
     body_done: Arc<AtomicBool>,
+    /// The request had a body and was answered with an error: a store may answer so before
+    /// it read the body, and keep the connection without ever reading it; the store's kernel
+    /// may still have taken the whole body (a small one fits its buffers), so neither
+    /// `body_done` nor the acknowledged bytes tell. Such a slot is not used again (review
+    /// r42q D1: another file's next request was written onto that connection and waited
+    /// for its send deadline).
+    failed_with_body: bool,
 }
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        if !self.body_done.load(Ordering::Acquire) || self.slot.conns.unacked() {
+        if self.failed_with_body
+            || !self.body_done.load(Ordering::Acquire)
+            || self.slot.conns.unacked()
+        {
             tracing::debug!(
                 body_done = self.body_done.load(Ordering::Acquire),
+                failed_with_body = self.failed_with_body,
                 "a log request ended while its connection may still be writing; \
                  its client is not used again and its connections are closed"
             );
@@ -325,6 +336,7 @@ impl Counting {
         Some(Claim {
             slot,
             body_done: body_done.clone(),
+            failed_with_body: false,
         })
     }
 
@@ -483,6 +495,10 @@ impl HttpService for Counting {
             .map_err(classify)?;
             let answer: http::Response<reqwest::Body> = answer.into();
             let (parts, body) = answer.into_parts();
+            let mut claim = claim;
+            if let Some(c) = claim.as_mut() {
+                c.failed_with_body = !empty && !parts.status.is_success();
+            }
             let body = http_body_util::BodyExt::map_err(body, classify);
             // The slot is freed once the answer's body is read or dropped (see the module doc).
             let claim = claim.filter(|_| !body.is_end_stream());
@@ -687,6 +703,7 @@ mod tests {
             Found::Slot(slot) => Some(Claim {
                 slot,
                 body_done: Arc::new(AtomicBool::new(true)),
+                failed_with_body: false,
             }),
             Found::Full => None,
             Found::Unbuilt => panic!("client not built"),

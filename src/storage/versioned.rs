@@ -19,23 +19,27 @@
 //!   most [`MAX_CONFLICTS`] times. Our new version holds every line of every earlier version
 //!   of the object (a segment's durable bytes only grow), so writing over what is there
 //!   loses nothing; only a late write of an older version is refused.
-//! - A store that answers the condition with 501 / `NotImplemented` (some S3-compatible
-//!   stores) has conditions turned off for the process ([`refuse_conditions`], whose state
-//!   lives in `storage::conditions`: one warning;
-//!   the metric reads [`conditional_writes_now`]) and the write sent again without it, as
-//!   before this module existed. A store or gateway that answers it with 400 or 403
-//!   instead (`InvalidArgument`, `InvalidRequest`, `AccessDenied`:
-//!   `s3::may_refuse_conditions`) has the same write sent once more without the
-//!   condition once its refusals have lasted ([`REFUSALS_TO_SWITCH`], [`REFUSAL_SPAN`]:
+//! - The state of conditions lives in `storage::conditions`, per kind of condition
+//!   ([`Kind`]: a PUT's or a completion's `If-None-Match` or `If-Match`), each counted,
+//!   cleared and turned off on its own: a store may take one kind and refuse another
+//!   (review r35r C1, C2). A store that answers the condition with 501 / `NotImplemented`
+//!   (some S3-compatible stores) has that kind turned off for the process
+//!   ([`refuse_conditions`]: one warning; the metric reads [`conditional_writes_now`]), with
+//!   every kind that has not landed with its condition in the run, and the write sent again
+//!   without it, as before this module existed. A store or gateway that answers it with 400
+//!   or 403 instead (`InvalidArgument`, `InvalidRequest`, `AccessDenied`:
+//!   `s3::may_refuse_conditions`) has the same write sent once more without the condition
+//!   once its refusals have lasted ([`REFUSALS_TO_SWITCH`], [`REFUSAL_SPAN`]:
 //!   [`condition_refused`]; until then the write fails and is tried again with its
-//!   condition): when that one lands, conditions are turned off the same way; when it is
+//!   condition): when that one lands, its kind is turned off the same way; when it is
 //!   refused too, the refusal is the write's own (credentials, a bad request): it fails as
 //!   any write does, tried again later, and conditions stay on. Refusals count per write
-//!   and end when a conditional PUT lands or when a refused write (a PUT or a completion)
-//!   lands with its condition when tried again (`conditions::condition_landed`): only a
-//!   condition refused continuously counts. At shutdown, with no conditional write landed
-//!   in the run, the first refusal has the write sent without its condition at once
-//!   (`conditions::shutting_down`). A 412 is never one of these.
+//!   and end when a write of the same kind lands with its condition
+//!   (`conditions::condition_taken`): only a condition refused continuously counts. At
+//!   shutdown, for a kind not landed with its condition in the run, a refused write is
+//!   tried again with it after `conditions::SHUTDOWN_RETRY_PAUSE`, and sent without it
+//!   when refused [`REFUSALS_TO_SWITCH`] times (`conditions::shutting_down`): one passing
+//!   refusal never is (review r35r S2). A 412 is never one of these.
 //!
 //! `file://` needs none of this: every version is renamed into place by the one process
 //! that holds the spool (`append::Appender::replace_local`), and a killed process leaves no
@@ -53,7 +57,7 @@ use object_store::{
 use super::append::{AppendError, Appender};
 use super::conditions::{
     condition_refused, condition_taken, conditions_on, refusal_was_the_writes, refuse_conditions,
-    REFUSAL_SPAN,
+    Kind, Refused, REFUSALS_TO_SWITCH, REFUSAL_SPAN,
 };
 // The publisher and the ingest's status read these here, beside the writes they govern.
 pub use super::conditions::{conditional_writes_now, conditions_in_use};
@@ -233,9 +237,10 @@ async fn put_once(
             source,
         })
     };
+    let kind = Kind::put(matches!(base, Base::Absent));
     loop {
         let mode = match base {
-            _ if !conditions_on() => PutMode::Overwrite,
+            _ if !conditions_on(kind) => PutMode::Overwrite,
             Base::Absent => PutMode::Create,
             Base::Version {
                 e_tag: None,
@@ -253,7 +258,7 @@ async fn put_once(
         {
             Ok(put) => {
                 if conditional {
-                    condition_taken();
+                    condition_taken(kind);
                 }
                 return Attempt::Done(put.e_tag, put.version, len);
             }
@@ -268,7 +273,7 @@ async fn put_once(
         let failure = classify_store_error(&e);
         let (status, code) = store_error_answer(&e);
         if failure == Failure::Unsupported {
-            refuse_conditions(status, code.as_deref(), &e.to_string());
+            refuse_conditions(kind, status, code.as_deref(), &e.to_string());
             continue;
         }
         if !may_refuse_conditions(failure, status) {
@@ -276,10 +281,15 @@ async fn put_once(
         }
         // 400 / 403: perhaps the condition, perhaps the write. Tried again with the condition
         // until the refusals have lasted; then the same write without it tells.
-        if !condition_refused(key, status, code.as_deref(), &e.to_string()) {
-            return failed(e);
+        match condition_refused(kind, key, status, code.as_deref(), &e.to_string()) {
+            Refused::Fail => return failed(e),
+            Refused::RetryAfter(pause) => {
+                tokio::time::sleep(pause).await;
+                continue;
+            }
+            Refused::SendWithout => {}
         }
-        tracing::info!(%key, error = %e, "conditional writes refused (400 / 403) for {}s (or at shutdown): this one sent once more without its condition, to tell whether the store refuses the condition or the write", REFUSAL_SPAN.as_secs());
+        tracing::info!(%key, kind = kind.name(), error = %e, "conditional writes of this kind refused (400 / 403) for {}s (or {} times at shutdown): this one sent once more without its condition, to tell whether the store refuses the condition or the write", REFUSAL_SPAN.as_secs(), REFUSALS_TO_SWITCH);
         return match store
             .put_opts(
                 location,
@@ -289,11 +299,11 @@ async fn put_once(
             .await
         {
             Ok(put) => {
-                refuse_conditions(status, code.as_deref(), &e.to_string());
+                refuse_conditions(kind, status, code.as_deref(), &e.to_string());
                 Attempt::Done(put.e_tag, put.version, len)
             }
             Err(again) => {
-                refusal_was_the_writes();
+                refusal_was_the_writes(kind);
                 failed(again)
             }
         };

@@ -45,6 +45,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* The Secret holding the ingest token (key `token`); empty when the token is off. */}}
+{{- define "rhc.ingestTokenSecret" -}}
+{{- if .Values.collector.ingestToken.enabled }}
+{{- default (printf "%s-ingest-token" (include "rhc.fullname" .)) .Values.collector.ingestToken.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{/* Where the collector reads the ingest token (--ingest-token-file). */}}
+{{- define "rhc.ingestTokenDir" -}}
+/etc/ray-history-collector/ingest-token
+{{- end }}
+
 {{/* OWNER_KIND / OWNER_NAME: automatic for a RayJob, from values otherwise. */}}
 {{- define "rhc.ownerKind" -}}
 {{- if eq .Values.kind "RayJob" }}rayjob{{ else }}{{ .Values.owner.kind }}{{ end }}
@@ -106,6 +118,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     {{- end }}
     - --shutdown-timeout={{ $c.shutdownTimeoutSeconds }}s
     - --log-format={{ $c.logFormat }}
+    {{- if include "rhc.ingestTokenSecret" .root }}
+    # Only posts to /v1/events/<token> are Ray's (docs/security.md).
+    - --ingest-token-file={{ include "rhc.ingestTokenDir" .root }}/token
+    {{- end }}
     {{- range $c.extraArgs }}
     - {{ . | quote }}
     {{- end }}
@@ -202,6 +218,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   volumeMounts:
     - name: ray-tmp
       mountPath: /tmp/ray
+    {{- if include "rhc.ingestTokenSecret" .root }}
+    - name: ingest-token
+      mountPath: {{ include "rhc.ingestTokenDir" .root }}
+      readOnly: true
+    {{- end }}
 {{- end }}
 
 {{/* The Ray container. Call with (dict "root" $ "name" "ray-head" "group" <values>). */}}
@@ -216,8 +237,20 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
       value: "true"
     - name: RAY_enable_core_worker_ray_event_to_aggregator
       value: "true"
+    {{- with include "rhc.ingestTokenSecret" .root }}
+    # The collector's ingest token, the last segment of the export address
+    # (Kubernetes expands $(RHC_INGEST_TOKEN): it is defined above it).
+    - name: RHC_INGEST_TOKEN
+      valueFrom:
+        secretKeyRef:
+          name: {{ . }}
+          key: token
+    - name: RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR
+      value: {{ printf "http://127.0.0.1:%v/v1/events/$(RHC_INGEST_TOKEN)" $v.collector.port | quote }}
+    {{- else }}
     - name: RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR
       value: {{ printf "http://127.0.0.1:%v/v1/events" $v.collector.port | quote }}
+    {{- end }}
     - name: RAY_DASHBOARD_AGGREGATOR_AGENT_EXPOSABLE_EVENT_TYPES
       value: ALL
     - name: RAY_DASHBOARD_AGGREGATOR_AGENT_PUBLISHER_HTTP_ENDPOINT_EXPOSABLE_EVENT_TYPES
@@ -271,6 +304,14 @@ spec:
   volumes:
     - name: ray-tmp
       emptyDir: {}
+    {{- with include "rhc.ingestTokenSecret" .root }}
+    - name: ingest-token
+      secret:
+        secretName: {{ . }}
+        items:
+          - key: token
+            path: token
+    {{- end }}
   {{- with .group.nodeSelector }}
   nodeSelector:
     {{- toYaml . | nindent 4 }}

@@ -4,7 +4,8 @@
 //! before anything new is read when it holds lines of a file gone from Ray's files.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::ops::Range;
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -15,7 +16,7 @@ use crate::events::dedup::id_hash;
 use crate::events::quarantine::{raw_record, QuarantineReason};
 use crate::events::spool::{
     AppendBatch, Checkpoint, EventSpan, LineSource, PartitionBatch, QuarantinedEvent, SpoolError,
-    MAX_PARTITIONS_PER_REQUEST,
+    FILE_BUDGET_BYTES, MAX_PARTITIONS_PER_REQUEST,
 };
 
 use super::identity::{self, Identity};
@@ -68,6 +69,25 @@ pub(super) struct Batch {
     pub(super) spare: u64,
     /// Bytes of the files it consumes.
     pub(super) bytes: u64,
+    /// Where each piece read is, in the body and in its file, in body order.
+    pub(super) pieces: Vec<FilePiece>,
+}
+
+/// A piece of one file read into a batch: where its bytes are in the batch's body and in the
+/// file, so that a part of the batch (its lines up to a point of the body) knows the offset
+/// it reaches in each file ([`Unstored::next_part`]).
+#[derive(Debug, Clone)]
+pub(super) struct FilePiece {
+    /// The file's key in the offsets (`<session>/<inode>`).
+    key: String,
+    /// Its bytes in the body (a torn last line's added newline included).
+    body: Range<usize>,
+    /// The file's offset the piece was read from, and the one it reaches.
+    from: u64,
+    to: u64,
+    /// The file's first bytes (at most 64): an offset short of them has the fingerprint of
+    /// fewer ([`FileOffset::fingerprint`]).
+    head: Vec<u8>,
 }
 
 impl Batch {
@@ -85,7 +105,9 @@ impl Batch {
     }
 
     /// Records that the file `key` (inode `ino`, first bytes `head`, identity `id`), read
-    /// from `start`, is consumed up to `offset` once the batch is stored.
+    /// from `start` into `body` of the batch's body, is consumed up to `offset` once the
+    /// batch is stored.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn record(
         &mut self,
         key: String,
@@ -94,15 +116,22 @@ impl Batch {
         offset: u64,
         head: &[u8],
         id: Identity,
+        body: Range<usize>,
     ) {
         self.bytes += offset.saturating_sub(start);
-        let n = (offset.min(identity::LEGACY_FINGERPRINT_BYTES) as usize).min(head.len());
+        self.pieces.push(FilePiece {
+            key: key.clone(),
+            body,
+            from: start,
+            to: offset,
+            head: head[..head.len().min(identity::LEGACY_FINGERPRINT_BYTES as usize)].to_vec(),
+        });
         self.offsets.insert(
             key,
             FileOffset {
                 inode: ino,
                 offset,
-                fingerprint: xxhash_rust::xxh3::xxh3_64(&head[..n]),
+                fingerprint: fingerprint(head, offset),
                 first_line: Some(id.first_line),
                 born_ns: id.born_ns,
                 saved_before_ns: None,
@@ -111,28 +140,212 @@ impl Batch {
     }
 }
 
+/// The fingerprint an older collector keeps of a file read up to `offset`: of its first
+/// `min(offset, 64)` bytes (`head` holds at least those).
+fn fingerprint(head: &[u8], offset: u64) -> u64 {
+    let n = (offset.min(identity::LEGACY_FINGERPRINT_BYTES) as usize).min(head.len());
+    xxhash_rust::xxh3::xxh3_64(&head[..n])
+}
+
 /// A batch whose store failed (the spool could not write it, or refused it as over its
 /// budget) and that holds lines of a file gone from Ray's files (a backup deleted by Ray's
-/// rotation, `Piece::StoreFirst`): kept whole, with the offsets it reaches, and stored again
-/// at the start of each pass before anything new is read. Any other failed batch is dropped
-/// and its lines read again next pass from its files, in a batch sized to the room then
-/// (review r41s D1: a kept batch sized to a room measured earlier never fitted again while
-/// pushed events held a few KiB, and the tailer read nothing more). At most one exists (nothing is read while it does), so it
-/// holds at most one batch of lines (`MAX_READ` bytes, or one cut line of at most
-/// `line_limit` bytes) and their spans.
+/// rotation, `Piece::StoreFirst`): kept in memory, with the offsets it reaches, and stored at
+/// the start of each pass before anything new is read. It is stored in parts sized to the room
+/// below the yield mark at that moment ([`Unstored::next_part`]), each with the offsets its
+/// lines reach, so it is stored as uploads make room and never takes the spool past the mark
+/// (review r41s D1: stored whole, a batch read at a low copy ratio needed more than the whole
+/// budget once pushed events raised the ratio, and was refused for as long as they held a few
+/// KiB of the spool; nothing new was read meanwhile). Any other failed batch is dropped and
+/// its lines read again next pass from its files, in a batch sized to the room then. At most
+/// one exists (nothing is read while it does), so it holds at most one batch of lines
+/// (`MAX_READ` bytes, or one cut line of at most `line_limit` bytes) and their spans.
 pub(super) struct Unstored {
-    /// The lines, shared with the append that retries them.
+    /// The lines, shared with the appends that store them.
     pub(super) body: Bytes,
     pub(super) partitions: Vec<PartitionBatch>,
     pub(super) quarantined: Vec<QuarantinedEvent>,
-    /// Where each file's reading ends once the batch is stored.
+    /// Where each file's reading ends once the whole batch is stored.
     pub(super) offsets: BTreeMap<String, FileOffset>,
+    /// Where each piece read is, in the body and in its file.
+    pub(super) pieces: Vec<FilePiece>,
     /// Bytes of the files it consumes.
     pub(super) bytes: u64,
+    /// The lines before this point of the body are stored (by earlier parts).
+    pub(super) stored_to: usize,
     /// Failed stores so far (the first is logged as a warning, the rest at debug level).
     pub(super) failures: u32,
-    /// Kept when its store fails: it holds lines of a file that is gone.
-    pub(super) keep: bool,
+}
+
+/// Lines of a batch stored in one append, with the offsets they reach.
+pub(super) struct Part {
+    pub(super) body: Bytes,
+    pub(super) partitions: Vec<PartitionBatch>,
+    pub(super) quarantined: Vec<QuarantinedEvent>,
+    pub(super) offsets: BTreeMap<String, FileOffset>,
+    pub(super) bytes: u64,
+    /// Where its lines end in the body: `None` for the rest of the batch.
+    pub(super) end: Option<usize>,
+}
+
+/// One line of an [`Unstored`] batch, for sizing a part.
+enum Unit {
+    /// A span of partition `.0`.
+    Event(usize),
+    /// Quarantined line `.0`.
+    Quarantined(usize),
+}
+
+impl Unstored {
+    /// The next part to store: the lines from [`Self::stored_to`] on, in body order, while
+    /// they fit `room` (counted as a batch counts them when it reads: a line's bytes, each
+    /// partition's files and each new session's marker, a quarantined line as its record),
+    /// with the offsets they reach in each file; all that is left when it fits. `None` when
+    /// not even the first line fits: it waits for uploads to make room.
+    pub(super) fn next_part(&self, room: u64, stored_sessions: &HashSet<String>) -> Option<Part> {
+        let from = self.stored_to;
+        let mut units: Vec<(usize, Unit)> = Vec::new();
+        for (i, p) in self.partitions.iter().enumerate() {
+            for e in p.events.iter().filter(|e| e.range().start >= from) {
+                units.push((e.range().start, Unit::Event(i)));
+            }
+        }
+        for (i, q) in self.quarantined.iter().enumerate() {
+            if q.start >= from {
+                units.push((q.start, Unit::Quarantined(i)));
+            }
+        }
+        units.sort_by_key(|(start, _)| *start);
+        let mut cost = 0u64;
+        let mut partitions: HashSet<usize> = HashSet::new();
+        let mut sessions: HashSet<&str> = HashSet::new();
+        let mut quarantine_opened = false;
+        let mut end = None;
+        for (start, unit) in &units {
+            let c = match unit {
+                Unit::Event(i) => {
+                    let p = &self.partitions[*i];
+                    let len = p
+                        .events
+                        .iter()
+                        .find(|e| e.range().start == *start)
+                        .map_or(0, |e| e.len() as u64);
+                    let new = partitions.insert(*i);
+                    let session = p.partition.session.as_str();
+                    let new_session =
+                        new && !stored_sessions.contains(session) && sessions.insert(session);
+                    len + 1
+                        + if new { PARTITION_FILES_COST } else { 0 }
+                        + if new_session { FILE_BUDGET_BYTES } else { 0 }
+                }
+                Unit::Quarantined(i) => {
+                    let q = &self.quarantined[*i];
+                    let first = !quarantine_opened;
+                    quarantine_opened = true;
+                    let raw = &self.body[q.start..q.end];
+                    let record = match &q.source {
+                        Some(s) => raw_record(q.reason, &s.file, s.offset, raw, Some(0)).len(),
+                        None => raw.len() + 1024,
+                    };
+                    record as u64 + if first { PARTITION_FILES_COST } else { 0 }
+                }
+            };
+            if cost.saturating_add(c) > room {
+                if cost == 0 {
+                    return None;
+                }
+                end = Some(*start);
+                break;
+            }
+            cost += c;
+        }
+        let before = |r: &Range<usize>| r.start >= from && end.is_none_or(|e| r.start < e);
+        let partitions = self
+            .partitions
+            .iter()
+            .filter_map(|p| {
+                let events: Vec<EventSpan> = p
+                    .events
+                    .iter()
+                    .filter(|e| before(&e.range()))
+                    .copied()
+                    .collect();
+                (!events.is_empty()).then(|| PartitionBatch {
+                    partition: p.partition.clone(),
+                    events,
+                })
+            })
+            .collect();
+        let quarantined = self
+            .quarantined
+            .iter()
+            .filter(|q| before(&(q.start..q.end)))
+            .cloned()
+            .collect();
+        let (offsets, bytes) = match end {
+            None => (
+                self.offsets.clone(),
+                self.bytes.saturating_sub(self.part_bytes(self.stored_to)),
+            ),
+            Some(end) => (
+                self.offsets_at(end),
+                self.part_bytes(end).saturating_sub(self.part_bytes(from)),
+            ),
+        };
+        Some(Part {
+            body: self.body.clone(),
+            partitions,
+            quarantined,
+            offsets,
+            bytes,
+            end,
+        })
+    }
+
+    /// Where each file's reading ends once the lines before `end` (a line's start in the
+    /// body) are stored: the files read before it, to the offset that point is at.
+    fn offsets_at(&self, end: usize) -> BTreeMap<String, FileOffset> {
+        let mut reach: BTreeMap<&str, (u64, &FilePiece)> = BTreeMap::new();
+        for piece in self.pieces.iter().filter(|p| p.body.start < end) {
+            let at = piece.reach(end);
+            let e = reach.entry(piece.key.as_str()).or_insert((at, piece));
+            if at > e.0 {
+                *e = (at, piece);
+            }
+        }
+        reach
+            .into_iter()
+            .filter_map(|(key, (at, piece))| {
+                let whole = self.offsets.get(key)?;
+                let offset = at.min(whole.offset);
+                Some((
+                    key.to_string(),
+                    FileOffset {
+                        offset,
+                        fingerprint: fingerprint(&piece.head, offset),
+                        ..*whole
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    /// Bytes of the files the lines before `end` of the body consume.
+    fn part_bytes(&self, end: usize) -> u64 {
+        self.pieces
+            .iter()
+            .filter(|p| p.body.start < end)
+            .map(|p| p.reach(end) - p.from)
+            .sum()
+    }
+}
+
+impl FilePiece {
+    /// The file's offset the lines of this piece before `end` of the body reach (`end` at or
+    /// after the piece's start).
+    fn reach(&self, end: usize) -> u64 {
+        let read = end.min(self.body.end).saturating_sub(self.body.start) as u64;
+        (self.from + read).min(self.to)
+    }
 }
 
 /// Where one line goes.
@@ -149,8 +362,10 @@ enum Routed {
 
 impl ExportTailer {
     /// Routes the whole lines of `batch.body[base..base + end]` (read at `file_offset` of
-    /// the file, whose identity is `file_id`) into the batch, while they fit its room;
+    /// the file, whose identity is `file_id`) into the batch, while they fit its room and
+    /// are shorter than `limit` (a longer one is cut by the next read, whatever the room);
     /// returns the bytes taken.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn route_into(
         &mut self,
         batch: &mut Batch,
@@ -159,6 +374,7 @@ impl ExportTailer {
         file: &FileRef<'_>,
         file_id: u64,
         file_offset: u64,
+        limit: u64,
     ) -> usize {
         let source = |offset| {
             Some(LineSource {
@@ -174,6 +390,9 @@ impl ExportTailer {
                 .iter()
                 .position(|&c| c == b'\n')
                 .map_or(stop, |i| pos + i);
+            if (line_end - pos) as u64 >= limit {
+                break;
+            }
             let line = &batch.body[pos..line_end];
             let offset = file_offset + (pos - base) as u64;
             let routed = self.route_line(line, file.session, file.node);
@@ -189,11 +408,24 @@ impl ExportTailer {
                     if new && batch.partitions.len() >= MAX_PARTITIONS_PER_REQUEST {
                         break;
                     }
-                    line.len() as u64 + 1 + if new { PARTITION_FILES_COST } else { 0 }
+                    // A session this tailer never stored a line of may get its marker file
+                    // with this batch (on the head), counted like any spool file (review
+                    // r41n D4: 300 new sessions' markers took the spool past 90 %).
+                    let new_session = new
+                        && !self.stored_sessions.contains(&partition.session)
+                        && !batch
+                            .partitions
+                            .iter()
+                            .any(|p| p.partition.session == partition.session);
+                    line.len() as u64
+                        + 1
+                        + if new { PARTITION_FILES_COST } else { 0 }
+                        + if new_session { FILE_BUDGET_BYTES } else { 0 }
                 }
                 Routed::Quarantine(reason) => {
                     let first = batch.quarantined.is_empty();
-                    raw_record(*reason, file.name, offset, line).len() as u64
+                    // The key's value does not change the record's length.
+                    raw_record(*reason, file.name, offset, line, Some(0)).len() as u64
                         + if first { PARTITION_FILES_COST } else { 0 }
                 }
             };
@@ -306,7 +538,9 @@ impl ExportTailer {
     }
 
     /// Stores the batch and, with it, the offsets it reaches (see [`Self::store`]); `keep`:
-    /// it holds lines of a file that is gone, kept if its store fails ([`Unstored`]).
+    /// it holds lines of a file that is gone, so it is kept if not stored whole
+    /// ([`Unstored`], [`Self::store_kept`]); any other batch whose store fails is dropped, its
+    /// lines read again next pass.
     pub(super) async fn flush(
         &mut self,
         batch: &mut Batch,
@@ -316,25 +550,103 @@ impl ExportTailer {
         if b.is_empty() {
             return Ok(PassReport::default());
         }
-        self.store(Unstored {
-            body: Bytes::from(b.body),
+        let body = Bytes::from(b.body);
+        if !keep {
+            let part = Part {
+                body,
+                partitions: b.partitions,
+                quarantined: b.quarantined,
+                offsets: b.offsets,
+                bytes: b.bytes,
+                end: None,
+            };
+            return match self.store(&part).await {
+                Err(e) if !e.is_checkpoint() => {
+                    tracing::warn!(error = %e, "storing export events failed; read again next pass");
+                    Err(e)
+                }
+                r => r,
+            };
+        }
+        self.unstored = Some(Unstored {
+            body,
             partitions: b.partitions,
             quarantined: b.quarantined,
             offsets: b.offsets,
+            pieces: b.pieces,
             bytes: b.bytes,
+            stored_to: 0,
             failures: 0,
-            keep,
-        })
-        .await
+        });
+        self.store_kept().await
     }
 
-    /// Stores a batch and, with it, the offsets it reaches (a [`Checkpoint`] the spool
+    /// Stores the kept batch ([`Self::unstored`]) part after part, each sized to the room
+    /// below the yield mark at that moment ([`Unstored::next_part`]), until it is all stored
+    /// (then it is dropped), a part fails (kept, from that part on, for the next pass: never
+    /// dropped, as its lines may be gone from Ray's files), or the next line has no room
+    /// ([`StoreError::NoRoom`]: it waits for uploads).
+    pub(super) async fn store_kept(&mut self) -> Result<PassReport, StoreError> {
+        let mut total = PassReport::default();
+        while let Some(u) = self.unstored.as_ref() {
+            let Some(part) = u.next_part(self.spool_room(), &self.stored_sessions) else {
+                tracing::debug!(
+                    stored_bytes = u.stored_to,
+                    "kept export events wait for room below the spool's mark"
+                );
+                return Err(StoreError::NoRoom);
+            };
+            let result = self.store(&part).await;
+            let Some(u) = self.unstored.as_mut() else {
+                break;
+            };
+            match result {
+                // Stored (with its offsets saved, or not yet: see `store`).
+                Ok(_) | Err(StoreError::Spool(SpoolError::Checkpoint { .. })) => {
+                    match part.end {
+                        Some(end) => {
+                            tracing::debug!(
+                                stored_to = end,
+                                of = u.body.len(),
+                                "part of the kept export events stored"
+                            );
+                            u.stored_to = end;
+                        }
+                        None => {
+                            if u.failures > 0 || u.stored_to > 0 {
+                                tracing::info!(
+                                    failures = u.failures,
+                                    "export events kept after a failed store are stored"
+                                );
+                            }
+                            self.unstored = None;
+                        }
+                    }
+                    match result {
+                        Ok(r) => total.add(r),
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) => {
+                    u.failures = u.failures.saturating_add(1);
+                    if u.failures == 1 {
+                        tracing::warn!(error = %e, "storing export events failed; the batch is kept and stored again next pass, before anything new is read");
+                    } else {
+                        tracing::debug!(error = %e, failures = u.failures, "storing kept export events failed again");
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    /// Stores lines and, with them, the offsets they reach (a [`Checkpoint`] the spool
     /// writes once the lines are durable and before any segment holding them can be
-    /// uploaded). Refused or failed (the spool rolls the whole batch back), its offsets are
-    /// not advanced and the batch is kept in [`Self::unstored`], stored again next pass
-    /// before anything new is read: never dropped, as its lines may be gone from Ray's
-    /// files (review r41q: a backup deleted by Ray's rotation). Errors are logged here.
-    pub(super) async fn store(&mut self, u: Unstored) -> Result<PassReport, StoreError> {
+    /// uploaded). Refused or failed (the spool rolls the whole append back), the offsets are
+    /// not advanced; the caller says what becomes of the lines. Stored with the checkpoint
+    /// unsaved, the offsets stay (saved again next pass, see [`Self::save`]).
+    pub(super) async fn store(&mut self, u: &Part) -> Result<PassReport, StoreError> {
         let previous: Vec<(String, Option<FileOffset>)> = u
             .offsets
             .iter()
@@ -362,6 +674,11 @@ impl ExportTailer {
             Ok(o) => {
                 // The checkpoint holds the whole state, prunes and runs included.
                 self.dirty = false;
+                for p in &u.partitions {
+                    if !self.stored_sessions.contains(&p.partition.session) {
+                        self.stored_sessions.insert(p.partition.session.clone());
+                    }
+                }
                 Ok(PassReport {
                     accepted: o.accepted,
                     duplicates: o.duplicates,
@@ -369,12 +686,17 @@ impl ExportTailer {
                     bytes: u.bytes,
                 })
             }
-            Err(e @ StoreError::Spool(SpoolError::Checkpoint { .. })) => {
+            Err(e) if e.is_checkpoint() => {
                 // The lines are stored, but their offsets are not saved: the spool seals
                 // nothing until a later checkpoint (holding these offsets) is, so reading
                 // stops until [`Self::save`] succeeds.
                 tracing::warn!(error = %e, "export events stored but their offsets not saved; saved again next pass");
                 self.dirty = true;
+                for p in &u.partitions {
+                    if !self.stored_sessions.contains(&p.partition.session) {
+                        self.stored_sessions.insert(p.partition.session.clone());
+                    }
+                }
                 Err(e)
             }
             Err(e) => {
@@ -384,19 +706,119 @@ impl ExportTailer {
                         None => self.state.files.remove(&k),
                     };
                 }
-                if !u.keep {
-                    tracing::warn!(error = %e, "storing export events failed; read again next pass");
-                    return Err(e);
-                }
-                let failures = u.failures.saturating_add(1);
-                if failures == 1 {
-                    tracing::warn!(error = %e, "storing export events failed; the batch is kept and stored again next pass, before anything new is read");
-                } else {
-                    tracing::debug!(error = %e, failures, "storing kept export events failed again");
-                }
-                self.unstored = Some(Unstored { failures, ..u });
                 Err(e)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::{Hour, Partition, Stream};
+
+    fn offset(inode: u64, offset: u64) -> FileOffset {
+        FileOffset {
+            inode,
+            offset,
+            fingerprint: 0,
+            first_line: None,
+            born_ns: None,
+            saved_before_ns: None,
+        }
+    }
+
+    /// A kept batch of two files (`a`: three lines read from offset 100 in two pieces, the
+    /// last a torn line with its added newline; `b`: one line and a bad one, from 0) is
+    /// stored in parts that fit the room, each with the offsets its lines reach.
+    #[test]
+    fn a_kept_batch_is_stored_in_parts_with_the_offsets_they_reach() {
+        let body = b"a-one\na-two\na-torn\nb-one\nb-bad\n".to_vec();
+        let lines: Vec<(usize, usize)> = vec![(0, 5), (6, 11), (12, 18), (19, 24), (25, 30)];
+        let partition = Partition {
+            session: "s".into(),
+            node: "n".into(),
+            stream: Stream::Export("node".into()),
+            hour: Hour::from_unix_seconds(1_795_313_307),
+        };
+        let spans = lines[..4]
+            .iter()
+            .map(|&(s, e)| EventSpan::new(s..e, Some(s as u64 + 1), false).unwrap())
+            .collect();
+        let piece = |key: &str, body: Range<usize>, from: u64, to: u64| FilePiece {
+            key: key.into(),
+            body,
+            from,
+            to,
+            head: b"head of the file, sixty-four bytes or fewer".to_vec(),
+        };
+        let u = Unstored {
+            body: Bytes::from(body),
+            partitions: vec![PartitionBatch {
+                partition,
+                events: spans,
+            }],
+            quarantined: vec![QuarantinedEvent {
+                reason: QuarantineReason::ExportNotJson,
+                start: 25,
+                end: 30,
+                source: Some(LineSource {
+                    file: "b".into(),
+                    file_id: 7,
+                    offset: 6,
+                }),
+            }],
+            offsets: BTreeMap::from([("a".into(), offset(1, 118)), ("b".into(), offset(2, 12))]),
+            pieces: vec![
+                piece("a", 0..12, 100, 112),
+                // Torn: 6 bytes of the file and the newline added.
+                piece("a", 12..19, 112, 118),
+                piece("b", 19..31, 0, 12),
+            ],
+            bytes: 30,
+            stored_to: 0,
+            failures: 0,
+        };
+        let none = HashSet::new();
+        // The first line and its partition's files, with its session's marker: nothing less.
+        let first = 6 + PARTITION_FILES_COST + FILE_BUDGET_BYTES;
+        assert!(u.next_part(first - 1, &none).is_none());
+        let p = u.next_part(first, &none).unwrap();
+        assert_eq!(p.end, Some(6));
+        assert_eq!(p.partitions[0].events.len(), 1);
+        assert!(p.quarantined.is_empty());
+        assert_eq!(p.offsets.len(), 1);
+        assert_eq!(p.offsets["a"].offset, 106);
+        assert_eq!(
+            p.offsets["a"].fingerprint,
+            fingerprint(&u.pieces[0].head, 106)
+        );
+        assert_eq!(p.bytes, 6);
+        // A session already stored has its marker: the room of the line and the files.
+        let stored = HashSet::from(["s".to_string()]);
+        assert_eq!(
+            u.next_part(first - FILE_BUDGET_BYTES, &stored).unwrap().end,
+            Some(6)
+        );
+        // From the third line (the torn one) to before the bad line.
+        let u = Unstored { stored_to: 12, ..u };
+        let p = u
+            .next_part(7 + 6 + PARTITION_FILES_COST + FILE_BUDGET_BYTES, &none)
+            .unwrap();
+        assert_eq!(p.end, Some(25));
+        assert_eq!(
+            p.offsets["a"].offset, 118,
+            "the torn line's added newline is not the file's"
+        );
+        assert_eq!(p.offsets["b"].offset, 6);
+        assert_eq!(p.bytes, 6 + 6);
+        assert!(p.quarantined.is_empty());
+        // The rest: the bad line alone, with the offsets of the whole batch.
+        let u = Unstored { stored_to: 25, ..u };
+        let p = u.next_part(u64::MAX, &none).unwrap();
+        assert_eq!(p.end, None);
+        assert!(p.partitions.is_empty());
+        assert_eq!(p.quarantined.len(), 1);
+        assert_eq!(p.offsets, u.offsets);
     }
 }

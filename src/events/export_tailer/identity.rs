@@ -13,7 +13,10 @@
 //!   and tmpfs do): a new file has a new one;
 //! - its **first line**, hashed whole (its first and last [`SAMPLE_BYTES`] when it is longer):
 //!   every export line carries its own `event_id` (at the end of the line, Ray sorts its keys),
-//!   so two files never share it;
+//!   so two files never share it; a first line the tailer cuts (of `line_limit` bytes or more)
+//!   is its first `line_limit` bytes, the part read, which every read of the file cuts alike
+//!   whatever its room (review r41q D4; `--max-spool-bytes`, which sets the limit, changed
+//!   between a kill -9 and the restart still changes it);
 //! - its **size gone backwards**: Ray only appends, so a file shorter than the offset already
 //!   read from it is another file.
 //!

@@ -47,7 +47,10 @@
 //! never takes the spool past [`YIELD_PERCENT`] of the budget, whatever the budget: its
 //! lines are counted as the spool counts them (a quarantined line as its record, each with
 //! the room reserved for its compressed copy), with the files each partition it opens makes
-//! ([`PARTITION_FILES_COST`]) and the growth files segments have yet to claim, and a
+//! ([`PARTITION_FILES_COST`]), the marker file of each session it holds lines of that the
+//! tailer never stored lines of (on the head the spool writes one per session; a worker,
+//! which writes none, leaves that little room aside once per session: review r41n D4), and
+//! the growth files segments have yet to claim, and a
 //! line that does not fit the room left is not read yet. A batch opens at most
 //! `MAX_PARTITIONS_PER_REQUEST` partitions, the spool's bound for one request (past it
 //! the spool re-homes events to their arrival hour, then quarantines them): it ends before,
@@ -57,7 +60,9 @@
 //! (of a line cut at [`line_limit`], or of a whole line that is not JSON: up to
 //! [`RECORD_GROWTH`] times its bytes) while it fits below the yield mark, so an overlong or
 //! bad line is quarantined and reading goes on; [`line_limit`] makes it fit an empty spool
-//! whatever the budget.
+//! whatever the budget. A line of [`line_limit`] bytes or more is always cut there, whatever
+//! the room of the read, so a file is read in the same pieces (and its first line, part of its
+//! identity, is the same) in every run that reads it (review r41q D4).
 //!
 //! Reading ends [`FINAL_PASS_LIMIT`] after the shutdown is seen, whether a regular pass is
 //! running then (it is checked between two files and between two batches) or the last pass
@@ -72,14 +77,17 @@
 //! When storing a batch fails (the spool could not write it, ENOSPC say, or refused it as
 //! over its budget; the spool rolls the whole batch back), its offsets do not advance. A
 //! batch holding lines of a file gone from Ray's files (a backup deleted by Ray's rotation
-//! while it was read: review r41q) is kept in memory, whole: each later pass first stores
-//! it again, as it was read, and reads nothing new before it is stored. Any other batch is
-//! dropped and its lines read again next pass, in a batch sized to the room then (review
-//! r41s D1: kept, a batch sized to an earlier room never fitted while pushed events held a
-//! few KiB). Memory stays bounded: at
+//! while it was read: review r41q) is kept in memory: each later pass first stores it, in
+//! parts sized to the room below [`YIELD_PERCENT`] at that moment (its lines in the order
+//! read, each part with the offsets its lines reach in each file), and reads nothing new
+//! before all of it is stored; a line that has no room waits for uploads, like a line in
+//! Ray's files (review r41s D1: stored whole, a batch read at a low copy ratio needed more
+//! than the whole budget at the ratio pushed events had since raised, and was refused for as
+//! long as they held a few KiB). Any other batch is dropped and its lines read again next
+//! pass, in a batch sized to the room then. Memory stays bounded: at
 //! most one batch is kept, since nothing is read while one is (at most [`MAX_READ`] bytes
 //! of lines, or one cut line of at most [`line_limit`] bytes, with a 16-byte span per
-//! line). A batch still unstored when the collector exits is lost for a file that is gone;
+//! line, and where each piece read sits in the body and its file). A batch still unstored when the collector exits is lost for a file that is gone;
 //! a file still there is read again from its saved offset by the next start.
 //!
 //! Layout: this file is the face (the configuration, the tailer, its passes and the room it
@@ -126,6 +134,9 @@ const RECORD_GROWTH: u64 = 6;
 /// The rest of a quarantine record at most: reason, sentence, time, file name (at most 255
 /// bytes), offset and keys.
 const RECORD_FIELDS: u64 = 1024;
+/// How often a kept batch is tried again during the shutdown's last pass.
+const KEPT_RETRY_AT_SHUTDOWN: Duration = Duration::from_millis(100);
+
 /// Longest last pass at shutdown: lines left then are still in Ray's files for the next
 /// start, while the time left goes to uploading what the spool holds.
 pub const FINAL_PASS_LIMIT: Duration = Duration::from_secs(5);
@@ -158,6 +169,10 @@ pub struct ExportTailer {
     time_up_logged: bool,
     /// A batch whose store failed, stored again before anything new is read.
     unstored: Option<Unstored>,
+    /// Sessions this tailer stored lines of: their session markers exist (on the head). A
+    /// batch counts the marker file of any other session it holds lines of (one of the
+    /// node's sessions each, dropped with the session's export directory).
+    stored_sessions: HashSet<String>,
 }
 
 /// Why storing a batch failed; the batch is kept and stored again next pass ([`Unstored`]).
@@ -169,6 +184,16 @@ pub enum StoreError {
     /// The spool refused the batch (over its budget) or could not write it.
     #[error("appending export events to the spool: {0}")]
     Spool(SpoolError),
+    /// The next line of the kept batch has no room below the yield mark yet.
+    #[error("no room below the spool's mark for the next kept export line yet")]
+    NoRoom,
+}
+
+impl StoreError {
+    /// The lines are stored but their offsets not saved ([`SpoolError::Checkpoint`]).
+    fn is_checkpoint(&self) -> bool {
+        matches!(self, StoreError::Spool(SpoolError::Checkpoint { .. }))
+    }
 }
 
 /// The file a piece is read from.
@@ -228,6 +253,7 @@ impl ExportTailer {
             stop_at: None,
             time_up_logged: false,
             unstored: None,
+            stored_sessions: HashSet::new(),
         }
     }
 
@@ -272,6 +298,21 @@ impl ExportTailer {
             }
             self.pass_until(&shutdown).await;
             if last {
+                // A kept batch (lines of a file that may be gone) is tried again until
+                // reading ends: the shutdown's uploads make room meanwhile (review r41t D1:
+                // it was dropped at once, silently, with room there 26 ms later).
+                while self.unstored.is_some() && !self.out_of_time(&shutdown) {
+                    tokio::time::sleep(KEPT_RETRY_AT_SHUTDOWN).await;
+                    self.pass_until(&shutdown).await;
+                }
+                if let Some(u) = &self.unstored {
+                    let left = &u.body[u.stored_to.min(u.body.len())..];
+                    tracing::error!(
+                        lines = left.iter().filter(|&&b| b == b'\n').count(),
+                        bytes = left.len(),
+                        "export event lines kept for a file that may be gone (a rotated backup Ray deleted) were not stored before the shutdown's reading ended: lost if their file is gone; the next start reads them again if it is not"
+                    );
+                }
                 break;
             }
         }
@@ -309,15 +350,9 @@ impl ExportTailer {
         }
         // A batch whose store failed: its lines may be gone from Ray's files (a deleted
         // backup), so it is stored, as it was read, before anything new is read.
-        if let Some(unstored) = self.unstored.take() {
-            match self.store(unstored).await {
-                Ok(r) => {
-                    tracing::info!(
-                        lines = r.accepted + r.duplicates + r.quarantined,
-                        "export events kept after a failed store are stored"
-                    );
-                    total.add(r);
-                }
+        if self.unstored.is_some() {
+            match self.store_kept().await {
+                Ok(r) => total.add(r),
                 Err(_) => return total,
             }
         }
@@ -467,6 +502,7 @@ impl ExportTailer {
         if self.state.files.len() != before {
             self.dirty = true;
         }
+        self.stored_sessions.retain(|s| present.contains_key(s));
     }
 }
 

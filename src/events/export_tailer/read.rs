@@ -166,12 +166,13 @@ impl ExportTailer {
         // A finished file's torn last line will never be completed: read it now.
         let torn = file.finished && at_eof && piece.last() != Some(&b'\n');
         let limit = line_limit(self.cfg.max_spool_bytes);
-        let end = if torn {
-            batch.body.push(b'\n');
-            want as usize + 1
-        } else if let Some(end) = complete {
-            end
-        } else if want >= limit {
+        // A line of `limit` bytes or more is cut there whatever the room of the read (and a
+        // shorter one never is), so a file's pieces, their records and the file's identity
+        // are the same in every run that reads it (review r41q D4: a long first line read
+        // whole by a roomy read and cut by a tighter one after a kill -9 gave the file
+        // another identity, and each of its bad lines a second record).
+        let overlong = want >= limit && !batch.body[base..base + limit as usize].contains(&b'\n');
+        let end = if overlong {
             // One line longer than the longest kept whole: keep its first part aside
             // instead of stalling.
             let cut = base + limit as usize;
@@ -180,6 +181,7 @@ impl ExportTailer {
                 file.name,
                 start,
                 &batch.body[base..cut],
+                Some(0),
             )
             .len() as u64;
             if !batch.takes(cost) {
@@ -201,8 +203,13 @@ impl ExportTailer {
                 }),
             });
             let id = identify(&batch.body[base..], limit);
-            batch.record(key, meta.ino(), start, start + limit, &head, id);
+            batch.record(key, meta.ino(), start, start + limit, &head, id, base..cut);
             return Ok(Piece::Read);
+        } else if torn {
+            batch.body.push(b'\n');
+            want as usize + 1
+        } else if let Some(end) = complete {
+            end
         } else {
             batch.body.truncate(base);
             // An incomplete last line waits for its newline; a longer read may hold it.
@@ -211,7 +218,12 @@ impl ExportTailer {
         // The bytes the batch's offsets identify the file by when any line is taken (a torn
         // last line's added newline is not the file's).
         let file_id = file_id(&batch.body[base..], (end as u64).min(want));
-        let taken = self.route_into(batch, base, end, file, file_id, start);
+        let taken = self.route_into(batch, base, end, file, file_id, start, limit);
+        // Stopped before a line of `limit` bytes or more: it is cut by the next read.
+        let at_overlong = taken < end && {
+            let next = &batch.body[base + taken..base + end];
+            next.len() as u64 >= limit && !next[..limit as usize].contains(&b'\n')
+        };
         batch.body.truncate(base + taken);
         if taken == 0 {
             return Ok(Piece::NoRoom);
@@ -227,8 +239,16 @@ impl ExportTailer {
             );
         }
         let id = identify(&batch.body[base..], consumed);
-        batch.record(key, meta.ino(), start, start + consumed, &head, id);
-        Ok(if taken < end {
+        batch.record(
+            key,
+            meta.ino(),
+            start,
+            start + consumed,
+            &head,
+            id,
+            base..base + taken,
+        );
+        Ok(if taken < end && !at_overlong {
             Piece::NoRoom
         } else {
             Piece::Read

@@ -243,8 +243,11 @@ async fn read_and_store(
     };
     match st.spool.append(batch).await {
         Ok(o) => {
-            if o.accepted > 0 {
-                // The connection delivered events: it outranks cheap clients from now on.
+            // Without an ingest token, a connection that delivered events outranks cheap
+            // clients from now on (though any local client can deliver one valid event,
+            // review r39r D1). With one, only the token makes a connection Ray's
+            // (`Slot::trust`, from its head on), and nothing is earned here.
+            if o.accepted > 0 && st.ingest_token.is_none() {
                 if let Some(s) = &slot {
                     s.pace.set_delivered();
                 }

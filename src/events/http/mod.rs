@@ -25,6 +25,7 @@ mod connections;
 mod ingest;
 mod routes;
 mod state;
+mod token;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -43,8 +44,9 @@ use answers::{closing, retry_later};
 pub use batch::{MAX_QUARANTINED_BYTES_PER_BODY, MAX_QUARANTINED_PER_BODY};
 pub use body::DEFAULT_MAX_GZIP_RATIO;
 use connections::Connections;
-use routes::{handle, is_events_post, is_probe, read_only};
+use routes::{events_post, handle, is_probe, read_only, Poster};
 pub use state::{EventKeys, IngestConfig, IngestState};
+pub use token::{IngestToken, MAX_TOKEN_LEN, MIN_TOKEN_LEN};
 
 /// How long a client may take to send request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -175,18 +177,25 @@ async fn serve_connection(
                 slot.request_ended();
                 return Ok::<_, Infallible>(resp);
             }
-            let events = is_events_post(&req);
+            let poster = events_post(&req, state.ingest_token.as_ref());
+            // A refused post is answered from its head: its body is never read.
+            let events = matches!(poster, Some(Poster::Anyone | Poster::Ray));
             slot.request_started(events);
+            if poster == Some(Poster::Ray) {
+                // From its first head with the token on, the connection is Ray's: it
+                // outranks every other at the cap and its bodies take Ray's decoding turn.
+                slot.trust();
+            }
             // The body reader reports its progress to the connection's slot.
             req.extensions_mut().insert(slot.clone());
-            let resp = if slot.reserved && !events && !is_probe(&req) {
+            let resp = if slot.reserved && poster.is_none() && !is_probe(&req) {
                 m::http_request("other", 503);
                 closing(retry_later(
                     "the collector is at its connection limit; only /healthz, /readyz and POST /v1/events are served on a new connection now",
                     1,
                 ))
             } else {
-                handle(req, &state).await
+                handle(req, &state, poster).await
             };
             slot.request_ended();
             Ok::<_, Infallible>(resp)

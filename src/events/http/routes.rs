@@ -9,10 +9,44 @@ use hyper::{Method, Request, StatusCode};
 use super::answers::{closing, error_response, method_not_allowed, text_response, Resp};
 use super::ingest::{ingest, why_full};
 use super::state::IngestState;
+use super::token::IngestToken;
 use crate::metrics as m;
 
-pub(super) fn is_events_post(req: &Request<Incoming>) -> bool {
-    req.method() == Method::POST && matches!(req.uri().path(), "/v1/events" | "/events")
+/// Who posts events, as far as the head tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Poster {
+    /// No ingest token is configured: any client on the events listener may post, and a
+    /// local client posting valid events cannot be told from Ray.
+    Anyone,
+    /// The path carries the configured ingest token: Ray's aggregator agent.
+    Ray,
+    /// A token is configured and this post does not carry it (none, or another): refused
+    /// at once, its body never read.
+    Refused,
+}
+
+/// Whether the request posts events, and who posts it: with `token`, `/v1/events/<token>`
+/// (or the older `/events/<token>`) is Ray's and every other post to those paths is refused;
+/// without one, `/v1/events` and `/events` are anyone's (and `/v1/events/<anything>` is no
+/// events path, as before tokens existed).
+pub(super) fn events_post(req: &Request<Incoming>, token: Option<&IngestToken>) -> Option<Poster> {
+    if req.method() != Method::POST {
+        return None;
+    }
+    let path = req.uri().path();
+    let bare = matches!(path, "/v1/events" | "/events");
+    let Some(token) = token else {
+        return bare.then_some(Poster::Anyone);
+    };
+    let given = path
+        .strip_prefix("/v1/events/")
+        .or_else(|| path.strip_prefix("/events/"));
+    match given {
+        Some(given) if token.matches(given) => Some(Poster::Ray),
+        Some(_) => Some(Poster::Refused),
+        None if bare => Some(Poster::Refused),
+        None => None,
+    }
 }
 
 pub(super) fn is_probe(req: &Request<Incoming>) -> bool {
@@ -20,24 +54,38 @@ pub(super) fn is_probe(req: &Request<Incoming>) -> bool {
         && matches!(req.uri().path(), "/healthz" | "/readyz")
 }
 
-pub(super) async fn handle(req: Request<Incoming>, st: &IngestState) -> Resp {
-    let (label, resp) = match (req.method(), req.uri().path()) {
-        (&Method::POST, "/v1/events" | "/events") if !st.events_enabled => (
+/// The answer of the events listener; `poster` is [`events_post`] of the request.
+pub(super) async fn handle(
+    req: Request<Incoming>,
+    st: &IngestState,
+    poster: Option<Poster>,
+) -> Resp {
+    let (label, resp) = match (poster, req.method(), req.uri().path()) {
+        (Some(_), _, _) if !st.events_enabled => (
             "/v1/events",
             error_response(
                 StatusCode::NOT_FOUND,
                 "the event collector is disabled (--enable-event-collector=false)",
             ),
         ),
-        (&Method::POST, "/v1/events" | "/events") => ("/v1/events", ingest(req, st).await),
-        (_, "/v1/events" | "/events") => ("/v1/events", method_not_allowed("POST")),
-        (&Method::GET | &Method::HEAD, "/healthz") => (
+        // Answered from the head alone: the body is never read and the connection closes.
+        // The path is not echoed: it may hold a token close to the real one.
+        (Some(Poster::Refused), _, _) => (
+            "/v1/events",
+            closing(error_response(
+                StatusCode::FORBIDDEN,
+                "this collector takes events only with its ingest token: POST /v1/events/<token>, the token of --ingest-token-file or RHC_INGEST_TOKEN, in Ray's RAY_DASHBOARD_AGGREGATOR_AGENT_EVENTS_EXPORT_ADDR",
+            )),
+        ),
+        (Some(_), _, _) => ("/v1/events", ingest(req, st).await),
+        (None, _, "/v1/events" | "/events") => ("/v1/events", method_not_allowed("POST")),
+        (None, &Method::GET | &Method::HEAD, "/healthz") => (
             "/healthz",
             text_response(StatusCode::OK, "ok\n".into(), "text/plain"),
         ),
-        (&Method::GET | &Method::HEAD, "/readyz") => ("/readyz", readiness(st)),
-        (&Method::GET, "/metrics") => ("/metrics", metrics(st)),
-        (_, "/healthz" | "/readyz" | "/metrics") => ("other", method_not_allowed("GET")),
+        (None, &Method::GET | &Method::HEAD, "/readyz") => ("/readyz", readiness(st)),
+        (None, &Method::GET, "/metrics") => ("/metrics", metrics(st)),
+        (None, _, "/healthz" | "/readyz" | "/metrics") => ("other", method_not_allowed("GET")),
         _ => (
             "other",
             error_response(
@@ -109,6 +157,7 @@ fn spool_gauges(st: &IngestState) -> m::SpoolGauges {
         files: stats.files(),
         oldest_age_seconds: stats.oldest_pending_age_seconds(),
         conditional_writes: crate::storage::versioned::conditional_writes_now(),
+        conditions_refused: crate::storage::conditions::kinds_refused(),
     }
 }
 

@@ -13,6 +13,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Notify;
 
 use super::body::{self, BodyBudget};
+use super::token::IngestToken;
 use crate::events::spool::{Spool, FILE_BUDGET_BYTES};
 use crate::node::node_id::EventNodeHint;
 
@@ -112,6 +113,9 @@ pub struct IngestConfig {
     /// `--max-gzip-ratio`: past the first MiB, a gzip body decodes to at most this many
     /// times its bytes as received (0: no bound but `max_body_bytes`).
     pub max_gzip_ratio: u64,
+    /// `--ingest-token-file` / `RHC_INGEST_TOKEN`: with one, only `POST /v1/events/<token>`
+    /// is Ray's, and every other events post is refused ([`super::token`]).
+    pub ingest_token: Option<IngestToken>,
 }
 
 /// State shared by all requests.
@@ -124,6 +128,7 @@ pub struct IngestState {
     pub(super) events_enabled: bool,
     pub(super) event_keys: EventKeys,
     pub(super) max_gzip_ratio: u64,
+    pub(super) ingest_token: Option<IngestToken>,
     /// Event requests in flight (bodies still arriving included); closed at shutdown, when
     /// new requests get 503.
     pub(super) requests: Gate,
@@ -156,6 +161,7 @@ impl IngestState {
             events_enabled: cfg.events_enabled,
             event_keys: cfg.event_keys,
             max_gzip_ratio: cfg.max_gzip_ratio,
+            ingest_token: cfg.ingest_token,
             requests: Gate::default(),
             storing: Gate::default(),
             metrics,
@@ -276,9 +282,12 @@ mod tests {
         k.last = Instant::now() - Duration::from_secs(10);
         let tiny = (0..10_000).filter(|_| k.take(1)).count();
         let per_body = 1 + KEPT_BODY_RECORD_BYTES + FILE_BUDGET_BYTES as usize;
-        assert_eq!(
-            tiny,
-            (10.0 * KEPT_BODY_BYTES_PER_SECOND) as usize / per_body
+        // Ten seconds of refill, and whatever the clock moved on since `last` was set (a
+        // loaded machine took one body more: CI of stop 49).
+        let ten_seconds = (10.0 * KEPT_BODY_BYTES_PER_SECOND) as usize / per_body;
+        assert!(
+            (ten_seconds..=ten_seconds + 1).contains(&tiny),
+            "{tiny} tiny bodies after 10 s of refill, {ten_seconds} expected"
         );
         // Element records draw on the same bytes.
         k.bytes = 1000.0;

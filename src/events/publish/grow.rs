@@ -44,6 +44,9 @@ impl Publisher {
         let cfg = self.cfg_for(st.record.as_ref(), &file);
         let key = object_key(&cfg, &file);
         let gzip = gzip_level(&cfg, &file);
+        // A key deleted earlier as another layout's and written again now (a switch back)
+        // is this run's from here on: no longer looked at for late writes (`late`).
+        self.late.claim(&key).await;
         if st.record.as_ref().is_some_and(|r| r.key != key) {
             // Published under another key (not a compression switch, which keeps the
             // record's key: another layout, or a record of an older version): this

@@ -55,6 +55,7 @@ impl Publisher {
     pub(super) async fn delete_keys(&self, keys: &[String]) -> (Vec<String>, Option<UploadError>) {
         let mut left = Vec::new();
         let mut failed = None;
+        let mut deleted = Vec::new();
         for key in keys {
             let result = match object_store::path::Path::parse(key) {
                 Ok(p) => self.store.delete(&p).await,
@@ -64,6 +65,7 @@ impl Publisher {
             match result {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {
                     tracing::info!(%key, "deleted the object published under the earlier key");
+                    deleted.push(key.clone());
                 }
                 Err(e) if delete_refused(&e) => {
                     // Final: retrying a delete the credentials do not allow would keep the
@@ -81,6 +83,8 @@ impl Publisher {
                 }
             }
         }
+        // A write of the earlier run may still land there: looked at again (`late`).
+        self.late.deleted(&deleted).await;
         (left, failed)
     }
 

@@ -55,6 +55,8 @@
 //! ([`Record::stale`]) before that object is deleted, so a delete that fails or is cut by
 //! a kill is tried again, by the next publication, the seal (which does not end until it
 //! is done) or the next start.
+//! Each key deleted that way is looked at again until no write of a killed earlier run
+//! can land there (a create on its way would find the key absent and land: `late`).
 //!
 //! Every key written is named by the record first: a segment's first publication writes a
 //! record naming its key (holding nothing yet) and fsyncs it before the PUT, as a
@@ -103,6 +105,7 @@ use crate::util::time::unix_nanos;
 
 mod grow;
 mod keys;
+pub mod late;
 mod records;
 mod seal;
 mod shadow;
@@ -266,6 +269,8 @@ pub struct Publisher {
     /// When this publisher was made (Unix ns): segments created before are an earlier
     /// run's ([`Publisher::cfg_unrecorded`]).
     started_unix_nanos: u64,
+    /// Objects deleted under an earlier key, looked at again for late writes.
+    late: Arc<late::LateDeletes>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -288,7 +293,6 @@ impl Publisher {
         }
         Publisher {
             cfg,
-            spool_dir,
             store,
             appender,
             stats,
@@ -296,6 +300,8 @@ impl Publisher {
             budget: Semaphore::new(ROUND_BUDGET_KIB as usize),
             compressing: Semaphore::new(COMPRESSORS),
             encoders: Arc::new(Mutex::new(Vec::new())),
+            late: Arc::new(late::LateDeletes::load(&spool_dir)),
+            spool_dir,
             started_unix_nanos: unix_nanos(),
         }
     }
@@ -315,6 +321,10 @@ impl Publisher {
         let mut failed = 0usize;
         let mut warned_at = tokio::time::Instant::now();
         let mut pruned_at = tokio::time::Instant::now();
+        // Keys deleted under an earlier key, looked at again for late writes (`late`); one
+        // check at a time, off this loop.
+        let mut late_at = tokio::time::Instant::now();
+        let mut late_check: Option<tokio::task::JoinHandle<()>> = None;
         // Due segments with the time their durable length was read.
         let mut queue: VecDeque<(PathBuf, OpenView, u64)> = VecDeque::new();
         let mut scanned_at: Option<tokio::time::Instant> = None;
@@ -377,6 +387,13 @@ impl Publisher {
                     "could not publish the new events of some open segments; retried after half a window"
                 );
                 failed = 0;
+            }
+            if late_at.elapsed() >= self.late.every()
+                && late_check.as_ref().is_none_or(|h| h.is_finished())
+            {
+                late_at = tokio::time::Instant::now();
+                let (late, store) = (self.late.clone(), self.store.clone());
+                late_check = Some(tokio::spawn(async move { late.check(&store).await }));
             }
             // A state nobody holds is forgotten: its record and shadow on disk are the truth,
             // and the next publication or the seal loads them again (a small read), so

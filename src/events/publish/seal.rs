@@ -116,6 +116,7 @@ impl Publisher {
                 // may not be this run's); objects under earlier keys go once this one holds
                 // the segment whole; until then the record (naming them) stays for the next
                 // try.
+                self.late.claim(&key).await;
                 let sent = match upload_file(&cfg, &self.store, f).await {
                     Ok(n) => n,
                     Err(e) => return Some(Err(e)),

@@ -54,7 +54,9 @@ use crate::contract::quarantine::{parse_key, QuarantineKey};
 use crate::contract::{is_safe_segment, Hour, Partition};
 use crate::events::dedup::id_hash;
 use crate::events::parse::{parse_event, ParsedEvent};
-use crate::events::quarantine::{overflow_record_event, raw_record, QuarantineReason};
+use crate::events::quarantine::{
+    overflow_record_event, raw_record, record_source_key, QuarantineReason, SOURCE_KEY_TAIL_BYTES,
+};
 use crate::metrics as m;
 use crate::util::dedup::PassThrough;
 use crate::util::time::unix_nanos;
@@ -225,25 +227,32 @@ impl Writer {
         for h in spool.older.iter().rev() {
             self.dedup.insert(*h);
         }
-        // The journal's newest ids that a start before held (and those after them) are held
-        // again with the spool's, until a window of new ids (review r40n D1).
-        let (ordered, held) = loaded
+        // The journal's ids that a start before held are held again with the spool's, and
+        // the ids accepted after them count towards ending that hold (reviews r40n D1, r40o
+        // D2).
+        let (ordered, rest) = loaded
             .ids
-            .split_at(loaded.ids.len() - loaded.held.min(loaded.ids.len()));
+            .split_at(loaded.ids.len() - (loaded.held + loaded.after).min(loaded.ids.len()));
+        let (held, after) = rest.split_at(rest.len() - loaded.after.min(rest.len()));
         for h in ordered {
             self.dedup.insert(*h);
         }
         if loaded.lengths.is_some() {
             // Their order is unknown: all are kept until a window of new ids was accepted,
-            // however many (review r40m D1).
+            // however many (review r40m D1). The spool's are held with the journal's, and
+            // so end with them: a window of ids after the journal's held ones, which may
+            // be fewer after the spool's (documented).
             let newer: Vec<u64> = held
                 .iter()
                 .chain(spool.newer.iter().rev())
                 .copied()
                 .collect();
             self.dedup.insert_unordered(&newer);
+            for h in after {
+                self.dedup.insert(*h);
+            }
         } else {
-            for h in held {
+            for h in held.iter().chain(after) {
                 self.dedup.insert(*h);
             }
             for h in spool.newer.iter().rev() {
@@ -266,7 +275,7 @@ impl Writer {
                         .file_name()
                         .map(|n| n.to_string_lossy().into_owned())
                         .unwrap_or_default();
-                    raw_record(QuarantineReason::TornLine, &name, *keep, tail)
+                    raw_record(QuarantineReason::TornLine, &name, *keep, tail, None)
                 })
                 .collect();
             if let Err(e) = self.write_torn_records(&records) {
@@ -749,7 +758,13 @@ impl TailIds {
             IdLines::Events(salt) => (line, salt),
             IdLines::Overflow => match overflow_record_event(line) {
                 Some((event, export)) => (event, if export { EXPORT_ID_SALT } else { 0 }),
-                None => return,
+                None => {
+                    // The record of a line read from a file: its key (review r41q D1).
+                    if let Some(key) = record_source_key(line) {
+                        self.ids.push(dedup_key(key));
+                    }
+                    return;
+                }
             },
         };
         if let Ok(ParsedEvent::Object(ev)) = parse_event(event) {
@@ -787,6 +802,18 @@ impl TailIds {
         self.ids[mark..].reverse();
         if !self.skipping {
             if self.carry.len() + end > MAX_ID_LINE {
+                // Too long to hold whole; a record of a line read from a file still gives
+                // its key, its last field. The line ends in `carry` (or in this chunk when
+                // nothing was carried); its key goes before the ids of the lines after it.
+                if matches!(self.lines, IdLines::Overflow) {
+                    let want = SOURCE_KEY_TAIL_BYTES;
+                    let from_buf = want.saturating_sub(self.carry.len()).min(end);
+                    let mut tail = buf[end - from_buf..end].to_vec();
+                    tail.extend_from_slice(&self.carry[self.carry.len().saturating_sub(want)..]);
+                    if let Some(key) = record_source_key(&tail) {
+                        self.ids.insert(mark, dedup_key(key));
+                    }
+                }
                 self.skipping = true;
                 self.carry.clear();
             } else {
@@ -1101,6 +1128,59 @@ mod tests {
             vec![
                 dedup_key(id_hash(b"exported") ^ EXPORT_ID_SALT),
                 dedup_key(id_hash(b"pushed")),
+            ]
+        );
+    }
+
+    /// A quarantine file gives back the key of each record of a line read from a file (its
+    /// last field), also of a record too long to be read whole, in the order written
+    /// (review r41q D1: a kill -9 before the journal got the key made a second record).
+    #[test]
+    fn records_of_lines_read_from_files_give_back_their_keys() {
+        use crate::events::quarantine::overflow_record;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("q");
+        let mut text = raw_record(
+            QuarantineReason::ExportNotJson,
+            "a.log",
+            0,
+            b"bad",
+            Some(11),
+        );
+        let long = vec![b'z'; MAX_ID_LINE + 10];
+        text.extend(raw_record(
+            QuarantineReason::ExportBadEvent,
+            "a.log",
+            4,
+            &long,
+            Some(22),
+        ));
+        text.extend(overflow_record(br#"{"event_id":"exported"}"#, true));
+        text.extend(raw_record(
+            QuarantineReason::TornLine,
+            "s.jsonl",
+            9,
+            b"x",
+            None,
+        ));
+        text.extend(raw_record(
+            QuarantineReason::ExportNotJson,
+            "b.log",
+            0,
+            b"\"}",
+            Some(33),
+        ));
+        fs::write(&p, &text).unwrap();
+        let mut f = id_file(&p, 0, 1);
+        f.lines = IdLines::Overflow;
+        let out = without_journal(vec![f], 10);
+        assert_eq!(
+            out,
+            vec![
+                dedup_key(33),
+                dedup_key(id_hash(b"exported") ^ EXPORT_ID_SALT),
+                dedup_key(22),
+                dedup_key(11),
             ]
         );
     }

@@ -222,7 +222,8 @@ impl Writer {
         }
         let mut records: Vec<Vec<u8>> = Vec::new();
         let mut reasons = Vec::new();
-        // A record of a valid event with an id is among them.
+        // A record holding an id is among them: of a valid event with an id, or of a line
+        // read from a file (its key).
         let mut records_with_ids = false;
         // A valid event with no room is deduplicated by its id like any stored event (the
         // window holds stored and quarantined ids alike, and a restart reloads both), so its
@@ -266,8 +267,14 @@ impl Writer {
                 out.duplicates += 1;
                 continue;
             }
+            // Its key is written in the record too: a restart reads it back from the spool
+            // when the journal did not get it (a kill -9 between the group's sync and the
+            // journal's append: review r41q D1).
             records.push(match &q.source {
-                Some(s) => raw_record(q.reason, &s.file, s.offset, raw),
+                Some(s) => {
+                    records_with_ids = true;
+                    raw_record(q.reason, &s.file, s.offset, raw, Some(key))
+                }
                 None => event_record(q.reason, raw),
             });
             reasons.push(q.reason);

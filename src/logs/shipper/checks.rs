@@ -18,6 +18,10 @@ use crate::storage::put::{head_hash, read_marks, window_hash};
 
 use super::LogShipper;
 
+/// How long the round waits for one check that a ledger entry's object is still in the
+/// bucket (a `HEAD`); past it the checks stop until the next round.
+const LEDGER_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// Ledger entries checked with a HEAD each round, in turn: a file the ledger calls uploaded
 /// but the bucket lost (emptied, expired by a lifecycle rule) is uploaded again within
 /// `ledger size / VERIFY_PER_ROUND` rounds, for a few cheap requests per round.
@@ -186,11 +190,22 @@ impl LogShipper {
             keys.extend(more);
         }
         for key in keys {
-            self.verify_cursor = Some(key.clone());
             let Ok(location) = object_store::path::Path::parse(&key) else {
                 continue;
             };
-            match self.store.head(&location).await {
+            // A check has a deadline of its own: the round waits for it, and a store that
+            // never answers (a connection it keeps unread) must not hold every log for the
+            // client's request timeout (review r42r D1: 120 s).
+            let checked =
+                tokio::time::timeout(LEDGER_CHECK_TIMEOUT, self.store.head(&location)).await;
+            let Ok(checked) = checked else {
+                // The cursor stays before it: the next round starts with it (review r42s D1:
+                // it was skipped, and a lost object never uploaded again).
+                tracing::debug!(%key, timeout_secs = LEDGER_CHECK_TIMEOUT.as_secs(), "checking a ledger entry took too long; tried again next round");
+                break;
+            };
+            self.verify_cursor = Some(key.clone());
+            match checked {
                 Err(object_store::Error::NotFound { .. }) => {
                     tracing::warn!(%key, "the bucket lost an object the ledger recorded; uploading it again");
                     self.ledger.data.objects.remove(&key);

@@ -66,7 +66,7 @@ use serde_json::Value;
 
 use super::cookies::Entered;
 use super::index::SessionIndex;
-use super::replay::{find_snapshot, read_found, Missing};
+use super::replay::{find_snapshot, read_counted, read_found, Missing};
 use super::session::{headers_for, index};
 use super::Shared;
 
@@ -116,10 +116,11 @@ pub async fn runs_v1(State(state): State<Shared>, entered: Entered) -> Response 
     };
     let tag = snapshot_tag(snapshot.as_ref());
     let reader = state.clone();
-    let built = built_once(&state, &entered, tag, &index, move || async move {
+    let built = built_once(&state, &entered, tag, &index, move |wanted| async move {
         let body = match &snapshot {
-            Some(meta) => match read_found(&reader, meta).await {
-                Ok(body) => Some(body),
+            Some(meta) => match read_held(&reader, meta, &wanted).await {
+                Ok(Some(body)) => Some(body),
+                Ok(None) => return Err(TrainBuildError::Failed(ABANDONED.to_string())),
                 // Gone since it was listed: the answer is the events'.
                 Err(Missing::NotFound) => None,
                 Err(Missing::Unreadable(r)) => {
@@ -195,6 +196,107 @@ pub(crate) enum TrainAnswer {
     Snapshot(Bytes),
 }
 
+/// A Train snapshot read under permits of [`TRAIN_SNAPSHOT_KIB`] for the size it was listed
+/// with (it is read no further), returned with the bytes: the build holds them until it is
+/// done with the bytes.
+async fn read_held(
+    state: &Shared,
+    meta: &ObjectMeta,
+    wanted: &TrainWanted,
+) -> Result<Option<(Bytes, tokio::sync::SemaphorePermit<'static>)>, Missing> {
+    // Too large to replay: refused before it waits for any budget (review r37o D1: a 68 MiB
+    // snapshot waited for the whole budget behind slow reads, then was a 502).
+    if meta.size > super::replay::MAX_SNAPSHOT_BYTES {
+        read_counted(state, meta, meta.size).await?;
+        return Err(Missing::Unreadable(
+            (
+                StatusCode::BAD_GATEWAY,
+                "the snapshot is larger than replayed",
+            )
+                .into_response(),
+        ));
+    }
+    let kib = meta
+        .size
+        .div_ceil(1024)
+        .clamp(1, TRAIN_SNAPSHOTS_KIB as u64) as u32;
+    // Taken when there is room, not in arrival order: a large snapshot waiting for room
+    // must not hold back small ones the room left covers (review r37o D1). A build whose
+    // requests all left stops waiting (r37o D2).
+    let stopping = || {
+        Missing::Unreadable(
+            (StatusCode::SERVICE_UNAVAILABLE, "the server is stopping").into_response(),
+        )
+    };
+    let waiting = std::time::Instant::now();
+    let mut permit = None;
+    while waiting.elapsed() < BUDGET_TURN_AFTER {
+        match TRAIN_SNAPSHOT_KIB.try_acquire_many(kib) {
+            Ok(p) => {
+                permit = Some(p);
+                break;
+            }
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                if wanted.abandoned() {
+                    return Ok(None);
+                }
+                tokio::time::sleep(BUDGET_PROBE_EVERY).await;
+            }
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(stopping()),
+        }
+    }
+    // Waited its turn: now in the queue, where the room freed is kept for it, so snapshots
+    // that fit the room left cannot keep it waiting for as long as they come (review r37p:
+    // a 60 MiB snapshot waited 80 s behind a steady stream of 20 MiB ones).
+    let permit = match permit {
+        Some(p) => p,
+        None => {
+            let queued = TRAIN_SNAPSHOT_KIB.acquire_many(kib);
+            tokio::pin!(queued);
+            loop {
+                tokio::select! {
+                    p = &mut queued => break p.map_err(|_| stopping())?,
+                    _ = tokio::time::sleep(BUDGET_PROBE_EVERY * 10) => {
+                        if wanted.abandoned() {
+                            return Ok(None);
+                        }
+                    }
+                }
+            }
+        }
+    };
+    if wanted.abandoned() {
+        return Ok(None);
+    }
+    Ok(Some((read_counted(state, meta, meta.size).await?, permit)))
+}
+
+/// The error of a build every request left before it read or built (answered to nobody).
+const ABANDONED: &str = "every request for this answer left";
+
+/// How long a Train snapshot read takes the budget's room when there is some (any order);
+/// past it, it waits its turn in the queue, where the room freed goes to it first.
+const BUDGET_TURN_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How often a Train snapshot read waiting for room in [`TRAIN_SNAPSHOT_KIB`] looks again.
+const BUDGET_PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// What a Train build is given to tell whether a request still waits for it.
+type TrainWanted = super::kept::Wanted<TrainAnswer, TrainBuildError>;
+
+/// KiB of Train snapshots held at once, being read or waiting for their build
+/// ([`TRAIN_COMPUTE`]): 4 × [`super::replay::MAX_SNAPSHOT_BYTES`] (256 MiB), apart from the
+/// replays' [`super::MAX_CONCURRENT_READS`]. Charged by the size each was listed with, so a
+/// stalled read of a small snapshot holds only that (review r37n: a snapshot read let go of
+/// its permit while it waited for the build, and 12 sessions held 731 MiB; and Train reads
+/// took the replays' permits, so four slow ones held every session's
+/// `/api/v0/cluster_metadata`).
+pub const TRAIN_SNAPSHOTS_KIB: usize = 4 * 64 * 1024;
+
+/// The permits of [`TRAIN_SNAPSHOTS_KIB`], one per KiB.
+static TRAIN_SNAPSHOT_KIB: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(TRAIN_SNAPSHOTS_KIB);
+
 /// Train answers built at once: a big session's answer takes hundreds of MiB while it is
 /// built, and a blocking task cannot be stopped when its client leaves (review r37j D1: every
 /// concurrent request built its own copy, 230 MiB each, and 12 abandoned requests took serve
@@ -202,7 +304,8 @@ pub(crate) enum TrainAnswer {
 /// building is one at a time ([`TRAIN_COMPUTE`]): reading a session's snapshot first is not,
 /// so a slow read of one session's snapshot does not hold every other session's Train answer
 /// (review r37m D1: a snapshot GET held 100 s held another session's answer 99 s); the reads
-/// are bounded by serve's snapshot reads.
+/// are bounded by [`TRAIN_SNAPSHOTS_KIB`], and a session without a snapshot takes none
+/// of those (review r37n D1: eight slow reads held a session with no snapshot 28 s).
 pub const CONCURRENT_TRAIN_BUILDS: usize = 1;
 
 /// The permits of [`CONCURRENT_TRAIN_BUILDS`]: taken after the snapshot is read, held by the
@@ -210,9 +313,11 @@ pub const CONCURRENT_TRAIN_BUILDS: usize = 1;
 static TRAIN_COMPUTE: tokio::sync::Semaphore =
     tokio::sync::Semaphore::const_new(CONCURRENT_TRAIN_BUILDS);
 
-/// Snapshot reads and builds under way at once in [`TrainAnswers`] (each a different
-/// session's, or another snapshot's).
-const CONCURRENT_TRAIN_READS: usize = 8;
+/// Builds under way at once in [`TrainAnswers`] (each a different session's, or another
+/// snapshot's): each holds no more than its index (held anyway) until it takes a snapshot
+/// permits ([`TRAIN_SNAPSHOT_KIB`]) or the build's ([`TRAIN_COMPUTE`]), so they are many, and
+/// sessions without a snapshot do not wait behind slow reads of others'.
+const CONCURRENT_TRAIN_BUILDS_UNDER_WAY: usize = 32;
 
 /// Train answers kept (one per session, the oldest dropped first, each only while the
 /// session's index is held). An answer is much smaller than its build's peak: 10 MB for 100
@@ -225,7 +330,7 @@ pub(crate) type TrainAnswers = super::kept::Kept<TrainAnswer, TrainBuildError>;
 /// A new [`TrainAnswers`].
 pub(crate) fn train_answers() -> Arc<TrainAnswers> {
     Arc::new(super::kept::Kept::new(
-        CONCURRENT_TRAIN_READS,
+        CONCURRENT_TRAIN_BUILDS_UNDER_WAY,
         KEPT_TRAIN_ANSWERS,
         None,
     ))
@@ -259,23 +364,35 @@ async fn built_once<R>(
     entered: &Entered,
     tag: u64,
     index: &Arc<SessionIndex>,
-    read: impl FnOnce() -> R + Send + 'static,
+    read: impl FnOnce(Arc<TrainWanted>) -> R + Send + 'static,
 ) -> Result<Arc<TrainAnswer>, TrainBuildError>
 where
-    R: std::future::Future<Output = Result<Option<Bytes>, TrainBuildError>> + Send + 'static,
+    R: std::future::Future<
+            Output = Result<
+                Option<(Bytes, tokio::sync::SemaphorePermit<'static>)>,
+                TrainBuildError,
+            >,
+        > + Send
+        + 'static,
 {
     let key = entered.session.marker_key(&state.bucket.spec.root);
     let session = entered.session.session.clone();
     let for_build = index.clone();
     state
         .train_answers
-        .get_or_build(key, tag, index, move || async move {
-            let snapshot = read().await?;
+        .get_or_build(key, tag, index, move |wanted| async move {
+            let wanted = Arc::new(wanted);
+            // The snapshot's permit is held until the build is done with its bytes.
+            let (snapshot, held) = read(wanted.clone()).await?.unzip();
             // Closed never (the semaphore is static); held by the blocking build.
             let permit = TRAIN_COMPUTE.acquire().await.ok();
+            // Every request left while it waited: nothing to build (review r37o D2).
+            if wanted.abandoned() {
+                return Err(TrainBuildError::Failed(ABANDONED.to_string()));
+            }
             let started = std::time::Instant::now();
             let built = tokio::task::spawn_blocking(move || {
-                let _permit = permit;
+                let _permits = (permit, held);
                 let index = &*for_build;
                 let (events, counts) = runs_response(index);
                 match snapshot {

@@ -355,11 +355,14 @@ impl S3Appender {
         Ok((e_tag, tail.digest()))
     }
 
-    /// The completion, conditional on `condition` while the store takes conditions: a store
-    /// that answers the condition with 501 / `NotImplemented` has them turned off (once, with
-    /// a warning, `storage::conditions::refuse_conditions`) and the completion sent again
-    /// without it. A 400 or 403 to it (`s3::may_refuse_conditions`) has the completion sent
-    /// once more without the condition, and conditions turned off only when that one lands.
+    /// The completion, conditional on `condition` while the store takes conditions of its
+    /// kind (`storage::conditions::Kind::completion`): a store that answers the condition
+    /// with 501 / `NotImplemented` has that kind turned off (with a warning,
+    /// `storage::conditions::refuse_conditions`) and the completion sent again without it. A
+    /// 400 or 403 to it (`s3::may_refuse_conditions`) fails it with its condition kept until
+    /// the refusals of this completion have lasted (at shutdown: tried again at once, see
+    /// `conditions::shutting_down`); then it is sent once more without the condition, and
+    /// the kind turned off only when that one lands.
     async fn complete(
         &self,
         key: &str,
@@ -367,57 +370,66 @@ impl S3Appender {
         parts: &[PartId],
         condition: Option<&Precondition>,
     ) -> Result<Option<String>, AppendError> {
-        let conditional = condition.is_some() && crate::storage::conditions::conditions_on();
-        let sent = self
-            .wire
-            .complete_multipart(key, id, parts, condition.filter(|_| conditional))
-            .await;
-        let sent = match sent {
-            Err(e) if conditional && e.failure == Failure::Unsupported => {
-                crate::storage::conditions::refuse_conditions(
-                    e.status,
-                    e.code.as_deref(),
-                    &e.to_string(),
-                );
-                self.wire.complete_multipart(key, id, parts, None).await
-            }
-            Err(e) if conditional && may_refuse_conditions(e.failure, e.status) => {
-                // Until the refusals have lasted (`conditions::REFUSAL_SPAN`), the refusal is
-                // the completion's own, as any 4xx (the log goes whole; a 400 such as
-                // `InvalidPart` is one), and nothing goes without its condition.
-                if !crate::storage::conditions::condition_refused(
-                    key,
-                    e.status,
-                    e.code.as_deref(),
-                    &e.to_string(),
-                ) {
-                    return Err(AppendError::Refused {
-                        key: key.into(),
-                        unsupported: false,
-                        message: e.to_string(),
-                    });
+        use crate::storage::conditions::{self as conds, Refused};
+        let kind = conds::Kind::completion(matches!(condition, Some(Precondition::Absent)));
+        let conditional = condition.is_some() && conds::conditions_on(kind);
+        let sent = loop {
+            let sent = self
+                .wire
+                .complete_multipart(key, id, parts, condition.filter(|_| conditional))
+                .await;
+            match sent {
+                Err(e) if conditional && e.failure == Failure::Unsupported => {
+                    conds::refuse_conditions(kind, e.status, e.code.as_deref(), &e.to_string());
+                    break self.wire.complete_multipart(key, id, parts, None).await;
                 }
-                tracing::info!(%key, error = %e, "conditional writes refused (400 / 403) for long (or at shutdown): this completion sent once more without its condition, to tell whether the store refuses the condition or the completion");
-                let again = self.wire.complete_multipart(key, id, parts, None).await;
-                match &again {
-                    Ok(_) => crate::storage::conditions::refuse_conditions(
+                Err(e) if conditional && may_refuse_conditions(e.failure, e.status) => {
+                    // Until the refusals have lasted (`conditions::REFUSAL_SPAN`), the refusal
+                    // is the completion's own, as any 4xx (the log goes whole; a 400 such as
+                    // `InvalidPart` is one), and nothing goes without its condition.
+                    match conds::condition_refused(
+                        kind,
+                        key,
                         e.status,
                         e.code.as_deref(),
                         &e.to_string(),
-                    ),
-                    Err(_) => crate::storage::conditions::refusal_was_the_writes(),
+                    ) {
+                        Refused::Fail => {
+                            return Err(AppendError::Refused {
+                                key: key.into(),
+                                unsupported: false,
+                                message: e.to_string(),
+                            })
+                        }
+                        Refused::RetryAfter(pause) => {
+                            tokio::time::sleep(pause).await;
+                            continue;
+                        }
+                        Refused::SendWithout => {}
+                    }
+                    tracing::info!(%key, kind = kind.name(), error = %e, "conditional completions of this kind refused (400 / 403) for long (or again at each try at shutdown): this completion sent once more without its condition, to tell whether the store refuses the condition or the completion");
+                    let again = self.wire.complete_multipart(key, id, parts, None).await;
+                    match &again {
+                        Ok(_) => conds::refuse_conditions(
+                            kind,
+                            e.status,
+                            e.code.as_deref(),
+                            &e.to_string(),
+                        ),
+                        Err(_) => conds::refusal_was_the_writes(kind),
+                    }
+                    break again;
                 }
-                again
-            }
-            Ok(done) => {
-                if conditional {
-                    // A write of this key refused before, landing with its condition now,
-                    // ends the refusals (review r41s D2); a first landing proves nothing.
-                    crate::storage::conditions::condition_landed(key);
+                Ok(done) => {
+                    if conditional {
+                        // This kind of condition is not refused: its refusals were passing
+                        // (review r41s D2); other kinds' stay (review r35r C1).
+                        conds::condition_taken(kind);
+                    }
+                    break Ok(done);
                 }
-                Ok(done)
+                r => break r,
             }
-            r => r,
         };
         sent.map_err(|e| match e.failure {
             Failure::Precondition | Failure::Missing => AppendError::Changed {

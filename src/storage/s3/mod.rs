@@ -133,7 +133,12 @@ pub struct S3Wire {
     /// How long an attempt waits for each piece of its answer; `None`: as long as the HTTP
     /// client's own timeouts let it.
     answer_timeout: Option<Duration>,
-    http: HttpClient,
+    /// A client of its own, built with the store's options (not the store's: a connection
+    /// a store keeps after an error answer would otherwise be handed to the store's next
+    /// request), replaced after an error answer to a request with a body ([`S3Wire::send_once`]).
+    http: Arc<Mutex<HttpClient>>,
+    /// What [`S3Wire::http`] is built from.
+    options: ClientOptions,
     default_headers: HeaderMap,
     credentials: AwsCredentialProvider,
     bucket: String,
@@ -175,9 +180,12 @@ impl S3Wire {
                 .and_then(|k| builder.get_config_value(&k))
                 .filter(|v| !v.is_empty())
         };
-        let (http, options) = connector
+        let (_, options) = connector
             .taken()
             .ok_or("object_store built no HTTP client for the store")?;
+        let http = ReqwestConnector::default()
+            .connect(&options)
+            .map_err(|e| format!("building the HTTP client of the S3 appends: {e}"))?;
         let bucket = get(AmazonS3ConfigKey::Bucket).ok_or("no bucket name")?;
         let region = get(AmazonS3ConfigKey::Region).unwrap_or_else(|| "us-east-1".into());
         let virtual_hosted = truthy(get(AmazonS3ConfigKey::VirtualHostedStyleRequest));
@@ -233,8 +241,9 @@ impl S3Wire {
         }
         Ok(S3Wire {
             answer_timeout: None,
-            http,
+            http: Arc::new(Mutex::new(http)),
             default_headers: options.get_default_headers().cloned().unwrap_or_default(),
+            options,
             credentials,
             bucket,
             bucket_url,
@@ -579,6 +588,7 @@ impl S3Wire {
         body: Bytes,
         what: &str,
     ) -> Result<Bytes, WireError> {
+        let has_body = !body.is_empty();
         let mut req = http::Request::builder().method(method).uri(url);
         for (k, v) in &self.default_headers {
             req = req.header(k, v);
@@ -605,13 +615,27 @@ impl S3Wire {
                 .try_authorize(&mut req, None)
                 .map_err(|e| wire_err(Failure::Transient, what, format!("signing: {e}")))?;
         }
-        let resp = within(self.answer_timeout, self.http.execute(req), what)
+        let http = self.http.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let resp = within(self.answer_timeout, http.execute(req), what)
             .await?
             .map_err(|e| wire_err(Failure::Transient, what, e))?;
         let status = resp.status();
         let body = read_bounded(resp.into_body(), self.answer_timeout, what).await?;
         if status.is_success() {
             return Ok(body);
+        }
+        if has_body {
+            // The store may have answered before it read the body and keep the connection
+            // without ever reading it (its kernel may have taken a small body whole): the
+            // connection goes back to the client's pool, and the next request written onto
+            // it waits for its timeout (review r42r D1: a 403 to one log's completion held
+            // every log 120 s). A new client, so that pool and its connections go.
+            match ReqwestConnector::default().connect(&self.options) {
+                Ok(fresh) => *self.http.lock().unwrap_or_else(|p| p.into_inner()) = fresh,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not build a new HTTP client for the S3 appends; the old one is used again")
+                }
+            }
         }
         Err(answer_err(status, &body, what))
     }

@@ -63,7 +63,9 @@ pub(super) const SMALL_DECODED: u64 = SMALL_BODY - SMALL_GZIP_BODY;
 /// others: whatever cheap clients queue for the other turns (hundreds of tiny gzip bodies,
 /// each decoding to a MiB of whitespace, take every turn in the order they came; review
 /// r39q D1: Ray's batch waited behind them until its connection gave way, 1 of 32 answered
-/// 200), Ray's next batch is decoded at once. Decoding takes at most
+/// 200), Ray's next batch is decoded at once. With an ingest token, only the token's
+/// connections count as delivered ([`Pace::trusted`]): without one, any local client that
+/// posts one valid event takes this turn too (review r39r D2). Decoding takes at most
 /// `DECODERS + SMALL_DECODERS + DELIVERED_DECODERS` CPUs.
 pub(super) const DELIVERED_DECODERS: usize = 1;
 /// How often a body waiting for room looks again for bodies that fell behind their pace.

@@ -57,6 +57,11 @@ pub(in crate::events::http) struct Pace {
     /// ([`DELIVERED_DECODERS`](super::budget::DELIVERED_DECODERS)) and its connection gives
     /// way after every other queued body (review r39q D1).
     delivered: AtomicBool,
+    /// A request on this connection carried the ingest token (`POST /v1/events/<token>`):
+    /// the connection is Ray's, whatever cheap clients do. It counts as delivered from its
+    /// head on, so its first body already takes Ray's decoding turn, and with a token
+    /// configured nothing else is ever delivered.
+    trusted: AtomicBool,
 }
 
 impl Pace {
@@ -72,6 +77,7 @@ impl Pace {
             queued: AtomicBool::new(false),
             bytes: AtomicU64::new(0),
             delivered: AtomicBool::new(false),
+            trusted: AtomicBool::new(false),
         }
     }
 
@@ -82,6 +88,17 @@ impl Pace {
 
     /// A body on this connection was stored with events accepted.
     pub(in crate::events::http) fn set_delivered(&self) {
+        self.delivered.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a request on this connection carried the ingest token.
+    pub(in crate::events::http) fn trusted(&self) -> bool {
+        self.trusted.load(Ordering::Relaxed)
+    }
+
+    /// A request on this connection carried the ingest token: it is Ray's, and delivered.
+    pub(in crate::events::http) fn set_trusted(&self) {
+        self.trusted.store(true, Ordering::Relaxed);
         self.delivered.store(true, Ordering::Relaxed);
     }
 

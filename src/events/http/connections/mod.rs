@@ -44,6 +44,14 @@
 //!     waiting for the spool) for over [`STALE_REQUEST_AFTER`](slot::STALE_REQUEST_AFTER), the oldest first: Ray gives
 //!     up on a request after 3 s and resends it, so nobody waits for it.
 //!
+//! With an ingest token configured (`--ingest-token-file`), "delivered" is earned only with it
+//! (review r39r D1: without one, any local client earned it by posting one valid event, and
+//! 300 such clients locked Ray's kept connection out again): a connection whose head carried
+//! the token ([`Pace::trusted`]) ranks after every connection without it, whatever either is
+//! doing, in the order above among themselves, and its queued body never gives way (a
+//! newcomer is nobody yet; the body waits at most its budget wait). Posts without the token
+//! are refused from their head and never read, so they earn nothing.
+//!
 //! So a request whose body is complete is never chosen before Ray has given up on it
 //! (unless it is a gzip body waiting for its turn to be decoded or for room, which is
 //! answered 503 first), and
@@ -400,7 +408,7 @@ impl Connections {
             .values()
             .filter_map(|s| s.rank(now).map(|rank| (rank, s)))
             .min_by_key(|(rank, _)| *rank)?;
-        let why = rank.0;
+        let why = rank.1;
         *lock(&slot.chosen) = Some(why);
         if matches!(why, Eviction::Queued | Eviction::QueuedDelivered) {
             // Answered 503 with Retry-After, then closed: never dropped without an answer.
@@ -421,7 +429,7 @@ impl Connections {
 #[cfg(test)]
 mod tests {
     use super::super::body;
-    use super::slot::{HEAD_GRACE, UNREAD_AFTER};
+    use super::slot::{HEAD_GRACE, STALE_REQUEST_AFTER, UNREAD_AFTER};
     use super::*;
 
     fn chosen(a: &Admitted) -> Option<Eviction> {
@@ -547,6 +555,52 @@ mod tests {
         assert_eq!(chosen(&open[0]), Some(Eviction::IdleDelivered));
         assert_eq!(chosen(&open[1]), Some(Eviction::QueuedDelivered));
         drop((a, b, newcomers, open));
+    }
+
+    /// Review r39r D1: with an ingest token, a connection that presented it gives way only
+    /// after every other, whatever either is doing (its stalled body after every cheap
+    /// client's request Ray has given up on), and its queued body never does.
+    #[tokio::test(start_paused = true)]
+    async fn connections_with_the_ingest_token_give_way_after_every_other() {
+        let conns = Connections::new();
+        let mut open = fill(&conns, MAX_CONNECTIONS);
+        let ray_queued = open.pop().expect("a place");
+        let ray_stalled = open.pop().expect("a place");
+        let ray_idle = open.pop().expect("a place");
+        for r in [&ray_idle, &ray_stalled, &ray_queued] {
+            r.slot.request_started(true);
+            r.slot.trust();
+            assert!(r.slot.pace.delivered());
+        }
+        ray_idle.slot.request_ended();
+        ray_queued.slot.pace.paused();
+        ray_queued.slot.pace.set_queued(true);
+        // Every other place: a request Ray would have given up on by now.
+        for a in &open {
+            a.slot.request_started(true);
+            a.slot.body_complete();
+        }
+        tokio::time::advance(STALE_REQUEST_AFTER + Duration::from_secs(1)).await;
+        assert!(ray_stalled.slot.pace.behind(Instant::now()));
+        let mut newcomers = Vec::new();
+        while !open.is_empty() {
+            let a = conns.admit().expect("admitted by eviction");
+            assert_eq!(a.evicted, Some(Eviction::StaleRequest));
+            newcomers.push(a);
+            open.retain(|o| chosen(o).is_none());
+        }
+        for r in [&ray_idle, &ray_stalled, &ray_queued] {
+            assert_eq!(chosen(r), None);
+        }
+        // Then Ray's, in the usual order among themselves; never its queued body.
+        let a = conns.admit().expect("admitted by eviction");
+        assert_eq!(chosen(&ray_stalled), Some(Eviction::StalledBody));
+        let b = conns.admit().expect("admitted by eviction");
+        assert_eq!(chosen(&ray_idle), Some(Eviction::IdleDelivered));
+        let c = conns.admit().expect("a reserved place");
+        assert!(c.slot.reserved && c.evicted.is_none());
+        assert_eq!(chosen(&ray_queued), None);
+        drop((a, b, c, newcomers, ray_idle, ray_stalled, ray_queued));
     }
 
     /// Connections that send nothing take each other's places once [`HEAD_GRACE`] old, the

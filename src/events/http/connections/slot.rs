@@ -164,6 +164,12 @@ impl Slot {
             .store(if events { BODY } else { BUSY }, Ordering::Release);
     }
 
+    /// The request's head carried the ingest token: the connection is Ray's from now on
+    /// ([`Pace::trusted`]), and [`Slot::rank`] puts it after every other.
+    pub(in crate::events::http) fn trust(&self) {
+        self.pace.set_trusted();
+    }
+
     /// The body has been read (or given up on): the request is being answered.
     pub(in crate::events::http) fn body_complete(&self) {
         self.pace.paused();
@@ -246,12 +252,25 @@ impl Slot {
         }
     }
 
-    /// How this connection ranks as one to give way, lower first: why, then since when (the
-    /// oldest first, queued bodies included: ranking them by size let cheap clients with
-    /// smaller bodies than Ray's batch make it the one thrown out, review r39p D1; a
-    /// connection that delivered events goes after every cheap client's queued body, review
-    /// r39q D1); `None` if it must not.
-    pub(super) fn rank(&self, now: Instant) -> Option<(Eviction, Instant)> {
+    /// How this connection ranks as one to give way, lower first: whether it carried the
+    /// ingest token ([`Pace::trusted`]: Ray's connections go after every other, review r39r
+    /// D1: any local client could earn "delivered" with one valid event), then why, then
+    /// since when (the oldest first, queued bodies included: ranking them by size let cheap
+    /// clients with smaller bodies than Ray's batch make it the one thrown out, review r39p
+    /// D1; a connection that delivered events goes after every cheap client's queued body,
+    /// review r39q D1); `None` if it must not. A trusted connection's queued body never
+    /// gives way: a newcomer is nobody yet, and Ray's batch waits at most its budget wait.
+    pub(super) fn rank(&self, now: Instant) -> Option<(bool, Eviction, Instant)> {
+        let trusted = self.pace.trusted();
+        let (why, since) = self.reason(now)?;
+        if trusted && matches!(why, Eviction::QueuedDelivered | Eviction::Queued) {
+            return None;
+        }
+        Some((trusted, why, since))
+    }
+
+    /// Why this connection could give way, and since when, leaving the ingest token aside.
+    fn reason(&self, now: Instant) -> Option<(Eviction, Instant)> {
         if lock(&self.chosen).is_some() {
             return None;
         }

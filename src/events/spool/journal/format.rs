@@ -58,16 +58,6 @@ pub(super) const KIND_STATE: u32 = 2;
 /// newer ones give may cover lines whose ids it lost, and a start does not use them.
 pub(super) const KIND_END: u32 = 3;
 
-/// A block of two words, after a snapshot's newest ids: `held` and `inserted`, the ids a
-/// start reloaded in no known order and holds whatever its window
-/// ([`crate::util::dedup::DedupWindow::hold`]), and the ids accepted after them, which are
-/// the last `held + inserted` ids written before it. A start that reads it before a window
-/// of ids was appended after it holds them again (review r40n D1: a start, a SIGTERM and a
-/// start lost them to the window's newest ids). Written only while such a hold lasts; the
-/// binaries before this one take it for damage and read the rest of that generation no
-/// further.
-pub(super) const KIND_HOLD: u32 = 4;
-
 /// Most open segments a head lists (16 MiB of pairs): a spool holds fewer, each costing
 /// [`super::FILE_BUDGET_BYTES`] of the disk budget; past it, the others are left out (a
 /// group in flight at a crash in one of them is then not recognised when resent).
@@ -90,20 +80,71 @@ pub(super) enum Fact {
     Len(u64, u64),
 }
 
-/// A generation's [`KIND_HOLD`] block, and the ids written after it.
+/// The name of the hold file beside the generations ([`Hold`]).
+pub(super) const HOLD_FILE: &str = "hold";
+
+/// The first bytes of the hold file.
+const HOLD_MAGIC: &[u8; 8] = b"RHCHOLD1";
+
+/// A start's hold on ids reloaded in no known order
+/// ([`crate::util::dedup::DedupWindow::hold`]), as its snapshot wrote them: the last
+/// `inserted` ids of the window were accepted after the `held` ones before them. Kept in a
+/// file of its own (`<spool>/dedup/hold`, written after the snapshot's generations), not in
+/// a generation, so the binaries before it (which leave an unknown file alone) read every
+/// generation as before (review r40o D1: a block of a new kind in the newest generation,
+/// where appends go on, cost the binaries before it every group appended after it). A
+/// start reads it when `generation` is still there: the ids appended to it after the
+/// snapshot's `snapshot_ids`, and every id of newer generations, count as inserted too.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(super) struct HoldMark {
+pub(super) struct Hold {
+    pub(super) generation: u64,
+    pub(super) snapshot_ids: u64,
     pub(super) held: u64,
     pub(super) inserted: u64,
-    /// Ids in the blocks after it in the same generation (groups appended since).
-    pub(super) ids_after: u64,
+}
+
+impl Hold {
+    /// The file's bytes: the magic, the four words, and the check of the words.
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut out = HOLD_MAGIC.to_vec();
+        for w in [self.generation, self.snapshot_ids, self.held, self.inserted] {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        let check = block_check(&out[HOLD_MAGIC.len()..]);
+        out.extend_from_slice(&check.to_le_bytes());
+        out
+    }
+
+    /// The hold of a file's bytes; `None` when they are not one whole (a crash cut the
+    /// file, or it is not ours).
+    pub(super) fn decode(bytes: &[u8]) -> Option<Hold> {
+        let words = bytes.strip_prefix(HOLD_MAGIC.as_slice())?;
+        if words.len() != 4 * 8 + 4 {
+            return None;
+        }
+        let (words, check) = words.split_at(32);
+        if block_check(words).to_le_bytes() != check {
+            return None;
+        }
+        let w = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&words[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(b)
+        };
+        Some(Hold {
+            generation: w(0),
+            snapshot_ids: w(1),
+            held: w(2),
+            inserted: w(3),
+        })
+    }
 }
 
 /// What one generation holds.
 #[derive(Debug, Default)]
 pub(super) struct Generation {
-    /// Its newest [`KIND_HOLD`] block, if any.
-    pub(super) hold: Option<HoldMark>,
+    /// How many ids it holds in all (its last `keep` are in [`Generation::ids`]).
+    pub(super) total_ids: u64,
     /// Its last `keep` ids, in order.
     pub(super) ids: Vec<u64>,
     /// What it says of the files, in order.
@@ -164,19 +205,7 @@ pub(super) fn read_generation(
     keep: usize,
     budget: u64,
 ) -> (Generation, Option<String>, u64) {
-    use std::os::unix::fs::OpenOptionsExt;
-    // `O_NONBLOCK`/`O_NOFOLLOW`: an entry that turned into a FIFO or a link since the folder
-    // was listed neither blocks the start nor is followed; only a regular file is read.
-    let opened = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .and_then(|f| match f.metadata() {
-            Ok(m) if m.is_file() => Ok((f, m.len())),
-            Ok(_) => Err(io::Error::other("not a regular file")),
-            Err(e) => Err(e),
-        });
-    let (f, len) = match opened {
+    let (f, len) = match open_regular(path) {
         Ok(opened) => opened,
         Err(e) => return (Generation::default(), Some(format!("unreadable: {e}")), 0),
     };
@@ -204,6 +233,22 @@ pub(super) fn read_generation(
         keep,
     );
     (generation, damage, data)
+}
+
+/// `path` opened for reading, with its length, if it is a regular file. `O_NONBLOCK` and
+/// `O_NOFOLLOW`: an entry that turned into a FIFO or a link since the folder was listed
+/// neither blocks the start nor is followed.
+pub(super) fn open_regular(path: &Path) -> io::Result<(File, u64)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    match f.metadata() {
+        Ok(m) if m.is_file() => Ok((f, m.len())),
+        Ok(_) => Err(io::Error::other("not a regular file")),
+        Err(e) => Err(e),
+    }
 }
 
 /// The length of `f` without a hole that runs to its end: `len` where the filesystem does
@@ -318,7 +363,6 @@ pub(super) fn decode_from(mut input: impl Read, keep: usize) -> (Generation, Opt
                 KIND_IDS => (1..=MAX_BLOCK_IDS).contains(&count),
                 KIND_FILES => (2..=MAX_BLOCK_IDS).contains(&count) && count % 2 == 0,
                 KIND_STATE | KIND_END => count == 1,
-                KIND_HOLD => count == 2,
                 _ => false,
             };
             if !possible {
@@ -344,9 +388,7 @@ pub(super) fn decode_from(mut input: impl Read, keep: usize) -> (Generation, Opt
             });
             match kind {
                 KIND_IDS => {
-                    if let Some(mark) = out.hold.as_mut() {
-                        mark.ids_after += count as u64;
-                    }
+                    out.total_ids += count as u64;
                     for id in words {
                         if ids.len() == keep {
                             ids.pop_front();
@@ -362,16 +404,6 @@ pub(super) fn decode_from(mut input: impl Read, keep: usize) -> (Generation, Opt
                 KIND_STATE => {
                     out.facts.extend(words.map(Fact::Last));
                     out.headed = true;
-                }
-                KIND_HOLD => {
-                    // Two words: checked above.
-                    if let [held, inserted] = words.collect::<Vec<u64>>()[..] {
-                        out.hold = Some(HoldMark {
-                            held,
-                            inserted,
-                            ids_after: 0,
-                        });
-                    }
                 }
                 _ => out.ended = true,
             }

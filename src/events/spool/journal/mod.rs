@@ -55,10 +55,12 @@
 //! before can both give ids to the new window): until that first rewrite completes, half the
 //! previous window more. A start that holds ids reloaded in no known order beyond its window
 //! ([`crate::util::dedup::DedupWindow::hold`]: after a power loss with a larger window
-//! before) writes them last in its snapshot, then a [`format::KIND_HOLD`] block; until a
-//! window of ids was appended after it, rotations keep their generations and a start reads
-//! them back as held ([`Loaded::held`], at most [`MAX_HELD_IDS`] beyond the window): up to
-//! that many ids more on disk (review r40n D1 and D5).
+//! before, or a kill -9 with a group in flight) writes them last in its snapshot (then the
+//! ids accepted after them), and how many in the hold file beside the generations
+//! ([`Hold`]); until a window of ids was appended after them, rotations keep their
+//! generations and a start reads them back as held ([`Loaded::held`], at most
+//! [`MAX_HELD_IDS`] beyond the window), the ids after them counting towards its end
+//! ([`Loaded::after`]): up to that many ids more on disk (reviews r40n D1 and D5, r40o).
 //!
 //! Crash-safe rewrite: a snapshot (every start, and after a failed write) writes the window's
 //! generations newest first, each under a temporary name, fsync'd, renamed into place under
@@ -165,10 +167,14 @@ pub(super) struct Loaded {
     /// The newest distinct ids, oldest first: at most the window, or the ids a start before
     /// held and those after them ([`Loaded::held`]).
     pub(super) ids: Vec<u64>,
-    /// How many of the newest [`Loaded::ids`] the window must hold again, whatever its
-    /// capacity: a start before reloaded some in no known order, and fewer than a window of
-    /// ids was appended after them ([`format::KIND_HOLD`], review r40n D1).
+    /// How many of the newest [`Loaded::ids`], before the last [`Loaded::after`], the window
+    /// must hold again, whatever its capacity: a start before reloaded them in no known order,
+    /// and fewer than a window of ids was accepted after them ([`Hold`], review r40n D1).
     pub(super) held: usize,
+    /// The newest ids, accepted after the held ones (fewer than the window): they count
+    /// towards ending the hold (review r40o D2: taken as held too, a crash loop's new ids
+    /// kept a hold from ever ending).
+    pub(super) after: usize,
     /// What the generations read say of the spool's files; `None` when none of them has a
     /// head (a journal of format 1, written by the binaries before, or no journal).
     pub(super) lengths: Option<Lengths>,
@@ -293,6 +299,11 @@ impl Journal {
                 // A generation a snapshot was writing when the process stopped: the older
                 // files still hold its ids.
                 let _ = fs::remove_file(entry.path());
+            } else if name == Some(HOLD_FILE) {
+                // Read below ([`Journal::read_hold`]).
+            } else if name == Some(&format!("{HOLD_FILE}{TMP_SUFFIX}")) {
+                // A hold a snapshot was writing when the process stopped.
+                let _ = fs::remove_file(entry.path());
             } else {
                 tracing::warn!(path = %entry.path().display(), "unknown file in the ids journal's folder; left alone");
             }
@@ -308,9 +319,9 @@ impl Journal {
         // Generations that hold ids of the window, or what it says of the files; the others
         // are removed below.
         let mut kept: Vec<u64> = Vec::new();
-        // How many ids to read: the window, or more for a hold ([`format::KIND_HOLD`]).
+        // How many ids to read: the window, or more for a hold ([`Hold`]).
         let mut wanted = self.window;
-        let mut hold_seen = false;
+        let hold = self.read_hold();
         for &n in numbers.iter().rev() {
             if newest_first.len() >= wanted {
                 break;
@@ -318,18 +329,17 @@ impl Journal {
             let path = self.path_of(n);
             let left = budget - loaded.bytes_read;
             let (mut generation, mut damage, mut read) = read_generation(&path, wanted, left);
-            // The newest hold mark read counts; older ones were ended or taken up by it.
-            if let Some(mark) = generation.hold.filter(|_| !hold_seen) {
-                hold_seen = true;
+            // The snapshot that wrote the hold: the ids appended to its newest generation
+            // since, and every id of the newer ones, were accepted after the held ones.
+            if let Some(mark) = hold.filter(|h| h.generation == n) {
                 let after = (newest_first.len() as u64)
-                    .saturating_add(mark.ids_after)
+                    .saturating_add(generation.total_ids.saturating_sub(mark.snapshot_ids))
                     .saturating_add(mark.inserted);
                 if after < self.window as u64 {
-                    let need = after
-                        .saturating_add(mark.held)
-                        .min((self.window + MAX_HELD_IDS) as u64)
-                        as usize;
-                    loaded.held = need;
+                    let after = after as usize;
+                    let held = (mark.held as usize).min(MAX_HELD_IDS + self.window - after);
+                    let need = after + held;
+                    (loaded.held, loaded.after) = (held, after);
                     if need > wanted {
                         let kept_all = generation.ids.len() < wanted;
                         wanted = need;
@@ -380,10 +390,48 @@ impl Journal {
         // The kept ones are replaced by the start's snapshot.
         kept.sort_unstable();
         self.generations = kept.into_iter().map(|n| (n, 0)).collect();
-        loaded.held = loaded.held.min(newest_first.len());
+        // Fewer read than the hold said (a generation lost or damaged): the newest first.
+        loaded.after = loaded.after.min(newest_first.len());
+        loaded.held = loaded.held.min(newest_first.len() - loaded.after);
         newest_first.reverse();
         loaded.ids = newest_first;
         loaded
+    }
+
+    /// The hold file's hold, if it holds a whole one.
+    fn read_hold(&self) -> Option<Hold> {
+        use std::io::Read as _;
+        let mut bytes = Vec::new();
+        // Only a regular file, and only as much as a hold takes.
+        open_regular(&self.dir.join(HOLD_FILE))
+            .ok()?
+            .0
+            .take(64)
+            .read_to_end(&mut bytes)
+            .ok()?;
+        Hold::decode(&bytes)
+    }
+
+    /// Writes `hold` as the hold file (under a temporary name, fsync'd, renamed into place,
+    /// the folder fsync'd), or removes the file when there is none. A failure is reported:
+    /// a start then holds no ids beyond its window.
+    fn write_hold(&self, hold: Option<Hold>) {
+        let path = self.dir.join(HOLD_FILE);
+        let Some(hold) = hold else {
+            if fs::remove_file(&path).is_ok() {
+                let _ = fsync_dir(&self.dir);
+            }
+            return;
+        };
+        let tmp = self.dir.join(format!("{HOLD_FILE}{TMP_SUFFIX}"));
+        let written = open_for_write(&tmp)
+            .and_then(|mut f| f.write_all(&hold.encode()).and_then(|()| f.sync_data()))
+            .and_then(|()| fs::rename(&tmp, &path))
+            .and_then(|()| fsync_dir(&self.dir));
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            tracing::warn!(dir = %self.dir.display(), error = %e, "could not write the hold on reloaded ids beside the ids journal: a restart before a window of new ids holds only its window of them");
+        }
     }
 
     fn path_of(&self, n: u64) -> PathBuf {
@@ -458,8 +506,8 @@ impl Journal {
     ///
     /// `hold`: while the window holds ids a start reloaded in no known order, how many, and
     /// how many ids were accepted after them ([`crate::util::dedup::DedupWindow::hold`]);
-    /// recorded after the newest ids ([`format::KIND_HOLD`]), so that a start before a window
-    /// of new ids holds them again.
+    /// recorded in the hold file ([`Hold`]), so that a start before a window of new ids holds
+    /// them again.
     pub(super) fn snapshot(&mut self, ids: &[u64], head: &Head, hold: Option<(usize, usize)>) {
         if self.window == 0 {
             return;
@@ -506,11 +554,6 @@ impl Journal {
                     encode_blocks(&mut self.buf, KIND_END, &[0]);
                     f.write_all(&self.buf)?;
                     len += self.buf.len() as u64;
-                } else if let Some((held, inserted)) = hold {
-                    self.buf.clear();
-                    encode_blocks(&mut self.buf, KIND_HOLD, &[held as u64, inserted as u64]);
-                    f.write_all(&self.buf)?;
-                    len += self.buf.len() as u64;
                 }
                 f.sync_data()?;
                 fs::rename(&tmp, self.path_of(n))?;
@@ -544,6 +587,19 @@ impl Journal {
                 self.behind = false;
                 self.unsynced_ids = 0;
                 self.hold = hold.filter(|&(_, inserted)| inserted < self.window);
+                // The newest generation written, and its ids, tell a start where the hold's
+                // ids end.
+                let newest = self.generations.back().copied();
+                self.write_hold(
+                    self.hold
+                        .zip(newest)
+                        .map(|((held, inserted), (n, ids))| Hold {
+                            generation: n,
+                            snapshot_ids: ids as u64,
+                            held: held as u64,
+                            inserted: inserted as u64,
+                        }),
+                );
             }
             Err(e) => {
                 #[cfg(test)]
