@@ -627,8 +627,8 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
                 config: job_config(data),
             })
         }
-        "EXPORT_SUBMISSION_JOB" => get_str(data, "submission_job_id", "submissionJobId").map(
-            |submission_id| {
+        "EXPORT_SUBMISSION_JOB" => {
+            get_str(data, "submission_job_id", "submissionJobId").map(|submission_id| {
                 Body::ExportSubmissionJob(Box::new(SubmissionJob {
                     submission_id,
                     status: get_str(data, "status", "status"),
@@ -652,8 +652,8 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
                     ),
                     driver_exit_code: get_i64(data, "driver_exit_code", "driverExitCode"),
                 }))
-            },
-        ),
+            })
+        }
         "EXPORT_ACTOR" => get_id(data, "actor_id", "actorId").map(|actor_id| {
             let (death_reason, death_message) = death_cause(get(data, "death_cause", "deathCause"));
             Body::ExportActor {
@@ -812,5 +812,151 @@ mod tests {
             )
         );
         assert!(long.starts_with(head) && long.ends_with(tail));
+    }
+
+    /// The config of the driver job events of a capture's file (`posts` or export log).
+    fn configs_of(path: &str, export: bool) -> Vec<JobConfig> {
+        let text =
+            std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let events: Vec<Value> = text
+            .lines()
+            .flat_map(|l| match serde_json::from_str::<Value>(l).unwrap() {
+                Value::Array(a) => a,
+                one => vec![one],
+            })
+            .collect();
+        events
+            .iter()
+            .filter_map(|e| {
+                let fact = if export {
+                    extract_export_event(e, 0)
+                } else {
+                    extract_ray_event(e, 0)
+                };
+                match fact?.body {
+                    Body::DriverJobDefinition { config, .. } => Some(config),
+                    Body::ExportDriverJob { config, .. } => Some(config),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_driver_jobs_config_is_read_from_rays_captures_in_both_key_styles() {
+        // Ray 2.60's pushed driver definition: the serialized runtime env and an empty
+        // metadata map, camelCase and snake_case alike.
+        for path in [
+            "tests/data/posts-camel.jsonl",
+            "tests/data/posts-snake.jsonl",
+        ] {
+            let configs = configs_of(path, false);
+            assert_eq!(configs.len(), 1, "{path}");
+            assert_eq!(configs[0].metadata, Some(BTreeMap::new()), "{path}");
+            let env: Value =
+                serde_json::from_str(configs[0].runtime_env.as_deref().unwrap()).unwrap();
+            assert_eq!(
+                env,
+                serde_json::json!({"env_vars": {"FOO": "bar"}}),
+                "{path}"
+            );
+        }
+        // The export file's: the runtime env under `runtime_env_info`.
+        let configs = configs_of("tests/data/export_events/event_EXPORT_DRIVER_JOB.log", true);
+        assert!(!configs.is_empty());
+        for c in configs {
+            assert_eq!(c.metadata, Some(BTreeMap::new()));
+            assert_eq!(c.runtime_env.as_deref(), Some("{}"));
+        }
+    }
+
+    fn submitted(data: Value) -> Option<SubmissionJob> {
+        let line = serde_json::json!({"event_id": "s1", "timestamp": 1795313330,
+            "source_type": "EXPORT_SUBMISSION_JOB", "event_data": data});
+        match extract_export_event(&line, 0)?.body {
+            Body::ExportSubmissionJob(job) => Some(*job),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_submission_record_is_read_with_its_metadata_runtime_env_and_driver() {
+        // Ray's `ExportSubmissionJobEventData` as its Python writer sends it (snake_case,
+        // int64 as strings, the driver's node id in hex).
+        let node = "3ae6595c248ad7bef1c7206bfd50b18e860d5eb167e4e068c64823a5";
+        let job = submitted(serde_json::json!({
+            "submission_job_id": "raysubmit_1", "status": "FAILED",
+            "entrypoint": "python job.py", "message": "Job entrypoint command failed",
+            "error_type": "JOB_ENTRYPOINT_COMMAND_ERROR",
+            "start_time": "1795313302000", "end_time": "1795313326000",
+            "metadata": {"job_submission_id": "raysubmit_1", "owner": "ana", "n": 3},
+            "runtime_env_json": "{\"pip\": [\"emoji\"]}",
+            "driver_agent_http_address": "http://192.0.2.2:52365",
+            "driver_node_id": node, "driver_exit_code": 1,
+        }))
+        .unwrap();
+        assert_eq!(job.submission_id, "raysubmit_1");
+        assert_eq!(job.status.as_deref(), Some("FAILED"));
+        assert_eq!(job.entrypoint.as_deref(), Some("python job.py"));
+        assert_eq!(
+            job.message.as_deref(),
+            Some("Job entrypoint command failed")
+        );
+        assert_eq!(
+            job.error_type.as_deref(),
+            Some("JOB_ENTRYPOINT_COMMAND_ERROR")
+        );
+        assert_eq!(
+            (job.started_ms, job.ended_ms),
+            (Some(1795313302000), Some(1795313326000))
+        );
+        let metadata = job.config.metadata.unwrap();
+        assert_eq!(metadata[SUBMISSION_ID_KEY], "raysubmit_1");
+        assert_eq!(metadata["owner"], "ana");
+        // A value that is not a string is kept as its JSON text.
+        assert_eq!(metadata["n"], "3");
+        assert_eq!(
+            job.config.runtime_env.as_deref(),
+            Some("{\"pip\": [\"emoji\"]}")
+        );
+        assert_eq!(job.driver_node_id.as_deref(), Some(node));
+        assert_eq!(
+            job.driver_agent_http_address.as_deref(),
+            Some("http://192.0.2.2:52365")
+        );
+        assert_eq!(job.driver_exit_code, Some(1));
+
+        // A job not started yet: times of 0 and an empty message are not kept.
+        let pending = submitted(serde_json::json!({"submission_job_id": "raysubmit_2",
+            "status": "PENDING", "start_time": "0", "end_time": "0", "message": ""}))
+        .unwrap();
+        assert_eq!((pending.started_ms, pending.ended_ms), (None, None));
+        assert_eq!((pending.message, pending.driver_node_id), (None, None));
+        assert_eq!(pending.config, JobConfig::default());
+        // No submission id: not a fact.
+        assert!(submitted(serde_json::json!({"status": "RUNNING"})).is_none());
+    }
+
+    #[test]
+    fn a_runtime_env_over_the_bound_is_replaced_by_a_note_and_metadata_is_bounded() {
+        let big = format!(
+            "{{\"env_vars\": {{\"A\": \"{}\"}}}}",
+            "x".repeat(MAX_RUNTIME_ENV_BYTES)
+        );
+        let many: serde_json::Map<String, Value> = (0..1000)
+            .map(|i| (format!("k{i:04}"), Value::String("v".into())))
+            .collect();
+        let job = submitted(serde_json::json!({"submission_job_id": "s",
+            "runtime_env_json": big, "metadata": many}))
+        .unwrap();
+        let note: Value = serde_json::from_str(job.config.runtime_env.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            note["rhc_not_kept"],
+            format!(
+                "a runtime env of {} bytes, over {MAX_RUNTIME_ENV_BYTES}",
+                big.len()
+            )
+        );
+        assert_eq!(job.config.metadata.unwrap().len(), MAX_METADATA_ENTRIES);
     }
 }

@@ -14,8 +14,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::extract::{
-    bounded, ActorTransition, Body, Fact, JobConfig, NodeTransition, SubmissionJob, TrainAttemptEvent, TrainRunEvent,
-    TrainWorker, Transition, WorkerTransition,
+    bounded, ActorTransition, Body, Fact, JobConfig, NodeTransition, SubmissionJob,
+    TrainAttemptEvent, TrainRunEvent, TrainWorker, Transition, WorkerTransition,
 };
 use super::task::{CompactId, TaskStore};
 pub(super) use super::values::state_rank;
@@ -529,6 +529,12 @@ pub(super) fn absorb_actor_transition(a: &mut ActorModel, t: ActorTransition) {
     keep_latest(&mut a.latest, &state, &t);
 }
 
+/// Fills what `into` lacks of a job's config from `from`.
+fn fill_config(into: &mut JobConfig, from: JobConfig) {
+    fill(&mut into.metadata, from.metadata);
+    fill(&mut into.runtime_env, from.runtime_env);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -545,10 +551,73 @@ mod tests {
         keep_latest(&mut slot, &t("SUBMITTED_TO_WORKER", 5), &());
         assert_eq!(slot.unwrap().0.state, "FAILED");
     }
-}
 
-/// Fills what `into` lacks of a job's config from `from`.
-fn fill_config(into: &mut JobConfig, from: JobConfig) {
-    fill(&mut into.metadata, from.metadata);
-    fill(&mut into.runtime_env, from.runtime_env);
+    fn export(
+        model: &mut SessionModel,
+        object: usize,
+        id: &str,
+        secs: i64,
+        data: serde_json::Value,
+    ) {
+        let line = serde_json::json!({"event_id": id, "timestamp": secs,
+            "source_type": data["source_type"], "event_data": data["event_data"]});
+        let fact = super::super::extract::extract_export_event(&line, 0).unwrap();
+        model.absorb(object, fact);
+    }
+
+    fn submission(status: &str) -> serde_json::Value {
+        serde_json::json!({"source_type": "EXPORT_SUBMISSION_JOB",
+            "event_data": {"submission_job_id": "raysubmit_1", "status": status}})
+    }
+
+    #[test]
+    fn a_submission_keeps_its_newest_record_and_never_goes_back_from_a_terminal_state() {
+        let mut m = SessionModel::new(None, TaskStore::new(None));
+        let status = |m: &SessionModel| m.submissions["raysubmit_1"].job.status.clone().unwrap();
+        export(&mut m, 0, "a", 10, submission("PENDING"));
+        export(&mut m, 0, "b", 11, submission("RUNNING"));
+        assert_eq!(status(&m), "RUNNING");
+        // An older record read later (another object) does not replace a newer one.
+        export(&mut m, 1, "c", 9, submission("PENDING"));
+        assert_eq!(status(&m), "RUNNING");
+        // A terminal record replaces a running one even when its clock says earlier.
+        export(&mut m, 1, "d", 10, submission("FAILED"));
+        assert_eq!(status(&m), "FAILED");
+        // Nothing after a terminal state takes it back to running.
+        export(&mut m, 2, "e", 20, submission("RUNNING"));
+        assert_eq!(status(&m), "FAILED");
+        assert_eq!(m.submissions.len(), 1);
+    }
+
+    #[test]
+    fn a_jobs_config_comes_from_the_first_driver_event_that_has_it() {
+        let mut m = SessionModel::new(None, TaskStore::new(None));
+        let driver = |config: serde_json::Value| {
+            serde_json::json!({"source_type": "EXPORT_DRIVER_JOB", "event_data": {
+                "job_id": "AQAAAA==", "is_dead": false, "config": config}})
+        };
+        export(&mut m, 0, "a", 10, driver(serde_json::json!({})));
+        export(
+            &mut m,
+            0,
+            "b",
+            11,
+            driver(serde_json::json!({
+            "metadata": {"job_submission_id": "raysubmit_1"},
+            "runtime_env_info": {"serialized_runtime_env": "{\"pip\": []}"}})),
+        );
+        export(
+            &mut m,
+            0,
+            "c",
+            12,
+            driver(serde_json::json!({"metadata": {}})),
+        );
+        let config = &m.jobs["01000000"].config;
+        assert_eq!(
+            config.metadata.as_ref().unwrap()["job_submission_id"],
+            "raysubmit_1"
+        );
+        assert_eq!(config.runtime_env.as_deref(), Some("{\"pip\": []}"));
+    }
 }
