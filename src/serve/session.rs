@@ -7,9 +7,17 @@
 //!
 //! `/api/jobs/`: KubeRay's job shape. `status` is what Ray's own dashboard says of a driver
 //! job: `RUNNING` while the driver is alive (`CREATED`), `SUCCEEDED` once it finished
-//! (KubeRay answers an empty status for a finished driver), empty when unknown. The fold does
-//! not keep a job's submission id, metadata, runtime env, exit code or driver IP yet: those
-//! are KubeRay's empty values, and `type` is `DRIVER`.
+//! (KubeRay answers an empty status for a finished driver), empty when unknown. `metadata`
+//! and `runtime_env` (an object) are the driver's config as its job events gave it (`null`
+//! when they did not). As Ray's own `/api/jobs/` does, a job whose driver's metadata names a
+//! submission (`job_submission_id`, set by the Job Submission API) is `type: SUBMISSION`
+//! with that `submission_id`, and its submission record (`EXPORT_SUBMISSION_JOB`), when the
+//! session has one, gives its `status`, `message`, `error_type`, times, `driver_exit_code`,
+//! `driver_agent_http_address`, `metadata` and `runtime_env`; a submission record no driver
+//! names (a job that failed before its driver started) is listed too, after the drivers,
+//! with `job_id` and `driver_info` null. Any other job is `type: DRIVER` with
+//! `submission_id` `""`. What the session does not say is KubeRay's empty value (`""`,
+//! exit code `0`). `/api/jobs/{id}` finds a job by its hex job id, else by submission id.
 //!
 //! `/api/v0/tasks`: KubeRay's list shape, one row per task attempt, ordered by task id then
 //! attempt. `limit` defaults to 100 and may not exceed 10,000 (`400`, like KubeRay);
@@ -52,7 +60,7 @@ use super::cache::{Unavailable, LOADING_HEADER, LOAD_WAIT};
 use super::cookies::Entered;
 use super::index::{SessionIndex, TaskFilter, TaskRecord, NO_TIME};
 use super::{Shared, UNREADABLE_HEADER};
-use crate::inspect::{escape_message, escape_untrusted, JobFacts};
+use crate::inspect::{escape_message, escape_untrusted, JobFacts, SubmissionFacts};
 use crate::util::time::parse_rfc3339_seconds;
 
 /// Set when the load met lines that are not events: how many.
@@ -129,7 +137,59 @@ pub(super) fn unix_ms(t: &str) -> Option<i64> {
     Some(secs * 1000 + ms)
 }
 
-/// A job in KubeRay's shape.
+/// A runtime env's JSON text as the object Ray's `JobDetails` gives (`null` when it is
+/// not one).
+fn runtime_env_json(text: Option<&str>) -> Value {
+    text.and_then(|t| serde_json::from_str::<Value>(t).ok())
+        .filter(Value::is_object)
+        .unwrap_or(Value::Null)
+}
+
+/// A metadata map as JSON (`null` when no event carried one).
+fn metadata_json(m: Option<&std::collections::BTreeMap<String, String>>) -> Value {
+    m.map_or(Value::Null, |m| json!(m))
+}
+
+/// Sets in `v` what a submitted job's record (`EXPORT_SUBMISSION_JOB`) says of it, as Ray's
+/// `JobDetails` of a `SUBMISSION` job takes it from its `JobInfo`.
+fn with_submission(v: &mut Value, s: &SubmissionFacts) {
+    v["type"] = json!("SUBMISSION");
+    v["submission_id"] = json!(s.submission_id);
+    if let Some(status) = &s.status {
+        v["status"] = json!(status);
+    }
+    for (key, value) in [
+        ("entrypoint", &s.entrypoint),
+        ("message", &s.message),
+        ("error_type", &s.error_type),
+        ("driver_node_id", &s.driver_node_id),
+        ("driver_agent_http_address", &s.driver_agent_http_address),
+    ] {
+        if let Some(value) = value {
+            v[key] = json!(value);
+        }
+    }
+    if let Some(code) = s.driver_exit_code {
+        v["driver_exit_code"] = json!(code);
+    }
+    if s.metadata.is_some() {
+        v["metadata"] = metadata_json(s.metadata.as_ref());
+    }
+    if s.runtime_env.is_some() {
+        v["runtime_env"] = runtime_env_json(s.runtime_env.as_deref());
+    }
+    if let Some(ms) = s.started_ms {
+        v["start_time"] = json!(ms);
+    }
+    if let Some(ms) = s.ended_ms {
+        v["end_time"] = json!(ms);
+    }
+}
+
+/// A job in KubeRay's shape, with what Ray's `/api/jobs/` adds from the job's config: a
+/// driver whose metadata names a submission id is a `SUBMISSION` job with that
+/// `submission_id`, its status, message, error type, times, exit code and config from its
+/// submission record when the session has one; any other is a `DRIVER` job.
 pub(super) fn job_json(j: &JobFacts) -> Value {
     let status = match j.state.as_str() {
         "CREATED" => "RUNNING",
@@ -140,8 +200,8 @@ pub(super) fn job_json(j: &JobFacts) -> Value {
         "driver_exit_code": 0,
         "driver_node_id": j.driver_node_id.clone().unwrap_or_default(),
         "driver_agent_http_address": "",
-        "runtime_env": null,
-        "metadata": null,
+        "runtime_env": runtime_env_json(j.runtime_env.as_deref()),
+        "metadata": metadata_json(j.metadata.as_ref()),
         "error_type": "",
         "message": "",
         "entrypoint": j.entrypoint.clone().unwrap_or_default(),
@@ -152,8 +212,8 @@ pub(super) fn job_json(j: &JobFacts) -> Value {
             "pid": j.driver_pid.map(|p| p.to_string()).unwrap_or_default(),
         },
         "job_id": j.job_id,
-        "submission_id": "",
-        "type": "DRIVER",
+        "submission_id": j.submission_id.clone().unwrap_or_default(),
+        "type": if j.submission_id.is_some() { "SUBMISSION" } else { "DRIVER" },
     });
     if let Some(ms) = j.started.as_deref().and_then(unix_ms) {
         v["start_time"] = json!(ms);
@@ -161,21 +221,58 @@ pub(super) fn job_json(j: &JobFacts) -> Value {
     if let Some(ms) = j.ended.as_deref().and_then(unix_ms) {
         v["end_time"] = json!(ms);
     }
+    if let Some(s) = &j.submission {
+        with_submission(&mut v, s);
+    }
     v
 }
 
-/// `GET /api/jobs/`.
+/// A submitted job no driver job of the session names, as Ray lists it: `job_id` and
+/// `driver_info` null.
+pub(super) fn submission_json(s: &SubmissionFacts) -> Value {
+    let mut v = json!({
+        "driver_exit_code": null,
+        "driver_node_id": "",
+        "driver_agent_http_address": "",
+        "runtime_env": null,
+        "metadata": null,
+        "error_type": "",
+        "message": "",
+        "entrypoint": "",
+        "status": "",
+        "driver_info": null,
+        "job_id": null,
+        "submission_id": "",
+        "type": "SUBMISSION",
+    });
+    with_submission(&mut v, s);
+    v
+}
+
+/// `GET /api/jobs/`: the session's jobs by job id, then the submitted jobs without a driver.
 pub async fn jobs(State(state): State<Shared>, entered: Entered) -> Response {
     let index = match index(&state, &entered).await {
         Ok(i) => i,
         Err(r) => return r,
     };
-    let jobs: Vec<Value> = index.facts.jobs.iter().map(job_json).collect();
+    let jobs: Vec<Value> = index
+        .facts
+        .jobs
+        .iter()
+        .map(job_json)
+        .chain(
+            index
+                .facts
+                .unmatched_submissions
+                .iter()
+                .map(submission_json),
+        )
+        .collect();
     answer(&entered, &index, Value::Array(jobs).to_string())
 }
 
-/// `GET /api/jobs/{job_id}`: one job by its hex id; an unknown one is a `404` (KubeRay
-/// answers `200` with the text "Job … does not exist").
+/// `GET /api/jobs/{id}`: one job by its hex job id or its submission id, as Ray finds it;
+/// an unknown one is a `404` (KubeRay answers `200` with the text "Job … does not exist").
 pub async fn job(
     State(state): State<Shared>,
     entered: Entered,
@@ -185,8 +282,27 @@ pub async fn job(
         Ok(i) => i,
         Err(r) => return r,
     };
-    match index.facts.jobs.iter().find(|j| j.job_id == job_id) {
-        Some(j) => answer(&entered, &index, job_json(j).to_string()),
+    let facts = &index.facts;
+    let found = facts
+        .jobs
+        .iter()
+        .find(|j| j.job_id == job_id)
+        .or_else(|| {
+            facts
+                .jobs
+                .iter()
+                .find(|j| j.submission_id.as_deref() == Some(&*job_id))
+        })
+        .map(job_json)
+        .or_else(|| {
+            facts
+                .unmatched_submissions
+                .iter()
+                .find(|s| s.submission_id == job_id)
+                .map(submission_json)
+        });
+    match found {
+        Some(v) => answer(&entered, &index, v.to_string()),
         None => entered.refresh((
             StatusCode::NOT_FOUND,
             format!("Job {} does not exist", escape_untrusted(&job_id)),

@@ -252,6 +252,10 @@ fn job_details_name_the_driver_ip_and_leave_the_unknown_null() {
             started: Some("2026-11-22T02:08:25.597485314Z".into()),
             ended: None,
             recorded: true,
+            metadata: None,
+            runtime_env: None,
+            submission_id: None,
+            submission: None,
         }],
         nodes: vec![NodeFacts {
             node_id: "aa".into(),
