@@ -2270,15 +2270,16 @@ fn submitted_jobs_are_answered_as_rays_and_their_driver_logs_served_by_submissio
         .join(&node_hex);
     let object = format!("{node_hex}-2026-11-22-06-1.jsonl");
 
-    // Two drivers (pushed events, camelCase): job 01000000 started by the Job Submission API
-    // (its metadata names `raysubmit_1`), job 02000000 a plain `python` driver.
+    // Three drivers (pushed events, camelCase): jobs 01000000 and 02000000 started by the
+    // Job Submission API (an entrypoint that ran two scripts: both drivers' metadata name
+    // `raysubmit_1`), job 03000000 a plain `python` driver.
     let driver = |job: u8, id: &str, config: Value| {
         let job_id = b64(&[job, 0, 0, 0]);
         vec![
             json!({"eventId": format!("d{id}"), "eventType": "DRIVER_JOB_DEFINITION_EVENT",
                 "timestamp": "2026-11-22T06:00:01Z", "sessionName": SESSION,
                 "nodeId": b64(&node), "driverJobDefinitionEvent": {"jobId": job_id,
-                    "driverPid": "700", "driverNodeId": b64(&node),
+                    "driverPid": format!("70{job}"), "driverNodeId": b64(&node),
                     "entrypoint": "python job.py", "config": config}}),
             json!({"eventId": format!("l{id}"), "eventType": "DRIVER_JOB_LIFECYCLE_EVENT",
                 "timestamp": "2026-11-22T06:00:09Z", "sessionName": SESSION,
@@ -2291,10 +2292,11 @@ fn submitted_jobs_are_answered_as_rays_and_their_driver_logs_served_by_submissio
     let submitted_config = json!({"serializedRuntimeEnv": "{\"env_vars\": {\"A\": \"1\"}}",
         "metadata": {"job_submission_id": "raysubmit_1", "owner": "ana"}});
     for (job, id, config) in [
-        (1u8, "1", submitted_config),
+        (1u8, "1", submitted_config.clone()),
+        (2, "2", submitted_config),
         (
-            2,
-            "2",
+            3,
+            "3",
             json!({"serializedRuntimeEnv": "{}", "metadata": {}}),
         ),
     ] {
@@ -2366,16 +2368,17 @@ fn submitted_jobs_are_answered_as_rays_and_their_driver_logs_served_by_submissio
         "message": "Job SUCCEEDED",
         "entrypoint": "python job.py",
         "status": "SUCCEEDED",
-        "driver_info": {"id": "01000000", "node_ip_address": "", "pid": "700"},
-        "job_id": "01000000",
+        "driver_info": {"id": "02000000", "node_ip_address": "", "pid": "702"},
+        "job_id": "02000000",
         "submission_id": "raysubmit_1",
         "type": "SUBMISSION",
         "start_time": 1795327200500i64,
         "end_time": 1795327209900i64,
     });
+    // One entry for the submission, its last driver's (Ray lists no other).
     assert_eq!(jobs[0], submitted, "{jobs:#}");
     assert_eq!(jobs[1]["type"], "DRIVER", "{jobs:#}");
-    assert_eq!(jobs[1]["job_id"], "02000000");
+    assert_eq!(jobs[1]["job_id"], "03000000");
     assert_eq!(jobs[1]["submission_id"], "");
     assert_eq!(jobs[1]["metadata"], json!({}));
     assert_eq!(jobs[1]["runtime_env"], json!({}));
@@ -2402,7 +2405,9 @@ fn submitted_jobs_are_answered_as_rays_and_their_driver_logs_served_by_submissio
     );
     assert_eq!(jobs.as_array().unwrap().len(), 3, "{jobs:#}");
     // One job by its job id or its submission id.
-    assert_eq!(json_of(&get(&s, "/api/jobs/01000000", &c, 200)), submitted);
+    assert_eq!(json_of(&get(&s, "/api/jobs/02000000", &c, 200)), submitted);
+    // The earlier driver of the submission is not found, as in Ray.
+    get(&s, "/api/jobs/01000000", &c, 404);
     assert_eq!(
         json_of(&get(&s, "/api/jobs/raysubmit_1", &c, 200)),
         submitted

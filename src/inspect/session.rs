@@ -258,8 +258,12 @@ pub struct JobFacts {
     /// The Job Submission API's id of it: its metadata's `job_submission_id`.
     pub submission_id: Option<String>,
     /// The newest `EXPORT_SUBMISSION_JOB` record of that submission id, when the session
-    /// has one.
+    /// has one and this is the submission's last driver.
     pub submission: Option<SubmissionFacts>,
+    /// A later driver (higher job id) names the same submission id: an entrypoint that ran
+    /// several drivers. Ray answers only a submission's last driver (its
+    /// `get_driver_jobs`), so `serve` neither lists nor finds this one.
+    pub superseded: bool,
 }
 
 /// A job submitted through Ray's Job Submission API, as its newest `EXPORT_SUBMISSION_JOB`
@@ -440,19 +444,39 @@ pub async fn session_facts(
             .into_iter()
             .map(|s| (s.submission_id.clone(), SubmissionFacts::from(s)))
             .collect();
+    let submission_of = |j: &super::report::JobEntry| {
+        j.config
+            .metadata
+            .as_ref()
+            .and_then(|m| m.get(SUBMISSION_ID_KEY))
+            .filter(|s| !s.is_empty())
+            .cloned()
+    };
+    // Each submission's last driver (the highest job id, as Ray's `get_driver_jobs` sorts
+    // them by hex id and keeps the last): the one its record goes to.
+    let mut last_driver: BTreeMap<String, &str> = BTreeMap::new();
+    for j in &report.jobs {
+        if let Some(s) = submission_of(j) {
+            let last = last_driver.entry(s).or_insert(&j.job_id);
+            if j.job_id.as_str() > *last {
+                *last = &j.job_id;
+            }
+        }
+    }
     let jobs: Vec<JobFacts> = report
         .jobs
         .iter()
         .map(|j| {
-            let submission_id = j
-                .config
-                .metadata
+            let submission_id = submission_of(j);
+            let superseded = submission_id
                 .as_ref()
-                .and_then(|m| m.get(SUBMISSION_ID_KEY))
-                .filter(|s| !s.is_empty())
-                .cloned();
+                .is_some_and(|s| last_driver.get(s).is_some_and(|l| *l != j.job_id));
             JobFacts {
-                submission: submission_id.as_ref().and_then(|s| submissions.remove(s)),
+                submission: submission_id
+                    .as_ref()
+                    .filter(|_| !superseded)
+                    .and_then(|s| submissions.remove(s)),
+                superseded,
                 submission_id,
                 metadata: j.config.metadata.clone(),
                 runtime_env: j.config.runtime_env.clone(),

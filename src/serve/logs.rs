@@ -746,7 +746,7 @@ async fn submission_target(
     let driver = facts
         .jobs
         .iter()
-        .find(|j| j.submission_id.as_deref() == Some(submission));
+        .find(|j| !j.superseded && j.submission_id.as_deref() == Some(submission));
     let record = driver.and_then(|j| j.submission.as_ref()).or_else(|| {
         facts
             .unmatched_submissions

@@ -15,7 +15,9 @@
 //! session has one, gives its `status`, `message`, `error_type`, times, `driver_exit_code`,
 //! `driver_agent_http_address`, `metadata` and `runtime_env`; a submission record no driver
 //! names (a job that failed before its driver started) is listed too, after the drivers,
-//! with `job_id` and `driver_info` null. Any other job is `type: DRIVER` with
+//! with `job_id` and `driver_info` null. A submission whose entrypoint ran several drivers
+//! is one entry, its last driver (the highest job id), as Ray's `get_driver_jobs` keeps
+//! it: the earlier drivers are neither listed nor found. Any other job is `type: DRIVER` with
 //! `submission_id` `""`. What the session does not say is KubeRay's empty value (`""`,
 //! exit code `0`). `/api/jobs/{id}` finds a job by its hex job id, else by submission id.
 //!
@@ -259,6 +261,7 @@ pub async fn jobs(State(state): State<Shared>, entered: Entered) -> Response {
         .facts
         .jobs
         .iter()
+        .filter(|j| !j.superseded)
         .map(job_json)
         .chain(
             index
@@ -283,16 +286,10 @@ pub async fn job(
         Err(r) => return r,
     };
     let facts = &index.facts;
-    let found = facts
-        .jobs
-        .iter()
+    let listed = || facts.jobs.iter().filter(|j| !j.superseded);
+    let found = listed()
         .find(|j| j.job_id == job_id)
-        .or_else(|| {
-            facts
-                .jobs
-                .iter()
-                .find(|j| j.submission_id.as_deref() == Some(&*job_id))
-        })
+        .or_else(|| listed().find(|j| j.submission_id.as_deref() == Some(&*job_id)))
         .map(job_json)
         .or_else(|| {
             facts

@@ -256,6 +256,7 @@ fn job_details_name_the_driver_ip_and_leave_the_unknown_null() {
             runtime_env: None,
             submission_id: None,
             submission: None,
+            superseded: false,
         }],
         nodes: vec![NodeFacts {
             node_id: "aa".into(),
