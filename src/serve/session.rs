@@ -56,6 +56,7 @@ use axum::http::header::{CONTENT_DISPOSITION, CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::cache::{Unavailable, LOADING_HEADER, LOAD_WAIT};
@@ -139,12 +140,40 @@ pub(super) fn unix_ms(t: &str) -> Option<i64> {
     Some(secs * 1000 + ms)
 }
 
-/// A runtime env's JSON text as the object Ray's `JobDetails` gives (`null` when it is
-/// not one).
-fn runtime_env_json(text: Option<&str>) -> Value {
-    text.and_then(|t| serde_json::from_str::<Value>(t).ok())
-        .filter(Value::is_object)
-        .unwrap_or(Value::Null)
+/// A runtime env's JSON text when it is an object, as Ray's `JobDetails` gives it (`None`,
+/// answered `null`, when it is not one). Checked without building a tree: the text is
+/// written into the answer as it is (up to 64 KiB a job, [`crate::inspect`] bounds it), so
+/// an answer of many jobs costs about its own size.
+fn runtime_env_object(text: Option<&str>) -> Option<&RawValue> {
+    let raw: &RawValue = serde_json::from_str(text?).ok()?;
+    raw.get().starts_with('{').then_some(raw)
+}
+
+/// The runtime env a job's answer gives: its submission record's when that carried one,
+/// else its driver's config's.
+fn job_runtime_env(j: &JobFacts) -> Option<&RawValue> {
+    match j.submission.as_ref().and_then(|s| s.runtime_env.as_deref()) {
+        Some(text) => runtime_env_object(Some(text)),
+        None => runtime_env_object(j.runtime_env.as_deref()),
+    }
+}
+
+/// Appends `v` (a JSON object without a `runtime_env` member) to `out` with that member set
+/// to `runtime_env`'s text as it is (`null` when `None`).
+fn push_with_runtime_env(out: &mut String, v: &Value, runtime_env: Option<&RawValue>) {
+    let text = v.to_string();
+    match text.strip_suffix('}') {
+        Some(head) => {
+            out.push_str(head);
+            if head.len() > 1 {
+                out.push(',');
+            }
+            out.push_str("\"runtime_env\":");
+            out.push_str(runtime_env.map_or("null", RawValue::get));
+            out.push('}');
+        }
+        None => out.push_str(&text),
+    }
 }
 
 /// A metadata map as JSON (`null` when no event carried one).
@@ -177,9 +206,6 @@ fn with_submission(v: &mut Value, s: &SubmissionFacts) {
     if s.metadata.is_some() {
         v["metadata"] = metadata_json(s.metadata.as_ref());
     }
-    if s.runtime_env.is_some() {
-        v["runtime_env"] = runtime_env_json(s.runtime_env.as_deref());
-    }
     if let Some(ms) = s.started_ms {
         v["start_time"] = json!(ms);
     }
@@ -191,8 +217,33 @@ fn with_submission(v: &mut Value, s: &SubmissionFacts) {
 /// A job in KubeRay's shape, with what Ray's `/api/jobs/` adds from the job's config: a
 /// driver whose metadata names a submission id is a `SUBMISSION` job with that
 /// `submission_id`, its status, message, error type, times, exit code and config from its
-/// submission record when the session has one; any other is a `DRIVER` job.
+/// submission record when the session has one; any other is a `DRIVER` job. Its
+/// `runtime_env` as a tree: for one job (a Train run's); lists write it as text
+/// ([`push_job`]).
 pub(super) fn job_json(j: &JobFacts) -> Value {
+    let mut v = job_fields(j);
+    v["runtime_env"] = job_runtime_env(j)
+        .and_then(|raw| serde_json::from_str(raw.get()).ok())
+        .unwrap_or(Value::Null);
+    v
+}
+
+/// Appends a job's answer ([`job_json`]) to `out`, its runtime env as the stored text.
+fn push_job(out: &mut String, j: &JobFacts) {
+    push_with_runtime_env(out, &job_fields(j), job_runtime_env(j));
+}
+
+/// Appends a submitted job's answer without a driver ([`submission_fields`]) to `out`.
+fn push_submission(out: &mut String, s: &SubmissionFacts) {
+    push_with_runtime_env(
+        out,
+        &submission_fields(s),
+        runtime_env_object(s.runtime_env.as_deref()),
+    );
+}
+
+/// [`job_json`] without `runtime_env`.
+fn job_fields(j: &JobFacts) -> Value {
     let status = match j.state.as_str() {
         "CREATED" => "RUNNING",
         "FINISHED" => "SUCCEEDED",
@@ -202,7 +253,6 @@ pub(super) fn job_json(j: &JobFacts) -> Value {
         "driver_exit_code": 0,
         "driver_node_id": j.driver_node_id.clone().unwrap_or_default(),
         "driver_agent_http_address": "",
-        "runtime_env": runtime_env_json(j.runtime_env.as_deref()),
         "metadata": metadata_json(j.metadata.as_ref()),
         "error_type": "",
         "message": "",
@@ -230,13 +280,12 @@ pub(super) fn job_json(j: &JobFacts) -> Value {
 }
 
 /// A submitted job no driver job of the session names, as Ray lists it: `job_id` and
-/// `driver_info` null.
-pub(super) fn submission_json(s: &SubmissionFacts) -> Value {
+/// `driver_info` null; without `runtime_env` ([`push_submission`] adds it).
+fn submission_fields(s: &SubmissionFacts) -> Value {
     let mut v = json!({
         "driver_exit_code": null,
         "driver_node_id": "",
         "driver_agent_http_address": "",
-        "runtime_env": null,
         "metadata": null,
         "error_type": "",
         "message": "",
@@ -251,27 +300,43 @@ pub(super) fn submission_json(s: &SubmissionFacts) -> Value {
     v
 }
 
-/// `GET /api/jobs/`: the session's jobs by job id, then the submitted jobs without a driver.
+/// The `/api/jobs/` answer: the session's jobs by job id, then the submitted jobs without a
+/// driver, written one job at a time into the text (no tree of the whole answer).
+fn jobs_text(facts: &crate::inspect::SessionFacts) -> String {
+    let mut out = String::from("[");
+    let mut first = true;
+    let mut sep = |out: &mut String| {
+        if !std::mem::take(&mut first) {
+            out.push(',');
+        }
+    };
+    for j in facts.jobs.iter().filter(|j| !j.superseded) {
+        sep(&mut out);
+        push_job(&mut out, j);
+    }
+    for s in &facts.unmatched_submissions {
+        sep(&mut out);
+        push_submission(&mut out, s);
+    }
+    out.push(']');
+    out
+}
+
+/// `GET /api/jobs/`: [`jobs_text`], made off the async workers (a session of many jobs with
+/// large runtime envs makes a large answer).
 pub async fn jobs(State(state): State<Shared>, entered: Entered) -> Response {
     let index = match index(&state, &entered).await {
         Ok(i) => i,
         Err(r) => return r,
     };
-    let jobs: Vec<Value> = index
-        .facts
-        .jobs
-        .iter()
-        .filter(|j| !j.superseded)
-        .map(job_json)
-        .chain(
-            index
-                .facts
-                .unmatched_submissions
-                .iter()
-                .map(submission_json),
-        )
-        .collect();
-    answer(&entered, &index, Value::Array(jobs).to_string())
+    let built = Arc::clone(&index);
+    match tokio::task::spawn_blocking(move || jobs_text(&built.facts)).await {
+        Ok(text) => answer(&entered, &index, text),
+        Err(e) => entered.refresh((
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("making the job list: {e}"),
+        )),
+    }
 }
 
 /// `GET /api/jobs/{id}`: one job by its hex job id or its submission id, as Ray finds it;
@@ -287,20 +352,22 @@ pub async fn job(
     };
     let facts = &index.facts;
     let listed = || facts.jobs.iter().filter(|j| !j.superseded);
-    let found = listed()
+    let mut out = String::new();
+    if let Some(j) = listed()
         .find(|j| j.job_id == job_id)
         .or_else(|| listed().find(|j| j.submission_id.as_deref() == Some(&*job_id)))
-        .map(job_json)
-        .or_else(|| {
-            facts
-                .unmatched_submissions
-                .iter()
-                .find(|s| s.submission_id == job_id)
-                .map(submission_json)
-        });
-    match found {
-        Some(v) => answer(&entered, &index, v.to_string()),
-        None => entered.refresh((
+    {
+        push_job(&mut out, j);
+    } else if let Some(s) = facts
+        .unmatched_submissions
+        .iter()
+        .find(|s| s.submission_id == job_id)
+    {
+        push_submission(&mut out, s);
+    }
+    match out.is_empty() {
+        false => answer(&entered, &index, out),
+        true => entered.refresh((
             StatusCode::NOT_FOUND,
             format!("Job {} does not exist", escape_untrusted(&job_id)),
         )),
@@ -870,5 +937,57 @@ mod tests {
         assert_eq!(unix_ms("1970-01-01T00:00:02Z"), Some(2000));
         assert_eq!(parse_go_bool("T"), Some(true));
         assert_eq!(parse_go_bool("yes"), None);
+    }
+
+    #[test]
+    fn the_job_list_embeds_each_runtime_env_text_unchanged() {
+        use crate::inspect::SessionFacts;
+        // Spacing and key order as Ray serialized them, which a tree would not keep.
+        let env = "{\"pip\": [\"emoji\"],  \"env_vars\": {\"B\": \"2\", \"A\": \"1\"}}";
+        let big = format!("{{\"env_vars\": {{\"X\": \"{}\"}}}}", "y".repeat(60 << 10));
+        let job = |id: &str, runtime_env: &str| JobFacts {
+            job_id: id.into(),
+            state: "CREATED".into(),
+            entrypoint: None,
+            driver_pid: None,
+            driver_node_id: None,
+            driver_ip: None,
+            started: None,
+            ended: None,
+            recorded: true,
+            metadata: None,
+            runtime_env: Some(runtime_env.into()),
+            submission_id: None,
+            submission: None,
+            superseded: false,
+        };
+        let facts = SessionFacts {
+            jobs: vec![
+                job("01000000", env),
+                job("02000000", &big),
+                job("03000000", "[1]"),
+            ],
+            unmatched_submissions: vec![SubmissionFacts {
+                submission_id: "raysubmit_2".into(),
+                runtime_env: Some(env.into()),
+                ..SubmissionFacts::default()
+            }],
+            ..SessionFacts::default()
+        };
+        let text = jobs_text(&facts);
+        assert_eq!(text.matches(env).count(), 2, "{text}");
+        assert!(text.contains(&big));
+        let jobs: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(jobs.as_array().unwrap().len(), 4);
+        assert_eq!(jobs[0]["runtime_env"]["env_vars"]["A"], "1");
+        assert_eq!(jobs[0]["job_id"], "01000000");
+        assert_eq!(jobs[2]["runtime_env"], Value::Null, "not an object");
+        assert_eq!(jobs[3]["submission_id"], "raysubmit_2");
+        assert_eq!(jobs[3]["runtime_env"], jobs[0]["runtime_env"]);
+        // A job's answer is its list entry.
+        let mut one = String::new();
+        push_job(&mut one, &facts.jobs[0]);
+        assert_eq!(serde_json::from_str::<Value>(&one).unwrap(), jobs[0]);
+        assert_eq!(job_json(&facts.jobs[0]), jobs[0]);
     }
 }

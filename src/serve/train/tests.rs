@@ -326,6 +326,7 @@ fn a_submitted_jobs_details_take_its_record() {
                 driver_exit_code: Some(1),
                 ..SubmissionFacts::default()
             }),
+            superseded: false,
         }],
         train_runs: vec![json!({"run_id": "r", "name": "r", "status": "ERRORED",
             "job_id": "01000000", "started": "2026-11-22T02:08:25Z"})],
