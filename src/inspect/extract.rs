@@ -128,6 +128,10 @@ pub(super) const SUBMISSION_ID_KEY: &str = "job_submission_id";
 /// are a few user-given labels.
 const MAX_METADATA_ENTRIES: usize = 64;
 
+/// Longest message of a submitted job's record kept (cut in the middle): Ray's
+/// `JobInfo.message` of a failed job carries the entrypoint's last output, ~20 KB.
+pub(super) const MAX_SUBMISSION_MESSAGE_BYTES: usize = 32 << 10;
+
 /// Longest serialized runtime env kept: a longer one is replaced by a note saying so (cut
 /// JSON would not read back).
 pub(super) const MAX_RUNTIME_ENV_BYTES: usize = 64 << 10;
@@ -150,23 +154,32 @@ pub(super) struct SubmissionJob {
     pub(super) driver_exit_code: Option<i64>,
 }
 
-/// A map of strings (Ray's `map<string, string>`), bounded ([`MAX_METADATA_ENTRIES`]);
-/// `None` when the member is missing or not an object. A value that is not a string is
-/// kept as its JSON text.
+/// A map of strings (Ray's `map<string, string>`), bounded ([`MAX_METADATA_ENTRIES`], the
+/// first in key order) but always with its [`SUBMISSION_ID_KEY`] when it has one (what
+/// makes a job a submitted one); `None` when the member is missing or not an object. A
+/// value that is not a string is kept as its JSON text.
 fn get_string_map(v: &Value, camel: &str, snake: &str) -> Option<BTreeMap<String, String>> {
     let o = get(v, camel, snake)?.as_object()?;
-    Some(
-        o.iter()
-            .take(MAX_METADATA_ENTRIES)
-            .map(|(k, v)| {
-                let v = match v {
-                    Value::String(s) => bounded(s, MAX_FIELD_BYTES),
-                    other => bounded(&other.to_string(), MAX_FIELD_BYTES),
-                };
-                (bounded(k, MAX_FIELD_BYTES), v)
-            })
-            .collect(),
-    )
+    let entry = |k: &str, v: &Value| {
+        let v = match v {
+            Value::String(s) => bounded(s, MAX_FIELD_BYTES),
+            other => bounded(&other.to_string(), MAX_FIELD_BYTES),
+        };
+        (bounded(k, MAX_FIELD_BYTES), v)
+    };
+    let mut map: BTreeMap<String, String> = o
+        .get(SUBMISSION_ID_KEY)
+        .map(|v| entry(SUBMISSION_ID_KEY, v))
+        .into_iter()
+        .collect();
+    for (k, v) in o.iter().filter(|(k, _)| k.as_str() != SUBMISSION_ID_KEY) {
+        if map.len() >= MAX_METADATA_ENTRIES {
+            break;
+        }
+        let (k, v) = entry(k, v);
+        map.insert(k, v);
+    }
+    Some(map)
 }
 
 /// A serialized runtime env, kept whole up to [`MAX_RUNTIME_ENV_BYTES`]; a longer one is
@@ -636,7 +649,7 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
                     message: get(data, "message", "message")
                         .and_then(Value::as_str)
                         .filter(|m| !m.is_empty())
-                        .map(|m| bounded_middle(m, MAX_ERROR_MESSAGE_BYTES)),
+                        .map(|m| bounded_middle(m, MAX_SUBMISSION_MESSAGE_BYTES)),
                     error_type: get_str(data, "error_type", "errorType"),
                     started_ms: get_i64(data, "start_time", "startTime").filter(|t| *t > 0),
                     ended_ms: get_i64(data, "end_time", "endTime").filter(|t| *t > 0),
@@ -958,5 +971,65 @@ mod tests {
             )
         );
         assert_eq!(job.config.metadata.unwrap().len(), MAX_METADATA_ENTRIES);
+    }
+
+    #[test]
+    fn a_submission_id_past_the_metadata_bound_is_kept() {
+        // 100 entries whose keys sort before `job_submission_id`: the id is still kept.
+        let mut many: serde_json::Map<String, Value> = (0..100)
+            .map(|i| (format!("a{i:03}"), Value::String("v".into())))
+            .collect();
+        many.insert(
+            SUBMISSION_ID_KEY.into(),
+            Value::String("raysubmit_1".into()),
+        );
+        let job = submitted(serde_json::json!({"submission_job_id": "raysubmit_1",
+            "metadata": many}))
+        .unwrap();
+        let metadata = job.config.metadata.unwrap();
+        assert_eq!(metadata.len(), MAX_METADATA_ENTRIES);
+        assert_eq!(metadata[SUBMISSION_ID_KEY], "raysubmit_1");
+        assert!(metadata.contains_key("a000") && !metadata.contains_key("a099"));
+        // The same in a driver's config.
+        let fact = extract_export_event(
+            &serde_json::json!({"event_id": "d", "timestamp": 1795313330,
+                "source_type": "EXPORT_DRIVER_JOB", "event_data": {"job_id": "AQAAAA==",
+                    "is_dead": false, "config": {"metadata": many}}}),
+            0,
+        )
+        .unwrap();
+        let Body::ExportDriverJob { config, .. } = fact.body else {
+            panic!("not a driver job");
+        };
+        assert_eq!(config.metadata.unwrap()[SUBMISSION_ID_KEY], "raysubmit_1");
+    }
+
+    #[test]
+    fn a_submitted_jobs_message_is_kept_up_to_32_kib() {
+        // Ray's message of a failed entrypoint: its last output, ~20 KB, kept whole.
+        let ray = format!(
+            "Job entrypoint command failed with exit code 1, last available logs:\n{}",
+            "x".repeat(20_000)
+        );
+        let job = submitted(serde_json::json!({"submission_job_id": "s", "message": ray})).unwrap();
+        assert_eq!(job.message.as_deref(), Some(ray.as_str()));
+        // A longer one is cut in the middle to the bound, both ends kept.
+        let long = format!("head{}tail", "y".repeat(40_000));
+        let job =
+            submitted(serde_json::json!({"submission_job_id": "s", "message": long})).unwrap();
+        let kept = job.message.unwrap();
+        // The bound's bytes of the message, and the note saying what was cut.
+        assert!(
+            kept.len() <= MAX_SUBMISSION_MESSAGE_BYTES + 100,
+            "{}",
+            kept.len()
+        );
+        assert!(kept.contains("cut here by ray-history-collector"));
+        assert!(
+            kept.len() > MAX_SUBMISSION_MESSAGE_BYTES - 200,
+            "{}",
+            kept.len()
+        );
+        assert!(kept.starts_with("head") && kept.ends_with("tail"));
     }
 }
