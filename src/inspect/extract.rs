@@ -172,8 +172,10 @@ fn get_string_map(v: &Value, camel: &str, snake: &str) -> Option<BTreeMap<String
         .map(|v| entry(SUBMISSION_ID_KEY, v))
         .into_iter()
         .collect();
+    // The submission id comes on top of the bound (review r36p D2: it took one of its 64).
+    let bound = MAX_METADATA_ENTRIES + map.len();
     for (k, v) in o.iter().filter(|(k, _)| k.as_str() != SUBMISSION_ID_KEY) {
-        if map.len() >= MAX_METADATA_ENTRIES {
+        if map.len() >= bound {
             break;
         }
         let (k, v) = entry(k, v);
@@ -987,7 +989,11 @@ mod tests {
             "metadata": many}))
         .unwrap();
         let metadata = job.config.metadata.unwrap();
-        assert_eq!(metadata.len(), MAX_METADATA_ENTRIES);
+        assert_eq!(
+            metadata.len(),
+            MAX_METADATA_ENTRIES + 1,
+            "64 labels and the id"
+        );
         assert_eq!(metadata[SUBMISSION_ID_KEY], "raysubmit_1");
         assert!(metadata.contains_key("a000") && !metadata.contains_key("a099"));
         // The same in a driver's config.

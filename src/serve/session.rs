@@ -146,7 +146,39 @@ pub(super) fn unix_ms(t: &str) -> Option<i64> {
 /// an answer of many jobs costs about its own size.
 fn runtime_env_object(text: Option<&str>) -> Option<&RawValue> {
     let raw: &RawValue = serde_json::from_str(text?).ok()?;
-    raw.get().starts_with('{').then_some(raw)
+    (raw.get().starts_with('{') && nesting(raw.get()) <= MAX_RUNTIME_ENV_NESTING).then_some(raw)
+}
+
+/// The deepest nesting a runtime env is answered with (serde_json's own limit when it parses
+/// a value): a deeper one is answered `null`, as when it was parsed, since it would make the
+/// whole list unreadable to clients that parse it (review r36p D1: a 2,000-level env, checked
+/// only by `RawValue`'s scan, made Python's json fail on the whole `/api/jobs/` answer).
+const MAX_RUNTIME_ENV_NESTING: usize = 128;
+
+/// How deeply arrays and objects nest in `json` (valid JSON text).
+fn nesting(json: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in json.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 /// The runtime env a job's answer gives: its submission record's when that carried one,
@@ -989,5 +1021,18 @@ mod tests {
         push_job(&mut one, &facts.jobs[0]);
         assert_eq!(serde_json::from_str::<Value>(&one).unwrap(), jobs[0]);
         assert_eq!(job_json(&facts.jobs[0]), jobs[0]);
+    }
+
+    /// Review r36p D1: a runtime env nested deeper than serde_json parses (valid JSON, under
+    /// the size bound) is answered `null`, so the list stays readable; strings with brackets
+    /// and escaped quotes do not count as nesting.
+    #[test]
+    fn a_runtime_env_nested_too_deep_is_answered_null() {
+        let deep = format!("{{\"a\": {}1{}}}", "[".repeat(2000), "]".repeat(2000));
+        assert_eq!(runtime_env_object(Some(&deep)).map(RawValue::get), None);
+        let fine = format!("{{\"a\": {}1{}}}", "[".repeat(127), "]".repeat(127));
+        assert!(runtime_env_object(Some(&fine)).is_some());
+        let quoted = r#"{"a": "[[[[\"{{{{", "b": {"c": 1}}"#;
+        assert_eq!(nesting(quoted), 2);
     }
 }
