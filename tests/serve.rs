@@ -634,7 +634,8 @@ fn check_routes(s: &Serve) {
     assert_eq!(json_of(&get(s, PLACEMENT_GROUPS, &snake, 200)), empty_pg);
 
     // The jobs of the camel session: its one driver job, as its events say (job id
-    // `AQAAAA==`, driver pid "21819", node `OuZZ…` = 3ae6…23a5, CREATED at
+    // `AQAAAA==`, driver pid "21819", node `OuZZ…` = 3ae6…23a5, its config's runtime env and
+    // empty metadata, CREATED at
     // 02:06:42.217314970Z and FINISHED at 02:06:50.972464742Z: `date -u -d
     // 2026-11-22T02:06:42Z +%s` = 1795313202). A finished driver is SUCCEEDED, as Ray's own
     // dashboard says of driver jobs.
@@ -646,8 +647,8 @@ fn check_routes(s: &Serve) {
             "driver_exit_code": 0,
             "driver_node_id": "3ae6595c248ad7def1c7206bfd50b18e860d5eb167e4e068c64823a5",
             "driver_agent_http_address": "",
-            "runtime_env": null,
-            "metadata": null,
+            "runtime_env": {"env_vars": {"FOO": "bar"}},
+            "metadata": {},
             "error_type": "",
             "message": "",
             "entrypoint": "./venv/bin/python job3.py",
@@ -1275,8 +1276,8 @@ fn serves_logs_as_rays_state_api_does() {
         ),
         (
             "/api/v0/logs/file?node_ip=192.0.2.2&submission_id=raysubmit_1".to_string(),
-            501,
-            "submission_id",
+            404,
+            "Job raysubmit_1 not found",
         ),
     ] {
         let r = get(&s, &path, &c, status);
@@ -2246,4 +2247,199 @@ fn a_reload_past_the_wait_says_the_session_is_still_loading() {
     // Meanwhile the index held answers.
     let r = get(&s, "/api/v0/tasks?limit=100", &c, 200);
     assert_eq!(json_of(&r)["data"]["result"]["total"], 3);
+}
+
+/// Issue 36: a job submitted through Ray's Job Submission API is answered as Ray's own
+/// `/api/jobs/` answers it (`type: SUBMISSION`, its `submission_id`, its record's status,
+/// metadata and runtime env; a submission without a driver listed with `job_id: null`), found
+/// by submission id, and its driver log is served by `submission_id`. Before, every job was
+/// `DRIVER` with `submission_id: ""` and `submission_id` logs were a `501`.
+#[test]
+fn submitted_jobs_are_answered_as_rays_and_their_driver_logs_served_by_submission_id() {
+    use base64::Engine as _;
+    const SESSION: &str = "session_2026-11-22_06-00-00_000000_1";
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let node: Vec<u8> = (1..=28).collect();
+    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    node_events_bucket(&bucket, SESSION, &node_hex);
+    let node_dir = bucket
+        .join("cluster-history/raycluster/default/c1")
+        .join(SESSION)
+        .join(&node_hex);
+    let object = format!("{node_hex}-2026-11-22-06-1.jsonl");
+
+    // Three drivers (pushed events, camelCase): jobs 01000000 and 02000000 started by the
+    // Job Submission API (an entrypoint that ran two scripts: both drivers' metadata name
+    // `raysubmit_1`), job 03000000 a plain `python` driver.
+    let driver = |job: u8, id: &str, config: Value| {
+        let job_id = b64(&[job, 0, 0, 0]);
+        vec![
+            json!({"eventId": format!("d{id}"), "eventType": "DRIVER_JOB_DEFINITION_EVENT",
+                "timestamp": "2026-11-22T06:00:01Z", "sessionName": SESSION,
+                "nodeId": b64(&node), "driverJobDefinitionEvent": {"jobId": job_id,
+                    "driverPid": format!("70{job}"), "driverNodeId": b64(&node),
+                    "entrypoint": "python job.py", "config": config}}),
+            json!({"eventId": format!("l{id}"), "eventType": "DRIVER_JOB_LIFECYCLE_EVENT",
+                "timestamp": "2026-11-22T06:00:09Z", "sessionName": SESSION,
+                "nodeId": b64(&node), "driverJobLifecycleEvent": {"jobId": job_id,
+                    "stateTransitions": [
+                        {"state": "CREATED", "timestamp": "2026-11-22T06:00:01Z"},
+                        {"state": "FINISHED", "timestamp": "2026-11-22T06:00:09Z"}]}}),
+        ]
+    };
+    let submitted_config = json!({"serializedRuntimeEnv": "{\"env_vars\": {\"A\": \"1\"}}",
+        "metadata": {"job_submission_id": "raysubmit_1", "owner": "ana"}});
+    for (job, id, config) in [
+        (1u8, "1", submitted_config.clone()),
+        (2, "2", submitted_config),
+        (
+            3,
+            "3",
+            json!({"serializedRuntimeEnv": "{}", "metadata": {}}),
+        ),
+    ] {
+        let dir = node_dir.join("job_events").join(format!("0{job}000000"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let text: String = driver(job, id, config)
+            .iter()
+            .map(|e| format!("{e}\n"))
+            .collect();
+        std::fs::write(dir.join(&object), text).unwrap();
+    }
+    // The Job Submission API's records (export events, snake_case): raysubmit_1 running then
+    // succeeded; raysubmit_2 failed before any driver started.
+    let record = |id: &str, secs: i64, data: Value| {
+        json!({"event_id": id, "timestamp": secs, "source_type": "EXPORT_SUBMISSION_JOB",
+            "event_data": data})
+    };
+    let one = |status: &str, end: &str| {
+        json!({"submission_job_id": "raysubmit_1", "status": status,
+            "entrypoint": "python job.py", "message": format!("Job {status}"),
+            "start_time": "1795327200500", "end_time": end,
+            "metadata": {"job_submission_id": "raysubmit_1", "owner": "ana"},
+            "runtime_env_json": "{\"env_vars\": {\"A\": \"1\"}}",
+            "driver_agent_http_address": "http://192.0.2.9:52365",
+            "driver_node_id": node_hex, "driver_exit_code": 0})
+    };
+    let records = [
+        record("s1", 1795327201, one("RUNNING", "0")),
+        record("s2", 1795327209, one("SUCCEEDED", "1795327209900")),
+        record(
+            "s3",
+            1795327210,
+            json!({"submission_job_id": "raysubmit_2", "status": "FAILED",
+                "entrypoint": "python other.py", "error_type": "RUNTIME_ENV_SETUP_FAILED",
+                "message": "runtime env setup failed", "start_time": "1795327210000",
+                "end_time": "1795327211000", "metadata": {}}),
+        ),
+    ];
+    let dir = node_dir.join("export_events/node");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text: String = records.iter().map(|e| format!("{e}\n")).collect();
+    std::fs::write(dir.join(&object), text).unwrap();
+    // The driver's log, where Ray writes it on the driver's node.
+    let logs = node_dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::write(
+        logs.join("job-driver-raysubmit_1.log"),
+        "hello from the driver\n",
+    )
+    .unwrap();
+
+    let s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve.log"),
+        &[],
+        &[],
+    );
+    let c = cookies_for(SESSION);
+    let r = get_loaded(&s, "/api/jobs/", &c);
+    assert_eq!(r.status, 200, "{}", body(&r));
+    let jobs = json_of(&r);
+    let submitted = json!({
+        "driver_exit_code": 0,
+        "driver_node_id": node_hex,
+        "driver_agent_http_address": "http://192.0.2.9:52365",
+        "runtime_env": {"env_vars": {"A": "1"}},
+        "metadata": {"job_submission_id": "raysubmit_1", "owner": "ana"},
+        "error_type": "",
+        "message": "Job SUCCEEDED",
+        "entrypoint": "python job.py",
+        "status": "SUCCEEDED",
+        "driver_info": {"id": "02000000", "node_ip_address": "", "pid": "702"},
+        "job_id": "02000000",
+        "submission_id": "raysubmit_1",
+        "type": "SUBMISSION",
+        "start_time": 1795327200500i64,
+        "end_time": 1795327209900i64,
+    });
+    // One entry for the submission, its last driver's (Ray lists no other).
+    assert_eq!(jobs[0], submitted, "{jobs:#}");
+    assert_eq!(jobs[1]["type"], "DRIVER", "{jobs:#}");
+    assert_eq!(jobs[1]["job_id"], "03000000");
+    assert_eq!(jobs[1]["submission_id"], "");
+    assert_eq!(jobs[1]["metadata"], json!({}));
+    assert_eq!(jobs[1]["runtime_env"], json!({}));
+    assert_eq!(
+        jobs[2],
+        json!({
+            "driver_exit_code": null,
+            "driver_node_id": "",
+            "driver_agent_http_address": "",
+            "runtime_env": null,
+            "metadata": {},
+            "error_type": "RUNTIME_ENV_SETUP_FAILED",
+            "message": "runtime env setup failed",
+            "entrypoint": "python other.py",
+            "status": "FAILED",
+            "driver_info": null,
+            "job_id": null,
+            "submission_id": "raysubmit_2",
+            "type": "SUBMISSION",
+            "start_time": 1795327210000i64,
+            "end_time": 1795327211000i64,
+        }),
+        "{jobs:#}"
+    );
+    assert_eq!(jobs.as_array().unwrap().len(), 3, "{jobs:#}");
+    // One job by its job id or its submission id.
+    assert_eq!(json_of(&get(&s, "/api/jobs/02000000", &c, 200)), submitted);
+    // The earlier driver of the submission is not found, as in Ray.
+    get(&s, "/api/jobs/01000000", &c, 404);
+    assert_eq!(
+        json_of(&get(&s, "/api/jobs/raysubmit_1", &c, 200)),
+        submitted
+    );
+    assert_eq!(
+        json_of(&get(&s, "/api/jobs/raysubmit_2", &c, 200))["status"],
+        "FAILED"
+    );
+    get(&s, "/api/jobs/raysubmit_3", &c, 404);
+
+    // The driver log by submission id, with or without a node (Ray's dashboard sends one).
+    for path in [
+        "/api/v0/logs/file?submission_id=raysubmit_1",
+        &format!("/api/v0/logs/file?node_id={node_hex}&submission_id=raysubmit_1&lines=-1"),
+    ] {
+        let r = get(&s, path, &c, 200);
+        assert_eq!(body(&r), "hello from the driver\n", "{path}");
+    }
+    for (path, status, says) in [
+        (
+            "/api/v0/logs/file?submission_id=raysubmit_3",
+            404,
+            "Job raysubmit_3 not found",
+        ),
+        (
+            "/api/v0/logs/file?submission_id=raysubmit_2",
+            404,
+            "has no driver node",
+        ),
+        ("/api/v0/logs/file?submission_id=../x", 400, "submission_id"),
+    ] {
+        let r = get(&s, path, &c, status);
+        assert!(body(&r).contains(says), "{path}: {}", body(&r));
+    }
 }

@@ -44,6 +44,7 @@ pub(super) enum Body {
         entrypoint: Option<String>,
         driver_pid: Option<i64>,
         driver_node_id: Option<String>,
+        config: JobConfig,
     },
     DriverJobLifecycle {
         job_id: String,
@@ -72,7 +73,11 @@ pub(super) enum Body {
         driver_pid: Option<i64>,
         /// `driver_ip_address`: the driver's node IP as the job table has it.
         driver_ip: Option<String>,
+        config: JobConfig,
     },
+    /// `EXPORT_SUBMISSION_JOB`: the Job Submission API's record of a job (the job table of
+    /// submitted jobs), whole at each change.
+    ExportSubmissionJob(Box<SubmissionJob>),
     ExportActor {
         actor_id: String,
         job_id: Option<String>,
@@ -102,6 +107,114 @@ pub(super) enum Body {
     },
     /// Counted only.
     Other,
+}
+
+/// A driver job's config as its events give it (Ray's `JobConfig`): its metadata (a job
+/// submitted through the Job Submission API carries its submission id there, under
+/// [`SUBMISSION_ID_KEY`]) and its serialized runtime env.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct JobConfig {
+    /// `None` when the event had no `metadata` map.
+    pub(super) metadata: Option<BTreeMap<String, String>>,
+    /// The runtime env as Ray serialized it (JSON text), at most [`MAX_RUNTIME_ENV_BYTES`].
+    pub(super) runtime_env: Option<String>,
+}
+
+/// The key of a submitted job's submission id in its driver's metadata (Ray's
+/// `JOB_ID_METADATA_KEY`).
+pub(super) const SUBMISSION_ID_KEY: &str = "job_submission_id";
+
+/// Most metadata entries kept per job (each key and value at most `MAX_FIELD_BYTES`): Ray's
+/// are a few user-given labels.
+const MAX_METADATA_ENTRIES: usize = 64;
+
+/// Longest message of a submitted job's record kept (cut in the middle): Ray's
+/// `JobInfo.message` of a failed job carries the entrypoint's last output, ~20 KB.
+pub(super) const MAX_SUBMISSION_MESSAGE_BYTES: usize = 32 << 10;
+
+/// Longest serialized runtime env kept: a longer one is replaced by a note saying so (cut
+/// JSON would not read back).
+pub(super) const MAX_RUNTIME_ENV_BYTES: usize = 64 << 10;
+
+/// `EXPORT_SUBMISSION_JOB`'s `event_data` (Ray's `JobInfo` of a submitted job).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct SubmissionJob {
+    pub(super) submission_id: String,
+    /// `PENDING`, `RUNNING`, `STOPPED`, `SUCCEEDED` or `FAILED`.
+    pub(super) status: Option<String>,
+    pub(super) entrypoint: Option<String>,
+    pub(super) message: Option<String>,
+    pub(super) error_type: Option<String>,
+    /// Unix milliseconds.
+    pub(super) started_ms: Option<i64>,
+    pub(super) ended_ms: Option<i64>,
+    pub(super) config: JobConfig,
+    pub(super) driver_node_id: Option<String>,
+    pub(super) driver_agent_http_address: Option<String>,
+    pub(super) driver_exit_code: Option<i64>,
+}
+
+/// A map of strings (Ray's `map<string, string>`), bounded ([`MAX_METADATA_ENTRIES`], the
+/// first in key order) but always with its [`SUBMISSION_ID_KEY`] when it has one (what
+/// makes a job a submitted one); `None` when the member is missing or not an object. A
+/// value that is not a string is kept as its JSON text.
+fn get_string_map(v: &Value, camel: &str, snake: &str) -> Option<BTreeMap<String, String>> {
+    let o = get(v, camel, snake)?.as_object()?;
+    let entry = |k: &str, v: &Value| {
+        let v = match v {
+            Value::String(s) => bounded(s, MAX_FIELD_BYTES),
+            other => bounded(&other.to_string(), MAX_FIELD_BYTES),
+        };
+        (bounded(k, MAX_FIELD_BYTES), v)
+    };
+    let mut map: BTreeMap<String, String> = o
+        .get(SUBMISSION_ID_KEY)
+        .map(|v| entry(SUBMISSION_ID_KEY, v))
+        .into_iter()
+        .collect();
+    // The submission id comes on top of the bound (review r36p D2: it took one of its 64).
+    let bound = MAX_METADATA_ENTRIES + map.len();
+    for (k, v) in o.iter().filter(|(k, _)| k.as_str() != SUBMISSION_ID_KEY) {
+        if map.len() >= bound {
+            break;
+        }
+        let (k, v) = entry(k, v);
+        map.insert(k, v);
+    }
+    Some(map)
+}
+
+/// A serialized runtime env, kept whole up to [`MAX_RUNTIME_ENV_BYTES`]; a longer one is
+/// replaced by a JSON object saying how long it was.
+fn runtime_env_text(v: &Value, camel: &str, snake: &str) -> Option<String> {
+    let s = get(v, camel, snake)?.as_str()?;
+    Some(if s.len() <= MAX_RUNTIME_ENV_BYTES {
+        s.to_string()
+    } else {
+        serde_json::json!({
+            "rhc_not_kept": format!("a runtime env of {} bytes, over {MAX_RUNTIME_ENV_BYTES}", s.len())
+        })
+        .to_string()
+    })
+}
+
+/// A job config as a driver job event carries it: `config.metadata` and the serialized
+/// runtime env (`config.serializedRuntimeEnv` pushed, `config.runtime_env_info.
+/// serialized_runtime_env` exported).
+fn job_config(p: &Value) -> JobConfig {
+    let Some(config) = get(p, "config", "config").filter(|c| c.is_object()) else {
+        return JobConfig::default();
+    };
+    let runtime_env = runtime_env_text(config, "serializedRuntimeEnv", "serialized_runtime_env")
+        .or_else(|| {
+            get(config, "runtimeEnvInfo", "runtime_env_info").and_then(|info| {
+                runtime_env_text(info, "serializedRuntimeEnv", "serialized_runtime_env")
+            })
+        });
+    JobConfig {
+        metadata: get_string_map(config, "metadata", "metadata"),
+        runtime_env,
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -354,6 +467,7 @@ pub(super) fn extract_ray_event(v: &Value, seq: u64) -> Option<Fact> {
                     entrypoint: get_str(p, "entrypoint", "entrypoint"),
                     driver_pid: get_i64(p, "driverPid", "driver_pid"),
                     driver_node_id: get_id(p, "driverNodeId", "driver_node_id"),
+                    config: job_config(p),
                 })
             })
         }
@@ -525,6 +639,34 @@ pub(super) fn extract_export_event(v: &Value, seq: u64) -> Option<Fact> {
                 ended_ns: get_ms_as_ns(data, "end_time"),
                 driver_pid: get_i64(data, "driver_pid", "driverPid"),
                 driver_ip: get_str(data, "driver_ip_address", "driverIpAddress"),
+                config: job_config(data),
+            })
+        }
+        "EXPORT_SUBMISSION_JOB" => {
+            get_str(data, "submission_job_id", "submissionJobId").map(|submission_id| {
+                Body::ExportSubmissionJob(Box::new(SubmissionJob {
+                    submission_id,
+                    status: get_str(data, "status", "status"),
+                    entrypoint: get_str_long(data, "entrypoint", "entrypoint"),
+                    message: get(data, "message", "message")
+                        .and_then(Value::as_str)
+                        .filter(|m| !m.is_empty())
+                        .map(|m| bounded_middle(m, MAX_SUBMISSION_MESSAGE_BYTES)),
+                    error_type: get_str(data, "error_type", "errorType"),
+                    started_ms: get_i64(data, "start_time", "startTime").filter(|t| *t > 0),
+                    ended_ms: get_i64(data, "end_time", "endTime").filter(|t| *t > 0),
+                    config: JobConfig {
+                        metadata: get_string_map(data, "metadata", "metadata"),
+                        runtime_env: runtime_env_text(data, "runtime_env_json", "runtimeEnvJson"),
+                    },
+                    driver_node_id: get_id(data, "driver_node_id", "driverNodeId"),
+                    driver_agent_http_address: get_str(
+                        data,
+                        "driver_agent_http_address",
+                        "driverAgentHttpAddress",
+                    ),
+                    driver_exit_code: get_i64(data, "driver_exit_code", "driverExitCode"),
+                }))
             })
         }
         "EXPORT_ACTOR" => get_id(data, "actor_id", "actorId").map(|actor_id| {
@@ -685,5 +827,215 @@ mod tests {
             )
         );
         assert!(long.starts_with(head) && long.ends_with(tail));
+    }
+
+    /// The config of the driver job events of a capture's file (`posts` or export log).
+    fn configs_of(path: &str, export: bool) -> Vec<JobConfig> {
+        let text =
+            std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let events: Vec<Value> = text
+            .lines()
+            .flat_map(|l| match serde_json::from_str::<Value>(l).unwrap() {
+                Value::Array(a) => a,
+                one => vec![one],
+            })
+            .collect();
+        events
+            .iter()
+            .filter_map(|e| {
+                let fact = if export {
+                    extract_export_event(e, 0)
+                } else {
+                    extract_ray_event(e, 0)
+                };
+                match fact?.body {
+                    Body::DriverJobDefinition { config, .. } => Some(config),
+                    Body::ExportDriverJob { config, .. } => Some(config),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_driver_jobs_config_is_read_from_rays_captures_in_both_key_styles() {
+        // Ray 2.60's pushed driver definition: the serialized runtime env and an empty
+        // metadata map, camelCase and snake_case alike.
+        for path in [
+            "tests/data/posts-camel.jsonl",
+            "tests/data/posts-snake.jsonl",
+        ] {
+            let configs = configs_of(path, false);
+            assert_eq!(configs.len(), 1, "{path}");
+            assert_eq!(configs[0].metadata, Some(BTreeMap::new()), "{path}");
+            let env: Value =
+                serde_json::from_str(configs[0].runtime_env.as_deref().unwrap()).unwrap();
+            assert_eq!(
+                env,
+                serde_json::json!({"env_vars": {"FOO": "bar"}}),
+                "{path}"
+            );
+        }
+        // The export file's: the runtime env under `runtime_env_info`.
+        let configs = configs_of("tests/data/export_events/event_EXPORT_DRIVER_JOB.log", true);
+        assert!(!configs.is_empty());
+        for c in configs {
+            assert_eq!(c.metadata, Some(BTreeMap::new()));
+            assert_eq!(c.runtime_env.as_deref(), Some("{}"));
+        }
+    }
+
+    fn submitted(data: Value) -> Option<SubmissionJob> {
+        let line = serde_json::json!({"event_id": "s1", "timestamp": 1795313330,
+            "source_type": "EXPORT_SUBMISSION_JOB", "event_data": data});
+        match extract_export_event(&line, 0)?.body {
+            Body::ExportSubmissionJob(job) => Some(*job),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_submission_record_is_read_with_its_metadata_runtime_env_and_driver() {
+        // Ray's `ExportSubmissionJobEventData` as its Python writer sends it (snake_case,
+        // int64 as strings, the driver's node id in hex).
+        let node = "3ae6595c248ad7bef1c7206bfd50b18e860d5eb167e4e068c64823a5";
+        let job = submitted(serde_json::json!({
+            "submission_job_id": "raysubmit_1", "status": "FAILED",
+            "entrypoint": "python job.py", "message": "Job entrypoint command failed",
+            "error_type": "JOB_ENTRYPOINT_COMMAND_ERROR",
+            "start_time": "1795313302000", "end_time": "1795313326000",
+            "metadata": {"job_submission_id": "raysubmit_1", "owner": "ana", "n": 3},
+            "runtime_env_json": "{\"pip\": [\"emoji\"]}",
+            "driver_agent_http_address": "http://192.0.2.2:52365",
+            "driver_node_id": node, "driver_exit_code": 1,
+        }))
+        .unwrap();
+        assert_eq!(job.submission_id, "raysubmit_1");
+        assert_eq!(job.status.as_deref(), Some("FAILED"));
+        assert_eq!(job.entrypoint.as_deref(), Some("python job.py"));
+        assert_eq!(
+            job.message.as_deref(),
+            Some("Job entrypoint command failed")
+        );
+        assert_eq!(
+            job.error_type.as_deref(),
+            Some("JOB_ENTRYPOINT_COMMAND_ERROR")
+        );
+        assert_eq!(
+            (job.started_ms, job.ended_ms),
+            (Some(1795313302000), Some(1795313326000))
+        );
+        let metadata = job.config.metadata.unwrap();
+        assert_eq!(metadata[SUBMISSION_ID_KEY], "raysubmit_1");
+        assert_eq!(metadata["owner"], "ana");
+        // A value that is not a string is kept as its JSON text.
+        assert_eq!(metadata["n"], "3");
+        assert_eq!(
+            job.config.runtime_env.as_deref(),
+            Some("{\"pip\": [\"emoji\"]}")
+        );
+        assert_eq!(job.driver_node_id.as_deref(), Some(node));
+        assert_eq!(
+            job.driver_agent_http_address.as_deref(),
+            Some("http://192.0.2.2:52365")
+        );
+        assert_eq!(job.driver_exit_code, Some(1));
+
+        // A job not started yet: times of 0 and an empty message are not kept.
+        let pending = submitted(serde_json::json!({"submission_job_id": "raysubmit_2",
+            "status": "PENDING", "start_time": "0", "end_time": "0", "message": ""}))
+        .unwrap();
+        assert_eq!((pending.started_ms, pending.ended_ms), (None, None));
+        assert_eq!((pending.message, pending.driver_node_id), (None, None));
+        assert_eq!(pending.config, JobConfig::default());
+        // No submission id: not a fact.
+        assert!(submitted(serde_json::json!({"status": "RUNNING"})).is_none());
+    }
+
+    #[test]
+    fn a_runtime_env_over_the_bound_is_replaced_by_a_note_and_metadata_is_bounded() {
+        let big = format!(
+            "{{\"env_vars\": {{\"A\": \"{}\"}}}}",
+            "x".repeat(MAX_RUNTIME_ENV_BYTES)
+        );
+        let many: serde_json::Map<String, Value> = (0..1000)
+            .map(|i| (format!("k{i:04}"), Value::String("v".into())))
+            .collect();
+        let job = submitted(serde_json::json!({"submission_job_id": "s",
+            "runtime_env_json": big, "metadata": many}))
+        .unwrap();
+        let note: Value = serde_json::from_str(job.config.runtime_env.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            note["rhc_not_kept"],
+            format!(
+                "a runtime env of {} bytes, over {MAX_RUNTIME_ENV_BYTES}",
+                big.len()
+            )
+        );
+        assert_eq!(job.config.metadata.unwrap().len(), MAX_METADATA_ENTRIES);
+    }
+
+    #[test]
+    fn a_submission_id_past_the_metadata_bound_is_kept() {
+        // 100 entries whose keys sort before `job_submission_id`: the id is still kept.
+        let mut many: serde_json::Map<String, Value> = (0..100)
+            .map(|i| (format!("a{i:03}"), Value::String("v".into())))
+            .collect();
+        many.insert(
+            SUBMISSION_ID_KEY.into(),
+            Value::String("raysubmit_1".into()),
+        );
+        let job = submitted(serde_json::json!({"submission_job_id": "raysubmit_1",
+            "metadata": many}))
+        .unwrap();
+        let metadata = job.config.metadata.unwrap();
+        assert_eq!(
+            metadata.len(),
+            MAX_METADATA_ENTRIES + 1,
+            "64 labels and the id"
+        );
+        assert_eq!(metadata[SUBMISSION_ID_KEY], "raysubmit_1");
+        assert!(metadata.contains_key("a000") && !metadata.contains_key("a099"));
+        // The same in a driver's config.
+        let fact = extract_export_event(
+            &serde_json::json!({"event_id": "d", "timestamp": 1795313330,
+                "source_type": "EXPORT_DRIVER_JOB", "event_data": {"job_id": "AQAAAA==",
+                    "is_dead": false, "config": {"metadata": many}}}),
+            0,
+        )
+        .unwrap();
+        let Body::ExportDriverJob { config, .. } = fact.body else {
+            panic!("not a driver job");
+        };
+        assert_eq!(config.metadata.unwrap()[SUBMISSION_ID_KEY], "raysubmit_1");
+    }
+
+    #[test]
+    fn a_submitted_jobs_message_is_kept_up_to_32_kib() {
+        // Ray's message of a failed entrypoint: its last output, ~20 KB, kept whole.
+        let ray = format!(
+            "Job entrypoint command failed with exit code 1, last available logs:\n{}",
+            "x".repeat(20_000)
+        );
+        let job = submitted(serde_json::json!({"submission_job_id": "s", "message": ray})).unwrap();
+        assert_eq!(job.message.as_deref(), Some(ray.as_str()));
+        // A longer one is cut in the middle to the bound, both ends kept.
+        let long = format!("head{}tail", "y".repeat(40_000));
+        let job =
+            submitted(serde_json::json!({"submission_job_id": "s", "message": long})).unwrap();
+        let kept = job.message.unwrap();
+        // The bound's bytes of the message, and the note saying what was cut.
+        assert!(
+            kept.len() <= MAX_SUBMISSION_MESSAGE_BYTES + 100,
+            "{}",
+            kept.len()
+        );
+        assert!(kept.contains("cut here by ray-history-collector"));
+        assert!(
+            kept.len() > MAX_SUBMISSION_MESSAGE_BYTES - 200,
+            "{}",
+            kept.len()
+        );
+        assert!(kept.starts_with("head") && kept.ends_with("tail"));
     }
 }

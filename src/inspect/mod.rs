@@ -251,7 +251,8 @@ use report::{
 pub(crate) use session::task_log_target;
 pub use session::{
     events_signature, latest_session, open_bucket, session_facts, session_markers, session_nodes,
-    ActorFacts, JobFacts, NodeFacts, OpenBucket, SessionFacts, SessionMarker, TaskView,
+    ActorFacts, JobFacts, NodeFacts, OpenBucket, SessionFacts, SessionMarker, SubmissionFacts,
+    TaskView,
 };
 use task::{AttemptKey, Symbols, TaskState, TaskStore};
 use values::format_time_json;
@@ -988,6 +989,7 @@ async fn session_report(
         hangs: Default::default(),
         actors: Vec::new(),
         train_runs: Vec::new(),
+        submissions: Vec::new(),
         problems,
         placement_groups,
         pending_after_ns: filter.pending_after_ns,

@@ -14,8 +14,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::extract::{
-    bounded, ActorTransition, Body, Fact, NodeTransition, TrainAttemptEvent, TrainRunEvent,
-    TrainWorker, Transition, WorkerTransition,
+    bounded, ActorTransition, Body, Fact, JobConfig, NodeTransition, SubmissionJob,
+    TrainAttemptEvent, TrainRunEvent, TrainWorker, Transition, WorkerTransition,
 };
 use super::task::{CompactId, TaskStore};
 pub(super) use super::values::state_rank;
@@ -80,7 +80,20 @@ pub(super) struct JobModel {
     /// A driver job event (pushed or export) spoke of it; false for a job known only from
     /// its tasks, actors or Train runs.
     pub(super) recorded: bool,
+    /// Its config's metadata and runtime env, from the first driver job event that had them.
+    pub(super) config: JobConfig,
 }
+
+/// The newest record of a submitted job (`EXPORT_SUBMISSION_JOB`), and where it came.
+#[derive(Debug)]
+pub(super) struct SubmissionModel {
+    pub(super) order: (i64, usize, u64),
+    pub(super) job: SubmissionJob,
+}
+
+/// Ray's terminal states of a submitted job: a record in one of them is never replaced by a
+/// later-read record of a state before it.
+const SUBMISSION_TERMINAL: [&str; 3] = ["STOPPED", "SUCCEEDED", "FAILED"];
 
 #[derive(Debug, Default)]
 pub(super) struct ActorModel {
@@ -148,6 +161,8 @@ pub(super) struct SessionModel {
     pub(super) by_type: BTreeMap<String, u64>,
     pub(super) nodes: BTreeMap<String, NodeModel>,
     pub(super) jobs: BTreeMap<String, JobModel>,
+    /// Submitted jobs by submission id (`EXPORT_SUBMISSION_JOB`).
+    pub(super) submissions: BTreeMap<String, SubmissionModel>,
     pub(super) tasks: TaskStore,
     pub(super) actors: BTreeMap<String, ActorModel>,
     pub(super) workers: BTreeMap<String, WorkerModel>,
@@ -176,6 +191,7 @@ impl SessionModel {
             by_type: BTreeMap::new(),
             nodes: BTreeMap::new(),
             jobs: BTreeMap::new(),
+            submissions: BTreeMap::new(),
             tasks,
             actors: BTreeMap::new(),
             workers: BTreeMap::new(),
@@ -263,9 +279,11 @@ impl SessionModel {
                 entrypoint,
                 driver_pid,
                 driver_node_id,
+                config,
             } => {
                 let j = self.jobs.entry(job_id).or_default();
                 j.recorded = true;
+                fill_config(&mut j.config, config);
                 fill(&mut j.entrypoint, entrypoint);
                 fill(&mut j.driver_pid, driver_pid);
                 fill(&mut j.driver_node_id, driver_node_id);
@@ -286,15 +304,40 @@ impl SessionModel {
                 ended_ns,
                 driver_pid,
                 driver_ip,
+                config,
             } => {
                 let j = self.jobs.entry(job_id).or_default();
                 j.recorded = true;
+                fill_config(&mut j.config, config);
                 fill(&mut j.entrypoint, entrypoint);
                 fill(&mut j.driver_pid, driver_pid);
                 fill(&mut j.driver_ip, driver_ip);
                 let dead_before = j.export.is_some_and(|(dead, _, _)| dead);
                 if !dead_before {
                     j.export = Some((is_dead, started_ns, ended_ns));
+                }
+            }
+            Body::ExportSubmissionJob(job) => {
+                let terminal = |j: &SubmissionJob| {
+                    j.status
+                        .as_deref()
+                        .is_some_and(|s| SUBMISSION_TERMINAL.contains(&s))
+                };
+                match self.submissions.get_mut(&job.submission_id) {
+                    Some(kept) => {
+                        let newer = order > kept.order;
+                        let regress = terminal(&kept.job) && !terminal(&job);
+                        if newer && !regress || terminal(&job) && !terminal(&kept.job) {
+                            kept.order = kept.order.max(order);
+                            kept.job = *job;
+                        }
+                    }
+                    None => {
+                        self.submissions.insert(
+                            job.submission_id.clone(),
+                            SubmissionModel { order, job: *job },
+                        );
+                    }
                 }
             }
             Body::Task(delta) => {
@@ -486,6 +529,12 @@ pub(super) fn absorb_actor_transition(a: &mut ActorModel, t: ActorTransition) {
     keep_latest(&mut a.latest, &state, &t);
 }
 
+/// Fills what `into` lacks of a job's config from `from`.
+fn fill_config(into: &mut JobConfig, from: JobConfig) {
+    fill(&mut into.metadata, from.metadata);
+    fill(&mut into.runtime_env, from.runtime_env);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -501,5 +550,74 @@ mod tests {
         keep_latest(&mut slot, &t("RUNNING", 3), &());
         keep_latest(&mut slot, &t("SUBMITTED_TO_WORKER", 5), &());
         assert_eq!(slot.unwrap().0.state, "FAILED");
+    }
+
+    fn export(
+        model: &mut SessionModel,
+        object: usize,
+        id: &str,
+        secs: i64,
+        data: serde_json::Value,
+    ) {
+        let line = serde_json::json!({"event_id": id, "timestamp": secs,
+            "source_type": data["source_type"], "event_data": data["event_data"]});
+        let fact = super::super::extract::extract_export_event(&line, 0).unwrap();
+        model.absorb(object, fact);
+    }
+
+    fn submission(status: &str) -> serde_json::Value {
+        serde_json::json!({"source_type": "EXPORT_SUBMISSION_JOB",
+            "event_data": {"submission_job_id": "raysubmit_1", "status": status}})
+    }
+
+    #[test]
+    fn a_submission_keeps_its_newest_record_and_never_goes_back_from_a_terminal_state() {
+        let mut m = SessionModel::new(None, TaskStore::new(None));
+        let status = |m: &SessionModel| m.submissions["raysubmit_1"].job.status.clone().unwrap();
+        export(&mut m, 0, "a", 10, submission("PENDING"));
+        export(&mut m, 0, "b", 11, submission("RUNNING"));
+        assert_eq!(status(&m), "RUNNING");
+        // An older record read later (another object) does not replace a newer one.
+        export(&mut m, 1, "c", 9, submission("PENDING"));
+        assert_eq!(status(&m), "RUNNING");
+        // A terminal record replaces a running one even when its clock says earlier.
+        export(&mut m, 1, "d", 10, submission("FAILED"));
+        assert_eq!(status(&m), "FAILED");
+        // Nothing after a terminal state takes it back to running.
+        export(&mut m, 2, "e", 20, submission("RUNNING"));
+        assert_eq!(status(&m), "FAILED");
+        assert_eq!(m.submissions.len(), 1);
+    }
+
+    #[test]
+    fn a_jobs_config_comes_from_the_first_driver_event_that_has_it() {
+        let mut m = SessionModel::new(None, TaskStore::new(None));
+        let driver = |config: serde_json::Value| {
+            serde_json::json!({"source_type": "EXPORT_DRIVER_JOB", "event_data": {
+                "job_id": "AQAAAA==", "is_dead": false, "config": config}})
+        };
+        export(&mut m, 0, "a", 10, driver(serde_json::json!({})));
+        export(
+            &mut m,
+            0,
+            "b",
+            11,
+            driver(serde_json::json!({
+            "metadata": {"job_submission_id": "raysubmit_1"},
+            "runtime_env_info": {"serialized_runtime_env": "{\"pip\": []}"}})),
+        );
+        export(
+            &mut m,
+            0,
+            "c",
+            12,
+            driver(serde_json::json!({"metadata": {}})),
+        );
+        let config = &m.jobs["01000000"].config;
+        assert_eq!(
+            config.metadata.as_ref().unwrap()["job_submission_id"],
+            "raysubmit_1"
+        );
+        assert_eq!(config.runtime_env.as_deref(), Some("{\"pip\": []}"));
     }
 }

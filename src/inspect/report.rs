@@ -11,7 +11,7 @@ use super::causes::{
     Hangs, Join, SessionEnd, UnfinishedJob, WorkerDeath, WorkerLink,
 };
 use super::escape::{escape_name, escape_text};
-use super::extract::TrainWorker;
+use super::extract::{JobConfig, SubmissionJob, TrainWorker};
 use super::filter::{shell_word, NANOS_PER_SECOND};
 use super::local::SkipLog;
 use super::model::{transition_order, SessionModel, StatusPoint, TrainAttemptModel};
@@ -76,6 +76,10 @@ pub(super) struct SessionReport {
     pub(super) hangs: Hangs,
     pub(super) actors: Vec<ActorEntry>,
     pub(super) train_runs: Vec<TrainRunEntry>,
+    /// The newest record of each submitted job (`EXPORT_SUBMISSION_JOB`), by submission id;
+    /// `serve` pairs them with their driver jobs.
+    #[serde(skip)]
+    pub(super) submissions: Vec<SubmissionJob>,
     pub(super) problems: Problems,
     /// The dashboard's placement-group snapshot, when the bucket has one: (key, document).
     #[serde(skip)]
@@ -153,6 +157,9 @@ pub(super) struct JobEntry {
     pub(super) started: Option<String>,
     pub(super) ended: Option<String>,
     pub(super) tasks: TaskCounts,
+    /// Its config's metadata and serialized runtime env, as its driver job events gave them.
+    #[serde(skip)]
+    pub(super) config: JobConfig,
     /// A driver job event spoke of it (else it is known only from its tasks, actors or
     /// Train runs, and `status` is `UNKNOWN`).
     #[serde(skip)]
@@ -459,6 +466,7 @@ pub(super) fn shape_report(
         job_filter,
         mut nodes,
         mut jobs,
+        submissions,
         tasks,
         actors,
         runs,
@@ -630,12 +638,14 @@ pub(super) fn shape_report(
                 driver_node_id: j.driver_node_id,
                 driver_ip: j.driver_ip,
                 recorded: j.recorded,
+                config: j.config,
                 started: started.map(format_time_json),
                 ended: ended.map(format_time_json),
                 tasks,
             }
         })
         .collect();
+    report.submissions = submissions.into_values().map(|s| s.job).collect();
 
     let worker_by_process: BTreeMap<(Option<String>, i64), &String> = workers
         .iter()

@@ -4,12 +4,14 @@
 //! reads exactly as `inspect --session` does (the same listings, bounded parallel reads,
 //! decoders and fold), so both faces show the same session.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use object_store::ObjectStore;
 
 use super::discover::{self, choose_session, discover, ClusterId};
+use super::extract::SUBMISSION_ID_KEY;
 use super::filter::Filter;
 use super::report::Problems;
 use super::task::{self, TaskStore};
@@ -249,6 +251,60 @@ pub struct JobFacts {
     /// A driver job event (pushed or export) spoke of it; false for a job known only from
     /// its tasks, actors or Train runs.
     pub recorded: bool,
+    /// Its config's metadata (`None` when no driver job event carried the map).
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// Its serialized runtime env (JSON text), as its driver job events gave it.
+    pub runtime_env: Option<String>,
+    /// The Job Submission API's id of it: its metadata's `job_submission_id`.
+    pub submission_id: Option<String>,
+    /// The newest `EXPORT_SUBMISSION_JOB` record of that submission id, when the session
+    /// has one and this is the submission's last driver.
+    pub submission: Option<SubmissionFacts>,
+    /// A later driver (higher job id) names the same submission id: an entrypoint that ran
+    /// several drivers. Ray answers only a submission's last driver (its
+    /// `get_driver_jobs`), so `serve` neither lists nor finds this one.
+    pub superseded: bool,
+}
+
+/// A job submitted through Ray's Job Submission API, as its newest `EXPORT_SUBMISSION_JOB`
+/// record gave it (Ray's `JobInfo`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SubmissionFacts {
+    pub submission_id: String,
+    /// `PENDING`, `RUNNING`, `STOPPED`, `SUCCEEDED` or `FAILED`.
+    pub status: Option<String>,
+    pub entrypoint: Option<String>,
+    pub message: Option<String>,
+    pub error_type: Option<String>,
+    /// Unix milliseconds.
+    pub started_ms: Option<i64>,
+    pub ended_ms: Option<i64>,
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// The runtime env as JSON text.
+    pub runtime_env: Option<String>,
+    /// Lower-case hex.
+    pub driver_node_id: Option<String>,
+    pub driver_agent_http_address: Option<String>,
+    pub driver_exit_code: Option<i64>,
+}
+
+impl From<super::extract::SubmissionJob> for SubmissionFacts {
+    fn from(s: super::extract::SubmissionJob) -> Self {
+        SubmissionFacts {
+            submission_id: s.submission_id,
+            status: s.status,
+            entrypoint: s.entrypoint,
+            message: s.message,
+            error_type: s.error_type,
+            started_ms: s.started_ms,
+            ended_ms: s.ended_ms,
+            metadata: s.config.metadata,
+            runtime_env: s.config.runtime_env,
+            driver_node_id: s.driver_node_id,
+            driver_agent_http_address: s.driver_agent_http_address,
+            driver_exit_code: s.driver_exit_code,
+        }
+    }
 }
 
 /// An actor as the fold left it (the fields of `inspect`'s report). Ids are lower-case hex.
@@ -294,6 +350,10 @@ pub struct NodeFacts {
 #[derive(Debug, Default)]
 pub struct SessionFacts {
     pub jobs: Vec<JobFacts>,
+    /// Submitted jobs no driver job of the session names (by its metadata's
+    /// `job_submission_id`): one that failed or was stopped before its driver started, or
+    /// whose driver's events were not read. By submission id.
+    pub unmatched_submissions: Vec<SubmissionFacts>,
     /// The session's Ray Train runs, each as `inspect --train-run <id> --json` shows it (its
     /// `train_run` member: times in RFC 3339 with every digit, ids in hex, the export event's
     /// `run_settings` and other members as Ray sent them), in `inspect`'s order (by start).
@@ -379,11 +439,47 @@ pub async fn session_facts(
     )
     .await?;
     report.problems.add_skips(&bucket.skips);
-    Ok(SessionFacts {
-        jobs: report
-            .jobs
-            .iter()
-            .map(|j| JobFacts {
+    let mut submissions: BTreeMap<String, SubmissionFacts> =
+        std::mem::take(&mut report.submissions)
+            .into_iter()
+            .map(|s| (s.submission_id.clone(), SubmissionFacts::from(s)))
+            .collect();
+    let submission_of = |j: &super::report::JobEntry| {
+        j.config
+            .metadata
+            .as_ref()
+            .and_then(|m| m.get(SUBMISSION_ID_KEY))
+            .filter(|s| !s.is_empty())
+            .cloned()
+    };
+    // Each submission's last driver (the highest job id, as Ray's `get_driver_jobs` sorts
+    // them by hex id and keeps the last): the one its record goes to.
+    let mut last_driver: BTreeMap<String, &str> = BTreeMap::new();
+    for j in &report.jobs {
+        if let Some(s) = submission_of(j) {
+            let last = last_driver.entry(s).or_insert(&j.job_id);
+            if j.job_id.as_str() > *last {
+                *last = &j.job_id;
+            }
+        }
+    }
+    let jobs: Vec<JobFacts> = report
+        .jobs
+        .iter()
+        .map(|j| {
+            let submission_id = submission_of(j);
+            let superseded = submission_id
+                .as_ref()
+                .is_some_and(|s| last_driver.get(s).is_some_and(|l| *l != j.job_id));
+            JobFacts {
+                submission: submission_id
+                    .as_ref()
+                    .filter(|_| !superseded)
+                    .and_then(|s| submissions.remove(s)),
+                superseded,
+                submission_id,
+                metadata: j.config.metadata.clone(),
+                runtime_env: j.config.runtime_env.clone(),
                 job_id: j.job_id.clone(),
                 state: j.status.clone(),
                 entrypoint: j.entrypoint.clone(),
@@ -393,8 +489,12 @@ pub async fn session_facts(
                 started: j.started.clone(),
                 ended: j.ended.clone(),
                 recorded: j.recorded,
-            })
-            .collect(),
+            }
+        })
+        .collect();
+    Ok(SessionFacts {
+        jobs,
+        unmatched_submissions: submissions.into_values().collect(),
         train_runs: report
             .train_runs
             .iter()

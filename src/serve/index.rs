@@ -224,6 +224,28 @@ fn opt(s: &Option<String>) -> usize {
     s.as_ref().map_or(0, |s| heap(s, s.capacity()))
 }
 
+/// The heap of a map of strings (a job's metadata).
+fn map(m: Option<&std::collections::BTreeMap<String, String>>) -> usize {
+    m.map_or(0, |m| {
+        m.iter()
+            .map(|(k, v)| heap(k, k.capacity()) + heap(v, v.capacity()) + MAP_ENTRY_BYTES)
+            .sum()
+    })
+}
+
+/// The heap of a submitted job's record besides its own slot.
+fn submission(s: &crate::inspect::SubmissionFacts) -> usize {
+    heap(&s.submission_id, s.submission_id.capacity())
+        + opt(&s.status)
+        + opt(&s.entrypoint)
+        + opt(&s.message)
+        + opt(&s.error_type)
+        + map(s.metadata.as_ref())
+        + opt(&s.runtime_env)
+        + opt(&s.driver_node_id)
+        + opt(&s.driver_agent_http_address)
+}
+
 /// A map entry's share of a `BTreeMap` node besides its key and value (nodes of up to 11
 /// entries, half full at worst, with their edges and headers).
 const MAP_ENTRY_BYTES: usize = 64;
@@ -295,7 +317,18 @@ impl SessionIndex {
                         + opt(&j.driver_node_id)
                         + opt(&j.started)
                         + opt(&j.ended)
+                        + map(j.metadata.as_ref())
+                        + opt(&j.runtime_env)
+                        + opt(&j.submission_id)
+                        + j.submission.as_ref().map_or(0, |s| {
+                            size_of::<crate::inspect::SubmissionFacts>() + submission(s)
+                        })
                 })
+                .sum::<usize>()
+            + f.unmatched_submissions.capacity() * size_of::<crate::inspect::SubmissionFacts>()
+            + f.unmatched_submissions
+                .iter()
+                .map(submission)
                 .sum::<usize>();
         let actors: usize = f.actors.capacity() * size_of::<crate::inspect::ActorFacts>()
             + f.actors

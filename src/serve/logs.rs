@@ -27,8 +27,11 @@
 //! `task_id` with `attempt_number` (default 0: the attempt's own byte range of the file Ray
 //! named in its `taskLogInfo`, else its worker's log found by id or pid; an actor task
 //! without a range of its own is refused as Ray refuses it, its output being interleaved in
-//! the actor's log), `pid` with a node (`worker-*-<pid>.out|err`), or `filename` (a path
-//! below the node's `logs/`) with `node_id` or `node_ip`. `suffix` is `out` (default) or
+//! the actor's log), `submission_id` (a submitted job's driver log, `job-driver-<id>.log`
+//! on the node its submission record names as the driver's, else its driver job's node; no
+//! node need be given, and one given is not used), `pid` with a node
+//! (`worker-*-<pid>.out|err`), or `filename` (a path below the node's `logs/`) with
+//! `node_id` or `node_ip`. `suffix` is `out` (default) or
 //! `err`. `lines` is Ray's: the last N lines (default 1,000, `0` too), `-1` (any negative
 //! number) the whole file or range; `filter_ansi_code=true` drops the colour codes Ray's
 //! filter drops (`ESC [ ... m`, also across the chunks of the answer); `download_filename`
@@ -47,10 +50,10 @@
 //! Errors, with the reason as text: `400` for options Ray refuses (no node for a filename or
 //! pid, both `node_id` and `node_ip`, no target, a bad `suffix`, `lines`, `pid` or
 //! `attempt_number`, a filename that is absolute, climbs or holds a control character,
-//! `media_type` not `file` or `stream`); `404` when the task, attempt, actor, node or log is
+//! `media_type` not `file` or `stream`, a `submission_id` that cannot be a file name);
+//! `404` when the task, attempt, actor, submitted job, its driver's node, node or log is
 //! not in the session (Ray answers `500` for all of these); `409` when several worker logs
-//! match; `501` for `submission_id` (the job's driver log: the session's events do not
-//! carry submission ids); `502` when the bucket could not be read.
+//! match; `502` when the bucket could not be read.
 //!
 //! Names from the bucket never become local paths (they are object keys, read through
 //! `inspect`'s bucket, which refuses links and `..`), and every name from the request or the
@@ -667,7 +670,11 @@ pub async fn file(
     };
     let (actor, task) = (q.get("actor_id"), q.get("task_id"));
     let (filename, submission) = (q.get("filename"), q.get("submission_id"));
-    if actor.is_none() && task.is_none() && q.get("node_id").is_none() && q.get("node_ip").is_none()
+    if actor.is_none()
+        && task.is_none()
+        && submission.is_none()
+        && q.get("node_id").is_none()
+        && q.get("node_ip").is_none()
     {
         return text(
             &entered,
@@ -697,8 +704,10 @@ pub async fn file(
         actor_target(&state, &entered, actor, opts.stream).await
     } else if let Some(task) = task {
         task_target(&state, &entered, task, opts.attempt, opts.stream).await
+    } else if let Some(submission) = submission {
+        submission_target(&state, &entered, submission).await
     } else {
-        other_target(&state, &entered, node, filename, submission, &opts)
+        other_target(&state, &entered, node, filename, &opts)
             .await
             .map_err(Refused::from)
     };
@@ -708,23 +717,80 @@ pub async fn file(
     }
 }
 
-/// The log a request names by `submission_id`, `pid` or `filename` (not by task or actor).
+/// The driver log of submitted job `submission` (Ray's `_resolve_job_filename`):
+/// `job-driver-<submission id>.log` on its driver's node, the node its submission record
+/// names, else the node of the driver job whose metadata names it (the request's node, if
+/// any, is not used, as Ray does not).
+async fn submission_target(
+    state: &Shared,
+    entered: &Entered,
+    submission: &str,
+) -> Result<LogTarget, Refused> {
+    if submission.contains('/') {
+        return Err(bad(format!(
+            "submission_id {}: must not hold a '/'",
+            escape_untrusted(submission)
+        ))
+        .into());
+    }
+    let file = format!("job-driver-{submission}.log");
+    checked_rel("submission_id", &file)?;
+    let index = index(state, entered).await.map_err(|_| {
+        Refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the session is not loaded yet: ask again".into(),
+        )
+    })?;
+    let headers = session_headers(&index);
+    let facts = &index.facts;
+    let driver = facts
+        .jobs
+        .iter()
+        .find(|j| !j.superseded && j.submission_id.as_deref() == Some(submission));
+    let record = driver.and_then(|j| j.submission.as_ref()).or_else(|| {
+        facts
+            .unmatched_submissions
+            .iter()
+            .find(|s| s.submission_id == submission)
+    });
+    let shown = escape_untrusted(submission);
+    if driver.is_none() && record.is_none() {
+        return Err(Refused(
+            not_found(format!(
+                "Job {shown} not found: no submitted job of this session has that submission id"
+            )),
+            headers,
+        ));
+    }
+    let node = record
+        .and_then(|s| s.driver_node_id.clone())
+        .or_else(|| driver.and_then(|j| j.driver_node_id.clone()));
+    let Some(node) = node else {
+        return Err(Refused(
+            not_found(format!(
+                "Job {shown} has no driver node: the session's events do not say where its \
+                 driver ran (it may never have started)"
+            )),
+            headers,
+        ));
+    };
+    Ok(LogTarget {
+        node,
+        what: format!("the driver log of job {shown}"),
+        file,
+        range: None,
+    })
+}
+
+/// The log a request names by `pid` or `filename` (not by task, actor or submission).
 async fn other_target(
     state: &Shared,
     entered: &Entered,
     node: Option<String>,
     filename: Option<&str>,
-    submission: Option<&str>,
     opts: &FileOptions,
 ) -> Result<LogTarget, Refusal> {
-    if submission.is_some() {
-        Err(Refusal(
-            StatusCode::NOT_IMPLEMENTED,
-            "submission_id: a job's driver log is not resolved by this server (the session's \
-             events carry no submission ids); ask for it by node_id and filename"
-                .into(),
-        ))
-    } else if let Some(pid) = opts.pid {
+    if let Some(pid) = opts.pid {
         pid_target(state, entered, node.as_deref(), pid, opts.stream).await
     } else {
         match (node, filename) {

@@ -7,9 +7,19 @@
 //!
 //! `/api/jobs/`: KubeRay's job shape. `status` is what Ray's own dashboard says of a driver
 //! job: `RUNNING` while the driver is alive (`CREATED`), `SUCCEEDED` once it finished
-//! (KubeRay answers an empty status for a finished driver), empty when unknown. The fold does
-//! not keep a job's submission id, metadata, runtime env, exit code or driver IP yet: those
-//! are KubeRay's empty values, and `type` is `DRIVER`.
+//! (KubeRay answers an empty status for a finished driver), empty when unknown. `metadata`
+//! and `runtime_env` (an object) are the driver's config as its job events gave it (`null`
+//! when they did not). As Ray's own `/api/jobs/` does, a job whose driver's metadata names a
+//! submission (`job_submission_id`, set by the Job Submission API) is `type: SUBMISSION`
+//! with that `submission_id`, and its submission record (`EXPORT_SUBMISSION_JOB`), when the
+//! session has one, gives its `status`, `message`, `error_type`, times, `driver_exit_code`,
+//! `driver_agent_http_address`, `metadata` and `runtime_env`; a submission record no driver
+//! names (a job that failed before its driver started) is listed too, after the drivers,
+//! with `job_id` and `driver_info` null. A submission whose entrypoint ran several drivers
+//! is one entry, its last driver (the highest job id), as Ray's `get_driver_jobs` keeps
+//! it: the earlier drivers are neither listed nor found. Any other job is `type: DRIVER` with
+//! `submission_id` `""`. What the session does not say is KubeRay's empty value (`""`,
+//! exit code `0`). `/api/jobs/{id}` finds a job by its hex job id, else by submission id.
 //!
 //! `/api/v0/tasks`: KubeRay's list shape, one row per task attempt, ordered by task id then
 //! attempt. `limit` defaults to 100 and may not exceed 10,000 (`400`, like KubeRay);
@@ -46,13 +56,14 @@ use axum::http::header::{CONTENT_DISPOSITION, CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::cache::{Unavailable, LOADING_HEADER, LOAD_WAIT};
 use super::cookies::Entered;
 use super::index::{SessionIndex, TaskFilter, TaskRecord, NO_TIME};
 use super::{Shared, UNREADABLE_HEADER};
-use crate::inspect::{escape_message, escape_untrusted, JobFacts};
+use crate::inspect::{escape_message, escape_untrusted, JobFacts, SubmissionFacts};
 use crate::util::time::parse_rfc3339_seconds;
 
 /// Set when the load met lines that are not events: how many.
@@ -129,8 +140,142 @@ pub(super) fn unix_ms(t: &str) -> Option<i64> {
     Some(secs * 1000 + ms)
 }
 
-/// A job in KubeRay's shape.
+/// A runtime env's JSON text when it is an object, as Ray's `JobDetails` gives it (`None`,
+/// answered `null`, when it is not one). Checked without building a tree: the text is
+/// written into the answer as it is (up to 64 KiB a job, [`crate::inspect`] bounds it), so
+/// an answer of many jobs costs about its own size.
+fn runtime_env_object(text: Option<&str>) -> Option<&RawValue> {
+    let raw: &RawValue = serde_json::from_str(text?).ok()?;
+    (raw.get().starts_with('{') && nesting(raw.get()) <= MAX_RUNTIME_ENV_NESTING).then_some(raw)
+}
+
+/// The deepest nesting a runtime env is answered with (serde_json's own limit when it parses
+/// a value): a deeper one is answered `null`, as when it was parsed, since it would make the
+/// whole list unreadable to clients that parse it (review r36p D1: a 2,000-level env, checked
+/// only by `RawValue`'s scan, made Python's json fail on the whole `/api/jobs/` answer).
+const MAX_RUNTIME_ENV_NESTING: usize = 128;
+
+/// How deeply arrays and objects nest in `json` (valid JSON text).
+fn nesting(json: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in json.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// The runtime env a job's answer gives: its submission record's when that carried one,
+/// else its driver's config's.
+fn job_runtime_env(j: &JobFacts) -> Option<&RawValue> {
+    match j.submission.as_ref().and_then(|s| s.runtime_env.as_deref()) {
+        Some(text) => runtime_env_object(Some(text)),
+        None => runtime_env_object(j.runtime_env.as_deref()),
+    }
+}
+
+/// Appends `v` (a JSON object without a `runtime_env` member) to `out` with that member set
+/// to `runtime_env`'s text as it is (`null` when `None`).
+fn push_with_runtime_env(out: &mut String, v: &Value, runtime_env: Option<&RawValue>) {
+    let text = v.to_string();
+    match text.strip_suffix('}') {
+        Some(head) => {
+            out.push_str(head);
+            if head.len() > 1 {
+                out.push(',');
+            }
+            out.push_str("\"runtime_env\":");
+            out.push_str(runtime_env.map_or("null", RawValue::get));
+            out.push('}');
+        }
+        None => out.push_str(&text),
+    }
+}
+
+/// A metadata map as JSON (`null` when no event carried one).
+fn metadata_json(m: Option<&std::collections::BTreeMap<String, String>>) -> Value {
+    m.map_or(Value::Null, |m| json!(m))
+}
+
+/// Sets in `v` what a submitted job's record (`EXPORT_SUBMISSION_JOB`) says of it, as Ray's
+/// `JobDetails` of a `SUBMISSION` job takes it from its `JobInfo`.
+fn with_submission(v: &mut Value, s: &SubmissionFacts) {
+    v["type"] = json!("SUBMISSION");
+    v["submission_id"] = json!(s.submission_id);
+    if let Some(status) = &s.status {
+        v["status"] = json!(status);
+    }
+    for (key, value) in [
+        ("entrypoint", &s.entrypoint),
+        ("message", &s.message),
+        ("error_type", &s.error_type),
+        ("driver_node_id", &s.driver_node_id),
+        ("driver_agent_http_address", &s.driver_agent_http_address),
+    ] {
+        if let Some(value) = value {
+            v[key] = json!(value);
+        }
+    }
+    if let Some(code) = s.driver_exit_code {
+        v["driver_exit_code"] = json!(code);
+    }
+    if s.metadata.is_some() {
+        v["metadata"] = metadata_json(s.metadata.as_ref());
+    }
+    if let Some(ms) = s.started_ms {
+        v["start_time"] = json!(ms);
+    }
+    if let Some(ms) = s.ended_ms {
+        v["end_time"] = json!(ms);
+    }
+}
+
+/// A job in KubeRay's shape, with what Ray's `/api/jobs/` adds from the job's config: a
+/// driver whose metadata names a submission id is a `SUBMISSION` job with that
+/// `submission_id`, its status, message, error type, times, exit code and config from its
+/// submission record when the session has one; any other is a `DRIVER` job. Its
+/// `runtime_env` as a tree: for one job (a Train run's); lists write it as text
+/// ([`push_job`]).
 pub(super) fn job_json(j: &JobFacts) -> Value {
+    let mut v = job_fields(j);
+    v["runtime_env"] = job_runtime_env(j)
+        .and_then(|raw| serde_json::from_str(raw.get()).ok())
+        .unwrap_or(Value::Null);
+    v
+}
+
+/// Appends a job's answer ([`job_json`]) to `out`, its runtime env as the stored text.
+fn push_job(out: &mut String, j: &JobFacts) {
+    push_with_runtime_env(out, &job_fields(j), job_runtime_env(j));
+}
+
+/// Appends a submitted job's answer without a driver ([`submission_fields`]) to `out`.
+fn push_submission(out: &mut String, s: &SubmissionFacts) {
+    push_with_runtime_env(
+        out,
+        &submission_fields(s),
+        runtime_env_object(s.runtime_env.as_deref()),
+    );
+}
+
+/// [`job_json`] without `runtime_env`.
+fn job_fields(j: &JobFacts) -> Value {
     let status = match j.state.as_str() {
         "CREATED" => "RUNNING",
         "FINISHED" => "SUCCEEDED",
@@ -140,8 +285,7 @@ pub(super) fn job_json(j: &JobFacts) -> Value {
         "driver_exit_code": 0,
         "driver_node_id": j.driver_node_id.clone().unwrap_or_default(),
         "driver_agent_http_address": "",
-        "runtime_env": null,
-        "metadata": null,
+        "metadata": metadata_json(j.metadata.as_ref()),
         "error_type": "",
         "message": "",
         "entrypoint": j.entrypoint.clone().unwrap_or_default(),
@@ -152,8 +296,8 @@ pub(super) fn job_json(j: &JobFacts) -> Value {
             "pid": j.driver_pid.map(|p| p.to_string()).unwrap_or_default(),
         },
         "job_id": j.job_id,
-        "submission_id": "",
-        "type": "DRIVER",
+        "submission_id": j.submission_id.clone().unwrap_or_default(),
+        "type": if j.submission_id.is_some() { "SUBMISSION" } else { "DRIVER" },
     });
     if let Some(ms) = j.started.as_deref().and_then(unix_ms) {
         v["start_time"] = json!(ms);
@@ -161,21 +305,74 @@ pub(super) fn job_json(j: &JobFacts) -> Value {
     if let Some(ms) = j.ended.as_deref().and_then(unix_ms) {
         v["end_time"] = json!(ms);
     }
+    if let Some(s) = &j.submission {
+        with_submission(&mut v, s);
+    }
     v
 }
 
-/// `GET /api/jobs/`.
+/// A submitted job no driver job of the session names, as Ray lists it: `job_id` and
+/// `driver_info` null; without `runtime_env` ([`push_submission`] adds it).
+fn submission_fields(s: &SubmissionFacts) -> Value {
+    let mut v = json!({
+        "driver_exit_code": null,
+        "driver_node_id": "",
+        "driver_agent_http_address": "",
+        "metadata": null,
+        "error_type": "",
+        "message": "",
+        "entrypoint": "",
+        "status": "",
+        "driver_info": null,
+        "job_id": null,
+        "submission_id": "",
+        "type": "SUBMISSION",
+    });
+    with_submission(&mut v, s);
+    v
+}
+
+/// The `/api/jobs/` answer: the session's jobs by job id, then the submitted jobs without a
+/// driver, written one job at a time into the text (no tree of the whole answer).
+fn jobs_text(facts: &crate::inspect::SessionFacts) -> String {
+    let mut out = String::from("[");
+    let mut first = true;
+    let mut sep = |out: &mut String| {
+        if !std::mem::take(&mut first) {
+            out.push(',');
+        }
+    };
+    for j in facts.jobs.iter().filter(|j| !j.superseded) {
+        sep(&mut out);
+        push_job(&mut out, j);
+    }
+    for s in &facts.unmatched_submissions {
+        sep(&mut out);
+        push_submission(&mut out, s);
+    }
+    out.push(']');
+    out
+}
+
+/// `GET /api/jobs/`: [`jobs_text`], made off the async workers (a session of many jobs with
+/// large runtime envs makes a large answer).
 pub async fn jobs(State(state): State<Shared>, entered: Entered) -> Response {
     let index = match index(&state, &entered).await {
         Ok(i) => i,
         Err(r) => return r,
     };
-    let jobs: Vec<Value> = index.facts.jobs.iter().map(job_json).collect();
-    answer(&entered, &index, Value::Array(jobs).to_string())
+    let built = Arc::clone(&index);
+    match tokio::task::spawn_blocking(move || jobs_text(&built.facts)).await {
+        Ok(text) => answer(&entered, &index, text),
+        Err(e) => entered.refresh((
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("making the job list: {e}"),
+        )),
+    }
 }
 
-/// `GET /api/jobs/{job_id}`: one job by its hex id; an unknown one is a `404` (KubeRay
-/// answers `200` with the text "Job … does not exist").
+/// `GET /api/jobs/{id}`: one job by its hex job id or its submission id, as Ray finds it;
+/// an unknown one is a `404` (KubeRay answers `200` with the text "Job … does not exist").
 pub async fn job(
     State(state): State<Shared>,
     entered: Entered,
@@ -185,9 +382,24 @@ pub async fn job(
         Ok(i) => i,
         Err(r) => return r,
     };
-    match index.facts.jobs.iter().find(|j| j.job_id == job_id) {
-        Some(j) => answer(&entered, &index, job_json(j).to_string()),
-        None => entered.refresh((
+    let facts = &index.facts;
+    let listed = || facts.jobs.iter().filter(|j| !j.superseded);
+    let mut out = String::new();
+    if let Some(j) = listed()
+        .find(|j| j.job_id == job_id)
+        .or_else(|| listed().find(|j| j.submission_id.as_deref() == Some(&*job_id)))
+    {
+        push_job(&mut out, j);
+    } else if let Some(s) = facts
+        .unmatched_submissions
+        .iter()
+        .find(|s| s.submission_id == job_id)
+    {
+        push_submission(&mut out, s);
+    }
+    match out.is_empty() {
+        false => answer(&entered, &index, out),
+        true => entered.refresh((
             StatusCode::NOT_FOUND,
             format!("Job {} does not exist", escape_untrusted(&job_id)),
         )),
@@ -757,5 +969,70 @@ mod tests {
         assert_eq!(unix_ms("1970-01-01T00:00:02Z"), Some(2000));
         assert_eq!(parse_go_bool("T"), Some(true));
         assert_eq!(parse_go_bool("yes"), None);
+    }
+
+    #[test]
+    fn the_job_list_embeds_each_runtime_env_text_unchanged() {
+        use crate::inspect::SessionFacts;
+        // Spacing and key order as Ray serialized them, which a tree would not keep.
+        let env = "{\"pip\": [\"emoji\"],  \"env_vars\": {\"B\": \"2\", \"A\": \"1\"}}";
+        let big = format!("{{\"env_vars\": {{\"X\": \"{}\"}}}}", "y".repeat(60 << 10));
+        let job = |id: &str, runtime_env: &str| JobFacts {
+            job_id: id.into(),
+            state: "CREATED".into(),
+            entrypoint: None,
+            driver_pid: None,
+            driver_node_id: None,
+            driver_ip: None,
+            started: None,
+            ended: None,
+            recorded: true,
+            metadata: None,
+            runtime_env: Some(runtime_env.into()),
+            submission_id: None,
+            submission: None,
+            superseded: false,
+        };
+        let facts = SessionFacts {
+            jobs: vec![
+                job("01000000", env),
+                job("02000000", &big),
+                job("03000000", "[1]"),
+            ],
+            unmatched_submissions: vec![SubmissionFacts {
+                submission_id: "raysubmit_2".into(),
+                runtime_env: Some(env.into()),
+                ..SubmissionFacts::default()
+            }],
+            ..SessionFacts::default()
+        };
+        let text = jobs_text(&facts);
+        assert_eq!(text.matches(env).count(), 2, "{text}");
+        assert!(text.contains(&big));
+        let jobs: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(jobs.as_array().unwrap().len(), 4);
+        assert_eq!(jobs[0]["runtime_env"]["env_vars"]["A"], "1");
+        assert_eq!(jobs[0]["job_id"], "01000000");
+        assert_eq!(jobs[2]["runtime_env"], Value::Null, "not an object");
+        assert_eq!(jobs[3]["submission_id"], "raysubmit_2");
+        assert_eq!(jobs[3]["runtime_env"], jobs[0]["runtime_env"]);
+        // A job's answer is its list entry.
+        let mut one = String::new();
+        push_job(&mut one, &facts.jobs[0]);
+        assert_eq!(serde_json::from_str::<Value>(&one).unwrap(), jobs[0]);
+        assert_eq!(job_json(&facts.jobs[0]), jobs[0]);
+    }
+
+    /// Review r36p D1: a runtime env nested deeper than serde_json parses (valid JSON, under
+    /// the size bound) is answered `null`, so the list stays readable; strings with brackets
+    /// and escaped quotes do not count as nesting.
+    #[test]
+    fn a_runtime_env_nested_too_deep_is_answered_null() {
+        let deep = format!("{{\"a\": {}1{}}}", "[".repeat(2000), "]".repeat(2000));
+        assert_eq!(runtime_env_object(Some(&deep)).map(RawValue::get), None);
+        let fine = format!("{{\"a\": {}1{}}}", "[".repeat(127), "]".repeat(127));
+        assert!(runtime_env_object(Some(&fine)).is_some());
+        let quoted = r#"{"a": "[[[[\"{{{{", "b": {"c": 1}}"#;
+        assert_eq!(nesting(quoted), 2);
     }
 }

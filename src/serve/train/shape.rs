@@ -56,8 +56,8 @@ pub(super) fn runs_response(index: &SessionIndex) -> (Value, Counts) {
 }
 
 /// The job as Ray's `JobDetails`: `/api/jobs/{id}`'s shape, with the driver's node IP from
-/// the session's nodes, and what the events do not say (KubeRay's empty strings and exit
-/// code 0) as Ray's `null`.
+/// the session's nodes, and what the events do not say (KubeRay's empty strings, and the
+/// exit code unless a submission record gave it) as Ray's `null`.
 pub(super) fn job_details(j: &crate::inspect::JobFacts, index: &SessionIndex) -> Value {
     let mut v = job_json(j);
     let ip = j
@@ -100,7 +100,8 @@ pub(super) fn job_details(j: &crate::inspect::JobFacts, index: &SessionIndex) ->
             };
             o.insert("status".into(), Value::String(status.into()));
         }
-        o.insert("driver_exit_code".into(), Value::Null);
+        let exit_code = j.submission.as_ref().and_then(|s| s.driver_exit_code);
+        o.insert("driver_exit_code".into(), json!(exit_code));
     }
     v
 }

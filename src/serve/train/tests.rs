@@ -252,6 +252,11 @@ fn job_details_name_the_driver_ip_and_leave_the_unknown_null() {
             started: Some("2026-11-22T02:08:25.597485314Z".into()),
             ended: None,
             recorded: true,
+            metadata: None,
+            runtime_env: None,
+            submission_id: None,
+            submission: None,
+            superseded: false,
         }],
         nodes: vec![NodeFacts {
             node_id: "aa".into(),
@@ -293,6 +298,55 @@ fn job_details_name_the_driver_ip_and_leave_the_unknown_null() {
     assert_eq!(job["driver_exit_code"], Value::Null);
     assert_eq!(job["submission_id"], Value::Null);
     assert_eq!(job["entrypoint"], "python train.py");
+}
+
+#[test]
+fn a_submitted_jobs_details_take_its_record() {
+    use crate::inspect::{JobFacts, SessionFacts, SubmissionFacts};
+    let metadata: std::collections::BTreeMap<String, String> =
+        [("job_submission_id".to_string(), "raysubmit_1".to_string())].into();
+    let facts = SessionFacts {
+        jobs: vec![JobFacts {
+            job_id: "01000000".into(),
+            state: "FINISHED".into(),
+            entrypoint: Some("python train.py".into()),
+            driver_pid: Some(42),
+            driver_node_id: Some("aa".into()),
+            driver_ip: None,
+            started: None,
+            ended: Some("2026-11-22T02:08:25Z".into()),
+            recorded: true,
+            metadata: Some(metadata.clone()),
+            runtime_env: Some("not json".into()),
+            submission_id: Some("raysubmit_1".into()),
+            submission: Some(SubmissionFacts {
+                submission_id: "raysubmit_1".into(),
+                status: Some("FAILED".into()),
+                message: Some("exit 1".into()),
+                driver_exit_code: Some(1),
+                ..SubmissionFacts::default()
+            }),
+            superseded: false,
+        }],
+        train_runs: vec![json!({"run_id": "r", "name": "r", "status": "ERRORED",
+            "job_id": "01000000", "started": "2026-11-22T02:08:25Z"})],
+        ..SessionFacts::default()
+    };
+    let index = super::super::index::IndexBuilder::default().finish(facts);
+    let (answer, _) = runs_response(&index);
+    let job = &answer["train_runs"][0]["job_details"];
+    assert_eq!(job["type"], "SUBMISSION");
+    assert_eq!(job["submission_id"], "raysubmit_1");
+    assert_eq!(job["status"], "FAILED", "the record's, not the driver's");
+    assert_eq!(job["message"], "exit 1");
+    assert_eq!(job["driver_exit_code"], 1);
+    assert_eq!(job["metadata"], json!(metadata));
+    assert_eq!(
+        job["runtime_env"],
+        Value::Null,
+        "a runtime env that is not an object"
+    );
+    assert_eq!(job["error_type"], Value::Null);
 }
 
 #[test]
