@@ -870,10 +870,15 @@ impl Journal {
     }
 
     /// Writes the hold file with `now` alone (see [`Journal::snapshot`]); a failure is
-    /// logged once and tried again at the next sync.
+    /// logged (once until a rewrite succeeds again) and tried again at the next sync.
     fn rewrite_hold(&mut self, now: Hold) {
         match self.write_hold(&HoldFile { now, before: None }) {
-            Ok(()) => self.hold_rewrite_due = false,
+            Ok(()) => {
+                self.hold_rewrite_due = false;
+                // A later failure is news again (review r40s: a second episode in the same
+                // run was never logged).
+                self.hold_rewrite_due_logged = false;
+            }
             Err(e) => {
                 if !self.hold_rewrite_due_logged {
                     self.hold_rewrite_due_logged = true;
