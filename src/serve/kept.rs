@@ -91,12 +91,6 @@ impl<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> 
         nobody
     }
 
-    /// True when every slot of the builds under way is taken: a new request (of another
-    /// session) would wait for one.
-    pub(crate) fn slots_full(&self) -> bool {
-        self.kept.builds.available_permits() == 0
-    }
-
     /// Completes once no request waits for the build (at once if none does now); the build
     /// stays among the builds under way, so a request may still join it.
     pub(crate) async fn nobody_waits(&self) {

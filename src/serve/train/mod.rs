@@ -245,15 +245,11 @@ async fn read_held(
 const ROOM_WANTED_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Completes when every request for the build has left and another read waits for room in
-/// [`TRAIN_SNAPSHOT_KIB`] or every slot of the builds under way is taken; the build is then
-/// out of the builds under way.
+/// [`TRAIN_SNAPSHOT_KIB`]; the build is then out of the builds under way.
 async fn left_while_room_is_wanted(wanted: &TrainWanted) {
     loop {
         wanted.nobody_waits().await;
-        // Room wanted: another read's, or a slot of the builds under way (review r37s D1:
-        // 32 abandoned stalled reads of small snapshots held every slot, and a session with
-        // no snapshot waited 36 s).
-        if (TRAIN_SNAPSHOT_KIB.someone_waits() || wanted.slots_full()) && wanted.abandoned() {
+        if TRAIN_SNAPSHOT_KIB.someone_waits() && wanted.abandoned() {
             return;
         }
         tokio::time::sleep(ROOM_WANTED_EVERY).await;
