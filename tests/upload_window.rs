@@ -321,6 +321,11 @@ const BUCKET: &str = "window";
 
 /// moto behind the recording proxy, the bucket [`BUCKET`], no Ray session: each collector
 /// gets `--storage`, `--ray-tmp-dir` and the test's flags only.
+/// The refusal span these tests wait out (`RHC_TEST_CONDITION_REFUSAL_SPAN_SECS`), where what
+/// they check is what happens once refusals of a condition have lasted, not how long that
+/// takes (30 s in a real run: `storage::conditions::REFUSAL_SPAN`).
+const SHORT_SPAN: (&str, &str) = ("RHC_TEST_CONDITION_REFUSAL_SPAN_SECS", "6");
+
 fn s3_rig() -> Option<MotoRig> {
     MotoRig::without_session(BUCKET, "window")
 }
@@ -566,7 +571,11 @@ fn conditions_answered_with(status: u16, code: &str) {
             );
         }
     }
-    let mut c = rig.collector().only(&["--upload-window", "1s"]).start();
+    let mut c = rig
+        .collector()
+        .only(&["--upload-window", "1s"])
+        .env(&[SHORT_SPAN])
+        .start();
     assert_eq!(c.metric("rhc_event_conditional_writes"), 1.0);
     let a: Vec<String> = (0..10).map(|i| format!("a-{i}")).collect();
     post(&c, &a, 1);
@@ -574,9 +583,9 @@ fn conditions_answered_with(status: u16, code: &str) {
     let b: Vec<String> = (0..10).map(|i| format!("b-{i}")).collect();
     post(&c, &b, 1);
     acked.extend(b);
-    // Refused with the condition for 30 s (`REFUSAL_SPAN`: one 400 / 403, or a burst, may be
-    // the requests' own, reviews r35p D1 and r35q Q1), the write is then sent once without
-    // it, lands, and conditions are turned off.
+    // Refused with the condition for the span (`REFUSAL_SPAN`, shortened here: one 400 / 403,
+    // or a burst, may be the requests' own, reviews r35p D1 and r35q Q1), the write is then
+    // sent once without it, lands, and conditions are turned off.
     wait_for(&c, Duration::from_secs(90), "A+B in the bucket", || {
         id_counts(&rig).len() == 20
     });
@@ -1127,11 +1136,15 @@ fn a_store_refusing_every_write_keeps_conditions_on() {
             .method("PUT")
             .target_contains(".jsonl"),
     );
-    let mut c = rig.collector().only(&["--upload-window", "1s"]).start();
+    let mut c = rig
+        .collector()
+        .only(&["--upload-window", "1s"])
+        .env(&[SHORT_SPAN])
+        .start();
     let a: Vec<String> = (0..20).map(|i| format!("a-{i}")).collect();
     post(&c, &a, 1);
-    // Refused with the condition for `REFUSAL_SPAN` (30 s), then once without it: refused
-    // too, so the refusals are the writes' own.
+    // Refused with the condition for `REFUSAL_SPAN` (shortened here), then once without it:
+    // refused too, so the refusals are the writes' own.
     wait_for(
         &c,
         Duration::from_secs(75),
@@ -2855,6 +2868,7 @@ fn a_store_refusing_only_completions_conditions_gets_them_unconditionally() {
     let mut c = rig
         .collector()
         .only(&["--upload-window", "2s", "--upload-part-bytes", "5MiB"])
+        .env(&[SHORT_SPAN])
         .start();
     let url = c.url("/v1/events");
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -2866,7 +2880,7 @@ fn a_store_refusing_only_completions_conditions_gets_them_unconditionally() {
     }
     // The small partition keeps growing by conditional PUTs that land (on main at 6731502
     // each one cleared the completions' refusals): the big one must be in the bucket while
-    // it does, 30 s (`REFUSAL_SPAN`) and a few rounds after it was posted.
+    // it does, the span (`REFUSAL_SPAN`, shortened here) and a few rounds after it was posted.
     let mut small: Vec<String> = Vec::new();
     let t0 = Instant::now();
     let mut i = 0;
@@ -2939,10 +2953,15 @@ fn a_store_refusing_only_if_match_gets_growth_unconditionally() {
                 .with_header("if-match"),
         );
     }
-    let mut c = rig.collector().only(&["--upload-window", "2s"]).start();
+    let mut c = rig
+        .collector()
+        .only(&["--upload-window", "2s"])
+        .env(&[SHORT_SPAN])
+        .start();
     // New partitions keep coming (their creates land with If-None-Match: on main at 6731502
     // each one cleared the growing partition's If-Match refusals): the growth must reach the
-    // bucket while they do, 30 s (`REFUSAL_SPAN`) and a few rounds after the refusals began.
+    // bucket while they do, the span (`REFUSAL_SPAN`, shortened here) and a few rounds after
+    // the refusals began.
     let mut acked: Vec<String> = Vec::new();
     let mut grown: Vec<usize> = Vec::new();
     let t0 = Instant::now();

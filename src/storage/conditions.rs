@@ -156,6 +156,23 @@ pub const REFUSALS_TO_SWITCH: u32 = 3;
 /// attempt of a write), once per run; a shutdown does not wait for it ([`shutting_down`]).
 pub const REFUSAL_SPAN: Duration = Duration::from_secs(30);
 
+/// Test only: [`REFUSAL_SPAN`] in seconds, so the tests of a store that refuses conditions
+/// (every one of them waits out the span) take seconds instead of half a minute each. Not a
+/// setting: read once, and only a whole number of seconds from 1 to 30 is taken.
+pub const TEST_REFUSAL_SPAN: &str = "RHC_TEST_CONDITION_REFUSAL_SPAN_SECS";
+
+/// [`REFUSAL_SPAN`], or the span [`TEST_REFUSAL_SPAN`] sets.
+pub fn refusal_span() -> Duration {
+    static SPAN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPAN.get_or_init(|| {
+        std::env::var(TEST_REFUSAL_SPAN)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|s| (1..=REFUSAL_SPAN.as_secs()).contains(s))
+            .map_or(REFUSAL_SPAN, Duration::from_secs)
+    })
+}
+
 /// At shutdown, the pause before a refused write is tried again with its condition
 /// (see [`shutting_down`]): [`REFUSALS_TO_SWITCH`] refusals of the same write then span at
 /// least twice this, so a single passing refusal, or one shorter than that, never has the
@@ -253,7 +270,7 @@ pub fn condition_refused(
     let (first, n) = state.refusals.entry(key.to_string()).or_insert((now, 0));
     *n += 1;
     let (first, n) = (*first, *n);
-    let lasted = n >= REFUSALS_TO_SWITCH && now.duration_since(first) >= REFUSAL_SPAN;
+    let lasted = n >= REFUSALS_TO_SWITCH && now.duration_since(first) >= refusal_span();
     let at_shutdown = SHUTTING_DOWN.load(Ordering::SeqCst) && !state.taken;
     drop(k);
     let status = status.unwrap_or(0);
@@ -265,7 +282,7 @@ pub fn condition_refused(
         tracing::warn!(
             %key, kind = kind.name(), status, code, answer = why, refusals = n,
             "a write carrying its condition was refused (400 / 403) again at each try during the shutdown, and no write of this kind has landed with its condition in this run: sent once without its condition now, not after {}s (which would outlast the shutdown deadline); conditions turn off only if it lands",
-            REFUSAL_SPAN.as_secs()
+            refusal_span().as_secs()
         );
         return Refused::SendWithout;
     }
@@ -281,7 +298,7 @@ pub fn condition_refused(
     tracing::warn!(
         %key, kind = kind.name(), status, code, answer = why, refusals = n,
         "a write carrying its condition was refused (400 / 403); it is tried again with its condition. If this write is refused for {}s (and {} times) with no write of this kind landing with its condition, it is sent once without its condition, to tell whether the store refuses the condition",
-        REFUSAL_SPAN.as_secs(),
+        refusal_span().as_secs(),
         REFUSALS_TO_SWITCH
     );
     Refused::Fail

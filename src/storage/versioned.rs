@@ -29,7 +29,7 @@
 //!   without it, as before this module existed. A store or gateway that answers it with 400
 //!   or 403 instead (`InvalidArgument`, `InvalidRequest`, `AccessDenied`:
 //!   `s3::may_refuse_conditions`) has the same write sent once more without the condition
-//!   once its refusals have lasted ([`REFUSALS_TO_SWITCH`], [`REFUSAL_SPAN`]:
+//!   once its refusals have lasted ([`REFUSALS_TO_SWITCH`], [`REFUSAL_SPAN`](super::conditions::REFUSAL_SPAN):
 //!   [`condition_refused`]; until then the write fails and is tried again with its
 //!   condition): when that one lands, its kind is turned off the same way; when it is
 //!   refused too, the refusal is the write's own (credentials, a bad request): it fails as
@@ -56,8 +56,8 @@ use object_store::{
 
 use super::append::{AppendError, Appender};
 use super::conditions::{
-    condition_refused, condition_taken, conditions_on, refusal_was_the_writes, refuse_conditions,
-    Kind, Refused, REFUSALS_TO_SWITCH, REFUSAL_SPAN,
+    condition_refused, condition_taken, conditions_on, refusal_span, refusal_was_the_writes,
+    refuse_conditions, Kind, Refused, REFUSALS_TO_SWITCH,
 };
 // The publisher and the ingest's status read these here, beside the writes they govern.
 pub use super::conditions::{conditional_writes_now, conditions_in_use};
@@ -289,7 +289,7 @@ async fn put_once(
             }
             Refused::SendWithout => {}
         }
-        tracing::info!(%key, kind = kind.name(), error = %e, "conditional writes of this kind refused (400 / 403) for {}s (or {} times at shutdown): this one sent once more without its condition, to tell whether the store refuses the condition or the write", REFUSAL_SPAN.as_secs(), REFUSALS_TO_SWITCH);
+        tracing::info!(%key, kind = kind.name(), error = %e, "conditional writes of this kind refused (400 / 403) for {}s (or {} times at shutdown): this one sent once more without its condition, to tell whether the store refuses the condition or the write", refusal_span().as_secs(), REFUSALS_TO_SWITCH);
         return match store
             .put_opts(
                 location,

@@ -21,7 +21,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -408,6 +408,37 @@ impl MotoS3 {
         let process = try_launch("moto", program, args, "/")?;
         let port = process.port;
         Ok(MotoS3 {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            port,
+            process,
+            buckets: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Starts moto with bucket `bucket` already holding every file under `dir` (key: the
+    /// path below `dir`), put into moto's memory before it serves (`testkit/moto_seeded.py`):
+    /// tens of thousands of objects in about a second, where PUTs over HTTP take minutes.
+    /// `None` as [`MotoS3::start`].
+    pub fn start_seeded(bucket: &str, dir: &Path) -> Option<Self> {
+        let program = tool_or_skip("RHC_MOTO_SERVER", "the S3 emulator (moto)")?;
+        // The venv's interpreter, beside its moto_server script.
+        let python = program.with_file_name("python");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("moto_seeded.py");
+        let fixed = strings(&[
+            &script.to_string_lossy(),
+            "--seed-dir",
+            &dir.to_string_lossy(),
+            "--bucket",
+            bucket,
+        ]);
+        let args = |port: u16| {
+            let mut args = fixed.clone();
+            args.extend(strings(&["-H", "127.0.0.1", "-p", &port.to_string()]));
+            args
+        };
+        let process = try_launch("moto", python, args, "/").unwrap_or_else(|e| panic!("{e}"));
+        let port = process.port;
+        Some(MotoS3 {
             endpoint: format!("http://127.0.0.1:{port}"),
             port,
             process,
