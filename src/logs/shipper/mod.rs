@@ -33,7 +33,7 @@ mod flush;
 use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use object_store::ObjectStore;
@@ -46,7 +46,7 @@ use super::lane::{
 };
 use super::ledger::{Ledger, LedgerEntry};
 use super::placement::{session_owner, SessionObjects};
-use super::scan::{object_key, priority, scan_logs, skip, LogFile};
+use super::scan::{object_key, priority, scan_logs, skip, LogFile, NameSkips};
 use super::schedule::{self, SMALL};
 use super::{LogConfig, LogError};
 use crate::events::spool::Spool;
@@ -150,6 +150,9 @@ pub struct LogShipper {
     failures: Failures,
     /// Files whose key is over the store's limit, logged once.
     long_keys: BTreeSet<PathBuf>,
+    /// Files and directories whose name cannot be a key segment, logged and counted once.
+    /// Shared with the scan's blocking task, so a round cut while it scans loses none of it.
+    name_skips: Arc<Mutex<NameSkips>>,
     /// Objects the final flush uploads whole without trying an append (their append was
     /// still running beside the lane at SIGTERM).
     whole_only: BTreeSet<String>,
@@ -195,6 +198,7 @@ impl LogShipper {
             flush_named: BTreeSet::new(),
             failures: Failures::default(),
             long_keys: BTreeSet::new(),
+            name_skips: Arc::default(),
             whole_only: BTreeSet::new(),
             seen: HashMap::new(),
             written_total: 0,
@@ -440,7 +444,13 @@ impl LogShipper {
             self.verify_some().await;
         }
         let session_dir = s.dir.clone();
-        let mut files = match tokio::task::spawn_blocking(move || scan_logs(&session_dir)).await {
+        let names = Arc::clone(&self.name_skips);
+        let scanned = tokio::task::spawn_blocking(move || {
+            let mut names = names.lock().unwrap_or_else(PoisonError::into_inner);
+            scan_logs(&session_dir, &mut names)
+        })
+        .await;
+        let mut files = match scanned {
             Ok(f) => f,
             Err(_) => return report,
         };
