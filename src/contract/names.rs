@@ -23,7 +23,8 @@ pub fn is_safe_segment(s: &str) -> bool {
 
 /// Longest name of a file or directory under a session's `logs/` that is shipped, in bytes:
 /// Linux's `NAME_MAX`, so the length alone never refuses a file Ray could create. What the
-/// whole key may be is the store's to say (`logs::shipper`'s `key_too_long`).
+/// whole key may be is the store's to say (`logs::shipper`'s `key_too_long`, which also
+/// holds a `file://` bucket's names to what its staging files leave room for).
 pub const MAX_LOG_NAME_BYTES: usize = 255;
 
 /// True if `s`, the name of a file or directory under a session's `logs/`, is shipped under

@@ -50,6 +50,7 @@ use super::scan::{object_key, priority, scan_logs, skip, LogFile, NameSkips};
 use super::schedule::{self, SMALL};
 use super::{LogConfig, LogError};
 use crate::events::spool::Spool;
+use crate::inspect::escape_untrusted;
 use crate::metrics as m;
 use crate::node::node_id::{LogNode, NodeIdResolver, RemoteNodeLookup};
 use crate::node::session::{
@@ -500,7 +501,9 @@ impl LogShipper {
                 ..f
             };
             let key = object_key(&self.prefix, &s.name, &file_node, &f);
-            if key.len() > self.cfg.max_key_bytes {
+            if key.len() > self.cfg.max_key_bytes
+                || key.split('/').any(|n| n.len() > self.cfg.max_name_bytes)
+            {
                 self.refuse_long_key(&f, &key);
                 continue;
             }
@@ -712,14 +715,18 @@ impl LogShipper {
         }
     }
 
-    /// A file whose key is longer than the store allows: skipped, logged once, counted.
+    /// A file whose key, or a name in it, is longer than the store allows: skipped, logged
+    /// once, counted.
     fn refuse_long_key(&mut self, f: &LogFile, key: &str) {
         skip("key_too_long", &f.abs);
         if self.long_keys.len() < MAX_KEYS_LOGGED && self.long_keys.insert(f.abs.clone()) {
-            tracing::warn!(path = %f.abs.display(), key_bytes = key.len(),
-                limit = self.cfg.max_key_bytes,
-                "log file not uploaded: its object key is longer than the store allows \
-                 (rhc_log_files_skipped_total{{reason=\"key_too_long\"}}); logged once");
+            let longest_name = key.split('/').map(str::len).max().unwrap_or(0);
+            tracing::warn!(path = %escape_untrusted(&f.abs.to_string_lossy()),
+                key_bytes = key.len(), limit = self.cfg.max_key_bytes,
+                longest_name_bytes = longest_name, name_limit = self.cfg.max_name_bytes,
+                "log file not uploaded: its object key, or a name in it, is longer than the \
+                 store allows (rhc_log_files_skipped_total{{reason=\"key_too_long\"}}); \
+                 logged once");
         }
     }
 
