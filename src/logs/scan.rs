@@ -387,6 +387,19 @@ mod tests {
     }
 
     #[test]
+    fn refused_names_are_remembered_up_to_the_bound() {
+        let mut names = NameSkips::default();
+        for i in 0..MAX_NAME_SKIPS_REMEMBERED + 10 {
+            names.refuse("unsafe_name", Path::new(&format!("/logs/bad\u{1}{i}")));
+        }
+        assert_eq!(names.seen.len(), MAX_NAME_SKIPS_REMEMBERED);
+        assert!(names.full_told);
+        // One remembered is not told again.
+        names.refuse("unsafe_name", Path::new("/logs/bad\u{1}0"));
+        assert_eq!(names.seen.len(), MAX_NAME_SKIPS_REMEMBERED);
+    }
+
+    #[test]
     fn priorities() {
         let mk = |rel: &str, rot: bool| LogFile {
             file: Beneath {
