@@ -230,6 +230,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
                 appends: settings.log_appends,
                 bucket: settings.store.identity().to_string(),
                 max_key_bytes: settings.store.max_key_bytes(),
+                max_name_bytes: settings.store.max_name_bytes(),
             },
             store.clone(),
             spool.clone(),

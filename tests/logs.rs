@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use rhc_testkit::collector::{files_under, read_all, Collector};
-use rhc_testkit::ray_logs::{local_bucket, wait_for_objects as wait_for, RayRoot};
-use rhc_testkit::services::MotoS3;
+use rhc_testkit::collector::{collector_bin, files_under, read_all, Collector};
+use rhc_testkit::ray_logs::{local_bucket, local_object, wait_for_objects as wait_for, RayRoot};
+use rhc_testkit::serve::Serve;
+use rhc_testkit::services::{percent_encode, MotoS3};
 
 const NODE_A: &str = "2d184b8cc7e6aae25636a1bf12eada74ea0d2f00375e110222b14708";
 const NODE_B: &str = "3ae6595c248ad7def1c7206bfd50b18e860d5eb167e4e068c64823a5";
@@ -39,10 +40,10 @@ fn live_snapshots_rotation_and_a_new_session() {
     let ray = RayRoot::new(&tmp.path().join("ray"));
     start_session(&ray, S1, NODE_A);
     ray.append(S1, "worker-aa-01000000-1.out", "hello from the worker\n");
-    // Odd entries: a symlink out of the tree, a socket, a name that is not a safe segment.
+    // Odd entries: a symlink out of the tree, a socket, a name no key can hold.
     std::os::unix::fs::symlink("/etc/passwd", ray.logs(S1).join("escape.log")).unwrap();
     let _sock = std::os::unix::net::UnixListener::bind(ray.logs(S1).join("sock")).unwrap();
-    std::fs::write(ray.logs(S1).join("bad name.log"), "x").unwrap();
+    std::fs::write(ray.logs(S1).join("bad\u{7}name.log"), "x").unwrap();
     let bucket = tmp.path().join("bucket");
     let store = local_bucket(&bucket);
     let mut c = Collector::start(
@@ -1029,4 +1030,198 @@ fn files_whose_keys_the_store_refuses_never_stop_the_others() {
         "each deep file logged once\n{text}"
     );
     assert!(!objects.keys().any(|k| k.contains("deep_")));
+}
+
+/// Where the odd-names scenario's collector writes, read back without object_store: the
+/// files of a `file://` bucket, or moto's objects over plain HTTP.
+enum Bucket<'a> {
+    Local(&'a Path),
+    Moto(&'a MotoS3, &'a str),
+}
+
+impl Bucket<'_> {
+    fn storage(&self) -> String {
+        match self {
+            Bucket::Local(dir) => format!("file://{}", dir.display()),
+            Bucket::Moto(_, bucket) => format!("s3://{bucket}"),
+        }
+    }
+
+    fn object(&self, key: &str) -> Option<Vec<u8>> {
+        match self {
+            Bucket::Local(dir) => local_object(dir, key),
+            Bucket::Moto(s3, bucket) => s3.get_object(bucket, key),
+        }
+    }
+
+    fn keys(&self) -> Vec<String> {
+        match self {
+            Bucket::Local(dir) => files_under(dir)
+                .iter()
+                .map(|p| p.strip_prefix(dir).unwrap().to_string_lossy().into_owned())
+                .collect(),
+            Bucket::Moto(s3, bucket) => s3.list_keys(bucket, ""),
+        }
+    }
+}
+
+/// Issue 39 (review r39t D1): log files whose names Ray and its users write but KubeRay's
+/// session-name rule refuses (a driver log named by a submission id with spaces, a Serve
+/// replica's 200-byte name, unicode) are shipped under their names, and `serve` finds each by
+/// its name; a name no key can hold (a control character, not UTF-8) is never uploaded,
+/// logged once at WARN at the default log level and counted once, however many rounds meet it.
+fn odd_names_are_shipped_and_unusable_ones_told_once(bucket: Bucket<'_>, env: &[(&str, &str)]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = RayRoot::new(&tmp.path().join("ray"));
+    start_session(&ray, S1, NODE_A);
+    let replica = format!(
+        "serve/replica_default_{}{}_7h3k2j1.log",
+        "RecommendationRankingDeployment".repeat(5),
+        "x".repeat(17)
+    );
+    assert_eq!(replica.len() - "serve/".len(), 200);
+    // Linux's longest name: S3 takes it; a `file://` bucket cannot, as object_store writes
+    // `<name>#1` first (skipped as `key_too_long`, not failed every round).
+    let longest = format!("{}.log", "L".repeat(251));
+    let local = matches!(bucket, Bucket::Local(_));
+    let mut shipped = vec![
+        "job-driver-nightly eval 2026-12-04.log".to_string(),
+        replica,
+        "job-driver-évaluation nocturne 夜間 🚀.log".to_string(),
+    ];
+    if !local {
+        shipped.push(longest.clone());
+    }
+    let logs = ray.logs(S1);
+    std::fs::create_dir(logs.join("serve")).unwrap();
+    for name in &shipped {
+        ray.append(S1, name, &format!("output of {name}\n"));
+    }
+    std::fs::write(logs.join(&longest), format!("output of {longest}\n")).unwrap();
+    std::fs::write(logs.join("job-driver-ctl\u{1}name.log"), "never shipped\n").unwrap();
+    std::fs::write(
+        logs.join(
+            <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(
+                b"job-driver-latin1-\xe9t\xe9.log",
+            ),
+        ),
+        "never shipped\n",
+    )
+    .unwrap();
+    let storage = bucket.storage();
+    // The default log level (info), as deployed.
+    let mut c = Collector::configure(
+        collector_bin(),
+        &tmp.path().join("spool"),
+        &[
+            "--storage",
+            &storage,
+            "--cluster-name",
+            "logs-test",
+            "--ray-tmp-dir",
+            ray.root.to_str().unwrap(),
+            "--log-upload-interval",
+            "1s",
+        ],
+        env,
+    );
+    c.try_spawn().unwrap_or_else(|e| panic!("{e}"));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for name in &shipped {
+        let want = format!("output of {name}\n");
+        while bucket.object(&key(S1, NODE_A, name)).as_deref() != Some(want.as_bytes()) {
+            assert!(
+                Instant::now() < deadline,
+                "{name:?} not in the bucket under its name; keys: {:#?}\n{}",
+                bucket.keys(),
+                c.log_tail(40)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    // Three more rounds meet the refused names again.
+    std::thread::sleep(Duration::from_millis(3200));
+    for reason in ["unsafe_name", "name_not_utf8"] {
+        assert_eq!(
+            c.metric_labeled(
+                "rhc_log_files_skipped_total",
+                &format!("reason=\"{reason}\"")
+            ),
+            1.0,
+            "{reason}: counted once\n{}",
+            c.log_text()
+        );
+    }
+    // `serve` finds each file by its name.
+    let mut serve = Serve::start(&storage, &tmp.path().join("serve.log"), &[], env);
+    let cookies: Vec<(String, String)> = [
+        ("cluster_name", "logs-test"),
+        ("cluster_namespace", "default"),
+        ("session_name", S1),
+        ("owner_kind", ""),
+        ("owner_name", ""),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    for name in &shipped {
+        let path = format!(
+            "/api/v0/logs/file?node_id={NODE_A}&filename={}&lines=-1",
+            percent_encode(name, false)
+        );
+        let r = serve.get(&path, &cookies).unwrap();
+        assert_eq!(
+            (r.status, String::from_utf8_lossy(&r.body).into_owned()),
+            (200, format!("output of {name}\n")),
+            "GET {path}\n{}",
+            serve.log_text()
+        );
+    }
+    serve.terminate(Duration::from_secs(10)).unwrap();
+    c.terminate_ok(Duration::from_secs(30));
+    let text = c.log_text();
+    for shown in [
+        "job-driver-ctl\\u{1}name.log",
+        "job-driver-latin1-\\x{e9}t\\x{e9}.log",
+    ] {
+        let warned = text
+            .lines()
+            .filter(|l| l.contains(" WARN ") && l.contains(shown))
+            .count();
+        assert_eq!(warned, 1, "{shown} logged once at WARN, escaped\n{text}");
+    }
+    let keys = bucket.keys();
+    assert!(
+        !keys
+            .iter()
+            .any(|k| k.contains("ctl") || k.contains("latin1")),
+        "{keys:#?}"
+    );
+    if local {
+        assert!(!keys.iter().any(|k| k.contains("LLLL")), "{keys:#?}");
+        assert_eq!(
+            text.matches("longer than the store allows").count(),
+            1,
+            "{text}"
+        );
+        assert!(!text.contains("log upload failed"), "{text}");
+    }
+}
+
+#[test]
+fn odd_log_names_reach_a_local_bucket_under_their_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket = tmp.path().join("bucket");
+    std::fs::create_dir_all(&bucket).unwrap();
+    odd_names_are_shipped_and_unusable_ones_told_once(Bucket::Local(&bucket), &[]);
+}
+
+#[test]
+fn odd_log_names_reach_s3_under_their_names() {
+    let Some(s3) = MotoS3::start() else {
+        return;
+    };
+    s3.create_bucket("odd-names");
+    let env = s3.collector_env();
+    odd_names_are_shipped_and_unusable_ones_told_once(Bucket::Moto(&s3, "odd-names"), &env);
 }

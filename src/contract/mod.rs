@@ -33,4 +33,6 @@ pub use cluster::{ClusterLayout, Owner};
 pub use events::{Partition, Stream};
 pub use hour::Hour;
 pub use ids::{id_to_hex, HexId, IdError};
-pub use names::{is_dns1123_subdomain, is_safe_segment, MAX_SEGMENT_LEN};
+pub use names::{
+    is_dns1123_subdomain, is_log_file_name, is_safe_segment, MAX_LOG_NAME_BYTES, MAX_SEGMENT_LEN,
+};

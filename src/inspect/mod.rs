@@ -722,6 +722,12 @@ pub fn escape_untrusted(s: &str) -> String {
     escape::escape_name(s)
 }
 
+/// A file name or path that need not be UTF-8, escaped as [`escape_untrusted`], with each
+/// byte that is not UTF-8 shown as `\x{hex}`.
+pub fn escape_untrusted_os(name: &std::ffi::OsStr) -> String {
+    escape::escape_os_name(name)
+}
+
 /// A whole message that may quote names from the bucket, escaped as `inspect` escapes its
 /// errors (backslashes kept).
 pub fn escape_message(s: &str) -> String {

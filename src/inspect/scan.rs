@@ -443,11 +443,12 @@ fn error(e: &Option<ErrorInfo<'_>>) -> Option<(Option<String>, Option<String>)> 
     })
 }
 
-/// A log file's name without its directory, if it is a plain name.
+/// A log file's name without its directory, if the collector ships a file so named
+/// ([`crate::contract::is_log_file_name`]).
 fn file_name(t: &Text<'_>) -> Option<String> {
     let path = t.as_deref()?;
     let name = path.rsplit('/').next()?;
-    crate::contract::is_safe_segment(name).then(|| name.to_string())
+    crate::contract::is_log_file_name(name).then(|| name.to_string())
 }
 
 fn log_info(l: &Option<TaskLogInfo<'_>>) -> Option<Box<LogInfo>> {

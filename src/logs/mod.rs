@@ -74,6 +74,11 @@ pub struct LogConfig {
     /// The longest object key the store takes, in bytes (`storage::Configured::max_key_bytes`):
     /// a file whose key is longer is skipped, logged once and counted, never sent.
     pub max_key_bytes: usize,
+    /// The longest name (one segment of a key) the store takes, in bytes
+    /// (`storage::Configured::max_name_bytes`): a file whose key holds a longer one (its own
+    /// name, a directory's, or a rotated backup's longer name) is skipped as
+    /// [`LogConfig::max_key_bytes`] says.
+    pub max_name_bytes: usize,
     /// The bucket and prefix the ledger belongs to (`storage::Configured::identity`): a
     /// ledger written for another bucket is not used.
     pub bucket: String,

@@ -1,15 +1,21 @@
-//! What is under a session's `logs/`: regular files with safe names (symlinks, odd entries
-//! and names that cannot be a key segment are skipped and counted), which of them are Ray's
-//! rotated backups (`name.N` beside a live `name`), their object keys, and the order in which
-//! a round uploads them (what explains a failure first).
+//! What is under a session's `logs/`: regular files whose names can be a key segment
+//! ([`contract::is_log_file_name`]; symlinks and odd entries are skipped and counted; a file
+//! or directory whose name cannot be a segment, or is not UTF-8, is skipped, logged once at
+//! WARN and counted once per run, see [`NameSkips`]), which of them are Ray's rotated
+//! backups (`name.N` beside a live `name`), their object keys, and the order in which a
+//! round uploads them (what explains a failure first).
 
-use std::collections::BTreeSet;
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeSet, HashSet};
 use std::ffi::{OsStr, OsString};
+use std::hash::BuildHasher as _;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use crate::contract::{self, is_safe_segment};
+use crate::contract::{self, is_log_file_name};
+use crate::inspect::escape_untrusted_os;
 use crate::metrics as m;
 use crate::util::fs::{list_dir, open_dir, stat_at, stat_fd, Beneath};
 
@@ -40,15 +46,65 @@ pub(super) fn skip(reason: &'static str, path: &Path) {
     tracing::debug!(path = %path.display(), reason, "log file skipped");
 }
 
+/// Paths whose name was refused that are remembered, at most: each is logged and counted
+/// once; past this many, a refused name is counted every time a scan meets it and no longer
+/// logged (a tree of millions of odd names must not fill memory or the log). Remembered as
+/// 64-bit keyed hashes (8 bytes each, whatever the path's length).
+pub(super) const MAX_NAME_SKIPS_REMEMBERED: usize = 4096;
+
+/// The files and directories under `logs/` whose name cannot be a key segment, met in this
+/// run: each is logged once at WARN (its path escaped) and counted once in
+/// `rhc_log_files_skipped_total{reason="unsafe_name" | "name_not_utf8"}`, not at every round
+/// (review r39t D1: they were logged at debug only and counted again every round).
+#[derive(Debug, Default)]
+pub(super) struct NameSkips {
+    /// Keyed hashes of the paths met (see [`MAX_NAME_SKIPS_REMEMBERED`]).
+    seen: HashSet<u64>,
+    keys: RandomState,
+    /// Whether the warning that the memory is full was logged.
+    full_told: bool,
+}
+
+impl NameSkips {
+    /// `path` was not shipped for its name (`reason`).
+    fn refuse(&mut self, reason: &'static str, path: &Path) {
+        let h = self.keys.hash_one(path.as_os_str().as_bytes());
+        if self.seen.contains(&h) {
+            return;
+        }
+        m::log_file_skipped(reason);
+        if self.seen.len() < MAX_NAME_SKIPS_REMEMBERED {
+            self.seen.insert(h);
+            let why = match reason {
+                "name_not_utf8" => "its name is not UTF-8",
+                _ => {
+                    "its name cannot be an object key's segment (a control character, \\, \
+                      a trailing '.', a '#' and digits at its end, or more than 255 bytes)"
+                }
+            };
+            tracing::warn!(path = %escape_untrusted_os(path.as_os_str()), reason,
+                "log file or directory not uploaded: {why} \
+                 (rhc_log_files_skipped_total{{reason=\"{reason}\"}}); logged once");
+        } else if !self.full_told {
+            self.full_told = true;
+            tracing::warn!(
+                remembered = MAX_NAME_SKIPS_REMEMBERED,
+                "more log files whose names cannot be uploaded than are remembered: the others \
+                 are not named, and counted each time a round meets them"
+            );
+        }
+    }
+}
+
 /// Lists the regular files under `<session>/logs`, never following symlinks, skipping names
-/// that cannot be a key segment.
+/// that cannot be a key segment (told to `names`).
 ///
 /// Race-free against a swap (see `util::fs`): the session directory and `logs/` are opened
 /// with `O_NOFOLLOW`, each subdirectory with `openat(parent, name, O_NOFOLLOW |
 /// O_DIRECTORY)` from its parent's descriptor, and every directory is listed from the
 /// descriptor opened, never by path: a directory swapped for a symlink, before or during
 /// the scan, is not entered, and nothing of its target is listed.
-pub(super) fn scan_logs(session: &Path) -> Vec<LogFile> {
+pub(super) fn scan_logs(session: &Path, names: &mut NameSkips) -> Vec<LogFile> {
     let mut out = Vec::new();
     let logs = session.join("logs");
     let root = match open_dir(None, session.as_os_str()) {
@@ -75,7 +131,13 @@ pub(super) fn scan_logs(session: &Path) -> Vec<LogFile> {
     // descriptor per nesting level, not one per directory (thousands of sibling directories
     // made by user code must not exhaust the process's descriptors).
     let mut stack: Vec<PendingDir> = Vec::new();
-    list_into(&Rc::new(logs_fd), &logs, "", session, &mut stack, &mut out);
+    let mut at = Listing {
+        session,
+        stack: &mut stack,
+        out: &mut out,
+        names,
+    };
+    list_into(&Rc::new(logs_fd), &logs, "", &mut at);
     while let Some(p) = stack.pop() {
         // Opened from its parent's descriptor, not followed if it became a symlink since the
         // stat, and only entered if it is still the directory stat saw.
@@ -83,14 +145,13 @@ pub(super) fn scan_logs(session: &Path) -> Vec<LogFile> {
         drop(p.parent);
         match opened {
             Ok(sub) if stat_fd(&sub).is_ok_and(|s| s.dev == p.dev && s.ino == p.ino) => {
-                list_into(
-                    &Rc::new(sub),
-                    &p.path,
-                    &p.rel,
+                let mut at = Listing {
                     session,
-                    &mut stack,
-                    &mut out,
-                );
+                    stack: &mut stack,
+                    out: &mut out,
+                    names,
+                };
+                list_into(&Rc::new(sub), &p.path, &p.rel, &mut at);
             }
             Ok(_) => skip("vanished", &p.path),
             Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) => {
@@ -129,16 +190,17 @@ struct PendingDir {
     ino: u64,
 }
 
+/// Where a listing puts what it finds.
+struct Listing<'a> {
+    session: &'a Path,
+    stack: &'a mut Vec<PendingDir>,
+    out: &'a mut Vec<LogFile>,
+    names: &'a mut NameSkips,
+}
+
 /// Lists the directory `fd` (at `dir`, `prefix` relative to `logs/`): its regular files go to
-/// `out`, its subdirectories to `stack`.
-fn list_into(
-    fd: &Rc<OwnedFd>,
-    dir: &Path,
-    prefix: &str,
-    session: &Path,
-    stack: &mut Vec<PendingDir>,
-    out: &mut Vec<LogFile>,
-) {
+/// `at.out`, its subdirectories to `at.stack`, the names refused to `at.names`.
+fn list_into(fd: &Rc<OwnedFd>, dir: &Path, prefix: &str, at: &mut Listing<'_>) {
     let names = match list_dir(fd) {
         Ok(names) => names,
         Err(e) => {
@@ -150,11 +212,11 @@ fn list_into(
     for os_name in names {
         let path = dir.join(&os_name);
         let Some(name) = os_name.to_str().map(str::to_string) else {
-            skip("name_not_utf8", &path);
+            at.names.refuse("name_not_utf8", &path);
             continue;
         };
-        if !is_safe_segment(&name) {
-            skip("unsafe_name", &path);
+        if !is_log_file_name(&name) {
+            at.names.refuse("unsafe_name", &path);
             continue;
         }
         let Ok(st) = stat_at(fd, &os_name) else {
@@ -166,7 +228,7 @@ fn list_into(
             format!("{prefix}/{name}")
         };
         if st.is_dir() {
-            stack.push(PendingDir {
+            at.stack.push(PendingDir {
                 parent: Rc::clone(fd),
                 name: os_name,
                 path,
@@ -175,9 +237,9 @@ fn list_into(
                 ino: st.ino,
             });
         } else if st.is_file() {
-            out.push(LogFile {
+            at.out.push(LogFile {
                 file: Beneath {
-                    root: session.to_path_buf(),
+                    root: at.session.to_path_buf(),
                     rel: Path::new("logs").join(&rel),
                     dev: st.dev,
                     ino: st.ino,
@@ -278,13 +340,25 @@ mod tests {
         std::fs::write(logs.join("raylet.out"), "a").unwrap();
         std::fs::write(logs.join("raylet.out.1"), "b").unwrap();
         std::fs::write(logs.join("orphan.log.2"), "c").unwrap();
-        std::fs::write(logs.join("bad name.log"), "d").unwrap();
+        std::fs::write(logs.join("job-driver-nightly eval é.log"), "d").unwrap();
+        std::fs::write(logs.join("bad\u{1b}name.log"), "d").unwrap();
+        std::fs::write(logs.join("trailing."), "d").unwrap();
+        std::fs::create_dir(logs.join("bad\tdir")).unwrap();
+        std::fs::write(logs.join("bad\tdir/inner.log"), "d").unwrap();
+        std::fs::write(
+            logs.join(<OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(
+                b"not-utf8-\xff.log",
+            )),
+            "d",
+        )
+        .unwrap();
         std::fs::create_dir(logs.join("events")).unwrap();
         std::fs::write(logs.join("events/event_GCS.log"), "e").unwrap();
         std::os::unix::fs::symlink("/etc/passwd", logs.join("link.log")).unwrap();
         std::os::unix::fs::symlink("/etc", logs.join("linkdir")).unwrap();
         let _sock = std::os::unix::net::UnixListener::bind(logs.join("sock")).unwrap();
-        let mut files = scan_logs(tmp.path());
+        let mut names = NameSkips::default();
+        let mut files = scan_logs(tmp.path(), &mut names);
         files.sort_by(|a, b| a.rel.cmp(&b.rel));
         let rels: Vec<(&str, Option<&str>)> = files
             .iter()
@@ -294,17 +368,35 @@ mod tests {
             rels,
             [
                 ("events/event_GCS.log", None),
+                ("job-driver-nightly eval é.log", None),
                 ("orphan.log.2", None),
                 ("raylet.out", None),
                 ("raylet.out.1", Some("raylet.out")),
             ]
         );
-        assert_eq!(files[2].file.rel, Path::new("logs/raylet.out"));
-        assert!(files[2].file.open().is_ok());
+        assert_eq!(files[3].file.rel, Path::new("logs/raylet.out"));
+        assert!(files[3].file.open().is_ok());
+        // Refused names are remembered once each; a second scan adds none.
+        assert_eq!(names.seen.len(), 4);
+        scan_logs(tmp.path(), &mut names);
+        assert_eq!(names.seen.len(), 4);
         // logs/ itself a symlink: nothing listed.
         let other = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(logs, other.path().join("logs")).unwrap();
-        assert!(scan_logs(other.path()).is_empty());
+        assert!(scan_logs(other.path(), &mut names).is_empty());
+    }
+
+    #[test]
+    fn refused_names_are_remembered_up_to_the_bound() {
+        let mut names = NameSkips::default();
+        for i in 0..MAX_NAME_SKIPS_REMEMBERED + 10 {
+            names.refuse("unsafe_name", Path::new(&format!("/logs/bad\u{1}{i}")));
+        }
+        assert_eq!(names.seen.len(), MAX_NAME_SKIPS_REMEMBERED);
+        assert!(names.full_told);
+        // One remembered is not told again.
+        names.refuse("unsafe_name", Path::new("/logs/bad\u{1}0"));
+        assert_eq!(names.seen.len(), MAX_NAME_SKIPS_REMEMBERED);
     }
 
     #[test]

@@ -432,6 +432,15 @@ pub const MAX_CLOUD_KEY_BYTES: usize = 1024;
 /// `file://` object's path is the directory, a `/` and the key.
 pub const LOCAL_PATH_MAX: usize = 4095;
 
+/// Linux's longest name of one file (`NAME_MAX`), in bytes.
+pub const LOCAL_NAME_MAX: usize = 255;
+
+/// Bytes a `file://` object's name leaves to object_store's staging file: a put (and a
+/// multipart upload) is written to `<name>#<n>` beside the object and renamed over it, `n`
+/// counting up from 1 past the staging files a killed run left. Four bytes: `#` and three
+/// digits.
+pub const LOCAL_STAGING_SUFFIX_ROOM: usize = 4;
+
 impl Configured {
     /// How this store appends to an object, where it can (a local directory).
     pub fn appender(&self) -> Result<Option<append::Appender>, StorageError> {
@@ -456,6 +465,18 @@ impl Configured {
     pub fn max_key_bytes(&self) -> usize {
         match self {
             Configured::Local(dir) => LOCAL_PATH_MAX.saturating_sub(dir.as_os_str().len() + 1),
+            Configured::Remote(..) => MAX_CLOUD_KEY_BYTES,
+        }
+    }
+
+    /// The longest name (one segment of a key) this store takes, in bytes. A local directory
+    /// takes [`LOCAL_NAME_MAX`] less [`LOCAL_STAGING_SUFFIX_ROOM`] (object_store writes the
+    /// object as `<name>#<n>` first: a 254- or 255-byte name has no room even for `#1`, and
+    /// its put failed with `ENAMETOOLONG` on every try); S3, GCS and Azure limit only the
+    /// whole key ([`MAX_CLOUD_KEY_BYTES`]).
+    pub fn max_name_bytes(&self) -> usize {
+        match self {
+            Configured::Local(_) => LOCAL_NAME_MAX - LOCAL_STAGING_SUFFIX_ROOM,
             Configured::Remote(..) => MAX_CLOUD_KEY_BYTES,
         }
     }

@@ -33,7 +33,7 @@ mod flush;
 use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use object_store::ObjectStore;
@@ -46,10 +46,11 @@ use super::lane::{
 };
 use super::ledger::{Ledger, LedgerEntry};
 use super::placement::{session_owner, SessionObjects};
-use super::scan::{object_key, priority, scan_logs, skip, LogFile};
+use super::scan::{object_key, priority, scan_logs, skip, LogFile, NameSkips};
 use super::schedule::{self, SMALL};
 use super::{LogConfig, LogError};
 use crate::events::spool::Spool;
+use crate::inspect::escape_untrusted;
 use crate::metrics as m;
 use crate::node::node_id::{LogNode, NodeIdResolver, RemoteNodeLookup};
 use crate::node::session::{
@@ -150,6 +151,9 @@ pub struct LogShipper {
     failures: Failures,
     /// Files whose key is over the store's limit, logged once.
     long_keys: BTreeSet<PathBuf>,
+    /// Files and directories whose name cannot be a key segment, logged and counted once.
+    /// Shared with the scan's blocking task, so a round cut while it scans loses none of it.
+    name_skips: Arc<Mutex<NameSkips>>,
     /// Objects the final flush uploads whole without trying an append (their append was
     /// still running beside the lane at SIGTERM).
     whole_only: BTreeSet<String>,
@@ -195,6 +199,7 @@ impl LogShipper {
             flush_named: BTreeSet::new(),
             failures: Failures::default(),
             long_keys: BTreeSet::new(),
+            name_skips: Arc::default(),
             whole_only: BTreeSet::new(),
             seen: HashMap::new(),
             written_total: 0,
@@ -440,7 +445,13 @@ impl LogShipper {
             self.verify_some().await;
         }
         let session_dir = s.dir.clone();
-        let mut files = match tokio::task::spawn_blocking(move || scan_logs(&session_dir)).await {
+        let names = Arc::clone(&self.name_skips);
+        let scanned = tokio::task::spawn_blocking(move || {
+            let mut names = names.lock().unwrap_or_else(PoisonError::into_inner);
+            scan_logs(&session_dir, &mut names)
+        })
+        .await;
+        let mut files = match scanned {
             Ok(f) => f,
             Err(_) => return report,
         };
@@ -490,7 +501,9 @@ impl LogShipper {
                 ..f
             };
             let key = object_key(&self.prefix, &s.name, &file_node, &f);
-            if key.len() > self.cfg.max_key_bytes {
+            if key.len() > self.cfg.max_key_bytes
+                || key.split('/').any(|n| n.len() > self.cfg.max_name_bytes)
+            {
                 self.refuse_long_key(&f, &key);
                 continue;
             }
@@ -702,14 +715,18 @@ impl LogShipper {
         }
     }
 
-    /// A file whose key is longer than the store allows: skipped, logged once, counted.
+    /// A file whose key, or a name in it, is longer than the store allows: skipped, logged
+    /// once, counted.
     fn refuse_long_key(&mut self, f: &LogFile, key: &str) {
         skip("key_too_long", &f.abs);
         if self.long_keys.len() < MAX_KEYS_LOGGED && self.long_keys.insert(f.abs.clone()) {
-            tracing::warn!(path = %f.abs.display(), key_bytes = key.len(),
-                limit = self.cfg.max_key_bytes,
-                "log file not uploaded: its object key is longer than the store allows \
-                 (rhc_log_files_skipped_total{{reason=\"key_too_long\"}}); logged once");
+            let longest_name = key.split('/').map(str::len).max().unwrap_or(0);
+            tracing::warn!(path = %escape_untrusted(&f.abs.to_string_lossy()),
+                key_bytes = key.len(), limit = self.cfg.max_key_bytes,
+                longest_name_bytes = longest_name, name_limit = self.cfg.max_name_bytes,
+                "log file not uploaded: its object key, or a name in it, is longer than the \
+                 store allows (rhc_log_files_skipped_total{{reason=\"key_too_long\"}}); \
+                 logged once");
         }
     }
 

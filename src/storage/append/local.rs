@@ -204,8 +204,14 @@ pub async fn remove_local_temp(app: &Appender, key: &str) {
     }
 }
 
-/// Removes this node's temporaries (tag `tag`) below `<history root>/<any session>/<node>/`:
-/// what a run killed while writing a version left. The number removed.
+/// The folders below a node's that hold event objects, the only objects written through a
+/// temporary ([`temp_path`]).
+const EVENT_FOLDERS: [&str; 2] = ["node_events", "job_events"];
+
+/// Removes this node's temporaries (tag `tag`) below the event folders of
+/// `<history root>/<any session>/<node>/`: what a run killed while writing a version left.
+/// Only there: the node's `logs/` holds Ray's files under their own names, and a log file
+/// named like a temporary is a log, not ours to remove (review r39u D1). The number removed.
 pub(super) fn remove_temporaries(history_root: &Path, node: &str, tag: &str) -> usize {
     let end = format!(".{tag}{LOCAL_TEMP_SUFFIX}");
     let mut removed = 0;
@@ -213,7 +219,8 @@ pub(super) fn remove_temporaries(history_root: &Path, node: &str, tag: &str) -> 
         return 0;
     };
     for s in sessions.flatten() {
-        let mut stack = vec![s.path().join(node)];
+        let node_dir = s.path().join(node);
+        let mut stack: Vec<PathBuf> = EVENT_FOLDERS.iter().map(|f| node_dir.join(f)).collect();
         while let Some(dir) = stack.pop() {
             let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;
@@ -341,8 +348,14 @@ mod tests {
         std::fs::create_dir_all(&other).unwrap();
         let other_tmp = other.join(".o-2026-11-22-02.jsonl.gz.host-a.rhc-tmp");
         std::fs::write(&other_tmp, b"x").unwrap();
+        // A log file of the node named like a temporary is Ray's, not ours (review r39u D1).
+        let logs = root.join("s1/n1/logs");
+        std::fs::create_dir_all(&logs).unwrap();
+        let log = logs.join(".app.log.host-a.rhc-tmp");
+        std::fs::write(&log, b"a log").unwrap();
         assert_eq!(remove_temporaries(&root, "n1", "host-a"), 1);
         assert!(!ours.exists() && theirs.exists() && other_tmp.exists() && target.exists());
+        assert!(log.exists());
     }
 
     #[tokio::test]
