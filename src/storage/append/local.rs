@@ -206,12 +206,23 @@ pub async fn remove_local_temp(app: &Appender, key: &str) {
 
 /// The folders below a node's that hold event objects, the only objects written through a
 /// temporary ([`temp_path`]).
-const EVENT_FOLDERS: [&str; 2] = ["node_events", "job_events"];
+const EVENT_FOLDERS: [&str; 3] = [
+    crate::contract::events::NODE_EVENTS_DIR,
+    crate::contract::events::JOB_EVENTS_DIR,
+    crate::contract::events::EXPORT_EVENTS_DIR,
+];
+
+/// True when `path` is a directory itself, not a symlink to one (nor anything else).
+fn real_dir(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_dir())
+}
 
 /// Removes this node's temporaries (tag `tag`) below the event folders of
 /// `<history root>/<any session>/<node>/`: what a run killed while writing a version left.
 /// Only there: the node's `logs/` holds Ray's files under their own names, and a log file
-/// named like a temporary is a log, not ours to remove (review r39u D1). The number removed.
+/// named like a temporary is a log, not ours to remove (review r39u D1). No symlink is
+/// followed, the session's, the node's and the event folders' own included: the walk never
+/// leaves the bucket (review r39v D1). The number removed.
 pub(super) fn remove_temporaries(history_root: &Path, node: &str, tag: &str) -> usize {
     let end = format!(".{tag}{LOCAL_TEMP_SUFFIX}");
     let mut removed = 0;
@@ -220,7 +231,14 @@ pub(super) fn remove_temporaries(history_root: &Path, node: &str, tag: &str) -> 
     };
     for s in sessions.flatten() {
         let node_dir = s.path().join(node);
-        let mut stack: Vec<PathBuf> = EVENT_FOLDERS.iter().map(|f| node_dir.join(f)).collect();
+        if !real_dir(&s.path()) || !real_dir(&node_dir) {
+            continue;
+        }
+        let mut stack: Vec<PathBuf> = EVENT_FOLDERS
+            .iter()
+            .map(|f| node_dir.join(f))
+            .filter(|d| real_dir(d))
+            .collect();
         while let Some(dir) = stack.pop() {
             let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;
@@ -353,9 +371,29 @@ mod tests {
         std::fs::create_dir_all(&logs).unwrap();
         let log = logs.join(".app.log.host-a.rhc-tmp");
         std::fs::write(&log, b"a log").unwrap();
+        // Nothing is deleted through a symlink, whether it is an event folder, a node's or a
+        // session's (review r39v D1).
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(outside.join("sub")).unwrap();
+        let victims = [
+            outside.join(".v.jsonl.host-a.rhc-tmp"),
+            outside.join("sub/.w.jsonl.host-a.rhc-tmp"),
+        ];
+        for v in &victims {
+            std::fs::write(v, b"not ours").unwrap();
+        }
+        std::fs::create_dir_all(root.join("s2/n1")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("s2/n1/node_events")).unwrap();
+        std::fs::create_dir_all(root.join("s3")).unwrap();
+        std::fs::create_dir_all(outside.join("node_events")).unwrap();
+        let deep = outside.join("node_events/.x.jsonl.host-a.rhc-tmp");
+        std::fs::write(&deep, b"not ours").unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("s3/n1")).unwrap();
+        std::os::unix::fs::symlink(root.join("s3"), root.join("s4")).unwrap();
         assert_eq!(remove_temporaries(&root, "n1", "host-a"), 1);
         assert!(!ours.exists() && theirs.exists() && other_tmp.exists() && target.exists());
         assert!(log.exists());
+        assert!(victims.iter().all(|v| v.exists()) && deep.exists());
     }
 
     #[tokio::test]
