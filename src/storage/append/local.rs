@@ -212,50 +212,94 @@ const EVENT_FOLDERS: [&str; 3] = [
     crate::contract::events::EXPORT_EVENTS_DIR,
 ];
 
-/// True when `path` is a directory itself, not a symlink to one (nor anything else).
-fn real_dir(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_dir())
+/// A directory still to walk: opened from its parent's descriptor when its turn comes (so
+/// the walk holds one descriptor per level, not one per directory waiting), and its path for
+/// the log.
+struct Pending {
+    parent: std::rc::Rc<std::os::fd::OwnedFd>,
+    name: std::ffi::OsString,
+    path: PathBuf,
 }
 
 /// Removes this node's temporaries (tag `tag`) below the event folders of
 /// `<history root>/<any session>/<node>/`: what a run killed while writing a version left.
 /// Only there: the node's `logs/` holds Ray's files under their own names, and a log file
-/// named like a temporary is a log, not ours to remove (review r39u D1). No symlink is
-/// followed, the session's, the node's and the event folders' own included: the walk never
-/// leaves the bucket (review r39v D1). The number removed.
+/// named like a temporary is a log, not ours to remove (review r39u D1). The walk never
+/// leaves the bucket: every directory below the history root (sessions, the node's, the
+/// event folders and what they hold) is opened from its parent's descriptor without
+/// following a symlink, and a temporary is removed with `unlinkat` on the descriptor it was
+/// listed from, never looked up again by path, so a symlink put in place of a directory
+/// before or during the walk is never followed (reviews r39v D1, r39w D1). The number
+/// removed.
 pub(super) fn remove_temporaries(history_root: &Path, node: &str, tag: &str) -> usize {
+    use crate::util::fs::{list_dir, open_dir, stat_at};
+    use std::ffi::OsStr;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    use std::rc::Rc;
+
     let end = format!(".{tag}{LOCAL_TEMP_SUFFIX}");
     let mut removed = 0;
-    let Ok(sessions) = std::fs::read_dir(history_root) else {
+    // The history root may be reached through a symlink of the user's (the bucket's path).
+    let Ok(root) = std::fs::File::open(history_root).map(std::os::fd::OwnedFd::from) else {
         return 0;
     };
-    for s in sessions.flatten() {
-        let node_dir = s.path().join(node);
-        if !real_dir(&s.path()) || !real_dir(&node_dir) {
+    let Ok(sessions) = list_dir(&root) else {
+        return 0;
+    };
+    for s in sessions {
+        let Ok(session) = open_dir(Some(&root), &s) else {
             continue;
-        }
-        let mut stack: Vec<PathBuf> = EVENT_FOLDERS
+        };
+        let Ok(node_dir) = open_dir(Some(&session), OsStr::new(node)) else {
+            continue;
+        };
+        let node_dir = Rc::new(node_dir);
+        let node_path = history_root.join(&s).join(node);
+        let mut stack: Vec<Pending> = EVENT_FOLDERS
             .iter()
-            .map(|f| node_dir.join(f))
-            .filter(|d| real_dir(d))
+            .map(|f| Pending {
+                parent: node_dir.clone(),
+                name: f.into(),
+                path: node_path.join(f),
+            })
             .collect();
-        while let Some(dir) = stack.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
+        while let Some(p) = stack.pop() {
+            let Ok(dir) = open_dir(Some(&p.parent), &p.name) else {
                 continue;
             };
-            for e in entries.flatten() {
-                let Ok(ft) = e.file_type() else { continue };
-                let name = e.file_name();
-                let name = name.to_string_lossy();
-                if ft.is_dir() {
-                    stack.push(e.path());
-                } else if ft.is_file() && name.starts_with('.') && name.ends_with(&end) {
-                    match std::fs::remove_file(e.path()) {
-                        Ok(()) => removed += 1,
-                        Err(err) => {
-                            tracing::warn!(path = %e.path().display(), error = %err, "could not remove a temporary an earlier run left")
-                        }
-                    }
+            let dir = Rc::new(dir);
+            let Ok(names) = list_dir(&dir) else {
+                continue;
+            };
+            for name in names {
+                let Ok(st) = stat_at(&dir, &name) else {
+                    continue;
+                };
+                let path = p.path.join(&name);
+                if st.is_dir() {
+                    stack.push(Pending {
+                        parent: dir.clone(),
+                        name,
+                        path,
+                    });
+                    continue;
+                }
+                let text = name.to_string_lossy();
+                if !(st.is_file() && text.starts_with('.') && text.ends_with(&end)) {
+                    continue;
+                }
+                let Ok(c) = std::ffi::CString::new(name.as_bytes()) else {
+                    continue;
+                };
+                // SAFETY: `dir` is an open directory descriptor for the call and `c` is a
+                // NUL-terminated name in it.
+                let r = unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) };
+                if r == 0 {
+                    removed += 1;
+                } else {
+                    let err = io::Error::last_os_error();
+                    tracing::warn!(path = %path.display(), error = %err, "could not remove a temporary an earlier run left");
                 }
             }
         }
