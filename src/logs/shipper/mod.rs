@@ -17,8 +17,9 @@
 //! it does not count toward [`MAX_FAILURES_IN_A_ROW`], so other files still go. A versioned
 //! bucket gets no appends. At the first round the incomplete uploads an earlier run left are
 //! cleaned up (S3), whether appends are on or not.
-//! Each round checks `checks::VERIFY_PER_ROUND` ledger entries against the
-//! bucket with a HEAD, so an object the bucket lost is uploaded again.
+//! Each round starts checks of a few ledger entries against the bucket with a HEAD, beside
+//! the lane (at most `checks::VERIFY_PER_ROUND` at once; the next round takes their
+//! outcomes, no round waits for one), so an object the bucket lost is uploaded again.
 //!
 //! Layout: this file is the face ([`LogShipper`], its rounds and what one send settles);
 //! `beside` keeps the sends that outlast their slot going beside the lane, and cuts the ones
@@ -162,8 +163,9 @@ pub struct LogShipper {
     prepared_nodes: BTreeSet<String>,
     /// The last ledger key checked with a HEAD (see `checks::VERIFY_PER_ROUND`).
     verify_cursor: Option<String>,
-    /// Checks that took too long, tried again beside the rounds (see `checks::Retry`).
-    verify_retries: Vec<checks::Retry>,
+    /// Checks of ledger entries running beside the rounds, tried again ones included (see
+    /// `checks::Check`; at most `checks::VERIFY_PER_ROUND`).
+    verify_checks: Vec<checks::Check>,
     /// New keys the ledger is saved for as soon as their first upload succeeds, not at the
     /// end of the round: keys nothing on disk would name again after a kill -9 (a rotated
     /// backup's, named by its mtime then; a worker file's filed under a guessed node).
@@ -201,7 +203,7 @@ impl LogShipper {
             uploaded_total: 0,
             prepared_nodes: BTreeSet::new(),
             verify_cursor: None,
-            verify_retries: Vec::new(),
+            verify_checks: Vec::new(),
             save_on_first: BTreeSet::new(),
             cfg,
             store,
@@ -437,7 +439,7 @@ impl LogShipper {
         self.prepare_appends(&owner).await;
         let placed = SessionObjects::of(&self.ledger, &self.prefix, &s.name);
         if how == Pass::Scheduled {
-            self.verify_some().await;
+            self.verify_some();
         }
         let session_dir = s.dir.clone();
         let mut files = match tokio::task::spawn_blocking(move || scan_logs(&session_dir)).await {
