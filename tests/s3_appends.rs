@@ -10,8 +10,9 @@
 //!   key go whole every round; a deterministic failure of any request of an append (a HEAD
 //!   refused to write-only credentials, a completion refused, an error document in a 200)
 //!   sends the file whole at once; appends that keep failing transiently fall back to a
-//!   whole upload after a bounded number of rounds without holding up the other files, and
-//!   the final flush uploads whole what it cannot append;
+//!   whole upload after a bounded number of rounds, or of intervals when each failure is
+//!   slow, without holding up the other files, and the final flush uploads whole what it
+//!   cannot append;
 //! - no incomplete multipart upload survives a SIGTERM (during an append or a whole upload)
 //!   or a kill -9 and the next start, and the start-up cleanup runs whatever the log
 //!   settings;
@@ -711,11 +712,56 @@ fn appends_failing_transiently_fall_back_to_whole_and_do_not_stop_the_round() {
     assert!(c.metric_labeled("rhc_log_append_failures_total", "kind=\"transient\"") >= 3.0);
     assert_eq!(c.metric("rhc_log_appends_enabled"), 1.0);
     assert!(
-        c.log_text()
-            .contains("rounds in a row; uploading the file whole"),
+        c.log_text().contains("kept failing ("),
         "{}",
         c.log_tail(40)
     );
+    c.terminate_ok(Duration::from_secs(30));
+}
+
+/// Review r42t D5: each failed append lasting longer than an interval (an S3 copy left
+/// unanswered fails after 30 s), five of them in a row left the object many intervals stale
+/// (23 at a 2 s interval in the review). Here every copy fails after about 8 s (each attempt
+/// answered 503 after 1.5 s, four attempts) at a 1 s interval: main needed five such
+/// failures, about 45 s; now the first, longer than four intervals, sends the file whole.
+#[test]
+fn appends_that_fail_slowly_go_whole_after_four_intervals_not_five_failures() {
+    let Some(rig) = MotoRig::new("slowfail", CLUSTER) else {
+        return;
+    };
+    rig.append(LOG, &lines(0, 6 * MIB));
+    let mut c = rig.collector().start();
+    rig.wait_equal(LOG, &c, "first upload");
+    rig.proxy.add(
+        Rule::new(Fault::DelayThenStatus(
+            Duration::from_millis(1500),
+            503,
+            "ServiceUnavailable".into(),
+        ))
+        .with_header("x-amz-copy-source"),
+    );
+    rig.append(LOG, &lines(900_000, 4_000));
+    let grown = Instant::now();
+    let want = rig.file(LOG);
+    let limit = Duration::from_secs(25);
+    while rig.object(LOG).as_deref() != Some(&want[..]) {
+        assert!(
+            grown.elapsed() < limit,
+            "{LOG} still stale {limit:?} after it grew, its copies failing after about 8 s\n{}",
+            c.log_tail(40)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let took = grown.elapsed();
+    let copies = rig.proxy.seen().iter().filter(|r| r.is_copy()).count();
+    eprintln!("{LOG} whole {took:?} after it grew, after {copies} failed copy attempts");
+    assert!(copies >= 1, "no copy was tried");
+    assert!(
+        c.log_text().contains("kept failing (1 in a row over"),
+        "{}",
+        c.log_tail(40)
+    );
+    assert_eq!(c.metric("rhc_log_appends_enabled"), 1.0);
     c.terminate_ok(Duration::from_secs(30));
 }
 

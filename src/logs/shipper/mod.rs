@@ -12,8 +12,9 @@
 //! Appends: the store's refusals decide when appends are off ([`super::gate`]); an object
 //! whose append is refused goes whole at once, one whose appends fail transiently is
 //! retried next round and goes whole after [`super::gate::MAX_TRANSIENT_APPEND_ROUNDS`]
-//! rounds in a row; the final flush and earlier sessions never leave a file behind because
-//! its append failed (it goes whole). An append's failure is the object's, not the store's:
+//! rounds in a row, or [`super::gate::MAX_TRANSIENT_APPEND_INTERVALS`] intervals since the
+//! first failed append began; the final flush and earlier sessions never leave a file
+//! behind because its append failed (it goes whole). An append's failure is the object's, not the store's:
 //! it does not count toward [`MAX_FAILURES_IN_A_ROW`], so other files still go. A versioned
 //! bucket gets no appends. At the first round the incomplete uploads an earlier run left are
 //! cleaned up (S3), whether appends are on or not.
@@ -189,6 +190,7 @@ impl LogShipper {
             pace: Pacer::new(cfg.max_bytes_per_second).map(Arc::new),
             gate: Arc::new(Mutex::new(AppendGate::default())),
             stall: stall_limit(cfg.upload_interval, test_min_stall()),
+            interval: cfg.upload_interval,
         });
         Ok(LogShipper {
             sender,
