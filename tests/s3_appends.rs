@@ -8,7 +8,8 @@
 //! - failures are classified: a 503 burst or slow answers do not turn appends off, refusals
 //!   do (and the log and metrics say why), a copy refused for one key does not make that
 //!   key go whole every round; a deterministic failure of any request of an append (a HEAD
-//!   refused to write-only credentials, a completion refused, an error document in a 200)
+//!   refused to write-only credentials, a completion refused, an error document in a 200
+//!   to a copy, a part or a completion)
 //!   sends the file whole at once; appends that keep failing transiently fall back to a
 //!   whole upload after a bounded number of rounds, or of intervals when each failure is
 //!   slow, without holding up the other files, and the final flush uploads whole what it
@@ -995,6 +996,59 @@ fn a_completion_answered_200_with_an_error_document_is_a_refusal() {
         c.log_text().contains("refused appends 3 times in a row"),
         "{}",
         c.log_tail(40)
+    );
+    c.terminate_ok(Duration::from_secs(30));
+    for n in &names {
+        assert_eq!(rig.object(n).unwrap(), rig.file(n));
+    }
+    assert!(rig.open_uploads().is_empty(), "{:?}", rig.open_uploads());
+}
+
+/// Review r42v D1: an UploadPart (the new bytes of an append) answered 200 with an error
+/// document has no ETag header, so the part can never be completed: a refusal, as the same
+/// code in a 403 is, not a failure retried for five rounds. Each object goes whole at once
+/// and a store that always answers so gets appends switched off.
+#[test]
+fn an_upload_part_answered_200_with_an_error_document_is_a_refusal() {
+    let Some(rig) = MotoRig::new("part200", CLUSTER) else {
+        return;
+    };
+    let names = three_logs(&rig);
+    let mut c = rig.collector().start();
+    for n in &names {
+        rig.wait_equal(n, &c, "first upload");
+    }
+    rig.proxy.add(
+        Rule::new(Fault::ErrorIn200("AccessDenied".into()))
+            .method("PUT")
+            .target_contains("partNumber=")
+            .without_header("x-amz-copy-source"),
+    );
+    grow_all(&rig, &names, 0);
+    c.wait_until("three refusals", Duration::from_secs(10), || {
+        c.metric_labeled("rhc_log_append_failures_total", "kind=\"refused\"") >= 3.0
+    });
+    for n in &names {
+        rig.wait_equal(n, &c, "the grown log, whole, in the live rounds");
+    }
+    assert_eq!(
+        c.metric_labeled("rhc_log_append_failures_total", "kind=\"transient\""),
+        0.0,
+        "{}",
+        c.log_tail(40)
+    );
+    assert_eq!(
+        c.metric("rhc_log_appends_enabled"),
+        0.0,
+        "{}",
+        c.log_tail(40)
+    );
+    assert!(
+        rig.proxy.seen().iter().any(|r| r.faulted
+            && r.method == "PUT"
+            && r.target.contains("partNumber=")
+            && !r.is_copy()),
+        "no UploadPart was answered with the error document"
     );
     c.terminate_ok(Duration::from_secs(30));
     for n in &names {
