@@ -17,7 +17,8 @@
 //! - no incomplete multipart upload survives a SIGTERM (during an append or a whole upload)
 //!   or a kill -9 and the next start, and the start-up cleanup runs whatever the log
 //!   settings;
-//! - the ledger belongs to a bucket, and an object the bucket lost is uploaded again;
+//! - the ledger belongs to a bucket, and an object the bucket lost, or that was
+//!   overwritten with as many bytes, is uploaded again;
 //! - objects bigger than one copy part are copied in ranges;
 //! - a versioned bucket gets no appends; one with versioning suspended does;
 //! - a whole upload over a slow uplink that keeps moving (the proxy reading bodies at
@@ -536,6 +537,84 @@ fn an_object_the_bucket_lost_is_uploaded_again() {
     assert!(rig.object("gcs_server.out").is_none());
     rig.wait_equal("gcs_server.out", &c, "uploaded again");
     c.terminate_ok(Duration::from_secs(30));
+}
+
+/// Review r42v D2: the ledger checks compare the object's ETag too, so an object someone
+/// overwrote with as many bytes is uploaded again (it stayed so, exit 0). The ETags the
+/// ledger records after a whole upload (one PUT, a multipart upload) and after an append
+/// are the objects' own: rounds of checks of each find nothing to send again.
+#[test]
+fn an_object_overwritten_with_as_many_bytes_is_uploaded_again() {
+    let Some(rig) = MotoRig::new("samesize", CLUSTER) else {
+        return;
+    };
+    let (small, big) = ("gcs_server.out", LOG);
+    rig.append(small, b"gcs says hello\n");
+    rig.append(big, &lines(0, 6 * MIB));
+    // The 6 MiB log goes whole as a multipart upload of two parts, then is appended to.
+    let mut c = rig
+        .collector()
+        .args(&["--upload-part-bytes", "5MiB"])
+        .start();
+    rig.wait_equal(small, &c, "one PUT");
+    rig.wait_equal(big, &c, "a multipart upload");
+    rig.append(big, &lines(5_000_000, 4_000));
+    rig.wait_equal(big, &c, "appended");
+    assert!(appends(&c) >= 1.0, "{}", c.log_tail(40));
+    let checked = |times: usize| {
+        let from = rig.proxy.seen().len();
+        c.wait_until("each object checked again", Duration::from_secs(15), || {
+            let seen = rig.proxy.seen();
+            [small, big].iter().all(|n| {
+                let key = rig.key(n);
+                seen[from..]
+                    .iter()
+                    .filter(|r| r.method == "HEAD" && r.target.contains(&key) && r.status == 200)
+                    .count()
+                    >= times
+            })
+        });
+    };
+    let wrong = |c: &Collector| {
+        let text = c.log_text();
+        text.contains("another ETag")
+            || text.contains("another size")
+            || text.contains("differs from the ledger's again")
+    };
+    // The entries of the PUT and of the append, checked: no ETag taken for another's.
+    checked(3);
+    assert!(!wrong(&c), "{}", c.log_tail(40));
+    let sent = appends(&c) + wholes(&c);
+    // Someone overwrites both objects with as many other bytes.
+    for n in [small, big] {
+        let len = rig.file(n).len();
+        let (status, _) = rig.s3.request(
+            "PUT",
+            &format!("/{}/{}", rig.bucket, rig.key(n)),
+            &vec![b'Z'; len],
+        );
+        assert_eq!(status, 200);
+        assert_ne!(rig.object(n).unwrap(), rig.file(n));
+    }
+    for n in [small, big] {
+        rig.wait_equal(n, &c, "uploaded again");
+    }
+    assert!(
+        c.log_text().contains("the ledger's size but another ETag"),
+        "{}",
+        c.log_tail(40)
+    );
+    // The entries of the new uploads (the big one a multipart upload again), checked:
+    // nothing more sent, no ETag taken for another's.
+    let resent = appends(&c) + wholes(&c);
+    assert_eq!(resent, sent + 2.0, "{}", c.log_tail(40));
+    checked(3);
+    assert_eq!(appends(&c) + wholes(&c), resent, "{}", c.log_tail(40));
+    assert!(!c.log_text().contains("differs from the ledger's again"));
+    c.terminate_ok(Duration::from_secs(30));
+    for n in [small, big] {
+        assert_eq!(rig.object(n).unwrap(), rig.file(n));
+    }
 }
 
 #[test]

@@ -2,7 +2,9 @@
 //! ledger recorded (so only its new bytes need to go), whether an append can go (appends on,
 //! the object's size within what the store appends to), what appends cost in this bucket, and
 //! a few entries each round checked with a HEAD ([`VERIFY_PER_ROUND`]) so an object the
-//! bucket lost or someone overwrote is uploaded again. The checks run beside the rounds (at
+//! bucket lost, or one that is not what the ledger recorded (another size, or another ETag:
+//! overwritten, or an upload of ours that landed after the ledger was last saved), is
+//! uploaded again. The checks run beside the rounds (at
 //! most [`VERIFY_PER_ROUND`] at once, each within its deadline, tried again with a longer
 //! one when it runs out): a round takes the outcomes of those that ended and never waits
 //! for a HEAD, so a store whose HEADs hang holds up no log.
@@ -58,27 +60,89 @@ const VERIFY_PER_ROUND: usize = 8;
 /// What the answer to a check of a ledger entry means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Verdict {
-    /// The object is there, of the ledger's size (or the answer came too late to say).
+    /// The object is there, of the ledger's size and ETag (or the answer came too late to
+    /// say).
     Fine,
     /// The bucket lost the object: the file is uploaded again.
     Lost,
-    /// The object's size is not the ledger's (overwritten): the file is uploaded again.
-    Overwritten,
-    /// The answer would say the object is lost or overwritten, but the ledger's entry is not
-    /// the one the check started with, or a send of the key runs: not taken.
+    /// The object's size is not the ledger's: the file is uploaded again.
+    OtherSize,
+    /// The object has the ledger's size but not its ETag (overwritten with as many bytes):
+    /// the file is uploaded again.
+    OtherETag,
+    /// The answer would say the object is lost or not the ledger's, but the ledger's entry
+    /// is not the one the check started with, or a send of the key runs: not taken.
     Late,
 }
 
-/// The verdict on a check's answer, `Ok(Some(size))` the object's size, `Ok(None)` not
-/// found: taken only while the ledger's entry `now` is `started` (the entry when the check
-/// began) and no send of the key runs (`sending`), for a 404 and for a size alike (a whole
-/// upload of a file that shrank makes the object shorter while it runs, and one that ended
-/// changed the entry).
+/// What a check's HEAD found of an object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Found {
+    size: u64,
+    e_tag: Option<String>,
+}
+
+/// An ETag as compared: without a weak validator's `W/`, the quotes or the case (S3's
+/// XML answers and headers, and S3-compatible stores, do not all quote alike); `None` for
+/// an empty one (some S3-compatible stores answer a completion with `<ETag></ETag>`), which
+/// says nothing.
+fn etag_key(tag: &str) -> Option<String> {
+    let t = tag.trim();
+    let t = t.strip_prefix("W/").unwrap_or(t).trim_matches('"').trim();
+    (!t.is_empty()).then(|| t.to_ascii_lowercase())
+}
+
+/// True only when both ETags are known and differ ([`etag_key`]): a ledger entry without
+/// one (a ledger before version 3, a store that gave none) is judged by its size alone.
+fn etags_differ(ledger: Option<&str>, found: Option<&str>) -> bool {
+    match (ledger.and_then(etag_key), found.and_then(etag_key)) {
+        (Some(a), Some(b)) => a != b,
+        _ => false,
+    }
+}
+
+/// Whether the ledger checks compare ETags (review r42v D2), and the keys whose object was
+/// found with the ledger's size but another ETag in this run.
+#[derive(Debug, Default)]
+pub(super) struct EtagTrust {
+    mismatched: std::collections::BTreeSet<String>,
+    /// A key's ETag differed twice: sizes only from then on.
+    off: bool,
+}
+
+impl EtagTrust {
+    /// Whether checks compare ETags.
+    fn on(&self) -> bool {
+        !self.off
+    }
+
+    /// `key`'s object has the ledger's size but another ETag: true to upload its file again.
+    /// The second time for the same key in this run (its entry then recorded by the upload
+    /// the first one caused), false, and ETags are compared no more: the store's answers
+    /// to uploads do not give the ETag its HEADs do (an S3-compatible store), or someone
+    /// keeps overwriting that object. Without this, such a store would have every checked
+    /// file sent again each time it is checked, for good.
+    fn mismatch(&mut self, key: &str) -> bool {
+        if self.mismatched.insert(key.to_string()) {
+            return true;
+        }
+        self.off = true;
+        false
+    }
+}
+
+/// The verdict on a check's answer (`found`: the object's size and ETag, `None` not
+/// found), `etags` whether ETags are compared ([`EtagTrust`]): taken
+/// only while the ledger's entry `now` is `started` (the entry when the check began) and no
+/// send of the key runs (`sending`), for a 404, a size and an ETag alike (a whole upload of
+/// a file that shrank makes the object shorter while it runs, and one that ended changed the
+/// entry).
 fn verdict(
     now: Option<&LedgerEntry>,
     started: Option<&LedgerEntry>,
     sending: bool,
-    found: Option<u64>,
+    found: Option<&Found>,
+    etags: bool,
 ) -> Verdict {
     let Some(entry) = now else {
         // Gone from the ledger already: nothing to take.
@@ -86,7 +150,10 @@ fn verdict(
     };
     let wrong = match found {
         None => Verdict::Lost,
-        Some(size) if size != entry.size => Verdict::Overwritten,
+        Some(f) if f.size != entry.size => Verdict::OtherSize,
+        Some(f) if etags && etags_differ(entry.e_tag.as_deref(), f.e_tag.as_deref()) => {
+            Verdict::OtherETag
+        }
         Some(_) => return Verdict::Fine,
     };
     if started == Some(entry) && !sending {
@@ -259,8 +326,8 @@ impl LogShipper {
 
     /// Starts checks of the next ledger entries with a HEAD, beside the round (see
     /// [`VERIFY_PER_ROUND`]), after taking the outcomes of those that ended since: an entry
-    /// whose object is gone, or whose size is not the ledger's, is dropped, so the file is
-    /// uploaded again. The round never waits for a HEAD (review r42t D3: it waited up to
+    /// whose object is gone, or whose size or ETag is not the ledger's, is dropped, so the
+    /// file is uploaded again. The round never waits for a HEAD (review r42t D3: it waited up to
     /// 15 s for one that hung, holding every log of the node).
     ///
     /// No more than [`VERIFY_PER_ROUND`] checks run at once, counting the ones tried again:
@@ -306,7 +373,10 @@ impl LogShipper {
             };
             let key = std::mem::take(&mut c.key);
             let found = match outcome {
-                Ok(Ok(Ok(meta))) => Some(meta.size),
+                Ok(Ok(Ok(meta))) => Some(Found {
+                    size: meta.size,
+                    e_tag: meta.e_tag,
+                }),
                 Ok(Ok(Err(object_store::Error::NotFound { .. }))) => None,
                 Ok(Ok(Err(e))) => {
                     tracing::debug!(%key, error = %e, "checking a ledger entry failed");
@@ -328,13 +398,29 @@ impl LogShipper {
                 Err(_) => continue,
             };
             let now = self.ledger.data.objects.get(&key);
-            match verdict(now, c.entry.as_ref(), self.sending(&key), found) {
+            let etags = self.etag_trust.on();
+            let sending = self.sending(&key);
+            match verdict(now, c.entry.as_ref(), sending, found.as_ref(), etags) {
                 Verdict::Fine => {}
-                Verdict::Lost => self.lost(&key),
-                Verdict::Overwritten => {
+                Verdict::Lost => {
+                    tracing::warn!(%key, "the bucket lost an object the ledger recorded; uploading it again");
+                    self.forget(&key);
+                }
+                Verdict::OtherSize => {
                     let ledger = now.map_or(0, |p| p.size);
-                    tracing::warn!(%key, object = found.unwrap_or(0), ledger, "an object's size is not the ledger's (overwritten)");
-                    self.lost(&key);
+                    let object = found.as_ref().map_or(0, |f| f.size);
+                    tracing::warn!(%key, object, ledger, "the object in the bucket has another size than the one the ledger recorded (written by another writer, or by an upload of ours that landed after the ledger was last saved, as before a kill); uploading the file again");
+                    self.forget(&key);
+                }
+                Verdict::OtherETag => {
+                    let ledger = now.and_then(|p| p.e_tag.clone()).unwrap_or_default();
+                    let object = found.and_then(|f| f.e_tag).unwrap_or_default();
+                    if !self.etag_trust.mismatch(&key) {
+                        tracing::warn!(%key, %object, %ledger, "an object's ETag differs from the ledger's again after it was uploaded again: the store's ETags are taken as not matching what its uploads answered, and the ledger checks compare sizes only from now on (an overwrite with as many bytes is no longer found)");
+                        continue;
+                    }
+                    tracing::warn!(%key, %object, %ledger, "the object in the bucket has the ledger's size but another ETag (overwritten with as many bytes); uploading the file again");
+                    self.forget(&key);
                 }
                 Verdict::Late => {
                     tracing::debug!(%key, "a late answer to a check of a ledger entry that changed since (uploaded again) or is being sent: not taken");
@@ -371,10 +457,9 @@ impl LogShipper {
             || self.current.as_ref().is_some_and(|b| b.key == key)
     }
 
-    /// `key`'s object is not in the bucket any more: its entry goes, so the file is
-    /// uploaded again, and its session is not complete in the bucket any more.
-    fn lost(&mut self, key: &str) {
-        tracing::warn!(%key, "the bucket lost an object the ledger recorded; uploading it again");
+    /// `key`'s object is not the one the ledger recorded (or is gone): its entry goes, so
+    /// the file is uploaded again, and its session is not complete in the bucket any more.
+    fn forget(&mut self, key: &str) {
         self.ledger.data.objects.remove(key);
         let session = key
             .strip_prefix(&format!("{}/", self.prefix))
@@ -448,31 +533,111 @@ mod tests {
         }
     }
 
+    fn found(size: u64, e_tag: Option<&str>) -> Found {
+        Found {
+            size,
+            e_tag: e_tag.map(String::from),
+        }
+    }
+
     #[test]
     fn an_answer_is_taken_only_for_the_entry_the_check_started_with() {
-        let a = entry(100, "a");
-        // The entry the check started with, no send: a 404 is a loss, another size an
-        // overwrite, the same size nothing.
-        assert_eq!(verdict(Some(&a), Some(&a), false, None), Verdict::Lost);
+        let a = entry(100, "\"a\"");
+        let v = |now, started, sending, f: Option<Found>| {
+            verdict(now, started, sending, f.as_ref(), true)
+        };
+        // The entry the check started with, no send: a 404 is a loss, another size or
+        // another ETag not the ledger's object, the same size and ETag nothing.
+        assert_eq!(v(Some(&a), Some(&a), false, None), Verdict::Lost);
+        let small = found(40, Some("\"a\""));
         assert_eq!(
-            verdict(Some(&a), Some(&a), false, Some(40)),
-            Verdict::Overwritten
+            v(Some(&a), Some(&a), false, Some(small)),
+            Verdict::OtherSize
+        );
+        let big = found(400, Some("\"z\""));
+        assert_eq!(v(Some(&a), Some(&a), false, Some(big)), Verdict::OtherSize);
+        let same = found(100, Some("\"a\""));
+        assert_eq!(v(Some(&a), Some(&a), false, Some(same)), Verdict::Fine);
+        let other = found(100, Some("\"z\""));
+        assert_eq!(
+            v(Some(&a), Some(&a), false, Some(other.clone())),
+            Verdict::OtherETag
+        );
+        // The file was sent again meanwhile (even at the same size): the 404, the size or
+        // the ETag is of the object before, not taken (reviews r42u D1, f42w).
+        let b = entry(100, "\"b\"");
+        assert_eq!(v(Some(&b), Some(&a), false, None), Verdict::Late);
+        assert_eq!(
+            v(Some(&b), Some(&a), false, Some(found(40, None))),
+            Verdict::Late
         );
         assert_eq!(
-            verdict(Some(&a), Some(&a), false, Some(400)),
-            Verdict::Overwritten
+            v(Some(&b), Some(&a), false, Some(found(100, Some("\"a\"")))),
+            Verdict::Late
         );
-        assert_eq!(verdict(Some(&a), Some(&a), false, Some(100)), Verdict::Fine);
-        // The file was sent again meanwhile (even at the same size): the 404 or the size
-        // is of the object before, not taken (reviews r42u D1, f42w).
-        let b = entry(100, "b");
-        assert_eq!(verdict(Some(&b), Some(&a), false, None), Verdict::Late);
-        assert_eq!(verdict(Some(&b), Some(&a), false, Some(40)), Verdict::Late);
         // A send of the key runs: not taken either.
-        assert_eq!(verdict(Some(&a), Some(&a), true, None), Verdict::Late);
-        assert_eq!(verdict(Some(&a), Some(&a), true, Some(40)), Verdict::Late);
+        assert_eq!(v(Some(&a), Some(&a), true, None), Verdict::Late);
+        assert_eq!(
+            v(Some(&a), Some(&a), true, Some(found(40, None))),
+            Verdict::Late
+        );
+        assert_eq!(
+            v(Some(&a), Some(&a), true, Some(other.clone())),
+            Verdict::Late
+        );
         // Gone from the ledger already: nothing to do.
-        assert_eq!(verdict(None, Some(&a), false, None), Verdict::Fine);
+        assert_eq!(v(None, Some(&a), false, None), Verdict::Fine);
+        // ETags not compared (the store's were found unreliable): the size alone.
+        assert_eq!(
+            verdict(Some(&a), Some(&a), false, Some(&other), false),
+            Verdict::Fine
+        );
+    }
+
+    #[test]
+    fn a_key_whose_etag_differs_twice_turns_etag_checks_off() {
+        let mut t = EtagTrust::default();
+        assert!(t.on());
+        // Each key once: uploaded again, ETags still compared.
+        assert!(t.mismatch("a"));
+        assert!(t.mismatch("b"));
+        assert!(t.on());
+        // The same key again: not uploaded again, and sizes only from now on.
+        assert!(!t.mismatch("a"));
+        assert!(!t.on());
+    }
+
+    #[test]
+    fn etags_are_compared_only_when_both_are_known_whatever_their_quoting() {
+        let a = entry(100, "\"9b2c-2\"");
+        let v = |f: Found| verdict(Some(&a), Some(&a), false, Some(&f), true);
+        // The same ETag quoted or not, weak, in another case: the same object.
+        for tag in [
+            "\"9b2c-2\"",
+            "9b2c-2",
+            "W/\"9b2c-2\"",
+            "\"9B2C-2\"",
+            " \"9b2c-2\" ",
+        ] {
+            assert_eq!(v(found(100, Some(tag))), Verdict::Fine, "{tag}");
+        }
+        // No ETag in the answer, or an empty one: judged by the size.
+        assert_eq!(v(found(100, None)), Verdict::Fine);
+        assert_eq!(v(found(100, Some("\"\""))), Verdict::Fine);
+        // A ledger entry without an ETag (or with an empty one a store answered): the same.
+        for e_tag in [None, Some("".to_string()), Some("\"\"".to_string())] {
+            let old = LedgerEntry {
+                e_tag,
+                ..entry(100, "x")
+            };
+            let f = found(100, Some("\"z\""));
+            assert_eq!(
+                verdict(Some(&old), Some(&old), false, Some(&f), true),
+                Verdict::Fine
+            );
+        }
+        assert!(etags_differ(Some("\"a\""), Some("\"b\"")));
+        assert!(!etags_differ(Some("\"a\""), Some("a")));
     }
 
     #[test]

@@ -20,7 +20,8 @@
 //! cleaned up (S3), whether appends are on or not.
 //! Each round starts checks of a few ledger entries against the bucket with a HEAD, beside
 //! the lane (at most `checks::VERIFY_PER_ROUND` at once; the next round takes their
-//! outcomes, no round waits for one), so an object the bucket lost is uploaded again.
+//! outcomes, no round waits for one), so an object the bucket lost, or one whose size or
+//! ETag is not the ledger's (overwritten), is uploaded again.
 //!
 //! Layout: this file is the face ([`LogShipper`], its rounds and what one send settles);
 //! `beside` keeps the sends that outlast their slot going beside the lane, and cuts the ones
@@ -167,6 +168,8 @@ pub struct LogShipper {
     /// Checks of ledger entries running beside the rounds, tried again ones included (see
     /// `checks::Check`; at most `checks::VERIFY_PER_ROUND`).
     verify_checks: Vec<checks::Check>,
+    /// Whether the ledger checks compare ETags (see `checks::EtagTrust`; review r42v D2).
+    etag_trust: checks::EtagTrust,
     /// New keys the ledger is saved for as soon as their first upload succeeds, not at the
     /// end of the round: keys nothing on disk would name again after a kill -9 (a rotated
     /// backup's, named by its mtime then; a worker file's filed under a guessed node).
@@ -206,6 +209,7 @@ impl LogShipper {
             prepared_nodes: BTreeSet::new(),
             verify_cursor: None,
             verify_checks: Vec::new(),
+            etag_trust: checks::EtagTrust::default(),
             save_on_first: BTreeSet::new(),
             cfg,
             store,
