@@ -539,6 +539,46 @@ fn an_object_the_bucket_lost_is_uploaded_again() {
     c.terminate_ok(Duration::from_secs(30));
 }
 
+/// Review r42v D2: the final flush takes the answers of the ledger checks that ended since
+/// the last round: an object the bucket lost, found by a check whose answer the next round
+/// would have taken, is sent by the flush instead of being left out with exit 0.
+#[test]
+fn the_final_flush_takes_the_answers_of_the_ledger_checks_that_ended() {
+    let Some(rig) = MotoRig::new("flushcheck", CLUSTER) else {
+        return;
+    };
+    let name = "gcs_server.out";
+    rig.append(name, b"gcs says hello\n");
+    let mut c = rig.collector().start();
+    rig.wait_equal(name, &c, "uploaded");
+    c.terminate_ok(Duration::from_secs(30));
+    // The bucket loses the object while the collector is down.
+    let key = rig.key(name);
+    let (status, _) = rig
+        .s3
+        .request("DELETE", &format!("/{}/{key}", rig.bucket), b"");
+    assert!(status == 204 || status == 200, "{status}");
+    // The next start's first round checks the entry; its next round is a minute away.
+    let mut c = rig
+        .collector()
+        .args(&["--log-upload-interval", "60s"])
+        .start();
+    c.wait_until("the check's 404", Duration::from_secs(15), || {
+        rig.proxy
+            .seen()
+            .iter()
+            .any(|r| r.method == "HEAD" && r.target.contains(&key) && r.status == 404)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    c.terminate_ok(Duration::from_secs(30));
+    assert_eq!(
+        rig.object(name).as_deref(),
+        Some(&rig.file(name)[..]),
+        "{}",
+        c.log_tail(30)
+    );
+}
+
 /// Review r42v D2: the ledger checks compare the object's ETag too, so an object someone
 /// overwrote with as many bytes is uploaded again (it stayed so, exit 0). The ETags the
 /// ledger records after a whole upload (one PUT, a multipart upload) and after an append

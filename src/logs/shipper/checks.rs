@@ -361,8 +361,9 @@ impl LogShipper {
 
     /// The outcomes of the checks that ended since the last round (see [`verdict`]); one
     /// that took too long is started again with twice its deadline (at most
-    /// [`LEDGER_RETRY_CAP`]).
-    fn take_checks(&mut self) {
+    /// [`LEDGER_RETRY_CAP`]). The final flush takes them too before its first pass (it
+    /// starts no check and waits for none).
+    pub(super) fn take_checks(&mut self) {
         let (done, running): (Vec<Check>, Vec<Check>) = std::mem::take(&mut self.verify_checks)
             .into_iter()
             .partition(|c| c.head.is_finished());

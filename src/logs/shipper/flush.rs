@@ -47,6 +47,10 @@ impl LogShipper {
         active: Option<ActiveSession>,
         deadline: Instant,
     ) -> Vec<(PathBuf, String)> {
+        // The answers of the ledger checks that ended since the last round: an object found
+        // lost or not the ledger's is sent by the flush (review r42v D2). No check is
+        // started or waited for here (a HEAD per object could be thousands of requests).
+        self.take_checks();
         let mut earlier = self.cancel_appends_beside().await;
         // Whatever failed there, the flush tries again.
         earlier.failed_files.clear();
