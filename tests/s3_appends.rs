@@ -8,14 +8,17 @@
 //! - failures are classified: a 503 burst or slow answers do not turn appends off, refusals
 //!   do (and the log and metrics say why), a copy refused for one key does not make that
 //!   key go whole every round; a deterministic failure of any request of an append (a HEAD
-//!   refused to write-only credentials, a completion refused, an error document in a 200)
+//!   refused to write-only credentials, a completion refused, an error document in a 200
+//!   to a copy, a part or a completion)
 //!   sends the file whole at once; appends that keep failing transiently fall back to a
-//!   whole upload after a bounded number of rounds without holding up the other files, and
-//!   the final flush uploads whole what it cannot append;
+//!   whole upload after a bounded number of rounds, or of intervals when each failure is
+//!   slow, without holding up the other files, and the final flush uploads whole what it
+//!   cannot append;
 //! - no incomplete multipart upload survives a SIGTERM (during an append or a whole upload)
 //!   or a kill -9 and the next start, and the start-up cleanup runs whatever the log
 //!   settings;
-//! - the ledger belongs to a bucket, and an object the bucket lost is uploaded again;
+//! - the ledger belongs to a bucket, and an object the bucket lost, or that was
+//!   overwritten with as many bytes, is uploaded again;
 //! - objects bigger than one copy part are copied in ranges;
 //! - a versioned bucket gets no appends; one with versioning suspended does;
 //! - a whole upload over a slow uplink that keeps moving (the proxy reading bodies at
@@ -536,6 +539,124 @@ fn an_object_the_bucket_lost_is_uploaded_again() {
     c.terminate_ok(Duration::from_secs(30));
 }
 
+/// Review r42v D2: the final flush takes the answers of the ledger checks that ended since
+/// the last round: an object the bucket lost, found by a check whose answer the next round
+/// would have taken, is sent by the flush instead of being left out with exit 0.
+#[test]
+fn the_final_flush_takes_the_answers_of_the_ledger_checks_that_ended() {
+    let Some(rig) = MotoRig::new("flushcheck", CLUSTER) else {
+        return;
+    };
+    let name = "gcs_server.out";
+    rig.append(name, b"gcs says hello\n");
+    let mut c = rig.collector().start();
+    rig.wait_equal(name, &c, "uploaded");
+    c.terminate_ok(Duration::from_secs(30));
+    // The bucket loses the object while the collector is down.
+    let key = rig.key(name);
+    let (status, _) = rig
+        .s3
+        .request("DELETE", &format!("/{}/{key}", rig.bucket), b"");
+    assert!(status == 204 || status == 200, "{status}");
+    // The next start's first round checks the entry; its next round is a minute away.
+    let mut c = rig
+        .collector()
+        .args(&["--log-upload-interval", "60s"])
+        .start();
+    c.wait_until("the check's 404", Duration::from_secs(15), || {
+        rig.proxy
+            .seen()
+            .iter()
+            .any(|r| r.method == "HEAD" && r.target.contains(&key) && r.status == 404)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    c.terminate_ok(Duration::from_secs(30));
+    assert_eq!(
+        rig.object(name).as_deref(),
+        Some(&rig.file(name)[..]),
+        "{}",
+        c.log_tail(30)
+    );
+}
+
+/// Review r42v D2: the ledger checks compare the object's ETag too, so an object someone
+/// overwrote with as many bytes is uploaded again (it stayed so, exit 0). The ETags the
+/// ledger records after a whole upload (one PUT, a multipart upload) and after an append
+/// are the objects' own: rounds of checks of each find nothing to send again.
+#[test]
+fn an_object_overwritten_with_as_many_bytes_is_uploaded_again() {
+    let Some(rig) = MotoRig::new("samesize", CLUSTER) else {
+        return;
+    };
+    let (small, big) = ("gcs_server.out", LOG);
+    rig.append(small, b"gcs says hello\n");
+    rig.append(big, &lines(0, 6 * MIB));
+    // The 6 MiB log goes whole as a multipart upload of two parts, then is appended to.
+    let mut c = rig
+        .collector()
+        .args(&["--upload-part-bytes", "5MiB"])
+        .start();
+    rig.wait_equal(small, &c, "one PUT");
+    rig.wait_equal(big, &c, "a multipart upload");
+    rig.append(big, &lines(5_000_000, 4_000));
+    rig.wait_equal(big, &c, "appended");
+    assert!(appends(&c) >= 1.0, "{}", c.log_tail(40));
+    let checked = |times: usize| {
+        let from = rig.proxy.seen().len();
+        c.wait_until("each object checked again", Duration::from_secs(15), || {
+            let seen = rig.proxy.seen();
+            [small, big].iter().all(|n| {
+                let key = rig.key(n);
+                seen[from..]
+                    .iter()
+                    .filter(|r| r.method == "HEAD" && r.target.contains(&key) && r.status == 200)
+                    .count()
+                    >= times
+            })
+        });
+    };
+    let wrong = |c: &Collector| {
+        let text = c.log_text();
+        text.contains("another ETag")
+            || text.contains("another size")
+            || text.contains("differs from the ledger's again")
+    };
+    // The entries of the PUT and of the append, checked: no ETag taken for another's.
+    checked(3);
+    assert!(!wrong(&c), "{}", c.log_tail(40));
+    let sent = appends(&c) + wholes(&c);
+    // Someone overwrites both objects with as many other bytes.
+    for n in [small, big] {
+        let len = rig.file(n).len();
+        let (status, _) = rig.s3.request(
+            "PUT",
+            &format!("/{}/{}", rig.bucket, rig.key(n)),
+            &vec![b'Z'; len],
+        );
+        assert_eq!(status, 200);
+        assert_ne!(rig.object(n).unwrap(), rig.file(n));
+    }
+    for n in [small, big] {
+        rig.wait_equal(n, &c, "uploaded again");
+    }
+    assert!(
+        c.log_text().contains("the ledger's size but another ETag"),
+        "{}",
+        c.log_tail(40)
+    );
+    // The entries of the new uploads (the big one a multipart upload again), checked:
+    // nothing more sent, no ETag taken for another's.
+    let resent = appends(&c) + wholes(&c);
+    assert_eq!(resent, sent + 2.0, "{}", c.log_tail(40));
+    checked(3);
+    assert_eq!(appends(&c) + wholes(&c), resent, "{}", c.log_tail(40));
+    assert!(!c.log_text().contains("differs from the ledger's again"));
+    c.terminate_ok(Duration::from_secs(30));
+    for n in [small, big] {
+        assert_eq!(rig.object(n).unwrap(), rig.file(n));
+    }
+}
+
 #[test]
 fn objects_over_one_copy_part_are_copied_in_ranges() {
     let Some(rig) = MotoRig::new("ranges", CLUSTER) else {
@@ -711,11 +832,56 @@ fn appends_failing_transiently_fall_back_to_whole_and_do_not_stop_the_round() {
     assert!(c.metric_labeled("rhc_log_append_failures_total", "kind=\"transient\"") >= 3.0);
     assert_eq!(c.metric("rhc_log_appends_enabled"), 1.0);
     assert!(
-        c.log_text()
-            .contains("rounds in a row; uploading the file whole"),
+        c.log_text().contains("kept failing ("),
         "{}",
         c.log_tail(40)
     );
+    c.terminate_ok(Duration::from_secs(30));
+}
+
+/// Review r42t D5: each failed append lasting longer than an interval (an S3 copy left
+/// unanswered fails after 30 s), five of them in a row left the object many intervals stale
+/// (23 at a 2 s interval in the review). Here every copy fails after about 8 s (each attempt
+/// answered 503 after 1.5 s, four attempts) at a 1 s interval: main needed five such
+/// failures, about 45 s; now the first, longer than four intervals, sends the file whole.
+#[test]
+fn appends_that_fail_slowly_go_whole_after_four_intervals_not_five_failures() {
+    let Some(rig) = MotoRig::new("slowfail", CLUSTER) else {
+        return;
+    };
+    rig.append(LOG, &lines(0, 6 * MIB));
+    let mut c = rig.collector().start();
+    rig.wait_equal(LOG, &c, "first upload");
+    rig.proxy.add(
+        Rule::new(Fault::DelayThenStatus(
+            Duration::from_millis(1500),
+            503,
+            "ServiceUnavailable".into(),
+        ))
+        .with_header("x-amz-copy-source"),
+    );
+    rig.append(LOG, &lines(900_000, 4_000));
+    let grown = Instant::now();
+    let want = rig.file(LOG);
+    let limit = Duration::from_secs(25);
+    while rig.object(LOG).as_deref() != Some(&want[..]) {
+        assert!(
+            grown.elapsed() < limit,
+            "{LOG} still stale {limit:?} after it grew, its copies failing after about 8 s\n{}",
+            c.log_tail(40)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let took = grown.elapsed();
+    let copies = rig.proxy.seen().iter().filter(|r| r.is_copy()).count();
+    eprintln!("{LOG} whole {took:?} after it grew, after {copies} failed copy attempts");
+    assert!(copies >= 1, "no copy was tried");
+    assert!(
+        c.log_text().contains("kept failing (1 in a row over"),
+        "{}",
+        c.log_tail(40)
+    );
+    assert_eq!(c.metric("rhc_log_appends_enabled"), 1.0);
     c.terminate_ok(Duration::from_secs(30));
 }
 
@@ -949,6 +1115,59 @@ fn a_completion_answered_200_with_an_error_document_is_a_refusal() {
         c.log_text().contains("refused appends 3 times in a row"),
         "{}",
         c.log_tail(40)
+    );
+    c.terminate_ok(Duration::from_secs(30));
+    for n in &names {
+        assert_eq!(rig.object(n).unwrap(), rig.file(n));
+    }
+    assert!(rig.open_uploads().is_empty(), "{:?}", rig.open_uploads());
+}
+
+/// Review r42v D1: an UploadPart (the new bytes of an append) answered 200 with an error
+/// document has no ETag header, so the part can never be completed: a refusal, as the same
+/// code in a 403 is, not a failure retried for five rounds. Each object goes whole at once
+/// and a store that always answers so gets appends switched off.
+#[test]
+fn an_upload_part_answered_200_with_an_error_document_is_a_refusal() {
+    let Some(rig) = MotoRig::new("part200", CLUSTER) else {
+        return;
+    };
+    let names = three_logs(&rig);
+    let mut c = rig.collector().start();
+    for n in &names {
+        rig.wait_equal(n, &c, "first upload");
+    }
+    rig.proxy.add(
+        Rule::new(Fault::ErrorIn200("AccessDenied".into()))
+            .method("PUT")
+            .target_contains("partNumber=")
+            .without_header("x-amz-copy-source"),
+    );
+    grow_all(&rig, &names, 0);
+    c.wait_until("three refusals", Duration::from_secs(10), || {
+        c.metric_labeled("rhc_log_append_failures_total", "kind=\"refused\"") >= 3.0
+    });
+    for n in &names {
+        rig.wait_equal(n, &c, "the grown log, whole, in the live rounds");
+    }
+    assert_eq!(
+        c.metric_labeled("rhc_log_append_failures_total", "kind=\"transient\""),
+        0.0,
+        "{}",
+        c.log_tail(40)
+    );
+    assert_eq!(
+        c.metric("rhc_log_appends_enabled"),
+        0.0,
+        "{}",
+        c.log_tail(40)
+    );
+    assert!(
+        rig.proxy.seen().iter().any(|r| r.faulted
+            && r.method == "PUT"
+            && r.target.contains("partNumber=")
+            && !r.is_copy()),
+        "no UploadPart was answered with the error document"
     );
     c.terminate_ok(Duration::from_secs(30));
     for n in &names {

@@ -11,11 +11,15 @@
 //! credentials, a completion refused with `InvalidPart`) is such a refusal.
 //!
 //! Transient failures (5xx, throttling, timeouts, credentials) never turn appends off, but
-//! an object whose appends fail transiently [`MAX_TRANSIENT_APPEND_ROUNDS`] rounds in a row
-//! (a copy that always times out, say) is uploaded whole at the last of them, and then
-//! goes whole on the schedule for [`KEY_REFUSED_FOR`] like a refused one: its bucket copy is
-//! never stale for more than that many rounds because of its appends. A versioned bucket
-//! has appends off for good (see `storage::append`).
+//! an object whose appends fail transiently [`MAX_TRANSIENT_APPEND_ROUNDS`] rounds in a row,
+//! or whose failing appends go on for [`MAX_TRANSIENT_APPEND_INTERVALS`] intervals since the
+//! first of them started (a copy that always times out, say), is uploaded whole at that
+//! failure, and then goes whole on the schedule for [`KEY_REFUSED_FOR`] like a refused one:
+//! its bucket copy is at most about five intervals stale because of its appends, or one
+//! failed append's own duration when that is longer (an S3 copy left unanswered fails after
+//! 30 s: at a 2 s interval, five such failures counted in rounds only left the object 150 s,
+//! 75 intervals, stale; review r42t D5). A versioned bucket has appends off for good (see
+//! `storage::append`).
 //!
 //! Time is passed in, so the rules are tested without waiting.
 
@@ -36,9 +40,17 @@ pub(super) const KEY_REFUSED_FOR: Duration = Duration::from_secs(60 * 60);
 
 /// Rounds in a row an object's append may fail transiently before it is uploaded whole
 /// instead: an object whose appends cannot succeed is at most this many intervals stale
-/// (5 minutes at the default 60 s), while an outage of a few seconds, retried within each
-/// round, passes in fewer rounds even at a 1 s interval (no whole upload for it).
+/// (5 minutes at the default 60 s), while an outage shorter than an interval, retried
+/// within each round, passes in fewer rounds (no whole upload for it). At short intervals
+/// [`MAX_TRANSIENT_APPEND_INTERVALS`] comes first: at 1 s, an outage that keeps appends
+/// failing for 4 s costs one whole upload.
 pub(super) const MAX_TRANSIENT_APPEND_ROUNDS: u32 = 5;
+
+/// How long, in upload intervals since the first failed append of a streak started, an
+/// object's appends may keep failing transiently: the failure that ends this late sends it
+/// whole, however few rounds that took (each failure may itself last longer than an
+/// interval: a copy left unanswered fails after 30 s).
+pub(super) const MAX_TRANSIENT_APPEND_INTERVALS: u32 = 4;
 
 /// Objects remembered as refused, at most: past it the oldest refusals are forgotten (those
 /// objects are tried again sooner), so the map cannot grow with the number of logs.
@@ -63,7 +75,24 @@ pub(super) struct AppendGate {
     versioned: bool,
     refused_keys: HashMap<String, Instant>,
     /// Per object, its appends' transient failures in a row (at most [`MAX_REFUSED_KEYS`]).
-    transient: HashMap<String, u32>,
+    transient: HashMap<String, Streak>,
+}
+
+/// An object's appends failing transiently in a row.
+#[derive(Debug, Clone, Copy)]
+struct Streak {
+    failures: u32,
+    /// When the first failed append of the streak started.
+    since: Instant,
+}
+
+/// An object whose appends kept failing transiently, given up: it goes whole now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct GaveUp {
+    /// Failed appends in a row.
+    pub(super) failures: u32,
+    /// From the start of the first of them to the end of the last.
+    pub(super) lasted: Duration,
 }
 
 impl AppendGate {
@@ -109,18 +138,34 @@ impl AppendGate {
         self.transient.remove(key);
     }
 
-    /// An append to `key` failed transiently; true when that makes
-    /// [`MAX_TRANSIENT_APPEND_ROUNDS`] in a row, so the object goes whole now.
-    pub(super) fn failed_transiently(&mut self, key: &str) -> bool {
+    /// An append to `key` that started at `started` failed transiently at `now`, with
+    /// uploads every `interval`; `Some` when the object goes whole now: that failure makes
+    /// [`MAX_TRANSIENT_APPEND_ROUNDS`] in a row, or ends [`MAX_TRANSIENT_APPEND_INTERVALS`]
+    /// intervals or more after the first of them started.
+    pub(super) fn failed_transiently(
+        &mut self,
+        key: &str,
+        started: Instant,
+        now: Instant,
+        interval: Duration,
+    ) -> Option<GaveUp> {
         if self.transient.len() >= MAX_REFUSED_KEYS && !self.transient.contains_key(key) {
             // Bounded: forget one streak (that object is only tried longer).
             if let Some(k) = self.transient.keys().next().cloned() {
                 self.transient.remove(&k);
             }
         }
-        let n = self.transient.entry(key.to_string()).or_insert(0);
-        *n += 1;
-        *n >= MAX_TRANSIENT_APPEND_ROUNDS
+        let streak = self.transient.entry(key.to_string()).or_insert(Streak {
+            failures: 0,
+            since: started,
+        });
+        streak.failures += 1;
+        let lasted = now.saturating_duration_since(streak.since);
+        let too_long = lasted >= interval.saturating_mul(MAX_TRANSIENT_APPEND_INTERVALS);
+        (streak.failures >= MAX_TRANSIENT_APPEND_ROUNDS || too_long).then_some(GaveUp {
+            failures: streak.failures,
+            lasted,
+        })
     }
 
     /// True while `key`'s appends are failing transiently (the last one did).
@@ -198,26 +243,87 @@ mod tests {
         assert!(g.allows("a", much_later).0);
     }
 
+    /// A failure that starts at `at` and lasts `took`, at `interval`.
+    fn fail(g: &mut AppendGate, key: &str, at: Instant, took: Duration) -> Option<GaveUp> {
+        g.failed_transiently(key, at, at + took, INTERVAL)
+    }
+
+    const INTERVAL: Duration = Duration::from_secs(60);
+
     #[test]
     fn transient_failures_in_a_row_send_the_object_whole_then_on_the_schedule() {
         let t0 = Instant::now();
+        let quick = Duration::from_secs(1);
         let mut g = AppendGate::default();
-        for _ in 1..MAX_TRANSIENT_APPEND_ROUNDS {
-            assert!(!g.failed_transiently("a"));
+        let round = |i: u32| t0 + INTERVAL / 2 * i;
+        for i in 1..MAX_TRANSIENT_APPEND_ROUNDS {
+            assert_eq!(fail(&mut g, "a", round(i), quick), None);
         }
         // A success in between starts the count again.
         g.succeeded("a");
-        for _ in 1..MAX_TRANSIENT_APPEND_ROUNDS {
-            assert!(!g.failed_transiently("a"));
-            assert!(!g.failed_transiently("b"));
+        let t1 = round(MAX_TRANSIENT_APPEND_ROUNDS);
+        let round = |i: u32| t1 + INTERVAL / 2 * i;
+        for i in 1..MAX_TRANSIENT_APPEND_ROUNDS {
+            assert_eq!(fail(&mut g, "a", round(i), quick), None);
+            assert_eq!(fail(&mut g, "b", round(i), quick), None);
         }
-        assert!(g.failed_transiently("a"));
+        // The fifth in a row, two and a half intervals after the first began.
+        let n = MAX_TRANSIENT_APPEND_ROUNDS;
+        assert_eq!(
+            fail(&mut g, "a", round(n), quick),
+            Some(GaveUp {
+                failures: n,
+                lasted: round(n) + quick - round(1),
+            })
+        );
         g.gave_up_appending("a", t0);
         assert!(!g.allows("a", t0).0);
         assert!(g.allows("b", t0).0);
         // Never turns appends off.
         assert!(g.on(t0));
         assert!(g.allows("a", t0 + KEY_REFUSED_FOR).0);
+    }
+
+    /// Review r42t D5: at a short interval, each failed append lasting 30 s (a copy left
+    /// unanswered), five of them left the object 75 intervals stale.
+    #[test]
+    fn failures_that_last_four_intervals_send_the_object_whole_however_few() {
+        let t0 = Instant::now();
+        let mut g = AppendGate::default();
+        let hung = Duration::from_secs(30);
+        let short = Duration::from_secs(2);
+        // One failure lasting 15 intervals at 2 s: whole at once.
+        assert_eq!(
+            g.failed_transiently("a", t0, t0 + hung, short),
+            Some(GaveUp {
+                failures: 1,
+                lasted: hung,
+            })
+        );
+        // At 60 s, the same failure is not four intervals: tried again next round.
+        assert_eq!(fail(&mut g, "b", t0, hung), None);
+        // Counted from the start of the first failure to the end of the last: the second
+        // ends at 4 intervals exactly.
+        let second = t0 + hung + INTERVAL;
+        let end = t0 + INTERVAL * MAX_TRANSIENT_APPEND_INTERVALS;
+        assert_eq!(
+            g.failed_transiently("b", second, end, INTERVAL),
+            Some(GaveUp {
+                failures: 2,
+                lasted: INTERVAL * MAX_TRANSIENT_APPEND_INTERVALS,
+            })
+        );
+        // Just under four intervals is not yet; a success starts the streak again, from
+        // the next failure's own start.
+        assert_eq!(fail(&mut g, "c", t0, hung), None);
+        let under = t0 + INTERVAL * MAX_TRANSIENT_APPEND_INTERVALS - Duration::from_millis(1);
+        assert_eq!(
+            g.failed_transiently("c", under - hung, under, INTERVAL),
+            None
+        );
+        g.succeeded("c");
+        assert_eq!(fail(&mut g, "c", under, hung), None);
+        assert_eq!(fail(&mut g, "c", under + INTERVAL, hung), None);
     }
 
     #[test]

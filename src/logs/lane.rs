@@ -51,7 +51,10 @@ use std::time::{Duration, Instant};
 use object_store::ObjectStore;
 use tokio::task::JoinHandle;
 
-use super::gate::{AppendGate, Change, APPENDS_RETRY_AFTER, MAX_TRANSIENT_APPEND_ROUNDS};
+use super::gate::{
+    AppendGate, Change, APPENDS_RETRY_AFTER, MAX_TRANSIENT_APPEND_INTERVALS,
+    MAX_TRANSIENT_APPEND_ROUNDS,
+};
 use super::ledger::LedgerEntry;
 use super::scan::LogFile;
 use crate::metrics as m;
@@ -61,9 +64,10 @@ use crate::util::pace::{Flow, Pacer, Progress};
 use crate::util::time::unix_seconds;
 
 /// A send's deadline, in upload intervals: a send may keep going beside the lane for a few
-/// rounds (the other files are not waiting for it), but an append that has not finished
-/// in four intervals is given up and the file goes whole, so that its object is about five
-/// intervals stale at most, as a copy that always fails leaves it (`gate`).
+/// rounds (the other files are not waiting for it), but an append that has not moved for
+/// four intervals is given up and the file goes whole, so that its object is about five
+/// intervals stale at most, as appends that keep failing leave it (`gate`); below a 40 s
+/// interval [`MIN_SEND_DEADLINE`] is the floor of that.
 pub(super) const SEND_DEADLINE_INTERVALS: u32 = 4;
 
 /// The shortest deadline of a send, whatever the interval: one request of object_store's
@@ -189,6 +193,9 @@ pub(super) struct Sender {
     pub(super) gate: Arc<Mutex<AppendGate>>,
     /// How long a send may go without moving ([`stall_limit`]).
     pub(super) stall: Duration,
+    /// `--log-upload-interval`: how long an object's appends may keep failing is counted in
+    /// it too ([`super::gate::MAX_TRANSIENT_APPEND_INTERVALS`]).
+    pub(super) interval: Duration,
 }
 
 impl Sender {
@@ -218,7 +225,8 @@ impl Sender {
     /// changed, the store refused it, it did not finish in time) falls back to a whole
     /// upload at once; a transient failure does too in a pass that sends everything (`how`:
     /// the final flush, earlier sessions) and after [`MAX_TRANSIENT_APPEND_ROUNDS`] in a
-    /// row; otherwise it is left to the next round.
+    /// row or [`MAX_TRANSIENT_APPEND_INTERVALS`] intervals of them; otherwise it is left to
+    /// the next round.
     pub(super) async fn send(
         self: Arc<Self>,
         job: Job,
@@ -308,12 +316,18 @@ impl Sender {
                     if how != Pass::Scheduled {
                         // Nothing after this pass: the file goes whole, now.
                         tracing::warn!(%key, %message, "log append failed; uploading the file whole");
-                    } else if self.gate().failed_transiently(&key) {
+                    } else if let Some(g) =
+                        self.gate()
+                            .failed_transiently(&key, started, Instant::now(), self.interval)
+                    {
                         gave_up = true;
-                        tracing::warn!(%key, %message, rounds = MAX_TRANSIENT_APPEND_ROUNDS,
-                            "appending to this object failed {MAX_TRANSIENT_APPEND_ROUNDS} rounds \
-                             in a row; uploading the file whole (it goes whole on the schedule \
-                             for an hour)");
+                        tracing::warn!(%key, %message, rounds = g.failures,
+                            for_s = g.lasted.as_secs_f64(),
+                            "appending to this object kept failing ({} in a row over {:.0} s; \
+                             {MAX_TRANSIENT_APPEND_ROUNDS} rounds or \
+                             {MAX_TRANSIENT_APPEND_INTERVALS} intervals at most); uploading the \
+                             file whole (it goes whole on the schedule for an hour)",
+                            g.failures, g.lasted.as_secs_f64());
                     } else {
                         // The store may be back next round: no whole upload now (it would
                         // meet the same outage), and appends stay on.

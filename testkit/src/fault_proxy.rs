@@ -93,6 +93,7 @@ pub struct Rule {
     method: Option<String>,
     target_contains: Option<String>,
     header: Option<String>,
+    without: Option<String>,
     until: Option<Instant>,
     times: Option<usize>,
 }
@@ -105,6 +106,7 @@ impl Rule {
             method: None,
             target_contains: None,
             header: None,
+            without: None,
             until: None,
             times: None,
         }
@@ -125,6 +127,13 @@ impl Rule {
     /// Only requests that carry the header `name` (`x-amz-copy-source`: UploadPartCopy).
     pub fn with_header(mut self, name: &str) -> Rule {
         self.header = Some(name.to_ascii_lowercase());
+        self
+    }
+
+    /// Only requests that do not carry the header `name` (`x-amz-copy-source` on a PUT
+    /// with `partNumber=`: UploadPart of new bytes, not a copy).
+    pub fn without_header(mut self, name: &str) -> Rule {
+        self.without = Some(name.to_ascii_lowercase());
         self
     }
 
@@ -149,6 +158,10 @@ impl Rule {
                 .as_ref()
                 .is_none_or(|t| req.target.contains(t.as_str()))
             && self.header.as_ref().is_none_or(|h| req.header(h).is_some())
+            && self
+                .without
+                .as_ref()
+                .is_none_or(|h| req.header(h).is_none())
     }
 }
 

@@ -33,7 +33,9 @@ impl LogShipper {
     /// a send that outlasts its slot in a pass goes on beside it, files whose send is beside
     /// are skipped, and once a send beside ends, every session is listed again and what
     /// changed meanwhile (the file grew, Ray rotated it) is sent (appended where the store
-    /// can, else whole); so every object ends equal to its file or the file is named. No
+    /// can, else whole); so every file ends equal to what the ledger records as uploaded
+    /// for it, or is named (the flush compares the files with the ledger, not with the
+    /// bucket: no HEAD per object; see `checks` for what the rounds check there). No
     /// pass waits for a send, so no session's files wait behind another's hung upload.
     /// A send beside that stops moving is abandoned and its file sent again (see
     /// [`KEPT_STALL_SHARE_BODY`]); a kept send that failed is named only if the flush's own send
@@ -45,6 +47,10 @@ impl LogShipper {
         active: Option<ActiveSession>,
         deadline: Instant,
     ) -> Vec<(PathBuf, String)> {
+        // The answers of the ledger checks that ended since the last round: an object found
+        // lost or not the ledger's is sent by the flush (review r42v D2). No check is
+        // started or waited for here (a HEAD per object could be thousands of requests).
+        self.take_checks();
         let mut earlier = self.cancel_appends_beside().await;
         // Whatever failed there, the flush tries again.
         earlier.failed_files.clear();

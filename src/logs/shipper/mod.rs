@@ -12,13 +12,16 @@
 //! Appends: the store's refusals decide when appends are off ([`super::gate`]); an object
 //! whose append is refused goes whole at once, one whose appends fail transiently is
 //! retried next round and goes whole after [`super::gate::MAX_TRANSIENT_APPEND_ROUNDS`]
-//! rounds in a row; the final flush and earlier sessions never leave a file behind because
-//! its append failed (it goes whole). An append's failure is the object's, not the store's:
+//! rounds in a row, or [`super::gate::MAX_TRANSIENT_APPEND_INTERVALS`] intervals since the
+//! first failed append began; the final flush and earlier sessions never leave a file
+//! behind because its append failed (it goes whole). An append's failure is the object's, not the store's:
 //! it does not count toward [`MAX_FAILURES_IN_A_ROW`], so other files still go. A versioned
 //! bucket gets no appends. At the first round the incomplete uploads an earlier run left are
 //! cleaned up (S3), whether appends are on or not.
-//! Each round checks `checks::VERIFY_PER_ROUND` ledger entries against the
-//! bucket with a HEAD, so an object the bucket lost is uploaded again.
+//! Each round starts checks of a few ledger entries against the bucket with a HEAD, beside
+//! the lane (at most `checks::VERIFY_PER_ROUND` at once; the next round takes their
+//! outcomes, no round waits for one), so an object the bucket lost, or one whose size or
+//! ETag is not the ledger's (overwritten), is uploaded again.
 //!
 //! Layout: this file is the face ([`LogShipper`], its rounds and what one send settles);
 //! `beside` keeps the sends that outlast their slot going beside the lane, and cuts the ones
@@ -166,8 +169,11 @@ pub struct LogShipper {
     prepared_nodes: BTreeSet<String>,
     /// The last ledger key checked with a HEAD (see `checks::VERIFY_PER_ROUND`).
     verify_cursor: Option<String>,
-    /// Checks that took too long, tried again beside the rounds (see `checks::Retry`).
-    verify_retries: Vec<checks::Retry>,
+    /// Checks of ledger entries running beside the rounds, tried again ones included (see
+    /// `checks::Check`; at most `checks::VERIFY_PER_ROUND`).
+    verify_checks: Vec<checks::Check>,
+    /// Whether the ledger checks compare ETags (see `checks::EtagTrust`; review r42v D2).
+    etag_trust: checks::EtagTrust,
     /// New keys the ledger is saved for as soon as their first upload succeeds, not at the
     /// end of the round: keys nothing on disk would name again after a kill -9 (a rotated
     /// backup's, named by its mtime then; a worker file's filed under a guessed node).
@@ -191,6 +197,7 @@ impl LogShipper {
             pace: Pacer::new(cfg.max_bytes_per_second).map(Arc::new),
             gate: Arc::new(Mutex::new(AppendGate::default())),
             stall: stall_limit(cfg.upload_interval, test_min_stall()),
+            interval: cfg.upload_interval,
         });
         Ok(LogShipper {
             sender,
@@ -206,7 +213,8 @@ impl LogShipper {
             uploaded_total: 0,
             prepared_nodes: BTreeSet::new(),
             verify_cursor: None,
-            verify_retries: Vec::new(),
+            verify_checks: Vec::new(),
+            etag_trust: checks::EtagTrust::default(),
             save_on_first: BTreeSet::new(),
             cfg,
             store,
@@ -442,7 +450,7 @@ impl LogShipper {
         self.prepare_appends(&owner).await;
         let placed = SessionObjects::of(&self.ledger, &self.prefix, &s.name);
         if how == Pass::Scheduled {
-            self.verify_some().await;
+            self.verify_some();
         }
         let session_dir = s.dir.clone();
         let names = Arc::clone(&self.name_skips);

@@ -362,8 +362,19 @@ async fn check_object(
 /// an error document in a 200) is a refusal for this object, a missing object or failed
 /// precondition a changed object, anything else transient.
 fn store_failure(key: &str, what: &str, e: &object_store::Error) -> AppendError {
+    store_failure_as(key, what, e, classify_store_error(e))
+}
+
+/// [`store_failure`] with the failure already classified (`UploadPart`:
+/// `s3::classify_part_error`).
+fn store_failure_as(
+    key: &str,
+    what: &str,
+    e: &object_store::Error,
+    failure: Failure,
+) -> AppendError {
     let message = format!("{what}: {e}");
-    match classify_store_error(e) {
+    match failure {
         Failure::Transient => AppendError::Unavailable {
             key: key.to_string(),
             message,

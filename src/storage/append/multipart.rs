@@ -17,12 +17,12 @@ use object_store::path::Path as ObjectPath;
 use object_store::PutPayload;
 
 use super::{
-    check_object, read_err, store_failure, unavailable, AbortReport, AppendError, Appended,
-    Prepared, S3_MIN_PART, STALE_UPLOAD_AGE, TAIL_PART, UNKNOWN_NODE,
+    check_object, read_err, store_failure, store_failure_as, unavailable, AbortReport, AppendError,
+    Appended, Prepared, S3_MIN_PART, STALE_UPLOAD_AGE, TAIL_PART, UNKNOWN_NODE,
 };
 use crate::storage::put::{parse_key, part_size_for, MAX_PARTS};
 use crate::storage::s3::{
-    may_refuse_conditions, CapturingConnector, Failure, Precondition, S3Wire,
+    classify_part_error, may_refuse_conditions, CapturingConnector, Failure, Precondition, S3Wire,
 };
 use crate::util::fs::Beneath;
 use crate::util::pace::Flow;
@@ -346,7 +346,7 @@ impl S3Appender {
                     PutPayload::from(part),
                 )
                 .await
-                .map_err(|e| store_failure(key, "UploadPart", &e))?;
+                .map_err(|e| store_failure_as(key, "UploadPart", &e, classify_part_error(&e)))?;
             pace.moved();
             parts.push(done);
             offset += n;

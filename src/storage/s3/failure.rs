@@ -139,6 +139,22 @@ pub fn classify_store_error(e: &object_store::Error) -> Failure {
     }
 }
 
+/// object_store's message when a 2xx answer lacks the ETag header it reads the result from.
+const ANSWER_WITHOUT_ETAG: &str = "ETag Header missing from response";
+
+/// Classifies an error of `object_store`'s `UploadPart` (a part of new bytes) as
+/// [`classify_store_error`] does, but a 2xx answer without an ETag header is a refusal
+/// (review r42v D1): object_store does not read the body of such an answer (an error
+/// document, as some S3-compatible stores send in a 200), and a part without its ETag can
+/// never be completed, so the same answer next round would fail the same way. For other
+/// requests a missing ETag keeps its classification.
+pub fn classify_part_error(e: &object_store::Error) -> Failure {
+    if store_error_text(e).contains(ANSWER_WITHOUT_ETAG) {
+        return Failure::Refused;
+    }
+    classify_store_error(e)
+}
+
 /// The text of an error of `object_store` and of its sources (its retry error, which holds
 /// the status and the answer's body, is not public).
 fn store_error_text(e: &object_store::Error) -> String {
@@ -333,6 +349,25 @@ mod tests {
                 "Got invalid multipart response: missing field `ETag`"
             )),
             Failure::Refused
+        );
+        // An UploadPart answered 2xx without an ETag (an error document in a 200): a
+        // refusal for a part only; other requests keep the general rule.
+        let no_etag = object_store::Error::Generic {
+            store: "S3",
+            source: "Unable to extract metadata from headers: ETag Header missing from response"
+                .into(),
+        };
+        assert_eq!(classify_part_error(&no_etag), Failure::Refused);
+        assert_eq!(classify_store_error(&no_etag), Failure::Transient);
+        assert_eq!(
+            classify_part_error(&generic("error sending request: connection reset")),
+            Failure::Transient
+        );
+        assert_eq!(
+            classify_part_error(&generic(
+                "Server returned non-2xx status code: 503 Service Unavailable: <Error><Code>SlowDown</Code></Error>"
+            )),
+            Failure::Transient
         );
         // A body that is not XML at all (cut short, a proxy's page): transient.
         assert_eq!(

@@ -62,8 +62,8 @@ use xml::{
 };
 
 pub use failure::{
-    classify, classify_embedded, classify_store_error, may_refuse_conditions, store_error_answer,
-    Failure, WireError,
+    classify, classify_embedded, classify_part_error, classify_store_error, may_refuse_conditions,
+    store_error_answer, Failure, WireError,
 };
 pub use xml::{url_decode, ListedObject, ListedPage, OpenUpload};
 
