@@ -219,6 +219,18 @@ pub(super) struct Lengths {
 }
 
 impl Lengths {
+    /// Where the lines of the spool file numbered `n` stop being covered by the journal:
+    /// the length it gives the file, 0 for a file numbered after the newest it knows of
+    /// (every line newer), `None` for a file it knows of without a length (sealed, or quiet
+    /// since before the generations read: no line newer).
+    pub(super) fn unrecorded_from(&self, n: u64) -> Option<u64> {
+        match self.files.get(&n) {
+            Some(&len) => Some(len),
+            None if n > self.last_n => Some(0),
+            None => None,
+        }
+    }
+
     fn apply(&mut self, fact: Fact) {
         match fact {
             Fact::Last(n) => self.last_n = self.last_n.max(n),
