@@ -597,10 +597,16 @@ impl Journal {
     /// used), if one did not. A snapshot that completed but whose mark was not removed yet
     /// is finished here: the generations before it are removed (and taken out of `numbers`).
     /// A mark with a generation numbered above its snapshot is of no use (the journal went
-    /// on after that snapshot completed).
+    /// on after that snapshot completed; a foreign file named above [`NUMBERING_LIMIT`] does
+    /// not count).
     fn unfinished_rewrite(&self, numbers: &mut Vec<u64>) -> Option<u64> {
         let mark = self.read_rewrite()?;
-        if numbers.last().is_some_and(|&n| n > mark.top) {
+        // Only a generation the journal numbered can be one it wrote after the mark (a file
+        // named above [`NUMBERING_LIMIT`] never moves the numbering).
+        if numbers
+            .iter()
+            .any(|&n| n > mark.top && counts_for_numbering(n))
+        {
             return None;
         }
         let present = numbers.partition_point(|&n| n <= mark.top)

@@ -1023,3 +1023,30 @@ fn a_damaged_rewrite_mark_is_reported() {
     assert!(!j.behind);
     assert!(!files(tmp.path()).contains(&REWRITE_FILE.to_string()));
 }
+
+/// A rewrite cut short is told apart beside a file named above the numbers the journal
+/// uses (not one it wrote after the mark): the next start still reloads the spool's lines.
+#[test]
+fn a_foreign_file_above_the_numbering_does_not_hide_a_cut_rewrite() {
+    let window = 16_384;
+    let spool: Vec<u64> = (1..=12_500u64).collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut j, w, _) = model_start(tmp.path(), window, &spool);
+    let mut foreign = MAGIC.to_vec();
+    encode_blocks(&mut foreign, KIND_IDS, &[u64::MAX - 3]);
+    fs::write(
+        tmp.path()
+            .join(JOURNAL_DIR)
+            .join(format!("{PREFIX}{:020}", NUMBERING_LIMIT + 5)),
+        &foreign,
+    )
+    .unwrap();
+    // Cut after the newest generation was renamed: the hold (none), the mark, its sync,
+    // rename and folder sync.
+    j.crash_at_step = Some(5);
+    j.snapshot(&w.ids(), &spool_head(), w.hold());
+    drop(j);
+    let (_, w, loaded) = model_start(tmp.path(), window, &spool);
+    assert!(loaded.unfinished);
+    assert!(spool.iter().all(|&id| w.contains(id)));
+}
