@@ -588,6 +588,77 @@ fn a_kill_9_during_the_journal_rewrite_keeps_the_newest_ids() {
     );
 }
 
+/// Review r40t D1: a start whose window comes from the spool's lines alone (its ids journal
+/// gone: an upgrade from a binary without it, or a lost `dedup/` folder) rewrites the
+/// journal, and is killed (-9) at the `nth` `fdatasync` in `dedup/`; the next start must
+/// still recognise the resend of every batch answered before. Before the fix each
+/// generation of the rewrite named the spool's files as covered, and the newest was renamed
+/// first: a start that found it alone reloaded only its ids (at the 2nd `fdatasync`, 8,192
+/// of 9,000 stored twice; at the 3rd, 4,096). Now the rewrite is marked until all of it is
+/// in place, and a start that finds it cut short reloads the spool's lines as newer.
+#[test]
+fn a_kill_9_during_a_rewrite_of_the_spools_ids_keeps_every_id() {
+    const BATCHES: u32 = 9;
+    const BATCH: u32 = 1000;
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = Faults::build(tmp.path());
+    let bucket = tmp.path().join("bucket");
+    let args = [
+        "--storage",
+        bucket.to_str().unwrap(),
+        "--dedup-window",
+        "16384",
+        "--upload-window",
+        "300s",
+        "--rotation-interval",
+        "30m",
+    ];
+    let ts = "2026-11-22T02:06:40Z";
+    let mut killed = 0;
+    for nth in 1..=4 {
+        let session = format!("session_nth{nth}");
+        let spool = tmp.path().join(format!("spool-{nth}"));
+        let mut c = Collector::start(&spool, &args, &faults.env());
+        // Three generations of the rewrite: 4,096, 4,096 and 808 ids.
+        let answered: Vec<Vec<String>> = (0..BATCHES)
+            .map(|b| ids(b * BATCH..(b + 1) * BATCH, &format!("nj{nth}")))
+            .collect();
+        for batch in &answered {
+            assert_eq!(post(&c, &batch_at(batch, &session, ts)).1, u64::from(BATCH));
+        }
+        c.kill9();
+        std::fs::remove_dir_all(spool.join("dedup")).unwrap();
+        faults.arm("fdatasync", rhc_testkit::fault_shim::KILL, nth, "/dedup/");
+        match c.try_spawn() {
+            Err(e) => {
+                assert!(e.contains("exited at start"), "fdatasync #{nth}: {e}");
+                killed += 1;
+            }
+            // This build makes fewer such calls at start: a clean start instead.
+            Ok(_) => c.kill9(),
+        }
+        faults.disarm("fdatasync");
+        c.restart();
+        let mut twice = Vec::new();
+        for (k, batch) in answered.iter().enumerate().rev() {
+            let (status, accepted, _, _) = post(&c, &batch_at(batch, &session, ts));
+            assert_eq!(status, 200);
+            if accepted > 0 {
+                twice.push((k, accepted));
+            }
+        }
+        let stored: u64 = twice.iter().map(|t| t.1).sum();
+        assert!(
+            twice.is_empty(),
+            "kill -9 at fdatasync #{nth} of the rewrite: {stored} ids of {} stored twice (batch, ids): {twice:?}\n{}",
+            BATCHES * BATCH,
+            c.log_tail(20)
+        );
+        c.kill9();
+    }
+    assert!(killed >= 3, "only {killed} starts were killed");
+}
+
 /// Event ids in the files of the spool's `events/` folder.
 fn ids_in_spool(spool: &Path) -> std::collections::HashSet<String> {
     let mut out = std::collections::HashSet::new();

@@ -58,7 +58,7 @@ use crate::events::quarantine::{
     overflow_record_event, raw_record, record_source_key, QuarantineReason, SOURCE_KEY_TAIL_BYTES,
 };
 use crate::metrics as m;
-use crate::util::dedup::PassThrough;
+use crate::util::dedup::{DedupWindow, PassThrough};
 use crate::util::time::unix_nanos;
 
 impl Writer {
@@ -224,41 +224,7 @@ impl Writer {
                 newest_ids(id_files, self.cfg.dedup_window, &journal, loaded.modified)
             }
         };
-        for h in spool.older.iter().rev() {
-            self.dedup.insert(*h);
-        }
-        // The journal's ids that a start before held are held again with the spool's, and
-        // the ids accepted after them count towards ending that hold (reviews r40n D1, r40o
-        // D2).
-        let (ordered, rest) = loaded
-            .ids
-            .split_at(loaded.ids.len() - (loaded.held + loaded.after).min(loaded.ids.len()));
-        let (held, after) = rest.split_at(rest.len() - loaded.after.min(rest.len()));
-        for h in ordered {
-            self.dedup.insert(*h);
-        }
-        if loaded.lengths.is_some() {
-            // Their order is unknown: all are kept until a window of new ids was accepted,
-            // however many (review r40m D1). The spool's are held with the journal's, and
-            // so end with them: a window of ids after the journal's held ones, which may
-            // be fewer after the spool's (documented).
-            let newer: Vec<u64> = held
-                .iter()
-                .chain(spool.newer.iter().rev())
-                .copied()
-                .collect();
-            self.dedup.insert_unordered(&newer);
-            for h in after {
-                self.dedup.insert(*h);
-            }
-        } else {
-            for h in held.iter().chain(after) {
-                self.dedup.insert(*h);
-            }
-            for h in spool.newer.iter().rev() {
-                self.dedup.insert(*h);
-            }
-        }
+        refill_window(&mut self.dedup, &loaded, &spool);
         report.dedup_ids = self.dedup.len();
         report.spool_newer_ids = spool.newer.len();
         report.journal_ids = loaded.ids.len();
@@ -440,6 +406,46 @@ const MIN_ID_SCAN_CHUNK: usize = 4 << 10;
 /// D2), past the memory limit the charts set.
 const MAX_UNRECORDED_IDS: usize = 1 << 18;
 
+/// Fills a start's empty window with the ids it reloaded: the spool's older than the
+/// journal's, the journal's (oldest first), and the spool's stored after the journal's last
+/// record read, which are the newest.
+pub(super) fn refill_window(dedup: &mut DedupWindow, loaded: &Loaded, spool: &SpoolIds) {
+    for h in spool.older.iter().rev() {
+        dedup.insert(*h);
+    }
+    // The journal's ids that a start before held are held again with the spool's, and the
+    // ids accepted after them count towards ending that hold (reviews r40n D1, r40o D2).
+    let (ordered, rest) = loaded
+        .ids
+        .split_at(loaded.ids.len() - (loaded.held + loaded.after).min(loaded.ids.len()));
+    let (held, after) = rest.split_at(rest.len() - loaded.after.min(rest.len()));
+    for h in ordered {
+        dedup.insert(*h);
+    }
+    if loaded.lengths.is_some() {
+        // Their order is unknown: all are kept until a window of new ids was accepted,
+        // however many (review r40m D1). The spool's are held with the journal's, and so
+        // end with them: a window of ids after the journal's held ones, which may be fewer
+        // after the spool's (documented).
+        let newer: Vec<u64> = held
+            .iter()
+            .chain(spool.newer.iter().rev())
+            .copied()
+            .collect();
+        dedup.insert_unordered(&newer);
+        for h in after {
+            dedup.insert(*h);
+        }
+    } else {
+        for h in held.iter().chain(after) {
+            dedup.insert(*h);
+        }
+        for h in spool.newer.iter().rev() {
+            dedup.insert(*h);
+        }
+    }
+}
+
 /// How many of the ids stored after the journal's last record read a start reloads: all of
 /// them (a power loss took their records; at most [`MAX_UNRECORDED_IDS`]), or the window's
 /// worth when the journal is damaged (a power loss does not damage a block: lines past its
@@ -509,10 +515,8 @@ pub(super) struct SpoolIds {
 pub(super) fn unrecorded_ids(mut files: Vec<IdFile>, want: usize, lengths: &Lengths) -> Vec<u64> {
     let mut out = Vec::new();
     files.retain_mut(|f| {
-        let floor = match lengths.files.get(&f.created) {
-            Some(&len) => len,
-            None if f.created > lengths.last_n => 0,
-            None => return false,
+        let Some(floor) = lengths.unrecorded_from(f.created) else {
+            return false;
         };
         f.floor = floor;
         floor < f.len

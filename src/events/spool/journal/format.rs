@@ -17,7 +17,9 @@
 //! Each start then writes the window it reloaded as new generations and removes the older
 //! files, damaged ones included. A file `ids-<n>.tmp` is a generation a snapshot was
 //! writing: never read, removed at start (the binaries before this one leave it alone, with
-//! a WARN, and read the rest as before).
+//! a WARN, and read the rest as before). Beside the generations, the hold file
+//! ([`HoldFile`]) and, while a snapshot is under way, its rewrite mark ([`RewriteMark`]; the
+//! binaries before this one leave it alone, with a WARN).
 //!
 //! What a start reads is bounded, so no file put in the folder delays /readyz: a file larger
 //! than a generation ever is ([`MAX_GENERATION_BYTES`]) is damaged unread; a hole running to
@@ -163,6 +165,70 @@ impl HoldFile {
 
 /// Most bytes a hold file takes ([`HoldFile::encode`]).
 pub(super) const MAX_HOLD_FILE_BYTES: u64 = 8 + 64 + 4;
+
+/// The name of the rewrite mark beside the generations ([`RewriteMark`]).
+pub(super) const REWRITE_FILE: &str = "rewrite";
+
+/// The first bytes of the rewrite mark.
+const REWRITE_MAGIC: &[u8; 8] = b"RHCREWR1";
+
+/// Most bytes a rewrite mark takes ([`RewriteMark::encode`]).
+pub(super) const MAX_REWRITE_FILE_BYTES: u64 = 8 + 24 + 4;
+
+/// A snapshot under way (`<spool>/dedup/rewrite`, review r40t D1): its generations are
+/// numbered `first..=top`, and the generations numbered `from..first` are those of earlier
+/// snapshots that were cut short (a crash loop). Written durably before the snapshot renames
+/// its first generation into place, removed (and the folder synced) once all of them are in
+/// place and the old generations are removed. What a cut snapshot's generation says of the
+/// spool's files (its head: the state of the spool when the rewrite started) covers lines
+/// whose ids are in its generations not yet written, so a start uses no head numbered from
+/// `from` on while any of `first..=top` is missing; a start that finds all of them finishes
+/// that snapshot (removes every generation numbered below `first`). A mark is of no use once
+/// a generation numbered above `top` exists: the journal went on after that snapshot
+/// completed (only a complete snapshot is appended to), and the mark's removal was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RewriteMark {
+    pub(super) from: u64,
+    pub(super) first: u64,
+    pub(super) top: u64,
+}
+
+impl RewriteMark {
+    /// The file's bytes: the magic, the three numbers, and the check of the words.
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut out = REWRITE_MAGIC.to_vec();
+        for w in [self.from, self.first, self.top] {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        let check = block_check(&out[REWRITE_MAGIC.len()..]);
+        out.extend_from_slice(&check.to_le_bytes());
+        out
+    }
+
+    /// The mark of a file's bytes; `None` when they are not one whole mark (not ours, or
+    /// damaged: it is renamed into place whole, so no crash cuts it).
+    pub(super) fn decode(bytes: &[u8]) -> Option<RewriteMark> {
+        let words = bytes.strip_prefix(REWRITE_MAGIC.as_slice())?;
+        if words.len() != 24 + 4 {
+            return None;
+        }
+        let (words, check) = words.split_at(24);
+        if block_check(words).to_le_bytes() != check {
+            return None;
+        }
+        let w = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&words[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(b)
+        };
+        let mark = RewriteMark {
+            from: w(0),
+            first: w(1),
+            top: w(2),
+        };
+        (mark.from <= mark.first && mark.first <= mark.top).then_some(mark)
+    }
+}
 
 /// What one generation holds.
 #[derive(Debug, Default)]

@@ -75,7 +75,22 @@
 //! step leaves the newest part of the window under the highest numbers and the old files
 //! holding all of it, so the next start reads the same ids in the same order (before, the
 //! oldest quarter was written first under the highest number: a crash then made the newest
-//! ids the first to leave the window).
+//! ids the first to leave the window). Each generation of a snapshot starts with the head of
+//! the whole window (the spool as the start found it), which is true only once all of them
+//! are in place: so a rewrite mark ([`RewriteMark`], `<spool>/dedup/rewrite`) names the
+//! snapshot's numbers, durable before its first rename and removed (the folder fsync'd) once
+//! the old files are; a start that finds some of them missing uses their ids but none of
+//! their heads (review r40t D1: a window refilled from the spool's lines, its rewrite cut
+//! after the newest generation, made the next start take every line of the spool as covered
+//! and reload only that generation's ids). The lengths then come from the generations before
+//! the snapshot, which it left as they were, or, with none, every line of the spool is newer
+//! than the journal: the start reloads what the one before it reloaded. Nor does a start
+//! remove a generation that says where the journal's knowledge of the spool ends because it
+//! gave no id (its ids are newer elsewhere): only the snapshot that replaces it does. The
+//! mark of snapshots cut short in a row names the lowest number any of them wrote, so a
+//! crash loop trusts none of them. A mark whose snapshot is all in place is finished by the
+//! next start (the generations before it removed), and one with a generation numbered after
+//! its snapshot is of no use (the journal went on after it).
 
 //! A failed write (a full disk) never fails a request: its events are in their segment. The
 //! journal is then behind: appends stop, a WARN and `rhc_dedup_journal_failures_total{what=
@@ -170,11 +185,23 @@ pub(super) struct Journal {
     /// whose generation is there): kept as [`HoldFile::before`] by the next snapshot's hold
     /// file, which a start uses until that snapshot's newest generation is in place.
     disk_hold: Option<Hold>,
+    /// While a snapshot cut short may have left generations in the folder (its rewrite mark
+    /// says so, or a snapshot failed after writing its mark): the lowest number they can
+    /// have, [`RewriteMark::from`] of the next snapshot's mark. `None` once a snapshot
+    /// completed.
+    unfinished_from: Option<u64>,
     last_try: Option<Instant>,
     buf: Vec<u8>,
     /// Unit tests: a snapshot stops (as a crash would) after this many new generations.
     #[cfg(test)]
     stop_after: Option<usize>,
+    /// Unit tests: a snapshot stops (as a crash would) at this step of its rewrite
+    /// ([`Journal::crash_here`]), counted from 0.
+    #[cfg(test)]
+    crash_at_step: Option<usize>,
+    /// Unit tests: the steps of the current snapshot passed so far.
+    #[cfg(test)]
+    steps: usize,
 }
 
 /// What a start found in the journal.
@@ -196,6 +223,10 @@ pub(super) struct Loaded {
     pub(super) lengths: Option<Lengths>,
     /// Files (or their tails) discarded as damaged.
     pub(super) damaged: usize,
+    /// The last rewrite of the journal was cut short (a crash during a snapshot), and
+    /// generations it wrote were read: what they say of the spool's files is not used
+    /// (review r40t D1).
+    pub(super) unfinished: bool,
     /// Bytes of generations read (at most [`MAX_BYTES_READ_AT_START`]).
     pub(super) bytes_read: u64,
     /// The latest modification time of the files that gave ids: when the journal was last
@@ -219,6 +250,18 @@ pub(super) struct Lengths {
 }
 
 impl Lengths {
+    /// Where the lines of the spool file numbered `n` stop being covered by the journal:
+    /// the length it gives the file, 0 for a file numbered after the newest it knows of
+    /// (every line newer), `None` for a file it knows of without a length (sealed, or quiet
+    /// since before the generations read: no line newer).
+    pub(super) fn unrecorded_from(&self, n: u64) -> Option<u64> {
+        match self.files.get(&n) {
+            Some(&len) => Some(len),
+            None if n > self.last_n => Some(0),
+            None => None,
+        }
+    }
+
     fn apply(&mut self, fact: Fact) {
         match fact {
             Fact::Last(n) => self.last_n = self.last_n.max(n),
@@ -261,10 +304,15 @@ impl Journal {
             unsynced_ids: 0,
             hold: None,
             disk_hold: None,
+            unfinished_from: None,
             last_try: None,
             buf: Vec::new(),
             #[cfg(test)]
             stop_after: None,
+            #[cfg(test)]
+            crash_at_step: None,
+            #[cfg(test)]
+            steps: 0,
         };
         if window == 0 {
             return (journal, Loaded::default());
@@ -320,14 +368,30 @@ impl Journal {
                 let _ = fs::remove_file(entry.path());
             } else if name == Some(HOLD_FILE) {
                 // Read below ([`Journal::read_hold`]).
-            } else if name == Some(&format!("{HOLD_FILE}{TMP_SUFFIX}")) {
-                // A hold a snapshot was writing when the process stopped.
+            } else if name == Some(REWRITE_FILE) {
+                // Read below ([`Journal::read_rewrite`]).
+            } else if name == Some(&format!("{HOLD_FILE}{TMP_SUFFIX}"))
+                || name == Some(&format!("{REWRITE_FILE}{TMP_SUFFIX}"))
+            {
+                // A hold or a rewrite mark a snapshot was writing when the process stopped.
                 let _ = fs::remove_file(entry.path());
             } else {
                 tracing::warn!(path = %entry.path().display(), "unknown file in the ids journal's folder; left alone");
             }
         }
         numbers.sort_unstable();
+        // A snapshot cut short (review r40t D1): its generations hold the newest part of the
+        // window it was writing, and their ids are read as before; but their heads, written
+        // whole in each of them, cover lines of the spool whose ids are in its generations
+        // never written, so no generation numbered from the mark's `from` on says anything of
+        // the files: the lengths come from the generations before it, which the snapshot left
+        // as they were (or, with none, every line of the spool is newer than the journal), as
+        // the start that wrote it found them. A snapshot that did complete (a crash before its
+        // mark was removed) is finished: the generations before it are removed unread, as it
+        // would have done.
+        let untrusted_from = self.unfinished_rewrite(&mut numbers);
+        self.unfinished_from = untrusted_from;
+        let trusted = |n: u64| untrusted_from.is_none_or(|from| n < from);
         // Each file's ids in order; files newest first, so that reading can stop once the
         // window is full of distinct ids.
         let mut seen: HashSet<u64, PassThrough> = HashSet::default();
@@ -400,9 +464,12 @@ impl Journal {
                     newest_first.push(id);
                 }
             }
-            // A generation newer than every one that gave ids (one just started, its head
-            // alone) is kept for what it says of the files.
-            if newest_first.len() > before || (before == 0 && !generation.facts.is_empty()) {
+            // A generation read that says something of the files (one just started, its head
+            // alone; or one whose ids are all newer elsewhere) is kept for that, unless a cut
+            // snapshot wrote it: the lengths of the next start must be those of this one
+            // (review r40t D1: a generation removed here because it gave no id was the one
+            // whose head told the start that the spool's lines were newer than the journal).
+            if newest_first.len() > before || (trusted(n) && !generation.facts.is_empty()) {
                 kept.push(n);
                 if let Ok(t) = fs::symlink_metadata(&path).and_then(|m| m.modified()) {
                     loaded.modified = loaded.modified.max(Some(t));
@@ -413,14 +480,25 @@ impl Journal {
             facts.push((n, generation));
         }
         // A file that gave no id to the window (all of them newer elsewhere, or older than
-        // the window), and is not the newest, changes nothing a start reads: removed now, so
-        // that starts cut short during their snapshot (a crash loop) cannot pile files up.
+        // the window), and says nothing of the files a start uses, changes nothing a start
+        // reads: removed now, so that starts cut short during their snapshot (a crash loop)
+        // cannot pile files up.
         for &n in &numbers {
             if !kept.contains(&n) {
                 let _ = fs::remove_file(self.path_of(n));
             }
         }
-        loaded.lengths = chain_lengths(facts.into_iter().rev());
+        let untrusted_read = facts.iter().any(|(n, g)| !trusted(*n) && !g.v1);
+        loaded.unfinished = untrusted_read;
+        loaded.lengths = chain_lengths(facts.into_iter().rev().filter(|(n, _)| trusted(*n)));
+        if untrusted_read && loaded.lengths.is_none() {
+            // Ids of a cut snapshot, and nothing before it that says where the journal's
+            // knowledge of the spool ends: every line of the spool is newer than the journal.
+            loaded.lengths = Some(Lengths::default());
+        }
+        if untrusted_read {
+            tracing::info!(dir = %self.dir.display(), "the last rewrite of the ids journal was cut short (a crash while a start wrote it): the spool's lines it covered are reloaded as newer than the journal");
+        }
         // The kept ones are replaced by the start's snapshot.
         kept.sort_unstable();
         self.generations = kept.into_iter().map(|n| (n, 0)).collect();
@@ -458,28 +536,94 @@ impl Journal {
         None
     }
 
-    /// Writes `file` as the hold file: under a temporary name, fsync'd, renamed into place,
-    /// the folder fsync'd. A directory under either name (not one the journal wrote, and
-    /// that it cannot replace) is reported and the file is left unwritten (a start then holds
-    /// no ids beyond its window); any other failure is returned.
+    /// Writes `file` as the hold file ([`Journal::write_small`]). A directory under its
+    /// name is reported and the file is left unwritten (a start then holds no ids beyond its
+    /// window).
     fn write_hold(&self, file: &HoldFile) -> io::Result<()> {
-        let path = self.dir.join(HOLD_FILE);
-        let tmp = self.dir.join(format!("{HOLD_FILE}{TMP_SUFFIX}"));
+        self.write_small(HOLD_FILE, &file.encode(), "a directory is named like the hold file beside the ids journal: no hold written, so a restart before a window of new ids holds only its window of the ids reloaded")
+    }
+
+    /// Writes `bytes` as the file `name` beside the generations: under a temporary name,
+    /// fsync'd, renamed into place, the folder fsync'd. A directory under either name (not
+    /// one the journal wrote, and that it cannot replace) is reported with `if_dir` and the
+    /// file is left unwritten; any other failure is returned.
+    fn write_small(&self, name: &str, bytes: &[u8], if_dir: &'static str) -> io::Result<()> {
+        let path = self.dir.join(name);
+        let tmp = self.dir.join(format!("{name}{TMP_SUFFIX}"));
         let is_dir = |p: &Path| fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
         if is_dir(&path) || is_dir(&tmp) {
-            tracing::warn!(dir = %self.dir.display(), "a directory is named like the hold file beside the ids journal: no hold written, so a restart before a window of new ids holds only its window of the ids reloaded");
+            tracing::warn!(dir = %self.dir.display(), "{if_dir}");
             return Ok(());
         }
         // A link or a FIFO left under the temporary name is replaced, never written through.
         let _ = fs::remove_file(&tmp);
         let written = open_for_write(&tmp)
-            .and_then(|mut f| f.write_all(&file.encode()).and_then(|()| f.sync_data()))
+            .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_data()))
             .and_then(|()| fs::rename(&tmp, &path))
             .and_then(|()| fsync_dir(&self.dir));
         if written.is_err() {
             let _ = fs::remove_file(&tmp);
         }
         written
+    }
+
+    /// The rewrite mark, if it holds a whole one ([`RewriteMark`]). One that is not (it is
+    /// renamed into place whole: not ours, or damaged) is reported like a damaged generation
+    /// and left out: a rewrite cut short is then not told apart.
+    fn read_rewrite(&self) -> Option<RewriteMark> {
+        use std::io::Read as _;
+        let path = self.dir.join(REWRITE_FILE);
+        let read = open_regular(&path).and_then(|(f, len)| {
+            if len > MAX_REWRITE_FILE_BYTES {
+                return Err(io::Error::other("longer than a rewrite mark"));
+            }
+            let mut bytes = Vec::new();
+            f.take(MAX_REWRITE_FILE_BYTES).read_to_end(&mut bytes)?;
+            Ok(bytes)
+        });
+        let why = match read.map(|bytes| RewriteMark::decode(&bytes)) {
+            Ok(Some(mark)) => return Some(mark),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+            Ok(None) => "not a whole rewrite mark (a failed check)".to_string(),
+            Err(e) => e.to_string(),
+        };
+        m::dedup_journal_failure("damaged");
+        tracing::warn!(path = %path.display(), reason = %why, "damaged rewrite mark beside the ids journal: ignored; if the last rewrite of the journal was cut short, a resend after this restart of events whose ids it did not write yet may be stored twice");
+        None
+    }
+
+    /// What the rewrite mark says of the generations `numbers` (sorted): the number from
+    /// which they were written by a snapshot that did not complete (their heads are not
+    /// used), if one did not. A snapshot that completed but whose mark was not removed yet
+    /// is finished here: the generations before it are removed (and taken out of `numbers`).
+    /// A mark with a generation numbered above its snapshot is of no use (the journal went
+    /// on after that snapshot completed; a foreign file named above [`NUMBERING_LIMIT`] does
+    /// not count).
+    fn unfinished_rewrite(&self, numbers: &mut Vec<u64>) -> Option<u64> {
+        let mark = self.read_rewrite()?;
+        // Only a generation the journal numbered can be one it wrote after the mark (a file
+        // named above [`NUMBERING_LIMIT`] never moves the numbering).
+        if numbers
+            .iter()
+            .any(|&n| n > mark.top && counts_for_numbering(n))
+        {
+            return None;
+        }
+        let present = numbers.partition_point(|&n| n <= mark.top)
+            - numbers.partition_point(|&n| n < mark.first);
+        let complete = (mark.top - mark.first).checked_add(1) == Some(present as u64);
+        if !complete {
+            return Some(mark.from);
+        }
+        numbers.retain(|&n| {
+            if n < mark.first {
+                let _ = fs::remove_file(self.path_of(n));
+                false
+            } else {
+                true
+            }
+        });
+        None
     }
 
     fn path_of(&self, n: u64) -> PathBuf {
@@ -550,7 +694,9 @@ impl Journal {
     /// before the next one. So a crash at any moment leaves the old generations plus the
     /// newest part of the window under the highest numbers, in order: a start reads the same
     /// window back in the same order (the old files supply the rest), and removes what is
-    /// left over ([`Journal::open`]).
+    /// left over ([`Journal::open`]). The rewrite mark ([`RewriteMark`]) is durable before the
+    /// first rename, and removed once the old generations are: until then a start uses none
+    /// of the new generations' heads (review r40t D1).
     ///
     /// `hold`: while the window holds ids a start reloaded in no known order, how many, and
     /// how many ids were accepted after them ([`crate::util::dedup::DedupWindow::hold`]);
@@ -583,6 +729,17 @@ impl Journal {
                 held: held as u64,
                 inserted: inserted as u64,
             });
+        // The generations of snapshots cut short before this one are numbered from the
+        // lowest of them on, or from this one's first.
+        let mark = RewriteMark {
+            from: self.unfinished_from.map_or(first, |from| from.min(first)),
+            first,
+            top,
+        };
+        #[cfg(test)]
+        {
+            self.steps = 0;
+        }
         // (number, ids in it), newest first as written.
         let mut written: Vec<(u64, usize)> = Vec::new();
         let mut newest: Option<(File, u64)> = None;
@@ -598,6 +755,13 @@ impl Journal {
                     before: self.disk_hold,
                 })?;
             }
+            #[cfg(test)]
+            self.crash_here()?;
+            // The rewrite mark is durable before any generation is renamed into place too
+            // (review r40t D1): until all of them are, a start uses none of their heads.
+            self.write_small(REWRITE_FILE, &mark.encode(), "a directory is named like the rewrite mark beside the ids journal: no mark written, so a crash during this rewrite can make the next start take the spool's lines as covered by the journal")?;
+            #[cfg(test)]
+            self.crash_here()?;
             for (i, chunk) in chunks.iter().enumerate().rev() {
                 let n = first + i as u64;
                 #[cfg(test)]
@@ -626,9 +790,15 @@ impl Journal {
                     len += self.buf.len() as u64;
                 }
                 f.sync_data()?;
+                #[cfg(test)]
+                self.crash_here()?;
                 fs::rename(&tmp, self.path_of(n))?;
                 written.push((n, chunk.len()));
+                #[cfg(test)]
+                self.crash_here()?;
                 fsync_dir(&self.dir)?;
+                #[cfg(test)]
+                self.crash_here()?;
                 if newest.is_none() {
                     newest = Some((f, len));
                 }
@@ -642,9 +812,25 @@ impl Journal {
             Ok(()) => {
                 // The new generations hold the whole window and are read first: the old ones
                 // are not read any more, so removing them needs no sync (a crash leaves them
-                // to the next start, which removes them unread).
+                // to the next start, which removes them unread: the mark names a complete
+                // snapshot).
                 for n in old {
                     let _ = fs::remove_file(self.path_of(n));
+                }
+                #[cfg(test)]
+                if self.crash_here().is_err() {
+                    return;
+                }
+                // Then the mark, durably, before anything is appended: a generation of this
+                // snapshot may be removed by a rotation from then on. (Were the removal lost,
+                // the mark is of no use once a rotation made a generation above it.)
+                if fs::remove_file(self.dir.join(REWRITE_FILE)).is_ok() {
+                    let _ = fsync_dir(&self.dir);
+                }
+                self.unfinished_from = None;
+                #[cfg(test)]
+                if self.crash_here().is_err() {
+                    return;
                 }
                 // The hold before is of no use now that the new generations are all in
                 // place: the file is written again with this snapshot's hold alone, the form
@@ -676,10 +862,13 @@ impl Journal {
             }
             Err(e) => {
                 #[cfg(test)]
-                if self.stop_after.is_some() {
+                if self.stop_after.is_some() || self.crash_at_step.is_some() {
                     // A crash: nothing is cleaned up.
                     return;
                 }
+                // Its mark may be in place: the generations of this snapshot (removed now)
+                // and of those before it that were cut short stay untrusted.
+                self.unfinished_from = Some(mark.from);
                 for i in 0..chunks.len() {
                     let n = first + i as u64;
                     let _ = fs::remove_file(self.tmp_path_of(n));
@@ -887,6 +1076,18 @@ impl Journal {
                 self.hold_rewrite_due = true;
             }
         }
+    }
+
+    /// Unit tests: an error (a crash: the caller cleans nothing up) at the step
+    /// [`Journal::crash_at_step`] of a snapshot.
+    #[cfg(test)]
+    fn crash_here(&mut self) -> io::Result<()> {
+        let step = self.steps;
+        self.steps += 1;
+        if self.crash_at_step == Some(step) {
+            return Err(io::Error::other("crashed by the test"));
+        }
+        Ok(())
     }
 
     fn fall_behind(&mut self, action: &'static str, e: &io::Error) {
