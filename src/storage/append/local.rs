@@ -219,7 +219,16 @@ struct Pending {
     parent: std::rc::Rc<std::os::fd::OwnedFd>,
     name: std::ffi::OsString,
     path: PathBuf,
+    /// 0 for an event folder, 1 for a folder in it (a job's, an export group's), ...
+    depth: usize,
 }
+
+/// How deep below an event folder the cleanup looks: event objects are at most one folder
+/// below one (`job_events/<job>/`, `export_events/<group>/`), so their temporaries too; a
+/// deeper tree (no writer of ours makes one) is not walked, which also bounds the
+/// descriptors the walk holds open (review r39x D1: a tree 200 folders deep ran out of
+/// descriptors and the rest was skipped silently).
+const MAX_TEMPORARY_DEPTH: usize = 2;
 
 /// Removes this node's temporaries (tag `tag`) below the event folders of
 /// `<history root>/<any session>/<node>/`: what a run killed while writing a version left.
@@ -262,11 +271,22 @@ pub(super) fn remove_temporaries(history_root: &Path, node: &str, tag: &str) -> 
                 parent: node_dir.clone(),
                 name: f.into(),
                 path: node_path.join(f),
+                depth: 0,
             })
             .collect();
         while let Some(p) = stack.pop() {
-            let Ok(dir) = open_dir(Some(&p.parent), &p.name) else {
-                continue;
+            let dir = match open_dir(Some(&p.parent), &p.name) {
+                Ok(dir) => dir,
+                Err(e) => {
+                    // Gone, not a directory, or a symlink (not followed): nothing of ours.
+                    if !matches!(
+                        e.raw_os_error(),
+                        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)
+                    ) {
+                        tracing::warn!(path = %p.path.display(), error = %e, "could not look for temporaries an earlier run left in this folder");
+                    }
+                    continue;
+                }
             };
             let dir = Rc::new(dir);
             let Ok(names) = list_dir(&dir) else {
@@ -278,11 +298,14 @@ pub(super) fn remove_temporaries(history_root: &Path, node: &str, tag: &str) -> 
                 };
                 let path = p.path.join(&name);
                 if st.is_dir() {
-                    stack.push(Pending {
-                        parent: dir.clone(),
-                        name,
-                        path,
-                    });
+                    if p.depth < MAX_TEMPORARY_DEPTH {
+                        stack.push(Pending {
+                            parent: dir.clone(),
+                            name,
+                            path,
+                            depth: p.depth + 1,
+                        });
+                    }
                     continue;
                 }
                 let text = name.to_string_lossy();
