@@ -57,6 +57,10 @@ impl Drop for Check {
 /// `ledger size / VERIFY_PER_ROUND` rounds, for a few cheap requests per round.
 const VERIFY_PER_ROUND: usize = 8;
 
+/// Checks tried again (after a timeout) that may run at once: half the places, so new keys
+/// are always checked (review r42w D1).
+const MAX_RETRIES_RUNNING: usize = VERIFY_PER_ROUND / 2;
+
 /// What the answer to a check of a ledger entry means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Verdict {
@@ -82,15 +86,7 @@ struct Found {
     e_tag: Option<String>,
 }
 
-/// An ETag as compared: without a weak validator's `W/`, the quotes or the case (S3's
-/// XML answers and headers, and S3-compatible stores, do not all quote alike); `None` for
-/// an empty one (some S3-compatible stores answer a completion with `<ETag></ETag>`), which
-/// says nothing.
-fn etag_key(tag: &str) -> Option<String> {
-    let t = tag.trim();
-    let t = t.strip_prefix("W/").unwrap_or(t).trim_matches('"').trim();
-    (!t.is_empty()).then(|| t.to_ascii_lowercase())
-}
+use crate::storage::append::etag_key;
 
 /// True only when both ETags are known and differ ([`etag_key`]): a ledger entry without
 /// one (a ledger before version 3, a store that gave none) is judged by its size alone.
@@ -385,6 +381,20 @@ impl LogShipper {
                 }
                 Ok(Err(())) => {
                     if !self.ledger.data.objects.contains_key(&key) {
+                        continue;
+                    }
+                    // Retries take at most half the checks' places, and a key is given up
+                    // once it timed out at the longest deadline (the cursor meets it again
+                    // on its next pass): keys whose HEADs never answer must not hold every
+                    // place for good, or no other entry is ever checked again (review r42w
+                    // D1: 8 such keys starved the checks of every other key).
+                    let retries = self
+                        .verify_checks
+                        .iter()
+                        .filter(|r| r.deadline > LEDGER_CHECK_TIMEOUT)
+                        .count();
+                    if c.deadline >= LEDGER_RETRY_CAP || retries >= MAX_RETRIES_RUNNING {
+                        tracing::debug!(%key, timeout_secs = c.deadline.as_secs(), "checking a ledger entry took too long again; left to the checks' next pass over the ledger");
                         continue;
                     }
                     let Ok(location) = object_store::path::Path::parse(&key) else {

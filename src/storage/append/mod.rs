@@ -322,6 +322,16 @@ pub const STALE_UPLOAD_AGE: Duration = Duration::from_secs(3600);
 pub const UNKNOWN_NODE: &str = "unknown-node";
 
 /// The object must exist with `size` bytes and, when known, the ETag `e_tag`.
+/// An ETag as compared: without a weak validator's `W/`, the quotes or the case (S3's
+/// XML answers and headers, and S3-compatible stores, do not all quote alike); `None` for
+/// an empty one (some S3-compatible stores answer a completion with `<ETag></ETag>`), which
+/// says nothing.
+pub(crate) fn etag_key(tag: &str) -> Option<String> {
+    let t = tag.trim();
+    let t = t.strip_prefix("W/").unwrap_or(t).trim_matches('"').trim();
+    (!t.is_empty()).then(|| t.to_ascii_lowercase())
+}
+
 async fn check_object(
     store: &dyn ObjectStore,
     key: &str,
@@ -346,8 +356,10 @@ async fn check_object(
             meta.size
         )));
     }
-    if let Some(want) = e_tag {
-        if meta.e_tag.as_deref() != Some(want) {
+    if let Some(want) = e_tag.and_then(etag_key) {
+        // Compared as the ledger checks compare them (review r42w D2: a store whose HEAD
+        // gives the ETag unquoted had every growing log uploaded whole each round).
+        if meta.e_tag.as_deref().and_then(etag_key).as_deref() != Some(want.as_str()) {
             return Err(changed(format!(
                 "the object's ETag is {:?}, the ledger says {want:?}",
                 meta.e_tag
