@@ -2002,3 +2002,53 @@ fn a_big_train_snapshot_waiting_for_room_holds_back_no_small_one() {
         started.elapsed()
     );
 }
+
+/// Review r37s D1: reads nobody waits for give up their slot of the builds under way to a
+/// session that waits for one, after a grace. 32 sessions' Train snapshot GETs are held 30 s;
+/// each session's client asks once, leaves after 2 s, and does not come back: their 32 reads
+/// hold every slot. A session with no snapshot (built from its events alone) is then answered
+/// within a few seconds: once the abandoned reads have had nobody for
+/// `ABANDONED_SLOT_GRACE` (5 s), they give their slots up. Before, it waited for the stalled
+/// reads to end (36 s in the review).
+#[test]
+fn abandoned_stalled_reads_give_their_slots_to_a_waiting_session() {
+    const STALL: Duration = Duration::from_secs(30);
+    let Some(mut rig) = serve_rig() else { return };
+    let stalled: Vec<String> = (0..32).map(session_n).collect();
+    let stalled: Vec<&str> = stalled.iter().map(String::as_str).collect();
+    let runs = snapshot_rel(RUNS_URI);
+    for session in &stalled {
+        rig.add_session(session, &[(&runs, NO_RUNS)]);
+    }
+    rig.add_session(SESSION_B, &[]);
+    rig.serve();
+    let mut cookies = rig.enter(&[&stalled[..], &[SESSION_B]].concat());
+    let without = cookies.pop().unwrap();
+    for session in &stalled {
+        rig.stall(session, &runs, STALL);
+    }
+    let rig = &rig;
+    std::thread::scope(|s| {
+        for c in &cookies {
+            s.spawn(move || {
+                let (got, _) = rig.ask(c, RUNS_URI, Duration::from_secs(2));
+                assert!(got.is_err(), "answered while its snapshot's GET was held");
+            });
+        }
+    });
+    assert_eq!(
+        stalled.iter().map(|s| rig.gets(s, &runs)).sum::<usize>(),
+        32,
+        "the 32 reads under way"
+    );
+    let (got, took) = rig.ask(&without, RUNS_URI, Duration::from_secs(15));
+    let got = got.unwrap_or_else(|e| {
+        panic!("the session without a snapshot: no answer after {took:?} behind 32 abandoned reads: {e}")
+    });
+    assert_eq!(got, 200);
+    eprintln!("the session without a snapshot answered after {took:?}");
+    assert!(
+        took < Duration::from_secs(8),
+        "the session without a snapshot took {took:?} behind 32 abandoned reads"
+    );
+}

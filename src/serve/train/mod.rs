@@ -227,32 +227,56 @@ async fn read_held(
         () = wanted.left() => return Ok(None),
         held = TRAIN_SNAPSHOT_KIB.take(kib) => held,
     };
-    // A read under way is given up only when nobody waits for it AND another read waits for
-    // room (review r37q D2: an abandoned stalled read held its room 40 s); until then the
-    // build stays joinable, so a client that asks again (a reload, a proxy's shorter
-    // timeout) joins the read under way instead of starting it over (review r37r D1: with
-    // the read given up as soon as its client left, a client with a 6 s timeout against a
-    // 15 s read was never answered, however often it asked).
+    // A read under way is given up only when nobody waits for it AND what it holds is wanted
+    // ([`left_while_wanted_elsewhere`]); until then the build stays joinable, so a client
+    // that asks again (a reload, a proxy's shorter timeout) joins the read under way instead
+    // of starting it over (review r37r D1: with the read given up as soon as its client left,
+    // a client with a 6 s timeout against a 15 s read was never answered, however often it
+    // asked).
     let body = tokio::select! {
         biased;
-        () = left_while_room_is_wanted(wanted) => return Ok(None),
+        () = left_while_wanted_elsewhere(wanted) => return Ok(None),
         body = read_counted(state, meta, meta.size) => body?,
     };
     Ok(Some((body, held)))
 }
 
-/// How often a read nobody waits for looks whether another read waits for its room.
+/// How often a read nobody waits for looks whether what it holds is wanted.
 const ROOM_WANTED_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// Completes when every request for the build has left and another read waits for room in
-/// [`TRAIN_SNAPSHOT_KIB`]; the build is then out of the builds under way.
-async fn left_while_room_is_wanted(wanted: &TrainWanted) {
+/// How long a build nobody waits for keeps its slot of the builds under way
+/// ([`CONCURRENT_TRAIN_BUILDS_UNDER_WAY`]) while a request of another session waits for one:
+/// a client that asks again within it (one whose timeout is shorter than the read, asking
+/// again after a pause) rejoins the read under way. Longer than such a client's pause (review
+/// r37t: reads given up as soon as every slot was taken were started over, again and again,
+/// by clients asking every 2 to 3 s), short enough that a session waiting behind abandoned
+/// reads is answered in seconds, not after them (review r37s D1: 36 s).
+pub const ABANDONED_SLOT_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Completes when every request for the build has left and what the build holds is wanted
+/// elsewhere: another read waits for room in [`TRAIN_SNAPSHOT_KIB`] (at once: review r37q
+/// D2), or, once nobody has waited for [`ABANDONED_SLOT_GRACE`] on end, a request of another
+/// session waits for a slot of the builds under way ([`super::kept::Wanted::slot_wanted`];
+/// review r37s D1: 32 abandoned stalled reads held every slot, and a session with no
+/// snapshot waited 36 s). The build is then out of the builds under way. A request that
+/// joins meanwhile starts the grace over.
+async fn left_while_wanted_elsewhere(wanted: &TrainWanted) {
     loop {
         wanted.nobody_waits().await;
-        if TRAIN_SNAPSHOT_KIB.someone_waits() && wanted.abandoned() {
-            return;
+        let left = tokio::time::Instant::now();
+        while !wanted.somebody_waits() {
+            let room = TRAIN_SNAPSHOT_KIB.someone_waits();
+            let slot = !room && left.elapsed() >= ABANDONED_SLOT_GRACE && wanted.slot_wanted();
+            if (room || slot) && wanted.abandoned() {
+                tracing::debug!(
+                    for_room = room,
+                    for_slot = slot,
+                    "a Train snapshot read nobody waits for gives way"
+                );
+                return;
+            }
+            tokio::time::sleep(ROOM_WANTED_EVERY).await;
         }
-        tokio::time::sleep(ROOM_WANTED_EVERY).await;
     }
 }
 
