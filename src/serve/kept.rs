@@ -21,7 +21,9 @@
 //!   because its objects changed, or the snapshot is another) builds again. A kind whose
 //!   answer also reads files the index does not follow keeps it at most a given time.
 //! - **Bounded.** At most `max` answers of a kind are kept, one per session (the oldest
-//!   dropped first); an answer whose index the cache dropped is dropped at the next look.
+//!   dropped first), and, for a kind that weighs its answers ([`Kept::weighed`]), at most
+//!   `max_bytes` of them, the newest kept even alone over it; an answer whose index the
+//!   cache dropped is dropped at the next look.
 //! - **Who waits for a slot is known.** A build waiting for its permit is marked so among
 //!   the builds under way, so a build nobody waits for can tell whether a request wants its
 //!   permit ([`Wanted::slot_wanted`]): a semaphore tells only that none is free, not whether
@@ -44,6 +46,10 @@ pub(crate) struct Kept<T, E = String> {
     /// Builds under way, each with the channel its answer is sent on.
     building: Mutex<Vec<Building<T, E>>>,
     max: usize,
+    /// Bytes of answers kept at most ([`Kept::weighed`]; the newest is kept even alone over).
+    max_bytes: usize,
+    /// What an answer weighs against `max_bytes`.
+    weigh: fn(&T) -> usize,
     fresh_for: Option<Duration>,
     /// Builds started (`/metrics`).
     built: AtomicU64,
@@ -142,6 +148,8 @@ struct Entry<T> {
     tag: u64,
     index: Weak<SessionIndex>,
     answer: Arc<T>,
+    /// What `answer` weighs ([`Kept::weigh`]).
+    bytes: usize,
     built: Instant,
 }
 
@@ -154,9 +162,19 @@ impl<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> 
             kept: Mutex::new(Vec::new()),
             building: Mutex::new(Vec::new()),
             max,
+            max_bytes: usize::MAX,
+            weigh: |_| 0,
             fresh_for,
             built: AtomicU64::new(0),
         }
+    }
+
+    /// Keeps at most `max_bytes` of answers as `weigh` weighs them (besides at most `max`
+    /// answers), dropping the oldest first; the newest is kept even alone over it.
+    pub(crate) fn weighed(mut self, max_bytes: usize, weigh: fn(&T) -> usize) -> Self {
+        self.max_bytes = max_bytes;
+        self.weigh = weigh;
+        self
     }
 
     /// Builds started so far.
@@ -180,20 +198,24 @@ impl<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> 
             .map(|k| k.answer.clone())
     }
 
-    /// Keeps `answer` as `session`'s, in place of the one kept before.
+    /// Keeps `answer` as `session`'s, in place of the one kept before; the oldest go while
+    /// more than `max` answers or `max_bytes` are kept (never the newest).
     fn keep(&self, session: String, tag: u64, index: &Arc<SessionIndex>, answer: Arc<T>) {
+        let bytes = (self.weigh)(&answer);
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         kept.retain(|k| k.session != session && k.index.strong_count() > 0);
-        while kept.len() >= self.max.max(1) {
-            kept.remove(0);
-        }
         kept.push(Entry {
             session,
             tag,
             index: Arc::downgrade(index),
             answer,
+            bytes,
             built: Instant::now(),
         });
+        let mut total: usize = kept.iter().map(|k| k.bytes).sum();
+        while kept.len() > 1 && (kept.len() > self.max.max(1) || total > self.max_bytes) {
+            total -= kept.remove(0).bytes;
+        }
     }
 
     /// The answer for `session` built from `index` with `tag`: kept, the one a build under
@@ -375,6 +397,29 @@ mod tests {
             .get_or_build("s".into(), 1, &a, |_| async { Ok(3) })
             .await;
         assert_eq!(again.as_deref(), Ok(&3));
+    }
+
+    #[tokio::test]
+    async fn kept_within_its_bytes_the_newest_even_alone_over() {
+        let kept: Arc<Kept<u32>> =
+            Arc::new(Kept::new(1, 10, None).weighed(10, |n: &u32| *n as usize));
+        let a = index();
+        for (session, n) in [("a", 4), ("b", 4), ("c", 4)] {
+            let got = kept
+                .get_or_build(session.into(), 0, &a, move |_| async move { Ok(n) })
+                .await;
+            assert_eq!(got.as_deref(), Ok(&n));
+        }
+        assert!(
+            kept.lookup("a", 0, &a).is_none(),
+            "12 bytes: the oldest went"
+        );
+        assert!(kept.lookup("b", 0, &a).is_some() && kept.lookup("c", 0, &a).is_some());
+        let _ = kept
+            .get_or_build("d".into(), 0, &a, |_| async { Ok(20) })
+            .await;
+        assert_eq!(kept.kept.lock().unwrap().len(), 1);
+        assert!(kept.lookup("d", 0, &a).is_some(), "the newest, alone over");
     }
 
     #[tokio::test]

@@ -196,6 +196,15 @@ pub(crate) enum TrainAnswer {
     Snapshot(Bytes),
 }
 
+impl TrainAnswer {
+    /// What the answer holds: its body (headers are a few hundred bytes).
+    fn bytes(&self) -> usize {
+        match self {
+            TrainAnswer::Built(_, body) | TrainAnswer::Snapshot(body) => body.len(),
+        }
+    }
+}
+
 /// A Train snapshot read under room of [`TRAIN_SNAPSHOT_KIB`] for the size it was listed
 /// with (it is read no further), returned with the bytes: the build holds the room until it
 /// is done with the bytes. `None` when every request for the build left: the wait for room
@@ -320,21 +329,29 @@ static TRAIN_COMPUTE: tokio::sync::Semaphore =
 /// sessions without a snapshot do not wait behind slow reads of others'.
 const CONCURRENT_TRAIN_BUILDS_UNDER_WAY: usize = 32;
 
-/// Train answers kept (one per session, the oldest dropped first, each only while the
-/// session's index is held). An answer is much smaller than its build's peak: 10 MB for 100
-/// runs of 4 attempts of 64 workers (tests/inspect_train_runs.rs).
-pub const KEPT_TRAIN_ANSWERS: usize = 2;
+/// Train answers kept at most (one per session, the oldest dropped first, each only while the
+/// session's index is held): twice the builds under way, so the answers of every build that
+/// ends while its clients are away (a timeout shorter than the read, a pause, then the same
+/// ask again) are still kept when they ask again (review r37s D2: a finished read thrown
+/// away, or its answer dropped, is read again at the next ask). Within
+/// [`KEPT_TRAIN_ANSWER_BYTES`].
+pub const KEPT_TRAIN_ANSWERS: usize = 2 * CONCURRENT_TRAIN_BUILDS_UNDER_WAY;
+
+/// Bytes of Train answers kept at most (the newest is kept even alone over it): one of the
+/// largest snapshots replayed ([`super::replay::MAX_SNAPSHOT_BYTES`]); before, two answers of
+/// any size were kept. An answer is much smaller than its build's peak: 10 MB for 100 runs of
+/// 4 attempts of 64 workers (tests/inspect_train_runs.rs), a few KiB for a few runs.
+pub const KEPT_TRAIN_ANSWER_BYTES: usize = super::replay::MAX_SNAPSHOT_BYTES as usize;
 
 /// The Train answers built, and the permits to build one.
 pub(crate) type TrainAnswers = super::kept::Kept<TrainAnswer, TrainBuildError>;
 
 /// A new [`TrainAnswers`].
 pub(crate) fn train_answers() -> Arc<TrainAnswers> {
-    Arc::new(super::kept::Kept::new(
-        CONCURRENT_TRAIN_BUILDS_UNDER_WAY,
-        KEPT_TRAIN_ANSWERS,
-        None,
-    ))
+    Arc::new(
+        super::kept::Kept::new(CONCURRENT_TRAIN_BUILDS_UNDER_WAY, KEPT_TRAIN_ANSWERS, None)
+            .weighed(KEPT_TRAIN_ANSWER_BYTES, TrainAnswer::bytes),
+    )
 }
 
 /// What tells two snapshots apart in [`TrainAnswers`]' tags: the listing's facts of the
@@ -382,16 +399,30 @@ where
             let wanted = Arc::new(wanted);
             // The snapshot's permit is held until the build is done with its bytes.
             let (snapshot, held) = read(wanted.clone()).await?.unzip();
-            // Closed never (the semaphore is static); held by the blocking build. Raced
-            // against the requests' leaving, so the snapshot's room is not held meanwhile.
-            let permit = tokio::select! {
-                permit = TRAIN_COMPUTE.acquire() => permit.ok(),
-                () = wanted.left() => return Err(TrainBuildError::Failed(ABANDONED.to_string())),
+            let abandoned = || Err(TrainBuildError::Failed(ABANDONED.to_string()));
+            // Closed never (the semaphore is static); held by the blocking build.
+            let permit = if snapshot.is_some() {
+                // A snapshot read: built and kept even if every request left meanwhile (a
+                // client whose timeout is shorter than the read, pausing before it asks
+                // again, is answered from the kept answer; review r37s D2: the read thrown
+                // away was started over at each ask, and such a client never answered),
+                // unless what it holds is wanted elsewhere while it waits, as during the read.
+                tokio::select! {
+                    permit = TRAIN_COMPUTE.acquire() => permit.ok(),
+                    () = left_while_wanted_elsewhere(&wanted) => return abandoned(),
+                }
+            } else {
+                // Nothing read: raced against the requests' leaving, and nothing built when
+                // every request left while it waited (review r37o D2).
+                let permit = tokio::select! {
+                    permit = TRAIN_COMPUTE.acquire() => permit.ok(),
+                    () = wanted.left() => return abandoned(),
+                };
+                if wanted.abandoned() {
+                    return abandoned();
+                }
+                permit
             };
-            // Every request left while it waited: nothing to build (review r37o D2).
-            if wanted.abandoned() {
-                return Err(TrainBuildError::Failed(ABANDONED.to_string()));
-            }
             let started = std::time::Instant::now();
             let built = tokio::task::spawn_blocking(move || {
                 let _permits = (permit, held);
