@@ -94,9 +94,15 @@ impl ServeRig {
 
     /// Starts `serve` on the bucket, reading it through the proxy.
     pub fn serve(&mut self) -> &Serve {
+        self.serve_with(&[])
+    }
+
+    /// [`ServeRig::serve`] with `extra` in its environment (a test-only `RHC_TEST_*` knob).
+    pub fn serve_with(&mut self, extra: &[(&str, &str)]) -> &Serve {
         let url = self.proxy.url();
-        let mut env = self.s3.collector_env();
+        let mut env: Vec<(&str, &str)> = self.s3.collector_env().to_vec();
         env[0] = ("AWS_ENDPOINT", url.as_str());
+        env.extend_from_slice(extra);
         let log = self.tmp.path().join("serve.log");
         self.serve = Some(Serve::start(&format!("s3://{BUCKET}"), &log, &[], &env));
         self.served()

@@ -304,8 +304,19 @@ type TrainWanted = super::kept::Wanted<TrainAnswer, TrainBuildError>;
 /// `/api/v0/cluster_metadata`).
 pub const TRAIN_SNAPSHOTS_KIB: usize = 4 * 64 * 1024;
 
-/// The room of [`TRAIN_SNAPSHOTS_KIB`], in KiB, in the order [`budget`] keeps.
-static TRAIN_SNAPSHOT_KIB: budget::Budget = budget::Budget::new(TRAIN_SNAPSHOTS_KIB as u64);
+/// Test only: [`TRAIN_SNAPSHOTS_KIB`] in KiB, so a test fills the room with a few small
+/// snapshots instead of 60 MiB ones. Not a setting.
+pub const TEST_TRAIN_SNAPSHOTS_KIB: &str = "RHC_TEST_TRAIN_SNAPSHOTS_KIB";
+
+/// The room of [`TRAIN_SNAPSHOTS_KIB`] (or the test's, [`TEST_TRAIN_SNAPSHOTS_KIB`]), in KiB,
+/// in the order [`budget`] keeps.
+static TRAIN_SNAPSHOT_KIB: std::sync::LazyLock<budget::Budget> = std::sync::LazyLock::new(|| {
+    let kib = std::env::var(TEST_TRAIN_SNAPSHOTS_KIB)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(TRAIN_SNAPSHOTS_KIB as u64);
+    budget::Budget::new(kib)
+});
 
 /// Train answers built at once: a big session's answer takes hundreds of MiB while it is
 /// built, and a blocking task cannot be stopped when its client leaves (review r37j D1: every
