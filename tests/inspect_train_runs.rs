@@ -1907,14 +1907,17 @@ fn slow_train_snapshot_reads_hold_no_other_sessions_answers() {
 /// 20 MiB snapshot then waits for room, and 5.5 s later a session's small snapshot is
 /// answered within 2 s. Before, the big read, queued after 5 s in tokio's semaphore, was given the
 /// 16 MiB free and held it while it waited for the rest, and the small one waited until the
-/// stalled reads ended. Then the stalled sessions' clients leave, and the big one is answered
-/// at once (review r37q D2: before, an abandoned build held its room for its whole stalled
-/// read).
+/// stalled reads ended. The stalled sessions' clients left after 3 s, and the big one is
+/// answered once their reads have had nobody for the grace (`ABANDONED_READ_GRACE`, 5 s),
+/// well before the stalled reads end (review r37q D2: before, an abandoned build held its
+/// room for its whole stalled read).
 #[test]
 fn a_big_train_snapshot_waiting_for_room_holds_back_no_small_one() {
     const STALL: Duration = Duration::from_secs(15);
-    // The stalled sessions' clients leave then.
-    const LEAVE_AFTER: Duration = Duration::from_secs(7);
+    // The stalled sessions' clients leave then (with the 5 s grace, their reads give their
+    // room up at 8 s, after the small session's ask at 5.5 s; they left at 7 s before the
+    // grace applied to room, review r37v D1).
+    const LEAVE_AFTER: Duration = Duration::from_secs(3);
     let Some(mut rig) = serve_rig() else { return };
     let stalled: Vec<String> = (0..4).map(session_n).collect();
     let stalled: Vec<&str> = stalled.iter().map(String::as_str).collect();
@@ -1965,8 +1968,8 @@ fn a_big_train_snapshot_waiting_for_room_holds_back_no_small_one() {
                 "the stalled sessions' clients left"
             );
         }
-        // Their builds let go of the room at once (review r37q D2), not when the stalled
-        // reads end.
+        // Their builds let go of the room after the grace (review r37q D2), not when the
+        // stalled reads end.
         let (status, took) = big_request.join().unwrap();
         assert_eq!(
             status.ok(),
@@ -2008,7 +2011,7 @@ fn a_big_train_snapshot_waiting_for_room_holds_back_no_small_one() {
 /// each session's client asks once, leaves after 2 s, and does not come back: their 32 reads
 /// hold every slot. A session with no snapshot (built from its events alone) is then answered
 /// within a few seconds: once the abandoned reads have had nobody for
-/// `ABANDONED_SLOT_GRACE` (5 s), they give their slots up. Before, it waited for the stalled
+/// `ABANDONED_READ_GRACE` (5 s), they give their slots up. Before, it waited for the stalled
 /// reads to end (36 s in the review).
 #[test]
 fn abandoned_stalled_reads_give_their_slots_to_a_waiting_session() {
@@ -2089,7 +2092,7 @@ fn a_client_asking_again_after_a_pause_is_answered_from_the_read_that_ended() {
 /// snapshot GET is held 8 s: every client is answered within about two reads' time (the
 /// eight sessions past the 32 slots wait for the first reads), and each snapshot is read at
 /// most twice. Reads whose clients are between two asks keep their slot
-/// (they are within `ABANDONED_SLOT_GRACE`) and a read that ends then is kept for the next
+/// (they are within `ABANDONED_READ_GRACE`) and a read that ends then is kept for the next
 /// ask. A fix of r37s D1 that gave those reads up whenever every slot was taken started them
 /// over in a loop (5 of 40 answered in 90 s, 1,085 GETs); main's binary throws away each
 /// read that ends between two asks (r37s D2) and reads it again.
@@ -2147,5 +2150,65 @@ fn forty_sessions_asking_again_within_their_reads_are_all_answered() {
     assert!(
         last < STALL * 2 + Duration::from_secs(6),
         "the last answered after {last:?}"
+    );
+}
+
+/// Review r37v D1: more sessions than the Train snapshot room holds (here the room is shrunk
+/// to 2.5 MiB with `RHC_TEST_TRAIN_SNAPSHOTS_KIB`, and eight sessions' 1 MiB snapshots are
+/// read, two at a time), every snapshot GET held 3 s, each client asking with a 2 s timeout
+/// and again 1 s later until answered: all eight are answered in about four reads' time,
+/// each snapshot read once. A read whose client is between two asks keeps its room for the grace
+/// (`ABANDONED_READ_GRACE`, 5 s), and a read that ended then is built and kept for its
+/// client's next ask. Before, a read nobody waited for gave its room up at once whenever
+/// another read waited for room, also once its bytes were in hand, so each client's return
+/// restarted another's read, in a loop (r37v, at full size: 3 of 10 answered in 60 s, 122
+/// GETs).
+#[test]
+fn clients_asking_again_keep_their_snapshot_room_between_asks() {
+    const STALL: Duration = Duration::from_secs(3);
+    const SESSIONS: usize = 8;
+    let Some(mut rig) = serve_rig() else { return };
+    let sessions: Vec<String> = (0..SESSIONS).map(session_n).collect();
+    let sessions: Vec<&str> = sessions.iter().map(String::as_str).collect();
+    let runs = snapshot_rel(RUNS_URI);
+    let mut one_mib = NO_RUNS.to_vec();
+    one_mib.resize(1 << 20, b' ');
+    for session in &sessions {
+        rig.add_session(session, &[(&runs, &one_mib)]);
+    }
+    rig.serve_with(&[("RHC_TEST_TRAIN_SNAPSHOTS_KIB", "2560")]);
+    let cookies = rig.enter(&sessions);
+    for session in &sessions {
+        rig.stall(session, &runs, STALL);
+    }
+    let started = std::time::Instant::now();
+    let deadline = started + STALL * 8;
+    let rig = &rig;
+    let outcomes: Vec<(Option<u16>, usize, Duration)> = std::thread::scope(|s| {
+        let clients: Vec<_> = cookies
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let (status, asked) = rig.ask_until_answered(
+                        c,
+                        RUNS_URI,
+                        Duration::from_secs(2),
+                        Duration::from_secs(1),
+                        deadline,
+                    );
+                    (status, asked, started.elapsed())
+                })
+            })
+            .collect();
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let gets: Vec<usize> = sessions.iter().map(|s| rig.gets(s, &runs)).collect();
+    let answered = outcomes.iter().filter(|o| o.0 == Some(200)).count();
+    let last = outcomes.iter().map(|o| o.2).max().unwrap_or_default();
+    eprintln!("{answered} of {SESSIONS} answered, the last after {last:?}; GETs {gets:?}");
+    assert_eq!(answered, SESSIONS, "{outcomes:?}, GETs {gets:?}");
+    assert!(
+        gets.iter().all(|&n| n == 1),
+        "a snapshot read again: {gets:?}"
     );
 }

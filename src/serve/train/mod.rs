@@ -207,9 +207,11 @@ impl TrainAnswer {
 
 /// A Train snapshot read under room of [`TRAIN_SNAPSHOT_KIB`] for the size it was listed
 /// with (it is read no further), returned with the bytes: the build holds the room until it
-/// is done with the bytes. `None` when every request for the build left: the wait for room
-/// and the read itself are raced against their leaving ([`super::kept::Wanted::left`]), so an
-/// abandoned build gives its room back at once, not after a stalled read (review r37q D2).
+/// is done with the bytes. `None` when the build was given up: the wait for room is raced
+/// against every request's leaving ([`super::kept::Wanted::left`]: it leaves the line at
+/// once), and the read against [`left_while_wanted_elsewhere`], so an abandoned read gives
+/// its room back after [`ABANDONED_READ_GRACE`] when another read wants it, not after a
+/// stalled read (review r37q D2: 40 s).
 async fn read_held(
     state: &Shared,
     meta: &ObjectMeta,
@@ -236,8 +238,8 @@ async fn read_held(
         () = wanted.left() => return Ok(None),
         held = TRAIN_SNAPSHOT_KIB.take(kib) => held,
     };
-    // A read under way is given up only when nobody waits for it AND what it holds is wanted
-    // ([`left_while_wanted_elsewhere`]); until then the build stays joinable, so a client
+    // A read under way is given up only when nobody has waited for it for the grace AND what
+    // it holds is wanted ([`left_while_wanted_elsewhere`]); until then the build stays joinable, so a client
     // that asks again (a reload, a proxy's shorter timeout) joins the read under way instead
     // of starting it over (review r37r D1: with the read given up as soon as its client left,
     // a client with a 6 s timeout against a 15 s read was never answered, however often it
@@ -253,18 +255,22 @@ async fn read_held(
 /// How often a read nobody waits for looks whether what it holds is wanted.
 const ROOM_WANTED_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// How long a build nobody waits for keeps its slot of the builds under way
-/// ([`CONCURRENT_TRAIN_BUILDS_UNDER_WAY`]) while a request of another session waits for one:
-/// a client that asks again within it (one whose timeout is shorter than the read, asking
-/// again after a pause) rejoins the read under way. Longer than such a client's pause (review
-/// r37t: reads given up as soon as every slot was taken were started over, again and again,
-/// by clients asking every 2 to 3 s), short enough that a session waiting behind abandoned
-/// reads is answered in seconds, not after them (review r37s D1: 36 s).
-pub const ABANDONED_SLOT_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a read nobody waits for keeps what it holds, its room in [`TRAIN_SNAPSHOT_KIB`]
+/// and its slot of the builds under way ([`CONCURRENT_TRAIN_BUILDS_UNDER_WAY`]), while
+/// another read waits for room or a request of another session for a slot: a client that
+/// asks again within it (one whose timeout is shorter than the read, asking again after a
+/// pause) rejoins the read under way. Longer than such a client's pause (review r37t: reads
+/// given up as soon as every slot was taken were started over, again and again, by clients
+/// asking every 2 to 3 s; review r37v D1: the same with the room, reads given up at once
+/// whenever another waited for room, 3 of 10 sessions answered in 60 s), short enough that a
+/// read or a session waiting behind abandoned reads is answered in seconds, not after them
+/// (review r37s D1: 36 s; review r37q D2: 40 s).
+pub const ABANDONED_READ_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Completes when every request for the build has left and what the build holds is wanted
-/// elsewhere: another read waits for room in [`TRAIN_SNAPSHOT_KIB`] (at once: review r37q
-/// D2), or, once nobody has waited for [`ABANDONED_SLOT_GRACE`] on end, a request of another
+/// Completes when every request for the read has left, nobody has waited for it for
+/// [`ABANDONED_READ_GRACE`] on end, and what it holds is wanted elsewhere: another read
+/// waits for room in [`TRAIN_SNAPSHOT_KIB`] (a read waiting in line always has a request
+/// waiting for it: it leaves the line when its last request leaves), or a request of another
 /// session waits for a slot of the builds under way ([`super::kept::Wanted::slot_wanted`];
 /// review r37s D1: 32 abandoned stalled reads held every slot, and a session with no
 /// snapshot waited 36 s). The build is then out of the builds under way. A request that
@@ -274,15 +280,17 @@ async fn left_while_wanted_elsewhere(wanted: &TrainWanted) {
         wanted.nobody_waits().await;
         let left = tokio::time::Instant::now();
         while !wanted.somebody_waits() {
-            let room = TRAIN_SNAPSHOT_KIB.someone_waits();
-            let slot = !room && left.elapsed() >= ABANDONED_SLOT_GRACE && wanted.slot_wanted();
-            if (room || slot) && wanted.abandoned() {
-                tracing::debug!(
-                    for_room = room,
-                    for_slot = slot,
-                    "a Train snapshot read nobody waits for gives way"
-                );
-                return;
+            if left.elapsed() >= ABANDONED_READ_GRACE {
+                let room = TRAIN_SNAPSHOT_KIB.someone_waits();
+                let slot = !room && wanted.slot_wanted();
+                if (room || slot) && wanted.abandoned() {
+                    tracing::debug!(
+                        for_room = room,
+                        for_slot = slot,
+                        "a Train snapshot read nobody waited for during the grace gives way"
+                    );
+                    return;
+                }
             }
             tokio::time::sleep(ROOM_WANTED_EVERY).await;
         }
@@ -416,12 +424,11 @@ where
                 // A snapshot read: built and kept even if every request left meanwhile (a
                 // client whose timeout is shorter than the read, pausing before it asks
                 // again, is answered from the kept answer; review r37s D2: the read thrown
-                // away was started over at each ask, and such a client never answered),
-                // unless what it holds is wanted elsewhere while it waits, as during the read.
-                tokio::select! {
-                    permit = TRAIN_COMPUTE.acquire() => permit.ok(),
-                    () = left_while_wanted_elsewhere(&wanted) => return abandoned(),
-                }
+                // away was started over at each ask, and such a client never answered). With
+                // its bytes in hand it needs only the build's permit, so it keeps its room
+                // until built, wanted elsewhere or not (review r37v D1: a read that had
+                // ended was thrown away when another waited for room, and read again).
+                TRAIN_COMPUTE.acquire().await.ok()
             } else {
                 // Nothing read: raced against the requests' leaving, and nothing built when
                 // every request left while it waited (review r37o D2).
