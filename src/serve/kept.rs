@@ -21,10 +21,17 @@
 //!   because its objects changed, or the snapshot is another) builds again. A kind whose
 //!   answer also reads files the index does not follow keeps it at most a given time.
 //! - **Bounded.** At most `max` answers of a kind are kept, one per session (the oldest
-//!   dropped first); an answer whose index the cache dropped is dropped at the next look.
+//!   dropped first), and, for a kind that weighs its answers ([`Kept::weighed`]), at most
+//!   `max_bytes` of them, the newest kept even alone over it; an answer whose index the
+//!   cache dropped is dropped at the next look.
+//! - **Who waits for a slot is known.** A build waiting for its permit is marked so among
+//!   the builds under way, so a build nobody waits for can tell whether a request wants its
+//!   permit ([`Wanted::slot_wanted`]): a semaphore tells only that none is free, not whether
+//!   anyone still wants one (review r37s D1; review r37t: giving permits up whenever none
+//!   was free restarted reads whose clients were about to ask again).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -39,6 +46,10 @@ pub(crate) struct Kept<T, E = String> {
     /// Builds under way, each with the channel its answer is sent on.
     building: Mutex<Vec<Building<T, E>>>,
     max: usize,
+    /// Bytes of answers kept at most ([`Kept::weighed`]; the newest is kept even alone over).
+    max_bytes: usize,
+    /// What an answer weighs against `max_bytes`.
+    weigh: fn(&T) -> usize,
     fresh_for: Option<Duration>,
     /// Builds started (`/metrics`).
     built: AtomicU64,
@@ -52,6 +63,8 @@ struct Building<T, E> {
     tag: u64,
     index: Weak<SessionIndex>,
     done: Arc<watch::Sender<Outcome<T, E>>>,
+    /// Set while the build waits for its permit.
+    waits_for_slot: Arc<AtomicBool>,
 }
 
 /// Takes a build out of [`Kept::building`] when its task ends, whether it returned or
@@ -91,6 +104,24 @@ impl<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> 
         nobody
     }
 
+    /// Whether a request waits for the build now (it may have joined after every earlier
+    /// one left).
+    pub(crate) fn somebody_waits(&self) -> bool {
+        self.done.receiver_count() > 0
+    }
+
+    /// Whether a request waits for another build of this kind that waits for its permit
+    /// (every permit is taken): a build nobody waits for holds a permit someone wants. A
+    /// build waiting for a permit whose requests all left wants none.
+    pub(crate) fn slot_wanted(&self) -> bool {
+        let building = self.kept.building.lock().unwrap_or_else(|p| p.into_inner());
+        building.iter().any(|b| {
+            b.waits_for_slot.load(Ordering::Relaxed)
+                && b.done.receiver_count() > 0
+                && !Arc::ptr_eq(&b.done, &self.done)
+        })
+    }
+
     /// Completes once no request waits for the build (at once if none does now); the build
     /// stays among the builds under way, so a request may still join it.
     pub(crate) async fn nobody_waits(&self) {
@@ -117,6 +148,8 @@ struct Entry<T> {
     tag: u64,
     index: Weak<SessionIndex>,
     answer: Arc<T>,
+    /// What `answer` weighs ([`Kept::weigh`]).
+    bytes: usize,
     built: Instant,
 }
 
@@ -129,9 +162,19 @@ impl<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> 
             kept: Mutex::new(Vec::new()),
             building: Mutex::new(Vec::new()),
             max,
+            max_bytes: usize::MAX,
+            weigh: |_| 0,
             fresh_for,
             built: AtomicU64::new(0),
         }
+    }
+
+    /// Keeps at most `max_bytes` of answers as `weigh` weighs them (besides at most `max`
+    /// answers), dropping the oldest first; the newest is kept even alone over it.
+    pub(crate) fn weighed(mut self, max_bytes: usize, weigh: fn(&T) -> usize) -> Self {
+        self.max_bytes = max_bytes;
+        self.weigh = weigh;
+        self
     }
 
     /// Builds started so far.
@@ -155,20 +198,24 @@ impl<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> 
             .map(|k| k.answer.clone())
     }
 
-    /// Keeps `answer` as `session`'s, in place of the one kept before.
+    /// Keeps `answer` as `session`'s, in place of the one kept before; the oldest go while
+    /// more than `max` answers or `max_bytes` are kept (never the newest).
     fn keep(&self, session: String, tag: u64, index: &Arc<SessionIndex>, answer: Arc<T>) {
+        let bytes = (self.weigh)(&answer);
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         kept.retain(|k| k.session != session && k.index.strong_count() > 0);
-        while kept.len() >= self.max.max(1) {
-            kept.remove(0);
-        }
         kept.push(Entry {
             session,
             tag,
             index: Arc::downgrade(index),
             answer,
+            bytes,
             built: Instant::now(),
         });
+        let mut total: usize = kept.iter().map(|k| k.bytes).sum();
+        while kept.len() > 1 && (kept.len() > self.max.max(1) || total > self.max_bytes) {
+            total -= kept.remove(0).bytes;
+        }
     }
 
     /// The answer for `session` built from `index` with `tag`: kept, the one a build under
@@ -201,11 +248,13 @@ impl<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> 
                 None => {
                     let (sender, receiver) = watch::channel(None);
                     let sender = Arc::new(sender);
+                    let waits_for_slot = Arc::new(AtomicBool::new(true));
                     building.push(Building {
                         session: session.clone(),
                         tag,
                         index: Arc::downgrade(index),
                         done: sender.clone(),
+                        waits_for_slot: waits_for_slot.clone(),
                     });
                     let registered = Registered {
                         kept: self.clone(),
@@ -216,6 +265,7 @@ impl<T: Send + Sync + 'static, E: Clone + Send + Sync + From<String> + 'static> 
                         let kept = registered.kept.clone();
                         // Closed never (the semaphore is not closed).
                         let _permit = kept.builds.clone().acquire_owned().await.ok();
+                        waits_for_slot.store(false, Ordering::Relaxed);
                         // Every request left while the build waited: nothing to build. Out
                         // of the builds under way in the same look, so no request can start
                         // waiting for it after.
@@ -347,5 +397,72 @@ mod tests {
             .get_or_build("s".into(), 1, &a, |_| async { Ok(3) })
             .await;
         assert_eq!(again.as_deref(), Ok(&3));
+    }
+
+    #[tokio::test]
+    async fn kept_within_its_bytes_the_newest_even_alone_over() {
+        let kept: Arc<Kept<u32>> =
+            Arc::new(Kept::new(1, 10, None).weighed(10, |n: &u32| *n as usize));
+        let a = index();
+        for (session, n) in [("a", 4), ("b", 4), ("c", 4)] {
+            let got = kept
+                .get_or_build(session.into(), 0, &a, move |_| async move { Ok(n) })
+                .await;
+            assert_eq!(got.as_deref(), Ok(&n));
+        }
+        assert!(
+            kept.lookup("a", 0, &a).is_none(),
+            "12 bytes: the oldest went"
+        );
+        assert!(kept.lookup("b", 0, &a).is_some() && kept.lookup("c", 0, &a).is_some());
+        let _ = kept
+            .get_or_build("d".into(), 0, &a, |_| async { Ok(20) })
+            .await;
+        assert_eq!(kept.kept.lock().unwrap().len(), 1);
+        assert!(kept.lookup("d", 0, &a).is_some(), "the newest, alone over");
+    }
+
+    #[tokio::test]
+    async fn a_slot_is_wanted_only_while_a_request_waits_for_one() {
+        let kept: Arc<Kept<u32>> = Arc::new(Kept::new(1, 2, None));
+        let a = index();
+        let (give, wanted) = tokio::sync::oneshot::channel();
+        let (go, wait) = tokio::sync::watch::channel(false);
+        let holder = {
+            let (kept, a) = (kept.clone(), a.clone());
+            tokio::spawn(async move {
+                kept.get_or_build("s".into(), 0, &a, move |w| async move {
+                    let _ = give.send(w);
+                    let mut wait = wait;
+                    let _ = wait.wait_for(|go| *go).await;
+                    Ok(1)
+                })
+                .await
+            })
+        };
+        let wanted = wanted.await.unwrap();
+        assert!(!wanted.slot_wanted(), "nobody waits for the one slot");
+        let waiting = {
+            let (kept, a) = (kept.clone(), a.clone());
+            tokio::spawn(async move {
+                kept.get_or_build("t".into(), 0, &a, |_| async { Ok(2) })
+                    .await
+            })
+        };
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            wanted.slot_wanted(),
+            "another session's request waits for it"
+        );
+        waiting.abort();
+        let _ = waiting.await;
+        assert!(
+            !wanted.slot_wanted(),
+            "a build waiting whose request left wants none"
+        );
+        let _ = go.send(true);
+        assert_eq!(holder.await.unwrap().as_deref(), Ok(&1));
     }
 }

@@ -25,6 +25,8 @@
 //! - [`prometheus`]: a real Prometheus scraping collectors and evaluating the chart's alerts.
 //! - [`serve`]: `ray-history-collector serve` as a real process, and a bucket for it written by
 //!   the real collector with the head's dashboard snapshots.
+//! - [`serve_rig`]: `serve` reading moto through the fault proxy, with many sessions copied
+//!   from one the collector wrote (the slow snapshot reads' tests' set-up).
 //! - [`usage`]: what a process cost (CPU time, peak resident set) from the kernel's accounting.
 //! - [`hostile`]: clients that stall bodies, never read answers or never end heads, and
 //!   [`hostile::tries`], which counts how often Ray and the probe still get through.
@@ -50,6 +52,7 @@ pub mod ray;
 pub mod ray_logs;
 pub mod relay;
 pub mod serve;
+pub mod serve_rig;
 pub mod services;
 pub mod usage;
 

@@ -196,11 +196,22 @@ pub(crate) enum TrainAnswer {
     Snapshot(Bytes),
 }
 
+impl TrainAnswer {
+    /// What the answer holds: its body (headers are a few hundred bytes).
+    fn bytes(&self) -> usize {
+        match self {
+            TrainAnswer::Built(_, body) | TrainAnswer::Snapshot(body) => body.len(),
+        }
+    }
+}
+
 /// A Train snapshot read under room of [`TRAIN_SNAPSHOT_KIB`] for the size it was listed
 /// with (it is read no further), returned with the bytes: the build holds the room until it
-/// is done with the bytes. `None` when every request for the build left: the wait for room
-/// and the read itself are raced against their leaving ([`super::kept::Wanted::left`]), so an
-/// abandoned build gives its room back at once, not after a stalled read (review r37q D2).
+/// is done with the bytes. `None` when the build was given up: the wait for room is raced
+/// against every request's leaving ([`super::kept::Wanted::left`]: it leaves the line at
+/// once), and the read against [`left_while_wanted_elsewhere`], so an abandoned read gives
+/// its room back after [`ABANDONED_READ_GRACE`] when another read wants it, not after a
+/// stalled read (review r37q D2: 40 s).
 async fn read_held(
     state: &Shared,
     meta: &ObjectMeta,
@@ -227,32 +238,62 @@ async fn read_held(
         () = wanted.left() => return Ok(None),
         held = TRAIN_SNAPSHOT_KIB.take(kib) => held,
     };
-    // A read under way is given up only when nobody waits for it AND another read waits for
-    // room (review r37q D2: an abandoned stalled read held its room 40 s); until then the
-    // build stays joinable, so a client that asks again (a reload, a proxy's shorter
-    // timeout) joins the read under way instead of starting it over (review r37r D1: with
-    // the read given up as soon as its client left, a client with a 6 s timeout against a
-    // 15 s read was never answered, however often it asked).
+    // A read under way is given up only when nobody has waited for it for the grace AND what
+    // it holds is wanted ([`left_while_wanted_elsewhere`]); until then the build stays joinable, so a client
+    // that asks again (a reload, a proxy's shorter timeout) joins the read under way instead
+    // of starting it over (review r37r D1: with the read given up as soon as its client left,
+    // a client with a 6 s timeout against a 15 s read was never answered, however often it
+    // asked).
     let body = tokio::select! {
         biased;
-        () = left_while_room_is_wanted(wanted) => return Ok(None),
+        () = left_while_wanted_elsewhere(wanted) => return Ok(None),
         body = read_counted(state, meta, meta.size) => body?,
     };
     Ok(Some((body, held)))
 }
 
-/// How often a read nobody waits for looks whether another read waits for its room.
+/// How often a read nobody waits for looks whether what it holds is wanted.
 const ROOM_WANTED_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// Completes when every request for the build has left and another read waits for room in
-/// [`TRAIN_SNAPSHOT_KIB`]; the build is then out of the builds under way.
-async fn left_while_room_is_wanted(wanted: &TrainWanted) {
+/// How long a read nobody waits for keeps what it holds, its room in [`TRAIN_SNAPSHOT_KIB`]
+/// and its slot of the builds under way ([`CONCURRENT_TRAIN_BUILDS_UNDER_WAY`]), while
+/// another read waits for room or a request of another session for a slot: a client that
+/// asks again within it (one whose timeout is shorter than the read, asking again after a
+/// pause) rejoins the read under way. Longer than such a client's pause (review r37t: reads
+/// given up as soon as every slot was taken were started over, again and again, by clients
+/// asking every 2 to 3 s; review r37v D1: the same with the room, reads given up at once
+/// whenever another waited for room, 3 of 10 sessions answered in 60 s), short enough that a
+/// read or a session waiting behind abandoned reads is answered in seconds, not after them
+/// (review r37s D1: 36 s; review r37q D2: 40 s).
+pub const ABANDONED_READ_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Completes when every request for the read has left, nobody has waited for it for
+/// [`ABANDONED_READ_GRACE`] on end, and what it holds is wanted elsewhere: another read
+/// waits for room in [`TRAIN_SNAPSHOT_KIB`] (a read waiting in line always has a request
+/// waiting for it: it leaves the line when its last request leaves), or a request of another
+/// session waits for a slot of the builds under way ([`super::kept::Wanted::slot_wanted`];
+/// review r37s D1: 32 abandoned stalled reads held every slot, and a session with no
+/// snapshot waited 36 s). The build is then out of the builds under way. A request that
+/// joins meanwhile starts the grace over.
+async fn left_while_wanted_elsewhere(wanted: &TrainWanted) {
     loop {
         wanted.nobody_waits().await;
-        if TRAIN_SNAPSHOT_KIB.someone_waits() && wanted.abandoned() {
-            return;
+        let left = tokio::time::Instant::now();
+        while !wanted.somebody_waits() {
+            if left.elapsed() >= ABANDONED_READ_GRACE {
+                let room = TRAIN_SNAPSHOT_KIB.someone_waits();
+                let slot = !room && wanted.slot_wanted();
+                if (room || slot) && wanted.abandoned() {
+                    tracing::debug!(
+                        for_room = room,
+                        for_slot = slot,
+                        "a Train snapshot read nobody waited for during the grace gives way"
+                    );
+                    return;
+                }
+            }
+            tokio::time::sleep(ROOM_WANTED_EVERY).await;
         }
-        tokio::time::sleep(ROOM_WANTED_EVERY).await;
     }
 }
 
@@ -271,8 +312,19 @@ type TrainWanted = super::kept::Wanted<TrainAnswer, TrainBuildError>;
 /// `/api/v0/cluster_metadata`).
 pub const TRAIN_SNAPSHOTS_KIB: usize = 4 * 64 * 1024;
 
-/// The room of [`TRAIN_SNAPSHOTS_KIB`], in KiB, in the order [`budget`] keeps.
-static TRAIN_SNAPSHOT_KIB: budget::Budget = budget::Budget::new(TRAIN_SNAPSHOTS_KIB as u64);
+/// Test only: [`TRAIN_SNAPSHOTS_KIB`] in KiB, so a test fills the room with a few small
+/// snapshots instead of 60 MiB ones. Not a setting.
+pub const TEST_TRAIN_SNAPSHOTS_KIB: &str = "RHC_TEST_TRAIN_SNAPSHOTS_KIB";
+
+/// The room of [`TRAIN_SNAPSHOTS_KIB`] (or the test's, [`TEST_TRAIN_SNAPSHOTS_KIB`]), in KiB,
+/// in the order [`budget`] keeps.
+static TRAIN_SNAPSHOT_KIB: std::sync::LazyLock<budget::Budget> = std::sync::LazyLock::new(|| {
+    let kib = std::env::var(TEST_TRAIN_SNAPSHOTS_KIB)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(TRAIN_SNAPSHOTS_KIB as u64);
+    budget::Budget::new(kib)
+});
 
 /// Train answers built at once: a big session's answer takes hundreds of MiB while it is
 /// built, and a blocking task cannot be stopped when its client leaves (review r37j D1: every
@@ -296,21 +348,29 @@ static TRAIN_COMPUTE: tokio::sync::Semaphore =
 /// sessions without a snapshot do not wait behind slow reads of others'.
 const CONCURRENT_TRAIN_BUILDS_UNDER_WAY: usize = 32;
 
-/// Train answers kept (one per session, the oldest dropped first, each only while the
-/// session's index is held). An answer is much smaller than its build's peak: 10 MB for 100
-/// runs of 4 attempts of 64 workers (tests/inspect_train_runs.rs).
-pub const KEPT_TRAIN_ANSWERS: usize = 2;
+/// Train answers kept at most (one per session, the oldest dropped first, each only while the
+/// session's index is held): twice the builds under way, so the answers of every build that
+/// ends while its clients are away (a timeout shorter than the read, a pause, then the same
+/// ask again) are still kept when they ask again (review r37s D2: a finished read thrown
+/// away, or its answer dropped, is read again at the next ask). Within
+/// [`KEPT_TRAIN_ANSWER_BYTES`].
+pub const KEPT_TRAIN_ANSWERS: usize = 2 * CONCURRENT_TRAIN_BUILDS_UNDER_WAY;
+
+/// Bytes of Train answers kept at most (the newest is kept even alone over it): one of the
+/// largest snapshots replayed ([`super::replay::MAX_SNAPSHOT_BYTES`]); before, two answers of
+/// any size were kept. An answer is much smaller than its build's peak: 10 MB for 100 runs of
+/// 4 attempts of 64 workers (tests/inspect_train_runs.rs), a few KiB for a few runs.
+pub const KEPT_TRAIN_ANSWER_BYTES: usize = super::replay::MAX_SNAPSHOT_BYTES as usize;
 
 /// The Train answers built, and the permits to build one.
 pub(crate) type TrainAnswers = super::kept::Kept<TrainAnswer, TrainBuildError>;
 
 /// A new [`TrainAnswers`].
 pub(crate) fn train_answers() -> Arc<TrainAnswers> {
-    Arc::new(super::kept::Kept::new(
-        CONCURRENT_TRAIN_BUILDS_UNDER_WAY,
-        KEPT_TRAIN_ANSWERS,
-        None,
-    ))
+    Arc::new(
+        super::kept::Kept::new(CONCURRENT_TRAIN_BUILDS_UNDER_WAY, KEPT_TRAIN_ANSWERS, None)
+            .weighed(KEPT_TRAIN_ANSWER_BYTES, TrainAnswer::bytes),
+    )
 }
 
 /// What tells two snapshots apart in [`TrainAnswers`]' tags: the listing's facts of the
@@ -358,16 +418,29 @@ where
             let wanted = Arc::new(wanted);
             // The snapshot's permit is held until the build is done with its bytes.
             let (snapshot, held) = read(wanted.clone()).await?.unzip();
-            // Closed never (the semaphore is static); held by the blocking build. Raced
-            // against the requests' leaving, so the snapshot's room is not held meanwhile.
-            let permit = tokio::select! {
-                permit = TRAIN_COMPUTE.acquire() => permit.ok(),
-                () = wanted.left() => return Err(TrainBuildError::Failed(ABANDONED.to_string())),
+            let abandoned = || Err(TrainBuildError::Failed(ABANDONED.to_string()));
+            // Closed never (the semaphore is static); held by the blocking build.
+            let permit = if snapshot.is_some() {
+                // A snapshot read: built and kept even if every request left meanwhile (a
+                // client whose timeout is shorter than the read, pausing before it asks
+                // again, is answered from the kept answer; review r37s D2: the read thrown
+                // away was started over at each ask, and such a client never answered). With
+                // its bytes in hand it needs only the build's permit, so it keeps its room
+                // until built, wanted elsewhere or not (review r37v D1: a read that had
+                // ended was thrown away when another waited for room, and read again).
+                TRAIN_COMPUTE.acquire().await.ok()
+            } else {
+                // Nothing read: raced against the requests' leaving, and nothing built when
+                // every request left while it waited (review r37o D2).
+                let permit = tokio::select! {
+                    permit = TRAIN_COMPUTE.acquire() => permit.ok(),
+                    () = wanted.left() => return abandoned(),
+                };
+                if wanted.abandoned() {
+                    return abandoned();
+                }
+                permit
             };
-            // Every request left while it waited: nothing to build (review r37o D2).
-            if wanted.abandoned() {
-                return Err(TrainBuildError::Failed(ABANDONED.to_string()));
-            }
             let started = std::time::Instant::now();
             let built = tokio::task::spawn_blocking(move || {
                 let _permits = (permit, held);
