@@ -223,6 +223,20 @@ struct Pending {
     depth: usize,
 }
 
+/// A folder the cleanup could not open or list: warned, unless it is gone, not a folder or a
+/// symlink (not followed), none of which can hold anything of ours (review r39y D1: a full
+/// descriptor table or an unreadable folder skipped folders without a word); `skipped` is
+/// returned.
+fn unlooked<T>(path: &Path, e: &io::Error, skipped: T) -> T {
+    if !matches!(
+        e.raw_os_error(),
+        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)
+    ) {
+        tracing::warn!(path = %path.display(), error = %e, "could not look for temporaries an earlier run left in this folder");
+    }
+    skipped
+}
+
 /// How deep below an event folder the cleanup looks: event objects are at most one folder
 /// below one (`job_events/<job>/`, `export_events/<group>/`), so their temporaries too; a
 /// deeper tree (no writer of ours makes one) is not walked, which also bounds the
@@ -250,18 +264,28 @@ pub(super) fn remove_temporaries(history_root: &Path, node: &str, tag: &str) -> 
     let end = format!(".{tag}{LOCAL_TEMP_SUFFIX}");
     let mut removed = 0;
     // The history root may be reached through a symlink of the user's (the bucket's path).
-    let Ok(root) = std::fs::File::open(history_root).map(std::os::fd::OwnedFd::from) else {
-        return 0;
+    let root = match std::fs::File::open(history_root).map(std::os::fd::OwnedFd::from) {
+        Ok(fd) => fd,
+        Err(e) => return unlooked(history_root, &e, 0),
     };
-    let Ok(sessions) = list_dir(&root) else {
-        return 0;
+    let sessions = match list_dir(&root) {
+        Ok(names) => names,
+        Err(e) => return unlooked(history_root, &e, 0),
     };
     for s in sessions {
-        let Ok(session) = open_dir(Some(&root), &s) else {
-            continue;
+        let session = match open_dir(Some(&root), &s) {
+            Ok(fd) => fd,
+            Err(e) => {
+                unlooked(&history_root.join(&s), &e, ());
+                continue;
+            }
         };
-        let Ok(node_dir) = open_dir(Some(&session), OsStr::new(node)) else {
-            continue;
+        let node_dir = match open_dir(Some(&session), OsStr::new(node)) {
+            Ok(fd) => fd,
+            Err(e) => {
+                unlooked(&history_root.join(&s).join(node), &e, ());
+                continue;
+            }
         };
         let node_dir = Rc::new(node_dir);
         let node_path = history_root.join(&s).join(node);
@@ -278,19 +302,17 @@ pub(super) fn remove_temporaries(history_root: &Path, node: &str, tag: &str) -> 
             let dir = match open_dir(Some(&p.parent), &p.name) {
                 Ok(dir) => dir,
                 Err(e) => {
-                    // Gone, not a directory, or a symlink (not followed): nothing of ours.
-                    if !matches!(
-                        e.raw_os_error(),
-                        Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)
-                    ) {
-                        tracing::warn!(path = %p.path.display(), error = %e, "could not look for temporaries an earlier run left in this folder");
-                    }
+                    unlooked(&p.path, &e, ());
                     continue;
                 }
             };
             let dir = Rc::new(dir);
-            let Ok(names) = list_dir(&dir) else {
-                continue;
+            let names = match list_dir(&dir) {
+                Ok(names) => names,
+                Err(e) => {
+                    unlooked(&p.path, &e, ());
+                    continue;
+                }
             };
             for name in names {
                 let Ok(st) = stat_at(&dir, &name) else {
