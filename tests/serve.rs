@@ -638,13 +638,14 @@ fn check_routes(s: &Serve) {
     // empty metadata, CREATED at
     // 02:06:42.217314970Z and FINISHED at 02:06:50.972464742Z: `date -u -d
     // 2026-11-22T02:06:42Z +%s` = 1795313202). A finished driver is SUCCEEDED, as Ray's own
-    // dashboard says of driver jobs.
+    // dashboard says of driver jobs, and has no exit code (`null`, as in Ray: only a
+    // submission's record gives one).
     let r = get(s, "/api/jobs/", &camel, 200);
     assert_eq!(r.header(UNREADABLE), None);
     assert_eq!(
         json_of(&r),
         json!([{
-            "driver_exit_code": 0,
+            "driver_exit_code": null,
             "driver_node_id": "3ae6595c248ad7def1c7206bfd50b18e860d5eb167e4e068c64823a5",
             "driver_agent_http_address": "",
             "runtime_env": {"env_vars": {"FOO": "bar"}},

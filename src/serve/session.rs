@@ -6,20 +6,24 @@
 //! (lines); a session still loading after [`LOAD_WAIT`] is a `503` with [`LOADING_HEADER`].
 //!
 //! `/api/jobs/`: KubeRay's job shape. `status` is what Ray's own dashboard says of a driver
-//! job: `RUNNING` while the driver is alive (`CREATED`), `SUCCEEDED` once it finished
-//! (KubeRay answers an empty status for a finished driver), empty when unknown. `metadata`
+//! job: `RUNNING` until its end was recorded (`CREATED`, or only its definition read),
+//! `SUCCEEDED` once it finished (KubeRay answers an empty status for a finished driver);
+//! always one of Ray's five ([`job_status`]), since Ray's client rejects the whole list for
+//! one entry with another status. `metadata`
 //! and `runtime_env` (an object) are the driver's config as its job events gave it (`null`
 //! when they did not). As Ray's own `/api/jobs/` does, a job whose driver's metadata names a
 //! submission (`job_submission_id`, set by the Job Submission API) is `type: SUBMISSION`
 //! with that `submission_id`, and its submission record (`EXPORT_SUBMISSION_JOB`), when the
-//! session has one, gives its `status`, `message`, `error_type`, times, `driver_exit_code`,
-//! `driver_agent_http_address`, `metadata` and `runtime_env`; a submission record no driver
+//! session has one, gives its `status` (when Ray knows it), `message`, `error_type`, times,
+//! `driver_exit_code`, `driver_agent_http_address`, `metadata` and `runtime_env`; a
+//! submission record no driver
 //! names (a job that failed before its driver started) is listed too, after the drivers,
 //! with `job_id` and `driver_info` null. A submission whose entrypoint ran several drivers
 //! is one entry, its last driver (the highest job id), as Ray's `get_driver_jobs` keeps
 //! it: the earlier drivers are neither listed nor found. Any other job is `type: DRIVER` with
-//! `submission_id` `""`. What the session does not say is KubeRay's empty value (`""`,
-//! exit code `0`). `/api/jobs/{id}` finds a job by its hex job id, else by submission id.
+//! `submission_id` `""`. What the session does not say is KubeRay's empty value (`""`), but
+//! `driver_exit_code`, `null` unless a submission record gave it (as Ray's `JobInfo`).
+//! `/api/jobs/{id}` finds a job by its hex job id, else by submission id.
 //!
 //! `/api/v0/tasks`: KubeRay's list shape, one row per task attempt, ordered by task id then
 //! attempt. `limit` defaults to 100 and may not exceed 10,000 (`400`, like KubeRay);
@@ -214,13 +218,11 @@ fn metadata_json(m: Option<&std::collections::BTreeMap<String, String>>) -> Valu
 }
 
 /// Sets in `v` what a submitted job's record (`EXPORT_SUBMISSION_JOB`) says of it, as Ray's
-/// `JobDetails` of a `SUBMISSION` job takes it from its `JobInfo`.
+/// `JobDetails` of a `SUBMISSION` job takes it from its `JobInfo`, but its `status`, which
+/// is not set here ([`job_status`] takes the record and the driver together).
 fn with_submission(v: &mut Value, s: &SubmissionFacts) {
     v["type"] = json!("SUBMISSION");
     v["submission_id"] = json!(s.submission_id);
-    if let Some(status) = &s.status {
-        v["status"] = json!(status);
-    }
     for (key, value) in [
         ("entrypoint", &s.entrypoint),
         ("message", &s.message),
@@ -274,15 +276,43 @@ fn push_submission(out: &mut String, s: &SubmissionFacts) {
     );
 }
 
+/// Ray's job statuses (its `JobStatus`): Ray's `JobDetails` takes no other, and Ray's
+/// `JobSubmissionClient.list_jobs` rejects the whole list for one entry with another
+/// (review r36q D2).
+const RAY_JOB_STATUSES: [&str; 5] = ["PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED"];
+
+/// A job's `status`, always one of [`RAY_JOB_STATUSES`]: its submission record's, when it
+/// has a record whose status Ray knows; else by Ray's head's rule for a driver job (its job
+/// table: `RUNNING` until the driver is marked dead, then `SUCCEEDED`), read as "until an end
+/// was recorded": the driver's `FINISHED`, its end time, or the record's end time. So a job
+/// known only from its definition event, or from a lifecycle event that was not read, is
+/// `RUNNING` (without an end) where it was `""`; a record whose status is missing, not a
+/// string or not Ray's (`BOGUS`) is answered by the same rule, its raw value dropped (Ray's
+/// `JobDetails` has no field for it).
+fn job_status(driver: Option<&JobFacts>, record: Option<&SubmissionFacts>) -> &'static str {
+    if let Some(known) = record
+        .and_then(|s| s.status.as_deref())
+        .and_then(|s| RAY_JOB_STATUSES.into_iter().find(|k| *k == s))
+    {
+        return known;
+    }
+    let ended = driver.is_some_and(|j| j.state == "FINISHED" || j.ended.is_some())
+        || record.is_some_and(|s| s.ended_ms.is_some());
+    if ended {
+        "SUCCEEDED"
+    } else {
+        "RUNNING"
+    }
+}
+
 /// [`job_json`] without `runtime_env`.
 fn job_fields(j: &JobFacts) -> Value {
-    let status = match j.state.as_str() {
-        "CREATED" => "RUNNING",
-        "FINISHED" => "SUCCEEDED",
-        _ => "",
-    };
+    let status = job_status(Some(j), j.submission.as_ref());
+    // The exit code only when a submission record gave it: Ray's `JobInfo` has it optional
+    // (`null` until the driver exits), and a driver job has none (review r36q D3: `0` was
+    // claimed for a job still running, or failed without one).
     let mut v = json!({
-        "driver_exit_code": 0,
+        "driver_exit_code": null,
         "driver_node_id": j.driver_node_id.clone().unwrap_or_default(),
         "driver_agent_http_address": "",
         "metadata": metadata_json(j.metadata.as_ref()),
@@ -322,7 +352,7 @@ fn submission_fields(s: &SubmissionFacts) -> Value {
         "error_type": "",
         "message": "",
         "entrypoint": "",
-        "status": "",
+        "status": job_status(None, Some(s)),
         "driver_info": null,
         "job_id": null,
         "submission_id": "",
@@ -1021,6 +1051,165 @@ mod tests {
         push_job(&mut one, &facts.jobs[0]);
         assert_eq!(serde_json::from_str::<Value>(&one).unwrap(), jobs[0]);
         assert_eq!(job_json(&facts.jobs[0]), jobs[0]);
+    }
+
+    /// A driver job as the fold leaves it: `state`, an end time or none, no record.
+    fn driver(id: &str, state: &str, ended: Option<&str>) -> JobFacts {
+        JobFacts {
+            job_id: id.into(),
+            state: state.into(),
+            entrypoint: None,
+            driver_pid: None,
+            driver_node_id: None,
+            driver_ip: None,
+            started: None,
+            ended: ended.map(Into::into),
+            recorded: true,
+            metadata: None,
+            runtime_env: None,
+            submission_id: None,
+            submission: None,
+            superseded: false,
+        }
+    }
+
+    /// Review r36q D2, D3: every entry's `status` is one of Ray's five, by the record when
+    /// Ray knows its status, else by Ray's head's rule (`RUNNING` until an end was
+    /// recorded); `driver_exit_code` is the record's, `null` without one.
+    #[test]
+    fn statuses_are_rays_and_an_unknown_exit_code_is_null() {
+        use crate::inspect::SessionFacts;
+        let end = "1970-01-01T00:00:09Z";
+        let record = |id: &str, status: Option<&str>, ended_ms: Option<i64>, code: Option<i64>| {
+            SubmissionFacts {
+                submission_id: id.into(),
+                status: status.map(Into::into),
+                ended_ms,
+                driver_exit_code: code,
+                ..SubmissionFacts::default()
+            }
+        };
+        let submitted = |mut j: JobFacts, s: Option<SubmissionFacts>| {
+            j.submission_id = Some(format!("raysubmit_{}", j.job_id));
+            j.submission = s;
+            j
+        };
+        // (entry, expected status, expected exit code)
+        let cases: Vec<(JobFacts, &str, Value)> = vec![
+            (driver("01000000", "CREATED", None), "RUNNING", Value::Null),
+            (
+                driver("02000000", "FINISHED", Some(end)),
+                "SUCCEEDED",
+                Value::Null,
+            ),
+            // Only its definition read: no state, no end.
+            (driver("03000000", "UNKNOWN", None), "RUNNING", Value::Null),
+            // Only its lifecycle's end read.
+            (
+                driver("04000000", "UNKNOWN", Some(end)),
+                "SUCCEEDED",
+                Value::Null,
+            ),
+            (driver("05000000", "", None), "RUNNING", Value::Null),
+            // Submitted, no record.
+            (
+                submitted(driver("06000000", "UNKNOWN", None), None),
+                "RUNNING",
+                Value::Null,
+            ),
+            // The record's status, when Ray knows it, over the driver's.
+            (
+                submitted(
+                    driver("07000000", "FINISHED", Some(end)),
+                    Some(record("s7", Some("FAILED"), Some(9), None)),
+                ),
+                "FAILED",
+                Value::Null,
+            ),
+            (
+                submitted(
+                    driver("08000000", "CREATED", None),
+                    Some(record("s8", Some("RUNNING"), None, None)),
+                ),
+                "RUNNING",
+                Value::Null,
+            ),
+            (
+                submitted(
+                    driver("09000000", "FINISHED", Some(end)),
+                    Some(record("s9", Some("SUCCEEDED"), Some(9), Some(0))),
+                ),
+                "SUCCEEDED",
+                json!(0),
+            ),
+            (
+                submitted(
+                    driver("0a000000", "FINISHED", None),
+                    Some(record("s10", Some("FAILED"), Some(9), Some(3))),
+                ),
+                "FAILED",
+                json!(3),
+            ),
+            // A status Ray does not know, or none: the driver's rule.
+            (
+                submitted(
+                    driver("0b000000", "CREATED", None),
+                    Some(record("s11", Some("BOGUS"), None, None)),
+                ),
+                "RUNNING",
+                Value::Null,
+            ),
+            (
+                submitted(
+                    driver("0c000000", "UNKNOWN", None),
+                    Some(record("s12", None, Some(9), None)),
+                ),
+                "SUCCEEDED",
+                Value::Null,
+            ),
+            (
+                submitted(
+                    driver("0d000000", "FINISHED", None),
+                    Some(record("s13", Some("succeeded"), None, None)),
+                ),
+                "SUCCEEDED",
+                Value::Null,
+            ),
+        ];
+        let facts = SessionFacts {
+            jobs: cases.iter().map(|c| c.0.clone()).collect(),
+            unmatched_submissions: vec![
+                record("raysubmit_a", Some("PENDING"), None, None),
+                record("raysubmit_b", None, None, None),
+                record("raysubmit_c", Some(""), Some(5), None),
+                record("raysubmit_d", Some("BOGUS"), None, Some(1)),
+            ],
+            ..SessionFacts::default()
+        };
+        let jobs: Value = serde_json::from_str(&jobs_text(&facts)).unwrap();
+        let jobs = jobs.as_array().unwrap();
+        for (entry, (j, status, code)) in jobs.iter().zip(&cases) {
+            assert_eq!(entry["job_id"], j.job_id);
+            assert_eq!(entry["status"], *status, "{entry}");
+            assert_eq!(entry["driver_exit_code"], *code, "{entry}");
+            assert_eq!(job_json(j)["status"], *status);
+        }
+        let unmatched: Vec<(&str, Value)> = jobs[cases.len()..]
+            .iter()
+            .map(|e| (e["status"].as_str().unwrap(), e["driver_exit_code"].clone()))
+            .collect();
+        assert_eq!(
+            unmatched,
+            [
+                ("PENDING", Value::Null),
+                ("RUNNING", Value::Null),
+                ("SUCCEEDED", Value::Null),
+                ("RUNNING", json!(1)),
+            ]
+        );
+        assert!(jobs
+            .iter()
+            .all(|e| RAY_JOB_STATUSES.contains(&e["status"].as_str().unwrap())));
     }
 
     /// Review r36p D1: a runtime env nested deeper than serde_json parses (valid JSON, under
