@@ -66,6 +66,7 @@ use serde_json::{json, Value};
 use super::cache::{Unavailable, LOADING_HEADER, LOAD_WAIT};
 use super::cookies::Entered;
 use super::index::{SessionIndex, TaskFilter, TaskRecord, NO_TIME};
+use super::inflight::{self, SharedAnswer};
 use super::{Shared, UNREADABLE_HEADER};
 use crate::inspect::{escape_message, escape_untrusted, JobFacts, SubmissionFacts};
 use crate::util::time::parse_rfc3339_seconds;
@@ -362,10 +363,102 @@ fn submission_fields(s: &SubmissionFacts) -> Value {
     v
 }
 
+/// Bytes of a job's entry in the list besides its texts: the member names and punctuation
+/// (about 330 bytes), a status, two times, a pid and an exit code (20 digits at most each).
+const JOB_ENTRY_BYTES: usize = 512;
+
+/// The length of `s` written as a JSON string at most, quotes included (serde_json escapes
+/// a quote, a backslash and a control character, in at most 6 bytes).
+fn json_len(s: &str) -> usize {
+    2 + s.len()
+        + 5 * s
+            .bytes()
+            .filter(|b| *b < 0x20 || *b == b'"' || *b == b'\\')
+            .count()
+}
+
+/// [`json_len`] of the longer of two optional texts (a record's field replaces its
+/// driver's).
+fn either_len(a: Option<&String>, b: Option<&String>) -> usize {
+    a.map_or(0, |a| json_len(a))
+        .max(b.map_or(0, |b| json_len(b)))
+}
+
+/// The length of a metadata map as JSON at most.
+fn metadata_len(m: Option<&std::collections::BTreeMap<String, String>>) -> usize {
+    m.map_or(4, |m| {
+        2 + m
+            .iter()
+            .map(|(k, v)| json_len(k) + json_len(v) + 2)
+            .sum::<usize>()
+    })
+}
+
+/// What a submission record adds to its entry at most, besides its metadata and runtime
+/// env.
+fn record_len(s: &SubmissionFacts) -> usize {
+    json_len(&s.submission_id)
+        + [
+            &s.entrypoint,
+            &s.message,
+            &s.error_type,
+            &s.driver_node_id,
+            &s.driver_agent_http_address,
+        ]
+        .into_iter()
+        .map(|f| f.as_deref().map_or(0, json_len))
+        .sum::<usize>()
+}
+
+/// The length of the `/api/jobs/` answer ([`jobs_text`]) at most, from the sizes of the
+/// texts it will write: the room its build takes before it starts (review r36q D1), and the
+/// capacity it is written into (so it is never copied to grow).
+fn jobs_text_bound(facts: &crate::inspect::SessionFacts) -> usize {
+    let env_len = |text: Option<&String>| text.map_or(4, String::len);
+    let jobs: usize = facts
+        .jobs
+        .iter()
+        .filter(|j| !j.superseded)
+        .map(|j| {
+            let s = j.submission.as_ref();
+            JOB_ENTRY_BYTES
+                + 2 * json_len(&j.job_id)
+                + either_len(j.entrypoint.as_ref(), s.and_then(|s| s.entrypoint.as_ref()))
+                + either_len(
+                    j.driver_node_id.as_ref(),
+                    s.and_then(|s| s.driver_node_id.as_ref()),
+                )
+                + j.submission_id.as_deref().map_or(0, json_len)
+                + s.map_or(0, record_len)
+                + match s.and_then(|s| s.metadata.as_ref()) {
+                    Some(m) => metadata_len(Some(m)),
+                    None => metadata_len(j.metadata.as_ref()),
+                }
+                + match s.and_then(|s| s.runtime_env.as_ref()) {
+                    Some(text) => env_len(Some(text)),
+                    None => env_len(j.runtime_env.as_ref()),
+                }
+        })
+        .sum();
+    let submissions: usize = facts
+        .unmatched_submissions
+        .iter()
+        .map(|s| {
+            JOB_ENTRY_BYTES
+                + record_len(s)
+                + metadata_len(s.metadata.as_ref())
+                + env_len(s.runtime_env.as_ref())
+        })
+        .sum();
+    2 + jobs + submissions
+}
+
 /// The `/api/jobs/` answer: the session's jobs by job id, then the submitted jobs without a
-/// driver, written one job at a time into the text (no tree of the whole answer).
-fn jobs_text(facts: &crate::inspect::SessionFacts) -> String {
-    let mut out = String::from("[");
+/// driver, written one job at a time into the text (no tree of the whole answer), in a
+/// string of `capacity` bytes ([`jobs_text_bound`]).
+fn jobs_text(facts: &crate::inspect::SessionFacts, capacity: usize) -> String {
+    let mut out = String::with_capacity(capacity);
+    out.push('[');
     let mut first = true;
     let mut sep = |out: &mut String| {
         if !std::mem::take(&mut first) {
@@ -381,22 +474,90 @@ fn jobs_text(facts: &crate::inspect::SessionFacts) -> String {
         push_submission(&mut out, s);
     }
     out.push(']');
+    out.shrink_to_fit();
     out
 }
 
-/// `GET /api/jobs/`: [`jobs_text`], made off the async workers (a session of many jobs with
-/// large runtime envs makes a large answer).
+/// Job lists built at once (of different sessions: requests for the same session's list
+/// share one build). Each also takes its size from the answers' budget before it starts.
+pub const CONCURRENT_JOB_LIST_BUILDS: usize = 2;
+
+/// Job lists kept (one per session, the oldest dropped first, each only while its session's
+/// index is the one it was built from). A list is about the size of its session's jobs in
+/// the index (their runtime envs, metadata and records, written once), so what is kept is
+/// within a small factor of what the cache holds of those jobs.
+pub const KEPT_JOB_LISTS: usize = 2;
+
+/// The sessions' job lists: built once for the requests that want one, kept while the
+/// session's index is unchanged.
+pub(crate) type JobLists = super::kept::Kept<SharedAnswer, JobListError>;
+
+/// A new [`JobLists`].
+pub(crate) fn job_lists() -> Arc<JobLists> {
+    Arc::new(super::kept::Kept::new(
+        CONCURRENT_JOB_LIST_BUILDS,
+        KEPT_JOB_LISTS,
+        None,
+    ))
+}
+
+/// Why a job list was not built: the answers' budget had no room for it (a `503` with
+/// `Retry-After`, before anything was built), or the build failed (a `500`).
+#[derive(Clone)]
+pub(crate) enum JobListError {
+    Busy,
+    Failed(String),
+}
+
+impl From<String> for JobListError {
+    fn from(e: String) -> Self {
+        JobListError::Failed(e)
+    }
+}
+
+/// `GET /api/jobs/`: [`jobs_text`], built once for every request that wants it while it is
+/// built, and kept while the session's index is unchanged ([`JobLists`]); made off the async
+/// workers (a session of many jobs with large runtime envs makes a large answer) after its
+/// bound ([`jobs_text_bound`]) took room in the answers' budget, and sent from one buffer
+/// to every request ([`SharedAnswer`]). Without room, a `503` with `Retry-After` before
+/// anything is built (review r36q D1: twelve concurrent requests each built their own
+/// 70 MB copy, and took serve to 1 GiB).
 pub async fn jobs(State(state): State<Shared>, entered: Entered) -> Response {
     let index = match index(&state, &entered).await {
         Ok(i) => i,
         Err(r) => return r,
     };
-    let built = Arc::clone(&index);
-    match tokio::task::spawn_blocking(move || jobs_text(&built.facts)).await {
-        Ok(text) => answer(&entered, &index, text),
-        Err(e) => entered.refresh((
+    let key = entered.session.marker_key(&state.bucket.spec.root);
+    let (budget, built) = (state.answers.clone(), Arc::clone(&index));
+    let session = entered.session.session.clone();
+    let list = state
+        .job_lists
+        .get_or_build(key, 0, &index, move |_| async move {
+            let bound = jobs_text_bound(&built.facts);
+            let room = inflight::reserve(&budget, bound).ok_or(JobListError::Busy)?;
+            let started = std::time::Instant::now();
+            let text = tokio::task::spawn_blocking(move || {
+                let _room = room;
+                jobs_text(&built.facts, bound)
+            })
+            .await
+            .map_err(|e| JobListError::Failed(e.to_string()))?;
+            tracing::info!(
+                session = %escape_untrusted(&session),
+                bytes = text.len(),
+                bound,
+                seconds = started.elapsed().as_secs_f64(),
+                "job list built"
+            );
+            Ok(SharedAnswer::new(Bytes::from(text)))
+        })
+        .await;
+    match list {
+        Ok(list) => entered.refresh(list.response(&state.answers, headers_for(&index))),
+        Err(JobListError::Busy) => entered.refresh(inflight::busy()),
+        Err(JobListError::Failed(e)) => entered.refresh((
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("making the job list: {e}"),
+            escape_message(&format!("making the job list: {e}")),
         )),
     }
 }
@@ -1036,7 +1197,7 @@ mod tests {
             }],
             ..SessionFacts::default()
         };
-        let text = jobs_text(&facts);
+        let text = jobs_text(&facts, jobs_text_bound(&facts));
         assert_eq!(text.matches(env).count(), 2, "{text}");
         assert!(text.contains(&big));
         let jobs: Value = serde_json::from_str(&text).unwrap();
@@ -1186,7 +1347,7 @@ mod tests {
             ],
             ..SessionFacts::default()
         };
-        let jobs: Value = serde_json::from_str(&jobs_text(&facts)).unwrap();
+        let jobs: Value = serde_json::from_str(&jobs_text(&facts, 0)).unwrap();
         let jobs = jobs.as_array().unwrap();
         for (entry, (j, status, code)) in jobs.iter().zip(&cases) {
             assert_eq!(entry["job_id"], j.job_id);
@@ -1210,6 +1371,73 @@ mod tests {
         assert!(jobs
             .iter()
             .all(|e| RAY_JOB_STATUSES.contains(&e["status"].as_str().unwrap())));
+    }
+
+    /// Review r36q D1: the room a job list's build takes is at least the list's length,
+    /// whatever its texts (escapes take up to 6 bytes a character), and not far above it.
+    #[test]
+    fn the_job_list_bound_covers_its_text() {
+        use crate::inspect::SessionFacts;
+        let nasty = "\u{1}\"\\\n".repeat(200);
+        let metadata: std::collections::BTreeMap<String, String> = (0..64)
+            .map(|i| (format!("{nasty}{i}"), nasty.clone()))
+            .collect();
+        let env = format!("{{\"env_vars\": {{\"X\": \"{}\"}}}}", "y".repeat(6500));
+        let full = SubmissionFacts {
+            submission_id: nasty.clone(),
+            status: Some(nasty.clone()),
+            entrypoint: Some(nasty.clone()),
+            message: Some(nasty.clone()),
+            error_type: Some(nasty.clone()),
+            started_ms: Some(i64::MIN),
+            ended_ms: Some(i64::MIN),
+            metadata: Some(metadata.clone()),
+            runtime_env: Some(env.clone()),
+            driver_node_id: Some(nasty.clone()),
+            driver_agent_http_address: Some(nasty.clone()),
+            driver_exit_code: Some(i64::MIN),
+        };
+        let mut j = driver(&nasty, &nasty, Some("1970-01-01T00:00:09.999Z"));
+        j.entrypoint = Some(nasty.clone());
+        j.driver_pid = Some(i64::MIN);
+        j.driver_node_id = Some(nasty.clone());
+        j.started = Some("1970-01-01T00:00:01.5Z".into());
+        j.metadata = Some(metadata);
+        j.runtime_env = Some(env.clone());
+        j.submission_id = Some(nasty.clone());
+        let mut with_record = j.clone();
+        with_record.submission = Some(full.clone());
+        let plain = {
+            let mut p = driver("01000000", "CREATED", None);
+            p.runtime_env = Some(env.clone());
+            p
+        };
+        for facts in [
+            SessionFacts::default(),
+            SessionFacts {
+                jobs: vec![j, with_record, plain.clone()],
+                unmatched_submissions: vec![full, SubmissionFacts::default()],
+                ..SessionFacts::default()
+            },
+            SessionFacts {
+                jobs: vec![plain; 100],
+                ..SessionFacts::default()
+            },
+        ] {
+            let bound = jobs_text_bound(&facts);
+            let text = jobs_text(&facts, bound);
+            assert!(bound >= text.len(), "{bound} < {}", text.len());
+            let entries = facts.jobs.len() + facts.unmatched_submissions.len();
+            assert!(bound <= text.len() * 6 + JOB_ENTRY_BYTES * entries + 2);
+            if facts.unmatched_submissions.is_empty() && !facts.jobs.is_empty() {
+                // Plain jobs: within the fixed part of each entry.
+                assert!(
+                    bound - text.len() <= JOB_ENTRY_BYTES * entries,
+                    "{bound} {}",
+                    text.len()
+                );
+            }
+        }
     }
 
     /// Review r36p D1: a runtime env nested deeper than serde_json parses (valid JSON, under
