@@ -289,7 +289,9 @@ const RAY_JOB_STATUSES: [&str; 5] = ["PENDING", "RUNNING", "STOPPED", "SUCCEEDED
 /// known only from its definition event, or from a lifecycle event that was not read, is
 /// `RUNNING` (without an end) where it was `""`; a record whose status is missing, not a
 /// string or not Ray's (`BOGUS`) is answered by the same rule, its raw value dropped (Ray's
-/// `JobDetails` has no field for it).
+/// `JobDetails` has no field for it), except that an ended job whose record shows it failed
+/// (a non-zero `driver_exit_code`, or an `error_type`) is `FAILED`, not `SUCCEEDED` (review
+/// r36r D2).
 fn job_status(driver: Option<&JobFacts>, record: Option<&SubmissionFacts>) -> &'static str {
     if let Some(known) = record
         .and_then(|s| s.status.as_deref())
@@ -299,7 +301,13 @@ fn job_status(driver: Option<&JobFacts>, record: Option<&SubmissionFacts>) -> &'
     }
     let ended = driver.is_some_and(|j| j.state == "FINISHED" || j.ended.is_some())
         || record.is_some_and(|s| s.ended_ms.is_some());
-    if ended {
+    let failed = record.is_some_and(|s| {
+        s.driver_exit_code.is_some_and(|c| c != 0)
+            || s.error_type.as_deref().is_some_and(|e| !e.is_empty())
+    });
+    if ended && failed {
+        "FAILED"
+    } else if ended {
         "SUCCEEDED"
     } else {
         "RUNNING"
@@ -1336,6 +1344,47 @@ mod tests {
                 "SUCCEEDED",
                 Value::Null,
             ),
+            // Review r36r D2: ended, and the record shows it failed: FAILED.
+            (
+                submitted(
+                    driver("0e000000", "FINISHED", Some(end)),
+                    Some(record("s14", Some("BOGUS"), None, Some(1))),
+                ),
+                "FAILED",
+                json!(1),
+            ),
+            (
+                submitted(
+                    driver("0f000000", "UNKNOWN", None),
+                    Some(SubmissionFacts {
+                        error_type: Some("JOB_ENTRYPOINT_COMMAND_ERROR".into()),
+                        ..record("s15", None, Some(9), None)
+                    }),
+                ),
+                "FAILED",
+                Value::Null,
+            ),
+            // A zero exit code, or an empty error type, is no failure.
+            (
+                submitted(
+                    driver("10000000", "FINISHED", None),
+                    Some(SubmissionFacts {
+                        error_type: Some(String::new()),
+                        ..record("s16", Some("done"), None, Some(0))
+                    }),
+                ),
+                "SUCCEEDED",
+                json!(0),
+            ),
+            // Not ended: RUNNING whatever the record says of failure.
+            (
+                submitted(
+                    driver("11000000", "CREATED", None),
+                    Some(record("s17", Some("BOGUS"), None, Some(1))),
+                ),
+                "RUNNING",
+                json!(1),
+            ),
         ];
         let facts = SessionFacts {
             jobs: cases.iter().map(|c| c.0.clone()).collect(),
@@ -1344,6 +1393,7 @@ mod tests {
                 record("raysubmit_b", None, None, None),
                 record("raysubmit_c", Some(""), Some(5), None),
                 record("raysubmit_d", Some("BOGUS"), None, Some(1)),
+                record("raysubmit_e", Some("BOGUS"), Some(5), Some(1)),
             ],
             ..SessionFacts::default()
         };
@@ -1366,6 +1416,7 @@ mod tests {
                 ("RUNNING", Value::Null),
                 ("SUCCEEDED", Value::Null),
                 ("RUNNING", json!(1)),
+                ("FAILED", json!(1)),
             ]
         );
         assert!(jobs
