@@ -22,6 +22,9 @@
 //! before it starts ([`reserve`]), and is refused (`503`, [`busy`]) when that does not fit,
 //! so concurrent builds cannot hold more than the budget either (review r36q D1: twelve
 //! `/api/jobs/` requests each built a 70 MB list, and were refused only after, at 1 GiB).
+//! An answer larger than the whole budget takes the whole budget (and is refused unless all
+//! of it is free): it is built and sent alone, the only answer counted while it is, but what
+//! it holds is its own size, above the budget.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -85,6 +88,8 @@ pub(crate) struct SharedAnswer {
     body: Bytes,
     /// The place of the bytes in the budget while some request sends them.
     sending: std::sync::Mutex<std::sync::Weak<OwnedSemaphorePermit>>,
+    /// Room its build took, handed to the first request that sends it ([`Self::holding`]).
+    room: std::sync::Mutex<Option<Arc<OwnedSemaphorePermit>>>,
 }
 
 impl SharedAnswer {
@@ -92,7 +97,17 @@ impl SharedAnswer {
         SharedAnswer {
             body,
             sending: std::sync::Mutex::new(std::sync::Weak::new()),
+            room: std::sync::Mutex::new(None),
         }
+    }
+
+    /// An answer that keeps the room its build took (`room`) until its first request sends
+    /// it, so that request is not refused after the build: for an answer that is not kept
+    /// (its requests come with it; it is dropped, and the room given back, when they are).
+    pub(super) fn holding(body: Bytes, room: OwnedSemaphorePermit) -> Self {
+        let answer = SharedAnswer::new(body);
+        *answer.room.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(room));
+        answer
     }
 
     /// The answer with `headers`, sent [`CHUNK`] bytes at a time: a large one takes its
@@ -107,8 +122,12 @@ impl SharedAnswer {
             None
         } else {
             let mut sending = self.sending.lock().unwrap_or_else(|p| p.into_inner());
-            match sending.upgrade() {
-                Some(held) => Some(held),
+            let room = self.room.lock().unwrap_or_else(|p| p.into_inner()).take();
+            match sending.upgrade().or(room) {
+                Some(held) => {
+                    *sending = Arc::downgrade(&held);
+                    Some(held)
+                }
                 None => {
                     let Some(permit) = reserve(budget, self.body.len()) else {
                         return busy();

@@ -486,35 +486,77 @@ fn jobs_text(facts: &crate::inspect::SessionFacts, capacity: usize) -> String {
     out
 }
 
-/// Job lists built at once (of different sessions: requests for the same session's list
-/// share one build). Each also takes its size from the answers' budget before it starts.
+/// Large job lists built at once (of different sessions: requests for the same session's
+/// list share one build). Each also takes its size from the answers' budget before it starts.
 pub const CONCURRENT_JOB_LIST_BUILDS: usize = 2;
 
-/// Job lists kept (one per session, the oldest dropped first, each only while its session's
-/// index is the one it was built from). A list is about the size of its session's jobs in
-/// the index (their runtime envs, metadata and records, written once), so what is kept is
-/// within a small factor of what the cache holds of those jobs.
+/// A list whose bound ([`jobs_text_bound`]) is under this is small: small lists are built
+/// under permits of their own ([`CONCURRENT_SMALL_JOB_LIST_BUILDS`]) and kept apart, so a
+/// session of a few jobs never waits behind other sessions' large builds (review r36r D3).
+pub const SMALL_JOB_LIST: usize = 1 << 20;
+
+/// Small job lists built at once.
+pub const CONCURRENT_SMALL_JOB_LIST_BUILDS: usize = 2;
+
+/// Small job lists kept (one per session, the oldest dropped first): under 16 MiB in all.
+pub const KEPT_SMALL_JOB_LISTS: usize = 16;
+
+/// Large job lists kept (one per session, the oldest dropped first).
 pub const KEPT_JOB_LISTS: usize = 2;
 
+/// The largest job list kept: a larger one is answered to the requests that waited for its
+/// build, then dropped (the next request builds it again). So kept lists hold at most
+/// [`KEPT_JOB_LIST_BYTES`] (review r36r D1: two kept lists of 514 MiB beside a 205 MB cache).
+pub const MAX_KEPT_JOB_LIST: usize = 24 << 20;
+
+/// What kept job lists hold at most: [`KEPT_SMALL_JOB_LISTS`] under [`SMALL_JOB_LIST`] and
+/// [`KEPT_JOB_LISTS`] of at most [`MAX_KEPT_JOB_LIST`].
+pub const KEPT_JOB_LIST_BYTES: usize =
+    KEPT_SMALL_JOB_LISTS * SMALL_JOB_LIST + KEPT_JOB_LISTS * MAX_KEPT_JOB_LIST;
+const _: () = assert!(
+    KEPT_JOB_LIST_BYTES == 64 << 20,
+    "docs/inspect.md says 64 MiB"
+);
+
 /// The sessions' job lists: built once for the requests that want one, kept while the
-/// session's index is unchanged.
-pub(crate) type JobLists = super::kept::Kept<SharedAnswer, JobListError>;
+/// session's index is unchanged, small and large ones apart ([`SMALL_JOB_LIST`]).
+pub(crate) struct JobLists {
+    small: Arc<super::kept::Kept<SharedAnswer, JobListError>>,
+    large: Arc<super::kept::Kept<SharedAnswer, JobListError>>,
+}
+
+impl JobLists {
+    /// Builds started so far, small and large.
+    pub(crate) fn builds_started(&self) -> u64 {
+        self.small.builds_started() + self.large.builds_started()
+    }
+}
 
 /// A new [`JobLists`].
 pub(crate) fn job_lists() -> Arc<JobLists> {
-    Arc::new(super::kept::Kept::new(
-        CONCURRENT_JOB_LIST_BUILDS,
-        KEPT_JOB_LISTS,
-        None,
-    ))
+    Arc::new(JobLists {
+        small: Arc::new(super::kept::Kept::new(
+            CONCURRENT_SMALL_JOB_LIST_BUILDS,
+            KEPT_SMALL_JOB_LISTS,
+            None,
+        )),
+        large: Arc::new(super::kept::Kept::new(
+            CONCURRENT_JOB_LIST_BUILDS,
+            KEPT_JOB_LISTS,
+            None,
+        )),
+    })
 }
 
-/// Why a job list was not built: the answers' budget had no room for it (a `503` with
-/// `Retry-After`, before anything was built), or the build failed (a `500`).
+/// Why a job list is not kept: the answers' budget had no room for it (a `503` with
+/// `Retry-After`, before anything was built; `bound` is the list's), the build failed (a
+/// `500`), or it was built but is larger than [`MAX_KEPT_JOB_LIST`] (the answer of the
+/// requests that waited for the build, not kept).
 #[derive(Clone)]
 pub(crate) enum JobListError {
-    Busy,
+    Busy { bound: usize },
     Failed(String),
+    NotKept(Arc<SharedAnswer>),
 }
 
 impl From<String> for JobListError {
@@ -523,13 +565,29 @@ impl From<String> for JobListError {
     }
 }
 
+/// The `503` of a job list that found no room in the answers' budget: one larger than the
+/// whole budget says so (it is built only when no other counted answer is in flight).
+fn job_list_busy(bound: usize) -> Response {
+    let mut busy = inflight::busy();
+    if bound > inflight::MAX_ANSWER_BYTES_IN_FLIGHT {
+        *busy.body_mut() = Body::from(format!(
+            "this session's job list may take {} MiB, more than the {} MiB of answers in \
+             flight: it is built only when no other large answer is in flight; try again",
+            bound.div_ceil(1 << 20),
+            inflight::MAX_ANSWER_BYTES_IN_FLIGHT >> 20
+        ));
+    }
+    busy
+}
+
 /// `GET /api/jobs/`: [`jobs_text`], built once for every request that wants it while it is
-/// built, and kept while the session's index is unchanged ([`JobLists`]); made off the async
-/// workers (a session of many jobs with large runtime envs makes a large answer) after its
-/// bound ([`jobs_text_bound`]) took room in the answers' budget, and sent from one buffer
-/// to every request ([`SharedAnswer`]). Without room, a `503` with `Retry-After` before
-/// anything is built (review r36q D1: twelve concurrent requests each built their own
-/// 70 MB copy, and took serve to 1 GiB).
+/// built, and kept while the session's index is unchanged ([`JobLists`]; one larger than
+/// [`MAX_KEPT_JOB_LIST`] is not kept); made off the async workers (a session of many jobs
+/// with large runtime envs makes a large answer) after its bound ([`jobs_text_bound`]) took
+/// room in the answers' budget (the whole budget for a list whose bound is larger, so it is
+/// built alone), and sent from one buffer to every request ([`SharedAnswer`]). Without room,
+/// a `503` with `Retry-After` before anything is built (review r36q D1: twelve concurrent
+/// requests each built their own 70 MB copy, and took serve to 1 GiB).
 pub async fn jobs(State(state): State<Shared>, entered: Entered) -> Response {
     let index = match index(&state, &entered).await {
         Ok(i) => i,
@@ -538,31 +596,43 @@ pub async fn jobs(State(state): State<Shared>, entered: Entered) -> Response {
     let key = entered.session.marker_key(&state.bucket.spec.root);
     let (budget, built) = (state.answers.clone(), Arc::clone(&index));
     let session = entered.session.session.clone();
-    let list = state
-        .job_lists
+    let bound = jobs_text_bound(&index.facts);
+    let lists = match bound < SMALL_JOB_LIST {
+        true => &state.job_lists.small,
+        false => &state.job_lists.large,
+    };
+    let list = lists
         .get_or_build(key, 0, &index, move |_| async move {
-            let bound = jobs_text_bound(&built.facts);
-            let room = inflight::reserve(&budget, bound).ok_or(JobListError::Busy)?;
+            let room = inflight::reserve(&budget, bound).ok_or(JobListError::Busy { bound })?;
             let started = std::time::Instant::now();
-            let text = tokio::task::spawn_blocking(move || {
-                let _room = room;
-                jobs_text(&built.facts, bound)
-            })
-            .await
-            .map_err(|e| JobListError::Failed(e.to_string()))?;
+            let (text, room) =
+                tokio::task::spawn_blocking(move || (jobs_text(&built.facts, bound), room))
+                    .await
+                    .map_err(|e| JobListError::Failed(e.to_string()))?;
+            let kept = text.len() <= MAX_KEPT_JOB_LIST;
             tracing::info!(
                 session = %escape_untrusted(&session),
                 bytes = text.len(),
                 bound,
+                kept,
                 seconds = started.elapsed().as_secs_f64(),
                 "job list built"
             );
-            Ok(SharedAnswer::new(Bytes::from(text)))
+            match kept {
+                true => Ok(SharedAnswer::new(Bytes::from(text))),
+                // Its requests wait for it: the room of the build is the first's to send it.
+                false => Err(JobListError::NotKept(Arc::new(SharedAnswer::holding(
+                    Bytes::from(text),
+                    room,
+                )))),
+            }
         })
         .await;
     match list {
-        Ok(list) => entered.refresh(list.response(&state.answers, headers_for(&index))),
-        Err(JobListError::Busy) => entered.refresh(inflight::busy()),
+        Ok(list) | Err(JobListError::NotKept(list)) => {
+            entered.refresh(list.response(&state.answers, headers_for(&index)))
+        }
+        Err(JobListError::Busy { bound }) => entered.refresh(job_list_busy(bound)),
         Err(JobListError::Failed(e)) => entered.refresh((
             StatusCode::INTERNAL_SERVER_ERROR,
             escape_message(&format!("making the job list: {e}")),
