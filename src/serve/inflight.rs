@@ -307,4 +307,32 @@ mod tests {
         assert_eq!(budget.available_permits(), all);
         assert_eq!(r.status(), StatusCode::OK);
     }
+
+    /// Review r36r D1: an answer not kept holds its build's room until its first request
+    /// sends it (that request is not refused after the build, even with the budget full),
+    /// then the requests that send it share that room, given back when they are done; an
+    /// answer dropped unsent gives it back too.
+    #[tokio::test]
+    async fn a_held_room_goes_to_the_first_request_and_back() {
+        let budget = budget();
+        let all = budget.available_permits();
+        let data: Vec<u8> = (0..(CHUNK * 3)).map(|i| (i % 251) as u8).collect();
+        let room = reserve(&budget, MAX_ANSWER_BYTES_IN_FLIGHT).unwrap();
+        assert_eq!(budget.available_permits(), 0);
+        let shared = SharedAnswer::holding(Bytes::from(data.clone()), room);
+        let a = shared.response(&budget, Default::default());
+        let b = shared.response(&budget, Default::default());
+        assert_eq!(a.status(), StatusCode::OK);
+        assert_eq!(b.status(), StatusCode::OK);
+        assert_eq!(budget.available_permits(), 0, "held once, by both");
+        let got = axum::body::to_bytes(a.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(got, data);
+        drop(b);
+        assert_eq!(budget.available_permits(), all, "given back");
+        let unsent = SharedAnswer::holding(Bytes::from(data), reserve(&budget, 1).unwrap());
+        drop(unsent);
+        assert_eq!(budget.available_permits(), all, "given back unsent");
+    }
 }
