@@ -638,13 +638,14 @@ fn check_routes(s: &Serve) {
     // empty metadata, CREATED at
     // 02:06:42.217314970Z and FINISHED at 02:06:50.972464742Z: `date -u -d
     // 2026-11-22T02:06:42Z +%s` = 1795313202). A finished driver is SUCCEEDED, as Ray's own
-    // dashboard says of driver jobs.
+    // dashboard says of driver jobs, and has no exit code (`null`, as in Ray: only a
+    // submission's record gives one).
     let r = get(s, "/api/jobs/", &camel, 200);
     assert_eq!(r.header(UNREADABLE), None);
     assert_eq!(
         json_of(&r),
         json!([{
-            "driver_exit_code": 0,
+            "driver_exit_code": null,
             "driver_node_id": "3ae6595c248ad7def1c7206bfd50b18e860d5eb167e4e068c64823a5",
             "driver_agent_http_address": "",
             "runtime_env": {"env_vars": {"FOO": "bar"}},
@@ -1530,6 +1531,193 @@ fn concurrent_cluster_lists_share_one_listing() {
     );
 }
 
+/// Review r36q D1-D3. Twelve `/api/jobs/` requests at once, the first for the list of a
+/// session of 300 submitted jobs with 64 KB runtime envs (a 19 MB list): one build serves
+/// them all (`rhc_serve_job_list_builds_total`), the list is kept for the request after,
+/// and serve's peak grows by about one list (each request built its own copy before, 12
+/// times 19 MB, most refused only after: 1 GiB at 70 MB lists). Every `status` is one Ray's
+/// `JobDetails` takes (a driver known only from its definition was `""`, a record's `BOGUS`
+/// was passed on), and the exit code of a job whose record has none is `null` (it was `0`).
+#[test]
+fn concurrent_job_lists_share_one_build_and_every_status_is_rays() {
+    const SESSION: &str = "session_2026-11-22_06-00-00_000000_1";
+    const JOBS: u32 = 300;
+    let node: Vec<u8> = (1..=28).collect();
+    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    let events = node_events_bucket(&bucket, SESSION, &node_hex);
+    let object = format!("{node_hex}-2026-11-22-06-1.jsonl");
+    let env = format!("{{\"env_vars\": {{\"X\": \"{}\"}}}}", "y".repeat(64_000));
+    let mut lines = String::new();
+    for job in 1..=JOBS {
+        let config = json!({"serializedRuntimeEnv": env,
+            "metadata": {"job_submission_id": format!("raysubmit_{job}")}});
+        for e in driver_job_events(SESSION, &node, job, config, true) {
+            lines.push_str(&format!("{e}\n"));
+        }
+    }
+    // A plain driver known only from its definition event (its lifecycle was not read).
+    for e in driver_job_events(SESSION, &node, JOBS + 1, json!({"metadata": {}}), false) {
+        lines.push_str(&format!("{e}\n"));
+    }
+    std::fs::write(events.join(&object), lines).unwrap();
+    // Records: raysubmit_1 still running (no exit code yet, as Ray's `JobInfo` before its
+    // driver exits), raysubmit_2 failed without one, raysubmit_3 with a status Ray does not
+    // know, raysubmit_4 succeeded with exit code 0.
+    let exports = events.parent().unwrap().join("export_events/node");
+    std::fs::create_dir_all(&exports).unwrap();
+    let records: String = [
+        ("raysubmit_1", json!("RUNNING"), "0", None),
+        ("raysubmit_2", json!("FAILED"), "1795327209900", None),
+        ("raysubmit_3", json!("BOGUS"), "1795327209900", None),
+        ("raysubmit_4", json!("SUCCEEDED"), "1795327209900", Some(0)),
+    ]
+    .iter()
+    .map(|(id, status, end, code)| {
+        let mut data = json!({"submission_job_id": id, "status": status,
+            "entrypoint": "python job.py", "start_time": "1795327200500", "end_time": end});
+        if let Some(code) = code {
+            data["driver_exit_code"] = json!(code);
+        }
+        format!("{}\n", submission_record(id, 1795327209, data))
+    })
+    .collect();
+    std::fs::write(exports.join(&object), records).unwrap();
+
+    let s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve.log"),
+        &[],
+        &[],
+    );
+    let c = cookies_for(SESSION);
+    get_loaded(&s, "/api/v0/tasks?limit=1", &c);
+    let pid = s.pid().unwrap();
+    let before = rhc_testkit::usage::hwm_kib(pid).unwrap();
+    let cookie = c
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let url = format!("http://127.0.0.1:{}/api/jobs/", s.port);
+    let answers: Vec<HttpResponse> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..12)
+            .map(|_| {
+                scope.spawn(|| {
+                    rhc_testkit::http::try_http_request_within(
+                        "GET",
+                        &url,
+                        &[("Cookie", cookie.as_str())],
+                        b"",
+                        Duration::from_secs(120),
+                    )
+                    .unwrap()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let after = rhc_testkit::usage::hwm_kib(pid).unwrap();
+    for r in &answers {
+        assert_eq!(r.status, 200, "{}", body(r));
+        assert!(r.body == answers[0].body, "the answers differ");
+    }
+    let list_mib = answers[0].body.len() as u64 >> 20;
+    assert!(list_mib >= 18, "a list of {list_mib} MiB");
+    let grew_mib = after.saturating_sub(before) / 1024;
+    eprintln!("twelve lists of {list_mib} MiB grew the peak by {grew_mib} MiB");
+    assert!(
+        grew_mib < 3 * list_mib,
+        "twelve /api/jobs/ answers of {list_mib} MiB grew the peak RSS by {grew_mib} MiB"
+    );
+    assert_eq!(
+        metric(&s, "rhc_serve_job_list_builds_total"),
+        1,
+        "{}",
+        s.log_text()
+    );
+    // Kept for the request after.
+    let again = get(&s, "/api/jobs/", &c, 200);
+    assert!(again.body == answers[0].body, "the answer after differs");
+    assert_eq!(metric(&s, "rhc_serve_job_list_builds_total"), 1);
+
+    // The shapes, against Ray's own model where the test setup installed Ray.
+    let jobs = json_of(&answers[0]);
+    let jobs = jobs.as_array().unwrap();
+    assert_eq!(jobs.len(), JOBS as usize + 1);
+    let find = |key: &str, value: &str| {
+        jobs.iter()
+            .find(|j| j[key] == value)
+            .unwrap_or_else(|| panic!("no {key} {value}"))
+            .clone()
+    };
+    let plain_id: String = (JOBS + 1)
+        .to_le_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut shown = Vec::new();
+    for (key, value, status, code) in [
+        ("submission_id", "raysubmit_1", "RUNNING", Value::Null),
+        ("submission_id", "raysubmit_2", "FAILED", Value::Null),
+        ("submission_id", "raysubmit_3", "SUCCEEDED", Value::Null),
+        ("submission_id", "raysubmit_4", "SUCCEEDED", json!(0)),
+        ("submission_id", "raysubmit_5", "SUCCEEDED", Value::Null),
+        ("job_id", plain_id.as_str(), "RUNNING", Value::Null),
+    ] {
+        let j = find(key, value);
+        assert_eq!(
+            (&j["status"], &j["driver_exit_code"]),
+            (&json!(status), &code),
+            "{value}"
+        );
+        let mut small = j;
+        small["runtime_env"] = json!({});
+        shown.push(small);
+    }
+    assert_eq!(find("job_id", &plain_id)["type"], "DRIVER");
+    rhc_testkit::serve::rays_job_details_take(work.path(), &Value::Array(shown)).unwrap();
+}
+
+/// A driver job's pushed events (camelCase) on node `node` of `session`: its definition
+/// (job id `job` as Ray's 4 little-endian bytes, pid `70<job>`, entrypoint `python job.py`,
+/// `config`), and with `lifecycle` its lifecycle, `CREATED` at 06:00:01 then `FINISHED` at
+/// 06:00:09.
+fn driver_job_events(
+    session: &str,
+    node: &[u8],
+    job: u32,
+    config: Value,
+    lifecycle: bool,
+) -> Vec<Value> {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let job_id = b64(&job.to_le_bytes());
+    let mut events = vec![json!({"eventId": format!("d{job}"),
+        "eventType": "DRIVER_JOB_DEFINITION_EVENT",
+        "timestamp": "2026-11-22T06:00:01Z", "sessionName": session,
+        "nodeId": b64(node), "driverJobDefinitionEvent": {"jobId": job_id,
+            "driverPid": format!("70{job}"), "driverNodeId": b64(node),
+            "entrypoint": "python job.py", "config": config}})];
+    if lifecycle {
+        events.push(json!({"eventId": format!("l{job}"),
+            "eventType": "DRIVER_JOB_LIFECYCLE_EVENT",
+            "timestamp": "2026-11-22T06:00:09Z", "sessionName": session,
+            "nodeId": b64(node), "driverJobLifecycleEvent": {"jobId": job_id,
+                "stateTransitions": [
+                    {"state": "CREATED", "timestamp": "2026-11-22T06:00:01Z"},
+                    {"state": "FINISHED", "timestamp": "2026-11-22T06:00:09Z"}]}}));
+    }
+    events
+}
+
+/// A Job Submission API record (an `EXPORT_SUBMISSION_JOB` export event, snake_case).
+fn submission_record(id: &str, secs: i64, data: Value) -> Value {
+    json!({"event_id": id, "timestamp": secs, "source_type": "EXPORT_SUBMISSION_JOB",
+        "event_data": data})
+}
+
 /// `GET path` until the session has loaded (at most 30 s of `503`s).
 fn get_loaded(s: &Serve, path: &str, cookies: &[(String, String)]) -> HttpResponse {
     let started = std::time::Instant::now();
@@ -2256,9 +2444,7 @@ fn a_reload_past_the_wait_says_the_session_is_still_loading() {
 /// `DRIVER` with `submission_id: ""` and `submission_id` logs were a `501`.
 #[test]
 fn submitted_jobs_are_answered_as_rays_and_their_driver_logs_served_by_submission_id() {
-    use base64::Engine as _;
     const SESSION: &str = "session_2026-11-22_06-00-00_000000_1";
-    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
     let node: Vec<u8> = (1..=28).collect();
     let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
     let work = tempfile::tempdir().unwrap();
@@ -2273,36 +2459,16 @@ fn submitted_jobs_are_answered_as_rays_and_their_driver_logs_served_by_submissio
     // Three drivers (pushed events, camelCase): jobs 01000000 and 02000000 started by the
     // Job Submission API (an entrypoint that ran two scripts: both drivers' metadata name
     // `raysubmit_1`), job 03000000 a plain `python` driver.
-    let driver = |job: u8, id: &str, config: Value| {
-        let job_id = b64(&[job, 0, 0, 0]);
-        vec![
-            json!({"eventId": format!("d{id}"), "eventType": "DRIVER_JOB_DEFINITION_EVENT",
-                "timestamp": "2026-11-22T06:00:01Z", "sessionName": SESSION,
-                "nodeId": b64(&node), "driverJobDefinitionEvent": {"jobId": job_id,
-                    "driverPid": format!("70{job}"), "driverNodeId": b64(&node),
-                    "entrypoint": "python job.py", "config": config}}),
-            json!({"eventId": format!("l{id}"), "eventType": "DRIVER_JOB_LIFECYCLE_EVENT",
-                "timestamp": "2026-11-22T06:00:09Z", "sessionName": SESSION,
-                "nodeId": b64(&node), "driverJobLifecycleEvent": {"jobId": job_id,
-                    "stateTransitions": [
-                        {"state": "CREATED", "timestamp": "2026-11-22T06:00:01Z"},
-                        {"state": "FINISHED", "timestamp": "2026-11-22T06:00:09Z"}]}}),
-        ]
-    };
     let submitted_config = json!({"serializedRuntimeEnv": "{\"env_vars\": {\"A\": \"1\"}}",
         "metadata": {"job_submission_id": "raysubmit_1", "owner": "ana"}});
-    for (job, id, config) in [
-        (1u8, "1", submitted_config.clone()),
-        (2, "2", submitted_config),
-        (
-            3,
-            "3",
-            json!({"serializedRuntimeEnv": "{}", "metadata": {}}),
-        ),
+    for (job, config) in [
+        (1u32, submitted_config.clone()),
+        (2, submitted_config),
+        (3, json!({"serializedRuntimeEnv": "{}", "metadata": {}})),
     ] {
         let dir = node_dir.join("job_events").join(format!("0{job}000000"));
         std::fs::create_dir_all(&dir).unwrap();
-        let text: String = driver(job, id, config)
+        let text: String = driver_job_events(SESSION, &node, job, config, true)
             .iter()
             .map(|e| format!("{e}\n"))
             .collect();
@@ -2310,10 +2476,6 @@ fn submitted_jobs_are_answered_as_rays_and_their_driver_logs_served_by_submissio
     }
     // The Job Submission API's records (export events, snake_case): raysubmit_1 running then
     // succeeded; raysubmit_2 failed before any driver started.
-    let record = |id: &str, secs: i64, data: Value| {
-        json!({"event_id": id, "timestamp": secs, "source_type": "EXPORT_SUBMISSION_JOB",
-            "event_data": data})
-    };
     let one = |status: &str, end: &str| {
         json!({"submission_job_id": "raysubmit_1", "status": status,
             "entrypoint": "python job.py", "message": format!("Job {status}"),
@@ -2324,9 +2486,9 @@ fn submitted_jobs_are_answered_as_rays_and_their_driver_logs_served_by_submissio
             "driver_node_id": node_hex, "driver_exit_code": 0})
     };
     let records = [
-        record("s1", 1795327201, one("RUNNING", "0")),
-        record("s2", 1795327209, one("SUCCEEDED", "1795327209900")),
-        record(
+        submission_record("s1", 1795327201, one("RUNNING", "0")),
+        submission_record("s2", 1795327209, one("SUCCEEDED", "1795327209900")),
+        submission_record(
             "s3",
             1795327210,
             json!({"submission_job_id": "raysubmit_2", "status": "FAILED",

@@ -15,6 +15,16 @@
 //! So what unread answers can make the server hold is [`MAX_ANSWER_BYTES_IN_FLIGHT`], plus what
 //! hyper buffers per connection (about 400 KiB) until [`WRITE_STALL_TIMEOUT`]
 //! (super::connection::WRITE_STALL_TIMEOUT) cuts it.
+//!
+//! An answer built once and sent to many requests ([`SharedAnswer`], the job list) is one
+//! buffer: it holds its size from the budget once while any request sends it, not once per
+//! request. A build that makes a large answer takes its estimated size from the same budget
+//! before it starts ([`reserve`]), and is refused (`503`, [`busy`]) when that does not fit,
+//! so concurrent builds cannot hold more than the budget either (review r36q D1: twelve
+//! `/api/jobs/` requests each built a 70 MB list, and were refused only after, at 1 GiB).
+//! An answer larger than the whole budget takes the whole budget (and is refused unless all
+//! of it is free): it is built and sent alone, the only answer counted while it is, but what
+//! it holds is its own size, above the budget.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -53,9 +63,100 @@ pub(super) fn budget() -> Arc<Semaphore> {
     Arc::new(Semaphore::new(MAX_ANSWER_BYTES_IN_FLIGHT / UNIT))
 }
 
+/// Set on an answer whose bytes are counted already ([`SharedAnswer`]): the middleware
+/// passes it as it is.
+#[derive(Clone, Copy)]
+struct CountedAlready;
+
+/// The budget's units for an answer of `len` bytes (the whole budget at most).
+fn units(len: usize) -> u32 {
+    let units = len
+        .div_ceil(UNIT)
+        .clamp(1, MAX_ANSWER_BYTES_IN_FLIGHT / UNIT);
+    u32::try_from(units).unwrap_or(u32::MAX)
+}
+
+/// Room for `bytes` of an answer about to be built (the whole budget at most), held until
+/// the permit is dropped; `None` when it does not fit now (answer [`busy`]).
+pub(super) fn reserve(budget: &Arc<Semaphore>, bytes: usize) -> Option<OwnedSemaphorePermit> {
+    budget.clone().try_acquire_many_owned(units(bytes)).ok()
+}
+
+/// An answer built once and sent to every request that wants it while it is kept: its
+/// bytes are one buffer, held from the budget once while any request sends them.
+pub(crate) struct SharedAnswer {
+    body: Bytes,
+    /// The place of the bytes in the budget while some request sends them.
+    sending: std::sync::Mutex<std::sync::Weak<OwnedSemaphorePermit>>,
+    /// Room its build took, handed to the first request that sends it ([`Self::holding`]).
+    room: std::sync::Mutex<Option<Arc<OwnedSemaphorePermit>>>,
+}
+
+impl SharedAnswer {
+    pub(super) fn new(body: Bytes) -> Self {
+        SharedAnswer {
+            body,
+            sending: std::sync::Mutex::new(std::sync::Weak::new()),
+            room: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// An answer that keeps the room its build took (`room`) until its first request sends
+    /// it, so that request is not refused after the build: for an answer that is not kept
+    /// (its requests come with it; it is dropped, and the room given back, when they are).
+    pub(super) fn holding(body: Bytes, room: OwnedSemaphorePermit) -> Self {
+        let answer = SharedAnswer::new(body);
+        *answer.room.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(room));
+        answer
+    }
+
+    /// The answer with `headers`, sent [`CHUNK`] bytes at a time: a large one takes its
+    /// place in `budget` unless another request sending it holds it already, and is
+    /// [`busy`] when that does not fit.
+    pub(super) fn response(
+        &self,
+        budget: &Arc<Semaphore>,
+        headers: axum::http::HeaderMap,
+    ) -> Response {
+        let permit = if self.body.len() < COUNTED_FROM {
+            None
+        } else {
+            let mut sending = self.sending.lock().unwrap_or_else(|p| p.into_inner());
+            let room = self.room.lock().unwrap_or_else(|p| p.into_inner()).take();
+            match sending.upgrade().or(room) {
+                Some(held) => {
+                    *sending = Arc::downgrade(&held);
+                    Some(held)
+                }
+                None => {
+                    let Some(permit) = reserve(budget, self.body.len()) else {
+                        return busy();
+                    };
+                    let held = Arc::new(permit);
+                    *sending = Arc::downgrade(&held);
+                    Some(held)
+                }
+            }
+        };
+        let mut response = (
+            headers,
+            Body::new(Counted {
+                rest: self.body.clone(),
+                permit,
+            }),
+        )
+            .into_response();
+        response.extensions_mut().insert(CountedAlready);
+        response
+    }
+}
+
 /// The middleware: counts a large answer of a known size, or refuses it.
 pub(super) async fn bounded(State(state): State<Shared>, request: Request, next: Next) -> Response {
     let response = next.run(request).await;
+    if response.extensions().get::<CountedAlready>().is_some() {
+        return response;
+    }
     let Some(len) = http_body::Body::size_hint(response.body()).exact() else {
         return response;
     };
@@ -65,11 +166,7 @@ pub(super) async fn bounded(State(state): State<Shared>, request: Request, next:
     if len < COUNTED_FROM {
         return response;
     }
-    let units = len.div_ceil(UNIT).min(MAX_ANSWER_BYTES_IN_FLIGHT / UNIT);
-    let Some(permit) = u32::try_from(units)
-        .ok()
-        .and_then(|u| state.answers.clone().try_acquire_many_owned(u).ok())
-    else {
+    let Some(permit) = reserve(&state.answers, len) else {
         return busy();
     };
     let (parts, body) = response.into_parts();
@@ -85,13 +182,13 @@ pub(super) async fn bounded(State(state): State<Shared>, request: Request, next:
         parts,
         Body::new(Counted {
             rest: data,
-            permit: Some(permit),
+            permit: Some(Arc::new(permit)),
         }),
     )
 }
 
 /// The `503` of an answer that does not fit.
-fn busy() -> Response {
+pub(super) fn busy() -> Response {
     (
         StatusCode::SERVICE_UNAVAILABLE,
         [
@@ -106,11 +203,12 @@ fn busy() -> Response {
         .into_response()
 }
 
-/// An answer handed over [`CHUNK`] bytes at a time, holding its permit until the last chunk
-/// is taken (or the answer dropped).
+/// An answer handed over [`CHUNK`] bytes at a time, holding its permit (shared by the
+/// requests that send the same [`SharedAnswer`]) until the last chunk is taken (or the
+/// answer dropped).
 struct Counted {
     rest: Bytes,
-    permit: Option<OwnedSemaphorePermit>,
+    permit: Option<Arc<OwnedSemaphorePermit>>,
 }
 
 impl http_body::Body for Counted {
@@ -160,7 +258,7 @@ mod tests {
         let permit = budget.clone().try_acquire_many_owned(300).unwrap();
         let mut body = Counted {
             rest: Bytes::from(data.clone()),
-            permit: Some(permit),
+            permit: Some(Arc::new(permit)),
         };
         let mut got = Vec::new();
         for _ in 0..2 {
@@ -173,5 +271,68 @@ mod tests {
         assert_eq!(budget.available_permits(), all);
         assert!(body.frame().await.is_none());
         assert_eq!(got, data);
+    }
+
+    /// Review r36q D1: requests that send the same shared answer hold its size once; it is
+    /// given back when the last of them is done, and a request finds no room only when the
+    /// answer is not being sent and does not fit.
+    #[tokio::test]
+    async fn a_shared_answer_holds_its_size_once_while_sent() {
+        let budget = budget();
+        let all = budget.available_permits();
+        let data: Vec<u8> = (0..(CHUNK * 3)).map(|i| (i % 251) as u8).collect();
+        let shared = SharedAnswer::new(Bytes::from(data.clone()));
+        let units = CHUNK * 3 / UNIT;
+        let a = shared.response(&budget, Default::default());
+        let b = shared.response(&budget, Default::default());
+        assert_eq!(budget.available_permits(), all - units, "held once");
+        assert!(a.extensions().get::<CountedAlready>().is_some());
+        let got = axum::body::to_bytes(a.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(got, data);
+        assert_eq!(budget.available_permits(), all - units, "b still sends");
+        drop(b);
+        assert_eq!(budget.available_permits(), all, "given back");
+        // No room: refused, and nothing held.
+        let filler = reserve(&budget, MAX_ANSWER_BYTES_IN_FLIGHT - CHUNK).unwrap();
+        let refused = shared.response(&budget, Default::default());
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(refused.headers().contains_key(BUSY_HEADER));
+        drop(filler);
+        assert_eq!(budget.available_permits(), all);
+        // A small answer is not counted.
+        let small = SharedAnswer::new(Bytes::from_static(b"[]"));
+        let r = small.response(&budget, Default::default());
+        assert_eq!(budget.available_permits(), all);
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+
+    /// Review r36r D1: an answer not kept holds its build's room until its first request
+    /// sends it (that request is not refused after the build, even with the budget full),
+    /// then the requests that send it share that room, given back when they are done; an
+    /// answer dropped unsent gives it back too.
+    #[tokio::test]
+    async fn a_held_room_goes_to_the_first_request_and_back() {
+        let budget = budget();
+        let all = budget.available_permits();
+        let data: Vec<u8> = (0..(CHUNK * 3)).map(|i| (i % 251) as u8).collect();
+        let room = reserve(&budget, MAX_ANSWER_BYTES_IN_FLIGHT).unwrap();
+        assert_eq!(budget.available_permits(), 0);
+        let shared = SharedAnswer::holding(Bytes::from(data.clone()), room);
+        let a = shared.response(&budget, Default::default());
+        let b = shared.response(&budget, Default::default());
+        assert_eq!(a.status(), StatusCode::OK);
+        assert_eq!(b.status(), StatusCode::OK);
+        assert_eq!(budget.available_permits(), 0, "held once, by both");
+        let got = axum::body::to_bytes(a.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(got, data);
+        drop(b);
+        assert_eq!(budget.available_permits(), all, "given back");
+        let unsent = SharedAnswer::holding(Bytes::from(data), reserve(&budget, 1).unwrap());
+        drop(unsent);
+        assert_eq!(budget.available_permits(), all, "given back unsent");
     }
 }

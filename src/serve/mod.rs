@@ -23,7 +23,9 @@
 //! - **Clients that do not read hold little, briefly.** An answer that makes no write
 //!   progress for [`connection::WRITE_STALL_TIMEOUT`] is cut, a connection whose writes have
 //!   stalled gives its place to a new one at [`MAX_CONNECTIONS`] ([`connection`]), and large
-//!   answers share [`inflight::MAX_ANSWER_BYTES_IN_FLIGHT`] while they are sent ([`inflight`]). Names from the bucket or the request that appear in a
+//!   answers share [`inflight::MAX_ANSWER_BYTES_IN_FLIGHT`] while they are sent ([`inflight`]);
+//!   the job list, built once for the requests that want it and kept, takes its room there
+//!   before it is built (`session.rs`). Names from the bucket or the request that appear in a
 //!   message are escaped ([`crate::inspect::escape_untrusted`]).
 //! - **Cookies as KubeRay sets them.** `/enter_cluster/...` sets `cluster_name`,
 //!   `cluster_namespace`, `session_name`, `owner_kind` and `owner_name` (`Max-Age=600`,
@@ -121,6 +123,8 @@ pub(crate) struct ServeState {
     pub(crate) cluster_status: Arc<cluster_status::StatusCache>,
     /// The sessions' Train runs answers, built once for concurrent requests.
     pub(crate) train_answers: Arc<train::TrainAnswers>,
+    /// The sessions' job lists (`/api/jobs/`), built once for concurrent requests.
+    pub(crate) job_lists: Arc<session::JobLists>,
 }
 
 pub(crate) type Shared = Arc<ServeState>;
@@ -305,6 +309,12 @@ async fn metrics(
             state.train_answers.builds_started(),
         ),
         (
+            "rhc_serve_job_list_builds_total",
+            "counter",
+            "Job list (/api/jobs/) builds started (requests for one being built wait for it; one refused for want of room counts too).",
+            state.job_lists.builds_started(),
+        ),
+        (
             "rhc_serve_sessions_cached",
             "gauge",
             "Sessions loaded and held.",
@@ -369,6 +379,7 @@ pub async fn run(args: ServeArgs, env: &dyn Fn(&str) -> Option<String>) -> anyho
         markers: clusters::MarkerListing::default(),
         cluster_status: cluster_status::status_cache(),
         train_answers: train::train_answers(),
+        job_lists: session::job_lists(),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -221,3 +221,27 @@ pub fn write_bucket(
     let status = c.terminate(Duration::from_secs(30));
     assert!(status.success(), "collector: {status}\n{}", c.log_text());
 }
+
+/// Whether Ray's own `JobDetails` model (what Ray's `JobSubmissionClient.list_jobs` builds
+/// of each entry, rejecting the whole list for one it does not take) takes every entry of
+/// `jobs` (a `/api/jobs/` answer), checked with the Ray of `RHC_PYTHON` when the test setup
+/// installed it (`Ok` without it); `Err` with pydantic's words otherwise. `work`: where the
+/// entries are written for it.
+pub fn rays_job_details_take(work: &Path, jobs: &serde_json::Value) -> Result<(), String> {
+    let Some(python) = crate::services::tool("RHC_PYTHON") else {
+        return Ok(());
+    };
+    let file = work.join("job-details-check.json");
+    fs::write(&file, jobs.to_string()).map_err(|e| format!("{}: {e}", file.display()))?;
+    let check = "import json, sys\n\
+        from ray.dashboard.modules.job.pydantic_models import JobDetails\n\
+        for j in json.load(open(sys.argv[1])):\n    JobDetails(**j)\n";
+    let mut cmd = Command::new(python);
+    cmd.args(["-c", check]).arg(&file);
+    let out = crate::services::run_with_timeout(&mut cmd, Duration::from_secs(120));
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(out.stderr)
+    }
+}
