@@ -288,9 +288,20 @@ pub fn list_dir(dir: &OwnedFd) -> io::Result<Vec<OsString>> {
     unsafe { libc::rewinddir(d) };
     let mut out = Vec::new();
     loop {
+        // readdir says an error only through errno (NULL is also the end): cleared before
+        // each call, so a listing cut by an error is an error, not a shorter folder (review
+        // r39z D2: an EIO mid-listing dropped the rest of the folder without a word).
+        // SAFETY: errno is this thread's.
+        unsafe { *libc::__errno_location() = 0 };
         // SAFETY: `d` is a valid DIR stream, used by this thread only.
         let ent = unsafe { libc::readdir(d) };
         if ent.is_null() {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error().is_some_and(|n| n != 0) {
+                // SAFETY: `d` is a valid DIR stream, closed once.
+                unsafe { libc::closedir(d) };
+                return Err(e);
+            }
             break;
         }
         // SAFETY: readdir returned a valid entry whose d_name is NUL-terminated and lives

@@ -314,9 +314,19 @@ pub(super) fn remove_temporaries(history_root: &Path, node: &str, tag: &str) -> 
                     continue;
                 }
             };
+            let mut unreadable = false;
             for name in names {
-                let Ok(st) = stat_at(&dir, &name) else {
-                    continue;
+                let st = match stat_at(&dir, &name) {
+                    Ok(st) => st,
+                    Err(e) => {
+                        // Once a folder (a listable one that cannot be entered, review r39z
+                        // D1), not once per entry.
+                        if !unreadable && e.raw_os_error() != Some(libc::ENOENT) {
+                            unreadable = true;
+                            unlooked(&p.path, &e, ());
+                        }
+                        continue;
+                    }
                 };
                 let path = p.path.join(&name);
                 if st.is_dir() {
