@@ -394,7 +394,7 @@ impl LogShipper {
                         .filter(|r| r.deadline > LEDGER_CHECK_TIMEOUT)
                         .count();
                     if c.deadline >= LEDGER_RETRY_CAP || retries >= MAX_RETRIES_RUNNING {
-                        tracing::debug!(%key, timeout_secs = c.deadline.as_secs(), "checking a ledger entry took too long; no retry now (at the longest deadline, or half the checks' places already retrying): left to the checks' next pass over the ledger");
+                        tracing::debug!(%key, timeout_secs = c.deadline.as_secs(), "checking a ledger entry took too long again; left to the checks' next pass over the ledger");
                         continue;
                     }
                     let Ok(location) = object_store::path::Path::parse(&key) else {

@@ -356,14 +356,10 @@ async fn check_object(
             meta.size
         )));
     }
-    // Compared as the ledger checks compare them: without W/, quotes or case, and only when
-    // both are known (review r42w D2: a store whose HEAD gives the ETag unquoted had every
-    // growing log uploaded whole each round; r42x: one whose HEAD gives none, the same).
-    if let (Some(want), Some(found)) = (
-        e_tag.and_then(etag_key),
-        meta.e_tag.as_deref().and_then(etag_key),
-    ) {
-        if found != want {
+    if let Some(want) = e_tag.and_then(etag_key) {
+        // Compared as the ledger checks compare them (review r42w D2: a store whose HEAD
+        // gives the ETag unquoted had every growing log uploaded whole each round).
+        if meta.e_tag.as_deref().and_then(etag_key).as_deref() != Some(want.as_str()) {
             return Err(changed(format!(
                 "the object's ETag is {:?}, the ledger says {want:?}",
                 meta.e_tag
