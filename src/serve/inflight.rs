@@ -104,9 +104,9 @@ impl SharedAnswer {
     /// An answer that keeps the room its build took (`room`) until its first request sends
     /// it, so that request is not refused after the build: for an answer that is not kept
     /// (its requests come with it; it is dropped, and the room given back, when they are).
-    pub(super) fn holding(body: Bytes, room: OwnedSemaphorePermit) -> Self {
+    pub(super) fn holding(body: Bytes, room: Option<OwnedSemaphorePermit>) -> Self {
         let answer = SharedAnswer::new(body);
-        *answer.room.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(room));
+        *answer.room.lock().unwrap_or_else(|p| p.into_inner()) = room.map(Arc::new);
         answer
     }
 
@@ -319,7 +319,7 @@ mod tests {
         let data: Vec<u8> = (0..(CHUNK * 3)).map(|i| (i % 251) as u8).collect();
         let room = reserve(&budget, MAX_ANSWER_BYTES_IN_FLIGHT).unwrap();
         assert_eq!(budget.available_permits(), 0);
-        let shared = SharedAnswer::holding(Bytes::from(data.clone()), room);
+        let shared = SharedAnswer::holding(Bytes::from(data.clone()), Some(room));
         let a = shared.response(&budget, Default::default());
         let b = shared.response(&budget, Default::default());
         assert_eq!(a.status(), StatusCode::OK);
@@ -331,7 +331,7 @@ mod tests {
         assert_eq!(got, data);
         drop(b);
         assert_eq!(budget.available_permits(), all, "given back");
-        let unsent = SharedAnswer::holding(Bytes::from(data), reserve(&budget, 1).unwrap());
+        let unsent = SharedAnswer::holding(Bytes::from(data), reserve(&budget, 1));
         drop(unsent);
         assert_eq!(budget.available_permits(), all, "given back unsent");
     }

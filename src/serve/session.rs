@@ -418,7 +418,7 @@ fn record_len(s: &SubmissionFacts) -> usize {
         .sum::<usize>()
 }
 
-/// The length of the `/api/jobs/` answer ([`jobs_text`]) at most, from the sizes of the
+/// The length of the `/api/jobs/` answer ([`jobs_text_until`]) at most, from the sizes of the
 /// texts it will write: the room its build takes before it starts (review r36q D1), and the
 /// capacity it is written into (so it is never copied to grow).
 fn jobs_text_bound(facts: &crate::inspect::SessionFacts) -> usize {
@@ -461,10 +461,30 @@ fn jobs_text_bound(facts: &crate::inspect::SessionFacts) -> usize {
     2 + jobs + submissions
 }
 
+/// [`jobs_text_until`] to its end (the tests' way in).
+#[cfg(test)]
+fn jobs_text(facts: &crate::inspect::SessionFacts, capacity: usize) -> String {
+    jobs_text_until(facts, capacity, &|| false).unwrap_or_default()
+}
+
+/// How many entries [`jobs_text_until`] writes between two looks at whether to stop.
+const STOP_LOOK_EVERY: usize = 256;
+
+/// How many bytes [`jobs_text_until`] writes at most between two looks at whether to stop.
+const STOP_LOOK_BYTES: usize = 4 << 20;
+
 /// The `/api/jobs/` answer: the session's jobs by job id, then the submitted jobs without a
 /// driver, written one job at a time into the text (no tree of the whole answer), in a
-/// string of `capacity` bytes ([`jobs_text_bound`]).
-fn jobs_text(facts: &crate::inspect::SessionFacts, capacity: usize) -> String {
+/// string of `capacity` bytes ([`jobs_text_bound`]); given up (`None`) as soon as `stop`
+/// says so (looked at every [`STOP_LOOK_EVERY`] entries and [`STOP_LOOK_BYTES`] bytes): a
+/// list that will not be kept is not built on for nobody (review r36s E2: the build of a
+/// 264 MiB list whose clients had all left ran to its end, holding the whole answers'
+/// budget, and was thrown away).
+fn jobs_text_until(
+    facts: &crate::inspect::SessionFacts,
+    capacity: usize,
+    stop: &dyn Fn() -> bool,
+) -> Option<String> {
     let mut out = String::with_capacity(capacity);
     out.push('[');
     let mut first = true;
@@ -473,18 +493,38 @@ fn jobs_text(facts: &crate::inspect::SessionFacts, capacity: usize) -> String {
             out.push(',');
         }
     };
+    // Looked at every STOP_LOOK_EVERY entries and every STOP_LOOK_BYTES written, whichever
+    // comes first (review r36t F1: 250 entries of 645 KB each, 154 MiB, were never looked at).
+    let (mut written, mut next_bytes) = (0usize, STOP_LOOK_BYTES);
+    let mut look = |len: usize| {
+        written += 1;
+        if written.is_multiple_of(STOP_LOOK_EVERY) || len >= next_bytes {
+            next_bytes = len + STOP_LOOK_BYTES;
+            return stop();
+        }
+        false
+    };
     for j in facts.jobs.iter().filter(|j| !j.superseded) {
+        if look(out.len()) {
+            return None;
+        }
         sep(&mut out);
         push_job(&mut out, j);
     }
     for s in &facts.unmatched_submissions {
+        if look(out.len()) {
+            return None;
+        }
         sep(&mut out);
         push_submission(&mut out, s);
     }
     out.push(']');
     out.shrink_to_fit();
-    out
+    Some(out)
 }
+
+/// The error of a job list build every request left (answered to nobody).
+const LEFT: &str = "every request for this job list left";
 
 /// Large job lists built at once (of different sessions: requests for the same session's
 /// list share one build). Each also takes its size from the answers' budget before it starts.
@@ -580,7 +620,7 @@ fn job_list_busy(bound: usize) -> Response {
     busy
 }
 
-/// `GET /api/jobs/`: [`jobs_text`], built once for every request that wants it while it is
+/// `GET /api/jobs/`: [`jobs_text_until`], built once for every request that wants it while it is
 /// built, and kept while the session's index is unchanged ([`JobLists`]; one larger than
 /// [`MAX_KEPT_JOB_LIST`] is not kept); made off the async workers (a session of many jobs
 /// with large runtime envs makes a large answer) after its bound ([`jobs_text_bound`]) took
@@ -602,13 +642,32 @@ pub async fn jobs(State(state): State<Shared>, entered: Entered) -> Response {
         false => &state.job_lists.large,
     };
     let list = lists
-        .get_or_build(key, 0, &index, move |_| async move {
-            let room = inflight::reserve(&budget, bound).ok_or(JobListError::Busy { bound })?;
+        .get_or_build(key, 0, &index, move |wanted| async move {
+            // An answer too small to be counted while sent takes no room to be built either
+            // (review r36s E1: a 505-byte list was refused while a list the size of the whole
+            // budget was in flight).
+            let room = match bound < inflight::COUNTED_FROM {
+                true => None,
+                false => {
+                    Some(inflight::reserve(&budget, bound).ok_or(JobListError::Busy { bound })?)
+                }
+            };
+            // A list that will not be kept is built only while someone waits for it.
+            let keepable = bound <= MAX_KEPT_JOB_LIST;
+            let wanted = Arc::new(wanted);
+            if !keepable && wanted.abandoned() {
+                return Err(JobListError::Failed(LEFT.to_string()));
+            }
             let started = std::time::Instant::now();
-            let (text, room) =
-                tokio::task::spawn_blocking(move || (jobs_text(&built.facts, bound), room))
-                    .await
-                    .map_err(|e| JobListError::Failed(e.to_string()))?;
+            let (text, room) = tokio::task::spawn_blocking(move || {
+                let stop = || !keepable && wanted.abandoned();
+                (jobs_text_until(&built.facts, bound, &stop), room)
+            })
+            .await
+            .map_err(|e| JobListError::Failed(e.to_string()))?;
+            let Some(text) = text else {
+                return Err(JobListError::Failed(LEFT.to_string()));
+            };
             let kept = text.len() <= MAX_KEPT_JOB_LIST;
             tracing::info!(
                 session = %escape_untrusted(&session),
