@@ -23,7 +23,7 @@ const NODE: &str = "3ae6595c248ad7def1c7206bfd50b18e860d5eb167e4e068c64823a5";
 const JOB: &str = "01000000";
 const PREFIX: &str = "cluster-history/raycluster/default/c1";
 const MARKERS: &str = "cluster-metadata/raycluster/default_c1";
-const INSPECT_TIMEOUT: Duration = Duration::from_secs(120);
+const INSPECT_TIMEOUT: Duration = Duration::from_secs(300);
 /// The event type of the filler objects (counted by type in the report).
 const FILLER: &str = "BUCKET_SHAPE_FILLER";
 
