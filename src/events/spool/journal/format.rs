@@ -121,46 +121,69 @@ pub(super) struct HoldFile {
 impl HoldFile {
     /// The file's bytes: the magic, four words per hold, and the check of the words.
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut out = HOLD_MAGIC.to_vec();
-        for h in std::iter::once(&self.now).chain(self.before.as_ref()) {
-            for w in [h.generation, h.snapshot_ids, h.held, h.inserted] {
-                out.extend_from_slice(&w.to_le_bytes());
-            }
-        }
-        let check = block_check(&out[HOLD_MAGIC.len()..]);
-        out.extend_from_slice(&check.to_le_bytes());
-        out
+        let words: Vec<u64> = std::iter::once(&self.now)
+            .chain(self.before.as_ref())
+            .flat_map(|h| [h.generation, h.snapshot_ids, h.held, h.inserted])
+            .collect();
+        checked_words(HOLD_MAGIC, &words)
     }
 
     /// The holds of a file's bytes; `None` when they are not one whole (a crash cut the
     /// file, or it is not ours). A file of the binaries before holds `now` alone.
     pub(super) fn decode(bytes: &[u8]) -> Option<HoldFile> {
-        let words = bytes.strip_prefix(HOLD_MAGIC.as_slice())?;
-        let holds = match words.len() {
-            n if n == 32 + 4 => 1,
-            n if n == 64 + 4 => 2,
+        let w = read_checked_words(bytes, HOLD_MAGIC)?;
+        let holds = match w.len() {
+            4 => 1,
+            8 => 2,
             _ => return None,
         };
-        let (words, check) = words.split_at(holds * 32);
-        if block_check(words).to_le_bytes() != check {
-            return None;
-        }
-        let w = |i: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&words[i * 8..i * 8 + 8]);
-            u64::from_le_bytes(b)
-        };
         let hold = |k: usize| Hold {
-            generation: w(4 * k),
-            snapshot_ids: w(4 * k + 1),
-            held: w(4 * k + 2),
-            inserted: w(4 * k + 3),
+            generation: w[4 * k],
+            snapshot_ids: w[4 * k + 1],
+            held: w[4 * k + 2],
+            inserted: w[4 * k + 3],
         };
         Some(HoldFile {
             now: hold(0),
             before: (holds == 2).then(|| hold(1)),
         })
     }
+}
+
+/// A small file of ours written whole (the hold file, the rewrite mark): `magic`, `words`
+/// little-endian, and the check of the words.
+fn checked_words(magic: &[u8; 8], words: &[u64]) -> Vec<u8> {
+    let mut out = magic.to_vec();
+    for w in words {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+    let check = block_check(&out[magic.len()..]);
+    out.extend_from_slice(&check.to_le_bytes());
+    out
+}
+
+/// The words of a file [`checked_words`] wrote with `magic`; `None` when the bytes are not
+/// whole words and their check (a crash cut the file, or it is not ours).
+fn read_checked_words(bytes: &[u8], magic: &[u8; 8]) -> Option<Vec<u64>> {
+    let body = bytes.strip_prefix(magic.as_slice())?;
+    let len = body.len().checked_sub(4)?;
+    if !len.is_multiple_of(8) {
+        return None;
+    }
+    let (words, check) = body.split_at(len);
+    if block_check(words).to_le_bytes() != check {
+        return None;
+    }
+    Some(
+        words
+            .chunks_exact(8)
+            .map(|c| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(c);
+                u64::from_le_bytes(b)
+            })
+            .collect(),
+    )
 }
 
 /// Most bytes a hold file takes ([`HoldFile::encode`]).
@@ -196,36 +219,16 @@ pub(super) struct RewriteMark {
 impl RewriteMark {
     /// The file's bytes: the magic, the three numbers, and the check of the words.
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut out = REWRITE_MAGIC.to_vec();
-        for w in [self.from, self.first, self.top] {
-            out.extend_from_slice(&w.to_le_bytes());
-        }
-        let check = block_check(&out[REWRITE_MAGIC.len()..]);
-        out.extend_from_slice(&check.to_le_bytes());
-        out
+        checked_words(REWRITE_MAGIC, &[self.from, self.first, self.top])
     }
 
     /// The mark of a file's bytes; `None` when they are not one whole mark (not ours, or
     /// damaged: it is renamed into place whole, so no crash cuts it).
     pub(super) fn decode(bytes: &[u8]) -> Option<RewriteMark> {
-        let words = bytes.strip_prefix(REWRITE_MAGIC.as_slice())?;
-        if words.len() != 24 + 4 {
+        let [from, first, top] = read_checked_words(bytes, REWRITE_MAGIC)?[..] else {
             return None;
-        }
-        let (words, check) = words.split_at(24);
-        if block_check(words).to_le_bytes() != check {
-            return None;
-        }
-        let w = |i: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&words[i * 8..i * 8 + 8]);
-            u64::from_le_bytes(b)
         };
-        let mark = RewriteMark {
-            from: w(0),
-            first: w(1),
-            top: w(2),
-        };
+        let mark = RewriteMark { from, first, top };
         (mark.from <= mark.first && mark.first <= mark.top).then_some(mark)
     }
 }
