@@ -18,7 +18,9 @@
 //!   or a kill -9 and the next start, and the start-up cleanup runs whatever the log
 //!   settings;
 //! - the ledger belongs to a bucket, and an object the bucket lost, or that was
-//!   overwritten with as many bytes, is uploaded again;
+//!   overwritten with as many bytes, is uploaded again; so too on a store whose HEAD
+//!   answers carry no ETag, which gets appends only when it honours the copy's condition
+//!   (issue 42; the honouring store is emulated by the proxy: moto ignores the condition);
 //! - objects bigger than one copy part are copied in ranges;
 //! - a versioned bucket gets no appends; one with versioning suspended does;
 //! - a whole upload over a slow uplink that keeps moving (the proxy reading bodies at
@@ -655,6 +657,125 @@ fn an_object_overwritten_with_as_many_bytes_is_uploaded_again() {
     for n in [small, big] {
         assert_eq!(rig.object(n).unwrap(), rig.file(n));
     }
+}
+
+/// The probe's copy condition (`storage::append::probe::NEVER_MATCHES`, without quotes).
+const PROBE_ETAG: &str = "00000000000000000000000000000000";
+
+/// A rig whose store's HEAD answers carry no ETag (issue 42), a 6 MiB log uploaded whole
+/// and grown once; its collector.
+fn without_head_etags(rig: &MotoRig) -> Collector {
+    rig.proxy
+        .add(Rule::new(Fault::StripAnswerHeader("etag".into())).method("HEAD"));
+    rig.append(LOG, &lines(0, 6 * MIB));
+    let c = rig.collector().start();
+    rig.wait_equal(LOG, &c, "first upload");
+    rig.append(LOG, &lines(1_000_000, 64 << 10));
+    rig.wait_equal(LOG, &c, "grown once");
+    c
+}
+
+/// The probes seen: copies conditional on [`PROBE_ETAG`], with their answers' statuses.
+fn probes(rig: &MotoRig) -> Vec<u16> {
+    rig.proxy
+        .seen()
+        .iter()
+        .filter(|r| {
+            r.is_copy()
+                && r.header("x-amz-copy-source-if-match")
+                    .is_some_and(|v| v.contains(PROBE_ETAG))
+        })
+        .map(|r| r.status)
+        .collect()
+}
+
+/// Overwrites the log's object straight on moto with as many other bytes.
+fn overwrite_with_as_many_bytes(rig: &MotoRig) {
+    let len = rig.file(LOG).len();
+    let (status, _) = rig.s3.request(
+        "PUT",
+        &format!("/{}/{}", rig.bucket, rig.key(LOG)),
+        &vec![b'Z'; len],
+    );
+    assert_eq!(status, 200);
+}
+
+/// Issue 42, review r42y: a store whose HEAD answers carry no ETag and that ignores
+/// `x-amz-copy-source-if-match` (moto ignores it): an object overwritten behind our back
+/// with as many other bytes is not appended to (that would keep the other bytes for good)
+/// but uploaded whole, and ends equal to its file; nothing is left open. The probe that
+/// tells so is made at most once and names the store at most once.
+#[test]
+fn without_head_etags_on_a_store_that_ignores_copy_conditions_an_overwrite_is_healed() {
+    let Some(rig) = MotoRig::new("noetagignores", CLUSTER) else {
+        return;
+    };
+    let mut c = without_head_etags(&rig);
+    overwrite_with_as_many_bytes(&rig);
+    assert_ne!(rig.object(LOG).unwrap(), rig.file(LOG));
+    rig.append(LOG, &lines(2_000_000, 64 << 10));
+    rig.wait_equal(LOG, &c, "healed by a whole upload");
+    rig.append(LOG, &lines(3_000_000, 64 << 10));
+    rig.wait_equal(LOG, &c, "grown again");
+    c.terminate_ok(Duration::from_secs(30));
+    assert_eq!(rig.object(LOG).unwrap(), rig.file(LOG));
+    assert_eq!(
+        rig.open_uploads(),
+        Vec::<String>::new(),
+        "{}",
+        c.log_tail(40)
+    );
+    // Asked at most once (moto copies: 200), and named at most once.
+    let seen = probes(&rig);
+    assert!(
+        seen.len() <= 1 && seen.iter().all(|s| *s == 200),
+        "{seen:?}"
+    );
+    let warned = c
+        .log_text()
+        .matches("it ignores x-amz-copy-source-if-match on UploadPartCopy")
+        .count();
+    assert!(warned <= 1, "{}", c.log_tail(40));
+}
+
+/// Issue 42, review r42x: a store whose HEAD answers carry no ETag but that honours
+/// `x-amz-copy-source-if-match` gets appends, not a whole upload every round, and an
+/// object overwritten with as many other bytes is still healed (the copy's condition
+/// fails: whole upload). The store's honouring is EMULATED by the fault proxy
+/// (`Fault::EmulateCopyIfMatch`, the check from the object's real ETag on moto): moto
+/// ignores the header, and no store that honours it could be installed here.
+#[test]
+fn without_head_etags_on_a_store_that_honours_copy_conditions_logs_are_appended() {
+    let Some(rig) = MotoRig::new("noetaghonours", CLUSTER) else {
+        return;
+    };
+    rig.proxy
+        .add(Rule::new(Fault::EmulateCopyIfMatch).with_header("x-amz-copy-source"));
+    let mut c = without_head_etags(&rig);
+    let whole = wholes(&c);
+    for round in 0..3 {
+        rig.append(LOG, &lines(2_000_000 + round * 10_000, 64 << 10));
+        rig.wait_equal(LOG, &c, "appended");
+    }
+    assert_eq!(wholes(&c), whole, "whole uploads\n{}", c.log_tail(40));
+    assert!(appends(&c) >= 3.0, "{}", c.log_tail(40));
+    // One probe, refused with 412.
+    assert_eq!(probes(&rig), vec![412], "{}", c.log_tail(40));
+    overwrite_with_as_many_bytes(&rig);
+    rig.append(LOG, &lines(3_000_000, 64 << 10));
+    rig.wait_equal(LOG, &c, "healed by a whole upload");
+    assert_eq!(wholes(&c), whole + 1.0, "{}", c.log_tail(40));
+    rig.append(LOG, &lines(4_000_000, 64 << 10));
+    rig.wait_equal(LOG, &c, "appended after the heal");
+    c.terminate_ok(Duration::from_secs(30));
+    assert_eq!(rig.object(LOG).unwrap(), rig.file(LOG));
+    assert_eq!(
+        rig.open_uploads(),
+        Vec::<String>::new(),
+        "{}",
+        c.log_tail(40)
+    );
+    assert_eq!(probes(&rig).len(), 1);
 }
 
 #[test]

@@ -9,6 +9,10 @@
 //! a given rate, with a small receive buffer, so the client's bytes really trickle (the
 //! client's request is slow but moving, as over a congested node uplink).
 //!
+//! A store whose answers lack a header ([`Fault::StripAnswerHeader`]: HEADs without an
+//! `ETag`), and, emulated, one that honours `x-amz-copy-source-if-match` on copies, which
+//! moto ignores ([`Fault::EmulateCopyIfMatch`]).
+//!
 //! A store that answers before it read a body ([`Fault::Early`]), one that answers so and
 //! then reads nothing ([`Fault::EarlyStall`]), and one that takes no byte of it
 //! ([`Fault::Stall`]), are answered from the head alone.
@@ -80,6 +84,17 @@ pub enum Fault {
     /// proxy is dropped), then closes it: a store that accepts a request and no byte of its
     /// body. It is in [`FaultProxy::seen`] from the moment it arrives.
     Stall(Duration),
+    /// Passes it on and answers what the target answered without the header of this name
+    /// (any case): a store whose HEAD answers carry no `ETag` (issue 42, review r42x).
+    StripAnswerHeader(String),
+    /// EMULATED, a last resort: a store that honours `x-amz-copy-source-if-match` on
+    /// `UploadPartCopy`. moto ignores the header (its `upload_part_copy` never reads it)
+    /// and no store that honours it could be installed here (s3s-fs ignores it too, MinIO
+    /// and Ceph's gateway are not to be had), so the proxy does the check S3 does: it asks
+    /// the target for the source's ETag (a HEAD, straight to it) and answers 412
+    /// `PreconditionFailed` itself when the condition names another; otherwise it passes
+    /// the copy on. A copy without the header passes on.
+    EmulateCopyIfMatch,
 }
 
 /// The longest a [`Fault::Hold`] holds a request (the issue's reproduction held copies for
@@ -380,8 +395,16 @@ fn serve(mut client: TcpStream, s: &Shared) {
     let Some(body) = read_body(&mut client, &head, rest, rate) else {
         return;
     };
+    let mut strip = None;
     let fault = match fault {
         Some(Fault::Early(..) | Fault::EarlyStall(..) | Fault::Stall(..)) => None,
+        Some(Fault::StripAnswerHeader(name)) => {
+            strip = Some(name);
+            None
+        }
+        Some(Fault::EmulateCopyIfMatch) => {
+            copy_if_match_fails(s, &seen).then(|| (412, "PreconditionFailed".to_string()))
+        }
         Some(Fault::ErrorIn200(code)) => Some((200, code)),
         Some(Fault::Status(status, code)) => Some((status, code)),
         Some(Fault::PassThenStatus(status, code)) => {
@@ -429,7 +452,7 @@ fn serve(mut client: TcpStream, s: &Shared) {
             seen.faulted = true;
         }
         None => {
-            seen.status = forward(&mut client, s, &seen, &body);
+            seen.status = forward(&mut client, s, &seen, &body, strip.as_deref());
         }
     }
     let _ = client.shutdown(Shutdown::Both);
@@ -541,14 +564,85 @@ fn read_body(c: &mut TcpStream, head: &str, mut body: Vec<u8>, rate: u64) -> Opt
     Some(body)
 }
 
-/// Sends the request to the target and its answer back; the answer's status (0: none).
-fn forward(client: &mut TcpStream, s: &Shared, req: &SeenRequest, body: &[u8]) -> u16 {
-    let Some(answer) = pass_on(s, req, body) else {
+/// Sends the request to the target and its answer back (without the header `strip`); the
+/// answer's status (0: none).
+fn forward(
+    client: &mut TcpStream,
+    s: &Shared,
+    req: &SeenRequest,
+    body: &[u8],
+    strip: Option<&str>,
+) -> u16 {
+    let Some(mut answer) = pass_on(s, req, body) else {
         return 0;
     };
+    if let Some(name) = strip {
+        answer = without_header(&answer, name);
+    }
     let status = answer_status(&answer);
     let _ = client.write_all(&answer);
     status
+}
+
+/// The HTTP answer `answer` without its header lines named `name` (any case).
+fn without_header(answer: &[u8], name: &str) -> Vec<u8> {
+    let Some(end) = answer.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return answer.to_vec();
+    };
+    let head = String::from_utf8_lossy(&answer[..end]);
+    let kept: Vec<&str> = head
+        .split("\r\n")
+        .filter(|l| {
+            l.split_once(':')
+                .is_none_or(|(k, _)| !k.trim().eq_ignore_ascii_case(name))
+        })
+        .collect();
+    let mut out = kept.join("\r\n").into_bytes();
+    out.extend_from_slice(&answer[end..]);
+    out
+}
+
+/// [`Fault::EmulateCopyIfMatch`]: whether the copy `req` names in `x-amz-copy-source-if-match`
+/// another ETag than its source has now (asked of the target with a HEAD carrying the copy's
+/// `Host` and `Authorization`, which moto does not verify). A source the
+/// HEAD does not find, or a copy without the header, is the target's to answer.
+fn copy_if_match_fails(s: &Shared, req: &SeenRequest) -> bool {
+    let (Some(want), Some(source)) = (
+        req.header("x-amz-copy-source-if-match"),
+        req.header("x-amz-copy-source"),
+    ) else {
+        return false;
+    };
+    let head = SeenRequest {
+        method: "HEAD".into(),
+        target: format!("/{}", source.trim_start_matches('/')),
+        headers: req
+            .headers
+            .iter()
+            // moto takes the account from the (unverified) Authorization.
+            .filter(|(k, _)| k == "host" || k == "authorization")
+            .cloned()
+            .collect(),
+        status: 0,
+        faulted: false,
+    };
+    let Some(answer) = pass_on(s, &head, b"") else {
+        return false;
+    };
+    if answer_status(&answer) != 200 {
+        return false;
+    }
+    let end = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(answer.len());
+    let found = String::from_utf8_lossy(&answer[..end])
+        .split("\r\n")
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("etag"))
+        .map(|(_, v)| v.trim().trim_matches('"').to_ascii_lowercase());
+    let want = want.trim().trim_matches('"').to_ascii_lowercase();
+    found.is_some_and(|f| f != want)
 }
 
 /// The status of an HTTP answer's first line (0 when it has none).

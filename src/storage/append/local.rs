@@ -13,7 +13,7 @@ use std::sync::Arc;
 use object_store::local::LocalFileSystem;
 use object_store::ObjectStoreExt;
 
-use super::{check_object, read_err, unavailable, AppendError, Appended, Appender};
+use super::{check_object, read_err, unavailable, AppendError, Appended, Appender, Checked};
 use crate::storage::put::parse_key;
 use crate::util::fs::Beneath;
 use crate::util::pace::Flow;
@@ -28,7 +28,13 @@ pub(super) async fn append_local(
     pace: Flow<'_>,
 ) -> Result<Appended, AppendError> {
     let location = parse_key(key).map_err(|e| unavailable(key, &e))?;
-    check_object(fs.as_ref(), key, &location, from, e_tag).await?;
+    if let Checked::NoETag { why } = check_object(fs.as_ref(), key, &location, from, e_tag).await? {
+        // A local directory always gives one; nothing to compare otherwise.
+        return Err(AppendError::Changed {
+            key: key.into(),
+            why,
+        });
+    }
     let target = fs
         .path_to_filesystem(&location)
         .map_err(|e| unavailable(key, &e))?;

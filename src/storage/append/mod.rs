@@ -4,7 +4,9 @@
 //! Before anything is appended, the object must still be the one we wrote: its ETag (and
 //! size) as the ledger recorded them; otherwise the caller uploads the file whole. What is
 //! appended is the file's bytes `[from, to)`, read as they are now; the caller has checked
-//! the file only grew (same inode, same bytes before `from`).
+//! the file only grew (same inode, same bytes before `from`). A store whose HEAD gives no
+//! ETag leaves only the size to compare: there an S3 append goes on only once the store was
+//! seen to honour the copy's ETag condition (`probe`), which then protects it.
 //!
 //! - `file://`: the object is a file under the bucket directory; the bytes are appended to
 //!   it in place. If that fails halfway the object is longer than the ledger says, which the
@@ -53,10 +55,13 @@
 //! Layout: this file is the face (the errors, [`Appender`] and what both stores share: the
 //! check that the object is still the one we wrote, the meaning of a failed request);
 //! `local` appends and replaces in place on `file://`; `multipart` is [`S3Appender`], the
-//! multipart uploads and their aborts.
+//! multipart uploads and their aborts; `probe` is the verdict, once per run of a store,
+//! whether it honours `x-amz-copy-source-if-match` (asked only of a store whose HEAD gives
+//! no ETag).
 
 mod local;
 mod multipart;
+mod probe;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -170,6 +175,7 @@ impl Appender {
                 max_copy_part: a.max_copy_part,
                 pending: a.pending.clone(),
                 report: a.report.clone(),
+                conditions: a.conditions.clone(),
             })),
         }
     }
@@ -321,7 +327,6 @@ pub const STALE_UPLOAD_AGE: Duration = Duration::from_secs(3600);
 /// every node in that state, so nobody owns the uploads under it.
 pub const UNKNOWN_NODE: &str = "unknown-node";
 
-/// The object must exist with `size` bytes and, when known, the ETag `e_tag`.
 /// An ETag as compared: without a weak validator's `W/`, the quotes or the case (S3's
 /// XML answers and headers, and S3-compatible stores, do not all quote alike); `None` for
 /// an empty one (some S3-compatible stores answer a completion with `<ETag></ETag>`), which
@@ -332,13 +337,15 @@ pub(crate) fn etag_key(tag: &str) -> Option<String> {
     (!t.is_empty()).then(|| t.to_ascii_lowercase())
 }
 
+/// The object must exist with `size` bytes and, when known, the ETag `e_tag`; an object
+/// whose HEAD gives no ETag to compare with `e_tag` is [`Checked::NoETag`].
 async fn check_object(
     store: &dyn ObjectStore,
     key: &str,
     location: &object_store::path::Path,
     size: u64,
     e_tag: Option<&str>,
-) -> Result<(), AppendError> {
+) -> Result<Checked, AppendError> {
     let changed = |why: String| AppendError::Changed {
         key: key.to_string(),
         why,
@@ -359,14 +366,33 @@ async fn check_object(
     if let Some(want) = e_tag.and_then(etag_key) {
         // Compared as the ledger checks compare them (review r42w D2: a store whose HEAD
         // gives the ETag unquoted had every growing log uploaded whole each round).
-        if meta.e_tag.as_deref().and_then(etag_key).as_deref() != Some(want.as_str()) {
-            return Err(changed(format!(
-                "the object's ETag is {:?}, the ledger says {want:?}",
-                meta.e_tag
-            )));
+        let found = meta.e_tag.as_deref().and_then(etag_key);
+        let why = format!(
+            "the object's ETag is {:?}, the ledger says {want:?}",
+            meta.e_tag
+        );
+        match found {
+            Some(f) if f == want => {}
+            Some(_) => return Err(changed(why)),
+            // Only the size could be compared (review r42x): the caller decides.
+            None => return Ok(Checked::NoETag { why }),
         }
     }
-    Ok(())
+    Ok(Checked::Same)
+}
+
+/// What [`check_object`] found of an object with the ledger's size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Checked {
+    /// Its ETag is the ledger's (or the ledger has none to compare).
+    Same,
+    /// The store's HEAD gave no ETag to compare with the ledger's (`why` says so): the
+    /// object may be another of the same size. Appending is safe only where the store
+    /// honours the copy's condition (`probe`); otherwise the object goes whole.
+    NoETag {
+        /// The mismatch, as a [`AppendError::Changed`] would say it.
+        why: String,
+    },
 }
 
 /// What a failed request of object_store's (`what`) means for this append (see

@@ -16,9 +16,10 @@ use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path as ObjectPath;
 use object_store::PutPayload;
 
+use super::probe::{ignored, CopyConditions, Verdict, NEVER_MATCHES};
 use super::{
     check_object, read_err, store_failure, store_failure_as, unavailable, AbortReport, AppendError,
-    Appended, Prepared, S3_MIN_PART, STALE_UPLOAD_AGE, TAIL_PART, UNKNOWN_NODE,
+    Appended, Checked, Prepared, S3_MIN_PART, STALE_UPLOAD_AGE, TAIL_PART, UNKNOWN_NODE,
 };
 use crate::storage::put::{parse_key, part_size_for, MAX_PARTS};
 use crate::storage::s3::{
@@ -44,6 +45,9 @@ pub struct S3Appender {
     /// Where aborts are reported (`Appender::report_aborts_to`); shared with the
     /// background aborts of cancelled appends.
     pub(super) report: Arc<OnceLock<AbortReport>>,
+    /// Whether the store honours copy conditions, once a probe told (see `probe`); shared
+    /// by every appender of the store.
+    pub(super) conditions: Arc<CopyConditions>,
 }
 
 /// S3's largest copy source for one `UploadPartCopy`: bigger objects are copied in ranges.
@@ -134,6 +138,7 @@ impl S3Appender {
             max_copy_part: max_copy_part.clamp(2 * S3_MIN_PART, S3_MAX_COPY_PART),
             pending: Arc::default(),
             report: Arc::default(),
+            conditions: Arc::default(),
         })
     }
 
@@ -146,6 +151,7 @@ impl S3Appender {
             max_copy_part: self.max_copy_part,
             pending: self.pending.clone(),
             report: self.report.clone(),
+            conditions: self.conditions.clone(),
         }
     }
 
@@ -181,7 +187,19 @@ impl S3Appender {
                 why: "no ETag recorded".into(),
             });
         };
-        check_object(self.s3.as_ref(), key, &location, from, Some(e_tag)).await?;
+        if let Checked::NoETag { why } =
+            check_object(self.s3.as_ref(), key, &location, from, Some(e_tag)).await?
+        {
+            // Only the size matched: the copy's condition must protect the append (review
+            // r42y), which only a store seen to honour it does.
+            let verdict = self
+                .conditions
+                .verdict(key, &why, || self.probe_copy_conditions(key, &location))
+                .await?;
+            if verdict == Verdict::Ignored {
+                return Err(ignored(key, &why));
+            }
+        }
         pace.moved();
         let id = self
             .s3
@@ -224,6 +242,53 @@ impl S3Appender {
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// Whether the store honours `x-amz-copy-source-if-match` on `UploadPartCopy` (see
+    /// `probe`): in a multipart upload of `key` (never completed, aborted whatever happens),
+    /// a copy of the object's first [`S3_MIN_PART`] bytes conditional on an ETag no object
+    /// has, with every header a real copy carries ([`S3Wire::upload_part_copy`]). 412:
+    /// honoured; a part copied: ignored. No verdict: the object gone
+    /// ([`AppendError::Changed`]), a refusal or a transient failure.
+    async fn probe_copy_conditions(
+        &self,
+        key: &str,
+        location: &ObjectPath,
+    ) -> Result<Verdict, AppendError> {
+        let id =
+            self.s3.create_multipart(location).await.map_err(|e| {
+                store_failure(key, "CreateMultipartUpload (copy-condition probe)", &e)
+            })?;
+        lock(&self.pending).insert(id.clone(), location.clone());
+        let guard = PendingGuard {
+            app: self,
+            id: id.clone(),
+            location: location.clone(),
+            open: true,
+        };
+        let copied = self
+            .wire
+            .upload_part_copy(key, &id, 1, (0, S3_MIN_PART - 1), NEVER_MATCHES)
+            .await;
+        if abort_upload(&self.s3, location, &id, &self.report).await {
+            guard.close();
+        }
+        match copied {
+            Ok(_) => Ok(Verdict::Ignored),
+            Err(e) => match e.failure {
+                Failure::Precondition => Ok(Verdict::Honoured),
+                Failure::Missing => Err(AppendError::Changed {
+                    key: key.into(),
+                    why: format!("the object is gone: {e}"),
+                }),
+                Failure::Unsupported | Failure::Refused => Err(AppendError::Refused {
+                    key: key.into(),
+                    unsupported: e.failure == Failure::Unsupported,
+                    message: e.to_string(),
+                }),
+                Failure::Transient => Err(unavailable(key, &e)),
+            },
         }
     }
 
