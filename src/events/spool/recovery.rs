@@ -213,6 +213,12 @@ impl Writer {
         // which are the newest. Inserted oldest first, so that the window evicts the newest
         // last; an id already there keeps its place.
         let spool = match &loaded.lengths {
+            // No journal at all: every line is newer than it (review r40v), and the newest
+            // are guessed from the files' times (review r40w D1).
+            Some(_) if loaded.no_journal => SpoolIds {
+                newer: newest_by_time(id_files, self.cfg.dedup_window.max(MAX_NO_JOURNAL_IDS)),
+                older: Vec::new(),
+            },
             Some(lengths) => SpoolIds {
                 newer: unrecorded_ids(id_files, unrecorded_limit(&self.cfg, &loaded), lengths),
                 older: Vec::new(),
@@ -379,6 +385,11 @@ const ID_SCAN_CHUNK: usize = 64 * 1024;
 /// A line longer than this is skipped when reloading ids (its id is not reloaded): bounds the
 /// memory of reading one line backwards. Ray's events are a few KiB; a larger one is rare.
 const MAX_ID_LINE: usize = 8 << 20;
+
+/// With no ids journal at all ([`newest_by_time`]): the ids a start reloads at most, when
+/// the window is smaller. Held until a window of new ids was accepted (24 to 40 bytes each),
+/// so four default windows take at most 40 MiB while held.
+const MAX_NO_JOURNAL_IDS: usize = 1 << 20;
 
 /// For a journal of format 1 only ([`newest_ids`]): at most this many files (the most
 /// recently written) are read for ids at start.
@@ -558,6 +569,68 @@ pub(super) fn unrecorded_ids(mut files: Vec<IdFile>, want: usize, lengths: &Leng
     out
 }
 
+/// With no ids journal at all (a lost `dedup/` folder, or the first start after a binary that
+/// kept none), the deduplication keys of the event ids of `files`, newest first as far as the
+/// files can tell, at most `want`. Nothing records when each line was written, so a line's time
+/// is taken as its place between the file's creation (its number, the clock's nanoseconds when
+/// it was made) and its last write (its modification time), and the files are read from their
+/// ends, merged by that time: the file written last gives its last lines first, and files
+/// written side by side give theirs in turn (review r40w D1: read one id from each file in
+/// turn, each of 2,001 files gave a 2,001st of the window, and the batch written last, into a
+/// new file, was stored twice; read file after file by modification time, the newest lines of
+/// every file but the newest were left out, r40v). A clock set back can only misorder the
+/// guess, and `want` is [`MAX_NO_JOURNAL_IDS`] or the window, whichever is larger: a spool of
+/// fewer ids is reloaded whole, whatever the times. A file that cannot be read is logged and
+/// left out.
+pub(super) fn newest_by_time(files: Vec<IdFile>, want: usize) -> Vec<u64> {
+    let nanos = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    };
+    let chunk =
+        (UNRECORDED_READ_BYTES / files.len().max(1)).clamp(MIN_ID_SCAN_CHUNK, ID_SCAN_CHUNK);
+    // Each reader with the times of its file's first and last line.
+    let mut readers: Vec<(TailIds, u128, u128, u64)> = files
+        .iter()
+        .filter_map(|f| match TailIds::open(&f.path, f.lines, f.len) {
+            Ok(mut r) => {
+                r.chunk = chunk;
+                let last = nanos(f.modified);
+                let first = u128::from(f.created).min(last);
+                Some((r, first, last, f.len.max(1)))
+            }
+            Err(e) => {
+                tracing::warn!(path = %f.path.display(), error = %e, "could not reload the event ids of a spool file; a resend of its events may be stored twice");
+                None
+            }
+        })
+        .collect();
+    let time = |(r, first, last, len): &(TailIds, u128, u128, u64)| {
+        first + (last - first) * u128::from(r.position().min(*len)) / u128::from(*len)
+    };
+    let mut heap: std::collections::BinaryHeap<(u128, usize)> = readers
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (time(r), i))
+        .collect();
+    let mut out = Vec::new();
+    while out.len() < want {
+        let Some((_, i)) = heap.pop() else { break };
+        let reader = &mut readers[i];
+        match reader.0.next_id() {
+            Ok(Some(id)) => {
+                out.push(id);
+                heap.push((time(reader), i));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(path = %reader.0.path.display(), error = %e, "could not reload the event ids of a spool file; a resend of its events may be stored twice");
+            }
+        }
+    }
+    out
+}
+
 /// For a journal of format 1 (the binaries before, ids only: the first start after an
 /// upgrade), the deduplication keys of the event ids of `files` that `journal` does not hold,
 /// newest first, reading at most `want` ids: generation by generation (the files with the
@@ -705,6 +778,9 @@ pub(super) struct TailIds {
     skipping: bool,
     /// Ids of the chunk read last, oldest first (popped from the end).
     ids: Vec<u64>,
+    /// Where the chunk read last ended, and how many ids it gave ([`TailIds::position`]).
+    chunk_end: u64,
+    chunk_ids: usize,
     /// Bytes read at a time.
     chunk: usize,
 }
@@ -731,8 +807,21 @@ impl TailIds {
             carry: Vec::new(),
             skipping: false,
             ids: Vec::new(),
+            chunk_end: pos,
+            chunk_ids: 0,
             chunk: ID_SCAN_CHUNK,
         })
+    }
+
+    /// About where in the file the line of the next id is: within the chunk read last, in
+    /// proportion to the ids of it not taken yet ([`newest_by_time`]).
+    fn position(&self) -> u64 {
+        if self.ids.is_empty() || self.chunk_ids == 0 {
+            return self.pos;
+        }
+        let span = u128::from(self.chunk_end.saturating_sub(self.pos));
+        let share = span * self.ids.len() as u128 / self.chunk_ids as u128;
+        self.pos + share as u64
     }
 
     /// The id of the next line back, `None` at the start of the file.
@@ -785,6 +874,7 @@ impl TailIds {
         let mut f = File::open(&self.path)?;
         f.seek(SeekFrom::Start(start))?;
         f.read_exact(&mut buf)?;
+        self.chunk_end = self.pos;
         self.pos = start;
         // Lines found back to front; reversed at the end so `ids` pops newest first.
         let mark = self.ids.len();
@@ -824,6 +914,7 @@ impl TailIds {
                 self.carry.splice(0..0, buf[..end].iter().copied());
             }
         }
+        self.chunk_ids = self.ids.len();
         Ok(())
     }
 }
@@ -941,6 +1032,75 @@ mod tests {
             created,
             floor: 0,
         }
+    }
+
+    /// A file of `ids` made at `created` (seconds) and last written at `modified` (seconds).
+    fn timed_file(path: &Path, created_s: u64, modified_s: u64) -> IdFile {
+        let modified = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(modified_s);
+        File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(modified)
+            .unwrap();
+        IdFile {
+            path: path.to_path_buf(),
+            lines: IdLines::Events(7),
+            len: fs::metadata(path).unwrap().len(),
+            modified,
+            created: created_s * 1_000_000_000,
+            floor: 0,
+        }
+    }
+
+    /// Review r40w D1: with no journal, a batch written last into a new file comes back
+    /// first, however many older files the spool holds (read one id from each file in turn,
+    /// each of 200 files gave a 200th of what was asked).
+    #[test]
+    fn without_a_journal_the_file_written_last_comes_back_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut files = Vec::new();
+        for i in 0..200 {
+            let p = dir.path().join(format!("old{i}"));
+            write_ids(&p, &format!("old{i}"), 50, None);
+            files.push(timed_file(&p, 1_800_000_000 + i, 1_800_000_300 + i));
+        }
+        let p = dir.path().join("new");
+        let new = write_ids(&p, "new", 3_000, None);
+        files.push(timed_file(&p, 1_800_001_000, 1_800_001_010));
+        let out = newest_by_time(files, 4_000);
+        assert_eq!(out.len(), 4_000);
+        let want: Vec<u64> = new.iter().rev().copied().collect();
+        assert_eq!(out[..3_000], want[..]);
+    }
+
+    /// Review r40v: files written side by side (three partitions of the same batches) each
+    /// give their newest lines, not the file modified last all of its lines first.
+    #[test]
+    fn without_a_journal_files_written_side_by_side_give_their_newest_in_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut files = Vec::new();
+        let mut all = Vec::new();
+        for i in 0..3 {
+            let p = dir.path().join(format!("p{i}"));
+            all.push(write_ids(&p, &format!("p{i}"), 6_000, None));
+            files.push(timed_file(&p, 1_800_000_000, 1_800_000_600 + i));
+        }
+        let out: HashSet<u64> = newest_by_time(files, 9_000).into_iter().collect();
+        for ids in &all {
+            // Each file's newest 2,500 of 6,000 (a third of what was asked, less the
+            // granularity of a chunk).
+            let newest = &ids[ids.len() - 2_500..];
+            assert!(newest.iter().all(|id| out.contains(id)));
+        }
+        // A spool smaller than what is asked comes back whole.
+        let files: Vec<IdFile> = (0..3)
+            .map(|i| {
+                let p = dir.path().join(format!("p{i}"));
+                timed_file(&p, 1_800_000_000, 1_800_000_600 + i)
+            })
+            .collect();
+        assert_eq!(newest_by_time(files, 100_000).len(), 18_000);
     }
 
     /// One file: its ids come back last line first, across chunk boundaries and a line longer
