@@ -15,6 +15,7 @@
 //! FAILED and the latest are kept), and profile events other than the task's execution.
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use crate::inspect::{SessionFacts, TaskView};
 
@@ -118,6 +119,9 @@ pub struct SessionIndex {
     /// Every attempt, sorted by (task id, attempt).
     pub tasks: Vec<TaskRecord>,
     texts: Vec<Box<str>>,
+    /// The bound of this index's `/api/jobs/` answer, found once (a scan of every job's
+    /// texts, off the async workers) and kept with the index (`serve::session::jobs`).
+    pub jobs_bound: OnceLock<usize>,
 }
 
 /// The state an attempt has in Ray's `TaskState` (`protobuf_to_task_state_dict`): an attempt
@@ -198,6 +202,7 @@ impl IndexBuilder {
             facts,
             tasks: self.tasks,
             texts: self.texts,
+            jobs_bound: OnceLock::new(),
         }
     }
 }

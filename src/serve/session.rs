@@ -636,7 +636,30 @@ pub async fn jobs(State(state): State<Shared>, entered: Entered) -> Response {
     let key = entered.session.marker_key(&state.bucket.spec.root);
     let (budget, built) = (state.answers.clone(), Arc::clone(&index));
     let session = entered.session.session.clone();
-    let bound = jobs_text_bound(&index.facts);
+    // Found once per index, off the async workers (review r36u G1: every request scanned every
+    // job's texts on a worker first, so eight requests for a 161 MB list held both workers and
+    // `/livez` and a 505-byte list of another session waited up to 5 s).
+    let bound = match index.jobs_bound.get() {
+        Some(&b) => b,
+        None => {
+            let scanned = Arc::clone(&index);
+            match tokio::task::spawn_blocking(move || {
+                *scanned
+                    .jobs_bound
+                    .get_or_init(|| jobs_text_bound(&scanned.facts))
+            })
+            .await
+            {
+                Ok(b) => b,
+                Err(e) => {
+                    return entered.refresh((
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        escape_message(&format!("making the job list: {e}")),
+                    ))
+                }
+            }
+        }
+    };
     let lists = match bound < SMALL_JOB_LIST {
         true => &state.job_lists.small,
         false => &state.job_lists.large,
