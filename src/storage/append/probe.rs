@@ -57,12 +57,9 @@ pub(super) const NEVER_MATCHES: &str = "\"00000000000000000000000000000000\"";
 pub(super) struct CopyConditions {
     /// Held for the whole probe: one probe at a time; the others do not wait for it.
     state: tokio::sync::Mutex<State>,
-    /// The verdict once there is one, read without the lock ([`VERDICT_NONE`] before).
+    /// The verdict once there is one ([`Verdict::code`]), read without the lock; 0 before.
     settled: AtomicU8,
 }
-
-/// [`CopyConditions::settled`] before a verdict.
-const VERDICT_NONE: u8 = 0;
 
 impl Verdict {
     fn code(self) -> u8 {
