@@ -17,7 +17,9 @@
 //! background when cancelled, at the end of the final flush).
 //!
 //! Guarantees: one verdict per store and run, shared by every appender of the store (the log
-//! lane's and the event publisher's), one probe at a time, and nobody waits for it: an
+//! lane's and the event publisher's), one probe at a time, and nobody but the append that
+//! started it waits for it (review r42aa: that one waits for its answer, on the log lane at
+//! most its 30 s answer timeout): an
 //! append that needs the verdict while a probe is in flight goes whole this round (review
 //! r42z: with the probe's copy hung, three growing logs waited 30 s behind it, and the
 //! event publisher's requests have no such cut); until a verdict, and when the store ignores
