@@ -17,13 +17,19 @@
 //! background when cancelled, at the end of the final flush).
 //!
 //! Guarantees: one verdict per store and run, shared by every appender of the store (the log
-//! lane's and the event publisher's), one probe at a time; until a verdict, and when the
-//! store ignores the condition, the object is uploaded whole ([`AppendError::Changed`]), as
-//! before any of this. A probe that fails transiently (or is refused) gives no verdict: the
+//! lane's and the event publisher's), one probe at a time, and nobody but the append that
+//! started it waits for it (review r42aa: that one waits for its answer, on the log lane at
+//! most its 30 s answer timeout): an
+//! append that needs the verdict while a probe is in flight goes whole this round (review
+//! r42z: with the probe's copy hung, three growing logs waited 30 s behind it, and the
+//! event publisher's requests have no such cut); until a verdict, and when the store ignores
+//! the condition, the object is uploaded whole ([`AppendError::Changed`]), as before any of
+//! this. A probe that fails transiently (or is refused) gives no verdict: the
 //! object goes whole this round and the store is asked again after [`PROBE_RETRY_AFTER`],
 //! at most [`MAX_UNSETTLED_PROBES`] times, after which the store is taken as ignoring the
 //! condition. The store that ignores it is named once per run (a WARN).
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use super::AppendError;
@@ -51,8 +57,27 @@ pub(super) const NEVER_MATCHES: &str = "\"00000000000000000000000000000000\"";
 /// The verdict of one store for this run, shared by its appenders.
 #[derive(Debug, Default)]
 pub(super) struct CopyConditions {
-    /// Held for the whole probe: one probe at a time; the others wait for its verdict.
+    /// Held for the whole probe: one probe at a time; the others do not wait for it.
     state: tokio::sync::Mutex<State>,
+    /// The verdict once there is one ([`Verdict::code`]), read without the lock; 0 before.
+    settled: AtomicU8,
+}
+
+impl Verdict {
+    fn code(self) -> u8 {
+        match self {
+            Verdict::Honoured => 1,
+            Verdict::Ignored => 2,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<Verdict> {
+        match code {
+            1 => Some(Verdict::Honoured),
+            2 => Some(Verdict::Ignored),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -78,7 +103,18 @@ impl CopyConditions {
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<Verdict, AppendError>>,
     {
-        let mut state = self.state.lock().await;
+        if let Some(v) = Verdict::from_code(self.settled.load(Ordering::Acquire)) {
+            return Ok(v);
+        }
+        let Ok(mut state) = self.state.try_lock() else {
+            return Err(AppendError::Changed {
+                key: key.into(),
+                why: format!(
+                    "{why}, and a probe of whether the store honours x-amz-copy-source-if-match \
+                     is in flight (this object goes whole this round rather than wait for it)"
+                ),
+            });
+        };
         if let Some(v) = state.verdict {
             return Ok(v);
         }
@@ -94,6 +130,7 @@ impl CopyConditions {
         match probe().await {
             Ok(v) => {
                 state.verdict = Some(v);
+                self.settled.store(v.code(), Ordering::Release);
                 match v {
                     Verdict::Honoured => tracing::info!(%key,
                         "the store's HEAD answers carry no ETag, and it honours \
@@ -111,6 +148,8 @@ impl CopyConditions {
                 }
                 if state.unsettled >= MAX_UNSETTLED_PROBES {
                     state.verdict = Some(Verdict::Ignored);
+                    self.settled
+                        .store(Verdict::Ignored.code(), Ordering::Release);
                     tracing::warn!(%key, error = %e, probes = state.unsettled,
                         "whether the store honours x-amz-copy-source-if-match could not be \
                          told after {MAX_UNSETTLED_PROBES} probes: taken as ignored");
@@ -174,6 +213,47 @@ mod tests {
             key: "k".into(),
             message: "503".into(),
         }
+    }
+
+    /// Review r42z: an append that needs the verdict while a probe hangs goes whole at once
+    /// instead of waiting for it; once the probe answers, its verdict is everyone's.
+    #[tokio::test]
+    async fn nobody_waits_for_a_probe_in_flight() {
+        let c = std::sync::Arc::new(CopyConditions::default());
+        let (answer, answered) = tokio::sync::oneshot::channel::<()>();
+        let first = {
+            let c = std::sync::Arc::clone(&c);
+            tokio::spawn(async move {
+                c.verdict("a", "w", || async move {
+                    let _ = answered.await;
+                    Ok(Verdict::Honoured)
+                })
+                .await
+            })
+        };
+        // Let the first probe start and hang.
+        while c.state.try_lock().is_ok() {
+            tokio::task::yield_now().await;
+        }
+        // Bounded only so that a wait fails the test instead of hanging it.
+        let other = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            c.verdict("b", "w", || async { Ok(Verdict::Ignored) }),
+        )
+        .await
+        .expect("an append waited for the probe in flight");
+        match other {
+            Err(AppendError::Changed { why, .. }) => assert!(why.contains("in flight"), "{why}"),
+            r => panic!("{r:?}"),
+        }
+        answer.send(()).unwrap();
+        assert_eq!(first.await.unwrap().unwrap(), Verdict::Honoured);
+        assert_eq!(
+            c.verdict("b", "w", || async { Ok(Verdict::Ignored) })
+                .await
+                .unwrap(),
+            Verdict::Honoured
+        );
     }
 
     #[tokio::test]
