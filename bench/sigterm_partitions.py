@@ -192,9 +192,9 @@ class Run:
     def tail(self, n=15):
         return "".join(self.text().splitlines(True)[-n:])
 
-    def cpu_s(self):
-        """CPU seconds the running collector has used so far (/proc)."""
-        with open("/proc/%d/stat" % self.proc.pid) as f:
+    def cpu_s(self, pid=None):
+        """CPU seconds the running collector (or `pid`) has used so far (/proc)."""
+        with open("/proc/%d/stat" % (pid or self.proc.pid)) as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -330,6 +330,7 @@ def one_run(args, n):
             recovered = re.search(r"found files of an earlier run.*? files=(\d+)", r.text())
             fig["restart_found_files"] = int(recovered.group(1)) if recovered else None
             left_done = new_first = new_all = None
+            cpu0, moto0 = r.cpu_s(), r.cpu_s(r.moto.pid)
             end = t_ready + args.restart_limit
             while time.monotonic() < end and (left_done is None or new_all is None):
                 now = time.monotonic() - t_start
@@ -347,6 +348,8 @@ def one_run(args, n):
                             old += len(files)
                     if old == 0:
                         left_done = now
+                        fig["restart_leftovers_cpu_s"] = round(r.cpu_s() - cpu0, 2)
+                        fig["restart_leftovers_moto_cpu_s"] = round(r.cpu_s(r.moto.pid) - moto0, 2)
                 time.sleep(0.5)
             fig["restart_leftovers_uploaded_s"] = None if left_done is None else round(left_done, 2)
             fig["restart_new_first_s"] = None if new_first is None else round(new_first, 2)
