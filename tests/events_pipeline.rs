@@ -1060,6 +1060,87 @@ fn shutdown_deadline_reports_many_leftovers_in_one_line() {
     verify_acked(&read_all(&s3.store("many")), &ids);
 }
 
+/// Issue 35, item 6: the next start uploads what a shutdown left first. 600 partitions left
+/// by a deadline (the store down), then a start with the store up and 20 new partitions
+/// posted as soon as it is ready: no object of the new ones is in the bucket before every
+/// object of the earlier run is (their publication waited; before, the new ones were
+/// published within a second, beside the 600), then everything is there once.
+#[test]
+fn the_next_start_uploads_what_a_shutdown_left_first() {
+    const LEFT: u32 = 600;
+    const NEW: std::ops::Range<u32> = 10_001..10_021;
+    let Some(mut s3) = MotoS3::start() else {
+        return;
+    };
+    s3.create_bucket("first");
+    s3.stop();
+    let tmp = tempfile::tempdir().unwrap();
+    let env = s3.collector_env();
+    let mut c = Collector::start(
+        &tmp.path().join("spool"),
+        &["--storage", "s3://first", "--shutdown-timeout", "1s"],
+        &env,
+    );
+    let mut ids = Vec::new();
+    let mut post_jobs = |c: &Collector, jobs: std::ops::Range<u32>| {
+        let jobs: Vec<u32> = jobs.collect();
+        for chunk in jobs.chunks(300) {
+            let events: Vec<String> = chunk
+                .iter()
+                .map(|job| {
+                    let id = format!("first-{job}");
+                    ids.push(id.clone());
+                    event(&id, *job)
+                })
+                .collect();
+            let body = format!("[{}]", events.join(","));
+            assert_eq!(c.post(body.as_bytes()).status, 200, "{}", c.log_tail(20));
+        }
+    };
+    post_jobs(&c, 1..LEFT + 1);
+    let status = c.terminate(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(3), "{}", c.log_tail(20));
+    s3.restart();
+    c.restart();
+    post_jobs(&c, NEW);
+    // The job directory of a key (`.../job_events/<job-hex>/...`); the new jobs' hex.
+    let job_dir = |k: &str| -> Option<String> {
+        let rest = k.split("/job_events/").nth(1)?;
+        Some(rest.split('/').next()?.to_string())
+    };
+    let new_dirs: std::collections::HashSet<String> = NEW
+        .map(|j| j.to_le_bytes().iter().map(|b| format!("{b:02x}")).collect())
+        .collect();
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let dirs: Vec<String> = s3
+            .list_keys("first", "")
+            .iter()
+            .filter_map(|k| job_dir(k))
+            .collect();
+        let new = dirs.iter().filter(|d| new_dirs.contains(*d)).count();
+        let old = dirs.len() - new;
+        assert!(
+            new == 0 || old == LEFT as usize,
+            "an object of the new run was uploaded when {old} of the {LEFT} the shutdown left were:\n{}",
+            c.log_tail(20)
+        );
+        if new == NEW.len() {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "{old} of {LEFT} left and {new} of {} new objects after 120 s:\n{}",
+            NEW.len(),
+            c.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = c.terminate(Duration::from_secs(60));
+    assert!(status.success(), "{}", c.log_tail(40));
+    verify_acked(&read_all(&s3.store("first")), &ids);
+}
+
 #[test]
 fn shutdown_deadline_leaves_files_for_the_next_start() {
     let Some(mut s3) = MotoS3::start() else {

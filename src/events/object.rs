@@ -130,6 +130,7 @@ mod tests {
             bytes: 1,
             compressible: true,
             pending_since: Some(1),
+            earlier_run: false,
         };
         assert_eq!(
             object_key(&cfg(Compression::Gzip), &f),

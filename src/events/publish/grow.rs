@@ -40,6 +40,7 @@ impl Publisher {
             bytes: durable,
             compressible: true,
             pending_since: None,
+            earlier_run: false,
         };
         let cfg = self.cfg_for(st.record.as_ref(), &file);
         let key = object_key(&cfg, &file);

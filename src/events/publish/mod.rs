@@ -329,11 +329,40 @@ impl Publisher {
         let mut queue: VecDeque<(PathBuf, OpenView, u64)> = VecDeque::new();
         let mut scanned_at: Option<tokio::time::Instant> = None;
         let mut more = false;
+        // What an earlier run left goes first (issue 35): no publication of this run's
+        // segments starts while the uploader takes those files, until none is left or none
+        // was taken for a window (an outage, a file the store refuses).
+        let held_since = tokio::time::Instant::now();
+        let mut held = self.stats.earlier_left() > 0;
+        if held {
+            tracing::info!(
+                files = self.stats.earlier_left(),
+                "the new events are published once the files of the earlier run are uploaded"
+            );
+        }
         while !*stop.borrow() {
+            if held && !self.stats.earlier_run_holds(window) {
+                held = false;
+                let left = self.stats.earlier_left();
+                let waited_ms = held_since.elapsed().as_millis() as u64;
+                if left == 0 {
+                    tracing::info!(
+                        waited_ms,
+                        "the files of the earlier run are uploaded; publishing the new events"
+                    );
+                } else {
+                    tracing::warn!(
+                        files = left,
+                        waited_ms,
+                        "no file of the earlier run was uploaded for a window; publishing the new events beside them"
+                    );
+                }
+            }
             // The open segments are scanned (under the writer's lock, walking all of them)
             // for a batch of due ones when the last batch is all started: at once if it was
             // full, else at most once a poll.
-            if queue.is_empty() && (more || scanned_at.is_none_or(|t| t.elapsed() >= poll)) {
+            if !held && queue.is_empty() && (more || scanned_at.is_none_or(|t| t.elapsed() >= poll))
+            {
                 scanned_at = Some(tokio::time::Instant::now());
                 let read_at = unix_nanos();
                 let before = queue.len();

@@ -33,7 +33,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -241,6 +241,9 @@ pub struct SealedFile {
     /// When its oldest byte not yet in the bucket was acknowledged (Unix ns), for the age
     /// gauge; `None` when all of it was published while it was open.
     pub pending_since: Option<u64>,
+    /// Left by an earlier run and queued by the start's recovery: the new run's events are
+    /// published only once these are uploaded ([`SpoolStats::earlier_run_holds`]).
+    pub earlier_run: bool,
 }
 
 /// An open segment as the publisher sees it ([`SpoolStats::due_segments`]).
@@ -282,6 +285,12 @@ pub struct SpoolStats {
     /// whole (no copy needed) and their bytes leave the spool, instead of waiting for their
     /// rotation while acknowledged events stay out of the bucket.
     seal_requests: Mutex<HashSet<PathBuf>>,
+    /// Files an earlier run left, queued by the start and not uploaded yet, and when the
+    /// last of them was queued or uploaded: while they go, the publisher starts no
+    /// publication of the new run's segments (issue 35: the next start uploads what a
+    /// shutdown left first).
+    earlier_left: AtomicUsize,
+    earlier_progress: Mutex<Option<Instant>>,
 }
 
 impl SpoolStats {
@@ -340,6 +349,12 @@ impl SpoolStats {
     /// Called by the uploader once a file is uploaded and deleted.
     pub fn file_done(&self, f: &SealedFile) {
         self.budget.file_done(f.bytes);
+        if f.earlier_run {
+            let _ = self
+                .earlier_left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            self.earlier_moved();
+        }
         let Some(since) = f.pending_since else {
             return;
         };
@@ -351,6 +366,36 @@ impl SpoolStats {
                 }
             }
         }
+    }
+
+    /// A file an earlier run left was queued for upload by the start.
+    pub(super) fn earlier_queued(&self) {
+        self.earlier_left.fetch_add(1, Ordering::SeqCst);
+        self.earlier_moved();
+    }
+
+    fn earlier_moved(&self) {
+        if let Ok(mut t) = self.earlier_progress.lock() {
+            *t = Some(Instant::now());
+        }
+    }
+
+    /// Files an earlier run left that are not uploaded yet.
+    pub fn earlier_left(&self) -> usize {
+        self.earlier_left.load(Ordering::SeqCst)
+    }
+
+    /// Whether the new run's publications still wait for the files an earlier run left:
+    /// some are not uploaded, and one was uploaded (or queued) less than `stall` ago. A
+    /// store that takes none of them for `stall` (an outage, a file it refuses) holds the new
+    /// events back no longer.
+    pub fn earlier_run_holds(&self, stall: Duration) -> bool {
+        self.earlier_left() > 0
+            && self
+                .earlier_progress
+                .lock()
+                .map(|t| t.is_some_and(|t| t.elapsed() < stall))
+                .unwrap_or(false)
     }
 
     /// A segment was opened at `path` (counted as a file; its age counts from its first

@@ -149,6 +149,7 @@ impl Writer {
                         bytes,
                         compressible,
                         pending_since: Some(created),
+                        earlier_run: true,
                     },
                     partition,
                 ));
@@ -307,6 +308,7 @@ impl Writer {
             report.bytes += f.bytes;
             self.stats.budget().add_stored(f.bytes);
             self.stats.add_file(f.created_unix_nanos);
+            self.stats.earlier_queued();
             let _ = self.sealed.send(f);
         }
         Ok(report)

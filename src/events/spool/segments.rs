@@ -241,6 +241,7 @@ impl Segments {
             bytes: seg.len,
             compressible: true,
             pending_since,
+            earlier_run: false,
         };
         if seg.len == 0 {
             // Every write of it was rolled back: nothing to upload.
@@ -280,6 +281,7 @@ impl Segments {
             bytes: 0,
             compressible: false,
             pending_since: Some(n),
+            earlier_run: false,
         });
     }
 }

@@ -432,6 +432,7 @@ impl Writer {
             bytes: body.len() as u64,
             compressible: false,
             pending_since: Some(n),
+            earlier_run: false,
         });
         Ok(())
     }
