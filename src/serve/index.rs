@@ -120,7 +120,7 @@ pub struct SessionIndex {
     pub tasks: Vec<TaskRecord>,
     texts: Vec<Box<str>>,
     /// The bound of this index's `/api/jobs/` answer, found once (a scan of every job's
-    /// texts, off the async workers) and kept with the index (`serve::session::jobs`).
+    /// texts, off the async workers) and kept with the index (`serve::jobs::jobs`).
     pub jobs_bound: OnceLock<usize>,
 }
 

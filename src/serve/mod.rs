@@ -25,7 +25,7 @@
 //!   stalled gives its place to a new one at [`MAX_CONNECTIONS`] ([`connection`]), and large
 //!   answers share [`inflight::MAX_ANSWER_BYTES_IN_FLIGHT`] while they are sent ([`inflight`]);
 //!   the job list, built once for the requests that want it and kept, takes its room there
-//!   before it is built (`session.rs`). Names from the bucket or the request that appear in a
+//!   before it is built (`jobs.rs`). Names from the bucket or the request that appear in a
 //!   message are escaped ([`crate::inspect::escape_untrusted`]).
 //! - **Cookies as KubeRay sets them.** `/enter_cluster/...` sets `cluster_name`,
 //!   `cluster_namespace`, `session_name`, `owner_kind` and `owner_name` (`Max-Age=600`,
@@ -46,8 +46,9 @@
 //! `debug_state.txt` and the session's events, `cluster_status.rs`), and the catch-all
 //! `/api/{*path}` that replays a `fetched_endpoints` snapshot by KubeRay's key of the
 //! request URI (query included), with
-//! KubeRay's empty answers when a known snapshot is missing (`replay.rs`); `/api/jobs/` and
-//! `/api/v0/tasks` from `inspect`'s fold of the session's events (`session.rs`);
+//! KubeRay's empty answers when a known snapshot is missing (`replay.rs`); `/api/jobs/`
+//! (`jobs.rs`) and `/api/v0/tasks` (`session.rs`) from `inspect`'s fold of the session's
+//! events;
 //! `/api/grafana_health` and `/api/prometheus_health` answer KubeRay's `501`;
 //! `/logical/actors[/{id}]` (`actors.rs`) and `/nodes?view=summary`, `/nodes/{id}`
 //! (`nodes.rs`) in Ray's dashboard shapes; `/api/v0/logs` and `/api/v0/logs/{file|stream}`
@@ -66,6 +67,7 @@ mod events;
 mod frontend;
 mod index;
 mod inflight;
+mod jobs;
 mod kept;
 mod logs;
 mod nodes;
@@ -124,7 +126,7 @@ pub(crate) struct ServeState {
     /// The sessions' Train runs answers, built once for concurrent requests.
     pub(crate) train_answers: Arc<train::TrainAnswers>,
     /// The sessions' job lists (`/api/jobs/`), built once for concurrent requests.
-    pub(crate) job_lists: Arc<session::JobLists>,
+    pub(crate) job_lists: Arc<jobs::JobLists>,
 }
 
 pub(crate) type Shared = Arc<ServeState>;
@@ -149,9 +151,9 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/timezone/", get(replay::timezone))
         .route("/api/v0/cluster_metadata", get(replay::cluster_metadata))
         .route("/api/cluster_status", get(cluster_status::cluster_status))
-        .route("/api/jobs/", get(session::jobs))
-        .route("/api/jobs", get(session::jobs))
-        .route("/api/jobs/{job_id}", get(session::job))
+        .route("/api/jobs/", get(jobs::jobs))
+        .route("/api/jobs", get(jobs::jobs))
+        .route("/api/jobs/{job_id}", get(jobs::job))
         .route("/api/v0/logs", get(logs::list))
         .route("/api/v0/logs/{media_type}", get(logs::file))
         .route("/api/v0/tasks", get(session::tasks))
@@ -379,7 +381,7 @@ pub async fn run(args: ServeArgs, env: &dyn Fn(&str) -> Option<String>) -> anyho
         markers: clusters::MarkerListing::default(),
         cluster_status: cluster_status::status_cache(),
         train_answers: train::train_answers(),
-        job_lists: session::job_lists(),
+        job_lists: jobs::job_lists(),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -7,7 +7,7 @@
 use serde_json::{json, Map, Value};
 
 use super::super::index::SessionIndex;
-use super::super::session::job_json;
+use super::super::jobs::job_json;
 use super::FRAMEWORK_UNSPECIFIED;
 use crate::inspect::camel;
 use crate::util::time::parse_rfc3339_seconds;
