@@ -13,6 +13,7 @@
 //! kept beside the spool.
 
 pub mod append;
+pub mod azure;
 pub mod conditions;
 pub mod counted;
 pub mod drain;
@@ -457,6 +458,15 @@ impl Configured {
         }
     }
 
+    /// Why event objects on this store are written whole each publication although the
+    /// store could take appends (Azure with a customer-provided key: `azure`), if so.
+    pub fn appends_off_reason(&self) -> Option<&'static str> {
+        match self {
+            Configured::Remote(_, _, _, Rebuild::Azure(b)) => azure::appends_off_reason(b),
+            _ => None,
+        }
+    }
+
     /// The longest object key this store takes, in bytes. S3, GCS and Azure take keys
     /// (blob names) of at most [`MAX_CLOUD_KEY_BYTES`]; a local directory takes what the
     /// kernel takes as one path, [`LOCAL_PATH_MAX`] bytes with the directory's own path and
@@ -728,12 +738,23 @@ pub fn configure(
                 ),
                 None => spec.to_string(),
             };
+            // object_store's own HTTP client options, kept for the appender's requests.
+            let connector = s3::CapturingConnector::default();
+            b = b.with_http_connector(connector.clone());
+            let store = Arc::new(b.clone().build().map_err(|source| StorageError::Client {
+                backend: "azure",
+                source,
+            })?);
+            let appender = match azure::appends_off_reason(&b) {
+                Some(_) => None,
+                None => Some(append::Appender::Azure(append::AzureAppender::new(
+                    azure::AzureWire::new(&b, &connector, store.clone(), env)
+                        .map_err(|e| StorageError::Invalid(format!("Azure appends: {e}")))?,
+                ))),
+            };
             Ok(Configured::Remote(
-                Arc::new(b.clone().build().map_err(|source| StorageError::Client {
-                    backend: "azure",
-                    source,
-                })?),
-                None,
+                store,
+                appender,
                 identity,
                 Rebuild::Azure(Box::new(b)),
             ))

@@ -10,8 +10,10 @@
 //!   `If-None-Match: *` (`PutMode::Create`) for a first write. A single PUT goes through
 //!   `object_store` (`put_opts`); on S3 an object over one part goes up as a multipart
 //!   upload whose completion carries the condition (`append::S3Appender::put_whole`), as
-//!   an append's does. On GCS and Azure an object over one part is written unconditionally
-//!   (`object_store`'s multipart uploads take no condition there).
+//!   an append's does. On Azure every version is written as blocks of ours whatever its
+//!   size, the condition on its Put Block List (`append::AzureAppender::put_whole`), so that
+//!   the next version can be committed after them. On GCS an object over one part is
+//!   written unconditionally (`object_store`'s multipart uploads take no condition there).
 //! - A 412 (or a missing object where one was expected, or one present where none was) is
 //!   answered by reading what the object holds now ([`write_version`]): if it is byte for byte
 //!   what we meant to write (our own write landed, then its retry met the condition), that is
@@ -54,7 +56,8 @@ use object_store::{
     GetOptions, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutPayload, UpdateVersion,
 };
 
-use super::append::{AppendError, Appender};
+use super::append::{AppendError, Appender, AzureAppender};
+use super::azure::Condition;
 use super::conditions::{
     condition_refused, condition_taken, conditions_on, refusal_span, refusal_was_the_writes,
     refuse_conditions, Kind, Refused, REFUSALS_TO_SWITCH,
@@ -132,7 +135,9 @@ pub async fn write_version(
     let mut base = base;
     let mut conflicts = 0;
     loop {
-        let attempt = if len <= part_size as u64 {
+        let attempt = if let Some(Appender::Azure(az)) = appender {
+            put_blocks_once(az, key, source, len, part_size, &base).await
+        } else if len <= part_size as u64 {
             put_once(store, &location, key, source, len, &base).await
         } else {
             match appender {
@@ -200,6 +205,42 @@ pub async fn write_version(
                 }
             }
         }
+    }
+}
+
+/// Azure: the first `len` bytes of `source` as blocks of ours (so the next version can be
+/// committed after them, `append::AzureAppender`), their Put Block List conditional on
+/// `base`.
+async fn put_blocks_once(
+    az: &AzureAppender,
+    key: &str,
+    source: &Beneath,
+    len: u64,
+    part_size: usize,
+    base: &Base,
+) -> Attempt {
+    let kind = Kind::put(matches!(base, Base::Absent));
+    let condition = match base {
+        _ if !conditions_on(kind) => None,
+        Base::Absent => Some(Condition::Absent),
+        Base::Version { e_tag: Some(e), .. } => Some(Condition::ETag(e.clone())),
+        Base::Version { .. } => None,
+    };
+    match az
+        .put_whole(key, source, len, part_size as u64, condition.as_ref())
+        .await
+    {
+        Ok((done, version)) => {
+            if condition.is_some() {
+                condition_taken(kind);
+            }
+            Attempt::Done(done.e_tag, version, len)
+        }
+        Err(AppendError::Changed { .. }) => Attempt::Conflict,
+        Err(e) => Attempt::Failed(UploadError::Append {
+            key: key.to_string(),
+            message: e.to_string(),
+        }),
     }
 }
 

@@ -710,6 +710,29 @@ except ResourceExistsError:
     pub fn log(&self) -> String {
         self.process.log_text()
     }
+
+    /// An object_store client of `container`, straight to the server (not through a proxy).
+    pub fn store(&self, container: &str) -> std::sync::Arc<dyn ObjectStore> {
+        std::sync::Arc::new(
+            object_store::azure::MicrosoftAzureBuilder::new()
+                .with_endpoint(self.blob_endpoint.clone())
+                .with_account(self.account)
+                .with_access_key(self.key)
+                .with_container_name(container)
+                .with_allow_http(true)
+                .build()
+                .expect("an Azurite client"),
+        )
+    }
+
+    /// A connection string whose blob endpoint is `base` (e.g. a proxy in front of this
+    /// server: `http://127.0.0.1:PORT`) with this account's path.
+    pub fn connection_string_via(&self, base: &str) -> String {
+        format!(
+            "DefaultEndpointsProtocol=http;AccountName={};AccountKey={};BlobEndpoint={}/{};",
+            self.account, self.key, base, self.account
+        )
+    }
 }
 
 // ------------------------------------------------------------------ GCS (fake-gcs-server)

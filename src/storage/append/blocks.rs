@@ -1,0 +1,237 @@
+//! Azure: an event object grows by a block list. Every version is written as blocks whose
+//! ids we choose ([`AzureAppender::put_whole`]: Put Block for each piece, then Put Block
+//! List, conditional as the whole PUT it replaces was: `If-None-Match: *` for a first
+//! version, `If-Match: <ETag>` after), so that the next version is the new bytes as new
+//! blocks committed after the blob's committed ones ([`AzureAppender::append`]): Get Block
+//! List (the committed ids, their sizes and the blob's ETag, which must be the record's, the
+//! ids ours and their sizes the recorded length), Put Block of the new bytes, Put Block List
+//! naming the old ids then the new, with `If-Match` on that ETag. Only the new bytes and the
+//! list (about 50 bytes per block) cross the network. Nothing is visible before the commit,
+//! which replaces the blob at once: a reader sees the old or the new version, never a part.
+//!
+//! Block ids are `rhc` + the block's index (5 digits) + the xxh3 of its bytes (16 hex), 24
+//! bytes, base64: every id of a blob has the same length, as Azure requires, and an id names
+//! its bytes, so a Put Block of a killed run delivered late under the same id puts the same
+//! bytes. Blocks a run put but did not commit (killed between Put Block and Put Block List)
+//! are invisible, and Azure discards them at the next commit of the blob, which does not
+//! name them (or after a week).
+//!
+//! Anything else is the blob changed ([`AppendError::Changed`]: the caller writes it whole
+//! as blocks, conditional on the version it finds): another ETag, ids not ours (a blob an
+//! older version wrote with Put Blob or object_store's multipart ids, or another writer),
+//! sizes that do not add up, a 412 to the commit (written behind our back in between), a
+//! commit naming blocks no longer committed (`InvalidBlockList`: the blob was replaced), or a
+//! list that would pass Azure's [`MAX_BLOCKS`] (written whole as fewer, bigger blocks).
+
+use std::io::{Seek, SeekFrom};
+use std::sync::Arc;
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+use bytes::Bytes;
+
+use super::multipart::read_exact_blocking;
+use super::{etag_key, read_err, unavailable, AppendError, Appended, TAIL_PART};
+use crate::storage::azure::{AzureWire, Condition, MAX_BLOCKS, MAX_BLOCK_BYTES};
+use crate::storage::s3::{Failure, WireError};
+use crate::util::fs::Beneath;
+
+/// Bytes of a block id before base64: `rhc`, the index in 5 digits, the hash in 16 hex.
+const ID_BYTES: usize = 24;
+const ID_PREFIX: &[u8] = b"rhc";
+
+/// The id of the block at `index` holding `bytes` (see the module doc).
+pub fn block_id(index: usize, bytes: &[u8]) -> String {
+    let raw = format!(
+        "rhc{:05}{:016x}",
+        index % 100_000,
+        xxhash_rust::xxh3::xxh3_64(bytes)
+    );
+    BASE64.encode(raw)
+}
+
+/// Whether `id` (base64) is an id [`block_id`] makes.
+fn is_ours(id: &str) -> bool {
+    BASE64
+        .decode(id)
+        .is_ok_and(|raw| raw.len() == ID_BYTES && raw.starts_with(ID_PREFIX))
+}
+
+/// Grows Azure block blobs (see the module doc).
+#[derive(Debug)]
+pub struct AzureAppender {
+    /// The requests.
+    pub wire: AzureWire,
+}
+
+/// What a failed request of ours means for the write.
+fn wire_failure(key: &str, e: WireError) -> AppendError {
+    match e.failure {
+        Failure::Precondition | Failure::Missing => AppendError::Changed {
+            key: key.into(),
+            why: e.to_string(),
+        },
+        Failure::Unsupported | Failure::Refused => AppendError::Refused {
+            key: key.into(),
+            unsupported: e.failure == Failure::Unsupported,
+            message: e.to_string(),
+        },
+        Failure::Transient => unavailable(key, &e),
+    }
+}
+
+impl AzureAppender {
+    /// An appender making its requests with `wire`.
+    pub fn new(wire: AzureWire) -> Arc<AzureAppender> {
+        Arc::new(AzureAppender { wire })
+    }
+
+    /// Commits the bytes `[from, to)` of `file` as new blocks after the blob `key`'s, which
+    /// must hold `from` bytes in blocks of ours and have the ETag `e_tag`.
+    pub async fn append(
+        &self,
+        key: &str,
+        file: &Beneath,
+        from: u64,
+        to: u64,
+        e_tag: Option<&str>,
+    ) -> Result<Appended, AppendError> {
+        let changed = |why: String| AppendError::Changed {
+            key: key.to_string(),
+            why,
+        };
+        let Some(want) = e_tag.and_then(etag_key) else {
+            return Err(changed("no ETag recorded for the blob".into()));
+        };
+        let list = self
+            .wire
+            .get_block_list(key)
+            .await
+            .map_err(|e| wire_failure(key, e))?;
+        let Some(have) = list.e_tag.clone() else {
+            return Err(changed("the blob has no committed blocks".into()));
+        };
+        if etag_key(&have).as_deref() != Some(want.as_str()) {
+            return Err(changed(format!(
+                "the blob's ETag is {have:?}, the record says {want:?}"
+            )));
+        }
+        if list.blocks.is_empty() || !list.blocks.iter().all(|b| is_ours(&b.id)) {
+            return Err(changed(
+                "the blob was not written as blocks of ours (a whole PUT of an older version, or another writer)"
+                    .into(),
+            ));
+        }
+        let size: u64 = list.blocks.iter().map(|b| b.size).sum();
+        if size != from {
+            return Err(changed(format!(
+                "the blob's blocks hold {size} bytes, the record says {from}"
+            )));
+        }
+        let new_blocks = (to - from).div_ceil(TAIL_PART as u64) as usize;
+        if list.blocks.len() + new_blocks > MAX_BLOCKS {
+            return Err(changed(format!(
+                "{} committed blocks: another {new_blocks} would pass Azure's {MAX_BLOCKS}; written whole as fewer blocks",
+                list.blocks.len()
+            )));
+        }
+        let committed: Vec<String> = list.blocks.into_iter().map(|b| b.id).collect();
+        let (ids, tail) = self
+            .put_blocks(key, file, (from, to), TAIL_PART as u64, committed.len())
+            .await?;
+        let (e_tag, _) = self
+            .wire
+            .put_block_list(key, &committed, &ids, Some(&Condition::ETag(have)))
+            .await
+            .map_err(|e| wire_failure(key, e))?;
+        Ok(Appended {
+            bytes: to - from,
+            e_tag,
+            tail: Some(tail),
+        })
+    }
+
+    /// Writes the first `len` bytes of `file` as the blob `key`, as blocks of at most
+    /// `block_bytes` (more when `len` would need over [`MAX_BLOCKS`]), committed only if the
+    /// blob is as `condition` says (`None`: unconditionally); a 412 or 409 is
+    /// [`AppendError::Changed`]. What was written and the blob's version id, if any.
+    pub async fn put_whole(
+        &self,
+        key: &str,
+        file: &Beneath,
+        len: u64,
+        block_bytes: u64,
+        condition: Option<&Condition>,
+    ) -> Result<(Appended, Option<String>), AppendError> {
+        let block = block_bytes
+            .max(len.div_ceil(MAX_BLOCKS as u64))
+            .clamp(1, MAX_BLOCK_BYTES);
+        let (ids, tail) = self.put_blocks(key, file, (0, len), block, 0).await?;
+        let (e_tag, version) = self
+            .wire
+            .put_block_list(key, &[], &ids, condition)
+            .await
+            .map_err(|e| wire_failure(key, e))?;
+        Ok((
+            Appended {
+                bytes: len,
+                e_tag,
+                tail: Some(tail),
+            },
+            version,
+        ))
+    }
+
+    /// Puts the bytes `[from, to)` of `file` as blocks of at most `block` bytes, the first
+    /// at index `first`, one in memory at a time; their ids and the hash of the bytes.
+    async fn put_blocks(
+        &self,
+        key: &str,
+        file: &Beneath,
+        (from, to): (u64, u64),
+        block: u64,
+        first: usize,
+    ) -> Result<(Vec<String>, u64), AppendError> {
+        let path = file.path();
+        let mut src = file.open().map_err(|e| read_err(&path, e))?;
+        src.seek(SeekFrom::Start(from))
+            .map_err(|e| read_err(&path, e))?;
+        let mut ids = Vec::new();
+        let mut hash = xxhash_rust::xxh3::Xxh3Default::new();
+        let mut offset = from;
+        while offset < to {
+            let n = (to - offset).min(block);
+            let (bytes, back) = read_exact_blocking(src, n, &path).await?;
+            src = back;
+            hash.update(&bytes);
+            let id = block_id(first + ids.len(), &bytes);
+            self.wire
+                .put_block(key, &id, Bytes::from(bytes))
+                .await
+                .map_err(|e| wire_failure(key, e))?;
+            ids.push(id);
+            offset += n;
+        }
+        Ok((ids, hash.digest()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_ids_have_one_length_and_name_their_bytes() {
+        let a = block_id(0, b"one");
+        let b = block_id(49_999, b"a much longer block of bytes");
+        assert_eq!(a.len(), b.len());
+        assert_eq!(a.len(), 32);
+        assert!(is_ours(&a) && is_ours(&b));
+        assert_eq!(a, block_id(0, b"one"));
+        assert_ne!(a, block_id(0, b"two"));
+        assert_ne!(a, block_id(1, b"one"));
+        // object_store's own multipart ids (base64 of 32 hex digits) are not ours.
+        assert!(!is_ours(&BASE64.encode("0123456789abcdef0123456789abcdef")));
+        assert!(!is_ours("not base64!"));
+    }
+}
