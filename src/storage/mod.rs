@@ -7,9 +7,9 @@
 //! `from_env` builders (env, web identity / IRSA, instance metadata, workload identity,
 //! managed identity).
 //!
-//! For S3 the builder is also the appender's configuration (`append`, `s3`): its HTTP
-//! connector keeps object_store's client for the appender's own requests, so every setting
-//! read here applies to appends too. [`Configured::identity`] names the bucket for the state
+//! For S3 and Azure the builder is also the appender's configuration (`append`, `s3`,
+//! `azure`): its HTTP connector keeps object_store's client options for the appender's own
+//! requests, so every setting read here applies to appends too. [`Configured::identity`] names the bucket for the state
 //! kept beside the spool.
 
 pub mod append;

@@ -1,7 +1,7 @@
 //! One publication: the object of a segment brought to the segment's first `durable` bytes
 //! ([`Publisher::publish`]): the new bytes compressed as whole gzip members onto the
-//! shadow, then the object grown in place (`UploadPartCopy` plus a part, a conditional PUT,
-//! or a local copy renamed over it) or uploaded whole when it is not what the record says,
+//! shadow, then the object grown in place (`UploadPartCopy` plus a part, a new block
+//! committed after the blob's on Azure, a conditional PUT, or a local copy renamed over it) or uploaded whole when it is not what the record says,
 //! and the record written after the object holds what it says. Every version a reader can
 //! see is whole members of whole lines, a prefix of the next.
 
