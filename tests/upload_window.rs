@@ -3565,3 +3565,45 @@ fn azure_a_commit_delivered_late_after_a_restart_replaces_nothing() {
         "no conditional commit was refused: the late one did not meet its condition"
     );
 }
+
+/// Azure: a blob whose next block would pass the most committed blocks (Azure's 50,000; 4
+/// here, RHC_TEST_AZURE_MAX_BLOCKS) is written whole as fewer blocks and grows on from
+/// there: every version whole and a prefix of the next, every event once.
+#[test]
+fn azure_a_blob_at_the_block_limit_is_written_whole_and_grows_on() {
+    let Some(rig) = az_rig() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let ray = tmp.path().join("ray");
+    let storage = format!("az://{}", rig.container);
+    let cs = rig.az.connection_string_via(&rig.proxy.url());
+    let mut c = Collector::start(
+        &tmp.path().join("spool"),
+        &[
+            "--storage",
+            &storage,
+            "--ray-tmp-dir",
+            ray.to_str().unwrap(),
+            "--upload-window",
+            "1s",
+        ],
+        &[
+            ("AZURE_STORAGE_CONNECTION_STRING", &cs),
+            ("RHC_TEST_AZURE_MAX_BLOCKS", "4"),
+        ],
+    );
+    let s2 = rig.store.clone();
+    let poller = Poller::start(move || read_all(&s2));
+    let acked = post_steadily(&c, "l", Duration::from_secs(4), 20, 1);
+    std::thread::sleep(Duration::from_secs(1));
+    let grew = poller.finish();
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", c.log_tail(40));
+    assert!(grew >= 5, "the object grew only {grew} times while watched");
+    let log = c.log_tail(2000);
+    assert!(
+        log.contains("would pass the 4 a blob may have"),
+        "never written whole at the block limit:\n{log}"
+    );
+    let ids: Vec<String> = acked.into_iter().flat_map(|(_, ids)| ids).collect();
+    assert_each_once_in(&rig.objects(), &ids);
+}

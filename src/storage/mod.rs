@@ -385,6 +385,11 @@ fn retry_config() -> RetryConfig {
 /// otherwise), so the ranged copy is tested without 5 GiB objects. Not a setting.
 pub const TEST_MAX_COPY_PART: &str = "RHC_TEST_S3_MAX_COPY_PART";
 
+/// Test only: the most committed blocks an Azure event object grows to before it is written
+/// whole as fewer blocks (Azure's 50,000 otherwise), so that bound is tested without 50,000
+/// publications. Not a setting.
+pub const TEST_AZURE_MAX_BLOCKS: &str = "RHC_TEST_AZURE_MAX_BLOCKS";
+
 fn with_root(url: &str, root: &str) -> String {
     if root.is_empty() {
         url.to_string()
@@ -747,10 +752,19 @@ pub fn configure(
             })?);
             let appender = match azure::appends_off_reason(&b) {
                 Some(_) => None,
-                None => Some(append::Appender::Azure(append::AzureAppender::new(
-                    azure::AzureWire::new(&b, &connector, store.clone(), env)
-                        .map_err(|e| StorageError::Invalid(format!("Azure appends: {e}")))?,
-                ))),
+                None => {
+                    let max_blocks = match env(TEST_AZURE_MAX_BLOCKS) {
+                        Some(v) => v.trim().parse::<usize>().map_err(|e| {
+                            StorageError::Invalid(format!("{TEST_AZURE_MAX_BLOCKS}={v:?}: {e}"))
+                        })?,
+                        None => azure::MAX_BLOCKS,
+                    };
+                    Some(append::Appender::Azure(append::AzureAppender::new(
+                        azure::AzureWire::new(&b, &connector, store.clone(), env)
+                            .map_err(|e| StorageError::Invalid(format!("Azure appends: {e}")))?,
+                        max_blocks.clamp(1, azure::MAX_BLOCKS),
+                    )))
+                }
             };
             Ok(Configured::Remote(
                 store,

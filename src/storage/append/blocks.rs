@@ -62,6 +62,8 @@ fn is_ours(id: &str) -> bool {
 pub struct AzureAppender {
     /// The requests.
     pub wire: AzureWire,
+    /// The most committed blocks a blob grows to ([`MAX_BLOCKS`]; fewer in tests only).
+    max_blocks: usize,
 }
 
 /// What a failed request of ours means for the write.
@@ -81,9 +83,13 @@ fn wire_failure(key: &str, e: WireError) -> AppendError {
 }
 
 impl AzureAppender {
-    /// An appender making its requests with `wire`.
-    pub fn new(wire: AzureWire) -> Arc<AzureAppender> {
-        Arc::new(AzureAppender { wire })
+    /// An appender making its requests with `wire`, growing a blob to at most `max_blocks`
+    /// committed blocks ([`MAX_BLOCKS`]).
+    pub fn new(wire: AzureWire, max_blocks: usize) -> Arc<AzureAppender> {
+        Arc::new(AzureAppender {
+            wire,
+            max_blocks: max_blocks.clamp(1, MAX_BLOCKS),
+        })
     }
 
     /// Commits the bytes `[from, to)` of `file` as new blocks after the blob `key`'s, which
@@ -129,10 +135,11 @@ impl AzureAppender {
             )));
         }
         let new_blocks = (to - from).div_ceil(TAIL_PART as u64) as usize;
-        if list.blocks.len() + new_blocks > MAX_BLOCKS {
+        if list.blocks.len() + new_blocks > self.max_blocks {
             return Err(changed(format!(
-                "{} committed blocks: another {new_blocks} would pass Azure's {MAX_BLOCKS}; written whole as fewer blocks",
-                list.blocks.len()
+                "{} committed blocks: another {new_blocks} would pass the {} a blob may have; written whole as fewer blocks",
+                list.blocks.len(),
+                self.max_blocks
             )));
         }
         let committed: Vec<String> = list.blocks.into_iter().map(|b| b.id).collect();
