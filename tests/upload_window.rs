@@ -4,7 +4,9 @@
 //! sees is whole gzip members of whole lines, a prefix of the next; a kill -9 and restart
 //! with the spool kept loses and duplicates nothing; a failed growth leaves the previous
 //! version whole; a partition with nothing new costs no request; 5,000 open partitions
-//! drain at SIGTERM.
+//! drain at SIGTERM. On Azure (Azurite behind the recording proxy) objects grow by block
+//! lists, sending only the new bytes, through kills, late commits, blobs replaced behind
+//! our back and the block limit.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
