@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt as _};
 
 use rhc_testkit::collector::{read_all, Collector};
 use rhc_testkit::fault_proxy::{Fault, Rule};
@@ -3608,4 +3608,85 @@ fn azure_a_blob_at_the_block_limit_is_written_whole_and_grows_on() {
     );
     let ids: Vec<String> = acked.into_iter().flat_map(|(_, ids)| ids).collect();
     assert_each_once_in(&rig.objects(), &ids);
+}
+
+impl AzRig {
+    /// Put Blob requests (a PUT of the blob without `comp=`) answered 2xx for `key` among
+    /// the requests the proxy saw from the `from`-th on.
+    fn put_blobs_to(&self, key: &str, from: usize) -> usize {
+        let path = format!("/{}/{}/{key}", self.az.account, self.container);
+        self.proxy.seen()[from..]
+            .iter()
+            .filter(|r| {
+                let (p, query) = r.target.split_once('?').unwrap_or((&r.target, ""));
+                r.method == "PUT"
+                    && r.status / 100 == 2
+                    && !query.contains("comp=")
+                    && ray_history_collector::storage::s3::url_decode(p).as_deref()
+                        == Some(path.as_bytes())
+            })
+            .count()
+    }
+}
+
+/// Review r35a D1: Azure takes a Put Block only with an id as long as those of the blob's
+/// uncommitted blocks (400 `InvalidBlobOrBlock` otherwise). A block another writer left
+/// uncommitted on a growing blob with ids of another length (16 bytes here) wedged the
+/// object at f35a 5dada2b: its appends and its whole upload (as blocks) both refused, the
+/// events after it never stored, exit 3 at SIGTERM. The whole upload falls back on one
+/// conditional Put Blob, which Azure lets discard the uncommitted blocks. A block with
+/// `object_store`'s id length (an older version killed during a multipart upload of the
+/// object: the upgrade path) does not clash at all: our ids are as long, and that blob keeps
+/// growing by blocks.
+#[test]
+fn azure_a_foreign_uncommitted_block_of_another_id_length_wedges_nothing() {
+    let Some(rig) = az_rig() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let args = ["--upload-window", "1s", "--shutdown-timeout", "5s"];
+    let mut c = rig.collector(tmp.path(), &args);
+    let a: Vec<String> = (0..100).map(|i| format!("a-{i}")).collect();
+    post(&c, &a, 2);
+    wait_for(&c, Duration::from_secs(30), "A in the bucket", || {
+        az_id_counts(&rig).len() == 100
+    });
+    let keys: Vec<String> = rig.objects().into_keys().collect();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    rig.az
+        .stage_block(&rig.container, &keys[0], "0123456789abcdef", b"junk");
+    // As an older version killed during a multipart upload of the object leaves it: one part
+    // put by object_store, never completed (a client of its own, whose connections go with
+    // its runtime, not left idle in the rig's).
+    let writer = rig.az.store(&rig.container);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let mut upload = writer
+                .put_multipart(&object_store::path::Path::from(keys[1].as_str()))
+                .await
+                .unwrap();
+            upload.put_part(b"junk".to_vec().into()).await.unwrap();
+        });
+    drop(writer);
+    let from = rig.proxy.seen().len();
+    let b: Vec<String> = (0..100).map(|i| format!("b-{i}")).collect();
+    post(&c, &b, 2);
+    wait_for(&c, Duration::from_secs(30), "B in the bucket", || {
+        az_id_counts(&rig).len() == 200
+    });
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "exit {status:?}: {}", c.log_tail(40));
+    let all: Vec<String> = a.into_iter().chain(b).collect();
+    assert_each_once_in(&rig.objects(), &all);
+    assert!(
+        rig.put_blobs_to(&keys[0], from) >= 1,
+        "the blob with the foreign block was not written with a Put Blob"
+    );
+    assert_eq!(
+        rig.put_blobs_to(&keys[1], from),
+        0,
+        "a block with object_store's id length clashed with ours: {}",
+        c.log_tail(60)
+    );
 }

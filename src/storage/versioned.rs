@@ -12,7 +12,9 @@
 //!   upload whose completion carries the condition (`append::S3Appender::put_whole`), as
 //!   an append's does. On Azure every version is written as blocks of ours whatever its
 //!   size, the condition on its Put Block List (`append::AzureAppender::put_whole`), so that
-//!   the next version can be committed after them. On GCS an object over one part is
+//!   the next version can be committed after them; blocks refused (another writer's
+//!   uncommitted blocks with ids of another length) have it written with one conditional
+//!   Put Blob instead. On GCS an object over one part is
 //!   written unconditionally (`object_store`'s multipart uploads take no condition there).
 //! - A 412 (or a missing object where one was expected, or one present where none was) is
 //!   answered by reading what the object holds now ([`write_version`]): if it is byte for byte
@@ -136,7 +138,7 @@ pub async fn write_version(
     let mut conflicts = 0;
     loop {
         let attempt = if let Some(Appender::Azure(az)) = appender {
-            put_blocks_once(az, key, source, len, part_size, &base).await
+            put_blocks_once(store, &location, az, key, source, len, part_size, &base).await
         } else if len <= part_size as u64 {
             put_once(store, &location, key, source, len, &base).await
         } else {
@@ -210,8 +212,16 @@ pub async fn write_version(
 
 /// Azure: the first `len` bytes of `source` as blocks of ours (so the next version can be
 /// committed after them, `append::AzureAppender`), their Put Block List conditional on
-/// `base`.
+/// `base`. Blocks refused (review r35a D1: a block another writer left uncommitted on the
+/// blob with an id of another length has every Put Block of ours answered 400
+/// `InvalidBlobOrBlock`, for up to a week) have the version written with one Put Blob,
+/// conditional on `base` as the commit was ([`put_once`]; the version is read into memory
+/// whole, at most a segment), which Azure lets discard the blob's uncommitted blocks; the
+/// next publication finds a blob not of our blocks and writes it whole as blocks again.
+#[allow(clippy::too_many_arguments)]
 async fn put_blocks_once(
+    store: &Arc<dyn ObjectStore>,
+    location: &ObjectPath,
     az: &AzureAppender,
     key: &str,
     source: &Beneath,
@@ -237,6 +247,10 @@ async fn put_blocks_once(
             Attempt::Done(done.e_tag, version, len)
         }
         Err(AppendError::Changed { .. }) => Attempt::Conflict,
+        Err(AppendError::Refused { message, .. }) => {
+            tracing::warn!(%key, message, "the blocks of a whole upload were refused (a block another writer left uncommitted on the blob, its id of another length?): this version is written with one Put Blob, conditional as their commit was, which discards the blob's uncommitted blocks");
+            put_once(store, location, key, source, len, base).await
+        }
         Err(e) => Attempt::Failed(UploadError::Append {
             key: key.to_string(),
             message: e.to_string(),

@@ -9,12 +9,18 @@
 //! list (about 50 bytes per block) cross the network. Nothing is visible before the commit,
 //! which replaces the blob at once: a reader sees the old or the new version, never a part.
 //!
-//! Block ids are `rhc` + the block's index (5 digits) + the xxh3 of its bytes (16 hex), 24
-//! bytes, base64: every id of a blob has the same length, as Azure requires, and an id names
-//! its bytes, so a Put Block of a killed run delivered late under the same id puts the same
-//! bytes. Blocks a run put but did not commit (killed between Put Block and Put Block List)
+//! Block ids are `rhc` + the block's index (5 digits) + 96 bits of the xxh3-128 of its bytes
+//! (24 hex), 32 bytes, base64: every id of a blob has the same length, and an id names its
+//! bytes, so a Put Block of a killed run delivered late under the same id puts the same
+//! bytes. Azure takes a Put Block only with an id as long as those of the blob's uncommitted
+//! blocks (400 `InvalidBlobOrBlock` otherwise); ours are as long as `object_store`'s (32 hex
+//! digits), so the blocks an older version left uncommitted, killed during a multipart
+//! upload of the object (the upgrade path), never clash with ours (review r35a D1: with
+//! 24-byte ids they wedged the object). Blocks a run put but did not commit (killed between Put Block and Put Block List)
 //! are invisible, and Azure discards them at the next commit of the blob, which does not
-//! name them (or after a week).
+//! name them (or after a week). Blocks of another writer with ids of another length make
+//! our Put Blocks refused: the caller then writes that version with one Put Blob
+//! (`storage::versioned`), which Azure lets discard them.
 //!
 //! Anything else is the blob changed ([`AppendError::Changed`]: the caller writes it whole
 //! as blocks, conditional on the version it finds): another ETag, ids not ours (a blob an
@@ -36,25 +42,35 @@ use crate::storage::azure::{AzureWire, Condition, MAX_BLOCKS, MAX_BLOCK_BYTES};
 use crate::storage::s3::{Failure, WireError};
 use crate::util::fs::Beneath;
 
-/// Bytes of a block id before base64: `rhc`, the index in 5 digits, the hash in 16 hex.
-const ID_BYTES: usize = 24;
+/// Bytes of a block id before base64: `rhc`, the index in 5 digits, the hash in 24 hex; as
+/// many as `object_store`'s own block ids (32 hex digits).
+const ID_BYTES: usize = 32;
 const ID_PREFIX: &[u8] = b"rhc";
+const INDEX_DIGITS: usize = 5;
 
 /// The id of the block at `index` holding `bytes` (see the module doc).
 pub fn block_id(index: usize, bytes: &[u8]) -> String {
-    let raw = format!(
-        "rhc{:05}{:016x}",
-        index % 100_000,
-        xxhash_rust::xxh3::xxh3_64(bytes)
-    );
+    let hash = xxhash_rust::xxh3::xxh3_128(bytes) & ((1u128 << 96) - 1);
+    let raw = format!("rhc{:05}{hash:024x}", index % 100_000);
     BASE64.encode(raw)
+}
+
+/// The index of the block whose id (base64) is `id`, if [`block_id`] made it.
+fn index_of(id: &str) -> Option<usize> {
+    let raw = BASE64.decode(id).ok()?;
+    if raw.len() != ID_BYTES || !raw.starts_with(ID_PREFIX) {
+        return None;
+    }
+    let digits = &raw[ID_PREFIX.len()..ID_PREFIX.len() + INDEX_DIGITS];
+    if !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 /// Whether `id` (base64) is an id [`block_id`] makes.
 fn is_ours(id: &str) -> bool {
-    BASE64
-        .decode(id)
-        .is_ok_and(|raw| raw.len() == ID_BYTES && raw.starts_with(ID_PREFIX))
+    index_of(id).is_some()
 }
 
 /// Grows Azure block blobs (see the module doc).
@@ -232,13 +248,19 @@ mod tests {
         let a = block_id(0, b"one");
         let b = block_id(49_999, b"a much longer block of bytes");
         assert_eq!(a.len(), b.len());
-        assert_eq!(a.len(), 32);
+        // As long as object_store's ids (base64 of 32 hex digits).
+        assert_eq!(
+            a.len(),
+            BASE64.encode("0123456789abcdef0123456789abcdef").len()
+        );
         assert!(is_ours(&a) && is_ours(&b));
+        assert_eq!((index_of(&a), index_of(&b)), (Some(0), Some(49_999)));
         assert_eq!(a, block_id(0, b"one"));
         assert_ne!(a, block_id(0, b"two"));
         assert_ne!(a, block_id(1, b"one"));
         // object_store's own multipart ids (base64 of 32 hex digits) are not ours.
         assert!(!is_ours(&BASE64.encode("0123456789abcdef0123456789abcdef")));
         assert!(!is_ours("not base64!"));
+        assert!(!is_ours(&BASE64.encode("rhc0000x0123456789abcdef01234567")));
     }
 }
