@@ -3690,3 +3690,70 @@ fn azure_a_foreign_uncommitted_block_of_another_id_length_wedges_nothing() {
         c.log_tail(60)
     );
 }
+
+/// Swaps the first two `<Block>` elements of an answer (a Get Block List's): the same
+/// blocks, the same length, in another order.
+fn swap_first_two_blocks(answer: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(answer).into_owned();
+    let spans: Vec<(usize, usize)> = text
+        .match_indices("<Block>")
+        .filter_map(|(i, _)| text[i..].find("</Block>").map(|e| (i, i + e + 8)))
+        .take(2)
+        .collect();
+    match spans[..] {
+        [(a0, a1), (b0, b1)] if a1 == b0 => format!(
+            "{}{}{}{}",
+            &text[..a0],
+            &text[b0..b1],
+            &text[a0..a1],
+            &text[b1..]
+        )
+        .into_bytes(),
+        _ => answer.to_vec(),
+    }
+}
+
+/// Review r35a D2: a Get Block List listing the blob's own blocks in another order was
+/// committed as it stood, with the new block after them: an object whose lines are out of
+/// order (f35a 5dada2b). The ids' indexes must run 0, 1, 2, ... (else: written whole).
+#[test]
+fn azure_a_block_list_in_another_order_is_not_committed_as_it_stands() {
+    let Some(rig) = az_rig() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = rig.collector(tmp.path(), &["--upload-window", "1s"]);
+    let mut acked: Vec<String> = Vec::new();
+    for round in 0..3 {
+        if round == 2 {
+            // The blob now has two blocks (a first version, then an append).
+            rig.proxy.add(
+                Rule::new(Fault::Rewrite(swap_first_two_blocks))
+                    .method("GET")
+                    .target_contains("comp=blocklist")
+                    .times(1),
+            );
+        }
+        let ids: Vec<String> = (0..50).map(|i| format!("r{round}-{i}")).collect();
+        post(&c, &ids, 1);
+        acked.extend(ids);
+        wait_for(
+            &c,
+            Duration::from_secs(30),
+            "the round in the bucket",
+            || az_id_counts(&rig).len() == acked.len(),
+        );
+    }
+    assert!(
+        rig.proxy
+            .seen()
+            .iter()
+            .any(|r| r.method == "GET" && r.faulted && r.target.contains("comp=blocklist")),
+        "no block list was reordered"
+    );
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "exit {status:?}: {}", c.log_tail(40));
+    let objects = rig.objects();
+    assert_eq!(objects.len(), 1, "{:?}", objects.keys());
+    for (k, v) in &objects {
+        assert_eq!(version_ids(k, v), acked, "{k}: lines out of order");
+    }
+}

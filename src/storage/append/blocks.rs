@@ -25,6 +25,7 @@
 //! Anything else is the blob changed ([`AppendError::Changed`]: the caller writes it whole
 //! as blocks, conditional on the version it finds): another ETag, ids not ours (a blob an
 //! older version wrote with Put Blob or object_store's multipart ids, or another writer),
+//! ids of ours whose indexes do not run 0, 1, 2, ... in the order listed (review r35a D2),
 //! sizes that do not add up, a 412 to the commit (written behind our back in between), a
 //! commit naming blocks no longer committed (`InvalidBlockList`: the blob was replaced), or a
 //! list that would pass Azure's [`MAX_BLOCKS`] (written whole as fewer, bigger blocks).
@@ -143,6 +144,18 @@ impl AzureAppender {
                 "the blob was not written as blocks of ours (a whole PUT of an older version, or another writer)"
                     .into(),
             ));
+        }
+        if let Some(at) = list
+            .blocks
+            .iter()
+            .enumerate()
+            .position(|(i, b)| index_of(&b.id) != Some(i % 100_000))
+        {
+            return Err(changed(format!(
+                "the blob's blocks are not listed in the order we wrote them (block {at} of {} has the index {:?})",
+                list.blocks.len(),
+                index_of(&list.blocks[at].id)
+            )));
         }
         let size: u64 = list.blocks.iter().map(|b| b.size).sum();
         if size != from {
