@@ -3757,3 +3757,52 @@ fn azure_a_block_list_in_another_order_is_not_committed_as_it_stands() {
         assert_eq!(version_ids(k, v), acked, "{k}: lines out of order");
     }
 }
+
+/// Review r35a (observation): credentials that cannot read blobs (a SAS without read) have
+/// every Get Block List refused 403. f35a 5dada2b asked and warned at every publication of
+/// every partition, for ever, then uploaded whole. One refusal turns appends off on that
+/// store for the run, said once; every version is then written whole, and nothing is lost.
+#[test]
+fn azure_a_block_list_refused_for_lack_of_read_turns_appends_off_once() {
+    let Some(rig) = az_rig() else { return };
+    rig.proxy.add(
+        Rule::new(Fault::Status(403, "AuthorizationPermissionMismatch".into()))
+            .method("GET")
+            .target_contains("comp=blocklist"),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = rig.collector(tmp.path(), &["--upload-window", "1s"]);
+    let mut acked: Vec<String> = Vec::new();
+    for round in 0..4 {
+        let ids: Vec<String> = (0..40).map(|i| format!("s{round}-{i}")).collect();
+        post(&c, &ids, 2);
+        acked.extend(ids);
+        wait_for(
+            &c,
+            Duration::from_secs(30),
+            "the round in the bucket",
+            || az_id_counts(&rig).len() == acked.len(),
+        );
+    }
+    let status = c.terminate(Duration::from_secs(30));
+    assert!(status.success(), "exit {status:?}: {}", c.log_tail(40));
+    assert_each_once_in(&rig.objects(), &acked);
+    let asked = rig
+        .proxy
+        .seen()
+        .iter()
+        .filter(|r| r.method == "GET" && r.target.contains("comp=blocklist"))
+        .count();
+    // Two partitions may ask at once before the first answer.
+    assert!(asked <= 2, "{asked} block lists asked for after a 403");
+    let log = c.log_text();
+    let warned = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("Get Block List"))
+        .count();
+    assert_eq!(warned, 1, "{log}");
+    assert!(
+        !log.contains("the store refused to append"),
+        "a refusal warned per publication: {log}"
+    );
+}

@@ -14,7 +14,8 @@
 //!   size, the condition on its Put Block List (`append::AzureAppender::put_whole`), so that
 //!   the next version can be committed after them; blocks refused (another writer's
 //!   uncommitted blocks with ids of another length) have it written with one conditional
-//!   Put Blob instead. On GCS an object over one part is
+//!   Put Blob instead, and once appends are off on the store (Get Block List refused for
+//!   lack of permission) a version of one part goes as one Put Blob. On GCS an object over one part is
 //!   written unconditionally (`object_store`'s multipart uploads take no condition there).
 //! - A 412 (or a missing object where one was expected, or one present where none was) is
 //!   answered by reading what the object holds now ([`write_version`]): if it is byte for byte
@@ -137,7 +138,14 @@ pub async fn write_version(
     let mut base = base;
     let mut conflicts = 0;
     loop {
-        let attempt = if let Some(Appender::Azure(az)) = appender {
+        // Azure: as blocks of ours while appends are on (and always past one part, so the
+        // write keeps its condition); once they are off, a version of one part goes as one
+        // Put Blob, as before appends.
+        let blocks = match appender {
+            Some(Appender::Azure(az)) if az.appends_on() || len > part_size as u64 => Some(az),
+            _ => None,
+        };
+        let attempt = if let Some(az) = blocks {
             put_blocks_once(store, &location, az, key, source, len, part_size, &base).await
         } else if len <= part_size as u64 {
             put_once(store, &location, key, source, len, &base).await

@@ -249,8 +249,13 @@ impl Publisher {
                 Err(AppendError::Changed { why, .. }) => {
                     tracing::warn!(%key, why, "the object is not as last published; uploading it whole");
                 }
-                Err(AppendError::Refused { message, .. }) => {
+                Err(AppendError::Refused { message, .. }) if a.appends_on() => {
                     tracing::warn!(%key, message, "the store refused to append; uploading the object whole");
+                }
+                Err(AppendError::Refused { message, .. }) => {
+                    // Appends turned off on the store by this refusal or one in parallel
+                    // (said once, where it was decided).
+                    tracing::debug!(%key, message, "appends are off on this store; uploading the object whole");
                 }
                 Err(e @ (AppendError::Unavailable { .. } | AppendError::Read { .. })) => {
                     return Err(UploadError::Append {

@@ -29,8 +29,14 @@
 //! sizes that do not add up, a 412 to the commit (written behind our back in between), a
 //! commit naming blocks no longer committed (`InvalidBlockList`: the blob was replaced), or a
 //! list that would pass Azure's [`MAX_BLOCKS`] (written whole as fewer, bigger blocks).
+//!
+//! Get Block List needs read permission: credentials without it (a SAS of create and write
+//! only) have it refused 403. The first such refusal turns appends off on this store for the
+//! run ([`AzureAppender::appends_on`]), said once (WARN): every version is then written
+//! whole, as before appends, without asking again.
 
 use std::io::{Seek, SeekFrom};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -81,6 +87,8 @@ pub struct AzureAppender {
     pub wire: AzureWire,
     /// The most committed blocks a blob grows to ([`MAX_BLOCKS`]; fewer in tests only).
     max_blocks: usize,
+    /// Get Block List was refused for lack of permission: no more appends this run.
+    appends_off: AtomicBool,
 }
 
 /// What a failed request of ours means for the write.
@@ -106,7 +114,15 @@ impl AzureAppender {
         Arc::new(AzureAppender {
             wire,
             max_blocks: max_blocks.clamp(1, MAX_BLOCKS),
+            appends_off: AtomicBool::new(false),
         })
+    }
+
+    /// Whether event objects still grow by blocks on this store: not once a Get Block List
+    /// was refused for lack of permission (see the module doc); every version is then
+    /// written whole.
+    pub fn appends_on(&self) -> bool {
+        !self.appends_off.load(Ordering::Relaxed)
     }
 
     /// Commits the bytes `[from, to)` of `file` as new blocks after the blob `key`'s, which
@@ -126,11 +142,24 @@ impl AzureAppender {
         let Some(want) = e_tag.and_then(etag_key) else {
             return Err(changed("no ETag recorded for the blob".into()));
         };
-        let list = self
-            .wire
-            .get_block_list(key)
-            .await
-            .map_err(|e| wire_failure(key, e))?;
+        if !self.appends_on() {
+            return Err(AppendError::Refused {
+                key: key.to_string(),
+                unsupported: false,
+                message: "appends are off on this store for this run (Get Block List refused)"
+                    .into(),
+            });
+        }
+        let list = match self.wire.get_block_list(key).await {
+            Ok(list) => list,
+            Err(e) if e.failure == Failure::Refused && e.status == Some(403) => {
+                if !self.appends_off.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(%key, error = %e, "Get Block List refused (403): the credentials cannot read blobs (a SAS without read permission?); event objects are written whole at every publication for the rest of this run, as before appends (docs/storage.md: a SAS needs read, create and write)");
+                }
+                return Err(wire_failure(key, e));
+            }
+            Err(e) => return Err(wire_failure(key, e)),
+        };
         let Some(have) = list.e_tag.clone() else {
             return Err(changed("the blob has no committed blocks".into()));
         };

@@ -220,8 +220,19 @@ impl Appender {
         match self {
             Appender::Local(_) => 0,
             Appender::S3(_) => S3_MIN_PART,
-            // Any blob written as blocks of ours (an empty one never is).
-            Appender::Azure(_) => 1,
+            // Any blob written as blocks of ours (an empty one never is); none once appends
+            // are off on the store (`blocks`: a Get Block List refused for lack of permission).
+            Appender::Azure(a) if a.appends_on() => 1,
+            Appender::Azure(_) => u64::MAX,
+        }
+    }
+
+    /// Whether appends are still tried with it (`false`: Azure, after a Get Block List
+    /// refused for lack of permission, said once there).
+    pub fn appends_on(&self) -> bool {
+        match self {
+            Appender::Azure(a) => a.appends_on(),
+            _ => true,
         }
     }
 
