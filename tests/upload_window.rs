@@ -6,7 +6,8 @@
 //! version whole; a partition with nothing new costs no request; 5,000 open partitions
 //! drain at SIGTERM. On Azure (Azurite behind the recording proxy) objects grow by block
 //! lists, sending only the new bytes, through kills, late commits, blobs replaced behind
-//! our back and the block limit.
+//! our back, the block limit, blocks another writer left uncommitted, a block list listed
+//! out of order and one refused for lack of read permission.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
