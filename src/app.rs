@@ -72,6 +72,12 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
     {
         appender.report_aborts_to(crate::metrics::append_upload_aborted);
     }
+    if let Some(why) = settings.store.appends_off_reason() {
+        tracing::info!(
+            why,
+            "event objects are written whole at each publication on this store, not grown by appends"
+        );
+    }
     let (sealed_tx, sealed_rx) = mpsc::unbounded_channel();
     let spool_cfg = SpoolConfig {
         dir: settings.spool_dir.clone(),
@@ -203,6 +209,7 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
             .store
             .appender()
             .with_context(|| format!("opening storage {}", settings.storage))?
+            .filter(|a| a.appends_logs())
             .map(|a| a.with_answer_timeout(crate::storage::s3::ANSWER_TIMEOUT));
         // File bytes go on a client whose request timeout lets the largest part the lane
         // sends go at the floor rate of a slow uplink (`storage::log_request_timeout`).

@@ -7,12 +7,13 @@
 //! `from_env` builders (env, web identity / IRSA, instance metadata, workload identity,
 //! managed identity).
 //!
-//! For S3 the builder is also the appender's configuration (`append`, `s3`): its HTTP
-//! connector keeps object_store's client for the appender's own requests, so every setting
-//! read here applies to appends too. [`Configured::identity`] names the bucket for the state
+//! For S3 and Azure the builder is also the appender's configuration (`append`, `s3`,
+//! `azure`): its HTTP connector keeps object_store's client options for the appender's own
+//! requests, so every setting read here applies to appends too. [`Configured::identity`] names the bucket for the state
 //! kept beside the spool.
 
 pub mod append;
+pub mod azure;
 pub mod conditions;
 pub mod counted;
 pub mod drain;
@@ -384,6 +385,11 @@ fn retry_config() -> RetryConfig {
 /// otherwise), so the ranged copy is tested without 5 GiB objects. Not a setting.
 pub const TEST_MAX_COPY_PART: &str = "RHC_TEST_S3_MAX_COPY_PART";
 
+/// Test only: the most committed blocks an Azure event object grows to before it is written
+/// whole as fewer blocks (Azure's 50,000 otherwise), so that bound is tested without 50,000
+/// publications. Not a setting.
+pub const TEST_AZURE_MAX_BLOCKS: &str = "RHC_TEST_AZURE_MAX_BLOCKS";
+
 fn with_root(url: &str, root: &str) -> String {
     if root.is_empty() {
         url.to_string()
@@ -454,6 +460,15 @@ impl Configured {
                     })
             }
             Configured::Remote(_, appender, _, _) => Ok(appender.clone()),
+        }
+    }
+
+    /// Why event objects on this store are written whole each publication although the
+    /// store could take appends (Azure with a customer-provided key: `azure`), if so.
+    pub fn appends_off_reason(&self) -> Option<&'static str> {
+        match self {
+            Configured::Remote(_, _, _, Rebuild::Azure(b)) => azure::appends_off_reason(b),
+            _ => None,
         }
     }
 
@@ -728,12 +743,32 @@ pub fn configure(
                 ),
                 None => spec.to_string(),
             };
+            // object_store's own HTTP client options, kept for the appender's requests.
+            let connector = s3::CapturingConnector::default();
+            b = b.with_http_connector(connector.clone());
+            let store = Arc::new(b.clone().build().map_err(|source| StorageError::Client {
+                backend: "azure",
+                source,
+            })?);
+            let appender = match azure::appends_off_reason(&b) {
+                Some(_) => None,
+                None => {
+                    let max_blocks = match env(TEST_AZURE_MAX_BLOCKS) {
+                        Some(v) => v.trim().parse::<usize>().map_err(|e| {
+                            StorageError::Invalid(format!("{TEST_AZURE_MAX_BLOCKS}={v:?}: {e}"))
+                        })?,
+                        None => azure::MAX_BLOCKS,
+                    };
+                    Some(append::Appender::Azure(append::AzureAppender::new(
+                        azure::AzureWire::new(&b, &connector, store.clone(), env)
+                            .map_err(|e| StorageError::Invalid(format!("Azure appends: {e}")))?,
+                        max_blocks.clamp(1, azure::MAX_BLOCKS),
+                    )))
+                }
+            };
             Ok(Configured::Remote(
-                Arc::new(b.clone().build().map_err(|source| StorageError::Client {
-                    backend: "azure",
-                    source,
-                })?),
-                None,
+                store,
+                appender,
                 identity,
                 Rebuild::Azure(Box::new(b)),
             ))

@@ -10,8 +10,13 @@
 //!   `If-None-Match: *` (`PutMode::Create`) for a first write. A single PUT goes through
 //!   `object_store` (`put_opts`); on S3 an object over one part goes up as a multipart
 //!   upload whose completion carries the condition (`append::S3Appender::put_whole`), as
-//!   an append's does. On GCS and Azure an object over one part is written unconditionally
-//!   (`object_store`'s multipart uploads take no condition there).
+//!   an append's does. On Azure every version is written as blocks of ours whatever its
+//!   size, the condition on its Put Block List (`append::AzureAppender::put_whole`), so that
+//!   the next version can be committed after them; blocks refused (another writer's
+//!   uncommitted blocks with ids of another length) have it written with one conditional
+//!   Put Blob instead, and once appends are off on the store (Get Block List refused for
+//!   lack of permission) a version of one part goes as one Put Blob. On GCS an object over one part is
+//!   written unconditionally (`object_store`'s multipart uploads take no condition there).
 //! - A 412 (or a missing object where one was expected, or one present where none was) is
 //!   answered by reading what the object holds now ([`write_version`]): if it is byte for byte
 //!   what we meant to write (our own write landed, then its retry met the condition), that is
@@ -54,7 +59,8 @@ use object_store::{
     GetOptions, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutPayload, UpdateVersion,
 };
 
-use super::append::{AppendError, Appender};
+use super::append::{AppendError, Appender, AzureAppender};
+use super::azure::Condition;
 use super::conditions::{
     condition_refused, condition_taken, conditions_on, refusal_span, refusal_was_the_writes,
     refuse_conditions, Kind, Refused, REFUSALS_TO_SWITCH,
@@ -132,7 +138,16 @@ pub async fn write_version(
     let mut base = base;
     let mut conflicts = 0;
     loop {
-        let attempt = if len <= part_size as u64 {
+        // Azure: as blocks of ours while appends are on (and always past one part, so the
+        // write keeps its condition); once they are off, a version of one part goes as one
+        // Put Blob, as before appends.
+        let blocks = match appender {
+            Some(Appender::Azure(az)) if az.appends_on() || len > part_size as u64 => Some(az),
+            _ => None,
+        };
+        let attempt = if let Some(az) = blocks {
+            put_blocks_once(store, &location, az, key, source, len, part_size, &base).await
+        } else if len <= part_size as u64 {
             put_once(store, &location, key, source, len, &base).await
         } else {
             match appender {
@@ -200,6 +215,54 @@ pub async fn write_version(
                 }
             }
         }
+    }
+}
+
+/// Azure: the first `len` bytes of `source` as blocks of ours (so the next version can be
+/// committed after them, `append::AzureAppender`), their Put Block List conditional on
+/// `base`. Blocks refused (review r35a D1: a block another writer left uncommitted on the
+/// blob with an id of another length has every Put Block of ours answered 400
+/// `InvalidBlobOrBlock`, for up to a week) have the version written with one Put Blob,
+/// conditional on `base` as the commit was ([`put_once`]; the version is read into memory
+/// whole, at most a segment), which Azure lets discard the blob's uncommitted blocks; the
+/// next publication finds a blob not of our blocks and writes it whole as blocks again.
+#[allow(clippy::too_many_arguments)]
+async fn put_blocks_once(
+    store: &Arc<dyn ObjectStore>,
+    location: &ObjectPath,
+    az: &AzureAppender,
+    key: &str,
+    source: &Beneath,
+    len: u64,
+    part_size: usize,
+    base: &Base,
+) -> Attempt {
+    let kind = Kind::put(matches!(base, Base::Absent));
+    let condition = match base {
+        _ if !conditions_on(kind) => None,
+        Base::Absent => Some(Condition::Absent),
+        Base::Version { e_tag: Some(e), .. } => Some(Condition::ETag(e.clone())),
+        Base::Version { .. } => None,
+    };
+    match az
+        .put_whole(key, source, len, part_size as u64, condition.as_ref())
+        .await
+    {
+        Ok((done, version)) => {
+            if condition.is_some() {
+                condition_taken(kind);
+            }
+            Attempt::Done(done.e_tag, version, len)
+        }
+        Err(AppendError::Changed { .. }) => Attempt::Conflict,
+        Err(AppendError::Refused { message, .. }) => {
+            tracing::warn!(%key, message, "the blocks of a whole upload were refused (a block another writer left uncommitted on the blob, its id of another length?): this version is written with one Put Blob, conditional as their commit was, which discards the blob's uncommitted blocks");
+            put_once(store, location, key, source, len, base).await
+        }
+        Err(e) => Attempt::Failed(UploadError::Append {
+            key: key.to_string(),
+            message: e.to_string(),
+        }),
     }
 }
 

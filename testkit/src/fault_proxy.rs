@@ -95,6 +95,10 @@ pub enum Fault {
     /// `PreconditionFailed` itself when the condition names another; otherwise it passes
     /// the copy on. A copy without the header passes on.
     EmulateCopyIfMatch,
+    /// Passes it on and answers what this function makes of the store's whole answer (status
+    /// line, head and body as received): an answer changed on its way (a store or gateway
+    /// listing things otherwise than asked).
+    Rewrite(fn(&[u8]) -> Vec<u8>),
 }
 
 /// The longest a [`Fault::Hold`] holds a request (the reproduction held copies for
@@ -441,6 +445,15 @@ fn serve(mut client: TcpStream, s: &Shared) {
         Some(Fault::DelayThenStatus(d, status, code)) => {
             hold(s, d);
             Some((status, code))
+        }
+        Some(Fault::Rewrite(f)) => {
+            seen.faulted = true;
+            if let Some(answer) = pass_on(s, &seen, &body) {
+                let answer = f(&answer);
+                seen.status = answer_status(&answer);
+                let _ = client.write_all(&answer);
+            }
+            None
         }
         None => None,
     };

@@ -706,9 +706,67 @@ except ResourceExistsError:
         );
     }
 
+    /// Puts `body` as an uncommitted block of `blob` in `container` under the block id
+    /// `raw_id` (before base64: the SDK encodes it), with the Python Azure SDK: a block
+    /// another writer left uncommitted (a killed upload).
+    pub fn stage_block(&self, container: &str, blob: &str, raw_id: &str, body: &[u8]) {
+        const SCRIPT: &str = r#"
+import sys
+from azure.storage.blob import BlobServiceClient
+svc = BlobServiceClient.from_connection_string(
+    sys.argv[1], retry_total=0, connection_timeout=5, read_timeout=20)
+b = svc.get_blob_client(sys.argv[2], sys.argv[3])
+b.stage_block(sys.argv[4], bytes.fromhex(sys.argv[5]))
+"#;
+        let hex: String = body.iter().map(|x| format!("{x:02x}")).collect();
+        let out = run_with_timeout(
+            Command::new(&self.python)
+                .arg("-c")
+                .arg(SCRIPT)
+                .arg(self.connection_string())
+                .arg(container)
+                .arg(blob)
+                .arg(raw_id)
+                .arg(hex)
+                .env("NO_PROXY", "127.0.0.1,localhost")
+                .env("no_proxy", "127.0.0.1,localhost"),
+            HELPER_TIMEOUT,
+        );
+        assert!(
+            out.status.success(),
+            "staging a block on {container}/{blob} failed ({}):\n{}{}",
+            out.status,
+            out.stdout,
+            out.stderr
+        );
+    }
+
     /// The server's log so far.
     pub fn log(&self) -> String {
         self.process.log_text()
+    }
+
+    /// An object_store client of `container`, straight to the server (not through a proxy).
+    pub fn store(&self, container: &str) -> std::sync::Arc<dyn ObjectStore> {
+        std::sync::Arc::new(
+            object_store::azure::MicrosoftAzureBuilder::new()
+                .with_endpoint(self.blob_endpoint.clone())
+                .with_account(self.account)
+                .with_access_key(self.key)
+                .with_container_name(container)
+                .with_allow_http(true)
+                .build()
+                .expect("an Azurite client"),
+        )
+    }
+
+    /// A connection string whose blob endpoint is `base` (e.g. a proxy in front of this
+    /// server: `http://127.0.0.1:PORT`) with this account's path.
+    pub fn connection_string_via(&self, base: &str) -> String {
+        format!(
+            "DefaultEndpointsProtocol=http;AccountName={};AccountKey={};BlobEndpoint={}/{};",
+            self.account, self.key, base, self.account
+        )
     }
 }
 

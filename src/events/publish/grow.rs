@@ -1,7 +1,7 @@
 //! One publication: the object of a segment brought to the segment's first `durable` bytes
 //! ([`Publisher::publish`]): the new bytes compressed as whole gzip members onto the
-//! shadow, then the object grown in place (`UploadPartCopy` plus a part, a conditional PUT,
-//! or a local copy renamed over it) or uploaded whole when it is not what the record says,
+//! shadow, then the object grown in place (`UploadPartCopy` plus a part, a new block
+//! committed after the blob's on Azure, a conditional PUT, or a local copy renamed over it) or uploaded whole when it is not what the record says,
 //! and the record written after the object holds what it says. Every version a reader can
 //! see is whole members of whole lines, a prefix of the next.
 
@@ -250,8 +250,13 @@ impl Publisher {
                 Err(AppendError::Changed { why, .. }) => {
                     tracing::warn!(%key, why, "the object is not as last published; uploading it whole");
                 }
-                Err(AppendError::Refused { message, .. }) => {
+                Err(AppendError::Refused { message, .. }) if a.appends_on() => {
                     tracing::warn!(%key, message, "the store refused to append; uploading the object whole");
+                }
+                Err(AppendError::Refused { message, .. }) => {
+                    // Appends turned off on the store by this refusal or one in parallel
+                    // (said once, where it was decided).
+                    tracing::debug!(%key, message, "appends are off on this store; uploading the object whole");
                 }
                 Err(e @ (AppendError::Unavailable { .. } | AppendError::Read { .. })) => {
                     return Err(UploadError::Append {

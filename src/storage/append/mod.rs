@@ -48,17 +48,22 @@
 //!   `logs::gate` for the bound on how long).
 //!   S3 Express directory buckets are addressed like object_store does, but appends have
 //!   not been run against one.
-//! - GCS and Azure: no appends (uploaded whole on the schedule). GCS's compose needs the tail
-//!   as an object of its own first, and Azure's block lists need block blobs written by
-//!   block id, which object_store's uploads do not leave.
+//! - Azure: event objects only ([`AzureAppender`], `blocks`): every version is written as
+//!   blocks with ids we choose, and the next one commits the blob's blocks plus the new
+//!   bytes as new blocks (Put Block, Put Block List with `If-Match`); see `blocks`. Logs are
+//!   uploaded whole on the schedule ([`Appender::appends_logs`]): their whole uploads are
+//!   object_store's, whose block ids are not ours.
+//! - GCS: no appends (uploaded whole on the schedule). GCS's compose needs the tail as an
+//!   object of its own first.
 //!
-//! Layout: this file is the face (the errors, [`Appender`] and what both stores share: the
+//! Layout: this file is the face (the errors, [`Appender`] and what the stores share: the
 //! check that the object is still the one we wrote, the meaning of a failed request);
 //! `local` appends and replaces in place on `file://`; `multipart` is [`S3Appender`], the
 //! multipart uploads and their aborts; `probe` is the verdict, once per run of a store,
 //! whether it honours `x-amz-copy-source-if-match` (asked only of a store whose HEAD gives
-//! no ETag).
+//! no ETag); `blocks` is [`AzureAppender`].
 
+mod blocks;
 mod local;
 mod multipart;
 mod probe;
@@ -76,6 +81,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use super::s3::{classify_store_error, Failure};
 use crate::util::fs::Beneath;
 use crate::util::pace::Flow;
+pub use blocks::{block_id, AzureAppender};
 use local::{append_local, remove_temporaries, replace_local};
 pub use local::{local_temp_tag, remove_local_temp, sync_local_object_dir, LOCAL_TEMP_SUFFIX};
 pub use multipart::{copy_ranges, S3Appender, S3_MAX_COPY_PART};
@@ -150,6 +156,8 @@ pub enum Appender {
     Local(Arc<LocalFileSystem>),
     /// S3 or an S3-compatible server.
     S3(Arc<S3Appender>),
+    /// Azure Blob Storage: event objects only (`blocks`); the log lane is not given it.
+    Azure(Arc<AzureAppender>),
 }
 
 impl Appender {
@@ -160,6 +168,7 @@ impl Appender {
         match self {
             Appender::Local(fs) => Appender::Local(fs),
             Appender::S3(s3) => Appender::S3(Arc::new(s3.with_answer_timeout(timeout))),
+            Appender::Azure(a) => Appender::Azure(a),
         }
     }
 
@@ -177,7 +186,14 @@ impl Appender {
                 report: a.report.clone(),
                 conditions: a.conditions.clone(),
             })),
+            Appender::Azure(a) => Appender::Azure(a),
         }
+    }
+
+    /// Whether the log lane may append with it: not on Azure, whose log objects are
+    /// written by whole uploads (`object_store`'s ids), never as blocks of ours.
+    pub fn appends_logs(&self) -> bool {
+        !matches!(self, Appender::Azure(_))
     }
 }
 
@@ -210,6 +226,19 @@ impl Appender {
         match self {
             Appender::Local(_) => 0,
             Appender::S3(_) => S3_MIN_PART,
+            // Any blob written as blocks of ours (an empty one never is); none once appends
+            // are off on the store (`blocks`: a Get Block List refused for lack of permission).
+            Appender::Azure(a) if a.appends_on() => 1,
+            Appender::Azure(_) => u64::MAX,
+        }
+    }
+
+    /// Whether appends are still tried with it (`false`: Azure, after a Get Block List
+    /// refused for lack of permission, said once there).
+    pub fn appends_on(&self) -> bool {
+        match self {
+            Appender::Azure(a) => a.appends_on(),
+            _ => true,
         }
     }
 
@@ -244,6 +273,8 @@ impl Appender {
                 }
             }
             Appender::S3(s3) => s3.prepare(history_prefix, node).await,
+            // Uncommitted blocks of a killed run are Azure's to discard.
+            Appender::Azure(_) => Prepared::default(),
         }
     }
 
@@ -278,7 +309,7 @@ impl Appender {
     /// number left.
     pub async fn abort_pending(&self, deadline: Instant) -> usize {
         match self {
-            Appender::Local(_) => 0,
+            Appender::Local(_) | Appender::Azure(_) => 0,
             Appender::S3(s3) => s3.abort_pending(deadline).await,
         }
     }
@@ -298,6 +329,7 @@ impl Appender {
         match self {
             Appender::Local(fs) => append_local(fs, key, file, from, to, e_tag, pace).await,
             Appender::S3(s3) => s3.append(key, file, from, to, e_tag, pace).await,
+            Appender::Azure(az) => az.append(key, file, from, to, e_tag).await,
         }
     }
 }

@@ -650,7 +650,7 @@ pub fn copy_ranges(size: u64, max_part: u64) -> Vec<(u64, u64)> {
 }
 
 /// Reads exactly `n` bytes from `src` on the blocking pool; the file back with them.
-async fn read_exact_blocking(
+pub(super) async fn read_exact_blocking(
     src: std::fs::File,
     n: u64,
     path: &Path,

@@ -208,7 +208,7 @@ pub fn may_refuse_conditions(failure: Failure, status: Option<u16>) -> bool {
 }
 
 /// The error for a non-2xx answer.
-pub(super) fn answer_err(status: StatusCode, body: &[u8], what: &str) -> WireError {
+pub(crate) fn answer_err(status: StatusCode, body: &[u8], what: &str) -> WireError {
     let text = String::from_utf8_lossy(&body[..body.len().min(MAX_ERROR_BODY)]);
     let doc: ErrorDocument = quick_xml::de::from_str(&text).unwrap_or_default();
     let failure = classify(status.as_u16(), doc.code.as_deref());
@@ -227,7 +227,7 @@ pub(super) fn answer_err(status: StatusCode, body: &[u8], what: &str) -> WireErr
     }
 }
 
-pub(super) fn wire_err(failure: Failure, what: &str, e: impl std::fmt::Display) -> WireError {
+pub(crate) fn wire_err(failure: Failure, what: &str, e: impl std::fmt::Display) -> WireError {
     WireError {
         failure,
         unanswered: false,

@@ -55,7 +55,8 @@ use object_store::client::{
 };
 use object_store::multipart::PartId;
 
-use failure::{answer_err, unanswered, wire_err};
+use failure::unanswered;
+pub(crate) use failure::{answer_err, wire_err};
 use xml::{
     xml_escape, CompleteResult, CopyPartResult, ErrorDocument, ListBucketResult,
     ListMultipartUploadsResult, PartMetadata, PartMetadataIn, VersioningConfiguration,
@@ -113,7 +114,7 @@ impl HttpConnector for CapturingConnector {
 }
 
 impl CapturingConnector {
-    fn taken(&self) -> Option<(HttpClient, ClientOptions)> {
+    pub(crate) fn taken(&self) -> Option<(HttpClient, ClientOptions)> {
         self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
@@ -656,7 +657,7 @@ async fn within<T>(
 }
 
 /// An answer's body, at most [`MAX_ANSWER_BODY`] bytes (more is an error, not read on).
-async fn read_bounded(
+pub(crate) async fn read_bounded(
     body: object_store::client::HttpResponseBody,
     timeout: Option<Duration>,
     what: &str,
