@@ -388,6 +388,17 @@ const ID_SCAN_CHUNK: usize = 64 * 1024;
 /// memory of reading one line backwards. Ray's events are a few KiB; a larger one is rare.
 const MAX_ID_LINE: usize = 8 << 20;
 
+/// The chunk each of `readers` readers of the spool's ids reads at a time: together about
+/// [`UNRECORDED_READ_BYTES`], each at least [`MIN_ID_SCAN_CHUNK`] and at most [`ID_SCAN_CHUNK`].
+fn chunk_for(readers: usize) -> usize {
+    (UNRECORDED_READ_BYTES / readers.max(1)).clamp(MIN_ID_SCAN_CHUNK, ID_SCAN_CHUNK)
+}
+
+/// A spool file whose ids could not be reloaded: logged, and left out.
+fn unreadable(path: &Path, e: &io::Error) {
+    tracing::warn!(path = %path.display(), error = %e, "could not reload the event ids of a spool file; a resend of its events may be stored twice");
+}
+
 /// With no ids journal at all ([`newest_by_time`]): the ids a start reloads at most, when
 /// the window is smaller. Held until a window of new ids was accepted (24 to 40 bytes each),
 /// so four default windows take at most 40 MiB while held.
@@ -535,20 +546,21 @@ pub(super) fn unrecorded_ids(mut files: Vec<IdFile>, want: usize, lengths: &Leng
         floor < f.len
     });
     files.sort_by_key(|f| std::cmp::Reverse(f.created));
-    let chunk =
-        (UNRECORDED_READ_BYTES / files.len().max(1)).clamp(MIN_ID_SCAN_CHUNK, ID_SCAN_CHUNK);
+    let chunk = chunk_for(files.len());
     let mut readers: Vec<TailIds> = files
         .iter()
-        .filter_map(|f| match TailIds::open_from(&f.path, f.lines, f.floor, f.len) {
-            Ok(mut r) => {
-                r.chunk = chunk;
-                Some(r)
-            }
-            Err(e) => {
-                tracing::warn!(path = %f.path.display(), error = %e, "could not reload the event ids of a spool file; a resend of its events may be stored twice");
-                None
-            }
-        })
+        .filter_map(
+            |f| match TailIds::open_from(&f.path, f.lines, f.floor, f.len) {
+                Ok(mut r) => {
+                    r.chunk = chunk;
+                    Some(r)
+                }
+                Err(e) => {
+                    unreadable(&f.path, &e);
+                    None
+                }
+            },
+        )
         .collect();
     while out.len() < want && !readers.is_empty() {
         readers.retain_mut(|r| {
@@ -562,7 +574,7 @@ pub(super) fn unrecorded_ids(mut files: Vec<IdFile>, want: usize, lengths: &Leng
                 }
                 Ok(None) => false,
                 Err(e) => {
-                    tracing::warn!(path = %r.path.display(), error = %e, "could not reload the event ids of a spool file; a resend of its events may be stored twice");
+                    unreadable(&r.path, &e);
                     false
                 }
             }
@@ -589,8 +601,7 @@ pub(super) fn newest_by_time(files: Vec<IdFile>, want: usize) -> Vec<u64> {
         t.duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos())
     };
-    let chunk =
-        (UNRECORDED_READ_BYTES / files.len().max(1)).clamp(MIN_ID_SCAN_CHUNK, ID_SCAN_CHUNK);
+    let chunk = chunk_for(files.len());
     // Each reader with the times of its file's first and last line.
     let mut readers: Vec<(TailIds, u128, u128, u64)> = files
         .iter()
@@ -602,7 +613,7 @@ pub(super) fn newest_by_time(files: Vec<IdFile>, want: usize) -> Vec<u64> {
                 Some((r, first, last, f.len.max(1)))
             }
             Err(e) => {
-                tracing::warn!(path = %f.path.display(), error = %e, "could not reload the event ids of a spool file; a resend of its events may be stored twice");
+                unreadable(&f.path, &e);
                 None
             }
         })
@@ -626,7 +637,7 @@ pub(super) fn newest_by_time(files: Vec<IdFile>, want: usize) -> Vec<u64> {
             }
             Ok(None) => {}
             Err(e) => {
-                tracing::warn!(path = %reader.0.path.display(), error = %e, "could not reload the event ids of a spool file; a resend of its events may be stored twice");
+                unreadable(&reader.0.path, &e);
             }
         }
     }
@@ -714,7 +725,7 @@ fn ids_side_by_side(
         .filter_map(|f| match TailIds::open(&f.path, f.lines, f.len) {
             Ok(r) => Some((r, place())),
             Err(e) => {
-                tracing::warn!(path = %f.path.display(), error = %e, "could not reload the event ids of a spool file; a resend of its events may be stored twice");
+                unreadable(&f.path, &e);
                 None
             }
         })
@@ -746,7 +757,7 @@ fn ids_side_by_side(
                 }
                 Ok(None) | Err(_) => {
                     if let Err(e) = next {
-                        tracing::warn!(path = %r.path.display(), error = %e, "could not reload the event ids of a spool file; a resend of its events may be stored twice");
+                        unreadable(&r.path, &e);
                     }
                     if let Place::Held(ids) = std::mem::replace(place, Place::Older) {
                         out.older.extend(ids);
