@@ -82,7 +82,6 @@ impl Verdict {
 
 #[derive(Debug, Default)]
 struct State {
-    verdict: Option<Verdict>,
     /// Probes that found nothing.
     unsettled: u32,
     /// No probe before this (after one that found nothing).
@@ -90,6 +89,11 @@ struct State {
 }
 
 impl CopyConditions {
+    /// The verdict, once there is one.
+    fn settled(&self) -> Option<Verdict> {
+        Verdict::from_code(self.settled.load(Ordering::Acquire))
+    }
+
     /// The store's verdict, asked of `probe` when there is none yet and one may be asked now;
     /// `key` and `why` (why the ETags could not be compared) name the object in the error
     /// that sends it whole.
@@ -103,7 +107,7 @@ impl CopyConditions {
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<Verdict, AppendError>>,
     {
-        if let Some(v) = Verdict::from_code(self.settled.load(Ordering::Acquire)) {
+        if let Some(v) = self.settled() {
             return Ok(v);
         }
         let Ok(mut state) = self.state.try_lock() else {
@@ -115,7 +119,8 @@ impl CopyConditions {
                 ),
             });
         };
-        if let Some(v) = state.verdict {
+        // A probe may have ended between the look above and the lock.
+        if let Some(v) = self.settled() {
             return Ok(v);
         }
         if state.next_probe.is_some_and(|t| Instant::now() < t) {
@@ -129,7 +134,6 @@ impl CopyConditions {
         }
         match probe().await {
             Ok(v) => {
-                state.verdict = Some(v);
                 self.settled.store(v.code(), Ordering::Release);
                 match v {
                     Verdict::Honoured => tracing::info!(%key,
@@ -147,7 +151,6 @@ impl CopyConditions {
                     state.unsettled += 1;
                 }
                 if state.unsettled >= MAX_UNSETTLED_PROBES {
-                    state.verdict = Some(Verdict::Ignored);
                     self.settled
                         .store(Verdict::Ignored.code(), Ordering::Release);
                     tracing::warn!(%key, error = %e, probes = state.unsettled,
