@@ -40,6 +40,8 @@ use object_store::client::{
 use object_store::path::Path as ObjectPath;
 use serde::Deserialize;
 
+use crate::util::error_chain;
+
 use super::s3::{
     answer_err, backoff, classify, read_bounded, wire_err, CapturingConnector, Failure, WireError,
     RETRY_ATTEMPTS,
@@ -330,7 +332,7 @@ impl AzureWire {
         let resp = http
             .execute(req)
             .await
-            .map_err(|e| wire_err(Failure::Transient, what, chain(&e)))?;
+            .map_err(|e| wire_err(Failure::Transient, what, error_chain(&e, ": ")))?;
         let status = resp.status();
         let (parts, body) = resp.into_parts();
         let body = read_bounded(body, None, what).await?;
@@ -370,19 +372,6 @@ pub fn classify_azure(status: u16, code: Option<&str>) -> Failure {
         _ if status == 409 => Failure::Precondition,
         _ => classify(status, code),
     }
-}
-
-/// An error with its sources (a transport error's own text says little: "error sending
-/// request").
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 fn header(h: &HeaderMap, name: &str) -> Option<String> {

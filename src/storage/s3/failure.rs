@@ -158,14 +158,7 @@ pub fn classify_part_error(e: &object_store::Error) -> Failure {
 /// The text of an error of `object_store` and of its sources (its retry error, which holds
 /// the status and the answer's body, is not public).
 fn store_error_text(e: &object_store::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(" | ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
+    crate::util::error_chain(e, " | ")
 }
 
 /// S3's error code in an answer's text (`<Code>...</Code>`).
