@@ -54,6 +54,12 @@ pub const SPOOL_BYTES: &str = "rhc_spool_bytes";
 /// Spool files not yet uploaded: segments, quarantine files, kept bodies (not the growth
 /// copies and records of open segments).
 pub const SPOOL_FILES: &str = "rhc_spool_segments";
+/// Files an earlier run of this node left in the spool that are not uploaded yet (counted
+/// at start; they go up before the new run's events are published).
+pub const SPOOL_EARLIER_RUN_FILES: &str = "rhc_spool_earlier_run_files";
+/// 1 while the new run's events wait to be published for the files an earlier run left
+/// (until none is left, or none was uploaded for an `--upload-window`), else 0.
+pub const PUBLISH_HELD: &str = "rhc_publish_held_for_earlier_run";
 /// The spool's disk budget (`--max-spool-bytes`): alerts compare [`SPOOL_BYTES`] with it.
 pub const SPOOL_BUDGET: &str = "rhc_spool_budget_bytes";
 /// Spool accounting errors, by counter (`stored`, `files`, `claimed`, `uncopied`): a
@@ -184,6 +190,10 @@ pub struct SpoolGauges {
     /// Each kind of conditional write with whether the store refused it
     /// ([`CONDITIONS_REFUSED`]).
     pub conditions_refused: [(&'static str, bool); 4],
+    /// Files an earlier run left, not uploaded yet ([`SPOOL_EARLIER_RUN_FILES`]).
+    pub earlier_run_files: u64,
+    /// The new run's publications wait for them ([`PUBLISH_HELD`]).
+    pub held_for_earlier_run: bool,
 }
 
 /// Renders the text exposition, refreshing the spool gauges first.
@@ -191,6 +201,8 @@ pub fn render(handle: &PrometheusHandle, spool: SpoolGauges) -> String {
     gauge!(SPOOL_BYTES).set(spool.bytes as f64);
     gauge!(SPOOL_FILES).set(spool.files as f64);
     gauge!(OLDEST_AGE).set(spool.oldest_age_seconds);
+    gauge!(SPOOL_EARLIER_RUN_FILES).set(spool.earlier_run_files as f64);
+    gauge!(PUBLISH_HELD).set(if spool.held_for_earlier_run { 1.0 } else { 0.0 });
     conditional_writes(spool.conditional_writes);
     for (kind, refused) in spool.conditions_refused {
         gauge!(CONDITIONS_REFUSED, "kind" => kind).set(if refused { 1.0 } else { 0.0 });

@@ -1102,6 +1102,20 @@ fn the_next_start_uploads_what_a_shutdown_left_first() {
     assert_eq!(status.code(), Some(3), "{}", c.log_tail(20));
     s3.restart();
     c.restart();
+    // The wait shows in the metrics: the files left, and the hold while they go.
+    let left = c.metric("rhc_spool_earlier_run_files");
+    assert!(
+        left > 0.0 && left <= f64::from(LEFT),
+        "rhc_spool_earlier_run_files {left} right after the start"
+    );
+    let seen_held = Instant::now() + Duration::from_secs(10);
+    while c.metric("rhc_publish_held_for_earlier_run") != 1.0 {
+        assert!(
+            Instant::now() < seen_held && c.metric("rhc_spool_earlier_run_files") > 0.0,
+            "rhc_publish_held_for_earlier_run never 1 while the earlier run's files went"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     post_jobs(&c, NEW);
     // The job directory of a key (`.../job_events/<job-hex>/...`); the new jobs' hex.
     let job_dir = |k: &str| -> Option<String> {
@@ -1136,6 +1150,8 @@ fn the_next_start_uploads_what_a_shutdown_left_first() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    assert_eq!(c.metric("rhc_spool_earlier_run_files"), 0.0);
+    assert_eq!(c.metric("rhc_publish_held_for_earlier_run"), 0.0);
     let status = c.terminate(Duration::from_secs(60));
     assert!(status.success(), "{}", c.log_tail(40));
     verify_acked(&read_all(&s3.store("first")), &ids);

@@ -158,6 +158,8 @@ fn spool_gauges(st: &IngestState) -> m::SpoolGauges {
         oldest_age_seconds: stats.oldest_pending_age_seconds(),
         conditional_writes: crate::storage::versioned::conditional_writes_now(),
         conditions_refused: crate::storage::conditions::kinds_refused(),
+        earlier_run_files: stats.earlier_left() as u64,
+        held_for_earlier_run: stats.earlier_holding(),
     }
 }
 

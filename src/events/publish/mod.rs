@@ -338,6 +338,7 @@ impl Publisher {
         // was taken for a window (an outage, a file the store refuses).
         let held_since = tokio::time::Instant::now();
         let mut held = self.stats.earlier_left() > 0;
+        self.stats.set_earlier_holding(held);
         if held {
             tracing::info!(
                 files = self.stats.earlier_left(),
@@ -347,6 +348,7 @@ impl Publisher {
         while !*stop.borrow() {
             if held && !self.stats.earlier_run_holds(window) {
                 held = false;
+                self.stats.set_earlier_holding(false);
                 let left = self.stats.earlier_left();
                 let waited_ms = held_since.elapsed().as_millis() as u64;
                 if left == 0 {
@@ -450,6 +452,7 @@ impl Publisher {
             }
         }
         // Those in flight finish on their own; nothing new starts.
+        self.stats.set_earlier_holding(false);
         tasks.detach_all();
         self.late.flush();
     }

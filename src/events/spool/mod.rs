@@ -291,6 +291,9 @@ pub struct SpoolStats {
     /// shutdown left first).
     earlier_left: AtomicUsize,
     earlier_progress: Mutex<Option<Instant>>,
+    /// The publisher holds the new run's publications back for those files now
+    /// (`rhc_publish_held_for_earlier_run`).
+    earlier_holding: AtomicBool,
 }
 
 impl SpoolStats {
@@ -380,9 +383,21 @@ impl SpoolStats {
         }
     }
 
-    /// Files an earlier run left that are not uploaded yet.
+    /// Files an earlier run left that are not uploaded yet (`rhc_spool_earlier_run_files`).
     pub fn earlier_left(&self) -> usize {
         self.earlier_left.load(Ordering::SeqCst)
+    }
+
+    /// Said by the publisher when it starts and stops holding the new run's publications
+    /// back for the files an earlier run left.
+    pub(crate) fn set_earlier_holding(&self, holding: bool) {
+        self.earlier_holding.store(holding, Ordering::SeqCst);
+    }
+
+    /// Whether the publisher holds the new run's publications back now, for the files an
+    /// earlier run left (`rhc_publish_held_for_earlier_run`).
+    pub fn earlier_holding(&self) -> bool {
+        self.earlier_holding.load(Ordering::SeqCst)
     }
 
     /// Whether the new run's publications still wait for the files an earlier run left:
