@@ -114,7 +114,7 @@ mod format;
 use format::*;
 
 /// Most ids held beyond the window that a start reads back ([`Loaded::held`]): as many as a
-/// start reloads from the spool's lines at most (`recovery::MAX_UNRECORDED_IDS`).
+/// start reloads from the spool's lines at most (`recovery::ids::MAX_UNRECORDED_IDS`).
 const MAX_HELD_IDS: usize = 1 << 18;
 
 /// Below the spool dir: the generations of the ids journal.
@@ -174,7 +174,7 @@ pub(super) struct Journal {
     /// made durable: a power loss can take their records, so a start reloads them from the
     /// spool's lines. Kept under a quarter of the window ([`Journal::due_for_sync`]); a
     /// start reloads them all, whatever their order across files and whatever window it
-    /// runs with (`recovery::unrecorded_limit`).
+    /// runs with (`recovery::ids::unrecorded_limit`).
     unsynced_ids: usize,
     /// While the window holds ids a start reloaded in no known order
     /// ([`crate::util::dedup::DedupWindow::hold`]): how many, and how many ids were
@@ -387,7 +387,7 @@ impl Journal {
         // No generation at all, with files in the spool: a lost `dedup/` folder, or the first
         // start after a binary that kept no journal. The journal then knows nothing of the
         // spool, so every line of it is newer than the journal: its ids are reloaded newest
-        // first as the files' times tell (`recovery::newest_by_time`), up to four default
+        // first as the files' times tell (`recovery::ids::newest_by_time`), up to four default
         // windows, and all held, as after a cut snapshot with nothing before it. (Taken as a
         // journal of format 1, the files were read one after another by their modification
         // times into the window alone: 3,856 of the newest 200,000 ids resent after a lost
