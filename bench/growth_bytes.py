@@ -17,7 +17,7 @@ growth (S3 UploadPartCopy, Azure block lists) about S plus the requests' heads.
 Prints one line per run and one JSON line per binary: medians of sent bytes, stored bytes,
 their ratio and the publications (``rhc_event_publications_total`` by ``how``).
 
-Needs ``RHC_AZURITE_BLOB`` (azure) or ``RHC_MOTO_SERVER`` (s3) and ``RHC_PYTHON``'s packages
+A failed run keeps its logs (the temporary folder it names). Needs ``RHC_AZURITE_BLOB`` (azure) or ``RHC_MOTO_SERVER`` (s3) and ``RHC_PYTHON``'s packages
 (azure-storage-blob, boto3; run it with that Python). Loopback only; every run is bounded in
 time; every process started is stopped.
 """
@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import socket
 import statistics
 import subprocess
@@ -46,9 +47,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_http(url, deadline_s=30):
+def wait_http(url, deadline_s=30, proc=None):
     until = time.monotonic() + deadline_s
     while time.monotonic() < until:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"{proc.args[0]} exited with {proc.returncode} before {url} answered")
         try:
             urllib.request.urlopen(url, timeout=1)
             return
@@ -216,7 +219,7 @@ def run_one(args, store, relay, binary, run_name, tmp):
     relay.reset()
     proc = subprocess.Popen(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_http(f"http://127.0.0.1:{port}/readyz")
+        wait_http(f"http://127.0.0.1:{port}/readyz", proc=proc)
         subprocess.run([args.loadgen, "--url", f"http://127.0.0.1:{port}/v1/events",
                         "--rate", str(args.rate), "--duration", str(args.duration),
                         "--jobs", "1", "--batch", "100", "--concurrency", "1"],
@@ -230,7 +233,7 @@ def run_one(args, store, relay, binary, run_name, tmp):
             proc.kill()
             proc.wait()
     if code != 0:
-        raise SystemExit(f"{binary}: exit {code}; see {log.name}")
+        raise SystemExit(f"{binary}: exit {code}; see {log.name} (kept)")
     time.sleep(0.2)
     sent = relay.reset()
     stored = store.event_bytes(bucket)
@@ -248,30 +251,32 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("binaries", nargs="+")
     args = p.parse_args()
-    with tempfile.TemporaryDirectory(prefix="growth-bytes-") as tmp:
-        store = (Azure if args.store == "azure" else S3)(tmp)
-        relay = Relay(store.port)
-        results = {b: [] for b in args.binaries}
-        try:
-            for rnd in range(args.rounds):
-                order = args.binaries if rnd % 2 == 0 else list(reversed(args.binaries))
-                for i, b in enumerate(order):
-                    r = run_one(args, store, relay, b, f"r{rnd}b{args.binaries.index(b)}", tmp)
-                    results[b].append(r)
-                    print(f"round {rnd + 1} {b}: {json.dumps(r)}", file=sys.stderr, flush=True)
-        finally:
-            relay.close()
-            store.stop()
-        for b, rs in results.items():
-            print(json.dumps({
-                "binary": b, "store": args.store, "rate": args.rate,
-                "duration_s": args.duration, "upload_window": args.upload_window,
-                "runs": len(rs),
-                "median_sent_bytes": statistics.median(r["sent"] for r in rs),
-                "median_stored_bytes": statistics.median(r["stored"] for r in rs),
-                "median_sent_per_stored": statistics.median(r["ratio"] for r in rs),
-                "publications": [r["publications"] for r in rs],
-            }))
+    # Kept when a run fails, so the logs it names can be read.
+    tmp = tempfile.mkdtemp(prefix="growth-bytes-")
+    store = (Azure if args.store == "azure" else S3)(tmp)
+    relay = Relay(store.port)
+    results = {b: [] for b in args.binaries}
+    try:
+        for rnd in range(args.rounds):
+            order = args.binaries if rnd % 2 == 0 else list(reversed(args.binaries))
+            for i, b in enumerate(order):
+                r = run_one(args, store, relay, b, f"r{rnd}b{args.binaries.index(b)}", tmp)
+                results[b].append(r)
+                print(f"round {rnd + 1} {b}: {json.dumps(r)}", file=sys.stderr, flush=True)
+    finally:
+        relay.close()
+        store.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+    for b, rs in results.items():
+        print(json.dumps({
+            "binary": b, "store": args.store, "rate": args.rate,
+            "duration_s": args.duration, "upload_window": args.upload_window,
+            "runs": len(rs),
+            "median_sent_bytes": statistics.median(r["sent"] for r in rs),
+            "median_stored_bytes": statistics.median(r["stored"] for r in rs),
+            "median_sent_per_stored": statistics.median(r["ratio"] for r in rs),
+            "publications": [r["publications"] for r in rs],
+        }))
 
 
 if __name__ == "__main__":
