@@ -1034,7 +1034,7 @@ const LIVE_JOBS_PATH: &str = "/api/jobs/";
 /// order, and each member of each of Ray's entries with the same value, but these, printed
 /// with both values, each for its reason:
 /// - `status` `RUNNING` and `end_time` `0`: the list was fetched while the driver ran; serve
-///   says what the bucket says after it ended (`SUCCEEDED`, its end time);
+///   says what the bucket says after it ended (`SUCCEEDED`, its end time), else the same;
 /// - `null` answered `""` (`message`, `error_type`, `driver_agent_http_address`,
 ///   `submission_id`): KubeRay's job shape, which serve answers (docs/inspect.md);
 /// - `driver_node_id` `null` answered with the driver's node: KubeRay's shape names it, Ray's
@@ -1126,8 +1126,11 @@ fn check_serve_jobs(
                     (Some(a), Some(b)) if (a - b).abs() <= JOB_TIME_SKEW_MS => continue,
                     _ => None,
                 },
+                // Serve's `0` too when the bucket has no end of the driver (equal above).
                 ("end_time", w, h)
-                    if w == 0 && (h.is_null() || h.as_i64() >= mine["start_time"].as_i64()) =>
+                    if w == 0
+                        && h.as_i64()
+                            .is_some_and(|t| Some(t) >= mine["start_time"].as_i64()) =>
                 {
                     Some("fetched while the driver ran (0); serve has its end from the bucket")
                 }
@@ -1235,9 +1238,13 @@ fn served_leaf_matches(
             .as_i64()
             .zip(s.as_i64())
             .is_some_and(|(live, shown)| (shown - live).abs() <= JOB_TIME_SKEW_MS),
+        // Ray's `0` (the driver ran when Ray answered): serve's too when the bucket has no
+        // end of the driver, else its end, after the runs'.
         (["job_details", "end_time"], s) if value == 0 => {
             let run_end_ms = live_run["end_time_ns"].as_i64().unwrap_or(i64::MAX) / 1_000_000;
-            s.is_none_or(|s| s.is_null() || s.as_i64().is_some_and(|ms| ms >= run_end_ms))
+            s.is_none_or(|s| {
+                s.is_null() || *s == 0 || s.as_i64().is_some_and(|ms| ms >= run_end_ms)
+            })
         }
         (_, None) => value.is_null(),
         (_, Some(s)) => same_value(value, s),

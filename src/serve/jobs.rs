@@ -19,7 +19,8 @@
 //! `driver_info` null. A submission whose entrypoint ran several drivers
 //! is one entry, its last driver (the highest job id), as Ray's `get_driver_jobs` keeps
 //! it: the earlier drivers are neither listed nor found. Any other job is `type: DRIVER` with
-//! `submission_id` `""`. `driver_info.node_ip_address` is the IP of the driver's node (its
+//! `submission_id` `""`, and `end_time` `0` until an end was recorded (Ray's job table's
+//! value for a driver not yet dead). `driver_info.node_ip_address` is the IP of the driver's node (its
 //! definition event names the node, the node's definition event its IP), else
 //! `EXPORT_DRIVER_JOB`'s `driver_ip_address`. What the session does not say is KubeRay's
 //! empty value (`""`), but `driver_exit_code`, `null` unless a submission record gave it (as
@@ -268,6 +269,11 @@ fn job_fields(j: &JobFacts, ips: &NodeIps<'_>) -> Value {
         "job_id": j.job_id,
         "submission_id": j.submission_id.clone().unwrap_or_default(),
         "type": if j.submission_id.is_some() { "SUBMISSION" } else { "DRIVER" },
+        // Ray's `JobDetails` always has both: a driver job's `end_time` is its job table's,
+        // `0` until the driver is marked dead; a submitted job's, its record's (`null`
+        // without one).
+        "start_time": null,
+        "end_time": if j.submission_id.is_some() { Value::Null } else { json!(0) },
     });
     if let Some(ms) = j.started.as_deref().and_then(unix_ms) {
         v["start_time"] = json!(ms);
@@ -297,6 +303,8 @@ fn submission_fields(s: &SubmissionFacts) -> Value {
         "job_id": null,
         "submission_id": "",
         "type": "SUBMISSION",
+        "start_time": null,
+        "end_time": null,
     });
     with_submission(&mut v, s);
     v
@@ -1174,6 +1182,20 @@ mod tests {
                 ("", "03000000", "10.0.0.3"),
                 ("", "05000000", ""),
             ]
+        );
+        // Both times always there, as in Ray: a driver job's end `0` until one was recorded
+        // (its job table's), a submitted job's `null` without its record's.
+        assert_eq!(
+            (&jobs[4]["start_time"], &jobs[4]["end_time"]),
+            (&Value::Null, &json!(0))
+        );
+        assert_eq!(
+            (&jobs[1]["start_time"], &jobs[1]["end_time"]),
+            (&json!(100), &Value::Null)
+        );
+        assert_eq!(
+            (&jobs[0]["start_time"], &jobs[0]["end_time"]),
+            (&json!(50), &Value::Null)
         );
         // A job's answer names the same IP.
         let ips = node_ips(&facts);
