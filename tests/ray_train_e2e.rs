@@ -20,7 +20,11 @@
 //!   Ray's live answer at the same path with the same value (`check_serve`; the
 //!   `job_details` leaves of `SERVE_GAPS` are printed with both values); and a snapshot
 //!   stored for the endpoint is answered instead where it is as far as the events (Ray's
-//!   live answer), but gives way to them for a run it shows at an earlier poll.
+//!   live answer), but gives way to them for a run it shows at an earlier poll;
+//! - `serve`'s `/api/jobs/` lists the jobs of Ray's live `/api/jobs/` (recorded after the
+//!   Train answers) in the same order, each member of Ray's entries with the same value,
+//!   `driver_info` whole (its `node_ip_address` too), but the differences
+//!   `check_serve_jobs` names and prints.
 //!
 //! Needs `RHC_PYTHON` (a Python with `ray[default,train,data]`, from
 //! `./scripts/install-test-deps.sh`); without it the test prints `skipping: ...` and passes,
@@ -974,6 +978,7 @@ fn check_serve(
             checked += 1;
         }
     }
+    checked += check_serve_jobs(&serve, &cookies, live, failures);
 
     // A snapshot stored for the endpoint is what Ray answered: where it is as far as the
     // export events (Ray's live answer, recorded after both runs ended), it is replayed.
@@ -1018,6 +1023,141 @@ fn check_serve(
             got.status,
             String::from_utf8_lossy(&got.body)
         ));
+    }
+    checked
+}
+
+/// Ray's job list, recorded by the workload after the Train answers.
+const LIVE_JOBS_PATH: &str = "/api/jobs/";
+
+/// `serve`'s `/api/jobs/` against Ray's live answer (issue 36): the same jobs in the same
+/// order, and each member of each of Ray's entries with the same value, but these, printed
+/// with both values, each for its reason:
+/// - `status` `RUNNING` and `end_time` `0`: the list was fetched while the driver ran; serve
+///   says what the bucket says after it ended (`SUCCEEDED`, its end time), else the same;
+/// - `null` answered `""` (`message`, `error_type`, `driver_agent_http_address`,
+///   `submission_id`): KubeRay's job shape, which serve answers (docs/inspect.md);
+/// - `driver_node_id` `null` answered with the driver's node: KubeRay's shape names it, Ray's
+///   head sets it for submitted jobs only;
+/// - a job serve lists and Ray does not, when the job table has it in one of Ray's
+///   `_ray_internal_` namespaces (the workload's `internal_jobs`, such as the driver Ray's
+///   dashboard starts to answer Ray Train's endpoints): Ray's list leaves those out, and no
+///   event says a job's namespace.
+///
+/// `start_time` may be [`JOB_TIME_SKEW_MS`] apart. Returns the members checked.
+fn check_serve_jobs(
+    serve: &Serve,
+    cookies: &[(String, String)],
+    live: &Value,
+    failures: &mut Vec<String>,
+) -> usize {
+    if live["internal_jobs"].get("error").is_some() {
+        failures.push(format!(
+            "the workload could not read Ray's job table: {}",
+            live["internal_jobs"]
+        ));
+    }
+    let Some(live_jobs) = live["live_answers"]
+        .as_array()
+        .and_then(|a| a.iter().find(|a| a["path"] == LIVE_JOBS_PATH))
+        .and_then(|a| a["body"].as_array())
+    else {
+        failures.push(format!(
+            "the workload recorded no {LIVE_JOBS_PATH} list: {live}"
+        ));
+        return 0;
+    };
+    let got = serve
+        .get(LIVE_JOBS_PATH, cookies)
+        .expect("GET the job list");
+    let served: Vec<Value> = serde_json::from_slice(&got.body).unwrap_or_default();
+    if got.status != 200 || served.is_empty() {
+        failures.push(format!(
+            "serve answered {LIVE_JOBS_PATH} with {}: {}",
+            got.status,
+            String::from_utf8_lossy(&got.body)
+        ));
+        return 0;
+    }
+    let id = |j: &Value| {
+        j["job_id"]
+            .as_str()
+            .or(j["submission_id"].as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let live_ids: Vec<String> = live_jobs.iter().map(id).collect();
+    let mut served_ids = Vec::new();
+    for j in &served {
+        if live_ids.contains(&id(j)) {
+            served_ids.push(id(j));
+        } else if let Some(internal) = live["internal_jobs"].get(id(j)) {
+            println!(
+                "serve's {LIVE_JOBS_PATH}: job {} (entrypoint {}), in Ray's namespace {}, \
+                 which Ray's list leaves out (no event says a job's namespace)",
+                id(j),
+                j["entrypoint"],
+                internal["namespace"]
+            );
+        } else {
+            failures.push(format!("serve lists job {j}, Ray did not"));
+        }
+    }
+    if served_ids != live_ids {
+        failures.push(format!(
+            "serve lists the jobs {served_ids:?}, Ray listed {live_ids:?}"
+        ));
+    }
+    let mut checked = 0;
+    for live_job in live_jobs {
+        let Some(mine) = served.iter().find(|j| id(j) == id(live_job)) else {
+            continue; // a failure above
+        };
+        let Some(members) = live_job.as_object() else {
+            failures.push(format!("Ray's job entry is not an object: {live_job}"));
+            continue;
+        };
+        for (k, want) in members {
+            let have = mine.get(k).unwrap_or(&Value::Null);
+            checked += 1;
+            let why = match (k.as_str(), want, have) {
+                _ if want == have => continue,
+                ("start_time", _, _) => match (want.as_i64(), have.as_i64()) {
+                    (Some(a), Some(b)) if (a - b).abs() <= JOB_TIME_SKEW_MS => continue,
+                    _ => None,
+                },
+                // Serve's `0` too when the bucket has no end of the driver (equal above).
+                ("end_time", w, h)
+                    if w == 0
+                        && h.as_i64()
+                            .is_some_and(|t| Some(t) >= mine["start_time"].as_i64()) =>
+                {
+                    Some("fetched while the driver ran (0); serve has its end from the bucket")
+                }
+                ("status", w, h) if w == "RUNNING" && h == "SUCCEEDED" => {
+                    Some("fetched while the driver ran; serve has its end from the bucket")
+                }
+                (
+                    "message" | "error_type" | "driver_agent_http_address" | "submission_id",
+                    Value::Null,
+                    h,
+                ) if h == "" => Some("KubeRay's job shape: \"\" for what is not set"),
+                ("driver_node_id", Value::Null, h) if h.is_string() => Some(
+                    "KubeRay's shape names the driver's node; Ray's head, for submissions only",
+                ),
+                _ => None,
+            };
+            match why {
+                Some(why) => println!(
+                    "serve's {LIVE_JOBS_PATH} job {}: {k} is {have}, Ray's {want}: {why}",
+                    id(live_job)
+                ),
+                None => failures.push(format!(
+                    "serve's {LIVE_JOBS_PATH} job {}: {k} is {have}, Ray answered {want}",
+                    id(live_job)
+                )),
+            }
+        }
     }
     checked
 }
@@ -1098,9 +1238,13 @@ fn served_leaf_matches(
             .as_i64()
             .zip(s.as_i64())
             .is_some_and(|(live, shown)| (shown - live).abs() <= JOB_TIME_SKEW_MS),
+        // Ray's `0` (the driver ran when Ray answered): serve's too when the bucket has no
+        // end of the driver, else its end, after the runs'.
         (["job_details", "end_time"], s) if value == 0 => {
             let run_end_ms = live_run["end_time_ns"].as_i64().unwrap_or(i64::MAX) / 1_000_000;
-            s.is_none_or(|s| s.is_null() || s.as_i64().is_some_and(|ms| ms >= run_end_ms))
+            s.is_none_or(|s| {
+                s.is_null() || *s == 0 || s.as_i64().is_some_and(|ms| ms >= run_end_ms)
+            })
         }
         (_, None) => value.is_null(),
         (_, Some(s)) => same_value(value, s),

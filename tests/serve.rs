@@ -634,7 +634,8 @@ fn check_routes(s: &Serve) {
     assert_eq!(json_of(&get(s, PLACEMENT_GROUPS, &snake, 200)), empty_pg);
 
     // The jobs of the camel session: its one driver job, as its events say (job id
-    // `AQAAAA==`, driver pid "21819", node `OuZZ…` = 3ae6…23a5, its config's runtime env and
+    // `AQAAAA==`, driver pid "21819", node `OuZZ…` = 3ae6…23a5, whose NODE_DEFINITION_EVENT
+    // gives its IP 192.0.2.2, Ray's `driver_info.node_ip_address`; its config's runtime env and
     // empty metadata, CREATED at
     // 02:06:42.217314970Z and FINISHED at 02:06:50.972464742Z: `date -u -d
     // 2026-11-22T02:06:42Z +%s` = 1795313202). A finished driver is SUCCEEDED, as Ray's own
@@ -654,7 +655,7 @@ fn check_routes(s: &Serve) {
             "message": "",
             "entrypoint": "./venv/bin/python job3.py",
             "status": "SUCCEEDED",
-            "driver_info": {"id": "01000000", "node_ip_address": "", "pid": "21819"},
+            "driver_info": {"id": "01000000", "node_ip_address": "192.0.2.2", "pid": "21819"},
             "job_id": "01000000",
             "submission_id": "",
             "type": "DRIVER",
@@ -2537,15 +2538,17 @@ fn submitted_jobs_are_answered_as_rays_and_their_driver_logs_served_by_submissio
         "start_time": 1795327200500i64,
         "end_time": 1795327209900i64,
     });
-    // One entry for the submission, its last driver's (Ray lists no other).
+    // One entry for the submission, its last driver's (Ray lists no other). Ray's order:
+    // the submitted jobs first (by start time: Ray's is its key-value store's hash order),
+    // then the driver jobs by job id (f36q: the driver job came before raysubmit_2).
     assert_eq!(jobs[0], submitted, "{jobs:#}");
-    assert_eq!(jobs[1]["type"], "DRIVER", "{jobs:#}");
-    assert_eq!(jobs[1]["job_id"], "03000000");
-    assert_eq!(jobs[1]["submission_id"], "");
-    assert_eq!(jobs[1]["metadata"], json!({}));
-    assert_eq!(jobs[1]["runtime_env"], json!({}));
+    assert_eq!(jobs[2]["type"], "DRIVER", "{jobs:#}");
+    assert_eq!(jobs[2]["job_id"], "03000000");
+    assert_eq!(jobs[2]["submission_id"], "");
+    assert_eq!(jobs[2]["metadata"], json!({}));
+    assert_eq!(jobs[2]["runtime_env"], json!({}));
     assert_eq!(
-        jobs[2],
+        jobs[1],
         json!({
             "driver_exit_code": null,
             "driver_node_id": "",

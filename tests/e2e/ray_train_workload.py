@@ -22,10 +22,12 @@ ray_common.py (next to this script) it:
    writes it from its state actor, shortly after fit() returns);
 6. records, while the cluster lives, the dashboard's answers to Ray Train's run
    endpoints (LIVE_PATHS: in Ray 2.60 `/api/train/v2/runs/v1` is the Train V2
-   runs API, `/api/train/v2/runs` the Train V1 one) as
+   runs API, `/api/train/v2/runs` the Train V1 one) and to its job list
+   (`/api/jobs/`, after the Train answers) as
    {"path", "status", "body"}: the body parsed when it is JSON, else its text;
 7. prints ONE JSON line on stdout: {"job_id", "session", "node_id", "run_name",
-   "lr_a", "lr_b", "live_answers", ...};
+   "lr_a", "lr_b", "live_answers", "internal_jobs" (the job table's jobs in Ray's
+   `_ray_internal_` namespaces, which `/api/jobs/` leaves out), ...};
 8. waits until the collector at RHC_COLLECTOR_URL has stopped receiving pushed
    events, because Ray's dashboard agent exits on shutdown without flushing;
 9. calls ray.shutdown().
@@ -55,8 +57,9 @@ LR_B = float(os.environ.get("RHC_E2E_LR_B", "0.001"))
 # Text rank 0 raises on run A's first attempt.
 FAIL_ONCE_TEXT = os.environ.get("RHC_E2E_FAIL_ONCE_TEXT", "rhc-train-e2e rank 0 fails once")
 DASHBOARD_PORT = int(os.environ["RHC_E2E_DASHBOARD_PORT"])
-# Ray Train's run endpoints on the dashboard, recorded while the cluster lives.
-LIVE_PATHS = ("/api/train/v2/runs/v1", "/api/train/v2/runs")
+# Ray Train's run endpoints and the job list on the dashboard, recorded while the cluster
+# lives.
+LIVE_PATHS = ("/api/train/v2/runs/v1", "/api/train/v2/runs", "/api/jobs/")
 TERMINAL = ("FINISHED", "ERRORED", "ABORTED")
 
 
@@ -123,6 +126,28 @@ def live_answer(path):
     except ValueError:
         body = text
     return {"path": path, "status": status, "body": body}
+
+
+def internal_jobs(ray):
+    """{job id hex: {"namespace", "entrypoint"}} of the job table's jobs in Ray's internal
+    namespaces (`_ray_internal_...`, such as the driver Ray's dashboard starts to answer Ray
+    Train's endpoints), which Ray's `/api/jobs/` leaves out; no event says a job's
+    namespace, so the test needs them from here. {"error": text} if the table cannot be read."""
+    try:
+        gcs = ray._private.worker.global_worker.gcs_client
+        infos = gcs.get_all_job_info(
+            skip_submission_job_info_field=True, skip_is_running_tasks_field=True
+        )
+        return {
+            info.job_id.hex(): {
+                "namespace": info.config.ray_namespace,
+                "entrypoint": info.entrypoint,
+            }
+            for info in infos.values()
+            if info.config.ray_namespace.startswith("_ray_internal_")
+        }
+    except Exception as e:  # the test reports it; the workload goes on
+        return {"error": repr(e)}
 
 
 def train_loop(config):
@@ -205,9 +230,17 @@ def run_workload(ray):
         f"live answers {[(a['path'], a['status']) for a in answers]} "
         f"in {time.monotonic() - t0:.1f} s"
     )
+    internal = internal_jobs(ray)
+    log(f"jobs in Ray's internal namespaces: {internal}")
     ray_common.report_and_wait(
         ray,
-        {"run_name": RUN_NAME, "lr_a": LR_A, "lr_b": LR_B, "live_answers": answers},
+        {
+            "run_name": RUN_NAME,
+            "lr_a": LR_A,
+            "lr_b": LR_B,
+            "live_answers": answers,
+            "internal_jobs": internal,
+        },
     )
 
 

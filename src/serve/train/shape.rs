@@ -7,7 +7,7 @@
 use serde_json::{json, Map, Value};
 
 use super::super::index::SessionIndex;
-use super::super::jobs::job_json;
+use super::super::jobs::{job_json, node_ips, NodeIps};
 use super::FRAMEWORK_UNSPECIFIED;
 use crate::inspect::camel;
 use crate::util::time::parse_rfc3339_seconds;
@@ -31,6 +31,7 @@ pub(super) struct Counts {
 /// runs whose settings were not recorded ([`UNRECORDED_SETTINGS_HEADER`]).
 pub(super) fn runs_response(index: &SessionIndex) -> (Value, Counts) {
     let all = &index.facts.train_runs;
+    let ips = node_ips(&index.facts);
     let mut runs: Vec<Value> = all
         .iter()
         .filter(|run| has_run_event(run))
@@ -39,7 +40,7 @@ pub(super) fn runs_response(index: &SessionIndex) -> (Value, Counts) {
                 .as_str()
                 .and_then(|id| index.facts.jobs.iter().find(|j| j.job_id == id))
                 .filter(|j| j.recorded)
-                .map(|j| job_details(j, index));
+                .map(|j| job_details(j, &ips));
             ray_run(run, job)
         })
         .collect();
@@ -55,26 +56,11 @@ pub(super) fn runs_response(index: &SessionIndex) -> (Value, Counts) {
     (json!({ "train_runs": runs }), counts)
 }
 
-/// The job as Ray's `JobDetails`: `/api/jobs/{id}`'s shape, with the driver's node IP from
-/// the session's nodes, and what the events do not say (KubeRay's empty strings, and the
-/// exit code unless a submission record gave it) as Ray's `null`.
-pub(super) fn job_details(j: &crate::inspect::JobFacts, index: &SessionIndex) -> Value {
-    let mut v = job_json(j);
-    let ip = j
-        .driver_node_id
-        .as_deref()
-        .and_then(|id| {
-            index
-                .facts
-                .nodes
-                .iter()
-                .find(|n| n.node_id == id)
-                .and_then(|n| n.ip.clone())
-        })
-        .or_else(|| j.driver_ip.clone());
-    if let (Some(ip), Some(driver)) = (ip, v.get_mut("driver_info")) {
-        driver["node_ip_address"] = Value::String(ip);
-    }
+/// The job as Ray's `JobDetails`: `/api/jobs/{id}`'s shape (with the driver's node IP from
+/// the session's nodes, [`job_json`]), and what the events do not say (KubeRay's empty
+/// strings, and the exit code unless a submission record gave it) as Ray's `null`.
+pub(super) fn job_details(j: &crate::inspect::JobFacts, ips: &NodeIps<'_>) -> Value {
+    let mut v = job_json(j, ips);
     if let Some(o) = v.as_object_mut() {
         for k in [
             "submission_id",
