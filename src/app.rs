@@ -129,6 +129,18 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
             .with_context(|| format!("opening storage {}", settings.storage))?,
         spool.stats().clone(),
     ));
+    // GCS: the part objects a killed run of this host left (`storage::append::compose`).
+    if let Some(app) = settings
+        .store
+        .appender()
+        .with_context(|| format!("opening storage {}", settings.storage))?
+    {
+        let prefixes = [
+            settings.layout.history_prefix(),
+            settings.layout.quarantine_prefix(),
+        ];
+        tokio::spawn(async move { app.remove_parts(&prefixes).await });
+    }
     let (stop_publish, stop_publish_rx) = tokio::sync::watch::channel(false);
     let publish_task = tokio::spawn(
         publisher
