@@ -3898,13 +3898,19 @@ impl GsRig {
     /// conditional), and of XML PUTs of `key` (whole versions through object_store), and the
     /// composes onto `key` answered 2xx.
     fn sent_for(&self, key: &str) -> (u64, usize) {
+        let (sizes, composes) = self.sent_sizes(key);
+        (sizes.iter().sum(), composes)
+    }
+
+    /// [`GsRig::sent_for`]'s bodies one by one, in the order sent.
+    fn sent_sizes(&self, key: &str) -> (Vec<u64>, usize) {
         let xml_path = format!("/{GS_BUCKET}/{key}");
         let part = ray_history_collector::storage::append::part_name(key);
         let compose = format!(
             "/storage/v1/b/{GS_BUCKET}/o/{}/compose",
             rhc_testkit::services::percent_encode(key, false)
         );
-        let mut bytes = 0;
+        let mut bytes = Vec::new();
         let mut composes = 0;
         for r in self.proxy.seen() {
             let len = r
@@ -3920,7 +3926,7 @@ impl GsRig {
                 && ray_history_collector::storage::s3::url_decode(path).as_deref()
                     == Some(xml_path.as_bytes())
             {
-                bytes += len;
+                bytes.push(len);
                 continue;
             }
             if r.method != "POST" || r.status / 100 != 2 {
@@ -3944,7 +3950,7 @@ impl GsRig {
                 .map(|v| String::from_utf8_lossy(&v).into_owned())
                 .unwrap_or_default();
             if name == key || (name == part && len != 6) {
-                bytes += len;
+                bytes.push(len);
             }
         }
         (bytes, composes)
@@ -3983,9 +3989,19 @@ fn gcs_objects_grow_by_compose_sending_only_new_bytes() {
     let status = c.terminate(Duration::from_secs(30));
     let objects = rig.objects("grow");
     for (k, v) in &objects {
-        let (sent, composes) = rig.sent_for(k);
+        let (sizes, composes) = rig.sent_sizes(k);
+        // What sending the object so far at every publication would have cost (main).
+        let whole_each: u64 = sizes
+            .iter()
+            .scan(0, |so_far, n| {
+                *so_far += n;
+                Some(*so_far)
+            })
+            .sum();
         eprintln!(
-            "{k}: {sent} bytes sent for an object of {} bytes, {composes} composes",
+            "{k}: {} bytes sent in {} uploads for an object of {} bytes ({composes} composes); the object so far at each publication would be {whole_each}",
+            sizes.iter().sum::<u64>(),
+            sizes.len(),
             v.len()
         );
     }
