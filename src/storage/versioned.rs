@@ -233,8 +233,10 @@ pub async fn write_version(
 /// GCS, through the JSON API (`append::GcsAppender`): the first `len` bytes of `source` as
 /// one media upload conditional on the generation of `base` (`ifGenerationMatch=0` for
 /// none); a 412 is settled as [`write_version`] settles one, the object read through the
-/// JSON API too (its metadata, then its bytes at that generation when it has `len` bytes).
-/// The version is read into memory whole (at most a segment), as [`put_once`] does.
+/// JSON API too (its metadata, then its bytes at that generation when it has `len` bytes,
+/// up to `s3::MAX_ANSWER_BODY`: a larger one is written over, conditional on it). The
+/// version is read into memory whole, whatever its size (at most a segment's object; as
+/// `put_blocks_once`'s Put Blob does, where [`put_once`] takes versions of one part only).
 async fn write_version_gcs(
     g: &GcsAppender,
     key: &str,
@@ -291,10 +293,10 @@ async fn write_version_gcs(
                                 conflicts,
                             });
                         }
-                        Ok(_) => {}
-                        // Changed again since: the next write meets the new generation.
-                        Err(e) if matches!(e.failure, Failure::Missing) => {}
-                        Err(e) => return Err(failed(&e)),
+                        // Another version, or one that could not be read (changed again
+                        // since, or over `MAX_ANSWER_BODY`): written over, conditional on
+                        // it, which loses nothing (it is a prefix of ours or ours).
+                        _ => {}
                     }
                 }
                 if condition.is_some() {

@@ -299,8 +299,8 @@ impl Appender {
     }
 
     /// At start, without waiting for the node id: GCS's parts of event objects under
-    /// `prefixes` (the history and quarantine prefixes) an earlier run of this host left (killed while growing one) are deleted (`compose`); nothing
-    /// to do elsewhere.
+    /// `prefixes` (the history and quarantine prefixes) that an earlier run of this host
+    /// left (killed while growing one) are deleted (`compose`); nothing to do elsewhere.
     pub async fn remove_parts(&self, prefixes: &[String]) {
         if let Appender::Gcs(g) = self {
             let mut removed = 0;
