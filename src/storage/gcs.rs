@@ -125,6 +125,11 @@ pub struct GcsWire {
     store: Option<Arc<GoogleCloudStorage>>,
     base: url::Url,
     bucket: String,
+    /// Attempts of a request whose failure is transient ([`RETRY_ATTEMPTS`]; 1 on a
+    /// [`GcsWire::quick`] wire).
+    attempts: u32,
+    /// Each attempt is cut after this (`None`: the client's own timeouts only).
+    deadline: Option<std::time::Duration>,
 }
 
 fn truthy(v: Option<String>) -> bool {
@@ -174,7 +179,20 @@ impl GcsWire {
             store: signed.then_some(store),
             base,
             bucket,
+            attempts: RETRY_ATTEMPTS,
+            deadline: None,
         })
+    }
+
+    /// The same wire making each request once, cut after `deadline` (a transient failure):
+    /// for the requests nothing waits for (the probe of `append::GcsAppender`, the start's
+    /// cleanup of parts), which must not run on for minutes against a hung API.
+    pub fn quick(&self, deadline: std::time::Duration) -> GcsWire {
+        GcsWire {
+            attempts: 1,
+            deadline: Some(deadline),
+            ..self.clone()
+        }
     }
 
     /// `<base>/<path...>` with `query`.
@@ -333,7 +351,8 @@ impl GcsWire {
         }
     }
 
-    /// One request, retried while its failure is transient ([`RETRY_ATTEMPTS`]).
+    /// One request, retried while its failure is transient (`attempts`), each attempt cut
+    /// at the wire's deadline when it has one.
     async fn send(
         &self,
         method: Method,
@@ -345,11 +364,19 @@ impl GcsWire {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self
-                .send_once(method.clone(), url, headers, body.clone(), what)
-                .await
-            {
-                Err(e) if e.failure == Failure::Transient && attempt < RETRY_ATTEMPTS => {
+            let once = self.send_once(method.clone(), url, headers, body.clone(), what);
+            let answer = match self.deadline {
+                Some(d) => tokio::time::timeout(d, once).await.unwrap_or_else(|_| {
+                    Err(wire_err(
+                        Failure::Transient,
+                        what,
+                        format!("no answer within {} ms", d.as_millis()),
+                    ))
+                }),
+                None => once.await,
+            };
+            match answer {
+                Err(e) if e.failure == Failure::Transient && attempt < self.attempts => {
                     let wait = backoff(attempt);
                     tracing::debug!(error = %e, attempt, wait_ms = wait.as_millis() as u64, "GCS request failed; retrying");
                     tokio::time::sleep(wait).await;
