@@ -142,8 +142,9 @@ pub async fn write_version(
     let location = parse_key(key)?;
     if let Some(Appender::Gcs(g)) = appender {
         // Through GCS's JSON API while it is there (so the next version can be composed
-        // onto this one); otherwise, or while that is not known yet, object_store's.
-        if g.usable(key).await == Some(true) {
+        // onto this one); otherwise, or while that is not known yet (the probe runs on its
+        // own: nothing waits for it), object_store's.
+        if g.usable(key) == Some(true) {
             return write_version_gcs(g, key, source, len, base).await;
         }
     }

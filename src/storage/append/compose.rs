@@ -27,19 +27,34 @@
 //! The components are GCS's `componentCount` or those we record in the object's metadata
 //! (`rhc-components`), whichever is more.
 //!
-//! **When the JSON API is not there.** The first use of a run decides, once
+//! **When the JSON API is not there.** Whether it is, is decided by a probe
 //! ([`GcsAppender::usable`]): a part uploaded, then composed onto itself with a wrong
-//! `ifGenerationMatch` (it must be refused, 412), then deleted. An answer that shows no JSON
-//! API (moto or another S3-compatible server behind `gs://`: `gcs::NO_JSON_API`), a compose
-//! that lands despite the wrong generation (an emulator that ignores it: fake-gcs-server),
-//! or a refusal (403: no permission to compose or delete) turns the wire off for the run,
-//! said once (WARN): every version is then written whole with `object_store` (XML API,
-//! conditional on the generation), as before. A transient failure leaves it undecided (this
-//! version goes with `object_store`; the next one asks again).
+//! `ifGenerationMatch` (it must be refused, 412), then deleted. Nothing waits for the probe
+//! (review r35h D1): the first whole write of the run starts it in a task of its own, each of
+//! its requests made once and cut after [`PROBE_DEADLINE`], and until it finds the JSON API
+//! usable every version is written whole with `object_store` (XML API, conditional on the
+//! generation), as before compose; the shutdown does not wait for it either. An answer that
+//! shows no JSON API (moto or another S3-compatible server behind `gs://`:
+//! `gcs::NO_JSON_API`), a compose that lands despite the wrong generation (an emulator that
+//! ignores it: fake-gcs-server), or a refusal (403: no permission to compose or delete)
+//! turns the wire off for the run, said once (WARN). A transient failure (a timeout, a 5xx,
+//! a connection error) decides nothing: the probe is started again by a write no sooner
+//! than [`PROBE_RETRY_AFTER`] later, and after [`MAX_UNSETTLED_PROBES`] such probes the
+//! wire is turned off for the run (the same one WARN). Once the probe found it usable, a
+//! JSON request that fails is that publication's failure (tried again at the next round, as
+//! any store error), and the shutdown's last publications are cut at `--shutdown-timeout`
+//! as those through `object_store` are.
+//!
+//! The start's cleanup ([`GcsAppender::remove_parts`], a task of its own: nothing waits for
+//! it) lists and deletes on the same quick wire as the probe. It deletes any object under
+//! the history and quarantine prefixes named as a part of this host is
+//! (`.<something>.<host>.rhc-part`), whether or not its object exists: a user's object of
+//! that shape there would go too.
 
 use std::io::{Seek, SeekFrom};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -51,6 +66,14 @@ use crate::util::fs::Beneath;
 
 /// The end of a part's name (see the module doc).
 pub const GCS_PART_SUFFIX: &str = ".rhc-part";
+
+/// A probe that found nothing (a transient failure) is not started again before this.
+pub const PROBE_RETRY_AFTER: Duration = Duration::from_secs(30);
+/// Probes that found nothing, after which the JSON API is taken as unusable for the run.
+pub const MAX_UNSETTLED_PROBES: u32 = 5;
+/// Each request of a probe, and of the start's cleanup of parts, is made once and cut after
+/// this.
+pub const PROBE_DEADLINE: Duration = Duration::from_secs(10);
 
 const UNDECIDED: u8 = 0;
 const ON: u8 = 1;
@@ -65,6 +88,36 @@ pub fn part_name(key: &str) -> String {
     }
 }
 
+/// Uploads `body` as the part `part` with `wire` (only if there is none: one a killed run
+/// left is deleted first).
+async fn upload_part(wire: &GcsWire, part: &str, body: Bytes) -> Result<GcsObject, WireError> {
+    match wire.upload(part, body.clone(), Some(0)).await {
+        Err(e) if e.failure == Failure::Precondition => {
+            if let Some(old) = wire.stat(part).await? {
+                tracing::info!(%part, "deleting a part an earlier run left");
+                match wire.delete(part, old.generation).await {
+                    Ok(()) => {}
+                    Err(e) if matches!(e.failure, Failure::Missing | Failure::Precondition) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            wire.upload(part, body, Some(0)).await
+        }
+        r => r,
+    }
+}
+
+/// Whether `name` has the shape of a part of this host ([`part_name`]): `.<name>.<host
+/// tag>.rhc-part`, a hidden name with something before the tag (see the module doc for what
+/// else of that shape the start's cleanup deletes).
+fn is_part(name: &str) -> bool {
+    let base = name.rsplit_once('/').map_or(name, |(_, b)| b);
+    let end = format!(".{}{GCS_PART_SUFFIX}", super::local_temp_tag());
+    base.strip_prefix('.')
+        .and_then(|b| b.strip_suffix(end.as_str()))
+        .is_some_and(|object| !object.is_empty())
+}
+
 /// Grows GCS objects by compose (see the module doc).
 #[derive(Debug)]
 pub struct GcsAppender {
@@ -74,10 +127,21 @@ pub struct GcsAppender {
     max_components: u64,
     /// [`UNDECIDED`], [`ON`] or [`OFF`].
     state: AtomicU8,
-    /// One decision at a time.
-    deciding: tokio::sync::Mutex<()>,
+    /// The probe: whether one is running, and when the next may start.
+    probing: std::sync::Mutex<Probing>,
     /// Parts this run is using now (uploaded, not yet deleted): never cleaned up.
     in_flight: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+/// Where the probe stands (see the module doc).
+#[derive(Debug, Default)]
+struct Probing {
+    /// A probe is running (in its own task).
+    running: bool,
+    /// Probes that found nothing (a transient failure).
+    unsettled: u32,
+    /// No probe before this (after one that found nothing).
+    next: Option<Instant>,
 }
 
 /// Keeps a part's name among those in use while it lives.
@@ -134,15 +198,16 @@ impl GcsAppender {
             wire,
             max_components: max_components.clamp(2, MAX_COMPONENTS),
             state: AtomicU8::new(UNDECIDED),
-            deciding: tokio::sync::Mutex::new(()),
+            probing: Default::default(),
             in_flight: Default::default(),
         })
     }
 
-    /// Whether event objects may still grow by compose on this store: not once the wire was
-    /// turned off (see the module doc).
+    /// Whether event objects grow by compose on this store now: only once a probe found the
+    /// JSON API usable (see the module doc); before that, and once it is off, every version
+    /// is written whole through `object_store`.
     pub fn appends_on(&self) -> bool {
-        self.state.load(Ordering::Relaxed) != OFF
+        self.state.load(Ordering::Acquire) == ON
     }
 
     fn turn_off(&self, why: &str, e: &dyn std::fmt::Display) {
@@ -151,21 +216,50 @@ impl GcsAppender {
         }
     }
 
-    /// Whether the JSON API is there and honours preconditions, decided at the first call
-    /// of the run (`key`: the object about to be written, beside which the test part goes);
-    /// `None` while undecided (a transient failure: asked again next time).
-    pub async fn usable(&self, key: &str) -> Option<bool> {
-        match self.state.load(Ordering::Relaxed) {
+    /// Whether the JSON API is there and honours preconditions: `Some(true)` once a probe
+    /// found it so, `Some(false)` once it is off, `None` while undecided. Never waits: the
+    /// first call of the run (`key`: the object about to be written, beside which the test
+    /// part goes) starts the probe in a task of its own, and so does the first call after
+    /// [`PROBE_RETRY_AFTER`] when a probe found nothing (see the module doc); the caller
+    /// writes through `object_store` meanwhile.
+    pub fn usable(self: &Arc<Self>, key: &str) -> Option<bool> {
+        match self.state.load(Ordering::Acquire) {
             ON => return Some(true),
             OFF => return Some(false),
             _ => {}
         }
-        let _one = self.deciding.lock().await;
-        match self.state.load(Ordering::Relaxed) {
-            ON => return Some(true),
-            OFF => return Some(false),
-            _ => {}
+        {
+            let mut p = self.probing.lock().unwrap_or_else(|p| p.into_inner());
+            if p.running || p.next.is_some_and(|t| Instant::now() < t) {
+                return None;
+            }
+            p.running = true;
         }
+        let this = self.clone();
+        let key = key.to_string();
+        tokio::spawn(async move {
+            let verdict = this.probe(&key).await;
+            let mut p = this.probing.lock().unwrap_or_else(|p| p.into_inner());
+            p.running = false;
+            if verdict.is_none() {
+                p.unsettled += 1;
+                if p.unsettled >= MAX_UNSETTLED_PROBES {
+                    this.turn_off(
+                        "whether GCS's JSON API is there and composes conditionally could not be told",
+                        &format!("{MAX_UNSETTLED_PROBES} probes failed (timeouts, 5xx or connection errors)"),
+                    );
+                } else {
+                    p.next = Some(Instant::now() + PROBE_RETRY_AFTER);
+                }
+            }
+        });
+        None
+    }
+
+    /// One probe (see the module doc), its requests on the [`PROBE_DEADLINE`] wire; `None`:
+    /// it found nothing (a transient failure).
+    async fn probe(&self, key: &str) -> Option<bool> {
+        let wire = self.wire.quick(PROBE_DEADLINE);
         let part = part_name(key);
         let _using = InFlight::new(&self.in_flight, &part);
         let decided = |e: &WireError| {
@@ -173,7 +267,7 @@ impl GcsAppender {
         };
         // A GET first: a server without the JSON API tells at once (an S3-compatible one
         // answers 404 NoSuchBucket for the bucket `storage`; moto answers an upload 500).
-        match self.wire.stat(&part).await {
+        match wire.stat(&part).await {
             Ok(_) => {}
             Err(e) if decided(&e) => {
                 self.turn_off(
@@ -183,33 +277,27 @@ impl GcsAppender {
                 return Some(false);
             }
             Err(e) => {
-                tracing::info!(error = %e, "could not tell whether GCS's JSON API is there; asked again at the next publication");
+                tracing::info!(error = %e, "could not tell whether GCS's JSON API is there; asked again later, versions go through object_store meanwhile");
                 return None;
             }
         }
-        let generation = match self
-            .upload_part(&part, Bytes::from_static(b"probe\n"))
-            .await
-        {
+        let generation = match upload_part(&wire, &part, Bytes::from_static(b"probe\n")).await {
             Ok(o) => o.generation,
             Err(e) if decided(&e) => {
                 self.turn_off("GCS's JSON API is not there, or refuses our uploads", &e);
                 return Some(false);
             }
             Err(e) => {
-                tracing::info!(error = %e, "could not tell whether GCS's JSON API is there; asked again at the next publication");
+                tracing::info!(error = %e, "could not tell whether GCS's JSON API is there; asked again later, versions go through object_store meanwhile");
                 return None;
             }
         };
         let wrong = if generation == 1 { 2 } else { 1 };
-        let answer = self
-            .wire
-            .compose(&part, &[(&part, generation)], wrong, 1)
-            .await;
+        let answer = wire.compose(&part, &[(&part, generation)], wrong, 1).await;
         let mut left = generation;
         let verdict = match answer {
             Err(e) if e.failure == Failure::Precondition => {
-                self.state.store(ON, Ordering::Relaxed);
+                self.state.store(ON, Ordering::Release);
                 tracing::info!("GCS's JSON API refuses a compose onto a changed object: event objects on gs:// grow by compose");
                 Some(true)
             }
@@ -226,34 +314,14 @@ impl GcsAppender {
                 Some(false)
             }
             Err(e) => {
-                tracing::info!(error = %e, "could not tell whether the store composes conditionally; asked again at the next publication");
+                tracing::info!(error = %e, "could not tell whether the store composes conditionally; asked again later, versions go through object_store meanwhile");
                 None
             }
         };
-        if let Err(e) = self.wire.delete(&part, left).await {
+        if let Err(e) = wire.delete(&part, left).await {
             tracing::debug!(error = %e, %part, "could not delete the test part; the next start does");
         }
         verdict
-    }
-
-    /// Uploads `body` as the part `part` (only if there is none: one a killed run left is
-    /// deleted first).
-    async fn upload_part(&self, part: &str, body: Bytes) -> Result<GcsObject, WireError> {
-        match self.wire.upload(part, body.clone(), Some(0)).await {
-            Err(e) if e.failure == Failure::Precondition => {
-                if let Some(old) = self.wire.stat(part).await? {
-                    tracing::info!(%part, "deleting a part an earlier run left");
-                    match self.wire.delete(part, old.generation).await {
-                        Ok(()) => {}
-                        Err(e) if matches!(e.failure, Failure::Missing | Failure::Precondition) => {
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-                self.wire.upload(part, body, Some(0)).await
-            }
-            r => r,
-        }
     }
 
     /// Composes the bytes `[from, to)` of `file` onto the object `key`, which must hold `from`
@@ -273,21 +341,12 @@ impl GcsAppender {
         let Some(generation) = version.and_then(|v| v.trim().parse::<u64>().ok()) else {
             return Err(changed("no generation recorded for the object".into()));
         };
-        match self.usable(key).await {
-            Some(true) => {}
-            Some(false) => {
-                return Err(AppendError::Refused {
-                    key: key.to_string(),
-                    unsupported: true,
-                    message: "appends are off on this store for this run".into(),
-                })
-            }
-            None => {
-                return Err(unavailable(
-                    key,
-                    &"whether the store composes conditionally is not known yet",
-                ))
-            }
+        if !self.appends_on() {
+            return Err(AppendError::Refused {
+                key: key.to_string(),
+                unsupported: true,
+                message: "appends are off on this store (for this run, or until a probe finds GCS's JSON API usable)".into(),
+            });
         }
         let obj = match self.wire.stat(key).await {
             Ok(Some(o)) => o,
@@ -320,8 +379,7 @@ impl GcsAppender {
         let tail = xxhash_rust::xxh3::xxh3_64(&bytes);
         let part = part_name(key);
         let _using = InFlight::new(&self.in_flight, &part);
-        let uploaded = self
-            .upload_part(&part, Bytes::from(bytes))
+        let uploaded = upload_part(&self.wire, &part, Bytes::from(bytes))
             .await
             .map_err(|e| wire_failure(key, e))?;
         let composed = self
@@ -354,7 +412,10 @@ impl GcsAppender {
         let prefix = format!("{}/", history_prefix.trim_end_matches('/'));
         let end = format!(".{}{GCS_PART_SUFFIX}", super::local_temp_tag());
         let glob = format!("{prefix}**{end}");
-        let listed = match self.wire.list(&prefix, &glob).await {
+        // Nothing waits for this (it runs in a task of its own from the start), but against a
+        // hung JSON API it should not run on for minutes either.
+        let wire = self.wire.quick(PROBE_DEADLINE);
+        let listed = match wire.list(&prefix, &glob).await {
             Ok(l) => l,
             Err(e) if no_json_api(&e) => {
                 self.turn_off("GCS's JSON API is not there", &e);
@@ -366,7 +427,7 @@ impl GcsAppender {
             }
         };
         let mut removed = 0;
-        for o in listed.into_iter().filter(|o| o.name.ends_with(&end)) {
+        for o in listed.into_iter().filter(|o| is_part(&o.name)) {
             let using = self
                 .in_flight
                 .lock()
@@ -375,7 +436,7 @@ impl GcsAppender {
             if using {
                 continue;
             }
-            match self.wire.delete(&o.name, o.generation).await {
+            match wire.delete(&o.name, o.generation).await {
                 Ok(()) => removed += 1,
                 Err(e) => {
                     tracing::info!(error = %e, part = %o.name, "could not delete a part an earlier run left")
@@ -396,5 +457,12 @@ mod tests {
         assert!(p.starts_with("r/h/s/n/node_events/.n-2026-11-22-02-1.jsonl.gz."));
         assert!(p.ends_with(GCS_PART_SUFFIX));
         assert!(part_name("top").starts_with(".top."));
+        assert!(is_part(&p));
+        assert!(is_part(&part_name("top")));
+        let tag = super::super::local_temp_tag();
+        // Not ours: no leading dot, no object name, another host's tag.
+        assert!(!is_part(&format!("r/h/x.{tag}{GCS_PART_SUFFIX}")));
+        assert!(!is_part(&format!("r/h/.{tag}{GCS_PART_SUFFIX}")));
+        assert!(!is_part(&format!("r/h/.x.{tag}-other{GCS_PART_SUFFIX}")));
     }
 }

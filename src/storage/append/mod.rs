@@ -244,7 +244,7 @@ impl Appender {
             // are off on the store (`blocks`: a Get Block List refused for lack of permission).
             Appender::Azure(a) if a.appends_on() => 1,
             Appender::Azure(_) => u64::MAX,
-            // Any object written whole through the JSON API, while the wire is not off.
+            // Any object written whole through the JSON API, once the probe found it usable.
             Appender::Gcs(g) if g.appends_on() => 1,
             Appender::Gcs(_) => u64::MAX,
         }
