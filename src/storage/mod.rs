@@ -396,6 +396,13 @@ pub const TEST_AZURE_MAX_BLOCKS: &str = "RHC_TEST_AZURE_MAX_BLOCKS";
 /// Not a setting.
 pub const TEST_GCS_MAX_COMPONENTS: &str = "RHC_TEST_GCS_MAX_COMPONENTS";
 
+/// Test only: `1` has the start wait (up to 10 s) for GCS's probe of its JSON API before it
+/// publishes anything. The test rig's XML and JSON APIs are two servers (moto and
+/// gcsemulator) where GCS has one bucket: a version written through `object_store` while the
+/// probe runs would land in the other half. Nothing waits for the probe otherwise
+/// (`append::compose`). Not a setting.
+pub const TEST_GCS_PROBE_FIRST: &str = "RHC_TEST_GCS_PROBE_FIRST";
+
 fn with_root(url: &str, root: &str) -> String {
     if root.is_empty() {
         url.to_string()

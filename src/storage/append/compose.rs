@@ -30,8 +30,9 @@
 //! **When the JSON API is not there.** Whether it is, is decided by a probe
 //! ([`GcsAppender::usable`]): a part uploaded, then composed onto itself with a wrong
 //! `ifGenerationMatch` (it must be refused, 412), then deleted. Nothing waits for the probe
-//! (review r35h D1): the first whole write of the run starts it in a task of its own, each of
-//! its requests made once and cut after [`PROBE_DEADLINE`], and until it finds the JSON API
+//! (review r35h D1): the start of the run starts it in a task of its own (its part beside
+//! `<history prefix>/rhc-probe`; a probe asked again, by a whole write: beside its object),
+//! each of its requests made once and cut after [`PROBE_DEADLINE`], and until it finds the JSON API
 //! usable every version is written whole with `object_store` (XML API, conditional on the
 //! generation), as before compose; the shutdown does not wait for it either. An answer that
 //! shows no JSON API (moto or another S3-compatible server behind `gs://`:
@@ -254,6 +255,20 @@ impl GcsAppender {
             }
         });
         None
+    }
+
+    /// Waits until no probe is running, at most `limit` (tests only: `storage::TEST_GCS_PROBE_FIRST`).
+    pub async fn probe_ended(&self, limit: Duration) {
+        let end = Instant::now() + limit;
+        while Instant::now() < end
+            && self
+                .probing
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .running
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// One probe (see the module doc), its requests on the [`PROBE_DEADLINE`] wire; `None`:

@@ -298,6 +298,24 @@ impl Appender {
         }
     }
 
+    /// At start: GCS's probe of whether its JSON API is there and composes conditionally
+    /// is started (in a task of its own: nothing waits for it, `compose`), its test part
+    /// beside `history_prefix/rhc-probe`; nothing to do elsewhere.
+    pub fn start_probe(&self, history_prefix: &str) {
+        if let Appender::Gcs(g) = self {
+            let key = format!("{}/rhc-probe", history_prefix.trim_end_matches('/'));
+            let _ = g.usable(&key);
+        }
+    }
+
+    /// Tests only: waits (at most `limit`) for GCS's probe started by
+    /// [`Appender::start_probe`] to end (`storage::TEST_GCS_PROBE_FIRST`).
+    pub async fn probe_ended(&self, limit: std::time::Duration) {
+        if let Appender::Gcs(g) = self {
+            g.probe_ended(limit).await;
+        }
+    }
+
     /// At start, without waiting for the node id: GCS's parts of event objects under
     /// `prefixes` (the history and quarantine prefixes) that an earlier run of this host
     /// left (killed while growing one) are deleted (`compose`); nothing to do elsewhere.
