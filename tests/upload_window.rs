@@ -3860,9 +3860,12 @@ impl GsRig {
         ];
         args.extend_from_slice(extra);
         let url = self.proxy.url();
+        // The rig's two halves are two servers (GCS has one bucket): a version written
+        // through XML while the probe of the JSON API runs would be in the other half.
         let mut all_env = vec![
             ("GOOGLE_BASE_URL", url.as_str()),
             ("GOOGLE_BEARER_TOKEN", "test-token"),
+            (ray_history_collector::storage::TEST_GCS_PROBE_FIRST, "1"),
         ];
         all_env.extend_from_slice(env);
         Collector::start(&tmp.join("spool"), &args, &all_env)
@@ -4284,7 +4287,7 @@ fn gcs_a_hung_or_failing_json_api_stalls_no_publication() {
             tmp.path(),
             root,
             &["--upload-window", "1s", "--shutdown-timeout", "10s"],
-            &[],
+            &[(ray_history_collector::storage::TEST_GCS_PROBE_FIRST, "0")],
         );
         let ids: Vec<String> = (0..160).map(|i| format!("{root}-{i}")).collect();
         post(&c, &ids, 16);
