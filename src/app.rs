@@ -71,6 +71,14 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
         .with_context(|| format!("opening storage {}", settings.storage))?
     {
         appender.report_aborts_to(crate::metrics::append_upload_aborted);
+        // GCS: whether its JSON API is usable, asked as early as can be (nothing waits for
+        // it: `storage::append::compose`).
+        appender.start_probe(&settings.layout.history_prefix());
+        if std::env::var(crate::storage::TEST_GCS_PROBE_FIRST).as_deref() == Ok("1") {
+            appender
+                .probe_ended(std::time::Duration::from_secs(10))
+                .await;
+        }
     }
     if let Some(why) = settings.store.appends_off_reason() {
         tracing::info!(
@@ -129,6 +137,18 @@ pub async fn run(settings: Settings, metrics: PrometheusHandle) -> anyhow::Resul
             .with_context(|| format!("opening storage {}", settings.storage))?,
         spool.stats().clone(),
     ));
+    // GCS: the part objects a killed run of this host left (`storage::append::compose`).
+    if let Some(app) = settings
+        .store
+        .appender()
+        .with_context(|| format!("opening storage {}", settings.storage))?
+    {
+        let prefixes = [
+            settings.layout.history_prefix(),
+            settings.layout.quarantine_prefix(),
+        ];
+        tokio::spawn(async move { app.remove_parts(&prefixes).await });
+    }
     let (stop_publish, stop_publish_rx) = tokio::sync::watch::channel(false);
     let publish_task = tokio::spawn(
         publisher

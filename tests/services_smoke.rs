@@ -16,7 +16,7 @@ use object_store::{
     BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutPayload, RetryConfig,
 };
 use rhc_testkit::http::{http_request, try_http_request};
-use rhc_testkit::services::{Azurite, FakeGcs, MotoS3};
+use rhc_testkit::services::{Azurite, FakeGcs, GcsEmu, MotoS3};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -169,6 +169,54 @@ fn fake_gcs_starts_and_serves_objects() {
     );
     assert_eq!(status, 200);
     assert!(String::from_utf8_lossy(&body).contains("\"name\":\"dir/a b.txt\""));
+}
+
+/// gcsemulator, the peer of the GCS compose tests: objects in and out through the JSON API,
+/// and what it is there for: a compose onto an object whose generation is not the one named
+/// (the destination's `ifGenerationMatch`, or a source's `objectPreconditions`) is refused
+/// 412, while one naming the right generations lands with both sources' bytes.
+#[test]
+fn gcsemu_starts_and_refuses_a_compose_onto_a_changed_object() {
+    let Some(emu) = GcsEmu::start() else {
+        return;
+    };
+    emu.put("smoke", "dir/a", b"hello ");
+    emu.put("smoke", "dir/b", b"gcs");
+    assert_eq!(emu.get("smoke", "dir/a").as_deref(), Some(&b"hello "[..]));
+    assert_eq!(emu.get("smoke", "missing"), None);
+    let listed = emu.list("smoke", "dir/");
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    let generation = |name: &str| {
+        listed
+            .iter()
+            .find(|o| o.name == name)
+            .map(|o| o.generation)
+            .unwrap()
+    };
+    let (a, b) = (generation("dir/a"), generation("dir/b"));
+    let compose = |dest_generation: u64, a_generation: u64| {
+        let body = format!(
+            r#"{{"sourceObjects":[{{"name":"dir/a","generation":"{a_generation}","objectPreconditions":{{"ifGenerationMatch":"{a_generation}"}}}},{{"name":"dir/b","generation":"{b}","objectPreconditions":{{"ifGenerationMatch":"{b}"}}}}],"destination":{{"contentType":"application/octet-stream"}}}}"#
+        );
+        http_request(
+            "POST",
+            &format!(
+                "{}/storage/v1/b/smoke/o/dir%2Fa/compose?ifGenerationMatch={dest_generation}",
+                emu.endpoint
+            ),
+            &[("Content-Type", "application/json")],
+            body.as_bytes(),
+        )
+        .0
+    };
+    assert_eq!(compose(a + 1, a), 412, "a wrong destination generation");
+    assert_eq!(compose(a, a + 1), 412, "a wrong source generation");
+    assert_eq!(emu.get("smoke", "dir/a").as_deref(), Some(&b"hello "[..]));
+    assert_eq!(compose(a, a), 200);
+    assert_eq!(
+        emu.get("smoke", "dir/a").as_deref(),
+        Some(&b"hello gcs"[..])
+    );
 }
 
 // ------------------------------------------------------------------ object_store

@@ -15,8 +15,13 @@
 //!   the next version can be committed after them; blocks refused (another writer's
 //!   uncommitted blocks with ids of another length) have it written with one conditional
 //!   Put Blob instead, and once appends are off on the store (Get Block List refused for
-//!   lack of permission) a version of one part goes as one Put Blob. On GCS an object over one part is
-//!   written unconditionally (`object_store`'s multipart uploads take no condition there).
+//!   lack of permission) a version of one part goes as one Put Blob. On GCS every version
+//!   is one media upload through the JSON API with `ifGenerationMatch` (0 for a first
+//!   write), whatever its size ([`write_version_gcs`]: so that the next one can be composed
+//!   onto it, `append::GcsAppender`), its 412 settled the same way with reads through the
+//!   JSON API; without the JSON API (or while it is not known yet, or turned off) a version
+//!   goes through `object_store`, and one over one part is written unconditionally there
+//!   (`object_store`'s multipart uploads take no condition there).
 //! - A 412 (or a missing object where one was expected, or one present where none was) is
 //!   answered by reading what the object holds now ([`write_version`]): if it is byte for byte
 //!   what we meant to write (our own write landed, then its retry met the condition), that is
@@ -59,7 +64,7 @@ use object_store::{
     GetOptions, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutPayload, UpdateVersion,
 };
 
-use super::append::{AppendError, Appender, AzureAppender};
+use super::append::{AppendError, Appender, AzureAppender, GcsAppender};
 use super::azure::Condition;
 use super::conditions::{
     condition_refused, condition_taken, conditions_on, refusal_span, refusal_was_the_writes,
@@ -135,6 +140,14 @@ pub async fn write_version(
     base: Base,
 ) -> Result<Written, UploadError> {
     let location = parse_key(key)?;
+    if let Some(Appender::Gcs(g)) = appender {
+        // Through GCS's JSON API while it is there (so the next version can be composed
+        // onto this one); otherwise, or while that is not known yet (the probe runs on its
+        // own: nothing waits for it), object_store's.
+        if g.usable(key) == Some(true) {
+            return write_version_gcs(g, key, source, len, base).await;
+        }
+    }
     let mut base = base;
     let mut conflicts = 0;
     loop {
@@ -218,6 +231,105 @@ pub async fn write_version(
     }
 }
 
+/// GCS, through the JSON API (`append::GcsAppender`): the first `len` bytes of `source` as
+/// one media upload conditional on the generation of `base` (`ifGenerationMatch=0` for
+/// none); a 412 is settled as [`write_version`] settles one, the object read through the
+/// JSON API too (its metadata, then its bytes at that generation when it has `len` bytes,
+/// up to `s3::MAX_ANSWER_BODY`: a larger one is written over, conditional on it). The
+/// version is read into memory whole, whatever its size (at most a segment's object; as
+/// `put_blocks_once`'s Put Blob does, where [`put_once`] takes versions of one part only).
+async fn write_version_gcs(
+    g: &GcsAppender,
+    key: &str,
+    source: &Beneath,
+    len: u64,
+    base: Base,
+) -> Result<Written, UploadError> {
+    let body = read_prefix(source, len).await?;
+    let failed = |e: &dyn std::fmt::Display| UploadError::Append {
+        key: key.to_string(),
+        message: e.to_string(),
+    };
+    let kind = Kind::put(matches!(base, Base::Absent));
+    // `None`: no generation known (a record without one): read it first.
+    let mut condition = match &base {
+        Base::Absent => Some(0),
+        Base::Version { version, .. } => version.as_deref().and_then(|v| v.parse::<u64>().ok()),
+    };
+    let mut conflicts = 0;
+    loop {
+        if let Some(generation) = condition {
+            match g.wire.upload(key, body.clone(), Some(generation)).await {
+                Ok(o) => {
+                    condition_taken(kind);
+                    return Ok(Written {
+                        bytes: len,
+                        e_tag: o.e_tag,
+                        version: Some(o.generation.to_string()),
+                        conflicts,
+                    });
+                }
+                Err(e) if matches!(e.failure, Failure::Precondition | Failure::Missing) => {
+                    conflicts += 1;
+                }
+                Err(e) => return Err(failed(&e)),
+            }
+        }
+        if conflicts > MAX_CONFLICTS {
+            return Err(failed(&format!(
+                "the object changed under {conflicts} conditional writes in a row; tried again later"
+            )));
+        }
+        match g.wire.stat(key).await.map_err(|e| failed(&e))? {
+            None => condition = Some(0),
+            Some(o) => {
+                if o.size == len {
+                    match g.wire.read(key, o.generation).await {
+                        Ok(bytes) if bytes == body => {
+                            tracing::info!(%key, "a conditional write met its condition failed, and the object already holds what it meant to write (an earlier attempt of it landed)");
+                            return Ok(Written {
+                                bytes: 0,
+                                e_tag: o.e_tag,
+                                version: Some(o.generation.to_string()),
+                                conflicts,
+                            });
+                        }
+                        // Another version, or one that could not be read (changed again
+                        // since, or over `MAX_ANSWER_BODY`): written over, conditional on
+                        // it, which loses nothing (it is a prefix of ours or ours).
+                        _ => {}
+                    }
+                }
+                if condition.is_some() {
+                    tracing::info!(%key, size = o.size, generation = o.generation, "the object is not the version this write grows from (a write delivered late, or one that landed without its answer): written again over what it holds now");
+                }
+                condition = Some(o.generation);
+            }
+        }
+    }
+}
+
+/// The first `len` bytes of `source`, in memory.
+async fn read_prefix(source: &Beneath, len: u64) -> Result<bytes::Bytes, UploadError> {
+    let path = source.path();
+    let src = source.clone();
+    tokio::task::spawn_blocking(move || -> std::io::Result<Vec<u8>> {
+        let mut buf = Vec::with_capacity(len as usize);
+        src.open()?.take(len).read_to_end(&mut buf)?;
+        if (buf.len() as u64) < len {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("{} bytes where {len} were expected", buf.len()),
+            ));
+        }
+        Ok(buf)
+    })
+    .await
+    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
+    .map(bytes::Bytes::from)
+    .map_err(|source| UploadError::Read { path, source })
+}
+
 /// Azure: the first `len` bytes of `source` as blocks of ours (so the next version can be
 /// committed after them, `append::AzureAppender`), their Put Block List conditional on
 /// `base`. Blocks refused (review r35a D1: a block another writer left uncommitted on the
@@ -275,24 +387,9 @@ async fn put_once(
     len: u64,
     base: &Base,
 ) -> Attempt {
-    let path = source.path();
-    let src = source.clone();
-    let read = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<u8>> {
-        let mut buf = Vec::with_capacity(len as usize);
-        src.open()?.take(len).read_to_end(&mut buf)?;
-        if (buf.len() as u64) < len {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!("{} bytes where {len} were expected", buf.len()),
-            ));
-        }
-        Ok(buf)
-    })
-    .await
-    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
-    let body = match read {
-        Ok(b) => bytes::Bytes::from(b),
-        Err(source) => return Attempt::Failed(UploadError::Read { path, source }),
+    let body = match read_prefix(source, len).await {
+        Ok(b) => b,
+        Err(e) => return Attempt::Failed(e),
     };
     let failed = |source| {
         Attempt::Failed(UploadError::Store {

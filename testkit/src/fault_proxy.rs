@@ -216,6 +216,9 @@ impl SeenRequest {
 
 struct Shared {
     target: String,
+    /// Where GCS's JSON API requests (`/storage/v1/...`, `/upload/storage/v1/...`) go
+    /// instead of `target`, when set ([`FaultProxy::start_gcs`]).
+    json_target: Option<String>,
     rules: Mutex<Vec<Rule>>,
     seen: Mutex<Vec<SeenRequest>>,
     /// Every request as it arrives (before any answer): method and target.
@@ -242,6 +245,18 @@ pub struct FaultProxy {
 impl FaultProxy {
     /// Proxies a free loopback port to `target` (`127.0.0.1:PORT`).
     pub fn start(target: &str) -> Result<FaultProxy, String> {
+        Self::start_split(target, None)
+    }
+
+    /// One GCS host made of two servers, as `storage.googleapis.com` serves both APIs:
+    /// requests of GCS's JSON API (paths under `/storage/v1/` and `/upload/storage/v1/`) go
+    /// to `json_target` (gcsemulator), every other one (the XML API) to `xml_target` (moto).
+    /// The two keep separate objects.
+    pub fn start_gcs(xml_target: &str, json_target: &str) -> Result<FaultProxy, String> {
+        Self::start_split(xml_target, Some(json_target.to_string()))
+    }
+
+    fn start_split(target: &str, json_target: Option<String>) -> Result<FaultProxy, String> {
         let listener =
             TcpListener::bind("127.0.0.1:0").map_err(|e| format!("fault proxy bind: {e}"))?;
         let port = listener
@@ -250,6 +265,7 @@ impl FaultProxy {
             .port();
         let shared = Arc::new(Shared {
             target: target.to_string(),
+            json_target,
             rules: Mutex::new(Vec::new()),
             seen: Mutex::new(Vec::new()),
             arrived: Mutex::new(Vec::new()),
@@ -670,7 +686,16 @@ fn answer_status(answer: &[u8]) -> u16 {
 /// Sends the request to the target and reads its whole answer; `None` when it could not be
 /// sent.
 fn pass_on(s: &Shared, req: &SeenRequest, body: &[u8]) -> Option<Vec<u8>> {
-    let Ok(mut up) = TcpStream::connect(&s.target) else {
+    let to = match &s.json_target {
+        Some(json)
+            if req.target.starts_with("/storage/v1/")
+                || req.target.starts_with("/upload/storage/v1/") =>
+        {
+            json
+        }
+        _ => &s.target,
+    };
+    let Ok(mut up) = TcpStream::connect(to) else {
         return None;
     };
     let _ = up.set_read_timeout(Some(IO_TIMEOUT));

@@ -3,10 +3,12 @@
 //! * [`MotoS3`]: `moto_server` (S3, state in memory).
 //! * [`Azurite`]: `azurite-blob` (Azure Blob, `--inMemoryPersistence`).
 //! * [`FakeGcs`]: `fake-gcs-server` (GCS, `-backend memory`).
+//! * [`GcsEmu`]: FullStory's `gcsemulator` (GCS's JSON API only, in memory; it honours
+//!   `ifGenerationMatch` on uploads, deletes and compose).
 //!
 //! `./scripts/install-test-deps.sh` installs them under `.test-deps/`, and
 //! `./scripts/test.sh` exports their paths (`RHC_MOTO_SERVER`, `RHC_AZURITE_BLOB`,
-//! `RHC_FAKE_GCS`, `RHC_PYTHON`) plus `RHC_REQUIRE_SERVICES=1`, under which a
+//! `RHC_FAKE_GCS`, `RHC_GCSEMU`, `RHC_PYTHON`) plus `RHC_REQUIRE_SERVICES=1`, under which a
 //! missing tool is an error. Under a plain `cargo test` the `start()` functions
 //! print `skipping: ...` and return `None`, and the test returns early:
 //!
@@ -914,6 +916,172 @@ impl FakeGcs {
     /// The server's log so far.
     pub fn log(&self) -> String {
         self.process.log_text()
+    }
+}
+
+/// FullStory's GCS emulator (`gcsemulator`, Go module `github.com/fullstorydev/emulators/storage`):
+/// GCS's JSON API only (XML requests, which `object_store` sends, are refused), in memory.
+/// Unlike fake-gcs-server it checks `ifGenerationMatch` on uploads, deletes and compose (the
+/// destination's and each source's `objectPreconditions`), and gives every write a new
+/// generation, so a compose onto a changed object is refused (412) here as on GCS.
+/// Buckets are made by the first upload into them.
+pub struct GcsEmu {
+    /// `http://127.0.0.1:PORT` (`GOOGLE_BASE_URL`).
+    pub endpoint: String,
+    pub port: u16,
+    process: ServerProcess,
+    /// Its JSON API as a client (also through `Deref`).
+    pub json: GcsJson,
+}
+
+/// A client of a GCS JSON API at `endpoint` (a [`GcsEmu`]'s), for tests to read and write
+/// objects as another writer would; cheap to clone and send to a thread.
+#[derive(Debug, Clone)]
+pub struct GcsJson {
+    pub endpoint: String,
+}
+
+impl std::ops::Deref for GcsEmu {
+    type Target = GcsJson;
+    fn deref(&self) -> &GcsJson {
+        &self.json
+    }
+}
+
+/// An object as [`GcsEmu::list`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GcsListed {
+    pub name: String,
+    pub generation: u64,
+    pub size: u64,
+}
+
+impl GcsEmu {
+    /// Starts gcsemulator, or returns `None` (after printing `skipping: ...`) when
+    /// `RHC_GCSEMU` is unset and services are not required.
+    pub fn start() -> Option<Self> {
+        let program = tool_or_skip("RHC_GCSEMU", "the GCS emulator (gcsemulator)")?;
+        let args = |port: u16| {
+            strings(&[
+                "-host",
+                "127.0.0.1",
+                "-port",
+                &port.to_string(),
+                "-verbose=false",
+            ])
+        };
+        let process = launch("gcsemulator", program, args, "/storage/v1/b");
+        let port = process.port;
+        let endpoint = format!("http://127.0.0.1:{port}");
+        Some(GcsEmu {
+            json: GcsJson {
+                endpoint: endpoint.clone(),
+            },
+            endpoint,
+            port,
+            process,
+        })
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        self.process.log_text()
+    }
+}
+
+impl GcsJson {
+    /// The objects of `bucket` whose names start with `prefix`.
+    pub fn list(&self, bucket: &str, prefix: &str) -> Vec<GcsListed> {
+        let mut out = Vec::new();
+        let mut token = String::new();
+        loop {
+            let mut url = format!(
+                "{}/storage/v1/b/{}/o?prefix={}",
+                self.endpoint,
+                percent_encode(bucket, false),
+                percent_encode(prefix, false)
+            );
+            if !token.is_empty() {
+                url.push_str(&format!("&pageToken={}", percent_encode(&token, false)));
+            }
+            let (status, body) = http_request("GET", &url, &[], b"");
+            if status == 404 {
+                return out;
+            }
+            assert_eq!(status, 200, "GET {url}: {}", String::from_utf8_lossy(&body));
+            let v: serde_json::Value = serde_json::from_slice(&body).expect("a listing");
+            for item in v["items"].as_array().into_iter().flatten() {
+                let num = |k: &str| {
+                    item[k]
+                        .as_str()
+                        .and_then(|s| s.parse().ok())
+                        .or_else(|| item[k].as_u64())
+                        .unwrap_or(0)
+                };
+                out.push(GcsListed {
+                    name: item["name"].as_str().unwrap_or_default().to_string(),
+                    generation: num("generation"),
+                    size: num("size"),
+                });
+            }
+            match v["nextPageToken"].as_str() {
+                Some(t) if !t.is_empty() => token = t.to_string(),
+                _ => return out,
+            }
+        }
+    }
+
+    /// The object's bytes, or `None` when there is none.
+    pub fn get(&self, bucket: &str, name: &str) -> Option<Vec<u8>> {
+        let url = format!(
+            "{}/storage/v1/b/{}/o/{}?alt=media",
+            self.endpoint,
+            percent_encode(bucket, false),
+            percent_encode(name, false)
+        );
+        let (status, body) = http_request("GET", &url, &[], b"");
+        match status {
+            200 => Some(body),
+            404 => None,
+            _ => panic!(
+                "GET {url} answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            ),
+        }
+    }
+
+    /// Every object of `bucket` under `prefix`, with its bytes.
+    pub fn objects(
+        &self,
+        bucket: &str,
+        prefix: &str,
+    ) -> std::collections::BTreeMap<String, Vec<u8>> {
+        self.list(bucket, prefix)
+            .into_iter()
+            .filter_map(|o| Some((o.name.clone(), self.get(bucket, &o.name)?)))
+            .collect()
+    }
+
+    /// Uploads `bytes` as the object (a media upload, unconditional), as another writer.
+    pub fn put(&self, bucket: &str, name: &str, bytes: &[u8]) {
+        let url = format!(
+            "{}/upload/storage/v1/b/{}/o?uploadType=media&name={}",
+            self.endpoint,
+            percent_encode(bucket, false),
+            percent_encode(name, false)
+        );
+        let (status, resp) = http_request(
+            "POST",
+            &url,
+            &[("Content-Type", "application/octet-stream")],
+            bytes,
+        );
+        assert_eq!(
+            status,
+            200,
+            "gcsemulator: upload {bucket}/{name} answered {status}: {}",
+            String::from_utf8_lossy(&resp)
+        );
     }
 }
 

@@ -1,7 +1,9 @@
 //! One publication: the object of a segment brought to the segment's first `durable` bytes
 //! ([`Publisher::publish`]): the new bytes compressed as whole gzip members onto the
 //! shadow, then the object grown in place (`UploadPartCopy` plus a part, a new block
-//! committed after the blob's on Azure, a conditional PUT, or a local copy renamed over it) or uploaded whole when it is not what the record says,
+//! committed after the blob's on Azure, a part composed onto the object on GCS, a
+//! conditional PUT, or a local copy renamed over it) or uploaded whole when it is not what
+//! the record says,
 //! and the record written after the object holds what it says. Every version a reader can
 //! see is whole members of whole lines, a prefix of the next.
 
@@ -208,6 +210,7 @@ impl Publisher {
             _ => None,
         };
         let e_tag = st.record.as_ref().and_then(|r| r.e_tag.clone());
+        let version = st.record.as_ref().and_then(|r| r.version.clone());
         let mut result = None;
         if let Some(a @ Appender::Local(_)) = &self.appender {
             // file://: every version is written whole beside the object and renamed over it
@@ -220,7 +223,7 @@ impl Publisher {
                     } else {
                         m::publication("whole", new_len);
                     }
-                    result = Some((new_len - from, done.e_tag));
+                    result = Some((new_len - from, done.e_tag, None));
                 }
                 Some(Err(e)) => {
                     return Err(UploadError::Append {
@@ -233,19 +236,20 @@ impl Publisher {
             }
         } else if let Some(a) = append {
             match a
-                .append(
+                .grow(
                     &key,
                     &source,
                     from,
                     new_len,
                     e_tag.as_deref(),
+                    version.as_deref(),
                     crate::util::pace::Flow::default(),
                 )
                 .await
             {
                 Ok(done) => {
                     m::publication("append", done.bytes);
-                    result = Some((new_len - from, done.e_tag));
+                    result = Some((new_len - from, done.e_tag, done.version));
                 }
                 Err(AppendError::Changed { why, .. }) => {
                     tracing::warn!(%key, why, "the object is not as last published; uploading it whole");
@@ -268,7 +272,7 @@ impl Publisher {
             }
         }
         let (sent, e_tag, version) = match result {
-            Some((sent, e_tag)) => (sent, e_tag, None),
+            Some(done) => done,
             None => {
                 let _permit = self
                     .budget

@@ -29,10 +29,14 @@
 //!   its ETag) plus the new bytes as the last part, completed at once; Azure: the new bytes
 //!   as a new block committed after the blob's blocks (Get Block List, Put Block, Put Block
 //!   List with `If-Match`; every version is written as blocks of our ids for that,
-//!   `storage::append::AzureAppender`); smaller objects on S3 and GCS: a PUT of the object's
-//!   bytes so far (a multipart upload completes atomically);
-//!   every such write (the PUT, the completion, the block list) is conditional on the version it grows from,
-//!   the record's ETag (`If-None-Match: *` for a first write), so a write delivered late (a
+//!   `storage::append::AzureAppender`); GCS: the new bytes uploaded as a part object and
+//!   composed onto the object, the part deleted (every version is written through GCS's
+//!   JSON API for that, `storage::append::GcsAppender`); smaller objects on S3, and every
+//!   object on a `gs://` server without the JSON API: a PUT of the object's bytes so far (a
+//!   multipart upload completes atomically);
+//!   every such write (the PUT, the completion, the block list, the upload and the compose)
+//!   is conditional on the version it grows from, the record's ETag or GCS generation
+//!   (`If-None-Match: *`, `ifGenerationMatch=0`, for a first write), so a write delivered late (a
 //!   killed run's, or one that timed out) is refused instead of replacing a newer version,
 //!   and a 412 to our own is settled by reading the object (`storage::versioned`; the review
 //!   r35j lost 100 of 300 acknowledged events to a late PUT);
@@ -42,7 +46,7 @@
 //! So every version a reader can see is whole gzip members of whole lines, and its lines
 //! are a prefix of the next version's. A failed growth leaves the previous version whole
 //! (S3: nothing is visible before the completion; Azure: before the block list is committed;
-//! file://: before the rename), and it is
+//! GCS: before the compose; file://: before the rename), and it is
 //! tried again half a window later; an object that is not what the record says (changed, or left longer
 //! by an upload a crash interrupted) is uploaded whole from the shadow.
 //!

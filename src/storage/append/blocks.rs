@@ -213,6 +213,7 @@ impl AzureAppender {
             bytes: to - from,
             e_tag,
             tail: Some(tail),
+            version: None,
         })
     }
 
@@ -242,6 +243,7 @@ impl AzureAppender {
                 bytes: len,
                 e_tag,
                 tail: Some(tail),
+                version: None,
             },
             version,
         ))

@@ -50,6 +50,7 @@ pub(super) async fn append_local(
         bytes: written,
         e_tag: after.e_tag,
         tail: Some(tail),
+        version: None,
     })
 }
 
@@ -74,6 +75,7 @@ pub(super) async fn replace_local(
         bytes: len,
         e_tag: after.e_tag,
         tail: None,
+        version: None,
     })
 }
 

@@ -53,17 +53,25 @@
 //!   bytes as new blocks (Put Block, Put Block List with `If-Match`); see `blocks`. Logs are
 //!   uploaded whole on the schedule ([`Appender::appends_logs`]): their whole uploads are
 //!   object_store's, whose block ids are not ours.
-//! - GCS: no appends (uploaded whole on the schedule). GCS's compose needs the tail as an
-//!   object of its own first.
+//! - GCS: event objects only ([`GcsAppender`], `compose`), through GCS's JSON API
+//!   (`storage::gcs`): every version is written whole as a media upload conditional on its
+//!   generation, and the next one uploads the new bytes as a part object of its own and
+//!   composes it onto the object (`ifGenerationMatch` on the object's generation, every
+//!   source pinned to its generation), then deletes the part; see `compose`. Without a JSON
+//!   API behind `gs://` (an S3-compatible server), or on a server that composes whatever the
+//!   generation, it turns itself off for the run (one WARN) and every version goes whole
+//!   through `object_store`. Logs are uploaded whole on the schedule
+//!   ([`Appender::appends_logs`]).
 //!
 //! Layout: this file is the face (the errors, [`Appender`] and what the stores share: the
 //! check that the object is still the one we wrote, the meaning of a failed request);
 //! `local` appends and replaces in place on `file://`; `multipart` is [`S3Appender`], the
 //! multipart uploads and their aborts; `probe` is the verdict, once per run of a store,
 //! whether it honours `x-amz-copy-source-if-match` (asked only of a store whose HEAD gives
-//! no ETag); `blocks` is [`AzureAppender`].
+//! no ETag); `blocks` is [`AzureAppender`]; `compose` is [`GcsAppender`].
 
 mod blocks;
+mod compose;
 mod local;
 mod multipart;
 mod probe;
@@ -82,6 +90,7 @@ use super::s3::{classify_store_error, Failure};
 use crate::util::fs::Beneath;
 use crate::util::pace::Flow;
 pub use blocks::{block_id, AzureAppender};
+pub use compose::{part_name, GcsAppender, GCS_PART_SUFFIX};
 use local::{append_local, remove_temporaries, replace_local};
 pub use local::{local_temp_tag, remove_local_temp, sync_local_object_dir, LOCAL_TEMP_SUFFIX};
 pub use multipart::{copy_ranges, S3Appender, S3_MAX_COPY_PART};
@@ -141,6 +150,8 @@ pub struct Appended {
     /// object's version written whole): with a hash of the object's bytes before them, the
     /// caller can check that the file still holds exactly what the object now holds.
     pub tail: Option<u64>,
+    /// The object's version after it, when the store gives one (GCS: its generation).
+    pub version: Option<String>,
 }
 
 /// Where an appender reports each incomplete multipart upload it aborts (`true`) or could
@@ -158,6 +169,8 @@ pub enum Appender {
     S3(Arc<S3Appender>),
     /// Azure Blob Storage: event objects only (`blocks`); the log lane is not given it.
     Azure(Arc<AzureAppender>),
+    /// Google Cloud Storage: event objects only (`compose`); the log lane is not given it.
+    Gcs(Arc<GcsAppender>),
 }
 
 impl Appender {
@@ -168,7 +181,7 @@ impl Appender {
         match self {
             Appender::Local(fs) => Appender::Local(fs),
             Appender::S3(s3) => Appender::S3(Arc::new(s3.with_answer_timeout(timeout))),
-            Appender::Azure(a) => Appender::Azure(a),
+            other => other,
         }
     }
 
@@ -186,14 +199,15 @@ impl Appender {
                 report: a.report.clone(),
                 conditions: a.conditions.clone(),
             })),
-            Appender::Azure(a) => Appender::Azure(a),
+            other => other,
         }
     }
 
     /// Whether the log lane may append with it: not on Azure, whose log objects are
-    /// written by whole uploads (`object_store`'s ids), never as blocks of ours.
+    /// written by whole uploads (`object_store`'s ids), never as blocks of ours, nor on
+    /// GCS, whose logs go with `object_store` (XML API) only.
     pub fn appends_logs(&self) -> bool {
-        !matches!(self, Appender::Azure(_))
+        !matches!(self, Appender::Azure(_) | Appender::Gcs(_))
     }
 }
 
@@ -230,6 +244,9 @@ impl Appender {
             // are off on the store (`blocks`: a Get Block List refused for lack of permission).
             Appender::Azure(a) if a.appends_on() => 1,
             Appender::Azure(_) => u64::MAX,
+            // Any object written whole through the JSON API, once the probe found it usable.
+            Appender::Gcs(g) if g.appends_on() => 1,
+            Appender::Gcs(_) => u64::MAX,
         }
     }
 
@@ -238,6 +255,7 @@ impl Appender {
     pub fn appends_on(&self) -> bool {
         match self {
             Appender::Azure(a) => a.appends_on(),
+            Appender::Gcs(g) => g.appends_on(),
             _ => true,
         }
     }
@@ -275,6 +293,44 @@ impl Appender {
             Appender::S3(s3) => s3.prepare(history_prefix, node).await,
             // Uncommitted blocks of a killed run are Azure's to discard.
             Appender::Azure(_) => Prepared::default(),
+            // Parts are named by the host, not the node: [`Appender::remove_parts`].
+            Appender::Gcs(_) => Prepared::default(),
+        }
+    }
+
+    /// At start: GCS's probe of whether its JSON API is there and composes conditionally
+    /// is started (in a task of its own: nothing waits for it, `compose`), its test part
+    /// beside `history_prefix/rhc-probe`; nothing to do elsewhere.
+    pub fn start_probe(&self, history_prefix: &str) {
+        if let Appender::Gcs(g) = self {
+            let key = format!("{}/rhc-probe", history_prefix.trim_end_matches('/'));
+            let _ = g.usable(&key);
+        }
+    }
+
+    /// Tests only: waits (at most `limit`) for GCS's probe started by
+    /// [`Appender::start_probe`] to end (`storage::TEST_GCS_PROBE_FIRST`).
+    pub async fn probe_ended(&self, limit: std::time::Duration) {
+        if let Appender::Gcs(g) = self {
+            g.probe_ended(limit).await;
+        }
+    }
+
+    /// At start, without waiting for the node id: GCS's parts of event objects under
+    /// `prefixes` (the history and quarantine prefixes) that an earlier run of this host
+    /// left (killed while growing one) are deleted (`compose`); nothing to do elsewhere.
+    pub async fn remove_parts(&self, prefixes: &[String]) {
+        if let Appender::Gcs(g) = self {
+            let mut removed = 0;
+            for p in prefixes {
+                removed += g.remove_parts(p).await;
+            }
+            if removed > 0 {
+                tracing::info!(
+                    removed,
+                    "removed part objects of event objects an earlier run left (killed while growing one)"
+                );
+            }
         }
     }
 
@@ -309,7 +365,7 @@ impl Appender {
     /// number left.
     pub async fn abort_pending(&self, deadline: Instant) -> usize {
         match self {
-            Appender::Local(_) | Appender::Azure(_) => 0,
+            Appender::Local(_) | Appender::Azure(_) | Appender::Gcs(_) => 0,
             Appender::S3(s3) => s3.abort_pending(deadline).await,
         }
     }
@@ -330,6 +386,26 @@ impl Appender {
             Appender::Local(fs) => append_local(fs, key, file, from, to, e_tag, pace).await,
             Appender::S3(s3) => s3.append(key, file, from, to, e_tag, pace).await,
             Appender::Azure(az) => az.append(key, file, from, to, e_tag).await,
+            Appender::Gcs(g) => g.append(key, file, from, to, None).await,
+        }
+    }
+
+    /// [`Appender::append`] of an event object's new bytes, which on GCS grows the object
+    /// from its generation `version` (the record's).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn grow(
+        &self,
+        key: &str,
+        file: &Beneath,
+        from: u64,
+        to: u64,
+        e_tag: Option<&str>,
+        version: Option<&str>,
+        pace: Flow<'_>,
+    ) -> Result<Appended, AppendError> {
+        match self {
+            Appender::Gcs(g) => g.append(key, file, from, to, version).await,
+            _ => self.append(key, file, from, to, e_tag, pace).await,
         }
     }
 }

@@ -234,6 +234,7 @@ impl S3Appender {
                     bytes: to - from,
                     e_tag,
                     tail: Some(tail),
+                    version: None,
                 })
             }
             Err(e) => {
@@ -328,6 +329,7 @@ impl S3Appender {
                     bytes: len,
                     e_tag,
                     tail: Some(tail),
+                    version: None,
                 })
             }
             Err(e) => {
