@@ -138,7 +138,7 @@ else
 fi
 
 # ---------------------------------------------------------------- gcsemulator
-# The GCS peer of the compose tests (tests/gcs_compose.rs): fake-gcs-server composes onto an
+# The GCS peer of the compose tests (tests/upload_window.rs gcs_*, services_smoke): fake-gcs-server composes onto an
 # object whatever its ifGenerationMatch says, and moto has no JSON API. FullStory's
 # emulator (MIT) checks the generation preconditions of uploads, deletes and compose.
 GCSEMU_MODULE=github.com/fullstorydev/emulators/storage/cmd/gcsemulator
