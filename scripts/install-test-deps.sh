@@ -138,8 +138,9 @@ else
 fi
 
 # ---------------------------------------------------------------- gcsemulator
-# The GCS peer of the compose tests (tests/upload_window.rs gcs_*, services_smoke): fake-gcs-server composes onto an
-# object whatever its ifGenerationMatch says, and moto has no JSON API. FullStory's
+# The GCS peer of the compose tests (tests/upload_window.rs gcs_*, services_smoke):
+# fake-gcs-server composes onto an object whatever its ifGenerationMatch says, and moto has
+# no JSON API. FullStory's
 # emulator (MIT) checks the generation preconditions of uploads, deletes and compose.
 GCSEMU_MODULE=github.com/fullstorydev/emulators/storage/cmd/gcsemulator
 GCSEMU_VERSION=v0.0.0-20240401123056-edc69752f474
