@@ -96,13 +96,17 @@ const SPARE_BATCHES: usize = MAX_DECODERS + BATCHES_IN_FLIGHT;
 const SPARE_DELTAS: usize = 2 * FACTS_PER_BATCH;
 
 impl Spares {
-    /// Keeps an emptied batch and the boxes the fold is done with.
+    /// Keeps an emptied batch and the boxes the fold is done with. A batch that grew past
+    /// twice [`FACTS_PER_BATCH`] (one block of a highly compressible object decodes to
+    /// millions of facts before the batch is looked at) is not kept: kept, its capacity would
+    /// stay touched for the rest of the read (review r36z D1: a 1.5 GiB gzip bomb held 3.5 GB
+    /// to the end, where freeing it held 2.1 GB at most).
     fn give(spares: &Mutex<Spares>, mut batch: Vec<Fact>, deltas: &mut SpentDeltas) {
         batch.clear();
         let Ok(mut s) = spares.lock() else {
             return;
         };
-        if s.batches.len() < SPARE_BATCHES {
+        if s.batches.len() < SPARE_BATCHES && batch.capacity() <= 2 * FACTS_PER_BATCH {
             s.batches.push(batch);
         }
         let room = SPARE_DELTAS
