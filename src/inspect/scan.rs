@@ -227,8 +227,14 @@ struct TaskDefinition<'a> {
     resources: Option<BTreeMap<Cow<'a, str>, f64>>,
 }
 
+/// The longest resource text kept; what follows is not written.
+const RESOURCES_TEXT_BYTES: usize = 512;
+
 /// A resource request as text, keys sorted: `CPU: 1, GPU: 0.5` (written in a buffer kept by
-/// the thread: no allocation per event).
+/// the thread: no allocation per event). Written only until it has
+/// [`RESOURCES_TEXT_BYTES`] (the text is cut there), so the buffer holds at most that plus
+/// one entry: review r36za D1, a million keys in one event grew it to 317 MB, kept by the
+/// thread to the end of the read.
 fn resources_text<'k>(r: impl Iterator<Item = (&'k str, f64)>) -> Option<SmallText> {
     thread_local! {
         static TEXT: RefCell<String> = const { RefCell::new(String::new()) };
@@ -236,6 +242,9 @@ fn resources_text<'k>(r: impl Iterator<Item = (&'k str, f64)>) -> Option<SmallTe
     TEXT.with_borrow_mut(|out| {
         out.clear();
         for (k, v) in r {
+            if out.len() >= RESOURCES_TEXT_BYTES {
+                break;
+            }
             if !out.is_empty() {
                 out.push_str(", ");
             }
@@ -243,7 +252,7 @@ fn resources_text<'k>(r: impl Iterator<Item = (&'k str, f64)>) -> Option<SmallTe
             out.push_str(": ");
             write_amount(out, v);
         }
-        (!out.is_empty()).then(|| SmallText::new(cut(out, 512)))
+        (!out.is_empty()).then(|| SmallText::new(cut(out, RESOURCES_TEXT_BYTES)))
     })
 }
 
@@ -943,6 +952,27 @@ mod tests {
         match f.body {
             Body::Task(d) => *d,
             other => panic!("not a task: {other:?}"),
+        }
+    }
+
+    /// Review r36za D1: the text is written only up to its cut, and is the cut of the whole
+    /// text: many keys, amounts of hundreds of digits, a key cut inside a multi-byte char.
+    #[test]
+    fn resources_text_stops_at_its_cut_and_is_the_cut_of_the_whole() {
+        let keys: Vec<String> = (0..2000).map(|i| format!("k{i:05}é")).collect();
+        for amount in [1.0, 0.5, 1e308] {
+            let pairs = || keys.iter().map(|k| (k.as_str(), amount));
+            let mut whole = String::new();
+            for (k, v) in pairs() {
+                if !whole.is_empty() {
+                    whole.push_str(", ");
+                }
+                whole.push_str(cut(k, 64));
+                whole.push_str(": ");
+                write_amount(&mut whole, v);
+            }
+            let got = resources_text(pairs()).unwrap();
+            assert_eq!(&*got, cut(&whole, RESOURCES_TEXT_BYTES));
         }
     }
 
