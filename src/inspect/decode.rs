@@ -99,7 +99,7 @@ impl ContentSink {
             return Ok(());
         }
         while !data.is_empty() {
-            let newline = data.iter().position(|&c| c == b'\n');
+            let newline = memchr::memchr(b'\n', data);
             let (part, rest) = match newline {
                 Some(i) => (&data[..i], Some(&data[i + 1..])),
                 None => (data, None),
@@ -179,10 +179,11 @@ impl ContentSink {
         self.take(scanned);
     }
 
-    /// Takes the facts read so far out of the sink.
-    pub(super) fn take_facts(&mut self) -> Vec<Fact> {
+    /// Takes the facts read so far out of the sink; the next ones go to `next` (an emptied
+    /// batch, reused).
+    pub(super) fn take_facts(&mut self, next: Vec<Fact>) -> Vec<Fact> {
         self.taken += self.out.facts.len() as u64;
-        std::mem::take(&mut self.out.facts)
+        std::mem::replace(&mut self.out.facts, next)
     }
 
     fn seq(&self) -> u64 {

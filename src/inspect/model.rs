@@ -353,7 +353,7 @@ impl SessionModel {
                     }
                 }
                 if self.spill_error.is_none() {
-                    if let Err(e) = self.tasks.add(*delta, self.growth) {
+                    if let Err(e) = self.tasks.add(delta, self.growth) {
                         self.spill_error = Some(e);
                     }
                 }

@@ -13,7 +13,9 @@
 //! has a field of a type Ray does not write, and is a bad line.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
@@ -24,7 +26,7 @@ use super::extract::{
     RAY_EVENT_TYPES_READ,
 };
 use super::filter::{parse_time_ns, NANOS_PER_SECOND};
-use super::task::{AttemptKey, CompactId, LogInfo, TaskDelta, Transitions};
+use super::task::{AttemptKey, CompactId, LogInfo, SmallText, SpentDeltas, TaskDelta, Transitions};
 use super::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES};
 
 /// Ray's `TaskStatus` enum by number, as `EXPORT_TASK`'s `state_ts_ns` keys name states.
@@ -110,6 +112,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
 
 type Text<'a> = Option<Str<'a>>;
 
+/// One line, typed. The bodies are boxed: a line has one, and the unboxed struct (about
+/// 1.7 KB) was copied several times per line on its way out of the parser.
 #[derive(Deserialize)]
 struct Line<'a> {
     #[serde(borrow, default, rename = "eventType", alias = "event_type")]
@@ -121,35 +125,35 @@ struct Line<'a> {
     #[serde(borrow, default, rename = "source_type", alias = "sourceType")]
     source_type: Text<'a>,
     #[serde(borrow, default, rename = "event_data", alias = "eventData")]
-    event_data: Option<ExportTask<'a>>,
+    event_data: Option<Box<ExportTask<'a>>>,
     #[serde(
         borrow,
         default,
         rename = "taskDefinitionEvent",
         alias = "task_definition_event"
     )]
-    task_definition: Option<TaskDefinition<'a>>,
+    task_definition: Option<Box<TaskDefinition<'a>>>,
     #[serde(
         borrow,
         default,
         rename = "actorTaskDefinitionEvent",
         alias = "actor_task_definition_event"
     )]
-    actor_task_definition: Option<TaskDefinition<'a>>,
+    actor_task_definition: Option<Box<TaskDefinition<'a>>>,
     #[serde(
         borrow,
         default,
         rename = "taskLifecycleEvent",
         alias = "task_lifecycle_event"
     )]
-    task_lifecycle: Option<TaskLifecycle<'a>>,
+    task_lifecycle: Option<Box<TaskLifecycle<'a>>>,
     #[serde(
         borrow,
         default,
         rename = "taskProfileEvents",
         alias = "task_profile_events"
     )]
-    task_profile: Option<TaskProfile<'a>>,
+    task_profile: Option<Box<TaskProfile<'a>>>,
 }
 
 /// A pushed event's RFC 3339 string, or an export event's whole seconds.
@@ -223,27 +227,62 @@ struct TaskDefinition<'a> {
     resources: Option<BTreeMap<Cow<'a, str>, f64>>,
 }
 
-/// A resource request as text, keys sorted: `CPU: 1, GPU: 0.5`.
-pub(super) fn resources_text<'k>(r: impl Iterator<Item = (&'k str, f64)>) -> Option<String> {
-    let mut out = String::new();
-    for (k, v) in r {
-        if !out.is_empty() {
-            out.push_str(", ");
-        }
-        out.push_str(&bounded(k, 64));
-        out.push_str(": ");
-        out.push_str(&format_amount(v));
+/// The longest resource text kept; what follows is not written.
+const RESOURCES_TEXT_BYTES: usize = 512;
+
+/// A resource request as text, keys sorted: `CPU: 1, GPU: 0.5` (written in a buffer kept by
+/// the thread: no allocation per event). Written only until it has
+/// [`RESOURCES_TEXT_BYTES`] (the text is cut there), so the buffer holds at most that plus
+/// one entry: review r36za D1, a million keys in one event grew it to 317 MB, kept by the
+/// thread to the end of the read.
+fn resources_text<'k>(r: impl Iterator<Item = (&'k str, f64)>) -> Option<SmallText> {
+    thread_local! {
+        static TEXT: RefCell<String> = const { RefCell::new(String::new()) };
     }
-    (!out.is_empty()).then(|| bounded(&out, 512))
+    TEXT.with_borrow_mut(|out| {
+        out.clear();
+        for (k, v) in r {
+            if out.len() >= RESOURCES_TEXT_BYTES {
+                break;
+            }
+            if !out.is_empty() {
+                out.push_str(", ");
+            }
+            out.push_str(cut(k, 64));
+            out.push_str(": ");
+            write_amount(out, v);
+        }
+        (!out.is_empty()).then(|| SmallText::new(cut(out, RESOURCES_TEXT_BYTES)))
+    })
+}
+
+/// `s` cut at a character boundary to at most `max` bytes (what [`bounded`] copies).
+fn cut(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut at = max;
+    while !s.is_char_boundary(at) {
+        at -= 1;
+    }
+    &s[..at]
 }
 
 /// `1` for 1.0, `0.5` for 0.5.
 pub(super) fn format_amount(v: f64) -> String {
-    if v.fract() == 0.0 && v.abs() < 1e15 {
-        format!("{}", v as i64)
+    let mut out = String::new();
+    write_amount(&mut out, v);
+    out
+}
+
+/// [`format_amount`], written at the end of `out`.
+fn write_amount(out: &mut String, v: f64) {
+    // Writing to a String does not fail.
+    let _ = if v.fract() == 0.0 && v.abs() < 1e15 {
+        write!(out, "{}", v as i64)
     } else {
-        format!("{v}")
-    }
+        write!(out, "{v}")
+    };
 }
 
 /// `FunctionDescriptor`: one of its language variants is set.
@@ -336,10 +375,94 @@ struct TaskLifecycle<'a> {
 struct ProfileEvent<'a> {
     #[serde(borrow, default, rename = "eventName", alias = "event_name")]
     name: Text<'a>,
-    #[serde(default, rename = "startTime", alias = "start_time")]
-    start: Int,
-    #[serde(default, rename = "endTime", alias = "end_time")]
-    end: Int,
+    #[serde(borrow, default, rename = "startTime", alias = "start_time")]
+    start: LazyInt<'a>,
+    #[serde(borrow, default, rename = "endTime", alias = "end_time")]
+    end: LazyInt<'a>,
+}
+
+/// An [`Int`] whose text is read only when it is used: a profile has many events and one
+/// is used (its types are checked as [`Int`]'s are).
+#[derive(Default)]
+enum LazyInt<'a> {
+    #[default]
+    Unset,
+    Read(Int),
+    Text(Cow<'a, str>),
+}
+
+impl LazyInt<'_> {
+    fn get(&self) -> Option<i64> {
+        match self {
+            LazyInt::Unset => None,
+            LazyInt::Read(i) => i.0,
+            LazyInt::Text(t) => t.trim().parse().ok(),
+        }
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for LazyInt<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<LazyInt<'a>, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = LazyInt<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an integer or a string holding one")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<LazyInt<'de>, E> {
+                Ok(LazyInt::Read(Int(Some(v))))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<LazyInt<'de>, E> {
+                Ok(LazyInt::Read(Int(i64::try_from(v).ok())))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<LazyInt<'de>, E> {
+                Ok(LazyInt::Read(Int(v.is_finite().then_some(v as i64))))
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<LazyInt<'de>, E> {
+                Ok(LazyInt::Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<LazyInt<'de>, E> {
+                Ok(LazyInt::Text(Cow::Owned(v.to_string())))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<LazyInt<'de>, E> {
+                Ok(LazyInt::Read(Int(None)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A profile's events, of which only the first `task::<name>` one is kept (no list is
+/// built; every event is still read, and checked, as a list's would be).
+struct FirstExecution<'a>(Option<ProfileEvent<'a>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for FirstExecution<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<FirstExecution<'a>, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = FirstExecution<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a sequence")
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<FirstExecution<'de>, A::Error> {
+                let mut first = None;
+                while let Some(e) = seq.next_element::<ProfileEvent<'de>>()? {
+                    let execution = e
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with(EXECUTION_EVENT_PREFIX));
+                    if first.is_none() && execution {
+                        first = Some(e);
+                    }
+                }
+                Ok(FirstExecution(first))
+            }
+        }
+        d.deserialize_seq(V)
+    }
 }
 
 #[derive(Deserialize)]
@@ -349,7 +472,7 @@ struct ProfileEvents<'a> {
     #[serde(borrow, default, rename = "componentId", alias = "component_id")]
     component_id: Text<'a>,
     #[serde(borrow, default)]
-    events: Option<Vec<ProfileEvent<'a>>>,
+    events: Option<FirstExecution<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -408,10 +531,39 @@ struct ExportStateUpdates<'a> {
     task_log_info: Option<TaskLogInfo<'a>>,
 }
 
-fn text(t: &Text<'_>) -> Option<String> {
+fn text(t: &Text<'_>) -> Option<SmallText> {
     t.as_deref()
         .filter(|s| !s.is_empty())
-        .map(|s| bounded(s, MAX_FIELD_BYTES))
+        .map(|s| SmallText::new(cut(s, MAX_FIELD_BYTES)))
+}
+
+/// Deltas the fold is done with, given back to this decoder thread ([`restock`]): a task
+/// fact's box is reused rather than allocated here and freed on the fold's thread.
+const MAX_SPARE_DELTAS: usize = 4096;
+
+thread_local! {
+    static SPARE_DELTAS: RefCell<SpentDeltas> = const { RefCell::new(Vec::new()) };
+}
+
+/// Moves boxes of deltas from the end of `deltas` to this thread, to reuse (at most
+/// [`MAX_SPARE_DELTAS`] are kept).
+pub(super) fn restock(deltas: &mut SpentDeltas) {
+    SPARE_DELTAS.with_borrow_mut(|spare| {
+        let room = MAX_SPARE_DELTAS
+            .saturating_sub(spare.len())
+            .min(deltas.len());
+        spare.extend(deltas.drain(deltas.len() - room..));
+    });
+}
+
+fn boxed(d: TaskDelta) -> Box<TaskDelta> {
+    match SPARE_DELTAS.with_borrow_mut(Vec::pop) {
+        Some(mut b) => {
+            *b = d;
+            b
+        }
+        None => Box::new(d),
+    }
 }
 
 /// Whether `task_id` is the task whose logs are wanted.
@@ -435,7 +587,10 @@ fn key(task_id: &Text<'_>, attempt: Int) -> Option<AttemptKey> {
 fn error(e: &Option<ErrorInfo<'_>>) -> Option<(Option<String>, Option<String>)> {
     e.as_ref().map(|e| {
         (
-            text(&e.error_type),
+            e.error_type
+                .as_deref()
+                .filter(|s| !s.is_empty())
+                .map(|s| bounded(s, MAX_FIELD_BYTES)),
             e.error_message
                 .as_deref()
                 .map(|m| bounded(m, MAX_ERROR_MESSAGE_BYTES)),
@@ -468,12 +623,8 @@ fn execution(p: &Option<ProfileEvents<'_>>) -> Option<(i64, i64, Option<CompactI
     if p.component_type.as_deref().is_some_and(|t| t != "worker") {
         return None;
     }
-    let e = p.events.as_ref()?.iter().find(|e| {
-        e.name
-            .as_deref()
-            .is_some_and(|n| n.starts_with(EXECUTION_EVENT_PREFIX))
-    })?;
-    let (start, end) = (e.start.0?, e.end.0?);
+    let e = p.events.as_ref()?.0.as_ref()?;
+    let (start, end) = (e.start.get()?, e.end.get()?);
     (start > 0 && end >= start).then(|| (start, end, cid(&p.component_id)))
 }
 
@@ -544,7 +695,7 @@ impl Line<'_> {
 
     /// The fact of a task event, `None` for any other event. Log offsets are read only for
     /// the attempts of `logs_of` (`--logs`).
-    fn task_fact(&self, seq: u64, logs_of: Option<CompactId>) -> Option<Fact> {
+    fn task_fact(&mut self, seq: u64, logs_of: Option<CompactId>) -> Option<Fact> {
         if let Some(data) = &self.event_data {
             if self.source_type.as_deref() != Some("EXPORT_TASK") {
                 return None;
@@ -575,7 +726,7 @@ impl Line<'_> {
                             .find_map(|f| text(&f.function_name))
                     }),
                     task_type: if actor {
-                        Some("ACTOR_TASK".into())
+                        Some(SmallText::new("ACTOR_TASK"))
                     } else {
                         text(&d.task_type)
                     },
@@ -586,7 +737,7 @@ impl Line<'_> {
                     ..TaskDelta::default()
                 })
             }
-            "TASK_LIFECYCLE_EVENT" => self.task_lifecycle.as_ref().map(|l| TaskDelta {
+            "TASK_LIFECYCLE_EVENT" => self.task_lifecycle.as_mut().map(|l| TaskDelta {
                 log: if wanted(logs_of, &l.task_id) {
                     log_info(&l.log)
                 } else {
@@ -594,7 +745,7 @@ impl Line<'_> {
                 },
                 key: key(&l.task_id, l.attempt),
                 job: cid(&l.job_id),
-                transitions: l.transitions.0.clone(),
+                transitions: std::mem::take(&mut l.transitions.0),
                 error: error(&l.error),
                 node: cid(&l.node_id),
                 worker: cid(&l.worker_id),
@@ -616,7 +767,7 @@ impl Line<'_> {
             time_ns,
             seq,
             body: match delta {
-                Some(d) if d.key.is_some() => Body::Task(Box::new(d)),
+                Some(d) if d.key.is_some() => Body::Task(boxed(d)),
                 _ => Body::Other,
             },
         })
@@ -667,7 +818,7 @@ impl Line<'_> {
             time_ns,
             seq,
             body: if delta.key.is_some() {
-                Body::Task(Box::new(delta))
+                Body::Task(boxed(delta))
             } else {
                 Body::Other
             },
@@ -705,7 +856,15 @@ pub(super) fn scan_line(
     logs_of: Option<CompactId>,
     value_of: impl Fn(&[u8]) -> Result<Value, String>,
 ) -> Scanned {
-    if let Ok(typed) = serde_json::from_slice::<Line>(line) {
+    // A line valid as UTF-8 as a whole (every line Ray writes) is checked once, here, and
+    // read as a `str`: serde_json then does not check each key and value again (a tenth of
+    // the instructions of a read). It reads the same: only the check of the bytes differs,
+    // and any other line is read from its bytes as before.
+    let typed = match std::str::from_utf8(line) {
+        Ok(text) => serde_json::from_str::<Line>(text),
+        Err(_) => serde_json::from_slice::<Line>(line),
+    };
+    if let Ok(mut typed) = typed {
         if let Some(fact) = typed.task_fact(seq, logs_of) {
             return Ok(fact);
         }
@@ -750,7 +909,7 @@ pub(super) fn scan_value(v: &Value, seq: u64, logs_of: Option<CompactId>) -> Sca
         return Err("not a JSON object".into());
     }
     match Line::deserialize(v) {
-        Ok(typed) => {
+        Ok(mut typed) => {
             if let Some(fact) = typed.task_fact(seq, logs_of) {
                 return Ok(fact);
             }
@@ -793,6 +952,27 @@ mod tests {
         match f.body {
             Body::Task(d) => *d,
             other => panic!("not a task: {other:?}"),
+        }
+    }
+
+    /// Review r36za D1: the text is written only up to its cut, and is the cut of the whole
+    /// text: many keys, amounts of hundreds of digits, a key cut inside a multi-byte char.
+    #[test]
+    fn resources_text_stops_at_its_cut_and_is_the_cut_of_the_whole() {
+        let keys: Vec<String> = (0..2000).map(|i| format!("k{i:05}é")).collect();
+        for amount in [1.0, 0.5, 1e308] {
+            let pairs = || keys.iter().map(|k| (k.as_str(), amount));
+            let mut whole = String::new();
+            for (k, v) in pairs() {
+                if !whole.is_empty() {
+                    whole.push_str(", ");
+                }
+                whole.push_str(cut(k, 64));
+                whole.push_str(": ");
+                write_amount(&mut whole, v);
+            }
+            let got = resources_text(pairs()).unwrap();
+            assert_eq!(&*got, cut(&whole, RESOURCES_TEXT_BYTES));
         }
     }
 
@@ -906,6 +1086,103 @@ mod tests {
             assert_eq!(log.stderr_file.as_deref(), Some("worker-ab-01000000-7.err"));
             assert_eq!(log.stderr, (Some(35), None));
         }
+    }
+
+    /// A profile's first `task::` event is its execution, its times read only then; the
+    /// other events are still checked (a wrong type in any is a bad line, as with a list).
+    #[test]
+    fn profiles_use_their_first_execution_event_and_check_the_others() {
+        let profile = |events: &str| {
+            format!(
+                r#"{{"eventId":"p","eventType":"TASK_PROFILE_EVENT","timestamp":"2026-11-22T05:00:01Z",
+                "taskProfileEvents":{{"taskId":"AQID","attemptNumber":0,"jobId":"AQAAAA==",
+                "profileEvents":{{"componentType":"worker","componentId":"AQID","events":[{events}]}}}}}}"#
+            )
+        };
+        let exec = |f: &str| task(fact(&profile(f))).exec.map(|(s, e, _)| (s, e));
+        let submit = r#"{"eventName":"submit_task","startTime":"x","endTime":1}"#;
+        let first = r#"{"eventName":"task::f","startTime":" 10 ","endTime":"20"}"#;
+        let second = r#"{"eventName":"task::g","startTime":30,"endTime":40}"#;
+        assert_eq!(exec(&format!("{submit},{first},{second}")), Some((10, 20)));
+        assert_eq!(exec(&format!("{second},{first}")), Some((30, 40)));
+        // The first execution event decides, even when its times are not usable.
+        let unusable = r#"{"eventName":"task::f","startTime":"soon","endTime":"20"}"#;
+        assert_eq!(exec(&format!("{unusable},{second}")), None);
+        assert_eq!(exec(submit), None);
+        assert_eq!(exec(""), None);
+        for bad in [
+            profile(&format!(r#"{second},{{"eventName":"x","startTime":[1]}}"#)),
+            profile(&format!(r#"{{"eventName":5}},{first}"#)),
+            profile(r#"{"eventName":"task::f","endTime":{}}"#),
+        ] {
+            let got = scan_line(bad.as_bytes(), 0, None, |l| {
+                serde_json::from_slice(l).map_err(|e| e.to_string())
+            });
+            let err = got.map(|f| f.body).expect_err(&bad);
+            assert!(err.contains("do not have Ray's types"), "{err}: {bad}");
+        }
+    }
+
+    /// Invalid UTF-8 in a member that is skipped does not make a bad line; in a member that
+    /// is read, it does (as when serde_json checked each string of the bytes itself).
+    #[test]
+    fn invalid_utf8_where_it_is_read_and_where_it_is_not() {
+        let line = |message: &[u8], name: &[u8]| {
+            let mut l =
+                br#"{"eventId":"d","eventType":"TASK_DEFINITION_EVENT","message":""#.to_vec();
+            l.extend_from_slice(message);
+            l.extend_from_slice(br#"","taskDefinitionEvent":{"taskId":"AQID","taskName":""#);
+            l.extend_from_slice(name);
+            l.extend_from_slice(br#""}}"#);
+            l
+        };
+        let read = |l: &[u8]| {
+            scan_line(l, 0, None, |l| {
+                serde_json::from_slice(l).map_err(|e| e.to_string())
+            })
+            .map(|f| task(f).name.map(|n| n.to_string()))
+        };
+        assert_eq!(read(&line(b"ok", b"f")), Ok(Some("f".into())));
+        assert_eq!(read(&line(b"\xff", b"f")), Ok(Some("f".into())));
+        assert_eq!(
+            read(&line(b"caf\xc3\xa9", b"caf\xc3\xa9")),
+            Ok(Some("caf\u{e9}".into()))
+        );
+        assert!(read(&line(b"ok", b"\xff")).is_err());
+    }
+
+    /// A definition's texts: short ones inline, long ones whole up to their bounds, the
+    /// resource request with its keys sorted and cut as before.
+    #[test]
+    fn definition_texts() {
+        let def = |name: &str, resources: &str| {
+            task(fact(&format!(
+                r#"{{"eventId":"d","eventType":"TASK_DEFINITION_EVENT","timestamp":"2026-11-22T05:00:01Z",
+                "taskDefinitionEvent":{{"taskId":"AQID","taskName":"{name}","taskType":"NORMAL_TASK",
+                "requiredResources":{resources}}}}}"#
+            )))
+        };
+        let t = def("f", r#"{"GPU":0.5,"CPU":1.0,"memory":1e9}"#);
+        assert_eq!(t.name.as_deref(), Some("f"));
+        assert_eq!(t.task_type.as_deref(), Some("NORMAL_TASK"));
+        assert_eq!(
+            t.resources.as_deref(),
+            Some("CPU: 1, GPU: 0.5, memory: 1000000000")
+        );
+        let long = "é".repeat(300);
+        let key = "k".repeat(100);
+        let many: Vec<String> = (0..60).map(|i| format!(r#""r{i:02}":{i}.25"#)).collect();
+        let t = def(&long, &format!(r#"{{"{key}":1}}"#));
+        assert_eq!(t.name.as_deref(), Some(&long[..MAX_FIELD_BYTES]));
+        assert_eq!(def(&long[..100], "{}").name.as_deref(), Some(&long[..100]));
+        assert_eq!(
+            t.resources.as_deref(),
+            Some(format!("{}: 1", &key[..64]).as_str())
+        );
+        let t = def("f", &format!("{{{}}}", many.join(",")));
+        let want: Vec<String> = (0..60).map(|i| format!("r{i:02}: {i}.25")).collect();
+        assert_eq!(t.resources.as_deref(), Some(&want.join(", ")[..512]));
+        assert_eq!(def("f", "{}").resources.as_deref(), None);
     }
 
     #[test]
