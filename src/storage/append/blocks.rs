@@ -44,9 +44,9 @@ use base64::Engine as _;
 use bytes::Bytes;
 
 use super::multipart::read_exact_blocking;
-use super::{etag_key, read_err, unavailable, AppendError, Appended, TAIL_PART};
+use super::{etag_key, read_err, wire_failure, AppendError, Appended, TAIL_PART};
 use crate::storage::azure::{AzureWire, Condition, MAX_BLOCKS, MAX_BLOCK_BYTES};
-use crate::storage::s3::{Failure, WireError};
+use crate::storage::s3::Failure;
 use crate::util::fs::Beneath;
 
 /// Bytes of a block id before base64: `rhc`, the index in 5 digits, the hash in 24 hex; as
@@ -89,22 +89,6 @@ pub struct AzureAppender {
     max_blocks: usize,
     /// Get Block List was refused for lack of permission: no more appends this run.
     appends_off: AtomicBool,
-}
-
-/// What a failed request of ours means for the write.
-fn wire_failure(key: &str, e: WireError) -> AppendError {
-    match e.failure {
-        Failure::Precondition | Failure::Missing => AppendError::Changed {
-            key: key.into(),
-            why: e.to_string(),
-        },
-        Failure::Unsupported | Failure::Refused => AppendError::Refused {
-            key: key.into(),
-            unsupported: e.failure == Failure::Unsupported,
-            message: e.to_string(),
-        },
-        Failure::Transient => unavailable(key, &e),
-    }
 }
 
 impl AzureAppender {

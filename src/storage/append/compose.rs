@@ -60,7 +60,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::multipart::read_exact_blocking;
-use super::{read_err, unavailable, AppendError, Appended};
+use super::{read_err, wire_failure, AppendError, Appended};
 use crate::storage::gcs::{no_json_api, GcsObject, GcsWire, MAX_COMPONENTS};
 use crate::storage::s3::{Failure, WireError};
 use crate::util::fs::Beneath;
@@ -172,22 +172,6 @@ impl Drop for InFlight<'_> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.name);
-    }
-}
-
-/// What a failed request of ours means for the write.
-fn wire_failure(key: &str, e: WireError) -> AppendError {
-    match e.failure {
-        Failure::Precondition | Failure::Missing => AppendError::Changed {
-            key: key.into(),
-            why: e.to_string(),
-        },
-        Failure::Unsupported | Failure::Refused => AppendError::Refused {
-            key: key.into(),
-            unsupported: e.failure == Failure::Unsupported,
-            message: e.to_string(),
-        },
-        Failure::Transient => unavailable(key, &e),
     }
 }
 

@@ -86,7 +86,7 @@ use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
-use super::s3::{classify_store_error, Failure};
+use super::s3::{classify_store_error, Failure, WireError};
 use crate::util::fs::Beneath;
 use crate::util::pace::Flow;
 pub use blocks::{block_id, AzureAppender};
@@ -534,6 +534,23 @@ fn store_failure_as(
             key: key.to_string(),
             why: message,
         },
+    }
+}
+
+/// What a failed request of our own wire (Azure's block requests, GCS's JSON API) means
+/// for the write.
+fn wire_failure(key: &str, e: WireError) -> AppendError {
+    match e.failure {
+        Failure::Precondition | Failure::Missing => AppendError::Changed {
+            key: key.into(),
+            why: e.to_string(),
+        },
+        Failure::Unsupported | Failure::Refused => AppendError::Refused {
+            key: key.into(),
+            unsupported: e.failure == Failure::Unsupported,
+            message: e.to_string(),
+        },
+        Failure::Transient => unavailable(key, &e),
     }
 }
 
