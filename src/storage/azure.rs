@@ -43,7 +43,7 @@ use serde::Deserialize;
 use crate::util::error_chain;
 
 use super::s3::{
-    answer_err, backoff, classify, read_bounded, wire_err, CapturingConnector, Failure, WireError,
+    answer_err, classify, read_bounded, retrying, wire_err, CapturingConnector, Failure, WireError,
     RETRY_ATTEMPTS,
 };
 
@@ -277,21 +277,13 @@ impl AzureWire {
         body: Bytes,
         what: &str,
     ) -> Result<(HeaderMap, Bytes), WireError> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self
-                .send_once(method.clone(), url, headers, body.clone(), what)
-                .await
-            {
-                Err(e) if e.failure == Failure::Transient && attempt < RETRY_ATTEMPTS => {
-                    let wait = backoff(attempt);
-                    tracing::debug!(error = %e, attempt, wait_ms = wait.as_millis() as u64, "Azure request failed; retrying");
-                    tokio::time::sleep(wait).await;
-                }
-                r => return r,
-            }
-        }
+        retrying(
+            "Azure",
+            RETRY_ATTEMPTS,
+            |_| true,
+            || self.send_once(method.clone(), url, headers, body.clone(), what),
+        )
+        .await
     }
 
     async fn send_once(

@@ -38,7 +38,7 @@ use serde::Deserialize;
 use crate::util::error_chain;
 
 use super::s3::{
-    backoff, classify, read_bounded, wire_err, CapturingConnector, Failure, WireError,
+    classify, read_bounded, retrying, wire_err, CapturingConnector, Failure, WireError,
     RETRY_ATTEMPTS,
 };
 
@@ -361,29 +361,25 @@ impl GcsWire {
         body: Bytes,
         what: &str,
     ) -> Result<Bytes, WireError> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let once = self.send_once(method.clone(), url, headers, body.clone(), what);
-            let answer = match self.deadline {
-                Some(d) => tokio::time::timeout(d, once).await.unwrap_or_else(|_| {
-                    Err(wire_err(
-                        Failure::Transient,
-                        what,
-                        format!("no answer within {} ms", d.as_millis()),
-                    ))
-                }),
-                None => once.await,
-            };
-            match answer {
-                Err(e) if e.failure == Failure::Transient && attempt < self.attempts => {
-                    let wait = backoff(attempt);
-                    tracing::debug!(error = %e, attempt, wait_ms = wait.as_millis() as u64, "GCS request failed; retrying");
-                    tokio::time::sleep(wait).await;
+        retrying(
+            "GCS",
+            self.attempts,
+            |_| true,
+            || async {
+                let once = self.send_once(method.clone(), url, headers, body.clone(), what);
+                match self.deadline {
+                    Some(d) => tokio::time::timeout(d, once).await.unwrap_or_else(|_| {
+                        Err(wire_err(
+                            Failure::Transient,
+                            what,
+                            format!("no answer within {} ms", d.as_millis()),
+                        ))
+                    }),
+                    None => once.await,
                 }
-                r => return r,
-            }
-        }
+            },
+        )
+        .await
     }
 
     async fn send_once(

@@ -560,25 +560,13 @@ impl S3Wire {
         body: Bytes,
         what: &str,
     ) -> Result<Bytes, WireError> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self
-                .send_once(method.clone(), url, headers, body.clone(), what)
-                .await
-            {
-                Err(e)
-                    if e.failure == Failure::Transient
-                        && !e.unanswered
-                        && attempt < RETRY_ATTEMPTS =>
-                {
-                    let wait = backoff(attempt);
-                    tracing::debug!(error = %e, attempt, wait_ms = wait.as_millis() as u64, "S3 request failed; retrying");
-                    tokio::time::sleep(wait).await;
-                }
-                r => return r,
-            }
-        }
+        retrying(
+            "S3",
+            RETRY_ATTEMPTS,
+            |e| !e.unanswered,
+            || self.send_once(method.clone(), url, headers, body.clone(), what),
+        )
+        .await
     }
 
     async fn send_once(
@@ -677,6 +665,33 @@ pub(crate) async fn read_bounded(
         out.extend_from_slice(&chunk);
     }
     Ok(Bytes::from(out))
+}
+
+/// `once` tried up to `attempts` times while its failure is transient and `again` allows
+/// it, waiting [`backoff`] between tries: the retry loop of our own wires (S3's, Azure's,
+/// GCS's); `store` names the store in the debug line of each retry.
+pub async fn retrying<T, F, Fut>(
+    store: &str,
+    attempts: u32,
+    again: impl Fn(&WireError) -> bool,
+    mut once: F,
+) -> Result<T, WireError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, WireError>>,
+{
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match once().await {
+            Err(e) if e.failure == Failure::Transient && again(&e) && attempt < attempts => {
+                let wait = backoff(attempt);
+                tracing::debug!(error = %e, attempt, wait_ms = wait.as_millis() as u64, "{store} request failed; retrying");
+                tokio::time::sleep(wait).await;
+            }
+            r => return r,
+        }
+    }
 }
 
 /// The wait before attempt `attempt + 1`: exponential, capped, with full jitter over its
