@@ -50,6 +50,7 @@ pub mod inspect;
 pub mod logs;
 pub mod metrics;
 pub mod node;
+pub mod reader;
 pub mod serve;
 pub mod settings;
 pub mod storage;

@@ -29,10 +29,10 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::render::{clean, clean_long, human_duration, opt, opt_time, Table};
-use super::report::{
+use super::InspectError;
+use crate::reader::report::{
     ClusterIdentity, JobEntry, Problems, SessionReport, StatusEntry, TrainRunEntry,
 };
-use super::InspectError;
 
 /// Exit code of `--compare-runs` when the runs cannot be compared (1 means "they differ").
 pub const COMPARE_ERROR_EXIT: u8 = 2;
@@ -565,10 +565,10 @@ pub(super) struct Comparison {
 }
 
 /// True for a character a reader cannot see or tell from another one: what
-/// [`super::escape::is_unsafe_char`] refuses, every space but `' '`, and Unicode's other
+/// [`crate::util::escape::is_unsafe_char`] refuses, every space but `' '`, and Unicode's other
 /// default-ignorable characters (soft hyphen, fillers, variation selectors, tags).
 fn invisible(c: char) -> bool {
-    super::escape::is_unsafe_char(c)
+    crate::util::escape::is_unsafe_char(c)
         || (c.is_whitespace() && c != ' ')
         || matches!(
             c,

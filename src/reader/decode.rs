@@ -9,9 +9,9 @@ use serde_json::Value;
 
 use super::extract::Fact;
 use super::filter::TimeWindow;
-use super::render::human_bytes;
 use super::scan::{scan_line, scan_value, Scanned};
 use super::task::CompactId;
+use super::values::human_bytes;
 use super::ContentLimits;
 #[cfg(test)]
 use super::CONTENT_LIMITS;

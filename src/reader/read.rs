@@ -33,10 +33,10 @@ use super::decode::{ContentSink, Decoder};
 use super::extract::Fact;
 use super::filter::TimeWindow;
 use super::model::SessionModel;
-use super::render::human_bytes;
 use super::report::{ObjectStats, Problems};
 use super::scan::restock;
 use super::task::{CompactId, SpentDeltas};
+use super::values::human_bytes;
 use super::walk::EventObject;
 use super::{store_error, CONTENT_LIMITS, READ_CONCURRENCY};
 

@@ -269,7 +269,7 @@ fn cut(s: &str, max: usize) -> &str {
 }
 
 /// `1` for 1.0, `0.5` for 0.5.
-pub(super) fn format_amount(v: f64) -> String {
+pub(crate) fn format_amount(v: f64) -> String {
     let mut out = String::new();
     write_amount(&mut out, v);
     out

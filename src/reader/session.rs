@@ -16,7 +16,8 @@ use super::filter::Filter;
 use super::report::Problems;
 use super::task::{self, TaskStore};
 use super::walk::{self, EventsSignature};
-use super::{local, s3, session_report, InspectArgs, InspectError};
+use super::{local, s3, session_report, ReadError};
+use crate::cli::InspectArgs;
 use crate::storage::{Backend, StorageSpec};
 
 /// A bucket opened for reading, the way `inspect` reads it: a `file://` bucket by
@@ -29,7 +30,7 @@ pub struct OpenBucket {
     /// Where they are, root included.
     pub spec: StorageSpec,
     /// Entries the listings skipped (names no key can hold, links, FIFOs, ...).
-    pub(super) skips: Arc<local::SkipLog>,
+    pub(crate) skips: Arc<local::SkipLog>,
 }
 
 impl OpenBucket {
@@ -51,7 +52,7 @@ pub fn open_bucket(
         Backend::File(dir) => {
             // storage::open creates a missing directory; a read must not.
             if !dir.is_dir() {
-                return Err(InspectError::NoSuchDirectory(dir.display().to_string()).into());
+                return Err(ReadError::NoSuchDirectory(dir.display().to_string()).into());
             }
             // Not object_store's LocalFileSystem: see local.rs.
             Arc::new(
@@ -156,8 +157,8 @@ pub async fn session_markers(bucket: &OpenBucket) -> anyhow::Result<Vec<SessionM
     let args = unfiltered_args(&bucket.spec.to_string());
     let found = match discover(&bucket.store, &bucket.spec, &args).await {
         Ok(f) => f,
-        Err(e) => match e.downcast_ref::<InspectError>() {
-            Some(InspectError::NoMarkers { .. }) => return Ok(Vec::new()),
+        Err(e) => match e.downcast_ref::<ReadError>() {
+            Some(ReadError::NoMarkers { .. }) => return Ok(Vec::new()),
             _ => return Err(e),
         },
     };
@@ -558,7 +559,7 @@ pub async fn session_nodes(
 /// The log of task `task_id` (hex) attempt `attempt` in `marker`'s session, as `inspect
 /// --logs <task id>` finds it: the session's events are read again, keeping the log offsets
 /// of this task only (what Ray named in `taskLogInfo`, with the attempt's byte range), else
-/// the log of its worker found by id or pid on its node. Errors are [`InspectError`]s
+/// the log of its worker found by id or pid on its node. Errors are [`ReadError`]s
 /// (`NoSuchLogTarget`, `NoLogFor`, `LogNotUploaded`, `SeveralLogs`) or a listing's.
 pub(crate) async fn task_log_target(
     bucket: &OpenBucket,

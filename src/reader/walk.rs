@@ -31,7 +31,7 @@ pub(super) struct SessionFootprint {
     pub(super) hours: Option<(Hour, Hour)>,
 }
 
-pub(super) async fn list_report(
+pub(crate) async fn list_report(
     store: &Arc<dyn ObjectStore>,
     spec: &StorageSpec,
     found: Discovered,

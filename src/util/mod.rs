@@ -3,6 +3,7 @@
 //! an error's text with its sources.
 
 pub mod dedup;
+pub mod escape;
 pub mod fs;
 pub mod memory;
 pub mod pace;
