@@ -44,7 +44,7 @@ use crate::reader::{store_error, ReadError};
 use crate::storage::StorageSpec;
 use crate::util::escape::is_unsafe_char;
 
-use super::InspectError;
+use super::error::InspectError;
 
 /// Bytes fetched per ranged read when printing a range.
 const RANGE_BLOCK: u64 = 4 << 20;

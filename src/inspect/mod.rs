@@ -147,60 +147,15 @@ use crate::reader::{open_bucket, session_report, OpenBucket};
 use crate::storage::StorageSpec;
 use crate::util::escape;
 
+mod error;
 mod html;
 mod logs;
 mod render;
 mod timeline;
 mod train;
 
+pub use error::InspectError;
 use render::{render_list, render_session};
-
-/// Widest text-table cell.
-const MAX_CELL_CHARS: usize = 100;
-
-/// Why `inspect` could not do what its flags asked (what the reader could not read is a
-/// [`crate::reader::ReadError`]).
-#[derive(Debug, thiserror::Error)]
-pub enum InspectError {
-    /// `--train-run` or `--compare-runs` names no run of the session.
-    #[error("no Ray Train run {wanted:?} in session {session} (by id or name); runs: {known}")]
-    NoSuchTrainRun {
-        /// What was asked for.
-        wanted: String,
-        /// The session.
-        session: String,
-        /// The runs there are (shortened).
-        known: String,
-    },
-    /// Several runs of the session have that name.
-    #[error(
-        "several Ray Train runs are named {wanted:?} in session {session}: {ids}; give the run id"
-    )]
-    AmbiguousTrainRun {
-        /// The name.
-        wanted: String,
-        /// The session.
-        session: String,
-        /// Their ids.
-        ids: String,
-    },
-    /// A `--compare-runs` operand without a session, and no `--session`.
-    #[error("--compare-runs {run:?}: which session? write SESSION:RUN (or latest:RUN), or give --session")]
-    RunWithoutSession {
-        /// The operand.
-        run: String,
-    },
-    /// A flag value that cannot be used.
-    #[error("{flag} {value:?}: {reason}")]
-    BadArgument {
-        /// The flag.
-        flag: &'static str,
-        /// Its value.
-        value: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-}
 
 /// What `inspect` found, for its exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,11 +3,13 @@
 
 use std::fmt::Write as _;
 
-use super::MAX_CELL_CHARS;
 use crate::reader::filter::{parse_time_ns, NANOS_PER_SECOND};
 use crate::reader::report::{ListReport, Problems, SessionReport, StatusEntry};
 use crate::reader::values::human_bytes;
 use crate::util::escape::{escape_text, is_unsafe_char};
+
+/// Widest text-table cell.
+pub(super) const MAX_CELL_CHARS: usize = 100;
 
 /// Longest key or error shown in the problems section: the layout's keys are under 300
 /// characters and an OS error under 100, so a whole one always fits; a longer one is the

@@ -28,8 +28,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::error::InspectError;
 use super::render::{clean, clean_long, human_duration, opt, opt_time, Table};
-use super::InspectError;
 use crate::reader::report::{
     ClusterIdentity, JobEntry, Problems, SessionReport, StatusEntry, TrainRunEntry,
 };
@@ -298,7 +298,7 @@ pub(super) fn render_train_run(report: &SessionReport, run: &TrainRunEntry, out:
             }
             // The table's cell is cut at its width (marked): whole here.
             let resources = resources_text(&w.resources);
-            if resources.chars().count() > super::MAX_CELL_CHARS {
+            if resources.chars().count() > super::render::MAX_CELL_CHARS {
                 let _ = writeln!(out, "        resources: {}", clean_long(&resources));
             }
             let beside: serde_json::Map<String, Value> = match &w.resources {

@@ -20,11 +20,11 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::extract::{bounded, get, get_i64, get_str};
+use super::limits::MAX_ERROR_MESSAGE_BYTES;
 use super::model::{NodeModel, WorkerModel};
 use super::scan::format_amount;
 use super::task::{AttemptKey, Sym, Symbols, TaskState, NO_TIME};
 use super::values::format_time_json;
-use super::MAX_ERROR_MESSAGE_BYTES;
 
 /// Distinct causes kept; a session with more is a pile of different failures, and the
 /// later ones are counted in the last group kept.

@@ -14,8 +14,10 @@ use serde::Serialize;
 use crate::contract::{self, ClusterLayout, Hour, Owner};
 use crate::storage::StorageSpec;
 
+use super::error::ReadError;
+use super::limits::READ_CONCURRENCY;
 use super::report::Problems;
-use super::{store_error, ReadError, READ_CONCURRENCY};
+use super::values::store_error;
 use crate::cli::InspectArgs;
 
 /// A cluster as named by its metadata directory.

@@ -10,9 +10,9 @@ use serde_json::Value;
 use crate::contract::{self};
 
 use super::filter::{parse_time_ns, NANOS_PER_SECOND};
+use super::limits::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES, MAX_TRAIN_TEXT_BYTES};
 use super::task::TaskDelta;
 pub(super) use super::values::{bounded, bounded_middle, Transition};
-use super::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES, MAX_TRAIN_TEXT_BYTES};
 
 /// The useful part of one event, kept compact (events themselves are dropped at once).
 #[derive(Debug, Clone)]

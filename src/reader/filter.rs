@@ -5,7 +5,7 @@
 
 use crate::contract::{self, Hour};
 
-use super::ReadError;
+use super::error::ReadError;
 use crate::cli::InspectArgs;
 
 /// `--job`, `--since` and `--until`, checked once.

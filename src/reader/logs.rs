@@ -16,9 +16,11 @@ use crate::storage::StorageSpec;
 use crate::util::escape::{escape_name, escape_text};
 
 use super::discover::ClusterId;
+use super::error::ReadError;
 use super::filter::Filter;
+use super::load::session_report;
 use super::task::{AttemptKey, CompactId, LogInfo, TaskStore, NO_TIME};
-use super::{session_report, store_error, ReadError};
+use super::values::store_error;
 
 /// Bytes read at a time from the end of a log for `--tail`.
 const TAIL_BLOCK: u64 = 64 << 10;

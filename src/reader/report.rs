@@ -12,11 +12,11 @@ use super::causes::{
 };
 use super::extract::{JobConfig, SubmissionJob, TrainWorker};
 use super::filter::{shell_word, NANOS_PER_SECOND};
+use super::limits::MAX_PROBLEM_DETAILS;
 use super::local::SkipLog;
 use super::model::{transition_order, SessionModel, StatusPoint, TrainAttemptModel};
 use super::task::{AttemptKey, Symbols, TaskState, NO_TIME};
 use super::values::format_time_json;
-use super::MAX_PROBLEM_DETAILS;
 use crate::util::escape::{escape_name, escape_text};
 
 /// Output of `inspect` without `--session`.

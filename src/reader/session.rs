@@ -11,12 +11,14 @@ use anyhow::Context as _;
 use object_store::ObjectStore;
 
 use super::discover::{self, choose_session, discover, ClusterId};
+use super::error::ReadError;
 use super::extract::SUBMISSION_ID_KEY;
 use super::filter::Filter;
+use super::load::session_report;
 use super::report::Problems;
 use super::task::{self, TaskStore};
 use super::walk::{self, EventsSignature};
-use super::{local, s3, session_report, ReadError};
+use super::{local, s3};
 use crate::cli::InspectArgs;
 use crate::storage::{Backend, StorageSpec};
 
@@ -86,7 +88,7 @@ pub fn open_bucket(
     })
 }
 
-/// One session marker: a session of a cluster, as `inspect`'s discovery found it.
+/// One session marker: a session of a cluster, as the reader's discovery found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionMarker {
     /// `raycluster`, `rayjob` or `rayservice`.
@@ -345,7 +347,7 @@ pub struct NodeFacts {
     pub resources: std::collections::BTreeMap<String, f64>,
 }
 
-/// What `serve` holds about a session besides its tasks: `inspect`'s fold of the session,
+/// What `serve` holds about a session besides its tasks: the reader's fold of the session,
 /// and what of it could not be read. Actors and nodes are a few per worker process, not per
 /// task, so they are kept as the fold gives them.
 #[derive(Debug, Default)]

@@ -14,9 +14,10 @@ use crate::storage::StorageSpec;
 
 use super::discover::{session_started, ClusterId, Discovered};
 use super::filter::{Filter, NANOS_PER_HOUR};
+use super::limits::READ_CONCURRENCY;
 use super::report::{ClusterEntry, ListReport, SessionEntry};
 use super::values::format_time_json;
-use super::{store_error, READ_CONCURRENCY};
+use super::values::store_error;
 use crate::contract::endpoints::FETCHED_ENDPOINTS_DIR;
 use crate::contract::events::{EXPORT_EVENTS_DIR, JOB_EVENTS_DIR, NODE_EVENTS_DIR};
 use crate::contract::logs::LOGS_DIR;

@@ -1,7 +1,7 @@
 //! `/logical/actors` and `/logical/actors/{actor_id}`: the session's actors in the shape of
 //! Ray's dashboard (`actor_head.py` of Ray 2.60: `{result, msg, data: {actors: {id: actor}}}`
 //! and `{result, msg, data: {detail: actor}}`), which its Actors page and a job's Actor Table
-//! read, from the actors `inspect`'s fold kept ([`crate::reader::ActorFacts`]).
+//! read, from the actors the reader's fold kept ([`crate::reader::ActorFacts`]).
 //!
 //! What the events do not say is Ray's empty value: `numRestarts` `"0"`, `reprName` `""`,
 //! `requiredResources` `{}`, `labelSelector` `{}`, no placement group, and no process stats

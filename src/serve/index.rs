@@ -1,6 +1,6 @@
 //! A session's compact in-memory index: what the task routes answer from.
 //!
-//! It is built by `inspect`'s streaming fold ([`crate::reader::session_facts`]: bounded
+//! It is built by the reader's streaming fold ([`crate::reader::session_facts`]: bounded
 //! parallel reads, bounded open files, big sessions spilled to `TMPDIR`), which lends each
 //! task attempt once; the index keeps of it one fixed-size [`TaskRecord`] (the task id in
 //! binary, strings as indexes into one table of distinct texts, times as integers) and

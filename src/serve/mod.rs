@@ -4,11 +4,11 @@
 //!
 //! # What it guarantees
 //!
-//! - **Read-only.** The bucket is opened by `inspect`'s door ([`crate::reader::open_bucket`]:
+//! - **Read-only.** The bucket is opened by the reader's door ([`crate::reader::open_bucket`]:
 //!   the same storage forms, credentials and `--storage-root-dir`, a `file://` bucket that is
 //!   never created and whose links are never followed) and only listed and read. Nothing
 //!   here writes an object.
-//! - **One reader.** Clusters and sessions are `inspect`'s discovery of the session markers
+//! - **One reader.** Clusters and sessions are the reader's discovery of the session markers
 //!   ([`crate::reader::session_markers`], `latest` as `inspect --session latest` takes it);
 //!   snapshot names are the contract's ([`crate::contract::endpoints`]). No second key rule.
 //! - **Untrusted bucket, bounded answers.** A snapshot is read only up to
@@ -47,7 +47,7 @@
 //! `/api/{*path}` that replays a `fetched_endpoints` snapshot by KubeRay's key of the
 //! request URI (query included), with
 //! KubeRay's empty answers when a known snapshot is missing (`replay.rs`); `/api/jobs/`
-//! (`jobs.rs`) and `/api/v0/tasks` (`session.rs`) from `inspect`'s fold of the session's
+//! (`jobs.rs`) and `/api/v0/tasks` (`session.rs`) from the reader's fold of the session's
 //! events;
 //! `/api/grafana_health` and `/api/prometheus_health` answer KubeRay's `501`;
 //! `/logical/actors[/{id}]` (`actors.rs`) and `/nodes?view=summary`, `/nodes/{id}`

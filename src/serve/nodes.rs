@@ -1,7 +1,7 @@
 //! `/nodes?view=summary`, `/nodes?view=hostNameList` and `/nodes/{node_id}`: the session's
 //! nodes in the shape of Ray's dashboard (`node_head.py` of Ray 2.60), which its Cluster page,
 //! a job's page ("View all nodes", the log viewer's node list) and a node's page read, from
-//! the nodes `inspect`'s fold kept ([`crate::reader::NodeFacts`]).
+//! the nodes the reader's fold kept ([`crate::reader::NodeFacts`]).
 //!
 //! A node is what its events said: its id, IP, hostname, head or not, state, start and end,
 //! death message and total resources, under `raylet` as Ray puts them. The physical stats a
