@@ -5,7 +5,9 @@
 //! bounded parallel reads (`read.rs`), decodes them (`decode.rs`, `scan.rs`, `extract.rs`),
 //! folds the events into one model of the session (`model.rs`, `task/`), explains its
 //! failures (`causes.rs`), shapes the session's report (`report.rs`) and finds its logs
-//! (`logs.rs`). `session.rs` is the door for `serve`; the faces print, this module does not.
+//! (`logs.rs`). `session.rs` is the door for `serve`. Printing is the faces': the reader
+//! writes only a progress line on stderr when it is a terminal (`read.rs`) and a note when a
+//! node's log listing fails (`logs.rs`).
 //!
 //! It reads what this collector writes and what KubeRay's Go collector writes (plain
 //! `.jsonl` or gzip, legacy JSON-array files, names with or without the `-<n>.jsonl[.gz]`
