@@ -34,13 +34,12 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use object_store::azure::{AzureConfigKey, MicrosoftAzure, MicrosoftAzureBuilder};
-use object_store::client::HttpRequestBody;
 use object_store::path::Path as ObjectPath;
 use serde::Deserialize;
 
 use super::s3::{answer_err, classify};
 use super::wire::{
-    retrying, wire_err, CapturingConnector, Connection, Failure, WireError, RETRY_ATTEMPTS,
+    request, retrying, wire_err, CapturingConnector, Connection, Failure, WireError, RETRY_ATTEMPTS,
 };
 
 /// Azure's most committed blocks in one blob.
@@ -286,20 +285,10 @@ impl AzureWire {
         what: &str,
     ) -> Result<(HeaderMap, Bytes), WireError> {
         // Shared Key signs the length as sent: set before signing.
-        let mut req = http::Request::builder()
-            .method(method)
-            .uri(url)
-            .header(http::header::CONTENT_LENGTH, body.len());
-        for (k, v) in headers {
-            req = req.header(k, v);
-        }
-        let mut req = req
-            .body(if body.is_empty() {
-                HttpRequestBody::empty()
-            } else {
-                HttpRequestBody::from(body)
-            })
-            .map_err(|e| wire_err(Failure::Refused, what, e))?;
+        let length = (http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        let all =
+            std::iter::once((&length.0, &length.1)).chain(headers.iter().map(|(k, v)| (k, v)));
+        let mut req = request(method, url, all, body, what)?;
         if let Some(store) = &self.store {
             let credential = store
                 .credentials()

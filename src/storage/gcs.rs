@@ -28,14 +28,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
-use object_store::client::HttpRequestBody;
 use object_store::gcp::{GoogleCloudStorage, GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::path::Path as ObjectPath;
 use serde::Deserialize;
 
 use super::s3::classify;
 use super::wire::{
-    retrying, wire_err, CapturingConnector, Connection, Failure, WireError, RETRY_ATTEMPTS,
+    request, retrying, wire_err, CapturingConnector, Connection, Failure, WireError, RETRY_ATTEMPTS,
 };
 
 /// GCS's most components in one composite object.
@@ -380,13 +379,10 @@ impl GcsWire {
         body: Bytes,
         what: &str,
     ) -> Result<Bytes, WireError> {
-        let mut req = http::Request::builder()
-            .method(method)
-            .uri(url)
-            .header(http::header::CONTENT_LENGTH, body.len());
-        for (k, v) in headers {
-            req = req.header(k, v);
-        }
+        let length = (http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        let all =
+            std::iter::once((&length.0, &length.1)).chain(headers.iter().map(|(k, v)| (k, v)));
+        let mut req = request(method, url, all, body, what)?;
         if let Some(store) = &self.store {
             let credential = store
                 .credentials()
@@ -395,19 +391,11 @@ impl GcsWire {
                 .map_err(|e| wire_err(Failure::Transient, what, format!("credentials: {e}")))?;
             // As object_store: an empty token (`disable_oauth`) is not sent.
             if !credential.bearer.is_empty() {
-                req = req.header(
-                    http::header::AUTHORIZATION,
-                    format!("Bearer {}", credential.bearer),
-                );
+                let token = HeaderValue::try_from(format!("Bearer {}", credential.bearer))
+                    .map_err(|e| wire_err(Failure::Refused, what, e))?;
+                req.headers_mut().insert(http::header::AUTHORIZATION, token);
             }
         }
-        let req = req
-            .body(if body.is_empty() {
-                HttpRequestBody::empty()
-            } else {
-                HttpRequestBody::from(body)
-            })
-            .map_err(|e| wire_err(Failure::Refused, what, e))?;
         let answer = self.conn.exchange(req, None, what).await?;
         if answer.status.is_success() {
             return Ok(answer.body);

@@ -22,9 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use object_store::client::{
-    ClientOptions, HttpClient, HttpConnector, HttpRequest, ReqwestConnector,
+    ClientOptions, HttpClient, HttpConnector, HttpRequest, HttpRequestBody, ReqwestConnector,
 };
 
 use crate::util::error_chain;
@@ -142,6 +142,27 @@ impl Connection {
             body,
         })
     }
+}
+
+/// A request of ours before it is signed: `headers` in their order, then `body` (no body
+/// at all when it is empty). A URL or header the request cannot carry is refused.
+pub(crate) fn request<'a>(
+    method: Method,
+    url: &str,
+    headers: impl IntoIterator<Item = (&'a HeaderName, &'a HeaderValue)>,
+    body: Bytes,
+    what: &str,
+) -> Result<HttpRequest, WireError> {
+    let mut req = http::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(k, v);
+    }
+    req.body(if body.is_empty() {
+        HttpRequestBody::empty()
+    } else {
+        HttpRequestBody::from(body)
+    })
+    .map_err(|e| wire_err(Failure::Refused, what, e))
 }
 
 /// What a failed request means for appends.

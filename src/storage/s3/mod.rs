@@ -49,7 +49,6 @@ use base64::Engine as _;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, AwsAuthorizer, AwsCredentialProvider};
-use object_store::client::HttpRequestBody;
 use object_store::multipart::PartId;
 
 pub(crate) use failure::answer_err;
@@ -64,7 +63,7 @@ pub use failure::{
 };
 
 use super::wire::{
-    retrying, wire_err, CapturingConnector, Connection, Failure, WireError, RETRY_ATTEMPTS,
+    request, retrying, wire_err, CapturingConnector, Connection, Failure, WireError, RETRY_ATTEMPTS,
 };
 pub use xml::{url_decode, ListedObject, ListedPage, OpenUpload};
 
@@ -533,20 +532,11 @@ impl S3Wire {
         body: Bytes,
         what: &str,
     ) -> Result<Bytes, WireError> {
-        let mut req = http::Request::builder().method(method).uri(url);
-        for (k, v) in &self.default_headers {
-            req = req.header(k, v);
-        }
-        for (k, v) in headers {
-            req = req.header(k, v);
-        }
-        let mut req = req
-            .body(if body.is_empty() {
-                HttpRequestBody::empty()
-            } else {
-                HttpRequestBody::from(body)
-            })
-            .map_err(|e| wire_err(Failure::Refused, what, e))?;
+        let all = self
+            .default_headers
+            .iter()
+            .chain(headers.iter().map(|(k, v)| (k, v)));
+        let mut req = request(method, url, all, body, what)?;
         if !self.skip_signature {
             let credential = self
                 .credentials
