@@ -7,7 +7,7 @@
 //! - **HTTP client**: built from the `ClientOptions` `object_store` built its own from
 //!   (proxy and its CA, extra root certificates, timeouts, default headers, user agent,
 //!   allow-HTTP), captured by [`CapturingConnector`] as for S3; a client of its own, replaced
-//!   after an error answer to a request with a body (as `S3Wire` does).
+//!   after an error answer to a request with a body (`wire::Connection`, as for S3).
 //! - **Address**: the container URL as `object_store` forms it: the emulator's
 //!   (`AZURITE_BLOB_STORAGE_URL` or `http://127.0.0.1:10000`, then the account), the
 //!   endpoint set (a connection string's `BlobEndpoint`, `AZURE_STORAGE_ACCOUNT_URL`,

@@ -2,7 +2,8 @@
 //! writes, the log lane's client): [`Failure`] sorts an answer into transient (tried again
 //! later, never a reason to turn a feature off), unsupported, refused, a failed precondition
 //! or a missing object, from its status and S3's error code (in an error document, or in a
-//! 200's body), whether it came through object_store or our own wire ([`WireError`]).
+//! 200's body), whether it came through object_store or our own wire ([`WireError`]; both
+//! types are `storage::wire`'s, shared with Azure's and GCS's wires).
 
 use http::StatusCode;
 

@@ -35,10 +35,10 @@
 //! Answer bodies are read up to `MAX_ANSWER_BODY`. S3 Express zonal endpoints are
 //! addressed as object_store addresses them, but appends have not been run against one.
 //!
-//! Layout: this file is the face ([`S3Wire`], its requests and retries, the connector that
-//! shares object_store's client); `failure` says what a failed request or answer means
-//! ([`Failure`], [`WireError`]); `xml` holds the documents S3 answers with and the bodies we
-//! send.
+//! Layout: this file is the face ([`S3Wire`], its requests and retries); `failure` says
+//! what a failed S3 request or answer means (the codes behind a [`Failure`]); `xml` holds
+//! the documents S3 answers with and the bodies we send. The HTTP exchange, the client it
+//! shares with Azure's and GCS's wires and the retry loop are `storage::wire`'s.
 
 mod failure;
 mod xml;
