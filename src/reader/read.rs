@@ -14,9 +14,16 @@
 //! that its object's decoder gives back when it is done with it, so 100,000 tiny objects
 //! never hold 100,000 files or bodies at once, and the budget shrinks to fit the process's
 //! open-file limit. A fetch that fails for a reason that can pass (too many open files, a
-//! dropped connection) is retried [`FETCH_ATTEMPTS`] times before the object is counted as
-//! unreadable. An object counts as read only when it was read to its end; one given up on
-//! counts as unreadable, with its error whole, however much of it was folded. Facts are folded as they
+//! dropped connection, a body broken off mid-stream) is tried [`FETCH_ATTEMPTS`] times in
+//! all before the object is counted as unreadable (issue 36). A body that breaks off is taken
+//! up from the byte it reached (a ranged GET, `If-Match` the first answer's ETag) into the
+//! same decoder, which sees one continuous byte stream; never from another version of the
+//! object (replaced or grown meanwhile: unreadable, "changed while being read"), from an
+//! answer that is not the range asked for (a server ignoring `Range`), or when the first
+//! answer had no ETag. Each try is one `get` of object_store, whose client itself takes a
+//! broken body up again, the same way, up to twice. An object counts as read only when it
+//! was read to its end; one given up on counts as unreadable, with its error whole (how many
+//! times it was tried, at which byte), however much of it was folded. Facts are folded as they
 //! arrive, from whichever object; every merge of the model is order-free (see `model.rs`),
 //! and Train status histories carry their own (time, object, position) order.
 
@@ -53,8 +60,9 @@ const MAX_OPEN_OBJECTS: usize = READ_CONCURRENCY + MAX_DECODERS;
 /// Open files left to everything else under a low open-file limit: stdio, the runtime,
 /// the bucket directory and a listing, connections, the spill files' first few.
 const FDS_KEPT_FREE: u64 = 16;
-/// Tries of a fetch that fails for a passing reason, and the wait before the second (doubled
-/// each time): about 1.5 s in all, long enough for descriptors or a connection to free up.
+/// Tries of a fetch that fails for a passing reason, one budget for an object's first `get`
+/// and the resumptions of its body, and the wait before the second (doubled each time):
+/// about 1.5 s in all, long enough for descriptors or a connection to free up.
 const FETCH_ATTEMPTS: u32 = 4;
 const FETCH_RETRY_WAIT: Duration = Duration::from_millis(200);
 /// A read that takes longer than this shows a progress line (on a terminal).
@@ -376,24 +384,99 @@ async fn fetch(
     {
         return 0;
     }
+    // One budget of tries for the whole object: a body that breaks off is taken up again
+    // from the byte it reached, only from the same version of the object (If-Match on the
+    // first answer's ETag), so the decoder sees one continuous byte stream.
+    let (size, etag) = (got.meta.size, got.meta.e_tag.clone());
     let mut bytes = 0u64;
     let mut body = got.into_stream();
-    while let Some(chunk) = body.next().await {
-        let item = match chunk {
-            Ok(chunk) => {
-                bytes += chunk.len() as u64;
-                fetched.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                Ok(chunk)
+    let failure = 'object: loop {
+        let mut error = loop {
+            match body.next().await {
+                None => break 'object None,
+                Some(Ok(chunk)) => {
+                    bytes += chunk.len() as u64;
+                    fetched.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    // The decoder stops listening when the object's content hit a limit.
+                    if tx.send(Ok(chunk)).await.is_err() {
+                        return bytes;
+                    }
+                }
+                Some(Err(e)) => break e,
             }
-            Err(e) => Err(format!("reading failed: {}", store_error(&e))),
         };
-        let last = item.is_err();
-        // The decoder stops listening when the object's content hit a limit.
-        if tx.send(item).await.is_err() || last {
-            break;
+        if bytes >= size {
+            // Every byte of the first answer came; nothing to take up again.
+            break None;
         }
+        loop {
+            let Some(etag) = etag.as_deref() else {
+                break 'object Some(format!(
+                    "reading failed at byte {bytes} of {size} (the store gave no ETag to \
+                     resume it with): {}",
+                    store_error(&error)
+                ));
+            };
+            if attempt >= FETCH_ATTEMPTS || !is_transient(&error) || is_range_refusal(&error) {
+                let tries = if attempt > 1 {
+                    format!(", tried {attempt} times")
+                } else {
+                    String::new()
+                };
+                break 'object Some(format!(
+                    "reading failed at byte {bytes} of {size}{tries}: {}",
+                    store_error(&error)
+                ));
+            }
+            tokio::time::sleep(FETCH_RETRY_WAIT * 2u32.pow(attempt - 1)).await;
+            attempt += 1;
+            let options = object_store::GetOptions {
+                range: Some(object_store::GetRange::Offset(bytes)),
+                if_match: Some(etag.to_string()),
+                ..Default::default()
+            };
+            match store.get_opts(&object.path, options).await {
+                // object_store checks that a ranged answer is a 206 of the range asked.
+                Ok(got) if got.range.start == bytes && got.meta.e_tag.as_deref() == Some(etag) => {
+                    body = got.into_stream();
+                    continue 'object;
+                }
+                Ok(got) => {
+                    break 'object Some(format!(
+                        "reading failed at byte {bytes} of {size}: the store answered the \
+                         resumption with bytes {}..{} of version {}, not from byte {bytes} \
+                         of version {etag}",
+                        got.range.start,
+                        got.range.end,
+                        got.meta.e_tag.as_deref().unwrap_or("(none)")
+                    ));
+                }
+                Err(object_store::Error::Precondition { .. }) => {
+                    break 'object Some(format!(
+                        "the object changed while being read (replaced or grown after byte \
+                         {bytes} of {size}, tried {attempt} times); not stitched from two versions"
+                    ));
+                }
+                Err(e) => error = e,
+            }
+        }
+    };
+    if let Some(failure) = failure {
+        let _ = tx.send(Err(failure)).await;
     }
     bytes
+}
+
+/// True when a resumption's answer was refused for its range (not the 206 of the range
+/// asked, as from a server that ignores `Range` and answers the whole object): trying again
+/// would get the same answer. object_store's error type for it is private; its messages are
+/// matched.
+fn is_range_refusal(e: &object_store::Error) -> bool {
+    let text = e.to_string();
+    ["non-partial response", "Content-Range", "CONTENT_RANGE"]
+        .iter()
+        .any(|m| text.contains(m))
+        || (text.contains("Requested ") && text.contains(", got "))
 }
 
 /// A decoder thread: takes objects off the queue until it closes.

@@ -13,6 +13,9 @@
 //! `ETag`), and, emulated, one that honours `x-amz-copy-source-if-match` on copies, which
 //! moto ignores ([`Fault::EmulateCopyIfMatch`]).
 //!
+//! A connection dropped in the middle of an answer's body ([`Fault::CutBody`]), and a server
+//! that ignores a request header ([`Fault::StripRequestHeader`]: `Range`).
+//!
 //! A store that answers before it read a body ([`Fault::Early`]), one that answers so and
 //! then reads nothing ([`Fault::EarlyStall`]), and one that takes no byte of it
 //! ([`Fault::Stall`]), are answered from the head alone.
@@ -99,6 +102,15 @@ pub enum Fault {
     /// line, head and body as received): an answer changed on its way (a store or gateway
     /// listing things otherwise than asked).
     Rewrite(fn(&[u8]) -> Vec<u8>),
+    /// Passes it on, sends back the store's answer head and the first this many bytes of its
+    /// body, holds the connection this long (at most until the proxy is dropped), then closes
+    /// it: a connection dropped mid-body (issue 36). It is in [`FaultProxy::seen`] once the
+    /// cut answer was sent, before the hold, so a test can change the store meanwhile.
+    CutBody(usize, Duration),
+    /// Passes it on without the request header of this name (any case), and answers what
+    /// the target answered to that: a server that ignores `Range` and answers a resumption
+    /// with the whole object (issue 36). [`FaultProxy::seen`] keeps the header as sent.
+    StripRequestHeader(String),
 }
 
 /// The longest a [`Fault::Hold`] holds a request (the issue's reproduction held copies for
@@ -416,7 +428,16 @@ fn serve(mut client: TcpStream, s: &Shared) {
         return;
     };
     let mut strip = None;
+    let mut forwarded = None;
     let fault = match fault {
+        Some(Fault::StripRequestHeader(name)) => {
+            let mut without = seen.clone();
+            without
+                .headers
+                .retain(|(k, _)| !k.eq_ignore_ascii_case(&name));
+            forwarded = Some(without);
+            None
+        }
         Some(Fault::Early(..) | Fault::EarlyStall(..) | Fault::Stall(..)) => None,
         Some(Fault::StripAnswerHeader(name)) => {
             strip = Some(name);
@@ -458,6 +479,23 @@ fn serve(mut client: TcpStream, s: &Shared) {
             let _ = client.shutdown(Shutdown::Both);
             return;
         }
+        Some(Fault::CutBody(n, d)) => {
+            let mut cut = seen.clone();
+            cut.faulted = true;
+            if let Some(answer) = pass_on(s, &seen, &body) {
+                cut.status = answer_status(&answer);
+                let head_end = answer
+                    .windows(4)
+                    .position(|w| w == b"\r\n\r\n")
+                    .map_or(answer.len(), |i| i + 4);
+                let _ = client.write_all(&answer[..(head_end + n).min(answer.len())]);
+                let _ = client.flush();
+            }
+            lock(&s.seen).push(cut);
+            hold(s, d);
+            let _ = client.shutdown(Shutdown::Both);
+            return;
+        }
         Some(Fault::DelayThenStatus(d, status, code)) => {
             hold(s, d);
             Some((status, code))
@@ -481,7 +519,8 @@ fn serve(mut client: TcpStream, s: &Shared) {
             seen.faulted = true;
         }
         None => {
-            seen.status = forward(&mut client, s, &seen, &body, strip.as_deref());
+            let req = forwarded.as_ref().unwrap_or(&seen);
+            seen.status = forward(&mut client, s, req, &body, strip.as_deref());
         }
     }
     let _ = client.shutdown(Shutdown::Both);
