@@ -14,13 +14,14 @@
 //! text), so their reading is serde's by construction.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
 use super::{
-    parse_time_ns, task_state, FirstExecution, Int, LazyInt, Line, ProfileEvent, ProfileEvents,
-    ScanTransitions, Stamp, Str, TaskDefinition, TaskLifecycle, TaskProfile, Text, Transition,
-    EXECUTION_EVENT_PREFIX,
+    parse_time_ns, task_state, ErrorInfo, FirstExecution, FunctionDescriptor, Functions, Int,
+    LazyInt, Line, ProfileEvent, ProfileEvents, ScanTransitions, Stamp, Str, TaskDefinition,
+    TaskLifecycle, TaskLogInfo, TaskProfile, Text, Transition, EXECUTION_EVENT_PREFIX,
 };
 
 /// Nesting deeper than this is left to serde (whose own limit is 128).
@@ -51,9 +52,41 @@ const ONES: u64 = 0x0101_0101_0101_0101;
 const HIGHS: u64 = 0x8080_8080_8080_8080;
 
 /// The first byte at or after `i` that ends a plain run of string contents: a quote, a
-/// backslash or a control character (`b.len()` if none). Eight bytes at a time: in each mask
-/// below, the lowest flagged byte is exact (a borrow only flags bytes above a true one).
+/// backslash or a control character (`b.len()` if none). Sixteen bytes at a time with SSE2
+/// (x86-64's baseline), then eight with [`next_special_swar`].
+#[cfg(target_arch = "x86_64")]
 fn next_special(b: &[u8], mut i: usize) -> usize {
+    use std::arch::x86_64::{
+        _mm_cmpeq_epi8, _mm_loadu_si128, _mm_max_epu8, _mm_movemask_epi8, _mm_or_si128,
+        _mm_set1_epi8,
+    };
+    while i + 16 <= b.len() {
+        // SAFETY: SSE2 is always present on x86-64; the unaligned load reads b[i..i + 16],
+        // which the loop's condition keeps inside `b`.
+        let found = unsafe {
+            let x = _mm_loadu_si128(b.as_ptr().add(i).cast());
+            let quote = _mm_cmpeq_epi8(x, _mm_set1_epi8(b'"' as i8));
+            let backslash = _mm_cmpeq_epi8(x, _mm_set1_epi8(b'\\' as i8));
+            // max(x, 0x1f) == 0x1f exactly when x <= 0x1f (unsigned).
+            let control = _mm_cmpeq_epi8(_mm_max_epu8(x, _mm_set1_epi8(0x1f)), _mm_set1_epi8(0x1f));
+            _mm_movemask_epi8(_mm_or_si128(_mm_or_si128(quote, backslash), control)) as u32
+        };
+        if found != 0 {
+            return i + found.trailing_zeros() as usize;
+        }
+        i += 16;
+    }
+    next_special_swar(b, i)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn next_special(b: &[u8], i: usize) -> usize {
+    next_special_swar(b, i)
+}
+
+/// [`next_special`] eight bytes at a time: in each mask below, the lowest flagged byte is
+/// exact (a borrow only flags bytes above a true one).
+fn next_special_swar(b: &[u8], mut i: usize) -> usize {
     while let Some(chunk) = b.get(i..).and_then(<[u8]>::first_chunk::<8>) {
         let x = u64::from_le_bytes(*chunk);
         let quote = x ^ (ONES * u64::from(b'"'));
@@ -76,6 +109,21 @@ fn next_special(b: &[u8], mut i: usize) -> usize {
     i
 }
 
+/// A JSON number of at most 15 digits and no exponent, as serde_json reads it as an `f64`:
+/// its significand and power of ten are then exact, so serde's one multiplication or
+/// division (or its correctly rounded parse) is the correctly rounded value `parse` gives.
+fn plain_float(text: &str) -> Option<f64> {
+    let digits = text.bytes().filter(u8::is_ascii_digit).count();
+    if digits > 15 || text.bytes().any(|c| matches!(c, b'e' | b'E')) {
+        return None;
+    }
+    if !text.contains('.') {
+        // An integer: serde reads `-0` as the integer 0, so +0.0.
+        return text.parse::<i64>().ok().map(|v| v as f64);
+    }
+    text.parse().ok()
+}
+
 /// Marks field `bit` as seen; `None` if it was already (serde refuses a field given twice).
 fn once(seen: &mut u32, bit: u32) -> Option<()> {
     let mask = 1 << bit;
@@ -88,6 +136,10 @@ fn once(seen: &mut u32, bit: u32) -> Option<()> {
 
 impl<'a> Cur<'a> {
     fn ws(&mut self) {
+        // Ray writes no whitespace between tokens: one test in the common case.
+        if self.b.get(self.i).is_some_and(|&c| c > b' ') {
+            return;
+        }
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.b.get(self.i) {
             self.i += 1;
         }
@@ -304,9 +356,16 @@ impl<'a> Cur<'a> {
         }
     }
 
-    /// A plain integer of at most 18 digits read here; any other value by serde.
+    /// A plain integer of at most 18 digits, or a string without escapes, read here (as
+    /// [`Int`]'s visitor reads them); any other value by serde.
     fn int(&mut self) -> Option<Int> {
         let start = self.i;
+        if self.peek() == Some(b'"') {
+            return match self.plain_str() {
+                Ok(s) => Some(Int(s.trim().parse().ok())),
+                Err(start) => self.serde(start),
+            };
+        }
         let negative = self.peek() == Some(b'-');
         if negative {
             self.i += 1;
@@ -442,19 +501,90 @@ impl<'a> Cur<'a> {
                 }
                 b"taskFunc" | b"task_func" | b"actorFunc" | b"actor_func" => {
                     once(&mut seen, 5)?;
-                    let start = c.i;
-                    d.func = c.serde(start)?;
+                    d.func = c.member(Cur::functions)?;
                 }
                 b"requiredResources" | b"required_resources" => {
                     once(&mut seen, 6)?;
-                    let start = c.i;
-                    d.resources = c.serde(start)?;
+                    d.resources = c.resources()?;
                 }
                 _ => c.skip()?,
             }
             Some(())
         })?;
         Some(d)
+    }
+
+    fn functions(&mut self) -> Option<Functions<'a>> {
+        let mut f = Functions {
+            python: None,
+            java: None,
+            cpp: None,
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"pythonFunctionDescriptor" | b"python_function_descriptor" => {
+                    once(&mut seen, 0)?;
+                    f.python = c.member(Cur::function)?;
+                }
+                b"javaFunctionDescriptor" | b"java_function_descriptor" => {
+                    once(&mut seen, 1)?;
+                    f.java = c.member(Cur::function)?;
+                }
+                b"cppFunctionDescriptor" | b"cpp_function_descriptor" => {
+                    once(&mut seen, 2)?;
+                    f.cpp = c.member(Cur::function)?;
+                }
+                _ => c.skip()?,
+            }
+            Some(())
+        })?;
+        Some(f)
+    }
+
+    fn function(&mut self) -> Option<FunctionDescriptor<'a>> {
+        let mut f = FunctionDescriptor {
+            function_name: None,
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"functionName" | b"function_name" => {
+                    once(&mut seen, 0)?;
+                    f.function_name = c.text()?;
+                }
+                _ => c.skip()?,
+            }
+            Some(())
+        })?;
+        Some(f)
+    }
+
+    /// `requiredResources`: an object of plain numbers read here (later keys replace earlier
+    /// ones, as in serde's map); anything else by serde.
+    fn resources(&mut self) -> Option<Option<BTreeMap<Cow<'a, str>, f64>>> {
+        let start = self.i;
+        if self.peek()? != b'{' {
+            return self.serde(start);
+        }
+        let mut map = BTreeMap::new();
+        let s = self.s;
+        let depth = self.depth;
+        let plain = self.object(|c, key| {
+            let at = c.i;
+            c.number()?;
+            let v = plain_float(&s[at..c.i])?;
+            // The key has no escapes (`object` checked): as serde reads it.
+            map.insert(Cow::Borrowed(std::str::from_utf8(key).ok()?), v);
+            Some(())
+        });
+        match plain {
+            Some(()) => Some(Some(map)),
+            None => {
+                self.depth = depth;
+                self.serde(start)
+            }
+        }
     }
 
     fn lifecycle(&mut self) -> Option<TaskLifecycle<'a>> {
@@ -490,8 +620,7 @@ impl<'a> Cur<'a> {
                 }
                 b"rayErrorInfo" | b"ray_error_info" => {
                     once(&mut seen, 4)?;
-                    let start = c.i;
-                    l.error = c.serde(start)?;
+                    l.error = c.member(Cur::error_info)?;
                 }
                 b"nodeId" | b"node_id" => {
                     once(&mut seen, 5)?;
@@ -507,8 +636,73 @@ impl<'a> Cur<'a> {
                 }
                 b"taskLogInfo" | b"task_log_info" => {
                     once(&mut seen, 8)?;
-                    let start = c.i;
-                    l.log = c.serde(start)?;
+                    l.log = c.member(Cur::log_info)?;
+                }
+                _ => c.skip()?,
+            }
+            Some(())
+        })?;
+        Some(l)
+    }
+
+    fn error_info(&mut self) -> Option<ErrorInfo<'a>> {
+        let mut e = ErrorInfo {
+            error_type: None,
+            error_message: None,
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"errorType" | b"error_type" => {
+                    once(&mut seen, 0)?;
+                    e.error_type = c.text()?;
+                }
+                b"errorMessage" | b"error_message" => {
+                    once(&mut seen, 1)?;
+                    e.error_message = c.text()?;
+                }
+                _ => c.skip()?,
+            }
+            Some(())
+        })?;
+        Some(e)
+    }
+
+    fn log_info(&mut self) -> Option<TaskLogInfo<'a>> {
+        let mut l = TaskLogInfo {
+            stdout_file: None,
+            stderr_file: None,
+            stdout_start: Int::default(),
+            stdout_end: Int::default(),
+            stderr_start: Int::default(),
+            stderr_end: Int::default(),
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"stdoutFile" | b"stdout_file" => {
+                    once(&mut seen, 0)?;
+                    l.stdout_file = c.text()?;
+                }
+                b"stderrFile" | b"stderr_file" => {
+                    once(&mut seen, 1)?;
+                    l.stderr_file = c.text()?;
+                }
+                b"stdoutStart" | b"stdout_start" => {
+                    once(&mut seen, 2)?;
+                    l.stdout_start = c.int()?;
+                }
+                b"stdoutEnd" | b"stdout_end" => {
+                    once(&mut seen, 3)?;
+                    l.stdout_end = c.int()?;
+                }
+                b"stderrStart" | b"stderr_start" => {
+                    once(&mut seen, 4)?;
+                    l.stderr_start = c.int()?;
+                }
+                b"stderrEnd" | b"stderr_end" => {
+                    once(&mut seen, 5)?;
+                    l.stderr_end = c.int()?;
                 }
                 _ => c.skip()?,
             }
@@ -803,6 +997,21 @@ mod tests {
             def(r#""taskId":"AQID","taskName":5"#),
             def(r#""taskId":"AQID","requiredResources":{"GPU":0.1,"CPU":1,"CPU":2,"m":1e9}"#),
             def(r#""taskId":"AQID","requiredResources":null"#),
+            def(
+                r#""taskId":"AQID","requiredResources":{"CPU":1.5,"GPU":-0,"z":-0.0,"a":0.1234567890123}"#,
+            ),
+            def(r#""taskId":"AQID","requiredResources":{"a":0.12345678901234567,"b":1}"#),
+            def(r#""taskId":"AQID","requiredResources":{"a":"1"}"#),
+            def(r#""taskId":"AQID","requiredResources":{"a\u0062":1}"#),
+            def(
+                r#""taskId":"AQID","taskFunc":{"pythonFunctionDescriptor":{"functionName":"p","moduleName":"m"},"javaFunctionDescriptor":{"functionName":"j"}}"#,
+            ),
+            def(
+                r#""taskId":"AQID","taskFunc":{"pythonFunctionDescriptor":null,"cppFunctionDescriptor":{"functionName":"c","function_name":"d"}}"#,
+            ),
+            def(
+                r#""taskId":"AQID","actorFunc":{"python_function_descriptor":{"function_name":"p"}},"taskFunc":{}"#,
+            ),
             def(r#""taskId":"AQID","requiredResources":[]"#),
             def(r#""taskId":"AQID","taskFunc":{"javaFunctionDescriptor":{"functionName":"j"}}"#),
             def(r#""task\u0049d":"AQID""#),
@@ -832,6 +1041,17 @@ mod tests {
                 r#""taskId":"AQID","rayErrorInfo":{"errorType":"X","errorMessage":"a\"b"},"taskLogInfo":{"stderrFile":"/a/worker-x.err","stderrStart":3}"#,
             ),
             life(r#""taskId":"AQID","taskLogInfo":{"stderrStart":true}"#),
+            life(
+                r#""taskId":"AQID","taskLogInfo":{"stdoutStart":" 12 ","stdoutEnd":"x","stderrStart":"1\u0032","stderrEnd":-5,"stdoutFile":"/a/worker-1.out","stderr_file":null}"#,
+            ),
+            life(r#""taskId":"AQID","taskLogInfo":{"stdoutStart":"1","stdout_start":"2"}"#),
+            life(
+                r#""taskId":"AQID","task_log_info":{"stdout_end":"99999999999999999999","stderr_end":1.5}"#,
+            ),
+            life(
+                r#""taskId":"AQID","ray_error_info":{"error_type":"X","error_message":null,"x":[]}"#,
+            ),
+            life(r#""taskId":"AQID","rayErrorInfo":{"errorType":"X","errorType":"Y"}"#),
             life(r#""taskId":"AQID","workerPid":[1]"#),
             prof(r#"[{"eventName":"task::f","startTime":"10","endTime":20}]"#),
             prof(
