@@ -55,6 +55,7 @@ const HIGHS: u64 = 0x8080_8080_8080_8080;
 /// backslash or a control character (`b.len()` if none). Sixteen bytes at a time with SSE2
 /// (x86-64's baseline), then eight with [`next_special_swar`].
 #[cfg(target_arch = "x86_64")]
+#[inline(always)]
 fn next_special(b: &[u8], mut i: usize) -> usize {
     use std::arch::x86_64::{
         _mm_cmpeq_epi8, _mm_loadu_si128, _mm_max_epu8, _mm_movemask_epi8, _mm_or_si128,
@@ -135,6 +136,7 @@ fn once(seen: &mut u32, bit: u32) -> Option<()> {
 }
 
 impl<'a> Cur<'a> {
+    #[inline(always)]
     fn ws(&mut self) {
         // Ray writes no whitespace between tokens: one test in the common case.
         if self.b.get(self.i).is_some_and(|&c| c > b' ') {
@@ -145,16 +147,19 @@ impl<'a> Cur<'a> {
         }
     }
 
+    #[inline(always)]
     fn peek(&self) -> Option<u8> {
         self.b.get(self.i).copied()
     }
 
+    #[inline(always)]
     fn eat(&mut self, c: u8) -> Option<()> {
         (self.peek()? == c).then(|| self.i += 1)
     }
 
     /// A string at the cursor: the range of its contents and whether it has escapes. Checks
     /// what serde_json checks of a string it skips (escapes, no control characters).
+    #[inline(always)]
     fn string(&mut self) -> Option<(usize, usize, bool)> {
         self.eat(b'"')?;
         let b = self.b;
