@@ -419,7 +419,13 @@ pub(super) struct Symbols {
     worker_nodes: FastMap<Sym, Sym>,
     /// The one node all known workers ran on, if there is exactly one.
     sole_node: Sym,
+    /// Symbols of static texts (Ray's task states) by address: a static text never moves or
+    /// changes, so its address and length name it, and a transition's state costs no hash.
+    statics: Vec<(usize, usize, Sym)>,
 }
+
+/// The most static texts [`Symbols`] finds by address (Ray has 13 task states).
+const MAX_STATIC_SYMBOLS: usize = 32;
 
 impl Default for Symbols {
     fn default() -> Symbols {
@@ -429,6 +435,7 @@ impl Default for Symbols {
             ids: IdMap::default(),
             worker_nodes: fast_map(),
             sole_node: Sym::NONE,
+            statics: Vec::new(),
         }
     }
 }
@@ -448,6 +455,19 @@ impl Symbols {
         self.texts.push(s.into());
         self.index.insert(s.into(), i);
         Sym(i)
+    }
+
+    /// [`Symbols::intern`] of a static text, found by its address after its first time.
+    fn intern_static(&mut self, s: &'static str) -> Sym {
+        let key = (s.as_ptr() as usize, s.len());
+        if let Some(&(_, _, sym)) = self.statics.iter().find(|(p, l, _)| (*p, *l) == key) {
+            return sym;
+        }
+        let sym = self.intern(Some(s));
+        if sym != Sym::OVERFLOW && self.statics.len() < MAX_STATIC_SYMBOLS {
+            self.statics.push((key.0, key.1, sym));
+        }
+        sym
     }
 
     /// The symbol of an id (its hex text).
@@ -618,7 +638,10 @@ impl TaskState {
             if s.latest_state.is_none() || (time, rank) > (s.latest_ns, s.latest_rank) {
                 s.latest_ns = time;
                 s.latest_rank = rank;
-                s.latest_state = symbols.intern(Some(&t.state));
+                s.latest_state = match &t.state {
+                    std::borrow::Cow::Borrowed(state) => symbols.intern_static(state),
+                    std::borrow::Cow::Owned(state) => symbols.intern(Some(state)),
+                };
             }
             match &*t.state {
                 "RUNNING" => s.running_ns = min_time(s.running_ns, time),
