@@ -71,7 +71,8 @@ for _ in range(warm):
     t = time.monotonic()
     r, body = get(conn, "/api/v0/tasks?limit=10000", cookie)
     times.append(time.monotonic() - t)
-    assert r.status == 200 and len(json.loads(body)["data"]["result"]["result"]) == 10000
+    assert r.status == 200
+    assert len(json.loads(body)["data"]["result"]["result"]) == min(10000, data["num_filtered"])
 times.sort()
 hwm = next(int(l.split()[1]) for l in open(f"/proc/{pid}/status") if l.startswith("VmHWM"))
 print(json.dumps({

@@ -14,8 +14,8 @@
 //! <session>/logs/export_events/*.log ──▶ events::export_tailer ─────────▶ events::spool
 //! <session>/logs/**  ──────────────────▶ logs (watch, rescan, ledger, schedule) ─────────▶ bucket
 //! head only: the dashboard's REST answers ─▶ dashboard (poller) ─────────────────────────▶ bucket
-//! bucket ──▶ inspect (discover, walk, decode, extract, model, report, render) ──▶ a person
-//! bucket ──▶ serve (inspect's bucket door and discovery) ──HTTP, KubeRay's API──▶ a client
+//! bucket ──▶ reader (discover, walk, read, decode, extract, model, report) ──▶ inspect (render) ──▶ a person
+//! bucket ──▶ reader (its bucket door, discovery and fold) ──▶ serve ──HTTP, KubeRay's API──▶ a client
 //! ```
 //!
 //! In the order data meets them:
@@ -32,12 +32,14 @@
 //! - [`contract`]: every object key and key parser of KubeRay's bucket layout; nothing else
 //!   builds a key.
 //! - [`storage`]: the object store backends (file, S3, GCS, Azure), streamed uploads, appends.
-//! - [`inspect`]: the read side, a post-mortem report from a bucket.
+//! - [`reader`]: the read side, a bucket turned into a session model, shared by `inspect` and
+//!   `serve`: bounded parallel reads of an untrusted bucket, both collectors' layouts, one fold.
+//! - [`inspect`]: the command's face over the reader, a post-mortem report from a bucket.
 //! - [`serve`]: the read side over HTTP, with KubeRay's history-server routes and Ray's dashboard
 //!   and, with `--dashboard-dir`, Ray's own dashboard frontend on a dead session.
 //! - [`metrics`]: the Prometheus names and the one place they are emitted from.
 //! - [`util`]: helpers shared by several paths (time formats, atomic files, watching, memory,
-//!   a bandwidth cap).
+//!   a bandwidth cap, escaping names from the bucket).
 //!
 //! `docs/ARCHITECTURE.md` walks the same map with the invariants and "start reading here".
 
@@ -50,6 +52,7 @@ pub mod inspect;
 pub mod logs;
 pub mod metrics;
 pub mod node;
+pub mod reader;
 pub mod serve;
 pub mod settings;
 pub mod storage;

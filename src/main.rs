@@ -189,7 +189,7 @@ fn serve(args: ray_history_collector::cli::ServeArgs) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let line = ray_history_collector::inspect::escape_message(&format!("{e:#}"));
+            let line = ray_history_collector::util::escape::escape_message(&format!("{e:#}"));
             tracing::error!("{line}");
             eprintln!("error: {line}");
             ExitCode::from(1)

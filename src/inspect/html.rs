@@ -12,10 +12,10 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use super::filter::parse_time_ns;
 use super::render::{error_summary, format_time_text, human_duration};
-use super::report::SessionReport;
 use super::timeline::Slice;
+use crate::reader::filter::parse_time_ns;
+use crate::reader::report::SessionReport;
 
 /// Attempts drawn at most: a browser draws this many rectangles without trouble.
 pub(super) const MAX_DRAWN_ATTEMPTS: usize = 20_000;
@@ -248,7 +248,7 @@ fn failed(h: &mut String, r: &SessionReport) {
                     opt(&w.exit_type),
                     w.exit_detail
                         .as_deref()
-                        .map(|d| esc(&super::render::clean(&super::causes::first_line(d))))
+                        .map(|d| esc(&super::render::clean(&crate::reader::causes::first_line(d))))
                         .unwrap_or_default()
                 )
             })

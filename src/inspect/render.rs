@@ -3,10 +3,13 @@
 
 use std::fmt::Write as _;
 
-use super::escape::{escape_text, is_unsafe_char};
-use super::filter::{parse_time_ns, NANOS_PER_SECOND};
-use super::report::{ListReport, Problems, SessionReport, StatusEntry};
-use super::MAX_CELL_CHARS;
+use crate::reader::filter::{parse_time_ns, NANOS_PER_SECOND};
+use crate::reader::report::{ListReport, Problems, SessionReport, StatusEntry};
+use crate::reader::values::human_bytes;
+use crate::util::escape::{escape_text, is_unsafe_char};
+
+/// Widest text-table cell.
+pub(super) const MAX_CELL_CHARS: usize = 100;
 
 /// Longest key or error shown in the problems section: the layout's keys are under 300
 /// characters and an OS error under 100, so a whole one always fits; a longer one is the
@@ -22,21 +25,6 @@ pub(super) fn format_time_text(rfc3339: &str) -> String {
     let millis = ns.rem_euclid(NANOS_PER_SECOND) / 1_000_000;
     let base = crate::util::time::format_rfc3339(seconds).replace('T', " ");
     format!("{}.{millis:03}", base.trim_end_matches('Z'))
-}
-
-pub(super) fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
 }
 
 pub(super) fn human_duration(ns: i64) -> String {
@@ -67,7 +55,7 @@ pub(super) fn bundles_text(bundles: &[std::collections::BTreeMap<String, f64>]) 
         .map(|b| {
             let parts: Vec<String> = b
                 .iter()
-                .map(|(k, v)| format!("{k}: {}", super::scan::format_amount(*v)))
+                .map(|(k, v)| format!("{k}: {}", crate::reader::scan::format_amount(*v)))
                 .collect();
             format!("{{{}}}", parts.join(", "))
         })
@@ -734,7 +722,7 @@ fn render_worker_deaths(r: &SessionReport, out: &mut String) {
             opt(&d.exit_type),
             d.exit_detail
                 .as_deref()
-                .map(super::causes::first_line)
+                .map(crate::reader::causes::first_line)
                 .unwrap_or_else(|| "-".into()),
         ]);
     }
@@ -868,6 +856,14 @@ fn render_hangs(r: &SessionReport, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn table_times_keep_milliseconds() {
+        assert_eq!(
+            format_time_text("2026-11-22T02:06:40.942Z"),
+            "2026-11-22 02:06:40.942"
+        );
+    }
 
     #[test]
     fn terminal_text_is_cleaned() {

@@ -23,10 +23,10 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::filter::parse_time_ns;
 use super::render::error_summary;
-use super::report::SessionReport;
-use super::task::{AttemptKey, Sym, Symbols, TaskState, NO_TIME};
+use crate::reader::filter::parse_time_ns;
+use crate::reader::report::SessionReport;
+use crate::reader::task::{AttemptKey, Sym, Symbols, TaskState, NO_TIME};
 
 /// The lane of a driver's own task.
 pub(super) const DRIVER: &str = "driver";

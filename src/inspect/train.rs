@@ -28,11 +28,11 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::error::InspectError;
 use super::render::{clean, clean_long, human_duration, opt, opt_time, Table};
-use super::report::{
+use crate::reader::report::{
     ClusterIdentity, JobEntry, Problems, SessionReport, StatusEntry, TrainRunEntry,
 };
-use super::InspectError;
 
 /// Exit code of `--compare-runs` when the runs cannot be compared (1 means "they differ").
 pub const COMPARE_ERROR_EXIT: u8 = 2;
@@ -298,7 +298,7 @@ pub(super) fn render_train_run(report: &SessionReport, run: &TrainRunEntry, out:
             }
             // The table's cell is cut at its width (marked): whole here.
             let resources = resources_text(&w.resources);
-            if resources.chars().count() > super::MAX_CELL_CHARS {
+            if resources.chars().count() > super::render::MAX_CELL_CHARS {
                 let _ = writeln!(out, "        resources: {}", clean_long(&resources));
             }
             let beside: serde_json::Map<String, Value> = match &w.resources {
@@ -565,10 +565,10 @@ pub(super) struct Comparison {
 }
 
 /// True for a character a reader cannot see or tell from another one: what
-/// [`super::escape::is_unsafe_char`] refuses, every space but `' '`, and Unicode's other
+/// [`crate::util::escape::is_unsafe_char`] refuses, every space but `' '`, and Unicode's other
 /// default-ignorable characters (soft hyphen, fillers, variation selectors, tags).
 fn invisible(c: char) -> bool {
-    super::escape::is_unsafe_char(c)
+    crate::util::escape::is_unsafe_char(c)
         || (c.is_whitespace() && c != ' ')
         || matches!(
             c,

@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use crate::contract::{self, is_log_file_name};
-use crate::inspect::escape_untrusted_os;
 use crate::metrics as m;
+use crate::util::escape::escape_untrusted_os;
 use crate::util::fs::{list_dir, open_dir, stat_at, stat_fd, Beneath};
 
 /// One regular file found under a session's `logs/`.

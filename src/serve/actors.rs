@@ -1,7 +1,7 @@
 //! `/logical/actors` and `/logical/actors/{actor_id}`: the session's actors in the shape of
 //! Ray's dashboard (`actor_head.py` of Ray 2.60: `{result, msg, data: {actors: {id: actor}}}`
 //! and `{result, msg, data: {detail: actor}}`), which its Actors page and a job's Actor Table
-//! read, from the actors `inspect`'s fold kept ([`crate::inspect::ActorFacts`]).
+//! read, from the actors the reader's fold kept ([`crate::reader::ActorFacts`]).
 //!
 //! What the events do not say is Ray's empty value: `numRestarts` `"0"`, `reprName` `""`,
 //! `requiredResources` `{}`, `labelSelector` `{}`, no placement group, and no process stats
@@ -20,7 +20,8 @@ use serde_json::{json, Map, Value};
 use super::cookies::Entered;
 use super::session::{answer, index};
 use super::Shared;
-use crate::inspect::{escape_untrusted, ActorFacts, SessionFacts};
+use crate::reader::{ActorFacts, SessionFacts};
+use crate::util::escape::escape_untrusted;
 
 fn ms(ns: Option<i64>) -> i64 {
     ns.map_or(0, |n| n.div_euclid(1_000_000))

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, Semaphore};
 
 use super::index::{IndexBuilder, SessionIndex};
-use crate::inspect::{events_signature, session_facts, EventsSignature, OpenBucket, SessionMarker};
+use crate::reader::{events_signature, session_facts, EventsSignature, OpenBucket, SessionMarker};
 
 /// Sessions loaded at once: a load uses a core (the fold) and up to ~128 MiB of fold state
 /// besides the index it builds.
@@ -239,9 +239,9 @@ impl SessionCache {
                         // Cannot tell: the old index goes on answering, and the next look
                         // comes after the usual wait.
                         tracing::warn!(
-                            session = %crate::inspect::escape_untrusted(&marker.session),
+                            session = %crate::util::escape::escape_untrusted(&marker.session),
                             "looking whether the session changed failed: {}",
-                            crate::inspect::escape_message(&format!("{e:#}"))
+                            crate::util::escape::escape_message(&format!("{e:#}"))
                         );
                         false
                     }
@@ -270,7 +270,7 @@ impl SessionCache {
             match &loaded {
                 Ok(index) if !worse => {
                     tracing::info!(
-                        session = %crate::inspect::escape_untrusted(&session),
+                        session = %crate::util::escape::escape_untrusted(&session),
                         forced = force,
                         "session reloaded"
                     );
@@ -283,7 +283,7 @@ impl SessionCache {
                     cache.stats.load_failures.fetch_add(1, Ordering::Relaxed);
                     if worse {
                         tracing::warn!(
-                            session = %crate::inspect::escape_untrusted(&session),
+                            session = %crate::util::escape::escape_untrusted(&session),
                             "a reload read less of the session than the index held; the index \
                              held answers, and the next look tries again"
                         );
@@ -429,9 +429,9 @@ impl SessionCache {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(
-                    session = %crate::inspect::escape_untrusted(&marker.session),
+                    session = %crate::util::escape::escape_untrusted(&marker.session),
                     "listing the session before its load failed (its next look reloads it): {}",
-                    crate::inspect::escape_message(&format!("{e:#}"))
+                    crate::util::escape::escape_message(&format!("{e:#}"))
                 );
                 None
             }
@@ -454,7 +454,7 @@ impl SessionCache {
         };
         match &result {
             Ok(index) => tracing::info!(
-                session = %crate::inspect::escape_untrusted(&session),
+                session = %crate::util::escape::escape_untrusted(&session),
                 attempts = index.tasks.len(),
                 bytes = index.bytes(),
                 seconds = started.elapsed().as_secs_f64(),
@@ -463,9 +463,9 @@ impl SessionCache {
             Err(e) => {
                 self.stats.load_failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
-                    session = %crate::inspect::escape_untrusted(&session),
+                    session = %crate::util::escape::escape_untrusted(&session),
                     "session load failed: {}",
-                    crate::inspect::escape_message(e)
+                    crate::util::escape::escape_message(e)
                 );
             }
         }
@@ -535,7 +535,7 @@ impl SessionCache {
             inner.entries.remove(&victim);
             self.stats.evictions.fetch_add(1, Ordering::Relaxed);
             tracing::info!(
-                session = %crate::inspect::escape_untrusted(&victim),
+                session = %crate::util::escape::escape_untrusted(&victim),
                 "session dropped from the cache (over --cache-bytes)"
             );
         }

@@ -81,7 +81,8 @@ use super::index::{SessionIndex, NO_TIME};
 use super::session::{answer, index, unix_ms};
 use super::{Shared, UNREADABLE_HEADER};
 use crate::contract::logs::node_logs_prefix;
-use crate::inspect::{escape_untrusted, raw_key, session_nodes, session_start};
+use crate::reader::{raw_key, session_nodes, session_start};
+use crate::util::escape::escape_untrusted;
 
 /// A node's debug state, below its `logs/`.
 pub const DEBUG_STATE_FILE: &str = "debug_state.txt";
@@ -410,7 +411,7 @@ async fn build(state: &Shared, entered: &Entered, index: &SessionIndex) -> Statu
     status.past_cap = (named.len() + listed.len()).saturating_sub(MAX_NODES_READ) as u64;
     let nodes = named.into_iter().chain(listed);
     // A node that failed is not part of the cluster any more.
-    let mut failed: Vec<(i64, &crate::inspect::NodeFacts)> = index
+    let mut failed: Vec<(i64, &crate::reader::NodeFacts)> = index
         .facts
         .nodes
         .iter()

@@ -29,10 +29,9 @@ use serde::Serialize;
 use super::cache::{Unavailable, LOADING_HEADER, LOAD_WAIT};
 use super::cookies::Entered;
 use super::{Shared, UNREADABLE_HEADER};
-use crate::inspect::SessionMarker;
-use crate::inspect::{
-    escape_message, escape_untrusted, latest_session, session_markers, session_start,
-};
+use crate::reader::SessionMarker;
+use crate::reader::{latest_session, session_markers, session_start};
+use crate::util::escape::{escape_message, escape_untrusted};
 use crate::util::time::{format_rfc3339, parse_rfc3339_seconds};
 
 /// Sessions `/clusters` lists, newest first: KubeRay's `maxClusters` (100). Older sessions can

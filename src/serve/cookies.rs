@@ -20,7 +20,8 @@ use object_store::ObjectStoreExt as _;
 
 use super::{Shared, UNREADABLE_HEADER};
 use crate::contract;
-use crate::inspect::{escape_message, escape_untrusted, SessionMarker};
+use crate::reader::SessionMarker;
+use crate::util::escape::{escape_message, escape_untrusted};
 
 pub const CLUSTER_NAME: &str = "cluster_name";
 pub const CLUSTER_NAMESPACE: &str = "cluster_namespace";

@@ -44,7 +44,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::cookies::Entered;
 use super::{Shared, UNREADABLE_HEADER};
 use crate::contract::logs::node_logs_prefix;
-use crate::inspect::{escape_message, raw_key, session_nodes};
+use crate::reader::{raw_key, session_nodes};
+use crate::util::escape::escape_message;
 
 /// Ray's `EVENT_READ_LINE_LENGTH_LIMIT` default: longer lines are skipped.
 pub const MAX_LINE_BYTES: usize = 2 << 20;

@@ -80,7 +80,7 @@ enum Wanted {
 impl Frontend {
     /// `dir`, which must hold `index.html`.
     pub fn open(dir: &Path) -> Result<Frontend, FrontendError> {
-        let shown = crate::inspect::escape_untrusted(&dir.display().to_string());
+        let shown = crate::util::escape::escape_untrusted(&dir.display().to_string());
         let root = std::fs::canonicalize(dir).map_err(|source| FrontendError::Unreadable {
             dir: shown.clone(),
             source,
@@ -245,8 +245,8 @@ fn is_absent(e: &std::io::Error) -> bool {
 fn unreadable(path: &str, e: &std::io::Error) -> Response {
     tracing::warn!(
         "dashboard file {}: {}",
-        crate::inspect::escape_untrusted(path),
-        crate::inspect::escape_message(&e.to_string())
+        crate::util::escape::escape_untrusted(path),
+        crate::util::escape::escape_message(&e.to_string())
     );
     (
         StatusCode::INTERNAL_SERVER_ERROR,

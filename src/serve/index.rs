@@ -1,6 +1,6 @@
 //! A session's compact in-memory index: what the task routes answer from.
 //!
-//! It is built by `inspect`'s streaming fold ([`crate::inspect::session_facts`]: bounded
+//! It is built by the reader's streaming fold ([`crate::reader::session_facts`]: bounded
 //! parallel reads, bounded open files, big sessions spilled to `TMPDIR`), which lends each
 //! task attempt once; the index keeps of it one fixed-size [`TaskRecord`] (the task id in
 //! binary, strings as indexes into one table of distinct texts, times as integers) and
@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use crate::inspect::{SessionFacts, TaskView};
+use crate::reader::{SessionFacts, TaskView};
 
 /// No string.
 const NONE: u32 = u32::MAX;
@@ -239,7 +239,7 @@ fn map(m: Option<&std::collections::BTreeMap<String, String>>) -> usize {
 }
 
 /// The heap of a submitted job's record besides its own slot.
-fn submission(s: &crate::inspect::SubmissionFacts) -> usize {
+fn submission(s: &crate::reader::SubmissionFacts) -> usize {
     heap(&s.submission_id, s.submission_id.capacity())
         + opt(&s.status)
         + opt(&s.entrypoint)
@@ -312,7 +312,7 @@ impl SessionIndex {
             .sum::<usize>()
             + self.texts.capacity() * size_of::<Box<str>>();
         let f = &self.facts;
-        let jobs: usize = f.jobs.capacity() * size_of::<crate::inspect::JobFacts>()
+        let jobs: usize = f.jobs.capacity() * size_of::<crate::reader::JobFacts>()
             + f.jobs
                 .iter()
                 .map(|j| {
@@ -326,16 +326,16 @@ impl SessionIndex {
                         + opt(&j.runtime_env)
                         + opt(&j.submission_id)
                         + j.submission.as_ref().map_or(0, |s| {
-                            size_of::<crate::inspect::SubmissionFacts>() + submission(s)
+                            size_of::<crate::reader::SubmissionFacts>() + submission(s)
                         })
                 })
                 .sum::<usize>()
-            + f.unmatched_submissions.capacity() * size_of::<crate::inspect::SubmissionFacts>()
+            + f.unmatched_submissions.capacity() * size_of::<crate::reader::SubmissionFacts>()
             + f.unmatched_submissions
                 .iter()
                 .map(submission)
                 .sum::<usize>();
-        let actors: usize = f.actors.capacity() * size_of::<crate::inspect::ActorFacts>()
+        let actors: usize = f.actors.capacity() * size_of::<crate::reader::ActorFacts>()
             + f.actors
                 .iter()
                 .map(|a| {
@@ -353,7 +353,7 @@ impl SessionIndex {
         // A node's resources are counted each (a bucket's node may report 20,000 of them:
         // counted flat at 1 KiB a node, four such sessions held 240 MiB against an 8 MiB
         // budget, review r36d).
-        let nodes: usize = f.nodes.capacity() * size_of::<crate::inspect::NodeFacts>()
+        let nodes: usize = f.nodes.capacity() * size_of::<crate::reader::NodeFacts>()
             + f.nodes
                 .iter()
                 .map(|n| {
@@ -474,7 +474,7 @@ impl TaskFilter {
             p => {
                 return Err(format!(
                     "invalid filters parameter: invalid predicate: {}",
-                    crate::inspect::escape_untrusted(p)
+                    crate::util::escape::escape_untrusted(p)
                 ))
             }
         };
@@ -489,7 +489,7 @@ impl TaskFilter {
                 .map_err(|_| {
                     format!(
                         "invalid filter value for {key}: {} is not an integer",
-                        crate::inspect::escape_untrusted(value)
+                        crate::util::escape::escape_untrusted(value)
                     )
                 })
         };
@@ -517,7 +517,7 @@ impl TaskFilter {
             other => {
                 return Err(format!(
                     "The given filter column {} is not supported. Enter filters with supported columns: {}",
-                    crate::inspect::escape_untrusted(other),
+                    crate::util::escape::escape_untrusted(other),
                     FILTER_KEYS.join(", ")
                 ))
             }
@@ -574,8 +574,8 @@ mod tests {
     #[test]
     fn actors_and_train_runs_count_what_they_hold() {
         let long = |c: char| Some(c.to_string().repeat(512));
-        let actors: Vec<crate::inspect::ActorFacts> = (0..1000)
-            .map(|i| crate::inspect::ActorFacts {
+        let actors: Vec<crate::reader::ActorFacts> = (0..1000)
+            .map(|i| crate::reader::ActorFacts {
                 actor_id: format!("{i:032x}"),
                 class_name: long('C'),
                 name: long('N'),

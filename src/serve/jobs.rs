@@ -51,11 +51,12 @@ use super::cookies::Entered;
 use super::inflight::{self, SharedAnswer};
 use super::session::{answer, headers_for, index, unix_ms};
 use super::Shared;
-use crate::inspect::{escape_message, escape_untrusted, JobFacts, SubmissionFacts};
+use crate::reader::{JobFacts, SubmissionFacts};
+use crate::util::escape::{escape_message, escape_untrusted};
 
 /// A runtime env's JSON text when it is an object, as Ray's `JobDetails` gives it (`None`,
 /// answered `null`, when it is not one). Checked without building a tree: the text is
-/// written into the answer as it is (up to 64 KiB a job, [`crate::inspect`] bounds it), so
+/// written into the answer as it is (up to 64 KiB a job, [`crate::reader`] bounds it), so
 /// an answer of many jobs costs about its own size.
 fn runtime_env_object(text: Option<&str>) -> Option<&RawValue> {
     let raw: &RawValue = serde_json::from_str(text?).ok()?;
@@ -162,7 +163,7 @@ fn with_submission(v: &mut Value, s: &SubmissionFacts) {
 pub(super) type NodeIps<'a> = std::collections::HashMap<&'a str, &'a str>;
 
 /// [`NodeIps`] of the session's nodes.
-pub(super) fn node_ips(facts: &crate::inspect::SessionFacts) -> NodeIps<'_> {
+pub(super) fn node_ips(facts: &crate::reader::SessionFacts) -> NodeIps<'_> {
     facts
         .nodes
         .iter()
@@ -360,7 +361,7 @@ fn record_len(s: &SubmissionFacts) -> usize {
 /// The length of the `/api/jobs/` answer ([`jobs_text_until`]) at most, from the sizes of the
 /// texts it will write: the room its build takes before it starts (review r36q D1), and the
 /// capacity it is written into (so it is never copied to grow).
-fn jobs_text_bound(facts: &crate::inspect::SessionFacts) -> usize {
+fn jobs_text_bound(facts: &crate::reader::SessionFacts) -> usize {
     let env_len = |text: Option<&String>| text.map_or(4, String::len);
     let ips = node_ips(facts);
     let jobs: usize = facts
@@ -404,7 +405,7 @@ fn jobs_text_bound(facts: &crate::inspect::SessionFacts) -> usize {
 
 /// [`jobs_text_until`] to its end (the tests' way in).
 #[cfg(test)]
-fn jobs_text(facts: &crate::inspect::SessionFacts, capacity: usize) -> String {
+fn jobs_text(facts: &crate::reader::SessionFacts, capacity: usize) -> String {
     jobs_text_until(facts, capacity, &|| false).unwrap_or_default()
 }
 
@@ -451,7 +452,7 @@ fn submission_order<'a>(e: &Listed<'a>) -> (bool, i64, &'a str, &'a str) {
 /// by job id (Ray's `get_driver_jobs` sorts the job table by hex job id). Costs a reference
 /// and a key per submitted job, none per driver job.
 fn listed_in_rays_order(
-    facts: &crate::inspect::SessionFacts,
+    facts: &crate::reader::SessionFacts,
 ) -> impl Iterator<Item = Listed<'_>> + '_ {
     let listed = || facts.jobs.iter().filter(|j| !j.superseded);
     let mut submitted: Vec<Listed<'_>> = listed()
@@ -477,7 +478,7 @@ fn listed_in_rays_order(
 /// 264 MiB list whose clients had all left ran to its end, holding the whole answers'
 /// budget, and was thrown away).
 fn jobs_text_until(
-    facts: &crate::inspect::SessionFacts,
+    facts: &crate::reader::SessionFacts,
     capacity: usize,
     stop: &dyn Fn() -> bool,
 ) -> Option<String> {
@@ -756,7 +757,7 @@ mod tests {
 
     #[test]
     fn the_job_list_embeds_each_runtime_env_text_unchanged() {
-        use crate::inspect::SessionFacts;
+        use crate::reader::SessionFacts;
         // Spacing and key order as Ray serialized them, which a tree would not keep.
         let env = "{\"pip\": [\"emoji\"],  \"env_vars\": {\"B\": \"2\", \"A\": \"1\"}}";
         let big = format!("{{\"env_vars\": {{\"X\": \"{}\"}}}}", "y".repeat(60 << 10));
@@ -833,7 +834,7 @@ mod tests {
     /// recorded); `driver_exit_code` is the record's, `null` without one.
     #[test]
     fn statuses_are_rays_and_an_unknown_exit_code_is_null() {
-        use crate::inspect::SessionFacts;
+        use crate::reader::SessionFacts;
         let end = "1970-01-01T00:00:09Z";
         let record = |id: &str, status: Option<&str>, ended_ms: Option<i64>, code: Option<i64>| {
             SubmissionFacts {
@@ -1024,7 +1025,7 @@ mod tests {
     /// whatever its texts (escapes take up to 6 bytes a character), and not far above it.
     #[test]
     fn the_job_list_bound_covers_its_text() {
-        use crate::inspect::SessionFacts;
+        use crate::reader::SessionFacts;
         let nasty = "\u{1}\"\\\n".repeat(200);
         let metadata: std::collections::BTreeMap<String, String> = (0..64)
             .map(|i| (format!("{nasty}{i}"), nasty.clone()))
@@ -1092,7 +1093,7 @@ mod tests {
     /// driver's `node_ip_address` is its node's IP, else `EXPORT_DRIVER_JOB`'s, else `""`.
     #[test]
     fn the_list_is_in_rays_order_and_names_each_drivers_node_ip() {
-        use crate::inspect::{NodeFacts, SessionFacts};
+        use crate::reader::{NodeFacts, SessionFacts};
         let node = |id: &str, ip: Option<&str>| NodeFacts {
             node_id: id.into(),
             ip: ip.map(Into::into),

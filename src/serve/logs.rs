@@ -2,7 +2,7 @@
 //! state API serves a live node's (`state_head.py`, `log_manager.py` and the log agent of
 //! Ray 2.60), which the dashboard's Logs page and a task's or actor's log viewer read. The
 //! logs are the bucket's `P/<session>/<node>/logs/<path>` objects (docs/bucket-layout.md);
-//! they are found the way `inspect --logs` finds them (`crate::inspect::logs`: one reader,
+//! they are found the way `inspect --logs` finds them (`crate::reader::logs`: one reader,
 //! two faces).
 //!
 //! # `GET /api/v0/logs?node_id=|node_ip=[&glob=]`
@@ -77,10 +77,10 @@ use super::index::SessionIndex;
 use super::session::{headers_for, index};
 use super::Shared;
 use crate::contract::logs::{node_logs_prefix, LogStream};
-use crate::inspect::{
-    escape_message, escape_untrusted, find_worker_log, raw_key, session_nodes, tail_start,
-    task_log_target, InspectError, LogTarget,
+use crate::reader::{
+    find_worker_log, raw_key, session_nodes, tail_start, task_log_target, LogTarget, ReadError,
 };
+use crate::util::escape::{escape_message, escape_untrusted};
 
 /// Bytes read from the bucket per chunk of a log answer: what one answer holds at a time.
 pub const CHUNK_BYTES: u64 = 256 << 10;
@@ -154,13 +154,13 @@ fn not_found(msg: String) -> Refusal {
 /// The status of a resolution error of the shared reader.
 fn refusal_of(e: &anyhow::Error) -> Refusal {
     let msg = escape_message(&format!("{e:#}"));
-    match e.downcast_ref::<InspectError>() {
+    match e.downcast_ref::<ReadError>() {
         Some(
-            InspectError::NoSuchLogTarget { .. }
-            | InspectError::LogNotUploaded { .. }
-            | InspectError::NoLogFor { .. },
+            ReadError::NoSuchLogTarget { .. }
+            | ReadError::LogNotUploaded { .. }
+            | ReadError::NoLogFor { .. },
         ) => Refusal(StatusCode::NOT_FOUND, msg),
-        Some(InspectError::SeveralLogs { .. }) => Refusal(StatusCode::CONFLICT, msg),
+        Some(ReadError::SeveralLogs { .. }) => Refusal(StatusCode::CONFLICT, msg),
         _ => Refusal(StatusCode::BAD_GATEWAY, msg),
     }
 }

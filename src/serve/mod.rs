@@ -4,12 +4,12 @@
 //!
 //! # What it guarantees
 //!
-//! - **Read-only.** The bucket is opened by `inspect`'s door ([`crate::inspect::open_bucket`]:
+//! - **Read-only.** The bucket is opened by the reader's door ([`crate::reader::open_bucket`]:
 //!   the same storage forms, credentials and `--storage-root-dir`, a `file://` bucket that is
 //!   never created and whose links are never followed) and only listed and read. Nothing
 //!   here writes an object.
-//! - **One reader.** Clusters and sessions are `inspect`'s discovery of the session markers
-//!   ([`crate::inspect::session_markers`], `latest` as `inspect --session latest` takes it);
+//! - **One reader.** Clusters and sessions are the reader's discovery of the session markers
+//!   ([`crate::reader::session_markers`], `latest` as `inspect --session latest` takes it);
 //!   snapshot names are the contract's ([`crate::contract::endpoints`]). No second key rule.
 //! - **Untrusted bucket, bounded answers.** A snapshot is read only up to
 //!   [`replay::MAX_SNAPSHOT_BYTES`], at most [`MAX_CONCURRENT_READS`] at a time (the Train
@@ -26,7 +26,7 @@
 //!   answers share [`inflight::MAX_ANSWER_BYTES_IN_FLIGHT`] while they are sent ([`inflight`]);
 //!   the job list, built once for the requests that want it and kept, takes its room there
 //!   before it is built (`jobs.rs`). Names from the bucket or the request that appear in a
-//!   message are escaped ([`crate::inspect::escape_untrusted`]).
+//!   message are escaped ([`crate::util::escape::escape_untrusted`]).
 //! - **Cookies as KubeRay sets them.** `/enter_cluster/...` sets `cluster_name`,
 //!   `cluster_namespace`, `session_name`, `owner_kind` and `owner_name` (`Max-Age=600`,
 //!   `Path=/`); every route that reads a session takes them back ([`cookies`]), refuses
@@ -47,7 +47,7 @@
 //! `/api/{*path}` that replays a `fetched_endpoints` snapshot by KubeRay's key of the
 //! request URI (query included), with
 //! KubeRay's empty answers when a known snapshot is missing (`replay.rs`); `/api/jobs/`
-//! (`jobs.rs`) and `/api/v0/tasks` (`session.rs`) from `inspect`'s fold of the session's
+//! (`jobs.rs`) and `/api/v0/tasks` (`session.rs`) from the reader's fold of the session's
 //! events;
 //! `/api/grafana_health` and `/api/prometheus_health` answer KubeRay's `501`;
 //! `/logical/actors[/{id}]` (`actors.rs`) and `/nodes?view=summary`, `/nodes/{id}`
@@ -85,7 +85,7 @@ use axum::Router;
 use tokio::sync::Semaphore;
 
 use crate::cli::ServeArgs;
-use crate::inspect::{open_bucket, OpenBucket};
+use crate::reader::{open_bucket, OpenBucket};
 use crate::storage::StorageSpec;
 
 /// Snapshots read at once. With [`replay::MAX_SNAPSHOT_BYTES`] each, this bounds what the
@@ -202,7 +202,7 @@ async fn dashboard_file(
         "result": false,
         "msg": format!(
             "{}: not served by this history server",
-            crate::inspect::escape_untrusted(uri.path())
+            crate::util::escape::escape_untrusted(uri.path())
         ),
         "data": {},
     });
@@ -228,7 +228,7 @@ async fn log_request(
     let response = next.run(request).await;
     tracing::debug!(
         method = %method,
-        target = %crate::inspect::escape_untrusted(&target),
+        target = %crate::util::escape::escape_untrusted(&target),
         status = response.status().as_u16(),
         "answered"
     );

@@ -1,7 +1,7 @@
 //! `/nodes?view=summary`, `/nodes?view=hostNameList` and `/nodes/{node_id}`: the session's
 //! nodes in the shape of Ray's dashboard (`node_head.py` of Ray 2.60), which its Cluster page,
 //! a job's page ("View all nodes", the log viewer's node list) and a node's page read, from
-//! the nodes `inspect`'s fold kept ([`crate::inspect::NodeFacts`]).
+//! the nodes the reader's fold kept ([`crate::reader::NodeFacts`]).
 //!
 //! A node is what its events said: its id, IP, hostname, head or not, state, start and end,
 //! death message and total resources, under `raylet` as Ray puts them. The physical stats a
@@ -19,7 +19,8 @@ use super::actors::actors_map;
 use super::cookies::Entered;
 use super::session::{answer, index, unix_ms};
 use super::Shared;
-use crate::inspect::{escape_untrusted, NodeFacts};
+use crate::reader::NodeFacts;
+use crate::util::escape::escape_untrusted;
 
 /// One node's summary, as Ray's dashboard answers it for a node without physical stats.
 fn node_json(n: &NodeFacts) -> Value {

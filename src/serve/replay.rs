@@ -39,7 +39,7 @@ use object_store::ObjectStoreExt as _;
 use super::cookies::Entered;
 use super::{Shared, UNREADABLE_HEADER};
 use crate::contract::endpoints::{endpoint_object_name, FETCHED_ENDPOINTS_DIR};
-use crate::inspect::escape_message;
+use crate::util::escape::escape_message;
 
 /// Largest snapshot replayed. Ray's list endpoints answer at most 10,000 entries (the poller
 /// asks placement groups with `limit=10000`); 64 MiB holds that with room, and is what

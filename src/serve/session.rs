@@ -49,7 +49,7 @@ use super::cache::{Unavailable, LOADING_HEADER, LOAD_WAIT};
 use super::cookies::Entered;
 use super::index::{SessionIndex, TaskFilter, TaskRecord, NO_TIME};
 use super::{Shared, UNREADABLE_HEADER};
-use crate::inspect::escape_message;
+use crate::util::escape::escape_message;
 use crate::util::time::parse_rfc3339_seconds;
 
 /// Set when the load met lines that are not events: how many.
@@ -598,7 +598,7 @@ pub async fn timeline(
         } else {
             format!(
                 "timeline-{}.json",
-                crate::inspect::escape_untrusted(&job_id)
+                crate::util::escape::escape_untrusted(&job_id)
             )
         };
         let value = format!(

@@ -7,7 +7,7 @@
 //! - **HTTP client**: built from the `ClientOptions` `object_store` built its own from
 //!   (proxy and its CA, extra root certificates, timeouts, default headers, user agent,
 //!   allow-HTTP), captured by [`CapturingConnector`] as for S3; a client of its own, replaced
-//!   after an error answer to a request with a body (as `S3Wire` does).
+//!   after an error answer to a request with a body (`wire::Connection`, as for S3).
 //! - **Address**: the container URL as `object_store` forms it: the emulator's
 //!   (`AZURITE_BLOB_STORAGE_URL` or `http://127.0.0.1:10000`, then the account), the
 //!   endpoint set (a connection string's `BlobEndpoint`, `AZURE_STORAGE_ACCOUNT_URL`,
@@ -21,30 +21,25 @@
 //!   would have to go on every Put Block and Put Block List; with one set, event objects are
 //!   written whole each publication as before ([`appends_off_reason`]).
 //!
-//! Failures are classified as S3's are (`s3::Failure`), with Azure's codes:
+//! Failures are classified as S3's are (`wire::Failure`), with Azure's codes:
 //! `ConditionNotMet` (412), `BlobAlreadyExists` (409, a create that met a blob) and
 //! `InvalidBlockList` (a committed block that is no longer there: the blob was replaced)
 //! mean the blob is not the version the write grows from; `BlobNotFound` a missing blob;
 //! `ServerBusy`, `OperationTimedOut`, `InternalError`, 5xx, throttling and credentials
 //! being refreshed (`AuthenticationFailed`) are transient, retried here with backoff
-//! (`s3::RETRY_ATTEMPTS`) and then left to the next round.
+//! (`wire::RETRY_ATTEMPTS`) and then left to the next round.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use object_store::azure::{AzureConfigKey, MicrosoftAzure, MicrosoftAzureBuilder};
-use object_store::client::{
-    ClientOptions, HttpClient, HttpConnector, HttpRequestBody, ReqwestConnector,
-};
 use object_store::path::Path as ObjectPath;
 use serde::Deserialize;
 
-use crate::util::error_chain;
-
-use super::s3::{
-    answer_err, classify, read_bounded, retrying, wire_err, CapturingConnector, Failure, WireError,
-    RETRY_ATTEMPTS,
+use super::s3::{answer_err, classify};
+use super::wire::{
+    request, retrying, wire_err, CapturingConnector, Connection, Failure, WireError, RETRY_ATTEMPTS,
 };
 
 /// Azure's most committed blocks in one blob.
@@ -92,10 +87,8 @@ pub enum Condition {
 /// How our own Azure requests are made (see the module doc).
 #[derive(Debug, Clone)]
 pub struct AzureWire {
-    /// A client of its own, built with the store's options, replaced after an error answer
-    /// to a request with a body.
-    http: Arc<Mutex<HttpClient>>,
-    options: ClientOptions,
+    /// A client of its own, built with the store's options ([`Connection`]).
+    conn: Connection,
     /// The store's credential provider; `None`: requests are not signed.
     store: Option<Arc<MicrosoftAzure>>,
     account: String,
@@ -118,12 +111,7 @@ impl AzureWire {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<AzureWire, String> {
         let get = |k: AzureConfigKey| builder.get_config_value(&k).filter(|v| !v.is_empty());
-        let (_, options) = connector
-            .taken()
-            .ok_or("object_store built no HTTP client for the store")?;
-        let http = ReqwestConnector::default()
-            .connect(&options)
-            .map_err(|e| format!("building the HTTP client of the Azure appends: {e}"))?;
+        let conn = Connection::new(connector, "Azure")?;
         let container = get(AzureConfigKey::ContainerName).ok_or("no container name")?;
         let (service, account) = if truthy(get(AzureConfigKey::UseEmulator)) {
             let account = get(AzureConfigKey::AccountName).unwrap_or(EMULATOR_ACCOUNT.into());
@@ -155,8 +143,7 @@ impl AzureWire {
             .push(&container);
         let signed = !truthy(get(AzureConfigKey::SkipSignature));
         Ok(AzureWire {
-            http: Arc::new(Mutex::new(http)),
-            options,
+            conn,
             store: signed.then_some(store),
             account,
             container_url,
@@ -181,7 +168,10 @@ impl AzureWire {
     /// `ClientOptions`' map by extension, or default), for Put Block List.
     pub fn content_type(&self, key: &str) -> Option<String> {
         let location = ObjectPath::parse(key).ok()?;
-        self.options.get_content_type(&location).map(str::to_string)
+        self.conn
+            .options()
+            .get_content_type(&location)
+            .map(str::to_string)
     }
 
     /// The committed blocks of the blob `key` (Get Block List).
@@ -294,22 +284,11 @@ impl AzureWire {
         body: Bytes,
         what: &str,
     ) -> Result<(HeaderMap, Bytes), WireError> {
-        let has_body = !body.is_empty();
         // Shared Key signs the length as sent: set before signing.
-        let mut req = http::Request::builder()
-            .method(method)
-            .uri(url)
-            .header(http::header::CONTENT_LENGTH, body.len());
-        for (k, v) in headers {
-            req = req.header(k, v);
-        }
-        let mut req = req
-            .body(if body.is_empty() {
-                HttpRequestBody::empty()
-            } else {
-                HttpRequestBody::from(body)
-            })
-            .map_err(|e| wire_err(Failure::Refused, what, e))?;
+        let length = (http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        let all =
+            std::iter::once((&length.0, &length.1)).chain(headers.iter().map(|(k, v)| (k, v)));
+        let mut req = request(method, url, all, body, what)?;
         if let Some(store) = &self.store {
             let credential = store
                 .credentials()
@@ -320,29 +299,12 @@ impl AzureWire {
                 .try_authorize(&mut req)
                 .map_err(|e| wire_err(Failure::Transient, what, format!("signing: {e}")))?;
         }
-        let http = self.http.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let resp = http
-            .execute(req)
-            .await
-            .map_err(|e| wire_err(Failure::Transient, what, error_chain(&e, ": ")))?;
-        let status = resp.status();
-        let (parts, body) = resp.into_parts();
-        let body = read_bounded(body, None, what).await?;
-        if status.is_success() {
-            return Ok((parts.headers, body));
+        let answer = self.conn.exchange(req, None, what).await?;
+        if answer.status.is_success() {
+            return Ok((answer.headers, answer.body));
         }
-        if has_body {
-            // As `S3Wire::send_once`: a connection whose request body the store may not have
-            // read is not handed to the next request.
-            match ReqwestConnector::default().connect(&self.options) {
-                Ok(fresh) => *self.http.lock().unwrap_or_else(|p| p.into_inner()) = fresh,
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not build a new HTTP client for the Azure appends; the old one is used again")
-                }
-            }
-        }
-        let mut e = answer_err(status, &body, what);
-        e.failure = classify_azure(status.as_u16(), e.code.as_deref());
+        let mut e = answer_err(answer.status, &answer.body, what);
+        e.failure = classify_azure(answer.status.as_u16(), e.code.as_deref());
         Err(e)
     }
 }

@@ -7,7 +7,7 @@
 //!
 //! - **HTTP client**: built from the `ClientOptions` `object_store` built its own from
 //!   (proxy, root certificates, timeouts, default headers, user agent, allow-HTTP), captured
-//!   by `s3::CapturingConnector` as for S3 and Azure; a client of its own, replaced after an
+//!   by `wire::CapturingConnector` as for S3 and Azure; a client of its own, replaced after an
 //!   error answer to a request with a body.
 //! - **Address**: `object_store`'s base URL (`GOOGLE_BASE_URL`, else the service account
 //!   key's `gcs_base_url`, else `https://storage.googleapis.com`, which serves the JSON API
@@ -17,29 +17,24 @@
 //!   `GOOGLE_BEARER_TOKEN`...), sent as the bearer token it gives (none when it is empty,
 //!   as `object_store` does, or with `GOOGLE_SKIP_SIGNATURE`). No signing code of ours.
 //!
-//! Failures are classified as S3's are (`s3::Failure`): 412 (and 304) is a failed
+//! Failures are classified as S3's are (`wire::Failure`): 412 (and 304) is a failed
 //! precondition, 404 for an object a missing object, 5xx, 408, 429 and 401 transient
-//! (retried here with backoff, `s3::RETRY_ATTEMPTS`), other 4xx refusals. An answer that
+//! (retried here with backoff, `wire::RETRY_ATTEMPTS`), other 4xx refusals. An answer that
 //! shows no JSON API at all ([`WireError::code`] [`NO_JSON_API`]: a 400, 404, 405 or 501
 //! whose body is not a GCS JSON error, or a 2xx whose body is not JSON; an S3-compatible
 //! server behind `gs://`, such as moto) is told apart, for the appender to turn itself off.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
-use object_store::client::{
-    ClientOptions, HttpClient, HttpConnector, HttpRequestBody, ReqwestConnector,
-};
 use object_store::gcp::{GoogleCloudStorage, GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::path::Path as ObjectPath;
 use serde::Deserialize;
 
-use crate::util::error_chain;
-
-use super::s3::{
-    classify, read_bounded, retrying, wire_err, CapturingConnector, Failure, WireError,
-    RETRY_ATTEMPTS,
+use super::s3::classify;
+use super::wire::{
+    request, retrying, wire_err, CapturingConnector, Connection, Failure, WireError, RETRY_ATTEMPTS,
 };
 
 /// GCS's most components in one composite object.
@@ -119,8 +114,8 @@ impl ObjectDoc {
 /// How our own GCS JSON requests are made (see the module doc).
 #[derive(Debug, Clone)]
 pub struct GcsWire {
-    http: Arc<Mutex<HttpClient>>,
-    options: ClientOptions,
+    /// A client of its own, built with the store's options ([`Connection`]).
+    conn: Connection,
     /// The store's credential provider; `None`: requests carry no token.
     store: Option<Arc<GoogleCloudStorage>>,
     base: url::Url,
@@ -151,12 +146,7 @@ impl GcsWire {
         store: Arc<GoogleCloudStorage>,
     ) -> Result<GcsWire, String> {
         let get = |k: GoogleConfigKey| builder.get_config_value(&k).filter(|v| !v.is_empty());
-        let (_, options) = connector
-            .taken()
-            .ok_or("object_store built no HTTP client for the store")?;
-        let http = ReqwestConnector::default()
-            .connect(&options)
-            .map_err(|e| format!("building the HTTP client of the GCS appends: {e}"))?;
+        let conn = Connection::new(connector, "GCS")?;
         let bucket = get(GoogleConfigKey::Bucket).ok_or("no bucket name")?;
         // As object_store: the base URL set, else the service account key's.
         let base = get(GoogleConfigKey::BaseUrl)
@@ -174,8 +164,7 @@ impl GcsWire {
         }
         let signed = !truthy(get(GoogleConfigKey::SkipSignature));
         Ok(GcsWire {
-            http: Arc::new(Mutex::new(http)),
-            options,
+            conn,
             store: signed.then_some(store),
             base,
             bucket,
@@ -212,7 +201,7 @@ impl GcsWire {
     pub fn content_type(&self, key: &str) -> String {
         ObjectPath::parse(key)
             .ok()
-            .and_then(|l| self.options.get_content_type(&l).map(str::to_string))
+            .and_then(|l| self.conn.options().get_content_type(&l).map(str::to_string))
             .unwrap_or_else(|| DEFAULT_CONTENT_TYPE.into())
     }
 
@@ -390,14 +379,10 @@ impl GcsWire {
         body: Bytes,
         what: &str,
     ) -> Result<Bytes, WireError> {
-        let has_body = !body.is_empty();
-        let mut req = http::Request::builder()
-            .method(method)
-            .uri(url)
-            .header(http::header::CONTENT_LENGTH, body.len());
-        for (k, v) in headers {
-            req = req.header(k, v);
-        }
+        let length = (http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        let all =
+            std::iter::once((&length.0, &length.1)).chain(headers.iter().map(|(k, v)| (k, v)));
+        let mut req = request(method, url, all, body, what)?;
         if let Some(store) = &self.store {
             let credential = store
                 .credentials()
@@ -406,41 +391,16 @@ impl GcsWire {
                 .map_err(|e| wire_err(Failure::Transient, what, format!("credentials: {e}")))?;
             // As object_store: an empty token (`disable_oauth`) is not sent.
             if !credential.bearer.is_empty() {
-                req = req.header(
-                    http::header::AUTHORIZATION,
-                    format!("Bearer {}", credential.bearer),
-                );
+                let token = HeaderValue::try_from(format!("Bearer {}", credential.bearer))
+                    .map_err(|e| wire_err(Failure::Refused, what, e))?;
+                req.headers_mut().insert(http::header::AUTHORIZATION, token);
             }
         }
-        let req = req
-            .body(if body.is_empty() {
-                HttpRequestBody::empty()
-            } else {
-                HttpRequestBody::from(body)
-            })
-            .map_err(|e| wire_err(Failure::Refused, what, e))?;
-        let http = self.http.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let resp = http
-            .execute(req)
-            .await
-            .map_err(|e| wire_err(Failure::Transient, what, error_chain(&e, ": ")))?;
-        let status = resp.status();
-        let (_, body) = resp.into_parts();
-        let body = read_bounded(body, None, what).await?;
-        if status.is_success() {
-            return Ok(body);
+        let answer = self.conn.exchange(req, None, what).await?;
+        if answer.status.is_success() {
+            return Ok(answer.body);
         }
-        if has_body {
-            // As `S3Wire::send_once`: a connection whose request body the server may not
-            // have read is not handed to the next request.
-            match ReqwestConnector::default().connect(&self.options) {
-                Ok(fresh) => *self.http.lock().unwrap_or_else(|p| p.into_inner()) = fresh,
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not build a new HTTP client for the GCS appends; the old one is used again")
-                }
-            }
-        }
-        Err(answer_error(status.as_u16(), &body, what))
+        Err(answer_error(answer.status.as_u16(), &answer.body, what))
     }
 }
 

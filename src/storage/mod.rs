@@ -22,6 +22,7 @@ pub mod gzip;
 pub mod put;
 pub mod s3;
 pub mod versioned;
+pub mod wire;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -645,7 +646,7 @@ pub fn configure(
                 )
                 .with_retry(retry_config());
             // object_store's own HTTP client, kept for the appender's requests.
-            let connector = s3::CapturingConnector::default();
+            let connector = wire::CapturingConnector::default();
             b = b.with_http_connector(connector.clone());
             let disable_ssl = is_true(env("S3DISABLE_SSL"));
             let set_by_file = env(SET_BY_CONFIG_FILE).unwrap_or_default();
@@ -713,7 +714,7 @@ pub fn configure(
                 )
                 .with_retry(retry_config());
             // object_store's own HTTP client options, kept for the appender's requests.
-            let connector = s3::CapturingConnector::default();
+            let connector = wire::CapturingConnector::default();
             b = b.with_http_connector(connector.clone());
             let store = Arc::new(b.clone().build().map_err(|source| StorageError::Client {
                 backend: "gcs",
@@ -779,7 +780,7 @@ pub fn configure(
                 None => spec.to_string(),
             };
             // object_store's own HTTP client options, kept for the appender's requests.
-            let connector = s3::CapturingConnector::default();
+            let connector = wire::CapturingConnector::default();
             b = b.with_http_connector(connector.clone());
             let store = Arc::new(b.clone().build().map_err(|source| StorageError::Client {
                 backend: "azure",

@@ -73,9 +73,8 @@ use super::conditions::{
 // The publisher and the ingest's status read these here, beside the writes they govern.
 pub use super::conditions::{conditional_writes_now, conditions_in_use};
 use super::put::{parse_key, put_file_prefix, UploadError};
-use super::s3::{
-    classify_store_error, may_refuse_conditions, store_error_answer, Failure, Precondition,
-};
+use super::s3::{classify_store_error, may_refuse_conditions, store_error_answer, Precondition};
+use super::wire::Failure;
 use crate::util::fs::Beneath;
 use crate::util::pace::Flow;
 

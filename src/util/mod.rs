@@ -1,8 +1,9 @@
 //! Helpers shared by more than one path: time formats, sizes and durations, durable small
 //! files, directory watching, giving memory back, a bandwidth cap, a window of recent hashes,
-//! an error's text with its sources.
+//! an error's text with its sources, names from the bucket escaped for printing.
 
 pub mod dedup;
+pub mod escape;
 pub mod fs;
 pub mod memory;
 pub mod pace;

@@ -53,13 +53,13 @@ use super::scan::{object_key, priority, scan_logs, skip, LogFile, NameSkips};
 use super::schedule::{self, SMALL};
 use super::{LogConfig, LogError};
 use crate::events::spool::Spool;
-use crate::inspect::escape_untrusted;
 use crate::metrics as m;
 use crate::node::node_id::{LogNode, NodeIdResolver, RemoteNodeLookup};
 use crate::node::session::{
     list_sessions, raylet_answers, settled_earlier_sessions, ActiveSession, SESSION_QUIET,
 };
 use crate::storage::put::UploadError;
+use crate::util::escape::escape_untrusted;
 use crate::util::pace::Pacer;
 use crate::util::time::unix_seconds;
 use crate::util::watch::watch_dir;

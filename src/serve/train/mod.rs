@@ -465,7 +465,7 @@ where
             .await
             .map_err(|e| TrainBuildError::Failed(e.to_string()))?;
             tracing::info!(
-                session = %crate::inspect::escape_untrusted(&session),
+                session = %crate::util::escape::escape_untrusted(&session),
                 bytes = match &built {
                     TrainAnswer::Built(_, body) => body.len(),
                     TrainAnswer::Snapshot(_) => 0,

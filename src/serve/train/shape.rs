@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 use super::super::index::SessionIndex;
 use super::super::jobs::{job_json, node_ips, NodeIps};
 use super::FRAMEWORK_UNSPECIFIED;
-use crate::inspect::camel;
+use crate::reader::camel;
 use crate::util::time::parse_rfc3339_seconds;
 
 pub(super) fn has_run_event(run: &Value) -> bool {
@@ -59,7 +59,7 @@ pub(super) fn runs_response(index: &SessionIndex) -> (Value, Counts) {
 /// The job as Ray's `JobDetails`: `/api/jobs/{id}`'s shape (with the driver's node IP from
 /// the session's nodes, [`job_json`]), and what the events do not say (KubeRay's empty
 /// strings, and the exit code unless a submission record gave it) as Ray's `null`.
-pub(super) fn job_details(j: &crate::inspect::JobFacts, ips: &NodeIps<'_>) -> Value {
+pub(super) fn job_details(j: &crate::reader::JobFacts, ips: &NodeIps<'_>) -> Value {
     let mut v = job_json(j, ips);
     if let Some(o) = v.as_object_mut() {
         for k in [

@@ -129,7 +129,7 @@ fn a_run_goes_further_through_rays_cycle_of_attempts() {
 
 #[test]
 fn the_events_history_tells_a_rescheduled_run() {
-    use crate::inspect::SessionFacts;
+    use crate::reader::SessionFacts;
     let history = |statuses: &[&str]| {
         json!({"run_id": statuses.join("-"), "status_history":
                statuses.iter().map(|s| json!({"status": s})).collect::<Vec<_>>()})
@@ -240,7 +240,7 @@ fn settings_take_rays_names_and_keep_unknown_members() {
 
 #[test]
 fn job_details_name_the_driver_ip_and_leave_the_unknown_null() {
-    use crate::inspect::{JobFacts, NodeFacts, SessionFacts};
+    use crate::reader::{JobFacts, NodeFacts, SessionFacts};
     let facts = SessionFacts {
         jobs: vec![JobFacts {
             job_id: "01000000".into(),
@@ -302,7 +302,7 @@ fn job_details_name_the_driver_ip_and_leave_the_unknown_null() {
 
 #[test]
 fn a_submitted_jobs_details_take_its_record() {
-    use crate::inspect::{JobFacts, SessionFacts, SubmissionFacts};
+    use crate::reader::{JobFacts, SessionFacts, SubmissionFacts};
     let metadata: std::collections::BTreeMap<String, String> =
         [("job_submission_id".to_string(), "raysubmit_1".to_string())].into();
     let facts = SessionFacts {

@@ -46,7 +46,7 @@ use bytes::Bytes;
 use super::multipart::read_exact_blocking;
 use super::{etag_key, read_err, wire_failure, AppendError, Appended, TAIL_PART};
 use crate::storage::azure::{AzureWire, Condition, MAX_BLOCKS, MAX_BLOCK_BYTES};
-use crate::storage::s3::Failure;
+use crate::storage::wire::Failure;
 use crate::util::fs::Beneath;
 
 /// Bytes of a block id before base64: `rhc`, the index in 5 digits, the hash in 24 hex; as

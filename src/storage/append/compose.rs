@@ -62,7 +62,7 @@ use bytes::Bytes;
 use super::multipart::read_exact_blocking;
 use super::{read_err, wire_failure, AppendError, Appended};
 use crate::storage::gcs::{no_json_api, GcsObject, GcsWire, MAX_COMPONENTS};
-use crate::storage::s3::{Failure, WireError};
+use crate::storage::wire::{Failure, WireError};
 use crate::util::fs::Beneath;
 
 /// The end of a part's name (see the module doc).

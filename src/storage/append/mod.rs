@@ -86,7 +86,8 @@ use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
-use super::s3::{classify_store_error, Failure, WireError};
+use super::s3::classify_store_error;
+use super::wire::{Failure, WireError};
 use crate::util::fs::Beneath;
 use crate::util::pace::Flow;
 pub use blocks::{block_id, AzureAppender};

@@ -22,9 +22,8 @@ use super::{
     Appended, Checked, Prepared, S3_MIN_PART, STALE_UPLOAD_AGE, TAIL_PART, UNKNOWN_NODE,
 };
 use crate::storage::put::{parse_key, part_size_for, MAX_PARTS};
-use crate::storage::s3::{
-    classify_part_error, may_refuse_conditions, CapturingConnector, Failure, Precondition, S3Wire,
-};
+use crate::storage::s3::{classify_part_error, may_refuse_conditions, Precondition, S3Wire};
+use crate::storage::wire::{CapturingConnector, Failure};
 use crate::util::fs::Beneath;
 use crate::util::pace::Flow;
 

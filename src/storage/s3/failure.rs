@@ -2,51 +2,14 @@
 //! writes, the log lane's client): [`Failure`] sorts an answer into transient (tried again
 //! later, never a reason to turn a feature off), unsupported, refused, a failed precondition
 //! or a missing object, from its status and S3's error code (in an error document, or in a
-//! 200's body), whether it came through object_store or our own wire ([`WireError`]).
-
-use std::time::Duration;
+//! 200's body), whether it came through object_store or our own wire ([`WireError`]; both
+//! types are `storage::wire`'s, shared with Azure's and GCS's wires).
 
 use http::StatusCode;
 
 use super::xml::ErrorDocument;
 use super::MAX_ERROR_BODY;
-
-/// What a failed request means for appends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    /// The store does not do this request at all (501, 405, `NotImplemented`): counts
-    /// toward switching appends off.
-    Unsupported,
-    /// The store refused the copy of this object explicitly (another 4xx: `AccessDenied`,
-    /// `InvalidRequest`, ...): this object goes whole for a while; counts toward switching
-    /// appends off.
-    Refused,
-    /// The copy source is not the object we recorded (412): upload the file whole.
-    Precondition,
-    /// The object or the bucket is not there (404 `NoSuchKey`): upload the file whole.
-    Missing,
-    /// Anything that may pass: 5xx, 429, 408, timeouts, connection errors, expired or
-    /// refreshed credentials, an upload aborted under us. Retried; never counts.
-    Transient,
-}
-
-/// A request of ours that failed, with what it means.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{what}: {message}")]
-pub struct WireError {
-    /// What it means for appends.
-    pub failure: Failure,
-    /// Nothing was answered within the wire's answer timeout: not retried within the request.
-    pub unanswered: bool,
-    /// The request (`UploadPartCopy of <key>`).
-    pub what: String,
-    /// The answer or the transport error.
-    pub message: String,
-    /// The HTTP status of a non-2xx answer (`None`: no answer, or an error in a 200).
-    pub status: Option<u16>,
-    /// S3's error code in the answer, when it had one.
-    pub code: Option<String>,
-}
+use crate::storage::wire::{Failure, WireError};
 
 /// S3's error codes that mean "not now" whatever their status.
 const TRANSIENT_CODES: &[&str] = &[
@@ -217,29 +180,6 @@ pub(crate) fn answer_err(status: StatusCode, body: &[u8], what: &str) -> WireErr
         message,
         status: Some(status.as_u16()),
         code: doc.code,
-    }
-}
-
-pub(crate) fn wire_err(failure: Failure, what: &str, e: impl std::fmt::Display) -> WireError {
-    WireError {
-        failure,
-        unanswered: false,
-        what: what.to_string(),
-        message: e.to_string(),
-        status: None,
-        code: None,
-    }
-}
-
-/// The error of an attempt that got no answer within `timeout`.
-pub(super) fn unanswered(what: &str, timeout: Duration) -> WireError {
-    WireError {
-        failure: Failure::Transient,
-        unanswered: true,
-        what: what.to_string(),
-        message: format!("no answer within {timeout:?}"),
-        status: None,
-        code: None,
     }
 }
 

@@ -35,28 +35,23 @@
 //! Answer bodies are read up to `MAX_ANSWER_BODY`. S3 Express zonal endpoints are
 //! addressed as object_store addresses them, but appends have not been run against one.
 //!
-//! Layout: this file is the face ([`S3Wire`], its requests and retries, the connector that
-//! shares object_store's client); `failure` says what a failed request or answer means
-//! ([`Failure`], [`WireError`]); `xml` holds the documents S3 answers with and the bodies we
-//! send.
+//! Layout: this file is the face ([`S3Wire`], its requests and retries); `failure` says
+//! what a failed S3 request or answer means (the codes behind a [`Failure`]); `xml` holds
+//! the documents S3 answers with and the bodies we send. The HTTP exchange, the client it
+//! shares with Azure's and GCS's wires and the retry loop are `storage::wire`'s.
 
 mod failure;
 mod xml;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, AwsAuthorizer, AwsCredentialProvider};
-use object_store::client::{
-    ClientOptions, HttpClient, HttpConnector, HttpRequestBody, ReqwestConnector,
-};
 use object_store::multipart::PartId;
 
-use failure::unanswered;
-pub(crate) use failure::{answer_err, wire_err};
+pub(crate) use failure::answer_err;
 use xml::{
     xml_escape, CompleteResult, CopyPartResult, ErrorDocument, ListBucketResult,
     ListMultipartUploadsResult, PartMetadata, PartMetadataIn, VersioningConfiguration,
@@ -64,12 +59,14 @@ use xml::{
 
 pub use failure::{
     classify, classify_embedded, classify_part_error, classify_store_error, may_refuse_conditions,
-    store_error_answer, Failure, WireError,
+    store_error_answer,
+};
+
+use super::wire::{
+    request, retrying, wire_err, CapturingConnector, Connection, Failure, WireError, RETRY_ATTEMPTS,
 };
 pub use xml::{url_decode, ListedObject, ListedPage, OpenUpload};
 
-/// Attempts of one request of ours before a transient failure is given up for this round.
-pub const RETRY_ATTEMPTS: u32 = 4;
 /// How long one attempt of the log lane's wire waits for the answer's head, and then for
 /// each piece of its body (the event publisher's wire has no such cut, see the module doc):
 /// a request the store (or the network towards it) leaves unanswered that long is a
@@ -78,47 +75,11 @@ pub const RETRY_ATTEMPTS: u32 = 4;
 /// whitespace, so only a silent server meets it. With [`RETRY_ATTEMPTS`] and the backoff,
 /// one request takes at most about 123 s, which `logs::lane`'s deadlines hold.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
-/// First backoff between attempts; doubled each time, up to [`RETRY_MAX_BACKOFF`].
-const RETRY_BASE: Duration = Duration::from_millis(200);
-/// Longest backoff between attempts: an outage longer than a few seconds is the next round's.
-const RETRY_MAX_BACKOFF: Duration = Duration::from_secs(4);
 /// Pages of ListMultipartUploads read at start (1,000 uploads each): our own orphans are
 /// a handful; a prefix with more is cleaned over several starts rather than stall one.
 const MAX_LIST_PAGES: usize = 20;
 /// Bytes of an error answer kept in a message.
 const MAX_ERROR_BODY: usize = 2048;
-/// Largest answer body read from S3 for one of our requests: a page of
-/// ListMultipartUploads (1,000 uploads of keys up to 1 KiB) is under 2 MiB; a page of
-/// ListObjectsV2 with `encoding-type=url` (1,000 keys of up to 1 KiB, each byte at most
-/// three once encoded, and a few hundred bytes of metadata each) under 3.5 MiB; the other
-/// answers are a few hundred bytes. A server (or proxy) that sends more is not read further.
-const MAX_ANSWER_BODY: usize = 4 << 20;
-
-/// Keeps the HTTP client `object_store` builds for the S3 store, so our own requests go
-/// through the same client (proxy, CA, certificates, timeouts, default headers).
-///
-/// `AmazonS3Builder::build` connects once per client it needs: credential providers first
-/// (with options of their own), the S3 client itself last; so the last client is the one.
-#[derive(Debug, Clone, Default)]
-pub struct CapturingConnector {
-    last: Arc<Mutex<Option<(HttpClient, ClientOptions)>>>,
-}
-
-impl HttpConnector for CapturingConnector {
-    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
-        let client = ReqwestConnector::default().connect(options)?;
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        *last = Some((client.clone(), options.clone()));
-        Ok(client)
-    }
-}
-
-impl CapturingConnector {
-    pub(crate) fn taken(&self) -> Option<(HttpClient, ClientOptions)> {
-        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
-
 /// What the object must be for a write to land (see [`S3Wire::complete_multipart`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Precondition {
@@ -134,12 +95,8 @@ pub struct S3Wire {
     /// How long an attempt waits for each piece of its answer; `None`: as long as the HTTP
     /// client's own timeouts let it.
     answer_timeout: Option<Duration>,
-    /// A client of its own, built with the store's options (not the store's: a connection
-    /// a store keeps after an error answer would otherwise be handed to the store's next
-    /// request), replaced after an error answer to a request with a body ([`S3Wire::send_once`]).
-    http: Arc<Mutex<HttpClient>>,
-    /// What [`S3Wire::http`] is built from.
-    options: ClientOptions,
+    /// A client of its own, built with the store's options ([`Connection`]).
+    conn: Connection,
     default_headers: HeaderMap,
     credentials: AwsCredentialProvider,
     bucket: String,
@@ -181,12 +138,7 @@ impl S3Wire {
                 .and_then(|k| builder.get_config_value(&k))
                 .filter(|v| !v.is_empty())
         };
-        let (_, options) = connector
-            .taken()
-            .ok_or("object_store built no HTTP client for the store")?;
-        let http = ReqwestConnector::default()
-            .connect(&options)
-            .map_err(|e| format!("building the HTTP client of the S3 appends: {e}"))?;
+        let conn = Connection::new(connector, "S3")?;
         let bucket = get(AmazonS3ConfigKey::Bucket).ok_or("no bucket name")?;
         let region = get(AmazonS3ConfigKey::Region).unwrap_or_else(|| "us-east-1".into());
         let virtual_hosted = truthy(get(AmazonS3ConfigKey::VirtualHostedStyleRequest));
@@ -242,9 +194,12 @@ impl S3Wire {
         }
         Ok(S3Wire {
             answer_timeout: None,
-            http: Arc::new(Mutex::new(http)),
-            default_headers: options.get_default_headers().cloned().unwrap_or_default(),
-            options,
+            default_headers: conn
+                .options()
+                .get_default_headers()
+                .cloned()
+                .unwrap_or_default(),
+            conn,
             credentials,
             bucket,
             bucket_url,
@@ -577,21 +532,11 @@ impl S3Wire {
         body: Bytes,
         what: &str,
     ) -> Result<Bytes, WireError> {
-        let has_body = !body.is_empty();
-        let mut req = http::Request::builder().method(method).uri(url);
-        for (k, v) in &self.default_headers {
-            req = req.header(k, v);
-        }
-        for (k, v) in headers {
-            req = req.header(k, v);
-        }
-        let mut req = req
-            .body(if body.is_empty() {
-                HttpRequestBody::empty()
-            } else {
-                HttpRequestBody::from(body)
-            })
-            .map_err(|e| wire_err(Failure::Refused, what, e))?;
+        let all = self
+            .default_headers
+            .iter()
+            .chain(headers.iter().map(|(k, v)| (k, v)));
+        let mut req = request(method, url, all, body, what)?;
         if !self.skip_signature {
             let credential = self
                 .credentials
@@ -604,103 +549,12 @@ impl S3Wire {
                 .try_authorize(&mut req, None)
                 .map_err(|e| wire_err(Failure::Transient, what, format!("signing: {e}")))?;
         }
-        let http = self.http.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let resp = within(self.answer_timeout, http.execute(req), what)
-            .await?
-            .map_err(|e| wire_err(Failure::Transient, what, e))?;
-        let status = resp.status();
-        let body = read_bounded(resp.into_body(), self.answer_timeout, what).await?;
-        if status.is_success() {
-            return Ok(body);
+        let answer = self.conn.exchange(req, self.answer_timeout, what).await?;
+        if answer.status.is_success() {
+            return Ok(answer.body);
         }
-        if has_body {
-            // The store may have answered before it read the body and keep the connection
-            // without ever reading it (its kernel may have taken a small body whole): the
-            // connection goes back to the client's pool, and the next request written onto
-            // it waits for its timeout (review r42r D1: a 403 to one log's completion held
-            // every log 120 s). A new client, so that pool and its connections go.
-            match ReqwestConnector::default().connect(&self.options) {
-                Ok(fresh) => *self.http.lock().unwrap_or_else(|p| p.into_inner()) = fresh,
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not build a new HTTP client for the S3 appends; the old one is used again")
-                }
-            }
-        }
-        Err(answer_err(status, &body, what))
+        Err(answer_err(answer.status, &answer.body, what))
     }
-}
-
-/// `fut`'s output, or the unanswered error when `timeout` (if any) passes first.
-async fn within<T>(
-    timeout: Option<Duration>,
-    fut: impl std::future::Future<Output = T>,
-    what: &str,
-) -> Result<T, WireError> {
-    match timeout {
-        Some(t) => tokio::time::timeout(t, fut)
-            .await
-            .map_err(|_| unanswered(what, t)),
-        None => Ok(fut.await),
-    }
-}
-
-/// An answer's body, at most [`MAX_ANSWER_BODY`] bytes (more is an error, not read on).
-pub(crate) async fn read_bounded(
-    body: object_store::client::HttpResponseBody,
-    timeout: Option<Duration>,
-    what: &str,
-) -> Result<Bytes, WireError> {
-    use futures::StreamExt as _;
-    let mut stream = body.bytes_stream();
-    let mut out = Vec::new();
-    while let Some(chunk) = within(timeout, stream.next(), what).await? {
-        let chunk = chunk.map_err(|e| wire_err(Failure::Transient, what, e))?;
-        if out.len() + chunk.len() > MAX_ANSWER_BODY {
-            return Err(wire_err(
-                Failure::Transient,
-                what,
-                format!("the answer is over {MAX_ANSWER_BODY} bytes; not read further"),
-            ));
-        }
-        out.extend_from_slice(&chunk);
-    }
-    Ok(Bytes::from(out))
-}
-
-/// `once` tried up to `attempts` times while its failure is transient and `again` allows
-/// it, waiting [`backoff`] between tries: the retry loop of our own wires (S3's, Azure's,
-/// GCS's); `store` names the store in the debug line of each retry.
-pub async fn retrying<T, F, Fut>(
-    store: &str,
-    attempts: u32,
-    again: impl Fn(&WireError) -> bool,
-    mut once: F,
-) -> Result<T, WireError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, WireError>>,
-{
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match once().await {
-            Err(e) if e.failure == Failure::Transient && again(&e) && attempt < attempts => {
-                let wait = backoff(attempt);
-                tracing::debug!(error = %e, attempt, wait_ms = wait.as_millis() as u64, "{store} request failed; retrying");
-                tokio::time::sleep(wait).await;
-            }
-            r => return r,
-        }
-    }
-}
-
-/// The wait before attempt `attempt + 1`: exponential, capped, with full jitter over its
-/// upper half (so many collectors do not retry in step).
-pub fn backoff(attempt: u32) -> Duration {
-    let exp = RETRY_BASE.saturating_mul(1 << attempt.min(16));
-    let cap = exp.min(RETRY_MAX_BACKOFF);
-    let half = cap / 2;
-    half + half.mul_f64(rand::random::<f64>())
 }
 
 /// Percent-encodes for a URL path (`/` kept when `keep_slash`) or a query value: every byte
@@ -762,18 +616,6 @@ mod tests {
         // The S3-specific endpoint wins, as in object_store.
         assert_eq!(wire.bucket_url(), "http://s3.example:9000/b");
         assert_eq!(wire.region, "eu-west-3");
-    }
-
-    #[test]
-    fn backoff_grows_with_jitter_and_a_cap() {
-        for attempt in 1..10 {
-            let b = backoff(attempt);
-            let full = RETRY_BASE
-                .saturating_mul(1 << attempt)
-                .min(RETRY_MAX_BACKOFF);
-            assert!(b >= full / 2 && b <= full, "{attempt}: {b:?}");
-        }
-        assert!(backoff(30) <= RETRY_MAX_BACKOFF);
     }
 
     #[test]

@@ -10,9 +10,9 @@ use serde_json::Value;
 use crate::contract::{self};
 
 use super::filter::{parse_time_ns, NANOS_PER_SECOND};
+use super::limits::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES, MAX_TRAIN_TEXT_BYTES};
 use super::task::TaskDelta;
 pub(super) use super::values::{bounded, bounded_middle, Transition};
-use super::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES, MAX_TRAIN_TEXT_BYTES};
 
 /// The useful part of one event, kept compact (events themselves are dropped at once).
 #[derive(Debug, Clone)]
@@ -292,24 +292,24 @@ pub(super) struct TrainAttemptEvent {
 
 /// One Ray Train worker of an attempt.
 #[derive(Debug, Clone, Serialize)]
-pub(super) struct TrainWorker {
-    pub(super) world_rank: Option<i64>,
-    pub(super) local_rank: Option<i64>,
-    pub(super) node_rank: Option<i64>,
-    pub(super) actor_id: Option<String>,
-    pub(super) node_id: Option<String>,
-    pub(super) node_ip: Option<String>,
-    pub(super) pid: Option<i64>,
-    pub(super) status: Option<String>,
-    pub(super) gpu_ids: Vec<i64>,
+pub(crate) struct TrainWorker {
+    pub(crate) world_rank: Option<i64>,
+    pub(crate) local_rank: Option<i64>,
+    pub(crate) node_rank: Option<i64>,
+    pub(crate) actor_id: Option<String>,
+    pub(crate) node_id: Option<String>,
+    pub(crate) node_ip: Option<String>,
+    pub(crate) pid: Option<i64>,
+    pub(crate) status: Option<String>,
+    pub(crate) gpu_ids: Vec<i64>,
     /// Where Ray Train wrote the worker's own log on its node (`logs/train/...`).
-    pub(super) log_file_path: Option<String>,
+    pub(crate) log_file_path: Option<String>,
     /// The worker's resources as Ray sent them (`{"resources": {"CPU": 1.0}}`).
-    pub(super) resources: Value,
+    pub(crate) resources: Value,
     /// The inspect command that prints the log of the worker's actor (set by the report).
-    pub(super) log_command: Option<String>,
+    pub(crate) log_command: Option<String>,
     /// Members of the worker this version does not name above, under their own names.
-    pub(super) other_fields: serde_json::Map<String, Value>,
+    pub(crate) other_fields: serde_json::Map<String, Value>,
 }
 
 /// The members of a Train worker that [`TrainWorker`] names.

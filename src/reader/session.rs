@@ -11,12 +11,15 @@ use anyhow::Context as _;
 use object_store::ObjectStore;
 
 use super::discover::{self, choose_session, discover, ClusterId};
+use super::error::ReadError;
 use super::extract::SUBMISSION_ID_KEY;
 use super::filter::Filter;
+use super::load::session_report;
 use super::report::Problems;
 use super::task::{self, TaskStore};
 use super::walk::{self, EventsSignature};
-use super::{local, s3, session_report, InspectArgs, InspectError};
+use super::{local, s3};
+use crate::cli::InspectArgs;
 use crate::storage::{Backend, StorageSpec};
 
 /// A bucket opened for reading, the way `inspect` reads it: a `file://` bucket by
@@ -29,7 +32,7 @@ pub struct OpenBucket {
     /// Where they are, root included.
     pub spec: StorageSpec,
     /// Entries the listings skipped (names no key can hold, links, FIFOs, ...).
-    pub(super) skips: Arc<local::SkipLog>,
+    pub(crate) skips: Arc<local::SkipLog>,
 }
 
 impl OpenBucket {
@@ -51,7 +54,7 @@ pub fn open_bucket(
         Backend::File(dir) => {
             // storage::open creates a missing directory; a read must not.
             if !dir.is_dir() {
-                return Err(InspectError::NoSuchDirectory(dir.display().to_string()).into());
+                return Err(ReadError::NoSuchDirectory(dir.display().to_string()).into());
             }
             // Not object_store's LocalFileSystem: see local.rs.
             Arc::new(
@@ -85,7 +88,7 @@ pub fn open_bucket(
     })
 }
 
-/// One session marker: a session of a cluster, as `inspect`'s discovery found it.
+/// One session marker: a session of a cluster, as the reader's discovery found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionMarker {
     /// `raycluster`, `rayjob` or `rayservice`.
@@ -156,8 +159,8 @@ pub async fn session_markers(bucket: &OpenBucket) -> anyhow::Result<Vec<SessionM
     let args = unfiltered_args(&bucket.spec.to_string());
     let found = match discover(&bucket.store, &bucket.spec, &args).await {
         Ok(f) => f,
-        Err(e) => match e.downcast_ref::<InspectError>() {
-            Some(InspectError::NoMarkers { .. }) => return Ok(Vec::new()),
+        Err(e) => match e.downcast_ref::<ReadError>() {
+            Some(ReadError::NoMarkers { .. }) => return Ok(Vec::new()),
             _ => return Err(e),
         },
     };
@@ -344,7 +347,7 @@ pub struct NodeFacts {
     pub resources: std::collections::BTreeMap<String, f64>,
 }
 
-/// What `serve` holds about a session besides its tasks: `inspect`'s fold of the session,
+/// What `serve` holds about a session besides its tasks: the reader's fold of the session,
 /// and what of it could not be read. Actors and nodes are a few per worker process, not per
 /// task, so they are kept as the fold gives them.
 #[derive(Debug, Default)]
@@ -558,7 +561,7 @@ pub async fn session_nodes(
 /// The log of task `task_id` (hex) attempt `attempt` in `marker`'s session, as `inspect
 /// --logs <task id>` finds it: the session's events are read again, keeping the log offsets
 /// of this task only (what Ray named in `taskLogInfo`, with the attempt's byte range), else
-/// the log of its worker found by id or pid on its node. Errors are [`InspectError`]s
+/// the log of its worker found by id or pid on its node. Errors are [`ReadError`]s
 /// (`NoSuchLogTarget`, `NoLogFor`, `LogNotUploaded`, `SeveralLogs`) or a listing's.
 pub(crate) async fn task_log_target(
     bucket: &OpenBucket,

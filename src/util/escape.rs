@@ -13,7 +13,7 @@
 /// invisible format characters that reorder or hide text (bidirectional embeddings,
 /// overrides and isolates, marks, zero-width characters, the byte-order mark, the line and
 /// paragraph separators, interlinear annotation).
-pub(super) fn is_unsafe_char(c: char) -> bool {
+pub(crate) fn is_unsafe_char(c: char) -> bool {
     c.is_control()
         || matches!(
             c,
@@ -27,7 +27,7 @@ pub(super) fn is_unsafe_char(c: char) -> bool {
 }
 
 /// `s` with every [`is_unsafe_char`] written as `\u{hex}` and `\` as `\\`.
-pub(super) fn escape_name(s: &str) -> String {
+pub(crate) fn escape_name(s: &str) -> String {
     if !s.chars().any(|c| c == '\\' || is_unsafe_char(c)) {
         return s.to_string();
     }
@@ -46,7 +46,7 @@ pub(super) fn escape_name(s: &str) -> String {
 
 /// `s` with every [`is_unsafe_char`] written as `\u{hex}`, backslashes kept: for a whole
 /// message, whose own text has no such character, that may quote names from the bucket.
-pub(super) fn escape_text(s: &str) -> String {
+pub(crate) fn escape_text(s: &str) -> String {
     if !s.chars().any(is_unsafe_char) {
         return s.to_string();
     }
@@ -63,7 +63,7 @@ pub(super) fn escape_text(s: &str) -> String {
 
 /// A file name from a local bucket, which need not be UTF-8: escaped as [`escape_name`],
 /// with each byte that is not UTF-8 shown as `\x{hex}`.
-pub(super) fn escape_os_name(name: &std::ffi::OsStr) -> String {
+pub(crate) fn escape_os_name(name: &std::ffi::OsStr) -> String {
     use std::os::unix::ffi::OsStrExt as _;
     let mut out = String::new();
     for chunk in name.as_bytes().utf8_chunks() {
@@ -73,6 +73,23 @@ pub(super) fn escape_os_name(name: &std::ffi::OsStr) -> String {
         }
     }
     out
+}
+
+/// `s` with every character a terminal could act on escaped, as in every message of `inspect` and `serve`.
+pub fn escape_untrusted(s: &str) -> String {
+    escape_name(s)
+}
+
+/// A file name or path that need not be UTF-8, escaped as [`escape_untrusted`], with each
+/// byte that is not UTF-8 shown as `\x{hex}`.
+pub fn escape_untrusted_os(name: &std::ffi::OsStr) -> String {
+    escape_os_name(name)
+}
+
+/// A whole message that may quote names from the bucket, escaped as `inspect` escapes its
+/// errors (backslashes kept).
+pub fn escape_message(s: &str) -> String {
+    escape_text(s)
 }
 
 #[cfg(test)]

@@ -26,8 +26,8 @@ use super::extract::{
     RAY_EVENT_TYPES_READ,
 };
 use super::filter::{parse_time_ns, NANOS_PER_SECOND};
+use super::limits::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES};
 use super::task::{AttemptKey, CompactId, LogInfo, SmallText, SpentDeltas, TaskDelta, Transitions};
-use super::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES};
 
 mod skim;
 
@@ -271,7 +271,7 @@ fn cut(s: &str, max: usize) -> &str {
 }
 
 /// `1` for 1.0, `0.5` for 0.5.
-pub(super) fn format_amount(v: f64) -> String {
+pub(crate) fn format_amount(v: f64) -> String {
     let mut out = String::new();
     write_amount(&mut out, v);
     out

@@ -14,12 +14,15 @@ use serde::Serialize;
 use crate::contract::{self, ClusterLayout, Hour, Owner};
 use crate::storage::StorageSpec;
 
+use super::error::ReadError;
+use super::limits::READ_CONCURRENCY;
 use super::report::Problems;
-use super::{store_error, InspectArgs, InspectError, READ_CONCURRENCY};
+use super::values::store_error;
+use crate::cli::InspectArgs;
 
 /// A cluster as named by its metadata directory.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub(super) struct ClusterId {
+pub(crate) struct ClusterId {
     pub(super) kind: String,
     pub(super) namespace: String,
     pub(super) owner: Option<String>,
@@ -39,7 +42,7 @@ impl ClusterId {
     }
 
     /// The layout of this cluster's keys below `root`.
-    pub(super) fn layout(&self, root: &str) -> ClusterLayout {
+    pub(crate) fn layout(&self, root: &str) -> ClusterLayout {
         let owner = match (self.kind.as_str(), &self.owner) {
             ("rayjob", Some(o)) => Owner::RayJob(o.clone()),
             ("rayservice", Some(o)) => Owner::RayService(o.clone()),
@@ -63,13 +66,13 @@ impl ClusterId {
 }
 
 /// What the metadata prefix holds: clusters and their sessions, plus anything unrecognised.
-pub(super) struct Discovered {
+pub(crate) struct Discovered {
     pub(super) clusters: BTreeMap<ClusterId, Vec<String>>,
     pub(super) problems: Problems,
 }
 
 /// Lists the session markers, filtered by `--cluster`/`--namespace`.
-pub(super) async fn discover(
+pub(crate) async fn discover(
     store: &Arc<dyn ObjectStore>,
     spec: &StorageSpec,
     args: &InspectArgs,
@@ -149,13 +152,13 @@ pub(super) async fn discover(
     clusters.retain(|_, sessions| !sessions.is_empty());
     if clusters.is_empty() {
         if total_clusters == 0 || (args.cluster.is_none() && args.namespace.is_none()) {
-            return Err(InspectError::NoMarkers {
+            return Err(ReadError::NoMarkers {
                 storage: spec.to_string(),
                 prefix,
             }
             .into());
         }
-        return Err(InspectError::NoSuchSession {
+        return Err(ReadError::NoSuchSession {
             wanted: describe_cluster_filter(args),
             known: format!("{total_clusters} other cluster(s); run without --cluster/--namespace"),
         }
@@ -190,12 +193,12 @@ const EMPTY_MARKER: &str = "a session marker with no object under its session: n
 /// passed over (with why). `latest` is the newest by the time in its name that holds at
 /// least one object: a marker alone (written early, or with a wrong clock) is not a
 /// session to report.
-pub(super) async fn choose_session(
+pub(crate) async fn choose_session(
     store: &Arc<dyn ObjectStore>,
     spec: &StorageSpec,
     found: &Discovered,
     wanted: &str,
-) -> Result<((ClusterId, String), Vec<(String, &'static str)>), InspectError> {
+) -> Result<((ClusterId, String), Vec<(String, &'static str)>), ReadError> {
     let all = found
         .clusters
         .iter()
@@ -224,7 +227,7 @@ pub(super) async fn choose_session(
         return newest_first
             .first()
             .map(|(id, s)| (((*id).clone(), (*s).clone()), Vec::new()))
-            .ok_or_else(|| InspectError::NoSuchSession {
+            .ok_or_else(|| ReadError::NoSuchSession {
                 wanted: "latest".into(),
                 known: "none".into(),
             });
@@ -246,12 +249,12 @@ pub(super) async fn choose_session(
             if known.len() > shown {
                 let _ = write!(known_text, " and {} more", known.len() - shown);
             }
-            Err(InspectError::NoSuchSession {
+            Err(ReadError::NoSuchSession {
                 wanted: format!("--session {wanted}"),
                 known: known_text,
             })
         }
-        many => Err(InspectError::AmbiguousSession {
+        many => Err(ReadError::AmbiguousSession {
             session: wanted.to_string(),
             clusters: many
                 .iter()

@@ -42,7 +42,7 @@ use object_store::{
     ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 
-use super::escape::{escape_name, escape_os_name};
+use crate::util::escape::{escape_name, escape_os_name};
 
 /// Directory levels a recursive listing descends below its prefix: the deepest key of the
 /// layout is 7 levels below a session; a deeper tree is someone else's, and each level
@@ -110,7 +110,7 @@ impl LocalError {
 
 /// The entries skipped while reading a local bucket, each once.
 #[derive(Debug, Default)]
-pub(super) struct SkipLog {
+pub(crate) struct SkipLog {
     inner: Mutex<SkipInner>,
 }
 
@@ -139,7 +139,7 @@ impl SkipLog {
     }
 
     /// Takes what was recorded: (escaped key, reason) in key order, and how many more.
-    pub(super) fn take(&self) -> (Vec<(String, &'static str)>, u64) {
+    pub(crate) fn take(&self) -> (Vec<(String, &'static str)>, u64) {
         match self.inner.lock() {
             Ok(mut inner) => {
                 let all = std::mem::take(&mut *inner);

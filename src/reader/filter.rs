@@ -5,11 +5,12 @@
 
 use crate::contract::{self, Hour};
 
-use super::{InspectArgs, InspectError};
+use super::error::ReadError;
+use crate::cli::InspectArgs;
 
 /// `--job`, `--since` and `--until`, checked once.
 #[derive(Debug, Clone, Default)]
-pub(super) struct Filter {
+pub(crate) struct Filter {
     pub(super) job: Option<String>,
     pub(super) window: TimeWindow,
     /// `--until` for people: the instant given, or the end of the day or hour given.
@@ -22,12 +23,12 @@ pub(super) struct Filter {
 }
 
 impl Filter {
-    pub(super) fn from_args(args: &InspectArgs) -> Result<Filter, InspectError> {
+    pub(crate) fn from_args(args: &InspectArgs) -> Result<Filter, ReadError> {
         let job = match &args.job {
             None => None,
             Some(j) => {
                 if args.session.is_none() {
-                    return Err(InspectError::BadArgument {
+                    return Err(ReadError::BadArgument {
                         flag: "--job",
                         value: j.clone(),
                         reason: "needs --session (a session name, or latest)",
@@ -35,7 +36,7 @@ impl Filter {
                 }
                 Some(
                     contract::id_to_hex(j.trim())
-                        .map_err(|_| InspectError::BadArgument {
+                        .map_err(|_| ReadError::BadArgument {
                             flag: "--job",
                             value: j.clone(),
                             reason: "not a job id in hex or base64",
@@ -59,7 +60,7 @@ impl Filter {
         let until = until.map(|(_, end)| end);
         if let (Some(s), Some(u)) = (since, until) {
             if s >= u {
-                return Err(InspectError::BadArgument {
+                return Err(ReadError::BadArgument {
                     flag: "--until",
                     value: args.until.clone().unwrap_or_default(),
                     reason: "is not after --since",
@@ -91,7 +92,7 @@ pub(super) struct TimeWindow {
     pub(super) until_ns: Option<i64>,
 }
 
-pub(super) const NANOS_PER_SECOND: i64 = 1_000_000_000;
+pub(crate) const NANOS_PER_SECOND: i64 = 1_000_000_000;
 pub(super) const NANOS_PER_HOUR: i64 = 3600 * NANOS_PER_SECOND;
 
 impl TimeWindow {
@@ -132,8 +133,8 @@ impl TimeWindow {
 
 /// Parses `--since`/`--until`: RFC 3339, `YYYY-MM-DD` or `YYYY-MM-DDTHH` (UTC). Returns the
 /// start and the (exclusive) end of the period named: a day, an hour, or one nanosecond.
-pub(super) fn parse_time_arg(flag: &'static str, s: &str) -> Result<(i64, i64), InspectError> {
-    let bad = || InspectError::BadArgument {
+pub(crate) fn parse_time_arg(flag: &'static str, s: &str) -> Result<(i64, i64), ReadError> {
+    let bad = || ReadError::BadArgument {
         flag,
         value: s.to_string(),
         reason: "expected RFC 3339 (2026-11-22T02:06:00Z), YYYY-MM-DD or YYYY-MM-DDTHH",
@@ -156,7 +157,7 @@ pub(super) fn parse_time_arg(flag: &'static str, s: &str) -> Result<(i64, i64), 
 }
 
 /// An RFC 3339 timestamp as Unix nanoseconds (fractional digits beyond 9 are dropped).
-pub(super) fn parse_time_ns(s: &str) -> Option<i64> {
+pub(crate) fn parse_time_ns(s: &str) -> Option<i64> {
     let seconds = crate::util::time::parse_rfc3339_seconds(s)?;
     let b = s.as_bytes();
     let mut fraction: i64 = 0;

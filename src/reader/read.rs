@@ -32,13 +32,14 @@ use object_store::{ObjectStore, ObjectStoreExt as _};
 use super::decode::{ContentSink, Decoder};
 use super::extract::Fact;
 use super::filter::TimeWindow;
+use super::limits::{CONTENT_LIMITS, READ_CONCURRENCY};
 use super::model::SessionModel;
-use super::render::human_bytes;
 use super::report::{ObjectStats, Problems};
 use super::scan::restock;
 use super::task::{CompactId, SpentDeltas};
+use super::values::human_bytes;
+use super::values::store_error;
 use super::walk::EventObject;
-use super::{store_error, CONTENT_LIMITS, READ_CONCURRENCY};
 
 /// Decoder threads at most (one per core up to this).
 const MAX_DECODERS: usize = 8;

@@ -36,10 +36,11 @@ use object_store::{
     PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 
-use super::escape::{escape_name, escape_os_name};
 use super::local::SkipLog;
 use crate::storage::append::S3Appender;
-use crate::storage::s3::{ListedObject, WireError};
+use crate::storage::s3::ListedObject;
+use crate::storage::wire::WireError;
+use crate::util::escape::{escape_name, escape_os_name};
 
 /// A key that no object path can hold.
 const SKIP_BAD_KEY: &str =

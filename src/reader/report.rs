@@ -10,77 +10,77 @@ use super::causes::{
     hung_placement_groups, node_link, unexpected_node_death, CauseExample, CauseGroup, Chain,
     Hangs, Join, SessionEnd, UnfinishedJob, WorkerDeath, WorkerLink,
 };
-use super::escape::{escape_name, escape_text};
 use super::extract::{JobConfig, SubmissionJob, TrainWorker};
 use super::filter::{shell_word, NANOS_PER_SECOND};
+use super::limits::MAX_PROBLEM_DETAILS;
 use super::local::SkipLog;
 use super::model::{transition_order, SessionModel, StatusPoint, TrainAttemptModel};
 use super::task::{AttemptKey, Symbols, TaskState, NO_TIME};
 use super::values::format_time_json;
-use super::MAX_PROBLEM_DETAILS;
+use crate::util::escape::{escape_name, escape_text};
 
 /// Output of `inspect` without `--session`.
 #[derive(Debug, Serialize)]
-pub(super) struct ListReport {
-    pub(super) storage: String,
-    pub(super) clusters: Vec<ClusterEntry>,
-    pub(super) problems: Problems,
+pub(crate) struct ListReport {
+    pub(crate) storage: String,
+    pub(crate) clusters: Vec<ClusterEntry>,
+    pub(crate) problems: Problems,
 }
 
 #[derive(Debug, Serialize)]
-pub(super) struct ClusterEntry {
-    pub(super) kind: String,
-    pub(super) namespace: String,
-    pub(super) owner: Option<String>,
-    pub(super) cluster: String,
+pub(crate) struct ClusterEntry {
+    pub(crate) kind: String,
+    pub(crate) namespace: String,
+    pub(crate) owner: Option<String>,
+    pub(crate) cluster: String,
     pub(super) history_prefix: String,
-    pub(super) sessions: Vec<SessionEntry>,
+    pub(crate) sessions: Vec<SessionEntry>,
 }
 
 #[derive(Debug, Serialize)]
-pub(super) struct SessionEntry {
-    pub(super) session: String,
-    pub(super) started: Option<String>,
-    pub(super) nodes: usize,
-    pub(super) objects: u64,
-    pub(super) bytes: u64,
+pub(crate) struct SessionEntry {
+    pub(crate) session: String,
+    pub(crate) started: Option<String>,
+    pub(crate) nodes: usize,
+    pub(crate) objects: u64,
+    pub(crate) bytes: u64,
     pub(super) event_objects: u64,
-    pub(super) events_from: Option<String>,
-    pub(super) events_until: Option<String>,
+    pub(crate) events_from: Option<String>,
+    pub(crate) events_until: Option<String>,
 }
 
 /// Output of `inspect --session`.
 #[derive(Debug, Serialize)]
-pub(super) struct SessionReport {
-    pub(super) storage: String,
+pub(crate) struct SessionReport {
+    pub(crate) storage: String,
     /// The storage as the command line gave it (with `--storage-root-dir`), for the
     /// commands the report suggests.
     #[serde(skip)]
     pub(super) storage_arg: String,
-    pub(super) cluster: ClusterIdentity,
-    pub(super) session: String,
-    pub(super) started: Option<String>,
-    pub(super) filter: FilterEcho,
-    pub(super) objects: ObjectStats,
-    pub(super) events: EventStats,
-    pub(super) nodes: Vec<NodeEntry>,
-    pub(super) jobs: Vec<JobEntry>,
-    pub(super) tasks: TaskCounts,
-    pub(super) failed_tasks_total: u64,
-    pub(super) failed_tasks: Vec<FailedTaskEntry>,
+    pub(crate) cluster: ClusterIdentity,
+    pub(crate) session: String,
+    pub(crate) started: Option<String>,
+    pub(crate) filter: FilterEcho,
+    pub(crate) objects: ObjectStats,
+    pub(crate) events: EventStats,
+    pub(crate) nodes: Vec<NodeEntry>,
+    pub(crate) jobs: Vec<JobEntry>,
+    pub(crate) tasks: TaskCounts,
+    pub(crate) failed_tasks_total: u64,
+    pub(crate) failed_tasks: Vec<FailedTaskEntry>,
     /// Failed attempts and actors grouped by cause, earliest first (`causes.rs`).
-    pub(super) failure_causes: Vec<CauseGroup>,
-    pub(super) worker_deaths_total: u64,
-    pub(super) worker_deaths: Vec<WorkerDeath>,
-    pub(super) session_end: SessionEnd,
-    pub(super) hangs: Hangs,
-    pub(super) actors: Vec<ActorEntry>,
-    pub(super) train_runs: Vec<TrainRunEntry>,
+    pub(crate) failure_causes: Vec<CauseGroup>,
+    pub(crate) worker_deaths_total: u64,
+    pub(crate) worker_deaths: Vec<WorkerDeath>,
+    pub(crate) session_end: SessionEnd,
+    pub(crate) hangs: Hangs,
+    pub(crate) actors: Vec<ActorEntry>,
+    pub(crate) train_runs: Vec<TrainRunEntry>,
     /// The newest record of each submitted job (`EXPORT_SUBMISSION_JOB`), by submission id;
     /// `serve` pairs them with their driver jobs.
     #[serde(skip)]
     pub(super) submissions: Vec<SubmissionJob>,
-    pub(super) problems: Problems,
+    pub(crate) problems: Problems,
     /// The dashboard's placement-group snapshot, when the bucket has one: (key, document).
     #[serde(skip)]
     pub(super) placement_groups: Option<(String, serde_json::Value)>,
@@ -89,74 +89,74 @@ pub(super) struct SessionReport {
 }
 
 #[derive(Debug, Serialize)]
-pub(super) struct ClusterIdentity {
-    pub(super) kind: String,
-    pub(super) namespace: String,
-    pub(super) owner: Option<String>,
-    pub(super) cluster: String,
-    pub(super) history_prefix: String,
+pub(crate) struct ClusterIdentity {
+    pub(crate) kind: String,
+    pub(crate) namespace: String,
+    pub(crate) owner: Option<String>,
+    pub(crate) cluster: String,
+    pub(crate) history_prefix: String,
 }
 
 #[derive(Debug, Serialize)]
-pub(super) struct FilterEcho {
-    pub(super) job: Option<String>,
-    pub(super) since: Option<String>,
-    pub(super) until: Option<String>,
+pub(crate) struct FilterEcho {
+    pub(crate) job: Option<String>,
+    pub(crate) since: Option<String>,
+    pub(crate) until: Option<String>,
 }
 
 #[derive(Debug, Default, Serialize)]
-pub(super) struct ObjectStats {
-    pub(super) event_objects_listed: u64,
+pub(crate) struct ObjectStats {
+    pub(crate) event_objects_listed: u64,
     /// Read to their end.
-    pub(super) read: u64,
+    pub(crate) read: u64,
     /// Given up on (not fetched, or not decodable to their end): in `problems` too.
-    pub(super) unreadable: u64,
-    pub(super) skipped_by_time: u64,
-    pub(super) bytes_read: u64,
+    pub(crate) unreadable: u64,
+    pub(crate) skipped_by_time: u64,
+    pub(crate) bytes_read: u64,
     pub(super) not_event_objects: u64,
 }
 
 #[derive(Debug, Default, Serialize)]
-pub(super) struct EventStats {
-    pub(super) total: u64,
-    pub(super) duplicates: u64,
-    pub(super) outside_time_window: u64,
+pub(crate) struct EventStats {
+    pub(crate) total: u64,
+    pub(crate) duplicates: u64,
+    pub(crate) outside_time_window: u64,
     pub(super) other_job: u64,
     pub(super) by_type: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Serialize)]
-pub(super) struct NodeEntry {
-    pub(super) node_id: String,
-    pub(super) ip: Option<String>,
-    pub(super) hostname: Option<String>,
-    pub(super) is_head: Option<bool>,
-    pub(super) state: Option<String>,
-    pub(super) started: Option<String>,
-    pub(super) ended: Option<String>,
+pub(crate) struct NodeEntry {
+    pub(crate) node_id: String,
+    pub(crate) ip: Option<String>,
+    pub(crate) hostname: Option<String>,
+    pub(crate) is_head: Option<bool>,
+    pub(crate) state: Option<String>,
+    pub(crate) started: Option<String>,
+    pub(crate) ended: Option<String>,
     pub(super) death_reason: Option<String>,
     pub(super) death_message: Option<String>,
     /// The latest time an event speaks of the node.
-    pub(super) last_heard: Option<String>,
-    pub(super) resources: BTreeMap<String, f64>,
-    pub(super) objects: u64,
-    pub(super) bytes: u64,
-    pub(super) log_objects: u64,
-    pub(super) log_bytes: u64,
+    pub(crate) last_heard: Option<String>,
+    pub(crate) resources: BTreeMap<String, f64>,
+    pub(crate) objects: u64,
+    pub(crate) bytes: u64,
+    pub(crate) log_objects: u64,
+    pub(crate) log_bytes: u64,
 }
 
 #[derive(Debug, Serialize)]
-pub(super) struct JobEntry {
-    pub(super) job_id: String,
-    pub(super) status: String,
-    pub(super) entrypoint: Option<String>,
-    pub(super) driver_pid: Option<i64>,
+pub(crate) struct JobEntry {
+    pub(crate) job_id: String,
+    pub(crate) status: String,
+    pub(crate) entrypoint: Option<String>,
+    pub(crate) driver_pid: Option<i64>,
     pub(super) driver_node_id: Option<String>,
     /// The driver's IP, as `EXPORT_DRIVER_JOB` gives it.
     pub(super) driver_ip: Option<String>,
-    pub(super) started: Option<String>,
-    pub(super) ended: Option<String>,
-    pub(super) tasks: TaskCounts,
+    pub(crate) started: Option<String>,
+    pub(crate) ended: Option<String>,
+    pub(crate) tasks: TaskCounts,
     /// Its config's metadata and serialized runtime env, as its driver job events gave them.
     #[serde(skip)]
     pub(super) config: JobConfig,
@@ -165,94 +165,94 @@ pub(super) struct JobEntry {
     #[serde(skip)]
     pub(super) recorded: bool,
     #[serde(skip)]
-    pub(super) duration_ns: Option<i64>,
+    pub(crate) duration_ns: Option<i64>,
     #[serde(skip)]
-    pub(super) failed: u64,
+    pub(crate) failed: u64,
 }
 
 #[derive(Debug, Default, Serialize)]
-pub(super) struct TaskCounts {
-    pub(super) total: u64,
-    pub(super) by_state: BTreeMap<String, u64>,
+pub(crate) struct TaskCounts {
+    pub(crate) total: u64,
+    pub(crate) by_state: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Serialize)]
-pub(super) struct FailedTaskEntry {
-    pub(super) task_id: String,
-    pub(super) attempt: i64,
-    pub(super) name: Option<String>,
-    pub(super) job_id: Option<String>,
+pub(crate) struct FailedTaskEntry {
+    pub(crate) task_id: String,
+    pub(crate) attempt: i64,
+    pub(crate) name: Option<String>,
+    pub(crate) job_id: Option<String>,
     pub(super) task_type: Option<String>,
-    pub(super) failed_at: Option<String>,
-    pub(super) error_type: Option<String>,
-    pub(super) error_message: Option<String>,
+    pub(crate) failed_at: Option<String>,
+    pub(crate) error_type: Option<String>,
+    pub(crate) error_message: Option<String>,
     pub(super) node_id: Option<String>,
     pub(super) worker_id: Option<String>,
     /// The cause in words, and the attempt's worker and node as the events tell them.
-    pub(super) cause: String,
-    pub(super) worker: Option<WorkerLink>,
-    pub(super) node: Option<super::causes::NodeLink>,
+    pub(crate) cause: String,
+    pub(crate) worker: Option<WorkerLink>,
+    pub(crate) node: Option<super::causes::NodeLink>,
     /// The command that prints this attempt's stderr from the bucket; `None` when the
     /// task id in the events was not an id (shown as `invalid-<hash>`, which `--logs`
     /// cannot look up).
-    pub(super) log_command: Option<String>,
+    pub(crate) log_command: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
-pub(super) struct ActorEntry {
-    pub(super) actor_id: String,
-    pub(super) class_name: Option<String>,
-    pub(super) name: Option<String>,
-    pub(super) job_id: Option<String>,
-    pub(super) state: Option<String>,
+pub(crate) struct ActorEntry {
+    pub(crate) actor_id: String,
+    pub(crate) class_name: Option<String>,
+    pub(crate) name: Option<String>,
+    pub(crate) job_id: Option<String>,
+    pub(crate) state: Option<String>,
     pub(super) node_id: Option<String>,
-    pub(super) pid: Option<i64>,
-    pub(super) death_reason: Option<String>,
-    pub(super) death_message: Option<String>,
+    pub(crate) pid: Option<i64>,
+    pub(crate) death_reason: Option<String>,
+    pub(crate) death_message: Option<String>,
     /// The worker process it lived in (found by its node and pid), with its exit.
     pub(super) worker: Option<WorkerLink>,
     #[serde(skip)]
-    pub(super) alive_ns: Option<i64>,
+    pub(crate) alive_ns: Option<i64>,
     #[serde(skip)]
-    pub(super) dead_ns: Option<i64>,
+    pub(crate) dead_ns: Option<i64>,
 }
 
 #[derive(Debug, Serialize)]
-pub(super) struct StatusEntry {
-    pub(super) status: String,
-    pub(super) time: Option<String>,
-    pub(super) detail: Option<String>,
+pub(crate) struct StatusEntry {
+    pub(crate) status: String,
+    pub(crate) time: Option<String>,
+    pub(crate) detail: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
-pub(super) struct TrainRunEntry {
-    pub(super) run_id: String,
-    pub(super) name: Option<String>,
-    pub(super) job_id: Option<String>,
-    pub(super) status: Option<String>,
-    pub(super) status_detail: Option<String>,
-    pub(super) started: Option<String>,
-    pub(super) ended: Option<String>,
+pub(crate) struct TrainRunEntry {
+    pub(crate) run_id: String,
+    pub(crate) name: Option<String>,
+    pub(crate) job_id: Option<String>,
+    pub(crate) status: Option<String>,
+    pub(crate) status_detail: Option<String>,
+    pub(crate) started: Option<String>,
+    pub(crate) ended: Option<String>,
     /// As Ray sent it, whole.
-    pub(super) framework_versions: serde_json::Value,
+    pub(crate) framework_versions: serde_json::Value,
     /// Workers of the latest attempt, else `scaling_config.num_workers_fixed`.
-    pub(super) workers: Option<u64>,
+    pub(crate) workers: Option<u64>,
     /// `run_settings.backend_config.framework` without Ray's `TRAINING_FRAMEWORK_` prefix.
-    pub(super) framework: Option<String>,
+    pub(crate) framework: Option<String>,
     /// `run_settings` as Ray sent it (null when absent): every field, nested.
-    pub(super) run_settings: serde_json::Value,
-    pub(super) ray_train_version: serde_json::Value,
-    pub(super) controller_log_file_path: Option<String>,
-    pub(super) controller_actor_id: Option<String>,
+    pub(crate) run_settings: serde_json::Value,
+    pub(crate) ray_train_version: serde_json::Value,
+    pub(crate) controller_log_file_path: Option<String>,
+    pub(crate) controller_actor_id: Option<String>,
     /// The other members of the run's latest event, under their own names (fields this
     /// version does not know included).
-    pub(super) other_fields: serde_json::Map<String, serde_json::Value>,
+    pub(crate) other_fields: serde_json::Map<String, serde_json::Value>,
     /// The inspect command that prints this run in full.
-    pub(super) train_run_command: String,
-    pub(super) status_history: Vec<StatusEntry>,
-    pub(super) attempts: Vec<TrainAttemptEntry>,
+    pub(crate) train_run_command: String,
+    pub(crate) status_history: Vec<StatusEntry>,
+    pub(crate) attempts: Vec<TrainAttemptEntry>,
     #[serde(skip)]
-    pub(super) duration_ns: Option<i64>,
+    pub(crate) duration_ns: Option<i64>,
     /// `started` as Unix nanoseconds: runs are ordered by it (RFC 3339 text does not sort
     /// as time: `…25Z` after `…25.000000001Z`).
     #[serde(skip)]
@@ -320,18 +320,18 @@ fn member(data: &serde_json::Value, snake: &str) -> serde_json::Value {
 }
 
 #[derive(Debug, Serialize)]
-pub(super) struct TrainAttemptEntry {
-    pub(super) attempt_id: String,
-    pub(super) status: Option<String>,
-    pub(super) status_detail: Option<String>,
-    pub(super) started: Option<String>,
-    pub(super) ended: Option<String>,
-    pub(super) status_history: Vec<StatusEntry>,
+pub(crate) struct TrainAttemptEntry {
+    pub(crate) attempt_id: String,
+    pub(crate) status: Option<String>,
+    pub(crate) status_detail: Option<String>,
+    pub(crate) started: Option<String>,
+    pub(crate) ended: Option<String>,
+    pub(crate) status_history: Vec<StatusEntry>,
     /// `resources` as Ray sent it (one entry per worker bundle).
-    pub(super) resources: serde_json::Value,
+    pub(crate) resources: serde_json::Value,
     /// The other members of the attempt's latest event, under their own names.
-    pub(super) other_fields: serde_json::Map<String, serde_json::Value>,
-    pub(super) workers: Vec<TrainWorker>,
+    pub(crate) other_fields: serde_json::Map<String, serde_json::Value>,
+    pub(crate) workers: Vec<TrainWorker>,
     /// `started` as Unix nanoseconds: attempts are ordered by it.
     #[serde(skip)]
     pub(super) started_ns: Option<i64>,
@@ -340,19 +340,19 @@ pub(super) struct TrainAttemptEntry {
 /// Objects and lines that could not be used, with a sample of why. Keys are escaped
 /// ([`escape_name`]): the report, JSON included, never carries a raw name from the bucket.
 #[derive(Debug, Default, Serialize)]
-pub(super) struct Problems {
-    pub(super) unreadable_objects: u64,
-    pub(super) bad_lines: u64,
+pub(crate) struct Problems {
+    pub(crate) unreadable_objects: u64,
+    pub(crate) bad_lines: u64,
     /// Entries of a `file://` bucket not read: links, FIFOs and other special files, names
     /// no key can hold (`local.rs`).
-    pub(super) skipped_entries: u64,
-    pub(super) details: Vec<ProblemDetail>,
+    pub(crate) skipped_entries: u64,
+    pub(crate) details: Vec<ProblemDetail>,
 }
 
 #[derive(Debug, Serialize)]
-pub(super) struct ProblemDetail {
-    pub(super) key: String,
-    pub(super) error: String,
+pub(crate) struct ProblemDetail {
+    pub(crate) key: String,
+    pub(crate) error: String,
 }
 
 impl Problems {
@@ -361,7 +361,7 @@ impl Problems {
         self.note(key, error);
     }
 
-    pub(super) fn note(&mut self, key: &str, error: &str) {
+    pub(crate) fn note(&mut self, key: &str, error: &str) {
         if self.details.len() < MAX_PROBLEM_DETAILS {
             self.details.push(ProblemDetail {
                 key: escape_name(key),
@@ -371,7 +371,7 @@ impl Problems {
     }
 
     /// The entries the local bucket skipped (their keys already escaped).
-    pub(super) fn add_skips(&mut self, skips: &SkipLog) {
+    pub(crate) fn add_skips(&mut self, skips: &SkipLog) {
         let (skipped, more) = skips.take();
         self.skipped_entries += skipped.len() as u64 + more;
         for (key, reason) in skipped {
@@ -384,7 +384,7 @@ impl Problems {
         }
     }
 
-    pub(super) fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.unreadable_objects == 0
             && self.bad_lines == 0
             && self.skipped_entries == 0

@@ -1,8 +1,9 @@
 //! The small values every stage of the read side shares: a state transition, the rank that
-//! orders states of equal time, a string cut to a bound, and a time as the `--json` report
-//! writes it. A leaf: it imports no stage (only `filter`'s unit of time), so the stages that
-//! fold (task), merge (model), read (extract, scan), explain (causes) and shape the report
-//! (report) can all use it without importing each other back.
+//! orders states of equal time, a string cut to a bound, a time as the `--json` report writes
+//! it, a size in bytes for people, and one line of a storage error. A leaf: it imports no stage
+//! (only `filter`'s unit of time and `local`'s error), so the stages that list (discover,
+//! walk), read (read, decode, extract, scan), fold (task), merge (model), explain (causes) and
+//! shape the report (report) can all use it without importing each other back.
 
 use super::filter::NANOS_PER_SECOND;
 
@@ -95,11 +96,48 @@ pub(super) fn format_time_json(ns: i64) -> String {
     }
 }
 
+/// `n` bytes for people: `512 B`, `1.5 KiB`, ... (in the reader's messages and the reports).
+pub(crate) fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// One line about a storage error. `object_store` errors repeat their sources and carry
+/// the server's whole XML answer; people need the gist.
+pub(crate) fn store_error(e: &object_store::Error) -> String {
+    if let object_store::Error::Generic { source, .. } = e {
+        if let Some(local) = source.downcast_ref::<super::local::LocalError>() {
+            // Our own, one line, the OS error whole.
+            return local.to_string();
+        }
+    }
+    let text = e.to_string();
+    let has = |needle: &str| text.contains(needle);
+    if has("NoSuchBucket") || has("ContainerNotFound") || has("bucket does not exist") {
+        return "the bucket (or container) does not exist".into();
+    }
+    if has("AccessDenied") || has("AuthorizationFailure") || has("403 Forbidden") {
+        return "access denied; check the credentials".into();
+    }
+    let first = text.lines().next().unwrap_or_default();
+    let first = first.split(": <?xml").next().unwrap_or(first);
+    bounded(first, 300)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inspect::filter::parse_time_ns;
-    use crate::inspect::render::format_time_text;
+    use crate::reader::filter::parse_time_ns;
 
     #[test]
     fn timestamps_keep_nanoseconds() {
@@ -108,10 +146,6 @@ mod tests {
         assert_eq!(format_time_json(ns), "2026-11-22T02:06:44.945501408Z");
         let ms = parse_time_ns("2026-11-22T02:06:40.942Z").unwrap();
         assert_eq!(format_time_json(ms), "2026-11-22T02:06:40.942Z");
-        assert_eq!(
-            format_time_text("2026-11-22T02:06:40.942Z"),
-            "2026-11-22 02:06:40.942"
-        );
         assert_eq!(format_time_json(ms - 942_000_000), "2026-11-22T02:06:40Z");
     }
 }

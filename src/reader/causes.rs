@@ -20,11 +20,11 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::extract::{bounded, get, get_i64, get_str};
+use super::limits::MAX_ERROR_MESSAGE_BYTES;
 use super::model::{NodeModel, WorkerModel};
 use super::scan::format_amount;
 use super::task::{AttemptKey, Sym, Symbols, TaskState, NO_TIME};
 use super::values::format_time_json;
-use super::MAX_ERROR_MESSAGE_BYTES;
 
 /// Distinct causes kept; a session with more is a pile of different failures, and the
 /// later ones are counted in the last group kept.
@@ -36,25 +36,25 @@ const MAX_PLACEMENT_GROUPS: usize = 10_000;
 
 /// A worker as the report shows it beside a failure.
 #[derive(Debug, Clone, Serialize)]
-pub(super) struct WorkerLink {
-    pub(super) worker_id: String,
-    pub(super) pid: Option<i64>,
+pub(crate) struct WorkerLink {
+    pub(crate) worker_id: String,
+    pub(crate) pid: Option<i64>,
     pub(super) node_id: Option<String>,
     /// `ALIVE`, `DEAD` or null (no worker event was seen).
     pub(super) state: Option<String>,
     pub(super) died_at: Option<String>,
-    pub(super) exit_type: Option<String>,
-    pub(super) exit_detail: Option<String>,
+    pub(crate) exit_type: Option<String>,
+    pub(crate) exit_detail: Option<String>,
 }
 
 /// A node as the report shows it beside a failure.
 #[derive(Debug, Clone, Serialize)]
-pub(super) struct NodeLink {
-    pub(super) node_id: String,
-    pub(super) state: Option<String>,
-    pub(super) died_at: Option<String>,
-    pub(super) death_reason: Option<String>,
-    pub(super) death_message: Option<String>,
+pub(crate) struct NodeLink {
+    pub(crate) node_id: String,
+    pub(crate) state: Option<String>,
+    pub(crate) died_at: Option<String>,
+    pub(crate) death_reason: Option<String>,
+    pub(crate) death_message: Option<String>,
 }
 
 /// The chain of one failure: what failed → its worker → its node → the log to read.
@@ -69,36 +69,36 @@ pub(super) struct Chain {
 /// Failed attempts and actors that share one cause (its words, its worker's exit type, its
 /// node): an actor and the attempts that failed with it are one cause.
 #[derive(Debug, Serialize)]
-pub(super) struct CauseGroup {
-    pub(super) cause: String,
+pub(crate) struct CauseGroup {
+    pub(crate) cause: String,
     pub(super) error_type: Option<String>,
     pub(super) exit_type: Option<String>,
-    pub(super) node_id: Option<String>,
+    pub(crate) node_id: Option<String>,
     pub(super) node_death_reason: Option<String>,
     /// Task attempts and actors with this cause.
-    pub(super) attempts: u64,
-    pub(super) actors: u64,
-    pub(super) first_at: Option<String>,
+    pub(crate) attempts: u64,
+    pub(crate) actors: u64,
+    pub(crate) first_at: Option<String>,
     pub(super) last_at: Option<String>,
     /// What says most about it: the worker's exit detail, else the node's death message,
     /// else the error's last line.
-    pub(super) detail: Option<String>,
+    pub(crate) detail: Option<String>,
     /// Up to [`MAX_EXAMPLES`] of them, earliest first: task id and attempt (or actor id),
     /// name, job, when.
-    pub(super) examples: Vec<CauseExample>,
+    pub(crate) examples: Vec<CauseExample>,
     /// The command that prints the first one's log.
-    pub(super) log_command: Option<String>,
+    pub(crate) log_command: Option<String>,
     #[serde(skip)]
     first_ns: i64,
 }
 
 #[derive(Debug, Serialize)]
-pub(super) struct CauseExample {
+pub(crate) struct CauseExample {
     /// `task` or `actor`.
     pub(super) kind: &'static str,
-    pub(super) id: String,
+    pub(crate) id: String,
     pub(super) attempt: Option<i64>,
-    pub(super) name: Option<String>,
+    pub(crate) name: Option<String>,
     pub(super) job_id: Option<String>,
     pub(super) failed_at: Option<String>,
     #[serde(skip)]
@@ -107,97 +107,97 @@ pub(super) struct CauseExample {
 
 /// A worker that died other than by its own intent (exit type not `INTENDED_*`).
 #[derive(Debug, Serialize)]
-pub(super) struct WorkerDeath {
-    pub(super) worker_id: String,
+pub(crate) struct WorkerDeath {
+    pub(crate) worker_id: String,
     pub(super) worker_type: Option<String>,
-    pub(super) pid: Option<i64>,
-    pub(super) node_id: Option<String>,
-    pub(super) job_id: Option<String>,
-    pub(super) died_at: Option<String>,
-    pub(super) exit_type: Option<String>,
-    pub(super) exit_detail: Option<String>,
-    pub(super) log_command: String,
+    pub(crate) pid: Option<i64>,
+    pub(crate) node_id: Option<String>,
+    pub(crate) job_id: Option<String>,
+    pub(crate) died_at: Option<String>,
+    pub(crate) exit_type: Option<String>,
+    pub(crate) exit_detail: Option<String>,
+    pub(crate) log_command: String,
     #[serde(skip)]
     pub(super) died_ns: i64,
 }
 
 /// Attempts that were still going when the session's events stop, grouped.
 #[derive(Debug, Serialize)]
-pub(super) struct Unfinished {
+pub(crate) struct Unfinished {
     /// Their last state (`RUNNING`, `PENDING_NODE_ASSIGNMENT`, ..).
-    pub(super) state: String,
-    pub(super) job_id: Option<String>,
-    pub(super) node_id: Option<String>,
-    pub(super) count: u64,
+    pub(crate) state: String,
+    pub(crate) job_id: Option<String>,
+    pub(crate) node_id: Option<String>,
+    pub(crate) count: u64,
     /// Why they never ended: their node died, or their job never finished and the session's
     /// events stop.
-    pub(super) reason: String,
+    pub(crate) reason: String,
 }
 
 /// A job that never finished.
 #[derive(Debug, Serialize)]
-pub(super) struct UnfinishedJob {
-    pub(super) job_id: String,
+pub(crate) struct UnfinishedJob {
+    pub(crate) job_id: String,
     pub(super) started: Option<String>,
-    pub(super) reason: String,
+    pub(crate) reason: String,
 }
 
 /// How the session ended.
 #[derive(Debug, Default, Serialize)]
-pub(super) struct SessionEnd {
+pub(crate) struct SessionEnd {
     /// The last event of the session: where what follows was cut off.
-    pub(super) last_event: Option<String>,
+    pub(crate) last_event: Option<String>,
     /// Nodes that died unexpectedly (not a clean shutdown): id, reason, message, when.
-    pub(super) nodes_died: Vec<NodeLink>,
-    pub(super) jobs_unfinished: Vec<UnfinishedJob>,
-    pub(super) tasks_unfinished: Vec<Unfinished>,
+    pub(crate) nodes_died: Vec<NodeLink>,
+    pub(crate) jobs_unfinished: Vec<UnfinishedJob>,
+    pub(crate) tasks_unfinished: Vec<Unfinished>,
     /// Attempts in `tasks_unfinished`.
     pub(super) tasks_unfinished_total: u64,
 }
 
 /// A placement group that was never placed.
 #[derive(Debug, Serialize)]
-pub(super) struct HungPlacementGroup {
-    pub(super) placement_group_id: String,
-    pub(super) name: Option<String>,
+pub(crate) struct HungPlacementGroup {
+    pub(crate) placement_group_id: String,
+    pub(crate) name: Option<String>,
     pub(super) creator_job_id: Option<String>,
-    pub(super) state: Option<String>,
-    pub(super) scheduling_state: Option<String>,
+    pub(crate) state: Option<String>,
+    pub(crate) scheduling_state: Option<String>,
     /// `PACK`, `STRICT_PACK`, ..; null when the snapshot does not say (Ray 2.60's does not).
-    pub(super) strategy: Option<String>,
-    pub(super) bundles: Vec<BTreeMap<String, f64>>,
-    pub(super) requested_at: Option<String>,
+    pub(crate) strategy: Option<String>,
+    pub(crate) bundles: Vec<BTreeMap<String, f64>>,
+    pub(crate) requested_at: Option<String>,
     /// Why no node could hold it, from the nodes' resources ("CPU: 64 asked by bundle 0,
     /// at most 2 on a node"); null when some node could.
-    pub(super) unsatisfiable: Option<String>,
+    pub(crate) unsatisfiable: Option<String>,
 }
 
 /// A task attempt pending longer than `--pending-after` when the events stop.
 #[derive(Debug, Serialize)]
-pub(super) struct PendingTask {
-    pub(super) task_id: String,
+pub(crate) struct PendingTask {
+    pub(crate) task_id: String,
     pub(super) attempt: i64,
-    pub(super) name: Option<String>,
+    pub(crate) name: Option<String>,
     pub(super) job_id: Option<String>,
-    pub(super) state: String,
+    pub(crate) state: String,
     pub(super) since: Option<String>,
-    pub(super) pending_seconds: Option<f64>,
-    pub(super) resources: Option<String>,
+    pub(crate) pending_seconds: Option<f64>,
+    pub(crate) resources: Option<String>,
     /// What no alive node offered ("GPU: 1 asked, at most 0 on a node"); null when some
     /// node could hold it (then it waited for resources in use, or for its dependencies).
-    pub(super) unsatisfiable: Option<String>,
+    pub(crate) unsatisfiable: Option<String>,
 }
 
 /// What hung.
 #[derive(Debug, Default, Serialize)]
-pub(super) struct Hangs {
-    pub(super) pending_after_seconds: f64,
+pub(crate) struct Hangs {
+    pub(crate) pending_after_seconds: f64,
     /// Where placement groups were read from (`fetched_endpoints/…`); null when the bucket
     /// has no snapshot.
-    pub(super) placement_groups_source: Option<String>,
-    pub(super) placement_groups: Vec<HungPlacementGroup>,
-    pub(super) pending_tasks: Vec<PendingTask>,
-    pub(super) pending_tasks_total: u64,
+    pub(crate) placement_groups_source: Option<String>,
+    pub(crate) placement_groups: Vec<HungPlacementGroup>,
+    pub(crate) pending_tasks: Vec<PendingTask>,
+    pub(crate) pending_tasks_total: u64,
 }
 
 /// Terminal task states: an attempt in one of them is over.
@@ -274,7 +274,7 @@ pub(super) fn node_link(id: &str, n: Option<&NodeModel>) -> NodeLink {
 }
 
 /// The first non-empty line of a detail, bounded.
-pub(super) fn first_line(s: &str) -> String {
+pub(crate) fn first_line(s: &str) -> String {
     bounded(
         s.lines()
             .map(str::trim)

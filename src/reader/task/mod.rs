@@ -51,7 +51,7 @@ pub(super) fn fast_map<K, V>() -> FastMap<K, V> {
 /// A Ray id held as bytes (Ray's ids are at most 28 bytes). An id that is not hex or base64,
 /// or is longer, is held as a 16-byte hash of its text and shown as `invalid-<hash>`.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct CompactId {
+pub(crate) struct CompactId {
     /// Length in bytes; the high bit marks a hash.
     len: u8,
     bytes: [u8; 31],
@@ -201,7 +201,7 @@ impl CompactId {
     }
 
     /// Lower-case hex (or `invalid-<hash>`).
-    pub(super) fn hex(&self) -> String {
+    pub(crate) fn hex(&self) -> String {
         let mut s = String::with_capacity(2 * self.byte_len() + 8);
         if self.len & HASHED != 0 {
             s.push_str("invalid-");
@@ -221,9 +221,9 @@ impl std::fmt::Debug for CompactId {
 
 /// One task attempt: Ray's unit of task events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct AttemptKey {
-    pub(super) id: CompactId,
-    pub(super) attempt: i32,
+pub(crate) struct AttemptKey {
+    pub(crate) id: CompactId,
+    pub(crate) attempt: i32,
 }
 
 impl std::hash::Hash for AttemptKey {
@@ -396,20 +396,20 @@ impl TaskDelta {
 
 /// An index into [`Symbols`]; [`Sym::NONE`] is no value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(super) struct Sym(pub(super) u32);
+pub(crate) struct Sym(pub(super) u32);
 
 impl Sym {
-    pub(super) const NONE: Sym = Sym(u32::MAX);
+    pub(crate) const NONE: Sym = Sym(u32::MAX);
     const OVERFLOW: Sym = Sym(u32::MAX - 1);
 
-    pub(super) fn is_none(self) -> bool {
+    pub(crate) fn is_none(self) -> bool {
         self == Sym::NONE
     }
 }
 
 /// Interned strings, at most [`MAX_SYMBOLS`], and the node of each worker seen with one.
 #[derive(Debug)]
-pub(super) struct Symbols {
+pub(crate) struct Symbols {
     texts: Vec<Box<str>>,
     index: FastMap<Box<str>, u32>,
     /// Ids (jobs, nodes, workers) by their bytes; their text is their hex.
@@ -485,7 +485,7 @@ impl Symbols {
         sym
     }
 
-    pub(super) fn get(&self, sym: Sym) -> Option<&str> {
+    pub(crate) fn get(&self, sym: Sym) -> Option<&str> {
         match sym {
             Sym::NONE => None,
             Sym::OVERFLOW => Some(OVERFLOW_TEXT),
@@ -493,13 +493,13 @@ impl Symbols {
         }
     }
 
-    pub(super) fn owned(&self, sym: Sym) -> Option<String> {
+    pub(crate) fn owned(&self, sym: Sym) -> Option<String> {
         self.get(sym).map(str::to_string)
     }
 
     /// The node of `worker`, if an event named both; else the session's only node, if it
     /// has one.
-    pub(super) fn node_of(&self, worker: Sym) -> Sym {
+    pub(crate) fn node_of(&self, worker: Sym) -> Sym {
         self.worker_nodes
             .get(&worker)
             .copied()
@@ -519,36 +519,36 @@ impl Symbols {
 
 /// Rarely present parts of an attempt, boxed so that the common attempt stays small.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) struct TaskExtra {
-    pub(super) error_type: Option<String>,
-    pub(super) error_message: Option<String>,
+pub(crate) struct TaskExtra {
+    pub(crate) error_type: Option<String>,
+    pub(crate) error_message: Option<String>,
     /// The error came from an event with a FAILED transition (it wins over others).
     pub(super) error_from_failed: bool,
     pub(super) log: Option<LogInfo>,
 }
 
 /// Time not known.
-pub(super) const NO_TIME: i64 = i64::MIN;
+pub(crate) const NO_TIME: i64 = i64::MIN;
 
 /// The merged state of one attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct TaskState {
+pub(crate) struct TaskState {
     /// Time and state of the latest transition (`latest_state` NONE: none seen).
-    pub(super) latest_ns: i64,
+    pub(crate) latest_ns: i64,
     pub(super) latest_state: Sym,
     pub(super) latest_rank: u8,
     /// First RUNNING, first FAILED ([`NO_TIME`]: none).
-    pub(super) running_ns: i64,
-    pub(super) failed_ns: i64,
+    pub(crate) running_ns: i64,
+    pub(crate) failed_ns: i64,
     /// The profiled execution ([`NO_TIME`]: none).
-    pub(super) exec_start: i64,
-    pub(super) exec_end: i64,
-    pub(super) exec_worker: Sym,
-    pub(super) job: Sym,
-    pub(super) name: Sym,
-    pub(super) task_type: Sym,
-    pub(super) node: Sym,
-    pub(super) worker: Sym,
+    pub(crate) exec_start: i64,
+    pub(crate) exec_end: i64,
+    pub(crate) exec_worker: Sym,
+    pub(crate) job: Sym,
+    pub(crate) name: Sym,
+    pub(crate) task_type: Sym,
+    pub(crate) node: Sym,
+    pub(crate) worker: Sym,
     /// The resources it asked for (interned: a session has few distinct sets).
     pub(super) resources: Sym,
     /// 0: unknown.
@@ -556,8 +556,8 @@ pub(super) struct TaskState {
     /// Seen in a definition, lifecycle or export event, not only in a profile: an attempt
     /// known only from its profile is not counted (a profile event in a time window does
     /// not make its task part of the window).
-    pub(super) known: bool,
-    pub(super) extra: Option<Box<TaskExtra>>,
+    pub(crate) known: bool,
+    pub(crate) extra: Option<Box<TaskExtra>>,
 }
 
 impl Default for TaskState {
@@ -724,7 +724,7 @@ impl TaskState {
     }
 
     /// The final state's name (`UNKNOWN` when only a definition was seen).
-    pub(super) fn state<'a>(&self, symbols: &'a Symbols) -> &'a str {
+    pub(crate) fn state<'a>(&self, symbols: &'a Symbols) -> &'a str {
         symbols.get(self.latest_state).unwrap_or("UNKNOWN")
     }
 }
@@ -755,7 +755,7 @@ impl ErrorBudget {
 
 /// Every attempt of a session: in memory, or spilled to files by hash.
 #[derive(Debug)]
-pub(super) struct TaskStore {
+pub(crate) struct TaskStore {
     pub(super) symbols: Symbols,
     map: IdMap<AttemptKey, TaskState>,
     spill: Option<SpillFiles>,
@@ -778,7 +778,7 @@ pub(super) type SpentDeltas = Vec<Box<TaskDelta>>;
 const MAX_SPENT_DELTAS: usize = 8192;
 
 impl TaskStore {
-    pub(super) fn new(keep_logs_of: Option<CompactId>) -> TaskStore {
+    pub(crate) fn new(keep_logs_of: Option<CompactId>) -> TaskStore {
         TaskStore {
             symbols: Symbols::default(),
             map: IdMap::default(),

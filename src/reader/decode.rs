@@ -9,12 +9,12 @@ use serde_json::Value;
 
 use super::extract::Fact;
 use super::filter::TimeWindow;
-use super::render::human_bytes;
+use super::limits::ContentLimits;
+#[cfg(test)]
+use super::limits::CONTENT_LIMITS;
 use super::scan::{scan_line, scan_value, Scanned};
 use super::task::CompactId;
-use super::ContentLimits;
-#[cfg(test)]
-use super::CONTENT_LIMITS;
+use super::values::human_bytes;
 
 /// Facts taken from an object (those not yet taken out), and what could not be used.
 #[derive(Debug, Default)]

@@ -14,9 +14,10 @@ use crate::storage::StorageSpec;
 
 use super::discover::{session_started, ClusterId, Discovered};
 use super::filter::{Filter, NANOS_PER_HOUR};
+use super::limits::READ_CONCURRENCY;
 use super::report::{ClusterEntry, ListReport, SessionEntry};
 use super::values::format_time_json;
-use super::{store_error, READ_CONCURRENCY};
+use super::values::store_error;
 use crate::contract::endpoints::FETCHED_ENDPOINTS_DIR;
 use crate::contract::events::{EXPORT_EVENTS_DIR, JOB_EVENTS_DIR, NODE_EVENTS_DIR};
 use crate::contract::logs::LOGS_DIR;
@@ -31,7 +32,7 @@ pub(super) struct SessionFootprint {
     pub(super) hours: Option<(Hour, Hour)>,
 }
 
-pub(super) async fn list_report(
+pub(crate) async fn list_report(
     store: &Arc<dyn ObjectStore>,
     spec: &StorageSpec,
     found: Discovered,

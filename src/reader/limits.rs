@@ -1,0 +1,38 @@
+//! The reader's bounds: how many objects are listed or read at once, and how much of an
+//! object, a line, a field or a message is kept. Each is what keeps memory bounded whatever the
+//! bucket holds; a value over its bound is counted or shortened, never fatal.
+
+/// Objects listed or read at once: enough to hide request latency, small enough to be polite
+/// to the bucket and to bound memory.
+pub(super) const READ_CONCURRENCY: usize = 8;
+/// How much of an object's content is accepted.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ContentLimits {
+    /// Longest JSON line kept; longer lines are counted as bad.
+    pub(super) line: usize,
+    /// Largest legacy JSON-array document, which has to be parsed whole.
+    pub(super) document: usize,
+    /// Decompressed bytes read from one object before giving up on it (a gzip bomb guard).
+    pub(super) decoded: u64,
+}
+
+/// KubeRay's reader allows 100 MiB lines; segments are 64 MiB by default.
+pub(super) const CONTENT_LIMITS: ContentLimits = ContentLimits {
+    line: 64 << 20,
+    document: 256 << 20,
+    decoded: 4 << 30,
+};
+/// Problem details kept in the report; the counts stay exact.
+pub(super) const MAX_PROBLEM_DETAILS: usize = 200;
+/// Error messages are tracebacks; this much of each is kept.
+pub(super) const MAX_ERROR_MESSAGE_BYTES: usize = 16 << 10;
+/// Longest id, name or state kept from an event.
+pub(super) const MAX_FIELD_BYTES: usize = 512;
+/// Longest text of a Ray Train run or attempt kept whole (its status detail, name, log
+/// paths), in bytes. Ray Train V2 bounds none of them (its state schema defines
+/// `MAX_ERROR_STACK_TRACE_LENGTH`, 50,000 characters, but only Train V1 applies it), and a
+/// failed run's detail holds every worker's error: 75,975 characters for 64 workers lost
+/// with their nodes. So this is only a safety bound, far above what Ray builds and far under
+/// the 64 MiB line limit; a longer text keeps its start and its end (the final exception)
+/// around a marker saying how much was cut (`values::bounded_middle`).
+pub(super) const MAX_TRAIN_TEXT_BYTES: usize = 4 << 20;
