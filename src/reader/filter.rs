@@ -162,14 +162,11 @@ pub(crate) fn parse_time_ns(s: &str) -> Option<i64> {
     let b = s.as_bytes();
     let mut fraction: i64 = 0;
     if b.get(19) == Some(&b'.') {
-        let digits: Vec<u8> = b[20..]
-            .iter()
-            .take_while(|c| c.is_ascii_digit())
-            .take(9)
-            .copied()
-            .collect();
-        for (i, d) in digits.iter().enumerate() {
-            fraction += i64::from(d - b'0') * 10i64.pow(8 - i as u32);
+        // No list of the digits (this runs for every timestamp of every event).
+        let mut scale = 100_000_000;
+        for d in b[20..].iter().take_while(|c| c.is_ascii_digit()).take(9) {
+            fraction += i64::from(d - b'0') * scale;
+            scale /= 10;
         }
     }
     seconds.checked_mul(NANOS_PER_SECOND)?.checked_add(fraction)

@@ -29,6 +29,8 @@ use super::filter::{parse_time_ns, NANOS_PER_SECOND};
 use super::limits::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES};
 use super::task::{AttemptKey, CompactId, LogInfo, SmallText, SpentDeltas, TaskDelta, Transitions};
 
+mod skim;
+
 /// Ray's `TaskStatus` enum by number, as `EXPORT_TASK`'s `state_ts_ns` keys name states.
 const TASK_STATUS: [&str; 13] = [
     "NIL",
@@ -860,8 +862,12 @@ pub(super) fn scan_line(
     // read as a `str`: serde_json then does not check each key and value again (a tenth of
     // the instructions of a read). It reads the same: only the check of the bytes differs,
     // and any other line is read from its bytes as before.
+    // The hand-written reader first ([`skim`]); serde reads what it is not sure of.
     let typed = match std::str::from_utf8(line) {
-        Ok(text) => serde_json::from_str::<Line>(text),
+        Ok(text) => match skim::line(text) {
+            Some(l) => Ok(l),
+            None => serde_json::from_str::<Line>(text),
+        },
         Err(_) => serde_json::from_slice::<Line>(line),
     };
     if let Ok(mut typed) = typed {

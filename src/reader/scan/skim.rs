@@ -1,0 +1,1140 @@
+//! A hand-written reader of the typed [`Line`] for the common case, in front of serde's: one
+//! pass over the line's bytes that reads the members the typed structs name (by key, camelCase
+//! and snake_case alike) and skips every other member by quote and bracket matching (strings
+//! are not unescaped, nothing is allocated), checking the skipped JSON as serde_json's
+//! `ignore_value` does.
+//!
+//! It gives up (`None`) on anything it is not sure of: an escape in a key, a field given twice
+//! (under any of its names), a member whose value is not of the plain form it reads (an escaped
+//! string, a float, a number it does not parse, a struct given as an array, an export event),
+//! nesting deeper than [`MAX_DEPTH`], invalid JSON, bytes after the object. The caller then
+//! reads the line with serde as before, so a line is never read differently: when this returns
+//! a [`Line`], it is the one `serde_json::from_str::<Line>` makes. Values of an odd but
+//! well-delimited form are handed to serde themselves (`serde_json::from_str` on the value's
+//! text), so their reading is serde's by construction.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::{
+    parse_time_ns, task_state, ErrorInfo, FirstExecution, FunctionDescriptor, Functions, Int,
+    LazyInt, Line, ProfileEvent, ProfileEvents, ScanTransitions, Stamp, Str, TaskDefinition,
+    TaskLifecycle, TaskLogInfo, TaskProfile, Text, Transition, EXECUTION_EVENT_PREFIX,
+};
+
+/// Nesting deeper than this is left to serde (whose own limit is 128).
+const MAX_DEPTH: u32 = 64;
+
+/// `text` read as a [`Line`], or `None` when serde must read it.
+pub(super) fn line(text: &str) -> Option<Line<'_>> {
+    let mut c = Cur {
+        s: text,
+        b: text.as_bytes(),
+        i: 0,
+        depth: 0,
+    };
+    c.ws();
+    let line = c.line()?;
+    c.ws();
+    (c.i == c.b.len()).then_some(line)
+}
+
+struct Cur<'a> {
+    s: &'a str,
+    b: &'a [u8],
+    i: usize,
+    depth: u32,
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// The first byte at or after `i` that ends a plain run of string contents: a quote, a
+/// backslash or a control character (`b.len()` if none). Sixteen bytes at a time with SSE2
+/// (x86-64's baseline), then eight with [`next_special_swar`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn next_special(b: &[u8], mut i: usize) -> usize {
+    use std::arch::x86_64::{
+        _mm_cmpeq_epi8, _mm_loadu_si128, _mm_max_epu8, _mm_movemask_epi8, _mm_or_si128,
+        _mm_set1_epi8,
+    };
+    while i + 16 <= b.len() {
+        // SAFETY: SSE2 is always present on x86-64; the unaligned load reads b[i..i + 16],
+        // which the loop's condition keeps inside `b`.
+        let found = unsafe {
+            let x = _mm_loadu_si128(b.as_ptr().add(i).cast());
+            let quote = _mm_cmpeq_epi8(x, _mm_set1_epi8(b'"' as i8));
+            let backslash = _mm_cmpeq_epi8(x, _mm_set1_epi8(b'\\' as i8));
+            // max(x, 0x1f) == 0x1f exactly when x <= 0x1f (unsigned).
+            let control = _mm_cmpeq_epi8(_mm_max_epu8(x, _mm_set1_epi8(0x1f)), _mm_set1_epi8(0x1f));
+            _mm_movemask_epi8(_mm_or_si128(_mm_or_si128(quote, backslash), control)) as u32
+        };
+        if found != 0 {
+            return i + found.trailing_zeros() as usize;
+        }
+        i += 16;
+    }
+    next_special_swar(b, i)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn next_special(b: &[u8], i: usize) -> usize {
+    next_special_swar(b, i)
+}
+
+/// [`next_special`] eight bytes at a time: in each mask below, the lowest flagged byte is
+/// exact (a borrow only flags bytes above a true one).
+fn next_special_swar(b: &[u8], mut i: usize) -> usize {
+    while let Some(chunk) = b.get(i..).and_then(<[u8]>::first_chunk::<8>) {
+        let x = u64::from_le_bytes(*chunk);
+        let quote = x ^ (ONES * u64::from(b'"'));
+        let backslash = x ^ (ONES * u64::from(b'\\'));
+        let found = ((quote.wrapping_sub(ONES) & !quote)
+            | (backslash.wrapping_sub(ONES) & !backslash)
+            | (x.wrapping_sub(ONES * 0x20) & !x))
+            & HIGHS;
+        if found != 0 {
+            return i + (found.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while let Some(&c) = b.get(i) {
+        if c == b'"' || c == b'\\' || c < 0x20 {
+            return i;
+        }
+        i += 1;
+    }
+    i
+}
+
+/// A JSON number of at most 15 digits and no exponent, as serde_json reads it as an `f64`:
+/// its significand and power of ten are then exact, so serde's one multiplication or
+/// division (or its correctly rounded parse) is the correctly rounded value `parse` gives.
+fn plain_float(text: &str) -> Option<f64> {
+    let digits = text.bytes().filter(u8::is_ascii_digit).count();
+    if digits > 15 || text.bytes().any(|c| matches!(c, b'e' | b'E')) {
+        return None;
+    }
+    if !text.contains('.') {
+        // An integer: serde reads `-0` as the integer 0, so +0.0.
+        return text.parse::<i64>().ok().map(|v| v as f64);
+    }
+    text.parse().ok()
+}
+
+/// Marks field `bit` as seen; `None` if it was already (serde refuses a field given twice).
+fn once(seen: &mut u32, bit: u32) -> Option<()> {
+    let mask = 1 << bit;
+    if *seen & mask != 0 {
+        return None;
+    }
+    *seen |= mask;
+    Some(())
+}
+
+impl<'a> Cur<'a> {
+    #[inline(always)]
+    fn ws(&mut self) {
+        // Ray writes no whitespace between tokens: one test in the common case.
+        if self.b.get(self.i).is_some_and(|&c| c > b' ') {
+            return;
+        }
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.b.get(self.i) {
+            self.i += 1;
+        }
+    }
+
+    #[inline(always)]
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    #[inline(always)]
+    fn eat(&mut self, c: u8) -> Option<()> {
+        (self.peek()? == c).then(|| self.i += 1)
+    }
+
+    /// A string at the cursor: the range of its contents and whether it has escapes. Checks
+    /// what serde_json checks of a string it skips (escapes, no control characters).
+    #[inline(always)]
+    fn string(&mut self) -> Option<(usize, usize, bool)> {
+        self.eat(b'"')?;
+        let b = self.b;
+        let start = self.i;
+        let mut i = start;
+        let mut escaped = false;
+        loop {
+            i = next_special(b, i);
+            match *b.get(i)? {
+                b'"' => {
+                    self.i = i + 1;
+                    return Some((start, i, escaped));
+                }
+                b'\\' => {
+                    escaped = true;
+                    match *b.get(i + 1)? {
+                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => i += 2,
+                        b'u' => {
+                            let hex = b.get(i + 2..i + 6)?;
+                            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                                return None;
+                            }
+                            i += 6;
+                        }
+                        _ => return None,
+                    }
+                }
+                // A control character.
+                _ => return None,
+            }
+        }
+    }
+
+    /// An object at the cursor, each member's key given to `member`, which must read (or
+    /// skip) its value.
+    fn object(&mut self, mut member: impl FnMut(&mut Self, &'a [u8]) -> Option<()>) -> Option<()> {
+        self.eat(b'{')?;
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return None;
+        }
+        self.ws();
+        if self.peek()? == b'}' {
+            self.i += 1;
+            self.depth -= 1;
+            return Some(());
+        }
+        let b = self.b;
+        loop {
+            self.ws();
+            let (start, end, escaped) = self.string()?;
+            if escaped {
+                return None;
+            }
+            self.ws();
+            self.eat(b':')?;
+            self.ws();
+            member(self, &b[start..end])?;
+            self.ws();
+            match self.peek()? {
+                b',' => self.i += 1,
+                b'}' => {
+                    self.i += 1;
+                    self.depth -= 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// An array at the cursor, each element read (or skipped) by `element`.
+    fn array(&mut self, mut element: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.eat(b'[')?;
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return None;
+        }
+        self.ws();
+        if self.peek()? == b']' {
+            self.i += 1;
+            self.depth -= 1;
+            return Some(());
+        }
+        loop {
+            self.ws();
+            element(self)?;
+            self.ws();
+            match self.peek()? {
+                b',' => self.i += 1,
+                b']' => {
+                    self.i += 1;
+                    self.depth -= 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// Skips a value, checking it as serde_json's `ignore_value` does.
+    fn skip(&mut self) -> Option<()> {
+        match self.peek()? {
+            b'"' => self.string().map(|_| ()),
+            b'{' => self.object(|c, _| c.skip()),
+            b'[' => self.array(Cur::skip),
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => None,
+        }
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Option<()> {
+        let end = self.i + word.len();
+        (self.b.get(self.i..end)? == word).then(|| self.i = end)
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.i;
+        while let Some(b'0'..=b'9') = self.b.get(self.i) {
+            self.i += 1;
+        }
+        self.i - start
+    }
+
+    /// A JSON number: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
+    fn number(&mut self) -> Option<()> {
+        if self.peek()? == b'-' {
+            self.i += 1;
+        }
+        match self.peek()? {
+            b'0' => {
+                self.i += 1;
+                if let Some(b'0'..=b'9') = self.peek() {
+                    return None;
+                }
+            }
+            b'1'..=b'9' => {
+                self.digits();
+            }
+            _ => return None,
+        }
+        if self.peek() == Some(b'.') {
+            self.i += 1;
+            if self.digits() == 0 {
+                return None;
+            }
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.i += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.i += 1;
+            }
+            if self.digits() == 0 {
+                return None;
+            }
+        }
+        Some(())
+    }
+
+    /// The value at the cursor read by serde itself, from its own text.
+    fn serde<T: Deserialize<'a>>(&mut self, start: usize) -> Option<T> {
+        self.i = start;
+        self.skip()?;
+        serde_json::from_str(&self.s[start..self.i]).ok()
+    }
+
+    /// A string without escapes, borrowed; `Err(start)` for any other value.
+    fn plain_str(&mut self) -> Result<&'a str, usize> {
+        let start = self.i;
+        if self.peek() == Some(b'"') {
+            if let Some((a, z, false)) = self.string() {
+                return Ok(&self.s[a..z]);
+            }
+        }
+        Err(start)
+    }
+
+    fn text(&mut self) -> Option<Text<'a>> {
+        match self.plain_str() {
+            Ok(s) => Some(Some(Str(Cow::Borrowed(s)))),
+            Err(start) => self.serde(start),
+        }
+    }
+
+    fn stamp(&mut self) -> Option<Option<Stamp<'a>>> {
+        match self.plain_str() {
+            Ok(s) => Some(Some(Stamp::Text(Cow::Borrowed(s)))),
+            Err(start) => self.serde(start),
+        }
+    }
+
+    fn lazy_int(&mut self) -> Option<LazyInt<'a>> {
+        match self.plain_str() {
+            Ok(s) => Some(LazyInt::Text(Cow::Borrowed(s))),
+            Err(start) => self.serde(start),
+        }
+    }
+
+    /// A plain integer of at most 18 digits, or a string without escapes, read here (as
+    /// [`Int`]'s visitor reads them); any other value by serde.
+    fn int(&mut self) -> Option<Int> {
+        let start = self.i;
+        if self.peek() == Some(b'"') {
+            return match self.plain_str() {
+                Ok(s) => Some(Int(s.trim().parse().ok())),
+                Err(start) => self.serde(start),
+            };
+        }
+        let negative = self.peek() == Some(b'-');
+        if negative {
+            self.i += 1;
+        }
+        let digits_at = self.i;
+        let n = self.digits();
+        let plain = (1..=18).contains(&n)
+            && (n == 1 || self.b[digits_at] != b'0')
+            && !matches!(self.peek(), Some(b'.' | b'e' | b'E'));
+        if !plain {
+            return self.serde(start);
+        }
+        let mut v: i64 = 0;
+        for d in &self.b[digits_at..self.i] {
+            v = v * 10 + i64::from(d - b'0');
+        }
+        Some(Int(Some(if negative { -v } else { v })))
+    }
+
+    /// A struct member given as an object is read by `read`; any other value (`null`, or an
+    /// array serde would read as the struct's fields in order) by serde.
+    fn boxed<T>(&mut self, read: impl FnOnce(&mut Self) -> Option<T>) -> Option<Option<Box<T>>>
+    where
+        Option<Box<T>>: Deserialize<'a>,
+    {
+        if self.peek()? == b'{' {
+            return read(self).map(|t| Some(Box::new(t)));
+        }
+        let start = self.i;
+        self.serde(start)
+    }
+
+    /// [`Cur::boxed`] for a member that is not boxed.
+    fn member<T>(&mut self, read: impl FnOnce(&mut Self) -> Option<T>) -> Option<Option<T>>
+    where
+        Option<T>: Deserialize<'a>,
+    {
+        if self.peek()? == b'{' {
+            return read(self).map(Some);
+        }
+        let start = self.i;
+        self.serde(start)
+    }
+
+    fn line(&mut self) -> Option<Line<'a>> {
+        let mut l = Line {
+            event_type: None,
+            event_id: None,
+            timestamp: None,
+            source_type: None,
+            event_data: None,
+            task_definition: None,
+            actor_task_definition: None,
+            task_lifecycle: None,
+            task_profile: None,
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"eventType" | b"event_type" => {
+                    once(&mut seen, 0)?;
+                    l.event_type = c.text()?;
+                }
+                b"eventId" | b"event_id" => {
+                    once(&mut seen, 1)?;
+                    l.event_id = c.text()?;
+                }
+                b"timestamp" => {
+                    once(&mut seen, 2)?;
+                    l.timestamp = c.stamp()?;
+                }
+                b"source_type" | b"sourceType" => {
+                    once(&mut seen, 3)?;
+                    l.source_type = c.text()?;
+                }
+                // Export events are rare (files, not pushes): serde reads them.
+                b"event_data" | b"eventData" => return None,
+                b"taskDefinitionEvent" | b"task_definition_event" => {
+                    once(&mut seen, 5)?;
+                    l.task_definition = c.boxed(Cur::definition)?;
+                }
+                b"actorTaskDefinitionEvent" | b"actor_task_definition_event" => {
+                    once(&mut seen, 6)?;
+                    l.actor_task_definition = c.boxed(Cur::definition)?;
+                }
+                b"taskLifecycleEvent" | b"task_lifecycle_event" => {
+                    once(&mut seen, 7)?;
+                    l.task_lifecycle = c.boxed(Cur::lifecycle)?;
+                }
+                b"taskProfileEvents" | b"task_profile_events" => {
+                    once(&mut seen, 8)?;
+                    l.task_profile = c.boxed(Cur::profile)?;
+                }
+                _ => c.skip()?,
+            }
+            Some(())
+        })?;
+        Some(l)
+    }
+
+    fn definition(&mut self) -> Option<TaskDefinition<'a>> {
+        let mut d = TaskDefinition {
+            task_id: None,
+            attempt: Int::default(),
+            job_id: None,
+            name: None,
+            task_type: None,
+            func: None,
+            resources: None,
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"taskId" | b"task_id" => {
+                    once(&mut seen, 0)?;
+                    d.task_id = c.text()?;
+                }
+                b"taskAttempt" | b"task_attempt" => {
+                    once(&mut seen, 1)?;
+                    d.attempt = c.int()?;
+                }
+                b"jobId" | b"job_id" => {
+                    once(&mut seen, 2)?;
+                    d.job_id = c.text()?;
+                }
+                b"taskName" | b"task_name" | b"actorTaskName" | b"actor_task_name" => {
+                    once(&mut seen, 3)?;
+                    d.name = c.text()?;
+                }
+                b"taskType" | b"task_type" => {
+                    once(&mut seen, 4)?;
+                    d.task_type = c.text()?;
+                }
+                b"taskFunc" | b"task_func" | b"actorFunc" | b"actor_func" => {
+                    once(&mut seen, 5)?;
+                    d.func = c.member(Cur::functions)?;
+                }
+                b"requiredResources" | b"required_resources" => {
+                    once(&mut seen, 6)?;
+                    d.resources = c.resources()?;
+                }
+                _ => c.skip()?,
+            }
+            Some(())
+        })?;
+        Some(d)
+    }
+
+    fn functions(&mut self) -> Option<Functions<'a>> {
+        let mut f = Functions {
+            python: None,
+            java: None,
+            cpp: None,
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"pythonFunctionDescriptor" | b"python_function_descriptor" => {
+                    once(&mut seen, 0)?;
+                    f.python = c.member(Cur::function)?;
+                }
+                b"javaFunctionDescriptor" | b"java_function_descriptor" => {
+                    once(&mut seen, 1)?;
+                    f.java = c.member(Cur::function)?;
+                }
+                b"cppFunctionDescriptor" | b"cpp_function_descriptor" => {
+                    once(&mut seen, 2)?;
+                    f.cpp = c.member(Cur::function)?;
+                }
+                _ => c.skip()?,
+            }
+            Some(())
+        })?;
+        Some(f)
+    }
+
+    fn function(&mut self) -> Option<FunctionDescriptor<'a>> {
+        let mut f = FunctionDescriptor {
+            function_name: None,
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"functionName" | b"function_name" => {
+                    once(&mut seen, 0)?;
+                    f.function_name = c.text()?;
+                }
+                _ => c.skip()?,
+            }
+            Some(())
+        })?;
+        Some(f)
+    }
+
+    /// `requiredResources`: an object of plain numbers read here (later keys replace earlier
+    /// ones, as in serde's map); anything else by serde.
+    fn resources(&mut self) -> Option<Option<BTreeMap<Cow<'a, str>, f64>>> {
+        let start = self.i;
+        if self.peek()? != b'{' {
+            return self.serde(start);
+        }
+        let mut map = BTreeMap::new();
+        let s = self.s;
+        let depth = self.depth;
+        let plain = self.object(|c, key| {
+            let at = c.i;
+            c.number()?;
+            let v = plain_float(&s[at..c.i])?;
+            // The key has no escapes (`object` checked): as serde reads it.
+            map.insert(Cow::Borrowed(std::str::from_utf8(key).ok()?), v);
+            Some(())
+        });
+        match plain {
+            Some(()) => Some(Some(map)),
+            None => {
+                self.depth = depth;
+                self.serde(start)
+            }
+        }
+    }
+
+    fn lifecycle(&mut self) -> Option<TaskLifecycle<'a>> {
+        let mut l = TaskLifecycle {
+            task_id: None,
+            attempt: Int::default(),
+            job_id: None,
+            transitions: ScanTransitions::default(),
+            error: None,
+            node_id: None,
+            worker_id: None,
+            worker_pid: Int::default(),
+            log: None,
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"taskId" | b"task_id" => {
+                    once(&mut seen, 0)?;
+                    l.task_id = c.text()?;
+                }
+                b"taskAttempt" | b"task_attempt" => {
+                    once(&mut seen, 1)?;
+                    l.attempt = c.int()?;
+                }
+                b"jobId" | b"job_id" => {
+                    once(&mut seen, 2)?;
+                    l.job_id = c.text()?;
+                }
+                b"stateTransitions" | b"state_transitions" => {
+                    once(&mut seen, 3)?;
+                    l.transitions = c.transitions()?;
+                }
+                b"rayErrorInfo" | b"ray_error_info" => {
+                    once(&mut seen, 4)?;
+                    l.error = c.member(Cur::error_info)?;
+                }
+                b"nodeId" | b"node_id" => {
+                    once(&mut seen, 5)?;
+                    l.node_id = c.text()?;
+                }
+                b"workerId" | b"worker_id" => {
+                    once(&mut seen, 6)?;
+                    l.worker_id = c.text()?;
+                }
+                b"workerPid" | b"worker_pid" => {
+                    once(&mut seen, 7)?;
+                    l.worker_pid = c.int()?;
+                }
+                b"taskLogInfo" | b"task_log_info" => {
+                    once(&mut seen, 8)?;
+                    l.log = c.member(Cur::log_info)?;
+                }
+                _ => c.skip()?,
+            }
+            Some(())
+        })?;
+        Some(l)
+    }
+
+    fn error_info(&mut self) -> Option<ErrorInfo<'a>> {
+        let mut e = ErrorInfo {
+            error_type: None,
+            error_message: None,
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"errorType" | b"error_type" => {
+                    once(&mut seen, 0)?;
+                    e.error_type = c.text()?;
+                }
+                b"errorMessage" | b"error_message" => {
+                    once(&mut seen, 1)?;
+                    e.error_message = c.text()?;
+                }
+                _ => c.skip()?,
+            }
+            Some(())
+        })?;
+        Some(e)
+    }
+
+    fn log_info(&mut self) -> Option<TaskLogInfo<'a>> {
+        let mut l = TaskLogInfo {
+            stdout_file: None,
+            stderr_file: None,
+            stdout_start: Int::default(),
+            stdout_end: Int::default(),
+            stderr_start: Int::default(),
+            stderr_end: Int::default(),
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"stdoutFile" | b"stdout_file" => {
+                    once(&mut seen, 0)?;
+                    l.stdout_file = c.text()?;
+                }
+                b"stderrFile" | b"stderr_file" => {
+                    once(&mut seen, 1)?;
+                    l.stderr_file = c.text()?;
+                }
+                b"stdoutStart" | b"stdout_start" => {
+                    once(&mut seen, 2)?;
+                    l.stdout_start = c.int()?;
+                }
+                b"stdoutEnd" | b"stdout_end" => {
+                    once(&mut seen, 3)?;
+                    l.stdout_end = c.int()?;
+                }
+                b"stderrStart" | b"stderr_start" => {
+                    once(&mut seen, 4)?;
+                    l.stderr_start = c.int()?;
+                }
+                b"stderrEnd" | b"stderr_end" => {
+                    once(&mut seen, 5)?;
+                    l.stderr_end = c.int()?;
+                }
+                _ => c.skip()?,
+            }
+            Some(())
+        })?;
+        Some(l)
+    }
+
+    /// `stateTransitions` as [`ScanTransitions`] reads it: a list of objects here, any other
+    /// value by serde.
+    fn transitions(&mut self) -> Option<ScanTransitions> {
+        if self.peek()? != b'[' {
+            let start = self.i;
+            return self.serde(start);
+        }
+        let mut out = ScanTransitions::default();
+        self.array(|c| {
+            let mut state: Text<'a> = None;
+            let mut timestamp: Text<'a> = None;
+            let mut seen = 0;
+            c.object(|c, key| {
+                match key {
+                    b"state" => {
+                        once(&mut seen, 0)?;
+                        state = c.text()?;
+                    }
+                    b"timestamp" => {
+                        once(&mut seen, 1)?;
+                        timestamp = c.text()?;
+                    }
+                    _ => c.skip()?,
+                }
+                Some(())
+            })?;
+            if let Some(state) = state.as_deref().filter(|s| !s.is_empty()) {
+                out.0.push(Transition {
+                    state: task_state(state),
+                    time_ns: timestamp.as_deref().and_then(parse_time_ns),
+                });
+            }
+            Some(())
+        })?;
+        Some(out)
+    }
+
+    fn profile(&mut self) -> Option<TaskProfile<'a>> {
+        let mut p = TaskProfile {
+            task_id: None,
+            attempt: Int::default(),
+            job_id: None,
+            profile: None,
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"taskId" | b"task_id" => {
+                    once(&mut seen, 0)?;
+                    p.task_id = c.text()?;
+                }
+                b"attemptNumber" | b"attempt_number" => {
+                    once(&mut seen, 1)?;
+                    p.attempt = c.int()?;
+                }
+                b"jobId" | b"job_id" => {
+                    once(&mut seen, 2)?;
+                    p.job_id = c.text()?;
+                }
+                b"profileEvents" | b"profile_events" => {
+                    once(&mut seen, 3)?;
+                    p.profile = c.member(Cur::profile_events)?;
+                }
+                _ => c.skip()?,
+            }
+            Some(())
+        })?;
+        Some(p)
+    }
+
+    fn profile_events(&mut self) -> Option<ProfileEvents<'a>> {
+        let mut p = ProfileEvents {
+            component_type: None,
+            component_id: None,
+            events: None,
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"componentType" | b"component_type" => {
+                    once(&mut seen, 0)?;
+                    p.component_type = c.text()?;
+                }
+                b"componentId" | b"component_id" => {
+                    once(&mut seen, 1)?;
+                    p.component_id = c.text()?;
+                }
+                b"events" => {
+                    once(&mut seen, 2)?;
+                    p.events = c.events()?;
+                }
+                _ => c.skip()?,
+            }
+            Some(())
+        })?;
+        Some(p)
+    }
+
+    /// A profile's events as [`FirstExecution`] reads them: every event read (and checked),
+    /// the first `task::` one kept.
+    fn events(&mut self) -> Option<Option<FirstExecution<'a>>> {
+        if self.peek()? != b'[' {
+            let start = self.i;
+            return self.serde(start);
+        }
+        let mut first: Option<ProfileEvent<'a>> = None;
+        self.array(|c| {
+            if c.peek()? != b'{' {
+                return None;
+            }
+            let mut e = ProfileEvent {
+                name: None,
+                start: LazyInt::Unset,
+                end: LazyInt::Unset,
+            };
+            let mut seen = 0;
+            c.object(|c, key| {
+                match key {
+                    b"eventName" | b"event_name" => {
+                        once(&mut seen, 0)?;
+                        e.name = c.text()?;
+                    }
+                    b"startTime" | b"start_time" => {
+                        once(&mut seen, 1)?;
+                        e.start = c.lazy_int()?;
+                    }
+                    b"endTime" | b"end_time" => {
+                        once(&mut seen, 2)?;
+                        e.end = c.lazy_int()?;
+                    }
+                    _ => c.skip()?,
+                }
+                Some(())
+            })?;
+            let execution = e
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(EXECUTION_EVENT_PREFIX));
+            if first.is_none() && execution {
+                first = Some(e);
+            }
+            Some(())
+        })?;
+        Some(Some(FirstExecution(first)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::CompactId;
+    use super::*;
+
+    /// What the fold gets from a typed line: its task fact (with and without log offsets) and
+    /// its fact of an unread type.
+    fn facts(text: &str, read: impl Fn(&str) -> Option<Line<'_>>) -> Option<Vec<String>> {
+        let mut out = Vec::new();
+        for logs_of in [None, Some(CompactId::parse("AQID")), Some(task_id(text)?)] {
+            let mut l = read(text)?;
+            out.push(format!("{:?}", l.task_fact(7, logs_of)));
+            out.push(format!("{:?}", l.unread_fact(7)));
+        }
+        Some(out)
+    }
+
+    /// The task id serde reads from the line (or a dummy one), for its log offsets.
+    fn task_id(text: &str) -> Option<CompactId> {
+        let l = serde_json::from_str::<Line>(text).ok()?;
+        let id = [
+            l.task_definition
+                .as_ref()
+                .and_then(|d| d.task_id.as_deref()),
+            l.actor_task_definition
+                .as_ref()
+                .and_then(|d| d.task_id.as_deref()),
+            l.task_lifecycle.as_ref().and_then(|d| d.task_id.as_deref()),
+            l.task_profile.as_ref().and_then(|d| d.task_id.as_deref()),
+        ]
+        .into_iter()
+        .flatten()
+        .next()
+        .unwrap_or("AAAA");
+        Some(CompactId::parse(id))
+    }
+
+    /// Asserts that `text`, if the hand-written reader reads it, reads as serde reads it;
+    /// whether it did.
+    fn same(text: &str) -> bool {
+        if line(text).is_none() {
+            return false;
+        }
+        let slow = facts(text, |t| serde_json::from_str::<Line>(t).ok());
+        assert!(slow.is_some(), "read a line serde refuses: {text}");
+        assert_eq!(facts(text, line), slow, "{text}");
+        true
+    }
+
+    /// Ray's captures: every event of the POST bodies and export files.
+    fn captured() -> Vec<String> {
+        let mut lines = Vec::new();
+        for path in [
+            "tests/data/posts-camel.jsonl",
+            "tests/data/posts-snake.jsonl",
+            "tests/data/posts-snake.camel-expected.jsonl",
+            "tests/data/export_events/event_EXPORT_ACTOR.log",
+            "tests/data/export_events/event_EXPORT_DRIVER_JOB.log",
+            "tests/data/export_events/event_EXPORT_NODE.log",
+            "tests/data/export_events/event_EXPORT_TRAIN_STATE.log",
+        ] {
+            let text = std::fs::read_to_string(path).unwrap();
+            for l in text.lines().filter(|l| !l.trim().is_empty()) {
+                match serde_json::from_str::<serde_json::Value>(l).unwrap() {
+                    serde_json::Value::Array(items) => {
+                        lines.extend(items.iter().map(|v| v.to_string()));
+                    }
+                    _ => lines.push(l.to_string()),
+                }
+            }
+        }
+        lines.extend(LOADGEN.iter().map(|l| l.to_string()));
+        lines
+    }
+
+    /// The load generator's shapes (`rhc-loadgen`, as in the 1M-event bench bucket).
+    const LOADGEN: [&str; 4] = [
+        r#"{"eventId":"uc3KUwAAAAAJAAAAAAAAAA==","eventType":"TASK_DEFINITION_EVENT","message":"","nodeId":"OuZZXCSK197xxyBr/VCxjoYNXrFn5OBoxkgjpQ==","sessionName":"session_2026-11-22_00-00-00_000000_1","severity":"INFO","sourceType":"CORE_WORKER","taskDefinitionEvent":{"isDetachedActor":false,"jobId":"AgAAAA==","labelSelector":{},"language":"PYTHON","parentTaskId":"//////////////////////////8BAAAA","placementGroupId":"////////////////////////","refIds":{},"requiredResources":{"CPU":1.0},"serializedRuntimeEnv":"{\"env_vars\": {\"FOO\": \"bar\"}}","taskAttempt":0,"taskFunc":{"pythonFunctionDescriptor":{"className":"","functionHash":"13dec5df9f304bbd9e6d332f5f28ca8b","functionName":"parent","moduleName":"job3"}},"taskId":"uc3KUwAAAAAJAAAAAAAAAA==","taskName":"parent","taskType":"NORMAL_TASK"},"timestamp":"2026-12-04T22:10:18.814683483Z"}"#,
+        r#"{"eventId":"uc3KUwAAAAARAAAAAAAAAA==","eventType":"TASK_PROFILE_EVENT","message":"","nodeId":"OuZZXCSK197xxyBr/VCxjoYNXrFn5OBoxkgjpQ==","sessionName":"session_2026-11-22_00-00-00_000000_1","severity":"INFO","sourceType":"CORE_WORKER","taskProfileEvents":{"attemptNumber":0,"jobId":"AgAAAA==","taskId":"AQID","profileEvents":{"componentId":"AQAAAP///////////////////////////////w==","componentType":"worker","events":[{"endTime":"1795313202342875635","eventName":"submit_task","extraData":"{}","startTime":"1795313202231709784"},{"endTime":"1795313202343349269","eventName":"task::f","extraData":"{}","startTime":"1795313202343148202"}]}},"timestamp":"2026-12-04T22:10:18.814683483Z"}"#,
+        r#"{"eventId":"uc3KUwAAAAAVAAAAAAAAAA==","eventType":"TASK_LIFECYCLE_EVENT","message":"","nodeId":"OuZZXCSK197xxyBr/VCxjoYNXrFn5OBoxkgjpQ==","sessionName":"session_2026-11-22_00-00-00_000000_1","severity":"INFO","sourceType":"CORE_WORKER","taskLifecycleEvent":{"jobId":"AgAAAA==","nodeId":"","stateTransitions":[{"state":"PENDING_ARGS_AVAIL","timestamp":"2026-11-22T02:06:42.343338432Z"},{"state":"PENDING_NODE_ASSIGNMENT","timestamp":"2026-11-22T02:06:42.344500587Z"}],"taskAttempt":0,"taskId":"uc3KUwAAAAAVAAAAAAAAAA==","workerId":"","workerPid":0,"taskLogInfo":{"stdoutFile":"/tmp/ray/logs/worker-ab-01000000-7.out","stdoutStart":"12","stdoutEnd":40},"rayErrorInfo":{"errorType":"TASK_EXECUTION_EXCEPTION","errorMessage":"Traceback:\n  boom \u00e9"}},"timestamp":"2026-12-04T22:10:18.814683483Z"}"#,
+        r#"{"actorTaskDefinitionEvent":{"actorFunc":{"pythonFunctionDescriptor":{"className":"Counter","functionHash":"","functionName":"add","moduleName":"job3"}},"actorId":"7YtY6SVWBVhbQdSQAQAAAA==","actorTaskName":"Counter.add","isDetachedActor":false,"jobId":"AgAAAA==","labelSelector":{},"language":"PYTHON","parentTaskId":"//////////////////////////8BAAAA","placementGroupId":"////////////////////////","refIds":{},"requiredResources":{"CPU":1.0},"serializedRuntimeEnv":"{\"env_vars\": {\"FOO\": \"bar\"}}","taskAttempt":0,"taskId":"uc3KUwAAAACZAAAAAAAAAA=="},"eventId":"uc3KUwAAAACZAAAAAAAAAA==","eventType":"ACTOR_TASK_DEFINITION_EVENT","message":"","nodeId":"OuZZXCSK197xxyBr/VCxjoYNXrFn5OBoxkgjpQ==","sessionName":"session_2026-11-22_00-00-00_000000_1","severity":"INFO","sourceType":"CORE_WORKER","timestamp":"2026-12-04T22:10:18.814683483Z"}"#,
+    ];
+
+    #[test]
+    fn captured_lines_read_as_serde_reads_them_and_task_events_are_skimmed() {
+        let lines = captured();
+        let mut skimmed = 0;
+        for l in &lines {
+            if same(l) {
+                skimmed += 1;
+            }
+        }
+        // Every pushed line is skimmed (export events, with `event_data`, are serde's).
+        let pushed = lines
+            .iter()
+            .filter(|l| !l.contains("\"event_data\""))
+            .count();
+        assert_eq!(skimmed, pushed, "of {}", lines.len());
+        assert!(pushed > 300);
+    }
+
+    /// Hand-made edge cases: each either read as serde reads it or left to serde.
+    #[test]
+    fn edge_cases_read_as_serde_reads_them() {
+        let def = |body: &str| {
+            format!(
+                r#"{{"eventId":"d","eventType":"TASK_DEFINITION_EVENT","timestamp":"2026-11-22T05:00:01Z","taskDefinitionEvent":{{{body}}}}}"#
+            )
+        };
+        let life = |body: &str| {
+            format!(
+                r#"{{"eventId":"l","eventType":"TASK_LIFECYCLE_EVENT","timestamp":"2026-11-22T05:00:01Z","taskLifecycleEvent":{{{body}}}}}"#
+            )
+        };
+        let prof = |events: &str| {
+            format!(
+                r#"{{"eventId":"p","eventType":"TASK_PROFILE_EVENT","taskProfileEvents":{{"taskId":"AQID","profileEvents":{{"componentType":"worker","componentId":"AQID","events":{events}}}}}}}"#
+            )
+        };
+        let cases = [
+            def(r#""taskId":"AQID","taskAttempt":2,"taskName":"f""#),
+            def(r#""taskId":"A\u0051ID","taskName":"f\nx""#),
+            def(r#""taskId":"AQID","taskAttempt":"3","taskName":null"#),
+            def(r#""taskId":"AQID","taskAttempt":" 3 ""#),
+            def(r#""taskId":"AQID","taskAttempt":3.7"#),
+            def(r#""taskId":"AQID","taskAttempt":-4"#),
+            def(r#""taskId":"AQID","taskAttempt":-0"#),
+            def(r#""taskId":"AQID","taskAttempt":012"#),
+            def(r#""taskId":"AQID","taskAttempt":1e2"#),
+            def(r#""taskId":"AQID","taskAttempt":99999999999999999999"#),
+            def(r#""taskId":"AQID","taskAttempt":123456789012345678"#),
+            def(r#""taskId":"AQID","taskAttempt":null"#),
+            def(r#""taskId":"AQID","taskAttempt":true"#),
+            def(r#""taskId":"AQID","taskId":"AQID""#),
+            def(r#""taskId":"AQID","task_id":"AQIE""#),
+            def(r#""taskId":"AQID","taskName":"a","actorTaskName":"b""#),
+            def(r#""taskId":"AQID","taskName":5"#),
+            def(r#""taskId":"AQID","requiredResources":{"GPU":0.1,"CPU":1,"CPU":2,"m":1e9}"#),
+            def(r#""taskId":"AQID","requiredResources":null"#),
+            def(
+                r#""taskId":"AQID","requiredResources":{"CPU":1.5,"GPU":-0,"z":-0.0,"a":0.1234567890123}"#,
+            ),
+            def(r#""taskId":"AQID","requiredResources":{"a":0.12345678901234567,"b":1}"#),
+            def(r#""taskId":"AQID","requiredResources":{"a":"1"}"#),
+            def(r#""taskId":"AQID","requiredResources":{"a\u0062":1}"#),
+            def(
+                r#""taskId":"AQID","taskFunc":{"pythonFunctionDescriptor":{"functionName":"p","moduleName":"m"},"javaFunctionDescriptor":{"functionName":"j"}}"#,
+            ),
+            def(
+                r#""taskId":"AQID","taskFunc":{"pythonFunctionDescriptor":null,"cppFunctionDescriptor":{"functionName":"c","function_name":"d"}}"#,
+            ),
+            def(
+                r#""taskId":"AQID","actorFunc":{"python_function_descriptor":{"function_name":"p"}},"taskFunc":{}"#,
+            ),
+            def(r#""taskId":"AQID","requiredResources":[]"#),
+            def(r#""taskId":"AQID","taskFunc":{"javaFunctionDescriptor":{"functionName":"j"}}"#),
+            def(r#""task\u0049d":"AQID""#),
+            def(
+                r#" "taskId" : "AQID" , "x" : [ 1 , { } , [ ] , "\"" , -1.5e+3 , true , false , null ] "#,
+            ),
+            def(r#""taskId":"AQID","x":[1,]"#),
+            def(r#""taskId":"AQID","x":{"a":1,}"#),
+            def(r#""taskId":"AQID","x":"\x""#),
+            def(r#""taskId":"AQID","x":"\u12G4""#),
+            def(r#""taskId":"AQID","x":"a	tab""#),
+            def(r#""taskId":"AQID","x":01"#),
+            def(r#""taskId":"AQID","x":1."#),
+            def(r#""taskId":"AQID","x":-"#),
+            def(r#""taskId":"AQID","x":nul"#),
+            def(r#""taskId":"AQID","x":"\ud800""#),
+            def(r#""taskId":"é🎉","taskName":"héllo""#),
+            life(
+                r#""taskId":"AQID","stateTransitions":[{"state":"RUNNING","timestamp":"2026-11-22T05:00:01.5Z"},{"state":"","timestamp":"x"},{"timestamp":"2026-11-22T05:00:02Z"},{"state":"WEIRD","x":1}]"#,
+            ),
+            life(r#""taskId":"AQID","stateTransitions":null"#),
+            life(r#""taskId":"AQID","stateTransitions":{}"#),
+            life(r#""taskId":"AQID","stateTransitions":[["RUNNING","2026-11-22T05:00:01Z"]]"#),
+            life(r#""taskId":"AQID","stateTransitions":[{"state":"RUNNING","state":"FAILED"}]"#),
+            life(r#""taskId":"AQID","workerPid":"77","nodeId":"","workerId":null"#),
+            life(
+                r#""taskId":"AQID","rayErrorInfo":{"errorType":"X","errorMessage":"a\"b"},"taskLogInfo":{"stderrFile":"/a/worker-x.err","stderrStart":3}"#,
+            ),
+            life(r#""taskId":"AQID","taskLogInfo":{"stderrStart":true}"#),
+            life(
+                r#""taskId":"AQID","taskLogInfo":{"stdoutStart":" 12 ","stdoutEnd":"x","stderrStart":"1\u0032","stderrEnd":-5,"stdoutFile":"/a/worker-1.out","stderr_file":null}"#,
+            ),
+            life(r#""taskId":"AQID","taskLogInfo":{"stdoutStart":"1","stdout_start":"2"}"#),
+            life(
+                r#""taskId":"AQID","task_log_info":{"stdout_end":"99999999999999999999","stderr_end":1.5}"#,
+            ),
+            life(
+                r#""taskId":"AQID","ray_error_info":{"error_type":"X","error_message":null,"x":[]}"#,
+            ),
+            life(r#""taskId":"AQID","rayErrorInfo":{"errorType":"X","errorType":"Y"}"#),
+            life(r#""taskId":"AQID","workerPid":[1]"#),
+            prof(r#"[{"eventName":"task::f","startTime":"10","endTime":20}]"#),
+            prof(
+                r#"[{"eventName":"x","startTime":[1]},{"eventName":"task::f","startTime":"10","endTime":"20"}]"#,
+            ),
+            prof(r#"[{"eventName":"task::f","startTime":"1\u0030","endTime":20.5}]"#),
+            prof(r#"[{"eventName":"task::f","startTime":null,"endTime":"20"}]"#),
+            prof(r#"null"#),
+            prof(r#"[]"#),
+            prof(r#"[1]"#),
+            prof(r#"{}"#),
+            r#"{"eventType":"TASK_DEFINITION_EVENT","taskDefinitionEvent":null}"#.to_string(),
+            r#"{"eventType":"TASK_DEFINITION_EVENT","taskDefinitionEvent":["AQID",1]}"#.to_string(),
+            r#"{"eventType":"TASK_DEFINITION_EVENT","eventType":"X"}"#.to_string(),
+            r#"{"eventType":"SOME_FUTURE_EVENT","eventId":"x","timestamp":"2026-11-22T05:00:01Z"}"#
+                .to_string(),
+            r#"{"eventType":"SOME_FUTURE_EVENT","timestamp":1795625217}"#.to_string(),
+            r#"{"eventType":"SOME_FUTURE_EVENT","timestamp":1.5}"#.to_string(),
+            r#"{"eventType":"SOME_FUTURE_EVENT","timestamp":null}"#.to_string(),
+            r#"{"eventType":"SOME_FUTURE_EVENT"} x"#.to_string(),
+            r#"{"eventType":"SOME_FUTURE_EVENT"}  "#.to_string(),
+            r#"{}"#.to_string(),
+            r#"{"#.to_string(),
+            format!(
+                r#"{{"eventType":"X","deep":{}1{}}}"#,
+                "[".repeat(100),
+                "]".repeat(100)
+            ),
+            format!(
+                r#"{{"eventType":"X","deep":{}1{}}}"#,
+                "[".repeat(30),
+                "]".repeat(30)
+            ),
+        ];
+        let mut skimmed = 0;
+        for c in &cases {
+            if same(c) {
+                skimmed += 1;
+            }
+        }
+        assert!(skimmed > cases.len() / 2, "{skimmed} of {}", cases.len());
+    }
+
+    /// Real lines perturbed (bytes replaced, inserted, deleted; whitespace added; cut):
+    /// each either read as serde reads it or left to serde.
+    #[test]
+    fn perturbed_lines_read_as_serde_reads_them() {
+        let lines = captured();
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        const BYTES: &[u8] = b"\"\\{}[],: 0123-.eEtrunlfasx\t\n\x01u";
+        let mut skimmed = 0;
+        for round in 0..4000 {
+            let mut l = lines[round % lines.len()].clone().into_bytes();
+            for _ in 0..1 + next() % 3 {
+                let at = (next() as usize) % l.len();
+                let b = BYTES[(next() as usize) % BYTES.len()];
+                match next() % 5 {
+                    0 => l[at] = b,
+                    1 => l.insert(at, b),
+                    2 => {
+                        l.remove(at);
+                    }
+                    3 => l.insert(at, b' '),
+                    _ => l.truncate(at.max(1)),
+                }
+            }
+            if let Ok(text) = std::str::from_utf8(&l) {
+                if same(text) {
+                    skimmed += 1;
+                }
+            }
+        }
+        assert!(skimmed > 500, "{skimmed}");
+    }
+}
