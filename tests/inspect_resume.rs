@@ -8,7 +8,8 @@
 //!   unreadable, every event;
 //! - the object replaced while its body was cut off: unreadable, saying it changed, never
 //!   a mix of the two versions;
-//! - every GET of it cut: unreadable, saying how many times it was tried and at which byte.
+//! - every GET of it cut: unreadable, saying how many times it was tried and at which byte;
+//! - a resumed answer whose body is longer or shorter than its range: unreadable.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -209,4 +210,68 @@ fn a_resumption_answered_with_the_whole_object_is_not_stitched() {
         .filter(|q| q.method == "GET" && q.header("range").is_some())
         .count();
     assert_eq!(ranged, 3, "{:?}", proxy.seen());
+}
+
+/// `answer` (an HTTP/1.1 answer with a `Content-Length`) with its body changed by `change`
+/// and its `Content-Length` set to the new body's: an answer whose length agrees with
+/// itself but not with the `Content-Range` it carries.
+fn with_body(answer: &[u8], change: impl Fn(&mut Vec<u8>)) -> Vec<u8> {
+    let end = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an answer head")
+        + 4;
+    let mut body = answer[end..].to_vec();
+    change(&mut body);
+    let head = String::from_utf8_lossy(&answer[..end]);
+    let mut out = String::new();
+    for line in head.split("\r\n") {
+        if line.to_ascii_lowercase().starts_with("content-length:") {
+            out.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        } else if !line.is_empty() {
+            out.push_str(line);
+            out.push_str("\r\n");
+        }
+    }
+    out.push_str("\r\n");
+    let mut out = out.into_bytes();
+    out.extend_from_slice(&body);
+    out
+}
+
+fn one_more_event(answer: &[u8]) -> Vec<u8> {
+    with_body(answer, |b| b.extend_from_slice(&object_bytes("extra", 1)))
+}
+
+fn ten_bytes_short(answer: &[u8]) -> Vec<u8> {
+    with_body(answer, |b| b.truncate(b.len().saturating_sub(10)))
+}
+
+/// The reader's resumption answered with a 206 of the right `Content-Range` whose body is
+/// longer or shorter than that range (review r54t D1: one event too many, or a line lost,
+/// and the object counted read): unreadable, saying so; no byte past the object's size
+/// reaches the decoder.
+#[test]
+fn a_resumption_whose_body_disagrees_with_its_range_is_unreadable() {
+    for (rewrite, says) in [
+        (
+            one_more_event as fn(&[u8]) -> Vec<u8>,
+            "sent more than the object's",
+        ),
+        (ten_bytes_short, "the body ended at byte"),
+    ] {
+        let Some((_s3, proxy)) = rig() else { return };
+        proxy.add(
+            Rule::new(Fault::Rewrite(rewrite))
+                .method("GET")
+                .target_contains(".jsonl")
+                .with_header("if-match"),
+        );
+        proxy.add(cut(CUT_AT, Duration::ZERO).times(3));
+        let r = inspect(&proxy);
+        let details = unreadable_detail(&r);
+        assert!(details.contains(says), "{details}");
+        let events = r["events"]["by_type"][TYPE].as_u64().unwrap_or(0);
+        assert!(events < EVENTS as u64, "{}", r["events"]);
+    }
 }

@@ -393,7 +393,23 @@ async fn fetch(
     let failure = 'object: loop {
         let mut error = loop {
             match body.next().await {
+                // A body that ends short of the object's size ended early, however cleanly
+                // (review r54t D1: a 206 shorter than its Content-Range counted as read).
+                None if bytes != size => {
+                    break 'object Some(format!(
+                        "reading failed: the body ended at byte {bytes} of {size}"
+                    ))
+                }
                 None => break 'object None,
+                Some(Ok(chunk)) if bytes + chunk.len() as u64 > size => {
+                    // Never fed to the decoder (review r54t D1: a 206 carrying more than its
+                    // Content-Range added an event).
+                    break 'object Some(format!(
+                        "reading failed: the store sent more than the object's {size} bytes \
+                         (at byte {bytes}, a piece of {})",
+                        chunk.len()
+                    ));
+                }
                 Some(Ok(chunk)) => {
                     bytes += chunk.len() as u64;
                     fetched.fetch_add(chunk.len() as u64, Ordering::Relaxed);

@@ -968,13 +968,28 @@ mod tests {
     /// Hand-made edge cases: each either read as serde reads it or left to serde.
     #[test]
     fn plain_numbers_are_serdes_f64_to_the_bit() {
-        for text in ["-0", "0", "-0.0", "1", "-17", "123456789012345", "0.1", "-2.5e0"] {
+        for text in [
+            "-0",
+            "0",
+            "-0.0",
+            "1",
+            "-17",
+            "123456789012345",
+            "0.1",
+            "-2.5e0",
+        ] {
             let ours = plain_float(text).map(f64::to_bits);
             let serde = serde_json::from_str::<f64>(text).ok().map(f64::to_bits);
             // What we do not read (an exponent) is serde's: `None` here.
-            assert!(ours.is_none() || ours == serde, "{text}: {ours:?} against {serde:?}");
+            assert!(
+                ours.is_none() || ours == serde,
+                "{text}: {ours:?} against {serde:?}"
+            );
         }
-        assert_eq!(plain_float("-0").map(f64::to_bits), Some((-0.0f64).to_bits()));
+        assert_eq!(
+            plain_float("-0").map(f64::to_bits),
+            Some((-0.0f64).to_bits())
+        );
     }
 
     #[test]
