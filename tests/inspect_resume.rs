@@ -275,3 +275,70 @@ fn a_resumption_whose_body_disagrees_with_its_range_is_unreadable() {
         assert!(events < EVENTS as u64, "{}", r["events"]);
     }
 }
+
+/// `serve` stopped (SIGTERM) while a session's load waits on a body that stalled mid-object:
+/// the load is given up, the process exits 0 at once, and no thread panics (review r54t D2:
+/// the load's HTTP timer was polled on a runtime being shut down: "A Tokio 1.x context was
+/// found, but it is being shutdown").
+#[test]
+fn serve_stopped_during_a_stalled_load_exits_cleanly() {
+    use rhc_testkit::serve::{set_cookies, Serve};
+    let Some((_s3, proxy)) = rig() else { return };
+    proxy.add(cut(CUT_AT, Duration::from_secs(60)).times(1));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = proxy.url();
+    let mut serve = Serve::start(
+        &format!("s3://{BUCKET}"),
+        &dir.path().join("serve.log"),
+        &[],
+        &[
+            ("AWS_ENDPOINT", url.as_str()),
+            ("AWS_ALLOW_HTTP", "true"),
+            ("AWS_ACCESS_KEY_ID", MotoS3::ACCESS_KEY_ID),
+            ("AWS_SECRET_ACCESS_KEY", MotoS3::SECRET_ACCESS_KEY),
+            ("AWS_REGION", MotoS3::REGION),
+            ("NO_PROXY", "127.0.0.1,localhost"),
+            ("no_proxy", "127.0.0.1,localhost"),
+        ],
+    );
+    let entered = serve
+        .get(
+            &format!("/enter_cluster/default/raycluster/c1/{SESSION}"),
+            &[],
+        )
+        .expect("enter_cluster");
+    assert_eq!(entered.status, 200, "{}", serve.log_text());
+    let cookies = set_cookies(&entered);
+    // The load starts and stalls on the held body; its request waits for it, on a thread of
+    // its own (the server closes it at the stop).
+    let (port, cookie) = (serve.port, cookies_header(&cookies));
+    let waiting = std::thread::spawn(move || {
+        let _ = rhc_testkit::http::try_http_request(
+            "GET",
+            &format!("http://127.0.0.1:{port}/api/v0/tasks?limit=1"),
+            &[("Cookie", cookie.as_str())],
+            b"",
+        );
+    });
+    let until = Instant::now() + Duration::from_secs(20);
+    while cuts(&proxy) == 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The stalled body is being waited on.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(cuts(&proxy), 1, "{:?}", proxy.seen());
+    let (status, took) = serve.terminate(Duration::from_secs(10)).expect("exit");
+    let log = serve.log_text();
+    assert!(status.success(), "{status}\n{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(took < Duration::from_secs(8), "{took:?}\n{log}");
+    let _ = waiting.join();
+}
+
+fn cookies_header(cookies: &[(String, String)]) -> String {
+    cookies
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}

@@ -37,7 +37,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, Semaphore};
 
 use super::index::{IndexBuilder, SessionIndex};
-use crate::reader::{events_signature, session_facts, EventsSignature, OpenBucket, SessionMarker};
+use crate::reader::{
+    events_signature, session_facts, EventsSignature, OpenBucket, SessionMarker, TaskView,
+};
 
 /// Sessions loaded at once: a load uses a core (the fold) and up to ~128 MiB of fold state
 /// besides the index it builds.
@@ -116,6 +118,10 @@ pub struct SessionCache {
     /// time never waits behind reloads (review r36k D4: a flood of `reload=true` held both
     /// load permits and a cold open waited past 25 s).
     reloads: Arc<Semaphore>,
+    /// Set when the server stops: loads give up at once, so none is still reading when the
+    /// runtime shuts down (review r54t D2: a load mid-body at SIGTERM polled its HTTP timer
+    /// on a runtime being shut down, and its thread panicked).
+    stopping: watch::Sender<bool>,
     pub stats: CacheStats,
 }
 
@@ -144,8 +150,15 @@ impl SessionCache {
             inner: Mutex::new(Inner::default()),
             loads: Arc::new(Semaphore::new(MAX_CONCURRENT_LOADS)),
             reloads: Arc::new(Semaphore::new(1)),
+            stopping: watch::Sender::new(false),
             stats: CacheStats::default(),
         }
+    }
+
+    /// Stops every load in progress (each ends as failed, "the server is stopping"), and any
+    /// started after: called once the server answers no more.
+    pub fn stop_loads(&self) {
+        self.stopping.send_replace(true);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -437,13 +450,19 @@ impl SessionCache {
             }
         };
         let runtime = tokio::runtime::Handle::current();
+        let mut stopping = self.stopping.subscribe();
         let session = marker.session.clone();
         // The fold uses a core for seconds on a big session: a blocking thread of its own, so
         // the runtime's workers stay free to answer other requests.
         let built = tokio::task::spawn_blocking(move || {
             let mut builder = IndexBuilder::default();
-            let facts =
-                runtime.block_on(session_facts(&bucket, &marker, &mut |t| builder.add(t)))?;
+            let mut add = |t: &TaskView<'_>| builder.add(t);
+            let facts = runtime.block_on(async {
+                tokio::select! {
+                    facts = session_facts(&bucket, &marker, &mut add) => facts,
+                    _ = stopping.wait_for(|s| *s) => Err(anyhow::anyhow!("the server is stopping")),
+                }
+            })?;
             Ok::<_, anyhow::Error>(builder.finish(facts))
         })
         .await;

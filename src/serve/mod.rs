@@ -388,7 +388,8 @@ pub async fn run(args: ServeArgs, env: &dyn Fn(&str) -> Option<String>) -> anyho
         .with_context(|| format!("listening on {}", args.listen))?;
     let local: SocketAddr = listener.local_addr().context("reading the bound address")?;
     tracing::info!(address = %local, storage = %spec, "serving the bucket (read-only)");
-    serve_connections(listener, router(state)).await;
+    let cache = Arc::clone(&state.cache);
+    serve_connections(listener, router(state), move || cache.stop_loads()).await;
     tracing::info!("stopped");
     Ok(())
 }
@@ -411,8 +412,10 @@ const GIVE_WAY_WAIT: std::time::Duration = std::time::Duration::from_millis(500)
 /// ([`connection::WRITE_STALL_TIMEOUT`]) within [`MAX_CONNECTIONS`] (at the cap, a connection
 /// whose writes have stalled gives its place to the new one); then answers in flight may
 /// finish for [`SHUTDOWN_GRACE`] (a fold of a huge session or a client that reads slowly must
-/// not hold the shutdown past it), idle connections are closed at once.
-async fn serve_connections(listener: tokio::net::TcpListener, app: Router) {
+/// not hold the shutdown past it), idle connections are closed at once. `on_stop` runs when
+/// the signal comes (it stops the sessions' loads: a request waiting for one is answered
+/// that the server is stopping, rather than held for the grace).
+async fn serve_connections(listener: tokio::net::TcpListener, app: Router, on_stop: impl FnOnce()) {
     let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let places = Arc::new(connection::Places::new());
@@ -466,6 +469,7 @@ async fn serve_connections(listener: tokio::net::TcpListener, app: Router) {
         });
     }
     let _ = stopping_tx.send(true);
+    on_stop();
     let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
         while connections.join_next().await.is_some() {}
     })
