@@ -277,7 +277,8 @@ fn a_resumption_whose_body_disagrees_with_its_range_is_unreadable() {
 }
 
 /// `serve` stopped (SIGTERM) while a session's load waits on a body that stalled mid-object:
-/// the load is given up, the process exits 0 at once, and no thread panics (review r54t D2:
+/// the load is given up, the request waiting for it is answered 503 with `Retry-After`, the
+/// process exits 0 at once, and no thread panics (review r54t D2:
 /// the load's HTTP timer was polled on a runtime being shut down: "A Tokio 1.x context was
 /// found, but it is being shutdown").
 #[test]
@@ -313,12 +314,12 @@ fn serve_stopped_during_a_stalled_load_exits_cleanly() {
     // its own (the server closes it at the stop).
     let (port, cookie) = (serve.port, cookies_header(&cookies));
     let waiting = std::thread::spawn(move || {
-        let _ = rhc_testkit::http::try_http_request(
+        rhc_testkit::http::try_http_request(
             "GET",
             &format!("http://127.0.0.1:{port}/api/v0/tasks?limit=1"),
             &[("Cookie", cookie.as_str())],
             b"",
-        );
+        )
     });
     let until = Instant::now() + Duration::from_secs(20);
     while cuts(&proxy) == 0 && Instant::now() < until {
@@ -332,7 +333,22 @@ fn serve_stopped_during_a_stalled_load_exits_cleanly() {
     assert!(status.success(), "{status}\n{log}");
     assert!(!log.contains("panicked"), "{log}");
     assert!(took < Duration::from_secs(8), "{took:?}\n{log}");
-    let _ = waiting.join();
+    // The waiting request is told to ask again (review r54u D1: it got a 500).
+    let answer = waiting
+        .join()
+        .expect("the waiting request")
+        .expect("an answer");
+    assert_eq!(
+        answer.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert!(
+        answer.header("retry-after").is_some(),
+        "{:?}",
+        answer.headers
+    );
 }
 
 fn cookies_header(cookies: &[(String, String)]) -> String {

@@ -131,6 +131,9 @@ pub enum Unavailable {
     Loading,
     /// The load failed: why.
     Failed(Arc<String>),
+    /// The server is stopping: loads were given up (answered 503 with `Retry-After`, so a
+    /// client asks again, of another replica if there is one).
+    Stopping,
 }
 
 /// Objects and entries a load could not read (an index that has some is partial).
@@ -361,10 +364,10 @@ impl SessionCache {
             };
             match rx {
                 None => return self.get(bucket, marker).await,
-                Some(rx) if forced || waited_for_running => return Self::wait(rx).await,
+                Some(rx) if forced || waited_for_running => return self.waited(rx).await,
                 Some(rx) => {
                     waited_for_running = true;
-                    Self::wait(rx).await?;
+                    self.waited(rx).await?;
                 }
             }
         }
@@ -408,7 +411,19 @@ impl SessionCache {
             Ok(index) => return Ok(index),
             Err(rx) => rx,
         };
-        Self::wait(rx).await
+        self.waited(rx).await
+    }
+
+    /// [`Self::wait`], or [`Unavailable::Stopping`] when the server stopped meanwhile.
+    async fn waited(
+        &self,
+        rx: watch::Receiver<Option<Loaded>>,
+    ) -> Result<Arc<SessionIndex>, Unavailable> {
+        let waited = Self::wait(rx).await;
+        match waited {
+            Err(_) if *self.stopping.borrow() => Err(Unavailable::Stopping),
+            other => other,
+        }
     }
 
     /// Waits for a load's outcome at most [`LOAD_WAIT`].

@@ -341,6 +341,11 @@ async fn enter(
                     "the reload failed: {e}; the index held, if any, answers"
                 )));
             }
+            Err(Unavailable::Stopping) => {
+                body["message"] = serde_json::json!(
+                    "the server is stopping: the reload was given up; the index held, if any, answers"
+                );
+            }
         }
     } else {
         state.cache.prefetch(&state.bucket, &chosen);

@@ -89,6 +89,16 @@ pub(super) async fn index(
             StatusCode::INTERNAL_SERVER_ERROR,
             escape_message(&format!("loading the session: {e}")),
         ))),
+        // Review r54u D1: a 500 told a client the request failed, not to ask again.
+        Err(Unavailable::Stopping) => {
+            let mut headers = HeaderMap::new();
+            headers.insert(RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            Err(entered.refresh((
+                StatusCode::SERVICE_UNAVAILABLE,
+                headers,
+                "the server is stopping: ask again".to_string(),
+            )))
+        }
     }
 }
 
