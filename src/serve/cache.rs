@@ -164,6 +164,11 @@ impl SessionCache {
         self.stopping.send_replace(true);
     }
 
+    /// True once [`Self::stop_loads`] was called.
+    pub fn stopping(&self) -> bool {
+        *self.stopping.borrow()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A panic while holding the map leaves it consistent (every change is one insert
         // or remove): go on with it.

@@ -326,6 +326,13 @@ async fn enter(
     let mut still_loading = false;
     if reload {
         match state.cache.reload(&state.bucket, &chosen).await {
+            // A reload of a session held, cut by the stop, hands back the index held (review
+            // r54v D2: the answer then read as a completed reload).
+            Ok(_) if state.cache.stopping() => {
+                body["message"] = serde_json::json!(
+                    "the server is stopping: the reload was given up; the index held answers"
+                );
+            }
             Ok(_) => {}
             Err(Unavailable::Loading) => {
                 still_loading = true;
