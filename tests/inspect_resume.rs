@@ -283,7 +283,7 @@ fn a_resumption_whose_body_disagrees_with_its_range_is_unreadable() {
 /// found, but it is being shutdown").
 #[test]
 fn serve_stopped_during_a_stalled_load_exits_cleanly() {
-    use rhc_testkit::serve::{set_cookies, Serve};
+    use rhc_testkit::serve::{cookie_header, set_cookies, Serve};
     let Some((_s3, proxy)) = rig() else { return };
     proxy.add(cut(CUT_AT, Duration::from_secs(60)).times(1));
     let dir = tempfile::tempdir().expect("temp dir");
@@ -312,7 +312,7 @@ fn serve_stopped_during_a_stalled_load_exits_cleanly() {
     let cookies = set_cookies(&entered);
     // The load starts and stalls on the held body; its request waits for it, on a thread of
     // its own (the server closes it at the stop).
-    let (port, cookie) = (serve.port, cookies_header(&cookies));
+    let (port, cookie) = (serve.port, cookie_header(&cookies));
     let waiting = std::thread::spawn(move || {
         rhc_testkit::http::try_http_request(
             "GET",
@@ -349,12 +349,4 @@ fn serve_stopped_during_a_stalled_load_exits_cleanly() {
         "{:?}",
         answer.headers
     );
-}
-
-fn cookies_header(cookies: &[(String, String)]) -> String {
-    cookies
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join("; ")
 }

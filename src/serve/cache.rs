@@ -426,7 +426,7 @@ impl SessionCache {
     ) -> Result<Arc<SessionIndex>, Unavailable> {
         let waited = Self::wait(rx).await;
         match waited {
-            Err(_) if *self.stopping.borrow() => Err(Unavailable::Stopping),
+            Err(_) if self.stopping() => Err(Unavailable::Stopping),
             other => other,
         }
     }

@@ -326,11 +326,11 @@ async fn enter(
     let mut still_loading = false;
     if reload {
         match state.cache.reload(&state.bucket, &chosen).await {
-            // A reload of a session held, cut by the stop, hands back the index held (review
-            // r54v D2: the answer then read as a completed reload).
-            Ok(_) if state.cache.stopping() => {
+            // A reload cut by the stop: of a session held, it hands back the index held (review
+            // r54v D2: the answer then read as a completed reload); of one not held, Stopping.
+            Ok(_) | Err(Unavailable::Stopping) if state.cache.stopping() => {
                 body["message"] = serde_json::json!(
-                    "the server is stopping: the reload was given up; the index held answers"
+                    "the server is stopping: the reload was given up; the index held, if any, answers"
                 );
             }
             Ok(_) => {}
@@ -348,11 +348,8 @@ async fn enter(
                     "the reload failed: {e}; the index held, if any, answers"
                 )));
             }
-            Err(Unavailable::Stopping) => {
-                body["message"] = serde_json::json!(
-                    "the server is stopping: the reload was given up; the index held, if any, answers"
-                );
-            }
+            // Only given while stopping (the first arm).
+            Err(Unavailable::Stopping) => {}
         }
     } else {
         state.cache.prefetch(&state.bucket, &chosen);

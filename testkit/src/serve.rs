@@ -87,11 +87,7 @@ impl Serve {
 
     /// `GET path` with `cookies` sent back in one `Cookie` header.
     pub fn get(&self, path: &str, cookies: &[(String, String)]) -> std::io::Result<HttpResponse> {
-        let line = cookies
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join("; ");
+        let line = cookie_header(cookies);
         let headers: Vec<(&str, &str)> = if line.is_empty() {
             Vec::new()
         } else {
@@ -146,6 +142,15 @@ impl Drop for Serve {
             let _ = child.wait();
         }
     }
+}
+
+/// `cookies` as one `Cookie` header's value (`k=v; k2=v2`; empty for none).
+pub fn cookie_header(cookies: &[(String, String)]) -> String {
+    cookies
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The cookies an answer sets (`Set-Cookie`), as (name, value), in order.
