@@ -1940,8 +1940,34 @@ fn a_live_session_is_followed_by_listing_and_reload_true_reloads_at_once() {
         200,
     );
     assert_eq!(json_of(&r)["session"], SESSION);
+    assert!(json_of(&r).get("message").is_none(), "{}", body(&r));
     assert_eq!(total(&s), 8);
     assert_eq!(metric(&s, "rhc_serve_session_reloads_total"), 1);
+
+    // 3. A reload that reads less than the index held keeps it, and says so (review r54v: a
+    // failed reload of a held session answered as if it had been done).
+    std::fs::write(
+        dir.join(format!("{node_hex}-2026-11-22-05-4.jsonl.gz")),
+        b"not gzip at all",
+    )
+    .unwrap();
+    let r = get(
+        &s,
+        &format!("/enter_cluster/default/raycluster/{CLUSTER}/{SESSION}?reload=true"),
+        &[],
+        200,
+    );
+    let message = json_of(&r)["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        message.starts_with("the reload failed: it read less of the session than the index held")
+            && message.ends_with("the index held answers"),
+        "{}",
+        body(&r)
+    );
+    assert_eq!(total(&s), 8);
 }
 
 /// Review r36k D2: an index a load could not read whole (here an object that is not gzip)

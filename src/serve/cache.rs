@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{oneshot, watch, Semaphore};
 
 use super::index::{IndexBuilder, SessionIndex};
 use crate::reader::{
@@ -136,6 +136,24 @@ pub enum Unavailable {
     Stopping,
 }
 
+/// What `/enter_cluster?reload=true` got: the session loaded again, or the index held kept.
+pub enum Reloaded {
+    /// The new index answers (or the session, not held before, was loaded).
+    Done,
+    /// The reload failed, or read less of the session than the index held: the index held
+    /// answers. Why.
+    KeptHeld(Arc<String>),
+}
+
+/// What a refresh of a loaded session does.
+enum Refresh {
+    /// Lists the session's objects, and reloads it if they differ from these (`None`:
+    /// unknown, it reloads).
+    Look(Option<EventsSignature>),
+    /// Reloads it now (`reload=true`); why it kept the index held, if it did, goes here.
+    Forced(oneshot::Sender<Arc<String>>),
+}
+
 /// Objects and entries a load could not read (an index that has some is partial).
 fn unread(index: &SessionIndex) -> u64 {
     index.facts.unreadable_objects + index.facts.skipped_entries
@@ -211,7 +229,7 @@ impl SessionCache {
                 if refreshing.is_none() && checked.elapsed() >= due {
                     let (tx, rx) = watch::channel(None);
                     *refreshing = Some(rx);
-                    self.spawn_refresh(key, bucket, marker, *signature, false, tx);
+                    self.spawn_refresh(key, bucket, marker, Refresh::Look(*signature), tx);
                 }
                 return Ok(index);
             }
@@ -236,20 +254,24 @@ impl SessionCache {
         Err(rx)
     }
 
-    /// Looks at the session's objects (unless `force`) and reloads it when they changed or
-    /// `force`; the outcome (the index that answers now) goes to `tx`.
+    /// Looks at the session's objects (for [`Refresh::Look`]) and reloads it when they changed,
+    /// or reloads it at once ([`Refresh::Forced`]); the outcome (the index that answers now)
+    /// goes to `tx`.
     fn spawn_refresh(
         self: &Arc<Self>,
         key: String,
         bucket: &Arc<OpenBucket>,
         marker: &SessionMarker,
-        old: Option<EventsSignature>,
-        force: bool,
+        refresh: Refresh,
         tx: watch::Sender<Option<Loaded>>,
     ) {
         let (cache, bucket, marker) = (self.clone(), bucket.clone(), marker.clone());
         tokio::spawn(async move {
             let started = Instant::now();
+            let (force, failed, old) = match refresh {
+                Refresh::Look(old) => (false, None, old),
+                Refresh::Forced(failed) => (true, Some(failed), None),
+            };
             let changed = if force {
                 true
             } else {
@@ -302,6 +324,16 @@ impl SessionCache {
                 }
                 _ => {
                     cache.stats.load_failures.fetch_add(1, Ordering::Relaxed);
+                    let why = match (&loaded, &held) {
+                        (Ok(new), Some(old)) => Arc::new(format!(
+                            "it read less of the session than the index held ({} objects or \
+                             entries unreadable, against {})",
+                            unread(new),
+                            unread(old)
+                        )),
+                        (Err(e), _) => e.clone(),
+                        (Ok(_), None) => Arc::new("the index was dropped meanwhile".to_string()),
+                    };
                     if worse {
                         tracing::warn!(
                             session = %crate::util::escape::escape_untrusted(&session),
@@ -309,8 +341,12 @@ impl SessionCache {
                              held answers, and the next look tries again"
                         );
                     }
-                    // The old index is kept and answers; the next look tries again.
+                    // The old index is kept and answers; the next look tries again. The
+                    // reload asked by a client is told why (review r54v: it read as done).
                     let index = cache.checked(&key, took);
+                    if let Some(failed) = failed {
+                        let _ = failed.send(why);
+                    }
                     let _ = tx.send(index.map(Ok).or(Some(loaded)));
                 }
             }
@@ -345,7 +381,7 @@ impl SessionCache {
         self: &Arc<Self>,
         bucket: &Arc<OpenBucket>,
         marker: &SessionMarker,
-    ) -> Result<Arc<SessionIndex>, Unavailable> {
+    ) -> Result<Reloaded, Unavailable> {
         let key = key_of(bucket, marker);
         // A look already running may have listed before the change the caller knows of
         // (review r36k D2): wait for it, then reload.
@@ -355,22 +391,36 @@ impl SessionCache {
                 let mut inner = self.lock();
                 match inner.entries.get_mut(&key) {
                     Some(Entry::Ready { refreshing, .. }) => match refreshing {
-                        Some(rx) => (Some(rx.clone()), false),
+                        Some(rx) => (Some(rx.clone()), None),
                         None => {
                             let (tx, rx) = watch::channel(None);
+                            let (failed_tx, failed_rx) = oneshot::channel();
                             *refreshing = Some(rx.clone());
                             drop(inner);
-                            self.spawn_refresh(key.clone(), bucket, marker, None, true, tx);
-                            (Some(rx), true)
+                            let refresh = Refresh::Forced(failed_tx);
+                            self.spawn_refresh(key.clone(), bucket, marker, refresh, tx);
+                            (Some(rx), Some(failed_rx))
                         }
                     },
-                    _ => (None, false),
+                    _ => (None, None),
                 }
             };
-            match rx {
-                None => return self.get(bucket, marker).await,
-                Some(rx) if forced || waited_for_running => return self.waited(rx).await,
-                Some(rx) => {
+            match (rx, forced) {
+                (None, _) => return self.get(bucket, marker).await.map(|_| Reloaded::Done),
+                (Some(rx), Some(mut failed)) => {
+                    self.waited(rx).await?;
+                    // Sent before the outcome, so it is there if the reload failed.
+                    return Ok(match failed.try_recv() {
+                        Ok(why) => Reloaded::KeptHeld(why),
+                        Err(_) => Reloaded::Done,
+                    });
+                }
+                (Some(rx), None) if waited_for_running => {
+                    // A reload running already (another client's, or one this loop waited
+                    // for would have been forced): its outcome is this one's.
+                    return self.waited(rx).await.map(|_| Reloaded::Done);
+                }
+                (Some(rx), None) => {
                     waited_for_running = true;
                     self.waited(rx).await?;
                 }

@@ -14,8 +14,9 @@
 //! "session"}` and sets the cookies; `400` for an unknown kind, `404` for no such session.
 //! With `reload=true` it waits for the session's reload at most the cache's `LOAD_WAIT`;
 //! when the reload still runs past it, the answer (still `200`: the session is entered) has
-//! `x-rhc-session-loading: true`, `Retry-After` and a `message` that says so; when it failed,
-//! a `message` that says why.
+//! `x-rhc-session-loading: true`, `Retry-After` and a `message` that says so; when it failed
+//! or read less of the session than the index held (which then goes on answering), a
+//! `message` that says why.
 //!
 //! Both read one shared listing of the markers ([`MarkerListing`]): one runs at a time and
 //! answers for [`MARKERS_FRESH_FOR`], and `/clusters`' answer is made once per listing.
@@ -26,7 +27,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::cache::{Unavailable, LOADING_HEADER, LOAD_WAIT};
+use super::cache::{Reloaded, Unavailable, LOADING_HEADER, LOAD_WAIT};
 use super::cookies::Entered;
 use super::{Shared, UNREADABLE_HEADER};
 use crate::reader::SessionMarker;
@@ -333,7 +334,12 @@ async fn enter(
                     "the server is stopping: the reload was given up; the index held, if any, answers"
                 );
             }
-            Ok(_) => {}
+            Ok(Reloaded::Done) => {}
+            Ok(Reloaded::KeptHeld(why)) => {
+                body["message"] = serde_json::json!(escape_message(&format!(
+                    "the reload failed: {why}; the index held answers"
+                )));
+            }
             Err(Unavailable::Loading) => {
                 still_loading = true;
                 body["message"] = serde_json::json!(format!(
