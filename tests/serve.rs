@@ -2634,3 +2634,73 @@ fn submitted_jobs_are_answered_as_rays_and_their_driver_logs_served_by_submissio
         assert!(body(&r).contains(says), "{path}: {}", body(&r));
     }
 }
+
+/// Review r54v D1: at the stop signal the listener closes, so a connection made during the
+/// grace (while an answer is still in flight) is refused at once, and a client or proxy goes
+/// to another replica; it sat in the backlog for the whole grace, then was reset. The
+/// request in flight is still answered.
+#[test]
+fn the_listener_closes_at_the_stop_while_a_request_is_in_flight() {
+    use std::io::{Read as _, Write as _};
+    use std::net::TcpStream;
+    const SESSION: &str = "session_2026-11-22_05-00-00_000000_1";
+    let node: Vec<u8> = (1..=28).collect();
+    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    let dir = node_events_bucket(&bucket, SESSION, &node_hex);
+    std::fs::write(
+        dir.join(format!("{node_hex}-2026-11-22-05-1.jsonl")),
+        task_lines(SESSION, &node, 1, 4),
+    )
+    .unwrap();
+    let mut s = Serve::start(
+        &format!("file://{}", bucket.display()),
+        &work.path().join("serve.log"),
+        &[],
+        &[],
+    );
+    // A request whose head is half sent: the server holds its connection through the grace.
+    let mut held = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    held.set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    held.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = s.pid().unwrap() as i32;
+    // SAFETY: a signal to our own child process.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    // Refused once the signal is taken (within milliseconds; 5 s for a loaded machine),
+    // where the listener kept open refused nothing for the whole 10 s grace.
+    let started = std::time::Instant::now();
+    let late = loop {
+        let late = TcpStream::connect_timeout(
+            &std::net::SocketAddr::from(([127, 0, 0, 1], s.port)),
+            Duration::from_secs(2),
+        );
+        if late.is_err() || started.elapsed() > Duration::from_secs(5) {
+            break late;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        late.as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused),
+        "a connection made during the grace: {late:?}\n{}",
+        s.log_text()
+    );
+    // The request in flight is answered.
+    let cookie = rhc_testkit::serve::cookie_header(&cookies_for(SESSION));
+    held.write_all(format!("Cookie: {cookie}\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = held.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "{answer}\n{}",
+        s.log_text()
+    );
+    let (status, _) = s.terminate(Duration::from_secs(15)).unwrap();
+    assert!(status.success(), "{status}\n{}", s.log_text());
+}
