@@ -2379,44 +2379,16 @@ fn events_answers_share_one_memory_budget() {
 /// 35 s.
 #[test]
 fn a_reload_past_the_wait_says_the_session_is_still_loading() {
-    use rhc_testkit::fault_proxy::{Fault, FaultProxy, Rule};
+    use rhc_testkit::fault_proxy::{Fault, Rule};
     const SESSION: &str = "session_2026-11-22_05-00-00_000000_1";
-    let Some(s3) = MotoS3::start() else { return };
-    s3.create_bucket("ray-history");
     let node: Vec<u8> = (1..=28).collect();
-    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
-    s3.put_object(
-        "ray-history",
-        &format!("cluster-metadata/raycluster/default_c1/{SESSION}"),
-        b"",
-    );
-    s3.put_object(
-        "ray-history",
-        &format!(
-            "cluster-history/raycluster/default/c1/{SESSION}/{node_hex}/node_events/{node_hex}-2026-11-22-05-1.jsonl"
-        ),
-        task_lines(SESSION, &node, 1, 4).as_bytes(),
-    );
-    let proxy = FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
-    let proxy_url = proxy.url();
-    let env: Vec<(&str, &str)> = s3
-        .collector_env()
-        .into_iter()
-        .map(|(k, v)| {
-            if k == "AWS_ENDPOINT" {
-                (k, proxy_url.as_str())
-            } else {
-                (k, v)
-            }
-        })
-        .collect();
+    let objects = [("1.jsonl", task_lines(SESSION, &node, 1, 4).into_bytes())];
+    let Some(rig) = S3Session::start(SESSION, &node, &objects) else {
+        return;
+    };
+    let proxy = &rig.proxy;
     let work = tempfile::tempdir().unwrap();
-    let s = Serve::start(
-        "s3://ray-history",
-        &work.path().join("serve.log"),
-        &[],
-        &env,
-    );
+    let s = rig.serve(&work.path().join("serve.log"));
     let c = cookies_for(SESSION);
     let r = get_loaded(&s, "/api/v0/tasks?limit=100", &c);
     assert_eq!(json_of(&r)["data"]["result"]["total"], 3, "{}", body(&r));
@@ -2703,4 +2675,146 @@ fn the_listener_closes_at_the_stop_while_a_request_is_in_flight() {
     );
     let (status, _) = s.terminate(Duration::from_secs(15)).unwrap();
     assert!(status.success(), "{status}\n{}", s.log_text());
+}
+
+/// moto holding a session's marker and node-event objects of one node (`objects`: the end of
+/// each name, and its bytes), with the fault proxy in front of it.
+struct S3Session {
+    s3: MotoS3,
+    proxy: rhc_testkit::fault_proxy::FaultProxy,
+}
+
+impl S3Session {
+    fn start(session: &str, node: &[u8], objects: &[(&str, Vec<u8>)]) -> Option<S3Session> {
+        let s3 = MotoS3::start()?;
+        s3.create_bucket("ray-history");
+        let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
+        s3.put_object(
+            "ray-history",
+            &format!("cluster-metadata/raycluster/default_c1/{session}"),
+            b"",
+        );
+        for (name, bytes) in objects {
+            s3.put_object(
+                "ray-history",
+                &format!(
+                    "cluster-history/raycluster/default/c1/{session}/{node_hex}/node_events/{node_hex}-2026-11-22-05-{name}"
+                ),
+                bytes,
+            );
+        }
+        let proxy =
+            rhc_testkit::fault_proxy::FaultProxy::start(&format!("127.0.0.1:{}", s3.port)).unwrap();
+        Some(S3Session { s3, proxy })
+    }
+
+    /// `serve --storage s3://ray-history` through the proxy.
+    fn serve(&self, log: &Path) -> Serve {
+        let proxy_url = self.proxy.url();
+        let env: Vec<(&str, &str)> = self
+            .s3
+            .collector_env()
+            .into_iter()
+            .map(|(k, v)| {
+                if k == "AWS_ENDPOINT" {
+                    (k, proxy_url.as_str())
+                } else {
+                    (k, v)
+                }
+            })
+            .collect();
+        Serve::start("s3://ray-history", log, &[], &env)
+    }
+}
+
+/// Review r55a D1: a reload whose listings failed (the store answering them 403, or down) is
+/// no newer view of the session, however few objects it could not read: the index held, of
+/// 3 tasks and three broken objects, goes on answering and the answer says why. It was put
+/// in place (each listing that failed counted as one unreadable object: 2 are not more than
+/// 3), blanking the session, and the good reloads after it were refused as reading less.
+#[test]
+fn a_reload_whose_listing_failed_keeps_the_index_held() {
+    use rhc_testkit::fault_proxy::{Fault, Rule};
+    const SESSION: &str = "session_2026-11-22_05-00-00_000000_1";
+    let node: Vec<u8> = (1..=28).collect();
+    let objects = [
+        ("1.jsonl", task_lines(SESSION, &node, 1, 4).into_bytes()),
+        ("2.jsonl.gz", b"not gzip at all".to_vec()),
+        ("3.jsonl.gz", b"not gzip at all".to_vec()),
+        ("4.jsonl.gz", b"not gzip at all".to_vec()),
+    ];
+    let Some(rig) = S3Session::start(SESSION, &node, &objects) else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let s = rig.serve(&work.path().join("serve.log"));
+    let c = cookies_for(SESSION);
+    let tasks = |s: &Serve| {
+        let r = get(s, "/api/v0/tasks?limit=100", &c, 200);
+        let total = json_of(&r)["data"]["result"]["total"].clone();
+        (total, r.header(UNREADABLE).map(str::to_string))
+    };
+    get_loaded(&s, "/api/v0/tasks?limit=100", &c);
+    assert_eq!(tasks(&s), (json!(3), Some("3".to_string())));
+    let reload = |s: &Serve| {
+        let path = format!("/enter_cluster/default/raycluster/{CLUSTER}/{SESSION}?reload=true");
+        let r = get(s, &path, &[], 200);
+        json_of(&r)["message"].as_str().map(str::to_string)
+    };
+    // Every listing of the session's objects refused (the markers are still listed).
+    rig.proxy.add(
+        Rule::new(Fault::Status(403, "AccessDenied".into()))
+            .method("GET")
+            .target_contains("prefix=cluster-history"),
+    );
+    let message = reload(&s).unwrap_or_default();
+    assert!(
+        message.starts_with("the reload failed: it could not list"),
+        "{message:?}\n{}",
+        s.log_text()
+    );
+    assert_eq!(tasks(&s), (json!(3), Some("3".to_string())));
+    // The store answers again: the reload is taken, and says nothing.
+    rig.proxy.clear();
+    assert_eq!(reload(&s), None, "{}", s.log_text());
+    assert_eq!(tasks(&s), (json!(3), Some("3".to_string())));
+
+    // Review r55a D2: three clients ask at once, each reload reading less (one more broken
+    // object) and slow (each read of an object held 400 ms). The first one's reload runs,
+    // the other two wait for it, then one of them starts another and the last takes that
+    // one's outcome: it was told the reload was done. Each answer says why it was kept.
+    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
+    rig.s3.put_object(
+        "ray-history",
+        &format!(
+            "cluster-history/raycluster/default/c1/{SESSION}/{node_hex}/node_events/{node_hex}-2026-11-22-05-5.jsonl.gz"
+        ),
+        b"not gzip either",
+    );
+    rig.proxy.add(
+        Rule::new(Fault::Delay(Duration::from_millis(400)))
+            .method("GET")
+            .target_contains(".jsonl"),
+    );
+    let messages: Vec<Option<String>> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..3)
+            .map(|i| {
+                let reload = &reload;
+                let s = &s;
+                scope.spawn(move || {
+                    std::thread::sleep(Duration::from_millis(50 * i));
+                    reload(s)
+                })
+            })
+            .collect();
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    assert!(
+        messages
+            .iter()
+            .all(|m| m.as_ref().is_some_and(|m| m.contains("read less"))),
+        "{messages:?}\n{}",
+        s.log_text()
+    );
+    assert_eq!(tasks(&s), (json!(3), Some("3".to_string())));
 }

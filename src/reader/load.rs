@@ -52,7 +52,7 @@ async fn read_placement_groups(
     let listed = match store.list_with_delimiter(Some(&dir)).await {
         Ok(l) => l,
         Err(e) => {
-            problems.unreadable(
+            problems.unlisted(
                 &format!("{dir}/"),
                 &format!("listing failed: {}", store_error(&e)),
             );
@@ -117,7 +117,7 @@ pub(crate) async fn session_report(
                 })
                 .collect(),
             Err(e) => {
-                problems.unreadable(
+                problems.unlisted(
                     &format!("{session_prefix}/"),
                     &format!("listing failed: {}", store_error(&e)),
                 );
@@ -135,7 +135,7 @@ pub(crate) async fn session_report(
     let mut partitions = Vec::new();
     for listing in listings {
         for (key, error) in &listing.problems {
-            problems.unreadable(key, error);
+            problems.unlisted(key, error);
         }
         let n = model.nodes.entry(listing.node.clone()).or_default();
         n.log_objects += listing.log_objects;
@@ -152,7 +152,7 @@ pub(crate) async fn session_report(
     let mut objects = Vec::new();
     for listing in partition_listings {
         if let Some((key, error)) = &listing.problem {
-            problems.unreadable(key, error);
+            problems.unlisted(key, error);
         }
         stats.not_event_objects += listing.not_event_objects;
         for object in listing.objects {

@@ -346,6 +346,10 @@ pub(crate) struct Problems {
     /// Entries of a `file://` bucket not read: links, FIFOs and other special files, names
     /// no key can hold (`local.rs`).
     pub(crate) skipped_entries: u64,
+    /// Of `unreadable_objects`, the listings that failed (a prefix whose objects are not
+    /// known at all): `serve` holds a reload that has more of them as no newer view.
+    #[serde(skip)]
+    pub(crate) unlisted: u64,
     pub(crate) details: Vec<ProblemDetail>,
 }
 
@@ -359,6 +363,13 @@ impl Problems {
     pub(super) fn unreadable(&mut self, key: &str, error: &str) {
         self.unreadable_objects += 1;
         self.note(key, error);
+    }
+
+    /// A prefix whose listing failed (`error` says so): counted as an unreadable object, as
+    /// before, and as a listing that failed.
+    pub(super) fn unlisted(&mut self, prefix: &str, error: &str) {
+        self.unlisted += 1;
+        self.unreadable(prefix, error);
     }
 
     pub(crate) fn note(&mut self, key: &str, error: &str) {

@@ -373,6 +373,9 @@ pub struct SessionFacts {
     pub bad_lines: u64,
     /// Entries of the bucket skipped (links, special files, names no key can hold).
     pub skipped_entries: u64,
+    /// Of `unreadable_objects`, the listings that failed (prefixes whose objects are not
+    /// known at all).
+    pub unlisted: u64,
 }
 
 /// What `marker`'s session's event objects and snapshots are now (see [`EventsSignature`]):
@@ -541,6 +544,7 @@ pub async fn session_facts(
         unreadable_objects: report.problems.unreadable_objects,
         bad_lines: report.problems.bad_lines,
         skipped_entries: report.problems.skipped_entries,
+        unlisted: report.problems.unlisted,
     })
 }
 

@@ -31,10 +31,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{oneshot, watch, Semaphore};
+use tokio::sync::{watch, Semaphore};
 
 use super::index::{IndexBuilder, SessionIndex};
 use crate::reader::{
@@ -87,7 +87,7 @@ enum Entry {
         check_took: Duration,
         /// A look or a reload is running; it sends its outcome here (`/enter_cluster?reload=true`
         /// waits on it).
-        refreshing: Option<watch::Receiver<Option<Loaded>>>,
+        refreshing: Option<Refreshing>,
     },
 }
 
@@ -146,17 +146,72 @@ pub enum Reloaded {
 }
 
 /// What a refresh of a loaded session does.
+#[derive(Clone, Copy)]
 enum Refresh {
     /// Lists the session's objects, and reloads it if they differ from these (`None`:
     /// unknown, it reloads).
     Look(Option<EventsSignature>),
-    /// Reloads it now (`reload=true`); why it kept the index held, if it did, goes here.
-    Forced(oneshot::Sender<Arc<String>>),
+    /// Reloads it now (`reload=true`).
+    Forced,
+}
+
+/// A refresh of a loaded session running: its outcome (the index that answers once it is
+/// done), and why it kept the index held, if it did (set before the outcome is sent), for
+/// every `reload=true` that waits on it (review r55a D2: a client that joined another's
+/// reload was told it was done).
+#[derive(Clone)]
+struct Refreshing {
+    outcome: watch::Receiver<Option<Loaded>>,
+    kept: Arc<OnceLock<Arc<String>>>,
+}
+
+impl Refreshing {
+    /// A refresh about to start: the sender of its outcome, and its handle.
+    fn new() -> (watch::Sender<Option<Loaded>>, Refreshing) {
+        let (tx, outcome) = watch::channel(None);
+        let kept = Arc::new(OnceLock::new());
+        (tx, Refreshing { outcome, kept })
+    }
+
+    /// Why the index held was kept, once the refresh is done (`None`: it was not).
+    fn kept(&self) -> Reloaded {
+        match self.kept.get() {
+            Some(why) => Reloaded::KeptHeld(why.clone()),
+            None => Reloaded::Done,
+        }
+    }
 }
 
 /// Objects and entries a load could not read (an index that has some is partial).
 fn unread(index: &SessionIndex) -> u64 {
     index.facts.unreadable_objects + index.facts.skipped_entries
+}
+
+/// Whether a reload, `new`, read less of the session than the index held, `old`: it could
+/// not list more prefixes (whose objects are not known at all), or as many and could not
+/// read more objects or entries. A listing that failed outweighs any count of objects
+/// (review r55a D1: a reload whose session listing failed, 2 unreadable, replaced an index
+/// of 7 tasks and 3 broken objects with an empty one, and the good reloads after it were
+/// refused as reading less than the empty one).
+fn read_less(new: &SessionIndex, old: &SessionIndex) -> bool {
+    (new.facts.unlisted, unread(new)) > (old.facts.unlisted, unread(old))
+}
+
+/// What [`read_less`] found, in words.
+fn read_less_why(new: &SessionIndex, old: &SessionIndex) -> String {
+    if new.facts.unlisted > old.facts.unlisted {
+        format!(
+            "it could not list {} of the session's prefixes (the index held: {})",
+            new.facts.unlisted, old.facts.unlisted
+        )
+    } else {
+        format!(
+            "it read less of the session than the index held ({} objects or entries \
+             unreadable, against {})",
+            unread(new),
+            unread(old)
+        )
+    }
 }
 
 /// The cache's key of a session: where its objects are.
@@ -227,9 +282,11 @@ impl SessionCache {
                 let index = index.clone();
                 let due = (*check_took * RECHECK_FACTOR).max(recheck_after());
                 if refreshing.is_none() && checked.elapsed() >= due {
-                    let (tx, rx) = watch::channel(None);
-                    *refreshing = Some(rx);
-                    self.spawn_refresh(key, bucket, marker, Refresh::Look(*signature), tx);
+                    let refresh = Refresh::Look(*signature);
+                    let (tx, running) = Refreshing::new();
+                    let kept = running.kept.clone();
+                    *refreshing = Some(running);
+                    self.spawn_refresh(key, bucket, marker, refresh, tx, kept);
                 }
                 return Ok(index);
             }
@@ -264,13 +321,14 @@ impl SessionCache {
         marker: &SessionMarker,
         refresh: Refresh,
         tx: watch::Sender<Option<Loaded>>,
+        kept: Arc<OnceLock<Arc<String>>>,
     ) {
         let (cache, bucket, marker) = (self.clone(), bucket.clone(), marker.clone());
         tokio::spawn(async move {
             let started = Instant::now();
-            let (force, failed, old) = match refresh {
-                Refresh::Look(old) => (false, None, old),
-                Refresh::Forced(failed) => (true, Some(failed), None),
+            let (force, old) = match refresh {
+                Refresh::Look(old) => (false, old),
+                Refresh::Forced => (true, None),
             };
             let changed = if force {
                 true
@@ -307,7 +365,7 @@ impl SessionCache {
             let worse = match (&loaded, &held) {
                 // Review r36k D1: a load that could read less than the index held (a listing
                 // or the store failing meanwhile) is no newer view of the session.
-                (Ok(new), Some(old)) => unread(new) > unread(old),
+                (Ok(new), Some(old)) => read_less(new, old),
                 _ => false,
             };
             match &loaded {
@@ -325,12 +383,7 @@ impl SessionCache {
                 _ => {
                     cache.stats.load_failures.fetch_add(1, Ordering::Relaxed);
                     let why = match (&loaded, &held) {
-                        (Ok(new), Some(old)) => Arc::new(format!(
-                            "it read less of the session than the index held ({} objects or \
-                             entries unreadable, against {})",
-                            unread(new),
-                            unread(old)
-                        )),
+                        (Ok(new), Some(old)) => Arc::new(read_less_why(new, old)),
                         (Err(e), _) => e.clone(),
                         (Ok(_), None) => Arc::new("the index was dropped meanwhile".to_string()),
                     };
@@ -341,12 +394,10 @@ impl SessionCache {
                              held answers, and the next look tries again"
                         );
                     }
-                    // The old index is kept and answers; the next look tries again. The
-                    // reload asked by a client is told why (review r54v: it read as done).
+                    // The old index is kept and answers; the next look tries again. A
+                    // reload=true waiting on it is told why (review r54v: it read as done).
                     let index = cache.checked(&key, took);
-                    if let Some(failed) = failed {
-                        let _ = failed.send(why);
-                    }
+                    let _ = kept.set(why);
                     let _ = tx.send(index.map(Ok).or(Some(loaded)));
                 }
             }
@@ -387,44 +438,35 @@ impl SessionCache {
         // (review r36k D2): wait for it, then reload.
         let mut waited_for_running = false;
         loop {
-            let (rx, forced) = {
+            let (running, forced) = {
                 let mut inner = self.lock();
                 match inner.entries.get_mut(&key) {
                     Some(Entry::Ready { refreshing, .. }) => match refreshing {
-                        Some(rx) => (Some(rx.clone()), None),
+                        Some(running) => (Some(running.clone()), false),
                         None => {
-                            let (tx, rx) = watch::channel(None);
-                            let (failed_tx, failed_rx) = oneshot::channel();
-                            *refreshing = Some(rx.clone());
+                            let (tx, running) = Refreshing::new();
+                            let kept = running.kept.clone();
+                            *refreshing = Some(running.clone());
                             drop(inner);
-                            let refresh = Refresh::Forced(failed_tx);
-                            self.spawn_refresh(key.clone(), bucket, marker, refresh, tx);
-                            (Some(rx), Some(failed_rx))
+                            let refresh = Refresh::Forced;
+                            self.spawn_refresh(key.clone(), bucket, marker, refresh, tx, kept);
+                            (Some(running), true)
                         }
                     },
-                    _ => (None, None),
+                    _ => (None, false),
                 }
             };
-            match (rx, forced) {
-                (None, _) => return self.get(bucket, marker).await.map(|_| Reloaded::Done),
-                (Some(rx), Some(mut failed)) => {
-                    self.waited(rx).await?;
-                    // Sent before the outcome, so it is there if the reload failed.
-                    return Ok(match failed.try_recv() {
-                        Ok(why) => Reloaded::KeptHeld(why),
-                        Err(_) => Reloaded::Done,
-                    });
-                }
-                (Some(rx), None) if waited_for_running => {
-                    // A reload running already (another client's, or one this loop waited
-                    // for would have been forced): its outcome is this one's.
-                    return self.waited(rx).await.map(|_| Reloaded::Done);
-                }
-                (Some(rx), None) => {
-                    waited_for_running = true;
-                    self.waited(rx).await?;
-                }
+            let Some(running) = running else {
+                return self.get(bucket, marker).await.map(|_| Reloaded::Done);
+            };
+            self.waited(running.outcome.clone()).await?;
+            // This call's reload, or one running already when this call came back from
+            // waiting for a look (another client's reload=true, most likely): its outcome,
+            // and why it kept the index held, are this call's.
+            if forced || waited_for_running {
+                return Ok(running.kept());
             }
+            waited_for_running = true;
         }
     }
 
