@@ -2727,11 +2727,12 @@ impl S3Session {
     }
 }
 
-/// Review r55a D1: a reload whose listings failed (the store answering them 403, or down) is
-/// no newer view of the session, however few objects it could not read: the index held, of
-/// 3 tasks and three broken objects, goes on answering and the answer says why. It was put
-/// in place (each listing that failed counted as one unreadable object: 2 are not more than
-/// 3), blanking the session, and the good reloads after it were refused as reading less.
+/// Reviews r55a D1, r55b D1: a reload that missed a listing or an object the index held did
+/// not miss (itself, or under a listing that failed) is no newer view of the session, however
+/// few things it missed: the index held, of 3 tasks, goes on answering and the answer says
+/// why. Counted, a reload whose session listing failed (2 missed) replaced an index that had
+/// missed 3 broken objects, and one whose every GET was refused (4 missed) one that had missed
+/// 3 objects and its logs/ listing, blanking the session.
 #[test]
 fn a_reload_whose_listing_failed_keeps_the_index_held() {
     use rhc_testkit::fault_proxy::{Fault, Rule};
@@ -2746,6 +2747,22 @@ fn a_reload_whose_listing_failed_keeps_the_index_held() {
     let Some(rig) = S3Session::start(SESSION, &node, &objects) else {
         return;
     };
+    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
+    let session_dir = format!("cluster-history/raycluster/default/c1/{SESSION}/{node_hex}");
+    rig.s3.put_object(
+        "ray-history",
+        &format!("{session_dir}/logs/raylet.out"),
+        b"a log\n",
+    );
+    // The first load misses the node's logs/ listing (and the three broken objects).
+    let refuse = |target: &str| {
+        rig.proxy.add(
+            Rule::new(Fault::Status(403, "AccessDenied".into()))
+                .method("GET")
+                .target_contains(target),
+        );
+    };
+    refuse("logs");
     let work = tempfile::tempdir().unwrap();
     let s = rig.serve(&work.path().join("serve.log"));
     let c = cookies_for(SESSION);
@@ -2755,21 +2772,35 @@ fn a_reload_whose_listing_failed_keeps_the_index_held() {
         (total, r.header(UNREADABLE).map(str::to_string))
     };
     get_loaded(&s, "/api/v0/tasks?limit=100", &c);
-    assert_eq!(tasks(&s), (json!(3), Some("3".to_string())));
+    assert_eq!(tasks(&s), (json!(3), Some("4".to_string())));
     let reload = |s: &Serve| {
         let path = format!("/enter_cluster/default/raycluster/{CLUSTER}/{SESSION}?reload=true");
         let r = get(s, &path, &[], 200);
         json_of(&r)["message"].as_str().map(str::to_string)
     };
-    // Every listing of the session's objects refused (the markers are still listed).
-    rig.proxy.add(
-        Rule::new(Fault::Status(403, "AccessDenied".into()))
-            .method("GET")
-            .target_contains("prefix=cluster-history"),
-    );
+    // Review r55b D1: listings answer again, every object's GET is refused: the reload misses
+    // four objects, fewer listings; it was taken, blanking the session.
+    rig.proxy.clear();
+    refuse(".jsonl");
     let message = reload(&s).unwrap_or_default();
     assert!(
-        message.starts_with("the reload failed: it could not list"),
+        message.starts_with("the reload failed: it read less of the session than the index held: ")
+            && message.contains("could not be read"),
+        "{message:?}\n{}",
+        s.log_text()
+    );
+    assert_eq!(tasks(&s), (json!(3), Some("4".to_string())));
+    // The store answers again: the reload misses less than the index held, and is taken.
+    rig.proxy.clear();
+    assert_eq!(reload(&s), None, "{}", s.log_text());
+    assert_eq!(tasks(&s), (json!(3), Some("3".to_string())));
+    // Every listing of the session's objects refused (the markers are still listed).
+    refuse("prefix=cluster-history");
+    let message = reload(&s).unwrap_or_default();
+    assert!(
+        message.starts_with(
+            "the reload failed: it read less of the session than the index held: listing "
+        ),
         "{message:?}\n{}",
         s.log_text()
     );
@@ -2783,12 +2814,9 @@ fn a_reload_whose_listing_failed_keeps_the_index_held() {
     // object) and slow (each read of an object held 400 ms). The first one's reload runs,
     // the other two wait for it, then one of them starts another and the last takes that
     // one's outcome: it was told the reload was done. Each answer says why it was kept.
-    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
     rig.s3.put_object(
         "ray-history",
-        &format!(
-            "cluster-history/raycluster/default/c1/{SESSION}/{node_hex}/node_events/{node_hex}-2026-11-22-05-5.jsonl.gz"
-        ),
+        &format!("{session_dir}/node_events/{node_hex}-2026-11-22-05-5.jsonl.gz"),
         b"not gzip either",
     );
     rig.proxy.add(

@@ -114,6 +114,7 @@ mod s3;
 pub(crate) mod scan;
 mod session;
 pub(crate) mod task;
+mod unread;
 pub(crate) mod values;
 pub(crate) mod walk;
 
@@ -128,6 +129,7 @@ pub use session::{
     ActorFacts, JobFacts, NodeFacts, OpenBucket, SessionFacts, SessionMarker, SubmissionFacts,
     TaskView,
 };
+pub use unread::Unread;
 pub(crate) use values::store_error;
 pub use walk::EventsSignature;
 

@@ -16,6 +16,7 @@ use super::limits::MAX_PROBLEM_DETAILS;
 use super::local::SkipLog;
 use super::model::{transition_order, SessionModel, StatusPoint, TrainAttemptModel};
 use super::task::{AttemptKey, Symbols, TaskState, NO_TIME};
+use super::unread::Unread;
 use super::values::format_time_json;
 use crate::util::escape::{escape_name, escape_text};
 
@@ -346,10 +347,10 @@ pub(crate) struct Problems {
     /// Entries of a `file://` bucket not read: links, FIFOs and other special files, names
     /// no key can hold (`local.rs`).
     pub(crate) skipped_entries: u64,
-    /// Of `unreadable_objects`, the listings that failed (a prefix whose objects are not
-    /// known at all): `serve` holds a reload that has more of them as no newer view.
+    /// What of the session this read missed, by key (`serve` compares a reload's with the
+    /// index held's).
     #[serde(skip)]
-    pub(crate) unlisted: u64,
+    pub(crate) unread: Unread,
     pub(crate) details: Vec<ProblemDetail>,
 }
 
@@ -362,14 +363,16 @@ pub(crate) struct ProblemDetail {
 impl Problems {
     pub(super) fn unreadable(&mut self, key: &str, error: &str) {
         self.unreadable_objects += 1;
+        self.unread.object(key);
         self.note(key, error);
     }
 
-    /// A prefix whose listing failed (`error` says so): counted as an unreadable object, as
-    /// before, and as a listing that failed.
+    /// A prefix whose listing failed (`error` says so): counted as an unreadable object, and
+    /// kept as a prefix missed (everything under it).
     pub(super) fn unlisted(&mut self, prefix: &str, error: &str) {
-        self.unlisted += 1;
-        self.unreadable(prefix, error);
+        self.unreadable_objects += 1;
+        self.unread.prefix(prefix);
+        self.note(prefix, error);
     }
 
     pub(crate) fn note(&mut self, key: &str, error: &str) {

@@ -17,6 +17,7 @@ use super::filter::Filter;
 use super::load::session_report;
 use super::report::Problems;
 use super::task::{self, TaskStore};
+use super::unread::Unread;
 use super::walk::{self, EventsSignature};
 use super::{local, s3};
 use crate::cli::InspectArgs;
@@ -373,9 +374,8 @@ pub struct SessionFacts {
     pub bad_lines: u64,
     /// Entries of the bucket skipped (links, special files, names no key can hold).
     pub skipped_entries: u64,
-    /// Of `unreadable_objects`, the listings that failed (prefixes whose objects are not
-    /// known at all).
-    pub unlisted: u64,
+    /// What of the session the read missed, by key (see [`Unread`]).
+    pub unread: Unread,
 }
 
 /// What `marker`'s session's event objects and snapshots are now (see [`EventsSignature`]):
@@ -544,7 +544,7 @@ pub async fn session_facts(
         unreadable_objects: report.problems.unreadable_objects,
         bad_lines: report.problems.bad_lines,
         skipped_entries: report.problems.skipped_entries,
-        unlisted: report.problems.unlisted,
+        unread: std::mem::take(&mut report.problems.unread),
     })
 }
 

@@ -187,30 +187,34 @@ fn unread(index: &SessionIndex) -> u64 {
     index.facts.unreadable_objects + index.facts.skipped_entries
 }
 
-/// Whether a reload, `new`, read less of the session than the index held, `old`: it could
-/// not list more prefixes (whose objects are not known at all), or as many and could not
-/// read more objects or entries. A listing that failed outweighs any count of objects
-/// (review r55a D1: a reload whose session listing failed, 2 unreadable, replaced an index
-/// of 7 tasks and 3 broken objects with an empty one, and the good reloads after it were
-/// refused as reading less than the empty one).
+/// Whether a reload, `new`, read less of the session than the index held, `old`: it missed
+/// a prefix or an object the index held did not miss (itself, or under a prefix whose
+/// listing failed; see [`crate::reader::Unread`]), or it skipped more entries. Counts alone
+/// could not tell (review r55a D1: a reload whose session listing failed, 2 unreadable,
+/// replaced an index of 7 tasks and 3 broken objects with an empty one; r55b D1: one whose
+/// every GET was refused replaced an index that had only missed a `logs/` listing).
 fn read_less(new: &SessionIndex, old: &SessionIndex) -> bool {
-    (new.facts.unlisted, unread(new)) > (old.facts.unlisted, unread(old))
+    new.facts.unread.misses_more_than(&old.facts.unread)
+        || new.facts.skipped_entries > old.facts.skipped_entries
 }
 
-/// What [`read_less`] found, in words.
+/// What [`read_less`] found, in words (the key is the bucket's: escaped).
 fn read_less_why(new: &SessionIndex, old: &SessionIndex) -> String {
-    if new.facts.unlisted > old.facts.unlisted {
-        format!(
-            "it could not list {} of the session's prefixes (the index held: {})",
-            new.facts.unlisted, old.facts.unlisted
-        )
-    } else {
-        format!(
+    match new.facts.unread.first_missed_beyond(&old.facts.unread) {
+        Some(key) if key.ends_with('/') => format!(
+            "it read less of the session than the index held: listing {} failed",
+            crate::util::escape::escape_untrusted(key)
+        ),
+        Some(key) => format!(
+            "it read less of the session than the index held: {} could not be read",
+            crate::util::escape::escape_untrusted(key)
+        ),
+        None => format!(
             "it read less of the session than the index held ({} objects or entries \
              unreadable, against {})",
             unread(new),
             unread(old)
-        )
+        ),
     }
 }
 

@@ -373,8 +373,10 @@ impl SessionIndex {
                 .sum::<usize>();
         let train_runs: usize = f.train_runs.capacity() * size_of::<serde_json::Value>()
             + f.train_runs.iter().map(json_heap).sum::<usize>();
+        let unread = f.unread.bytes();
         (self.tasks.capacity() * RECORD_BYTES + texts + jobs + actors + nodes + train_runs + 4096)
             as u64
+            + unread
     }
 
     /// The symbols whose text equals `value` (ASCII case-insensitively, as Ray's state API
