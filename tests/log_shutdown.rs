@@ -1227,7 +1227,8 @@ fn a_whole_put_whose_body_stops_at_the_flush_is_sent_again() {
     wait_until("the first round", &c, Duration::from_secs(40), || {
         rig.object("raylet.out").is_some()
     });
-    // The first PUT of worker.out: its body trickles in, then the store never answers.
+    // The first PUT of worker.out: its body trickles in (3 s at 1 MB/s, set back to full
+    // speed for the PUTs after it), then the store never answers.
     rig.proxy.slow_body_reads(Some(1_000_000));
     rig.proxy.add(
         Rule::new(Fault::Hold(MAX_HOLD))

@@ -7,7 +7,8 @@
 //!
 //! A slow uplink: [`FaultProxy::slow_body_reads`] has the proxy read every request body at
 //! a given rate, with a small receive buffer, so the client's bytes really trickle (the
-//! client's request is slow but moving, as over a congested node uplink).
+//! client's request is slow but moving, as over a congested node uplink). The buffer is set
+//! on the listening socket, so each connection has it from its handshake (see [`Brake`]).
 //!
 //! A store whose answers lack a header ([`Fault::StripAnswerHeader`]: HEADs without an
 //! `ETag`), and, emulated, one that honours `x-amz-copy-source-if-match` on copies, which
@@ -238,6 +239,31 @@ struct Shared {
     stop: AtomicBool,
     /// Bytes per second request bodies are read at (0: as fast as they come).
     body_rate: AtomicU64,
+    /// The receive buffer of the connections to come.
+    brake: Mutex<Brake>,
+    /// Milliseconds a connection's thread waits before it begins (a loaded machine's
+    /// scheduling, in this module's tests).
+    late_ms: AtomicU64,
+}
+
+/// The receive buffer the connections accepted from now on get: [`SLOW_RECEIVE_BUFFER`]
+/// while bodies are read slowly or a [`Fault::Early`] rule is pending, else the kernel's
+/// default (autotuned until the first slow phase; its initial size after one).
+///
+/// It is set on the listening socket, which a connection takes its buffer from at its
+/// handshake, as `tcp(7)` says it must be: Linux sizes the window it offers from the buffer
+/// it has then. A buffer shrunk after the handshake, below the window already offered,
+/// makes the kernel prune and drop what the client sent into that window, and the body then
+/// comes mostly on the client's zero-window probes, a few hundred milliseconds apart: about
+/// 160 kB/s whatever rate was asked. That happened on some connections only (a race with
+/// the client's first bytes), more often on a loaded machine: a body to be read at 1 MB/s,
+/// 3 MB, took 18 s, and a test whose body was to stop after 3 s saw it move until the
+/// collector's shutdown deadline (review f55s).
+struct Brake {
+    /// The listening socket (a clone of the acceptor's), until the proxy is dropped.
+    listener: Option<TcpListener>,
+    /// Its buffer is [`SLOW_RECEIVE_BUFFER`] now.
+    on: bool,
 }
 
 /// The receive buffer of a connection whose body is read slowly: small, so the client's
@@ -283,6 +309,11 @@ impl FaultProxy {
             arrived: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             body_rate: AtomicU64::new(0),
+            brake: Mutex::new(Brake {
+                listener: listener.try_clone().ok(),
+                on: false,
+            }),
+            late_ms: AtomicU64::new(0),
         });
         let s = shared.clone();
         let acceptor = thread::spawn(move || {
@@ -310,19 +341,25 @@ impl FaultProxy {
     /// Adds a rule (the first matching rule applies).
     pub fn add(&self, rule: Rule) {
         lock(&self.shared.rules).push(rule);
+        brake(&self.shared);
     }
 
     /// Reads the body of every request arriving from now on at `bytes_per_second`, through a
     /// small receive buffer (`None`: as fast as it comes): a slow uplink that keeps moving.
+    /// A request already arrived goes on at the rate it came with; one whose connection was
+    /// made before the call, and arrives after, is read at the new rate, with the buffer its
+    /// connection had (see [`Brake`]).
     pub fn slow_body_reads(&self, bytes_per_second: Option<u64>) {
         self.shared
             .body_rate
             .store(bytes_per_second.unwrap_or(0), Ordering::SeqCst);
+        brake(&self.shared);
     }
 
     /// Removes every rule.
     pub fn clear(&self) {
         lock(&self.shared.rules).clear();
+        brake(&self.shared);
     }
 
     /// The requests seen so far.
@@ -347,6 +384,8 @@ impl FaultProxy {
 impl Drop for FaultProxy {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        // The acceptor's socket is the last one open: the port refuses once it ends.
+        lock(&self.shared.brake).listener = None;
         let _ = TcpStream::connect(("127.0.0.1", self.port));
         if let Some(a) = self.acceptor.take() {
             let _ = a.join();
@@ -359,15 +398,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn serve(mut client: TcpStream, s: &Shared) {
+    let late = s.late_ms.load(Ordering::SeqCst);
+    if late > 0 {
+        thread::sleep(Duration::from_millis(late));
+    }
     let _ = client.set_read_timeout(Some(IO_TIMEOUT));
     let _ = client.set_write_timeout(Some(IO_TIMEOUT));
     let rate = s.body_rate.load(Ordering::SeqCst);
-    let early_pending = lock(&s.rules).iter().any(|r| {
-        matches!(r.fault, Fault::Early(..) | Fault::EarlyStall(..)) && r.times.is_none_or(|n| n > 0)
-    });
-    if rate > 0 || early_pending {
-        shrink_receive_buffer(&client);
-    }
     let Some((head, rest)) = read_head(&mut client, &s.arrived) else {
         return;
     };
@@ -396,6 +433,7 @@ fn serve(mut client: TcpStream, s: &Shared) {
             r.fault.clone()
         })
     };
+    brake(s);
     match &fault {
         Some(Fault::Early(status, code, early_rate)) => {
             let _ = client.write_all(error_answer(*status, code, false).as_bytes());
@@ -527,10 +565,44 @@ fn serve(mut client: TcpStream, s: &Shared) {
     lock(&s.seen).push(seen);
 }
 
-/// Sets a connection's receive buffer to [`SLOW_RECEIVE_BUFFER`] (best effort: a kernel
-/// that refuses leaves the read rate as the only brake).
-fn shrink_receive_buffer(c: &TcpStream) {
-    let size = SLOW_RECEIVE_BUFFER;
+/// A rule answering before it reads the body is pending: its connection reads the body
+/// slowly, through the small buffer.
+fn early_pending(s: &Shared) -> bool {
+    lock(&s.rules).iter().any(|r| {
+        matches!(r.fault, Fault::Early(..) | Fault::EarlyStall(..)) && r.times.is_none_or(|n| n > 0)
+    })
+}
+
+/// Sets the listening socket's receive buffer for the connections to come (see [`Brake`]).
+fn brake(s: &Shared) {
+    let want = s.body_rate.load(Ordering::SeqCst) > 0 || early_pending(s);
+    let mut b = lock(&s.brake);
+    if b.on == want {
+        return;
+    }
+    if let Some(l) = &b.listener {
+        let size = if want {
+            SLOW_RECEIVE_BUFFER
+        } else {
+            default_receive_buffer()
+        };
+        set_receive_buffer(l, size);
+    }
+    b.on = want;
+}
+
+/// The kernel's initial receive buffer of a TCP connection (`tcp_rmem`'s second field),
+/// halved as `SO_RCVBUF` doubles what it is given.
+fn default_receive_buffer() -> libc::c_int {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_rmem")
+        .ok()
+        .and_then(|t| t.split_whitespace().nth(1)?.parse::<libc::c_int>().ok())
+        .map_or(64 << 10, |n| n / 2)
+}
+
+/// Sets a socket's receive buffer to `size` (best effort: a kernel that refuses leaves the
+/// read rate as the only brake).
+fn set_receive_buffer(c: &TcpListener, size: libc::c_int) {
     // SAFETY: a valid socket descriptor, and a pointer to an int of the size given.
     unsafe {
         libc::setsockopt(
@@ -752,4 +824,47 @@ fn pass_on(s: &Shared, req: &SeenRequest, body: &[u8]) -> Option<Vec<u8>> {
     let mut answer = Vec::new();
     let _ = up.read_to_end(&mut answer);
     Some(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review f55s: a body read slowly is read at its rate from its first byte. The small
+    /// receive buffer was set on the connection once accepted, after the client had sent
+    /// into the window offered at the handshake: the kernel pruned and dropped, and the body
+    /// came on the client's zero-window probes, at about 160 kB/s (6 s here, not 1 s), when
+    /// the connection's thread ran after the client's first bytes came.
+    #[test]
+    fn a_slow_body_is_read_at_its_rate_from_its_first_byte() {
+        // Nothing is passed on: the rule answers once the body is read.
+        let proxy = FaultProxy::start("127.0.0.1:9").unwrap();
+        // The connection's thread starts after the client sent into the window offered at
+        // the handshake, as it often did on a loaded machine.
+        proxy.shared.late_ms.store(50, Ordering::SeqCst);
+        proxy.add(Rule::new(Fault::Status(500, "SlowlyRead".into())).method("PUT"));
+        proxy.slow_body_reads(Some(1_000_000));
+        let body = vec![b'x'; 1_000_000];
+        let started = Instant::now();
+        let mut c = TcpStream::connect(("127.0.0.1", proxy.port)).unwrap();
+        let head = format!(
+            "PUT /bucket/key HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let mut request = head.into_bytes();
+        request.extend_from_slice(&body);
+        c.write_all(&request).unwrap();
+        let mut answer = Vec::new();
+        c.read_to_end(&mut answer).unwrap();
+        let took = started.elapsed();
+        assert!(
+            answer.starts_with(b"HTTP/1.1 500"),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+        assert!(
+            took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+            "1 MB at 1 MB/s read in {took:?}"
+        );
+    }
 }
