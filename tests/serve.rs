@@ -2790,6 +2790,7 @@ fn a_reload_whose_listing_failed_keeps_the_index_held() {
         s.log_text()
     );
     assert_eq!(tasks(&s), (json!(3), Some("4".to_string())));
+    assert_eq!(metric(&s, "rhc_serve_session_load_failures_total"), 1);
     // The store answers again: the reload misses less than the index held, and is taken.
     rig.proxy.clear();
     assert_eq!(reload(&s), None, "{}", s.log_text());

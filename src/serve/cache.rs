@@ -385,7 +385,11 @@ impl SessionCache {
                     let _ = tx.send(Some(loaded));
                 }
                 _ => {
-                    cache.stats.load_failures.fetch_add(1, Ordering::Relaxed);
+                    // A load that failed was counted by `load`; one that read less is
+                    // counted here (review r55a: both were, a failed reload twice).
+                    if worse {
+                        cache.stats.load_failures.fetch_add(1, Ordering::Relaxed);
+                    }
                     let why = match (&loaded, &held) {
                         (Ok(new), Some(old)) => Arc::new(read_less_why(new, old)),
                         (Err(e), _) => e.clone(),
