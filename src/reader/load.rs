@@ -79,7 +79,10 @@ async fn read_placement_groups(
         }
     };
     match result {
-        Ok(v) => Some((key, v)),
+        Ok(v) => {
+            problems.read(&key);
+            Some((key, v))
+        }
         Err(e) => {
             problems.unreadable(&key, &e);
             None

@@ -98,6 +98,7 @@
 //!
 
 pub(crate) mod causes;
+mod coverage;
 mod decode;
 pub(crate) mod discover;
 mod error;
@@ -114,10 +115,10 @@ mod s3;
 pub(crate) mod scan;
 mod session;
 pub(crate) mod task;
-mod unread;
 pub(crate) mod values;
 pub(crate) mod walk;
 
+pub use coverage::{Coverage, Lost};
 use discover::session_started;
 pub use error::ReadError;
 pub(crate) use extract::camel;
@@ -129,7 +130,6 @@ pub use session::{
     ActorFacts, JobFacts, NodeFacts, OpenBucket, SessionFacts, SessionMarker, SubmissionFacts,
     TaskView,
 };
-pub use unread::Unread;
 pub(crate) use values::store_error;
 pub use walk::EventsSignature;
 

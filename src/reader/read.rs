@@ -227,7 +227,10 @@ pub(super) async fn read_objects(
                             stats.unreadable += 1;
                             problems.unreadable(object.path.as_ref(), failure);
                         }
-                        None => stats.read += 1,
+                        None => {
+                            stats.read += 1;
+                            problems.read(object.path.as_ref());
+                        }
                     }
                     if summary.bad_lines > 0 {
                         problems.bad_lines += summary.bad_lines;

@@ -10,13 +10,13 @@ use super::causes::{
     hung_placement_groups, node_link, unexpected_node_death, CauseExample, CauseGroup, Chain,
     Hangs, Join, SessionEnd, UnfinishedJob, WorkerDeath, WorkerLink,
 };
+use super::coverage::Coverage;
 use super::extract::{JobConfig, SubmissionJob, TrainWorker};
 use super::filter::{shell_word, NANOS_PER_SECOND};
 use super::limits::MAX_PROBLEM_DETAILS;
 use super::local::SkipLog;
 use super::model::{transition_order, SessionModel, StatusPoint, TrainAttemptModel};
 use super::task::{AttemptKey, Symbols, TaskState, NO_TIME};
-use super::unread::Unread;
 use super::values::format_time_json;
 use crate::util::escape::{escape_name, escape_text};
 
@@ -347,10 +347,10 @@ pub(crate) struct Problems {
     /// Entries of a `file://` bucket not read: links, FIFOs and other special files, names
     /// no key can hold (`local.rs`).
     pub(crate) skipped_entries: u64,
-    /// What of the session this read missed, by key (`serve` compares a reload's with the
-    /// index held's).
+    /// What of the session this read covered and missed, by key (`serve` compares a
+    /// reload's with the index held's).
     #[serde(skip)]
-    pub(crate) unread: Unread,
+    pub(crate) coverage: Coverage,
     pub(crate) details: Vec<ProblemDetail>,
 }
 
@@ -363,7 +363,7 @@ pub(crate) struct ProblemDetail {
 impl Problems {
     pub(super) fn unreadable(&mut self, key: &str, error: &str) {
         self.unreadable_objects += 1;
-        self.unread.object(key);
+        self.coverage.missed_object(key);
         self.note(key, error);
     }
 
@@ -371,8 +371,13 @@ impl Problems {
     /// kept as a prefix missed (everything under it).
     pub(super) fn unlisted(&mut self, prefix: &str, error: &str) {
         self.unreadable_objects += 1;
-        self.unread.prefix(prefix);
+        self.coverage.missed_prefix(prefix);
         self.note(prefix, error);
+    }
+
+    /// An object read to its end.
+    pub(super) fn read(&mut self, key: &str) {
+        self.coverage.read(key);
     }
 
     pub(crate) fn note(&mut self, key: &str, error: &str) {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use object_store::ObjectStore;
 
+use super::coverage::Coverage;
 use super::discover::{self, choose_session, discover, ClusterId};
 use super::error::ReadError;
 use super::extract::SUBMISSION_ID_KEY;
@@ -17,7 +18,6 @@ use super::filter::Filter;
 use super::load::session_report;
 use super::report::Problems;
 use super::task::{self, TaskStore};
-use super::unread::Unread;
 use super::walk::{self, EventsSignature};
 use super::{local, s3};
 use crate::cli::InspectArgs;
@@ -374,8 +374,8 @@ pub struct SessionFacts {
     pub bad_lines: u64,
     /// Entries of the bucket skipped (links, special files, names no key can hold).
     pub skipped_entries: u64,
-    /// What of the session the read missed, by key (see [`Unread`]).
-    pub unread: Unread,
+    /// What of the session the read covered and missed, by key (see [`Coverage`]).
+    pub coverage: Coverage,
 }
 
 /// What `marker`'s session's event objects and snapshots are now (see [`EventsSignature`]):
@@ -544,7 +544,7 @@ pub async fn session_facts(
         unreadable_objects: report.problems.unreadable_objects,
         bad_lines: report.problems.bad_lines,
         skipped_entries: report.problems.skipped_entries,
-        unread: std::mem::take(&mut report.problems.unread),
+        coverage: std::mem::take(&mut report.problems.coverage),
     })
 }
 

@@ -38,7 +38,7 @@ use tokio::sync::{watch, Semaphore};
 
 use super::index::{IndexBuilder, SessionIndex};
 use crate::reader::{
-    events_signature, session_facts, EventsSignature, OpenBucket, SessionMarker, TaskView,
+    events_signature, session_facts, EventsSignature, Lost, OpenBucket, SessionMarker, TaskView,
 };
 
 /// Sessions loaded at once: a load uses a core (the fold) and up to ~128 MiB of fold state
@@ -187,33 +187,35 @@ fn unread(index: &SessionIndex) -> u64 {
     index.facts.unreadable_objects + index.facts.skipped_entries
 }
 
-/// Whether a reload, `new`, read less of the session than the index held, `old`: it missed
-/// a prefix or an object the index held did not miss (itself, or under a prefix whose
-/// listing failed; see [`crate::reader::Unread`]), or it skipped more entries. Counts alone
-/// could not tell (review r55a D1: a reload whose session listing failed, 2 unreadable,
-/// replaced an index of 7 tasks and 3 broken objects with an empty one; r55b D1: one whose
-/// every GET was refused replaced an index that had only missed a `logs/` listing).
-fn read_less(new: &SessionIndex, old: &SessionIndex) -> bool {
-    new.facts.unread.misses_more_than(&old.facts.unread)
-        || new.facts.skipped_entries > old.facts.skipped_entries
+/// What a reload, `new`, lost of what the index held, `old`, had: an object the held read
+/// read that it could not read, or a prefix it could not list under which the held read
+/// read an object (see [`crate::reader::Coverage`]). A key the held index never saw, or
+/// missed as well, is no loss: a live session with a broken object goes on being followed
+/// (review r55c D1). Counts could not tell (r55a D1: a reload whose session listing failed
+/// replaced an index of 7 tasks; r55b D1: one whose every GET was refused replaced an index
+/// that had only missed a `logs/` listing).
+fn read_less(new: &SessionIndex, old: &SessionIndex) -> Option<Lost> {
+    new.facts.coverage.lost_against(&old.facts.coverage)
 }
 
 /// What [`read_less`] found, in words (the key is the bucket's: escaped).
-fn read_less_why(new: &SessionIndex, old: &SessionIndex) -> String {
-    match new.facts.unread.first_missed_beyond(&old.facts.unread) {
-        Some(key) if key.ends_with('/') => format!(
+fn read_less_why(lost: &Lost) -> String {
+    use crate::util::escape::escape_untrusted;
+    match lost {
+        Lost::Listing(prefix) => format!(
             "it read less of the session than the index held: listing {} failed",
-            crate::util::escape::escape_untrusted(key)
+            escape_untrusted(prefix)
         ),
-        Some(key) => format!(
+        Lost::Object(key) => format!(
             "it read less of the session than the index held: {} could not be read",
-            crate::util::escape::escape_untrusted(key)
+            escape_untrusted(key)
         ),
-        None => format!(
-            "it read less of the session than the index held ({} objects or entries \
-             unreadable, against {})",
-            unread(new),
-            unread(old)
+        Lost::More {
+            missed,
+            held_missed,
+        } => format!(
+            "it read less of the session than the index held ({missed} prefixes or objects \
+             missed, against {held_missed})"
         ),
     }
 }
@@ -366,14 +368,31 @@ impl SessionCache {
             // a core while it is read.
             let took = started.elapsed();
             let held = cache.held_index(&key);
-            let worse = match (&loaded, &held) {
-                // Review r36k D1: a load that could read less than the index held (a listing
+            let lost = match (&loaded, &held) {
+                // Review r36k D1: a load that lost some of what the index held had (a listing
                 // or the store failing meanwhile) is no newer view of the session.
                 (Ok(new), Some(old)) => read_less(new, old),
-                _ => false,
+                _ => None,
             };
-            match &loaded {
-                Ok(index) if !worse => {
+            // Why the index held is kept, if it is.
+            let kept_because = match (&loaded, &lost) {
+                (_, Some(lost)) => {
+                    // Counted here; a load that failed was counted by `load` (review r55a:
+                    // both were, a failed reload twice).
+                    cache.stats.load_failures.fetch_add(1, Ordering::Relaxed);
+                    let why = read_less_why(lost);
+                    tracing::warn!(
+                        session = %crate::util::escape::escape_untrusted(&session),
+                        "a reload was not taken: {why}; the index held answers, and the next \
+                         look tries again"
+                    );
+                    Some(Arc::new(why))
+                }
+                (Err(e), None) => Some(e.clone()),
+                (Ok(_), None) => None,
+            };
+            match (&loaded, kept_because) {
+                (Ok(index), None) => {
                     tracing::info!(
                         session = %crate::util::escape::escape_untrusted(&session),
                         forced = force,
@@ -384,28 +403,13 @@ impl SessionCache {
                     cache.settle_held(&key, index, signature, took);
                     let _ = tx.send(Some(loaded));
                 }
-                _ => {
-                    // A load that failed was counted by `load`; one that read less is
-                    // counted here (review r55a: both were, a failed reload twice).
-                    if worse {
-                        cache.stats.load_failures.fetch_add(1, Ordering::Relaxed);
-                    }
-                    let why = match (&loaded, &held) {
-                        (Ok(new), Some(old)) => Arc::new(read_less_why(new, old)),
-                        (Err(e), _) => e.clone(),
-                        (Ok(_), None) => Arc::new("the index was dropped meanwhile".to_string()),
-                    };
-                    if worse {
-                        tracing::warn!(
-                            session = %crate::util::escape::escape_untrusted(&session),
-                            "a reload read less of the session than the index held; the index \
-                             held answers, and the next look tries again"
-                        );
-                    }
+                (_, why) => {
                     // The old index is kept and answers; the next look tries again. A
                     // reload=true waiting on it is told why (review r54v: it read as done).
                     let index = cache.checked(&key, took);
-                    let _ = kept.set(why);
+                    if let Some(why) = why {
+                        let _ = kept.set(why);
+                    }
                     let _ = tx.send(index.map(Ok).or(Some(loaded)));
                 }
             }

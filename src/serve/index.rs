@@ -373,7 +373,7 @@ impl SessionIndex {
                 .sum::<usize>();
         let train_runs: usize = f.train_runs.capacity() * size_of::<serde_json::Value>()
             + f.train_runs.iter().map(json_heap).sum::<usize>();
-        let unread = f.unread.bytes();
+        let unread = f.coverage.bytes();
         (self.tasks.capacity() * RECORD_BYTES + texts + jobs + actors + nodes + train_runs + 4096)
             as u64
             + unread
