@@ -3,7 +3,7 @@
 //! decoded size bounded, bad content counted rather than fatal. Facts are taken out in batches
 //! while the object is still being read ([`ContentSink::take_facts`]).
 
-use std::io::Write as _;
+use std::io::{BufRead, Read as _};
 
 use serde_json::Value;
 
@@ -228,74 +228,44 @@ impl ContentSink {
     }
 }
 
-/// A limit of [`ContentSink`] was reached; carried through the gzip decoder's `io::Error`
-/// so it is not reported as bad gzip.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub(super) struct ContentLimit(String);
+/// Bytes inflated at a time (a few hundred of Ray's events).
+const INFLATE_BLOCK: usize = 256 << 10;
 
-impl std::io::Write for ContentSink {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.push(buf)
-            .map_err(|e| std::io::Error::other(ContentLimit(e)))?;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Plain or gzip content in front of a [`ContentSink`].
-pub(super) enum Decoder {
-    Plain(ContentSink),
-    Gzip(Box<flate2::write::MultiGzDecoder<ContentSink>>),
-}
-
-impl Decoder {
-    pub(super) fn write(&mut self, data: &[u8]) -> Result<(), String> {
-        match self {
-            Decoder::Plain(sink) => sink.push(data),
-            Decoder::Gzip(gz) => gz.write_all(data).map_err(gzip_error),
-        }
-    }
-
-    /// Checks that the gzip stream ended properly.
-    pub(super) fn end(&mut self) -> Result<(), String> {
-        match self {
-            Decoder::Plain(_) => Ok(()),
-            Decoder::Gzip(gz) => gz.try_finish().map_err(gzip_error),
-        }
-    }
-
-    pub(super) fn sink_mut(&mut self) -> &mut ContentSink {
-        match self {
-            Decoder::Plain(sink) => sink,
-            Decoder::Gzip(gz) => gz.get_mut(),
-        }
-    }
-
-    pub(super) fn into_sink(self) -> ContentSink {
-        match self {
-            Decoder::Plain(sink) => sink,
-            Decoder::Gzip(mut gz) => {
-                let sink = gz.get_mut();
-                let mut taken = ContentSink::new(sink.window, sink.limits);
-                taken.logs_of = sink.logs_of;
-                std::mem::swap(sink, &mut taken);
-                taken
-            }
+/// Inflates `input` (one gzip member or several in a row, read whole) block by block into
+/// `each`. Ends with the first error: what `each` refused, as it said it, or the stream's
+/// own ("not a valid gzip stream: ...", a truncated one included). Inflated straight into a
+/// block of [`INFLATE_BLOCK`] bytes: zlib copies the last 32 KiB of each call's output into
+/// its window, which with flate2's writer (32 KiB a call) was a second copy of every byte.
+pub(super) fn gunzip(
+    input: impl BufRead,
+    mut each: impl FnMut(&[u8]) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut gz = flate2::bufread::MultiGzDecoder::new(input);
+    let mut block = vec![0u8; INFLATE_BLOCK];
+    loop {
+        match gz.read(&mut block) {
+            Ok(0) => return Ok(()),
+            Ok(n) => each(&block[..n])?,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("not a valid gzip stream: {e}")),
         }
     }
 }
 
-pub(super) fn gzip_error(e: std::io::Error) -> String {
-    match e
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<ContentLimit>())
-    {
-        Some(limit) => limit.0.clone(),
-        None => format!("not a valid gzip stream: {e}"),
+/// `input` as it is, into `each`, with the same ending as [`gunzip`]'s (an error of
+/// `input` is told as it is).
+pub(super) fn plain(
+    mut input: impl BufRead,
+    mut each: impl FnMut(&[u8]) -> Result<(), String>,
+) -> Result<(), String> {
+    loop {
+        let data = input.fill_buf().map_err(|e| e.to_string())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let n = data.len();
+        each(data)?;
+        input.consume(n);
     }
 }
 
@@ -362,6 +332,7 @@ fn replace_lone_surrogates(text: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write as _;
 
     fn sink_facts(content: &[u8], chunk: usize) -> Extraction {
         let mut sink = ContentSink::new(TimeWindow::default(), CONTENT_LIMITS);
@@ -389,22 +360,52 @@ mod tests {
         assert_eq!(sink_facts(line.as_bytes(), 5).facts.len(), 1);
     }
 
+    fn gz(content: &[u8]) -> Vec<u8> {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        enc.write_all(content).unwrap();
+        enc.finish().unwrap()
+    }
+
+    /// `gz` through [`gunzip`] into a sink, read `piece` bytes at a time.
+    fn gunzipped(
+        gz: &[u8],
+        piece: usize,
+        limits: ContentLimits,
+    ) -> (Result<(), String>, Extraction) {
+        let mut sink = ContentSink::new(TimeWindow::default(), limits);
+        let input = std::io::BufReader::with_capacity(piece, gz);
+        let read = gunzip(input, |data| sink.push(data));
+        sink.finish(read.is_ok());
+        (read, std::mem::take(&mut sink.out))
+    }
+
     #[test]
     fn gzip_errors_are_reported() {
-        let mut d = Decoder::Gzip(Box::new(flate2::write::MultiGzDecoder::new(
-            ContentSink::new(TimeWindow::default(), CONTENT_LIMITS),
-        )));
-        assert!(d.write(b"this is not gzip at all").is_err() || d.end().is_err());
-        // A truncated stream.
-        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-        enc.write_all(b"{\"eventType\":\"X\"}\n".repeat(100).as_slice())
-            .unwrap();
-        let full = enc.finish().unwrap();
-        let mut d = Decoder::Gzip(Box::new(flate2::write::MultiGzDecoder::new(
-            ContentSink::new(TimeWindow::default(), CONTENT_LIMITS),
-        )));
-        let cut = &full[..full.len() - 6];
-        assert!(d.write(cut).is_err() || d.end().is_err());
+        let (read, _) = gunzipped(b"this is not gzip at all", 4096, CONTENT_LIMITS);
+        assert!(read.unwrap_err().starts_with("not a valid gzip stream: "));
+        // A truncated stream, cut anywhere (in a member, its trailer, the next header),
+        // from one member or two in a row.
+        let line = b"{\"eventType\":\"X\"}\n".repeat(100);
+        let full = gz(&line);
+        let two = [full.clone(), full.clone()].concat();
+        for cut in [1, 6, 9, full.len() / 2, full.len() - 6, full.len() - 1] {
+            let (read, _) = gunzipped(&full[..cut], 7, CONTENT_LIMITS);
+            assert!(read.is_err(), "cut at {cut}");
+            let (read, _) = gunzipped(&two[..full.len() + cut], 7, CONTENT_LIMITS);
+            assert!(read.is_err(), "second member cut at {cut}");
+        }
+        // Whole, one member or two, read in any pieces.
+        for piece in [1, 7, 4096] {
+            let (read, e) = gunzipped(&two, piece, CONTENT_LIMITS);
+            assert_eq!((read, e.facts.len()), (Ok(()), 200), "{piece}");
+        }
+        // Trailing bytes that are not a member are bad gzip.
+        let (read, _) = gunzipped(
+            &[full.clone(), b"x".to_vec()].concat(),
+            4096,
+            CONTENT_LIMITS,
+        );
+        assert!(read.is_err());
     }
 
     #[test]
@@ -425,13 +426,8 @@ mod tests {
         assert_eq!(sink.out.facts.len(), 2);
         assert_eq!(sink.out.bad_lines, 1);
         // Too much content behind gzip is not "bad gzip".
-        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-        enc.write_all(&b"\n".repeat(10_000)).unwrap();
-        let gz = enc.finish().unwrap();
-        let mut d = Decoder::Gzip(Box::new(flate2::write::MultiGzDecoder::new(
-            ContentSink::new(TimeWindow::default(), small),
-        )));
-        let err = d.write(&gz).and_then(|()| d.end()).unwrap_err();
+        let (read, _) = gunzipped(&gz(&b"\n".repeat(10_000)), 4096, small);
+        let err = read.unwrap_err();
         assert!(err.starts_with("more than 4.0 KiB"), "{err}");
         // A legacy array over its limit.
         let mut sink = ContentSink::new(TimeWindow::default(), small);

@@ -456,115 +456,126 @@ pub(super) const RAY_EVENT_TYPES_READ: &[&str] = &[
     "WORKER_LIFECYCLE_EVENT",
 ];
 
+/// The member holding the body of a Ray event of type `event_type` (camelCase, snake_case),
+/// for each type of [`RAY_EVENT_TYPES_READ`].
+pub(super) fn payload_keys(event_type: &str) -> Option<(&'static str, &'static str)> {
+    Some(match event_type {
+        "DRIVER_JOB_DEFINITION_EVENT" => {
+            ("driverJobDefinitionEvent", "driver_job_definition_event")
+        }
+        "DRIVER_JOB_LIFECYCLE_EVENT" => ("driverJobLifecycleEvent", "driver_job_lifecycle_event"),
+        "NODE_DEFINITION_EVENT" => ("nodeDefinitionEvent", "node_definition_event"),
+        "NODE_LIFECYCLE_EVENT" => ("nodeLifecycleEvent", "node_lifecycle_event"),
+        "ACTOR_DEFINITION_EVENT" => ("actorDefinitionEvent", "actor_definition_event"),
+        "ACTOR_LIFECYCLE_EVENT" => ("actorLifecycleEvent", "actor_lifecycle_event"),
+        "WORKER_DEFINITION_EVENT" => ("workerDefinitionEvent", "worker_definition_event"),
+        "WORKER_LIFECYCLE_EVENT" => ("workerLifecycleEvent", "worker_lifecycle_event"),
+        _ => return None,
+    })
+}
+
+/// One RayEvent: of the line's members, it reads only `eventType`, `eventId`, `timestamp`
+/// and the body of the type's [`payload_keys`] (each camelCase first, then snake_case).
 pub(super) fn extract_ray_event(v: &Value, seq: u64) -> Option<Fact> {
     let event_type = get_str(v, "eventType", "event_type")?;
-    let payload = |camel: &str, snake: &str| get(v, camel, snake).filter(|p| p.is_object());
+    let payload = payload_keys(&event_type)
+        .and_then(|(camel, snake)| get(v, camel, snake))
+        .filter(|p| p.is_object());
     let body = match event_type.as_str() {
-        "DRIVER_JOB_DEFINITION_EVENT" => {
-            payload("driverJobDefinitionEvent", "driver_job_definition_event").and_then(|p| {
-                Some(Body::DriverJobDefinition {
-                    job_id: get_id(p, "jobId", "job_id")?,
-                    entrypoint: get_str(p, "entrypoint", "entrypoint"),
-                    driver_pid: get_i64(p, "driverPid", "driver_pid"),
-                    driver_node_id: get_id(p, "driverNodeId", "driver_node_id"),
-                    config: job_config(p),
-                })
+        "DRIVER_JOB_DEFINITION_EVENT" => payload.and_then(|p| {
+            Some(Body::DriverJobDefinition {
+                job_id: get_id(p, "jobId", "job_id")?,
+                entrypoint: get_str(p, "entrypoint", "entrypoint"),
+                driver_pid: get_i64(p, "driverPid", "driver_pid"),
+                driver_node_id: get_id(p, "driverNodeId", "driver_node_id"),
+                config: job_config(p),
             })
-        }
-        "DRIVER_JOB_LIFECYCLE_EVENT" => {
-            payload("driverJobLifecycleEvent", "driver_job_lifecycle_event").and_then(|p| {
-                Some(Body::DriverJobLifecycle {
-                    job_id: get_id(p, "jobId", "job_id")?,
-                    transitions: transitions(p).into_iter().map(|(_, t)| t).collect(),
-                })
+        }),
+        "DRIVER_JOB_LIFECYCLE_EVENT" => payload.and_then(|p| {
+            Some(Body::DriverJobLifecycle {
+                job_id: get_id(p, "jobId", "job_id")?,
+                transitions: transitions(p).into_iter().map(|(_, t)| t).collect(),
             })
-        }
-        "NODE_DEFINITION_EVENT" => payload("nodeDefinitionEvent", "node_definition_event")
-            .and_then(|p| {
-                Some(Body::NodeDefinition {
-                    node_id: get_id(p, "nodeId", "node_id")?,
-                    ip: get_str(p, "nodeIpAddress", "node_ip_address"),
-                    hostname: get_str(p, "hostname", "hostname"),
-                    started_ns: get_time(p, "startTimestamp", "start_timestamp"),
-                })
-            }),
-        "NODE_LIFECYCLE_EVENT" => {
-            payload("nodeLifecycleEvent", "node_lifecycle_event").and_then(|p| {
-                Some(Body::NodeLifecycle {
-                    node_id: get_id(p, "nodeId", "node_id")?,
-                    transitions: transitions(p)
-                        .into_iter()
-                        .map(|(raw, state)| {
-                            let death = get(raw, "deathInfo", "death_info");
-                            NodeTransition {
-                                state,
-                                resources: resources(get(raw, "resources", "resources")),
-                                death_reason: death.and_then(|d| get_str(d, "reason", "reason")),
-                                death_message: death
-                                    .and_then(|d| get_str(d, "reasonMessage", "reason_message")),
-                            }
-                        })
-                        .collect(),
-                })
+        }),
+        "NODE_DEFINITION_EVENT" => payload.and_then(|p| {
+            Some(Body::NodeDefinition {
+                node_id: get_id(p, "nodeId", "node_id")?,
+                ip: get_str(p, "nodeIpAddress", "node_ip_address"),
+                hostname: get_str(p, "hostname", "hostname"),
+                started_ns: get_time(p, "startTimestamp", "start_timestamp"),
             })
-        }
-        "ACTOR_DEFINITION_EVENT" => payload("actorDefinitionEvent", "actor_definition_event")
-            .and_then(|p| {
-                Some(Body::ActorDefinition {
-                    actor_id: get_id(p, "actorId", "actor_id")?,
-                    job_id: get_id(p, "jobId", "job_id"),
-                    class_name: get_str(p, "className", "class_name"),
-                    name: get_str(p, "name", "name"),
-                })
-            }),
-        "ACTOR_LIFECYCLE_EVENT" => payload("actorLifecycleEvent", "actor_lifecycle_event")
-            .and_then(|p| {
-                Some(Body::ActorLifecycle {
-                    actor_id: get_id(p, "actorId", "actor_id")?,
-                    transitions: transitions(p)
-                        .into_iter()
-                        .map(|(raw, state)| {
-                            let (death_reason, death_message) =
-                                death_cause(get(raw, "deathCause", "death_cause"));
-                            ActorTransition {
-                                state,
-                                node_id: get_id(raw, "nodeId", "node_id"),
-                                pid: get_i64(raw, "pid", "pid").filter(|p| *p > 0),
-                                death_reason,
-                                death_message,
-                            }
-                        })
-                        .collect(),
-                })
-            }),
-        "WORKER_DEFINITION_EVENT" => payload("workerDefinitionEvent", "worker_definition_event")
-            .and_then(|p| {
-                Some(Body::WorkerDefinition {
-                    worker_id: get_id(p, "workerId", "worker_id")?,
-                    node_id: get_id(p, "nodeId", "node_id"),
-                    pid: get_i64(p, "pid", "pid").filter(|p| *p > 0),
-                    worker_type: get_str(p, "workerType", "worker_type"),
-                })
-            }),
-        "WORKER_LIFECYCLE_EVENT" => payload("workerLifecycleEvent", "worker_lifecycle_event")
-            .and_then(|p| {
-                Some(Body::WorkerLifecycle {
-                    worker_id: get_id(p, "workerId", "worker_id")?,
-                    job_id: get_id(p, "jobId", "job_id"),
-                    transitions: transitions(p)
-                        .into_iter()
-                        .map(|(raw, state)| {
-                            let death = get(raw, "deathInfo", "death_info");
-                            WorkerTransition {
-                                state,
-                                exit_type: death.and_then(|d| get_str(d, "exitType", "exit_type")),
-                                exit_detail: death
-                                    .and_then(|d| get_str_long(d, "exitDetail", "exit_detail")),
-                            }
-                        })
-                        .collect(),
-                })
-            }),
+        }),
+        "NODE_LIFECYCLE_EVENT" => payload.and_then(|p| {
+            Some(Body::NodeLifecycle {
+                node_id: get_id(p, "nodeId", "node_id")?,
+                transitions: transitions(p)
+                    .into_iter()
+                    .map(|(raw, state)| {
+                        let death = get(raw, "deathInfo", "death_info");
+                        NodeTransition {
+                            state,
+                            resources: resources(get(raw, "resources", "resources")),
+                            death_reason: death.and_then(|d| get_str(d, "reason", "reason")),
+                            death_message: death
+                                .and_then(|d| get_str(d, "reasonMessage", "reason_message")),
+                        }
+                    })
+                    .collect(),
+            })
+        }),
+        "ACTOR_DEFINITION_EVENT" => payload.and_then(|p| {
+            Some(Body::ActorDefinition {
+                actor_id: get_id(p, "actorId", "actor_id")?,
+                job_id: get_id(p, "jobId", "job_id"),
+                class_name: get_str(p, "className", "class_name"),
+                name: get_str(p, "name", "name"),
+            })
+        }),
+        "ACTOR_LIFECYCLE_EVENT" => payload.and_then(|p| {
+            Some(Body::ActorLifecycle {
+                actor_id: get_id(p, "actorId", "actor_id")?,
+                transitions: transitions(p)
+                    .into_iter()
+                    .map(|(raw, state)| {
+                        let (death_reason, death_message) =
+                            death_cause(get(raw, "deathCause", "death_cause"));
+                        ActorTransition {
+                            state,
+                            node_id: get_id(raw, "nodeId", "node_id"),
+                            pid: get_i64(raw, "pid", "pid").filter(|p| *p > 0),
+                            death_reason,
+                            death_message,
+                        }
+                    })
+                    .collect(),
+            })
+        }),
+        "WORKER_DEFINITION_EVENT" => payload.and_then(|p| {
+            Some(Body::WorkerDefinition {
+                worker_id: get_id(p, "workerId", "worker_id")?,
+                node_id: get_id(p, "nodeId", "node_id"),
+                pid: get_i64(p, "pid", "pid").filter(|p| *p > 0),
+                worker_type: get_str(p, "workerType", "worker_type"),
+            })
+        }),
+        "WORKER_LIFECYCLE_EVENT" => payload.and_then(|p| {
+            Some(Body::WorkerLifecycle {
+                worker_id: get_id(p, "workerId", "worker_id")?,
+                job_id: get_id(p, "jobId", "job_id"),
+                transitions: transitions(p)
+                    .into_iter()
+                    .map(|(raw, state)| {
+                        let death = get(raw, "deathInfo", "death_info");
+                        WorkerTransition {
+                            state,
+                            exit_type: death.and_then(|d| get_str(d, "exitType", "exit_type")),
+                            exit_detail: death
+                                .and_then(|d| get_str_long(d, "exitDetail", "exit_detail")),
+                        }
+                    })
+                    .collect(),
+            })
+        }),
         _ => None,
     }
     .unwrap_or(Body::Other);

@@ -36,7 +36,7 @@ use bytes::Bytes;
 use futures::StreamExt as _;
 use object_store::{ObjectStore, ObjectStoreExt as _};
 
-use super::decode::{ContentSink, Decoder};
+use super::decode::{gunzip, plain, ContentSink};
 use super::extract::Fact;
 use super::filter::TimeWindow;
 use super::limits::{CONTENT_LIMITS, READ_CONCURRENCY};
@@ -498,6 +498,45 @@ fn is_range_refusal(e: &object_store::Error) -> bool {
         || (text.contains("Requested ") && text.contains(", got "))
 }
 
+/// An object's chunks as one byte stream, for the gzip decoder to pull from. A chunk that
+/// is an error (the fetch failed) ends the stream with an I/O error, its text kept in
+/// `failure`.
+struct ChunkReader<'a> {
+    next: Box<dyn FnMut() -> Option<Result<Bytes, String>> + 'a>,
+    chunk: Bytes,
+    failure: Option<String>,
+}
+
+impl std::io::Read for ChunkReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let data = std::io::BufRead::fill_buf(self)?;
+        let n = data.len().min(buf.len());
+        buf[..n].copy_from_slice(&data[..n]);
+        std::io::BufRead::consume(self, n);
+        Ok(n)
+    }
+}
+
+impl std::io::BufRead for ChunkReader<'_> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        while self.chunk.is_empty() {
+            if let Some(f) = &self.failure {
+                return Err(std::io::Error::other(f.clone()));
+            }
+            match (self.next)() {
+                None => break,
+                Some(Ok(chunk)) => self.chunk = chunk,
+                Some(Err(e)) => self.failure = Some(e),
+            }
+        }
+        Ok(&self.chunk)
+    }
+
+    fn consume(&mut self, n: usize) {
+        bytes::Buf::advance(&mut self.chunk, n);
+    }
+}
+
 /// A decoder thread: takes objects off the queue until it closes.
 fn decode_loop(
     jobs: &Mutex<std::sync::mpsc::Receiver<DecodeJob>>,
@@ -533,15 +572,9 @@ fn decode(
     let mut sink = ContentSink::new(window, CONTENT_LIMITS);
     sink.logs_of = logs_of;
     sink.out.facts = Spares::take(spares);
-    let mut decoder = if job.gzip {
-        Decoder::Gzip(Box::new(flate2::write::MultiGzDecoder::new(sink)))
-    } else {
-        Decoder::Plain(sink)
-    };
-    let mut failure = None;
     let mut file_bytes = 0u64;
     let mut chunks = None;
-    let mut next: Box<dyn FnMut() -> Option<Result<Bytes, String>>> = match job.source {
+    let next: Box<dyn FnMut() -> Option<Result<Bytes, String>>> = match job.source {
         Source::Chunks(rx) => {
             let rx = chunks.insert(rx);
             Box::new(move || rx.blocking_recv())
@@ -573,27 +606,40 @@ fn decode(
             })
         }
     };
-    while let Some(chunk) = next() {
-        let written = chunk.and_then(|c| decoder.write(&c));
-        if let Err(e) = written {
-            failure = Some(e);
-            break;
-        }
-        let sink = decoder.sink_mut();
+    let mut input = ChunkReader {
+        next,
+        chunk: Bytes::new(),
+        failure: None,
+    };
+    // Facts are sent on as soon as a batch is full; `gone` when the fold went away.
+    let mut gone = false;
+    let mut pushed = |data: &[u8]| -> Result<(), String> {
+        sink.push(data)?;
         if sink.out.facts.len() >= FACTS_PER_BATCH {
             let facts = sink.take_facts(Spares::take(spares));
             if out.blocking_send(Message::Facts(job.index, facts)).is_err() {
-                return false;
+                gone = true;
+                return Err("the fold went away".into());
             }
         }
+        Ok(())
+    };
+    let read = if job.gzip {
+        gunzip(&mut input, &mut pushed)
+    } else {
+        plain(&mut input, &mut pushed)
+    };
+    if gone {
+        return false;
     }
-    drop(next);
+    let mut failure = read.err();
+    // A failure of the fetch itself (not of the content) is told as such.
+    if let Some(f) = input.failure.take() {
+        failure = Some(f);
+    }
+    drop(input);
     // Stop the fetch of an object given up on.
     drop(chunks);
-    if failure.is_none() {
-        failure = decoder.end().err();
-    }
-    let mut sink = decoder.into_sink();
     sink.finish(failure.is_none());
     let facts = sink.take_facts(Vec::new());
     if !facts.is_empty() && out.blocking_send(Message::Facts(job.index, facts)).is_err() {

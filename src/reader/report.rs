@@ -411,12 +411,12 @@ impl Problems {
     }
 }
 
-/// Adds one attempt in `state` (allocating only for a state not seen yet).
-fn count_state(by_state: &mut BTreeMap<String, u64>, state: &str) {
+/// Adds `n` attempts in `state` (allocating only for a state not seen yet).
+fn add_state(by_state: &mut BTreeMap<String, u64>, state: &str, n: u64) {
     match by_state.get_mut(state) {
-        Some(n) => *n += 1,
+        Some(c) => *c += n,
         None => {
-            by_state.insert(state.to_string(), 1);
+            by_state.insert(state.to_string(), n);
         }
     }
 }
@@ -550,6 +550,8 @@ pub(super) fn shape_report(
     };
     let mut failed_total = 0u64;
     let mut counts = TaskCounts::default();
+    let mut tally_index: HashMap<u64, usize, crate::util::dedup::PassThrough> = HashMap::default();
+    let mut tallies: Vec<(Option<String>, String, u64)> = Vec::new();
     tasks.drain(|key, t, symbols| {
         if !t.known {
             return;
@@ -561,21 +563,18 @@ pub(super) fn shape_report(
             }
         }
         let state = t.state(symbols);
-        counts.total += 1;
-        count_state(&mut counts.by_state, state);
-        if let Some(job) = job {
-            if !jobs.contains_key(job) && job_filter.as_deref().is_none_or(|j| j == job) {
-                jobs.insert(job.to_string(), Default::default());
-            }
-            if !per_job.contains_key(job) {
-                per_job.insert(job.to_string(), TaskCounts::default());
-            }
-            let Some(c) = per_job.get_mut(job) else {
-                return;
-            };
-            c.total += 1;
-            count_state(&mut c.by_state, state);
+        // Counted by (job, state) symbol, their texts kept the first time (a lookup of two
+        // numbers rather than of three texts in ordered maps, per attempt); summed below.
+        let next = tallies.len();
+        // The pair as one number, times an odd constant (a bijection): its own hash. Symbols
+        // are numbered by the reader in order, so no bucket can choose colliding ones.
+        let pair = (u64::from(t.job.0) << 32 | u64::from(t.latest_state.0))
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let at = *tally_index.entry(pair).or_insert(next);
+        if at == next {
+            tallies.push((job.map(str::to_string), state.to_string(), 0));
         }
+        tallies[at].2 += 1;
         if state != "FAILED" {
             join.add_unfinished(key, t, symbols);
         }
@@ -622,6 +621,18 @@ pub(super) fn shape_report(
         }
         visit(key, t, symbols);
     })?;
+    for (job, state, n) in tallies {
+        counts.total += n;
+        add_state(&mut counts.by_state, &state, n);
+        if let Some(job) = job {
+            if !jobs.contains_key(&job) && job_filter.as_deref().is_none_or(|j| j == job) {
+                jobs.insert(job.clone(), Default::default());
+            }
+            let c = per_job.entry(job).or_default();
+            c.total += n;
+            add_state(&mut c.by_state, &state, n);
+        }
+    }
     report.tasks = counts;
     report.failed_tasks_total = failed_total;
     report.failed_tasks = failed.into_sorted_vec().into_iter().map(|r| r.2).collect();

@@ -29,16 +29,29 @@ const MAX_DEPTH: u32 = 64;
 
 /// `text` read as a [`Line`], or `None` when serde must read it.
 pub(super) fn line(text: &str) -> Option<Line<'_>> {
-    let mut c = Cur {
-        s: text,
-        b: text.as_bytes(),
-        i: 0,
-        depth: 0,
-    };
+    let mut c = Cur::new(text);
     c.ws();
     let line = c.line()?;
     c.ws();
     (c.i == c.b.len()).then_some(line)
+}
+
+/// The top-level members of the JSON object `text`, each key (it has no escapes) with its
+/// value's text, checked as [`line`] checks what it skips; `None` if `text` is not such an
+/// object, or if a value of it holds a number that serde_json might not read as a
+/// `serde_json::Value` (see `Cur::big_number`): then every value of `text` reads as a
+/// `Value` when its text does alone.
+pub(super) fn members<'a>(text: &'a str, mut each: impl FnMut(&'a [u8], &'a str)) -> Option<()> {
+    let mut c = Cur::new(text);
+    c.ws();
+    c.object(|c, key| {
+        let start = c.i;
+        c.skip()?;
+        each(key, &c.s[start..c.i]);
+        Some(())
+    })?;
+    c.ws();
+    (c.i == c.b.len() && !c.big_number).then_some(())
 }
 
 struct Cur<'a> {
@@ -46,7 +59,15 @@ struct Cur<'a> {
     b: &'a [u8],
     i: usize,
     depth: u32,
+    /// A number was skipped that serde_json might refuse to read as a value (not to skip):
+    /// more than [`MAX_PLAIN_DIGITS`] digits before its point, or an exponent of more than
+    /// two digits, either of which may be out of an `f64`'s range.
+    big_number: bool,
 }
+
+/// Digits before the point of a number that cannot be out of an `f64`'s range, even with an
+/// exponent of two digits.
+const MAX_PLAIN_DIGITS: usize = 200;
 
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HIGHS: u64 = 0x8080_8080_8080_8080;
@@ -133,6 +154,16 @@ fn once(seen: &mut u32, bit: u32) -> Option<()> {
 }
 
 impl<'a> Cur<'a> {
+    fn new(text: &'a str) -> Cur<'a> {
+        Cur {
+            s: text,
+            b: text.as_bytes(),
+            i: 0,
+            depth: 0,
+            big_number: false,
+        }
+    }
+
     #[inline(always)]
     fn ws(&mut self) {
         // Ray writes no whitespace between tokens: one test in the common case.
@@ -297,7 +328,9 @@ impl<'a> Cur<'a> {
                 }
             }
             b'1'..=b'9' => {
-                self.digits();
+                if self.digits() > MAX_PLAIN_DIGITS {
+                    self.big_number = true;
+                }
             }
             _ => return None,
         }
@@ -312,8 +345,10 @@ impl<'a> Cur<'a> {
             if let Some(b'+' | b'-') = self.peek() {
                 self.i += 1;
             }
-            if self.digits() == 0 {
-                return None;
+            match self.digits() {
+                0 => return None,
+                1 | 2 => {}
+                _ => self.big_number = true,
             }
         }
         Some(())

@@ -118,15 +118,20 @@ impl CompactId {
     /// decoded by hand: the bytes the `base64` crate's STANDARD engine gives for it. `None`
     /// for anything else (that engine then decides). A quarter of the cost of the engine.
     fn from_plain_base64(b: &[u8]) -> Option<CompactId> {
+        /// Each byte's 6-bit value, 0xff for a byte outside the alphabet.
+        const VALUES: [u8; 256] = {
+            let mut t = [0xffu8; 256];
+            let mut i = 0;
+            while i < 64 {
+                t[b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[i]
+                    as usize] = i as u8;
+                i += 1;
+            }
+            t
+        };
         fn value(c: u8) -> Option<u32> {
-            Some(u32::from(match c {
-                b'A'..=b'Z' => c - b'A',
-                b'a'..=b'z' => c - b'a' + 26,
-                b'0'..=b'9' => c - b'0' + 52,
-                b'+' => 62,
-                b'/' => 63,
-                _ => return None,
-            }))
+            let v = VALUES[usize::from(c)];
+            (v != 0xff).then_some(u32::from(v))
         }
         if b.is_empty() || !b.len().is_multiple_of(4) {
             return None;
