@@ -2869,4 +2869,25 @@ fn a_reload_whose_listing_failed_keeps_the_index_held() {
     );
     assert_eq!(reload(&s), None, "{}", s.log_text());
     assert_eq!(tasks(&s), (json!(5), Some("4".to_string())));
+
+    // Review r55d D2: an object read in part (its first events are in the index) that a
+    // reload cannot read at all is a loss; it was taken, dropping those tasks.
+    use std::io::Write as _;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(task_lines(SESSION, &node, 10, 60).as_bytes())
+        .unwrap();
+    let gz = gz.finish().unwrap();
+    rig.s3.put_object(
+        "ray-history",
+        &format!("{session_dir}/node_events/{node_hex}-2026-11-22-05-7.jsonl.gz"),
+        &gz[..gz.len() * 3 / 4],
+    );
+    assert_eq!(reload(&s), None, "{}", s.log_text());
+    let (partly, unreadable) = tasks(&s);
+    assert!(partly.as_u64().unwrap() > 5, "{partly}");
+    assert_eq!(unreadable.as_deref(), Some("5"));
+    refuse("05-7.jsonl.gz");
+    let message = reload(&s).unwrap_or_default();
+    assert!(message.contains("could not be read as far"), "{message:?}");
+    assert_eq!(tasks(&s), (partly, Some("5".to_string())));
 }

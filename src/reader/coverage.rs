@@ -1,45 +1,58 @@
-//! What a read of a session covered: the objects it read and the directories they are in,
-//! and what it missed (the prefixes whose listing failed, the objects not read), so that two
-//! reads of one session can be compared by what the second lost of what the first had.
+//! What a read of a session covered: how far it read each object (whole, or the bytes it
+//! decoded before it failed), the directories above the objects it read, and the prefixes
+//! whose listing failed, so that a second read of the session can be told whether it lost
+//! something the first one had.
 //!
 //! `serve` keeps the index it holds when a reload lost something the held index had
-//! ([`Coverage::lost_against`]): an object the held read read whole that the reload could not
-//! read, or a prefix the reload could not list under which the held read read an object. A
-//! key the held read never saw (an object added since, broken or not) or missed as well is no
-//! loss, so a live session keeps being followed while one of its objects is broken. Counts
-//! alone could not tell (reviews r55a D1, r55b D1 and D2: a reload that read nothing replaced
-//! a good index; r55c D1: one new broken object froze a live session), nor could what each
-//! read missed alone.
+//! ([`Coverage::lost_against`]): an object the held load read further than the reload did
+//! (whole, or in part: the events of a part read are in the index), or a prefix the reload
+//! could not list under which the held load read an object. A key the held load never saw
+//! (an object added since, broken or not), or read no further, is no loss, so a live session
+//! keeps being followed while one of its objects is broken. Counts could not tell (reviews
+//! r55a D1, r55b D1 and D2: a reload that read nothing replaced a good index; r55c D1: one
+//! new broken object froze a live session; r55d D1: past a bound, a blank reload was taken
+//! and the good ones after it refused), nor could what each read missed alone.
 //!
-//! The keys read are kept as 64-bit hashes, at most [`MAX_READ_KEYS`]; the keys missed as
-//! text (for the message), at most [`MAX_MISSED_KEYS`]. A read past either bound is compared
-//! by its counts: it lost something when it missed more than the held read did.
+//! Bounded: at most [`MAX_OBJECTS`] objects and [`MAX_DIRS`] directories are kept, as 64-bit
+//! hashes of their keys, and [`MAX_NAMED`] missed keys as text (for the message). Past a
+//! bound, what is not kept is decided so that no reload is refused for ever: a key the held
+//! load did not keep is no loss (a reload that then lost it is taken, and the next look that
+//! reads it takes it back); a reload that could not keep all the objects (or prefixes) it
+//! missed is not taken when it missed more of them than the held load did.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 
-/// Objects read whose hashes are kept (about 10 bytes each with the set's overhead, so
-/// ~2.5 MB at most beside an index). A session our collector writes holds a few objects an
-/// hour per node and stream; past this, the counts decide.
-pub const MAX_READ_KEYS: usize = 250_000;
-/// Missed prefixes and objects kept as text (about 150 bytes each: ~1.5 MB at most).
-pub const MAX_MISSED_KEYS: usize = 10_000;
+/// Objects kept per read (a hash and how far it was read: about 20 bytes each with the map's
+/// overhead, so ~5 MB at most beside an index). A session our collector writes holds a few
+/// objects an hour per node and stream.
+pub const MAX_OBJECTS: usize = 250_000;
+/// Directories above the objects read, kept per read (far fewer than objects).
+pub const MAX_DIRS: usize = 250_000;
+/// Missed prefixes and objects kept as text, to name one in a message (about 150 bytes
+/// each: ~1.5 MB at most).
+pub const MAX_NAMED: usize = 10_000;
 
-/// What one read of a session covered and missed.
+/// How far an object was read: [`WHOLE`], or the bytes decoded before it failed.
+const WHOLE: u64 = u64::MAX;
+
+/// What one read of a session covered.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Coverage {
-    /// Hashes of the objects read whole.
-    read_objects: HashSet<u64>,
-    /// Hashes of every directory (`a/`, `a/b/`, ...) above an object read whole.
-    read_dirs: HashSet<u64>,
-    /// Prefixes (ending in `/`) whose listing failed.
+    /// By hash of the key: how far the object was read.
+    objects: HashMap<u64, u64>,
+    /// Objects not kept past [`MAX_OBJECTS`].
+    objects_dropped: u64,
+    /// Hashes of every directory (`a/`, `a/b/`, ...) above an object read, whole or in part.
+    dirs: HashSet<u64>,
+    /// Prefixes (ending in `/`) whose listing failed, the first [`MAX_NAMED`].
     missed_prefixes: Vec<String>,
-    /// Objects listed but not read to their end.
-    missed_objects: Vec<String>,
-    /// Prefixes and objects missed in all, kept or not.
-    missed: u64,
-    /// A bound was passed: the sets are incomplete, and the counts decide.
-    overflow: bool,
+    /// Prefixes whose listing failed, in all.
+    prefixes_missed: u64,
+    /// Missed objects by key, the first [`MAX_NAMED`], to name one.
+    named: HashMap<u64, String>,
+    /// Objects not read to their end.
+    missed_objects: u64,
 }
 
 fn hash(key: &str) -> u64 {
@@ -51,80 +64,81 @@ fn hash(key: &str) -> u64 {
 impl Coverage {
     /// An object read to its end.
     pub(crate) fn read(&mut self, key: &str) {
-        if self.read_objects.len() >= MAX_READ_KEYS {
-            self.overflow = true;
-            return;
+        self.object(key, WHOLE);
+    }
+
+    /// An object not read to its end, of which `decoded` bytes were read.
+    pub(crate) fn missed_object(&mut self, key: &str, decoded: u64) {
+        self.missed_objects += 1;
+        if self.named.len() < MAX_NAMED {
+            self.named.insert(hash(key), key.to_string());
         }
-        self.read_objects.insert(hash(key));
-        for (i, _) in key.match_indices('/') {
-            self.read_dirs.insert(hash(&key[..=i]));
+        self.object(key, decoded);
+    }
+
+    fn object(&mut self, key: &str, how_far: u64) {
+        if self.objects.len() >= MAX_OBJECTS {
+            self.objects_dropped += 1;
+        } else {
+            self.objects.insert(hash(key), how_far);
+        }
+        if how_far > 0 {
+            for (i, _) in key.match_indices('/') {
+                if self.dirs.len() < MAX_DIRS {
+                    self.dirs.insert(hash(&key[..=i]));
+                }
+            }
         }
     }
 
     /// A prefix whose listing failed (`prefix` ends in `/`).
     pub(crate) fn missed_prefix(&mut self, prefix: &str) {
-        self.missed += 1;
-        if self.room() {
+        self.prefixes_missed += 1;
+        if self.missed_prefixes.len() < MAX_NAMED {
             self.missed_prefixes.push(prefix.to_string());
         }
     }
 
-    /// An object not read to its end.
-    pub(crate) fn missed_object(&mut self, key: &str) {
-        self.missed += 1;
-        if self.room() {
-            self.missed_objects.push(key.to_string());
-        }
-    }
-
-    fn room(&mut self) -> bool {
-        let room = self.missed_prefixes.len() + self.missed_objects.len() < MAX_MISSED_KEYS;
-        self.overflow |= !room;
-        room
-    }
-
-    /// What this read (a reload) lost of what `held` had: a prefix it could not list under
-    /// which `held` read an object, or an object `held` read that it could not read; the
-    /// first such key, or, with either read past its bounds, a count when this read missed
-    /// more than `held` did. `None`: nothing lost.
+    /// What this read (a reload) lost of what `held` had, if anything (see the module doc).
     pub fn lost_against(&self, held: &Coverage) -> Option<Lost> {
-        if self.overflow || held.overflow {
-            return (self.missed > held.missed).then_some(Lost::More {
-                missed: self.missed,
-                held_missed: held.missed,
-            });
-        }
-        let prefix = self
+        if let Some(p) = self
             .missed_prefixes
             .iter()
-            .find(|p| held.read_dirs.contains(&hash(p)));
-        let object = || {
-            self.missed_objects
-                .iter()
-                .find(|o| held.read_objects.contains(&hash(o)))
-        };
-        match prefix {
-            Some(p) => Some(Lost::Listing(p.clone())),
-            None => object().map(|o| Lost::Object(o.clone())),
+            .find(|p| held.dirs.contains(&hash(p)))
+        {
+            return Some(Lost::Listing(p.clone()));
         }
+        let lost = self.objects.iter().find(|(h, &far)| {
+            far != WHOLE && held.objects.get(h).is_some_and(|&held_far| held_far > far)
+        });
+        if let Some((h, _)) = lost {
+            return Some(Lost::Object(self.named.get(h).cloned()));
+        }
+        let prefixes_dropped = self.prefixes_missed > self.missed_prefixes.len() as u64;
+        let more = (self.objects_dropped > 0 && self.missed_objects > held.missed_objects)
+            || (prefixes_dropped && self.prefixes_missed > held.prefixes_missed);
+        more.then_some(Lost::More {
+            missed: self.missed_objects + self.prefixes_missed,
+            held_missed: held.missed_objects + held.prefixes_missed,
+        })
     }
 
     /// Bytes these keys take (the index's size counts them).
     pub fn bytes(&self) -> u64 {
-        let sets = (self.read_objects.capacity() + self.read_dirs.capacity()) * 9;
-        let missed = self.missed_prefixes.iter().chain(&self.missed_objects);
-        (sets + missed.map(|k| k.len() + 24).sum::<usize>()) as u64
+        let maps = self.objects.capacity() * 17 + self.dirs.capacity() * 9;
+        let named = self.named.values().chain(&self.missed_prefixes);
+        (maps + named.map(|k| k.len() + 40).sum::<usize>()) as u64
     }
 }
 
 /// What a reload lost of what the index held had (see [`Coverage::lost_against`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lost {
-    /// A prefix it could not list, under which the held read read an object.
+    /// A prefix it could not list, under which the held load read an object.
     Listing(String),
-    /// An object the held read read, that it could not read.
-    Object(String),
-    /// Past the bounds: it missed more prefixes and objects than the held read did.
+    /// An object the held load read further than it did (its key, when it is kept).
+    Object(Option<String>),
+    /// Past the bounds: it missed more objects (or prefixes) than the held load did.
     More { missed: u64, held_missed: u64 },
 }
 
@@ -132,49 +146,38 @@ pub enum Lost {
 mod tests {
     use super::*;
 
-    fn cov(read: &[&str], prefixes: &[&str], objects: &[&str]) -> Coverage {
+    fn cov(read: &[&str], prefixes: &[&str], objects: &[(&str, u64)]) -> Coverage {
         let mut c = Coverage::default();
         read.iter().for_each(|k| c.read(k));
         prefixes.iter().for_each(|p| c.missed_prefix(p));
-        objects.iter().for_each(|o| c.missed_object(o));
+        objects.iter().for_each(|(o, far)| c.missed_object(o, *far));
         c
     }
 
     #[test]
     fn missing_what_the_held_read_never_had_is_no_loss() {
-        let held = cov(
-            &["s/n/node_events/a"],
-            &["s/n/job_events/01/"],
-            &["s/n/node_events/b"],
-        );
-        // The same broken object, one under the listing the held read missed, a new one.
+        let held = cov(&["s/n/e/a"], &["s/n/j/01/"], &[("s/n/e/b", 10)]);
+        // The same broken object read as far, one under the listing the held read missed,
+        // a new one.
         let new = cov(
-            &["s/n/node_events/a", "s/n/node_events/c"],
+            &["s/n/e/a", "s/n/e/c"],
             &[],
-            &[
-                "s/n/node_events/b",
-                "s/n/job_events/01/x",
-                "s/n/node_events/new",
-            ],
+            &[("s/n/e/b", 10), ("s/n/j/01/x", 0), ("s/n/e/new", 0)],
         );
         assert_eq!(new.lost_against(&held), None);
         // r55c D1: a new broken object beside a new good one, the held read whole.
-        let held = cov(&["s/n/node_events/a"], &[], &[]);
-        let new = cov(
-            &["s/n/node_events/a", "s/n/node_events/c"],
-            &[],
-            &["s/n/node_events/d"],
-        );
+        let held = cov(&["s/n/e/a"], &[], &[]);
+        let new = cov(&["s/n/e/a", "s/n/e/c"], &[], &[("s/n/e/d", 0)]);
         assert_eq!(new.lost_against(&held), None);
-        // A new node whose listing failed.
-        let new = cov(&["s/n/node_events/a"], &["s/m/"], &[]);
-        assert_eq!(new.lost_against(&held), None);
+        // A new node whose listing failed; a node of logs only (nothing read under it).
+        let held = cov(&["s/n/e/a"], &[], &[]);
+        assert_eq!(cov(&["s/n/e/a"], &["s/m/"], &[]).lost_against(&held), None);
     }
 
     #[test]
     fn a_blank_first_read_loses_nothing_and_is_replaced() {
         let blank = cov(&[], &["s/"], &[]);
-        let good = cov(&["s/n/a"], &[], &["s/n/b"]);
+        let good = cov(&["s/n/a"], &[], &[("s/n/b", 0)]);
         assert_eq!(good.lost_against(&blank), None);
         assert_eq!(blank.lost_against(&good), Some(Lost::Listing("s/".into())));
     }
@@ -182,45 +185,64 @@ mod tests {
     #[test]
     fn losing_what_the_held_read_had_is_a_loss_whatever_the_counts() {
         // r55b D2: the session listing against two partition listings missed.
-        let held = cov(
-            &["s/n/node_events/a"],
-            &["s/n/job_events/01/", "s/n/job_events/02/"],
-            &[],
-        );
-        let new = cov(&[], &["s/", "s/fetched_endpoints/"], &[]);
+        let held = cov(&["s/n/e/a"], &["s/n/j/01/", "s/n/j/02/"], &[]);
+        let new = cov(&[], &["s/", "s/f/"], &[]);
         assert_eq!(new.lost_against(&held), Some(Lost::Listing("s/".into())));
         // r55b D1: the held read missed logs/; the reload every object.
-        let held = cov(&["s/n/node_events/a"], &["s/n/logs/"], &[]);
-        let new = cov(&[], &[], &["s/n/node_events/a"]);
+        let held = cov(&["s/n/e/a"], &["s/n/logs/"], &[]);
+        let new = cov(&[], &[], &[("s/n/e/a", 0)]);
         assert_eq!(
             new.lost_against(&held),
-            Some(Lost::Object("s/n/node_events/a".into()))
+            Some(Lost::Object(Some("s/n/e/a".into())))
         );
-        // A partition listing the held read had.
-        let new = cov(&[], &["s/n/node_events/"], &[]);
+        let new = cov(&[], &["s/n/e/"], &[]);
         assert_eq!(
             new.lost_against(&held),
-            Some(Lost::Listing("s/n/node_events/".into()))
+            Some(Lost::Listing("s/n/e/".into()))
         );
+        // r55d D2: an object the held load read in part, read less far.
+        let held = cov(&["s/n/e/a"], &[], &[("s/n/e/cut", 6000)]);
+        let new = cov(&["s/n/e/a"], &[], &[("s/n/e/cut", 0)]);
+        assert!(matches!(
+            new.lost_against(&held),
+            Some(Lost::Object(Some(_)))
+        ));
+        // ... read as far, or further: no loss.
+        let new = cov(&["s/n/e/a", "s/n/e/cut"], &[], &[]);
+        assert_eq!(new.lost_against(&held), None);
     }
 
     #[test]
-    fn past_the_bounds_the_counts_decide() {
-        let mut held = Coverage::default();
-        for i in 0..MAX_MISSED_KEYS + 5 {
-            held.missed_object(&format!("s/o{i}"));
+    fn past_the_bounds_nothing_is_refused_for_ever() {
+        // r55d D1: 10,005 broken objects held and 7 tasks read: a blank reload is a loss,
+        // the good one after it is not.
+        let mut held = cov(&["s/n/e/a"], &[], &[]);
+        for i in 0..MAX_NAMED + 5 {
+            held.missed_object(&format!("s/n/e/b{i}"), 0);
         }
-        assert!(held.overflow);
-        let mut same = held.clone();
-        assert_eq!(same.lost_against(&held), None);
-        same.missed_prefix("s/x/");
-        assert!(matches!(same.lost_against(&held), Some(Lost::More { .. })));
-        assert_eq!(cov(&[], &[], &["s/o1"]).lost_against(&held), None);
-        let mut many = Coverage::default();
-        for i in 0..MAX_READ_KEYS + 1 {
-            many.read(&format!("s/n/{i}"));
+        let blank = cov(&[], &["s/"], &[]);
+        assert_eq!(blank.lost_against(&held), Some(Lost::Listing("s/".into())));
+        let mut good = held.clone();
+        good.missed_object("s/n/e/new", 0);
+        assert_eq!(good.lost_against(&held), None);
+        assert_eq!(held.lost_against(&blank), None);
+        // Objects past MAX_OBJECTS: a key the held load did not keep is no loss; a reload
+        // that could not keep all it missed is refused only when it missed more.
+        let mut big = Coverage::default();
+        for i in 0..MAX_OBJECTS + 1 {
+            big.read(&format!("s/n/{i}"));
         }
-        assert!(many.overflow);
-        assert!(many.bytes() < 8 << 20, "{}", many.bytes());
+        assert!(big.bytes() < 8 << 20, "{}", big.bytes());
+        let mut lost_late = Coverage::default();
+        lost_late.missed_object(&format!("s/n/{MAX_OBJECTS}"), 0);
+        assert_eq!(lost_late.lost_against(&big), None);
+        let mut many_missed = Coverage::default();
+        for i in 0..MAX_OBJECTS + 1 {
+            many_missed.missed_object(&format!("s/x/{i}"), 0);
+        }
+        assert!(matches!(
+            many_missed.lost_against(&big),
+            Some(Lost::More { .. })
+        ));
     }
 }

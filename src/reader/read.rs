@@ -151,6 +151,8 @@ struct ObjectSummary {
     outside_window: u64,
     /// Bytes the decoder read itself (a local file).
     file_bytes: u64,
+    /// Decoded bytes handed to the sink (of an object that failed, how far it was read).
+    decoded: u64,
     failure: Option<String>,
 }
 
@@ -225,7 +227,7 @@ pub(super) async fn read_objects(
                     match &summary.failure {
                         Some(failure) => {
                             stats.unreadable += 1;
-                            problems.unreadable(object.path.as_ref(), failure);
+                            problems.partly_read(object.path.as_ref(), summary.decoded, failure);
                         }
                         None => {
                             stats.read += 1;
@@ -613,7 +615,9 @@ fn decode(
     };
     // Facts are sent on as soon as a batch is full; `gone` when the fold went away.
     let mut gone = false;
+    let mut decoded = 0u64;
     let mut pushed = |data: &[u8]| -> Result<(), String> {
+        decoded += data.len() as u64;
         sink.push(data)?;
         if sink.out.facts.len() >= FACTS_PER_BATCH {
             let facts = sink.take_facts(Spares::take(spares));
@@ -650,6 +654,7 @@ fn decode(
         first_bad_line: sink.out.first_bad_line.take(),
         outside_window: sink.out.outside_window,
         file_bytes,
+        decoded,
         failure,
     };
     out.blocking_send(Message::Done(job.index, summary)).is_ok()

@@ -362,8 +362,14 @@ pub(crate) struct ProblemDetail {
 
 impl Problems {
     pub(super) fn unreadable(&mut self, key: &str, error: &str) {
+        self.partly_read(key, 0, error);
+    }
+
+    /// An object not read to its end, of which `decoded` bytes were read (their events are
+    /// in the fold).
+    pub(super) fn partly_read(&mut self, key: &str, decoded: u64, error: &str) {
         self.unreadable_objects += 1;
-        self.coverage.missed_object(key);
+        self.coverage.missed_object(key, decoded);
         self.note(key, error);
     }
 

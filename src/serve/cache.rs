@@ -206,15 +206,20 @@ fn read_less_why(lost: &Lost) -> String {
             "it read less of the session than the index held: listing {} failed",
             escape_untrusted(prefix)
         ),
-        Lost::Object(key) => format!(
-            "it read less of the session than the index held: {} could not be read",
+        Lost::Object(Some(key)) => format!(
+            "it read less of the session than the index held: {} could not be read as far",
             escape_untrusted(key)
         ),
+        Lost::Object(None) => {
+            "it read less of the session than the index held: an object it had could not be \
+             read as far"
+                .to_string()
+        }
         Lost::More {
             missed,
             held_missed,
         } => format!(
-            "it read less of the session than the index held ({missed} prefixes or objects \
+            "it read less of the session than the index held ({missed} objects and prefixes \
              missed, against {held_missed})"
         ),
     }
