@@ -586,10 +586,15 @@ impl SessionCache {
         let built = tokio::task::spawn_blocking(move || {
             let mut builder = IndexBuilder::default();
             let mut add = |t: &TaskView<'_>| builder.add(t);
+            // The stop first: a load that gets here after the stop signal (its listing was
+            // still running) does not begin reading, whose retry timers would panic on a
+            // runtime already shutting down (seen by review r55d: "A Tokio 1.x context was
+            // found, but it is being shutdown", a background look's load at SIGTERM).
             let facts = runtime.block_on(async {
                 tokio::select! {
-                    facts = session_facts(&bucket, &marker, &mut add) => facts,
+                    biased;
                     _ = stopping.wait_for(|s| *s) => Err(anyhow::anyhow!("the server is stopping")),
+                    facts = session_facts(&bucket, &marker, &mut add) => facts,
                 }
             })?;
             Ok::<_, anyhow::Error>(builder.finish(facts))
