@@ -13,8 +13,10 @@
 //! new broken object froze a live session; r55d D1: past a bound, a blank reload was taken
 //! and the good ones after it refused), nor could what each read missed alone.
 //!
-//! Bounded: at most [`MAX_OBJECTS`] objects and [`MAX_DIRS`] directories are kept, as 64-bit
-//! hashes of their keys, and [`MAX_NAMED`] missed keys as text (for the message). Past a
+//! Bounded: at most [`MAX_OBJECTS`] objects read whole, [`MAX_OBJECTS`] objects missed and
+//! [`MAX_DIRS`] directories are kept, as 64-bit hashes of their keys (the missed ones apart, so
+//! that many objects read never push out the few missed: review r55f D1), and [`MAX_NAMED`]
+//! missed keys as text (for the message). Past a
 //! bound, what is not kept is decided so that no reload is refused for ever: a key the held
 //! load did not keep is no loss (a reload that then lost it is taken, and the next look that
 //! reads it takes it back); a reload that could not keep all the objects (or prefixes) it
@@ -23,8 +25,9 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 
-/// Objects kept per read (a hash and how far it was read: about 20 bytes each with the map's
-/// overhead, so ~5 MB at most beside an index). A session our collector writes holds a few
+/// Objects read whole kept per read, and objects missed (each a hash, the missed ones with how
+/// far they were read: about 30 bytes each with the sets' overhead, measured by review r55f,
+/// so ~8 MB at most of each beside an index). A session our collector writes holds a few
 /// objects an hour per node and stream.
 pub const MAX_OBJECTS: usize = 250_000;
 /// Directories above the objects read, kept per read (far fewer than objects).
@@ -39,10 +42,12 @@ const WHOLE: u64 = u64::MAX;
 /// What one read of a session covered.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Coverage {
-    /// By hash of the key: how far the object was read.
-    objects: HashMap<u64, u64>,
-    /// Objects not kept past [`MAX_OBJECTS`].
-    objects_dropped: u64,
+    /// Hashes of the keys of the objects read whole.
+    read: HashSet<u64>,
+    /// By hash of the key: how far an object not read whole was read (decoded bytes).
+    missed: HashMap<u64, u64>,
+    /// Objects missed and not kept past [`MAX_OBJECTS`].
+    missed_dropped: u64,
     /// Hashes of every directory (`a/`, `a/b/`, ...) above an object read, whole or in part.
     dirs: HashSet<u64>,
     /// Prefixes (ending in `/`) whose listing failed, the first [`MAX_NAMED`].
@@ -64,7 +69,10 @@ fn hash(key: &str) -> u64 {
 impl Coverage {
     /// An object read to its end.
     pub(crate) fn read(&mut self, key: &str) {
-        self.object(key, WHOLE);
+        if self.read.len() < MAX_OBJECTS {
+            self.read.insert(hash(key));
+        }
+        self.dirs_above(key);
     }
 
     /// An object not read to its end, of which `decoded` bytes were read.
@@ -73,21 +81,30 @@ impl Coverage {
         if self.named.len() < MAX_NAMED {
             self.named.insert(hash(key), key.to_string());
         }
-        self.object(key, decoded);
+        if self.missed.len() < MAX_OBJECTS {
+            self.missed.insert(hash(key), decoded);
+        } else {
+            self.missed_dropped += 1;
+        }
+        if decoded > 0 {
+            self.dirs_above(key);
+        }
     }
 
-    fn object(&mut self, key: &str, how_far: u64) {
-        if self.objects.len() >= MAX_OBJECTS {
-            self.objects_dropped += 1;
-        } else {
-            self.objects.insert(hash(key), how_far);
-        }
-        if how_far > 0 {
-            for (i, _) in key.match_indices('/') {
-                if self.dirs.len() < MAX_DIRS {
-                    self.dirs.insert(hash(&key[..=i]));
-                }
+    fn dirs_above(&mut self, key: &str) {
+        for (i, _) in key.match_indices('/') {
+            if self.dirs.len() < MAX_DIRS {
+                self.dirs.insert(hash(&key[..=i]));
             }
+        }
+    }
+
+    /// How far the held load read the object of this hash (0: not at all, or not kept).
+    fn how_far(&self, h: &u64) -> u64 {
+        if self.read.contains(h) {
+            WHOLE
+        } else {
+            self.missed.get(h).copied().unwrap_or(0)
         }
     }
 
@@ -108,14 +125,12 @@ impl Coverage {
         {
             return Some(Lost::Listing(p.clone()));
         }
-        let lost = self.objects.iter().find(|(h, &far)| {
-            far != WHOLE && held.objects.get(h).is_some_and(|&held_far| held_far > far)
-        });
+        let lost = self.missed.iter().find(|(h, &far)| held.how_far(h) > far);
         if let Some((h, _)) = lost {
             return Some(Lost::Object(self.named.get(h).cloned()));
         }
         let prefixes_dropped = self.prefixes_missed > self.missed_prefixes.len() as u64;
-        let more = (self.objects_dropped > 0 && self.missed_objects > held.missed_objects)
+        let more = (self.missed_dropped > 0 && self.missed_objects > held.missed_objects)
             || (prefixes_dropped && self.prefixes_missed > held.prefixes_missed);
         more.then_some(Lost::More {
             missed: self.missed_objects + self.prefixes_missed,
@@ -125,7 +140,8 @@ impl Coverage {
 
     /// Bytes these keys take (the index's size counts them).
     pub fn bytes(&self) -> u64 {
-        let maps = self.objects.capacity() * 17 + self.dirs.capacity() * 9;
+        let maps =
+            self.read.capacity() * 9 + self.missed.capacity() * 17 + self.dirs.capacity() * 9;
         let named = self.named.values().chain(&self.missed_prefixes);
         (maps + named.map(|k| k.len() + 40).sum::<usize>()) as u64
     }
@@ -236,6 +252,11 @@ mod tests {
         let mut lost_late = Coverage::default();
         lost_late.missed_object(&format!("s/n/{MAX_OBJECTS}"), 0);
         assert_eq!(lost_late.lost_against(&big), None);
+        // r55f D1: past the bound of objects read, a new broken object is still known to be
+        // new (the missed are kept apart).
+        let mut big_and_new = big.clone();
+        big_and_new.missed_object("s/n/new-broken", 0);
+        assert_eq!(big_and_new.lost_against(&big), None);
         let mut many_missed = Coverage::default();
         for i in 0..MAX_OBJECTS + 1 {
             many_missed.missed_object(&format!("s/x/{i}"), 0);
