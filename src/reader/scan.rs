@@ -1148,29 +1148,7 @@ mod tests {
         for l in &edge {
             assert_eq!(ours(l.as_bytes()), whole(l.as_bytes()), "{l}");
         }
-        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
-        const BYTES: &[u8] = b"\"\\{}[],: 0123-.eEtrunlfasx\t\n\x01u";
-        for round in 0..3000 {
-            let mut l = lines[round % lines.len()].clone().into_bytes();
-            for _ in 0..1 + next() % 3 {
-                let at = (next() as usize) % l.len();
-                let b = BYTES[(next() as usize) % BYTES.len()];
-                match next() % 5 {
-                    0 => l[at] = b,
-                    1 => l.insert(at, b),
-                    2 => {
-                        l.remove(at);
-                    }
-                    3 => l.insert(at, b' '),
-                    _ => l.truncate(at.max(1)),
-                }
-            }
+        for l in super::skim::perturbed(&lines, 0x2545_f491_4f6c_dd1d, 3000) {
             assert_eq!(ours(&l), whole(&l), "{}", String::from_utf8_lossy(&l));
         }
     }

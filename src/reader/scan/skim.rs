@@ -899,6 +899,40 @@ impl<'a> Cur<'a> {
     }
 }
 
+/// Test only: `rounds` lines taken in turn from `lines`, each with one to three random
+/// perturbations (a byte replaced, inserted or deleted, a space added, the line cut), from a
+/// fixed `seed` so a failure reproduces.
+#[cfg(test)]
+pub(super) fn perturbed(lines: &[String], seed: u64, rounds: usize) -> Vec<Vec<u8>> {
+    let mut seed = seed;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    const BYTES: &[u8] = b"\"\\{}[],: 0123-.eEtrunlfasx\t\n\x01u";
+    (0..rounds)
+        .map(|round| {
+            let mut l = lines[round % lines.len()].clone().into_bytes();
+            for _ in 0..1 + next() % 3 {
+                let at = (next() as usize) % l.len();
+                let b = BYTES[(next() as usize) % BYTES.len()];
+                match next() % 5 {
+                    0 => l[at] = b,
+                    1 => l.insert(at, b),
+                    2 => {
+                        l.remove(at);
+                    }
+                    3 => l.insert(at, b' '),
+                    _ => l.truncate(at.max(1)),
+                }
+            }
+            l
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::CompactId;
@@ -1167,30 +1201,8 @@ mod tests {
     #[test]
     fn perturbed_lines_read_as_serde_reads_them() {
         let lines = captured();
-        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
-        const BYTES: &[u8] = b"\"\\{}[],: 0123-.eEtrunlfasx\t\n\x01u";
         let mut skimmed = 0;
-        for round in 0..4000 {
-            let mut l = lines[round % lines.len()].clone().into_bytes();
-            for _ in 0..1 + next() % 3 {
-                let at = (next() as usize) % l.len();
-                let b = BYTES[(next() as usize) % BYTES.len()];
-                match next() % 5 {
-                    0 => l[at] = b,
-                    1 => l.insert(at, b),
-                    2 => {
-                        l.remove(at);
-                    }
-                    3 => l.insert(at, b' '),
-                    _ => l.truncate(at.max(1)),
-                }
-            }
+        for l in super::perturbed(&lines, 0x9e37_79b9_7f4a_7c15, 4000) {
             if let Ok(text) = std::str::from_utf8(&l) {
                 if same(text) {
                     skimmed += 1;
