@@ -1819,6 +1819,33 @@ fn node_events_bucket(bucket: &Path, session: &str, node_hex: &str) -> std::path
     dir
 }
 
+/// A `file://` bucket under `work` holding one node's session (node id 1..=28): its
+/// `node_events` directory and one object of tasks 1..4 in it.
+struct NodeSession {
+    bucket: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    node: Vec<u8>,
+    node_hex: String,
+}
+
+fn node_session(work: &Path, session: &str) -> NodeSession {
+    let node: Vec<u8> = (1..=28).collect();
+    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
+    let bucket = work.join("bucket");
+    let dir = node_events_bucket(&bucket, session, &node_hex);
+    std::fs::write(
+        dir.join(format!("{node_hex}-2026-11-22-05-1.jsonl")),
+        task_lines(session, &node, 1, 4),
+    )
+    .unwrap();
+    NodeSession {
+        bucket,
+        dir,
+        node,
+        node_hex,
+    }
+}
+
 /// A session's events as `(definition, lifecycle)` lines of tasks `from..to` (the shapes of
 /// `task_events_of_the_wrong_types_are_counted_as_bad_lines`).
 fn task_lines(session: &str, node: &[u8], from: u8, to: u8) -> String {
@@ -1977,16 +2004,13 @@ fn a_live_session_is_followed_by_listing_and_reload_true_reloads_at_once() {
 fn a_partial_index_is_loaded_again_at_its_next_look() {
     use std::io::Write as _;
     const SESSION: &str = "session_2026-11-22_05-00-00_000000_1";
-    let node: Vec<u8> = (1..=28).collect();
-    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
     let work = tempfile::tempdir().unwrap();
-    let bucket = work.path().join("bucket");
-    let dir = node_events_bucket(&bucket, SESSION, &node_hex);
-    std::fs::write(
-        dir.join(format!("{node_hex}-2026-11-22-05-1.jsonl")),
-        task_lines(SESSION, &node, 1, 4),
-    )
-    .unwrap();
+    let NodeSession {
+        bucket,
+        dir,
+        node,
+        node_hex,
+    } = node_session(work.path(), SESSION);
     let broken = dir.join(format!("{node_hex}-2026-11-22-05-2.jsonl.gz"));
     std::fs::write(&broken, b"not gzip at all").unwrap();
     let s = Serve::start(
@@ -2227,16 +2251,13 @@ fn task_rows_summaries_and_filters_follow_rays_state_api() {
 #[test]
 fn answers_about_a_partial_session_say_what_was_not_read() {
     const SESSION: &str = "session_2026-11-22_05-00-00_000000_1";
-    let node: Vec<u8> = (1..=28).collect();
-    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
     let work = tempfile::tempdir().unwrap();
-    let bucket = work.path().join("bucket");
-    let dir = node_events_bucket(&bucket, SESSION, &node_hex);
-    std::fs::write(
-        dir.join(format!("{node_hex}-2026-11-22-05-1.jsonl")),
-        task_lines(SESSION, &node, 1, 4),
-    )
-    .unwrap();
+    let NodeSession {
+        bucket,
+        dir,
+        node_hex,
+        ..
+    } = node_session(work.path(), SESSION);
     std::fs::write(
         dir.join(format!("{node_hex}-2026-11-22-05-2.jsonl.gz")),
         b"not gzip at all",
@@ -2615,16 +2636,8 @@ fn the_listener_closes_at_the_stop_while_a_request_is_in_flight() {
     use std::io::{Read as _, Write as _};
     use std::net::TcpStream;
     const SESSION: &str = "session_2026-11-22_05-00-00_000000_1";
-    let node: Vec<u8> = (1..=28).collect();
-    let node_hex: String = node.iter().map(|b| format!("{b:02x}")).collect();
     let work = tempfile::tempdir().unwrap();
-    let bucket = work.path().join("bucket");
-    let dir = node_events_bucket(&bucket, SESSION, &node_hex);
-    std::fs::write(
-        dir.join(format!("{node_hex}-2026-11-22-05-1.jsonl")),
-        task_lines(SESSION, &node, 1, 4),
-    )
-    .unwrap();
+    let NodeSession { bucket, .. } = node_session(work.path(), SESSION);
     let mut s = Serve::start(
         &format!("file://{}", bucket.display()),
         &work.path().join("serve.log"),
