@@ -842,7 +842,9 @@ impl TaskStore {
                     let files = ((expected * 1.5) as u64 / ATTEMPTS_PER_SPILL_FILE + 1) as usize;
                     let mut spill =
                         SpillFiles::create(files.clamp(MIN_SPILL_FILES, MAX_SPILL_FILES))?;
-                    for (k, s) in std::mem::take(&mut self.map) {
+                    // `drain` keeps the table's room: the spill files are read back into
+                    // it ([`TaskStore::drain`]), without growing a table again for each.
+                    for (k, s) in self.map.drain() {
                         spill.write(&k, &s)?;
                     }
                     self.spill = Some(spill);
@@ -875,9 +877,12 @@ impl TaskStore {
                 }
             }
             Some(mut spill) => {
-                // `spill` removes its directory when dropped, after the loop.
+                // `spill` removes its directory when dropped, after the loop. Each file is
+                // read into the table the attempts filled before they spilled (empty, with
+                // its room for `MAX_ATTEMPTS_IN_MEMORY`), emptied again after each file.
+                let mut map = std::mem::take(&mut self.map);
                 for path in spill.finish()? {
-                    let mut map: IdMap<AttemptKey, TaskState> = IdMap::default();
+                    map.clear();
                     let file = File::open(&path)?;
                     let mut reader = BufReader::with_capacity(SPILL_BUFFER_BYTES, file);
                     while let Some((k, s)) = read_record(&mut reader)? {
