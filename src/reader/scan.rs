@@ -3,7 +3,7 @@
 //! alike; pushed task definitions, lifecycles and profiles and file-based `EXPORT_TASK`
 //! events all become one [`TaskDelta`]. The other events that are read (nodes, jobs, actors,
 //! workers, Train: [`super::extract::RAY_EVENT_TYPES_READ`] and the export events) are rare:
-//! a pushed worker or node event the skimmer read has its body read by typed structs too
+//! a pushed worker, node or actor event the skimmer read has its body read by typed structs too
 //! ([`rare`]), and the others go through the generic [`serde_json::Value`] reader of
 //! [`super::extract`] (for a pushed Ray event the skimmer read, a `Value` of its id, type,
 //! time and body alone, which is what that reader reads of it); an event of any other type is counted from the typed line alone (id, type, time), its members skipped
@@ -719,7 +719,7 @@ impl Line<'_> {
         (!refused).then_some(Value::Object(map))
     }
 
-    /// The fact of a worker or node event ([`rare::body`]) read from its body's text
+    /// The fact of a worker, node or actor event ([`rare::body`]) read from its body's text
     /// (`text` is the line the skimmer read this from) without a `Value`: what
     /// [`Self::ray_event_value`] and [`scan_value`] make of it. `None` (the caller reads it
     /// as a `Value`) for any other type, a body given under both its names or not an
@@ -1166,7 +1166,7 @@ mod tests {
             let typed = skim::line(l).unwrap();
             assert!(typed.ray_event_value(l, value_of).is_some(), "{l}");
             let t = typed.event_type.as_deref().unwrap_or("");
-            if t.starts_with("WORKER_") || t.starts_with("NODE_") {
+            if t.starts_with("WORKER_") || t.starts_with("NODE_") || t.starts_with("ACTOR_") {
                 assert!(typed.rare_fact(l, 7).is_some(), "{l}");
                 typed_read += 1;
             }
@@ -1224,6 +1224,10 @@ mod tests {
             r#"{"eventType":"WORKER_DEFINITION_EVENT","workerDefinitionEvent":{"pid":42}}"#.to_string(),
             r#"{"eventType":"WORKER_DEFINITION_EVENT","workerDefinitionEvent":["AQID"]}"#.to_string(),
             r#"{"eventType":"NODE_DEFINITION_EVENT","nodeDefinitionEvent":{"nodeId":"AQID","hostname":"h","node_ip_address":"1.2.3.4","startTimestamp":"2026-11-22T02:06:45.5Z","start_timestamp":"2026-11-22T02:06:46Z"}}"#.to_string(),
+            r#"{"eventType":"ACTOR_DEFINITION_EVENT","actorDefinitionEvent":{"actor_id":"AQID","actorId":null,"jobId":"AgAAAA==","className":"","class_name":"C","name":"n"}}"#.to_string(),
+            r#"{"eventType":"ACTOR_DEFINITION_EVENT","actorDefinitionEvent":{"actorId":"AQID","name":7,"className":"C"}}"#.to_string(),
+            format!(r#"{{"eventType":"ACTOR_LIFECYCLE_EVENT","actorLifecycleEvent":{{"actorId":"AQID","stateTransitions":[{{"state":"DEAD","nodeId":"AQID","pid":"7","deathCause":{{"b":{{"reason":"B"}},"a":5,"c":{{"reason":"C"}}}}}},{{"state":"DEAD","pid":-1,"death_cause":{{"x":{{"errorMessage":"{}"}}}}}},{{"state":"DEAD","deathCause":{{"z":{{"reason":"Z","error_message":"m"}},"z":[]}}}},{{"state":"ALIVE","node_id":"AQIE","deathCause":[],"death_cause":{{"a":{{"reason":"A"}}}}}}]}}}}"#, "m".repeat(20000)),
+            r#"{"eventType":"ACTOR_LIFECYCLE_EVENT","actorLifecycleEvent":{"actorId":"AQID","stateTransitions":[{"state":"DEAD","deathCause":{"a":{"reason":"A","reason":"B"}}}]}}"#.to_string(),
             r#"{"eventType":"NODE_LIFECYCLE_EVENT","nodeLifecycleEvent":{"node_id":"AQID","stateTransitions":[{"state":"ALIVE","resources":{"CPU":2.0,"b":"1","a":-1,"CPU":3,"z":18446744073709551615}},{"state":"DEAD","resources":[],"death_info":{"reason":"R","reason_message":"M","reasonMessage":null}},{"state":"DEAD","deathInfo":{"reasonMessage":"N"},"resources":null}]}}"#.to_string(),
         ];
         assert!(typed_read > 10, "{typed_read}");
@@ -1312,8 +1316,8 @@ mod tests {
                 (want.event_id, &want.event_type, want.time_ns, want.seq)
             );
         }
-        // A type whose body is read as a `Value` still gets that tree; a worker or node
-        // event's body is read typed, without one.
+        // A type whose body is read as a `Value` still gets that tree; a worker, node or
+        // actor event's body is read typed, without one.
         let trees = std::cell::Cell::new(0);
         let read = |line: &str| {
             scan_line(line.as_bytes(), 0, None, |l| {
@@ -1322,11 +1326,11 @@ mod tests {
             })
             .unwrap()
         };
-        let actor = read(
-            r#"{"eventId":"a","eventType":"ACTOR_DEFINITION_EVENT","actorDefinitionEvent":{"actorId":"AQID"}}"#,
+        let job = read(
+            r#"{"eventId":"j","eventType":"DRIVER_JOB_DEFINITION_EVENT","driverJobDefinitionEvent":{"jobId":"AQAAAA=="}}"#,
         );
         assert_eq!(trees.get(), 1);
-        assert!(matches!(actor.body, Body::ActorDefinition { .. }));
+        assert!(matches!(job.body, Body::DriverJobDefinition { .. }));
         let node = read(
             r#"{"eventId":"n","eventType":"NODE_DEFINITION_EVENT","nodeDefinitionEvent":{"nodeId":"AQID"}}"#,
         );

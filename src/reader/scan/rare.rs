@@ -1,4 +1,4 @@
-//! The bodies of the commonest rare events (worker and node definitions and lifecycles) read
+//! The bodies of the commonest rare events (worker, node and actor definitions and lifecycles) read
 //! with typed, borrowing serde structs instead of a `serde_json::Value` tree: the [`Body`] made
 //! is the one [`super::super::extract::extract_ray_event`] makes of the same body's `Value`.
 //!
@@ -20,10 +20,11 @@ use serde::Deserialize;
 use crate::contract;
 
 use super::super::extract::{
-    bounded, Body, NodeTransition, Transition, WorkerTransition, MAX_EXIT_DETAIL_BYTES,
+    bounded, ActorTransition, Body, NodeTransition, Transition, WorkerTransition,
+    MAX_EXIT_DETAIL_BYTES,
 };
 use super::super::filter::parse_time_ns;
-use super::super::limits::MAX_FIELD_BYTES;
+use super::super::limits::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES};
 
 /// One member's value, as far as the extraction tells values apart.
 #[derive(Debug, Default)]
@@ -418,6 +419,70 @@ struct NodeDeath<'a> {
     message_s: Scalar<'a>,
 }
 
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ActorDefinition<'a> {
+    #[serde(borrow, rename = "actorId")]
+    actor_id_c: Scalar<'a>,
+    #[serde(borrow, rename = "actor_id")]
+    actor_id_s: Scalar<'a>,
+    #[serde(borrow, rename = "jobId")]
+    job_id_c: Scalar<'a>,
+    #[serde(borrow, rename = "job_id")]
+    job_id_s: Scalar<'a>,
+    #[serde(borrow, rename = "className")]
+    class_name_c: Scalar<'a>,
+    #[serde(borrow, rename = "class_name")]
+    class_name_s: Scalar<'a>,
+    #[serde(borrow)]
+    name: Scalar<'a>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ActorLifecycle<'a> {
+    #[serde(borrow, rename = "actorId")]
+    actor_id_c: Scalar<'a>,
+    #[serde(borrow, rename = "actor_id")]
+    actor_id_s: Scalar<'a>,
+    #[serde(borrow, rename = "stateTransitions")]
+    transitions_c: Arr<ActorState<'a>>,
+    #[serde(borrow, rename = "state_transitions")]
+    transitions_s: Arr<ActorState<'a>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ActorState<'a> {
+    #[serde(borrow)]
+    state: Scalar<'a>,
+    #[serde(borrow)]
+    timestamp: Scalar<'a>,
+    #[serde(borrow, rename = "nodeId")]
+    node_id_c: Scalar<'a>,
+    #[serde(borrow, rename = "node_id")]
+    node_id_s: Scalar<'a>,
+    #[serde(borrow)]
+    pid: Scalar<'a>,
+    /// Contexts by name as serde_json's map keeps them (sorted, the last of a name given
+    /// twice): `extract::death_cause` reads the first that is an object.
+    #[serde(borrow, rename = "deathCause")]
+    cause_c: Obj<BTreeMap<String, Obj<ActorDeath<'a>>>>,
+    #[serde(borrow, rename = "death_cause")]
+    cause_s: Obj<BTreeMap<String, Obj<ActorDeath<'a>>>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ActorDeath<'a> {
+    #[serde(borrow)]
+    reason: Scalar<'a>,
+    #[serde(borrow, rename = "errorMessage")]
+    message_c: Scalar<'a>,
+    #[serde(borrow, rename = "error_message")]
+    message_s: Scalar<'a>,
+}
+
 /// `extract::transitions`' `Transition` of a state, `None` when it has no state string.
 fn transition(state: &Scalar<'_>, timestamp: &Scalar<'_>) -> Option<Transition> {
     Some(Transition {
@@ -426,7 +491,7 @@ fn transition(state: &Scalar<'_>, timestamp: &Scalar<'_>) -> Option<Transition> 
     })
 }
 
-/// The body of a worker or node event of type `event_type` from its text, as
+/// The body of a worker, node or actor event of type `event_type` from its text, as
 /// `extract_ray_event` makes it from its `Value`: `Some(Body::Other)` for a body it makes
 /// none of (no id); `None` for another type or a body serde refuses here.
 pub(super) fn body(event_type: &str, text: &str) -> Option<Body> {
@@ -503,6 +568,45 @@ pub(super) fn body(event_type: &str, text: &str) -> Option<Body> {
                             death_reason: death.and_then(|d| d.reason.text(MAX_FIELD_BYTES)),
                             death_message: death.and_then(|d| {
                                 pick(&d.message_c, &d.message_s).text(MAX_FIELD_BYTES)
+                            }),
+                        })
+                    })
+                    .collect(),
+            }
+        }
+        "ACTOR_DEFINITION_EVENT" => {
+            let p: ActorDefinition = serde_json::from_str(text).ok()?;
+            let Some(actor_id) = pick(&p.actor_id_c, &p.actor_id_s).id() else {
+                return Some(Body::Other);
+            };
+            Body::ActorDefinition {
+                actor_id,
+                job_id: pick(&p.job_id_c, &p.job_id_s).id(),
+                class_name: pick(&p.class_name_c, &p.class_name_s).text(MAX_FIELD_BYTES),
+                name: p.name.text(MAX_FIELD_BYTES),
+            }
+        }
+        "ACTOR_LIFECYCLE_EVENT" => {
+            let p: ActorLifecycle = serde_json::from_str(text).ok()?;
+            let Some(actor_id) = pick(&p.actor_id_c, &p.actor_id_s).id() else {
+                return Some(Body::Other);
+            };
+            Body::ActorLifecycle {
+                actor_id,
+                transitions: pick(&p.transitions_c, &p.transitions_s)
+                    .objects()
+                    .filter_map(|t| {
+                        let context = pick(&t.cause_c, &t.cause_s)
+                            .get()
+                            .and_then(|c| c.values().find_map(Obj::get));
+                        Some(ActorTransition {
+                            state: transition(&t.state, &t.timestamp)?,
+                            node_id: pick(&t.node_id_c, &t.node_id_s).id(),
+                            pid: t.pid.int().filter(|p| *p > 0),
+                            death_reason: context.and_then(|d| d.reason.text(MAX_FIELD_BYTES)),
+                            death_message: context.and_then(|d| {
+                                let m = pick(&d.message_c, &d.message_s).text(MAX_FIELD_BYTES)?;
+                                Some(bounded(&m, MAX_ERROR_MESSAGE_BYTES))
                             }),
                         })
                     })
