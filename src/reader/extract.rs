@@ -344,7 +344,7 @@ pub(super) fn get_str(v: &Value, camel: &str, snake: &str) -> Option<String> {
 /// Longest worker exit detail kept: Ray's are a paragraph (the memory monitor's, with its
 /// list of the biggest processes, 3.6 KiB in the end-to-end test); a session can have many
 /// dead workers.
-const MAX_EXIT_DETAIL_BYTES: usize = 8 << 10;
+pub(super) const MAX_EXIT_DETAIL_BYTES: usize = 8 << 10;
 
 /// A non-empty string member that may be long (a message), bounded.
 pub(super) fn get_str_long(v: &Value, camel: &str, snake: &str) -> Option<String> {

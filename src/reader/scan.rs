@@ -2,10 +2,11 @@
 //! borrowing serde structs that skip what the report does not need, camelCase or snake_case
 //! alike; pushed task definitions, lifecycles and profiles and file-based `EXPORT_TASK`
 //! events all become one [`TaskDelta`]. The other events that are read (nodes, jobs, actors,
-//! workers, Train: [`super::extract::RAY_EVENT_TYPES_READ`] and the export events) are rare
-//! and go through the generic [`serde_json::Value`] reader of [`super::extract`] (for a pushed
-//! Ray event the skimmer read, a `Value` of its id, type, time and body alone, which is what
-//! that reader reads of it); an event of any other type is counted from the typed line alone (id, type, time), its members skipped
+//! workers, Train: [`super::extract::RAY_EVENT_TYPES_READ`] and the export events) are rare:
+//! a pushed worker, node or actor event the skimmer read has its body read by typed structs too
+//! ([`rare`]), and the others go through the generic [`serde_json::Value`] reader of
+//! [`super::extract`] (for a pushed Ray event the skimmer read, a `Value` of its id, type,
+//! time and body alone, which is what that reader reads of it); an event of any other type is counted from the typed line alone (id, type, time), its members skipped
 //! without being kept, so a huge line of an unknown type costs no tree.
 //!
 //! A line the typed structs refuse (a field given twice, an odd type, a lone surrogate
@@ -30,6 +31,7 @@ use super::filter::{parse_time_ns, NANOS_PER_SECOND};
 use super::limits::{MAX_ERROR_MESSAGE_BYTES, MAX_FIELD_BYTES};
 use super::task::{AttemptKey, CompactId, LogInfo, SmallText, SpentDeltas, TaskDelta, Transitions};
 
+mod rare;
 mod skim;
 
 /// Ray's `TaskStatus` enum by number, as `EXPORT_TASK`'s `state_ts_ns` keys name states.
@@ -717,6 +719,49 @@ impl Line<'_> {
         (!refused).then_some(Value::Object(map))
     }
 
+    /// The fact of a worker, node or actor event ([`rare::body`]) read from its body's text
+    /// (`text` is the line the skimmer read this from) without a `Value`: what
+    /// [`Self::ray_event_value`] and [`scan_value`] make of it. `None` (the caller reads it
+    /// as a `Value`) for any other type, a body given under both its names or not an
+    /// object, a time given as a number, or a body serde refuses here.
+    fn rare_fact(&self, text: &str, seq: u64) -> Option<Fact> {
+        if self.event_data.is_some() {
+            return None;
+        }
+        let event_type = self.event_type.as_deref()?;
+        let (camel, snake) = super::extract::payload_keys(event_type)?;
+        let time_ns = match &self.timestamp {
+            Some(Stamp::Text(t)) => parse_time_ns(t),
+            Some(Stamp::Seconds(_)) => return None,
+            None => None,
+        };
+        let (mut under_camel, mut under_snake) = (None, None);
+        skim::members(text, |key, value| {
+            if key == camel.as_bytes() {
+                under_camel = Some(value);
+            } else if key == snake.as_bytes() {
+                under_snake = Some(value);
+            }
+        })?;
+        let body = match (under_camel, under_snake) {
+            (Some(b), None) | (None, Some(b)) if b.trim_start().starts_with('{') => {
+                rare::body(event_type, b)?
+            }
+            _ => return None,
+        };
+        Some(Fact {
+            event_id: self
+                .event_id
+                .as_deref()
+                .filter(|i| !i.is_empty())
+                .map(|i| event_id_hash("e:", &bounded(i, MAX_FIELD_BYTES))),
+            event_type: Cow::Owned(bounded(event_type, MAX_FIELD_BYTES)),
+            time_ns,
+            seq,
+            body,
+        })
+    }
+
     /// The fact of a Ray event of a type nothing reads the body of ([`Body::Other`]: its id,
     /// type and time, as [`extract_ray_event`] makes them), from the typed line alone: the
     /// typed reader skipped its members without keeping them, so an unknown event costs no
@@ -932,6 +977,9 @@ pub(super) fn scan_line(
         if let Some(fact) = typed.unread_fact(seq) {
             return Ok(fact);
         }
+        if let Some(fact) = skimmed.and_then(|text| typed.rare_fact(text, seq)) {
+            return Ok(fact);
+        }
         if let Some(v) = skimmed.and_then(|text| typed.ray_event_value(text, &value_of)) {
             return scan_value(&v, seq, logs_of);
         }
@@ -1113,9 +1161,15 @@ mod tests {
             }
         }
         assert!(lines.len() > 40, "{}", lines.len());
+        let mut typed_read = 0;
         for l in &lines {
             let typed = skim::line(l).unwrap();
             assert!(typed.ray_event_value(l, value_of).is_some(), "{l}");
+            let t = typed.event_type.as_deref().unwrap_or("");
+            if t.starts_with("WORKER_") || t.starts_with("NODE_") || t.starts_with("ACTOR_") {
+                assert!(typed.rare_fact(l, 7).is_some(), "{l}");
+                typed_read += 1;
+            }
             assert_eq!(ours(l.as_bytes()), whole(l.as_bytes()), "{l}");
         }
         let worker = r#"{"eventId":"w","eventType":"WORKER_LIFECYCLE_EVENT","timestamp":"2026-11-22T02:06:44Z","workerLifecycleEvent":{"workerId":"AQID","jobId":"AgAAAA==","stateTransitions":[{"state":"DEAD","timestamp":"2026-11-22T02:06:45Z","deathInfo":{"exitType":"SYSTEM_ERROR","exitDetail":"x"}}]}"#;
@@ -1144,7 +1198,39 @@ mod tests {
             // Escapes, whitespace.
             r#" { "eventType" : "ACTOR_DEFINITION_EVENT" , "actorDefinitionEvent" : { "actorId" : "AQID" , "className" : "C\"\u00e9" } , "eventId" : "a\nb" } "#.to_string(),
             worker.to_string() + "}",
+            // The typed bodies: wrong types, both names of a member, members twice, nulls,
+            // odd numbers, escapes, elements not objects, a body that is an array.
+            worker.replace(r#""workerId":"AQID""#, r#""workerId":null,"worker_id":"AQID""#) + "}",
+            worker.replace(r#""workerId":"AQID""#, r#""worker_id":"AQID","workerId":"AQIE""#) + "}",
+            worker.replace(r#""workerId":"AQID""#, r#""workerId":"AQID","workerId":"AQIE""#) + "}",
+            worker.replace(r#""workerId":"AQID""#, r#""workerId":5"#) + "}",
+            worker.replace(r#""workerId":"AQID""#, r#""workerId":"""#) + "}",
+            worker.replace(r#""workerId":"AQID""#, r#""workerId":"not base64!""#) + "}",
+            worker.replace(r#""workerId":"AQID""#, r#""work\u0065rId":"AQ\u0049D""#) + "}",
+            worker.replace(r#""stateTransitions":["#, r#""stateTransitions":[5,null,[],{"state":7},{"state":""},"#) + "}",
+            worker.replace(r#""stateTransitions":["#, r#""state_transitions":[{"state":"X"}],"stateTransitions":["#) + "}",
+            worker.replace(r#""stateTransitions":[{"#, r#""stateTransitions":{"a":[{"#).replace("}]}", "}]}}") + "}",
+            worker.replace(r#""deathInfo":{"#, r#""death_info":{"exitType":"Y"},"deathInfo":{"exit_type":"Z","#) + "}",
+            worker.replace(r#""deathInfo":{"#, r#""deathInfo":[],"death_info":{"exitType":"Y"},"x":{"#) + "}",
+            worker.replace(r#""exitDetail":"x""#, &format!(r#""exitDetail":"{}""#, "é".repeat(9000))) + "}",
+            worker.replace(r#""exitDetail":"x""#, r#""exitDetail":"\ud800""#) + "}",
+            worker.replace(r#""jobId":"AgAAAA==","#, r#""jobId":"AgAAAA==","zz":"\udc00","#) + "}",
+            worker.replace(r#""workerLifecycleEvent":{"#, r#""workerLifecycleEvent":["#).replace("}]}", "}]]") + "}",
+            worker.replace(r#""workerLifecycleEvent":{"#, r#""workerLifecycleEvent": {"#) + "}",
+            r#"{"eventType":"WORKER_DEFINITION_EVENT","eventId":"","workerDefinitionEvent":{"workerId":"AQID","pid":"  42 ","workerType":5,"worker_type":"W"}}"#.to_string(),
+            r#"{"eventType":"WORKER_DEFINITION_EVENT","workerDefinitionEvent":{"workerId":"AQID","pid":18446744073709551615,"node_id":"AQID","nodeId":null}}"#.to_string(),
+            r#"{"eventType":"WORKER_DEFINITION_EVENT","workerDefinitionEvent":{"workerId":"AQID","pid":-3.9e3}}"#.to_string(),
+            r#"{"eventType":"WORKER_DEFINITION_EVENT","workerDefinitionEvent":{"workerId":"AQID","pid":4.2}}"#.to_string(),
+            r#"{"eventType":"WORKER_DEFINITION_EVENT","workerDefinitionEvent":{"pid":42}}"#.to_string(),
+            r#"{"eventType":"WORKER_DEFINITION_EVENT","workerDefinitionEvent":["AQID"]}"#.to_string(),
+            r#"{"eventType":"NODE_DEFINITION_EVENT","nodeDefinitionEvent":{"nodeId":"AQID","hostname":"h","node_ip_address":"1.2.3.4","startTimestamp":"2026-11-22T02:06:45.5Z","start_timestamp":"2026-11-22T02:06:46Z"}}"#.to_string(),
+            r#"{"eventType":"ACTOR_DEFINITION_EVENT","actorDefinitionEvent":{"actor_id":"AQID","actorId":null,"jobId":"AgAAAA==","className":"","class_name":"C","name":"n"}}"#.to_string(),
+            r#"{"eventType":"ACTOR_DEFINITION_EVENT","actorDefinitionEvent":{"actorId":"AQID","name":7,"className":"C"}}"#.to_string(),
+            format!(r#"{{"eventType":"ACTOR_LIFECYCLE_EVENT","actorLifecycleEvent":{{"actorId":"AQID","stateTransitions":[{{"state":"DEAD","nodeId":"AQID","pid":"7","deathCause":{{"b":{{"reason":"B"}},"a":5,"c":{{"reason":"C"}}}}}},{{"state":"DEAD","pid":-1,"death_cause":{{"x":{{"errorMessage":"{}"}}}}}},{{"state":"DEAD","deathCause":{{"z":{{"reason":"Z","error_message":"m"}},"z":[]}}}},{{"state":"ALIVE","node_id":"AQIE","deathCause":[],"death_cause":{{"a":{{"reason":"A"}}}}}}]}}}}"#, "m".repeat(20000)),
+            r#"{"eventType":"ACTOR_LIFECYCLE_EVENT","actorLifecycleEvent":{"actorId":"AQID","stateTransitions":[{"state":"DEAD","deathCause":{"a":{"reason":"A","reason":"B"}}}]}}"#.to_string(),
+            r#"{"eventType":"NODE_LIFECYCLE_EVENT","nodeLifecycleEvent":{"node_id":"AQID","stateTransitions":[{"state":"ALIVE","resources":{"CPU":2.0,"b":"1","a":-1,"CPU":3,"z":18446744073709551615}},{"state":"DEAD","resources":[],"death_info":{"reason":"R","reason_message":"M","reasonMessage":null}},{"state":"DEAD","deathInfo":{"reasonMessage":"N"},"resources":null}]}}"#.to_string(),
         ];
+        assert!(typed_read > 10, "{typed_read}");
         for l in &edge {
             assert_eq!(ours(l.as_bytes()), whole(l.as_bytes()), "{l}");
         }
@@ -1208,16 +1294,26 @@ mod tests {
                 (want.event_id, &want.event_type, want.time_ns, want.seq)
             );
         }
-        // A type that is read still gets its tree.
-        let node = r#"{"eventId":"n","eventType":"NODE_DEFINITION_EVENT","nodeDefinitionEvent":{"nodeId":"AQID"}}"#;
+        // A type whose body is read as a `Value` still gets that tree; a worker, node or
+        // actor event's body is read typed, without one.
         let trees = std::cell::Cell::new(0);
-        let f = scan_line(node.as_bytes(), 0, None, |l| {
-            trees.set(trees.get() + 1);
-            serde_json::from_slice(l).map_err(|e| e.to_string())
-        })
-        .unwrap();
+        let read = |line: &str| {
+            scan_line(line.as_bytes(), 0, None, |l| {
+                trees.set(trees.get() + 1);
+                serde_json::from_slice(l).map_err(|e| e.to_string())
+            })
+            .unwrap()
+        };
+        let job = read(
+            r#"{"eventId":"j","eventType":"DRIVER_JOB_DEFINITION_EVENT","driverJobDefinitionEvent":{"jobId":"AQAAAA=="}}"#,
+        );
         assert_eq!(trees.get(), 1);
-        assert!(matches!(f.body, Body::NodeDefinition { .. }));
+        assert!(matches!(job.body, Body::DriverJobDefinition { .. }));
+        let node = read(
+            r#"{"eventId":"n","eventType":"NODE_DEFINITION_EVENT","nodeDefinitionEvent":{"nodeId":"AQID"}}"#,
+        );
+        assert_eq!(trees.get(), 1);
+        assert!(matches!(node.body, Body::NodeDefinition { .. }));
     }
 
     /// Review r36e: a task event with one field of the wrong type was read as an event of no

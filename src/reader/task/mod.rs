@@ -427,7 +427,15 @@ pub(crate) struct Symbols {
     /// Symbols of static texts (Ray's task states) by address: a static text never moves or
     /// changes, so its address and length name it, and a transition's state costs no hash.
     statics: Vec<(usize, usize, Sym)>,
+    /// The last texts [`Symbols::intern`] gave a symbol, compared before any hash: a task's
+    /// name, type and resources mostly repeat those of the task before it.
+    recent: [Sym; RECENT_SYMBOLS],
+    /// Where in `recent` the next symbol looked up by hash goes.
+    recent_next: usize,
 }
+
+/// How many of the last interned texts [`Symbols::recent`] holds.
+const RECENT_SYMBOLS: usize = 4;
 
 /// The most static texts [`Symbols`] finds by address (Ray has 13 task states).
 const MAX_STATIC_SYMBOLS: usize = 32;
@@ -441,6 +449,8 @@ impl Default for Symbols {
             worker_nodes: fast_map(),
             sole_node: Sym::NONE,
             statics: Vec::new(),
+            recent: [Sym::NONE; RECENT_SYMBOLS],
+            recent_next: 0,
         }
     }
 }
@@ -450,16 +460,26 @@ impl Symbols {
         let Some(s) = s else {
             return Sym::NONE;
         };
-        if let Some(&i) = self.index.get(s) {
-            return Sym(i);
+        for sym in self.recent {
+            if self.texts.get(sym.0 as usize).is_some_and(|t| **t == *s) {
+                return sym;
+            }
         }
-        if self.texts.len() >= MAX_SYMBOLS {
-            return Sym::OVERFLOW;
-        }
-        let i = self.texts.len() as u32;
-        self.texts.push(s.into());
-        self.index.insert(s.into(), i);
-        Sym(i)
+        let sym = match self.index.get(s) {
+            Some(&i) => Sym(i),
+            None => {
+                if self.texts.len() >= MAX_SYMBOLS {
+                    return Sym::OVERFLOW;
+                }
+                let i = self.texts.len() as u32;
+                self.texts.push(s.into());
+                self.index.insert(s.into(), i);
+                Sym(i)
+            }
+        };
+        self.recent[self.recent_next] = sym;
+        self.recent_next = (self.recent_next + 1) % RECENT_SYMBOLS;
+        sym
     }
 
     /// [`Symbols::intern`] of a static text, found by its address after its first time.
@@ -822,7 +842,9 @@ impl TaskStore {
                     let files = ((expected * 1.5) as u64 / ATTEMPTS_PER_SPILL_FILE + 1) as usize;
                     let mut spill =
                         SpillFiles::create(files.clamp(MIN_SPILL_FILES, MAX_SPILL_FILES))?;
-                    for (k, s) in std::mem::take(&mut self.map) {
+                    // `drain` keeps the table's room: the spill files are read back into
+                    // it ([`TaskStore::drain`]), without growing a table again for each.
+                    for (k, s) in self.map.drain() {
                         spill.write(&k, &s)?;
                     }
                     self.spill = Some(spill);
@@ -855,9 +877,12 @@ impl TaskStore {
                 }
             }
             Some(mut spill) => {
-                // `spill` removes its directory when dropped, after the loop.
+                // `spill` removes its directory when dropped, after the loop. Each file is
+                // read into the table the attempts filled before they spilled (empty, with
+                // its room for `MAX_ATTEMPTS_IN_MEMORY`), emptied again after each file.
+                let mut map = std::mem::take(&mut self.map);
                 for path in spill.finish()? {
-                    let mut map: IdMap<AttemptKey, TaskState> = IdMap::default();
+                    map.clear();
                     let file = File::open(&path)?;
                     let mut reader = BufReader::with_capacity(SPILL_BUFFER_BYTES, file);
                     while let Some((k, s)) = read_record(&mut reader)? {
