@@ -26,9 +26,11 @@ use crate::util::dedup::PassThrough;
 /// Attempts kept in one in-memory map before the session is spilled to disk (about 128
 /// bytes each: 32 MiB of map at most, 48 MiB while it grows).
 pub(super) const MAX_ATTEMPTS_IN_MEMORY: usize = 200_000;
-/// Attempts aimed at per spill file, so that folding one file stays well under the limit
-/// above even when the session's size was underestimated by half.
-const ATTEMPTS_PER_SPILL_FILE: u64 = 100_000;
+/// Attempts aimed at per spill file: folding one file stays well under the limit above even
+/// when the session's size was underestimated several times over, and its table (about
+/// 2 MiB) stays in the CPU's caches while the file is read back, where a table of 100,000
+/// attempts missed them on nearly every record.
+const ATTEMPTS_PER_SPILL_FILE: u64 = 16_384;
 /// Fewest and most spill files; each holds a write buffer while the session is read.
 const MIN_SPILL_FILES: usize = 8;
 const MAX_SPILL_FILES: usize = 512;
@@ -842,9 +844,7 @@ impl TaskStore {
                     let files = ((expected * 1.5) as u64 / ATTEMPTS_PER_SPILL_FILE + 1) as usize;
                     let mut spill =
                         SpillFiles::create(files.clamp(MIN_SPILL_FILES, MAX_SPILL_FILES))?;
-                    // `drain` keeps the table's room: the spill files are read back into
-                    // it ([`TaskStore::drain`]), without growing a table again for each.
-                    for (k, s) in self.map.drain() {
+                    for (k, s) in std::mem::take(&mut self.map) {
                         spill.write(&k, &s)?;
                     }
                     self.spill = Some(spill);
@@ -878,11 +878,12 @@ impl TaskStore {
             }
             Some(mut spill) => {
                 // `spill` removes its directory when dropped, after the loop. Each file is
-                // read into the table the attempts filled before they spilled (empty, with
-                // its room for `MAX_ATTEMPTS_IN_MEMORY`), emptied again after each file.
-                let mut map = std::mem::take(&mut self.map);
-                for path in spill.finish()? {
-                    map.clear();
+                // read into a table of its own, sized for every record of the file a new
+                // attempt so that it never grows while it is filled, and small enough
+                // ([`ATTEMPTS_PER_SPILL_FILE`]) to stay in the CPU's caches.
+                for (path, records) in spill.finish()? {
+                    let mut map: IdMap<AttemptKey, TaskState> =
+                        IdMap::with_capacity_and_hasher(records as usize, Default::default());
                     let file = File::open(&path)?;
                     let mut reader = BufReader::with_capacity(SPILL_BUFFER_BYTES, file);
                     while let Some((k, s)) = read_record(&mut reader)? {

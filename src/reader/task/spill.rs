@@ -22,6 +22,8 @@ pub(super) struct SpillFiles {
     dir: PathBuf,
     writers: Vec<BufWriter<File>>,
     paths: Vec<PathBuf>,
+    /// Records written to each file: the reader sizes its map by it.
+    records: Vec<u64>,
 }
 
 impl SpillFiles {
@@ -51,6 +53,7 @@ impl SpillFiles {
             dir,
             writers: Vec::with_capacity(n),
             paths: Vec::with_capacity(n),
+            records: vec![0; n],
         };
         for i in 0..n {
             let path = files.dir.join(format!("attempts-{i}.bin"));
@@ -69,16 +72,22 @@ impl SpillFiles {
         // The high bits: the maps use the low ones.
         let h = std::hash::Hasher::finish(&hasher).rotate_left(32);
         let i = (h % self.writers.len() as u64) as usize;
+        self.records[i] += 1;
         write_record(&mut self.writers[i], key, state)
     }
 
-    /// Flushes and closes the files; their paths, to be read once each.
-    pub(super) fn finish(&mut self) -> std::io::Result<Vec<PathBuf>> {
+    /// Flushes and closes the files; their paths, to be read once each, with the number of
+    /// records written to each.
+    pub(super) fn finish(&mut self) -> std::io::Result<Vec<(PathBuf, u64)>> {
         for w in &mut self.writers {
             w.flush()?;
         }
         self.writers.clear();
-        Ok(std::mem::take(&mut self.paths))
+        let paths = std::mem::take(&mut self.paths);
+        Ok(paths
+            .into_iter()
+            .zip(self.records.iter().copied())
+            .collect())
     }
 }
 
