@@ -19,11 +19,15 @@ use super::extract::{
 };
 use super::task::{CompactId, TaskStore};
 pub(super) use super::values::state_rank;
-use crate::util::dedup::DedupWindow;
+use crate::util::dedup::{DedupWindow, PassThrough};
 
 /// Event ids remembered for deduplication: 4 MiB of ring and about 10 MiB of set; Ray's
 /// resends and this collector's own window (262,144 ids) fit in it many times over.
 pub(super) const DEDUP_WINDOW: usize = 1 << 19;
+
+/// How many events ahead [`SessionModel::absorb_all`] starts loading a window slot: about
+/// as many as cover a miss to memory.
+const DEDUP_PREFETCH_AHEAD: usize = 8;
 
 /// Orders transitions: by time (unknown first), then by state rank.
 pub(super) fn transition_order(t: &Transition) -> (i64, u8) {
@@ -153,8 +157,10 @@ pub(super) struct SessionModel {
     /// The job filter as bytes, to compare with task events' ids.
     job_filter_id: Option<CompactId>,
     /// Jobs of task events already entered in `jobs`.
-    task_jobs: HashSet<CompactId>,
+    task_jobs: HashSet<CompactId, PassThrough>,
     pub(super) seen_event_ids: DedupWindow,
+    /// The event ids of the batch being absorbed (reused).
+    ids_ahead: Vec<Option<u64>>,
     pub(super) total: u64,
     pub(super) duplicates: u64,
     pub(super) other_job: u64,
@@ -169,7 +175,7 @@ pub(super) struct SessionModel {
     /// The latest event time of the session: when its events stop.
     pub(super) last_event_ns: Option<i64>,
     /// The latest task transition on each node (by the node's id bytes).
-    pub(super) task_node_last: HashMap<CompactId, i64>,
+    pub(super) task_node_last: HashMap<CompactId, i64, PassThrough>,
     pub(super) runs: BTreeMap<String, TrainRunModel>,
     pub(super) attempts: BTreeMap<(String, String), TrainAttemptModel>,
     /// How many times more input is still to come than was read (sizes a spill).
@@ -182,9 +188,10 @@ impl SessionModel {
     pub(super) fn new(job_filter: Option<String>, tasks: TaskStore) -> SessionModel {
         SessionModel {
             job_filter_id: job_filter.as_deref().and_then(CompactId::from_hex),
-            task_jobs: HashSet::new(),
+            task_jobs: HashSet::default(),
             job_filter,
             seen_event_ids: DedupWindow::new(DEDUP_WINDOW),
+            ids_ahead: Vec::new(),
             total: 0,
             duplicates: 0,
             other_job: 0,
@@ -196,12 +203,32 @@ impl SessionModel {
             actors: BTreeMap::new(),
             workers: BTreeMap::new(),
             last_event_ns: None,
-            task_node_last: HashMap::new(),
+            task_node_last: HashMap::default(),
             runs: BTreeMap::new(),
             attempts: BTreeMap::new(),
             growth: 0.0,
             spill_error: None,
         }
+    }
+
+    /// Takes a batch of facts of object number `object`, in order, leaving `facts` empty.
+    /// The deduplication window's slot of each event is asked for [`DEDUP_PREFETCH_AHEAD`]
+    /// events before it is needed: the window is far larger than the CPU caches, and
+    /// waiting for each lookup was the fold's largest cost on big sessions.
+    pub(super) fn absorb_all(&mut self, object: usize, facts: &mut Vec<Fact>) {
+        let mut ahead = std::mem::take(&mut self.ids_ahead);
+        ahead.clear();
+        ahead.extend(facts.iter().map(|f| f.event_id));
+        for &id in ahead.iter().take(DEDUP_PREFETCH_AHEAD).flatten() {
+            self.seen_event_ids.prefetch(id);
+        }
+        for (i, fact) in facts.drain(..).enumerate() {
+            if let Some(Some(id)) = ahead.get(i + DEDUP_PREFETCH_AHEAD) {
+                self.seen_event_ids.prefetch(*id);
+            }
+            self.absorb(object, fact);
+        }
+        self.ids_ahead = ahead;
     }
 
     /// Takes one fact of object number `object` (objects are numbered in hour order).

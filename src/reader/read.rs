@@ -212,9 +212,7 @@ pub(super) async fn read_objects(
                 Some(Message::Facts(index, mut facts)) => {
                     let read = fetched.load(Ordering::Relaxed).max(1);
                     model.growth = total_bytes.saturating_sub(read) as f64 / read as f64;
-                    for fact in facts.drain(..) {
-                        model.absorb(index, fact);
-                    }
+                    model.absorb_all(index, &mut facts);
                     Spares::give(&spares, facts, &mut model.tasks.spent);
                 }
                 Some(Message::Done(index, summary)) => {
