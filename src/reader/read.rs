@@ -48,7 +48,11 @@ use super::values::human_bytes;
 use super::values::store_error;
 use super::walk::EventObject;
 
-/// Decoder threads at most (one per core up to this).
+/// Decoder threads at most: one per core but the fold's, up to this (at least one).
+/// The fold (the thread that calls [`read_objects`]) takes about two fifths of the work on
+/// big sessions, so on two cores a second decoder only made three busy threads share two
+/// cores: 0.1 to 0.3 s more CPU on 1,000,000 events (BENCHMARKS, "inspect on big
+/// sessions") for no shorter read.
 const MAX_DECODERS: usize = 8;
 /// Chunks of one object queued for its decoder.
 const CHUNKS_IN_FLIGHT: usize = 8;
@@ -173,6 +177,7 @@ pub(super) async fn read_objects(
     let decoders = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2)
+        .saturating_sub(1)
         .clamp(1, MAX_DECODERS)
         .min(objects.len());
     let (job_tx, job_rx) = std::sync::mpsc::channel::<DecodeJob>();
