@@ -124,6 +124,25 @@ fn use_one_malloc_arena() -> bool {
     true
 }
 
+/// Makes glibc's malloc keep what is freed for reuse instead of giving it back to the
+/// kernel (glibc only; a no-op elsewhere): for `inspect`, a run that ends, whose peak is its
+/// whole footprint anyway. Each page given back is faulted in again when reused, and page
+/// faults are dear under virtualisation: on 1,000,000 events (`bench/inspect_big.sh`) this
+/// took minor faults from 31,000 to 19,000 and `inspect`'s CPU time down 3-4 % (peak RSS
+/// +5 MiB). Not for the collector or `serve`, whose freed memory must go back.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes malloc's tuning; called before any other thread exists.
+    unsafe {
+        // Freed memory at the top of the heap is kept up to 256 MiB; allocations below
+        // 32 MiB come from the heap (reused) rather than from mmaps of their own (unmapped
+        // when freed); the heap grows 16 MiB at a time.
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TOP_PAD, 16 << 20);
+    }
+}
+
 fn init_logging(format: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
@@ -148,6 +167,8 @@ fn inspect(args: ray_history_collector::cli::InspectArgs) -> ExitCode {
     } else {
         1
     };
+    // Still before any other thread exists.
+    keep_freed_memory();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
