@@ -879,11 +879,14 @@ impl TaskStore {
             Some(mut spill) => {
                 // `spill` removes its directory when dropped, after the loop. Each file is
                 // read into a table of its own, sized for every record of the file a new
-                // attempt so that it never grows while it is filled, and small enough
-                // ([`ATTEMPTS_PER_SPILL_FILE`]) to stay in the CPU's caches.
+                // attempt (up to four times the attempts aimed at per file: records of one
+                // attempt many times over must not size a table) so that it seldom grows
+                // while it is filled, and small enough ([`ATTEMPTS_PER_SPILL_FILE`]) to stay
+                // in the CPU's caches.
                 for (path, records) in spill.finish()? {
+                    let room = records.min(4 * ATTEMPTS_PER_SPILL_FILE) as usize;
                     let mut map: IdMap<AttemptKey, TaskState> =
-                        IdMap::with_capacity_and_hasher(records as usize, Default::default());
+                        IdMap::with_capacity_and_hasher(room, Default::default());
                     let file = File::open(&path)?;
                     let mut reader = BufReader::with_capacity(SPILL_BUFFER_BYTES, file);
                     while let Some((k, s)) = read_record(&mut reader)? {
