@@ -5,6 +5,29 @@
 /// Objects listed or read at once: enough to hide request latency, small enough to be polite
 /// to the bucket and to bound memory.
 pub(super) const READ_CONCURRENCY: usize = 8;
+/// Decoder threads at most: one per core but the fold's, up to this (at least one).
+/// The fold (the thread that calls `read::read_objects`) takes about two fifths of the work
+/// on big sessions, so on two cores a second decoder only made three busy threads share two
+/// cores: 0.1 to 0.3 s more CPU on 1,000,000 events (BENCHMARKS, "inspect on big
+/// sessions") for no shorter read.
+pub(super) const MAX_DECODERS: usize = 8;
+/// Objects open at once at most: the fetches in flight and one queued per decoder.
+pub(super) const MAX_OPEN_OBJECTS: usize = READ_CONCURRENCY + MAX_DECODERS;
+/// Open files left to everything else under a low open-file limit: stdio, the runtime,
+/// the bucket directory and a listing, connections.
+pub(super) const FDS_KEPT_FREE: u64 = 16;
+
+/// The process's soft limit of open files (`ulimit -n`); unlimited when it cannot be read.
+pub(super) fn open_file_limit() -> u64 {
+    let mut limit = std::mem::MaybeUninit::<libc::rlimit>::uninit();
+    // SAFETY: `limit` points to writable memory of the size of `struct rlimit`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, limit.as_mut_ptr()) } == 0 {
+        // SAFETY: getrlimit returned 0, so it filled `limit`. rlim_t is u64 on Linux.
+        unsafe { limit.assume_init() }.rlim_cur
+    } else {
+        libc::RLIM_INFINITY
+    }
+}
 /// How much of an object's content is accepted.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct ContentLimits {

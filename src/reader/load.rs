@@ -188,10 +188,15 @@ pub(crate) async fn session_report(
     )
     .await;
     if let Some(e) = model.spill_error.take() {
-        return Err(anyhow::Error::new(e).context(
-            "writing the task attempts of a big session to temporary files (set TMPDIR to a \
-             directory with space)",
-        ));
+        // The advice fits the error: files or space (review r56a D1: too many open files
+        // was blamed on the disk).
+        let advice = match e.raw_os_error() {
+            Some(libc::EMFILE | libc::ENFILE) => "raise the open-file limit, `ulimit -n`",
+            _ => "set TMPDIR to a directory with space",
+        };
+        return Err(anyhow::Error::new(e).context(format!(
+            "writing the task attempts of a big session to temporary files ({advice})"
+        )));
     }
     // 4. The dashboard's placement groups, as the head's collector snapshotted them.
     let placement_groups =

@@ -39,7 +39,10 @@ use object_store::{ObjectStore, ObjectStoreExt as _};
 use super::decode::{gunzip, plain, ContentSink};
 use super::extract::Fact;
 use super::filter::TimeWindow;
-use super::limits::{CONTENT_LIMITS, READ_CONCURRENCY};
+use super::limits::{
+    open_file_limit, CONTENT_LIMITS, FDS_KEPT_FREE, MAX_DECODERS, MAX_OPEN_OBJECTS,
+    READ_CONCURRENCY,
+};
 use super::model::SessionModel;
 use super::report::{ObjectStats, Problems};
 use super::scan::restock;
@@ -48,22 +51,11 @@ use super::values::human_bytes;
 use super::values::store_error;
 use super::walk::EventObject;
 
-/// Decoder threads at most: one per core but the fold's, up to this (at least one).
-/// The fold (the thread that calls [`read_objects`]) takes about two fifths of the work on
-/// big sessions, so on two cores a second decoder only made three busy threads share two
-/// cores: 0.1 to 0.3 s more CPU on 1,000,000 events (BENCHMARKS, "inspect on big
-/// sessions") for no shorter read.
-const MAX_DECODERS: usize = 8;
 /// Chunks of one object queued for its decoder.
 const CHUNKS_IN_FLIGHT: usize = 8;
 /// Facts sent from a decoder to the fold at once, and batches queued.
 const FACTS_PER_BATCH: usize = 2048;
 const BATCHES_IN_FLIGHT: usize = 8;
-/// Objects open at once at most: the fetches in flight and one queued per decoder.
-const MAX_OPEN_OBJECTS: usize = READ_CONCURRENCY + MAX_DECODERS;
-/// Open files left to everything else under a low open-file limit: stdio, the runtime,
-/// the bucket directory and a listing, connections, the spill files' first few.
-const FDS_KEPT_FREE: u64 = 16;
 /// Tries of a fetch that fails for a passing reason, one budget for an object's first `get`
 /// and the resumptions of its body, and the wait before the second (doubled each time):
 /// about 1.5 s in all, long enough for descriptors or a connection to free up.
@@ -279,16 +271,7 @@ pub(super) async fn read_objects(
 /// How many objects may be open at once: [`MAX_OPEN_OBJECTS`], fewer under a low
 /// open-file limit (at least one: a limit too low for that fails with its own error).
 fn open_objects_budget() -> usize {
-    let mut limit = std::mem::MaybeUninit::<libc::rlimit>::uninit();
-    // SAFETY: `limit` points to writable memory of the size of `struct rlimit`.
-    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, limit.as_mut_ptr()) } == 0 {
-        // SAFETY: getrlimit returned 0, so it filled `limit`.
-        unsafe { limit.assume_init() }.rlim_cur
-    } else {
-        libc::RLIM_INFINITY
-    };
-    // rlim_t is u64 on Linux.
-    let spare = soft.saturating_sub(FDS_KEPT_FREE);
+    let spare = open_file_limit().saturating_sub(FDS_KEPT_FREE);
     usize::try_from(spare)
         .unwrap_or(usize::MAX)
         .clamp(1, MAX_OPEN_OBJECTS)

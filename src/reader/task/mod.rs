@@ -20,6 +20,7 @@ use std::io::BufReader;
 mod spill;
 
 use self::spill::{read_record, SpillFiles, SPILL_BUFFER_BYTES};
+use super::limits::{open_file_limit, FDS_KEPT_FREE, MAX_OPEN_OBJECTS};
 use super::values::{state_rank, Transition};
 use crate::util::dedup::PassThrough;
 
@@ -804,6 +805,21 @@ pub(super) type SpentDeltas = Vec<Box<TaskDelta>>;
 /// Boxes of folded deltas kept in [`TaskStore::spent`] at most.
 const MAX_SPENT_DELTAS: usize = 8192;
 
+/// How many spill files for `expected` attempts: one per [`ATTEMPTS_PER_SPILL_FILE`] with
+/// half as many again of room, between [`MIN_SPILL_FILES`] and [`MAX_SPILL_FILES`], and no
+/// more than the open-file limit `nofile` leaves once the objects being read and the files
+/// kept for everything else have theirs (all spill files are open while the session is
+/// read: review r56a D1, 81 files at 1,000,000 events failed where `ulimit -n` was 64).
+/// Fewer files only make each one's table larger.
+fn spill_files(expected: f64, nofile: u64) -> usize {
+    let wanted = ((expected * 1.5) as u64 / ATTEMPTS_PER_SPILL_FILE).saturating_add(1);
+    let room = nofile.saturating_sub(FDS_KEPT_FREE + MAX_OPEN_OBJECTS as u64);
+    let files = wanted
+        .min(room)
+        .clamp(MIN_SPILL_FILES as u64, MAX_SPILL_FILES as u64);
+    files as usize
+}
+
 impl TaskStore {
     pub(crate) fn new(keep_logs_of: Option<CompactId>) -> TaskStore {
         TaskStore {
@@ -841,9 +857,8 @@ impl TaskStore {
                 self.map.insert(key, state);
                 if self.map.len() >= MAX_ATTEMPTS_IN_MEMORY {
                     let expected = self.map.len() as f64 * (1.0 + growth.max(0.0));
-                    let files = ((expected * 1.5) as u64 / ATTEMPTS_PER_SPILL_FILE + 1) as usize;
-                    let mut spill =
-                        SpillFiles::create(files.clamp(MIN_SPILL_FILES, MAX_SPILL_FILES))?;
+                    let files = spill_files(expected, open_file_limit());
+                    let mut spill = SpillFiles::create(files)?;
                     for (k, s) in std::mem::take(&mut self.map) {
                         spill.write(&k, &s)?;
                     }
@@ -1036,6 +1051,19 @@ mod tests {
             Some((key, TaskState::default()))
         );
         assert_eq!(read_record(&mut r).unwrap(), None);
+    }
+
+    #[test]
+    fn spill_files_stay_within_the_open_file_limit() {
+        // 1,000,000 events' attempts: 68 files when the limit allows (16,384 attempts each).
+        assert_eq!(spill_files(743_000.0, 1024), 69);
+        // `ulimit -n 64`: what is left after the objects and the spare files (review r56a D1).
+        assert_eq!(spill_files(743_000.0, 64), 32);
+        // Never fewer than the minimum, nor more than the maximum.
+        assert_eq!(spill_files(743_000.0, 20), MIN_SPILL_FILES);
+        assert_eq!(spill_files(200_000.0, 1024), 19);
+        assert_eq!(spill_files(1e12, u64::MAX), MAX_SPILL_FILES);
+        assert_eq!(spill_files(0.0, 1024), MIN_SPILL_FILES);
     }
 
     #[test]
