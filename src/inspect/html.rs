@@ -98,6 +98,12 @@ pub(super) fn esc(s: &str) -> String {
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
             c if c.is_control() && c != '\n' && c != '\t' => {}
+            // The invisible characters that reorder or hide text (a right-to-left
+            // override turns `txt.exe` into `exe.txt`), shown as the text report shows
+            // them (review r56b: raw in the page).
+            c if crate::util::escape::is_unsafe_char(c) && !c.is_control() => {
+                out.push_str(&format!("\\u{{{:x}}}", c as u32));
+            }
             c => out.push(c),
         }
     }
@@ -768,6 +774,10 @@ mod tests {
             "&lt;script&gt;&quot;a&quot; &amp; &#39;b&#39;&lt;/script&gt;[31m"
         );
         assert_eq!(short("0123456789abcdef0123456789"), "01234567…23456789");
+        assert_eq!(
+            esc("a\u{202e}txt.exe\u{2066}"),
+            "a\\u{202e}txt.exe\\u{2066}"
+        );
     }
 
     /// The attempts drawn past [`MAX_DRAWN_ATTEMPTS`] are the same whatever order they come
