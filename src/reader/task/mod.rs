@@ -661,13 +661,24 @@ impl TaskState {
             ..TaskState::default()
         };
         if !s.worker.is_none() && !s.node.is_none() {
-            symbols.worker_nodes.entry(s.worker).or_insert(s.node);
+            // The least node by text when events name two (review r56d D1: the first read).
+            let node = s.node;
+            match symbols.worker_nodes.get(&s.worker).copied() {
+                Some(cur) if cur == node || symbols.get(cur) < symbols.get(node) => {}
+                _ => {
+                    symbols.worker_nodes.insert(s.worker, node);
+                }
+            }
         }
         let mut failed_here = false;
         for t in d.transitions.iter() {
             let time = t.time_ns.unwrap_or(NO_TIME);
             let rank = state_rank(&t.state);
-            if s.latest_state.is_none() || (time, rank) > (s.latest_ns, s.latest_rank) {
+            let later = s.latest_state.is_none()
+                || (time, rank) > (s.latest_ns, s.latest_rank)
+                || ((time, rank) == (s.latest_ns, s.latest_rank)
+                    && Some(&*t.state) < symbols.get(s.latest_state));
+            if later {
                 s.latest_ns = time;
                 s.latest_rank = rank;
                 s.latest_state = match &t.state {
