@@ -697,3 +697,157 @@ fn latest_skips_an_empty_future_marker_and_non_sessions_are_not_listed() {
     assert!(!names.contains(&"notasession"), "{names:?}");
     assert!(names.contains(&SESSION), "{names:?}");
 }
+
+/// The same bucket gives the same report, byte for byte, on every run (review f56d): every
+/// bounded list keeps the same members however the objects are read and the attempts
+/// drained (a hash map with a per-process seed). Failures of one cause at one time, more
+/// than a group's examples; more causes and unfinished groups than are kept; more failed and
+/// pending attempts than `--failed-limit`; all spread over objects read concurrently.
+#[test]
+fn the_same_bucket_gives_the_same_report_on_every_run() {
+    let work = tempfile::tempdir().unwrap();
+    let bucket = work.path().join("bucket");
+    fixture_bucket(&bucket);
+    let event = |i: usize, job: &str, state: &str, at: &str, error: Option<(String, String)>| {
+        let mut life = serde_json::json!({
+            "taskId": format!("{:048x}", 0xabc000 + i),
+            "taskAttempt": i % 2,
+            "jobId": job,
+            "stateTransitions": [{"state": state, "timestamp": at}]
+        });
+        if let Some((error_type, message)) = error {
+            life["rayErrorInfo"] = serde_json::json!({
+                "errorType": error_type, "errorMessage": message
+            });
+        }
+        serde_json::json!({
+            "eventId": format!("same-{i}"),
+            "eventType": "TASK_LIFECYCLE_EVENT",
+            "timestamp": at,
+            "taskLifecycleEvent": life
+        })
+        .to_string()
+    };
+    let mut lines = Vec::new();
+    // 40 failures of one cause at one time, each with its own message.
+    for i in 0..40 {
+        let error = ("WORKER_DIED".to_string(), format!("Traceback\nError: {i}"));
+        lines.push(event(
+            i,
+            "AQAAAA==",
+            "FAILED",
+            "2026-11-22T02:06:45Z",
+            Some(error),
+        ));
+    }
+    // 120 causes of their own, at one time, after "worker died" by name.
+    for i in 40..160 {
+        let error = (format!("ZZ_CAUSE_{i}"), "gone".to_string());
+        lines.push(event(
+            i,
+            "AQAAAA==",
+            "FAILED",
+            "2026-11-22T02:06:45Z",
+            Some(error),
+        ));
+    }
+    // 120 jobs with a task left RUNNING, and 30 tasks pending since one time.
+    for i in 160..280 {
+        let job = format!("{:08x}", 0x1000 + i);
+        lines.push(event(i, &job, "RUNNING", "2026-11-22T02:06:44Z", None));
+    }
+    for i in 280..310 {
+        lines.push(event(
+            i,
+            "AQAAAA==",
+            "PENDING_NODE_ASSIGNMENT",
+            "2026-11-22T02:06:40Z",
+            None,
+        ));
+    }
+    for (n, chunk) in lines.chunks(20).enumerate() {
+        put(
+            &bucket,
+            &format!(
+                "{PREFIX}/{SESSION}/{NODE}/job_events/{JOB}/{NODE}-2026-11-22-02-{}.jsonl",
+                100 + n
+            ),
+            (chunk.join("\n") + "\n").as_bytes(),
+        );
+    }
+    let dir = bucket.to_str().unwrap();
+    let args = [
+        dir,
+        "--session",
+        SESSION,
+        "--failed-limit",
+        "3",
+        "--pending-after",
+        "1s",
+    ];
+    let run = |json: bool| {
+        let mut a = args.to_vec();
+        if json {
+            a.push("--json");
+        }
+        let out = inspect(&a);
+        assert!(out.status.success(), "{}", out.stderr);
+        out.stdout
+    };
+    let first = run(true);
+    for _ in 0..3 {
+        let again = run(true);
+        assert!(
+            again == first,
+            "two runs differ:\n{}",
+            first
+                .lines()
+                .zip(again.lines())
+                .filter(|(a, b)| a != b)
+                .take(10)
+                .map(|(a, b)| format!("- {a}\n+ {b}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    let text = run(false);
+    assert_eq!(text, run(false), "the text report differs between two runs");
+
+    let r: Value = serde_json::from_str(&first).unwrap();
+    let causes = r["failure_causes"].as_array().unwrap();
+    assert_eq!(causes.len(), 100, "the groups kept");
+    let other = &r["failure_causes_other"];
+    let grouped: u64 = causes.iter().map(|g| g["attempts"].as_u64().unwrap()).sum();
+    assert_eq!(
+        grouped + other["attempts"].as_u64().unwrap(),
+        r["failed_tasks_total"].as_u64().unwrap(),
+        "every failed attempt is counted once"
+    );
+    assert!(other["attempts"].as_u64().unwrap() >= 20, "{other}");
+    let died = causes
+        .iter()
+        .find(|g| g["cause"] == "worker died")
+        .expect("the group of 40");
+    assert_eq!(died["attempts"], 40);
+    assert_eq!(died["examples"].as_array().unwrap().len(), 10);
+    assert_eq!(
+        died["detail"], "Error: 0",
+        "from the first by time, then id"
+    );
+    assert_eq!(r["failed_tasks"].as_array().unwrap().len(), 3);
+    let pending = r["hangs"]["pending_tasks"].as_array().unwrap();
+    assert_eq!(pending.len(), 3);
+    assert_eq!(r["hangs"]["pending_tasks_total"], 30);
+    assert_eq!(
+        pending[0]["task_id"],
+        format!("{:048x}", 0xabc000 + 280),
+        "{pending:?}"
+    );
+    let unfinished = r["session_end"]["tasks_unfinished"].as_array().unwrap();
+    assert_eq!(unfinished.len(), 100);
+    assert!(text.contains("of other causes"), "{text}");
+    assert!(
+        text.contains("more task attempt(s) left unfinished"),
+        "{text}"
+    );
+}

@@ -108,6 +108,14 @@ fn assert_read_whole(r: &Value) {
         r["events"]
     );
     assert_eq!(r["problems"]["bad_lines"], 0, "{}", r["problems"]);
+    // Every byte of the object counted once, those of a resumed answer included (review
+    // r55e: a resumed body came out short in `objects.bytes_read`).
+    assert_eq!(
+        r["objects"]["bytes_read"],
+        object_bytes("v1", EVENTS).len() as u64,
+        "{}",
+        r["objects"]
+    );
 }
 
 fn unreadable_detail(r: &Value) -> String {

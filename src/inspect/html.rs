@@ -25,21 +25,65 @@ const LABEL_WIDTH: f64 = 330.0;
 const LANE_HEIGHT: f64 = 18.0;
 const BAR_HEIGHT: f64 = 12.0;
 
-/// The attempts to draw, collected while the session is folded.
+/// The attempts to draw, collected while the session is folded: the
+/// [`MAX_DRAWN_ATTEMPTS`] least by (start, task id, attempt), whatever order they come in.
 #[derive(Debug, Default)]
 pub(super) struct Gantt {
-    slices: Vec<Slice>,
+    /// A max-heap: its top is the attempt a lesser one replaces.
+    slices: std::collections::BinaryHeap<Drawn>,
     /// Attempts that ran but were not drawn (past [`MAX_DRAWN_ATTEMPTS`]).
     pub(super) left_out: u64,
 }
 
+/// A slice ordered by (start, task id, attempt): a total order, as an attempt is drawn once.
+#[derive(Debug)]
+struct Drawn(Slice);
+
+impl Drawn {
+    fn rank(&self) -> (i64, &str, i32) {
+        (self.0.start_ns, &self.0.task_id, self.0.attempt)
+    }
+}
+
+impl PartialEq for Drawn {
+    fn eq(&self, other: &Drawn) -> bool {
+        self.rank() == other.rank()
+    }
+}
+
+impl Eq for Drawn {}
+
+impl PartialOrd for Drawn {
+    fn partial_cmp(&self, other: &Drawn) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Drawn {
+    fn cmp(&self, other: &Drawn) -> std::cmp::Ordering {
+        self.rank().cmp(&other.rank())
+    }
+}
+
 impl Gantt {
     pub(super) fn add(&mut self, s: Slice) {
+        let s = Drawn(s);
         if self.slices.len() < MAX_DRAWN_ATTEMPTS {
             self.slices.push(s);
-        } else {
-            self.left_out += 1;
+            return;
         }
+        self.left_out += 1;
+        if self.slices.peek().is_some_and(|top| s < *top) {
+            self.slices.pop();
+            self.slices.push(s);
+        }
+    }
+
+    /// The attempts drawn, by (start, task id, attempt).
+    fn sorted(&self) -> Vec<&Slice> {
+        let mut v: Vec<&Drawn> = self.slices.iter().collect();
+        v.sort();
+        v.into_iter().map(|d| &d.0).collect()
     }
 }
 
@@ -54,6 +98,12 @@ pub(super) fn esc(s: &str) -> String {
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
             c if c.is_control() && c != '\n' && c != '\t' => {}
+            // The invisible characters that reorder or hide text (a right-to-left
+            // override turns `txt.exe` into `exe.txt`), shown as the text report shows
+            // them (review r56b: raw in the page).
+            c if crate::util::escape::is_unsafe_char(c) && !c.is_control() => {
+                out.push_str(&format!("\\u{{{:x}}}", c as u32));
+            }
             c => out.push(c),
         }
     }
@@ -346,6 +396,17 @@ fn causes(h: &mut String, r: &SessionReport) {
             g.log_command.as_deref().map(esc).unwrap_or_default()
         );
     }
+    let other = &r.failure_causes_other;
+    if other.attempts + other.actors > 0 {
+        let _ = write!(
+            h,
+            "<tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td colspan=\"5\">other causes \
+             (only the first {} causes by cause, exit type and node are grouped)</td></tr>",
+            other.attempts,
+            other.actors,
+            r.failure_causes.len()
+        );
+    }
     h.push_str("</table>\n");
 }
 
@@ -539,8 +600,9 @@ fn chart(h: &mut String, r: &SessionReport, g: &Gantt) {
         }
     }
     // Lanes: node → worker → attempts.
+    let slices = g.sorted();
     let mut lanes: BTreeMap<String, BTreeMap<String, Vec<&Slice>>> = BTreeMap::new();
-    for s in &g.slices {
+    for s in slices.iter().copied() {
         lanes
             .entry(s.node.clone().unwrap_or_else(|| "(unknown node)".into()))
             .or_default()
@@ -552,7 +614,7 @@ fn chart(h: &mut String, r: &SessionReport, g: &Gantt) {
             .or_default()
             .push(s);
     }
-    let times = g.slices.iter().flat_map(|s| [s.start_ns, s.end_ns]).chain(
+    let times = slices.iter().flat_map(|s| [s.start_ns, s.end_ns]).chain(
         top.iter()
             .flat_map(|(_, bars)| bars.iter().flat_map(|b| [b.start, b.end])),
     );
@@ -575,7 +637,7 @@ fn chart(h: &mut String, r: &SessionReport, g: &Gantt) {
         "<svg id=\"gantt\" width=\"{}\" height=\"{height}\" \
          data-attempts=\"{}\" data-left-out=\"{}\">",
         LABEL_WIDTH + CHART_WIDTH + 20.0,
-        g.slices.len(),
+        slices.len(),
         g.left_out
     );
     // Axis: five ticks, in seconds from the first event.
@@ -712,5 +774,53 @@ mod tests {
             "&lt;script&gt;&quot;a&quot; &amp; &#39;b&#39;&lt;/script&gt;[31m"
         );
         assert_eq!(short("0123456789abcdef0123456789"), "01234567…23456789");
+        assert_eq!(
+            esc("a\u{202e}txt.exe\u{2066}"),
+            "a\\u{202e}txt.exe\\u{2066}"
+        );
+    }
+
+    /// The attempts drawn past [`MAX_DRAWN_ATTEMPTS`] are the same whatever order they come
+    /// in: the least by (start, task id, attempt).
+    #[test]
+    fn attempts_drawn_are_the_same_in_any_order() {
+        let slice = |i: usize| Slice {
+            task_id: format!("{:06}", (i * 7919) % 30_000),
+            attempt: (i % 2) as i32,
+            name: "f".into(),
+            state: "FINISHED".into(),
+            job: None,
+            node: None,
+            worker: None,
+            start_ns: (i % 3) as i64,
+            end_ns: 10,
+            failed_ns: None,
+            error_type: None,
+            error: None,
+            profiled: false,
+        };
+        let drawn = |order: &mut dyn Iterator<Item = usize>| {
+            let mut g = Gantt::default();
+            for i in order {
+                g.add(slice(i));
+            }
+            let ids: Vec<(i64, String, i32)> = g
+                .sorted()
+                .iter()
+                .map(|s| (s.start_ns, s.task_id.clone(), s.attempt))
+                .collect();
+            (ids, g.left_out)
+        };
+        let n = MAX_DRAWN_ATTEMPTS + 500;
+        let forward = drawn(&mut (0..n));
+        assert_eq!(forward, drawn(&mut (0..n).rev()));
+        assert_eq!(forward.0.len(), MAX_DRAWN_ATTEMPTS);
+        assert_eq!(forward.1, 500);
+        let early = forward.0.iter().filter(|(start, ..)| *start < 2).count();
+        assert_eq!(
+            early,
+            (0..n).filter(|i| i % 3 < 2).count(),
+            "the earliest drawn"
+        );
     }
 }

@@ -691,6 +691,17 @@ fn render_causes(r: &SessionReport, out: &mut String) {
             let _ = writeln!(out, "      log: {}", clean_long(c));
         }
     }
+    let other = &r.failure_causes_other;
+    if other.attempts + other.actors > 0 {
+        let _ = writeln!(
+            out,
+            "  {} attempt(s) and {} actor(s) of other causes (only the first {} causes by \
+             cause, exit type and node are grouped)",
+            other.attempts,
+            other.actors,
+            r.failure_causes.len()
+        );
+    }
 }
 
 fn render_worker_deaths(r: &SessionReport, out: &mut String) {
@@ -786,6 +797,16 @@ fn render_session_end(r: &SessionReport, out: &mut String) {
                 .map(short_id)
                 .unwrap_or_else(|| "-".into()),
             clean(&u.reason)
+        );
+    }
+    let grouped: u64 = e.tasks_unfinished.iter().map(|u| u.count).sum();
+    if e.tasks_unfinished_total > grouped {
+        let _ = writeln!(
+            out,
+            "  {} more task attempt(s) left unfinished in other groups (only the first {} \
+             groups by state, job and node are kept)",
+            e.tasks_unfinished_total - grouped,
+            e.tasks_unfinished.len()
         );
     }
     if !any {

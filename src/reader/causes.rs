@@ -10,11 +10,17 @@
 //! read once: its `state`, `bundles[].unit_resources`, `stats.scheduling_state` and, where
 //! Ray gives it, `strategy`.
 //!
-//! Everything here is bounded: the cause groups by [`MAX_CAUSES`] (the rest counted in the
-//! last group), the examples per group by [`MAX_EXAMPLES`], the lists by `--failed-limit`.
-//! Nothing is kept per attempt: the join runs as the attempts are drained.
+//! Everything here is bounded: the cause groups by [`MAX_CAUSES`] (the rest counted apart,
+//! [`OtherCauses`]), the examples per group by [`MAX_EXAMPLES`], the unfinished groups by
+//! [`MAX_CAUSES`], the pending list by `--failed-limit`. Nothing is kept per attempt: the
+//! join runs as the attempts are drained.
+//!
+//! Every bounded pick keeps the same members whatever order the attempts come in (the
+//! drain's order follows a hash map with a per-process seed and the spill files, and the
+//! objects are read concurrently): each is the least of a total order, ties included, and
+//! says which. Counts stay exact.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -26,8 +32,8 @@ use super::scan::format_amount;
 use super::task::{AttemptKey, Sym, Symbols, TaskState, NO_TIME};
 use super::values::format_time_json;
 
-/// Distinct causes kept; a session with more is a pile of different failures, and the
-/// later ones are counted in the last group kept.
+/// Distinct causes kept; a session with more is a pile of different failures: the groups
+/// first by (cause, exit type, node) are kept, the others counted in [`OtherCauses`].
 pub(super) const MAX_CAUSES: usize = 100;
 /// Attempts named in each cause group (the count stays exact).
 pub(super) const MAX_EXAMPLES: usize = 10;
@@ -80,17 +86,49 @@ pub(crate) struct CauseGroup {
     pub(crate) actors: u64,
     pub(crate) first_at: Option<String>,
     pub(super) last_at: Option<String>,
-    /// What says most about it: the worker's exit detail, else the node's death message,
-    /// else the error's last line.
+    /// What says most about it, from its first failure ([`CauseExample::rank`]): the
+    /// worker's exit detail, else the node's death message, else the error's last line.
     pub(crate) detail: Option<String>,
-    /// Up to [`MAX_EXAMPLES`] of them, earliest first: task id and attempt (or actor id),
-    /// name, job, when.
+    /// Up to [`MAX_EXAMPLES`] of them, the first by [`CauseExample::rank`] (earliest, then
+    /// task or actor id, then attempt): task id and attempt (or actor id), name, job, when.
     pub(crate) examples: Vec<CauseExample>,
-    /// The command that prints the first one's log.
+    /// The command that prints the log of the first one (by [`CauseExample::rank`]) that
+    /// has one.
     pub(crate) log_command: Option<String>,
     #[serde(skip)]
     first_ns: i64,
+    #[serde(skip)]
+    last_ns: i64,
+    /// The rank of the failure `error_type` and `detail` come from.
+    #[serde(skip)]
+    shown: Option<Rank>,
+    /// The rank of the failure `log_command` comes from.
+    #[serde(skip)]
+    logged: Option<Rank>,
 }
+
+/// Failed attempts and actors of the causes past [`MAX_CAUSES`], not in any group.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub(crate) struct OtherCauses {
+    pub(crate) attempts: u64,
+    pub(crate) actors: u64,
+}
+
+impl OtherCauses {
+    /// One more failure of `kind` (`task` or `actor`).
+    fn add(&mut self, kind: &str) {
+        match kind {
+            "actor" => self.actors += 1,
+            _ => self.attempts += 1,
+        }
+    }
+}
+
+/// A failure's place in the total order the bounded picks use ([`CauseExample::rank`]).
+type Rank = (bool, i64, &'static str, String, Option<i64>);
+
+/// A cause group's key: cause in words, worker exit type, node.
+type CauseKey = (String, Option<String>, Option<String>);
 
 #[derive(Debug, Serialize)]
 pub(crate) struct CauseExample {
@@ -103,6 +141,36 @@ pub(crate) struct CauseExample {
     pub(super) failed_at: Option<String>,
     #[serde(skip)]
     pub(super) at_ns: i64,
+}
+
+impl CauseExample {
+    /// The order failures are picked in: by time (none last), then kind (`actor` before
+    /// `task`), then id, then attempt. Total: no two failures rank alike.
+    fn rank(&self) -> (bool, i64, &'static str, &str, Option<i64>) {
+        (
+            self.at_ns == NO_TIME,
+            self.at_ns,
+            if self.kind == "actor" {
+                "actor"
+            } else {
+                "task"
+            },
+            &self.id,
+            self.attempt,
+        )
+    }
+
+    fn owned_rank(&self) -> Rank {
+        let (no_time, at, kind, id, attempt) = self.rank();
+        (no_time, at, kind, id.to_string(), attempt)
+    }
+}
+
+/// `a` ranks before the held rank `b` (none held: true).
+fn before(a: &(bool, i64, &'static str, &str, Option<i64>), b: Option<&Rank>) -> bool {
+    b.is_none_or(|(no_time, at, kind, id, attempt)| {
+        *a < (*no_time, *at, *kind, id.as_str(), *attempt)
+    })
 }
 
 /// A worker that died other than by its own intent (exit type not `INTENDED_*`).
@@ -151,8 +219,9 @@ pub(crate) struct SessionEnd {
     pub(crate) nodes_died: Vec<NodeLink>,
     pub(crate) jobs_unfinished: Vec<UnfinishedJob>,
     pub(crate) tasks_unfinished: Vec<Unfinished>,
-    /// Attempts in `tasks_unfinished`.
-    pub(super) tasks_unfinished_total: u64,
+    /// Every unfinished attempt: those in `tasks_unfinished` and those of the groups past
+    /// [`MAX_CAUSES`] (the least by state, job and node are kept).
+    pub(crate) tasks_unfinished_total: u64,
 }
 
 /// A placement group that was never placed.
@@ -186,6 +255,29 @@ pub(crate) struct PendingTask {
     /// What no alive node offered ("GPU: 1 asked, at most 0 on a node"); null when some
     /// node could hold it (then it waited for resources in use, or for its dependencies).
     pub(crate) unsatisfiable: Option<String>,
+    /// (pending since, attempt): the list keeps the least.
+    #[serde(skip)]
+    rank: (i64, AttemptKey),
+}
+
+impl PartialEq for PendingTask {
+    fn eq(&self, other: &PendingTask) -> bool {
+        self.rank == other.rank
+    }
+}
+
+impl Eq for PendingTask {}
+
+impl PartialOrd for PendingTask {
+    fn partial_cmp(&self, other: &PendingTask) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for PendingTask {
+    fn cmp(&self, other: &PendingTask) -> std::cmp::Ordering {
+        self.rank.cmp(&other.rank)
+    }
 }
 
 /// What hung.
@@ -334,8 +426,25 @@ fn unsatisfiable<'a>(
     (!missing.is_empty()).then(|| missing.join("; "))
 }
 
-/// Unfinished attempts are grouped by (state, job, node).
-type UnfinishedKey = (Sym, Sym, Sym);
+/// Unfinished attempts are grouped by (state, job, node): the node's symbol or, for an
+/// attempt whose task events name no node, its worker's node from the worker events.
+type UnfinishedKey<'a> = (Sym, Sym, Sym, Option<&'a str>);
+
+/// An unfinished group's key in words: (state, job, node). Two [`UnfinishedKey`]s can
+/// read alike (a node named by its symbol, or by its worker), and are then one group.
+type UnfinishedText = (String, Option<String>, Option<String>);
+
+/// What the join gives: the cause groups, earliest first, and the failures past them; the
+/// unfinished groups, most attempts first, and all unfinished attempts; the pending tasks,
+/// longest pending first, and how many there were.
+pub(super) struct Joined {
+    pub(super) causes: Vec<CauseGroup>,
+    pub(super) other_causes: OtherCauses,
+    pub(super) unfinished: Vec<Unfinished>,
+    pub(super) unfinished_total: u64,
+    pub(super) pending: Vec<PendingTask>,
+    pub(super) pending_total: u64,
+}
 
 /// Joins each attempt, as it is drained, to its worker and node.
 pub(super) struct Join<'a> {
@@ -347,11 +456,39 @@ pub(super) struct Join<'a> {
     pub(super) pending_after_ns: i64,
     pub(super) list_limit: usize,
     causes: Vec<CauseGroup>,
-    cause_index: HashMap<(String, Option<String>, Option<String>), usize>,
-    unfinished: HashMap<UnfinishedKey, Unfinished>,
+    cause_index: HashMap<CauseKey, usize>,
+    /// The kept groups by key: the last is the one a lesser new key evicts.
+    cause_order: BTreeMap<CauseKey, usize>,
+    other_causes: OtherCauses,
+    unfinished: Vec<Unfinished>,
+    unfinished_index: HashMap<UnfinishedKey<'a>, usize>,
+    /// The kept groups by key in words: the last is the one a lesser new key evicts.
+    unfinished_order: BTreeMap<UnfinishedText, usize>,
     unfinished_total: u64,
-    pending: Vec<PendingTask>,
+    /// The least `list_limit` pending attempts by [`PendingTask`]'s order (a max-heap: the
+    /// top is the one a lesser attempt replaces).
+    pending: BinaryHeap<PendingTask>,
     pending_total: u64,
+}
+
+/// What says most about a failure: its worker's exit detail, else its node's death
+/// message, else its error's last line.
+fn detail_of(chain: &Chain, error_message: Option<&str>) -> Option<String> {
+    chain
+        .worker
+        .as_ref()
+        .and_then(|w| w.exit_detail.as_deref())
+        .map(first_line)
+        .or_else(|| {
+            chain
+                .node
+                .as_ref()
+                .and_then(|n| n.death_message.as_deref())
+                .map(first_line)
+        })
+        .or_else(|| error_message.map(last_line))
+        .filter(|d| !d.is_empty())
+        .map(|d| bounded(&d, MAX_ERROR_MESSAGE_BYTES))
 }
 
 impl<'a> Join<'a> {
@@ -372,9 +509,13 @@ impl<'a> Join<'a> {
             list_limit,
             causes: Vec::new(),
             cause_index: HashMap::new(),
-            unfinished: HashMap::new(),
+            cause_order: BTreeMap::new(),
+            other_causes: OtherCauses::default(),
+            unfinished: Vec::new(),
+            unfinished_index: HashMap::new(),
+            unfinished_order: BTreeMap::new(),
             unfinished_total: 0,
-            pending: Vec::new(),
+            pending: BinaryHeap::new(),
             pending_total: 0,
         }
     }
@@ -402,7 +543,10 @@ impl<'a> Join<'a> {
         }
     }
 
-    /// Adds one failure to its cause group.
+    /// Adds one failure to its cause group. The groups kept are the [`MAX_CAUSES`] least by
+    /// key (cause in words, exit type, node): a new key less than the greatest kept evicts
+    /// that group into [`OtherCauses`] (an evicted key never comes back: as many lesser keys
+    /// stay), any other new key past the bound is counted there.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn add_failure(
         &mut self,
@@ -415,74 +559,94 @@ impl<'a> Join<'a> {
     ) {
         let exit_type = chain.worker.as_ref().and_then(|w| w.exit_type.clone());
         let node_id = chain.node.as_ref().map(|n| n.node_id.clone());
-        let key = (chain.cause.clone(), exit_type.clone(), node_id.clone());
+        let key = (chain.cause.clone(), exit_type, node_id);
         let index = match self.cause_index.get(&key) {
             Some(&i) => i,
-            None if self.causes.len() < MAX_CAUSES => {
-                let detail = chain
-                    .worker
-                    .as_ref()
-                    .and_then(|w| w.exit_detail.as_deref())
-                    .map(first_line)
-                    .or_else(|| {
-                        chain
-                            .node
-                            .as_ref()
-                            .and_then(|n| n.death_message.as_deref())
-                            .map(first_line)
-                    })
-                    .or_else(|| error_message.map(last_line))
-                    .filter(|d| !d.is_empty());
-                self.causes.push(CauseGroup {
-                    cause: chain.cause.clone(),
-                    error_type: error_type.map(str::to_string),
-                    exit_type,
-                    node_id,
+            None => {
+                let full = self.causes.len() >= MAX_CAUSES;
+                let lesser = self
+                    .cause_order
+                    .last_key_value()
+                    .is_some_and(|(last, _)| key < *last);
+                if full && !lesser {
+                    self.other_causes.add(example.kind);
+                    return;
+                }
+                let group = CauseGroup {
+                    cause: key.0.clone(),
+                    error_type: None,
+                    exit_type: key.1.clone(),
+                    node_id: key.2.clone(),
                     node_death_reason: chain.node.as_ref().and_then(|n| n.death_reason.clone()),
                     attempts: 0,
                     actors: 0,
                     first_at: None,
                     last_at: None,
-                    detail: detail.map(|d| bounded(&d, MAX_ERROR_MESSAGE_BYTES)),
+                    detail: None,
                     examples: Vec::new(),
                     log_command: None,
                     first_ns: i64::MAX,
-                });
-                self.cause_index.insert(key, self.causes.len() - 1);
-                self.causes.len() - 1
+                    last_ns: i64::MIN,
+                    shown: None,
+                    logged: None,
+                };
+                let i = match full.then(|| self.cause_order.pop_last()).flatten() {
+                    Some((evicted, i)) => {
+                        self.cause_index.remove(&evicted);
+                        let old = std::mem::replace(&mut self.causes[i], group);
+                        self.other_causes.attempts += old.attempts;
+                        self.other_causes.actors += old.actors;
+                        i
+                    }
+                    None => {
+                        self.causes.push(group);
+                        self.causes.len() - 1
+                    }
+                };
+                self.cause_index.insert(key.clone(), i);
+                self.cause_order.insert(key, i);
+                i
             }
-            None => self.causes.len() - 1,
         };
         let g = &mut self.causes[index];
         match example.kind {
             "actor" => g.actors += 1,
             _ => g.attempts += 1,
         }
+        let rank = example.rank();
+        if before(&rank, g.shown.as_ref()) {
+            g.shown = Some(example.owned_rank());
+            g.error_type = error_type.map(str::to_string);
+            g.detail = detail_of(chain, error_message);
+            g.node_death_reason = chain.node.as_ref().and_then(|n| n.death_reason.clone());
+        }
+        if log_command.is_some() && before(&rank, g.logged.as_ref()) {
+            g.logged = Some(example.owned_rank());
+            g.log_command = log_command;
+        }
         if at_ns != NO_TIME {
             if at_ns < g.first_ns {
                 g.first_ns = at_ns;
                 g.first_at = Some(format_time_json(at_ns));
-                if log_command.is_some() {
-                    g.log_command = log_command.clone();
-                }
             }
-            let last = g.last_at.as_deref().and_then(super::filter::parse_time_ns);
-            if last.is_none_or(|l| at_ns > l) {
+            if at_ns > g.last_ns {
+                g.last_ns = at_ns;
                 g.last_at = Some(format_time_json(at_ns));
             }
         }
-        if g.log_command.is_none() {
-            g.log_command = log_command;
-        }
-        // The earliest are kept.
-        g.examples.push(example);
-        if g.examples.len() > MAX_EXAMPLES {
-            g.examples.sort_by_key(|e| (e.at_ns == NO_TIME, e.at_ns));
+        // The least by rank are kept, in order.
+        let room = g.examples.len() < MAX_EXAMPLES;
+        if room || g.examples.last().is_some_and(|l| rank < l.rank()) {
+            let at = g.examples.partition_point(|e| e.rank() < rank);
+            g.examples.insert(at, example);
             g.examples.truncate(MAX_EXAMPLES);
         }
     }
 
-    /// Sees one attempt that did not end: unfinished, and maybe hung.
+    /// Sees one attempt that did not end: unfinished, and maybe hung. The groups kept are
+    /// the [`MAX_CAUSES`] least by (state, job, node) in words (evicted as in
+    /// [`Join::add_failure`]); `unfinished_total` counts every attempt. The pending list
+    /// keeps the `list_limit` longest pending: least by (pending since, task id, attempt).
     pub(super) fn add_unfinished(&mut self, key: &AttemptKey, t: &TaskState, symbols: &Symbols) {
         let state = t.state(symbols);
         // A driver's own "task" stays RUNNING while its job lives: the job says it.
@@ -499,36 +663,31 @@ impl<'a> Join<'a> {
         } else {
             t.node
         };
-        let k = (t.latest_state, t.job, node_sym);
-        let room = self.unfinished.len() < MAX_CAUSES;
-        match self.unfinished.get_mut(&k) {
-            Some(v) => v.count += 1,
-            None if room => {
-                let job = symbols.owned(t.job);
-                let node = symbols.owned(node_sym).or_else(|| {
-                    let w = symbols.get(t.worker)?;
-                    self.workers.get(w)?.node_id.clone()
-                });
-                let reason = self.unfinished_reason(job.as_deref(), node.as_deref());
-                self.unfinished.insert(
-                    k,
-                    Unfinished {
-                        state: state.to_string(),
-                        job_id: job,
-                        node_id: node,
-                        count: 1,
-                        reason,
-                    },
-                );
-            }
-            None => {}
+        let workers = self.workers;
+        let worker_node = if node_sym.is_none() {
+            symbols
+                .get(t.worker)
+                .and_then(|w| workers.get(w))
+                .and_then(|w| w.node_id.as_deref())
+        } else {
+            None
+        };
+        let k = (t.latest_state, t.job, node_sym, worker_node);
+        match self.unfinished_index.get(&k) {
+            Some(&i) => self.unfinished[i].count += 1,
+            None => self.new_unfinished(k, state, symbols),
         }
         if is_pending(state) {
             let since = (t.latest_ns != NO_TIME).then_some(t.latest_ns);
             let pending_for = since.zip(self.last_event_ns).map(|(s, e)| e - s);
-            if pending_for.is_some_and(|p| p >= self.pending_after_ns) {
+            if let Some((since, pending_for)) =
+                since.zip(pending_for.filter(|p| *p >= self.pending_after_ns))
+            {
                 self.pending_total += 1;
-                if self.pending.len() < self.list_limit {
+                let rank = (since, *key);
+                let wanted = self.pending.len() < self.list_limit
+                    || self.pending.peek().is_some_and(|top| rank < top.rank);
+                if wanted {
                     let resources = symbols.owned(t.resources);
                     let offers = self.alive_offers();
                     self.pending.push(PendingTask {
@@ -537,16 +696,68 @@ impl<'a> Join<'a> {
                         name: symbols.owned(t.name),
                         job_id: symbols.owned(t.job),
                         state: state.to_string(),
-                        since: since.map(format_time_json),
-                        pending_seconds: pending_for.map(|p| p as f64 / 1e9),
+                        since: Some(format_time_json(since)),
+                        pending_seconds: Some(pending_for as f64 / 1e9),
                         unsatisfiable: resources.as_deref().and_then(|r| {
                             unsatisfiable(parse_resources(r).into_iter(), &offers, "")
                         }),
                         resources,
+                        rank,
                     });
+                    if self.pending.len() > self.list_limit {
+                        self.pending.pop();
+                    }
                 }
             }
         }
+    }
+
+    /// The first attempt of an unfinished group's key `k` seen: a new group, another key
+    /// of a group that reads alike, an eviction, or counted only in the total.
+    fn new_unfinished(&mut self, k: UnfinishedKey<'a>, state: &str, symbols: &Symbols) {
+        let job = symbols.get(k.1);
+        let node = symbols.get(k.2).or(k.3);
+        let text = (state, job, node);
+        let full = self.unfinished.len() >= MAX_CAUSES;
+        let lesser_or_equal = self
+            .unfinished_order
+            .last_key_value()
+            .is_some_and(|(last, _)| {
+                text <= (last.0.as_str(), last.1.as_deref(), last.2.as_deref())
+            });
+        if full && !lesser_or_equal {
+            return;
+        }
+        let owned: UnfinishedText = (
+            state.to_string(),
+            job.map(str::to_string),
+            node.map(str::to_string),
+        );
+        if let Some(&i) = self.unfinished_order.get(&owned) {
+            self.unfinished[i].count += 1;
+            self.unfinished_index.insert(k, i);
+            return;
+        }
+        let group = Unfinished {
+            state: state.to_string(),
+            job_id: owned.1.clone(),
+            node_id: owned.2.clone(),
+            count: 1,
+            reason: self.unfinished_reason(job, node),
+        };
+        let i = match full.then(|| self.unfinished_order.pop_last()).flatten() {
+            Some((_, i)) => {
+                self.unfinished_index.retain(|_, at| *at != i);
+                self.unfinished[i] = group;
+                i
+            }
+            None => {
+                self.unfinished.push(group);
+                self.unfinished.len() - 1
+            }
+        };
+        self.unfinished_index.insert(k, i);
+        self.unfinished_order.insert(owned, i);
     }
 
     /// Why attempts on `node` of `job` never ended.
@@ -588,16 +799,20 @@ impl<'a> Join<'a> {
             .collect()
     }
 
-    /// The groups, earliest cause first; the unfinished; the pending tasks.
-    pub(super) fn finish(self) -> (Vec<CauseGroup>, Vec<Unfinished>, u64, Vec<PendingTask>, u64) {
+    /// The groups, earliest cause first (then by key); the unfinished, most attempts first
+    /// (then by state, job, node); the pending tasks, longest pending first (then by task id
+    /// and attempt). The examples are kept in order.
+    pub(super) fn finish(self) -> Joined {
         let mut causes = self.causes;
-        causes.sort_by_key(|g| g.first_ns);
-        for g in &mut causes {
-            g.examples.sort_by(|a, b| {
-                (a.at_ns == NO_TIME, a.at_ns, &a.id).cmp(&(b.at_ns == NO_TIME, b.at_ns, &b.id))
-            });
-        }
-        let mut unfinished: Vec<Unfinished> = self.unfinished.into_values().collect();
+        causes.sort_by(|a, b| {
+            (a.first_ns, &a.cause, &a.exit_type, &a.node_id).cmp(&(
+                b.first_ns,
+                &b.cause,
+                &b.exit_type,
+                &b.node_id,
+            ))
+        });
+        let mut unfinished = self.unfinished;
         unfinished.sort_by(|a, b| {
             (std::cmp::Reverse(a.count), &a.state, &a.job_id, &a.node_id).cmp(&(
                 std::cmp::Reverse(b.count),
@@ -606,15 +821,14 @@ impl<'a> Join<'a> {
                 &b.node_id,
             ))
         });
-        let mut pending = self.pending;
-        pending.sort_by(|a, b| a.since.cmp(&b.since));
-        (
+        Joined {
             causes,
+            other_causes: self.other_causes,
             unfinished,
-            self.unfinished_total,
-            pending,
-            self.pending_total,
-        )
+            unfinished_total: self.unfinished_total,
+            pending: self.pending.into_sorted_vec(),
+            pending_total: self.pending_total,
+        }
     }
 }
 
@@ -697,6 +911,7 @@ pub(super) fn hung_placement_groups(
 
 #[cfg(test)]
 mod tests {
+    use super::super::task::CompactId;
     use super::*;
 
     #[test]
@@ -803,7 +1018,7 @@ mod tests {
             },
             None,
         );
-        let (groups, ..) = join.finish();
+        let groups = join.finish().causes;
         assert_eq!(groups.len(), 2);
         assert_eq!(groups[0].attempts, MAX_EXAMPLES as u64 + 5);
         assert_eq!(groups[0].detail.as_deref(), Some("Error: x"));
@@ -825,6 +1040,217 @@ mod tests {
         assert_eq!(
             unsatisfiable(parse_resources("CPU: 3").into_iter(), &[&a, &b], ""),
             None
+        );
+    }
+
+    /// The orders the tests feed the same items in: as given, reversed, and interleaved.
+    fn orders<T: Clone>(items: &[T]) -> Vec<Vec<T>> {
+        let reversed = items.iter().rev().cloned().collect();
+        let mut interleaved: Vec<T> = items.iter().skip(1).step_by(2).cloned().collect();
+        interleaved.extend(items.iter().step_by(2).cloned());
+        vec![items.to_vec(), reversed, interleaved]
+    }
+
+    /// One failure: (cause's error type, node, time, task id, attempt, message, log).
+    type Failure = (&'static str, String, i64, String, i64, String, bool);
+
+    fn fold_failures(failures: &[Failure]) -> (String, OtherCauses) {
+        let (workers, nodes, finished) = Default::default();
+        let mut join = Join::new(&workers, &nodes, &finished, None, 0, 10);
+        for (error_type, node, at, id, attempt, message, logged) in failures {
+            let chain = join.chain(Some(error_type), None, Some(node));
+            join.add_failure(
+                &chain,
+                Some(error_type),
+                Some(message),
+                *at,
+                CauseExample {
+                    kind: if *attempt < 0 { "actor" } else { "task" },
+                    id: id.clone(),
+                    attempt: (*attempt >= 0).then_some(*attempt),
+                    name: Some(format!("f{id}")),
+                    job_id: None,
+                    failed_at: (*at != NO_TIME).then(|| format_time_json(*at)),
+                    at_ns: *at,
+                },
+                logged.then(|| format!("log of {id}")),
+            );
+        }
+        let joined = join.finish();
+        let json = serde_json::to_string_pretty(&joined.causes).unwrap();
+        (json, joined.other_causes)
+    }
+
+    /// Examples, detail, error type, log command and the groups past [`MAX_CAUSES`] are the
+    /// same whatever order the failures come in (review f56d: 3,000 failures at one time
+    /// gave other examples on each run).
+    #[test]
+    fn cause_groups_are_the_same_in_any_order() {
+        let mut failures: Vec<Failure> = Vec::new();
+        // One cause, many failures at one time, with their own messages, some without a
+        // log command, an attempt and an actor of the same id, one without a time.
+        for i in 0..(3 * MAX_EXAMPLES as i64) {
+            let message = format!("Traceback\nError: number {i}");
+            failures.push((
+                "NODE_DIED",
+                "n0".into(),
+                1_000,
+                format!("{i:04}"),
+                i % 3,
+                message,
+                i % 4 != 1,
+            ));
+        }
+        failures.push((
+            "NODE_DIED",
+            "n0".into(),
+            1_000,
+            "0007".into(),
+            -1,
+            "actor".into(),
+            true,
+        ));
+        failures.push((
+            "NODE_DIED",
+            "n0".into(),
+            NO_TIME,
+            "0000".into(),
+            9,
+            "late".into(),
+            true,
+        ));
+        // More causes than are kept: a node each, at one time, two failures each.
+        for n in 0..(MAX_CAUSES as i64 + 20) {
+            for a in 0..2 {
+                failures.push((
+                    "NODE_DIED",
+                    format!("n{n:03}"),
+                    5_000,
+                    format!("x{n}"),
+                    a,
+                    "gone".into(),
+                    true,
+                ));
+            }
+        }
+        let outcomes: Vec<(String, OtherCauses)> =
+            orders(&failures).iter().map(|f| fold_failures(f)).collect();
+        for o in &outcomes[1..] {
+            assert_eq!(o.1, outcomes[0].1);
+            assert!(o.0 == outcomes[0].0, "{}\n---\n{}", o.0, outcomes[0].0);
+        }
+        let groups: Vec<Value> = serde_json::from_str(&outcomes[0].0).unwrap();
+        assert_eq!(groups.len(), MAX_CAUSES);
+        let first = &groups[0];
+        assert_eq!(first["attempts"], 3 * MAX_EXAMPLES as u64 + 1);
+        assert_eq!(first["actors"], 1);
+        let ids: Vec<(&str, Value)> = first["examples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["id"].as_str().unwrap(), e["attempt"].clone()))
+            .collect();
+        assert_eq!(ids.len(), MAX_EXAMPLES);
+        assert_eq!(
+            ids[0],
+            ("0007", Value::Null),
+            "by time, then an actor before a task"
+        );
+        assert_eq!(ids[1], ("0000", Value::from(0)), "then by id");
+        assert_eq!(ids[9], ("0008", Value::from(2)));
+        assert_eq!(first["detail"], "actor");
+        assert_eq!(first["log_command"], "log of 0007");
+        // The groups kept are the least by (cause, exit type, node): n0, then n000..n098.
+        assert_eq!(first["node_id"], "n0");
+        assert_eq!(groups.last().unwrap()["node_id"], "n098");
+        let other = outcomes[0].1;
+        assert_eq!(
+            other,
+            OtherCauses {
+                attempts: 2 * 21,
+                actors: 0
+            }
+        );
+    }
+
+    /// One attempt left unfinished: (state, job, node, since, task id).
+    type Left = (&'static str, String, &'static str, i64, u8);
+
+    fn fold_unfinished(attempts: &[Left]) -> (String, u64, String, u64) {
+        let (workers, nodes, finished) = Default::default();
+        let mut join = Join::new(&workers, &nodes, &finished, Some(100_000), 10, 5);
+        let mut symbols = Symbols::default();
+        for (state, job, node, since, id) in attempts {
+            let t = TaskState {
+                latest_state: symbols.intern(Some(state)),
+                latest_ns: *since,
+                job: symbols.intern(Some(job)),
+                node: symbols.intern(Some(node)),
+                known: true,
+                ..TaskState::default()
+            };
+            let key = AttemptKey {
+                id: CompactId::from_hex(&format!("{id:02x}")).unwrap(),
+                attempt: 0,
+            };
+            join.add_unfinished(&key, &t, &symbols);
+        }
+        let joined = join.finish();
+        (
+            serde_json::to_string_pretty(&joined.unfinished).unwrap(),
+            joined.unfinished_total,
+            serde_json::to_string_pretty(&joined.pending).unwrap(),
+            joined.pending_total,
+        )
+    }
+
+    /// The unfinished groups kept past [`MAX_CAUSES`] and the pending list past its limit are
+    /// the same whatever order the attempts come in (and their symbols are numbered in).
+    #[test]
+    fn unfinished_and_pending_are_the_same_in_any_order() {
+        let mut attempts: Vec<Left> = Vec::new();
+        for j in 0..(MAX_CAUSES + 30) {
+            attempts.push(("RUNNING", format!("{j:04x}"), "n1", 50_000, (j % 200) as u8));
+        }
+        // Pending since one time, more than the list holds; and one pending longer.
+        for i in 0..12u8 {
+            attempts.push((
+                "PENDING_NODE_ASSIGNMENT",
+                "ffff".into(),
+                "n2",
+                60_000,
+                200 + i,
+            ));
+        }
+        attempts.push(("PENDING_NODE_ASSIGNMENT", "fffe".into(), "n2", 70_000, 255));
+        let outcomes: Vec<_> = orders(&attempts)
+            .iter()
+            .map(|a| fold_unfinished(a))
+            .collect();
+        for o in &outcomes[1..] {
+            assert!(o == &outcomes[0], "{o:?}\n---\n{:?}", outcomes[0]);
+        }
+        let (unfinished, total, pending, pending_total) = &outcomes[0];
+        assert_eq!(*total, attempts.len() as u64);
+        let groups: Vec<Value> = serde_json::from_str(unfinished).unwrap();
+        assert_eq!(groups.len(), MAX_CAUSES);
+        assert_eq!(groups[0]["count"], 12, "most attempts first");
+        // "PENDING…" < "RUNNING": both pending groups are kept, then jobs 0000.. by text.
+        assert_eq!(groups[2]["job_id"], "0000");
+        assert_eq!(
+            groups.last().unwrap()["job_id"],
+            format!("{:04x}", MAX_CAUSES - 3)
+        );
+        let pending: Vec<Value> = serde_json::from_str(pending).unwrap();
+        assert_eq!(*pending_total, 13);
+        let ids: Vec<&str> = pending
+            .iter()
+            .map(|p| p["task_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            ids,
+            ["c8", "c9", "ca", "cb", "cc"],
+            "longest pending, then task id"
         );
     }
 }

@@ -240,6 +240,7 @@ pub(crate) async fn session_report(
         failed_tasks_total: 0,
         failed_tasks: Vec::new(),
         failure_causes: Vec::new(),
+        failure_causes_other: Default::default(),
         worker_deaths_total: 0,
         worker_deaths: Vec::new(),
         session_end: Default::default(),

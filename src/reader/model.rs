@@ -34,12 +34,25 @@ pub(super) fn transition_order(t: &Transition) -> (i64, u8) {
     (t.time_ns.unwrap_or(i64::MIN), state_rank(&t.state))
 }
 
-/// Keeps `slot` at the later of itself and `t`.
-pub(super) fn keep_latest<T: Clone>(slot: &mut Option<(Transition, T)>, t: &Transition, extra: &T) {
-    if slot
-        .as_ref()
-        .is_none_or(|(cur, _)| transition_order(t) > transition_order(cur))
-    {
+/// Keeps `slot` at the later of itself and `t`. Two of one time and rank (events that
+/// disagree) are told apart by their whole text, the least kept, so that the read order
+/// does not choose (review r56d D3); such ties are rare, so the text is built only for them.
+pub(super) fn keep_latest<T: Clone + std::fmt::Debug>(
+    slot: &mut Option<(Transition, T)>,
+    t: &Transition,
+    extra: &T,
+) {
+    let later = match slot.as_ref() {
+        None => true,
+        Some((cur, cur_extra)) => match transition_order(t).cmp(&transition_order(cur)) {
+            std::cmp::Ordering::Greater => true,
+            std::cmp::Ordering::Less => false,
+            std::cmp::Ordering::Equal => {
+                format!("{t:?}{extra:?}") < format!("{cur:?}{cur_extra:?}")
+            }
+        },
+    };
+    if later {
         *slot = Some((t.clone(), extra.clone()));
     }
 }
@@ -48,6 +61,17 @@ pub(super) fn keep_latest<T: Clone>(slot: &mut Option<(Transition, T)>, t: &Tran
 pub(super) fn fill<T>(slot: &mut Option<T>, value: Option<T>) {
     if slot.is_none() {
         *slot = value;
+    }
+}
+
+/// Keeps in `slot` the least of itself and `value`: for what a node's, an actor's or a
+/// worker's events should agree on, so that events that do not (an inconsistent or hostile
+/// bucket) give the same report in whatever order they are read (review r56d D3).
+pub(super) fn fill_least<T: Ord>(slot: &mut Option<T>, value: Option<T>) {
+    if let Some(v) = value {
+        if slot.as_ref().is_none_or(|cur| v < *cur) {
+            *slot = Some(v);
+        }
     }
 }
 
@@ -275,9 +299,9 @@ impl SessionModel {
                 started_ns,
             } => {
                 let n = self.nodes.entry(node_id).or_default();
-                fill(&mut n.ip, ip);
-                fill(&mut n.hostname, hostname);
-                fill(&mut n.started_ns, started_ns);
+                fill_least(&mut n.ip, ip);
+                fill_least(&mut n.hostname, hostname);
+                fill_least(&mut n.started_ns, started_ns);
             }
             Body::NodeLifecycle {
                 node_id,
@@ -296,9 +320,9 @@ impl SessionModel {
                 transition,
             } => {
                 let n = self.nodes.entry(node_id).or_default();
-                fill(&mut n.ip, ip);
-                fill(&mut n.is_head, is_head);
-                fill(&mut n.started_ns, started_ns);
+                fill_least(&mut n.ip, ip);
+                fill_least(&mut n.is_head, is_head);
+                fill_least(&mut n.started_ns, started_ns);
                 absorb_node_transition(n, transition);
             }
             Body::DriverJobDefinition {
@@ -392,9 +416,9 @@ impl SessionModel {
                 name,
             } => {
                 let a = self.actors.entry(actor_id).or_default();
-                fill(&mut a.job_id, job_id);
-                fill(&mut a.class_name, class_name);
-                fill(&mut a.name, name);
+                fill_least(&mut a.job_id, job_id);
+                fill_least(&mut a.class_name, class_name);
+                fill_least(&mut a.name, name);
             }
             Body::ActorLifecycle {
                 actor_id,
@@ -413,9 +437,9 @@ impl SessionModel {
                 transition,
             } => {
                 let a = self.actors.entry(actor_id).or_default();
-                fill(&mut a.job_id, job_id);
-                fill(&mut a.class_name, class_name);
-                fill(&mut a.name, name);
+                fill_least(&mut a.job_id, job_id);
+                fill_least(&mut a.class_name, class_name);
+                fill_least(&mut a.name, name);
                 absorb_actor_transition(a, transition);
             }
             Body::WorkerDefinition {
@@ -425,9 +449,9 @@ impl SessionModel {
                 worker_type,
             } => {
                 let w = self.workers.entry(worker_id).or_default();
-                fill(&mut w.node_id, node_id);
-                fill(&mut w.pid, pid);
-                fill(&mut w.worker_type, worker_type);
+                fill_least(&mut w.node_id, node_id);
+                fill_least(&mut w.pid, pid);
+                fill_least(&mut w.worker_type, worker_type);
                 if let (Some(node), Some(t)) = (&w.node_id, fact.time_ns) {
                     let n = self.nodes.entry(node.clone()).or_default();
                     heard(n, t);
@@ -439,7 +463,7 @@ impl SessionModel {
                 transitions,
             } => {
                 let w = self.workers.entry(worker_id).or_default();
-                fill(&mut w.job_id, job_id);
+                fill_least(&mut w.job_id, job_id);
                 for t in transitions {
                     if let Some(at) = t.state.time_ns {
                         if let Some(node) = &w.node_id {
@@ -449,7 +473,17 @@ impl SessionModel {
                             w.alive_ns = Some(w.alive_ns.map_or(at, |cur| cur.min(at)));
                         }
                     }
-                    if t.state.state == "DEAD" && w.death.is_none() {
+                    // The earliest death (then the least exit type and detail), in any
+                    // read order.
+                    let earlier = |d: &(Option<i64>, Option<String>, Option<String>)| {
+                        (
+                            t.state.time_ns.is_none(),
+                            t.state.time_ns,
+                            &t.exit_type,
+                            &t.exit_detail,
+                        ) < (d.0.is_none(), d.0, &d.1, &d.2)
+                    };
+                    if t.state.state == "DEAD" && w.death.as_ref().is_none_or(earlier) {
                         w.death =
                             Some((t.state.time_ns, t.exit_type.clone(), t.exit_detail.clone()));
                     }
@@ -595,6 +629,66 @@ mod tests {
     fn submission(status: &str) -> serde_json::Value {
         serde_json::json!({"source_type": "EXPORT_SUBMISSION_JOB",
             "event_data": {"submission_job_id": "raysubmit_1", "status": status}})
+    }
+
+    /// A worker's events that disagree (two nodes, two pids, two deaths) give one worker in
+    /// any read order (review r56d D3: the first read won).
+    #[test]
+    fn a_workers_conflicting_events_give_one_worker_in_any_order() {
+        use super::super::extract::WorkerTransition;
+        let definition = |node: &str, pid: i64| Fact {
+            event_id: None,
+            event_type: "WORKER_DEFINITION_EVENT".into(),
+            time_ns: Some(1),
+            seq: 0,
+            body: Body::WorkerDefinition {
+                worker_id: "w".into(),
+                node_id: Some(node.into()),
+                pid: Some(pid),
+                worker_type: Some("WORKER".into()),
+            },
+        };
+        let death = |exit: &str| Fact {
+            event_id: None,
+            event_type: "WORKER_LIFECYCLE_EVENT".into(),
+            time_ns: Some(5),
+            seq: 0,
+            body: Body::WorkerLifecycle {
+                worker_id: "w".into(),
+                job_id: Some("01000000".into()),
+                transitions: vec![WorkerTransition {
+                    state: Transition {
+                        state: "DEAD".into(),
+                        time_ns: Some(5),
+                    },
+                    exit_type: Some(exit.into()),
+                    exit_detail: None,
+                }],
+            },
+        };
+        let facts = || {
+            vec![
+                definition("node-b", 502),
+                death("SYSTEM_ERROR"),
+                definition("node-a", 501),
+                death("NODE_OUT_OF_MEMORY"),
+            ]
+        };
+        let worker = |facts: Vec<Fact>| {
+            let mut m = SessionModel::new(None, TaskStore::new(None));
+            for (i, f) in facts.into_iter().enumerate() {
+                m.absorb(i, f);
+            }
+            format!("{:?}", m.workers["w"])
+        };
+        let forward = worker(facts());
+        let backward = worker(facts().into_iter().rev().collect());
+        assert_eq!(forward, backward);
+        assert!(
+            forward.contains("node-a") && forward.contains("501"),
+            "{forward}"
+        );
+        assert!(forward.contains("NODE_OUT_OF_MEMORY"), "{forward}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::causes::{
     hung_placement_groups, node_link, unexpected_node_death, CauseExample, CauseGroup, Chain,
-    Hangs, Join, SessionEnd, UnfinishedJob, WorkerDeath, WorkerLink,
+    Hangs, Join, OtherCauses, SessionEnd, UnfinishedJob, WorkerDeath, WorkerLink,
 };
 use super::coverage::Coverage;
 use super::extract::{JobConfig, SubmissionJob, TrainWorker};
@@ -69,8 +69,11 @@ pub(crate) struct SessionReport {
     pub(crate) tasks: TaskCounts,
     pub(crate) failed_tasks_total: u64,
     pub(crate) failed_tasks: Vec<FailedTaskEntry>,
-    /// Failed attempts and actors grouped by cause, earliest first (`causes.rs`).
+    /// Failed attempts and actors grouped by cause, earliest first (`causes.rs`): the
+    /// `MAX_CAUSES` (100) least by (cause, exit type, node).
     pub(crate) failure_causes: Vec<CauseGroup>,
+    /// Failed attempts and actors of the causes past those (zero when none).
+    pub(crate) failure_causes_other: OtherCauses,
     pub(crate) worker_deaths_total: u64,
     pub(crate) worker_deaths: Vec<WorkerDeath>,
     pub(crate) session_end: SessionEnd,
@@ -351,6 +354,8 @@ pub(crate) struct Problems {
     /// reload's with the index held's).
     #[serde(skip)]
     pub(crate) coverage: Coverage,
+    /// The least [`MAX_PROBLEM_DETAILS`] by (key, error), in that order: the same whatever
+    /// order the objects are read in.
     pub(crate) details: Vec<ProblemDetail>,
 }
 
@@ -387,12 +392,24 @@ impl Problems {
     }
 
     pub(crate) fn note(&mut self, key: &str, error: &str) {
-        if self.details.len() < MAX_PROBLEM_DETAILS {
-            self.details.push(ProblemDetail {
-                key: escape_name(key),
-                error: escape_text(error),
-            });
+        self.keep(ProblemDetail {
+            key: escape_name(key),
+            error: escape_text(error),
+        });
+    }
+
+    /// Keeps `d` if it is among the least [`MAX_PROBLEM_DETAILS`] by (key, error).
+    fn keep(&mut self, d: ProblemDetail) {
+        fn rank(p: &ProblemDetail) -> (&str, &str) {
+            (&p.key, &p.error)
         }
+        let full = self.details.len() >= MAX_PROBLEM_DETAILS;
+        if full && self.details.last().is_none_or(|l| rank(&d) >= rank(l)) {
+            return;
+        }
+        let at = self.details.partition_point(|p| rank(p) <= rank(&d));
+        self.details.insert(at, d);
+        self.details.truncate(MAX_PROBLEM_DETAILS);
     }
 
     /// The entries the local bucket skipped (their keys already escaped).
@@ -400,12 +417,10 @@ impl Problems {
         let (skipped, more) = skips.take();
         self.skipped_entries += skipped.len() as u64 + more;
         for (key, reason) in skipped {
-            if self.details.len() < MAX_PROBLEM_DETAILS {
-                self.details.push(ProblemDetail {
-                    key,
-                    error: reason.to_string(),
-                });
-            }
+            self.keep(ProblemDetail {
+                key,
+                error: reason.to_string(),
+            });
         }
     }
 
@@ -427,7 +442,8 @@ fn add_state(by_state: &mut BTreeMap<String, u64>, state: &str, n: u64) {
     }
 }
 
-/// A failed attempt's row, ranked by (failure time, attempt): the earliest are listed.
+/// A failed attempt's row, ranked by (failure time, none last; task id; attempt), a total
+/// order: the least `--failed-limit` are listed, whatever order the attempts come in.
 struct Ranked(i64, AttemptKey, FailedTaskEntry);
 
 impl PartialEq for Ranked {
@@ -478,6 +494,19 @@ fn failed_entry(
             .owned(t.worker)
             .or_else(|| symbols.owned(t.exec_worker)),
     }
+}
+
+/// The hash of a (job, state) pair of symbols, for the last pass's counts: the pair as one
+/// number through splitmix64's finalizer, a bijection whose every output bit depends on
+/// every input bit. Symbols are numbered by the reader in order, so no bucket can choose
+/// colliding ones. (The pair times an odd constant left the low bits, which pick a table's
+/// bucket, to the state alone: every job of one state probed one run, and 100,000 jobs
+/// took 5 s, review r56b.)
+fn pair_hash(job: u32, state: u32) -> u64 {
+    let mut z = (u64::from(job) << 32 | u64::from(state)).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Turns the merged model into report entries; `visit` sees every task attempt once.
@@ -572,11 +601,9 @@ pub(super) fn shape_report(
         // Counted by (job, state) symbol, their texts kept the first time (a lookup of two
         // numbers rather than of three texts in ordered maps, per attempt); summed below.
         let next = tallies.len();
-        // The pair as one number, times an odd constant (a bijection): its own hash. Symbols
-        // are numbered by the reader in order, so no bucket can choose colliding ones.
-        let pair = (u64::from(t.job.0) << 32 | u64::from(t.latest_state.0))
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let at = *tally_index.entry(pair).or_insert(next);
+        let at = *tally_index
+            .entry(pair_hash(t.job.0, t.latest_state.0))
+            .or_insert(next);
         if at == next {
             tallies.push((job.map(str::to_string), state.to_string(), 0));
         }
@@ -761,8 +788,9 @@ pub(super) fn shape_report(
             )),
         );
     }
-    let (causes, unfinished, unfinished_total, pending, pending_total) = join.finish();
-    report.failure_causes = causes;
+    let joined = join.finish();
+    report.failure_causes = joined.causes;
+    report.failure_causes_other = joined.other_causes;
 
     // Workers that died other than by intent.
     let mut deaths: Vec<WorkerDeath> = workers
@@ -798,7 +826,8 @@ pub(super) fn shape_report(
             })
         })
         .collect();
-    deaths.sort_by_key(|d| d.died_ns);
+    // The earliest are listed: by (death time, none last; worker id), a total order.
+    deaths.sort_by(|a, b| (a.died_ns, &a.worker_id).cmp(&(b.died_ns, &b.worker_id)));
     report.worker_deaths_total = deaths.len() as u64;
     deaths.truncate(failed_limit);
     report.worker_deaths = deaths;
@@ -830,8 +859,8 @@ pub(super) fn shape_report(
                 ),
             })
             .collect(),
-        tasks_unfinished: unfinished,
-        tasks_unfinished_total: unfinished_total,
+        tasks_unfinished: joined.unfinished,
+        tasks_unfinished_total: joined.unfinished_total,
     };
 
     // What hung.
@@ -846,8 +875,8 @@ pub(super) fn shape_report(
             .as_ref()
             .map(|(_, v)| hung_placement_groups(v, &nodes))
             .unwrap_or_default(),
-        pending_tasks: pending,
-        pending_tasks_total: pending_total,
+        pending_tasks: joined.pending,
+        pending_tasks_total: joined.pending_total,
     };
 
     let mut attempts_by_run: BTreeMap<String, Vec<(String, TrainAttemptModel)>> = BTreeMap::new();
@@ -1048,4 +1077,53 @@ pub(super) fn status_history(mut points: Vec<StatusPoint>) -> Vec<StatusEntry> {
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+
+    /// Jobs of one state spread over a table's buckets: the low bits of their hashes differ
+    /// (the multiplied pair gave 1 value of 1,024 here, and a quadratic last pass).
+    #[test]
+    fn pairs_of_one_state_spread_over_the_low_bits() {
+        let low: std::collections::HashSet<u64> =
+            (0..1024u32).map(|job| pair_hash(job, 3) & 1023).collect();
+        assert!(low.len() > 600, "{}", low.len());
+        let pairs: std::collections::HashSet<u64> = (0..64u32)
+            .flat_map(|job| (0..64u32).map(move |state| pair_hash(job, state)))
+            .collect();
+        assert_eq!(pairs.len(), 64 * 64);
+    }
+    use super::*;
+
+    /// The problem details kept past their bound are the same whatever order the objects
+    /// are read in: the least by (key, error), in that order.
+    #[test]
+    fn problem_details_are_the_same_in_any_order() {
+        let notes: Vec<(String, String)> = (0..MAX_PROBLEM_DETAILS + 50)
+            .map(|i| {
+                (
+                    format!("s/n/{:04}", (i * 7919) % 1000),
+                    format!("bad {}", i % 3),
+                )
+            })
+            .collect();
+        let kept = |notes: &mut dyn Iterator<Item = &(String, String)>| {
+            let mut p = Problems::default();
+            for (key, error) in notes {
+                p.note(key, error);
+            }
+            p.details
+                .iter()
+                .map(|d| format!("{} {}", d.key, d.error))
+                .collect::<Vec<_>>()
+        };
+        let forward = kept(&mut notes.iter());
+        assert_eq!(forward, kept(&mut notes.iter().rev()));
+        assert_eq!(forward.len(), MAX_PROBLEM_DETAILS);
+        let mut sorted = forward.clone();
+        sorted.sort();
+        assert_eq!(forward, sorted);
+        assert_eq!(forward[0], "s/n/0000 bad 0");
+    }
 }

@@ -612,15 +612,42 @@ impl Default for TaskState {
     }
 }
 
-fn fill<T>(slot: &mut Option<T>, value: Option<T>) {
-    if slot.is_none() {
+/// Keeps in `slot` the least of itself and `value`, an absent value counting as none:
+/// events of one attempt that disagree (an inconsistent or hostile bucket) then give the
+/// same state in whatever order they are read (review r56b D1).
+fn fill<T: Ord>(slot: &mut Option<T>, value: Option<T>) {
+    if let Some(v) = value {
+        if slot.as_ref().is_none_or(|cur| v < *cur) {
+            *slot = Some(v);
+        }
+    }
+}
+
+/// [`fill`] for symbols, by their texts (symbols are numbered in the order they were read).
+fn fill_sym(slot: &mut Sym, value: Sym, symbols: &Symbols) {
+    if value.is_none() || *slot == value {
+        return;
+    }
+    if slot.is_none() || symbols.get(value) < symbols.get(*slot) {
         *slot = value;
     }
 }
 
-fn fill_sym(slot: &mut Sym, value: Sym) {
-    if slot.is_none() {
-        *slot = value;
+/// Whether the error `a` holds is kept over the one `b` holds: one of a FAILED event's
+/// before one seen elsewhere, any before none, then the least by type and message.
+fn error_before(a: &TaskExtra, b: &TaskExtra) -> bool {
+    let has = |e: &TaskExtra| e.error_type.is_some() || e.error_message.is_some();
+    if !has(a) {
+        return false;
+    }
+    let rank = |e: &TaskExtra| (e.error_from_failed, has(e));
+    match rank(a).cmp(&rank(b)) {
+        std::cmp::Ordering::Greater => true,
+        std::cmp::Ordering::Less => false,
+        std::cmp::Ordering::Equal => {
+            (a.error_type.as_deref(), a.error_message.as_deref())
+                < (b.error_type.as_deref(), b.error_message.as_deref())
+        }
     }
 }
 
@@ -657,13 +684,24 @@ impl TaskState {
             ..TaskState::default()
         };
         if !s.worker.is_none() && !s.node.is_none() {
-            symbols.worker_nodes.entry(s.worker).or_insert(s.node);
+            // The least node by text when events name two (review r56d D1: the first read).
+            let node = s.node;
+            match symbols.worker_nodes.get(&s.worker).copied() {
+                Some(cur) if cur == node || symbols.get(cur) < symbols.get(node) => {}
+                _ => {
+                    symbols.worker_nodes.insert(s.worker, node);
+                }
+            }
         }
         let mut failed_here = false;
         for t in d.transitions.iter() {
             let time = t.time_ns.unwrap_or(NO_TIME);
             let rank = state_rank(&t.state);
-            if s.latest_state.is_none() || (time, rank) > (s.latest_ns, s.latest_rank) {
+            let later = s.latest_state.is_none()
+                || (time, rank) > (s.latest_ns, s.latest_rank)
+                || ((time, rank) == (s.latest_ns, s.latest_rank)
+                    && Some(&*t.state) < symbols.get(s.latest_state));
+            if later {
                 s.latest_ns = time;
                 s.latest_rank = rank;
                 s.latest_state = match &t.state {
@@ -700,11 +738,19 @@ impl TaskState {
         s
     }
 
-    /// Merges `other` (read later) into `self`.
-    pub(super) fn merge(&mut self, other: TaskState) {
+    /// Merges `other` into `self`. The result does not depend on the order states are
+    /// merged in (review r56b D1: an attempt failed three times with three messages showed
+    /// whichever was read last): the latest transition (ties by rank, then by the state's
+    /// text), the first times, the least of two different texts, ids and pids, the earliest
+    /// profiled execution, and the error of a FAILED event before any other (the least by
+    /// type and message between two of one kind), its type and message kept together.
+    pub(super) fn merge(&mut self, other: TaskState, symbols: &Symbols) {
         if !other.latest_state.is_none()
             && (self.latest_state.is_none()
-                || (other.latest_ns, other.latest_rank) > (self.latest_ns, self.latest_rank))
+                || (other.latest_ns, other.latest_rank) > (self.latest_ns, self.latest_rank)
+                || ((other.latest_ns, other.latest_rank) == (self.latest_ns, self.latest_rank)
+                    && other.latest_state != self.latest_state
+                    && symbols.get(other.latest_state) < symbols.get(self.latest_state)))
         {
             self.latest_ns = other.latest_ns;
             self.latest_rank = other.latest_rank;
@@ -712,18 +758,29 @@ impl TaskState {
         }
         self.running_ns = min_time(self.running_ns, other.running_ns);
         self.failed_ns = min_time(self.failed_ns, other.failed_ns);
-        if self.exec_start == NO_TIME && other.exec_start != NO_TIME {
+        if other.exec_start != NO_TIME
+            && (self.exec_start == NO_TIME
+                || (
+                    other.exec_start,
+                    other.exec_end,
+                    symbols.get(other.exec_worker),
+                ) < (
+                    self.exec_start,
+                    self.exec_end,
+                    symbols.get(self.exec_worker),
+                ))
+        {
             self.exec_start = other.exec_start;
             self.exec_end = other.exec_end;
             self.exec_worker = other.exec_worker;
         }
-        fill_sym(&mut self.job, other.job);
-        fill_sym(&mut self.name, other.name);
-        fill_sym(&mut self.task_type, other.task_type);
-        fill_sym(&mut self.node, other.node);
-        fill_sym(&mut self.worker, other.worker);
-        fill_sym(&mut self.resources, other.resources);
-        if self.pid == 0 {
+        fill_sym(&mut self.job, other.job, symbols);
+        fill_sym(&mut self.name, other.name, symbols);
+        fill_sym(&mut self.task_type, other.task_type, symbols);
+        fill_sym(&mut self.node, other.node, symbols);
+        fill_sym(&mut self.worker, other.worker, symbols);
+        fill_sym(&mut self.resources, other.resources, symbols);
+        if other.pid != 0 && (self.pid == 0 || other.pid < self.pid) {
             self.pid = other.pid;
         }
         self.known |= other.known;
@@ -732,15 +789,10 @@ impl TaskState {
             (slot @ None, Some(o)) => *slot = Some(o),
             (Some(mine), Some(o)) => {
                 let o = *o;
-                let has_error = o.error_type.is_some() || o.error_message.is_some();
-                // The FAILED event's error wins over one seen elsewhere.
-                if has_error
-                    && (o.error_from_failed
-                        || (mine.error_type.is_none() && mine.error_message.is_none()))
-                {
-                    mine.error_type = o.error_type.or(mine.error_type.take());
-                    mine.error_message = o.error_message.or(mine.error_message.take());
-                    mine.error_from_failed |= o.error_from_failed;
+                if error_before(&o, mine) {
+                    mine.error_type = o.error_type;
+                    mine.error_message = o.error_message;
+                    mine.error_from_failed = o.error_from_failed;
                 }
                 match (&mut mine.log, o.log) {
                     (_, None) => {}
@@ -852,7 +904,7 @@ impl TaskStore {
             return spill.write(&key, &state);
         }
         match self.map.get_mut(&key) {
-            Some(cur) => cur.merge(state),
+            Some(cur) => cur.merge(state, &self.symbols),
             None => {
                 self.map.insert(key, state);
                 if self.map.len() >= MAX_ATTEMPTS_IN_MEMORY {
@@ -906,7 +958,7 @@ impl TaskStore {
                     let mut reader = BufReader::with_capacity(SPILL_BUFFER_BYTES, file);
                     while let Some((k, s)) = read_record(&mut reader)? {
                         match map.get_mut(&k) {
-                            Some(cur) => cur.merge(s),
+                            Some(cur) => cur.merge(s, &self.symbols),
                             None => {
                                 map.insert(k, s);
                             }
@@ -1013,6 +1065,60 @@ mod tests {
         assert_eq!(CompactId::from_hex("zz"), None);
     }
 
+    /// Three events of one attempt that disagree on everything give one state whatever the
+    /// order they are merged in (review r56b D1: the error message read last won).
+    #[test]
+    fn conflicting_events_merge_to_one_state_in_any_order() {
+        let mut symbols = Symbols::default();
+        let mut budget = ErrorBudget::default();
+        let mut states = Vec::new();
+        for (i, (node, worker, message, ns)) in [
+            ("AQID", "BAUG", "version 2", 9),
+            ("AAAA", "BwgJ", "version 0", 9),
+            ("AQID", "BwgJ", "version 1", 7),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut d = delta("AQID", vec![t("FAILED", ns)]);
+            d.name = Some(format!("name-{i}").as_str().into());
+            d.node = Some(CompactId::parse(node));
+            d.worker = Some(CompactId::parse(worker));
+            d.pid = Some(100 - i as i64);
+            d.exec = Some((ns, ns + 1, Some(CompactId::parse(worker))));
+            d.error = Some((
+                Some("TASK_EXECUTION_EXCEPTION".into()),
+                Some(message.into()),
+            ));
+            states.push(TaskState::from_delta(
+                &mut d,
+                &mut symbols,
+                false,
+                &mut budget,
+            ));
+        }
+        let orders = [
+            [0, 1, 2],
+            [0, 2, 1],
+            [1, 0, 2],
+            [1, 2, 0],
+            [2, 0, 1],
+            [2, 1, 0],
+        ];
+        let merged: Vec<String> = orders
+            .iter()
+            .map(|order| {
+                let mut s = states[order[0]].clone();
+                for &i in &order[1..] {
+                    s.merge(states[i].clone(), &symbols);
+                }
+                format!("{s:?}")
+            })
+            .collect();
+        assert!(merged.iter().all(|m| *m == merged[0]), "{merged:#?}");
+        assert!(merged[0].contains("version 0"), "{}", merged[0]);
+    }
+
     #[test]
     fn merge_is_order_free_and_survives_the_spill_format() {
         let mut symbols = Symbols::default();
@@ -1029,9 +1135,9 @@ mod tests {
         let sa = TaskState::from_delta(&mut a, &mut symbols, true, &mut budget);
         let sb = TaskState::from_delta(&mut b, &mut symbols, true, &mut budget);
         let mut ab = sa.clone();
-        ab.merge(sb.clone());
+        ab.merge(sb.clone(), &symbols);
         let mut ba = sb.clone();
-        ba.merge(sa.clone());
+        ba.merge(sa.clone(), &symbols);
         for s in [&ab, &ba] {
             assert_eq!(s.state(&symbols), "FAILED");
             assert_eq!((s.running_ns, s.failed_ns), (5, 9));
