@@ -217,7 +217,7 @@ fn job_config(p: &Value) -> JobConfig {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct WorkerTransition {
     pub(super) state: Transition,
     /// `deathInfo.exitType` (`SYSTEM_ERROR`, `NODE_OUT_OF_MEMORY`, `INTENDED_USER_EXIT`, ..).
@@ -242,7 +242,7 @@ impl Body {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct NodeTransition {
     pub(super) state: Transition,
     pub(super) resources: Option<BTreeMap<String, f64>>,
@@ -250,7 +250,7 @@ pub(super) struct NodeTransition {
     pub(super) death_message: Option<String>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct ActorTransition {
     pub(super) state: Transition,
     pub(super) node_id: Option<String>,

@@ -34,10 +34,12 @@ pub(super) fn transition_order(t: &Transition) -> (i64, u8) {
     (t.time_ns.unwrap_or(i64::MIN), state_rank(&t.state))
 }
 
-/// Keeps `slot` at the later of itself and `t`. Two of one time and rank (events that
-/// disagree) are told apart by their whole text, the least kept, so that the read order
-/// does not choose (review r56d D3); such ties are rare, so the text is built only for them.
-pub(super) fn keep_latest<T: Clone + std::fmt::Debug>(
+/// Keeps `slot` at the later of itself and `t`. Two different ones of one time and rank
+/// (events that disagree) are told apart by their whole text, the least kept, so that the
+/// read order does not choose (review r56d D3). Equal ones (Ray repeats a transition in
+/// later lifecycle events) are common and cost a comparison; different ones are rare, so
+/// the text is built only for them.
+pub(super) fn keep_latest<T: Clone + PartialEq + std::fmt::Debug>(
     slot: &mut Option<(Transition, T)>,
     t: &Transition,
     extra: &T,
@@ -47,6 +49,7 @@ pub(super) fn keep_latest<T: Clone + std::fmt::Debug>(
         Some((cur, cur_extra)) => match transition_order(t).cmp(&transition_order(cur)) {
             std::cmp::Ordering::Greater => true,
             std::cmp::Ordering::Less => false,
+            std::cmp::Ordering::Equal if t == cur && extra == cur_extra => false,
             std::cmp::Ordering::Equal => {
                 format!("{t:?}{extra:?}") < format!("{cur:?}{cur_extra:?}")
             }
