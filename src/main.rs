@@ -6,7 +6,7 @@
 //! shutdown deadline passed with files left in the spool for the next start, or files were
 //! left that the spool could not place. `inspect`: 0 done, 1 an error; with
 //! `--compare-runs`, 0 the settings are equal, 1 they differ, 2 an error (a bad flag is 2
-//! everywhere); 143 or 130 stopped by SIGTERM or SIGINT (its temporary files removed).
+//! everywhere).
 
 use std::process::ExitCode;
 
@@ -179,12 +179,7 @@ fn inspect(args: ray_history_collector::cli::InspectArgs) -> ExitCode {
             return ExitCode::from(error_exit);
         }
     };
-    let run = ray_history_collector::inspect::run(args, &env_var);
-    let result = match runtime.block_on(until_a_signal(run)) {
-        Ok(result) => result,
-        Err(code) => return ExitCode::from(code),
-    };
-    match result {
+    match runtime.block_on(ray_history_collector::inspect::run(args, &env_var)) {
         Ok(Outcome::Done | Outcome::SameSettings) => ExitCode::SUCCESS,
         Ok(Outcome::SettingsDiffer) => ExitCode::from(1),
         Ok(Outcome::NotCompared) => ExitCode::from(COMPARE_ERROR_EXIT),
@@ -192,26 +187,6 @@ fn inspect(args: ray_history_collector::cli::InspectArgs) -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::from(error_exit)
         }
-    }
-}
-
-/// Runs `run` to its end, or until SIGTERM or SIGINT: then `run` is dropped, which removes
-/// what it keeps on disk (a big session's spill files in `TMPDIR`, review r56a D2: a killed
-/// `inspect` left 60-80 MB of them), and the exit code is the shell's for that signal (143,
-/// 130). A signal arriving during the report's last pass is acted on when the pass ends.
-/// Without the handlers, the signals keep their default (the process ends at once).
-async fn until_a_signal<T>(run: impl std::future::Future<Output = T>) -> Result<T, u8> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return Ok(run.await);
-    };
-    tokio::select! {
-        result = run => Ok(result),
-        _ = term.recv() => Err(143),
-        _ = int.recv() => Err(130),
     }
 }
 

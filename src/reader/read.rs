@@ -41,7 +41,7 @@ use super::extract::Fact;
 use super::filter::TimeWindow;
 use super::limits::{
     open_file_limit, CONTENT_LIMITS, FDS_KEPT_FREE, MAX_DECODERS, MAX_OPEN_OBJECTS,
-    READ_CONCURRENCY,
+    MIN_SPILL_FILES, READ_CONCURRENCY,
 };
 use super::model::SessionModel;
 use super::report::{ObjectStats, Problems};
@@ -269,9 +269,10 @@ pub(super) async fn read_objects(
 }
 
 /// How many objects may be open at once: [`MAX_OPEN_OBJECTS`], fewer under a low
-/// open-file limit (at least one: a limit too low for that fails with its own error).
+/// open-file limit, which leaves room for the files kept free and the fewest spill files
+/// (at least one: a limit too low for that fails with its own error).
 fn open_objects_budget() -> usize {
-    let spare = open_file_limit().saturating_sub(FDS_KEPT_FREE);
+    let spare = open_file_limit().saturating_sub(FDS_KEPT_FREE + MIN_SPILL_FILES as u64);
     usize::try_from(spare)
         .unwrap_or(usize::MAX)
         .clamp(1, MAX_OPEN_OBJECTS)

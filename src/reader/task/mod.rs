@@ -14,13 +14,12 @@
 //! session's size; the disk holds about 100 bytes per attempt for the time of the run.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::io::BufReader;
 
 mod spill;
 
 use self::spill::{read_record, SpillFiles, SPILL_BUFFER_BYTES};
-use super::limits::{open_file_limit, FDS_KEPT_FREE, MAX_OPEN_OBJECTS};
+use super::limits::{open_file_limit, FDS_KEPT_FREE, MAX_OPEN_OBJECTS, MIN_SPILL_FILES};
 use super::values::{state_rank, Transition};
 use crate::util::dedup::PassThrough;
 
@@ -32,8 +31,7 @@ pub(super) const MAX_ATTEMPTS_IN_MEMORY: usize = 200_000;
 /// 2 MiB) stays in the CPU's caches while the file is read back, where a table of 100,000
 /// attempts missed them on nearly every record.
 const ATTEMPTS_PER_SPILL_FILE: u64 = 16_384;
-/// Fewest and most spill files; each holds a write buffer while the session is read.
-const MIN_SPILL_FILES: usize = 8;
+/// Most spill files; each holds a write buffer while the session is read.
 const MAX_SPILL_FILES: usize = 512;
 /// Distinct strings (names, states, ids of jobs, nodes and workers) remembered; past this
 /// a value reads as [`OVERFLOW_TEXT`]: hostile input cannot grow the table without bound.
@@ -943,18 +941,16 @@ impl TaskStore {
                     visit(k, s, &self.symbols);
                 }
             }
-            Some(mut spill) => {
-                // `spill` removes its directory when dropped, after the loop. Each file is
-                // read into a table of its own, sized for every record of the file a new
-                // attempt (up to four times the attempts aimed at per file: records of one
-                // attempt many times over must not size a table) so that it seldom grows
-                // while it is filled, and small enough ([`ATTEMPTS_PER_SPILL_FILE`]) to stay
-                // in the CPU's caches.
-                for (path, records) in spill.finish()? {
+            Some(spill) => {
+                // Each file (already unlinked: closed, it is gone) is read into a table of
+                // its own, sized for every record of the file a new attempt (up to four
+                // times the attempts aimed at per file: records of one attempt many times
+                // over must not size a table) so that it seldom grows while it is filled,
+                // and small enough ([`ATTEMPTS_PER_SPILL_FILE`]) to stay in the CPU's caches.
+                for (file, records) in spill.finish()? {
                     let room = records.min(4 * ATTEMPTS_PER_SPILL_FILE) as usize;
                     let mut map: IdMap<AttemptKey, TaskState> =
                         IdMap::with_capacity_and_hasher(room, Default::default());
-                    let file = File::open(&path)?;
                     let mut reader = BufReader::with_capacity(SPILL_BUFFER_BYTES, file);
                     while let Some((k, s)) = read_record(&mut reader)? {
                         match map.get_mut(&k) {
@@ -964,7 +960,7 @@ impl TaskStore {
                             }
                         }
                     }
-                    let _ = std::fs::remove_file(&path);
+                    drop(reader);
                     for (k, s) in &map {
                         visit(k, s, &self.symbols);
                     }
