@@ -88,7 +88,9 @@ pub(super) struct NodeModel {
     /// The first ALIVE transition, when no start time was given.
     pub(super) alive_ns: Option<i64>,
     pub(super) latest: Option<(Transition, NodeTransition)>,
+    /// The resources of the latest transition that gave any (review r56f E1: the last read).
     pub(super) resources: Option<BTreeMap<String, f64>>,
+    pub(super) resources_given: Option<(Transition, BTreeMap<String, f64>)>,
     pub(super) ended_ns: Option<i64>,
     /// The latest time an event speaks of this node (its transitions, its workers', the task
     /// transitions on it): when it was last heard of.
@@ -132,8 +134,12 @@ pub(super) struct ActorModel {
     pub(super) class_name: Option<String>,
     pub(super) name: Option<String>,
     pub(super) latest: Option<(Transition, ActorTransition)>,
+    /// Where it runs: the node and pid of the latest transition that named them (review
+    /// r56f E2: an actor restarted on another node showed the last read).
     pub(super) node_id: Option<String>,
     pub(super) pid: Option<i64>,
+    pub(super) node_given: Option<(Transition, String)>,
+    pub(super) pid_given: Option<(Transition, i64)>,
     /// First ALIVE and last DEAD transition (its lifetime on the timeline).
     pub(super) alive_ns: Option<i64>,
     pub(super) dead_ns: Option<i64>,
@@ -150,6 +156,9 @@ pub(super) struct WorkerModel {
     pub(super) latest: Option<(Transition, WorkerTransition)>,
     /// The DEAD transition: (time, exit type, exit detail).
     pub(super) death: Option<(Option<i64>, Option<String>, Option<String>)>,
+    /// The latest time of its transitions, for its node's "last heard of" once the node is
+    /// known (review r56f E3: lifecycle events read before the definition were lost to it).
+    pub(super) last_ns: Option<i64>,
 }
 
 /// A status report of a Train run or attempt, ordered by (time, object, position).
@@ -455,9 +464,11 @@ impl SessionModel {
                 fill_least(&mut w.node_id, node_id);
                 fill_least(&mut w.pid, pid);
                 fill_least(&mut w.worker_type, worker_type);
-                if let (Some(node), Some(t)) = (&w.node_id, fact.time_ns) {
-                    let n = self.nodes.entry(node.clone()).or_default();
-                    heard(n, t);
+                if let Some(node) = &w.node_id {
+                    let latest = fact.time_ns.into_iter().chain(w.last_ns).max();
+                    if let Some(t) = latest {
+                        heard(self.nodes.entry(node.clone()).or_default(), t);
+                    }
                 }
             }
             Body::WorkerLifecycle {
@@ -469,6 +480,7 @@ impl SessionModel {
                 fill_least(&mut w.job_id, job_id);
                 for t in transitions {
                     if let Some(at) = t.state.time_ns {
+                        w.last_ns = Some(w.last_ns.map_or(at, |cur| cur.max(at)));
                         if let Some(node) = &w.node_id {
                             heard(self.nodes.entry(node.clone()).or_default(), at);
                         }
@@ -566,7 +578,8 @@ pub(super) fn absorb_node_transition(n: &mut NodeModel, t: NodeTransition) {
             if r.contains_key("node:__internal_head__") {
                 n.is_head = Some(true);
             }
-            n.resources = Some(r.clone());
+            keep_latest(&mut n.resources_given, &t.state, r);
+            n.resources = n.resources_given.as_ref().map(|(_, r)| r.clone());
         }
     }
     let state = t.state.clone();
@@ -582,11 +595,13 @@ pub(super) fn absorb_actor_transition(a: &mut ActorModel, t: ActorTransition) {
         }
     }
     if t.state.state == "ALIVE" || t.node_id.is_some() {
-        if t.node_id.is_some() {
-            a.node_id = t.node_id.clone();
+        if let Some(node) = &t.node_id {
+            keep_latest(&mut a.node_given, &t.state, node);
+            a.node_id = a.node_given.as_ref().map(|(_, n)| n.clone());
         }
-        if t.pid.is_some() {
-            a.pid = t.pid;
+        if let Some(pid) = t.pid {
+            keep_latest(&mut a.pid_given, &t.state, &pid);
+            a.pid = a.pid_given.as_ref().map(|(_, p)| *p);
         }
     }
     let state = t.state.clone();
@@ -632,6 +647,105 @@ mod tests {
     fn submission(status: &str) -> serde_json::Value {
         serde_json::json!({"source_type": "EXPORT_SUBMISSION_JOB",
             "event_data": {"submission_job_id": "raysubmit_1", "status": status}})
+    }
+
+    /// What the latest transition says wins in any read order (review r56f): a node's
+    /// resources, an actor's node and pid after a restart, and a node last heard of through a
+    /// worker whose lifecycle is read before its definition.
+    #[test]
+    fn the_latest_transition_wins_in_any_read_order() {
+        use super::super::extract::{ActorTransition, NodeTransition, WorkerTransition};
+        let at = |state: &str, ns: i64| Transition {
+            state: state.to_string().into(),
+            time_ns: Some(ns),
+        };
+        let fact = |ns: i64, body: Body| Fact {
+            event_id: None,
+            event_type: "X".into(),
+            time_ns: Some(ns),
+            seq: 0,
+            body,
+        };
+        let node = |ns: i64, cpu: f64| {
+            fact(
+                ns,
+                Body::NodeLifecycle {
+                    node_id: "n".into(),
+                    transitions: vec![NodeTransition {
+                        state: at("ALIVE", ns),
+                        resources: Some([("CPU".to_string(), cpu)].into()),
+                        death_reason: None,
+                        death_message: None,
+                    }],
+                },
+            )
+        };
+        let actor = |ns: i64, state: &str, node: Option<&str>, pid: Option<i64>| {
+            fact(
+                ns,
+                Body::ActorLifecycle {
+                    actor_id: "a".into(),
+                    transitions: vec![ActorTransition {
+                        state: at(state, ns),
+                        node_id: node.map(str::to_string),
+                        pid,
+                        death_reason: None,
+                        death_message: None,
+                    }],
+                },
+            )
+        };
+        let facts = || {
+            vec![
+                node(1, 2.0),
+                node(9, 23.0),
+                node(5, 4.0),
+                actor(1, "ALIVE", Some("node-a"), Some(100)),
+                actor(3, "RESTARTING", None, None),
+                actor(5, "ALIVE", Some("node-b"), Some(300)),
+                fact(
+                    59,
+                    Body::WorkerLifecycle {
+                        worker_id: "w".into(),
+                        job_id: None,
+                        transitions: vec![WorkerTransition {
+                            state: at("DEAD", 59),
+                            exit_type: None,
+                            exit_detail: None,
+                        }],
+                    },
+                ),
+                fact(
+                    40,
+                    Body::WorkerDefinition {
+                        worker_id: "w".into(),
+                        node_id: Some("node-w".into()),
+                        pid: None,
+                        worker_type: None,
+                    },
+                ),
+            ]
+        };
+        let seen = |facts: Vec<Fact>| {
+            let mut m = SessionModel::new(None, TaskStore::new(None));
+            for (i, f) in facts.into_iter().enumerate() {
+                m.absorb(i, f);
+            }
+            (
+                m.nodes["n"].resources.clone(),
+                m.actors["a"].node_id.clone(),
+                m.actors["a"].pid,
+                m.nodes["node-w"].last_heard_ns,
+            )
+        };
+        let forward = seen(facts());
+        assert_eq!(forward, seen(facts().into_iter().rev().collect()));
+        assert_eq!(forward.0, Some([("CPU".to_string(), 23.0)].into()));
+        assert_eq!(
+            (forward.1.as_deref(), forward.2),
+            (Some("node-b"), Some(300))
+        );
+        assert_eq!(forward.3, Some(59));
     }
 
     /// A worker's events that disagree (two nodes, two pids, two deaths) give one worker in
