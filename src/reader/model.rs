@@ -156,8 +156,8 @@ pub(super) struct WorkerModel {
     pub(super) latest: Option<(Transition, WorkerTransition)>,
     /// The DEAD transition: (time, exit type, exit detail).
     pub(super) death: Option<(Option<i64>, Option<String>, Option<String>)>,
-    /// The latest time of its transitions, for its node's "last heard of" once the node is
-    /// known (review r56f E3: lifecycle events read before the definition were lost to it).
+    /// The latest time of its events, for its node's "last heard of", given once every
+    /// event is read ([`SessionModel::heard_of_workers`]).
     pub(super) last_ns: Option<i64>,
 }
 
@@ -265,6 +265,19 @@ impl SessionModel {
             self.absorb(object, fact);
         }
         self.ids_ahead = ahead;
+    }
+
+    /// Gives each worker's node the latest time of the worker's events, once every event is
+    /// read and the worker's node is settled: applied as events came, it went to whichever
+    /// node the worker was named on so far, and lifecycle events read before the definition
+    /// were lost (reviews r56f E3, r56g F1: a worker named on two nodes left a node row and
+    /// last-heard times that varied between runs).
+    pub(super) fn heard_of_workers(&mut self) {
+        for w in self.workers.values() {
+            if let (Some(node), Some(t)) = (&w.node_id, w.last_ns) {
+                heard(self.nodes.entry(node.clone()).or_default(), t);
+            }
+        }
     }
 
     /// Takes one fact of object number `object` (objects are numbered in hour order).
@@ -464,11 +477,9 @@ impl SessionModel {
                 fill_least(&mut w.node_id, node_id);
                 fill_least(&mut w.pid, pid);
                 fill_least(&mut w.worker_type, worker_type);
-                if let Some(node) = &w.node_id {
-                    let latest = fact.time_ns.into_iter().chain(w.last_ns).max();
-                    if let Some(t) = latest {
-                        heard(self.nodes.entry(node.clone()).or_default(), t);
-                    }
+                // Its node hears of it once every event is read (`heard_of_workers`).
+                if let Some(t) = fact.time_ns {
+                    w.last_ns = Some(w.last_ns.map_or(t, |cur| cur.max(t)));
                 }
             }
             Body::WorkerLifecycle {
@@ -481,9 +492,6 @@ impl SessionModel {
                 for t in transitions {
                     if let Some(at) = t.state.time_ns {
                         w.last_ns = Some(w.last_ns.map_or(at, |cur| cur.max(at)));
-                        if let Some(node) = &w.node_id {
-                            heard(self.nodes.entry(node.clone()).or_default(), at);
-                        }
                         if t.state.state == "ALIVE" {
                             w.alive_ns = Some(w.alive_ns.map_or(at, |cur| cur.min(at)));
                         }
@@ -731,6 +739,7 @@ mod tests {
             for (i, f) in facts.into_iter().enumerate() {
                 m.absorb(i, f);
             }
+            m.heard_of_workers();
             (
                 m.nodes["n"].resources.clone(),
                 m.actors["a"].node_id.clone(),
@@ -796,7 +805,13 @@ mod tests {
             for (i, f) in facts.into_iter().enumerate() {
                 m.absorb(i, f);
             }
-            format!("{:?}", m.workers["w"])
+            m.heard_of_workers();
+            // Only the node kept hears of the worker (review r56g F1).
+            format!(
+                "{:?} {:?}",
+                m.workers["w"],
+                m.nodes.keys().collect::<Vec<_>>()
+            )
         };
         let forward = worker(facts());
         let backward = worker(facts().into_iter().rev().collect());
@@ -806,6 +821,7 @@ mod tests {
             "{forward}"
         );
         assert!(forward.contains("NODE_OUT_OF_MEMORY"), "{forward}");
+        assert!(!forward.contains("node-b"), "{forward}");
     }
 
     #[test]

@@ -516,6 +516,8 @@ pub(super) fn shape_report(
     failed_limit: usize,
     visit: &mut dyn FnMut(&AttemptKey, &TaskState, &Symbols),
 ) -> std::io::Result<()> {
+    let mut model = model;
+    model.heard_of_workers();
     let SessionModel {
         job_filter,
         mut nodes,
