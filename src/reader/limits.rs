@@ -16,9 +16,7 @@ pub(super) const MAX_OPEN_OBJECTS: usize = READ_CONCURRENCY + MAX_DECODERS;
 /// Open files left to everything else under a low open-file limit: stdio, the runtime,
 /// the bucket directory and a listing, connections.
 pub(super) const FDS_KEPT_FREE: u64 = 16;
-/// Fewest spill files of a big session's task attempts, all open while it is read: the
-/// objects being read leave room for them (review r56c E4: under `ulimit -n 20`, objects took
-/// every descriptor the spill files needed and every open was retried for minutes).
+/// Fewest spill files of a big session's task attempts, all open while it is read.
 pub(super) const MIN_SPILL_FILES: usize = 8;
 
 /// The process's soft limit of open files (`ulimit -n`); unlimited when it cannot be read.

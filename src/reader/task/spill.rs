@@ -14,6 +14,7 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Seek, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{AttemptKey, CompactId, LogInfo, Sym, TaskExtra, TaskState};
 use crate::util::dedup::PassThroughHasher;
@@ -21,61 +22,81 @@ use crate::util::dedup::PassThroughHasher;
 /// Write (and read) buffer of each spill file.
 pub(super) const SPILL_BUFFER_BYTES: usize = 16 << 10;
 
-/// K spill files, already unlinked: they live as long as this.
+/// Spill files open in this process (all sessions being read), for the next spill's count.
+static FILES_OPEN: AtomicU64 = AtomicU64::new(0);
+
+/// How many spill files this process has open.
+pub(super) fn files_open() -> u64 {
+    FILES_OPEN.load(Ordering::Relaxed)
+}
+
+/// A count of open spill files, given back when dropped (after the last file is closed).
+#[derive(Debug)]
+pub(super) struct OpenCount(u64);
+
+impl OpenCount {
+    fn take(n: u64) -> OpenCount {
+        FILES_OPEN.fetch_add(n, Ordering::Relaxed);
+        OpenCount(n)
+    }
+}
+
+impl Drop for OpenCount {
+    fn drop(&mut self) {
+        FILES_OPEN.fetch_sub(self.0, Ordering::Relaxed);
+    }
+}
+
+/// K spill files, already unlinked or never named: they live as long as this.
 #[derive(Debug)]
 pub(super) struct SpillFiles {
     writers: Vec<BufWriter<File>>,
     /// Records written to each file: the reader sizes its map by it.
     records: Vec<u64>,
+    count: OpenCount,
+}
+
+/// A file in `dir` that never has a name (`O_TMPFILE`): nothing for a kill to leave behind
+/// (review r56e F3). `None` where the filesystem cannot make one.
+#[cfg(target_os = "linux")]
+fn unnamed_file(dir: &std::path::Path) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .mode(0o600)
+        .open(dir)
+        .ok()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn unnamed_file(_dir: &std::path::Path) -> Option<File> {
+    None
 }
 
 impl SpillFiles {
+    /// `n` spill files in `TMPDIR`: unnamed ones where the filesystem can, else named in a
+    /// private directory and unlinked at once (with the directory): a kill in between is
+    /// then the only moment a name exists.
     pub(super) fn create(n: usize) -> std::io::Result<SpillFiles> {
+        let count = OpenCount::take(n as u64);
         let base = std::env::temp_dir();
-        let mut dir = None;
-        for i in 0..100u32 {
-            let candidate = base.join(format!(
-                "rhc-inspect-{}-{}-{i}",
-                std::process::id(),
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.subsec_nanos())
-                    .unwrap_or(0)
-            ));
-            match std::fs::create_dir(&candidate) {
-                Ok(()) => {
-                    dir = Some(candidate);
-                    break;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        let dir = dir.ok_or_else(|| std::io::Error::other("no free temp directory name"))?;
         let mut writers = Vec::with_capacity(n);
-        let mut made = Ok(());
-        for i in 0..n {
-            let path = dir.join(format!("attempts-{i}.bin"));
-            let opened = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(&path);
-            match opened.and_then(|f| std::fs::remove_file(&path).map(|()| f)) {
-                Ok(f) => writers.push(BufWriter::with_capacity(SPILL_BUFFER_BYTES, f)),
-                Err(e) => {
-                    // A file created but not unlinked is removed with the directory below.
-                    let _ = std::fs::remove_file(&path);
-                    made = Err(e);
-                    break;
-                }
+        while writers.len() < n {
+            match unnamed_file(&base) {
+                Some(f) => writers.push(BufWriter::with_capacity(SPILL_BUFFER_BYTES, f)),
+                None => break,
             }
         }
-        let _ = std::fs::remove_dir(&dir);
-        made?;
+        if writers.len() < n {
+            let more = n - writers.len();
+            named_then_unlinked(&base, more, &mut writers)?;
+        }
         Ok(SpillFiles {
             writers,
             records: vec![0; n],
+            count,
         })
     }
 
@@ -90,8 +111,8 @@ impl SpillFiles {
     }
 
     /// Flushes the files and gives them back, each at its start, to be read once, with the
-    /// number of records written to each.
-    pub(super) fn finish(self) -> std::io::Result<Vec<(File, u64)>> {
+    /// number of records written to each, and their count (to be dropped once they are).
+    pub(super) fn finish(self) -> std::io::Result<(Vec<(File, u64)>, OpenCount)> {
         let mut files = Vec::with_capacity(self.writers.len());
         for (w, records) in self.writers.into_iter().zip(self.records) {
             let mut f = w
@@ -100,8 +121,57 @@ impl SpillFiles {
             f.rewind()?;
             files.push((f, records));
         }
-        Ok(files)
+        Ok((files, self.count))
     }
+}
+
+/// `n` more spill files named in a private directory of `base`, each unlinked as soon as it
+/// is created and the directory removed after: where `O_TMPFILE` is not supported.
+fn named_then_unlinked(
+    base: &std::path::Path,
+    n: usize,
+    writers: &mut Vec<BufWriter<File>>,
+) -> std::io::Result<()> {
+    let mut dir = None;
+    for i in 0..100u32 {
+        let candidate = base.join(format!(
+            "rhc-inspect-{}-{}-{i}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0)
+        ));
+        match std::fs::create_dir(&candidate) {
+            Ok(()) => {
+                dir = Some(candidate);
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    let dir = dir.ok_or_else(|| std::io::Error::other("no free temp directory name"))?;
+    let mut made = Ok(());
+    for i in 0..n {
+        let path = dir.join(format!("attempts-{i}.bin"));
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path);
+        match opened.and_then(|f| std::fs::remove_file(&path).map(|()| f)) {
+            Ok(f) => writers.push(BufWriter::with_capacity(SPILL_BUFFER_BYTES, f)),
+            Err(e) => {
+                // A file created but not unlinked goes before the directory below.
+                let _ = std::fs::remove_file(&path);
+                made = Err(e);
+                break;
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(&dir);
+    made
 }
 
 fn put_u32(w: &mut impl Write, v: u32) -> std::io::Result<()> {
