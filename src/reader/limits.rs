@@ -19,6 +19,20 @@ pub(super) const FDS_KEPT_FREE: u64 = 16;
 /// Fewest spill files of a big session's task attempts, all open while it is read.
 pub(super) const MIN_SPILL_FILES: usize = 8;
 
+/// Sessions this process may read at once: 1 for `inspect`; `serve` says how many it loads
+/// at once ([`set_sessions_read_at_once`]). The open-file limit is shared among them.
+static SESSIONS_READ_AT_ONCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// Says how many sessions this process may read at once (at least 1).
+pub(crate) fn set_sessions_read_at_once(n: u64) {
+    SESSIONS_READ_AT_ONCE.store(n.max(1), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// How many sessions this process may read at once.
+pub(super) fn sessions_read_at_once() -> u64 {
+    SESSIONS_READ_AT_ONCE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The process's soft limit of open files (`ulimit -n`); unlimited when it cannot be read.
 pub(super) fn open_file_limit() -> u64 {
     let mut limit = std::mem::MaybeUninit::<libc::rlimit>::uninit();

@@ -105,6 +105,7 @@ mod error;
 mod extract;
 pub(crate) mod filter;
 mod limits;
+pub(crate) use limits::set_sessions_read_at_once;
 mod load;
 pub(crate) mod local;
 pub(crate) mod logs;

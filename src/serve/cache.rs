@@ -232,6 +232,8 @@ fn key_of(bucket: &OpenBucket, m: &SessionMarker) -> String {
 
 impl SessionCache {
     pub fn new(budget: u64) -> SessionCache {
+        // Loads and the reload share the process's open files (review r56e F1).
+        crate::reader::set_sessions_read_at_once(MAX_CONCURRENT_LOADS as u64 + 1);
         SessionCache {
             budget,
             inner: Mutex::new(Inner::default()),

@@ -19,7 +19,9 @@ use std::io::BufReader;
 mod spill;
 
 use self::spill::{read_record, SpillFiles, SPILL_BUFFER_BYTES};
-use super::limits::{open_file_limit, FDS_KEPT_FREE, MAX_OPEN_OBJECTS, MIN_SPILL_FILES};
+use super::limits::{
+    open_file_limit, sessions_read_at_once, FDS_KEPT_FREE, MAX_OPEN_OBJECTS, MIN_SPILL_FILES,
+};
 use super::values::{state_rank, Transition};
 use crate::util::dedup::PassThrough;
 
@@ -33,6 +35,9 @@ pub(super) const MAX_ATTEMPTS_IN_MEMORY: usize = 200_000;
 /// took six times main's descriptors: two sessions loading at once in `serve` failed under
 /// `ulimit -n` 128 to 192 where main's did not (review r56e F1).
 const ATTEMPTS_PER_SPILL_FILE: u64 = 32_768;
+/// Attempts per spill file before, when a table of 100,000 missed the caches: under a tight
+/// open-file limit the files are never fewer than this gave, which fitted where it did.
+const ATTEMPTS_PER_SPILL_FILE_BEFORE: u64 = 100_000;
 /// Most spill files; each holds a write buffer while the session is read.
 const MAX_SPILL_FILES: usize = 512;
 /// Distinct strings (names, states, ids of jobs, nodes and workers) remembered; past this
@@ -859,17 +864,19 @@ const MAX_SPENT_DELTAS: usize = 8192;
 
 /// How many spill files for `expected` attempts: one per [`ATTEMPTS_PER_SPILL_FILE`] with
 /// half as many again of room, between [`MIN_SPILL_FILES`] and [`MAX_SPILL_FILES`], and no
-/// more than the open-file limit `nofile` leaves once the objects being read and the files
-/// kept for everything else have theirs, and the other sessions being read in this process
-/// (`serve` loads several at once) hold the `in_use` spill files they have (all spill files
-/// are open while a session is read: review r56a D1, 81 files at 1,000,000 events failed
-/// where `ulimit -n` was 64; r56e F1, two loads at once).
-/// Fewer files only make each one's table larger.
-fn spill_files(expected: f64, nofile: u64, in_use: u64) -> usize {
-    let wanted = ((expected * 1.5) as u64 / ATTEMPTS_PER_SPILL_FILE).saturating_add(1);
-    let room = nofile.saturating_sub(FDS_KEPT_FREE + MAX_OPEN_OBJECTS as u64 + in_use);
-    let files = wanted
-        .min(room)
+/// more than this session's share of the open-file limit `nofile` among the `reads` sessions
+/// the process may read at once, once the objects being read and the files kept for
+/// everything else have theirs (all spill files are open while a session is read: review
+/// r56a D1, 81 files at 1,000,000 events failed where `ulimit -n` was 64; r56e F1, two
+/// sessions loading at once in `serve`). Never fewer than one per
+/// [`ATTEMPTS_PER_SPILL_FILE_BEFORE`], the count that fitted before: fewer files only make
+/// each one's table larger.
+fn spill_files(expected: f64, nofile: u64, reads: u64) -> usize {
+    let per = |attempts: u64| ((expected * 1.5) as u64 / attempts).saturating_add(1);
+    let reads = reads.max(1);
+    let share = nofile.saturating_sub(FDS_KEPT_FREE + reads * MAX_OPEN_OBJECTS as u64) / reads;
+    let files = per(ATTEMPTS_PER_SPILL_FILE)
+        .min(share.max(per(ATTEMPTS_PER_SPILL_FILE_BEFORE)))
         .clamp(MIN_SPILL_FILES as u64, MAX_SPILL_FILES as u64);
     files as usize
 }
@@ -911,7 +918,7 @@ impl TaskStore {
                 self.map.insert(key, state);
                 if self.map.len() >= MAX_ATTEMPTS_IN_MEMORY {
                     let expected = self.map.len() as f64 * (1.0 + growth.max(0.0));
-                    let files = spill_files(expected, open_file_limit(), spill::files_open());
+                    let files = spill_files(expected, open_file_limit(), sessions_read_at_once());
                     let mut spill = SpillFiles::create(files)?;
                     for (k, s) in std::mem::take(&mut self.map) {
                         spill.write(&k, &s)?;
@@ -951,8 +958,7 @@ impl TaskStore {
                 // times the attempts aimed at per file: records of one attempt many times
                 // over must not size a table) so that it seldom grows while it is filled,
                 // and small enough ([`ATTEMPTS_PER_SPILL_FILE`]) to stay in the CPU's caches.
-                let (files, _open) = spill.finish()?;
-                for (file, records) in files {
+                for (file, records) in spill.finish()? {
                     let room = records.min(4 * ATTEMPTS_PER_SPILL_FILE) as usize;
                     let mut map: IdMap<AttemptKey, TaskState> =
                         IdMap::with_capacity_and_hasher(room, Default::default());
@@ -1163,17 +1169,19 @@ mod tests {
     #[test]
     fn spill_files_stay_within_the_open_file_limit() {
         // 1,000,000 events' attempts: 35 files when the limit allows (32,768 attempts each).
-        assert_eq!(spill_files(743_000.0, 1024, 0), 35);
+        assert_eq!(spill_files(743_000.0, 1024, 1), 35);
         // `ulimit -n 64`: what is left after the objects and the spare files (review r56a D1).
-        assert_eq!(spill_files(743_000.0, 64, 0), 32);
-        // Another session's spill files take their share (review r56e F1).
-        assert_eq!(spill_files(743_000.0, 128, 35), 35);
-        assert_eq!(spill_files(743_000.0, 96, 35), 29);
-        assert_eq!(spill_files(743_000.0, 70, 35), MIN_SPILL_FILES);
+        assert_eq!(spill_files(743_000.0, 64, 1), 32);
+        // Three sessions at once (serve): each its share (review r56e F1), never fewer than
+        // 100,000 attempts per file gave (12 here), which fitted before.
+        assert_eq!(spill_files(743_000.0, 128, 3), 21);
+        assert_eq!(spill_files(743_000.0, 80, 3), 12);
+        assert_eq!(spill_files(743_000.0, 1024, 3), 35);
         // Never fewer than the minimum, nor more than the maximum.
-        assert_eq!(spill_files(743_000.0, 20, 0), MIN_SPILL_FILES);
-        assert_eq!(spill_files(200_000.0, 1024, 0), 10);
-        assert_eq!(spill_files(1e12, u64::MAX, 0), MAX_SPILL_FILES);
+        assert_eq!(spill_files(743_000.0, 20, 1), 12);
+        assert_eq!(spill_files(100_000.0, 20, 1), MIN_SPILL_FILES);
+        assert_eq!(spill_files(200_000.0, 1024, 1), 10);
+        assert_eq!(spill_files(1e12, u64::MAX, 1), MAX_SPILL_FILES);
         assert_eq!(spill_files(0.0, 1024, 0), MIN_SPILL_FILES);
     }
 

@@ -14,7 +14,6 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Seek, Write};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{AttemptKey, CompactId, LogInfo, Sym, TaskExtra, TaskState};
 use crate::util::dedup::PassThroughHasher;
@@ -22,38 +21,12 @@ use crate::util::dedup::PassThroughHasher;
 /// Write (and read) buffer of each spill file.
 pub(super) const SPILL_BUFFER_BYTES: usize = 16 << 10;
 
-/// Spill files open in this process (all sessions being read), for the next spill's count.
-static FILES_OPEN: AtomicU64 = AtomicU64::new(0);
-
-/// How many spill files this process has open.
-pub(super) fn files_open() -> u64 {
-    FILES_OPEN.load(Ordering::Relaxed)
-}
-
-/// A count of open spill files, given back when dropped (after the last file is closed).
-#[derive(Debug)]
-pub(super) struct OpenCount(u64);
-
-impl OpenCount {
-    fn take(n: u64) -> OpenCount {
-        FILES_OPEN.fetch_add(n, Ordering::Relaxed);
-        OpenCount(n)
-    }
-}
-
-impl Drop for OpenCount {
-    fn drop(&mut self) {
-        FILES_OPEN.fetch_sub(self.0, Ordering::Relaxed);
-    }
-}
-
 /// K spill files, already unlinked or never named: they live as long as this.
 #[derive(Debug)]
 pub(super) struct SpillFiles {
     writers: Vec<BufWriter<File>>,
     /// Records written to each file: the reader sizes its map by it.
     records: Vec<u64>,
-    count: OpenCount,
 }
 
 /// A file in `dir` that never has a name (`O_TMPFILE`): nothing for a kill to leave behind
@@ -80,7 +53,6 @@ impl SpillFiles {
     /// private directory and unlinked at once (with the directory): a kill in between is
     /// then the only moment a name exists.
     pub(super) fn create(n: usize) -> std::io::Result<SpillFiles> {
-        let count = OpenCount::take(n as u64);
         let base = std::env::temp_dir();
         let mut writers = Vec::with_capacity(n);
         while writers.len() < n {
@@ -96,7 +68,6 @@ impl SpillFiles {
         Ok(SpillFiles {
             writers,
             records: vec![0; n],
-            count,
         })
     }
 
@@ -111,8 +82,8 @@ impl SpillFiles {
     }
 
     /// Flushes the files and gives them back, each at its start, to be read once, with the
-    /// number of records written to each, and their count (to be dropped once they are).
-    pub(super) fn finish(self) -> std::io::Result<(Vec<(File, u64)>, OpenCount)> {
+    /// number of records written to each.
+    pub(super) fn finish(self) -> std::io::Result<Vec<(File, u64)>> {
         let mut files = Vec::with_capacity(self.writers.len());
         for (w, records) in self.writers.into_iter().zip(self.records) {
             let mut f = w
@@ -121,7 +92,7 @@ impl SpillFiles {
             f.rewind()?;
             files.push((f, records));
         }
-        Ok((files, self.count))
+        Ok(files)
     }
 }
 
