@@ -862,27 +862,29 @@ pub(super) type SpentDeltas = Vec<Box<TaskDelta>>;
 /// Boxes of folded deltas kept in [`TaskStore::spent`] at most.
 const MAX_SPENT_DELTAS: usize = 8192;
 
-/// How many spill files for `expected` attempts: one per [`ATTEMPTS_PER_SPILL_FILE`] with
-/// half as many again of room, between [`MIN_SPILL_FILES`] and [`MAX_SPILL_FILES`], and no
-/// more than this session's share of half the open-file limit `nofile` among the `reads` sessions
-/// the process may read at once, once the objects being read and the files kept for
-/// everything else have theirs (all spill files are open while a session is read: review
-/// r56a D1, 81 files at 1,000,000 events failed where `ulimit -n` was 64; r56e F1, two
-/// sessions loading at once in `serve`). Never fewer than one per
+/// How many spill files for `expected` attempts, between [`MIN_SPILL_FILES`] and
+/// [`MAX_SPILL_FILES`] (all are open while the session is read). Read alone (`inspect`,
+/// `reads` 1): one per [`ATTEMPTS_PER_SPILL_FILE`] with half as many again of room, as many
+/// as half the open-file limit `nofile` leaves room for once the objects being read and the
+/// files kept for everything else have theirs (review r56a D1: 81 files at 1,000,000 events
+/// failed where `ulimit -n` was 64), and never fewer than one per
 /// [`ATTEMPTS_PER_SPILL_FILE_BEFORE`], the count that fitted before: fewer files only make
-/// each one's table larger.
+/// each one's table larger. Among several sessions read at once (`serve`), that count
+/// (reviews r56e F1, r56h F1, r56i N1).
 fn spill_files(expected: f64, nofile: u64, reads: u64) -> usize {
     let per = |attempts: u64| ((expected * 1.5) as u64 / attempts).saturating_add(1);
-    let reads = reads.max(1);
-    // Half the limit is left to everything else: `serve`'s connections and listings take
-    // descriptors this cannot count (review r56h F1: at `ulimit -n 128` three sessions' spill
-    // files and objects left 16, and a few idle connections made a load fail).
-    let share =
-        (nofile / 2).saturating_sub(FDS_KEPT_FREE + reads * MAX_OPEN_OBJECTS as u64) / reads;
-    let files = per(ATTEMPTS_PER_SPILL_FILE)
-        .min(share.max(per(ATTEMPTS_PER_SPILL_FILE_BEFORE)))
-        .clamp(MIN_SPILL_FILES as u64, MAX_SPILL_FILES as u64);
-    files as usize
+    let files = if reads > 1 {
+        // Several sessions at once (`serve`): the count that fitted before, so that no mix
+        // of loads and connections needs more descriptors than it did (review r56i N1: at
+        // `ulimit -n 256`, 145 idle connections and three loads failed one).
+        per(ATTEMPTS_PER_SPILL_FILE_BEFORE)
+    } else {
+        // Half the limit is left to everything else: connections and listings take
+        // descriptors this cannot count (review r56h F1).
+        let share = (nofile / 2).saturating_sub(FDS_KEPT_FREE + MAX_OPEN_OBJECTS as u64);
+        per(ATTEMPTS_PER_SPILL_FILE).min(share.max(per(ATTEMPTS_PER_SPILL_FILE_BEFORE)))
+    };
+    files.clamp(MIN_SPILL_FILES as u64, MAX_SPILL_FILES as u64) as usize
 }
 
 impl TaskStore {
@@ -1178,11 +1180,11 @@ mod tests {
         // and the spare files take theirs: 100,000 attempts per file (review r56a D1).
         assert_eq!(spill_files(743_000.0, 64, 1), 12);
         assert_eq!(spill_files(743_000.0, 128, 1), 32);
-        // Three sessions at once (serve): each its share (review r56e F1), never fewer than
-        // 100,000 attempts per file gave (12 here), which fitted before.
+        // Several sessions at once (serve): the count 100,000 attempts per file gave, which
+        // fitted before, whatever the limit (reviews r56e F1, r56h F1, r56i N1).
         assert_eq!(spill_files(743_000.0, 128, 3), 12);
-        assert_eq!(spill_files(743_000.0, 256, 3), 21);
-        assert_eq!(spill_files(743_000.0, 1024, 3), 35);
+        assert_eq!(spill_files(743_000.0, 256, 3), 12);
+        assert_eq!(spill_files(743_000.0, 20_000, 3), 12);
         // Never fewer than the minimum, nor more than the maximum.
         assert_eq!(spill_files(743_000.0, 20, 1), 12);
         assert_eq!(spill_files(100_000.0, 20, 1), MIN_SPILL_FILES);
