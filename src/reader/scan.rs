@@ -750,16 +750,21 @@ impl Line<'_> {
             _ => return None,
         };
         Some(Fact {
-            event_id: self
-                .event_id
-                .as_deref()
-                .filter(|i| !i.is_empty())
-                .map(|i| event_id_hash("e:", &bounded(i, MAX_FIELD_BYTES))),
+            event_id: self.bounded_event_id(),
             event_type: Cow::Owned(bounded(event_type, MAX_FIELD_BYTES)),
             time_ns,
             seq,
             body,
         })
+    }
+
+    /// The hash of the line's event id, bounded as [`extract_ray_event`] bounds it; `None`
+    /// for none or an empty one.
+    fn bounded_event_id(&self) -> Option<u64> {
+        self.event_id
+            .as_deref()
+            .filter(|i| !i.is_empty())
+            .map(|i| event_id_hash("e:", &bounded(i, MAX_FIELD_BYTES)))
     }
 
     /// The fact of a Ray event of a type nothing reads the body of ([`Body::Other`]: its id,
@@ -776,11 +781,7 @@ impl Line<'_> {
             return None;
         }
         Some(Fact {
-            event_id: self
-                .event_id
-                .as_deref()
-                .filter(|i| !i.is_empty())
-                .map(|i| event_id_hash("e:", &bounded(i, MAX_FIELD_BYTES))),
+            event_id: self.bounded_event_id(),
             event_type: Cow::Owned(bounded(event_type, MAX_FIELD_BYTES)),
             time_ns: match &self.timestamp {
                 Some(Stamp::Text(t)) => parse_time_ns(t),
