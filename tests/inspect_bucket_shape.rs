@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use rhc_testkit::services::{run_with_timeout, CommandOutput, MotoS3};
+use rhc_testkit::services::{limit_open_files, run_with_timeout, CommandOutput, MotoS3};
 
 const CAMEL: &str = include_str!("data/posts-camel.jsonl");
 const SESSION: &str = "session_2026-11-22_02-06-36_260774_21819";
@@ -37,20 +37,7 @@ fn inspect_with(args: &[&str], env: &[(&str, &str)], nofile: Option<u64>) -> Com
         cmd.env(k, v);
     }
     if let Some(n) = nofile {
-        use std::os::unix::process::CommandExt as _;
-        // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                let limit = libc::rlimit {
-                    rlim_cur: n as libc::rlim_t,
-                    rlim_max: n as libc::rlim_t,
-                };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        limit_open_files(&mut cmd, n);
     }
     run_with_timeout(&mut cmd, INSPECT_TIMEOUT)
 }

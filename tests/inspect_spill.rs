@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rhc_testkit::services::run_with_timeout;
+use rhc_testkit::services::{limit_open_files, run_with_timeout};
 
 const SESSION: &str = "session_2026-11-22_02-06-36_260774_21819";
 const NODE: &str = "3ae6595c248ad7def1c7206bfd50b18e860d5eb167e4e068c64823a5";
@@ -63,20 +63,7 @@ fn inspect_command(bucket: &Path, tmp: &Path, nofile: Option<u64>) -> Command {
         .env_remove("STORAGE_ROOT_DIR")
         .env("TMPDIR", tmp);
     if let Some(n) = nofile {
-        use std::os::unix::process::CommandExt as _;
-        // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                let limit = libc::rlimit {
-                    rlim_cur: n as libc::rlim_t,
-                    rlim_max: n as libc::rlim_t,
-                };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        limit_open_files(&mut cmd, n);
     }
     cmd
 }

@@ -317,6 +317,24 @@ pub struct CommandOutput {
     pub stderr: String,
 }
 
+/// Makes `cmd` run under an open-file limit of `n` (soft and hard), set between fork and exec.
+pub fn limit_open_files(cmd: &mut Command, n: u64) {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: n as libc::rlim_t,
+                rlim_max: n as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Runs `cmd` to completion with stdout/stderr captured in temp files (no pipe
 /// can fill up), killing it after `timeout`. Panics on spawn failure or timeout.
 pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> CommandOutput {
