@@ -512,11 +512,10 @@ fn pair_hash(job: u32, state: u32) -> u64 {
 /// Turns the merged model into report entries; `visit` sees every task attempt once.
 pub(super) fn shape_report(
     report: &mut SessionReport,
-    model: SessionModel,
+    mut model: SessionModel,
     failed_limit: usize,
     visit: &mut dyn FnMut(&AttemptKey, &TaskState, &Symbols),
 ) -> std::io::Result<()> {
-    let mut model = model;
     model.heard_of_workers();
     let SessionModel {
         job_filter,
